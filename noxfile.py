@@ -1,0 +1,117 @@
+"""Every developer and CI command: ``nox -s tests``, ``lint``, ``wheels``, ``bench``.
+
+Sessions run on the interpreter nox itself runs on (no version pinned), so the same
+file works on any Python 3.10+ a developer or CI machine has.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_venv = "yes"
+
+#: What a plugin needs beyond its own dependencies to be useful on a host without its
+#: hardware (PoCL gives OpenCL a CPU device). Plugins not listed need nothing extra.
+PLUGIN_EXTRAS = {
+    "rlx-opencl": ["pyopencl[pocl]"],
+}
+TEST_DEPS = ["pytest>=7", "hypothesis>=6.80", "hatchling>=1.18"]
+
+
+def plugin_dirs() -> list[Path]:
+    """Every plugin in the tree (``plugins/*/pyproject.toml``), cpu first; later plugins
+    join the sessions as soon as their directory exists."""
+    dirs = sorted(p.parent for p in ROOT.glob("plugins/*/pyproject.toml"))
+    return sorted(dirs, key=lambda d: d.name != "rlx-cpu")
+
+
+def plugin_requirements() -> list[str]:
+    """pip arguments installing core and every plugin editable, with their extras."""
+    args = ["-e", str(ROOT)]
+    for d in plugin_dirs():
+        args += ["-e", str(d), *PLUGIN_EXTRAS.get(d.name, [])]
+    return args
+
+
+def test_paths() -> list[str]:
+    """tests/ plus each plugin's and example's tests/ that exists."""
+    found = [ROOT / "tests", *(d / "tests" for d in plugin_dirs()), *sorted(ROOT.glob("examples/*/tests"))]
+    return [str(p) for p in found if p.is_dir() and any(p.glob("test_*.py"))]
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Install core + every plugin editable (one pip command) and run all test suites."""
+    session.install(*plugin_requirements(), *TEST_DEPS)
+    # Paths among the posargs (nox -s tests -- tests/test_cli.py -x) replace the default set.
+    chosen = any(Path(a.split("::")[0]).exists() for a in session.posargs if not a.startswith("-"))
+    paths = [] if chosen else test_paths()
+    if not chosen and not paths:  # pytest would exit 5 ("no tests collected"); say why instead
+        session.error("no test directories found")
+    # importlib mode: several suites have a tests/ directory with the same file names.
+    session.run("pytest", "--import-mode=importlib", *paths, *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check over the whole tree (formatting is not enforced)."""
+    session.install("ruff")
+    session.run("ruff", "check", str(ROOT), *session.posargs)
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Build every distribution, install rlx-core from the wheels in a fresh venv, and
+    check that the cpu backend came with it and runs the bundled example."""
+    session.install("build", "hatchling>=1.18")
+    tmp = Path(session.create_tmp()).resolve()
+    dist, venv = tmp / "wheels", tmp / "fresh-venv"
+    for p in (dist, venv):
+        shutil.rmtree(p, ignore_errors=True)
+    for project in (ROOT, *plugin_dirs()):
+        session.run("python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(project))
+    built = sorted(p.name for p in dist.glob("*.whl"))
+    session.log(f"built: {', '.join(built)}")
+
+    session.run("python", "-m", "venv", str(venv))
+    bin_dir = venv / ("Scripts" if (venv / "Scripts").is_dir() else "bin")
+    py, rlx = str(bin_dir / "python"), str(bin_dir / "rlx")
+    # Only rlx-core is named: rlx-cpu must arrive as its dependency, from our wheel.
+    session.run(py, "-m", "pip", "install", "--quiet", "--find-links", str(dist), "rlx-core", external=True)
+    session.chdir(tmp)  # away from the checkout, so the installed package is what runs
+    versions = session.run(py, "-c", _PRINT_VERSIONS, external=True, silent=True, stderr=None)
+    installed = json.loads(str(versions))
+    for name in ("rlx-core", "rlx-cpu"):
+        wheel = next((w for w in built if w.startswith(name.replace("-", "_") + "-")), None)
+        if wheel is None or installed.get(name) != wheel.split("-")[1]:
+            session.error(f"{name}: installed {installed.get(name)!r}, but the built wheel is {wheel!r}")
+
+    out = session.run(rlx, "devices", "--json", external=True, silent=True, stderr=None)
+    report = json.loads(str(out))
+    cpu = next((d for d in report["devices"] if d["device"] == "cpu"), None)
+    if not cpu or not cpu["available"] or not cpu["recommended"]:
+        session.error(f"cpu is not available and recommended in the fresh venv: {cpu}")
+    session.log(f"rlx devices --json: cpu available and recommended ({len(cpu['ops'])} ops)")
+    session.run(rlx, "--version", external=True)
+    session.run(rlx, "run", "--example", "mlp", external=True)
+
+
+_PRINT_VERSIONS = (
+    "import json, importlib.metadata as m; "
+    "print(json.dumps({d: m.version(d) for d in ('rlx-core', 'rlx-cpu')}))"
+)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The dispatch-overhead micro-benchmark (bench/overhead.py) against numpy and ONNX Runtime."""
+    session.install(*plugin_requirements(), "onnx", "onnxruntime", "rich")
+    for script in sorted((ROOT / "bench").glob("*.py")):
+        session.run("python", str(script), *session.posargs)
+

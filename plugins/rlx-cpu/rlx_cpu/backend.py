@@ -1,0 +1,80 @@
+"""The cpu backend: numpy on the host, every op claimed, the universal fallback."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+import rlx_core
+from rlx_core.errors import DeviceError
+from rlx_core.ops import SOURCE_OPS, OpKind
+
+if TYPE_CHECKING:
+    from rlx_core.ir import Graph
+
+    from .executor import CpuExecutable
+
+__all__ = ["CpuBackend"]
+
+_OPS = frozenset(op.value for op in OpKind if op not in SOURCE_OPS)
+
+
+def _blas_name() -> str:
+    """The BLAS numpy was built with (``"scipy-openblas 0.3.27"``), or ``""`` when unknown."""
+    try:
+        config = np.show_config(mode="dicts")  # numpy >= 1.26
+    except Exception:  # older numpy, or a build without the information: not a reason to fail
+        return ""
+    deps = (config or {}).get("Build Dependencies", {})
+    blas = deps.get("blas") or {}
+    name, version = blas.get("name", ""), blas.get("version", "")
+    return f"{name} {version}".strip()
+
+
+class CpuBackend(rlx_core.Backend):
+    """numpy on the host CPU. Claims every op, composites included: softmax, layer_norm,
+    gelu, sigmoid, rsqrt, reduce_mean, global_avg_pool2d and attention run fused."""
+
+    name = "cpu"
+    label = "CPU (numpy)"
+    priority = 0
+    api_version = rlx_core.PLUGIN_API_VERSION
+
+    def probe(self) -> rlx_core.Availability:
+        a = np.arange(6, dtype=np.float32).reshape(2, 3)
+        b = np.arange(6, dtype=np.float32).reshape(3, 2)
+        got = a @ b
+        if not np.array_equal(got, np.array([[10, 13], [28, 40]], np.float32)):
+            why = f"numpy {np.__version__} computed a wrong 2x3 @ 3x2 matmul: {got.tolist()}"
+            return rlx_core.Availability(False, why)
+        versions = {"numpy": np.__version__}
+        blas = _blas_name()
+        if blas:
+            versions["blas"] = blas
+        return rlx_core.Availability(True, devices=["cpu"], versions=versions)
+
+    def supported_ops(self) -> frozenset[str]:
+        return _OPS
+
+    def default_cost_model(self) -> rlx_core.CostModel:
+        cores = os.cpu_count() or 1
+        return rlx_core.CostModel(
+            device=self.name,
+            sgemm_gflops=30.0 * cores,
+            memory_bw_gbps=10.0,
+            dispatch_overhead_ns=1_500.0,
+            roundtrip_overhead_ns=3_000.0,
+            transfer_bw_gbps=0.0,  # host memory: nothing to copy in or out
+            num_threads=cores,
+            calibrated=False,
+            source="rlx-cpu defaults",
+        )
+
+    def compile(self, graph: Graph, options: rlx_core.CompileOptions) -> CpuExecutable:
+        if options.device_index not in (None, 0):
+            raise DeviceError(f"cpu has one device (cpu or cpu:0), not {options.device!r}")
+        from .executor import CpuExecutable
+
+        return CpuExecutable(graph)

@@ -1,0 +1,352 @@
+"""Compiling a graph into flat execution plans, and running them.
+
+Compiling analyses the graph once: which values are run-time inputs, which are resident
+(params, constants, and every node computed only from those, folded at compile time and
+recomputed by ``set_param``), which are views (a reshape of a buffer-backed value), and
+how long each value lives. A *plan* is then bound from that analysis: every other value
+gets a preallocated buffer, buffers are reused once their value is dead, and each node
+becomes a few zero-argument steps bound to those buffers. ``run`` only places the input
+arrays into the plan's slots, calls the steps in order, and copies out the outputs.
+
+Memory: buffers are raw byte arrays kept in a free list; a value takes the smallest free
+one that fits (or a new one), viewed as its dtype and shape, and gives it back after its
+last use. A view keeps its base's buffer alive until the view's own last use. An output
+never shares a buffer with its op's inputs, except for elementwise ops over an input of
+the same shape and dtype that dies at that op (``kernels.inplace_positions``).
+
+Threads: a plan's buffers make it single-threaded, so the executable keeps a pool of
+plans; ``run`` pops one (a new one when the pool is empty), runs it and pushes it back.
+``list.pop`` and ``list.append`` are atomic under the GIL: the hot path takes no lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rlx_core.errors import GraphError, InputError
+from rlx_core.ir import Graph, Node
+from rlx_core.ops import OpKind
+from rlx_core.plugin import Executable
+
+from .kernels import KERNELS, inplace_positions
+from .nn_kernels import NN_KERNELS
+from .steps import Dyn, Step, bind, bind_run
+
+__all__ = ["CpuExecutable", "PlanStats"]
+
+_BUILDERS = {**KERNELS, **NN_KERNELS}
+_ALIGN = 64
+
+# How a value is held. DYNAMIC: in a slot, set per run (inputs and views of them).
+# RESIDENT: an array owned by the executable, shared by every plan. BUFFER: a plan's
+# buffer. VIEW: a reshape sharing the buffer of the value it reshapes.
+DYNAMIC, RESIDENT, BUFFER, VIEW = "dynamic", "resident", "buffer", "view"
+
+
+@dataclass
+class PlanStats:
+    """What binding one plan did; every plan of an executable binds identically."""
+
+    steps: int = 0
+    buffers: int = 0
+    buffer_bytes: int = 0
+    allocations: int = 0  # buffer requests: one per buffer-backed value, plus scratch
+    reused: int = 0  # requests served from the free list instead of a new buffer
+    inplace: int = 0  # outputs written over a dead input's buffer
+    views: int = 0  # reshapes that are views (no step, no buffer)
+
+
+class _Arena:
+    """The free list of one plan: raw byte buffers, best fit by size."""
+
+    def __init__(self, stats: PlanStats) -> None:
+        self._free: list[np.ndarray] = []
+        self._stats = stats
+
+    def take(self, nbytes: int) -> np.ndarray:
+        self._stats.allocations += 1
+        best = None
+        for i, raw in enumerate(self._free):
+            if raw.nbytes >= nbytes and (best is None or raw.nbytes < self._free[best].nbytes):
+                best = i
+        if best is not None:
+            self._stats.reused += 1
+            return self._free.pop(best)
+        size = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
+        raw = np.empty(size // 8, np.uint64).view(np.uint8)  # 8-byte aligned for every dtype
+        self._stats.buffers += 1
+        self._stats.buffer_bytes += size
+        return raw
+
+    def give(self, raw: np.ndarray) -> None:
+        self._free.append(raw)
+
+
+def _view(raw: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    return raw[: math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+
+
+class _Scratch:
+    """The ``BuildContext`` of one node in a plan: temporaries from the arena, given back
+    once the node's steps are built (they are dead outside those steps)."""
+
+    def __init__(self, arena: _Arena) -> None:
+        self._arena = arena
+        self._taken: list[np.ndarray] = []
+
+    def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        raw = self._arena.take(math.prod(shape) * dtype.itemsize)
+        self._taken.append(raw)
+        return _view(raw, tuple(shape), dtype)
+
+    def release(self) -> None:
+        for raw in self._taken:
+            self._arena.give(raw)
+
+
+class _Owned:
+    """The ``BuildContext`` of folded nodes: private temporaries, kept for recomputation."""
+
+    def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        return np.empty(shape, dtype)
+
+
+class _Group:
+    """One buffer and the last node index at which any value stored in it is read."""
+
+    __slots__ = ("end", "raw", "released")
+
+    def __init__(self, raw: np.ndarray, end: int) -> None:
+        self.raw, self.end, self.released = raw, end, False
+
+
+class _Plan:
+    """One bound plan: its slots for the run's inputs and the function running it."""
+
+    __slots__ = ("run", "slots", "stats")
+
+    def __init__(self, run: Callable[[Any], list[np.ndarray]], slots: list[Any], stats: PlanStats) -> None:
+        self.run, self.slots, self.stats = run, slots, stats
+
+
+def _build_steps(builder: Callable[..., list[Step]], node: Node, ins: list[Any], out: np.ndarray,
+                 ctx: Any) -> list[Step]:  # fmt: skip
+    if out.size == 0:
+        return []
+    return builder(node, ins, out, ctx)
+
+
+class CpuExecutable(Executable):
+    """A graph compiled for the cpu backend: a pool of bound plans over shared residents."""
+
+    def __init__(self, graph: Graph) -> None:
+        self._graph_name = graph.name
+        self._nodes = graph.nodes
+        self._outputs = graph.outputs
+        self._input_names = tuple(graph.node(i).name for i in graph.inputs)
+        self._input_ids = graph.inputs
+        self._kinds = self._classify(graph)
+        self._ends = self._liveness(graph)
+        self._params: dict[str, np.ndarray] = {}
+        self._residents: dict[int, np.ndarray] = {}
+        self._folds: list[tuple[frozenset[str], list[Callable[[], Any]]]] = []
+        self._fold(graph)
+        self._plan_count = itertools.count(1)
+        self._plans_built = 0
+        first = self._bind_plan()
+        self._stats = first.stats
+        self._pool: list[_Plan] = [first]
+        self._no_inputs = (None,) * len(self._input_names)
+
+    # ------------------------------------------------------------------ analysis
+    def _classify(self, graph: Graph) -> list[str]:
+        kinds: list[str] = []
+        for node in self._nodes:
+            if node.op is OpKind.INPUT:
+                kind = DYNAMIC
+            elif node.op in (OpKind.PARAM, OpKind.CONSTANT):
+                kind = RESIDENT
+            elif node.op not in _BUILDERS and node.op is not OpKind.RESHAPE:
+                raise GraphError(f"cpu: {node.describe()}: op {node.op} has no cpu kernel")
+            elif all(kinds[i] == RESIDENT for i in node.inputs):
+                kind = RESIDENT  # folded: computed at compile time and by set_param
+            elif node.op is OpKind.RESHAPE:
+                kind = DYNAMIC if kinds[node.inputs[0]] == DYNAMIC else VIEW
+            else:
+                kind = BUFFER
+            kinds.append(kind)
+        return kinds
+
+    def _liveness(self, graph: Graph) -> list[int]:
+        """For each value, the last node index reading it or any view of it; graph
+        outputs live to the end (they are copied out after the last step)."""
+        end_of_run = len(self._nodes)
+        last = [node.id for node in self._nodes]
+        for node in self._nodes:
+            for i in node.inputs:
+                last[i] = max(last[i], node.id)
+        for i in self._outputs:
+            last[i] = end_of_run
+        for node in reversed(self._nodes):
+            if self._kinds[node.id] == VIEW:
+                base = node.inputs[0]
+                last[base] = max(last[base], last[node.id])
+        return last
+
+    def _fold(self, graph: Graph) -> None:
+        """Make the resident arrays: writable copies of params, constants as they are, and
+        every node of only residents computed once (and again by ``set_param``)."""
+        deps: dict[int, frozenset[str]] = {}
+        owned = _Owned()
+        for node in self._nodes:
+            if self._kinds[node.id] != RESIDENT:
+                continue
+            if node.op is OpKind.PARAM:
+                arr = np.array(graph.value(node.id), dtype=node.dtype, order="C", copy=True)
+                self._params[node.name] = arr
+                deps[node.id] = frozenset({node.name})
+            elif node.op is OpKind.CONSTANT:
+                arr = np.asarray(graph.value(node.id), dtype=node.dtype, order="C")  # keeps 0-d as 0-d
+                deps[node.id] = frozenset()
+            else:
+                ins = [self._residents[i] for i in node.inputs]
+                deps[node.id] = frozenset().union(*(deps[i] for i in node.inputs))
+                if node.op is OpKind.RESHAPE:
+                    arr = ins[0].reshape(node.shape)
+                else:
+                    arr = np.empty(node.shape, node.dtype)
+                    steps = [bind(s, []) for s in _build_steps(_BUILDERS[node.op], node, ins, arr, owned)]
+                    for step in steps:
+                        step()
+                    if deps[node.id]:
+                        self._folds.append((deps[node.id], steps))
+            self._residents[node.id] = arr
+
+    # ------------------------------------------------------------------ plans
+    def _bind_plan(self) -> _Plan:
+        """Allocate one plan's buffers and bind its steps (deterministic: every plan of
+        this executable comes out the same)."""
+        stats = PlanStats()
+        arena = _Arena(stats)
+        slots: list[Any] = [None] * len(self._input_ids)
+        slot_of = {nid: k for k, nid in enumerate(self._input_ids)}
+        values: dict[int, Any] = {}
+        groups: dict[int, _Group] = {}
+        steps: list[Callable[[], Any]] = []
+        kinds, _ends = self._kinds, self._ends
+        for node in self._nodes:
+            nid, kind = node.id, kinds[node.id]
+            if kind == RESIDENT:
+                values[nid] = self._residents[nid]
+                continue
+            if node.op is OpKind.INPUT:
+                values[nid] = Dyn(slot_of[nid], node.shape, np.dtype(node.dtype))
+                continue
+            if node.op is OpKind.RESHAPE:  # a view: of a slot (DYNAMIC) or of a buffer (VIEW)
+                values[nid] = values[node.inputs[0]].reshape(node.shape)
+                if kind == VIEW:
+                    groups[nid] = groups[node.inputs[0]]
+                    stats.views += 1
+                continue
+            ins = [values[i] for i in node.inputs]
+            out = self._output_buffer(node, values, groups, arena, stats)
+            values[nid] = out
+            ctx = _Scratch(arena)
+            built = _build_steps(_BUILDERS[node.op], node, ins, out, ctx)
+            ctx.release()
+            steps.extend(bind(s, slots) for s in built)
+            for i in {*node.inputs, nid}:
+                group = groups.get(i)
+                if group is not None and not group.released and group.end <= nid:
+                    arena.give(group.raw)
+                    group.released = True
+        stats.steps = len(steps)
+        run = bind_run(self._input_names, steps, [values[i] for i in self._outputs], slots)
+        self._plans_built = next(self._plan_count)
+        return _Plan(run, slots, stats)
+
+    def _output_buffer(self, node: Node, values: dict[int, Any], groups: dict[int, _Group], arena: _Arena,
+                       stats: PlanStats) -> np.ndarray:  # fmt: skip
+        """An input's buffer when the op may overwrite it and nothing reads it later, else a
+        buffer from the arena."""
+        end = self._ends[node.id]
+        shape, dtype = node.shape, np.dtype(node.dtype)
+        for pos in inplace_positions(node):
+            src = node.inputs[pos]
+            group = groups.get(src)
+            if group is None or group.end > node.id:
+                continue
+            arr = values[src]
+            if arr.shape != shape or arr.dtype != dtype:
+                continue
+            if any(groups.get(other) is group for j, other in enumerate(node.inputs) if j != pos):
+                continue  # another operand reads the same memory
+            group.end = max(group.end, end)
+            groups[node.id] = group
+            stats.inplace += 1
+            return arr
+        group = _Group(arena.take(math.prod(shape) * dtype.itemsize), end)
+        groups[node.id] = group
+        return _view(group.raw, shape, dtype)
+
+    # ------------------------------------------------------------------ running
+    def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        pool = self._pool
+        try:
+            plan = pool.pop()
+        except IndexError:
+            plan = self._bind_plan()
+        try:
+            return plan.run(inputs)
+        except BaseException as exc:
+            plan.slots[:] = self._no_inputs  # hold no caller array past the run
+            missing = [name for name in self._input_names if name not in inputs]
+            if isinstance(exc, KeyError) and missing:
+                raise InputError(f"graph {self._graph_name!r}: missing input(s) {missing}") from None
+            raise
+        finally:
+            pool.append(plan)
+
+    def set_param(self, name: str, value: np.ndarray) -> None:
+        """Copy ``value`` into the param's resident array (seen by every plan) and
+        recompute the folded values that depend on it."""
+        target = self._params.get(name)
+        if target is None:
+            raise InputError(f"set_param: graph {self._graph_name!r} has no param {name!r}; "
+                             f"its params: {sorted(self._params)}")  # fmt: skip
+        value = np.asarray(value)
+        if value.shape != target.shape or value.dtype != target.dtype:
+            raise InputError(f"set_param {name!r}: expected {target.dtype}{list(target.shape)}, "
+                             f"got {value.dtype}{list(value.shape)}")  # fmt: skip
+        np.copyto(target, value)
+        for deps, steps in self._folds:
+            if name in deps:
+                for step in steps:
+                    step()
+
+    # ------------------------------------------------------------------ introspection
+    def plan_stats(self) -> dict[str, int]:
+        """How a plan uses memory and steps, and how many plans exist (for tests and tools)."""
+        s = self._stats
+        return {
+            "plans": self._plans_built, "pooled": len(self._pool), "steps": s.steps, "buffers": s.buffers,
+            "buffer_bytes": s.buffer_bytes, "allocations": s.allocations, "reused": s.reused,
+            "inplace": s.inplace, "views": s.views,
+            "folded": sum(1 for n in self._nodes if self._kinds[n.id] == RESIDENT and n.op not in
+                          (OpKind.PARAM, OpKind.CONSTANT)),
+        }  # fmt: skip
+
+    @property
+    def num_buffers(self) -> int:
+        """Raw buffers one plan holds (intermediates and scratch, after reuse)."""
+        return self._stats.buffers
+
+    def __repr__(self) -> str:
+        return f"<CpuExecutable {self._graph_name!r}: {self._stats.steps} steps, {self._stats.buffers} buffers>"

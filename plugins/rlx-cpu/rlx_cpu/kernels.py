@@ -1,0 +1,253 @@
+"""Step builders for the elementwise, reduction, shape and indexing ops.
+
+A builder ``build(node, ins, out, ctx) -> list[Step]`` runs when a plan is bound: ``ins``
+are the operand arrays (or ``Dyn`` placeholders for run-time inputs), ``out`` is the
+preallocated output array, and ``ctx.scratch(shape, dtype)`` hands out temporaries that
+are valid during this node's steps only. Builders do all the thinking (dtypes, views,
+constants); the steps they return are plain numpy calls writing into ``out=``.
+
+float16 values are computed through float32 temporaries wherever more than one rounding
+would otherwise happen (chains, sums, products); single ufuncs run in float16 directly,
+which numpy evaluates in float32 and rounds once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from rlx_core.errors import InputError
+from rlx_core.ir import Node
+from rlx_core.ops import OpKind, slice_index
+
+from .mathfn import erf_program, gelu_program, run_chunked, scratch_count
+from .steps import Step
+
+__all__ = ["BuildContext", "Builder", "KERNELS", "compute_dtype", "const", "inplace_positions", "ufunc_step"]
+
+
+class BuildContext(Protocol):
+    def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray: ...
+
+
+Builder = Callable[[Node, list[Any], np.ndarray, BuildContext], list[Step]]
+
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a float result is accumulated in: float16 goes through float32."""
+    return F32 if dtype == np.float16 else np.dtype(dtype)
+
+
+def const(value: Any, dtype: Any) -> np.ndarray:
+    """A read-only 0-d constant: ufuncs take a 0-d array faster than a Python scalar."""
+    a = np.array(value, dtype=dtype)
+    a.flags.writeable = False
+    return a
+
+
+# ----------------------------------------------------------------------------- elementwise
+_BINARY_UFUNCS = {
+    OpKind.ADD: np.add, OpKind.SUB: np.subtract, OpKind.MUL: np.multiply, OpKind.POW: np.power,
+    OpKind.MAXIMUM: np.maximum, OpKind.MINIMUM: np.minimum,
+}  # fmt: skip
+_UNARY_UFUNCS = {
+    OpKind.NEG: np.negative, OpKind.ABS: np.absolute, OpKind.EXP: np.exp, OpKind.LOG: np.log,
+    OpKind.SQRT: np.sqrt, OpKind.TANH: np.tanh,
+}  # fmt: skip
+# ops whose steps read each input element before writing the output element at the same
+# position, and never read an input after writing the output: out may be that input.
+_INPLACE_UNARY = frozenset(_UNARY_UFUNCS) | {OpKind.RELU, OpKind.RSQRT, OpKind.SIGMOID, OpKind.GELU, OpKind.ERF}
+_INPLACE_BINARY = frozenset(_BINARY_UFUNCS) | {OpKind.DIV}
+
+
+def ufunc_step(ufunc: np.ufunc, *operands: Any) -> Step:
+    """``ufunc(*inputs, out)`` with the output positional (the fastest call), except where
+    numpy deprecates that (maximum and minimum, numpy >= 2.4 warns)."""
+    *ins, out = operands
+    if ufunc is np.maximum or ufunc is np.minimum:
+        return Step(ufunc, tuple(ins), {"out": out})
+    return Step(ufunc, tuple(operands))
+
+
+def inplace_positions(node: Node) -> tuple[int, ...]:
+    """Input positions whose buffer ``node``'s output may overwrite (same shape and dtype)."""
+    if node.op in _INPLACE_UNARY:
+        return (0,)
+    if node.op in _INPLACE_BINARY:
+        # integer div reads its divisor again after it has written the quotient
+        return (0, 1) if node.op is not OpKind.DIV or node.dtype.startswith("float") else (0,)
+    return ()
+
+
+def _binary(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    return [ufunc_step(_BINARY_UFUNCS[node.op], ins[0], ins[1], out)]
+
+
+def _int_div(a: np.ndarray, b: np.ndarray, out: np.ndarray, rem: np.ndarray, what: str) -> None:
+    if not b.all():
+        raise InputError(f"{what} (div): integer division by zero")
+    # a - fmod(a, b) is an exact multiple of b, so floor division of it truncates exactly.
+    np.fmod(a, b, rem)
+    np.subtract(a, rem, out)
+    np.floor_divide(out, b, out)
+
+
+def _div(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    a, b = ins
+    if out.dtype.kind == "f":
+        return [Step(np.divide, (a, b, out))]
+    return [Step(_int_div, (a, b, out, ctx.scratch(out.shape, out.dtype), node.describe()))]
+
+
+def _unary(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    return [Step(_UNARY_UFUNCS[node.op], (ins[0], out))]
+
+
+def _relu(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    return [ufunc_step(np.maximum, ins[0], const(0, out.dtype), out)]
+
+
+def _through(out: np.ndarray, ctx: BuildContext) -> tuple[np.ndarray, dict[str, Any]]:
+    """Where a short float chain computes (``out``, or a float32 temporary for float16),
+    and the ufunc keywords that make its first step compute in that dtype."""
+    cd = compute_dtype(out.dtype)
+    if cd == out.dtype:
+        return out, {}
+    return ctx.scratch(out.shape, cd), {"dtype": cd}
+
+
+def _rsqrt(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    t, first = _through(out, ctx)
+    return [Step(np.sqrt, (ins[0], t), first), Step(np.divide, (const(1, t.dtype), t, out))]
+
+
+def _sigmoid(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    # 1 / (1 + exp(-x)); -x is capped where exp would overflow (the result there is < 1e-38).
+    t, first = _through(out, ctx)
+    cap = const(88.0 if t.dtype == np.float32 else 709.0, t.dtype)
+    return [
+        Step(np.negative, (ins[0], t), first),
+        ufunc_step(np.minimum, t, cap, t),
+        Step(np.exp, (t, t)),
+        Step(np.add, (t, const(1, t.dtype), t)),
+        Step(np.divide, (const(1, t.dtype), t, out)),
+    ]
+
+
+def _chunked(program: Callable[..., None], tmp_dtypes: tuple[np.dtype, ...], x: Any, out: np.ndarray,
+             ctx: BuildContext) -> list[Step]:  # fmt: skip
+    n = scratch_count(out.size)
+    tmps = tuple(ctx.scratch((n,), dt) for dt in tmp_dtypes)
+    return [Step(run_chunked, (program, x.reshape(-1), out.reshape(-1), tmps))]
+
+
+def _erf(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    return _chunked(*erf_program(out.dtype), ins[0], out, ctx)
+
+
+def _gelu(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    return _chunked(*gelu_program(out.dtype, node.attrs["approximate"]), ins[0], out, ctx)
+
+
+def _cast(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    return [Step(np.copyto, (out, ins[0]), {"casting": "unsafe"})]
+
+
+def _where(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    cond, x, y = ins
+    return [Step(np.copyto, (out, y)), Step(np.copyto, (out, x), {"where": cond})]
+
+
+# ----------------------------------------------------------------------------- reductions
+def _reduce_sum(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    x, axes, keep = ins[0], node.attrs["axes"], node.attrs["keepdims"]
+    cd = compute_dtype(out.dtype)
+    if cd == out.dtype:
+        return [Step(np.add.reduce, (x, axes, out.dtype, out, keep))]  # int32 sums stay int32
+    acc = ctx.scratch(out.shape, cd)
+    return [Step(np.add.reduce, (x, axes, cd, acc, keep)), Step(np.copyto, (out, acc), {"casting": "same_kind"})]
+
+
+def _reduce_mean(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    x, axes, keep = ins[0], node.attrs["axes"], node.attrs["keepdims"]
+    cd = compute_dtype(out.dtype)
+    acc = out if cd == out.dtype else ctx.scratch(out.shape, cd)
+    count = const(math.prod(x.shape[a] for a in axes), cd)
+    return [Step(np.add.reduce, (x, axes, cd, acc, keep)), Step(np.divide, (acc, count, out))]
+
+
+def _reduce_max(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    return [Step(np.maximum.reduce, (ins[0], node.attrs["axes"], None, out, node.attrs["keepdims"]))]
+
+
+# ----------------------------------------------------------------------------- data movement
+def _transpose(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    return [Step(np.copyto, (out, ins[0].transpose(node.attrs["perm"])))]
+
+
+def _slice(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    x = ins[0]
+    return [Step(np.copyto, (out, x[slice_index(x.ndim, node.attrs)]))]
+
+
+def _concat(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    axis, start, steps = node.attrs["axis"], 0, []
+    for x in ins:
+        n = x.shape[axis]
+        index = (slice(None),) * axis + (slice(start, start + n),)
+        steps.append(Step(np.copyto, (out[index], x)))
+        start += n
+    return steps
+
+
+def _take(x: np.ndarray, idx: np.ndarray, axis: int, out: np.ndarray, what: str) -> None:
+    try:
+        x.take(idx, axis, out, "raise")
+    except IndexError:
+        n = x.shape[axis]
+        bad = idx[(idx < -n) | (idx >= n)]
+        first = int(bad.flat[0]) if bad.size else "?"
+        raise InputError(f"{what} (gather): index {first} is out of range for axis {axis} of size {n}") from None
+
+
+def _gather(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    return [Step(_take, (ins[0], ins[1], node.attrs["axis"], out, node.describe()))]
+
+
+# ----------------------------------------------------------------------------- matmul
+def _matmul(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    a, b = ins
+    if out.dtype != np.float16:
+        return [Step(np.matmul, (a, b, out))]
+    # numpy has no float16 gemm: products and sums go through float32 (sgemm).
+    a32, b32, r32 = ctx.scratch(a.shape, F32), ctx.scratch(b.shape, F32), ctx.scratch(out.shape, F32)
+    return [Step(np.copyto, (a32, a)), Step(np.copyto, (b32, b)), Step(np.matmul, (a32, b32, r32)),
+            Step(np.copyto, (out, r32), {"casting": "same_kind"})]  # fmt: skip
+
+
+KERNELS: dict[OpKind, Builder] = {
+    **{op: _binary for op in _BINARY_UFUNCS},
+    **{op: _unary for op in _UNARY_UFUNCS},
+    OpKind.DIV: _div,
+    OpKind.RELU: _relu,
+    OpKind.RSQRT: _rsqrt,
+    OpKind.SIGMOID: _sigmoid,
+    OpKind.ERF: _erf,
+    OpKind.GELU: _gelu,
+    OpKind.CAST: _cast,
+    OpKind.WHERE: _where,
+    OpKind.REDUCE_SUM: _reduce_sum,
+    OpKind.REDUCE_MEAN: _reduce_mean,
+    OpKind.REDUCE_MAX: _reduce_max,
+    OpKind.TRANSPOSE: _transpose,
+    OpKind.SLICE: _slice,
+    OpKind.CONCAT: _concat,
+    OpKind.GATHER: _gather,
+    OpKind.MATMUL: _matmul,
+}

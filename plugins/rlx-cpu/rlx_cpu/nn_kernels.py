@@ -1,0 +1,259 @@
+"""Step builders for the fused neural-network ops: softmax, layer_norm, attention,
+conv2d and the pools (same contract as ``kernels.py``).
+
+Each is a short sequence of numpy calls into preallocated temporaries, not its
+decomposition: softmax is five calls, layer_norm about a dozen, attention two matmuls
+around an in-place softmax. conv2d gathers its windows (im2col) through one strided
+view of a padded copy and does one batched matmul over the groups; the pools reduce
+over their kernel taps, each tap a strided view of the padded input.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from rlx_core.ir import Node
+from rlx_core.ops import OpKind
+
+from .kernels import BuildContext, Builder, compute_dtype, const, ufunc_step
+from .steps import Step, is_fixed
+
+__all__ = ["NN_KERNELS"]
+
+
+def _softmax_steps(x: Any, axis: int, work: np.ndarray, out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    """``out = softmax(x)`` along ``axis``, computed in ``work`` (``out``, or a float32
+    temporary; ``x`` may be ``work`` itself)."""
+    red = list(work.shape)
+    red[axis] = 1
+    stat = ctx.scratch(tuple(red), work.dtype)
+    return [
+        Step(np.maximum.reduce, (x, axis, None, stat, True)),
+        Step(np.subtract, (x, stat, work)),
+        Step(np.exp, (work, work)),
+        Step(np.add.reduce, (work, axis, None, stat, True)),
+        Step(np.divide, (work, stat, out)),
+    ]
+
+
+def _softmax(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    x, axis = ins[0], node.attrs["axis"]
+    cd = compute_dtype(out.dtype)
+    if cd == out.dtype:
+        return _softmax_steps(x, axis, out, out, ctx)
+    work = ctx.scratch(out.shape, cd)
+    return [Step(np.copyto, (work, x)), *_softmax_steps(work, axis, work, out, ctx)]
+
+
+def _vecdot_steps(d: np.ndarray, out: np.ndarray) -> Step:
+    """``out[i] = sum_j d[i, j]**2`` without a temporary the size of ``d``."""
+    if hasattr(np, "vecdot"):  # numpy >= 2.0
+        return Step(np.vecdot, (d, d, out))
+    return Step(np.einsum, ("ij,ij->i", d, d), {"out": out})
+
+
+def _layer_norm(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    x, scale = ins[0], ins[1]
+    bias = ins[2] if len(ins) == 3 else None
+    axis, eps = node.attrs["axis"], node.attrs["eps"]
+    rows, n = math.prod(x.shape[:axis]), math.prod(x.shape[axis:])
+    cd = compute_dtype(out.dtype)
+    x2 = x.reshape(rows, n)
+    d = out.reshape(rows, n) if cd == out.dtype else ctx.scratch((rows, n), cd)
+    stat = ctx.scratch((rows, 1), cd)
+    count = const(n, cd)
+    steps = [
+        Step(np.add.reduce, (x2, 1, cd, stat, True)),
+        Step(np.divide, (stat, count, stat)),  # mean
+        Step(np.subtract, (x2, stat, d)),  # x - mean; x is not read after this
+        _vecdot_steps(d, stat.reshape(rows)),
+        Step(np.divide, (stat, count, stat)),  # biased variance
+        Step(np.add, (stat, const(eps, cd), stat)),
+        Step(np.sqrt, (stat, stat)),
+        Step(np.divide, (const(1, cd), stat, stat)),
+        Step(np.multiply, (d, stat, d)),
+    ]
+    dn = d.reshape(x.shape)
+    if bias is None:
+        steps.append(Step(np.multiply, (dn, scale, out)))
+    else:
+        steps += [Step(np.multiply, (dn, scale, dn)), Step(np.add, (dn, bias, out))]
+    return steps
+
+
+def _attention(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    q, k, v = ins[:3]
+    mask = ins[3] if len(ins) == 4 else None
+    cd = compute_dtype(out.dtype)
+    steps: list[Step] = []
+    if cd != out.dtype:
+        copies = []
+        for t in (q, k, v):
+            c = ctx.scratch(t.shape, cd)
+            steps.append(Step(np.copyto, (c, t)))
+            copies.append(c)
+        q, k, v = copies
+    batch, lq, lk = out.shape[:-2], q.shape[-2], k.shape[-2]
+    scores = ctx.scratch((*batch, lq, lk), cd)
+    steps += [Step(np.matmul, (q, k.swapaxes(-1, -2), scores)),
+              Step(np.multiply, (scores, const(node.attrs["scale"], cd), scores))]  # fmt: skip
+    if mask is not None and mask.dtype == np.bool_:
+        masked = ctx.scratch(mask.shape, np.bool_)
+        steps += [Step(np.logical_not, (mask, masked)),
+                  Step(np.copyto, (scores, const(-np.inf, cd)), {"where": masked})]  # fmt: skip
+    elif mask is not None:
+        steps.append(Step(np.add, (scores, mask, scores)))
+    steps += _softmax_steps(scores, -1, scores, scores, ctx)
+    if cd == out.dtype:
+        steps.append(Step(np.matmul, (scores, v, out)))
+    else:
+        res = ctx.scratch(out.shape, cd)
+        steps += [Step(np.matmul, (scores, v, res)), Step(np.copyto, (out, res), {"casting": "same_kind"})]
+    return steps
+
+
+# ----------------------------------------------------------------------------- windows
+def _padded(x: Any, top: int, left: int, height: int, width: int, fill: float, dtype: np.dtype,
+            ctx: BuildContext, *, concrete: bool = False) -> tuple[Any, list[Step]]:  # fmt: skip
+    """``x`` (N, C, H, W) placed at (top, left) of a ``height`` x ``width`` temporary whose
+    other positions hold ``fill``, and the steps filling it; ``x`` itself when no padding
+    or cast is needed (and, with ``concrete``, when it is not a run-time ``Dyn``). The
+    temporary's memory is shared with other nodes, so the border is refilled on every
+    run (a few thin strips)."""
+    n, c, h, w = x.shape
+    if top == left == 0 and height == h and width == w and x.dtype == dtype and (is_fixed(x) or not concrete):
+        return x, []
+    xp = ctx.scratch((n, c, height, width), dtype)
+    value = const(fill, dtype)
+    strips = [xp[:, :, :top], xp[:, :, top + h :], xp[:, :, top : top + h, :left], xp[:, :, top : top + h, left + w :]]
+    steps = [Step(np.copyto, (s, value)) for s in strips if s.size]
+    steps.append(Step(np.copyto, (xp[:, :, top : top + h, left : left + w], x)))
+    return xp, steps
+
+
+def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    x, w = ins[0], ins[1]
+    b = ins[2] if len(ins) == 3 else None
+    a = node.attrs
+    (sh, sw), (dh, dw), groups = a["stride"], a["dilation"], a["groups"]
+    pt, pl, pb, pr = a["padding"]
+    n, _c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    oh, ow = out.shape[2:]
+    og, kk = o // groups, cg * kh * kw
+    cd = compute_dtype(out.dtype)
+    steps: list[Step] = []
+    if cd != out.dtype:
+        w32 = ctx.scratch(w.shape, cd)
+        steps.append(Step(np.copyto, (w32, w)))
+        w = w32
+    w3 = w.reshape(groups, og, kk)
+    res = out if cd == out.dtype else ctx.scratch(out.shape, cd)
+    res4 = res.reshape(n, groups, og, oh * ow)
+    if kh == kw == 1 and sh == sw == 1 and pt == pl == pb == pr == 0:
+        if cd != out.dtype:
+            x32 = ctx.scratch(x.shape, cd)
+            steps.append(Step(np.copyto, (x32, x)))
+            x = x32
+        steps.append(Step(np.matmul, (w3, x.reshape(n, groups, cg, h * wd), res4)))
+    else:
+        # the windows are one strided view planned now, so a run-time input is copied too
+        xp, pad_steps = _padded(x, pt, pl, h + pt + pb, wd + pl + pr, 0.0, cd, ctx, concrete=True)
+        steps += pad_steps
+        s_n, s_c, s_h, s_w = xp.strides
+        windows = as_strided(xp, (n, groups, cg, kh, kw, oh, ow),
+                             (s_n, cg * s_c, s_c, dh * s_h, dw * s_w, sh * s_h, sw * s_w), writeable=False)  # fmt: skip
+        cols = ctx.scratch((n, groups, kk, oh * ow), cd)
+        steps += [Step(np.copyto, (cols.reshape(n, groups, cg, kh, kw, oh, ow), windows)),
+                  Step(np.matmul, (w3, cols, res4))]  # fmt: skip
+    if b is not None:
+        steps.append(Step(np.add, (res, b.reshape(o, 1, 1), out)))
+    elif res is not out:
+        steps.append(Step(np.copyto, (out, res), {"casting": "same_kind"}))
+    return steps
+
+
+def _pool_input(x: Any, node: Node, dilation: tuple[int, int], fill: float, dtype: np.dtype,
+                ctx: BuildContext) -> tuple[Any, list[Step]]:  # fmt: skip
+    """The input the pool's taps read: ``x`` itself when no window leaves it, else a
+    padded copy covering the declared padding and the extra windows of ceil_mode."""
+    a = node.attrs
+    (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["stride"], dilation
+    pt, pl, _, _ = a["padding"]
+    _, _, h, w = x.shape
+    oh, ow = node.shape[2:]
+    need_h = (oh - 1) * sh + dh * (kh - 1) + 1
+    need_w = (ow - 1) * sw + dw * (kw - 1) + 1
+    if pt == pl == 0 and need_h <= h and need_w <= w and x.dtype == dtype:
+        return x, []
+    return _padded(x, pt, pl, max(need_h, pt + h), max(need_w, pl + w), fill, dtype, ctx)
+
+
+def _taps(xp: Any, node: Node, dilation: tuple[int, int]) -> list[Any]:
+    """For each kernel tap (i, j), the strided view of the input pixel every output reads."""
+    (kh, kw), (sh, sw), (dh, dw) = node.attrs["kernel"], node.attrs["stride"], dilation
+    oh, ow = node.shape[2:]
+    return [xp[:, :, i * dh : i * dh + (oh - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw]
+            for i in range(kh) for j in range(kw)]  # fmt: skip
+
+
+def _max_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    dilation = node.attrs["dilation"]
+    xp, steps = _pool_input(ins[0], node, dilation, -np.inf, out.dtype, ctx)
+    taps = _taps(xp, node, dilation)
+    steps.append(Step(np.copyto, (out, taps[0])))
+    steps += [ufunc_step(np.maximum, out, t, out) for t in taps[1:]]
+    return steps
+
+
+def _window_counts(size: int, out: int, k: int, s: int, p0: int, p1: int, include_pad: bool) -> np.ndarray:
+    """Per output position along one axis: window positions inside the input, or inside
+    the declared padding too when ``include_pad``; ceil_mode's extra positions never count."""
+    lo, hi = (-p0, size + p1) if include_pad else (0, size)
+    starts = np.arange(out) * s - p0
+    return np.array([sum(lo <= p < hi for p in range(st, st + k)) for st in starts], dtype=np.float64)
+
+
+def _avg_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    a = node.attrs
+    cd = compute_dtype(out.dtype)
+    xp, steps = _pool_input(ins[0], node, (1, 1), 0.0, cd, ctx)
+    taps = _taps(xp, node, (1, 1))
+    acc = out if cd == out.dtype else ctx.scratch(out.shape, cd)
+    if len(taps) == 1:
+        steps.append(Step(np.copyto, (acc, taps[0])))
+    else:
+        steps.append(Step(np.add, (taps[0], taps[1], acc)))
+        steps += [Step(np.add, (acc, t, acc)) for t in taps[2:]]
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = a["kernel"], a["stride"], a["padding"]
+    h, w = ins[0].shape[2:]
+    oh, ow = out.shape[2:]
+    include = a["count_include_pad"]
+    counts = np.outer(_window_counts(h, oh, kh, sh, pt, pb, include), _window_counts(w, ow, kw, sw, pl, pr, include))
+    counts = counts.astype(cd)
+    counts.flags.writeable = False
+    steps.append(Step(np.divide, (acc, counts, out)))
+    return steps
+
+
+def _global_avg_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    x = ins[0]
+    cd = compute_dtype(out.dtype)
+    acc = out if cd == out.dtype else ctx.scratch(out.shape, cd)
+    count = const(x.shape[2] * x.shape[3], cd)
+    return [Step(np.add.reduce, (x, (2, 3), cd, acc, True)), Step(np.divide, (acc, count, out))]
+
+
+NN_KERNELS: dict[OpKind, Builder] = {
+    OpKind.SOFTMAX: _softmax,
+    OpKind.LAYER_NORM: _layer_norm,
+    OpKind.ATTENTION: _attention,
+    OpKind.CONV2D: _conv2d,
+    OpKind.MAX_POOL2D: _max_pool2d,
+    OpKind.AVG_POOL2D: _avg_pool2d,
+    OpKind.GLOBAL_AVG_POOL2D: _global_avg_pool2d,
+}

@@ -1,0 +1,145 @@
+"""Steps: the zero-argument callables a plan is made of, and how they are bound.
+
+A kernel builder describes its work as a list of ``Step(fn, args, kwargs)``. Binding
+turns each into a callable that the run loop calls with no arguments. When every
+argument is an array known at compile time (a preallocated buffer, a param, a
+constant), the callable is a ``functools.partial`` of the numpy function itself, so a
+``np.add(a, b, out)`` step runs with no Python frame at all. Arguments that only exist
+at run time (the caller's input arrays, and views of them) are ``Dyn`` placeholders;
+a step holding one is compiled into a small function that reads its slot.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = ["Dyn", "Step", "bind", "bind_run", "is_fixed"]
+
+
+class Step(NamedTuple):
+    """``fn(*args, **kwargs)``, where args may hold ``Dyn`` placeholders."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = {}
+
+
+class Dyn:
+    """A value that exists only at run time: the array in ``slots[slot]``, seen through
+    a chain of view operations (reshape, transpose, indexing).
+
+    It answers ``shape``, ``dtype``, ``ndim`` and ``size`` like the array will, and its
+    view methods return new placeholders, so kernel builders treat it like an ndarray.
+    """
+
+    __slots__ = ("chain", "dtype", "shape", "slot")
+
+    def __init__(self, slot: int, shape: tuple[int, ...], dtype: np.dtype, chain: tuple[tuple[str, Any], ...] = ()):
+        self.slot = slot
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.chain = chain
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def _then(self, op: str, arg: Any, shape: tuple[int, ...]) -> Dyn:
+        return Dyn(self.slot, shape, self.dtype, (*self.chain, (op, arg)))
+
+    def reshape(self, *shape: Any) -> Dyn:
+        want = list(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+        if -1 in want:
+            known = math.prod(d for d in want if d != -1)
+            want[want.index(-1)] = self.size // known if known else 0
+        if math.prod(want) != self.size:
+            raise ValueError(f"cannot reshape {self.shape} to {tuple(shape)}")
+        return self._then("reshape", tuple(want), tuple(want))
+
+    def transpose(self, perm: Sequence[int]) -> Dyn:
+        perm = tuple(perm)
+        return self._then("transpose", perm, tuple(self.shape[p] for p in perm))
+
+    def swapaxes(self, a: int, b: int) -> Dyn:
+        perm = list(range(self.ndim))
+        perm[a], perm[b] = perm[b], perm[a]
+        return self.transpose(perm)
+
+    def __getitem__(self, index: Any) -> Dyn:
+        shape = np.broadcast_to(np.zeros((), self.dtype), self.shape)[index].shape
+        return self._then("getitem", index, shape)
+
+    def expr(self, ns: dict[str, Any]) -> str:
+        """Python source reading this value from slot list ``S``; constants go into ``ns``."""
+        src = f"S[{self.slot}]"
+        for op, arg in self.chain:
+            name = f"_c{len(ns)}"
+            ns[name] = arg
+            src += f"[{name}]" if op == "getitem" else f".{op}({name})"
+        return src
+
+    def __repr__(self) -> str:
+        return f"Dyn(slot={self.slot}, shape={self.shape}, dtype={self.dtype}, chain={self.chain})"
+
+
+def is_fixed(x: Any) -> bool:
+    """True for an array known when the plan is bound (not a run-time ``Dyn``)."""
+    return not isinstance(x, Dyn)
+
+
+_CODE: dict[str, Any] = {}  # step source -> code object; the sources depend only on structure
+
+
+def _compiled(src: str) -> Any:
+    code = _CODE.get(src)
+    if code is None:
+        code = _CODE[src] = compile(src, "<rlx_cpu step>", "exec")
+    return code
+
+
+def bind(step: Step, slots: list[Any]) -> Callable[[], Any]:
+    """The zero-argument callable running ``step``, reading run-time values from ``slots``."""
+    fn, args, kwargs = step
+    if not any(isinstance(a, Dyn) for a in args) and not any(isinstance(v, Dyn) for v in kwargs.values()):
+        return functools.partial(fn, *args, **kwargs) if args or kwargs else fn
+    ns: dict[str, Any] = {"_fn": fn, "S": slots}
+    parts = []
+    for value in args:
+        parts.append(_operand(value, ns))
+    for key, value in kwargs.items():
+        parts.append(f"{key}={_operand(value, ns)}")
+    src = f"def _step():\n    _fn({', '.join(parts)})\n"
+    exec(_compiled(src), ns)
+    return ns["_step"]
+
+
+def _operand(value: Any, ns: dict[str, Any]) -> str:
+    if isinstance(value, Dyn):
+        return value.expr(ns)
+    name = f"_a{len(ns)}"
+    ns[name] = value
+    return name
+
+
+def bind_run(input_names: Sequence[str], steps: Sequence[Callable[[], Any]], outputs: Sequence[Any],
+             slots: list[Any]) -> Callable[[Any], list[np.ndarray]]:  # fmt: skip
+    """The body of one run of a plan: put ``inputs[name]`` into the slots, call every
+    step, copy out ``outputs`` (arrays or ``Dyn``), and let go of the caller's arrays."""
+    ns: dict[str, Any] = {"S": slots, "_steps": tuple(steps)}
+    lines = ["def _run(inputs):"]
+    lines += [f"    S[{k}] = inputs[{_operand(name, ns)}]" for k, name in enumerate(input_names)]
+    lines += ["    for _s in _steps:", "        _s()"]
+    lines.append(f"    _r = [{', '.join(f'{_operand(v, ns)}.copy()' for v in outputs)}]")
+    lines += [f"    S[{k}] = None" for k in range(len(input_names))]
+    lines.append("    return _r")
+    exec(_compiled("\n".join(lines) + "\n"), ns)
+    return ns["_run"]

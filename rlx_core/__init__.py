@@ -1,0 +1,105 @@
+"""rlx-core: graph IR, compile pipeline, device policy, cost ranking and plugin registry.
+
+``import rlx_core`` is cheap: it loads no plugin, probes no device and imports none of
+cupy, jax, pyopencl, onnx or ray. Backends are discovered and probed on first use.
+"""
+
+from __future__ import annotations
+
+from . import errors, ops, reference
+from .cost import CostModel, estimate_graph_cost
+from .errors import (
+    CacheWarning,
+    ConfigError,
+    DeviceError,
+    DeviceFallbackError,
+    FallbackWarning,
+    GraphError,
+    InputError,
+    ModelError,
+    PluginError,
+    PluginWarning,
+    RlxError,
+    RlxWarning,
+)
+from .ir import Graph, Node, Value
+from .ops import OpKind
+from .placement import (
+    DeviceCandidate,
+    available_devices,
+    device_report,
+    devices_for,
+    fastest_device_for,
+    resolve_device,
+    resolve_device_chain,
+)
+from .plugin import (
+    PLUGIN_API_VERSION,
+    Availability,
+    Backend,
+    CompileOptions,
+    Executable,
+    hookimpl,
+)
+from .policy import DevicePolicy
+from .registry import Registry, broken_plugins, default_registry, get_backend
+from .session import CompiledGraph, CompileReport, GraphDevices, compile, run_with_fallback
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # ``rlx_core.testing`` needs hypothesis; load it only when someone asks for it.
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module(".testing", __name__)
+    raise AttributeError(f"module 'rlx_core' has no attribute {name!r}")
+
+__all__ = [
+    "PLUGIN_API_VERSION",
+    "Availability",
+    "Backend",
+    "CacheWarning",
+    "CompileOptions",
+    "CompileReport",
+    "CompiledGraph",
+    "ConfigError",
+    "CostModel",
+    "DeviceCandidate",
+    "DeviceError",
+    "DeviceFallbackError",
+    "DevicePolicy",
+    "Executable",
+    "FallbackWarning",
+    "Graph",
+    "GraphDevices",
+    "GraphError",
+    "InputError",
+    "ModelError",
+    "Node",
+    "OpKind",
+    "PluginError",
+    "PluginWarning",
+    "Registry",
+    "RlxError",
+    "RlxWarning",
+    "Value",
+    "available_devices",
+    "broken_plugins",
+    "compile",
+    "default_registry",
+    "device_report",
+    "devices_for",
+    "errors",
+    "estimate_graph_cost",
+    "fastest_device_for",
+    "get_backend",
+    "hookimpl",
+    "ops",
+    "reference",
+    "resolve_device",
+    "resolve_device_chain",
+    "run_with_fallback",
+    "testing",
+]

@@ -1,0 +1,541 @@
+"""The ``rlx`` command: a doctor for devices and a runner for graphs.
+
+``rlx devices`` answers "what can run here, and why (not)?"; ``rlx run`` and ``rlx bench``
+run a graph file or a bundled example; ``rlx calibrate`` and ``rlx cache`` manage the
+measured cost models. Every ``RlxError`` becomes one ``error: ...`` line on stderr and
+exit code 2. Imports of the runtime happen inside the commands, so ``rlx --help`` and
+``rlx --version`` stay quick and no backend library is imported before it is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import ModelError, PluginWarning, RlxError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .ir import Graph
+
+__all__ = ["app", "main", "EXAMPLES"]
+
+#: Bundled example graphs (``rlx run --example NAME``), stored as rlx_core/examples/NAME.json.
+EXAMPLES = ("mlp",)
+
+app = typer.Typer(
+    name="rlx",
+    help="rlx: run ML graphs on the fastest device installed here.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+cache_app = typer.Typer(help="Inspect or clear the on-disk cache (calibrated cost models).", no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
+
+console = Console(highlight=False)
+
+
+# --------------------------------------------------------------------------- plumbing
+def _print_error(message: str) -> None:
+    line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    print(f"error: {line}", file=sys.stderr, flush=True)
+
+
+def _fail(message: str) -> NoReturn:
+    """Print one ``error:`` line on stderr and exit 2 (usage-level failure)."""
+    _print_error(message)
+    raise typer.Exit(2)
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    """Turn any ``RlxError`` into ``_fail``; anything else is a bug and keeps its traceback."""
+    try:
+        yield
+    except RlxError as exc:
+        _fail(str(exc))
+
+
+def _example_text(name: str) -> str:
+    from importlib.resources import files
+
+    if name not in EXAMPLES:
+        raise ModelError(f"unknown example {name!r}; bundled examples: {', '.join(EXAMPLES)}")
+    return files("rlx_core").joinpath("examples", f"{name}.json").read_text(encoding="utf-8")
+
+
+def _load_graph(file: Path | None, example: str | None) -> tuple[Graph, str]:
+    """The graph named by FILE or ``--example`` (exactly one), and where it came from."""
+    from .ir import Graph
+
+    if (file is None) == (example is None):
+        raise typer.BadParameter("give a graph FILE or --example NAME (one of them)")
+    if example is not None:
+        return Graph.from_json(_example_text(example)), f"bundled example {example!r}"
+    assert file is not None
+    if file.suffix.lower() == ".onnx":
+        import importlib.util
+
+        if importlib.util.find_spec("rlx_core.onnx") is None:
+            raise ModelError(f"{file}: this rlx-core cannot import ONNX models yet; give a graph .json")
+        from . import onnx as rlx_onnx  # type: ignore[attr-defined]
+
+        if not file.is_file():
+            raise ModelError(f"cannot read model file {str(file)!r}: no such file")
+        return rlx_onnx.load(str(file)), str(file)
+    return Graph.load(file), str(file)
+
+
+def _make_inputs(graph: Graph, specs: Sequence[str], seed: int) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Arrays for every graph input: from ``NAME=FILE.npy`` specs, the rest random (seeded)."""
+    import numpy as np
+
+    from .errors import InputError
+    from .inputs import random_inputs
+
+    names = [graph.node(i).name for i in graph.inputs]
+    feeds: dict[str, np.ndarray] = {}
+    notes: list[str] = []
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        name, path = name.strip(), path.strip()
+        if not sep or not name or not path:
+            raise typer.BadParameter(f"expected NAME=FILE.npy, got {spec!r}", param_hint="'--input'")
+        if name not in names:
+            known = ", ".join(names) or "none"
+            raise InputError(f"--input {name}: the graph has no input {name!r}; its inputs: {known}")
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"--input {name}: cannot read {path!r} as a .npy array: {exc}") from None
+        if not isinstance(arr, np.ndarray):  # an .npz archive
+            arr.close()
+            raise InputError(f"--input {name}: {path!r} is an .npz archive; give one array as .npy")
+        feeds[name] = arr
+        notes.append(f"input {name}: {arr.dtype}{list(arr.shape)} from {path}")
+    for name, arr in random_inputs(graph, seed).items():
+        if name not in feeds:
+            feeds[name] = arr
+            notes.append(f"input {name}: random {arr.dtype}{list(arr.shape)} (seed {seed}; "
+                         f"give --input {name}=FILE.npy to choose)")  # fmt: skip
+    return feeds, notes
+
+
+def _seconds(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} µs"
+    if s < 1.0:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_jsonable(v) for v in value]
+        return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
+    return str(value)
+
+
+def _ops(row: Any) -> list[str]:
+    ops = getattr(row, "ops", None) or ()
+    return sorted(str(op) for op in ops)
+
+
+# --------------------------------------------------------------------------- --version
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    from importlib.metadata import entry_points
+
+    from . import __version__
+    from .plugin import ENTRY_POINT_GROUP
+
+    print(f"rlx-core {__version__}")
+    # Read from package metadata: no plugin module is imported to answer this.
+    plugins: dict[tuple[str, str], set[str]] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist
+        key = (dist.metadata["Name"], dist.version) if dist is not None else ("(unknown distribution)", "")
+        plugins.setdefault(key, set()).add(ep.name)
+    for (name, version), eps in sorted(plugins.items()):
+        print(f"{name} {version} (backends: {', '.join(sorted(eps))})")
+    raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Show rlx-core and plugin versions."),
+    ] = False,
+) -> None:
+    """rlx: run ML graphs on the fastest device installed here."""
+
+
+# --------------------------------------------------------------------------- devices
+def _device_json(row: Any) -> dict[str, Any]:
+    d = {
+        "device": row.device,
+        "label": row.label,
+        "available": bool(row.available),
+        "reason": row.reason or "",
+        "distribution": getattr(row, "distribution", None),
+        "version": getattr(row, "version", None),
+        "ops": _ops(row),
+        "calibrated": bool(getattr(row, "calibrated", False)),
+        "recommended": bool(row.recommended),
+        "blocker": row.blocker or None,
+    }
+    for extra in ("priority", "registered", "supports_graph", "est_seconds"):
+        d[extra] = _jsonable(getattr(row, extra, None))
+    return d
+
+
+def _why_not(rows: Sequence[Any]) -> dict[str, str]:
+    """For a graph: why each device other than the recommended one is not the choice."""
+    rec = next((r for r in rows if r.recommended), None)
+    why_not = {}
+    for r in rows:
+        if r is rec:
+            continue
+        if r.blocker or not r.available:
+            why_not[r.device] = r.blocker or r.reason or "unavailable"
+        elif rec is not None and r.est_seconds is not None and rec.est_seconds is not None:
+            if math.isclose(r.est_seconds, rec.est_seconds, rel_tol=1e-9):
+                why_not[r.device] = (f"same estimated cost ({_seconds(r.est_seconds)}) as {rec.device}, "
+                                     f"lower priority ({r.priority} vs {rec.priority})")  # fmt: skip
+            else:
+                why_not[r.device] = f"estimated {_seconds(r.est_seconds)} per run vs {_seconds(rec.est_seconds)}"
+        else:
+            why_not[r.device] = "viable, ranked below by the policy"
+    return why_not
+
+
+@app.command()
+def devices(
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="Show the policy, RLX_* variables and the why.")] = False,
+    graph: Annotated[Path | None, typer.Option("--graph", help="Rank devices for this graph .json.")] = None,
+    example: Annotated[str | None, typer.Option("--example", help="Rank devices for a bundled example.")] = None,
+) -> None:
+    """List every discovered backend: available or why not, ops, cost model, recommended."""
+    with _user_errors():
+        from .placement import Placement
+        from .policy import DevicePolicy, environment_settings
+        from .registry import default_registry
+
+        g = _load_graph(graph, example)[0] if graph is not None or example is not None else None
+        placement = Placement(g, DevicePolicy.from_env(), default_registry())
+        with warnings.catch_warnings():  # broken plugins are listed below, not warned about
+            warnings.simplefilter("ignore", PluginWarning)
+            rows = placement.report()  # probes every backend concurrently; broken() is complete after it
+        broken = [{"name": name, "error": str(error)} for name, error in placement.registry.broken()]
+        disabled = sorted(placement.registry.disabled())
+        if json_out:
+            doc = {
+                "devices": [_device_json(r) for r in rows],
+                "broken_plugins": broken,
+                "disabled_plugins": disabled,
+                "policy": placement.policy.to_dict(),
+                "environment": [{"variable": k, "value": v, "meaning": m} for k, v, m in environment_settings()],
+            }
+            print(json.dumps(doc, indent=2))
+            return
+        _print_devices([r for r in rows if r.registered], with_graph=g is not None)
+        if broken:
+            table = Table("plugin (entry point)", "error", title="Broken plugins", title_justify="left")
+            for b in broken:
+                table.add_row(b["name"], b["error"])
+            console.print(table)
+        if disabled:
+            console.print(f"Disabled by RLX_DISABLE_PLUGINS: {', '.join(disabled)}")
+        if explain:
+            _print_explain(placement, rows, environment_settings())
+
+
+def _print_devices(rows: Sequence[Any], with_graph: bool) -> None:
+    if not rows:
+        console.print("No working rlx backend is installed. The cpu backend comes with `pip install rlx-core`.")
+        return
+    table = Table(title="rlx devices" + (" for this graph" if with_graph else ""), title_justify="left")
+    for col in ("device", "label", "distribution", "status", "ops", "cost model", "recommended"):
+        table.add_column(col, overflow="fold")
+    if with_graph:
+        table.add_column("est. per run", justify="right")
+        table.add_column("blocker", overflow="fold")
+    for r in rows:
+        dist = " ".join(str(x) for x in (getattr(r, "distribution", None), getattr(r, "version", None)) if x)
+        status = "[green]available[/]" if r.available else f"[red]unavailable[/]: {r.reason}"
+        model = "calibrated" if getattr(r, "calibrated", False) else "default"
+        cells = [r.device, r.label or "", dist or "-", status, str(len(_ops(r))), model,
+                 "[bold]yes[/]" if r.recommended else ""]  # fmt: skip
+        if with_graph:
+            cells += [_seconds(r.est_seconds), r.blocker or ""]
+        table.add_row(*cells)
+    console.print(table)
+
+
+def _print_explain(placement: Any, rows: Sequence[Any], env: Sequence[tuple[str, str | None, str]]) -> None:
+    from .errors import DeviceError
+
+    settings = placement.policy.to_dict()
+    sources = settings.pop("sources")
+    table = Table("setting", "value", "from", title="Effective device policy", title_justify="left")
+    for name, value in settings.items():
+        table.add_row(name, json.dumps(value), str(sources.get(name, "default")))
+    console.print(table)
+    table = Table("variable", "value", "meaning", title="RLX_* environment", title_justify="left")
+    for var, value, meaning in env:
+        table.add_row(var, "[dim](unset)[/]" if value is None else value, meaning)
+    console.print(table)
+    if placement.graph is None:
+        console.print("Without --graph, [bold]recommended[/] marks the highest-priority available device; "
+                      "pass --graph FILE to see the choice for a graph.")  # fmt: skip
+        return
+    try:
+        device, why, _ = placement.choose()
+        console.print(f"Why {device}: {why}")
+    except DeviceError as exc:
+        console.print(f"No device: {exc}")
+    for name, reason in _why_not(rows).items():
+        console.print(f"Why not {name}: {reason}")
+
+
+# --------------------------------------------------------------------------- run
+def _output_names(graph: Graph) -> list[str]:
+    seen: dict[str, int] = {}
+    names = []
+    for name in graph.output_names():
+        seen[name] = seen.get(name, 0) + 1
+        names.append(name if seen[name] == 1 else f"{name}_{seen[name] - 1}")
+    return names
+
+
+def _summary_row(name: str, arr: np.ndarray) -> list[str]:
+    import numpy as np
+
+    if arr.size == 0:
+        stats = ["-", "-", "-"]
+    else:
+        a = arr.astype(np.float64) if arr.dtype == np.bool_ else arr
+        stats = [f"{a.min():.6g}", f"{a.max():.6g}", f"{float(np.mean(a, dtype=np.float64)):.6g}"]
+    return [name, str(list(arr.shape)), str(arr.dtype), *stats]
+
+
+def _save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write an .npz atomically: a temp file beside it, then rename over the target."""
+    import numpy as np
+
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        _fail(f"cannot write {str(path)!r}: {exc.strerror or exc}")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@app.command()
+def run(
+    file: Annotated[Path | None, typer.Argument(help="Graph .json (or .onnx once ONNX import exists).")] = None,
+    example: Annotated[str | None, typer.Option("--example", help="Run a bundled example (mlp).")] = None,
+    device: Annotated[str, typer.Option("--device", "-d", help="Device, or 'auto' for the policy's pick.")] = "auto",
+    inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=FILE.npy (repeatable).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the outputs to this .npz.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for inputs not given.")] = 0,
+) -> None:
+    """Compile a graph, run it once, and summarize its outputs."""
+    with _user_errors():
+        from . import compile as rlx_compile
+
+        g, origin = _load_graph(file, example)
+        feeds, notes = _make_inputs(g, inputs or [], seed)
+        console.print(f"graph: {g.name} ({len(g)} nodes) from {origin}")
+        for note in notes:
+            console.print(note)
+        t0 = time.perf_counter()
+        cg = rlx_compile(g, device=device)
+        compile_s = time.perf_counter() - t0
+        report = cg.report()
+        t0 = time.perf_counter()
+        outputs = cg.run(feeds)
+        run_s = time.perf_counter() - t0
+        console.print(f"device: [bold]{cg.device}[/] — {getattr(report, 'reason', '') or 'chosen by the policy'}")
+        console.print(f"compile: {_seconds(getattr(report, 'compile_seconds', None) or compile_s)}   "
+                      f"run: {_seconds(run_s)} (first run)")  # fmt: skip
+        names = _output_names(g)
+        table = Table("output", "shape", "dtype", "min", "max", "mean", title_justify="left")
+        for name, arr in zip(names, outputs):
+            table.add_row(*_summary_row(name, arr))
+        console.print(table)
+        if out is not None:
+            _save_npz(out, dict(zip(names, outputs)))
+            console.print(f"wrote {out} ({', '.join(names)})")
+
+
+# --------------------------------------------------------------------------- bench
+def _time_per_run(fn: Any, runs: int) -> float:
+    """Best-of-5 seconds per call; ``runs`` calls per repeat (0 = enough for ~50 ms)."""
+    import timeit
+
+    timer = timeit.Timer(fn)
+    if runs <= 0:
+        runs, _ = timer.autorange()
+        runs = max(1, runs // 4)
+    return min(timer.repeat(repeat=5, number=runs)) / runs
+
+
+@app.command()
+def bench(
+    file: Annotated[Path | None, typer.Argument(help="Graph .json to time.")] = None,
+    example: Annotated[str | None, typer.Option("--example", help="Time a bundled example.")] = None,
+    runs: Annotated[int, typer.Option("--runs", "-n", help="Runs per repeat (0 = automatic).")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for the random inputs.")] = 0,
+) -> None:
+    """Time a graph on the device rlx picks and on every other viable device (µs per run)."""
+    with _user_errors():
+        from . import compile as rlx_compile
+        from . import devices_for, resolve_device
+
+        g, origin = _load_graph(file, example)
+        feeds, _ = _make_inputs(g, [], seed)
+        chosen = resolve_device(g)
+        candidates = list(dict.fromkeys([chosen, *devices_for(g)]))
+        console.print(f"graph: {g.name} ({len(g)} nodes) from {origin}; random inputs (seed {seed})")
+        results: dict[str, float | str] = {}
+        for d in candidates:
+            try:
+                cg = rlx_compile(g, device=d)
+                cg.run(feeds)  # warm up
+                results[d] = _time_per_run(lambda cg=cg: cg.run(feeds), runs)
+            except RlxError as exc:
+                results[d] = f"failed: {exc}"
+        base = results.get(chosen)
+        table = Table("device", "per run", "vs chosen", "", title="rlx bench", title_justify="left")
+        for d, r in results.items():
+            if isinstance(r, str):
+                table.add_row(d, r, "", "")
+            else:
+                ratio = f"{r / base:.2f}x" if isinstance(base, float) and base > 0 else ""
+                table.add_row(d, f"{r * 1e6:,.1f} µs", ratio, "[bold]chosen[/]" if d == chosen else "")
+        console.print(table)
+
+
+# --------------------------------------------------------------------------- calibrate
+@app.command()
+def calibrate(
+    devices: Annotated[list[str] | None, typer.Argument(help="Devices (default: every available one).")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer, smaller measurements.")] = False,
+) -> None:
+    """Measure each device's cost model on this host and cache it."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with _user_errors():
+        from . import available_devices, device_report, get_backend
+        from .errors import DeviceError, PluginError
+
+        targets = list(devices or available_devices())
+        backends = {d: get_backend(d) for d in targets}  # unknown names fail before any work
+        rows = {r.device: r for r in device_report()}
+        for d in targets:
+            row = rows.get(d.split(":")[0])
+            if row is not None and not row.available:
+                raise DeviceError(f"cannot calibrate {d}: unavailable here ({row.reason})")
+        results: dict[str, Any] = {}
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as progress:  # fmt: skip
+            task = progress.add_task("calibrating", total=len(targets))
+            for d in targets:
+                progress.update(task, description=f"calibrating {d}")
+                try:
+                    results[d] = backends[d].calibrate(quick=quick)
+                except NotImplementedError as exc:
+                    results[d] = f"{d}: this backend cannot calibrate ({exc or 'not implemented'})"
+                except ModuleNotFoundError as exc:
+                    if not (exc.name or "").startswith("rlx_core.calibration"):
+                        raise
+                    results[d] = f"{d}: calibration is not available in this rlx-core yet"
+                except PluginError as exc:
+                    results[d] = f"{d}: calibration failed: {exc}"
+                progress.advance(task)
+        table = Table("device", "sgemm GFLOP/s", "memory GB/s", "dispatch", "round trip", "source",
+                      title="Calibrated cost models", title_justify="left")  # fmt: skip
+        for d, m in results.items():
+            if isinstance(m, str):
+                console.print(m)
+                continue
+            dispatch, roundtrip = _seconds(m.dispatch_overhead_ns * 1e-9), _seconds(m.roundtrip_overhead_ns * 1e-9)
+            table.add_row(d, f"{m.sgemm_gflops:.1f}", f"{m.memory_bw_gbps:.1f}", dispatch, roundtrip, m.source)
+        if table.row_count:
+            console.print(table)
+
+
+# --------------------------------------------------------------------------- cache
+@cache_app.command("info")
+def cache_info_command(
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")] = False,
+) -> None:
+    """Where the cache lives and what it holds."""
+    with _user_errors():
+        from .cache import cache_info
+
+        info = cache_info()
+        if json_out:
+            print(json.dumps(_jsonable(info), indent=2))
+            return
+        table = Table("", "", show_header=False, title="rlx cache", title_justify="left")
+        for key, value in info.items():
+            table.add_row(str(key), str(value))
+        console.print(table)
+
+
+@cache_app.command("clear")
+def cache_clear_command() -> None:
+    """Delete every cached entry (they are recomputed when needed)."""
+    with _user_errors():
+        from .cache import cache_dir, clear_cache
+
+        removed = clear_cache()
+        console.print(f"removed {removed} file{'s' if removed != 1 else ''} from {cache_dir()}")
+
+
+def _show_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                  line: str | None = None) -> None:  # fmt: skip
+    """Warnings as one ``warning:`` line each: the source line means nothing to a CLI user."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``rlx`` script and ``python -m rlx_core``."""
+    warnings.showwarning = _show_warning
+    try:
+        app(args=list(argv) if argv is not None else None, prog_name="rlx")
+    except RlxError as exc:  # raised outside a command body (e.g. while parsing)
+        _print_error(str(exc))
+        sys.exit(2)

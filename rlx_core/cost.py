@@ -1,0 +1,170 @@
+"""Cost models and graph pricing: how the core predicts which device is fastest.
+
+A ``CostModel`` is a handful of figures about one device (gemm rate, memory bandwidth,
+per-kernel dispatch, per-run round trip, host transfer rate). ``estimate_graph_cost``
+prices a graph already legalized for that device: a round trip, the input and output
+bytes over the transfer link, then for each kernel its dispatch plus the larger of its
+compute time and its memory time (a roofline).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from .dtypes import itemsize
+from .errors import ConfigError
+from .ops import SOURCE_OPS, OpKind
+
+if TYPE_CHECKING:
+    from .ir import Graph, Node
+
+__all__ = ["CostModel", "estimate_graph_cost", "node_flops", "node_bytes", "FREE_OPS"]
+
+#: Ops that cost no kernel on any sensible backend (metadata changes or views).
+FREE_OPS: frozenset[OpKind] = frozenset({OpKind.RESHAPE}) | SOURCE_OPS
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Figures describing one device; ``calibrated`` says whether they were measured here.
+
+    ``transfer_bw_gbps`` of 0 means the device computes in host memory (no copy in or
+    out). ``sgemm_points`` holds measured ``(m, k, n, gflops)`` points; when present,
+    ``sgemm_gflops_at`` interpolates between them by problem size.
+    """
+
+    device: str
+    sgemm_gflops: float = 20.0
+    memory_bw_gbps: float = 10.0
+    dispatch_overhead_ns: float = 2_000.0
+    roundtrip_overhead_ns: float = 5_000.0
+    transfer_bw_gbps: float = 0.0
+    num_threads: int = 1
+    calibrated: bool = False
+    source: str = ""
+    sgemm_points: tuple[tuple[int, int, int, float], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        for name in ("sgemm_gflops", "memory_bw_gbps"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ConfigError(f"CostModel({self.device!r}): {name} must be a finite number > 0, got {v!r}")
+        for name in ("dispatch_overhead_ns", "roundtrip_overhead_ns", "transfer_bw_gbps"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ConfigError(f"CostModel({self.device!r}): {name} must be a finite number >= 0, got {v!r}")
+        object.__setattr__(self, "sgemm_points", tuple(sorted(tuple(p) for p in self.sgemm_points)))  # type: ignore
+
+    def sgemm_gflops_at(self, m: int, k: int, n: int) -> float:
+        """The gemm rate for an ``m x k @ k x n`` product.
+
+        Calibrated models interpolate linearly in log(flops) between measured points and
+        clamp at the ends; uncalibrated ones scale the peak down for small problems, where
+        no device reaches its peak.
+        """
+        flops = 2.0 * m * k * n
+        if self.sgemm_points:
+            xs = [math.log(2.0 * a * b * c) for a, b, c, _ in self.sgemm_points]
+            ys = [p[3] for p in self.sgemm_points]
+            x = math.log(max(flops, 1.0))
+            i = bisect.bisect_left(xs, x)
+            if i == 0:
+                return ys[0]
+            if i >= len(xs):
+                return ys[-1]
+            t = (x - xs[i - 1]) / (xs[i] - xs[i - 1]) if xs[i] != xs[i - 1] else 1.0
+            return ys[i - 1] + t * (ys[i] - ys[i - 1])
+        # Half of peak at ~2*128^3 flops, approaching peak for large problems.
+        half = 2.0 * 128**3
+        return self.sgemm_gflops * flops / (flops + half)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["sgemm_points"] = [list(p) for p in self.sgemm_points]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CostModel:
+        known = {f for f in cls.__dataclass_fields__}
+        kwargs = {k: v for k, v in d.items() if k in known}
+        kwargs["sgemm_points"] = tuple(tuple(p) for p in kwargs.get("sgemm_points", ()))
+        return cls(**kwargs)
+
+    def with_source(self, source: str) -> CostModel:
+        return replace(self, source=source)
+
+
+def node_flops(node: Node, in_shapes: Sequence[tuple[int, ...]]) -> float:
+    """Floating-point operations of one node; exact for matmul, conv2d and attention."""
+    op, out = node.op, math.prod(node.shape)
+    if op is OpKind.MATMUL:
+        k = in_shapes[0][-1]
+        return 2.0 * out * k
+    if op is OpKind.CONV2D:
+        w = in_shapes[1]
+        return 2.0 * out * w[1] * w[2] * w[3] + (out if len(in_shapes) == 3 else 0)
+    if op is OpKind.ATTENTION:
+        q, k, v = in_shapes[:3]
+        batch = math.prod(node.shape[:-2])
+        lq, lk, d, dv = q[-2], k[-2], q[-1], v[-1]
+        return batch * (2.0 * lq * lk * d + 2.0 * lq * lk * dv + 5.0 * lq * lk)
+    if op in (OpKind.REDUCE_SUM, OpKind.REDUCE_MAX, OpKind.REDUCE_MEAN):
+        return float(math.prod(in_shapes[0]))
+    if op in (OpKind.SOFTMAX, OpKind.LAYER_NORM):
+        return 5.0 * out
+    if op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D):
+        k = node.attrs["kernel"]
+        return float(out * k[0] * k[1])
+    if op is OpKind.GLOBAL_AVG_POOL2D:
+        return float(math.prod(in_shapes[0]))
+    if op in FREE_OPS:
+        return 0.0
+    return float(out)
+
+
+def node_bytes(node: Node, in_shapes: Sequence[tuple[int, ...]], in_dtypes: Sequence[str]) -> float:
+    """Bytes a kernel reads and writes, assuming each operand is touched once."""
+    total = math.prod(node.shape) * itemsize(node.dtype)
+    for s, d in zip(in_shapes, in_dtypes):
+        total += math.prod(s) * itemsize(d)
+    return float(total)
+
+
+def _gemm_dims(node: Node, in_shapes: Sequence[tuple[int, ...]]) -> tuple[int, int, int]:
+    if node.op is OpKind.MATMUL:
+        a, b = in_shapes
+        m = math.prod(node.shape) // max(b[-1] if len(b) > 1 else 1, 1)
+        return max(m, 1), a[-1], b[-1] if len(b) > 1 else 1
+    if node.op is OpKind.CONV2D:
+        w = in_shapes[1]
+        n, o, oh, ow = node.shape
+        return n * oh * ow, w[1] * w[2] * w[3], o
+    q, k = in_shapes[0], in_shapes[1]
+    return math.prod(q[:-1]), q[-1], k[-2]
+
+
+def estimate_graph_cost(graph: Graph, model: CostModel) -> float:
+    """Predicted seconds per run of ``graph`` (legalized for ``model.device``) on that device."""
+    nodes = graph.nodes
+    seconds = model.roundtrip_overhead_ns * 1e-9
+    if model.transfer_bw_gbps > 0:
+        moved = sum(nodes[i].size * itemsize(nodes[i].dtype) for i in graph.inputs)
+        moved += sum(nodes[i].size * itemsize(nodes[i].dtype) for i in graph.outputs)
+        seconds += moved / (model.transfer_bw_gbps * 1e9)
+    bw = model.memory_bw_gbps * 1e9
+    for node in nodes:
+        if node.op in FREE_OPS:
+            continue
+        in_shapes = [nodes[i].shape for i in node.inputs]
+        flops = node_flops(node, in_shapes)
+        if node.op in (OpKind.MATMUL, OpKind.CONV2D, OpKind.ATTENTION):
+            rate = model.sgemm_gflops_at(*_gemm_dims(node, in_shapes)) * 1e9
+        else:
+            rate = model.sgemm_gflops * 1e9
+        data = node_bytes(node, in_shapes, [nodes[i].dtype for i in node.inputs])
+        seconds += model.dispatch_overhead_ns * 1e-9 + max(flops / rate, data / bw)
+    return seconds

@@ -1,0 +1,79 @@
+"""Every error and warning rlx raises.
+
+One module so that callers can ``except rlx_core.RlxError`` and know they caught
+everything of ours, and so that the CLI can turn exactly these into one line on
+stderr (anything else is a bug and keeps its traceback).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RlxError",
+    "GraphError",
+    "InputError",
+    "DeviceError",
+    "ConfigError",
+    "ModelError",
+    "PluginError",
+    "DeviceFallbackError",
+    "RlxWarning",
+    "FallbackWarning",
+    "PluginWarning",
+    "CacheWarning",
+]
+
+
+class RlxError(Exception):
+    """Base of every error rlx raises on purpose."""
+
+
+class GraphError(RlxError, ValueError):
+    """A graph was built wrongly: bad shapes, dtypes, axes, attributes, or a frozen graph."""
+
+
+class InputError(RlxError, ValueError):
+    """Run-time inputs or ``set_param`` values do not match what the graph declares."""
+
+
+class DeviceError(RlxError):
+    """A device is unknown, unavailable, or cannot run the graph it was asked to run."""
+
+
+class ConfigError(RlxError, ValueError):
+    """An ``RLX_*`` environment variable or an option has a malformed value."""
+
+
+class ModelError(RlxError):
+    """A model file (graph JSON, ONNX) is missing, malformed, or unsupported."""
+
+
+class PluginError(RlxError):
+    """A backend plugin failed to load, declared the wrong API, or misbehaved."""
+
+
+class DeviceFallbackError(DeviceError):
+    """Every device of a fallback chain failed.
+
+    ``attempts`` lists ``(device, error message)`` in the order they were tried, so a
+    caller can see every reason, not just the last one.
+    """
+
+    def __init__(self, message: str, attempts: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.attempts: list[tuple[str, str]] = list(attempts or [])
+
+
+class RlxWarning(UserWarning):
+    """Base of rlx's warning categories, so users can filter all of them at once."""
+
+
+class FallbackWarning(RlxWarning):
+    """A device failed while compiling or running and the next one was tried."""
+
+
+class PluginWarning(RlxWarning):
+    """A plugin could not be loaded or probed; the rest of rlx keeps working."""
+
+
+class CacheWarning(RlxWarning):
+    """A cache entry was corrupt, foreign or unwritable and was ignored."""

@@ -1,0 +1,115 @@
+"""Run-time inputs: validation before any work, and seeded random inputs for tools.
+
+Validation is on every run's hot path, so the common case (a numpy array of the right
+shape and dtype) costs a type check and two comparisons per input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import InputError
+from .ir import Graph, Node
+
+__all__ = ["InputSpec", "input_specs", "validate_inputs", "as_array", "random_inputs", "check_param_value"]
+
+
+class InputSpec:
+    """What one graph input expects."""
+
+    __slots__ = ("dtype", "name", "shape")
+
+    def __init__(self, node: Node) -> None:
+        self.name = node.name
+        self.shape = node.shape
+        self.dtype = np.dtype(node.dtype)
+
+
+def input_specs(graph: Graph) -> tuple[InputSpec, ...]:
+    return tuple(InputSpec(graph.node(i)) for i in graph.inputs)
+
+
+def as_array(value: Any, what: str) -> np.ndarray:
+    """An ndarray view of ``value`` (``__array__`` or ``__dlpack__``), never a silent cast."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "__dlpack__"):
+        try:
+            return np.from_dlpack(value)
+        except (TypeError, RuntimeError, BufferError, ValueError):
+            pass  # e.g. a device array numpy cannot view; __array__ may still copy it to host
+    if hasattr(value, "__array__") or isinstance(value, (np.generic, int, float, bool, list, tuple)):
+        try:
+            return np.asarray(value)
+        except Exception as exc:
+            raise InputError(f"{what}: cannot convert {type(value).__name__} to an array: {exc}") from None
+    raise InputError(f"{what}: expected an array (numpy, __array__ or __dlpack__), got {type(value).__name__}")
+
+
+def validate_inputs(specs: Sequence[InputSpec], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Check names, shapes and dtypes; return ``{name: ndarray}`` or raise ``InputError``."""
+    if not isinstance(inputs, Mapping):
+        raise InputError(f"inputs must be a mapping of input name to array, got {type(inputs).__name__}")
+    out: dict[str, np.ndarray] = {}
+    for spec in specs:
+        try:
+            value = inputs[spec.name]
+        except KeyError:
+            missing = [s.name for s in specs if s.name not in inputs]
+            raise InputError(
+                f"missing input(s) {', '.join(repr(m) for m in missing)}; the graph takes "
+                + ", ".join(f"{s.name!r} {s.shape} {s.dtype}" for s in specs)
+            ) from None
+        arr = value if type(value) is np.ndarray else as_array(value, f"input {spec.name!r}")
+        if arr.shape != spec.shape or arr.dtype != spec.dtype:
+            if arr.dtype != spec.dtype:
+                raise InputError(
+                    f"input {spec.name!r}: expected dtype {spec.dtype}, got {arr.dtype} "
+                    f"(rlx never casts silently; convert it with .astype('{spec.dtype}'))"
+                )
+            raise InputError(f"input {spec.name!r}: expected shape {spec.shape}, got {arr.shape}")
+        out[spec.name] = arr
+    if len(inputs) != len(out):
+        unknown = [k for k in inputs if k not in out]
+        raise InputError(
+            f"unknown input(s) {', '.join(repr(u) for u in unknown)}; the graph takes "
+            + (", ".join(repr(s.name) for s in specs) or "no inputs")
+        )
+    return out
+
+
+def check_param_value(graph: Graph, name: str, value: Any) -> tuple[Node, np.ndarray]:
+    """Validate a ``set_param`` value: an existing param, same shape and dtype."""
+    node = next((graph.node(i) for i in graph.params if graph.node(i).name == name), None)
+    if node is None:
+        known = ", ".join(repr(graph.node(i).name) for i in graph.params) or "none"
+        raise InputError(f"set_param: graph {graph.name!r} has no param {name!r}; its params: {known}")
+    arr = as_array(value, f"param {name!r}")
+    if arr.dtype.name != node.dtype:
+        raise InputError(f"set_param {name!r}: expected dtype {node.dtype}, got {arr.dtype} (no silent casts)")
+    if arr.shape != node.shape:
+        raise InputError(f"set_param {name!r}: expected shape {node.shape}, got {arr.shape}")
+    frozen = np.array(arr, copy=True)
+    frozen.flags.writeable = False
+    return node, frozen
+
+
+def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded inputs matching ``graph``: floats in [-1, 1), ints in [0, 8), random bools.
+
+    Int inputs stay small so that they are valid indices for typical gathers.
+    """
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in graph.inputs:
+        n = graph.node(i)
+        if n.dtype == "bool":
+            out[n.name] = rng.random(n.shape) < 0.5
+        elif n.dtype.startswith("int"):
+            out[n.name] = rng.integers(0, 8, n.shape).astype(n.dtype)
+        else:
+            out[n.name] = rng.uniform(-1, 1, n.shape).astype(n.dtype)
+    return out

@@ -1,0 +1,486 @@
+"""The graph IR: an SSA graph of typed nodes built through one method per op.
+
+Shapes and dtypes are inferred (and checked) when a node is added, so a mistake raises
+``GraphError`` at the line that made it. ``graph.nodes`` is topologically ordered by
+construction; backends walk it once at compile time.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Union
+
+import numpy as np
+
+from .dtypes import normalize_dtype
+from .errors import GraphError, ModelError
+from .ops import OpKind, infer
+
+__all__ = ["Graph", "Node", "Value", "GRAPH_FORMAT", "GRAPH_FORMAT_VERSION"]
+
+GRAPH_FORMAT = "rlx.graph"
+GRAPH_FORMAT_VERSION = 1
+_graph_ids = itertools.count()
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One SSA value: ``op`` applied to earlier nodes ``inputs`` with ``attrs``.
+
+    ``origin`` is the id of the user's node a legalized node was decomposed from (its
+    own id for nodes the user built), so that errors and reports can point back to it.
+    """
+
+    id: int
+    op: OpKind
+    inputs: tuple[int, ...]
+    attrs: Mapping[str, Any]
+    shape: tuple[int, ...]
+    dtype: str
+    name: str = ""
+    origin: int | None = None
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def describe(self) -> str:
+        """``node 7 'probs'`` or ``node 7``: how messages refer to a node."""
+        return f"node {self.id} {self.name!r}" if self.name else f"node {self.id}"
+
+
+@dataclass(frozen=True, eq=False)
+class Value:
+    """The handle a builder method returns: a node's id, shape and dtype."""
+
+    graph: Graph = field(repr=False)
+    id: int
+    shape: tuple[int, ...]
+    dtype: str
+    name: str = ""
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __index__(self) -> int:
+        return self.id
+
+
+ValueLike = Union[Value, int, np.ndarray, float, bool, np.generic]
+
+
+def _frozen_array(value: Any, dtype: str | None, what: str) -> np.ndarray:
+    if isinstance(value, np.ndarray) and not value.flags.writeable and value.base is None:
+        if dtype is None or value.dtype.name == dtype:  # already ours (or immutable): share, don't copy
+            normalize_dtype(value.dtype, what=what)
+            return value
+    try:
+        arr = np.array(value, dtype=dtype, copy=True)
+    except (TypeError, ValueError) as exc:
+        raise GraphError(f"{what}: cannot make an array of {type(value).__name__}: {exc}") from None
+    normalize_dtype(arr.dtype, what=what)
+    arr.flags.writeable = False
+    return arr
+
+
+class Graph:
+    """A computation graph under construction (then frozen once compiled).
+
+    Build it with the op methods (``g.matmul(x, w)``), each returning a ``Value``; every
+    method also accepts node ids, numpy arrays (added as constants) and Python scalars
+    (added as constants of the other operand's dtype, like JAX's weak types).
+    """
+
+    def __init__(self, name: str = "graph") -> None:
+        self.name = str(name)
+        self._nodes: list[Node] = []
+        self._values: dict[int, np.ndarray] = {}
+        self._inputs: list[int] = []
+        self._params: list[int] = []
+        self._outputs: tuple[int, ...] = ()
+        self._names: dict[str, int] = {}
+        self._frozen = False
+        self._origin: int | None = None  # set by legalization while it emits a decomposition
+        self._uid = next(_graph_ids)
+
+    # ----------------------------------------------------------------- reading
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return tuple(self._nodes)
+
+    @property
+    def inputs(self) -> tuple[int, ...]:
+        return tuple(self._inputs)
+
+    @property
+    def params(self) -> tuple[int, ...]:
+        return tuple(self._params)
+
+    @property
+    def outputs(self) -> tuple[int, ...]:
+        return self._outputs
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
+
+    def node(self, id: int | Value) -> Node:
+        i = int(id.id if isinstance(id, Value) else id)
+        if not 0 <= i < len(self._nodes):
+            raise GraphError(f"graph {self.name!r} has no node {i} (it has {len(self._nodes)})")
+        return self._nodes[i]
+
+    def value(self, id: int | Value) -> np.ndarray:
+        """The current array of a param or constant node (read-only)."""
+        node = self.node(id)
+        if node.id not in self._values:
+            raise GraphError(f"{node.describe()} is a {node.op}, which holds no value")
+        return self._values[node.id]
+
+    def input_node(self, name: str) -> Node:
+        """The ``input`` or ``param`` node called ``name``."""
+        if name not in self._names:
+            known = ", ".join(repr(n) for n in self._names) or "none"
+            raise GraphError(f"graph {self.name!r} has no input or param {name!r}; it has {known}")
+        return self._nodes[self._names[name]]
+
+    def freeze(self) -> Graph:
+        """Forbid further building; compiling freezes a graph so its executables stay valid."""
+        self._frozen = True
+        return self
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __repr__(self) -> str:
+        return f"Graph({self.name!r}, {len(self._nodes)} nodes, {len(self._outputs)} outputs)"
+
+    # ----------------------------------------------------------------- building core
+    def _check_open(self, what: str) -> None:
+        if self._frozen:
+            raise GraphError(f"{what}: graph {self.name!r} is frozen (it was compiled); build a new graph")
+
+    def _ref(self, v: ValueLike, what: str, like: str | None = None) -> Node:
+        if isinstance(v, Value):
+            if v.graph is not self:
+                raise GraphError(f"{what}: value {v.id} belongs to graph {v.graph.name!r}, not {self.name!r}")
+            return self._nodes[v.id]
+        if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and like is None:
+            return self.node(int(v))
+        if isinstance(v, (bool, int, float, np.generic, np.ndarray, list, tuple)):
+            if isinstance(v, (bool, int, float)) and like is not None:
+                return self._nodes[self.constant(v, dtype=like).id]
+            return self._nodes[self.constant(v).id]
+        raise GraphError(f"{what}: expected a Value, node id, array or scalar, got {type(v).__name__}")
+
+    def _refs(self, op: OpKind, values: Sequence[ValueLike]) -> list[Node]:
+        """Resolve operands; Python scalars take the dtype of the first non-scalar one."""
+        like = None
+        for v in values:  # the first non-bool operand decides (where(cond, 0.0, x) takes x's)
+            if isinstance(v, (Value, np.ndarray)):
+                dtype = v.dtype if isinstance(v, Value) else normalize_dtype(v.dtype, what=str(op))
+                if like is None or like == "bool":
+                    like = dtype
+                if dtype != "bool":
+                    break
+        out = []
+        for v in values:
+            scalar = isinstance(v, (bool, int, float)) and not isinstance(v, Value)
+            out.append(self._ref(v, str(op), like if scalar and like is not None else None))
+        return out
+
+    def _add_node(
+        self, op: OpKind | str, inputs: Sequence[int], attrs: Mapping[str, Any], name: str = ""
+    ) -> Value:
+        """Add a computational node after checking it; the single door into the graph."""
+        try:
+            op = OpKind(op)
+        except ValueError:
+            raise GraphError(f"unknown op {op!r}") from None
+        self._check_open(str(op))
+        ins = [self.node(i) for i in inputs]
+        norm, shape, dtype = infer(op, ins, attrs)
+        if name:
+            norm_name = str(name)
+        else:
+            norm_name = ""
+        nid = len(self._nodes)
+        node = Node(nid, op, tuple(n.id for n in ins), MappingProxyType(norm), tuple(shape), dtype, norm_name,
+                    self._origin if self._origin is not None else nid)  # fmt: skip
+        self._nodes.append(node)
+        return Value(self, nid, node.shape, dtype, norm_name)
+
+    def _add(self, op: OpKind, values: Sequence[ValueLike], name: str = "", **attrs: Any) -> Value:
+        self._check_open(str(op))
+        nodes = self._refs(op, values)
+        try:
+            return self._add_node(op, [n.id for n in nodes], attrs, name)
+        except GraphError as exc:
+            if name:
+                raise GraphError(f"{exc} (building {name!r})") from None
+            raise
+
+    def _add_source(self, op: OpKind, name: str, shape: tuple[int, ...], dtype: str,
+                    value: np.ndarray | None) -> Value:  # fmt: skip
+        nid = len(self._nodes)
+        node = Node(nid, op, (), MappingProxyType({}), shape, dtype, name,
+                    self._origin if self._origin is not None else nid)  # fmt: skip
+        self._nodes.append(node)
+        if value is not None:
+            self._values[nid] = value
+        if op is OpKind.INPUT:
+            self._inputs.append(nid)
+        elif op is OpKind.PARAM:
+            self._params.append(nid)
+        if op is not OpKind.CONSTANT:
+            self._names[name] = nid
+        return Value(self, nid, shape, dtype, name)
+
+    def _check_name(self, what: str, name: Any) -> str:
+        if not isinstance(name, str) or not name:
+            raise GraphError(f"{what}: name must be a non-empty string, got {name!r}")
+        if name in self._names:
+            raise GraphError(f"{what}: name {name!r} is already used by {self._nodes[self._names[name]].describe()}")
+        return name
+
+    # ----------------------------------------------------------------- sources
+    def input(self, name: str, shape: Iterable[int], dtype: Any = "float32") -> Value:
+        """A run-time input, fed by ``run({name: array})``."""
+        self._check_open("input")
+        name = self._check_name("input", name)
+        try:
+            dims = tuple(int(d) for d in shape)
+            bad = [d for d, raw in zip(dims, shape) if d < 0 or isinstance(raw, bool) or int(raw) != raw]
+        except (TypeError, ValueError):
+            raise GraphError(f"input {name!r}: shape must be a sequence of ints, got {shape!r}") from None
+        if bad:
+            raise GraphError(f"input {name!r}: shape must hold ints >= 0, got {tuple(shape)!r}")
+        return self._add_source(OpKind.INPUT, name, dims, normalize_dtype(dtype, what=f"input {name!r}"), None)
+
+    def param(self, name: str, value: Any, dtype: Any = None) -> Value:
+        """A named weight: baked into compiled code but replaceable with ``set_param``."""
+        self._check_open("param")
+        name = self._check_name("param", name)
+        arr = _frozen_array(value, None if dtype is None else normalize_dtype(dtype), f"param {name!r}")
+        return self._add_source(OpKind.PARAM, name, arr.shape, arr.dtype.name, arr)
+
+    def constant(self, value: Any, dtype: Any = None, name: str = "") -> Value:
+        """A fixed array. Python floats default to float32 and ints to int64."""
+        self._check_open("constant")
+        if dtype is None and isinstance(value, float):
+            dtype = "float32"
+        arr = _frozen_array(value, None if dtype is None else normalize_dtype(dtype), "constant")
+        return self._add_source(OpKind.CONSTANT, str(name), arr.shape, arr.dtype.name, arr)
+
+    def set_outputs(self, outputs: Sequence[ValueLike] | ValueLike) -> None:
+        """Declare the graph's outputs, in order (replaces any earlier declaration)."""
+        self._check_open("set_outputs")
+        if isinstance(outputs, (Value, int)):
+            outputs = [outputs]
+        nodes = [self._ref(v, "set_outputs") for v in outputs]
+        if not nodes:
+            raise GraphError("set_outputs: a graph needs at least one output")
+        self._outputs = tuple(n.id for n in nodes)
+
+    # ----------------------------------------------------------------- ops
+    def matmul(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.MATMUL, (a, b), name)
+
+    def add(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.ADD, (a, b), name)
+
+    def sub(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.SUB, (a, b), name)
+
+    def mul(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.MUL, (a, b), name)
+
+    def div(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
+        """Division; integers truncate toward zero (C and ONNX semantics)."""
+        return self._add(OpKind.DIV, (a, b), name)
+
+    def pow(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.POW, (a, b), name)
+
+    def maximum(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.MAXIMUM, (a, b), name)
+
+    def minimum(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.MINIMUM, (a, b), name)
+
+    def neg(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.NEG, (x,), name)
+
+    def abs(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.ABS, (x,), name)
+
+    def exp(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.EXP, (x,), name)
+
+    def log(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.LOG, (x,), name)
+
+    def sqrt(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.SQRT, (x,), name)
+
+    def rsqrt(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.RSQRT, (x,), name)
+
+    def erf(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.ERF, (x,), name)
+
+    def tanh(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.TANH, (x,), name)
+
+    def sigmoid(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.SIGMOID, (x,), name)
+
+    def relu(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.RELU, (x,), name)
+
+    def gelu(self, x: ValueLike, approximate: str = "none", *, name: str = "") -> Value:
+        return self._add(OpKind.GELU, (x,), name, approximate=approximate)
+
+    def softmax(self, x: ValueLike, axis: int = -1, *, name: str = "") -> Value:
+        return self._add(OpKind.SOFTMAX, (x,), name, axis=axis)
+
+    def layer_norm(self, x: ValueLike, scale: ValueLike, bias: ValueLike | None = None, axis: int = -1,
+                   eps: float = 1e-5, *, name: str = "") -> Value:  # fmt: skip
+        """Normalize over axes ``axis..end``; ``scale``/``bias`` broadcast to those axes."""
+        ins = (x, scale) if bias is None else (x, scale, bias)
+        return self._add(OpKind.LAYER_NORM, ins, name, axis=axis, eps=eps)
+
+    def reduce_sum(self, x: ValueLike, axes: Iterable[int] | int | None = None, keepdims: bool = False,
+                   *, name: str = "") -> Value:  # fmt: skip
+        return self._add(OpKind.REDUCE_SUM, (x,), name, axes=axes, keepdims=keepdims)
+
+    def reduce_mean(self, x: ValueLike, axes: Iterable[int] | int | None = None, keepdims: bool = False,
+                    *, name: str = "") -> Value:  # fmt: skip
+        return self._add(OpKind.REDUCE_MEAN, (x,), name, axes=axes, keepdims=keepdims)
+
+    def reduce_max(self, x: ValueLike, axes: Iterable[int] | int | None = None, keepdims: bool = False,
+                   *, name: str = "") -> Value:  # fmt: skip
+        return self._add(OpKind.REDUCE_MAX, (x,), name, axes=axes, keepdims=keepdims)
+
+    def reshape(self, x: ValueLike, shape: Iterable[int], *, name: str = "") -> Value:
+        return self._add(OpKind.RESHAPE, (x,), name, shape=shape)
+
+    def transpose(self, x: ValueLike, perm: Iterable[int] | None = None, *, name: str = "") -> Value:
+        return self._add(OpKind.TRANSPOSE, (x,), name, perm=perm)
+
+    def concat(self, values: Sequence[ValueLike], axis: int = 0, *, name: str = "") -> Value:
+        return self._add(OpKind.CONCAT, tuple(values), name, axis=axis)
+
+    def slice(self, x: ValueLike, starts: Iterable[int], ends: Iterable[int], axes: Iterable[int] | None = None,
+              steps: Iterable[int] | None = None, *, name: str = "") -> Value:  # fmt: skip
+        """ONNX ``Slice``: out-of-range bounds are clamped, negative ones count from the end."""
+        return self._add(OpKind.SLICE, (x,), name, starts=starts, ends=ends, axes=axes, steps=steps)
+
+    def gather(self, x: ValueLike, indices: ValueLike, axis: int = 0, *, name: str = "") -> Value:
+        """``numpy.take(x, indices, axis)``; negative indices count from the end."""
+        return self._add(OpKind.GATHER, (x, indices), name, axis=axis)
+
+    def cast(self, x: ValueLike, dtype: Any, *, name: str = "") -> Value:
+        return self._add(OpKind.CAST, (x,), name, dtype=dtype)
+
+    def where(self, cond: ValueLike, x: ValueLike, y: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.WHERE, (cond, x, y), name)
+
+    def conv2d(self, x: ValueLike, w: ValueLike, b: ValueLike | None = None, stride: Any = 1, padding: Any = 0,
+               dilation: Any = 1, groups: int = 1, *, name: str = "") -> Value:  # fmt: skip
+        """NCHW convolution (cross-correlation) with OIHW weights, as in ONNX and PyTorch."""
+        ins = (x, w) if b is None else (x, w, b)
+        return self._add(OpKind.CONV2D, ins, name, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    def max_pool2d(self, x: ValueLike, kernel: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+                   ceil_mode: bool = False, *, name: str = "") -> Value:  # fmt: skip
+        return self._add(OpKind.MAX_POOL2D, (x,), name, kernel=kernel, stride=stride, padding=padding,
+                         dilation=dilation, ceil_mode=ceil_mode)  # fmt: skip
+
+    def avg_pool2d(self, x: ValueLike, kernel: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+                   count_include_pad: bool = False, *, name: str = "") -> Value:  # fmt: skip
+        return self._add(OpKind.AVG_POOL2D, (x,), name, kernel=kernel, stride=stride, padding=padding,
+                         ceil_mode=ceil_mode, count_include_pad=count_include_pad)  # fmt: skip
+
+    def global_avg_pool2d(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.GLOBAL_AVG_POOL2D, (x,), name)
+
+    def attention(self, q: ValueLike, k: ValueLike, v: ValueLike, mask: ValueLike | None = None,
+                  scale: float | None = None, *, name: str = "") -> Value:  # fmt: skip
+        """softmax(q @ kᵀ · scale + mask) @ v; a bool mask keeps True and masks False."""
+        ins = (q, k, v) if mask is None else (q, k, v, mask)
+        return self._add(OpKind.ATTENTION, ins, name, scale=scale)
+
+    # ----------------------------------------------------------------- describing
+    def summary(self) -> str:
+        """A human-readable listing: one line per node with op, inputs, shape and dtype."""
+        lines = [f"Graph {self.name!r}: {len(self._nodes)} nodes, inputs {len(self._inputs)}, "
+                 f"params {len(self._params)}, outputs {list(self._outputs)}"]  # fmt: skip
+        outs = set(self._outputs)
+        for n in self._nodes:
+            args = ", ".join(f"%{i}" for i in n.inputs)
+            attrs = ", ".join(f"{k}={v}" for k, v in n.attrs.items())
+            label = f" {n.name!r}" if n.name else ""
+            mark = "  -> output" if n.id in outs else ""
+            lines.append(
+                f"  %{n.id:<3} = {n.op}({args}{', ' if args and attrs else ''}{attrs}){label} "
+                f": {n.dtype}{list(n.shape)}{mark}"
+            )
+        return "\n".join(lines)
+
+    def output_names(self) -> list[str]:
+        """Each output's node name, or ``output_<i>`` when it has none."""
+        names = []
+        for i, nid in enumerate(self._outputs):
+            names.append(self._nodes[nid].name or f"output_{i}")
+        return names
+
+    # ----------------------------------------------------------------- JSON
+    def to_json(self) -> str:
+        """Serialize to JSON (arrays base64-encoded, little-endian). Never pickle."""
+        nodes = []
+        for n in self._nodes:
+            d: dict[str, Any] = {"id": n.id, "op": n.op.value, "inputs": list(n.inputs), "name": n.name}
+            if n.op is OpKind.INPUT:
+                d["shape"], d["dtype"] = list(n.shape), n.dtype
+            elif n.id in self._values:
+                arr = np.asarray(self._values[n.id], order="C").astype(np.dtype(n.dtype).newbyteorder("<"))
+                d["value"] = {"dtype": n.dtype, "shape": list(arr.shape),
+                              "data": base64.b64encode(arr.tobytes()).decode("ascii")}  # fmt: skip
+            else:
+                d["attrs"] = {k: list(v) if isinstance(v, tuple) else v for k, v in n.attrs.items()}
+            nodes.append(d)
+        doc = {"format": GRAPH_FORMAT, "version": GRAPH_FORMAT_VERSION, "name": self.name,
+               "nodes": nodes, "outputs": list(self._outputs)}  # fmt: skip
+        return json.dumps(doc)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Graph:
+        """Rebuild a graph from ``to_json`` output, checking it like a graph built by hand."""
+        from ._graph_json import graph_from_json
+
+        return graph_from_json(cls, text)
+
+    def save(self, path: Any) -> None:
+        from .cache import atomic_write_text
+
+        atomic_write_text(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: Any) -> Graph:
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            raise ModelError(f"cannot read graph file {str(path)!r}: {exc.strerror or exc}") from None
+        try:
+            return cls.from_json(data)
+        except ModelError as exc:
+            raise ModelError(f"{path}: {exc}") from None

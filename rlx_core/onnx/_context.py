@@ -1,0 +1,189 @@
+"""What a converter sees: one ONNX node's operands, attributes and outputs.
+
+A converter is a function ``(NodeContext) -> list[Operand | None]`` (one entry per
+ONNX output, ``None`` for an optional output it does not produce), registered for one
+or more op types with ``@converter("Add", ...)``. It reads run-time operands with
+``input``, data that must be known at import (shapes, axes, pads) with ``ints`` or
+``static``, and builds its result with ``c.f.op`` (see ``_shapes.Emitter``), passing
+``name=c.out()`` to the op that produces the node's output so the graph keeps the ONNX
+value names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from onnx import AttributeProto, NodeProto, TensorProto, helper
+
+from ..dtypes import DTYPES
+from ..errors import ModelError
+from ._shapes import Emitter, Operand
+
+__all__ = ["CONVERTERS", "Converter", "NodeContext", "converter", "describe_node", "onnx_dtype"]
+
+_ONNX_DTYPES: dict[int, str] = {
+    TensorProto.FLOAT: "float32",
+    TensorProto.FLOAT16: "float16",
+    TensorProto.DOUBLE: "float64",
+    TensorProto.INT32: "int32",
+    TensorProto.INT64: "int64",
+    TensorProto.BOOL: "bool",
+}
+
+
+def onnx_dtype(code: int, what: str) -> str:
+    """The rlx dtype of ONNX element type ``code``; ``ModelError`` naming ``what`` if none."""
+    if code in _ONNX_DTYPES:
+        return _ONNX_DTYPES[code]
+    try:
+        onnx_name = TensorProto.DataType.Name(code)
+    except ValueError:
+        onnx_name = f"#{code}"
+    raise ModelError(f"{what} has ONNX dtype {onnx_name}, which rlx does not support (it has {', '.join(DTYPES)})")
+
+
+def describe_node(node: NodeProto, index: int) -> str:
+    """``node 'conv1' (Conv)``, or ``node #3 (Conv) -> 'y'`` for an unnamed node."""
+    op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+    if node.name:
+        return f"node {node.name!r} ({op})"
+    outs = ", ".join(repr(o) for o in node.output if o)
+    return f"node #{index} ({op})" + (f" -> {outs}" if outs else "")
+
+
+TensorReader = Callable[[TensorProto, str], np.ndarray]
+
+
+class NodeContext:
+    """One node being converted; see the module docstring."""
+
+    def __init__(self, node: NodeProto, index: int, operands: Sequence[Operand | None], emitter: Emitter,
+                 opset: int, used: Sequence[bool], read_tensor: TensorReader) -> None:  # fmt: skip
+        self.node = node
+        self.index = index
+        self.f = emitter
+        self.opset = opset
+        self._operands = list(operands)
+        self._used = list(used)
+        self._read_tensor = read_tensor
+        self._attrs = {a.name: a for a in node.attribute}
+
+    @property
+    def op_type(self) -> str:
+        return self.node.op_type
+
+    def describe(self) -> str:
+        return describe_node(self.node, self.index)
+
+    def fail(self, message: str) -> ModelError:
+        return ModelError(message)
+
+    # ------------------------------------------------------------ inputs
+    @property
+    def num_inputs(self) -> int:
+        return len(self._operands)
+
+    def optional(self, i: int) -> Operand | None:
+        """Input ``i``, or ``None`` when the model leaves it out (absent or named "")."""
+        return self._operands[i] if i < len(self._operands) else None
+
+    def input(self, i: int, what: str = "") -> Operand:
+        x = self.optional(i)
+        if x is None:
+            raise self.fail(f"input {i}{f' ({what})' if what else ''} is required")
+        return x
+
+    def inputs(self) -> list[Operand]:
+        """Every input, none of which may be left out (variadic ops)."""
+        return [self.input(i) for i in range(self.num_inputs)]
+
+    def static(self, i: int, what: str) -> np.ndarray | None:
+        """Input ``i`` as an array known at import, ``None`` if left out; ``ModelError``
+        when it is only known at run time (rlx graphs have static shapes)."""
+        x = self.optional(i)
+        if x is None:
+            return None
+        arr = self.f.array(x)
+        if arr is None:
+            name = self.node.input[i]
+            raise self.fail(f"input {what} ({name!r}) must be known at import (rlx shapes are static), "
+                            "but it is computed at run time")  # fmt: skip
+        return arr
+
+    def ints(self, i: int, what: str) -> tuple[int, ...] | None:
+        """Input ``i`` as a tuple of ints known at import (shape, axes, pads...)."""
+        arr = self.static(i, what)
+        if arr is None:
+            return None
+        if arr.dtype.kind not in "iu":
+            raise self.fail(f"input {what} must hold integers, got {arr.dtype}")
+        return tuple(int(v) for v in arr.reshape(-1))
+
+    def shape(self, i: int) -> tuple[int, ...]:
+        return self.f.shape(self.input(i))
+
+    def dtype(self, i: int) -> str:
+        return self.f.dtype(self.input(i))
+
+    def tensor(self, t: TensorProto, what: str) -> np.ndarray:
+        """A ``TensorProto`` (an attribute's) as an array, checked like an initializer."""
+        return self._read_tensor(t, what)
+
+    # ------------------------------------------------------------ attributes
+    def has_attr(self, name: str) -> bool:
+        return name in self._attrs
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        """The attribute's value: int, float, str, list, or an array for tensors."""
+        a = self._attrs.get(name)
+        if a is None:
+            return default
+        if a.type == AttributeProto.TENSOR:
+            return self.tensor(a.t, f"attribute {name!r}")
+        if a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS, AttributeProto.SPARSE_TENSOR,
+                      AttributeProto.TENSORS, AttributeProto.SPARSE_TENSORS, AttributeProto.TYPE_PROTO,
+                      AttributeProto.TYPE_PROTOS):  # fmt: skip
+            return a
+        value = helper.get_attribute_value(a)
+        if isinstance(value, bytes):
+            return value.decode("utf-8", "replace")
+        if isinstance(value, list):
+            return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
+        return value
+
+    def attr_ints(self, name: str, default: Sequence[int] | None = None) -> tuple[int, ...] | None:
+        value = self.attr(name)
+        if value is None:
+            return None if default is None else tuple(default)
+        return tuple(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+
+    # ------------------------------------------------------------ outputs
+    @property
+    def num_outputs(self) -> int:
+        return len(self.node.output)
+
+    def out(self, i: int = 0) -> str:
+        """The ONNX name of output ``i`` (the name its graph node gets)."""
+        return self.node.output[i] if i < len(self.node.output) else ""
+
+    def used(self, i: int) -> bool:
+        """Whether output ``i`` is consumed by a node or is a graph output."""
+        return i < len(self._used) and self._used[i]
+
+
+Converter = Callable[[NodeContext], "list[Operand | None]"]
+CONVERTERS: dict[str, Converter] = {}
+
+
+def converter(*op_types: str) -> Callable[[Converter], Converter]:
+    """Register the decorated function as the converter of ``op_types`` (default domain)."""
+
+    def register(fn: Converter) -> Converter:
+        for op in op_types:
+            assert op not in CONVERTERS, f"two converters for {op}"
+            CONVERTERS[op] = fn
+        return fn
+
+    return register

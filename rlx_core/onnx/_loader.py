@@ -1,0 +1,427 @@
+"""Reading an ONNX model into a ``Graph``: parsing, checks, tensors, inputs, outputs.
+
+Everything that can be checked without allocating is checked first, in this order, so
+that a bad model fails fast and names its fault: the protobuf and its opset, every
+unsupported op at once, the graph's structure (each value defined once, no cycle), each
+tensor's dtype, declared size and external location, and each input's dims. Only then
+are tensors read and nodes converted, in topological order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, numpy_helper
+
+from ..errors import ModelError, RlxError
+from ..ir import Graph, Value
+from . import _ops, _ops_nn, _ops_tensor  # noqa: F401  (they register the converters)
+from ._context import CONVERTERS, NodeContext, describe_node, onnx_dtype
+from ._shapes import Emitter, Operand, frozen
+
+__all__ = ["MIN_OPSET", "MAX_OPSET", "InputSpec", "load_model", "list_inputs", "onnx_dtype"]
+
+MIN_OPSET, MAX_OPSET = 11, 21
+
+class InputSpec(tuple):
+    """``(name, shape, dtype)`` of a model input; symbolic dims are the ``dims`` key that binds them."""
+
+    __slots__ = ()
+
+    def __new__(cls, name: str, shape: tuple[int | str, ...], dtype: str) -> InputSpec:
+        return super().__new__(cls, (name, shape, dtype))
+
+    name = property(lambda self: self[0])
+    shape = property(lambda self: self[1])
+    dtype = property(lambda self: self[2])
+
+    def __repr__(self) -> str:
+        return f"InputSpec(name={self[0]!r}, shape={self[1]!r}, dtype={self[2]!r})"
+
+
+# ---------------------------------------------------------------- reading the file
+def _read(model: Any) -> tuple[ModelProto, str, Path | None]:
+    """Parse ``model``; return it, how messages name it, and its folder (for external data)."""
+    if isinstance(model, ModelProto):
+        return model, f"ONNX model {model.graph.name or '<unnamed>'!r}", None
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return _parse(bytes(model), "ONNX bytes"), "ONNX bytes", None
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(os.fspath(model))
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise ModelError(f"ONNX file {str(path)!r} does not exist") from None
+        except OSError as exc:
+            raise ModelError(f"cannot read ONNX file {str(path)!r}: {exc.strerror or exc}") from None
+        return _parse(data, str(path)), str(path), path.resolve().parent
+    raise ModelError(f"load: expected a path, bytes or onnx.ModelProto, got {type(model).__name__}")
+
+
+def _parse(data: bytes, where: str) -> ModelProto:
+    if not data:
+        raise ModelError(f"{where}: empty, not an ONNX model")
+    try:
+        proto = onnx.load_model_from_string(data)
+    except Exception as exc:  # protobuf raises DecodeError, RuntimeWarning-ish errors, ...
+        raise ModelError(f"{where}: not an ONNX model, or truncated (protobuf: {exc})") from None
+    return proto
+
+
+def _check_header(proto: ModelProto, where: str) -> int:
+    """Check the model is ONNX at all and its default-domain opset is one rlx reads."""
+    if proto.ir_version <= 0 or not proto.HasField("graph"):
+        raise ModelError(f"{where}: not an ONNX model, or truncated (no ir_version or no graph)")
+    versions = {imp.domain: imp.version for imp in proto.opset_import}
+    opset = versions.get("", versions.get("ai.onnx"))
+    if opset is None:
+        raise ModelError(f"{where}: not an ONNX model, or truncated (it imports no default-domain opset)")
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ModelError(
+            f"{where}: opset {opset} is not supported; rlx reads opsets {MIN_OPSET}-{MAX_OPSET} "
+            f"(convert it with onnx.version_converter.convert_version(model, {min(max(opset, MIN_OPSET), MAX_OPSET)}))"
+        )
+    if not proto.graph.output:
+        raise ModelError(f"{where}: the graph declares no outputs")
+    return opset
+
+
+def _inline_functions(proto: ModelProto, where: str) -> ModelProto:
+    if not proto.functions:
+        return proto
+    try:
+        from onnx import inliner
+    except ImportError:  # onnx < 1.16: its ops will be reported as unsupported
+        return proto
+    try:
+        return inliner.inline_local_functions(proto)
+    except Exception as exc:
+        raise ModelError(f"{where}: cannot inline the model's local functions: {exc}") from None
+
+
+# ---------------------------------------------------------------- structure
+def _check_supported(nodes: Sequence[NodeProto], where: str) -> None:
+    """One ``ModelError`` listing every unsupported op type, with a node of each."""
+    missing: dict[str, list[str]] = {}
+    for i, node in enumerate(nodes):
+        if node.domain not in ("", "ai.onnx") or node.op_type not in CONVERTERS:
+            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+            outs = ", ".join(repr(o) for o in node.output if o)
+            missing.setdefault(key, []).append(repr(node.name) if node.name else f"#{i} -> {outs}")
+    if missing:
+        parts = []
+        for op, names in sorted(missing.items()):
+            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+            parts.append(f"{op} (node {names[0]}{more})")
+        raise ModelError(f"{where}: unsupported ONNX op{'s' if len(parts) > 1 else ''}: {', '.join(parts)}")
+
+
+def _toposort(graph: GraphProto, sources: set[str], where: str) -> list[int]:
+    """Node indices in an order where every value is defined before use.
+
+    Nodes are normally stored sorted (then this returns them as they are); an unsorted
+    but acyclic graph is sorted like ONNX Runtime does, stably. A value defined twice, a
+    value nothing defines and a cycle are ``ModelError``s naming the nodes at fault.
+    """
+    nodes = graph.node
+    producer: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        for out in node.output:
+            if not out:
+                continue
+            if out in sources:
+                raise ModelError(f"{where}: {describe_node(node, i)} redefines {out!r}, a graph input or initializer")
+            if out in producer:
+                first = describe_node(nodes[producer[out]], producer[out])
+                raise ModelError(f"{where}: value {out!r} is defined twice, by {first} and {describe_node(node, i)}")
+            producer[out] = i
+    deps: list[set[int]] = []
+    for i, node in enumerate(nodes):
+        need = set()
+        for name in node.input:
+            if not name or name in sources:
+                continue
+            if name not in producer:
+                raise ModelError(f"{where}: {describe_node(node, i)} uses {name!r}, which no node, input or "
+                                 "initializer defines")  # fmt: skip
+            need.add(producer[name])
+        deps.append(need)
+    for out in graph.output:
+        if out.name not in sources and out.name not in producer:
+            raise ModelError(f"{where}: graph output {out.name!r} is not defined by any node, input or initializer")
+    if all(d < i for i, need in enumerate(deps) for d in need):
+        return list(range(len(nodes)))
+    users: list[list[int]] = [[] for _ in nodes]
+    pending = [len(need) for need in deps]
+    for i, need in enumerate(deps):
+        for d in need:
+            users[d].append(i)
+    ready = [i for i, n in enumerate(pending) if n == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) < len(nodes):
+        stuck = [describe_node(nodes[i], i) for i, n in enumerate(pending) if n > 0]
+        raise ModelError(f"{where}: the graph has a cycle through {', '.join(stuck[:5])}"
+                         f"{f' and {len(stuck) - 5} more' if len(stuck) > 5 else ''}")  # fmt: skip
+    return order
+
+
+def _live(graph: GraphProto, order: Sequence[int]) -> set[int]:
+    """The nodes the outputs depend on; the others are not converted (nor their weights read)."""
+    needed = {o.name for o in graph.output}
+    live: set[int] = set()
+    for i in reversed(order):
+        node = graph.node[i]
+        if any(out in needed for out in node.output if out):
+            live.add(i)
+            needed.update(name for name in node.input if name)
+    return live
+
+
+# ---------------------------------------------------------------- tensors
+class _TensorReader:
+    """Reads ``TensorProto``s after checking dtype, declared size and external location."""
+
+    def __init__(self, where: str, base_dir: Path | None, max_bytes: int) -> None:
+        self.where, self.base_dir, self.max_bytes = where, base_dir, max_bytes
+
+    def check(self, t: TensorProto, what: str) -> tuple[str, tuple[int, ...]]:
+        """Dtype and dims of ``t``, refusing unsupported dtypes and tensors over the limit."""
+        dtype = onnx_dtype(t.data_type, what)
+        dims = tuple(int(d) for d in t.dims)
+        if any(d < 0 for d in dims):
+            raise ModelError(f"{what} declares negative dims {dims}")
+        nbytes = math.prod(dims) * np.dtype(dtype).itemsize
+        if nbytes > self.max_bytes:
+            raise ModelError(f"{what} declares shape {dims} {dtype} ({nbytes} bytes), more than the limit "
+                             f"max_tensor_bytes={self.max_bytes}")  # fmt: skip
+        if t.data_location == TensorProto.EXTERNAL:
+            self._external_path(t, what)
+        return dtype, dims
+
+    def _external_path(self, t: TensorProto, what: str) -> tuple[Path, int, int | None]:
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        if not location:
+            raise ModelError(f"{what} is stored externally but names no location")
+        if self.base_dir is None:
+            raise ModelError(f"{what} is stored in external file {location!r}; load the model from its path "
+                             "so that the file can be found next to it")  # fmt: skip
+        rel = Path(location)
+        if rel.is_absolute() or rel.drive or location.startswith(("/", "\\")) or ".." in rel.parts or "\0" in location:
+            raise ModelError(f"{what}: external data location {location!r} leaves the model's folder "
+                             f"{str(self.base_dir)!r} (it must be a relative path inside it)")  # fmt: skip
+        path = Path(os.path.realpath(self.base_dir / rel))
+        base = Path(os.path.realpath(self.base_dir))
+        if os.path.commonpath([str(path), str(base)]) != str(base):
+            raise ModelError(f"{what}: external data location {location!r} resolves to {str(path)!r}, outside "
+                             f"the model's folder {str(base)!r} (a symlink?)")  # fmt: skip
+        if not path.is_file():
+            raise ModelError(f"{what}: external data file {location!r} does not exist in {str(base)!r}")
+        try:
+            offset = int(info.get("offset", "0"))
+            length = int(info["length"]) if "length" in info else None
+        except ValueError:
+            raise ModelError(f"{what}: external data offset/length are not integers: {info}") from None
+        return path, offset, length
+
+    def read(self, t: TensorProto, what: str) -> np.ndarray:
+        dtype, dims = self.check(t, what)
+        if t.data_location == TensorProto.EXTERNAL:
+            path, offset, length = self._external_path(t, what)
+            nbytes = math.prod(dims) * np.dtype(dtype).itemsize
+            if length is not None and length != nbytes:
+                raise ModelError(f"{what}: external data length {length} does not match its shape {dims} {dtype} "
+                                 f"({nbytes} bytes)")  # fmt: skip
+            size = path.stat().st_size
+            if offset < 0 or offset + nbytes > size:
+                raise ModelError(f"{what}: external file {path.name!r} holds {size} bytes, too few for {nbytes} "
+                                 f"bytes at offset {offset}")  # fmt: skip
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                raw = fh.read(nbytes)
+            arr = np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).reshape(dims)
+        else:
+            try:
+                arr = numpy_helper.to_array(t)
+            except Exception as exc:
+                raise ModelError(f"{what}: its data does not match its shape {dims} {dtype}: {exc}") from None
+            if arr.shape != dims:
+                raise ModelError(f"{what}: its data has shape {arr.shape}, but it declares {dims}")
+        return frozen(arr.astype(dtype, copy=False))
+
+
+# ---------------------------------------------------------------- inputs and dims
+def _input_dims(value: onnx.ValueInfoProto, where: str) -> tuple[str, list[int | str]]:
+    """An input's dtype and dims, each an int or the ``dims`` key that binds it."""
+    name = value.name
+    if not value.type.HasField("tensor_type"):
+        raise ModelError(f"{where}: input {name!r} is not a tensor ({value.type.WhichOneof('value')}); "
+                         "rlx reads tensor inputs only")  # fmt: skip
+    tt = value.type.tensor_type
+    dtype = onnx_dtype(tt.elem_type, f"{where}: input {name!r}")
+    if not tt.HasField("shape"):
+        raise ModelError(f"{where}: input {name!r} declares no shape (not even its rank); rlx needs one")
+    dims: list[int | str] = []
+    for axis, d in enumerate(tt.shape.dim):
+        if d.HasField("dim_value") and d.dim_value >= 0:
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(d.dim_param or f"{name}:{axis}")
+    return dtype, dims
+
+
+def _bind_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[str, int], where: str,
+               max_bytes: int) -> list[tuple[str, tuple[int, ...], str]]:  # fmt: skip
+    symbolic = {d for _, _, shape in specs for d in shape if isinstance(d, str)}
+    axis_keys = {f"{name}:{axis}" for name, _, shape in specs for axis in range(len(shape))}
+    for key, value in dims.items():
+        if key not in symbolic and key not in axis_keys:
+            known = ", ".join(repr(s) for s in sorted(symbolic)) or "none"
+            raise ModelError(f"{where}: dims names {key!r}, which is not a symbolic dim of the model "
+                             f"(its symbolic dims: {known}; or use 'input:axis')")  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ModelError(f"{where}: dims[{key!r}] must be an int >= 0, got {value!r}")
+    out, unbound = [], []
+    for name, dtype, shape in specs:
+        bound = []
+        for axis, d in enumerate(shape):
+            key = f"{name}:{axis}"
+            if key in dims:
+                if isinstance(d, int) and d != dims[key]:
+                    raise ModelError(f"{where}: dims[{key!r}] = {dims[key]}, but input {name!r} fixes axis {axis} "
+                                     f"at {d}")  # fmt: skip
+                bound.append(int(dims[key]))
+            elif isinstance(d, int):
+                bound.append(d)
+            elif d in dims:
+                bound.append(int(dims[d]))
+            else:
+                unbound.append(f"input {name!r} axis {axis} is symbolic ({d!r}); bind it with "
+                               f"dims={{{d!r}: N}} (rlx run --dim {d}=N)")  # fmt: skip
+                bound.append(0)
+        out.append((name, tuple(bound), dtype))
+    if unbound:
+        raise ModelError(f"{where}: unbound dynamic dims: " + "; ".join(unbound))
+    for name, shape, dtype in out:
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        if nbytes > max_bytes:
+            raise ModelError(f"{where}: input {name!r} of shape {shape} {dtype} needs {nbytes} bytes, more than the "
+                             f"limit max_tensor_bytes={max_bytes}")  # fmt: skip
+    return out
+
+
+def _input_specs(proto: ModelProto, where: str) -> list[tuple[str, str, list[int | str]]]:
+    init_names = {t.name for t in proto.graph.initializer}
+    specs = []
+    for value in proto.graph.input:
+        if value.name in init_names:
+            continue  # an initializer listed as input (opset < 9 style): a param
+        dtype, dims = _input_dims(value, where)
+        specs.append((value.name, dtype, dims))
+    return specs
+
+
+def list_inputs(model: Any) -> list[InputSpec]:
+    proto, where, _ = _read(model)
+    _check_header(proto, where)
+    return [InputSpec(name, tuple(shape), dtype) for name, dtype, shape in _input_specs(proto, where)]
+
+
+# ---------------------------------------------------------------- the whole load
+def load_model(model: Any, *, dims: Mapping[str, int] | None, max_tensor_bytes: int, name: str | None) -> Graph:
+    if isinstance(max_tensor_bytes, bool) or not isinstance(max_tensor_bytes, int) or max_tensor_bytes <= 0:
+        raise ModelError(f"load: max_tensor_bytes must be an int > 0, got {max_tensor_bytes!r}")
+    proto, where, base_dir = _read(model)
+    opset = _check_header(proto, where)
+    proto = _inline_functions(proto, where)
+    gp = proto.graph
+    if gp.sparse_initializer:
+        raise ModelError(f"{where}: sparse initializers are not supported "
+                         f"({', '.join(repr(t.values.name) for t in gp.sparse_initializer[:3])})")  # fmt: skip
+    _check_supported(gp.node, where)
+    initializers = {t.name: t for t in gp.initializer}
+    sources = set(initializers) | {v.name for v in gp.input}
+    order = _toposort(gp, sources, where)
+
+    live = _live(gp, order)
+    used_names = {name for i in live for name in gp.node[i].input if name} | {o.name for o in gp.output}
+    reader = _TensorReader(where, base_dir, max_tensor_bytes)
+    for init_name, t in initializers.items():
+        if init_name in used_names:
+            reader.check(t, f"{where}: initializer {init_name!r}")
+    inputs = _bind_dims(_input_specs(proto, where), dict(dims or {}), where, max_tensor_bytes)
+
+    graph_name = name or gp.name or (Path(where).stem if base_dir is not None else "onnx")
+    g = Graph(graph_name)
+    f = Emitter(g, max_tensor_bytes)
+    env: dict[str, Operand] = {}
+    for in_name, shape, dtype in inputs:
+        env[in_name] = g.input(in_name, shape, dtype)
+    for init_name, t in initializers.items():
+        if init_name in used_names:
+            env[init_name] = f.param(init_name, reader.read(t, f"{where}: initializer {init_name!r}"))
+
+    for index in (i for i in order if i in live):
+        node = gp.node[index]
+        _convert_node(node, index, env, f, opset, used_names, reader, where)
+
+    g.set_outputs(_named_outputs(g, f, env, [o.name for o in gp.output], where))
+    return g
+
+
+def _convert_node(node: NodeProto, index: int, env: dict[str, Operand], f: Emitter, opset: int,
+                  used_names: set[str], reader: _TensorReader, where: str) -> None:  # fmt: skip
+    operands = [env[name] if name else None for name in node.input]
+    used = [bool(out) and out in used_names for out in node.output]
+    ctx = NodeContext(node, index, operands, f, opset, used, reader.read)
+    try:
+        results = CONVERTERS[node.op_type](ctx)
+    except ModelError as exc:
+        text = str(exc)
+        raise ModelError(text if text.startswith(where) else f"{where}: {ctx.describe()}: {text}") from None
+    except (RlxError, ValueError, IndexError, ArithmeticError) as exc:
+        raise ModelError(f"{where}: {ctx.describe()}: {exc}") from None
+    for i, out in enumerate(node.output):
+        if not out:
+            continue
+        result = results[i] if i < len(results) else None
+        if result is None:
+            if used[i]:
+                raise ModelError(f"{where}: {ctx.describe()}: output {i} ({out!r}) is not supported by rlx, but "
+                                 "the model uses it")  # fmt: skip
+            continue
+        env[out] = result
+
+
+def _named_outputs(g: Graph, f: Emitter, env: Mapping[str, Operand], names: Sequence[str], where: str) -> list[Value]:
+    """The graph outputs as values whose node carries the ONNX output name.
+
+    A value produced under another name (an input, a param, an Identity's operand, a
+    value listed twice) is wrapped in a same-shape reshape that carries the name.
+    """
+    outs: list[Value] = []
+    taken: set[int] = set()
+    for out_name in names:
+        operand = env[out_name]
+        value = f.value(operand, name=out_name)
+        node = g.node(value)
+        if node.name != out_name or node.id in taken or node.op in ("input", "param"):
+            value = g.reshape(value, value.shape, name=out_name)
+        taken.add(value.id)
+        outs.append(value)
+    return outs

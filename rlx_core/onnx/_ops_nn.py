@@ -1,0 +1,190 @@
+"""Converters of network layers: MatMul, Gemm, Conv, pools, BatchNormalization, LayerNormalization."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ._context import NodeContext, converter
+from ._shapes import Operand, frozen
+
+__all__: list[str] = []
+
+
+@converter("MatMul")
+def _matmul(c: NodeContext) -> list[Operand | None]:
+    return [c.f.op("matmul", c.input(0), c.input(1), name=c.out())]
+
+
+@converter("Gemm")
+def _gemm(c: NodeContext) -> list[Operand | None]:
+    """``alpha * A' @ B' + beta * C`` with ``C`` optional and broadcast to (M, N)."""
+    f, a, b, bias = c.f, c.input(0, "A"), c.input(1, "B"), c.optional(2)
+    if len(f.shape(a)) != 2 or len(f.shape(b)) != 2:
+        raise c.fail(f"A and B must be 2-D, got shapes {f.shape(a)} and {f.shape(b)}")
+    alpha, beta = float(c.attr("alpha", 1.0)), float(c.attr("beta", 1.0))
+    if c.attr("transA", 0):
+        a = f.op("transpose", a, perm=(1, 0))
+    if c.attr("transB", 0):
+        b = f.op("transpose", b, perm=(1, 0))
+    dtype = f.dtype(a)
+    with_bias = bias is not None and beta != 0.0
+    y = f.op("matmul", a, b, name="" if with_bias or alpha != 1.0 else c.out())
+    if alpha != 1.0:
+        y = f.op("mul", y, f.const(alpha, dtype), name="" if with_bias else c.out())
+    if with_bias:
+        assert bias is not None
+        if beta != 1.0:
+            bias = f.op("mul", bias, f.const(beta, dtype))
+        y = f.op("add", y, bias, name=c.out())
+    return [y]
+
+
+# ---------------------------------------------------------------- convolution and pools
+def _spatial(c: NodeContext, x: Operand) -> tuple[int, int]:
+    shape = c.f.shape(x)
+    if len(shape) != 4:
+        raise c.fail(f"only 2-D {c.op_type} is supported (N, C, H, W); the input has shape {shape} "
+                     f"({len(shape) - 2}-D)")  # fmt: skip
+    return shape[2], shape[3]
+
+
+def _pair_attr(c: NodeContext, name: str, default: int) -> tuple[int, int]:
+    value = c.attr_ints(name, (default, default))
+    assert value is not None
+    if len(value) != 2:
+        raise c.fail(f"{name} must have 2 entries for a 2-D {c.op_type}, got {value}")
+    return value[0], value[1]
+
+
+def _pads(c: NodeContext, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+          dilations: Sequence[int]) -> tuple[int, int, int, int]:  # fmt: skip
+    """(top, left, bottom, right) from ``pads`` (begins then ends, as rlx) or ``auto_pad``."""
+    auto = c.attr("auto_pad", "NOTSET") or "NOTSET"
+    if auto == "NOTSET":
+        pads = c.attr_ints("pads", (0, 0, 0, 0))
+        assert pads is not None
+        if len(pads) != 4:
+            raise c.fail(f"pads must have 4 entries for a 2-D {c.op_type}, got {pads}")
+        return pads[0], pads[1], pads[2], pads[3]
+    if auto == "VALID":
+        return 0, 0, 0, 0
+    if auto not in ("SAME_UPPER", "SAME_LOWER"):
+        raise c.fail(f"unknown auto_pad {auto!r}")
+    begins, ends = [], []
+    for size, k, s, d in zip(spatial, kernel, strides, dilations):
+        out = -(-size // s)
+        total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
+        small, big = total // 2, total - total // 2
+        begins.append(small if auto == "SAME_UPPER" else big)
+        ends.append(big if auto == "SAME_UPPER" else small)
+    return begins[0], begins[1], ends[0], ends[1]
+
+
+@converter("Conv")
+def _conv(c: NodeContext) -> list[Operand | None]:
+    f, x, w, b = c.f, c.input(0, "X"), c.input(1, "W"), c.optional(2)
+    spatial = _spatial(c, x)
+    kernel = f.shape(w)[2:]
+    declared = c.attr_ints("kernel_shape")
+    if declared is not None and tuple(declared) != tuple(kernel):
+        raise c.fail(f"kernel_shape {declared} does not match the weight's shape {f.shape(w)}")
+    strides, dilations = _pair_attr(c, "strides", 1), _pair_attr(c, "dilations", 1)
+    pads = _pads(c, spatial, kernel, strides, dilations)
+    operands = (x, w) if b is None else (x, w, b)
+    return [f.op("conv2d", *operands, stride=strides, padding=pads, dilation=dilations,
+                 groups=int(c.attr("group", 1)), name=c.out())]  # fmt: skip
+
+
+def _pool_window(c: NodeContext, x: Operand) -> dict[str, object]:
+    spatial = _spatial(c, x)
+    kernel = c.attr_ints("kernel_shape")
+    if kernel is None or len(kernel) != 2:
+        raise c.fail(f"kernel_shape must have 2 entries, got {kernel}")
+    strides, dilations = _pair_attr(c, "strides", 1), _pair_attr(c, "dilations", 1)
+    pads = _pads(c, spatial, kernel, strides, dilations)
+    same = (c.attr("auto_pad", "NOTSET") or "NOTSET").startswith("SAME")  # its pads already fit exactly
+    ceil = bool(c.attr("ceil_mode", 0)) and not same
+    return {"kernel": kernel, "stride": strides, "padding": pads, "dilation": dilations, "ceil_mode": ceil}
+
+
+@converter("MaxPool")
+def _max_pool(c: NodeContext) -> list[Operand | None]:
+    x = c.input(0)
+    if c.used(1):
+        raise c.fail("the Indices output is not supported")
+    window = _pool_window(c, x)
+    return [c.f.op("max_pool2d", x, name=c.out(), **window), None]
+
+
+@converter("AveragePool")
+def _avg_pool(c: NodeContext) -> list[Operand | None]:
+    x = c.input(0)
+    window = _pool_window(c, x)
+    if window.pop("dilation") != (1, 1):
+        raise c.fail("dilations other than 1 are not supported")
+    cip = bool(c.attr("count_include_pad", 0))
+    return [c.f.op("avg_pool2d", x, count_include_pad=cip, name=c.out(), **window)]
+
+
+@converter("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(c: NodeContext) -> list[Operand | None]:
+    f, x = c.f, c.input(0)
+    rank = len(f.shape(x))
+    if rank < 3:
+        raise c.fail(f"needs an input (N, C, ...), got shape {f.shape(x)}")
+    if c.op_type == "GlobalAveragePool" and rank == 4:
+        return [f.op("global_avg_pool2d", x, name=c.out())]
+    kind = "reduce_mean" if c.op_type == "GlobalAveragePool" else "reduce_max"
+    return [f.op(kind, x, axes=tuple(range(2, rank)), keepdims=True, name=c.out())]
+
+
+# ---------------------------------------------------------------- normalization
+@converter("BatchNormalization")
+def _batch_norm(c: NodeContext) -> list[Operand | None]:
+    """Inference: ``x * s + t`` per channel, with ``s = scale / sqrt(var + eps)`` and
+    ``t = bias - mean * s`` computed at import (in float64) when the statistics are known."""
+    f, x = c.f, c.input(0, "X")
+    stats = [c.input(i, what) for i, what in enumerate(("scale", "B", "input_mean", "input_var"), start=1)]
+    if c.attr("training_mode", 0) or any(c.used(i) for i in range(1, c.num_outputs)):
+        raise c.fail("training mode (running statistics outputs) is not supported; rlx runs inference only")
+    shape, dtype = f.shape(x), f.dtype(x)
+    if len(shape) < 2:
+        raise c.fail(f"needs an input (N, C, ...), got shape {shape}")
+    channels = (shape[1],) + (1,) * (len(shape) - 2)
+    eps = float(c.attr("epsilon", 1e-5))
+    arrays = [f.array(s) for s in stats]
+    if all(a is not None for a in arrays):
+        scale, bias, mean, var = (np.asarray(a, dtype=np.float64) for a in arrays)  # type: ignore[arg-type]
+        s = scale / np.sqrt(var + eps)
+        t = bias - mean * s
+        s_arr, t_arr = (frozen(v.astype(dtype).reshape(channels)) for v in (s, t))
+        return [f.op("add", f.op("mul", x, s_arr), t_arr, name=c.out())]
+    scale, bias, mean, var = stats
+    s = f.op("mul", scale, f.op("rsqrt", f.op("add", var, f.const(eps, dtype))))
+    t = f.op("sub", bias, f.op("mul", mean, s))
+    s, t = (f.op("reshape", v, shape=channels) for v in (s, t))
+    return [f.op("add", f.op("mul", x, s), t, name=c.out())]
+
+
+@converter("LayerNormalization")
+def _layer_norm(c: NodeContext) -> list[Operand | None]:
+    f, x, scale, bias = c.f, c.input(0, "X"), c.input(1, "Scale"), c.optional(2)
+    shape, dtype = f.shape(x), f.dtype(x)
+    axis = int(c.attr("axis", -1))
+    if not -len(shape) <= axis < len(shape):
+        raise c.fail(f"axis {axis} is out of range for rank {len(shape)}")
+    axis %= len(shape)
+    eps = float(c.attr("epsilon", 1e-5))
+    operands = (x, scale) if bias is None else (x, scale, bias)
+    outs: list[Operand | None] = [f.op("layer_norm", *operands, axis=axis, eps=eps, name=c.out())]
+    if c.used(1) or c.used(2):  # the saved statistics, rarely read at inference
+        axes = tuple(range(axis, len(shape)))
+        mean = f.op("reduce_mean", x, axes=axes, keepdims=True)
+        d = f.op("sub", x, mean)
+        var = f.op("reduce_mean", f.op("mul", d, d), axes=axes, keepdims=True)
+        inv = f.op("rsqrt", f.op("add", var, f.const(eps, dtype)))
+        stash = "float32" if int(c.attr("stash_type", 1)) == 1 else dtype
+        outs += [v if stash == dtype else f.op("cast", v, dtype=stash) for v in (mean, inv)]
+    return outs

@@ -1,0 +1,282 @@
+"""Device placement: which devices can run a graph, which is best, and why not the others.
+
+Every answer comes from one place, ``Placement``: for each registered backend it asks
+the probe (availability), the policy (allow/deny), the legalizer (does the backend claim
+every primitive after decomposition?) and the cost model (estimated seconds), and turns
+the first refusal into a *blocker* string that people can act on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .cost import estimate_graph_cost
+from .errors import DeviceError
+from .ir import Graph
+from .passes.legalize import LegalizeResult, legalize
+from .policy import DevicePolicy
+from .registry import Registry, default_registry, parse_device
+
+__all__ = [
+    "DeviceCandidate",
+    "Placement",
+    "available_devices",
+    "devices_for",
+    "fastest_device_for",
+    "resolve_device",
+    "resolve_device_chain",
+    "device_report",
+    "legalize_for",
+]
+
+log = logging.getLogger("rlx.placement")
+
+
+@dataclass(frozen=True)
+class DeviceCandidate:
+    """One row of ``device_report``: can this device run the graph, and at what cost?"""
+
+    device: str
+    label: str
+    available: bool
+    reason: str
+    registered: bool
+    supports_graph: bool | None
+    recommended: bool
+    blocker: str | None
+    est_seconds: float | None
+    priority: int = 0
+    distribution: str = ""
+    version: str = ""
+    ops: tuple[str, ...] = field(default=(), repr=False)
+    calibrated: bool = False
+
+    @property
+    def viable(self) -> bool:
+        return self.blocker is None and self.available and self.supports_graph is not False
+
+
+# Legalization per (graph, backend), reused by every question asked about the same graph.
+_LEGAL_CACHE: weakref.WeakKeyDictionary[Graph, dict[tuple, LegalizeResult]] = weakref.WeakKeyDictionary()
+_LEGAL_LOCK = threading.Lock()
+
+
+def legalize_for(graph: Graph, backend_name: str, registry: Registry | None = None) -> LegalizeResult:
+    """``graph`` legalized for a backend, cached while the graph is unchanged."""
+    reg = registry or default_registry()
+    backend = reg.get(backend_name)
+    key = (backend_name, id(backend), len(graph), graph.outputs, graph.frozen)
+    with _LEGAL_LOCK:
+        hit = _LEGAL_CACHE.get(graph, {}).get(key)
+    if hit is not None:
+        return hit
+    result = legalize(graph, backend.claims)
+    with _LEGAL_LOCK:
+        _LEGAL_CACHE.setdefault(graph, {})[key] = result
+    return result
+
+
+def _fmt_seconds(s: float) -> str:
+    return f"{s * 1e6:.1f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
+
+
+class Placement:
+    """Answers placement questions about one graph (or none) under one policy."""
+
+    def __init__(self, graph: Graph | None, policy: DevicePolicy | None = None,
+                 registry: Registry | None = None) -> None:  # fmt: skip
+        self.graph = graph
+        self.policy = policy if policy is not None else DevicePolicy.from_env()
+        self.registry = registry or default_registry()
+
+    # -------------------------------------------------------------- per device
+    def _row(self, name: str, probe: bool = True) -> DeviceCandidate:
+        reg, info = self.registry, self.registry.info(name)
+        backend = info.backend
+        avail = reg.availability(name)
+        try:
+            ops = tuple(sorted(str(o) for o in backend.supported_ops()))
+        except Exception as exc:  # foreign code: a failure here is the plugin's, reported not raised
+            ops = ()
+            log.warning("backend %s: supported_ops() raised %s", name, exc)
+        blocker: str | None = None
+        if not avail.available:
+            blocker = f"unavailable: {avail.reason}" if avail.reason else "unavailable"
+        refusal = self.policy.permits(name)
+        if blocker is None and refusal:
+            blocker = refusal
+        supports = est = None
+        calibrated = False
+        if self.graph is not None:
+            legal = legalize_for(self.graph, name, reg)
+            supports = legal.supported
+            if blocker is None and legal.blocker is not None:
+                blocker = legal.blocker
+            if avail.available and supports:
+                model = reg.cost_model(name)
+                calibrated = model.calibrated
+                est = estimate_graph_cost(legal.graph, model)
+        elif avail.available:
+            calibrated = reg.cost_model(name).calibrated
+        return DeviceCandidate(
+            device=name, label=info.label or name, available=avail.available, reason=avail.reason,
+            registered=True, supports_graph=supports, recommended=False, blocker=blocker, est_seconds=est,
+            priority=info.priority, distribution=info.distribution, version=info.version, ops=ops,
+            calibrated=calibrated,
+        )  # fmt: skip
+
+    def candidates(self, names: Iterable[str] | None = None) -> list[DeviceCandidate]:
+        """One row per backend (all of them by default), highest priority first."""
+        names = list(names) if names is not None else self.registry.names()
+        self.registry.probe_all(names)  # concurrently, before asking one by one
+        return [self._row(n) for n in names]
+
+    def rank(self, rows: Sequence[DeviceCandidate]) -> list[DeviceCandidate]:
+        """Viable rows, best first: the policy's ``prefer`` order, then cost, then priority."""
+        viable = [r for r in rows if r.viable]
+        preferred = []
+        for want in self.policy.prefer:
+            name = parse_device(want)[0]
+            preferred += [r for r in viable if r.device == name and r not in preferred]
+        rest = sorted((r for r in viable if r not in preferred),
+                      key=lambda r: (r.est_seconds if r.est_seconds is not None else float("inf"),
+                                     -r.priority, r.device))  # fmt: skip
+        return preferred + rest
+
+    # -------------------------------------------------------------- decisions
+    def check_explicit(self, device: str, source: str = "argument") -> str:
+        """Validate a device the user named; ``DeviceError`` naming the blocker if it cannot run."""
+        name, index = parse_device(device)
+        self.registry.get(name)  # DeviceError listing the known devices
+        row = self._row(name)
+        if row.blocker is not None:
+            what = f"graph {self.graph.name!r}" if self.graph is not None else "graphs"
+            raise DeviceError(f"device {device!r} ({source}) cannot run {what}: {row.blocker}")
+        if index is not None:
+            known = self.registry.availability(name).devices
+            if known and f"{name}:{index}" not in known and not (index == 0 and name in known):
+                raise DeviceError(
+                    f"device {device!r} ({source}) does not exist here; {name} devices: {', '.join(known)}"
+                )
+        return device.strip()
+
+    def choose(self, hint: str | None = None) -> tuple[str, str, list[DeviceCandidate]]:
+        """``(device, why, rows)``: the hint, else ``RLX_DEVICE``, else the ranking."""
+        if hint not in (None, "", "auto"):
+            return self.check_explicit(hint, "explicit device"), "explicit device (argument)", []
+        if self.policy.device:
+            src = self.policy.sources.get("device", "policy")
+            return self.check_explicit(self.policy.device, src), f"default device from {src}", []
+        rows = self.candidates()
+        ranked = self.rank(rows)
+        if not ranked:
+            what = f"graph {self.graph.name!r}" if self.graph is not None else "anything"
+            reasons = "; ".join(f"{r.device}: {r.blocker}" for r in rows) or "no backends are installed"
+            raise DeviceError(f"no device can run {what}: {reasons}")
+        best = ranked[0]
+        if self.policy.pick == "benchmark" and self.graph is not None and len(ranked) > 1:
+            from .session import benchmark_devices
+
+            times = benchmark_devices(self.graph, [r.device for r in ranked], self.policy, self.registry)
+            if times:
+                winner = min(times, key=times.__getitem__)
+                detail = ", ".join(f"{d} {_fmt_seconds(t)}" for d, t in sorted(times.items(), key=lambda kv: kv[1]))
+                return winner, f"fastest in a benchmark of {self.policy.benchmark_runs} runs: {detail}", rows
+        if best.device in [parse_device(p)[0] for p in self.policy.prefer]:
+            src = self.policy.sources.get("prefer", "policy")
+            return best.device, f"preferred by policy ({src})", rows
+        if len(ranked) == 1:
+            why = "the only device that can run it"
+        else:
+            others = ", ".join(f"{r.device} {_fmt_seconds(r.est_seconds or 0)}" for r in ranked[1:])
+            why = f"lowest estimated cost {_fmt_seconds(best.est_seconds or 0)} (vs {others})"
+        return best.device, why, rows
+
+    def report(self) -> list[DeviceCandidate]:
+        rows = self.candidates()
+        rows += [
+            DeviceCandidate(device=ep, label=ep, available=False, reason=err, registered=False,
+                            supports_graph=None, recommended=False, blocker=f"plugin failed to load: {err}",
+                            est_seconds=None)
+            for ep, err in self.registry.broken()
+            if ep not in {r.device for r in rows} | {self.registry.info(r.device).entry_point for r in rows}
+        ]  # a probe failure is listed under its entry point, which may differ from the device name
+        recommended: str | None = None
+        if self.graph is None:
+            if self.policy.device and parse_device(self.policy.device)[0] in {r.device for r in rows if r.viable}:
+                recommended = parse_device(self.policy.device)[0]
+            else:
+                viable = [r for r in rows if r.viable]
+                recommended = max(viable, key=lambda r: r.priority).device if viable else None
+        else:
+            try:
+                recommended = parse_device(self.choose()[0])[0]
+            except DeviceError:
+                recommended = None
+        return [r if r.device != recommended else _replace(r, recommended=True) for r in rows]
+
+
+def _replace(row: DeviceCandidate, **kw: object) -> DeviceCandidate:
+    from dataclasses import replace
+
+    return replace(row, **kw)
+
+
+# ------------------------------------------------------------------ public functions
+def available_devices(*, registry: Registry | None = None) -> list[str]:
+    """Devices whose probe succeeded here, highest priority first (policy not applied)."""
+    reg = registry or default_registry()
+    names = reg.names()
+    avail = reg.probe_all(names)
+    return [n for n in names if avail[n].available]
+
+
+def devices_for(g: Graph, policy: DevicePolicy | None = None, *, registry: Registry | None = None) -> list[str]:
+    """Devices that can run ``g`` under ``policy``, best first."""
+    p = Placement(g, policy, registry)
+    return [r.device for r in p.rank(p.candidates())]
+
+
+def fastest_device_for(g: Graph, policy: DevicePolicy | None = None, *, registry: Registry | None = None) -> str:
+    """The best viable device for ``g`` by the policy's ranking (ignores ``RLX_DEVICE``)."""
+    p = Placement(g, policy, registry)
+    if p.policy.device:
+        from dataclasses import replace
+
+        p.policy = replace(p.policy, device=None)
+    return p.choose()[0]
+
+
+def resolve_device(g: Graph, hint: str | None = None, policy: DevicePolicy | None = None, *,
+                   registry: Registry | None = None) -> str:  # fmt: skip
+    """The device ``g`` runs on: ``hint``, then ``RLX_DEVICE``, then the cost ranking."""
+    return Placement(g, policy, registry).choose(hint)[0]
+
+
+def resolve_device_chain(g: Graph, chain: Iterable[str] | None, policy: DevicePolicy | None = None, *,
+                         registry: Registry | None = None) -> list[str]:  # fmt: skip
+    """The devices of ``chain`` (default: the policy's chain, else every viable device)
+    that can run ``g``, in chain order. Unknown names raise ``DeviceError``; when none
+    can run it, ``DeviceError`` lists each device's blocker."""
+    p = Placement(g, policy, registry)
+    wanted = list(chain) if chain is not None else list(p.policy.chain)
+    if not wanted:
+        return [r.device for r in p.rank(p.candidates())]
+    for d in wanted:
+        p.registry.get(parse_device(d)[0])
+    rows = {r.device: r for r in p.candidates(dict.fromkeys(parse_device(d)[0] for d in wanted))}
+    viable = [d.strip() for d in wanted if rows[parse_device(d)[0]].viable]
+    if not viable:
+        reasons = "; ".join(f"{d}: {rows[parse_device(d)[0]].blocker}" for d in wanted)
+        raise DeviceError(f"no device of the chain {', '.join(wanted)} can run graph {g.name!r}: {reasons}")
+    return viable
+
+
+def device_report(g: Graph | None = None, policy: DevicePolicy | None = None, *,
+                  registry: Registry | None = None) -> list[DeviceCandidate]:  # fmt: skip
+    """One ``DeviceCandidate`` per discovered backend (and per plugin that failed to load)."""
+    return Placement(g, policy, registry).report()

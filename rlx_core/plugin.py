@@ -1,0 +1,159 @@
+"""The plugin contract: the one hook, the ``Backend`` base class and what it returns.
+
+Read this module and you know everything a backend may do. A plugin is a distribution
+with an entry point in group ``rlx.backends`` pointing at a module (or object) that
+implements the ``rlx_backends`` hook; each ``Backend`` it returns is validated when the
+registry loads it (see ``registry.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import pluggy
+
+from .cost import CostModel
+from .ops import OpKind
+
+if TYPE_CHECKING:
+    from .ir import Graph, Node
+
+__all__ = [
+    "PLUGIN_API_VERSION",
+    "ENTRY_POINT_GROUP",
+    "hookspec",
+    "hookimpl",
+    "RlxBackendSpec",
+    "Availability",
+    "CompileOptions",
+    "Executable",
+    "Backend",
+]
+
+#: Bumped only when the contract below changes incompatibly; a backend declaring another
+#: number is refused with both numbers in the message.
+PLUGIN_API_VERSION = 1
+ENTRY_POINT_GROUP = "rlx.backends"
+
+hookspec = pluggy.HookspecMarker("rlx")
+hookimpl = pluggy.HookimplMarker("rlx")
+
+
+class RlxBackendSpec:
+    """The hook specification (pluggy) — the whole plugin surface."""
+
+    @hookspec
+    def rlx_backends(self) -> list[Backend]:  # type: ignore[empty-body]
+        """Return the backends this plugin provides.
+
+        Must be cheap: no heavy imports (cupy, jax, pyopencl), no device work. Those
+        belong in ``Backend.probe`` and ``Backend.compile``, which run only when needed.
+        """
+
+
+@dataclass(frozen=True)
+class Availability:
+    """A probe's answer. Unavailable with a reason is a normal answer, not a failure.
+
+    ``devices`` lists the device strings this backend can address here (``["cuda:0",
+    "cuda:1"]``), ``versions`` the library and driver versions it found.
+    """
+
+    available: bool
+    reason: str = ""
+    devices: list[str] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return self.available
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """What the core passes to ``Backend.compile`` besides the graph.
+
+    ``device`` is the full device string (``"cuda:1"``) and ``device_index`` its index or
+    ``None`` for the backend's default device. ``extra`` carries backend-specific options
+    by name, so that adding one never changes this contract.
+    """
+
+    device: str
+    device_index: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Executable:
+    """A graph compiled for one device. Subclasses implement ``run``.
+
+    ``run`` receives validated arrays (right names, shapes and dtypes) that it must not
+    modify, and returns one new array per graph output; the core checks the count, shapes
+    and dtypes. ``run`` may be called from several threads at once.
+    """
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def set_param(self, name: str, value: np.ndarray) -> None:
+        """Swap a param's array in place. Optional: raise ``NotImplementedError`` (the
+        default) and the core recompiles instead."""
+        raise NotImplementedError
+
+
+class Backend:
+    """Base class of every backend. Subclasses set ``name`` and implement ``probe``,
+    ``supported_ops`` and ``compile``; the rest has defaults.
+
+    Instances must be cheap to create: the registry creates them at discovery, before
+    anyone asks for the device.
+    """
+
+    name: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+    priority: ClassVar[int] = 0
+    api_version: ClassVar[int] = PLUGIN_API_VERSION
+
+    def probe(self) -> Availability:
+        """Run a tiny real computation; return why not when this backend cannot run here."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement probe()")
+
+    def supported_ops(self) -> frozenset[str]:
+        """The ops (``OpKind`` values or third-party strings) this backend claims."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement supported_ops()")
+
+    def claims(self, node: Node) -> bool | str:
+        """Whether this backend runs ``node`` of a legalized graph; a string says why not."""
+        return node.op in self.supported_ops()
+
+    def cost_model(self) -> CostModel:
+        """The calibrated model when one is cached for this host, else ``default_cost_model``.
+
+        Backends usually override ``default_cost_model`` only, and get calibration
+        caching for free.
+        """
+        from .calibration import cached_cost_model
+
+        return cached_cost_model(self) or self.default_cost_model()
+
+    def default_cost_model(self) -> CostModel:
+        """Uncalibrated figures for this kind of device (cheap: no measurement)."""
+        return CostModel(device=self.name, source="rlx-core generic defaults")
+
+    def calibrate(self, quick: bool = False) -> CostModel:
+        """Measure this host and persist the model (see ``rlx_core.calibration``)."""
+        from .calibration import calibrate_backend
+
+        return calibrate_backend(self, quick=quick)
+
+    def compile(self, graph: Graph, options: CompileOptions) -> Executable:
+        """Compile a graph that is already legalized for this backend."""
+        raise NotImplementedError(f"backend {self.name!r} does not implement compile()")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} priority={self.priority}>"
+
+
+# Ops every backend supports without claiming them: the core feeds sources itself.
+SOURCE_OP_NAMES: frozenset[str] = frozenset({OpKind.INPUT.value, OpKind.PARAM.value, OpKind.CONSTANT.value})

@@ -1,0 +1,440 @@
+"""The backend registry: discovers plugins, validates them, probes them lazily.
+
+Discovery follows the plugin contract (ARCHITECTURE.md): every entry point of group
+``rlx.backends`` is loaded in isolation, through its own ``pluggy.PluginManager`` so that
+pluggy validates its hook implementation and one bad plugin cannot spoil another. What
+fails is recorded in ``broken()`` (with one ``PluginWarning``) and raised only when
+someone asks for that device, as JAX does for an optional platform.
+
+Nothing happens at import: entry points are read on the first question, and each
+backend's probe runs on the first question about that backend, in a daemon thread with a
+timeout, so that a hung driver never hangs the caller or delays interpreter exit.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import math
+import os
+import re
+import reprlib
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+
+from .cost import CostModel
+from .errors import ConfigError, DeviceError, PluginError, PluginWarning
+from .plugin import ENTRY_POINT_GROUP, PLUGIN_API_VERSION, Availability, Backend, RlxBackendSpec
+
+__all__ = ["PLATFORM_PRIORITY", "BackendInfo", "Registry", "parse_device", "default_registry",
+           "set_default_registry", "broken_plugins", "get_backend"]
+
+logger = logging.getLogger("rlx.registry")
+
+#: Conventional priorities of well-known platforms (higher wins ties and orders reports).
+#: Documentation and defaults only: a backend's own ``priority`` attribute ranks it.
+PLATFORM_PRIORITY: dict[str, int] = {
+    "tpu": 100, "cuda": 90, "rocm": 85, "mlx": 80, "metal": 75, "gpu": 70, "opencl": 50, "jax": 40, "cpu": 0,
+}
+
+DEFAULT_PROBE_TIMEOUT = 10.0
+
+# A backend name: no ':' (it separates the index), no whitespace, nothing a shell or a
+# comma-separated RLX_* variable would mangle.
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
+
+
+def parse_device(device: str) -> tuple[str, int | None]:
+    """Split a device string into backend name and index: ``"cuda:1" -> ("cuda", 1)``.
+
+    The bare name means the backend's default device (index ``None``). Anything else
+    (``"cuda:x"``, ``":1"``, ``""``, ``"cu da"``) raises ``DeviceError`` naming it.
+    """
+    if not isinstance(device, str):
+        raise DeviceError(f"device must be a string like 'cpu' or 'cuda:1', got {device!r}")
+    text = device.strip()
+    name, sep, index = text.partition(":")
+    if not _NAME_RE.fullmatch(name) or (sep and not (index.isascii() and index.isdigit())):
+        raise DeviceError(f"malformed device {device!r}: expected a backend name with an optional index, "
+                          "like 'cpu' or 'cuda:1'")
+    return name, int(index) if sep else None
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """A discovered backend and where it came from (for ``rlx devices`` and errors).
+
+    ``entry_point`` is ``""`` for a backend added with ``Registry.register``.
+    """
+
+    name: str
+    backend: Backend
+    entry_point: str
+    distribution: str
+    version: str
+    label: str
+    priority: int | float
+
+
+@dataclass(frozen=True)
+class _Broken:
+    entry_point: str
+    error: str
+    backend_names: tuple[str, ...] = ()
+
+
+class _Probe:
+    """One probe running (or finished) in a daemon thread; the first caller starts it."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.done = threading.Event()
+        self.result: Availability | None = None
+        self.error: BaseException | None = None
+        self.started = time.monotonic()
+        self.thread = threading.Thread(target=self._run, args=(backend,), name=f"rlx-probe-{backend.name}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self, backend: Backend) -> None:
+        try:
+            self.result = backend.probe()
+        except BaseException as exc:  # a probe must not end its thread with a traceback on stderr
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+def _origin(dist: str, version: str, entry_point: str) -> str:
+    """How an error names where a backend came from: ``"rlx-foo 1.2"``."""
+    if dist:
+        return f"{dist} {version}".strip()
+    return f"entry point {entry_point!r}" if entry_point else "directly registered backend"
+
+
+def _describe(exc: BaseException) -> str:
+    """``"TypeName: message"`` on one line (pluggy's validation errors span several), so a
+    report row or a CLI warning stays one line."""
+    text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class Registry:
+    """Backends discovered from entry points (or registered directly), probed on demand.
+
+    ``entry_points`` defaults to the installed ``rlx.backends`` entry points, read on
+    first use; pass any iterable of EntryPoint-like objects (``name``, ``value``,
+    ``load()``, ``dist``) to control discovery. ``environ`` defaults to ``os.environ``,
+    read when needed (``RLX_DISABLE_PLUGINS`` at loading, ``RLX_PROBE_TIMEOUT`` at each
+    probe). Thread-safe; state lives in the instance so tests can make fresh ones.
+    """
+
+    def __init__(self, *, entry_points: Iterable[Any] | None = None, environ: Mapping[str, str] | None = None) -> None:
+        self._entry_points = entry_points
+        self._environ = environ
+        self._lock = threading.RLock()
+        self._loaded = False
+        self._loading = False
+        self._infos: dict[str, BackendInfo] = {}
+        self._broken: list[_Broken] = []
+        self._probe_broken: dict[str, _Broken] = {}
+        self._disabled: list[str] = []
+        self._probes: dict[str, _Probe] = {}
+        self._availability: dict[str, Availability] = {}
+        self._cost_models: dict[str, CostModel] = {}
+
+    @property
+    def environ(self) -> Mapping[str, str]:
+        return os.environ if self._environ is None else self._environ
+
+    # -- discovery -------------------------------------------------------------------
+
+    def _ensure_loaded(self) -> None:
+        if self._loaded:
+            return
+        with self._lock:
+            # ``_loading`` stops a plugin that asks the registry at import from recursing.
+            if self._loaded or self._loading:
+                return
+            disabled = self._disabled_names()
+            self._loading = True
+            try:
+                eps = self._entry_points
+                if eps is None:
+                    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+                for ep in eps:
+                    if ep.name in disabled:
+                        logger.debug("rlx plugin %r skipped: listed in RLX_DISABLE_PLUGINS", ep.name)
+                        self._disabled.append(ep.name)
+                        continue
+                    self._load_entry_point(ep)
+            finally:
+                self._loading = False
+                self._loaded = True
+
+    def _disabled_names(self) -> set[str]:
+        names = set()
+        for token in self.environ.get("RLX_DISABLE_PLUGINS", "").split(","):
+            token = token.strip()
+            if not token:
+                continue
+            if any(c.isspace() for c in token) or "=" in token:
+                raise ConfigError(f"RLX_DISABLE_PLUGINS: {token!r} is not an entry point name "
+                                  "(expected comma-separated names like 'cuda,opencl')")
+            names.add(token)
+        return names
+
+    def _load_entry_point(self, ep: Any) -> None:
+        dist_obj = getattr(ep, "dist", None)
+        dist = version = ""
+        if dist_obj is not None:
+            dist = getattr(dist_obj, "name", None) or dist_obj.metadata["Name"] or ""
+            version = dist_obj.version or ""
+        origin = _origin(dist, version, ep.name)
+        try:
+            plugin = ep.load()
+            pm = pluggy.PluginManager("rlx")
+            pm.add_hookspecs(RlxBackendSpec)
+            pm.register(plugin, name=f"rlx-entry-point-{ep.name}")
+            pm.check_pending()
+            if not pm.get_hookcallers(plugin):
+                raise PluginError(f"{ep.value!r} implements no rlx_backends hook (decorate it with rlx_core.hookimpl)")
+            results = pm.hook.rlx_backends()
+        except (Exception, SystemExit) as exc:  # whatever a plugin does, discovery goes on
+            self._record_broken(_Broken(ep.name, f"{origin}: {_describe(exc)}"))
+            return
+        returned = results[0] if results else None
+        if not isinstance(returned, (list, tuple)):
+            self._record_broken(_Broken(ep.name, f"{origin}: rlx_backends returned {type(returned).__name__}, "
+                                                 "expected a list of rlx_core.Backend"))
+            return
+        for backend in returned:
+            try:
+                self._add(backend, ep.name, dist, version)
+            except PluginError as exc:
+                names = (backend.name,) if isinstance(getattr(backend, "name", None), str) else ()
+                self._record_broken(_Broken(ep.name, f"{origin}: {exc}", names))
+
+    def _record_broken(self, broken: _Broken) -> None:
+        logger.debug("rlx plugin %r is broken: %s", broken.entry_point, broken.error)
+        warnings.warn(f"rlx plugin {broken.entry_point!r} is broken: {broken.error}", PluginWarning, stacklevel=4)
+        self._broken.append(broken)
+
+    def _add(self, backend: Any, entry_point: str, dist: str, version: str) -> None:
+        """Validate one backend (as pluggy validates a hook) and add it, or raise PluginError."""
+        if not isinstance(backend, Backend):
+            raise PluginError(f"returned {reprlib.repr(backend)}, which is not an rlx_core.Backend instance")
+        name = backend.name
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+            raise PluginError(f"backend {type(backend).__name__} has an invalid name {name!r} "
+                              "(expected letters, digits, '_', '.', '-', like 'cuda')")
+        if backend.api_version != PLUGIN_API_VERSION:
+            from . import __version__
+
+            raise PluginError(f"backend {name!r} declares plugin API version {backend.api_version}, "
+                              f"rlx-core {__version__} speaks version {PLUGIN_API_VERSION}")
+        priority = backend.priority
+        if isinstance(priority, bool) or not isinstance(priority, (int, float)) or not math.isfinite(priority):
+            raise PluginError(f"backend {name!r} has priority {priority!r}, expected a number")
+        if name in self._infos:
+            other = self._infos[name]
+            raise PluginError(f"backend name {name!r} is already provided by "
+                              f"{_origin(other.distribution, other.version, other.entry_point)}")
+        label = backend.label if isinstance(backend.label, str) and backend.label else name
+        self._infos[name] = BackendInfo(name, backend, entry_point, dist, version, label, priority)
+        logger.debug("rlx backend %r loaded from %s", name, _origin(dist, version, entry_point))
+
+    def register(self, backend: Backend, *, distribution: str = "", version: str = "") -> None:
+        """Add a backend object directly (tests, loopback backends), validated like a
+        discovered one; raises ``PluginError`` if it is invalid or its name is taken."""
+        self._ensure_loaded()
+        with self._lock:
+            self._add(backend, "", distribution, version)
+
+    # -- questions -------------------------------------------------------------------
+
+    def infos(self) -> list[BackendInfo]:
+        """Every loaded backend, highest priority first, then by name."""
+        self._ensure_loaded()
+        with self._lock:
+            return self._sorted_infos()
+
+    def _sorted_infos(self) -> list[BackendInfo]:
+        return sorted(self._infos.values(), key=lambda i: (-i.priority, i.name))
+
+    def names(self) -> list[str]:
+        """Backend names, highest priority first, then by name."""
+        return [i.name for i in self.infos()]
+
+    def info(self, name: str) -> BackendInfo:
+        """Where backend ``name`` (``"cuda:1"`` accepted) came from; ``DeviceError`` if unknown."""
+        base, _ = parse_device(name)
+        self._ensure_loaded()
+        with self._lock:
+            found = self._infos.get(base)
+            if found is not None:
+                return found
+            known = ", ".join(i.name for i in self._sorted_infos())
+            message = f"unknown device {name.strip()!r}; known devices: {known or '(none)'}"
+            for b in self._broken:
+                if base == b.entry_point or base in b.backend_names:
+                    message += f" (plugin {b.entry_point!r} failed to load: {b.error})"
+                    break
+            if base in self._disabled:
+                message += f" (plugin {base!r} is disabled by RLX_DISABLE_PLUGINS)"
+        raise DeviceError(message)
+
+    def get(self, name: str) -> Backend:
+        """The backend object for ``name`` (``"cuda:1"`` accepted); ``DeviceError`` if unknown."""
+        return self.info(name).backend
+
+    def broken(self) -> list[tuple[str, str]]:
+        """``(entry point name, error)`` for every plugin that failed to load, and every
+        backend whose probe raised, timed out or answered garbage so far (probes are lazy:
+        call ``probe_all`` first for a complete list)."""
+        self._ensure_loaded()
+        with self._lock:
+            records = self._broken + list(self._probe_broken.values())
+        return [(b.entry_point, b.error) for b in records]
+
+    def disabled(self) -> list[str]:
+        """Entry point names skipped (never imported) because of ``RLX_DISABLE_PLUGINS``."""
+        self._ensure_loaded()
+        return list(self._disabled)
+
+    # -- probes ----------------------------------------------------------------------
+
+    def probe_timeout(self) -> float:
+        """Seconds a probe may take (``RLX_PROBE_TIMEOUT``, default 10)."""
+        raw = self.environ.get("RLX_PROBE_TIMEOUT", "").strip()
+        if not raw:
+            return DEFAULT_PROBE_TIMEOUT
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"RLX_PROBE_TIMEOUT: {raw!r} is not a number of seconds > 0")
+        return value
+
+    def availability(self, name: str) -> Availability:
+        """Whether backend ``name`` can run here; probes only that backend, once."""
+        return self.probe_all([name])[parse_device(name)[0]]
+
+    def probe_all(self, names: Iterable[str] | None = None) -> dict[str, Availability]:
+        """Probe ``names`` (default: every backend) concurrently, each in a daemon thread,
+        each at most ``probe_timeout()`` seconds; answers are cached per registry."""
+        timeout = self.probe_timeout()
+        wanted = self.names() if names is None else [self.info(n).name for n in names]
+        answers: dict[str, Availability] = {}
+        running: dict[str, _Probe] = {}
+        with self._lock:
+            for name in wanted:
+                if name in self._availability:
+                    answers[name] = self._availability[name]
+                    continue
+                if name not in self._probes:
+                    self._probes[name] = _Probe(self._infos[name].backend)
+                running[name] = self._probes[name]
+        for name, probe in running.items():
+            probe.done.wait(max(0.0, probe.started + timeout - time.monotonic()))
+            answers[name] = self._settle(name, probe, timeout)
+        return {name: answers[name] for name in wanted}
+
+    def _settle(self, name: str, probe: _Probe, timeout: float) -> Availability:
+        """Turn a finished (or overdue) probe into an answer, cached unless invalidated meanwhile."""
+        with self._lock:
+            current = self._probes.get(name) is probe
+            if current and name in self._availability:
+                return self._availability[name]
+            reason = ""
+            if not probe.done.is_set():
+                reason = f"probe did not answer within {timeout:g} s (RLX_PROBE_TIMEOUT)"
+            elif probe.error is not None:
+                reason = f"probe raised {_describe(probe.error)}"
+            elif not isinstance(probe.result, Availability):
+                reason = f"probe returned {type(probe.result).__name__}, expected rlx_core.Availability"
+            if not reason:
+                assert isinstance(probe.result, Availability)
+                answer = probe.result
+            else:
+                answer = Availability(False, reason)
+                if current:
+                    info = self._infos[name]
+                    error = f"{_origin(info.distribution, info.version, info.entry_point)}: backend {name!r} {reason}"
+                    self._probe_broken[name] = _Broken(info.entry_point or name, error, (name,))
+                    logger.debug("rlx backend %r: %s", name, reason)
+                    warnings.warn(f"rlx backend {name!r}: {reason}", PluginWarning, stacklevel=4)
+            if current:
+                self._availability[name] = answer
+            return answer
+
+    # -- cost models -----------------------------------------------------------------
+
+    def cost_model(self, name: str) -> CostModel:
+        """The backend's cost model, cached; generic defaults (with a ``PluginWarning``)
+        when the plugin's ``cost_model`` raises or returns something else."""
+        info = self.info(name)
+        with self._lock:
+            cached = self._cost_models.get(info.name)
+        if cached is not None:
+            return cached
+        try:
+            model = info.backend.cost_model()
+            problem = "" if isinstance(model, CostModel) else f"returned {type(model).__name__}, not a CostModel"
+        except Exception as exc:
+            model, problem = None, f"raised {_describe(exc)}"
+        if problem:
+            warnings.warn(f"rlx backend {info.name!r}: cost_model() {problem}; using generic defaults",
+                          PluginWarning, stacklevel=2)
+            model = CostModel(device=info.name,
+                              source=f"rlx-core generic defaults (plugin cost_model failed: {problem})")
+        assert isinstance(model, CostModel)
+        with self._lock:
+            return self._cost_models.setdefault(info.name, model)
+
+    def invalidate(self, name: str | None = None) -> None:
+        """Forget cached probe answers and cost models (all, or one backend's), e.g.
+        after ``calibrate``; the next question asks the backend again."""
+        with self._lock:
+            keys = [parse_device(name)[0]] if name is not None else list(self._infos)
+            for key in keys:
+                self._availability.pop(key, None)
+                self._cost_models.pop(key, None)
+                self._probe_broken.pop(key, None)
+                self._probes.pop(key, None)
+
+
+_default: Registry | None = None
+_default_lock = threading.Lock()
+
+
+def default_registry() -> Registry:
+    """The process-wide registry, created on first use (plugins load on its first question)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Registry()
+        return _default
+
+
+def set_default_registry(registry: Registry | None) -> None:
+    """Replace the process-wide registry (tests); ``None`` makes the next use create a fresh one."""
+    global _default
+    with _default_lock:
+        _default = registry
+
+
+def broken_plugins() -> list[tuple[str, str]]:
+    """``(entry point name, error)`` of every plugin that failed to load or probe so far."""
+    return default_registry().broken()
+
+
+def get_backend(device: str) -> Backend:
+    """The discovered backend object for ``device`` (e.g. to hand to the conformance kit)."""
+    return default_registry().get(device)

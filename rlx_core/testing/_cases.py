@@ -1,0 +1,488 @@
+"""Hypothesis strategies that draw one test case per op: operands, dtypes and attributes.
+
+Shapes, dtypes and attributes are drawn by hypothesis (so a failure shrinks to a small
+example); array values come from a numpy generator seeded by a drawn integer, which is
+far faster than drawing every element and still reproducible. Value ranges keep each op
+well conditioned (log and sqrt see positive numbers, divisors stay away from zero, ints
+stay far from overflow), so a mismatch means a wrong backend, not a fragile comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ..ir import Graph, Node
+from ..ops import SOURCE_OPS, OpKind
+
+FLOATS = ("float32", "float16", "float64")
+INTS = ("int32", "int64")
+NUMERIC = FLOATS + INTS
+ANY_DTYPE = (*NUMERIC, "bool")
+
+_FLOAT_OPS = frozenset({
+    OpKind.POW, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.TANH, OpKind.SIGMOID,
+    OpKind.GELU, OpKind.SOFTMAX, OpKind.LAYER_NORM, OpKind.REDUCE_MEAN, OpKind.CONV2D, OpKind.MAX_POOL2D,
+    OpKind.AVG_POOL2D, OpKind.GLOBAL_AVG_POOL2D, OpKind.ATTENTION,
+})  # fmt: skip
+_ANY_DTYPE_OPS = frozenset({OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER,
+                            OpKind.CAST, OpKind.WHERE})  # fmt: skip
+
+#: The dtypes the kit draws for each op's main operand: exactly those ops.py accepts
+#: (gather's x, where's branches, cast's source and target; indices and conditions aside).
+OP_DTYPES: dict[OpKind, tuple[str, ...]] = {
+    op: FLOATS if op in _FLOAT_OPS else ANY_DTYPE if op in _ANY_DTYPE_OPS else NUMERIC
+    for op in OpKind
+    if op not in SOURCE_OPS
+}
+
+#: Ops whose result is one of their input values (or an exact function of them): a backend
+#: must reproduce the reference bit for bit, whatever the dtype.
+EXACT_OPS = frozenset({
+    OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER, OpKind.WHERE, OpKind.NEG,
+    OpKind.ABS, OpKind.RELU, OpKind.MAXIMUM, OpKind.MINIMUM, OpKind.REDUCE_MAX, OpKind.MAX_POOL2D,
+})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One operand of the op under test: a run-time input, or a param when ``param``."""
+
+    name: str
+    array: np.ndarray
+    param: bool = False
+
+    def describe(self) -> str:
+        kind = "param" if self.param else "input"
+        return f"{self.name}: {self.array.shape} {self.array.dtype} {kind}"
+
+
+@dataclass(frozen=True)
+class OpCase:
+    """One example: ``op`` applied to ``operands`` with builder keyword ``attrs``.
+
+    ``terms`` is how many products or values each output element sums (K of a matmul,
+    the reduced count of a reduction); float tolerances grow with its square root.
+    """
+
+    op: OpKind
+    operands: tuple[Operand, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    terms: int = 1
+
+    def build(self) -> tuple[Graph, Node]:
+        """A frozen graph whose only computational node is the op under test."""
+        g = Graph(f"check_{self.op.value}")
+        values = [
+            g.param(o.name, o.array) if o.param else g.input(o.name, o.array.shape, o.array.dtype.name)
+            for o in self.operands
+        ]
+        method = getattr(g, self.op.value)
+        out = method(values, **self.attrs) if self.op is OpKind.CONCAT else method(*values, **self.attrs)
+        g.set_outputs([out])
+        return g.freeze(), g.node(out)
+
+    def run_inputs(self) -> dict[str, np.ndarray]:
+        return {o.name: np.array(o.array, copy=True) for o in self.operands if not o.param}
+
+    def describe(self) -> str:
+        attrs = ", ".join(f"{k}={v!r}" for k, v in self.attrs.items())
+        return f"{self.op.value}({'; '.join(o.describe() for o in self.operands)}{'; ' if attrs else ''}{attrs})"
+
+    __repr__ = describe  # hypothesis prints cases in its falsifying-example notes
+
+
+# ----------------------------------------------------------------------------- values
+def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, lo: float = -2.0, hi: float = 2.0,
+            ilo: int = -20, ihi: int = 20) -> np.ndarray:  # fmt: skip
+    if dtype == "bool":
+        return np.asarray(rng.random(shape) < 0.5)
+    if dtype in INTS:
+        return np.asarray(rng.integers(ilo, ihi + 1, size=shape)).astype(dtype)
+    return np.asarray(rng.uniform(lo, hi, size=shape)).astype(dtype)
+
+
+def _nonzero(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Divisors: floats with magnitude in [0.5, 2], ints in [-9, 9] without 0."""
+    sign = np.where(rng.random(shape) < 0.5, -1, 1)
+    if dtype in INTS:
+        return np.asarray(sign * rng.integers(1, 10, size=shape)).astype(dtype)
+    return np.asarray(sign * rng.uniform(0.5, 2.0, size=shape)).astype(dtype)
+
+
+# ----------------------------------------------------------------------------- shapes
+def _shape(draw: Callable, min_rank: int = 0, max_rank: int = 4, max_side: int = 5) -> tuple[int, ...]:
+    return tuple(draw(st.lists(st.integers(1, max_side), min_size=min_rank, max_size=max_rank)))
+
+
+def _broadcastable(draw: Callable, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape that broadcasts to ``shape``: leading dims dropped, some dims set to 1."""
+    s = shape[draw(st.integers(0, len(shape))) :]
+    ones = draw(st.lists(st.booleans(), min_size=len(s), max_size=len(s)))
+    return tuple(1 if one else d for d, one in zip(s, ones))
+
+
+def _axis(draw: Callable, ndim: int) -> int:
+    """An axis in ``[-ndim, ndim)``: negative spellings are part of the builder's API."""
+    return draw(st.integers(-ndim, ndim - 1))
+
+
+def _rng(draw: Callable, seed: int) -> np.random.Generator:
+    return np.random.default_rng([seed, draw(st.integers(0, 2**32 - 1))])
+
+
+# ----------------------------------------------------------------------------- ops
+_UNARY_RANGE = {
+    OpKind.LOG: (0.1, 4.0), OpKind.SQRT: (0.1, 4.0), OpKind.RSQRT: (0.1, 4.0), OpKind.EXP: (-4.0, 4.0),
+    OpKind.ERF: (-3.0, 3.0), OpKind.TANH: (-4.0, 4.0), OpKind.SIGMOID: (-6.0, 6.0), OpKind.GELU: (-4.0, 4.0),
+}  # fmt: skip
+
+
+def _unary(op: OpKind, seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[op]))
+        shape = _shape(draw)
+        lo, hi = _UNARY_RANGE.get(op, (-2.0, 2.0))
+        x = _values(_rng(draw, seed), shape, dtype, lo, hi)
+        attrs = {"approximate": draw(st.sampled_from(["none", "tanh"]))} if op is OpKind.GELU else {}
+        return OpCase(op, (Operand("x", x),), attrs)
+
+    return case()
+
+
+def _binary(op: OpKind, seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[op]))
+        base = _shape(draw)
+        a_shape = _broadcastable(draw, base) if draw(st.booleans()) else base
+        b_shape = _broadcastable(draw, base)
+        rng = _rng(draw, seed)
+        if op is OpKind.POW:
+            a, b = _values(rng, a_shape, dtype, 0.25, 2.5), _values(rng, b_shape, dtype, -2.0, 2.0)
+        elif op is OpKind.DIV:
+            a, b = _values(rng, a_shape, dtype, ilo=-50, ihi=50), _nonzero(rng, b_shape, dtype)
+        else:
+            a, b = _values(rng, a_shape, dtype), _values(rng, b_shape, dtype)
+        return OpCase(op, (Operand("a", a), Operand("b", b, param=draw(st.booleans()))))
+
+    return case()
+
+
+def _matmul(seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[OpKind.MATMUL]))
+        m, k, n = (draw(st.integers(1, 8)) for _ in range(3))
+        batch = _shape(draw, 0, 2, 3)
+        a_shape = (k,) if draw(st.integers(0, 5)) == 0 else (*_broadcastable(draw, batch), m, k)
+        b_shape = (k,) if draw(st.integers(0, 5)) == 0 else (*_broadcastable(draw, batch), k, n)
+        rng = _rng(draw, seed)
+        a = _values(rng, a_shape, dtype, ilo=-10, ihi=10)
+        b = _values(rng, b_shape, dtype, ilo=-10, ihi=10)
+        return OpCase(OpKind.MATMUL, (Operand("a", a), Operand("b", b, param=draw(st.booleans()))), terms=k)
+
+    return case()
+
+
+def _softmax(seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[OpKind.SOFTMAX]))
+        shape = _shape(draw, 1, 4)
+        axis = _axis(draw, len(shape))
+        x = _values(_rng(draw, seed), shape, dtype, -4.0, 4.0)
+        return OpCase(OpKind.SOFTMAX, (Operand("x", x),), {"axis": axis}, terms=shape[axis])
+
+    return case()
+
+
+def _layer_norm(seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[OpKind.LAYER_NORM]))
+        shape = _shape(draw, 1, 4)
+        axis = _axis(draw, len(shape))
+        norm = shape[axis:]
+        rng = _rng(draw, seed)
+        operands = [Operand("x", _values(rng, shape, dtype)),
+                    Operand("scale", _values(rng, _broadcastable(draw, norm), dtype, 0.5, 2.0), param=True)]
+        if draw(st.booleans()):
+            operands.append(Operand("bias", _values(rng, _broadcastable(draw, norm), dtype), param=draw(st.booleans())))
+        attrs = {"axis": axis, "eps": draw(st.sampled_from([1e-5, 1e-3, 0.5]))}
+        return OpCase(OpKind.LAYER_NORM, tuple(operands), attrs, terms=math.prod(norm))
+
+    return case()
+
+
+def _reduce(op: OpKind, seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[op]))
+        shape = _shape(draw, 0, 4)
+        r = len(shape)
+        if draw(st.booleans()):
+            axes = None
+            reduced = shape
+        else:
+            chosen = draw(st.lists(st.integers(0, max(r - 1, 0)), unique=True, max_size=r)) if r else []
+            axes = [a - r if draw(st.booleans()) else a for a in chosen]
+            reduced = tuple(shape[a] for a in chosen)
+        x = _values(_rng(draw, seed), shape, dtype)
+        attrs = {"axes": axes, "keepdims": draw(st.booleans())}
+        return OpCase(op, (Operand("x", x),), attrs, terms=math.prod(reduced))
+
+    return case()
+
+
+def _prime_factors(n: int) -> list[int]:
+    out, p = [], 2
+    while n > 1:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return out
+
+
+def _reshape(seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[OpKind.RESHAPE]))
+        shape = _shape(draw, 0, 4)
+        factors = _prime_factors(math.prod(shape))
+        bins = draw(st.integers(0 if not factors else 1, 4))
+        target = [1] * bins
+        for f in draw(st.permutations(factors)):
+            target[draw(st.integers(0, bins - 1))] *= f
+        if target and draw(st.booleans()):
+            target[draw(st.integers(0, len(target) - 1))] = -1
+        x = _values(_rng(draw, seed), shape, dtype)
+        return OpCase(OpKind.RESHAPE, (Operand("x", x),), {"shape": tuple(target)})
+
+    return case()
+
+
+def _transpose(seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[OpKind.TRANSPOSE]))
+        shape = _shape(draw, 0, 4)
+        perm = None if draw(st.integers(0, 4)) == 0 else tuple(draw(st.permutations(range(len(shape)))))
+        x = _values(_rng(draw, seed), shape, dtype)
+        return OpCase(OpKind.TRANSPOSE, (Operand("x", x),), {"perm": perm})
+
+    return case()
+
+
+def _concat(seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[OpKind.CONCAT]))
+        shape = _shape(draw, 1, 4)
+        axis = _axis(draw, len(shape))
+        rng = _rng(draw, seed)
+        operands = []
+        for i in range(draw(st.integers(1, 4))):
+            s = list(shape)
+            s[axis] = draw(st.integers(1, 4))
+            operands.append(Operand(f"x{i}", _values(rng, tuple(s), dtype)))
+        return OpCase(OpKind.CONCAT, tuple(operands), {"axis": axis})
+
+    return case()
+
+
+def _slice(seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[OpKind.SLICE]))
+        shape = _shape(draw, 1, 4, max_side=7)
+        r = len(shape)
+        axes = draw(st.permutations(range(r)))[: draw(st.integers(1, r))]
+        starts, ends, steps = [], [], []
+        for a in axes:
+            n = shape[a]
+            bound = st.one_of(st.integers(-n - 2, n + 2), st.sampled_from([2**31 - 1, -(2**31)]))
+            s, e, step = draw(bound), draw(bound), draw(st.sampled_from([1, 1, 2, 3, -1, -2]))
+            starts.append(s)
+            ends.append(e)
+            steps.append(step)
+        attrs: dict[str, Any] = {"starts": starts, "ends": ends}
+        plain = list(axes) == list(range(len(axes)))
+        attrs["axes"] = None if plain and draw(st.booleans()) else [a - r if draw(st.booleans()) else a for a in axes]
+        attrs["steps"] = None if set(steps) == {1} and draw(st.booleans()) else steps
+        x = _values(_rng(draw, seed), shape, dtype)
+        return OpCase(OpKind.SLICE, (Operand("x", x),), attrs)
+
+    return case()
+
+
+def _gather(seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[OpKind.GATHER]))
+        shape = _shape(draw, 1, 3)
+        axis = _axis(draw, len(shape))
+        n = shape[axis]
+        rng = _rng(draw, seed)
+        idx_shape = _shape(draw, 0, 2, 4)
+        idx = np.asarray(rng.integers(-n, n, size=idx_shape)).astype(draw(st.sampled_from(INTS)))
+        return OpCase(OpKind.GATHER, (Operand("x", _values(rng, shape, dtype)), Operand("indices", idx)),
+                      {"axis": axis})  # fmt: skip
+
+    return case()
+
+
+def _cast(seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        src, dst = draw(st.sampled_from(OP_DTYPES[OpKind.CAST])), draw(st.sampled_from(ANY_DTYPE))
+        shape = _shape(draw)
+        rng = _rng(draw, seed)
+        x = _values(rng, shape, src, -100.0, 100.0, ilo=-100, ihi=100)
+        if src != "bool":
+            x = np.where(rng.random(shape) < 0.2, 0, x).astype(src)  # exact zeros matter for casts to bool
+        return OpCase(OpKind.CAST, (Operand("x", x),), {"dtype": dst})
+
+    return case()
+
+
+def _where(seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[OpKind.WHERE]))
+        base = _shape(draw)
+        rng = _rng(draw, seed)
+        shapes = [_broadcastable(draw, base) if draw(st.booleans()) else base for _ in range(3)]
+        cond = _values(rng, shapes[0], "bool")
+        x, y = _values(rng, shapes[1], dtype), _values(rng, shapes[2], dtype)
+        return OpCase(OpKind.WHERE, (Operand("cond", cond), Operand("x", x), Operand("y", y)))
+
+    return case()
+
+
+def _spatial(draw: Callable, window: int, pad: int) -> int:
+    """An input size that leaves room for at least one window."""
+    return draw(st.integers(max(1, window - pad), window - pad + 5 if window > pad else 6))
+
+
+def _conv2d(seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[OpKind.CONV2D]))
+        groups, cg, og = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        stride = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+        dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+        padding = tuple(draw(st.integers(0, 2)) for _ in range(4))
+        h = _spatial(draw, dilation[0] * (kh - 1) + 1, padding[0] + padding[2])
+        w = _spatial(draw, dilation[1] * (kw - 1) + 1, padding[1] + padding[3])
+        rng = _rng(draw, seed)
+        operands = [Operand("x", _values(rng, (draw(st.integers(1, 2)), groups * cg, h, w), dtype)),
+                    Operand("w", _values(rng, (groups * og, cg, kh, kw), dtype), param=True)]  # fmt: skip
+        if draw(st.booleans()):
+            operands.append(Operand("b", _values(rng, (groups * og,), dtype), param=draw(st.booleans())))
+        attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+        return OpCase(OpKind.CONV2D, tuple(operands), attrs, terms=cg * kh * kw)
+
+    return case()
+
+
+def _pool(op: OpKind, seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[op]))
+        kernel = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+        dilation = (1, 1)
+        attrs: dict[str, Any] = {"kernel": kernel}
+        if op is OpKind.MAX_POOL2D:
+            dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+            attrs["dilation"] = dilation
+        window = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]
+        pads = [draw(st.integers(0, window[i % 2] // 2)) for i in range(4)]  # at most half the window
+        attrs["stride"] = None if draw(st.integers(0, 3)) == 0 else (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+        attrs["padding"] = tuple(pads)
+        attrs["ceil_mode"] = draw(st.booleans())
+        if op is OpKind.AVG_POOL2D:
+            attrs["count_include_pad"] = draw(st.booleans())
+        h = _spatial(draw, window[0], pads[0] + pads[2])
+        w = _spatial(draw, window[1], pads[1] + pads[3])
+        x = _values(_rng(draw, seed), (draw(st.integers(1, 2)), draw(st.integers(1, 3)), h, w), dtype)
+        return OpCase(op, (Operand("x", x),), attrs, terms=kernel[0] * kernel[1])
+
+    return case()
+
+
+def _global_avg_pool2d(seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[OpKind.GLOBAL_AVG_POOL2D]))
+        shape = _shape(draw, 4, 4, 6)
+        x = _values(_rng(draw, seed), shape, dtype)
+        return OpCase(OpKind.GLOBAL_AVG_POOL2D, (Operand("x", x),), terms=shape[2] * shape[3])
+
+    return case()
+
+
+def _attention(seed: int) -> st.SearchStrategy[OpCase]:
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[OpKind.ATTENTION]))
+        batch = _shape(draw, 0, 2, 3)
+        lq, lk, d, dv = (draw(st.integers(1, 6)) for _ in range(4))
+        qb, kb, vb = (_broadcastable(draw, batch) for _ in range(3))
+        rng = _rng(draw, seed)
+        operands = [Operand("q", _values(rng, (*qb, lq, d), dtype)), Operand("k", _values(rng, (*kb, lk, d), dtype)),
+                    Operand("v", _values(rng, (*vb, lk, dv), dtype))]  # fmt: skip
+        mask_kind = draw(st.sampled_from(["none", "bool", "float"]))
+        if mask_kind != "none":
+            scores = (*tuple(np.broadcast_shapes(qb, kb, vb)), lq, lk)
+            mshape = _broadcastable(draw, scores)
+            if mask_kind == "bool":
+                mask = _values(rng, mshape, "bool").reshape(mshape or (1,))
+                mask[..., 0] = True  # every query keeps at least one key
+                mask = mask.reshape(mshape)
+            else:
+                mask = _values(rng, mshape, dtype, -3.0, 0.0)
+            operands.append(Operand("mask", mask))
+        scale = None if draw(st.booleans()) else draw(st.sampled_from([0.125, 0.5, 1.0]))
+        return OpCase(OpKind.ATTENTION, tuple(operands), {"scale": scale}, terms=d + lk)
+
+    return case()
+
+
+_FACTORIES: dict[OpKind, Callable[[int], st.SearchStrategy[OpCase]]] = {
+    OpKind.MATMUL: _matmul,
+    OpKind.SOFTMAX: _softmax,
+    OpKind.LAYER_NORM: _layer_norm,
+    OpKind.RESHAPE: _reshape,
+    OpKind.TRANSPOSE: _transpose,
+    OpKind.CONCAT: _concat,
+    OpKind.SLICE: _slice,
+    OpKind.GATHER: _gather,
+    OpKind.CAST: _cast,
+    OpKind.WHERE: _where,
+    OpKind.CONV2D: _conv2d,
+    OpKind.GLOBAL_AVG_POOL2D: _global_avg_pool2d,
+    OpKind.ATTENTION: _attention,
+    **{op: (lambda seed, op=op: _reduce(op, seed))
+       for op in (OpKind.REDUCE_SUM, OpKind.REDUCE_MEAN, OpKind.REDUCE_MAX)},
+    **{op: (lambda seed, op=op: _pool(op, seed)) for op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D)},
+    **{op: (lambda seed, op=op: _binary(op, seed)) for op in (OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV,
+                                                              OpKind.POW, OpKind.MAXIMUM, OpKind.MINIMUM)},
+    **{op: (lambda seed, op=op: _unary(op, seed)) for op in (OpKind.NEG, OpKind.ABS, OpKind.RELU, *_UNARY_RANGE)},
+}  # fmt: skip
+
+#: Every op the kit can generate cases for.
+GENERATED_OPS: frozenset[OpKind] = frozenset(_FACTORIES)
+
+
+def op_cases(op: OpKind, seed: int = 0) -> st.SearchStrategy[OpCase]:
+    """The strategy drawing test cases for ``op``; ``seed`` varies the array values."""
+    return _FACTORIES[OpKind(op)](seed)

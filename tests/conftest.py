@@ -1,0 +1,86 @@
+"""Shared fixtures. Keep this small: fixtures used by one test module live in that module.
+
+- ``fake_site``: installs the fake plugins of ``tests/fakeplugins`` as real distributions
+  in a temporary directory on ``sys.path`` (see ``FakeSite``).
+- ``isolated_registry``: a fresh process-wide default registry for the test, restored after.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+FAKE_PLUGINS_DIR = Path(__file__).parent / "fakeplugins"
+
+#: entry point name -> entry point value; each becomes distribution ``rlxfake-<name>`` 1.0.
+FAKE_PLUGINS: dict[str, str] = {
+    "fakenp": "rlxfake_good",
+    "fakeobj": "rlxfake_obj:plugin",
+    "fakeimport": "rlxfake_importerror",
+    "fakeraises": "rlxfake_raises",
+    "fakegarbage": "rlxfake_garbage",
+    "fakemixed": "rlxfake_mixed",
+    "fakev2": "rlxfake_apiv2",
+    "fakeprobes": "rlxfake_probes",
+    "fakehang": "rlxfake_hang",
+    "fakedup": "rlxfake_dup",
+    "fakedisabled": "rlxfake_disabled",
+    "faketypo": "rlxfake_typo",
+    "fakebadargs": "rlxfake_badargs",
+    "fakebadname": "rlxfake_badname",
+}
+
+
+class FakeSite:
+    """A directory of installed-looking fake plugin distributions, on ``sys.path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        for ep_name, value in FAKE_PLUGINS.items():
+            module = value.partition(":")[0]
+            shutil.copy(FAKE_PLUGINS_DIR / f"{module}.py", path / f"{module}.py")
+            info = path / f"rlxfake_{ep_name}-1.0.dist-info"
+            info.mkdir()
+            (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: rlxfake-{ep_name}\nVersion: 1.0\n")
+            (info / "entry_points.txt").write_text(f"[rlx.backends]\n{ep_name} = {value}\n")
+
+    def entry_points(self, *names: str) -> list[importlib.metadata.EntryPoint]:
+        """The real ``importlib.metadata`` entry points of the named fake plugins."""
+        found = [ep for ep in importlib.metadata.entry_points(group="rlx.backends") if ep.name in names]
+        assert sorted(ep.name for ep in found) == sorted(names), "fake site not visible to importlib.metadata"
+        return sorted(found, key=lambda ep: names.index(ep.name))
+
+
+@pytest.fixture
+def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSite]:
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    site = FakeSite(site_dir)
+    monkeypatch.syspath_prepend(str(site_dir))
+    importlib.invalidate_caches()
+    try:
+        yield site
+    finally:
+        hang = sys.modules.get("rlxfake_hang")
+        if hang is not None:
+            hang.release()  # let this test's hung probe threads finish
+        for name in [m for m in sys.modules if m.startswith("rlxfake_")]:
+            del sys.modules[name]
+
+
+@pytest.fixture
+def isolated_registry() -> Iterator[None]:
+    from rlx_core import registry
+
+    saved = registry._default
+    registry.set_default_registry(None)
+    try:
+        yield
+    finally:
+        registry.set_default_registry(saved)
