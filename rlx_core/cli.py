@@ -452,6 +452,8 @@ def bench(
 def calibrate(
     devices: Annotated[list[str] | None, typer.Argument(help="Devices (default: every available one).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Fewer, smaller measurements.")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Then time the model suite: predicted vs measured, "
+                                         "the pick and its regret per model.")] = False,
 ) -> None:
     """Measure each device's cost model on this host and cache it."""
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -471,6 +473,8 @@ def calibrate(
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as progress:  # fmt: skip
             task = progress.add_task("calibrating", total=len(targets))
+            if targets:
+                console.print(f"calibrating {', '.join(targets)}: about {len(targets) * (10 if quick else 40)} s")
             for d in targets:
                 progress.update(task, description=f"calibrating {d}")
                 try:
@@ -494,6 +498,34 @@ def calibrate(
             table.add_row(d, f"{m.sgemm_gflops:.1f}", f"{m.memory_bw_gbps:.1f}", dispatch, roundtrip, m.source)
         if table.row_count:
             console.print(table)
+        if verify:
+            _verify_table(targets, quick)
+
+
+def _verify_table(devices: list[str], quick: bool) -> None:
+    """``rlx calibrate --verify``: the suite's predicted vs measured times (rlx_core.verify)."""
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from .verify import verify_cost_models
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("verifying", total=1.0)
+        rows = verify_cost_models(devices=devices, scale=0.1 if quick else 1.0, rounds=5 if quick else 20,
+                                  progress=lambda what, frac: progress.update(task, description=what, completed=frac))
+    table = Table("model", "device", "predicted", "measured", "pred/meas", "", title="Cost model check",
+                  title_justify="left")  # fmt: skip
+    for row in rows:
+        for d in sorted(row.measured, key=row.measured.__getitem__):
+            mark = "picked, best" if d == row.picked == row.best else "picked" if d == row.picked else (
+                "best" if d == row.best else "")  # fmt: skip
+            table.add_row(row.model, d, _seconds(row.predicted[d]), _seconds(row.measured[d]),
+                          f"{row.prediction_ratio(d):.2f}x", mark)  # fmt: skip
+        for d, err in row.errors.items():
+            table.add_row(row.model, d, "", "", "", f"failed: {err}")
+    console.print(table)
+    for row in rows:
+        console.print(f"{row.model}: picked {row.picked}, best {row.best}, regret {row.regret:.2f}x, "
+                      f"worst prediction off by {row.worst_prediction_ratio:.2f}x")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- cache

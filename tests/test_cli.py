@@ -287,9 +287,11 @@ def test_bench_times_every_viable_device(tmp_path: Path) -> None:
 
 
 def test_calibrate_then_devices_shows_calibrated_and_cache_lists_it(tmp_path: Path) -> None:
-    proc = run_rlx("calibrate", "cpu", "--quick", cwd=tmp_path)
+    proc = run_rlx("calibrate", "cpu", "--quick", "--verify", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "cpu" in proc.stdout
+    for model in ("mlp", "transformer", "elementwise", "cnn", "matmul"):  # the --verify table and summary
+        assert f"{model}: picked cpu, best cpu, regret 1.00x" in proc.stdout
     calibrated = "GFLOP/s" in proc.stdout  # a backend may say in one line that it cannot calibrate
     doc = json.loads(run_rlx("devices", "--json", cwd=tmp_path).stdout)
     cpu = next(r for r in doc["devices"] if r["device"] == "cpu")
