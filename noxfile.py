@@ -21,7 +21,7 @@ nox.options.reuse_venv = "yes"
 PLUGIN_EXTRAS = {
     "rlx-opencl": ["pyopencl[pocl]"],
 }
-TEST_DEPS = ["pytest>=7", "hypothesis>=6.80", "hatchling>=1.18"]
+TEST_DEPS = ["pytest>=7", "hypothesis>=6.80", "hatchling>=1.18", "onnx>=1.14", "onnxruntime"]
 
 
 def plugin_dirs() -> list[Path]:
@@ -49,6 +49,10 @@ def test_paths() -> list[str]:
 def tests(session: nox.Session) -> None:
     """Install core + every plugin editable (one pip command) and run all test suites."""
     session.install(*plugin_requirements(), *TEST_DEPS)
+    try:  # rlx-core[ray], for the batch-inference tests; a reused venv keeps it (installed once)
+        session.install("ray[data]>=2.9")
+    except nox.command.CommandFailed:
+        session.warn("ray[data] could not be installed here: the Ray tests (-m ray) will be skipped")
     # Paths among the posargs (nox -s tests -- tests/test_cli.py -x) replace the default set.
     chosen = any(Path(a.split("::")[0]).exists() for a in session.posargs if not a.startswith("-"))
     paths = [] if chosen else test_paths()
@@ -108,10 +112,58 @@ _PRINT_VERSIONS = (
 )
 
 
+#: Benchmark scripts that rewrite their own sections of BENCHMARKS.md when given ``--write``.
+WRITES_BENCHMARKS_MD = ("overhead.py", "suite.py")
+
+
+def bench_scripts() -> list[Path]:
+    """``bench/*.py`` files that run as scripts (they have a ``__main__`` guard); the
+    suite's modules (``models.py``, ``_*.py``) do not, and are not run."""
+    found = sorted(ROOT.glob("bench/*.py"))
+    return [p for p in found if 'if __name__ == "__main__"' in p.read_text(encoding="utf-8")]
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
-    """The dispatch-overhead micro-benchmark (bench/overhead.py) against numpy and ONNX Runtime."""
-    session.install(*plugin_requirements(), "onnx", "onnxruntime", "rich")
-    for script in sorted((ROOT / "bench").glob("*.py")):
-        session.run("python", str(script), *session.posargs)
+    """Every benchmark script: dispatch overhead (bench/overhead.py), the model suite
+    (bench/suite.py: every rlx device against ONNX Runtime, numpy and jax.jit), and any
+    other bench/*.py script; the first two rewrite their sections of BENCHMARKS.md.
+    ``nox -s bench -- --quick`` only checks that they all run (smaller, fewer rounds,
+    BENCHMARKS.md untouched); other posargs go to bench/suite.py (``-- --models mlp,cnn``)."""
+    session.install(*plugin_requirements(), "onnx", "onnxruntime", "rich", "scipy")
+    try:  # the hand-written jax.jit contender; jax has no wheel on some platforms
+        session.install("jax")
+    except nox.command.CommandFailed:
+        session.warn("jax could not be installed: the suite runs without the jax.jit contender")
+    quick = "--quick" in session.posargs
+    for script in bench_scripts():
+        args = ["--quick"] if quick else []
+        if script.name in WRITES_BENCHMARKS_MD and not quick:
+            args.append("--write")
+        if script.name == "suite.py":
+            args = [a for a in args if a != "--quick"] + list(session.posargs)
+        session.run("python", str(script), *args)
 
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """Differential fuzzing (tests/fuzz): ``RLX_FUZZ_EXAMPLES`` random graphs per device
+    and property (default 10,000) against the reference, randomized, with hypothesis's
+    example database in tests/fuzz/.hypothesis; a failing case is also written to
+    tests/fuzz/regressions/found-<device>.json, which ``nox -s tests`` then replays.
+    The count of graphs checked per device is printed at the end.
+    ``nox -s fuzz -- -k random_graphs`` passes pytest arguments through."""
+    session.install(*plugin_requirements(), *TEST_DEPS)
+    env = {"RLX_FUZZ_PROFILE": "fuzz", "RLX_FUZZ_SAVE_DIR": str(ROOT / "tests" / "fuzz" / "regressions")}
+    env["RLX_FUZZ_EXAMPLES"] = session.env.get("RLX_FUZZ_EXAMPLES") or "10000"
+    session.run("pytest", "--import-mode=importlib", "-p", "no:cacheprovider", str(ROOT / "tests" / "fuzz"),
+                *session.posargs, env=env)  # fmt: skip
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """10,000 runs of a compiled graph per available device with the RSS figures printed
+    (bench/soak.py); fails when memory grows past the limit. Posargs go to the script."""
+    session.install(*plugin_requirements())
+    session.run("python", str(ROOT / "bench" / "soak.py"), *session.posargs)

@@ -79,25 +79,40 @@ def _example_text(name: str) -> str:
     return files("rlx_core").joinpath("examples", f"{name}.json").read_text(encoding="utf-8")
 
 
-def _load_graph(file: Path | None, example: str | None) -> tuple[Graph, str]:
+_DimsOption = Annotated[list[str] | None, typer.Option("--dim", help="Bind an ONNX symbolic dim: NAME=N (repeatable).")]
+_DevicesOption = Annotated[list[str] | None, typer.Option(
+    "--devices", help="Devices to time (comma-separated or repeated; default: every viable one).")]
+
+
+def _parse_dims(specs: Sequence[str]) -> dict[str, int]:
+    """``--dim NAME=N`` options as ``{NAME: N}`` (an ONNX model's symbolic dims)."""
+    dims: dict[str, int] = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or not value.isdigit():
+            raise typer.BadParameter(f"expected NAME=N with N an int >= 0, got {spec!r}", param_hint="'--dim'")
+        dims[name] = int(value)
+    return dims
+
+
+def _load_graph(file: Path | None, example: str | None, dims: Sequence[str] = ()) -> tuple[Graph, str]:
     """The graph named by FILE or ``--example`` (exactly one), and where it came from."""
     from .ir import Graph
 
     if (file is None) == (example is None):
         raise typer.BadParameter("give a graph FILE or --example NAME (one of them)")
+    bound = _parse_dims(dims)
+    is_onnx = file is not None and file.suffix.lower() == ".onnx"
+    if bound and not is_onnx:
+        raise typer.BadParameter("only ONNX models have symbolic dims to bind", param_hint="'--dim'")
     if example is not None:
         return Graph.from_json(_example_text(example)), f"bundled example {example!r}"
     assert file is not None
-    if file.suffix.lower() == ".onnx":
-        import importlib.util
+    if is_onnx:
+        from . import onnx as rlx_onnx
 
-        if importlib.util.find_spec("rlx_core.onnx") is None:
-            raise ModelError(f"{file}: this rlx-core cannot import ONNX models yet; give a graph .json")
-        from . import onnx as rlx_onnx  # type: ignore[attr-defined]
-
-        if not file.is_file():
-            raise ModelError(f"cannot read model file {str(file)!r}: no such file")
-        return rlx_onnx.load(str(file)), str(file)
+        return rlx_onnx.load(file, dims=bound), str(file)
     return Graph.load(file), str(file)
 
 
@@ -275,6 +290,8 @@ def devices(
 
 
 def _print_devices(rows: Sequence[Any], with_graph: bool) -> None:
+    from rich.markup import escape  # reasons are plugin text: "pip install jax[tpu]" is not markup
+
     if not rows:
         console.print("No working rlx backend is installed. The cpu backend comes with `pip install rlx-core`.")
         return
@@ -286,7 +303,7 @@ def _print_devices(rows: Sequence[Any], with_graph: bool) -> None:
         table.add_column("blocker", overflow="fold")
     for r in rows:
         dist = " ".join(str(x) for x in (getattr(r, "distribution", None), getattr(r, "version", None)) if x)
-        status = "[green]available[/]" if r.available else f"[red]unavailable[/]: {r.reason}"
+        status = "[green]available[/]" if r.available else f"[red]unavailable[/]: {escape(r.reason)}"
         model = "calibrated" if getattr(r, "calibrated", False) else "default"
         cells = [r.device, r.label or "", dist or "-", status, str(len(_ops(r))), model,
                  "[bold]yes[/]" if r.recommended else ""]  # fmt: skip
@@ -309,6 +326,7 @@ def _print_explain(placement: Any, rows: Sequence[Any], env: Sequence[tuple[str,
     for var, value, meaning in env:
         table.add_row(var, "[dim](unset)[/]" if value is None else value, meaning)
     console.print(table)
+    _print_probes(placement, rows)
     if placement.graph is None:
         console.print("Without --graph, [bold]recommended[/] marks the highest-priority available device; "
                       "pass --graph FILE to see the choice for a graph.")  # fmt: skip
@@ -320,6 +338,24 @@ def _print_explain(placement: Any, rows: Sequence[Any], env: Sequence[tuple[str,
         console.print(f"No device: {exc}")
     for name, reason in _why_not(rows).items():
         console.print(f"Why not {name}: {reason}")
+
+
+def _print_probes(placement: Any, rows: Sequence[Any]) -> None:
+    """What each backend's probe said, available ones included, with the versions it found
+    (e.g. the jax backend's platform and ``JAX_PLATFORMS``): the table shows only failures."""
+    from rich.markup import escape
+
+    table = Table("device", "probe said", "versions", title="Backend probes", title_justify="left")
+    for r in rows:
+        if not r.registered:
+            continue
+        try:
+            versions = placement.registry.availability(r.device).versions
+        except Exception:  # a broken backend: its row already says why
+            versions = {}
+        said = ("available" if r.available else "unavailable") + (f": {r.reason}" if r.reason else "")
+        table.add_row(r.device, escape(said), escape(", ".join(f"{k} {v}" for k, v in versions.items()) or "-"))
+    console.print(table)
 
 
 # --------------------------------------------------------------------------- run
@@ -363,18 +399,19 @@ def _save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
 
 @app.command()
 def run(
-    file: Annotated[Path | None, typer.Argument(help="Graph .json (or .onnx once ONNX import exists).")] = None,
+    file: Annotated[Path | None, typer.Argument(help="Graph .json or ONNX model .onnx.")] = None,
     example: Annotated[str | None, typer.Option("--example", help="Run a bundled example (mlp).")] = None,
     device: Annotated[str, typer.Option("--device", "-d", help="Device, or 'auto' for the policy's pick.")] = "auto",
     inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=FILE.npy (repeatable).")] = None,
+    dims: _DimsOption = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the outputs to this .npz.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for inputs not given.")] = 0,
 ) -> None:
-    """Compile a graph, run it once, and summarize its outputs."""
+    """Compile a graph (.json or .onnx), run it once, and summarize its outputs."""
     with _user_errors():
         from . import compile as rlx_compile
 
-        g, origin = _load_graph(file, example)
+        g, origin = _load_graph(file, example, dims or [])
         feeds, notes = _make_inputs(g, inputs or [], seed)
         console.print(f"graph: {g.name} ({len(g)} nodes) from {origin}")
         for note in notes:
@@ -400,50 +437,60 @@ def run(
 
 
 # --------------------------------------------------------------------------- bench
-def _time_per_run(fn: Any, runs: int) -> float:
-    """Best-of-5 seconds per call; ``runs`` calls per repeat (0 = enough for ~50 ms)."""
-    import timeit
-
-    timer = timeit.Timer(fn)
-    if runs <= 0:
-        runs, _ = timer.autorange()
-        runs = max(1, runs // 4)
-    return min(timer.repeat(repeat=5, number=runs)) / runs
+def _split_names(values: Sequence[str]) -> list[str]:
+    """``--devices cpu,jax --devices opencl`` as ``["cpu", "jax", "opencl"]``."""
+    return [part.strip() for v in values for part in v.split(",") if part.strip()]
 
 
 @app.command()
 def bench(
-    file: Annotated[Path | None, typer.Argument(help="Graph .json to time.")] = None,
+    file: Annotated[Path | None, typer.Argument(help="Graph .json or ONNX model .onnx to time.")] = None,
     example: Annotated[str | None, typer.Option("--example", help="Time a bundled example.")] = None,
-    runs: Annotated[int, typer.Option("--runs", "-n", help="Runs per repeat (0 = automatic).")] = 0,
+    devices: _DevicesOption = None,
+    peers: Annotated[bool, typer.Option("--peers", help="Also time onnxruntime (for .onnx) and plain numpy.")] = False,
+    runs: Annotated[int, typer.Option("--runs", "-n", help="Timed runs per contender, in up to 5 blocks.")] = 20,
+    inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=FILE.npy (repeatable).")] = None,
+    dims: _DimsOption = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for the random inputs.")] = 0,
 ) -> None:
-    """Time a graph on the device rlx picks and on every other viable device (µs per run)."""
+    """Time a graph on each viable device (and, with --peers, onnxruntime and numpy), interleaved."""
     with _user_errors():
         from . import compile as rlx_compile
         from . import devices_for, resolve_device
+        from .onnx._peers import Contender, numpy_peer, onnxruntime_peer, time_interleaved
 
-        g, origin = _load_graph(file, example)
-        feeds, _ = _make_inputs(g, [], seed)
+        if runs < 1:
+            raise typer.BadParameter(f"must be >= 1, got {runs}", param_hint="'--runs'")
+        g, origin = _load_graph(file, example, dims or [])
+        feeds, notes = _make_inputs(g, inputs or [], seed)
         chosen = resolve_device(g)
-        candidates = list(dict.fromkeys([chosen, *devices_for(g)]))
-        console.print(f"graph: {g.name} ({len(g)} nodes) from {origin}; random inputs (seed {seed})")
-        results: dict[str, float | str] = {}
-        for d in candidates:
+        targets = _split_names(devices or []) or list(dict.fromkeys([chosen, *devices_for(g)]))
+        console.print(f"graph: {g.name} ({len(g)} nodes) from {origin}")
+        for note in notes:
+            console.print(note)
+        contenders: list[Contender] = []
+        for d in targets:
             try:
+                t0 = time.perf_counter()
                 cg = rlx_compile(g, device=d)
-                cg.run(feeds)  # warm up
-                results[d] = _time_per_run(lambda cg=cg: cg.run(feeds), runs)
+                seconds = time.perf_counter() - t0
+                contenders.append(Contender(f"rlx {d}", "rlx", lambda cg=cg: cg.run(feeds), seconds,
+                                            "chosen" if d == chosen else ""))  # fmt: skip
             except RlxError as exc:
-                results[d] = f"failed: {exc}"
-        base = results.get(chosen)
-        table = Table("device", "per run", "vs chosen", "", title="rlx bench", title_justify="left")
-        for d, r in results.items():
-            if isinstance(r, str):
-                table.add_row(d, r, "", "")
-            else:
-                ratio = f"{r / base:.2f}x" if isinstance(base, float) and base > 0 else ""
-                table.add_row(d, f"{r * 1e6:,.1f} µs", ratio, "[bold]chosen[/]" if d == chosen else "")
+                contenders.append(Contender(f"rlx {d}", "rlx", None, note=f"failed: {exc}"))
+        if peers:
+            if file is not None and file.suffix.lower() == ".onnx":
+                contenders.append(onnxruntime_peer(file, feeds))
+            contenders.append(numpy_peer(g, feeds))
+        with console.status("timing (interleaved blocks, 150 ms apart)"):
+            time_interleaved(contenders, runs)
+        base = next((c.median for c in contenders if c.note == "chosen"), None)
+        table = Table("contender", "compile", "median / run", "best / run", f"vs rlx {chosen}", "note",
+                      title=f"rlx bench: {runs} runs each", title_justify="left")  # fmt: skip
+        for c in contenders:
+            ratio = f"{c.median / base:.2f}x" if c.median is not None and base else ""
+            note = f"[bold]{c.note}[/]" if c.note == "chosen" else c.note
+            table.add_row(c.name, _seconds(c.compile_seconds), _seconds(c.median), _seconds(c.best), ratio, note)
         console.print(table)
 
 
@@ -555,6 +602,12 @@ def cache_clear_command() -> None:
 
         removed = clear_cache()
         console.print(f"removed {removed} file{'s' if removed != 1 else ''} from {cache_dir()}")
+
+
+# --------------------------------------------------------------------------- batch
+from ._cli_batch import register as _register_batch  # noqa: E402  (its own module; imports nothing heavy)
+
+_register_batch(app)
 
 
 def _show_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,

@@ -66,7 +66,7 @@ class CostModel:
         clamp at the ends; uncalibrated ones scale the peak down for small problems, where
         no device reaches its peak.
         """
-        flops = 2.0 * m * k * n
+        flops = max(2.0 * m * k * n, 1.0)  # an empty product still costs its dispatch, never a 0 rate
         if self.sgemm_points:
             xs = [math.log(2.0 * a * b * c) for a, b, c, _ in self.sgemm_points]
             ys = [p[3] for p in self.sgemm_points]
@@ -104,6 +104,11 @@ def node_flops(node: Node, in_shapes: Sequence[tuple[int, ...]]) -> float:
     if op is OpKind.MATMUL:
         k = in_shapes[0][-1]
         return 2.0 * out * k
+    if op is OpKind.GEMM:  # the product, then bias and activation on the output
+        epilogue = (len(in_shapes) == 3) + (node.attrs.get("activation", "none") != "none")
+        return 2.0 * out * in_shapes[0][-1] + epilogue * out
+    if op is OpKind.FUSED_ELEMENTWISE:  # one flop per element per instruction
+        return float(out * len(node.attrs.get("program", ())))
     if op is OpKind.CONV2D:
         w = in_shapes[1]
         return 2.0 * out * w[1] * w[2] * w[3] + (out if len(in_shapes) == 3 else 0)
@@ -135,8 +140,8 @@ def node_bytes(node: Node, in_shapes: Sequence[tuple[int, ...]], in_dtypes: Sequ
 
 
 def _gemm_dims(node: Node, in_shapes: Sequence[tuple[int, ...]]) -> tuple[int, int, int]:
-    if node.op is OpKind.MATMUL:
-        a, b = in_shapes
+    if node.op in (OpKind.MATMUL, OpKind.GEMM):
+        a, b = in_shapes[:2]
         m = math.prod(node.shape) // max(b[-1] if len(b) > 1 else 1, 1)
         return max(m, 1), a[-1], b[-1] if len(b) > 1 else 1
     if node.op is OpKind.CONV2D:
@@ -148,7 +153,10 @@ def _gemm_dims(node: Node, in_shapes: Sequence[tuple[int, ...]]) -> tuple[int, i
 
 
 def estimate_graph_cost(graph: Graph, model: CostModel) -> float:
-    """Predicted seconds per run of ``graph`` (legalized for ``model.device``) on that device."""
+    """Predicted seconds per run of ``graph`` on ``model.device``, priced as that device will
+    run it: pass the graph the compile pipeline makes for it (legalized, optimized, fused;
+    ``placement.pipeline_for``), so a fused region costs one kernel that reads its inputs
+    and writes its output once, and a gemm epilogue adds no memory pass of its own."""
     nodes = graph.nodes
     seconds = model.roundtrip_overhead_ns * 1e-9
     if model.transfer_bw_gbps > 0:
@@ -161,7 +169,7 @@ def estimate_graph_cost(graph: Graph, model: CostModel) -> float:
             continue
         in_shapes = [nodes[i].shape for i in node.inputs]
         flops = node_flops(node, in_shapes)
-        if node.op in (OpKind.MATMUL, OpKind.CONV2D, OpKind.ATTENTION):
+        if node.op in (OpKind.MATMUL, OpKind.GEMM, OpKind.CONV2D, OpKind.ATTENTION):
             rate = model.sgemm_gflops_at(*_gemm_dims(node, in_shapes)) * 1e9
         else:
             rate = model.sgemm_gflops * 1e9

@@ -50,7 +50,23 @@ def as_array(value: Any, what: str) -> np.ndarray:
 
 
 def validate_inputs(specs: Sequence[InputSpec], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Check names, shapes and dtypes; return ``{name: ndarray}`` or raise ``InputError``."""
+    """Check names, shapes and dtypes; return ``{name: ndarray}`` or raise ``InputError``.
+
+    The fast path (a plain dict holding exactly the graph's inputs as numpy arrays of the
+    right shapes and dtypes) returns ``inputs`` itself, unchanged: that is every run of a
+    well-behaved caller, and it costs a few hundred nanoseconds less than building a new
+    dict (the ``Mapping`` ABC check alone is ~150 ns). Anything else takes the full path,
+    which converts, and names what is wrong.
+    """
+    if type(inputs) is dict and len(inputs) == len(specs):
+        for spec in specs:
+            arr = inputs.get(spec.name)
+            if type(arr) is not np.ndarray or arr.shape != spec.shape or (
+                arr.dtype is not spec.dtype and arr.dtype != spec.dtype
+            ):
+                break
+        else:
+            return inputs
     if not isinstance(inputs, Mapping):
         raise InputError(f"inputs must be a mapping of input name to array, got {type(inputs).__name__}")
     out: dict[str, np.ndarray] = {}

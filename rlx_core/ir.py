@@ -393,6 +393,18 @@ class Graph:
     def where(self, cond: ValueLike, x: ValueLike, y: ValueLike, *, name: str = "") -> Value:
         return self._add(OpKind.WHERE, (cond, x, y), name)
 
+    def equal(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
+        """``a == b`` elementwise, a bool result (NaN equals nothing, ``-0.0 == 0.0``)."""
+        return self._add(OpKind.EQUAL, (a, b), name)
+
+    def less(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
+        """``a < b`` elementwise, a bool result (false where either is NaN)."""
+        return self._add(OpKind.LESS, (a, b), name)
+
+    def greater(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
+        """``a > b`` elementwise, a bool result (false where either is NaN)."""
+        return self._add(OpKind.GREATER, (a, b), name)
+
     def conv2d(self, x: ValueLike, w: ValueLike, b: ValueLike | None = None, stride: Any = 1, padding: Any = 0,
                dilation: Any = 1, groups: int = 1, *, name: str = "") -> Value:  # fmt: skip
         """NCHW convolution (cross-correlation) with OIHW weights, as in ONNX and PyTorch."""

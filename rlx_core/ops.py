@@ -21,6 +21,7 @@ __all__ = [
     "OpKind",
     "SOURCE_OPS",
     "COMPOSITE_OPS",
+    "INTERNAL_OPS",
     "PRIMITIVE_OPS",
     "ELEMENTWISE_OPS",
     "infer",
@@ -66,11 +67,18 @@ class OpKind(str, enum.Enum):
     GATHER = "gather"
     CAST = "cast"
     WHERE = "where"
+    EQUAL = "equal"
+    LESS = "less"
+    GREATER = "greater"
     CONV2D = "conv2d"
     MAX_POOL2D = "max_pool2d"
     AVG_POOL2D = "avg_pool2d"
     GLOBAL_AVG_POOL2D = "global_avg_pool2d"
     ATTENTION = "attention"
+    # Internal ops: made by the compile pipeline for backends that claim them (see
+    # rlx_core/passes/internal_ops.py); no builder method, but valid in JSON and the reference.
+    GEMM = "gemm"
+    FUSED_ELEMENTWISE = "fused_elementwise"
 
     def __str__(self) -> str:  # "matmul", not "OpKind.MATMUL", in messages
         return self.value
@@ -89,14 +97,19 @@ COMPOSITE_OPS: frozenset[OpKind] = frozenset(
         OpKind.GLOBAL_AVG_POOL2D,
     }
 )
-PRIMITIVE_OPS: frozenset[OpKind] = frozenset(OpKind) - COMPOSITE_OPS - SOURCE_OPS
+#: Ops the compile pipeline makes (gemm = matmul + bias + activation, fused_elementwise = a
+#: region of elementwise ops); legalization expands them for a backend that does not claim them.
+INTERNAL_OPS: frozenset[OpKind] = frozenset({OpKind.GEMM, OpKind.FUSED_ELEMENTWISE})
+PRIMITIVE_OPS: frozenset[OpKind] = frozenset(OpKind) - COMPOSITE_OPS - SOURCE_OPS - INTERNAL_OPS
 
 BINARY_OPS = (OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV, OpKind.POW, OpKind.MAXIMUM, OpKind.MINIMUM)
 UNARY_OPS = (
     OpKind.NEG, OpKind.ABS, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF,
     OpKind.TANH, OpKind.SIGMOID, OpKind.RELU, OpKind.GELU,
 )  # fmt: skip
-ELEMENTWISE_OPS: frozenset[OpKind] = frozenset(BINARY_OPS + UNARY_OPS + (OpKind.CAST, OpKind.WHERE))
+#: Elementwise comparisons: numpy broadcasting, a bool result (IEEE: NaN compares unequal).
+COMPARE_OPS = (OpKind.EQUAL, OpKind.LESS, OpKind.GREATER)
+ELEMENTWISE_OPS: frozenset[OpKind] = frozenset(BINARY_OPS + UNARY_OPS + COMPARE_OPS + (OpKind.CAST, OpKind.WHERE))
 _FLOAT_ONLY = frozenset(
     {OpKind.POW, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.TANH,
      OpKind.SIGMOID, OpKind.GELU}
@@ -226,6 +239,15 @@ def _infer_unary(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tuple[A
         _no_attrs(op, attrs)
     _check_kind(op, ins[0].dtype, ins)
     return out, ins[0].shape, ins[0].dtype
+
+
+def _infer_compare(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tuple[Attrs, Shape, str]:
+    _need(op, ins, 2)
+    _no_attrs(op, attrs)
+    dtype = _same_dtype(op, ins)
+    if dtype == "bool" and op is not OpKind.EQUAL:  # ordering bools is not a numeric question
+        raise _fail(op, f"does not take bool, got {_fmt(ins)}")
+    return {}, broadcast_shapes(op, ins[0].shape, ins[1].shape), "bool"
 
 
 def _infer_matmul(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tuple[Attrs, Shape, str]:
@@ -549,8 +571,18 @@ _INFER: dict[OpKind, InferFn] = {
     OpKind.GLOBAL_AVG_POOL2D: _infer_global_pool,
     OpKind.ATTENTION: _infer_attention,
     **{op: _infer_binary for op in BINARY_OPS},
+    **{op: _infer_compare for op in COMPARE_OPS},
     **{op: _infer_unary for op in UNARY_OPS},
 }
+
+
+def _infer_internal(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tuple[Attrs, Shape, str]:
+    from .passes.internal_ops import infer_internal  # lazy: the passes import this module
+
+    return infer_internal(op, ins, attrs)
+
+
+_INFER[OpKind.GEMM] = _INFER[OpKind.FUSED_ELEMENTWISE] = _infer_internal
 
 
 def infer(op: OpKind, ins: Sequence[TensorLike], attrs: Mapping[str, Any]) -> tuple[Attrs, Shape, str]:

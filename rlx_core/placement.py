@@ -18,6 +18,8 @@ from .cost import estimate_graph_cost
 from .errors import DeviceError
 from .ir import Graph
 from .passes.legalize import LegalizeResult, legalize
+from .passes.pipeline import PipelineResult, run_pipeline
+from .plugin import CompileOptions
 from .policy import DevicePolicy
 from .registry import Registry, default_registry, parse_device
 
@@ -31,6 +33,7 @@ __all__ = [
     "resolve_device_chain",
     "device_report",
     "legalize_for",
+    "pipeline_for",
 ]
 
 log = logging.getLogger("rlx.placement")
@@ -80,6 +83,34 @@ def legalize_for(graph: Graph, backend_name: str, registry: Registry | None = No
     return result
 
 
+_PIPE_CACHE: weakref.WeakKeyDictionary[Graph, dict[tuple, PipelineResult]] = weakref.WeakKeyDictionary()
+
+
+def pipeline_for(graph: Graph, backend_name: str, registry: Registry | None = None,
+                 options: CompileOptions | None = None) -> PipelineResult:  # fmt: skip
+    """``graph`` through the compile pipeline for a backend (legalize, optimize, fuse,
+    plan), cached while the graph is unchanged; what ``compile`` hands the backend and
+    what the ranking prices."""
+    reg = registry or default_registry()
+    backend = reg.get(backend_name)
+    opts = options if options is not None else CompileOptions()
+    okey = (opts.legalize, opts.optimize, opts.fuse, opts.plan, tuple(opts.disable), opts.max_fused_ops,
+            opts.max_fused_inputs)  # fmt: skip
+    key = (backend_name, id(backend), len(graph), graph.outputs, graph.frozen, okey)
+    with _LEGAL_LOCK:
+        hit = _PIPE_CACHE.get(graph, {}).get(key)
+    if hit is not None:
+        return hit
+    if opts.legalize and graph.frozen:  # share legalization with the questions placement asks
+        legal = legalize_for(graph, backend_name, reg)
+        result = run_pipeline(graph, backend.claims, opts, legalized=legal)
+    else:
+        result = run_pipeline(graph, backend.claims, opts)
+    with _LEGAL_LOCK:
+        _PIPE_CACHE.setdefault(graph, {})[key] = result
+    return result
+
+
 def _fmt_seconds(s: float) -> str:
     return f"{s * 1e6:.1f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
 
@@ -119,11 +150,11 @@ class Placement:
             if avail.available and supports:
                 model = reg.cost_model(name)
                 calibrated = model.calibrated
-                est = estimate_graph_cost(legal.graph, model)
+                est = estimate_graph_cost(pipeline_for(self.graph, name, reg).graph, model)
         elif avail.available:
             calibrated = reg.cost_model(name).calibrated
         return DeviceCandidate(
-            device=name, label=info.label or name, available=avail.available, reason=avail.reason,
+            device=name, label=info.backend.label or info.label or name, available=avail.available, reason=avail.reason,
             registered=True, supports_graph=supports, recommended=False, blocker=blocker, est_seconds=est,
             priority=info.priority, distribution=info.distribution, version=info.version, ops=ops,
             calibrated=calibrated,

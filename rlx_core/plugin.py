@@ -78,11 +78,31 @@ class CompileOptions:
     ``device`` is the full device string (``"cuda:1"``) and ``device_index`` its index or
     ``None`` for the backend's default device. ``extra`` carries backend-specific options
     by name, so that adding one never changes this contract.
+
+    Users pass one to ``rlx.compile(g, options=...)`` to steer the compile pipeline
+    (``docs/pipeline.md``); the core fills in ``device`` and ``device_index``. ``legalize``,
+    ``optimize``, ``fuse`` and ``plan`` switch the stages; ``disable`` names single passes
+    to skip (``fold``, ``simplify``, ``cse``, ``dce``, ``gemm``, ``elementwise``);
+    ``max_fused_ops`` and ``max_fused_inputs`` bound an elementwise region. The plan
+    stage's advice reaches the backend as ``memory_plan`` (a ``passes.MemoryPlan``).
     """
 
-    device: str
+    device: str = ""
     device_index: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    legalize: bool = True
+    optimize: bool = True
+    fuse: bool = True
+    plan: bool = True
+    disable: tuple[str, ...] = ()
+    max_fused_ops: int = 32
+    max_fused_inputs: int = 8
+    memory_plan: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from .passes.pipeline import check_options  # lazy: the passes import this module's siblings
+
+        check_options(self)
 
 
 class Executable:

@@ -237,12 +237,24 @@ _KERNELS: dict[OpKind, Kernel] = {
     OpKind.GATHER: _gather,
     OpKind.CAST: _cast,
     OpKind.WHERE: _where,
+    OpKind.EQUAL: _binary(np.equal),
+    OpKind.LESS: _binary(np.less),
+    OpKind.GREATER: _binary(np.greater),
     OpKind.CONV2D: _conv2d,
     OpKind.MAX_POOL2D: _max_pool2d,
     OpKind.AVG_POOL2D: _avg_pool2d,
     OpKind.GLOBAL_AVG_POOL2D: _global_avg_pool2d,
     OpKind.ATTENTION: _attention,
 }
+
+
+def _internal(node: Node, xs: Sequence[np.ndarray]) -> np.ndarray:
+    from .passes.internal_ops import evaluate_internal  # lazy: gemm and fused regions replay the kernels above
+
+    return evaluate_internal(node, xs, _KERNELS)
+
+
+_KERNELS[OpKind.GEMM] = _KERNELS[OpKind.FUSED_ELEMENTWISE] = _internal
 
 
 def _feed(graph: Graph, inputs: Mapping[str, Any]) -> dict[int, np.ndarray]:

@@ -9,6 +9,7 @@ keeps one compiled copy per device with params mirrored to all of them.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import warnings
@@ -19,10 +20,19 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DeviceError, DeviceFallbackError, FallbackWarning, InputError, PluginError, RlxError
+from .errors import (
+    ConfigError,
+    DeviceError,
+    DeviceFallbackError,
+    FallbackWarning,
+    InputError,
+    PluginError,
+    RlxError,
+)
 from .inputs import check_param_value, input_specs, random_inputs, validate_inputs
 from .ir import Graph
-from .placement import DeviceCandidate, Placement, legalize_for
+from .passes.pipeline import fusion_report_enabled
+from .placement import DeviceCandidate, Placement, pipeline_for
 from .plugin import CompileOptions, Executable
 from .policy import DevicePolicy
 from .registry import Registry, default_registry, parse_device
@@ -30,6 +40,7 @@ from .registry import Registry, default_registry, parse_device
 __all__ = ["CompiledGraph", "CompileReport", "GraphDevices", "compile", "run_with_fallback", "benchmark_devices"]
 
 log = logging.getLogger("rlx.session")
+RLX_FUSION_REPORT_HEADER = "compile report (RLX_FUSION_REPORT=1)"
 
 
 @dataclass
@@ -46,6 +57,9 @@ class CompileReport:
     decomposed: list[str] = field(default_factory=list)
     candidates: list[DeviceCandidate] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    compiled_nodes: int = 0  # nodes of the graph the backend received (after optimize and fuse)
+    fused: list[str] = field(default_factory=list)
+    pipeline: list[str] = field(default_factory=list)  # per stage: what it did and why
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,7 +68,8 @@ class CompileReport:
             "legalized_nodes": self.legalized_nodes, "decomposed": list(self.decomposed),
             "candidates": [{"device": c.device, "viable": c.viable, "blocker": c.blocker,
                             "est_seconds": c.est_seconds} for c in self.candidates],
-            "notes": list(self.notes),
+            "notes": list(self.notes), "compiled_nodes": self.compiled_nodes, "fused": list(self.fused),
+            "pipeline": list(self.pipeline),
         }  # fmt: skip
 
     def __str__(self) -> str:
@@ -72,6 +87,9 @@ class CompileReport:
                 continue
             est = f", est {c.est_seconds * 1e6:.1f} µs" if c.est_seconds is not None else ""
             lines.append(f"  {c.device}: {'viable' + est if c.viable else 'not used: ' + str(c.blocker)}")
+        if self.pipeline:
+            lines.append(f"  pipeline ({self.compiled_nodes} nodes compiled):")
+            lines += [f"    {p}" for p in self.pipeline]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -80,8 +98,9 @@ class CompiledGraph:
     """One graph compiled for one device. Thread-safe ``run``."""
 
     def __init__(self, graph: Graph, device: str, executable: Executable, legal: Graph, report: CompileReport,
-                 registry: Registry) -> None:  # fmt: skip
+                 registry: Registry, options: CompileOptions | None = None) -> None:  # fmt: skip
         self.graph = graph
+        self._options = options
         self._device = device
         self._exe = executable
         self._legal = legal
@@ -103,21 +122,59 @@ class CompiledGraph:
     def report(self) -> CompileReport:
         return self._report
 
-    def run(self, inputs: Mapping[str, Any]) -> list[np.ndarray]:
-        """Run on validated ``inputs``; one numpy array per graph output."""
+    def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
+        """Run on validated ``inputs``; one array per graph output.
+
+        ``output="numpy"`` (the default) returns numpy arrays. ``output="dlpack"`` returns
+        arrays that stay where the device computed them, each a ``__dlpack__`` producer
+        (hand them to ``torch.from_dlpack``, ``cupy.from_dlpack``, ``jax.dlpack``... without a
+        copy): from the executable's optional ``run_dlpack`` when it has one, else the
+        numpy arrays of ``run`` (host memory, itself a DLPack producer, as on cpu).
+        """
+        if output not in ("numpy", "dlpack"):
+            raise ConfigError(f"run: output must be 'numpy' or 'dlpack', got {output!r}")
         arrays = validate_inputs(self._specs, inputs)
+        run_dlpack = getattr(self._exe, "run_dlpack", None) if output == "dlpack" else None
         try:
-            outs = self._exe.run(arrays)
+            outs = self._exe.run(arrays) if run_dlpack is None else run_dlpack(arrays)
         except RlxError:
             raise
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() must not end the host
             raise DeviceError(
                 f"device {self._device} failed running graph {self.graph.name!r}: {type(exc).__name__}: {exc}"
             ) from exc
-        return self._check_outputs(outs)
+        return self._check_outputs(outs) if run_dlpack is None else self._check_device_outputs(outs)
+
+    def _check_device_outputs(self, outs: Any) -> list[Any]:
+        """``_check_outputs`` for ``run_dlpack``: count, shape and dtype, without a copy to host."""
+        checks = self._out_checks
+        if not isinstance(outs, (list, tuple)) or len(outs) != len(checks):
+            n = len(outs) if isinstance(outs, (list, tuple)) else type(outs).__name__
+            raise PluginError(f"backend {self.backend!r} run_dlpack returned {n} outputs for graph "
+                              f"{self.graph.name!r}, which has {len(checks)}")  # fmt: skip
+        for i, (out, (shape, dtype)) in enumerate(zip(outs, checks)):
+            if not hasattr(out, "__dlpack__"):
+                raise PluginError(f"backend {self.backend!r} run_dlpack returned a {type(out).__name__} for "
+                                  f"output {i}, which has no __dlpack__")  # fmt: skip
+            try:
+                got_shape, got_dtype = tuple(out.shape), np.dtype(out.dtype)
+            except (AttributeError, TypeError):
+                continue  # a producer whose dtype numpy cannot name (e.g. torch): trust DLPack's own metadata
+            if got_shape != shape or got_dtype != dtype:
+                raise PluginError(
+                    f"backend {self.backend!r} returned output {i} of graph {self.graph.name!r} as {got_dtype}"
+                    f"{list(got_shape)}; the graph declares {dtype}{list(shape)}"
+                )
+        return list(outs)
 
     def _check_outputs(self, outs: Any) -> list[np.ndarray]:
         checks = self._out_checks
+        if type(outs) is list and len(outs) == len(checks):  # fast path: a list of right arrays, as is
+            for out, (shape, dtype) in zip(outs, checks):
+                if type(out) is not np.ndarray or out.shape != shape or (out.dtype is not dtype and out.dtype != dtype):
+                    break
+            else:
+                return outs
         if not isinstance(outs, (list, tuple)) or len(outs) != len(checks):
             n = len(outs) if isinstance(outs, (list, tuple)) else type(outs).__name__
             raise PluginError(f"backend {self.backend!r} returned {n} outputs for graph {self.graph.name!r}, "
@@ -141,7 +198,9 @@ class CompiledGraph:
     def set_param(self, name: str, value: Any) -> None:
         """Replace a param (same shape and dtype, else ``InputError``); atomic on failure."""
         _node, frozen = check_param_value(self.graph, name, value)
-        legal_id = next(i for i in self._legal.params if self._legal.node(i).name == name)
+        legal_id = next((i for i in self._legal.params if self._legal.node(i).name == name), None)
+        if legal_id is None:  # the pipeline keeps every param; a backend's rewrite might not
+            raise PluginError(f"device {self._device}: the compiled graph lost param {name!r}")
         with self._lock:
             old = self._legal._values[legal_id]
             self._legal._values[legal_id] = frozen
@@ -149,7 +208,7 @@ class CompiledGraph:
                 self._exe.set_param(name, frozen)
             except NotImplementedError:
                 try:
-                    self._exe = _backend_compile(self._registry, self._device, self._legal)
+                    self._exe = _backend_compile(self._registry, self._device, self._legal, self._options)
                 except Exception:
                     self._legal._values[legal_id] = old
                     raise
@@ -161,11 +220,13 @@ class CompiledGraph:
         return f"<CompiledGraph {self.graph.name!r} on {self._device}>"
 
 
-def _backend_compile(registry: Registry, device: str, legal: Graph) -> Executable:
+def _backend_compile(registry: Registry, device: str, legal: Graph,
+                     options: CompileOptions | None = None) -> Executable:  # fmt: skip
     name, index = parse_device(device)
     backend = registry.get(name)
+    options = replace(options or CompileOptions(), device=device, device_index=index)
     try:
-        exe = backend.compile(legal, CompileOptions(device=device, device_index=index))
+        exe = backend.compile(legal, options)
     except RlxError:
         raise
     except Exception as exc:
@@ -177,23 +238,32 @@ def _backend_compile(registry: Registry, device: str, legal: Graph) -> Executabl
 
 
 def _compile_on(graph: Graph, device: str, reason: str, rows: list[DeviceCandidate],
-                registry: Registry) -> CompiledGraph:  # fmt: skip
+                registry: Registry, options: CompileOptions | None = None) -> CompiledGraph:  # fmt: skip
     name = parse_device(device)[0]
     graph.freeze()
+    show = fusion_report_enabled()  # a malformed RLX_FUSION_REPORT fails before any work
     t0 = time.perf_counter()
-    result = legalize_for(graph, name, registry)
+    result = pipeline_for(graph, name, registry, options)
     if result.blocker is not None:
         raise DeviceError(f"device {device!r} cannot run graph {graph.name!r}: {result.blocker}")
-    # The compiled copy owns its legalized graph (set_param mutates its values).
+    # The compiled copy owns its graph (set_param mutates its values).
     legal = _own_copy(result.graph).freeze()
-    exe = _backend_compile(registry, device, legal)
+    opts = replace(options or CompileOptions(), memory_plan=result.memory_plan)
+    exe = _backend_compile(registry, device, legal, opts)
     info = registry.info(name)
     report = CompileReport(
-        graph=graph.name, device=device, reason=reason, label=info.label, compile_seconds=time.perf_counter() - t0,
-        user_nodes=len(graph), legalized_nodes=len(legal), decomposed=list(result.decomposed), candidates=rows,
+        graph=graph.name, device=device, reason=reason, label=info.backend.label or info.label,
+        compile_seconds=time.perf_counter() - t0, user_nodes=len(graph), legalized_nodes=len(result.legalized.graph),
+        decomposed=list(result.legalized.decomposed), candidates=rows, compiled_nodes=len(legal), fused=result.fused,
+        pipeline=result.describe(),
     )  # fmt: skip
+    notes = getattr(exe, "report_notes", None)  # optional: what the backend wants said (e.g. XLA times)
+    if callable(notes):
+        report.notes.extend(str(n) for n in notes())
     log.info("compiled graph %r on %s (%s)", graph.name, device, reason)
-    return CompiledGraph(graph, device, exe, legal, report, registry)
+    if show:
+        print(f"rlx: {RLX_FUSION_REPORT_HEADER}\n{report}", file=sys.stderr, flush=True)
+    return CompiledGraph(graph, device, exe, legal, report, registry, opts)
 
 
 def _own_copy(g: Graph) -> Graph:
@@ -206,24 +276,26 @@ def _own_copy(g: Graph) -> Graph:
 
 
 def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | None = None, *,
-            registry: Registry | None = None) -> CompiledGraph:  # fmt: skip
+            registry: Registry | None = None, options: CompileOptions | None = None) -> CompiledGraph:  # fmt: skip
     """Compile ``graph`` for ``device`` (``"auto"``: policy and cost ranking).
 
     An explicit device is strict: it runs there or raises ``DeviceError`` naming the
     blocker. ``"auto"`` tries the ranked devices in turn when one fails to compile,
-    with a ``FallbackWarning`` for each (unless the policy is strict).
+    with a ``FallbackWarning`` for each (unless the policy is strict). ``options``
+    switches the pipeline's stages and passes (``CompileOptions``, ``docs/pipeline.md``).
     """
     reg = registry or default_registry()
     placement = Placement(graph, policy, reg)
     chosen, reason, rows = placement.choose(device)
     explicit = device not in (None, "", "auto") or bool(placement.policy.device)
     if explicit or placement.policy.strict:
-        return _compile_on(graph, chosen, reason, rows, reg)
+        return _compile_on(graph, chosen, reason, rows, reg, options)
     ranked = [chosen] + [r.device for r in placement.rank(rows) if r.device != parse_device(chosen)[0]]
     attempts: list[tuple[str, str]] = []
     for i, dev in enumerate(ranked):
         try:
-            cg = _compile_on(graph, dev, reason if i == 0 else f"fallback after {attempts[-1][0]} failed", rows, reg)
+            why = reason if i == 0 else f"fallback after {attempts[-1][0]} failed"
+            cg = _compile_on(graph, dev, why, rows, reg, options)
         except InputError:
             raise
         except Exception as exc:
@@ -261,6 +333,9 @@ class GraphDevices:
 
     def compile(self, device: str) -> CompiledGraph:
         """The compiled copy for ``device`` (strict), compiling it on first use."""
+        cached = self._compiled.get(device)
+        if cached is not None and self.policy.permits(device) is None:
+            return cached  # hot path (a batch loop): the full placement check ran when it was compiled
         p = self._placement()
         dev = p.check_explicit(device)
         with self._lock:

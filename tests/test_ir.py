@@ -322,9 +322,13 @@ def every_op_graph() -> Graph:
     ints = g.cast(g.gather(g.slice(g.concat([flat, flat], axis=1), [0, -1], [2, -200], axes=[0, 1], steps=[1, -3]),
                            i, axis=0), "int32")  # fmt: skip
     cond = g.cast(ints, "bool")
+    cond = g.where(g.less(ints, 5), g.equal(cond, cond), g.greater(ints, 2))
     wh = g.where(cond, g.cast(ints, "float16"), g.constant(np.float16(-1)))
     q = g.reshape(flat, (2, 6, 8))
     att = g.attention(q, q, q, mask=g.constant(np.tril(np.ones((6, 6), bool))), scale=0.3, name="attn")
+    # the pipeline's internal ops have no builder method, but graph files and the reference know them
+    g._add_node("gemm", [flat.id, g.transpose(flat).id, g.constant(np.ones(2, np.float32)).id], {"activation": "relu"})
+    g._add_node("fused_elementwise", [m.id, e.id], {"program": [["exp", [0], []], ["mul", [2, 1], []]]})
     g.set_outputs([r, wh, att, gp, g.cast(cond, "float64"), ints])
     return g
 

@@ -20,14 +20,14 @@ _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
 _UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Erf": "erf", "Tanh": "tanh",
           "Sigmoid": "sigmoid", "Relu": "relu"}  # fmt: skip
 _COMPARE = {
-    "Equal": (np.equal, "equal"),
-    "Less": (np.less, "less"),
-    "Greater": (np.greater, "greater"),
-    "LessOrEqual": (np.less_equal, "less_equal"),
-    "GreaterOrEqual": (np.greater_equal, "greater_equal"),
-    "And": (np.logical_and, "logical_and"),
-    "Or": (np.logical_or, "logical_or"),
-    "Xor": (np.logical_xor, "logical_xor"),
+    "Equal": np.equal,
+    "Less": np.less,
+    "Greater": np.greater,
+    "LessOrEqual": np.less_equal,
+    "GreaterOrEqual": np.greater_equal,
+    "And": np.logical_and,
+    "Or": np.logical_or,
+    "Xor": np.logical_xor,
 }
 _FLOATS = ("float16", "float32", "float64")
 
@@ -150,43 +150,52 @@ def _where(c: NodeContext) -> list[Operand | None]:
 
 @converter(*_COMPARE)
 def _compare(c: NodeContext) -> list[Operand | None]:
-    """Folded when both operands are known at import; at run time only if the IR has the op."""
+    """Folded when both operands are known at import; at run time Equal, Less and Greater
+    are IR ops, and the others are exact ``where`` combinations of them (NaN included:
+    ``a <= b`` is ``where(a < b, True, a == b)``, false when either is NaN)."""
     f, a, b = c.f, c.input(0), c.input(1)
-    fn, ir_name = _COMPARE[c.op_type]
+    fn = _COMPARE[c.op_type]
     if f.dtype(a) != f.dtype(b):
         raise c.fail(f"operands have different dtypes {f.dtype(a)} and {f.dtype(b)}")
-    if c.op_type in ("And", "Or", "Xor") and f.dtype(a) != "bool":
+    logical = c.op_type in ("And", "Or", "Xor")
+    if logical and f.dtype(a) != "bool":
         raise c.fail(f"needs bool operands, got {f.dtype(a)}")
+    if not logical and f.dtype(a) == "bool" and c.op_type != "Equal":
+        raise c.fail("cannot order bool operands (rlx compares bools only for equality)")
     xa, xb = f.array(a), f.array(b)
     if xa is not None and xb is not None:
         f.check_size(np.broadcast_shapes(xa.shape, xb.shape), "bool", f"the folded result of {c.op_type}")
         return [frozen(fn(xa, xb))]
-    return [_runtime_only(c, ir_name, a, b)]
+    true, false, name = f.const(True, "bool"), f.const(False, "bool"), c.out()
+    op = c.op_type
+    if op in ("Equal", "Less", "Greater"):
+        return [f.op(op.lower(), a, b, name=name)]
+    if op == "LessOrEqual":
+        return [f.op("where", f.op("less", a, b), true, f.op("equal", a, b), name=name)]
+    if op == "GreaterOrEqual":
+        return [f.op("where", f.op("greater", a, b), true, f.op("equal", a, b), name=name)]
+    if op == "And":
+        return [f.op("where", a, b, false, name=name)]
+    if op == "Or":
+        return [f.op("where", a, true, b, name=name)]
+    return [f.op("where", a, f.op("where", b, false, true), b, name=name)]  # Xor
 
 
 @converter("Not")
 def _not(c: NodeContext) -> list[Operand | None]:
-    x = c.input(0)
-    if c.f.dtype(x) != "bool":
-        raise c.fail(f"needs a bool operand, got {c.f.dtype(x)}")
-    arr = c.f.array(x)
+    """``where(x, False, True)``: exact, and no IR op of its own."""
+    f, x = c.f, c.input(0)
+    if f.dtype(x) != "bool":
+        raise c.fail(f"needs a bool operand, got {f.dtype(x)}")
+    arr = f.array(x)
     if arr is not None:
         return [frozen(np.logical_not(arr))]
-    return [_runtime_only(c, "logical_not", x)]
-
-
-def _runtime_only(c: NodeContext, ir_name: str, *operands: Operand) -> Operand:
-    if hasattr(c.f.graph, ir_name):  # the IR grew the op: use it
-        return c.f.op(ir_name, *operands, name=c.out())
-    raise c.fail(f"{c.op_type} of run-time values is unsupported: the rlx IR has no {ir_name} op yet "
-                 "(only comparisons of values known at import are folded)")  # fmt: skip
+    return [f.op("where", x, f.const(False, "bool"), f.const(True, "bool"), name=c.out())]
 
 
 # ---------------------------------------------------------------- softmax
 def _log_softmax(f: Emitter, x: Operand, axis: int, name: str) -> Operand:
     """``x - max - log(sum(exp(x - max)))``: stable where ``log(softmax(x))`` underflows."""
-    if hasattr(f.graph, "log_softmax"):
-        return f.op("log_softmax", x, axis=axis, name=name)
     shifted = f.op("sub", x, f.op("reduce_max", x, axes=(axis,), keepdims=True))
     total = f.op("reduce_sum", f.op("exp", shifted), axes=(axis,), keepdims=True)
     return f.op("sub", shifted, f.op("log", total), name=name)

@@ -1,11 +1,13 @@
 """Legalization: rewrite a graph so that a backend claims every node in it.
 
 Each composite op the backend does not claim is replaced by its decomposition (see
-``composites.py``), pass after pass, until no unclaimed composite remains (layer_norm
-emits reduce_mean, which a second pass may decompose). A primitive the backend does not
-claim cannot be rewritten: it becomes the *blocker*, reported with the user's node it
-came from, e.g. ``reduce_max, from softmax at node 7 'probs'``. Every node of the result
-keeps in ``origin`` the id of the user's node it stands for.
+``composites.py``), and each internal op (gemm, fused_elementwise: made by the pipeline,
+or read from a graph file) by the ops it stands for (``internal_ops.expand``), pass after
+pass, until no unclaimed composite remains (layer_norm emits reduce_mean, which a second
+pass may decompose). A primitive the backend does not claim cannot be rewritten: it
+becomes the *blocker*, reported with the user's node it came from, e.g. ``reduce_max,
+from softmax at node 7 'probs'``. Every node of the result keeps in ``origin`` the id of
+the user's node it stands for.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from dataclasses import dataclass, field
 
 from ..composites import decompose
 from ..ir import Graph, Node, Value
-from ..ops import COMPOSITE_OPS, OpKind
+from ..ops import COMPOSITE_OPS, INTERNAL_OPS, OpKind
+from .internal_ops import expand
 
 __all__ = ["LegalizeResult", "legalize", "describe_blocker", "Claims"]
 
@@ -77,9 +80,11 @@ def _replay(src: Graph, claims: Claims, user: Graph, notes: list[str]) -> tuple[
                 mapped[node.id] = out.constant(src.value(node.id), name=node.name)
             else:
                 ins = tuple(mapped[i] for i in node.inputs)
-                if node.op in COMPOSITE_OPS and ask_claims(claims, node) is not True:
+                rewritable = node.op in COMPOSITE_OPS or node.op in INTERNAL_OPS
+                if rewritable and ask_claims(claims, node) is not True:
                     before = len(out)
-                    mapped[node.id] = decompose(out, node, ins)
+                    rewrite = expand if node.op in INTERNAL_OPS else decompose
+                    mapped[node.id] = rewrite(out, node, ins)
                     changed = True
                     ops = dict.fromkeys(n.op.value for n in out._nodes[before:] if n.op is not OpKind.CONSTANT)
                     origin = _origin_node(user, node)

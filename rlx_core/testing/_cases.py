@@ -31,7 +31,7 @@ _FLOAT_OPS = frozenset({
     OpKind.AVG_POOL2D, OpKind.GLOBAL_AVG_POOL2D, OpKind.ATTENTION,
 })  # fmt: skip
 _ANY_DTYPE_OPS = frozenset({OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER,
-                            OpKind.CAST, OpKind.WHERE})  # fmt: skip
+                            OpKind.CAST, OpKind.WHERE, OpKind.EQUAL})  # fmt: skip
 
 #: The dtypes the kit draws for each op's main operand: exactly those ops.py accepts
 #: (gather's x, where's branches, cast's source and target; indices and conditions aside).
@@ -46,6 +46,7 @@ OP_DTYPES: dict[OpKind, tuple[str, ...]] = {
 EXACT_OPS = frozenset({
     OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER, OpKind.WHERE, OpKind.NEG,
     OpKind.ABS, OpKind.RELU, OpKind.MAXIMUM, OpKind.MINIMUM, OpKind.REDUCE_MAX, OpKind.MAX_POOL2D,
+    OpKind.EQUAL, OpKind.LESS, OpKind.GREATER,
 })  # fmt: skip
 
 
@@ -82,8 +83,11 @@ class OpCase:
             g.param(o.name, o.array) if o.param else g.input(o.name, o.array.shape, o.array.dtype.name)
             for o in self.operands
         ]
-        method = getattr(g, self.op.value)
-        out = method(values, **self.attrs) if self.op is OpKind.CONCAT else method(*values, **self.attrs)
+        method = getattr(g, self.op.value, None)
+        if method is None:  # an internal op (gemm, fused_elementwise): no builder, added as a graph file adds it
+            out = g._add_node(self.op, [v.id for v in values], self.attrs)
+        else:
+            out = method(values, **self.attrs) if self.op is OpKind.CONCAT else method(*values, **self.attrs)
         g.set_outputs([out])
         return g.freeze(), g.node(out)
 
@@ -170,6 +174,23 @@ def _binary(op: OpKind, seed: int) -> st.SearchStrategy[OpCase]:
             a, b = _values(rng, a_shape, dtype, ilo=-50, ihi=50), _nonzero(rng, b_shape, dtype)
         else:
             a, b = _values(rng, a_shape, dtype), _values(rng, b_shape, dtype)
+        return OpCase(op, (Operand("a", a), Operand("b", b, param=draw(st.booleans()))))
+
+    return case()
+
+
+def _compare(op: OpKind, seed: int) -> st.SearchStrategy[OpCase]:
+    """Operands drawn from a few values, so that ties (where the ops differ) are common."""
+
+    @st.composite
+    def case(draw: Callable) -> OpCase:
+        dtype = draw(st.sampled_from(OP_DTYPES[op]))
+        base = _shape(draw)
+        a_shape = _broadcastable(draw, base) if draw(st.booleans()) else base
+        b_shape = _broadcastable(draw, base)
+        rng = _rng(draw, seed)
+        pool = _values(rng, (4,), dtype)
+        a, b = (rng.choice(pool, size=s).astype(dtype).reshape(s) for s in (a_shape, b_shape))
         return OpCase(op, (Operand("a", a), Operand("b", b, param=draw(st.booleans()))))
 
     return case()
@@ -477,7 +498,16 @@ _FACTORIES: dict[OpKind, Callable[[int], st.SearchStrategy[OpCase]]] = {
     **{op: (lambda seed, op=op: _binary(op, seed)) for op in (OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV,
                                                               OpKind.POW, OpKind.MAXIMUM, OpKind.MINIMUM)},
     **{op: (lambda seed, op=op: _unary(op, seed)) for op in (OpKind.NEG, OpKind.ABS, OpKind.RELU, *_UNARY_RANGE)},
+    **{op: (lambda seed, op=op: _compare(op, seed)) for op in (OpKind.EQUAL, OpKind.LESS, OpKind.GREATER)},
+    OpKind.GEMM: lambda seed: _internal_cases(OpKind.GEMM, seed),
+    OpKind.FUSED_ELEMENTWISE: lambda seed: _internal_cases(OpKind.FUSED_ELEMENTWISE, seed),
 }  # fmt: skip
+
+
+def _internal_cases(op: OpKind, seed: int) -> st.SearchStrategy[OpCase]:
+    from . import _fused_cases  # imports this module's helpers: loaded once they exist
+
+    return _fused_cases.gemm_cases(seed) if op is OpKind.GEMM else _fused_cases.fused_cases(seed)
 
 #: Every op the kit can generate cases for.
 GENERATED_OPS: frozenset[OpKind] = frozenset(_FACTORIES)

@@ -71,8 +71,9 @@ class ToyBackend(rlx_core.Backend):
             return f"toy divides floats only, not {node.dtype}"
         return node.op in self.supported_ops()
 
-    def cost_model(self) -> rlx_core.CostModel:
-        # One Python call per step with fresh allocations: a larger dispatch than cpu's.
+    def default_cost_model(self) -> rlx_core.CostModel:
+        # Used until `rlx calibrate toy` measures this host. One Python call per step with
+        # fresh allocations: a larger dispatch than cpu's.
         return rlx_core.CostModel(device="toy", sgemm_gflops=20.0, memory_bw_gbps=8.0, dispatch_overhead_ns=3_000.0,
                                   roundtrip_overhead_ns=10_000.0, source="rlx-example-plugin defaults")  # fmt: skip
 

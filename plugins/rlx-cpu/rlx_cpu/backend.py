@@ -9,7 +9,6 @@ import numpy as np
 
 import rlx_core
 from rlx_core.errors import DeviceError
-from rlx_core.ops import SOURCE_OPS, OpKind
 
 if TYPE_CHECKING:
     from rlx_core.ir import Graph
@@ -17,8 +16,6 @@ if TYPE_CHECKING:
     from .executor import CpuExecutable
 
 __all__ = ["CpuBackend"]
-
-_OPS = frozenset(op.value for op in OpKind if op not in SOURCE_OPS)
 
 
 def _blas_name() -> str:
@@ -56,7 +53,12 @@ class CpuBackend(rlx_core.Backend):
         return rlx_core.Availability(True, devices=["cpu"], versions=versions)
 
     def supported_ops(self) -> frozenset[str]:
-        return _OPS
+        """Every op the executor has a kernel for: all the IR's ops, composites included.
+        An op the core adds later (an internal op of a new pass) is claimed only once a
+        kernel exists; until then legalization expands it into ops that have one."""
+        from .executor import kernel_ops  # numpy-only modules; asked when devices are listed, not at import
+
+        return kernel_ops()
 
     def default_cost_model(self) -> rlx_core.CostModel:
         cores = os.cpu_count() or 1

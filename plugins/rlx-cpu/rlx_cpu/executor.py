@@ -34,13 +34,20 @@ from rlx_core.ir import Graph, Node
 from rlx_core.ops import OpKind
 from rlx_core.plugin import Executable
 
+from .fused import FUSED_KERNELS
 from .kernels import KERNELS, inplace_positions
 from .nn_kernels import NN_KERNELS
 from .steps import Dyn, Step, bind, bind_run
 
-__all__ = ["CpuExecutable", "PlanStats"]
+__all__ = ["CpuExecutable", "PlanStats", "kernel_ops"]
 
-_BUILDERS = {**KERNELS, **NN_KERNELS}
+_BUILDERS = {**KERNELS, **NN_KERNELS, **FUSED_KERNELS}
+
+
+def kernel_ops() -> frozenset[str]:
+    """The ops this executor has a kernel for (reshape is a view, it needs none): what
+    the backend claims, so that a claim can never outrun the kernels."""
+    return frozenset(op.value for op in _BUILDERS) | {OpKind.RESHAPE.value}
 _ALIGN = 64
 
 # How a value is held. DYNAMIC: in a slot, set per run (inputs and views of them).
@@ -322,9 +329,10 @@ class CpuExecutable(Executable):
             raise InputError(f"set_param: graph {self._graph_name!r} has no param {name!r}; "
                              f"its params: {sorted(self._params)}")  # fmt: skip
         value = np.asarray(value)
-        if value.shape != target.shape or value.dtype != target.dtype:
-            raise InputError(f"set_param {name!r}: expected {target.dtype}{list(target.shape)}, "
-                             f"got {value.dtype}{list(value.shape)}")  # fmt: skip
+        if value.dtype != target.dtype:
+            raise InputError(f"set_param {name!r}: expected dtype {target.dtype}, got {value.dtype} (no silent casts)")
+        if value.shape != target.shape:
+            raise InputError(f"set_param {name!r}: expected shape {target.shape}, got {value.shape}")
         np.copyto(target, value)
         for deps, steps in self._folds:
             if name in deps:

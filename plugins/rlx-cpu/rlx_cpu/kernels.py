@@ -79,6 +79,8 @@ def inplace_positions(node: Node) -> tuple[int, ...]:
     """Input positions whose buffer ``node``'s output may overwrite (same shape and dtype)."""
     if node.op in _INPLACE_UNARY:
         return (0,)
+    if node.op is OpKind.FUSED_ELEMENTWISE:  # each block is read before its output is written (fused.py)
+        return tuple(range(len(node.inputs)))
     if node.op in _INPLACE_BINARY:
         # integer div reads its divisor again after it has written the quotient
         return (0, 1) if node.op is not OpKind.DIV or node.dtype.startswith("float") else (0,)
@@ -103,6 +105,14 @@ def _div(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list
     if out.dtype.kind == "f":
         return [Step(np.divide, (a, b, out))]
     return [Step(_int_div, (a, b, out, ctx.scratch(out.shape, out.dtype), node.describe()))]
+
+
+_COMPARE_UFUNCS = {OpKind.EQUAL: np.equal, OpKind.LESS: np.less, OpKind.GREATER: np.greater}
+
+
+def _compare(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    # not in inplace_positions: the bool output has another dtype than the operands (but equal's).
+    return [ufunc_step(_COMPARE_UFUNCS[node.op], ins[0], ins[1], out)]
 
 
 def _unary(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
@@ -234,6 +244,7 @@ def _matmul(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
 KERNELS: dict[OpKind, Builder] = {
     **{op: _binary for op in _BINARY_UFUNCS},
     **{op: _unary for op in _UNARY_UFUNCS},
+    **{op: _compare for op in _COMPARE_UFUNCS},
     OpKind.DIV: _div,
     OpKind.RELU: _relu,
     OpKind.RSQRT: _rsqrt,

@@ -3,7 +3,8 @@ platform: cpu here, gpu on a CUDA host, tpu on a TPU host).
 
 Importing this module and calling the hook is cheap: it never imports jax. JAX is
 imported when one of the backends is probed or compiles a graph (see ``backend.py``);
-the graph becomes one ``jax.jit`` function in ``executable.py``.
+the graph becomes one ``jax.jit`` function in ``executable.py``, compiled once per
+signature (``caching.py``).
 """
 
 from __future__ import annotations

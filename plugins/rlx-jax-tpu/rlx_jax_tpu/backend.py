@@ -17,14 +17,21 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rlx_core import Availability, Backend, CompileOptions, CostModel, DeviceError, Executable, OpKind
+from rlx_core import Availability, Backend, CompileOptions, CostModel, DeviceError, Executable
 from rlx_core.ir import Graph, Node
-from rlx_core.ops import SOURCE_OPS
 
-__all__ = ["XlaBackend", "JaxBackend", "TpuBackend", "guess_default_platform"]
+__all__ = ["XlaBackend", "JaxBackend", "TpuBackend", "CLAIMED_OPS", "guess_default_platform"]
 
-#: Every op, composites included: XLA expresses each of them exactly (see ``lowering.py``).
-_CLAIMED: frozenset[str] = frozenset(op.value for op in OpKind if op not in SOURCE_OPS)
+#: The ops ``lowering.py`` has a rule for (a test keeps the two equal), composites included:
+#: XLA expresses each exactly. Listed by name so that claiming costs no jax import. The
+#: core's internal ops (``gemm``, ``fused_elementwise``) are not claimed: XLA fuses on its
+#: own, so legalization hands this backend the plain ops.
+CLAIMED_OPS: frozenset[str] = frozenset(
+    """matmul add sub mul div pow maximum minimum neg abs exp log sqrt rsqrt erf tanh sigmoid relu gelu
+    softmax layer_norm reduce_sum reduce_mean reduce_max reshape transpose concat slice gather cast where
+    equal less greater conv2d max_pool2d avg_pool2d global_avg_pool2d attention""".split()
+)
+_CLAIMED = CLAIMED_OPS
 
 
 def _jax_platforms_env() -> str:
@@ -154,7 +161,7 @@ class XlaBackend(Backend):
             return f"JAX could not start its default platform ({_env_note()}): {_first_line(exc)}"
         reason = f"JAX sees no {self.platform.upper()}; JAX platforms here: {here} ({_env_note()})"
         if self.platform == "tpu" and importlib.util.find_spec("libtpu") is None:
-            reason += "; libtpu is not installed (pip install 'jax[tpu]' on a TPU VM)"
+            reason += "; libtpu is not installed (on a TPU VM: pip install -U jax libtpu)"
         return reason
 
     def supported_ops(self) -> frozenset[str]:
@@ -188,9 +195,8 @@ class XlaBackend(Backend):
                          source=f"rlx-jax-tpu defaults for JAX on {platform or 'cpu'}")  # fmt: skip
 
     def compile(self, graph: Graph, options: CompileOptions) -> Executable:
-        from .executable import JaxExecutable, enable_persistent_cache
+        from .executable import JaxExecutable
 
-        enable_persistent_cache()
         return JaxExecutable(graph, self.device(options.device_index), backend=self.name, options=options)
 
 

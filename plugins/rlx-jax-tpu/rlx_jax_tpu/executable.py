@@ -3,11 +3,17 @@
 The whole graph is one ``jax.jit`` function of ``(*state, *inputs)``. ``state`` holds the
 params (and large constants) as device-resident buffers, so ``set_param`` swaps one
 buffer and never recompiles; small constants are baked into the program, where XLA can
-fold them. ``compile`` lowers and compiles eagerly (``jit(f).lower(...).compile()``), so
-the first run costs a run, not a compile, and ``compile_seconds`` says what compiling
-cost. Inputs go straight to the compiled call, which places each on the device once (an
-explicit ``jax.device_put`` first measured 10x slower per array on cpu); outputs come back
-through ``np.asarray``, a view of XLA's result buffer where the platform allows it.
+fold them. Compiling is eager (``jit(f).lower(...).compile()`` on the graph's static
+shapes), so the first run costs a run, not a compile, and ``lower_seconds`` and
+``compile_seconds`` say what tracing and XLA cost. Compiled programs are shared through a
+``ProgramCache`` keyed by the graph's signature (``caching.py``): compiling an identical
+graph again, whatever its param values, traces nothing.
+
+A run passes the caller's arrays straight to the compiled call, which places each on the
+device once (an explicit ``jax.device_put`` first measured 10x slower per array on cpu);
+``run`` brings outputs back through ``np.asarray`` (a read-only view of XLA's buffer where
+the platform allows it, as ``np.asarray`` of any ``jax.Array``), ``run_dlpack`` leaves
+them on the device as ``jax.Array`` (which implements ``__dlpack__``).
 
 Graphs that hold float64 or int64 values are traced and run with JAX's 64-bit mode on
 (``jax.enable_x64``, a thread-local switch), so those dtypes round-trip exactly; other
@@ -19,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,50 +32,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlx_core.cache import cache_dir
-from rlx_core.errors import CacheWarning, InputError
+from rlx_core.errors import InputError
 from rlx_core.ir import Graph, Node
 from rlx_core.ops import OpKind
 from rlx_core.plugin import CompileOptions, Executable
 
-from .lowering import LOWERINGS, RuntimeCheck, runtime_checks
+from .caching import PROGRAMS, CompiledProgram, ProgramCache, enable_persistent_cache, graph_signature
+from .lowering import LOWERINGS, RuntimeCheck, runtime_checks, runtime_error
 
-__all__ = ["JaxExecutable", "enable_persistent_cache", "x64_enabled"]
+__all__ = ["JaxExecutable", "enable_persistent_cache", "x64_enabled", "INLINE_CONSTANT_LIMIT"]
 
 #: Constants with more elements than this are passed like params (device buffers) rather
 #: than baked into the XLA program, which would slow compiling and duplicate memory.
 INLINE_CONSTANT_LIMIT = 1024
 _WIDE_DTYPES = frozenset({"float64", "int64"})
-
-_cache_lock = threading.Lock()
-_cache_state: dict[str, Any] = {}
-
-
-def enable_persistent_cache() -> str | None:
-    """Point JAX's persistent compilation cache at ``<rlx cache dir>/jax``, once per process.
-
-    Left alone when the user configured one (``JAX_COMPILATION_CACHE_DIR`` or
-    ``jax.config``). JAX's own thresholds decide what is written (by default, programs
-    that took at least a second to compile). Returns the directory in use, or ``None``.
-    """
-    with _cache_lock:
-        if "dir" in _cache_state:
-            return _cache_state["dir"]
-        current = jax.config.jax_compilation_cache_dir
-        if current:
-            _cache_state["dir"] = str(current)
-            return _cache_state["dir"]
-        path = cache_dir() / "jax"
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            warnings.warn(f"rlx-jax-tpu: cannot create the JAX compilation cache {path}: {exc}; compiling without "
-                          "a persistent cache", CacheWarning, stacklevel=3)  # fmt: skip
-            _cache_state["dir"] = None
-            return None
-        jax.config.update("jax_compilation_cache_dir", str(path))
-        _cache_state["dir"] = str(path)
-        return _cache_state["dir"]
 
 
 def x64_enabled() -> contextlib.AbstractContextManager[Any]:
@@ -96,20 +71,58 @@ def _live_nodes(graph: Graph) -> set[int]:
     return live
 
 
-class JaxExecutable(Executable):
-    """One graph compiled by XLA for one JAX device. ``run`` is thread-safe.
+def _trace_graph(graph: Graph, order: Sequence[Node], arg_ids: Sequence[int], program: CompiledProgram,
+                 checks_out: list[RuntimeCheck]) -> Any:  # fmt: skip
+    """The graph as a Python function of its arguments, for ``jax.jit`` to trace.
 
-    Attributes: ``device`` (the ``jax.Device``), ``compile_seconds`` (XLA compile time),
-    ``lower_seconds`` (tracing and lowering to StableHLO), ``x64`` (64-bit mode on),
-    ``compiled`` (the ``jax.stages.Compiled``; ``compiled.as_text()`` shows the program).
+    Each trace counts in ``program.traces`` and leaves the run-time checks it emitted in
+    ``checks_out``; when there are any, the function also returns their flags and details.
+    """
+    args = frozenset(arg_ids)
+
+    def function(*values: jax.Array) -> Any:
+        program.traces += 1
+        env: dict[int, jax.Array] = dict(zip(arg_ids, values))
+        checks: list[RuntimeCheck] = []
+        for node in order:
+            if node.id in env:
+                continue
+            if node.op is OpKind.CONSTANT:
+                env[node.id] = jnp.asarray(graph.value(node.id))
+                continue
+            ins = [env[i] for i in node.inputs]
+            env[node.id] = _lower(node, ins)
+            # Only constants baked into the program may waive a check: the program is shared by
+            # every graph with its signature, which covers inlined constants but not arguments.
+            statics = [graph.value(i) if graph.node(i).op is OpKind.CONSTANT and i not in args else None
+                       for i in node.inputs]  # fmt: skip
+            checks += runtime_checks(node, ins, statics)
+        checks_out[:] = checks
+        outs = tuple(env[i] for i in graph.outputs)
+        if not checks:
+            return outs
+        return outs, jnp.stack([c.flag for c in checks]), tuple(c.detail for c in checks)
+
+    return function
+
+
+class JaxExecutable(Executable):
+    """One graph compiled by XLA for one JAX device. ``run`` and ``run_dlpack`` are thread-safe.
+
+    Attributes: ``device`` (the ``jax.Device``), ``lower_seconds`` (tracing and lowering to
+    StableHLO) and ``compile_seconds`` (XLA), both zero on a ``cache_hit``; ``signature``
+    (the ``ProgramCache`` key); ``x64`` (64-bit mode on); ``compiled`` (the
+    ``jax.stages.Compiled``; ``compiled.as_text()`` shows the optimized program);
+    ``persistent_cache`` (JAX's compilation cache directory, or ``None``).
     """
 
-    def __init__(self, graph: Graph, device: Any, *, backend: str = "jax",
-                 options: CompileOptions | None = None) -> None:  # fmt: skip
+    def __init__(self, graph: Graph, device: Any, *, backend: str = "jax", options: CompileOptions | None = None,
+                 programs: ProgramCache | None = None) -> None:  # fmt: skip
         self.graph = graph
         self.device = device
         self.backend = backend
         self.options = options
+        self.persistent_cache = enable_persistent_cache()
         nodes = graph.nodes
         live = _live_nodes(graph)
         self.x64 = any(nodes[i].dtype in _WIDE_DTYPES for i in live)
@@ -117,82 +130,111 @@ class JaxExecutable(Executable):
         big = [n.id for n in nodes if n.op is OpKind.CONSTANT and n.size > INLINE_CONSTANT_LIMIT]
         state_ids += [i for i in big if i in live]
         input_ids = [i for i in graph.inputs if i in live]
+        arg_ids = state_ids + input_ids
         self._input_names = tuple(nodes[i].name for i in input_ids)
         self._param_slots = {nodes[i].name: k for k, i in enumerate(state_ids) if nodes[i].op is OpKind.PARAM}
-        # Outputs that are graph inputs are copied on the host, never aliased to the caller's array.
-        self._passthrough = {k: nodes[i].name for k, i in enumerate(graph.outputs) if nodes[i].op is OpKind.INPUT}
-        self._checks: list[RuntimeCheck] = []
+        # Outputs that are graph inputs are copied, never aliased to the caller's array.
+        self._passthrough = tuple((k, nodes[i].name) for k, i in enumerate(graph.outputs)
+                                  if nodes[i].op is OpKind.INPUT)  # fmt: skip
         self._lock = threading.Lock()
-        arg_ids = state_ids + input_ids
-        order = [n for n in nodes if n.id in live]
-
-        def program(*args: jax.Array) -> Any:
-            env: dict[int, jax.Array] = dict(zip(arg_ids, args))
-            checks: list[RuntimeCheck] = []
-            for node in order:
-                if node.id in env:
-                    continue
-                if node.op is OpKind.CONSTANT:
-                    env[node.id] = jnp.asarray(graph.value(node.id))
-                    continue
-                ins = [env[i] for i in node.inputs]
-                env[node.id] = _lower(node, ins)
-                statics = [graph.value(i) if nodes[i].op is OpKind.CONSTANT else None for i in node.inputs]
-                checks += runtime_checks(node, ins, statics)
-            self._checks = checks
-            outs = tuple(env[i] for i in graph.outputs)
-            if not checks:
-                return outs
-            return outs, jnp.stack([c.flag for c in checks]), tuple(c.detail for c in checks)
-
-        sharding = jax.sharding.SingleDeviceSharding(device)
         with self._mode():
             self._state = tuple(jax.device_put(np.asarray(graph.value(i)), device) for i in state_ids)
-            specs = [jax.ShapeDtypeStruct(nodes[i].shape, np.dtype(nodes[i].dtype), sharding=sharding)
-                     for i in input_ids]  # fmt: skip
+        self.signature = graph_signature(graph, live, arg_ids, device, self.x64)
+
+        def build() -> CompiledProgram:
+            return self._build(graph, [n for n in nodes if n.id in live], arg_ids, input_ids)
+
+        self.program, self.cache_hit = (programs if programs is not None else PROGRAMS).get_or_build(
+            self.signature, build)  # fmt: skip
+        self.compiled = self.program.compiled
+        self.lower_seconds = 0.0 if self.cache_hit else self.program.lower_seconds
+        self.compile_seconds = 0.0 if self.cache_hit else self.program.compile_seconds
+        self._checks = tuple(graph.node(i) for i in self.program.check_ids)
+        self._call = self.compiled if not self.x64 else self._call_x64
+
+    def _build(self, graph: Graph, order: Sequence[Node], arg_ids: Sequence[int],
+               input_ids: Sequence[int]) -> CompiledProgram:  # fmt: skip
+        program = CompiledProgram(compiled=None, check_ids=(), lower_seconds=0.0, compile_seconds=0.0)
+        checks: list[RuntimeCheck] = []
+        function = _trace_graph(graph, order, arg_ids, program, checks)
+        sharding = jax.sharding.SingleDeviceSharding(self.device)
+        specs = [jax.ShapeDtypeStruct(graph.node(i).shape, np.dtype(graph.node(i).dtype), sharding=sharding)
+                 for i in input_ids]  # fmt: skip
+        with self._mode():
             t0 = time.perf_counter()
-            lowered = jax.jit(program).lower(*self._state, *specs)
+            lowered = jax.jit(function).lower(*self._state, *specs)
             t1 = time.perf_counter()
-            self.compiled = lowered.compile()
+            program.compiled = lowered.compile()
             t2 = time.perf_counter()
-        self.lower_seconds = t1 - t0
-        self.compile_seconds = t2 - t1
+        program.lower_seconds, program.compile_seconds = t1 - t0, t2 - t1
+        program.check_ids = tuple(c.node.id for c in checks)
+        return program
+
+    @property
+    def traces(self) -> int:
+        """How often this executable's program was traced (1; a ``set_param`` adds none)."""
+        return self.program.traces
+
+    def report_notes(self) -> list[str]:
+        """Lines for ``CompiledGraph.report()``: what XLA compiling cost, and the caches."""
+        platform = getattr(self.device, "platform", "?")
+        if self.cache_hit:
+            what = "reused a compiled XLA program with the same signature (no trace, no compile)"
+        else:
+            what = (f"traced and lowered in {self.lower_seconds * 1e3:.1f} ms, XLA compiled in "
+                    f"{self.compile_seconds * 1e3:.1f} ms")  # fmt: skip
+        cache = self.persistent_cache or "off"
+        return [f"jax ({jax.__version__}) on {platform} {self.device}: {what}; "
+                f"{'64-bit' if self.x64 else '32-bit'} mode; JAX persistent cache: {cache}"]  # fmt: skip
 
     def _mode(self) -> contextlib.AbstractContextManager[Any]:
         return x64_enabled() if self.x64 else contextlib.nullcontext()
 
-    def run_on_device(self, inputs: Mapping[str, np.ndarray]) -> list[jax.Array]:
-        """Run and leave the outputs on the device as ``jax.Array`` (no copy to the host)."""
-        args = [inputs[name] for name in self._input_names]
-        with self._mode():
-            result = self.compiled(*self._state, *args)
+    def _call_x64(self, *args: Any) -> Any:
+        with x64_enabled():
+            return self.compiled(*args)
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        result = self._call(*self._state, *[inputs[name] for name in self._input_names])
         if self._checks:
             result, flags, details = result
             self._raise_if_bad(flags, details)
-        return list(result)
-
-    def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        args = [inputs[name] for name in self._input_names]
-        with self._mode():
-            result = self.compiled(*self._state, *args)
-            if self._checks:
-                result, flags, details = result
-                self._raise_if_bad(flags, details)
-            outs = [np.asarray(r) for r in result]
-        for k, name in self._passthrough.items():
+        outs = [np.asarray(r) for r in result]
+        for k, name in self._passthrough:
             outs[k] = np.array(inputs[name], copy=True)
         return outs
+
+    def run_dlpack(self, inputs: Mapping[str, Any]) -> list[jax.Array]:
+        """Run and leave the outputs on the device as ``jax.Array`` (``__dlpack__``, no host copy).
+
+        Inputs may be numpy arrays or ``jax.Array``s; one already on this device is used
+        in place, one on another device is moved here first.
+        """
+        args = [self._on_device(inputs[name]) for name in self._input_names]
+        result = self._call(*self._state, *args)
+        if self._checks:
+            result, flags, details = result
+            self._raise_if_bad(flags, details)
+        outs = list(result)
+        for k, name in self._passthrough:
+            outs[k] = jax.device_put(np.array(inputs[name], copy=True), self.device)
+        return outs
+
+    def _on_device(self, value: Any) -> Any:
+        if isinstance(value, jax.Array) and value.devices() != {self.device}:
+            return jax.device_put(value, self.device)
+        return value
 
     def _raise_if_bad(self, flags: jax.Array, details: Sequence[jax.Array]) -> None:
         bad = np.asarray(flags)
         if not bad.any():
             return
         k = int(np.argmax(bad))
-        check = self._checks[k]
+        node = self._checks[k]
         size = None
-        if check.node.op is OpKind.GATHER:
-            size = self.graph.node(check.node.inputs[0]).shape[check.node.attrs["axis"]]
-        raise check.error(np.asarray(details[k]), size)
+        if node.op is OpKind.GATHER:
+            size = self.graph.node(node.inputs[0]).shape[node.attrs["axis"]]
+        raise runtime_error(node, np.asarray(details[k]), size)
 
     def set_param(self, name: str, value: np.ndarray) -> None:
         """Swap the param's device buffer; later runs use it, none recompiles."""
@@ -215,8 +257,8 @@ class JaxExecutable(Executable):
             self._state = tuple(state)  # one assignment: a concurrent run sees old or new, never half
 
     def __repr__(self) -> str:
-        return (f"<JaxExecutable {self.graph.name!r} on {self.device} ({self.backend}), "
-                f"compiled in {self.compile_seconds * 1e3:.1f} ms>")  # fmt: skip
+        how = "cached program" if self.cache_hit else f"compiled in {self.compile_seconds * 1e3:.1f} ms"
+        return f"<JaxExecutable {self.graph.name!r} on {self.device} ({self.backend}), {how}>"
 
 
 def _lower(node: Node, ins: Sequence[jax.Array]) -> jax.Array:

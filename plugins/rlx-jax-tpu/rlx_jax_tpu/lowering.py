@@ -34,7 +34,7 @@ from rlx_core.errors import InputError
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind
 
-__all__ = ["LOWERINGS", "RuntimeCheck", "runtime_checks"]
+__all__ = ["LOWERINGS", "RuntimeCheck", "runtime_checks", "runtime_error"]
 
 HIGHEST = lax.Precision.HIGHEST
 Rule = Callable[[Node, Sequence[jax.Array]], jax.Array]
@@ -266,6 +266,9 @@ LOWERINGS: dict[OpKind, Rule] = {
     OpKind.GATHER: _gather,
     OpKind.CAST: _cast,
     OpKind.WHERE: _where,
+    OpKind.EQUAL: _binary(jnp.equal),
+    OpKind.LESS: _binary(jnp.less),
+    OpKind.GREATER: _binary(jnp.greater),
     OpKind.CONV2D: _conv2d,
     OpKind.MAX_POOL2D: _max_pool2d,
     OpKind.AVG_POOL2D: _avg_pool2d,
@@ -288,11 +291,17 @@ class RuntimeCheck:
     detail: jax.Array
 
     def error(self, detail: Any, axis_size: int | None = None) -> InputError:
-        if self.node.op is OpKind.DIV:
-            return InputError(f"{self.node.describe()} (div): integer division by zero")
-        axis = self.node.attrs["axis"]
-        return InputError(f"{self.node.describe()} (gather): index {int(detail)} is out of range for axis {axis} "
-                          f"of size {axis_size}")  # fmt: skip
+        return runtime_error(self.node, detail, axis_size)
+
+
+def runtime_error(node: Node, detail: Any, axis_size: int | None = None) -> InputError:
+    """The ``InputError`` the reference raises when ``node``'s run-time check fails;
+    ``detail`` is the check's reported value (the first bad gather index)."""
+    if node.op is OpKind.DIV:
+        return InputError(f"{node.describe()} (div): integer division by zero")
+    axis = node.attrs["axis"]
+    return InputError(f"{node.describe()} (gather): index {int(detail)} is out of range for axis {axis} "
+                      f"of size {axis_size}")  # fmt: skip
 
 
 def runtime_checks(node: Node, xs: Sequence[jax.Array], static: Sequence[np.ndarray | None]) -> list[RuntimeCheck]:

@@ -1,0 +1,83 @@
+"""Steady-state timing of one model's contenders: interleaved blocks, medians.
+
+On a small machine, OpenBLAS and ONNX Runtime leave their worker threads spinning for a
+while after each call, so whoever runs next on the same cores is slowed down, and
+timing contenders one after the other (all of A, then all of B) hands each one a
+different machine. So every *round* times each contender once, in an order rotated
+from round to round, then sleeps (``pause``, ~150 ms) to let spinning threads park;
+the figure is the median over rounds, with the interquartile range as the spread.
+
+One measurement is ``loops`` back-to-back calls divided by ``loops``, with ``loops``
+sized from a warm call so that a measurement lasts about ``target_s`` (microsecond
+models are not timed at the resolution of the clock). The garbage collector is off
+inside a measurement, as in ``timeit``.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlx_core.errors import ConfigError
+
+from ._contenders import Contender
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call of one contender, over all rounds."""
+
+    loops: int
+    samples: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def iqr(self) -> float:
+        if len(self.samples) < 4:
+            return max(self.samples) - min(self.samples)
+        q = statistics.quantiles(self.samples, n=4)
+        return q[2] - q[0]
+
+
+def _timed(run: Callable[[], object], loops: int) -> float:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(loops):
+            run()
+        return (time.perf_counter() - t0) / loops
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def loops_for(run: Callable[[], object], target_s: float, max_loops: int = 10_000) -> int:
+    """Calls per measurement so that one lasts about ``target_s`` (one warm call timed)."""
+    once = _timed(run, 1)
+    return max(1, min(max_loops, math.ceil(target_s / max(once, 1e-9))))
+
+
+def measure(contenders: list[Contender], rounds: int, pause: float, target_s: float,
+            on_round: Callable[[int], None] | None = None) -> dict[str, Timing]:  # fmt: skip
+    """Median-able samples of every contender, interleaved in ``rounds`` blocks."""
+    if rounds < 1:
+        raise ConfigError(f"bench: rounds must be >= 1, got {rounds}")
+    loops = {c.name: loops_for(c.run, target_s) for c in contenders}
+    samples: dict[str, list[float]] = {c.name: [] for c in contenders}
+    for r in range(rounds):
+        k = r % len(contenders) if contenders else 0
+        for c in contenders[k:] + contenders[:k]:
+            samples[c.name].append(_timed(c.run, loops[c.name]))
+        if on_round:
+            on_round(r)
+        if pause > 0 and r + 1 < rounds:
+            time.sleep(pause)
+    return {name: Timing(loops[name], tuple(s)) for name, s in samples.items()}

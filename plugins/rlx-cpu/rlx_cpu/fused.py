@@ -1,0 +1,264 @@
+"""Step builders for the pipeline's fused ops: ``fused_elementwise`` regions and ``gemm``.
+
+A region of k elementwise ops run one op at a time over a big array streams every
+intermediate through main memory: k full-size reads and writes. Here the output is cut
+into blocks of about ``BLOCK_ELEMENTS`` elements (whole trailing rows, so every block is
+a contiguous slice), and each block runs the whole program with its intermediates in a
+few block-sized registers that stay in cache; only the region's inputs are read from
+memory and only its result is written. Each instruction is built by the op's ordinary
+builder (``kernels.py``) on block views, so a region computes exactly what its ops
+compute one by one (float16 rounding included).
+
+Registers are reused once their value is dead, and an instruction writes over an
+operand's register when that operand dies there and the op's kernel is in-place safe.
+The last instruction writes straight into the output block, unless one of its operands
+is a region input at a position its kernel may not overwrite (the executor may hand the
+region an input's buffer as its output): then it goes through a register and a copy.
+
+``gemm`` is the matmul into the output, then its epilogue (bias add and activation) as a
+blocked program over the output itself, in place while each block is in cache.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from rlx_core.ir import Node
+from rlx_core.ops import OpKind
+from rlx_core.passes.internal_ops import ACTIVATION_OPS, Instruction, program_types
+
+from .kernels import KERNELS, BuildContext, inplace_positions
+from .steps import Step
+
+__all__ = ["FUSED_KERNELS", "BLOCK_ELEMENTS", "block_plan"]
+
+#: Elements per block: a few float32 registers of this size stay in a 256 KiB-1 MiB L2.
+BLOCK_ELEMENTS = 16384
+
+
+class _Type(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: str
+
+
+class _BlockScratch:
+    """A ``BuildContext`` handing out the same memory to the same request in every block.
+
+    Builders ask for temporaries each time they are called (once per block); request
+    ``n`` of instruction ``k`` always gets the buffer of its first (largest) block.
+    """
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self._ctx = ctx
+        self._raw: dict[tuple[Any, int], np.ndarray] = {}
+        self._key: Any = None
+        self._n = 0
+
+    def begin(self, key: Any) -> None:
+        self._key, self._n = key, 0
+
+    def bytes(self, key: tuple[Any, int], nbytes: int) -> np.ndarray:
+        raw = self._raw.get(key)
+        if raw is None or raw.nbytes < nbytes:
+            raw = self._raw[key] = self._ctx.scratch((max(nbytes, 8),), np.uint8)
+        return raw
+
+    def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        n = math.prod(shape) * dtype.itemsize
+        raw = self.bytes((self._key, self._n), n)
+        self._n += 1
+        return raw[:n].view(dtype).reshape(shape)
+
+
+def block_plan(shape: tuple[int, ...], block: int = BLOCK_ELEMENTS) -> tuple[int, int]:
+    """``(axis, length)``: blocks fix every axis before ``axis``, take ``length`` indices of
+    ``axis`` and all of the axes after it (about ``block`` elements in all)."""
+    for axis in range(len(shape)):
+        inner = math.prod(shape[axis + 1 :])
+        if inner <= block:
+            return axis, max(1, block // max(inner, 1))
+    return 0, 1  # pragma: no cover - the last axis always fits (inner == 1)
+
+
+def _blocks(shape: tuple[int, ...], axis: int, length: int):
+    """Yield ``(fixed, start, stop)`` for every block of an array of ``shape``."""
+    for fixed in itertools.product(*(range(d) for d in shape[:axis])):
+        for start in range(0, shape[axis], length):
+            yield fixed, start, min(start + length, shape[axis])
+
+
+def _index(vshape: tuple[int, ...], ndim: int, axis: int, fixed: tuple[int, ...], start: int,
+           stop: int) -> tuple[Any, ...]:  # fmt: skip
+    """The index of a block in a value of shape ``vshape`` that broadcasts to the output."""
+    offset = ndim - len(vshape)
+    index: list[Any] = []
+    for j, d in enumerate(vshape):
+        k = j + offset  # the output axis this value axis lines up with
+        if k < axis:
+            index.append(fixed[k] if d > 1 else 0)
+        elif k == axis:
+            index.append(slice(start, stop) if d > 1 else slice(0, 1))
+        else:
+            index.append(slice(None))
+    return tuple(index)
+
+
+def _block_shape(vshape: tuple[int, ...], ndim: int, axis: int, n: int) -> tuple[int, ...]:
+    offset = ndim - len(vshape)
+    out = []
+    for j, d in enumerate(vshape):
+        k = j + offset
+        if k == axis:
+            out.append(n if d > 1 else 1)
+        elif k > axis:
+            out.append(d)
+    return tuple(out)
+
+
+def _pseudo(ins: Instruction, shape: tuple[int, ...], name: str) -> Node:
+    return Node(-1, ins.op, (), MappingProxyType(ins.attrs), shape, ins.dtype, name)
+
+
+def _registers(instructions: list[Instruction], n_inputs: int, final_direct: bool) -> list[int]:
+    """A register number per instruction (-1: the output), reusing dead ones, in place
+    where the kernel allows it."""
+    last = {}
+    for k, ins in enumerate(instructions):
+        for a in ins.args:
+            last[a] = k
+    reg: list[int] = []
+    free: list[tuple[int, tuple[int, ...], str]] = []  # (register, shape, dtype)
+    kinds: dict[int, tuple[tuple[int, ...], str]] = {}
+    count = 0
+    for k, ins in enumerate(instructions):
+        if k == len(instructions) - 1 and final_direct:
+            reg.append(-1)
+            break
+        chosen = None
+        safe = inplace_positions(_pseudo(ins, ins.shape, ""))
+        for pos in safe:
+            a = ins.args[pos]
+            if a >= n_inputs and last[a] == k and ins.args.count(a) == 1:
+                r = reg[a - n_inputs]
+                if kinds.get(r) == (ins.shape, ins.dtype) and r != -1:
+                    chosen = r
+                    break
+        dead = {reg[a - n_inputs] for a in set(ins.args) if a >= n_inputs and last[a] == k}
+        if chosen is None:
+            for i, (_, shape, dtype) in enumerate(free):
+                if (shape, dtype) == (ins.shape, ins.dtype):
+                    chosen = free.pop(i)[0]
+                    break
+        if chosen is None:
+            chosen, count = count, count + 1
+        kinds[chosen] = (ins.shape, ins.dtype)
+        for r in dead - {chosen}:
+            free.append((r, *kinds[r]))
+        reg.append(chosen)
+    return reg
+
+
+def _live(instructions: list[Instruction], n_in: int) -> list[Instruction]:
+    """The instructions the result depends on, renumbered. Only these are sure to
+    broadcast to the output's shape (a dead one may be larger), so only these run."""
+    live = {n_in + len(instructions) - 1}
+    for k in range(len(instructions) - 1, -1, -1):
+        if n_in + k in live:
+            live.update(instructions[k].args)
+    if len(live) - sum(1 for v in live if v < n_in) == len(instructions):
+        return instructions
+    remap = {i: i for i in range(n_in)}
+    kept: list[Instruction] = []
+    for k, instr in enumerate(instructions):
+        if n_in + k in live:
+            remap[n_in + k] = n_in + len(kept)
+            kept.append(instr._replace(args=tuple(remap[a] for a in instr.args)))
+    return kept
+
+
+def program_steps(instructions: list[Instruction], ins: list[Any], out: np.ndarray, ctx: BuildContext,
+                  name: str = "", block: int = BLOCK_ELEMENTS) -> list[Step]:  # fmt: skip
+    """The steps evaluating ``instructions`` over operands ``ins`` into ``out``, block by block."""
+    n_in = len(ins)
+    instructions = _live(instructions, n_in)
+    used = {a for instr in instructions for a in instr.args if a < n_in}
+    final = instructions[-1]
+    safe_final = inplace_positions(_pseudo(final, final.shape, name))
+    final_direct = final.shape == out.shape and all(
+        pos in safe_final for pos, a in enumerate(final.args) if a < n_in
+    )
+    regs = _registers(instructions, n_in, final_direct)
+    scratch = _BlockScratch(ctx)
+    ndim = out.ndim
+    steps: list[Step] = []
+    if ndim == 0:
+        plan = [((), 0, 0)]
+        axis, length = 0, 0
+    else:
+        axis, length = block_plan(out.shape, block)
+        plan = list(_blocks(out.shape, axis, length))
+    reg_bytes: dict[int, int] = {}
+    for k, instr in enumerate(instructions):
+        if regs[k] >= 0:
+            full = _block_shape(instr.shape, ndim, axis, min(length, out.shape[axis])) if ndim else instr.shape
+            reg_bytes[regs[k]] = max(reg_bytes.get(regs[k], 0), math.prod(full) * np.dtype(instr.dtype).itemsize)
+    for fixed, start, stop in plan:
+        values: list[Any] = []
+        for i, x in enumerate(ins):
+            if i not in used or ndim == 0 or x.ndim == 0:
+                values.append(x)
+            else:
+                values.append(x[_index(x.shape, ndim, axis, fixed, start, stop)])
+        out_block = out if ndim == 0 else out[_index(out.shape, ndim, axis, fixed, start, stop)]
+        for k, instr in enumerate(instructions):
+            shape = instr.shape if ndim == 0 else _block_shape(instr.shape, ndim, axis, stop - start)
+            if regs[k] == -1:
+                target = out_block
+            else:
+                raw = scratch.bytes(("reg", regs[k]), reg_bytes[regs[k]])
+                dt = np.dtype(instr.dtype)
+                target = raw[: math.prod(shape) * dt.itemsize].view(dt).reshape(shape)
+            scratch.begin(k)
+            node = _pseudo(instr, shape, name)
+            if target.size:
+                steps += KERNELS[instr.op](node, [values[a] for a in instr.args], target, scratch)
+            values.append(target)
+        if regs[-1] != -1 and out_block.size:
+            steps.append(Step(np.copyto, (out_block, values[-1]), {"casting": "unsafe"}))
+    return steps
+
+
+def _types(ins: list[Any]) -> list[_Type]:
+    return [_Type(tuple(x.shape), np.dtype(x.dtype).name) for x in ins]
+
+
+def _fused_elementwise(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    _, instructions = program_types(node.op, _types(ins), node.attrs["program"])
+    return program_steps(instructions, ins, out, ctx, node.name)
+
+
+def _gemm(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    mm = Node(-1, OpKind.MATMUL, (), MappingProxyType({}), node.shape, node.dtype, node.name)
+    steps = KERNELS[OpKind.MATMUL](mm, ins[:2], out, ctx)
+    epilogue: list[tuple[OpKind, tuple[int, ...], dict[str, Any]]] = []
+    operands: list[Any] = [out]
+    if len(ins) == 3:
+        operands.append(ins[2])
+        epilogue.append((OpKind.ADD, (0, 1), {}))
+    spec = ACTIVATION_OPS[node.attrs["activation"]]
+    if spec is not None:
+        epilogue.append((spec[0], (len(operands) + len(epilogue) - 1,), spec[1]))
+    if not epilogue:
+        return steps
+    program = tuple((op.value, args, tuple(sorted(attrs.items()))) for op, args, attrs in epilogue)
+    _, instructions = program_types(OpKind.FUSED_ELEMENTWISE, _types(operands), program)
+    return steps + program_steps(instructions, operands, out, ctx, node.name)
+
+
+FUSED_KERNELS = {OpKind.FUSED_ELEMENTWISE: _fused_elementwise, OpKind.GEMM: _gemm}

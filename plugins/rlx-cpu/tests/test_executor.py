@@ -1,0 +1,268 @@
+"""The cpu executor's promises beyond correctness of single ops (the conformance kit's
+job): compile once into a flat plan over preallocated, reused buffers; run without
+walking the graph; hand out fresh outputs; never touch the inputs; share one compiled
+graph between threads; replace params atomically.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import rlx_core as rlx
+from rlx_core import reference
+from rlx_core.errors import InputError
+from rlx_core.ir import Graph
+from rlx_core.plugin import CompileOptions
+from rlx_core.registry import Registry
+from rlx_cpu import CpuBackend
+from rlx_cpu.executor import CpuExecutable
+
+
+@pytest.fixture
+def registry() -> Registry:
+    """A registry holding only the cpu backend: no discovery, no environment."""
+    reg = Registry(entry_points=[], environ={})
+    reg.register(CpuBackend())
+    return reg
+
+
+def compile_cpu(graph: Graph) -> CpuExecutable:
+    exe = CpuBackend().compile(graph.freeze(), CompileOptions(device="cpu"))
+    assert isinstance(exe, CpuExecutable)
+    return exe
+
+
+def chain_graph(length: int, size: int = 64) -> Graph:
+    """x -> a long chain of elementwise ops (each one a node), with a few constants."""
+    g = Graph(f"chain{length}")
+    y = g.input("x", (size,), "float32")
+    steps = ("add", "mul", "tanh", "neg", "abs", "maximum", "sub", "relu")
+    for i in range(length):
+        op = steps[i % len(steps)]
+        if op in ("tanh", "neg", "abs", "relu"):
+            y = getattr(g, op)(y)
+        else:
+            y = getattr(g, op)(y, np.full(size, 0.5 + i / length, np.float32))
+    g.set_outputs([y])
+    return g
+
+
+def mlp_graph() -> Graph:
+    """Two layers with a softmax, params feeding folded values (w1 * 2)."""
+    rng = np.random.default_rng(3)
+    g = Graph("mlp")
+    x = g.input("x", (4, 8), "float32")
+    w1 = g.param("w1", rng.standard_normal((8, 16)).astype(np.float32))
+    b1 = g.param("b1", rng.standard_normal(16).astype(np.float32))
+    w2 = g.param("w2", rng.standard_normal((16, 3)).astype(np.float32))
+    h = g.relu(g.add(g.matmul(x, g.mul(w1, 2.0)), b1))  # w1 * 2 is folded at compile time
+    g.set_outputs([g.softmax(g.matmul(h, w2), axis=-1), h])
+    return g
+
+
+def assert_matches_reference(graph: Graph, inputs: dict[str, np.ndarray], outs: list[np.ndarray],
+                             params: dict[str, np.ndarray] | None = None) -> None:  # fmt: skip
+    refs = reference.evaluate(graph, inputs, params=params)
+    for got, ref in zip(outs, refs):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- the plan
+def test_long_chain_reuses_few_buffers() -> None:
+    graph = chain_graph(40)
+    exe = compile_cpu(graph)
+    stats = exe.plan_stats()
+    assert stats["steps"] >= 40  # one step or more per node: a flat list
+    assert stats["buffers"] < len(graph.nodes) // 4, stats  # reused by liveness and in place
+    assert stats["reused"] + stats["inplace"] > 0, stats
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    assert_matches_reference(graph, {"x": x}, exe.run({"x": x}))
+
+
+def test_run_does_not_walk_the_graph_or_build_anything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After compile, a run is the bound steps only: no shape inference, no reference,
+    no kernel builders, no graph access, no new plan."""
+    import rlx_core.ops
+    import rlx_core.reference
+    import rlx_cpu.executor
+
+    graph = mlp_graph()
+    exe = compile_cpu(graph)
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    want = [o.copy() for o in exe.run({"x": x})]
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("called during run")
+
+    monkeypatch.setattr(rlx_core.ops, "infer", forbidden)
+    monkeypatch.setattr(rlx_core.reference, "evaluate", forbidden)
+    monkeypatch.setattr(Graph, "nodes", property(forbidden))
+    monkeypatch.setattr(Graph, "node", forbidden)
+    monkeypatch.setattr(rlx_cpu.executor, "_BUILDERS", {})
+    monkeypatch.setattr(CpuExecutable, "_bind_plan", forbidden)
+    for _ in range(3):
+        got = exe.run({"x": x})
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    assert exe.plan_stats()["plans"] == 1
+
+
+def test_reshape_of_a_buffer_is_a_view_and_folded_nodes_cost_no_step() -> None:
+    g = Graph("views")
+    x = g.input("x", (2, 6), "float32")
+    c = g.mul(g.constant(np.arange(12, dtype=np.float32).reshape(3, 4)), 2.0)  # folded
+    y = g.reshape(g.exp(x), (3, 4))
+    g.set_outputs([g.add(y, c)])
+    exe = compile_cpu(g)
+    stats = exe.plan_stats()
+    assert stats["views"] == 1 and stats["folded"] >= 1, stats
+    xv = np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6)
+    assert_matches_reference(g, {"x": xv}, exe.run({"x": xv}))
+
+
+# ----------------------------------------------------------------------------- outputs and inputs
+def test_outputs_are_fresh_arrays() -> None:
+    graph = chain_graph(6, size=8)
+    exe = compile_cpu(graph)
+    x = np.linspace(-1, 1, 8, dtype=np.float32)
+    first = exe.run({"x": x})[0]
+    want = first.copy()
+    first[:] = 1e6  # the caller owns what it got
+    second = exe.run({"x": x})[0]
+    np.testing.assert_array_equal(second, want)
+    assert not np.shares_memory(first, second)
+    assert second.flags.writeable and second.flags.owndata
+
+
+@pytest.mark.parametrize("build", ["identity_reshape", "transpose", "slice"])
+def test_outputs_never_alias_inputs(build: str) -> None:
+    g = Graph(build)
+    x = g.input("x", (3, 4), "float32")
+    if build == "identity_reshape":
+        out = g.reshape(x, (4, 3))
+    elif build == "transpose":
+        out = g.transpose(x)
+    else:
+        out = g.slice(x, (0,), (2,))
+    g.set_outputs([out, x])  # an input as a graph output, too
+    exe = compile_cpu(g)
+    xv = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for got in exe.run({"x": xv}):
+        assert not np.shares_memory(got, xv)
+
+
+def test_inputs_are_never_modified() -> None:
+    """Ops that may work in place (elementwise over a dying value) never pick an input,
+    even when the input dies at that op; padding conv copies, it does not write."""
+    g = Graph("inplace_candidates")
+    x = g.input("x", (1, 2, 5, 5), "float32")
+    w = g.param("w", np.ones((3, 2, 3, 3), np.float32))
+    a = g.input("a", (10,), "float32")
+    b = g.input("b", (10,), "float32")
+    conv = g.conv2d(g.neg(x), w, padding=1)
+    s = g.relu(g.sub(g.exp(a), b))
+    g.set_outputs([conv, g.tanh(s), g.abs(g.reshape(a, (2, 5)))])
+    exe = compile_cpu(g)
+    rng = np.random.default_rng(0)
+    feeds = {
+        "x": rng.standard_normal((1, 2, 5, 5)).astype(np.float32),
+        "a": rng.standard_normal(10).astype(np.float32),
+        "b": rng.standard_normal(10).astype(np.float32),
+    }
+    pristine = {k: v.copy() for k, v in feeds.items()}
+    for _ in range(2):
+        outs = exe.run(feeds)
+    for k in feeds:
+        np.testing.assert_array_equal(feeds[k], pristine[k], err_msg=f"input {k!r} was modified")
+    assert_matches_reference(g, pristine, outs)
+
+
+def test_read_only_and_non_contiguous_inputs(registry: Registry) -> None:
+    g = Graph("strided")
+    x = g.input("x", (3, 4), "float32")
+    g.set_outputs([g.add(g.transpose(x), 1.0)])
+    cg = rlx.compile(g, device="cpu", registry=registry)
+    base = np.arange(24, dtype=np.float32).reshape(3, 8)
+    strided = base[:, ::2]
+    strided.flags.writeable = False
+    (got,) = cg.run({"x": strided})
+    np.testing.assert_array_equal(got, strided.T + 1)
+
+
+# ----------------------------------------------------------------------------- threads
+def test_eight_threads_share_one_compiled_graph(registry: Registry) -> None:
+    graph = mlp_graph()
+    cg = rlx.compile(graph, device="cpu", registry=registry)
+    rng = np.random.default_rng(7)
+    feeds = [{"x": rng.standard_normal((4, 8)).astype(np.float32)} for _ in range(8)]
+    expected = [reference.evaluate(graph, f) for f in feeds]
+    start = threading.Barrier(8)
+    errors: list[str] = []
+
+    def worker(i: int) -> None:
+        start.wait()
+        for n in range(40):
+            outs = cg.run(feeds[i])
+            for got, ref in zip(outs, expected[i]):
+                if not np.allclose(got, ref, rtol=1e-4, atol=1e-5):
+                    errors.append(f"thread {i}, run {n}: wrong result")
+                    return
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    stats = cg._exe.plan_stats()
+    assert 1 <= stats["plans"] <= 8 and stats["pooled"] == stats["plans"], stats
+
+
+def test_a_failed_run_returns_its_plan_to_the_pool() -> None:
+    g = Graph("intdiv")
+    a = g.input("a", (3,), "int32")
+    b = g.input("b", (3,), "int32")
+    g.set_outputs([g.div(a, b)])
+    exe = compile_cpu(g)
+    with pytest.raises(InputError, match="division by zero"):
+        exe.run({"a": np.ones(3, np.int32), "b": np.array([1, 0, 2], np.int32)})
+    assert exe.plan_stats()["pooled"] == 1
+    (got,) = exe.run({"a": np.array([7, -7, 9], np.int32), "b": np.array([2, 2, -4], np.int32)})
+    np.testing.assert_array_equal(got, [3, -3, -2])  # truncation toward zero
+
+
+# ----------------------------------------------------------------------------- set_param
+def test_set_param_updates_params_and_folded_values(registry: Registry) -> None:
+    graph = mlp_graph()
+    cg = rlx.compile(graph, device="cpu", registry=registry)
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    new_w1 = np.linspace(-0.5, 0.5, 128, dtype=np.float32).reshape(8, 16)
+    cg.set_param("w1", new_w1)
+    new_w1[:] = 0  # set_param copied the value: later changes to the caller's array do not leak in
+    want = np.linspace(-0.5, 0.5, 128, dtype=np.float32).reshape(8, 16)
+    assert_matches_reference(graph, {"x": x}, cg.run({"x": x}), params={"w1": want})
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "match"),
+    [
+        ("w1", np.zeros((8, 15), np.float32), "shape"),
+        ("w1", np.zeros((8, 16), np.float64), "dtype"),
+        ("w1", "not an array", "w1"),
+        ("nope", np.zeros((8, 16), np.float32), "no param 'nope'"),
+    ],
+)
+def test_set_param_is_atomic_on_a_bad_value(registry: Registry, name: str, value: object, match: str) -> None:
+    graph = mlp_graph()
+    cg = rlx.compile(graph, device="cpu", registry=registry)
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    before = [o.copy() for o in cg.run({"x": x})]
+    with pytest.raises(InputError, match=match):
+        cg.set_param(name, value)
+    with pytest.raises(InputError, match=match):
+        cg._exe.set_param(name, value)  # the executable checks too, before copying anything
+    for got, want in zip(cg.run({"x": x}), before):
+        np.testing.assert_array_equal(got, want)

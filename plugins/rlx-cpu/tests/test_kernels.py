@@ -1,0 +1,164 @@
+"""How the cpu kernels compute: conv2d as im2col plus one (batched) matmul, exact
+integer and bool arithmetic, float16 through float32 accumulation. Values are held to
+the float64 reference (``rlx_core.reference``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlx_core import reference
+from rlx_core.ir import Graph
+from rlx_core.ops import OpKind
+from rlx_core.plugin import CompileOptions
+from rlx_cpu import CpuBackend
+from rlx_cpu.nn_kernels import NN_KERNELS
+
+
+def run_cpu(graph: Graph, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    exe = CpuBackend().compile(graph.freeze(), CompileOptions(device="cpu"))
+    return exe.run(inputs)
+
+
+class _Temporaries:
+    """A build context handing out private temporaries (what a plan's arena does)."""
+
+    def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        return np.empty(shape, dtype)
+
+
+# (x shape, w shape, stride, padding, dilation, groups)
+CONV_CASES = [
+    ((2, 3, 7, 7), (4, 3, 3, 3), 1, 0, 1, 1),
+    ((1, 3, 8, 9), (6, 3, 3, 3), 2, 1, 1, 1),
+    ((1, 4, 9, 9), (4, 2, 3, 3), 1, (1, 2, 0, 1), 2, 2),  # asymmetric padding, dilation, groups
+    ((2, 6, 6, 6), (6, 1, 3, 3), (2, 1), 1, 1, 6),  # depthwise
+    ((1, 4, 5, 5), (8, 4, 1, 1), 1, 0, 1, 1),  # pointwise: no im2col at all
+    ((1, 2, 10, 8), (3, 2, 2, 3), (3, 2), (2, 1), (2, 1), 1),
+]
+
+
+def conv_graph(xs: tuple[int, ...], ws: tuple[int, ...], stride: Any, padding: Any, dilation: Any, groups: int,
+               dtype: str = "float32", bias: bool = True) -> Graph:  # fmt: skip
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    g = Graph("conv")
+    x = g.input("x", xs, dtype)
+    w = g.param("w", rng.standard_normal(ws).astype(dtype))
+    b = g.param("b", rng.standard_normal(ws[0]).astype(dtype)) if bias else None
+    g.set_outputs([g.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups)])
+    return g
+
+
+@pytest.mark.parametrize(("xs", "ws", "stride", "padding", "dilation", "groups"), CONV_CASES)
+def test_conv2d_is_one_matmul_and_matches_the_reference(xs: tuple[int, ...], ws: tuple[int, ...], stride: Any,
+                                                         padding: Any, dilation: Any, groups: int) -> None:  # fmt: skip
+    graph = conv_graph(xs, ws, stride, padding, dilation, groups)
+    node = graph.node(graph.outputs[0])
+    # The kernel's steps, built on concrete arrays: a copy into the column matrix (none
+    # for a 1x1 stride-1 conv), then exactly one batched matmul over every group.
+    ins = [np.ones(xs, np.float32), np.ones(ws, np.float32), np.ones(ws[0], np.float32)]
+    steps = NN_KERNELS[OpKind.CONV2D](node, ins, np.empty(node.shape, np.float32), _Temporaries())
+    assert [s.fn for s in steps].count(np.matmul) == 1, [getattr(s.fn, "__name__", s.fn) for s in steps]
+    assert not any(s.fn is np.einsum or s.fn is np.tensordot for s in steps)
+
+    x = np.random.default_rng(1).standard_normal(xs).astype(np.float32)
+    (got,) = run_cpu(graph, {"x": x})
+    (ref,) = reference.evaluate(graph, {"x": x})
+    assert got.shape == ref.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_float16_accumulates_in_float32() -> None:
+    graph = conv_graph((1, 8, 6, 6), (4, 8, 3, 3), 1, 1, 1, 1, dtype="float16", bias=False)
+    x = np.random.default_rng(2).standard_normal((1, 8, 6, 6)).astype(np.float16)
+    (got,) = run_cpu(graph, {"x": x})
+    (ref,) = reference.evaluate(graph, {"x": x})
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-2, atol=2e-2)
+
+
+# ----------------------------------------------------------------------------- ints and bools
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_integer_ops_are_exact(dtype: str) -> None:
+    g = Graph(f"ints_{dtype}")
+    a = g.input("a", (2, 6), dtype)
+    b = g.input("b", (6,), dtype)
+    idx = g.input("idx", (3,), "int64")
+    q = g.div(a, b)  # truncates toward zero, like C and ONNX
+    mixed = g.maximum(g.abs(g.sub(g.mul(a, b), q)), g.neg(a))
+    total = g.reduce_sum(mixed, axes=1, keepdims=True)
+    cat = g.concat([g.slice(a, (0,), (4,), axes=(1,)), g.gather(a, idx, axis=1)], axis=1)
+    g.set_outputs([q, mixed, total, g.reduce_max(cat, axes=(0,)), g.transpose(cat)])
+    feeds = {
+        "a": np.array([[7, -7, 9, -9, 100, 0], [1, 2, 3, -4, -5, 6]], dtype),
+        "b": np.array([2, 2, -4, -4, 7, -3], dtype),
+        "idx": np.array([5, 0, 3], np.int64),
+    }
+    outs = run_cpu(g, feeds)
+    refs = reference.evaluate(g, feeds)
+    for got, ref in zip(outs, refs):
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(outs[0][0], [3, -3, -2, 2, 14, 0])
+
+
+def test_bool_where_cast_and_comparisons_via_cast() -> None:
+    g = Graph("bools")
+    x = g.input("x", (8,), "float32")
+    mask = g.input("mask", (8,), "bool")
+    as_int = g.cast(mask, "int32")
+    back = g.cast(g.sub(as_int, 1), "bool")  # nonzero -> True
+    picked = g.where(mask, x, g.neg(x))
+    g.set_outputs([back, picked, g.cast(x, "bool"), g.cast(x, "int64"), g.reduce_sum(as_int)])
+    feeds = {"x": np.array([-2.7, -1.0, -0.5, 0.0, 0.5, 1.0, 2.7, 3.5], np.float32),
+             "mask": np.array([1, 0, 1, 1, 0, 0, 1, 0], bool)}  # fmt: skip
+    outs = run_cpu(g, feeds)
+    refs = reference.evaluate(g, feeds)
+    assert [o.dtype for o in outs] == [np.bool_, np.float32, np.bool_, np.int64, np.int32]
+    for got, ref in zip(outs, refs):
+        np.testing.assert_array_equal(got, ref.astype(got.dtype))
+    np.testing.assert_array_equal(outs[3], [-2, -1, 0, 0, 0, 1, 2, 3])  # float -> int truncates
+
+
+def test_integer_matmul_does_not_round_through_floats() -> None:
+    g = Graph("imatmul")
+    a = g.input("a", (2, 3), "int64")
+    w = g.param("w", np.array([[2**40, 1], [3, -(2**41)], [-5, 7]], np.int64))
+    g.set_outputs([g.matmul(a, w)])
+    av = np.array([[1, 2, 3], [-4, 5, 2**20]], np.int64)
+    (got,) = run_cpu(g, {"a": av})
+    np.testing.assert_array_equal(got, av @ np.array([[2**40, 1], [3, -(2**41)], [-5, 7]], np.int64))
+
+
+# ----------------------------------------------------------------------------- float16
+def test_float16_block_matches_the_reference() -> None:
+    """A transformer-ish block in float16: sums, norms and softmax accumulate in float32,
+    so the error stays within float16's own rounding."""
+    rng = np.random.default_rng(5)
+    g = Graph("f16")
+    x = g.input("x", (2, 5, 16), "float16")
+    w = g.param("w", (rng.standard_normal((16, 16)) / 4).astype(np.float16))
+    scale = g.param("scale", np.ones(16, np.float16))
+    h = g.layer_norm(g.matmul(x, w), scale, axis=-1)
+    att = g.attention(h, h, h)
+    y = g.gelu(g.add(att, g.sigmoid(h)), approximate="tanh")
+    g.set_outputs([g.softmax(y, axis=-1), g.reduce_mean(g.rsqrt(g.add(g.mul(y, y), 1.0)), axes=(1,)),
+                   g.erf(y), g.cast(y, "float32")])  # fmt: skip
+    xv = rng.standard_normal((2, 5, 16)).astype(np.float16)
+    outs = run_cpu(g, {"x": xv})
+    refs = reference.evaluate(g, {"x": xv})
+    for got, ref, nid in zip(outs, refs, g.outputs):
+        assert got.dtype == np.dtype(g.node(nid).dtype)
+        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_float16_long_sum_does_not_overflow_or_drift() -> None:
+    """4096 halves summed: a float16 accumulator would stall at 2048 + rounding."""
+    g = Graph("f16sum")
+    x = g.input("x", (4096,), "float16")
+    g.set_outputs([g.reduce_sum(x), g.reduce_mean(x)])
+    xv = np.full(4096, 1.0, np.float16)
+    total, mean = run_cpu(g, {"x": xv})
+    assert total == np.float16(4096) and mean == np.float16(1)

@@ -1,0 +1,364 @@
+"""Step builders: one node of the graph -> the CuPy calls that compute it on the GPU.
+
+This is the thin GPU-only glue. The kernel sources come from ``codegen`` and
+``nn_source`` (pure Python, tested without a GPU); here they are compiled through a
+``KernelCache`` (once per source text, per backend) and bound to the executable's
+buffers. A ``Step`` reads and writes the executable's value slots; every output buffer
+exists before the first run, so a step allocates nothing unless it says so
+(``allocates``), and a graph whose steps allocate nothing can be captured as a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlx_core.ir import Node
+from rlx_core.ops import ELEMENTWISE_OPS, OpKind, slice_index
+from rlx_core.passes.internal_ops import ACTIVATION_OPS, make_instruction
+
+from . import nn_source as nn
+from .codegen import ElementwiseSource, elementwise_source, single_op_program, used_inputs
+
+__all__ = ["KernelCache", "Step", "BuildContext", "build_steps", "CLAIMED_OPS"]
+
+Slots = list[Any]
+
+#: Every op a builder below implements (the backend claims exactly these).
+CLAIMED_OPS: frozenset[str] = frozenset(
+    {op.value for op in ELEMENTWISE_OPS}
+    | {op.value for op in (
+        OpKind.MATMUL, OpKind.GEMM, OpKind.FUSED_ELEMENTWISE, OpKind.SOFTMAX, OpKind.LAYER_NORM,
+        OpKind.REDUCE_SUM, OpKind.REDUCE_MEAN, OpKind.REDUCE_MAX, OpKind.RESHAPE, OpKind.TRANSPOSE,
+        OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER, OpKind.CONV2D, OpKind.MAX_POOL2D, OpKind.AVG_POOL2D,
+        OpKind.GLOBAL_AVG_POOL2D, OpKind.ATTENTION)}
+)  # fmt: skip
+
+
+class KernelCache:
+    """Compiled CuPy kernel objects by source text, shared by a backend's executables.
+
+    CuPy compiles a kernel on its first launch per device (NVRTC, cached on disk too);
+    keeping the objects here means each distinct source is built once per process.
+    """
+
+    def __init__(self, cp: Any) -> None:
+        self._cp = cp
+        self._lock = threading.Lock()
+        self._kernels: dict[tuple, Any] = {}
+
+    def _get(self, key: tuple, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            k = self._kernels.get(key)
+            if k is None:
+                k = self._kernels[key] = make()
+            return k
+
+    def elementwise(self, src: ElementwiseSource | nn.IndexedSource) -> Any:
+        cp = self._cp
+        return self._get(("ew", src.name, src.body), lambda: cp.ElementwiseKernel(
+            src.in_params, src.out_params, src.body, src.name))  # fmt: skip
+
+    def raw(self, src: nn.RowSource) -> Any:
+        return self._get(("raw", src.name, src.code), lambda: self._cp.RawKernel(src.code, src.name))
+
+    def reduction(self, src: nn.ReductionSource) -> Any:
+        cp = self._cp
+        return self._get(("red", src.name), lambda: cp.ReductionKernel(
+            src.in_params, src.out_params, src.map_expr, src.reduce_expr, src.post_map_expr, src.identity,
+            src.name, src.reduce_type))  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self._kernels)
+
+
+@dataclass
+class Step:
+    """One launch (or a few) of one node; ``allocates`` rules out CUDA graph capture."""
+
+    name: str
+    fn: Callable[[Slots], None]
+    allocates: bool = False
+
+
+@dataclass
+class BuildContext:
+    """What builders need besides the node: CuPy, the kernel cache, scratch memory and the
+    error flags (one int32 per node that can fail on bad data)."""
+
+    cp: Any
+    cache: KernelCache
+    tf32: bool = False
+    workspaces: list[Any] = field(default_factory=list)
+    flag_nodes: list[Node] = field(default_factory=list)
+    flags: Any = None  # the device int32 array, sized once every step is built
+
+    def workspace(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        buf = self.cp.empty(shape, dtype=dtype)
+        self.workspaces.append(buf)
+        return buf
+
+    def flag_slot(self, node: Node) -> int:
+        self.flag_nodes.append(node)
+        return len(self.flag_nodes) - 1
+
+    def flag(self, k: int) -> Any:
+        return self.flags[k : k + 1]
+
+
+def _elementwise(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext,
+                 program: tuple) -> list[Step]:  # fmt: skip
+    src = elementwise_source(program, [n.dtype for n in ins], [n.shape for n in ins])
+    kern = ctx.cache.elementwise(src)
+    used = [ids[i] for i in used_inputs(src)]
+    if math.prod(node.shape) == 0:
+        return []
+    if src.uses_error_flag:
+        k = ctx.flag_slot(node)
+        return [Step(node.name or str(node.op), lambda s: kern(*[s[i] for i in used], ctx.flag(k), s[out]))]
+    return [Step(node.name or str(node.op), lambda s: kern(*[s[i] for i in used], s[out]))]
+
+
+def _matmul_call(ctx: BuildContext, dtype: str) -> Callable[[Any, Any, Any], None]:
+    cp = ctx.cp
+    if not (ctx.tf32 and dtype == "float32"):
+        return lambda a, b, o: cp.matmul(a, b, out=o)
+    from cupy._core import _routines_linalg as linalg  # CuPy's compute-type switch (process-wide)
+
+    def tf32(a: Any, b: Any, o: Any) -> None:
+        old = linalg.get_compute_type(np.float32)
+        linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+        try:
+            cp.matmul(a, b, out=o)
+        finally:
+            linalg.set_compute_type(np.float32, old)
+
+    return tf32
+
+
+def _gemm(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext) -> list[Step]:
+    mm = _matmul_call(ctx, node.dtype)
+    steps = [Step(f"{node.name or 'gemm'}:matmul", lambda s: mm(s[ids[0]], s[ids[1]], s[out]))]
+    program: list[tuple] = []
+    operands = [node]
+    if len(ins) == 3:
+        operands.append(ins[2])
+        program.append(make_instruction(OpKind.ADD, (0, 1), {}))
+    spec = ACTIVATION_OPS[node.attrs["activation"]]
+    if spec is not None:
+        program.append(make_instruction(spec[0], (len(operands) + len(program) - 1,), spec[1]))
+    if program:
+        epi_ids = [out] + ([ids[2]] if len(ins) == 3 else [])
+        steps += _elementwise(node, operands, out, epi_ids, ctx, tuple(program))
+    return steps
+
+
+def _reduce(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext,
+            kind: str, axes: tuple[int, ...], keepdims: bool) -> list[Step]:  # fmt: skip
+    kern = ctx.cache.reduction(nn.reduction_source(kind, node.dtype))
+    x = ids[0]
+    return [Step(node.name or kind, lambda s: kern(s[x], axis=axes, keepdims=keepdims, out=s[out]))]
+
+
+def _rows(n: int, rows: int) -> tuple[tuple[int], tuple[int]]:
+    return (max(rows, 1),), (nn.row_threads(n),)
+
+
+def _softmax(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext) -> list[Step]:
+    shape, axis = node.shape, node.attrs["axis"]
+    n, inner = shape[axis], math.prod(shape[axis + 1 :])
+    rows = math.prod(shape) // max(n, 1)
+    if math.prod(shape) == 0:
+        return []
+    kern = ctx.cache.raw(nn.softmax_source(node.dtype))
+    grid, block = _rows(n, rows)
+    one = np.dtype(np.float64 if node.dtype == "float64" else np.float32).type(1.0)
+    args = (np.int64(n), np.int64(inner), np.int64(rows), one)
+    x = ids[0]
+    return [Step(node.name or "softmax", lambda s: kern(grid, block, (s[x], s[x], s[out], *args)))]
+
+
+def _broadcast_row(ctx: BuildContext, src_node: Node, src_id: int, norm: tuple[int, ...],
+                   steps: list[Step]) -> Callable[[Slots], Any]:  # fmt: skip
+    """A getter of ``src`` as a contiguous row of the normalized shape (copied into a
+    workspace each run when it must be broadcast)."""
+    if src_node.shape == norm:
+        return lambda s: s[src_id]
+    ws = ctx.workspace(norm, np.dtype(src_node.dtype))
+    cp = ctx.cp
+    steps.append(Step("broadcast", lambda s: cp.copyto(ws, cp.broadcast_to(s[src_id], norm))))
+    return lambda s: ws
+
+
+def _layer_norm(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext) -> list[Step]:
+    shape, axis = node.shape, node.attrs["axis"]
+    norm = shape[axis:]
+    n = math.prod(norm)
+    rows = math.prod(shape[:axis])
+    if math.prod(shape) == 0:
+        return []
+    steps: list[Step] = []
+    scale = _broadcast_row(ctx, ins[1], ids[1], norm, steps)
+    has_bias = len(ins) == 3
+    bias = _broadcast_row(ctx, ins[2], ids[2], norm, steps) if has_bias else scale
+    kern = ctx.cache.raw(nn.layer_norm_source(node.dtype, has_bias))
+    grid, block = _rows(n, rows)
+    eps = np.dtype(np.float64 if node.dtype == "float64" else np.float32).type(node.attrs["eps"])
+    args = (np.int64(n), np.int64(rows), eps)
+    x = ids[0]
+    steps.append(Step(node.name or "layer_norm",
+                      lambda s: kern(grid, block, (s[x], scale(s), bias(s), s[out], *args))))  # fmt: skip
+    return steps
+
+
+def _copy_view(node: Node, out: int, view: Callable[[Any], Any], x: int, ctx: BuildContext) -> list[Step]:
+    cp = ctx.cp
+    if math.prod(node.shape) == 0:
+        return []
+    return [Step(node.name or str(node.op), lambda s: cp.copyto(s[out], view(s[x])))]
+
+
+def _concat(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext) -> list[Step]:
+    cp, axis = ctx.cp, node.attrs["axis"]
+    steps, start = [], 0
+    for n_in, i in zip(ins, ids):
+        size = n_in.shape[axis]
+        if size and math.prod(n_in.shape):
+            index = (slice(None),) * axis + (slice(start, start + size),)
+            steps.append(Step(node.name or "concat", lambda s, i=i, index=index: cp.copyto(s[out][index], s[i])))
+        start += size
+    return steps
+
+
+def _gather(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext) -> list[Step]:
+    x, idx = ins
+    axis = node.attrs["axis"]
+    if math.prod(node.shape) == 0:
+        return []
+    src = nn.gather_source(node.dtype, idx.dtype, x.shape[axis], math.prod(idx.shape), math.prod(x.shape[axis + 1 :]))
+    kern = ctx.cache.elementwise(src)
+    k = ctx.flag_slot(node)
+    return [Step(node.name or "gather", lambda s: kern(s[ids[0]], s[ids[1]], ctx.flag(k), s[out]))]
+
+
+def _pool(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext) -> list[Step]:
+    a = node.attrs
+    if math.prod(node.shape) == 0:
+        return []
+    if node.op is OpKind.MAX_POOL2D:
+        src = nn.pool_source("max", node.dtype, ins[0].shape[2:], node.shape[2:], a["kernel"], a["stride"],
+                             a["padding"], a["dilation"])  # fmt: skip
+    else:
+        src = nn.pool_source("avg", node.dtype, ins[0].shape[2:], node.shape[2:], a["kernel"], a["stride"],
+                             a["padding"], count_include_pad=a["count_include_pad"])  # fmt: skip
+    kern = ctx.cache.elementwise(src)
+    return [Step(node.name or str(node.op), lambda s: kern(s[ids[0]], s[out]))]
+
+
+def _conv2d(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext) -> list[Step]:
+    a = node.attrs
+    (n, c, h, w), (o, cg, kh, kw) = ins[0].shape, ins[1].shape
+    groups, (_, _, oh, ow) = a["groups"], node.shape
+    if math.prod(node.shape) == 0:
+        return []
+    og, k, p = o // groups, cg * kh * kw, oh * ow
+    mm = _matmul_call(ctx, node.dtype)
+    steps: list[Step] = []
+    pointwise = (kh, kw) == (1, 1) and a["stride"] == (1, 1) and a["padding"] == (0, 0, 0, 0)
+    if pointwise:
+        cols = lambda s: s[ids[0]].reshape(n, groups, cg, h * w)  # noqa: E731
+    else:
+        buf = ctx.workspace((n, groups, k, p), np.dtype(node.dtype))
+        src = nn.im2col_source(node.dtype, c, (h, w), (oh, ow), (kh, kw), a["stride"], a["padding"], a["dilation"],
+                               groups)  # fmt: skip
+        im2col = ctx.cache.elementwise(src)
+        steps.append(Step(f"{node.name or 'conv2d'}:im2col", lambda s: im2col(s[ids[0]], buf)))
+        cols = lambda s: buf  # noqa: E731
+    wid = ids[1]
+    steps.append(Step(f"{node.name or 'conv2d'}:gemm",
+                      lambda s: mm(s[wid].reshape(groups, og, k), cols(s), s[out].reshape(n, groups, og, p))))  # fmt: skip
+    if len(ins) == 3:
+        cp, bid = ctx.cp, ids[2]
+        steps.append(Step(f"{node.name or 'conv2d'}:bias",
+                          lambda s: cp.add(s[out], s[bid].reshape(1, o, 1, 1), out=s[out])))  # fmt: skip
+    return steps
+
+
+def _attention(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext) -> list[Step]:
+    q, k_node = ins[0], ins[1]
+    scores_shape = (*node.shape[:-2], q.shape[-2], k_node.shape[-2])
+    if math.prod(node.shape) == 0:
+        return []
+    dtype = np.dtype(node.dtype)
+    scores = ctx.workspace(scores_shape, dtype)
+    mm = _matmul_call(ctx, node.dtype)
+    cp = ctx.cp
+    steps = [Step(f"{node.name or 'attention'}:scores", lambda s: mm(s[ids[0]], cp.swapaxes(s[ids[1]], -1, -2), scores))]
+    mode = "none"
+    mask: Any = None
+    if len(ins) == 4:
+        mode = "bool" if ins[3].dtype == "bool" else "add"
+        if ins[3].shape == scores_shape:
+            mask_get = lambda s: s[ids[3]]  # noqa: E731
+        else:
+            mbuf = ctx.workspace(scores_shape, np.dtype(ins[3].dtype))
+            steps.append(Step("mask", lambda s: cp.copyto(mbuf, cp.broadcast_to(s[ids[3]], scores_shape))))
+            mask_get = lambda s: mbuf  # noqa: E731
+        mask = mask_get
+    lk = scores_shape[-1]
+    rows = math.prod(scores_shape) // max(lk, 1)
+    kern = ctx.cache.raw(nn.softmax_source(node.dtype, mode))
+    grid, block = _rows(lk, rows)
+    scale = np.dtype(np.float64 if node.dtype == "float64" else np.float32).type(node.attrs["scale"])
+    args = (np.int64(lk), np.int64(1), np.int64(rows), scale)
+    if mask is None:
+        steps.append(Step("softmax", lambda s: kern(grid, block, (scores, scores, scores, *args))))
+    else:
+        steps.append(Step("softmax", lambda s: kern(grid, block, (scores, mask(s), scores, *args))))
+    steps.append(Step(f"{node.name or 'attention'}:values", lambda s: mm(scores, s[ids[2]], s[out])))
+    return steps
+
+
+def build_steps(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext) -> list[Step]:
+    """The steps computing ``node`` into slot ``out`` from slots ``ids``."""
+    op = node.op
+    if op in ELEMENTWISE_OPS:
+        return _elementwise(node, ins, out, ids, ctx, single_op_program(op, len(ins), node.attrs))
+    if op is OpKind.FUSED_ELEMENTWISE:
+        return _elementwise(node, ins, out, ids, ctx, node.attrs["program"])
+    if op is OpKind.MATMUL:
+        mm = _matmul_call(ctx, node.dtype)
+        return [Step(node.name or "matmul", lambda s: mm(s[ids[0]], s[ids[1]], s[out]))]
+    if op is OpKind.GEMM:
+        return _gemm(node, ins, out, ids, ctx)
+    if op in (OpKind.REDUCE_SUM, OpKind.REDUCE_MEAN, OpKind.REDUCE_MAX):
+        kind = {OpKind.REDUCE_SUM: "sum", OpKind.REDUCE_MEAN: "mean", OpKind.REDUCE_MAX: "max"}[op]
+        return _reduce(node, ins, out, ids, ctx, kind, node.attrs["axes"], node.attrs["keepdims"])
+    if op is OpKind.GLOBAL_AVG_POOL2D:
+        return _reduce(node, ins, out, ids, ctx, "mean", (2, 3), True)
+    if op is OpKind.SOFTMAX:
+        return _softmax(node, ins, out, ids, ctx)
+    if op is OpKind.LAYER_NORM:
+        return _layer_norm(node, ins, out, ids, ctx)
+    if op is OpKind.TRANSPOSE:
+        perm = node.attrs["perm"]
+        return _copy_view(node, out, lambda x: x.transpose(perm), ids[0], ctx)
+    if op is OpKind.SLICE:
+        index = slice_index(len(ins[0].shape), node.attrs)
+        return _copy_view(node, out, lambda x: x[index], ids[0], ctx)
+    if op is OpKind.CONCAT:
+        return _concat(node, ins, out, ids, ctx)
+    if op is OpKind.GATHER:
+        return _gather(node, ins, out, ids, ctx)
+    if op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D):
+        return _pool(node, ins, out, ids, ctx)
+    if op is OpKind.CONV2D:
+        return _conv2d(node, ins, out, ids, ctx)
+    if op is OpKind.ATTENTION:
+        return _attention(node, ins, out, ids, ctx)
+    raise NotImplementedError(f"rlx-cuda has no kernel for {op}")  # claims() keeps this unreachable

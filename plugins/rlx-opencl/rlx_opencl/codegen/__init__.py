@@ -1,0 +1,1 @@
+"""OpenCL C generators, one module per family of ops; each returns ``Kernel`` records."""

@@ -1,0 +1,255 @@
+"""``Predictor``: a model as a row-wise function on columns, on the device *this* host picks.
+
+Ray Data builds one ``Predictor`` per worker (``map_batches`` with a callable class), so
+everything host-specific happens in ``__init__``, on the worker: reading the ``RLX_*``
+environment (``policy=None``), probing backends, ranking devices and compiling. The
+driver only ships the model's bytes. The same object works without Ray, on a dict of
+numpy arrays, which is how ``rlx batch`` runs in-process.
+
+Failures follow ``run_with_fallback``: a device that fails while compiling or running
+emits one ``FallbackWarning`` and the rows go to the next device of the chain; the
+device column says where each row really ran. The failed device is then dropped for the
+rest of this worker's life (a device that failed once would most likely fail, slowly,
+on every later batch). Under a strict policy, or with an explicit device, there is no
+fallback: the failure is a ``DeviceError`` naming the host and the device.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, DeviceError, DeviceFallbackError, FallbackWarning, InputError, RlxError
+from ..ir import Graph
+from ..policy import DevicePolicy
+from ..session import CompiledGraph, GraphDevices
+from ._model import BatchModel, ColumnSpec
+
+__all__ = ["Predictor", "DEFAULT_DEVICE_COLUMN", "node_label"]
+
+log = logging.getLogger("rlx.distributed")
+
+DEFAULT_DEVICE_COLUMN = "rlx_device"
+
+
+def node_label() -> str:
+    """How errors name this host: its hostname, plus the Ray node id inside a Ray worker."""
+    host = socket.gethostname()
+    ray = sys.modules.get("ray")  # never import ray just to name the host
+    if ray is not None:
+        try:
+            if ray.is_initialized():
+                return f"node {ray.get_runtime_context().get_node_id()[:12]} ({host}, pid {os.getpid()})"
+        except Exception:  # an old or half-initialized ray: the hostname still says where
+            pass
+    return f"host {host} (pid {os.getpid()})"
+
+
+class Predictor:
+    """Run ``model`` on batches of rows: ``predictor({"x": x, "id": ids}) -> {"probs": ..., "id": ..., ...}``.
+
+    ``model`` is a ``Graph``, a graph ``.json`` or ``.onnx`` path, the bytes of either, or
+    a ``BatchModel`` already loaded.
+    ``policy=None`` reads ``DevicePolicy.from_env()`` here, in this process (on a Ray
+    worker: that node's own ``RLX_*`` environment). ``device`` names one device, strictly
+    (no fallback). ``device_column`` is the output column that names, per row, the device
+    that computed it (``None``: no such column). ``batch_size`` (optional) caps how many
+    rows a symbolic-batch model runs at once and is the size it is compiled for up front.
+
+    Columns named like the graph's inputs feed them, their leading dimension being rows;
+    each graph output becomes a column named by the output's name; other columns pass
+    through unchanged. Rows must be independent along the batch dimension (true of
+    inference models): a fixed batch ``B`` runs in chunks of ``B`` rows, the last one
+    padded with copies of its last row and its outputs cut back.
+    """
+
+    def __init__(self, model: Any, *, policy: DevicePolicy | None = None, device: str | None = None,
+                 device_column: str | None = DEFAULT_DEVICE_COLUMN, batch_size: int | None = None) -> None:  # fmt: skip
+        if policy is not None and not isinstance(policy, DevicePolicy):
+            raise ConfigError(f"policy must be a DevicePolicy or None, got {type(policy).__name__}")
+        if device is not None and (not isinstance(device, str) or not device.strip()):
+            raise ConfigError(f"device must be a device name like 'cpu' or 'cuda:1', got {device!r}")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):  # fmt: skip
+            raise ConfigError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
+        self.model = model if isinstance(model, BatchModel) else BatchModel(model)
+        self.policy = policy if policy is not None else DevicePolicy.from_env()
+        self.device_column = device_column
+        self.batch_size = batch_size
+        explicit = device if device not in (None, "auto") else self.policy.device
+        self._explicit: str | None = explicit or None
+        self._strict = bool(self._explicit) or self.policy.strict
+        inputs = {c.name for c in self.model.inputs}
+        clash = [c.name for c in self.model.outputs if c.name in inputs]
+        if device_column is not None:
+            if not isinstance(device_column, str) or not device_column:
+                raise ConfigError(f"device_column must be a non-empty column name or None, got {device_column!r}")
+            clash += [device_column] if device_column in {c.name for c in self.model.outputs} else []
+        if clash:
+            raise ConfigError(f"{self.model.origin}: column {clash[0]!r} would be both an input or the device "
+                              "column and a model output; rename the output or pass another device_column")
+        self._sessions: dict[int, tuple[GraphDevices, list[str]]] = {}
+        # (graph id, device) -> compiled copy: GraphDevices.compile re-checks the placement on
+        # every call, which costs more than running a small model; a batch must not pay it.
+        self._ready: dict[tuple[int, str], CompiledGraph] = {}
+        self._failed: dict[str, str] = {}  # device -> why it was dropped on this worker
+        self.rows_by_device: Counter[str] = Counter()
+        self.where = node_label()
+        # Resolve and compile now, on this host: a worker that cannot run the model fails
+        # while it starts, before it takes any rows.
+        first_rows = self.model.rows_per_run or self.batch_size
+        if first_rows is not None:
+            self._on_chain(self.model.graph_for(first_rows), lambda cg: None)
+        log.info("%s: predictor for %s ready on %s", self.where, self.model.name, self.device or "(chosen per size)")
+
+    # ------------------------------------------------------------------ schema
+    @property
+    def input_columns(self) -> tuple[ColumnSpec, ...]:
+        return self.model.inputs
+
+    @property
+    def output_columns(self) -> tuple[ColumnSpec, ...]:
+        return self.model.outputs
+
+    @property
+    def device(self) -> str | None:
+        """The device the next rows go to (``None`` before a symbolic model saw a batch)."""
+        for _, chain in self._sessions.values():
+            alive = [d for d in chain if d not in self._failed]
+            if alive:
+                return alive[0]
+        return None
+
+    def check_columns(self, columns: Mapping[str, tuple[tuple[int, ...], Any]]) -> None:
+        """Check ``{column: (row_shape, dtype)}`` against the model (``BatchModel.check_columns``)."""
+        self.model.check_columns(columns, self.device_column)
+
+    # ------------------------------------------------------------------ running
+    def __call__(self, batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        if not isinstance(batch, Mapping):
+            raise InputError(f"a batch must be a mapping of column name to array, got {type(batch).__name__} "
+                             "(with Ray Data, use batch_format='numpy')")  # fmt: skip
+        arrays = {name: _column(name, value) for name, value in batch.items()}
+        rows = _row_count(arrays)
+        self.check_columns({name: (a.shape[1:], a.dtype) for name, a in arrays.items()})
+        feeds = {c.name: arrays[c.name] for c in self.model.inputs}
+        outs, devices = self._run_rows(feeds, rows)
+        result = {name: a for name, a in arrays.items() if name not in feeds}
+        result.update(zip((c.name for c in self.model.outputs), outs))
+        if self.device_column is not None:
+            result[self.device_column] = devices
+        return result
+
+    def _run_rows(self, feeds: dict[str, np.ndarray], rows: int) -> tuple[list[np.ndarray], np.ndarray]:
+        """Every output for ``rows`` rows, and the device of each row, chunk by chunk."""
+        step = self.model.rows_per_run or self.batch_size or max(rows, 1)
+        pieces: list[list[np.ndarray]] = [[] for _ in self.model.outputs]
+        names: list[str] = []
+        counts: list[int] = []
+        for start in range(0, rows, step):
+            n = min(step, rows - start)
+            chunk = {k: v[start : start + n] for k, v in feeds.items()}
+            size = self.model.rows_per_run or n
+            if n < size:  # the last chunk of a fixed batch: pad with copies of its last row
+                chunk = {k: np.concatenate([v, np.repeat(v[-1:], size - n, axis=0)]) for k, v in chunk.items()}
+            device, outs = self._on_chain(self.model.graph_for(size), lambda cg, chunk=chunk: cg.run(chunk))
+            for acc, out in zip(pieces, outs):
+                acc.append(out[:n])
+            names.append(device)
+            counts.append(n)
+            self.rows_by_device[device] += n
+        if not names:
+            empty = [np.empty((0, *c.row_shape), c.dtype) for c in self.model.outputs]
+            return empty, np.empty(0, dtype="<U1")
+        outs = [acc[0] if len(acc) == 1 else np.concatenate(acc) for acc in pieces]
+        return outs, np.repeat(np.array(names), counts)
+
+    def _compiled_for(self, graph: Graph) -> tuple[GraphDevices, list[str]]:
+        """The session of ``graph`` and its device chain, resolved on this host once."""
+        key = id(graph)
+        found = self._sessions.get(key)
+        if found is not None and found[0].graph is graph:
+            return found
+        gd = GraphDevices(graph, self.policy)
+        if self._explicit:
+            chain = [self._explicit]
+            gd.compile(self._explicit)  # DeviceError naming the blocker, before any rows
+        else:
+            from ..placement import devices_for
+
+            viable = devices_for(graph, self.policy)
+            chain = [d for d in self.policy.chain if d.split(":")[0] in viable] if self.policy.chain else viable
+            if not chain:
+                why = "the policy's chain has no viable device" if self.policy.chain else "no viable device"
+                raise DeviceError(f"{self.where}: {why} for graph {graph.name!r} "
+                                  f"(see `rlx devices --graph` on this host)")  # fmt: skip
+            if self._strict:
+                chain = chain[:1]
+        if len(self._sessions) >= 8:  # symbolic models rebind per size; keep the recent ones
+            dropped = next(iter(self._sessions))
+            self._sessions.pop(dropped)
+            self._ready = {k: v for k, v in self._ready.items() if k[0] != dropped}
+        self._sessions[key] = (gd, chain)
+        return gd, chain
+
+    def _on_chain(self, graph: Graph, action: Callable[[CompiledGraph], Any]) -> tuple[str, Any]:
+        """``action`` on the first device of the chain that compiles ``graph`` and does it."""
+        gd, chain = self._compiled_for(graph)
+        attempts: list[tuple[str, str]] = [(d, f"failed earlier on this worker: {why}")
+                                           for d, why in self._failed.items() if d in chain]  # fmt: skip
+        alive = [d for d in chain if d not in self._failed]
+        for i, device in enumerate(alive):
+            try:
+                cg = self._ready.get((id(graph), device))
+                if cg is None:
+                    cg = self._ready[id(graph), device] = gd.compile(device)
+                return cg.device, action(cg)
+            except InputError:
+                raise
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}"
+                if self._strict:
+                    mode = "explicit device" if self._explicit else "RLX_STRICT"
+                    raise DeviceError(f"{self.where}: device {device} failed running graph {graph.name!r} "
+                                      f"({mode}: no fallback): {why}") from exc  # fmt: skip
+                if not isinstance(exc, RlxError):
+                    log.exception("%s: device %s failed", self.where, device)
+                self._failed[device] = why
+                attempts.append((device, why))
+                rest = alive[i + 1 :]
+                then = f"its rows go to {rest[0]}" if rest else "no device left"
+                warnings.warn(f"rlx: {self.where}: device {device} failed on graph {graph.name!r} ({why}); {then}",
+                              FallbackWarning, stacklevel=3)  # fmt: skip
+        detail = "; ".join(f"{d}: {e}" for d, e in attempts) or "no device to try"
+        raise DeviceFallbackError(f"{self.where}: no device could run graph {graph.name!r}: {detail}", attempts)
+
+    def __repr__(self) -> str:
+        return f"<Predictor {self.model.name!r} on {self.device or 'unresolved'} at {self.where}>"
+
+
+def _column(name: str, value: Any) -> np.ndarray:
+    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if arr.ndim == 0:
+        raise InputError(f"column {name!r} is a scalar; every column needs one entry per row")
+    if arr.dtype == object and arr.size and isinstance(arr.flat[0], np.ndarray):
+        try:  # Ray hands ragged-capable tensor columns over as an object array of rows
+            arr = np.stack(list(arr))
+        except ValueError:
+            raise InputError(f"column {name!r}: its rows have different shapes") from None
+    return arr
+
+
+def _row_count(arrays: Mapping[str, np.ndarray]) -> int:
+    counts = {name: len(a) for name, a in arrays.items()}
+    if len(set(counts.values())) > 1:
+        detail = ", ".join(f"{n!r}: {c}" for n, c in counts.items())
+        raise InputError(f"the columns of a batch have different numbers of rows ({detail})")
+    return next(iter(counts.values()), 0)

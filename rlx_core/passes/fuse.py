@@ -1,0 +1,203 @@
+"""Device-specific fusion: gemm epilogues and elementwise regions.
+
+Both run only for a backend that claims the fused op: each candidate node is shown to
+``claims`` before it replaces anything, so a backend may refuse one (too many inputs,
+an activation it lacks) with a reason, and a backend that does not know these ops never
+sees them.
+
+``fuse_gemm`` turns ``activation(matmul(a, b) + bias)`` (bias and activation each
+optional, at least one present) into one ``gemm`` node when the intermediate values have
+no other reader and the bias broadcasts to the product without growing it.
+
+``fuse_elementwise`` groups chains of elementwise ops into ``fused_elementwise`` regions.
+A region has one result (its *root*); every other member has all its readers inside the
+region, so no value computed inside is needed outside and the region can be evaluated
+in one sweep over the output. Members all have the root's shape: smaller operands (a
+bias row, a scalar) enter as broadcast inputs instead, so a backend can split the work
+into blocks of the output. Regions grow backwards from the root, in reverse order of the
+graph, within ``max_ops`` instructions and ``max_inputs`` distinct inputs.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from types import MappingProxyType
+from typing import Any
+
+from ..ir import Graph, Node
+from ..ops import ELEMENTWISE_OPS, SOURCE_OPS, OpKind
+from .internal_ops import ACTIVATION_OPS, describe_program, infer_internal, make_instruction
+from .legalize import ask_claims
+from .rewrite import Emitter, use_counts
+
+__all__ = ["fuse_gemm", "fuse_elementwise", "candidate_node"]
+
+Claims = Callable[[Node], "bool | str"]
+_MAX_REFUSAL_NOTES = 8  # a backend refusing many regions for one reason need not fill the report
+
+
+def candidate_node(graph: Graph, at: Node, op: OpKind, inputs: list[int], attrs: dict[str, Any]) -> Node:
+    """The node that would replace ``at``: typed and normalized, for ``claims`` to judge."""
+    norm, shape, dtype = infer_internal(op, [graph.node(i) for i in inputs], attrs)
+    return Node(at.id, op, tuple(inputs), MappingProxyType(norm), tuple(shape), dtype, at.name, at.origin)
+
+
+def _activation_of(node: Node) -> str | None:
+    for name, spec in ACTIVATION_OPS.items():
+        if spec is not None and node.op is spec[0] and all(node.attrs.get(k) == v for k, v in spec[1].items()):
+            return name
+    return None
+
+
+def fuse_gemm(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
+    uses = use_counts(graph)
+    consumers: dict[int, list[Node]] = {}
+    for node in graph.nodes:
+        for i in node.inputs:
+            consumers.setdefault(i, []).append(node)
+    plans: dict[int, tuple[list[int], str, list[int]]] = {}  # top id -> (gemm inputs, activation, absorbed)
+    refusals: list[str] = []
+    for mm in graph.nodes:
+        if mm.op is not OpKind.MATMUL or uses[mm.id] != 1 or mm.id not in consumers:
+            continue
+        inputs, absorbed, top, act = list(mm.inputs), [mm.id], mm, "none"
+        nxt = consumers[mm.id][0]
+        if nxt.op is OpKind.ADD and nxt.shape == mm.shape and nxt.dtype == mm.dtype:
+            other = nxt.inputs[1] if nxt.inputs[0] == mm.id else nxt.inputs[0]
+            if other != mm.id:
+                inputs.append(other)
+                absorbed.append(nxt.id)
+                top = nxt
+        if uses[top.id] == 1 and top.id in consumers:
+            follower = consumers[top.id][0]
+            name = _activation_of(follower)
+            if name is not None:
+                act, top = name, follower
+                absorbed.append(follower.id)
+        if len(absorbed) == 1:
+            continue
+        candidate = candidate_node(graph, top, OpKind.GEMM, inputs, {"activation": act})
+        answer = ask_claims(claims, candidate)
+        if answer == "not claimed":
+            return graph, [f"matmul epilogues not fused: the backend does not claim {OpKind.GEMM}"]
+        if answer is not True:
+            if len(refusals) < _MAX_REFUSAL_NOTES:
+                refusals.append(f"gemm at {top.describe()} not fused: {answer}")
+            continue
+        plans[top.id] = (inputs, act, absorbed)
+    if not plans:
+        return graph, refusals
+    skip = {i for _, _, absorbed in plans.values() for i in absorbed[:-1]}
+    em = Emitter(graph)
+    notes = list(refusals)
+    for node in graph.nodes:
+        if node.id in skip:
+            continue
+        plan = plans.get(node.id)
+        if plan is None:
+            em.copy(node)
+            continue
+        inputs, act, absorbed = plan
+        em.emit(node, OpKind.GEMM, [em.mapped[i] for i in inputs], {"activation": act}, node.name)
+        ops = " + ".join(str(graph.node(i).op) for i in absorbed)
+        notes.append(f"fused {ops} at {node.describe()} into gemm(activation={act})")
+    return em.finish(), notes
+
+
+# ----------------------------------------------------------------------------- regions
+def _fusable(node: Node) -> bool:
+    return node.op in ELEMENTWISE_OPS and node.size > 0
+
+
+def _grow(graph: Graph, root: Node, uses: list[int], taken: set[int], outputs: frozenset[int], max_ops: int,
+          max_inputs: int) -> list[int]:  # fmt: skip
+    """Members of the region rooted at ``root`` (ids, ascending)."""
+    members = {root.id}
+    inside = {}  # producer id -> reads from members so far
+    external = dict.fromkeys(root.inputs)  # ordered set of the region's inputs
+
+    def offer(node: Node) -> None:
+        for i in node.inputs:
+            inside[i] = inside.get(i, 0) + 1
+            if i not in seen:
+                seen.add(i)
+                heapq.heappush(heap, -i)
+
+    seen: set[int] = set()
+    heap: list[int] = []
+    offer(root)
+    while heap and len(members) < max_ops:
+        pid = -heapq.heappop(heap)
+        p = graph.node(pid)
+        if (pid in taken or pid in outputs or not _fusable(p) or p.shape != root.shape or p.op in SOURCE_OPS
+                or inside.get(pid, 0) != uses[pid]):  # fmt: skip
+            continue
+        ext = dict(external)
+        ext.pop(pid, None)
+        ext.update(dict.fromkeys(i for i in p.inputs if i not in members))
+        if len(ext) > max_inputs:
+            continue
+        members.add(pid)
+        external = ext
+        offer(p)
+    return sorted(members)
+
+
+def _program(graph: Graph, members: list[int]) -> tuple[list[int], tuple]:
+    """The region's external inputs (in first-read order) and its program."""
+    index: dict[int, int] = {}
+    inputs: list[int] = []
+    for m in members:
+        for i in graph.node(m).inputs:
+            if i not in members and i not in index:
+                index[i] = len(inputs)
+                inputs.append(i)
+    program = []
+    for k, m in enumerate(members):
+        index[m] = len(inputs) + k
+        node = graph.node(m)
+        program.append(make_instruction(node.op, [index[i] for i in node.inputs], node.attrs))
+    return inputs, tuple(program)
+
+
+def fuse_elementwise(graph: Graph, claims: Claims, max_ops: int, max_inputs: int) -> tuple[Graph, list[str]]:
+    uses = use_counts(graph)
+    outputs = frozenset(graph.outputs)
+    taken: set[int] = set()
+    regions: dict[int, tuple[list[int], tuple, list[int]]] = {}  # root -> (inputs, program, members)
+    notes: list[str] = []
+    for root in reversed(graph.nodes):
+        if root.id in taken or not _fusable(root):
+            continue
+        members = _grow(graph, root, uses, taken, outputs, max_ops, max_inputs)
+        if len(members) < 2:
+            continue
+        inputs, program = _program(graph, members)
+        candidate = candidate_node(graph, root, OpKind.FUSED_ELEMENTWISE, inputs, {"program": program})
+        answer = ask_claims(claims, candidate)
+        if answer == "not claimed":  # the backend does not know the op: no region will do
+            return graph, [f"elementwise regions not fused: the backend does not claim {OpKind.FUSED_ELEMENTWISE}"]
+        if answer is not True:
+            if len(notes) < _MAX_REFUSAL_NOTES:
+                notes.append(f"region of {len(members)} ops at {root.describe()} not fused: {answer}")
+            continue
+        taken.update(members)
+        regions[root.id] = (inputs, program, members)
+    if not regions:
+        return graph, notes
+    em = Emitter(graph)
+    inner = taken - set(regions)
+    for node in graph.nodes:
+        if node.id in inner:
+            continue
+        region = regions.get(node.id)
+        if region is None:
+            em.copy(node)
+            continue
+        inputs, program, members = region
+        new = em.emit(node, OpKind.FUSED_ELEMENTWISE, [em.mapped[i] for i in inputs], {"program": program},
+                      node.name)  # fmt: skip
+        notes.append(f"fused {describe_program(em.node(new))} into one node at {node.describe()}, "
+                     f"{len(inputs)} input(s), shape {list(node.shape)}")  # fmt: skip
+    return em.finish(), notes

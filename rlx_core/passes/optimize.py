@@ -1,0 +1,212 @@
+"""Optimizations that keep results equal on every backend.
+
+* ``fold_constants``: a node whose inputs are all constants is computed now, by the
+  reference interpreter, and becomes a constant. Params are never folded (``set_param``
+  replaces them), nodes that read a param are not either, and a fold that would make a
+  constant much larger than its inputs (a broadcast) is skipped.
+* ``simplify``: reshape of reshape, reshape to the same shape, transpose of transpose,
+  the identity transpose, ``x * 1``, ``x + 0``, ``x - 0``, ``x / 1``, ``x ** 1``,
+  ``neg(neg(x))`` and a cast to the dtype already held. An identity applies only when the
+  constant is exactly 1 (or 0) everywhere and the result has ``x``'s shape and dtype, so
+  no broadcast or promotion is lost. For floats ``x + 0.0`` is not ``x`` when ``x`` is
+  ``-0.0`` (the sum is ``+0.0``), so float addition drops only ``-0.0``; ``x - 0.0`` is
+  always exact.
+* ``cse``: two nodes with the same op, inputs and attributes are one; equal small
+  constants are one.
+* ``dce``: nodes no output depends on are dropped (inputs and params always stay).
+
+A node the user named is never replaced by another (its name may be looked at), and a
+graph output is never replaced by a source node (a backend then returns a computed
+array, as it would without the pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import RlxError
+from ..ir import Graph, Node
+from ..ops import SOURCE_OPS, OpKind
+from ..reference import evaluate
+from .rewrite import Emitter, attrs_key, is_scalar_constant
+
+__all__ = ["fold_constants", "simplify", "cse", "dce", "OPTIMIZE_PASSES"]
+
+Pass = Callable[[Graph], "tuple[Graph, list[str]]"]
+FOLD_MAX_ELEMENTS = 1 << 16  # never fold a result larger than this and larger than every input
+
+
+def _replaceable(graph: Graph, node: Node, by: Node, outputs: frozenset[int]) -> bool:
+    if node.name:
+        return False
+    return not (node.id in outputs and by.op in SOURCE_OPS)
+
+
+# ----------------------------------------------------------------------------- folding
+def _fold_value(node: Node, values: list[np.ndarray]) -> np.ndarray | None:
+    mini = Graph("fold")
+    ids = [mini.constant(v).id for v in values]
+    try:
+        out = mini._add_node(node.op, ids, node.attrs)
+        mini.set_outputs([out])
+        with np.errstate(all="ignore"):
+            result = evaluate(mini, {})[0]
+    except RlxError:  # e.g. integer division by zero: leave it for run time to report
+        return None
+    return np.asarray(result).astype(node.dtype)
+
+
+def fold_constants(graph: Graph) -> tuple[Graph, list[str]]:
+    em = Emitter(graph)
+    outputs = frozenset(graph.outputs)
+    notes: list[str] = []
+    for node in graph.nodes:
+        if node.op in SOURCE_OPS:
+            em.copy(node)
+            continue
+        ins = [em.node(em.mapped[i]) for i in node.inputs]
+        biggest = max((n.size for n in ins), default=0)
+        foldable = (ins and all(n.op is OpKind.CONSTANT for n in ins) and node.id not in outputs
+                    and (node.size <= biggest or node.size <= 64) and node.size <= max(FOLD_MAX_ELEMENTS, biggest))
+        if foldable:
+            value = _fold_value(node, [em.out.value(n.id) for n in ins])
+            if value is not None:
+                em.constant(node, value, name=node.name)
+                notes.append(f"folded {node.op} at {node.describe()} into a constant {list(node.shape)}")
+                continue
+        em.copy(node)
+    return em.finish(), notes
+
+
+# ----------------------------------------------------------------------------- identities
+def _compose_perm(inner: tuple[int, ...], outer: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(inner[p] for p in outer)
+
+
+def _identity_operand(graph: Graph, node: Node, ins: list[Node]) -> Node | None:
+    """The operand ``node`` equals exactly, if it is an identity like ``x * 1``."""
+    op = node.op
+    if op in (OpKind.MUL, OpKind.ADD, OpKind.SUB, OpKind.DIV, OpKind.POW):
+        a, b = ins
+        is_float = node.dtype.startswith("float")
+        zero = -0.0 if is_float else 0  # -0.0 + x == x for every float x, -0.0 included
+        candidates = []
+        if op is OpKind.MUL:
+            candidates = [(a, b, 1), (b, a, 1)]
+        elif op is OpKind.ADD:
+            candidates = [(a, b, zero), (b, a, zero)]
+        elif op is OpKind.SUB:
+            candidates = [(a, b, 0)]  # x - (+0.0) == x, and x - (-0.0) == x too
+        elif op in (OpKind.DIV, OpKind.POW):
+            candidates = [(a, b, 1)]
+        for x, c, neutral in candidates:
+            if x.shape == node.shape and x.dtype == node.dtype and _is_neutral(graph, c, neutral, op):
+                return x
+        return None
+    if op is OpKind.NEG and ins[0].op is OpKind.NEG:
+        return graph.node(ins[0].inputs[0])
+    if op is OpKind.CAST and node.attrs["dtype"] == ins[0].dtype:
+        return ins[0]
+    if op is OpKind.RESHAPE and ins[0].shape == node.shape:
+        return ins[0]
+    if op is OpKind.TRANSPOSE and node.attrs["perm"] == tuple(range(len(node.shape))):
+        return ins[0]
+    return None
+
+
+def _is_neutral(graph: Graph, c: Node, neutral: float, op: OpKind) -> bool:
+    if c.op is not OpKind.CONSTANT or c.size == 0 or c.size > 4096:
+        return False
+    arr = graph.value(c.id)
+    if arr.dtype == np.bool_:
+        return False
+    if op is OpKind.SUB or (op is OpKind.ADD and arr.dtype.kind != "f"):
+        return bool(np.all(arr == 0))
+    if op is OpKind.ADD:  # only -0.0 is neutral for float addition
+        return bool(np.all(arr == 0) and np.all(np.signbit(arr)))
+    return is_scalar_constant(graph, c, neutral)
+
+
+def simplify(graph: Graph) -> tuple[Graph, list[str]]:
+    em = Emitter(graph)
+    outputs = frozenset(graph.outputs)
+    notes: list[str] = []
+    for node in graph.nodes:
+        if node.op in SOURCE_OPS:
+            em.copy(node)
+            continue
+        ins = [em.node(em.mapped[i]) for i in node.inputs]
+        same = _identity_operand(em.out, node, ins)
+        if same is not None and _replaceable(graph, node, same, outputs):
+            em.alias(node, same.id)
+            notes.append(f"removed {node.op} at {node.describe()} (an identity)")
+            continue
+        inner = ins[0] if ins else None
+        if node.op is OpKind.RESHAPE and inner is not None and inner.op is OpKind.RESHAPE:
+            em.emit(node, OpKind.RESHAPE, [inner.inputs[0]], {"shape": node.attrs["shape"]}, node.name)
+            notes.append(f"merged reshape of reshape at {node.describe()}")
+            continue
+        if node.op is OpKind.TRANSPOSE and inner is not None and inner.op is OpKind.TRANSPOSE:
+            perm = _compose_perm(inner.attrs["perm"], node.attrs["perm"])
+            base = em.node(inner.inputs[0])
+            if perm == tuple(range(len(perm))) and _replaceable(graph, node, base, outputs):
+                em.alias(node, base.id)
+                notes.append(f"removed transpose of transpose at {node.describe()} (they cancel)")
+            else:
+                em.emit(node, OpKind.TRANSPOSE, [base.id], {"perm": perm}, node.name)
+                notes.append(f"merged transpose of transpose at {node.describe()}")
+            continue
+        em.copy(node)
+    return em.finish(), notes
+
+
+# ----------------------------------------------------------------------------- cse and dce
+def cse(graph: Graph) -> tuple[Graph, list[str]]:
+    em = Emitter(graph)
+    outputs = frozenset(graph.outputs)
+    seen: dict[tuple, int] = {}
+    notes: list[str] = []
+    for node in graph.nodes:
+        if node.op in (OpKind.INPUT, OpKind.PARAM):
+            em.copy(node)
+            continue
+        if node.op is OpKind.CONSTANT:
+            arr = graph.value(node.id)
+            key = ("constant", node.dtype, node.shape, arr.tobytes()) if node.size <= 4096 else None
+        else:
+            key = (node.op.value, tuple(em.mapped[i] for i in node.inputs), attrs_key(node.attrs))
+        hit = seen.get(key) if key is not None else None
+        if hit is not None and _replaceable(graph, node, em.node(hit), outputs):
+            em.alias(node, hit)
+            if node.op is not OpKind.CONSTANT:
+                notes.append(f"merged {node.op} at {node.describe()} with an identical node")
+            continue
+        new = em.copy(node)
+        if key is not None and key not in seen:
+            seen[key] = new
+    return em.finish(), notes
+
+
+def dce(graph: Graph) -> tuple[Graph, list[str]]:
+    live = set(graph.outputs)
+    for node in reversed(graph.nodes):
+        if node.id in live:
+            live.update(node.inputs)
+    em = Emitter(graph)
+    dropped = []
+    for node in graph.nodes:
+        if node.id in live or node.op in (OpKind.INPUT, OpKind.PARAM):
+            em.copy(node)
+        elif node.op is not OpKind.CONSTANT:
+            dropped.append(node)
+    notes = [f"dropped {len(dropped)} node(s) no output depends on: "
+             + ", ".join(f"{n.op} at {n.describe()}" for n in dropped[:8])
+             + (", ..." if len(dropped) > 8 else "")] if dropped else []  # fmt: skip
+    return em.finish(), notes
+
+
+#: The optimize stage's passes, in order; ``CompileOptions.disable`` names any of them.
+OPTIMIZE_PASSES: dict[str, Pass] = {"fold": fold_constants, "simplify": simplify, "cse": cse, "dce": dce}
+

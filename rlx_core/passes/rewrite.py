@@ -1,0 +1,100 @@
+"""Rebuilding a graph node by node: the one mechanism every rewriting pass uses.
+
+A pass walks the source graph in order and, for each node, either copies it (with its
+inputs mapped to the new graph), replaces it by a value already emitted, or emits
+something else in its place. ``Emitter`` keeps the mapping, carries each node's
+``origin`` (so reports still point at the user's node), keeps every input and param in
+its original order (their names are the keys of ``run`` and ``set_param``), and keeps
+the outputs' order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..ir import Graph, Node
+from ..ops import OpKind
+
+__all__ = ["Emitter", "use_counts", "attrs_key", "is_scalar_constant"]
+
+
+class Emitter:
+    """Builds the rewritten copy of ``src``; ``mapped[old_id]`` is the new node's id."""
+
+    def __init__(self, src: Graph) -> None:
+        self.src = src
+        self.out = Graph(src.name)
+        self.mapped: dict[int, int] = {}
+
+    def node(self, new_id: int) -> Node:
+        return self.out.node(new_id)
+
+    def copy(self, node: Node) -> int:
+        """Emit ``node`` unchanged but for its inputs, which are mapped."""
+        return self.emit(node, node.op, [self.mapped[i] for i in node.inputs], node.attrs, node.name)
+
+    def emit(self, at: Node, op: OpKind | str, inputs: list[int], attrs: Mapping[str, Any], name: str = "") -> int:
+        """Emit ``op`` on new ids ``inputs`` in place of source node ``at`` (its origin kept)."""
+        out = self.out
+        out._origin = at.origin
+        try:
+            if at.op is OpKind.INPUT and op is OpKind.INPUT:
+                new = out.input(at.name, at.shape, at.dtype).id
+            elif at.op is OpKind.PARAM and op is OpKind.PARAM:
+                new = out.param(at.name, self.src.value(at.id)).id
+            elif at.op is OpKind.CONSTANT and op is OpKind.CONSTANT:
+                new = out.constant(self.src.value(at.id), name=at.name).id
+            else:
+                new = out._add_node(op, inputs, attrs, name).id
+        finally:
+            out._origin = None
+        self.mapped[at.id] = new
+        return new
+
+    def constant(self, at: Node, value: np.ndarray, name: str = "") -> int:
+        """Emit a constant holding ``value`` in place of ``at``."""
+        self.out._origin = at.origin
+        try:
+            new = self.out.constant(np.asarray(value, dtype=at.dtype), name=name).id
+        finally:
+            self.out._origin = None
+        self.mapped[at.id] = new
+        return new
+
+    def alias(self, at: Node, new_id: int) -> None:
+        """``at`` is replaced by the already emitted node ``new_id``."""
+        self.mapped[at.id] = new_id
+
+    def finish(self) -> Graph:
+        self.out.set_outputs([self.mapped[i] for i in self.src.outputs])
+        return self.out
+
+
+def use_counts(graph: Graph) -> list[int]:
+    """How many times each node is read: one per consuming edge, one per output slot."""
+    uses = [0] * len(graph)
+    for node in graph.nodes:
+        for i in node.inputs:
+            uses[i] += 1
+    for i in graph.outputs:
+        uses[i] += 1
+    return uses
+
+
+def attrs_key(attrs: Mapping[str, Any]) -> str:
+    """A hashable, order-independent spelling of normalized attributes."""
+    return repr(sorted(attrs.items()))
+
+
+def is_scalar_constant(graph: Graph, node: Node, value: float) -> bool:
+    """``node`` is a constant whose every element equals ``value`` (exactly)."""
+    if node.op is not OpKind.CONSTANT or node.size == 0 or node.size > 4096:
+        return False
+    arr = graph.value(node.id)
+    if arr.dtype == np.bool_:
+        return False
+    return bool(np.all(arr == value)) and not (value == 0 and arr.dtype.kind == "f" and np.any(np.signbit(arr)))
+

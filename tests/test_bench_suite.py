@@ -1,0 +1,106 @@
+"""Smoke test of the benchmark suite (bench/suite.py) at tiny sizes: every model imports into
+rlx, and every rlx device that can run it agrees with ONNX Runtime within the suite's
+documented tolerance (bench/_checks.py). No timing is asserted: one round, no pause.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+import rlx_core as rlx
+import rlx_core.onnx
+from rlx_core.errors import ConfigError, ModelError
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _bench(module: str) -> ModuleType:
+    """``bench.<module>``, the bench directory loaded as a package without touching sys.path."""
+    if "bench" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench", BENCH / "__init__.py",
+                                                      submodule_search_locations=[str(BENCH)])  # fmt: skip
+        assert spec is not None and spec.loader is not None
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["bench"] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"bench.{module}")
+
+
+models = _bench("models")
+suite = _bench("suite")
+markdown = _bench("_markdown")
+checks = _bench("_checks")
+
+
+@pytest.mark.parametrize("name", models.MODEL_NAMES)
+def test_every_rlx_device_matches_onnxruntime(name: str) -> None:
+    model = models.build(name, "tiny")
+    result = suite.bench_model(model, rounds=1, pause=0.0, target_s=1e-6, with_jax=False)
+    assert result["import_error"] == "", f"rlx_core.onnx.load failed on {name}: {result['import_error']}"
+    graph = rlx_core.onnx.load(model.onnx)
+    expected = set(rlx.available_devices()) & set(rlx.devices_for(graph))
+    rows = {r["name"]: r for r in result["contenders"]}
+    assert {n for n, r in rows.items() if r["kind"] == "rlx"} == {f"rlx {d}" for d in expected}
+    assert "rlx cpu" in rows, "the cpu backend claims every op and must run every suite model"
+    tol = result["tolerance"]["tol"]
+    for row in rows.values():
+        if row["kind"] in ("rlx", "numpy"):
+            assert row["status"] == "ok", f"{row['name']} on {name}: {row.get('error') or row['max_abs_diff']} > {tol}"
+
+
+def test_models_are_deterministic() -> None:
+    a, b = models.build("cnn", "tiny"), models.build("cnn", "tiny")
+    assert a.onnx == b.onnx
+    assert all(np.array_equal(a.inputs[k], b.inputs[k]) for k in a.inputs)
+
+
+def test_unknown_model_or_size_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"'resnet'.*known: mlp"):
+        models.build_many(["mlp", "resnet"], "tiny")
+    with pytest.raises(ConfigError, match="size 'huge'"):
+        models.build("mlp", "huge")
+
+
+def test_tolerance_refuses_a_wrong_reference_and_catches_nan() -> None:
+    ref = np.linspace(-1, 1, 12).reshape(3, 4)
+    with pytest.raises(ModelError, match=r"'m'.*float64 reference"):
+        checks.derive_tolerance("m", (ref + 0.1).astype(np.float32), ref)
+    tol = checks.derive_tolerance("m", ref.astype(np.float32), ref)
+    good = ref.astype(np.float32)
+    assert tol.check(good, good)[0]
+    assert not tol.check(np.full_like(good, np.nan), good)[0]
+    assert not tol.check(good[:2], good)[0]
+    assert not tol.check(good + 10 * tol.tol, good)[0]
+
+
+def test_markdown_sections_keep_the_others() -> None:
+    old = "# rlx benchmarks\n\nintro\n\n## Dispatch overhead\n\ntable A\n\n### detail\n\nx\n\n## Suite\n\nold suite\n"
+    new = markdown.replace_sections(old, {"Suite": "new suite", "Machine": "box"})
+    assert "## Dispatch overhead\n\ntable A\n\n### detail\n\nx\n\n## Suite\n\nnew suite\n\n## Machine\n\nbox\n" in new
+    assert "old suite" not in new and new.startswith("# rlx benchmarks\n\nintro\n")
+    assert markdown.replace_sections(new, {"Suite": "new suite", "Machine": "box"}) == new
+    assert markdown.replace_sections("", {"Suite": "s"}) == "# rlx benchmarks\n\n## Suite\n\ns\n"
+
+
+def test_main_writes_json_and_only_its_markdown_sections(tmp_path: Path) -> None:
+    md, out = tmp_path / "BENCHMARKS.md", tmp_path / "results" / "suite.json"
+    md.write_text("# rlx benchmarks\n\n## Dispatch overhead\n\nkept as is\n", encoding="utf-8")
+    rc = suite.main(["--size", "tiny", "--models", "mlp", "--rounds", "1", "--pause", "0", "--target-ms", "0.01",
+                     "--no-jax", "--json", str(out), "--write", str(md)])  # fmt: skip
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert rc == 0 and doc["ok"], doc
+    assert [m["name"] for m in doc["models"]] == ["mlp"]
+    text = md.read_text(encoding="utf-8")
+    assert "## Dispatch overhead\n\nkept as is\n" in text
+    assert "## Suite" in text and "### mlp:" in text and "## Machine" in text and "| rlx cpu |" in text

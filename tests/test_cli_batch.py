@@ -1,0 +1,184 @@
+"""``rlx batch`` in-process (no Ray): .npz and Parquet in and out, schema checks, atomic output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import ToyBackend, mlp, other_plugins_disabled, registry_with
+
+from rlx_core import reference
+from rlx_core.cli import main
+
+
+@pytest.fixture
+def toy_registry() -> Iterator[dict[str, ToyBackend]]:
+    from rlx_core import registry
+
+    backends = {"toy": ToyBackend("toy")}
+    saved = registry._default
+    registry.set_default_registry(registry_with(*backends.values()))
+    try:
+        yield backends
+    finally:
+        registry.set_default_registry(saved)
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> dict[str, Path]:
+    """A batch-4 MLP and 10 rows with an id column, as .npz."""
+    mlp(4).save(tmp_path / "mlp.json")
+    x = np.random.default_rng(3).standard_normal((10, 8)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x, id=np.arange(10) * 7)
+    return {"model": tmp_path / "mlp.json", "input": tmp_path / "in.npz", "dir": tmp_path}
+
+
+def rlx(*args: str | Path) -> int:
+    try:
+        main([str(a) for a in args])
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def check_rows(out: dict[str, np.ndarray], x: np.ndarray, ids: np.ndarray, device: str = "toy") -> None:
+    """Every row present once, and equal to the reference for the row with that id."""
+    assert sorted(out["id"].tolist()) == sorted(ids.tolist())
+    one = mlp(1)
+    by_id = {int(i): row for i, row in zip(ids, x)}
+    for i, probs in zip(out["id"], out["probs"]):
+        np.testing.assert_allclose(probs, reference.evaluate(one, {"x": by_id[int(i)][None]})[0][0], rtol=1e-5,
+                                   atol=1e-6)  # fmt: skip
+    assert set(out["rlx_device"].tolist()) == {device}
+
+
+def read_parquet(path: Path) -> dict[str, np.ndarray]:
+    from rlx_core.distributed.tables import open_source
+
+    src = open_source(path)
+    parts = list(src.batches(1000))
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def test_npz_in_npz_out(toy_registry, job, capsys) -> None:
+    out_path = job["dir"] / "out.npz"
+    assert rlx("batch", job["model"], job["input"], out_path) == 0
+    printed = capsys.readouterr().out
+    assert "toy" in printed and "10 rows" in printed and "rows/s" in printed
+    with np.load(out_path) as f:
+        out = {k: f[k] for k in f.files}
+    assert sorted(out) == ["id", "probs", "rlx_device"]
+    with np.load(job["input"]) as f:
+        check_rows(out, f["x"], f["id"])
+    assert [p.name for p in job["dir"].iterdir() if p.name.startswith(".")] == []  # no temp sibling left
+
+
+def test_parquet_out_then_parquet_in(toy_registry, job) -> None:
+    pytest.importorskip("pyarrow")
+    pq_path = job["dir"] / "out.parquet"
+    assert rlx("batch", job["model"], job["input"], pq_path, "--batch-size", "3") == 0
+    out = read_parquet(pq_path)
+    with np.load(job["input"]) as f:
+        x, ids = f["x"], f["id"]
+    check_rows(out, x, ids)
+
+    # Parquet in: a folder of files with a tensor column, written by another tool (pyarrow).
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = job["dir"] / "rows"
+    folder.mkdir()
+    for part, sl in enumerate((slice(0, 6), slice(6, 10))):
+        table = pa.table({"x": pa.FixedShapeTensorArray.from_numpy_ndarray(x[sl]), "id": pa.array(ids[sl])})
+        pq.write_table(table, folder / f"part-{part}.parquet")
+    assert rlx("batch", job["model"], folder, job["dir"] / "again.npz") == 0
+    with np.load(job["dir"] / "again.npz") as f:
+        check_rows({k: f[k] for k in f.files}, x, ids)
+    assert rlx("batch", job["model"], folder, job["dir"] / "outdir") == 0
+    check_rows(read_parquet(job["dir"] / "outdir"), x, ids)
+
+
+def test_fixed_size_list_parquet_columns_are_tensors(toy_registry, job) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    x = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
+    col = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 8)
+    pq.write_table(pa.table({"x": col, "id": pa.array(np.arange(5))}), job["dir"] / "lists.parquet")
+    assert rlx("batch", job["model"], job["dir"] / "lists.parquet", job["dir"] / "o.npz") == 0
+    with np.load(job["dir"] / "o.npz") as f:
+        check_rows({k: f[k] for k in f.files}, x, np.arange(5))
+
+
+@pytest.mark.parametrize(
+    ("columns", "fragment"),
+    [
+        ({"y": np.zeros((4, 8), np.float32)}, "column 'x' is missing"),
+        ({"x": np.zeros((4, 8), np.float64)}, "column 'x': expected dtype float32, got float64"),
+        ({"x": np.zeros((4, 9), np.float32)}, "column 'x': expected rows of shape [8], got [9]"),
+        ({"x": np.zeros((4, 8), np.float32), "id": np.arange(5)}, "column 'id'"),
+    ],
+)
+def test_bad_input_fails_before_any_work_and_writes_nothing(toy_registry, job, capsys, columns, fragment) -> None:
+    bad = job["dir"] / "bad.npz"
+    np.savez(bad, **columns)
+    out_path = job["dir"] / "out.npz"
+    assert rlx("batch", job["model"], bad, out_path) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and fragment in err[0], err
+    assert toy_registry["toy"].compiles == 0  # checked before any work
+    assert not out_path.exists()
+    assert [p.name for p in job["dir"].iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_failed_job_leaves_no_output_and_keeps_an_old_one(toy_registry, job, capsys) -> None:
+    out_path = job["dir"] / "out.npz"
+    out_path.write_bytes(b"old result")
+    toy_registry["toy"].fail_run = True
+    assert rlx("batch", job["model"], job["input"], out_path) == 2
+    err = capsys.readouterr().err
+    assert "error: " in err and "toy" in err
+    assert out_path.read_bytes() == b"old result"
+    assert [p.name for p in job["dir"].iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["auto"], "without --ray"),
+        (["--concurrency", "2"], "needs --ray"),
+        (["--device", "nosuch"], "nosuch"),
+    ],
+)
+def test_usage_errors(toy_registry, job, capsys, args, fragment) -> None:
+    assert rlx("batch", job["model"], job["input"], job["dir"] / "o.npz", *args) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_missing_model_and_input_files(toy_registry, job, capsys) -> None:
+    assert rlx("batch", job["dir"] / "nope.json", job["input"], job["dir"] / "o.npz") == 2
+    assert "nope.json" in capsys.readouterr().err
+    assert rlx("batch", job["model"], job["dir"] / "nope.npz", job["dir"] / "o.npz") == 2
+    assert "nope.npz" in capsys.readouterr().err
+    assert rlx("batch", job["model"], job["input"], job["dir"] / "o.csv") == 2
+    assert "unknown table format" in capsys.readouterr().err
+
+
+def test_real_cpu_backend_in_a_subprocess(job) -> None:
+    """As a user runs it: ``python -m rlx_core batch`` on the real registry, cpu only."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLX_")}
+    env.update({"RLX_DEVICES": "cpu", "RLX_DISABLE_PLUGINS": other_plugins_disabled(), "COLUMNS": "200",
+                "RLX_CACHE_DIR": str(job["dir"] / "cache")})  # fmt: skip
+    out_path = job["dir"] / "out.npz"
+    proc = subprocess.run([sys.executable, "-m", "rlx_core", "batch", str(job["model"]), str(job["input"]),
+                           str(out_path)], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "cpu" in proc.stdout and "rows/s" in proc.stdout
+    assert "ray" not in proc.stderr.lower()
+    with np.load(out_path) as f, np.load(job["input"]) as g:
+        check_rows({k: f[k] for k in f.files}, g["x"], g["id"], device="cpu")

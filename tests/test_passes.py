@@ -1,0 +1,282 @@
+"""The compile pipeline, pass by pass: legalize, optimize, gemm, fuse, plan, and the report."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from support import ALL_OPS, ToyBackend, registry_with
+
+import rlx_core as rlx
+from rlx_core import reference
+from rlx_core.ops import INTERNAL_OPS, OpKind
+from rlx_core.passes import plan_memory, run_pipeline
+from rlx_core.passes.fuse import fuse_elementwise, fuse_gemm
+from rlx_core.passes.internal_ops import make_instruction
+from rlx_core.passes.optimize import cse, dce, fold_constants, simplify
+
+RNG = np.random.default_rng(3)
+FUSING = ALL_OPS | {"gemm", "fused_elementwise"}
+
+
+def ops_of(g: rlx.Graph) -> list[str]:
+    return [n.op.value for n in g.nodes if n.op.value not in ("input", "param", "constant")]
+
+
+def same(a: rlx.Graph, b: rlx.Graph, feeds: dict[str, np.ndarray]) -> None:
+    for x, y in zip(reference.evaluate(a, feeds), reference.evaluate(b, feeds)):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+
+def claim_all(node) -> bool:
+    return True
+
+
+# ----------------------------------------------------------------------------- optimize
+def test_fold_constants_folds_constants_but_never_params_or_outputs():
+    g = rlx.Graph()
+    x = g.input("x", (3,))
+    p = g.param("p", np.ones(3, np.float32))
+    c = g.exp(g.constant(np.arange(3, dtype=np.float32)))
+    from_param = g.exp(p)
+    out = g.add(g.add(x, c), from_param)
+    g.set_outputs([out, g.neg(g.constant(np.float32(2)))])
+    h, notes = fold_constants(g)
+    assert ops_of(h).count("exp") == 1 and "folded exp" in notes[0]  # exp(param) stays
+    assert ops_of(h).count("neg") == 1  # an output is never turned into a constant
+    same(g, h, {"x": RNG.standard_normal(3).astype(np.float32)})
+    assert [h.node(i).name for i in h.params] == ["p"]
+
+
+def test_fold_leaves_integer_division_by_zero_for_run_time():
+    g = rlx.Graph()
+    x = g.input("x", (2,), "int32")
+    g.set_outputs([g.add(x, g.div(g.constant(np.array([1, 2], np.int32)), g.constant(np.array([0, 1], np.int32))))])
+    h, notes = fold_constants(g)
+    assert "div" in ops_of(h) and not notes
+
+
+def test_simplify_removes_exact_identities_only():
+    g = rlx.Graph()
+    x = g.input("x", (2, 3))
+    i = g.input("i", (2, 3), "int32")
+    a = g.mul(x, 1.0)  # removed
+    b = g.add(a, 0.0)  # +0.0 is not neutral for floats (-0.0 + 0.0 == +0.0): kept
+    c = g.add(b, g.constant(np.float32(-0.0)))  # removed
+    d = g.mul(c, g.constant(np.ones((4, 2, 3), np.float32)))  # broadcasts: kept
+    e = g.add(i, 0)  # removed (ints)
+    f = g.cast(g.neg(g.neg(e)), "int32")  # neg(neg) removed; the no-op cast stays: an output, of an input now
+    named = g.mul(x, 1.0, name="keep")  # a named node is never replaced
+    g.set_outputs([d, f, named])
+    h, notes = simplify(g)
+    h = dce(h)[0]
+    assert ops_of(h) == ["add", "mul", "cast", "mul"]
+    assert len(notes) == 4
+    feeds = {"x": np.array([[-0.0, 1, 2], [3, 4, 5]], np.float32), "i": np.arange(6, dtype=np.int32).reshape(2, 3)}
+    same(g, h, feeds)
+    assert np.signbit(reference.evaluate(h, feeds)[0][0, 0, 0]) == np.signbit(reference.evaluate(g, feeds)[0][0, 0, 0])
+
+
+def test_simplify_folds_reshape_and_transpose_chains():
+    g = rlx.Graph()
+    x = g.input("x", (2, 3, 4))
+    r = g.reshape(g.reshape(x, (6, 4)), (4, 6))
+    t = g.transpose(g.transpose(x, (1, 0, 2)), (2, 1, 0))  # composes to (2, 0, 1)
+    back = g.transpose(g.transpose(x, (1, 2, 0)), (2, 0, 1))  # cancels
+    g.set_outputs([r, t, g.exp(back)])
+    h = dce(simplify(g)[0])[0]
+    assert ops_of(h) == ["reshape", "transpose", "exp"]
+    assert h.node(h.outputs[1]).attrs["perm"] == (2, 0, 1)
+    same(g, h, {"x": RNG.standard_normal((2, 3, 4)).astype(np.float32)})
+
+
+def test_cse_merges_identical_nodes_and_constants_and_dce_drops_dead_ones():
+    g = rlx.Graph()
+    x = g.input("x", (3,))
+    unused = g.input("unused", (2,))
+    g.param("w", np.zeros(2, np.float32))
+    a, b = g.exp(x), g.exp(x)
+    s = g.add(g.mul(a, 2.0), g.mul(b, 2.0))
+    g.tanh(unused)  # dead
+    g.set_outputs([s])
+    h, notes = cse(g)
+    assert ops_of(h).count("exp") == 1 and ops_of(h).count("mul") == 1 and notes
+    h2, notes2 = dce(h)
+    assert "tanh" not in ops_of(h2) and "dropped 1 node" in notes2[0]
+    assert [h2.node(i).name for i in h2.inputs] == ["x", "unused"] and len(h2.params) == 1
+    same(g, h2, {"x": RNG.standard_normal(3).astype(np.float32), "unused": np.zeros(2, np.float32)})
+
+
+# ----------------------------------------------------------------------------- gemm and regions
+def dense(act: str = "relu", extra_use: bool = False) -> rlx.Graph:
+    g = rlx.Graph("dense")
+    x = g.input("x", (4, 5))
+    mm = g.matmul(x, g.param("w", RNG.standard_normal((5, 3)).astype(np.float32)))
+    y = g.add(mm, g.param("b", RNG.standard_normal(3).astype(np.float32)))
+    y = getattr(g, act)(y) if act != "none" else y
+    g.set_outputs([y, mm] if extra_use else [y])
+    return g
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "sigmoid", "tanh", "none"])
+def test_gemm_epilogue_fuses_matmul_bias_activation(act):
+    g = dense(act)
+    h, notes = fuse_gemm(g, claim_all)
+    assert ops_of(h) == ["gemm"] and "into gemm" in notes[0]
+    assert h.node(h.outputs[0]).attrs["activation"] == act
+    same(g, h, {"x": RNG.standard_normal((4, 5)).astype(np.float32)})
+
+
+def test_gemm_needs_single_use_and_a_claim():
+    assert "gemm" not in ops_of(fuse_gemm(dense(extra_use=True), claim_all)[0])
+    h, notes = fuse_gemm(dense(), lambda n: "no gemm with relu here" if n.op is OpKind.GEMM else True)
+    assert "gemm" not in ops_of(h) and "no gemm with relu here" in notes[0]
+
+
+def chain(n_ops: int = 6) -> rlx.Graph:
+    g = rlx.Graph("chain")
+    x = g.input("x", (4, 6))
+    b = g.input("b", (6,))
+    h = g.add(x, b)
+    side = g.exp(b)  # smaller than the region: enters as an input
+    for k in range(n_ops - 1):
+        h = g.tanh(g.mul(h, side)) if k % 2 else g.sub(h, float(k))
+    g.set_outputs([h])
+    return g
+
+
+def test_elementwise_chain_becomes_one_region_with_broadcast_inputs():
+    g = chain()
+    h, notes = fuse_elementwise(g, claim_all, max_ops=32, max_inputs=8)
+    assert sorted(ops_of(h)) == ["exp", "fused_elementwise"] and "fused" in notes[0]
+    node = h.node(h.outputs[0])
+    assert len(node.attrs["program"]) == 8
+    same(g, h, {"x": RNG.standard_normal((4, 6)).astype(np.float32), "b": RNG.standard_normal(6).astype(np.float32)})
+
+
+def test_regions_respect_limits_and_shared_values():
+    g = chain(9)
+    h, _ = fuse_elementwise(g, claim_all, max_ops=4, max_inputs=8)
+    assert all(len(n.attrs["program"]) <= 4 for n in h.nodes if n.op is OpKind.FUSED_ELEMENTWISE)
+    assert ops_of(h).count("fused_elementwise") >= 3
+    g2 = rlx.Graph()
+    x = g2.input("x", (3,))
+    e = g2.exp(x)
+    g2.set_outputs([g2.add(g2.tanh(e), 1.0), g2.mul(e, 2.0)])  # e feeds two regions: it cannot hide in one
+    h2, _ = fuse_elementwise(g2, claim_all, max_ops=32, max_inputs=8)
+    assert "exp" in ops_of(h2) or ops_of(h2).count("fused_elementwise") == 2
+    same(g2, h2, {"x": RNG.standard_normal(3).astype(np.float32)})
+
+
+# ----------------------------------------------------------------------------- pipeline and backends
+def test_backend_without_fused_ops_gets_a_plain_graph():
+    g = dense("gelu")
+    toy = ToyBackend("toy", ops=ALL_OPS)
+    cg = rlx.compile(g, "toy", registry=registry_with(toy))
+    legal = cg._legal
+    assert not {n.op for n in legal.nodes} & INTERNAL_OPS
+    assert any("does not claim gemm" in line for line in cg.report().pipeline)
+
+
+def test_backend_claiming_fused_ops_receives_them_and_runs_them():
+    g = chain()
+    toy = ToyBackend("toyfuse", ops=FUSING)
+    cg = rlx.compile(g, "toyfuse", registry=registry_with(toy))
+    assert {n.op for n in cg._legal.nodes} & INTERNAL_OPS and cg.report().fused
+    feeds = {"x": RNG.standard_normal((4, 6)).astype(np.float32), "b": RNG.standard_normal(6).astype(np.float32)}
+    np.testing.assert_allclose(cg.run(feeds)[0], reference.evaluate(g, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_internal_ops_from_a_file_are_expanded_for_backends_that_lack_them():
+    g = rlx.Graph("file")
+    x = g.input("x", (2, 3))
+    prog = [make_instruction("exp", [0], {}), make_instruction("mul", [1, 1], {})]
+    fused = g._add_node("fused_elementwise", [x.id], {"program": prog})
+    gm = g._add_node("gemm", [fused.id, g.param("w", np.ones((3, 2), np.float32)).id], {"activation": "gelu_tanh"})
+    g.set_outputs([gm])
+    h = rlx.Graph.from_json(g.to_json())
+    assert h.to_json() == g.to_json()
+    toy = ToyBackend("toy", ops=ALL_OPS - {"gelu"})
+    result = run_pipeline(h, toy.claims)
+    assert not {n.op for n in result.graph.nodes} & (INTERNAL_OPS | {OpKind.GELU})
+    assert any("gemm" in d for d in result.legalized.decomposed)
+    feeds = {"x": RNG.standard_normal((2, 3)).astype(np.float32)}
+    same(g, result.graph, feeds)
+
+
+@pytest.mark.parametrize(
+    "attrs, match",
+    [({"program": []}, "non-empty"), ({"program": [["softmax", [0], []]]}, "not an elementwise op"),
+     ({"program": [["exp", [5], []]]}, "refers to 5"), ({"program": [["cast", [0], []]]}, "needs a dtype"),
+     ({}, "needs a program")],
+)  # fmt: skip
+def test_bad_fused_programs_are_graph_errors(attrs, match):
+    g = rlx.Graph()
+    x = g.input("x", (2,))
+    with pytest.raises(rlx.GraphError, match=match):
+        g._add_node("fused_elementwise", [x.id], attrs)
+
+
+def test_bad_gemm_nodes_are_graph_errors():
+    g = rlx.Graph()
+    a, b = g.input("a", (2, 3)), g.input("b", (3, 4))
+    with pytest.raises(rlx.GraphError, match="activation must be one of"):
+        g._add_node("gemm", [a.id, b.id], {"activation": "swish"})
+    with pytest.raises(rlx.GraphError, match="do not broadcast"):
+        g._add_node("gemm", [a.id, b.id, g.input("bias", (3, 4)).id], {})
+
+
+def test_options_switch_stages_and_passes_and_are_checked():
+    g = chain()
+    toy = ToyBackend("toyfuse", ops=FUSING)
+    off = run_pipeline(g, toy.claims, rlx.CompileOptions(fuse=False, plan=False))
+    assert "fused_elementwise" not in ops_of(off.graph) and off.memory_plan is None
+    assert not off.stage("fuse").enabled and "fuse: off" in off.describe()
+    on = run_pipeline(g, toy.claims, rlx.CompileOptions(disable=("cse",)))
+    assert "fused_elementwise" in ops_of(on.graph) and on.memory_plan is not None
+    with pytest.raises(rlx.ConfigError, match=r"unknown pass\(es\) \['fusion'\]"):
+        rlx.CompileOptions(disable=("fusion",))
+    with pytest.raises(rlx.ConfigError, match="max_fused_ops must be an int >= 1"):
+        rlx.CompileOptions(max_fused_ops=0)
+    nolegal = run_pipeline(dense("gelu"), ToyBackend("t", ops=ALL_OPS - {"gelu"}).claims,
+                           rlx.CompileOptions(legalize=False))  # fmt: skip
+    assert nolegal.blocker is not None and "legalization is off" in nolegal.blocker
+
+
+def test_fusion_report_env_prints_the_report(monkeypatch, capsys):
+    reg = registry_with(ToyBackend("toyfuse", ops=FUSING))
+    monkeypatch.setenv("RLX_FUSION_REPORT", "1")
+    rlx.compile(chain(), "toyfuse", registry=reg)
+    err = capsys.readouterr().err
+    assert "RLX_FUSION_REPORT=1" in err and "fused" in err and "fuse: " in err and "legalize: " in err
+    monkeypatch.setenv("RLX_FUSION_REPORT", "yes")
+    with pytest.raises(rlx.ConfigError, match="RLX_FUSION_REPORT must be 0 or 1, got 'yes'"):
+        rlx.compile(chain(), "toyfuse", registry=reg)
+
+
+def test_cost_prices_the_graph_as_the_device_runs_it():
+    g = chain(12)
+    model = rlx.CostModel(device="t", memory_bw_gbps=1.0, dispatch_overhead_ns=1000.0)
+    plain = run_pipeline(g, ToyBackend("t", ops=ALL_OPS).claims).graph
+    fused = run_pipeline(g, ToyBackend("t", ops=FUSING).claims).graph
+    assert rlx.estimate_graph_cost(fused, model) < rlx.estimate_graph_cost(plain, model) / 3
+    reg = registry_with(ToyBackend("plain", ops=ALL_OPS, gflops=20), ToyBackend("fusing", ops=FUSING, gflops=20))
+    rows = {r.device: r for r in rlx.device_report(g, rlx.DevicePolicy(), registry=reg)}
+    assert rows["fusing"].est_seconds < rows["plain"].est_seconds
+
+
+# ----------------------------------------------------------------------------- plan
+def test_memory_plan_never_shares_a_buffer_between_live_values():
+    g = chain(8)
+    graph = run_pipeline(g, ToyBackend("t", ops=ALL_OPS).claims, rlx.CompileOptions(plan=False)).graph
+    plan = plan_memory(graph)
+    assert plan.inplace and plan.total_bytes < plan.naive_bytes
+    by_buffer: dict[int, list[int]] = {}
+    for v, b in plan.buffer_of.items():
+        by_buffer.setdefault(b, []).append(v)
+    for values in by_buffer.values():
+        spans = sorted(plan.intervals[v] for v in values)
+        for (s0, e0), (s1, _) in itertools.pairwise(spans):
+            assert e0 <= s1, f"values live over {s0}..{e0} and from {s1} share a buffer"
+    assert "buffers" in plan.describe()
