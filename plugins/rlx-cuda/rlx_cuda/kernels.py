@@ -25,19 +25,10 @@ from rlx_core.passes.internal_ops import ACTIVATION_OPS, make_instruction
 from . import nn_source as nn
 from .codegen import ElementwiseSource, elementwise_source, single_op_program, used_inputs
 
-__all__ = ["KernelCache", "Step", "BuildContext", "build_steps", "CLAIMED_OPS"]
+__all__ = ["KernelCache", "Step", "BuildContext", "build_steps"]
 
 Slots = list[Any]
 
-#: Every op a builder below implements (the backend claims exactly these).
-CLAIMED_OPS: frozenset[str] = frozenset(
-    {op.value for op in ELEMENTWISE_OPS}
-    | {op.value for op in (
-        OpKind.MATMUL, OpKind.GEMM, OpKind.FUSED_ELEMENTWISE, OpKind.SOFTMAX, OpKind.LAYER_NORM,
-        OpKind.REDUCE_SUM, OpKind.REDUCE_MEAN, OpKind.REDUCE_MAX, OpKind.RESHAPE, OpKind.TRANSPOSE,
-        OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER, OpKind.CONV2D, OpKind.MAX_POOL2D, OpKind.AVG_POOL2D,
-        OpKind.GLOBAL_AVG_POOL2D, OpKind.ATTENTION)}
-)  # fmt: skip
 
 
 class KernelCache:
@@ -271,17 +262,18 @@ def _conv2d(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: 
     steps: list[Step] = []
     pointwise = (kh, kw) == (1, 1) and a["stride"] == (1, 1) and a["padding"] == (0, 0, 0, 0)
     if pointwise:
-        cols = lambda s: s[ids[0]].reshape(n, groups, cg, h * w)  # noqa: E731
+        cols = lambda s: s[ids[0]].reshape(n, groups, cg, h * w)
     else:
         buf = ctx.workspace((n, groups, k, p), np.dtype(node.dtype))
         src = nn.im2col_source(node.dtype, c, (h, w), (oh, ow), (kh, kw), a["stride"], a["padding"], a["dilation"],
                                groups)  # fmt: skip
         im2col = ctx.cache.elementwise(src)
         steps.append(Step(f"{node.name or 'conv2d'}:im2col", lambda s: im2col(s[ids[0]], buf)))
-        cols = lambda s: buf  # noqa: E731
+        cols = lambda s: buf
     wid = ids[1]
-    steps.append(Step(f"{node.name or 'conv2d'}:gemm",
-                      lambda s: mm(s[wid].reshape(groups, og, k), cols(s), s[out].reshape(n, groups, og, p))))  # fmt: skip
+    wshape, oshape = (groups, og, k), (n, groups, og, p)
+    gemm = lambda s: mm(s[wid].reshape(wshape), cols(s), s[out].reshape(oshape))
+    steps.append(Step(f"{node.name or 'conv2d'}:gemm", gemm))
     if len(ins) == 3:
         cp, bid = ctx.cp, ids[2]
         steps.append(Step(f"{node.name or 'conv2d'}:bias",
@@ -298,17 +290,18 @@ def _attention(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ct
     scores = ctx.workspace(scores_shape, dtype)
     mm = _matmul_call(ctx, node.dtype)
     cp = ctx.cp
-    steps = [Step(f"{node.name or 'attention'}:scores", lambda s: mm(s[ids[0]], cp.swapaxes(s[ids[1]], -1, -2), scores))]
+    qid, kid = ids[0], ids[1]
+    steps = [Step(f"{node.name or 'attention'}:scores", lambda s: mm(s[qid], cp.swapaxes(s[kid], -1, -2), scores))]
     mode = "none"
     mask: Any = None
     if len(ins) == 4:
         mode = "bool" if ins[3].dtype == "bool" else "add"
         if ins[3].shape == scores_shape:
-            mask_get = lambda s: s[ids[3]]  # noqa: E731
+            mask_get = lambda s: s[ids[3]]
         else:
             mbuf = ctx.workspace(scores_shape, np.dtype(ins[3].dtype))
             steps.append(Step("mask", lambda s: cp.copyto(mbuf, cp.broadcast_to(s[ids[3]], scores_shape))))
-            mask_get = lambda s: mbuf  # noqa: E731
+            mask_get = lambda s: mbuf
         mask = mask_get
     lk = scores_shape[-1]
     rows = math.prod(scores_shape) // max(lk, 1)

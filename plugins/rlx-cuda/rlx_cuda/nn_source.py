@@ -170,7 +170,8 @@ def im2col_source(dtype: str, channels: int, hw: tuple[int, int], out_hw: tuple[
         f"const long long kk_ = r_ % {kh * kw}LL;\n"
         f"const long long h = (p_ / {ow}LL) * {sh}LL - {top}LL + (kk_ / {kw}LL) * {dh}LL;\n"
         f"const long long w = (p_ % {ow}LL) * {sw}LL - {left}LL + (kk_ % {kw}LL) * {dw}LL;\n"
-        f"if (h >= 0 && h < {h}LL && w >= 0 && w < {w}LL) out = x[((n_ * {channels}LL + c_) * {h}LL + h) * {w}LL + w];\n"
+        f"if (h >= 0 && h < {h}LL && w >= 0 && w < {w}LL)\n"
+        f"  out = x[((n_ * {channels}LL + c_) * {h}LL + h) * {w}LL + w];\n"
         f"else out = {_store('0', dtype)};"
     )
     return IndexedSource(f"raw {PARAM_TYPE[dtype]} x", f"{PARAM_TYPE[dtype]} out", body,
@@ -248,10 +249,16 @@ extern "C" __global__ void {name}(const T* x, const {mask_type}* m_, T* y,
   if (r >= rows) return;
   const long long base = (r / inner) * n * inner + (r % inner);
   CT mx = -RLX_INF;
-  for (long long j = threadIdx.x; j < n; j += blockDim.x) {{ const long long idx = base + j * inner; mx = rlx_max2(mx, {load}); }}
+  for (long long j = threadIdx.x; j < n; j += blockDim.x) {{
+    const long long idx = base + j * inner;
+    mx = rlx_max2(mx, {load});
+  }}
   mx = rlx_block_max(mx, red);
   CT s = 0;
-  for (long long j = threadIdx.x; j < n; j += blockDim.x) {{ const long long idx = base + j * inner; s += exp({load} - mx); }}
+  for (long long j = threadIdx.x; j < n; j += blockDim.x) {{
+    const long long idx = base + j * inner;
+    s += exp({load} - mx);
+  }}
   s = rlx_block_sum(s, red);
   for (long long j = threadIdx.x; j < n; j += blockDim.x) {{
     const long long idx = base + j * inner;

@@ -1,0 +1,106 @@
+"""The ``cuda`` backend: probe, claims, cost model, calibration and compile.
+
+Cheap to create (the registry does so at discovery): CuPy is imported by ``probe``,
+``compile`` and ``calibrate`` only, through ``probe.import_cupy``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import rlx_core
+from rlx_core.errors import DeviceError
+
+from . import probe as probing
+from .costmodel import cost_model_from_device, generic_cost_model
+from .kernels_claims import CLAIMED_OPS
+
+if TYPE_CHECKING:
+    from rlx_core.ir import Graph
+
+    from .executable import CudaExecutable
+
+__all__ = ["CudaBackend"]
+
+
+class CudaBackend(rlx_core.Backend):
+    """NVIDIA GPUs through CuPy: cuBLAS for matmul, conv2d (im2col + gemm) and attention,
+    generated CUDA kernels for elementwise regions, reductions, softmax, layer_norm,
+    pooling and gather."""
+
+    name = "cuda"
+    label = "NVIDIA CUDA (CuPy)"
+    priority = 90
+    api_version = rlx_core.PLUGIN_API_VERSION
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._probe: probing.ProbeResult | None = None
+        self._caches: dict[int, Any] = {}
+
+    # ------------------------------------------------------------------ probe
+    def probe_result(self) -> probing.ProbeResult:
+        """The probe's full answer (devices and their properties), computed once."""
+        with self._lock:
+            if self._probe is None:
+                self._probe = probing.probe_cuda()
+            return self._probe
+
+    def probe(self) -> rlx_core.Availability:
+        result = self.probe_result()
+        if not result.available:
+            return rlx_core.Availability(False, result.reason, versions=dict(result.versions))
+        devices = [f"cuda:{d.index}" for d in result.devices]
+        versions = dict(result.versions)
+        versions["memory"] = f"{result.devices[0].total_memory / 2**30:.1f} GiB"
+        return rlx_core.Availability(True, devices=devices, versions=versions)
+
+    # ------------------------------------------------------------------ claims
+    def supported_ops(self) -> frozenset[str]:
+        """Exactly the ops with a kernel in ``kernels.py`` (``kernels_claims.CLAIMED_OPS``)."""
+        return CLAIMED_OPS
+
+    # ------------------------------------------------------------------ cost
+    def default_cost_model(self) -> rlx_core.CostModel:
+        result = self._probe
+        if result is None or not result.devices:
+            return generic_cost_model(self.name)
+        return cost_model_from_device(result.devices[0], self.name)
+
+    def calibrate(self, quick: bool = False) -> rlx_core.CostModel:
+        """The core's measurements (sgemm, bandwidth, launches) plus pinned host<->device copies."""
+        from rlx_core.cache import JsonCache
+        from rlx_core.calibration import CALIBRATION_SCHEMA, calibrate_backend, calibration_identity
+
+        from .costmodel import measure_transfer_gbps, with_transfer
+
+        self._require()
+        model = calibrate_backend(self, quick=quick)
+        cp = probing.import_cupy()
+        model = with_transfer(model, measure_transfer_gbps(cp, 0, quick))
+        JsonCache("calibration", schema=CALIBRATION_SCHEMA).put(self.name, calibration_identity(self), model.to_dict())
+        return model
+
+    # ------------------------------------------------------------------ compile
+    def _require(self) -> probing.ProbeResult:
+        result = self.probe_result()
+        if not result.available:
+            raise DeviceError(f"cuda is unavailable here: {result.reason}")
+        return result
+
+    def compile(self, graph: Graph, options: rlx_core.CompileOptions) -> CudaExecutable:
+        result = self._require()
+        index = 0 if options.device_index is None else options.device_index
+        if not 0 <= index < len(result.devices):
+            known = ", ".join(f"cuda:{d.index} ({d.name})" for d in result.devices)
+            raise DeviceError(f"no CUDA device {options.device or f'cuda:{index}'!r} here; devices: {known}")
+        from .executable import CudaExecutable
+        from .kernels import KernelCache
+
+        cp = probing.import_cupy()
+        with self._lock:
+            cache = self._caches.get(index)
+            if cache is None:
+                cache = self._caches[index] = KernelCache(cp)
+        return CudaExecutable(cp, graph, index, cache, options.extra, options.memory_plan)

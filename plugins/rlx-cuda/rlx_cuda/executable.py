@@ -1,0 +1,311 @@
+"""The compiled graph on one GPU: buffers, resident params, one stream, CUDA graph replay.
+
+At compile, every value gets its device buffer (from the core's memory plan when it
+offers one, so dead values share memory; from CuPy's memory pool), params and constants
+are uploaded once, inputs and outputs get pinned host staging buffers, and each node
+becomes a few ``Step`` calls bound to those buffers (``kernels.py``). A warm-up run on
+zeros compiles every kernel before the first real run.
+
+A run uploads the inputs on the executable's own stream, runs the steps, and copies the
+outputs back through pinned memory. When every step is allocation-free the second run
+captures the steps as a CUDA graph and later runs replay it (one launch instead of one
+per kernel); any failure to capture falls back to plain launches, said in the report.
+Runs hold a lock: buffers are the executable's, and the GPU runs them in order anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+import rlx_core
+from rlx_core.errors import ConfigError, InputError
+from rlx_core.ir import Graph
+from rlx_core.ops import SOURCE_OPS, OpKind
+
+from .kernels import BuildContext, KernelCache, Step, build_steps
+
+__all__ = ["CudaExecutable", "parse_extra"]
+
+log = logging.getLogger("rlx_cuda")
+
+_FLAG_MESSAGES = {1: "integer division by zero", 2: "a gather index is out of range"}
+
+
+def _allocation_refused(size: int) -> Any:
+    raise RuntimeError(f"a step allocated {size} bytes of device memory during CUDA graph capture")
+
+
+def parse_extra(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``CompileOptions.extra`` for this backend: ``tf32`` (bool, default False),
+    ``cuda_graphs`` (``"auto"``, True or False; default ``"auto"``), ``warmup`` (bool,
+    default True). Unknown ``cuda_*`` keys and wrong types are a ``ConfigError``."""
+    out: dict[str, Any] = {"tf32": False, "cuda_graphs": "auto", "warmup": True}
+    for key in ("tf32", "warmup"):
+        if key in extra:
+            if not isinstance(extra[key], bool):
+                raise ConfigError(f"CompileOptions.extra[{key!r}] must be True or False, got {extra[key]!r}")
+            out[key] = extra[key]
+    if "cuda_graphs" in extra:
+        v = extra["cuda_graphs"]
+        if v not in ("auto", True, False) or (isinstance(v, int) and not isinstance(v, bool)):
+            raise ConfigError(f"CompileOptions.extra['cuda_graphs'] must be 'auto', True or False, got {v!r}")
+        out["cuda_graphs"] = v
+    unknown = sorted(k for k in extra if str(k).startswith("cuda_") and k not in out)
+    if unknown:
+        raise ConfigError(f"CompileOptions.extra: unknown rlx-cuda option(s) {unknown}; known: tf32, cuda_graphs, "
+                          "warmup")  # fmt: skip
+    return out
+
+
+class CudaExecutable(rlx_core.Executable):
+    """One graph on one CUDA device. ``run``, ``run_dlpack`` and ``set_param`` are thread-safe."""
+
+    def __init__(self, cp: Any, graph: Graph, device_index: int, cache: KernelCache,
+                 extra: Mapping[str, Any] | None = None, memory_plan: Any = None) -> None:  # fmt: skip
+        opts = parse_extra(extra or {})
+        self._cp = cp
+        self._cache = cache
+        self._graph = graph
+        self._index = device_index
+        self._lock = threading.Lock()
+        self._notes: list[str] = []
+        self._graph_exec: Any = None
+        self._runs = 0
+        self._tf32 = opts["tf32"]
+        if self._tf32:
+            self._notes.append("TF32 tensor cores for float32 matmul/conv/attention (opted in with extra['tf32']): "
+                               "results differ from float32 by about 1e-3 relative")  # fmt: skip
+        with cp.cuda.Device(device_index):
+            self._stream = cp.cuda.Stream(non_blocking=True)
+            with self._stream:
+                self._build(memory_plan)
+                self._use_graphs = self._graph_mode(opts["cuda_graphs"])
+                if opts["warmup"]:
+                    self._warmup()
+
+    # ------------------------------------------------------------------ building
+    def _build(self, plan: Any) -> None:
+        cp, g = self._cp, self._graph
+        nodes = g.nodes
+        slots: list[Any] = [None] * len(nodes)
+        buffers: dict[int, Any] = {}
+        if plan is not None and getattr(plan, "buffer_of", None):
+            buffers = {k: cp.empty(max(int(b), 1), dtype=np.uint8) for k, b in enumerate(plan.buffer_bytes)}
+        self._params: dict[str, Any] = {}
+        self._inputs: list[tuple[str, int, Any]] = []  # (name, slot, pinned host staging)
+        ctx = BuildContext(cp, self._cache, tf32=self._tf32)
+        steps: list[Step] = []
+        views: list[tuple[int, int, tuple[int, ...]]] = []
+        for node in nodes:
+            dtype = np.dtype(node.dtype)
+            if node.op in SOURCE_OPS:
+                if node.op is OpKind.INPUT:
+                    slots[node.id] = cp.empty(node.shape, dtype=dtype)
+                    self._inputs.append((node.name, node.id, _pinned(cp, node.shape, dtype)))
+                else:
+                    slots[node.id] = cp.asarray(np.ascontiguousarray(g.value(node.id)))
+                    if node.op is OpKind.PARAM:
+                        self._params[node.name] = slots[node.id]
+                continue
+            if node.op is OpKind.RESHAPE:
+                views.append((node.id, node.inputs[0], node.shape))
+                slots[node.id] = slots[node.inputs[0]].reshape(node.shape)
+                continue
+            slots[node.id] = self._value_buffer(node.id, node.shape, dtype, plan, buffers)
+            ins = [nodes[i] for i in node.inputs]
+            steps += build_steps(node, ins, node.id, list(node.inputs), ctx)
+        ctx.flags = cp.zeros(max(len(ctx.flag_nodes), 1), dtype=np.int32)
+        self._flag_nodes = list(ctx.flag_nodes)
+        self._ctx = ctx
+        if self._flag_nodes:
+            flags = ctx.flags
+            steps.insert(0, Step("reset error flags", lambda s: flags.fill(0)))
+        self._views = views
+        self._steps = steps
+        self._slots = slots
+        self._outputs = [(i, _pinned(cp, nodes[i].shape, np.dtype(nodes[i].dtype))) for i in g.outputs]
+
+    def _value_buffer(self, nid: int, shape: tuple[int, ...], dtype: np.dtype, plan: Any,
+                      buffers: dict[int, Any]) -> Any:  # fmt: skip
+        cp = self._cp
+        b = plan.buffer_of.get(nid) if plan is not None and getattr(plan, "buffer_of", None) else None
+        nbytes = math.prod(shape) * dtype.itemsize
+        if b is None or b not in buffers or buffers[b].nbytes < nbytes:
+            return cp.empty(shape, dtype=dtype)
+        return buffers[b][:nbytes].view(dtype).reshape(shape)
+
+    def _graph_mode(self, wanted: Any) -> bool:
+        allocating = [s.name for s in self._steps if s.allocates]
+        if wanted is False:
+            self._notes.append("CUDA graphs off (extra['cuda_graphs'] = False)")
+            return False
+        if allocating:
+            self._notes.append(f"CUDA graphs off: step {allocating[0]!r} allocates memory while it runs")
+            return False
+        if not self._steps:
+            return False
+        return True
+
+    def _warmup(self) -> None:
+        """Run once on the current (zero-filled) buffers: compiles every kernel now, not
+        in the first real run; the error flags a zero input may raise are ignored."""
+        for _name, slot, _ in self._inputs:
+            self._slots[slot].fill(0)
+        self._launch_eager()
+        self._stream.synchronize()
+        self._runs = 1  # the next run may capture
+
+    # ------------------------------------------------------------------ running
+    def _launch_eager(self) -> None:
+        s = self._slots
+        for nid, src, shape in self._views:
+            s[nid] = s[src].reshape(shape)
+        for step in self._steps:
+            step.fn(s)
+
+    def _capture(self) -> None:
+        cp, stream = self._cp, self._stream
+        try:
+            with cp.cuda.using_allocator(_allocation_refused):
+                stream.begin_capture()
+                try:
+                    self._launch_eager()
+                finally:
+                    graph = stream.end_capture()
+            self._graph_exec = graph
+            self._notes.append(f"CUDA graph captured: {len(self._steps)} steps replayed as one launch")
+        except Exception as exc:
+            self._use_graphs = False
+            self._graph_exec = None
+            self._notes.append(f"CUDA graphs off: capture failed ({type(exc).__name__}: {exc})")
+            log.info("rlx-cuda: CUDA graph capture failed for %r: %s", self._graph.name, exc)
+
+    def _execute(self, inputs: Mapping[str, Any], bound: list[tuple[int, Any]]) -> None:
+        """Upload, compute; the caller holds the lock, the device and the stream, and puts
+        back the buffers of the inputs bound without a copy (``bound``) once it has read
+        the outputs."""
+        cp, stream = self._cp, self._stream
+        for name, slot, pinned in self._inputs:
+            value = inputs[name]
+            dev = self._slots[slot]
+            if isinstance(value, np.ndarray):
+                np.copyto(pinned, value, casting="no")
+                dev.set(pinned, stream=stream)
+            else:
+                arr = _device_array(cp, value, name)
+                if arr.shape != dev.shape or arr.dtype != dev.dtype:
+                    raise InputError(f"input {name!r}: expected {dev.shape} {dev.dtype}, got {tuple(arr.shape)} "
+                                     f"{arr.dtype} (rlx never casts or broadcasts silently)")  # fmt: skip
+                if not self._use_graphs and _is_contiguous_like(arr, dev):
+                    bound.append((slot, dev))
+                    self._slots[slot] = arr  # zero copy: the steps read the caller's array
+                else:
+                    cp.copyto(dev, arr)  # on the device: no host round trip
+        if self._use_graphs and self._runs >= 1:
+            if self._graph_exec is None:
+                self._capture()
+            if self._graph_exec is not None:
+                self._graph_exec.launch(stream)
+            else:
+                self._launch_eager()
+        else:
+            self._launch_eager()
+        self._runs += 1
+
+    def _restore(self, bound: list[tuple[int, Any]]) -> None:
+        for slot, dev in bound:
+            self._slots[slot] = dev
+
+    def _check_flags(self) -> None:
+        if not self._flag_nodes:
+            return
+        flags = self._ctx.flags.get(stream=self._stream)
+        self._stream.synchronize()
+        bad = np.nonzero(flags[: len(self._flag_nodes)])[0]
+        if bad.size:
+            node = self._flag_nodes[int(bad[0])]
+            what = _FLAG_MESSAGES.get(int(flags[bad[0]]), f"error code {int(flags[bad[0]])}")
+            raise InputError(f"{node.describe()} ({node.op}) on cuda:{self._index}: {what}")
+
+    def run(self, inputs: Mapping[str, Any]) -> list[np.ndarray]:
+        cp = self._cp
+        bound: list[tuple[int, Any]] = []
+        with self._lock, cp.cuda.Device(self._index), self._stream:
+            try:
+                self._execute(inputs, bound)
+                for i, pinned in self._outputs:
+                    self._slots[i].get(stream=self._stream, out=pinned)
+                self._stream.synchronize()
+            finally:
+                self._restore(bound)
+            self._check_flags()
+            return [np.array(pinned, copy=True) for _, pinned in self._outputs]
+
+    def run_dlpack(self, inputs: Mapping[str, Any]) -> list[Any]:
+        """Run and leave the outputs on the GPU as new CuPy arrays (``__dlpack__``)."""
+        cp = self._cp
+        bound: list[tuple[int, Any]] = []
+        with self._lock, cp.cuda.Device(self._index), self._stream:
+            try:
+                self._execute(inputs, bound)
+                outs = [self._slots[i].copy() for i, _ in self._outputs]
+                self._stream.synchronize()
+            finally:
+                self._restore(bound)
+            self._check_flags()
+            return outs
+
+    def set_param(self, name: str, value: np.ndarray) -> None:
+        dev = self._params.get(name)
+        if dev is None:
+            raise InputError(f"set_param: graph {self._graph.name!r} has no param {name!r} on cuda")
+        arr = np.ascontiguousarray(value)
+        if arr.shape != dev.shape or arr.dtype != dev.dtype:
+            raise InputError(f"set_param {name!r}: expected {dev.shape} {dev.dtype}, got {arr.shape} {arr.dtype}")
+        with self._lock, self._cp.cuda.Device(self._index):
+            dev.set(arr, stream=self._stream)  # same buffer: a captured CUDA graph stays valid
+            self._stream.synchronize()
+
+    def report_notes(self) -> list[str]:
+        """What the compile report says about this executable (TF32, CUDA graphs)."""
+        notes = list(self._notes)
+        if self._use_graphs and self._graph_exec is None:
+            notes.append("CUDA graphs on: the second run captures the graph, later runs replay it")
+        return notes
+
+    @property
+    def uses_cuda_graph(self) -> bool:
+        return self._graph_exec is not None
+
+
+def _pinned(cp: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A numpy array in page-locked host memory (fast, asynchronous copies)."""
+    import cupyx
+
+    return cupyx.empty_pinned(shape, dtype=dtype)
+
+
+def _device_array(cp: Any, value: Any, name: str) -> Any:
+    """A CuPy view of a GPU array (CuPy, ``__cuda_array_interface__`` or ``__dlpack__``:
+    torch, JAX...), without a copy; anything else goes through the host."""
+    try:
+        if isinstance(value, cp.ndarray):
+            return value
+        if hasattr(value, "__cuda_array_interface__"):
+            return cp.asarray(value)
+        if hasattr(value, "__dlpack__"):
+            return cp.from_dlpack(value)
+        return cp.asarray(np.asarray(value))
+    except Exception as exc:
+        raise InputError(f"input {name!r}: cannot use a {type(value).__name__} on cuda: {exc}") from None
+
+
+def _is_contiguous_like(arr: Any, like: Any) -> bool:
+    return (arr.flags.c_contiguous and arr.shape == like.shape and arr.dtype == like.dtype
+            and arr.device.id == like.device.id)  # fmt: skip
