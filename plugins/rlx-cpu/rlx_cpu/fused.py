@@ -208,22 +208,30 @@ def program_steps(instructions: list[Instruction], ins: list[Any], out: np.ndarr
         if regs[k] >= 0:
             full = _block_shape(instr.shape, ndim, axis, min(length, out.shape[axis])) if ndim else instr.shape
             reg_bytes[regs[k]] = max(reg_bytes.get(regs[k], 0), math.prod(full) * np.dtype(instr.dtype).itemsize)
+    # One block spanning the whole output (small regions): the operands themselves, not
+    # views of them; a view of a run-time input would cost an indexing call every run.
+    whole = ndim == 0 or (axis == 0 and len(plan) == 1)
+    views: dict[tuple[int, tuple[int, ...], str], np.ndarray] = {}
     for fixed, start, stop in plan:
         values: list[Any] = []
         for i, x in enumerate(ins):
-            if i not in used or ndim == 0 or x.ndim == 0:
+            if whole or i not in used or x.ndim == 0:
                 values.append(x)
             else:
                 values.append(x[_index(x.shape, ndim, axis, fixed, start, stop)])
-        out_block = out if ndim == 0 else out[_index(out.shape, ndim, axis, fixed, start, stop)]
+        out_block = out if whole else out[_index(out.shape, ndim, axis, fixed, start, stop)]
         for k, instr in enumerate(instructions):
             shape = instr.shape if ndim == 0 else _block_shape(instr.shape, ndim, axis, stop - start)
             if regs[k] == -1:
                 target = out_block
-            else:
-                raw = scratch.bytes(("reg", regs[k]), reg_bytes[regs[k]])
-                dt = np.dtype(instr.dtype)
-                target = raw[: math.prod(shape) * dt.itemsize].view(dt).reshape(shape)
+            else:  # one array object per (register, shape, dtype): numpy runs an in-place ufunc
+                # much faster on the same object than on two views of the same memory
+                key = (regs[k], shape, instr.dtype)
+                target = views.get(key)
+                if target is None:
+                    raw = scratch.bytes(("reg", regs[k]), reg_bytes[regs[k]])
+                    dt = np.dtype(instr.dtype)
+                    target = views[key] = raw[: math.prod(shape) * dt.itemsize].view(dt).reshape(shape)
             scratch.begin(k)
             node = _pseudo(instr, shape, name)
             if target.size:
