@@ -49,8 +49,31 @@ def as_array(value: Any, what: str) -> np.ndarray:
     raise InputError(f"{what}: expected an array (numpy, __array__ or __dlpack__), got {type(value).__name__}")
 
 
-def validate_inputs(specs: Sequence[InputSpec], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def _device_array(value: Any) -> tuple[tuple[int, ...], np.dtype] | None:
+    """``(shape, dtype)`` of an array that lives on a device (``__cuda_array_interface__``
+    or ``__dlpack__`` with ``shape`` and ``dtype``: CuPy, torch, JAX), else ``None``."""
+    if not (hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack__")):
+        return None
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None:
+        return None
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:  # torch.float32 and friends: the numpy name after the dot
+        try:
+            dt = np.dtype(str(dtype).rsplit(".", 1)[-1])
+        except TypeError:
+            return None
+    return tuple(int(d) for d in shape), dt
+
+
+def validate_inputs(specs: Sequence[InputSpec], inputs: Mapping[str, Any],
+                    device_arrays: bool = False) -> dict[str, Any]:  # fmt: skip
     """Check names, shapes and dtypes; return ``{name: ndarray}`` or raise ``InputError``.
+
+    With ``device_arrays`` (the executable said ``accepts_device_inputs``), an array that
+    lives on a device is checked by its ``shape`` and ``dtype`` and passed on as it is,
+    so a CuPy or torch CUDA tensor reaches the backend without a trip through the host.
 
     The fast path (a plain dict holding exactly the graph's inputs as numpy arrays of the
     right shapes and dtypes) returns ``inputs`` itself, unchanged: that is every run of a
@@ -69,7 +92,7 @@ def validate_inputs(specs: Sequence[InputSpec], inputs: Mapping[str, Any]) -> di
             return inputs
     if not isinstance(inputs, Mapping):
         raise InputError(f"inputs must be a mapping of input name to array, got {type(inputs).__name__}")
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Any] = {}
     for spec in specs:
         try:
             value = inputs[spec.name]
@@ -79,14 +102,16 @@ def validate_inputs(specs: Sequence[InputSpec], inputs: Mapping[str, Any]) -> di
                 f"missing input(s) {', '.join(repr(m) for m in missing)}; the graph takes "
                 + ", ".join(f"{s.name!r} {s.shape} {s.dtype}" for s in specs)
             ) from None
-        arr = value if type(value) is np.ndarray else as_array(value, f"input {spec.name!r}")
-        if arr.shape != spec.shape or arr.dtype != spec.dtype:
-            if arr.dtype != spec.dtype:
+        dev = None if type(value) is np.ndarray or not device_arrays else _device_array(value)
+        arr = value if type(value) is np.ndarray or dev is not None else as_array(value, f"input {spec.name!r}")
+        shape, dtype = dev if dev is not None else (arr.shape, arr.dtype)
+        if shape != spec.shape or dtype != spec.dtype:
+            if dtype != spec.dtype:
                 raise InputError(
-                    f"input {spec.name!r}: expected dtype {spec.dtype}, got {arr.dtype} "
+                    f"input {spec.name!r}: expected dtype {spec.dtype}, got {dtype} "
                     f"(rlx never casts silently; convert it with .astype('{spec.dtype}'))"
                 )
-            raise InputError(f"input {spec.name!r}: expected shape {spec.shape}, got {arr.shape}")
+            raise InputError(f"input {spec.name!r}: expected shape {spec.shape}, got {shape}")
         out[spec.name] = arr
     if len(inputs) != len(out):
         unknown = [k for k in inputs if k not in out]

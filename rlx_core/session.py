@@ -107,6 +107,9 @@ class CompiledGraph:
         self._report = report
         self._registry = registry
         self._specs = input_specs(graph)
+        # An executable that takes device arrays (cuda: CuPy, torch CUDA tensors) gets them as
+        # they are, checked by shape and dtype; every other gets numpy arrays.
+        self._device_inputs = bool(getattr(executable, "accepts_device_inputs", False))
         outs = [legal.node(i) for i in legal.outputs]
         self._out_checks = tuple((n.shape, np.dtype(n.dtype)) for n in outs)
         self._lock = threading.Lock()  # set_param vs set_param; runs never take it
@@ -133,7 +136,7 @@ class CompiledGraph:
         """
         if output not in ("numpy", "dlpack"):
             raise ConfigError(f"run: output must be 'numpy' or 'dlpack', got {output!r}")
-        arrays = validate_inputs(self._specs, inputs)
+        arrays = validate_inputs(self._specs, inputs, self._device_inputs)
         run_dlpack = getattr(self._exe, "run_dlpack", None) if output == "dlpack" else None
         try:
             outs = self._exe.run(arrays) if run_dlpack is None else run_dlpack(arrays)

@@ -140,3 +140,50 @@ def test_graph_devices_mirror_params_and_benchmark():
     assert set(gd.warm_all()) == {"a", "b"}
     gd.invalidate_cache()
     assert gd.run_chain({"x": X}, ["a"]) and gd.last_device == "a"
+
+
+class _DeviceArray:
+    """Stands for a CuPy array or a torch CUDA tensor: shape, dtype and ``__dlpack__``, but
+    numpy cannot view it (no ``__array__``, and its DLPack export refuses the host)."""
+
+    def __init__(self, data: np.ndarray, dtype: object = None) -> None:
+        self.data, self.shape, self.dtype = data, data.shape, data.dtype if dtype is None else dtype
+
+    def __dlpack__(self, **kwargs: object) -> object:
+        raise BufferError("this array lives on a device")
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, 0)
+
+
+class _DeviceExecutable(rlx.Executable):
+    accepts_device_inputs = True
+
+    def __init__(self, graph: rlx.Graph) -> None:
+        self.graph = graph
+
+    def run(self, inputs):  # type: ignore[no-untyped-def]
+        host = {k: v.data if isinstance(v, _DeviceArray) else v for k, v in inputs.items()}
+        return [o.astype(np.float32) for o in reference.evaluate(self.graph, host)]
+
+
+class _DeviceBackend(ToyBackend):
+    def compile(self, graph, options):  # type: ignore[no-untyped-def]
+        return _DeviceExecutable(graph)
+
+
+def test_device_arrays_reach_an_executable_that_accepts_them_unconverted():
+    g = mlp()
+    reg = registry_with(_DeviceBackend("dev"))
+    cg = rlx.compile(g, device="dev", policy=rlx.DevicePolicy(), registry=reg)
+    np.testing.assert_allclose(cg.run({"x": _DeviceArray(X)})[0], expected(g), rtol=1e-5)
+    # torch-style dtype objects are read by their name; a wrong one is still an InputError
+    np.testing.assert_allclose(cg.run({"x": _DeviceArray(X, "torch.float32")})[0], expected(g), rtol=1e-5)
+    with pytest.raises(rlx.InputError, match=r"input 'x': expected dtype float32, got float64"):
+        cg.run({"x": _DeviceArray(X.astype(np.float64))})
+    with pytest.raises(rlx.InputError, match=r"input 'x': expected shape"):
+        cg.run({"x": _DeviceArray(X[:1])})
+    # an executable that did not ask for device arrays gets numpy or a clear error
+    plain = rlx.compile(g, device="toy", policy=rlx.DevicePolicy(), registry=registry_with(ToyBackend("toy")))
+    with pytest.raises(rlx.InputError, match="input 'x'"):
+        plain.run({"x": _DeviceArray(X)})

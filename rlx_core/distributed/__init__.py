@@ -4,7 +4,7 @@
 the host it runs on; ``map_batches`` runs it as a pool of Ray Data actors, so every node
 of a cluster uses its own fastest device under its own ``RLX_*`` policy. Importing this
 package does not import Ray: ``Predictor`` works without it, and ``map_batches`` raises
-an ``RlxError`` naming the extra when Ray is missing. See ``docs/batch.md``.
+an ``RlxError`` naming the extra when Ray is missing. See ``docs/distributed.md``.
 """
 
 from __future__ import annotations

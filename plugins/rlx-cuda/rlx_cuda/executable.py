@@ -66,6 +66,10 @@ def parse_extra(extra: Mapping[str, Any]) -> dict[str, Any]:
 class CudaExecutable(rlx_core.Executable):
     """One graph on one CUDA device. ``run``, ``run_dlpack`` and ``set_param`` are thread-safe."""
 
+    #: The core passes CuPy arrays and torch/JAX CUDA tensors through as they are (checked by
+    #: shape and dtype); ``_device_array`` views them without a copy.
+    accepts_device_inputs = True
+
     def __init__(self, cp: Any, graph: Graph, device_index: int, cache: KernelCache,
                  extra: Mapping[str, Any] | None = None, memory_plan: Any = None) -> None:  # fmt: skip
         opts = parse_extra(extra or {})

@@ -219,8 +219,8 @@ __device__ __forceinline__ CT rlx_block_max(CT v, CT* red) {
 
 def _prelude(dtype: str) -> str:
     ct = COMPUTE_TYPE[dtype]
-    head = "#include <cupy/carray.cuh>\n" if dtype == "float16" else ""
-    return (f"{head}typedef {CTYPE[dtype]} T;\ntypedef {ct} CT;\n#define RLX_INF {_inf(ct)}\n"
+    head = "#include <cupy/float16.cuh>\n" if dtype == "float16" else ""  # CuPy's float16 class
+    return (f"{head}typedef {CTYPE[dtype]} T;\ntypedef {ct} CT;\n#undef RLX_INF\n#define RLX_INF {_inf(ct)}\n"
             + _BLOCK_REDUCE)  # fmt: skip
 
 
@@ -230,6 +230,8 @@ def softmax_source(dtype: str, mask: str = "none") -> RowSource:
     ``x * scale`` first, then with ``mask`` ``"bool"`` the positions where the mask is false
     become -inf, with ``"add"`` the mask is added: the attention softmax, its mask already
     broadcast to the scores' layout. Arguments: ``x, mask, y, n, inner, rows, scale``.
+    ``y`` may be ``x`` (no ``__restrict__``): each thread reads an element before it
+    writes the same one.
     """
     if mask not in ("none", "bool", "add"):
         raise ValueError(f"mask must be 'none', 'bool' or 'add', got {mask!r}")

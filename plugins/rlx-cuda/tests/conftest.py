@@ -70,6 +70,8 @@ class HostKernel:
 
 
 class HostCompiler:
+    Kernel = HostKernel
+
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.count = 0
