@@ -4,7 +4,8 @@ On a small machine, OpenBLAS and ONNX Runtime leave their worker threads spinnin
 while after each call, so whoever runs next on the same cores is slowed down, and
 timing contenders one after the other (all of A, then all of B) hands each one a
 different machine. So every *round* times each contender once, in an order rotated
-from round to round, then sleeps (``pause``, ~150 ms) to let spinning threads park;
+from round to round, sleeping (``pause``, ~150 ms) before each contender's block to let
+the previous one's spinning threads park;
 the figure is the median over rounds, with the interquartile range as the spread.
 
 One measurement is ``loops`` back-to-back calls divided by ``loops``, with ``loops``
@@ -75,9 +76,9 @@ def measure(contenders: list[Contender], rounds: int, pause: float, target_s: fl
     for r in range(rounds):
         k = r % len(contenders) if contenders else 0
         for c in contenders[k:] + contenders[:k]:
+            if pause > 0:  # before every block: the previous contender's threads park first
+                time.sleep(pause)
             samples[c.name].append(_timed(c.run, loops[c.name]))
         if on_round:
             on_round(r)
-        if pause > 0 and r + 1 < rounds:
-            time.sleep(pause)
     return {name: Timing(loops[name], tuple(s)) for name, s in samples.items()}

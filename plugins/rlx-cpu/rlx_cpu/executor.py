@@ -49,6 +49,14 @@ def kernel_ops() -> frozenset[str]:
     the backend claims, so that a claim can never outrun the kernels."""
     return frozenset(op.value for op in _BUILDERS) | {OpKind.RESHAPE.value}
 _ALIGN = 64
+#: Outputs at least this large are written into a fresh array each run and handed over
+#: (``steps.bind_run``), instead of living in a plan buffer and being copied out.
+HANDOFF_BYTES = 128 * 1024
+#: The ops whose kernels write a run-time (``Dyn``) output: plain ufunc steps and the
+#: fused kernels built on them (tested at hand-off sizes in tests/test_executor.py).
+_HANDOFF_OPS = frozenset({OpKind.MATMUL, OpKind.GEMM, OpKind.FUSED_ELEMENTWISE, OpKind.ADD, OpKind.SUB,
+                          OpKind.MUL, OpKind.MAXIMUM, OpKind.MINIMUM, OpKind.NEG, OpKind.ABS, OpKind.EXP,
+                          OpKind.TANH, OpKind.SQRT, OpKind.LOG})  # fmt: skip
 
 # How a value is held. DYNAMIC: in a slot, set per run (inputs and views of them).
 # RESIDENT: an array owned by the executable, shared by every plan. BUFFER: a plan's
@@ -161,6 +169,8 @@ class CpuExecutable(Executable):
         self._input_ids = graph.inputs
         self._kinds = self._classify(graph)
         self._ends = self._liveness(graph)
+        self._handoff = {i for i in graph.outputs if self._kinds[i] == BUFFER and graph.node(i).op in _HANDOFF_OPS
+                         and graph.node(i).size * np.dtype(graph.node(i).dtype).itemsize >= HANDOFF_BYTES}  # fmt: skip
         self._params: dict[str, np.ndarray] = {}
         self._residents: dict[int, np.ndarray] = {}
         self._folds: list[tuple[frozenset[str], list[Callable[[], Any]]]] = []
@@ -170,7 +180,6 @@ class CpuExecutable(Executable):
         first = self._bind_plan()
         self._stats = first.stats
         self._pool: list[_Plan] = [first]
-        self._no_inputs = (None,) * len(self._input_names)
 
     # ------------------------------------------------------------------ analysis
     def _classify(self, graph: Graph) -> list[str]:
@@ -247,7 +256,8 @@ class CpuExecutable(Executable):
         values: dict[int, Any] = {}
         groups: dict[int, _Group] = {}
         steps: list[Callable[[], Any]] = []
-        kinds, _ends = self._kinds, self._ends
+        fresh: list[Dyn] = []
+        kinds = self._kinds
         for node in self._nodes:
             nid, kind = node.id, kinds[node.id]
             if kind == RESIDENT:
@@ -263,7 +273,12 @@ class CpuExecutable(Executable):
                     stats.views += 1
                 continue
             ins = [values[i] for i in node.inputs]
-            out = self._output_buffer(node, values, groups, arena, stats)
+            if nid in self._handoff:  # a fresh array per run, handed to the caller (no copy out)
+                out = Dyn(len(slots), node.shape, np.dtype(node.dtype))
+                slots.append(None)
+                fresh.append(out)
+            else:
+                out = self._output_buffer(node, values, groups, arena, stats)
             values[nid] = out
             ctx = _Scratch(arena)
             built = _build_steps(_BUILDERS[node.op], node, ins, out, ctx)
@@ -275,7 +290,7 @@ class CpuExecutable(Executable):
                     arena.give(group.raw)
                     group.released = True
         stats.steps = len(steps)
-        run = bind_run(self._input_names, steps, [values[i] for i in self._outputs], slots)
+        run = bind_run(self._input_names, steps, [values[i] for i in self._outputs], slots, fresh)
         self._plans_built = next(self._plan_count)
         return _Plan(run, slots, stats)
 
@@ -313,7 +328,7 @@ class CpuExecutable(Executable):
         try:
             return plan.run(inputs)
         except BaseException as exc:
-            plan.slots[:] = self._no_inputs  # hold no caller array past the run
+            plan.slots[:] = [None] * len(plan.slots)  # hold no caller array past the run
             missing = [name for name in self._input_names if name not in inputs]
             if isinstance(exc, KeyError) and missing:
                 raise InputError(f"graph {self._graph_name!r}: missing input(s) {missing}") from None

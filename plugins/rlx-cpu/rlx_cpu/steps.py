@@ -131,15 +131,28 @@ def _operand(value: Any, ns: dict[str, Any]) -> str:
 
 
 def bind_run(input_names: Sequence[str], steps: Sequence[Callable[[], Any]], outputs: Sequence[Any],
-             slots: list[Any]) -> Callable[[Any], list[np.ndarray]]:  # fmt: skip
+             slots: list[Any], fresh: Sequence[Dyn] = ()) -> Callable[[Any], list[np.ndarray]]:  # fmt: skip
     """The body of one run of a plan: put ``inputs[name]`` into the slots, call every
-    step, copy out ``outputs`` (arrays or ``Dyn``), and let go of the caller's arrays."""
-    ns: dict[str, Any] = {"S": slots, "_steps": tuple(steps)}
+    step, copy out ``outputs`` (arrays or ``Dyn``), and let go of the caller's arrays.
+
+    ``fresh`` are output slots allocated anew every run (``np.empty``) and handed to the
+    caller as they are: for a large output that saves a copy as big as the output, the
+    price numpy itself pays for ``a @ b``; small outputs are cheaper to copy out."""
+    ns: dict[str, Any] = {"S": slots, "_steps": tuple(steps), "_empty": np.empty}
     lines = ["def _run(inputs):"]
     lines += [f"    S[{k}] = inputs[{_operand(name, ns)}]" for k, name in enumerate(input_names)]
+    lines += [f"    S[{d.slot}] = _empty({_operand(d.shape, ns)}, {_operand(d.dtype, ns)})" for d in fresh]
     lines += ["    for _s in _steps:", "        _s()"]
-    lines.append(f"    _r = [{', '.join(f'{_operand(v, ns)}.copy()' for v in outputs)}]")
-    lines += [f"    S[{k}] = None" for k in range(len(input_names))]
+    handed: set[int] = set()
+    outs = []
+    for v in outputs:
+        if isinstance(v, Dyn) and not v.chain and v.slot not in handed and any(d.slot == v.slot for d in fresh):
+            handed.add(v.slot)
+            outs.append(f"S[{v.slot}]")
+        else:
+            outs.append(f"{_operand(v, ns)}.copy()")
+    lines.append(f"    _r = [{', '.join(outs)}]")
+    lines += [f"    S[{k}] = None" for k in [*range(len(input_names)), *(d.slot for d in fresh)]]
     lines.append("    return _r")
     exec(_compiled("\n".join(lines) + "\n"), ns)
     return ns["_run"]

@@ -266,3 +266,42 @@ def test_set_param_is_atomic_on_a_bad_value(registry: Registry, name: str, value
         cg._exe.set_param(name, value)  # the executable checks too, before copying anything
     for got, want in zip(cg.run({"x": x}), before):
         np.testing.assert_array_equal(got, want)
+
+
+# ----------------------------------------------------------------------------- large outputs
+_UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu")
+_BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+@pytest.mark.parametrize("last", ["matmul", "gemm", *_UNARY, *_BINARY])
+def test_large_outputs_are_handed_over_fresh_and_right(registry: Registry, fuse: bool, last: str) -> None:
+    """Outputs past ``HANDOFF_BYTES`` are written into a fresh array each run (no copy out):
+    every op that can end a graph there computes the same as the reference, twice."""
+    from rlx_cpu.executor import HANDOFF_BYTES
+
+    n = 192  # 192 x 192 float32 = 144 KiB, past the hand-off size
+    assert n * n * 4 >= HANDOFF_BYTES
+    rng = np.random.default_rng(7)
+    g = Graph(f"big_{last}")
+    x = g.input("x", (n, n), "float32")
+    w = g.param("w", (rng.standard_normal((n, n)) / n).astype(np.float32))
+    h = g.add(g.mul(x, 0.5), 1.5)  # positive, for log/sqrt/pow
+    if last == "matmul":
+        y = g.matmul(h, w)
+    elif last == "gemm":
+        y = g.relu(g.add(g.matmul(h, w), g.param("b", rng.standard_normal(n).astype(np.float32))))
+    elif last in _UNARY:
+        y = getattr(g, last)(h)
+    else:
+        y = getattr(g, last)(h, g.add(x, 2.0))
+    g.set_outputs([y, g.mul(y, 2.0)])
+    opts = CompileOptions() if fuse else CompileOptions(optimize=False, fuse=False)
+    cg = rlx.compile(g, device="cpu", policy=rlx.DevicePolicy(), registry=registry, options=opts)
+    xv = rng.uniform(-1, 1, (n, n)).astype(np.float32)
+    first = cg.run({"x": xv})
+    second = cg.run({"x": xv})
+    for a, b, ref in zip(first, second, reference.evaluate(g, {"x": xv})):
+        np.testing.assert_allclose(a, ref, rtol=2e-4, atol=2e-5)
+        np.testing.assert_array_equal(a, b)
+        assert not np.shares_memory(a, b) and a.flags.writeable
