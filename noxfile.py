@@ -113,7 +113,7 @@ _PRINT_VERSIONS = (
 
 
 #: Benchmark scripts that rewrite their own sections of BENCHMARKS.md when given ``--write``.
-WRITES_BENCHMARKS_MD = ("overhead.py", "suite.py")
+WRITES_BENCHMARKS_MD = ("overhead.py", "suite.py", "batch.py")
 
 
 def bench_scripts() -> list[Path]:

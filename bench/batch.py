@@ -22,10 +22,12 @@ batches of ``RAY_BATCH`` rows, after one untimed Ray job; each job's start-up (t
 first output) and its rows/s after that are reported apart, as a job pays start-up once.
 
 Method: each sample is one pass over every row; contenders are interleaved in blocks
-(rotating order, ~150 ms sleep between blocks), and figures are medians over blocks.
+(rotating order, ~150 ms sleep before every sample, so that the threads ONNX Runtime and
+OpenBLAS leave spinning park before the next contender runs), and figures are medians
+over blocks.
 Every contender's outputs are checked against ONNX Runtime before anything is timed.
 
-    python bench/batch.py                 # 16,384 rows, 20 blocks, 5 Ray jobs (about a minute)
+    python bench/batch.py                 # 16,384 rows, 20 blocks, 5 Ray jobs (1-2 minutes)
     python bench/batch.py --quick         # small and short: checks that it runs
     python bench/batch.py --write         # also rewrite the "Batch inference" section of BENCHMARKS.md
     python bench/batch.py --no-ray --json out.json
@@ -191,11 +193,11 @@ def measure(found: dict[str, Callable[[], Any]], blocks: int, pause: float,
     for b in range(blocks):
         k = b % len(names)
         for name in names[k:] + names[:k]:
+            if pause > 0:  # ORT's and OpenBLAS's spinning threads park before the next contender runs
+                time.sleep(pause)
             samples[name].append(_timing._timed(found[name], 1))
         if on_block:
             on_block()
-        if pause > 0 and b + 1 < blocks:
-            time.sleep(pause)
     return samples
 
 
@@ -302,7 +304,13 @@ def _rate(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
-def verdict(results: list[dict[str, Any]], device: str) -> str:
+def _spread(r: dict[str, Any]) -> str:
+    """The interquartile range of a contender's rows/s."""
+    return f"{_rate(r['rows_per_s_q1'])} to {_rate(r['rows_per_s_q3'])}"
+
+
+def verdict(results: list[dict[str, Any]], device: str, rows: int) -> str:
+    """Whether in-process ``rlx batch`` meets the target, and where its time goes, in one line."""
     by = {r["contender"]: r for r in results}
     stream, job = by["rlx batch stream (Predictor)"], by["rlx batch job (.npz → .npz)"]
     ort_job = by["onnxruntime job (.npz → .npz)"]
@@ -311,7 +319,7 @@ def verdict(results: list[dict[str, Any]], device: str) -> str:
     over = stream["us_per_batch"] - backend["us_per_batch"]
     return (f"rlx batch in-process (stream): {stream['vs_ort_loop']:.2f}x the ORT loop's rows/s (target ≥ "
             f"{TARGET_VS_ORT:g}x: {'met' if ok else 'MISSED'}); the {device} backend alone "
-            f"{backend['vs_ort_loop']:.2f}x, so the Predictor adds {over:.0f} µs per 64-row batch; whole job "
+            f"{backend['vs_ort_loop']:.2f}x, so the Predictor adds {over:+.0f} µs per batch of {rows}; whole job "
             f"{job['rows_per_s'] / ort_job['rows_per_s']:.2f}x the ORT job")  # fmt: skip
 
 
@@ -333,18 +341,18 @@ def markdown_section(doc: dict[str, Any]) -> str:
         f"Target: in-process `rlx batch` ≥ {TARGET_VS_ORT:g}x the ORT loop's rows/s.",
         "",
         f"Median of {doc['blocks']} interleaved blocks (one pass over every row per sample, rotating order, "
-        f"{doc['pause_ms']:g} ms pause between blocks), measured {doc['date']} on {m['usable_cores']} usable "
+        f"{doc['pause_ms']:g} ms pause before every sample), measured {doc['date']} on {m['usable_cores']} usable "
         f"cores, {m['cpu']}{load}; {versions}.",
         "",
-        "| contender | rows/s (median) | rows/s (IQR) | µs / 64 rows | vs ORT loop | max abs diff vs ORT |",
+        f"| contender | rows/s (median) | rows/s (IQR) | µs / {doc['batch']} rows | vs ORT loop "
+        "| max abs diff vs ORT |",
         "|---|--:|--:|--:|--:|--:|",
     ]
     for r in doc["results"]:
         diff = "(reference)" if r["contender"] == "onnxruntime loop" else f"{r['max_abs_diff']:.2g}"
-        lines.append(f"| {r['contender']} | {_rate(r['rows_per_s'])} | {_rate(r['rows_per_s_q1'])}–"
-                     f"{_rate(r['rows_per_s_q3'])} | {r['us_per_batch']:.0f} | {r['vs_ort_loop']:.2f}x | "
-                     f"{diff} |")  # fmt: skip
-    lines += ["", verdict(doc["results"], doc["device"]) + ".", ""]
+        lines.append(f"| {r['contender']} | {_rate(r['rows_per_s'])} | {_spread(r)} | {r['us_per_batch']:.0f} | "
+                     f"{r['vs_ort_loop']:.2f}x | {diff} |")  # fmt: skip
+    lines += ["", verdict(doc["results"], doc["device"], doc["batch"]) + ".", ""]
     ray = doc.get("ray") or {}
     if "results" in ray:
         lines += [
@@ -377,19 +385,19 @@ def print_console(doc: dict[str, Any], console: Any) -> None:
 
     table = Table(title=f"rlx batch: {doc['rows']:,} rows, batches of {doc['batch']}, median of {doc['blocks']} "
                         "interleaved blocks", title_justify="left")  # fmt: skip
-    table.add_column("contender", no_wrap=True)
-    for head in ("rows/s", "IQR", "µs/64 rows", "vs ORT loop"):
+    table.add_column("contender", ratio=1)  # wraps on a narrow terminal; the figures never do
+    for head in ("rows/s", "IQR", f"µs/{doc['batch']} rows", "vs ORT loop"):
         table.add_column(head, justify="right", no_wrap=True)
     for r in doc["results"]:
-        table.add_row(r["contender"], _rate(r["rows_per_s"]), f"{_rate(r['rows_per_s_q1'])}–{_rate(r['rows_per_s_q3'])}",
-                      f"{r['us_per_batch']:.0f}", f"{r['vs_ort_loop']:.2f}x")  # fmt: skip
+        table.add_row(r["contender"], _rate(r["rows_per_s"]), _spread(r), f"{r['us_per_batch']:.0f}",
+                      f"{r['vs_ort_loop']:.2f}x")  # fmt: skip
     console.print(table)
-    console.print(verdict(doc["results"], doc["device"]), highlight=False)
+    console.print(verdict(doc["results"], doc["device"], doc["batch"]), highlight=False)
     ray = doc.get("ray") or {}
     if "results" in ray:
         t = Table(title=f"Ray (num_cpus={ray['num_cpus']}) vs in-process, batches of {ray['batch']}, median of "
                         f"{ray['jobs']} jobs", title_justify="left")  # fmt: skip
-        t.add_column("path", no_wrap=True)
+        t.add_column("path", ratio=1)
         for head in ("job rows/s", "job s", "start-up s", "rows/s after"):
             t.add_column(head, justify="right", no_wrap=True)
         for r in ray["results"]:
@@ -407,7 +415,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--blocks", type=int, help="interleaved blocks (default 20, 3 with --quick)")
     parser.add_argument("--ray-jobs", type=int, help="timed Ray jobs (default 5, 1 with --quick)")
     parser.add_argument("--no-ray", action="store_true", help="leave out the Ray comparison")
-    parser.add_argument("--pause", type=float, help="seconds of sleep between blocks (default 0.15)")
+    parser.add_argument("--pause", type=float, help="seconds of sleep before every sample (default 0.15)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-': JSON on stdout only)")
     parser.add_argument("--write", nargs="?", const=str(BENCHMARKS_MD), metavar="FILE",
                         help=f"rewrite the '{SECTION_NAME}' section of BENCHMARKS.md (or FILE)")  # fmt: skip

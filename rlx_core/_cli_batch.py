@@ -104,6 +104,8 @@ def run_batch(model: Path, input: Path, output: Path, *, ray_address: str | None
 def _unique_counts(values: np.ndarray) -> tuple[list[str], list[int]]:
     import numpy as np
 
+    if len(values) and (values == values[0]).all():  # one device for the whole batch: no sort
+        return [str(values[0])], [len(values)]
     names, n = np.unique(values, return_counts=True)
     return [str(x) for x in names], [int(c) for c in n]
 

@@ -151,6 +151,12 @@ class Predictor:
     def _run_rows(self, feeds: dict[str, np.ndarray], rows: int) -> tuple[list[np.ndarray], np.ndarray]:
         """Every output for ``rows`` rows, and the device of each row, chunk by chunk."""
         step = self.model.rows_per_run or self.batch_size or max(rows, 1)
+        if 0 < rows <= step and (self.model.rows_per_run is None or rows == step):
+            # One run, no padding (the usual batch): no slicing, no concatenation. On a
+            # small model this path is what the predictor adds to the device's own run.
+            device, outs = self._on_chain(self.model.graph_for(rows), lambda cg: cg.run(feeds))
+            self.rows_by_device[device] += rows
+            return list(outs), np.full(rows, device)
         pieces: list[list[np.ndarray]] = [[] for _ in self.model.outputs]
         names: list[str] = []
         counts: list[int] = []
@@ -203,9 +209,11 @@ class Predictor:
     def _on_chain(self, graph: Graph, action: Callable[[CompiledGraph], Any]) -> tuple[str, Any]:
         """``action`` on the first device of the chain that compiles ``graph`` and does it."""
         gd, chain = self._compiled_for(graph)
-        attempts: list[tuple[str, str]] = [(d, f"failed earlier on this worker: {why}")
-                                           for d, why in self._failed.items() if d in chain]  # fmt: skip
-        alive = [d for d in chain if d not in self._failed]
+        attempts: list[tuple[str, str]] = []
+        alive = chain
+        if self._failed:  # only after a fallback: the usual batch skips both lists
+            attempts = [(d, f"failed earlier on this worker: {why}") for d, why in self._failed.items() if d in chain]
+            alive = [d for d in chain if d not in self._failed]
         for i, device in enumerate(alive):
             try:
                 cg = self._ready.get((id(graph), device))
