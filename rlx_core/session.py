@@ -31,7 +31,9 @@ from .errors import (
 )
 from .inputs import check_param_value, input_specs, random_inputs, validate_inputs
 from .ir import Graph
+from .memory import check_memory
 from .passes.pipeline import fusion_report_enabled
+from .passes.plan import plan_memory
 from .placement import DeviceCandidate, Placement, pipeline_for
 from .plugin import CompileOptions, Executable
 from .policy import DevicePolicy
@@ -249,6 +251,8 @@ def _compile_on(graph: Graph, device: str, reason: str, rows: list[DeviceCandida
     result = pipeline_for(graph, name, registry, options)
     if result.blocker is not None:
         raise DeviceError(f"device {device!r} cannot run graph {graph.name!r}: {result.blocker}")
+    # Too big for this machine: a clear error naming the size, before anything is allocated.
+    check_memory(result.graph, device, result.memory_plan or plan_memory(result.graph))
     # The compiled copy owns its graph (set_param mutates its values).
     legal = _own_copy(result.graph).freeze()
     opts = replace(options or CompileOptions(), memory_plan=result.memory_plan)
