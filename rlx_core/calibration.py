@@ -11,6 +11,7 @@ library versions its probe reported, so a driver upgrade triggers recalibration.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import numpy as np
 
 from .cache import JsonCache
 from .cost import CostModel
-from .errors import DeviceError
+from .errors import DeviceError, RlxError
 from .ir import Graph
 from .passes.legalize import legalize
 from .plugin import CompileOptions, Executable
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ["calibrate_backend", "cached_cost_model", "calibration_identity", "CALIBRATION_SCHEMA"]
 
-CALIBRATION_SCHEMA = 1
+CALIBRATION_SCHEMA = 2  # 2: per-op cost lines (CostModel.op_costs)
+log = logging.getLogger(__name__)
 Progress = Callable[[str, float], None]
 
 
@@ -103,13 +105,68 @@ def _chain_graph(length: int, size: int) -> tuple[Graph, dict[str, np.ndarray]]:
     return g, {"x": np.ones(size, np.float32)}
 
 
+#: Ops whose kernels are priced by measured per-op lines (``CostModel.op_costs``): one
+#: figure for all of them is off by 10x between ``add`` and ``erf`` or a reduction.
+_UNARY_OPS = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu")
+_BINARY_OPS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+_ROW_OPS = ("reduce_sum", "reduce_max", "reduce_mean", "softmax", "layer_norm")
+OP_COST_OPS = _UNARY_OPS + _BINARY_OPS + _ROW_OPS
+_ROW = 256  # row length of the reduction and normalization probes
+
+
+def _op_graph(op: str, elements: int) -> tuple[Graph, dict[str, np.ndarray]]:
+    """One ``op`` node over ``elements`` float32 values (rows of 256 for row ops)."""
+    g = Graph(f"calibrate_{op}_{elements}")
+    rng = np.random.default_rng(1)
+    shape = (max(1, elements // _ROW), _ROW) if op in _ROW_OPS else (elements,)
+    x = g.input("x", shape)
+    inputs = {"x": rng.uniform(0.5, 1.5, shape).astype(np.float32)}  # valid for log, sqrt, pow
+    if op in _BINARY_OPS:
+        y = getattr(g, op)(x, g.input("y", shape))
+        inputs["y"] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+    elif op in ("reduce_sum", "reduce_max", "reduce_mean"):
+        y = getattr(g, op)(x, axes=-1)
+    elif op == "softmax":
+        y = g.softmax(x, axis=-1)
+    elif op == "layer_norm":
+        y = g.layer_norm(x, g.param("s", np.ones(_ROW, np.float32)), g.param("b", np.zeros(_ROW, np.float32)))
+    else:
+        y = getattr(g, op)(x)
+    g.set_outputs([y])
+    return g, inputs
+
+
+def _op_costs(backend: Backend, roundtrip: float, budget: float, quick: bool,
+              report: Progress, at: float, span: float) -> list[tuple[str, float, float]]:  # fmt: skip
+    """``(op, overhead_ns, g_elements_per_s)`` for each op of OP_COST_OPS the backend claims
+    itself: the time of one small and one large single-op graph, less the round trip."""
+    claimed = backend.supported_ops()
+    ops = [op for op in OP_COST_OPS if op in claimed]
+    small, large = _ROW * 4, _ROW * (256 if quick else 1024)
+    lines = []
+    for i, op in enumerate(ops):
+        report(f"kernel cost: {op}", at + span * i / max(len(ops), 1))
+        try:
+            g, inputs = _op_graph(op, small)
+            t_small = _best_time(_compile(backend, g), inputs, budget / 4, max_runs=500)
+            g, inputs = _op_graph(op, large)
+            t_large = _best_time(_compile(backend, g), inputs, budget, max_runs=50)
+        except RlxError as exc:  # declined by claims, or failed: that op is priced the generic way
+            log.info("calibration: no cost line for %s on %s (%s)", op, backend.name, exc)
+            continue
+        overhead = max(t_small - roundtrip, 0.0)
+        rate = (large - small) / max(t_large - t_small, 1e-9) / 1e9
+        lines.append((op, overhead * 1e9, rate))
+    return lines
+
+
 def calibrate_backend(backend: Backend, quick: bool = False, progress: Progress | None = None) -> CostModel:
     """Measure ``backend`` on this host, cache the model, and return it."""
     report = progress or (lambda step, frac: None)
     budget = 0.05 if quick else 0.25
     sizes = (64, 256) if quick else (64, 256, 1024)
     base = backend.cost_model()
-    steps = len(sizes) + 3
+    steps = len(sizes) + 4
     points = []
     for i, n in enumerate(sizes):
         report(f"sgemm {n}x{n}x{n}", i / steps)
@@ -128,7 +185,8 @@ def calibrate_backend(backend: Backend, quick: bool = False, progress: Progress 
     dispatch = max((t32 - t1) / 31, 1e-9)
     roundtrip = max(t1 - dispatch, 0.0)
     bw = 3 * big * 4 / max(t_bw - roundtrip - dispatch, 1e-9) / 1e9
-    report("saving", (len(sizes) + 2) / steps)
+    op_costs = _op_costs(backend, roundtrip, budget, quick, report, (len(sizes) + 2) / steps, 1 / steps)
+    report("saving", (len(sizes) + 3) / steps)
     model = replace(
         base,
         sgemm_gflops=max(p[3] for p in points),
@@ -138,6 +196,7 @@ def calibrate_backend(backend: Backend, quick: bool = False, progress: Progress 
         calibrated=True,
         source=f"calibrated {'(quick) ' if quick else ''}{time.strftime('%Y-%m-%d %H:%M')}",
         sgemm_points=tuple(points),
+        op_costs=tuple(op_costs),
     )
     _cache().put(backend.name, calibration_identity(backend), model.to_dict())
     try:

@@ -34,7 +34,11 @@ class CostModel:
 
     ``transfer_bw_gbps`` of 0 means the device computes in host memory (no copy in or
     out). ``sgemm_points`` holds measured ``(m, k, n, gflops)`` points; when present,
-    ``sgemm_gflops_at`` interpolates between them by problem size.
+    ``sgemm_gflops_at`` interpolates between them by problem size. ``op_costs`` holds
+    measured ``(op, overhead_ns, g_elements_per_s)`` lines for elementwise, reduction and
+    normalization ops: a kernel's fixed cost and its throughput differ by an order of
+    magnitude between ``add`` and ``erf`` (or a reduction), which one dispatch figure
+    and one compute rate cannot say.
     """
 
     device: str
@@ -47,6 +51,7 @@ class CostModel:
     calibrated: bool = False
     source: str = ""
     sgemm_points: tuple[tuple[int, int, int, float], ...] = field(default=())
+    op_costs: tuple[tuple[str, float, float], ...] = field(default=())
 
     def __post_init__(self) -> None:
         for name in ("sgemm_gflops", "memory_bw_gbps"):
@@ -58,6 +63,17 @@ class CostModel:
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ConfigError(f"CostModel({self.device!r}): {name} must be a finite number >= 0, got {v!r}")
         object.__setattr__(self, "sgemm_points", tuple(sorted(tuple(p) for p in self.sgemm_points)))  # type: ignore
+        costs = tuple(sorted((str(op), float(ns), float(rate)) for op, ns, rate in self.op_costs))
+        for op, ns, rate in costs:
+            if not (math.isfinite(ns) and ns >= 0 and math.isfinite(rate) and rate > 0):
+                raise ConfigError(f"CostModel({self.device!r}): op_costs for {op!r} must be overhead >= 0 and "
+                                  f"rate > 0, got {ns!r} ns, {rate!r} G elements/s")  # fmt: skip
+        object.__setattr__(self, "op_costs", costs)
+        object.__setattr__(self, "_op_index", {op: (ns, rate) for op, ns, rate in costs})
+
+    def op_cost(self, op: str) -> tuple[float, float] | None:
+        """``(overhead_ns, g_elements_per_s)`` measured for ``op``, or ``None``."""
+        return self._op_index.get(str(op))  # type: ignore[attr-defined]
 
     def sgemm_gflops_at(self, m: int, k: int, n: int) -> float:
         """The gemm rate for an ``m x k @ k x n`` product.
@@ -85,6 +101,7 @@ class CostModel:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["sgemm_points"] = [list(p) for p in self.sgemm_points]
+        d["op_costs"] = [list(c) for c in self.op_costs]
         return d
 
     @classmethod
@@ -92,6 +109,7 @@ class CostModel:
         known = {f for f in cls.__dataclass_fields__}
         kwargs = {k: v for k, v in d.items() if k in known}
         kwargs["sgemm_points"] = tuple(tuple(p) for p in kwargs.get("sgemm_points", ()))
+        kwargs["op_costs"] = tuple(tuple(c) for c in kwargs.get("op_costs", ()))
         return cls(**kwargs)
 
     def with_source(self, source: str) -> CostModel:
@@ -168,11 +186,42 @@ def estimate_graph_cost(graph: Graph, model: CostModel) -> float:
         if node.op in FREE_OPS:
             continue
         in_shapes = [nodes[i].shape for i in node.inputs]
+        data = node_bytes(node, in_shapes, [nodes[i].dtype for i in node.inputs])
+        measured = _measured_seconds(node, in_shapes, model)
+        if measured is not None:  # calibrated per-op figures (see _measured_seconds)
+            seconds += max(measured, model.dispatch_overhead_ns * 1e-9 + data / bw)
+            continue
         flops = node_flops(node, in_shapes)
         if node.op in (OpKind.MATMUL, OpKind.GEMM, OpKind.CONV2D, OpKind.ATTENTION):
             rate = model.sgemm_gflops_at(*_gemm_dims(node, in_shapes)) * 1e9
         else:
             rate = model.sgemm_gflops * 1e9
-        data = node_bytes(node, in_shapes, [nodes[i].dtype for i in node.inputs])
         seconds += model.dispatch_overhead_ns * 1e-9 + max(flops / rate, data / bw)
     return seconds
+
+
+def _measured_seconds(node: Node, in_shapes: Sequence[tuple[int, ...]], model: CostModel) -> float | None:
+    """Seconds for ``node`` from the model's per-op lines, when it has them for every part.
+
+    An op on its own costs its line: overhead + elements / rate (the rate was measured on
+    a standalone kernel, so it includes that kernel's memory traffic). A fused region is
+    one kernel: its dispatch, then per element the *compute* of each instruction, which is
+    the measured time per element less the standalone kernel's memory time (an input and
+    an output), kept at no less than a fifth of it; the region's own memory is priced by
+    the caller (the roofline's other side)."""
+    if not model.op_costs:
+        return None
+    if node.op is OpKind.FUSED_ELEMENTWISE:
+        per_element, moved = 0.0, 2 * itemsize(node.dtype) / (model.memory_bw_gbps * 1e9)
+        for instr in node.attrs.get("program", ()):
+            line = model.op_cost(instr[0])
+            if line is None:
+                return None
+            standalone = 1.0 / (line[1] * 1e9)
+            per_element += max(standalone - moved, 0.2 * standalone)
+        return model.dispatch_overhead_ns * 1e-9 + node.size * per_element
+    line = model.op_cost(node.op.value)
+    if line is None:
+        return None
+    elems = max(math.prod(s) for s in in_shapes) if in_shapes else node.size  # reductions read more than they write
+    return line[0] * 1e-9 + max(elems, node.size) / (line[1] * 1e9)

@@ -111,6 +111,22 @@ def pipeline_for(graph: Graph, backend_name: str, registry: Registry | None = No
     return result
 
 
+def priced_graph(graph: Graph, backend_name: str, registry: Registry | None = None) -> Graph:
+    """The graph as ``backend_name`` will run it, for pricing: the pipeline's graph, and for
+    a backend that fuses elementwise chains itself (``Backend.fuses_elementwise``, e.g.
+    XLA) that graph with its chains priced as the regions the backend will make of them."""
+    reg = registry or default_registry()
+    result = pipeline_for(graph, backend_name, reg)
+    backend = reg.get(backend_name)
+    if not getattr(backend, "fuses_elementwise", False):
+        return result.graph
+    if result.priced is None:  # computed once per pipeline result (which is cached per graph)
+        from .passes.fuse import fuse_elementwise
+
+        result.priced = fuse_elementwise(result.graph, lambda node: True, 32, 8)[0]
+    return result.priced
+
+
 def _fmt_seconds(s: float) -> str:
     return f"{s * 1e6:.1f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
 
@@ -150,7 +166,7 @@ class Placement:
             if avail.available and supports:
                 model = reg.cost_model(name)
                 calibrated = model.calibrated
-                est = estimate_graph_cost(pipeline_for(self.graph, name, reg).graph, model)
+                est = estimate_graph_cost(priced_graph(self.graph, name, reg), model)
         elif avail.available:
             calibrated = reg.cost_model(name).calibrated
         return DeviceCandidate(

@@ -134,6 +134,10 @@ class Backend:
     label: ClassVar[str] = ""
     priority: ClassVar[int] = 0
     api_version: ClassVar[int] = PLUGIN_API_VERSION
+    #: True for a backend whose compiler fuses elementwise chains by itself (XLA): the
+    #: ranking then prices such chains as one memory pass, as the backend will run them,
+    #: although the backend does not claim the core's ``fused_elementwise`` op.
+    fuses_elementwise: ClassVar[bool] = False
 
     def probe(self) -> Availability:
         """Run a tiny real computation; return why not when this backend cannot run here."""

@@ -95,6 +95,8 @@ class PipelineResult:
     legalized: LegalizeResult
     stages: list[StageRecord] = field(default_factory=list)
     memory_plan: MemoryPlan | None = None
+    #: The graph as priced for a backend that fuses by itself (``placement.priced_graph``).
+    priced: Graph | None = None
 
     @property
     def blocker(self) -> str | None:

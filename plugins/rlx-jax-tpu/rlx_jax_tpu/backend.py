@@ -106,6 +106,7 @@ class XlaBackend(Backend):
     """
 
     platform: ClassVar[str | None] = None
+    fuses_elementwise = True  # XLA fuses elementwise chains itself: the ranking prices them so
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
