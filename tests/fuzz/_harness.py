@@ -132,7 +132,7 @@ def check(case: FuzzCase, device: str) -> None:
 
 # ---------------------------------------------------------------------------- replays
 def _encode(arr: np.ndarray) -> dict[str, Any]:
-    a = np.ascontiguousarray(arr)
+    a = np.asarray(arr, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
     return {"dtype": a.dtype.name, "shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode("ascii")}
 
 

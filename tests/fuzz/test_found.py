@@ -19,3 +19,25 @@ def test_matmul_with_an_empty_dimension_compiles(a: tuple[int, ...], b: tuple[in
     out = rlx.compile(g, device="cpu", policy=rlx.DevicePolicy()).run(
         {"a": np.ones(a, np.float32), "b": np.ones(b, np.float32)})[0]
     np.testing.assert_array_equal(out, np.zeros((a[0], b[1]), np.float32))
+
+
+@pytest.mark.parametrize("device", rlx.available_devices())
+@pytest.mark.parametrize(("a", "b"), [((0, 3), (3, 4)), ((2, 0), (0, 4)), ((2, 3), (3, 0))])
+def test_empty_matmuls_on_every_device(device: str, a: tuple[int, ...], b: tuple[int, ...]) -> None:
+    """Found on opencl: a matmul with an empty output (an attention over a sliced-away
+    query) divided by zero while generating its kernel."""
+    g = rlx.Graph("empty_mm")
+    g.set_outputs([g.matmul(g.input("a", a), g.input("b", b))])
+    out = rlx.compile(g, device=device, policy=rlx.DevicePolicy()).run(
+        {"a": np.ones(a, np.float32), "b": np.ones(b, np.float32)})[0]
+    np.testing.assert_array_equal(out, np.zeros((a[0], b[1]), np.float32))
+
+
+@pytest.mark.parametrize("device", rlx.available_devices())
+def test_attention_over_an_empty_query_on_every_device(device: str) -> None:
+    g = rlx.Graph("empty_attention")
+    q = g.slice(g.input("q", (1, 1)), [0], [0], axes=[0])
+    g.set_outputs([g.attention(q, g.input("k", (1, 1)), g.input("v", (1, 1)), scale=1.0)])
+    ones = np.ones((1, 1), np.float32)
+    out = rlx.compile(g, device=device, policy=rlx.DevicePolicy()).run({"q": ones, "k": ones, "v": ones})[0]
+    assert out.shape == (0, 1)

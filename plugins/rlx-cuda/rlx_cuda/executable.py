@@ -113,7 +113,7 @@ class CudaExecutable(rlx_core.Executable):
                     slots[node.id] = cp.empty(node.shape, dtype=dtype)
                     self._inputs.append((node.name, node.id, _pinned(cp, node.shape, dtype)))
                 else:
-                    slots[node.id] = cp.asarray(np.ascontiguousarray(g.value(node.id)))
+                    slots[node.id] = cp.asarray(np.asarray(g.value(node.id), order="C"))
                     if node.op is OpKind.PARAM:
                         self._params[node.name] = slots[node.id]
                 continue
@@ -269,7 +269,7 @@ class CudaExecutable(rlx_core.Executable):
         dev = self._params.get(name)
         if dev is None:
             raise InputError(f"set_param: graph {self._graph.name!r} has no param {name!r} on cuda")
-        arr = np.ascontiguousarray(value)
+        arr = np.asarray(value, order="C")
         if arr.shape != dev.shape or arr.dtype != dev.dtype:
             raise InputError(f"set_param {name!r}: expected {dev.shape} {dev.dtype}, got {arr.shape} {arr.dtype}")
         with self._lock, self._cp.cuda.Device(self._index):

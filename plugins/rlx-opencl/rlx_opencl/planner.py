@@ -124,9 +124,8 @@ def plan_graph(graph: Graph) -> Plan:
         if n.id not in live or n.op in SOURCE_OPS or n.op is OpKind.RESHAPE or n.id in inlined or n.id in folded:
             continue
         name = f"k{len(steps)}_{n.op.value}"
-        step = _step(graph, n, name, inlined, folded, checks)
-        if n.size == 0:
-            step.kernels = []
+        # An empty result needs no kernel (and the generators divide by its extents).
+        step = Step(n, []) if n.size == 0 else _step(graph, n, name, inlined, folded, checks)
         steps.append(step)
 
     slots, slot_of, scratch_slots = _assign_memory(graph, steps, root, outputs)
