@@ -98,7 +98,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--devices", metavar="NAMES", help="comma-separated rlx devices to time (default every viable)")
     parser.add_argument("--no-jax", action="store_true", help="leave out the hand-written jax.jit contender")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per model (default 20, 5 with --quick)")
-    parser.add_argument("--pause", type=float, default=0.15, help="seconds of sleep between rounds (default 0.15)")
+    parser.add_argument("--pause", type=float, default=0.15,
+                        help="seconds of sleep before every contender block (default 0.15)")
     parser.add_argument("--target-ms", type=float, help="length of one measurement (default 20 ms, 5 with --quick)")
     parser.add_argument("--json", default=str(DEFAULT_JSON), metavar="FILE", help="results as JSON ('-': stdout)")
     parser.add_argument("--write", nargs="?", const=str(DEFAULT_MARKDOWN), metavar="FILE",

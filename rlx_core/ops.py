@@ -545,7 +545,8 @@ def _infer_attention(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tup
         if not fits:
             raise _fail(op, f"mask shape {m.shape} does not broadcast to the scores shape {scores}")
     scale = attrs.get("scale")
-    scale = 1.0 / math.sqrt(q[-1]) if scale is None else scale
+    if scale is None:  # 1/sqrt(D); an empty head dimension has all-zero scores, any scale will do
+        scale = 1.0 / math.sqrt(q[-1]) if q[-1] else 1.0
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise _fail(op, f"scale must be a number, got {scale!r}")
     return {"scale": float(scale)}, (*batch, q[-2], v[-1]), dtype

@@ -39,6 +39,20 @@ def _unary(fn: Callable[[np.ndarray], np.ndarray]) -> Kernel:
     return lambda node, xs: fn(xs[0])
 
 
+def _pow(node: Node, xs: Sequence[np.ndarray]) -> np.ndarray:
+    a, b = xs
+    out = np.power(a, b)
+    if out.dtype.kind != "f":
+        return out
+    # IEEE 754 pow (C, ONNX Runtime, XLA, OpenCL, CUDA, and numpy's own float32):
+    # (-inf) ** y for a non-integer y is +inf (y > 0) or +0 (y < 0); numpy's float64
+    # power alone says NaN there, and the reference computes in float64.
+    odd = np.isneginf(a) & (np.floor(b) != b) & ~np.isnan(b)
+    if np.any(odd):
+        out = np.where(odd, np.where(b > 0, np.inf, 0.0), out)
+    return out
+
+
 def _div(node: Node, xs: Sequence[np.ndarray]) -> np.ndarray:
     a, b = xs
     if a.dtype.kind == "f":
@@ -65,8 +79,22 @@ def _gelu(node: Node, xs: Sequence[np.ndarray]) -> np.ndarray:
     return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
 
 
+def _lowest(dtype: np.dtype) -> Any:
+    """The identity of max: what a max over no values is (ONNX ReduceMax: -inf, or the
+    dtype's minimum where it has no infinity)."""
+    if dtype.kind == "f":
+        return -np.inf
+    if dtype.kind == "b":
+        return False
+    return np.iinfo(dtype).min
+
+
+def _max(x: np.ndarray, axis: Any = None, keepdims: bool = False) -> np.ndarray:
+    return np.max(x, axis=axis, keepdims=keepdims, initial=_lowest(x.dtype))
+
+
 def _softmax_along(x: np.ndarray, axis: int) -> np.ndarray:
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    e = np.exp(x - _max(x, axis=axis, keepdims=True))
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
@@ -211,7 +239,7 @@ _KERNELS: dict[OpKind, Kernel] = {
     OpKind.SUB: _binary(np.subtract),
     OpKind.MUL: _binary(np.multiply),
     OpKind.DIV: _div,
-    OpKind.POW: _binary(np.power),
+    OpKind.POW: _pow,
     OpKind.MAXIMUM: _binary(np.maximum),
     OpKind.MINIMUM: _binary(np.minimum),
     OpKind.NEG: _unary(np.negative),
@@ -229,7 +257,7 @@ _KERNELS: dict[OpKind, Kernel] = {
     OpKind.LAYER_NORM: _layer_norm,
     OpKind.REDUCE_SUM: _reduce(np.sum),
     OpKind.REDUCE_MEAN: _reduce(np.mean),
-    OpKind.REDUCE_MAX: _reduce(np.max),
+    OpKind.REDUCE_MAX: _reduce(_max),
     OpKind.RESHAPE: lambda node, xs: xs[0].reshape(node.attrs["shape"]),
     OpKind.TRANSPOSE: lambda node, xs: np.transpose(xs[0], node.attrs["perm"]),
     OpKind.CONCAT: lambda node, xs: np.concatenate(xs, axis=node.attrs["axis"]),
