@@ -48,6 +48,8 @@ def _reduce_mean(g: Graph, n: Node, ins: Sequence[Value]) -> Value:
 def _softmax(g: Graph, n: Node, ins: Sequence[Value]) -> Value:
     axis = (n.attrs["axis"],)
     x = ins[0]
+    if x.shape[axis[0]] == 0:  # an empty result: nothing to compute (and no max over nothing)
+        return g.mul(x, 1.0)
     e = g.exp(g.sub(x, g.reduce_max(x, axis, keepdims=True)))
     return g.div(e, g.reduce_sum(e, axis, keepdims=True))
 

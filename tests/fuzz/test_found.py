@@ -41,3 +41,16 @@ def test_attention_over_an_empty_query_on_every_device(device: str) -> None:
     ones = np.ones((1, 1), np.float32)
     out = rlx.compile(g, device=device, policy=rlx.DevicePolicy()).run({"q": ones, "k": ones, "v": ones})[0]
     assert out.shape == (0, 1)
+
+
+@pytest.mark.parametrize("device", rlx.available_devices())
+def test_softmax_over_an_empty_axis_when_decomposed(device: str) -> None:
+    """Found by the unfused fuzz path: softmax's decomposition took a max over no values."""
+    from support import PRIMITIVES, ToyBackend, registry_with
+
+    g = rlx.Graph("empty_softmax")
+    g.set_outputs([g.softmax(g.input("x", (3, 0)), axis=-1)])
+    x = np.ones((3, 0), np.float32)
+    reg = registry_with(ToyBackend("prims", ops=PRIMITIVES))
+    assert rlx.compile(g, device="prims", policy=rlx.DevicePolicy(), registry=reg).run({"x": x})[0].shape == (3, 0)
+    assert rlx.compile(g, device=device, policy=rlx.DevicePolicy()).run({"x": x})[0].shape == (3, 0)
