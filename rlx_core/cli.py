@@ -359,15 +359,6 @@ def _print_probes(placement: Any, rows: Sequence[Any]) -> None:
 
 
 # --------------------------------------------------------------------------- run
-def _output_names(graph: Graph) -> list[str]:
-    seen: dict[str, int] = {}
-    names = []
-    for name in graph.output_names():
-        seen[name] = seen.get(name, 0) + 1
-        names.append(name if seen[name] == 1 else f"{name}_{seen[name] - 1}")
-    return names
-
-
 def _summary_row(name: str, arr: np.ndarray) -> list[str]:
     import numpy as np
 
@@ -426,7 +417,7 @@ def run(
         console.print(f"device: [bold]{cg.device}[/] — {getattr(report, 'reason', '') or 'chosen by the policy'}")
         console.print(f"compile: {_seconds(getattr(report, 'compile_seconds', None) or compile_s)}   "
                       f"run: {_seconds(run_s)} (first run)")  # fmt: skip
-        names = _output_names(g)
+        names = g.output_names()
         table = Table("output", "shape", "dtype", "min", "max", "mean", title_justify="left")
         for name, arr in zip(names, outputs):
             table.add_row(*_summary_row(name, arr))

@@ -448,10 +448,14 @@ class Graph:
         return "\n".join(lines)
 
     def output_names(self) -> list[str]:
-        """Each output's node name, or ``output_<i>`` when it has none."""
+        """Each output's node name, or ``output_<i>`` when it has none; made unique
+        (``y``, ``y_1``, ...) so that they can key a dict, an ``.npz`` or a table."""
+        seen: dict[str, int] = {}
         names = []
         for i, nid in enumerate(self._outputs):
-            names.append(self._nodes[nid].name or f"output_{i}")
+            name = self._nodes[nid].name or f"output_{i}"
+            seen[name] = seen.get(name, 0) + 1
+            names.append(name if seen[name] == 1 else f"{name}_{seen[name] - 1}")
         return names
 
     # ----------------------------------------------------------------- JSON

@@ -76,12 +76,7 @@ def model_bytes(model: Any) -> tuple[str, bytes, str]:
 
 def output_column_names(graph: Graph) -> list[str]:
     """The column each graph output becomes: its name, made unique (``y``, ``y_1``, ...)."""
-    seen: dict[str, int] = {}
-    names = []
-    for name in graph.output_names():
-        seen[name] = seen.get(name, 0) + 1
-        names.append(name if seen[name] == 1 else f"{name}_{seen[name] - 1}")
-    return names
+    return graph.output_names()
 
 
 def _onnx() -> Any:
