@@ -63,7 +63,7 @@ _UNARY_UFUNCS = {
 # ops whose steps read each input element before writing the output element at the same
 # position, and never read an input after writing the output: out may be that input.
 _INPLACE_UNARY = frozenset(_UNARY_UFUNCS) | {OpKind.RELU, OpKind.RSQRT, OpKind.SIGMOID, OpKind.GELU, OpKind.ERF}
-_INPLACE_BINARY = frozenset(_BINARY_UFUNCS) | {OpKind.DIV}
+_INPLACE_BINARY = (frozenset(_BINARY_UFUNCS) | {OpKind.DIV}) - {OpKind.POW}  # pow re-reads its base
 
 
 def ufunc_step(ufunc: np.ufunc, *operands: Any) -> Step:
@@ -89,6 +89,22 @@ def inplace_positions(node: Node) -> tuple[int, ...]:
 
 def _binary(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
     return [ufunc_step(_BINARY_UFUNCS[node.op], ins[0], ins[1], out)]
+
+
+def _ieee_pow_fix(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """numpy's float power is not IEEE for (-inf) ** y, y non-integer, in every code path
+    (0-d arrays give NaN, vectors +inf); the reference says +inf (y > 0) or +0 (y < 0)."""
+    odd = np.isneginf(a)
+    if odd.any():
+        odd = odd & (np.floor(b) != b) & ~np.isnan(b)
+        np.copyto(out, np.where(b > 0, np.inf, 0.0).astype(out.dtype), where=np.broadcast_to(odd, out.shape))
+
+
+def _pow(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    steps = [ufunc_step(np.power, ins[0], ins[1], out)]
+    if out.dtype.kind == "f":
+        steps.append(Step(_ieee_pow_fix, (ins[0], ins[1], out)))
+    return steps
 
 
 def _int_div(a: np.ndarray, b: np.ndarray, out: np.ndarray, rem: np.ndarray, what: str) -> None:
@@ -243,6 +259,7 @@ def _matmul(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
 
 KERNELS: dict[OpKind, Builder] = {
     **{op: _binary for op in _BINARY_UFUNCS},
+    OpKind.POW: _pow,
     **{op: _unary for op in _UNARY_UFUNCS},
     **{op: _compare for op in _COMPARE_UFUNCS},
     OpKind.DIV: _div,

@@ -164,9 +164,34 @@ def _gather(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------- convolution, pools
+def _grouped_conv2d(node: Node, x: jax.Array, w: jax.Array) -> jax.Array:
+    """A grouped convolution that never mixes groups: XLA's ``feature_group_count`` lets a
+    NaN or inf in one group reach the others (it multiplies them by zero weights), so the
+    taps are gathered by strided slices and each group contracts with its own weights."""
+    a = node.attrs
+    top, left, bottom, right = a["padding"]
+    (sh, sw), (dh, dw), groups = a["stride"], a["dilation"], a["groups"]
+    n, c = x.shape[:2]
+    o, cg, kh, kw = w.shape
+    oh, ow = node.shape[2:]
+    xp = jnp.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    taps = [lax.slice(xp, (0, 0, i * dh, j * dw), (n, c, i * dh + (oh - 1) * sh + 1, j * dw + (ow - 1) * sw + 1),
+                      (1, 1, sh, sw)) for i in range(kh) for j in range(kw)]  # fmt: skip
+    cols = jnp.stack(taps, axis=2).reshape(n, groups, cg, kh * kw, oh, ow)
+    wg = w.reshape(groups, o // groups, cg, kh * kw)
+    out = jnp.einsum("ngckhw,gock->ngohw", cols, wg, precision=HIGHEST,
+                     preferred_element_type=jnp.float32 if x.dtype == jnp.float16 else None)  # fmt: skip
+    return out.reshape(n, o, oh, ow)
+
+
 def _conv2d(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
     x, w = xs[0], xs[1]
     a = node.attrs
+    if a["groups"] > 1:
+        out = _grouped_conv2d(node, x, w)
+        if len(xs) == 3:
+            out = out + _wide(xs[2]).reshape(1, -1, 1, 1)
+        return out
     top, left, bottom, right = a["padding"]
     out = lax.conv_general_dilated(
         x, w, window_strides=a["stride"], padding=((top, bottom), (left, right)), rhs_dilation=a["dilation"],

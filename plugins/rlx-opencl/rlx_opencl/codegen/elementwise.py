@@ -92,7 +92,12 @@ def op_expression(node: Node, xs: Sequence[str], ctype: str, *, vector: bool = F
     if op is OpKind.GELU:
         if node.attrs["approximate"] == "tanh":
             c, k = literal(math.sqrt(2.0 / math.pi), ctype), literal(0.044715, ctype)
-            return f"({half} * {a} * ({one} + tanh({c} * ({a} + {k} * {a} * {a} * {a}))))"
+            body = f"({half} * {a} * ({one} + tanh({c} * ({a} + {k} * {a} * {a} * {a}))))"
+            # -inf * (1 + tanh(-inf)) is -inf * 0 = NaN in the reference; PoCL's tanh(-inf)
+            # is not exactly -1, which would give -inf.
+            if vector:
+                return f"select({body}, ({a}) * NAN, isinf({a}) & (({a}) < 0))"
+            return f"((isinf({a}) && ({a}) < 0) ? NAN : {body})"
         return f"({half} * {a} * ({one} + erf({a} * {literal(math.sqrt(0.5), ctype)})))"
     if op is OpKind.CAST:
         if node.dtype == "bool":
