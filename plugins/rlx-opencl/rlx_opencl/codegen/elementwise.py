@@ -79,7 +79,10 @@ def op_expression(node: Node, xs: Sequence[str], ctype: str, *, vector: bool = F
         return f"(-{a})"
     if op is OpKind.ABS:
         return f"fabs({a})" if is_float else f"(({a}) < 0 ? -({a}) : ({a}))"
-    if op in (OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.TANH):
+    if op is OpKind.TANH:  # PoCL's tanh(+-inf) is not exactly +-1 (then -inf * (1 + tanh) is -inf, not NaN)
+        return f"select(tanh({a}), copysign({one}, {a}), isinf({a}))" if vector else \
+            f"(isinf({a}) ? copysign({one}, {a}) : tanh({a}))"
+    if op in (OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF):
         return f"{op.value}({a})"
     if op is OpKind.SIGMOID:
         return f"({one} / ({one} + exp(-{a})))"
@@ -93,8 +96,7 @@ def op_expression(node: Node, xs: Sequence[str], ctype: str, *, vector: bool = F
         if node.attrs["approximate"] == "tanh":
             c, k = literal(math.sqrt(2.0 / math.pi), ctype), literal(0.044715, ctype)
             body = f"({half} * {a} * ({one} + tanh({c} * ({a} + {k} * {a} * {a} * {a}))))"
-            # -inf * (1 + tanh(-inf)) is -inf * 0 = NaN in the reference; PoCL's tanh(-inf)
-            # is not exactly -1, which would give -inf.
+            # -inf * (1 + tanh(-inf)) is -inf * 0 = NaN in the reference (see TANH above)
             if vector:
                 return f"select({body}, ({a}) * NAN, isinf({a}) & (({a}) < 0))"
             return f"((isinf({a}) && ({a}) < 0) ? NAN : {body})"
