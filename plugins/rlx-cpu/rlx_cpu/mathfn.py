@@ -101,6 +101,9 @@ def _gelu_erf_rational(x: np.ndarray, out: np.ndarray, t: np.ndarray, u: np.ndar
     np.multiply(x, _RSQRT2, t, dtype=np.float64)
     _erf_core(t, u, p, q)
     np.add(p, _ONE, p)
+    # The clamped rational erf(-inf) is -1 + tiny, not -1: the reference's -inf * 0 = NaN
+    # would come out -inf. Put the exact 1 + erf(-inf) = 0 back where x is -inf.
+    np.copyto(p, 0.0, where=np.isneginf(x))
     np.multiply(p, x, p)
     np.multiply(p, _HALF, out, casting="same_kind")
 
