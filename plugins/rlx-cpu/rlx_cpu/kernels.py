@@ -153,14 +153,19 @@ def _rsqrt(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> li
     return [Step(np.sqrt, (ins[0], t), first), Step(np.divide, (const(1, t.dtype), t, out))]
 
 
+def _exp_overflowing(t: np.ndarray) -> None:
+    """``exp`` in place, where overflowing to inf is the intended result (no warning)."""
+    with np.errstate(over="ignore"):
+        np.exp(t, t)
+
+
 def _sigmoid(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
-    # 1 / (1 + exp(-x)); -x is capped where exp would overflow (the result there is < 1e-38).
+    # 1 / (1 + exp(-x)): where exp(-x) overflows the result is 1 / inf = 0, as the
+    # reference's (a cap on -x would leave a 1e-38 that log() turns into -88, not -inf).
     t, first = _through(out, ctx)
-    cap = const(88.0 if t.dtype == np.float32 else 709.0, t.dtype)
     return [
         Step(np.negative, (ins[0], t), first),
-        ufunc_step(np.minimum, t, cap, t),
-        Step(np.exp, (t, t)),
+        Step(_exp_overflowing, (t,)),
         Step(np.add, (t, const(1, t.dtype), t)),
         Step(np.divide, (const(1, t.dtype), t, out)),
     ]
