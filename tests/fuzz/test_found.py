@@ -54,3 +54,15 @@ def test_softmax_over_an_empty_axis_when_decomposed(device: str) -> None:
     reg = registry_with(ToyBackend("prims", ops=PRIMITIVES))
     assert rlx.compile(g, device="prims", policy=rlx.DevicePolicy(), registry=reg).run({"x": x})[0].shape == (3, 0)
     assert rlx.compile(g, device=device, policy=rlx.DevicePolicy()).run({"x": x})[0].shape == (3, 0)
+
+
+@pytest.mark.skipif("opencl" not in rlx.available_devices(), reason="needs the opencl device")
+@pytest.mark.xfail(strict=True, reason="rlx-opencl: PoCL's vectorized double pow gives wrong values in the lanes "
+                   "beside a NaN lane (found by the NaN fuzz; open in issue 9)")  # fmt: skip
+def test_opencl_float64_pow_beside_nan_lanes() -> None:
+    g = rlx.Graph("pow64")
+    x = g.input("x", (8,), "float64")
+    g.set_outputs([g.pow(x, g.param("p", np.float64(1.8079801160083866)))])
+    xv = np.array([np.nan, 1.64356747, np.nan, 0.34103728, 0.95796572, np.nan, 0.40881783, -np.inf])
+    out = rlx.compile(g, device="opencl", policy=rlx.DevicePolicy()).run({"x": xv})[0]
+    np.testing.assert_allclose(out, rlx.reference.evaluate(g, {"x": xv})[0], rtol=1e-12, equal_nan=True)
