@@ -57,9 +57,9 @@ def test_softmax_over_an_empty_axis_when_decomposed(device: str) -> None:
 
 
 @pytest.mark.skipif("opencl" not in rlx.available_devices(), reason="needs the opencl device")
-@pytest.mark.xfail(strict=True, reason="rlx-opencl: PoCL's vectorized double pow gives wrong values in the lanes "
-                   "beside a NaN lane (found by the NaN fuzz; open in issue 9)")  # fmt: skip
 def test_opencl_float64_pow_beside_nan_lanes() -> None:
+    """Found by the NaN fuzz: PoCL's double8 pow returned other lanes' results; float64
+    regions with pow now run scalar."""
     g = rlx.Graph("pow64")
     x = g.input("x", (8,), "float64")
     g.set_outputs([g.pow(x, g.param("p", np.float64(1.8079801160083866)))])

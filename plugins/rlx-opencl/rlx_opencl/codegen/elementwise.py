@@ -116,6 +116,9 @@ def _vector_width(region: Sequence[Node], externals: Sequence[Node]) -> int:
     dtypes = {n.dtype for n in region} | {n.dtype for n in externals}
     if any(n.op is OpKind.WHERE for n in region):
         return 1
+    if any(n.op is OpKind.POW and n.dtype == "float64" for n in region):
+        return 1  # PoCL's double-vector pow mixes up lanes (tests/fuzz/test_found.py): scalar pow
+
     for family in _FLOAT_FAMILIES:
         if dtypes <= family:
             return VECTOR_WIDTH[COMPUTE[next(iter(family))]]
