@@ -447,6 +447,15 @@ class Graph:
             )
         return "\n".join(lines)
 
+    def live_nodes(self) -> set[int]:
+        """Ids of the nodes the outputs depend on (the outputs included): what a backend
+        must compute; the rest is dead code. One reverse sweep, nodes being in topological order."""
+        live = set(self._outputs)
+        for node in reversed(self._nodes):
+            if node.id in live:
+                live.update(node.inputs)
+        return live
+
     def output_names(self) -> list[str]:
         """Each output's node name, or ``output_<i>`` when it has none; made unique
         (``y``, ``y_1``, ...) so that they can key a dict, an ``.npz`` or a table."""

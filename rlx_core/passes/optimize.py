@@ -190,10 +190,7 @@ def cse(graph: Graph) -> tuple[Graph, list[str]]:
 
 
 def dce(graph: Graph) -> tuple[Graph, list[str]]:
-    live = set(graph.outputs)
-    for node in reversed(graph.nodes):
-        if node.id in live:
-            live.update(node.inputs)
+    live = graph.live_nodes()
     em = Emitter(graph)
     dropped = []
     for node in graph.nodes:

@@ -58,19 +58,6 @@ def x64_enabled() -> contextlib.AbstractContextManager[Any]:
     return enable_x64()
 
 
-def _live_nodes(graph: Graph) -> set[int]:
-    """Ids of the nodes the outputs depend on (XLA would drop the rest; we do not trace them)."""
-    nodes = graph.nodes
-    live: set[int] = set()
-    stack = list(graph.outputs)
-    while stack:
-        i = stack.pop()
-        if i not in live:
-            live.add(i)
-            stack.extend(nodes[i].inputs)
-    return live
-
-
 def _trace_graph(graph: Graph, order: Sequence[Node], arg_ids: Sequence[int], program: CompiledProgram,
                  checks_out: list[RuntimeCheck]) -> Any:  # fmt: skip
     """The graph as a Python function of its arguments, for ``jax.jit`` to trace.
@@ -124,7 +111,7 @@ class JaxExecutable(Executable):
         self.options = options
         self.persistent_cache = enable_persistent_cache()
         nodes = graph.nodes
-        live = _live_nodes(graph)
+        live = graph.live_nodes()  # XLA would drop the rest; we do not trace it
         self.x64 = any(nodes[i].dtype in _WIDE_DTYPES for i in live)
         state_ids = [i for i in graph.params if i in live]
         big = [n.id for n in nodes if n.op is OpKind.CONSTANT and n.size > INLINE_CONSTANT_LIMIT]

@@ -67,16 +67,6 @@ class Plan:
     live: set[int]
 
 
-def _live(graph: Graph) -> set[int]:
-    nodes, live, stack = graph.nodes, set(), list(graph.outputs)
-    while stack:
-        i = stack.pop()
-        if i not in live:
-            live.add(i)
-            stack.extend(nodes[i].inputs)
-    return live
-
-
 def _swaps_last_two(node: Node) -> bool:
     perm, r = node.attrs["perm"], len(node.shape)
     return r >= 2 and tuple(perm) == (*range(r - 2), r - 1, r - 2)
@@ -84,7 +74,7 @@ def _swaps_last_two(node: Node) -> bool:
 
 def plan_graph(graph: Graph) -> Plan:
     nodes = graph.nodes
-    live = _live(graph)
+    live = graph.live_nodes()
     outputs = set(graph.outputs)
     consumers: dict[int, set[int]] = {i: set() for i in live}
     for n in nodes:
