@@ -3,7 +3,12 @@ configurable to misbehave in one precise way each."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
 from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -105,3 +110,17 @@ def other_plugins_disabled(extra: str = "") -> str:
     eps = entry_points(group=rlx.plugin.ENTRY_POINT_GROUP)
     names = sorted({ep.name for ep in eps if ep.dist is not None and ep.dist.name in ours})
     return ",".join([*names, *([extra] if extra else [])])
+
+
+def bench_module(module: str) -> ModuleType:
+    """``bench.<module>``: the repository's bench directory loaded as a package without
+    touching sys.path (the benchmark tests import its model builders and scripts)."""
+    if "bench" not in sys.modules:
+        bench = Path(__file__).resolve().parents[1] / "bench"
+        spec = importlib.util.spec_from_file_location("bench", bench / "__init__.py",
+                                                      submodule_search_locations=[str(bench)])  # fmt: skip
+        assert spec is not None and spec.loader is not None
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["bench"] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"bench.{module}")

@@ -7,15 +7,12 @@ starting it costs more than this file's budget; tests/test_distributed_ray.py co
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
+from support import bench_module
 
 import rlx_core as rlx
 from rlx_core.distributed import Predictor
@@ -24,23 +21,8 @@ from rlx_core.errors import RlxError
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _bench(module: str) -> ModuleType:
-    """``bench.<module>``, the bench directory loaded as a package without touching sys.path."""
-    if "bench" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("bench", BENCH / "__init__.py",
-                                                      submodule_search_locations=[str(BENCH)])  # fmt: skip
-        assert spec is not None and spec.loader is not None
-        package = importlib.util.module_from_spec(spec)
-        sys.modules["bench"] = package
-        spec.loader.exec_module(package)
-    return importlib.import_module(f"bench.{module}")
-
-
-batch = _bench("batch")
-models = _bench("models")
+batch = bench_module("batch")
+models = bench_module("models")
 
 
 def test_a_small_run_reports_rows_per_second_and_writes_its_section(tmp_path: Path) -> None:

@@ -5,15 +5,12 @@ documented tolerance (bench/_checks.py). No timing is asserted: one round, no pa
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
+from support import bench_module
 
 import rlx_core as rlx
 import rlx_core.onnx
@@ -22,25 +19,10 @@ from rlx_core.errors import ConfigError, ModelError
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _bench(module: str) -> ModuleType:
-    """``bench.<module>``, the bench directory loaded as a package without touching sys.path."""
-    if "bench" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("bench", BENCH / "__init__.py",
-                                                      submodule_search_locations=[str(BENCH)])  # fmt: skip
-        assert spec is not None and spec.loader is not None
-        package = importlib.util.module_from_spec(spec)
-        sys.modules["bench"] = package
-        spec.loader.exec_module(package)
-    return importlib.import_module(f"bench.{module}")
-
-
-models = _bench("models")
-suite = _bench("suite")
-markdown = _bench("_markdown")
-checks = _bench("_checks")
+models = bench_module("models")
+suite = bench_module("suite")
+markdown = bench_module("_markdown")
+checks = bench_module("_checks")
 
 
 @pytest.mark.parametrize("name", models.MODEL_NAMES)
