@@ -1,13 +1,35 @@
 """Elementwise math numpy lacks (erf, gelu), evaluated in cache-sized chunks.
 
-numpy has no ``erf``. For float32 and float16 results, ``erf`` is a rational
-approximation ``x * P(x^2) / Q(x^2)`` on ``|x| <= 4`` (erf(4) rounds to 1 in float32),
-fitted for this module against ``math.erf`` and evaluated in float64: its relative error
-is below 3e-9, so the float32 result is within half an ulp of the correctly rounded
-value plus that. float64 results use ``math.erf`` itself, element by element.
+numpy has no ``erf``. For float32 and float16 results it is computed in float32 as
+
+    erf(x) = tanh(x * P(x^2)),
+
+``P`` a degree-6 polynomial fitted for this module to ``atanh(erf(x)) / x`` (weighted so
+that the error of the result, not of ``P``, is what is minimized). Written this way erf
+costs one squaring, a Horner chain and one ``tanh``, and numpy's float32 ``tanh`` is a
+vectorized (SIMD) loop: 15 passes over float32 data, where a rational ``P/Q`` evaluated
+in float64 took 27 passes over data twice as wide (4.7x slower on the suite transformer's
+feed-forward layer). Measured against ``math.erf`` on 300k random float32 in [-5, 5] and
+on a dense grid of [0, 4.2], the result is within 4 ulp (mean 0.65 ulp). The form keeps
+the edges exact: tanh saturates to exactly +-1 (``x * P`` grows without bound, ``P``'s
+leading coefficient being positive), +-inf give +-1, NaN stays NaN, and tiny or
+subnormal ``x`` give ``1.128 x`` as they must.
+
+gelu(x) = x * Phi(x) uses the same polynomial: with ``z = (x / sqrt 2) P(x^2 / 2)``,
+``Phi(x) = (1 + tanh z) / 2 = 1 / (1 + exp(-2z))``, and ``-2z = x * R(x^2)`` with
+``R``'s coefficients derived from ``P``'s, so gelu is ``x / (1 + exp(x R(x^2)))``: 17
+float32 passes. At x = -inf that is -inf / inf = NaN, as the reference's ``-inf * 0``.
+Its error is below 1.5e-7 + 2e-7 |gelu(x)| everywhere; the relative error is below
+2e-6 for x >= -2 and grows in the far negative tail, where gelu itself is below 1e-4 (``P`` is
+fitted for erf, whose relative error does not see ``1 + erf`` near 0 — the same loss
+an op-by-op float32 ``x * 0.5 * (1 + erf(x / sqrt 2))`` has).
+
+float64 results use ``math.erf`` itself, element by element (exact to the last bit
+rather than fast: float64 graphs are the precision path).
 
 Long ufunc chains over big arrays are bound by memory traffic, so these run over the
-flattened arrays in chunks of ``CHUNK`` elements whose temporaries stay in cache.
+flattened arrays in chunks of ``CHUNK`` elements whose temporaries stay in cache; the
+chunk is large because each numpy call also costs about a microsecond.
 """
 
 from __future__ import annotations
@@ -19,25 +41,26 @@ import numpy as np
 
 __all__ = ["CHUNK", "run_chunked", "erf_program", "gelu_program", "scratch_count"]
 
-CHUNK = 8192
+CHUNK = 32768
 
-# erf(x) / x = P(x^2) / Q(x^2) on |x| <= 4, coefficients in increasing powers of x^2.
-_ERF_P = (1.1283791680791524, 0.18527999832703257, 0.05435400339420621, 0.0038564779868635398,
-          0.0003808589606777261, 4.715109374321501e-06, -1.336023425473942e-08)  # fmt: skip
-_ERF_Q = (1.0, 0.49753352092051145, 0.11401401340926814, 0.015479842987998064, 0.0013106910328008678,
-          6.340348258047637e-05)  # fmt: skip
+# atanh(erf(x)) / x = P(x^2), coefficients in increasing powers of x^2 (fitted on
+# [0, 4.2] by iteratively reweighted least squares, evaluated in float32).
+_ERF_TANH_P = (1.1283792602695377, 0.10276895704253466, -0.00019115759860315734, -0.0006207040958476631,
+               8.809502806981163e-05, -5.759449765919744e-06, 1.478960868783511e-07)  # fmt: skip
 
 
-def _c(value: float) -> np.ndarray:
-    """A read-only float64 0-d constant (a 0-d array is cheaper for a ufunc than a float)."""
-    a = np.array(value, np.float64)
+def _c(value: float, dtype: type = np.float64) -> np.ndarray:
+    """A read-only 0-d constant (a 0-d array is cheaper for a ufunc than a float)."""
+    a = np.array(value, dtype)
     a.flags.writeable = False
     return a
 
 
-_P = tuple(_c(v) for v in _ERF_P)
-_Q = tuple(_c(v) for v in _ERF_Q)
-_FOUR, _MINUS_FOUR, _ONE, _HALF = _c(4.0), _c(-4.0), _c(1.0), _c(0.5)
+_P32 = tuple(_c(v, np.float32) for v in _ERF_TANH_P)
+# gelu: -2 z = x * R(x^2), r_k = -sqrt(2) p_k / 2^k.
+_R32 = tuple(_c(-math.sqrt(2.0) * v / 2.0**k, np.float32) for k, v in enumerate(_ERF_TANH_P))
+_ONE32 = _c(1.0, np.float32)
+_ONE, _HALF = _c(1.0), _c(0.5)
 _RSQRT2 = _c(1.0 / math.sqrt(2.0))
 # gelu(tanh) constants per compute dtype: (0.044715, 1, sqrt(2/pi), 0.5).
 _GELU_TANH = {
@@ -50,34 +73,45 @@ def run_chunked(program: Callable[..., None], x: np.ndarray, out: np.ndarray, tm
     """``program(x_chunk, out_chunk, *tmp_chunks)`` over flat ``x`` and ``out``.
 
     Each temporary holds ``min(out.size, CHUNK)`` elements; ``program`` must read all of
-    its ``x`` chunk before it writes its ``out`` chunk (so ``out`` may be ``x``).
+    its ``x`` chunk before it writes its ``out`` chunk (so ``out`` may be ``x``). The
+    programs overflow to inf and divide inf by inf on purpose at the edges of their
+    domain (the results are the right limits), so floating-point warnings are off.
     """
     n = out.size
-    if n <= CHUNK:
-        program(x, out, *tmps)
-        return
-    for i in range(0, n, CHUNK):
-        m = min(CHUNK, n - i)
-        program(x[i : i + m], out[i : i + m], *(t[:m] for t in tmps))
+    with np.errstate(over="ignore", invalid="ignore"):
+        if n <= CHUNK:
+            program(x, out, *tmps)
+            return
+        for i in range(0, n, CHUNK):
+            m = min(CHUNK, n - i)
+            program(x[i : i + m], out[i : i + m], *(t[:m] for t in tmps))
 
 
-def _erf_core(t: np.ndarray, u: np.ndarray, p: np.ndarray, q: np.ndarray) -> None:
-    """``p = erf(t)`` for float64 ``t`` (clamped in place); ``u`` and ``q`` are scratch."""
-    np.maximum(t, _MINUS_FOUR, out=t)
-    np.minimum(t, _FOUR, out=t)
-    np.multiply(t, t, u)
-    np.multiply(u, _P[6], p)
-    for c in _P[5:0:-1]:
+def _odd_poly32(x: np.ndarray, coeffs: tuple[np.ndarray, ...], u: np.ndarray, p: np.ndarray) -> None:
+    """``p = x * C(x^2)`` in float32 (``u`` is scratch)."""
+    np.multiply(x, x, u, dtype=np.float32)
+    np.multiply(u, coeffs[-1], p)
+    for c in coeffs[-2:0:-1]:
         np.add(p, c, p)
         np.multiply(p, u, p)
-    np.add(p, _P[0], p)
-    np.multiply(u, _Q[5], q)
-    for c in _Q[4:0:-1]:
-        np.add(q, c, q)
-        np.multiply(q, u, q)
-    np.add(q, _Q[0], q)
-    np.divide(p, q, p)
-    np.multiply(p, t, p)
+    np.add(p, coeffs[0], p)
+    np.multiply(p, x, p, dtype=np.float32)
+
+
+def _erf_tanh(x: np.ndarray, out: np.ndarray, u: np.ndarray, p: np.ndarray) -> None:
+    _odd_poly32(x, _P32, u, p)
+    if out.dtype == np.float32:
+        np.tanh(p, out)
+    else:
+        np.tanh(p, p)
+        np.copyto(out, p, casting="same_kind")
+
+
+def _gelu_erf_tanh(x: np.ndarray, out: np.ndarray, u: np.ndarray, p: np.ndarray) -> None:
+    _odd_poly32(x, _R32, u, p)
+    np.exp(p, p)
+    np.add(p, _ONE32, p)
+    np.divide(x, p, out, dtype=np.float32, casting="same_kind")
 
 
 def _erf_exact(t: np.ndarray, p: np.ndarray) -> None:
@@ -85,27 +119,8 @@ def _erf_exact(t: np.ndarray, p: np.ndarray) -> None:
     p[...] = np.fromiter(map(math.erf, t.tolist()), np.float64, t.size)
 
 
-def _erf_rational(x: np.ndarray, out: np.ndarray, t: np.ndarray, u: np.ndarray, p: np.ndarray,
-                  q: np.ndarray) -> None:  # fmt: skip
-    np.copyto(t, x)
-    _erf_core(t, u, p, q)
-    np.copyto(out, p, casting="same_kind")
-
-
 def _erf_float64(x: np.ndarray, out: np.ndarray) -> None:
     _erf_exact(x, out)
-
-
-def _gelu_erf_rational(x: np.ndarray, out: np.ndarray, t: np.ndarray, u: np.ndarray, p: np.ndarray,
-                       q: np.ndarray) -> None:  # fmt: skip
-    np.multiply(x, _RSQRT2, t, dtype=np.float64)
-    _erf_core(t, u, p, q)
-    np.add(p, _ONE, p)
-    # The clamped rational erf(-inf) is -1 + tiny, not -1: the reference's -inf * 0 = NaN
-    # would come out -inf. Put the exact 1 + erf(-inf) = 0 back where x is -inf.
-    np.copyto(p, 0.0, where=np.isneginf(x))
-    np.multiply(p, x, p)
-    np.multiply(p, _HALF, out, casting="same_kind")
 
 
 def _gelu_erf_float64(x: np.ndarray, out: np.ndarray, t: np.ndarray, p: np.ndarray) -> None:
@@ -134,7 +149,7 @@ def erf_program(dtype: np.dtype) -> tuple[Callable[..., None], tuple[np.dtype, .
     """The chunk program computing erf into ``dtype`` and the dtypes of its temporaries."""
     if dtype == np.float64:
         return _erf_float64, ()
-    return _erf_rational, (np.dtype(np.float64),) * 4
+    return _erf_tanh, (np.dtype(np.float32),) * 2
 
 
 def gelu_program(dtype: np.dtype, approximate: str) -> tuple[Callable[..., None], tuple[np.dtype, ...]]:
@@ -144,7 +159,7 @@ def gelu_program(dtype: np.dtype, approximate: str) -> tuple[Callable[..., None]
         return _gelu_tanh, (compute,)
     if dtype == np.float64:
         return _gelu_erf_float64, (np.dtype(np.float64),) * 2
-    return _gelu_erf_rational, (np.dtype(np.float64),) * 4
+    return _gelu_erf_tanh, (np.dtype(np.float32),) * 2
 
 
 def scratch_count(n: int) -> int:
