@@ -14,7 +14,7 @@ from rlx_core.ops import INTERNAL_OPS, OpKind
 from rlx_core.passes import plan_memory, run_pipeline
 from rlx_core.passes.fuse import fuse_elementwise, fuse_gemm
 from rlx_core.passes.internal_ops import make_instruction
-from rlx_core.passes.optimize import cse, dce, fold_constants, simplify
+from rlx_core.passes.optimize import cse, dce, fold_constants, simplify, sink_relu
 
 RNG = np.random.default_rng(3)
 FUSING = ALL_OPS | {"gemm", "fused_elementwise"}
@@ -106,6 +106,44 @@ def test_cse_merges_identical_nodes_and_constants_and_dce_drops_dead_ones():
     assert "tanh" not in ops_of(h2) and "dropped 1 node" in notes2[0]
     assert [h2.node(i).name for i in h2.inputs] == ["x", "unused"] and len(h2.params) == 1
     same(g, h2, {"x": RNG.standard_normal(3).astype(np.float32), "unused": np.zeros(2, np.float32)})
+
+
+def _conv_relu_pool(g: rlx.Graph, x, extra_reader: bool = False):
+    w = g.param("w", RNG.standard_normal((4, 2, 3, 3)).astype(np.float32))
+    r = g.relu(g.conv2d(x, w, padding=1))
+    pooled = g.max_pool2d(r, kernel=2, name="pooled")
+    return (pooled, r) if extra_reader else (pooled,)
+
+
+def test_sink_relu_moves_relu_after_a_max_pool_and_keeps_results():
+    g = rlx.Graph()
+    x = g.input("x", (1, 2, 8, 8))
+    (pooled,) = _conv_relu_pool(g, x)
+    g.set_outputs([g.exp(pooled)])
+    h, notes = sink_relu(g)
+    assert ops_of(h) == ["conv2d", "max_pool2d", "relu", "exp"]
+    assert "moved relu" in notes[0] and "256 -> 64 elements" in notes[0]
+    assert [n.name for n in h.nodes if n.op is OpKind.RELU] == ["pooled"]  # the pool's value keeps its name
+    feeds = {"x": RNG.standard_normal((1, 2, 8, 8)).astype(np.float32)}
+    feeds["x"][0, 0, :2, :2] = [[np.nan, -1.0], [-np.inf, -2.0]]  # NaN and -inf windows agree too
+    for a, b in zip(reference.evaluate(g, feeds), reference.evaluate(h, feeds)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sink_relu_leaves_a_relu_that_is_read_elsewhere_or_an_output():
+    for as_output in (False, True):
+        g = rlx.Graph()
+        x = g.input("x", (1, 2, 8, 8))
+        pooled, r = _conv_relu_pool(g, x, extra_reader=True)
+        g.set_outputs([pooled, r] if as_output else [pooled, g.exp(r)])
+        h, notes = sink_relu(g)
+        assert not notes and ops_of(h) == ops_of(g)
+    opts = rlx.CompileOptions(disable=("sink_relu",))
+    g = rlx.Graph()
+    (pooled,) = _conv_relu_pool(g, g.input("x", (1, 2, 8, 8)))
+    g.set_outputs([pooled])
+    assert run_pipeline(g, claim_all, opts).graph.nodes[-1].op is OpKind.MAX_POOL2D
+    assert run_pipeline(g, claim_all).graph.nodes[-1].op is OpKind.RELU
 
 
 # ----------------------------------------------------------------------------- gemm and regions

@@ -221,6 +221,7 @@ class CpuExecutable(Executable):
         every node of only residents computed once (and again by ``set_param``)."""
         deps: dict[int, frozenset[str]] = {}
         owned = _Owned()
+        gemv_weights = self._gemv_weights(graph)
         for node in self._nodes:
             if self._kinds[node.id] != RESIDENT:
                 continue
@@ -236,6 +237,8 @@ class CpuExecutable(Executable):
                 deps[node.id] = frozenset().union(*(deps[i] for i in node.inputs))
                 if node.op is OpKind.RESHAPE:
                     arr = ins[0].reshape(node.shape)
+                elif node.id in gemv_weights:
+                    arr = ins[0].transpose(node.attrs["perm"])  # a view: see _gemv_weights
                 else:
                     arr = np.empty(node.shape, node.dtype)
                     steps = [bind(s, []) for s in _build_steps(_BUILDERS[node.op], node, ins, arr, owned)]
@@ -244,6 +247,30 @@ class CpuExecutable(Executable):
                     if deps[node.id]:
                         self._folds.append((deps[node.id], steps))
             self._residents[node.id] = arr
+
+    def _gemv_weights(self, graph: Graph) -> set[int]:
+        """Resident 2-d transposes read only as the weights of one-row matmuls.
+
+        ONNX's ``Gemm(transB=1)`` stores a dense layer's weights as (N, K) and the graph
+        transposes them. Folded into a contiguous (K, N) array, a one-row product
+        ``x @ w`` walks the weights column-wise (3x slower for a 1x8192 @ 8192x10 head);
+        left as a view of the (N, K) array, BLAS runs it as a row-major gemv. With more
+        rows the contiguous copy is as fast or faster, so only these stay views."""
+        readers: dict[int, list[Node]] = {}
+        for node in self._nodes:
+            for i in node.inputs:
+                readers.setdefault(i, []).append(node)
+        found = set()
+        for node in self._nodes:
+            if node.op is not OpKind.TRANSPOSE or len(node.shape) != 2 or self._kinds[node.id] != RESIDENT:
+                continue
+            users = readers.get(node.id, [])
+            if users and node.id not in self._outputs and all(
+                u.op in (OpKind.MATMUL, OpKind.GEMM) and u.inputs[1] == node.id and u.inputs[0] != node.id
+                and math.prod(graph.node(u.inputs[0]).shape[:-1]) == 1 for u in users
+            ):
+                found.add(node.id)
+        return found
 
     # ------------------------------------------------------------------ plans
     def _bind_plan(self) -> _Plan:

@@ -246,6 +246,25 @@ def test_set_param_updates_params_and_folded_values(registry: Registry) -> None:
     assert_matches_reference(graph, {"x": x}, cg.run({"x": x}), params={"w1": want})
 
 
+def test_one_row_dense_head_reads_transposed_weights_in_place(registry: Registry) -> None:
+    """``x @ transpose(w)`` with one row of x keeps the transpose a view of the param
+    (gemv over the (N, K) rows); with more rows it is folded into a contiguous copy.
+    Either way set_param reaches it."""
+    for rows, view in ((1, True), (3, False)):
+        g = Graph("head")
+        x = g.input("x", (rows, 64))
+        w = g.param("w", np.arange(640, dtype=np.float32).reshape(10, 64) / 640)
+        g.set_outputs([g.matmul(x, g.transpose(w, (1, 0)))])
+        exe = compile_cpu(g)
+        folded = [exe._residents[n.id] for n in g.nodes if n.op.value == "transpose"]
+        assert np.shares_memory(folded[0], exe._params["w"]) is view
+        cg = rlx.compile(g, device="cpu", registry=registry)
+        xv = np.linspace(-1, 1, rows * 64, dtype=np.float32).reshape(rows, 64)
+        new_w = np.linspace(2, -2, 640, dtype=np.float32).reshape(10, 64)
+        cg.set_param("w", new_w)
+        assert_matches_reference(g, {"x": xv}, cg.run({"x": xv}), params={"w": new_w})
+
+
 @pytest.mark.parametrize(
     ("name", "value", "match"),
     [
