@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError
 from ..ir import Graph, Node
 from ..ops import SOURCE_OPS
+from .attention import fuse_attention
 from .fuse import fuse_elementwise, fuse_gemm
 from .legalize import LegalizeResult, ask_claims, legalize
 from .optimize import OPTIMIZE_PASSES
@@ -40,7 +41,7 @@ log = logging.getLogger("rlx.passes")
 
 Claims = Callable[[Node], "bool | str"]
 #: Every pass ``CompileOptions.disable`` may name.
-PASS_NAMES: tuple[str, ...] = (*OPTIMIZE_PASSES, "gemm", "elementwise")
+PASS_NAMES: tuple[str, ...] = (*OPTIMIZE_PASSES, "attention", "gemm", "elementwise")
 FUSION_REPORT_ENV = "RLX_FUSION_REPORT"
 
 
@@ -172,6 +173,9 @@ def run_pipeline(graph: Graph, claims: Claims, options: CompileOptions | None = 
                     record.notes += notes
             if len(current.nodes) == before:
                 break
+        if "attention" not in off:  # first: an unscaled chain's mask add would otherwise become a gemm bias
+            current, notes = fuse_attention(current, claims)
+            record.notes += notes
         if "gemm" not in off:
             current, notes = fuse_gemm(current, claims)
             record.notes += notes

@@ -86,6 +86,11 @@ def _layer_norm(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
 
 
 def _attention(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    """softmax(q k^T * scale [+ mask]) v, with the scores held *transposed*, (Lk, Lq) per
+    head: ``k @ q^T``. The softmax then reduces across rows (axis -2), which numpy runs as
+    vectorized passes over whole rows, instead of along each 128-wide row, which costs
+    numpy one reduction call per row (6x slower at 4 x 128 x 128 scores). The second
+    product reads the transposed scores as a transposed view, which BLAS takes as is."""
     q, k, v = ins[:3]
     mask = ins[3] if len(ins) == 4 else None
     cd = compute_dtype(out.dtype)
@@ -98,21 +103,27 @@ def _attention(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -
             copies.append(c)
         q, k, v = copies
     batch, lq, lk = out.shape[:-2], q.shape[-2], k.shape[-2]
-    scores = ctx.scratch((*batch, lq, lk), cd)
-    steps += [Step(np.matmul, (q, k.swapaxes(-1, -2), scores)),
-              Step(np.multiply, (scores, const(node.attrs["scale"], cd), scores))]  # fmt: skip
-    if mask is not None and mask.dtype == np.bool_:
-        masked = ctx.scratch(mask.shape, np.bool_)
-        steps += [Step(np.logical_not, (mask, masked)),
-                  Step(np.copyto, (scores, const(-np.inf, cd)), {"where": masked})]  # fmt: skip
-    elif mask is not None:
-        steps.append(Step(np.add, (scores, mask, scores)))
-    steps += _softmax_steps(scores, -1, scores, scores, ctx)
+    if lk == 0:  # softmax over no keys, times an empty v: the product is all zeros
+        return [Step(np.copyto, (out, const(0, out.dtype)))]
+    st = ctx.scratch((*batch, lk, lq), cd)
+    steps.append(Step(np.matmul, (k, q.swapaxes(-1, -2), st)))
+    if node.attrs["scale"] != 1.0:
+        steps.append(Step(np.multiply, (st, const(node.attrs["scale"], cd), st)))
+    if mask is not None:
+        m = mask.reshape((1,) * (2 - mask.ndim) + tuple(mask.shape)).swapaxes(-1, -2)  # (.., Lk, Lq) like st
+        if mask.dtype == np.bool_:
+            masked = ctx.scratch(m.shape, np.bool_)
+            steps += [Step(np.logical_not, (m, masked)),
+                      Step(np.copyto, (st, const(-np.inf, cd)), {"where": masked})]  # fmt: skip
+        else:
+            steps.append(Step(np.add, (st, m, st)))
+    steps += _softmax_steps(st, -2, st, st, ctx)
+    p = st.swapaxes(-1, -2)
     if cd == out.dtype:
-        steps.append(Step(np.matmul, (scores, v, out)))
+        steps.append(Step(np.matmul, (p, v, out)))
     else:
         res = ctx.scratch(out.shape, cd)
-        steps += [Step(np.matmul, (scores, v, res)), Step(np.copyto, (out, res), {"casting": "same_kind"})]
+        steps += [Step(np.matmul, (p, v, res)), Step(np.copyto, (out, res), {"casting": "same_kind"})]
     return steps
 
 
