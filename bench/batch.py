@@ -13,7 +13,10 @@ model's 64 rows, the batches ``rlx batch`` streams. Contenders, each timed over 
   one ``Predictor`` called on each batch dict, outputs, ids and the device column;
 - ``rlx batch job``: ``run_batch`` — what ``rlx batch MODEL rows.npz out.npz`` does after
   parsing its arguments: read, check, load, compile, stream, write the output;
-- ``onnxruntime job``: the same whole job by hand (session, loop, ``np.savez``).
+- ``onnxruntime job``: the same whole job by hand (session, loop, ``np.savez``);
+- ``read rows``: the ``.npz`` read and cut into batches, no model: the part of every
+  contender above that is the same for all (both loops and both jobs read the rows this
+  way), shown so that the ratios can be read net of it.
 
 Then Ray on this machine (``ray.init(num_cpus=2)``, skipped with a note when Ray is
 missing): the job of ``rlx batch --ray`` (``_cli_batch._on_ray``: ``map_batches`` over a
@@ -68,6 +71,8 @@ RAY_CPUS = 2
 TARGET_VS_ORT = 0.9
 #: Largest difference from ORT accepted on the MLP's softmax outputs (values in [0, 1]).
 TOLERANCE = 1e-5
+#: The contender that only reads the rows (no model; no output to compare).
+READ = "read rows (.npz → batches, no model)"
 
 log = logging.getLogger("rlx.bench")
 
@@ -152,9 +157,12 @@ def contenders(s: Setup) -> dict[str, Callable[[], Any]]:
         np.savez(out, y=np.concatenate(ys), id=np.concatenate(ids))
         return out
 
+    def read() -> list[dict[str, np.ndarray]]:
+        return list(s.batches())
+
     return {"onnxruntime loop": ort_loop, f"rlx {s.device}, compiled loop": compiled_loop,
             "rlx batch stream (Predictor)": stream, "rlx batch job (.npz → .npz)": rlx_job,
-            "onnxruntime job (.npz → .npz)": ort_job}  # fmt: skip
+            "onnxruntime job (.npz → .npz)": ort_job, READ: read}  # fmt: skip
 
 
 def _max_diff(got: np.ndarray, want: np.ndarray, what: str) -> float:
@@ -166,8 +174,14 @@ def _max_diff(got: np.ndarray, want: np.ndarray, what: str) -> float:
     return diff
 
 
-def check(s: Setup, name: str, result: Any) -> float:
-    """The largest difference of one pass's outputs from ORT's; ``RlxError`` if wrong."""
+def check(s: Setup, name: str, result: Any) -> float | None:
+    """The largest difference of one pass's outputs from ORT's (``None`` for rows read
+    without a model: their ids and inputs are checked); ``RlxError`` if wrong."""
+    if name == READ:
+        if not (np.array_equal(np.concatenate([r["id"] for r in result]), s.ids)
+                and np.array_equal(np.concatenate([r["x"] for r in result]), s.x)):  # fmt: skip
+            raise RlxError(f"bench/batch.py: {name} lost, changed or reordered rows")
+        return None
     if isinstance(result, Path):  # a job: the file, with ids in order and a device per row
         with np.load(result, allow_pickle=False) as out:
             if not np.array_equal(out["id"], s.ids):
@@ -202,7 +216,7 @@ def measure(found: dict[str, Callable[[], Any]], blocks: int, pause: float,
 
 
 def summarize(rows: int, batch: int, samples: dict[str, list[float]],
-              diffs: dict[str, float]) -> list[dict[str, Any]]:  # fmt: skip
+              diffs: dict[str, float | None]) -> list[dict[str, Any]]:  # fmt: skip
     """One row per contender: median rows/s, its interquartile spread, the ratio to the ORT loop."""
     rates = {name: [rows / t for t in s] for name, s in samples.items()}
     ort = statistics.median(rates["onnxruntime loop"])
@@ -317,9 +331,15 @@ def verdict(results: list[dict[str, Any]], device: str, rows: int) -> str:
     ok = stream["vs_ort_loop"] >= TARGET_VS_ORT
     backend = by[f"rlx {device}, compiled loop"]
     over = stream["us_per_batch"] - backend["us_per_batch"]
+    net = ""
+    if READ in by:  # the ratios without the reading every contender does alike
+        read, ort = by[READ]["us_per_batch"], by["onnxruntime loop"]["us_per_batch"]
+        if ort > read and stream["us_per_batch"] > read:
+            net = (f"; net of reading the rows ({read:.0f} µs per batch, the same on both sides) the stream is "
+                   f"{(ort - read) / (stream['us_per_batch'] - read):.2f}x the ORT loop")  # fmt: skip
     return (f"rlx batch in-process (stream): {stream['vs_ort_loop']:.2f}x the ORT loop's rows/s (target ≥ "
             f"{TARGET_VS_ORT:g}x: {'met' if ok else 'MISSED'}); the {device} backend alone "
-            f"{backend['vs_ort_loop']:.2f}x, so the Predictor adds {over:+.0f} µs per batch of {rows}; whole job "
+            f"{backend['vs_ort_loop']:.2f}x, so the Predictor adds {over:+.0f} µs per batch of {rows}{net}; whole job "
             f"{job['rows_per_s'] / ort_job['rows_per_s']:.2f}x the ORT job")  # fmt: skip
 
 
@@ -336,7 +356,9 @@ def markdown_section(doc: dict[str, Any]) -> str:
         "alone); `rlx batch stream` is the loop of `rlx batch` in-process (one `Predictor` called on each batch "
         "dict, with the id column passed through and the device column added); the two jobs are the whole "
         "`rlx batch MODEL rows.npz out.npz` (read, check, load, compile, stream, write) and the same job written "
-        "by hand with ONNX Runtime. Every output is checked against ONNX Runtime first.",
+        "by hand with ONNX Runtime; `read rows` only reads the `.npz` and cuts it into batches, which every "
+        "other contender does alike (so its time is in each of theirs). Every output is checked against ONNX "
+        "Runtime first.",
         "",
         f"Target: in-process `rlx batch` ≥ {TARGET_VS_ORT:g}x the ORT loop's rows/s.",
         "",
@@ -349,7 +371,8 @@ def markdown_section(doc: dict[str, Any]) -> str:
         "|---|--:|--:|--:|--:|--:|",
     ]
     for r in doc["results"]:
-        diff = "(reference)" if r["contender"] == "onnxruntime loop" else f"{r['max_abs_diff']:.2g}"
+        diff = ("(reference)" if r["contender"] == "onnxruntime loop" else "-" if r["max_abs_diff"] is None
+                else f"{r['max_abs_diff']:.2g}")  # fmt: skip
         lines.append(f"| {r['contender']} | {_rate(r['rows_per_s'])} | {_spread(r)} | {r['us_per_batch']:.0f} | "
                      f"{r['vs_ort_loop']:.2f}x | {diff} |")  # fmt: skip
     lines += ["", verdict(doc["results"], doc["device"], doc["batch"]) + ".", ""]

@@ -182,3 +182,32 @@ def test_real_cpu_backend_in_a_subprocess(job) -> None:
     assert "ray" not in proc.stderr.lower()
     with np.load(out_path) as f, np.load(job["input"]) as g:
         check_rows({k: f[k] for k in f.files}, g["x"], g["id"], device="cpu")
+
+
+def test_rows_per_device_from_one_value_or_mixed_columns() -> None:
+    from rlx_core._cli_batch import _unique_counts
+
+    assert _unique_counts(np.broadcast_to(np.array("cpu"), (5,))) == (["cpu"], [5])
+    assert _unique_counts(np.array(["jax", "cpu", "jax"])) == (["cpu", "jax"], [1, 2])
+    assert _unique_counts(np.array(["cpu"] * 3)) == (["cpu"], [3])
+    assert _unique_counts(np.empty(0, "<U1")) == ([], [])
+
+
+def test_the_progress_bar_gets_every_row_although_updates_are_coalesced() -> None:
+    import io
+
+    from rich.console import Console
+
+    from rlx_core import _cli_batch
+
+    seen: list[int] = []
+    real = _cli_batch._progress
+
+    with real(Console(file=io.StringIO()), 1000) as advance:
+        progress = advance.__closure__  # the Progress the bar draws from
+        for _ in range(100):
+            advance(10)
+    tasks = [c.cell_contents for c in progress if type(c.cell_contents).__name__ == "Progress"][0].tasks
+    seen.append(int(tasks[0].completed))
+    assert seen == [1000]
+

@@ -74,6 +74,45 @@ def test_pass_through_columns_survive_unchanged_and_inputs_are_consumed(toy_regi
     assert list(out["where"]) == ["flaky"] * 6
 
 
+def test_the_device_column_is_a_cheap_read_only_column_like_any_other(toy_registry, tmp_path: Path) -> None:
+    """One string broadcast over the rows (no per-row memory, built once per size), which
+    compares, concatenates, converts and saves as ``rows`` values, and cannot be changed
+    in place (it is shared by the batches of a size)."""
+    p = Predictor(mlp(4))
+    first, second = p({"x": rows_of(4)})["rlx_device"], p({"x": rows_of(4, seed=1)})["rlx_device"]
+    assert first is second and first.strides == (0,) and not first.flags.writeable
+    assert first.dtype == np.full(4, "flaky").dtype and first.tolist() == ["flaky"] * 4
+    with pytest.raises(ValueError):
+        first[0] = "toy"
+    chunked = p({"x": rows_of(10)})["rlx_device"]  # three runs on one device: one value again
+    assert chunked.strides == (0,) and chunked.tolist() == ["flaky"] * 10
+    np.savez(tmp_path / "d.npz", d=np.concatenate([first, chunked]))
+    with np.load(tmp_path / "d.npz") as f:
+        assert f["d"].tolist() == ["flaky"] * 14
+
+
+def test_a_checked_schema_does_not_let_a_different_batch_through(toy_registry) -> None:
+    """Columns are checked once per batch schema (names, shapes, dtypes): every batch
+    with another schema is checked again, whatever came before."""
+    p = Predictor(mlp(4))
+    p({"x": rows_of(4), "id": np.arange(4)})
+    with pytest.raises(rlx.InputError, match="expected dtype float32, got float64"):
+        p({"x": rows_of(4).astype(np.float64), "id": np.arange(4)})
+    with pytest.raises(rlx.InputError, match="expected rows of shape"):
+        p({"x": np.zeros((4, 7), np.float32), "id": np.arange(4)})
+    with pytest.raises(rlx.InputError, match="different numbers of rows"):
+        p({"x": rows_of(4), "id": np.arange(5)})
+    with pytest.raises(rlx.InputError, match="'rlx_device' would be overwritten"):
+        p({"x": rows_of(4), "rlx_device": np.arange(4)})
+    with pytest.raises(rlx.InputError, match="column 'x' is missing"):
+        p({"id": np.arange(4)})
+    out = p({"x": rows_of(4).tolist(), "id": list(range(4))})  # lists: converted, then the same schema
+    np.testing.assert_allclose(out["probs"], expected_rows(rows_of(4)), rtol=1e-5, atol=1e-6)
+    for n in range(1, 40):  # many sizes: the cache of checked schemas stays bounded
+        assert p({"x": rows_of(n)})["probs"].shape == (n, 6)
+    assert len(p._checked) <= 16 and len(p._device_cols) <= 16
+
+
 def test_no_device_column_when_none(toy_registry) -> None:
     out = Predictor(mlp(4), device_column=None)({"x": rows_of(3)})
     assert set(out) == {"probs"}

@@ -39,6 +39,9 @@ log = logging.getLogger("rlx.distributed")
 
 DEFAULT_DEVICE_COLUMN = "rlx_device"
 
+#: Batch schemas (and device columns) remembered as checked; a job uses one or two.
+_SCHEMAS_KEPT = 16
+
 
 def node_label() -> str:
     """How errors name this host: its hostname, plus the Ray node id inside a Ray worker."""
@@ -101,6 +104,10 @@ class Predictor:
         # every call, which costs more than running a small model; a batch must not pay it.
         self._ready: dict[tuple[int, str], CompiledGraph] = {}
         self._failed: dict[str, str] = {}  # device -> why it was dropped on this worker
+        self._input_names = tuple(c.name for c in self.model.inputs)
+        self._output_names = tuple(c.name for c in self.model.outputs)
+        self._checked: dict[tuple, int] = {}  # batch schema (name, shape, dtype per column) -> rows
+        self._device_cols: dict[tuple[str, int], np.ndarray] = {}
         self.rows_by_device: Counter[str] = Counter()
         self.where = node_label()
         # Resolve and compile now, on this host: a worker that cannot run the model fails
@@ -134,19 +141,43 @@ class Predictor:
 
     # ------------------------------------------------------------------ running
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        if not isinstance(batch, Mapping):
+        if type(batch) is not dict and not isinstance(batch, Mapping):  # the type test spares the ABC check
             raise InputError(f"a batch must be a mapping of column name to array, got {type(batch).__name__} "
                              "(with Ray Data, use batch_format='numpy')")  # fmt: skip
-        arrays = {name: _column(name, value) for name, value in batch.items()}
-        rows = _row_count(arrays)
-        self.check_columns({name: (a.shape[1:], a.dtype) for name, a in arrays.items()})
-        feeds = {c.name: arrays[c.name] for c in self.model.inputs}
+        arrays = {name: value if type(value) is np.ndarray and value.ndim and value.dtype.kind != "O"
+                  else _column(name, value) for name, value in batch.items()}  # fmt: skip
+        # A job's batches share one schema (and one size, but the last): the row count and the
+        # column check are a function of it, so they are done once per schema, not per batch.
+        schema = tuple([(name, a.shape, a.dtype) for name, a in arrays.items()])
+        rows = self._checked.get(schema)
+        if rows is None:
+            rows = _row_count(arrays)
+            self.check_columns({name: (a.shape[1:], a.dtype) for name, a in arrays.items()})
+            if len(self._checked) >= _SCHEMAS_KEPT:
+                self._checked.clear()
+            self._checked[schema] = rows
+        feeds = {name: arrays[name] for name in self._input_names}
         outs, devices = self._run_rows(feeds, rows)
         result = {name: a for name, a in arrays.items() if name not in feeds}
-        result.update(zip((c.name for c in self.model.outputs), outs))
+        result.update(zip(self._output_names, outs))
         if self.device_column is not None:
             result[self.device_column] = devices
         return result
+
+    def _device_values(self, device: str, rows: int) -> np.ndarray:
+        """The device column of ``rows`` rows that all ran on ``device``.
+
+        A read-only zero-stride view of one string (``np.broadcast_to``): a column like any
+        other (it compares, slices, concatenates, converts to Arrow and saves as ``rows``
+        values) that costs no per-row memory, is built once per (device, size), and tells a
+        consumer in O(1) that the batch ran on one device (its stride is 0).
+        """
+        col = self._device_cols.get((device, rows))
+        if col is None:
+            if len(self._device_cols) >= _SCHEMAS_KEPT:
+                self._device_cols.clear()
+            col = self._device_cols[device, rows] = np.broadcast_to(np.array(device), (rows,))
+        return col
 
     def _run_rows(self, feeds: dict[str, np.ndarray], rows: int) -> tuple[list[np.ndarray], np.ndarray]:
         """Every output for ``rows`` rows, and the device of each row, chunk by chunk."""
@@ -156,7 +187,7 @@ class Predictor:
             # small model this path is what the predictor adds to the device's own run.
             device, outs = self._on_chain(self.model.graph_for(rows), lambda cg: cg.run(feeds))
             self.rows_by_device[device] += rows
-            return list(outs), np.full(rows, device)
+            return list(outs), self._device_values(device, rows)
         pieces: list[list[np.ndarray]] = [[] for _ in self.model.outputs]
         names: list[str] = []
         counts: list[int] = []
@@ -176,6 +207,8 @@ class Predictor:
             empty = [np.empty((0, *c.row_shape), c.dtype) for c in self.model.outputs]
             return empty, np.empty(0, dtype="<U1")
         outs = [acc[0] if len(acc) == 1 else np.concatenate(acc) for acc in pieces]
+        if len(set(names)) == 1:
+            return outs, self._device_values(names[0], rows)
         return outs, np.repeat(np.array(names), counts)
 
     def _compiled_for(self, graph: Graph) -> tuple[GraphDevices, list[str]]:
