@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["calibrate_backend", "cached_cost_model", "calibration_identity", "CALIBRATION_SCHEMA"]
 
-CALIBRATION_SCHEMA = 2  # 2: per-op cost lines (CostModel.op_costs)
+CALIBRATION_SCHEMA = 3  # 2: per-op cost lines (CostModel.op_costs); 3: shaped gemm points, median times
 log = logging.getLogger(__name__)
 Progress = Callable[[str, float], None]
 
@@ -76,23 +77,36 @@ def _compile(backend: Backend, g: Graph) -> Executable:
     return backend.compile(result.graph.freeze(), CompileOptions(device=backend.name))
 
 
-def _best_time(exe: Executable, inputs: dict[str, np.ndarray], budget: float, max_runs: int = 50) -> float:
+def _typical_time(exe: Executable, inputs: dict[str, np.ndarray], budget: float, max_runs: int = 50) -> float:
+    """The first quartile of back-to-back runs after one warm-up. A model predicts a run's
+    typical time, which the fastest run (a quiet instant, every cache warm) understates;
+    the median, on a host where something else wakes up, can be 10x off when BLAS
+    threads lose their cores mid-product. The quartile keeps the first bias small and
+    ignores the second unless it hits most runs."""
     exe.run(inputs)
-    best, spent, runs = float("inf"), 0.0, 0
-    while runs < max_runs and (spent < budget or runs < 3):
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < max_runs and (spent < budget or len(times) < 5):
         t0 = time.perf_counter()
         exe.run(inputs)
         dt = time.perf_counter() - t0
-        best, spent, runs = min(best, dt), spent + dt, runs + 1
-    return best
+        times.append(dt)
+        spent += dt
+    return statistics.quantiles(times, n=4)[0] if len(times) > 1 else times[0]
 
 
-def _gemm_graph(n: int) -> tuple[Graph, dict[str, np.ndarray]]:
+def _gemm_graph(m: int, k: int, n: int) -> tuple[Graph, dict[str, np.ndarray]]:
     rng = np.random.default_rng(0)
-    g = Graph(f"calibrate_gemm_{n}")
-    a = g.input("a", (n, n))
-    g.set_outputs([g.matmul(a, g.param("b", rng.standard_normal((n, n), dtype=np.float32)))])
-    return g, {"a": rng.standard_normal((n, n), dtype=np.float32)}
+    g = Graph(f"calibrate_gemm_{m}x{k}x{n}")
+    a = g.input("a", (m, k))
+    g.set_outputs([g.matmul(a, g.param("b", rng.standard_normal((k, n), dtype=np.float32)))])
+    return g, {"a": rng.standard_normal((m, k), dtype=np.float32)}
+
+
+#: Products unlike a square that inference runs all the time, each far below the square
+#: rate of its flops: a dense layer on a batch of 64, one attention head's scores, a
+#: convolution's im2col product, a layer on a batch of 8.
+SHAPED_GEMMS: tuple[tuple[int, int, int], ...] = ((64, 1024, 128), (128, 64, 128), (32, 256, 2048), (8, 512, 512))
 
 
 def _chain_graph(length: int, size: int) -> tuple[Graph, dict[str, np.ndarray]]:
@@ -148,9 +162,9 @@ def _op_costs(backend: Backend, roundtrip: float, budget: float, quick: bool,
         report(f"kernel cost: {op}", at + span * i / max(len(ops), 1))
         try:
             g, inputs = _op_graph(op, small)
-            t_small = _best_time(_compile(backend, g), inputs, budget / 4, max_runs=500)
+            t_small = _typical_time(_compile(backend, g), inputs, budget / 4, max_runs=500)
             g, inputs = _op_graph(op, large)
-            t_large = _best_time(_compile(backend, g), inputs, budget, max_runs=50)
+            t_large = _typical_time(_compile(backend, g), inputs, budget, max_runs=50)
         except RlxError as exc:  # declined by claims, or failed: that op is priced the generic way
             log.info("calibration: no cost line for %s on %s (%s)", op, backend.name, exc)
             continue
@@ -164,29 +178,30 @@ def calibrate_backend(backend: Backend, quick: bool = False, progress: Progress 
     """Measure ``backend`` on this host, cache the model, and return it."""
     report = progress or (lambda step, frac: None)
     budget = 0.05 if quick else 0.25
-    sizes = (64, 256) if quick else (64, 256, 1024)
+    shapes = [(n, n, n) for n in ((64, 256) if quick else (64, 256, 1024))]
+    shapes += SHAPED_GEMMS[:2] if quick else SHAPED_GEMMS
     base = backend.cost_model()
-    steps = len(sizes) + 4
+    steps = len(shapes) + 4
     points = []
-    for i, n in enumerate(sizes):
-        report(f"sgemm {n}x{n}x{n}", i / steps)
-        g, inputs = _gemm_graph(n)
-        t = _best_time(_compile(backend, g), inputs, budget)
-        points.append((n, n, n, 2.0 * n**3 / t / 1e9))
-    report("memory bandwidth", len(sizes) / steps)
+    for i, (m, k, n) in enumerate(shapes):
+        report(f"sgemm {m}x{k}x{n}", i / steps)
+        g, inputs = _gemm_graph(m, k, n)
+        t = _typical_time(_compile(backend, g), inputs, budget / 2 if m != k else budget)
+        points.append((m, k, n, 2.0 * m * k * n / t / 1e9))
+    report("memory bandwidth", len(shapes) / steps)
     big = (1 << 20) if quick else (1 << 22)
     g, inputs = _chain_graph(1, big)
-    t_bw = _best_time(_compile(backend, g), inputs, budget, max_runs=20)
-    report("dispatch overhead", (len(sizes) + 1) / steps)
+    t_bw = _typical_time(_compile(backend, g), inputs, budget, max_runs=20)
+    report("dispatch overhead", (len(shapes) + 1) / steps)
     g1, in1 = _chain_graph(1, 16)
     g32, in32 = _chain_graph(32, 16)
-    t1 = _best_time(_compile(backend, g1), in1, budget, max_runs=2000)
-    t32 = _best_time(_compile(backend, g32), in32, budget, max_runs=2000)
+    t1 = _typical_time(_compile(backend, g1), in1, budget, max_runs=2000)
+    t32 = _typical_time(_compile(backend, g32), in32, budget, max_runs=2000)
     dispatch = max((t32 - t1) / 31, 1e-9)
     roundtrip = max(t1 - dispatch, 0.0)
     bw = 3 * big * 4 / max(t_bw - roundtrip - dispatch, 1e-9) / 1e9
-    op_costs = _op_costs(backend, roundtrip, budget, quick, report, (len(sizes) + 2) / steps, 1 / steps)
-    report("saving", (len(sizes) + 3) / steps)
+    op_costs = _op_costs(backend, roundtrip, budget, quick, report, (len(shapes) + 2) / steps, 1 / steps)
+    report("saving", (len(shapes) + 3) / steps)
     model = replace(
         base,
         sgemm_gflops=max(p[3] for p in points),

@@ -9,7 +9,7 @@ compute time and its memory time (a roofline).
 
 from __future__ import annotations
 
-import bisect
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -21,6 +21,8 @@ from .ops import SOURCE_OPS, OpKind
 
 if TYPE_CHECKING:
     from .ir import Graph, Node
+
+_SHAPE_BANDWIDTH = 0.1  # (log units)^2: a point 2x away in one dim weighs exp(-4.8) of an exact hit
 
 __all__ = ["CostModel", "estimate_graph_cost", "node_flops", "node_bytes", "FREE_OPS"]
 
@@ -78,25 +80,33 @@ class CostModel:
     def sgemm_gflops_at(self, m: int, k: int, n: int) -> float:
         """The gemm rate for an ``m x k @ k x n`` product.
 
-        Calibrated models interpolate linearly in log(flops) between measured points and
-        clamp at the ends; uncalibrated ones scale the peak down for small problems, where
-        no device reaches its peak.
+        Calibrated models hold measured points: squares of several sizes and *shaped*
+        products (a dense layer on a small batch, one attention head, a convolution's
+        im2col), which run far below the square rate of the same flops. The square
+        points make a curve by size (linear in log flops, clamped at the ends); the
+        query's rate is then the mean, in log space, of the shaped points' rates and of
+        the square curve at the query's own flops, weighted by ``exp(-d^2 / h)`` with
+        ``d`` the distance in (log m, log k, log n) from the query to each (the square
+        curve sits at the cube of the query's volume). A square query gets the square
+        curve, a query on a shaped point that point's rate, and a shape far from every
+        point the nearest one's. Uncalibrated models scale the peak down for small
+        problems instead.
         """
         flops = max(2.0 * m * k * n, 1.0)  # an empty product still costs its dispatch, never a 0 rate
-        if self.sgemm_points:
-            xs = [math.log(2.0 * a * b * c) for a, b, c, _ in self.sgemm_points]
-            ys = [p[3] for p in self.sgemm_points]
-            x = math.log(max(flops, 1.0))
-            i = bisect.bisect_left(xs, x)
-            if i == 0:
-                return ys[0]
-            if i >= len(xs):
-                return ys[-1]
-            t = (x - xs[i - 1]) / (xs[i] - xs[i - 1]) if xs[i] != xs[i - 1] else 1.0
-            return ys[i - 1] + t * (ys[i] - ys[i - 1])
-        # Half of peak at ~2*128^3 flops, approaching peak for large problems.
-        half = 2.0 * 128**3
-        return self.sgemm_gflops * flops / (flops + half)
+        if not self.sgemm_points:
+            half = 2.0 * 128**3  # half of peak at ~2*128^3 flops, approaching peak for large problems
+            return self.sgemm_gflops * flops / (flops + half)
+        squares = [p for p in self.sgemm_points if p[0] == p[1] == p[2]] or list(self.sgemm_points)
+        q = [math.log(max(d, 1)) for d in (m, k, n)]
+        cube = sum(q) / 3
+        candidates = [(sum((x - cube) ** 2 for x in q), math.log(_by_size(squares, flops)))]
+        for a, b, c, gflops in self.sgemm_points:
+            if not a == b == c:
+                d2 = sum((x - math.log(max(d, 1))) ** 2 for x, d in zip(q, (a, b, c)))
+                candidates.append((d2, math.log(gflops)))
+        nearest = min(d2 for d2, _ in candidates)
+        weights = [math.exp(-(d2 - nearest) / _SHAPE_BANDWIDTH) for d2, _ in candidates]
+        return math.exp(sum(w * r for w, (_, r) in zip(weights, candidates)) / sum(weights))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -114,6 +124,18 @@ class CostModel:
 
     def with_source(self, source: str) -> CostModel:
         return replace(self, source=source)
+
+
+def _by_size(points: Sequence[tuple[int, int, int, float]], flops: float) -> float:
+    """Rate at ``flops``, linear in log(flops) between ``points``, clamped at the ends."""
+    pts = sorted((math.log(2.0 * a * b * c), r) for a, b, c, r in points)
+    x = math.log(max(flops, 1.0))
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        if x <= x1:
+            return y0 + (y1 - y0) * ((x - x0) / (x1 - x0) if x1 != x0 else 1.0)
+    return pts[-1][1]
 
 
 def node_flops(node: Node, in_shapes: Sequence[tuple[int, ...]]) -> float:
@@ -157,19 +179,6 @@ def node_bytes(node: Node, in_shapes: Sequence[tuple[int, ...]], in_dtypes: Sequ
     return float(total)
 
 
-def _gemm_dims(node: Node, in_shapes: Sequence[tuple[int, ...]]) -> tuple[int, int, int]:
-    if node.op in (OpKind.MATMUL, OpKind.GEMM):
-        a, b = in_shapes[:2]
-        m = math.prod(node.shape) // max(b[-1] if len(b) > 1 else 1, 1)
-        return max(m, 1), a[-1], b[-1] if len(b) > 1 else 1
-    if node.op is OpKind.CONV2D:
-        w = in_shapes[1]
-        n, o, oh, ow = node.shape
-        return n * oh * ow, w[1] * w[2] * w[3], o
-    q, k = in_shapes[0], in_shapes[1]
-    return math.prod(q[:-1]), q[-1], k[-2]
-
-
 def estimate_graph_cost(graph: Graph, model: CostModel) -> float:
     """Predicted seconds per run of ``graph`` on ``model.device``, priced as that device will
     run it: pass the graph the compile pipeline makes for it (legalized, optimized, fused;
@@ -182,22 +191,80 @@ def estimate_graph_cost(graph: Graph, model: CostModel) -> float:
         moved += sum(nodes[i].size * itemsize(nodes[i].dtype) for i in graph.outputs)
         seconds += moved / (model.transfer_bw_gbps * 1e9)
     bw = model.memory_bw_gbps * 1e9
+    static: set[int] = set()  # computed from params and constants only: once, not per run
     for node in nodes:
+        if node.op in (OpKind.PARAM, OpKind.CONSTANT) or (node.inputs and all(i in static for i in node.inputs)):
+            static.add(node.id)
+            continue
         if node.op in FREE_OPS:
             continue
         in_shapes = [nodes[i].shape for i in node.inputs]
         data = node_bytes(node, in_shapes, [nodes[i].dtype for i in node.inputs])
+        parts = _structured_seconds(node, in_shapes, model)
+        if parts is not None:  # products, attention, convolution, pools: priced part by part
+            seconds += model.dispatch_overhead_ns * 1e-9 + max(parts, data / bw)
+            continue
         measured = _measured_seconds(node, in_shapes, model)
         if measured is not None:  # calibrated per-op figures (see _measured_seconds)
             seconds += max(measured, model.dispatch_overhead_ns * 1e-9 + data / bw)
             continue
         flops = node_flops(node, in_shapes)
-        if node.op in (OpKind.MATMUL, OpKind.GEMM, OpKind.CONV2D, OpKind.ATTENTION):
-            rate = model.sgemm_gflops_at(*_gemm_dims(node, in_shapes)) * 1e9
-        else:
-            rate = model.sgemm_gflops * 1e9
-        seconds += model.dispatch_overhead_ns * 1e-9 + max(flops / rate, data / bw)
+        seconds += model.dispatch_overhead_ns * 1e-9 + max(flops / (model.sgemm_gflops * 1e9), data / bw)
     return seconds
+
+
+def _gemm_seconds(m: int, k: int, n: int, model: CostModel) -> float:
+    return 2.0 * m * k * n / (model.sgemm_gflops_at(m, k, n) * 1e9)
+
+
+def _pass_seconds(op: str, elements: int, model: CostModel) -> float:
+    """One elementwise pass of ``op`` over ``elements``: its measured line, else its memory
+    traffic (an input and an output of float32)."""
+    line = model.op_cost(op)
+    if line is not None:
+        return line[0] * 1e-9 + elements / (line[1] * 1e9)
+    return 8.0 * elements / (model.memory_bw_gbps * 1e9)
+
+
+def _structured_seconds(node: Node, in_shapes: Sequence[tuple[int, ...]], model: CostModel) -> float | None:
+    """Compute time of the ops made of products, as their parts run: a batched matmul is
+    one product per matrix (a 4-head 128x64 @ 64x128 runs at the rate of that small
+    shape, not of one 512x64 @ 64x128), attention is its two products per head plus the
+    softmax and scaling passes over its scores, a convolution its im2col copy plus one
+    product per image and group, a pool one pass per window tap."""
+    op = node.op
+    if op in (OpKind.MATMUL, OpKind.GEMM):
+        a, b = in_shapes[:2]
+        n, k = (b[-1] if len(b) > 1 else 1), a[-1]
+        if len(b) > 2:
+            batch, m = math.prod(node.shape[:-2]), (a[-2] if len(a) > 1 else 1)
+        else:
+            batch, m = 1, max(math.prod(node.shape) // max(n, 1), 1)
+        seconds = batch * _gemm_seconds(m, k, n, model)
+        if op is OpKind.GEMM:
+            epilogue = (len(in_shapes) == 3) + (node.attrs.get("activation", "none") != "none")
+            seconds += epilogue * _pass_seconds("add", node.size, model)
+        return seconds
+    if op is OpKind.ATTENTION:
+        q, k, v = in_shapes[:3]
+        batch, lq, lk = math.prod(node.shape[:-2]), q[-2], k[-2]
+        scores = batch * lq * lk
+        return (batch * (_gemm_seconds(lq, q[-1], lk, model) + _gemm_seconds(lq, lk, v[-1], model))
+                + _pass_seconds("softmax", scores, model) + _pass_seconds("mul", scores, model))  # fmt: skip
+    if op is OpKind.CONV2D:
+        n, o, oh, ow = node.shape
+        w = in_shapes[1]
+        groups = node.attrs["groups"]
+        kk = w[1] * w[2] * w[3]
+        seconds = n * groups * _gemm_seconds(o // max(groups, 1), kk, oh * ow, model)
+        if w[2] * w[3] > 1 or node.attrs["stride"] != (1, 1):  # im2col: the windows written, then read
+            seconds += 2.0 * n * groups * kk * oh * ow * itemsize(node.dtype) / (model.memory_bw_gbps * 1e9)
+        return seconds
+    if op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D):
+        kh, kw = node.attrs["kernel"]
+        line = "maximum" if op is OpKind.MAX_POOL2D else "add"
+        return kh * kw * _pass_seconds(line, node.size, model)
+    return None
 
 
 def _measured_seconds(node: Node, in_shapes: Sequence[tuple[int, ...]], model: CostModel) -> float | None:

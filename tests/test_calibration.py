@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 from support import ToyBackend
 
 import rlx_core as rlx
@@ -17,7 +18,9 @@ def test_calibrate_measures_caches_and_cost_model_uses_it(tmp_path, monkeypatch)
     toy.cost_model = lambda: rlx.Backend.cost_model(toy)  # use the base class's cache lookup
     assert not toy.cost_model().calibrated
     model = toy.calibrate(quick=True)
-    assert model.calibrated and model.device == "caltoy" and len(model.sgemm_points) == 2
+    assert model.calibrated and model.device == "caltoy" and len(model.sgemm_points) == 4
+    shapes = {p[:3] for p in model.sgemm_points}
+    assert {(64, 64, 64), (256, 256, 256), *calibration.SHAPED_GEMMS[:2]} == shapes  # squares and skinny ones
     assert model.sgemm_gflops > 0 and model.memory_bw_gbps > 0 and model.dispatch_overhead_ns > 0
     again = toy.cost_model()
     assert again.calibrated and again.sgemm_points == model.sgemm_points
@@ -84,3 +87,50 @@ def test_a_backend_that_fuses_by_itself_is_priced_on_regions():
     reg = registry_with(Xla("xla"), ToyBackend("plain"))
     assert rlx.OpKind.FUSED_ELEMENTWISE in {n.op for n in priced_graph(g, "xla", reg).nodes}
     assert rlx.OpKind.FUSED_ELEMENTWISE not in {n.op for n in priced_graph(g, "plain", reg).nodes}
+
+
+# ----------------------------------------------------------------------------- shapes and structure
+SHAPED = rlx.CostModel("s", calibrated=True, memory_bw_gbps=1000.0, dispatch_overhead_ns=0.0, roundtrip_overhead_ns=0.0,
+                       sgemm_points=((64, 64, 64, 50.0), (1024, 1024, 1024, 400.0), (128, 64, 128, 10.0)))  # fmt: skip
+
+
+def test_gemm_rate_comes_from_the_nearest_measured_shapes():
+    assert abs(SHAPED.sgemm_gflops_at(1024, 1024, 1024) - 400.0) < 1e-6
+    assert 10.0 <= SHAPED.sgemm_gflops_at(128, 64, 128) < 11.5  # the skinny point, not the square curve (~100)
+    assert abs(SHAPED.sgemm_gflops_at(8192, 8192, 8192) - 400.0) < 1e-6  # beyond every point: the nearest
+    squares = [SHAPED.sgemm_gflops_at(n, n, n) for n in (64, 256, 1024, 4096)]
+    assert squares == sorted(squares)
+
+
+def test_batched_products_attention_and_convolutions_are_priced_by_their_parts():
+    g = rlx.Graph("heads")
+    q, k = g.input("q", (4, 128, 64)), g.input("k", (4, 64, 128))
+    g.set_outputs([g.matmul(q, k)])
+    per_head = 2 * 128 * 64 * 128 / (SHAPED.sgemm_gflops_at(128, 64, 128) * 1e9)
+    assert abs(rlx.estimate_graph_cost(g.freeze(), SHAPED) - 4 * per_head) < 1e-12  # not one 512x64x128 product
+
+    a = rlx.Graph("att")
+    qa, ka, va = (a.input(n, (4, 128, 64)) for n in "qkv")
+    a.set_outputs([a.attention(qa, ka, va)])
+    scores = 4 * 128 * 128 * 8 / 1000e9  # softmax and scale passes at the memory rate (no cost lines)
+    second = 2 * 128 * 128 * 64 / (SHAPED.sgemm_gflops_at(128, 128, 64) * 1e9)  # (scores) @ v
+    want = 4 * (per_head + second) + 2 * scores
+    assert abs(rlx.estimate_graph_cost(a.freeze(), SHAPED) - want) < 1e-12
+
+    c = rlx.Graph("conv")
+    x = c.input("x", (1, 16, 32, 32))
+    c.set_outputs([c.conv2d(x, c.param("w", np.zeros((32, 16, 3, 3), np.float32)), padding=1)])
+    product = 2 * 32 * 144 * 1024 / (SHAPED.sgemm_gflops_at(32, 144, 1024) * 1e9)
+    im2col = 2 * 144 * 1024 * 4 / 1000e9
+    assert abs(rlx.estimate_graph_cost(c.freeze(), SHAPED) - (product + im2col)) < 1e-12
+
+
+def test_values_computed_from_params_alone_cost_nothing_per_run():
+    def dense(transposed: bool) -> rlx.Graph:
+        g = rlx.Graph("d")
+        x = g.input("x", (8, 64))
+        w = g.param("w", np.zeros((32, 64) if transposed else (64, 32), np.float32))
+        g.set_outputs([g.matmul(x, g.transpose(w, (1, 0)) if transposed else w)])
+        return g.freeze()
+
+    assert rlx.estimate_graph_cost(dense(True), SHAPED) == rlx.estimate_graph_cost(dense(False), SHAPED)
