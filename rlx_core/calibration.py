@@ -150,10 +150,12 @@ def _op_graph(op: str, elements: int) -> tuple[Graph, dict[str, np.ndarray]]:
     return g, inputs
 
 
-def _op_costs(backend: Backend, roundtrip: float, budget: float, quick: bool,
+def _op_costs(backend: Backend, roundtrip: float, transfer_gbps: float, budget: float, quick: bool,
               report: Progress, at: float, span: float) -> list[tuple[str, float, float]]:  # fmt: skip
     """``(op, overhead_ns, g_elements_per_s)`` for each op of OP_COST_OPS the backend claims
-    itself: the time of one small and one large single-op graph, less the round trip."""
+    itself: the time of one small and one large single-op graph, less the round trip, and
+    for a device with its own memory less the copies of the probe's operands in and out
+    (a graph pays those once for its inputs and outputs, not once per kernel)."""
     claimed = backend.supported_ops()
     ops = [op for op in OP_COST_OPS if op in claimed]
     small, large = _ROW * 4, _ROW * (256 if quick else 1024)
@@ -169,7 +171,11 @@ def _op_costs(backend: Backend, roundtrip: float, budget: float, quick: bool,
             log.info("calibration: no cost line for %s on %s (%s)", op, backend.name, exc)
             continue
         overhead = max(t_small - roundtrip, 0.0)
-        rate = (large - small) / max(t_large - t_small, 1e-9) / 1e9
+        per_element = max(t_large - t_small, 1e-9) / (large - small)
+        if transfer_gbps > 0:
+            moved = 4.0 * (1 + (op in _BINARY_OPS) + (op not in _ROW_OPS[:3]))  # operands in, result out
+            per_element = max(per_element - moved / (transfer_gbps * 1e9), 0.1 * per_element)
+        rate = 1.0 / per_element / 1e9
         lines.append((op, overhead * 1e9, rate))
     return lines
 
@@ -192,6 +198,8 @@ def calibrate_backend(backend: Backend, quick: bool = False, progress: Progress 
     big = (1 << 20) if quick else (1 << 22)
     g, inputs = _chain_graph(1, big)
     t_bw = _typical_time(_compile(backend, g), inputs, budget, max_runs=20)
+    g, inputs = _chain_graph(8, big)  # 7 more kernels, the same copies in and out
+    kernel = max((_typical_time(_compile(backend, g), inputs, budget, max_runs=10) - t_bw) / 7, 1e-9)
     report("dispatch overhead", (len(shapes) + 1) / steps)
     g1, in1 = _chain_graph(1, 16)
     g32, in32 = _chain_graph(32, 16)
@@ -199,13 +207,18 @@ def calibrate_backend(backend: Backend, quick: bool = False, progress: Progress 
     t32 = _typical_time(_compile(backend, g32), in32, budget, max_runs=2000)
     dispatch = max((t32 - t1) / 31, 1e-9)
     roundtrip = max(t1 - dispatch, 0.0)
-    bw = 3 * big * 4 / max(t_bw - roundtrip - dispatch, 1e-9) / 1e9
-    op_costs = _op_costs(backend, roundtrip, budget, quick, report, (len(shapes) + 2) / steps, 1 / steps)
+    bw = 3 * big * 4 / kernel / 1e9  # an add reads two operands and writes one
+    transfer = base.transfer_bw_gbps
+    if transfer > 0:  # a device with its own memory: what is left of one add is its input and output copies
+        copies = t_bw - roundtrip - dispatch - kernel
+        transfer = 2 * big * 4 / copies / 1e9 if copies > 0 else transfer
+    op_costs = _op_costs(backend, roundtrip, transfer, budget, quick, report, (len(shapes) + 2) / steps, 1 / steps)
     report("saving", (len(shapes) + 3) / steps)
     model = replace(
         base,
         sgemm_gflops=max(p[3] for p in points),
         memory_bw_gbps=bw,
+        transfer_bw_gbps=transfer,
         dispatch_overhead_ns=dispatch * 1e9,
         roundtrip_overhead_ns=roundtrip * 1e9,
         calibrated=True,
