@@ -162,3 +162,21 @@ def test_float16_long_sum_does_not_overflow_or_drift() -> None:
     xv = np.full(4096, 1.0, np.float16)
     total, mean = run_cpu(g, {"x": xv})
     assert total == np.float16(4096) and mean == np.float16(1)
+
+
+@pytest.mark.parametrize(("shape", "dtype"), [((64, 10), "float32"), ((3, 16, 5), "float16"), ((20, 32), "float64"),
+                                              ((16, 1), "float32"), ((4, 33), "float32")])  # fmt: skip
+def test_softmax_of_short_rows_in_a_transposed_copy(shape: tuple[int, ...], dtype: str) -> None:
+    """Short rows (<= SHORT_ROW) are normalized as columns of a transposed copy; longer or
+    fewer rows the plain way. Both agree with the reference, infinities and NaN included."""
+    g = Graph("sm")
+    x = g.input("x", shape, dtype)
+    g.set_outputs([g.softmax(x, axis=-1)])
+    v = np.random.default_rng(5).standard_normal(shape).astype(dtype) * 4
+    v.reshape(-1, shape[-1])[0, 0] = np.inf
+    v.reshape(-1, shape[-1])[1, -1] = np.nan
+    v.reshape(-1, shape[-1])[2, :] = -np.inf
+    with np.errstate(invalid="ignore"):
+        got = run_cpu(g, {"x": v})[0]
+        want = reference.evaluate(g, {"x": v})[0]
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3 if dtype == "float16" else 1e-5, atol=1e-6)
