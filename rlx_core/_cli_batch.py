@@ -120,12 +120,15 @@ def _unique_counts(values: np.ndarray) -> tuple[list[str], list[int]]:
 def _progress(console: Console, total: int) -> Iterator[Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # A transient bar shows nothing on a console that is not a terminal (a log, a pipe) but
+    # still starts rich's refresh thread and leaves a blank line: there it is not drawn.
     with Progress(TextColumn("rows"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                  transient=True, refresh_per_second=_REFRESH_PER_S) as progress:  # fmt: skip
+                  transient=True, refresh_per_second=_REFRESH_PER_S,
+                  disable=not console.is_terminal) as progress:  # fmt: skip
         task = progress.add_task("rows", total=total)
-        # ``advance`` takes rich's lock and samples the speed (a few µs): per batch of a fast
-        # model that is a visible share of the job, so rows are handed over at most as often
-        # as the bar is redrawn, and the rest when the job ends.
+        # ``advance`` takes rich's lock and samples the speed (~1 µs, as much as the rest of
+        # the loop's bookkeeping per batch of a fast model), so rows are handed over at most
+        # as often as the bar is redrawn, and the rest when the job ends.
         pending, due = 0, 0.0
         every = 1.0 / _REFRESH_PER_S
 

@@ -193,21 +193,33 @@ def test_rows_per_device_from_one_value_or_mixed_columns() -> None:
     assert _unique_counts(np.empty(0, "<U1")) == ([], [])
 
 
-def test_the_progress_bar_gets_every_row_although_updates_are_coalesced() -> None:
+def test_the_progress_bar_gets_every_row_although_updates_are_coalesced(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from rlx_core._cli_batch import _progress
+
+    handed: list[float] = []
+    real = Progress.advance
+    monkeypatch.setattr(Progress, "advance", lambda self, task, n=1: (handed.append(n), real(self, task, n))[1])
+    with _progress(Console(file=io.StringIO()), 1000) as advance:
+        for _ in range(100):
+            advance(10)
+    assert sum(handed) == 1000 and len(handed) <= 100
+
+
+def test_no_bar_and_no_blank_line_when_the_console_is_not_a_terminal(toy_registry, job) -> None:
+    """A transient bar is invisible in a log or a pipe; it is not drawn there at all."""
     import io
 
     from rich.console import Console
 
-    from rlx_core import _cli_batch
+    from rlx_core._cli_batch import run_batch
 
-    seen: list[int] = []
-    real = _cli_batch._progress
-
-    with real(Console(file=io.StringIO()), 1000) as advance:
-        progress = advance.__closure__  # the Progress the bar draws from
-        for _ in range(100):
-            advance(10)
-    tasks = [c.cell_contents for c in progress if type(c.cell_contents).__name__ == "Progress"][0].tasks
-    seen.append(int(tasks[0].completed))
-    assert seen == [1000]
-
+    buf = io.StringIO()
+    assert run_batch(job["model"], job["input"], job["dir"] / "out.npz", console=Console(file=buf, width=100)) == {
+        "toy": 10
+    }
+    assert buf.getvalue().startswith("rlx batch: 10 rows"), buf.getvalue()[:40]

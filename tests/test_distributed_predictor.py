@@ -106,7 +106,7 @@ def test_a_checked_schema_does_not_let_a_different_batch_through(toy_registry) -
         p({"x": rows_of(4), "rlx_device": np.arange(4)})
     with pytest.raises(rlx.InputError, match="column 'x' is missing"):
         p({"id": np.arange(4)})
-    out = p({"x": rows_of(4).tolist(), "id": list(range(4))})  # lists: converted, then the same schema
+    out = p({"x": list(rows_of(4)), "id": list(range(4))})  # lists: converted, then the same schema
     np.testing.assert_allclose(out["probs"], expected_rows(rows_of(4)), rtol=1e-5, atol=1e-6)
     for n in range(1, 40):  # many sizes: the cache of checked schemas stays bounded
         assert p({"x": rows_of(n)})["probs"].shape == (n, 6)
@@ -217,6 +217,7 @@ def test_a_device_that_fails_mid_batch_only_moves_the_rest(toy_registry) -> None
     with pytest.warns(rlx.FallbackWarning):
         out = p({"x": rows_of(10)})
     assert list(out["rlx_device"]) == ["flaky"] * 4 + ["toy"] * 6
+    assert not out["rlx_device"].flags.writeable  # read-only, as when one device ran every row
 
 
 def test_every_device_failing_is_a_fallback_error_listing_attempts(toy_registry) -> None:

@@ -64,8 +64,9 @@ class Predictor:
     ``policy=None`` reads ``DevicePolicy.from_env()`` here, in this process (on a Ray
     worker: that node's own ``RLX_*`` environment). ``device`` names one device, strictly
     (no fallback). ``device_column`` is the output column that names, per row, the device
-    that computed it (``None``: no such column). ``batch_size`` (optional) caps how many
-    rows a symbolic-batch model runs at once and is the size it is compiled for up front.
+    that computed it (``None``: no such column); it is read-only (see ``_device_values``).
+    ``batch_size`` (optional) caps how many rows a symbolic-batch model runs at once and is
+    the size it is compiled for up front.
 
     Columns named like the graph's inputs feed them, their leading dimension being rows;
     each graph output becomes a column named by the output's name; other columns pass
@@ -204,12 +205,15 @@ class Predictor:
             counts.append(n)
             self.rows_by_device[device] += n
         if not names:
-            empty = [np.empty((0, *c.row_shape), c.dtype) for c in self.model.outputs]
-            return empty, np.empty(0, dtype="<U1")
-        outs = [acc[0] if len(acc) == 1 else np.concatenate(acc) for acc in pieces]
-        if len(set(names)) == 1:
-            return outs, self._device_values(names[0], rows)
-        return outs, np.repeat(np.array(names), counts)
+            outs = [np.empty((0, *c.row_shape), c.dtype) for c in self.model.outputs]
+            devices = np.empty(0, dtype="<U1")
+        else:
+            outs = [acc[0] if len(acc) == 1 else np.concatenate(acc) for acc in pieces]
+            if len(set(names)) == 1:
+                return outs, self._device_values(names[0], rows)
+            devices = np.repeat(np.array(names), counts)  # a fallback mid-batch: rows on several devices
+        devices.flags.writeable = False  # read-only like the one-device column: one contract for the column
+        return outs, devices
 
     def _compiled_for(self, graph: Graph) -> tuple[GraphDevices, list[str]]:
         """The session of ``graph`` and its device chain, resolved on this host once."""
