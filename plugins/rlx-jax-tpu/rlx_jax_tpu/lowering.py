@@ -112,8 +112,11 @@ def _layer_norm(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
 
 
 def _attention(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
+    """q @ kᵀ contracts both operands' last axis in one ``dot_general``: with an explicit
+    ``swapaxes(k)`` XLA's cpu pipeline materialized a transposed copy of k before the dot
+    (~40 µs of 1.9 ms in the suite's encoder layer), which a hand-written einsum never has."""
     q, k, v = (_wide(t) for t in xs[:3])
-    s = jnp.matmul(q, jnp.swapaxes(k, -1, -2), precision=HIGHEST) * node.attrs["scale"]
+    s = jnp.einsum("...qd,...kd->...qk", q, k, precision=HIGHEST) * node.attrs["scale"]
     if len(xs) == 4:
         mask = xs[3]
         s = jnp.where(mask, s, -jnp.inf) if mask.dtype == jnp.bool_ else s + _wide(mask)
