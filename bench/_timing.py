@@ -3,21 +3,28 @@
 On a small machine, OpenBLAS and ONNX Runtime leave their worker threads spinning for a
 while after each call, so whoever runs next on the same cores is slowed down, and
 timing contenders one after the other (all of A, then all of B) hands each one a
-different machine. So every *round* times each contender once, in an order rotated
-from round to round, sleeping (``pause``, ~150 ms) before each contender's block to let
-the previous one's spinning threads park;
-the figure is the median over rounds, with the interquartile range as the spread.
+different machine. So every *round* times each contender once, in an order shuffled
+from round to round (a fixed seed; a rotation would keep the same neighbours, so one
+contender would always follow the same spinning peer), sleeping (``pause``, ~150 ms)
+before each contender's block to let the previous one's spinning threads park, then
+making one untimed call (the first call after a sleep is slow: caches and thread pools
+wake up); the figure is the median over rounds, with the interquartile range as the
+spread.
 
 One measurement is ``loops`` back-to-back calls divided by ``loops``, with ``loops``
-sized from a warm call so that a measurement lasts about ``target_s`` (microsecond
-models are not timed at the resolution of the clock). The garbage collector is off
-inside a measurement, as in ``timeit``.
+sized so that a measurement lasts about ``target_s`` (microsecond models are not timed
+at the resolution of the clock). The sizing is taken the way a block runs — after the
+pause and a warm call, the fastest of three calls — since one call right after another
+contender's can be 10x slow and would leave that contender blocks of a few calls, whose
+wake-up cost then shows in its figure. The garbage collector is off inside a
+measurement, as in ``timeit``.
 """
 
 from __future__ import annotations
 
 import gc
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -60,9 +67,13 @@ def _timed(run: Callable[[], object], loops: int) -> float:
             gc.enable()
 
 
-def loops_for(run: Callable[[], object], target_s: float, max_loops: int = 10_000) -> int:
-    """Calls per measurement so that one lasts about ``target_s`` (one warm call timed)."""
-    once = _timed(run, 1)
+def loops_for(run: Callable[[], object], target_s: float, max_loops: int = 10_000, pause: float = 0.0) -> int:
+    """Calls per measurement so that one lasts about ``target_s``: after ``pause`` and one
+    untimed call, the fastest of three timed calls."""
+    if pause > 0:
+        time.sleep(pause)
+    run()
+    once = min(_timed(run, 1) for _ in range(3))
     return max(1, min(max_loops, math.ceil(target_s / max(once, 1e-9))))
 
 
@@ -71,13 +82,14 @@ def measure(contenders: list[Contender], rounds: int, pause: float, target_s: fl
     """Median-able samples of every contender, interleaved in ``rounds`` blocks."""
     if rounds < 1:
         raise ConfigError(f"bench: rounds must be >= 1, got {rounds}")
-    loops = {c.name: loops_for(c.run, target_s) for c in contenders}
+    loops = {c.name: loops_for(c.run, target_s, pause=pause) for c in contenders}
     samples: dict[str, list[float]] = {c.name: [] for c in contenders}
+    order = random.Random(20261123)
     for r in range(rounds):
-        k = r % len(contenders) if contenders else 0
-        for c in contenders[k:] + contenders[:k]:
+        for c in order.sample(contenders, len(contenders)):
             if pause > 0:  # before every block: the previous contender's threads park first
                 time.sleep(pause)
+            c.run()  # untimed: the first call after a sleep pays for waking up
             samples[c.name].append(_timed(c.run, loops[c.name]))
         if on_round:
             on_round(r)
