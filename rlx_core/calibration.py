@@ -105,8 +105,10 @@ def _gemm_graph(m: int, k: int, n: int) -> tuple[Graph, dict[str, np.ndarray]]:
 
 #: Products unlike a square that inference runs all the time, each far below the square
 #: rate of its flops: a dense layer on a batch of 64, one attention head's scores, a
-#: convolution's im2col product, a layer on a batch of 8.
-SHAPED_GEMMS: tuple[tuple[int, int, int], ...] = ((64, 1024, 128), (128, 64, 128), (32, 256, 2048), (8, 512, 512))
+#: convolution's im2col product (a mid layer; a first layer, with few input channels), a
+#: layer on a batch of 8.
+SHAPED_GEMMS: tuple[tuple[int, int, int], ...] = ((64, 1024, 128), (128, 64, 128), (32, 256, 2048), (16, 32, 4096),
+                                                  (8, 512, 512))  # fmt: skip
 
 
 def _chain_graph(length: int, size: int) -> tuple[Graph, dict[str, np.ndarray]]:
@@ -180,6 +182,52 @@ def _op_costs(backend: Backend, roundtrip: float, transfer_gbps: float, budget: 
     return lines
 
 
+def _chain_of(op: str, length: int, elements: int) -> tuple[Graph, dict[str, np.ndarray]]:
+    """``op`` applied ``length`` times in a row over ``elements`` float32 values."""
+    rng = np.random.default_rng(2)
+    g = Graph(f"calibrate_{op}_chain{length}")
+    x = g.input("x", (elements,))
+    inputs = {"x": rng.uniform(0.5, 1.5, elements).astype(np.float32)}
+    z = g.input("z", (elements,)) if op in _BINARY_OPS else None
+    if z is not None:
+        inputs["z"] = rng.uniform(0.5, 1.5, elements).astype(np.float32)
+    y = x
+    for _ in range(length):
+        y = getattr(g, op)(y, z) if z is not None else getattr(g, op)(y)
+    g.set_outputs([y])
+    return g, inputs
+
+
+def _region_costs(backend: Backend, budget: float, quick: bool, report: Progress, at: float,
+                  span: float) -> list[tuple[str, float]]:  # fmt: skip
+    """``(op, g_elements_per_s)`` of each claimed elementwise op as one more instruction of
+    a fused region: a chain of 8 of it against a chain of 1, both compiled the way graphs
+    are (the pipeline, then the backend), so the difference is what the backend pays for
+    one more op inside whatever it makes of a chain (one loop, or passes over blocks)."""
+    from .passes.pipeline import run_pipeline
+
+    claimed = backend.supported_ops()
+    ops = [op for op in _UNARY_OPS + _BINARY_OPS if op in claimed]
+    elements = _ROW * (256 if quick else 1024)
+    lines = []
+    with np.errstate(all="ignore"):  # a chain of exp overflows, of log goes NaN: timing does not care
+        for i, op in enumerate(ops):
+            report(f"region cost: {op}", at + span * i / max(len(ops), 1))
+            times = []
+            try:
+                for length in (1, 8):
+                    g, inputs = _chain_of(op, length, elements)
+                    piped = run_pipeline(g.freeze(), backend.claims).graph.freeze()
+                    exe = backend.compile(piped, CompileOptions(device=backend.name))
+                    times.append(_typical_time(exe, inputs, budget / 2, max_runs=30))
+            except RlxError as exc:
+                log.info("calibration: no region cost for %s on %s (%s)", op, backend.name, exc)
+                continue
+            per_element = max((times[1] - times[0]) / 7 / elements, 1e-13)
+            lines.append((op, 1.0 / per_element / 1e9))
+    return lines
+
+
 def calibrate_backend(backend: Backend, quick: bool = False, progress: Progress | None = None) -> CostModel:
     """Measure ``backend`` on this host, cache the model, and return it."""
     report = progress or (lambda step, frac: None)
@@ -187,7 +235,7 @@ def calibrate_backend(backend: Backend, quick: bool = False, progress: Progress 
     shapes = [(n, n, n) for n in ((64, 256) if quick else (64, 256, 1024))]
     shapes += SHAPED_GEMMS[:2] if quick else SHAPED_GEMMS
     base = backend.cost_model()
-    steps = len(shapes) + 4
+    steps = len(shapes) + 5
     points = []
     for i, (m, k, n) in enumerate(shapes):
         report(f"sgemm {m}x{k}x{n}", i / steps)
@@ -204,7 +252,7 @@ def calibrate_backend(backend: Backend, quick: bool = False, progress: Progress 
     g, inputs = _chain_graph(1, big)
     t_bw = _typical_time(_compile(backend, g), inputs, budget, max_runs=20)
     g, inputs = _chain_graph(8, big)  # 7 more kernels, the same copies in and out
-    kernel = max((_typical_time(_compile(backend, g), inputs, budget, max_runs=10) - t_bw) / 7, 1e-9)
+    kernel = (_typical_time(_compile(backend, g), inputs, budget, max_runs=10) - t_bw) / 7
     report("dispatch overhead", (len(shapes) + 1) / steps)
     g1, in1 = _chain_graph(1, 16)
     g32, in32 = _chain_graph(32, 16)
@@ -212,13 +260,18 @@ def calibrate_backend(backend: Backend, quick: bool = False, progress: Progress 
     t32 = _typical_time(_compile(backend, g32), in32, budget, max_runs=2000)
     dispatch = max((t32 - t1) / 31, 1e-9)
     roundtrip = max(t1 - dispatch, 0.0)
+    single = max(t_bw - roundtrip - dispatch, 1e-9)
+    if kernel < 0.25 * single:  # the backend fused the chain into one kernel (XLA does): time the one add,
+        copies = 2 * big * 4 / (base.transfer_bw_gbps * 1e9) if base.transfer_bw_gbps > 0 else 0.0
+        kernel = max(single - copies, 0.1 * single)  # less its copies at the default link rate
     bw = 3 * big * 4 / kernel / 1e9  # an add reads two operands and writes one
     transfer = base.transfer_bw_gbps
     if transfer > 0:  # a device with its own memory: what is left of one add is its input and output copies
         copies = t_bw - roundtrip - dispatch - kernel
         transfer = 2 * big * 4 / copies / 1e9 if copies > 0 else transfer
     op_costs = _op_costs(backend, roundtrip, transfer, budget, quick, report, (len(shapes) + 2) / steps, 1 / steps)
-    report("saving", (len(shapes) + 3) / steps)
+    region_costs = _region_costs(backend, budget, quick, report, (len(shapes) + 3) / steps, 1 / steps)
+    report("saving", (len(shapes) + 4) / steps)
     model = replace(
         base,
         sgemm_gflops=max(p[3] for p in points),
@@ -230,6 +283,7 @@ def calibrate_backend(backend: Backend, quick: bool = False, progress: Progress 
         source=f"calibrated {'(quick) ' if quick else ''}{time.strftime('%Y-%m-%d %H:%M')}",
         sgemm_points=tuple(points),
         op_costs=tuple(op_costs),
+        region_costs=tuple(region_costs),
     )
     _cache().put(backend.name, calibration_identity(backend), model.to_dict())
     try:

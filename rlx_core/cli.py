@@ -512,7 +512,7 @@ def calibrate(
                       console=console, transient=True) as progress:  # fmt: skip
             task = progress.add_task("calibrating", total=len(targets))
             if targets:
-                console.print(f"calibrating {', '.join(targets)}: about {len(targets) * (10 if quick else 40)} s")
+                console.print(f"calibrating {', '.join(targets)}: about {len(targets) * (15 if quick else 60)} s")
             for d in targets:
                 progress.update(task, description=f"calibrating {d}")
                 try:

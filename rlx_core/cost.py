@@ -40,7 +40,11 @@ class CostModel:
     measured ``(op, overhead_ns, g_elements_per_s)`` lines for elementwise, reduction and
     normalization ops: a kernel's fixed cost and its throughput differ by an order of
     magnitude between ``add`` and ``erf`` (or a reduction), which one dispatch figure
-    and one compute rate cannot say.
+    and one compute rate cannot say. ``region_costs`` holds ``(op, g_elements_per_s)``
+    for the same op as one more instruction of a fused region: in registers for a
+    backend that compiles a region into one loop (XLA, OpenCL), a pass over a cached
+    block for one that runs it op by op (numpy) — the two differ by 10x, and only a
+    measurement on the backend tells which it is.
     """
 
     device: str
@@ -54,6 +58,7 @@ class CostModel:
     source: str = ""
     sgemm_points: tuple[tuple[int, int, int, float], ...] = field(default=())
     op_costs: tuple[tuple[str, float, float], ...] = field(default=())
+    region_costs: tuple[tuple[str, float], ...] = field(default=())
 
     def __post_init__(self) -> None:
         for name in ("sgemm_gflops", "memory_bw_gbps"):
@@ -72,10 +77,21 @@ class CostModel:
                                   f"rate > 0, got {ns!r} ns, {rate!r} G elements/s")  # fmt: skip
         object.__setattr__(self, "op_costs", costs)
         object.__setattr__(self, "_op_index", {op: (ns, rate) for op, ns, rate in costs})
+        regions = tuple(sorted((str(op), float(rate)) for op, rate in self.region_costs))
+        for op, rate in regions:
+            if not (math.isfinite(rate) and rate > 0):
+                raise ConfigError(f"CostModel({self.device!r}): region_costs for {op!r} must be a rate > 0, "
+                                  f"got {rate!r} G elements/s")  # fmt: skip
+        object.__setattr__(self, "region_costs", regions)
+        object.__setattr__(self, "_region_index", dict(regions))
 
     def op_cost(self, op: str) -> tuple[float, float] | None:
         """``(overhead_ns, g_elements_per_s)`` measured for ``op``, or ``None``."""
         return self._op_index.get(str(op))  # type: ignore[attr-defined]
+
+    def region_cost(self, op: str) -> float | None:
+        """G elements/s of ``op`` as one more instruction of a fused region, or ``None``."""
+        return self._region_index.get(str(op))  # type: ignore[attr-defined]
 
     def sgemm_gflops_at(self, m: int, k: int, n: int) -> float:
         """The gemm rate for an ``m x k @ k x n`` product.
@@ -112,6 +128,7 @@ class CostModel:
         d = asdict(self)
         d["sgemm_points"] = [list(p) for p in self.sgemm_points]
         d["op_costs"] = [list(c) for c in self.op_costs]
+        d["region_costs"] = [list(c) for c in self.region_costs]
         return d
 
     @classmethod
@@ -120,6 +137,7 @@ class CostModel:
         kwargs = {k: v for k, v in d.items() if k in known}
         kwargs["sgemm_points"] = tuple(tuple(p) for p in kwargs.get("sgemm_points", ()))
         kwargs["op_costs"] = tuple(tuple(c) for c in kwargs.get("op_costs", ()))
+        kwargs["region_costs"] = tuple(tuple(c) for c in kwargs.get("region_costs", ()))
         return cls(**kwargs)
 
     def with_source(self, source: str) -> CostModel:
@@ -281,6 +299,10 @@ def _measured_seconds(node: Node, in_shapes: Sequence[tuple[int, ...]], model: C
     if node.op is OpKind.FUSED_ELEMENTWISE:
         per_element, moved = 0.0, 2 * itemsize(node.dtype) / (model.memory_bw_gbps * 1e9)
         for instr in node.attrs.get("program", ()):
+            marginal = model.region_cost(instr[0])
+            if marginal is not None:  # measured as one more op of a region on this backend
+                per_element += 1.0 / (marginal * 1e9)
+                continue
             line = model.op_cost(instr[0])
             if line is None:
                 return None

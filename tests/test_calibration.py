@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pytest
 from support import ToyBackend
 
 import rlx_core as rlx
@@ -46,7 +47,26 @@ def test_calibration_measures_a_cost_line_per_claimed_elementwise_op(tmp_path, m
     assert {"add", "exp", "erf", "reduce_sum", "softmax", "layer_norm"} <= set(lines)
     assert set(lines) <= set(calibration.OP_COST_OPS)
     assert all(ns >= 0 and rate > 0 for ns, rate in lines.values())
+    regions = dict(model.region_costs)  # one more op of a region: elementwise ops only
+    assert {"add", "exp", "erf"} <= set(regions) and not {"softmax", "reduce_sum"} & set(regions)
+    assert all(rate > 0 for rate in regions.values())
     assert rlx.CostModel.from_dict(model.to_dict()) == model  # persists through the JSON cache
+
+
+def test_region_costs_price_the_instructions_of_a_fused_region():
+    g = rlx.Graph("r")
+    x = g.input("x", (1000,))
+    g.set_outputs([g.exp(g.add(x, x))])
+    from rlx_core.passes.fuse import fuse_elementwise
+
+    fused = fuse_elementwise(g.freeze(), lambda n: True, 32, 8)[0]
+    model = rlx.CostModel("m", dispatch_overhead_ns=1000.0, roundtrip_overhead_ns=0.0, memory_bw_gbps=1e6,
+                          op_costs=(("add", 1.0, 1.0), ("exp", 1.0, 1.0)),
+                          region_costs=(("add", 2.0), ("exp", 0.5)))  # fmt: skip
+    want = 1e-6 + 1000 * (1 / 2e9 + 1 / 0.5e9)  # dispatch, then each instruction's marginal cost
+    assert abs(rlx.estimate_graph_cost(fused, model) - want) < 1e-12
+    with pytest.raises(rlx.errors.ConfigError, match="region_costs"):
+        rlx.CostModel("bad", region_costs=(("add", 0.0),))
 
 
 def test_op_cost_lines_price_kernels_and_fused_regions():
