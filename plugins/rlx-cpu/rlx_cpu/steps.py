@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Dyn", "Step", "bind", "bind_run", "is_fixed"]
+__all__ = ["Dyn", "Parallel", "Step", "bind", "bind_run", "is_fixed", "helper_threads"]
 
 
 class Step(NamedTuple):
@@ -91,6 +92,59 @@ class Dyn:
         return f"Dyn(slot={self.slot}, shape={self.shape}, dtype={self.dtype}, chain={self.chain})"
 
 
+class Parallel(NamedTuple):
+    """Two independent lists of steps (two halves of a big fused region) that run at the
+    same time: the second on a helper thread, the first on the caller's.
+
+    numpy releases the GIL inside its loops, so two threads each sweeping half of a
+    region over 64k-element blocks run 1.4-1.8x faster than one on a two-core host;
+    with the usual 16k blocks they do not (the GIL handoffs between short calls eat the
+    gain), which is why only regions big enough for large blocks are split.
+    """
+
+    first: tuple[Step, ...]
+    second: tuple[Step, ...]
+
+
+_POOL: list[Any] = []  # the helper threads, made on first use; emptied in a forked child
+
+
+def helper_threads() -> int:
+    """Threads a ``Parallel`` step may use besides the caller's (0 on a one-core host)."""
+    return max(min((os.cpu_count() or 1) - 1, 1), 0)
+
+
+def _pool() -> Any:
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL.append(ThreadPoolExecutor(max_workers=max(helper_threads(), 1), thread_name_prefix="rlx-cpu-region"))
+    return _POOL[0]
+
+
+if hasattr(os, "register_at_fork"):  # a forked child has the pool object but not its threads
+    os.register_at_fork(after_in_child=_POOL.clear)
+
+
+def _bind_parallel(step: Parallel, slots: list[Any]) -> Callable[[], None]:
+    first = tuple(bind(s, slots) for s in step.first)
+    second = tuple(bind(s, slots) for s in step.second)
+
+    def run_second() -> None:
+        for s in second:
+            s()
+
+    def run() -> None:
+        future = _pool().submit(run_second)
+        try:
+            for s in first:
+                s()
+        finally:
+            future.result()  # the other half's error, if any, surfaces here
+
+    return run
+
+
 def is_fixed(x: Any) -> bool:
     """True for an array known when the plan is bound (not a run-time ``Dyn``)."""
     return not isinstance(x, Dyn)
@@ -106,8 +160,10 @@ def _compiled(src: str) -> Any:
     return code
 
 
-def bind(step: Step, slots: list[Any]) -> Callable[[], Any]:
+def bind(step: Step | Parallel, slots: list[Any]) -> Callable[[], Any]:
     """The zero-argument callable running ``step``, reading run-time values from ``slots``."""
+    if isinstance(step, Parallel):
+        return _bind_parallel(step, slots)
     fn, args, kwargs = step
     if not any(isinstance(a, Dyn) for a in args) and not any(isinstance(v, Dyn) for v in kwargs.values()):
         return functools.partial(fn, *args, **kwargs) if args or kwargs else fn

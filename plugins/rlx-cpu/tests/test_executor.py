@@ -324,3 +324,64 @@ def test_large_outputs_are_handed_over_fresh_and_right(registry: Registry, fuse:
         np.testing.assert_allclose(a, ref, rtol=2e-4, atol=2e-5)
         np.testing.assert_array_equal(a, b)
         assert not np.shares_memory(a, b) and a.flags.writeable
+
+
+# ----------------------------------------------------------------------------- big regions on two threads
+def _big_region_graph(rows: int, cols: int, dtype: str = "float32", lead: tuple[int, ...] = ()) -> Graph:
+    g = Graph("big")
+    x = g.input("x", (*lead, rows, cols), dtype)
+    row = g.param("row", np.linspace(-1, 1, cols).astype(dtype))  # broadcast along the split axis
+    col = g.input("col", (rows, 1), dtype)  # split along with the output
+    y = g.mul(g.add(x, row), col)
+    if dtype.startswith("float"):
+        y = g.tanh(g.sub(g.exp(g.neg(g.abs(y))), g.erf(y)))
+    else:
+        y = g.div(g.add(y, row), col)
+    g.set_outputs([y, g.add(y, x)])  # the second region reads the first's result
+    return g
+
+
+@pytest.mark.parametrize(("lead", "rows", "cols"), [
+    ((), 1024, None),  # split along axis 0, blocks along it too
+    ((), 1, None),  # axis 0 is 1: split along axis 1
+    ((1,), 128, 1024),  # split along axis 1 into halves of one block each, blocked along axis 0
+])  # fmt: skip
+def test_big_regions_run_as_two_halves_and_agree(registry: Registry, lead: tuple[int, ...], rows: int,
+                                                  cols: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlx_cpu import fused, steps
+
+    bound = []
+    real = steps._bind_parallel
+    monkeypatch.setattr(steps, "_bind_parallel", lambda step, slots: bound.append(step) or real(step, slots))
+    if cols is None:
+        cols = fused.PARALLEL_ELEMENTS // rows + 3
+    else:
+        monkeypatch.setattr(fused, "PARALLEL_ELEMENTS", rows * cols)
+    g = _big_region_graph(rows, cols, lead=lead)
+    cg = rlx.compile(g, device="cpu", registry=registry)
+    if steps.helper_threads() > 0:
+        assert len(bound) == 1 and bound[0].first and bound[0].second  # the region (the last add is one op)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((*lead, rows, cols)).astype(np.float32),
+             "col": rng.standard_normal((rows, 1)).astype(np.float32)}  # fmt: skip
+    got = cg.run(feeds)
+    for a, b in zip(got, reference.evaluate(g, feeds)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    plain = rlx.compile(g, device="cpu", registry=registry, options=CompileOptions(fuse=False))
+    for a, b in zip(got, plain.run(feeds)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_an_error_in_the_second_half_surfaces_and_the_plan_still_works(registry: Registry) -> None:
+    rows, cols = 1024, 600
+    g = _big_region_graph(rows, cols, "int32")
+    cg = rlx.compile(g, device="cpu", registry=registry)
+    x = np.ones((rows, cols), np.int32)
+    col = np.ones((rows, 1), np.int32)
+    col[-1] = 0  # a division by zero in the last row: the helper thread's half
+    with pytest.raises(InputError, match="division by zero"):
+        cg.run({"x": x, "col": col})
+    col[-1] = 1
+    want = reference.evaluate(g, {"x": x, "col": col})
+    for a, b in zip(cg.run({"x": x, "col": col}), want):
+        np.testing.assert_array_equal(a, b)
