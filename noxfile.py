@@ -130,7 +130,8 @@ def bench(session: nox.Session) -> None:
     other bench/*.py script; the first two rewrite their sections of BENCHMARKS.md.
     ``nox -s bench -- --quick`` only checks that they all run (smaller, fewer rounds,
     BENCHMARKS.md untouched); other posargs go to bench/suite.py (``-- --models mlp,cnn``)."""
-    session.install(*plugin_requirements(), "onnx", "onnxruntime", "rich", "scipy")
+    # ray: bench/batch.py's Ray-vs-in-process figure
+    session.install(*plugin_requirements(), "onnx", "onnxruntime", "rich", "scipy", "ray[data]")
     try:  # the hand-written jax.jit contender; jax has no wheel on some platforms
         session.install("jax")
     except nox.command.CommandFailed:
