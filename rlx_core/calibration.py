@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["calibrate_backend", "cached_cost_model", "calibration_identity", "CALIBRATION_SCHEMA"]
 
-CALIBRATION_SCHEMA = 3  # 2: per-op cost lines (CostModel.op_costs); 3: shaped gemm points, median times
+CALIBRATION_SCHEMA = 3  # 2: per-op cost lines; 3: shaped gemm points, region costs, first-quartile times
 log = logging.getLogger(__name__)
 Progress = Callable[[str, float], None]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -107,6 +108,7 @@ class Parallel(NamedTuple):
 
 
 _POOL: list[Any] = []  # the helper threads, made on first use; emptied in a forked child
+_POOL_LOCK = threading.Lock()
 
 
 def helper_threads() -> int:
@@ -118,7 +120,10 @@ def _pool() -> Any:
     if not _POOL:
         from concurrent.futures import ThreadPoolExecutor
 
-        _POOL.append(ThreadPoolExecutor(max_workers=max(helper_threads(), 1), thread_name_prefix="rlx-cpu-region"))
+        with _POOL_LOCK:  # two plans running their first big region at once make one pool
+            if not _POOL:
+                _POOL.append(ThreadPoolExecutor(max_workers=max(helper_threads(), 1),
+                                                thread_name_prefix="rlx-cpu-region"))  # fmt: skip
     return _POOL[0]
 
 
