@@ -10,12 +10,15 @@ and a regret of at most 1.15x are the targets (see BENCHMARKS.md).
 The suite is built with the graph builder (no ONNX needed) so that every installation
 can verify itself; ``bench/`` times the same shapes as ONNX models against peers.
 Timing interleaves devices in blocks with a pause between blocks: on a small host the
-BLAS threads of one device busy-wait after each call and would slow the next device.
+BLAS threads of one device busy-wait after each call and would slow the next device. The
+order is shuffled per round and every block starts with an untimed run (the first run
+after a pause times thread wake-ups, not the model).
 """
 
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -165,10 +168,18 @@ class VerifyRow:
 
 def _loops(cg: object, inputs: dict[str, np.ndarray], target: float = _SAMPLE) -> int:
     """Runs per timing sample, so that a sample lasts about ``target`` seconds: the steady
-    state a serving loop sees (one run after a pause would time thread wake-ups)."""
-    t0 = time.perf_counter()
+    state a serving loop sees (one run after a pause would time thread wake-ups). Sized
+    the way a block runs — after the pause and a warm run, the fastest of three — since
+    one run right after another device's can be 10x slow and would leave this device
+    blocks of a run or two, each paying the wake-up."""
+    time.sleep(_PAUSE)
     cg.run(inputs)  # type: ignore[attr-defined]
-    return max(1, min(1000, int(target / max(time.perf_counter() - t0, 1e-7))))
+    once = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        cg.run(inputs)  # type: ignore[attr-defined]
+        once = min(once, time.perf_counter() - t0)
+    return max(1, min(1000, int(target / max(once, 1e-7))))
 
 
 def verify_cost_models(models: Sequence[str] | None = None, *, devices: Sequence[str] | None = None,
@@ -203,10 +214,13 @@ def verify_cost_models(models: Sequence[str] | None = None, *, devices: Sequence
                 errors[d] = f"{type(exc).__name__}: {exc}"
         times: dict[str, list[float]] = {d: [] for d in compiled}
         loops = {d: _loops(cg, inputs) for d, cg in compiled.items()}
+        order = random.Random(i)
         for r in range(rounds):
             report(f"{name}: timing round {r + 1}/{rounds}", (i + 0.2 + 0.8 * r / rounds) / len(names))
-            for d, cg in compiled.items():
+            for d in order.sample(list(compiled), len(compiled)):  # no device always follows the same one
+                cg = compiled[d]
                 time.sleep(_PAUSE)  # the previous device's threads park before this block
+                cg.run(inputs)  # untimed: the first run after a pause pays for waking up
                 t0 = time.perf_counter()
                 for _ in range(loops[d]):
                     cg.run(inputs)
