@@ -6,7 +6,9 @@ graph between threads; replace params atomically.
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -385,3 +387,34 @@ def test_an_error_in_the_second_half_surfaces_and_the_plan_still_works(registry:
     want = reference.evaluate(g, {"x": x, "col": col})
     for a, b in zip(cg.run({"x": x, "col": col}), want):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_runs_big_regions_on_threads_of_its_own(registry: Registry) -> None:
+    """The helper threads do not survive a fork; the child makes its own (no hang)."""
+    rows, cols = 1024, 600
+    g = _big_region_graph(rows, cols)
+    cg = rlx.compile(g, device="cpu", registry=registry)
+    feeds = {"x": np.ones((rows, cols), np.float32), "col": np.ones((rows, 1), np.float32)}
+    want = cg.run(feeds)[0]  # the parent's pool exists now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run, report, and leave without pytest's teardown
+        ok = b"0"
+        try:
+            ok = b"1" if np.array_equal(cg.run(feeds)[0], want) else b"0"
+        finally:
+            os.write(write, ok)
+            os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung running a big region")
+    assert os.read(read, 1) == b"1"
+    os.close(read)
