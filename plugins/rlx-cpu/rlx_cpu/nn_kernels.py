@@ -235,26 +235,18 @@ def _separable(xp: Any, node: Node, dilation: tuple[int, int], combine: np.ufunc
     the additions changes."""
     (kh, kw), (sh, sw), (dh, dw) = node.attrs["kernel"], node.attrs["stride"], dilation
     oh, ow = node.shape[2:]
+    def fold(views: list[Any], target: np.ndarray) -> list[Step]:  # target = combine over views
+        if len(views) == 1:
+            return [Step(np.copyto, (target, views[0]))]
+        return [ufunc_step(combine, views[0], views[1], target), *(ufunc_step(combine, target, t, target)
+                                                                    for t in views[2:])]  # fmt: skip
+
     rows = [xp[:, :, i * dh : i * dh + (oh - 1) * sh + 1 : sh, :] for i in range(kh)]
-    steps: list[Step] = []
     if kw == 1 and xp.shape[3] == ow:  # the row pass already has the output's shape
-        r = out
-    else:
-        r = ctx.scratch((*rows[0].shape[:3], xp.shape[3]), out.dtype)
-    if kh == 1:
-        steps.append(Step(np.copyto, (r, rows[0])))
-    else:
-        steps.append(ufunc_step(combine, rows[0], rows[1], r))
-        steps += [ufunc_step(combine, r, t, r) for t in rows[2:]]
-    if r is out:
-        return steps
+        return fold(rows, out)
+    r = ctx.scratch((*rows[0].shape[:3], xp.shape[3]), out.dtype)
     cols = [r[..., j * dw : j * dw + (ow - 1) * sw + 1 : sw] for j in range(kw)]
-    if kw == 1:
-        steps.append(Step(np.copyto, (out, cols[0])))
-    else:
-        steps.append(ufunc_step(combine, cols[0], cols[1], out))
-        steps += [ufunc_step(combine, out, t, out) for t in cols[2:]]
-    return steps
+    return fold(rows, r) + fold(cols, out)
 
 
 def _max_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
