@@ -21,6 +21,12 @@ nox.options.reuse_venv = "yes"
 PLUGIN_EXTRAS = {
     "rlx-opencl": ["pyopencl[pocl]"],
 }
+#: A plugin's own optional extras that the sessions install with it (``-e dir[extra]``):
+#: rlx-cpu's ``mkl`` puts float32 products on oneMKL where its wheel exists (x86-64),
+#: so the tests exercise that path and the benchmarks measure what users install.
+PLUGIN_OWN_EXTRAS = {
+    "rlx-cpu": "mkl",
+}
 TEST_DEPS = ["pytest>=7", "hypothesis>=6.80", "hatchling>=1.18", "onnx>=1.14", "onnxruntime"]
 
 
@@ -35,7 +41,8 @@ def plugin_requirements() -> list[str]:
     """pip arguments installing core and every plugin editable, with their extras."""
     args = ["-e", str(ROOT)]
     for d in plugin_dirs():
-        args += ["-e", str(d), *PLUGIN_EXTRAS.get(d.name, [])]
+        extra = PLUGIN_OWN_EXTRAS.get(d.name)
+        args += ["-e", f"{d}[{extra}]" if extra else str(d), *PLUGIN_EXTRAS.get(d.name, [])]
     return args
 
 

@@ -475,8 +475,12 @@ def bench(
             contenders.append(numpy_peer(g, feeds))
         with console.status("timing (interleaved blocks, 150 ms apart)"):
             time_interleaved(contenders, runs)
-        base = next((c.median for c in contenders if c.note == "chosen"), None)
-        table = Table("contender", "compile", "median / run", "best / run", f"vs rlx {chosen}", "note",
+        # The ratios are to the device rlx would pick; when --devices left it out, to the
+        # first rlx device that ran (a column of blanks would say nothing).
+        timed = [c for c in contenders if c.kind == "rlx" and c.median]
+        ref = next((c for c in timed if c.note == "chosen"), timed[0] if timed else None)
+        base = ref.median if ref is not None else None
+        table = Table("contender", "compile", "median / run", "best / run", f"vs {ref.name if ref else 'rlx'}", "note",
                       title=f"rlx bench: {runs} runs each", title_justify="left")  # fmt: skip
         for c in contenders:
             ratio = f"{c.median / base:.2f}x" if c.median is not None and base else ""

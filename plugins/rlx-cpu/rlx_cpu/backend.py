@@ -50,6 +50,11 @@ class CpuBackend(rlx_core.Backend):
         blas = _blas_name()
         if blas:
             versions["blas"] = blas
+        from .blas import describe  # numpy and ctypes only; loads nothing
+
+        sgemm = describe()
+        if sgemm:  # float32 products go through oneMKL (and calibration follows it)
+            versions["sgemm"] = sgemm
         return rlx_core.Availability(True, devices=["cpu"], versions=versions)
 
     def supported_ops(self) -> frozenset[str]:

@@ -23,6 +23,7 @@ from rlx_core.errors import InputError
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind, slice_index
 
+from .blas import matmul_step
 from .mathfn import erf_program, gelu_program, run_chunked, scratch_count
 from .steps import Step
 
@@ -255,10 +256,10 @@ def _gather(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
 def _matmul(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
     a, b = ins
     if out.dtype != np.float16:
-        return [Step(np.matmul, (a, b, out))]
+        return [matmul_step(a, b, out)]
     # numpy has no float16 gemm: products and sums go through float32 (sgemm).
     a32, b32, r32 = ctx.scratch(a.shape, F32), ctx.scratch(b.shape, F32), ctx.scratch(out.shape, F32)
-    return [Step(np.copyto, (a32, a)), Step(np.copyto, (b32, b)), Step(np.matmul, (a32, b32, r32)),
+    return [Step(np.copyto, (a32, a)), Step(np.copyto, (b32, b)), matmul_step(a32, b32, r32),
             Step(np.copyto, (out, r32), {"casting": "same_kind"})]  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from rlx_core.ir import Node
 from rlx_core.ops import OpKind
 
 from .kernels import BuildContext, Builder, compute_dtype, const, ufunc_step
+from .blas import matmul_step
 from .steps import Step, is_fixed
 
 __all__ = ["NN_KERNELS"]
@@ -117,7 +118,7 @@ def _attention(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -
     if lk == 0:  # softmax over no keys, times an empty v: the product is all zeros
         return [Step(np.copyto, (out, const(0, out.dtype)))]
     st = ctx.scratch((*batch, lk, lq), cd)
-    steps.append(Step(np.matmul, (k, q.swapaxes(-1, -2), st)))
+    steps.append(matmul_step(k, q.swapaxes(-1, -2), st))
     if node.attrs["scale"] != 1.0:
         steps.append(Step(np.multiply, (st, const(node.attrs["scale"], cd), st)))
     if mask is not None:
@@ -131,10 +132,10 @@ def _attention(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -
     steps += _softmax_steps(st, -2, st, st, ctx)
     p = st.swapaxes(-1, -2)
     if cd == out.dtype:
-        steps.append(Step(np.matmul, (p, v, out)))
+        steps.append(matmul_step(p, v, out))
     else:
         res = ctx.scratch(out.shape, cd)
-        steps += [Step(np.matmul, (p, v, res)), Step(np.copyto, (out, res), {"casting": "same_kind"})]
+        steps += [matmul_step(p, v, res), Step(np.copyto, (out, res), {"casting": "same_kind"})]
     return steps
 
 
@@ -181,7 +182,7 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
             x32 = ctx.scratch(x.shape, cd)
             steps.append(Step(np.copyto, (x32, x)))
             x = x32
-        steps.append(Step(np.matmul, (w3, x.reshape(n, groups, cg, h * wd), res4)))
+        steps.append(matmul_step(w3, x.reshape(n, groups, cg, h * wd), res4))
     else:
         # the windows are one strided view planned now, so a run-time input is copied too
         xp, pad_steps = _padded(x, pt, pl, h + pt + pb, wd + pl + pr, 0.0, cd, ctx, concrete=True)
@@ -202,7 +203,7 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
         else:
             cols = ctx.scratch((n, groups, kk, oh * ow), cd)
         steps += [Step(np.copyto, (cols[:, :, :kk].reshape(n, groups, cg, kh, kw, oh, ow), windows)),
-                  Step(np.matmul, (w3, cols, res4))]  # fmt: skip
+                  matmul_step(w3, cols, res4)]  # fmt: skip
     if b is not None:
         steps.append(Step(np.add, (res, b.reshape(o, 1, 1), out)))
     elif res is not out:

@@ -1,0 +1,289 @@
+"""float32 matrix products through oneMKL's ``cblas_sgemm`` when the ``mkl`` wheel is
+installed (``pip install 'rlx-cpu[mkl]'``); numpy's own BLAS otherwise.
+
+Why: numpy's wheels carry OpenBLAS, which on the products inference makes (a batch of
+64-128 rows against a few hundred to a thousand columns) spends most of its time waking
+its second thread and repacking the weights. Measured on a 2-core AVX-512 host, µs per
+product, numpy 2.4 (OpenBLAS 0.3) vs oneMKL 2026.2 through this module:
+64x784x128 88 vs 56, 128x128x128 42 vs 20, 128x256x768 225 vs 170, 128x1024x256 315 vs
+236; 2048³ the same. Below about a million multiply-adds OpenBLAS wins (64x128x64: 7 vs
+10 µs: MKL's fixed cost is ~2.5 µs a call), so small products stay with numpy.
+
+How: the library is found next to the interpreter (where the wheel puts it), loaded with
+``ctypes`` on the first compile that wants it (never at import or in ``rlx devices``) and
+bound once. A product becomes one ``cblas_sgemm`` (or ``cblas_sgemm_batch_strided`` for a
+stack of matrices whose layout is one stride per operand) with every argument fixed when
+the plan is bound: shapes, transposes, leading dimensions, and the addresses of plan
+buffers and residents. Only a caller's array has its address read per run (0.3 µs); a
+caller's array that is not C-contiguous and writable runs through ``numpy.matmul``
+instead, so every input layout stays correct.
+
+``RLX_CPU_BLAS=numpy`` keeps every product in numpy (``mkl`` is the default when the
+library loads). MKL's own variables apply as usual (``MKL_NUM_THREADS``,
+``MKL_THREADING_LAYER``); ``KMP_BLOCKTIME`` defaults to ``BLOCKTIME_MS`` here, see there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import math
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .steps import Dyn, Step
+
+__all__ = ["Mkl", "mkl", "describe", "find_library", "matmul_step", "MIN_MACS", "BLOCKTIME_MS"]
+
+log = logging.getLogger(__name__)
+
+#: Products of fewer multiply-adds (per matrix) stay with numpy: see the module docstring.
+MIN_MACS = 1 << 20
+#: How long MKL's OpenMP threads spin after a product before they sleep, unless the
+#: environment says otherwise. Intel's default is 200 ms: two inference calls a
+#: millisecond apart keep the threads awake either way, but a 200 ms spin holds a core
+#: long after the last call, which on a small host slows whatever runs next (another
+#: library's thread pool, a second process). 20 ms keeps back-to-back calls as fast.
+BLOCKTIME_MS = 20
+
+_F32 = np.dtype(np.float32)
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+_INT_MAX = 2**31 - 1  # MKL_INT of the LP64 interface libmkl_rt starts with
+
+
+def _library_names() -> list[str]:
+    if sys.platform == "win32":
+        return ["mkl_rt.2.dll", "mkl_rt.dll"]
+    if sys.platform == "darwin":
+        return ["libmkl_rt.2.dylib", "libmkl_rt.dylib"]
+    return ["libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so"]
+
+
+def find_library() -> str | None:
+    """Where ``libmkl_rt`` is: the ``mkl`` wheel's files under this interpreter's prefix
+    (``<prefix>/lib`` or ``<prefix>\\Library\\bin``), else the loader's search path."""
+    dirs = [Path(p) / sub for p in dict.fromkeys((sys.prefix, sys.base_prefix)) for sub in ("lib", "Library/bin")]
+    for d in dirs:
+        for name in _library_names():
+            if (d / name).is_file():
+                return str(d / name)
+    import ctypes.util
+
+    return ctypes.util.find_library("mkl_rt")
+
+
+def describe() -> str:
+    """What runs float32 products, for the probe's versions: ``"oneMKL 2026.2.0"`` when
+    the library is there and wanted, else ``""`` (numpy's BLAS). Cheap: nothing loads."""
+    if not wanted() or find_library() is None:
+        return ""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"oneMKL {version('mkl')}"
+    except PackageNotFoundError:  # a system MKL, not the wheel
+        return "oneMKL"
+
+
+class Mkl:
+    """A loaded ``libmkl_rt``: the two sgemm entry points, typed once."""
+
+    def __init__(self, path: str) -> None:
+        if "KMP_BLOCKTIME" not in os.environ:  # read by the OpenMP runtime when it starts
+            os.environ["KMP_BLOCKTIME"] = str(BLOCKTIME_MS)
+        self.path = path
+        self._lib = ctypes.CDLL(path)
+        i, f, p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+        self.sgemm = self._lib.cblas_sgemm
+        self.sgemm.argtypes = [i, i, i, i, i, i, f, p, i, p, i, f, p, i]
+        self.sgemm.restype = None
+        self.sgemm_batch_strided = self._lib.cblas_sgemm_batch_strided
+        self.sgemm_batch_strided.argtypes = [i, i, i, i, i, i, f, p, i, i, p, i, i, f, p, i, i, i]
+        self.sgemm_batch_strided.restype = None
+        self.version = self._version()
+
+    def _version(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        try:
+            self._lib.MKL_Get_Version_String(buf, len(buf))
+        except AttributeError:  # pragma: no cover - every oneMKL has it
+            return "oneMKL"
+        return buf.value.decode(errors="replace").strip()
+
+
+_LOADED: dict[str, Mkl | None] = {}
+_LOCK = threading.Lock()
+
+
+def wanted() -> bool:
+    """False when ``RLX_CPU_BLAS=numpy`` keeps every product in numpy."""
+    return os.environ.get("RLX_CPU_BLAS", "auto").strip().lower() not in ("numpy", "openblas", "off", "0")
+
+
+def mkl() -> Mkl | None:
+    """The process's oneMKL, loaded on first call; None when it is not installed, does not
+    load, or ``RLX_CPU_BLAS=numpy``. Checked per compile, so the variable can change."""
+    if not wanted():
+        return None
+    with _LOCK:
+        if "lib" not in _LOADED:
+            path = find_library()
+            lib = None
+            if path is not None:
+                try:
+                    lib = Mkl(path)
+                    log.info("rlx-cpu: float32 products through %s (%s)", lib.version, path)
+                except (OSError, AttributeError) as exc:  # a broken install: numpy still works
+                    log.warning("rlx-cpu: %s did not load (%s); products stay with numpy", path, exc)
+            _LOADED["lib"] = lib
+        return _LOADED["lib"]
+
+
+# ------------------------------------------------------------------------ layouts
+def _matrix_layout(rows: int, cols: int, s_rows: int, s_cols: int) -> tuple[int, int] | None:
+    """``(transpose flag, leading dimension)`` of a (rows, cols) float32 matrix with these
+    byte strides: row-major (``NoTrans``) or column-major (``Trans``), else None."""
+    if (cols == 1 or s_cols == 4) and (rows == 1 or (s_rows % 4 == 0 and s_rows // 4 >= cols)):
+        return _NO_TRANS, s_rows // 4 if rows > 1 else max(cols, 1)
+    if (rows == 1 or s_rows == 4) and (cols == 1 or (s_cols % 4 == 0 and s_cols // 4 >= rows)):
+        return _TRANS, s_cols // 4 if cols > 1 else max(rows, 1)
+    return None
+
+
+def _batch_stride(shape: tuple[int, ...], strides: tuple[int, ...], batch: tuple[int, ...]) -> int | None:
+    """The one element stride between consecutive matrices of ``batch`` (row-major order)
+    in an operand of ``shape`` broadcast to it, or None if there is no single stride."""
+    lead = len(batch) - (len(shape) - 2)
+    step: int | None = None
+    span = 1  # matrices per step of the axis being looked at
+    for axis in range(len(batch) - 1, -1, -1):
+        k = axis - lead
+        d = batch[axis]
+        s = strides[k] if k >= 0 and shape[k] > 1 else 0
+        if d > 1:
+            if s % 4:
+                return None
+            if step is None:
+                step = s // 4 // span if span else 0
+                if step * span * 4 != s:
+                    return None
+            elif s != step * span * 4:
+                return None
+        span *= d
+    return step or 0
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 4
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+class _Operand:
+    """How one operand enters the call: layout, batch stride, and its address (fixed now,
+    or read from the run-time array)."""
+
+    __slots__ = ("batch_stride", "dyn", "ld", "ptr", "trans")
+
+    def __init__(self, x: Any, rows: int, cols: int, batch: tuple[int, ...]) -> None:
+        self.dyn = isinstance(x, Dyn)
+        if self.dyn:  # laid out C-contiguously, checked every run
+            strides = _contiguous_strides(tuple(x.shape))
+            self.ptr = 0
+        else:
+            if not x.flags.aligned or any(s < 0 for s in x.strides):
+                raise _NoFit
+            strides = x.strides
+            self.ptr = x.ctypes.data
+        shape = tuple(x.shape)
+        layout = _matrix_layout(rows, cols, strides[-2], strides[-1])
+        stride = _batch_stride(shape, strides, batch)
+        if layout is None or stride is None or layout[1] > _INT_MAX or stride > _INT_MAX:
+            raise _NoFit
+        self.trans, self.ld = layout
+        self.batch_stride = stride
+
+
+class _NoFit(Exception):
+    """An operand layout cblas cannot take as it is: the product stays with numpy."""
+
+
+def _address(x: np.ndarray) -> int:
+    """The address of a C-contiguous, writable array; raises TypeError/BufferError else."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(x))
+
+
+def _call(fn: Callable[..., None], args: tuple[Any, ...], keep: tuple[Any, ...]) -> None:
+    fn(*args)  # ``keep`` holds the arrays whose addresses are in ``args``
+
+
+class _RunTimeProduct:
+    """A product with at least one caller array: its address is read each run, and an
+    array cblas cannot take (strided, read-only) goes through ``numpy.matmul``."""
+
+    def __init__(self, fn: Callable[..., None], args: list[Any], slots: dict[int, int], keep: tuple[Any, ...]):
+        self.fn, self.args, self.slots, self.keep = fn, args, slots, keep
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        args = list(self.args)
+        try:
+            for which, pos in self.slots.items():
+                args[pos] = _address((a, b, out)[which])
+        except (TypeError, BufferError, ValueError):
+            np.matmul(a, b, out=out)
+            return
+        self.fn(*args)
+
+
+def matmul_step(a: Any, b: Any, out: Any) -> Step:
+    """``out = a @ b`` as one step: an MKL sgemm when the library is there and the product
+    fits (float32, big enough, layouts cblas takes), else ``numpy.matmul``."""
+    lib = mkl()
+    if lib is not None:
+        try:
+            return _mkl_step(lib, a, b, out)
+        except _NoFit:
+            pass
+    return Step(np.matmul, (a, b, out))
+
+
+def _mkl_step(lib: Mkl, a: Any, b: Any, out: Any) -> Step:
+    if a.dtype != _F32 or b.dtype != _F32 or out.dtype != _F32 or a.ndim < 2 or b.ndim < 2:
+        raise _NoFit
+    m, n = out.shape[-2:]
+    k = a.shape[-1]
+    batch = tuple(out.shape[:-2])
+    if m * n * k < MIN_MACS or max(m, n, k) > _INT_MAX or math.prod(batch) > _INT_MAX:
+        raise _NoFit
+    ops = (_Operand(a, m, k, batch), _Operand(b, k, n, batch), _Operand(out, m, n, batch))
+    c = ops[2]
+    if c.trans != _NO_TRANS:  # cblas writes C row-major only
+        raise _NoFit
+    count = math.prod(batch)
+    if count > 1 and c.batch_stride == 0:  # every matrix written to one place: not a product
+        raise _NoFit
+    pa, pb = ops[0], ops[1]
+    if count == 1:
+        fn = lib.sgemm
+        args: list[Any] = [_ROW_MAJOR, pa.trans, pb.trans, m, n, k, 1.0, pa.ptr, pa.ld, pb.ptr, pb.ld, 0.0,
+                           c.ptr, c.ld]  # fmt: skip
+        positions = (7, 9, 12)
+    else:
+        fn = lib.sgemm_batch_strided
+        args = [_ROW_MAJOR, pa.trans, pb.trans, m, n, k, 1.0, pa.ptr, pa.ld, pa.batch_stride, pb.ptr, pb.ld,
+                pb.batch_stride, 0.0, c.ptr, c.ld, c.batch_stride, count]  # fmt: skip
+        positions = (7, 10, 14)
+    keep = tuple(x for x in (a, b, out) if not isinstance(x, Dyn))
+    dyn = {which: positions[which] for which, op in enumerate(ops) if op.dyn}
+    if not dyn:
+        return Step(functools.partial(_call, fn, tuple(args), keep))
+    return Step(_RunTimeProduct(fn, args, dyn, keep), (a, b, out))

@@ -1,0 +1,210 @@
+"""float32 products through oneMKL (``rlx_cpu.blas``): every layout cblas is handed gives
+numpy's answer, every layout it cannot take stays with numpy, a caller's array of any
+layout is right, and ``RLX_CPU_BLAS=numpy`` or a missing library leaves numpy in charge.
+
+The MKL cases skip (with the reason) where the ``mkl`` wheel is not installed; the
+numpy cases run everywhere.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from rlx_core import reference
+from rlx_core.ir import Graph
+from rlx_core.plugin import CompileOptions
+from rlx_cpu import CpuBackend, blas
+from rlx_cpu.steps import Dyn, bind
+
+F32 = np.float32
+
+
+@pytest.fixture
+def lib(monkeypatch: pytest.MonkeyPatch) -> blas.Mkl:
+    monkeypatch.delenv("RLX_CPU_BLAS", raising=False)
+    found = blas.mkl()
+    if found is None:
+        pytest.skip(f"oneMKL is not loadable here (libmkl_rt: {blas.find_library()}); `pip install mkl`")
+    return found
+
+
+def rand(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(F32)
+
+
+def check(got: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    k = a.shape[-1]
+    np.testing.assert_allclose(got, want, rtol=0, atol=8 * k * np.finfo(F32).eps * (np.abs(want).max() + 1))
+
+
+def uses_mkl(step: blas.Step) -> bool:
+    fn = step.fn
+    return isinstance(fn, blas._RunTimeProduct) or (isinstance(fn, functools.partial) and fn.func is blas._call)
+
+
+def run_step(step: blas.Step, slots: list[object] | None = None) -> None:
+    bind(step, slots or [])()
+
+
+# ----------------------------------------------------------------------------- layouts
+def test_matrix_layouts() -> None:
+    assert blas._matrix_layout(4, 3, 12, 4) == (blas._NO_TRANS, 3)
+    assert blas._matrix_layout(4, 3, 4, 16) == (blas._TRANS, 4)  # a transposed (3, 4)
+    assert blas._matrix_layout(4, 3, 40, 4) == (blas._NO_TRANS, 10)  # rows of a wider array
+    assert blas._matrix_layout(4, 3, 12, 8) is None  # every other column
+    assert blas._matrix_layout(1, 5, 999, 4) == (blas._NO_TRANS, 5)  # one row: its stride is moot
+    assert blas._matrix_layout(5, 1, 4, 999) == (blas._NO_TRANS, 1)
+
+
+def test_batch_strides() -> None:
+    assert blas._batch_stride((2, 3, 4, 5), (240, 80, 20, 4), (2, 3)) == 20  # contiguous stack
+    assert blas._batch_stride((4, 5), (20, 4), (2, 3)) == 0  # one matrix for every product
+    assert blas._batch_stride((1, 3, 4, 5), (240, 80, 20, 4), (2, 3)) is None  # repeats, then steps
+    assert blas._batch_stride((2, 1, 4, 5), (80, 80, 20, 4), (2, 3)) is None
+    assert blas._batch_stride((2, 3, 4, 5), (80, 160, 20, 4), (2, 3)) is None  # axes swapped
+
+
+# ----------------------------------------------------------------------------- products
+CASES = {
+    "2-d": lambda: (rand((64, 784)), rand((784, 128), 1)),
+    "a transposed": lambda: (rand((784, 64)).T, rand((784, 128), 1)),
+    "b transposed": lambda: (rand((64, 784)), rand((128, 784), 1).T),
+    "stacked": lambda: (rand((4, 128, 64)), rand((4, 64, 128), 1)),
+    "stacked, b shared": lambda: (rand((2, 3, 128, 64)), rand((64, 128), 1)),
+    "stacked, a shared": lambda: (rand((32, 144)), rand((2, 144, 1024), 1)),
+    "stacked, b transposed per matrix": lambda: (rand((4, 128, 64)), rand((4, 128, 64), 1).swapaxes(-1, -2)),
+    "rows of a wider array": lambda: (rand((128, 300))[:, :256], rand((256, 64), 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_products_through_mkl_match_float64(lib: blas.Mkl, case: str) -> None:
+    a, b = CASES[case]()
+    out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), F32)
+    step = blas.matmul_step(a, b, out)
+    assert uses_mkl(step), f"{case}: expected an MKL call"
+    run_step(step)
+    check(out, a, b)
+
+
+@pytest.mark.parametrize(
+    "a, b, why",
+    [
+        (rand((16, 32)), rand((32, 16)), "too small"),
+        (rand((64, 800))[:, ::2], rand((400, 128)), "strided columns"),
+        (rand((1, 3, 128, 64)), rand((2, 1, 64, 128)), "no single batch stride"),
+        (rand((64, 784)).astype(np.float64), rand((784, 128)).astype(np.float64), "float64"),
+    ],
+)
+def test_products_cblas_cannot_take_stay_with_numpy(lib: blas.Mkl, a: np.ndarray, b: np.ndarray, why: str) -> None:
+    out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), a.dtype)
+    step = blas.matmul_step(a, b, out)
+    assert step.fn is np.matmul, why
+    run_step(step)
+    check(out, a, b)
+
+
+def caller_arrays() -> Iterator[tuple[str, np.ndarray]]:
+    x = rand((64, 784))
+    yield "contiguous", x
+    yield "fortran order", np.asfortranarray(x)
+    yield "every other row", np.repeat(x, 2, axis=0)[::2]
+    ro = x.copy()
+    ro.flags.writeable = False
+    yield "read-only", ro
+
+
+@pytest.mark.parametrize("what, x", list(caller_arrays()))
+def test_a_callers_array_of_any_layout_gives_the_product(lib: blas.Mkl, what: str, x: np.ndarray) -> None:
+    w = rand((784, 128), 1)
+    out = np.empty((64, 128), F32)
+    slots: list[object] = [None]
+    step = blas.matmul_step(Dyn(0, x.shape, x.dtype), w, out)
+    assert isinstance(step.fn, blas._RunTimeProduct)
+    slots[0] = x
+    run_step(step, slots)
+    check(out, x, w)
+
+
+def mlp_graph() -> Graph:
+    g = Graph("mkl-mlp")
+    x = g.input("x", (64, 784), "float32")
+    h = g.relu(g.add(g.matmul(x, g.param("w1", rand((784, 128), 1))), g.param("b1", rand((128,), 2))))
+    g.set_outputs([g.matmul(h, g.param("w2", rand((128, 128), 3)))])
+    return g
+
+
+def test_compiled_graph_with_mkl_products_matches_reference_and_follows_set_param(lib: blas.Mkl) -> None:
+    g = mlp_graph()
+    exe = CpuBackend().compile(g.freeze(), CompileOptions(device="cpu"))
+    x = rand((64, 784), 5)
+    (got,) = exe.run({"x": x})
+    (want,) = reference.evaluate(g, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+    w1 = rand((784, 128), 9)
+    exe.set_param("w1", w1)  # copied into the resident array, whose address the call holds
+    (got,) = exe.run({"x": x})
+    h = np.maximum(x.astype(np.float64) @ w1 + rand((128,), 2), 0)
+    np.testing.assert_allclose(got, h @ rand((128, 128), 3).astype(np.float64), rtol=1e-4, atol=1e-3)
+
+
+def test_eight_threads_share_mkl_products(lib: blas.Mkl) -> None:
+    g = mlp_graph()
+    exe = CpuBackend().compile(g.freeze(), CompileOptions(device="cpu"))
+    xs = [rand((64, 784), 100 + i) for i in range(8)]
+    wants = [reference.evaluate(g, {"x": x})[0] for x in xs]
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            for _ in range(20):
+                (got,) = exe.run({"x": xs[i]})
+                np.testing.assert_allclose(got, wants[i], rtol=1e-4, atol=1e-3)
+        except BaseException as exc:  # surfaced below, with the thread's number
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+# ----------------------------------------------------------------------------- switches
+def test_rlx_cpu_blas_numpy_keeps_products_in_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLX_CPU_BLAS", "numpy")
+    assert blas.mkl() is None
+    a, b = CASES["2-d"]()
+    out = np.empty((64, 128), F32)
+    step = blas.matmul_step(a, b, out)
+    assert step.fn is np.matmul
+    run_step(step)
+    check(out, a, b)
+
+
+def test_a_missing_library_leaves_numpy_in_charge(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RLX_CPU_BLAS", raising=False)
+    monkeypatch.setattr(blas, "_LOADED", {})
+    monkeypatch.setattr(blas, "find_library", lambda: None)
+    assert blas.mkl() is None
+    a, b = CASES["2-d"]()
+    assert blas.matmul_step(a, b, np.empty((64, 128), F32)).fn is np.matmul
+
+
+def test_a_library_that_does_not_load_warns_in_the_log(monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture, tmp_path) -> None:  # fmt: skip
+    bogus = tmp_path / "libmkl_rt.so.2"
+    bogus.write_bytes(b"not a shared library")
+    monkeypatch.delenv("RLX_CPU_BLAS", raising=False)
+    monkeypatch.setattr(blas, "_LOADED", {})
+    monkeypatch.setattr(blas, "find_library", lambda: str(bogus))
+    with caplog.at_level("WARNING", logger="rlx_cpu.blas"):
+        assert blas.mkl() is None
+    assert str(bogus) in caplog.text and "numpy" in caplog.text
