@@ -19,8 +19,8 @@ from numpy.lib.stride_tricks import as_strided
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind
 
-from .kernels import BuildContext, Builder, compute_dtype, const, ufunc_step
 from .blas import matmul_step
+from .kernels import BuildContext, Builder, compute_dtype, const, ufunc_step
 from .steps import Step, is_fixed
 
 __all__ = ["NN_KERNELS"]

@@ -86,7 +86,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_products_through_mkl_match_float64(lib: blas.Mkl, case: str) -> None:
     a, b = CASES[case]()
-    out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), F32)
+    out = np.empty((*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1]), F32)
     step = blas.matmul_step(a, b, out)
     assert uses_mkl(step), f"{case}: expected an MKL call"
     run_step(step)
@@ -103,7 +103,7 @@ def test_products_through_mkl_match_float64(lib: blas.Mkl, case: str) -> None:
     ],
 )
 def test_products_cblas_cannot_take_stay_with_numpy(lib: blas.Mkl, a: np.ndarray, b: np.ndarray, why: str) -> None:
-    out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), a.dtype)
+    out = np.empty((*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1]), a.dtype)
     step = blas.matmul_step(a, b, out)
     assert step.fn is np.matmul, why
     run_step(step)
