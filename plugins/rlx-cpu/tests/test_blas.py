@@ -45,7 +45,7 @@ def check(got: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
 
 def uses_mkl(step: blas.Step) -> bool:
     fn = step.fn
-    return isinstance(fn, blas._RunTimeProduct) or (isinstance(fn, functools.partial) and fn.func is blas._call)
+    return isinstance(fn, blas._RunTimeCall) or (isinstance(fn, functools.partial) and fn.func is blas._call)
 
 
 def run_step(step: blas.Step, slots: list[object] | None = None) -> None:
@@ -126,7 +126,7 @@ def test_a_callers_array_of_any_layout_gives_the_product(lib: blas.Mkl, what: st
     out = np.empty((64, 128), F32)
     slots: list[object] = [None]
     step = blas.matmul_step(Dyn(0, x.shape, x.dtype), w, out)
-    assert isinstance(step.fn, blas._RunTimeProduct)
+    assert isinstance(step.fn, blas._RunTimeCall)
     slots[0] = x
     run_step(step, slots)
     check(out, x, w)
@@ -208,3 +208,40 @@ def test_a_library_that_does_not_load_warns_in_the_log(monkeypatch: pytest.Monke
     with caplog.at_level("WARNING", logger="rlx_cpu.blas"):
         assert blas.mkl() is None
     assert str(bogus) in caplog.text and "numpy" in caplog.text
+
+
+# ----------------------------------------------------------------------------- vector math
+def erf_gelu_graph(op: str, n: int) -> Graph:
+    g = Graph(f"vml-{op}")
+    x = g.input("x", (n,), "float32")
+    g.set_outputs([g.erf(x) if op == "erf" else g.gelu(x)])
+    return g
+
+
+def special_values(n: int) -> np.ndarray:
+    x = np.linspace(-6, 6, n).astype(F32)
+    x[:6] = [np.inf, -np.inf, np.nan, 0.0, -0.0, 1e-40]
+    return x
+
+
+@pytest.mark.parametrize("op", ["erf", "gelu"])
+def test_erf_and_gelu_through_vector_math_match_the_reference(lib: blas.Mkl, op: str) -> None:
+    g = erf_gelu_graph(op, 4099)
+    exe = CpuBackend().compile(g.freeze(), CompileOptions(device="cpu"))
+    x = special_values(4099)
+    ro = x.copy()
+    ro.flags.writeable = False  # a caller's array MKL cannot address: the numpy way, same answer
+    (want,) = reference.evaluate(g, {"x": x})
+    # MKL's ~1 ulp; numpy's phi = 0.5 + 0.5 erf(x / sqrt 2) loses digits where gelu < 1e-4
+    for arr, atol in ((x, 2e-7), (ro, 1e-6), (np.repeat(x, 2)[::2], 1e-6)):
+        (got,) = exe.run({"x": arr})
+        np.testing.assert_allclose(got, want, rtol=4e-6, atol=atol, equal_nan=True)
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+
+
+def test_vml_step_declines_what_it_cannot_take(lib: blas.Mkl) -> None:
+    x = rand((8, 8))
+    assert blas.vml_step("Erf", x, np.empty((8, 8), F32), lambda a, o: None) is not None
+    assert blas.vml_step("Erf", x.T, np.empty((8, 8), F32), lambda a, o: None) is None  # not contiguous
+    assert blas.vml_step("Erf", x.astype(np.float64), np.empty((8, 8)), lambda a, o: None) is None
+    assert blas.vml_step("Erf", x[:1], np.empty((8, 8), F32), lambda a, o: None) is None  # broadcast
