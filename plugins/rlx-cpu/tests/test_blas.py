@@ -9,7 +9,10 @@ numpy cases run everywhere.
 from __future__ import annotations
 
 import functools
+import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -245,3 +248,31 @@ def test_vml_step_declines_what_it_cannot_take(lib: blas.Mkl) -> None:
     assert blas.vml_step("Erf", x.T, np.empty((8, 8), F32), lambda a, o: None) is None  # not contiguous
     assert blas.vml_step("Erf", x.astype(np.float64), np.empty((8, 8)), lambda a, o: None) is None
     assert blas.vml_step("Erf", x[:1], np.empty((8, 8), F32), lambda a, o: None) is None  # broadcast
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_runs_mkl_products_without_hanging(lib: blas.Mkl) -> None:
+    """GNU OpenMP cannot run a parallel region in a forked child of a process that ran
+    one: the child runs MKL on one thread (blas.Mkl._after_fork) and finishes."""
+    g = mlp_graph()
+    exe = CpuBackend().compile(g.freeze(), CompileOptions(device="cpu"))
+    x = rand((64, 784), 7)
+    (want,) = exe.run({"x": x})  # the parent's threads exist now
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if the products ran and agree
+        code = 1
+        try:
+            (got,) = exe.run({"x": x})
+            code = 0 if np.allclose(got, want, rtol=1e-4, atol=1e-3) else 3
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung running an MKL product")
