@@ -235,21 +235,18 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class _Operand:
-    """How one operand enters the call: layout, batch stride, and its address (fixed now,
-    or read from the run-time array)."""
+    """How one operand enters the call: layout and batch stride (its address is filled in
+    by ``_bound``)."""
 
-    __slots__ = ("batch_stride", "dyn", "ld", "ptr", "trans")
+    __slots__ = ("batch_stride", "ld", "trans")
 
     def __init__(self, x: Any, rows: int, cols: int, batch: tuple[int, ...]) -> None:
-        self.dyn = isinstance(x, Dyn)
-        if self.dyn:  # laid out C-contiguously, checked every run
+        if isinstance(x, Dyn):  # laid out C-contiguously, checked every run
             strides = _contiguous_strides(tuple(x.shape))
-            self.ptr = 0
         else:
             if not x.flags.aligned or any(s < 0 for s in x.strides):
                 raise _NoFit
             strides = x.strides
-            self.ptr = x.ctypes.data
         shape = tuple(x.shape)
         layout = _matrix_layout(rows, cols, strides[-2], strides[-1])
         stride = _batch_stride(shape, strides, batch)
@@ -361,12 +358,12 @@ def _mkl_step(lib: Mkl, a: Any, b: Any, out: Any) -> Step:
     pa, pb = ops[0], ops[1]
     if count == 1:
         fn = lib.sgemm
-        args: list[Any] = [_ROW_MAJOR, pa.trans, pb.trans, m, n, k, 1.0, pa.ptr, pa.ld, pb.ptr, pb.ld, 0.0,
-                           c.ptr, c.ld]  # fmt: skip
+        args: list[Any] = [_ROW_MAJOR, pa.trans, pb.trans, m, n, k, 1.0, 0, pa.ld, 0, pb.ld, 0.0, 0,
+                           c.ld]  # fmt: skip
         positions = (7, 9, 12)
     else:
         fn = lib.sgemm_batch_strided
-        args = [_ROW_MAJOR, pa.trans, pb.trans, m, n, k, 1.0, pa.ptr, pa.ld, pa.batch_stride, pb.ptr, pb.ld,
-                pb.batch_stride, 0.0, c.ptr, c.ld, c.batch_stride, count]  # fmt: skip
+        args = [_ROW_MAJOR, pa.trans, pb.trans, m, n, k, 1.0, 0, pa.ld, pa.batch_stride, 0, pb.ld,
+                pb.batch_stride, 0.0, 0, c.ld, c.batch_stride, count]  # fmt: skip
         positions = (7, 10, 14)
     return _bound(fn, args, (a, b, out), positions, _numpy_matmul)
