@@ -31,12 +31,13 @@ import numpy as np
 
 from rlx_core.errors import GraphError, InputError
 from rlx_core.ir import Graph, Node
-from rlx_core.ops import OpKind
+from rlx_core.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import Executable
 
 from .fused import FUSED_KERNELS
 from .kernels import KERNELS, inplace_positions
 from .nn_kernels import NN_KERNELS
+from .regions import node_steps
 from .steps import Dyn, Step, bind, bind_run
 
 __all__ = ["CpuExecutable", "PlanStats", "kernel_ops"]
@@ -155,6 +156,10 @@ def _build_steps(builder: Callable[..., list[Step]], node: Node, ins: list[Any],
                  ctx: Any) -> list[Step]:  # fmt: skip
     if out.size == 0:
         return []
+    if node.op in ELEMENTWISE_OPS:  # float32: one call of the native interpreter when it is here
+        native = node_steps(node, ins, out)
+        if native is not None:
+            return native
     return builder(node, ins, out, ctx)
 
 

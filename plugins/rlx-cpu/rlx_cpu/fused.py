@@ -33,6 +33,7 @@ from rlx_core.ops import OpKind
 from rlx_core.passes.internal_ops import ACTIVATION_OPS, Instruction, program_types
 
 from .kernels import KERNELS, BuildContext, inplace_positions
+from .regions import region_steps
 from .steps import Parallel, Step, helper_threads
 
 __all__ = ["FUSED_KERNELS", "BLOCK_ELEMENTS", "block_plan"]
@@ -270,6 +271,10 @@ def _halves(ins: list[Any], out: np.ndarray) -> tuple[tuple[list[Any], Any], tup
 
 def _fused_elementwise(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step | Parallel]:
     program = node.attrs["program"]
+    _, instructions = program_types(node.op, _types(ins), program)
+    native = region_steps(instructions, ins, out)
+    if native is not None:
+        return native
     if out.size >= PARALLEL_ELEMENTS and helper_threads() > 0:
         halves = _halves(ins, out)
         if halves is not None:  # each half is a region of its own: its instructions typed on its operands
@@ -277,7 +282,6 @@ def _fused_elementwise(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildCo
                                                  ctx, node.name, PARALLEL_BLOCK))
                              for part, part_out in halves)  # fmt: skip
             return [Parallel(first, second)]
-    _, instructions = program_types(node.op, _types(ins), program)
     return program_steps(instructions, ins, out, ctx, node.name)
 
 
@@ -296,6 +300,9 @@ def _gemm(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> lis
         return steps
     program = tuple((op.value, args, tuple(sorted(attrs.items()))) for op, args, attrs in epilogue)
     _, instructions = program_types(OpKind.FUSED_ELEMENTWISE, _types(operands), program)
+    native = region_steps(instructions, operands, out)
+    if native is not None:
+        return steps + native
     return steps + program_steps(instructions, operands, out, ctx, node.name)
 
 

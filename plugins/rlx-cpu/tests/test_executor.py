@@ -352,6 +352,7 @@ def test_big_regions_run_as_two_halves_and_agree(registry: Registry, lead: tuple
                                                   cols: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
     from rlx_cpu import fused, steps
 
+    monkeypatch.setenv("RLX_CPU_NATIVE", "0")  # numpy's path for regions (native.c's is tested in test_native.py)
     bound = []
     real = steps._bind_parallel
     monkeypatch.setattr(steps, "_bind_parallel", lambda step, slots: bound.append(step) or real(step, slots))

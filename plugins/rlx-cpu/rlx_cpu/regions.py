@@ -1,0 +1,289 @@
+"""Fused float32 elementwise regions on the native block interpreter (``native.c``).
+
+A region qualifies when its output and every input it reads are float32 and each
+instruction is one the interpreter has (every elementwise op; comparisons and ``where``
+through 0/1 floats; casts only between float32 and bool). Anything else keeps the numpy
+path of ``fused.py``, which computes the same function.
+
+The plan fixes everything but the caller's addresses: the output's shape with adjacent
+axes merged where every operand allows it, each input's kind (contiguous like the output,
+a scalar, or strided/broadcast, with element strides per merged axis), the program with
+registers reused once their value is dead, all in one int64 array; the addresses of plan
+buffers and residents go into a pointer array once. A run is then one C call, or two on
+two threads (halves of the output, split on a block boundary) when the region is long
+enough to pay for waking the second thread. A caller's array has its address read per
+run; one that is not C-contiguous float32 is copied to one first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rlx_core.ir import Node
+from rlx_core.ops import OpKind
+from rlx_core.passes.internal_ops import Instruction
+
+from .native import Native, library
+from .steps import Dyn, Step
+
+__all__ = ["region_steps", "node_steps", "OPCODES", "SPLIT_NS"]
+
+_F32 = "float32"
+#: The interpreter's opcodes (``native.c``'s enum).
+OPCODES = {name: code for code, name in enumerate(
+    ("copy", "add", "sub", "mul", "div", "pow", "max", "min", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf",
+     "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "eq", "lt", "gt", "where", "nonzero"))}  # fmt: skip
+_BY_OP = {
+    OpKind.ADD: "add", OpKind.SUB: "sub", OpKind.MUL: "mul", OpKind.DIV: "div", OpKind.POW: "pow",
+    OpKind.MAXIMUM: "max", OpKind.MINIMUM: "min", OpKind.NEG: "neg", OpKind.ABS: "abs", OpKind.EXP: "exp",
+    OpKind.LOG: "log", OpKind.SQRT: "sqrt", OpKind.RSQRT: "rsqrt", OpKind.ERF: "erf", OpKind.TANH: "tanh",
+    OpKind.SIGMOID: "sigmoid", OpKind.RELU: "relu", OpKind.EQUAL: "eq", OpKind.LESS: "lt", OpKind.GREATER: "gt",
+    OpKind.WHERE: "where",
+}  # fmt: skip
+#: Rough single-thread cost per element of each opcode, ns (2-core AVX-512 host), used
+#: only to decide whether a region is long enough to split over two threads.
+_COST_NS = {"pow": 4.0, "exp": 0.5, "log": 0.7, "tanh": 0.9, "sigmoid": 0.7, "erf": 1.1, "gelu": 0.9,
+            "gelu_tanh": 1.0, "div": 0.25}  # fmt: skip
+_COST_OTHER_NS = 0.1
+_COST_GATHER_NS = 0.3
+#: A region whose estimated single-thread time is at least this runs on every core (an
+#: OpenMP fork-join costs a few µs while the team spins, tens of µs once it sleeps).
+SPLIT_NS = 20_000.0
+_MAX_DIMS = 8
+_MAX_VALUES = 64 + 256
+_IN_FULL, _IN_SCALAR, _IN_STRIDED = 0, 1, 2
+
+
+class _NoFit(Exception):
+    """The region is not one the interpreter runs: numpy's path takes it."""
+
+
+def _opcode(ins: Instruction, types: list[str]) -> str:
+    op = ins.op
+    if op is OpKind.CAST:
+        src = types[ins.args[0]]
+        if ins.dtype == _F32 and src in (_F32, "bool"):
+            return "copy"
+        if ins.dtype == "bool" and src == _F32:
+            return "nonzero"
+        raise _NoFit
+    if op is OpKind.GELU:
+        return "gelu_tanh" if ins.attrs.get("approximate") == "tanh" else "gelu"
+    name = _BY_OP.get(op)
+    if name is None:
+        raise _NoFit
+    if op is OpKind.WHERE:
+        if types[ins.args[0]] != "bool" or types[ins.args[1]] != _F32 or types[ins.args[2]] != _F32:
+            raise _NoFit
+    elif any(types[a] != _F32 for a in ins.args):
+        raise _NoFit
+    if ins.dtype not in (_F32, "bool"):
+        raise _NoFit
+    return name
+
+
+def _element_strides(x: Any, out_shape: tuple[int, ...]) -> list[int]:
+    """``x``'s element strides along each output axis (0 where it broadcasts)."""
+    if isinstance(x, Dyn):
+        byte_strides, acc = [], 4
+        for d in reversed(x.shape):
+            byte_strides.append(acc)
+            acc *= max(d, 1)
+        byte_strides.reverse()
+    else:
+        if x.dtype != np.float32 or not x.flags.aligned:
+            raise _NoFit
+        byte_strides = list(x.strides)
+    lead = len(out_shape) - x.ndim
+    strides = []
+    for k in range(len(out_shape)):
+        j = k - lead
+        if j < 0 or x.shape[j] == 1:
+            strides.append(0)
+        elif byte_strides[j] % 4:
+            raise _NoFit
+        else:
+            strides.append(byte_strides[j] // 4)
+    return strides
+
+
+def _merge(shape: tuple[int, ...], operands: list[list[int]]) -> tuple[list[int], list[list[int]]]:
+    """Drop unit axes and merge neighbours every operand walks as one."""
+    keep = [k for k, d in enumerate(shape) if d != 1]
+    dims = [shape[k] for k in keep] or [1]
+    strides = [[s[k] for k in keep] or [0] for s in operands]
+    k = len(dims) - 1
+    while k > 0:
+        if all(s[k - 1] == s[k] * dims[k] for s in strides):
+            dims[k - 1] *= dims[k]
+            del dims[k]
+            for s in strides:
+                s[k - 1] = s[k]
+                del s[k]
+        k -= 1
+    return dims, strides
+
+
+def _registers(code: list[tuple[str, tuple[int, ...]]], n_in: int) -> list[int]:
+    """A register per instruction (-1: the output, for the last), reusing dead ones: every
+    op reads element i of its operands before it writes element i, so an instruction may
+    write over an operand that dies there."""
+    last: dict[int, int] = {}
+    for k, (_, args) in enumerate(code):
+        for a in args:
+            last[a] = k
+    regs: list[int] = []
+    free: list[int] = []
+    count = 0
+    for k, (_, args) in enumerate(code):
+        for a in sorted(set(args)):
+            if a >= n_in and last[a] == k and regs[a - n_in] >= 0:
+                free.append(regs[a - n_in])
+        if k == len(code) - 1:
+            regs.append(-1)
+            break
+        if free:
+            regs.append(free.pop())
+        else:
+            regs.append(count)
+            count += 1
+    return regs
+
+
+def _used(instructions: list[Instruction], n_in: int) -> list[Instruction]:
+    """The instructions the result depends on (renumbered): only these are sure to
+    broadcast to the output's shape, so only these run."""
+    live = {n_in + len(instructions) - 1}
+    for k in range(len(instructions) - 1, -1, -1):
+        if n_in + k in live:
+            live.update(instructions[k].args)
+    remap = {i: i for i in range(n_in)}
+    kept: list[Instruction] = []
+    for k, ins in enumerate(instructions):
+        if n_in + k in live:
+            remap[n_in + k] = n_in + len(kept)
+            kept.append(ins._replace(args=tuple(remap[a] for a in ins.args)))
+    return kept
+
+
+def region_steps(instructions: list[Instruction], ins: list[Any], out: Any) -> list[Step] | None:
+    """The steps running a float32 region on the native interpreter, or None when it does
+    not fit (no library, another dtype, an op it lacks, an aliasing it cannot take)."""
+    lib = library()
+    if lib is None or out.dtype != np.float32 or out.size == 0:
+        return None
+    try:
+        return _plan(lib, _used(instructions, len(ins)), ins, out)
+    except _NoFit:
+        return None
+
+
+def node_steps(node: Node, ins: list[Any], out: Any) -> list[Step] | None:
+    """One elementwise op as a one-instruction region (None: numpy's kernel runs it)."""
+    ins_ = Instruction(node.op, tuple(range(len(ins))), dict(node.attrs), tuple(node.shape), node.dtype)
+    return region_steps([ins_], ins, out)
+
+
+def _plan(lib: Native, instructions: list[Instruction], ins: list[Any], out: Any) -> list[Step]:
+    n_in = len(ins)
+    types = [np.dtype(x.dtype).name for x in ins] + [i.dtype for i in instructions]
+    if instructions[-1].dtype != _F32:
+        raise _NoFit
+    ops = [_opcode(i, types) for i in instructions]
+    read = sorted({a for i in instructions for a in i.args if a < n_in})
+    order = {a: j for j, a in enumerate(read)}  # inputs the program reads, renumbered
+    if len(read) + len(instructions) > _MAX_VALUES:
+        raise _NoFit
+    if not isinstance(out, Dyn) and not (out.flags.c_contiguous and out.flags.writeable and out.flags.aligned):
+        raise _NoFit
+    shape = tuple(out.shape)
+    operands = [ins[a] for a in read]
+    dims, strides = _merge(shape, [_element_strides(x, shape) for x in operands])
+    if len(dims) > _MAX_DIMS:
+        raise _NoFit
+    contiguous = [math.prod(dims[k + 1 :]) for k in range(len(dims))]
+    kinds = []
+    for x, s in zip(operands, strides):
+        kind = _IN_FULL if s == contiguous else _IN_SCALAR if not any(s) else _IN_STRIDED
+        if not isinstance(x, Dyn) and not isinstance(out, Dyn) and np.may_share_memory(x, out):
+            if kind != _IN_FULL or x.ctypes.data != out.ctypes.data:
+                raise _NoFit  # read behind or ahead of where the output is written
+        kinds.append(kind)
+    n = math.prod(shape)
+    code = [(op, tuple(order.get(a, a - n_in + len(read)) for a in i.args)) for op, i in zip(ops, instructions)]
+    regs = _registers(code, len(read))
+    meta = [1, len(read), len(code), max(regs) + 1 if len(regs) > 1 else 0, len(dims), n, *dims]
+    for kind, s in zip(kinds, strides):
+        meta += [kind, *s]
+    for (op, args), dst in zip(code, regs):
+        padded = [(a if a < len(read) else len(read) + regs[a - len(read)]) for a in args] + [-1] * (3 - len(args))
+        meta += [OPCODES[op], dst, *padded]
+    meta_arr = np.array(meta, np.int64)
+    values = [out, *operands]
+    ptrs = np.zeros(len(values), np.uint64)
+    for k, x in enumerate(values):
+        if not isinstance(x, Dyn):
+            ptrs[k] = x.ctypes.data
+    cost = n * (sum(_COST_NS.get(op, _COST_OTHER_NS) for op in ops) + _COST_GATHER_NS * kinds.count(_IN_STRIDED))
+    threads = lib.threads() if cost >= SPLIT_NS else 1
+    run = _Runner(lib.region, meta_arr, ptrs, n, threads, values)
+    dyn = [(k, x) for k, x in enumerate(values) if isinstance(x, Dyn)]
+    if not dyn:
+        return [Step(run)]
+    return [Step(_DynRunner(run, tuple(k for k, _ in dyn)), tuple(x for _, x in dyn))]
+
+
+class _Runner:
+    """One run of a planned region: ``rlx_region(meta, ptrs, 0, n, threads)``. Holds the
+    arrays whose addresses are in ``ptrs``."""
+
+    __slots__ = ("_meta_p", "_ptrs_p", "fn", "keep", "meta", "n", "ptrs", "threads")
+
+    def __init__(self, fn: Callable[..., int], meta: np.ndarray, ptrs: np.ndarray, n: int, threads: int,
+                 keep: list[Any]) -> None:  # fmt: skip
+        self.fn, self.meta, self.ptrs, self.n, self.threads = fn, meta, ptrs, n, threads
+        self.keep = tuple(x for x in keep if not isinstance(x, Dyn))
+        self._meta_p, self._ptrs_p = meta.ctypes.data, ptrs.ctypes.data
+
+    def __call__(self) -> None:
+        if self.fn(self._meta_p, self._ptrs_p, 0, self.n, self.threads):
+            raise MemoryError(f"rlx-cpu: no memory for the registers of a {self.n}-element region")
+
+
+def _address(x: Any) -> tuple[int, Any]:
+    """The address of ``x`` as a C-contiguous float32 array, and the array that holds it
+    (``x`` itself, or a contiguous copy of it)."""
+    if x.dtype != np.float32 or not x.flags.c_contiguous or not x.flags.aligned:
+        x = np.ascontiguousarray(x, np.float32)
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(x)), x
+    except (TypeError, BufferError, ValueError):  # read-only: same memory, slower way to its address
+        return x.ctypes.data, x
+
+
+class _DynRunner:
+    """A region with caller arrays among its operands: their addresses go into the
+    pointer array each run. The output is a plan buffer or a fresh array (contiguous,
+    writable); an input that is not contiguous float32 is copied to one for this run."""
+
+    __slots__ = ("positions", "run")
+
+    def __init__(self, run: _Runner, positions: tuple[int, ...]) -> None:
+        self.run, self.positions = run, positions
+
+    def __call__(self, *arrays: np.ndarray) -> None:
+        ptrs = self.run.ptrs
+        held = []
+        for k, x in zip(self.positions, arrays):
+            if k == 0 and not (x.flags.c_contiguous and x.flags.writeable):
+                raise ValueError("rlx-cpu: a region's output must be a contiguous writable array")  # pragma: no cover
+            ptrs[k], kept = _address(x)
+            held.append(kept)
+        self.run()
+        del held
+
