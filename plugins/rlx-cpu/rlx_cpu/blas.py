@@ -33,7 +33,6 @@ library loads). MKL's own variables apply as usual (``MKL_NUM_THREADS``,
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import math
 import os
@@ -45,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from .ccall import bound_call
 from .steps import Dyn, Step
 
 __all__ = ["Mkl", "mkl", "describe", "find_library", "matmul_step", "vml_step", "MIN_MACS", "BLOCKTIME_MS"]
@@ -236,7 +236,7 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 class _Operand:
     """How one operand enters the call: layout and batch stride (its address is filled in
-    by ``_bound``)."""
+    by ``bound_call``)."""
 
     __slots__ = ("batch_stride", "ld", "trans")
 
@@ -260,52 +260,8 @@ class _NoFit(Exception):
     """An operand layout cblas cannot take as it is: the product stays with numpy."""
 
 
-def _address(x: np.ndarray) -> int:
-    """The address of a C-contiguous, writable array; raises TypeError/BufferError else."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(x))
-
-
-def _call(fn: Callable[..., None], args: tuple[Any, ...], keep: tuple[Any, ...]) -> None:
-    fn(*args)  # ``keep`` holds the arrays whose addresses are in ``args``
-
-
 def _numpy_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     np.matmul(a, b, out=out)
-
-
-class _RunTimeCall:
-    """A call with at least one caller array among its operands: the addresses of those
-    are read each run, and an array MKL cannot take as it is (strided, read-only) makes
-    this run go through ``fallback(*operands)``, numpy's way to the same result."""
-
-    def __init__(self, fn: Callable[..., None], args: list[Any], slots: dict[int, int], keep: tuple[Any, ...],
-                 fallback: Callable[..., None]) -> None:  # fmt: skip
-        self.fn, self.args, self.slots, self.keep, self.fallback = fn, args, slots, keep, fallback
-
-    def __call__(self, *operands: np.ndarray) -> None:
-        args = list(self.args)
-        try:
-            for which, pos in self.slots.items():
-                args[pos] = _address(operands[which])
-        except (TypeError, BufferError, ValueError):
-            self.fallback(*operands)
-            return
-        self.fn(*args)
-
-
-def _bound(fn: Callable[..., None], args: list[Any], operands: tuple[Any, ...], positions: tuple[int, ...],
-           fallback: Callable[..., None]) -> Step:  # fmt: skip
-    """The step calling ``fn(*args)``, where ``args[positions[i]]`` is the address of
-    ``operands[i]``: filled in now for arrays, read per run for ``Dyn`` placeholders."""
-    args = list(args)
-    for x, pos in zip(operands, positions):
-        if not isinstance(x, Dyn):
-            args[pos] = x.ctypes.data
-    keep = tuple(x for x in operands if not isinstance(x, Dyn))
-    dyn = {i: positions[i] for i, x in enumerate(operands) if isinstance(x, Dyn)}
-    if not dyn:
-        return Step(functools.partial(_call, fn, tuple(args), keep))
-    return Step(_RunTimeCall(fn, args, dyn, keep, fallback), operands)
 
 
 #: Vector-math accuracy: VML_HA (about 1 ulp), errors ignored (no errno traffic; NaN and
@@ -325,7 +281,7 @@ def vml_step(name: str, x: Any, out: Any, fallback: Callable[[np.ndarray, np.nda
     n = math.prod(out.shape)
     if n > _INT_MAX or any(not isinstance(v, Dyn) and not (v.flags.c_contiguous and v.flags.aligned) for v in (x, out)):
         return None
-    return _bound(lib.vml(name), [n, 0, 0, _VML_MODE], (x, out), (1, 2), fallback)
+    return bound_call(lib.vml(name), [n, 0, 0, _VML_MODE], (x, out), (1, 2), fallback)
 
 
 def matmul_step(a: Any, b: Any, out: Any) -> Step:
@@ -366,4 +322,4 @@ def _mkl_step(lib: Mkl, a: Any, b: Any, out: Any) -> Step:
         args = [_ROW_MAJOR, pa.trans, pb.trans, m, n, k, 1.0, 0, pa.ld, pa.batch_stride, 0, pb.ld,
                 pb.batch_stride, 0.0, 0, c.ld, c.batch_stride, count]  # fmt: skip
         positions = (7, 10, 14)
-    return _bound(fn, args, (a, b, out), positions, _numpy_matmul)
+    return bound_call(fn, args, (a, b, out), positions, _numpy_matmul)

@@ -134,6 +134,17 @@ static inline float rx_tanh(float x) {
     return a < 0.625f ? s : l;
 }
 
+/* max and min that return NaN when either operand is NaN (numpy's maximum and minimum),
+ * written as two selects so that they vectorize and never branch. */
+static inline float rx_max(float a, float b) {
+    float r = a > b ? a : b;
+    return a != a ? a : r;
+}
+static inline float rx_min(float a, float b) {
+    float r = a < b ? a : b;
+    return a != a ? a : r;
+}
+
 static inline float rx_sigmoid(float x) { return 1.0f / (1.0f + rx_exp(-x)); }
 
 /* erf(x) = tanh(x P(x^2)) and gelu(x) = x / (1 + exp(x R(x^2))): the polynomials of
@@ -187,8 +198,8 @@ static RLX_CLONES void run_op(int64_t op, float *d, const float *a, const float 
     case OP_MUL: for (i = 0; i < n; i++) d[i] = a[i] * b[i]; break;
     case OP_DIV: for (i = 0; i < n; i++) d[i] = a[i] / b[i]; break;
     case OP_POW: for (i = 0; i < n; i++) d[i] = powf(a[i], b[i]); break;
-    case OP_MAX: for (i = 0; i < n; i++) d[i] = (a[i] > b[i] || a[i] != a[i]) ? a[i] : b[i]; break;
-    case OP_MIN: for (i = 0; i < n; i++) d[i] = (a[i] < b[i] || a[i] != a[i]) ? a[i] : b[i]; break;
+    case OP_MAX: for (i = 0; i < n; i++) d[i] = rx_max(a[i], b[i]); break;
+    case OP_MIN: for (i = 0; i < n; i++) d[i] = rx_min(a[i], b[i]); break;
     case OP_NEG: for (i = 0; i < n; i++) d[i] = -a[i]; break;
     case OP_ABS: for (i = 0; i < n; i++) d[i] = fabsf(a[i]); break;
     case OP_EXP: for (i = 0; i < n; i++) d[i] = rx_exp(a[i]); break;
@@ -198,7 +209,7 @@ static RLX_CLONES void run_op(int64_t op, float *d, const float *a, const float 
     case OP_ERF: for (i = 0; i < n; i++) d[i] = rx_erf(a[i]); break;
     case OP_TANH: for (i = 0; i < n; i++) d[i] = rx_tanh(a[i]); break;
     case OP_SIGMOID: for (i = 0; i < n; i++) d[i] = rx_sigmoid(a[i]); break;
-    case OP_RELU: for (i = 0; i < n; i++) d[i] = (a[i] > 0.0f || a[i] != a[i]) ? a[i] : 0.0f; break;
+    case OP_RELU: for (i = 0; i < n; i++) d[i] = rx_max(a[i], 0.0f); break;
     case OP_GELU: for (i = 0; i < n; i++) d[i] = rx_gelu(a[i]); break;
     case OP_GELU_TANH: for (i = 0; i < n; i++) d[i] = rx_gelu_tanh(a[i]); break;
     case OP_EQ: for (i = 0; i < n; i++) d[i] = a[i] == b[i] ? 1.0f : 0.0f; break;
@@ -313,4 +324,261 @@ static int region_range(const int64_t *meta, void *const *ptrs, int64_t start, i
     }
     free(work);
     return 0;
+}
+
+/* ------------------------------------------------------------ row kernels */
+/* Both take rows of `len` contiguous floats (rows `stride` apart for x and y) and split
+ * the rows over up to `threads` threads. Reductions keep 16 partial results, which the
+ * compiler vectorizes without reassociating anything it was not told to. */
+#define RLX_LANES 16
+
+static inline float row_max(const float *x, int64_t len) {
+    float m[RLX_LANES];
+    int64_t i = 0, j;
+    for (j = 0; j < RLX_LANES; j++) m[j] = -INFINITY;
+    for (; i + RLX_LANES <= len; i += RLX_LANES)
+        for (j = 0; j < RLX_LANES; j++) m[j] = rx_max(x[i + j], m[j]);
+    float r = -INFINITY;
+    for (j = 0; j < RLX_LANES; j++) r = rx_max(m[j], r);
+    for (; i < len; i++) r = rx_max(x[i], r);
+    return r;
+}
+
+static inline float lanes_sum(const float *s) {
+    float r = 0.0f;
+    for (int j = 0; j < RLX_LANES; j++) r += s[j];
+    return r;
+}
+
+/* y = softmax(x * scale) along each row: max, then exp and sum in one pass, then divide. */
+static RLX_CLONES void softmax_rows(const float *x, float *y, int64_t r0, int64_t r1, int64_t len, int64_t stride,
+                                   float scale) {
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = x + r * stride;
+        float *yr = y + r * stride;
+        float m = row_max(xr, len);
+        float ms = m * scale;
+        if (scale < 0.0f) { /* the largest of x * scale is then the smallest x */
+            float mn[RLX_LANES];
+            int64_t i = 0, j;
+            for (j = 0; j < RLX_LANES; j++) mn[j] = INFINITY;
+            for (; i + RLX_LANES <= len; i += RLX_LANES)
+                for (j = 0; j < RLX_LANES; j++) mn[j] = rx_min(xr[i + j], mn[j]);
+            float q = INFINITY;
+            for (j = 0; j < RLX_LANES; j++) q = rx_min(mn[j], q);
+            for (; i < len; i++) q = rx_min(xr[i], q);
+            ms = q * scale;
+        }
+        float s[RLX_LANES] = {0};
+        int64_t i = 0, j;
+        for (; i + RLX_LANES <= len; i += RLX_LANES)
+            for (j = 0; j < RLX_LANES; j++) {
+                float e = rx_exp(xr[i + j] * scale - ms);
+                yr[i + j] = e;
+                s[j] += e;
+            }
+        float total = lanes_sum(s);
+        for (; i < len; i++) {
+            float e = rx_exp(xr[i] * scale - ms);
+            yr[i] = e;
+            total += e;
+        }
+        float inv = 1.0f / total;
+        for (i = 0; i < len; i++) yr[i] = yr[i] * inv;
+    }
+}
+
+/* y = (x - mean) / sqrt(var + eps) * scale + bias along each row (scale and bias have
+ * `len` elements; bias may be NULL). The variance is the mean of squared deviations. */
+static RLX_CLONES void layer_norm_rows(const float *x, const float *scale, const float *bias, float *y, int64_t r0,
+                                       int64_t r1, int64_t len, int64_t stride, float eps) {
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = x + r * stride;
+        float *yr = y + r * stride;
+        float s[RLX_LANES] = {0};
+        int64_t i = 0, j;
+        for (; i + RLX_LANES <= len; i += RLX_LANES)
+            for (j = 0; j < RLX_LANES; j++) s[j] += xr[i + j];
+        float total = lanes_sum(s);
+        for (; i < len; i++) total += xr[i];
+        float mean = total / (float)len;
+        float v[RLX_LANES] = {0};
+        for (i = 0; i + RLX_LANES <= len; i += RLX_LANES)
+            for (j = 0; j < RLX_LANES; j++) {
+                float d = xr[i + j] - mean;
+                v[j] += d * d;
+            }
+        float var = lanes_sum(v);
+        for (; i < len; i++) {
+            float d = xr[i] - mean;
+            var += d * d;
+        }
+        float rstd = 1.0f / sqrtf(var / (float)len + eps);
+        if (bias)
+            for (i = 0; i < len; i++) yr[i] = (xr[i] - mean) * rstd * scale[i] + bias[i];
+        else
+            for (i = 0; i < len; i++) yr[i] = (xr[i] - mean) * rstd * scale[i];
+    }
+}
+
+static int64_t row_threads(int64_t threads, int64_t rows) {
+    if (threads > g_max_threads) threads = g_max_threads;
+    if (threads > rows) threads = rows;
+    return threads < 1 ? 1 : threads;
+}
+
+RLX_API void rlx_softmax(const float *x, float *y, int64_t rows, int64_t len, int64_t stride, float scale,
+                         int64_t threads) {
+    threads = row_threads(threads, rows);
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads((int)threads)
+        {
+            int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+            softmax_rows(x, y, rows * t / nt, rows * (t + 1) / nt, len, stride, scale);
+        }
+        return;
+    }
+#endif
+    softmax_rows(x, y, 0, rows, len, stride, scale);
+}
+
+RLX_API void rlx_layer_norm(const float *x, const float *scale, const float *bias, float *y, int64_t rows,
+                            int64_t len, int64_t stride, float eps, int64_t threads) {
+    threads = row_threads(threads, rows);
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads((int)threads)
+        {
+            int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+            layer_norm_rows(x, scale, bias, y, rows * t / nt, rows * (t + 1) / nt, len, stride, eps);
+        }
+        return;
+    }
+#endif
+    layer_norm_rows(x, scale, bias, y, 0, rows, len, stride, eps);
+}
+
+/* ------------------------------------------------------- convolution windows */
+/* im2col for `count` images of `c` channels (H x W, `x_stride` floats apart): row
+ * (ch, ki, kj) of an image's columns (`cols_stride` floats apart, rows oh * ow long)
+ * holds x[ch, oy * sh - pt + ki * dh, ox * sw - pl + kj * dw], 0 outside the image. */
+static RLX_CLONES void im2col_one(const float *x, float *cols, int64_t c0, int64_t c1, int64_t h, int64_t w,
+                                  int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
+                                  int64_t pl, int64_t oh, int64_t ow) {
+    float *row = cols + c0 * kh * kw * oh * ow;
+    for (int64_t ch = c0; ch < c1; ch++) {
+        const float *plane = x + ch * h * w;
+        for (int64_t ki = 0; ki < kh; ki++)
+            for (int64_t kj = 0; kj < kw; kj++, row += oh * ow) {
+                /* the output columns whose input column is inside: ox in [lo, hi) */
+                int64_t off = kj * dw - pl, lo = 0, hi = ow;
+                while (lo < ow && lo * sw + off < 0) lo++;
+                while (hi > lo && (hi - 1) * sw + off >= w) hi--;
+                for (int64_t oy = 0; oy < oh; oy++) {
+                    float *dst = row + oy * ow;
+                    int64_t iy = oy * sh - pt + ki * dh;
+                    if (iy < 0 || iy >= h || lo >= hi) {
+                        for (int64_t ox = 0; ox < ow; ox++) dst[ox] = 0.0f;
+                        continue;
+                    }
+                    const float *src = plane + iy * w + off;
+                    int64_t ox;
+                    for (ox = 0; ox < lo; ox++) dst[ox] = 0.0f;
+                    if (sw == 1)
+                        for (ox = lo; ox < hi; ox++) dst[ox] = src[ox];
+                    else
+                        for (ox = lo; ox < hi; ox++) dst[ox] = src[ox * sw];
+                    for (ox = hi; ox < ow; ox++) dst[ox] = 0.0f;
+                }
+            }
+    }
+}
+
+static int64_t row_threads(int64_t threads, int64_t rows);
+
+RLX_API void rlx_im2col(const float *x, float *cols, int64_t count, int64_t x_stride, int64_t cols_stride, int64_t c,
+                        int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                        int64_t pt, int64_t pl, int64_t oh, int64_t ow, int64_t threads) {
+    threads = row_threads(threads, c);
+    for (int64_t i = 0; i < count; i++) {
+        const float *xi = x + i * x_stride;
+        float *ci = cols + i * cols_stride;
+#ifdef _OPENMP
+        if (threads > 1) {
+#pragma omp parallel num_threads((int)threads)
+            {
+                int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+                im2col_one(xi, ci, c * t / nt, c * (t + 1) / nt, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
+            }
+            continue;
+        }
+#endif
+        im2col_one(xi, ci, 0, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
+    }
+}
+
+/* Max or average over kh x kw windows (stride sh, sw; dilation dh, dw) of `planes` planes
+ * H x W, every window inside the plane (no padding): y is planes x oh x ow. The average
+ * divides by kh * kw; the max propagates NaN like numpy's maximum. */
+static RLX_CLONES void pool_planes(const float *x, float *y, int64_t p0, int64_t p1, int64_t h, int64_t w, int64_t kh,
+                                   int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh, int64_t ow,
+                                   int64_t is_max) {
+    float inv = 1.0f / (float)(kh * kw);
+    if (kh == 2 && kw == 2 && sh == 2 && sw == 2 && dh == 1 && dw == 1) { /* the common 2x2 pool, one pass */
+        for (int64_t p = p0; p < p1; p++)
+            for (int64_t oy = 0; oy < oh; oy++) {
+                const float *r0 = x + p * h * w + 2 * oy * w, *r1 = r0 + w;
+                float *dst = y + p * oh * ow + oy * ow;
+                if (is_max)
+                    for (int64_t ox = 0; ox < ow; ox++) {
+                        float a = rx_max(r0[2 * ox], r0[2 * ox + 1]), c = rx_max(r1[2 * ox], r1[2 * ox + 1]);
+                        dst[ox] = rx_max(a, c);
+                    }
+                else
+                    for (int64_t ox = 0; ox < ow; ox++)
+                        dst[ox] = ((r0[2 * ox] + r0[2 * ox + 1]) + (r1[2 * ox] + r1[2 * ox + 1])) * 0.25f;
+            }
+        return;
+    }
+    for (int64_t p = p0; p < p1; p++) {
+        const float *plane = x + p * h * w;
+        float *out = y + p * oh * ow;
+        for (int64_t oy = 0; oy < oh; oy++) {
+            float *dst = out + oy * ow;
+            for (int64_t ki = 0; ki < kh; ki++) {
+                const float *src = plane + (oy * sh + ki * dh) * w;
+                for (int64_t kj = 0; kj < kw; kj++) {
+                    const float *s = src + kj * dw;
+                    int64_t ox;
+                    if (ki == 0 && kj == 0) {
+                        for (ox = 0; ox < ow; ox++) dst[ox] = s[ox * sw];
+                    } else if (is_max) {
+                        for (ox = 0; ox < ow; ox++) dst[ox] = rx_max(dst[ox], s[ox * sw]);
+                    } else {
+                        for (ox = 0; ox < ow; ox++) dst[ox] += s[ox * sw];
+                    }
+                }
+            }
+            if (!is_max)
+                for (int64_t ox = 0; ox < ow; ox++) dst[ox] *= inv;
+        }
+    }
+}
+
+RLX_API void rlx_pool2d(const float *x, float *y, int64_t planes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                        int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh, int64_t ow, int64_t is_max,
+                        int64_t threads) {
+    threads = row_threads(threads, planes);
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads((int)threads)
+        {
+            int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+            pool_planes(x, y, planes * t / nt, planes * (t + 1) / nt, h, w, kh, kw, sh, sw, dh, dw, oh, ow, is_max);
+        }
+        return;
+    }
+#endif
+    pool_planes(x, y, 0, planes, h, w, kh, kw, sh, sw, dh, dw, oh, ow, is_max);
 }

@@ -132,6 +132,20 @@ class Native:
         self.region = self._lib.rlx_region
         self.region.argtypes = [p, p, i64, i64, i64]
         self.region.restype = ctypes.c_int
+        f = ctypes.c_float
+        self.softmax = self._lib.rlx_softmax  # (x, y, rows, len, stride, scale, threads)
+        self.softmax.argtypes = [p, p, i64, i64, i64, f, i64]
+        self.softmax.restype = None
+        self.layer_norm = self._lib.rlx_layer_norm  # (x, scale, bias, y, rows, len, stride, eps, threads)
+        self.layer_norm.argtypes = [p, p, p, p, i64, i64, i64, f, i64]
+        self.layer_norm.restype = None
+        # (x, cols, count, x_stride, cols_stride, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, threads)
+        self.im2col = self._lib.rlx_im2col
+        self.im2col.argtypes = [p, p, *[i64] * 17]
+        self.im2col.restype = None
+        self.pool2d = self._lib.rlx_pool2d  # (x, y, planes, h, w, kh, kw, sh, sw, dh, dw, oh, ow, is_max, threads)
+        self.pool2d.argtypes = [p, p, *[i64] * 13]
+        self.pool2d.restype = None
         self._lib.rlx_set_max_threads.argtypes = [i64]
         self._lib.rlx_set_max_threads.restype = None
         self._lib.rlx_openmp.restype = i64

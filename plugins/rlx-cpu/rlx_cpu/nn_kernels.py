@@ -21,6 +21,8 @@ from rlx_core.ops import OpKind
 
 from .blas import matmul_step
 from .kernels import BuildContext, Builder, compute_dtype, const, ufunc_step
+from .native import library as native_library
+from .native_nn import im2col_step, layer_norm_step, pool_step, softmax_step
 from .steps import Step, is_fixed
 
 __all__ = ["NN_KERNELS"]
@@ -48,6 +50,10 @@ SHORT_ROW = 32
 
 def _softmax(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
     x, axis = ins[0], node.attrs["axis"]
+    if axis == out.ndim - 1:
+        native = softmax_step(x, out)
+        if native is not None:
+            return [native]
     cd = compute_dtype(out.dtype)
     rows, length = out.size // max(out.shape[axis], 1), out.shape[axis]
     if axis == out.ndim - 1 and length <= SHORT_ROW and rows >= 16 and out.size:
@@ -72,6 +78,9 @@ def _layer_norm(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
     x, scale = ins[0], ins[1]
     bias = ins[2] if len(ins) == 3 else None
     axis, eps = node.attrs["axis"], node.attrs["eps"]
+    native = layer_norm_step(x, scale, bias, out, axis, eps)
+    if native is not None:
+        return [native]
     rows, n = math.prod(x.shape[:axis]), math.prod(x.shape[axis:])
     cd = compute_dtype(out.dtype)
     x2 = x.reshape(rows, n)
@@ -117,6 +126,10 @@ def _attention(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -
     batch, lq, lk = out.shape[:-2], q.shape[-2], k.shape[-2]
     if lk == 0:  # softmax over no keys, times an empty v: the product is all zeros
         return [Step(np.copyto, (out, const(0, out.dtype)))]
+    if cd == out.dtype == np.float32 and native_library() is not None:
+        native = _attention_native(node, q, k, v, mask, out, ctx)
+        if native is not None:
+            return native
     st = ctx.scratch((*batch, lk, lq), cd)
     steps.append(matmul_step(k, q.swapaxes(-1, -2), st))
     if node.attrs["scale"] != 1.0:
@@ -137,6 +150,30 @@ def _attention(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -
         res = ctx.scratch(out.shape, cd)
         steps += [matmul_step(p, v, res), Step(np.copyto, (out, res), {"casting": "same_kind"})]
     return steps
+
+
+def _attention_native(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.ndarray,
+                      ctx: BuildContext) -> list[Step] | None:  # fmt: skip
+    """float32 attention with the native softmax: scores (Lq, Lk) per head, the scale
+    applied inside the softmax's pass (or before the mask, when there is one)."""
+    batch, lq, lk = out.shape[:-2], q.shape[-2], k.shape[-2]
+    st = ctx.scratch((*batch, lq, lk), np.float32)
+    scale = node.attrs["scale"]
+    steps = [matmul_step(q, k.swapaxes(-1, -2), st)]
+    if mask is not None:
+        if scale != 1.0:
+            steps.append(Step(np.multiply, (st, const(scale, np.float32), st)))
+            scale = 1.0
+        if mask.dtype == np.bool_:
+            masked = ctx.scratch(np.broadcast_shapes(tuple(mask.shape), st.shape[-2:]), np.bool_)
+            steps += [Step(np.logical_not, (mask, masked)),
+                      Step(np.copyto, (st, const(-np.inf, np.float32)), {"where": masked})]  # fmt: skip
+        else:
+            steps.append(Step(np.add, (st, mask, st)))
+    soft = softmax_step(st, st, scale)
+    if soft is None:
+        return None
+    return [*steps, soft, matmul_step(st, v, out)]
 
 
 # ----------------------------------------------------------------------------- windows
@@ -184,12 +221,6 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
             x = x32
         steps.append(matmul_step(w3, x.reshape(n, groups, cg, h * wd), res4))
     else:
-        # the windows are one strided view planned now, so a run-time input is copied too
-        xp, pad_steps = _padded(x, pt, pl, h + pt + pb, wd + pl + pr, 0.0, cd, ctx, concrete=True)
-        steps += pad_steps
-        s_n, s_c, s_h, s_w = xp.strides
-        windows = as_strided(xp, (n, groups, cg, kh, kw, oh, ow),
-                             (s_n, cg * s_c, s_c, dh * s_h, dw * s_w, sh * s_h, sw * s_w), writeable=False)  # fmt: skip
         if b is not None:
             # The bias rides in the matmul: one more row of ones in the columns and the
             # bias as one more column of the weights, instead of a pass over the output.
@@ -202,8 +233,19 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
             w3, b = wb, None
         else:
             cols = ctx.scratch((n, groups, kk, oh * ow), cd)
-        steps += [Step(np.copyto, (cols[:, :, :kk].reshape(n, groups, cg, kh, kw, oh, ow), windows)),
-                  matmul_step(w3, cols, res4)]  # fmt: skip
+        native = None
+        if x.dtype == cd:  # one pass writing the windows and their zero padding
+            native = im2col_step(x, cols, groups, (kh, kw), (sh, sw), (dh, dw), (pt, pl), (oh, ow))
+        if native is not None:
+            steps.append(native)
+        else:  # the windows are one strided view planned now, so a run-time input is copied too
+            xp, pad_steps = _padded(x, pt, pl, h + pt + pb, wd + pl + pr, 0.0, cd, ctx, concrete=True)
+            s_n, s_c, s_h, s_w = xp.strides
+            windows = as_strided(xp, (n, groups, cg, kh, kw, oh, ow),
+                                 (s_n, cg * s_c, s_c, dh * s_h, dw * s_w, sh * s_h, sw * s_w),
+                                 writeable=False)  # fmt: skip
+            steps += [*pad_steps, Step(np.copyto, (cols[:, :, :kk].reshape(n, groups, cg, kh, kw, oh, ow), windows))]
+        steps.append(matmul_step(w3, cols, res4))
     if b is not None:
         steps.append(Step(np.add, (res, b.reshape(o, 1, 1), out)))
     elif res is not out:
@@ -250,8 +292,18 @@ def _separable(xp: Any, node: Node, dilation: tuple[int, int], combine: np.ufunc
     return fold(rows, r) + fold(cols, out)
 
 
+def _native_pool(node: Node, x: Any, out: np.ndarray, dilation: tuple[int, int], is_max: bool) -> Step | None:
+    """The native pool when no window reaches into padding."""
+    if any(node.attrs["padding"]):
+        return None
+    return pool_step(x, out, node.attrs["kernel"], node.attrs["stride"], dilation, is_max)
+
+
 def _max_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
     dilation = node.attrs["dilation"]
+    native = _native_pool(node, ins[0], out, dilation, True)
+    if native is not None:
+        return [native]
     xp, steps = _pool_input(ins[0], node, dilation, -np.inf, out.dtype, ctx)
     return steps + _separable(xp, node, dilation, np.maximum, out, ctx)
 
@@ -266,6 +318,9 @@ def _window_counts(size: int, out: int, k: int, s: int, p0: int, p1: int, includ
 
 def _avg_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
     a = node.attrs
+    native = _native_pool(node, ins[0], out, (1, 1), False)
+    if native is not None:
+        return [native]
     cd = compute_dtype(out.dtype)
     xp, steps = _pool_input(ins[0], node, (1, 1), 0.0, cd, ctx)
     acc = out if cd == out.dtype else ctx.scratch(out.shape, cd)

@@ -21,7 +21,7 @@ import pytest
 from rlx_core import reference
 from rlx_core.ir import Graph
 from rlx_core.plugin import CompileOptions
-from rlx_cpu import CpuBackend, blas
+from rlx_cpu import CpuBackend, blas, ccall
 from rlx_cpu.steps import Dyn, bind
 
 F32 = np.float32
@@ -48,7 +48,7 @@ def check(got: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
 
 def uses_mkl(step: blas.Step) -> bool:
     fn = step.fn
-    return isinstance(fn, blas._RunTimeCall) or (isinstance(fn, functools.partial) and fn.func is blas._call)
+    return isinstance(fn, ccall._RunTimeCall) or (isinstance(fn, functools.partial) and fn.func is ccall._call)
 
 
 def run_step(step: blas.Step, slots: list[object] | None = None) -> None:
@@ -129,7 +129,7 @@ def test_a_callers_array_of_any_layout_gives_the_product(lib: blas.Mkl, what: st
     out = np.empty((64, 128), F32)
     slots: list[object] = [None]
     step = blas.matmul_step(Dyn(0, x.shape, x.dtype), w, out)
-    assert isinstance(step.fn, blas._RunTimeCall)
+    assert isinstance(step.fn, ccall._RunTimeCall)
     slots[0] = x
     run_step(step, slots)
     check(out, x, w)

@@ -1,0 +1,169 @@
+"""Softmax, layer normalization, convolution windows and pools of float32 data on the
+native kernels (``native.c``).
+
+numpy runs a softmax as five passes (max, subtract, exp, sum, divide) and a layer norm
+as about ten, each a call of about a microsecond; for a classifier's 64 x 10 softmax the
+calls are the whole cost (12 µs, ONNX Runtime's ~2). The native kernels do one row at a
+time in cache: softmax's max, then exp and sum in one pass, then the scaling; layer
+norm's mean, variance, and the normalized, scaled and shifted row. Rows are split over
+the cores when there are enough of them. A convolution's im2col copy is one pass that
+writes the zero padding in place (numpy: a padded copy, then a strided copy); a pool
+whose windows all lie inside the image is one pass per output row. Each builder returns
+None when the native library is not here or the operands do not fit (the caller keeps
+its numpy steps).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .ccall import bound_call
+from .native import library
+from .regions import SPLIT_NS
+from .steps import Dyn, Step
+
+__all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step"]
+
+_SOFTMAX_NS, _LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
+
+
+def _fits(*arrays: Any) -> bool:
+    return all(x is None or (x.dtype == np.float32
+                             and (isinstance(x, Dyn) or (x.flags.c_contiguous and x.flags.aligned)))
+               for x in arrays)  # fmt: skip
+
+
+def _threads(lib: Any, elements: int, ns: float) -> int:
+    return lib.threads() if elements * ns >= SPLIT_NS else 1
+
+
+def _softmax_numpy(scale: float) -> Any:
+    def run(x: np.ndarray, out: np.ndarray) -> None:
+        t = x * np.float32(scale) if scale != 1.0 else x
+        e = np.exp(t - t.max(axis=-1, keepdims=True))
+        np.divide(e, e.sum(axis=-1, keepdims=True), out=out)
+
+    return run
+
+
+def softmax_step(x: Any, out: Any, scale: float = 1.0) -> Step | None:
+    """``out = softmax(x * scale)`` along the last axis (``out`` may be ``x``)."""
+    lib = library()
+    if lib is None or tuple(x.shape) != tuple(out.shape) or not _fits(x, out) or out.ndim == 0:
+        return None
+    length = out.shape[-1]
+    rows = math.prod(out.shape[:-1])
+    if length == 0 or rows == 0 or (not isinstance(x, Dyn) and not isinstance(out, Dyn)
+                                     and np.may_share_memory(x, out) and x.ctypes.data != out.ctypes.data):  # fmt: skip
+        return None
+    args = [0, 0, rows, length, length, float(scale), _threads(lib, rows * length, _SOFTMAX_NS)]
+    return bound_call(lib.softmax, args, (x, out), (0, 1), _softmax_numpy(scale))
+
+
+def _layer_norm_numpy(eps: float) -> Any:
+    def run(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, out: np.ndarray) -> None:
+        n = scale.size
+        x2 = x.reshape(-1, n)
+        d = x2 - x2.mean(axis=1, keepdims=True)
+        var = (d * d).mean(axis=1, keepdims=True)
+        y = d / np.sqrt(var + np.float32(eps)) * scale.reshape(n)
+        if bias is not None:
+            y = y + bias.reshape(n)
+        out.reshape(-1, n)[...] = y
+
+    return run
+
+
+def layer_norm_step(x: Any, scale: Any, bias: Any, out: Any, axis: int, eps: float) -> Step | None:
+    """``out = layer_norm(x) * scale + bias`` over the axes from ``axis`` on, where
+    ``scale`` and ``bias`` (or None) have exactly those axes' shape."""
+    lib = library()
+    inner = tuple(out.shape[axis:])
+    if (lib is None or tuple(x.shape) != tuple(out.shape) or not _fits(x, scale, bias, out)
+            or tuple(scale.shape) != inner or (bias is not None and tuple(bias.shape) != inner)):  # fmt: skip
+        return None
+    length, rows = math.prod(inner), math.prod(out.shape[:axis])
+    if length == 0 or rows == 0:
+        return None
+    if not isinstance(x, Dyn) and not isinstance(out, Dyn) and np.may_share_memory(x, out) \
+            and x.ctypes.data != out.ctypes.data:  # fmt: skip
+        return None
+    args = [0, 0, None, 0, rows, length, length, float(eps), _threads(lib, rows * length, _LAYER_NORM_NS)]
+    if bias is None:
+        return bound_call(lib.layer_norm, args, (x, scale, out), (0, 1, 3),
+                          lambda x, s, o: _layer_norm_numpy(eps)(x, s, None, o))  # fmt: skip
+    return bound_call(lib.layer_norm, args, (x, scale, bias, out), (0, 1, 2, 3), _layer_norm_numpy(eps))
+
+
+def _windows_numpy(geometry: tuple[int, ...]) -> Any:
+    count, _, cols_stride, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow = geometry
+
+    def run(x: np.ndarray, cols: np.ndarray) -> None:
+        imgs = x.reshape(count, c, h, w)
+        padded = np.zeros((count, c, h + pt + (oh - 1) * sh + dh * (kh - 1) + 1, w + pl + (ow - 1) * sw
+                           + dw * (kw - 1) + 1), np.float32)  # fmt: skip
+        padded[:, :, pt : pt + h, pl : pl + w] = imgs
+        rows = cols.reshape(-1)[: count * cols_stride].reshape(count, cols_stride)[:, : c * kh * kw * oh * ow]
+        for ch in range(c):
+            for ki in range(kh):
+                for kj in range(kw):
+                    r = (ch * kh + ki) * kw + kj
+                    ys = slice(ki * dh, ki * dh + (oh - 1) * sh + 1, sh)
+                    win = padded[:, ch, ys, kj * dw : kj * dw + (ow - 1) * sw + 1 : sw]
+                    rows[:, r * oh * ow : (r + 1) * oh * ow] = win.reshape(count, oh * ow)
+
+    return run
+
+
+def im2col_step(x: Any, cols: np.ndarray, groups: int, kernel: tuple[int, int], stride: tuple[int, int],
+                dilation: tuple[int, int], pads: tuple[int, int], out_hw: tuple[int, int]) -> Step | None:  # fmt: skip
+    """Fill the first ``C/groups * kh * kw`` rows of each (image, group) block of ``cols``
+    (shape ``(n, groups, rows, oh * ow)``, rows >= that) with the windows of ``x`` (N, C, H, W)."""
+    lib = library()
+    if lib is None or not _fits(x, cols) or isinstance(cols, Dyn):
+        return None
+    n, c, h, w = x.shape
+    cg = c // groups
+    (kh, kw), (sh, sw), (dh, dw), (pt, pl), (oh, ow) = kernel, stride, dilation, pads, out_hw
+    count = n * groups
+    geometry = (count, cg * h * w, cols.shape[2] * cols.shape[3], cg, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow)
+    threads = _threads(lib, count * cg * kh * kw * oh * ow, 0.25)
+    return bound_call(lib.im2col, [0, 0, *geometry, threads], (x, cols), (0, 1), _windows_numpy(geometry))
+
+
+def _pool_numpy(geometry: tuple[int, ...]) -> Any:
+    planes, h, w, kh, kw, sh, sw, dh, dw, oh, ow, is_max = geometry
+
+    def run(x: np.ndarray, out: np.ndarray) -> None:
+        xs = x.reshape(planes, h, w)
+        taps = [xs[:, i * dh : i * dh + (oh - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw]
+                for i in range(kh) for j in range(kw)]  # fmt: skip
+        acc = taps[0].copy()
+        for t in taps[1:]:
+            if is_max:
+                np.maximum(acc, t, out=acc)
+            else:
+                np.add(acc, t, out=acc)
+        out.reshape(planes, oh, ow)[...] = acc if is_max else acc * np.float32(1.0 / (kh * kw))
+
+    return run
+
+
+def pool_step(x: Any, out: Any, kernel: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int],
+              is_max: bool) -> Step | None:  # fmt: skip
+    """Max or average pool of ``x`` (N, C, H, W) into ``out`` whose windows all lie inside
+    the image (no padding, no ceil_mode window past the edge)."""
+    lib = library()
+    if lib is None or not _fits(x, out) or out.size == 0:
+        return None
+    n, c, h, w = x.shape
+    oh, ow = out.shape[2:]
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    if (oh - 1) * sh + dh * (kh - 1) + 1 > h or (ow - 1) * sw + dw * (kw - 1) + 1 > w:
+        return None
+    geometry = (n * c, h, w, kh, kw, sh, sw, dh, dw, oh, ow, int(is_max))
+    threads = _threads(lib, out.size * kh * kw, 0.3)
+    return bound_call(lib.pool2d, [0, 0, *geometry, threads], (x, out), (0, 1), _pool_numpy(geometry))
