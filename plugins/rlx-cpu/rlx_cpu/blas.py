@@ -47,7 +47,7 @@ import numpy as np
 from .ccall import bound_call
 from .steps import Dyn, Step
 
-__all__ = ["Mkl", "mkl", "describe", "find_library", "matmul_step", "vml_step", "MIN_MACS", "BLOCKTIME_MS"]
+__all__ = ["Mkl", "mkl", "describe", "find_library", "matmul_step", "vml_step", "MIN_MACS", "BLOCKTIME_MS", "VML_MODE"]
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +266,7 @@ def _numpy_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 
 #: Vector-math accuracy: VML_HA (about 1 ulp), errors ignored (no errno traffic; NaN and
 #: inf come out as IEEE says, as numpy's do).
-_VML_MODE = 0x2 | 0x100
+VML_MODE = 0x2 | 0x100
 
 
 def vml_step(name: str, x: Any, out: Any, fallback: Callable[[np.ndarray, np.ndarray], None]) -> Step | None:
@@ -281,7 +281,7 @@ def vml_step(name: str, x: Any, out: Any, fallback: Callable[[np.ndarray, np.nda
     n = math.prod(out.shape)
     if n > _INT_MAX or any(not isinstance(v, Dyn) and not (v.flags.c_contiguous and v.flags.aligned) for v in (x, out)):
         return None
-    return bound_call(lib.vml(name), [n, 0, 0, _VML_MODE], (x, out), (1, 2), fallback)
+    return bound_call(lib.vml(name), [n, 0, 0, VML_MODE], (x, out), (1, 2), fallback)
 
 
 def matmul_step(a: Any, b: Any, out: Any) -> Step:

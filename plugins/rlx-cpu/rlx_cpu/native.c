@@ -32,7 +32,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 2
+#define RLX_ABI 3
 #define RLX_BLOCK 1024
 #define RLX_MAX_DIMS 8
 
@@ -187,10 +187,25 @@ static inline float rx_gelu_tanh(float x) {
 }
 
 /* ------------------------------------------------------------- the interpreter */
+/* An optional table of vector-math functions by opcode, with oneMKL's signature
+ * (vmsExp, vmsLn, vmsTanh, vmsErf: n, a, r, mode): where the caller passes one, a unary
+ * op that has an entry runs through it (2.5-5x faster than rx_* here, about 1 ulp). */
+typedef void (*rlx_vml_fn)(int, const float *, float *, long long);
+typedef struct {
+    rlx_vml_fn fn[OP_COUNT];
+    long long mode;
+} rlx_vml;
+RLX_API int64_t rlx_vml_size(void) { return (int64_t)sizeof(rlx_vml); }
+
 /* d[i] = f(a[i], b[i], c[i]) for one instruction over n elements. Every case is a loop of
  * its own, so that each vectorizes; d may be a, b or c (same index, read before write). */
-static RLX_CLONES void run_op(int64_t op, float *d, const float *a, const float *b, const float *c, int64_t n) {
+static RLX_CLONES void run_op(int64_t op, float *d, const float *a, const float *b, const float *c, int64_t n,
+                              const rlx_vml *vml) {
     int64_t i;
+    if (vml && vml->fn[op]) {
+        vml->fn[op]((int)n, a, d, vml->mode);
+        return;
+    }
     switch (op) {
     case OP_COPY: for (i = 0; i < n; i++) d[i] = a[i]; break;
     case OP_ADD: for (i = 0; i < n; i++) d[i] = a[i] + b[i]; break;
@@ -253,15 +268,16 @@ static void gather(const float *src, int64_t ndim, const int64_t *shape, const i
     }
 }
 
-static int region_range(const int64_t *meta, void *const *ptrs, int64_t start, int64_t stop);
+static int region_range(const int64_t *meta, void *const *ptrs, const rlx_vml *vml, int64_t start, int64_t stop);
 
 /* meta (int64): abi, n_in, n_instr, n_regs, ndim, size, shape[ndim],
  *   then per input: kind, strides[ndim]; then per instruction: op, dst, a, b, c.
  * Values: 0..n_in-1 are the inputs, n_in + r is register r; dst -1 is the output.
- * ptrs: output, then the inputs. Computes output elements [start, stop) on up to
- * `threads` threads, each taking a contiguous run of whole blocks.
+ * ptrs: output, then the inputs; vml: NULL or the vector-math table. Computes output
+ * elements [start, stop) on up to `threads` threads, each taking a run of whole blocks.
  * Returns 0, or -1 when memory for the registers cannot be had. */
-RLX_API int rlx_region(const int64_t *meta, void *const *ptrs, int64_t start, int64_t stop, int64_t threads) {
+RLX_API int rlx_region(const int64_t *meta, void *const *ptrs, const rlx_vml *vml, int64_t start, int64_t stop,
+                       int64_t threads) {
     int64_t blocks = (stop - start + RLX_BLOCK - 1) / RLX_BLOCK;
     if (threads > g_max_threads) threads = g_max_threads;
     if (threads > blocks) threads = blocks;
@@ -274,15 +290,15 @@ RLX_API int rlx_region(const int64_t *meta, void *const *ptrs, int64_t start, in
             int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
             int64_t s0 = start + b0 * RLX_BLOCK, s1 = start + b1 * RLX_BLOCK;
             if (s1 > stop) s1 = stop;
-            if (s0 < s1) status |= region_range(meta, ptrs, s0, s1);
+            if (s0 < s1) status |= region_range(meta, ptrs, vml, s0, s1);
         }
         return status;
     }
 #endif
-    return region_range(meta, ptrs, start, stop);
+    return region_range(meta, ptrs, vml, start, stop);
 }
 
-static int region_range(const int64_t *meta, void *const *ptrs, int64_t start, int64_t stop) {
+static int region_range(const int64_t *meta, void *const *ptrs, const rlx_vml *vml, int64_t start, int64_t stop) {
     const int64_t n_in = meta[1], n_instr = meta[2], n_regs = meta[3], ndim = meta[4];
     const int64_t *shape = meta + 6;
     const int64_t *in_meta = shape + ndim;
@@ -319,7 +335,7 @@ static int region_range(const int64_t *meta, void *const *ptrs, int64_t start, i
             const float *a = ins[2] >= 0 ? vals[ins[2]] : NULL;
             const float *b = ins[3] >= 0 ? vals[ins[3]] : NULL;
             const float *c = ins[4] >= 0 ? vals[ins[4]] : NULL;
-            run_op(ins[0], d, a, b, c, n);
+            run_op(ins[0], d, a, b, c, n, vml);
         }
     }
     free(work);

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-fvisibility=hidden")
 #: The C side's interface version (``rlx_abi()``); a library reporting another is rebuilt.
-ABI = 2
+ABI = 3
 _SCHEMA = 1
 _NAMESPACE = "cpu"
 _BUILD_TIMEOUT_S = 300
@@ -124,13 +124,14 @@ class Native:
         abi.restype = ctypes.c_int64
         if abi() != ABI:
             raise OSError(f"{path} has interface {abi()}, this rlx-cpu needs {ABI}")
-        for name in ("rlx_block", "rlx_op_count"):
+        for name in ("rlx_block", "rlx_op_count", "rlx_vml_size"):
             getattr(self._lib, name).restype = ctypes.c_int64
         self.block = int(self._lib.rlx_block())
         self.op_count = int(self._lib.rlx_op_count())
+        self.vml_size = int(self._lib.rlx_vml_size())
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         self.region = self._lib.rlx_region
-        self.region.argtypes = [p, p, i64, i64, i64]
+        self.region.argtypes = [p, p, p, i64, i64, i64]
         self.region.restype = ctypes.c_int
         f = ctypes.c_float
         self.softmax = self._lib.rlx_softmax  # (x, y, rows, len, stride, scale, threads)

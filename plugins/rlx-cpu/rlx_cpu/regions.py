@@ -28,6 +28,7 @@ from rlx_core.ir import Node
 from rlx_core.ops import OpKind
 from rlx_core.passes.internal_ops import Instruction
 
+from .blas import VML_MODE, mkl
 from .native import Native, library
 from .steps import Dyn, Step
 
@@ -171,6 +172,29 @@ def _used(instructions: list[Instruction], n_in: int) -> list[Instruction]:
     return kept
 
 
+#: Opcodes that run through oneMKL's vector math when MKL is loaded (``native.c``'s vml table).
+VML_FUNCTIONS = {"exp": "Exp", "log": "Ln", "tanh": "Tanh", "erf": "Erf"}
+_VML_TABLES: dict[int, np.ndarray] = {}
+
+
+def _vml_table(lib: Native) -> np.ndarray | None:
+    """The table of MKL vector-math entry points by opcode, or None without MKL (then
+    every op runs on native.c's own functions). Made once per process."""
+    mkl_lib = mkl()
+    if mkl_lib is None:
+        return None
+    table = _VML_TABLES.get(id(mkl_lib))
+    if table is None:
+        if lib.vml_size != 8 * (len(OPCODES) + 1):  # pragma: no cover - a library out of step with this module
+            return None
+        table = np.zeros(len(OPCODES) + 1, np.uint64)
+        for op, name in VML_FUNCTIONS.items():
+            table[OPCODES[op]] = ctypes.cast(mkl_lib.vml(name), ctypes.c_void_p).value or 0
+        table[-1] = VML_MODE
+        _VML_TABLES[id(mkl_lib)] = table
+    return table
+
+
 def region_steps(instructions: list[Instruction], ins: list[Any], out: Any) -> list[Step] | None:
     """The steps running a float32 region on the native interpreter, or None when it does
     not fit (no library, another dtype, an op it lacks, an aliasing it cannot take)."""
@@ -231,7 +255,7 @@ def _plan(lib: Native, instructions: list[Instruction], ins: list[Any], out: Any
             ptrs[k] = x.ctypes.data
     cost = n * (sum(_COST_NS.get(op, _COST_OTHER_NS) for op in ops) + _COST_GATHER_NS * kinds.count(_IN_STRIDED))
     threads = lib.threads() if cost >= SPLIT_NS else 1
-    run = _Runner(lib.region, meta_arr, ptrs, n, threads, values)
+    run = _Runner(lib.region, meta_arr, ptrs, _vml_table(lib), n, threads, values)
     dyn = [(k, x) for k, x in enumerate(values) if isinstance(x, Dyn)]
     if not dyn:
         return [Step(run)]
@@ -239,19 +263,20 @@ def _plan(lib: Native, instructions: list[Instruction], ins: list[Any], out: Any
 
 
 class _Runner:
-    """One run of a planned region: ``rlx_region(meta, ptrs, 0, n, threads)``. Holds the
-    arrays whose addresses are in ``ptrs``."""
+    """One run of a planned region: ``rlx_region(meta, ptrs, vml, 0, n, threads)``. Holds
+    the arrays whose addresses are in ``ptrs``."""
 
-    __slots__ = ("_meta_p", "_ptrs_p", "fn", "keep", "meta", "n", "ptrs", "threads")
+    __slots__ = ("_meta_p", "_ptrs_p", "_vml_p", "fn", "keep", "meta", "n", "ptrs", "threads", "vml")
 
-    def __init__(self, fn: Callable[..., int], meta: np.ndarray, ptrs: np.ndarray, n: int, threads: int,
-                 keep: list[Any]) -> None:  # fmt: skip
-        self.fn, self.meta, self.ptrs, self.n, self.threads = fn, meta, ptrs, n, threads
+    def __init__(self, fn: Callable[..., int], meta: np.ndarray, ptrs: np.ndarray, vml: np.ndarray | None, n: int,
+                 threads: int, keep: list[Any]) -> None:  # fmt: skip
+        self.fn, self.meta, self.ptrs, self.vml, self.n, self.threads = fn, meta, ptrs, vml, n, threads
         self.keep = tuple(x for x in keep if not isinstance(x, Dyn))
         self._meta_p, self._ptrs_p = meta.ctypes.data, ptrs.ctypes.data
+        self._vml_p = None if vml is None else vml.ctypes.data
 
     def __call__(self) -> None:
-        if self.fn(self._meta_p, self._ptrs_p, 0, self.n, self.threads):
+        if self.fn(self._meta_p, self._ptrs_p, self._vml_p, 0, self.n, self.threads):
             raise MemoryError(f"rlx-cpu: no memory for the registers of a {self.n}-element region")
 
 
