@@ -31,8 +31,10 @@ def _blas_name() -> str:
 
 
 class CpuBackend(rlx_core.Backend):
-    """numpy on the host CPU. Claims every op, composites included: softmax, layer_norm,
-    gelu, sigmoid, rsqrt, reduce_mean, global_avg_pool2d and attention run fused."""
+    """numpy on the host CPU, with float32 products on oneMKL and elementwise regions,
+    softmax, norms and pools on kernels compiled on this host (``native.c``) when those
+    are there. Claims every op, composites included: softmax, layer_norm, gelu, sigmoid,
+    rsqrt, reduce_mean, global_avg_pool2d and attention run fused."""
 
     name = "cpu"
     label = "CPU (numpy)"
@@ -55,6 +57,11 @@ class CpuBackend(rlx_core.Backend):
         sgemm = describe()
         if sgemm:  # float32 products go through oneMKL (and calibration follows it)
             versions["sgemm"] = sgemm
+        from . import native  # ctypes and subprocess only: asks the compiler its version, builds nothing
+
+        cc = native.describe()
+        if cc:  # elementwise, softmax, norms, pools compiled on this host (native.c)
+            versions["native"] = cc
         return rlx_core.Availability(True, devices=["cpu"], versions=versions)
 
     def supported_ops(self) -> frozenset[str]:
