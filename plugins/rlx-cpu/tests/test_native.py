@@ -1,0 +1,1239 @@
+"""The cpu backend's native kernels (``rlx_cpu/native.c``, built on this host by its C
+compiler): the float32 math of the region interpreter measured in ulps against float64,
+IEEE's edges op by op, fused regions over every kind of broadcast and layout, the row
+kernels (softmax, layer_norm, attention), im2col and the pools, ``set_param``, threads
+and ``fork``, and the build itself: the kernel directory, the manifest's SHA-256, and a
+missing, broken or switched-off compiler.
+
+Tests that need the library take the ``lib`` fixture, which skips them (with
+``native.reason()``) where no C compiler works; the tests of the paths without a library
+need no compiler and run everywhere. ``RLX_CPU_BLAS=numpy`` keeps oneMKL out of a region,
+so that exp, log, tanh and erf are native.c's own; the same tests run again with MKL's
+vector math where the ``mkl`` wheel is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pytest
+
+import rlx_core as rlx
+from rlx_core import reference
+from rlx_core.errors import CacheWarning
+from rlx_core.ir import Graph
+from rlx_core.ops import OpKind
+from rlx_core.passes.internal_ops import program_types
+from rlx_core.registry import Registry
+from rlx_core.session import CompiledGraph
+from rlx_cpu import CpuBackend, blas, native, native_nn, regions
+from rlx_cpu.steps import Dyn, bind
+
+F32 = np.float32
+FLT_MAX = float(np.finfo(F32).max)
+TINY = 2.0**-149  # the smallest float32 subnormal: the unit of the last place below 2^-126
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(autouse=True)
+def _empty_rlx_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiling reads the calibrated cost model from ``RLX_CACHE_DIR``: an empty one here,
+    so no test sees (or warns about) the user's cache."""
+    monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "rlx-cache"))
+
+
+@pytest.fixture
+def lib(monkeypatch: pytest.MonkeyPatch) -> native.Native:
+    monkeypatch.delenv("RLX_CPU_NATIVE", raising=False)
+    found = native.library()
+    if found is None:
+        pytest.skip(f"the native kernels are not available here: {native.reason()}")
+    return found
+
+
+@pytest.fixture
+def region_runs(monkeypatch: pytest.MonkeyPatch) -> list[regions._Runner]:
+    """Every native region run, as the ``_Runner`` that ran it (``__call__`` spied on)."""
+    ran: list[regions._Runner] = []
+    real = regions._Runner.__call__
+
+    def spy(self: regions._Runner) -> None:
+        ran.append(self)
+        real(self)
+
+    monkeypatch.setattr(regions._Runner, "__call__", spy)
+    return ran
+
+
+def spy_on(monkeypatch: pytest.MonkeyPatch, lib: native.Native, name: str) -> list[tuple[Any, ...]]:
+    """The calls of the library's entry point ``name`` (softmax, layer_norm, im2col, pool2d)
+    made by plans compiled after this."""
+    calls: list[tuple[Any, ...]] = []
+    real = getattr(lib, name)
+
+    def spy(*args: Any) -> Any:
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(lib, name, spy)
+    return calls
+
+
+def use_math(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """``own``: native.c's functions in every region; ``mkl``: oneMKL's vector math for
+    exp, log, tanh and erf (skips without MKL)."""
+    if mode == "own":
+        monkeypatch.setenv("RLX_CPU_BLAS", "numpy")
+        return
+    monkeypatch.delenv("RLX_CPU_BLAS", raising=False)
+    if blas.mkl() is None:
+        pytest.skip(f"oneMKL is not loadable here (libmkl_rt: {blas.find_library()}); `pip install mkl`")
+
+
+def compile_cpu(g: Graph) -> CompiledGraph:
+    reg = Registry(entry_points=[], environ={})
+    reg.register(CpuBackend())
+    return rlx.compile(g, device="cpu", registry=reg)
+
+
+def compile_numpy(monkeypatch: pytest.MonkeyPatch, g: Graph) -> CompiledGraph:
+    """``g`` compiled with the native kernels switched off: the numpy path."""
+    with monkeypatch.context() as m:
+        m.setenv("RLX_CPU_NATIVE", "0")
+        return compile_cpu(g)
+
+
+def rand(shape: tuple[int, ...], seed: int = 0, scale: float = 1.0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(F32)
+
+
+def ulps(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """``|got - want|`` in float32 units of the last place at ``want``: 2^(e-23) for
+    ``|want|`` in [2^e, 2^(e+1)), and 2^-149 in the subnormal range."""
+    want = np.asarray(want, np.float64)
+    _, e = np.frexp(np.abs(want))
+    unit = np.where(want == 0, TINY, np.maximum(np.ldexp(1.0, e - 24), TINY))
+    return np.abs(np.asarray(got, np.float64) - want) / unit
+
+
+def floats_between(lo: float, hi: float, step: int = 1) -> np.ndarray:
+    """Every ``step``-th float32 in [lo, hi], for 0 <= lo < hi (negate for negatives)."""
+    a, b = np.array([lo, hi], F32).view(np.int32)
+    return np.arange(a, b + 1, step, dtype=np.int32).view(F32)
+
+
+def both_signs(x: np.ndarray) -> np.ndarray:
+    return np.concatenate([x, -x])
+
+
+def unary_graph(op: str, shape: tuple[int, ...], dtype: str = "float32", **attrs: Any) -> Graph:
+    g = Graph(f"native-{op}")
+    x = g.input("x", shape, dtype)
+    g.set_outputs([getattr(g, op)(x, **attrs)])
+    return g
+
+
+def run_native_unary(op: str, x: np.ndarray, runs: list[regions._Runner], **attrs: Any) -> np.ndarray:
+    """``op(x)`` through a compiled one-op graph, checking that the interpreter ran it."""
+    cg = compile_cpu(unary_graph(op, x.shape, **attrs))
+    runs.clear()
+    (got,) = cg.run({"x": x})
+    assert runs, f"{op} did not run on the native interpreter"
+    return got
+
+
+def test_the_ulp_helper_counts_float32_units() -> None:
+    """The yardstick of the accuracy tests: one step of float32 is one ulp, at 1, across a
+    binade boundary (measured in the finer binade below it) and in the subnormals."""
+    one = np.float64(1.0)
+    assert ulps(np.nextafter(F32(1), F32(2)), one) == 1.0
+    assert ulps(np.nextafter(F32(1), F32(0)), one) == 0.5  # the unit is the one at the truth
+    assert ulps(F32(1), one - 2.0**-24) == 1.0  # just below 1: the finer unit of [0.5, 1)
+    assert ulps(F32(0), 3 * TINY) == 3.0
+    assert ulps(F32(2.5), 2.5 + 2.0**-23) == 0.5  # [2, 4): units of 2^-22
+
+
+# ----------------------------------------------------------------------------- accuracy
+def _erf64(x: np.ndarray) -> np.ndarray:
+    return np.array([math.erf(v) for v in x.tolist()])
+
+
+def _gelu64(x: np.ndarray) -> np.ndarray:
+    # x Phi(x) = x erfc(-x / sqrt 2) / 2: erfc keeps the far negative tail's digits
+    return x * 0.5 * np.array([math.erfc(-v / math.sqrt(2.0)) for v in x.tolist()])
+
+
+def _gelu_tanh64(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _exp_grid(rng: np.random.Generator) -> np.ndarray:
+    return np.concatenate([
+        np.linspace(-103.9, 88.72, 200_001), rng.uniform(-104, 89, 100_000), np.linspace(-1, 1, 20_001),
+        floats_between(88.0, 88.75),  # every float32 up to and past overflow (88.7228)
+        -floats_between(87.0, 104.0, 7),  # the results in the subnormal range, down to 0
+    ]).astype(F32)  # fmt: skip
+
+
+def _log_grid(rng: np.random.Generator) -> np.ndarray:
+    return np.concatenate([
+        np.geomspace(TINY, FLT_MAX, 200_001), rng.uniform(0, 100, 100_000), 1 + np.linspace(-1e-3, 1e-3, 20_001),
+        floats_between(0.7, 1.45, 31),  # both sides of 1 and of the sqrt(2) reduction
+        floats_between(TINY, 1.2e-38, 1021),  # subnormals
+    ]).astype(F32)  # fmt: skip
+
+
+def _tanh_grid(rng: np.random.Generator) -> np.ndarray:
+    return np.concatenate([
+        np.linspace(-10, 10, 200_001), rng.standard_normal(100_000) * 3,
+        both_signs(np.geomspace(1e-30, 1, 20_000)), both_signs(floats_between(0.55, 0.7, 3)),  # the 0.625 switch
+    ]).astype(F32)  # fmt: skip
+
+
+def _erf_grid(rng: np.random.Generator) -> np.ndarray:
+    return np.concatenate([
+        np.linspace(-5, 5, 200_001), rng.standard_normal(100_000) * 2, both_signs(np.geomspace(1e-30, 1, 20_000)),
+    ]).astype(F32)  # fmt: skip
+
+
+def _sigmoid_grid(rng: np.random.Generator) -> np.ndarray:
+    # From -88.72 up: below it exp(-x) overflows and the result (< 2^-126) flushes to 0, see
+    # test_sigmoid_below_the_normal_range_is_within_the_smallest_normal.
+    return np.concatenate([
+        np.linspace(-88.72, 30, 200_001), rng.uniform(-88, 20, 100_000), both_signs(np.geomspace(1e-30, 1, 20_000)),
+        -floats_between(86.0, 88.72, 5),  # results in the subnormal range
+    ]).astype(F32)  # fmt: skip
+
+
+def _rsqrt_grid(rng: np.random.Generator) -> np.ndarray:
+    return np.concatenate([
+        np.geomspace(TINY, FLT_MAX, 200_001), rng.uniform(0, 10, 100_000), floats_between(1.0, 4.0, 67),
+    ]).astype(F32)  # fmt: skip
+
+
+#: name -> (op, attrs, grid, float64 truth, bound in ulp for native.c's math, bound for MKL's
+#: or None where MKL never runs the op). Measured maxima (dense and exhaustive sweeps, gcc 12,
+#: x86-64): exp 0.97, log 0.79, tanh 1.33, erf 3.95 (mathfn.py documents 4), sigmoid 2.48
+#: (x = -16.6357: exp's error, then 1 + e and 1 / (1 + e) rounded; native.c's header claims
+#: 2), rsqrt 1.49 (1 / sqrtf, two roundings: under 2); MKL's VML_HA at most 1.0.
+Truth = Callable[[np.ndarray], np.ndarray]
+ACCURACY: dict[str, tuple[str, dict[str, Any], Callable[..., np.ndarray], Truth, float, float | None]] = {
+    "exp": ("exp", {}, _exp_grid, np.exp, 1.25, 1.5),
+    "log": ("log", {}, _log_grid, np.log, 1.25, 1.5),
+    "tanh": ("tanh", {}, _tanh_grid, np.tanh, 2.0, 1.5),
+    "erf": ("erf", {}, _erf_grid, _erf64, 4.0, 1.5),
+    "sigmoid": ("sigmoid", {}, _sigmoid_grid, lambda x: 1.0 / (1.0 + np.exp(-x)), 2.5, None),
+    "rsqrt": ("rsqrt", {}, _rsqrt_grid, lambda x: 1.0 / np.sqrt(x), 2.0, None),
+}
+ACCURACY_CASES = [pytest.param(name, mode, id=f"{name}-{mode}") for name, case in ACCURACY.items()
+                  for mode in ("own", "mkl") if mode == "own" or case[5] is not None]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, mode", ACCURACY_CASES)
+def test_float32_math_within_its_ulp_bound(lib: native.Native, region_runs: list[regions._Runner],
+                                           monkeypatch: pytest.MonkeyPatch, name: str, mode: str) -> None:  # fmt: skip
+    """Each function of the interpreter on dense grids, random values, the ranges where its
+    argument reduction switches, and subnormal inputs and results, against float64; a
+    refit or a reordered polynomial cannot lose bits unnoticed."""
+    op, attrs, grid, truth, own_bound, mkl_bound = ACCURACY[name]
+    use_math(monkeypatch, mode)
+    x = grid(np.random.default_rng(7))
+    got = run_native_unary(op, x, region_runs, **attrs)
+    assert (region_runs[-1].vml is None) == (mode == "own"), "the region ran the other math"
+    want = truth(x.astype(np.float64))
+    finite = np.abs(want) <= FLT_MAX
+    assert np.all(got[~finite] == np.copysign(np.inf, want[~finite])), f"{name}: an overflow is not inf"
+    err = ulps(got[finite], want[finite])
+    worst = int(np.argmax(err))
+    bound = own_bound if mode == "own" else mkl_bound
+    at, g_at, w_at = x[finite][worst], got[finite][worst], want[finite][worst]
+    assert err[worst] <= bound, f"{name} ({mode}): {err[worst]:.3f} ulp at x={at!r} (got {g_at!r}, want {w_at!r})"
+
+
+def test_sqrt_is_correctly_rounded(lib: native.Native, region_runs: list[regions._Runner]) -> None:
+    """sqrtf is IEEE's correctly rounded square root: bit for bit numpy's float32 sqrt."""
+    x = np.concatenate([_rsqrt_grid(np.random.default_rng(3)), floats_between(0.0, TINY * 4096)]).astype(F32)
+    got = run_native_unary("sqrt", x, region_runs)
+    assert np.array_equal(got, np.sqrt(x))
+
+
+def test_sigmoid_below_the_normal_range_is_within_the_smallest_normal(
+    lib: native.Native, region_runs: list[regions._Runner]
+) -> None:
+    """Below x = -88.72 exp(-x) overflows and sigmoid is 1 / inf = 0 where the true value is
+    a subnormal (the numpy path does the same): not within 2 ulp there, but never further
+    than 2^-126 from the truth, and exactly 0 from -104 on."""
+    x = -floats_between(88.72, 110.0, 3)
+    got = run_native_unary("sigmoid", x, region_runs)
+    want = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+    assert np.all(np.abs(got - want) < 2.0**-126)
+    assert np.all(got[x <= -104] == 0)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_within_mathfn_bound(lib: native.Native, region_runs: list[regions._Runner], approximate: str) -> None:
+    """mathfn.py documents gelu within 1.5e-7 + 2e-7 |gelu(x)| (ulps mean nothing in the
+    tail, where gelu is nearly 0): the interpreter's gelu is the same function; the tanh
+    approximation, against its own formula in float64, holds the same bound."""
+    rng = np.random.default_rng(11)
+    x = np.concatenate([np.linspace(-12, 12, 200_001), rng.standard_normal(100_000) * 4,
+                        both_signs(np.geomspace(1e-30, 1, 10_000)), both_signs(np.geomspace(1, 1e30, 1_000))])
+    x = x.astype(F32)
+    got = run_native_unary("gelu", x, region_runs, approximate=approximate)
+    want = (_gelu64 if approximate == "none" else _gelu_tanh64)(x.astype(np.float64))
+    excess = np.abs(got - want) / (1.5e-7 + 2e-7 * np.abs(want))
+    worst = int(np.argmax(excess))
+    assert excess[worst] <= 1.0, f"gelu({approximate}) at x={x[worst]!r}: got {got[worst]!r}, want {want[worst]!r}"
+
+
+# ----------------------------------------------------------------------------- IEEE edges
+NAN, INF = float("nan"), float("inf")
+#: op (attrs) -> (x, exact result): NaN in gives NaN, infinities and saturation are exact.
+EDGES: dict[str, tuple[str, dict[str, Any], list[tuple[float, float]]]] = {
+    "exp": ("exp", {}, [(NAN, NAN), (INF, INF), (-INF, 0.0), (0.0, 1.0), (-0.0, 1.0), (89.0, INF), (1e30, INF),
+                        (-104.0, 0.0), (-1e30, 0.0)]),
+    "log": ("log", {}, [(NAN, NAN), (INF, INF), (-INF, NAN), (0.0, -INF), (-0.0, -INF), (-1.0, NAN), (-TINY, NAN),
+                        (1.0, 0.0)]),
+    "tanh": ("tanh", {}, [(NAN, NAN), (INF, 1.0), (-INF, -1.0), (10.0, 1.0), (-10.0, -1.0), (3e38, 1.0), (0.0, 0.0)]),
+    "erf": ("erf", {}, [(NAN, NAN), (INF, 1.0), (-INF, -1.0), (5.0, 1.0), (-5.0, -1.0), (3e38, 1.0), (0.0, 0.0)]),
+    "sigmoid": ("sigmoid", {}, [(NAN, NAN), (INF, 1.0), (-INF, 0.0), (0.0, 0.5), (100.0, 1.0), (-200.0, 0.0)]),
+    "gelu": ("gelu", {}, [(NAN, NAN), (INF, INF), (-INF, NAN), (0.0, 0.0), (3e38, 3e38), (-3e38, 0.0)]),
+    "gelu_tanh": ("gelu", {"approximate": "tanh"}, [(NAN, NAN), (INF, INF), (-INF, NAN), (0.0, 0.0), (20.0, 20.0)]),
+    "rsqrt": ("rsqrt", {}, [(NAN, NAN), (INF, 0.0), (0.0, INF), (-0.0, -INF), (-1.0, NAN), (4.0, 0.5)]),
+    "sqrt": ("sqrt", {}, [(NAN, NAN), (INF, INF), (-INF, NAN), (-1.0, NAN), (4.0, 2.0), (-0.0, -0.0)]),
+    "relu": ("relu", {}, [(NAN, NAN), (INF, INF), (-INF, 0.0), (-1.0, 0.0), (2.0, 2.0)]),
+    "neg": ("neg", {}, [(NAN, NAN), (INF, -INF), (0.0, -0.0), (-0.0, 0.0)]),
+    "abs": ("abs", {}, [(NAN, NAN), (-INF, INF), (-0.0, 0.0), (-3.0, 3.0)]),
+}  # fmt: skip
+EDGE_CASES = [pytest.param(name, mode, id=f"{name}-{mode}") for name in EDGES for mode in ("own", "mkl")
+              if mode == "own" or name in regions.VML_FUNCTIONS]  # fmt: skip
+#: Inputs every op sees besides its own edges (compared with the numpy path).
+SPECIALS = [NAN, -NAN, INF, -INF, 0.0, -0.0, 1.0, -1.0, TINY, -TINY, 1e-38, -1e-38, FLT_MAX, -FLT_MAX, 88.72, 88.73,
+            -88.73, -103.0, -104.0, 200.0, -200.0, 0.5, 10.0, -10.0, 1e-20, -1e-20]  # fmt: skip
+
+
+def _same_zero_signs(got: np.ndarray, want: np.ndarray) -> bool:
+    zero = (want == 0) & ~np.isnan(got)
+    return bool(np.array_equal(np.signbit(got[zero]), np.signbit(want[zero])))
+
+
+@pytest.mark.parametrize("name, mode", EDGE_CASES)
+def test_ieee_edges_per_op(lib: native.Native, region_runs: list[regions._Runner], monkeypatch: pytest.MonkeyPatch,
+                           name: str, mode: str) -> None:  # fmt: skip
+    """NaN in gives NaN out, +-inf and overflow give the exact limits, tanh and erf saturate
+    to exactly +-1; where the numpy path gives an exact edge (inf, 0, +-1, NaN) the native
+    one gives the same, and everywhere else it is within a few ulp of it."""
+    op, attrs, table = EDGES[name]
+    use_math(monkeypatch, mode)
+    xs = np.array([x for x, _ in table] + SPECIALS, F32)
+    got = run_native_unary(op, xs, region_runs, **attrs)
+    expected = np.array([y for _, y in table], F32)
+    head = got[: len(table)]
+    assert np.array_equal(head, expected, equal_nan=True), f"{name}: {xs[: len(table)]} -> {head}, want {expected}"
+    with np.errstate(all="ignore"):  # numpy warns at the edges it gets right
+        (numpy_path,) = compile_numpy(monkeypatch, unary_graph(op, xs.shape, **attrs)).run({"x": xs})
+    assert np.array_equal(np.isnan(got), np.isnan(numpy_path)), f"{name}: NaN where the numpy path has none"
+    exact = ~np.isfinite(numpy_path) | (numpy_path == 0) | (np.abs(numpy_path) == 1)
+    assert np.array_equal(got[exact], numpy_path[exact], equal_nan=True), f"{name}: {xs[exact]} -> {got[exact]}"
+    np.testing.assert_allclose(got[~exact], numpy_path[~exact], rtol=3e-6, atol=0)
+
+
+ZERO_SIGN_CASES = [pytest.param(op, attrs, mode, id=f"{op}{'-' + attrs['approximate'] if attrs else ''}-{mode}")
+                   for op, attrs in [("tanh", {}), ("erf", {}), ("gelu", {}), ("gelu", {"approximate": "tanh"}),
+                                     ("sqrt", {}), ("neg", {}), ("abs", {})]
+                   for mode in ("own", "mkl") if mode == "own" or op in regions.VML_FUNCTIONS]  # fmt: skip
+
+
+@pytest.mark.parametrize("op, attrs, mode", ZERO_SIGN_CASES)
+def test_odd_functions_keep_the_sign_of_zero(lib: native.Native, region_runs: list[regions._Runner],
+                                             monkeypatch: pytest.MonkeyPatch, op: str, attrs: dict[str, Any],
+                                             mode: str) -> None:  # fmt: skip
+    """f(-0) = -0 for the odd functions (IEEE 754, C's tanhf and erff, numpy, the reference),
+    and for sqrt and neg; abs(-0) = +0. A zero's sign survives into 1 / x and log."""
+    use_math(monkeypatch, mode)
+    x = np.array([-0.0, 0.0, -1e-40, 1e-40], F32)
+    got = run_native_unary(op, x, region_runs, **attrs)
+    (want,) = reference.evaluate(unary_graph(op, x.shape, **attrs), {"x": x})
+    assert _same_zero_signs(got, want), f"{op}({x}) = {got}, want {want}"
+
+
+@pytest.mark.parametrize("op, ufunc", [("maximum", np.maximum), ("minimum", np.minimum)])
+def test_max_and_min_propagate_nan_like_numpy(lib: native.Native, region_runs: list[regions._Runner], op: str,
+                                              ufunc: np.ufunc) -> None:  # fmt: skip
+    """NaN in either operand wins, as in numpy.maximum and numpy.minimum (C's fmaxf would
+    drop it); the long arrays take the vectorized loop, the short tail the scalar one."""
+    pairs = [(NAN, 1.0), (1.0, NAN), (NAN, NAN), (-INF, INF), (INF, -INF), (NAN, -INF), (-INF, NAN), (2.0, -3.0)]
+    a = np.array([p[0] for p in pairs] * 9, F32)
+    b = np.array([p[1] for p in pairs] * 9, F32)
+    g = Graph(op)
+    x, y = g.input("a", a.shape), g.input("b", b.shape)
+    g.set_outputs([getattr(g, op)(x, y), g.relu(x)])
+    cg = compile_cpu(g)
+    got, relu = cg.run({"a": a, "b": b})
+    assert len(region_runs) == 2
+    assert np.array_equal(got, ufunc(a, b), equal_nan=True)
+    assert np.array_equal(relu, np.maximum(a, F32(0)), equal_nan=True)
+
+
+BINARY_SPECIALS = np.array([NAN, -INF, -8.0, -2.5, -1.0, -0.0, 0.0, 0.5, 1.0, 3.0, INF, 1e30, -1e30, 1e-40], F32)
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "pow", "maximum", "minimum"])
+def test_binary_ops_over_every_pair_of_edges(lib: native.Native, region_runs: list[regions._Runner],
+                                             monkeypatch: pytest.MonkeyPatch, op: str) -> None:  # fmt: skip
+    """Every pair of NaN, +-inf, +-0, negatives, huge and subnormal values: +, -, * and /
+    are IEEE's (bit for bit the numpy path, zero signs included; x / 0 is +-inf, 0 / 0
+    NaN); powf agrees with numpy's pow on every NaN, inf, 0 and 1 (0^-1, (-8)^0.5, 1^NaN,
+    NaN^0...) and within an ulp elsewhere; max and min as numpy's."""
+    a, b = (v.reshape(-1) for v in np.meshgrid(BINARY_SPECIALS, BINARY_SPECIALS, indexing="ij"))
+    g = Graph(f"edges-{op}")
+    g.set_outputs([getattr(g, op)(g.input("a", a.shape), g.input("b", b.shape))])
+    (got,) = compile_cpu(g).run({"a": a, "b": b})
+    assert len(region_runs) == 1
+    with np.errstate(all="ignore"):
+        (want,) = compile_numpy(monkeypatch, g).run({"a": a, "b": b})
+    pairs = list(zip(a, b))
+    nan = np.isnan(got) != np.isnan(want)
+    assert not nan.any(), f"{op}: NaN differs at {[pairs[i] for i in np.flatnonzero(nan)]}"
+    if op == "pow":
+        exact = ~np.isfinite(want) | (want == 0) | (np.abs(want) == 1)
+        assert np.array_equal(got[exact], want[exact], equal_nan=True)
+        assert np.all(ulps(got[~exact], want[~exact]) <= 1)
+    else:
+        assert np.array_equal(got, want, equal_nan=True), f"{op}: {got} != {want}"
+    if op in ("add", "sub", "mul", "div"):
+        assert _same_zero_signs(got, want)
+
+
+def test_comparisons_and_where_in_a_region_follow_ieee(lib: native.Native, region_runs: list[regions._Runner],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """NaN compares false (and unequal to itself), -0 equals +0, where picks by the bool;
+    comparisons live in a region as 0/1 floats: bit for bit the numpy path's answer."""
+    vals = np.array([NAN, -INF, -1.0, -0.0, 0.0, 1.0, INF], F32)
+    a, b = (v.reshape(-1) for v in np.meshgrid(vals, vals, indexing="ij"))
+    g = Graph("compare")
+    x, y = g.input("a", a.shape), g.input("b", b.shape)
+    lt, gt, eq = g.less(x, y), g.greater(x, y), g.equal(x, y)
+    code = g.add(g.add(g.cast(lt, "float32"), g.mul(g.cast(gt, "float32"), 2.0)), g.mul(g.cast(eq, "float32"), 4.0))
+    g.set_outputs([g.add(g.where(lt, x, y), g.mul(code, 100.0))])
+    (got,) = compile_cpu(g).run({"a": a, "b": b})
+    assert region_runs and max(r.meta[2] for r in region_runs) >= 8, "compares, casts and where in a region"
+    (want,) = compile_numpy(monkeypatch, g).run({"a": a, "b": b})
+    assert np.array_equal(got, want, equal_nan=True) and _same_zero_signs(got, want)
+    (ref,) = reference.evaluate(g, {"a": a, "b": b})
+    assert np.array_equal(got, ref, equal_nan=True)
+
+
+# ----------------------------------------------------------------------------- regions
+A, B, C = 3, 5, 70  # 1050 elements: a full 1024-element block and a short one, rows across the boundary
+
+
+def caller_layouts(x: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    ro = x.copy()
+    ro.flags.writeable = False
+    unaligned = np.zeros(x.nbytes + 1, np.uint8)[1:].view(F32).reshape(x.shape)  # numpy's memory is 16-aligned
+    unaligned[...] = x
+    return [("contiguous", x), ("fortran order", np.asfortranarray(x)),
+            ("every other element", np.repeat(x, 2, axis=-1)[..., ::2]), ("read-only", ro),
+            ("reversed rows", x[::-1].copy()[::-1]), ("unaligned", unaligned)]  # fmt: skip
+
+
+def broadcast_graph() -> Graph:
+    """x (A, B, C) with a scalar, a row, a column (B, 1), a middle-axis (A, 1, C) param, a
+    param built from a transposed array, a second caller input, compares, where and casts,
+    a value read three times inside the region, and the region's result read by two nodes."""
+    g = Graph("broadcasts")
+    x, y = g.input("x", (A, B, C)), g.input("y", (A, B, C))
+    s = g.param("s", np.array(0.75, F32))
+    row = g.param("row", rand((C,), 1))
+    col = g.param("col", rand((B, 1), 2))
+    mid = g.param("mid", rand((A, 1, C), 3))
+    tr = g.param("tr", np.ascontiguousarray(rand((C, B), 4)).T)  # (B, C), handed over transposed
+    t = g.sub(g.mul(g.add(x, row), s), col)
+    t2 = g.add(g.mul(t, t), g.div(t, g.add(g.abs(mid), 1.0)))  # t read three times
+    picked = g.where(g.greater(t2, y), g.sub(t2, tr), g.maximum(y, mid))
+    flag = g.cast(g.cast(g.minimum(x, 0.0), "bool"), "float32")  # x < 0 -> 1, through a bool
+    z = g.add(picked, g.mul(flag, g.neg(g.cast(g.less(y, col), "float32"))))
+    g.set_outputs([z, g.reduce_sum(z, axes=-1), g.softmax(g.mul(z, 0.1), axis=-1)])
+    return g
+
+
+@pytest.mark.parametrize("layout", [name for name, _ in caller_layouts(rand((A, B, C)))])
+def test_a_region_over_every_broadcast_and_caller_layout(
+    lib: native.Native, region_runs: list[regions._Runner], monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    """Scalar, row, column and middle-axis broadcasts, and caller arrays of any layout
+    (copied when not contiguous float32, read where they are otherwise): bit for bit the
+    numpy path (only +, -, *, /, max, min, compares and where: no math function), and the
+    reference's float64 within float32 rounding."""
+    g = broadcast_graph()
+    cg = compile_cpu(g)
+    x = rand((A, B, C), 10, 2.0)
+    y = rand((A, B, C), 11)
+    arr = dict(caller_layouts(x))[layout]
+    got = cg.run({"x": arr, "y": y})
+    assert region_runs and max(r.meta[2] for r in region_runs) >= 12, "the elementwise ops ran as one region"
+    want = compile_numpy(monkeypatch, g).run({"x": x, "y": y})
+    for k in (0, 1):  # the region and a sum of it: no math function, so the same bits
+        assert np.array_equal(got[k], want[k]), f"output {k} differs from the numpy path"
+    np.testing.assert_allclose(got[2], want[2], rtol=2e-6, atol=1e-7)  # the softmax: exp differs in the last bit
+    for a, r in zip(got, reference.evaluate(g, {"x": x, "y": y})):
+        np.testing.assert_allclose(a, r, rtol=2e-6, atol=2e-6)
+    np.testing.assert_array_equal(arr, x)  # the caller's array is untouched
+
+
+def test_a_region_with_math_functions_and_a_bool_caller_input(lib: native.Native,
+                                                              region_runs: list[regions._Runner],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A region of transcendental functions (exp, log, tanh, erf, sigmoid, gelu, rsqrt,
+    pow) with a bool caller input as where's condition (the interpreter's 0/1 floats):
+    within a few ulp of the reference and of the numpy path."""
+    monkeypatch.setenv("RLX_CPU_BLAS", "numpy")
+    g = Graph("transcendental")
+    x, m = g.input("x", (64, 33)), g.input("m", (64, 33), "bool")
+    w = g.param("w", rand((33,), 5))
+    a = g.add(g.tanh(g.mul(x, w)), g.erf(x))
+    b = g.mul(g.sigmoid(x), g.log(g.add(g.exp(g.neg(g.abs(x))), 1.0)))
+    c = g.add(g.gelu(a), g.gelu(b, approximate="tanh"))
+    d = g.mul(g.rsqrt(g.add(g.mul(x, x), 1.0)), g.pow(g.add(g.abs(w), 0.5), x))
+    g.set_outputs([g.where(m, g.add(c, d), g.sqrt(g.add(g.abs(c), 1.0)))])  # no sqrt of a cancellation
+    x_in = rand((64, 33), 12)
+    m_in = np.random.default_rng(13).random((64, 33)) < 0.5
+    (got,) = compile_cpu(g).run({"x": x_in, "m": m_in})
+    assert region_runs and sum(r.meta[2] for r in region_runs) >= 20, "the functions ran in regions"
+    (want,) = compile_numpy(monkeypatch, g).run({"x": x_in, "m": m_in})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    (ref,) = reference.evaluate(g, {"x": x_in, "m": m_in})
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_regions_of_other_dtypes_stay_with_numpy(lib: native.Native, region_runs: list[regions._Runner],
+                                                 dtype: str) -> None:  # fmt: skip
+    """The interpreter is float32 only: a float16 or float64 region (or op) is numpy's,
+    and right to its dtype's precision."""
+    g = Graph(f"region-{dtype}")
+    x = g.input("x", (16, 40), dtype)
+    b = g.param("b", rand((40,), 1).astype(dtype))
+    g.set_outputs([g.mul(g.tanh(g.add(x, b)), g.exp(g.neg(g.abs(x)))), g.sigmoid(x)])
+    x_in = rand((16, 40), 2).astype(dtype)
+    got = compile_cpu(g).run({"x": x_in})
+    assert not region_runs
+    tol = 2e-3 if dtype == "float16" else 1e-12
+    for a, r in zip(got, reference.evaluate(g, {"x": x_in})):
+        assert a.dtype == np.dtype(dtype)
+        np.testing.assert_allclose(a, r, rtol=tol, atol=tol)
+
+
+def test_caller_scalars_and_0d_regions(lib: native.Native, region_runs: list[regions._Runner]) -> None:
+    """A 0-d caller input broadcast over a region (a scalar operand read per run), a (1,)
+    one, and a region whose result is itself 0-d: right on every run."""
+    g = Graph("scalars")
+    x, y, s = g.input("x", ()), g.input("y", (3, 1000)), g.input("s", (1,))
+    g.set_outputs([g.tanh(g.add(g.mul(x, 2.0), 1.0)), g.mul(g.add(y, x), s), g.exp(x)])
+    cg = compile_cpu(g)
+    for v in (0.3, -2.0):
+        feeds = {"x": np.array(v, F32), "y": rand((3, 1000), 1), "s": np.array([2 * v], F32)}
+        region_runs.clear()
+        got = cg.run(feeds)
+        assert len(region_runs) == 3
+        for a, r in zip(got, reference.evaluate(g, feeds)):
+            assert a.shape == r.shape
+            np.testing.assert_allclose(a, r, rtol=3e-7, atol=1e-7)
+
+
+class _Typed(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def region(program: tuple[tuple[str, tuple[int, ...], tuple[Any, ...]], ...], ins: list[Any], out: Any) -> Any:
+    types = [_Typed(tuple(x.shape), np.dtype(x.dtype).name) for x in ins]  # as fused.py types them
+    _, instructions = program_types(OpKind.FUSED_ELEMENTWISE, types, program)
+    return regions.region_steps(instructions, ins, out)
+
+
+def run_steps(steps: list[Any], slots: list[Any] | None = None) -> None:
+    for s in steps:
+        bind(s, slots or [])()
+
+
+STRIDED_OPERANDS = {
+    "transposed": lambda: rand((40, 24), 1).T,
+    "every other column": lambda: rand((24, 80), 2)[:, ::2],
+    "reversed": lambda: rand((24, 40), 3)[::-1, ::-1],
+    "column of a wider array": lambda: rand((24, 50), 4)[:, 7:8],
+    "broadcast view": lambda: np.broadcast_to(rand((40,), 5), (24, 40)),
+    "scalar view": lambda: np.broadcast_to(np.array(1.5, F32), (24, 40)),
+}
+
+
+@pytest.mark.parametrize("what", list(STRIDED_OPERANDS))
+def test_strided_operands_are_gathered_in_place(lib: native.Native, what: str) -> None:
+    """An operand the plan holds as a strided view (transposed, every other column,
+    negative strides, a column or a broadcast) is read through its element strides,
+    without a copy: bit for bit numpy's elementwise answer."""
+    v = STRIDED_OPERANDS[what]()
+    x = rand((24, 40), 9)
+    out = np.empty((24, 40), F32)
+    steps = region((("mul", (0, 1), ()), ("add", (2, 0), ()), ("maximum", (3, 1), ())), [x, v], out)
+    assert steps is not None and isinstance(steps[0].fn, regions._Runner)
+    run_steps(steps)
+    assert np.array_equal(out, np.maximum(x * v + x, v))
+
+
+def test_a_region_may_write_over_its_contiguous_input_but_not_a_shifted_one(lib: native.Native) -> None:
+    """The executor may hand a region an input's buffer as its output: the same address is
+    fine (each element is read before it is written), an overlap at another offset is not
+    (the numpy path takes it)."""
+    buf = rand((4097,), 3)
+    x = buf[:4096].copy()
+    program = (("exp", (0,), ()), ("mul", (1, 0), ()))
+    same = buf[:4096]
+    steps = region(program, [same], same)
+    assert steps is not None
+    run_steps(steps)
+    np.testing.assert_allclose(same, np.exp(x.astype(np.float64)) * x, rtol=3e-7)
+    assert region(program, [buf[1:]], buf[:4096]) is None
+    assert region(program, [buf[:4096]], buf[1:]) is None
+
+
+def test_caller_arrays_have_their_address_read_per_run(lib: native.Native) -> None:
+    """A region over ``Dyn`` slots (the caller's arrays) reads their addresses on every
+    run: two runs over two arrays give two answers, and the output slot is written."""
+    ins = [Dyn(0, (8, 300), np.dtype(F32)), rand((300,), 1)]
+    out = Dyn(1, (8, 300), np.dtype(F32))
+    steps = region((("sub", (0, 1), ()), ("abs", (2,), ())), ins, out)
+    assert steps is not None
+    slots: list[Any] = [None, None]
+    bound = [bind(s, slots) for s in steps]
+    xs = [rand((8, 300), seed) for seed in (1, 2)]  # all alive: no address is reused
+    outs = [np.empty((8, 300), F32) for _ in xs]
+    for x, out_arr in zip(xs, outs):
+        slots[:] = [x, out_arr]
+        for s in bound:
+            s()
+    for x, out_arr in zip(xs, outs):
+        assert np.array_equal(out_arr, np.abs(x - ins[1]))
+
+
+_FUZZ_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "maximum": np.maximum,
+                "minimum": np.minimum}  # fmt: skip
+_FUZZ_UNARY = {"neg": np.negative, "abs": np.abs, "relu": lambda a: np.maximum(a, F32(0))}
+_FUZZ_COMPARE = {"less": np.less, "greater": np.greater, "equal": np.equal}
+
+
+def _fuzz_operand(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 operand broadcasting to ``shape`` (leading axes dropped, others 1 at
+    random), stored contiguous, transposed, every third element or reversed."""
+    lead = int(rng.integers(0, len(shape) + 1))
+    x = rng.standard_normal(tuple(d if rng.random() < 0.6 else 1 for d in shape[lead:])).astype(F32)
+    kind = int(rng.integers(0, 4))
+    if kind == 1 and x.ndim >= 2:
+        return np.ascontiguousarray(x.T).T
+    if kind == 2 and x.ndim >= 1:
+        return np.repeat(x, 3, axis=-1)[..., ::3]
+    if kind == 3 and x.ndim >= 1:
+        return x[::-1].copy()[::-1]
+    return x
+
+
+def test_random_regions_match_numpy_bit_for_bit(lib: native.Native) -> None:
+    """Seeded random programs (arithmetic, max/min, compares into where) over random
+    broadcasts, layouts, caller (``Dyn``) inputs and outputs: the interpreter's merged
+    axes, gathers and reused registers give numpy's float32 answer to the bit."""
+    rng = np.random.default_rng(2024)
+    with np.errstate(all="ignore"):
+        for case in range(150):
+            shape = tuple(int(rng.integers(1, 7)) for _ in range(int(rng.integers(1, 5))))
+            if rng.random() < 0.3:
+                shape = (*shape[:-1], int(rng.integers(100, 1500)))  # blocks and a tail
+            first = rng.standard_normal(shape).astype(F32)
+            ins = [first if rng.random() < 0.5 else np.asfortranarray(first)]
+            ins += [_fuzz_operand(rng, shape) for _ in range(int(rng.integers(0, 4)))]
+            vals: list[np.ndarray] = list(ins)
+            program: list[tuple[str, tuple[int, ...], tuple[Any, ...]]] = []
+            for _ in range(int(rng.integers(1, 8))):
+                floats = [i for i, v in enumerate(vals) if v.dtype == F32]
+                r = rng.random()
+                if r < 0.5:
+                    op, (a, b) = str(rng.choice(list(_FUZZ_BINARY))), rng.choice(floats, 2)
+                    program.append((op, (int(a), int(b)), ()))
+                    vals.append(_FUZZ_BINARY[op](vals[a], vals[b]))
+                elif r < 0.75:
+                    op, a = str(rng.choice(list(_FUZZ_UNARY))), rng.choice(floats)
+                    program.append((op, (int(a),), ()))
+                    vals.append(_FUZZ_UNARY[op](vals[a]))
+                else:
+                    op, (a, b, c, d) = str(rng.choice(list(_FUZZ_COMPARE))), rng.choice(floats, 4)
+                    program.append((op, (int(a), int(b)), ()))
+                    vals.append(_FUZZ_COMPARE[op](vals[a], vals[b]))
+                    program.append(("where", (len(vals) - 1, int(c), int(d)), ()))
+                    vals.append(np.where(vals[-1], vals[c], vals[d]))
+            program.append(("add", (len(vals) - 1, 0), ()))  # reaches the full shape
+            want = vals[-1] + vals[0]
+            slots: list[Any] = []
+            plan_ins: list[Any] = []
+            for x in ins:
+                if rng.random() < 0.4:  # a caller's array: its address is read per run
+                    plan_ins.append(Dyn(len(slots), x.shape, x.dtype))
+                    slots.append(x)
+                else:
+                    plan_ins.append(x)
+            out = np.empty(shape, F32)
+            plan_out: Any = out
+            if rng.random() < 0.3:
+                plan_out = Dyn(len(slots), shape, np.dtype(F32))
+                slots.append(out)
+            steps = region(tuple(program), plan_ins, plan_out)
+            assert steps is not None, f"case {case}: declined"
+            run_steps(steps, slots)
+            assert np.array_equal(out, want, equal_nan=True), f"case {case}: {program} over {[x.shape for x in ins]}"
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "tanh", "sigmoid"])
+@pytest.mark.parametrize("m, n", [(64, 128), (256, 256)])
+def test_gemm_epilogues_run_in_place_on_the_product(lib: native.Native, region_runs: list[regions._Runner],
+                                                    m: int, n: int, act: str) -> None:  # fmt: skip
+    """A fused gemm's bias and activation are a region over the product itself, written
+    in place (its only operand at the output's own address): in a plan buffer, and in the
+    fresh array a large output is handed over in (256 x 256)."""
+    g = Graph("gemm")
+    x = g.input("x", (m, 48))
+    h = g.add(g.matmul(x, g.param("w", rand((48, n), 1))), g.param("b", rand((n,), 2)))
+    g.set_outputs([h if act == "none" else getattr(g, act)(h)])
+    cg = compile_cpu(g)
+    assert any("gemm" in note for note in cg.report().fused)
+    x_in = rand((m, 48), 3)
+    (got,) = cg.run({"x": x_in})
+    assert len(region_runs) == 1 and region_runs[0].meta[2] == (1 if act == "none" else 2)
+    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x_in})[0], rtol=1e-5, atol=2e-5)
+
+
+# ----------------------------------------------------------------------------- threads
+def big_graph(n: int = 1024) -> Graph:
+    g = Graph("big-region")
+    x = g.input("x", (n, n))
+    b = g.param("b", rand((n,), 1))
+    g.set_outputs([g.mul(g.tanh(g.add(x, b)), g.sigmoid(x))])
+    return g
+
+
+def test_a_big_region_runs_on_every_core_and_agrees_with_one_bit_for_bit(
+    lib: native.Native, region_runs: list[regions._Runner], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past SPLIT_NS of estimated work a region is split over the cores in whole blocks;
+    every block computes the same as on one thread, so the answers are identical."""
+    g = big_graph()
+    x = rand((1024, 1024), 2, 3.0)
+    (got,) = compile_cpu(g).run({"x": x})
+    assert len(region_runs) == 1
+    if lib.threads() > 1:
+        assert region_runs[0].threads > 1, "a 1024x1024 tanh region should use every core"
+    monkeypatch.setattr(regions, "SPLIT_NS", math.inf)
+    (alone,) = compile_cpu(g).run({"x": x})
+    assert region_runs[-1].threads == 1
+    assert np.array_equal(got, alone)
+    (ref,) = reference.evaluate(g, {"x": x})
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("mode", ["own", "mkl"])
+def test_a_forked_child_runs_a_big_region_without_hanging(
+    lib: native.Native, region_runs: list[regions._Runner], monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """libgomp's thread team does not survive fork: the child of a process that ran a
+    parallel region keeps to one thread (``Native._after_fork``), finishes, and gets the
+    same bits as the parent's threads; with MKL's tanh inside the region too."""
+    use_math(monkeypatch, mode)
+    cg = compile_cpu(big_graph())
+    x = rand((1024, 1024), 4, 3.0)
+    (want,) = cg.run({"x": x})  # the parent's team exists now
+    assert region_runs and (lib.threads() == 1 or region_runs[-1].threads > 1)
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if the region ran and agrees
+        code = 1
+        try:
+            (got,) = cg.run({"x": x})
+            code = 0 if np.array_equal(got, want) else 3
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0, "the child's region gave another answer"
+            return
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung running a native region")
+
+
+def test_row_and_window_kernels_split_over_threads_agree_with_one(
+    lib: native.Native, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Big enough, softmax and layer_norm split their rows, im2col its channels and the
+    pools their planes over the cores; each row, channel or plane is computed as on one
+    thread, so the answers are identical (and the reference's)."""
+    spies = {name: spy_on(monkeypatch, lib, name) for name in ("softmax", "layer_norm", "im2col", "pool2d")}
+    g = Graph("big-windows")
+    x = g.input("x", (2, 16, 64, 64))
+    c = g.conv2d(x, g.param("w", rand((16, 16, 3, 3), 1)), g.param("b", rand((16,), 2)), padding=1)
+    s = g.softmax(g.reshape(g.max_pool2d(c, 3, stride=1), (2 * 16 * 62, 62)), axis=-1)
+    n = g.layer_norm(g.reshape(c, (128, 1024)), g.param("s", rand((1024,), 3)))
+    g.set_outputs([s, g.avg_pool2d(c, 2, stride=2), n])
+    x_in = rand((2, 16, 64, 64), 4)
+    got = compile_cpu(g).run({"x": x_in})
+    threads = {name: [call[-1] for call in calls] for name, calls in spies.items()}
+    assert all(threads.values()), threads
+    if lib.threads() > 1:
+        assert all(t > 1 for ts in threads.values() for t in ts), threads
+    for a, r in zip(got, reference.evaluate(g, {"x": x_in})):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=2e-5)
+    monkeypatch.setattr(native_nn, "SPLIT_NS", math.inf)
+    for calls in spies.values():
+        calls.clear()
+    alone = compile_cpu(g).run({"x": x_in})
+    assert all(call[-1] == 1 for calls in spies.values() for call in calls)
+    for a, b in zip(got, alone):
+        assert np.array_equal(a, b)
+
+
+def test_python_threads_share_native_plans(lib: native.Native) -> None:
+    """Four threads running one compiled graph at once, each region and softmax on its
+    own OpenMP team: every run gives its input's answer."""
+    g = Graph("threads")
+    x = g.input("x", (512, 512))
+    b = g.param("b", rand((512,), 1))
+    g.set_outputs([g.softmax(g.mul(g.tanh(g.add(x, b)), g.sigmoid(x)), axis=-1)])
+    cg = compile_cpu(g)
+    xs = [rand((512, 512), 30 + i, 3.0) for i in range(4)]
+    wants = [cg.run({"x": x_in})[0] for x_in in xs]
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            for _ in range(8):
+                (got,) = cg.run({"x": xs[i]})
+                assert np.array_equal(got, wants[i])
+        except BaseException as exc:  # surfaced below, with the thread's number
+            errors.append(exc)
+
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(60)
+    assert not any(t.is_alive() for t in workers), "a thread hung"
+    assert not errors, errors[0]
+
+
+# ----------------------------------------------------------------------------- row kernels
+def assert_close(got: np.ndarray, want: np.ndarray, rtol: float = 2e-6, atol: float = 1e-6) -> None:
+    assert np.array_equal(np.isnan(got), np.isnan(want)), "NaN in other places"
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.mark.parametrize("length", [1, 10, 17, 128, 1000])
+def test_softmax_rows(lib: native.Native, monkeypatch: pytest.MonkeyPatch, length: int) -> None:
+    """Softmax over the last axis in one native call, for rows shorter than the 16 lanes,
+    between, and long; with -inf entries (weight 0), a row all -inf and a row with NaN
+    (both NaN, as the reference), and big values that would overflow a naive exp."""
+    calls = spy_on(monkeypatch, lib, "softmax")
+    x = rand((37, length), length, 4.0)
+    x[3, 0] = -np.inf
+    x[4, :] = -np.inf
+    x[5, length // 2] = np.nan
+    x[6] += 1e4
+    if length > 2:
+        x[7, ::2] = -np.inf
+    g = Graph("softmax")
+    g.set_outputs([g.softmax(g.input("x", x.shape), axis=-1)])
+    with np.errstate(invalid="ignore"):
+        (got,) = compile_cpu(g).run({"x": x})
+        (want,) = reference.evaluate(g, {"x": x})
+    assert calls, "softmax did not run natively"
+    assert_close(got, want)
+    finite = ~np.isnan(want).any(axis=-1)
+    np.testing.assert_allclose(got[finite].sum(axis=-1), 1.0, rtol=3e-6)
+
+
+@pytest.mark.parametrize("length, bias", [(1, True), (1, False), (256, True), (256, False), (50, True)])
+def test_layer_norm_rows(lib: native.Native, monkeypatch: pytest.MonkeyPatch, length: int, bias: bool) -> None:
+    """Mean and (biased) variance per row, scaled and shifted, in one native call; a row of
+    one element normalizes to the bias; a row far from 0 keeps its digits."""
+    calls = spy_on(monkeypatch, lib, "layer_norm")
+    x = rand((2, 9, length), 20 + length, 3.0)
+    x[0, 1] += 1000.0  # a mean 300 standard deviations from 0: the sums run on x - x[0]
+    g = Graph("layer-norm")
+    scale = g.param("scale", rand((length,), 1))
+    b = g.param("bias", rand((length,), 2)) if bias else None
+    g.set_outputs([g.layer_norm(g.input("x", x.shape), scale, b, axis=-1, eps=1e-5)])
+    (got,) = compile_cpu(g).run({"x": x})
+    (want,) = reference.evaluate(g, {"x": x})
+    assert calls, "layer_norm did not run natively"
+    assert_close(got, want, rtol=1e-5, atol=2e-5)  # the float32 mean of ~1000 alone is off by up to 3e-5 / std
+
+
+def test_layer_norm_over_two_axes(lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:
+    """axis=-2 normalizes over the last two axes together (scale of that shape)."""
+    calls = spy_on(monkeypatch, lib, "layer_norm")
+    g = Graph("layer-norm-2")
+    x = g.input("x", (3, 4, 24))
+    g.set_outputs([g.layer_norm(x, g.param("s", rand((4, 24), 1)), g.param("b", rand((4, 24), 2)), axis=-2)])
+    x_in = rand((3, 4, 24), 3)
+    (got,) = compile_cpu(g).run({"x": x_in})
+    assert calls
+    assert_close(got, reference.evaluate(g, {"x": x_in})[0], rtol=1e-5, atol=2e-5)
+
+
+ATTENTION_MASKS = ["none", "bool", "float", "bool with a row all masked", "none, negative scale"]
+
+
+@pytest.mark.parametrize("mask", ATTENTION_MASKS)
+def test_attention(lib: native.Native, monkeypatch: pytest.MonkeyPatch, mask: str) -> None:
+    """softmax(q k^T scale + mask) v with the native softmax: no mask (the scale applied
+    inside the softmax, a negative one too), a bool mask (False -> -inf; a row all False is
+    NaN, as the reference), and an additive float mask."""
+    calls = spy_on(monkeypatch, lib, "softmax")
+    b, h, lq, lk, d = 2, 3, 7, 19, 16
+    g = Graph("attention")
+    q, k, v = g.input("q", (b, h, lq, d)), g.input("k", (b, h, lk, d)), g.input("v", (b, h, lk, d))
+    feeds = {"q": rand((b, h, lq, d), 1), "k": rand((b, h, lk, d), 2), "v": rand((b, h, lk, d), 3)}
+    scale = -0.3 if "negative" in mask else None
+    if scale is not None:  # scores of +-300: exp overflows unless the softmax shifts by the largest of x * scale
+        feeds["q"] *= 30
+    if mask.startswith("bool"):
+        m = np.random.default_rng(4).random((lq, lk)) < 0.7
+        m[:, 0] = True
+        if "all masked" in mask:
+            m[2, :] = False
+        out = g.attention(q, k, v, g.input("m", (lq, lk), "bool"))
+        feeds["m"] = m
+    elif mask == "float":
+        out = g.attention(q, k, v, g.param("m", rand((lq, lk), 5, 2.0)))
+    else:
+        out = g.attention(q, k, v, scale=scale)
+    g.set_outputs([out])
+    with np.errstate(invalid="ignore"):
+        (got,) = compile_cpu(g).run(feeds)
+        (want,) = reference.evaluate(g, feeds)
+    assert calls, "attention's softmax did not run natively"
+    if scale is not None:
+        assert calls[0][5] == pytest.approx(scale), "the scale goes into the softmax's pass"
+    assert_close(got, want, rtol=1e-5, atol=2e-5)  # the float32 mean of ~1000 alone is off by up to 3e-5 / std
+
+
+# ----------------------------------------------------------------------------- windows
+POOLS = {  # name -> (op, kwargs, native?)
+    "max 2x2 stride 2": ("max_pool2d", {"kernel": 2, "stride": 2}, True),
+    "max 3x3 stride 1": ("max_pool2d", {"kernel": 3, "stride": 1}, True),
+    "max 3x3 stride 2 dilation 2": ("max_pool2d", {"kernel": 3, "stride": 2, "dilation": 2}, True),
+    "max 2x3 stride (1, 2)": ("max_pool2d", {"kernel": (2, 3), "stride": (1, 2)}, True),
+    "avg 2x2 stride 2": ("avg_pool2d", {"kernel": 2, "stride": 2}, True),
+    "avg 3x3 stride 1": ("avg_pool2d", {"kernel": 3, "stride": 1}, True),
+    "avg 3x3 stride 2": ("avg_pool2d", {"kernel": 3, "stride": 2}, True),
+    "max 3x3 padding 1 (numpy)": ("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, False),
+    "avg 2x2 ceil_mode (numpy)": ("avg_pool2d", {"kernel": 2, "stride": 2, "ceil_mode": True}, False),
+}
+
+
+@pytest.mark.parametrize("name", list(POOLS))
+def test_pools(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Max and average pools whose windows lie inside the image run natively (the 2x2
+    stride-2 one in one pass), odd sizes leaving an edge unread; a max propagates NaN and
+    keeps -inf; windows reaching into padding stay with numpy. All as the reference."""
+    op, kwargs, is_native = POOLS[name]
+    calls = spy_on(monkeypatch, lib, "pool2d")
+    x = rand((2, 3, 13, 11), 6, 2.0)
+    if op == "max_pool2d":
+        x[0, 0, 4, 4] = np.nan
+        x[1, 2, :3, :3] = -np.inf
+    g = Graph("pool")
+    g.set_outputs([getattr(g, op)(g.input("x", x.shape), **kwargs)])
+    (got,) = compile_cpu(g).run({"x": x})
+    (want,) = reference.evaluate(g, {"x": x})
+    assert bool(calls) == is_native
+    if op == "max_pool2d":
+        assert np.isnan(got).any()
+        assert np.array_equal(got, want, equal_nan=True)  # a max is exact
+    else:
+        assert_close(got, want)
+
+
+CONVS = {  # name -> (x shape, w shape, bias?, kwargs)
+    "3x3": ((2, 4, 12, 11), (6, 4, 3, 3), False, {}),
+    "3x3 padding 1, bias": ((2, 4, 12, 11), (6, 4, 3, 3), True, {"padding": 1}),
+    "5x5 padding 2 stride 2": ((1, 3, 17, 16), (5, 3, 5, 5), True, {"padding": 2, "stride": 2}),
+    "3x3 dilation 2 padding 2": ((2, 2, 14, 15), (4, 2, 3, 3), False, {"padding": 2, "dilation": 2}),
+    "groups 2, stride 2, bias": ((2, 4, 10, 10), (6, 2, 3, 3), True, {"groups": 2, "stride": 2, "padding": 1}),
+    "asymmetric padding": ((1, 3, 9, 8), (2, 3, 2, 3), True, {"padding": (0, 1, 2, 1)}),
+    "1x3 stride (2, 1)": ((1, 2, 7, 20), (3, 2, 1, 3), False, {"stride": (2, 1), "padding": (0, 1)}),
+}
+
+
+@pytest.mark.parametrize("name", list(CONVS))
+def test_conv2d_windows(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """conv2d's im2col in one native pass writing the zero padding in place: padding 0, 1,
+    2 and asymmetric, strides, dilation, groups, with and without a bias."""
+    xs, ws, has_bias, kwargs = CONVS[name]
+    calls = spy_on(monkeypatch, lib, "im2col")
+    g = Graph("conv")
+    w = g.param("w", rand(ws, 1))
+    b = g.param("b", rand((ws[0],), 2)) if has_bias else None
+    g.set_outputs([g.conv2d(g.input("x", xs), w, b, **kwargs)])
+    x = rand(xs, 3)
+    (got,) = compile_cpu(g).run({"x": x})
+    (want,) = reference.evaluate(g, {"x": x})
+    assert calls, "im2col did not run natively"
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+FALLBACK_OPS = {  # name -> (graph builder over x (2, 4, 9, 10), native entry point)
+    "softmax": (lambda g, x: g.softmax(x, axis=-1), "softmax"),
+    "layer_norm": (lambda g, x: g.layer_norm(x, g.param("s", rand((10,), 1)), g.param("b", rand((10,), 2))),
+                   "layer_norm"),
+    "conv2d": (lambda g, x: g.conv2d(x, g.param("w", rand((6, 2, 3, 3), 3)), g.param("b", rand((6,), 4)), stride=2,
+                                     padding=(1, 2, 0, 1), dilation=(1, 2), groups=2), "im2col"),
+    "max_pool2d": (lambda g, x: g.max_pool2d(x, 3, stride=2, dilation=2), "pool2d"),
+    "avg_pool2d": (lambda g, x: g.avg_pool2d(x, (3, 2), stride=(1, 2)), "pool2d"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", ["fortran order", "read-only", "every other element"])
+@pytest.mark.parametrize("op", list(FALLBACK_OPS))
+def test_row_and_window_kernels_take_any_caller_layout(lib: native.Native, monkeypatch: pytest.MonkeyPatch, op: str,
+                                                       layout: str) -> None:  # fmt: skip
+    """A caller's array the C side cannot address as it is (strided, read-only) makes that
+    run take the numpy twin of the kernel (``native_nn``'s fallbacks): the same answer,
+    and the next contiguous run is native again."""
+    build, entry = FALLBACK_OPS[op]
+    calls = spy_on(monkeypatch, lib, entry)
+    g = Graph(f"fallback-{op}")
+    g.set_outputs([build(g, g.input("x", (2, 4, 9, 10)))])
+    cg = compile_cpu(g)
+    x = rand((2, 4, 9, 10), 5)
+    x[1, 2, 3, 4] = np.nan
+    (want,) = reference.evaluate(g, {"x": x})
+    (got,) = cg.run({"x": dict(caller_layouts(x))[layout]})
+    assert not calls, "the C side was handed an array it cannot take"
+    assert_close(got, want, rtol=1e-5, atol=2e-5)  # the float32 mean of ~1000 alone is off by up to 3e-5 / std
+    (again,) = cg.run({"x": x})
+    assert calls, f"{entry} did not run natively on a contiguous array"
+    assert_close(again, want, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- set_param
+def test_native_steps_follow_set_param(lib: native.Native, region_runs: list[regions._Runner],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Native steps hold the addresses of the residents, which set_param overwrites in
+    place: a region reading a row and a scalar param, a layer_norm's scale and bias, a
+    softmax of a folded (param-only) value and a folded region all follow the new values."""
+    ln_calls = spy_on(monkeypatch, lib, "layer_norm")
+    sm_calls = spy_on(monkeypatch, lib, "softmax")
+    g = Graph("set-param")
+    x = g.input("x", (8, 32))
+    w, s = g.param("w", rand((32,), 1)), g.param("s", np.array(0.5, F32))
+    scale, bias = g.param("scale", rand((32,), 2)), g.param("bias", rand((32,), 3))
+    p = g.param("p", rand((4, 32), 4))
+    h = g.tanh(g.add(g.mul(x, w), s))
+    folded = g.exp(g.mul(p, 0.5))  # computed at compile time and again by set_param
+    g.set_outputs([g.layer_norm(h, scale, bias), g.softmax(p), g.add(g.softmax(x), g.reduce_sum(folded, axes=0))])
+    cg = compile_cpu(g)
+    x_in = rand((8, 32), 5)
+    cg.run({"x": x_in})
+    assert region_runs and ln_calls and sm_calls
+    new = {"w": rand((32,), 11), "s": np.array(-1.25, F32), "scale": rand((32,), 12), "bias": rand((32,), 13),
+           "p": rand((4, 32), 14)}  # fmt: skip
+    for name, value in new.items():
+        cg.set_param(name, value)
+    got = cg.run({"x": x_in})
+    want = reference.evaluate(g, {"x": x_in}, params=new)
+    for a, r in zip(got, want):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- building
+def manifest_of(library_path: Path) -> dict[str, Any]:
+    """The JSON entry beside a built library (``rlx_core.cache.JsonCache`` format)."""
+    return json.loads(library_path.with_suffix(".json").read_text())
+
+
+def small_region_works(runs: list[regions._Runner]) -> None:
+    g = Graph("after-build")
+    x = g.input("x", (3, 500))
+    g.set_outputs([g.tanh(g.mul(g.exp(x), 0.5))])
+    x_in = rand((3, 500), 1)
+    runs.clear()
+    (got,) = compile_cpu(g).run({"x": x_in})
+    assert runs
+    np.testing.assert_allclose(got, np.tanh(np.exp(x_in.astype(np.float64)) * 0.5), rtol=1e-6)
+
+
+def test_the_library_is_built_into_the_kernel_dir_with_a_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, region_runs: list[regions._Runner]
+) -> None:
+    """A cold kernel directory: the library is built there (not under RLX_CACHE_DIR, whose
+    contract is JSON entries), with a manifest recording its SHA-256, no temporary left;
+    the next process (here: a fresh state) loads it without building."""
+    for var in ("RLX_CPU_NATIVE", "RLX_CPU_CC", "CC"):
+        monkeypatch.delenv(var, raising=False)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RLX_CACHE_DIR", str(cache))
+    monkeypatch.setenv("RLX_KERNEL_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(native, "_STATE", {})
+    built = native.library()
+    if built is None:
+        pytest.skip(f"the native kernels cannot be built here: {native.reason()}")
+    path = Path(built.path)
+    assert path.parent == tmp_path / "kernels" / "cpu"
+    entry = manifest_of(path)
+    assert entry["payload"] == {"library": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    assert entry["identity"]["source"] == hashlib.sha256(native.SOURCE.read_bytes()).hexdigest()
+    assert not list(path.parent.glob("*.tmp")) and not list(path.parent.glob(".*.tmp"))
+    assert not cache.exists() or not any(cache.rglob("*")), "the build wrote under RLX_CACHE_DIR"
+    assert native.reason() == ""
+    small_region_works(region_runs)
+
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setattr(native, "_build", lambda cmd, out: pytest.fail("rebuilt a library that is in the cache"))
+    again = native.library()
+    assert again is not None and again.path == built.path
+
+
+def test_a_corrupt_library_is_rebuilt_with_a_cache_warning(lib: native.Native, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           region_runs: list[regions._Runner]) -> None:  # fmt: skip
+    """The manifest's SHA-256 is checked before a load: a torn or altered library is never
+    loaded; it is named in a CacheWarning and rebuilt, and the rebuilt one works."""
+    src = Path(lib.path)
+    if not src.with_suffix(".json").is_file():
+        pytest.skip(f"{src} has no manifest (built outside a writable kernel directory)")
+    kernels = tmp_path / "kernels"
+    (kernels / "cpu").mkdir(parents=True)
+    target = kernels / "cpu" / src.name
+    shutil.copyfile(src, target)
+    shutil.copyfile(src.with_suffix(".json"), target.with_suffix(".json"))
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = b"\xcc" * 64
+    target.write_bytes(bytes(data))
+    monkeypatch.setenv("RLX_KERNEL_DIR", str(kernels))
+    monkeypatch.setattr(native, "_STATE", {})
+    with pytest.warns(CacheWarning, match=re.escape(str(target))):
+        rebuilt = native.library()
+    assert rebuilt is not None and Path(rebuilt.path) == target
+    assert manifest_of(target)["payload"]["sha256"] == hashlib.sha256(target.read_bytes()).hexdigest()
+    small_region_works(region_runs)
+
+
+def float32_graph() -> Graph:
+    g = Graph("no-native")
+    x = g.input("x", (16, 40))
+    h = g.tanh(g.add(g.mul(x, g.param("w", rand((40,), 1))), 0.5))
+    g.set_outputs([g.softmax(g.layer_norm(h, g.param("s", rand((40,), 2))), axis=-1), g.exp(x)])
+    return g
+
+
+def assert_numpy_path_runs(runs: list[regions._Runner]) -> None:
+    """A float32 graph of regions, single ops, layer_norm and softmax compiles and runs
+    right with no native region."""
+    g = float32_graph()
+    x = rand((16, 40), 3)
+    got = compile_cpu(g).run({"x": x})
+    assert not runs
+    for a, r in zip(got, reference.evaluate(g, {"x": x})):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)
+
+
+def test_without_a_compiler_numpy_runs_and_the_log_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture,
+                                                            region_runs: list[regions._Runner]) -> None:  # fmt: skip
+    """RLX_CPU_CC naming a program that does not exist: no library, a reason naming the
+    compiler (in ``reason()`` and the log), nothing for the probe to describe, and float32
+    graphs on the numpy path."""
+    monkeypatch.delenv("RLX_CPU_NATIVE", raising=False)
+    monkeypatch.setenv("RLX_CPU_CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("RLX_KERNEL_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(native, "_STATE", {})
+    with caplog.at_level("WARNING", logger="rlx_cpu.native"):
+        assert native.library() is None
+    assert "compiler" in native.reason() and native.reason() in caplog.text
+    assert native.describe() == ""
+    assert_numpy_path_runs(region_runs)
+    assert not (tmp_path / "kernels").exists()
+
+
+@pytest.mark.skipif(shutil.which("false") is None, reason="needs a `false` program")
+def test_a_compiler_that_does_not_run_leaves_numpy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   region_runs: list[regions._Runner]) -> None:  # fmt: skip
+    """RLX_CPU_CC=false: the compiler is found but fails even ``--version``; the reason says so."""
+    monkeypatch.delenv("RLX_CPU_NATIVE", raising=False)
+    monkeypatch.setenv("RLX_CPU_CC", "false")
+    monkeypatch.setenv("RLX_KERNEL_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(native, "_STATE", {})
+    assert native.library() is None
+    assert "'false'" in native.reason() and "does not run" in native.reason()
+    assert native.describe() == ""
+    assert_numpy_path_runs(region_runs)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the fake compiler is a shell script")
+def test_a_failing_build_leaves_numpy_and_no_half_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          region_runs: list[regions._Runner]) -> None:  # fmt: skip
+    """A compiler that answers ``--version`` but fails every build (with and without
+    OpenMP and clones), leaving half an output behind: the reason quotes its error, and no
+    file is left in the kernel directory."""
+    cc = tmp_path / "fake-cc"
+    cc.write_text(
+        '#!/bin/sh\nif [ "$1" = --version ]; then echo "fake-cc 1.0"; exit 0; fi\n'
+        'prev=""; for a in "$@"; do [ "$prev" = -o ] && printf "half a library" > "$a"; prev="$a"; done\n'
+        'echo "fake-cc: error: cannot compile today" >&2\nexit 1\n'
+    )
+    cc.chmod(0o755)
+    monkeypatch.delenv("RLX_CPU_NATIVE", raising=False)
+    monkeypatch.setenv("RLX_CPU_CC", str(cc))
+    monkeypatch.setenv("RLX_KERNEL_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(native, "_STATE", {})
+    assert native.library() is None
+    assert "failed" in native.reason() and "cannot compile today" in native.reason()
+    left = [p.name for p in (tmp_path / "kernels").rglob("*") if p.is_file() and p.name != "CACHEDIR.TAG"]
+    assert left == []
+    assert_numpy_path_runs(region_runs)
+
+
+@pytest.mark.parametrize("value", ["0", "off", "numpy"])
+def test_rlx_cpu_native_off_keeps_every_op_on_numpy(monkeypatch: pytest.MonkeyPatch, value: str,
+                                                    region_runs: list[regions._Runner]) -> None:  # fmt: skip
+    """RLX_CPU_NATIVE=0 (or off, numpy): no library is asked for, no native step is in a
+    plan (no region, softmax, layer_norm, im2col or pool call), and the answers are right."""
+    monkeypatch.delenv("RLX_CPU_NATIVE", raising=False)
+    loaded = native.library()  # to spy on, where there is one
+    spies = {}
+    if loaded is not None:
+        spies = {name: spy_on(monkeypatch, loaded, name) for name in ("softmax", "layer_norm", "im2col", "pool2d")}
+    monkeypatch.setenv("RLX_CPU_NATIVE", value)
+    monkeypatch.setattr(native, "_build", lambda cmd, out: pytest.fail("built with RLX_CPU_NATIVE off"))
+    assert native.library() is None and not native.wanted()
+    assert "RLX_CPU_NATIVE" in native.reason() and native.describe() == ""
+    assert_numpy_path_runs(region_runs)
+    g = Graph("windows")
+    x = g.input("x", (1, 2, 8, 8))
+    g.set_outputs([g.max_pool2d(g.conv2d(x, g.param("w", rand((3, 2, 3, 3), 1)), padding=1), 2)])
+    x_in = rand((1, 2, 8, 8), 2)
+    (got,) = compile_cpu(g).run({"x": x_in})
+    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x_in})[0], rtol=1e-5, atol=1e-5)
+    assert not any(spies.values()), {k: len(v) for k, v in spies.items()}
