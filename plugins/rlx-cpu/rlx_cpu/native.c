@@ -344,63 +344,93 @@ static int region_range(const int64_t *meta, void *const *ptrs, const rlx_vml *v
 
 /* ------------------------------------------------------------ row kernels */
 /* Both take rows of `len` contiguous floats (rows `stride` apart for x and y) and split
- * the rows over up to `threads` threads. Reductions keep 16 partial results, which the
- * compiler vectorizes without reassociating anything it was not told to. */
-#define RLX_LANES 16
+ * the rows over up to `threads` threads. Reductions are `omp simd` loops (-fopenmp-simd:
+ * the compiler may keep partial results in vector lanes, which plain C forbids it); the
+ * max tracks NaN apart, since a vector max drops it. */
+#define RLX_SHORT_ROW 16
 
 static inline float row_max(const float *x, int64_t len) {
-    float m[RLX_LANES];
-    int64_t i = 0, j;
-    for (j = 0; j < RLX_LANES; j++) m[j] = -INFINITY;
-    for (; i + RLX_LANES <= len; i += RLX_LANES)
-        for (j = 0; j < RLX_LANES; j++) m[j] = rx_max(x[i + j], m[j]);
-    float r = -INFINITY;
-    for (j = 0; j < RLX_LANES; j++) r = rx_max(m[j], r);
-    for (; i < len; i++) r = rx_max(x[i], r);
-    return r;
+    float m = -INFINITY;
+    int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+    for (int64_t i = 0; i < len; i++) {
+        m = x[i] > m ? x[i] : m;
+        nan |= x[i] != x[i];
+    }
+    return nan ? NAN : m;
 }
 
-static inline float lanes_sum(const float *s) {
-    float r = 0.0f;
-    for (int j = 0; j < RLX_LANES; j++) r += s[j];
-    return r;
+static inline float row_min(const float *x, int64_t len) {
+    float m = INFINITY;
+    int nan = 0;
+#pragma omp simd reduction(min : m) reduction(| : nan)
+    for (int64_t i = 0; i < len; i++) {
+        m = x[i] < m ? x[i] : m;
+        nan |= x[i] != x[i];
+    }
+    return nan ? NAN : m;
 }
 
-/* y = softmax(x * scale) along each row: max, then exp and sum in one pass, then divide. */
+/* sum of x[i] - shift */
+static inline float row_sum(const float *x, int64_t len, float shift) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < len; i++) s += x[i] - shift;
+    return s;
+}
+
+static inline float row_sq_dev(const float *x, int64_t len, float mean) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < len; i++) {
+        float d = x[i] - mean;
+        s += d * d;
+    }
+    return s;
+}
+
+/* exp over n contiguous floats, in place: one flat loop the compiler vectorizes. */
+static inline void exp_inplace(float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = rx_exp(y[i]);
+}
+
+/* y = softmax(x * scale) along each row. Rows are taken in groups of about 4096 elements:
+ * per row the max (of x * scale), then y = x * scale - max; exp over the whole group in
+ * one flat loop (short rows get full vectors too: a 10-wide row alone would run exp one
+ * element at a time); then per row the sum and the scaling. */
 static RLX_CLONES void softmax_rows(const float *x, float *y, int64_t r0, int64_t r1, int64_t len, int64_t stride,
                                    float scale) {
-    for (int64_t r = r0; r < r1; r++) {
-        const float *xr = x + r * stride;
-        float *yr = y + r * stride;
-        float m = row_max(xr, len);
-        float ms = m * scale;
-        if (scale < 0.0f) { /* the largest of x * scale is then the smallest x */
-            float mn[RLX_LANES];
-            int64_t i = 0, j;
-            for (j = 0; j < RLX_LANES; j++) mn[j] = INFINITY;
-            for (; i + RLX_LANES <= len; i += RLX_LANES)
-                for (j = 0; j < RLX_LANES; j++) mn[j] = rx_min(xr[i + j], mn[j]);
-            float q = INFINITY;
-            for (j = 0; j < RLX_LANES; j++) q = rx_min(mn[j], q);
-            for (; i < len; i++) q = rx_min(xr[i], q);
-            ms = q * scale;
-        }
-        float s[RLX_LANES] = {0};
-        int64_t i = 0, j;
-        for (; i + RLX_LANES <= len; i += RLX_LANES)
-            for (j = 0; j < RLX_LANES; j++) {
-                float e = rx_exp(xr[i + j] * scale - ms);
-                yr[i + j] = e;
-                s[j] += e;
+    int64_t group = len >= 4096 ? 1 : 4096 / len;
+    for (int64_t g0 = r0; g0 < r1; g0 += group) {
+        int64_t g1 = g0 + group < r1 ? g0 + group : r1;
+        for (int64_t r = g0; r < g1; r++) {
+            const float *xr = x + r * stride;
+            float *yr = y + r * stride;
+            /* the largest of x * scale: the largest x, or the smallest when scale < 0 */
+            float ms;
+            if (len < RLX_SHORT_ROW) { /* a plain loop: a vector reduction's set-up costs more */
+                ms = xr[0];
+                for (int64_t i = 1; i < len; i++) ms = scale >= 0.0f ? rx_max(ms, xr[i]) : rx_min(ms, xr[i]);
+                ms *= scale;
+            } else {
+                ms = (scale >= 0.0f ? row_max(xr, len) : row_min(xr, len)) * scale;
             }
-        float total = lanes_sum(s);
-        for (; i < len; i++) {
-            float e = rx_exp(xr[i] * scale - ms);
-            yr[i] = e;
-            total += e;
+            for (int64_t i = 0; i < len; i++) yr[i] = xr[i] * scale - ms;
         }
-        float inv = 1.0f / total;
-        for (i = 0; i < len; i++) yr[i] = yr[i] * inv;
+        if (stride == len) {
+            exp_inplace(y + g0 * stride, (g1 - g0) * len);
+        } else {
+            for (int64_t r = g0; r < g1; r++) exp_inplace(y + r * stride, len);
+        }
+        for (int64_t r = g0; r < g1; r++) {
+            float *yr = y + r * stride, total = 0.0f;
+            if (len < RLX_SHORT_ROW)
+                for (int64_t i = 0; i < len; i++) total += yr[i];
+            else
+                total = row_sum(yr, len, 0.0f);
+            float inv = 1.0f / total;
+            for (int64_t i = 0; i < len; i++) yr[i] = yr[i] * inv;
+        }
     }
 }
 
@@ -413,25 +443,10 @@ static RLX_CLONES void layer_norm_rows(const float *x, const float *scale, const
         float *yr = y + r * stride;
         /* the mean of x - x[0], plus x[0]: rows far from 0 relative to their spread keep
          * their precision (a plain float32 sum of 1000 + small loses it) */
-        float shift = xr[0], s[RLX_LANES] = {0};
-        int64_t i = 0, j;
-        for (; i + RLX_LANES <= len; i += RLX_LANES)
-            for (j = 0; j < RLX_LANES; j++) s[j] += xr[i + j] - shift;
-        float total = lanes_sum(s);
-        for (; i < len; i++) total += xr[i] - shift;
-        float mean = shift + total / (float)len;
-        float v[RLX_LANES] = {0};
-        for (i = 0; i + RLX_LANES <= len; i += RLX_LANES)
-            for (j = 0; j < RLX_LANES; j++) {
-                float d = xr[i + j] - mean;
-                v[j] += d * d;
-            }
-        float var = lanes_sum(v);
-        for (; i < len; i++) {
-            float d = xr[i] - mean;
-            var += d * d;
-        }
-        float rstd = 1.0f / sqrtf(var / (float)len + eps);
+        float shift = xr[0];
+        float mean = shift + row_sum(xr, len, shift) / (float)len;
+        float rstd = 1.0f / sqrtf(row_sq_dev(xr, len, mean) / (float)len + eps);
+        int64_t i;
         if (bias)
             for (i = 0; i < len; i++) yr[i] = (xr[i] - mean) * rstd * scale[i] + bias[i];
         else

@@ -51,7 +51,8 @@ __all__ = ["Native", "library", "reason", "describe", "wanted", "find_compiler",
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native.c")
-FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-fvisibility=hidden")
+FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-fvisibility=hidden",
+         "-fopenmp-simd")
 #: The C side's interface version (``rlx_abi()``); a library reporting another is rebuilt.
 ABI = 3
 _SCHEMA = 1
