@@ -36,6 +36,7 @@
 #define RLX_ABI 3
 #define RLX_BLOCK 1024
 #define RLX_MAX_DIMS 8
+#define RLX_CHUNK_BLOCKS 16 /* blocks per unit of work a thread takes at a time */
 
 enum {
     OP_COPY = 0, OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_POW, OP_MAX, OP_MIN, OP_NEG, OP_ABS,
@@ -284,13 +285,13 @@ RLX_API int rlx_region(const int64_t *meta, void *const *ptrs, const rlx_vml *vm
 #ifdef _OPENMP
     if (threads > 1) {
         int status = 0;
-#pragma omp parallel num_threads((int)threads) reduction(| : status)
-        {
-            int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-            int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
-            int64_t s0 = start + b0 * RLX_BLOCK, s1 = start + b1 * RLX_BLOCK;
-            if (s1 > stop) s1 = stop;
-            if (s0 < s1) status |= region_range(meta, ptrs, vml, s0, s1);
+        /* chunks of blocks handed out as threads come free: on a host where another
+         * process's threads hold a core, the other core takes the larger share */
+        int64_t chunk = RLX_CHUNK_BLOCKS * RLX_BLOCK, chunks = (stop - start + chunk - 1) / chunk;
+#pragma omp parallel for num_threads((int)threads) schedule(dynamic, 1) reduction(| : status)
+        for (int64_t c = 0; c < chunks; c++) {
+            int64_t s0 = start + c * chunk, s1 = s0 + chunk < stop ? s0 + chunk : stop;
+            status |= region_range(meta, ptrs, vml, s0, s1);
         }
         return status;
     }
@@ -454,6 +455,12 @@ static RLX_CLONES void layer_norm_rows(const float *x, const float *scale, const
     }
 }
 
+/* rows per unit of work a thread takes at a time: about RLX_CHUNK_BLOCKS blocks of elements */
+static int64_t row_chunk(int64_t len) {
+    int64_t per = RLX_CHUNK_BLOCKS * RLX_BLOCK / (len > 0 ? len : 1);
+    return per > 0 ? per : 1;
+}
+
 static int64_t row_threads(int64_t threads, int64_t rows) {
     if (threads > g_max_threads) threads = g_max_threads;
     if (threads > rows) threads = rows;
@@ -465,11 +472,10 @@ RLX_API void rlx_softmax(const float *x, float *y, int64_t rows, int64_t len, in
     threads = row_threads(threads, rows);
 #ifdef _OPENMP
     if (threads > 1) {
-#pragma omp parallel num_threads((int)threads)
-        {
-            int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-            softmax_rows(x, y, rows * t / nt, rows * (t + 1) / nt, len, stride, scale);
-        }
+        int64_t per = row_chunk(len), chunks = (rows + per - 1) / per;
+#pragma omp parallel for num_threads((int)threads) schedule(dynamic, 1)
+        for (int64_t c = 0; c < chunks; c++)
+            softmax_rows(x, y, c * per, (c + 1) * per < rows ? (c + 1) * per : rows, len, stride, scale);
         return;
     }
 #endif
@@ -481,11 +487,10 @@ RLX_API void rlx_layer_norm(const float *x, const float *scale, const float *bia
     threads = row_threads(threads, rows);
 #ifdef _OPENMP
     if (threads > 1) {
-#pragma omp parallel num_threads((int)threads)
-        {
-            int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-            layer_norm_rows(x, scale, bias, y, rows * t / nt, rows * (t + 1) / nt, len, stride, eps);
-        }
+        int64_t per = row_chunk(len), chunks = (rows + per - 1) / per;
+#pragma omp parallel for num_threads((int)threads) schedule(dynamic, 1)
+        for (int64_t c = 0; c < chunks; c++)
+            layer_norm_rows(x, scale, bias, y, c * per, (c + 1) * per < rows ? (c + 1) * per : rows, len, stride, eps);
         return;
     }
 #endif
