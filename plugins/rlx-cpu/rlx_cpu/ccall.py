@@ -52,15 +52,16 @@ class _RunTimeCall:
 
 
 def bound_call(fn: Callable[..., None], args: list[Any], operands: tuple[Any, ...], positions: tuple[int, ...],
-               fallback: Callable[..., None]) -> Step:  # fmt: skip
+               fallback: Callable[..., None], keep: tuple[Any, ...] = ()) -> Step:  # fmt: skip
     """The step calling ``fn(*args)``, where ``args[positions[i]]`` is the address of
     ``operands[i]``: filled in now for arrays, read per run for ``Dyn`` placeholders
-    (``fallback(*operands)`` runs instead when one cannot be taken as it is)."""
+    (``fallback(*operands)`` runs instead when one cannot be taken as it is). ``keep``:
+    more arrays whose addresses are already in ``args``, held alive by the step."""
     args = list(args)
     for x, pos in zip(operands, positions):
         if not isinstance(x, Dyn):
             args[pos] = x.ctypes.data
-    keep = tuple(x for x in operands if not isinstance(x, Dyn))
+    keep = (*keep, *(x for x in operands if not isinstance(x, Dyn)))
     dyn = {i: positions[i] for i, x in enumerate(operands) if isinstance(x, Dyn)}
     if not dyn:
         return Step(functools.partial(_call, fn, tuple(args), keep))

@@ -110,11 +110,13 @@ def _view(raw: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarra
 
 class _Scratch:
     """The ``BuildContext`` of one node in a plan: temporaries from the arena, given back
-    once the node's steps are built (they are dead outside those steps)."""
+    once the node's steps are built (they are dead outside those steps); arrays derived
+    from residents come from the executable (``CpuExecutable._derived``)."""
 
-    def __init__(self, arena: _Arena) -> None:
+    def __init__(self, arena: _Arena, derived: Callable[..., np.ndarray | None]) -> None:
         self._arena = arena
         self._taken: list[np.ndarray] = []
+        self.derived = derived
 
     def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -132,6 +134,16 @@ class _Owned:
 
     def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         return np.empty(shape, dtype)
+
+    def derived(self, source: Any, key: Any, make: Callable[..., np.ndarray]) -> None:
+        return None  # a folded node runs once per set_param: nothing to keep
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (``a`` itself, or the base of a view)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
 class _Group:
@@ -179,6 +191,8 @@ class CpuExecutable(Executable):
         self._params: dict[str, np.ndarray] = {}
         self._residents: dict[int, np.ndarray] = {}
         self._folds: list[tuple[frozenset[str], list[Callable[[], Any]]]] = []
+        self._resident_deps: dict[int, frozenset[str]] = {}  # id of a resident's memory owner -> params it reads
+        self._derived_arrays: dict[Any, list[Any]] = {}  # key -> [source, make, array, params]
         self._fold(graph)
         self._plan_count = itertools.count(1)
         self._plans_built = 0
@@ -252,6 +266,23 @@ class CpuExecutable(Executable):
                     if deps[node.id]:
                         self._folds.append((deps[node.id], steps))
             self._residents[node.id] = arr
+            root = id(_root(arr))
+            self._resident_deps[root] = self._resident_deps.get(root, frozenset()) | deps[node.id]
+
+    def _derived(self, source: Any, key: Any, make: Callable[[np.ndarray, np.ndarray | None], np.ndarray],
+                 ) -> np.ndarray | None:  # fmt: skip
+        """``BuildContext.derived``: ``make(source, None)`` once per source and key, shared
+        by every plan, and refilled in place by ``set_param`` when a param it reads changes."""
+        if not isinstance(source, np.ndarray):
+            return None
+        deps = self._resident_deps.get(id(_root(source)))
+        if deps is None:  # a plan buffer: its contents change every run
+            return None
+        k = (source.__array_interface__["data"][0], source.shape, source.strides, key)
+        entry = self._derived_arrays.get(k)
+        if entry is None:
+            entry = self._derived_arrays[k] = [source, make, make(source, None), deps]
+        return entry[2]
 
     def _gemv_weights(self, graph: Graph) -> set[int]:
         """Resident 2-d transposes read only as the weights of one-row matmuls.
@@ -312,7 +343,7 @@ class CpuExecutable(Executable):
             else:
                 out = self._output_buffer(node, values, groups, arena, stats)
             values[nid] = out
-            ctx = _Scratch(arena)
+            ctx = _Scratch(arena, self._derived)
             built = _build_steps(_BUILDERS[node.op], node, ins, out, ctx)
             ctx.release()
             steps.extend(bind(s, slots) for s in built)
@@ -385,6 +416,9 @@ class CpuExecutable(Executable):
             if name in deps:
                 for step in steps:
                     step()
+        for source, make, array, deps in self._derived_arrays.values():
+            if name in deps:
+                make(source, array)  # in place: the plans' steps hold its address
 
     # ------------------------------------------------------------------ introspection
     def plan_stats(self) -> dict[str, int]:

@@ -31,7 +31,19 @@ __all__ = ["BuildContext", "Builder", "KERNELS", "compute_dtype", "const", "inpl
 
 
 class BuildContext(Protocol):
-    def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray: ...
+    """What a kernel builder may ask of the plan being built."""
+
+    def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A temporary, dead outside this node's steps."""
+        ...
+
+    def derived(self, source: Any, key: Any, make: Callable[[np.ndarray, np.ndarray | None], np.ndarray],
+                ) -> np.ndarray | None:  # fmt: skip
+        """``make(source, None)``, kept by the executable and shared by its plans, and
+        recomputed as ``make(source, previous)`` whenever ``set_param`` changes ``source``
+        (e.g. weights packed for MKL); None when ``source`` is not a resident array (its
+        contents change from run to run) or the context keeps nothing."""
+        ...
 
 
 Builder = Callable[[Node, list[Any], np.ndarray, BuildContext], list[Step]]
@@ -283,7 +295,7 @@ def _gather(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
 def _matmul(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
     a, b = ins
     if out.dtype != np.float16:
-        return [matmul_step(a, b, out)]
+        return [matmul_step(a, b, out, ctx)]
     # numpy has no float16 gemm: products and sums go through float32 (sgemm).
     a32, b32, r32 = ctx.scratch(a.shape, F32), ctx.scratch(b.shape, F32), ctx.scratch(out.shape, F32)
     return [Step(np.copyto, (a32, a)), Step(np.copyto, (b32, b)), matmul_step(a32, b32, r32),

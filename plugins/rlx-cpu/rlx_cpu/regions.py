@@ -9,10 +9,11 @@ The plan fixes everything but the caller's addresses: the output's shape with ad
 axes merged where every operand allows it, each input's kind (contiguous like the output,
 a scalar, or strided/broadcast, with element strides per merged axis), the program with
 registers reused once their value is dead, all in one int64 array; the addresses of plan
-buffers and residents go into a pointer array once. A run is then one C call, or two on
-two threads (halves of the output, split on a block boundary) when the region is long
-enough to pay for waking the second thread. A caller's array has its address read per
-run; one that is not C-contiguous float32 is copied to one first.
+buffers and residents go into a pointer array once. A run is then one C call, on every
+core (OpenMP threads taking chunks of blocks as they come free) when the region is long
+enough to pay for the fork-join (``SPLIT_NS``). A caller's array has its address read
+per run; one that is not C-contiguous float32 is copied to one first. Where oneMKL is
+loaded, exp, log, tanh and erf run through its vector math (``VML_FUNCTIONS``).
 """
 
 from __future__ import annotations

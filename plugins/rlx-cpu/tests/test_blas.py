@@ -180,6 +180,70 @@ def test_eight_threads_share_mkl_products(lib: blas.Mkl) -> None:
     assert not errors, errors[0]
 
 
+# ----------------------------------------------------------------------------- packed weights
+def packed_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Record, for every product planned, whether its B operand was packed."""
+    seen: list[bool] = []
+    real = blas._packed
+
+    def spy(*args: object, **kwargs: object) -> np.ndarray | None:
+        got = real(*args, **kwargs)  # type: ignore[arg-type]
+        seen.append(got is not None)
+        return got
+
+    monkeypatch.setattr(blas, "_packed", spy)
+    return seen
+
+
+def test_resident_weights_are_packed_once_and_repacked_by_set_param(lib: blas.Mkl,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights in either layout (``x @ w`` and ``x @ w_t.T``, torch's Linear) and weights
+    folded from a param (``w * 2``) are packed for MKL when the plan is made; set_param
+    repacks them in place, so every plan sees the new values."""
+    seen = packed_calls(monkeypatch)
+    g = Graph("packed")
+    x = g.input("x", (64, 784))
+    w, wt, s = g.param("w", rand((784, 128), 1)), g.param("wt", rand((128, 784), 2)), g.param("s", rand((784, 128), 3))
+    y = g.add(g.add(g.matmul(x, w), g.matmul(x, g.transpose(wt, (1, 0)))), g.matmul(x, g.mul(s, 2.0)))
+    g.set_outputs([y])
+    exe = CpuBackend().compile(g.freeze(), CompileOptions(device="cpu"))
+    assert seen == [True, True, True]
+    xs = rand((64, 784), 4)
+
+    def want(w: np.ndarray, wt: np.ndarray, s: np.ndarray) -> np.ndarray:
+        x64 = xs.astype(np.float64)
+        return x64 @ w + x64 @ wt.T.astype(np.float64) + x64 @ (2.0 * s.astype(np.float64))
+
+    np.testing.assert_allclose(exe.run({"x": xs})[0], want(rand((784, 128), 1), rand((128, 784), 2),
+                                                           rand((784, 128), 3)), rtol=1e-4, atol=2e-3)  # fmt: skip
+    new = {"w": rand((784, 128), 11), "wt": rand((128, 784), 12), "s": rand((784, 128), 13)}
+    for name, value in new.items():
+        exe.set_param(name, value)
+    results: list[np.ndarray] = []
+    threads = [threading.Thread(target=lambda: results.append(exe.run({"x": xs})[0])) for _ in range(4)]
+    for t in threads:  # several plans at once: they share the packed arrays
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 4
+    for got in results:
+        np.testing.assert_allclose(got, want(new["w"], new["wt"], new["s"]), rtol=1e-4, atol=2e-3)
+
+
+def test_operands_that_change_per_run_are_not_packed(lib: blas.Mkl, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller's array or a value computed in the plan as B is read as it is each run."""
+    seen = packed_calls(monkeypatch)
+    g = Graph("unpacked")
+    x, b = g.input("x", (64, 784)), g.input("b", (784, 128))
+    g.set_outputs([g.matmul(x, b), g.matmul(x, g.relu(b))])
+    exe = CpuBackend().compile(g.freeze(), CompileOptions(device="cpu"))
+    assert not any(seen)
+    for seed in (5, 6):  # new values every run
+        feeds = {"x": rand((64, 784), seed), "b": rand((784, 128), seed + 10)}
+        for got, want in zip(exe.run(feeds), reference.evaluate(g, feeds)):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-3)
+
+
 # ----------------------------------------------------------------------------- switches
 def test_rlx_cpu_blas_numpy_keeps_products_in_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLX_CPU_BLAS", "numpy")
