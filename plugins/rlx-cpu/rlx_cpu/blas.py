@@ -17,7 +17,11 @@ stack of matrices whose layout is one stride per operand) with every argument fi
 the plan is bound: shapes, transposes, leading dimensions, and the addresses of plan
 buffers and residents. Only a caller's array has its address read per run (0.3 µs); a
 caller's array that is not C-contiguous and writable runs through ``numpy.matmul``
-instead, so every input layout stays correct.
+instead, so every input layout stays correct. A single product whose B is a resident
+(weights: a param, a constant, or folded from them) reads B packed once in MKL's own
+layout (``cblas_sgemm_pack``, then ``cblas_sgemm_compute``): sgemm otherwise copies B
+into that layout on every call. The packed copy belongs to the executable and set_param
+repacks it in place (``BuildContext.derived``).
 
 Vector math: numpy has no erf; ``mathfn.py``'s float32 program takes 15 passes (304 µs
 on 131k elements here) where ``vmsErf`` takes 44 µs at about 1 ulp (``VML_HA``), and gelu
