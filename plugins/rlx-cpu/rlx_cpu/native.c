@@ -620,3 +620,103 @@ RLX_API void rlx_pool2d(const float *x, float *y, int64_t planes, int64_t h, int
 #endif
     pool_planes(x, y, 0, planes, h, w, kh, kw, sh, sw, dh, dw, oh, ow, is_max);
 }
+
+/* ------------------------------------------------------- direct convolution */
+/* A stride-1, undilated 2-d convolution of one image without im2col: the input is
+ * copied once into a zero-padded plane per channel, then each output row is computed in
+ * tiles of 16 columns for RLX_CONV_OB output channels at a time, every tap one vector
+ * load shared by RLX_CONV_OB multiply-adds whose accumulators stay in registers. For few
+ * input channels (an image's first layer: 3 x 3 x 3 taps) this does the product's work
+ * with no 27-row copy of the image and no thin gemm. */
+typedef float rlx_v16 __attribute__((vector_size(64)));
+#define RLX_CONV_OB 8
+
+static RLX_CLONES void conv_rows(const float *xp, const float *wpk, const float *bias, float *y, int64_t c,
+                                 int64_t hp, int64_t wp, int64_t o, int64_t kh, int64_t kw, int64_t oh, int64_t ow,
+                                 int64_t u0, int64_t u1) {
+    /* work unit u = (output-channel block, output row); wpk holds the weights as
+     * (blocks, c, kh, kw, RLX_CONV_OB), zero past the last channel */
+    int64_t blocks = (o + RLX_CONV_OB - 1) / RLX_CONV_OB;
+    for (int64_t u = u0; u < u1; u++) {
+        int64_t ob = u % blocks, oy = u / blocks, o0 = ob * RLX_CONV_OB;
+        int64_t nb = o - o0 < RLX_CONV_OB ? o - o0 : RLX_CONV_OB;
+        const float *wb = wpk + ob * c * kh * kw * RLX_CONV_OB;
+        for (int64_t x0 = 0; x0 < ow; x0 += 16) {
+            int64_t nx = ow - x0 < 16 ? ow - x0 : 16;
+            rlx_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
+            float tile[16 + 16];
+            for (int64_t ci = 0; ci < c; ci++)
+                for (int64_t ki = 0; ki < kh; ki++) {
+                    const float *src = xp + (ci * hp + oy + ki) * wp + x0;
+                    if (nx < 16) { /* the last tile: read through a zero-padded copy */
+                        int64_t have = wp - x0;
+                        for (int64_t l = 0; l < 16 + kw - 1; l++) tile[l] = l < have ? src[l] : 0.0f;
+                        src = tile;
+                    }
+                    const float *wt = wb + (ci * kh + ki) * kw * RLX_CONV_OB;
+                    for (int64_t kj = 0; kj < kw; kj++, wt += RLX_CONV_OB) {
+                        rlx_v16 v;
+                        memcpy(&v, src + kj, sizeof v);
+                        a0 += wt[0] * v;
+                        a1 += wt[1] * v;
+                        a2 += wt[2] * v;
+                        a3 += wt[3] * v;
+                        a4 += wt[4] * v;
+                        a5 += wt[5] * v;
+                        a6 += wt[6] * v;
+                        a7 += wt[7] * v;
+                    }
+                }
+            rlx_v16 acc[RLX_CONV_OB] = {a0, a1, a2, a3, a4, a5, a6, a7};
+            for (int64_t j = 0; j < nb; j++) {
+                float *dst = y + ((o0 + j) * oh + oy) * ow + x0;
+                float b = bias ? bias[o0 + j] : 0.0f;
+                for (int64_t l = 0; l < nx; l++) dst[l] = acc[j][l] + b;
+            }
+        }
+    }
+}
+
+/* Lay out w (o, c, kh, kw) as the direct convolution reads it: (blocks, c, kh, kw, 8),
+ * zero past the last output channel. wpk: blocks * c * kh * kw * 8 floats. */
+RLX_API void rlx_conv_pack(const float *w, float *wpk, int64_t o, int64_t c, int64_t kh, int64_t kw) {
+    int64_t blocks = (o + RLX_CONV_OB - 1) / RLX_CONV_OB, taps = c * kh * kw;
+    for (int64_t ob = 0; ob < blocks; ob++)
+        for (int64_t t = 0; t < taps; t++)
+            for (int64_t j = 0; j < RLX_CONV_OB; j++) {
+                int64_t oc = ob * RLX_CONV_OB + j;
+                wpk[(ob * taps + t) * RLX_CONV_OB + j] = oc < o ? w[oc * taps + t] : 0.0f;
+            }
+}
+
+/* y (o, oh, ow) = conv(x (c, h, w), w (o, c, kh, kw)) + bias (o or NULL), stride 1, no
+ * dilation, padding pt (top) and pl (left); oh = h + pt + pb - kh + 1 and likewise ow.
+ * wpk: the weights laid out by rlx_conv_pack; xp: scratch of c * (oh + kh - 1) *
+ * (ow + kw - 1) floats. */
+RLX_API void rlx_conv_direct(const float *x, const float *wpk, const float *bias, float *y, float *xp, int64_t c,
+                             int64_t h, int64_t wd, int64_t o, int64_t kh, int64_t kw, int64_t pt, int64_t pl,
+                             int64_t oh, int64_t ow, int64_t threads) {
+    int64_t hp = oh + kh - 1, wp = ow + kw - 1;
+    for (int64_t ci = 0; ci < c; ci++)
+        for (int64_t r = 0; r < hp; r++) {
+            float *dst = xp + (ci * hp + r) * wp;
+            int64_t iy = r - pt;
+            memset(dst, 0, (size_t)wp * sizeof(float));
+            if (iy < 0 || iy >= h) continue;
+            int64_t lo = pl > 0 ? pl : 0, from = lo - pl, n = wd - from; /* input columns [from, wd) */
+            if (n > wp - lo) n = wp - lo;
+            if (n > 0) memcpy(dst + lo, x + (ci * h + iy) * wd + from, (size_t)n * sizeof(float));
+        }
+    int64_t units = ((o + RLX_CONV_OB - 1) / RLX_CONV_OB) * oh;
+    threads = row_threads(threads, units);
+#ifdef _OPENMP
+    if (threads > 1) {
+        int64_t per = (units + threads - 1) / threads, chunks = (units + per - 1) / per;
+#pragma omp parallel for num_threads((int)threads) schedule(dynamic, 1)
+        for (int64_t k = 0; k < chunks; k++)
+            conv_rows(xp, wpk, bias, y, c, hp, wp, o, kh, kw, oh, ow, k * per, (k + 1) * per < units ? (k + 1) * per : units);
+        return;
+    }
+#endif
+    conv_rows(xp, wpk, bias, y, c, hp, wp, o, kh, kw, oh, ow, 0, units);
+}

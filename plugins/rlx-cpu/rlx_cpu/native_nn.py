@@ -25,7 +25,7 @@ from .native import library
 from .regions import SPLIT_NS
 from .steps import Dyn, Step
 
-__all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step"]
+__all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step", "conv_direct_steps", "DIRECT_CONV_TAPS"]
 
 _SOFTMAX_NS, _LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
 
@@ -167,3 +167,72 @@ def pool_step(x: Any, out: Any, kernel: tuple[int, int], stride: tuple[int, int]
     geometry = (n * c, h, w, kh, kw, sh, sw, dh, dw, oh, ow, int(is_max))
     threads = _threads(lib, out.size * kh * kw, 0.3)
     return bound_call(lib.pool2d, [0, 0, *geometry, threads], (x, out), (0, 1), _pool_numpy(geometry))
+
+
+#: Convolutions with at most this many taps per output (c * kh * kw) run as a direct
+#: convolution rather than im2col + sgemm. Measured in the suite CNN's plan (2-core
+#: AVX-512 host): 3x3x3 taps into 16 channels over 64x64, 40 µs against 29 (im2col) + 28
+#: (a 16x27x4096 sgemm); 16x3x3 taps into 32 channels over 32x32, 50 µs against 49 + 57.
+#: With hundreds of input channels the direct kernel re-reads its input rows for every 8
+#: output channels, where a blocked sgemm keeps them in cache: those stay with im2col.
+DIRECT_CONV_TAPS = 160
+#: Multiply-adds from which the direct convolution uses every core (on this 2-core host
+#: the 1.8M of the case above ran no faster on two threads).
+_DIRECT_CONV_THREADED_MACS = 1 << 22
+
+
+def _conv_numpy(w: np.ndarray, pads: tuple[int, int], out_hw: tuple[int, int]) -> Any:
+    def run(x: np.ndarray, bias: np.ndarray | None, y: np.ndarray) -> None:
+        o, c, kh, kw = w.shape
+        (pt, pl), (oh, ow) = pads, out_hw
+        xp = np.zeros((c, oh + kh - 1, ow + kw - 1), np.float32)
+        h, wd = x.shape[-2:]
+        xp[:, pt : pt + h, pl : pl + wd] = x.reshape(c, h, wd)[:, : oh + kh - 1 - pt, : ow + kw - 1 - pl]
+        acc = np.zeros((o, oh * ow), np.float32) if bias is None else np.repeat(bias.reshape(o, 1), oh * ow, 1)
+        for ki in range(kh):
+            for kj in range(kw):
+                acc += w[:, :, ki, kj] @ xp[:, ki : ki + oh, kj : kj + ow].reshape(c, oh * ow)
+        y.reshape(o, oh * ow)[...] = acc
+
+    return run
+
+
+def conv_direct_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], ctx: Any) -> list[Step] | None:
+    """A stride-1, undilated, ungrouped float32 convolution with few taps as one native
+    call per image (``native.c``'s ``rlx_conv_direct``); None when it does not apply: no
+    library, weights that are not a resident (they are packed once, and again by
+    set_param), another layout or dtype, or more than ``DIRECT_CONV_TAPS`` taps."""
+    lib = library()
+    if lib is None or not _fits(x, w, bias, out) or isinstance(w, Dyn) or out.size == 0:
+        return None
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    oh, ow = out.shape[2:]
+    derived = getattr(ctx, "derived", None)
+    if c * kh * kw > DIRECT_CONV_TAPS or kw > 16 or derived is None:
+        return None
+    blocks = -(-o // 8)
+
+    def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
+        if dest is None:
+            dest = np.empty(blocks * c * kh * kw * 8, np.float32)
+        lib.conv_pack(src.ctypes.data, dest.ctypes.data, o, c, kh, kw)
+        return dest
+
+    wpk = derived(w, ("conv_direct_pack", o, c, kh, kw), make)
+    if wpk is None:
+        return None
+    xp = ctx.scratch((c * (oh + kh - 1) * (ow + kw - 1),), np.float32)
+    threads = lib.threads() if o * c * kh * kw * oh * ow >= _DIRECT_CONV_THREADED_MACS else 1
+    steps = []
+    for i in range(n):
+        xi, yi = x[i], out[i]
+        args = [0, wpk.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, pads[0], pads[1], oh, ow, threads]
+        fallback = _conv_numpy(w, pads, (oh, ow))
+        if bias is None:
+            steps.append(bound_call(lib.conv_direct, args, (xi, yi, xp), (0, 3, 4),
+                                    lambda x_, y_, _xp, f=fallback: f(x_, None, y_), keep=(wpk,)))  # fmt: skip
+        else:
+            steps.append(bound_call(lib.conv_direct, args, (xi, bias, yi, xp), (0, 2, 3, 4),
+                                    lambda x_, b_, y_, _xp, f=fallback: f(x_, b_, y_), keep=(wpk,)))  # fmt: skip
+    return steps

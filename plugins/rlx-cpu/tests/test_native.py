@@ -790,6 +790,7 @@ def test_row_and_window_kernels_split_over_threads_agree_with_one(
     pools their planes over the cores; each row, channel or plane is computed as on one
     thread, so the answers are identical (and the reference's)."""
     spies = {name: spy_on(monkeypatch, lib, name) for name in ("softmax", "layer_norm", "im2col", "pool2d")}
+    monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)  # the conv through im2col here
     g = Graph("big-windows")
     x = g.input("x", (2, 16, 64, 64))
     c = g.conv2d(x, g.param("w", rand((16, 16, 3, 3), 1)), g.param("b", rand((16,), 2)), padding=1)
@@ -989,8 +990,10 @@ CONVS = {  # name -> (x shape, w shape, bias?, kwargs)
 @pytest.mark.parametrize("name", list(CONVS))
 def test_conv2d_windows(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """conv2d's im2col in one native pass writing the zero padding in place: padding 0, 1,
-    2 and asymmetric, strides, dilation, groups, with and without a bias."""
+    2 and asymmetric, strides, dilation, groups, with and without a bias (the direct
+    convolution is held off, see the tests below)."""
     xs, ws, has_bias, kwargs = CONVS[name]
+    monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)
     calls = spy_on(monkeypatch, lib, "im2col")
     g = Graph("conv")
     w = g.param("w", rand(ws, 1))
@@ -1003,12 +1006,69 @@ def test_conv2d_windows(lib: native.Native, monkeypatch: pytest.MonkeyPatch, nam
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+DIRECT_CONVS = {  # name -> (x shape, w shape, bias?, kwargs): stride 1, few taps
+    "3x3x3 padding 1, bias (an image's first layer)": ((1, 3, 64, 64), (16, 3, 3, 3), True, {"padding": 1}),
+    "no padding, 5 channels out (a partial block), 13 wide (a partial tile)": ((2, 2, 9, 15), (5, 2, 3, 3), False,
+                                                                               {}),
+    "asymmetric padding, 2x3, 17 channels out": ((1, 3, 9, 8), (17, 3, 2, 3), True, {"padding": (0, 1, 2, 1)}),
+    "1x7 over 40 columns, padding 3 left and right": ((1, 1, 5, 40), (9, 1, 1, 7), True, {"padding": (0, 3, 0, 3)}),
+    "padding wider than the kernel needs": ((1, 2, 6, 6), (3, 2, 3, 3), False, {"padding": 3}),
+    "16 -> 32 channels, 3x3 over 32x32 (over 4M multiply-adds: every core)": ((1, 16, 32, 32), (32, 16, 3, 3), True,
+                                                                                {"padding": 1}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(DIRECT_CONVS))
+def test_direct_convolution(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """A stride-1 convolution with at most DIRECT_CONV_TAPS taps runs as the direct kernel
+    (no im2col): partial channel blocks and column tiles, any padding, bias or none, two
+    images, equal to the reference; then its packed weights follow set_param."""
+    xs, ws, has_bias, kwargs = DIRECT_CONVS[name]
+    direct, windows = spy_on(monkeypatch, lib, "conv_direct"), spy_on(monkeypatch, lib, "im2col")
+    g = Graph("direct-conv")
+    w = g.param("w", rand(ws, 1))
+    b = g.param("b", rand((ws[0],), 2)) if has_bias else None
+    g.set_outputs([g.conv2d(g.input("x", xs), w, b, **kwargs)])
+    x = rand(xs, 3)
+    cg = compile_cpu(g)
+    (got,) = cg.run({"x": x})
+    assert direct and not windows, "the direct convolution did not run"
+    tol = 2e-7 * math.prod(ws[1:])  # float32 sums of c * kh * kw products of N(0, 1) values
+    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x})[0], rtol=1e-5, atol=tol)
+    new = {"w": rand(ws, 7), **({"b": rand((ws[0],), 8)} if has_bias else {})}
+    for k, v in new.items():
+        cg.set_param(k, v)
+    (got,) = cg.run({"x": x})
+    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x}, params=new)[0], rtol=1e-5, atol=tol)
+
+
+def test_direct_convolution_declines_what_it_does_not_do(lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Strides, dilation, groups, more taps than DIRECT_CONV_TAPS and weights computed per
+    run go to im2col."""
+    direct = spy_on(monkeypatch, lib, "conv_direct")
+    g = Graph("not-direct")
+    x = g.input("x", (1, 4, 10, 10))
+    wgt = g.param("w", rand((4, 4, 3, 3), 1))
+    monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 36)  # 4 x 3 x 3 would go direct; 4 x 5 x 5 not
+    grouped, wide = g.param("wg", rand((4, 2, 3, 3), 2)), g.param("w5", rand((4, 4, 5, 5), 3))
+    per_run = g.relu(g.input("w_run", (2, 4, 1, 1)))  # weights computed every run: nothing to pack
+    g.set_outputs([g.conv2d(x, wgt, stride=2), g.conv2d(x, wgt, dilation=2), g.conv2d(x, grouped, groups=2),
+                   g.conv2d(x, wide), g.conv2d(x, per_run)])
+    feeds = {"x": rand((1, 4, 10, 10), 4), "w_run": rand((2, 4, 1, 1), 5)}
+    got = compile_cpu(g).run(feeds)
+    assert not direct
+    for a, r in zip(got, reference.evaluate(g, feeds)):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)
+
+
 FALLBACK_OPS = {  # name -> (graph builder over x (2, 4, 9, 10), native entry point)
     "softmax": (lambda g, x: g.softmax(x, axis=-1), "softmax"),
     "layer_norm": (lambda g, x: g.layer_norm(x, g.param("s", rand((10,), 1)), g.param("b", rand((10,), 2))),
                    "layer_norm"),
     "conv2d": (lambda g, x: g.conv2d(x, g.param("w", rand((6, 2, 3, 3), 3)), g.param("b", rand((6,), 4)), stride=2,
                                      padding=(1, 2, 0, 1), dilation=(1, 2), groups=2), "im2col"),
+    "direct conv2d": (lambda g, x: g.conv2d(x, g.param("w", rand((5, 4, 2, 3), 3)), g.param("b", rand((5,), 4)),
+                                            padding=(1, 0, 2, 1)), "conv_direct"),
     "max_pool2d": (lambda g, x: g.max_pool2d(x, 3, stride=2, dilation=2), "pool2d"),
     "avg_pool2d": (lambda g, x: g.avg_pool2d(x, (3, 2), stride=(1, 2)), "pool2d"),
 }  # fmt: skip
