@@ -41,6 +41,7 @@ __all__ = [
     "program_types",
     "make_instruction",
     "describe_program",
+    "live_instructions",
 ]
 
 #: gemm activations and the elementwise op (with attributes) each one applies.
@@ -125,6 +126,25 @@ def program_types(op: OpKind, ins: Sequence[Any], program: Any) -> tuple[tuple, 
         out.append(Instruction(sub, tuple(args), norm, tuple(shape), dtype))
         canonical.append(make_instruction(sub, args, norm))
     return tuple(canonical), out
+
+
+def live_instructions(instructions: Sequence[Instruction], n_in: int) -> list[Instruction]:
+    """The instructions a program's result depends on, renumbered (argument ``n_in + k``
+    is the k-th kept instruction). Only these are sure to broadcast to the result's shape
+    (a dead one may be larger), so a backend runs only these."""
+    live = {n_in + len(instructions) - 1}
+    for k in range(len(instructions) - 1, -1, -1):
+        if n_in + k in live:
+            live.update(instructions[k].args)
+    if len(live) - sum(1 for v in live if v < n_in) == len(instructions):
+        return list(instructions)
+    remap = {i: i for i in range(n_in)}
+    kept: list[Instruction] = []
+    for k, instr in enumerate(instructions):
+        if n_in + k in live:
+            remap[n_in + k] = n_in + len(kept)
+            kept.append(instr._replace(args=tuple(remap[a] for a in instr.args)))
+    return kept
 
 
 def _infer_gemm(op: OpKind, ins: Sequence[Any], attrs: dict[str, Any]) -> tuple[dict[str, Any], tuple, str]:

@@ -30,7 +30,7 @@ import numpy as np
 
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind
-from rlx_core.passes.internal_ops import ACTIVATION_OPS, Instruction, program_types
+from rlx_core.passes.internal_ops import ACTIVATION_OPS, Instruction, live_instructions, program_types
 
 from .kernels import KERNELS, BuildContext, inplace_positions
 from .regions import region_steps
@@ -169,29 +169,11 @@ def _registers(instructions: list[Instruction], n_inputs: int, final_direct: boo
     return reg
 
 
-def _live(instructions: list[Instruction], n_in: int) -> list[Instruction]:
-    """The instructions the result depends on, renumbered. Only these are sure to
-    broadcast to the output's shape (a dead one may be larger), so only these run."""
-    live = {n_in + len(instructions) - 1}
-    for k in range(len(instructions) - 1, -1, -1):
-        if n_in + k in live:
-            live.update(instructions[k].args)
-    if len(live) - sum(1 for v in live if v < n_in) == len(instructions):
-        return instructions
-    remap = {i: i for i in range(n_in)}
-    kept: list[Instruction] = []
-    for k, instr in enumerate(instructions):
-        if n_in + k in live:
-            remap[n_in + k] = n_in + len(kept)
-            kept.append(instr._replace(args=tuple(remap[a] for a in instr.args)))
-    return kept
-
-
 def program_steps(instructions: list[Instruction], ins: list[Any], out: np.ndarray, ctx: BuildContext,
                   name: str = "", block: int = BLOCK_ELEMENTS) -> list[Step]:  # fmt: skip
     """The steps evaluating ``instructions`` over operands ``ins`` into ``out``, block by block."""
     n_in = len(ins)
-    instructions = _live(instructions, n_in)
+    instructions = live_instructions(instructions, n_in)
     used = {a for instr in instructions for a in instr.args if a < n_in}
     final = instructions[-1]
     safe_final = inplace_positions(_pseudo(final, final.shape, name))

@@ -27,7 +27,7 @@ import numpy as np
 
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind
-from rlx_core.passes.internal_ops import Instruction
+from rlx_core.passes.internal_ops import Instruction, live_instructions
 
 from .blas import VML_MODE, mkl
 from .native import Native, library
@@ -157,22 +157,6 @@ def _registers(code: list[tuple[str, tuple[int, ...]]], n_in: int) -> list[int]:
     return regs
 
 
-def _used(instructions: list[Instruction], n_in: int) -> list[Instruction]:
-    """The instructions the result depends on (renumbered): only these are sure to
-    broadcast to the output's shape, so only these run."""
-    live = {n_in + len(instructions) - 1}
-    for k in range(len(instructions) - 1, -1, -1):
-        if n_in + k in live:
-            live.update(instructions[k].args)
-    remap = {i: i for i in range(n_in)}
-    kept: list[Instruction] = []
-    for k, ins in enumerate(instructions):
-        if n_in + k in live:
-            remap[n_in + k] = n_in + len(kept)
-            kept.append(ins._replace(args=tuple(remap[a] for a in ins.args)))
-    return kept
-
-
 #: Opcodes that run through oneMKL's vector math when MKL is loaded (``native.c``'s vml table).
 VML_FUNCTIONS = {"exp": "Exp", "log": "Ln", "tanh": "Tanh", "erf": "Erf"}
 _VML_TABLES: dict[int, np.ndarray] = {}
@@ -203,7 +187,7 @@ def region_steps(instructions: list[Instruction], ins: list[Any], out: Any) -> l
     if lib is None or out.dtype != np.float32 or out.size == 0:
         return None
     try:
-        return _plan(lib, _used(instructions, len(ins)), ins, out)
+        return _plan(lib, live_instructions(instructions, len(ins)), ins, out)
     except _NoFit:
         return None
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlx_core.ops import OpKind
-from rlx_core.passes.internal_ops import Instruction, make_instruction, program_types
+from rlx_core.passes.internal_ops import Instruction, live_instructions, make_instruction, program_types
 
 __all__ = [
     "CTYPE",
@@ -76,22 +76,6 @@ class ElementwiseSource:
 def single_op_program(op: OpKind | str, n_inputs: int, attrs: Any) -> tuple:
     """The one-instruction program of a plain elementwise node."""
     return (make_instruction(op, range(n_inputs), dict(attrs)),)
-
-
-def live_instructions(instructions: list[Instruction], n_in: int) -> list[Instruction]:
-    """The instructions the result depends on, renumbered (a dead one may not even
-    broadcast to the output's shape, so it must not run)."""
-    live = {n_in + len(instructions) - 1}
-    for k in range(len(instructions) - 1, -1, -1):
-        if n_in + k in live:
-            live.update(instructions[k].args)
-    remap = {i: i for i in range(n_in)}
-    kept: list[Instruction] = []
-    for k, instr in enumerate(instructions):
-        if n_in + k in live:
-            remap[n_in + k] = n_in + len(kept)
-            kept.append(instr._replace(args=tuple(remap[a] for a in instr.args)))
-    return kept
 
 
 def _lit(value: float, ct: str) -> str:
