@@ -14,9 +14,9 @@ How: the first compile that wants it (never ``import rlx_cpu`` or ``rlx devices`
 for the library in the kernel directory, keyed by the source's hash, the compiler and its
 version, the flags and the platform; a JSON manifest beside it records the library's
 SHA-256, checked before every load, so a torn or corrupt file is rebuilt with a
-``CacheWarning`` rather than loaded. A miss builds it (about 1.5 s with gcc 12) into a
-temporary file that is renamed into place, so two processes building at once never see
-half a library. Without a compiler, or when the build fails, the cpu backend keeps its
+``CacheWarning`` rather than loaded. A miss builds it (about 4 s with gcc 12 for its
+three clones, once per host) into a temporary file that is renamed into place, so two
+processes building at once never see half a library. Without a compiler, or when the build fails, the cpu backend keeps its
 numpy kernels and says why in the log (``reason()``).
 
 The kernel directory is ``RLX_KERNEL_DIR``, else ``rlx-kernels`` in the platform's user
@@ -190,6 +190,7 @@ def library() -> Native | None:
         return None
     with _LOCK:
         if "lib" not in _STATE:
+            log.info("rlx-cpu: loading the native kernels (built on first use: a few seconds)")
             lib, why = _load()
             _STATE["lib"], _STATE["reason"] = lib, why
             if lib is None:
