@@ -16,8 +16,9 @@ version, the flags and the platform; a JSON manifest beside it records the libra
 SHA-256, checked before every load, so a torn or corrupt file is rebuilt with a
 ``CacheWarning`` rather than loaded. A miss builds it (about 4 s with gcc 12 for its
 three clones, once per host) into a temporary file that is renamed into place, so two
-processes building at once never see half a library. Without a compiler, or when the build fails, the cpu backend keeps its
-numpy kernels and says why in the log (``reason()``).
+processes building at once never see half a library. Without a compiler, or when the
+build fails, the cpu backend keeps its numpy kernels and says why in the log
+(``reason()``).
 
 The kernel directory is ``RLX_KERNEL_DIR``, else ``rlx-kernels`` in the platform's user
 cache directory: not under ``RLX_CACHE_DIR``, whose contract is JSON entries only (a
