@@ -264,7 +264,7 @@ def _build(cmd: list[str], out: Path) -> str:
     is not installed): without it regions run on one thread. Function clones (x86-64
     only) need gcc >= 11 or clang >= 14: an older compiler builds without them."""
     error = ""
-    for extra in (("-fopenmp",), (), ("-DRLX_NO_CLONES",)):
+    for extra in (("-fopenmp",), ("-fopenmp", "-DRLX_NO_CLONES"), (), ("-DRLX_NO_CLONES",)):
         argv = [*cmd, *FLAGS, *extra, "-o", str(out), str(SOURCE), "-lm"]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S, check=False)

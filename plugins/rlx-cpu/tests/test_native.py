@@ -1275,6 +1275,40 @@ def test_a_failing_build_leaves_numpy_and_no_half_library(tmp_path: Path, monkey
     assert_numpy_path_runs(region_runs)
 
 
+@pytest.mark.parametrize("refuses, openmp", [("-fopenmp", False), ("target_clones", True)])
+def test_a_compiler_without_openmp_or_clones_still_builds(lib: native.Native, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch, refuses: str,
+                                                          openmp: bool) -> None:  # fmt: skip
+    """A compiler without OpenMP's runtime (clang without libomp) builds a one-thread
+    library; one without function clones (gcc < 11) builds without them; both run
+    regions right. The real compiler stands behind a wrapper that refuses one feature."""
+    real = native.find_compiler()
+    assert real is not None
+    cc = tmp_path / "picky-cc"
+    if refuses == "-fopenmp":
+        body = 'for a in "$@"; do if [ "$a" = -fopenmp ]; then echo "picky: no OpenMP here" >&2; exit 1; fi; done\n'
+    else:
+        body = ('clones=1; for a in "$@"; do [ "$a" = -DRLX_NO_CLONES ] && clones=0; done\n'
+                'if [ $clones = 1 ]; then echo "picky: no target_clones here" >&2; exit 1; fi\n')
+    run = f'exec {" ".join(real)} "$@"\n'
+    cc.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {run}{body}{run}')
+    cc.chmod(0o755)
+    monkeypatch.setenv("RLX_CPU_CC", str(cc))
+    monkeypatch.setenv("RLX_KERNEL_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(native, "_STATE", {})
+    built = native.library()
+    assert built is not None, native.reason()
+    assert built.openmp is openmp
+    if not openmp:
+        assert built.threads() == 1
+    g = Graph("picky")
+    x = g.input("x", (512, 512))
+    g.set_outputs([g.tanh(g.add(g.mul(x, 0.5), g.param("b", rand((512,), 1))))])
+    feeds = {"x": rand((512, 512), 2)}
+    (got,) = compile_cpu(g).run(feeds)
+    np.testing.assert_allclose(got, reference.evaluate(g, feeds)[0], rtol=3e-6, atol=3e-7)
+
+
 @pytest.mark.parametrize("value", ["0", "off", "numpy"])
 def test_rlx_cpu_native_off_keeps_every_op_on_numpy(monkeypatch: pytest.MonkeyPatch, value: str,
                                                     region_runs: list[regions._Runner]) -> None:  # fmt: skip
