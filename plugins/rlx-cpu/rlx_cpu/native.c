@@ -275,7 +275,7 @@ static int region_range(const int64_t *meta, void *const *ptrs, const rlx_vml *v
  *   then per input: kind, strides[ndim]; then per instruction: op, dst, a, b, c.
  * Values: 0..n_in-1 are the inputs, n_in + r is register r; dst -1 is the output.
  * ptrs: output, then the inputs; vml: NULL or the vector-math table. Computes output
- * elements [start, stop) on up to `threads` threads, each taking a run of whole blocks.
+ * elements [start, stop) on up to `threads` threads, taking chunks of blocks as they come free.
  * Returns 0, or -1 when memory for the registers cannot be had. */
 RLX_API int rlx_region(const int64_t *meta, void *const *ptrs, const rlx_vml *vml, int64_t start, int64_t stop,
                        int64_t threads) {

@@ -36,6 +36,13 @@ def _fits(*arrays: Any) -> bool:
                for x in arrays)  # fmt: skip
 
 
+def _overlaps_elsewhere(x: Any, out: Any) -> bool:
+    """True when plan arrays ``x`` and ``out`` share memory other than as the same array
+    (a kernel writing ``out`` would overwrite ``x`` before reading it)."""
+    return (not isinstance(x, Dyn) and not isinstance(out, Dyn) and np.may_share_memory(x, out)
+            and x.ctypes.data != out.ctypes.data)  # fmt: skip
+
+
 def _threads(lib: Any, elements: int, ns: float) -> int:
     return lib.threads() if elements * ns >= SPLIT_NS else 1
 
@@ -56,8 +63,7 @@ def softmax_step(x: Any, out: Any, scale: float = 1.0) -> Step | None:
         return None
     length = out.shape[-1]
     rows = math.prod(out.shape[:-1])
-    if length == 0 or rows == 0 or (not isinstance(x, Dyn) and not isinstance(out, Dyn)
-                                     and np.may_share_memory(x, out) and x.ctypes.data != out.ctypes.data):  # fmt: skip
+    if length == 0 or rows == 0 or _overlaps_elsewhere(x, out):
         return None
     args = [0, 0, rows, length, length, float(scale), _threads(lib, rows * length, _SOFTMAX_NS)]
     return bound_call(lib.softmax, args, (x, out), (0, 1), _softmax_numpy(scale))
@@ -86,10 +92,7 @@ def layer_norm_step(x: Any, scale: Any, bias: Any, out: Any, axis: int, eps: flo
             or tuple(scale.shape) != inner or (bias is not None and tuple(bias.shape) != inner)):  # fmt: skip
         return None
     length, rows = math.prod(inner), math.prod(out.shape[:axis])
-    if length == 0 or rows == 0:
-        return None
-    if not isinstance(x, Dyn) and not isinstance(out, Dyn) and np.may_share_memory(x, out) \
-            and x.ctypes.data != out.ctypes.data:  # fmt: skip
+    if length == 0 or rows == 0 or _overlaps_elsewhere(x, out):
         return None
     args = [0, 0, None, 0, rows, length, length, float(eps), _threads(lib, rows * length, _LAYER_NORM_NS)]
     if bias is None:

@@ -30,6 +30,7 @@ from rlx_core.ops import OpKind
 from rlx_core.passes.internal_ops import Instruction, live_instructions
 
 from .blas import VML_MODE, mkl
+from .ccall import address
 from .native import Native, library
 from .steps import Dyn, Step
 
@@ -271,7 +272,7 @@ def _address(x: Any) -> tuple[int, Any]:
     if x.dtype != np.float32 or not x.flags.c_contiguous or not x.flags.aligned:
         x = np.ascontiguousarray(x, np.float32)
     try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(x)), x
+        return address(x), x
     except (TypeError, BufferError, ValueError):  # read-only: same memory, slower way to its address
         return x.ctypes.data, x
 

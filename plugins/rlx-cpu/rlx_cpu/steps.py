@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Dyn", "Parallel", "Step", "bind", "bind_run", "is_fixed", "helper_threads", "pool"]
+__all__ = ["Dyn", "Parallel", "Step", "bind", "bind_run", "is_fixed", "helper_threads"]
 
 
 class Step(NamedTuple):
@@ -116,7 +116,7 @@ def helper_threads() -> int:
     return max(min((os.cpu_count() or 1) - 1, 1), 0)
 
 
-def pool() -> Any:
+def _pool() -> Any:
     if not _POOL:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -140,7 +140,7 @@ def _bind_parallel(step: Parallel, slots: list[Any]) -> Callable[[], None]:
             s()
 
     def run() -> None:
-        future = pool().submit(run_second)
+        future = _pool().submit(run_second)
         try:
             for s in first:
                 s()
