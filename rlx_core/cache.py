@@ -168,6 +168,20 @@ class JsonCache:
             warnings.warn(f"rlx cache: could not write {path}: {type(exc).__name__}: {exc}; continuing without "
                           "caching it", CacheWarning, stacklevel=2)
 
+    def remove(self, key: str) -> bool:
+        """Delete ``key``'s entry; ``True`` if there was one. A file that cannot be removed
+        is a ``CacheWarning`` (the entry then stays until ``rlx cache clear``)."""
+        path = self.path(key)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            warnings.warn(f"rlx cache: could not remove {path}: {type(exc).__name__}: {exc}", CacheWarning,
+                          stacklevel=2)
+            return False
+        return True
+
     def _ignore(self, path: Path, why: str) -> None:
         warnings.warn(f"rlx cache: ignoring {path} because {why}; it will be recomputed", CacheWarning,
                       stacklevel=3)

@@ -10,12 +10,14 @@ library versions its probe reported, so a driver upgrade triggers recalibration.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -31,11 +33,25 @@ from .plugin import CompileOptions, Executable
 if TYPE_CHECKING:
     from .plugin import Backend
 
-__all__ = ["calibrate_backend", "cached_cost_model", "calibration_identity", "CALIBRATION_SCHEMA"]
+__all__ = ["calibrate_backend", "cached_cost_model", "calibration_identity", "progress_sink", "CALIBRATION_SCHEMA"]
 
 CALIBRATION_SCHEMA = 3  # 2: per-op cost lines; 3: shaped gemm points, region costs, first-quartile times
 log = logging.getLogger(__name__)
 Progress = Callable[[str, float], None]
+_SINK: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("rlx_calibration_progress", default=None)
+
+
+@contextlib.contextmanager
+def progress_sink(progress: Progress | None) -> Iterator[None]:
+    """Send the progress of every ``calibrate_backend`` call inside the block (that is
+    not given its own ``progress``) to ``progress``. ``Backend.calibrate(quick)`` takes
+    no callback, yet a progress bar, and the step a crashed calibration died in, need
+    its steps: this carries them past the plugin's method."""
+    token = _SINK.set(progress)
+    try:
+        yield
+    finally:
+        _SINK.reset(token)
 
 
 def _cache() -> JsonCache:
@@ -233,7 +249,7 @@ def _region_costs(backend: Backend, budget: float, quick: bool, report: Progress
 
 def calibrate_backend(backend: Backend, quick: bool = False, progress: Progress | None = None) -> CostModel:
     """Measure ``backend`` on this host, cache the model, and return it."""
-    report = progress or (lambda step, frac: None)
+    report = progress or _SINK.get() or (lambda step, frac: None)
     budget = 0.05 if quick else 0.25
     shapes = [(n, n, n) for n in ((64, 256) if quick else (64, 256, 1024))]
     shapes += SHAPED_GEMMS[:2] if quick else SHAPED_GEMMS

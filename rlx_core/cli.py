@@ -501,35 +501,45 @@ def calibrate(
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     with _user_errors():
-        from . import available_devices, device_report, get_backend
+        from . import available_devices, device_report
         from .errors import DeviceError, PluginError
+        from .registry import default_registry
 
+        registry = default_registry()
         targets = list(devices or available_devices())
-        backends = {d: get_backend(d) for d in targets}  # unknown names fail before any work
+        for d in targets:
+            registry.info(d)  # unknown names fail before any work
         rows = {r.device: r for r in device_report()}
         for d in targets:
             row = rows.get(d.split(":")[0])
-            if row is not None and not row.available:
+            # A device disabled by its own crashed calibration may be calibrated again: that is the retry.
+            if row is not None and not row.available and registry.fault(d) is None:
                 raise DeviceError(f"cannot calibrate {d}: unavailable here ({row.reason})")
         results: dict[str, Any] = {}
+        failed: list[str] = []
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as progress:  # fmt: skip
             task = progress.add_task("calibrating", total=len(targets))
             if targets:
                 console.print(f"calibrating {', '.join(targets)}: about {len(targets) * (15 if quick else 60)} s")
-            for d in targets:
+            for i, d in enumerate(targets):
                 progress.update(task, description=f"calibrating {d}")
+
+                def step(what: str, frac: float, d: str = d, i: int = i) -> None:
+                    progress.update(task, description=f"calibrating {d}: {what}", completed=i + min(frac, 1.0))
+
                 try:
-                    results[d] = backends[d].calibrate(quick=quick)
+                    results[d] = registry.calibrate(d, quick=quick, progress=step)
                 except NotImplementedError as exc:
                     results[d] = f"{d}: this backend cannot calibrate ({exc or 'not implemented'})"
                 except ModuleNotFoundError as exc:
                     if not (exc.name or "").startswith("rlx_core.calibration"):
                         raise
                     results[d] = f"{d}: calibration is not available in this rlx-core yet"
-                except PluginError as exc:
-                    results[d] = f"{d}: calibration failed: {exc}"
-                progress.advance(task)
+                except (PluginError, DeviceError) as exc:  # raised, or its child died: the others go on
+                    results[d] = f"{d}: calibration failed: {exc}" if isinstance(exc, PluginError) else str(exc)
+                    failed.append(d)
+                progress.update(task, completed=i + 1)
         table = Table("device", "sgemm GFLOP/s", "memory GB/s", "dispatch", "round trip", "source",
                       title="Calibrated cost models", title_justify="left")  # fmt: skip
         for d, m in results.items():
@@ -541,7 +551,9 @@ def calibrate(
         if table.row_count:
             console.print(table)
         if verify:
-            _verify_table(targets, quick)
+            _verify_table([d for d in targets if d not in failed], quick)
+        if failed:
+            raise typer.Exit(1)
 
 
 def _verify_table(devices: list[str], quick: bool) -> None:

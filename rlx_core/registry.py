@@ -7,12 +7,16 @@ fails is recorded in ``broken()`` (with one ``PluginWarning``) and raised only w
 someone asks for that device, as JAX does for an optional platform.
 
 Nothing happens at import: entry points are read on the first question, and each
-backend's probe runs on the first question about that backend, in a daemon thread with a
-timeout, so that a hung driver never hangs the caller or delays interpreter exit.
+backend's probe runs on the first question about that backend, watched by a daemon
+thread with a timeout, so that a hung driver never hangs the caller or delays
+interpreter exit. Probes and calibration of backends loaded from entry points run in a
+child process (``isolation.py``): a driver that crashes there costs its device, never
+the caller's process; a calibration that crashed is remembered (``faults.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import logging
 import math
@@ -20,9 +24,8 @@ import os
 import re
 import reprlib
 import threading
-import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +33,10 @@ import pluggy
 
 from .cost import CostModel
 from .errors import ConfigError, DeviceError, PluginError, PluginWarning
+from .faults import DeviceFault, FaultLog
+from .isolation import ChildTarget, isolation_enabled
 from .plugin import ENTRY_POINT_GROUP, PLUGIN_API_VERSION, Availability, Backend, RlxBackendSpec
+from .probing import ProbeRun
 
 __all__ = ["PLATFORM_PRIORITY", "BackendInfo", "Registry", "parse_device", "default_registry",
            "set_default_registry", "broken_plugins", "get_backend"]
@@ -44,6 +50,7 @@ PLATFORM_PRIORITY: dict[str, int] = {
 }
 
 DEFAULT_PROBE_TIMEOUT = 10.0
+DEFAULT_CALIBRATE_TIMEOUT = 900.0
 
 # A backend name: no ':' (it separates the index), no whitespace, nothing a shell or a
 # comma-separated RLX_* variable would mangle.
@@ -89,25 +96,19 @@ class _Broken:
     backend_names: tuple[str, ...] = ()
 
 
-class _Probe:
-    """One probe running (or finished) in a daemon thread; the first caller starts it."""
+def _reraised(name: str, error: Mapping[str, str]) -> Exception:
+    """The exception a child's task raised, rebuilt here: ``NotImplementedError`` and
+    rlx's own errors keep their type (callers tell "cannot calibrate" from "failed"),
+    anything else is a ``PluginError`` naming the backend and the original type."""
+    from . import errors
 
-    def __init__(self, backend: Backend) -> None:
-        self.done = threading.Event()
-        self.result: Availability | None = None
-        self.error: BaseException | None = None
-        self.started = time.monotonic()
-        self.thread = threading.Thread(target=self._run, args=(backend,), name=f"rlx-probe-{backend.name}",
-                                       daemon=True)
-        self.thread.start()
-
-    def _run(self, backend: Backend) -> None:
-        try:
-            self.result = backend.probe()
-        except BaseException as exc:  # a probe must not end its thread with a traceback on stderr
-            self.error = exc
-        finally:
-            self.done.set()
+    kind, message = error.get("type", ""), error.get("message", "")
+    if kind == "NotImplementedError":
+        return NotImplementedError(message)
+    cls = getattr(errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, errors.RlxError):
+        return cls(message)
+    return PluginError(f"backend {name!r}: calibrate raised {kind}: {message}")
 
 
 def _origin(dist: str, version: str, entry_point: str) -> str:
@@ -144,7 +145,9 @@ class Registry:
         self._broken: list[_Broken] = []
         self._probe_broken: dict[str, _Broken] = {}
         self._disabled: list[str] = []
-        self._probes: dict[str, _Probe] = {}
+        self._probes: dict[str, ProbeRun] = {}
+        self._targets: dict[str, ChildTarget] = {}  # backends a child process can load again
+        self._faults = FaultLog()
         self._availability: dict[str, Availability] = {}
         self._cost_models: dict[str, CostModel] = {}
 
@@ -216,6 +219,9 @@ class Registry:
         for backend in returned:
             try:
                 self._add(backend, ep.name, dist, version)
+                target = ChildTarget.of(ep, backend.name)
+                if target is not None:
+                    self._targets[backend.name] = target
             except PluginError as exc:
                 names = (backend.name,) if isinstance(getattr(backend, "name", None), str) else ()
                 self._record_broken(_Broken(ep.name, f"{origin}: {exc}", names))
@@ -326,42 +332,52 @@ class Registry:
         """Whether backend ``name`` can run here; probes only that backend, once."""
         return self.probe_all([name])[parse_device(name)[0]]
 
+    def isolated(self) -> bool:
+        """Whether probes and calibration of entry-point backends run in child processes
+        (``RLX_ISOLATION``, default on)."""
+        return isolation_enabled(self.environ)
+
     def probe_all(self, names: Iterable[str] | None = None) -> dict[str, Availability]:
-        """Probe ``names`` (default: every backend) concurrently, each in a daemon thread,
-        each at most ``probe_timeout()`` seconds; answers are cached per registry."""
+        """Probe ``names`` (default: every backend) concurrently, each watched by a daemon
+        thread, each at most ``probe_timeout()`` seconds; answers are cached per registry.
+
+        A backend from an entry point is probed in a child process (unless
+        ``RLX_ISOLATION=0``), so a probe that crashes its process costs only its device;
+        a device whose calibration crashed (``fault``) is unavailable with that reason."""
         timeout = self.probe_timeout()
         wanted = self.names() if names is None else [self.info(n).name for n in names]
+        isolated = self.isolated() if any(n in self._targets for n in wanted) else False
         answers: dict[str, Availability] = {}
-        running: dict[str, _Probe] = {}
+        running: dict[str, ProbeRun] = {}
         with self._lock:
             for name in wanted:
                 if name in self._availability:
                     answers[name] = self._availability[name]
                     continue
                 if name not in self._probes:
-                    self._probes[name] = _Probe(self._infos[name].backend)
+                    target = self._targets.get(name) if isolated else None
+                    self._probes[name] = ProbeRun(self._infos[name].backend, target, timeout=timeout,
+                                                  environ=self._environ)
                 running[name] = self._probes[name]
         for name, probe in running.items():
-            probe.done.wait(max(0.0, probe.started + timeout - time.monotonic()))
+            probe.wait(timeout)
             answers[name] = self._settle(name, probe, timeout)
         return {name: answers[name] for name in wanted}
 
-    def _settle(self, name: str, probe: _Probe, timeout: float) -> Availability:
+    def _settle(self, name: str, probe: ProbeRun, timeout: float) -> Availability:
         """Turn a finished (or overdue) probe into an answer, cached unless invalidated meanwhile."""
         with self._lock:
             current = self._probes.get(name) is probe
             if current and name in self._availability:
                 return self._availability[name]
-            reason = ""
-            if not probe.done.is_set():
-                reason = f"probe did not answer within {timeout:g} s (RLX_PROBE_TIMEOUT)"
-            elif probe.error is not None:
-                reason = f"probe raised {_describe(probe.error)}"
-            elif not isinstance(probe.result, Availability):
-                reason = f"probe returned {type(probe.result).__name__}, expected rlx_core.Availability"
+            reason = probe.reason(timeout)
             if not reason:
                 assert isinstance(probe.result, Availability)
                 answer = probe.result
+                fault = self.fault(name) if answer.available else None
+                if fault is not None:
+                    answer = Availability(False, fault.reason(), devices=list(answer.devices),
+                                          versions=dict(answer.versions))  # fmt: skip
             else:
                 answer = Availability(False, reason)
                 if current:
@@ -373,6 +389,74 @@ class Registry:
             if current:
                 self._availability[name] = answer
             return answer
+
+    # -- faults and calibration ------------------------------------------------------
+
+    def fault(self, name: str) -> DeviceFault | None:
+        """The crash recorded for backend ``name``'s calibration on this host (from any
+        process), while its plugin version is the one that crashed; else ``None``."""
+        info = self.info(name)
+        try:
+            return self._faults.get(info.name, info.version)
+        except Exception as exc:  # an unreadable cache must not make a device unusable
+            logger.debug("rlx: cannot read the fault record of %r: %s", info.name, exc)
+            return None
+
+    def calibrate_timeout(self) -> float:
+        """Seconds a calibration may take (``RLX_CALIBRATE_TIMEOUT``, default 900)."""
+        raw = self.environ.get("RLX_CALIBRATE_TIMEOUT", "").strip()
+        if not raw:
+            return DEFAULT_CALIBRATE_TIMEOUT
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"RLX_CALIBRATE_TIMEOUT: {raw!r} is not a number of seconds > 0")
+        return value
+
+    def calibrate(self, name: str, quick: bool = False,
+                  progress: Callable[[str, float], None] | None = None) -> CostModel:  # fmt: skip
+        """Run backend ``name``'s ``calibrate`` and return the model it cached.
+
+        For a backend from an entry point this runs in a child process (unless
+        ``RLX_ISOLATION=0``), with ``progress(step, fraction)`` fed from it. A child that
+        dies (a signal, an exit, ``RLX_CALIBRATE_TIMEOUT``) is recorded as the backend's
+        ``fault`` — it is unavailable here, in this process and later ones, until a
+        calibration passes — and raises ``DeviceError`` naming the signal and the step.
+        What the backend's ``calibrate`` raised is raised again (its type when it is
+        ``NotImplementedError`` or an rlx error, else ``PluginError``)."""
+        from .calibration import progress_sink
+        from .isolation import run_child
+
+        info = self.info(name)
+        target = self._targets.get(info.name) if self.isolated() else None
+        if target is None:
+            with progress_sink(progress):
+                model = info.backend.calibrate(quick=quick)
+            if not isinstance(model, CostModel):
+                raise PluginError(f"backend {info.name!r}: calibrate() returned {type(model).__name__}, "
+                                  "expected rlx_core.CostModel")
+        else:
+            timeout = self.calibrate_timeout()
+            outcome = run_child({"task": "calibrate", "target": dataclasses.asdict(target), "quick": quick},
+                                timeout=timeout, environ=self.environ, on_step=progress)  # fmt: skip
+            if outcome.died:
+                what = outcome.died + (" (RLX_CALIBRATE_TIMEOUT)" if outcome.died.startswith("did not") else "")
+                fault = self._faults.record(info.name, "calibration", what, outcome.step, info.version)
+                self.invalidate(info.name)
+                raise DeviceError(f"{info.name}: calibration {what} in its child process"
+                                  + (f" at step {outcome.step!r}" if outcome.step else "")
+                                  + f"; {info.name} is unusable until `rlx calibrate {fault.backend}` succeeds")
+            if outcome.error is not None:
+                raise _reraised(info.name, outcome.error)
+            model = CostModel.from_dict((outcome.result or {})["model"])
+        if self.fault(info.name) is not None:
+            self._faults.clear(info.name)
+            self.invalidate(info.name)  # it was unavailable for the fault: ask its probe again
+        with self._lock:
+            self._cost_models.pop(info.name, None)
+        return model
 
     # -- cost models -----------------------------------------------------------------
 

@@ -35,14 +35,17 @@ FAKE_PLUGINS: dict[str, str] = {
     "fakebadargs": "rlxfake_badargs",
     "fakebadname": "rlxfake_badname",
 }
+#: Installed only by the tests that ask for it (``FakeSite(path, CRASH_PLUGIN)``): its
+#: device would join every other test's device listings.
+CRASH_PLUGIN: dict[str, str] = {"fakecrash": "rlxfake_crash"}
 
 
 class FakeSite:
     """A directory of installed-looking fake plugin distributions, on ``sys.path``."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, plugins: dict[str, str] | None = None) -> None:
         self.path = path
-        for ep_name, value in FAKE_PLUGINS.items():
+        for ep_name, value in (FAKE_PLUGINS if plugins is None else plugins).items():
             module = value.partition(":")[0]
             shutil.copy(FAKE_PLUGINS_DIR / f"{module}.py", path / f"{module}.py")
             info = path / f"rlxfake_{ep_name}-1.0.dist-info"

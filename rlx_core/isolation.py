@@ -1,0 +1,322 @@
+"""Backend work that may crash its process runs in a child process: probes and calibration.
+
+A probe and a calibration are the first code to touch a driver, and the places where a
+broken one shows: a PoCL build that segfaults inside a generated kernel, an ICD loader
+that crashes enumerating platforms, a GPU library that aborts on a wedged device. In the
+user's process that is a dead interpreter with no message; in a child it is one line
+("probe died with SIGSEGV") and every other device keeps working. JAX and PyTorch start
+their backends in-process; Chromium's GPU process and pytest-xdist's workers are the
+model here: the risky part lives in a process that may die, and the parent reads why.
+
+The child is ``python -m rlx_core.isolation``: a fresh interpreter (never ``fork``, which
+would copy the parent's OpenMP and driver threads in an undefined state, and never
+``multiprocessing``'s spawn, which re-imports the user's ``__main__``). It is told which
+entry point to load and what to do in one JSON line on stdin, answers in JSON lines on
+stdout (``started``, ``step`` for progress, then ``result`` or ``error``), and its stderr
+(compiler chatter, the plugin's own prints) is kept for the log and the last line of a
+death. It exits when its stdin closes, so a parent that exits never leaves a child behind.
+
+``RLX_ISOLATION=0`` runs all of it in-process instead (a debugger, a host that cannot
+start processes); backends added with ``Registry.register`` always run in-process,
+since a child cannot rebuild an object it was only handed.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import faulthandler
+import importlib.metadata
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from .errors import ConfigError
+
+__all__ = ["ISOLATION_ENV", "ChildTarget", "ChildOutcome", "isolation_enabled", "run_child", "describe_exit",
+           "STARTUP_SECONDS"]  # fmt: skip
+
+ISOLATION_ENV = "RLX_ISOLATION"
+#: What a child may spend starting up (interpreter, numpy, the plugin's import) before the
+#: task's own timeout starts: a cold disk or a busy host can take seconds, and a probe's
+#: ``RLX_PROBE_TIMEOUT`` is about the probe, not about Python starting.
+STARTUP_SECONDS = 60.0
+_STDERR_LINES = 40
+log = logging.getLogger("rlx.isolation")
+
+
+def isolation_enabled(environ: Mapping[str, str]) -> bool:
+    """``RLX_ISOLATION``: ``1`` (default) runs probes and calibration in child processes,
+    ``0`` in this process. Anything else is a ``ConfigError`` naming the value."""
+    raw = environ.get(ISOLATION_ENV, "").strip()
+    if raw in ("", "1"):
+        return True
+    if raw == "0":
+        return False
+    raise ConfigError(f"{ISOLATION_ENV}: {raw!r} is not 0 or 1")
+
+
+@dataclass(frozen=True)
+class ChildTarget:
+    """How a child finds the backend: the entry point (name and ``module:attr`` value)
+    and the backend's name among those the hook returns."""
+
+    entry_point: str
+    value: str
+    backend: str
+
+    @classmethod
+    def of(cls, entry_point: Any, backend: str) -> ChildTarget | None:
+        """The target for a backend loaded from ``entry_point``; ``None`` when a child
+        could not load it the same way (not a real ``importlib.metadata.EntryPoint``)."""
+        if not isinstance(entry_point, importlib.metadata.EntryPoint):
+            return None
+        return cls(entry_point.name, entry_point.value, backend)
+
+
+@dataclass
+class ChildOutcome:
+    """What became of a child: its ``result`` payload, or the ``error`` its task raised
+    (``{"type", "message"}``), or ``died``: why it ended without either (a signal, an exit
+    status, a timeout). ``step`` is the last step it reported, ``stderr`` its last lines."""
+
+    result: dict[str, Any] | None = None
+    error: dict[str, str] | None = None
+    died: str = ""
+    step: str = ""
+    stderr: list[str] = field(default_factory=list)
+
+
+def describe_exit(returncode: int) -> str:
+    """``died with SIGSEGV (Segmentation fault)`` for a signal, else ``exited with status N``."""
+    if returncode < 0:
+        try:
+            sig = signal.Signals(-returncode)
+            return f"died with {sig.name} ({signal.strsignal(sig) or sig.name})"
+        except ValueError:
+            return f"died with signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+def _child_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The parent's environment, its ``RLX_*`` settings as the registry sees them, the
+    parent's ``sys.path`` (plugins found there must be found again), isolation off."""
+    env = dict(os.environ)
+    if environ is not os.environ:
+        env = {k: v for k, v in env.items() if not k.startswith("RLX_")}
+        env.update({k: v for k, v in environ.items() if k.startswith("RLX_")})
+    paths = [p for p in sys.path if isinstance(p, str) and p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env[ISOLATION_ENV] = "0"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def run_child(task: Mapping[str, Any], *, timeout: float, environ: Mapping[str, str] = os.environ,
+              on_started: Callable[[], None] | None = None,
+              on_step: Callable[[str, float], None] | None = None) -> ChildOutcome:  # fmt: skip
+    """Run ``task`` in a child and wait for its answer.
+
+    ``timeout`` counts from the child's ``started`` message (after its imports); before
+    that it may take ``STARTUP_SECONDS``. A child past its deadline is killed and its
+    outcome says so. ``on_started`` and ``on_step`` are called from this thread as the
+    messages arrive (progress bars, probe deadlines).
+    """
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "rlx_core.isolation"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_child_env(environ),
+                                text=True, encoding="utf-8", errors="replace")  # fmt: skip
+    except OSError as exc:
+        return ChildOutcome(died=f"could not be started ({type(exc).__name__}: {exc})")
+    outcome = ChildOutcome()
+    messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    stderr: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
+    readers = [threading.Thread(target=_read_messages, args=(proc.stdout, messages), daemon=True),
+               threading.Thread(target=_read_stderr, args=(proc.stderr, stderr), daemon=True)]  # fmt: skip
+    for t in readers:
+        t.start()
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(dict(task)) + "\n")
+        proc.stdin.flush()  # stdin stays open: the child exits when it closes
+    except OSError:
+        pass  # the child died at once; its exit status says how
+    deadline = time.monotonic() + STARTUP_SECONDS + timeout
+    answered = False
+    try:
+        while not answered:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                outcome.died = f"did not finish within {timeout:g} s"
+                break
+            try:
+                message = messages.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if message is None:  # stdout closed: the child is gone
+                break
+            event = message.get("event")
+            if event == "started":
+                deadline = time.monotonic() + timeout
+                if on_started is not None:
+                    on_started()
+            elif event == "step":
+                outcome.step = str(message.get("step", ""))
+                if on_step is not None:
+                    on_step(outcome.step, float(message.get("frac", 0.0)))
+            elif event == "result":
+                outcome.result, answered = dict(message.get("payload") or {}), True
+            elif event == "error":
+                outcome.error, answered = {"type": str(message.get("type", "")),
+                                           "message": str(message.get("message", ""))}, True  # fmt: skip
+    finally:
+        _finish(proc, kill=not answered)
+        for t in readers:
+            t.join(timeout=5)
+    outcome.stderr = list(stderr)
+    if not answered and not outcome.died:
+        outcome.died = describe_exit(proc.returncode if proc.returncode is not None else -signal.SIGKILL)
+    if outcome.died:  # where it died, from faulthandler's traceback: for whoever turns logging on
+        log.info("rlx: the %s child %s; its last stderr lines:\n%s", task.get("task"), outcome.died,
+                 "\n".join(outcome.stderr))
+    else:
+        for line in outcome.stderr:
+            log.debug("rlx child %s: %s", task.get("task"), line)
+    return outcome
+
+
+def _finish(proc: subprocess.Popen[str], kill: bool) -> None:
+    """Close the child's stdin (its signal to exit) and reap it; kill it if it must go."""
+    with contextlib.suppress(OSError):
+        assert proc.stdin is not None
+        proc.stdin.close()
+    if kill and proc.poll() is None:
+        proc.kill()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _read_messages(stream: IO[str] | None, out: queue.Queue[dict[str, Any] | None]) -> None:
+    assert stream is not None
+    try:
+        for line in stream:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue  # not ours: the protocol has its own descriptor, this cannot happen
+            if isinstance(message, dict):
+                out.put(message)
+    finally:
+        out.put(None)
+        stream.close()
+
+
+def _read_stderr(stream: IO[str] | None, out: collections.deque[str]) -> None:
+    assert stream is not None
+    try:
+        for line in stream:
+            out.append(line.rstrip("\n"))
+    finally:
+        stream.close()
+
+
+# --------------------------------------------------------------------------- the child
+class _Channel:
+    """The child's side of the protocol: JSON lines on a private copy of the original
+    stdout, while fd 1 itself is pointed at stderr so a plugin's prints cannot corrupt it."""
+
+    def __init__(self) -> None:
+        self._out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+        self._lock = threading.Lock()
+
+    def send(self, event: str, **fields: Any) -> None:
+        with self._lock:
+            self._out.write(json.dumps({"event": event, **fields}) + "\n")
+            self._out.flush()
+
+
+def _exit_when_parent_goes() -> None:
+    """Block on stdin until the parent closes it (done, or gone), then leave at once."""
+    with contextlib.suppress(Exception):
+        sys.stdin.read()
+    os._exit(0)
+
+
+def _load(target: ChildTarget) -> Any:
+    """Load the backend as the parent's registry did (same validation), in-process here."""
+    from .registry import Registry, set_default_registry
+
+    ep = importlib.metadata.EntryPoint(name=target.entry_point, value=target.value, group="rlx.backends")
+    registry = Registry(entry_points=[ep])
+    set_default_registry(registry)  # calibration asks the default registry for the probe's versions
+    return registry.get(target.backend)
+
+
+def _probe_task(backend: Any, channel: _Channel) -> None:
+    from .plugin import Availability
+    from .registry import _describe
+
+    channel.send("started")
+    try:
+        answer = backend.probe()
+    except BaseException as exc:
+        channel.send("result", payload={"outcome": "raised", "error": _describe(exc)})
+        return
+    if not isinstance(answer, Availability):
+        channel.send("result", payload={"outcome": "garbage", "type": type(answer).__name__})
+        return
+    channel.send("result", payload={"outcome": "ok", "available": bool(answer.available), "reason": answer.reason,
+                                    "devices": list(answer.devices), "versions": dict(answer.versions)})  # fmt: skip
+
+
+def _calibrate_task(backend: Any, quick: bool, channel: _Channel) -> None:
+    from .calibration import progress_sink
+    from .cost import CostModel
+
+    channel.send("started")
+    with progress_sink(lambda step, frac: channel.send("step", step=step, frac=frac)):
+        model = backend.calibrate(quick=quick)
+    if not isinstance(model, CostModel):
+        raise TypeError(f"calibrate() returned {type(model).__name__}, expected rlx_core.CostModel")
+    channel.send("result", payload={"model": model.to_dict()})
+
+
+def _child_main() -> None:
+    faulthandler.enable()  # a crash prints the Python stack to stderr, which the parent logs
+    channel = _Channel()
+    request = json.loads(sys.stdin.readline() or "{}")
+    threading.Thread(target=_exit_when_parent_goes, daemon=True).start()
+    try:
+        target = ChildTarget(**request["target"])
+        backend = _load(target)
+        if request.get("task") == "probe":
+            _probe_task(backend, channel)
+        elif request.get("task") == "calibrate":
+            _calibrate_task(backend, bool(request.get("quick")), channel)
+        else:
+            raise ValueError(f"unknown task {request.get('task')!r}")
+    except BaseException as exc:  # the parent re-raises it with this type's name and message
+        channel.send("error", type=type(exc).__name__, message=str(exc))
+    sys.stderr.flush()
+    os._exit(0)  # no interpreter teardown: a driver's atexit handlers are where some crash
+
+
+if __name__ == "__main__":
+    _child_main()
