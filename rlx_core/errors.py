@@ -63,6 +63,11 @@ class DeviceFallbackError(DeviceError):
         self.attempts: list[tuple[str, str]] = list(attempts or [])
 
 
+#: Errors that are the caller's, not a device's: raised at once by every fallback loop
+#: (another device would fail the same way, and a fallback would hide the real cause).
+CALLER_ERRORS: tuple[type[RlxError], ...] = (InputError, ConfigError)
+
+
 class RlxWarning(UserWarning):
     """Base of rlx's warning categories, so users can filter all of them at once."""
 

@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 
 from .errors import (
+    CALLER_ERRORS,
     ConfigError,
     DeviceError,
     DeviceFallbackError,
     FallbackWarning,
-    InputError,
     PluginError,
     RlxError,
 )
@@ -303,7 +303,7 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
         try:
             why = reason if i == 0 else f"fallback after {attempts[-1][0]} failed"
             cg = _compile_on(graph, dev, why, rows, reg, options)
-        except InputError:
+        except CALLER_ERRORS:
             raise
         except Exception as exc:
             attempts.append((dev, f"{type(exc).__name__}: {exc}"))
@@ -388,7 +388,7 @@ class GraphDevices:
             try:
                 cg = self.compile(row.device)
                 times[row.device] = _time_runs(cg, arrays, runs)
-            except InputError:
+            except CALLER_ERRORS:
                 raise
             except Exception as exc:
                 warnings.warn(f"rlx: device {row.device} failed in the benchmark ({exc}); skipping it",
@@ -428,7 +428,7 @@ class GraphDevices:
                 out = action(self.compile(dev))
                 self.last_device = dev
                 return dev, out
-            except InputError:
+            except CALLER_ERRORS:
                 raise
             except Exception as exc:
                 if strict:
@@ -450,7 +450,7 @@ class GraphDevices:
             for dev, cg in list(self._compiled.items()):
                 try:
                     cg.set_param(name, frozen)
-                except InputError:
+                except CALLER_ERRORS:
                     raise
                 except Exception as exc:  # that copy is dropped and recompiled on next use
                     log.warning("set_param on %s failed (%s); recompiling it on next use", dev, exc)
@@ -513,8 +513,8 @@ def run_with_fallback(graph: Graph, inputs: Mapping[str, Any], chain: Iterable[s
     ``chain=None`` is the policy's chain (``RLX_DEVICE_CHAIN``), else every viable device
     best first. Devices that cannot run the graph are skipped and recorded; one that fails
     emits a ``FallbackWarning`` and the next is tried; ``DeviceFallbackError`` (with
-    ``.attempts``) when none succeeds. ``InputError`` is raised at once. Under a strict
-    policy only the first viable device is tried. Compiled copies are cached per graph.
+    ``.attempts``) when none succeeds. ``InputError`` and ``ConfigError`` (the caller's
+    faults) are raised at once. Under a strict policy only the first viable device is tried. Compiled copies are cached per graph.
     """
     pol = policy if policy is not None else DevicePolicy.from_env()
     reg = registry or default_registry()

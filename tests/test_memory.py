@@ -55,3 +55,22 @@ def test_a_malformed_limit_is_a_config_error_naming_the_variable(raw: str) -> No
 def test_format_bytes() -> None:
     assert [format_bytes(n) for n in (512, 2048, 3 << 20, 5 << 30, 2 << 40)] == [
         "512 B", "2.0 KiB", "3.0 MiB", "5.0 GiB", "2.0 TiB"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("var", "raw"), [("RLX_MEMORY_LIMIT", "lots"), ("RLX_FUSION_REPORT", "maybe")])
+def test_a_malformed_compile_setting_is_the_callers_error_not_a_device_failure(
+        var: str, raw: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Every device would fail the same way: no fallback, no FallbackWarning per device,
+    the ConfigError itself, naming the variable (auto, and GraphDevices' chain alike)."""
+    import warnings
+
+    monkeypatch.setenv(var, raw)
+    g = big_graph(4)
+    registry = registry_with(ToyBackend("toya", priority=20), ToyBackend("toyb", priority=10))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rlx.FallbackWarning)
+        with pytest.raises(rlx.ConfigError, match=var):
+            rlx.compile(g, policy=rlx.DevicePolicy(), registry=registry)
+        with pytest.raises(rlx.ConfigError, match=var):
+            rlx.run_with_fallback(g, {"x": np.zeros((4, 1024), np.float32)}, chain=["cpu", "cpu"],
+                                  policy=rlx.DevicePolicy())  # fmt: skip

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, DeviceError, DeviceFallbackError, FallbackWarning, InputError, RlxError
+from ..errors import CALLER_ERRORS, ConfigError, DeviceError, DeviceFallbackError, FallbackWarning, InputError, RlxError
 from ..ir import Graph
 from ..policy import DevicePolicy
 from ..session import CompiledGraph, GraphDevices
@@ -257,7 +257,7 @@ class Predictor:
                 if cg is None:
                     cg = self._ready[id(graph), device] = gd.compile(device)
                 return cg.device, action(cg)
-            except InputError:
+            except CALLER_ERRORS:
                 raise
             except Exception as exc:
                 why = f"{type(exc).__name__}: {exc}"
