@@ -131,14 +131,17 @@ class JsonCache:
             text = path.read_text(encoding="utf-8")
         except (FileNotFoundError, NotADirectoryError):
             return None
-        except (OSError, UnicodeDecodeError) as exc:
+        except UnicodeDecodeError as exc:
+            return self._ignore(path, f"it could not be read ({type(exc).__name__}: {exc})", remove=True)
+        except OSError as exc:
             return self._ignore(path, f"it could not be read ({type(exc).__name__}: {exc})")
         try:
             entry = json.loads(text)
         except ValueError as exc:
-            return self._ignore(path, f"it is not valid JSON, perhaps truncated ({exc})")
+            return self._ignore(path, f"it is not valid JSON, perhaps truncated ({exc})", remove=True)
         if not isinstance(entry, dict) or set(entry) != _ENTRY_KEYS or not isinstance(entry["payload"], dict):
-            return self._ignore(path, "it is not an rlx cache entry (expected schema, identity and payload)")
+            return self._ignore(path, "it is not an rlx cache entry (expected schema, identity and payload)",
+                                remove=True)  # fmt: skip
         if entry["schema"] != self.schema:
             return self._ignore(path, f"it has schema {entry['schema']!r}, this version of rlx reads {self.schema}")
         wanted = _jsonable(identity)
@@ -182,8 +185,16 @@ class JsonCache:
             return False
         return True
 
-    def _ignore(self, path: Path, why: str) -> None:
-        warnings.warn(f"rlx cache: ignoring {path} because {why}; it will be recomputed", CacheWarning,
+    def _ignore(self, path: Path, why: str, remove: bool = False) -> None:
+        """Warn that ``path`` is not used. A file no rlx could ever read (garbage, torn) is
+        also removed, so that it is warned about once, not by every process until someone
+        recomputes it; a valid entry of another schema or identity is left to its owner."""
+        removed = ""
+        if remove:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed = "removed; "
+        warnings.warn(f"rlx cache: ignoring {path} because {why}; {removed}it will be recomputed", CacheWarning,
                       stacklevel=3)
         return None
 
