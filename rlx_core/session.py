@@ -514,7 +514,8 @@ def run_with_fallback(graph: Graph, inputs: Mapping[str, Any], chain: Iterable[s
     best first. Devices that cannot run the graph are skipped and recorded; one that fails
     emits a ``FallbackWarning`` and the next is tried; ``DeviceFallbackError`` (with
     ``.attempts``) when none succeeds. ``InputError`` and ``ConfigError`` (the caller's
-    faults) are raised at once. Under a strict policy only the first viable device is tried. Compiled copies are cached per graph.
+    faults) are raised at once. Under a strict policy only the first viable device is
+    tried. Compiled copies are cached per graph.
     """
     pol = policy if policy is not None else DevicePolicy.from_env()
     reg = registry or default_registry()

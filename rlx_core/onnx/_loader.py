@@ -25,10 +25,16 @@ from ..ir import Graph, Value
 from . import _ops, _ops_nn, _ops_tensor  # noqa: F401  (they register the converters)
 from ._context import CONVERTERS, NodeContext, describe_node, onnx_dtype
 from ._shapes import Emitter, Operand, frozen
+from ._versions import check_versions, newest_opset
 
 __all__ = ["MIN_OPSET", "MAX_OPSET", "InputSpec", "load_model", "list_inputs", "onnx_dtype"]
 
-MIN_OPSET, MAX_OPSET = 11, 21
+#: The oldest default-domain opset read at all; which op versions are read is decided
+#: node by node (``_versions``), up to the newest opset the installed onnx knows.
+MIN_OPSET = 7
+#: The newest opset the converters were written against; newer ones are read where the
+#: ONNX spec shows the op unchanged (``_versions.readable_versions``).
+MAX_OPSET = 21
 
 class InputSpec(tuple):
     """``(name, shape, dtype)`` of a model input; symbolic dims are the ``dims`` key that binds them."""
@@ -75,6 +81,10 @@ def _parse(data: bytes, where: str) -> ModelProto:
     return proto
 
 
+def _onnx_version() -> str:
+    return str(getattr(onnx, "__version__", "?"))
+
+
 def _check_header(proto: ModelProto, where: str) -> int:
     """Check the model is ONNX at all and its default-domain opset is one rlx reads."""
     if proto.ir_version <= 0 or not proto.HasField("graph"):
@@ -83,10 +93,12 @@ def _check_header(proto: ModelProto, where: str) -> int:
     opset = versions.get("", versions.get("ai.onnx"))
     if opset is None:
         raise ModelError(f"{where}: not an ONNX model, or truncated (it imports no default-domain opset)")
-    if not MIN_OPSET <= opset <= MAX_OPSET:
+    newest = newest_opset()
+    if not MIN_OPSET <= opset <= newest:
         raise ModelError(
-            f"{where}: opset {opset} is not supported; rlx reads opsets {MIN_OPSET}-{MAX_OPSET} "
-            f"(convert it with onnx.version_converter.convert_version(model, {min(max(opset, MIN_OPSET), MAX_OPSET)}))"
+            f"{where}: opset {opset} is not supported; rlx reads opsets {MIN_OPSET}-{newest} (the newest this onnx "
+            f"{_onnx_version()} knows; convert it with onnx.version_converter.convert_version(model, "
+            f"{min(max(opset, MIN_OPSET), MAX_OPSET)}))"
         )
     if not proto.graph.output:
         raise ModelError(f"{where}: the graph declares no outputs")
@@ -354,6 +366,7 @@ def load_model(model: Any, *, dims: Mapping[str, int] | None, max_tensor_bytes: 
         raise ModelError(f"{where}: sparse initializers are not supported "
                          f"({', '.join(repr(t.values.name) for t in gp.sparse_initializer[:3])})")  # fmt: skip
     _check_supported(gp.node, where)
+    check_versions(gp.node, opset, where)
     initializers = {t.name: t for t in gp.initializer}
     sources = set(initializers) | {v.name for v in gp.input}
     order = _toposort(gp, sources, where)
