@@ -9,6 +9,7 @@ exit code 2. Imports of the runtime happen inside the commands, so ``rlx --help`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -444,11 +445,16 @@ def bench(
     dims: _DimsOption = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for the random inputs.")] = 0,
 ) -> None:
-    """Time a graph on each viable device (and, with --peers, onnxruntime and numpy), interleaved."""
+    """Time a graph on each viable device (and, with --peers, onnxruntime and numpy), interleaved.
+
+    Each contender runs in a worker process of its own (``rlx_core._bench_worker``), so a
+    kernel or peer that crashes becomes a row saying how it died; ``RLX_ISOLATION=0`` keeps
+    them all in this process.
+    """
     with _user_errors():
-        from . import compile as rlx_compile
         from . import devices_for, resolve_device
-        from .onnx._peers import Contender, numpy_peer, onnxruntime_peer, time_interleaved
+        from .isolation import isolation_enabled
+        from .onnx._peers import numpy_peer, onnxruntime_peer, rlx_contender, time_interleaved
 
         if runs < 1:
             raise typer.BadParameter(f"must be >= 1, got {runs}", param_hint="'--runs'")
@@ -456,25 +462,26 @@ def bench(
         feeds, notes = _make_inputs(g, inputs or [], seed)
         chosen = resolve_device(g)
         targets = _split_names(devices or []) or list(dict.fromkeys([chosen, *devices_for(g)]))
+        is_onnx = file is not None and file.suffix.lower() == ".onnx"
         console.print(f"graph: {g.name} ({len(g)} nodes) from {origin}")
         for note in notes:
             console.print(note)
-        contenders: list[Contender] = []
-        for d in targets:
-            try:
-                t0 = time.perf_counter()
-                cg = rlx_compile(g, device=d)
-                seconds = time.perf_counter() - t0
-                contenders.append(Contender(f"rlx {d}", "rlx", lambda cg=cg: cg.run(feeds), seconds,
-                                            "chosen" if d == chosen else ""))  # fmt: skip
-            except RlxError as exc:
-                contenders.append(Contender(f"rlx {d}", "rlx", None, note=f"failed: {exc}"))
-        if peers:
-            if file is not None and file.suffix.lower() == ".onnx":
-                contenders.append(onnxruntime_peer(file, feeds))
-            contenders.append(numpy_peer(g, feeds))
-        with console.status("timing (interleaved blocks, 150 ms apart)"):
-            time_interleaved(contenders, runs)
+        with contextlib.ExitStack() as workers:
+            if isolation_enabled(os.environ):
+                from ._bench_worker import WorkerPool
+
+                pool = workers.enter_context(WorkerPool(g, feeds, file, _parse_dims(dims or [])))
+                contenders = [pool.rlx(d, "chosen" if d == chosen else "") for d in targets]
+                if peers:
+                    contenders += [pool.onnxruntime()] if is_onnx else []
+                    contenders.append(pool.numpy())
+            else:
+                contenders = [rlx_contender(g, d, feeds, "chosen" if d == chosen else "") for d in targets]
+                if peers:
+                    contenders += [onnxruntime_peer(file, feeds)] if file is not None and is_onnx else []
+                    contenders.append(numpy_peer(g, feeds))
+            with console.status("timing (interleaved blocks, 150 ms apart)"):
+                time_interleaved(contenders, runs)
         # The ratios are to the device rlx would pick; when --devices left it out, to the
         # first rlx device that ran (a column of blanks would say nothing).
         timed = [c for c in contenders if c.kind == "rlx" and c.median]

@@ -43,7 +43,7 @@ from typing import IO, Any
 from .errors import ConfigError
 
 __all__ = ["ISOLATION_ENV", "ChildTarget", "ChildOutcome", "isolation_enabled", "run_child", "describe_exit",
-           "STARTUP_SECONDS"]  # fmt: skip
+           "STARTUP_SECONDS", "ChildChannel", "child_env", "finish_child", "read_messages", "read_stderr"]  # fmt: skip
 
 ISOLATION_ENV = "RLX_ISOLATION"
 #: What a child may spend starting up (interpreter, numpy, the plugin's import) before the
@@ -107,7 +107,7 @@ def describe_exit(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
-def _child_env(environ: Mapping[str, str]) -> dict[str, str]:
+def child_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The parent's environment, its ``RLX_*`` settings as the registry sees them, the
     parent's ``sys.path`` (plugins found there must be found again), isolation off."""
     env = dict(os.environ)
@@ -133,15 +133,15 @@ def run_child(task: Mapping[str, Any], *, timeout: float, environ: Mapping[str, 
     """
     try:
         proc = subprocess.Popen([sys.executable, "-m", "rlx_core.isolation"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_child_env(environ),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(environ),
                                 text=True, encoding="utf-8", errors="replace")  # fmt: skip
     except OSError as exc:
         return ChildOutcome(died=f"could not be started ({type(exc).__name__}: {exc})")
     outcome = ChildOutcome()
     messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
     stderr: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
-    readers = [threading.Thread(target=_read_messages, args=(proc.stdout, messages), daemon=True),
-               threading.Thread(target=_read_stderr, args=(proc.stderr, stderr), daemon=True)]  # fmt: skip
+    readers = [threading.Thread(target=read_messages, args=(proc.stdout, messages), daemon=True),
+               threading.Thread(target=read_stderr, args=(proc.stderr, stderr), daemon=True)]  # fmt: skip
     for t in readers:
         t.start()
     try:
@@ -179,7 +179,7 @@ def run_child(task: Mapping[str, Any], *, timeout: float, environ: Mapping[str, 
                 outcome.error, answered = {"type": str(message.get("type", "")),
                                            "message": str(message.get("message", ""))}, True  # fmt: skip
     finally:
-        _finish(proc, kill=not answered)
+        finish_child(proc, kill=not answered)
         for t in readers:
             t.join(timeout=5)
     outcome.stderr = list(stderr)
@@ -194,7 +194,7 @@ def run_child(task: Mapping[str, Any], *, timeout: float, environ: Mapping[str, 
     return outcome
 
 
-def _finish(proc: subprocess.Popen[str], kill: bool) -> None:
+def finish_child(proc: subprocess.Popen[str], kill: bool) -> None:
     """Close the child's stdin (its signal to exit) and reap it; kill it if it must go."""
     with contextlib.suppress(OSError):
         assert proc.stdin is not None
@@ -208,7 +208,7 @@ def _finish(proc: subprocess.Popen[str], kill: bool) -> None:
         proc.wait()
 
 
-def _read_messages(stream: IO[str] | None, out: queue.Queue[dict[str, Any] | None]) -> None:
+def read_messages(stream: IO[str] | None, out: queue.Queue[dict[str, Any] | None]) -> None:
     assert stream is not None
     try:
         for line in stream:
@@ -226,7 +226,7 @@ def _read_messages(stream: IO[str] | None, out: queue.Queue[dict[str, Any] | Non
         stream.close()
 
 
-def _read_stderr(stream: IO[str] | None, out: collections.deque[str]) -> None:
+def read_stderr(stream: IO[str] | None, out: collections.deque[str]) -> None:
     assert stream is not None
     try:
         for line in stream:
@@ -236,7 +236,7 @@ def _read_stderr(stream: IO[str] | None, out: collections.deque[str]) -> None:
 
 
 # --------------------------------------------------------------------------- the child
-class _Channel:
+class ChildChannel:
     """The child's side of the protocol: JSON lines on a private copy of the original
     stdout, while fd 1 itself is pointed at stderr so a plugin's prints cannot corrupt it."""
 
@@ -269,7 +269,7 @@ def _load(target: ChildTarget) -> Any:
     return registry.get(target.backend)
 
 
-def _probe_task(backend: Any, channel: _Channel) -> None:
+def _probe_task(backend: Any, channel: ChildChannel) -> None:
     from .plugin import Availability
     from .registry import _describe
 
@@ -286,7 +286,7 @@ def _probe_task(backend: Any, channel: _Channel) -> None:
                                     "devices": list(answer.devices), "versions": dict(answer.versions)})  # fmt: skip
 
 
-def _calibrate_task(backend: Any, quick: bool, channel: _Channel) -> None:
+def _calibrate_task(backend: Any, quick: bool, channel: ChildChannel) -> None:
     from .calibration import progress_sink
     from .cost import CostModel
 
@@ -300,7 +300,7 @@ def _calibrate_task(backend: Any, quick: bool, channel: _Channel) -> None:
 
 def _child_main() -> None:
     faulthandler.enable()  # a crash prints the Python stack to stderr, which the parent logs
-    channel = _Channel()
+    channel = ChildChannel()
     request = json.loads(sys.stdin.readline() or "{}")
     threading.Thread(target=_exit_when_parent_goes, daemon=True).start()
     try:

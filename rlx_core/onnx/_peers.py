@@ -1,6 +1,8 @@
 """What ``rlx bench`` times: rlx devices and peers, interleaved so that they share the machine's noise.
 
-A contender is a name and a zero-argument callable that runs the model once. Peers are
+A contender is a name and a zero-argument callable that runs the model once, or a
+callable that times a block of runs elsewhere (``rlx bench`` keeps each contender in a
+child process, ``rlx_core._bench_worker``, so that a kernel's crash costs one row). Peers are
 onnxruntime (for ``.onnx`` files, when it is installed) and plain numpy: the reference
 interpreter, float64 inside, cast to float32, labelled as such. Timing interleaves the
 contenders in blocks and pauses between blocks, because OpenBLAS and onnxruntime worker
@@ -19,14 +21,21 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelError
+from ..errors import ModelError, RlxError
 
-__all__ = ["Contender", "numpy_peer", "onnxruntime_peer", "time_interleaved"]
+__all__ = ["Contender", "ContenderFailed", "numpy_peer", "onnxruntime_peer", "rlx_contender", "time_interleaved"]
+
+
+class ContenderFailed(Exception):
+    """Raised by a contender's ``block`` to stop it; the message is its note as is
+    (``died with SIGSEGV (Segmentation fault) while timing``)."""
 
 
 @dataclass
 class Contender:
-    """One row of the benchmark: ``run()`` computes the model's outputs once."""
+    """One row of the benchmark: ``run()`` computes the model's outputs once, or, for a
+    contender timed elsewhere (already warmed up there), ``block(n)`` runs it ``n`` times
+    and returns the seconds per run. Neither: the row only says why (``note``)."""
 
     name: str
     kind: str  # "rlx" or "peer"
@@ -34,6 +43,14 @@ class Contender:
     compile_seconds: float | None = None
     note: str = ""
     times: list[float] = field(default_factory=list)  # seconds per run, one entry per block
+    block: Callable[[int], float] | None = None
+
+    @property
+    def runnable(self) -> bool:
+        return self.run is not None or self.block is not None
+
+    def stop(self, note: str) -> None:
+        self.note, self.run, self.block = note, None, None
 
     @property
     def median(self) -> float | None:
@@ -64,6 +81,21 @@ def onnxruntime_peer(model: Path | bytes, feeds: Mapping[str, np.ndarray]) -> Co
                      note=f"{version} CPU".strip())  # fmt: skip
 
 
+def rlx_contender(graph: Any, device: str, feeds: Mapping[str, np.ndarray], note: str = "") -> Contender:
+    """rlx on ``device``, compiled here and its compile time measured (a row saying why not
+    when it does not compile)."""
+    from .. import compile as rlx_compile
+
+    name = f"rlx {device}"
+    try:
+        t0 = time.perf_counter()
+        cg = rlx_compile(graph, device=device)
+        seconds = time.perf_counter() - t0
+    except RlxError as exc:
+        return Contender(name, "rlx", None, note=f"failed: {exc}")
+    return Contender(name, "rlx", lambda: cg.run(feeds), seconds, note)
+
+
 def numpy_peer(graph: Any, feeds: Mapping[str, np.ndarray]) -> Contender:
     """Plain numpy: ``rlx_core.reference.evaluate`` (float64 inside), outputs cast to float32."""
     from .. import reference
@@ -78,34 +110,46 @@ def time_interleaved(contenders: list[Contender], runs: int, pause: float = 0.15
                      on_block: Callable[[], None] | None = None) -> None:  # fmt: skip
     """Time each runnable contender for ``runs`` calls, in up to 5 interleaved blocks.
 
-    Each contender runs once untimed first (warm-up, lazy compilation), then the blocks
-    go round the contenders in turn, ``pause`` seconds apart; each block's seconds per
-    call is appended to ``times``. A contender that raises is stopped and its note says why.
+    Each contender with ``run`` runs once untimed first (warm-up, lazy compilation); one
+    with ``block`` was warmed up where it runs. Then the blocks go round the contenders in
+    turn, ``pause`` seconds apart; each block's seconds per call is appended to ``times``.
+    A contender that raises is stopped and its note says why.
     """
     if runs < 1:
         raise ModelError(f"bench: runs must be >= 1, got {runs}")
-    live = [c for c in contenders if c.run is not None]
+    live = [c for c in contenders if c.runnable]
     for c in list(live):
+        if c.run is None:
+            continue
         try:
-            assert c.run is not None
             c.run()
         except Exception as exc:
-            c.note, c.run = f"failed: {type(exc).__name__}: {exc}", None
+            c.stop(f"failed: {type(exc).__name__}: {exc}")
             live.remove(c)
     blocks = min(5, runs)
     per_block = [runs // blocks + (1 if i < runs % blocks else 0) for i in range(blocks)]
     for n in per_block:
         for c in list(live):
             time.sleep(pause)
-            fn = c.run
-            assert fn is not None
             try:
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    fn()
-                c.times.append((time.perf_counter() - t0) / n)
+                c.times.append(_time_block(c, n))
+            except ContenderFailed as exc:
+                c.stop(str(exc))
+                live.remove(c)
             except Exception as exc:
-                c.note, c.run = f"failed: {type(exc).__name__}: {exc}", None
+                c.stop(f"failed: {type(exc).__name__}: {exc}")
                 live.remove(c)
         if on_block is not None:
             on_block()
+
+
+def _time_block(c: Contender, n: int) -> float:
+    """Seconds per run over ``n`` runs: timed elsewhere (``block``) or here (``run``)."""
+    if c.block is not None:
+        return c.block(n)
+    fn = c.run
+    assert fn is not None
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
