@@ -291,27 +291,44 @@ def devices(
 
 
 def _print_devices(rows: Sequence[Any], with_graph: bool) -> None:
+    """The device table, narrow enough for an 80-column terminal: a long reason or blocker
+    (a driver's message, a pip command) goes under the table, numbered from its row, where
+    it wraps as prose instead of stretching one cell down the screen."""
     from rich.markup import escape  # reasons are plugin text: "pip install jax[tpu]" is not markup
 
     if not rows:
         console.print("No working rlx backend is installed. The cpu backend comes with `pip install rlx-core`.")
         return
     table = Table(title="rlx devices" + (" for this graph" if with_graph else ""), title_justify="left")
-    for col in ("device", "label", "distribution", "status", "ops", "cost model", "recommended"):
-        table.add_column(col, overflow="fold")
-    if with_graph:
-        table.add_column("est. per run", justify="right")
-        table.add_column("blocker", overflow="fold")
+    columns = [("device", False), ("status", False), ("ops", False), ("model", False), ("pick", False)]
+    if with_graph:  # the graph's columns take the place of where the backends came from
+        columns += [("est. per run", False), ("blocker", False)]
+    else:
+        columns += [("label", True), ("distribution", True)]
+    for col, wraps in columns:
+        table.add_column(col, overflow="fold", no_wrap=not wraps, justify="right" if col == "est. per run" else "left")
+    notes: list[str] = []
+
+    def note(text: str) -> str:
+        notes.append(text)
+        return f"({len(notes)})"
+
     for r in rows:
         dist = " ".join(str(x) for x in (getattr(r, "distribution", None), getattr(r, "version", None)) if x)
-        status = "[green]available[/]" if r.available else f"[red]unavailable[/]: {escape(r.reason)}"
+        status = "[green]available[/]" if r.available else (
+            f"[red]unavailable[/] {note(f'{r.device}: {r.reason}')}" if r.reason else "[red]unavailable[/]")
         model = "calibrated" if getattr(r, "calibrated", False) else "default"
-        cells = [r.device, r.label or "", dist or "-", status, str(len(_ops(r))), model,
-                 "[bold]yes[/]" if r.recommended else ""]  # fmt: skip
-        if with_graph:
-            cells += [_seconds(r.est_seconds), r.blocker or ""]
+        cells = [r.device, status, str(len(_ops(r))), model, "[bold]yes[/]" if r.recommended else ""]
+        if with_graph:  # the blocker, when it is more than the unavailable reason, as a note
+            blocker = r.blocker or ""
+            same = blocker and not r.available and r.reason and r.reason in blocker
+            cells += [_seconds(r.est_seconds), "" if not blocker or same else note(f"{r.device}: {blocker}")]
+        else:
+            cells += [r.label or "", dist or "-"]
         table.add_row(*cells)
     console.print(table)
+    for i, text in enumerate(notes, 1):
+        console.print(f"({i}) {escape(text)}", soft_wrap=False)
 
 
 def _print_explain(placement: Any, rows: Sequence[Any], env: Sequence[tuple[str, str | None, str]]) -> None:

@@ -181,6 +181,21 @@ def test_devices_with_broken_and_good_fake_plugins(tmp_path: Path, fake_site, gr
     assert "Traceback" not in people.stderr
 
 
+def test_devices_table_fits_80_columns_with_reasons_below_it(tmp_path: Path, fake_site,
+                                                             graphs: dict[str, Path]) -> None:  # fmt: skip
+    env = {"PYTHONPATH": str(fake_site.path), "RLX_PROBE_TIMEOUT": "1", "COLUMNS": "80"}
+    for args in (("devices",), ("devices", "--graph", str(graphs["softmax"]))):
+        proc = run_rlx(*args, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert max(len(line.rstrip()) for line in lines) <= 80, proc.stdout
+        end = min(i for i, line in enumerate(lines) if line.startswith("└"))  # the device table's
+        below = "\n".join(lines[end + 1:])
+        # the unavailable fakehang's reason is a numbered note under the table, named by device
+        assert "fakehang: probe did not answer" in below.replace("\n", " "), proc.stdout
+        assert "did not answer" not in "\n".join(lines[:end])
+
+
 def test_devices_lists_disabled_plugins(tmp_path: Path, fake_site) -> None:
     env = {"PYTHONPATH": str(fake_site.path), "RLX_DISABLE_PLUGINS": "fakehang,fakeimport"}
     doc = json.loads(run_rlx("devices", "--json", cwd=tmp_path, env=env).stdout)
