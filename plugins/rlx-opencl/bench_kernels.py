@@ -2,6 +2,7 @@
 
     python plugins/rlx-opencl/bench_kernels.py            # sgemm 1024^3, elementwise, overhead
     python plugins/rlx-opencl/bench_kernels.py --quick    # small sizes: checks it runs
+    python plugins/rlx-opencl/bench_kernels.py --driver-local-size   # the driver picks group sizes
 
 Prints, on the default OpenCL device:
 
@@ -12,6 +13,8 @@ Prints, on the default OpenCL device:
 
 Each figure is the best of several timed runs after a warm-up (the first run pays
 PoCL's kernel compilation). Timings depend on machine load: run it on a quiet machine.
+``--driver-local-size`` launches every kernel with ``local_size=None`` instead of rlx's
+choice (``rlx_opencl.launch``), to compare the two (the driver's choice may crash: issue 18).
 """
 
 from __future__ import annotations
@@ -36,8 +39,14 @@ def _best(fn: Callable[[], object], runs: int) -> float:
     return best
 
 
+DRIVER_LOCAL_SIZE = False
+
+
 def _compile(backend: rlx_core.Backend, g: rlx_core.Graph) -> rlx_core.Executable:
-    return backend.compile(g.freeze(), CompileOptions(device="opencl"))
+    exe = backend.compile(g.freeze(), CompileOptions(device="opencl"))
+    if DRIVER_LOCAL_SIZE:
+        exe._launches = [(kernel, size, None) for kernel, size, _ in exe._launches]  # type: ignore[attr-defined]
+    return exe
 
 
 def bench_sgemm(backend: rlx_core.Backend, n: int, runs: int, transposed: bool) -> float:
@@ -85,7 +94,11 @@ def bench_overhead(backend: rlx_core.Backend, kernels: int, runs: int) -> tuple[
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and few runs, to check that it works")
+    parser.add_argument("--driver-local-size", action="store_true",
+                        help="let the driver choose work-group sizes (local_size=None), for comparison")  # fmt: skip
     args = parser.parse_args(argv)
+    global DRIVER_LOCAL_SIZE
+    DRIVER_LOCAL_SIZE = args.driver_local_size
     backend = rlx_core.get_backend("opencl")
     avail = backend.probe()
     if not avail.available:

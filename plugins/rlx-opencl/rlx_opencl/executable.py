@@ -1,8 +1,9 @@
 """A planned graph on one OpenCL device: buffers bound once, one wait per run.
 
 At build time: the graph's kernels become one program (built once per device and
-source hash), every kernel object is created once and its buffer arguments set once
-(shapes are constants of the source), params and constants are uploaded, and the
+source hash), every kernel object is created once, its buffer arguments set once
+(shapes are constants of the source) and its work-group size chosen once
+(``launch.py``: never the driver's choice), params and constants are uploaded, and the
 memory plan's slots are allocated. A run then only copies the inputs in, enqueues every
 kernel (a batched enqueue costs ~4 us on PoCL, an enqueue+finish per kernel ~36 us),
 copies the outputs out and waits once. Runs are serialized by a lock, since they share
@@ -25,6 +26,7 @@ from rlx_core.ops import OpKind
 from rlx_core.plugin import Executable
 
 from .codegen.common import header
+from .launch import device_limits, kernel_limits, local_size
 from .planner import Plan, describe_plan, plan_graph
 from .runtime import DeviceRuntime
 
@@ -37,7 +39,7 @@ class OpenclExecutable(Executable):
     """One graph compiled for one OpenCL device. ``run`` and ``set_param`` are thread-safe.
 
     Attributes: ``plan`` (steps, slots), ``source`` (the program's OpenCL C),
-    ``compile_seconds``, ``device_name``.
+    ``compile_seconds``, ``device_name``; ``launch_sizes`` says how each kernel is launched.
     """
 
     def __init__(self, graph: Graph, runtime: DeviceRuntime) -> None:
@@ -45,7 +47,7 @@ class OpenclExecutable(Executable):
         cl = runtime.cl
         self.graph, self.runtime, self._cl = graph, runtime, cl
         self.device_name = runtime.entry.describe()
-        self.plan: Plan = plan_graph(graph)
+        self.plan: Plan = plan_graph(graph, runtime.vector_bits)
         kernels = [k for step in self.plan.steps for k in step.kernels]
         fp64 = any(k.uses_fp64 for k in kernels)
         bodies = [k.source.replace(header(True), "") for k in kernels]
@@ -80,12 +82,16 @@ class OpenclExecutable(Executable):
         self._status_host = np.zeros(2 * len(checks), np.int64)
 
         program = runtime.program(self.source) if kernels else None
-        self._launches: list[tuple[Any, tuple[int, ...]]] = []
+        limits = device_limits(cl, runtime.device)
+        # (kernel object, global size, local size) per launch, in order
+        self._launches: list[tuple[Any, tuple[int, ...], tuple[int, ...]]] = []
         for s, step in enumerate(self.plan.steps):
             for kernel in step.kernels:
                 obj = cl.Kernel(program, kernel.name)
                 obj.set_args(*(self._arg_buffer(s, a) for a in kernel.args))
-                self._launches.append((obj, kernel.global_size))
+                local = local_size(kernel.global_size, limits, kernel.private_bytes,
+                                   kernel_limits(cl, obj, runtime.device))  # fmt: skip
+                self._launches.append((obj, kernel.global_size, local))
         self._outputs = []
         for o in graph.outputs:
             node = nodes[o]
@@ -94,6 +100,11 @@ class OpenclExecutable(Executable):
         self.compile_seconds = time.perf_counter() - t0
         log.debug("rlx-opencl: compiled %r on %s: %s in %.1f ms", graph.name, self.device_name,
                   describe_plan(self.plan), self.compile_seconds * 1e3)  # fmt: skip
+
+    @property
+    def launch_sizes(self) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+        """``(kernel name, global size, local size)`` of every launch of a run, in order."""
+        return [(str(k.function_name), size, local) for k, size, local in self._launches]
 
     def _arg_buffer(self, step: int, arg: Any) -> Any:
         if arg.status:
@@ -114,8 +125,8 @@ class OpenclExecutable(Executable):
             if self._status is not None:
                 self._status_host[:] = 0
                 cl.enqueue_copy(queue, self._status, self._status_host, is_blocking=False)
-            for kernel, size in self._launches:
-                cl.enqueue_nd_range_kernel(queue, kernel, size, None)
+            for kernel, size, local in self._launches:
+                cl.enqueue_nd_range_kernel(queue, kernel, size, local)
             for (buf, _, _), out in zip(self._outputs, outs):
                 if out.nbytes:
                     cl.enqueue_copy(queue, out, buf, is_blocking=False)

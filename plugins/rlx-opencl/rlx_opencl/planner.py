@@ -6,7 +6,8 @@ Three decisions are made here:
   shape is computed inside that consumer's kernel (a region is one kernel). A transpose
   of the last two axes feeding only the B operand of a matmul becomes the matmul's
   transposed (``NT``) form. ``reshape`` is free: it aliases its input's buffer.
-- **Kernels.** Each remaining node becomes one or two kernels (``codegen/``).
+- **Kernels.** Each remaining node becomes one or two kernels (``codegen/``), with
+  vectors at most ``vector_bits`` wide (what the device's compiler takes).
 - **Memory.** Intermediates live in a few slots, assigned by liveness: a slot is free
   again after the last step that reads its value, and is reused by the next value that
   fits (best fit; a slot grows if none fits). Outputs stay live to the end. Every buffer
@@ -22,7 +23,7 @@ from rlx_core.dtypes import itemsize
 from rlx_core.ir import Graph, Node
 from rlx_core.ops import ELEMENTWISE_OPS, SOURCE_OPS, OpKind
 
-from .codegen.common import Kernel
+from .codegen.common import MAX_VECTOR_BITS, Kernel
 from .codegen.conv import conv2d_kernels, pool_kernel
 from .codegen.elementwise import elementwise_kernel, region_inputs
 from .codegen.matmul import MatmulSpec, matmul_kernel
@@ -72,7 +73,8 @@ def _swaps_last_two(node: Node) -> bool:
     return r >= 2 and tuple(perm) == (*range(r - 2), r - 1, r - 2)
 
 
-def plan_graph(graph: Graph) -> Plan:
+def plan_graph(graph: Graph, vector_bits: int = MAX_VECTOR_BITS) -> Plan:
+    """The steps, kernels and memory plan of ``graph``, with vectors at most ``vector_bits`` wide."""
     nodes = graph.nodes
     live = graph.live_nodes()
     outputs = set(graph.outputs)
@@ -115,7 +117,7 @@ def plan_graph(graph: Graph) -> Plan:
             continue
         name = f"k{len(steps)}_{n.op.value}"
         # An empty result needs no kernel (and the generators divide by its extents).
-        step = Step(n, []) if n.size == 0 else _step(graph, n, name, inlined, folded, checks)
+        step = Step(n, []) if n.size == 0 else _step(graph, n, name, inlined, folded, checks, vector_bits)
         steps.append(step)
 
     slots, slot_of, scratch_slots = _assign_memory(graph, steps, root, outputs)
@@ -136,7 +138,8 @@ def _region(graph: Graph, n: Node, inlined: set[int]) -> list[Node]:
     return [graph.nodes[i] for i in sorted(out)]
 
 
-def _step(graph: Graph, n: Node, name: str, inlined: set[int], folded: set[int], checks: list[Check]) -> Step:
+def _step(graph: Graph, n: Node, name: str, inlined: set[int], folded: set[int], checks: list[Check],
+          vector_bits: int) -> Step:  # fmt: skip
     nodes = graph.nodes
     ins = [nodes[i] for i in n.inputs]
     op = n.op
@@ -148,9 +151,10 @@ def _step(graph: Graph, n: Node, name: str, inlined: set[int], folded: set[int],
         if divs:
             slot = len(checks)
             checks.append(Check(divs[0], "div"))
-        return Step(n, [elementwise_kernel(name, region, externals, slot)], fused=tuple(r.id for r in region[:-1]))
+        kernel = elementwise_kernel(name, region, externals, slot, vector_bits)
+        return Step(n, [kernel], fused=tuple(r.id for r in region[:-1]))
     if op is OpKind.MATMUL:
-        return Step(n, [_matmul(graph, n, name, folded)])
+        return Step(n, [_matmul(graph, n, name, folded, vector_bits)])
     if op in (OpKind.REDUCE_SUM, OpKind.REDUCE_MEAN, OpKind.REDUCE_MAX, OpKind.GLOBAL_AVG_POOL2D):
         return Step(n, [reduce_kernel(name, n, ins[0])])
     if op is OpKind.SOFTMAX:
@@ -167,7 +171,7 @@ def _step(graph: Graph, n: Node, name: str, inlined: set[int], folded: set[int],
         checks.append(Check(n, "gather", ins[0].shape[n.attrs["axis"]]))
         return Step(n, [gather_kernel(name, n, ins[0], ins[1], len(checks) - 1)])
     if op is OpKind.CONV2D:
-        kernels, scratch = conv2d_kernels(name, n, ins[0], ins[1], ins[2] if len(ins) == 3 else None)
+        kernels, scratch = conv2d_kernels(name, n, ins[0], ins[1], ins[2] if len(ins) == 3 else None, vector_bits)
         return Step(n, kernels, [scratch * itemsize(n.dtype)] if scratch else [])
     if op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D):
         return Step(n, [pool_kernel(name, n, ins[0])])
@@ -190,7 +194,7 @@ def _batch_strides(shape: tuple[int, ...], batch: tuple[int, ...], matrix: int) 
     return tuple(out)
 
 
-def _matmul(graph: Graph, n: Node, name: str, folded: set[int]) -> Kernel:
+def _matmul(graph: Graph, n: Node, name: str, folded: set[int], vector_bits: int) -> Kernel:
     nodes = graph.nodes
     a, b = nodes[n.inputs[0]], nodes[n.inputs[1]]
     trans_b = b.id in folded
@@ -202,7 +206,7 @@ def _matmul(graph: Graph, n: Node, name: str, folded: set[int]) -> Kernel:
     spec = MatmulSpec(m=m, k=k, n=nn, dtype=n.dtype, batch=batch,
                       a_strides=_batch_strides(a2[:-2], batch, m * k),
                       b_strides=_batch_strides(b2[:-2], batch, k * nn), trans_b=trans_b)  # fmt: skip
-    return matmul_kernel(name, spec, a.id, src_b.id, n.id)
+    return matmul_kernel(name, spec, a.id, src_b.id, n.id, vector_bits=vector_bits)
 
 
 def _assign_memory(graph: Graph, steps: list[Step], root: dict[int, int],

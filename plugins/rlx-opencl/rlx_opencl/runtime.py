@@ -6,7 +6,9 @@ loader lists them; bare ``opencl`` is the first GPU or accelerator if there is o
 
 Programs are built once per (device, source hash) and kept by the ``DeviceRuntime``;
 kernel objects are fetched once per launch with ``cl.Kernel(program, name)`` (a
-``program.name`` lookup costs ~280 us per call on PoCL).
+``program.name`` lookup costs ~280 us per call on PoCL). Programs build with ``-w``: the
+compiler's warnings (clang's, printed by PoCL straight to the process's stderr) are
+about generated code the user cannot change, so they must not reach the terminal.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import numpy as np
 from rlx_core.errors import DeviceError
 
 __all__ = ["import_pyopencl", "DeviceEntry", "list_devices", "default_index", "DeviceRuntime", "BuildError",
-           "PROBE_SOURCE", "smoke_test", "short_platform", "build_log_head"]  # fmt: skip
+           "PROBE_SOURCE", "smoke_test", "short_platform", "build_log_head", "max_vector_bits",
+           "BUILD_OPTIONS"]  # fmt: skip
 
 #: The probe's kernel: small, but it exercises a vector type, a builtin and a store.
 PROBE_SOURCE = """
@@ -33,6 +36,12 @@ __kernel void rlx_probe(__global const float* x, __global float* y) {
     y[i] = dot(v, (float4)(2.0f, 0.0f, 0.0f, 0.0f)) + sqrt(4.0f);
 }
 """
+
+#: Options of every program build: ``-w``, a standard ``clBuildProgram`` option, inhibits warnings.
+BUILD_OPTIONS = ("-w",)
+#: LLVM CPU names without AVX-512 that an LLVM older than the CPU gives it: AMD's by
+#: family (LLVM < 16 calls Zen 4 ``znver3``), and the generic fallbacks.
+_CPUS_WITHOUT_AVX512 = ("znver1", "znver2", "znver3", "generic", "x86-64", "x86-64-v2", "x86-64-v3")
 
 
 class BuildError(DeviceError):
@@ -69,6 +78,35 @@ class DeviceEntry:
     @property
     def has_fp64(self) -> bool:
         return "cl_khr_fp64" in str(self.device.extensions) or bool(getattr(self.device, "double_fp_config", 0))
+
+    @property
+    def vector_bits(self) -> int:
+        """The widest vectors the generated kernels may use on this device (``max_vector_bits``)."""
+        lanes = int(getattr(self.device, "native_vector_width_float", 0) or 0)
+        return max_vector_bits(str(self.device.version), lanes)
+
+
+def max_vector_bits(device_version: str, native_float_lanes: int) -> int:
+    """512 (``float16`` vectors), or 256 where the device's compiler mishandles 512-bit ones.
+
+    PoCL's CPU device takes its built-in library and its vector widths from the host's
+    CPUID (AVX-512: ``native_vector_width_float`` 16) but compiles kernels for the CPU
+    name its LLVM gives the host, shown at the end of the device version
+    (``OpenCL 3.0 PoCL HSTR: pthread-x86_64-unknown-linux-gnu-znver3``). An LLVM older than
+    the CPU names it without AVX-512 (LLVM 14 calls a Zen 4 EPYC ``znver3``); then every
+    512-bit vector that crosses a builtin has two ABIs (clang warns "AVX vector return of
+    type 'float16' without 'avx512f' enabled changes the ABI"), at the first launch
+    PoCL's code generation aborts ("LLVM ERROR: Cannot select"), segfaults or hangs for
+    minutes (issue 18), and PoCL's disk cache keeps such programs without their kernels
+    (the next process gets INVALID_KERNEL_NAME). 256-bit vectors have one ABI there, and
+    lose little: Zen 4 executes AVX-512 as two 256-bit halves.
+    """
+    if native_float_lanes < 16 or "HSTR:" not in device_version:
+        return 512
+    target = device_version.split("HSTR:", 1)[1].strip()
+    if any(target.endswith("-" + cpu) for cpu in _CPUS_WITHOUT_AVX512):
+        return 256
+    return 512
 
 
 def short_platform(platform: Any) -> str:
@@ -120,6 +158,7 @@ class DeviceRuntime:
         self._programs: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.has_fp64 = entry.has_fp64
+        self.vector_bits = entry.vector_bits
 
     def program(self, source: str) -> Any:
         """The built program for ``source``, built once per (device, source hash)."""
@@ -133,11 +172,12 @@ class DeviceRuntime:
             return self._programs.setdefault(key, prg)
 
     def build(self, source: str) -> Any:
+        """Build ``source`` for this device (``BUILD_OPTIONS``); ``BuildError`` with the log's head."""
         cl = self.cl
-        with warnings.catch_warnings():  # PoCL prints "N warnings generated" for benign code
+        with warnings.catch_warnings():  # pyopencl's "non-empty compiler output" warning
             warnings.simplefilter("ignore", getattr(cl, "CompilerWarning", Warning))
             try:
-                return cl.Program(self.context, source).build()
+                return cl.Program(self.context, source).build(options=list(BUILD_OPTIONS))
             except cl.Error as exc:
                 raise BuildError(f"OpenCL build failed on {self.entry.describe()}: {build_log_head(exc)}") from exc
 

@@ -33,6 +33,9 @@ __all__ = [
     "header",
     "param_decl",
     "MAX_INDEX",
+    "MAX_VECTOR_BITS",
+    "CTYPE_BYTES",
+    "vector_lanes",
 ]
 
 #: How each IR dtype is held in a buffer.
@@ -46,6 +49,11 @@ RAW = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
 
 #: Indices are 32-bit ints in the generated code; larger tensors are declined by ``claims``.
 MAX_INDEX = 2**31 - 1
+#: The widest vectors generated (``float16``, ``double8``: one AVX-512 register). A device
+#: whose compiler cannot take them gets narrower ones (``runtime.max_vector_bits``).
+MAX_VECTOR_BITS = 512
+#: Bytes of one value of each compute type.
+CTYPE_BYTES = {"float": 4, "double": 8, "int": 4, "long": 8, "uchar": 1}
 
 
 @dataclass(frozen=True)
@@ -61,7 +69,12 @@ class Arg:
 @dataclass(frozen=True)
 class Kernel:
     """One kernel launch: its OpenCL C source (one ``__kernel`` called ``name``), global
-    size, and buffer arguments in order."""
+    size, and buffer arguments in order.
+
+    ``private_bytes`` estimates what one work-item keeps live (its vector accumulators);
+    the launch's work-group size is bounded by it (``launch.py``), since drivers report
+    no useful figure of their own (PoCL says 1024 bytes for every kernel). 0: a few scalars.
+    """
 
     name: str
     source: str
@@ -69,6 +82,12 @@ class Kernel:
     args: tuple[Arg, ...]
     uses_fp64: bool = False
     checks: tuple[str, ...] = field(default=())
+    private_bytes: int = 0
+
+
+def vector_lanes(ctype: str, most: int, vector_bits: int) -> int:
+    """``most`` lanes of ``ctype``, or as many as fit in ``vector_bits`` when that is fewer."""
+    return max(1, min(most, vector_bits // (8 * CTYPE_BYTES[ctype])))
 
 
 def literal(x: float, ctype: str) -> str:

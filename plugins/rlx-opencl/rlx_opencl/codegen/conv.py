@@ -17,13 +17,14 @@ import math
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind
 
-from .common import COMPUTE, Arg, Kernel, coords, header, literal, load, param_decl, store
+from .common import COMPUTE, MAX_VECTOR_BITS, Arg, Kernel, coords, header, literal, load, param_decl, store
 from .matmul import MatmulSpec, matmul_kernel
 
 __all__ = ["conv2d_kernels", "pool_kernel"]
 
 
-def conv2d_kernels(name: str, node: Node, x: Node, w: Node, b: Node | None) -> tuple[list[Kernel], int]:
+def conv2d_kernels(name: str, node: Node, x: Node, w: Node, b: Node | None,
+                   vector_bits: int = MAX_VECTOR_BITS) -> tuple[list[Kernel], int]:  # fmt: skip
     """The kernels of one conv2d and the element count of its scratch (0: none)."""
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
@@ -38,7 +39,7 @@ def conv2d_kernels(name: str, node: Node, x: Node, w: Node, b: Node | None) -> t
                       b_strides=(c * h * wd, cg * h * wd) if direct else (groups * k * p, k * p),
                       bias=b is not None, bias_groups=groups)  # fmt: skip
     mm = matmul_kernel(f"{name}_mm", spec, w.id, x.id, node.id, bias=b.id if b is not None else None,
-                       b_scratch=not direct)  # fmt: skip
+                       b_scratch=not direct, vector_bits=vector_bits)  # fmt: skip
     if direct:
         return [mm], 0
     size = n * groups * k * p

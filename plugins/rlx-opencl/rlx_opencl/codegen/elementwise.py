@@ -9,7 +9,8 @@ one OpenCL vector (``float16``: 16 floats), since PoCL runs scalar transcendenta
 about 15x slower than the same math on vectors. A vector covers lanes that differ only in
 the last coordinate, so it applies when every operand is full-size, a single element, or
 (when the last dimension is a multiple of the width) broadcast over leading dimensions
-only; other regions, and integer or bool ones, run one element per work-item.
+only; other regions, and integer or bool ones, run one element per work-item. Vectors
+are at most ``vector_bits`` wide (``float8`` where the device cannot take 512 bits).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rlx_core.ops import OpKind
 
 from .common import (
     COMPUTE,
+    MAX_VECTOR_BITS,
     Arg,
     Kernel,
     broadcast_offset,
@@ -33,11 +35,12 @@ from .common import (
     param_decl,
     store,
     storev,
+    vector_lanes,
 )
 
 __all__ = ["elementwise_kernel", "op_expression", "region_inputs", "VECTOR_WIDTH"]
 
-#: Lanes per work-item for vectorized regions, by compute type.
+#: Lanes per work-item for vectorized regions, by compute type (at most: see vector_bits).
 VECTOR_WIDTH = {"float": 16, "double": 8}
 _FLOAT_FAMILIES = ({"float32", "float16"}, {"float64"})
 _COMPARE = {"equal": "==", "less": "<", "greater": ">"}
@@ -112,7 +115,7 @@ def op_expression(node: Node, xs: Sequence[str], ctype: str, *, vector: bool = F
     raise NotImplementedError(f"rlx-opencl: {op} is not an elementwise op")
 
 
-def _vector_width(region: Sequence[Node], externals: Sequence[Node]) -> int:
+def _vector_width(region: Sequence[Node], externals: Sequence[Node], vector_bits: int) -> int:
     dtypes = {n.dtype for n in region} | {n.dtype for n in externals}
     if any(n.op is OpKind.WHERE for n in region):
         return 1
@@ -121,7 +124,8 @@ def _vector_width(region: Sequence[Node], externals: Sequence[Node]) -> int:
 
     for family in _FLOAT_FAMILIES:
         if dtypes <= family:
-            return VECTOR_WIDTH[COMPUTE[next(iter(family))]]
+            ctype = COMPUTE[next(iter(family))]
+            return vector_lanes(ctype, VECTOR_WIDTH[ctype], vector_bits)
     return 1
 
 
@@ -138,7 +142,7 @@ def _vector_ok(out_shape: tuple[int, ...], ext_shapes: Sequence[tuple[int, ...]]
 
 
 def elementwise_kernel(name: str, region: Sequence[Node], externals: Sequence[Node],
-                       status_slot: int | None = None) -> Kernel:  # fmt: skip
+                       status_slot: int | None = None, vector_bits: int = MAX_VECTOR_BITS) -> Kernel:  # fmt: skip
     """The kernel computing ``region[-1]`` (the root) from ``externals``.
 
     ``region`` holds the fused nodes in topological order; every input of a region node
@@ -148,7 +152,7 @@ def elementwise_kernel(name: str, region: Sequence[Node], externals: Sequence[No
     shape = root.shape
     size = math.prod(shape)
     ext_index = {n.id: k for k, n in enumerate(externals)}
-    width = _vector_width(region, externals)
+    width = _vector_width(region, externals, vector_bits)
     ext_shapes = [n.shape for n in externals]
     if width > 1 and not _vector_ok(shape, ext_shapes, width):
         width = 1

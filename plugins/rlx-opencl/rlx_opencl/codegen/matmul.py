@@ -12,6 +12,9 @@ Batches are a third grid dimension; each operand has its own per-batch-dimension
 strides, 0 where it broadcasts, so ``[B, M, K] @ [K, N]`` reads one B for every batch,
 and conv2d runs as ``weights [G, O, K] @ im2col [N, G, K, P]``. An optional per-row bias
 is added on the way out (conv2d's bias).
+
+Vectors are at most ``vector_bits`` wide (512: ``float16``), narrower where the device's
+compiler cannot take 512-bit vectors (``runtime.max_vector_bits``).
 """
 
 from __future__ import annotations
@@ -20,15 +23,34 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .common import COMPUTE, Arg, Kernel, coords, header, literal, load, loadv, param_decl, store, storev
+from .common import (
+    COMPUTE,
+    CTYPE_BYTES,
+    MAX_VECTOR_BITS,
+    STORAGE,
+    Arg,
+    Kernel,
+    coords,
+    header,
+    literal,
+    load,
+    loadv,
+    param_decl,
+    store,
+    storev,
+    vector_lanes,
+)
 
 __all__ = ["MatmulSpec", "matmul_kernel", "vector_width"]
 
 _WIDTH = {"float": 16, "double": 8, "int": 8, "long": 8}
+_POINTER_BYTES = 8
 
 
-def vector_width(dtype: str) -> int:
-    return _WIDTH[COMPUTE[dtype]]
+def vector_width(dtype: str, vector_bits: int = MAX_VECTOR_BITS) -> int:
+    """Lanes of one vector of ``dtype``'s compute type: 16 floats at 512 bits, 8 at 256."""
+    ctype = COMPUTE[dtype]
+    return vector_lanes(ctype, _WIDTH[ctype], vector_bits)
 
 
 @dataclass(frozen=True)
@@ -59,13 +81,15 @@ def _batch_offset(spec: MatmulSpec, strides: Sequence[int]) -> str:
 
 
 def matmul_kernel(name: str, spec: MatmulSpec, a: int, b: int, out: int, bias: int | None = None,
-                  a_scratch: bool = False, b_scratch: bool = False) -> Kernel:  # fmt: skip
+                  a_scratch: bool = False, b_scratch: bool = False,
+                  vector_bits: int = MAX_VECTOR_BITS) -> Kernel:  # fmt: skip
     """The kernel for ``spec`` reading values ``a``, ``b`` (and ``bias``), writing ``out``.
     ``a_scratch`` / ``b_scratch`` say that operand is the step's scratch buffer 0."""
+    width = vector_width(spec.dtype, vector_bits)
     if spec.trans_b:
-        lines, grid = _nt_body(spec)
+        lines, grid, private = _nt_body(spec, width)
     else:
-        lines, grid = _nn_body(spec)
+        lines, grid, private = _nn_body(spec, width)
     dt = spec.dtype
     params = [param_decl(dt, "A", const=True), param_decl(dt, "B", const=True), param_decl(dt, "C", const=False)]
     args = [Arg(scratch=0) if a_scratch else Arg(value=a), Arg(scratch=0) if b_scratch else Arg(value=b),
@@ -81,7 +105,7 @@ def matmul_kernel(name: str, spec: MatmulSpec, a: int, b: int, out: int, bias: i
            f"  const int offB = {_batch_offset(spec, spec.b_strides)};",
            f"  const int offC = bi * {spec.m * spec.n};",
            *("  " + s for s in lines), "}"]  # fmt: skip
-    return Kernel(name, "\n".join(src), (*grid, max(batch, 1)), tuple(args), dt == "float64")
+    return Kernel(name, "\n".join(src), (*grid, max(batch, 1)), tuple(args), dt == "float64", private_bytes=private)
 
 
 def _epilogue(spec: MatmulSpec, value: str, ctype: str, row: str) -> str:
@@ -95,16 +119,16 @@ def _mac(ctype: str, acc: str, x: str, y: str) -> str:
     return f"{acc} = fma({x}, {y}, {acc});" if ctype in ("float", "double") else f"{acc} += {x} * {y};"
 
 
-def _nn_body(spec: MatmulSpec) -> tuple[list[str], tuple[int, int]]:
+def _nn_body(spec: MatmulSpec, width: int) -> tuple[list[str], tuple[int, int], int]:
+    """Lines, grid and per-work-item bytes (rows vector accumulators, one B vector, row pointers)."""
     dt, ctype = spec.dtype, COMPUTE[spec.dtype]
     m, k, n = spec.m, spec.k, spec.n
-    width = vector_width(dt)
     rows = min(8, m)
     vtype = f"{ctype}{width}"
     zero = literal(0, ctype) if ctype in ("int", "long") else literal(0.0, ctype)
     lines = [f"const int n0 = get_global_id(0) * {width};", f"const int m0 = get_global_id(1) * {rows};"]
     for r in range(rows):  # rows past M read row M-1 (valid memory) and are not stored
-        lines.append(f"const __global {_storage(dt)}* a{r} = A + offA + min(m0 + {r}, {m - 1}) * {k};")
+        lines.append(f"const __global {STORAGE[dt]}* a{r} = A + offA + min(m0 + {r}, {m - 1}) * {k};")
     lines.append(f"if (n0 + {width} <= {n}) {{")
     lines += [f"  {vtype} acc{r} = ({vtype})({zero});" for r in range(rows)]
     lines.append(f"  for (int kk = 0; kk < {k}; ++kk) {{")
@@ -127,7 +151,8 @@ def _nn_body(spec: MatmulSpec) -> tuple[list[str], tuple[int, int]]:
         value = _epilogue(spec, f"s{r}", ctype, f"m0 + {r}")
         lines.append(f"    if (m0 + {r} < {m}) {store(dt, 'C', f'offC + (m0 + {r}) * {n} + nn', value)}")
     lines += ["  }", "}"]
-    return lines, (-(-n // width), -(-m // rows))
+    private = (rows + 1) * width * CTYPE_BYTES[ctype] + rows * _POINTER_BYTES
+    return lines, (-(-n // width), -(-m // rows)), private
 
 
 def _hsum(v: str, width: int) -> str:
@@ -138,19 +163,20 @@ def _hsum(v: str, width: int) -> str:
     return parts[0]
 
 
-def _nt_body(spec: MatmulSpec) -> tuple[list[str], tuple[int, int]]:
+def _nt_body(spec: MatmulSpec, width: int) -> tuple[list[str], tuple[int, int], int]:
+    """Lines, grid and per-work-item bytes (rows x cols vector and scalar sums, one vector
+    of each row and column, their pointers)."""
     dt, ctype = spec.dtype, COMPUTE[spec.dtype]
     m, k, n = spec.m, spec.k, spec.n
-    width = vector_width(dt)
     rows, cols = min(4, m), min(4, n)
     vtype = f"{ctype}{width}"
     zero = literal(0, ctype) if ctype in ("int", "long") else literal(0.0, ctype)
     kv = k // width * width
     lines = [f"const int n0 = get_global_id(0) * {cols};", f"const int m0 = get_global_id(1) * {rows};"]
     for r in range(rows):
-        lines.append(f"const __global {_storage(dt)}* a{r} = A + offA + min(m0 + {r}, {m - 1}) * {k};")
+        lines.append(f"const __global {STORAGE[dt]}* a{r} = A + offA + min(m0 + {r}, {m - 1}) * {k};")
     for c in range(cols):
-        lines.append(f"const __global {_storage(dt)}* bp{c} = B + offB + min(n0 + {c}, {n - 1}) * {k};")
+        lines.append(f"const __global {STORAGE[dt]}* bp{c} = B + offB + min(n0 + {c}, {n - 1}) * {k};")
     pairs = [(r, c) for r in range(rows) for c in range(cols)]
     lines += [f"{ctype} s{r}_{c} = {zero};" for r, c in pairs]
     if kv:
@@ -171,10 +197,6 @@ def _nt_body(spec: MatmulSpec) -> tuple[list[str], tuple[int, int]]:
         value = _epilogue(spec, f"s{r}_{c}", ctype, f"m0 + {r}")
         idx = f"offC + (m0 + {r}) * {n} + n0 + {c}"
         lines.append(f"if (m0 + {r} < {m} && n0 + {c} < {n}) {store(dt, 'C', idx, value)}")
-    return lines, (-(-n // cols), -(-m // rows))
-
-
-def _storage(dtype: str) -> str:
-    from .common import STORAGE
-
-    return STORAGE[dtype]
+    size = CTYPE_BYTES[ctype]
+    private = len(pairs) * (width + 1) * size + (rows + cols) * (width * size + _POINTER_BYTES)
+    return lines, (-(-n // cols), -(-m // rows)), private
