@@ -126,11 +126,41 @@ class OpenclBackend(rlx_core.Backend):
         except Exception as exc:
             return rlx_core.Availability(False, f"the probe kernel failed on opencl:{default.index} "
                                                 f"({default.name}): {_first_line(exc)}", versions=versions)  # fmt: skip
+        try:
+            self._check_generated_kernels(default.index)
+        except Exception as exc:
+            return rlx_core.Availability(False, f"rlx's generated kernels failed on opencl:{default.index} "
+                                                f"({default.name}): {_first_line(exc)}", versions=versions)  # fmt: skip
         self._remember_label(default)
         devices = [f"opencl:{e.index}" for e in entries]
         listing = "; ".join(f"opencl:{e.index} = {e.name} ({rt.short_platform(e.platform)})" for e in entries)
         return rlx_core.Availability(True, f"{listing}; default opencl:{default.index}", devices=devices,
                                      versions=versions)  # fmt: skip
+
+    def _check_generated_kernels(self, index: int) -> None:
+        """Compile and run a dense layer with softmax through the real code generator
+        (register-blocked vector matmul, elementwise, row reduction) and check it against
+        numpy. A driver can run the tiny probe kernel yet fail on rlx's own kernels: PoCL
+        on a Zen 4 host with an LLVM that calls it ``znver3`` aborted in code generation
+        on every 512-bit vector (issue 18). The core runs this probe in a child process,
+        so such a crash costs this device, not the caller's process; it costs ~0.1 s
+        once PoCL has the program in its kernel cache."""
+        import numpy as np
+
+        from .executable import OpenclExecutable
+
+        rng = np.random.default_rng(0)
+        g = rlx_core.Graph("rlx_opencl_probe")
+        x = g.input("x", (4, 24), "float32")
+        w = g.constant(rng.standard_normal((24, 16)).astype(np.float32))
+        b = g.constant(rng.standard_normal(16).astype(np.float32))
+        g.set_outputs([g.softmax(g.relu(g.add(g.matmul(x, w), b)), axis=-1)])  # every op one it claims
+        xv = rng.standard_normal((4, 24)).astype(np.float32)
+        got = OpenclExecutable(g.freeze(), self.runtime(index)).run({"x": xv})[0]
+        want = rlx_core.reference.evaluate(g, {"x": xv})[0]
+        if not np.allclose(got, want, rtol=1e-4, atol=1e-6):
+            raise DeviceError(f"a dense layer with softmax computed wrong values (max error "
+                              f"{float(np.max(np.abs(got - want))):.3g})")  # fmt: skip
 
     def _remember_label(self, entry: rt.DeviceEntry) -> None:
         label = f"OpenCL: {entry.name} ({rt.short_platform(entry.platform)})"

@@ -90,6 +90,24 @@ def test_probe_kernel_build_failure(monkeypatch):
     assert "undefined_thing" in got.reason  # the build log's first lines name the fault
 
 
+def test_generated_kernels_that_fail_make_the_device_unavailable(monkeypatch):
+    """A driver that runs the tiny probe kernel but not rlx's generated ones (PoCL on a Zen 4
+    host with an LLVM that calls it znver3, issue 18) is unavailable, with the reason."""
+    _pyopencl_or_skip()
+    from rlx_opencl import executable
+
+    real = executable.OpenclExecutable.run
+
+    def wrong(self, inputs):  # type: ignore[no-untyped-def]
+        return [out + 1.0 for out in real(self, inputs)]
+
+    monkeypatch.setattr(executable.OpenclExecutable, "run", wrong)
+    got = OpenclBackend().probe()
+    assert not got.available
+    assert got.reason.startswith("rlx's generated kernels failed on opencl:0")
+    assert "a dense layer with softmax computed wrong values" in got.reason
+
+
 def test_available_lists_devices_and_versions():
     _pyopencl_or_skip()
     backend = OpenclBackend()
