@@ -222,6 +222,10 @@ def _device_json(row: Any) -> dict[str, Any]:
         "calibrated": bool(getattr(row, "calibrated", False)),
         "recommended": bool(row.recommended),
         "blocker": row.blocker or None,
+        # installed (its plugin loaded) / available (its probe says yes) / usable (and the
+        # policy, and the graph when one is given, let it run)
+        "installed": bool(getattr(row, "registered", True)),
+        "usable": bool(getattr(row, "viable", False)),
     }
     for extra in ("priority", "registered", "supports_graph", "est_seconds"):
         d[extra] = _jsonable(getattr(row, extra, None))
@@ -268,11 +272,13 @@ def devices(
             rows = placement.report()  # probes every backend concurrently; broken() is complete after it
         broken = [{"name": name, "error": str(error)} for name, error in placement.registry.broken()]
         disabled = sorted(placement.registry.disabled())
+        missing = placement.registry.not_installed()
         if json_out:
             doc = {
                 "devices": [_device_json(r) for r in rows],
                 "broken_plugins": broken,
                 "disabled_plugins": disabled,
+                "not_installed": [{"device": d, "install": how} for d, how in missing.items()],
                 "policy": placement.policy.to_dict(),
                 "environment": [{"variable": k, "value": v, "meaning": m} for k, v, m in environment_settings()],
             }
@@ -286,6 +292,8 @@ def devices(
             console.print(table)
         if disabled:
             console.print(f"Disabled by RLX_DISABLE_PLUGINS: {', '.join(disabled)}")
+        if missing:
+            console.print("Not installed: " + "; ".join(f"{d} ({how})" for d, how in missing.items()))
         if explain:
             _print_explain(placement, rows, environment_settings())
 

@@ -38,7 +38,7 @@ from .isolation import ChildTarget, isolation_enabled
 from .plugin import ENTRY_POINT_GROUP, PLUGIN_API_VERSION, Availability, Backend, RlxBackendSpec
 from .probing import ProbeRun
 
-__all__ = ["PLATFORM_PRIORITY", "BackendInfo", "Registry", "parse_device", "default_registry",
+__all__ = ["PLATFORM_PRIORITY", "FIRST_PARTY", "BackendInfo", "Registry", "parse_device", "default_registry",
            "set_default_registry", "broken_plugins", "get_backend"]
 
 logger = logging.getLogger("rlx.registry")
@@ -48,6 +48,11 @@ logger = logging.getLogger("rlx.registry")
 PLATFORM_PRIORITY: dict[str, int] = {
     "tpu": 100, "cuda": 90, "rocm": 85, "mlx": 80, "metal": 75, "gpu": 70, "opencl": 50, "jax": 40, "cpu": 0,
 }
+
+#: rlx's own backends and the pip requirement that installs each (``rlx devices`` names
+#: the ones missing here: a user who expects ``cuda`` learns what to install, not nothing).
+FIRST_PARTY: dict[str, str] = {"cpu": "rlx-cpu", "opencl": "rlx-opencl[pocl]", "cuda": "rlx-cuda",
+                               "jax": "rlx-jax-tpu", "tpu": "rlx-jax-tpu"}  # fmt: skip
 
 DEFAULT_PROBE_TIMEOUT = 10.0
 DEFAULT_CALIBRATE_TIMEOUT = 900.0
@@ -307,6 +312,16 @@ class Registry:
         with self._lock:
             records = self._broken + list(self._probe_broken.values())
         return [(b.entry_point, b.error) for b in records]
+
+    def not_installed(self) -> dict[str, str]:
+        """rlx's own backends that are not here: ``{device: "pip install ..."}``; one whose
+        plugin is installed but disabled or broken is not listed (it is reported as such)."""
+        self._ensure_loaded()
+        with self._lock:
+            present = set(self._infos) | set(self._disabled)
+            present |= {b.entry_point for b in self._broken} | {n for b in self._broken for n in b.backend_names}
+        return {name: f"pip install '{req}'" if "[" in req else f"pip install {req}"
+                for name, req in FIRST_PARTY.items() if name not in present}
 
     def disabled(self) -> list[str]:
         """Entry point names skipped (never imported) because of ``RLX_DISABLE_PLUGINS``."""

@@ -154,6 +154,9 @@ def test_devices_json_policy_from_env(tmp_path: Path) -> None:
     cpu = next(r for r in doc["devices"] if r["device"] == "cpu")
     assert cpu["available"] and not cpu["recommended"]
     assert "denied" in cpu["blocker"] and "RLX_DENY_DEVICES" in cpu["blocker"]
+    # three states: installed (loaded), available (its probe), usable (and the policy lets it)
+    assert (cpu["installed"], cpu["available"], cpu["usable"]) == (True, True, False)
+    assert isinstance(doc["not_installed"], list)  # rlx's own backends missing here, with the pip command
 
 
 def test_devices_with_broken_and_good_fake_plugins(tmp_path: Path, fake_site, graphs: dict[str, Path]) -> None:

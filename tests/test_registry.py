@@ -423,3 +423,15 @@ def test_importing_rlx_core_loads_no_plugin_and_reads_no_entry_point(fake_site):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[] []"
 
+
+
+def test_first_party_backends_that_are_not_installed_are_named_with_their_pip_command(fake_site):
+    from rlx_core.registry import FIRST_PARTY
+
+    registry = loaded(fake_site, "fakenp")
+    missing = registry.not_installed()
+    assert set(missing) == set(FIRST_PARTY)  # only the fake is installed in this registry
+    assert missing["cuda"] == "pip install rlx-cuda"
+    assert missing["opencl"] == "pip install 'rlx-opencl[pocl]'"
+    cpu_only = [ep for ep in importlib.metadata.entry_points(group="rlx.backends") if ep.name == "cpu"]
+    assert "cpu" not in Registry(entry_points=cpu_only).not_installed()
