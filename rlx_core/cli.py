@@ -655,11 +655,28 @@ def _show_warning(message: Any, category: type[Warning], filename: str, lineno: 
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
+# Typer raises click's exceptions from its own copy of click: found through a public class.
+_USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``rlx`` script and ``python -m rlx_core``."""
     warnings.showwarning = _show_warning
+    args = list(argv) if argv is not None else sys.argv[1:]
     try:
-        app(args=list(argv) if argv is not None else None, prog_name="rlx")
+        code = app(args=args, prog_name="rlx", standalone_mode=False)
     except RlxError as exc:  # raised outside a command body (e.g. while parsing)
         _print_error(str(exc))
         sys.exit(2)
+    except _CLICK_ERROR as exc:  # a usage mistake: like every other one, a single error line and exit 2
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `rlx` or `rlx cache`: the help, as before
+            with contextlib.suppress(SystemExit):
+                app(args=[*args, "--help"], prog_name="rlx")
+            sys.exit(2)
+        ctx = getattr(exc, "ctx", None)
+        where = f" (see '{ctx.command_path} --help')" if ctx is not None and isinstance(exc, _USAGE_ERROR) else ""
+        _print_error(f"{exc.format_message()}{where}")
+        sys.exit(int(getattr(exc, "exit_code", 2)))
+    if isinstance(code, int) and code:
+        sys.exit(code)

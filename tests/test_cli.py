@@ -290,6 +290,8 @@ def test_usage_errors_exit_2(tmp_path: Path, graphs: dict[str, Path]) -> None:
         proc = run_rlx(*args, cwd=tmp_path)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr
+        # one line, like every other mistake, naming the command's help
+        assert_user_error(proc, "--help")
 
 
 def test_out_to_missing_directory_is_a_user_error(tmp_path: Path) -> None:
