@@ -24,8 +24,8 @@ from onnx import numpy_helper
 import rlx_core as rlx
 from rlx_core import onnx as rlx_onnx
 
-#: Cases that passed when this floor was last raised (onnx 1.23, opsets 7-28).
-PASS_FLOOR = 422
+#: Cases that passed when this floor was last raised (onnx 1.23, opsets 7-28, 2026-11-25).
+PASS_FLOOR = 632
 
 
 def _array(value: Any) -> Any:
@@ -53,7 +53,11 @@ def _outcome(case: Any) -> tuple[str, str]:
                 if g.shape != w.shape or g.dtype != w.dtype:
                     return "wrong", f"output {k}: {g.dtype}{list(g.shape)}, expected {w.dtype}{list(w.shape)}"
                 if w.dtype.kind in "fc":
-                    ok = np.allclose(g.astype(np.float64), w.astype(np.float64), rtol=case.rtol,
+                    # float16 values round at every op in rlx's IR (what a float16 graph means);
+                    # the case's data is one rounding of an exact result, so a chain of ops may
+                    # sit a few half-precision ulps away: 4 ulps relative, no looser.
+                    rtol = max(case.rtol, 4 * 2.0**-11) if w.dtype == np.float16 else case.rtol
+                    ok = np.allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol,
                                      atol=max(case.atol, 1e-7), equal_nan=True)  # fmt: skip
                 else:
                     ok = np.array_equal(g, w)

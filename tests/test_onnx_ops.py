@@ -218,3 +218,18 @@ def test_list_inputs_names_symbolic_dims() -> None:
     assert spec.name == "x" and spec.shape == ("batch", "x:1", 4) and spec.dtype == "float32"
     g = rlx_onnx.load(model, dims={"batch": 2, "x:1": 3})
     assert g.node(g.inputs[0]).shape == (2, 3, 4)
+
+
+@pytest.mark.parametrize(("op", "x", "opset", "attrs"), [
+    ("ReduceMin", np.array([[-2**31, 5, 3]], np.int32), 17, {"axes": [1]}),  # -x overflowed at INT_MIN
+    ("ReduceMin", np.array([[-2**63, 5, 3]], np.int64), 17, {"axes": [1]}),
+    ("ReduceSumSquare", np.array([[1.0, -2.0]], np.float32), 18, {"noop_with_empty_axes": 1}),  # x², not x
+    ("ReduceL2", np.array([[1.0, -2.0]], np.float32), 18, {"noop_with_empty_axes": 1}),  # |x|, not x
+    ("Softmax", np.arange(6, dtype=np.float32).reshape(1, 2, 3), 11, {"axis": -1}),  # -1 meant rank, not rank-1
+    ("LogSoftmax", np.arange(6, dtype=np.float32).reshape(1, 2, 3), 11, {"axis": -1}),
+])  # fmt: skip
+def test_reduction_and_softmax_edge_forms_match_onnxruntime(op: str, x: np.ndarray, opset: int, attrs: dict) -> None:
+    """Wrong answers found while widening the importer, each against onnxruntime."""
+    model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)], [vi("x", x.dtype.name, x.shape)],
+                       [vi("y", x.dtype.name, None)], opset=opset)  # fmt: skip
+    check_against_ort(model, {"x": x})

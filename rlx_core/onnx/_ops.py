@@ -214,9 +214,11 @@ def _softmax(c: NodeContext) -> list[Operand | None]:
             return [_log_softmax(f, x, axis % max(len(shape), 1), c.out())]
         return [f.op("softmax", x, axis=axis, name=c.out())]
     axis = int(c.attr("axis", 1))
-    if not -len(shape) <= axis <= len(shape):
-        raise c.fail(f"axis {axis} is out of range for rank {len(shape)}")
-    axis %= len(shape) + 1
+    rank = len(shape)
+    if not -rank <= axis < max(rank, 1):
+        raise c.fail(f"axis {axis} is out of range for rank {rank}")
+    if axis < 0:
+        axis += rank
     flat = f.op("reshape", x, shape=(math.prod(shape[:axis]), math.prod(shape[axis:])))
     y = _log_softmax(f, flat, 1, "") if log else f.op("softmax", flat, axis=1)
     return [f.op("reshape", y, shape=shape, name=c.out())]
@@ -242,12 +244,20 @@ def _reduce(c: NodeContext) -> list[Operand | None]:
     rank = len(f.shape(x))
     axes = reduce_axes(c, rank)
     keep = bool(c.attr("keepdims", 1))
+    name, op = c.out(), c.op_type
     if axes is None:
-        if c.attr("noop_with_empty_axes", 0):
+        if c.attr("noop_with_empty_axes", 0):  # no reduction, but the elementwise part still applies
+            if op == "ReduceSumSquare":
+                return [f.op("mul", x, x, name=name)]
+            if op == "ReduceL2":
+                return [f.op("abs", x, name=name)]
             return [x]
         axes = tuple(range(rank))
-    name, op = c.out(), c.op_type
     if op == "ReduceMin":
+        if f.dtype(x) in ("int32", "int64"):  # -1 - x cannot overflow where -x does (INT_MIN)
+            one = f.const(-1, f.dtype(x))
+            flipped = f.op("reduce_max", f.op("sub", one, x), axes=axes, keepdims=keep)
+            return [f.op("sub", one, flipped, name=name)]
         neg = f.op("reduce_max", f.op("neg", x), axes=axes, keepdims=keep)
         return [f.op("neg", neg, name=name)]
     if op in ("ReduceSumSquare", "ReduceL2"):

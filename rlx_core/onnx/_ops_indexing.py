@@ -1,0 +1,351 @@
+"""Converters of position-dependent ops: Trilu, ArgMax/ArgMin, CumSum, GatherElements, Pad, Mod.
+
+None of these has an IR op of its own; each is a decomposition into existing ones. rlx
+shapes are static, so everything that depends only on shapes (a triangle mask, the
+positions along an axis, the flat offsets of a gather, a pad's index table) is a small
+numpy constant built here, and the run-time work is a few ``where``, ``gather``,
+``reduce_max`` or elementwise ops. Integer results are exact: they never go through
+floats. ``Mod`` sits here because it is the same kind of exact-integer decomposition.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._context import NodeContext, converter
+from ._shapes import Emitter, Operand, frozen
+
+__all__: list[str] = []
+
+_FLOATS = ("float16", "float32", "float64")
+_INTS = ("int32", "int64")
+
+
+def _axis(c: NodeContext, axis: int, rank: int, what: str = "axis") -> int:
+    if not -rank <= axis < rank:
+        raise c.fail(f"{what} {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+def _along(values: np.ndarray, axis: int, rank: int) -> np.ndarray:
+    """1-D ``values`` shaped to broadcast along ``axis`` of a rank-``rank`` tensor."""
+    return frozen(values.reshape((values.size,) + (1,) * (rank - 1 - axis)))
+
+
+def _scalar_input(c: NodeContext, i: int, what: str) -> int:
+    """An import-time integer input holding one value (CumSum's axis)."""
+    values = c.ints(i, what)
+    if values is None:
+        raise c.fail(f"input {what} is required")
+    if len(values) != 1:
+        raise c.fail(f"input {what} must hold one value, got {len(values)}")
+    return values[0]
+
+
+# ---------------------------------------------------------------- Trilu
+@converter("Trilu")
+def _trilu(c: NodeContext) -> list[Operand | None]:
+    """``where(drop, 0, x)``: element (i, j) of each (N, M) matrix is kept when
+    ``j - i >= k`` (upper) or ``j - i <= k`` (lower), any ``k`` being valid. ``drop``
+    compares the constant ``j - i`` table with ``k``: a constant mask when ``k`` is known
+    at import (nothing at all when it keeps everything), one comparison when it is not."""
+    f, x = c.f, c.input(0)
+    shape, dtype = f.shape(x), f.dtype(x)
+    if len(shape) < 2:
+        raise c.fail(f"needs a tensor of rank >= 2, got shape {shape}")
+    k = c.optional(1)
+    if k is None:
+        k = f.const(0, "int64")
+    if f.dtype(k) != "int64" or math.prod(f.shape(k)) != 1:
+        raise c.fail(f"k must be one int64 value, got {f.shape(k)} {f.dtype(k)}")
+    k = f.op("reshape", k, shape=())
+    rows, cols = shape[-2:]
+    offset = frozen(np.arange(cols, dtype=np.int64)[None, :] - np.arange(rows, dtype=np.int64)[:, None])
+    drop = f.op("less" if c.attr("upper", 1) else "greater", offset, k)
+    known = f.array(drop)
+    if known is not None and not known.any():
+        return [x]
+    zero = f.const(False if dtype == "bool" else 0, dtype)
+    return [f.op("where", drop, zero, x, name=c.out())]
+
+
+# ---------------------------------------------------------------- ArgMax, ArgMin
+@converter("ArgMax", "ArgMin")
+def _arg_extreme(c: NodeContext) -> list[Operand | None]:
+    """The first (or, with ``select_last_index``, last) position of the extreme along
+    ``axis``, as int64: ``hit = (v == reduce_max(v))`` marks the extremes, and a
+    ``reduce_max`` over ``where(hit, position, -1)`` picks the last one, or over reversed
+    positions the first. ArgMin maximizes ``-x`` (floats) or ``-1 - x`` (integers: no
+    overflow at the minimum). A NaN counts as the extreme, as in numpy, PyTorch and the
+    ONNX reference (onnxruntime's answer then depends on where the NaN is)."""
+    f, x = c.f, c.input(0)
+    shape, dtype = f.shape(x), f.dtype(x)
+    if dtype not in _FLOATS + _INTS:
+        raise c.fail(f"needs a numeric input, got {dtype}")
+    if not shape:
+        raise c.fail("needs a tensor of rank >= 1, got a scalar")
+    axis = _axis(c, int(c.attr("axis", 0)), len(shape))
+    n = shape[axis]
+    if n == 0:
+        raise c.fail(f"axis {axis} of shape {shape} is empty: it has no {c.op_type[3:].lower()}imum")
+    keep = bool(c.attr("keepdims", 1))
+    last = bool(c.attr("select_last_index", 0))
+    if last and c.opset < 12:
+        raise c.fail(f"select_last_index is an attribute of {c.op_type}-12; the model's opset is {c.opset}")
+    v = x
+    if c.op_type == "ArgMin":
+        v = f.op("neg", x) if dtype in _FLOATS else f.op("sub", f.const(-1, dtype), x)
+    hit = f.op("equal", v, f.op("reduce_max", v, axes=(axis,), keepdims=True))
+    if dtype in _FLOATS:  # a NaN is the extreme: mark the NaNs when there is one
+        hit = f.op("where", f.op("equal", v, v), hit, f.const(True, "bool"))
+    positions = np.arange(n, dtype=np.int64)
+    none = f.const(-1, "int64")
+    if last:
+        picked = f.op("where", hit, _along(positions, axis, len(shape)), none)
+        return [f.op("reduce_max", picked, axes=(axis,), keepdims=keep, name=c.out())]
+    picked = f.op("where", hit, _along(n - 1 - positions, axis, len(shape)), none)
+    flipped = f.op("reduce_max", picked, axes=(axis,), keepdims=keep)
+    return [f.op("sub", f.const(n - 1, "int64"), flipped, name=c.out())]
+
+
+# ---------------------------------------------------------------- CumSum
+def _shifted(f: Emitter, y: Operand, d: int, axis: int, rank: int, n: int, reverse: bool) -> Operand:
+    """``y`` moved ``d`` places along ``axis`` (towards the end, or the start if
+    ``reverse``), zeros coming in: a gather by a constant index table and a ``where``
+    with a constant mask, both of length ``n`` (no constant as large as ``y``)."""
+    positions = np.arange(n, dtype=np.int64)
+    source = positions + d if reverse else positions - d
+    inside = (source >= 0) & (source < n)
+    moved = f.op("gather", y, frozen(np.clip(source, 0, n - 1)), axis=axis)
+    dtype = f.dtype(y)
+    return f.op("where", _along(inside, axis, rank), moved, f.const(0, dtype))
+
+
+@converter("CumSum")
+def _cumsum(c: NodeContext) -> list[Operand | None]:
+    """Running sums along ``axis`` (an import-time input), ``exclusive`` and ``reverse``,
+    as a log-step (Hillis-Steele) scan, ``y += shift(y, 2**s)``: ceil(log2 n) steps of
+    gather, where and add. Exact for integers (wrapping like ONNX Runtime) on every
+    backend, and for floats each output adds only its own inputs, so an infinity or NaN
+    stays where it belongs; a matmul with a 0/1 triangle would not (0 * inf is NaN).
+    """
+    f, x = c.f, c.input(0)
+    shape, dtype = f.shape(x), f.dtype(x)
+    if dtype not in _FLOATS + _INTS:
+        raise c.fail(f"needs a numeric input, got {dtype}")
+    if not shape:
+        raise c.fail("needs a tensor of rank >= 1, got a scalar")
+    rank = len(shape)
+    axis = _axis(c, _scalar_input(c, 1, "axis"), rank)
+    exclusive, reverse = bool(c.attr("exclusive", 0)), bool(c.attr("reverse", 0))
+    n = shape[axis]
+    if n == 0:
+        return [x]
+    y = _shifted(f, x, 1, axis, rank, n, reverse) if exclusive else x
+    d = 1
+    while d < n:
+        last = 2 * d >= n
+        y = f.op("add", y, _shifted(f, y, d, axis, rank, n, reverse), name=c.out() if last else "")
+        d *= 2
+    return [y]
+
+
+# ---------------------------------------------------------------- GatherElements
+@converter("GatherElements")
+def _gather_elements(c: NodeContext) -> list[Operand | None]:
+    """``out[i..] = data[i.. with index[i..] on axis]`` as one ``gather`` from the
+    flattened data: flat = wrap(index) * stride(axis) + the constant offset of every
+    other coordinate. At run time the index is wrapped (and range-checked, as ONNX
+    Runtime does) by a gather from ``arange(n)``; indices known at import fold."""
+    f, data, index = c.f, c.input(0, "data"), c.input(1, "indices")
+    dshape, ishape = f.shape(data), f.shape(index)
+    if f.dtype(index) not in _INTS:
+        raise c.fail(f"indices must be int32 or int64, got {f.dtype(index)}")
+    rank = len(dshape)
+    if rank == 0 or len(ishape) != rank:
+        raise c.fail(f"data and indices must have the same rank >= 1, got shapes {dshape} and {ishape}")
+    axis = _axis(c, int(c.attr("axis", 0)), rank)
+    wider = [d for d in range(rank) if d != axis and ishape[d] > dshape[d]]
+    if wider:
+        raise c.fail(f"indices of shape {ishape} exceed data of shape {dshape} on axis {wider[0]}")
+    f.check_size(ishape, "int64", "GatherElements' flat index")
+    strides = [math.prod(dshape[d + 1 :]) for d in range(rank)]
+    offsets = np.zeros(ishape, dtype=np.int64)
+    for d in range(rank):
+        if d != axis:
+            offsets += _along(np.arange(ishape[d], dtype=np.int64) * strides[d], d, rank)
+    n = dshape[axis]
+    known = f.array(index)
+    if known is not None:
+        bad = (known < -n) | (known >= n)
+        if np.any(bad):
+            raise c.fail(f"index {int(known[bad].flat[0])} is out of range for axis {axis} of size {n}")
+        flat: Operand = frozen(offsets + np.where(known < 0, known + n, known).astype(np.int64) * strides[axis])
+    else:
+        flat = f.op("gather", frozen(np.arange(n, dtype=np.int64)), index, axis=0)
+        if strides[axis] != 1:
+            flat = f.op("mul", flat, f.const(strides[axis], "int64"))
+        if np.any(offsets):
+            flat = f.op("add", flat, frozen(offsets))
+    column = f.op("reshape", data, shape=(math.prod(dshape),))
+    return [f.op("gather", column, flat, axis=0, name=c.out())]
+
+
+# ---------------------------------------------------------------- Pad
+_PAD_MODES = ("constant", "reflect", "edge", "wrap")
+
+
+@converter("Pad")
+def _pad(c: NodeContext) -> list[Operand | None]:
+    """Pads known at import; per padded axis one ``gather`` by a constant index table
+    (``numpy.pad`` of the positions: reflect, edge and wrap read the data there), and in
+    constant mode one ``where`` that puts the value outside the data. Negative pads crop
+    first (a ``slice``), as ONNX Runtime does; reflect needs, like it, pads no longer than
+    the cropped axis minus one."""
+    f, x = c.f, c.input(0)
+    shape, dtype = f.shape(x), f.dtype(x)
+    rank = len(shape)
+    mode = c.attr("mode", "constant")
+    if mode not in _PAD_MODES or (mode == "wrap" and c.opset < 19):
+        known = _PAD_MODES if c.opset >= 19 else _PAD_MODES[:3]
+        raise c.fail(f"mode {mode!r} is not one of {', '.join(known)} at opset {c.opset}")
+    pads = c.ints(1, "pads")
+    if pads is None:
+        raise c.fail("input pads is required")
+    if c.optional(3) is not None and c.opset < 18:
+        raise c.fail(f"input axes is an input of Pad-18; the model's opset is {c.opset}")
+    given = c.ints(3, "axes")
+    axes = [_axis(c, a, rank, "axes") for a in given] if given is not None else list(range(rank))
+    if len(set(axes)) != len(axes):
+        raise c.fail(f"axes {given} repeat an axis")
+    if len(pads) != 2 * len(axes):
+        raise c.fail(f"pads has {len(pads)} values; {len(axes)} axes need {2 * len(axes)}")
+    value = c.optional(2) if mode == "constant" else None
+    if value is not None:
+        if f.dtype(value) != dtype or math.prod(f.shape(value)) != 1:
+            raise c.fail(f"constant_value must be one {dtype} value, got {f.shape(value)} {f.dtype(value)}")
+        value = f.op("reshape", value, shape=())
+    out = list(shape)
+    crops: dict[int, tuple[int, int]] = {}  # axes only cropped: a slice
+    tables: dict[int, np.ndarray] = {}  # axes padded (and maybe cropped): a gather
+    inside: dict[int, np.ndarray] = {}  # on padded axes, where the data lands
+    empty = False  # a constant pad of an axis with no data left
+    for i, axis in enumerate(axes):
+        before, after = pads[i], pads[i + len(axes)]
+        start, end = max(-before, 0), shape[axis] - max(-after, 0)
+        if end < start:
+            raise c.fail(f"pads {before}, {after} crop more than axis {axis} of size {shape[axis]}")
+        kept, grow = end - start, (max(before, 0), max(after, 0))
+        out[axis] = kept + sum(grow)
+        if not any(grow):
+            if kept != shape[axis]:
+                crops[axis] = (start, end)
+            continue
+        if kept == 0:
+            if mode == "constant":  # nothing to gather from: the result is all fill
+                empty = True
+                continue
+            emptied = " after cropping" if kept != shape[axis] else ""
+            raise c.fail(f"cannot {mode}-pad axis {axis}: it is empty{emptied}")
+        if mode == "reflect" and max(grow) > kept - 1:
+            raise c.fail(f"reflect pads {grow} of axis {axis} exceed its size {kept} minus one")
+        numpy_mode = "edge" if mode == "constant" else mode  # constant: any in-range index, masked below
+        tables[axis] = np.pad(np.arange(start, end, dtype=np.int64), grow, mode=numpy_mode)
+        inside[axis] = np.pad(np.ones(kept, dtype=bool), grow)
+    f.check_size(out, dtype, "Pad's result")
+    fill = value if value is not None else f.const(False if dtype == "bool" else 0, dtype)
+    if empty:
+        return [f.op("where", frozen(np.zeros(out, dtype=bool)), fill, fill, name=c.out())]
+    y = x
+    masked = mode == "constant" and bool(tables)
+    if crops:
+        cut = sorted(crops)
+        y = f.op("slice", y, starts=[crops[a][0] for a in cut], ends=[crops[a][1] for a in cut], axes=cut,
+                 name="" if tables else c.out())  # fmt: skip
+    for axis in sorted(tables):
+        final = axis == max(tables) and not masked
+        y = f.op("gather", y, frozen(tables[axis]), axis=axis, name=c.out() if final else "")
+    if masked:
+        mask = np.ones([out[a] if a in inside else 1 for a in range(rank)], dtype=bool)
+        for axis, rows in inside.items():
+            mask = mask & _along(rows, axis, rank)
+        y = f.op("where", frozen(mask), y, fill, name=c.out())
+    return [y]
+
+
+# ---------------------------------------------------------------- Mod
+def _float_mod(f: Emitter, a: Operand, b: Operand, floor: bool, name: str) -> Operand:
+    """``a - n * b`` with ``n = trunc(a / b)`` (``floor`` for Python's rule), float16
+    operands computed in float64, where every step is exact: |a / b| < 2**41, so the
+    quotient's integer part survives rounding and the cast to int64, ``n * b`` fits 53
+    bits, and the difference is the true remainder. Special cases as C ``fmod`` and
+    Mod-28: NaN for infinite ``a``, zero ``b`` or a NaN; ``a`` for infinite ``b`` (Python:
+    ``b`` when the signs differ); a zero result has the sign of ``a`` (Python: ``b``)."""
+    dtype = f.dtype(a)
+    wide = "float64"
+    a, b = f.op("cast", a, dtype=wide), f.op("cast", b, dtype=wide)
+    zero, nan = f.const(0.0, wide), f.const(np.nan, wide)
+    q = f.op("div", a, b)
+    finite = f.op("less", f.op("abs", q), f.const(2.0**62, wide))  # false: a inf, b zero, a NaN
+    whole = f.op("cast", f.op("cast", f.op("where", finite, q, zero), dtype="int64"), dtype=wide)
+    if floor:
+        whole = f.op("where", f.op("less", q, whole), f.op("sub", whole, f.const(1.0, wide)), whole)
+    r = f.op("sub", a, f.op("mul", whole, b))
+    at_infinity = a
+    if floor:
+        at_infinity = f.op("where", f.op("less", f.op("mul", a, b), zero), b, a)
+    r = f.op("where", f.op("equal", f.op("abs", b), f.const(np.inf, wide)), at_infinity, r)
+    if floor:
+        signed_zero = f.op("where", f.op("less", b, zero), f.const(-0.0, wide), zero)
+    else:
+        signed_zero = f.op("mul", a, zero)  # a is finite wherever the result is not NaN
+    r = f.op("where", f.op("equal", r, zero), signed_zero, r)
+    return f.op("cast", f.op("where", finite, r, nan), dtype=dtype, name=name)
+
+
+@converter("Mod")
+def _mod(c: NodeContext) -> list[Operand | None]:
+    """``fmod=0``: Python's ``%`` (the sign of the divisor), integers only before Mod-28;
+    ``fmod=1``: C's ``fmod`` (the sign of the dividend), floats and, as ONNX Runtime
+    reads it, integers. Folded with numpy when both operands are known at import (shape
+    arithmetic); at run time integers are ``a - (a / b) * b`` with the IR's truncating
+    division, plus ``b`` where Python's rule needs it (exact, overflow-free), and
+    float16 goes through float64 exactly (``_float_mod``). float32 and float64 are
+    refused at run time: rlx has no floor or fmod op, and these decompositions are not
+    exact over their range."""
+    f, a, b = c.f, c.input(0), c.input(1)
+    dtype = f.dtype(a)
+    if f.dtype(b) != dtype:
+        raise c.fail(f"operands have different dtypes {dtype} and {f.dtype(b)}")
+    if dtype not in _FLOATS + _INTS:
+        raise c.fail(f"needs numeric operands, got {dtype}")
+    fmod = int(c.attr("fmod", 0))
+    if fmod not in (0, 1):
+        raise c.fail(f"fmod must be 0 or 1, got {fmod}")
+    floating = dtype in _FLOATS
+    if floating and not fmod and c.opset < 28:
+        raise c.fail(f"fmod=0 needs integer operands before Mod-28 (opset {c.opset}); got {dtype}, "
+                     "which needs fmod=1")  # fmt: skip
+    xa, xb = f.array(a), f.array(b)
+    if xa is not None and xb is not None:
+        if not floating and np.any(xb == 0):
+            raise c.fail("integer Mod by zero")
+        f.check_size(np.broadcast_shapes(xa.shape, xb.shape), dtype, "the folded result of Mod")
+        if floating:  # float64 holds every float16/float32 remainder exactly: one rounding, at the end
+            xa, xb = xa.astype(np.float64), xb.astype(np.float64)
+        with np.errstate(all="ignore"):
+            return [frozen((np.fmod if fmod else np.mod)(xa, xb).astype(dtype))]
+    if floating:
+        if dtype != "float16":
+            raise c.fail(f"Mod of {dtype} values computed at run time is not supported: rlx has no fmod or "
+                         "floor op, and a decomposition is exact only for float16 (operands known at import "
+                         "fold)")  # fmt: skip
+        return [_float_mod(f, a, b, floor=not fmod, name=c.out())]
+    r = f.op("sub", a, f.op("mul", f.op("div", a, b), b), name=c.out() if fmod else "")
+    if fmod:
+        return [r]
+    zero = f.const(0, dtype)
+    wrong_sign = f.op("where", f.op("less", b, zero), f.op("greater", r, zero), f.op("less", r, zero))
+    return [f.op("where", wrong_sign, f.op("add", r, b), r, name=c.out())]
