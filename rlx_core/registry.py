@@ -332,15 +332,19 @@ class Registry:
 
     def probe_timeout(self) -> float:
         """Seconds a probe may take (``RLX_PROBE_TIMEOUT``, default 10)."""
-        raw = self.environ.get("RLX_PROBE_TIMEOUT", "").strip()
+        return self._seconds("RLX_PROBE_TIMEOUT", DEFAULT_PROBE_TIMEOUT)
+
+    def _seconds(self, variable: str, default: float) -> float:
+        """A positive number of seconds from ``variable``; ``default`` when unset or blank."""
+        raw = self.environ.get(variable, "").strip()
         if not raw:
-            return DEFAULT_PROBE_TIMEOUT
+            return default
         try:
             value = float(raw)
         except ValueError:
             value = math.nan
         if not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"RLX_PROBE_TIMEOUT: {raw!r} is not a number of seconds > 0")
+            raise ConfigError(f"{variable}: {raw!r} is not a number of seconds > 0")
         return value
 
     def availability(self, name: str) -> Availability:
@@ -419,16 +423,7 @@ class Registry:
 
     def calibrate_timeout(self) -> float:
         """Seconds a calibration may take (``RLX_CALIBRATE_TIMEOUT``, default 900)."""
-        raw = self.environ.get("RLX_CALIBRATE_TIMEOUT", "").strip()
-        if not raw:
-            return DEFAULT_CALIBRATE_TIMEOUT
-        try:
-            value = float(raw)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"RLX_CALIBRATE_TIMEOUT: {raw!r} is not a number of seconds > 0")
-        return value
+        return self._seconds("RLX_CALIBRATE_TIMEOUT", DEFAULT_CALIBRATE_TIMEOUT)
 
     def calibrate(self, name: str, quick: bool = False,
                   progress: Callable[[str, float], None] | None = None) -> CostModel:  # fmt: skip
