@@ -1,0 +1,115 @@
+"""``rlx calibrate [DEVICE...] [--quick] [--verify]``: measure each device's cost model.
+
+Kept out of ``cli.py`` (which only registers it) because calibrating is its own story:
+each device is measured in a child process by ``Registry.calibrate`` (a crash there is a
+recorded fault and a line here, never the end of the command), with its steps on a
+progress bar, then optionally checked against the model suite (``rlx_core.verify``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``rlx calibrate`` to ``app``."""
+    app.command("calibrate")(calibrate)
+
+
+def calibrate(
+    devices: Annotated[list[str] | None, typer.Argument(help="Devices (default: every available one).")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer, smaller measurements.")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Then time the model suite: predicted vs measured, "
+                                         "the pick and its regret per model.")] = False,
+) -> None:
+    """Measure each device's cost model on this host and cache it."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from .cli import _seconds, _user_errors, console
+
+    with _user_errors():
+        from . import available_devices, device_report
+        from .errors import DeviceError, PluginError
+        from .registry import default_registry
+
+        registry = default_registry()
+        targets = list(devices or available_devices())
+        for d in targets:
+            registry.info(d)  # unknown names fail before any work
+        rows = {r.device: r for r in device_report()}
+        for d in targets:
+            row = rows.get(d.split(":")[0])
+            # A device disabled by its own crashed calibration may be calibrated again: that is the retry.
+            if row is not None and not row.available and registry.fault(d) is None:
+                raise DeviceError(f"cannot calibrate {d}: unavailable here ({row.reason})")
+        results: dict[str, Any] = {}
+        failed: list[str] = []
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as progress:  # fmt: skip
+            task = progress.add_task("calibrating", total=len(targets))
+            if targets:
+                console.print(f"calibrating {', '.join(targets)}: about {len(targets) * (15 if quick else 60)} s")
+            for i, d in enumerate(targets):
+                progress.update(task, description=f"calibrating {d}")
+
+                def step(what: str, frac: float, d: str = d, i: int = i) -> None:
+                    progress.update(task, description=f"calibrating {d}: {what}", completed=i + min(frac, 1.0))
+
+                try:
+                    results[d] = registry.calibrate(d, quick=quick, progress=step)
+                except NotImplementedError as exc:
+                    results[d] = f"{d}: this backend cannot calibrate ({exc or 'not implemented'})"
+                except ModuleNotFoundError as exc:
+                    if not (exc.name or "").startswith("rlx_core.calibration"):
+                        raise
+                    results[d] = f"{d}: calibration is not available in this rlx-core yet"
+                except (PluginError, DeviceError) as exc:  # raised, or its child died: the others go on
+                    results[d] = f"{d}: calibration failed: {exc}" if isinstance(exc, PluginError) else str(exc)
+                    failed.append(d)
+                progress.update(task, completed=i + 1)
+        table = Table("device", "sgemm GFLOP/s", "memory GB/s", "dispatch", "round trip", "source",
+                      title="Calibrated cost models", title_justify="left")  # fmt: skip
+        for d, m in results.items():
+            if isinstance(m, str):
+                console.print(m)
+                continue
+            dispatch, roundtrip = _seconds(m.dispatch_overhead_ns * 1e-9), _seconds(m.roundtrip_overhead_ns * 1e-9)
+            table.add_row(d, f"{m.sgemm_gflops:.1f}", f"{m.memory_bw_gbps:.1f}", dispatch, roundtrip, m.source)
+        if table.row_count:
+            console.print(table)
+        if verify:
+            _verify_table([d for d in targets if d not in failed], quick)
+        if failed:
+            raise typer.Exit(1)
+
+
+def _verify_table(devices: list[str], quick: bool) -> None:
+    """``rlx calibrate --verify``: the suite's predicted vs measured times (rlx_core.verify)."""
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from .cli import _seconds, console
+    from .verify import verify_cost_models
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("verifying", total=1.0)
+        rows = verify_cost_models(devices=devices, scale=0.1 if quick else 1.0, rounds=5 if quick else 20,
+                                  progress=lambda what, frac: progress.update(task, description=what, completed=frac))
+    table = Table("model", "device", "predicted", "measured", "pred/meas", "", title="Cost model check",
+                  title_justify="left")  # fmt: skip
+    for row in rows:
+        for d in sorted(row.measured, key=row.measured.__getitem__):
+            mark = "picked, best" if d == row.picked == row.best else "picked" if d == row.picked else (
+                "best" if d == row.best else "")  # fmt: skip
+            table.add_row(row.model, d, _seconds(row.predicted[d]), _seconds(row.measured[d]),
+                          f"{row.prediction_ratio(d):.2f}x", mark)  # fmt: skip
+        for d, err in row.errors.items():
+            table.add_row(row.model, d, "", "", "", f"failed: {err}")
+    console.print(table)
+    for row in rows:
+        console.print(f"{row.model}: picked {row.picked}, best {row.best}, regret {row.regret:.2f}x, "
+                      f"worst prediction off by {row.worst_prediction_ratio:.2f}x")  # fmt: skip
