@@ -271,13 +271,13 @@ def _load(target: ChildTarget) -> Any:
 
 def _probe_task(backend: Any, channel: ChildChannel) -> None:
     from .plugin import Availability
-    from .registry import _describe
+    from .probing import describe_error
 
     channel.send("started")
     try:
         answer = backend.probe()
     except BaseException as exc:
-        channel.send("result", payload={"outcome": "raised", "error": _describe(exc)})
+        channel.send("result", payload={"outcome": "raised", "error": describe_error(exc)})
         return
     if not isinstance(answer, Availability):
         channel.send("result", payload={"outcome": "garbage", "type": type(answer).__name__})

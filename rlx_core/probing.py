@@ -20,7 +20,7 @@ from dataclasses import asdict
 from .isolation import STARTUP_SECONDS, ChildTarget, run_child
 from .plugin import Availability, Backend
 
-__all__ = ["ProbeRun"]
+__all__ = ["ProbeRun", "describe_error"]
 
 log = logging.getLogger("rlx.registry")
 #: How much longer than the registry waits a child may live before it is killed: the
@@ -28,8 +28,9 @@ log = logging.getLogger("rlx.registry")
 _KILL_GRACE_S = 1.0
 
 
-def _describe(exc: BaseException) -> str:
-    """``"TypeName: message"`` on one line (pluggy's validation errors span several)."""
+def describe_error(exc: BaseException) -> str:
+    """``"TypeName: message"`` on one line (pluggy's validation errors span several), so a
+    report row or a CLI warning stays one line."""
     text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -99,7 +100,7 @@ class ProbeRun:
         try:
             answer = backend.probe()
         except BaseException as exc:  # a probe must not end its thread with a traceback on stderr
-            self._finish(raised=_describe(exc))
+            self._finish(raised=describe_error(exc))
             return
         if isinstance(answer, Availability):
             self._finish(result=answer)

@@ -36,7 +36,7 @@ from .errors import ConfigError, DeviceError, PluginError, PluginWarning
 from .faults import DeviceFault, FaultLog
 from .isolation import ChildTarget, isolation_enabled
 from .plugin import ENTRY_POINT_GROUP, PLUGIN_API_VERSION, Availability, Backend, RlxBackendSpec
-from .probing import ProbeRun
+from .probing import ProbeRun, describe_error
 
 __all__ = ["PLATFORM_PRIORITY", "FIRST_PARTY", "BackendInfo", "Registry", "parse_device", "default_registry",
            "set_default_registry", "broken_plugins", "get_backend"]
@@ -123,13 +123,6 @@ def _origin(dist: str, version: str, entry_point: str) -> str:
     return f"entry point {entry_point!r}" if entry_point else "directly registered backend"
 
 
-def _describe(exc: BaseException) -> str:
-    """``"TypeName: message"`` on one line (pluggy's validation errors span several), so a
-    report row or a CLI warning stays one line."""
-    text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 class Registry:
     """Backends discovered from entry points (or registered directly), probed on demand.
 
@@ -214,7 +207,7 @@ class Registry:
                 raise PluginError(f"{ep.value!r} implements no rlx_backends hook (decorate it with rlx_core.hookimpl)")
             results = pm.hook.rlx_backends()
         except (Exception, SystemExit) as exc:  # whatever a plugin does, discovery goes on
-            self._record_broken(_Broken(ep.name, f"{origin}: {_describe(exc)}"))
+            self._record_broken(_Broken(ep.name, f"{origin}: {describe_error(exc)}"))
             return
         returned = results[0] if results else None
         if not isinstance(returned, (list, tuple)):
@@ -482,7 +475,7 @@ class Registry:
             model = info.backend.cost_model()
             problem = "" if isinstance(model, CostModel) else f"returned {type(model).__name__}, not a CostModel"
         except Exception as exc:
-            model, problem = None, f"raised {_describe(exc)}"
+            model, problem = None, f"raised {describe_error(exc)}"
         if problem:
             warnings.warn(f"rlx backend {info.name!r}: cost_model() {problem}; using generic defaults",
                           PluginWarning, stacklevel=2)
