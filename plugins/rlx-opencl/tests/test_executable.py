@@ -12,19 +12,9 @@ import rlx_core
 from rlx_core import reference
 from rlx_core.errors import InputError
 from rlx_core.plugin import CompileOptions
-from rlx_opencl import OpenclBackend
 from rlx_opencl import runtime as rt
 
 pytest.importorskip("pyopencl", reason="pyopencl is not installed")
-
-
-@pytest.fixture(scope="module")
-def backend():
-    b = OpenclBackend()
-    got = b.probe()
-    if not got.available:
-        pytest.skip(f"OpenCL is unavailable here: {got.reason}")
-    return b
 
 
 def _compile(backend, g):

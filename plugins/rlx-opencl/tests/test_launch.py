@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 import rlx_core
 from rlx_core.plugin import CompileOptions
-from rlx_opencl import OpenclBackend
 from rlx_opencl.codegen.matmul import MatmulSpec, matmul_kernel
 from rlx_opencl.launch import (
     CPU_GROUP_BYTES,
@@ -121,16 +120,6 @@ def test_narrow_vectors_in_the_generated_code():
 
 
 # ---------------------------------------------------------------------- on the device
-@pytest.fixture(scope="module")
-def backend():
-    pytest.importorskip("pyopencl", reason="pyopencl is not installed")
-    b = OpenclBackend()
-    got = b.probe()
-    if not got.available:
-        pytest.skip(f"OpenCL is unavailable here: {got.reason}")
-    return b
-
-
 def test_the_chosen_launches_run_the_1024_matmul(backend):
     rng = np.random.default_rng(18)
     g = rlx_core.Graph("issue18")

@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from rlx_opencl import OpenclBackend
-
 pytest.importorskip("pyopencl", reason="pyopencl is not installed")
 
 #: A kernel any clang-based OpenCL compiler warns about (``#warning`` is always on).
@@ -27,15 +25,6 @@ WARNING_SOURCE = """
 #warning "rlx test: a build that warns"
 __kernel void rlx_warns(__global float* y) { y[get_global_id(0)] = 1.0f; }
 """
-
-
-@pytest.fixture(scope="module")
-def backend():
-    b = OpenclBackend()
-    got = b.probe()
-    if not got.available:
-        pytest.skip(f"OpenCL is unavailable here: {got.reason}")
-    return b
 
 
 def _run(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:

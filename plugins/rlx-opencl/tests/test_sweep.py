@@ -28,15 +28,6 @@ pytest.importorskip("pyopencl", reason="pyopencl is not installed")
 _PER_TERM = 5e-7
 
 
-@pytest.fixture(scope="module")
-def backend():
-    b = OpenclBackend()
-    got = b.probe()
-    if not got.available:
-        pytest.skip(f"OpenCL is unavailable here: {got.reason}")
-    return b
-
-
 class Sweep:
     """One graph of many cases of a family: inputs drawn from U(-1, 1), outputs labelled
     with their case and given an absolute tolerance that grows with the terms summed."""
