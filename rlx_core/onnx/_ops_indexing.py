@@ -72,6 +72,17 @@ def _trilu(c: NodeContext) -> list[Operand | None]:
 
 
 # ---------------------------------------------------------------- ArgMax, ArgMin
+def _numeric_tensor(c: NodeContext, x: Operand) -> tuple[tuple[int, ...], str]:
+    """``x``'s shape and dtype, or a refusal naming the node when it is not a numeric
+    tensor of rank >= 1 (what ArgMax/ArgMin and CumSum run along an axis of)."""
+    shape, dtype = c.f.shape(x), c.f.dtype(x)
+    if dtype not in _FLOATS + _INTS:
+        raise c.fail(f"needs a numeric input, got {dtype}")
+    if not shape:
+        raise c.fail("needs a tensor of rank >= 1, got a scalar")
+    return shape, dtype
+
+
 @converter("ArgMax", "ArgMin")
 def _arg_extreme(c: NodeContext) -> list[Operand | None]:
     """The first (or, with ``select_last_index``, last) position of the extreme along
@@ -81,11 +92,7 @@ def _arg_extreme(c: NodeContext) -> list[Operand | None]:
     overflow at the minimum). A NaN counts as the extreme, as in numpy, PyTorch and the
     ONNX reference (onnxruntime's answer then depends on where the NaN is)."""
     f, x = c.f, c.input(0)
-    shape, dtype = f.shape(x), f.dtype(x)
-    if dtype not in _FLOATS + _INTS:
-        raise c.fail(f"needs a numeric input, got {dtype}")
-    if not shape:
-        raise c.fail("needs a tensor of rank >= 1, got a scalar")
+    shape, dtype = _numeric_tensor(c, x)
     axis = _axis(c, int(c.attr("axis", 0)), len(shape))
     n = shape[axis]
     if n == 0:
@@ -132,11 +139,7 @@ def _cumsum(c: NodeContext) -> list[Operand | None]:
     stays where it belongs; a matmul with a 0/1 triangle would not (0 * inf is NaN).
     """
     f, x = c.f, c.input(0)
-    shape, dtype = f.shape(x), f.dtype(x)
-    if dtype not in _FLOATS + _INTS:
-        raise c.fail(f"needs a numeric input, got {dtype}")
-    if not shape:
-        raise c.fail("needs a tensor of rank >= 1, got a scalar")
+    shape, _ = _numeric_tensor(c, x)
     rank = len(shape)
     axis = _axis(c, _scalar_input(c, 1, "axis"), rank)
     exclusive, reverse = bool(c.attr("exclusive", 0)), bool(c.attr("reverse", 0))
