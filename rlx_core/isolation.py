@@ -261,9 +261,10 @@ def _exit_when_parent_goes() -> None:
 
 def _load(target: ChildTarget) -> Any:
     """Load the backend as the parent's registry did (same validation), in-process here."""
+    from .plugin import ENTRY_POINT_GROUP
     from .registry import Registry, set_default_registry
 
-    ep = importlib.metadata.EntryPoint(name=target.entry_point, value=target.value, group="rlx.backends")
+    ep = importlib.metadata.EntryPoint(name=target.entry_point, value=target.value, group=ENTRY_POINT_GROUP)
     registry = Registry(entry_points=[ep])
     set_default_registry(registry)  # calibration asks the default registry for the probe's versions
     return registry.get(target.backend)
