@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from .isolation import ChildChannel, child_env, describe_exit, finish_child, read_messages, read_stderr
+from .isolation import ChildChannel, describe_exit, finish_child, start_child
 from .onnx._peers import Contender, ContenderFailed
 
 if TYPE_CHECKING:
@@ -150,18 +150,10 @@ class BenchWorker:
     def start(self, kind: str, note: str = "", timeout: float = READY_SECONDS) -> Contender:
         """Start the child and wait until it has compiled and warmed up (at most ``timeout`` s)."""
         try:
-            self._proc = subprocess.Popen([sys.executable, "-m", "rlx_core._bench_worker"], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          env=child_env(self._environ), text=True, encoding="utf-8",
-                                          errors="replace")  # fmt: skip
+            self._proc, self._readers = start_child("rlx_core._bench_worker", self._environ, self._messages,
+                                                    self._stderr)  # fmt: skip
         except OSError as exc:
             return Contender(self.name, kind, None, note=f"could not be started ({type(exc).__name__}: {exc})")
-        proc = self._proc
-        self._readers = [threading.Thread(target=read_messages, args=(proc.stdout, self._messages)),
-                         threading.Thread(target=read_stderr, args=(proc.stderr, self._stderr))]  # fmt: skip
-        for t in self._readers:
-            t.daemon = True
-            t.start()
         try:
             self._send(self._request)
             ready = self._answer("ready", timeout)
@@ -193,9 +185,7 @@ class BenchWorker:
         if proc is None or self._reaped:
             return False
         self._reaped = True
-        finish_child(proc, kill=kill)
-        for t in self._readers:
-            t.join(timeout=5)
+        finish_child(proc, kill=kill, readers=self._readers)
         return True
 
     def _log(self) -> None:

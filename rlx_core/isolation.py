@@ -36,14 +36,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from .errors import ConfigError
 
 __all__ = ["ISOLATION_ENV", "ChildTarget", "ChildOutcome", "isolation_enabled", "run_child", "describe_exit",
-           "STARTUP_SECONDS", "ChildChannel", "child_env", "finish_child", "read_messages", "read_stderr"]  # fmt: skip
+           "STARTUP_SECONDS", "ChildChannel", "child_env", "start_child", "finish_child", "read_messages",
+           "read_stderr"]  # fmt: skip
 
 ISOLATION_ENV = "RLX_ISOLATION"
 #: What a child may spend starting up (interpreter, numpy, the plugin's import) before the
@@ -131,19 +132,13 @@ def run_child(task: Mapping[str, Any], *, timeout: float, environ: Mapping[str, 
     outcome says so. ``on_started`` and ``on_step`` are called from this thread as the
     messages arrive (progress bars, probe deadlines).
     """
+    messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    stderr: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "rlx_core.isolation"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(environ),
-                                text=True, encoding="utf-8", errors="replace")  # fmt: skip
+        proc, readers = start_child("rlx_core.isolation", environ, messages, stderr)
     except OSError as exc:
         return ChildOutcome(died=f"could not be started ({type(exc).__name__}: {exc})")
     outcome = ChildOutcome()
-    messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
-    stderr: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
-    readers = [threading.Thread(target=read_messages, args=(proc.stdout, messages), daemon=True),
-               threading.Thread(target=read_stderr, args=(proc.stderr, stderr), daemon=True)]  # fmt: skip
-    for t in readers:
-        t.start()
     try:
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(dict(task)) + "\n")
@@ -179,9 +174,7 @@ def run_child(task: Mapping[str, Any], *, timeout: float, environ: Mapping[str, 
                 outcome.error, answered = {"type": str(message.get("type", "")),
                                            "message": str(message.get("message", ""))}, True  # fmt: skip
     finally:
-        finish_child(proc, kill=not answered)
-        for t in readers:
-            t.join(timeout=5)
+        finish_child(proc, kill=not answered, readers=readers)
     outcome.stderr = list(stderr)
     if not answered and not outcome.died:
         outcome.died = describe_exit(proc.returncode if proc.returncode is not None else -signal.SIGKILL)
@@ -194,8 +187,24 @@ def run_child(task: Mapping[str, Any], *, timeout: float, environ: Mapping[str, 
     return outcome
 
 
-def finish_child(proc: subprocess.Popen[str], kill: bool) -> None:
-    """Close the child's stdin (its signal to exit) and reap it; kill it if it must go."""
+def start_child(module: str, environ: Mapping[str, str], messages: queue.Queue[dict[str, Any] | None],
+                stderr: collections.deque[str]) -> tuple[subprocess.Popen[str], list[threading.Thread]]:  # fmt: skip
+    """Start ``python -m module`` with ``child_env(environ)`` and the daemon threads that
+    feed its JSON messages into ``messages`` (``None`` at the end) and its stderr lines
+    into ``stderr``; raises ``OSError`` when it cannot be started."""
+    proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=child_env(environ), text=True, encoding="utf-8",
+                            errors="replace")  # fmt: skip
+    readers = [threading.Thread(target=read_messages, args=(proc.stdout, messages), daemon=True),
+               threading.Thread(target=read_stderr, args=(proc.stderr, stderr), daemon=True)]  # fmt: skip
+    for t in readers:
+        t.start()
+    return proc, readers
+
+
+def finish_child(proc: subprocess.Popen[str], kill: bool, readers: Sequence[threading.Thread] = ()) -> None:
+    """Close the child's stdin (its signal to exit) and reap it, killing it if it must go;
+    then wait for its ``readers`` to drain its pipes."""
     with contextlib.suppress(OSError):
         assert proc.stdin is not None
         proc.stdin.close()
@@ -206,6 +215,8 @@ def finish_child(proc: subprocess.Popen[str], kill: bool) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    for t in readers:
+        t.join(timeout=5)
 
 
 def read_messages(stream: IO[str] | None, out: queue.Queue[dict[str, Any] | None]) -> None:
