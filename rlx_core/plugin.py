@@ -143,6 +143,14 @@ class Backend:
         """Run a tiny real computation; return why not when this backend cannot run here."""
         raise NotImplementedError(f"backend {self.name!r} does not implement probe()")
 
+    def probed(self, answer: Availability) -> None:
+        """Told the answer of a probe that ran in a child process (optional; default: nothing).
+
+        The core probes entry-point backends in a child (``isolation.py``), so what a
+        ``probe`` learns about the host (which platform JAX started, say) stays there;
+        a backend whose ``claims`` or ``default_cost_model`` depend on it reads it back
+        from ``answer.versions`` here. Called once per probe, in the calling process."""
+
     def supported_ops(self) -> frozenset[str]:
         """The ops (``OpKind`` values or third-party strings) this backend claims."""
         raise NotImplementedError(f"backend {self.name!r} does not implement supported_ops()")

@@ -387,6 +387,8 @@ class Registry:
                 assert isinstance(probe.result, Availability)
                 answer = probe.result
                 fault = self.fault(name) if answer.available else None
+                if probe.isolated and current:
+                    self._tell_probed(name, answer)
                 if fault is not None:
                     answer = Availability(False, fault.reason(), devices=list(answer.devices),
                                           versions=dict(answer.versions))  # fmt: skip
@@ -401,6 +403,13 @@ class Registry:
             if current:
                 self._availability[name] = answer
             return answer
+
+    def _tell_probed(self, name: str, answer: Availability) -> None:
+        """``Backend.probed``: what the child's probe learned, for this process's backend."""
+        try:
+            self._infos[name].backend.probed(answer)
+        except Exception as exc:  # an optional courtesy: its failure costs nothing else
+            logger.debug("rlx backend %r: probed() raised %s: %s", name, type(exc).__name__, exc)
 
     # -- faults and calibration ------------------------------------------------------
 

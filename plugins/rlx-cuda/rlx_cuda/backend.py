@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CudaBackend"]
 
+#: DeviceInfo fields the probe's answer carries (as strings) for the default cost model.
+_COST_PROPERTIES = ("total_memory", "sm_count", "clock_khz", "memory_clock_khz", "memory_bus_bits")
+
 
 class CudaBackend(rlx_core.Backend):
     """NVIDIA GPUs through CuPy: cuBLAS for matmul, conv2d (im2col + gemm) and attention,
@@ -38,6 +41,7 @@ class CudaBackend(rlx_core.Backend):
         self._lock = threading.Lock()
         self._probe: probing.ProbeResult | None = None
         self._caches: dict[int, Any] = {}
+        self._probed_device: probing.DeviceInfo | None = None
 
     # ------------------------------------------------------------------ probe
     def probe_result(self) -> probing.ProbeResult:
@@ -53,8 +57,23 @@ class CudaBackend(rlx_core.Backend):
             return rlx_core.Availability(False, result.reason, versions=dict(result.versions))
         devices = [f"cuda:{d.index}" for d in result.devices]
         versions = dict(result.versions)
-        versions["memory"] = f"{result.devices[0].total_memory / 2**30:.1f} GiB"
+        first = result.devices[0]
+        versions["memory"] = f"{first.total_memory / 2**30:.1f} GiB"
+        # What default_cost_model needs, for the process the probe's child reports to (probed).
+        versions.update({key: str(getattr(first, key)) for key in _COST_PROPERTIES})
         return rlx_core.Availability(True, devices=devices, versions=versions)
+
+    def probed(self, answer: rlx_core.Availability) -> None:
+        """The device properties found by a probe in a child process: the default cost
+        model here prices this GPU, not an unknown one."""
+        v = answer.versions
+        if not answer.available or "device" not in v:
+            return
+        try:
+            props = {key: int(v[key]) for key in _COST_PROPERTIES}
+        except (KeyError, ValueError):
+            return
+        self._probed_device = probing.DeviceInfo(0, v["device"], v.get("compute_capability", "0.0"), **props)
 
     # ------------------------------------------------------------------ claims
     def supported_ops(self) -> frozenset[str]:
@@ -64,9 +83,11 @@ class CudaBackend(rlx_core.Backend):
     # ------------------------------------------------------------------ cost
     def default_cost_model(self) -> rlx_core.CostModel:
         result = self._probe
-        if result is None or not result.devices:
-            return generic_cost_model(self.name)
-        return cost_model_from_device(result.devices[0], self.name)
+        if result is not None and result.devices:
+            return cost_model_from_device(result.devices[0], self.name)
+        if self._probed_device is not None:
+            return cost_model_from_device(self._probed_device, self.name)
+        return generic_cost_model(self.name)
 
     def calibrate(self, quick: bool = False) -> rlx_core.CostModel:
         """The core's measurements (sgemm, bandwidth, launches) plus pinned host<->device copies."""

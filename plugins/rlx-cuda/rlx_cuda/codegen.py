@@ -12,7 +12,8 @@ CuPy's ``ElementwiseKernel`` does the indexing: it broadcasts the inputs (a bias
 scalar) to the output's shape and walks strided arrays, so the body is index-free.
 
 Integer division by zero, undefined in C, sets ``rlx_err[0]`` (``ERR_INT_DIV_ZERO``) so
-the executable can raise ``InputError`` after the run, as the reference does.
+the executable can raise ``InputError`` after the run, as the reference does. The flag is
+a raw *output* parameter: CuPy declares raw inputs ``const``.
 """
 
 from __future__ import annotations
@@ -191,11 +192,12 @@ def elementwise_source(program: Sequence[Any], input_dtypes: Sequence[str],
     lines.append(f"out = v{len(instructions) - 1};")
     used = sorted({a for instr in instructions for a in instr.args if a < n_in})
     params = [f"{PARAM_TYPE[input_dtypes[i]]} x{i}" for i in range(n_in) if i in used]
-    if uses_err:
-        params.append("raw int32 rlx_err")
+    # The flag is an *output* (CuPy declares raw inputs const): it comes first, so a call
+    # still reads kern(*inputs, flag, out).
+    outs = ("raw int32 rlx_err, " if uses_err else "") + f"{PARAM_TYPE[out_dtype]} out"
     body = "\n".join(lines)
-    digest = hashlib.sha1(f"{params}|{out_dtype}|{body}".encode()).hexdigest()[:16]
-    return ElementwiseSource(", ".join(params), f"{PARAM_TYPE[out_dtype]} out", body, f"rlx_ew_{digest}", uses_err,
+    digest = hashlib.sha1(f"{params}|{outs}|{body}".encode()).hexdigest()[:16]
+    return ElementwiseSource(", ".join(params), outs, body, f"rlx_ew_{digest}", uses_err,
                              tuple(input_dtypes[i] for i in used), out_dtype, len(instructions))  # fmt: skip
 
 

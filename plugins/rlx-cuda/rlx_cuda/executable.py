@@ -92,6 +92,11 @@ class CudaExecutable(rlx_core.Executable):
                 self._use_graphs = self._graph_mode(opts["cuda_graphs"])
                 if opts["warmup"]:
                     self._warmup()
+                    if self._use_graphs:  # capture now, so that the report says what runs
+                        self._capture()
+                elif self._use_graphs:
+                    self._notes.append("CUDA graphs on: the first run compiles the kernels, the second captures "
+                                       "them, later runs replay them")  # fmt: skip
 
     # ------------------------------------------------------------------ building
     def _build(self, plan: Any) -> None:
@@ -105,6 +110,8 @@ class CudaExecutable(rlx_core.Executable):
         self._inputs: list[tuple[str, int, Any]] = []  # (name, slot, pinned host staging)
         ctx = BuildContext(cp, self._cache, tf32=self._tf32)
         steps: list[Step] = []
+        prologue: list[Step] = []  # nodes computed from params and constants only
+        static: set[int] = set()
         views: list[tuple[int, int, tuple[int, ...]]] = []
         for node in nodes:
             dtype = np.dtype(node.dtype)
@@ -116,14 +123,20 @@ class CudaExecutable(rlx_core.Executable):
                     slots[node.id] = cp.asarray(np.asarray(g.value(node.id), order="C"))
                     if node.op is OpKind.PARAM:
                         self._params[node.name] = slots[node.id]
+                    static.add(node.id)
                 continue
+            is_static = all(i in static for i in node.inputs)
+            if is_static:
+                static.add(node.id)
             if node.op is OpKind.RESHAPE:
                 views.append((node.id, node.inputs[0], node.shape))
                 slots[node.id] = slots[node.inputs[0]].reshape(node.shape)
                 continue
-            slots[node.id] = self._value_buffer(node.id, node.shape, dtype, plan, buffers)
+            # A value of params only (a transposed weight, a cast table) is computed at
+            # build and after set_param, in its own buffer, never once per run.
+            slots[node.id] = self._value_buffer(node.id, node.shape, dtype, None if is_static else plan, buffers)
             ins = [nodes[i] for i in node.inputs]
-            steps += build_steps(node, ins, node.id, list(node.inputs), ctx)
+            (prologue if is_static else steps).extend(build_steps(node, ins, node.id, list(node.inputs), ctx))
         ctx.flags = cp.zeros(max(len(ctx.flag_nodes), 1), dtype=np.int32)
         self._flag_nodes = list(ctx.flag_nodes)
         self._ctx = ctx
@@ -132,8 +145,18 @@ class CudaExecutable(rlx_core.Executable):
             steps.insert(0, Step("reset error flags", lambda s: flags.fill(0)))
         self._views = views
         self._steps = steps
+        self._prologue = prologue
         self._slots = slots
         self._outputs = [(i, _pinned(cp, nodes[i].shape, np.dtype(nodes[i].dtype))) for i in g.outputs]
+        if prologue:
+            self._notes.append(f"{len(prologue)} step(s) computed from params only run at compile and after "
+                               "set_param, not per run")  # fmt: skip
+        self._run_prologue()
+
+    def _run_prologue(self) -> None:
+        """The steps of values that depend on params and constants only (on the stream)."""
+        for step in self._prologue:
+            step.fn(self._slots)
 
     def _value_buffer(self, nid: int, shape: tuple[int, ...], dtype: np.dtype, plan: Any,
                       buffers: dict[int, Any]) -> Any:  # fmt: skip
@@ -175,9 +198,10 @@ class CudaExecutable(rlx_core.Executable):
 
     def _capture(self) -> None:
         cp, stream = self._cp, self._stream
+        mode = getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", None)  # other threads may use CUDA meanwhile
         try:
             with cp.cuda.using_allocator(_allocation_refused):
-                stream.begin_capture()
+                stream.begin_capture() if mode is None else stream.begin_capture(mode)
                 try:
                     self._launch_eager()
                 finally:
@@ -187,7 +211,8 @@ class CudaExecutable(rlx_core.Executable):
         except Exception as exc:
             self._use_graphs = False
             self._graph_exec = None
-            self._notes.append(f"CUDA graphs off: capture failed ({type(exc).__name__}: {exc})")
+            self._notes.append(f"CUDA graphs off: capture failed ({type(exc).__name__}: {exc}); each step is "
+                               "launched on its own")  # fmt: skip
             log.info("rlx-cuda: CUDA graph capture failed for %r: %s", self._graph.name, exc)
 
     def _execute(self, inputs: Mapping[str, Any], bound: list[tuple[int, Any]]) -> None:
@@ -209,6 +234,9 @@ class CudaExecutable(rlx_core.Executable):
                 if not self._use_graphs and _is_contiguous_like(arr, dev):
                     bound.append((slot, dev))
                     self._slots[slot] = arr  # zero copy: the steps read the caller's array
+                elif arr.flags.c_contiguous:  # one device-to-device copy (peer devices too)
+                    rt = cp.cuda.runtime
+                    rt.memcpyAsync(dev.data.ptr, arr.data.ptr, dev.nbytes, rt.memcpyDefault, stream.ptr)
                 else:
                     cp.copyto(dev, arr)  # on the device: no host round trip
         if self._use_graphs and self._runs >= 1:
@@ -272,16 +300,14 @@ class CudaExecutable(rlx_core.Executable):
         arr = np.asarray(value, order="C")
         if arr.shape != dev.shape or arr.dtype != dev.dtype:
             raise InputError(f"set_param {name!r}: expected {dev.shape} {dev.dtype}, got {arr.shape} {arr.dtype}")
-        with self._lock, self._cp.cuda.Device(self._index):
+        with self._lock, self._cp.cuda.Device(self._index), self._stream:
             dev.set(arr, stream=self._stream)  # same buffer: a captured CUDA graph stays valid
+            self._run_prologue()  # values derived from params, in their same buffers too
             self._stream.synchronize()
 
     def report_notes(self) -> list[str]:
-        """What the compile report says about this executable (TF32, CUDA graphs)."""
-        notes = list(self._notes)
-        if self._use_graphs and self._graph_exec is None:
-            notes.append("CUDA graphs on: the second run captures the graph, later runs replay it")
-        return notes
+        """What the compile report says about this executable (TF32, CUDA graphs, prologue)."""
+        return list(self._notes)
 
     @property
     def uses_cuda_graph(self) -> bool:

@@ -23,11 +23,13 @@ from rlx_core.ops import ELEMENTWISE_OPS, OpKind, slice_index
 from rlx_core.passes.internal_ops import ACTIVATION_OPS, make_instruction
 
 from . import nn_source as nn
+from .blas import GEMM_DTYPES, GemmCall, plan_gemm
 from .codegen import ElementwiseSource, elementwise_source, single_op_program, used_inputs
 
 __all__ = ["KernelCache", "Step", "BuildContext", "build_steps"]
 
 Slots = list[Any]
+Product = Callable[[Any, Any, Any], None]  # (a, b, out) device arrays
 
 
 
@@ -115,25 +117,56 @@ def _elementwise(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], 
     return [Step(node.name or str(node.op), lambda s: kern(*[s[i] for i in used], s[out]))]
 
 
-def _matmul_call(ctx: BuildContext, dtype: str) -> Callable[[Any, Any, Any], None]:
+def _c_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Element strides of a C-contiguous array of ``shape``."""
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(out))
+
+
+def _product(ctx: BuildContext, dtype: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...],
+             out_shape: tuple[int, ...], b_strides: tuple[int, ...] | None = None) -> Product:  # fmt: skip
+    """``matmul(a, b) -> out`` planned once (``blas.py``): a direct cuBLAS call on the
+    current stream, allocation-free (capturable); integer products use ``cupy.matmul``.
+    ``b_strides`` describes a strided view of b (attention's k transposed)."""
     cp = ctx.cp
-    if not (ctx.tf32 and dtype == "float32"):
+    if dtype not in GEMM_DTYPES:
         return lambda a, b, o: cp.matmul(a, b, out=o)
-    from cupy._core import _routines_linalg as linalg  # CuPy's compute-type switch (process-wide)
+    a2 = (1, *a_shape) if len(a_shape) == 1 else tuple(a_shape)
+    b2 = (*b_shape, 1) if len(b_shape) == 1 else tuple(b_shape)
+    # The output's batch may be wider than both operands' (attention: v brings it); an
+    # operand missing a batch dim is read with batch stride 0.
+    batch = tuple(out_shape[:-2]) if len(a_shape) > 1 and len(b_shape) > 1 else np.broadcast_shapes(a2[:-2], b2[:-2])
+    o2 = (*batch, a2[-2], b2[-1])
+    bs = b_strides if b_strides is not None and len(b_shape) > 1 else _c_strides(b2)
+    plan = plan_gemm(a2, _c_strides(a2), b2, bs, o2)
+    call = GemmCall(cp, plan, dtype, tf32=ctx.tf32)
+    fix_a = _contiguous_operand(ctx, plan.copy_a, dtype)
+    fix_b = _contiguous_operand(ctx, plan.copy_b, dtype)
+    if (a2, b2, o2) == (tuple(a_shape), tuple(b_shape), tuple(out_shape)) and fix_a is None and fix_b is None:
+        return call
+    fa = fix_a or (lambda a: a)
+    fb = fix_b or (lambda b: b)
+    return lambda a, b, o: call(fa(a.reshape(a2)), fb(b.reshape(b2) if len(b_shape) == 1 else b), o.reshape(o2))
 
-    def tf32(a: Any, b: Any, o: Any) -> None:
-        old = linalg.get_compute_type(np.float32)
-        linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
-        try:
-            cp.matmul(a, b, out=o)
-        finally:
-            linalg.set_compute_type(np.float32, old)
 
-    return tf32
+def _contiguous_operand(ctx: BuildContext, shape: tuple[int, ...] | None, dtype: str) -> Callable[[Any], Any] | None:
+    """A copy into a workspace of ``shape`` for an operand cuBLAS cannot read in place."""
+    if shape is None:
+        return None
+    cp, ws = ctx.cp, ctx.workspace(shape, np.dtype(dtype))
+
+    def copy(x: Any) -> Any:
+        cp.copyto(ws, cp.broadcast_to(x, shape))
+        return ws
+
+    return copy
 
 
 def _gemm(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext) -> list[Step]:
-    mm = _matmul_call(ctx, node.dtype)
+    mm = _product(ctx, node.dtype, ins[0].shape, ins[1].shape, node.shape)
     steps = [Step(f"{node.name or 'gemm'}:matmul", lambda s: mm(s[ids[0]], s[ids[1]], s[out]))]
     program: list[tuple] = []
     operands = [node]
@@ -258,7 +291,8 @@ def _conv2d(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: 
     if math.prod(node.shape) == 0:
         return []
     og, k, p = o // groups, cg * kh * kw, oh * ow
-    mm = _matmul_call(ctx, node.dtype)
+    wshape, oshape = (groups, og, k), (n, groups, og, p)
+    mm = _product(ctx, node.dtype, wshape, (n, groups, k, p), oshape)
     steps: list[Step] = []
     pointwise = (kh, kw) == (1, 1) and a["stride"] == (1, 1) and a["padding"] == (0, 0, 0, 0)
     if pointwise:
@@ -271,7 +305,6 @@ def _conv2d(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: 
         steps.append(Step(f"{node.name or 'conv2d'}:im2col", lambda s: im2col(s[ids[0]], buf)))
         cols = lambda s: buf
     wid = ids[1]
-    wshape, oshape = (groups, og, k), (n, groups, og, p)
     gemm = lambda s: mm(s[wid].reshape(wshape), cols(s), s[out].reshape(oshape))
     steps.append(Step(f"{node.name or 'conv2d'}:gemm", gemm))
     if len(ins) == 3:
@@ -288,10 +321,17 @@ def _attention(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ct
         return []
     dtype = np.dtype(node.dtype)
     scores = ctx.workspace(scores_shape, dtype)
-    mm = _matmul_call(ctx, node.dtype)
     cp = ctx.cp
     qid, kid = ids[0], ids[1]
-    steps = [Step(f"{node.name or 'attention'}:scores", lambda s: mm(s[qid], cp.swapaxes(s[kid], -1, -2), scores))]
+    # The scores carry the output's batch dims, which q and k may both lack (v brings
+    # them): the planned product reads them with batch stride 0.
+    kt_shape = (*k_node.shape[:-2], k_node.shape[-1], k_node.shape[-2])
+    kt_strides = _c_strides(k_node.shape)
+    kt_strides = (*kt_strides[:-2], kt_strides[-1], kt_strides[-2])  # k transposed: a view, read as op T
+    mm_scores = _product(ctx, node.dtype, q.shape, kt_shape, scores_shape, b_strides=kt_strides)
+    mm_values = _product(ctx, node.dtype, scores_shape, ins[2].shape, node.shape)
+    steps = [Step(f"{node.name or 'attention'}:scores",
+                  lambda s: mm_scores(s[qid], cp.swapaxes(s[kid], -1, -2), scores))]  # fmt: skip
     mode = "none"
     mask: Any = None
     if len(ins) == 4:
@@ -313,7 +353,7 @@ def _attention(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ct
         steps.append(Step("softmax", lambda s: kern(grid, block, (scores, scores, scores, *args))))
     else:
         steps.append(Step("softmax", lambda s: kern(grid, block, (scores, mask(s), scores, *args))))
-    steps.append(Step(f"{node.name or 'attention'}:values", lambda s: mm(scores, s[ids[2]], s[out])))
+    steps.append(Step(f"{node.name or 'attention'}:values", lambda s: mm_values(scores, s[ids[2]], s[out])))
     return steps
 
 
@@ -325,7 +365,7 @@ def build_steps(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], c
     if op is OpKind.FUSED_ELEMENTWISE:
         return _elementwise(node, ins, out, ids, ctx, node.attrs["program"])
     if op is OpKind.MATMUL:
-        mm = _matmul_call(ctx, node.dtype)
+        mm = _product(ctx, node.dtype, ins[0].shape, ins[1].shape, node.shape)
         return [Step(node.name or "matmul", lambda s: mm(s[ids[0]], s[ids[1]], s[out]))]
     if op is OpKind.GEMM:
         return _gemm(node, ins, out, ids, ctx)

@@ -89,8 +89,9 @@ def gather_source(dtype: str, index_dtype: str, n_axis: int, n_idx: int, inner: 
         f"else {{ out = x[(outer * {n_axis}LL + k) * {inner}LL + inner_i]; }}"
     )
     name = _name("rlx_gather", dtype, index_dtype, body)
-    in_params = f"raw {PARAM_TYPE[dtype]} x, raw {PARAM_TYPE[index_dtype]} idx, raw int32 rlx_err"
-    return IndexedSource(in_params, f"{PARAM_TYPE[dtype]} out", body, name)
+    in_params = f"raw {PARAM_TYPE[dtype]} x, raw {PARAM_TYPE[index_dtype]} idx"
+    # The flag is a raw output (CuPy declares raw inputs const); the call is kern(x, idx, flag, out).
+    return IndexedSource(in_params, f"raw int32 rlx_err, {PARAM_TYPE[dtype]} out", body, name)
 
 
 def _decompose_nchw(oh: int, ow: int) -> str:

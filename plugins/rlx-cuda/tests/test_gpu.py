@@ -87,7 +87,8 @@ def test_models_match_the_reference(gpu_backend, build, graphs):
     inputs = _inputs(g)
     for _ in range(3):  # eager, capture, replay
         _same(g, cg.run(inputs), inputs)
-    assert cg._exe.uses_cuda_graph == graphs or not graphs, cg.report().notes
+    assert cg._exe.uses_cuda_graph == graphs, cg.report().notes  # captured at compile, said in the report
+    assert any(("CUDA graph captured" if graphs else "CUDA graphs off") in n for n in cg.report().notes)
 
 
 def test_set_param_and_concurrent_runs(gpu_backend):
@@ -114,6 +115,23 @@ def test_set_param_and_concurrent_runs(gpu_backend):
         t.join()
     for x, out in results:
         assert mismatch("float32", out[0], evaluate(g, x, params={"w1": new})[0], terms=256) is None
+
+
+def test_values_of_params_are_computed_once_and_follow_set_param(gpu_backend):
+    rng = np.random.default_rng(5)
+    g = rlx_core.Graph("transposed_weight")
+    x = g.input("x", (8, 16))
+    w = g.param("w", rng.standard_normal((4, 16), dtype=np.float32))  # nn.Linear's (out, in) layout
+    g.set_outputs([g.relu(g.matmul(x, g.transpose(w, (1, 0))))])
+    cg = rlx_core.compile(g, device="cuda")
+    assert any("params only" in n for n in cg.report().notes), cg.report().notes
+    assert cg._exe.uses_cuda_graph, cg.report().notes
+    inputs = _inputs(g)
+    _same(g, cg.run(inputs), inputs)
+    new = rng.standard_normal((4, 16), dtype=np.float32)
+    cg.set_param("w", new)
+    got = cg.run(inputs)
+    assert mismatch("float32", got[0], evaluate(g, inputs, params={"w": new})[0], terms=16) is None
 
 
 def test_dlpack_out_and_device_inputs(gpu_backend):

@@ -203,6 +203,22 @@ def test_cost_model_from_properties(monkeypatch):
     assert fp32_lanes_per_sm("8.0") == 64 and fp32_lanes_per_sm("8.6") == 128
 
 
+def test_probe_answer_prices_the_gpu_in_the_parent(monkeypatch):
+    """The core probes in a child process; the parent's backend rebuilds the device from
+    the answer (``Backend.probed``) instead of pricing an unknown GPU."""
+    monkeypatch.setattr(probing, "import_cupy", lambda: fake_cupy())
+    answer = CudaBackend().probe()  # as the child computes it
+    parent = CudaBackend()
+    assert "not probed" in parent.default_cost_model().source
+    parent.probed(answer)
+    model = parent.default_cost_model()
+    assert "NVIDIA H100" in model.source and 45_000 < model.sgemm_gflops < 55_000
+    other = CudaBackend()
+    other.probed(rlx_core.Availability(False, "no driver"))
+    other.probed(rlx_core.Availability(True, versions={"device": "GPU", "sm_count": "many"}))
+    assert "not probed" in other.default_cost_model().source  # unusable answers change nothing
+
+
 def test_compile_options_extra():
     assert parse_extra({}) == {"tf32": False, "cuda_graphs": "auto", "warmup": True}
     assert parse_extra({"tf32": True, "cuda_graphs": False})["tf32"] is True

@@ -156,6 +156,13 @@ class XlaBackend(Backend):
         return Availability(True, reason, devices=[f"{self.name}:{i}" for i in range(len(devices))],
                             versions=versions)  # fmt: skip
 
+    def probed(self, answer: Availability) -> None:
+        """The platform JAX started in the probe's child process, for ``claims`` and the
+        default cost model here (a GPU host is not priced as a cpu)."""
+        platform = answer.versions.get("platform") if answer.available else None
+        if platform:
+            self._probed_platform = platform
+
     def _why_no_devices(self, jax: Any, exc: BaseException) -> str:
         here = ", ".join(_platforms_here(jax)) or "none"
         if self.platform is None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlx_core import Graph, OpKind
+from rlx_core import Availability, Graph, OpKind
 from rlx_core.testing import BoundCheck, parametrize_checks
 from rlx_jax_tpu import JaxBackend, TpuBackend, rlx_backends
 from rlx_jax_tpu.backend import guess_default_platform
@@ -71,9 +71,11 @@ def test_listing_the_backends_does_not_import_jax_and_probing_respects_jax_platf
 def test_tpu_is_unavailable_here_and_says_which_platforms_jax_has() -> None:
     answer = TpuBackend().probe()
     assert not answer.available
-    here = sorted({d.platform for d in jax.devices()})
     assert "JAX sees no TPU" in answer.reason
-    assert f"JAX platforms here: {', '.join(here)}" in answer.reason
+    listed = answer.reason.split("JAX platforms here: ")[1].split(" (")[0].split(", ")
+    assert "cpu" in listed and "tpu" not in listed
+    for d in jax.devices():  # the default platform is named as a backend ("gpu" devices: "cuda" or "rocm")
+        assert d.platform in listed or (d.platform == "gpu" and {"cuda", "rocm"} & set(listed)), listed
     assert "JAX_PLATFORMS" in answer.reason
     assert answer.versions["jax"] == jax.__version__
 
@@ -119,7 +121,18 @@ def test_default_cost_models_differ_per_platform(monkeypatch: pytest.MonkeyPatch
     assert tpu.device == "tpu" and host.device == "jax"
     assert not tpu.calibrated and not host.calibrated
     assert tpu.sgemm_gflops > host.sgemm_gflops
-    assert f"JAX on {JaxBackend().target_platform()}" in host.source
+    assert f"JAX on {JaxBackend().target_platform() or 'cpu'}" in host.source
+
+
+def test_the_probe_answer_from_the_child_sets_the_platform_here() -> None:
+    """The core probes in a child process and hands the answer back (``Backend.probed``):
+    a GPU host's jax device must not be priced with the cpu defaults."""
+    backend = JaxBackend()
+    backend.probed(Availability(True, "platform gpu", devices=["jax:0"], versions={"platform": "gpu"}))
+    assert backend.target_platform() == "gpu"
+    assert "JAX on gpu" in backend.default_cost_model().source
+    backend.probed(Availability(False, "no platform"))  # an unavailable answer changes nothing
+    assert backend.target_platform() == "gpu"
 
 
 def test_calibrate_measures_through_the_executable_and_is_cached(monkeypatch: pytest.MonkeyPatch,
