@@ -193,6 +193,28 @@ def test_elementwise_chain_becomes_one_region_with_broadcast_inputs():
     same(g, h, {"x": RNG.standard_normal((4, 6)).astype(np.float32), "b": RNG.standard_normal(6).astype(np.float32)})
 
 
+def test_scalar_constants_do_not_count_against_the_input_limit():
+    """An exporter's chain of 15 ops on 15 distinct scalar constants is one region (one
+    memory pass), not one per 8 inputs; tensor inputs still split regions."""
+    g = rlx.Graph()
+    x = g.input("x", (4, 6))
+    y = x
+    for k in range(15):
+        y = g.mul(y, 1.0 + k / 16) if k % 2 else g.add(y, float(k))
+    g.set_outputs([y])
+    h, _ = fuse_elementwise(g, claim_all, max_ops=32, max_inputs=4)  # 16 inputs: 1 tensor, 15 scalars
+    assert ops_of(h) == ["fused_elementwise"]
+    same(g, h, {"x": RNG.standard_normal((4, 6)).astype(np.float32)})
+    t = rlx.Graph()
+    x = t.input("x", (4, 6))
+    y = x
+    for k in range(5):  # x and five tensor inputs: over a limit of 4
+        y = t.add(y, t.input(f"b{k}", (4, 6)))
+    t.set_outputs([y])
+    h, _ = fuse_elementwise(t, claim_all, max_ops=32, max_inputs=4)
+    assert ops_of(h).count("fused_elementwise") >= 2
+
+
 def test_regions_respect_limits_and_shared_values():
     g = chain(9)
     h, _ = fuse_elementwise(g, claim_all, max_ops=4, max_inputs=8)

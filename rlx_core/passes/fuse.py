@@ -15,7 +15,7 @@ region, so no value computed inside is needed outside and the region can be eval
 in one sweep over the output. Members all have the root's shape: smaller operands (a
 bias row, a scalar) enter as broadcast inputs instead, so a backend can split the work
 into blocks of the output. Regions grow backwards from the root, in reverse order of the
-graph, within ``max_ops`` instructions and ``max_inputs`` distinct inputs.
+graph, within ``max_ops`` instructions and ``max_inputs`` distinct inputs (scalar constants free).
 """
 
 from __future__ import annotations
@@ -110,6 +110,16 @@ def _fusable(node: Node) -> bool:
     return node.op in ELEMENTWISE_OPS and node.size > 0
 
 
+#: Scalar constants (an exporter's 0.5, 1.0, sqrt(2)...) cost a region nothing to read,
+#: so they do not count against ``max_inputs``; this bounds them all the same.
+_SCALAR_SLACK = 4
+
+
+def _input_count(graph: Graph, inputs: dict[int, None]) -> int:
+    """A region's inputs as ``max_inputs`` counts them: scalar constants are free."""
+    return sum(1 for i in inputs if not (graph.node(i).op is OpKind.CONSTANT and graph.node(i).size == 1))
+
+
 def _grow(graph: Graph, root: Node, uses: list[int], taken: set[int], outputs: frozenset[int], max_ops: int,
           max_inputs: int) -> list[int]:  # fmt: skip
     """Members of the region rooted at ``root`` (ids, ascending)."""
@@ -136,7 +146,7 @@ def _grow(graph: Graph, root: Node, uses: list[int], taken: set[int], outputs: f
         ext = dict(external)
         ext.pop(pid, None)
         ext.update(dict.fromkeys(i for i in p.inputs if i not in members))
-        if len(ext) > max_inputs:
+        if _input_count(graph, ext) > max_inputs or len(ext) > _SCALAR_SLACK * max_inputs:
             continue
         members.add(pid)
         external = ext

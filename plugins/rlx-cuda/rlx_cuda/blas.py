@@ -7,7 +7,8 @@ work is done here once: each operand becomes a cuBLAS operation (``N`` for a row
 matrix, ``T`` for a transposed view, so a transposed weight needs no copy), a leading
 dimension and one batch stride (0 when the operand is broadcast over the batch); the
 run-time call is a single ``cublasGemmEx`` / ``cublasGemmStridedBatchedEx`` on the
-current stream, with the pointers read from the value slots at that moment.
+executable's own cuBLAS handle (``cublas.py``), with the pointers read from the value
+slots at that moment.
 
 Row-major ``C = A @ B`` is issued as column-major ``C^T = B^T @ A^T`` (cuBLAS is
 column-major), which reads every row-major buffer in place.
@@ -123,15 +124,14 @@ def element_strides(arr: Any) -> tuple[int, ...]:
 
 
 class GemmCall:
-    """One planned product on cuBLAS: ``call(a, b, out)`` with device arrays whose shapes
-    and strides are the planned ones (only their pointers may change between calls)."""
+    """One planned product on a ``cublas.Blas``: ``call(a, b, out)`` with device arrays
+    whose shapes and strides are the planned ones (only their pointers may change)."""
 
-    def __init__(self, cp: Any, plan: GemmPlan, dtype: str, tf32: bool = False) -> None:
+    def __init__(self, blas: Any, plan: GemmPlan, dtype: str, tf32: bool = False) -> None:
         from cupy_backends.cuda.api import runtime
         from cupy_backends.cuda.libs import cublas
 
-        self._cublas = cublas
-        self._handle_of = cp.cuda.device.get_cublas_handle
+        self._blas = blas
         self.plan = plan
         if dtype == "float64":
             self._type, compute, coef = runtime.CUDA_R_64F, cublas.CUBLAS_COMPUTE_64F, np.float64
@@ -145,26 +145,21 @@ class GemmCall:
         self._algo = cublas.CUBLAS_GEMM_DEFAULT
         self._one = np.ones(1, dtype=coef)  # host scalars (pointer mode host), kept alive here
         self._zero = np.zeros(1, dtype=coef)
-        self._itemsize = np.dtype(dtype).itemsize
 
     def __call__(self, a: Any, b: Any, out: Any) -> None:
         p, la, lb = self.plan, self.plan.a, self.plan.b
         assert la is not None and lb is not None
-        handle = self._handle_of()
         if p.m == 0 or p.n == 0:
             return
         if p.k == 0:
             out.fill(0)
             return
+        one, zero, t = self._one.ctypes.data, self._zero.ctypes.data, self._type
         # Column-major C^T (n x m) = B^T (n x k) @ A^T (k x m): B comes first.
         if p.batch == 1:
-            self._cublas.gemmEx(handle, lb.op, la.op, p.n, p.m, p.k, self._one.ctypes.data,
-                                b.data.ptr, self._type, lb.ld, a.data.ptr, self._type, la.ld,
-                                self._zero.ctypes.data, out.data.ptr, self._type, p.n, self._compute,
-                                self._algo)  # fmt: skip
+            self._blas.gemm_ex(lb.op, la.op, p.n, p.m, p.k, one, b.data.ptr, t, lb.ld, a.data.ptr, t, la.ld, zero,
+                               out.data.ptr, t, p.n, self._compute, self._algo)  # fmt: skip
         else:
-            self._cublas.gemmStridedBatchedEx(
-                handle, lb.op, la.op, p.n, p.m, p.k, self._one.ctypes.data,
-                b.data.ptr, self._type, lb.ld, lb.batch_stride, a.data.ptr, self._type, la.ld, la.batch_stride,
-                self._zero.ctypes.data, out.data.ptr, self._type, p.n, p.m * p.n, p.batch, self._compute,
-                self._algo)  # fmt: skip
+            self._blas.gemm_strided_batched_ex(
+                lb.op, la.op, p.n, p.m, p.k, one, b.data.ptr, t, lb.ld, lb.batch_stride, a.data.ptr, t, la.ld,
+                la.batch_stride, zero, out.data.ptr, t, p.n, p.m * p.n, p.batch, self._compute, self._algo)

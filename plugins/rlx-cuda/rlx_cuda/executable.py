@@ -34,6 +34,10 @@ __all__ = ["CudaExecutable", "parse_extra"]
 
 log = logging.getLogger("rlx_cuda")
 
+#: For the graphs-or-not choice: a device-to-device copy's rate (a conservative HBM
+#: figure) and what one launch from Python costs; a replay saves the latter per step.
+COPY_BYTES_PER_S = 1.5e12
+LAUNCH_SECONDS = 10e-6
 _FLAG_MESSAGES = {1: "integer division by zero", 2: "a gather index is out of range"}
 
 
@@ -108,7 +112,8 @@ class CudaExecutable(rlx_core.Executable):
             buffers = {k: cp.empty(max(int(b), 1), dtype=np.uint8) for k, b in enumerate(plan.buffer_bytes)}
         self._params: dict[str, Any] = {}
         self._inputs: list[tuple[str, int, Any]] = []  # (name, slot, pinned host staging)
-        ctx = BuildContext(cp, self._cache, tf32=self._tf32)
+        ctx = BuildContext(cp, self._cache, tf32=self._tf32, stream_ptr=self._stream.ptr,
+                           cc_major=int(cp.cuda.Device(self._index).compute_capability) // 10)  # fmt: skip
         steps: list[Step] = []
         prologue: list[Step] = []  # nodes computed from params and constants only
         static: set[int] = set()
@@ -148,6 +153,10 @@ class CudaExecutable(rlx_core.Executable):
         self._prologue = prologue
         self._slots = slots
         self._outputs = [(i, _pinned(cp, nodes[i].shape, np.dtype(nodes[i].dtype))) for i in g.outputs]
+        # Outputs a step writes (not inputs, params or views): run_dlpack can hand each
+        # run a new buffer instead of copying out of the executable's own.
+        self._fresh_outputs = sorted({i for i in g.outputs if nodes[i].op not in SOURCE_OPS
+                                      and nodes[i].op is not OpKind.RESHAPE and i not in static})  # fmt: skip
         if prologue:
             self._notes.append(f"{len(prologue)} step(s) computed from params only run at compile and after "
                                "set_param, not per run")  # fmt: skip
@@ -175,7 +184,19 @@ class CudaExecutable(rlx_core.Executable):
         if allocating:
             self._notes.append(f"CUDA graphs off: step {allocating[0]!r} allocates memory while it runs")
             return False
+        blas = self._ctx._blas
+        if blas is not None and not blas.capturable:
+            self._notes.append(f"CUDA graphs off: {blas.why_not}")
+            return False
         if not self._steps:
+            return False
+        # A replayed graph reads and writes fixed buffers: inputs are copied in, outputs
+        # out. For big tensors those copies cost more than the launches a graph saves.
+        io = sum(self._slots[slot].nbytes for _, slot, _ in self._inputs) + sum(
+            self._slots[i].nbytes for i, _ in self._outputs)
+        if wanted == "auto" and 2 * io / COPY_BYTES_PER_S > len(self._steps) * LAUNCH_SECONDS:
+            self._notes.append(f"CUDA graphs off: copying {io / 2**20:.0f} MiB of inputs and outputs through the "
+                               f"graph's buffers would cost more than the {len(self._steps)} launch(es) it saves")
             return False
         return True
 
@@ -215,10 +236,11 @@ class CudaExecutable(rlx_core.Executable):
                                "launched on its own")  # fmt: skip
             log.info("rlx-cuda: CUDA graph capture failed for %r: %s", self._graph.name, exc)
 
-    def _execute(self, inputs: Mapping[str, Any], bound: list[tuple[int, Any]]) -> None:
+    def _execute(self, inputs: Mapping[str, Any], bound: list[tuple[int, Any]], fresh: bool = False) -> bool:
         """Upload, compute; the caller holds the lock, the device and the stream, and puts
-        back the buffers of the inputs bound without a copy (``bound``) once it has read
-        the outputs."""
+        back the buffers swapped for this run (``bound``: inputs bound without a copy,
+        outputs written to new buffers when ``fresh``) once it has read the outputs.
+        Returns whether the outputs are in new buffers (eager runs only)."""
         cp, stream = self._cp, self._stream
         for name, slot, pinned in self._inputs:
             value = inputs[name]
@@ -239,16 +261,19 @@ class CudaExecutable(rlx_core.Executable):
                     rt.memcpyAsync(dev.data.ptr, arr.data.ptr, dev.nbytes, rt.memcpyDefault, stream.ptr)
                 else:
                     cp.copyto(dev, arr)  # on the device: no host round trip
-        if self._use_graphs and self._runs >= 1:
+        self._runs += 1
+        if self._use_graphs and self._runs >= 2:
             if self._graph_exec is None:
                 self._capture()
             if self._graph_exec is not None:
                 self._graph_exec.launch(stream)
-            else:
-                self._launch_eager()
-        else:
-            self._launch_eager()
-        self._runs += 1
+                return False
+        if fresh:
+            for i in self._fresh_outputs:
+                bound.append((i, self._slots[i]))
+                self._slots[i] = cp.empty_like(self._slots[i])
+        self._launch_eager()
+        return fresh
 
     def _restore(self, bound: list[tuple[int, Any]]) -> None:
         for slot, dev in bound:
@@ -285,8 +310,9 @@ class CudaExecutable(rlx_core.Executable):
         bound: list[tuple[int, Any]] = []
         with self._lock, cp.cuda.Device(self._index), self._stream:
             try:
-                self._execute(inputs, bound)
-                outs = [self._slots[i].copy() for i, _ in self._outputs]
+                fresh = self._execute(inputs, bound, fresh=True)
+                new = set(self._fresh_outputs) if fresh else set()
+                outs = [self._slots[i] if i in new else self._slots[i].copy() for i, _ in self._outputs]
                 self._stream.synchronize()
             finally:
                 self._restore(bound)

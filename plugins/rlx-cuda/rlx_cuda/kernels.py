@@ -25,6 +25,7 @@ from rlx_core.passes.internal_ops import ACTIVATION_OPS, make_instruction
 from . import nn_source as nn
 from .blas import GEMM_DTYPES, GemmCall, plan_gemm
 from .codegen import ElementwiseSource, elementwise_source, single_op_program, used_inputs
+from .cublas import Blas, open_blas, workspace_bytes
 
 __all__ = ["KernelCache", "Step", "BuildContext", "build_steps"]
 
@@ -87,9 +88,19 @@ class BuildContext:
     cp: Any
     cache: KernelCache
     tf32: bool = False
+    stream_ptr: int = 0  # the executable's stream, which its cuBLAS handle is bound to
+    cc_major: int = 0
     workspaces: list[Any] = field(default_factory=list)
     flag_nodes: list[Node] = field(default_factory=list)
     flags: Any = None  # the device int32 array, sized once every step is built
+    _blas: Blas | None = None
+
+    def blas(self) -> Blas:
+        """The executable's cuBLAS handle (opened on first use, with its own workspace)."""
+        if self._blas is None:
+            ws = self.workspace((workspace_bytes(self.cc_major),), np.uint8)
+            self._blas = open_blas(self.cp, self.stream_ptr, ws)
+        return self._blas
 
     def workspace(self, shape: tuple[int, ...], dtype: Any) -> Any:
         buf = self.cp.empty(shape, dtype=dtype)
@@ -142,7 +153,7 @@ def _product(ctx: BuildContext, dtype: str, a_shape: tuple[int, ...], b_shape: t
     o2 = (*batch, a2[-2], b2[-1])
     bs = b_strides if b_strides is not None and len(b_shape) > 1 else _c_strides(b2)
     plan = plan_gemm(a2, _c_strides(a2), b2, bs, o2)
-    call = GemmCall(cp, plan, dtype, tf32=ctx.tf32)
+    call = GemmCall(ctx.blas(), plan, dtype, tf32=ctx.tf32)
     fix_a = _contiguous_operand(ctx, plan.copy_a, dtype)
     fix_b = _contiguous_operand(ctx, plan.copy_b, dtype)
     if (a2, b2, o2) == (tuple(a_shape), tuple(b_shape), tuple(out_shape)) and fix_a is None and fix_b is None:

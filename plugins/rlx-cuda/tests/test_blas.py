@@ -86,3 +86,41 @@ def test_layouts():
     assert layout((2, 1, 5, 3), (15, 15, 3, 1), (2, 3)) is None  # half broadcast: no single stride
     plan = plan_gemm((2, 1, 5, 3), (15, 15, 3, 1), (1, 3, 3, 4), (36, 12, 4, 1), (2, 3, 5, 4))
     assert plan.copy_a == (2, 3, 5, 3) and plan.copy_b == (2, 3, 3, 4) and plan.batch == 6
+
+
+class _FakeCublas:
+    """Records the calls a handle makes; ``fail`` names the call that returns an error."""
+
+    def __init__(self, fail: str = "") -> None:
+        self.calls: list[str] = []
+        self.fail = fail
+
+    def __getattr__(self, name: str):
+        def call(*args):
+            self.calls.append(name)
+            return 7 if name == self.fail else 0
+
+        return call
+
+
+class _Workspace:
+    nbytes = 1 << 20
+    data = type("Ptr", (), {"ptr": 4096})()
+
+
+def test_owned_handle_binds_stream_and_workspace_and_is_destroyed():
+    import gc
+
+    from rlx_cuda.cublas import CtypesBlas, workspace_bytes
+
+    lib = _FakeCublas()
+    blas = CtypesBlas(lib, 1234, _Workspace())
+    assert lib.calls == ["cublasCreate_v2", "cublasSetStream_v2", "cublasSetWorkspace_v2"] and blas.capturable
+    blas.gemm_ex(0, 0, 1, 1, 1)
+    assert lib.calls[-1] == "cublasGemmEx"
+    del blas
+    gc.collect()
+    assert lib.calls[-1] == "cublasDestroy_v2"
+    with pytest.raises(RuntimeError, match="cublasSetWorkspace_v2 failed with cuBLAS status 7"):
+        CtypesBlas(_FakeCublas("cublasSetWorkspace_v2"), 1234, _Workspace())
+    assert workspace_bytes(9) == 32 << 20 and workspace_bytes(8) == 4 << 20
