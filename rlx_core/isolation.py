@@ -44,9 +44,11 @@ from .errors import ConfigError
 
 __all__ = ["ISOLATION_ENV", "ChildTarget", "ChildOutcome", "isolation_enabled", "run_child", "describe_exit",
            "STARTUP_SECONDS", "ChildChannel", "child_env", "start_child", "finish_child", "read_messages",
-           "read_stderr"]  # fmt: skip
+           "read_stderr", "CHILD_ENV", "in_isolation_child"]  # fmt: skip
 
 ISOLATION_ENV = "RLX_ISOLATION"
+#: Set to "1" in the environment of every child (``in_isolation_child``).
+CHILD_ENV = "RLX_ISOLATION_CHILD"
 #: What a child may spend starting up (interpreter, numpy, the plugin's import) before the
 #: task's own timeout starts: a cold disk or a busy host can take seconds, and a probe's
 #: ``RLX_PROBE_TIMEOUT`` is about the probe, not about Python starting.
@@ -118,8 +120,16 @@ def child_env(environ: Mapping[str, str]) -> dict[str, str]:
     paths = [p for p in sys.path if isinstance(p, str) and p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env[ISOLATION_ENV] = "0"
+    env[CHILD_ENV] = "1"
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def in_isolation_child() -> bool:
+    """Whether this process is a probe/calibration child of rlx (``child_env``): a backend
+    may then skip what only a long-lived process wants (JAX reserving most of the GPU's
+    memory up front, which would starve the parent and the other children)."""
+    return os.environ.get(CHILD_ENV) == "1"
 
 
 def run_child(task: Mapping[str, Any], *, timeout: float, environ: Mapping[str, str] = os.environ,

@@ -281,3 +281,25 @@ def _compile_on(registry: Registry) -> None:
         rlx.compile(_add_graph(), device="fakecrash").run({"x": np.ones(2, np.float32)})
     finally:
         registry_module.set_default_registry(saved)
+
+
+def test_children_know_they_are_children() -> None:
+    """A backend's code can tell it runs in rlx's child (``in_isolation_child``): the
+    child's environment says so, with isolation off (no grandchildren)."""
+    from rlx_core.isolation import CHILD_ENV, ISOLATION_ENV, child_env, in_isolation_child
+
+    env = child_env({"RLX_PROBE_TIMEOUT": "3"})
+    assert env[CHILD_ENV] == "1" and env[ISOLATION_ENV] == "0" and env["RLX_PROBE_TIMEOUT"] == "3"
+    assert not in_isolation_child()  # the test process itself is no child
+
+
+def test_the_parent_backend_is_told_what_the_child_probe_found(fake_site) -> None:
+    """``Backend.probed``: what a probe learns in its child reaches the parent's backend
+    (the jax platform, a GPU's properties); an in-process probe needs no telling."""
+    from rlx_core.registry import Registry
+
+    isolated = Registry(entry_points=fake_site.entry_points("fakenp"), environ={"RLX_PROBE_TIMEOUT": "30"})
+    answer = isolated.availability("fakenp")
+    assert answer.available and isolated.info("fakenp").backend.told == answer
+    here = Registry(entry_points=fake_site.entry_points("fakenp"), environ={"RLX_ISOLATION": "0"})
+    assert here.availability("fakenp").available and not hasattr(here.info("fakenp").backend, "told")

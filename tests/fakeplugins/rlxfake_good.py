@@ -39,6 +39,9 @@ class FakeNumpyBackend(rlx_core.Backend):
         ok = bool(np.array_equal(np.add([1, 2], [3, 4]), [4, 6]))
         return rlx_core.Availability(ok, "" if ok else "numpy add is wrong", ["fakenp"], {"numpy": np.__version__})
 
+    def probed(self, answer: rlx_core.Availability) -> None:
+        self.told = answer  # what the parent learns of a probe run in a child
+
     def supported_ops(self) -> frozenset[str]:
         return frozenset({"add", "mul"})
 

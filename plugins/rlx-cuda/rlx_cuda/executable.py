@@ -236,12 +236,19 @@ class CudaExecutable(rlx_core.Executable):
                                "launched on its own")  # fmt: skip
             log.info("rlx-cuda: CUDA graph capture failed for %r: %s", self._graph.name, exc)
 
-    def _execute(self, inputs: Mapping[str, Any], bound: list[tuple[int, Any]], fresh: bool = False) -> bool:
+    def _execute(self, inputs: Mapping[str, Any], bound: list[tuple[int, Any]], caller: Any,
+                 fresh: bool = False) -> bool:  # fmt: skip
         """Upload, compute; the caller holds the lock, the device and the stream, and puts
         back the buffers swapped for this run (``bound``: inputs bound without a copy,
         outputs written to new buffers when ``fresh``) once it has read the outputs.
         Returns whether the outputs are in new buffers (eager runs only)."""
         cp, stream = self._cp, self._stream
+        if any(not isinstance(inputs[name], np.ndarray) for name, _, _ in self._inputs):
+            # A device input may still be being written on the caller's stream (CuPy's
+            # asarray, a torch kernel): this non-blocking stream waits for that work.
+            done = cp.cuda.Event(block=False, disable_timing=True)
+            done.record(caller)
+            stream.wait_event(done)
         for name, slot, pinned in self._inputs:
             value = inputs[name]
             dev = self._slots[slot]
@@ -293,9 +300,10 @@ class CudaExecutable(rlx_core.Executable):
     def run(self, inputs: Mapping[str, Any]) -> list[np.ndarray]:
         cp = self._cp
         bound: list[tuple[int, Any]] = []
+        caller = cp.cuda.get_current_stream()
         with self._lock, cp.cuda.Device(self._index), self._stream:
             try:
-                self._execute(inputs, bound)
+                self._execute(inputs, bound, caller)
                 for i, pinned in self._outputs:
                     self._slots[i].get(stream=self._stream, out=pinned)
                 self._stream.synchronize()
@@ -308,9 +316,10 @@ class CudaExecutable(rlx_core.Executable):
         """Run and leave the outputs on the GPU as new CuPy arrays (``__dlpack__``)."""
         cp = self._cp
         bound: list[tuple[int, Any]] = []
+        caller = cp.cuda.get_current_stream()
         with self._lock, cp.cuda.Device(self._index), self._stream:
             try:
-                fresh = self._execute(inputs, bound, fresh=True)
+                fresh = self._execute(inputs, bound, caller, fresh=True)
                 new = set(self._fresh_outputs) if fresh else set()
                 outs = [self._slots[i] if i in new else self._slots[i].copy() for i, _ in self._outputs]
                 self._stream.synchronize()

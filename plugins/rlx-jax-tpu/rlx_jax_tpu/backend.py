@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 import threading
 from typing import Any, ClassVar
 
@@ -51,6 +52,16 @@ def guess_default_platform() -> str | None:
     if importlib.util.find_spec("jax_plugins") is None and importlib.util.find_spec("libtpu") is None:
         return "cpu"
     return None
+
+
+def _no_preallocation_in_child() -> None:
+    """In rlx's probe/calibration child, JAX must not reserve 75% of the GPU's memory up
+    front (its default): the parent process and the other devices' children share that
+    GPU, and a second reservation fails. Never changed in the user's own process."""
+    from rlx_core.isolation import in_isolation_child
+
+    if in_isolation_child() and "jax" not in sys.modules:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 def _env_note() -> str:
@@ -134,6 +145,7 @@ class XlaBackend(Backend):
 
     # ------------------------------------------------------------------ contract
     def probe(self) -> Availability:
+        _no_preallocation_in_child()
         try:
             jax = importlib.import_module("jax")
         except ImportError as exc:
@@ -201,6 +213,10 @@ class XlaBackend(Backend):
                          dispatch_overhead_ns=200.0, roundtrip_overhead_ns=20_000.0, transfer_bw_gbps=0.0,
                          num_threads=threads,
                          source=f"rlx-jax-tpu defaults for JAX on {platform or 'cpu'}")  # fmt: skip
+
+    def calibrate(self, quick: bool = False) -> CostModel:
+        _no_preallocation_in_child()
+        return super().calibrate(quick=quick)
 
     def compile(self, graph: Graph, options: CompileOptions) -> Executable:
         from .executable import JaxExecutable

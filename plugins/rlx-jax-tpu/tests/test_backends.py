@@ -150,3 +150,19 @@ def test_calibrate_measures_through_the_executable_and_is_cached(monkeypatch: py
 @parametrize_checks(JaxBackend(), max_examples=4, seed=0)
 def test_conformance(check: BoundCheck) -> None:
     check()
+
+
+def test_probe_child_does_not_reserve_the_gpu() -> None:
+    """rlx's probe child starts JAX without its 75% up-front GPU reservation (the parent
+    and the other children share the GPU); the user's own process is never changed."""
+    code = textwrap.dedent("""
+        import os
+        from rlx_jax_tpu import backend
+        backend._no_preallocation_in_child()
+        print(os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}
+    here = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    child = subprocess.run([sys.executable, "-c", code], env={**env, "RLX_ISOLATION_CHILD": "1"},
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    assert here.stdout.strip() == "None" and child.stdout.strip() == "false"
