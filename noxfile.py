@@ -71,9 +71,15 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check over the whole tree (formatting is not enforced)."""
-    session.install("ruff")
+    """ruff check over the whole tree (formatting is not enforced), then import-linter:
+    backends import the plugin contract only (``[tool.importlinter]`` in pyproject.toml).
+    The packages are installed without their dependencies: import-linter reads source,
+    it imports nothing (no cupy, jax or pyopencl needed)."""
+    session.install("ruff", "import-linter>=2")
     session.run("ruff", "check", str(ROOT), *session.posargs)
+    editable = [arg for d in [ROOT, *plugin_dirs()] for arg in ("-e", str(d))]
+    session.install("--no-deps", *editable)
+    session.run("lint-imports", "--config", str(ROOT / "pyproject.toml"))
 
 
 @nox.session

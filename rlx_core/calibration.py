@@ -33,7 +33,8 @@ from .plugin import CompileOptions, Executable
 if TYPE_CHECKING:
     from .plugin import Backend
 
-__all__ = ["calibrate_backend", "cached_cost_model", "calibration_identity", "progress_sink", "CALIBRATION_SCHEMA"]
+__all__ = ["calibrate_backend", "cached_cost_model", "calibration_identity", "progress_sink", "CALIBRATION_SCHEMA",
+           "save_calibration"]
 
 CALIBRATION_SCHEMA = 3  # 2: per-op cost lines; 3: shaped gemm points, region costs, first-quartile times
 log = logging.getLogger(__name__)
@@ -73,6 +74,12 @@ def calibration_identity(backend: Backend) -> dict[str, str]:
         "plugin_version": str(getattr(module, "__version__", "unknown")),
         "versions": json.dumps(dict(versions), sort_keys=True),
     }
+
+
+def save_calibration(backend: Backend, model: CostModel) -> None:
+    """Cache ``model`` as ``backend``'s calibration on this host (a backend whose own
+    ``calibrate`` adds measurements to ``calibrate_backend``'s model stores it here)."""
+    _cache().put(backend.name, calibration_identity(backend), model.to_dict())
 
 
 def cached_cost_model(backend: Backend) -> CostModel | None:

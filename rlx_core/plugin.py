@@ -21,6 +21,27 @@ from .ops import OpKind
 if TYPE_CHECKING:
     from .ir import Graph, Node
 
+#: What backends build with, beyond the classes below: re-exported here (resolved on
+#: first use, so that importing the contract stays cheap and free of import circles),
+#: so that a plugin imports ``rlx_core``, ``rlx_core.plugin``, ``rlx_core.ir``,
+#: ``rlx_core.ops``, ``rlx_core.errors`` and ``rlx_core.testing`` only (import-linter
+#: holds every plugin to that in ``nox -s lint``).
+_KIT: dict[str, str] = {
+    # The fused elementwise program of ``fused_elementwise`` nodes (``passes/internal_ops``).
+    "Instruction": "rlx_core.passes.internal_ops",
+    "make_instruction": "rlx_core.passes.internal_ops",
+    "live_instructions": "rlx_core.passes.internal_ops",
+    "program_types": "rlx_core.passes.internal_ops",
+    "ACTIVATION_OPS": "rlx_core.passes.internal_ops",
+    # dtypes, caches, calibration, isolation.
+    "itemsize": "rlx_core.dtypes",
+    "JsonCache": "rlx_core.cache",
+    "cache_dir": "rlx_core.cache",
+    "calibrate_backend": "rlx_core.calibration",
+    "save_calibration": "rlx_core.calibration",
+    "in_isolation_child": "rlx_core.isolation",
+}
+
 __all__ = [
     "PLUGIN_API_VERSION",
     "ENTRY_POINT_GROUP",
@@ -31,6 +52,7 @@ __all__ = [
     "CompileOptions",
     "Executable",
     "Backend",
+    *sorted(_KIT),  # resolved by __getattr__ below
 ]
 
 #: Bumped only when the contract below changes incompatibly; a backend declaring another
@@ -189,3 +211,29 @@ class Backend:
 
 # Ops every backend supports without claiming them: the core feeds sources itself.
 SOURCE_OP_NAMES: frozenset[str] = frozenset({OpKind.INPUT.value, OpKind.PARAM.value, OpKind.CONSTANT.value})
+
+
+def __getattr__(name: str) -> Any:
+    """The backend kit (``_KIT``), imported on first use and then kept in this module."""
+    module = _KIT.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlx_core.plugin' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:  # the kit's real types, for type checkers (``X as X``: a re-export)
+    from .cache import JsonCache as JsonCache
+    from .cache import cache_dir as cache_dir
+    from .calibration import calibrate_backend as calibrate_backend
+    from .calibration import save_calibration as save_calibration
+    from .dtypes import itemsize as itemsize
+    from .isolation import in_isolation_child as in_isolation_child
+    from .passes.internal_ops import ACTIVATION_OPS as ACTIVATION_OPS
+    from .passes.internal_ops import Instruction as Instruction
+    from .passes.internal_ops import live_instructions as live_instructions
+    from .passes.internal_ops import make_instruction as make_instruction
+    from .passes.internal_ops import program_types as program_types

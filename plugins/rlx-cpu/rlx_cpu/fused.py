@@ -30,7 +30,7 @@ import numpy as np
 
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind
-from rlx_core.passes.internal_ops import ACTIVATION_OPS, Instruction, live_instructions, program_types
+from rlx_core.plugin import ACTIVATION_OPS, Instruction, live_instructions, program_types
 
 from .kernels import KERNELS, BuildContext, inplace_positions
 from .regions import region_steps

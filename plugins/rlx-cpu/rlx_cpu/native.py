@@ -45,8 +45,8 @@ import threading
 import warnings
 from pathlib import Path
 
-from rlx_core.cache import JsonCache
 from rlx_core.errors import CacheWarning
+from rlx_core.plugin import JsonCache
 
 __all__ = ["Native", "library", "reason", "describe", "wanted", "find_compiler", "kernel_dir", "SOURCE", "FLAGS"]
 

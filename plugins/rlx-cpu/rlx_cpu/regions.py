@@ -27,7 +27,7 @@ import numpy as np
 
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind
-from rlx_core.passes.internal_ops import Instruction, live_instructions
+from rlx_core.plugin import Instruction, live_instructions
 
 from .blas import VML_MODE, mkl
 from .ccall import address

@@ -91,8 +91,7 @@ class CudaBackend(rlx_core.Backend):
 
     def calibrate(self, quick: bool = False) -> rlx_core.CostModel:
         """The core's measurements (sgemm, bandwidth, launches) plus pinned host<->device copies."""
-        from rlx_core.cache import JsonCache
-        from rlx_core.calibration import CALIBRATION_SCHEMA, calibrate_backend, calibration_identity
+        from rlx_core.plugin import calibrate_backend, save_calibration
 
         from .costmodel import measure_transfer_gbps, with_transfer
 
@@ -100,7 +99,7 @@ class CudaBackend(rlx_core.Backend):
         model = calibrate_backend(self, quick=quick)
         cp = probing.import_cupy()
         model = with_transfer(model, measure_transfer_gbps(cp, 0, quick))
-        JsonCache("calibration", schema=CALIBRATION_SCHEMA).put(self.name, calibration_identity(self), model.to_dict())
+        save_calibration(self, model)
         return model
 
     # ------------------------------------------------------------------ compile

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlx_core.ops import OpKind
-from rlx_core.passes.internal_ops import Instruction, live_instructions, make_instruction, program_types
+from rlx_core.plugin import Instruction, live_instructions, make_instruction, program_types
 
 __all__ = [
     "CTYPE",

@@ -20,7 +20,7 @@ import numpy as np
 
 from rlx_core.ir import Node
 from rlx_core.ops import ELEMENTWISE_OPS, OpKind, slice_index
-from rlx_core.passes.internal_ops import ACTIVATION_OPS, make_instruction
+from rlx_core.plugin import ACTIVATION_OPS, make_instruction
 
 from . import nn_source as nn
 from .blas import GEMM_DTYPES, GemmCall, plan_gemm

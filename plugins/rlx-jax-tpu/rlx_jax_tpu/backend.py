@@ -58,7 +58,7 @@ def _no_preallocation_in_child() -> None:
     """In rlx's probe/calibration child, JAX must not reserve 75% of the GPU's memory up
     front (its default): the parent process and the other devices' children share that
     GPU, and a second reservation fails. Never changed in the user's own process."""
-    from rlx_core.isolation import in_isolation_child
+    from rlx_core.plugin import in_isolation_child
 
     if in_isolation_child() and "jax" not in sys.modules:
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.cache import cache_dir
 from rlx_core.errors import CacheWarning, ConfigError
 from rlx_core.ir import Graph
+from rlx_core.plugin import cache_dir
 
 __all__ = ["CompiledProgram", "ProgramCache", "PROGRAMS", "enable_persistent_cache", "graph_signature"]
 

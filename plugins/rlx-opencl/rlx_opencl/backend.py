@@ -14,9 +14,9 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 import rlx_core
-from rlx_core.cache import JsonCache
 from rlx_core.errors import DeviceError
 from rlx_core.ops import OpKind
+from rlx_core.plugin import JsonCache
 
 from . import runtime as rt
 from .codegen.common import MAX_INDEX

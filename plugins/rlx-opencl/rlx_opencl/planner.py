@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rlx_core.dtypes import itemsize
 from rlx_core.ir import Graph, Node
 from rlx_core.ops import ELEMENTWISE_OPS, SOURCE_OPS, OpKind
+from rlx_core.plugin import itemsize
 
 from .codegen.common import MAX_VECTOR_BITS, Kernel
 from .codegen.conv import conv2d_kernels, pool_kernel

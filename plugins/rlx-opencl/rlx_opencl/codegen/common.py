@@ -173,7 +173,7 @@ def header(uses_fp64: bool) -> str:
 
 def param_decl(dtype: str, name: str, *, const: bool, raw: bool = False) -> str:
     """A kernel parameter for a buffer of ``dtype`` (``raw``: unsigned bits of its size)."""
-    from rlx_core.dtypes import itemsize
+    from rlx_core.plugin import itemsize
 
     ctype = RAW[itemsize(dtype)] if raw else STORAGE[dtype]
     return f"__global {'const ' if const else ''}{ctype}* restrict {name}"

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from rlx_core.dtypes import itemsize
 from rlx_core.ir import Node
+from rlx_core.plugin import itemsize
 
 from .common import RAW, Arg, Kernel, coords, param_decl, strides
 
