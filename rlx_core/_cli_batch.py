@@ -54,7 +54,7 @@ def batch(
                                                     help="Ray workers (default: autoscale).")] = None,
 ) -> None:
     """Run a model over every row of a table; write its outputs, ids and each row's device."""
-    from .cli import _user_errors, console
+    from ._cli_common import _user_errors, console
 
     with _user_errors():
         if address is not None and not use_ray:

@@ -30,7 +30,7 @@ def calibrate(
     """Measure each device's cost model on this host and cache it."""
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from .cli import _seconds, _user_errors, console
+    from ._cli_common import _seconds, _user_errors, console
 
     with _user_errors():
         from . import available_devices, device_report
@@ -92,7 +92,7 @@ def _verify_table(devices: list[str], quick: bool) -> None:
     """``rlx calibrate --verify``: the suite's predicted vs measured times (rlx_core.verify)."""
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from .cli import _seconds, console
+    from ._cli_common import _seconds, console
     from .verify import verify_cost_models
 
     with Progress(TextColumn("{task.description}"), BarColumn(), console=console, transient=True) as progress:

@@ -17,15 +17,16 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from ._cli_batch import register as _register_batch  # its own module; imports nothing heavy
+from ._cli_calibrate import register as _register_calibrate
+from ._cli_common import _fail, _print_error, _seconds, _user_errors, console
 from .errors import ModelError, PluginWarning, RlxError
 
 if TYPE_CHECKING:
@@ -47,30 +48,6 @@ app = typer.Typer(
 )
 cache_app = typer.Typer(help="Inspect or clear the on-disk cache (calibrated cost models).", no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
-
-console = Console(highlight=False)
-
-
-# --------------------------------------------------------------------------- plumbing
-def _print_error(message: str) -> None:
-    line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    print(f"error: {line}", file=sys.stderr, flush=True)
-
-
-def _fail(message: str) -> NoReturn:
-    """Print one ``error:`` line on stderr and exit 2 (usage-level failure)."""
-    _print_error(message)
-    raise typer.Exit(2)
-
-
-@contextmanager
-def _user_errors() -> Iterator[None]:
-    """Turn any ``RlxError`` into ``_fail``; anything else is a bug and keeps its traceback."""
-    try:
-        yield
-    except RlxError as exc:
-        _fail(str(exc))
-
 
 def _example_text(name: str) -> str:
     from importlib.resources import files
@@ -150,16 +127,6 @@ def _make_inputs(graph: Graph, specs: Sequence[str], seed: int) -> tuple[dict[st
             notes.append(f"input {name}: random {arr.dtype}{list(arr.shape)} (seed {seed}; "
                          f"give --input {name}=FILE.npy to choose)")  # fmt: skip
     return feeds, notes
-
-
-def _seconds(s: float | None) -> str:
-    if s is None or not math.isfinite(s):
-        return "-"
-    if s < 1e-3:
-        return f"{s * 1e6:.1f} µs"
-    if s < 1.0:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s:.2f} s"
 
 
 def _jsonable(value: Any) -> Any:
@@ -550,10 +517,7 @@ def cache_clear_command() -> None:
         console.print(f"removed {removed} file{'s' if removed != 1 else ''} from {cache_dir()}")
 
 
-# --------------------------------------------------------------------------- batch
-from ._cli_batch import register as _register_batch  # noqa: E402  (its own module; imports nothing heavy)
-from ._cli_calibrate import register as _register_calibrate  # noqa: E402
-
+# --------------------------------------------------------------------------- calibrate, batch
 _register_calibrate(app)
 _register_batch(app)
 
