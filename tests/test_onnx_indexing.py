@@ -1,4 +1,4 @@
-"""Trilu, ArgMax/ArgMin, CumSum, GatherElements, Pad and Mod against onnxruntime.
+"""Trilu, ArgMax/ArgMin, CumSum, GatherElements, GatherND, Pad and Mod against onnxruntime.
 
 Each is a decomposition into existing IR ops (``rlx_core/onnx/_ops_indexing.py``), so the
 cases aim at what a decomposition gets wrong: ties and NaNs for ArgMax, negative and
@@ -220,6 +220,51 @@ def test_gather_elements_out_of_range_index() -> None:
         compiled.run(feeds)
     model, _ = one_node("GatherElements", {"data": f32(3, 2)}, {"index": np.array([[-4, 0]], np.int64)})
     with pytest.raises(ModelError, match="index -4 is out of range"):
+        rlx_onnx.load(model)
+
+
+# ---------------------------------------------------------------- GatherND
+GATHER_ND_CASES = {  # data shape, indices shape, batch_dims
+    "points": ((2, 3, 4), (5, 3), 0),
+    "rows": ((2, 3, 4), (5, 2), 0),
+    "slabs": ((2, 3, 4), (2, 2, 1), 0),
+    "batched": ((2, 3, 4), (2, 1), 1),
+    "batched-2-deep": ((2, 3, 4, 5), (2, 3, 2), 1),
+    "two-batch-dims": ((2, 3, 4), (2, 3, 1), 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GATHER_ND_CASES))
+@pytest.mark.parametrize("known", [False, True])
+def test_gather_nd_run_time_and_constant_indices_with_negatives(case: str, known: bool) -> None:
+    dshape, ishape, b = GATHER_ND_CASES[case]
+    k = ishape[-1]
+    cols = [RNG.integers(-dshape[b + j], dshape[b + j], size=ishape[:-1]) for j in range(k)]
+    index = np.stack(cols, axis=-1).astype(np.int64)
+    data = f32(*dshape)
+    if known:
+        model, feeds = one_node("GatherND", {"data": data}, {"index": index}, batch_dims=b)
+    else:
+        model, feeds = one_node("GatherND", {"data": data, "index": index}, batch_dims=b)
+    graph = check_against_ort(model, feeds)
+    if known:
+        assert ops_of(graph) == ["gather", "reshape"]  # the flat rows fold at import
+
+
+def test_gather_nd_of_a_bool_mask_and_bad_indices() -> None:
+    """What the dynamo exporter emits for transformers' padding masks: a bool tensor."""
+    mask = RNG.integers(0, 2, size=(2, 8)).astype(bool)
+    index = np.array([[[0, 1], [1, 7], [1, -1]]], np.int64)
+    model, feeds = one_node("GatherND", {"data": mask}, {"index": index})
+    check_against_ort(model, feeds)
+    model, feeds = one_node("GatherND", {"data": f32(2, 3), "index": np.array([[0, 3]], np.int64)})
+    with pytest.raises(InputError, match="out of range"):
+        rlx_core.compile(rlx_onnx.load(model), device="cpu").run(feeds)
+    model, _ = one_node("GatherND", {"data": f32(2, 3)}, {"index": np.array([[2, 0]], np.int64)})
+    with pytest.raises(ModelError, match="index 2 is out of range for axis 0"):
+        rlx_onnx.load(model)
+    model, _ = one_node("GatherND", {"data": f32(2, 3)}, {"index": np.array([[0, 0, 0]], np.int64)})
+    with pytest.raises(ModelError, match="last dimension 3 must be in 1..2"):
         rlx_onnx.load(model)
 
 

@@ -87,6 +87,12 @@ CASES: dict[str, tuple] = {
     "Less-int32": node_case("Less", {"a": np.array([-5, 3, 2**31 - 1], np.int32),
                                      "b": np.array([2**31 - 1, 3, -(2**31)], np.int32)}),
     "Not": node_case("Not", {"x": np.array([[True, False], [False, False]])}),
+    "IsNaN": node_case("IsNaN", {"x": special}),
+    "IsNaN-float64": node_case("IsNaN", {"x": special.astype(np.float64)}),
+    "IsInf": node_case("IsInf", {"x": special}),
+    "IsInf-negative-only": node_case("IsInf", {"x": special}, detect_positive=0),
+    "IsInf-positive-only": node_case("IsInf", {"x": special.astype(np.float16)}, opset=20, detect_negative=0),
+    "IsInf-nothing": node_case("IsInf", {"x": special}, detect_positive=0, detect_negative=0),
     **{op: node_case(op, {"a": np.array([True, True, False, False]), "b": np.array([True, False, True, False])})
        for op in ("And", "Or", "Xor")},
     "Softmax": node_case("Softmax", {"x": f32(2, 3, 4)}, axis=1),

@@ -193,6 +193,32 @@ def _not(c: NodeContext) -> list[Operand | None]:
     return [f.op("where", x, f.const(False, "bool"), f.const(True, "bool"), name=c.out())]
 
 
+@converter("IsNaN", "IsInf")
+def _is_special(c: NodeContext) -> list[Operand | None]:
+    """Exact comparisons: NaN is the one value unequal to itself (``where(x == x, False,
+    True)``), and an infinity equals only itself. Exporters emit these around masked
+    attention (``torch.where(isnan(...))``)."""
+    f, x = c.f, c.input(0)
+    dtype = f.dtype(x)
+    if dtype not in ("float16", "float32", "float64"):
+        raise c.fail(f"needs a float operand, got {dtype}")
+    arr = f.array(x)
+    neg, pos = bool(c.attr("detect_negative", 1)), bool(c.attr("detect_positive", 1))
+    if arr is not None:
+        if c.op_type == "IsNaN":
+            return [frozen(np.isnan(arr))]
+        return [frozen((np.isneginf(arr) & neg) | (np.isposinf(arr) & pos))]
+    true, false, name = f.const(True, "bool"), f.const(False, "bool"), c.out()
+    if c.op_type == "IsNaN":
+        return [f.op("where", f.op("equal", x, x), false, true, name=name)]
+    if not (neg or pos):  # detects nothing: all False
+        return [f.op("where", f.op("equal", x, x), false, false, name=name)]
+    hits = [f.op("equal", x, f.const(sign * np.inf, dtype)) for sign, on in ((-1.0, neg), (1.0, pos)) if on]
+    if len(hits) == 1:
+        return [f.op("where", hits[0], true, false, name=name)]
+    return [f.op("where", hits[0], true, hits[1], name=name)]
+
+
 # ---------------------------------------------------------------- softmax
 def _log_softmax(f: Emitter, x: Operand, axis: int, name: str) -> Operand:
     """``x - max - log(sum(exp(x - max)))``: stable where ``log(softmax(x))`` underflows."""

