@@ -145,8 +145,10 @@ def _ort(data: bytes, inputs: dict[str, np.ndarray]) -> tuple[Any, list[np.ndarr
     return sess, sess.run(None, feed)
 
 
-def check(names: list[str], exporters: list[str], batch: int, devices: list[str] | None) -> list[dict[str, Any]]:
-    """Load each export with rlx, run it on each device, compare with ORT."""
+def check(names: list[str], exporters: list[str], batch: int, devices: list[str] | None,
+          timing: tuple[int, float] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Load each export with rlx, run it on each device, compare with ORT; with
+    ``timing`` (rounds, seconds per measurement) also time them (``_time``)."""
     import rlx_core
     from rlx_core.onnx import load
 
@@ -172,18 +174,50 @@ def check(names: list[str], exporters: list[str], batch: int, devices: list[str]
                 print(json.dumps(row), flush=True)
                 continue
             feeds = {k: v for k, v in inputs.items() if k in {graph.node(i).name for i in graph.inputs}}
-            for device in devices or [d for d in rlx_core.available_devices()]:
+            chosen = devices or list(rlx_core.available_devices())
+            for device in chosen:
                 try:
                     got = rlx_core.compile(graph, device=device).run(feeds)[0]
-                    err = float(np.max(np.abs(got.astype(np.float64) - want[0]))) if got.shape == want[0].shape else None
+                    same = got.shape == want[0].shape
+                    err = float(np.max(np.abs(got.astype(np.float64) - want[0]))) if same else None
                     scale = float(np.max(np.abs(want[0]))) or 1.0
                     row[device] = {"max_abs_err": err, "rel": None if err is None else err / scale,
                                    "shape_ok": got.shape == want[0].shape}  # fmt: skip
                 except Exception as exc:
                     row[device] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            if timing is not None:
+                row["time"] = _time(data, inputs, graph, feeds, chosen, *timing)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
+
+
+def _time(data: bytes, inputs: dict[str, np.ndarray], graph: Any, feeds: dict[str, np.ndarray],
+          devices: list[str], rounds: int, target_s: float) -> dict[str, Any]:  # fmt: skip
+    """ORT and rlx (each device, and ``auto``) timed interleaved (``bench/_timing.py``);
+    ratios to ORT; whether auto's pick was the fastest rlx device."""
+    import rlx_core
+    from bench._contenders import Contender
+    from bench._timing import measure
+
+    sess, want = _ort(data, inputs)
+    ort_feed = {i.name: inputs[i.name] for i in sess.get_inputs()}
+    contenders = [Contender("onnxruntime", "onnxruntime", lambda: sess.run(None, ort_feed)[0], want[0], 0.0, 0.0)]
+    auto = rlx_core.compile(graph)
+    compiled = {"auto": auto, **{d: rlx_core.compile(graph, device=d) for d in devices}}
+    for name, cg in compiled.items():
+        contenders.append(Contender(f"rlx {name}", "rlx", lambda cg=cg: cg.run(feeds)[0], cg.run(feeds)[0], 0.0, 0.0))
+    timings = measure(contenders, rounds, 0.15, target_s)
+    ort_s = timings["onnxruntime"].median
+    out: dict[str, Any] = {"ort_ms": ort_s * 1e3, "auto_device": auto.device}
+    for name in compiled:
+        out[f"{name}_ms"] = timings[f"rlx {name}"].median * 1e3
+        out[f"{name}_vs_ort"] = timings[f"rlx {name}"].median / ort_s
+    fastest = min(devices, key=lambda d: timings[f"rlx {d}"].median)
+    out["auto_picked_fastest"] = auto.device.split(":")[0] == fastest
+    out["auto_regret"] = timings[f"rlx {auto.device.split(':')[0]}"].median / timings[f"rlx {fastest}"].median \
+        if auto.device.split(":")[0] in devices else None
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,12 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--devices", help="comma-separated rlx devices (default: every available one)")
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--time", action="store_true", help="also time rlx (each device, auto) against ORT")
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds with --time")
+    parser.add_argument("--target-ms", type=float, default=50.0, help="length of one measurement with --time")
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in ZOO]
     if unknown:
         parser.error(f"unknown zoo models {unknown}; known: {', '.join(ZOO)}")
-    rows = check(names, args.exporters.split(","), args.batch, args.devices.split(",") if args.devices else None)
+    timing = (args.rounds, args.target_ms / 1e3) if args.time else None
+    rows = check(names, args.exporters.split(","), args.batch, args.devices.split(",") if args.devices else None,
+                 timing)  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
