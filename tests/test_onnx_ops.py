@@ -102,6 +102,9 @@ CASES: dict[str, tuple] = {
     "LayerNormalization-axis1": node_case("LayerNormalization", {"x": f32(2, 3, 4)},
                                           consts={"g": f32(3, 4), "b": f32(3, 4)}, axis=1, epsilon=1e-3),
     "LayerNormalization-no-bias": node_case("LayerNormalization", {"x": f32(2, 5)}, consts={"g": f32(5)}),
+    "RMSNormalization": node_case("RMSNormalization", {"x": f32(2, 3, 8)}, consts={"g": f32(8)}, opset=23),
+    "RMSNormalization-axis1-eps": node_case("RMSNormalization", {"x": f32(2, 3, 4)}, consts={"g": f32(3, 4)},
+                                            opset=23, axis=1, epsilon=0.1),
     "BatchNormalization-runtime-stats": node_case(
         "BatchNormalization", {"x": f32(2, 3, 4), "s": f32(3), "b": f32(3), "m": f32(3), "v": f32(3, lo=0.5)}),
     "ReduceMean-attr": node_case("ReduceMean", {"x": f32(2, 3, 4)}, opset=13, axes=[-1], keepdims=1),
@@ -158,6 +161,14 @@ CASES: dict[str, tuple] = {
     "Sum": node_case("Sum", {"a": f32(3), "b": f32(2, 3), "c": f32(3)}),
     "Mean": node_case("Mean", {"a": f32(3), "b": f32(2, 3)}),
 }
+
+
+def test_rms_normalization_float16_rounds_where_the_spec_says() -> None:
+    """float16 is normalized in float32 and cast back, then scaled in float16 (the spec's
+    order); onnxruntime scales before rounding, so the two differ by a float16 ulp."""
+    model, feeds = node_case("RMSNormalization", {"x": f32(4, 6).astype(np.float16)},
+                             consts={"g": f32(6).astype(np.float16)}, opset=23)  # fmt: skip
+    check_against_ort(model, feeds, rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -16,7 +16,7 @@ from test_onnx_support import check_against_ort, init, make_model, vi
 
 from rlx_core import onnx as rlx_onnx
 from rlx_core.errors import ModelError
-from rlx_core.onnx._versions import REVIEWED, WRITTEN_FOR, newest_opset, readable_versions
+from rlx_core.onnx._versions import INTRODUCED_LATER, REVIEWED, WRITTEN_FOR, newest_opset, readable_versions
 
 X = np.random.default_rng(0).standard_normal((1, 2, 5, 5)).astype(np.float32)
 
@@ -74,3 +74,8 @@ def test_reviewed_versions_are_read_and_every_read_version_is_known_to_onnx() ->
     # the written-for range itself is always read
     assert {13, 21} <= readable_versions("Cast") and readable_versions("Relu") >= {14}
     assert readable_versions("NoSuchOp") == frozenset() and WRITTEN_FOR.stop - 1 == 21
+
+
+def test_ops_introduced_after_the_written_range_are_pinned_to_their_tested_versions() -> None:
+    assert readable_versions("RMSNormalization") >= {23}
+    assert 23 in INTRODUCED_LATER["RMSNormalization"]

@@ -1,4 +1,5 @@
-"""Converters of network layers: MatMul, Gemm, Conv, pools, BatchNormalization, LayerNormalization."""
+"""Converters of network layers: MatMul, Gemm, Conv, pools, BatchNormalization, LayerNormalization,
+RMSNormalization."""
 
 from __future__ import annotations
 
@@ -188,3 +189,28 @@ def _layer_norm(c: NodeContext) -> list[Operand | None]:
         stash = "float32" if int(c.attr("stash_type", 1)) == 1 else dtype
         outs += [v if stash == dtype else f.op("cast", v, dtype=stash) for v in (mean, inv)]
     return outs
+
+
+@converter("RMSNormalization")
+def _rms_norm(c: NodeContext) -> list[Operand | None]:
+    """``x / sqrt(mean(x², axes axis..) + eps) * scale`` (opset 23), as the spec writes it,
+    with ``rsqrt`` for the division. ``stash_type`` 1 (the default) computes a float16 or
+    float64 input in float32 and casts the normalized value back, as the spec says."""
+    f, x, scale = c.f, c.input(0, "X"), c.input(1, "scale")
+    shape, dtype = f.shape(x), f.dtype(x)
+    if dtype not in ("float16", "float32", "float64"):
+        raise c.fail(f"needs a float input, got {dtype}")
+    axis = int(c.attr("axis", -1))
+    if not -len(shape) <= axis < len(shape):
+        raise c.fail(f"axis {axis} is out of range for rank {len(shape)}")
+    axes = tuple(range(axis % len(shape), len(shape)))
+    stash = int(c.attr("stash_type", 1))
+    if stash != 1:
+        raise c.fail(f"stash_type {stash} is not supported (1: float32)")
+    work = x if dtype == "float32" else f.op("cast", x, dtype="float32")
+    mean = f.op("reduce_mean", f.op("mul", work, work), axes=axes, keepdims=True)
+    inv = f.op("rsqrt", f.op("add", mean, f.const(float(c.attr("epsilon", 1e-5)), "float32")))
+    normed = f.op("mul", work, inv)
+    if dtype != "float32":
+        normed = f.op("cast", normed, dtype=dtype)
+    return [f.op("mul", normed, scale, name=c.out())]

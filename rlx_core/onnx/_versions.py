@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import ModelError
 from ._context import describe_node
 
-__all__ = ["WRITTEN_FOR", "REVIEWED", "newest_opset", "readable_versions", "check_versions"]
+__all__ = ["WRITTEN_FOR", "REVIEWED", "INTRODUCED_LATER", "newest_opset", "readable_versions", "check_versions"]
 
 #: The opsets whose op versions the converters were written and tested against.
 WRITTEN_FOR = range(11, 22)
@@ -43,6 +43,13 @@ REVIEWED: dict[tuple[str, int], str] = {
     ("Mod", 28): "defines fmod=0 for floats (A - floor(A/B)*B, the sign of B) and its special values; "
                  "the Mod converter branches on the opset for exactly that (rlx_core/onnx/_ops_indexing.py)",
 }  # fmt: skip
+
+
+#: Ops that appeared after ``WRITTEN_FOR``: the versions their converters were written
+#: and tested against (later versions follow the same rule as every other op's).
+INTRODUCED_LATER: dict[str, frozenset[int]] = {
+    "RMSNormalization": frozenset({23}),
+}
 
 
 def _onnx_defs() -> Any:
@@ -88,6 +95,7 @@ def _signature(schema: Any) -> tuple[Any, ...]:
 def readable_versions(op_type: str) -> frozenset[int]:
     """The versions of ``op_type`` the converters read (see the module docstring)."""
     versions = {v for v in (_in_effect(op_type, o) for o in WRITTEN_FOR) if v is not None}
+    versions |= INTRODUCED_LATER.get(op_type, frozenset())
     if not versions:
         return frozenset()
     history = _history(op_type)
