@@ -36,9 +36,11 @@ from rlx_core.plugin import Executable
 
 from .fused import FUSED_KERNELS
 from .kernels import KERNELS, inplace_positions
+from .native import thread_cap
 from .nn_kernels import NN_KERNELS
 from .regions import node_steps
 from .steps import Dyn, Step, bind, bind_run
+from .threads import native_thread_cap
 
 __all__ = ["CpuExecutable", "PlanStats", "kernel_ops"]
 
@@ -193,7 +195,9 @@ class CpuExecutable(Executable):
         self._folds: list[tuple[frozenset[str], list[Callable[[], Any]]]] = []
         self._resident_deps: dict[int, frozenset[str]] = {}  # id of a resident's memory owner -> params it reads
         self._derived_arrays: dict[Any, list[Any]] = {}  # key -> [source, make, array, params]
-        self._fold(graph)
+        self._thread_cap, self._thread_note = native_thread_cap(n.op for n in self._nodes)
+        with thread_cap(self._thread_cap):
+            self._fold(graph)
         self._plan_count = itertools.count(1)
         self._plans_built = 0
         first = self._bind_plan()
@@ -309,9 +313,17 @@ class CpuExecutable(Executable):
         return found
 
     # ------------------------------------------------------------------ plans
+    def report_notes(self) -> list[str]:
+        """What the compile report says about this executable (the thread policy)."""
+        return [self._thread_note] if self._thread_note else []
+
     def _bind_plan(self) -> _Plan:
         """Allocate one plan's buffers and bind its steps (deterministic: every plan of
-        this executable comes out the same)."""
+        this executable comes out the same), under the executable's native thread cap."""
+        with thread_cap(self._thread_cap):
+            return self._bind_plan_capped()
+
+    def _bind_plan_capped(self) -> _Plan:
         stats = PlanStats()
         arena = _Arena(stats)
         slots: list[Any] = [None] * len(self._input_ids)

@@ -31,6 +31,8 @@ compiler (a gcc or clang driver; default: ``cc``, then ``gcc``, then ``clang``).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import hashlib
 import logging
@@ -43,12 +45,14 @@ import sys
 import tempfile
 import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from rlx_core.errors import CacheWarning
 from rlx_core.plugin import JsonCache
 
-__all__ = ["Native", "library", "reason", "describe", "wanted", "find_compiler", "kernel_dir", "SOURCE", "FLAGS"]
+__all__ = ["Native", "library", "reason", "describe", "wanted", "find_compiler", "kernel_dir", "thread_cap", "SOURCE",
+           "FLAGS"]
 
 log = logging.getLogger(__name__)
 
@@ -167,16 +171,33 @@ class Native:
             os.register_at_fork(after_in_child=self._after_fork)
 
     def threads(self) -> int:
-        """Threads a region may use: the cores this process may run on (1 without OpenMP)."""
+        """Threads a region may use: the cores this process may run on (1 without OpenMP),
+        at most the cap in force while an executable binds its steps (``thread_cap``)."""
         if not self.openmp:
             return 1
         try:
-            return max(len(os.sched_getaffinity(0)), 1)
+            cores = max(len(os.sched_getaffinity(0)), 1)
         except AttributeError:  # not Linux
-            return os.cpu_count() or 1
+            cores = os.cpu_count() or 1
+        cap = _THREAD_CAP.get()
+        return cores if cap is None else max(1, min(cores, cap))
 
     def _after_fork(self) -> None:
         self._lib.rlx_set_max_threads(1)
+
+
+#: The cap on native threads while steps are bound (``threads.native_thread_cap``).
+_THREAD_CAP: contextvars.ContextVar[int | None] = contextvars.ContextVar("rlx_cpu_thread_cap", default=None)
+
+
+@contextlib.contextmanager
+def thread_cap(cap: int | None) -> Iterator[None]:
+    """Steps bound inside use at most ``cap`` native threads (``None``: every core)."""
+    token = _THREAD_CAP.set(cap)
+    try:
+        yield
+    finally:
+        _THREAD_CAP.reset(token)
 
 
 _STATE: dict[str, object] = {}
