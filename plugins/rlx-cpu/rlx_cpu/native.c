@@ -556,6 +556,59 @@ RLX_API void rlx_im2col(const float *x, float *cols, int64_t count, int64_t x_st
     }
 }
 
+/* Depthwise convolution (groups == channels, one filter per channel): plane p of x
+ * (N*C planes H x W) convolved with filter p % c (kh x kw, stride, dilation, zero padding
+ * pt/pl) into plane p of y (oh x ow), plus bias[p % c] when bias is not NULL. For each
+ * output row, each tap adds one contiguous run of outputs (the columns whose input lies
+ * inside the image), which the compiler vectorizes when sw == 1. */
+static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const float *bias, float *y, int64_t p0,
+                                        int64_t p1, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                                        int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
+                                        int64_t oh, int64_t ow) {
+    for (int64_t p = p0; p < p1; p++) {
+        const float *plane = x + p * h * w, *f = wt + (p % c) * kh * kw;
+        float b = bias ? bias[p % c] : 0.0f;
+        for (int64_t oy = 0; oy < oh; oy++) {
+            float *dst = y + p * oh * ow + oy * ow;
+            for (int64_t ox = 0; ox < ow; ox++) dst[ox] = b;
+            for (int64_t i = 0; i < kh; i++) {
+                int64_t iy = oy * sh - pt + i * dh;
+                if (iy < 0 || iy >= h) continue;
+                const float *row = plane + iy * w;
+                for (int64_t j = 0; j < kw; j++) {
+                    int64_t off = j * dw - pl; /* ix = ox * sw + off must lie in [0, w) */
+                    int64_t lo = off >= 0 ? 0 : (-off + sw - 1) / sw;
+                    int64_t hi = (w - 1 - off) < 0 ? 0 : (w - 1 - off) / sw + 1;
+                    if (hi > ow) hi = ow;
+                    float fv = f[i * kw + j];
+                    if (sw == 1)
+                        for (int64_t ox = lo; ox < hi; ox++) dst[ox] += fv * row[ox + off];
+                    else
+                        for (int64_t ox = lo; ox < hi; ox++) dst[ox] += fv * row[ox * sw + off];
+                }
+            }
+        }
+    }
+}
+
+RLX_API void rlx_depthwise_conv(const float *x, const float *wt, const float *bias, float *y, int64_t planes, int64_t c,
+                                int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh,
+                                int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow, int64_t threads) {
+    threads = row_threads(threads, planes);
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads((int)threads)
+        {
+            int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+            depthwise_planes(x, wt, bias, y, planes * t / nt, planes * (t + 1) / nt, c, h, w, kh, kw, sh, sw, dh, dw,
+                             pt, pl, oh, ow);
+        }
+        return;
+    }
+#endif
+    depthwise_planes(x, wt, bias, y, 0, planes, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
+}
+
 /* Max or average over kh x kw windows (stride sh, sw; dilation dh, dw) of `planes` planes
  * H x W, every window inside the plane (no padding): y is planes x oh x ow. The average
  * divides by kh * kw; the max propagates NaN like numpy's maximum. */

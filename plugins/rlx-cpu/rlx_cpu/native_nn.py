@@ -25,7 +25,8 @@ from .native import library
 from .regions import SPLIT_NS
 from .steps import Dyn, Step
 
-__all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step", "conv_direct_steps", "DIRECT_CONV_TAPS"]
+__all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step", "conv_direct_steps", "depthwise_step",
+           "DIRECT_CONV_TAPS"]
 
 _SOFTMAX_NS, _LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
 
@@ -170,6 +171,46 @@ def pool_step(x: Any, out: Any, kernel: tuple[int, int], stride: tuple[int, int]
     geometry = (n * c, h, w, kh, kw, sh, sw, dh, dw, oh, ow, int(is_max))
     threads = _threads(lib, out.size * kh * kw, 0.3)
     return bound_call(lib.pool2d, [0, 0, *geometry, threads], (x, out), (0, 1), _pool_numpy(geometry))
+
+
+def _depthwise_numpy(geometry: tuple[int, ...]) -> Any:
+    planes, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow = geometry
+
+    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray | None, y: np.ndarray) -> None:
+        n = planes // c
+        need_h, need_w = (oh - 1) * sh + dh * (kh - 1) + 1, (ow - 1) * sw + dw * (kw - 1) + 1
+        xp = np.zeros((n, c, max(h + pt, need_h), max(w + pl, need_w)), np.float32)
+        xp[:, :, pt : pt + h, pl : pl + w] = x.reshape(n, c, h, w)
+        acc = np.zeros((n, c, oh, ow), np.float32) if bias is None else np.repeat(
+            np.repeat(bias.reshape(1, c, 1, 1), oh, 2), ow, 3).repeat(n, 0)  # fmt: skip
+        f = wt.reshape(c, kh, kw)
+        for i in range(kh):
+            for j in range(kw):
+                tap = xp[:, :, i * dh : i * dh + (oh - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw]
+                acc += tap * f[:, i, j].reshape(1, c, 1, 1)
+        y.reshape(n, c, oh, ow)[...] = acc
+
+    return run
+
+
+def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, stride: tuple[int, int],
+                   dilation: tuple[int, int], pads: tuple[int, int]) -> Step | None:  # fmt: skip
+    """A depthwise convolution (``groups`` = channels, one filter each: ``w`` (C, 1, kh, kw))
+    of ``x`` (N, C, H, W) into ``out`` (N, C, oh, ow) with zero padding ``pads`` (top, left;
+    the bottom and right follow from the shapes) in one pass, instead of im2col and C
+    one-row products. float32, contiguous arrays only (else None)."""
+    lib = library()
+    if lib is None or not _fits(x, w, bias, out) or isinstance(w, Dyn) or isinstance(bias, Dyn) or out.size == 0:
+        return None
+    n, c, h, wd = x.shape
+    kh, kw = w.shape[2:]
+    oh, ow = out.shape[2:]
+    geometry = (n * c, c, h, wd, kh, kw, *stride, *dilation, *pads, oh, ow)
+    threads = _threads(lib, out.size * kh * kw, 0.3)
+    keep = (w,) if bias is None else (w, bias)
+    args = [0, w.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, *geometry, threads]
+    numpy_run = _depthwise_numpy(geometry)
+    return bound_call(lib.depthwise, args, (x, out), (0, 3), lambda xv, yv: numpy_run(xv, w, bias, yv), keep)
 
 
 #: Convolutions with at most this many taps per output (c * kh * kw) run as a direct

@@ -22,7 +22,7 @@ from rlx_core.ops import OpKind
 from .blas import matmul_step
 from .kernels import BuildContext, Builder, compute_dtype, const, ufunc_step
 from .native import library as native_library
-from .native_nn import conv_direct_steps, im2col_step, layer_norm_step, pool_step, softmax_step
+from .native_nn import conv_direct_steps, depthwise_step, im2col_step, layer_norm_step, pool_step, softmax_step
 from .steps import Step, is_fixed
 
 __all__ = ["NN_KERNELS"]
@@ -211,11 +211,17 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
         w32 = ctx.scratch(w.shape, cd)
         steps.append(Step(np.copyto, (w32, w)))
         w = w32
-    if (cd == out.dtype == np.float32 and groups == 1 and (sh, sw, dh, dw) == (1, 1, 1, 1)
+    # 1x1 convolutions are one product (below); the direct kernel is for small windows.
+    if (cd == out.dtype == np.float32 and groups == 1 and (sh, sw, dh, dw) == (1, 1, 1, 1) and (kh, kw) != (1, 1)
             and oh == h + pt + pb - kh + 1 and ow == wd + pl + pr - kw + 1):  # fmt: skip
         direct = conv_direct_steps(x, w, b, out, (pt, pl), ctx)
         if direct is not None:
             return direct
+    if cd == out.dtype == np.float32 and groups == _c == o and cg == 1:
+        # Depthwise (MobileNet, EfficientNet): one pass per plane, not C one-row products.
+        depthwise = depthwise_step(x, w, b, out, (sh, sw), (dh, dw), (pt, pl))
+        if depthwise is not None:
+            return [depthwise]
     w3 = w.reshape(groups, og, kk)
     res = out if cd == out.dtype else ctx.scratch(out.shape, cd)
     res4 = res.reshape(n, groups, og, oh * ow)

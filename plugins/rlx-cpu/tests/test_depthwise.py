@@ -1,0 +1,79 @@
+"""Depthwise convolution (groups = channels = filters) in one native pass per plane, and
+its numpy fallback, against the reference: paddings, strides, dilations, bias, batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import rlx_core as rlx
+from rlx_core import reference
+from rlx_core.ir import Graph
+from rlx_core.registry import Registry
+from rlx_cpu import CpuBackend, native, native_nn
+
+CASES = {  # name -> (x shape, kernel, bias?, conv2d kwargs)
+    "3x3 padding 1, bias (MobileNet)": ((1, 8, 9, 11), 3, True, {"padding": 1}),
+    "5x5 stride 2, asymmetric padding": ((2, 5, 10, 7), 5, False, {"stride": 2, "padding": (2, 1, 2, 2)}),
+    "3x3 stride 2 dilation 2, no padding": ((1, 4, 12, 12), 3, True, {"stride": 2, "dilation": 2}),
+    "1x1": ((1, 3, 6, 6), 1, True, {}),
+    "padding only on the right and top": ((1, 6, 7, 9), 3, True, {"padding": (0, 2, 1, 0)}),
+    "padding wider than the kernel": ((1, 2, 5, 5), 3, False, {"padding": 3}),
+}
+
+
+def _graph(xs: tuple[int, ...], k: int, bias: bool, kwargs: dict[str, Any]) -> Graph:
+    rng = np.random.default_rng(0)
+    c = xs[1]
+    g = Graph("depthwise")
+    w = g.param("w", rng.standard_normal((c, 1, k, k), dtype=np.float32))
+    b = g.param("b", rng.standard_normal(c, dtype=np.float32)) if bias else None
+    g.set_outputs([g.conv2d(g.input("x", xs), w, b, groups=c, **kwargs)])
+    return g
+
+
+@pytest.fixture
+def lib(monkeypatch: pytest.MonkeyPatch) -> native.Native:
+    monkeypatch.delenv("RLX_CPU_NATIVE", raising=False)
+    found = native.library()
+    if found is None:
+        pytest.skip(f"the native kernels are not available here: {native.reason()}")
+    return found
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_depthwise_runs_natively_and_matches_the_reference(lib, monkeypatch, name):
+    calls, windows = [], []
+    real_dw, real_im2col = lib.depthwise, lib.im2col
+    monkeypatch.setattr(lib, "depthwise", lambda *a: (calls.append(a), real_dw(*a))[1])
+    monkeypatch.setattr(lib, "im2col", lambda *a: (windows.append(a), real_im2col(*a))[1])
+    g = _graph(*CASES[name])
+    reg = Registry(entry_points=[], environ={})
+    reg.register(CpuBackend())
+    cg = rlx.compile(g, device="cpu", registry=reg)
+    x = np.random.default_rng(1).standard_normal(CASES[name][0], dtype=np.float32)
+    (got,) = cg.run({"x": x})
+    assert calls and not windows, "the depthwise kernel did not run"
+    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    new_w = np.random.default_rng(2).standard_normal(g.value(g.params[0]).shape, dtype=np.float32)
+    cg.set_param("w", new_w)  # the kernel reads the weights in place
+    (got,) = cg.run({"x": x})
+    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x}, params={"w": new_w})[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_numpy_fallback_matches_the_reference(name):
+    xs, k, bias, kwargs = CASES[name]
+    g = _graph(xs, k, bias, kwargs)
+    node = g.node(g.outputs[0])
+    a = node.attrs
+    n, c, h, w = xs
+    oh, ow = node.shape[2:]
+    geometry = (n * c, c, h, w, k, k, *a["stride"], *a["dilation"], a["padding"][0], a["padding"][1], oh, ow)
+    x = np.random.default_rng(3).standard_normal(xs, dtype=np.float32)
+    out = np.empty(node.shape, np.float32)
+    weights = g.value(g.params[0])
+    native_nn._depthwise_numpy(geometry)(x, weights, g.value(g.params[1]) if bias else None, out)
+    np.testing.assert_allclose(out, reference.evaluate(g, {"x": x})[0], rtol=1e-5, atol=1e-5)
