@@ -127,13 +127,16 @@ _PRINT_VERSIONS = (
 
 #: Benchmark scripts that rewrite their own sections of BENCHMARKS.md when given ``--write``.
 WRITES_BENCHMARKS_MD = ("overhead.py", "suite.py", "batch.py")
+#: Scripts with a session of their own (heavy extras): ``nox -s zoo``.
+OWN_SESSION = ("zoo.py",)
 
 
 def bench_scripts() -> list[Path]:
     """``bench/*.py`` files that run as scripts (they have a ``__main__`` guard); the
     suite's modules (``models.py``, ``_*.py``) do not, and are not run."""
     found = sorted(ROOT.glob("bench/*.py"))
-    return [p for p in found if 'if __name__ == "__main__"' in p.read_text(encoding="utf-8")]
+    return [p for p in found if 'if __name__ == "__main__"' in p.read_text(encoding="utf-8")
+            and p.name not in OWN_SESSION]  # fmt: skip
 
 
 @nox.session
@@ -158,6 +161,19 @@ def bench(session: nox.Session) -> None:
             args = [a for a in args if a != "--quick"] + list(session.posargs)
         session.run("python", str(script), *args)
 
+
+
+@nox.session
+def zoo(session: nox.Session) -> None:
+    """Real architectures (bench/zoo.py): torchvision and transformers models with random
+    weights, exported by both torch exporters, compared with ONNX Runtime on every rlx
+    device and timed against it. Installs torch, torchvision and transformers (several
+    GB: bench extras, never rlx dependencies). Posargs go to the script (default: every
+    model, both exporters, batch 1, timed)."""
+    session.install(*plugin_requirements(), "onnx", "onnxruntime", "onnxscript", "torch", "torchvision",
+                    "transformers")  # fmt: skip
+    args = list(session.posargs) or ["--time", "--json", str(ROOT / "bench" / "results" / "zoo.json")]
+    session.run("python", str(ROOT / "bench" / "zoo.py"), *args)
 
 
 @nox.session

@@ -8,7 +8,7 @@ rlx (each device and ``auto``) and ORT are timed interleaved (``bench/_timing.py
 
 torch, torchvision and transformers are bench extras, never runtime dependencies:
 
-    pip install torch torchvision transformers onnxscript
+    nox -s zoo                                # installs them, then every model, both exporters, timed
     python bench/zoo.py                       # load + compare, every model, both exporters
     python bench/zoo.py --models resnet18,bert --exporters classic --time
 
@@ -231,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds with --time")
     parser.add_argument("--target-ms", type=float, default=50.0, help="length of one measurement with --time")
     args = parser.parse_args(argv)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("bench/zoo.py needs torch, torchvision and transformers (bench extras): nox -s zoo installs them",
+              file=sys.stderr)  # fmt: skip
+        return 2
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in ZOO]
     if unknown:
@@ -239,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = check(names, args.exporters.split(","), args.batch, args.devices.split(",") if args.devices else None,
                  timing)  # fmt: skip
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
 
