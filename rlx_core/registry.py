@@ -387,8 +387,6 @@ class Registry:
                 assert isinstance(probe.result, Availability)
                 answer = probe.result
                 fault = self.fault(name) if answer.available else None
-                if probe.isolated and current:
-                    self._tell_probed(name, answer)
                 if fault is not None:
                     answer = Availability(False, fault.reason(), devices=list(answer.devices),
                                           versions=dict(answer.versions))  # fmt: skip
@@ -402,7 +400,9 @@ class Registry:
                     warnings.warn(f"rlx backend {name!r}: {reason}", PluginWarning, stacklevel=4)
             if current:
                 self._availability[name] = answer
-            return answer
+        if current and probe.isolated and not reason and probe.result is not None:
+            self._tell_probed(name, probe.result)  # outside the lock: the backend's own code
+        return answer
 
     def _tell_probed(self, name: str, answer: Availability) -> None:
         """``Backend.probed``: what the child's probe learned, for this process's backend."""
