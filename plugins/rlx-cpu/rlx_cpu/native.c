@@ -558,55 +558,100 @@ RLX_API void rlx_im2col(const float *x, float *cols, int64_t count, int64_t x_st
 
 /* Depthwise convolution (groups == channels, one filter per channel): plane p of x
  * (N*C planes H x W) convolved with filter p % c (kh x kw, stride, dilation, zero padding
- * pt/pl) into plane p of y (oh x ow), plus bias[p % c] when bias is not NULL. For each
- * output row, each tap adds one contiguous run of outputs (the columns whose input lies
- * inside the image), which the compiler vectorizes when sw == 1. */
-static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const float *bias, float *y, int64_t p0,
-                                        int64_t p1, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
-                                        int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
-                                        int64_t oh, int64_t ow) {
+ * pt/pl) into plane p of y (oh x ow), plus bias[p % c] when bias is not NULL. Each plane
+ * is first copied into a zero-padded scratch covering every window, so the loops carry
+ * no bounds checks; 3x3 and 5x5 at stride 1 (MobileNet's, EfficientNet's) sum their taps
+ * per output with the filter in registers, over a row the compiler vectorizes. */
+/* One output row of a 3x3 / 5x5 stride-1 depthwise window: restrict pointers and the
+ * filter in locals, so the compiler vectorizes over the row. */
+static inline void dw_row3(float *restrict dst, const float *restrict r0, const float *restrict r1,
+                           const float *restrict r2, const float *restrict f, float b, int64_t ow) {
+    const float f0 = f[0], f1 = f[1], f2 = f[2], f3 = f[3], f4 = f[4], f5 = f[5], f6 = f[6], f7 = f[7], f8 = f[8];
+    for (int64_t ox = 0; ox < ow; ox++)
+        dst[ox] = b + f0 * r0[ox] + f1 * r0[ox + 1] + f2 * r0[ox + 2] + f3 * r1[ox] + f4 * r1[ox + 1] +
+                  f5 * r1[ox + 2] + f6 * r2[ox] + f7 * r2[ox + 1] + f8 * r2[ox + 2];
+}
+
+static inline void dw_row5(float *restrict dst, const float *restrict r, int64_t wp, const float *restrict f, float b,
+                           int64_t ow) {
+    float g[25];
+    for (int k = 0; k < 25; k++) g[k] = f[k];
+    const float *restrict r0 = r, *restrict r1 = r + wp, *restrict r2 = r + 2 * wp, *restrict r3 = r + 3 * wp,
+                          *restrict r4 = r + 4 * wp;
+    for (int64_t ox = 0; ox < ow; ox++) {
+        float a0 = g[0] * r0[ox] + g[1] * r0[ox + 1] + g[2] * r0[ox + 2] + g[3] * r0[ox + 3] + g[4] * r0[ox + 4];
+        float a1 = g[5] * r1[ox] + g[6] * r1[ox + 1] + g[7] * r1[ox + 2] + g[8] * r1[ox + 3] + g[9] * r1[ox + 4];
+        float a2 = g[10] * r2[ox] + g[11] * r2[ox + 1] + g[12] * r2[ox + 2] + g[13] * r2[ox + 3] + g[14] * r2[ox + 4];
+        float a3 = g[15] * r3[ox] + g[16] * r3[ox + 1] + g[17] * r3[ox + 2] + g[18] * r3[ox + 3] + g[19] * r3[ox + 4];
+        float a4 = g[20] * r4[ox] + g[21] * r4[ox + 1] + g[22] * r4[ox + 2] + g[23] * r4[ox + 3] + g[24] * r4[ox + 4];
+        dst[ox] = b + a0 + a1 + a2 + a3 + a4;
+    }
+}
+
+static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const float *bias, float *y, float *pad,
+                                        int64_t p0, int64_t p1, int64_t c, int64_t h, int64_t w, int64_t kh,
+                                        int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
+                                        int64_t pl, int64_t oh, int64_t ow) {
+    int64_t hp = (oh - 1) * sh + (kh - 1) * dh + 1, wp = (ow - 1) * sw + (kw - 1) * dw + 1;
+    int64_t x0 = pl < wp ? pl : wp, x1 = pl + w < wp ? pl + w : wp; /* padded columns holding data */
     for (int64_t p = p0; p < p1; p++) {
         const float *plane = x + p * h * w, *f = wt + (p % c) * kh * kw;
         float b = bias ? bias[p % c] : 0.0f;
+        for (int64_t yy = 0; yy < hp; yy++) {
+            float *row = pad + yy * wp;
+            int64_t iy = yy - pt;
+            if (iy < 0 || iy >= h || x1 <= x0) {
+                memset(row, 0, (size_t)wp * sizeof(float));
+                continue;
+            }
+            if (x0 > 0) memset(row, 0, (size_t)x0 * sizeof(float));
+            memcpy(row + x0, plane + iy * w + (x0 - pl), (size_t)(x1 - x0) * sizeof(float));
+            if (x1 < wp) memset(row + x1, 0, (size_t)(wp - x1) * sizeof(float));
+        }
+        float *out = y + p * oh * ow;
+        int unit = sh == 1 && sw == 1 && dh == 1 && dw == 1;
         for (int64_t oy = 0; oy < oh; oy++) {
-            float *dst = y + p * oh * ow + oy * ow;
-            for (int64_t ox = 0; ox < ow; ox++) dst[ox] = b;
-            for (int64_t i = 0; i < kh; i++) {
-                int64_t iy = oy * sh - pt + i * dh;
-                if (iy < 0 || iy >= h) continue;
-                const float *row = plane + iy * w;
-                for (int64_t j = 0; j < kw; j++) {
-                    int64_t off = j * dw - pl; /* ix = ox * sw + off must lie in [0, w) */
-                    int64_t lo = off >= 0 ? 0 : (-off + sw - 1) / sw;
-                    int64_t hi = (w - 1 - off) < 0 ? 0 : (w - 1 - off) / sw + 1;
-                    if (hi > ow) hi = ow;
-                    float fv = f[i * kw + j];
-                    if (sw == 1)
-                        for (int64_t ox = lo; ox < hi; ox++) dst[ox] += fv * row[ox + off];
-                    else
-                        for (int64_t ox = lo; ox < hi; ox++) dst[ox] += fv * row[ox * sw + off];
+            float *dst = out + oy * ow;
+            const float *r = pad + oy * wp;
+            if (unit && kh == 3 && kw == 3) {
+                dw_row3(dst, r, r + wp, r + 2 * wp, f, b, ow);
+            } else if (unit && kh == 5 && kw == 5) {
+                dw_row5(dst, r, wp, f, b, ow);
+            } else {
+                for (int64_t ox = 0; ox < ow; ox++) dst[ox] = b;
+                for (int64_t i = 0; i < kh; i++) {
+                    const float *r = pad + (oy * sh + i * dh) * wp;
+                    for (int64_t j = 0; j < kw; j++) {
+                        float fv = f[i * kw + j];
+                        const float *rj = r + j * dw;
+                        for (int64_t ox = 0; ox < ow; ox++) dst[ox] += fv * rj[ox * sw];
+                    }
                 }
             }
         }
     }
 }
 
-RLX_API void rlx_depthwise_conv(const float *x, const float *wt, const float *bias, float *y, int64_t planes, int64_t c,
-                                int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh,
-                                int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow, int64_t threads) {
+/* scratch: `threads` zero-padded planes of ((oh-1)*sh + (kh-1)*dh + 1) x ((ow-1)*sw + (kw-1)*dw + 1)
+ * floats, one per thread. */
+RLX_API void rlx_depthwise_conv(const float *x, const float *wt, const float *bias, float *y, float *scratch,
+                                int64_t planes, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh,
+                                int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
+                                int64_t threads) {
+    int64_t padded = ((oh - 1) * sh + (kh - 1) * dh + 1) * ((ow - 1) * sw + (kw - 1) * dw + 1);
     threads = row_threads(threads, planes);
 #ifdef _OPENMP
     if (threads > 1) {
 #pragma omp parallel num_threads((int)threads)
         {
             int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-            depthwise_planes(x, wt, bias, y, planes * t / nt, planes * (t + 1) / nt, c, h, w, kh, kw, sh, sw, dh, dw,
-                             pt, pl, oh, ow);
+            depthwise_planes(x, wt, bias, y, scratch + t * padded, planes * t / nt, planes * (t + 1) / nt, c, h, w,
+                             kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
         }
         return;
     }
 #endif
-    depthwise_planes(x, wt, bias, y, 0, planes, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
+    depthwise_planes(x, wt, bias, y, scratch, 0, planes, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
 }
 
 /* Max or average over kh x kw windows (stride sh, sw; dilation dh, dw) of `planes` planes

@@ -153,9 +153,9 @@ class Native:
         self.im2col = self._lib.rlx_im2col
         self.im2col.argtypes = [p, p, *[i64] * 17]
         self.im2col.restype = None
-        # (x, w, bias, y, planes, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, threads)
+        # (x, w, bias, y, scratch, planes, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, threads)
         self.depthwise = self._lib.rlx_depthwise_conv
-        self.depthwise.argtypes = [p, p, p, p, *[i64] * 15]
+        self.depthwise.argtypes = [p, p, p, p, p, *[i64] * 15]
         self.depthwise.restype = None
         self.pool2d = self._lib.rlx_pool2d  # (x, y, planes, h, w, kh, kw, sh, sw, dh, dw, oh, ow, is_max, threads)
         self.pool2d.argtypes = [p, p, *[i64] * 13]

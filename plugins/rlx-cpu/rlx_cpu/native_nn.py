@@ -16,6 +16,7 @@ its numpy steps).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -194,11 +195,13 @@ def _depthwise_numpy(geometry: tuple[int, ...]) -> Any:
 
 
 def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, stride: tuple[int, int],
-                   dilation: tuple[int, int], pads: tuple[int, int]) -> Step | None:  # fmt: skip
+                   dilation: tuple[int, int], pads: tuple[int, int],
+                   scratch: Callable[[tuple[int, ...], Any], np.ndarray]) -> Step | None:  # fmt: skip
     """A depthwise convolution (``groups`` = channels, one filter each: ``w`` (C, 1, kh, kw))
     of ``x`` (N, C, H, W) into ``out`` (N, C, oh, ow) with zero padding ``pads`` (top, left;
     the bottom and right follow from the shapes) in one pass, instead of im2col and C
-    one-row products. float32, contiguous arrays only (else None)."""
+    one-row products; ``scratch(shape, dtype)`` gives the padded planes' memory (one
+    per thread). float32, contiguous arrays only (else None)."""
     lib = library()
     if lib is None or not _fits(x, w, bias, out) or isinstance(w, Dyn) or isinstance(bias, Dyn) or out.size == 0:
         return None
@@ -207,8 +210,10 @@ def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, str
     oh, ow = out.shape[2:]
     geometry = (n * c, c, h, wd, kh, kw, *stride, *dilation, *pads, oh, ow)
     threads = _threads(lib, out.size * kh * kw, 0.3)
-    keep = (w,) if bias is None else (w, bias)
-    args = [0, w.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, *geometry, threads]
+    (sh, sw), (dh, dw) = stride, dilation
+    padded = scratch((threads * ((oh - 1) * sh + (kh - 1) * dh + 1) * ((ow - 1) * sw + (kw - 1) * dw + 1),), np.float32)
+    keep = (w, padded) if bias is None else (w, bias, padded)
+    args = [0, w.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, padded.ctypes.data, *geometry, threads]
     numpy_run = _depthwise_numpy(geometry)
     return bound_call(lib.depthwise, args, (x, out), (0, 3), lambda xv, yv: numpy_run(xv, w, bias, yv), keep)
 

@@ -219,7 +219,7 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
             return direct
     if cd == out.dtype == np.float32 and groups == _c == o and cg == 1:
         # Depthwise (MobileNet, EfficientNet): one pass per plane, not C one-row products.
-        depthwise = depthwise_step(x, w, b, out, (sh, sw), (dh, dw), (pt, pl))
+        depthwise = depthwise_step(x, w, b, out, (sh, sw), (dh, dw), (pt, pl), ctx.scratch)
         if depthwise is not None:
             return [depthwise]
     w3 = w.reshape(groups, og, kk)

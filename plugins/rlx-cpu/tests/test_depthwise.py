@@ -21,6 +21,7 @@ CASES = {  # name -> (x shape, kernel, bias?, conv2d kwargs)
     "1x1": ((1, 3, 6, 6), 1, True, {}),
     "padding only on the right and top": ((1, 6, 7, 9), 3, True, {"padding": (0, 2, 1, 0)}),
     "padding wider than the kernel": ((1, 2, 5, 5), 3, False, {"padding": 3}),
+    "5x5 over 40x40, 48 channels (every core, one padded plane each)": ((2, 48, 40, 40), 5, True, {"padding": 2}),
 }
 
 
