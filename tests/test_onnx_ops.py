@@ -156,6 +156,18 @@ CASES: dict[str, tuple] = {
     "Conv-depthwise": node_case("Conv", {"x": f32(2, 3, 5, 5)}, consts={"w": f32(3, 1, 3, 3), "b": f32(3)},
                                 group=3, pads=[1, 0, 1, 2]),
     "Conv-runtime-weight": node_case("Conv", {"x": f32(1, 2, 5, 5), "w": f32(2, 2, 2, 2)}, dilations=[2, 1]),
+    "ConvTranspose-stride2 (a U-Net's upsample)": node_case("ConvTranspose", {"x": f32(1, 4, 5, 6)},
+                                                            consts={"w": f32(4, 3, 2, 2), "b": f32(3)},
+                                                            strides=[2, 2]),
+    "ConvTranspose-pads-output_padding": node_case("ConvTranspose", {"x": f32(2, 2, 4, 4)},
+                                                   consts={"w": f32(2, 3, 3, 3)}, strides=[2, 3], pads=[1, 0, 1, 2],
+                                                   output_padding=[1, 2]),
+    "ConvTranspose-groups-dilation": node_case("ConvTranspose", {"x": f32(1, 4, 5, 5)},
+                                               consts={"w": f32(4, 1, 3, 2)}, group=2, dilations=[2, 1],
+                                               strides=[1, 2]),
+    "ConvTranspose-same-upper": node_case("ConvTranspose", {"x": f32(1, 1, 3, 3)}, consts={"w": f32(1, 2, 3, 3)},
+                                          strides=[2, 2], auto_pad="SAME_UPPER"),
+    "ConvTranspose-runtime-weight": node_case("ConvTranspose", {"x": f32(1, 2, 3, 3), "w": f32(2, 2, 3, 3)}),
     "MatMul-batched": node_case("MatMul", {"a": f32(2, 1, 3, 4), "b": f32(3, 4, 5)}),
     "MatMul-vector": node_case("MatMul", {"a": f32(4), "b": f32(2, 4, 3)}),
     "Sum": node_case("Sum", {"a": f32(3), "b": f32(2, 3), "c": f32(3)}),
@@ -250,3 +262,18 @@ def test_reduction_and_softmax_edge_forms_match_onnxruntime(op: str, x: np.ndarr
     model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)], [vi("x", x.dtype.name, x.shape)],
                        [vi("y", x.dtype.name, None)], opset=opset)  # fmt: skip
     check_against_ort(model, {"x": x})
+
+
+def test_conv_transpose_weights_follow_set_param() -> None:
+    """The weight rearrangement (swap channels, reverse the window) is computed from the
+    param, so replacing the param replaces what the convolution uses."""
+    import rlx_core
+    from rlx_core.reference import evaluate
+
+    model, feeds = node_case("ConvTranspose", {"x": f32(1, 2, 4, 4)}, consts={"w": f32(2, 3, 3, 3)}, strides=[2, 2])
+    graph = rlx_onnx.load(model)
+    compiled = rlx_core.compile(graph, device="cpu")
+    new = f32(2, 3, 3, 3)
+    compiled.set_param("w", new)
+    got = compiled.run(feeds)[0]
+    np.testing.assert_allclose(got, evaluate(graph, feeds, params={"w": new})[0], rtol=1e-5, atol=1e-5)

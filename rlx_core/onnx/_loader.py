@@ -22,7 +22,15 @@ from onnx import GraphProto, ModelProto, NodeProto, TensorProto, numpy_helper
 
 from ..errors import ModelError, RlxError
 from ..ir import Graph, Value
-from . import _ops, _ops_activations, _ops_indexing, _ops_nn, _ops_resize, _ops_tensor  # noqa: F401  (they register the converters)
+from . import (  # noqa: F401  (they register the converters)
+    _ops,
+    _ops_activations,
+    _ops_conv_transpose,
+    _ops_indexing,
+    _ops_nn,
+    _ops_resize,
+    _ops_tensor,
+)
 from ._context import CONVERTERS, NodeContext, describe_node, onnx_dtype
 from ._shapes import Emitter, Operand, frozen
 from ._versions import check_versions, newest_opset
