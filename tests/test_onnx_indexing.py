@@ -179,6 +179,22 @@ def test_cumsum_keeps_infinities_and_nans_where_they_belong() -> None:
             check_against_ort(model, feeds)
 
 
+@pytest.mark.parametrize(("exclusive", "reverse"), [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumprod_every_direction_against_numpy(exclusive: int, reverse: int) -> None:
+    """CumProd (opset 26; onnxruntime 1.32 has no kernel for it): numpy's cumprod, with
+    ones shifted in for ``exclusive`` and the axis flipped for ``reverse``; ints wrap."""
+    for x in (RNG.uniform(0.5, 1.5, size=(3, 5)).astype(np.float32), RNG.integers(-3, 4, size=(3, 5)).astype(np.int64)):
+        model, feeds = one_node("CumProd", {"x": x}, {"axis": np.array(1, np.int64)}, opset=26, exclusive=exclusive,
+                                reverse=reverse)  # fmt: skip
+        got = rlx_core.compile(rlx_onnx.load(model), device="cpu").run(feeds)[0]
+        v = x[:, ::-1] if reverse else x
+        want = np.cumprod(v, axis=1)
+        if exclusive:
+            want = np.concatenate([np.ones_like(want[:, :1]), want[:, :-1]], axis=1)
+        want = want[:, ::-1] if reverse else want
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_cumsum_with_axis_known_only_at_run_time_is_refused() -> None:
     model, _ = one_node("CumSum", {"x": f32(3), "axis": np.array(0, np.int64)})
     with pytest.raises(ModelError, match=r"axis .*must be known at import"):

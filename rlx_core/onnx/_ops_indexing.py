@@ -1,4 +1,5 @@
-"""Converters of position-dependent ops: Trilu, ArgMax/ArgMin, CumSum, GatherElements, GatherND, Pad, Mod.
+"""Converters of position-dependent ops: Trilu, ArgMax/ArgMin, CumSum/CumProd, GatherElements, GatherND, Pad,
+Mod.
 
 None of these has an IR op of its own; each is a decomposition into existing ones. rlx
 shapes are static, so everything that depends only on shapes (a triangle mask, the
@@ -118,39 +119,41 @@ def _arg_extreme(c: NodeContext) -> list[Operand | None]:
 
 
 # ---------------------------------------------------------------- CumSum
-def _shifted(f: Emitter, y: Operand, d: int, axis: int, rank: int, n: int, reverse: bool) -> Operand:
+def _shifted(f: Emitter, y: Operand, d: int, axis: int, rank: int, n: int, reverse: bool, fill: int = 0) -> Operand:
     """``y`` moved ``d`` places along ``axis`` (towards the end, or the start if
-    ``reverse``), zeros coming in: a gather by a constant index table and a ``where``
+    ``reverse``), ``fill`` coming in: a gather by a constant index table and a ``where``
     with a constant mask, both of length ``n`` (no constant as large as ``y``)."""
     positions = np.arange(n, dtype=np.int64)
     source = positions + d if reverse else positions - d
     inside = (source >= 0) & (source < n)
     moved = f.op("gather", y, frozen(np.clip(source, 0, n - 1)), axis=axis)
     dtype = f.dtype(y)
-    return f.op("where", _along(inside, axis, rank), moved, f.const(0, dtype))
+    return f.op("where", _along(inside, axis, rank), moved, f.const(fill, dtype))
 
 
-@converter("CumSum")
-def _cumsum(c: NodeContext) -> list[Operand | None]:
-    """Running sums along ``axis`` (an import-time input), ``exclusive`` and ``reverse``,
-    as a log-step (Hillis-Steele) scan, ``y += shift(y, 2**s)``: ceil(log2 n) steps of
-    gather, where and add. Exact for integers (wrapping like ONNX Runtime) on every
-    backend, and for floats each output adds only its own inputs, so an infinity or NaN
-    stays where it belongs; a matmul with a 0/1 triangle would not (0 * inf is NaN).
+@converter("CumSum", "CumProd")
+def _cumulative(c: NodeContext) -> list[Operand | None]:
+    """Running sums (products for CumProd, opset 26) along ``axis`` (an import-time
+    input), ``exclusive`` and ``reverse``, as a log-step (Hillis-Steele) scan,
+    ``y = y (+|*) shift(y, 2**s)``: ceil(log2 n) steps of gather, where and add (mul).
+    Exact for integers (wrapping like ONNX Runtime) on every backend, and for floats
+    each output combines only its own inputs, so an infinity or NaN stays where it
+    belongs; a matmul with a 0/1 triangle would not (0 * inf is NaN).
     """
     f, x = c.f, c.input(0)
     shape, _ = _numeric_tensor(c, x)
     rank = len(shape)
     axis = _axis(c, _scalar_input(c, 1, "axis"), rank)
     exclusive, reverse = bool(c.attr("exclusive", 0)), bool(c.attr("reverse", 0))
+    combine, identity = ("add", 0) if c.op_type == "CumSum" else ("mul", 1)
     n = shape[axis]
     if n == 0:
         return [x]
-    y = _shifted(f, x, 1, axis, rank, n, reverse) if exclusive else x
+    y = _shifted(f, x, 1, axis, rank, n, reverse, identity) if exclusive else x
     d = 1
     while d < n:
         last = 2 * d >= n
-        y = f.op("add", y, _shifted(f, y, d, axis, rank, n, reverse), name=c.out() if last else "")
+        y = f.op(combine, y, _shifted(f, y, d, axis, rank, n, reverse, identity), name=c.out() if last else "")
         d *= 2
     return [y]
 

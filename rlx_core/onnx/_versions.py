@@ -49,6 +49,7 @@ REVIEWED: dict[tuple[str, int], str] = {
 #: and tested against (later versions follow the same rule as every other op's).
 INTRODUCED_LATER: dict[str, frozenset[int]] = {
     "RMSNormalization": frozenset({23}),
+    "CumProd": frozenset({26}),
 }
 
 
