@@ -168,6 +168,15 @@ CASES: dict[str, tuple] = {
     "ConvTranspose-same-upper": node_case("ConvTranspose", {"x": f32(1, 1, 3, 3)}, consts={"w": f32(1, 2, 3, 3)},
                                           strides=[2, 2], auto_pad="SAME_UPPER"),
     "ConvTranspose-runtime-weight": node_case("ConvTranspose", {"x": f32(1, 2, 3, 3), "w": f32(2, 2, 3, 3)}),
+    "NegativeLogLikelihoodLoss-weight-ignore": node_case(
+        "NegativeLogLikelihoodLoss", {"x": f32(3, 5, 2), "t": np.array([[0, 4], [2, -1], [-1, 1]], np.int64)},
+        consts={"w": f32(5, lo=0.5)}, ignore_index=-1),
+    "NegativeLogLikelihoodLoss-sum": node_case("NegativeLogLikelihoodLoss", {"x": f32(4, 3),
+                                                                            "t": np.array([0, 2, 1, 2], np.int64)},
+                                               reduction="sum"),
+    "SoftmaxCrossEntropyLoss-none-log_prob": node_case(
+        "SoftmaxCrossEntropyLoss", {"s": f32(2, 4, 3), "t": np.array([[1, 3, 0], [2, 2, 1]], np.int64)},
+        outputs=2, reduction="none"),
     "MatMul-batched": node_case("MatMul", {"a": f32(2, 1, 3, 4), "b": f32(3, 4, 5)}),
     "MatMul-vector": node_case("MatMul", {"a": f32(4), "b": f32(2, 4, 3)}),
     "Sum": node_case("Sum", {"a": f32(3), "b": f32(2, 3), "c": f32(3)}),

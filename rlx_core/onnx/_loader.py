@@ -27,6 +27,7 @@ from . import (  # noqa: F401  (they register the converters)
     _ops_activations,
     _ops_conv_transpose,
     _ops_indexing,
+    _ops_losses,
     _ops_nn,
     _ops_resize,
     _ops_tensor,
