@@ -1,4 +1,4 @@
-"""The ``ConvTranspose`` converter (2-D): a ``conv2d`` over the input spread out by the
+"""The ``ConvTranspose`` converter (1-D and 2-D): a ``conv2d`` over the input spread out by the
 stride, as the transposed convolution is defined.
 
 ``ConvTranspose(x, W)`` with stride ``s``, dilation ``d``, pads ``(pb, pe)`` and output
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._context import NodeContext, converter
-from ._ops_nn import _pair_attr, _spatial
+from ._ops_nn import _as_2d, _back_to_1d, _one_d, _pair_attr, _spatial
 from ._shapes import Emitter, Operand, frozen
 
 __all__: list[str] = []
@@ -42,15 +42,17 @@ def _spread(f: Emitter, x: Operand, axis: int, stride: int, before: int, length:
 def _conv_transpose(c: NodeContext) -> list[Operand | None]:
     f, x, w, b = c.f, c.input(0, "X"), c.input(1, "W"), c.optional(2)
     h, wd = _spatial(c, x)
+    one_d = _one_d(c)  # (N, C, L): run as (N, C, 1, L)
+    if len(f.shape(w)) != (3 if one_d else 4):
+        raise c.fail(f"W must be (C_in, C_out / group, {'k' if one_d else 'kh, kw'}), got shape {f.shape(w)}")
+    x, w = _as_2d(c, x), _as_2d(c, w)
     wshape = f.shape(w)
-    if len(wshape) != 4:
-        raise c.fail(f"W must be (C_in, C_out / group, kh, kw), got shape {wshape}")
     cin, cout_g, kh, kw = wshape
     group = int(c.attr("group", 1))
     if group < 1 or cin % group or f.shape(x)[1] != cin:
         raise c.fail(f"input channels {f.shape(x)[1]} and W's {cin} do not fit group {group}")
     declared = c.attr_ints("kernel_shape")
-    if declared is not None and tuple(declared) != (kh, kw):
+    if declared is not None and tuple(declared) != ((kw,) if one_d else (kh, kw)):
         raise c.fail(f"kernel_shape {declared} does not match the weight's shape {wshape}")
     strides, dilations = _pair_attr(c, "strides", 1), _pair_attr(c, "dilations", 1)
     extra = _pair_attr(c, "output_padding", 0)
@@ -62,8 +64,10 @@ def _conv_transpose(c: NodeContext) -> list[Operand | None]:
     if wanted is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
         if wanted is None:
             wanted = (h * strides[0], wd * strides[1])
+        elif one_d and len(wanted) == 1:
+            wanted = (1, wanted[0])
         if len(wanted) != 2:
-            raise c.fail(f"output_shape must have 2 entries, got {wanted}")
+            raise c.fail(f"output_shape must have {1 if one_d else 2} entries, got {wanted}")
         # The spec's split of the difference (negative: the output extends past the full
         # one at the end, where only the bias lands, as ONNX's reference computes it).
         totals = [fl - o for fl, o in zip(full, wanted[-2:])]
@@ -71,11 +75,14 @@ def _conv_transpose(c: NodeContext) -> list[Operand | None]:
         begins = [t // 2 if upper else t - t // 2 for t in totals]
         pads = (begins[0], begins[1], totals[0] - begins[0], totals[1] - begins[1])
     elif auto in ("NOTSET", "VALID"):
-        got = c.attr_ints("pads", (0, 0, 0, 0)) if auto == "NOTSET" else (0, 0, 0, 0)
-        assert got is not None
-        if len(got) != 4:
-            raise c.fail(f"pads must have 4 entries for a 2-D ConvTranspose, got {got}")
-        pads = (got[0], got[1], got[2], got[3])
+        got = c.attr_ints("pads", (0, 0) if one_d else (0, 0, 0, 0)) if auto == "NOTSET" else None
+        if got is None:
+            pads = (0, 0, 0, 0)
+        elif len(got) != (2 if one_d else 4):
+            raise c.fail(f"pads must have {2 if one_d else 4} entries for a {1 if one_d else 2}-D ConvTranspose, "
+                         f"got {got}")  # fmt: skip
+        else:
+            pads = (0, got[0], 0, got[1]) if one_d else (got[0], got[1], got[2], got[3])
     else:
         raise c.fail(f"unknown auto_pad {auto!r}")
     out_hw = [fl - pads[i] - pads[i + 2] for i, fl in enumerate(full)]
@@ -96,5 +103,6 @@ def _conv_transpose(c: NodeContext) -> list[Operand | None]:
     if kw > 1:
         wt = f.op("gather", wt, frozen(np.arange(kw - 1, -1, -1, dtype=np.int64)), axis=3)
     operands = (xs, wt) if b is None else (xs, wt, b)
-    return [f.op("conv2d", *operands, stride=(1, 1), padding=(0, 0, 0, 0), dilation=dilations, groups=group,
-                 name=c.out())]  # fmt: skip
+    y = f.op("conv2d", *operands, stride=(1, 1), padding=(0, 0, 0, 0), dilation=dilations, groups=group,
+             name="" if one_d else c.out())  # fmt: skip
+    return [_back_to_1d(c, y, one_d)]

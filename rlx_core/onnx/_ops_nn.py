@@ -43,20 +43,45 @@ def _gemm(c: NodeContext) -> list[Operand | None]:
 
 
 # ---------------------------------------------------------------- convolution and pools
+def _one_d(c: NodeContext) -> bool:
+    """A 1-D convolution or pool (input (N, C, L)): run as 2-D over (N, C, 1, L)."""
+    return len(c.f.shape(c.input(0))) == 3
+
+
 def _spatial(c: NodeContext, x: Operand) -> tuple[int, int]:
     shape = c.f.shape(x)
+    if len(shape) == 3:
+        return 1, shape[2]
     if len(shape) != 4:
-        raise c.fail(f"only 2-D {c.op_type} is supported (N, C, H, W); the input has shape {shape} "
-                     f"({len(shape) - 2}-D)")  # fmt: skip
+        raise c.fail(f"only 1-D and 2-D {c.op_type} are supported (N, C, L) / (N, C, H, W); the input has shape "
+                     f"{shape} ({len(shape) - 2}-D)")  # fmt: skip
     return shape[2], shape[3]
 
 
 def _pair_attr(c: NodeContext, name: str, default: int) -> tuple[int, int]:
-    value = c.attr_ints(name, (default, default))
+    """A per-axis attribute as (H, W); a 1-D op's single value is W, with H the default
+    (stride and dilation 1, output padding 0)."""
+    one_d = _one_d(c)
+    value = c.attr_ints(name, (default,) if one_d else (default, default))
     assert value is not None
-    if len(value) != 2:
-        raise c.fail(f"{name} must have 2 entries for a 2-D {c.op_type}, got {value}")
-    return value[0], value[1]
+    if len(value) != (1 if one_d else 2):
+        raise c.fail(f"{name} must have {1 if one_d else 2} entries for a {1 if one_d else 2}-D {c.op_type}, "
+                     f"got {value}")  # fmt: skip
+    return (default, value[0]) if one_d else (value[0], value[1])
+
+
+def _as_2d(c: NodeContext, x: Operand) -> Operand:
+    """``x`` (N, C, L) as (N, C, 1, L) for a 1-D op; a 2-D op's input as it is."""
+    shape = c.f.shape(x)
+    return c.f.op("reshape", x, shape=(shape[0], shape[1], 1, shape[2])) if len(shape) == 3 else x
+
+
+def _back_to_1d(c: NodeContext, y: Operand, one_d: bool) -> Operand:
+    """A 1-D op's (N, C, 1, L') result as (N, C, L'), under the node's output name."""
+    if not one_d:
+        return y
+    shape = c.f.shape(y)
+    return c.f.op("reshape", y, shape=(shape[0], shape[1], shape[3]), name=c.out())
 
 
 def _pads(c: NodeContext, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
@@ -64,6 +89,12 @@ def _pads(c: NodeContext, spatial: Sequence[int], kernel: Sequence[int], strides
     """(top, left, bottom, right) from ``pads`` (begins then ends, as rlx) or ``auto_pad``."""
     auto = c.attr("auto_pad", "NOTSET") or "NOTSET"
     if auto == "NOTSET":
+        if _one_d(c):  # (begin, end) of L: no padding along the H of 1 added for it
+            pads = c.attr_ints("pads", (0, 0))
+            assert pads is not None
+            if len(pads) != 2:
+                raise c.fail(f"pads must have 2 entries for a 1-D {c.op_type}, got {pads}")
+            return 0, pads[0], 0, pads[1]
         pads = c.attr_ints("pads", (0, 0, 0, 0))
         assert pads is not None
         if len(pads) != 4:
@@ -87,22 +118,30 @@ def _pads(c: NodeContext, spatial: Sequence[int], kernel: Sequence[int], strides
 def _conv(c: NodeContext) -> list[Operand | None]:
     f, x, w, b = c.f, c.input(0, "X"), c.input(1, "W"), c.optional(2)
     spatial = _spatial(c, x)
-    kernel = f.shape(w)[2:]
+    one_d = _one_d(c)
     declared = c.attr_ints("kernel_shape")
-    if declared is not None and tuple(declared) != tuple(kernel):
+    if declared is not None and tuple(declared) != tuple(f.shape(w)[2:]):
         raise c.fail(f"kernel_shape {declared} does not match the weight's shape {f.shape(w)}")
+    if one_d:
+        if len(f.shape(w)) != 3:
+            raise c.fail(f"W must be (M, C / group, k) for a 1-D Conv, got shape {f.shape(w)}")
+        w = _as_2d(c, w)
+    kernel = f.shape(w)[2:]
     strides, dilations = _pair_attr(c, "strides", 1), _pair_attr(c, "dilations", 1)
     pads = _pads(c, spatial, kernel, strides, dilations)
-    operands = (x, w) if b is None else (x, w, b)
-    return [f.op("conv2d", *operands, stride=strides, padding=pads, dilation=dilations,
-                 groups=int(c.attr("group", 1)), name=c.out())]  # fmt: skip
+    operands = (_as_2d(c, x), w) if b is None else (_as_2d(c, x), w, b)
+    y = f.op("conv2d", *operands, stride=strides, padding=pads, dilation=dilations, groups=int(c.attr("group", 1)),
+             name="" if one_d else c.out())  # fmt: skip
+    return [_back_to_1d(c, y, one_d)]
 
 
 def _pool_window(c: NodeContext, x: Operand) -> dict[str, object]:
     spatial = _spatial(c, x)
     kernel = c.attr_ints("kernel_shape")
+    if _one_d(c) and kernel is not None and len(kernel) == 1:
+        kernel = (1, kernel[0])
     if kernel is None or len(kernel) != 2:
-        raise c.fail(f"kernel_shape must have 2 entries, got {kernel}")
+        raise c.fail(f"kernel_shape must have {1 if _one_d(c) else 2} entries, got {kernel}")
     strides, dilations = _pair_attr(c, "strides", 1), _pair_attr(c, "dilations", 1)
     pads = _pads(c, spatial, kernel, strides, dilations)
     same = (c.attr("auto_pad", "NOTSET") or "NOTSET").startswith("SAME")  # its pads already fit exactly
@@ -116,7 +155,9 @@ def _max_pool(c: NodeContext) -> list[Operand | None]:
     if c.used(1):
         raise c.fail("the Indices output is not supported")
     window = _pool_window(c, x)
-    return [c.f.op("max_pool2d", x, name=c.out(), **window), None]
+    one_d = _one_d(c)
+    y = c.f.op("max_pool2d", _as_2d(c, x), name="" if one_d else c.out(), **window)
+    return [_back_to_1d(c, y, one_d), None]
 
 
 @converter("AveragePool")
@@ -126,7 +167,9 @@ def _avg_pool(c: NodeContext) -> list[Operand | None]:
     if window.pop("dilation") != (1, 1):
         raise c.fail("dilations other than 1 are not supported")
     cip = bool(c.attr("count_include_pad", 0))
-    return [c.f.op("avg_pool2d", x, count_include_pad=cip, name=c.out(), **window)]
+    one_d = _one_d(c)
+    y = c.f.op("avg_pool2d", _as_2d(c, x), count_include_pad=cip, name="" if one_d else c.out(), **window)
+    return [_back_to_1d(c, y, one_d)]
 
 
 @converter("GlobalAveragePool", "GlobalMaxPool")

@@ -264,6 +264,8 @@ def _range(c: NodeContext) -> list[Operand | None]:
     if start is None or limit is None or delta is None:
         raise c.fail("needs start, limit and delta")
     dtype = start.dtype
+    if dtype == np.float16 and int(c.attr("stash_type", 1)) == 0:
+        raise c.fail("stash_type 0 (float16 accumulation) is not supported; rlx computes Range in float64")
     s, lim, d = (v.reshape(-1)[0].item() for v in (start, limit, delta))
     if d == 0:
         raise c.fail("delta is 0")

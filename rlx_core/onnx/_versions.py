@@ -40,6 +40,8 @@ REVIEWED: dict[tuple[str, int], str] = {
     ("MaxPool", 22): "as AveragePool 22",
     ("Cast", 24): "adds round_mode, used only for casts to FLOAT8E8M0, a type rlx does not read",
     ("CastLike", 24): "as Cast 24",
+    ("Range", 27): "adds float16/bfloat16 and stash_type (their accumulation precision); the Range converter "
+                   "computes start + i * delta in float64 (rlx_core/onnx/_ops_tensor.py) and refuses stash_type 0",
     ("Mod", 28): "defines fmod=0 for floats (A - floor(A/B)*B, the sign of B) and its special values; "
                  "the Mod converter branches on the opset for exactly that (rlx_core/onnx/_ops_indexing.py)",
 }  # fmt: skip
