@@ -30,6 +30,7 @@ from . import (  # noqa: F401  (they register the converters)
     _ops_losses,
     _ops_nn,
     _ops_resize,
+    _ops_scatter,
     _ops_tensor,
 )
 from ._context import CONVERTERS, NodeContext, describe_node, onnx_dtype
