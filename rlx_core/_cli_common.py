@@ -1,24 +1,32 @@
-"""What every ``rlx`` command shares: the console, the one-line ``error:`` and the
-seconds format. Its own module so that ``cli.py`` and the commands kept in their own
-modules (``_cli_batch``, ``_cli_calibrate``) import it without importing each other.
+"""What every ``rlx`` command shares: the console, the one-line ``error:``, the seconds
+format, and loading the graph a command is given (a file or a bundled example). Its own
+module so that ``cli.py`` and the commands kept in their own modules (``_cli_batch``,
+``_cli_calibrate``, ``_cli_check``) import it without importing each other.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import NoReturn
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
 
-from .errors import RlxError
+from .errors import ModelError, RlxError
 
-__all__ = ["console", "_print_error", "_fail", "_user_errors", "_seconds"]
+if TYPE_CHECKING:
+    from .ir import Graph
+
+__all__ = ["console", "_print_error", "_fail", "_user_errors", "_seconds", "EXAMPLES", "_load_graph"]
 
 console = Console(highlight=False)
+
+#: Bundled example graphs (``rlx run --example NAME``), stored as rlx_core/examples/NAME.json.
+EXAMPLES = ("mlp",)
 
 
 def _print_error(message: str) -> None:
@@ -49,3 +57,43 @@ def _seconds(s: float | None) -> str:
     if s < 1.0:
         return f"{s * 1e3:.2f} ms"
     return f"{s:.2f} s"
+
+
+def _example_text(name: str) -> str:
+    from importlib.resources import files
+
+    if name not in EXAMPLES:
+        raise ModelError(f"unknown example {name!r}; bundled examples: {', '.join(EXAMPLES)}")
+    return files("rlx_core").joinpath("examples", f"{name}.json").read_text(encoding="utf-8")
+
+
+def _parse_dims(specs: Sequence[str]) -> dict[str, int]:
+    """``--dim NAME=N`` options as ``{NAME: N}`` (an ONNX model's symbolic dims)."""
+    dims: dict[str, int] = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or not value.isdigit():
+            raise typer.BadParameter(f"expected NAME=N with N an int >= 0, got {spec!r}", param_hint="'--dim'")
+        dims[name] = int(value)
+    return dims
+
+
+def _load_graph(file: Path | None, example: str | None, dims: Sequence[str] = ()) -> tuple[Graph, str]:
+    """The graph named by FILE or ``--example`` (exactly one), and where it came from."""
+    from .ir import Graph
+
+    if (file is None) == (example is None):
+        raise typer.BadParameter("give a graph FILE or --example NAME (one of them)")
+    bound = _parse_dims(dims)
+    is_onnx = file is not None and file.suffix.lower() == ".onnx"
+    if bound and not is_onnx:
+        raise typer.BadParameter("only ONNX models have symbolic dims to bind", param_hint="'--dim'")
+    if example is not None:
+        return Graph.from_json(_example_text(example)), f"bundled example {example!r}"
+    assert file is not None
+    if is_onnx:
+        from . import onnx as rlx_onnx
+
+        return rlx_onnx.load(file, dims=bound), str(file)
+    return Graph.load(file), str(file)

@@ -26,8 +26,9 @@ from rich.table import Table
 
 from ._cli_batch import register as _register_batch  # its own module; imports nothing heavy
 from ._cli_calibrate import register as _register_calibrate
-from ._cli_common import _fail, _print_error, _seconds, _user_errors, console
-from .errors import ModelError, PluginWarning, RlxError
+from ._cli_check import register as _register_check
+from ._cli_common import EXAMPLES, _fail, _load_graph, _parse_dims, _print_error, _seconds, _user_errors, console
+from .errors import PluginWarning, RlxError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -35,9 +36,6 @@ if TYPE_CHECKING:
     from .ir import Graph
 
 __all__ = ["app", "main", "EXAMPLES"]
-
-#: Bundled example graphs (``rlx run --example NAME``), stored as rlx_core/examples/NAME.json.
-EXAMPLES = ("mlp",)
 
 app = typer.Typer(
     name="rlx",
@@ -49,49 +47,9 @@ app = typer.Typer(
 cache_app = typer.Typer(help="Inspect or clear the on-disk cache (calibrated cost models).", no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
 
-def _example_text(name: str) -> str:
-    from importlib.resources import files
-
-    if name not in EXAMPLES:
-        raise ModelError(f"unknown example {name!r}; bundled examples: {', '.join(EXAMPLES)}")
-    return files("rlx_core").joinpath("examples", f"{name}.json").read_text(encoding="utf-8")
-
-
 _DimsOption = Annotated[list[str] | None, typer.Option("--dim", help="Bind an ONNX symbolic dim: NAME=N (repeatable).")]
 _DevicesOption = Annotated[list[str] | None, typer.Option(
     "--devices", help="Devices to time (comma-separated or repeated; default: every viable one).")]
-
-
-def _parse_dims(specs: Sequence[str]) -> dict[str, int]:
-    """``--dim NAME=N`` options as ``{NAME: N}`` (an ONNX model's symbolic dims)."""
-    dims: dict[str, int] = {}
-    for spec in specs:
-        name, sep, value = spec.partition("=")
-        name, value = name.strip(), value.strip()
-        if not sep or not name or not value.isdigit():
-            raise typer.BadParameter(f"expected NAME=N with N an int >= 0, got {spec!r}", param_hint="'--dim'")
-        dims[name] = int(value)
-    return dims
-
-
-def _load_graph(file: Path | None, example: str | None, dims: Sequence[str] = ()) -> tuple[Graph, str]:
-    """The graph named by FILE or ``--example`` (exactly one), and where it came from."""
-    from .ir import Graph
-
-    if (file is None) == (example is None):
-        raise typer.BadParameter("give a graph FILE or --example NAME (one of them)")
-    bound = _parse_dims(dims)
-    is_onnx = file is not None and file.suffix.lower() == ".onnx"
-    if bound and not is_onnx:
-        raise typer.BadParameter("only ONNX models have symbolic dims to bind", param_hint="'--dim'")
-    if example is not None:
-        return Graph.from_json(_example_text(example)), f"bundled example {example!r}"
-    assert file is not None
-    if is_onnx:
-        from . import onnx as rlx_onnx
-
-        return rlx_onnx.load(file, dims=bound), str(file)
-    return Graph.load(file), str(file)
 
 
 def _make_inputs(graph: Graph, specs: Sequence[str], seed: int) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -519,6 +477,7 @@ def cache_clear_command() -> None:
 
 # --------------------------------------------------------------------------- calibrate, batch
 _register_calibrate(app)
+_register_check(app)
 _register_batch(app)
 
 

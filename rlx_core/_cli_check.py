@@ -1,0 +1,84 @@
+"""``rlx check MODEL [--dim NAME=N] [--device D] [--json]``: can this model run here?
+
+For CI pipelines: it loads the model (a graph .json or an ONNX model), asks every device
+(or the one named) whether it can run it under the current policy, with its blocker and
+estimated cost, and says which device ``rlx run`` would pick. Nothing is compiled or run.
+Exit status: 0 when some device can run the model, 1 when none can, 2 for bad input (an
+unreadable model, an unknown device, a bad ``--dim``). Graphs run whole on one device:
+there is no split to report (``"partition": null``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``rlx check`` to ``app``."""
+    app.command("check")(check)
+
+
+def check(
+    model: Annotated[Path, typer.Argument(help="Graph .json or ONNX model .onnx.")],
+    dims: Annotated[list[str] | None, typer.Option("--dim", help="NAME=N: an ONNX symbolic dim (repeatable).")] = None,
+    device: Annotated[str | None, typer.Option("--device", "-d", help="Check this device only.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")] = False,
+) -> None:
+    """Which devices can run MODEL here, why not, and which one auto would pick (exit 1 if none)."""
+    from rich.table import Table
+
+    from ._cli_common import _load_graph, _seconds, _user_errors, console
+
+    with _user_errors():
+        from .errors import DeviceError
+        from .placement import Placement
+        from .policy import DevicePolicy
+        from .registry import default_registry, parse_device
+
+        graph, origin = _load_graph(model, None, dims or [])
+        placement = Placement(graph, DevicePolicy.from_env(), default_registry())
+        if device is not None:
+            placement.registry.get(parse_device(device)[0])  # an unknown device is bad input (exit 2)
+        rows = placement.report()
+        if device is not None:
+            rows = [r for r in rows if r.device == parse_device(device)[0]]
+        rows = [r for r in rows if r.registered]
+        pick: str | None = None
+        why = ""
+        try:
+            pick, why, _ = placement.choose(device)
+        except DeviceError as exc:
+            why = str(exc)
+        runnable = [r.device for r in rows if r.viable]
+        if json_out:
+            doc: dict[str, Any] = {
+                "model": str(model), "graph": graph.name, "nodes": len(graph), "runnable": bool(runnable),
+                "devices": [{"device": r.device, "can_run": r.viable, "available": r.available,
+                             "blocker": r.blocker, "est_seconds": r.est_seconds} for r in rows],
+                "pick": pick, "why": why, "partition": None,
+            }  # fmt: skip
+            print(json.dumps(doc, indent=2))
+        else:
+            console.print(f"graph: {graph.name} ({len(graph)} nodes) from {origin}")
+            table = Table("device", "can run", "estimate", title_justify="left")
+            notes = []
+            for r in rows:
+                table.add_row(r.device, "yes" if r.viable else "no", _seconds(r.est_seconds) if r.viable else "-")
+                if not r.viable:
+                    notes.append(f"{r.device}: {r.blocker or r.reason or 'unavailable'}")
+            console.print(table)
+            for note in notes:
+                console.print(f"  {note}", soft_wrap=False)
+            if pick:
+                console.print(f"pick: {pick} ({why})")
+            else:
+                detail = f": {why}" if device is not None else " (each device's reason is above)"
+                console.print(f"no device can run it{detail}")
+    if not runnable:
+        raise typer.Exit(1)
