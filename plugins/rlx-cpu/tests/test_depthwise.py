@@ -12,7 +12,7 @@ import rlx_core as rlx
 from rlx_core import reference
 from rlx_core.ir import Graph
 from rlx_core.registry import Registry
-from rlx_cpu import CpuBackend, native, native_nn
+from rlx_cpu import CpuBackend, native_nn
 
 CASES = {  # name -> (x shape, kernel, bias?, conv2d kwargs)
     "3x3 padding 1, bias (MobileNet)": ((1, 8, 9, 11), 3, True, {"padding": 1}),
@@ -35,17 +35,9 @@ def _graph(xs: tuple[int, ...], k: int, bias: bool, kwargs: dict[str, Any]) -> G
     return g
 
 
-@pytest.fixture
-def lib(monkeypatch: pytest.MonkeyPatch) -> native.Native:
-    monkeypatch.delenv("RLX_CPU_NATIVE", raising=False)
-    found = native.library()
-    if found is None:
-        pytest.skip(f"the native kernels are not available here: {native.reason()}")
-    return found
-
-
 @pytest.mark.parametrize("name", list(CASES))
-def test_depthwise_runs_natively_and_matches_the_reference(lib, monkeypatch, name):
+def test_depthwise_runs_natively_and_matches_the_reference(native_lib, monkeypatch, name):
+    lib = native_lib
     calls, windows = [], []
     real_dw, real_im2col = lib.depthwise, lib.im2col
     monkeypatch.setattr(lib, "depthwise", lambda *a: (calls.append(a), real_dw(*a))[1])

@@ -55,12 +55,8 @@ def _empty_rlx_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
 
 
 @pytest.fixture
-def lib(monkeypatch: pytest.MonkeyPatch) -> native.Native:
-    monkeypatch.delenv("RLX_CPU_NATIVE", raising=False)
-    found = native.library()
-    if found is None:
-        pytest.skip(f"the native kernels are not available here: {native.reason()}")
-    return found
+def lib(native_lib: native.Native) -> native.Native:
+    return native_lib
 
 
 @pytest.fixture
