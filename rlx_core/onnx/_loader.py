@@ -26,6 +26,7 @@ from . import (  # noqa: F401  (they register the converters)
     _ops,
     _ops_activations,
     _ops_conv_transpose,
+    _ops_einsum,
     _ops_indexing,
     _ops_losses,
     _ops_nn,
