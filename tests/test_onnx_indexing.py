@@ -1,4 +1,4 @@
-"""Trilu, ArgMax/ArgMin, CumSum, GatherElements, GatherND, Pad and Mod against onnxruntime.
+"""Trilu, ArgMax/ArgMin, TopK, CumSum, GatherElements, GatherND, Pad and Mod against onnxruntime.
 
 Each is a decomposition into existing IR ops (``rlx_core/onnx/_ops_indexing.py``), so the
 cases aim at what a decomposition gets wrong: ties and NaNs for ArgMax, negative and
@@ -198,6 +198,32 @@ def test_cumprod_every_direction_against_numpy(exclusive: int, reverse: int) -> 
 def test_cumsum_with_axis_known_only_at_run_time_is_refused() -> None:
     model, _ = one_node("CumSum", {"x": f32(3), "axis": np.array(0, np.int64)})
     with pytest.raises(ModelError, match=r"axis .*must be known at import"):
+        rlx_onnx.load(model)
+
+
+# ---------------------------------------------------------------- TopK
+@pytest.mark.parametrize(("largest", "axis", "k"), [(1, -1, 3), (0, -1, 2), (1, 0, 2), (0, 1, 4)])
+def test_topk_ties_go_to_the_lower_index(largest: int, axis: int, k: int) -> None:
+    check_against_ort(*topk(ties(4, 5), k, largest=largest, axis=axis))  # repeated values in every row and column
+
+
+def topk(x: np.ndarray, k: int, **attrs: Any) -> tuple[Any, dict]:
+    """A TopK model with both outputs (values, indices)."""
+    model, feeds = one_node("TopK", {"x": x}, {"k": np.array([k], np.int64)}, order=("x", "k"), **attrs)
+    model.graph.node[0].output.append("i")
+    model.graph.output.append(helper.make_empty_tensor_value_info("i"))
+    return model, feeds
+
+
+def test_topk_integers_at_their_extremes() -> None:
+    x = np.array([[I64.min, 3, I64.max, -1, I64.min]], np.int64)
+    for largest in (0, 1):
+        check_against_ort(*topk(x, 3, largest=largest))
+
+
+def test_topk_refuses_k_out_of_range() -> None:
+    model, _ = one_node("TopK", {"x": f32(2, 3)}, {"k": np.array([4], np.int64)}, order=("x", "k"))
+    with pytest.raises(ModelError, match=r"K = 4 must be in 1\.\.3"):
         rlx_onnx.load(model)
 
 

@@ -1,5 +1,5 @@
-"""Converters of position-dependent ops: Trilu, ArgMax/ArgMin, CumSum/CumProd, GatherElements, GatherND, Pad,
-Mod.
+"""Converters of position-dependent ops: Trilu, ArgMax/ArgMin, TopK, CumSum/CumProd, GatherElements, GatherND,
+Pad, Mod.
 
 None of these has an IR op of its own; each is a decomposition into existing ones. rlx
 shapes are static, so everything that depends only on shapes (a triangle mask, the
@@ -404,3 +404,57 @@ def _mod(c: NodeContext) -> list[Operand | None]:
     zero = f.const(0, dtype)
     wrong_sign = f.op("where", f.op("less", b, zero), f.op("greater", r, zero), f.op("less", r, zero))
     return [f.op("where", wrong_sign, f.op("add", r, b), r, name=c.out())]
+
+
+# ---------------------------------------------------------------- TopK
+#: TopK is unrolled, k rounds of a few ops each: beyond this many, the graph gets too big.
+TOPK_MAX_K = 256
+
+
+@converter("TopK")
+def _topk(c: NodeContext) -> list[Operand | None]:
+    """The ``K`` (an import-time input) largest (or smallest) along ``axis``, sorted, with
+    their int64 positions, in ``K`` rounds: the extreme of what is left (a NaN counts as
+    the extreme, as in ArgMax), its first position among the untaken ones, then that
+    position is taken. Ties go to the lower index, as the spec asks; smallest maximizes
+    ``-x`` (floats) or ``-1 - x`` (integers, no overflow)."""
+    f, x = c.f, c.input(0)
+    shape, dtype = _numeric_tensor(c, x)
+    rank = len(shape)
+    axis = _axis(c, int(c.attr("axis", -1)), rank)
+    k, n = _scalar_input(c, 1, "K"), shape[axis]
+    if not 1 <= k <= n:
+        raise c.fail(f"K = {k} must be in 1..{n} (the length of axis {axis})")
+    if k > TOPK_MAX_K:
+        raise c.fail(f"K = {k} is over {TOPK_MAX_K}: rlx unrolls TopK, one round per value")
+    largest = bool(c.attr("largest", 1))
+    floats = dtype in _FLOATS
+    v = x if largest else (f.op("neg", x) if floats else f.op("sub", f.const(-1, dtype), x))
+    lowest = f.const(-np.inf if floats else np.iinfo(dtype).min, dtype)
+    positions = _along(np.arange(n, dtype=np.int64), axis, rank)
+    reversed_positions = _along(n - 1 - np.arange(n, dtype=np.int64), axis, rank)
+    taken: Operand | None = None
+    values: list[Operand] = []
+    indices: list[Operand] = []
+    for i in range(k):
+        m = f.op("reduce_max", v, axes=(axis,), keepdims=True)
+        hit = f.op("equal", v, m)
+        if floats:  # a NaN left is the extreme
+            hit = f.op("where", f.op("equal", v, v), hit, f.const(True, "bool"))
+        if taken is not None:
+            hit = f.op("where", taken, f.const(False, "bool"), hit)
+        first = f.op("reduce_max", f.op("where", hit, reversed_positions, f.const(-1, "int64")), axes=(axis,),
+                     keepdims=True)  # fmt: skip
+        idx = f.op("sub", f.const(n - 1, "int64"), first)
+        values.append(m)
+        indices.append(idx)
+        if i + 1 < k:
+            now = f.op("equal", positions, idx)
+            taken = now if taken is None else f.op("where", now, f.const(True, "bool"), taken)
+            v = f.op("where", now, lowest, v)
+    vals = values[0] if k == 1 else f.op("concat", *values, axis=axis)
+    if not largest:
+        vals = f.op("neg", vals) if floats else f.op("sub", f.const(-1, dtype), vals)
+    idxs = indices[0] if k == 1 else f.op("concat", *indices, axis=axis)
+    return [f.op("reshape", vals, shape=f.shape(vals), name=c.out(0)),
+            f.op("reshape", idxs, shape=f.shape(idxs), name=c.out(1))]  # fmt: skip
