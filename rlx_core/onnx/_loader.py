@@ -25,6 +25,7 @@ from ..ir import Graph, Value
 from . import (  # noqa: F401  (they register the converters)
     _ops,
     _ops_activations,
+    _ops_attention,
     _ops_conv_transpose,
     _ops_einsum,
     _ops_indexing,

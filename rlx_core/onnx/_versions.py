@@ -42,6 +42,10 @@ REVIEWED: dict[tuple[str, int], str] = {
     ("CastLike", 24): "as Cast 24",
     ("Range", 27): "adds float16/bfloat16 and stash_type (their accumulation precision); the Range converter "
                    "computes start + i * delta in float64 (rlx_core/onnx/_ops_tensor.py) and refuses stash_type 0",
+    ("Attention", 24): "adds nonpad_kv_seqlen (an external cache's lengths: bottom-right causal offset and padding "
+                       "mask) and zero rows for fully masked queries; rlx_core/onnx/_ops_attention.py does both",
+    ("Attention", 25): "adds left_window_size/right_window_size (sliding windows, offset-aligned) and refuses "
+                       "q_num_heads/kv_num_heads with 4-D inputs; the converter does both",
     ("Mod", 28): "defines fmod=0 for floats (A - floor(A/B)*B, the sign of B) and its special values; "
                  "the Mod converter branches on the opset for exactly that (rlx_core/onnx/_ops_indexing.py)",
 }  # fmt: skip
@@ -52,6 +56,7 @@ REVIEWED: dict[tuple[str, int], str] = {
 INTRODUCED_LATER: dict[str, frozenset[int]] = {
     "RMSNormalization": frozenset({23}),
     "CumProd": frozenset({26}),
+    "Attention": frozenset({23}),
 }
 
 

@@ -1,0 +1,154 @@
+"""The ``Attention`` converter (opsets 23-25): scaled dot-product attention as ONNX
+defines it, decomposed into matmuls, a softmax and masks.
+
+Q, K, V are (batch, heads, seq, head_size), or (batch, seq, hidden) with
+``q_num_heads``/``kv_num_heads``; grouped-query attention repeats each key/value head
+(a ``gather`` over the heads); ``past_key``/``past_value`` are concatenated in front
+(and are the ``present`` outputs). The attention bias is the sum of the ``attn_mask``
+(a bool mask as 0 / -inf, shorter masks padded as masked) and of the structural masks —
+bottom-right causal (offset: the past length, or ``nonpad_kv_seqlen - q_len`` per batch),
+sliding windows, the ``nonpad_kv_seqlen`` padding — which depend on shapes only (and on
+``nonpad_kv_seqlen``, which must then be known at import) and are one constant. Scores
+are ``Q K^T * scale``, soft-capped when ``softcap > 0``, plus the bias; the softmax runs
+in ``softmax_precision``; a query row with no key left gives a zero row, as the spec
+says. The core's ``fuse_attention`` pass turns the plain form back into one
+``attention`` op for backends that have one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._context import NodeContext, converter
+from ._shapes import Emitter, Operand, frozen
+
+__all__: list[str] = []
+
+_FLOATS = ("float16", "float32", "float64")
+_PRECISIONS = {1: "float32", 10: "float16", 11: "float64"}  # ONNX TensorProto codes
+
+
+def _heads(f: Emitter, x: Operand, heads: int) -> Operand:
+    """(batch, seq, heads * size) -> (batch, heads, seq, size)."""
+    b, s, hidden = f.shape(x)
+    return f.op("transpose", f.op("reshape", x, shape=(b, s, heads, hidden // heads)), perm=(0, 2, 1, 3))
+
+
+def _structural(q_len: int, kv_len: int, causal: bool, left: int, right: int,
+                offset: np.ndarray, nonpad: np.ndarray | None) -> np.ndarray | None:  # fmt: skip
+    """The allowed (batch or 1, 1, q, kv) positions of the causal, window and padding
+    masks, or None when nothing is masked structurally."""
+    if not causal and left < 0 and right < 0 and nonpad is None:
+        return None
+    i = np.arange(q_len).reshape(1, 1, q_len, 1)
+    j = np.arange(kv_len).reshape(1, 1, 1, kv_len)
+    pos = i + offset.reshape(-1, 1, 1, 1)  # each query's absolute position
+    allowed = np.ones((offset.size, 1, q_len, kv_len), dtype=bool)
+    if causal:
+        allowed &= j <= pos
+    if left >= 0:
+        allowed &= pos - j <= left
+    if right >= 0:
+        allowed &= j - pos <= right
+    if nonpad is not None:
+        allowed &= j < nonpad.reshape(-1, 1, 1, 1)
+    return allowed
+
+
+@converter("Attention")
+def _attention(c: NodeContext) -> list[Operand | None]:
+    f = c.f
+    q, k, v = c.input(0, "Q"), c.input(1, "K"), c.input(2, "V")
+    mask, past_k, past_v = c.optional(3), c.optional(4), c.optional(5)
+    nonpad = c.static(6, "nonpad_kv_seqlen") if c.optional(6) is not None else None
+    dtype = f.dtype(q)
+    if dtype not in _FLOATS or f.dtype(k) != dtype or f.dtype(v) != dtype:
+        raise c.fail(f"Q, K and V must share a float dtype, got {f.dtype(q)}, {f.dtype(k)}, {f.dtype(v)}")
+    rank = len(f.shape(q))
+    if rank not in (3, 4) or len(f.shape(k)) != rank or len(f.shape(v)) != rank:
+        raise c.fail(f"Q, K and V must all be 3-D or all 4-D, got {f.shape(q)}, {f.shape(k)}, {f.shape(v)}")
+    q_heads, kv_heads = c.attr("q_num_heads"), c.attr("kv_num_heads")
+    if rank == 3:
+        if q_heads is None or kv_heads is None:
+            raise c.fail("3-D inputs need q_num_heads and kv_num_heads")
+        q, k, v = _heads(f, q, int(q_heads)), _heads(f, k, int(kv_heads)), _heads(f, v, int(kv_heads))
+    elif (q_heads is not None or kv_heads is not None) and c.opset >= 25:
+        raise c.fail("q_num_heads and kv_num_heads must not be given with 4-D inputs")
+    if (past_k is None) != (past_v is None):
+        raise c.fail("past_key and past_value must be given together")
+    if nonpad is not None and past_k is not None:
+        raise c.fail("nonpad_kv_seqlen cannot be combined with past_key/past_value")
+    if past_k is not None:
+        k = f.op("concat", past_k, k, axis=2)
+        v = f.op("concat", past_v, v, axis=2)  # type: ignore[arg-type]
+    present_k, present_v = k, v
+    _, hq, q_len, head = f.shape(q)
+    hk, kv_len = f.shape(k)[1], f.shape(k)[2]
+    if hq != hk:
+        if hq % hk or f.shape(v)[1] != hk:
+            raise c.fail(f"{hq} query heads cannot share {hk} key/value heads")
+        repeat = frozen(np.repeat(np.arange(hk, dtype=np.int64), hq // hk))  # h0, h0, h1, h1, ...
+        k, v = f.op("gather", k, repeat, axis=1), f.op("gather", v, repeat, axis=1)
+    scale = c.attr("scale")
+    scale = 1.0 / math.sqrt(head) if scale is None else float(scale)
+    scores = f.op("mul", f.op("matmul", q, f.op("transpose", k, perm=(0, 1, 3, 2))), f.const(scale, dtype))
+    softcap = float(c.attr("softcap", 0.0) or 0.0)
+    if softcap > 0:
+        cap = f.const(softcap, dtype)
+        scores = f.op("mul", f.op("tanh", f.op("div", scores, cap)), cap)
+    capped = scores
+    # The bias: the structural masks (a constant) plus the attn_mask.
+    past_len = f.shape(past_k)[2] if past_k is not None else 0
+    offset = (nonpad.reshape(-1).astype(np.int64) - q_len) if nonpad is not None else np.array([past_len])
+    allowed = _structural(q_len, kv_len, bool(c.attr("is_causal", 0)), int(c.attr("left_window_size", -1)),
+                          int(c.attr("right_window_size", -1)), offset, nonpad)  # fmt: skip
+    neg_inf, zero = f.const(-np.inf, dtype), f.const(0.0, dtype)
+    bias: Operand | None = None
+    if allowed is not None:
+        bias = frozen(np.where(allowed, 0.0, -np.inf).astype(dtype))
+    runtime_masked = False
+    if mask is not None:
+        m = mask
+        short = kv_len - f.shape(m)[-1]
+        if short < 0:
+            raise c.fail(f"attn_mask covers {f.shape(m)[-1]} keys, more than the {kv_len} there are")
+        if short:  # the keys past the mask are masked
+            pad_shape = (*f.shape(m)[:-1], short)
+            fill = np.zeros(pad_shape, bool) if f.dtype(m) == "bool" else np.full(pad_shape, -np.inf, dtype)
+            m = f.op("concat", m, frozen(fill.astype(f.dtype(m))), axis=-1)
+        if f.dtype(m) == "bool":
+            m = f.op("where", m, zero, neg_inf)
+        elif f.dtype(m) != dtype:
+            raise c.fail(f"a float attn_mask must have Q's dtype {dtype}, got {f.dtype(m)}")
+        bias = m if bias is None else f.op("add", bias, m)
+        runtime_masked = True
+    with_bias = scores if bias is None else f.op("add", scores, bias)
+    precision = _PRECISIONS.get(int(c.attr("softmax_precision", 0) or 0), dtype)
+    logits = with_bias if precision == dtype else f.op("cast", with_bias, dtype=precision)
+    probs = f.op("softmax", logits, axis=-1)
+    if precision != dtype:
+        probs = f.op("cast", probs, dtype=dtype)
+    # A query with every key masked attends nothing: a zero row (the softmax gives NaN).
+    if runtime_masked:
+        assert bias is not None
+        last = len(f.shape(bias)) - 1
+        empty = f.op("equal", f.op("reduce_max", bias, axes=(last,), keepdims=True), neg_inf)
+        probs = f.op("where", empty, zero, probs)
+    elif allowed is not None and not np.all(allowed.any(axis=-1)):
+        probs = f.op("where", frozen(~allowed.any(axis=-1, keepdims=True)), zero, probs)
+    y = f.op("matmul", probs, v)
+    if rank == 3:
+        b, h, s, d = f.shape(y)
+        y = f.op("reshape", f.op("transpose", y, perm=(0, 2, 1, 3)), shape=(b, s, h * d))
+    outs: list[Operand | None] = [f.op("reshape", y, shape=f.shape(y), name=c.out(0))]
+    outs += [f.op("reshape", t, shape=f.shape(t), name=c.out(i)) if c.used(i) else None
+             for i, t in ((1, present_k), (2, present_v))]  # fmt: skip
+    if c.used(3):
+        mode = int(c.attr("qk_matmul_output_mode", 0))
+        debug = {0: capped, 1: capped, 2: with_bias, 3: probs}.get(mode)
+        if debug is None:
+            raise c.fail(f"qk_matmul_output_mode {mode} is not one of 0-3")
+        outs.append(f.op("reshape", debug, shape=f.shape(debug), name=c.out(3)))
+    return outs
