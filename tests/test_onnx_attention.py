@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
+import onnxruntime as ort
 from onnx import helper
 from test_onnx_support import check_against_ort, make_model, vi
 
