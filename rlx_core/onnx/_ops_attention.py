@@ -21,12 +21,12 @@ import math
 
 import numpy as np
 
+from ..dtypes import FLOAT_DTYPES
 from ._context import NodeContext, converter
 from ._shapes import Emitter, Operand, frozen
 
 __all__: list[str] = []
 
-_FLOATS = ("float16", "float32", "float64")
 _PRECISIONS = {1: "float32", 10: "float16", 11: "float64"}  # ONNX TensorProto codes
 
 
@@ -64,7 +64,7 @@ def _attention(c: NodeContext) -> list[Operand | None]:
     mask, past_k, past_v = c.optional(3), c.optional(4), c.optional(5)
     nonpad = c.static(6, "nonpad_kv_seqlen") if c.optional(6) is not None else None
     dtype = f.dtype(q)
-    if dtype not in _FLOATS or f.dtype(k) != dtype or f.dtype(v) != dtype:
+    if dtype not in FLOAT_DTYPES or f.dtype(k) != dtype or f.dtype(v) != dtype:
         raise c.fail(f"Q, K and V must share a float dtype, got {f.dtype(q)}, {f.dtype(k)}, {f.dtype(v)}")
     rank = len(f.shape(q))
     if rank not in (3, 4) or len(f.shape(k)) != rank or len(f.shape(v)) != rank:

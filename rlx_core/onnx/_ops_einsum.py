@@ -18,12 +18,12 @@ import string
 
 import numpy as np
 
+from ..dtypes import FLOAT_DTYPES, INT_DTYPES
 from ._context import NodeContext, converter
 from ._shapes import Emitter, Operand, frozen
 
 __all__: list[str] = []
 
-_FLOATS_AND_INTS = ("float16", "float32", "float64", "int32", "int64")
 
 
 def _parse(c: NodeContext, equation: str, shapes: list[tuple[int, ...]]) -> tuple[list[str], str]:
@@ -115,7 +115,7 @@ def _einsum(c: NodeContext) -> list[Operand | None]:
     if not xs:
         raise c.fail("needs at least one operand")
     dtypes = {f.dtype(x) for x in xs}
-    if len(dtypes) != 1 or next(iter(dtypes)) not in _FLOATS_AND_INTS:
+    if len(dtypes) != 1 or next(iter(dtypes)) not in FLOAT_DTYPES | INT_DTYPES:
         raise c.fail(f"operands must share one numeric dtype, got {sorted(dtypes)}")
     equation = c.attr("equation", "")
     if isinstance(equation, bytes):

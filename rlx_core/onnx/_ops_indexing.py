@@ -105,17 +105,31 @@ def _arg_extreme(c: NodeContext) -> list[Operand | None]:
     v = x
     if c.op_type == "ArgMin":
         v = f.op("neg", x) if dtype in _FLOATS else f.op("sub", f.const(-1, dtype), x)
-    hit = f.op("equal", v, f.op("reduce_max", v, axes=(axis,), keepdims=True))
-    if dtype in _FLOATS:  # a NaN is the extreme: mark the NaNs when there is one
-        hit = f.op("where", f.op("equal", v, v), hit, f.const(True, "bool"))
-    positions = np.arange(n, dtype=np.int64)
-    none = f.const(-1, "int64")
+    _, hit = _extreme(f, v, axis, dtype in _FLOATS)
     if last:
-        picked = f.op("where", hit, _along(positions, axis, len(shape)), none)
+        positions = _along(np.arange(n, dtype=np.int64), axis, len(shape))
+        picked = f.op("where", hit, positions, f.const(-1, "int64"))
         return [f.op("reduce_max", picked, axes=(axis,), keepdims=keep, name=c.out())]
-    picked = f.op("where", hit, _along(n - 1 - positions, axis, len(shape)), none)
-    flipped = f.op("reduce_max", picked, axes=(axis,), keepdims=keep)
-    return [f.op("sub", f.const(n - 1, "int64"), flipped, name=c.out())]
+    return [_first(f, hit, axis, len(shape), n, keep, name=c.out())]
+
+
+def _extreme(f: Emitter, v: Operand, axis: int, floats: bool) -> tuple[Operand, Operand]:
+    """The maximum of ``v`` along ``axis`` (kept) and where it is; a NaN is the extreme:
+    when there is one, the NaNs are marked (the maximum is NaN then)."""
+    m = f.op("reduce_max", v, axes=(axis,), keepdims=True)
+    hit = f.op("equal", v, m)
+    if floats:
+        hit = f.op("where", f.op("equal", v, v), hit, f.const(True, "bool"))
+    return m, hit
+
+
+def _first(f: Emitter, hit: Operand, axis: int, rank: int, n: int, keepdims: bool, name: str = "") -> Operand:
+    """The first position along ``axis`` where ``hit`` holds, as int64: a ``reduce_max``
+    over the reversed positions of the hits."""
+    reversed_positions = _along(n - 1 - np.arange(n, dtype=np.int64), axis, rank)
+    picked = f.op("where", hit, reversed_positions, f.const(-1, "int64"))
+    flipped = f.op("reduce_max", picked, axes=(axis,), keepdims=keepdims)
+    return f.op("sub", f.const(n - 1, "int64"), flipped, name=name)
 
 
 # ---------------------------------------------------------------- CumSum
@@ -432,20 +446,14 @@ def _topk(c: NodeContext) -> list[Operand | None]:
     v = x if largest else (f.op("neg", x) if floats else f.op("sub", f.const(-1, dtype), x))
     lowest = f.const(-np.inf if floats else np.iinfo(dtype).min, dtype)
     positions = _along(np.arange(n, dtype=np.int64), axis, rank)
-    reversed_positions = _along(n - 1 - np.arange(n, dtype=np.int64), axis, rank)
     taken: Operand | None = None
     values: list[Operand] = []
     indices: list[Operand] = []
     for i in range(k):
-        m = f.op("reduce_max", v, axes=(axis,), keepdims=True)
-        hit = f.op("equal", v, m)
-        if floats:  # a NaN left is the extreme
-            hit = f.op("where", f.op("equal", v, v), hit, f.const(True, "bool"))
+        m, hit = _extreme(f, v, axis, floats)
         if taken is not None:
             hit = f.op("where", taken, f.const(False, "bool"), hit)
-        first = f.op("reduce_max", f.op("where", hit, reversed_positions, f.const(-1, "int64")), axes=(axis,),
-                     keepdims=True)  # fmt: skip
-        idx = f.op("sub", f.const(n - 1, "int64"), first)
+        idx = _first(f, hit, axis, rank, n, True)
         values.append(m)
         indices.append(idx)
         if i + 1 < k:

@@ -15,19 +15,19 @@ import math
 
 import numpy as np
 
+from ..dtypes import FLOAT_DTYPES
 from ._context import NodeContext, converter
 from ._ops import _log_softmax
 from ._shapes import Emitter, Operand, frozen
 
 __all__: list[str] = []
 
-_FLOATS = ("float16", "float32", "float64")
 
 
 def _nll(c: NodeContext, logp: Operand, target: Operand, weight: Operand | None, name: str) -> Operand:
     f = c.f
     shape, dtype = f.shape(logp), f.dtype(logp)
-    if dtype not in _FLOATS:
+    if dtype not in FLOAT_DTYPES:
         raise c.fail(f"needs float scores, got {dtype}")
     if len(shape) < 2:
         raise c.fail(f"the input must be (N, C, d1, ...), got shape {shape}")

@@ -18,12 +18,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..dtypes import FLOAT_DTYPES
 from ._context import NodeContext, converter
+from ._ops_indexing import _along
 from ._shapes import Emitter, Operand, frozen
 
 __all__: list[str] = []
 
-_FLOATS = ("float16", "float32", "float64")
 _COORDINATE_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
                      "tf_crop_and_resize")  # fmt: skip
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
@@ -128,10 +129,6 @@ def _axis_table(n_in: int, n_out: int, scale: float, kernel: Coeffs, mode: str, 
     return np.clip(index, 0, n_in - 1), weights, outside
 
 
-def _along(values: np.ndarray, axis: int, rank: int, dtype: str) -> np.ndarray:
-    return frozen(values.astype(dtype).reshape((values.size,) + (1,) * (rank - 1 - axis)))
-
-
 def _resize_axis(f: Emitter, x: Operand, axis: int, table: tuple[np.ndarray, np.ndarray, np.ndarray | None],
                  nearest: bool, fill: float) -> Operand:  # fmt: skip
     index, weights, outside = table
@@ -147,11 +144,11 @@ def _resize_axis(f: Emitter, x: Operand, axis: int, table: tuple[np.ndarray, np.
                 continue
             term = f.op("gather", x, frozen(index[:, t].astype(np.int64)), axis=axis)
             if not np.all(w == 1.0):
-                term = f.op("mul", term, _along(w, axis, rank, dtype))
+                term = f.op("mul", term, _along(w.astype(dtype), axis, rank))
             out = term if out is None else f.op("add", out, term)
         assert out is not None
     if outside is not None and np.any(outside):
-        out = f.op("where", _along(outside, axis, rank, "bool"), f.const(fill, dtype), out)
+        out = f.op("where", _along(outside, axis, rank), f.const(fill, dtype), out)
     return out
 
 
@@ -178,7 +175,7 @@ def _resize(c: NodeContext) -> list[Operand | None]:
         raise c.fail(f"coordinate_transformation_mode {coord!r} is not supported at opset {c.opset}")
     if mode == "nearest" and (nearest_mode not in _NEAREST_MODES or antialias):
         raise c.fail(f"nearest_mode {nearest_mode!r} (antialias {int(antialias)}) is not supported")
-    if mode != "nearest" and dtype not in _FLOATS:
+    if mode != "nearest" and dtype not in FLOAT_DTYPES:
         raise c.fail(f"{mode} interpolation needs a float input, got {dtype}")
     if policy not in ("stretch", "not_larger", "not_smaller"):
         raise c.fail(f"keep_aspect_ratio_policy {policy!r} is not supported")
