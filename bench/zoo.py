@@ -165,7 +165,7 @@ def check(names: list[str], exporters: list[str], batch: int, devices: list[str]
                 print(json.dumps(row), flush=True)
                 continue
             row["export_s"] = round(time.perf_counter() - t0, 1)
-            _, want = _ort(data, inputs)
+            sess, want = _ort(data, inputs)
             try:
                 graph = load(data)
             except Exception as exc:
@@ -174,49 +174,50 @@ def check(names: list[str], exporters: list[str], batch: int, devices: list[str]
                 print(json.dumps(row), flush=True)
                 continue
             feeds = {k: v for k, v in inputs.items() if k in {graph.node(i).name for i in graph.inputs}}
-            chosen = devices or list(rlx_core.available_devices())
-            for device in chosen:
+            compiled: dict[str, Any] = {}  # the devices that ran it: timed below, not compiled again
+            for device in devices or list(rlx_core.available_devices()):
                 try:
-                    got = rlx_core.compile(graph, device=device).run(feeds)[0]
+                    cg = rlx_core.compile(graph, device=device)
+                    got = cg.run(feeds)[0]
                     same = got.shape == want[0].shape
                     err = float(np.max(np.abs(got.astype(np.float64) - want[0]))) if same else None
                     scale = float(np.max(np.abs(want[0]))) or 1.0
-                    row[device] = {"max_abs_err": err, "rel": None if err is None else err / scale,
-                                   "shape_ok": got.shape == want[0].shape}  # fmt: skip
+                    row[device] = {"max_abs_err": err, "rel": None if err is None else err / scale, "shape_ok": same}
+                    compiled[device] = cg
                 except Exception as exc:
                     row[device] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            if timing is not None:
-                row["time"] = _time(data, inputs, graph, feeds, chosen, *timing)
+            if timing is not None and compiled:
+                row["time"] = _time(sess, inputs, want[0], graph, feeds, compiled, *timing)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
 
 
-def _time(data: bytes, inputs: dict[str, np.ndarray], graph: Any, feeds: dict[str, np.ndarray],
-          devices: list[str], rounds: int, target_s: float) -> dict[str, Any]:  # fmt: skip
-    """ORT and rlx (each device, and ``auto``) timed interleaved (``bench/_timing.py``);
-    ratios to ORT; whether auto's pick was the fastest rlx device."""
+def _time(sess: Any, inputs: dict[str, np.ndarray], want: np.ndarray, graph: Any, feeds: dict[str, np.ndarray],
+          compiled: dict[str, Any], rounds: int, target_s: float) -> dict[str, Any]:  # fmt: skip
+    """ORT (``sess``) and rlx (each compiled device, and ``auto``) timed interleaved
+    (``bench/_timing.py``); ratios to ORT; whether auto's pick was the fastest device."""
     import rlx_core
     from bench._contenders import Contender
     from bench._timing import measure
 
-    sess, want = _ort(data, inputs)
     ort_feed = {i.name: inputs[i.name] for i in sess.get_inputs()}
-    contenders = [Contender("onnxruntime", "onnxruntime", lambda: sess.run(None, ort_feed)[0], want[0], 0.0, 0.0)]
+    contenders = [Contender("onnxruntime", "onnxruntime", lambda: sess.run(None, ort_feed)[0], want, 0.0, 0.0)]
     auto = rlx_core.compile(graph)
-    compiled = {"auto": auto, **{d: rlx_core.compile(graph, device=d) for d in devices}}
-    for name, cg in compiled.items():
+    timed = {"auto": auto, **compiled}
+    for name, cg in timed.items():
         contenders.append(Contender(f"rlx {name}", "rlx", lambda cg=cg: cg.run(feeds)[0], cg.run(feeds)[0], 0.0, 0.0))
     timings = measure(contenders, rounds, 0.15, target_s)
     ort_s = timings["onnxruntime"].median
     out: dict[str, Any] = {"ort_ms": ort_s * 1e3, "auto_device": auto.device}
-    for name in compiled:
+    for name in timed:
         out[f"{name}_ms"] = timings[f"rlx {name}"].median * 1e3
         out[f"{name}_vs_ort"] = timings[f"rlx {name}"].median / ort_s
-    fastest = min(devices, key=lambda d: timings[f"rlx {d}"].median)
-    out["auto_picked_fastest"] = auto.device.split(":")[0] == fastest
-    out["auto_regret"] = timings[f"rlx {auto.device.split(':')[0]}"].median / timings[f"rlx {fastest}"].median \
-        if auto.device.split(":")[0] in devices else None
+    fastest = min(compiled, key=lambda d: timings[f"rlx {d}"].median)
+    picked = auto.device.split(":")[0]
+    out["auto_picked_fastest"] = picked == fastest
+    out["auto_regret"] = (timings[f"rlx {picked}"].median / timings[f"rlx {fastest}"].median
+                          if picked in compiled else None)  # fmt: skip
     return out
 
 
