@@ -139,6 +139,7 @@ class Placement:
         self.graph = graph
         self.policy = policy if policy is not None else DevicePolicy.from_env()
         self.registry = registry or default_registry()
+        self.policy.validate(self.registry)  # a device name no backend has is a ConfigError, not ignored
 
     # -------------------------------------------------------------- per device
     def _row(self, name: str, probe: bool = True) -> DeviceCandidate:

@@ -15,10 +15,13 @@ import os
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .errors import ConfigError, DeviceError
 from .registry import parse_device
+
+if TYPE_CHECKING:
+    from .registry import Registry
 
 __all__ = ["DevicePolicy", "environment_settings", "PICKS"]
 
@@ -41,7 +44,14 @@ _VARIABLES: dict[str, tuple[str | None, str]] = {
     "DISABLE_PLUGINS": (None, "comma-separated plugin entry-point names not to load (never imported)"),
     "CACHE_DIR": (None, "where calibrations and other caches are stored (default: the user cache dir)"),
     "FUSION_REPORT": (None, "1 = report what the fusion pass fused and why, for each compiled graph"),
+    "MEMORY_LIMIT": (None, "bytes a compiled graph may need (512M, 8G; 0 or none = no check; default: "
+                           "this host's memory)"),
+    "ISOLATION": (None, "1 (default) = probe and calibrate plugins in child processes; 0 = in this one"),
+    "CALIBRATE_TIMEOUT": (None, "seconds one device's calibration may take (default 900)"),
 }
+
+#: Settings whose variable is a comma-separated list of device names.
+_LIST_SETTINGS = ("allow", "deny", "prefer", "chain")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -206,9 +216,7 @@ class DevicePolicy:
             elif setting == "strict":
                 value = _parse_bool(var, raw)
             else:
-                value = _device_names(raw, var)
-                if not value:
-                    continue
+                value = _device_names(_entries(var, raw), var)
             kwargs[setting] = value
             sources[setting] = f"env {var}"
         return cls(**kwargs, sources=sources)
@@ -233,6 +241,29 @@ class DevicePolicy:
                 return f"not in the allowed devices {listed} ({self._where('allow')})"
         return None
 
+    def validate(self, registry: Registry) -> None:
+        """``ConfigError`` when a setting names a device that is neither a backend here nor
+        one of rlx's own, naming the setting (``RLX_DENY_DEVICES``), the name and the
+        known devices.
+
+        A policy is parsed without a registry (from the environment, or by a caller), so
+        its names can only be checked when it meets one: ``Placement`` calls this. A name
+        of rlx's own backends passes even when its plugin is not installed
+        (``RLX_DENY_DEVICES=cuda`` on a host without rlx-cuda is sensible, and the same
+        variables travel between hosts), and so does a plugin disabled or broken here;
+        anything else is a typo that would otherwise deny, allow or prefer nothing.
+        """
+        known = registry.known_names()
+        for setting in ("device", *_LIST_SETTINGS):
+            value = getattr(self, setting)
+            entries = (value,) if isinstance(value, str) else (value or ())
+            for entry in entries:
+                name = parse_device(entry)[0]
+                if name not in known:
+                    loaded = registry.names()
+                    listed = ", ".join([*loaded, *sorted(known - set(loaded))])
+                    raise ConfigError(f"{self._where(setting)}: unknown device {name!r}; known devices: {listed}")
+
     def _where(self, setting: str) -> str:
         source = self.sources.get(setting, "default")
         return source[4:] if source.startswith("env ") else f"DevicePolicy.{setting}"
@@ -245,6 +276,17 @@ class DevicePolicy:
             d[name] = list(value) if isinstance(value, tuple) else value
         d["sources"] = dict(self.sources)
         return d
+
+
+def _entries(var: str, raw: str) -> list[str]:
+    """The entries of a comma-separated variable. An empty one (``cpu,,``, ``cpu,``,
+    ``,cpu``) is a ``ConfigError``: it is almost always a variable that expanded to
+    nothing (``RLX_DEVICES=cpu,$EXTRA``), and ignoring it would hide that."""
+    entries = raw.split(",")
+    if any(not e.strip() for e in entries):
+        raise ConfigError(f"{var}: {raw.strip()!r} has an empty entry; expected comma-separated device names "
+                          "like 'cpu,cuda'")
+    return entries
 
 
 def _parse_runs(var: str, raw: str) -> int:

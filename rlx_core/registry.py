@@ -179,11 +179,18 @@ class Registry:
                 self._loaded = True
 
     def _disabled_names(self) -> set[str]:
-        names = set()
-        for token in self.environ.get("RLX_DISABLE_PLUGINS", "").split(","):
+        """``RLX_DISABLE_PLUGINS`` as a set of entry point names; blank means none. An empty
+        entry (``cuda,,``) is a ``ConfigError`` like any other malformed token: a variable
+        that expanded to nothing would otherwise disable less than the user meant."""
+        raw = self.environ.get("RLX_DISABLE_PLUGINS", "")
+        names: set[str] = set()
+        if not raw.strip():
+            return names
+        for token in raw.split(","):
             token = token.strip()
             if not token:
-                continue
+                raise ConfigError(f"RLX_DISABLE_PLUGINS: {raw.strip()!r} has an empty entry; expected "
+                                  "comma-separated entry point names like 'cuda,opencl'")
             if any(c.isspace() for c in token) or "=" in token:
                 raise ConfigError(f"RLX_DISABLE_PLUGINS: {token!r} is not an entry point name "
                                   "(expected comma-separated names like 'cuda,opencl')")
@@ -315,6 +322,16 @@ class Registry:
             present |= {b.entry_point for b in self._broken} | {n for b in self._broken for n in b.backend_names}
         return {name: f"pip install '{req}'" if "[" in req else f"pip install {req}"
                 for name, req in FIRST_PARTY.items() if name not in present}
+
+    def known_names(self) -> set[str]:
+        """Every backend name a device policy may mention here: the loaded backends, rlx's
+        own (``FIRST_PARTY``) whether installed or not, and the plugins disabled or broken
+        here (``DevicePolicy.validate`` refuses any other name)."""
+        self._ensure_loaded()
+        with self._lock:
+            names = set(self._infos) | set(FIRST_PARTY) | set(self._disabled)
+            names |= {b.entry_point for b in self._broken} | {n for b in self._broken for n in b.backend_names}
+        return names
 
     def disabled(self) -> list[str]:
         """Entry point names skipped (never imported) because of ``RLX_DISABLE_PLUGINS``."""

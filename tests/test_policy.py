@@ -97,7 +97,7 @@ def test_with_builders_return_new_policies():
 def test_from_env_reads_every_variable_and_records_sources():
     env = {
         "RLX_DEVICE": " cuda:1 ",
-        "RLX_DEVICES": "cpu, cuda ,, jax",
+        "RLX_DEVICES": "cpu, cuda , jax,cpu",
         "RLX_DENY_DEVICES": "opencl",
         "RLX_PREFER_DEVICES": "jax,cpu",
         "RLX_DEVICE_CHAIN": "cuda,cpu",
@@ -116,8 +116,18 @@ def test_from_env_reads_every_variable_and_records_sources():
 
 
 def test_from_env_empty_or_unset_means_default():
-    policy = DevicePolicy.from_env(environ={"RLX_DEVICES": " , ", "RLX_DEVICE": "", "RLX_STRICT": " "})
+    policy = DevicePolicy.from_env(environ={"RLX_DEVICES": "  ", "RLX_DEVICE": "", "RLX_STRICT": " "})
     assert policy == DevicePolicy() and dict(policy.sources) == DEFAULT_SOURCES
+
+
+@pytest.mark.parametrize("var", ["RLX_DEVICES", "RLX_DENY_DEVICES", "RLX_PREFER_DEVICES", "RLX_DEVICE_CHAIN"])
+@pytest.mark.parametrize("value", ["cpu,,", "cpu,", ",cpu", "cpu, ,jax", " , "])
+def test_an_empty_entry_is_a_config_error_naming_variable_and_value(var, value):
+    # ``RLX_DEVICES=cpu,$EXTRA`` with EXTRA unset: ignoring the hole would hide the mistake
+    with pytest.raises(ConfigError) as exc:
+        DevicePolicy.from_env(environ={var: value})
+    message = str(exc.value)
+    assert message.startswith(f"{var}: {value.strip()!r}") and "empty entry" in message
 
 
 def test_from_env_uses_the_prefix_and_defaults_to_os_environ(monkeypatch):
@@ -165,7 +175,8 @@ def test_environment_settings_lists_every_variable_with_its_value():
     names = [name for name, _, _ in settings]
     assert names == ["RLX_DEVICE", "RLX_DEVICES", "RLX_DENY_DEVICES", "RLX_PREFER_DEVICES", "RLX_DEVICE_CHAIN",
                      "RLX_BENCHMARK_PICK", "RLX_STRICT", "RLX_PROBE_TIMEOUT", "RLX_DISABLE_PLUGINS",
-                     "RLX_CACHE_DIR", "RLX_FUSION_REPORT"]
+                     "RLX_CACHE_DIR", "RLX_FUSION_REPORT", "RLX_MEMORY_LIMIT", "RLX_ISOLATION",
+                     "RLX_CALIBRATE_TIMEOUT"]
     values = {name: value for name, value, _ in settings}
     assert values["RLX_DEVICE"] == "cpu" and values["RLX_PROBE_TIMEOUT"] == "3" and values["RLX_STRICT"] is None
     assert all(meaning and "\n" not in meaning for _, _, meaning in settings)
@@ -201,3 +212,44 @@ def test_to_dict_is_json_ready():
     d = DevicePolicy.from_env(environ={"RLX_DEVICES": "cpu"}).to_dict()
     assert d["allow"] == ["cpu"] and d["deny"] == [] and d["device"] is None
     assert d["sources"]["allow"] == "env RLX_DEVICES"
+
+
+# -- validate: names against a registry ----------------------------------------------
+
+
+def _toys():
+    from support import ToyBackend, registry_with
+
+    return registry_with(ToyBackend("toy"), ToyBackend("fast", priority=20))
+
+
+@pytest.mark.parametrize(("var", "value", "name"), [
+    ("RLX_DENY_DEVICES", "foo", "foo"),
+    ("RLX_DEVICES", "toy,nonsense", "nonsense"),
+    ("RLX_PREFER_DEVICES", "fast,bar:1", "bar"),
+    ("RLX_DEVICE_CHAIN", "toy,zz", "zz"),
+    ("RLX_DEVICE", "zz:0", "zz"),
+])
+def test_an_unknown_device_name_is_a_config_error_naming_variable_name_and_known(var, value, name):
+    policy = DevicePolicy.from_env(environ={var: value})
+    with pytest.raises(ConfigError) as exc:
+        policy.validate(_toys())
+    message = str(exc.value)
+    assert message.startswith(f"{var}: unknown device {name!r}; known devices: fast, toy, "), message
+    assert "cuda" in message  # rlx's own names are accepted, so they are listed
+
+
+def test_rlx_own_backends_may_be_named_when_not_installed():
+    # denying cuda on a host without rlx-cuda is legitimate: the same variables go to every host
+    policy = DevicePolicy.from_env(environ={"RLX_DENY_DEVICES": "cuda,tpu:1", "RLX_PREFER_DEVICES": "opencl,jax",
+                                            "RLX_DEVICES": "toy,cpu"})
+    policy.validate(_toys())  # no error
+    with pytest.raises(ConfigError, match=r"^DevicePolicy.deny: unknown device 'cdua'"):
+        DevicePolicy(deny=("cdua",)).validate(_toys())
+
+
+def test_placement_validates_the_policy_it_is_given():
+    from rlx_core.placement import Placement
+
+    with pytest.raises(ConfigError, match="RLX_DENY_DEVICES: unknown device 'foo'"):
+        Placement(None, DevicePolicy.from_env(environ={"RLX_DENY_DEVICES": "foo"}), _toys())

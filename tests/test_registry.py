@@ -201,7 +201,7 @@ def test_unknown_device_lists_known_ones_and_mentions_broken_or_disabled(fake_si
 
 def test_disabled_plugins_are_never_imported(fake_site):
     registry = loaded(fake_site, "fakenp", "fakedisabled", "fakeimport",
-                      environ={"RLX_DISABLE_PLUGINS": " fakedisabled , ,fakeimport "})
+                      environ={"RLX_DISABLE_PLUGINS": " fakedisabled ,fakeimport "})
     assert registry.names() == ["fakenp"]
     assert registry.disabled() == ["fakedisabled", "fakeimport"]
     assert registry.broken() == []
@@ -211,6 +211,9 @@ def test_disabled_plugins_are_never_imported(fake_site):
 def test_malformed_disable_list_is_a_config_error(fake_site):
     registry = Registry(entry_points=fake_site.entry_points("fakenp"), environ={"RLX_DISABLE_PLUGINS": "fake np"})
     with pytest.raises(ConfigError, match=r"RLX_DISABLE_PLUGINS: 'fake np'"):
+        registry.names()
+    registry = Registry(entry_points=fake_site.entry_points("fakenp"), environ={"RLX_DISABLE_PLUGINS": "fakehang,,"})
+    with pytest.raises(ConfigError, match=r"RLX_DISABLE_PLUGINS: 'fakehang,,' has an empty entry"):
         registry.names()
 
 

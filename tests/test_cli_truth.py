@@ -1,0 +1,41 @@
+"""The ``rlx`` command tells the truth (issue 19, items 5 and 6), checked as a new user
+meets it: a bad ``RLX_*`` value is one ``error:`` line naming the variable, whatever the
+command; ``recommended`` without a graph is what ``rlx run --example mlp`` picks; tables
+fit 80 columns; ``rlx cache`` covers every cache; installed / available / usable agree
+between the table and ``--json``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_cli import assert_user_error, mlp_graph, run_rlx
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    path = tmp_path / "mlp.json"
+    mlp_graph().save(path)
+    return path
+
+
+# ----------------------------------------------------------------------------- policy names
+@pytest.mark.parametrize(("env", "fragments"), [
+    ({"RLX_DEVICES": "cpu,,"}, ["RLX_DEVICES", "'cpu,,'", "empty entry"]),
+    ({"RLX_DEVICES": "cpu,nonsense"}, ["RLX_DEVICES", "'nonsense'", "known devices: cpu"]),
+    ({"RLX_DENY_DEVICES": "foo"}, ["RLX_DENY_DEVICES", "'foo'", "known devices: cpu"]),
+    ({"RLX_PREFER_DEVICES": "cpu,bar"}, ["RLX_PREFER_DEVICES", "'bar'", "known devices: cpu"]),
+    ({"RLX_DEVICE": "zz"}, ["RLX_DEVICE", "'zz'", "known devices: cpu"]),
+])  # fmt: skip
+def test_a_bad_device_name_in_the_policy_is_one_error_line_for_every_command(
+        tmp_path: Path, model: Path, env: dict[str, str], fragments: list[str]) -> None:  # fmt: skip
+    for args in (["devices"], ["run", "--example", "mlp"], ["check", str(model)]):
+        assert_user_error(run_rlx(*args, cwd=tmp_path, env=env), *fragments)
+
+
+def test_denying_an_own_backend_that_is_not_installed_is_fine(tmp_path: Path) -> None:
+    # cuda and tpu cannot run here; naming them is still legitimate (the unit test
+    # test_policy.py::test_rlx_own_backends_may_be_named_when_not_installed has no plugin of them at all)
+    proc = run_rlx("run", "--example", "mlp", cwd=tmp_path, env={"RLX_DENY_DEVICES": "cuda,tpu"})
+    assert proc.returncode == 0, proc.stderr
+    assert "device: cpu" in proc.stdout
