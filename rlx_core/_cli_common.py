@@ -41,9 +41,18 @@ def _fail(message: str) -> NoReturn:
 
 
 @contextmanager
-def _user_errors() -> Iterator[None]:
-    """Turn any ``RlxError`` into ``_fail``; anything else is a bug and keeps its traceback."""
+def _user_errors(check_environment: bool = True) -> Iterator[None]:
+    """Turn any ``RlxError`` into ``_fail``; anything else is a bug and keeps its traceback.
+
+    First, unless told not to (``rlx cache`` needs no policy), every ``RLX_*`` variable is
+    parsed: a malformed one is one ``error:`` line naming it before any work, whichever
+    command meets it, instead of, say, a failure per device from ``rlx bench``.
+    """
     try:
+        if check_environment:
+            from .policy import check_environment as check
+
+            check()
         yield
     except RlxError as exc:
         _fail(str(exc))

@@ -452,7 +452,7 @@ def cache_info_command(
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")] = False,
 ) -> None:
     """Where the cache lives and what it holds."""
-    with _user_errors():
+    with _user_errors(check_environment=False):
         from .cache import cache_info
 
         info = cache_info()
@@ -468,7 +468,7 @@ def cache_info_command(
 @cache_app.command("clear")
 def cache_clear_command() -> None:
     """Delete every cached entry (they are recomputed when needed)."""
-    with _user_errors():
+    with _user_errors(check_environment=False):
         from .cache import cache_dir, clear_cache
 
         removed = clear_cache()

@@ -23,7 +23,7 @@ from .registry import parse_device
 if TYPE_CHECKING:
     from .registry import Registry
 
-__all__ = ["DevicePolicy", "environment_settings", "PICKS"]
+__all__ = ["DevicePolicy", "environment_settings", "check_environment", "PICKS"]
 
 PICKS = ("cost", "benchmark")
 
@@ -312,3 +312,30 @@ def environment_settings(prefix: str = "RLX", environ: Mapping[str, str] | None 
     env = os.environ if environ is None else environ
     return [(f"{prefix}_{suffix}", env.get(f"{prefix}_{suffix}"), meaning)
             for suffix, (_, meaning) in _VARIABLES.items()]
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Parse every ``RLX_*`` variable rlx-core reads and raise the first ``ConfigError``
+    (naming the variable and the bad value); return quietly when all are well formed.
+
+    Each variable is read where it is used (the policy at each call, the memory limit and
+    ``RLX_FUSION_REPORT`` at compile, the timeouts at probe and calibration), so a bad
+    value used to surface late and in the wrong shape: as a failure of every device a
+    benchmark tried, or not at all in a command that never compiles. The ``rlx``
+    commands call this first, so every one of them says the same thing, once. Device
+    names are checked against the installed backends later, by ``DevicePolicy.validate``.
+    """
+    from .isolation import isolation_enabled
+    from .memory import memory_limit
+    from .passes.pipeline import fusion_report_enabled
+    from .registry import Registry
+
+    env = os.environ if environ is None else environ
+    DevicePolicy.from_env(environ=env)
+    variables = Registry(entry_points=[], environ=env)  # reads the environment, loads nothing
+    variables.disabled()
+    variables.probe_timeout()
+    variables.calibrate_timeout()
+    isolation_enabled(env)
+    fusion_report_enabled(env)
+    memory_limit(env)

@@ -495,6 +495,8 @@ def benchmark_devices(graph: Graph, devices: Sequence[str], policy: DevicePolicy
     for d in devices:
         try:
             times[d] = _time_runs(gd.compile(d), arrays, policy.benchmark_runs)
+        except CALLER_ERRORS:  # a bad RLX_* value is one error, not a failure of every device
+            raise
         except RlxError as exc:
             warnings.warn(f"rlx: device {d} failed in the benchmark pick ({exc}); skipping it", FallbackWarning,
                           stacklevel=3)  # fmt: skip

@@ -39,3 +39,21 @@ def test_denying_an_own_backend_that_is_not_installed_is_fine(tmp_path: Path) ->
     proc = run_rlx("run", "--example", "mlp", cwd=tmp_path, env={"RLX_DENY_DEVICES": "cuda,tpu"})
     assert proc.returncode == 0, proc.stderr
     assert "device: cpu" in proc.stdout
+
+
+# ----------------------------------------------------------------------------- malformed environment
+@pytest.mark.parametrize(("var", "value"), [("RLX_FUSION_REPORT", "maybe"), ("RLX_MEMORY_LIMIT", "abc")])
+def test_a_malformed_variable_is_one_error_line_for_every_command(tmp_path: Path, model: Path, var: str,
+                                                                   value: str) -> None:  # fmt: skip
+    import numpy as np
+
+    np.savez(tmp_path / "in.npz", x=np.zeros((8, 64), np.float32))
+    for args in (["devices"], ["devices", "--graph", str(model)], ["check", str(model)],
+                 ["bench", str(model), "--runs", "1"], ["batch", str(model), "in.npz", "out.npz"],
+                 ["run", str(model)]):  # fmt: skip
+        proc = run_rlx(*args, cwd=tmp_path, env={var: value})
+        line = assert_user_error(proc, var, repr(value))
+        assert "warning:" not in proc.stderr, (args, proc.stderr)  # no failure per device before it
+        assert proc.stdout == "", (args, proc.stdout, line)  # nothing was done
+    assert not (tmp_path / "out.npz").exists()
+    assert run_rlx("cache", "info", cwd=tmp_path, env={var: value}).returncode == 0  # needs no policy

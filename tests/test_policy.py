@@ -253,3 +253,31 @@ def test_placement_validates_the_policy_it_is_given():
 
     with pytest.raises(ConfigError, match="RLX_DENY_DEVICES: unknown device 'foo'"):
         Placement(None, DevicePolicy.from_env(environ={"RLX_DENY_DEVICES": "foo"}), _toys())
+
+
+# -- check_environment: every RLX_* variable, parsed up front ---------------------------
+
+
+@pytest.mark.parametrize(("var", "value"), [
+    ("RLX_FUSION_REPORT", "maybe"), ("RLX_MEMORY_LIMIT", "abc"), ("RLX_PROBE_TIMEOUT", "-1"),
+    ("RLX_CALIBRATE_TIMEOUT", "soon"), ("RLX_ISOLATION", "yes"), ("RLX_DISABLE_PLUGINS", "cuda,,"),
+    ("RLX_STRICT", "maybe"), ("RLX_DEVICES", "cpu,,"), ("RLX_BENCHMARK_PICK", "x"),
+])  # fmt: skip
+def test_check_environment_names_the_malformed_variable(var, value):
+    from rlx_core.policy import check_environment
+
+    check_environment({})  # all unset: fine
+    with pytest.raises(ConfigError, match=var):
+        check_environment({var: value})
+
+
+def test_every_listed_variable_is_checked_or_free_text():
+    # a variable added to the catalogue (``rlx devices --explain``) but not to check_environment
+    # would be parsed late again; these take any text
+    from rlx_core.policy import check_environment
+
+    free = {"RLX_CACHE_DIR"}
+    for var, _, _ in environment_settings(environ={}):
+        if var not in free:
+            with pytest.raises(ConfigError, match=var):
+                check_environment({var: "@@ not valid @@"})

@@ -187,3 +187,17 @@ def test_device_arrays_reach_an_executable_that_accepts_them_unconverted():
     plain = rlx.compile(g, device="toy", policy=rlx.DevicePolicy(), registry=registry_with(ToyBackend("toy")))
     with pytest.raises(rlx.InputError, match="input 'x'"):
         plain.run({"x": _DeviceArray(X)})
+
+
+@pytest.mark.parametrize(("var", "value"), [("RLX_FUSION_REPORT", "maybe"), ("RLX_MEMORY_LIMIT", "abc")])
+@pytest.mark.parametrize("pick", [rlx.DevicePolicy(), rlx.DevicePolicy.with_benchmark_pick(2)], ids=["cost", "bench"])
+def test_a_malformed_variable_is_one_config_error_never_a_fallback_per_device(monkeypatch, var, value, pick):
+    # three devices that could each "fail" on it: the caller's mistake is raised once, at once
+    monkeypatch.setenv(var, value)
+    reg = registry_with(ToyBackend("a", gflops=1), ToyBackend("b", gflops=10), ToyBackend("c", gflops=100))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rlx.FallbackWarning)
+        with pytest.raises(rlx.ConfigError, match=var):
+            rlx.compile(mlp(), policy=pick, registry=reg)
+        with pytest.raises(rlx.ConfigError, match=var):
+            rlx.run_with_fallback(mlp(), {"x": X}, policy=pick, registry=reg)
