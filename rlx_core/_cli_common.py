@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 from rich.console import Console
 
-from .errors import ModelError, RlxError
+from .errors import RlxError
+from .examples import EXAMPLES, example_text
 
 if TYPE_CHECKING:
     from .ir import Graph
@@ -25,8 +26,6 @@ __all__ = ["console", "_print_error", "_fail", "_user_errors", "_seconds", "EXAM
 
 console = Console(highlight=False)
 
-#: Bundled example graphs (``rlx run --example NAME``), stored as rlx_core/examples/NAME.json.
-EXAMPLES = ("mlp",)
 
 
 def _print_error(message: str) -> None:
@@ -68,14 +67,6 @@ def _seconds(s: float | None) -> str:
     return f"{s:.2f} s"
 
 
-def _example_text(name: str) -> str:
-    from importlib.resources import files
-
-    if name not in EXAMPLES:
-        raise ModelError(f"unknown example {name!r}; bundled examples: {', '.join(EXAMPLES)}")
-    return files("rlx_core").joinpath("examples", f"{name}.json").read_text(encoding="utf-8")
-
-
 def _parse_dims(specs: Sequence[str]) -> dict[str, int]:
     """``--dim NAME=N`` options as ``{NAME: N}`` (an ONNX model's symbolic dims)."""
     dims: dict[str, int] = {}
@@ -99,7 +90,7 @@ def _load_graph(file: Path | None, example: str | None, dims: Sequence[str] = ()
     if bound and not is_onnx:
         raise typer.BadParameter("only ONNX models have symbolic dims to bind", param_hint="'--dim'")
     if example is not None:
-        return Graph.from_json(_example_text(example)), f"bundled example {example!r}"
+        return Graph.from_json(example_text(example)), f"bundled example {example!r}"
     assert file is not None
     if is_onnx:
         from . import onnx as rlx_onnx

@@ -278,10 +278,16 @@ def _print_explain(placement: Any, rows: Sequence[Any], env: Sequence[tuple[str,
         table.add_row(var, "[dim](unset)[/]" if value is None else value, meaning)
     console.print(table)
     _print_probes(placement, rows)
-    if placement.graph is None:
-        console.print("Without --graph, [bold]recommended[/] marks the highest-priority available device; "
-                      "pass --graph FILE to see the choice for a graph.")  # fmt: skip
-        return
+    if placement.graph is None:  # the question the no-graph pick answered (see Placement.report)
+        from dataclasses import replace
+
+        from .examples import REPRESENTATIVE, representative_graph
+        from .placement import Placement
+
+        placement = Placement(representative_graph(), replace(placement.policy, pick="cost"), placement.registry)
+        rows = placement.report()
+        console.print(f"Without --graph, [bold]pick[/] is the device `rlx run --example {REPRESENTATIVE}` runs on, "
+                      "priced on that example; pass --graph FILE for yours.")  # fmt: skip
     try:
         device, why, _ = placement.choose()
         console.print(f"Why {device}: {why}")

@@ -255,11 +255,18 @@ class Placement:
         ]  # a probe failure is listed under its entry point, which may differ from the device name
         recommended: str | None = None
         if self.graph is None:
-            if self.policy.device and parse_device(self.policy.device)[0] in {r.device for r in rows if r.viable}:
-                recommended = parse_device(self.policy.device)[0]
-            else:
-                viable = [r for r in rows if r.viable]
-                recommended = max(viable, key=lambda r: r.priority).device if viable else None
+            # What `rlx run --example mlp` runs on: this policy (RLX_DEVICE, prefer, deny) and
+            # the cost ranking on the representative graph, priced, never compiled (so by cost
+            # even under a benchmark pick).
+            from dataclasses import replace
+
+            from .examples import representative_graph
+
+            sample = Placement(representative_graph(), replace(self.policy, pick="cost"), self.registry)
+            try:
+                recommended = parse_device(sample.choose()[0])[0]
+            except DeviceError:
+                recommended = None
         else:
             try:
                 recommended = parse_device(self.choose()[0])[0]

@@ -6,6 +6,11 @@ between the table and ``--json``."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,3 +62,29 @@ def test_a_malformed_variable_is_one_error_line_for_every_command(tmp_path: Path
         assert proc.stdout == "", (args, proc.stdout, line)  # nothing was done
     assert not (tmp_path / "out.npz").exists()
     assert run_rlx("cache", "info", cwd=tmp_path, env={var: value}).returncode == 0  # needs no policy
+
+
+# ----------------------------------------------------------------------------- recommended without a graph
+def _all_plugins(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Like ``run_rlx`` but with every installed plugin (jax, opencl, cuda too): the
+    recommendation must agree with the pick on this host's real backends."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RLX_")}
+    base.update({"RLX_CACHE_DIR": str(cwd / "cache"), "COLUMNS": "200", **(env or {})})
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=base, capture_output=True, text=True,
+                          timeout=180)  # fmt: skip
+
+
+@pytest.mark.parametrize("env", [{}, {"RLX_DENY_DEVICES": "cpu"}], ids=["default", "deny-cpu"])
+def test_recommended_agrees_with_the_example_run_on_the_real_backends(tmp_path: Path, env: dict[str, str]) -> None:
+    doc = json.loads(_all_plugins("-m", "rlx_core", "devices", "--json", cwd=tmp_path, env=env).stdout)
+    recommended = [r["device"] for r in doc["devices"] if r["recommended"]]
+    ran = _all_plugins("-m", "rlx_core", "run", "--example", "mlp", cwd=tmp_path, env=env)
+    python = _all_plugins("-c", "import rlx_core; print(*[r.device for r in rlx_core.device_report() "
+                                "if r.recommended])", cwd=tmp_path, env=env)  # fmt: skip
+    if not recommended:  # deny-cpu on a host where nothing else runs: the run must fail too
+        assert ran.returncode == 2, ran.stdout
+        return
+    assert ran.returncode == 0, ran.stderr
+    picked = re.search(r"^device: (\S+)", ran.stdout, re.MULTILINE)
+    assert picked is not None, ran.stdout
+    assert recommended == [picked.group(1)] == python.stdout.split(), (recommended, ran.stdout, python.stdout)

@@ -85,3 +85,31 @@ def test_auto_compile_falls_back_loudly_when_a_device_fails_to_compile():
         rlx.compile(mlp(), device="flaky", policy=rlx.DevicePolicy(), registry=reg)
     x = np.zeros((4, 8), np.float32)
     assert cg.run({"x": x})[0].shape == (4, 6)
+
+
+@pytest.mark.parametrize(("policy", "want"), [
+    (rlx.DevicePolicy(), "cheap"),
+    (rlx.DevicePolicy(prefer=("dear",)), "dear"),
+    (rlx.DevicePolicy(deny=("cheap",)), "dear"),
+    (rlx.DevicePolicy(device="dear"), "dear"),
+    (rlx.DevicePolicy(allow=("dear",)), "dear"),
+    (rlx.DevicePolicy.with_benchmark_pick(2), "cheap"),
+], ids=["cost", "prefer", "deny", "device", "allow", "benchmark"])  # fmt: skip
+def test_recommended_without_graph_is_the_device_the_example_runs_on(policy, want):
+    from rlx_core.examples import example_graph
+
+    # the higher priority is the slower device: priority must not decide, the ranking must
+    dear, cheap = ToyBackend("dear", priority=90, gflops=1), ToyBackend("cheap", priority=10, gflops=500)
+    reg = registry_with(dear, cheap)
+    rows = rlx.device_report(policy=policy, registry=reg)
+    assert [r.device for r in rows if r.recommended] == [want]
+    assert all(r.est_seconds is None and r.supports_graph is None for r in rows)  # still a report without graph
+    assert dear.compiles == cheap.compiles == 0  # priced, never compiled (not even to benchmark)
+    if policy.pick == "cost":  # a benchmark pick times the toys, which run at the same speed
+        assert rlx.compile(example_graph("mlp"), policy=policy, registry=reg).device == want
+
+
+def test_recommended_without_graph_is_none_when_the_default_device_cannot_run():
+    reg = registry_with(ToyBackend("a"), ToyBackend("b", available="unplugged"))
+    rows = rlx.device_report(policy=rlx.DevicePolicy(device="b"), registry=reg)
+    assert not any(r.recommended for r in rows)  # rlx run --example mlp would fail: nothing to recommend
