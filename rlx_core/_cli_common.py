@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -22,7 +22,8 @@ from .examples import EXAMPLES, example_text
 if TYPE_CHECKING:
     from .ir import Graph
 
-__all__ = ["console", "_print_error", "_fail", "_user_errors", "_seconds", "EXAMPLES", "_load_graph"]
+__all__ = ["console", "_print_error", "_fail", "_user_errors", "_seconds", "EXAMPLES", "_load_graph", "Notes",
+           "_jsonable"]
 
 console = Console(highlight=False)
 
@@ -55,6 +56,49 @@ def _user_errors(check_environment: bool = True) -> Iterator[None]:
         yield
     except RlxError as exc:
         _fail(str(exc))
+
+
+class Notes:
+    """Numbered notes under a table: a long reason (a driver's message, a blocker, a pip
+    command, an error) is referenced from its cell as ``(N)`` and printed below the table,
+    where it wraps as prose. Whatever a plugin says, the table keeps to 80 columns and a
+    cell to one line."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def add(self, text: str) -> str:
+        """Keep ``text`` as the next note and return its marker, ``(N)``."""
+        self.texts.append(text)
+        return f"({len(self.texts)})"
+
+    def cell(self, text: str, short: int = 20) -> str:
+        """``text`` itself when it is at most ``short`` characters, else a note's marker
+        (prefixed with ``text``'s first word when that names a state, e.g. ``failed (2)``)."""
+        if len(text) <= short:
+            return text
+        word = text.split(":", 1)[0]
+        return f"{word} {self.add(text)}" if word != text and len(word) <= 12 and " " not in word else self.add(text)
+
+    def print(self, out: Console | None = None) -> None:
+        """Print the notes, one paragraph each, plugin text escaped (``pip install jax[tpu]``
+        is not rich markup)."""
+        from rich.markup import escape
+
+        for i, text in enumerate(self.texts, 1):
+            (out or console).print(f"({i}) {escape(text)}", soft_wrap=False)
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with every mapping, sequence and set made JSON-ready (sets sorted)."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_jsonable(v) for v in value]
+        return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
+    return str(value)
 
 
 def _seconds(s: float | None) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import sys
 import tempfile
@@ -27,8 +26,19 @@ from rich.table import Table
 from ._cli_batch import register as _register_batch  # its own module; imports nothing heavy
 from ._cli_calibrate import register as _register_calibrate
 from ._cli_check import register as _register_check
-from ._cli_common import EXAMPLES, _fail, _load_graph, _parse_dims, _print_error, _seconds, _user_errors, console
-from .errors import PluginWarning, RlxError
+from ._cli_common import (
+    EXAMPLES,
+    _fail,
+    _jsonable,
+    _load_graph,
+    _parse_dims,
+    _print_error,
+    _seconds,
+    _user_errors,
+    console,
+)
+from ._cli_devices import register as _register_devices
+from .errors import RlxError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -87,22 +97,6 @@ def _make_inputs(graph: Graph, specs: Sequence[str], seed: int) -> tuple[dict[st
     return feeds, notes
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = [_jsonable(v) for v in value]
-        return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
-    return str(value)
-
-
-def _ops(row: Any) -> list[str]:
-    ops = getattr(row, "ops", None) or ()
-    return sorted(str(op) for op in ops)
-
-
 # --------------------------------------------------------------------------- --version
 def _print_version(value: bool) -> None:
     if not value:
@@ -134,185 +128,7 @@ def _root(
     """rlx: run ML graphs on the fastest device installed here."""
 
 
-# --------------------------------------------------------------------------- devices
-def _device_json(row: Any) -> dict[str, Any]:
-    d = {
-        "device": row.device,
-        "label": row.label,
-        "available": bool(row.available),
-        "reason": row.reason or "",
-        "distribution": getattr(row, "distribution", None),
-        "version": getattr(row, "version", None),
-        "ops": _ops(row),
-        "calibrated": bool(getattr(row, "calibrated", False)),
-        "recommended": bool(row.recommended),
-        "blocker": row.blocker or None,
-        # installed (its plugin loaded) / available (its probe says yes) / usable (and the
-        # policy, and the graph when one is given, let it run)
-        "installed": bool(getattr(row, "registered", True)),
-        "usable": bool(getattr(row, "viable", False)),
-    }
-    for extra in ("priority", "registered", "supports_graph", "est_seconds"):
-        d[extra] = _jsonable(getattr(row, extra, None))
-    return d
-
-
-def _why_not(rows: Sequence[Any]) -> dict[str, str]:
-    """For a graph: why each device other than the recommended one is not the choice."""
-    rec = next((r for r in rows if r.recommended), None)
-    why_not = {}
-    for r in rows:
-        if r is rec:
-            continue
-        if r.blocker or not r.available:
-            why_not[r.device] = r.blocker or r.reason or "unavailable"
-        elif rec is not None and r.est_seconds is not None and rec.est_seconds is not None:
-            if math.isclose(r.est_seconds, rec.est_seconds, rel_tol=1e-9):
-                why_not[r.device] = (f"same estimated cost ({_seconds(r.est_seconds)}) as {rec.device}, "
-                                     f"lower priority ({r.priority} vs {rec.priority})")  # fmt: skip
-            else:
-                why_not[r.device] = f"estimated {_seconds(r.est_seconds)} per run vs {_seconds(rec.est_seconds)}"
-        else:
-            why_not[r.device] = "viable, ranked below by the policy"
-    return why_not
-
-
-@app.command()
-def devices(
-    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")] = False,
-    explain: Annotated[bool, typer.Option("--explain", help="Show the policy, RLX_* variables and the why.")] = False,
-    graph: Annotated[Path | None, typer.Option("--graph", help="Rank devices for this graph .json.")] = None,
-    example: Annotated[str | None, typer.Option("--example", help="Rank devices for a bundled example.")] = None,
-) -> None:
-    """List every discovered backend: available or why not, ops, cost model, recommended."""
-    with _user_errors():
-        from .placement import Placement
-        from .policy import DevicePolicy, environment_settings
-        from .registry import default_registry
-
-        g = _load_graph(graph, example)[0] if graph is not None or example is not None else None
-        placement = Placement(g, DevicePolicy.from_env(), default_registry())
-        with warnings.catch_warnings():  # broken plugins are listed below, not warned about
-            warnings.simplefilter("ignore", PluginWarning)
-            rows = placement.report()  # probes every backend concurrently; broken() is complete after it
-        broken = [{"name": name, "error": str(error)} for name, error in placement.registry.broken()]
-        disabled = sorted(placement.registry.disabled())
-        missing = placement.registry.not_installed()
-        if json_out:
-            doc = {
-                "devices": [_device_json(r) for r in rows],
-                "broken_plugins": broken,
-                "disabled_plugins": disabled,
-                "not_installed": [{"device": d, "install": how} for d, how in missing.items()],
-                "policy": placement.policy.to_dict(),
-                "environment": [{"variable": k, "value": v, "meaning": m} for k, v, m in environment_settings()],
-            }
-            print(json.dumps(doc, indent=2))
-            return
-        _print_devices([r for r in rows if r.registered], with_graph=g is not None)
-        if broken:
-            table = Table("plugin (entry point)", "error", title="Broken plugins", title_justify="left")
-            for b in broken:
-                table.add_row(b["name"], b["error"])
-            console.print(table)
-        if disabled:
-            console.print(f"Disabled by RLX_DISABLE_PLUGINS: {', '.join(disabled)}")
-        if missing:
-            console.print("Not installed: " + "; ".join(f"{d} ({how})" for d, how in missing.items()))
-        if explain:
-            _print_explain(placement, rows, environment_settings())
-
-
-def _print_devices(rows: Sequence[Any], with_graph: bool) -> None:
-    """The device table, narrow enough for an 80-column terminal: a long reason or blocker
-    (a driver's message, a pip command) goes under the table, numbered from its row, where
-    it wraps as prose instead of stretching one cell down the screen."""
-    from rich.markup import escape  # reasons are plugin text: "pip install jax[tpu]" is not markup
-
-    if not rows:
-        console.print("No working rlx backend is installed. The cpu backend comes with `pip install rlx-core`.")
-        return
-    table = Table(title="rlx devices" + (" for this graph" if with_graph else ""), title_justify="left")
-    columns = [("device", False), ("status", False), ("ops", False), ("model", False), ("pick", False)]
-    if with_graph:  # the graph's columns take the place of where the backends came from
-        columns += [("est. per run", False), ("blocker", False)]
-    else:
-        columns += [("label", True), ("distribution", True)]
-    for col, wraps in columns:
-        table.add_column(col, overflow="fold", no_wrap=not wraps, justify="right" if col == "est. per run" else "left")
-    notes: list[str] = []
-
-    def note(text: str) -> str:
-        notes.append(text)
-        return f"({len(notes)})"
-
-    for r in rows:
-        dist = " ".join(str(x) for x in (getattr(r, "distribution", None), getattr(r, "version", None)) if x)
-        status = "[green]available[/]" if r.available else (
-            f"[red]unavailable[/] {note(f'{r.device}: {r.reason}')}" if r.reason else "[red]unavailable[/]")
-        model = "calibrated" if getattr(r, "calibrated", False) else "default"
-        cells = [r.device, status, str(len(_ops(r))), model, "[bold]yes[/]" if r.recommended else ""]
-        if with_graph:  # the blocker, when it is more than the unavailable reason, as a note
-            blocker = r.blocker or ""
-            same = blocker and not r.available and r.reason and r.reason in blocker
-            cells += [_seconds(r.est_seconds), "" if not blocker or same else note(f"{r.device}: {blocker}")]
-        else:
-            cells += [r.label or "", dist or "-"]
-        table.add_row(*cells)
-    console.print(table)
-    for i, text in enumerate(notes, 1):
-        console.print(f"({i}) {escape(text)}", soft_wrap=False)
-
-
-def _print_explain(placement: Any, rows: Sequence[Any], env: Sequence[tuple[str, str | None, str]]) -> None:
-    from .errors import DeviceError
-
-    settings = placement.policy.to_dict()
-    sources = settings.pop("sources")
-    table = Table("setting", "value", "from", title="Effective device policy", title_justify="left")
-    for name, value in settings.items():
-        table.add_row(name, json.dumps(value), str(sources.get(name, "default")))
-    console.print(table)
-    table = Table("variable", "value", "meaning", title="RLX_* environment", title_justify="left")
-    for var, value, meaning in env:
-        table.add_row(var, "[dim](unset)[/]" if value is None else value, meaning)
-    console.print(table)
-    _print_probes(placement, rows)
-    if placement.graph is None:  # the question the no-graph pick answered (see Placement.report)
-        from dataclasses import replace
-
-        from .examples import REPRESENTATIVE, representative_graph
-        from .placement import Placement
-
-        placement = Placement(representative_graph(), replace(placement.policy, pick="cost"), placement.registry)
-        rows = placement.report()
-        console.print(f"Without --graph, [bold]pick[/] is the device `rlx run --example {REPRESENTATIVE}` runs on, "
-                      "priced on that example; pass --graph FILE for yours.")  # fmt: skip
-    try:
-        device, why, _ = placement.choose()
-        console.print(f"Why {device}: {why}")
-    except DeviceError as exc:
-        console.print(f"No device: {exc}")
-    for name, reason in _why_not(rows).items():
-        console.print(f"Why not {name}: {reason}")
-
-
-def _print_probes(placement: Any, rows: Sequence[Any]) -> None:
-    """What each backend's probe said, available ones included, with the versions it found
-    (e.g. the jax backend's platform and ``JAX_PLATFORMS``): the table shows only failures."""
-    from rich.markup import escape
-
-    table = Table("device", "probe said", "versions", title="Backend probes", title_justify="left")
-    for r in rows:
-        if not r.registered:
-            continue
-        try:
-            versions = placement.registry.availability(r.device).versions
-        except Exception:  # a broken backend: its row already says why
-            versions = {}
-        said = ("available" if r.available else "unavailable") + (f": {r.reason}" if r.reason else "")
-        table.add_row(r.device, escape(said), escape(", ".join(f"{k} {v}" for k, v in versions.items()) or "-"))
-    console.print(table)
+_register_devices(app)  # first in `rlx --help`: the doctor comes before the runner
 
 
 # --------------------------------------------------------------------------- run
@@ -481,7 +297,7 @@ def cache_clear_command() -> None:
         console.print(f"removed {removed} file{'s' if removed != 1 else ''} from {cache_dir()}")
 
 
-# --------------------------------------------------------------------------- calibrate, batch
+# --------------------------------------------------------------------------- the commands in their own modules
 _register_calibrate(app)
 _register_check(app)
 _register_batch(app)

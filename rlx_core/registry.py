@@ -116,6 +116,17 @@ def _reraised(name: str, error: Mapping[str, str]) -> Exception:
     return PluginError(f"backend {name!r}: calibrate raised {kind}: {message}")
 
 
+def _distribution_name(ep: Any) -> str:
+    """The name of the distribution an entry point comes from, or ``""``."""
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return ""
+    try:
+        return str(getattr(dist, "name", None) or dist.metadata["Name"] or "")
+    except Exception:  # metadata a broken install cannot give: the entry point is still reported
+        return ""
+
+
 def _origin(dist: str, version: str, entry_point: str) -> str:
     """How an error names where a backend came from: ``"rlx-foo 1.2"``."""
     if dist:
@@ -143,6 +154,7 @@ class Registry:
         self._broken: list[_Broken] = []
         self._probe_broken: dict[str, _Broken] = {}
         self._disabled: list[str] = []
+        self._distributions: set[str] = set()  # of every entry point seen: loaded, disabled or broken
         self._probes: dict[str, ProbeRun] = {}
         self._targets: dict[str, ChildTarget] = {}  # backends a child process can load again
         self._faults = FaultLog()
@@ -169,6 +181,7 @@ class Registry:
                 if eps is None:
                     eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
                 for ep in eps:
+                    self._distributions.add(_distribution_name(ep))
                     if ep.name in disabled:
                         logger.debug("rlx plugin %r skipped: listed in RLX_DISABLE_PLUGINS", ep.name)
                         self._disabled.append(ep.name)
@@ -320,8 +333,10 @@ class Registry:
         with self._lock:
             present = set(self._infos) | set(self._disabled)
             present |= {b.entry_point for b in self._broken} | {n for b in self._broken for n in b.backend_names}
+            dists = {i.distribution for i in self._infos.values()} | self._distributions
+        # by distribution too: rlx-jax-tpu's one entry point, disabled, stands for tpu as well
         return {name: f"pip install '{req}'" if "[" in req else f"pip install {req}"
-                for name, req in FIRST_PARTY.items() if name not in present}
+                for name, req in FIRST_PARTY.items() if name not in present and req.partition("[")[0] not in dists}
 
     def known_names(self) -> set[str]:
         """Every backend name a device policy may mention here: the loaded backends, rlx's

@@ -132,7 +132,7 @@ def test_devices_table_for_people(tmp_path: Path) -> None:
     proc = run_rlx("devices", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "cpu" in out and "rlx-cpu" in out and "available" in out and "yes" in out
+    assert "cpu" in out and "rlx-cpu" in out and "usable" in out and "yes" in out
 
 
 def test_devices_explain_shows_policy_sources_and_every_variable(tmp_path: Path, graphs: dict[str, Path]) -> None:

@@ -88,3 +88,55 @@ def test_recommended_agrees_with_the_example_run_on_the_real_backends(tmp_path: 
     picked = re.search(r"^device: (\S+)", ran.stdout, re.MULTILINE)
     assert picked is not None, ran.stdout
     assert recommended == [picked.group(1)] == python.stdout.split(), (recommended, ran.stdout, python.stdout)
+
+
+# ----------------------------------------------------------------------------- installed / available / usable
+def _status_and_note(text: str, device: str) -> tuple[str, str]:
+    """The status cell of ``device``'s row in the ``rlx devices`` table, and the text of
+    the note it points to (``""`` when none)."""
+    row = next(line for line in text.splitlines() if line.startswith(f"│ {device} "))
+    status = row.split("│")[2].strip()
+    marker = re.search(r"\((\d+)\)", status)
+    if marker is None:
+        return status, ""
+    below = text[text.index("\n└"):].split("\n", 2)[2]  # after the table's last line
+    notes = below[below.index(f"({marker.group(1)}) "):].split("\n(")[0]
+    return status, " ".join(notes.split())
+
+
+def test_installed_available_usable_agree_between_table_and_json(monkeypatch, isolated_registry) -> None:
+    from support import ToyBackend, registry_with
+    from typer.testing import CliRunner
+
+    from rlx_core.cli import app
+    from rlx_core.registry import set_default_registry
+
+    # no plugin of rlx's own is installed in this registry: cpu, cuda... get "not installed" rows
+    set_default_registry(registry_with(ToyBackend("toy"), ToyBackend("gone", available="no gone device here"),
+                                       ToyBackend("shy")))  # fmt: skip
+    for var in [v for v in os.environ if v.startswith("RLX_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("RLX_DENY_DEVICES", "shy")
+    runner = CliRunner()
+    doc = json.loads(runner.invoke(app, ["devices", "--json"]).stdout)
+    rows = {r["device"]: r for r in doc["devices"]}
+    states = {d: (r["installed"], r["available"], r["usable"], r["state"]) for d, r in rows.items()}
+    assert states == {
+        "toy": (True, True, True, "usable"), "shy": (True, True, False, "blocked"),
+        "gone": (True, False, False, "unavailable"), **{d: (False, False, False, "not installed")
+                                                          for d in ("tpu", "cuda", "opencl", "jax", "cpu")},
+    }  # fmt: skip
+    assert rows["cuda"]["reason"] == rows["cuda"]["blocker"] == "not installed: pip install rlx-cuda"
+    assert rows["cuda"]["distribution"] == "rlx-cuda" and rows["cuda"]["ops"] == []
+    assert rows["opencl"]["reason"] == "not installed: pip install 'rlx-opencl[pocl]'"
+    assert rows["shy"]["blocker"] == "denied by policy (RLX_DENY_DEVICES)"
+    assert {m["device"] for m in doc["not_installed"]} == {"tpu", "cuda", "opencl", "jax", "cpu"}
+
+    text = runner.invoke(app, ["devices"]).stdout
+    expected_notes = {"toy": "", "shy": "shy: denied by policy (RLX_DENY_DEVICES)",
+                      "gone": "gone: no gone device here", "cuda": "cuda: not installed: pip install rlx-cuda",
+                      "jax": "jax: not installed: pip install rlx-jax-tpu"}  # fmt: skip
+    for device, note in expected_notes.items():
+        status, said = _status_and_note(text, device)
+        assert status.split(" (")[0] == rows[device]["state"], (device, status, text)  # the same word as --json
+        assert said == (f"{status[status.index('('):]} {note}" if note else ""), (device, said)
