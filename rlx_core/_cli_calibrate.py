@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 __all__ = ["register"]
@@ -30,7 +31,7 @@ def calibrate(
     """Measure each device's cost model on this host and cache it."""
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from ._cli_common import _seconds, _user_errors, console
+    from ._cli_common import Notes, _seconds, _user_errors, console
 
     with _user_errors():
         from . import available_devices, device_report
@@ -74,14 +75,17 @@ def calibrate(
                 progress.update(task, completed=i + 1)
         table = Table("device", "sgemm GFLOP/s", "memory GB/s", "dispatch", "round trip", "source",
                       title="Calibrated cost models", title_justify="left")  # fmt: skip
+        notes = Notes()  # a long source (a date, a plugin's own words) below the table
         for d, m in results.items():
             if isinstance(m, str):
-                console.print(m)
+                console.print(m, soft_wrap=False)
                 continue
             dispatch, roundtrip = _seconds(m.dispatch_overhead_ns * 1e-9), _seconds(m.roundtrip_overhead_ns * 1e-9)
-            table.add_row(d, f"{m.sgemm_gflops:.1f}", f"{m.memory_bw_gbps:.1f}", dispatch, roundtrip, m.source)
+            source = escape(notes.cell(m.source, short=14))
+            table.add_row(d, f"{m.sgemm_gflops:.1f}", f"{m.memory_bw_gbps:.1f}", dispatch, roundtrip, source)
         if table.row_count:
             console.print(table)
+            notes.print()
         if verify:
             _verify_table([d for d in targets if d not in failed], quick)
         if failed:
@@ -92,7 +96,7 @@ def _verify_table(devices: list[str], quick: bool) -> None:
     """``rlx calibrate --verify``: the suite's predicted vs measured times (rlx_core.verify)."""
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from ._cli_common import _seconds, console
+    from ._cli_common import Notes, _seconds, console
     from .verify import verify_cost_models
 
     with Progress(TextColumn("{task.description}"), BarColumn(), console=console, transient=True) as progress:
@@ -101,6 +105,7 @@ def _verify_table(devices: list[str], quick: bool) -> None:
                                   progress=lambda what, frac: progress.update(task, description=what, completed=frac))
     table = Table("model", "device", "predicted", "measured", "pred/meas", "", title="Cost model check",
                   title_justify="left")  # fmt: skip
+    notes = Notes()  # a device's failure on a model, below the table
     for row in rows:
         for d in sorted(row.measured, key=row.measured.__getitem__):
             mark = "picked, best" if d == row.picked == row.best else "picked" if d == row.picked else (
@@ -108,8 +113,9 @@ def _verify_table(devices: list[str], quick: bool) -> None:
             table.add_row(row.model, d, _seconds(row.predicted[d]), _seconds(row.measured[d]),
                           f"{row.prediction_ratio(d):.2f}x", mark)  # fmt: skip
         for d, err in row.errors.items():
-            table.add_row(row.model, d, "", "", "", f"failed: {err}")
+            table.add_row(row.model, d, "", "", "", f"failed {notes.add(f'{row.model} on {d}: {err}')}")
     console.print(table)
+    notes.print()
     for row in rows:
         console.print(f"{row.model}: picked {row.picked}, best {row.best}, regret {row.regret:.2f}x, "
                       f"worst prediction off by {row.worst_prediction_ratio:.2f}x")  # fmt: skip

@@ -33,7 +33,7 @@ def check(
     """Which devices can run MODEL here, why not, and which one auto would pick (exit 1 if none)."""
     from rich.table import Table
 
-    from ._cli_common import _load_graph, _seconds, _user_errors, console
+    from ._cli_common import Notes, _load_graph, _seconds, _user_errors, console
 
     with _user_errors():
         from .errors import DeviceError
@@ -67,14 +67,13 @@ def check(
         else:
             console.print(f"graph: {graph.name} ({len(graph)} nodes) from {origin}")
             table = Table("device", "can run", "estimate", title_justify="left")
-            notes = []
+            notes = Notes()  # each blocker below the table, numbered from its row
             for r in rows:
-                table.add_row(r.device, "yes" if r.viable else "no", _seconds(r.est_seconds) if r.viable else "-")
-                if not r.viable:
-                    notes.append(f"{r.device}: {r.blocker or r.reason or 'unavailable'}")
+                blocker = r.blocker or r.reason or "unavailable"
+                can = "yes" if r.viable else f"no {notes.add(f'{r.device}: {blocker}')}"
+                table.add_row(r.device, can, _seconds(r.est_seconds) if r.viable else "-")
             console.print(table)
-            for note in notes:
-                console.print(f"  {note}", soft_wrap=False)
+            notes.print()
             if pick:
                 console.print(f"pick: {pick} ({why})")
             else:
