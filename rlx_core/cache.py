@@ -9,7 +9,11 @@ concurrent writers (threads or processes) never leave a torn file: the last one 
 
 Layout: ``<root>/<namespace>/<key>.json``; each namespace directory carries a
 ``CACHEDIR.TAG`` (the standard marker backup tools honour), which is also how
-``clear_cache`` recognises directories that are rlx's to delete.
+``cache_info`` and ``clear_cache`` recognise directories that are rlx's (and say what
+each holds: the tag's ``# what:`` line). A plugin that keeps a cache in another format
+under the cache dir (rlx-jax-tpu: JAX's compiled programs) marks its directory with
+``tag_cache_dir``, so that ``rlx cache info`` lists it and ``rlx cache clear`` empties it
+like every other: the user has one place to look, whatever wrote the files.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +34,8 @@ import platformdirs
 
 from .errors import CacheWarning, ConfigError
 
-__all__ = ["cache_dir", "atomic_write_text", "JsonCache", "cache_info", "clear_cache"]
+__all__ = ["cache_dir", "atomic_write_text", "JsonCache", "cache_info", "clear_cache", "tag_cache_dir",
+           "cache_namespaces"]
 
 TAG_NAME = "CACHEDIR.TAG"
 _TAG_TEXT = (
@@ -37,7 +43,10 @@ _TAG_TEXT = (
     "# This file marks an rlx cache directory (https://bford.info/cachedir/).\n"
     "# Its contents are recomputed when missing; `rlx cache clear` removes them.\n"
 )
+_TAG_MARK = "rlx cache"  # what tells rlx's tags from another program's
+_WHAT = "# what: "
 _ENTRY_KEYS = {"schema", "identity", "payload"}
+log = logging.getLogger("rlx.cache")
 _SAFE_KEY = re.compile(r"[a-z0-9][a-z0-9_.\-]{0,63}")
 _SAFE_NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 # Names Windows refuses whatever the extension; hashed like any other odd key.
@@ -100,15 +109,21 @@ class JsonCache:
     meaning, and older entries are ignored. ``identity`` says what an entry describes;
     an entry read with a different identity is stale. ``root`` defaults to
     ``cache_dir()``, evaluated at each use so ``RLX_CACHE_DIR`` changes take effect.
+    ``what`` says in a line what the namespace holds (``rlx cache info``); ``recompute``
+    ends the warning about an unusable entry with what happens next (default "it will be
+    recomputed"; calibration says which command measures again).
     """
 
-    def __init__(self, namespace: str, schema: int, root: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, namespace: str, schema: int, root: str | os.PathLike[str] | None = None, *,
+                 what: str = "", recompute: str = "it will be recomputed") -> None:  # fmt: skip
         if not isinstance(namespace, str) or not _SAFE_NAMESPACE.fullmatch(namespace):
             raise ConfigError(f"cache namespace {namespace!r} must be letters, digits, '_', '.', '-' (at most 64)")
         if isinstance(schema, bool) or not isinstance(schema, int):
             raise ConfigError(f"cache schema must be an int, got {schema!r}")
         self.namespace = namespace
         self.schema = schema
+        self.what = what  # one line for `rlx cache info`: what the entries are
+        self.recompute = recompute
         self._root = None if root is None else Path(root)
 
     @property
@@ -122,34 +137,44 @@ class JsonCache:
     def get(self, key: str, identity: Mapping[str, Any]) -> dict[str, Any] | None:
         """The payload stored under ``key`` for ``identity``, or ``None``.
 
-        A missing file is a silent ``None``; a corrupt, truncated, foreign-schema or
-        stale (other identity) entry is a ``CacheWarning`` naming the file and why, then
-        ``None`` so that the caller recomputes and overwrites it.
+        A missing file is a silent ``None``. A corrupt or truncated file, an entry of an
+        older schema and one written for another identity are each a ``CacheWarning``
+        naming the file and why, then removed, then ``None``: the caller recomputes it,
+        and until it does no later process warns again (an entry is keyed by ``key``
+        alone, so the next ``put`` would overwrite it anyway). An entry of a *newer*
+        schema belongs to a newer rlx sharing this cache: it is left alone and ignored
+        with a log line, not a warning each process.
         """
         path = self.path(key)
         try:
-            text = path.read_text(encoding="utf-8")
+            with open(path, "rb") as f:
+                seen = os.fstat(f.fileno())
+                data = f.read()
         except (FileNotFoundError, NotADirectoryError):
             return None
-        except UnicodeDecodeError as exc:
-            return self._ignore(path, f"it could not be read ({type(exc).__name__}: {exc})", remove=True)
         except OSError as exc:
             return self._ignore(path, f"it could not be read ({type(exc).__name__}: {exc})")
         try:
-            entry = json.loads(text)
+            entry = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            return self._ignore(path, f"it could not be read ({type(exc).__name__}: {exc})", seen)
         except ValueError as exc:
-            return self._ignore(path, f"it is not valid JSON, perhaps truncated ({exc})", remove=True)
+            return self._ignore(path, f"it is not valid JSON, perhaps truncated ({exc})", seen)
         if not isinstance(entry, dict) or set(entry) != _ENTRY_KEYS or not isinstance(entry["payload"], dict):
-            return self._ignore(path, "it is not an rlx cache entry (expected schema, identity and payload)",
-                                remove=True)  # fmt: skip
-        if entry["schema"] != self.schema:
-            return self._ignore(path, f"it has schema {entry['schema']!r}, this version of rlx reads {self.schema}")
+            return self._ignore(path, "it is not an rlx cache entry (expected schema, identity and payload)", seen)
+        schema = entry["schema"]
+        if schema != self.schema:
+            if isinstance(schema, int) and not isinstance(schema, bool) and schema > self.schema:
+                log.info("rlx cache: ignoring %s: schema %s is a newer rlx's (this one reads %s); left for it",
+                         path, schema, self.schema)  # fmt: skip
+                return None
+            return self._ignore(path, f"it has schema {schema!r}, this version of rlx reads {self.schema}", seen)
         wanted = _jsonable(identity)
         if entry["identity"] != wanted:
             stored = entry["identity"] if isinstance(entry["identity"], dict) else {}
             diffs = [f"{k} {stored.get(k)!r} cached, {wanted.get(k)!r} now"
                      for k in sorted(set(stored) | set(wanted)) if stored.get(k) != wanted.get(k)]
-            return self._ignore(path, "it was written for another identity (" + "; ".join(diffs) + ")")
+            return self._ignore(path, "it was written for another identity (" + "; ".join(diffs) + ")", seen)
         return entry["payload"]
 
     def put(self, key: str, identity: Mapping[str, Any], payload: Mapping[str, Any]) -> None:
@@ -163,9 +188,8 @@ class JsonCache:
                           indent=1, sort_keys=True)
         path = self.path(key)
         try:
-            tag = path.parent / TAG_NAME
-            if not tag.exists():
-                atomic_write_text(tag, _TAG_TEXT)
+            if self.what or not (path.parent / TAG_NAME).exists():  # rewritten only if it says otherwise
+                tag_cache_dir(path.parent, self.what)
             atomic_write_text(path, text + "\n")
         except OSError as exc:
             warnings.warn(f"rlx cache: could not write {path}: {type(exc).__name__}: {exc}; continuing without "
@@ -185,66 +209,138 @@ class JsonCache:
             return False
         return True
 
-    def _ignore(self, path: Path, why: str, remove: bool = False) -> None:
-        """Warn that ``path`` is not used. A file no rlx could ever read (garbage, torn) is
-        also removed, so that it is warned about once, not by every process until someone
-        recomputes it; a valid entry of another schema or identity is left to its owner."""
+    def reject(self, key: str, why: str) -> None:
+        """Warn that ``key``'s entry is unusable (``why``: e.g. its payload does not parse
+        as what the caller stores) and remove it, so that it is warned about once."""
+        path = self.path(key)
+        try:
+            seen = os.stat(path)
+        except OSError:
+            return
+        self._ignore(path, why, seen)
+
+    def _ignore(self, path: Path, why: str, seen: os.stat_result | None = None) -> None:
+        """Warn that ``path`` is not used and, when ``seen`` (the stat of what was read) is
+        given, remove it: once warned about, an entry no rlx here can use must not be
+        warned about by every later process until someone recomputes it. A writer that
+        replaced the file meanwhile (``put`` renames a new inode over it) keeps its entry."""
         removed = ""
-        if remove:
+        if seen is not None:
             with contextlib.suppress(OSError):
-                path.unlink()
-                removed = "removed; "
-        warnings.warn(f"rlx cache: ignoring {path} because {why}; {removed}it will be recomputed", CacheWarning,
+                now = os.stat(path)
+                if (now.st_ino, now.st_mtime_ns, now.st_size) == (seen.st_ino, seen.st_mtime_ns, seen.st_size):
+                    path.unlink()
+                    removed = "removed; "
+        warnings.warn(f"rlx cache: ignoring {path} because {why}; {removed}{self.recompute}", CacheWarning,
                       stacklevel=3)
         return None
+
+
+def tag_cache_dir(directory: str | os.PathLike[str], what: str = "") -> Path:
+    """Mark ``directory`` (created if missing) as one of rlx's cache namespaces, with a
+    ``CACHEDIR.TAG`` saying ``what`` it holds; returns the directory.
+
+    ``rlx cache info`` lists every tagged directory under the cache dir and ``rlx cache
+    clear`` empties it, whatever format its files have: a plugin writing its own cache
+    there (not ``JsonCache``) calls this so that the user finds and clears it like the
+    rest. Raises ``OSError`` when the directory cannot be created or written.
+    """
+    path = Path(directory)
+    text = _TAG_TEXT + (f"{_WHAT}{' '.join(what.split())}\n" if what.strip() else "")
+    tag = path / TAG_NAME
+    try:
+        current = tag.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        current = ""
+    if current != text:
+        atomic_write_text(tag, text)
+    return path
+
+
+def _tag_text(directory: Path) -> str | None:
+    """The text of ``directory``'s rlx tag, or ``None`` when it is not an rlx namespace."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        tag = directory / TAG_NAME
+        if directory.is_dir() and tag.is_file():
+            text = tag.read_text(encoding="utf-8")
+            if _TAG_MARK in text:
+                return text
+    return None
 
 
 def _own_namespaces(root: Path) -> list[Path]:
     """Namespace directories under ``root`` that rlx created (they carry our CACHEDIR.TAG)."""
     if not root.is_dir():
         return []
-    found = []
-    for child in sorted(root.iterdir()):
-        tag = child / TAG_NAME
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            if child.is_dir() and tag.is_file() and "rlx cache" in tag.read_text(encoding="utf-8"):
-                found.append(child)
-    return found
+    return [child for child in sorted(root.iterdir()) if _tag_text(child) is not None]
 
 
-def _own_files(namespace_dir: Path) -> list[Path]:
-    return [p for p in sorted(namespace_dir.iterdir())
-            if p.is_file() and (p.suffix == ".json" or (p.name.startswith(".") and p.suffix == ".tmp"))]
+def _entries(namespace_dir: Path) -> list[Path]:
+    """The files a namespace holds (in any subdirectory): its tag and the temp files of
+    writes in progress or interrupted (``.NAME.*.tmp``) are not entries."""
+    return [p for p in sorted(namespace_dir.rglob("*"))
+            if p.is_file() and p.name != TAG_NAME and not (p.name.startswith(".") and p.suffix == ".tmp")]
+
+
+def cache_namespaces(root: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+    """``[{"name", "entries", "bytes", "what"}]`` for every rlx namespace under ``root``
+    (default ``cache_dir()``), by name: ``rlx cache info``'s rows."""
+    base = cache_dir() if root is None else Path(root)
+    rows = []
+    for ns in _own_namespaces(base):
+        files = _entries(ns)
+        size = 0
+        for p in files:
+            with contextlib.suppress(OSError):
+                size += p.stat().st_size
+        tag = _tag_text(ns) or ""
+        what = next((line[len(_WHAT):].strip() for line in tag.splitlines() if line.startswith(_WHAT)), "")
+        rows.append({"name": ns.name, "entries": len(files), "bytes": size, "what": what})
+    return rows
 
 
 def cache_info(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """``{"path", "entries": {namespace: count}, "total_entries", "bytes"}`` for ``rlx cache info``."""
+    """``{"path", "entries": {namespace: count}, "total_entries", "bytes", "namespaces"}``
+    for ``rlx cache info`` (``namespaces`` as ``cache_namespaces`` gives them)."""
     base = cache_dir() if root is None else Path(root)
-    entries: dict[str, int] = {}
-    total_bytes = 0
-    for ns in _own_namespaces(base):
-        files = [p for p in _own_files(ns) if p.suffix == ".json"]
-        entries[ns.name] = len(files)
-        for p in files:
-            with contextlib.suppress(OSError):
-                total_bytes += p.stat().st_size
-    return {"path": str(base), "entries": entries, "total_entries": sum(entries.values()), "bytes": total_bytes}
+    namespaces = cache_namespaces(base)
+    return {"path": str(base), "entries": {ns["name"]: ns["entries"] for ns in namespaces},
+            "total_entries": sum(ns["entries"] for ns in namespaces), "bytes": sum(ns["bytes"] for ns in namespaces),
+            "namespaces": namespaces}  # fmt: skip
 
 
-def clear_cache(root: str | os.PathLike[str] | None = None) -> int:
-    """Remove rlx's cache files under ``root`` (entries and stray temp files) and return
-    how many files went.
+def clear_cache(root: str | os.PathLike[str] | None = None, namespaces: Iterable[str] | None = None) -> int:
+    """Remove rlx's cache files under ``root`` (entries, stray temp files, a plugin's own
+    files in a namespace it tagged) and return how many files went.
 
-    Only namespace directories marked with rlx's ``CACHEDIR.TAG`` are touched, so a
-    mistaken ``RLX_CACHE_DIR`` (say, the home directory) loses nothing else.
+    ``namespaces`` limits it to those (``rlx cache clear calibration``); a name that is
+    not an rlx namespace there is a ``ConfigError`` listing the ones that are. Only
+    directories marked with rlx's ``CACHEDIR.TAG`` are touched, so a mistaken
+    ``RLX_CACHE_DIR`` (say, the home directory) loses nothing else.
     """
     base = cache_dir() if root is None else Path(root)
+    own = _own_namespaces(base)
+    if namespaces is not None:
+        wanted = list(dict.fromkeys(namespaces))
+        names = {ns.name for ns in own}
+        unknown = [n for n in wanted if n not in names]
+        if unknown:
+            listed = ", ".join(sorted(names)) or "none"
+            raise ConfigError(f"no rlx cache namespace {unknown[0]!r} in {base}; its namespaces: {listed}")
+        own = [ns for ns in own if ns.name in wanted]
     removed = 0
-    for ns in _own_namespaces(base):
-        for p in _own_files(ns):
+    for ns in own:
+        for p in sorted(ns.rglob("*"), reverse=True):  # files before the directories that hold them
+            if p.name == TAG_NAME and p.parent == ns:
+                continue
             try:
+                if p.is_dir() and not p.is_symlink():
+                    p.rmdir()
+                    continue
                 p.unlink()
             except FileNotFoundError:
+                continue
+            except OSError:  # a directory a running process still fills, say: left for next time
                 continue
             removed += 1
         with contextlib.suppress(OSError):

@@ -56,7 +56,8 @@ def progress_sink(progress: Progress | None) -> Iterator[None]:
 
 
 def _cache() -> JsonCache:
-    return JsonCache("calibration", schema=CALIBRATION_SCHEMA)
+    return JsonCache("calibration", schema=CALIBRATION_SCHEMA, what="cost models measured by rlx calibrate",
+                     recompute="the default cost model is used until `rlx calibrate` measures again")
 
 
 def calibration_identity(backend: Backend) -> dict[str, str]:
@@ -84,12 +85,14 @@ def save_calibration(backend: Backend, model: CostModel) -> None:
 
 def cached_cost_model(backend: Backend) -> CostModel | None:
     """The calibrated model cached for this backend on this host, or ``None``."""
-    entry = _cache().get(backend.name, calibration_identity(backend))
+    cache = _cache()
+    entry = cache.get(backend.name, calibration_identity(backend))  # a bad entry: warned about, then removed
     if entry is None:
         return None
     try:
         return CostModel.from_dict(entry)
-    except Exception:
+    except Exception as exc:  # a well-formed entry whose payload is not a model: the same, once
+        cache.reject(backend.name, f"its payload is not a cost model ({type(exc).__name__}: {exc})")
         return None
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ._cli_batch import register as _register_batch  # its own module; imports nothing heavy
@@ -28,6 +29,7 @@ from ._cli_calibrate import register as _register_calibrate
 from ._cli_check import register as _register_check
 from ._cli_common import (
     EXAMPLES,
+    Notes,
     _fail,
     _jsonable,
     _load_graph,
@@ -54,7 +56,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
-cache_app = typer.Typer(help="Inspect or clear the on-disk cache (calibrated cost models).", no_args_is_help=True)
+cache_app = typer.Typer(help="Inspect or clear rlx's on-disk caches (cost models, faults, plugins' caches).",
+                        no_args_is_help=True)  # fmt: skip
 app.add_typer(cache_app, name="cache")
 
 _DimsOption = Annotated[list[str] | None, typer.Option("--dim", help="Bind an ONNX symbolic dim: NAME=N (repeatable).")]
@@ -261,40 +264,59 @@ def bench(
         base = ref.median if ref is not None else None
         table = Table("contender", "compile", "median / run", "best / run", f"vs {ref.name if ref else 'rlx'}", "note",
                       title=f"rlx bench: {runs} runs each", title_justify="left")  # fmt: skip
+        notes = Notes()  # a failure's message (a compile error, how a worker died) below the table
         for c in contenders:
             ratio = f"{c.median / base:.2f}x" if c.median is not None and base else ""
-            note = f"[bold]{c.note}[/]" if c.note == "chosen" else c.note
+            note = "[bold]chosen[/]" if c.note == "chosen" else escape(notes.cell(c.note))
             table.add_row(c.name, _seconds(c.compile_seconds), _seconds(c.median), _seconds(c.best), ratio, note)
         console.print(table)
+        notes.print()
 
 
 # --------------------------------------------------------------------------- cache
+def _size(n: int) -> str:
+    from .memory import format_bytes
+
+    return format_bytes(n)
+
+
 @cache_app.command("info")
 def cache_info_command(
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")] = False,
 ) -> None:
-    """Where the cache lives and what it holds."""
-    with _user_errors(check_environment=False):
+    """Where the cache lives and what it holds, by namespace."""
+    with _user_errors(check_environment=False):  # cleaning up needs no policy
         from .cache import cache_info
 
         info = cache_info()
         if json_out:
             print(json.dumps(_jsonable(info), indent=2))
             return
-        table = Table("", "", show_header=False, title="rlx cache", title_justify="left")
-        for key, value in info.items():
-            table.add_row(str(key), str(value))
+        where = "RLX_CACHE_DIR" if os.environ.get("RLX_CACHE_DIR", "").strip() else "the user cache dir"
+        console.print(f"rlx cache: {escape(info['path'])} ({where})", soft_wrap=False)
+        if not info["namespaces"]:
+            console.print("no entries yet (they are written when needed: rlx calibrate, a probe, a compile)")
+            return
+        table = Table("namespace", "entries", "size", "what", title_justify="left")
+        for ns in info["namespaces"]:
+            table.add_row(ns["name"], str(ns["entries"]), _size(ns["bytes"]), escape(ns["what"] or "-"))
+        table.add_row("[bold]total[/]", str(info["total_entries"]), _size(info["bytes"]), "")
         console.print(table)
 
 
 @cache_app.command("clear")
-def cache_clear_command() -> None:
-    """Delete every cached entry (they are recomputed when needed)."""
+def cache_clear_command(
+    namespaces: Annotated[list[str] | None, typer.Argument(
+        metavar="[NAMESPACE]...", help="Only these namespaces (see rlx cache info); default: all.")] = None,
+) -> None:
+    """Delete cached entries, every namespace or those named (they are recomputed when needed)."""
     with _user_errors(check_environment=False):
         from .cache import cache_dir, clear_cache
 
-        removed = clear_cache()
-        console.print(f"removed {removed} file{'s' if removed != 1 else ''} from {cache_dir()}")
+        removed = clear_cache(namespaces=namespaces or None)
+        which = f" ({', '.join(namespaces)})" if namespaces else ""
+        console.print(f"removed {removed} file{'s' if removed != 1 else ''}{which} from {escape(str(cache_dir()))}",
+                      soft_wrap=False)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the commands in their own modules

@@ -47,7 +47,8 @@ class FaultLog:
     """The faults on this host, one cache entry per backend (``<cache>/faults/<name>.json``)."""
 
     def __init__(self, root: str | None = None) -> None:
-        self._cache = JsonCache("faults", schema=_SCHEMA, root=root)
+        self._cache = JsonCache("faults", schema=_SCHEMA, root=root,
+                                what="devices whose calibration crashed (unusable until it passes)")
 
     def get(self, backend: str, version: str) -> DeviceFault | None:
         """The fault recorded for ``backend`` with plugin ``version``; one recorded with
@@ -57,8 +58,9 @@ class FaultLog:
             return None
         try:
             fault = DeviceFault(**{k: str(v) for k, v in entry.items()})
-        except TypeError:
-            return None  # written by another layout: not ours to trust
+        except TypeError as exc:  # not a fault's fields: warned about once, removed, not trusted
+            self._cache.reject(backend, f"it is not a fault record ({exc})")
+            return None
         return fault if fault.version == version else None
 
     def record(self, backend: str, task: str, what: str, step: str, version: str) -> DeviceFault:

@@ -37,6 +37,7 @@ _KIT: dict[str, str] = {
     "itemsize": "rlx_core.dtypes",
     "JsonCache": "rlx_core.cache",
     "cache_dir": "rlx_core.cache",
+    "tag_cache_dir": "rlx_core.cache",
     "calibrate_backend": "rlx_core.calibration",
     "save_calibration": "rlx_core.calibration",
     "in_isolation_child": "rlx_core.isolation",
@@ -228,6 +229,7 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:  # the kit's real types, for type checkers (``X as X``: a re-export)
     from .cache import JsonCache as JsonCache
     from .cache import cache_dir as cache_dir
+    from .cache import tag_cache_dir as tag_cache_dir
     from .calibration import calibrate_backend as calibrate_backend
     from .calibration import save_calibration as save_calibration
     from .dtypes import itemsize as itemsize

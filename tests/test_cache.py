@@ -74,13 +74,11 @@ def test_corrupt_or_foreign_entries_are_ignored_with_a_warning(cache, content, w
         assert cache.get("cpu", IDENTITY) is None
     message = str(record[0].message)
     assert str(path) in message and why in message
-    if "schema" in why:  # another rlx version's valid entry: left to it
-        assert "removed" not in message and path.exists()
-    else:  # garbage no rlx can read: removed, so it is warned about once, not by every process
-        assert "removed" in message and not path.exists()
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            assert cache.get("cpu", IDENTITY) is None
+    # nothing this rlx can use: removed, so it is warned about once, not by every process
+    assert "removed" in message and not path.exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cache.get("cpu", IDENTITY) is None
     cache.put("cpu", IDENTITY, {"ok": True})  # recomputed and overwritten
     assert cache.get("cpu", IDENTITY) == {"ok": True}
 
@@ -93,12 +91,44 @@ def test_undecodable_file_is_ignored_with_a_warning(cache):
         assert cache.get("cpu", IDENTITY) is None
 
 
-def test_identity_mismatch_names_what_changed(cache):
+def test_identity_mismatch_names_what_changed_and_removes_the_stale_entry(cache):
     cache.put("cpu", IDENTITY, {"sgemm_gflops": 1.0})
-    with pytest.warns(CacheWarning, match=r"another identity \(numpy '2.0' cached, '2.1' now\)"):
+    with pytest.warns(CacheWarning, match=r"another identity \(numpy '2.0' cached, '2.1' now\); removed"):
         assert cache.get("cpu", {**IDENTITY, "numpy": "2.1"}) is None
+    assert not cache.path("cpu").exists()  # the next process does not warn again
+    cache.put("cpu", IDENTITY, {"sgemm_gflops": 1.0})
     with pytest.warns(CacheWarning, match=r"driver None cached, '550' now"):
         assert cache.get("cpu", {**IDENTITY, "driver": "550"}) is None
+
+
+def test_a_newer_schema_is_left_for_the_newer_rlx_without_a_warning(tmp_path, caplog):
+    JsonCache("ns", 5, tmp_path).put("k", {}, {"v": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with caplog.at_level("INFO", logger="rlx.cache"):
+            assert JsonCache("ns", 4, tmp_path).get("k", {}) is None
+    assert JsonCache("ns", 5, tmp_path).get("k", {}) == {"v": 1}  # still there for its owner
+    assert "newer rlx" in caplog.text
+
+
+def test_an_entry_rewritten_meanwhile_is_not_removed(cache):
+    # a reader judged the old file stale; a writer renamed a new one over it since: it stays
+    cache.put("cpu", {"numpy": "old"}, {"v": 1})
+    seen = os.stat(cache.path("cpu"))
+    cache.put("cpu", IDENTITY, {"v": 2})
+    with pytest.warns(CacheWarning, match="stale"):
+        cache._ignore(cache.path("cpu"), "it is stale", seen)
+    assert cache.get("cpu", IDENTITY) == {"v": 2}
+
+
+def test_reject_warns_once_and_removes(cache):
+    cache.put("cpu", IDENTITY, {"v": "not what the caller stores"})
+    with pytest.warns(CacheWarning, match="its payload is odd; removed; it will be recomputed"):
+        cache.reject("cpu", "its payload is odd")
+    assert not cache.path("cpu").exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cache.reject("cpu", "nothing there: silent")
 
 
 def test_schemas_and_namespaces_are_separate(tmp_path):
@@ -208,7 +238,7 @@ def test_info_and_clear_touch_only_rlx_files(tmp_path):
     assert (tmp_path / "user-data" / "precious.json").exists()
     assert cache_info(tmp_path)["entries"] == {} and clear_cache(tmp_path) == 0
     assert cache_info(tmp_path / "missing") == {"path": str(tmp_path / "missing"), "entries": {}, "total_entries": 0,
-                                                "bytes": 0}
+                                                "bytes": 0, "namespaces": []}
 
 
 def test_info_and_clear_default_to_the_configured_dir(monkeypatch, tmp_path):
@@ -216,3 +246,41 @@ def test_info_and_clear_default_to_the_configured_dir(monkeypatch, tmp_path):
     JsonCache("ns", 1).put("k", {}, {})
     assert cache_info()["entries"] == {"ns": 1}
     assert clear_cache() == 1
+
+
+def test_a_plugin_cache_in_its_own_format_is_listed_and_cleared_like_the_rest(tmp_path):
+    # rlx-jax-tpu keeps JAX's compiled programs under <cache>/jax: one place for the user
+    from rlx_core.cache import cache_namespaces, tag_cache_dir
+
+    JsonCache("calibration", 3, tmp_path, what="cost models").put("cpu", {}, {"x": 1})
+    jax = tag_cache_dir(tmp_path / "jax", "compiled programs")
+    (jax / "jit_f-abc-cache").write_bytes(b"\0" * 100)
+    (jax / "sub").mkdir()
+    (jax / "sub" / "more-cache").write_bytes(b"\0" * 20)
+    foreign = tmp_path / "someone-else"  # tagged by another program: not rlx's to list or delete
+    foreign.mkdir()
+    (foreign / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n# other tool\n")
+    (foreign / "data").write_text("x")
+
+    rows = {ns["name"]: ns for ns in cache_namespaces(tmp_path)}
+    assert set(rows) == {"calibration", "jax"}
+    assert (rows["jax"]["entries"], rows["jax"]["bytes"], rows["jax"]["what"]) == (2, 120, "compiled programs")
+    assert rows["calibration"]["what"] == "cost models"
+
+    assert clear_cache(tmp_path, ["jax"]) == 2
+    assert not jax.exists() and (tmp_path / "calibration").exists()
+    with pytest.raises(ConfigError, match=r"no rlx cache namespace 'nope' .*namespaces: calibration"):
+        clear_cache(tmp_path, ["nope"])
+    assert clear_cache(tmp_path) == 1
+    assert (foreign / "data").exists()
+
+
+def test_tag_cache_dir_rewrites_only_what_changed(tmp_path):
+    from rlx_core.cache import tag_cache_dir
+
+    tag = tag_cache_dir(tmp_path / "ns", "first") / "CACHEDIR.TAG"
+    stamp = tag.stat().st_mtime_ns, tag.stat().st_ino
+    tag_cache_dir(tmp_path / "ns", "first")
+    assert (tag.stat().st_mtime_ns, tag.stat().st_ino) == stamp
+    tag_cache_dir(tmp_path / "ns", "second")
+    assert "# what: second" in tag.read_text()

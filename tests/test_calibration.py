@@ -40,6 +40,43 @@ def test_foreign_cache_entry_is_ignored_with_warning(tmp_path, monkeypatch):
     assert any(issubclass(w.category, rlx.CacheWarning) for w in rec)
 
 
+def _stale(toy, cache):
+    ident = dict(calibration.calibration_identity(toy), plugin_version="0.0.0-other")
+    cache.put(toy.name, ident, rlx.CostModel(device=toy.name, calibrated=True).to_dict())
+
+
+def _old_schema(toy, cache):
+    JsonCache("calibration", schema=calibration.CALIBRATION_SCHEMA - 1).put(
+        toy.name, calibration.calibration_identity(toy), {"sgemm_gflops": 1.0})
+
+
+def _not_a_model(toy, cache):
+    cache.put(toy.name, calibration.calibration_identity(toy), {"device": toy.name, "sgemm_gflops": -3})
+
+
+def _truncated(toy, cache):
+    cache.path(toy.name).parent.mkdir(parents=True, exist_ok=True)
+    cache.path(toy.name).write_text('{"schema": 3, "identity": {"backend"')
+
+
+@pytest.mark.parametrize("corrupt", [_stale, _old_schema, _not_a_model, _truncated])
+def test_a_bad_calibration_entry_is_warned_about_once_then_removed(tmp_path, monkeypatch, corrupt):
+    # issue 19: not "warned about by every process until someone recalibrates"
+    monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path))
+    toy = ToyBackend(f"caltoy{corrupt.__name__}".replace("_", ""))
+    cache = calibration._cache()
+    corrupt(toy, cache)
+    assert cache.path(toy.name).exists()
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for _ in range(3):  # as three fresh processes would: each asks the disk
+            assert calibration.cached_cost_model(toy) is None
+    warned = [str(w.message) for w in rec if issubclass(w.category, rlx.CacheWarning)]
+    assert len(warned) == 1, warned
+    assert "removed" in warned[0] and "rlx calibrate" in warned[0]  # says what happens next
+    assert not cache.path(toy.name).exists()
+
+
 def test_calibration_measures_a_cost_line_per_claimed_elementwise_op(tmp_path, monkeypatch):
     monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path))
     model = ToyBackend("caltoy3").calibrate(quick=True)

@@ -328,4 +328,4 @@ def test_calibrate_then_devices_shows_calibrated_and_cache_lists_it(tmp_path: Pa
 def test_cache_info_for_people(tmp_path: Path) -> None:
     proc = run_rlx("cache", "info", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "path" in proc.stdout and "cache" in proc.stdout
+    assert f"rlx cache: {tmp_path / 'cache'} (RLX_CACHE_DIR)" in proc.stdout and "no entries yet" in proc.stdout

@@ -140,3 +140,45 @@ def test_installed_available_usable_agree_between_table_and_json(monkeypatch, is
         status, said = _status_and_note(text, device)
         assert status.split(" (")[0] == rows[device]["state"], (device, status, text)  # the same word as --json
         assert said == (f"{status[status.index('('):]} {note}" if note else ""), (device, said)
+
+
+# ----------------------------------------------------------------------------- caches
+def test_a_stale_calibration_is_warned_about_by_one_process_not_every_one(tmp_path: Path) -> None:
+    from rlx_core.cache import JsonCache
+    from rlx_core.calibration import CALIBRATION_SCHEMA
+
+    cache = JsonCache("calibration", CALIBRATION_SCHEMA, tmp_path / "cache")
+    cache.put("cpu", {"backend": "cpu", "plugin_version": "0.0.1-long-gone"}, {"device": "cpu"})
+    first, second = (run_rlx("devices", cwd=tmp_path) for _ in range(2))
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    warned = [line for line in first.stderr.splitlines() if line.startswith("warning: rlx cache:")]
+    assert len(warned) == 1 and "removed" in warned[0] and "rlx calibrate" in warned[0], first.stderr
+    assert "warning" not in second.stderr, second.stderr
+    assert not cache.path("cpu").exists()
+
+
+def test_cache_info_and_clear_cover_every_namespace(tmp_path: Path) -> None:
+    from rlx_core.cache import JsonCache, tag_cache_dir
+    from rlx_core.faults import FaultLog
+
+    root = tmp_path / "cache"
+    JsonCache("calibration", 3, root, what="cost models measured by rlx calibrate").put("cpu", {}, {"x": 1})
+    FaultLog(str(root)).record("cpu", "calibration", "died with SIGSEGV", "sgemm", "0.1")
+    JsonCache("opencl-label", 1, root).put("label", {"backend": "opencl"}, {"label": "x"})
+    jax = tag_cache_dir(root / "jax", "JAX's compiled XLA programs (rlx-jax-tpu)")
+    (jax / "jit_f-0123-cache").write_bytes(b"\0" * 2048)
+
+    info = json.loads(run_rlx("cache", "info", "--json", cwd=tmp_path).stdout)
+    assert info["entries"] == {"calibration": 1, "faults": 1, "jax": 1, "opencl-label": 1}
+    people = run_rlx("cache", "info", cwd=tmp_path, env={"COLUMNS": "80"})
+    assert people.returncode == 0 and max(len(line) for line in people.stdout.splitlines()) <= 80
+    for name in ("calibration", "faults", "jax", "opencl-label", "JAX's compiled XLA programs", "2.0 KiB"):
+        assert name in people.stdout, (name, people.stdout)
+
+    one = run_rlx("cache", "clear", "jax", cwd=tmp_path)
+    assert one.returncode == 0 and "removed 1 file (jax)" in one.stdout, one.stdout
+    assert not jax.exists() and (root / "faults").exists()
+    assert_user_error(run_rlx("cache", "clear", "nope", cwd=tmp_path), "'nope'", "calibration, faults, opencl-label")
+    every = run_rlx("cache", "clear", cwd=tmp_path)
+    assert every.returncode == 0 and "removed 3 files" in every.stdout, every.stdout
+    assert json.loads(run_rlx("cache", "info", "--json", cwd=tmp_path).stdout)["total_entries"] == 0

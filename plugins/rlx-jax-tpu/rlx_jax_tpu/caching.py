@@ -31,16 +31,13 @@ import numpy as np
 
 from rlx_core.errors import CacheWarning, ConfigError
 from rlx_core.ir import Graph
-from rlx_core.plugin import cache_dir
+from rlx_core.plugin import cache_dir, tag_cache_dir
 
 __all__ = ["CompiledProgram", "ProgramCache", "PROGRAMS", "enable_persistent_cache", "graph_signature"]
 
-# The standard marker (https://bford.info/cachedir/) so backup tools skip JAX's cache. It
-# deliberately lacks rlx's own tag text: `rlx cache clear` manages JSON entries only.
-_TAG_TEXT = (
-    "Signature: 8a477f597d28d172789f06886806bc55\n"
-    "# JAX persistent compilation cache used by rlx-jax-tpu (https://bford.info/cachedir/).\n"
-)
+# What `rlx cache info` says the directory holds; rlx's tag (the standard marker backup
+# tools skip, https://bford.info/cachedir/) also lets `rlx cache clear` empty it.
+_WHAT = "JAX's compiled XLA programs (rlx-jax-tpu; JAX decides what to keep)"
 
 _persistent_lock = threading.Lock()
 _persistent: dict[str, str | None] = {}
@@ -68,9 +65,7 @@ def enable_persistent_cache() -> str | None:
             path.mkdir(parents=True, exist_ok=True)
             if not os.access(path, os.W_OK | os.X_OK):
                 raise PermissionError(f"{path} is not writable")
-            tag = path / "CACHEDIR.TAG"
-            if not tag.exists():
-                tag.write_text(_TAG_TEXT, encoding="utf-8")
+            tag_cache_dir(path, _WHAT)
         except OSError as exc:
             warnings.warn(f"rlx-jax-tpu: cannot use {path} for JAX's compilation cache ({type(exc).__name__}: "
                           f"{exc}); compiling without a persistent cache", CacheWarning, stacklevel=3)  # fmt: skip

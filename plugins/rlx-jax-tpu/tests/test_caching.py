@@ -70,6 +70,13 @@ def test_the_persistent_cache_lives_under_the_rlx_cache_dir_unless_configured(tm
     assert got["rlx"]["ok"] and got["rlx"]["jax_dir"] == got["rlx"]["exe_dir"] == rlx_dir
     assert "CACHEDIR.TAG" in got["rlx"]["files"]
     assert len(got["rlx"]["files"]) > 1, "JAX wrote no compiled program to the cache"
+    # it is one of rlx's caches: `rlx cache info` lists it, `rlx cache clear jax` empties it
+    from rlx_core.cache import cache_info, clear_cache
+
+    listed = {ns["name"]: ns for ns in cache_info(tmp_path / "rlx")["namespaces"]}
+    assert listed["jax"]["entries"] == len(got["rlx"]["files"]) - 1 and "JAX" in listed["jax"]["what"]
+    assert clear_cache(tmp_path / "rlx", ["jax"]) == listed["jax"]["entries"]
+    assert not (tmp_path / "rlx" / "jax").exists()
 
     assert got["blocked"]["ok"] and got["blocked"]["exe_dir"] is None and not got["blocked"]["jax_dir"]
     assert any(w.startswith("CacheWarning") and "a-file" in w for w in got["blocked"]["warnings"])

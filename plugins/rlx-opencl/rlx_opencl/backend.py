@@ -40,7 +40,7 @@ _IMPLEMENTED = (
 _CLAIMED: frozenset[str] = frozenset(op for op in _IMPLEMENTED if op in {k.value for k in OpKind})
 #: Ops whose result dtype does not tell their inputs' (a float64 input needs cl_khr_fp64 too).
 _READS_ANY_DTYPE = frozenset({"cast", "equal", "less", "greater"})
-_LABEL_CACHE = JsonCache("opencl-label", schema=1)
+_LABEL_CACHE = JsonCache("opencl-label", schema=1, what="the OpenCL device's name, for rlx devices (rlx-opencl)")
 
 
 def _first_line(exc: BaseException) -> str:
