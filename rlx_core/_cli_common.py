@@ -7,6 +7,7 @@ module so that ``cli.py`` and the commands kept in their own modules (``_cli_bat
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -25,7 +26,21 @@ if TYPE_CHECKING:
 __all__ = ["console", "_print_error", "_fail", "_user_errors", "_seconds", "EXAMPLES", "_load_graph", "Notes",
            "_jsonable"]
 
-console = Console(highlight=False)
+
+
+def _default_width() -> int | None:
+    """80 columns when stdout is not a terminal and ``COLUMNS`` is unset, else rich's own
+    choice. Rich measures any standard stream that is a terminal, stdin included, so
+    ``rlx devices > report.txt`` typed in a wide terminal would write wide tables; a file
+    or a pipe gets the width every table is made to fit instead."""
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        tty = False
+    return None if tty or os.environ.get("COLUMNS", "").strip() else 80
+
+
+console = Console(highlight=False, width=_default_width())
 
 
 

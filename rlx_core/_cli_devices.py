@@ -204,6 +204,8 @@ def _print_devices(rows: Sequence[DeviceCandidate], missing: set[str], with_grap
     colour = {"usable": "green", "blocked": "yellow", "unavailable": "red", "not installed": "dim"}
     for r in rows:
         state, why = device_state(r, missing)
+        if state == "unavailable" and not r.registered:  # its error is said once, under Broken plugins
+            why = "its plugin failed to load (see Broken plugins below)"
         status = f"[{colour[state]}]{state}[/]" + (f" {notes.add(f'{r.device}: {why}')}" if why else "")
         installed = state != "not installed" and r.registered
         model = ("calibrated" if r.calibrated else "default") if installed else "-"
@@ -234,10 +236,9 @@ def _print_explain(placement: Placement, rows: Sequence[DeviceCandidate], missin
     for name, value in settings.items():
         table.add_row(name, json.dumps(value), str(sources.get(name, "default")))
     console.print(table)
-    table = Table("variable", "value", "meaning", title="RLX_* environment", title_justify="left")
-    for var, value, meaning in env:
-        table.add_row(var, "[dim](unset)[/]" if value is None else value, meaning)
-    console.print(table)
+    console.print("RLX_* environment:")  # prose, not a table: a meaning is a sentence
+    _print_prose((f"{var}={value!r} — {meaning}" if value is not None else f"{var} (unset) — {meaning}"
+                  for var, value, meaning in env), indent="  ")  # fmt: skip
     _print_probes(placement, rows)
     if placement.graph is None:  # the question the no-graph pick answered (see Placement.report)
         from .examples import REPRESENTATIVE, representative_graph

@@ -307,9 +307,10 @@ def test_bench_times_every_viable_device(tmp_path: Path) -> None:
 
 
 def test_calibrate_then_devices_shows_calibrated_and_cache_lists_it(tmp_path: Path) -> None:
-    proc = run_rlx("calibrate", "cpu", "--quick", "--verify", cwd=tmp_path)
+    proc = run_rlx("calibrate", "cpu", "--quick", "--verify", cwd=tmp_path, env={"COLUMNS": "80"})
     assert proc.returncode == 0, proc.stderr
     assert "cpu" in proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80, proc.stdout  # its tables too
     for model in ("mlp", "transformer", "elementwise", "cnn", "matmul"):  # the --verify table and summary
         assert f"{model}: picked cpu, best cpu, regret 1.00x" in proc.stdout
     calibrated = "GFLOP/s" in proc.stdout  # a backend may say in one line that it cannot calibrate

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import other_plugins_disabled
 from test_cli import assert_user_error, mlp_graph, run_rlx
 
 
@@ -182,3 +183,59 @@ def test_cache_info_and_clear_cover_every_namespace(tmp_path: Path) -> None:
     every = run_rlx("cache", "clear", cwd=tmp_path)
     assert every.returncode == 0 and "removed 3 files" in every.stdout, every.stdout
     assert json.loads(run_rlx("cache", "info", "--json", cwd=tmp_path).stdout)["total_entries"] == 0
+
+
+# ----------------------------------------------------------------------------- 80 columns
+def _wide_terminal() -> tuple[int, int] | None:
+    """A pseudo-terminal 200 columns wide, ``(leader, follower)``: the follower as the
+    command's stdin is how a user's wide terminal reaches a command whose output goes to a
+    file (rich measures any standard stream that is a terminal). ``None`` without ptys."""
+    try:
+        import fcntl
+        import pty
+        import struct
+        import termios
+    except ImportError:
+        return None
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+    return leader, follower
+
+
+def _narrow(args: list[str], cwd: Path, env: dict[str, str], columns: str | None) -> subprocess.CompletedProcess:
+    """``python -m rlx_core ARGS`` as run_rlx runs it, but with ``COLUMNS`` as given (or
+    unset, with a 200-column terminal on stdin) instead of run_rlx's 200."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RLX_") and k != "COLUMNS"}
+    base.update({"RLX_CACHE_DIR": str(cwd / "cache"), "RLX_DISABLE_PLUGINS": other_plugins_disabled("fakehang"),
+                 **env})  # fmt: skip
+    if columns is not None:
+        base["COLUMNS"] = columns
+    terminal = _wide_terminal() if columns is None else None
+    try:
+        return subprocess.run([sys.executable, "-m", "rlx_core", *args], cwd=cwd, env=base, capture_output=True,
+                              stdin=terminal[1] if terminal else subprocess.DEVNULL, text=True, timeout=180)
+    finally:
+        for fd in terminal or ():
+            os.close(fd)
+
+
+@pytest.mark.parametrize("columns", ["80", None], ids=["COLUMNS=80", "not-a-tty"])
+def test_every_table_fits_80_columns_with_reasons_below_it(tmp_path: Path, model: Path, fake_site,
+                                                           columns: str | None) -> None:  # fmt: skip
+    env = {"PYTHONPATH": str(fake_site.path), "RLX_PROBE_TIMEOUT": "5"}
+    commands = [
+        ["devices"], ["devices", "--explain"], ["devices", "--explain", "--graph", str(model)],
+        ["check", str(model)], ["run", "--example", "mlp"], ["cache", "info"],
+        ["bench", str(model), "--runs", "1", "--devices", "cpu,fakenp,fakeraise"],
+    ]  # fmt: skip
+    for args in commands:
+        proc = _narrow(args, tmp_path, env, columns)
+        assert proc.returncode in (0, 1), (args, proc.stderr)
+        lines = proc.stdout.splitlines()
+        assert lines and max(len(line) for line in lines) <= 80, (args, proc.stdout)
+        if args[0] in ("devices", "check", "bench"):  # fakeraise's probe raised: its reason is a note below
+            end = min(i for i, line in enumerate(lines) if line.startswith("└"))  # the first table's
+            below = " ".join(lines[end + 1:])
+            assert "no device 0" in below and "no device 0" not in "\n".join(lines[:end]), (args, proc.stdout)
+    check = _narrow(["check", str(model)], tmp_path, env, columns)
+    assert re.search(r"^pick: cpu \(", check.stdout, re.MULTILINE), check.stdout  # the pick's own reason
