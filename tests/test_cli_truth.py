@@ -239,3 +239,46 @@ def test_every_table_fits_80_columns_with_reasons_below_it(tmp_path: Path, model
             assert "no device 0" in below and "no device 0" not in "\n".join(lines[:end]), (args, proc.stdout)
     check = _narrow(["check", str(model)], tmp_path, env, columns)
     assert re.search(r"^pick: cpu \(", check.stdout, re.MULTILINE), check.stdout  # the pick's own reason
+
+
+# ----------------------------------------------------------------------------- usage errors
+def _main(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    """``rlx ARGV`` in this process: its exit code (0 when it returns)."""
+    import warnings
+
+    from rlx_core.cli import main
+
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() installs its own
+    try:
+        main(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    return 0
+
+
+@pytest.mark.parametrize("argv", [
+    ["devices", "--bogus"],                                          # unknown option
+    ["check"],                                                       # missing argument
+    ["batch", "m.json", "in.npz", "out.npz", "--batch-size", "abc"],  # bad option value
+    ["batch", "m.json", "in.npz", "out.npz", "--batch-size", "0"],    # out of range
+    ["bench", "--example", "mlp", "--runs", "x"],
+    ["run", "--example", "mlp", "--device"],                         # option without its value
+    ["devices", "--json", "extra"],                                  # extra argument
+    ["nosuchcommand"],                                               # unknown command
+    ["cache", "nosuch"],
+    ["run", "-h"],                                                   # not an option of rlx
+])  # fmt: skip
+def test_a_usage_error_is_one_error_line_and_exit_2(argv: list[str], capsys, monkeypatch) -> None:
+    code = _main(argv, monkeypatch)
+    out, err = capsys.readouterr()
+    assert code == 2, (argv, out, err)
+    assert out == "", (argv, out)  # no usage box, no help
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), (argv, err)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["devices", "--help"], ["cache", "clear", "--help"], ["--version"]])
+def test_help_and_version_still_work(argv: list[str], capsys, monkeypatch) -> None:
+    code = _main(argv, monkeypatch)
+    out, err = capsys.readouterr()
+    assert code == 0 and err == "", (argv, err)
+    assert ("Usage" in out) if "--help" in argv else out.startswith("rlx-core ")
