@@ -275,11 +275,24 @@ def _own_namespaces(root: Path) -> list[Path]:
     return [child for child in sorted(root.iterdir()) if _tag_text(child) is not None]
 
 
+def _walk(namespace_dir: Path) -> tuple[list[Path], list[Path]]:
+    """``(files, directories)`` under a namespace, deepest directories first, never
+    following a symlink out of it (a link is a file to list or remove, not a way in)."""
+    files: list[Path] = []
+    dirs: list[Path] = []
+    for top, subdirs, names in os.walk(namespace_dir, followlinks=False):
+        base = Path(top)
+        files += [base / n for n in names]
+        for d in subdirs:
+            (files if (base / d).is_symlink() else dirs).append(base / d)
+    return sorted(files), sorted(dirs, key=lambda d: len(d.parts), reverse=True)
+
+
 def _entries(namespace_dir: Path) -> list[Path]:
     """The files a namespace holds (in any subdirectory): its tag and the temp files of
     writes in progress or interrupted (``.NAME.*.tmp``) are not entries."""
-    return [p for p in sorted(namespace_dir.rglob("*"))
-            if p.is_file() and p.name != TAG_NAME and not (p.name.startswith(".") and p.suffix == ".tmp")]
+    return [p for p in _walk(namespace_dir)[0]
+            if p != namespace_dir / TAG_NAME and not (p.name.startswith(".") and p.suffix == ".tmp")]
 
 
 def cache_namespaces(root: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
@@ -330,19 +343,18 @@ def clear_cache(root: str | os.PathLike[str] | None = None, namespaces: Iterable
         own = [ns for ns in own if ns.name in wanted]
     removed = 0
     for ns in own:
-        for p in sorted(ns.rglob("*"), reverse=True):  # files before the directories that hold them
-            if p.name == TAG_NAME and p.parent == ns:
+        files, dirs = _walk(ns)
+        for p in files:
+            if p == ns / TAG_NAME:
                 continue
             try:
-                if p.is_dir() and not p.is_symlink():
-                    p.rmdir()
-                    continue
                 p.unlink()
-            except FileNotFoundError:
-                continue
-            except OSError:  # a directory a running process still fills, say: left for next time
+            except OSError:  # gone meanwhile, or not ours to remove after all: left as it is
                 continue
             removed += 1
+        for d in dirs:  # deepest first; one a running process still fills stays for next time
+            with contextlib.suppress(OSError):
+                d.rmdir()
         with contextlib.suppress(OSError):
             (ns / TAG_NAME).unlink()
             ns.rmdir()

@@ -284,3 +284,16 @@ def test_tag_cache_dir_rewrites_only_what_changed(tmp_path):
     assert (tag.stat().st_mtime_ns, tag.stat().st_ino) == stamp
     tag_cache_dir(tmp_path / "ns", "second")
     assert "# what: second" in tag.read_text()
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt", reason="needs POSIX symlinks")
+def test_clear_never_follows_a_link_out_of_a_namespace(tmp_path):
+    from rlx_core.cache import tag_cache_dir
+
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    ns = tag_cache_dir(tmp_path / "cache" / "jax", "programs")
+    (ns / "to-precious").symlink_to(outside, target_is_directory=True)
+    assert clear_cache(tmp_path / "cache") == 1  # the link itself
+    assert (outside / "keep.txt").read_text() == "mine"
