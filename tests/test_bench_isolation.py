@@ -9,6 +9,7 @@ contenders are timed and printed. ``RLX_ISOLATION=0`` keeps them all in this pro
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from collections.abc import Iterator
@@ -81,12 +82,16 @@ def cli_env(site: FakeSite, **extra: str) -> dict[str, str]:
 
 
 def rows(stdout: str) -> dict[str, str]:
-    """The bench table's rows by contender (the first line of each)."""
+    """The bench table's rows by contender (the first line of each), each followed by the
+    first line of the note it points to (a failure is ``failed (1)`` or ``(1)``, its
+    message note 1 under the table)."""
+    notes = {m.group(1): m.group(2) for m in re.finditer(r"^\((\d+)\) (.+)$", stdout, re.MULTILINE)}
     found: dict[str, str] = {}
     for line in stdout.splitlines():
         cells = [c.strip() for c in line.split("│")]
         if len(cells) > 2 and cells[1] and cells[1] not in found:
-            found[cells[1]] = line
+            marker = re.search(r"\((\d+)\)\s*$", cells[-2])
+            found[cells[1]] = line + (f" {notes.get(marker.group(1), '')}" if marker else "")
     return found
 
 
