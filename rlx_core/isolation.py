@@ -304,8 +304,13 @@ def _probe_task(backend: Any, channel: ChildChannel) -> None:
     if not isinstance(answer, Availability):
         channel.send("result", payload={"outcome": "garbage", "type": type(answer).__name__})
         return
+    try:  # JSON carries plain ints only (a numpy integer from a plugin is not one)
+        memory = int(answer.memory_bytes) if answer.memory_bytes is not None else None
+    except (TypeError, ValueError):
+        memory = None
     channel.send("result", payload={"outcome": "ok", "available": bool(answer.available), "reason": answer.reason,
-                                    "devices": list(answer.devices), "versions": dict(answer.versions)})  # fmt: skip
+                                    "devices": list(answer.devices), "versions": dict(answer.versions),
+                                    "memory_bytes": memory})  # fmt: skip
 
 
 def _calibrate_task(backend: Any, quick: bool, channel: ChildChannel) -> None:

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from .cost import estimate_graph_cost
 from .errors import DeviceError
 from .ir import Graph
+from .memory import memory_blocker
 from .passes.legalize import LegalizeResult, legalize
 from .passes.pipeline import PipelineResult, run_pipeline
+from .passes.plan import plan_memory
 from .plugin import CompileOptions
 from .policy import DevicePolicy
 from .registry import Registry, default_registry, parse_device
@@ -167,6 +169,8 @@ class Placement:
                 model = reg.cost_model(name)
                 calibrated = model.calibrated
                 est = estimate_graph_cost(priced_graph(self.graph, name, reg), model)
+                if blocker is None:  # a device that cannot hold the graph is never tried
+                    blocker = self._memory_blocker(name, avail.memory_bytes)
         elif avail.available:
             calibrated = reg.cost_model(name).calibrated
         return DeviceCandidate(
@@ -175,6 +179,11 @@ class Placement:
             priority=info.priority, distribution=info.distribution, version=info.version, ops=ops,
             calibrated=calibrated,
         )  # fmt: skip
+
+    def _memory_blocker(self, name: str, probed: int | None) -> str | None:
+        assert self.graph is not None
+        result = pipeline_for(self.graph, name, self.registry)
+        return memory_blocker(result.graph, name, result.memory_plan or plan_memory(result.graph), probed)
 
     def candidates(self, names: Iterable[str] | None = None) -> list[DeviceCandidate]:
         """One row per backend (all of them by default), highest priority first."""

@@ -82,12 +82,16 @@ class Availability:
 
     ``devices`` lists the device strings this backend can address here (``["cuda:0",
     "cuda:1"]``), ``versions`` the library and driver versions it found.
+    ``memory_bytes`` is what the device can give one graph, as measured by the probe (a
+    GPU's free memory); ``None`` for a device that computes in host memory or cannot
+    tell. Placement does not put a graph on a device that cannot hold it (``memory.py``).
     """
 
     available: bool
     reason: str = ""
     devices: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
+    memory_bytes: int | None = None
 
     def __bool__(self) -> bool:
         return self.available

@@ -252,7 +252,8 @@ def _compile_on(graph: Graph, device: str, reason: str, rows: list[DeviceCandida
     if result.blocker is not None:
         raise DeviceError(f"device {device!r} cannot run graph {graph.name!r}: {result.blocker}")
     # Too big for this machine: a clear error naming the size, before anything is allocated.
-    check_memory(result.graph, device, result.memory_plan or plan_memory(result.graph))
+    check_memory(result.graph, device, result.memory_plan or plan_memory(result.graph),
+                 probed=registry.availability(name).memory_bytes)
     # The compiled copy owns its graph (set_param mutates its values).
     legal = _own_copy(result.graph).freeze()
     opts = replace(options or CompileOptions(), memory_plan=result.memory_plan)
