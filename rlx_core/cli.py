@@ -282,6 +282,8 @@ def _print_explain(placement: Any, rows: Sequence[Any], env: Sequence[tuple[str,
         console.print("Without --graph, [bold]recommended[/] marks the highest-priority available device; "
                       "pass --graph FILE to see the choice for a graph.")  # fmt: skip
         return
+    if _print_split(placement, rows):
+        return
     try:
         device, why, _ = placement.choose()
         console.print(f"Why {device}: {why}")
@@ -289,6 +291,23 @@ def _print_explain(placement: Any, rows: Sequence[Any], env: Sequence[tuple[str,
         console.print(f"No device: {exc}")
     for name, reason in _why_not(rows).items():
         console.print(f"Why not {name}: {reason}")
+
+
+def _print_split(placement: Any, rows: Sequence[Any]) -> bool:
+    """The segments, devices and transfers of the split ``rlx.compile`` would take for the
+    graph (``docs/partition.md``); False, after saying why, when it runs whole."""
+    from rich.markup import escape
+
+    from .partition import split_for
+
+    split = split_for(placement, [r for r in rows if r.registered])
+    if isinstance(split, str):
+        console.print(f"No split: {escape(split)}", soft_wrap=False)
+        return False
+    console.print(f"Split across {' + '.join(split.devices)}:")
+    for line in split.describe():
+        console.print(f"  {escape(line)}", soft_wrap=False)
+    return True
 
 
 def _print_probes(placement: Any, rows: Sequence[Any]) -> None:
