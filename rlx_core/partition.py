@@ -110,11 +110,14 @@ class PartitionPlan:
     @property
     def taken(self) -> bool:
         """Whether compile uses this split: it is needed, or clearly predicted faster."""
-        if len(self.segments) < 2:
-            return False
-        return self.needed or self.est_seconds <= SPLIT_MARGIN * (self.single_seconds or 0.0)
+        if self.needed:
+            return True
+        return len(self.segments) > 1 and self.est_seconds <= SPLIT_MARGIN * (self.single_seconds or 0.0)
 
     def why(self) -> str:
+        if self.needed and len(self.devices) == 1:  # what declined the whole graph reaches no output
+            return (f"{self.devices[0]} runs every node that reaches an output (the others, which it declines, are "
+                    f"dropped); est {_fmt(self.est_seconds)}")  # fmt: skip
         if self.needed:
             return (f"split across {len(self.devices)} devices ({', '.join(self.devices)}): no single device runs "
                     f"every node; est {_fmt(self.est_seconds)}")  # fmt: skip
@@ -332,15 +335,15 @@ def plan_partition(graph: Graph, placement: Placement, rows: Sequence[DeviceCand
                 return f"no device runs {node.op} at {node.describe()} ({why})"
         return "no assignment of devices covers the graph"  # unreachable: some node is always the culprit
     picks, total = assigned
+    single = [r for r in rows if r.viable and r.est_seconds is not None]
+    best = min(single, key=lambda r: r.est_seconds or 0.0) if single else None
     runs: list[tuple[int, list[int]]] = []
     for nid, j in zip(order, picks):
         if runs and runs[-1][0] == j:
             runs[-1][1].append(nid)
         else:
             runs.append((j, [nid]))
-    single = [r for r in rows if r.viable and r.est_seconds is not None]
-    best = min(single, key=lambda r: r.est_seconds or 0.0) if single else None
-    if len(runs) == 1:
+    if len(runs) == 1 and best is not None:
         return f"no split pays: the search puts every node on {devices[runs[0][0]].name}"
     if best is not None:  # first in the search's own terms (kernels one by one): pricing segments costs a pipeline
         alone = min(_enter(d) + sum(d.cost.get(n, 0.0) for n in order) for d in devices if not d.declines)

@@ -118,6 +118,7 @@ class GraphDevices:
         self._params: dict[str, np.ndarray] = {}
         self._winner: str | None = None
         self._watch: DriftWatch | None = None  # auto runs: re-pick on slowdown (drift.py)
+        self._picked: tuple[DevicePolicy, str] | None = None  # auto runs without a watch: the pick per policy
         self._lock = threading.RLock()
         self.last_device: str | None = None
 
@@ -195,7 +196,11 @@ class GraphDevices:
             return cg.run(inputs)
         watch = self._drift_watch()
         if watch is None:
-            cg = self.compile(self.resolve())
+            policy = self.policy
+            picked = self._picked
+            if picked is None or picked[0] != policy:  # rank once per policy, not once per run
+                picked = self._picked = (policy, Placement(self.graph, policy, self._registry).choose()[0])
+            cg = self.compile(picked[1])
             self.last_device = cg.device
             return cg.run(inputs)
         dev = watch.current
@@ -299,7 +304,7 @@ class GraphDevices:
         with self._lock:
             self._compiled.clear()
             self._winner = None
-            self._watch = None
+            self._watch = self._picked = None
 
     def set_policy(self, policy: DevicePolicy | None) -> None:
         with self._lock:

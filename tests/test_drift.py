@@ -116,3 +116,23 @@ def test_graph_devices_without_drift_watch_when_disabled_or_steered(monkeypatch:
     steered = rlx.GraphDevices(mlp(), rlx.DevicePolicy(prefer=("b",)), registry=reg)
     steered.run({"x": np.ones((4, 8), np.float32)})
     assert steered._watch is None and steered.last_device == "b"
+
+
+def test_a_predictor_moves_its_rows_when_its_device_slows_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlx_core import registry
+    from rlx_core.distributed import Predictor
+
+    monkeypatch.setenv("RLX_REPICK_DRIFT", "20")
+    fast = Slowing("fast", gflops=1000)
+    saved = registry._default
+    registry.set_default_registry(registry_with(fast, ToyBackend("spare", gflops=500)))
+    try:
+        p = Predictor(mlp(4), policy=rlx.DevicePolicy())
+        x = np.ones((4, 8), np.float32)
+        for _ in range(40):
+            assert set(p({"x": x})["rlx_device"]) == {"fast"}
+        fast.delay = 0.02
+        devices = [set(p({"x": x})["rlx_device"]) for _ in range(20)]
+    finally:
+        registry.set_default_registry(saved)
+    assert devices[-1] == {"spare"} and [(m.old, m.new) for m in p.repicks] == [("fast", "spare")]

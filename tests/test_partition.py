@@ -8,12 +8,16 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support import ALL_OPS, ToyBackend, mlp, registry_with
+from test_passes_random import graphs
 
 import rlx_core as rlx
 from rlx_core import reference
 from rlx_core.partition import SPLIT_MARGIN, PartitionedGraph, plan_partition, segment_graph
 from rlx_core.placement import Placement
+from rlx_core.testing._compare import mismatch
 
 REST = ALL_OPS - {"matmul"}
 
@@ -174,3 +178,24 @@ def test_segment_graph_names_its_boundary_inputs_and_copies_params() -> None:
     assert feeds == {matmul: f"rlx_segment_value_{matmul}"}
     assert [sub.node(i).name for i in sub.params] == ["b"]
     assert [sub.node(i).name for i in sub.inputs] == [f"rlx_segment_value_{matmul}"]
+
+
+@settings(max_examples=25, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(case=graphs(), seed=st.integers(0, 2**16))
+def test_random_graphs_split_over_random_claims_match_the_reference(case, seed):
+    """Two devices whose claims partition the op set at random: whatever the split, the
+    outputs are the float64 reference's, before and after set_param."""
+    g, feeds = case
+    ops = sorted(ALL_OPS)
+    rng = np.random.default_rng(seed)
+    mine = frozenset(op for op in ops if rng.random() < 0.5)
+    reg = registry_with(ToyBackend("left", ops=mine), ToyBackend("right", ops=ALL_OPS - mine))
+    cg = rlx.compile(g, policy=rlx.DevicePolicy(), registry=reg)
+    dtypes = [g.node(i).dtype for i in g.outputs]
+    got = cg.run(feeds)
+    for i, (a, r, dt) in enumerate(zip(got, reference.evaluate(g, feeds), dtypes)):
+        assert mismatch(dt, a, r, terms=6) is None, (i, cg.device)
+    params = {"p": (np.asarray(g.value(g.input_node("p").id)) * 0.5).astype(np.float32)}
+    cg.set_param("p", params["p"])
+    for i, (a, r, dt) in enumerate(zip(cg.run(feeds), reference.evaluate(g, feeds, params=params), dtypes)):
+        assert mismatch(dt, a, r, terms=6) is None, (i, cg.device, "after set_param")
