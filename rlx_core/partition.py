@@ -21,8 +21,8 @@ in ``docs/partition.md``; in short:
    at most ``SPLIT_MARGIN`` of the best single device's time (transfers are the least
    certain part of a prediction: a split must win clearly, not by noise).
 
-Tensors cross between segments as numpy arrays (host memory; every device this core
-knows reads them).
+Tensors cross between segments as numpy arrays (host memory; every device reads them),
+or through DLPack where both sides allow it (``_device_handover``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import math
 import threading
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -411,6 +411,25 @@ class _Part:
     segment: Segment
     compiled: CompiledGraph
     feeds: tuple[tuple[int, str], ...]  # (user value id, the segment's input name)
+    on_device: bool = False  # hand its outputs over as device arrays (DLPack): every reader takes them
+
+
+def _device_handover(graph: Graph, parts: Sequence[_Part]) -> list[_Part]:
+    """Mark the parts whose outputs may stay on their device: none is a graph output, and
+    every segment reading them accepts device arrays (DLPack where both sides allow)."""
+    takes_device = {p.segment.index: p.compiled._device_inputs for p in parts}
+    readers: dict[int, set[int]] = defaultdict(set)
+    for p in parts:
+        for vid, _ in p.feeds:
+            readers[vid].add(p.segment.index)
+    outputs = set(graph.outputs)
+    marked = []
+    for p in parts:
+        values = p.segment.outputs
+        ok = bool(values) and not any(v in outputs for v in values) and all(
+            readers[v] and all(takes_device[r] for r in readers[v]) for v in values)
+        marked.append(replace(p, on_device=ok))
+    return marked
 
 
 class PartitionedGraph(CompiledGraph):
@@ -446,13 +465,16 @@ class PartitionedGraph(CompiledGraph):
 
     def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
         """Run the segments in order on validated ``inputs``; numpy arrays out (host memory,
-        itself a DLPack producer, for ``output="dlpack"`` too)."""
+        itself a DLPack producer, for ``output="dlpack"`` too). A segment whose every reader
+        takes device arrays (``Executable.accepts_device_inputs``, e.g. cuda) hands its
+        values over through DLPack, without a trip through host memory."""
         if output not in ("numpy", "dlpack"):
             raise ConfigError(f"run: output must be 'numpy' or 'dlpack', got {output!r}")
         arrays = validate_inputs(self._specs, inputs)
         env: dict[int, Any] = {self._inputs[name]: value for name, value in arrays.items()}
         for part in self._parts:
-            outs = part.compiled.run({label: env[vid] for vid, label in part.feeds})
+            feed = {label: env[vid] for vid, label in part.feeds}
+            outs = part.compiled.run(feed, output="dlpack" if part.on_device else "numpy")
             env.update(zip(part.segment.outputs, outs))
         return [env[i] if i in env else self._sources[i] for i in self.graph.outputs]
 
@@ -490,6 +512,7 @@ def compile_partitioned(graph: Graph, plan: PartitionPlan, rows: list[DeviceCand
         if len(cg.graph.outputs) != len(seg.outputs):  # pragma: no cover - segment_graph keeps them
             raise PluginError(f"segment {seg.index} on {seg.device} lost outputs")
         parts.append(_Part(seg, cg, tuple(feeds.items())))
+    parts = _device_handover(graph, parts)
     seconds = sum(p.compiled.report().compile_seconds for p in parts)
     report = CompileReport(
         graph=graph.name, device="+".join(plan.devices), reason=plan.why(), compile_seconds=seconds,

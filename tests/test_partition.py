@@ -199,3 +199,42 @@ def test_random_graphs_split_over_random_claims_match_the_reference(case, seed):
     cg.set_param("p", params["p"])
     for i, (a, r, dt) in enumerate(zip(cg.run(feeds), reference.evaluate(g, feeds, params=params), dtypes)):
         assert mismatch(dt, a, r, terms=6) is None, (i, cg.device, "after set_param")
+
+
+class DeviceToy(ToyBackend):
+    """A toy whose executables hand outputs over through ``run_dlpack`` (counted) and,
+    when ``takes_device``, accept device arrays as inputs (like cuda)."""
+
+    def __init__(self, name: str, ops: frozenset[str], takes_device: bool) -> None:
+        super().__init__(name, ops=ops)
+        self.takes_device = takes_device
+        self.dlpack_runs = 0
+
+    def compile(self, graph, options):  # type: ignore[no-untyped-def]
+        exe = super().compile(graph, options)
+        owner = self
+
+        class Run(type(exe)):  # type: ignore[misc]
+            accepts_device_inputs = owner.takes_device
+
+            def run_dlpack(self, inputs):  # type: ignore[no-untyped-def]
+                owner.dlpack_runs += 1
+                return self.run(inputs)
+
+        return Run(exe.graph, self)
+
+
+def test_values_stay_on_the_device_when_every_reader_takes_device_arrays() -> None:
+    g = rlx.Graph("handover")
+    x = g.input("x", (4, 8))
+    a = g.relu(x, name="a")  # rest: read only by the product's segment
+    g.set_outputs([g.matmul(a, g.param("w", np.eye(8, dtype=np.float32)), name="b")])  # dev: a graph output
+    rest, dev = DeviceToy("rest", REST, takes_device=False), DeviceToy("dev", frozenset({"matmul"}), takes_device=True)
+    cg = rlx.compile(g, policy=rlx.DevicePolicy(), registry=registry_with(rest, dev))
+    assert [s.device for s in cg.segments] == ["rest", "dev"]
+    _check(cg, g, _x())
+    assert rest.dlpack_runs == 1 and dev.dlpack_runs == 0  # the graph's output comes back as numpy
+    rest2, host = DeviceToy("rest", REST, takes_device=False), DeviceToy("dev", frozenset({"matmul"}),
+                                                                          takes_device=False)  # fmt: skip
+    _check(rlx.compile(g, policy=rlx.DevicePolicy(), registry=registry_with(rest2, host)), g, _x())
+    assert rest2.dlpack_runs == 0  # a reader that takes numpy only: host arrays
