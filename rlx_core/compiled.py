@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -28,9 +28,6 @@ from .passes.plan import plan_memory
 from .placement import DeviceCandidate, pipeline_for
 from .plugin import CompileOptions, Executable
 from .registry import Registry, parse_device
-
-if TYPE_CHECKING:
-    from .partition import PartitionPlan
 
 __all__ = ["CompiledGraph", "CompileReport", "backend_compile", "compile_on"]
 
@@ -55,7 +52,7 @@ class CompileReport:
     compiled_nodes: int = 0  # nodes of the graph the backend received (after optimize and fuse)
     fused: list[str] = field(default_factory=list)
     pipeline: list[str] = field(default_factory=list)  # per stage: what it did and why
-    partition: PartitionPlan | None = None  # a graph split across devices: its segments
+    partition: Any = None  # a graph split across devices: its partition.PartitionPlan
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -43,8 +43,10 @@ from .dtypes import itemsize
 from .errors import CALLER_ERRORS, ConfigError, DeviceError, PluginError
 from .inputs import check_param_value, input_specs, validate_inputs
 from .ir import Graph
+from .memory import format_bytes
 from .ops import SOURCE_OPS, OpKind
 from .placement import DeviceCandidate, Placement, legalize_for, priced_graph
+from .placement import _fmt_seconds as _fmt
 from .plugin import CompileOptions
 from .policy import DevicePolicy
 from .registry import Registry
@@ -61,10 +63,6 @@ RUNNER_OVERHEAD_S = 15e-6
 #: A split is taken over a device that can run the whole graph only when predicted at
 #: most this fraction of that device's time.
 SPLIT_MARGIN = 0.8
-
-
-def _fmt(s: float) -> str:
-    return f"{s * 1e6:.1f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
 
 
 @dataclass(frozen=True)
@@ -132,7 +130,7 @@ class PartitionPlan:
             moved = ""
             if s.transfer_bytes:
                 link = f"{_fmt(s.transfer_seconds)} over its link" if s.transfer_seconds else "host memory, no copy"
-                moved = f", receives {_bytes(s.transfer_bytes)} ({link})"
+                moved = f", receives {format_bytes(s.transfer_bytes)} ({link})"
             count = f"{len(s.nodes)} node" + ("s" if len(s.nodes) != 1 else "")
             lines.append(f"segment {s.index} on {s.device}: {count}, est {_fmt(s.est_seconds)}{moved}; {s.reason}")
             shown = [self.graph.node(i).describe() + f" {self.graph.node(i).op}" for i in s.nodes]
@@ -143,12 +141,6 @@ class PartitionPlan:
         return {"devices": list(self.devices), "est_seconds": self.est_seconds, "taken": self.taken,
                 "needed": self.needed, "single_device": self.single_device, "single_seconds": self.single_seconds,
                 "segments": [s.to_dict(self.graph) for s in self.segments]}  # fmt: skip
-
-
-def _bytes(n: int) -> str:
-    from .memory import format_bytes
-
-    return format_bytes(n)
 
 
 # ------------------------------------------------------------------ extraction
