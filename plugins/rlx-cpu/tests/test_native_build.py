@@ -99,13 +99,16 @@ def test_the_abi_is_the_one_native_c_declares() -> None:
     assert int(declared) == ABI == native.ABI
 
 
-def test_the_install_built_the_library_where_a_compiler_works() -> None:
+def test_the_install_built_the_library_where_a_compiler_works(monkeypatch: pytest.MonkeyPatch) -> None:
     """``pip install -e`` (how nox installs rlx-cpu) ran the build hook: with a compiler
-    here, the package holds the library, else every native test would skip unnoticed."""
+    here, the package holds a library that loads, else every native test would skip
+    unnoticed (after an edit of native.c: ``python -m rlx_cpu._build``)."""
     working_compiler()
     info = read_info(PACKAGE)
     assert (PACKAGE / library_name()).is_file(), f"no {library_name()} in {PACKAGE}; the build's record: {info}"
     assert info.get("built") is True and info.get("abi") == ABI, info
+    monkeypatch.setattr(native, "_STATE", {})
+    assert native.library() is not None, native.reason()
 
 
 def test_the_packaged_library_loads_and_its_abi_matches(native_lib: native.Native,
