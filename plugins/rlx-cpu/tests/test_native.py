@@ -32,6 +32,7 @@ from rlx_core.passes.internal_ops import program_types
 from rlx_core.registry import Registry
 from rlx_core.session import CompiledGraph
 from rlx_cpu import CpuBackend, blas, native, native_nn, regions
+from rlx_cpu import threads as thread_policy
 from rlx_cpu.steps import Dyn, bind
 
 F32 = np.float32
@@ -763,9 +764,12 @@ def test_row_and_window_kernels_split_over_threads_agree_with_one(
 ) -> None:
     """Big enough, softmax and layer_norm split their rows, im2col its channels and the
     pools their planes over the cores; each row, channel or plane is computed as on one
-    thread, so the answers are identical (and the reference's)."""
+    thread, so the answers are identical (and the reference's). The thread policy is set
+    aside (``test_threads.py`` has its own tests): without oneMKL, numpy's OpenBLAS pool
+    would keep this graph's kernels on one thread, as its conv is a product."""
     spies = {name: spy_on(monkeypatch, lib, name) for name in ("softmax", "layer_norm", "im2col", "pool2d")}
     monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)  # the conv through im2col here
+    monkeypatch.setattr(thread_policy, "_products_pools", lambda: [])
     g = Graph("big-windows")
     x = g.input("x", (2, 16, 64, 64))
     c = g.conv2d(x, g.param("w", rand((16, 16, 3, 3), 1)), g.param("b", rand((16,), 2)), padding=1)
