@@ -55,7 +55,7 @@ def load_build_module(root: Path) -> ModuleType:
     return module
 
 
-class NativeKernelsHook(BuildHookInterface):  # type: ignore[misc]
+class NativeKernelsHook(BuildHookInterface):
     """Builds ``_rlx_native`` for the wheel target (see the module docstring)."""
 
     PLUGIN_NAME = "custom"

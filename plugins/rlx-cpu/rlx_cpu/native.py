@@ -155,7 +155,8 @@ def library() -> Native | None:
                 log.warning("rlx-cpu: native kernels unavailable (%s); fused regions run with numpy", why)
             else:
                 log.info("rlx-cpu: native kernels from %s (%s)", lib.path, describe_build(info))
-        return _STATE["lib"]  # type: ignore[no-any-return]
+        lib: Native | None = _STATE["lib"]
+        return lib
 
 
 def reason() -> str:

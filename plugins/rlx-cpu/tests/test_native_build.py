@@ -266,8 +266,9 @@ def test_rebuilding_in_place_reports_a_failure_on_stderr(tmp_path: Path, monkeyp
                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     """``python -m rlx_cpu._build DIR``: exit status 1 and the reason when nothing was built."""
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    assert _build.main([str(tmp_path)]) == 1
+    assert _build.main([str(tmp_path / "pkg")]) == 1
     assert "not built: no C compiler" in capsys.readouterr().err
+    assert read_info(tmp_path / "pkg")["error"] == "no C compiler"  # the directory is made for the record
 
 
 @pytest.mark.skipif(os.name != "posix", reason="the compiler wrapper is a shell script")
