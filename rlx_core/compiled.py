@@ -15,19 +15,22 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import ConfigError, DeviceError, PluginError, RlxError
 from .inputs import check_param_value, input_specs, validate_inputs
 from .ir import Graph
+from .lowering import pipeline_for
 from .memory import check_memory
 from .passes.pipeline import fusion_report_enabled
 from .passes.plan import plan_memory
-from .placement import DeviceCandidate, pipeline_for
 from .plugin import CompileOptions, Executable
 from .registry import Registry, parse_device
+
+if TYPE_CHECKING:
+    from .placement import DeviceCandidate
 
 __all__ = ["CompiledGraph", "CompileReport", "backend_compile", "compile_on"]
 

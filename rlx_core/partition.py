@@ -43,9 +43,10 @@ from .dtypes import itemsize
 from .errors import CALLER_ERRORS, ConfigError, DeviceError, PluginError
 from .inputs import check_param_value, input_specs, validate_inputs
 from .ir import Graph
+from .lowering import legalize_for, priced_graph
 from .memory import format_bytes
 from .ops import SOURCE_OPS, OpKind
-from .placement import DeviceCandidate, Placement, legalize_for, priced_graph
+from .placement import DeviceCandidate, Placement
 from .placement import _fmt_seconds as _fmt
 from .plugin import CompileOptions
 from .policy import DevicePolicy

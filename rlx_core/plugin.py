@@ -16,6 +16,7 @@ import numpy as np
 import pluggy
 
 from .cost import CostModel
+from .errors import ConfigError
 from .ops import OpKind
 
 if TYPE_CHECKING:
@@ -27,12 +28,12 @@ if TYPE_CHECKING:
 #: ``rlx_core.ops``, ``rlx_core.errors`` and ``rlx_core.testing`` only (import-linter
 #: holds every plugin to that in ``nox -s lint``).
 _KIT: dict[str, str] = {
-    # The fused elementwise program of ``fused_elementwise`` nodes (``passes/internal_ops``).
-    "Instruction": "rlx_core.passes.internal_ops",
-    "make_instruction": "rlx_core.passes.internal_ops",
-    "live_instructions": "rlx_core.passes.internal_ops",
-    "program_types": "rlx_core.passes.internal_ops",
-    "ACTIVATION_OPS": "rlx_core.passes.internal_ops",
+    # The fused elementwise program of ``fused_elementwise`` nodes (``internal_types.py``).
+    "Instruction": "rlx_core.internal_types",
+    "make_instruction": "rlx_core.internal_types",
+    "live_instructions": "rlx_core.internal_types",
+    "program_types": "rlx_core.internal_types",
+    "ACTIVATION_OPS": "rlx_core.internal_types",
     # dtypes, caches, calibration, isolation.
     "itemsize": "rlx_core.dtypes",
     "JsonCache": "rlx_core.cache",
@@ -97,6 +98,12 @@ class Availability:
         return self.available
 
 
+#: Every pass ``CompileOptions.disable`` may name (``passes/pipeline.py`` runs them; a test
+#: keeps the two lists equal). Here, with the options, so that checking an option needs
+#: no import of the passes.
+PASS_NAMES: tuple[str, ...] = ("fold", "simplify", "cse", "dce", "sink_relu", "attention", "gemm", "elementwise")
+
+
 @dataclass(frozen=True)
 class CompileOptions:
     """What the core passes to ``Backend.compile`` besides the graph.
@@ -126,9 +133,20 @@ class CompileOptions:
     memory_plan: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        from .passes.pipeline import check_options  # lazy: the passes import this module's siblings
-
-        check_options(self)
+        """``ConfigError`` naming the field that is malformed."""
+        for name in ("legalize", "optimize", "fuse", "plan"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"CompileOptions.{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("max_fused_ops", "max_fused_inputs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"CompileOptions.{name} must be an int >= 1, got {v!r}")
+        disable = self.disable
+        if isinstance(disable, str) or not all(isinstance(p, str) for p in disable):
+            raise ConfigError(f"CompileOptions.disable must be a sequence of pass names, got {disable!r}")
+        unknown = sorted(set(disable) - set(PASS_NAMES))
+        if unknown:
+            raise ConfigError(f"CompileOptions.disable: unknown pass(es) {unknown}; known: {', '.join(PASS_NAMES)}")
 
 
 class Executable:
@@ -235,9 +253,9 @@ if TYPE_CHECKING:  # the kit's real types, for type checkers (``X as X``: a re-e
     from .calibration import calibrate_backend as calibrate_backend
     from .calibration import save_calibration as save_calibration
     from .dtypes import itemsize as itemsize
+    from .internal_types import ACTIVATION_OPS as ACTIVATION_OPS
+    from .internal_types import Instruction as Instruction
+    from .internal_types import live_instructions as live_instructions
+    from .internal_types import make_instruction as make_instruction
+    from .internal_types import program_types as program_types
     from .isolation import in_isolation_child as in_isolation_child
-    from .passes.internal_ops import ACTIVATION_OPS as ACTIVATION_OPS
-    from .passes.internal_ops import Instruction as Instruction
-    from .passes.internal_ops import live_instructions as live_instructions
-    from .passes.internal_ops import make_instruction as make_instruction
-    from .passes.internal_ops import program_types as program_types

@@ -31,6 +31,7 @@ from typing import Any
 
 import pluggy
 
+from ._version import __version__
 from .cost import CostModel
 from .errors import ConfigError, DeviceError, PluginError, PluginWarning
 from .faults import DeviceFault, FaultLog
@@ -238,8 +239,6 @@ class Registry:
             raise PluginError(f"backend {type(backend).__name__} has an invalid name {name!r} "
                               "(expected letters, digits, '_', '.', '-', like 'cuda')")
         if backend.api_version != PLUGIN_API_VERSION:
-            from . import __version__
-
             raise PluginError(f"backend {name!r} declares plugin API version {backend.api_version}, "
                               f"rlx-core {__version__} speaks version {PLUGIN_API_VERSION}")
         priority = backend.priority

@@ -11,21 +11,21 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from .compiled import CompiledGraph, CompileReport, compile_on
 from .drift import DriftWatch, Repick, drift_settings
-from .errors import CALLER_ERRORS, DeviceError, DeviceFallbackError, FallbackWarning, RlxError
-from .inputs import check_param_value, input_specs, random_inputs, validate_inputs
+from .errors import CALLER_ERRORS, DeviceError, DeviceFallbackError, FallbackWarning
+from .inputs import check_param_value, input_specs, validate_inputs
 from .ir import Graph
 from .partition import compile_partitioned, split_for
 from .placement import Placement
 from .plugin import CompileOptions
 from .policy import DevicePolicy
 from .registry import Registry, default_registry, parse_device
+from .timing import benchmark_devices, time_runs
 
 __all__ = ["CompiledGraph", "CompileReport", "GraphDevices", "compile", "run_with_fallback", "benchmark_devices"]
 
@@ -178,7 +178,7 @@ class GraphDevices:
         for row in self._placement().rank(self._placement().candidates()):
             try:
                 cg = self.compile(row.device)
-                times[row.device] = _time_runs(cg, arrays, runs)
+                times[row.device] = time_runs(cg, arrays, runs)
             except CALLER_ERRORS:
                 raise
             except Exception as exc:
@@ -319,31 +319,6 @@ def resolve_chain_default(graph: Graph, policy: DevicePolicy, registry: Registry
         return list(policy.chain)
     p = Placement(graph, policy, registry)
     return [r.device for r in p.rank(p.candidates())]
-
-
-def _time_runs(cg: CompiledGraph, arrays: Mapping[str, np.ndarray], runs: int) -> float:
-    cg.run(arrays)  # warm-up: first-run costs (allocation, JIT) are not the steady state
-    samples = []
-    for _ in range(max(1, runs)):
-        t0 = time.perf_counter()
-        cg.run(arrays)
-        samples.append(time.perf_counter() - t0)
-    return float(np.median(samples))
-
-
-def benchmark_devices(graph: Graph, devices: Sequence[str], policy: DevicePolicy,
-                      registry: Registry) -> dict[str, float]:  # fmt: skip
-    """Seconds per run of ``graph`` on each of ``devices``, on seeded random inputs."""
-    gd = GraphDevices(graph, replace(policy, pick="cost"), registry=registry)
-    arrays = random_inputs(graph, seed=0)
-    times = {}
-    for d in devices:
-        try:
-            times[d] = _time_runs(gd.compile(d), arrays, policy.benchmark_runs)
-        except RlxError as exc:
-            warnings.warn(f"rlx: device {d} failed in the benchmark pick ({exc}); skipping it", FallbackWarning,
-                          stacklevel=3)  # fmt: skip
-    return times
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Graph, GraphDevices] = weakref.WeakKeyDictionary()
