@@ -25,6 +25,7 @@ import re
 import reprlib
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -250,6 +251,10 @@ class Registry:
                               f"{_origin(other.distribution, other.version, other.entry_point)}")
         label = backend.label if isinstance(backend.label, str) and backend.label else name
         self._infos[name] = BackendInfo(name, backend, entry_point, dist, version, label, priority)
+        try:  # the registry that holds it: calibration reads this registry's probe, not the global one
+            backend._rlx_registry = weakref.ref(self)
+        except AttributeError:  # a backend with __slots__: calibrated as an unregistered one
+            pass
         logger.debug("rlx backend %r loaded from %s", name, _origin(dist, version, entry_point))
 
     def register(self, backend: Backend, *, distribution: str = "", version: str = "") -> None:

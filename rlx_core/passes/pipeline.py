@@ -21,19 +21,16 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..ir import Graph, Node
 from ..ops import SOURCE_OPS
+from ..options import CompileOptions
 from .attention import fuse_attention
 from .fuse import fuse_elementwise, fuse_gemm
 from .legalize import LegalizeResult, ask_claims, legalize
 from .optimize import OPTIMIZE_PASSES
 from .plan import MemoryPlan, plan_memory
-
-if TYPE_CHECKING:
-    from ..plugin import CompileOptions
 
 __all__ = ["PASS_NAMES", "PipelineResult", "StageRecord", "run_pipeline", "fusion_report_enabled"]
 
@@ -131,8 +128,6 @@ def run_pipeline(graph: Graph, claims: Claims, options: CompileOptions | None = 
     passes after it never modify their input graph, so it may be shared).
     """
     if options is None:
-        from ..plugin import CompileOptions
-
         options = CompileOptions()
     off = set(options.disable)
     if options.legalize:
