@@ -173,7 +173,7 @@ def test_the_identity_reads_the_probe_of_the_registry_holding_the_backend() -> N
 
     held = Versioned("cpu")  # the default registry has a real "cpu": it must not be asked
     held.driver = "7"
-    registry_with(held)
-    assert json.loads(calibration_identity(held)["versions"]) == {"driver": "7"}
+    reg = registry_with(held)  # held while it lives (a weak reference: no cycle)
+    assert json.loads(calibration_identity(held)["versions"]) == {"driver": "7"} and reg.get("cpu") is held
     alone = Versioned("cpu")
     assert json.loads(calibration_identity(alone)["versions"]) == {}
