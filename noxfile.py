@@ -71,11 +71,12 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check over the whole tree (formatting is not enforced), then import-linter:
-    backends import the plugin contract only (``[tool.importlinter]`` in pyproject.toml).
+    """ruff check over the whole tree (formatting is not enforced), then import-linter
+    (``[tool.importlinter]`` in pyproject.toml): backends import the plugin contract only,
+    and no import circle joins rlx_core's modules (``acyclic_siblings``, since 2.13).
     The packages are installed without their dependencies: import-linter reads source,
     it imports nothing (no cupy, jax or pyopencl needed)."""
-    session.install("ruff", "import-linter>=2")
+    session.install("ruff", "import-linter>=2.13")
     session.run("ruff", "check", str(ROOT), *session.posargs)
     editable = [arg for d in [ROOT, *plugin_dirs()] for arg in ("-e", str(d))]
     session.install("--no-deps", *editable)

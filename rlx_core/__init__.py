@@ -7,6 +7,7 @@ cupy, jax, pyopencl, onnx or ray. Backends are discovered and probed on first us
 from __future__ import annotations
 
 from . import errors, ops, reference
+from ._version import __version__ as __version__
 from .cost import CostModel, estimate_graph_cost
 from .errors import (
     CacheWarning,
@@ -44,8 +45,6 @@ from .plugin import (
 from .policy import DevicePolicy
 from .registry import Registry, broken_plugins, default_registry, get_backend
 from .session import CompiledGraph, CompileReport, GraphDevices, compile, run_with_fallback
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:

@@ -4,8 +4,10 @@ For CI pipelines: it loads the model (a graph .json or an ONNX model), asks ever
 (or the one named) whether it can run it under the current policy, with its blocker and
 estimated cost, and says which device ``rlx run`` would pick. Nothing is compiled or run.
 Exit status: 0 when some device can run the model, 1 when none can, 2 for bad input (an
-unreadable model, an unknown device, a bad ``--dim``). Graphs run whole on one device:
-there is no split to report (``"partition": null``).
+unreadable model, an unknown device, a bad ``--dim``). When ``rlx.compile`` would split
+the graph across devices (none runs it alone, or a split is predicted clearly faster:
+``docs/partition.md``), the pick is the split and ``"partition"`` lists its segments;
+otherwise ``"partition"`` is null and ``"partition_note"`` says why there is none.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def check(
 
     with _user_errors():
         from .errors import DeviceError
+        from .partition import split_for
         from .placement import Placement
         from .policy import DevicePolicy
         from .registry import default_registry, parse_device
@@ -55,13 +58,17 @@ def check(
             pick, why, _ = placement.choose(device)
         except DeviceError as exc:
             why = str(exc)
-        runnable = [r.device for r in rows if r.viable]
+        split = split_for(placement, rows) if device is None else "an explicit device never splits"
+        if not isinstance(split, str):
+            pick, why = "+".join(split.devices), split.why()
+        runnable = [r.device for r in rows if r.viable] or ([pick] if pick else [])
         if json_out:
             doc: dict[str, Any] = {
                 "model": str(model), "graph": graph.name, "nodes": len(graph), "runnable": bool(runnable),
                 "devices": [{"device": r.device, "can_run": r.viable, "available": r.available,
                              "blocker": r.blocker, "est_seconds": r.est_seconds} for r in rows],
-                "pick": pick, "why": why, "partition": None,
+                "pick": pick, "why": why, "partition": None if isinstance(split, str) else split.to_dict(),
+                "partition_note": split if isinstance(split, str) else "",
             }  # fmt: skip
             print(json.dumps(doc, indent=2))
         else:
@@ -74,7 +81,11 @@ def check(
                 table.add_row(r.device, can, _seconds(r.est_seconds) if r.viable else "-")
             console.print(table)
             notes.print()
-            if pick:
+            if not isinstance(split, str):
+                console.print(f"pick: {pick}, split into {len(split.segments)} segments")
+                for line in split.describe():
+                    console.print(f"  {line}", soft_wrap=False)
+            elif pick:
                 console.print(f"pick: {pick} ({why})")
             else:
                 detail = f": {why}" if device is not None else " (each device's reason is above)"

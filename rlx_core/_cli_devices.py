@@ -240,6 +240,8 @@ def _print_explain(placement: Placement, rows: Sequence[DeviceCandidate], missin
     _print_prose((f"{var}={value!r} — {meaning}" if value is not None else f"{var} (unset) — {meaning}"
                   for var, value, meaning in env), indent="  ")  # fmt: skip
     _print_probes(placement, rows)
+    if placement.graph is not None and _print_split(placement, rows):
+        return
     if placement.graph is None:  # the question the no-graph pick answered (see Placement.report)
         from .examples import REPRESENTATIVE, representative_graph
         from .placement import Placement
@@ -255,6 +257,21 @@ def _print_explain(placement: Placement, rows: Sequence[DeviceCandidate], missin
     except DeviceError as exc:
         console.print(f"No device: {exc}")
     _print_prose(f"Why not {name}: {reason}" for name, reason in _why_not(rows, missing).items())
+
+
+def _print_split(placement: Placement, rows: Sequence[DeviceCandidate]) -> bool:
+    """The segments, devices and transfers of the split ``rlx.compile`` would take for the
+    graph (``docs/partition.md``); False, after saying why, when it runs whole."""
+    from ._cli_common import console
+    from .partition import split_for
+
+    split = split_for(placement, [r for r in rows if r.registered])
+    if isinstance(split, str):
+        _print_prose([f"No split: {split}"])
+        return False
+    console.print(f"Split across {' + '.join(split.devices)}:")
+    _print_prose(split.describe(), indent="  ")
+    return True
 
 
 def _print_probes(placement: Placement, rows: Sequence[DeviceCandidate]) -> None:

@@ -21,6 +21,8 @@ from .ops import OpKind
 if TYPE_CHECKING:
     from .ir import Graph
 
+GRAPH_FORMAT = "rlx.graph"
+GRAPH_FORMAT_VERSION = 1
 MAX_ARRAY_BYTES = 1 << 34  # 16 GiB: a declared size past this is a corrupt or hostile file
 
 
@@ -57,11 +59,9 @@ def graph_from_json(cls: type[Graph], text: str | bytes) -> Graph:
         doc = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ModelError(f"graph JSON: not valid JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != "rlx.graph":
+    if not isinstance(doc, dict) or doc.get("format") != GRAPH_FORMAT:
         raise ModelError("graph JSON: not an rlx graph (missing \"format\": \"rlx.graph\")")
     version = _field(doc, "version", int, "the document")
-    from .ir import GRAPH_FORMAT_VERSION
-
     if version > GRAPH_FORMAT_VERSION:
         raise ModelError(
             f"graph JSON: format version {version} is newer than this rlx-core reads "

@@ -27,11 +27,12 @@ from .cache import JsonCache
 from .cost import CostModel
 from .errors import DeviceError, RlxError
 from .ir import Graph
+from .options import CompileOptions
 from .passes.legalize import legalize
-from .plugin import CompileOptions, Executable
 
 if TYPE_CHECKING:
-    from .plugin import Backend
+    from .plugin import Backend, Executable
+    from .registry import Registry
 
 __all__ = ["calibrate_backend", "cached_cost_model", "calibration_identity", "progress_sink", "CALIBRATION_SCHEMA",
            "save_calibration"]
@@ -60,13 +61,22 @@ def _cache() -> JsonCache:
                      recompute="the default cost model is used until `rlx calibrate` measures again")
 
 
-def calibration_identity(backend: Backend) -> dict[str, str]:
-    """What a cached model is valid for: backend, plugin version, library/driver versions."""
-    from .registry import default_registry
+def _owner(backend: Backend) -> Registry | None:
+    """The registry that holds ``backend`` (``Registry`` records itself on each backend it
+    adds), or ``None`` for a backend used on its own. This module does not import the
+    registry at run time (the registry imports it)."""
+    ref = getattr(backend, "_rlx_registry", None)
+    return ref() if callable(ref) else None
 
+
+def calibration_identity(backend: Backend) -> dict[str, str]:
+    """What a cached model is valid for: backend, plugin version, library/driver versions
+    (as the probe of the registry holding the backend found them; none for a backend
+    used on its own)."""
     module = sys.modules.get(type(backend).__module__.split(".")[0])
+    owner = _owner(backend)
     try:
-        versions = default_registry().availability(backend.name).versions
+        versions = owner.availability(backend.name).versions if owner is not None else {}
     except Exception:
         versions = {}
     return {
@@ -324,11 +334,8 @@ def calibrate_backend(backend: Backend, quick: bool = False, progress: Progress 
         region_costs=tuple(region_costs),
     )
     _cache().put(backend.name, calibration_identity(backend), model.to_dict())
-    try:
-        from .registry import default_registry
-
-        default_registry().invalidate(backend.name)
-    except Exception:
-        pass
+    owner = _owner(backend)
+    if owner is not None:  # its cached cost model is stale now
+        owner.invalidate(backend.name)
     report("done", 1.0)
     return model

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 _SHAPE_BANDWIDTH = 0.1  # (log units)^2: a point 2x away in one dim weighs exp(-4.8) of an exact hit
 
-__all__ = ["CostModel", "estimate_graph_cost", "node_flops", "node_bytes", "FREE_OPS"]
+__all__ = ["CostModel", "estimate_graph_cost", "node_seconds", "node_flops", "node_bytes", "FREE_OPS"]
 
 #: Ops that cost no kernel on any sensible backend (metadata changes or views).
 FREE_OPS: frozenset[OpKind] = frozenset({OpKind.RESHAPE}) | SOURCE_OPS
@@ -208,8 +208,19 @@ def estimate_graph_cost(graph: Graph, model: CostModel) -> float:
         moved = sum(nodes[i].size * itemsize(nodes[i].dtype) for i in graph.inputs)
         moved += sum(nodes[i].size * itemsize(nodes[i].dtype) for i in graph.outputs)
         seconds += moved / (model.transfer_bw_gbps * 1e9)
+    return seconds + sum(node_seconds(graph, model).values())
+
+
+def node_seconds(graph: Graph, model: CostModel) -> dict[int, float]:
+    """Predicted seconds per run of each kernel of ``graph`` (by node id), without the
+    run's round trip and transfers: what ``estimate_graph_cost`` adds up, and what the
+    partitioner compares node by node between devices. Nodes that cost nothing per run
+    (sources, views, anything computed from params and constants only, which runs once)
+    are absent."""
+    nodes = graph.nodes
     bw = model.memory_bw_gbps * 1e9
     static: set[int] = set()  # computed from params and constants only: once, not per run
+    costs: dict[int, float] = {}
     for node in nodes:
         if node.op in (OpKind.PARAM, OpKind.CONSTANT) or (node.inputs and all(i in static for i in node.inputs)):
             static.add(node.id)
@@ -220,15 +231,15 @@ def estimate_graph_cost(graph: Graph, model: CostModel) -> float:
         data = node_bytes(node, in_shapes, [nodes[i].dtype for i in node.inputs])
         parts = _structured_seconds(node, in_shapes, model)
         if parts is not None:  # products, attention, convolution, pools: priced part by part
-            seconds += model.dispatch_overhead_ns * 1e-9 + max(parts, data / bw)
+            costs[node.id] = model.dispatch_overhead_ns * 1e-9 + max(parts, data / bw)
             continue
         measured = _measured_seconds(node, in_shapes, model)
         if measured is not None:  # calibrated per-op figures (see _measured_seconds)
-            seconds += max(measured, model.dispatch_overhead_ns * 1e-9 + data / bw)
+            costs[node.id] = max(measured, model.dispatch_overhead_ns * 1e-9 + data / bw)
             continue
         flops = node_flops(node, in_shapes)
-        seconds += model.dispatch_overhead_ns * 1e-9 + max(flops / (model.sgemm_gflops * 1e9), data / bw)
-    return seconds
+        costs[node.id] = model.dispatch_overhead_ns * 1e-9 + max(flops / (model.sgemm_gflops * 1e9), data / bw)
+    return costs
 
 
 def _gemm_seconds(m: int, k: int, n: int, model: CostModel) -> float:

@@ -18,14 +18,14 @@ from typing import Any, Union
 
 import numpy as np
 
+from ._graph_json import GRAPH_FORMAT, GRAPH_FORMAT_VERSION, graph_from_json
 from .dtypes import normalize_dtype
 from .errors import GraphError, ModelError
-from .ops import OpKind, infer
+from .internal_types import infer_any
+from .ops import OpKind
 
 __all__ = ["Graph", "Node", "Value", "GRAPH_FORMAT", "GRAPH_FORMAT_VERSION"]
 
-GRAPH_FORMAT = "rlx.graph"
-GRAPH_FORMAT_VERSION = 1
 _graph_ids = itertools.count()
 
 
@@ -206,7 +206,7 @@ class Graph:
             raise GraphError(f"unknown op {op!r}") from None
         self._check_open(str(op))
         ins = [self.node(i) for i in inputs]
-        norm, shape, dtype = infer(op, ins, attrs)
+        norm, shape, dtype = infer_any(op, ins, attrs)
         if name:
             norm_name = str(name)
         else:
@@ -489,8 +489,6 @@ class Graph:
     @classmethod
     def from_json(cls, text: str | bytes) -> Graph:
         """Rebuild a graph from ``to_json`` output, checking it like a graph built by hand."""
-        from ._graph_json import graph_from_json
-
         return graph_from_json(cls, text)
 
     def save(self, path: Any) -> None:

@@ -8,7 +8,7 @@ user's process that is a dead interpreter with no message; in a child it is one 
 their backends in-process; Chromium's GPU process and pytest-xdist's workers are the
 model here: the risky part lives in a process that may die, and the parent reads why.
 
-The child is ``python -m rlx_core.isolation``: a fresh interpreter (never ``fork``, which
+The child is ``python -m rlx_core._isolated_child``: a fresh interpreter (never ``fork``, which
 would copy the parent's OpenMP and driver threads in an undefined state, and never
 ``multiprocessing``'s spawn, which re-imports the user's ``__main__``). It is told which
 entry point to load and what to do in one JSON line on stdin, answers in JSON lines on
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import faulthandler
 import importlib.metadata
 import json
 import logging
@@ -47,6 +46,9 @@ __all__ = ["ISOLATION_ENV", "ChildTarget", "ChildOutcome", "isolation_enabled", 
            "read_stderr", "CHILD_ENV", "in_isolation_child"]  # fmt: skip
 
 ISOLATION_ENV = "RLX_ISOLATION"
+#: The child's entry point (``python -m``): its tasks load backends, so they live apart
+#: from this module, which the registry imports.
+CHILD_MODULE = "rlx_core._isolated_child"
 #: Set to "1" in the environment of every child (``in_isolation_child``).
 CHILD_ENV = "RLX_ISOLATION_CHILD"
 #: What a child may spend starting up (interpreter, numpy, the plugin's import) before the
@@ -145,7 +147,7 @@ def run_child(task: Mapping[str, Any], *, timeout: float, environ: Mapping[str, 
     messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
     stderr: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
     try:
-        proc, readers = start_child("rlx_core.isolation", environ, messages, stderr)
+        proc, readers = start_child(CHILD_MODULE, environ, messages, stderr)
     except OSError as exc:
         return ChildOutcome(died=f"could not be started ({type(exc).__name__}: {exc})")
     outcome = ChildOutcome()
@@ -271,74 +273,3 @@ class ChildChannel:
         with self._lock:
             self._out.write(json.dumps({"event": event, **fields}) + "\n")
             self._out.flush()
-
-
-def _exit_when_parent_goes() -> None:
-    """Block on stdin until the parent closes it (done, or gone), then leave at once."""
-    with contextlib.suppress(Exception):
-        sys.stdin.read()
-    os._exit(0)
-
-
-def _load(target: ChildTarget) -> Any:
-    """Load the backend as the parent's registry did (same validation), in-process here."""
-    from .plugin import ENTRY_POINT_GROUP
-    from .registry import Registry, set_default_registry
-
-    ep = importlib.metadata.EntryPoint(name=target.entry_point, value=target.value, group=ENTRY_POINT_GROUP)
-    registry = Registry(entry_points=[ep])
-    set_default_registry(registry)  # calibration asks the default registry for the probe's versions
-    return registry.get(target.backend)
-
-
-def _probe_task(backend: Any, channel: ChildChannel) -> None:
-    from .plugin import Availability
-    from .probing import describe_error
-
-    channel.send("started")
-    try:
-        answer = backend.probe()
-    except BaseException as exc:
-        channel.send("result", payload={"outcome": "raised", "error": describe_error(exc)})
-        return
-    if not isinstance(answer, Availability):
-        channel.send("result", payload={"outcome": "garbage", "type": type(answer).__name__})
-        return
-    channel.send("result", payload={"outcome": "ok", "available": bool(answer.available), "reason": answer.reason,
-                                    "devices": list(answer.devices), "versions": dict(answer.versions)})  # fmt: skip
-
-
-def _calibrate_task(backend: Any, quick: bool, channel: ChildChannel) -> None:
-    from .calibration import progress_sink
-    from .cost import CostModel
-
-    channel.send("started")
-    with progress_sink(lambda step, frac: channel.send("step", step=step, frac=frac)):
-        model = backend.calibrate(quick=quick)
-    if not isinstance(model, CostModel):
-        raise TypeError(f"calibrate() returned {type(model).__name__}, expected rlx_core.CostModel")
-    channel.send("result", payload={"model": model.to_dict()})
-
-
-def _child_main() -> None:
-    faulthandler.enable()  # a crash prints the Python stack to stderr, which the parent logs
-    channel = ChildChannel()
-    request = json.loads(sys.stdin.readline() or "{}")
-    threading.Thread(target=_exit_when_parent_goes, daemon=True).start()
-    try:
-        target = ChildTarget(**request["target"])
-        backend = _load(target)
-        if request.get("task") == "probe":
-            _probe_task(backend, channel)
-        elif request.get("task") == "calibrate":
-            _calibrate_task(backend, bool(request.get("quick")), channel)
-        else:
-            raise ValueError(f"unknown task {request.get('task')!r}")
-    except BaseException as exc:  # the parent re-raises it with this type's name and message
-        channel.send("error", type=type(exc).__name__, message=str(exc))
-    sys.stderr.flush()
-    os._exit(0)  # no interpreter teardown: a driver's atexit handlers are where some crash
-
-
-if __name__ == "__main__":
-    _child_main()

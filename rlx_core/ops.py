@@ -76,7 +76,7 @@ class OpKind(str, enum.Enum):
     GLOBAL_AVG_POOL2D = "global_avg_pool2d"
     ATTENTION = "attention"
     # Internal ops: made by the compile pipeline for backends that claim them (see
-    # rlx_core/passes/internal_ops.py); no builder method, but valid in JSON and the reference.
+    # rlx_core/internal_types.py); no builder method, but valid in JSON and the reference.
     GEMM = "gemm"
     FUSED_ELEMENTWISE = "fused_elementwise"
 
@@ -577,18 +577,11 @@ _INFER: dict[OpKind, InferFn] = {
 }
 
 
-def _infer_internal(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tuple[Attrs, Shape, str]:
-    from .passes.internal_ops import infer_internal  # lazy: the passes import this module
-
-    return infer_internal(op, ins, attrs)
-
-
-_INFER[OpKind.GEMM] = _INFER[OpKind.FUSED_ELEMENTWISE] = _infer_internal
-
-
 def infer(op: OpKind, ins: Sequence[TensorLike], attrs: Mapping[str, Any]) -> tuple[Attrs, Shape, str]:
     """Validate ``op`` on ``ins`` and return ``(normalized attrs, shape, dtype)``."""
     fn = _INFER.get(op)
+    if fn is None and op in INTERNAL_OPS:
+        raise GraphError(f"{op}: an internal op, typed by rlx_core.internal_types.infer_internal")
     if fn is None:
         raise GraphError(f"{op}: not a computational op (sources are added with input/param/constant)")
     return fn(op, ins, dict(attrs))

@@ -9,19 +9,18 @@ the first refusal into a *blocker* string that people can act on.
 from __future__ import annotations
 
 import logging
-import threading
-import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .cost import estimate_graph_cost
 from .errors import DeviceError
 from .ir import Graph
-from .passes.legalize import LegalizeResult, legalize
-from .passes.pipeline import PipelineResult, run_pipeline
-from .plugin import CompileOptions
+from .lowering import legalize_for, pipeline_for, priced_graph
+from .memory import memory_blocker
+from .passes.plan import plan_memory
 from .policy import DevicePolicy
 from .registry import Registry, default_registry, parse_device
+from .timing import benchmark_devices
 
 __all__ = [
     "DeviceCandidate",
@@ -61,70 +60,6 @@ class DeviceCandidate:
     @property
     def viable(self) -> bool:
         return self.blocker is None and self.available and self.supports_graph is not False
-
-
-# Legalization per (graph, backend), reused by every question asked about the same graph.
-_LEGAL_CACHE: weakref.WeakKeyDictionary[Graph, dict[tuple, LegalizeResult]] = weakref.WeakKeyDictionary()
-_LEGAL_LOCK = threading.Lock()
-
-
-def legalize_for(graph: Graph, backend_name: str, registry: Registry | None = None) -> LegalizeResult:
-    """``graph`` legalized for a backend, cached while the graph is unchanged."""
-    reg = registry or default_registry()
-    backend = reg.get(backend_name)
-    key = (backend_name, id(backend), len(graph), graph.outputs, graph.frozen)
-    with _LEGAL_LOCK:
-        hit = _LEGAL_CACHE.get(graph, {}).get(key)
-    if hit is not None:
-        return hit
-    result = legalize(graph, backend.claims)
-    with _LEGAL_LOCK:
-        _LEGAL_CACHE.setdefault(graph, {})[key] = result
-    return result
-
-
-_PIPE_CACHE: weakref.WeakKeyDictionary[Graph, dict[tuple, PipelineResult]] = weakref.WeakKeyDictionary()
-
-
-def pipeline_for(graph: Graph, backend_name: str, registry: Registry | None = None,
-                 options: CompileOptions | None = None) -> PipelineResult:  # fmt: skip
-    """``graph`` through the compile pipeline for a backend (legalize, optimize, fuse,
-    plan), cached while the graph is unchanged; what ``compile`` hands the backend and
-    what the ranking prices."""
-    reg = registry or default_registry()
-    backend = reg.get(backend_name)
-    opts = options if options is not None else CompileOptions()
-    okey = (opts.legalize, opts.optimize, opts.fuse, opts.plan, tuple(opts.disable), opts.max_fused_ops,
-            opts.max_fused_inputs)  # fmt: skip
-    key = (backend_name, id(backend), len(graph), graph.outputs, graph.frozen, okey)
-    with _LEGAL_LOCK:
-        hit = _PIPE_CACHE.get(graph, {}).get(key)
-    if hit is not None:
-        return hit
-    if opts.legalize and graph.frozen:  # share legalization with the questions placement asks
-        legal = legalize_for(graph, backend_name, reg)
-        result = run_pipeline(graph, backend.claims, opts, legalized=legal)
-    else:
-        result = run_pipeline(graph, backend.claims, opts)
-    with _LEGAL_LOCK:
-        _PIPE_CACHE.setdefault(graph, {})[key] = result
-    return result
-
-
-def priced_graph(graph: Graph, backend_name: str, registry: Registry | None = None) -> Graph:
-    """The graph as ``backend_name`` will run it, for pricing: the pipeline's graph, and for
-    a backend that fuses elementwise chains itself (``Backend.fuses_elementwise``, e.g.
-    XLA) that graph with its chains priced as the regions the backend will make of them."""
-    reg = registry or default_registry()
-    result = pipeline_for(graph, backend_name, reg)
-    backend = reg.get(backend_name)
-    if not getattr(backend, "fuses_elementwise", False):
-        return result.graph
-    if result.priced is None:  # computed once per pipeline result (which is cached per graph)
-        from .passes.fuse import fuse_elementwise
-
-        result.priced = fuse_elementwise(result.graph, lambda node: True, 32, 8)[0]
-    return result.priced
 
 
 def _fmt_seconds(s: float) -> str:
@@ -168,6 +103,8 @@ class Placement:
                 model = reg.cost_model(name)
                 calibrated = model.calibrated
                 est = estimate_graph_cost(priced_graph(self.graph, name, reg), model)
+                if blocker is None:  # a device that cannot hold the graph is never tried
+                    blocker = self._memory_blocker(name, avail.memory_bytes)
         elif avail.available:
             calibrated = reg.cost_model(name).calibrated
         return DeviceCandidate(
@@ -176,6 +113,11 @@ class Placement:
             priority=info.priority, distribution=info.distribution, version=info.version, ops=ops,
             calibrated=calibrated,
         )  # fmt: skip
+
+    def _memory_blocker(self, name: str, probed: int | None) -> str | None:
+        assert self.graph is not None
+        result = pipeline_for(self.graph, name, self.registry)
+        return memory_blocker(result.graph, name, result.memory_plan or plan_memory(result.graph), probed)
 
     def candidates(self, names: Iterable[str] | None = None) -> list[DeviceCandidate]:
         """One row per backend (all of them by default), highest priority first."""
@@ -227,9 +169,8 @@ class Placement:
             raise DeviceError(f"no device can run {what}: {reasons}")
         best = ranked[0]
         if self.policy.pick == "benchmark" and self.graph is not None and len(ranked) > 1:
-            from .session import benchmark_devices
-
-            times = benchmark_devices(self.graph, [r.device for r in ranked], self.policy, self.registry)
+            times = benchmark_devices(self.graph, [r.device for r in ranked], self.policy.benchmark_runs,
+                                      self.registry)
             if times:
                 winner = min(times, key=times.__getitem__)
                 detail = ", ".join(f"{d} {_fmt_seconds(t)}" for d, t in sorted(times.items(), key=lambda kv: kv[1]))

@@ -17,6 +17,8 @@ import pluggy
 
 from .cost import CostModel
 from .ops import OpKind
+from .options import PASS_NAMES as PASS_NAMES
+from .options import CompileOptions as CompileOptions
 
 if TYPE_CHECKING:
     from .ir import Graph, Node
@@ -27,12 +29,12 @@ if TYPE_CHECKING:
 #: ``rlx_core.ops``, ``rlx_core.errors`` and ``rlx_core.testing`` only (import-linter
 #: holds every plugin to that in ``nox -s lint``).
 _KIT: dict[str, str] = {
-    # The fused elementwise program of ``fused_elementwise`` nodes (``passes/internal_ops``).
-    "Instruction": "rlx_core.passes.internal_ops",
-    "make_instruction": "rlx_core.passes.internal_ops",
-    "live_instructions": "rlx_core.passes.internal_ops",
-    "program_types": "rlx_core.passes.internal_ops",
-    "ACTIVATION_OPS": "rlx_core.passes.internal_ops",
+    # The fused elementwise program of ``fused_elementwise`` nodes (``internal_types.py``).
+    "Instruction": "rlx_core.internal_types",
+    "make_instruction": "rlx_core.internal_types",
+    "live_instructions": "rlx_core.internal_types",
+    "program_types": "rlx_core.internal_types",
+    "ACTIVATION_OPS": "rlx_core.internal_types",
     # dtypes, caches, calibration, isolation.
     "itemsize": "rlx_core.dtypes",
     "JsonCache": "rlx_core.cache",
@@ -83,49 +85,19 @@ class Availability:
 
     ``devices`` lists the device strings this backend can address here (``["cuda:0",
     "cuda:1"]``), ``versions`` the library and driver versions it found.
+    ``memory_bytes`` is what the device can give one graph, as measured by the probe (a
+    GPU's free memory); ``None`` for a device that computes in host memory or cannot
+    tell. Placement does not put a graph on a device that cannot hold it (``memory.py``).
     """
 
     available: bool
     reason: str = ""
     devices: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
+    memory_bytes: int | None = None
 
     def __bool__(self) -> bool:
         return self.available
-
-
-@dataclass(frozen=True)
-class CompileOptions:
-    """What the core passes to ``Backend.compile`` besides the graph.
-
-    ``device`` is the full device string (``"cuda:1"``) and ``device_index`` its index or
-    ``None`` for the backend's default device. ``extra`` carries backend-specific options
-    by name, so that adding one never changes this contract.
-
-    Users pass one to ``rlx.compile(g, options=...)`` to steer the compile pipeline
-    (``docs/pipeline.md``); the core fills in ``device`` and ``device_index``. ``legalize``,
-    ``optimize``, ``fuse`` and ``plan`` switch the stages; ``disable`` names single passes
-    to skip (``fold``, ``simplify``, ``cse``, ``dce``, ``gemm``, ``elementwise``);
-    ``max_fused_ops`` and ``max_fused_inputs`` bound an elementwise region. The plan
-    stage's advice reaches the backend as ``memory_plan`` (a ``passes.MemoryPlan``).
-    """
-
-    device: str = ""
-    device_index: int | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    legalize: bool = True
-    optimize: bool = True
-    fuse: bool = True
-    plan: bool = True
-    disable: tuple[str, ...] = ()
-    max_fused_ops: int = 32
-    max_fused_inputs: int = 8
-    memory_plan: Any = field(default=None, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        from .passes.pipeline import check_options  # lazy: the passes import this module's siblings
-
-        check_options(self)
 
 
 class Executable:
@@ -233,9 +205,9 @@ if TYPE_CHECKING:  # the kit's real types, for type checkers (``X as X``: a re-e
     from .calibration import calibrate_backend as calibrate_backend
     from .calibration import save_calibration as save_calibration
     from .dtypes import itemsize as itemsize
+    from .internal_types import ACTIVATION_OPS as ACTIVATION_OPS
+    from .internal_types import Instruction as Instruction
+    from .internal_types import live_instructions as live_instructions
+    from .internal_types import make_instruction as make_instruction
+    from .internal_types import program_types as program_types
     from .isolation import in_isolation_child as in_isolation_child
-    from .passes.internal_ops import ACTIVATION_OPS as ACTIVATION_OPS
-    from .passes.internal_ops import Instruction as Instruction
-    from .passes.internal_ops import live_instructions as live_instructions
-    from .passes.internal_ops import make_instruction as make_instruction
-    from .passes.internal_ops import program_types as program_types

@@ -44,8 +44,11 @@ _VARIABLES: dict[str, tuple[str | None, str]] = {
     "DISABLE_PLUGINS": (None, "comma-separated plugin entry-point names not to load (never imported)"),
     "CACHE_DIR": (None, "where calibrations and other caches are stored (default: the user cache dir)"),
     "FUSION_REPORT": (None, "1 = report what the fusion pass fused and why, for each compiled graph"),
-    "MEMORY_LIMIT": (None, "bytes a compiled graph may need (512M, 8G; 0 or none = no check; default: "
-                           "this host's memory)"),
+    "MEMORY_LIMIT": (None, "bytes a compiled graph may need, for every device (8G) or per device (cuda=2G,cpu=16G); "
+                           "none = no check; default: what the probe measured, else this host's memory"),
+    "REPICK_DRIFT": (None, "a long-lived GraphDevices leaves its auto-picked device when runs get this many times "
+                           "slower than its baseline (default 3; off = never)"),
+    "REPICK_FORGET": (None, "seconds after which such a slowdown is forgotten (default 60)"),
     "ISOLATION": (None, "1 (default) = probe and calibrate plugins in child processes; 0 = in this one"),
     "CALIBRATE_TIMEOUT": (None, "seconds one device's calibration may take (default 900)"),
 }
@@ -325,6 +328,7 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
     commands call this first, so every one of them says the same thing, once. Device
     names are checked against the installed backends later, by ``DevicePolicy.validate``.
     """
+    from .drift import drift_settings
     from .isolation import isolation_enabled
     from .memory import memory_limit
     from .passes.pipeline import fusion_report_enabled
@@ -339,3 +343,4 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
     isolation_enabled(env)
     fusion_report_enabled(env)
     memory_limit(env)
+    drift_settings(env)

@@ -28,6 +28,14 @@ log = logging.getLogger("rlx.registry")
 _KILL_GRACE_S = 1.0
 
 
+def _bytes(value: object) -> int | None:
+    """A probe's ``memory_bytes`` as it came back from the child: a positive int, else ``None``
+    (a foreign plugin's garbage there is no reason to lose its answer)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return int(value)
+    return None
+
+
 def describe_error(exc: BaseException) -> str:
     """``"TypeName: message"`` on one line (pluggy's validation errors span several), so a
     report row or a CLI warning stays one line."""
@@ -133,7 +141,8 @@ class ProbeRun:
             self._finish(result=Availability(bool(payload.get("available")), str(payload.get("reason", "")),
                                              devices=[str(d) for d in payload.get("devices", [])],
                                              versions={str(k): str(v) for k, v in
-                                                       dict(payload.get("versions", {})).items()}))  # fmt: skip
+                                                       dict(payload.get("versions", {})).items()},
+                                             memory_bytes=_bytes(payload.get("memory_bytes"))))  # fmt: skip
         elif kind == "raised":
             self._finish(raised=str(payload.get("error", "")))
         else:

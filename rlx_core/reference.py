@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from .dtypes import FLOAT_DTYPES
 from .errors import InputError
+from .internal_types import ACTIVATION_OPS
 from .ops import OpKind
 
 if TYPE_CHECKING:
@@ -276,9 +277,48 @@ _KERNELS: dict[OpKind, Kernel] = {
 }
 
 
-def _internal(node: Node, xs: Sequence[np.ndarray]) -> np.ndarray:
-    from .passes.internal_ops import evaluate_internal  # lazy: gemm and fused regions replay the kernels above
+class _PseudoNode(NamedTuple):
+    """What a kernel sees of a node: enough to evaluate one instruction."""
 
+    id: int
+    op: OpKind
+    inputs: tuple[int, ...]
+    attrs: dict[str, Any]
+    shape: tuple[int, ...]
+    dtype: str
+    name: str
+
+    def describe(self) -> str:
+        return f"node {self.id} {self.name!r}" if self.name else f"node {self.id}"
+
+
+def _as_compute(x: np.ndarray, dtype: str) -> np.ndarray:
+    return x.astype(np.float64 if dtype.startswith("float") else dtype, copy=False)
+
+
+def evaluate_internal(node: Node, xs: Sequence[np.ndarray], kernels: Mapping[OpKind, Callable[..., np.ndarray]]
+                      ) -> np.ndarray:  # fmt: skip
+    """The reference meaning of an internal node, through the reference's own ``kernels``
+    (so a region computes exactly what its ops compute one by one)."""
+    if node.op is OpKind.GEMM:
+        y = kernels[OpKind.MATMUL](node, xs[:2])
+        if len(xs) == 3:
+            y = y + xs[2]
+        spec = ACTIVATION_OPS[node.attrs["activation"]]
+        if spec is not None:
+            y = kernels[spec[0]](_PseudoNode(node.id, spec[0], (), spec[1], node.shape, node.dtype, node.name), [y])
+        return _as_compute(np.asarray(y), node.dtype)
+    values = list(xs)
+    for op, args, attrs in node.attrs["program"]:  # checked when the node was made: replay it
+        kind = OpKind(op)
+        pseudo = _PseudoNode(node.id, kind, tuple(args), dict(attrs), node.shape, node.dtype, node.name)
+        y = np.asarray(kernels[kind](pseudo, [values[a] for a in args]))
+        values.append(y.astype(np.float64, copy=False) if y.dtype.kind == "f" else y)
+    return values[-1]
+
+
+def _internal(node: Node, xs: Sequence[np.ndarray]) -> np.ndarray:
+    """gemm and fused regions replay the kernels above, instruction by instruction."""
     return evaluate_internal(node, xs, _KERNELS)
 
 

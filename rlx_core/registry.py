@@ -25,12 +25,14 @@ import re
 import reprlib
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 
+from ._version import __version__
 from .cost import CostModel
 from .errors import ConfigError, DeviceError, PluginError, PluginWarning
 from .faults import DeviceFault, FaultLog
@@ -258,8 +260,6 @@ class Registry:
             raise PluginError(f"backend {type(backend).__name__} has an invalid name {name!r} "
                               "(expected letters, digits, '_', '.', '-', like 'cuda')")
         if backend.api_version != PLUGIN_API_VERSION:
-            from . import __version__
-
             raise PluginError(f"backend {name!r} declares plugin API version {backend.api_version}, "
                               f"rlx-core {__version__} speaks version {PLUGIN_API_VERSION}")
         priority = backend.priority
@@ -271,6 +271,10 @@ class Registry:
                               f"{_origin(other.distribution, other.version, other.entry_point)}")
         label = backend.label if isinstance(backend.label, str) and backend.label else name
         self._infos[name] = BackendInfo(name, backend, entry_point, dist, version, label, priority)
+        try:  # the registry that holds it: calibration reads this registry's probe, not the global one
+            backend._rlx_registry = weakref.ref(self)
+        except AttributeError:  # a backend with __slots__: calibrated as an unregistered one
+            pass
         logger.debug("rlx backend %r loaded from %s", name, _origin(dist, version, entry_point))
 
     def register(self, backend: Backend, *, distribution: str = "", version: str = "") -> None:

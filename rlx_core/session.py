@@ -1,308 +1,97 @@
-"""Compiled graphs and sessions: ``compile``, ``CompiledGraph``, ``GraphDevices``, fallback.
-
-A ``CompiledGraph`` is one graph on one device: it validates inputs before any work,
-runs the backend's executable, and checks what comes back, so that a backend's mistake
-surfaces as an error naming the backend instead of a wrong answer. ``GraphDevices``
-keeps one compiled copy per device with params mirrored to all of them.
+"""Where graphs compile and run: ``compile`` (auto placement, fallback, partition),
+``GraphDevices`` (one graph on as many devices as asked, params mirrored), and
+``run_with_fallback``. Compiling on one named device is ``compiled.compile_on``.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 import warnings
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from .errors import (
-    CALLER_ERRORS,
-    ConfigError,
-    DeviceError,
-    DeviceFallbackError,
-    FallbackWarning,
-    PluginError,
-    RlxError,
-)
-from .inputs import check_param_value, input_specs, random_inputs, validate_inputs
+from .compiled import CompiledGraph, CompileReport, compile_on
+from .drift import DriftWatch, Repick, drift_settings
+from .errors import CALLER_ERRORS, DeviceError, DeviceFallbackError, FallbackWarning
+from .inputs import check_param_value, input_specs, validate_inputs
 from .ir import Graph
-from .memory import check_memory
-from .passes.pipeline import fusion_report_enabled
-from .passes.plan import plan_memory
-from .placement import DeviceCandidate, Placement, pipeline_for
-from .plugin import CompileOptions, Executable
+from .partition import compile_partitioned, split_for
+from .placement import Placement
+from .plugin import CompileOptions
 from .policy import DevicePolicy
 from .registry import Registry, default_registry, parse_device
+from .timing import benchmark_devices, time_runs
 
 __all__ = ["CompiledGraph", "CompileReport", "GraphDevices", "compile", "run_with_fallback", "benchmark_devices"]
 
 log = logging.getLogger("rlx.session")
-RLX_FUSION_REPORT_HEADER = "compile report (RLX_FUSION_REPORT=1)"
-
-
-@dataclass
-class CompileReport:
-    """Where a graph was placed, why, and what compiling it did."""
-
-    graph: str
-    device: str
-    reason: str
-    label: str = ""
-    compile_seconds: float = 0.0
-    user_nodes: int = 0
-    legalized_nodes: int = 0
-    decomposed: list[str] = field(default_factory=list)
-    candidates: list[DeviceCandidate] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    compiled_nodes: int = 0  # nodes of the graph the backend received (after optimize and fuse)
-    fused: list[str] = field(default_factory=list)
-    pipeline: list[str] = field(default_factory=list)  # per stage: what it did and why
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "graph": self.graph, "device": self.device, "reason": self.reason, "label": self.label,
-            "compile_seconds": self.compile_seconds, "user_nodes": self.user_nodes,
-            "legalized_nodes": self.legalized_nodes, "decomposed": list(self.decomposed),
-            "candidates": [{"device": c.device, "viable": c.viable, "blocker": c.blocker,
-                            "est_seconds": c.est_seconds} for c in self.candidates],
-            "notes": list(self.notes), "compiled_nodes": self.compiled_nodes, "fused": list(self.fused),
-            "pipeline": list(self.pipeline),
-        }  # fmt: skip
-
-    def __str__(self) -> str:
-        lines = [
-            f"graph {self.graph!r} on {self.device}" + (f" ({self.label})" if self.label else ""),
-            f"  why: {self.reason}",
-            f"  compile: {self.compile_seconds * 1e3:.2f} ms, "
-            f"{self.user_nodes} nodes -> {self.legalized_nodes} after legalization",
-        ]  # fmt: skip
-        if self.decomposed:
-            lines.append("  legalized (composites decomposed because the device does not claim them):")
-            lines += [f"    {d}" for d in self.decomposed]
-        for c in self.candidates:
-            if c.device == parse_device(self.device)[0]:
-                continue
-            est = f", est {c.est_seconds * 1e6:.1f} µs" if c.est_seconds is not None else ""
-            lines.append(f"  {c.device}: {'viable' + est if c.viable else 'not used: ' + str(c.blocker)}")
-        if self.pipeline:
-            lines.append(f"  pipeline ({self.compiled_nodes} nodes compiled):")
-            lines += [f"    {p}" for p in self.pipeline]
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-
-class CompiledGraph:
-    """One graph compiled for one device. Thread-safe ``run``."""
-
-    def __init__(self, graph: Graph, device: str, executable: Executable, legal: Graph, report: CompileReport,
-                 registry: Registry, options: CompileOptions | None = None) -> None:  # fmt: skip
-        self.graph = graph
-        self._options = options
-        self._device = device
-        self._exe = executable
-        self._legal = legal
-        self._report = report
-        self._registry = registry
-        self._specs = input_specs(graph)
-        # An executable that takes device arrays (cuda: CuPy, torch CUDA tensors) gets them as
-        # they are, checked by shape and dtype; every other gets numpy arrays.
-        self._device_inputs = bool(getattr(executable, "accepts_device_inputs", False))
-        outs = [legal.node(i) for i in legal.outputs]
-        self._out_checks = tuple((n.shape, np.dtype(n.dtype)) for n in outs)
-        self._lock = threading.Lock()  # set_param vs set_param; runs never take it
-
-    @property
-    def device(self) -> str:
-        return self._device
-
-    @property
-    def backend(self) -> str:
-        return parse_device(self._device)[0]
-
-    def report(self) -> CompileReport:
-        return self._report
-
-    def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
-        """Run on validated ``inputs``; one array per graph output.
-
-        ``output="numpy"`` (the default) returns numpy arrays. ``output="dlpack"`` returns
-        arrays that stay where the device computed them, each a ``__dlpack__`` producer
-        (hand them to ``torch.from_dlpack``, ``cupy.from_dlpack``, ``jax.dlpack``... without a
-        copy): from the executable's optional ``run_dlpack`` when it has one, else the
-        numpy arrays of ``run`` (host memory, itself a DLPack producer, as on cpu).
-        """
-        if output not in ("numpy", "dlpack"):
-            raise ConfigError(f"run: output must be 'numpy' or 'dlpack', got {output!r}")
-        arrays = validate_inputs(self._specs, inputs, self._device_inputs)
-        run_dlpack = getattr(self._exe, "run_dlpack", None) if output == "dlpack" else None
-        try:
-            outs = self._exe.run(arrays) if run_dlpack is None else run_dlpack(arrays)
-        except RlxError:
-            raise
-        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() must not end the host
-            raise DeviceError(
-                f"device {self._device} failed running graph {self.graph.name!r}: {type(exc).__name__}: {exc}"
-            ) from exc
-        return self._check_outputs(outs) if run_dlpack is None else self._check_device_outputs(outs)
-
-    def _check_device_outputs(self, outs: Any) -> list[Any]:
-        """``_check_outputs`` for ``run_dlpack``: count, shape and dtype, without a copy to host."""
-        checks = self._out_checks
-        if not isinstance(outs, (list, tuple)) or len(outs) != len(checks):
-            n = len(outs) if isinstance(outs, (list, tuple)) else type(outs).__name__
-            raise PluginError(f"backend {self.backend!r} run_dlpack returned {n} outputs for graph "
-                              f"{self.graph.name!r}, which has {len(checks)}")  # fmt: skip
-        for i, (out, (shape, dtype)) in enumerate(zip(outs, checks)):
-            if not hasattr(out, "__dlpack__"):
-                raise PluginError(f"backend {self.backend!r} run_dlpack returned a {type(out).__name__} for "
-                                  f"output {i}, which has no __dlpack__")  # fmt: skip
-            try:
-                got_shape, got_dtype = tuple(out.shape), np.dtype(out.dtype)
-            except (AttributeError, TypeError):
-                continue  # a producer whose dtype numpy cannot name (e.g. torch): trust DLPack's own metadata
-            if got_shape != shape or got_dtype != dtype:
-                raise PluginError(
-                    f"backend {self.backend!r} returned output {i} of graph {self.graph.name!r} as {got_dtype}"
-                    f"{list(got_shape)}; the graph declares {dtype}{list(shape)}"
-                )
-        return list(outs)
-
-    def _check_outputs(self, outs: Any) -> list[np.ndarray]:
-        checks = self._out_checks
-        if type(outs) is list and len(outs) == len(checks):  # fast path: a list of right arrays, as is
-            for out, (shape, dtype) in zip(outs, checks):
-                if type(out) is not np.ndarray or out.shape != shape or (out.dtype is not dtype and out.dtype != dtype):
-                    break
-            else:
-                return outs
-        if not isinstance(outs, (list, tuple)) or len(outs) != len(checks):
-            n = len(outs) if isinstance(outs, (list, tuple)) else type(outs).__name__
-            raise PluginError(f"backend {self.backend!r} returned {n} outputs for graph {self.graph.name!r}, "
-                              f"which has {len(checks)}")  # fmt: skip
-        result = []
-        for i, (out, (shape, dtype)) in enumerate(zip(outs, checks)):
-            if type(out) is not np.ndarray:
-                try:
-                    out = np.asarray(out)
-                except Exception:
-                    raise PluginError(f"backend {self.backend!r} returned a {type(out).__name__} for output {i}, "
-                                      "not an array") from None  # fmt: skip
-            if out.shape != shape or out.dtype != dtype:
-                raise PluginError(
-                    f"backend {self.backend!r} returned output {i} of graph {self.graph.name!r} as {out.dtype}"
-                    f"{list(out.shape)}; the graph declares {dtype}{list(shape)}"
-                )
-            result.append(out)
-        return result
-
-    def set_param(self, name: str, value: Any) -> None:
-        """Replace a param (same shape and dtype, else ``InputError``); atomic on failure."""
-        _node, frozen = check_param_value(self.graph, name, value)
-        legal_id = next((i for i in self._legal.params if self._legal.node(i).name == name), None)
-        if legal_id is None:  # the pipeline keeps every param; a backend's rewrite might not
-            raise PluginError(f"device {self._device}: the compiled graph lost param {name!r}")
-        with self._lock:
-            old = self._legal._values[legal_id]
-            self._legal._values[legal_id] = frozen
-            try:
-                self._exe.set_param(name, frozen)
-            except NotImplementedError:
-                try:
-                    self._exe = _backend_compile(self._registry, self._device, self._legal, self._options)
-                except Exception:
-                    self._legal._values[legal_id] = old
-                    raise
-            except Exception:
-                self._legal._values[legal_id] = old
-                raise
-
-    def __repr__(self) -> str:
-        return f"<CompiledGraph {self.graph.name!r} on {self._device}>"
-
-
-def _backend_compile(registry: Registry, device: str, legal: Graph,
-                     options: CompileOptions | None = None) -> Executable:  # fmt: skip
-    name, index = parse_device(device)
-    backend = registry.get(name)
-    options = replace(options or CompileOptions(), device=device, device_index=index)
-    try:
-        exe = backend.compile(legal, options)
-    except RlxError:
-        raise
-    except Exception as exc:
-        why = f"{type(exc).__name__}: {exc}"
-        raise DeviceError(f"device {device} failed to compile graph {legal.name!r}: {why}") from exc
-    if not callable(getattr(exe, "run", None)):
-        raise PluginError(f"backend {name!r}: compile() returned {type(exe).__name__}, not an Executable")
-    return exe
-
-
-def _compile_on(graph: Graph, device: str, reason: str, rows: list[DeviceCandidate],
-                registry: Registry, options: CompileOptions | None = None) -> CompiledGraph:  # fmt: skip
-    name = parse_device(device)[0]
-    graph.freeze()
-    show = fusion_report_enabled()  # a malformed RLX_FUSION_REPORT fails before any work
-    t0 = time.perf_counter()
-    result = pipeline_for(graph, name, registry, options)
-    if result.blocker is not None:
-        raise DeviceError(f"device {device!r} cannot run graph {graph.name!r}: {result.blocker}")
-    # Too big for this machine: a clear error naming the size, before anything is allocated.
-    check_memory(result.graph, device, result.memory_plan or plan_memory(result.graph))
-    # The compiled copy owns its graph (set_param mutates its values).
-    legal = _own_copy(result.graph).freeze()
-    opts = replace(options or CompileOptions(), memory_plan=result.memory_plan)
-    exe = _backend_compile(registry, device, legal, opts)
-    info = registry.info(name)
-    report = CompileReport(
-        graph=graph.name, device=device, reason=reason, label=info.backend.label or info.label,
-        compile_seconds=time.perf_counter() - t0, user_nodes=len(graph), legalized_nodes=len(result.legalized.graph),
-        decomposed=list(result.legalized.decomposed), candidates=rows, compiled_nodes=len(legal), fused=result.fused,
-        pipeline=result.describe(),
-    )  # fmt: skip
-    notes = getattr(exe, "report_notes", None)  # optional: what the backend wants said (e.g. XLA times)
-    if callable(notes):
-        report.notes.extend(str(n) for n in notes())
-    log.info("compiled graph %r on %s (%s)", graph.name, device, reason)
-    if show:
-        print(f"rlx: {RLX_FUSION_REPORT_HEADER}\n{report}", file=sys.stderr, flush=True)
-    return CompiledGraph(graph, device, exe, legal, report, registry, opts)
-
-
-def _own_copy(g: Graph) -> Graph:
-    copy = Graph(g.name)
-    copy._nodes = list(g._nodes)
-    copy._values = dict(g._values)
-    copy._inputs, copy._params, copy._outputs = list(g._inputs), list(g._params), g._outputs
-    copy._names = dict(g._names)
-    return copy
 
 
 def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | None = None, *,
-            registry: Registry | None = None, options: CompileOptions | None = None) -> CompiledGraph:  # fmt: skip
+            registry: Registry | None = None, options: CompileOptions | None = None,
+            partition: bool | None = None) -> CompiledGraph:  # fmt: skip
     """Compile ``graph`` for ``device`` (``"auto"``: policy and cost ranking).
 
     An explicit device is strict: it runs there or raises ``DeviceError`` naming the
     blocker. ``"auto"`` tries the ranked devices in turn when one fails to compile,
     with a ``FallbackWarning`` for each (unless the policy is strict). ``options``
     switches the pipeline's stages and passes (``CompileOptions``, ``docs/pipeline.md``).
+
+    ``partition`` (``docs/partition.md``): with ``"auto"``, ``None`` (the default) splits
+    the graph across devices when no single device can run it or when a split is
+    predicted clearly faster; ``True`` does the same under a strict policy too (a split
+    is never taken silently there); ``False`` never splits. The result is then a
+    ``PartitionedGraph``, a ``CompiledGraph`` whose ``device`` is ``"cpu+opencl"`` and
+    whose report lists each segment. An explicit device never splits.
     """
     reg = registry or default_registry()
     placement = Placement(graph, policy, reg)
-    chosen, reason, rows = placement.choose(device)
     explicit = device not in (None, "", "auto") or bool(placement.policy.device)
+    if explicit:
+        return _compile_whole(graph, device, placement, reg, options, explicit)
+    rows = placement.candidates()
+    excluded: list[tuple[str, str]] = []  # devices whose segment failed to compile, and why
+    while True:
+        split = split_for(placement, [r for r in rows if r.device not in dict(excluded)], partition)
+        if isinstance(split, str):
+            break
+        try:
+            cg = compile_partitioned(graph, split, rows, reg, options)
+        except CALLER_ERRORS:
+            raise
+        except Exception as exc:
+            failed = getattr(exc, "device", None) or split.devices[0]
+            excluded.append((failed, f"{type(exc).__name__}: {exc}"))
+            warnings.warn(f"rlx: device {failed} failed to compile its segment of graph {graph.name!r} ({exc}); "
+                          "planning again without it", FallbackWarning, stacklevel=2)  # fmt: skip
+            continue
+        if excluded:
+            cg.report().notes.append("fell back after: " + "; ".join(f"{d}: {e}" for d, e in excluded))
+        return cg
+    if not placement.rank(rows):
+        reasons = "; ".join(f"{r.device}: {r.blocker}" for r in rows) or "no backends are installed"
+        failed = "".join(f"; {d} failed: {e}" for d, e in excluded)
+        raise DeviceError(f"no device can run graph {graph.name!r}: {reasons}; no split either: {split}{failed}")
+    return _compile_whole(graph, device, placement, reg, options, explicit)
+
+
+def _compile_whole(graph: Graph, device: str | None, placement: Placement, reg: Registry,
+                   options: CompileOptions | None, explicit: bool) -> CompiledGraph:  # fmt: skip
+    """``graph`` on one device: the chosen one, then (auto) the next ranked on failure."""
+    chosen, reason, rows = placement.choose(device)
     if explicit or placement.policy.strict:
-        return _compile_on(graph, chosen, reason, rows, reg, options)
+        return compile_on(graph, chosen, reason, rows, reg, options)
     ranked = [chosen] + [r.device for r in placement.rank(rows) if r.device != parse_device(chosen)[0]]
     attempts: list[tuple[str, str]] = []
     for i, dev in enumerate(ranked):
         try:
             why = reason if i == 0 else f"fallback after {attempts[-1][0]} failed"
-            cg = _compile_on(graph, dev, why, rows, reg, options)
+            cg = compile_on(graph, dev, why, rows, reg, options)
         except CALLER_ERRORS:
             raise
         except Exception as exc:
@@ -310,7 +99,7 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
             nxt = ranked[i + 1] if i + 1 < len(ranked) else None
             then = f"falling back to {nxt}" if nxt else "no device left"
             warnings.warn(f"rlx: device {dev} failed to compile graph {graph.name!r} ({exc}); {then}",
-                          FallbackWarning, stacklevel=2)  # fmt: skip
+                          FallbackWarning, stacklevel=3)  # fmt: skip
             continue
         if attempts:
             cg.report().notes.append("fell back after: " + "; ".join(f"{d}: {e}" for d, e in attempts))
@@ -328,6 +117,8 @@ class GraphDevices:
         self._compiled: dict[str, CompiledGraph] = {}
         self._params: dict[str, np.ndarray] = {}
         self._winner: str | None = None
+        self._watch: DriftWatch | None = None  # auto runs: re-pick on slowdown (drift.py)
+        self._picked: tuple[DevicePolicy, str] | None = None  # auto runs without a watch: the pick per policy
         self._lock = threading.RLock()
         self.last_device: str | None = None
 
@@ -348,7 +139,7 @@ class GraphDevices:
         with self._lock:
             cg = self._compiled.get(dev)
             if cg is None:
-                cg = _compile_on(self.graph, dev, "explicit device (argument)", [], self._registry)
+                cg = compile_on(self.graph, dev, "explicit device (argument)", [], self._registry)
                 for name, value in self._params.items():
                     cg.set_param(name, value)
                 self._compiled[dev] = cg
@@ -387,7 +178,7 @@ class GraphDevices:
         for row in self._placement().rank(self._placement().candidates()):
             try:
                 cg = self.compile(row.device)
-                times[row.device] = _time_runs(cg, arrays, runs)
+                times[row.device] = time_runs(cg, arrays, runs)
             except CALLER_ERRORS:
                 raise
             except Exception as exc:
@@ -396,10 +187,60 @@ class GraphDevices:
         return times
 
     def run(self, inputs: Mapping[str, Any], device: str | None = None) -> list[np.ndarray]:
-        dev = device if device not in (None, "auto") else self.resolve()
+        """Run on ``device``, or (``None``/``"auto"``) on the device the ranking picked,
+        re-picked when that device slows down far past its own baseline (``drift.py``;
+        ``repicks`` lists the moves)."""
+        if device not in (None, "auto"):
+            cg = self.compile(device)
+            self.last_device = cg.device
+            return cg.run(inputs)
+        watch = self._drift_watch()
+        if watch is None:
+            policy = self.policy
+            picked = self._picked
+            if picked is None or picked[0] != policy:  # rank once per policy, not once per run
+                picked = self._picked = (policy, Placement(self.graph, policy, self._registry).choose()[0])
+            cg = self.compile(picked[1])
+            self.last_device = cg.device
+            return cg.run(inputs)
+        dev = watch.current
+        if self.policy.permits(dev) is not None:  # the policy changed under a long-lived session
+            self._watch = None
+            return self.run(inputs)
         cg = self.compile(dev)
         self.last_device = cg.device
-        return cg.run(inputs)
+        t0 = time.perf_counter()
+        outs = cg.run(inputs)
+        watch.observe(dev, time.perf_counter() - t0)
+        return outs
+
+    @property
+    def repicks(self) -> list[Repick]:
+        """Every re-pick on slowdown of the auto runs so far (``drift.Repick``)."""
+        return list(self._watch.repicks) if self._watch is not None else []
+
+    def _drift_watch(self) -> DriftWatch | None:
+        """The watch over auto runs, made on first use when the pick is the cost ranking's
+        own (not a default device, a preference or a benchmark) and drift is enabled."""
+        if self._watch is not None:
+            return self._watch
+        policy = self.policy
+        if policy.device or policy.prefer or policy.pick != "cost":
+            return None
+        factor, forget = drift_settings()
+        if factor is None:
+            return None
+        with self._lock:
+            if self._watch is None:
+                placement = self._placement()
+                ranked = placement.rank(placement.candidates())
+                if not ranked:
+                    return None
+                estimates = {r.device: r.est_seconds for r in ranked if r.est_seconds is not None}
+                if ranked[0].device not in estimates:
+                    return None
+                self._watch = DriftWatch(estimates, ranked[0].device, factor=factor, forget_seconds=forget)
+            return self._watch
 
     def run_fastest(self, inputs: Mapping[str, Any]) -> list[np.ndarray]:
         return self.run(inputs, self.resolve_with_inputs(inputs))
@@ -458,13 +299,17 @@ class GraphDevices:
             self._params[name] = frozen
 
     def invalidate_cache(self) -> None:
-        """Drop every compiled copy and the benchmark winner (params are kept)."""
+        """Drop every compiled copy, the benchmark winner and what the drift watch learned
+        (params are kept)."""
         with self._lock:
             self._compiled.clear()
             self._winner = None
+            self._watch = self._picked = None
 
     def set_policy(self, policy: DevicePolicy | None) -> None:
         with self._lock:
+            if policy != self._policy:
+                self._watch = None
             self._policy = policy
             self._winner = None
 
@@ -474,33 +319,6 @@ def resolve_chain_default(graph: Graph, policy: DevicePolicy, registry: Registry
         return list(policy.chain)
     p = Placement(graph, policy, registry)
     return [r.device for r in p.rank(p.candidates())]
-
-
-def _time_runs(cg: CompiledGraph, arrays: Mapping[str, np.ndarray], runs: int) -> float:
-    cg.run(arrays)  # warm-up: first-run costs (allocation, JIT) are not the steady state
-    samples = []
-    for _ in range(max(1, runs)):
-        t0 = time.perf_counter()
-        cg.run(arrays)
-        samples.append(time.perf_counter() - t0)
-    return float(np.median(samples))
-
-
-def benchmark_devices(graph: Graph, devices: Sequence[str], policy: DevicePolicy,
-                      registry: Registry) -> dict[str, float]:  # fmt: skip
-    """Seconds per run of ``graph`` on each of ``devices``, on seeded random inputs."""
-    gd = GraphDevices(graph, replace(policy, pick="cost"), registry=registry)
-    arrays = random_inputs(graph, seed=0)
-    times = {}
-    for d in devices:
-        try:
-            times[d] = _time_runs(gd.compile(d), arrays, policy.benchmark_runs)
-        except CALLER_ERRORS:  # a bad RLX_* value is one error, not a failure of every device
-            raise
-        except RlxError as exc:
-            warnings.warn(f"rlx: device {d} failed in the benchmark pick ({exc}); skipping it", FallbackWarning,
-                          stacklevel=3)  # fmt: skip
-    return times
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Graph, GraphDevices] = weakref.WeakKeyDictionary()

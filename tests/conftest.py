@@ -38,6 +38,9 @@ FAKE_PLUGINS: dict[str, str] = {
 #: Installed only by the tests that ask for it (``FakeSite(path, CRASH_PLUGIN)``): its
 #: device would join every other test's device listings.
 CRASH_PLUGIN: dict[str, str] = {"fakecrash": "rlxfake_crash"}
+#: Two devices that run a graph only together (``fakemm`` products, ``fakerest`` the rest):
+#: installed only by the partition tests, whose graphs they split.
+SPLIT_PLUGIN: dict[str, str] = {"fakesplit": "rlxfake_split"}
 
 
 class FakeSite:

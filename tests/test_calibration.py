@@ -191,3 +191,26 @@ def test_values_computed_from_params_alone_cost_nothing_per_run():
         return g.freeze()
 
     assert rlx.estimate_graph_cost(dense(True), SHAPED) == rlx.estimate_graph_cost(dense(False), SHAPED)
+
+
+def test_the_identity_reads_the_probe_of_the_registry_holding_the_backend() -> None:
+    """A backend in a fresh Registry is calibrated against that registry's probe, never the
+    process-wide default one (calibration.py imports no registry)."""
+    import json
+
+    from support import ToyBackend, registry_with
+
+    from rlx_core.calibration import calibration_identity
+
+    class Versioned(ToyBackend):
+        driver = "0"
+
+        def probe(self) -> rlx.Availability:
+            return rlx.Availability(True, devices=[self.name], versions={"driver": self.driver})
+
+    held = Versioned("cpu")  # the default registry has a real "cpu": it must not be asked
+    held.driver = "7"
+    reg = registry_with(held)  # held while it lives (a weak reference: no cycle)
+    assert json.loads(calibration_identity(held)["versions"]) == {"driver": "7"} and reg.get("cpu") is held
+    alone = Versioned("cpu")
+    assert json.loads(calibration_identity(alone)["versions"]) == {}

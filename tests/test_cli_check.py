@@ -43,3 +43,41 @@ def test_one_device_and_bad_input(model: Path, tmp_path: Path) -> None:
     assert_user_error(run_rlx("check", str(model), "--device", "nosuch", cwd=tmp_path), "unknown device 'nosuch'")
     assert_user_error(run_rlx("check", str(tmp_path / "missing.json"), cwd=tmp_path), "missing.json")
     assert_user_error(run_rlx("check", str(model), "--dim", "batch=2", cwd=tmp_path), "symbolic dims")
+
+
+@pytest.fixture
+def split_site(tmp_path: Path) -> dict[str, str]:
+    """The environment of a host whose only devices are fakemm (products) and fakerest
+    (everything else): no single device runs the mlp example."""
+    from conftest import SPLIT_PLUGIN, FakeSite
+
+    site = tmp_path / "site"
+    site.mkdir()
+    FakeSite(site, SPLIT_PLUGIN)
+    return {"PYTHONPATH": str(site), "RLX_DISABLE_PLUGINS": "cpu"}
+
+
+def test_a_model_only_a_split_runs_exits_0_with_the_segments(model: Path, tmp_path: Path,
+                                                             split_site: dict[str, str]) -> None:  # fmt: skip
+    proc = run_rlx("check", str(model), "--json", cwd=tmp_path, env=dict(split_site))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["runnable"] is True and doc["pick"] == "fakemm+fakerest"
+    assert not any(d["can_run"] for d in doc["devices"])
+    part = doc["partition"]
+    assert part["needed"] is True and part["devices"] == ["fakemm", "fakerest"]
+    assert [s["device"] for s in part["segments"]] == ["fakemm", "fakerest", "fakemm", "fakerest"]
+    assert "only fakemm runs matmul" in part["segments"][0]["reason"]
+    text = run_rlx("check", str(model), cwd=tmp_path, env=dict(split_site))
+    assert text.returncode == 0 and "pick: fakemm+fakerest, split into 4 segments" in text.stdout
+    explain = run_rlx("devices", "--graph", str(model), "--explain", cwd=tmp_path, env=dict(split_site))
+    assert explain.returncode == 0, explain.stderr
+    assert "Split across fakemm + fakerest:" in explain.stdout and "segment 3 on fakerest" in explain.stdout
+    run = run_rlx("run", str(model), cwd=tmp_path, env=dict(split_site))
+    assert run.returncode == 0, run.stderr
+    assert "device: fakemm+fakerest" in run.stdout
+
+
+def test_check_says_why_a_graph_is_not_split(model: Path, tmp_path: Path) -> None:
+    doc = json.loads(run_rlx("check", str(model), "--json", cwd=tmp_path).stdout)
+    assert doc["partition"] is None and doc["partition_note"] == "only one device can take part"

@@ -8,7 +8,7 @@ import pytest
 from support import ToyBackend, registry_with
 
 import rlx_core as rlx
-from rlx_core.memory import format_bytes, memory_limit
+from rlx_core.memory import device_memory_limit, format_bytes, memory_limit, parse_memory_limits
 
 
 def big_graph(rows: int) -> rlx.Graph:
@@ -24,14 +24,14 @@ def test_a_graph_past_the_host_memory_fails_before_allocating() -> None:
             raise AssertionError("the backend must not be asked to compile (and allocate)")
 
     g = big_graph(1 << 26)  # 256 GiB of float32
-    with pytest.raises(rlx.DeviceError, match=r"graph 'big' needs 256\.0 GiB on toy .*this host's memory"):
+    with pytest.raises(rlx.DeviceError, match=r"cannot run graph 'big': needs 256\.0 GiB on toy .*this host's memory"):
         rlx.compile(g, device="toy", policy=rlx.DevicePolicy(), registry=registry_with(Counting("toy")))
 
 
 def test_rlx_memory_limit_sets_the_limit_and_names_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     g = big_graph(512)  # 2 MiB of buffers, 4 KiB of params
     monkeypatch.setenv("RLX_MEMORY_LIMIT", "1M")
-    want = r"needs 2\.0 MiB on cpu .*4\.0 KiB of params .*1\.0 MiB \(RLX_MEMORY_LIMIT\)"
+    want = r"needs 2\.0 MiB on cpu .*4\.0 KiB of params .*1\.0 MiB it can give \(RLX_MEMORY_LIMIT\)"
     with pytest.raises(rlx.DeviceError, match=want):
         rlx.compile(g, device="cpu", policy=rlx.DevicePolicy())
     monkeypatch.setenv("RLX_MEMORY_LIMIT", "64MiB")
@@ -74,3 +74,72 @@ def test_a_malformed_compile_setting_is_the_callers_error_not_a_device_failure(
         with pytest.raises(rlx.ConfigError, match=var):
             rlx.run_with_fallback(g, {"x": np.zeros((4, 1024), np.float32)}, chain=["cpu", "cpu"],
                                   policy=rlx.DevicePolicy())  # fmt: skip
+
+
+class SmallDevice(ToyBackend):
+    """A device whose probe reports how much memory it can give a graph (a GPU's free memory)."""
+
+    def __init__(self, name: str, memory: int | None, **kw: object) -> None:
+        super().__init__(name, **kw)  # type: ignore[arg-type]
+        self.memory = memory
+
+    def probe(self) -> rlx.Availability:
+        return rlx.Availability(True, devices=[self.name], memory_bytes=self.memory)
+
+
+def test_a_device_that_cannot_hold_the_graph_is_blocked_naming_both_sizes_and_skipped_quietly() -> None:
+    import warnings
+
+    g = big_graph(512)  # 2 MiB of buffers
+    reg = registry_with(SmallDevice("tiny", 1 << 20, gflops=10_000), SmallDevice("roomy", 1 << 30, gflops=1))
+    rows = {r.device: r for r in rlx.device_report(g, rlx.DevicePolicy(), registry=reg)}
+    assert rows["tiny"].supports_graph is True and not rows["tiny"].viable
+    assert rows["tiny"].blocker == ("needs 2.0 MiB on tiny (2.0 MiB of buffers after reuse, 4.0 KiB of params and "
+                                    "constants), more than the 1.0 MiB it can give (free memory of tiny when probed)")
+    assert rows["roomy"].viable and rows["roomy"].recommended
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rlx.FallbackWarning)  # known in advance: skipped, not tried and failed
+        cg = rlx.compile(g, policy=rlx.DevicePolicy(), registry=reg)
+    assert cg.device == "roomy"
+    assert reg.get("tiny").compiles == 0
+    with pytest.raises(rlx.DeviceError, match=r"device 'tiny' .*needs 2\.0 MiB on tiny .*1\.0 MiB it can give"):
+        rlx.compile(g, device="tiny", policy=rlx.DevicePolicy(), registry=reg)
+
+
+def test_rlx_memory_limit_per_device_overrides_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = big_graph(512)
+    reg = registry_with(SmallDevice("tiny", 1 << 20, gflops=10_000), SmallDevice("roomy", 1 << 30, gflops=1))
+    monkeypatch.setenv("RLX_MEMORY_LIMIT", "tiny=64M,roomy=1M")
+    rows = {r.device: r for r in rlx.device_report(g, rlx.DevicePolicy(), registry=reg)}
+    assert rows["tiny"].viable
+    assert rows["roomy"].blocker is not None and "(RLX_MEMORY_LIMIT for roomy)" in rows["roomy"].blocker
+    assert rlx.compile(g, policy=rlx.DevicePolicy(), registry=reg).device == "tiny"
+    monkeypatch.setenv("RLX_MEMORY_LIMIT", "1M")  # one limit for every device
+    with pytest.raises(rlx.DeviceError, match=r"no device can run graph 'big': roomy: needs .*tiny: needs"):
+        rlx.compile(g, policy=rlx.DevicePolicy(), registry=reg)
+
+
+@pytest.mark.parametrize(("raw", "device", "want"), [
+    ("cuda=2G,cpu=16G", "cuda", (2 << 30, "RLX_MEMORY_LIMIT for cuda")),
+    ("cuda=2G,cpu=16G", "cuda:1", (2 << 30, "RLX_MEMORY_LIMIT for cuda")),
+    ("cuda:1=1G,cuda=2G", "cuda:1", (1 << 30, "RLX_MEMORY_LIMIT for cuda:1")),
+    ("16G,cuda=2G", "opencl", (16 << 30, "RLX_MEMORY_LIMIT")),
+    ("16G,cuda=none", "cuda", (None, "RLX_MEMORY_LIMIT for cuda")),
+    ("cuda=2G", "cpu", (777, "free memory of cpu when probed")),
+])  # fmt: skip
+def test_per_device_limits(raw: str, device: str, want: tuple[int | None, str]) -> None:
+    assert device_memory_limit(device, 777, {"RLX_MEMORY_LIMIT": raw}) == want
+
+
+@pytest.mark.parametrize("raw", ["cuda=2G,,cpu=1G", "cuda=lots", "1G,2G", "cuda=1G,cuda=2G", "=1G", "a b=1G"])
+def test_malformed_per_device_limits_name_the_variable(raw: str) -> None:
+    with pytest.raises(rlx.ConfigError, match=r"RLX_MEMORY_LIMIT="):
+        parse_memory_limits(raw)
+
+
+def test_a_probe_reports_memory_through_the_isolated_child() -> None:
+    """memory_bytes survives the trip from a probe run in a child process (JSON)."""
+    from rlx_core.probing import _bytes
+
+    assert [_bytes(v) for v in (1024, 0, -5, "12", None, True, 2.5e9)] == [1024, None, None, None, None, None,
+                                                                             2_500_000_000]  # fmt: skip

@@ -340,3 +340,12 @@ def test_memory_plan_never_shares_a_buffer_between_live_values():
         for (s0, e0), (s1, _) in itertools.pairwise(spans):
             assert e0 <= s1, f"values live over {s0}..{e0} and from {s1} share a buffer"
     assert "buffers" in plan.describe()
+
+
+def test_the_pass_names_options_may_disable_are_the_pipelines() -> None:
+    """``CompileOptions`` checks ``disable`` against its own list (the contract module does
+    not import the passes): it must name exactly the passes the pipeline runs."""
+    from rlx_core.passes.pipeline import PASS_NAMES as RUN
+    from rlx_core.plugin import PASS_NAMES as CHECKED
+
+    assert CHECKED == RUN

@@ -175,8 +175,8 @@ def test_environment_settings_lists_every_variable_with_its_value():
     names = [name for name, _, _ in settings]
     assert names == ["RLX_DEVICE", "RLX_DEVICES", "RLX_DENY_DEVICES", "RLX_PREFER_DEVICES", "RLX_DEVICE_CHAIN",
                      "RLX_BENCHMARK_PICK", "RLX_STRICT", "RLX_PROBE_TIMEOUT", "RLX_DISABLE_PLUGINS",
-                     "RLX_CACHE_DIR", "RLX_FUSION_REPORT", "RLX_MEMORY_LIMIT", "RLX_ISOLATION",
-                     "RLX_CALIBRATE_TIMEOUT"]
+                     "RLX_CACHE_DIR", "RLX_FUSION_REPORT", "RLX_MEMORY_LIMIT", "RLX_REPICK_DRIFT",
+                     "RLX_REPICK_FORGET", "RLX_ISOLATION", "RLX_CALIBRATE_TIMEOUT"]
     values = {name: value for name, value, _ in settings}
     assert values["RLX_DEVICE"] == "cpu" and values["RLX_PROBE_TIMEOUT"] == "3" and values["RLX_STRICT"] is None
     assert all(meaning and "\n" not in meaning for _, _, meaning in settings)
@@ -261,7 +261,8 @@ def test_placement_validates_the_policy_it_is_given():
 @pytest.mark.parametrize(("var", "value"), [
     ("RLX_FUSION_REPORT", "maybe"), ("RLX_MEMORY_LIMIT", "abc"), ("RLX_PROBE_TIMEOUT", "-1"),
     ("RLX_CALIBRATE_TIMEOUT", "soon"), ("RLX_ISOLATION", "yes"), ("RLX_DISABLE_PLUGINS", "cuda,,"),
-    ("RLX_STRICT", "maybe"), ("RLX_DEVICES", "cpu,,"), ("RLX_BENCHMARK_PICK", "x"),
+    ("RLX_STRICT", "maybe"), ("RLX_DEVICES", "cpu,,"), ("RLX_BENCHMARK_PICK", "x"), ("RLX_REPICK_DRIFT", "0.5"),
+    ("RLX_REPICK_FORGET", "soon"), ("RLX_MEMORY_LIMIT", "cuda=2G,,"),
 ])  # fmt: skip
 def test_check_environment_names_the_malformed_variable(var, value):
     from rlx_core.policy import check_environment

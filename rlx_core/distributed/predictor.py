@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import sys
+import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..drift import DriftWatch, Repick, drift_settings
 from ..errors import CALLER_ERRORS, ConfigError, DeviceError, DeviceFallbackError, FallbackWarning, InputError, RlxError
 from ..ir import Graph
 from ..policy import DevicePolicy
@@ -105,6 +107,7 @@ class Predictor:
         # every call, which costs more than running a small model; a batch must not pay it.
         self._ready: dict[tuple[int, str], CompiledGraph] = {}
         self._failed: dict[str, str] = {}  # device -> why it was dropped on this worker
+        self._watches: dict[int, DriftWatch] = {}  # graph id -> re-pick on slowdown (auto chains only)
         self._input_names = tuple(c.name for c in self.model.inputs)
         self._output_names = tuple(c.name for c in self.model.outputs)
         self._checked: dict[tuple, int] = {}  # batch schema (name, shape, dtype per column) -> rows
@@ -236,12 +239,34 @@ class Predictor:
                                   f"(see `rlx devices --graph` on this host)")  # fmt: skip
             if self._strict:
                 chain = chain[:1]
+            elif not self.policy.chain:
+                self._watch(graph, chain)
         if len(self._sessions) >= 8:  # symbolic models rebind per size; keep the recent ones
             dropped = next(iter(self._sessions))
             self._sessions.pop(dropped)
             self._ready = {k: v for k, v in self._ready.items() if k[0] != dropped}
+            self._watches.pop(dropped, None)
         self._sessions[key] = (gd, chain)
         return gd, chain
+
+    def _watch(self, graph: Graph, chain: list[str]) -> None:
+        """Watch the auto-ranked chain's first device for slowdowns (``drift.py``): a worker
+        that runs for hours moves its rows when a neighbour takes its device."""
+        factor, forget = drift_settings()
+        if factor is None or len(chain) < 2 or self.policy.prefer or self.policy.pick != "cost":
+            return
+        from ..placement import Placement
+
+        placement = Placement(graph, self.policy)
+        estimates = {r.device: r.est_seconds for r in placement.rank(placement.candidates(chain))
+                     if r.est_seconds is not None}  # fmt: skip
+        if chain[0] in estimates:
+            self._watches[id(graph)] = DriftWatch(estimates, chain[0], factor=factor, forget_seconds=forget)
+
+    @property
+    def repicks(self) -> list[Repick]:
+        """Every re-pick on slowdown this worker made (``drift.Repick``)."""
+        return [m for w in self._watches.values() for m in w.repicks]
 
     def _on_chain(self, graph: Graph, action: Callable[[CompiledGraph], Any]) -> tuple[str, Any]:
         """``action`` on the first device of the chain that compiles ``graph`` and does it."""
@@ -251,12 +276,20 @@ class Predictor:
         if self._failed:  # only after a fallback: the usual batch skips both lists
             attempts = [(d, f"failed earlier on this worker: {why}") for d, why in self._failed.items() if d in chain]
             alive = [d for d in chain if d not in self._failed]
+        watch = self._watches.get(id(graph))
+        if watch is not None and watch.current in alive and alive[0] != watch.current:
+            alive = [watch.current, *(d for d in alive if d != watch.current)]
         for i, device in enumerate(alive):
             try:
                 cg = self._ready.get((id(graph), device))
                 if cg is None:
                     cg = self._ready[id(graph), device] = gd.compile(device)
-                return cg.device, action(cg)
+                if watch is None:
+                    return cg.device, action(cg)
+                t0 = time.perf_counter()
+                out = action(cg)
+                watch.observe(device, time.perf_counter() - t0)
+                return cg.device, out
             except CALLER_ERRORS:
                 raise
             except Exception as exc:

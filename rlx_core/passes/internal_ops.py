@@ -1,4 +1,5 @@
-"""The internal ops the pipeline makes: their type rules, meaning and expansion.
+"""The internal ops the pipeline makes: their meaning and expansion (their type rules
+and program format are ``rlx_core/internal_types.py``, re-exported here).
 
 ``gemm`` is ``activation(matmul(a, b) + bias)`` in one node, so that a backend can apply
 the bias and the activation to the product while it is still in cache. Its attribute
@@ -19,13 +20,21 @@ the ops they stand for when a backend does not claim them (``expand``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from ..errors import GraphError
-from ..ops import ELEMENTWISE_OPS, OpKind, broadcast_shapes, infer
+from ..internal_types import (
+    ACTIVATION_OPS,
+    GEMM_ACTIVATIONS,
+    MAX_PROGRAM_LENGTH,
+    Instruction,
+    infer_internal,
+    live_instructions,
+    make_instruction,
+    program_types,
+)
+from ..ops import OpKind
+from ..reference import evaluate_internal
 
 if TYPE_CHECKING:
     from ..ir import Graph, Node, Value
@@ -43,192 +52,6 @@ __all__ = [
     "describe_program",
     "live_instructions",
 ]
-
-#: gemm activations and the elementwise op (with attributes) each one applies.
-ACTIVATION_OPS: dict[str, tuple[OpKind, dict[str, Any]] | None] = {
-    "none": None,
-    "relu": (OpKind.RELU, {}),
-    "gelu": (OpKind.GELU, {"approximate": "none"}),
-    "gelu_tanh": (OpKind.GELU, {"approximate": "tanh"}),
-    "sigmoid": (OpKind.SIGMOID, {}),
-    "tanh": (OpKind.TANH, {}),
-}
-GEMM_ACTIVATIONS: tuple[str, ...] = tuple(ACTIVATION_OPS)
-MAX_PROGRAM_LENGTH = 4096  # a bound on hostile files, far above any fusion limit
-
-
-class Instruction(NamedTuple):
-    """One normalized instruction of a ``fused_elementwise`` program."""
-
-    op: OpKind
-    args: tuple[int, ...]
-    attrs: dict[str, Any]
-    shape: tuple[int, ...]
-    dtype: str
-
-
-class _Type(NamedTuple):
-    shape: tuple[int, ...]
-    dtype: str
-
-
-def make_instruction(op: OpKind | str, args: Sequence[int], attrs: Mapping[str, Any]) -> tuple:
-    """The canonical (JSON-stable) form of one instruction."""
-    return (OpKind(op).value, tuple(int(a) for a in args), tuple(sorted((str(k), v) for k, v in attrs.items())))
-
-
-def _fail(op: OpKind, msg: str) -> GraphError:
-    return GraphError(f"{op}: {msg}")
-
-
-def _pairs(op: OpKind, k: int, raw: Any) -> dict[str, Any]:
-    if isinstance(raw, Mapping):
-        return dict(raw)
-    try:
-        pairs = [tuple(p) for p in raw]
-    except TypeError:
-        raise _fail(op, f"instruction {k}: attrs must be (key, value) pairs, got {raw!r}") from None
-    if not all(len(p) == 2 and isinstance(p[0], str) for p in pairs):
-        raise _fail(op, f"instruction {k}: attrs must be (key, value) pairs, got {raw!r}")
-    return dict(pairs)  # type: ignore[arg-type]
-
-
-def program_types(op: OpKind, ins: Sequence[Any], program: Any) -> tuple[tuple, list[Instruction]]:
-    """Check ``program`` over inputs ``ins`` (anything with shape and dtype); return its
-    canonical form and every instruction's normalized attrs, shape and dtype."""
-    if isinstance(program, (str, bytes)) or not isinstance(program, Sequence) or not program:
-        raise _fail(op, f"program must be a non-empty sequence of instructions, got {program!r}")
-    if len(program) > MAX_PROGRAM_LENGTH:
-        raise _fail(op, f"program has {len(program)} instructions, over the limit of {MAX_PROGRAM_LENGTH}")
-    types: list[Any] = [_Type(tuple(t.shape), t.dtype) for t in ins]
-    canonical, out = [], []
-    for k, raw in enumerate(program):
-        if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence) or len(raw) != 3:
-            raise _fail(op, f"instruction {k} must be (op, args, attrs), got {raw!r}")
-        name, args, attrs = raw
-        try:
-            sub = OpKind(name)
-        except ValueError:
-            raise _fail(op, f"instruction {k} has unknown op {name!r}") from None
-        if sub not in ELEMENTWISE_OPS:
-            raise _fail(op, f"instruction {k}: {sub} is not an elementwise op")
-        if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
-            raise _fail(op, f"instruction {k}: args must be a sequence of ints, got {args!r}")
-        for a in args:
-            if isinstance(a, bool) or not isinstance(a, int) or not 0 <= a < len(types):
-                raise _fail(op, f"instruction {k} ({sub}) refers to {a!r}; valid: 0..{len(types) - 1} "
-                                f"({len(ins)} inputs, then earlier instructions)")  # fmt: skip
-        try:
-            norm, shape, dtype = infer(sub, [types[a] for a in args], _pairs(op, k, attrs))
-        except GraphError as exc:
-            raise _fail(op, f"instruction {k}: {exc}") from None
-        types.append(_Type(tuple(shape), dtype))
-        out.append(Instruction(sub, tuple(args), norm, tuple(shape), dtype))
-        canonical.append(make_instruction(sub, args, norm))
-    return tuple(canonical), out
-
-
-def live_instructions(instructions: Sequence[Instruction], n_in: int) -> list[Instruction]:
-    """The instructions a program's result depends on, renumbered (argument ``n_in + k``
-    is the k-th kept instruction). Only these are sure to broadcast to the result's shape
-    (a dead one may be larger), so a backend runs only these."""
-    live = {n_in + len(instructions) - 1}
-    for k in range(len(instructions) - 1, -1, -1):
-        if n_in + k in live:
-            live.update(instructions[k].args)
-    if len(live) - sum(1 for v in live if v < n_in) == len(instructions):
-        return list(instructions)
-    remap = {i: i for i in range(n_in)}
-    kept: list[Instruction] = []
-    for k, instr in enumerate(instructions):
-        if n_in + k in live:
-            remap[n_in + k] = n_in + len(kept)
-            kept.append(instr._replace(args=tuple(remap[a] for a in instr.args)))
-    return kept
-
-
-def _infer_gemm(op: OpKind, ins: Sequence[Any], attrs: dict[str, Any]) -> tuple[dict[str, Any], tuple, str]:
-    if not 2 <= len(ins) <= 3:
-        raise _fail(op, f"takes 2 or 3 inputs (a, b, bias), got {len(ins)}")
-    extra = set(attrs) - {"activation"}
-    if extra:
-        raise _fail(op, f"unknown attribute(s) {sorted(extra)}; allowed: ['activation']")
-    act = attrs.get("activation", "none")
-    if act not in ACTIVATION_OPS:
-        raise _fail(op, f"activation must be one of {list(GEMM_ACTIVATIONS)}, got {act!r}")
-    _, shape, dtype = infer(OpKind.MATMUL, ins[:2], {})
-    if len(ins) == 3:
-        bias = ins[2]
-        if bias.dtype != dtype:
-            raise _fail(op, f"bias dtype {bias.dtype} differs from the product's {dtype}")
-        if broadcast_shapes(op, shape, tuple(bias.shape)) != tuple(shape):
-            raise _fail(op, f"bias shape {tuple(bias.shape)} does not broadcast to the product shape {tuple(shape)}")
-    spec = ACTIVATION_OPS[act]
-    if spec is not None:
-        infer(spec[0], [_Type(tuple(shape), dtype)], spec[1])  # gelu/sigmoid/tanh need a float dtype
-    return {"activation": act}, tuple(shape), dtype
-
-
-def _infer_fused(op: OpKind, ins: Sequence[Any], attrs: dict[str, Any]) -> tuple[dict[str, Any], tuple, str]:
-    extra = set(attrs) - {"program"}
-    if extra:
-        raise _fail(op, f"unknown attribute(s) {sorted(extra)}; allowed: ['program']")
-    if "program" not in attrs:
-        raise _fail(op, "needs a program")
-    if not ins:
-        raise _fail(op, "needs at least one input")
-    canonical, instructions = program_types(op, ins, attrs["program"])
-    last = instructions[-1]
-    return {"program": canonical}, last.shape, last.dtype
-
-
-def infer_internal(op: OpKind, ins: Sequence[Any], attrs: Mapping[str, Any]) -> tuple[dict[str, Any], tuple, str]:
-    """``ops.infer`` for the internal ops."""
-    if op is OpKind.GEMM:
-        return _infer_gemm(op, ins, dict(attrs))
-    if op is OpKind.FUSED_ELEMENTWISE:
-        return _infer_fused(op, ins, dict(attrs))
-    raise _fail(op, "not an internal op")
-
-
-class _PseudoNode(NamedTuple):
-    """What a kernel sees of a node: enough to evaluate one instruction."""
-
-    id: int
-    op: OpKind
-    inputs: tuple[int, ...]
-    attrs: dict[str, Any]
-    shape: tuple[int, ...]
-    dtype: str
-    name: str
-
-    def describe(self) -> str:
-        return f"node {self.id} {self.name!r}" if self.name else f"node {self.id}"
-
-
-def _as_compute(x: np.ndarray, dtype: str) -> np.ndarray:
-    return x.astype(np.float64 if dtype.startswith("float") else dtype, copy=False)
-
-
-def evaluate_internal(node: Node, xs: Sequence[np.ndarray], kernels: Mapping[OpKind, Callable[..., np.ndarray]]
-                      ) -> np.ndarray:  # fmt: skip
-    """The reference meaning of an internal node, through the reference's own ``kernels``
-    (so a region computes exactly what its ops compute one by one)."""
-    if node.op is OpKind.GEMM:
-        y = kernels[OpKind.MATMUL](node, xs[:2])
-        if len(xs) == 3:
-            y = y + xs[2]
-        spec = ACTIVATION_OPS[node.attrs["activation"]]
-        if spec is not None:
-            y = kernels[spec[0]](_PseudoNode(node.id, spec[0], (), spec[1], node.shape, node.dtype, node.name), [y])
-        return _as_compute(np.asarray(y), node.dtype)
-    values = list(xs)
-    for op, args, attrs in node.attrs["program"]:  # checked when the node was made: replay it
-        kind = OpKind(op)
-        pseudo = _PseudoNode(node.id, kind, tuple(args), dict(attrs), node.shape, node.dtype, node.name)
-        y = np.asarray(kernels[kind](pseudo, [values[a] for a in args]))
-        values.append(y.astype(np.float64, copy=False) if y.dtype.kind == "f" else y)
-    return values[-1]
 
 
 def expand(g: Graph, node: Node, ins: Sequence[Value]) -> Value:

@@ -21,45 +21,25 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..ir import Graph, Node
 from ..ops import SOURCE_OPS
+from ..options import CompileOptions
 from .attention import fuse_attention
 from .fuse import fuse_elementwise, fuse_gemm
 from .legalize import LegalizeResult, ask_claims, legalize
 from .optimize import OPTIMIZE_PASSES
 from .plan import MemoryPlan, plan_memory
 
-if TYPE_CHECKING:
-    from ..plugin import CompileOptions
-
-__all__ = ["PASS_NAMES", "PipelineResult", "StageRecord", "run_pipeline", "check_options", "fusion_report_enabled"]
+__all__ = ["PASS_NAMES", "PipelineResult", "StageRecord", "run_pipeline", "fusion_report_enabled"]
 
 log = logging.getLogger("rlx.passes")
 
 Claims = Callable[[Node], "bool | str"]
-#: Every pass ``CompileOptions.disable`` may name.
+#: Every pass ``CompileOptions.disable`` may name: the optimize passes, then the fusions.
 PASS_NAMES: tuple[str, ...] = (*OPTIMIZE_PASSES, "attention", "gemm", "elementwise")
 FUSION_REPORT_ENV = "RLX_FUSION_REPORT"
-
-
-def check_options(options: CompileOptions) -> None:
-    """``ConfigError`` naming the field of ``options`` that is malformed."""
-    for name in ("legalize", "optimize", "fuse", "plan"):
-        if not isinstance(getattr(options, name), bool):
-            raise ConfigError(f"CompileOptions.{name} must be True or False, got {getattr(options, name)!r}")
-    for name in ("max_fused_ops", "max_fused_inputs"):
-        v = getattr(options, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"CompileOptions.{name} must be an int >= 1, got {v!r}")
-    disable = options.disable
-    if isinstance(disable, str) or not all(isinstance(p, str) for p in disable):
-        raise ConfigError(f"CompileOptions.disable must be a sequence of pass names, got {disable!r}")
-    unknown = sorted(set(disable) - set(PASS_NAMES))
-    if unknown:
-        raise ConfigError(f"CompileOptions.disable: unknown pass(es) {unknown}; known: {', '.join(PASS_NAMES)}")
 
 
 def fusion_report_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -148,8 +128,6 @@ def run_pipeline(graph: Graph, claims: Claims, options: CompileOptions | None = 
     passes after it never modify their input graph, so it may be shared).
     """
     if options is None:
-        from ..plugin import CompileOptions
-
         options = CompileOptions()
     off = set(options.disable)
     if options.legalize:

@@ -232,7 +232,8 @@ def op_check(op: str) -> Callable[[_Context], str | None]:
             from hypothesis import HealthCheck, Verbosity, given, settings
         except ImportError:  # pragma: no cover - depends on the environment
             raise CheckSkipped("the op checks need hypothesis: pip install 'rlx-core[testing]'") from None
-        from ._cases import EXACT_OPS, op_cases
+        from ._case_base import EXACT_OPS
+        from ._cases import op_cases
 
         kind = OpKind(op)
         declined: list[str] = []

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 from hypothesis import strategies as st
 
+from ..internal_types import make_instruction
 from ..ops import OpKind
-from ..passes.internal_ops import make_instruction
-from ._cases import FLOATS, OP_DTYPES, OpCase, Operand, _broadcastable, _rng, _shape, _values
+from ._case_base import FLOATS, OP_DTYPES, OpCase, Operand, _broadcastable, _rng, _shape, _values
 
 _INT_PROGRAM_OPS = ("add", "sub", "mul", "maximum", "minimum", "neg", "abs", "relu")
 _FLOAT_PROGRAM_OPS = (*_INT_PROGRAM_OPS, "tanh", "sigmoid")

@@ -18,23 +18,11 @@ if TYPE_CHECKING:
 __all__ = ["CpuBackend"]
 
 
-def _blas_name() -> str:
-    """The BLAS numpy was built with (``"scipy-openblas 0.3.27"``), or ``""`` when unknown."""
-    try:
-        config = np.show_config(mode="dicts")  # numpy >= 1.26
-    except Exception:  # older numpy, or a build without the information: not a reason to fail
-        return ""
-    deps = (config or {}).get("Build Dependencies", {})
-    blas = deps.get("blas") or {}
-    name, version = blas.get("name", ""), blas.get("version", "")
-    return f"{name} {version}".strip()
-
-
 class CpuBackend(rlx_core.Backend):
     """numpy on the host CPU, with float32 products on oneMKL and elementwise regions,
-    softmax, norms and pools on kernels compiled on this host (``native.c``) when those
-    are there. Claims every op, composites included: softmax, layer_norm, gelu, sigmoid,
-    rsqrt, reduce_mean, global_avg_pool2d and attention run fused."""
+    softmax, norms and pools on the native kernels built with the package (``native.c``)
+    when those are there. Claims every op, composites included: softmax, layer_norm, gelu,
+    sigmoid, rsqrt, reduce_mean, global_avg_pool2d and attention run fused."""
 
     name = "cpu"
     label = "CPU (numpy)"
@@ -48,20 +36,11 @@ class CpuBackend(rlx_core.Backend):
         if not np.array_equal(got, np.array([[10, 13], [28, 40]], np.float32)):
             why = f"numpy {np.__version__} computed a wrong 2x3 @ 3x2 matmul: {got.tolist()}"
             return rlx_core.Availability(False, why)
-        versions = {"numpy": np.__version__}
-        blas = _blas_name()
-        if blas:
-            versions["blas"] = blas
-        from .blas import describe  # numpy and ctypes only; loads nothing
+        # Which kernels and which BLAS run, and why not the faster ones (``rlx devices
+        # --explain``; also part of the calibration's identity, so a change recalibrates).
+        from . import blas, native  # numpy and ctypes only: compiles nothing
 
-        sgemm = describe()
-        if sgemm:  # float32 products go through oneMKL (and calibration follows it)
-            versions["sgemm"] = sgemm
-        from . import native  # ctypes and subprocess only: asks the compiler its version, builds nothing
-
-        cc = native.describe()
-        if cc:  # elementwise, softmax, norms, pools compiled on this host (native.c)
-            versions["native"] = cc
+        versions = {"numpy": np.__version__, "blas": blas.describe(), "native kernels": native.describe()}
         return rlx_core.Availability(True, devices=["cpu"], versions=versions)
 
     def supported_ops(self) -> frozenset[str]:

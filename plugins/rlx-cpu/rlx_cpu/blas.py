@@ -51,7 +51,8 @@ import numpy as np
 from .ccall import bound_call
 from .steps import Dyn, Step
 
-__all__ = ["Mkl", "mkl", "describe", "find_library", "matmul_step", "vml_step", "MIN_MACS", "BLOCKTIME_MS", "VML_MODE"]
+__all__ = ["Mkl", "mkl", "describe", "numpy_blas", "find_library", "matmul_step", "vml_step", "MIN_MACS",
+           "BLOCKTIME_MS", "VML_MODE"]
 
 log = logging.getLogger(__name__)
 
@@ -91,17 +92,34 @@ def find_library() -> str | None:
     return ctypes.util.find_library("mkl_rt")
 
 
-def describe() -> str:
-    """What runs float32 products, for the probe's versions: ``"oneMKL 2026.2.0"`` when
-    the library is there and wanted, else ``""`` (numpy's BLAS). Cheap: nothing loads."""
-    if not wanted() or find_library() is None:
+def numpy_blas() -> str:
+    """The BLAS numpy was built with (``"scipy-openblas 0.3.27"``), or ``""`` when unknown."""
+    try:
+        config = np.show_config(mode="dicts")  # numpy >= 1.26
+    except Exception:  # older numpy, or a build without the information: not a reason to fail
         return ""
+    deps = (config or {}).get("Build Dependencies", {})
+    blas = deps.get("blas") or {}
+    name, version = blas.get("name", ""), blas.get("version", "")
+    return f"{name} {version}".strip()
+
+
+def describe() -> str:
+    """Which BLAS runs the products, and why not oneMKL, for the probe's versions:
+    ``"oneMKL 2026.2.0 for float32 products; scipy-openblas 0.3.27 (numpy) for the rest"``,
+    or numpy's BLAS with the reason oneMKL is not used. Cheap: nothing is loaded."""
+    own = f"{numpy_blas() or 'its BLAS'} (numpy)"
+    if not wanted():
+        return f"{own}; oneMKL off: RLX_CPU_BLAS={os.environ.get('RLX_CPU_BLAS', '').strip()}"
+    if find_library() is None:
+        return f"{own}; oneMKL not installed (the rlx-cpu[mkl] extra, x86-64 Linux and Windows)"
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return f"oneMKL {version('mkl')}"
+        mkl_name = f"oneMKL {version('mkl')}"
     except PackageNotFoundError:  # a system MKL, not the wheel
-        return "oneMKL"
+        mkl_name = "oneMKL"
+    return f"{mkl_name} for float32 products; {own} for the rest"
 
 
 class Mkl:

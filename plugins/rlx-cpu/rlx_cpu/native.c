@@ -1,6 +1,7 @@
 /* rlx-cpu native kernels: float32 elementwise regions run by a small block interpreter.
  *
- * Built on the host the first time it is needed (rlx_cpu/native.py), loaded with ctypes.
+ * Built when rlx-cpu's wheel is built (rlx_cpu/_build.py, run by hatch_build.py; after an
+ * edit in a checkout: python -m rlx_cpu._build), loaded with ctypes (rlx_cpu/native.py).
  * A fused elementwise region is a program of instructions over values: the region's
  * inputs and block-sized registers. The output is walked in blocks of RLX_BLOCK elements;
  * in each block every instruction runs as one tight loop over the block (registers stay in

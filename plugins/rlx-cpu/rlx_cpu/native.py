@@ -1,32 +1,27 @@
-"""The cpu backend's compiled kernels: ``native.c``, built on this host by its C compiler.
+"""The cpu backend's compiled kernels: ``native.c``, built when rlx-cpu is installed.
 
 Why: numpy runs an elementwise region one ufunc at a time, each a pass over memory and
 about a microsecond of call overhead, single-threaded. A compiled block interpreter runs
 the whole region in one call per thread with its intermediates in L1 and every loop
 vectorized (measured on the suite's 15-op chain over 1024x1024, 2-core AVX-512 host:
 numpy blocks 5.5 ms, this 2.5 ms on two threads and 1.7 ms with MKL's vector math for
-its tanh, exp and log, ONNX Runtime 3.4 ms). Like
-PyTorch Inductor's C++ backend, rlx compiles on the host rather than shipping binaries:
-the wheel stays pure Python and the code is built for the CPU it runs on (on x86-64 the
-library carries AVX-512, AVX2 and baseline clones, the loader picks one).
+its tanh, exp and log, ONNX Runtime 3.4 ms).
 
-How: the first compile that wants it (never ``import rlx_cpu`` or ``rlx devices``) looks
-for the library in the kernel directory, keyed by the source's hash, the compiler and its
-version, the flags and the platform; a JSON manifest beside it records the library's
-SHA-256, checked before every load, so a torn or corrupt file is rebuilt with a
-``CacheWarning`` rather than loaded. A miss builds it (about 4 s with gcc 12 for its
-three clones, once per host) into a temporary file that is renamed into place, so two
-processes building at once never see half a library. Without a compiler, or when the
-build fails, the cpu backend keeps its numpy kernels and says why in the log
-(``reason()``).
+How: the wheel's build (``pip install``, ``pip wheel``, and ``pip install -e`` for a
+checkout) compiles ``native.c`` into ``_rlx_native.so`` (``.dylib``, ``.dll``) inside this
+package, beside a JSON record of the compiler, flags and source hash (``_build.py``, run
+by ``hatch_build.py``). On x86-64 the library carries AVX-512, AVX2 and baseline clones
+and the loader picks one, so a wheel built on one machine runs on any CPU of its
+architecture. The first compile that wants it (and the probe, for ``rlx devices``) loads
+it with ctypes; nothing is compiled at run time and no other directory is searched, so
+the only native code rlx-cpu runs is what the installed package holds.
 
-The kernel directory is ``RLX_KERNEL_DIR``, else ``rlx-kernels`` in the platform's user
-cache directory: not under ``RLX_CACHE_DIR``, whose contract is JSON entries only (a
-shared library is code, not an entry; PoCL and Triton keep theirs apart the same way).
-Deleting the directory is always safe.
-
-``RLX_CPU_NATIVE=0`` turns the native kernels off; ``RLX_CPU_CC`` (else ``CC``) names the
-compiler (a gcc or clang driver; default: ``cc``, then ``gcc``, then ``clang``).
+A library is not loaded when its ``rlx_abi()`` is not this module's ``ABI``, or when its
+record says it was built from another ``native.c`` than the one beside it (a checkout
+whose source changed since ``pip install -e``: rebuild with ``python -m rlx_cpu._build``).
+Without a library (no compiler when the package was built, a failed build) the cpu
+backend keeps its numpy kernels, and ``reason()`` (in the log and ``rlx devices``) says
+why. ``RLX_CPU_NATIVE=0`` turns the native kernels off at run time.
 """
 
 from __future__ import annotations
@@ -37,90 +32,27 @@ import ctypes
 import hashlib
 import logging
 import os
-import platform
-import shlex
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from rlx_core.errors import CacheWarning
-from rlx_core.plugin import JsonCache
+from ._build import ABI, describe_build, library_name, read_info
 
-__all__ = ["Native", "library", "reason", "describe", "wanted", "find_compiler", "kernel_dir", "thread_cap", "SOURCE",
-           "FLAGS"]
+__all__ = ["ABI", "Native", "library", "reason", "describe", "wanted", "thread_cap", "REBUILD"]
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("native.c")
-#: -ffp-contract=fast: a * b + c as one fused multiply-add (ISO C mode turns that off;
-#: the polynomials and the convolution are 1.4-1.7x faster with it, and more accurate).
-FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-fvisibility=hidden",
-         "-fopenmp-simd", "-ffp-contract=fast")
-#: The C side's interface version (``rlx_abi()``); a library reporting another is rebuilt.
-ABI = 3
-_SCHEMA = 1
-_NAMESPACE = "cpu"
-_BUILD_TIMEOUT_S = 300
-
-
-def kernel_dir() -> Path:
-    """Where compiled kernels live: ``RLX_KERNEL_DIR``, else ``rlx-kernels`` in the user cache dir."""
-    configured = os.environ.get("RLX_KERNEL_DIR", "").strip()
-    if configured:
-        return Path(configured).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("rlx-kernels", appauthor=False))
+#: Where the build put the library: this package's own directory, nothing else.
+_DIRECTORY = Path(__file__).parent
+#: How to get a library where one is missing or refused, for the reasons below.
+REBUILD = ("reinstall rlx-cpu where a C compiler works; in a checkout: pip install -e plugins/rlx-cpu, "
+           "or python -m rlx_cpu._build")  # fmt: skip
 
 
 def wanted() -> bool:
     """False when ``RLX_CPU_NATIVE`` turns the native kernels off."""
     return os.environ.get("RLX_CPU_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no", "numpy")
-
-
-def find_compiler() -> list[str] | None:
-    """The compiler command: ``RLX_CPU_CC``, else ``CC``, else the first of cc, gcc, clang
-    on the path; None when there is none."""
-    for var in ("RLX_CPU_CC", "CC"):
-        value = os.environ.get(var, "").strip()
-        if value:
-            cmd = shlex.split(value)
-            return cmd if shutil.which(cmd[0]) else None
-    for name in ("cc", "gcc", "clang"):
-        path = shutil.which(name)
-        if path:
-            return [path]
-    return None
-
-
-_VERSIONS: dict[tuple[str, ...], str] = {}
-
-
-def _compiler_version(cmd: list[str]) -> str:
-    """The first line of ``cmd --version`` (``"gcc (Debian 12.2.0-14) 12.2.0"``), once per process."""
-    key = tuple(cmd)
-    if key not in _VERSIONS:
-        try:
-            done = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=30, check=False)
-            first = (done.stdout or done.stderr).strip().splitlines()
-            _VERSIONS[key] = first[0].strip() if done.returncode == 0 and first else ""
-        except (OSError, subprocess.SubprocessError):
-            _VERSIONS[key] = ""
-    return _VERSIONS[key]
-
-
-def describe() -> str:
-    """What builds the native kernels, for the probe's versions (``"cc (Debian 12.2.0) 12.2.0"``),
-    or ``""`` when they are off or there is no working compiler. Builds nothing."""
-    if not wanted():
-        return ""
-    cmd = find_compiler()
-    return _compiler_version(cmd) if cmd else ""
 
 
 class Native:
@@ -132,7 +64,7 @@ class Native:
         abi = self._lib.rlx_abi
         abi.restype = ctypes.c_int64
         if abi() != ABI:
-            raise OSError(f"{path} has interface {abi()}, this rlx-cpu needs {ABI}")
+            raise OSError(f"{path} has ABI {abi()} (rlx_abi()), this rlx-cpu needs ABI {ABI}")
         for name in ("rlx_block", "rlx_op_count", "rlx_vml_size"):
             getattr(self._lib, name).restype = ctypes.c_int64
         self.block = int(self._lib.rlx_block())
@@ -204,103 +136,64 @@ def thread_cap(cap: int | None) -> Iterator[None]:
         _THREAD_CAP.reset(token)
 
 
-_STATE: dict[str, object] = {}
+_STATE: dict[str, Any] = {}
 _LOCK = threading.Lock()
 
 
 def library() -> Native | None:
-    """The native kernels, built or loaded on first call; None (and ``reason()`` says why)
-    when they are off, there is no compiler, or the build fails. Asked per compile, so
-    ``RLX_CPU_NATIVE`` can change; the library itself is loaded once per process."""
+    """The native kernels, loaded on first call; None (and ``reason()`` says why) when they
+    are off, were not built when the package was installed, or the library is refused.
+    Asked per compile, so ``RLX_CPU_NATIVE`` can change; the library itself is loaded
+    once per process."""
     if not wanted():
         return None
     with _LOCK:
         if "lib" not in _STATE:
-            log.info("rlx-cpu: loading the native kernels (built on first use: a few seconds)")
-            lib, why = _load()
-            _STATE["lib"], _STATE["reason"] = lib, why
+            lib, why, info = _load(_DIRECTORY)
+            _STATE.update(lib=lib, reason=why, info=info)
             if lib is None:
                 log.warning("rlx-cpu: native kernels unavailable (%s); fused regions run with numpy", why)
             else:
-                log.info("rlx-cpu: native kernels from %s", lib.path)
-        return _STATE["lib"]  # type: ignore[return-value]
+                log.info("rlx-cpu: native kernels from %s (%s)", lib.path, describe_build(info))
+        lib: Native | None = _STATE["lib"]
+        return lib
 
 
 def reason() -> str:
     """Why ``library()`` is None (``""`` when it is loaded or not asked for yet)."""
     if not wanted():
-        return "RLX_CPU_NATIVE turns them off"
+        return f"off: RLX_CPU_NATIVE={os.environ.get('RLX_CPU_NATIVE', '').strip()}"
     return str(_STATE.get("reason", ""))
 
 
-def _suffix() -> str:
-    return {"win32": ".dll", "darwin": ".dylib"}.get(sys.platform, ".so")
+def describe() -> str:
+    """The probe's ``"native kernels"`` entry for ``rlx devices``: how the loaded library
+    was built (``"built at install (gcc 12.2.0, AVX-512/AVX2/baseline clones, OpenMP)"``),
+    or why the numpy kernels run instead. Loads the library (a dlopen, no compiler)."""
+    if not wanted():
+        return reason()
+    lib = library()
+    if lib is None:
+        return f"{reason()}; numpy kernels"
+    info = dict(_STATE.get("info") or {})
+    info["openmp"] = lib.openmp  # what the library says, over the record
+    return f"built at install ({describe_build(info)})"
 
 
-def _load() -> tuple[Native | None, str]:
-    cmd = find_compiler()
-    if cmd is None:
-        return None, "no C compiler found (set RLX_CPU_CC, or install gcc or clang)"
-    version = _compiler_version(cmd)
-    if not version:
-        return None, f"the C compiler {cmd[0]!r} does not run ({shlex.join([*cmd, '--version'])} failed)"
-    source = SOURCE.read_bytes()
-    identity = {"source": hashlib.sha256(source).hexdigest(), "compiler": version, "command": cmd[0],
-                "flags": list(FLAGS), "machine": platform.machine(), "platform": sys.platform, "abi": ABI}  # fmt: skip
-    key = "rlx-cpu-" + hashlib.sha256(repr(sorted(identity.items())).encode()).hexdigest()[:24]
-    cache = JsonCache(_NAMESPACE, schema=_SCHEMA, root=kernel_dir())
-    final = cache.directory / (key + _suffix())
-    entry = cache.get(key, identity)
-    if entry is not None and final.is_file():
-        if _sha256(final) == entry.get("sha256"):
-            try:
-                return Native(str(final)), ""
-            except OSError as exc:
-                why = f"it does not load ({exc})"
-        else:
-            why = "its SHA-256 differs from the manifest's (a torn or altered file)"
-        warnings.warn(f"rlx cache: ignoring {final} because {why}; it will be rebuilt", CacheWarning, stacklevel=3)
+def _load(directory: Path) -> tuple[Native | None, str, dict[str, Any]]:
+    """The library in ``directory``, or None and why not, with the build's record."""
+    info = read_info(directory)
+    path = directory / library_name()
+    if not path.is_file():
+        if info.get("built") is False and info.get("error"):
+            detail = f" ({info['detail']})" if info.get("detail") else ""
+            return None, f"not built: {info['error']} when rlx-cpu was installed{detail}", info
+        return None, f"not built: rlx-cpu was installed without {path.name} ({REBUILD})", info
+    source = directory / "native.c"
+    built_from = info.get("source_sha256")
+    if built_from and source.is_file() and hashlib.sha256(source.read_bytes()).hexdigest() != built_from:
+        return None, f"not loaded: {path.name} was built from another native.c than the one beside it ({REBUILD})", info
     try:
-        cache.directory.mkdir(parents=True, exist_ok=True)
-        directory = cache.directory
-    except OSError:  # an unwritable cache: build for this process only
-        directory = Path(tempfile.mkdtemp(prefix="rlx-cpu-kernels-"))
-    tmp = directory / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
-    try:
-        error = _build(cmd, tmp)
-        if error:
-            return None, error
-        digest = _sha256(tmp)
-        target = directory / final.name
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    if directory == cache.directory:
-        cache.put(key, identity, {"library": final.name, "sha256": digest})
-    try:
-        return Native(str(target)), ""
-    except OSError as exc:
-        return None, f"the built library does not load ({exc})"
-
-
-def _build(cmd: list[str], out: Path) -> str:
-    """Compile ``native.c`` into ``out``; ``""`` on success, else why not. OpenMP (for
-    threads) needs the compiler's runtime (libgomp comes with gcc; clang's libomp often
-    is not installed): without it regions run on one thread. Function clones (x86-64
-    only) need gcc >= 11 or clang >= 14: an older compiler builds without them."""
-    error = ""
-    for extra in (("-fopenmp",), ("-fopenmp", "-DRLX_NO_CLONES"), (), ("-DRLX_NO_CLONES",)):
-        argv = [*cmd, *FLAGS, *extra, "-o", str(out), str(SOURCE), "-lm"]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S, check=False)
-        except (OSError, subprocess.SubprocessError) as exc:
-            return f"{shlex.join(argv)} did not run: {exc}"
-        if done.returncode == 0:
-            return ""
-        lines = (done.stderr or done.stdout).strip().splitlines()
-        error = f"{shlex.join(argv)} failed: " + " | ".join(lines[:3])
-    return error
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+        return Native(str(path)), "", info
+    except (OSError, AttributeError) as exc:  # AttributeError: a library without rlx's entry points
+        return None, f"not loaded: {exc} ({REBUILD})", info

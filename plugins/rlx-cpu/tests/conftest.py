@@ -4,14 +4,29 @@ from __future__ import annotations
 
 import pytest
 
-from rlx_cpu import native
+from rlx_cpu import native, regions
 
 
 @pytest.fixture
 def native_lib(monkeypatch: pytest.MonkeyPatch) -> native.Native:
-    """The native kernels, built or loaded; skips (with the reason) where they are not."""
+    """The native kernels the package was installed with; skips (with the reason) where
+    it was installed without them."""
     monkeypatch.delenv("RLX_CPU_NATIVE", raising=False)
     found = native.library()
     if found is None:
         pytest.skip(f"the native kernels are not available here: {native.reason()}")
     return found
+
+
+@pytest.fixture
+def region_runs(monkeypatch: pytest.MonkeyPatch) -> list[regions._Runner]:
+    """Every native region run, as the ``_Runner`` that ran it (``__call__`` spied on)."""
+    ran: list[regions._Runner] = []
+    real = regions._Runner.__call__
+
+    def spy(self: regions._Runner) -> None:
+        ran.append(self)
+        real(self)
+
+    monkeypatch.setattr(regions._Runner, "__call__", spy)
+    return ran

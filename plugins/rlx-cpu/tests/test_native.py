@@ -1,30 +1,24 @@
-"""The cpu backend's native kernels (``rlx_cpu/native.c``, built on this host by its C
-compiler): the float32 math of the region interpreter measured in ulps against float64,
+"""The cpu backend's native kernels (``rlx_cpu/native.c``, the library built with the
+package): the float32 math of the region interpreter measured in ulps against float64,
 IEEE's edges op by op, fused regions over every kind of broadcast and layout, the row
 kernels (softmax, layer_norm, attention), im2col and the pools, ``set_param``, threads
-and ``fork``, and the build itself: the kernel directory, the manifest's SHA-256, and a
-missing, broken or switched-off compiler.
+and ``fork``. How the library is built, loaded or refused: ``test_native_build.py``.
 
 Tests that need the library take the ``lib`` fixture, which skips them (with
-``native.reason()``) where no C compiler works; the tests of the paths without a library
-need no compiler and run everywhere. ``RLX_CPU_BLAS=numpy`` keeps oneMKL out of a region,
-so that exp, log, tanh and erf are native.c's own; the same tests run again with MKL's
-vector math where the ``mkl`` wheel is installed.
+``native.reason()``) where the package was installed without it (no C compiler).
+``RLX_CPU_BLAS=numpy`` keeps oneMKL out of a region, so that exp, log, tanh and erf are
+native.c's own; the same tests run again with MKL's vector math where the ``mkl`` wheel
+is installed.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
-import re
-import shutil
 import signal
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,13 +26,13 @@ import pytest
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_core.errors import CacheWarning
 from rlx_core.ir import Graph
 from rlx_core.ops import OpKind
 from rlx_core.passes.internal_ops import program_types
 from rlx_core.registry import Registry
 from rlx_core.session import CompiledGraph
 from rlx_cpu import CpuBackend, blas, native, native_nn, regions
+from rlx_cpu import threads as thread_policy
 from rlx_cpu.steps import Dyn, bind
 
 F32 = np.float32
@@ -57,20 +51,6 @@ def _empty_rlx_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
 @pytest.fixture
 def lib(native_lib: native.Native) -> native.Native:
     return native_lib
-
-
-@pytest.fixture
-def region_runs(monkeypatch: pytest.MonkeyPatch) -> list[regions._Runner]:
-    """Every native region run, as the ``_Runner`` that ran it (``__call__`` spied on)."""
-    ran: list[regions._Runner] = []
-    real = regions._Runner.__call__
-
-    def spy(self: regions._Runner) -> None:
-        ran.append(self)
-        real(self)
-
-    monkeypatch.setattr(regions._Runner, "__call__", spy)
-    return ran
 
 
 def spy_on(monkeypatch: pytest.MonkeyPatch, lib: native.Native, name: str) -> list[tuple[Any, ...]]:
@@ -784,9 +764,12 @@ def test_row_and_window_kernels_split_over_threads_agree_with_one(
 ) -> None:
     """Big enough, softmax and layer_norm split their rows, im2col its channels and the
     pools their planes over the cores; each row, channel or plane is computed as on one
-    thread, so the answers are identical (and the reference's)."""
+    thread, so the answers are identical (and the reference's). The thread policy is set
+    aside (``test_threads.py`` has its own tests): without oneMKL, numpy's OpenBLAS pool
+    would keep this graph's kernels on one thread, as its conv is a product."""
     spies = {name: spy_on(monkeypatch, lib, name) for name in ("softmax", "layer_norm", "im2col", "pool2d")}
     monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)  # the conv through im2col here
+    monkeypatch.setattr(thread_policy, "_products_pools", lambda: [])
     g = Graph("big-windows")
     x = g.input("x", (2, 16, 64, 64))
     c = g.conv2d(x, g.param("w", rand((16, 16, 3, 3), 1)), g.param("b", rand((16,), 2)), padding=1)
@@ -1121,209 +1104,3 @@ def test_native_steps_follow_set_param(lib: native.Native, region_runs: list[reg
     want = reference.evaluate(g, {"x": x_in}, params=new)
     for a, r in zip(got, want):
         np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)
-
-
-# ----------------------------------------------------------------------------- building
-def manifest_of(library_path: Path) -> dict[str, Any]:
-    """The JSON entry beside a built library (``rlx_core.cache.JsonCache`` format)."""
-    return json.loads(library_path.with_suffix(".json").read_text())
-
-
-def small_region_works(runs: list[regions._Runner]) -> None:
-    g = Graph("after-build")
-    x = g.input("x", (3, 500))
-    g.set_outputs([g.tanh(g.mul(g.exp(x), 0.5))])
-    x_in = rand((3, 500), 1)
-    runs.clear()
-    (got,) = compile_cpu(g).run({"x": x_in})
-    assert runs
-    np.testing.assert_allclose(got, np.tanh(np.exp(x_in.astype(np.float64)) * 0.5), rtol=1e-6)
-
-
-def test_the_library_is_built_into_the_kernel_dir_with_a_manifest(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, region_runs: list[regions._Runner]
-) -> None:
-    """A cold kernel directory: the library is built there (not under RLX_CACHE_DIR, whose
-    contract is JSON entries), with a manifest recording its SHA-256, no temporary left;
-    the next process (here: a fresh state) loads it without building."""
-    for var in ("RLX_CPU_NATIVE", "RLX_CPU_CC", "CC"):
-        monkeypatch.delenv(var, raising=False)
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("RLX_CACHE_DIR", str(cache))
-    monkeypatch.setenv("RLX_KERNEL_DIR", str(tmp_path / "kernels"))
-    monkeypatch.setattr(native, "_STATE", {})
-    built = native.library()
-    if built is None:
-        pytest.skip(f"the native kernels cannot be built here: {native.reason()}")
-    path = Path(built.path)
-    assert path.parent == tmp_path / "kernels" / "cpu"
-    entry = manifest_of(path)
-    assert entry["payload"] == {"library": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-    assert entry["identity"]["source"] == hashlib.sha256(native.SOURCE.read_bytes()).hexdigest()
-    assert not list(path.parent.glob("*.tmp")) and not list(path.parent.glob(".*.tmp"))
-    assert not cache.exists() or not any(cache.rglob("*")), "the build wrote under RLX_CACHE_DIR"
-    assert native.reason() == ""
-    small_region_works(region_runs)
-
-    monkeypatch.setattr(native, "_STATE", {})
-    monkeypatch.setattr(native, "_build", lambda cmd, out: pytest.fail("rebuilt a library that is in the cache"))
-    again = native.library()
-    assert again is not None and again.path == built.path
-
-
-def test_a_corrupt_library_is_rebuilt_with_a_cache_warning(lib: native.Native, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch,
-                                                           region_runs: list[regions._Runner]) -> None:  # fmt: skip
-    """The manifest's SHA-256 is checked before a load: a torn or altered library is never
-    loaded; it is named in a CacheWarning and rebuilt, and the rebuilt one works."""
-    src = Path(lib.path)
-    if not src.with_suffix(".json").is_file():
-        pytest.skip(f"{src} has no manifest (built outside a writable kernel directory)")
-    kernels = tmp_path / "kernels"
-    (kernels / "cpu").mkdir(parents=True)
-    target = kernels / "cpu" / src.name
-    shutil.copyfile(src, target)
-    shutil.copyfile(src.with_suffix(".json"), target.with_suffix(".json"))
-    data = bytearray(target.read_bytes())
-    data[len(data) // 2 : len(data) // 2 + 64] = b"\xcc" * 64
-    target.write_bytes(bytes(data))
-    monkeypatch.setenv("RLX_KERNEL_DIR", str(kernels))
-    monkeypatch.setattr(native, "_STATE", {})
-    with pytest.warns(CacheWarning, match=re.escape(str(target))):
-        rebuilt = native.library()
-    assert rebuilt is not None and Path(rebuilt.path) == target
-    assert manifest_of(target)["payload"]["sha256"] == hashlib.sha256(target.read_bytes()).hexdigest()
-    small_region_works(region_runs)
-
-
-def float32_graph() -> Graph:
-    g = Graph("no-native")
-    x = g.input("x", (16, 40))
-    h = g.tanh(g.add(g.mul(x, g.param("w", rand((40,), 1))), 0.5))
-    g.set_outputs([g.softmax(g.layer_norm(h, g.param("s", rand((40,), 2))), axis=-1), g.exp(x)])
-    return g
-
-
-def assert_numpy_path_runs(runs: list[regions._Runner]) -> None:
-    """A float32 graph of regions, single ops, layer_norm and softmax compiles and runs
-    right with no native region."""
-    g = float32_graph()
-    x = rand((16, 40), 3)
-    got = compile_cpu(g).run({"x": x})
-    assert not runs
-    for a, r in zip(got, reference.evaluate(g, {"x": x})):
-        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)
-
-
-def test_without_a_compiler_numpy_runs_and_the_log_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            caplog: pytest.LogCaptureFixture,
-                                                            region_runs: list[regions._Runner]) -> None:  # fmt: skip
-    """RLX_CPU_CC naming a program that does not exist: no library, a reason naming the
-    compiler (in ``reason()`` and the log), nothing for the probe to describe, and float32
-    graphs on the numpy path."""
-    monkeypatch.delenv("RLX_CPU_NATIVE", raising=False)
-    monkeypatch.setenv("RLX_CPU_CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setenv("RLX_KERNEL_DIR", str(tmp_path / "kernels"))
-    monkeypatch.setattr(native, "_STATE", {})
-    with caplog.at_level("WARNING", logger="rlx_cpu.native"):
-        assert native.library() is None
-    assert "compiler" in native.reason() and native.reason() in caplog.text
-    assert native.describe() == ""
-    assert_numpy_path_runs(region_runs)
-    assert not (tmp_path / "kernels").exists()
-
-
-@pytest.mark.skipif(shutil.which("false") is None, reason="needs a `false` program")
-def test_a_compiler_that_does_not_run_leaves_numpy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   region_runs: list[regions._Runner]) -> None:  # fmt: skip
-    """RLX_CPU_CC=false: the compiler is found but fails even ``--version``; the reason says so."""
-    monkeypatch.delenv("RLX_CPU_NATIVE", raising=False)
-    monkeypatch.setenv("RLX_CPU_CC", "false")
-    monkeypatch.setenv("RLX_KERNEL_DIR", str(tmp_path / "kernels"))
-    monkeypatch.setattr(native, "_STATE", {})
-    assert native.library() is None
-    assert "'false'" in native.reason() and "does not run" in native.reason()
-    assert native.describe() == ""
-    assert_numpy_path_runs(region_runs)
-
-
-@pytest.mark.skipif(os.name != "posix", reason="the fake compiler is a shell script")
-def test_a_failing_build_leaves_numpy_and_no_half_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          region_runs: list[regions._Runner]) -> None:  # fmt: skip
-    """A compiler that answers ``--version`` but fails every build (with and without
-    OpenMP and clones), leaving half an output behind: the reason quotes its error, and no
-    file is left in the kernel directory."""
-    cc = tmp_path / "fake-cc"
-    cc.write_text(
-        '#!/bin/sh\nif [ "$1" = --version ]; then echo "fake-cc 1.0"; exit 0; fi\n'
-        'prev=""; for a in "$@"; do [ "$prev" = -o ] && printf "half a library" > "$a"; prev="$a"; done\n'
-        'echo "fake-cc: error: cannot compile today" >&2\nexit 1\n'
-    )
-    cc.chmod(0o755)
-    monkeypatch.delenv("RLX_CPU_NATIVE", raising=False)
-    monkeypatch.setenv("RLX_CPU_CC", str(cc))
-    monkeypatch.setenv("RLX_KERNEL_DIR", str(tmp_path / "kernels"))
-    monkeypatch.setattr(native, "_STATE", {})
-    assert native.library() is None
-    assert "failed" in native.reason() and "cannot compile today" in native.reason()
-    left = [p.name for p in (tmp_path / "kernels").rglob("*") if p.is_file() and p.name != "CACHEDIR.TAG"]
-    assert left == []
-    assert_numpy_path_runs(region_runs)
-
-
-@pytest.mark.parametrize("refuses, openmp", [("-fopenmp", False), ("target_clones", True)])
-def test_a_compiler_without_openmp_or_clones_still_builds(lib: native.Native, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch, refuses: str,
-                                                          openmp: bool) -> None:  # fmt: skip
-    """A compiler without OpenMP's runtime (clang without libomp) builds a one-thread
-    library; one without function clones (gcc < 11) builds without them; both run
-    regions right. The real compiler stands behind a wrapper that refuses one feature."""
-    real = native.find_compiler()
-    assert real is not None
-    cc = tmp_path / "picky-cc"
-    if refuses == "-fopenmp":
-        body = 'for a in "$@"; do if [ "$a" = -fopenmp ]; then echo "picky: no OpenMP here" >&2; exit 1; fi; done\n'
-    else:
-        body = ('clones=1; for a in "$@"; do [ "$a" = -DRLX_NO_CLONES ] && clones=0; done\n'
-                'if [ $clones = 1 ]; then echo "picky: no target_clones here" >&2; exit 1; fi\n')
-    run = f'exec {" ".join(real)} "$@"\n'
-    cc.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {run}{body}{run}')
-    cc.chmod(0o755)
-    monkeypatch.setenv("RLX_CPU_CC", str(cc))
-    monkeypatch.setenv("RLX_KERNEL_DIR", str(tmp_path / "kernels"))
-    monkeypatch.setattr(native, "_STATE", {})
-    built = native.library()
-    assert built is not None, native.reason()
-    assert built.openmp is openmp
-    if not openmp:
-        assert built.threads() == 1
-    g = Graph("picky")
-    x = g.input("x", (512, 512))
-    g.set_outputs([g.tanh(g.add(g.mul(x, 0.5), g.param("b", rand((512,), 1))))])
-    feeds = {"x": rand((512, 512), 2)}
-    (got,) = compile_cpu(g).run(feeds)
-    np.testing.assert_allclose(got, reference.evaluate(g, feeds)[0], rtol=3e-6, atol=3e-7)
-
-
-@pytest.mark.parametrize("value", ["0", "off", "numpy"])
-def test_rlx_cpu_native_off_keeps_every_op_on_numpy(monkeypatch: pytest.MonkeyPatch, value: str,
-                                                    region_runs: list[regions._Runner]) -> None:  # fmt: skip
-    """RLX_CPU_NATIVE=0 (or off, numpy): no library is asked for, no native step is in a
-    plan (no region, softmax, layer_norm, im2col or pool call), and the answers are right."""
-    monkeypatch.delenv("RLX_CPU_NATIVE", raising=False)
-    loaded = native.library()  # to spy on, where there is one
-    spies = {}
-    if loaded is not None:
-        spies = {name: spy_on(monkeypatch, loaded, name) for name in ("softmax", "layer_norm", "im2col", "pool2d")}
-    monkeypatch.setenv("RLX_CPU_NATIVE", value)
-    monkeypatch.setattr(native, "_build", lambda cmd, out: pytest.fail("built with RLX_CPU_NATIVE off"))
-    assert native.library() is None and not native.wanted()
-    assert "RLX_CPU_NATIVE" in native.reason() and native.describe() == ""
-    assert_numpy_path_runs(region_runs)
-    g = Graph("windows")
-    x = g.input("x", (1, 2, 8, 8))
-    g.set_outputs([g.max_pool2d(g.conv2d(x, g.param("w", rand((3, 2, 3, 3), 1)), padding=1), 2)])
-    x_in = rand((1, 2, 8, 8), 2)
-    (got,) = compile_cpu(g).run({"x": x_in})
-    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x_in})[0], rtol=1e-5, atol=1e-5)
-    assert not any(spies.values()), {k: len(v) for k, v in spies.items()}

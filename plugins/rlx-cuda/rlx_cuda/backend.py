@@ -61,7 +61,7 @@ class CudaBackend(rlx_core.Backend):
         versions["memory"] = f"{first.total_memory / 2**30:.1f} GiB"
         # What default_cost_model needs, for the process the probe's child reports to (probed).
         versions.update({key: str(getattr(first, key)) for key in _COST_PROPERTIES})
-        return rlx_core.Availability(True, devices=devices, versions=versions)
+        return rlx_core.Availability(True, devices=devices, versions=versions, memory_bytes=result.free_memory)
 
     def probed(self, answer: rlx_core.Availability) -> None:
         """The device properties found by a probe in a child process: the default cost

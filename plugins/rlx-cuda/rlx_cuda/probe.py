@@ -56,6 +56,7 @@ class ProbeResult:
     kind: str = ""  # "", "not_installed", "import_failed", "no_driver", "old_driver", "no_device", "kernel_failed"
     devices: tuple[DeviceInfo, ...] = ()
     versions: dict[str, str] = field(default_factory=dict)
+    free_memory: int | None = None  # bytes free on cuda:0 after the test kernel (what a graph can have)
 
 
 def import_cupy() -> Any:
@@ -211,4 +212,9 @@ def probe_cuda(importer: Any = None) -> ProbeResult:
     if wrong is not None:
         why = f"a test kernel on cuda:0 ({first.name}) {wrong}: the device or driver is not working"
         return ProbeResult(False, why, "kernel_failed", devices, versions)
-    return ProbeResult(True, "", "", devices, versions)
+    try:
+        with cp.cuda.Device(0):
+            free = int(runtime.memGetInfo()[0])
+    except Exception:  # the figure is a nicety: placement then assumes the whole device
+        free = None
+    return ProbeResult(True, "", "", devices, versions, free)

@@ -39,7 +39,8 @@ def fake_cupy(*, driver: int = 12040, runtime: int = 12090, count: int | BaseExc
              "multiProcessorCount": 132, "clockRate": 1_980_000, "memoryClockRate": 2_619_000,
              "memoryBusWidth": 5120}  # fmt: skip
     rt = types.SimpleNamespace(runtimeGetVersion=lambda: runtime, driverGetVersion=lambda: driver,
-                               getDeviceCount=get_count, getDeviceProperties=lambda i: props)  # fmt: skip
+                               getDeviceCount=get_count, getDeviceProperties=lambda i: props,
+                               memGetInfo=lambda: (79 * 2**30, 80 * 2**30))  # fmt: skip
 
     class Device:
         def __init__(self, i: int) -> None:
@@ -156,6 +157,7 @@ def test_available_with_a_working_fake():
     got = probing.probe_cuda(lambda: fake_cupy())
     assert got.available and got.devices[0].name == "NVIDIA H100 80GB HBM3"
     assert got.versions["compute_capability"] == "9.0" and got.versions["cuda_driver"] == "12.4"
+    assert got.free_memory == 79 * 2**30  # placement's memory check reads it (Availability.memory_bytes)
 
 
 def test_this_host_reason():

@@ -101,6 +101,20 @@ def _platforms_here(jax: Any) -> list[str]:
             return []
 
 
+def _free_memory(device: Any) -> int | None:
+    """Bytes XLA's allocator can still give on an accelerator (``memory_stats``: its limit
+    less what is in use), ``None`` on the cpu platform (host memory, checked by the core)
+    or when the runtime does not say."""
+    if getattr(device, "platform", "cpu") == "cpu":
+        return None
+    try:
+        stats = device.memory_stats() or {}
+        free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    except Exception:
+        return None
+    return free if free > 0 else None
+
+
 def _smoke_test(jax: Any, device: Any) -> None:
     """A tiny jitted computation on ``device``; raises if it fails or computes nonsense."""
     x = np.arange(8, dtype=np.float32)
@@ -166,7 +180,7 @@ class XlaBackend(Backend):
         kind = getattr(devices[0], "device_kind", platform)
         reason = f"platform {platform}: {len(devices)} x {kind} ({_env_note()})"
         return Availability(True, reason, devices=[f"{self.name}:{i}" for i in range(len(devices))],
-                            versions=versions)  # fmt: skip
+                            versions=versions, memory_bytes=_free_memory(devices[0]))  # fmt: skip
 
     def probed(self, answer: Availability) -> None:
         """The platform JAX started in the probe's child process, for ``claims`` and the

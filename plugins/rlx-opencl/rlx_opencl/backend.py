@@ -134,8 +134,11 @@ class OpenclBackend(rlx_core.Backend):
         self._remember_label(default)
         devices = [f"opencl:{e.index}" for e in entries]
         listing = "; ".join(f"opencl:{e.index} = {e.name} ({rt.short_platform(e.platform)})" for e in entries)
+        # A GPU's own memory bounds what a graph may need there (OpenCL tells the total, not
+        # what is free); a CPU device computes in host memory, which the core checks itself.
+        memory = int(default.device.global_mem_size) if default.is_gpu else None
         return rlx_core.Availability(True, f"{listing}; default opencl:{default.index}", devices=devices,
-                                     versions=versions)  # fmt: skip
+                                     versions=versions, memory_bytes=memory)  # fmt: skip
 
     def _check_generated_kernels(self, index: int) -> None:
         """Compile and run a dense layer with softmax through the real code generator

@@ -1,0 +1,138 @@
+"""What every case generator shares: dtypes per op, ``Operand``/``OpCase``, and the
+drawing helpers (shapes, broadcasting, seeded values). ``_cases.py`` draws the user's
+ops, ``_fused_cases.py`` the internal ones; both import this, neither the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ..ir import Graph, Node
+from ..ops import SOURCE_OPS, OpKind
+
+FLOATS = ("float32", "float16", "float64")
+INTS = ("int32", "int64")
+NUMERIC = FLOATS + INTS
+ANY_DTYPE = (*NUMERIC, "bool")
+
+_FLOAT_OPS = frozenset({
+    OpKind.POW, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.TANH, OpKind.SIGMOID,
+    OpKind.GELU, OpKind.SOFTMAX, OpKind.LAYER_NORM, OpKind.REDUCE_MEAN, OpKind.CONV2D, OpKind.MAX_POOL2D,
+    OpKind.AVG_POOL2D, OpKind.GLOBAL_AVG_POOL2D, OpKind.ATTENTION,
+})  # fmt: skip
+_ANY_DTYPE_OPS = frozenset({OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER,
+                            OpKind.CAST, OpKind.WHERE, OpKind.EQUAL})  # fmt: skip
+
+#: The dtypes the kit draws for each op's main operand: exactly those ops.py accepts
+#: (gather's x, where's branches, cast's source and target; indices and conditions aside).
+OP_DTYPES: dict[OpKind, tuple[str, ...]] = {
+    op: FLOATS if op in _FLOAT_OPS else ANY_DTYPE if op in _ANY_DTYPE_OPS else NUMERIC
+    for op in OpKind
+    if op not in SOURCE_OPS
+}
+
+#: Ops whose result is one of their input values (or an exact function of them): a backend
+#: must reproduce the reference bit for bit, whatever the dtype.
+EXACT_OPS = frozenset({
+    OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER, OpKind.WHERE, OpKind.NEG,
+    OpKind.ABS, OpKind.RELU, OpKind.MAXIMUM, OpKind.MINIMUM, OpKind.REDUCE_MAX, OpKind.MAX_POOL2D,
+    OpKind.EQUAL, OpKind.LESS, OpKind.GREATER,
+})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One operand of the op under test: a run-time input, or a param when ``param``."""
+
+    name: str
+    array: np.ndarray
+    param: bool = False
+
+    def describe(self) -> str:
+        kind = "param" if self.param else "input"
+        return f"{self.name}: {self.array.shape} {self.array.dtype} {kind}"
+
+
+@dataclass(frozen=True)
+class OpCase:
+    """One example: ``op`` applied to ``operands`` with builder keyword ``attrs``.
+
+    ``terms`` is how many products or values each output element sums (K of a matmul,
+    the reduced count of a reduction); float tolerances grow with its square root.
+    """
+
+    op: OpKind
+    operands: tuple[Operand, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    terms: int = 1
+
+    def build(self) -> tuple[Graph, Node]:
+        """A frozen graph whose only computational node is the op under test."""
+        g = Graph(f"check_{self.op.value}")
+        values = [
+            g.param(o.name, o.array) if o.param else g.input(o.name, o.array.shape, o.array.dtype.name)
+            for o in self.operands
+        ]
+        method = getattr(g, self.op.value, None)
+        if method is None:  # an internal op (gemm, fused_elementwise): no builder, added as a graph file adds it
+            out = g._add_node(self.op, [v.id for v in values], self.attrs)
+        else:
+            out = method(values, **self.attrs) if self.op is OpKind.CONCAT else method(*values, **self.attrs)
+        g.set_outputs([out])
+        return g.freeze(), g.node(out)
+
+    def run_inputs(self) -> dict[str, np.ndarray]:
+        return {o.name: np.array(o.array, copy=True) for o in self.operands if not o.param}
+
+    def describe(self) -> str:
+        attrs = ", ".join(f"{k}={v!r}" for k, v in self.attrs.items())
+        return f"{self.op.value}({'; '.join(o.describe() for o in self.operands)}{'; ' if attrs else ''}{attrs})"
+
+    __repr__ = describe  # hypothesis prints cases in its falsifying-example notes
+
+
+# ----------------------------------------------------------------------------- values
+def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, lo: float = -2.0, hi: float = 2.0,
+            ilo: int = -20, ihi: int = 20) -> np.ndarray:  # fmt: skip
+    if dtype == "bool":
+        return np.asarray(rng.random(shape) < 0.5)
+    if dtype in INTS:
+        return np.asarray(rng.integers(ilo, ihi + 1, size=shape)).astype(dtype)
+    return np.asarray(rng.uniform(lo, hi, size=shape)).astype(dtype)
+
+
+def _nonzero(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Divisors: floats with magnitude in [0.5, 2], ints in [-9, 9] without 0."""
+    sign = np.where(rng.random(shape) < 0.5, -1, 1)
+    if dtype in INTS:
+        return np.asarray(sign * rng.integers(1, 10, size=shape)).astype(dtype)
+    return np.asarray(sign * rng.uniform(0.5, 2.0, size=shape)).astype(dtype)
+
+
+# ----------------------------------------------------------------------------- shapes
+def _shape(draw: Callable, min_rank: int = 0, max_rank: int = 4, max_side: int = 5) -> tuple[int, ...]:
+    return tuple(draw(st.lists(st.integers(1, max_side), min_size=min_rank, max_size=max_rank)))
+
+
+def _broadcastable(draw: Callable, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape that broadcasts to ``shape``: leading dims dropped, some dims set to 1."""
+    s = shape[draw(st.integers(0, len(shape))) :]
+    ones = draw(st.lists(st.booleans(), min_size=len(s), max_size=len(s)))
+    return tuple(1 if one else d for d, one in zip(s, ones))
+
+
+def _axis(draw: Callable, ndim: int) -> int:
+    """An axis in ``[-ndim, ndim)``: negative spellings are part of the builder's API."""
+    return draw(st.integers(-ndim, ndim - 1))
+
+
+def _rng(draw: Callable, seed: int) -> np.random.Generator:
+    return np.random.default_rng([seed, draw(st.integers(0, 2**32 - 1))])
+
+
+# ----------------------------------------------------------------------------- ops
