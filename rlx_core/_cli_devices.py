@@ -134,12 +134,13 @@ def devices(
     graph: Annotated[Path | None, typer.Option("--graph", help="Rank devices for this graph .json.")] = None,
     example: Annotated[str | None, typer.Option("--example", help="Rank devices for a bundled example.")] = None,
 ) -> None:
-    """List every backend: installed, available and usable or why not, ops, cost model, pick."""
+    """List every backend: installed, available and usable or why not, ops, cost model, recommended."""
     from ._cli_common import _load_graph, _user_errors, console
     from .errors import PluginWarning
 
     with _user_errors():
-        from .placement import Placement
+        from .examples import REPRESENTATIVE
+        from .placement import Placement, example_pick
         from .policy import DevicePolicy, environment_settings
         from .registry import default_registry
 
@@ -160,9 +161,16 @@ def devices(
                 "policy": placement.policy.to_dict(),
                 "environment": [{"variable": k, "value": v, "meaning": m} for k, v, m in environment_settings()],
             }
+            if g is None:  # what a first run picks (recommended is by priority without a graph)
+                device, why = example_pick(placement.policy, placement.registry)
+                doc["example_pick"] = {"example": REPRESENTATIVE, "device": device, "why": why}
             print(json.dumps(doc, indent=2))
             return
         _print_devices(rows, missing, with_graph=g is not None)
+        if g is None:
+            device, why = example_pick(placement.policy, placement.registry)
+            console.print(f"rec. (recommended) is the highest-priority usable device; `rlx run --example "
+                          f"{REPRESENTATIVE}` runs on {device or 'no device'}: {why}", soft_wrap=False)
         if broken:
             console.print("Broken plugins (rlx works without them):")
             _print_prose((f"{b['name']}: {b['error']}" for b in broken), indent="  ")
@@ -194,7 +202,7 @@ def _print_devices(rows: Sequence[DeviceCandidate], missing: set[str], with_grap
         console.print("No working rlx backend is installed. The cpu backend comes with `pip install rlx-core`.")
         return
     table = Table(title="rlx devices" + (" for this graph" if with_graph else ""), title_justify="left")
-    columns = [("device", False), ("status", False), ("ops", False), ("model", False), ("pick", False)]
+    columns = [("device", False), ("status", False), ("ops", False), ("model", False), ("rec.", False)]
     # with a graph, its estimate takes the place of where the backends came from
     columns += [("est. per run", False)] if with_graph else [("label", True), ("package", True)]
     for col, wraps in columns:
@@ -249,8 +257,9 @@ def _print_explain(placement: Placement, rows: Sequence[DeviceCandidate], missin
         placement = Placement(representative_graph(), replace(placement.policy, pick="cost"), placement.registry)
         by_name = {r.device: r for r in placement.report()}
         rows = [by_name.get(r.device, r) for r in rows]
-        console.print(f"Without --graph, [bold]pick[/] is the device `rlx run --example {REPRESENTATIVE}` runs on, "
-                      "priced on that example; pass --graph FILE for yours.")  # fmt: skip
+        console.print(f"Without --graph, rlx has no graph of yours to price: rec. marks the highest-priority usable "
+                      f"device, and what follows is for `rlx run --example {REPRESENTATIVE}`; pass --graph FILE "
+                      "for yours.")  # fmt: skip
     try:
         device, why, _ = placement.choose()
         console.print(f"Why {device}: {why}")

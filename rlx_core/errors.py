@@ -16,6 +16,7 @@ __all__ = [
     "ModelError",
     "PluginError",
     "DeviceFallbackError",
+    "UnknownDeviceError",
     "RlxWarning",
     "FallbackWarning",
     "PluginWarning",
@@ -41,6 +42,12 @@ class DeviceError(RlxError):
 
 class ConfigError(RlxError, ValueError):
     """An ``RLX_*`` environment variable or an option has a malformed value."""
+
+
+class UnknownDeviceError(ConfigError, DeviceError):
+    """A setting (``RLX_DENY_DEVICES``, ``DevicePolicy(device=...)``) names a device that is
+    not known here: the caller's configuration (``ConfigError``, raised at once, never a
+    fallback) and an unknown device (``DeviceError``, as every unknown name is)."""
 
 
 class ModelError(RlxError):

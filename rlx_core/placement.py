@@ -195,25 +195,37 @@ class Placement:
             if ep not in {r.device for r in rows} | {self.registry.info(r.device).entry_point for r in rows}
         ]  # a probe failure is listed under its entry point, which may differ from the device name
         recommended: str | None = None
-        if self.graph is None:
-            # What `rlx run --example mlp` runs on: this policy (RLX_DEVICE, prefer, deny) and
-            # the cost ranking on the representative graph, priced, never compiled (so by cost
-            # even under a benchmark pick).
-            from dataclasses import replace
-
-            from .examples import representative_graph
-
-            sample = Placement(representative_graph(), replace(self.policy, pick="cost"), self.registry)
-            try:
-                recommended = parse_device(sample.choose()[0])[0]
-            except DeviceError:
-                recommended = None
+        if self.graph is None:  # the contract: RLX_DEVICE when usable, else the highest priority
+            usable = [r for r in rows if r.viable]
+            if self.policy.device and parse_device(self.policy.device)[0] in {r.device for r in usable}:
+                recommended = parse_device(self.policy.device)[0]
+            elif usable:
+                recommended = max(usable, key=lambda r: r.priority).device
         else:
             try:
                 recommended = parse_device(self.choose()[0])[0]
             except DeviceError:
                 recommended = None
         return [r if r.device != recommended else _replace(r, recommended=True) for r in rows]
+
+
+def example_pick(policy: DevicePolicy | None = None, registry: Registry | None = None) -> tuple[str | None, str]:
+    """``(device, why)``: where ``rlx run --example mlp`` runs under ``policy`` (the policy
+    and the cost ranking on the bundled representative graph, priced, never compiled, so by
+    cost even under a benchmark pick); ``(None, why not)`` when no device can run it.
+    Without a graph of the user's, ``recommended`` marks the highest-priority device (the
+    contract); this says what a first run will actually pick, which may differ."""
+    from dataclasses import replace
+
+    from .examples import REPRESENTATIVE, representative_graph
+
+    pol = policy if policy is not None else DevicePolicy.from_env()
+    sample = Placement(representative_graph(), replace(pol, pick="cost"), registry)
+    try:
+        device, why, _ = sample.choose()
+    except DeviceError as exc:
+        return None, f"rlx run --example {REPRESENTATIVE} cannot run here: {exc}"
+    return parse_device(device)[0], why
 
 
 def _replace(row: DeviceCandidate, **kw: object) -> DeviceCandidate:

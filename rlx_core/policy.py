@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from .errors import ConfigError, DeviceError
+from .errors import ConfigError, DeviceError, UnknownDeviceError
 from .registry import parse_device
 
 if TYPE_CHECKING:
@@ -245,9 +245,9 @@ class DevicePolicy:
         return None
 
     def validate(self, registry: Registry) -> None:
-        """``ConfigError`` when a setting names a device that is neither a backend here nor
-        one of rlx's own, naming the setting (``RLX_DENY_DEVICES``), the name and the
-        known devices.
+        """``UnknownDeviceError`` (both a ``ConfigError`` and a ``DeviceError``) when a
+        setting names a device that is neither a backend here nor one of rlx's own, naming
+        the setting (``RLX_DENY_DEVICES``), the name and the known devices.
 
         A policy is parsed without a registry (from the environment, or by a caller), so
         its names can only be checked when it meets one: ``Placement`` calls this. A name
@@ -265,7 +265,8 @@ class DevicePolicy:
                 if name not in known:
                     loaded = registry.names()
                     listed = ", ".join([*loaded, *sorted(known - set(loaded))])
-                    raise ConfigError(f"{self._where(setting)}: unknown device {name!r}; known devices: {listed}")
+                    raise UnknownDeviceError(f"{self._where(setting)}: unknown device {name!r}; "
+                                             f"known devices: {listed}")
 
     def _where(self, setting: str) -> str:
         source = self.sources.get(setting, "default")

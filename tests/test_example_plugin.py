@@ -68,10 +68,11 @@ def test_rlx_devices_discovers_the_installed_plugin(plugin_python: Path, tmp_pat
     assert set(toy["ops"]) == TOY_OPS
     assert toy["priority"] == 10 and toy["label"].startswith("Toy numpy backend")
     assert rows["cpu"]["available"] and not doc["broken_plugins"]
-    # without a graph: the device `rlx run --example mlp` runs on (priced, not by priority)
+    assert toy["recommended"]  # without a graph: the highest-priority available device (the contract)
+    # ... and example_pick says where `rlx run --example mlp` runs (priced, not by priority)
     ran = in_venv(plugin_python, "-m", "rlx_core", "run", "--example", "mlp", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
-    assert [f"device: {d} " for d, r in rows.items() if r["recommended"]] == [
+    assert [f"device: {doc['example_pick']['device']} "] == [
         line[: line.index("—")] for line in ran.stdout.splitlines() if line.startswith("device: ")]
 
     assert "rlx-example-plugin 0.1.0 (backends: toy)" in in_venv(plugin_python, "-m", "rlx_core", "--version",

@@ -95,14 +95,21 @@ def test_auto_compile_falls_back_loudly_when_a_device_fails_to_compile():
     (rlx.DevicePolicy(allow=("dear",)), "dear"),
     (rlx.DevicePolicy.with_benchmark_pick(2), "cheap"),
 ], ids=["cost", "prefer", "deny", "device", "allow", "benchmark"])  # fmt: skip
-def test_recommended_without_graph_is_the_device_the_example_runs_on(policy, want):
+def test_example_pick_is_the_device_the_example_runs_on(policy, want):
+    """Without a graph, ``recommended`` marks the highest-priority device (the contract);
+    ``example_pick`` says where ``rlx run --example mlp`` will run, by the same policy and
+    cost ranking as the run, priced and never compiled."""
     from rlx_core.examples import example_graph
+    from rlx_core.placement import example_pick
 
     # the higher priority is the slower device: priority must not decide, the ranking must
     dear, cheap = ToyBackend("dear", priority=90, gflops=1), ToyBackend("cheap", priority=10, gflops=500)
     reg = registry_with(dear, cheap)
+    assert example_pick(policy, reg)[0] == want
     rows = rlx.device_report(policy=policy, registry=reg)
-    assert [r.device for r in rows if r.recommended] == [want]
+    usable = [r.device for r in rows if r.viable]
+    by_priority = policy.device if policy.device else max(usable, key=lambda d: reg.info(d).priority)
+    assert [r.device for r in rows if r.recommended] == [by_priority]
     assert all(r.est_seconds is None and r.supports_graph is None for r in rows)  # still a report without graph
     assert dear.compiles == cheap.compiles == 0  # priced, never compiled (not even to benchmark)
     if policy.pick == "cost":  # a benchmark pick times the toys, which run at the same speed
@@ -112,4 +119,9 @@ def test_recommended_without_graph_is_the_device_the_example_runs_on(policy, wan
 def test_recommended_without_graph_is_none_when_the_default_device_cannot_run():
     reg = registry_with(ToyBackend("a"), ToyBackend("b", available="unplugged"))
     rows = rlx.device_report(policy=rlx.DevicePolicy(device="b"), registry=reg)
-    assert not any(r.recommended for r in rows)  # rlx run --example mlp would fail: nothing to recommend
+    # RLX_DEVICE=b is not usable: recommended falls back to the highest-priority usable device,
+    # while the example run (an explicit default device never moves) cannot run at all
+    assert [r.device for r in rows if r.recommended] == ["a"]
+    from rlx_core.placement import example_pick
+
+    assert example_pick(rlx.DevicePolicy(device="b"), reg)[0] is None

@@ -282,3 +282,18 @@ def test_every_listed_variable_is_checked_or_free_text():
         if var not in free:
             with pytest.raises(ConfigError, match=var):
                 check_environment({var: "@@ not valid @@"})
+
+
+def test_an_unknown_device_in_a_setting_is_a_config_error_and_a_device_error() -> None:
+    """The caller's configuration (raised at once, no fallback) naming an unknown device
+    (the contract's DeviceError for every unknown name): either ``except`` catches it."""
+    from support import ToyBackend, registry_with
+
+    import rlx_core as rlx
+    from rlx_core.errors import UnknownDeviceError
+
+    reg = registry_with(ToyBackend("toy"))
+    for policy in (rlx.DevicePolicy(device="nosuch"), rlx.DevicePolicy.from_env(environ={"RLX_DENY_DEVICES": "nope"})):
+        with pytest.raises(UnknownDeviceError) as info:
+            rlx.device_report(policy=policy, registry=reg)
+        assert isinstance(info.value, rlx.DeviceError) and isinstance(info.value, rlx.ConfigError)

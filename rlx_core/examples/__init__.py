@@ -1,11 +1,12 @@
 """Bundled example graphs, stored beside this module as ``NAME.json`` (``rlx run --example NAME``).
 
-``mlp`` is also the *representative* graph: without a graph of the user's, what
-``rlx devices`` and ``rlx_core.device_report()`` recommend is the device the policy and
-the cost ranking pick for it — what ``rlx run --example mlp`` runs on — rather than the
-highest platform priority, which a new user sees contradicted by the first run. A small
-dense model is what "the device for a typical graph" can honestly mean; a user whose
-graphs look otherwise passes ``--graph``.
+``mlp`` is also the *representative* graph: without a graph of the user's,
+``recommended`` marks the highest-priority usable device (the contract), and
+``placement.example_pick`` says where the policy and the cost ranking put this graph —
+what ``rlx run --example mlp`` runs on, which ``rlx devices`` prints under its table so
+that a new user's first run does not contradict it unexplained. A small dense model is
+what "the device for a typical graph" can honestly mean; a user whose graphs look
+otherwise passes ``--graph``.
 """
 
 from __future__ import annotations
