@@ -44,7 +44,8 @@ from .plugin import (
 )
 from .policy import DevicePolicy
 from .registry import Registry, broken_plugins, default_registry, get_backend
-from .session import CompiledGraph, CompileReport, GraphDevices, compile, run_with_fallback
+from .runtime import Runtime, default_runtime, run_with_fallback
+from .session import CompiledGraph, CompileReport, GraphDevices, compile
 
 
 def __getattr__(name: str) -> object:
@@ -82,12 +83,14 @@ __all__ = [
     "PluginWarning",
     "Registry",
     "RlxError",
+    "Runtime",
     "RlxWarning",
     "Value",
     "available_devices",
     "broken_plugins",
     "compile",
     "default_registry",
+    "default_runtime",
     "device_report",
     "devices_for",
     "errors",

@@ -11,6 +11,7 @@ import base64
 import itertools
 import json
 import math
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -109,6 +110,9 @@ class Graph:
         self._frozen = False
         self._origin: int | None = None  # set by legalization while it emits a decomposition
         self._uid = next(_graph_ids)
+        # The session each runtime keeps for this graph (runtime.Runtime.session): held here,
+        # not by the runtime, so that it dies with the graph (a session holds its graph).
+        self._sessions: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     # ----------------------------------------------------------------- reading
     @property

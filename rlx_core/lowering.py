@@ -4,13 +4,14 @@ Placement asks the same questions of one graph for every backend (does it claim 
 node after legalization? what will it run, and at what cost?), compile asks them again
 for the device it picked, and a split asks them per segment. The answers are the
 legalized graph and the compile pipeline's result per (graph, backend, options): kept
-here, weakly keyed by the graph, so that each is computed once and dies with its graph.
+in the registry whose backend gave them (``Registry.lowered``, weakly keyed by the
+graph), so that each is computed once, dies with its graph, and never answers for a
+backend of another registry.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
+from typing import Any
 
 from .ir import Graph
 from .passes.legalize import LegalizeResult, legalize
@@ -21,27 +22,27 @@ from .registry import Registry, default_registry
 __all__ = ["legalize_for", "pipeline_for", "priced_graph"]
 
 
-# Legalization per (graph, backend), reused by every question asked about the same graph.
-_LEGAL_CACHE: weakref.WeakKeyDictionary[Graph, dict[tuple, LegalizeResult]] = weakref.WeakKeyDictionary()
-_LEGAL_LOCK = threading.Lock()
+def _cached(reg: Registry, graph: Graph, key: tuple) -> Any:
+    with reg.lowered_lock:
+        return reg.lowered.get(graph, {}).get(key)
+
+
+def _keep(reg: Registry, graph: Graph, key: tuple, value: Any) -> None:
+    with reg.lowered_lock:
+        reg.lowered.setdefault(graph, {})[key] = value
 
 
 def legalize_for(graph: Graph, backend_name: str, registry: Registry | None = None) -> LegalizeResult:
     """``graph`` legalized for a backend, cached while the graph is unchanged."""
     reg = registry or default_registry()
     backend = reg.get(backend_name)
-    key = (backend_name, id(backend), len(graph), graph.outputs, graph.frozen)
-    with _LEGAL_LOCK:
-        hit = _LEGAL_CACHE.get(graph, {}).get(key)
+    key = ("legal", backend_name, id(backend), len(graph), graph.outputs, graph.frozen)
+    hit = _cached(reg, graph, key)
     if hit is not None:
         return hit
     result = legalize(graph, backend.claims)
-    with _LEGAL_LOCK:
-        _LEGAL_CACHE.setdefault(graph, {})[key] = result
+    _keep(reg, graph, key, result)
     return result
-
-
-_PIPE_CACHE: weakref.WeakKeyDictionary[Graph, dict[tuple, PipelineResult]] = weakref.WeakKeyDictionary()
 
 
 def pipeline_for(graph: Graph, backend_name: str, registry: Registry | None = None,
@@ -54,9 +55,8 @@ def pipeline_for(graph: Graph, backend_name: str, registry: Registry | None = No
     opts = options if options is not None else CompileOptions()
     okey = (opts.legalize, opts.optimize, opts.fuse, opts.plan, tuple(opts.disable), opts.max_fused_ops,
             opts.max_fused_inputs)  # fmt: skip
-    key = (backend_name, id(backend), len(graph), graph.outputs, graph.frozen, okey)
-    with _LEGAL_LOCK:
-        hit = _PIPE_CACHE.get(graph, {}).get(key)
+    key = ("pipeline", backend_name, id(backend), len(graph), graph.outputs, graph.frozen, okey)
+    hit = _cached(reg, graph, key)
     if hit is not None:
         return hit
     if opts.legalize and graph.frozen:  # share legalization with the questions placement asks
@@ -64,8 +64,7 @@ def pipeline_for(graph: Graph, backend_name: str, registry: Registry | None = No
         result = run_pipeline(graph, backend.claims, opts, legalized=legal)
     else:
         result = run_pipeline(graph, backend.claims, opts)
-    with _LEGAL_LOCK:
-        _PIPE_CACHE.setdefault(graph, {})[key] = result
+    _keep(reg, graph, key, result)
     return result
 
 

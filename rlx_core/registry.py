@@ -159,6 +159,11 @@ class Registry:
         self._distributions: set[str] = set()  # of every entry point seen: loaded, disabled or broken
         self._probes: dict[str, ProbeRun] = {}
         self._targets: dict[str, ChildTarget] = {}  # backends a child process can load again
+        # What each of this registry's backends makes of a graph (legalized, through the
+        # pipeline): lowering.py's cache, owned here since its answers are these backends'.
+        # Weakly keyed by graph: it dies with the graph.
+        self.lowered: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+        self.lowered_lock = threading.Lock()
         self._faults = FaultLog()
         self._availability: dict[str, Availability] = {}
         self._cost_models: dict[str, CostModel] = {}

@@ -1,6 +1,7 @@
-"""Where graphs compile and run: ``compile`` (auto placement, fallback, partition),
-``GraphDevices`` (one graph on as many devices as asked, params mirrored), and
-``run_with_fallback``. Compiling on one named device is ``compiled.compile_on``.
+"""Where graphs compile and run: ``compile`` (auto placement, fallback, partition) and
+``GraphDevices`` (one graph on as many devices as asked, params mirrored). Compiling on
+one named device is ``compiled.compile_on``; ``run_with_fallback`` and the sessions it
+keeps belong to a ``runtime.Runtime``.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ import logging
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -17,7 +17,8 @@ import numpy as np
 
 from .compiled import CompiledGraph, CompileReport, compile_on
 from .drift import DriftWatch, Repick, drift_settings
-from .errors import CALLER_ERRORS, DeviceError, DeviceFallbackError, FallbackWarning
+from .errors import CALLER_ERRORS, DeviceError, FallbackWarning
+from .fallback import Wording, try_in_turn
 from .inputs import check_param_value, input_specs, validate_inputs
 from .ir import Graph
 from .partition import compile_partitioned, split_for
@@ -27,7 +28,7 @@ from .policy import DevicePolicy
 from .registry import Registry, default_registry, parse_device
 from .timing import benchmark_devices, time_runs
 
-__all__ = ["CompiledGraph", "CompileReport", "GraphDevices", "compile", "run_with_fallback", "benchmark_devices"]
+__all__ = ["CompiledGraph", "CompileReport", "GraphDevices", "compile", "benchmark_devices", "resolve_chain_default"]
 
 log = logging.getLogger("rlx.session")
 
@@ -87,24 +88,22 @@ def _compile_whole(graph: Graph, device: str | None, placement: Placement, reg: 
     if explicit or placement.policy.strict:
         return compile_on(graph, chosen, reason, rows, reg, options)
     ranked = [chosen] + [r.device for r in placement.rank(rows) if r.device != parse_device(chosen)[0]]
-    attempts: list[tuple[str, str]] = []
-    for i, dev in enumerate(ranked):
-        try:
-            why = reason if i == 0 else f"fallback after {attempts[-1][0]} failed"
-            cg = compile_on(graph, dev, why, rows, reg, options)
-        except CALLER_ERRORS:
-            raise
-        except Exception as exc:
-            attempts.append((dev, f"{type(exc).__name__}: {exc}"))
-            nxt = ranked[i + 1] if i + 1 < len(ranked) else None
-            then = f"falling back to {nxt}" if nxt else "no device left"
-            warnings.warn(f"rlx: device {dev} failed to compile graph {graph.name!r} ({exc}); {then}",
-                          FallbackWarning, stacklevel=3)  # fmt: skip
-            continue
-        if attempts:
-            cg.report().notes.append("fell back after: " + "; ".join(f"{d}: {e}" for d, e in attempts))
-        return cg
-    raise DeviceFallbackError(f"no device could compile graph {graph.name!r}", attempts)
+    failed: list[str] = []
+
+    def attempt(dev: str) -> CompiledGraph:
+        why = reason if not failed else f"fallback after {failed[-1]} failed"
+        return compile_on(graph, dev, why, rows, reg, options)
+
+    _, cg, attempts = try_in_turn(ranked, attempt, graph=graph.name, wording=_COMPILE_WORDING, stacklevel=4,
+                                  on_failure=lambda dev, exc, error: failed.append(dev))  # fmt: skip
+    if attempts:
+        cg.report().notes.append("fell back after: " + "; ".join(f"{d}: {e}" for d, e in attempts))
+    return cg
+
+
+_COMPILE_WORDING = Wording(failed="rlx: device {device} failed to compile graph {graph!r} ({message}); ",
+                           none="no device could compile graph {graph!r}: {detail}")
+_CHAIN_WORDING = Wording(last="no device left in the chain")
 
 
 class GraphDevices:
@@ -251,38 +250,22 @@ class GraphDevices:
         return self._over_chain(list(chain), lambda cg: cg.run(inputs))[1]
 
     def _over_chain(self, chain: Sequence[str], action: Any) -> tuple[str, Any]:
+        """``action`` on the first device of ``chain`` that can run the graph and does
+        (``fallback.try_in_turn``: blocked devices skipped, failures warned about)."""
         if not chain:
             chain = resolve_chain_default(self.graph, self.policy, self._registry)
         p = self._placement()
-        strict = self.policy.strict
-        attempts: list[tuple[str, str]] = []
-        tried = 0
-        for i, dev in enumerate(chain):
+
+        def blocker(dev: str) -> str | None:
             name = parse_device(dev)[0]
-            self._registry.get(name)
+            self._registry.get(name)  # an unknown name is a DeviceError, before anything runs
             row = p._row(name)
-            if not row.viable:
-                attempts.append((dev, f"skipped: {row.blocker}"))
-                continue
-            tried += 1
-            try:
-                out = action(self.compile(dev))
-                self.last_device = dev
-                return dev, out
-            except CALLER_ERRORS:
-                raise
-            except Exception as exc:
-                if strict:
-                    raise DeviceError(f"device {dev} failed (RLX_STRICT: no fallback): {exc}") from exc
-                attempts.append((dev, f"{type(exc).__name__}: {exc}"))
-                rest = [d for d in chain[i + 1 :]]
-                warnings.warn(
-                    f"rlx: device {dev} failed on graph {self.graph.name!r} ({type(exc).__name__}: {exc}); "
-                    + (f"falling back to {rest[0]}" if rest else "no device left in the chain"),
-                    FallbackWarning, stacklevel=3,
-                )  # fmt: skip
-        detail = "; ".join(f"{d}: {e}" for d, e in attempts) or "the chain is empty"
-        raise DeviceFallbackError(f"no device could run graph {self.graph.name!r}: {detail}", attempts)
+            return None if row.viable else row.blocker
+
+        dev, out, _ = try_in_turn(chain, lambda d: action(self.compile(d)), graph=self.graph.name,
+                                  wording=_CHAIN_WORDING, strict=self.policy.strict, skip=blocker, stacklevel=4)
+        self.last_device = dev
+        return dev, out
 
     def set_param(self, name: str, value: Any) -> None:
         """Replace a param on every compiled copy now and on every later one."""
@@ -319,31 +302,3 @@ def resolve_chain_default(graph: Graph, policy: DevicePolicy, registry: Registry
         return list(policy.chain)
     p = Placement(graph, policy, registry)
     return [r.device for r in p.rank(p.candidates())]
-
-
-_SESSIONS: weakref.WeakKeyDictionary[Graph, GraphDevices] = weakref.WeakKeyDictionary()
-_SESSIONS_LOCK = threading.Lock()
-
-
-def run_with_fallback(graph: Graph, inputs: Mapping[str, Any], chain: Iterable[str] | None = None,
-                      policy: DevicePolicy | None = None, *,
-                      registry: Registry | None = None) -> tuple[str, list[np.ndarray]]:  # fmt: skip
-    """Run ``graph`` on the first device of ``chain`` that succeeds: ``(device, outputs)``.
-
-    ``chain=None`` is the policy's chain (``RLX_DEVICE_CHAIN``), else every viable device
-    best first. Devices that cannot run the graph are skipped and recorded; one that fails
-    emits a ``FallbackWarning`` and the next is tried; ``DeviceFallbackError`` (with
-    ``.attempts``) when none succeeds. ``InputError`` and ``ConfigError`` (the caller's
-    faults) are raised at once. Under a strict policy only the first viable device is
-    tried. Compiled copies are cached per graph.
-    """
-    pol = policy if policy is not None else DevicePolicy.from_env()
-    reg = registry or default_registry()
-    validate_inputs(input_specs(graph), inputs)
-    with _SESSIONS_LOCK:
-        gd = _SESSIONS.get(graph)
-        if gd is None or gd._registry is not reg:
-            gd = _SESSIONS[graph] = GraphDevices(graph, pol, registry=reg)
-    gd.set_policy(pol)
-    devices = list(chain) if chain is not None else resolve_chain_default(graph, pol, reg)
-    return gd._over_chain(devices, lambda cg: cg.run(inputs))

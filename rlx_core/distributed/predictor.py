@@ -21,7 +21,6 @@ import os
 import socket
 import sys
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from ..drift import DriftWatch, Repick, drift_settings
-from ..errors import CALLER_ERRORS, ConfigError, DeviceError, DeviceFallbackError, FallbackWarning, InputError, RlxError
+from ..errors import ConfigError, DeviceError, InputError, RlxError
+from ..fallback import Wording, try_in_turn
 from ..ir import Graph
 from ..policy import DevicePolicy
 from ..session import CompiledGraph, GraphDevices
@@ -279,35 +279,33 @@ class Predictor:
         watch = self._watches.get(id(graph))
         if watch is not None and watch.current in alive and alive[0] != watch.current:
             alive = [watch.current, *(d for d in alive if d != watch.current)]
-        for i, device in enumerate(alive):
-            try:
-                cg = self._ready.get((id(graph), device))
-                if cg is None:
-                    cg = self._ready[id(graph), device] = gd.compile(device)
-                if watch is None:
-                    return cg.device, action(cg)
-                t0 = time.perf_counter()
-                out = action(cg)
-                watch.observe(device, time.perf_counter() - t0)
-                return cg.device, out
-            except CALLER_ERRORS:
-                raise
-            except Exception as exc:
-                why = f"{type(exc).__name__}: {exc}"
-                if self._strict:
-                    mode = "explicit device" if self._explicit else "RLX_STRICT"
-                    raise DeviceError(f"{self.where}: device {device} failed running graph {graph.name!r} "
-                                      f"({mode}: no fallback): {why}") from exc  # fmt: skip
-                if not isinstance(exc, RlxError):
-                    log.exception("%s: device %s failed", self.where, device)
-                self._failed[device] = why
-                attempts.append((device, why))
-                rest = alive[i + 1 :]
-                then = f"its rows go to {rest[0]}" if rest else "no device left"
-                warnings.warn(f"rlx: {self.where}: device {device} failed on graph {graph.name!r} ({why}); {then}",
-                              FallbackWarning, stacklevel=3)  # fmt: skip
-        detail = "; ".join(f"{d}: {e}" for d, e in attempts) or "no device to try"
-        raise DeviceFallbackError(f"{self.where}: no device could run graph {graph.name!r}: {detail}", attempts)
+
+        def attempt(device: str) -> Any:
+            cg = self._ready.get((id(graph), device))
+            if cg is None:
+                cg = self._ready[id(graph), device] = gd.compile(device)
+            if watch is None:
+                return cg.device, action(cg)
+            t0 = time.perf_counter()
+            out = action(cg)
+            watch.observe(device, time.perf_counter() - t0)
+            return cg.device, out
+
+        def forget(device: str, exc: BaseException, why: str) -> None:  # this worker stops sending it rows
+            if not isinstance(exc, RlxError):
+                log.exception("%s: device %s failed", self.where, device)
+            self._failed[device] = why
+
+        mode = "explicit device" if self._explicit else "RLX_STRICT"
+        where = self.where.replace("{", "{{").replace("}", "}}")
+        wording = Wording(failed=f"rlx: {where}: device {{device}} failed on graph {{graph!r}} ({{error}}); ",
+                          then="its rows go to {next}",
+                          none=f"{where}: no device could run graph {{graph!r}}: {{detail}}",
+                          strict=f"{where}: device {{device}} failed running graph {{graph!r}} ({mode}: no fallback): "
+                                 "{error}")  # fmt: skip
+        _, (device, out), _ = try_in_turn(alive, attempt, graph=graph.name, wording=wording, strict=self._strict,
+                                          attempts=attempts, on_failure=forget, stacklevel=4)  # fmt: skip
+        return device, out
 
     def __repr__(self) -> str:
         return f"<Predictor {self.model.name!r} on {self.device or 'unresolved'} at {self.where}>"
