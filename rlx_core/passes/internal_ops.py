@@ -1,23 +1,11 @@
-"""The internal ops the pipeline makes: their meaning and expansion (their type rules
-and program format are ``rlx_core/internal_types.py``, re-exported here).
+"""The internal ops the pipeline makes (``gemm``, ``fused_elementwise``): their
+expansion back into the ops they stand for, for a backend that does not claim them
+(``expand``), and how reports name them (``describe_program``).
 
-``gemm`` is ``activation(matmul(a, b) + bias)`` in one node, so that a backend can apply
-the bias and the activation to the product while it is still in cache. Its attribute
-``activation`` is one of ``GEMM_ACTIVATIONS``; the bias (optional third input) must
-broadcast to the product's shape without growing it.
-
-``fused_elementwise`` is a region of elementwise ops evaluated as one node. Its attribute
-``program`` is a tuple of instructions ``(op, args, attrs)``: ``op`` an elementwise
-``OpKind`` value, ``args`` indices into the node's inputs followed by earlier
-instructions' results (index ``len(inputs) + k`` is instruction ``k``), ``attrs`` the
-op's attributes as sorted ``(key, value)`` pairs. The last instruction is the result.
-Programs are plain tuples of strings and ints so that they survive JSON unchanged.
-
-Neither op has a builder method: users do not write them, but a graph file may hold one,
-so they are checked like any node, evaluated by the reference, and *expanded* back into
-the ops they stand for when a backend does not claim them (``expand``).
+What they mean and how they are typed — the ops, the program format, the type rules —
+is ``rlx_core/internal_types.py`` (re-exported here); the reference evaluates them
+(``reference.evaluate_internal``, re-exported too).
 """
-
 from __future__ import annotations
 
 from collections.abc import Sequence
