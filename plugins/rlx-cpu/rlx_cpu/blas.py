@@ -172,6 +172,15 @@ class Mkl:
     def _after_fork(self) -> None:
         self._lib.MKL_Set_Num_Threads(1)
 
+    def max_threads(self) -> int:
+        """Threads MKL's products may use now (``mkl_get_max_threads``)."""
+        return int(self._lib.MKL_Get_Max_Threads())
+
+    def local_threads(self, n: int) -> int:
+        """Cap MKL to ``n`` threads for calls from this thread (``0``: MKL's global setting
+        again); returns the previous local setting, to restore it. Cheap: no library walk."""
+        return int(self._lib.MKL_Set_Num_Threads_Local(int(n)))
+
     def vml(self, name: str) -> Callable[..., None]:
         """``vms<name>(n, x, r, mode)``, the float32 vector-math function, typed on first use."""
         fn = self._vml.get(name)

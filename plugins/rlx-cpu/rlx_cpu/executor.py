@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,13 +35,15 @@ from rlx_core.ir import Graph, Node
 from rlx_core.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import Executable
 
+from . import blas
 from .fused import FUSED_KERNELS
 from .kernels import KERNELS, inplace_positions
+from .native import library as native_library
 from .native import thread_cap
 from .nn_kernels import NN_KERNELS
 from .regions import node_steps
 from .steps import Dyn, Step, bind, bind_run
-from .threads import native_thread_cap
+from .threads import PRODUCT_OPS, ThreadTuner, native_thread_cap
 
 __all__ = ["CpuExecutable", "PlanStats", "kernel_ops"]
 
@@ -52,6 +55,9 @@ def kernel_ops() -> frozenset[str]:
     the backend claims, so that a claim can never outrun the kernels."""
     return frozenset(op.value for op in _BUILDERS) | {OpKind.RESHAPE.value}
 _ALIGN = 64
+#: A graph with less work than this (elements over all its values) and no products runs
+#: as the thread policy says: its runs are too short for threads to matter either way.
+TUNE_MIN_ELEMENTS = 1 << 16
 #: Outputs at least this large are written into a fresh array each run and handed over
 #: (``steps.bind_run``), instead of living in a plan buffer and being copied out.
 HANDOFF_BYTES = 128 * 1024
@@ -202,7 +208,10 @@ class CpuExecutable(Executable):
         self._plans_built = 0
         first = self._bind_plan()
         self._stats = first.stats
-        self._pool: list[_Plan] = [first]
+        self._pool: list[_Plan] = [first]  # plans of the wide mode (the thread policy's)
+        self._narrow: list[_Plan] = []  # plans bound on one native thread (ThreadTuner's narrow mode)
+        self._mkl = blas.mkl()
+        self._tuner = ThreadTuner() if self._tunable() else None
 
     # ------------------------------------------------------------------ analysis
     def _classify(self, graph: Graph) -> list[str]:
@@ -315,13 +324,31 @@ class CpuExecutable(Executable):
     # ------------------------------------------------------------------ plans
     def report_notes(self) -> list[str]:
         """What the compile report says about this executable (the thread policy)."""
-        return [self._thread_note] if self._thread_note else []
+        notes = [self._thread_note] if self._thread_note else []
+        if self._tuner is not None:
+            notes.append("threads: each run's own time picks wide (the policy's threads) or narrow (one "
+                         "thread for the native kernels and MKL), re-checked now and then (threads.ThreadTuner)")
+        return notes
 
-    def _bind_plan(self) -> _Plan:
+    def _bind_plan(self, narrow: bool = False) -> _Plan:
         """Allocate one plan's buffers and bind its steps (deterministic: every plan of
-        this executable comes out the same), under the executable's native thread cap."""
-        with thread_cap(self._thread_cap):
+        this executable comes out the same), under the executable's native thread cap
+        (one thread for a ``narrow`` plan)."""
+        with thread_cap(1 if narrow else self._thread_cap):
             return self._bind_plan_capped()
+
+    def _tunable(self) -> bool:
+        """Whether wide and narrow differ for this graph: some kernel could use more than
+        one thread (the native kernels under the thread policy's cap, or MKL's products),
+        and the graph does enough work for threads to matter at all."""
+        lib = native_library()
+        with thread_cap(self._thread_cap):
+            wide_native = lib is not None and lib.threads() > 1
+        wide_mkl = self._mkl is not None and self._mkl.max_threads() > 1
+        products = any(n.op in PRODUCT_OPS for n in self._nodes)
+        if not (wide_native or (wide_mkl and products)):
+            return False
+        return products or sum(n.size for n in self._nodes) >= TUNE_MIN_ELEMENTS
 
     def _bind_plan_capped(self) -> _Plan:
         stats = PlanStats()
@@ -395,11 +422,27 @@ class CpuExecutable(Executable):
 
     # ------------------------------------------------------------------ running
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        pool = self._pool
+        tuner = self._tuner
+        if tuner is None:
+            return self._run_on(self._pool, False, inputs)
+        mode = tuner.next_mode()
+        narrow = mode == "narrow"
+        mkl = self._mkl if narrow else None
+        previous = mkl.local_threads(1) if mkl is not None else 0
+        t0 = time.perf_counter()
+        try:
+            outs = self._run_on(self._narrow if narrow else self._pool, narrow, inputs)
+        finally:
+            if mkl is not None:
+                mkl.local_threads(previous)
+        tuner.observe(mode, time.perf_counter() - t0)
+        return outs
+
+    def _run_on(self, pool: list[_Plan], narrow: bool, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         try:
             plan = pool.pop()
         except IndexError:
-            plan = self._bind_plan()
+            plan = self._bind_plan(narrow)
         try:
             return plan.run(inputs)
         except BaseException as exc:
@@ -437,7 +480,8 @@ class CpuExecutable(Executable):
         """How a plan uses memory and steps, and how many plans exist (for tests and tools)."""
         s = self._stats
         return {
-            "plans": self._plans_built, "pooled": len(self._pool), "steps": s.steps, "buffers": s.buffers,
+            "plans": self._plans_built, "pooled": len(self._pool) + len(self._narrow),
+            "narrow": len(self._narrow), "steps": s.steps, "buffers": s.buffers,
             "buffer_bytes": s.buffer_bytes, "allocations": s.allocations, "reused": s.reused,
             "inplace": s.inplace, "views": s.views,
             "folded": sum(1 for n in self._nodes if self._kinds[n.id] == RESIDENT and n.op not in

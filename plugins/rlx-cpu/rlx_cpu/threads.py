@@ -17,14 +17,17 @@ read once per process with threadpoolctl.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
+import statistics
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rlx_core.ops import OpKind
 
-__all__ = ["PRODUCT_OPS", "separate_blas_pools", "native_thread_cap"]
+__all__ = ["PRODUCT_OPS", "ThreadTuner", "separate_blas_pools", "native_thread_cap"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -85,3 +88,94 @@ def native_thread_cap(ops: Iterable[OpKind], pools: Sequence[str] | None = None)
         return None, ""
     return 1, (f"native kernels on one thread: the graph's products ({', '.join(products)}) run on "
                f"{pools[0]}, a pool that would fight OpenMP's for the cores")  # fmt: skip
+
+
+class ThreadTuner:
+    """Which of two ways to run a graph is faster *here, now*: ``wide`` (the thread policy
+    above: every core for the native kernels and the BLAS) or ``narrow`` (one thread for
+    both), chosen by timing the executable's own runs.
+
+    Why measure: whether threads pay depends on the graph, the BLAS and the host in ways no
+    static rule captured. A batch-1 convolutional net runs hundreds of small kernels; on a
+    2-core host with oneMKL's GNU-OpenMP layer its parallel regions cost more than they
+    save (mobilenet_v3_small 19-27 ms wide, 4.8-5.6 ms narrow; resnet18 88-112 vs 58 ms),
+    while a 2048-square product runs twice as fast wide. Another process holding a core
+    turns every fork-join region into a wait for the descheduled thread: wide collapses,
+    narrow degrades by the core it lost.
+
+    How: after ``warmup`` runs, ``trials`` runs of each mode, alternating; the mode with
+    the lower median wins. Then, every ``period`` runs, ``probes`` runs of the other mode:
+    it takes over when its median beats the last ``window`` runs of the current one by
+    ``margin``; a probe that loses doubles ``period`` (up to ``max_period``), so a quiet
+    host pays at most a few runs in a thousand in the slower mode, and a host whose load
+    changed is noticed within a period.
+    """
+
+    MODES = ("wide", "narrow")
+
+    def __init__(self, *, warmup: int = 3, trials: int = 5, probes: int = 3, window: int = 8, period: int = 64,
+                 max_period: int = 1024, margin: float = 0.9) -> None:  # fmt: skip
+        self.warmup, self.trials, self.probes, self.window = warmup, trials, probes, window
+        self.base_period, self.max_period, self.margin = period, max_period, margin
+        self.period = period
+        self.mode = "wide"
+        self._seen = 0
+        self._samples: dict[str, list[float]] = {"wide": [], "narrow": []}
+        self._recent: collections.deque[float] = collections.deque(maxlen=window)
+        self._probing: list[float] | None = None
+        self._since = 0
+        self._lock = threading.Lock()
+        self.switches = 0
+
+    def next_mode(self) -> str:
+        """The mode the next run should use."""
+        with self._lock:
+            if self._seen < self.warmup:
+                return "wide"
+            k = self._seen - self.warmup
+            if k < 2 * self.trials:  # the first comparison: alternate
+                return self.MODES[k % 2]
+            if self._probing is not None:
+                return self._other()
+            return self.mode
+
+    def observe(self, mode: str, seconds: float) -> None:
+        """Record one run's time in ``mode``."""
+        with self._lock:
+            self._seen += 1
+            if self._seen <= self.warmup:
+                return
+            k = self._seen - self.warmup
+            if k <= 2 * self.trials:
+                self._samples[mode].append(seconds)
+                if k == 2 * self.trials:
+                    wide, narrow = (statistics.median(self._samples[m]) for m in self.MODES)
+                    self.mode = "narrow" if narrow < wide else "wide"
+                    log.debug("rlx-cpu: threads: wide %.0f µs, narrow %.0f µs: %s", wide * 1e6, narrow * 1e6,
+                              self.mode)
+                return
+            if self._probing is not None and mode != self.mode:
+                self._probing.append(seconds)
+                if len(self._probing) >= self.probes:
+                    self._decide()
+                return
+            self._recent.append(seconds)
+            self._since += 1
+            if self._since >= self.period and len(self._recent) >= self.window:
+                self._probing, self._since = [], 0
+
+    def _other(self) -> str:
+        return "narrow" if self.mode == "wide" else "wide"
+
+    def _decide(self) -> None:
+        assert self._probing is not None
+        theirs, ours = statistics.median(self._probing), statistics.median(self._recent)
+        self._probing = None
+        if theirs < self.margin * ours:
+            log.info("rlx-cpu: threads: %s (%.0f µs) beats %s (%.0f µs) now: switching", self._other(),
+                     theirs * 1e6, self.mode, ours * 1e6)
+            self.mode, self.period = self._other(), self.base_period
+            self._recent.clear()
+            self.switches += 1
+        else:
+            self.period = min(2 * self.period, self.max_period)

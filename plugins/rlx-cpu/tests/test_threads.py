@@ -51,3 +51,77 @@ def test_the_report_says_when_native_kernels_are_kept_on_one_thread(monkeypatch,
     noted = any("native kernels on one thread" in n for n in cg.report().notes)
     assert noted is separate
     np.testing.assert_allclose(cg.run({"x": np.ones((8, 16), np.float32)})[0], np.full((8, 4), 16.0))
+
+
+def _drive(tuner: threads.ThreadTuner, cost: dict[str, float], runs: int) -> list[str]:
+    """Run ``tuner`` for ``runs`` runs whose time is ``cost[mode]``; the modes it chose."""
+    chosen = []
+    for _ in range(runs):
+        mode = tuner.next_mode()
+        chosen.append(mode)
+        tuner.observe(mode, cost[mode])
+    return chosen
+
+
+def test_the_tuner_settles_on_the_faster_mode_after_comparing_both():
+    tuner = threads.ThreadTuner(warmup=2, trials=3, probes=2, window=4, period=8, max_period=64)
+    chosen = _drive(tuner, {"wide": 20e-3, "narrow": 5e-3}, 8)
+    assert chosen[:2] == ["wide", "wide"] and chosen[2:8] == ["wide", "narrow"] * 3  # warm-up, then alternate
+    assert tuner.mode == "narrow"
+    steady = _drive(tuner, {"wide": 20e-3, "narrow": 5e-3}, 200)
+    assert steady.count("wide") <= 12  # probes only, fewer and fewer (8, 16, 32, 64 runs apart)
+    assert tuner.period == 64 and tuner.switches == 0
+
+
+def test_the_tuner_follows_the_host_when_it_changes():
+    """Another process takes a core: wide collapses, the next probe moves to narrow; the
+    process leaves, a later probe moves back."""
+    tuner = threads.ThreadTuner(warmup=0, trials=2, probes=2, window=4, period=8, max_period=16)
+    _drive(tuner, {"wide": 1e-3, "narrow": 2e-3}, 30)
+    assert tuner.mode == "wide"
+    _drive(tuner, {"wide": 8e-3, "narrow": 2e-3}, 40)
+    assert tuner.mode == "narrow" and tuner.switches == 1
+    _drive(tuner, {"wide": 1e-3, "narrow": 2e-3}, 40)
+    assert tuner.mode == "wide" and tuner.switches == 2
+
+
+def test_a_probe_within_the_margin_does_not_switch():
+    tuner = threads.ThreadTuner(warmup=0, trials=2, probes=2, window=4, period=4, max_period=8, margin=0.9)
+    _drive(tuner, {"wide": 1.00e-3, "narrow": 1.05e-3}, 10)
+    assert tuner.mode == "wide"
+    _drive(tuner, {"wide": 1.00e-3, "narrow": 0.95e-3}, 40)  # 5% faster: noise, not a reason to move
+    assert tuner.mode == "wide" and tuner.switches == 0
+
+
+def _conv_net() -> rlx_core.Graph:
+    rng = np.random.default_rng(0)
+    g = rlx_core.Graph("convs")
+    x = g.input("x", (1, 8, 32, 32))
+    h = x
+    for i in range(3):
+        w = g.param(f"w{i}", (rng.standard_normal((8, 8, 3, 3)) / 8).astype(np.float32))
+        h = g.relu(g.conv2d(h, w, None, stride=(1, 1), padding=(1, 1, 1, 1)))
+    g.set_outputs([g.softmax(g.reshape(h, (1, 8 * 32 * 32)))])
+    return g
+
+
+def test_both_modes_compute_the_same_and_tiny_graphs_are_not_tuned():
+    lib = native.library()
+    if lib is None or lib.threads() < 2:
+        if blas.mkl() is None or blas.mkl().max_threads() < 2:
+            pytest.skip("one thread here: wide and narrow are the same run")
+    g = _conv_net()
+    cg = rlx_core.compile(g, device="cpu")
+    exe = cg._exe
+    assert exe._tuner is not None and any("ThreadTuner" in n for n in cg.report().notes)
+    x = np.random.default_rng(1).standard_normal((1, 8, 32, 32)).astype(np.float32)
+    want = rlx_core.reference.evaluate(g, {"x": x})[0]
+    modes = set()
+    for _ in range(16):  # warm-up and trials: both modes run
+        modes.add(exe._tuner.next_mode())
+        np.testing.assert_allclose(cg.run({"x": x})[0], want, rtol=1e-4, atol=1e-6)
+    assert modes == {"wide", "narrow"} and exe._narrow  # a narrow plan was bound and pooled
+    tiny = rlx_core.Graph("tiny")
+    t = tiny.input("t", (4, 4))
+    tiny.set_outputs([tiny.exp(t)])
+    assert rlx_core.compile(tiny, device="cpu")._exe._tuner is None
