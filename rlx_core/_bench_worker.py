@@ -44,6 +44,7 @@ import numpy as np
 
 from .isolation import ChildChannel, describe_exit, finish_child, start_child
 from .onnx._peers import Contender, ContenderFailed
+from .timing import per_call
 
 if TYPE_CHECKING:
     from .ir import Graph
@@ -310,10 +311,7 @@ def _child_main() -> None:
         channel.send("ready", **ready)
         while True:
             n = int(json.loads(lines.get())["n"])
-            t0 = time.perf_counter()
-            for _ in range(n):
-                run()
-            channel.send("timed", seconds=(time.perf_counter() - t0) / n)
+            channel.send("timed", seconds=per_call(run, n))
     except _Unrunnable as exc:
         channel.send("error", note=str(exc))
     except BaseException as exc:

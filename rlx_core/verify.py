@@ -30,6 +30,7 @@ from .inputs import random_inputs
 from .ir import Graph, Value
 from .placement import device_report, fastest_device_for
 from .policy import DevicePolicy
+from .timing import loops_for, per_call
 
 __all__ = ["SUITE", "VerifyRow", "suite_graph", "verify_cost_models"]
 
@@ -173,13 +174,7 @@ def _loops(cg: object, inputs: dict[str, np.ndarray], target: float = _SAMPLE) -
     one run right after another device's can be 10x slow and would leave this device
     blocks of a run or two, each paying the wake-up."""
     time.sleep(_PAUSE)
-    cg.run(inputs)  # type: ignore[attr-defined]
-    once = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        cg.run(inputs)  # type: ignore[attr-defined]
-        once = min(once, time.perf_counter() - t0)
-    return max(1, min(1000, int(target / max(once, 1e-7))))
+    return loops_for(lambda: cg.run(inputs), target)  # type: ignore[attr-defined]
 
 
 def verify_cost_models(models: Sequence[str] | None = None, *, devices: Sequence[str] | None = None,
@@ -221,10 +216,7 @@ def verify_cost_models(models: Sequence[str] | None = None, *, devices: Sequence
                 cg = compiled[d]
                 time.sleep(_PAUSE)  # the previous device's threads park before this block
                 cg.run(inputs)  # untimed: the first run after a pause pays for waking up
-                t0 = time.perf_counter()
-                for _ in range(loops[d]):
-                    cg.run(inputs)
-                times[d].append((time.perf_counter() - t0) / loops[d])
+                times[d].append(per_call(lambda cg=cg, feeds=inputs: cg.run(feeds), loops[d]))
         if not times:
             continue
         measured = {d: statistics.median(ts) for d, ts in times.items()}

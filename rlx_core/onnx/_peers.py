@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelError, RlxError
+from ..timing import per_call
 
 __all__ = ["Contender", "ContenderFailed", "numpy_peer", "onnxruntime_peer", "rlx_contender", "time_interleaved"]
 
@@ -147,9 +148,5 @@ def _time_block(c: Contender, n: int) -> float:
     """Seconds per run over ``n`` runs: timed elsewhere (``block``) or here (``run``)."""
     if c.block is not None:
         return c.block(n)
-    fn = c.run
-    assert fn is not None
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t0) / n
+    assert c.run is not None
+    return per_call(c.run, n)
