@@ -111,10 +111,25 @@ class Executable:
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError
 
+    #: True when ``run`` takes device arrays (CuPy arrays, torch CUDA tensors) as they are:
+    #: the core then checks them by shape and dtype instead of converting them to numpy.
+    accepts_device_inputs: ClassVar[bool] = False
+
     def set_param(self, name: str, value: np.ndarray) -> None:
         """Swap a param's array in place. Optional: raise ``NotImplementedError`` (the
         default) and the core recompiles instead."""
         raise NotImplementedError
+
+    def run_dlpack(self, inputs: Mapping[str, Any]) -> list[Any]:
+        """``run``, with each output left where the device computed it, as a ``__dlpack__``
+        producer (``CompiledGraph.run(output="dlpack")``). Optional: the default returns
+        ``run``'s numpy arrays (host memory, itself a DLPack producer)."""
+        return self.run(inputs)
+
+    def report_notes(self) -> list[str]:
+        """Lines for the compile report: what the backend wants said about this compile (a
+        thread policy, XLA's compile time). Optional: the default says nothing."""
+        return []
 
 
 class Backend:
