@@ -7,8 +7,13 @@ Why: numpy's wheels carry OpenBLAS, which on the products inference makes (a bat
 its second thread and repacking the weights. Measured on a 2-core AVX-512 host, µs per
 product, numpy 2.4 (OpenBLAS 0.3) vs oneMKL 2026.2 through this module:
 64x784x128 88 vs 56, 128x128x128 42 vs 20, 128x256x768 225 vs 170, 128x1024x256 315 vs
-236; 2048³ the same. Below about a million multiply-adds OpenBLAS wins (64x128x64: 7 vs
-10 µs: MKL's fixed cost is ~2.5 µs a call), so small products stay with numpy.
+236; 2048³ the same. Below about a million multiply-adds OpenBLAS alone wins (64x128x64: 7
+vs 10 µs: MKL's fixed cost is ~2.5 µs a call), yet every product goes to MKL once it is
+loaded: a small product left to numpy's OpenBLAS wakes its pthreads pool, whose worker
+then spins on a core while the next native kernel or MKL product wants both for
+OpenMP's team. Batch-1 conv nets make hundreds of such products: measured on the 2-core
+EPYC host, mobilenet_v3_small 12.8-20.4 ms with a 1M-MAC threshold, 3.4-3.7 ms with none
+(resnet18 80-85 -> 32.5-34.5 ms); the suite's mlp, transformer and cnn unchanged.
 
 How: the library is found next to the interpreter (where the wheel puts it), loaded with
 ``ctypes`` on the first compile that wants it (never at import or in ``rlx devices``) and
@@ -56,8 +61,9 @@ __all__ = ["Mkl", "mkl", "describe", "numpy_blas", "find_library", "matmul_step"
 
 log = logging.getLogger(__name__)
 
-#: Products of fewer multiply-adds (per matrix) stay with numpy: see the module docstring.
-MIN_MACS = 1 << 20
+#: Products of fewer multiply-adds (per matrix) stay with numpy: none, see the module
+#: docstring (numpy's OpenBLAS pool must not run beside OpenMP's team).
+MIN_MACS = 0
 #: How long MKL's OpenMP threads spin after a product before they sleep, unless the
 #: environment says otherwise. Intel's default is 200 ms: two inference calls a
 #: millisecond apart keep the threads awake either way, but a 200 ms spin holds a core

@@ -65,9 +65,9 @@ def separate_blas_pools() -> tuple[str, ...]:
 
 
 def _products_pools() -> list[str]:
-    """The separate pools that run rlx's products: with oneMKL loaded (``blas.py``), the
-    products above ``MIN_MACS`` are MKL's and the small ones stay on numpy's OpenBLAS,
-    which runs those on the calling thread: only MKL's own pool counts then."""
+    """The separate pools that run rlx's products: with oneMKL loaded (``blas.py``) every
+    float32 product is MKL's, so only MKL's own pool counts (numpy's OpenBLAS then runs
+    the other dtypes' products, rare in inference)."""
     from . import blas
 
     pools = list(separate_blas_pools())

@@ -99,7 +99,6 @@ def test_products_through_mkl_match_float64(lib: blas.Mkl, case: str) -> None:
 @pytest.mark.parametrize(
     "a, b, why",
     [
-        (rand((16, 32)), rand((32, 16)), "too small"),
         (rand((64, 800))[:, ::2], rand((400, 128)), "strided columns"),
         (rand((1, 3, 128, 64)), rand((2, 1, 64, 128)), "no single batch stride"),
         (rand((64, 784)).astype(np.float64), rand((784, 128)).astype(np.float64), "float64"),
@@ -109,6 +108,18 @@ def test_products_cblas_cannot_take_stay_with_numpy(lib: blas.Mkl, a: np.ndarray
     out = np.empty((*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1]), a.dtype)
     step = blas.matmul_step(a, b, out)
     assert step.fn is np.matmul, why
+    run_step(step)
+    check(out, a, b)
+
+
+def test_small_products_go_to_mkl_too(lib: blas.Mkl) -> None:
+    """Once MKL is loaded every float32 product is its: a small one left to numpy's
+    OpenBLAS would wake that library's own thread pool, which then spins beside OpenMP's
+    team (batch-1 conv nets: 3-5x slower, see blas.py)."""
+    a, b = rand((16, 32)), rand((32, 16))
+    out = np.empty((16, 16), F32)
+    step = blas.matmul_step(a, b, out)
+    assert uses_mkl(step)
     run_step(step)
     check(out, a, b)
 
