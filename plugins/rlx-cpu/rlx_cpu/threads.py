@@ -95,13 +95,13 @@ class ThreadTuner:
     above: every core for the native kernels and the BLAS) or ``narrow`` (one thread for
     both), chosen by timing the executable's own runs.
 
-    Why measure: whether threads pay depends on the graph, the BLAS and the host in ways no
-    static rule captured. A batch-1 convolutional net runs hundreds of small kernels; on a
-    2-core host with oneMKL's GNU-OpenMP layer its parallel regions cost more than they
-    save (mobilenet_v3_small 19-27 ms wide, 4.8-5.6 ms narrow; resnet18 88-112 vs 58 ms),
-    while a 2048-square product runs twice as fast wide. Another process holding a core
-    turns every fork-join region into a wait for the descheduled thread: wide collapses,
-    narrow degrades by the core it lost.
+    Why measure: whether threads pay depends on the graph, the BLAS, the host and what
+    else runs on it, in ways no static rule captures. A 2048-square product runs twice as
+    fast wide; a batch-1 conv net's hundreds of small kernels gain little. And another
+    process holding a core turns every fork-join region into a wait for the descheduled
+    thread: wide collapses, narrow only loses the core (2-core EPYC, oneMKL: mobilenet_v3_small
+    14.0 ms wide against 5.1 ms narrow then, resnet18 158 against 53 ms; quiet, both keep
+    wide: 3.6 and 32 ms).
 
     How: after ``warmup`` runs, ``trials`` runs of each mode, alternating; the mode with
     the lower median wins. Then, every ``period`` runs, ``probes`` runs of the other mode:
