@@ -210,7 +210,8 @@ class CpuExecutable(Executable):
         self._stats = first.stats
         self._pool: list[_Plan] = [first]  # plans of the wide mode (the thread policy's)
         self._narrow: list[_Plan] = []  # plans bound on one native thread (ThreadTuner's narrow mode)
-        self._mkl = blas.mkl()
+        # MKL's threads matter to a graph with products only (loading MKL is not free).
+        self._mkl = blas.mkl() if any(n.op in PRODUCT_OPS for n in self._nodes) else None
         self._tuner = ThreadTuner() if self._tunable() else None
 
     # ------------------------------------------------------------------ analysis
