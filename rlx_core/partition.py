@@ -32,7 +32,7 @@ import math
 import threading
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -40,7 +40,7 @@ import numpy as np
 from .compiled import CompiledGraph, CompileReport, compile_on
 from .cost import CostModel, estimate_graph_cost, node_seconds
 from .dtypes import itemsize
-from .errors import CALLER_ERRORS, ConfigError, DeviceError, PluginError
+from .errors import CALLER_ERRORS, ConfigError, DeviceError
 from .inputs import check_param_value, input_specs, validate_inputs
 from .ir import Graph
 from .lowering import legalize_for, priced_graph
@@ -96,6 +96,9 @@ class PartitionPlan:
     est_seconds: float  # the segments plus the core's per-segment overhead
     single_device: str | None  # the best device that runs the whole graph, if any
     single_seconds: float | None
+    # Each segment's own graph and what feeds its inputs (``segment_graph``), as priced:
+    # compiled as they are, so the pipeline's cached result for them serves the compile.
+    subgraphs: tuple[tuple[Graph, dict[int, str]], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -344,10 +347,10 @@ def plan_partition(graph: Graph, placement: Placement, rows: Sequence[DeviceCand
             across = ", ".join(dict.fromkeys(devices[j].name for j, _ in runs))
             return (f"no split pays: the best split, across {across}, is est {_fmt(total)} against {_fmt(alone)} "
                     "on one device (kernels one by one)")  # fmt: skip
-    segments = _price(graph, runs, devices, reg)
+    segments, subgraphs = _price(graph, runs, devices, reg)
     total = sum(s.est_seconds for s in segments) + RUNNER_OVERHEAD_S * len(segments)
     return PartitionPlan(graph, tuple(segments), total, best.device if best else None,
-                         best.est_seconds if best else None)  # fmt: skip
+                         best.est_seconds if best else None, tuple(subgraphs))  # fmt: skip
 
 
 def split_for(placement: Placement, rows: Sequence[DeviceCandidate],
@@ -376,7 +379,7 @@ def split_for(placement: Placement, rows: Sequence[DeviceCandidate],
 
 
 def _price(graph: Graph, runs: Sequence[tuple[int, list[int]]], devices: Sequence[_Device],
-           registry: Registry) -> list[Segment]:  # fmt: skip
+           registry: Registry) -> tuple[list[Segment], list[tuple[Graph, dict[int, str]]]]:  # fmt: skip
     position = {nid: s for s, (_, nodes) in enumerate(runs) for nid in nodes}
     consumers: dict[int, set[int]] = defaultdict(set)
     for _, nodes in runs:
@@ -384,10 +387,11 @@ def _price(graph: Graph, runs: Sequence[tuple[int, list[int]]], devices: Sequenc
             for i in graph.node(nid).inputs:
                 consumers[i].add(position[nid])
     outputs = set(graph.outputs)
-    segments = []
+    segments, subgraphs = [], []
     for s, (j, nodes) in enumerate(runs):
         outs = tuple(n for n in nodes if n in outputs or any(c != s for c in consumers.get(n, ())))
         sub, feeds = segment_graph(graph, nodes, outs, f"{graph.name}[{s}]")
+        subgraphs.append((sub, feeds))
         received = tuple(i for i in feeds if graph.node(i).op is not OpKind.INPUT)
         moved = sum(graph.node(i).size * itemsize(graph.node(i).dtype) for i in received)
         dev = devices[j]
@@ -395,7 +399,7 @@ def _price(graph: Graph, runs: Sequence[tuple[int, list[int]]], devices: Sequenc
         others = [d for i, d in enumerate(devices) if i != j]
         segments.append(Segment(s, dev.name, tuple(nodes), received, outs, est, moved,
                                 _link_seconds(dev.model, moved), _reason(graph, nodes, dev, others)))  # fmt: skip
-    return segments
+    return segments, subgraphs
 
 
 # ------------------------------------------------------------------ running
@@ -492,7 +496,10 @@ def compile_partitioned(graph: Graph, plan: PartitionPlan, rows: list[DeviceCand
     """Compile each segment of ``plan`` on its device (a failure raises; the caller falls back)."""
     parts = []
     for seg in plan.segments:
-        sub, feeds = segment_graph(graph, seg.nodes, seg.outputs, f"{graph.name}[{seg.index}]")
+        if plan.subgraphs:
+            sub, feeds = plan.subgraphs[seg.index]
+        else:  # a plan made by hand
+            sub, feeds = segment_graph(graph, seg.nodes, seg.outputs, f"{graph.name}[{seg.index}]")
         try:
             cg = compile_on(sub, seg.device, f"segment {seg.index} of a split: {seg.reason}", [], registry, options)
         except CALLER_ERRORS:
@@ -502,8 +509,6 @@ def compile_partitioned(graph: Graph, plan: PartitionPlan, rows: list[DeviceCand
                               f"{graph.name!r}: {exc}")  # fmt: skip
             err.device = seg.device  # type: ignore[attr-defined]
             raise err from exc
-        if len(cg.graph.outputs) != len(seg.outputs):  # pragma: no cover - segment_graph keeps them
-            raise PluginError(f"segment {seg.index} on {seg.device} lost outputs")
         parts.append(_Part(seg, cg, tuple(feeds.items())))
     parts = _device_handover(graph, parts)
     seconds = sum(p.compiled.report().compile_seconds for p in parts)

@@ -154,14 +154,16 @@ class Placement:
                 )
         return device.strip()
 
-    def choose(self, hint: str | None = None) -> tuple[str, str, list[DeviceCandidate]]:
-        """``(device, why, rows)``: the hint, else ``RLX_DEVICE``, else the ranking."""
+    def choose(self, hint: str | None = None,
+               rows: list[DeviceCandidate] | None = None) -> tuple[str, str, list[DeviceCandidate]]:  # fmt: skip
+        """``(device, why, rows)``: the hint, else ``RLX_DEVICE``, else the ranking (of
+        ``rows`` when the caller has already asked ``candidates()``)."""
         if hint not in (None, "", "auto"):
             return self.check_explicit(hint, "explicit device"), "explicit device (argument)", []
         if self.policy.device:
             src = self.policy.sources.get("device", "policy")
             return self.check_explicit(self.policy.device, src), f"default device from {src}", []
-        rows = self.candidates()
+        rows = self.candidates() if rows is None else rows
         ranked = self.rank(rows)
         if not ranked:
             what = f"graph {self.graph.name!r}" if self.graph is not None else "anything"

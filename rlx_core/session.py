@@ -22,7 +22,7 @@ from .fallback import Wording, try_in_turn
 from .inputs import check_param_value, input_specs, validate_inputs
 from .ir import Graph
 from .partition import compile_partitioned, split_for
-from .placement import Placement
+from .placement import DeviceCandidate, Placement
 from .plugin import CompileOptions
 from .policy import DevicePolicy
 from .registry import Registry, default_registry, parse_device
@@ -78,13 +78,15 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
         reasons = "; ".join(f"{r.device}: {r.blocker}" for r in rows) or "no backends are installed"
         failed = "".join(f"; {d} failed: {e}" for d, e in excluded)
         raise DeviceError(f"no device can run graph {graph.name!r}: {reasons}; no split either: {split}{failed}")
-    return _compile_whole(graph, device, placement, reg, options, explicit)
+    return _compile_whole(graph, device, placement, reg, options, explicit, rows)
 
 
 def _compile_whole(graph: Graph, device: str | None, placement: Placement, reg: Registry,
-                   options: CompileOptions | None, explicit: bool) -> CompiledGraph:  # fmt: skip
-    """``graph`` on one device: the chosen one, then (auto) the next ranked on failure."""
-    chosen, reason, rows = placement.choose(device)
+                   options: CompileOptions | None, explicit: bool,
+                   rows: list[DeviceCandidate] | None = None) -> CompiledGraph:  # fmt: skip
+    """``graph`` on one device: the chosen one, then (auto) the next ranked on failure
+    (``rows``: the candidates when the caller has them already)."""
+    chosen, reason, rows = placement.choose(device, rows)
     if explicit or placement.policy.strict:
         return compile_on(graph, chosen, reason, rows, reg, options)
     ranked = [chosen] + [r.device for r in placement.rank(rows) if r.device != parse_device(chosen)[0]]
