@@ -42,11 +42,13 @@ DEFAULT_FACTOR = 3.0
 DEFAULT_FORGET_S = 60.0
 
 
-def _number(environ: Mapping[str, str], name: str, default: float, off: float | None) -> float | None:
+def _number(environ: Mapping[str, str], name: str, default: float, *, may_disable: bool) -> float | None:
+    """``name``'s number > 0, ``default`` when unset; ``None`` for ``0``/``off``/``none``
+    where the setting ``may_disable`` the feature (else those are malformed)."""
     raw = environ.get(name, "").strip()
     if not raw:
         return default
-    if raw.lower() in ("0", "off", "none") and off is None:
+    if may_disable and raw.lower() in ("0", "off", "none"):
         return None
     try:
         value = float(raw)
@@ -60,10 +62,10 @@ def _number(environ: Mapping[str, str], name: str, default: float, off: float | 
 def drift_settings(environ: Mapping[str, str] | None = None) -> tuple[float | None, float]:
     """``(factor or None when disabled, forget seconds)`` from the environment."""
     env = os.environ if environ is None else environ
-    factor = _number(env, ENV_DRIFT, DEFAULT_FACTOR, None)
+    factor = _number(env, ENV_DRIFT, DEFAULT_FACTOR, may_disable=True)
     if factor is not None and factor <= 1.0:
         raise ConfigError(f"{ENV_DRIFT}={env.get(ENV_DRIFT)!r}: the factor must be > 1 (0 or off disables it)")
-    forget = _number(env, ENV_FORGET, DEFAULT_FORGET_S, 0.0)
+    forget = _number(env, ENV_FORGET, DEFAULT_FORGET_S, may_disable=False)
     assert forget is not None
     return factor, forget
 
