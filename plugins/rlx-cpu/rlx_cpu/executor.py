@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,7 +143,7 @@ class _Owned:
     def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         return np.empty(shape, dtype)
 
-    def derived(self, source: Any, key: Any, make: Callable[..., np.ndarray]) -> None:
+    def derived(self, source: Any, key: Any, make: Callable[..., np.ndarray], also: Sequence[Any] = ()) -> None:
         return None  # a folded node runs once per set_param: nothing to keep
 
 
@@ -284,15 +284,19 @@ class CpuExecutable(Executable):
             self._resident_deps[root] = self._resident_deps.get(root, frozenset()) | deps[node.id]
 
     def _derived(self, source: Any, key: Any, make: Callable[[np.ndarray, np.ndarray | None], np.ndarray],
-                 ) -> np.ndarray | None:  # fmt: skip
+                 also: Sequence[Any] = ()) -> np.ndarray | None:  # fmt: skip
         """``BuildContext.derived``: ``make(source, None)`` once per source and key, shared
-        by every plan, and refilled in place by ``set_param`` when a param it reads changes."""
-        if not isinstance(source, np.ndarray):
-            return None
-        deps = self._resident_deps.get(id(_root(source)))
-        if deps is None:  # a plan buffer: its contents change every run
-            return None
-        k = (source.__array_interface__["data"][0], source.shape, source.strides, key)
+        by every plan, and refilled in place by ``set_param`` when a param it reads (through
+        ``source`` or the arrays in ``also``, which ``make`` reads too) changes."""
+        deps: frozenset[str] = frozenset()
+        for array in (source, *also):
+            if not isinstance(array, np.ndarray):
+                return None
+            found = self._resident_deps.get(id(_root(array)))
+            if found is None:  # a plan buffer: its contents change every run
+                return None
+            deps |= found
+        k = (*((a.__array_interface__["data"][0], a.shape, a.strides) for a in (source, *also)), key)
         entry = self._derived_arrays.get(k)
         if entry is None:
             entry = self._derived_arrays[k] = [source, make, make(source, None), deps]

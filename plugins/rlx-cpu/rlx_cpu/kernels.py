@@ -14,7 +14,7 @@ which numpy evaluates in float32 and rounds once.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -38,10 +38,11 @@ class BuildContext(Protocol):
         ...
 
     def derived(self, source: Any, key: Any, make: Callable[[np.ndarray, np.ndarray | None], np.ndarray],
-                ) -> np.ndarray | None:  # fmt: skip
+                also: Sequence[Any] = ()) -> np.ndarray | None:  # fmt: skip
         """``make(source, None)``, kept by the executable and shared by its plans, and
         recomputed as ``make(source, previous)`` whenever ``set_param`` changes ``source``
-        (e.g. weights packed for MKL); None when ``source`` is not a resident array (its
+        or an array of ``also`` that ``make`` reads as well (e.g. weights packed for MKL, a
+        bias appended to them); None when one of them is not a resident array (its
         contents change from run to run) or the context keeps nothing."""
         ...
 

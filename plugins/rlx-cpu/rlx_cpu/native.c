@@ -34,7 +34,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 3
+#define RLX_ABI 4
 #define RLX_BLOCK 1024
 #define RLX_MAX_DIMS 8
 #define RLX_CHUNK_BLOCKS 16 /* blocks per unit of work a thread takes at a time */
@@ -653,6 +653,132 @@ RLX_API void rlx_depthwise_conv(const float *x, const float *wt, const float *bi
     }
 #endif
     depthwise_planes(x, wt, bias, y, scratch, 0, planes, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
+}
+
+/* Depthwise convolution with the channels in the vector lanes: DW_LANES planes at a time are
+ * interleaved into a zero-padded scratch (pixel-major, a plane per lane), every output pixel
+ * is a DW_LANES-wide multiply-add per tap over DW_PIXELS neighbouring pixels (their
+ * accumulators in registers, the tap's weights loaded once for them), and the result is
+ * de-interleaved into the planes. Vectorized whatever the plane's width, stride or
+ * dilation: the row kernel above vectorizes along a row, which a 7x7 or 14x14 plane (and
+ * any stride-2 window) leaves mostly scalar.
+ * scratch per thread: depthwise_lanes_scratch(...) floats. */
+#define DW_LANES 16
+#define DW_PIXELS 4 /* the vector path below unrolls exactly four */
+#if defined(__GNUC__)
+typedef float dw_vec __attribute__((vector_size(DW_LANES * sizeof(float))));
+typedef float dw_uvec __attribute__((vector_size(DW_LANES * sizeof(float)), aligned(4)));
+#endif
+
+static int64_t dw_lanes_floats(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh,
+                               int64_t ow) {
+    int64_t hp = (oh - 1) * sh + (kh - 1) * dh + 1, wp = (ow - 1) * sw + (kw - 1) * dw + 1;
+    /* padded planes (+ DW_PIXELS * sw pixels of slack: the last pixel group of a row reads
+     * past its row), the filters, the interleaved result */
+    return (hp * wp + DW_PIXELS * sw + 1) * DW_LANES + kh * kw * DW_LANES + oh * ow * DW_LANES;
+}
+
+RLX_API int64_t rlx_depthwise_lanes_scratch(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                                            int64_t oh, int64_t ow) {
+    return dw_lanes_floats(kh, kw, sh, sw, dh, dw, oh, ow);
+}
+
+static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wt, const float *bias, float *y,
+                                             float *scratch, int64_t b0, int64_t b1, int64_t c, int64_t h, int64_t w,
+                                             int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                                             int64_t pt, int64_t pl, int64_t oh, int64_t ow) {
+    const int64_t hp = (oh - 1) * sh + (kh - 1) * dh + 1, wp = (ow - 1) * sw + (kw - 1) * dw + 1;
+    const int64_t per_image = (c + DW_LANES - 1) / DW_LANES, taps = kh * kw, opix = oh * ow;
+    float *pad = scratch, *filt = pad + (hp * wp + DW_PIXELS * sw + 1) * DW_LANES, *res = filt + taps * DW_LANES;
+    memset(pad + hp * wp * DW_LANES, 0, (size_t)(DW_PIXELS * sw + 1) * DW_LANES * sizeof(float));
+    for (int64_t blk = b0; blk < b1; blk++) {
+        const int64_t img = blk / per_image, c0 = (blk % per_image) * DW_LANES;
+        const int64_t lanes = c - c0 < DW_LANES ? c - c0 : DW_LANES;
+        const float *xb = x + (img * c + c0) * h * w;
+        float *yb = y + (img * c + c0) * opix;
+        float bv[DW_LANES];
+        for (int64_t l = 0; l < DW_LANES; l++) bv[l] = (l < lanes && bias) ? bias[c0 + l] : 0.0f;
+        for (int64_t t = 0; t < taps; t++)
+            for (int64_t l = 0; l < DW_LANES; l++) filt[t * DW_LANES + l] = l < lanes ? wt[(c0 + l) * taps + t] : 0.0f;
+        memset(pad, 0, (size_t)(hp * wp * DW_LANES) * sizeof(float));
+        const int64_t y0 = pt, y1 = pt + h < hp ? pt + h : hp, x0 = pl, x1 = pl + w < wp ? pl + w : wp;
+        for (int64_t yy = y0; yy < y1; yy++) {
+            float *prow = pad + yy * wp * DW_LANES;
+            for (int64_t l = 0; l < lanes; l++) {
+                const float *src = xb + l * h * w + (yy - pt) * w - pl;
+                for (int64_t xx = x0; xx < x1; xx++) prow[xx * DW_LANES + l] = src[xx];
+            }
+        }
+        for (int64_t oy = 0; oy < oh; oy++) {
+            for (int64_t ox0 = 0; ox0 < ow; ox0 += DW_PIXELS) {
+                const int64_t n = ow - ox0 < DW_PIXELS ? ow - ox0 : DW_PIXELS;
+                float *dst = res + (oy * ow + ox0) * DW_LANES;
+#if defined(__GNUC__)
+                /* GCC/Clang vector types: four accumulators of DW_LANES floats stay in
+                 * registers (one zmm each on AVX-512, two ymm on AVX2). */
+                const dw_vec b = *(const dw_uvec *)bv;
+                dw_vec a0 = b, a1 = b, a2 = b, a3 = b;
+                const int64_t step = sw * DW_LANES;
+                for (int64_t i = 0; i < kh; i++) {
+                    const float *row = pad + ((oy * sh + i * dh) * wp + ox0 * sw) * DW_LANES;
+                    for (int64_t j = 0; j < kw; j++) {
+                        const dw_vec f = *(const dw_uvec *)(filt + (i * kw + j) * DW_LANES);
+                        const float *s = row + j * dw * DW_LANES;
+                        a0 += f * *(const dw_uvec *)s;
+                        a1 += f * *(const dw_uvec *)(s + step);
+                        a2 += f * *(const dw_uvec *)(s + 2 * step);
+                        a3 += f * *(const dw_uvec *)(s + 3 * step);
+                    }
+                }
+                *(dw_uvec *)dst = a0;
+                if (n > 1) *(dw_uvec *)(dst + DW_LANES) = a1;
+                if (n > 2) *(dw_uvec *)(dst + 2 * DW_LANES) = a2;
+                if (n > 3) *(dw_uvec *)(dst + 3 * DW_LANES) = a3;
+#else
+                float acc[DW_PIXELS][DW_LANES];
+                for (int q = 0; q < DW_PIXELS; q++)
+                    for (int l = 0; l < DW_LANES; l++) acc[q][l] = bv[l];
+                for (int64_t i = 0; i < kh; i++) {
+                    const float *row = pad + ((oy * sh + i * dh) * wp + ox0 * sw) * DW_LANES;
+                    for (int64_t j = 0; j < kw; j++) {
+                        const float *f = filt + (i * kw + j) * DW_LANES, *src = row + j * dw * DW_LANES;
+                        for (int q = 0; q < DW_PIXELS; q++)
+                            for (int l = 0; l < DW_LANES; l++) acc[q][l] += f[l] * src[q * sw * DW_LANES + l];
+                    }
+                }
+                for (int64_t q = 0; q < n; q++)
+                    for (int l = 0; l < DW_LANES; l++) dst[q * DW_LANES + l] = acc[q][l];
+#endif
+            }
+        }
+        for (int64_t l = 0; l < lanes; l++) {
+            float *plane = yb + l * opix;
+            for (int64_t p = 0; p < opix; p++) plane[p] = res[p * DW_LANES + l];
+        }
+    }
+}
+
+/* x: N*C planes H x W; wt: C filters kh x kw; y: N*C planes oh x ow; scratch: `threads`
+ * blocks of rlx_depthwise_lanes_scratch(...) floats. */
+RLX_API void rlx_depthwise_lanes(const float *x, const float *wt, const float *bias, float *y, float *scratch,
+                                 int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh,
+                                 int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
+                                 int64_t threads) {
+    const int64_t blocks = n * ((c + DW_LANES - 1) / DW_LANES);
+    const int64_t per_thread = dw_lanes_floats(kh, kw, sh, sw, dh, dw, oh, ow);
+    threads = row_threads(threads, blocks);
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads((int)threads)
+        {
+            int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+            depthwise_lane_blocks(x, wt, bias, y, scratch + t * per_thread, blocks * t / nt, blocks * (t + 1) / nt, c,
+                                  h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
+        }
+        return;
+    }
+#endif
+    depthwise_lane_blocks(x, wt, bias, y, scratch, 0, blocks, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
 }
 
 /* Max or average over kh x kw windows (stride sh, sw; dilation dh, dw) of `planes` planes

@@ -89,6 +89,12 @@ class Native:
         self.depthwise = self._lib.rlx_depthwise_conv
         self.depthwise.argtypes = [p, p, p, p, p, *[i64] * 15]
         self.depthwise.restype = None
+        self.depthwise_lanes = self._lib.rlx_depthwise_lanes
+        self.depthwise_lanes.argtypes = [p, p, p, p, p, *[i64] * 15]
+        self.depthwise_lanes.restype = None
+        self.depthwise_lanes_scratch = self._lib.rlx_depthwise_lanes_scratch
+        self.depthwise_lanes_scratch.argtypes = [i64] * 8
+        self.depthwise_lanes_scratch.restype = i64
         self.pool2d = self._lib.rlx_pool2d  # (x, y, planes, h, w, kh, kw, sh, sw, dh, dw, oh, ow, is_max, threads)
         self.pool2d.argtypes = [p, p, *[i64] * 13]
         self.pool2d.restype = None

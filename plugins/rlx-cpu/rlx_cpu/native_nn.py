@@ -194,6 +194,20 @@ def _depthwise_numpy(geometry: tuple[int, ...]) -> Any:
     return run
 
 
+#: Output rows at least this wide keep the row kernel (``rlx_depthwise_conv``) for a 3x3 or
+#: 5x5 stride-1 window: it vectorizes along the row with the filter in registers. Narrower
+#: rows, strides and other windows put channels in the vector lanes instead
+#: (``rlx_depthwise_lanes``). See BENCHMARKS.md ("Depthwise convolution").
+DEPTHWISE_ROW_MIN_WIDTH = 32
+
+
+def _rows_vectorize(kh: int, kw: int, stride: tuple[int, int], dilation: tuple[int, int], ow: int) -> bool:
+    """Whether the row kernel suits this window: unit stride and dilation, 3x3 or 5x5, rows
+    of at least ``DEPTHWISE_ROW_MIN_WIDTH`` outputs."""
+    return (stride == (1, 1) and dilation == (1, 1) and (kh, kw) in ((3, 3), (5, 5))
+            and ow >= DEPTHWISE_ROW_MIN_WIDTH)  # fmt: skip
+
+
 def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, stride: tuple[int, int],
                    dilation: tuple[int, int], pads: tuple[int, int],
                    scratch: Callable[[tuple[int, ...], Any], np.ndarray]) -> Step | None:  # fmt: skip
@@ -211,10 +225,18 @@ def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, str
     geometry = (n * c, c, h, wd, kh, kw, *stride, *dilation, *pads, oh, ow)
     threads = _threads(lib, out.size * kh * kw, 0.3)
     (sh, sw), (dh, dw) = stride, dilation
+    numpy_run = _depthwise_numpy(geometry)
+    if not _rows_vectorize(kh, kw, stride, dilation, ow):
+        per_thread = lib.depthwise_lanes_scratch(kh, kw, sh, sw, dh, dw, oh, ow)
+        lanes = scratch((threads * per_thread,), np.float32)
+        keep = (w, lanes) if bias is None else (w, bias, lanes)
+        args = [0, w.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, lanes.ctypes.data, n, c, h, wd, kh, kw,
+                sh, sw, dh, dw, *pads, oh, ow, threads]  # fmt: skip
+        return bound_call(lib.depthwise_lanes, args, (x, out), (0, 3), lambda xv, yv: numpy_run(xv, w, bias, yv),
+                          keep)  # fmt: skip
     padded = scratch((threads * ((oh - 1) * sh + (kh - 1) * dh + 1) * ((ow - 1) * sw + (kw - 1) * dw + 1),), np.float32)
     keep = (w, padded) if bias is None else (w, bias, padded)
     args = [0, w.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, padded.ctypes.data, *geometry, threads]
-    numpy_run = _depthwise_numpy(geometry)
     return bound_call(lib.depthwise, args, (x, out), (0, 3), lambda xv, yv: numpy_run(xv, w, bias, yv), keep)
 
 

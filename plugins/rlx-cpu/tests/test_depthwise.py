@@ -1,5 +1,7 @@
-"""Depthwise convolution (groups = channels = filters) in one native pass per plane, and
-its numpy fallback, against the reference: paddings, strides, dilations, bias, batch."""
+"""Depthwise convolution (groups = channels = filters) natively — the row kernel (a plane
+at a time, vectorized along rows) and the lanes kernel (16 channels in the vector lanes) —
+and its numpy fallback, against the reference: paddings, strides, dilations, bias, batch,
+channel counts that leave the last block of lanes partly empty."""
 
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ CASES = {  # name -> (x shape, kernel, bias?, conv2d kwargs)
     "padding only on the right and top": ((1, 6, 7, 9), 3, True, {"padding": (0, 2, 1, 0)}),
     "padding wider than the kernel": ((1, 2, 5, 5), 3, False, {"padding": 3}),
     "5x5 over 40x40, 48 channels (every core, one padded plane each)": ((2, 48, 40, 40), 5, True, {"padding": 2}),
+    "5x5 over 7x7, 37 channels (a last block of 5 lanes)": ((1, 37, 7, 7), 5, True, {"padding": 2}),
+    "3x3 stride 2 over 14x14, batch 3, 20 channels": ((3, 20, 14, 14), 3, False, {"stride": 2, "padding": 1}),
+    "3x3 over a 33-wide plane (the row kernel's own case)": ((1, 3, 8, 33), 3, True, {"padding": 1}),
 }
 
 
@@ -35,25 +40,40 @@ def _graph(xs: tuple[int, ...], k: int, bias: bool, kwargs: dict[str, Any]) -> G
     return g
 
 
+@pytest.mark.parametrize("kernel", ["rows", "lanes", "chosen"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_depthwise_runs_natively_and_matches_the_reference(native_lib, monkeypatch, name):
+def test_depthwise_runs_natively_and_matches_the_reference(native_lib, monkeypatch, name, kernel):
     lib = native_lib
-    calls, windows = [], []
-    real_dw, real_im2col = lib.depthwise, lib.im2col
-    monkeypatch.setattr(lib, "depthwise", lambda *a: (calls.append(a), real_dw(*a))[1])
-    monkeypatch.setattr(lib, "im2col", lambda *a: (windows.append(a), real_im2col(*a))[1])
+    calls: dict[str, list[Any]] = {"rows": [], "lanes": [], "im2col": []}
+    for attr, key in (("depthwise", "rows"), ("depthwise_lanes", "lanes"), ("im2col", "im2col")):
+        real = getattr(lib, attr)
+        monkeypatch.setattr(lib, attr, lambda *a, real=real, key=key: (calls[key].append(a), real(*a))[1])
+    if kernel != "chosen":
+        monkeypatch.setattr(native_nn, "_rows_vectorize", lambda *a: kernel == "rows")
     g = _graph(*CASES[name])
     reg = Registry(entry_points=[], environ={})
     reg.register(CpuBackend())
     cg = rlx.compile(g, device="cpu", registry=reg)
     x = np.random.default_rng(1).standard_normal(CASES[name][0], dtype=np.float32)
     (got,) = cg.run({"x": x})
-    assert calls and not windows, "the depthwise kernel did not run"
+    assert (calls["rows"] or calls["lanes"]) and not calls["im2col"], "no depthwise kernel ran"
+    if kernel != "chosen":
+        assert calls[kernel] and not calls["lanes" if kernel == "rows" else "rows"], f"the {kernel} kernel did not run"
     np.testing.assert_allclose(got, reference.evaluate(g, {"x": x})[0], rtol=1e-5, atol=1e-5)
     new_w = np.random.default_rng(2).standard_normal(g.value(g.params[0]).shape, dtype=np.float32)
     cg.set_param("w", new_w)  # the kernel reads the weights in place
     (got,) = cg.run({"x": x})
     np.testing.assert_allclose(got, reference.evaluate(g, {"x": x}, params={"w": new_w})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_narrow_planes_and_strides_take_the_lanes_kernel_wide_unit_windows_the_rows():
+    """The choice the two kernels' measurements made (BENCHMARKS.md, depthwise)."""
+    assert native_nn._rows_vectorize(3, 3, (1, 1), (1, 1), 112)
+    assert native_nn._rows_vectorize(5, 5, (1, 1), (1, 1), 32)
+    assert not native_nn._rows_vectorize(5, 5, (1, 1), (1, 1), 14)  # MobileNet's 14x14 and 7x7 planes
+    assert not native_nn._rows_vectorize(3, 3, (2, 2), (1, 1), 112)  # a stride: the rows would not vectorize
+    assert not native_nn._rows_vectorize(3, 3, (1, 1), (2, 2), 112)
+    assert not native_nn._rows_vectorize(7, 7, (1, 1), (1, 1), 112)
 
 
 @pytest.mark.parametrize("name", list(CASES))

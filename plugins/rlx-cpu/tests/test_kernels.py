@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import rlx_core as rlx
 from rlx_core import reference
 from rlx_core.ir import Graph
 from rlx_core.ops import OpKind
@@ -204,3 +205,27 @@ def test_softmax_of_short_rows_in_a_transposed_copy(shape: tuple[int, ...], dtyp
         got = run_cpu(g, {"x": v})[0]
         want = reference.evaluate(g, {"x": v})[0]
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3 if dtype == "float16" else 1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("folded_bias", [False, True])
+def test_conv2d_bias_column_follows_set_param(folded_bias: bool) -> None:
+    """The weights with the bias appended (im2col + one product) are kept by the executable
+    and refilled when set_param changes the weights, the bias, or a param the bias is
+    folded from (batch-norm folding makes such biases)."""
+    rng = np.random.default_rng(5)
+    g = Graph("conv_bias")
+    x = g.input("x", (1, 32, 9, 9))
+    w = g.param("w", rng.standard_normal((16, 32, 3, 3)).astype(np.float32))
+    b = g.param("b", rng.standard_normal(16).astype(np.float32))
+    bias = g.mul(b, 2.0) if folded_bias else b
+    g.set_outputs([g.conv2d(x, w, bias, padding=1)])
+    cg = rlx.compile(g, device="cpu")
+    kept = [k[-1] for k in cg._exe._derived_arrays]  # the executable keeps the array, not each run
+    assert ("conv_bias_column",) in kept, kept  # 288 taps: im2col and a product
+    xv = rng.standard_normal((1, 32, 9, 9)).astype(np.float32)
+    params: dict[str, np.ndarray] = {}
+    for name, shape in (("w", (16, 32, 3, 3)), ("b", (16,)), ("w", (16, 32, 3, 3))):
+        params[name] = rng.standard_normal(shape).astype(np.float32)
+        cg.set_param(name, params[name])
+        (got,) = cg.run({"x": xv})
+        np.testing.assert_allclose(got, reference.evaluate(g, {"x": xv}, params=params)[0], rtol=1e-4, atol=1e-4)
