@@ -78,6 +78,28 @@ def test_simplify_removes_exact_identities_only():
     assert np.signbit(reference.evaluate(h, feeds)[0][0, 0, 0]) == np.signbit(reference.evaluate(g, feeds)[0][0, 0, 0])
 
 
+def test_simplify_turns_small_float_powers_into_products():
+    g = rlx.Graph()
+    x = g.input("x", (2, 4))
+    h16 = g.input("h", (2, 4), "float16")
+    sq = g.pow(x, 2.0)  # -> x * x
+    cube = g.pow(x, g.constant(np.full((1, 4), 3.0, np.float32)))  # a constant of one value: -> (x * x) * x
+    odd = g.pow(x, 2.5)  # kept
+    wide = g.pow(x, g.constant(np.full((3, 2, 4), 2.0, np.float32)))  # broadcasts x: kept
+    half = g.pow(h16, 2.0)  # float16 rounds at every op: one rounding, kept
+    g.set_outputs([sq, cube, odd, wide, half])
+    h, notes = simplify(g)
+    h = dce(h)[0]
+    assert ops_of(h).count("pow") == 3 and ops_of(h).count("mul") == 3, ops_of(h)
+    assert len(notes) == 2 and all("pow" in n for n in notes)
+    specials = np.array([[-0.0, 0.0, np.inf, -np.inf], [np.nan, -3.5, 1e20, 7.0]], np.float32)
+    got, want = reference.evaluate(h, {"x": specials, "h": specials.astype(np.float16)}), reference.evaluate(
+        g, {"x": specials, "h": specials.astype(np.float16)})  # fmt: skip
+    for a, b in zip(got[:2], want[:2]):
+        np.testing.assert_array_equal(a, b)  # exact in float64, signed zeros and infinities included
+        assert np.array_equal(np.signbit(a), np.signbit(b))
+
+
 def test_simplify_folds_reshape_and_transpose_chains():
     g = rlx.Graph()
     x = g.input("x", (2, 3, 4))

@@ -6,7 +6,11 @@
   constant much larger than its inputs (a broadcast) is skipped.
 * ``simplify``: reshape of reshape, reshape to the same shape, transpose of transpose,
   the identity transpose, ``x * 1``, ``x + 0``, ``x - 0``, ``x / 1``, ``x ** 1``,
-  ``neg(neg(x))`` and a cast to the dtype already held. An identity applies only when the
+  ``neg(neg(x))`` and a cast to the dtype already held; ``x ** 2`` and ``x ** 3`` (a scalar
+  constant exponent, float32 or float64) become products: a power is a libm call per
+  element (GPT-2's tanh gelu spent a third of its time in ``x ** 3``), a product one
+  vector instruction, equal to the power within an ulp or two and exact on zeros, signs,
+  infinities and NaN. An identity applies only when the
   constant is exactly 1 (or 0) everywhere and the result has ``x``'s shape and dtype, so
   no broadcast or promotion is lost. For floats ``x + 0.0`` is not ``x`` when ``x`` is
   ``-0.0`` (the sum is ``+0.0``), so float addition drops only ``-0.0``; ``x - 0.0`` is
@@ -133,6 +137,20 @@ def _is_neutral(graph: Graph, c: Node, neutral: float, op: OpKind) -> bool:
     return is_scalar_constant(graph, c, neutral)
 
 
+def _small_power(graph: Graph, node: Node, ins: list[Node]) -> int:
+    """2 or 3 when ``node`` is ``x ** 2`` or ``x ** 3`` of float32/float64 ``x`` with a
+    scalar constant exponent and ``x``'s own shape (no broadcast to keep), else 0."""
+    if node.op is not OpKind.POW or node.dtype not in ("float32", "float64"):
+        return 0
+    x, c = ins
+    if x.shape != node.shape or c.op is not OpKind.CONSTANT:
+        return 0
+    for power in (2, 3):
+        if is_scalar_constant(graph, c, float(power)):
+            return power
+    return 0
+
+
 def simplify(graph: Graph) -> tuple[Graph, list[str]]:
     em = Emitter(graph)
     outputs = frozenset(graph.outputs)
@@ -146,6 +164,14 @@ def simplify(graph: Graph) -> tuple[Graph, list[str]]:
         if same is not None and _replaceable(graph, node, same, outputs):
             em.alias(node, same.id)
             notes.append(f"removed {node.op} at {node.describe()} (an identity)")
+            continue
+        power = _small_power(em.out, node, ins)
+        if power:
+            x = ins[0].id
+            square = em.emit(node, OpKind.MUL, [x, x], {}, node.name if power == 2 else "")
+            if power == 3:
+                em.emit(node, OpKind.MUL, [square, x], {}, node.name)
+            notes.append(f"rewrote pow at {node.describe()} as {power - 1} product(s) (exponent {power})")
             continue
         inner = ins[0] if ins else None
         if node.op is OpKind.RESHAPE and inner is not None and inner.op is OpKind.RESHAPE:
