@@ -665,10 +665,8 @@ RLX_API void rlx_depthwise_conv(const float *x, const float *wt, const float *bi
  * scratch per thread: depthwise_lanes_scratch(...) floats. */
 #define DW_LANES 16
 #define DW_PIXELS 4 /* the vector path below unrolls exactly four */
-#if defined(__GNUC__)
 typedef float dw_vec __attribute__((vector_size(DW_LANES * sizeof(float))));
 typedef float dw_uvec __attribute__((vector_size(DW_LANES * sizeof(float)), aligned(4)));
-#endif
 
 static int64_t dw_lanes_floats(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh,
                                int64_t ow) {
@@ -713,7 +711,6 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wt, co
             for (int64_t ox0 = 0; ox0 < ow; ox0 += DW_PIXELS) {
                 const int64_t n = ow - ox0 < DW_PIXELS ? ow - ox0 : DW_PIXELS;
                 float *dst = res + (oy * ow + ox0) * DW_LANES;
-#if defined(__GNUC__)
                 /* GCC/Clang vector types: four accumulators of DW_LANES floats stay in
                  * registers (one zmm each on AVX-512, two ymm on AVX2). */
                 const dw_vec b = *(const dw_uvec *)bv;
@@ -734,21 +731,6 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wt, co
                 if (n > 1) *(dw_uvec *)(dst + DW_LANES) = a1;
                 if (n > 2) *(dw_uvec *)(dst + 2 * DW_LANES) = a2;
                 if (n > 3) *(dw_uvec *)(dst + 3 * DW_LANES) = a3;
-#else
-                float acc[DW_PIXELS][DW_LANES];
-                for (int q = 0; q < DW_PIXELS; q++)
-                    for (int l = 0; l < DW_LANES; l++) acc[q][l] = bv[l];
-                for (int64_t i = 0; i < kh; i++) {
-                    const float *row = pad + ((oy * sh + i * dh) * wp + ox0 * sw) * DW_LANES;
-                    for (int64_t j = 0; j < kw; j++) {
-                        const float *f = filt + (i * kw + j) * DW_LANES, *src = row + j * dw * DW_LANES;
-                        for (int q = 0; q < DW_PIXELS; q++)
-                            for (int l = 0; l < DW_LANES; l++) acc[q][l] += f[l] * src[q * sw * DW_LANES + l];
-                    }
-                }
-                for (int64_t q = 0; q < n; q++)
-                    for (int l = 0; l < DW_LANES; l++) dst[q * DW_LANES + l] = acc[q][l];
-#endif
             }
         }
         for (int64_t l = 0; l < lanes; l++) {
@@ -847,20 +829,31 @@ RLX_API void rlx_pool2d(const float *x, float *y, int64_t planes, int64_t h, int
 }
 
 /* ------------------------------------------------------- direct convolution */
-/* A stride-1, undilated 2-d convolution of one image without im2col: the input is
- * copied once into a zero-padded plane per channel, then each output row is computed in
- * tiles of 16 columns for RLX_CONV_OB output channels at a time, every tap one vector
- * load shared by RLX_CONV_OB multiply-adds whose accumulators stay in registers. For few
- * input channels (an image's first layer: 3 x 3 x 3 taps) this does the product's work
- * with no 27-row copy of the image and no thin gemm. */
+/* An undilated 2-d convolution of one image without im2col: the input is copied once
+ * into zero-padded rows, each split into its `sw` column phases (phase p holds padded
+ * columns p, p + sw, p + 2 sw, ...), so that the 16 inputs a tap reads for 16 adjacent
+ * outputs are contiguous at any stride. Each output row is then computed in tiles of 16
+ * columns for RLX_CONV_OB output channels at a time, every tap one vector load shared by
+ * RLX_CONV_OB multiply-adds whose accumulators stay in registers. For few input channels
+ * (an image's first layer: 3 x 3 x 3 taps, often at stride 2) this does the product's
+ * work with no 27-row copy of the image and no thin gemm. */
 typedef float rlx_v16 __attribute__((vector_size(64)));
 #define RLX_CONV_OB 8
+#define RLX_CONV_SLACK 16 /* zeros after each phase row: a tile's load never needs a bound */
+
+/* Floats in one phase row of the padded copy (its data, then the slack). */
+static int64_t conv_phase_width(int64_t ow, int64_t kw, int64_t sw) { return ow + (kw - 1) / sw + RLX_CONV_SLACK; }
+
+RLX_API int64_t rlx_conv_direct_scratch(int64_t c, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t oh,
+                                        int64_t ow) {
+    return c * ((oh - 1) * sh + kh) * sw * conv_phase_width(ow, kw, sw);
+}
 
 static RLX_CLONES void conv_rows(const float *xp, const float *wpk, const float *bias, float *y, int64_t c,
-                                 int64_t hp, int64_t wp, int64_t o, int64_t kh, int64_t kw, int64_t oh, int64_t ow,
-                                 int64_t u0, int64_t u1) {
+                                 int64_t hp, int64_t wq, int64_t o, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                                 int64_t oh, int64_t ow, int64_t u0, int64_t u1) {
     /* work unit u = (output-channel block, output row); wpk holds the weights as
-     * (blocks, c, kh, kw, RLX_CONV_OB), zero past the last channel */
+     * (blocks, c, kh, kw, RLX_CONV_OB), zero past the last channel; xp is (c, hp, sw, wq) */
     int64_t blocks = (o + RLX_CONV_OB - 1) / RLX_CONV_OB;
     for (int64_t u = u0; u < u1; u++) {
         int64_t ob = u % blocks, oy = u / blocks, o0 = ob * RLX_CONV_OB;
@@ -869,19 +862,13 @@ static RLX_CLONES void conv_rows(const float *xp, const float *wpk, const float 
         for (int64_t x0 = 0; x0 < ow; x0 += 16) {
             int64_t nx = ow - x0 < 16 ? ow - x0 : 16;
             rlx_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
-            float tile[16 + 16];
             for (int64_t ci = 0; ci < c; ci++)
                 for (int64_t ki = 0; ki < kh; ki++) {
-                    const float *src = xp + (ci * hp + oy + ki) * wp + x0;
-                    if (nx < 16) { /* the last tile: read through a zero-padded copy */
-                        int64_t have = wp - x0;
-                        for (int64_t l = 0; l < 16 + kw - 1; l++) tile[l] = l < have ? src[l] : 0.0f;
-                        src = tile;
-                    }
+                    const float *row = xp + ((ci * hp + oy * sh + ki) * sw) * wq + x0;
                     const float *wt = wb + (ci * kh + ki) * kw * RLX_CONV_OB;
                     for (int64_t kj = 0; kj < kw; kj++, wt += RLX_CONV_OB) {
                         rlx_v16 v;
-                        memcpy(&v, src + kj, sizeof v);
+                        memcpy(&v, row + (kj % sw) * wq + kj / sw, sizeof v);
                         a0 += wt[0] * v;
                         a1 += wt[1] * v;
                         a2 += wt[2] * v;
@@ -903,7 +890,7 @@ static RLX_CLONES void conv_rows(const float *xp, const float *wpk, const float 
 }
 
 /* Lay out w (o, c, kh, kw) as the direct convolution reads it: (blocks, c, kh, kw, 8),
- * zero past the last output channel. wpk: blocks * c * kh * kw * 8 floats. */
+ * zero past the last output channel. */
 RLX_API void rlx_conv_pack(const float *w, float *wpk, int64_t o, int64_t c, int64_t kh, int64_t kw) {
     int64_t blocks = (o + RLX_CONV_OB - 1) / RLX_CONV_OB, taps = c * kh * kw;
     for (int64_t ob = 0; ob < blocks; ob++)
@@ -914,23 +901,29 @@ RLX_API void rlx_conv_pack(const float *w, float *wpk, int64_t o, int64_t c, int
             }
 }
 
-/* y (o, oh, ow) = conv(x (c, h, w), w (o, c, kh, kw)) + bias (o or NULL), stride 1, no
- * dilation, padding pt (top) and pl (left); oh = h + pt + pb - kh + 1 and likewise ow.
- * wpk: the weights laid out by rlx_conv_pack; xp: scratch of c * (oh + kh - 1) *
- * (ow + kw - 1) floats. */
+/* y (o, oh, ow) = conv(x (c, h, w), w (o, c, kh, kw)) + bias (o or NULL), stride (sh, sw),
+ * no dilation, padding pt (top) and pl (left); oh = (h + pt + pb - kh) / sh + 1 and likewise
+ * ow. wpk: the weights laid out by rlx_conv_pack; xp: scratch of
+ * rlx_conv_direct_scratch(c, kh, kw, sh, sw, oh, ow) floats. */
 RLX_API void rlx_conv_direct(const float *x, const float *wpk, const float *bias, float *y, float *xp, int64_t c,
-                             int64_t h, int64_t wd, int64_t o, int64_t kh, int64_t kw, int64_t pt, int64_t pl,
-                             int64_t oh, int64_t ow, int64_t threads) {
-    int64_t hp = oh + kh - 1, wp = ow + kw - 1;
+                             int64_t h, int64_t wd, int64_t o, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                             int64_t pt, int64_t pl, int64_t oh, int64_t ow, int64_t threads) {
+    int64_t hp = (oh - 1) * sh + kh, wq = conv_phase_width(ow, kw, sw);
     for (int64_t ci = 0; ci < c; ci++)
         for (int64_t r = 0; r < hp; r++) {
-            float *dst = xp + (ci * hp + r) * wp;
             int64_t iy = r - pt;
-            memset(dst, 0, (size_t)wp * sizeof(float));
-            if (iy < 0 || iy >= h) continue;
-            int64_t lo = pl > 0 ? pl : 0, from = lo - pl, n = wd - from; /* input columns [from, wd) */
-            if (n > wp - lo) n = wp - lo;
-            if (n > 0) memcpy(dst + lo, x + (ci * h + iy) * wd + from, (size_t)n * sizeof(float));
+            for (int64_t p = 0; p < sw; p++) {
+                float *dst = xp + ((ci * hp + r) * sw + p) * wq;
+                if (iy < 0 || iy >= h) {
+                    memset(dst, 0, (size_t)wq * sizeof(float));
+                    continue;
+                }
+                const float *src = x + (ci * h + iy) * wd;
+                for (int64_t q = 0; q < wq; q++) { /* padded column p + q sw is input column p + q sw - pl */
+                    int64_t ix = p + q * sw - pl;
+                    dst[q] = ix >= 0 && ix < wd && q < wq - RLX_CONV_SLACK ? src[ix] : 0.0f;
+                }
+            }
         }
     int64_t units = ((o + RLX_CONV_OB - 1) / RLX_CONV_OB) * oh;
     threads = row_threads(threads, units);
@@ -939,9 +932,10 @@ RLX_API void rlx_conv_direct(const float *x, const float *wpk, const float *bias
         int64_t per = (units + threads - 1) / threads, chunks = (units + per - 1) / per;
 #pragma omp parallel for num_threads((int)threads) schedule(dynamic, 1)
         for (int64_t k = 0; k < chunks; k++)
-            conv_rows(xp, wpk, bias, y, c, hp, wp, o, kh, kw, oh, ow, k * per, (k + 1) * per < units ? (k + 1) * per : units);
+            conv_rows(xp, wpk, bias, y, c, hp, wq, o, kh, kw, sh, sw, oh, ow, k * per,
+                      (k + 1) * per < units ? (k + 1) * per : units);
         return;
     }
 #endif
-    conv_rows(xp, wpk, bias, y, c, hp, wp, o, kh, kw, oh, ow, 0, units);
+    conv_rows(xp, wpk, bias, y, c, hp, wq, o, kh, kw, sh, sw, oh, ow, 0, units);
 }

@@ -100,8 +100,11 @@ class Native:
         self.pool2d.restype = None
         # (x, wpk, bias, y, xp, c, h, w, o, kh, kw, pt, pl, oh, ow, threads)
         self.conv_direct = self._lib.rlx_conv_direct
-        self.conv_direct.argtypes = [p, p, p, p, p, *[i64] * 11]
+        self.conv_direct.argtypes = [p, p, p, p, p, *[i64] * 13]
         self.conv_direct.restype = None
+        self.conv_direct_scratch = self._lib.rlx_conv_direct_scratch  # (c, kh, kw, sh, sw, oh, ow)
+        self.conv_direct_scratch.argtypes = [i64] * 7
+        self.conv_direct_scratch.restype = i64
         self.conv_pack = self._lib.rlx_conv_pack  # (w, wpk, o, c, kh, kw)
         self.conv_pack.argtypes = [p, p, i64, i64, i64, i64]
         self.conv_pack.restype = None

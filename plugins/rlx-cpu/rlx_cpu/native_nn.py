@@ -252,33 +252,37 @@ DIRECT_CONV_TAPS = 160
 _DIRECT_CONV_THREADED_MACS = 1 << 22
 
 
-def _conv_numpy(w: np.ndarray, pads: tuple[int, int], out_hw: tuple[int, int]) -> Any:
+def _conv_numpy(w: np.ndarray, pads: tuple[int, int], stride: tuple[int, int], out_hw: tuple[int, int]) -> Any:
     def run(x: np.ndarray, bias: np.ndarray | None, y: np.ndarray) -> None:
         o, c, kh, kw = w.shape
-        (pt, pl), (oh, ow) = pads, out_hw
-        xp = np.zeros((c, oh + kh - 1, ow + kw - 1), np.float32)
+        (pt, pl), (sh, sw), (oh, ow) = pads, stride, out_hw
+        hp, wp = (oh - 1) * sh + kh, (ow - 1) * sw + kw
+        xp = np.zeros((c, hp, wp), np.float32)
         h, wd = x.shape[-2:]
-        xp[:, pt : pt + h, pl : pl + wd] = x.reshape(c, h, wd)[:, : oh + kh - 1 - pt, : ow + kw - 1 - pl]
+        xp[:, pt : pt + h, pl : pl + wd] = x.reshape(c, h, wd)[:, : hp - pt, : wp - pl]
         acc = np.zeros((o, oh * ow), np.float32) if bias is None else np.repeat(bias.reshape(o, 1), oh * ow, 1)
         for ki in range(kh):
             for kj in range(kw):
-                acc += w[:, :, ki, kj] @ xp[:, ki : ki + oh, kj : kj + ow].reshape(c, oh * ow)
+                taps = xp[:, ki : ki + (oh - 1) * sh + 1 : sh, kj : kj + (ow - 1) * sw + 1 : sw]
+                acc += w[:, :, ki, kj] @ taps.reshape(c, oh * ow)
         y.reshape(o, oh * ow)[...] = acc
 
     return run
 
 
-def conv_direct_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], ctx: Any) -> list[Step] | None:
-    """A stride-1, undilated, ungrouped float32 convolution with few taps as one native
-    call per image (``native.c``'s ``rlx_conv_direct``); None when it does not apply: no
-    library, weights that are not a resident (they are packed once, and again by
-    set_param), another layout or dtype, or more than ``DIRECT_CONV_TAPS`` taps."""
+def conv_direct_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], stride: tuple[int, int],
+                      ctx: Any) -> list[Step] | None:  # fmt: skip
+    """An undilated, ungrouped float32 convolution with few taps, at any stride, as one
+    native call per image (``native.c``'s ``rlx_conv_direct``); None when it does not
+    apply: no library, weights that are not a resident (they are packed once, and again
+    by set_param), another layout or dtype, or more than ``DIRECT_CONV_TAPS`` taps."""
     lib = library()
     if lib is None or not _fits(x, w, bias, out) or isinstance(w, Dyn) or out.size == 0:
         return None
     n, c, h, wd = x.shape
     o, _, kh, kw = w.shape
     oh, ow = out.shape[2:]
+    sh, sw = stride
     derived = getattr(ctx, "derived", None)
     if c * kh * kw > DIRECT_CONV_TAPS or kw > 16 or derived is None:
         return None
@@ -293,13 +297,13 @@ def conv_direct_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[in
     wpk = derived(w, ("conv_direct_pack", o, c, kh, kw), make)
     if wpk is None:
         return None
-    xp = ctx.scratch((c * (oh + kh - 1) * (ow + kw - 1),), np.float32)
+    xp = ctx.scratch((lib.conv_direct_scratch(c, kh, kw, sh, sw, oh, ow),), np.float32)
     threads = lib.threads() if o * c * kh * kw * oh * ow >= _DIRECT_CONV_THREADED_MACS else 1
+    fallback = _conv_numpy(w, pads, stride, (oh, ow))
     steps = []
     for i in range(n):
         xi, yi = x[i], out[i]
-        args = [0, wpk.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, pads[0], pads[1], oh, ow, threads]
-        fallback = _conv_numpy(w, pads, (oh, ow))
+        args = [0, wpk.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, pads[0], pads[1], oh, ow, threads]
         if bias is None:
             steps.append(bound_call(lib.conv_direct, args, (xi, yi, xp), (0, 3, 4),
                                     lambda x_, y_, _xp, f=fallback: f(x_, None, y_), keep=(wpk,)))  # fmt: skip

@@ -236,9 +236,9 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
         steps.append(Step(np.copyto, (w32, w)))
         w = w32
     # 1x1 convolutions are one product (below); the direct kernel is for small windows.
-    if (cd == out.dtype == np.float32 and groups == 1 and (sh, sw, dh, dw) == (1, 1, 1, 1) and (kh, kw) != (1, 1)
-            and oh == h + pt + pb - kh + 1 and ow == wd + pl + pr - kw + 1):  # fmt: skip
-        direct = conv_direct_steps(x, w, b, out, (pt, pl), ctx)
+    if (cd == out.dtype == np.float32 and groups == 1 and (dh, dw) == (1, 1) and (kh, kw) != (1, 1)
+            and oh == (h + pt + pb - kh) // sh + 1 and ow == (wd + pl + pr - kw) // sw + 1):  # fmt: skip
+        direct = conv_direct_steps(x, w, b, out, (pt, pl), (sh, sw), ctx)
         if direct is not None:
             return direct
     if cd == out.dtype == np.float32 and groups == _c == o and cg == 1:

@@ -985,7 +985,7 @@ def test_conv2d_windows(lib: native.Native, monkeypatch: pytest.MonkeyPatch, nam
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-DIRECT_CONVS = {  # name -> (x shape, w shape, bias?, kwargs): stride 1, few taps
+DIRECT_CONVS = {  # name -> (x shape, w shape, bias?, kwargs): few taps, any stride
     "3x3x3 padding 1, bias (an image's first layer)": ((1, 3, 64, 64), (16, 3, 3, 3), True, {"padding": 1}),
     "no padding, 5 channels out (a partial block), 13 wide (a partial tile)": ((2, 2, 9, 15), (5, 2, 3, 3), False,
                                                                                {}),
@@ -994,14 +994,20 @@ DIRECT_CONVS = {  # name -> (x shape, w shape, bias?, kwargs): stride 1, few tap
     "padding wider than the kernel needs": ((1, 2, 6, 6), (3, 2, 3, 3), False, {"padding": 3}),
     "16 -> 32 channels, 3x3 over 32x32 (over 4M multiply-adds: every core)": ((1, 16, 32, 32), (32, 16, 3, 3), True,
                                                                                 {"padding": 1}),
+    "stride 2, 3x3x3 padding 1 over 33x34 (MobileNet's first layer)": ((2, 3, 33, 34), (16, 3, 3, 3), True,
+                                                                        {"stride": 2, "padding": 1}),
+    "stride 2, 7x7x3 padding 3 (ResNet's first layer), 10 channels out": ((1, 3, 23, 21), (10, 3, 7, 7), False,
+                                                                            {"stride": 2, "padding": 3}),
+    "stride (3, 2), no padding, a bottom row left over": ((1, 2, 11, 12), (4, 2, 2, 3), True, {"stride": (3, 2)}),
+    "stride 4 wider than the kernel (input columns skipped)": ((1, 1, 9, 40), (3, 1, 2, 2), True, {"stride": 4}),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(DIRECT_CONVS))
 def test_direct_convolution(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """A stride-1 convolution with at most DIRECT_CONV_TAPS taps runs as the direct kernel
-    (no im2col): partial channel blocks and column tiles, any padding, bias or none, two
-    images, equal to the reference; then its packed weights follow set_param."""
+    """A convolution with at most DIRECT_CONV_TAPS taps runs as the direct kernel (no
+    im2col): partial channel blocks and column tiles, any padding and stride, bias or
+    none, two images, equal to the reference; then its packed weights follow set_param."""
     xs, ws, has_bias, kwargs = DIRECT_CONVS[name]
     direct, windows = spy_on(monkeypatch, lib, "conv_direct"), spy_on(monkeypatch, lib, "im2col")
     g = Graph("direct-conv")
@@ -1022,8 +1028,8 @@ def test_direct_convolution(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
 
 
 def test_direct_convolution_declines_what_it_does_not_do(lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Strides, dilation, groups, more taps than DIRECT_CONV_TAPS and weights computed per
-    run go to im2col."""
+    """Dilation, groups, more taps than DIRECT_CONV_TAPS and weights computed per run go to
+    im2col."""
     direct = spy_on(monkeypatch, lib, "conv_direct")
     g = Graph("not-direct")
     x = g.input("x", (1, 4, 10, 10))
@@ -1031,7 +1037,7 @@ def test_direct_convolution_declines_what_it_does_not_do(lib: native.Native, mon
     monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 36)  # 4 x 3 x 3 would go direct; 4 x 5 x 5 not
     grouped, wide = g.param("wg", rand((4, 2, 3, 3), 2)), g.param("w5", rand((4, 4, 5, 5), 3))
     per_run = g.relu(g.input("w_run", (2, 4, 1, 1)))  # weights computed every run: nothing to pack
-    g.set_outputs([g.conv2d(x, wgt, stride=2), g.conv2d(x, wgt, dilation=2), g.conv2d(x, grouped, groups=2),
+    g.set_outputs([g.conv2d(x, wgt, dilation=2), g.conv2d(x, grouped, groups=2),
                    g.conv2d(x, wide), g.conv2d(x, per_run)])
     feeds = {"x": rand((1, 4, 10, 10), 4), "w_run": rand((2, 4, 1, 1), 5)}
     got = compile_cpu(g).run(feeds)
@@ -1048,6 +1054,8 @@ FALLBACK_OPS = {  # name -> (graph builder over x (2, 4, 9, 10), native entry po
                                      padding=(1, 2, 0, 1), dilation=(1, 2), groups=2), "im2col"),
     "direct conv2d": (lambda g, x: g.conv2d(x, g.param("w", rand((5, 4, 2, 3), 3)), g.param("b", rand((5,), 4)),
                                             padding=(1, 0, 2, 1)), "conv_direct"),
+    "strided direct conv2d": (lambda g, x: g.conv2d(x, g.param("w", rand((5, 4, 3, 3), 3)), stride=(2, 3),
+                                                    padding=1), "conv_direct"),
     "max_pool2d": (lambda g, x: g.max_pool2d(x, 3, stride=2, dilation=2), "pool2d"),
     "avg_pool2d": (lambda g, x: g.avg_pool2d(x, (3, 2), stride=(1, 2)), "pool2d"),
 }  # fmt: skip
