@@ -28,7 +28,7 @@ from .cost import CostModel
 from .errors import DeviceError, RlxError
 from .ir import Graph
 from .options import CompileOptions
-from .passes.legalize import legalize
+from .passes.legalize import DtypeGate, legalize
 
 if TYPE_CHECKING:
     from .plugin import Backend, Executable
@@ -107,7 +107,7 @@ def cached_cost_model(backend: Backend) -> CostModel | None:
 
 
 def _compile(backend: Backend, g: Graph) -> Executable:
-    result = legalize(g.freeze(), backend.claims)
+    result = legalize(g.freeze(), backend.claims, gate=DtypeGate.of(backend))
     if result.blocker is not None:
         raise DeviceError(f"cannot calibrate {backend.name}: it cannot run {g.name} ({result.blocker})")
     return backend.compile(result.graph.freeze(), CompileOptions(device=backend.name))
@@ -256,7 +256,7 @@ def _region_costs(backend: Backend, budget: float, quick: bool, report: Progress
             try:
                 for length in (1, 8):
                     g, inputs = _chain_of(op, length, elements)
-                    piped = run_pipeline(g.freeze(), backend.claims).graph.freeze()
+                    piped = run_pipeline(g.freeze(), backend.claims, gate=DtypeGate.of(backend)).graph.freeze()
                     exe = backend.compile(piped, CompileOptions(device=backend.name))
                     times.append(_typical_time(exe, inputs, budget / 2, max_runs=30))
             except RlxError as exc:

@@ -1,7 +1,15 @@
-"""The six dtypes of the IR and the few facts about them that passes need.
+"""The dtypes of the IR and the few facts about them that passes need.
 
 Dtypes are plain strings (``"float32"``) so that graphs serialize to JSON and third
 parties need no rlx type to talk about them; this module validates and classifies them.
+
+Two sets matter. ``CONTRACT_DTYPES`` are the six every backend reads (float32, float16,
+float64, int32, int64, bool): a backend that declares nothing gets exactly those, so a
+plugin written before the others existed never sees anything else. ``EXTENDED_DTYPES``
+are the fixed-width integers ONNX models also carry (int8, uint8, int16, uint16, uint32,
+uint64): a graph may hold them, but only a backend that lists them in
+``Backend.dtypes`` is asked to run them (the core refuses the rest, see
+``passes/legalize.py``). ``DTYPES`` is every dtype a graph may hold.
 """
 
 from __future__ import annotations
@@ -12,13 +20,38 @@ import numpy as np
 
 from .errors import GraphError
 
-__all__ = ["DTYPES", "FLOAT_DTYPES", "INT_DTYPES", "normalize_dtype", "is_float", "is_int", "itemsize"]
+__all__ = [
+    "DTYPES",
+    "CONTRACT_DTYPES",
+    "CONTRACT_DTYPE_ORDER",
+    "EXTENDED_DTYPES",
+    "FLOAT_DTYPES",
+    "INT_DTYPES",
+    "SIGNED_INT_DTYPES",
+    "UNSIGNED_INT_DTYPES",
+    "normalize_dtype",
+    "is_float",
+    "is_int",
+    "is_unsigned",
+    "itemsize",
+]
 
 FLOAT_DTYPES: frozenset[str] = frozenset({"float16", "float32", "float64"})
-INT_DTYPES: frozenset[str] = frozenset({"int32", "int64"})
-DTYPES: tuple[str, ...] = ("float32", "float16", "float64", "int32", "int64", "bool")
+#: The six dtypes of the plugin contract, in the order messages list them: what every
+#: backend reads, and what ``Backend.dtypes`` defaults to.
+CONTRACT_DTYPE_ORDER: tuple[str, ...] = ("float32", "float16", "float64", "int32", "int64", "bool")
+CONTRACT_DTYPES: frozenset[str] = frozenset(CONTRACT_DTYPE_ORDER)
+#: Opt-in integer dtypes: a graph may hold them, a backend runs them only when it declares them.
+EXTENDED_DTYPES: tuple[str, ...] = ("int8", "uint8", "int16", "uint16", "uint32", "uint64")
+#: Every dtype a graph may hold: the contract's six, then the extended integers.
+DTYPES: tuple[str, ...] = (*CONTRACT_DTYPE_ORDER, *EXTENDED_DTYPES)
 
-_ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+SIGNED_INT_DTYPES: frozenset[str] = frozenset({"int8", "int16", "int32", "int64"})
+UNSIGNED_INT_DTYPES: frozenset[str] = frozenset({"uint8", "uint16", "uint32", "uint64"})
+#: Every integer dtype (ops' type rules accept them wherever they accept int32).
+INT_DTYPES: frozenset[str] = SIGNED_INT_DTYPES | UNSIGNED_INT_DTYPES
+
+_ITEMSIZE = {name: np.dtype(name).itemsize for name in DTYPES}
 
 
 def normalize_dtype(dtype: Any, *, what: str = "dtype") -> str:
@@ -43,7 +76,12 @@ def is_float(dtype: str) -> bool:
 
 
 def is_int(dtype: str) -> bool:
+    """Any integer dtype, signed or unsigned, of any width."""
     return dtype in INT_DTYPES
+
+
+def is_unsigned(dtype: str) -> bool:
+    return dtype in UNSIGNED_INT_DTYPES
 
 
 def itemsize(dtype: str) -> int:

@@ -84,7 +84,7 @@ def _frozen_array(value: Any, dtype: str | None, what: str) -> np.ndarray:
             return value
     try:
         arr = np.array(value, dtype=dtype, copy=True)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: g.add(uint8_x, -1)
         raise GraphError(f"{what}: cannot make an array of {type(value).__name__}: {exc}") from None
     normalize_dtype(arr.dtype, what=what)
     arr.flags.writeable = False

@@ -1,5 +1,8 @@
 """Each graph lowered for each backend, computed once while the graph lives.
 
+Every question about a backend and a graph comes through here, so this is where the
+backend's ``DtypeGate`` (the dtypes it declares it reads) joins its ``claims``.
+
 Placement asks the same questions of one graph for every backend (does it claim every
 node after legalization? what will it run, and at what cost?), compile asks them again
 for the device it picked, and a split asks them per segment. The answers are the
@@ -14,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from .ir import Graph
-from .passes.legalize import LegalizeResult, legalize
+from .passes.legalize import DtypeGate, LegalizeResult, legalize
 from .passes.pipeline import PipelineResult, run_pipeline
 from .plugin import CompileOptions
 from .registry import Registry, default_registry
@@ -40,7 +43,7 @@ def legalize_for(graph: Graph, backend_name: str, registry: Registry | None = No
     hit = _cached(reg, graph, key)
     if hit is not None:
         return hit
-    result = legalize(graph, backend.claims)
+    result = legalize(graph, backend.claims, gate=DtypeGate.of(backend))
     _keep(reg, graph, key, result)
     return result
 
@@ -63,7 +66,7 @@ def pipeline_for(graph: Graph, backend_name: str, registry: Registry | None = No
         legal = legalize_for(graph, backend_name, reg)
         result = run_pipeline(graph, backend.claims, opts, legalized=legal)
     else:
-        result = run_pipeline(graph, backend.claims, opts)
+        result = run_pipeline(graph, backend.claims, opts, gate=DtypeGate.of(backend))
     _keep(reg, graph, key, result)
     return result
 

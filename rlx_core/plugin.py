@@ -16,6 +16,7 @@ import numpy as np
 import pluggy
 
 from .cost import CostModel
+from .dtypes import CONTRACT_DTYPES
 from .ops import OpKind
 from .options import PASS_NAMES as PASS_NAMES
 from .options import CompileOptions as CompileOptions
@@ -148,6 +149,15 @@ class Backend:
     #: ranking then prices such chains as one memory pass, as the backend will run them,
     #: although the backend does not claim the core's ``fused_elementwise`` op.
     fuses_elementwise: ClassVar[bool] = False
+    #: The dtypes this backend reads and computes (a subset of ``rlx_core.dtypes.DTYPES``).
+    #: The default is the contract's six (float32 float16 float64 int32 int64 bool). The
+    #: core never compiles for a backend, nor asks its ``claims`` about, a node whose
+    #: value or inputs have another dtype: legalization refuses such a node first, naming
+    #: the dtype, so placement moves the graph (or that part of it) elsewhere. A backend
+    #: opts into the extended integers (``rlx_core.dtypes.EXTENDED_DTYPES``: int8 uint8
+    #: int16 uint16 uint32 uint64) by listing them here, and the conformance kit then tests
+    #: its claimed ops on them too.
+    dtypes: ClassVar[frozenset[str]] = CONTRACT_DTYPES
 
     def probe(self) -> Availability:
         """Run a tiny real computation; return why not when this backend cannot run here."""

@@ -58,11 +58,18 @@ def _div(node: Node, xs: Sequence[np.ndarray]) -> np.ndarray:
     a, b = xs
     if a.dtype.kind == "f":
         return a / b
-    # Integers truncate toward zero (C, ONNX); computed exactly, never through floats.
+    # Integers truncate toward zero (C, ONNX); computed exactly, never through floats, in
+    # the operands' own dtype: numpy's floor quotient, moved one toward zero where the
+    # division was inexact and the signs differ. (Through abs() instead, the most negative
+    # value of a signed dtype has no absolute value: int8 -128 / 3 would give 43.) For
+    # unsigned dtypes floor and truncation agree; MIN / -1 wraps to MIN, as in two's complement.
     if np.any(b == 0):
         raise InputError(f"{node.describe()} (div): integer division by zero")
-    q = np.abs(a) // np.abs(b)
-    return np.where((a < 0) != (b < 0), -q, q).astype(a.dtype)
+    q = np.floor_divide(a, b)
+    inexact = (a - q * b) != 0
+    if a.dtype.kind == "i":
+        q = q + (inexact & ((a < 0) != (b < 0))).astype(a.dtype)
+    return q.astype(a.dtype, copy=False)
 
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])

@@ -34,6 +34,7 @@ import pluggy
 
 from ._version import __version__
 from .cost import CostModel
+from .dtypes import DTYPES
 from .errors import ConfigError, DeviceError, PluginError, PluginWarning
 from .faults import DeviceFault, FaultLog
 from .isolation import ChildTarget, isolation_enabled
@@ -270,6 +271,10 @@ class Registry:
         priority = backend.priority
         if isinstance(priority, bool) or not isinstance(priority, (int, float)) or not math.isfinite(priority):
             raise PluginError(f"backend {name!r} has priority {priority!r}, expected a number")
+        dtypes = backend.dtypes
+        if not isinstance(dtypes, (frozenset, set)) or not set(dtypes) <= set(DTYPES):
+            raise PluginError(f"backend {name!r} declares dtypes {reprlib.repr(dtypes)}, expected a frozenset "
+                              f"of {', '.join(DTYPES)}")
         if name in self._infos:
             other = self._infos[name]
             raise PluginError(f"backend name {name!r} is already provided by "

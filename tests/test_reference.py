@@ -659,12 +659,14 @@ def test_kit_skips_what_it_cannot_or_need_not_test():
 
 # ----------------------------------------------------------------------------- the kit's generators
 def test_generated_dtypes_are_exactly_those_ops_accepts():
-    """The kit tests every dtype ops.py accepts for an op, and only those."""
+    """The kit tests every dtype ops.py accepts for an op, and only those: the contract's
+    six by default (``OP_DTYPES``), the extended integers too for a backend declaring them."""
     from hypothesis import HealthCheck, given, settings
 
-    from rlx_core.dtypes import DTYPES
+    from rlx_core.dtypes import CONTRACT_DTYPES, DTYPES
     from rlx_core.errors import GraphError
-    from rlx_core.testing._cases import GENERATED_OPS, OP_DTYPES, OpCase, Operand, op_cases
+    from rlx_core.testing._case_base import ALL_OP_DTYPES, OP_DTYPES
+    from rlx_core.testing._cases import GENERATED_OPS, OpCase, Operand, op_cases
 
     assert set(OP_DTYPES) == set(GENERATED_OPS) == {op for op in rlx_core.OpKind} - rlx_core.ops.SOURCE_OPS
 
@@ -695,7 +697,9 @@ def test_generated_dtypes_are_exactly_those_ops_accepts():
                 accepted.add(dtype)
             except GraphError:
                 pass
-        assert set(OP_DTYPES[op]) == accepted, f"{op}: kit draws {OP_DTYPES[op]}, ops.py accepts {sorted(accepted)}"
+        assert set(ALL_OP_DTYPES[op]) == accepted, (
+            f"{op}: kit draws {ALL_OP_DTYPES[op]}, ops.py accepts {sorted(accepted)}")
+        assert set(OP_DTYPES[op]) == accepted & set(CONTRACT_DTYPES), f"{op}: the contract table {OP_DTYPES[op]}"
 
 
 def test_slice_index_helper_agrees_with_the_reference():

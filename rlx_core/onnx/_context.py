@@ -30,6 +30,14 @@ _ONNX_DTYPES: dict[int, str] = {
     TensorProto.INT32: "int32",
     TensorProto.INT64: "int64",
     TensorProto.BOOL: "bool",
+    # The extended integers: a graph holding them runs on a backend that declares them
+    # (Backend.dtypes; rlx-cpu does). 4-bit, float8 and bfloat16 stay refused.
+    TensorProto.INT8: "int8",
+    TensorProto.UINT8: "uint8",
+    TensorProto.INT16: "int16",
+    TensorProto.UINT16: "uint16",
+    TensorProto.UINT32: "uint32",
+    TensorProto.UINT64: "uint64",
 }
 
 

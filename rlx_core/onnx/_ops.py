@@ -280,12 +280,8 @@ def _reduce(c: NodeContext) -> list[Operand | None]:
             return [x]
         axes = tuple(range(rank))
     if op == "ReduceMin":
-        if f.dtype(x) in ("int32", "int64"):  # -1 - x cannot overflow where -x does (INT_MIN)
-            one = f.const(-1, f.dtype(x))
-            flipped = f.op("reduce_max", f.op("sub", one, x), axes=axes, keepdims=keep)
-            return [f.op("sub", one, flipped, name=name)]
-        neg = f.op("reduce_max", f.op("neg", x), axes=axes, keepdims=keep)
-        return [f.op("neg", neg, name=name)]
+        flipped = f.op("reduce_max", f.flip(x), axes=axes, keepdims=keep)  # no overflow at INT_MIN
+        return [f.flip(flipped, name=name)]
     if op in ("ReduceSumSquare", "ReduceL2"):
         total = f.op("reduce_sum", f.op("mul", x, x), axes=axes, keepdims=keep, name=name if op != "ReduceL2" else "")
         return [f.op("sqrt", total, name=name) if op == "ReduceL2" else total]

@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 
+from ..dtypes import DTYPES, INT_DTYPES, is_unsigned
 from ._context import NodeContext, converter
 from ._ops import reduce_axes
 from ._shapes import Emitter, Operand
@@ -25,7 +26,7 @@ from ._shapes import Emitter, Operand
 __all__: list[str] = []
 
 _FLOATS = ("float16", "float32", "float64")
-_NUMBERS = (*_FLOATS, "int32", "int64")
+_NUMBERS = (*_FLOATS, *(d for d in DTYPES if d in INT_DTYPES))  # every integer width, as ONNX allows
 #: ONNX's Selu defaults: the float32 values of the constants in the SELU paper.
 _SELU_ALPHA = 1.67326319217681884765625
 _SELU_GAMMA = 1.05070102214813232421875
@@ -156,7 +157,7 @@ def _shrink(c: NodeContext) -> list[Operand | None]:
     f, x = c.f, _operand(c, _NUMBERS)
     dtype = f.dtype(x)
     bias, lambd = float(c.attr("bias", 0.0)), float(c.attr("lambd", 0.5))
-    wide = f.op("cast", x, dtype="float64") if dtype in ("int32", "int64") else _widened(f, x)
+    wide = f.op("cast", x, dtype="float64") if dtype in INT_DTYPES else _widened(f, x)
     wd = f.dtype(wide)
     low = f.op("less", wide, f.const(-lambd, wd))
     high = f.op("greater", wide, f.const(lambd, wd))
@@ -182,11 +183,12 @@ def _prelu(c: NodeContext) -> list[Operand | None]:
 @converter("Sign")
 def _sign(c: NodeContext) -> list[Operand | None]:
     """1 for ``x > 0``, -1 for ``x < 0``, else ``x`` itself: 0 for zeros, NaN for NaN (as
-    numpy and onnxruntime's float32 kernel)."""
+    numpy and onnxruntime's float32 kernel). Unsigned values are never below 0 (and
+    have no -1)."""
     f, x = c.f, _operand(c, _NUMBERS)
     dtype = f.dtype(x)
-    zero, one, minus = f.const(0, dtype), f.const(1, dtype), f.const(-1, dtype)
-    rest = f.op("where", f.op("less", x, zero), minus, x)
+    zero, one = f.const(0, dtype), f.const(1, dtype)
+    rest = x if is_unsigned(dtype) else f.op("where", f.op("less", x, zero), f.const(-1, dtype), x)
     return [f.op("where", f.op("greater", x, zero), one, rest, name=c.out())]
 
 

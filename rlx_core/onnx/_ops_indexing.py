@@ -15,13 +15,15 @@ import math
 
 import numpy as np
 
+from ..dtypes import DTYPES, INT_DTYPES
 from ._context import NodeContext, converter
 from ._shapes import Emitter, Operand, frozen
 
 __all__: list[str] = []
 
 _FLOATS = ("float16", "float32", "float64")
-_INTS = ("int32", "int64")
+_INDEX_INTS = ("int32", "int64")  # what ONNX's index inputs (Gather, Scatter, ...) may be
+_INTS = tuple(d for d in DTYPES if d in INT_DTYPES)  # every integer dtype, as ONNX's numeric ops take
 
 
 def _axis(c: NodeContext, axis: int, rank: int, what: str = "axis") -> int:
@@ -89,8 +91,8 @@ def _arg_extreme(c: NodeContext) -> list[Operand | None]:
     """The first (or, with ``select_last_index``, last) position of the extreme along
     ``axis``, as int64: ``hit = (v == reduce_max(v))`` marks the extremes, and a
     ``reduce_max`` over ``where(hit, position, -1)`` picks the last one, or over reversed
-    positions the first. ArgMin maximizes ``-x`` (floats) or ``-1 - x`` (integers: no
-    overflow at the minimum). A NaN counts as the extreme, as in numpy, PyTorch and the
+    positions the first. ArgMin maximizes ``Emitter.flip(x)`` (``-x``, or the integers'
+    complement: no overflow at the minimum). A NaN counts as the extreme, as in numpy, PyTorch and the
     ONNX reference (onnxruntime's answer then depends on where the NaN is)."""
     f, x = c.f, c.input(0)
     shape, dtype = _numeric_tensor(c, x)
@@ -104,7 +106,7 @@ def _arg_extreme(c: NodeContext) -> list[Operand | None]:
         raise c.fail(f"select_last_index is an attribute of {c.op_type}-12; the model's opset is {c.opset}")
     v = x
     if c.op_type == "ArgMin":
-        v = f.op("neg", x) if dtype in _FLOATS else f.op("sub", f.const(-1, dtype), x)
+        v = f.flip(x)
     _, hit = _extreme(f, v, axis, dtype in _FLOATS)
     if last:
         positions = _along(np.arange(n, dtype=np.int64), axis, len(shape))
@@ -181,7 +183,7 @@ def _gather_elements(c: NodeContext) -> list[Operand | None]:
     Runtime does) by a gather from ``arange(n)``; indices known at import fold."""
     f, data, index = c.f, c.input(0, "data"), c.input(1, "indices")
     dshape, ishape = f.shape(data), f.shape(index)
-    if f.dtype(index) not in _INTS:
+    if f.dtype(index) not in _INDEX_INTS:
         raise c.fail(f"indices must be int32 or int64, got {f.dtype(index)}")
     rank = len(dshape)
     if rank == 0 or len(ishape) != rank:
@@ -431,7 +433,7 @@ def _topk(c: NodeContext) -> list[Operand | None]:
     their int64 positions, in ``K`` rounds: the extreme of what is left (a NaN counts as
     the extreme, as in ArgMax), its first position among the untaken ones, then that
     position is taken. Ties go to the lower index, as the spec asks; smallest maximizes
-    ``-x`` (floats) or ``-1 - x`` (integers, no overflow)."""
+    ``Emitter.flip(x)`` (``-x``, or the integers' complement: no overflow)."""
     f, x = c.f, c.input(0)
     shape, dtype = _numeric_tensor(c, x)
     rank = len(shape)
@@ -443,7 +445,7 @@ def _topk(c: NodeContext) -> list[Operand | None]:
         raise c.fail(f"K = {k} is over {TOPK_MAX_K}: rlx unrolls TopK, one round per value")
     largest = bool(c.attr("largest", 1))
     floats = dtype in _FLOATS
-    v = x if largest else (f.op("neg", x) if floats else f.op("sub", f.const(-1, dtype), x))
+    v = x if largest else f.flip(x)
     lowest = f.const(-np.inf if floats else np.iinfo(dtype).min, dtype)
     positions = _along(np.arange(n, dtype=np.int64), axis, rank)
     taken: Operand | None = None
@@ -462,7 +464,7 @@ def _topk(c: NodeContext) -> list[Operand | None]:
             v = f.op("where", now, lowest, v)
     vals = values[0] if k == 1 else f.op("concat", *values, axis=axis)
     if not largest:
-        vals = f.op("neg", vals) if floats else f.op("sub", f.const(-1, dtype), vals)
+        vals = f.flip(vals)
     idxs = indices[0] if k == 1 else f.op("concat", *indices, axis=axis)
     return [f.op("reshape", vals, shape=f.shape(vals), name=c.out(0)),
             f.op("reshape", idxs, shape=f.shape(idxs), name=c.out(1))]  # fmt: skip

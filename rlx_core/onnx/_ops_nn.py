@@ -149,14 +149,26 @@ def _pool_window(c: NodeContext, x: Operand) -> dict[str, object]:
     return {"kernel": kernel, "stride": strides, "padding": pads, "dilation": dilations, "ceil_mode": ceil}
 
 
+#: The integer dtypes ONNX's MaxPool takes: pooled through float32, which holds each exactly.
+_POOL_INTS = ("int8", "uint8")
+
+
 @converter("MaxPool")
 def _max_pool(c: NodeContext) -> list[Operand | None]:
-    x = c.input(0)
+    """The IR's max_pool2d is float-only; int8/uint8 (ONNX MaxPool-12) are pooled in float32,
+    exactly (every window holds one input element at least, so no -inf pad is ever picked),
+    then cast back."""
+    f, x = c.f, c.input(0)
     if c.used(1):
         raise c.fail("the Indices output is not supported")
     window = _pool_window(c, x)
     one_d = _one_d(c)
-    y = c.f.op("max_pool2d", _as_2d(c, x), name="" if one_d else c.out(), **window)
+    dtype = f.dtype(x)
+    through = dtype in _POOL_INTS
+    xin = f.op("cast", _as_2d(c, x), dtype="float32") if through else _as_2d(c, x)
+    y = f.op("max_pool2d", xin, name="" if one_d or through else c.out(), **window)
+    if through:
+        y = f.op("cast", y, dtype=dtype, name="" if one_d else c.out())
     return [_back_to_1d(c, y, one_d), None]
 
 

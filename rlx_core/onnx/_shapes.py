@@ -175,3 +175,14 @@ class Emitter:
         out = _call_builder(scratch, kind, [scratch.constant(a) for a in arrays], dict(attrs), "")
         scratch.set_outputs([out])
         return frozen(reference.evaluate(scratch, {})[0].astype(dtype))
+
+    def flip(self, x: Operand, name: str = "") -> Operand:
+        """An order-reversing map of ``x`` that is its own inverse and never overflows:
+        ``-x`` for floats, the bitwise complement for integers (``-1 - x`` signed, where
+        ``-x`` overflows at the minimum; ``MAX - x`` unsigned, where ``-x`` wraps). So a
+        minimum is ``flip(max(flip(x)))`` in every dtype (ReduceMin, ArgMin, TopK)."""
+        dtype = self.dtype(x)
+        if dtype.startswith("float"):
+            return self.op("neg", x, name=name)
+        top = np.iinfo(dtype).max if np.dtype(dtype).kind == "u" else -1
+        return self.op("sub", self.const(top, dtype), x, name=name)

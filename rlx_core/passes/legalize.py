@@ -8,6 +8,15 @@ pass may decompose). A primitive the backend does not claim cannot be rewritten:
 becomes the *blocker*, reported with the user's node it came from, e.g. ``reduce_max,
 from softmax at node 7 'probs'``. Every node of the result keeps in ``origin`` the id of
 the user's node it stands for.
+
+Before any of that, the *dtype gate*: a backend reads the dtypes it declares
+(``Backend.dtypes``, by default the contract's six), and a node whose value or an input
+has another dtype (a ``uint8`` input, a cast from it) is refused for it here, sources
+included, with the dtype named — without asking the backend's ``claims``, so that a
+plugin written for the six never sees a node of another dtype, whatever its ``claims``
+does. Legalization is the one place every question about a backend goes through
+(placement, ``rlx check``, ``rlx devices --explain``, the partitioner, compile), so every
+one of them sees the same blocker.
 """
 
 from __future__ import annotations
@@ -16,11 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..composites import decompose
+from ..dtypes import CONTRACT_DTYPES, DTYPES
 from ..ir import Graph, Node, Value
 from ..ops import COMPOSITE_OPS, INTERNAL_OPS, OpKind
 from .internal_ops import expand
 
-__all__ = ["LegalizeResult", "legalize", "describe_blocker", "Claims"]
+__all__ = ["LegalizeResult", "DtypeGate", "legalize", "describe_blocker", "Claims"]
 
 Claims = Callable[[Node], "bool | str"]
 _MAX_PASSES = 8  # composites nest at most three deep (attention > softmax > ...)
@@ -58,14 +68,48 @@ def ask_claims(claims: Claims, node: Node) -> bool | str:
     return "not claimed" if not answer else True
 
 
+@dataclass(frozen=True)
+class DtypeGate:
+    """The dtypes one backend reads, and the refusal of nodes that hold any other."""
+
+    backend: str
+    dtypes: frozenset[str]
+
+    @classmethod
+    def of(cls, backend: object) -> DtypeGate:
+        """The gate of a ``Backend`` (its ``name`` and ``dtypes``)."""
+        dtypes = getattr(backend, "dtypes", CONTRACT_DTYPES)
+        return cls(str(getattr(backend, "name", backend)), frozenset(dtypes))
+
+    def refusal(self, graph: Graph, node: Node) -> str | None:
+        """Why the backend cannot take ``node`` of ``graph`` (its dtype, or an input's), or ``None``."""
+        if node.dtype not in self.dtypes:
+            return f"dtype {node.dtype}, {self._outside()}"
+        for i in node.inputs:
+            src = graph.node(i)
+            if src.dtype not in self.dtypes:
+                return f"its input {src.describe()} has dtype {src.dtype}, {self._outside()}"
+        return None
+
+    def _outside(self) -> str:
+        reads = ", ".join(d for d in DTYPES if d in self.dtypes)
+        return f"which {self.backend} does not read (it reads {reads})"
+
+
+def _refused(gate: DtypeGate | None, graph: Graph, node: Node) -> str | None:
+    return None if gate is None else gate.refusal(graph, node)
+
+
 def _origin_node(user: Graph, node: Node) -> Node | None:
     if node.origin is None or not 0 <= node.origin < len(user):
         return None
     return user.node(node.origin)
 
 
-def _replay(src: Graph, claims: Claims, user: Graph, notes: list[str]) -> tuple[Graph, bool]:
-    """One pass: copy ``src``, decomposing each composite that ``claims`` declines."""
+def _replay(src: Graph, claims: Claims, user: Graph, notes: list[str],
+            gate: DtypeGate | None) -> tuple[Graph, bool]:  # fmt: skip
+    """One pass: copy ``src``, decomposing each composite that ``claims`` declines (a node
+    the dtype gate refuses is copied as it is: its decomposition holds the same dtypes)."""
     out = Graph(src.name)
     mapped: dict[int, Value] = {}
     changed = False
@@ -81,7 +125,7 @@ def _replay(src: Graph, claims: Claims, user: Graph, notes: list[str]) -> tuple[
             else:
                 ins = tuple(mapped[i] for i in node.inputs)
                 rewritable = node.op in COMPOSITE_OPS or node.op in INTERNAL_OPS
-                if rewritable and ask_claims(claims, node) is not True:
+                if rewritable and _refused(gate, src, node) is None and ask_claims(claims, node) is not True:
                     before = len(out)
                     rewrite = expand if node.op in INTERNAL_OPS else decompose
                     mapped[node.id] = rewrite(out, node, ins)
@@ -99,21 +143,29 @@ def _replay(src: Graph, claims: Claims, user: Graph, notes: list[str]) -> tuple[
     return out, changed
 
 
-def legalize(graph: Graph, claims: Claims, *, user_graph: Graph | None = None) -> LegalizeResult:
+def legalize(graph: Graph, claims: Claims, *, user_graph: Graph | None = None,
+             gate: DtypeGate | None = None) -> LegalizeResult:  # fmt: skip
     """Return ``graph`` rewritten for a backend whose per-node answer is ``claims``.
 
     The result is always a new graph (the caller may own and mutate its param values).
     ``user_graph`` is the graph that ``origin`` ids refer to (``graph`` by default).
+    ``gate`` (``DtypeGate.of(backend)``) refuses every node, sources included, whose
+    dtype or an input's the backend does not read, before ``claims`` is asked about it;
+    ``None`` lets ``claims`` answer for every dtype.
     """
     user = user_graph if user_graph is not None else graph
     notes: list[str] = []
     current = graph
     for _ in range(_MAX_PASSES):
-        current, changed = _replay(current, claims, user, notes)
+        current, changed = _replay(current, claims, user, notes, gate)
         if not changed:
             break
     result = LegalizeResult(current, decomposed=notes)
     for node in current.nodes:
+        refusal = _refused(gate, current, node)
+        if refusal is not None:
+            result.unclaimed.append((node, refusal))
+            continue
         if node.op in (OpKind.INPUT, OpKind.PARAM, OpKind.CONSTANT):
             continue
         answer = ask_claims(claims, node)

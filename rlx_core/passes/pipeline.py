@@ -28,7 +28,7 @@ from ..ops import SOURCE_OPS
 from ..options import CompileOptions
 from .attention import fuse_attention
 from .fuse import fuse_elementwise, fuse_gemm
-from .legalize import LegalizeResult, ask_claims, legalize
+from .legalize import DtypeGate, LegalizeResult, ask_claims, legalize
 from .optimize import OPTIMIZE_PASSES
 from .plan import MemoryPlan, plan_memory
 
@@ -121,19 +121,21 @@ def _declined(graph: Graph, claims: Claims) -> str | None:
 
 
 def run_pipeline(graph: Graph, claims: Claims, options: CompileOptions | None = None, *,
-                 legalized: LegalizeResult | None = None) -> PipelineResult:  # fmt: skip
+                 legalized: LegalizeResult | None = None, gate: DtypeGate | None = None) -> PipelineResult:  # fmt: skip
     """Compile ``graph`` for the backend whose per-node answer is ``claims``.
 
-    ``legalized`` is ``legalize(graph, claims)`` when the caller already has it (the
-    passes after it never modify their input graph, so it may be shared).
+    ``legalized`` is ``legalize(graph, claims, gate=gate)`` when the caller already has it
+    (the passes after it never modify their input graph, so it may be shared). ``gate``
+    is the backend's ``DtypeGate``: a node of a dtype it does not read blocks the graph
+    before ``claims`` hears of it (``None``: every dtype goes to ``claims``).
     """
     if options is None:
         options = CompileOptions()
     off = set(options.disable)
     if options.legalize:
-        legal = legalized if legalized is not None else legalize(graph, claims)
-    else:
-        legal = _block_unclaimed(legalize(graph, lambda n: True), graph, claims)  # a plain copy, then checked
+        legal = legalized if legalized is not None else legalize(graph, claims, gate=gate)
+    else:  # a plain copy (the dtype gate still applies), then checked
+        legal = _block_unclaimed(legalize(graph, lambda n: True, gate=gate), graph, claims)
     result = PipelineResult(legal.graph, legal)
     result.stages.append(StageRecord("legalize", options.legalize, _computational(graph), _computational(legal.graph),
                                      list(legal.decomposed)))  # fmt: skip
@@ -185,6 +187,10 @@ def _block_unclaimed(legal: LegalizeResult, user: Graph, claims: Claims) -> Lega
     """With legalization off, a composite the backend does not claim blocks like a primitive."""
     from .legalize import describe_blocker
 
+    if not legal.supported:  # the dtype gate refused a node: claims hears nothing of this graph
+        node, reason = legal.unclaimed[0]
+        legal.blocker = describe_blocker(user, node, reason)
+        return legal
     for node in legal.graph.nodes:
         if node.op in SOURCE_OPS:
             continue

@@ -5,18 +5,19 @@ ops, ``_fused_cases.py`` the internal ones; both import this, neither the other.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 
+from ..dtypes import EXTENDED_DTYPES
 from ..ir import Graph, Node
 from ..ops import SOURCE_OPS, OpKind
 
 FLOATS = ("float32", "float16", "float64")
-INTS = ("int32", "int64")
+INTS = ("int32", "int64")  # the contract's integers (and the only index dtypes of gather)
 NUMERIC = FLOATS + INTS
 ANY_DTYPE = (*NUMERIC, "bool")
 
@@ -28,13 +29,31 @@ _FLOAT_OPS = frozenset({
 _ANY_DTYPE_OPS = frozenset({OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER,
                             OpKind.CAST, OpKind.WHERE, OpKind.EQUAL})  # fmt: skip
 
-#: The dtypes the kit draws for each op's main operand: exactly those ops.py accepts
-#: (gather's x, where's branches, cast's source and target; indices and conditions aside).
+#: The dtypes a case factory draws its op's main operand from (``op_dtypes``).
+Dtypes = tuple[str, ...]
+
+#: The contract dtypes the kit draws for each op's main operand: exactly those of the six
+#: that ops.py accepts (gather's x, where's branches, cast's source and target; indices
+#: and conditions aside). What a backend that declares nothing else is tested on.
 OP_DTYPES: dict[OpKind, tuple[str, ...]] = {
     op: FLOATS if op in _FLOAT_OPS else ANY_DTYPE if op in _ANY_DTYPE_OPS else NUMERIC
     for op in OpKind
     if op not in SOURCE_OPS
 }
+#: Every dtype ops.py accepts for each op's main operand: the contract's, then the extended
+#: integers wherever it takes int32 (the float-only ops take none of them).
+ALL_OP_DTYPES: dict[OpKind, tuple[str, ...]] = {
+    op: dts if op in _FLOAT_OPS else (*dts, *EXTENDED_DTYPES) for op, dts in OP_DTYPES.items()
+}
+
+
+def op_dtypes(op: OpKind, dtypes: Collection[str] | None = None) -> tuple[str, ...]:
+    """The dtypes the kit draws for ``op`` on a backend that reads ``dtypes`` (its
+    ``Backend.dtypes``): those of ``ALL_OP_DTYPES`` it reads. ``None`` means the
+    contract's six, so a backend that declares nothing is tested exactly as before."""
+    if dtypes is None:
+        return OP_DTYPES[op]
+    return tuple(d for d in ALL_OP_DTYPES[op] if d in dtypes)
 
 #: Ops whose result is one of their input values (or an exact function of them): a backend
 #: must reproduce the reference bit for bit, whatever the dtype.
@@ -99,17 +118,23 @@ class OpCase:
 # ----------------------------------------------------------------------------- values
 def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, lo: float = -2.0, hi: float = 2.0,
             ilo: int = -20, ihi: int = 20) -> np.ndarray:  # fmt: skip
+    """Floats in ``[lo, hi]``; ints in ``[ilo, ihi]`` cut to the dtype's range (unsigned
+    ones from 0); bools half True."""
     if dtype == "bool":
         return np.asarray(rng.random(shape) < 0.5)
-    if dtype in INTS:
-        return np.asarray(rng.integers(ilo, ihi + 1, size=shape)).astype(dtype)
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(dtype)
+        return np.asarray(rng.integers(max(ilo, info.min), min(ihi, info.max) + 1, size=shape)).astype(dtype)
     return np.asarray(rng.uniform(lo, hi, size=shape)).astype(dtype)
 
 
 def _nonzero(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    """Divisors: floats with magnitude in [0.5, 2], ints in [-9, 9] without 0."""
+    """Divisors: floats with magnitude in [0.5, 2], ints in [-9, 9] without 0 ([1, 9] unsigned)."""
     sign = np.where(rng.random(shape) < 0.5, -1, 1)
-    if dtype in INTS:
+    kind = np.dtype(dtype).kind
+    if kind == "u":
+        return np.asarray(rng.integers(1, 10, size=shape)).astype(dtype)
+    if kind == "i":
         return np.asarray(sign * rng.integers(1, 10, size=shape)).astype(dtype)
     return np.asarray(sign * rng.uniform(0.5, 2.0, size=shape)).astype(dtype)
 

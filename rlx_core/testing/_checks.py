@@ -233,11 +233,26 @@ def op_check(op: str) -> Callable[[_Context], str | None]:
         except ImportError:  # pragma: no cover - depends on the environment
             raise CheckSkipped("the op checks need hypothesis: pip install 'rlx-core[testing]'") from None
         from ._case_base import EXACT_OPS
-        from ._cases import op_cases
+        from ._cases import op_cases as draw_cases
 
         kind = OpKind(op)
         declined: list[str] = []
         ran = [0]
+
+        # The dtypes the backend declares (Backend.dtypes): a backend reading the extended
+        # integers proves its claims on them too; one that declares nothing sees the six.
+        declared = getattr(ctx.backend, "dtypes", None)
+        dtypes = frozenset(declared) if isinstance(declared, (set, frozenset)) else None
+        try:
+            cases = draw_cases(kind, ctx.seed, dtypes)
+        except ValueError as exc:  # a backend that declares none of the dtypes this op takes
+            raise CheckSkipped(f"{ctx.who}: {exc}") from None
+
+        def op_cases(kind: OpKind, seed: int) -> Any:
+            # derandomize seeds hypothesis from the test's source, decorators included: the
+            # decorator below reads as it always has, so a backend of the six draws the very
+            # cases it drew before the extended dtypes existed.
+            return cases
 
         @settings(max_examples=ctx.max_examples, deadline=None, derandomize=True, database=None,
                   suppress_health_check=list(HealthCheck), report_multiple_bugs=False,

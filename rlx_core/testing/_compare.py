@@ -33,9 +33,10 @@ def mismatch(dtype: str, got: np.ndarray, ref: np.ndarray, *, terms: int = 1, ex
     Floats compare with ``tolerance`` (NaN must meet NaN, an infinity the same infinity);
     ints and bool, and every dtype when ``exact``, must be equal.
     """
-    g = np.asarray(got).astype(np.float64) if dtype not in ("int32", "int64", "bool") else np.asarray(got)
-    if dtype in ("int32", "int64", "bool") or exact:
-        r = ref if dtype in ("int32", "int64", "bool") else np.asarray(ref).astype(dtype).astype(np.float64)
+    discrete = np.dtype(dtype).kind in "iub"  # every integer width (uint64 does not fit a float64) and bool
+    g = np.asarray(got) if discrete else np.asarray(got).astype(np.float64)
+    if discrete or exact:
+        r = ref if discrete else np.asarray(ref).astype(dtype).astype(np.float64)
         bad = ~((g == r) | (np.isnan(g) & np.isnan(r)) if g.dtype.kind == "f" else (g == r))
         if not bad.any():
             return None

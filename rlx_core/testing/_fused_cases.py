@@ -13,16 +13,16 @@ from hypothesis import strategies as st
 
 from ..internal_types import make_instruction
 from ..ops import OpKind
-from ._case_base import FLOATS, OP_DTYPES, OpCase, Operand, _broadcastable, _rng, _shape, _values
+from ._case_base import FLOATS, Dtypes, OpCase, Operand, _broadcastable, _rng, _shape, _values
 
 _INT_PROGRAM_OPS = ("add", "sub", "mul", "maximum", "minimum", "neg", "abs", "relu")
 _FLOAT_PROGRAM_OPS = (*_INT_PROGRAM_OPS, "tanh", "sigmoid")
 _UNARY = frozenset({"neg", "abs", "relu", "tanh", "sigmoid"})
 
-def gemm_cases(seed: int) -> st.SearchStrategy[OpCase]:
+def gemm_cases(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
     @st.composite
     def case(draw: Callable) -> OpCase:
-        dtype = draw(st.sampled_from(OP_DTYPES[OpKind.GEMM]))
+        dtype = draw(st.sampled_from(dtypes))
         batch = _shape(draw, 0, 2, 3)
         m, k, n = (draw(st.integers(1, 6)) for _ in range(3))
         rng = _rng(draw, seed)
@@ -35,10 +35,10 @@ def gemm_cases(seed: int) -> st.SearchStrategy[OpCase]:
 
     return case()
 
-def fused_cases(seed: int) -> st.SearchStrategy[OpCase]:
+def fused_cases(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
     @st.composite
     def case(draw: Callable) -> OpCase:
-        dtype = draw(st.sampled_from(OP_DTYPES[OpKind.FUSED_ELEMENTWISE]))
+        dtype = draw(st.sampled_from(dtypes))
         base = _shape(draw, 1, 3, 6)
         n_in = draw(st.integers(1, 3))
         rng = _rng(draw, seed)

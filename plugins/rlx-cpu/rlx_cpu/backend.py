@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import rlx_core
+from rlx_core.dtypes import DTYPES
 from rlx_core.errors import DeviceError
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ class CpuBackend(rlx_core.Backend):
     label = "CPU (numpy)"
     priority = 0
     api_version = rlx_core.PLUGIN_API_VERSION
+    dtypes = frozenset(DTYPES)
 
     def probe(self) -> rlx_core.Availability:
         a = np.arange(6, dtype=np.float32).reshape(2, 3)

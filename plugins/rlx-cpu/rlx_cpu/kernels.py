@@ -127,7 +127,8 @@ def _int_div(a: np.ndarray, b: np.ndarray, out: np.ndarray, rem: np.ndarray, wha
     # a - fmod(a, b) is an exact multiple of b, so floor division of it truncates exactly.
     np.fmod(a, b, rem)
     np.subtract(a, rem, out)
-    np.floor_divide(out, b, out)
+    with np.errstate(over="ignore"):  # MIN / -1 wraps to MIN, as the reference says, without a warning
+        np.floor_divide(out, b, out)
 
 
 def _div(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
