@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from ..ops import OpKind
 from . import _fused_cases
+from ._cases_exact import EXACT_FACTORIES
 from ._case_base import (
     ANY_DTYPE,
     INTS,
@@ -392,6 +393,7 @@ _FACTORIES: dict[OpKind, Callable[[int], st.SearchStrategy[OpCase]]] = {
     **{op: (lambda seed, op=op: _compare(op, seed)) for op in (OpKind.EQUAL, OpKind.LESS, OpKind.GREATER)},
     OpKind.GEMM: lambda seed: _internal_cases(OpKind.GEMM, seed),
     OpKind.FUSED_ELEMENTWISE: lambda seed: _internal_cases(OpKind.FUSED_ELEMENTWISE, seed),
+    **EXACT_FACTORIES,
 }  # fmt: skip
 
 
