@@ -18,7 +18,9 @@ __all__: list[str] = []
 
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
 _UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Erf": "erf", "Tanh": "tanh",
-          "Sigmoid": "sigmoid", "Relu": "relu"}  # fmt: skip
+          "Sigmoid": "sigmoid", "Relu": "relu", "Floor": "floor", "Ceil": "ceil", "Round": "round",
+          "BitwiseNot": "bitwise_not"}  # fmt: skip
+_BITWISE = {"BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor"}
 _COMPARE = {
     "Equal": np.equal,
     "Less": np.less,
@@ -40,6 +42,22 @@ def _binary(c: NodeContext) -> list[Operand | None]:
 @converter(*_UNARY)
 def _unary(c: NodeContext) -> list[Operand | None]:
     return [c.f.op(_UNARY[c.op_type], c.input(0), name=c.out())]
+
+
+@converter(*_BITWISE)
+def _bitwise(c: NodeContext) -> list[Operand | None]:
+    return [c.f.op(_BITWISE[c.op_type], c.input(0), c.input(1), name=c.out())]
+
+
+@converter("BitShift")
+def _bit_shift(c: NodeContext) -> list[Operand | None]:
+    """``direction`` LEFT or RIGHT (required). BitShift-28's rules for signed values and
+    out-of-range shifts are the IR ops' own (docs/ops.md)."""
+    direction = c.attr("direction")
+    if direction not in ("LEFT", "RIGHT"):
+        raise c.fail(f"direction must be 'LEFT' or 'RIGHT', got {direction!r}")
+    kind = "bit_shift_left" if direction == "LEFT" else "bit_shift_right"
+    return [c.f.op(kind, c.input(0), c.input(1), name=c.out())]
 
 
 @converter("Reciprocal")

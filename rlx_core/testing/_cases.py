@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from ..ops import OpKind
 from . import _fused_cases
-from ._cases_exact import EXACT_FACTORIES
 from ._case_base import (
     ANY_DTYPE,
     INTS,
@@ -32,6 +31,7 @@ from ._case_base import (
     _shape,
     _values,
 )
+from ._cases_exact import EXACT_FACTORIES
 
 _UNARY_RANGE = {
     OpKind.LOG: (0.1, 4.0), OpKind.SQRT: (0.1, 4.0), OpKind.RSQRT: (0.1, 4.0), OpKind.EXP: (-4.0, 4.0),
