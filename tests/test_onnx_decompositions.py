@@ -1,6 +1,6 @@
 """ONNX ops read as compositions of existing IR ops: LpPool (a depthwise conv2d of |x|^p),
-SpaceToDepth / DepthToSpace (reshape, transpose, reshape), EyeLike (a constant), and
-ReduceMax / ReduceMin on bool inputs and over empty sets. Against onnxruntime where it
+SpaceToDepth / DepthToSpace (reshape, transpose, reshape), Tile and Compress (gather),
+EyeLike (a constant), and ReduceMax / ReduceMin on bool inputs and over empty sets. Against onnxruntime where it
 has the form, else against a numpy reading of the spec."""
 
 from __future__ import annotations
@@ -177,3 +177,40 @@ def test_reduce_extremes_over_an_empty_set_give_the_identity(op: str, dtype: str
     np.testing.assert_array_equal(got, want)
     if dtype == "float32":
         check_against_ort(_model(op, {"x": x}, {"axes": np.array([1], np.int64)}, keepdims=keepdims), {"x": x})
+
+
+# ----------------------------------------------------------------------------- Tile / Compress
+TILES = [((2, 3), (2, 1)), ((2, 3, 4), (1, 3, 2)), ((3,), (0,)), ((2, 2), (1, 1))]
+
+
+@pytest.mark.parametrize(("shape", "repeats"), TILES)
+@pytest.mark.parametrize("dtype", ["float32", "int64", "bool"])
+def test_tile_against_numpy_and_onnxruntime(shape: tuple[int, ...], repeats: tuple[int, ...], dtype: str) -> None:
+    x = (RNG.uniform(-5, 5, shape) > 0 if dtype == "bool" else RNG.uniform(-5, 5, shape)).astype(dtype)
+    model = _model("Tile", {"x": x}, {"r": np.array(repeats, np.int64)})
+    graph = check_against_ort(model, {"x": x}, rtol=0, atol=0)
+    assert _ops(graph) <= {"gather", "reshape"}  # a graph output that is its input is a reshape of it
+    np.testing.assert_array_equal(rlx.compile(graph, device="cpu").run({"x": x})[0], np.tile(x, repeats))
+
+
+@pytest.mark.parametrize(("cond", "axis"), [([0, 1, 1], 0), ([0, 1], 1), ([1, 0, 0, 1, 1], None), ([0, 1], -1),
+                                            ([0, 0, 0], 0), ([1], None)])  # fmt: skip
+def test_compress_with_a_known_condition_against_onnxruntime(cond: list[int], axis: int | None) -> None:
+    x = RNG.uniform(-5, 5, (3, 2)).astype(np.float32)
+    attrs = {} if axis is None else {"axis": axis}
+    model = _model("Compress", {"x": x}, {"c": np.array(cond, bool)}, **attrs)
+    graph = check_against_ort(model, {"x": x}, rtol=0, atol=0)
+    assert _ops(graph) <= {"gather", "reshape"}
+
+
+def test_tile_and_compress_refusals() -> None:
+    x = np.zeros((3, 2), np.float32)
+    with pytest.raises(ModelError, match=r"repeats must hold one count >= 0 per axis"):
+        rlx_onnx.load(_model("Tile", {"x": x}, {"r": np.array([2], np.int64)}))
+    with pytest.raises(ModelError, match=r"condition has 4 entries, more than the 3 along axis 0"):
+        rlx_onnx.load(_model("Compress", {"x": x}, {"c": np.ones(4, bool)}, axis=0))
+    node = helper.make_node("Compress", ["x", "c"], ["y"], axis=0)
+    model = make_model([node], [vi("x", "float32", [3, 2]), vi("c", "bool", [3])],
+                       [helper.make_empty_tensor_value_info("y")])  # fmt: skip
+    with pytest.raises(ModelError, match=r"input condition \('c'\) must be known at import"):
+        rlx_onnx.load(model)

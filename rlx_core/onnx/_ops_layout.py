@@ -1,6 +1,7 @@
 """Converters of ops that only move values or make them from shapes: SpaceToDepth,
-DepthToSpace (a reshape, a transpose, a reshape: exact, any dtype) and EyeLike (a
-constant: rlx shapes are static, so the identity matrix is known at import).
+DepthToSpace (a reshape, a transpose, a reshape), Tile and Compress (a ``gather`` by a
+table known at import), all exact for every dtype, and EyeLike (a constant: rlx shapes
+are static, so the identity matrix is known at import).
 """
 
 from __future__ import annotations
@@ -73,3 +74,47 @@ def _eye_like(c: NodeContext) -> list[Operand | None]:
     dtype = onnx_dtype(int(c.attr("dtype")), "its 'dtype'") if c.has_attr("dtype") else f.dtype(x)
     f.check_size(shape, dtype, "EyeLike's result")
     return [frozen(np.eye(shape[0], shape[1], k=int(c.attr("k", 0)), dtype=np.dtype(dtype)))]
+
+
+@converter("Tile")
+def _tile(c: NodeContext) -> list[Operand | None]:
+    """``repeats`` known at import: per repeated axis, one ``gather`` by the constant
+    table ``tile(arange(d), r)`` (exact, every dtype; a repeat of 0 empties the axis)."""
+    f, y = c.f, c.input(0)
+    shape = f.shape(y)
+    repeats = c.ints(1, "repeats")
+    if repeats is None or len(repeats) != len(shape) or any(r < 0 for r in repeats):
+        raise c.fail(f"repeats must hold one count >= 0 per axis of the input {shape}, got {repeats}")
+    f.check_size(tuple(d * r for d, r in zip(shape, repeats)), f.dtype(y), "Tile's result")
+    moved = [a for a, r in enumerate(repeats) if r != 1]
+    if not moved:
+        return [y]
+    for a in moved:
+        table = frozen(np.tile(np.arange(shape[a], dtype=np.int64), repeats[a]))
+        y = f.op("gather", y, table, axis=a, name=c.out() if a == moved[-1] else "")
+    return [y]
+
+
+@converter("Compress")
+def _compress(c: NodeContext) -> list[Operand | None]:
+    """The slices along ``axis`` (or the elements of the flattened input, without one)
+    where ``condition`` (known at import) is true: one ``gather`` by their positions."""
+    f, x = c.f, c.input(0)
+    shape = f.shape(x)
+    cond = c.static(1, "condition")
+    if cond is None:
+        raise c.fail("input 1 (condition) is required")
+    if cond.ndim != 1:
+        raise c.fail(f"condition must be 1-D, got shape {cond.shape}")
+    if c.has_attr("axis"):
+        axis = int(c.attr("axis"))
+        if not -len(shape) <= axis < max(len(shape), 1) or not shape:
+            raise c.fail(f"axis {axis} is out of range for rank {len(shape)}")
+        axis %= len(shape)
+    else:
+        x, axis = f.op("reshape", x, shape=(int(np.prod(shape)),)), 0
+    length = f.shape(x)[axis]
+    if cond.shape[0] > length:
+        raise c.fail(f"condition has {cond.shape[0]} entries, more than the {length} along axis {axis}")
+    picked = frozen(np.flatnonzero(cond.astype(bool)).astype(np.int64))
+    return [f.op("gather", x, picked, axis=axis, name=c.out())]
