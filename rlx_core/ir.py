@@ -409,6 +409,48 @@ class Graph:
         """``a > b`` elementwise, a bool result (false where either is NaN)."""
         return self._add(OpKind.GREATER, (a, b), name)
 
+    def floor(self, x: ValueLike, *, name: str = "") -> Value:
+        """The largest integer value not above ``x`` (floats; NaN, infinities and -0.0 stay)."""
+        return self._add(OpKind.FLOOR, (x,), name)
+
+    def ceil(self, x: ValueLike, *, name: str = "") -> Value:
+        """The smallest integer value not below ``x`` (floats)."""
+        return self._add(OpKind.CEIL, (x,), name)
+
+    def round(self, x: ValueLike, *, name: str = "") -> Value:
+        """The nearest integer value, halves to even (``round(2.5) == 2``), as ONNX Round (floats)."""
+        return self._add(OpKind.ROUND, (x,), name)
+
+    def fmod(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
+        """C's ``fmod``: the remainder with the sign of ``a`` (floats and ints; an int by zero
+        is an ``InputError`` at run time, as in ``div``)."""
+        return self._add(OpKind.FMOD, (a, b), name)
+
+    def bitwise_and(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
+        """``a & b`` on integers."""
+        return self._add(OpKind.BITWISE_AND, (a, b), name)
+
+    def bitwise_or(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
+        """``a | b`` on integers."""
+        return self._add(OpKind.BITWISE_OR, (a, b), name)
+
+    def bitwise_xor(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
+        """``a ^ b`` on integers."""
+        return self._add(OpKind.BITWISE_XOR, (a, b), name)
+
+    def bitwise_not(self, x: ValueLike, *, name: str = "") -> Value:
+        """``~x`` on integers (two's complement: ``~x == -1 - x`` for signed ones)."""
+        return self._add(OpKind.BITWISE_NOT, (x,), name)
+
+    def bit_shift_left(self, x: ValueLike, shift: ValueLike, *, name: str = "") -> Value:
+        """``x << shift`` on integers, wrapping; a shift < 0 or >= the bit width gives 0."""
+        return self._add(OpKind.BIT_SHIFT_LEFT, (x, shift), name)
+
+    def bit_shift_right(self, x: ValueLike, shift: ValueLike, *, name: str = "") -> Value:
+        """``x >> shift`` on integers, arithmetic (sign-filling) for signed ones; a shift < 0
+        or >= the bit width gives -1 for a negative ``x`` and 0 otherwise."""
+        return self._add(OpKind.BIT_SHIFT_RIGHT, (x, shift), name)
+
     def conv2d(self, x: ValueLike, w: ValueLike, b: ValueLike | None = None, stride: Any = 1, padding: Any = 0,
                dilation: Any = 1, groups: int = 1, *, name: str = "") -> Value:  # fmt: skip
         """NCHW convolution (cross-correlation) with OIHW weights, as in ONNX and PyTorch."""

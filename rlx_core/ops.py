@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from .dtypes import FLOAT_DTYPES, normalize_dtype
+from .dtypes import FLOAT_DTYPES, is_int, normalize_dtype
 from .errors import GraphError
 
 __all__ = [
@@ -70,6 +70,16 @@ class OpKind(str, enum.Enum):
     EQUAL = "equal"
     LESS = "less"
     GREATER = "greater"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    ROUND = "round"
+    FMOD = "fmod"
+    BITWISE_AND = "bitwise_and"
+    BITWISE_OR = "bitwise_or"
+    BITWISE_XOR = "bitwise_xor"
+    BITWISE_NOT = "bitwise_not"
+    BIT_SHIFT_LEFT = "bit_shift_left"
+    BIT_SHIFT_RIGHT = "bit_shift_right"
     CONV2D = "conv2d"
     MAX_POOL2D = "max_pool2d"
     AVG_POOL2D = "avg_pool2d"
@@ -102,18 +112,26 @@ COMPOSITE_OPS: frozenset[OpKind] = frozenset(
 INTERNAL_OPS: frozenset[OpKind] = frozenset({OpKind.GEMM, OpKind.FUSED_ELEMENTWISE})
 PRIMITIVE_OPS: frozenset[OpKind] = frozenset(OpKind) - COMPOSITE_OPS - SOURCE_OPS - INTERNAL_OPS
 
-BINARY_OPS = (OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV, OpKind.POW, OpKind.MAXIMUM, OpKind.MINIMUM)
+#: Bitwise ops and shifts: integer operands only, two's complement bits (see docs/ops.md).
+BITWISE_OPS = (OpKind.BITWISE_AND, OpKind.BITWISE_OR, OpKind.BITWISE_XOR, OpKind.BITWISE_NOT,
+               OpKind.BIT_SHIFT_LEFT, OpKind.BIT_SHIFT_RIGHT)  # fmt: skip
+BINARY_OPS = (
+    OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV, OpKind.POW, OpKind.MAXIMUM, OpKind.MINIMUM, OpKind.FMOD,
+    OpKind.BITWISE_AND, OpKind.BITWISE_OR, OpKind.BITWISE_XOR, OpKind.BIT_SHIFT_LEFT, OpKind.BIT_SHIFT_RIGHT,
+)  # fmt: skip
 UNARY_OPS = (
     OpKind.NEG, OpKind.ABS, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF,
-    OpKind.TANH, OpKind.SIGMOID, OpKind.RELU, OpKind.GELU,
+    OpKind.TANH, OpKind.SIGMOID, OpKind.RELU, OpKind.GELU, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND,
+    OpKind.BITWISE_NOT,
 )  # fmt: skip
 #: Elementwise comparisons: numpy broadcasting, a bool result (IEEE: NaN compares unequal).
 COMPARE_OPS = (OpKind.EQUAL, OpKind.LESS, OpKind.GREATER)
 ELEMENTWISE_OPS: frozenset[OpKind] = frozenset(BINARY_OPS + UNARY_OPS + COMPARE_OPS + (OpKind.CAST, OpKind.WHERE))
 _FLOAT_ONLY = frozenset(
     {OpKind.POW, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.TANH,
-     OpKind.SIGMOID, OpKind.GELU}
+     OpKind.SIGMOID, OpKind.GELU, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND}
 )  # fmt: skip
+_INT_ONLY = frozenset(BITWISE_OPS)
 
 Shape = tuple[int, ...]
 
@@ -208,6 +226,9 @@ def _check_kind(op: OpKind, dtype: str, ins: Sequence[TensorLike]) -> None:
                                    OpKind.ATTENTION):  # fmt: skip
         if dtype not in FLOAT_DTYPES:
             raise _fail(op, f"needs a float dtype, got {_fmt(ins)}")
+    elif op in _INT_ONLY:
+        if not is_int(dtype):
+            raise _fail(op, f"needs an integer dtype, got {_fmt(ins)}")
     elif dtype == "bool":
         raise _fail(op, f"does not take bool, got {_fmt(ins)}")
 

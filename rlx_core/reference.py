@@ -72,6 +72,32 @@ def _div(node: Node, xs: Sequence[np.ndarray]) -> np.ndarray:
     return q.astype(a.dtype, copy=False)
 
 
+def _fmod(node: Node, xs: Sequence[np.ndarray]) -> np.ndarray:
+    """C's ``fmod``: the remainder of truncating division, with the sign of the dividend.
+    Floats follow IEEE/C (NaN for an infinite dividend or a zero divisor, the dividend for
+    an infinite divisor; exact, so float64 gives every narrower float's answer); integers
+    by zero are an error, as in ``div``."""
+    a, b = xs
+    if a.dtype.kind != "f" and np.any(b == 0):
+        raise InputError(f"{node.describe()} (fmod): integer fmod by zero")
+    return np.fmod(a, b)
+
+
+def _bit_shift(node: Node, xs: Sequence[np.ndarray]) -> np.ndarray:
+    """Shifts of two's complement bits (ONNX BitShift-28): a left shift drops the bits
+    pushed past the top (it wraps), a right shift of a signed value copies the sign bit.
+    A shift by a negative amount or by at least the bit width leaves only what the sign
+    fill makes: -1 for a right shift of a negative value, 0 otherwise."""
+    x, y = xs
+    bits = np.iinfo(x.dtype).bits
+    valid = (y >= 0) & (y < bits)
+    amount = np.where(valid, y, 0).astype(x.dtype)
+    if node.op is OpKind.BIT_SHIFT_LEFT:
+        return np.where(valid, np.left_shift(x, amount), np.zeros((), x.dtype))
+    fill = np.where(x < 0, -1, 0).astype(x.dtype) if np.iinfo(x.dtype).min < 0 else np.zeros((), x.dtype)
+    return np.where(valid, np.right_shift(x, amount), fill)
+
+
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
@@ -276,6 +302,16 @@ _KERNELS: dict[OpKind, Kernel] = {
     OpKind.EQUAL: _binary(np.equal),
     OpKind.LESS: _binary(np.less),
     OpKind.GREATER: _binary(np.greater),
+    OpKind.FLOOR: _unary(np.floor),
+    OpKind.CEIL: _unary(np.ceil),
+    OpKind.ROUND: _unary(np.rint),  # half to even, like IEEE roundeven and ONNX Round
+    OpKind.FMOD: _fmod,
+    OpKind.BITWISE_AND: _binary(np.bitwise_and),
+    OpKind.BITWISE_OR: _binary(np.bitwise_or),
+    OpKind.BITWISE_XOR: _binary(np.bitwise_xor),
+    OpKind.BITWISE_NOT: _unary(np.invert),
+    OpKind.BIT_SHIFT_LEFT: _bit_shift,
+    OpKind.BIT_SHIFT_RIGHT: _bit_shift,
     OpKind.CONV2D: _conv2d,
     OpKind.MAX_POOL2D: _max_pool2d,
     OpKind.AVG_POOL2D: _avg_pool2d,
@@ -375,7 +411,7 @@ def evaluate(graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] 
     ``params`` (name -> array of the param's shape and dtype) replaces params' values for
     this call, as ``set_param`` would. Inputs are not modified. Raises ``InputError`` for
     missing or unknown names, a wrong shape, integer division by zero or an out-of-range
-    gather index.
+    gather index, or integer fmod by zero.
     """
     values = _feed(graph, inputs)
     overrides = _param_overrides(graph, params or {})

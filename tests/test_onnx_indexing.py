@@ -407,14 +407,14 @@ def test_mod_float16_at_run_time_is_exact_with_special_cases() -> None:
     assert np.array_equal(np.signbit(got[numbers]), np.signbit(want[numbers]))
 
 
-def test_mod_of_known_floats_folds_and_run_time_float32_is_refused() -> None:
+def test_mod_of_known_floats_folds_and_run_time_floats_use_the_fmod_op() -> None:
     a, b = np.array([-4.3, 7.2, 5.0], np.float32), np.array([2.1, -3.4, 8.0], np.float32)
     nodes = [helper.make_node("Mod", ["a", "b"], ["m"], fmod=1), helper.make_node("Add", ["x", "m"], ["y"])]
     model = make_model(nodes, [vi("x", "float32", [3])], [vi("y", "float32", [3])], [init("a", a), init("b", b)])
-    check_against_ort(model, {"x": f32(3)})
-    model, _ = one_node("Mod", {"a": a, "b": b}, fmod=1)
-    with pytest.raises(ModelError, match="float32 values computed at run time is not supported"):
-        rlx_onnx.load(model)
+    assert ops_of(check_against_ort(model, {"x": f32(3)})) == ["add"]
+    for dtype in ("float32", "float64"):
+        x, y = a.astype(dtype), b.astype(dtype)
+        assert ops_of(check_against_ort(*one_node("Mod", {"a": x, "b": y}, fmod=1))) == ["fmod"]
     model, _ = one_node("Mod", {"a": a}, {"b": b}, fmod=0)
     with pytest.raises(ModelError, match="fmod=0 needs integer operands before Mod-28"):
         rlx_onnx.load(model)
@@ -447,20 +447,43 @@ def test_mod_on_shape_arithmetic_loads_and_folds() -> None:
     assert graph.node(graph.outputs[0]).shape == (6, 4)
 
 
-def test_mod_28_float_floor_mod(monkeypatch: pytest.MonkeyPatch) -> None:
+def _float_mod_operands(dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Every sign pairing, signed zeros, infinities, NaN, a zero divisor, extremes of the dtype."""
+    fin = np.finfo(dtype)
+    a = np.array([5.5, -5.5, 5.5, -5.5, 4, -4, 0, -0.0, np.inf, 1, 3, -3, 0, -0.0, np.nan, -1e-3, fin.max,
+                  fin.smallest_subnormal, -fin.max, 7.25, -7.25], dtype)  # fmt: skip
+    b = np.array([2, 2, -2, -2, 2, 2, -3, 3, 2, 0, -np.inf, np.inf, -np.inf, np.inf, 1, 1, fin.smallest_subnormal,
+                  -fin.max, 0.1, -0.5, 0.5], dtype)  # fmt: skip
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_mod_fmod_1_of_float32_and_float64_at_run_time_is_c_fmod(dtype: str) -> None:
+    a, b = _float_mod_operands(dtype)
+    graph = rlx_onnx.load(one_node("Mod", {"a": a, "b": b}, fmod=1)[0])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        got = rlx_core.compile(graph, device="cpu").run({"a": a, "b": b})[0]
+        want = np.fmod(a, b)
+        check_against_ort(*one_node("Mod", {"a": a, "b": b}, fmod=1))
+    np.testing.assert_array_equal(got, want)
+    assert np.array_equal(np.signbit(got[~np.isnan(got)]), np.signbit(want[~np.isnan(want)]))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_mod_28_float_floor_mod(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
     """Mod-28 defines fmod=0 for floats (Python's rule); the converter reads it once the
     version table admits Mod-28 (here patched in; ``_versions.REVIEWED``)."""
     monkeypatch.setitem(_versions.REVIEWED, ("Mod", 28), "fmod=0 for floats: Python's rule, as the converter reads")
     _versions.readable_versions.cache_clear()
     try:
-        a = np.array([5.5, -5.5, 5.5, -5.5, 4, -4, 0, -0.0, np.inf, 1, 3, -3, 0, -0.0, np.nan, -1e-3], np.float16)
-        b = np.array([2, 2, -2, -2, 2, 2, -3, 3, 2, 0, -np.inf, np.inf, -np.inf, np.inf, 1, 1], np.float16)
+        a, b = _float_mod_operands(dtype)
         model, feeds = one_node("Mod", {"a": a, "b": b}, opset=28)
         model.ir_version = 11
         with np.errstate(invalid="ignore", divide="ignore"):
             got = rlx_core.compile(rlx_onnx.load(model), device="cpu").run(feeds)[0]
-            want = np.mod(a.astype(np.float64), b.astype(np.float64)).astype(np.float16)  # Python's %
-            check_against_ort(model, feeds)
+            want = np.mod(a.astype(np.float64), b.astype(np.float64)).astype(dtype)  # Python's %, exact
+            if dtype == "float16":  # onnxruntime has no float32/float64 Mod-28 kernel with these rules
+                check_against_ort(model, feeds)
         np.testing.assert_array_equal(got, want)
         assert np.array_equal(np.signbit(got[~np.isnan(got)]), np.signbit(want[~np.isnan(want)]))
     finally:

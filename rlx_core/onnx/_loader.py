@@ -29,6 +29,7 @@ from . import (  # noqa: F401  (they register the converters)
     _ops_conv_transpose,
     _ops_einsum,
     _ops_indexing,
+    _ops_layout,
     _ops_losses,
     _ops_nn,
     _ops_resize,

@@ -8,9 +8,11 @@ tensor ops live in ``_ops_tensor``, networks' layers (Gemm, Conv, pools, norms) 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
+from ..dtypes import is_int
 from ._context import NodeContext, converter
 from ._shapes import Emitter, Operand, frozen
 
@@ -18,7 +20,9 @@ __all__: list[str] = []
 
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
 _UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Erf": "erf", "Tanh": "tanh",
-          "Sigmoid": "sigmoid", "Relu": "relu"}  # fmt: skip
+          "Sigmoid": "sigmoid", "Relu": "relu", "Floor": "floor", "Ceil": "ceil", "Round": "round",
+          "BitwiseNot": "bitwise_not"}  # fmt: skip
+_BITWISE = {"BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor"}
 _COMPARE = {
     "Equal": np.equal,
     "Less": np.less,
@@ -40,6 +44,22 @@ def _binary(c: NodeContext) -> list[Operand | None]:
 @converter(*_UNARY)
 def _unary(c: NodeContext) -> list[Operand | None]:
     return [c.f.op(_UNARY[c.op_type], c.input(0), name=c.out())]
+
+
+@converter(*_BITWISE)
+def _bitwise(c: NodeContext) -> list[Operand | None]:
+    return [c.f.op(_BITWISE[c.op_type], c.input(0), c.input(1), name=c.out())]
+
+
+@converter("BitShift")
+def _bit_shift(c: NodeContext) -> list[Operand | None]:
+    """``direction`` LEFT or RIGHT (required). BitShift-28's rules for signed values and
+    out-of-range shifts are the IR ops' own (docs/ops.md)."""
+    direction = c.attr("direction")
+    if direction not in ("LEFT", "RIGHT"):
+        raise c.fail(f"direction must be 'LEFT' or 'RIGHT', got {direction!r}")
+    kind = "bit_shift_left" if direction == "LEFT" else "bit_shift_right"
+    return [c.f.op(kind, c.input(0), c.input(1), name=c.out())]
 
 
 @converter("Reciprocal")
@@ -264,6 +284,33 @@ def reduce_axes(c: NodeContext, rank: int) -> tuple[int, ...] | None:
     return tuple(out)
 
 
+def _empty_extreme(f: Emitter, x: Operand, axes: tuple[int, ...], keep: bool, largest: bool) -> np.ndarray:
+    """ReduceMax/ReduceMin over an empty set: ONNX's identity of the reduction, whatever
+    ``x`` holds (it holds nothing there): -inf / +inf for floats, the dtype's minimum /
+    maximum for integers, False / True for bool. A constant of the reduced shape."""
+    shape, dtype = f.shape(x), f.dtype(x)
+    out = tuple(1 if i in axes else d for i, d in enumerate(shape)) if keep else tuple(
+        d for i, d in enumerate(shape) if i not in axes
+    )
+    if dtype == "bool":
+        fill: Any = not largest
+    elif is_int(dtype):
+        fill = np.iinfo(dtype).min if largest else np.iinfo(dtype).max
+    else:
+        fill = -np.inf if largest else np.inf
+    f.check_size(out, dtype, "the result of a reduction over an empty set")
+    return frozen(np.full(out, fill, dtype=np.dtype(dtype)))
+
+
+def _bool_extreme(f: Emitter, x: Operand, axes: tuple[int, ...], keep: bool, largest: bool, name: str) -> Operand:
+    """ReduceMax of bool is "any", ReduceMin "all": the IR's reduce_max over 0/1 int32
+    (``x`` for any, ``not x`` for all, whose max says whether some element is False)."""
+    one, zero = f.const(1, "int32"), f.const(0, "int32")
+    bits = f.op("where", x, one, zero) if largest else f.op("where", x, zero, one)
+    found = f.op("reduce_max", bits, axes=axes, keepdims=keep)
+    return f.op("equal", found, one if largest else zero, name=name)
+
+
 @converter("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2")
 def _reduce(c: NodeContext) -> list[Operand | None]:
     f, x = c.f, c.input(0)
@@ -279,6 +326,11 @@ def _reduce(c: NodeContext) -> list[Operand | None]:
                 return [f.op("abs", x, name=name)]
             return [x]
         axes = tuple(range(rank))
+    if op in ("ReduceMax", "ReduceMin"):
+        if any(f.shape(x)[a] == 0 for a in axes):
+            return [_empty_extreme(f, x, axes, keep, op == "ReduceMax")]
+        if f.dtype(x) == "bool":
+            return [_bool_extreme(f, x, axes, keep, op == "ReduceMax", name)]
     if op == "ReduceMin":
         flipped = f.op("reduce_max", f.flip(x), axes=axes, keepdims=keep)  # no overflow at INT_MIN
         return [f.flip(flipped, name=name)]

@@ -376,16 +376,33 @@ def _float_mod(f: Emitter, a: Operand, b: Operand, floor: bool, name: str) -> Op
     return f.op("cast", f.op("where", finite, r, nan), dtype=dtype, name=name)
 
 
+def _fmod_floor(f: Emitter, a: Operand, b: Operand, name: str) -> Operand:
+    """Python's ``a % b`` from C's ``r = fmod(a, b)``, as CPython and numpy compute it:
+    ``r + b`` where ``r`` is nonzero and its sign differs from ``b``'s (exact: ``|r| <
+    |b|`` with opposite signs), and a zero result takes the sign of ``b``. That gives
+    Mod-28's special values too: NaN stays NaN (``fmod`` makes it for an infinite ``a``
+    or a zero ``b``), and a finite ``a`` against an infinite ``b`` of the other sign
+    gives ``b``."""
+    dtype = f.dtype(a)
+    zero = f.const(0, dtype)
+    r = f.op("fmod", a, b)
+    # r < 0 means b is nonzero and not NaN, so "b not negative" is b > 0; likewise for r > 0
+    fix = f.op("where", f.op("less", r, zero), f.op("greater", b, zero),
+               f.op("where", f.op("greater", r, zero), f.op("less", b, zero), f.const(False, "bool")))  # fmt: skip
+    r = f.op("where", fix, f.op("add", r, b), r)
+    signed_zero = f.op("where", f.op("less", b, zero), f.const(-0.0, dtype), zero)
+    return f.op("where", f.op("equal", r, zero), signed_zero, r, name=name)
+
+
 @converter("Mod")
 def _mod(c: NodeContext) -> list[Operand | None]:
     """``fmod=0``: Python's ``%`` (the sign of the divisor), integers only before Mod-28;
     ``fmod=1``: C's ``fmod`` (the sign of the dividend), floats and, as ONNX Runtime
     reads it, integers. Folded with numpy when both operands are known at import (shape
     arithmetic); at run time integers are ``a - (a / b) * b`` with the IR's truncating
-    division, plus ``b`` where Python's rule needs it (exact, overflow-free), and
-    float16 goes through float64 exactly (``_float_mod``). float32 and float64 are
-    refused at run time: rlx has no floor or fmod op, and these decompositions are not
-    exact over their range."""
+    division, plus ``b`` where Python's rule needs it (exact, overflow-free); float16
+    goes through float64 exactly (``_float_mod``: ops every backend has); float32 and
+    float64 use the IR's ``fmod`` op (``_fmod_floor`` for Python's rule)."""
     f, a, b = c.f, c.input(0), c.input(1)
     dtype = f.dtype(a)
     if f.dtype(b) != dtype:
@@ -408,12 +425,12 @@ def _mod(c: NodeContext) -> list[Operand | None]:
             xa, xb = xa.astype(np.float64), xb.astype(np.float64)
         with np.errstate(all="ignore"):
             return [frozen((np.fmod if fmod else np.mod)(xa, xb).astype(dtype))]
-    if floating:
-        if dtype != "float16":
-            raise c.fail(f"Mod of {dtype} values computed at run time is not supported: rlx has no fmod or "
-                         "floor op, and a decomposition is exact only for float16 (operands known at import "
-                         "fold)")  # fmt: skip
+    if dtype == "float16":
         return [_float_mod(f, a, b, floor=not fmod, name=c.out())]
+    if floating:
+        if fmod:
+            return [f.op("fmod", a, b, name=c.out())]
+        return [_fmod_floor(f, a, b, c.out())]
     r = f.op("sub", a, f.op("mul", f.op("div", a, b), b), name=c.out() if fmod else "")
     if fmod:
         return [r]

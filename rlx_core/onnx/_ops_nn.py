@@ -184,6 +184,58 @@ def _avg_pool(c: NodeContext) -> list[Operand | None]:
     return [_back_to_1d(c, y, one_d)]
 
 
+def _ceil_extra(size: int, k: int, s: int, p0: int, p1: int, d: int) -> int:
+    """Padding past ``p1`` that ceil_mode's last window reads (PyTorch's and ONNX's rule:
+    a window must start inside the input or the begin padding)."""
+    span = size + p0 + p1 - d * (k - 1) - 1
+    n = -(-span // s) + 1
+    if (n - 1) * s >= size + p0:
+        n -= 1
+    return max(0, (n - 1) * s + d * (k - 1) + 1 - (size + p0 + p1))
+
+
+@converter("LpPool")
+def _lp_pool(c: NodeContext) -> list[Operand | None]:
+    """``(sum of |x|^p over the window)^(1/p)``, padding counting as 0: a depthwise
+    ``conv2d`` of ``|x|^p`` with a window of ones (stride, dilation and any padding, as
+    Conv has them; ceil_mode's extra windows as more zero padding), then the root. p = 1
+    and 2 use ``abs``/``mul``/``sqrt``, other p ``pow``."""
+    f, x = c.f, c.input(0)
+    dtype = f.dtype(x)
+    if dtype not in ("float16", "float32", "float64"):
+        raise c.fail(f"needs a float input, got {dtype}")
+    p = int(c.attr("p", 2))
+    if p < 1:
+        raise c.fail(f"p must be >= 1, got {p}")
+    window = _pool_window(c, x)
+    kernel, stride, dilation = window["kernel"], window["stride"], window["dilation"]
+    top, left, bottom, right = window["padding"]
+    if window["ceil_mode"]:
+        h, w = _spatial(c, x)
+        bottom += _ceil_extra(h, kernel[0], stride[0], top, bottom, dilation[0])
+        right += _ceil_extra(w, kernel[1], stride[1], left, right, dilation[1])
+    one_d = _one_d(c)
+    x2 = _as_2d(c, x)
+    channels = f.shape(x2)[1]
+    if p == 1:
+        powered = f.op("abs", x2)
+    elif p == 2:
+        powered = f.op("mul", x2, x2)
+    else:
+        powered = f.op("pow", f.op("abs", x2), f.const(p, dtype))
+    ones = frozen(np.ones((channels, 1, *kernel), dtype=np.dtype(dtype)))
+    total = f.op("conv2d", powered, ones, stride=stride, padding=(top, left, bottom, right), dilation=dilation,
+                 groups=channels)  # fmt: skip
+    name = "" if one_d else c.out()
+    if p == 1:
+        y = f.op("reshape", total, shape=f.shape(total), name=name)
+    elif p == 2:
+        y = f.op("sqrt", total, name=name)
+    else:
+        y = f.op("pow", total, f.const(1.0 / p, dtype), name=name)
+    return [_back_to_1d(c, y, one_d)]
+
+
 @converter("GlobalAveragePool", "GlobalMaxPool")
 def _global_pool(c: NodeContext) -> list[Operand | None]:
     f, x = c.f, c.input(0)

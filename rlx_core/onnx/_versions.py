@@ -46,6 +46,11 @@ REVIEWED: dict[tuple[str, int], str] = {
                        "mask) and zero rows for fully masked queries; rlx_core/onnx/_ops_attention.py does both",
     ("Attention", 25): "adds left_window_size/right_window_size (sliding windows, offset-aligned) and refuses "
                        "q_num_heads/kv_num_heads with 4-D inputs; the converter does both",
+    ("BitShift", 28): "adds signed integer types (arithmetic right shift, wrapping left shift) and defines shifts "
+                      "below 0 or at least the bit width (the sign fill); the IR's bit_shift_left/right ops "
+                      "compute exactly that (rlx_core/reference.py)",
+    ("SpaceToDepth", 28): "adds mode (DCR, the earlier order and the default, or CRD); the converter reads both "
+                          "(rlx_core/onnx/_ops_layout.py)",
     ("Mod", 28): "defines fmod=0 for floats (A - floor(A/B)*B, the sign of B) and its special values; "
                  "the Mod converter branches on the opset for exactly that (rlx_core/onnx/_ops_indexing.py)",
 }  # fmt: skip

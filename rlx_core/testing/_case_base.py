@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ..dtypes import EXTENDED_DTYPES
 from ..ir import Graph, Node
-from ..ops import SOURCE_OPS, OpKind
+from ..ops import BITWISE_OPS, SOURCE_OPS, OpKind
 
 FLOATS = ("float32", "float16", "float64")
 INTS = ("int32", "int64")  # the contract's integers (and the only index dtypes of gather)
@@ -24,8 +24,9 @@ ANY_DTYPE = (*NUMERIC, "bool")
 _FLOAT_OPS = frozenset({
     OpKind.POW, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.TANH, OpKind.SIGMOID,
     OpKind.GELU, OpKind.SOFTMAX, OpKind.LAYER_NORM, OpKind.REDUCE_MEAN, OpKind.CONV2D, OpKind.MAX_POOL2D,
-    OpKind.AVG_POOL2D, OpKind.GLOBAL_AVG_POOL2D, OpKind.ATTENTION,
+    OpKind.AVG_POOL2D, OpKind.GLOBAL_AVG_POOL2D, OpKind.ATTENTION, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND,
 })  # fmt: skip
+_INT_OPS = frozenset(BITWISE_OPS)
 _ANY_DTYPE_OPS = frozenset({OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER,
                             OpKind.CAST, OpKind.WHERE, OpKind.EQUAL})  # fmt: skip
 
@@ -36,7 +37,7 @@ Dtypes = tuple[str, ...]
 #: that ops.py accepts (gather's x, where's branches, cast's source and target; indices
 #: and conditions aside). What a backend that declares nothing else is tested on.
 OP_DTYPES: dict[OpKind, tuple[str, ...]] = {
-    op: FLOATS if op in _FLOAT_OPS else ANY_DTYPE if op in _ANY_DTYPE_OPS else NUMERIC
+    op: FLOATS if op in _FLOAT_OPS else INTS if op in _INT_OPS else ANY_DTYPE if op in _ANY_DTYPE_OPS else NUMERIC
     for op in OpKind
     if op not in SOURCE_OPS
 }
@@ -60,7 +61,7 @@ def op_dtypes(op: OpKind, dtypes: Collection[str] | None = None) -> tuple[str, .
 EXACT_OPS = frozenset({
     OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER, OpKind.WHERE, OpKind.NEG,
     OpKind.ABS, OpKind.RELU, OpKind.MAXIMUM, OpKind.MINIMUM, OpKind.REDUCE_MAX, OpKind.MAX_POOL2D,
-    OpKind.EQUAL, OpKind.LESS, OpKind.GREATER,
+    OpKind.EQUAL, OpKind.LESS, OpKind.GREATER, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND, OpKind.FMOD, *BITWISE_OPS,
 })  # fmt: skip
 
 

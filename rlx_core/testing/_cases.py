@@ -31,6 +31,7 @@ from ._case_base import (
     _values,
     op_dtypes,
 )
+from ._cases_exact import EXACT_FACTORIES
 
 _UNARY_RANGE = {
     OpKind.LOG: (0.1, 4.0), OpKind.SQRT: (0.1, 4.0), OpKind.RSQRT: (0.1, 4.0), OpKind.EXP: (-4.0, 4.0),
@@ -397,6 +398,7 @@ _FACTORIES: dict[OpKind, Callable[[int, Dtypes], st.SearchStrategy[OpCase]]] = {
        for op in (OpKind.EQUAL, OpKind.LESS, OpKind.GREATER)},
     OpKind.GEMM: _fused_cases.gemm_cases,
     OpKind.FUSED_ELEMENTWISE: _fused_cases.fused_cases,
+    **EXACT_FACTORIES,
 }  # fmt: skip
 
 

@@ -68,16 +68,18 @@ def const(value: Any, dtype: Any) -> np.ndarray:
 # ----------------------------------------------------------------------------- elementwise
 _BINARY_UFUNCS = {
     OpKind.ADD: np.add, OpKind.SUB: np.subtract, OpKind.MUL: np.multiply, OpKind.POW: np.power,
-    OpKind.MAXIMUM: np.maximum, OpKind.MINIMUM: np.minimum,
+    OpKind.MAXIMUM: np.maximum, OpKind.MINIMUM: np.minimum, OpKind.BITWISE_AND: np.bitwise_and,
+    OpKind.BITWISE_OR: np.bitwise_or, OpKind.BITWISE_XOR: np.bitwise_xor,
 }  # fmt: skip
 _UNARY_UFUNCS = {
     OpKind.NEG: np.negative, OpKind.ABS: np.absolute, OpKind.EXP: np.exp, OpKind.LOG: np.log,
-    OpKind.SQRT: np.sqrt, OpKind.TANH: np.tanh,
+    OpKind.SQRT: np.sqrt, OpKind.TANH: np.tanh, OpKind.FLOOR: np.floor, OpKind.CEIL: np.ceil,
+    OpKind.ROUND: np.rint, OpKind.BITWISE_NOT: np.invert,
 }  # fmt: skip
 # ops whose steps read each input element before writing the output element at the same
 # position, and never read an input after writing the output: out may be that input.
 _INPLACE_UNARY = frozenset(_UNARY_UFUNCS) | {OpKind.RELU, OpKind.RSQRT, OpKind.SIGMOID, OpKind.GELU, OpKind.ERF}
-_INPLACE_BINARY = (frozenset(_BINARY_UFUNCS) | {OpKind.DIV}) - {OpKind.POW}  # pow re-reads its base
+_INPLACE_BINARY = (frozenset(_BINARY_UFUNCS) | {OpKind.DIV, OpKind.FMOD}) - {OpKind.POW}  # pow re-reads its base
 
 
 def ufunc_step(ufunc: np.ufunc, *operands: Any) -> Step:
@@ -136,6 +138,48 @@ def _div(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list
     if out.dtype.kind == "f":
         return [Step(np.divide, (a, b, out))]
     return [Step(_int_div, (a, b, out, ctx.scratch(out.shape, out.dtype), node.describe()))]
+
+
+def _int_fmod(a: np.ndarray, b: np.ndarray, out: np.ndarray, what: str) -> None:
+    # The divisor is checked in full before anything is written, so out may be b's buffer.
+    if not b.all():
+        raise InputError(f"{what} (fmod): integer fmod by zero")
+    np.fmod(a, b, out)
+
+
+def _float_fmod(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    # NaN for an infinite dividend or a zero divisor is the IEEE answer, not a mistake to warn of
+    with np.errstate(invalid="ignore"):
+        np.fmod(a, b, out)
+
+
+def _fmod(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    a, b = ins
+    if out.dtype.kind == "f":  # exact in every float dtype: float16 needs no wider temporary
+        return [Step(_float_fmod, (a, b, out))]
+    return [Step(_int_fmod, (a, b, out, node.describe()))]
+
+
+def _shift_run(x: np.ndarray, y: np.ndarray, out: np.ndarray, bad: np.ndarray, amount: np.ndarray,
+               left: bool) -> None:  # fmt: skip
+    """``x << y`` or ``x >> y`` with the reference's rule for shifts outside ``[0, bits)``
+    (C leaves them undefined): such a shift is done as a shift by 0, then overwritten with
+    the sign fill (0, or -1 for a right shift of a negative value)."""
+    bits = out.dtype.itemsize * 8
+    np.greater_equal(y.view(np.dtype(f"u{y.dtype.itemsize}")), bits, out=bad)  # negative y too, as unsigned
+    np.copyto(amount, y)
+    np.copyto(amount, 0, where=bad)
+    (np.left_shift if left else np.right_shift)(x, amount, out)
+    if left or out.dtype.kind == "u":
+        np.copyto(out, 0, where=bad)
+    else:
+        np.right_shift(x, bits - 1, amount)  # the sign fill: -1 or 0
+        np.copyto(out, amount, where=bad)
+
+
+def _bit_shift(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    bad, amount = ctx.scratch(out.shape, np.bool_), ctx.scratch(out.shape, out.dtype)
+    return [Step(_shift_run, (ins[0], ins[1], out, bad, amount, node.op is OpKind.BIT_SHIFT_LEFT))]
 
 
 _COMPARE_UFUNCS = {OpKind.EQUAL: np.equal, OpKind.LESS: np.less, OpKind.GREATER: np.greater}
@@ -310,6 +354,9 @@ KERNELS: dict[OpKind, Builder] = {
     **{op: _unary for op in _UNARY_UFUNCS},
     **{op: _compare for op in _COMPARE_UFUNCS},
     OpKind.DIV: _div,
+    OpKind.FMOD: _fmod,
+    OpKind.BIT_SHIFT_LEFT: _bit_shift,
+    OpKind.BIT_SHIFT_RIGHT: _bit_shift,
     OpKind.RELU: _relu,
     OpKind.RSQRT: _rsqrt,
     OpKind.SIGMOID: _sigmoid,

@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import rlx_core
 from rlx_core.errors import DeviceError
+from rlx_core.ops import OpKind
 
 from . import probe as probing
 from .costmodel import cost_model_from_device, generic_cost_model
-from .kernels_claims import CLAIMED_OPS
+from .kernels_claims import CLAIMED_OPS, unrendered_ops
 
 if TYPE_CHECKING:
-    from rlx_core.ir import Graph
+    from rlx_core.ir import Graph, Node
 
     from .executable import CudaExecutable
 
@@ -79,6 +80,17 @@ class CudaBackend(rlx_core.Backend):
     def supported_ops(self) -> frozenset[str]:
         """Exactly the ops with a kernel in ``kernels.py`` (``kernels_claims.CLAIMED_OPS``)."""
         return CLAIMED_OPS
+
+    def claims(self, node: Node) -> bool | str:
+        """The claimed ops, except a fused region holding an op ``codegen`` cannot write
+        (the fusion pass asks before it builds one, so such ops keep their own nodes)."""
+        if node.op.value not in CLAIMED_OPS:
+            return False
+        if node.op is OpKind.FUSED_ELEMENTWISE:
+            missing = unrendered_ops(node.attrs["program"])
+            if missing:
+                return f"rlx-cuda has no CUDA rendering of {', '.join(missing)} for a fused region"
+        return True
 
     # ------------------------------------------------------------------ cost
     def default_cost_model(self) -> rlx_core.CostModel:

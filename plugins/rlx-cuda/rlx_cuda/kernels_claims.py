@@ -8,15 +8,34 @@ sigmoid, gelu, rsqrt) run as one kernel (or a few) instead of their decompositio
 
 from __future__ import annotations
 
-from rlx_core.ops import ELEMENTWISE_OPS, OpKind
+from collections.abc import Iterable
+from typing import Any
 
-__all__ = ["CLAIMED_OPS"]
+from rlx_core.ops import OpKind
+
+__all__ = ["CLAIMED_OPS", "RENDERED_ELEMENTWISE", "unrendered_ops"]
+
+#: The elementwise ops ``codegen._render`` writes as CUDA C. The IR's other elementwise
+#: ops (floor, ceil, round, fmod, the bitwise ops and shifts) have no rendering here: a
+#: graph using them is unsupported on cuda, and a fused region holding one is declined.
+RENDERED_ELEMENTWISE: frozenset[OpKind] = frozenset({
+    OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV, OpKind.POW, OpKind.MAXIMUM, OpKind.MINIMUM, OpKind.NEG,
+    OpKind.ABS, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.TANH, OpKind.SIGMOID,
+    OpKind.RELU, OpKind.GELU, OpKind.EQUAL, OpKind.LESS, OpKind.GREATER, OpKind.CAST, OpKind.WHERE,
+})  # fmt: skip
 
 CLAIMED_OPS: frozenset[str] = frozenset(
-    {op.value for op in ELEMENTWISE_OPS}
+    {op.value for op in RENDERED_ELEMENTWISE}
     | {op.value for op in (
         OpKind.MATMUL, OpKind.GEMM, OpKind.FUSED_ELEMENTWISE, OpKind.SOFTMAX, OpKind.LAYER_NORM,
         OpKind.REDUCE_SUM, OpKind.REDUCE_MEAN, OpKind.REDUCE_MAX, OpKind.RESHAPE, OpKind.TRANSPOSE,
         OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER, OpKind.CONV2D, OpKind.MAX_POOL2D, OpKind.AVG_POOL2D,
         OpKind.GLOBAL_AVG_POOL2D, OpKind.ATTENTION)}
 )  # fmt: skip
+
+
+def unrendered_ops(program: Iterable[Any]) -> list[str]:
+    """The ops of a ``fused_elementwise`` program (``(op, args, attrs)`` instructions)
+    that ``codegen`` cannot write, sorted; empty when the region can run here."""
+    rendered = {op.value for op in RENDERED_ELEMENTWISE}
+    return sorted({OpKind(ins[0]).value for ins in program} - rendered)

@@ -249,3 +249,29 @@ def test_conformance_kit_without_a_gpu():
 
     report = check_backend(CudaBackend())
     assert not report.failed, "\n".join(str(r) for r in report.failed)
+
+
+def test_claims_exactly_the_elementwise_ops_codegen_renders_and_declines_other_regions():
+    """The IR's elementwise ops without a CUDA rendering (floor, fmod, the bit ops...)
+    are not claimed, and a fused region holding one is declined with the reason, so the
+    fusion pass keeps such ops out of cuda's regions (and a graph using them names them
+    as its blocker)."""
+    from rlx_core.ir import Graph
+    from rlx_core.ops import ELEMENTWISE_OPS
+    from rlx_cuda.kernels_claims import RENDERED_ELEMENTWISE
+
+    (backend,) = rlx_backends()
+    claimed = backend.supported_ops()
+    assert RENDERED_ELEMENTWISE <= ELEMENTWISE_OPS
+    for op in ELEMENTWISE_OPS - RENDERED_ELEMENTWISE:
+        assert op.value not in claimed
+    assert {"floor", "fmod", "bitwise_and", "bit_shift_left"} <= {op.value for op in ELEMENTWISE_OPS} - claimed
+    g = Graph("regions")
+    x, i = g.input("x", (4,), "float32"), g.input("i", (4,), "int32")
+    plain = g._add_node("fused_elementwise", [x.id], {"program": [["tanh", [0], []], ["add", [1, 0], []]]})
+    floor = g._add_node("fused_elementwise", [x.id], {"program": [["floor", [0], []], ["add", [1, 0], []]]})
+    bits = g._add_node("fused_elementwise", [i.id], {"program": [["bitwise_not", [0], []], ["fmod", [1, 0], []]]})
+    assert backend.claims(g.node(plain.id)) is True
+    assert backend.claims(g.node(floor.id)) == "rlx-cuda has no CUDA rendering of floor for a fused region"
+    assert backend.claims(g.node(bits.id)) == "rlx-cuda has no CUDA rendering of bitwise_not, fmod for a fused region"
+    assert backend.claims(g.node(g.floor(x).id)) is False
