@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -303,7 +304,8 @@ def test_out_to_missing_directory_is_a_user_error(tmp_path: Path) -> None:
 def test_bench_times_every_viable_device(tmp_path: Path) -> None:
     proc = run_rlx("bench", "--example", "mlp", "--runs", "3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "cpu" in proc.stdout and "µs" in proc.stdout and "chosen" in proc.stdout
+    assert "cpu" in proc.stdout and "chosen" in proc.stdout
+    assert re.search(r"\d (µs|ms|s)\b", proc.stdout), proc.stdout  # a time in its unit (ms on a busy host)
 
 
 def test_calibrate_then_devices_shows_calibrated_and_cache_lists_it(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_core.dtypes import INT_DTYPES
+from rlx_core.dtypes import SIGNED_INT_DTYPES, UNSIGNED_INT_DTYPES
 from rlx_core.errors import GraphError, InputError
 
 I32 = np.iinfo(np.int32)
@@ -45,13 +45,23 @@ def test_fmod_floats_follow_c() -> None:
     assert np.signbit(got[4]) and np.signbit(got[1]) and not np.signbit(got[9])
 
 
-@pytest.mark.parametrize("dtype", sorted(INT_DTYPES))
+@pytest.mark.parametrize("dtype", sorted(SIGNED_INT_DTYPES))
 def test_fmod_integers_truncate_and_refuse_zero(dtype: str) -> None:
     a = np.array([7, -7, 7, -7, 0, np.iinfo(dtype).min], dtype)
     b = np.array([2, 2, -2, -2, 5, -1], dtype)
     np.testing.assert_array_equal(_run(lambda g, x, y: g.fmod(x, y), a, b), [1, -1, 1, -1, 0, 0])
     with pytest.raises(InputError, match=r"fmod\): integer fmod by zero"):
         _run(lambda g, x, y: g.fmod(x, y), a, np.array([1, 1, 0, 1, 1, 1], dtype))
+
+
+@pytest.mark.parametrize("dtype", sorted(UNSIGNED_INT_DTYPES))
+def test_fmod_unsigned_integers_over_the_whole_range(dtype: str) -> None:
+    top = np.iinfo(dtype).max
+    a = np.array([7, top, top, 0, 5], dtype)
+    b = np.array([2, 2, top, 3, top], dtype)
+    np.testing.assert_array_equal(_run(lambda g, x, y: g.fmod(x, y), a, b), np.array([1, 1, 0, 0, 5], dtype))
+    with pytest.raises(InputError, match=r"fmod\): integer fmod by zero"):
+        _run(lambda g, x, y: g.fmod(x, y), a, np.array([1, 1, 0, 1, 1], dtype))
 
 
 def test_bitwise_ops_by_hand() -> None:
