@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import as_strided
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind
 
-from .blas import matmul_step
+from .gemm import matmul_step
 from .kernels import BuildContext, Builder, compute_dtype, const, ufunc_step
 from .native import library as native_library
 from .native_nn import conv_direct_steps, depthwise_step, im2col_step, layer_norm_step, pool_step, softmax_step
