@@ -160,6 +160,8 @@ def test_forced_modes_choose_the_step(native_lib: native.Native, monkeypatch: py
     monkeypatch.setenv("RLX_CPU_GEMM", "native")
     assert gemm.use_native() and uses_gemm(gemm.matmul_step(a, b, out), native_lib)
     assert gemm.describe().startswith("rlx GEMM for float32 products (RLX_CPU_GEMM=native")
+    for x, y in ((a[:1], b), (a, b[:, :1])):  # matrix-vector products stay with the BLAS's gemv
+        assert not uses_gemm(gemm.matmul_step(x, y, np.empty((x.shape[0], y.shape[1]), F32)), native_lib)
     monkeypatch.setenv("RLX_CPU_GEMM", "blas")
     step = gemm.matmul_step(a, b, out)
     assert not gemm.use_native() and not uses_gemm(step, native_lib)
