@@ -123,7 +123,7 @@ def test_a_callers_array_it_cannot_address_goes_through_numpy(lib: native.Native
 
 
 # ----------------------------------------------------------------------------- packed residents
-PARAMS = {"cw": ((16, 20, 3, 3), 1), "cb": ((16,), 2), "w": ((16 * 81, 40), 3), "wt": ((40, 40), 4)}
+PARAMS = {"cw": ((16, 20, 3, 3), 1), "cb": ((16,), 2), "w": ((324, 40), 3), "wt": ((40, 40), 4)}
 
 
 def mlp_and_conv_graph(seed: int = 0) -> Graph:
@@ -133,7 +133,7 @@ def mlp_and_conv_graph(seed: int = 0) -> Graph:
     g = Graph("gemm-packed")
     x = g.input("x", (1, 20, 9, 9), "float32")
     c = g.conv2d(x, g.param("cw", v["cw"]), g.param("cb", v["cb"]), padding=1)
-    y = g.matmul(g.reshape(g.relu(c), (1, 16 * 81)), g.param("w", v["w"]))
+    y = g.matmul(g.reshape(g.relu(c), (4, 324)), g.param("w", v["w"]))
     g.set_outputs([g.add(y, g.matmul(y, g.transpose(g.param("wt", v["wt"]), (1, 0))))])
     return g
 
