@@ -300,6 +300,9 @@ class CpuExecutable(Executable):
         entry = self._derived_arrays.get(k)
         if entry is None:
             entry = self._derived_arrays[k] = [source, make, make(source, None), deps]
+            # A derived array may be the source of another (weights with a bias column,
+            # then packed for the GEMM): set_param refills them in the order they were made.
+            self._resident_deps.setdefault(id(_root(entry[2])), deps)
         return entry[2]
 
     def _gemv_weights(self, graph: Graph) -> set[int]:

@@ -23,7 +23,8 @@ from rlx_core.errors import InputError
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind, slice_index
 
-from .blas import matmul_step, mkl, vml_step
+from .blas import mkl, vml_step
+from .gemm import matmul_step
 from .mathfn import erf_program, gelu_program, run_chunked, scratch_count
 from .steps import Step
 

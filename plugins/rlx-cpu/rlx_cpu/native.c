@@ -34,7 +34,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 4
+#define RLX_ABI 5
 #define RLX_BLOCK 1024
 #define RLX_MAX_DIMS 8
 #define RLX_CHUNK_BLOCKS 16 /* blocks per unit of work a thread takes at a time */
@@ -938,4 +938,305 @@ RLX_API void rlx_conv_direct(const float *x, const float *wpk, const float *bias
     }
 #endif
     conv_rows(xp, wpk, bias, y, c, hp, wq, o, kh, kw, sh, sw, oh, ow, 0, units);
+}
+
+/* ------------------------------------------------------------------ float32 GEMM
+ * C (m, n) = A (m, k) @ B (k, n), row-major C, A and B at any element strides (a
+ * transposed operand is a stride swap), a batch of such products at one stride per
+ * operand (0: the same matrix for every product).
+ *
+ * Why rlx has its own: the BLAS libraries pick their kernels by CPU vendor and model, and
+ * on AMD's AVX-512 parts (Zen 4, Zen 5) both oneMKL and numpy's OpenBLAS run AVX2 code,
+ * half the machine's multiply-add rate (measured on a 2-core Zen 5: sgemm 2048^3, MKL
+ * 178-208 GF/s, OpenBLAS 229-242, OpenBLAS told to use its AVX-512 kernels 446). The
+ * AVX-512 clone of this code is what the AVX-512 units run; rlx_cpu/gemm.py times it
+ * against the BLAS once per process and uses it only where it wins.
+ *
+ * How (GotoBLAS/BLIS): B is copied into panels of RLX_GEMM_NR columns (k rows of NR
+ * floats each), A into panels of RLX_GEMM_MR rows (k columns of MR floats), both padded
+ * with zeros to whole panels so the micro-kernel never needs a bound; the micro-kernel
+ * keeps an MR x NR tile of C in 2 MR vector registers, and per k broadcasts MR floats of A
+ * against two vectors of B. Blocks of RLX_GEMM_KC along k keep one B panel in L1 and the
+ * packed A block in L2; RLX_GEMM_NC columns of packed B stay in L2 as well. A resident
+ * operand (weights) can be packed once (rlx_gemm_pack_a / _b, over the whole of k) and
+ * passed packed. Threads take disjoint ranges of C's column panels (or row panels, when
+ * that balances better), so no two write the same element. Each thread packs into its
+ * own buffer, grown once and kept (per OpenMP thread, so no allocation per call). */
+#ifndef RLX_GEMM_MR
+#define RLX_GEMM_MR 12
+#endif
+#define RLX_GEMM_NR 32
+#ifndef RLX_GEMM_KC
+#define RLX_GEMM_KC 256
+#endif
+#ifndef RLX_GEMM_MC
+#define RLX_GEMM_MC (RLX_GEMM_MR * 16)
+#endif
+#ifndef RLX_GEMM_NC
+#define RLX_GEMM_NC (RLX_GEMM_NR * 64)
+#endif
+#define RLX_GEMM_PACKED_A 1
+#define RLX_GEMM_PACKED_B 2
+
+/* 1 where the AVX-512 clones run (the loader picked x86-64-v4): the only place the GEMM
+ * can beat a vendor BLAS, so the only place rlx_cpu/gemm.py bothers to time it. */
+RLX_API int64_t rlx_gemm_avx512(void) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(RLX_NO_CLONES)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") &&
+           __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+/* Floats of a whole operand packed by rlx_gemm_pack_a (rows = m) or _b (rows = n). */
+static int64_t gemm_packed_floats(int64_t rows, int64_t k, int64_t panel) {
+    return (rows + panel - 1) / panel * panel * k;
+}
+RLX_API int64_t rlx_gemm_pack_a_size(int64_t m, int64_t k) { return gemm_packed_floats(m, k, RLX_GEMM_MR); }
+RLX_API int64_t rlx_gemm_pack_b_size(int64_t n, int64_t k) { return gemm_packed_floats(n, k, RLX_GEMM_NR); }
+
+/* Rows [r0, r0 + rows) of X (element (r, p) at x[r rs + p cs]), columns [p0, p0 + kc),
+ * into panels of `panel` rows: panel q holds kc groups of `panel` floats, group p the
+ * column p of its rows, zero past the last row; consecutive panels `pstride` floats apart.
+ * Used for A's rows (panel MR) and for B's columns (B^T's rows, panel NR). */
+static RLX_CLONES void gemm_pack(const float *x, int64_t rs, int64_t cs, int64_t r0, int64_t rows, int64_t p0,
+                                 int64_t kc, int64_t panel, int64_t pstride, float *dst) {
+    for (int64_t q = 0; q * panel < rows; q++) {
+        float *d = dst + q * pstride;
+        int64_t nr = rows - q * panel < panel ? rows - q * panel : panel;
+        const float *src = x + (r0 + q * panel) * rs + p0 * cs;
+        if (rs == 1 && nr == panel) { /* the panel's rows are contiguous in each column */
+            for (int64_t p = 0; p < kc; p++) memcpy(d + p * panel, src + p * cs, (size_t)panel * sizeof(float));
+        } else if (cs == 1) { /* rows are contiguous: read each row once, write its column */
+            for (int64_t r = 0; r < nr; r++)
+                for (int64_t p = 0; p < kc; p++) d[p * panel + r] = src[r * rs + p];
+            for (int64_t r = nr; r < panel; r++)
+                for (int64_t p = 0; p < kc; p++) d[p * panel + r] = 0.0f;
+        } else {
+            for (int64_t p = 0; p < kc; p++)
+                for (int64_t r = 0; r < panel; r++) d[p * panel + r] = r < nr ? src[r * rs + p * cs] : 0.0f;
+        }
+    }
+}
+
+RLX_API void rlx_gemm_pack_a(const float *a, int64_t rs, int64_t cs, int64_t m, int64_t k, float *dst) {
+    gemm_pack(a, rs, cs, 0, m, 0, k, RLX_GEMM_MR, RLX_GEMM_MR * k, dst);
+}
+/* B (k, n), element (p, j) at b[p rs + j cs]: its columns are the rows of the panels. */
+RLX_API void rlx_gemm_pack_b(const float *b, int64_t rs, int64_t cs, int64_t k, int64_t n, float *dst) {
+    gemm_pack(b, cs, rs, 0, n, 0, k, RLX_GEMM_NR, RLX_GEMM_NR * k, dst);
+}
+
+/* The MR x NR tile: C[0:mr, 0:nr] (+)= A panel (kc x MR) @ B panel (kc x NR). */
+static inline __attribute__((always_inline)) void gemm_micro(int64_t kc, const float *restrict a,
+                                                             const float *restrict b, float *c, int64_t ldc,
+                                                             int64_t mr, int64_t nr, int add) {
+    rlx_v16 lo[RLX_GEMM_MR], hi[RLX_GEMM_MR];
+#pragma GCC unroll 16
+    for (int i = 0; i < RLX_GEMM_MR; i++) lo[i] = hi[i] = (rlx_v16){0};
+    for (int64_t p = 0; p < kc; p++) {
+        rlx_v16 b0, b1;
+        memcpy(&b0, b + p * RLX_GEMM_NR, sizeof b0);
+        memcpy(&b1, b + p * RLX_GEMM_NR + 16, sizeof b1);
+        const float *ap = a + p * RLX_GEMM_MR;
+#pragma GCC unroll 16
+        for (int i = 0; i < RLX_GEMM_MR; i++) {
+            lo[i] += ap[i] * b0;
+            hi[i] += ap[i] * b1;
+        }
+    }
+    if (mr == RLX_GEMM_MR && nr == RLX_GEMM_NR) {
+#pragma GCC unroll 16
+        for (int i = 0; i < RLX_GEMM_MR; i++) {
+            float *ci = c + i * ldc;
+            if (add) {
+                rlx_v16 o0, o1;
+                memcpy(&o0, ci, sizeof o0);
+                memcpy(&o1, ci + 16, sizeof o1);
+                lo[i] += o0;
+                hi[i] += o1;
+            }
+            memcpy(ci, &lo[i], sizeof lo[i]);
+            memcpy(ci + 16, &hi[i], sizeof hi[i]);
+        }
+        return;
+    }
+    for (int64_t i = 0; i < mr; i++) {
+        float *ci = c + i * ldc;
+        float row[RLX_GEMM_NR];
+        memcpy(row, &lo[i], sizeof lo[i]);
+        memcpy(row + 16, &hi[i], sizeof hi[i]);
+        for (int64_t j = 0; j < nr; j++) ci[j] = add ? ci[j] + row[j] : row[j];
+    }
+}
+
+typedef struct {
+    int64_t m, n, k;
+    const float *a;
+    int64_t a_rs, a_cs;
+    const float *b;
+    int64_t b_rs, b_cs;
+    float *c;
+    int64_t ldc, flags;
+} gemm_args;
+
+/* Each thread's packing buffer: grown when a product needs more, never shrunk. */
+static _Thread_local float *g_gemm_buf;
+static _Thread_local int64_t g_gemm_buf_floats;
+
+static float *gemm_buffer(int64_t floats) {
+    if (floats > g_gemm_buf_floats) {
+        free(g_gemm_buf);
+        size_t bytes = ((size_t)floats * sizeof(float) + 63) / 64 * 64;
+        g_gemm_buf = (float *)aligned_alloc(64, bytes);
+        g_gemm_buf_floats = g_gemm_buf ? floats : 0;
+    }
+    return g_gemm_buf;
+}
+
+/* Element (i, p) of A, packed or not. */
+static inline float gemm_a_at(const gemm_args *g, int64_t i, int64_t p) {
+    if (g->flags & RLX_GEMM_PACKED_A)
+        return g->a[(i / RLX_GEMM_MR) * RLX_GEMM_MR * g->k + p * RLX_GEMM_MR + i % RLX_GEMM_MR];
+    return g->a[i * g->a_rs + p * g->a_cs];
+}
+static inline float gemm_b_at(const gemm_args *g, int64_t p, int64_t j) {
+    if (g->flags & RLX_GEMM_PACKED_B)
+        return g->b[(j / RLX_GEMM_NR) * RLX_GEMM_NR * g->k + p * RLX_GEMM_NR + j % RLX_GEMM_NR];
+    return g->b[p * g->b_rs + j * g->b_cs];
+}
+
+/* C[r0:r1, c0:c1] without a packing buffer: the way out when one cannot be allocated
+ * (slow, but the product is still right). */
+static void gemm_plain(const gemm_args *g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    for (int64_t i = r0; i < r1; i++)
+        for (int64_t j = c0; j < c1; j++) {
+            float s = 0.0f;
+            for (int64_t p = 0; p < g->k; p++) s += gemm_a_at(g, i, p) * gemm_b_at(g, p, j);
+            g->c[i * g->ldc + j] = s;
+        }
+}
+
+/* C's row panels [i0, i1) x column panels [j0, j1) of one product, on this thread. */
+static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    const int64_t MR = RLX_GEMM_MR, NR = RLX_GEMM_NR, k = g->k;
+    const int packed_a = (g->flags & RLX_GEMM_PACKED_A) != 0, packed_b = (g->flags & RLX_GEMM_PACKED_B) != 0;
+    int64_t kmax = k < RLX_GEMM_KC ? k : RLX_GEMM_KC;
+    int64_t need = (packed_a ? 0 : RLX_GEMM_MC * kmax) + (packed_b ? 0 : RLX_GEMM_NC * kmax);
+    float *buf = need ? gemm_buffer(need) : NULL;
+    if (need && !buf) {
+        gemm_plain(g, i0 * MR, i1 * MR < g->m ? i1 * MR : g->m, j0 * NR, j1 * NR < g->n ? j1 * NR : g->n);
+        return;
+    }
+    float *ap_buf = buf, *bp_buf = buf + (packed_a ? 0 : RLX_GEMM_MC * kmax);
+    const int64_t mcp = RLX_GEMM_MC / MR, ncp = RLX_GEMM_NC / NR; /* panels per block */
+    for (int64_t jc = j0; jc < j1; jc += ncp) {
+        int64_t jn = j1 - jc < ncp ? j1 - jc : ncp;
+        int64_t cols = g->n - jc * NR < jn * NR ? g->n - jc * NR : jn * NR;
+        for (int64_t pc = 0; pc < k; pc += RLX_GEMM_KC) {
+            int64_t kc = k - pc < RLX_GEMM_KC ? k - pc : RLX_GEMM_KC;
+            const float *bp;
+            int64_t bstride;
+            if (packed_b) {
+                bp = g->b + jc * NR * k + pc * NR;
+                bstride = NR * k;
+            } else {
+                gemm_pack(g->b, g->b_cs, g->b_rs, jc * NR, cols, pc, kc, NR, kc * NR, bp_buf);
+                bp = bp_buf;
+                bstride = kc * NR;
+            }
+            for (int64_t ic = i0; ic < i1; ic += mcp) {
+                int64_t in = i1 - ic < mcp ? i1 - ic : mcp;
+                int64_t rows = g->m - ic * MR < in * MR ? g->m - ic * MR : in * MR;
+                const float *ap;
+                int64_t astride;
+                if (packed_a) {
+                    ap = g->a + ic * MR * k + pc * MR;
+                    astride = MR * k;
+                } else {
+                    gemm_pack(g->a, g->a_rs, g->a_cs, ic * MR, rows, pc, kc, MR, kc * MR, ap_buf);
+                    ap = ap_buf;
+                    astride = kc * MR;
+                }
+                for (int64_t jr = 0; jr < jn; jr++) {
+                    int64_t nr = cols - jr * NR < NR ? cols - jr * NR : NR;
+                    for (int64_t ir = 0; ir < in; ir++) {
+                        int64_t mr = rows - ir * MR < MR ? rows - ir * MR : MR;
+                        float *c = g->c + ((ic + ir) * MR) * g->ldc + (jc + jr) * NR;
+                        gemm_micro(kc, ap + ir * astride, bp + jr * bstride, c, g->ldc, mr, nr, pc > 0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* How one product is split over `threads`: along C's column panels (*by_rows = 0) or
+ * row panels (1), whichever leaves the busiest thread the least padded work. */
+static int64_t gemm_split(int64_t m, int64_t n, int64_t threads, int *by_rows) {
+    int64_t mp = (m + RLX_GEMM_MR - 1) / RLX_GEMM_MR, np = (n + RLX_GEMM_NR - 1) / RLX_GEMM_NR;
+    if (threads > mp && threads > np) threads = mp > np ? mp : np;
+    if (threads < 1) threads = 1;
+    double cost_n = (double)((np + threads - 1) / threads) * RLX_GEMM_NR / (double)n;
+    double cost_m = (double)((mp + threads - 1) / threads) * RLX_GEMM_MR / (double)m;
+    *by_rows = cost_m < cost_n * 0.95;
+    return threads;
+}
+
+static void gemm_part(const gemm_args *g, int64_t part, int64_t parts, int by_rows) {
+    int64_t mp = (g->m + RLX_GEMM_MR - 1) / RLX_GEMM_MR, np = (g->n + RLX_GEMM_NR - 1) / RLX_GEMM_NR;
+    int64_t total = by_rows ? mp : np, per = (total + parts - 1) / parts;
+    int64_t lo = part * per, hi = lo + per < total ? lo + per : total;
+    if (lo >= hi) return;
+    if (by_rows)
+        gemm_range(g, lo, hi, 0, np);
+    else
+        gemm_range(g, 0, mp, lo, hi);
+}
+
+/* C = A @ B for `count` products: product q reads A at a + q a_bs, B at b + q b_bs and
+ * writes C at c + q c_bs (element strides). flags: RLX_GEMM_PACKED_A / _B when that
+ * operand is already packed by rlx_gemm_pack_a / _b (its strides are then ignored, and
+ * its batch stride counts packed floats). A thread whose packing buffer cannot be allocated
+ * computes its part with a plain loop. */
+RLX_API void rlx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_rs, int64_t a_cs, int64_t a_bs,
+                      const float *b, int64_t b_rs, int64_t b_cs, int64_t b_bs, float *c, int64_t ldc, int64_t c_bs,
+                      int64_t count, int64_t flags, int64_t threads) {
+    if (m <= 0 || n <= 0 || count <= 0) return;
+    if (k <= 0) {
+        for (int64_t q = 0; q < count; q++)
+            for (int64_t i = 0; i < m; i++) memset(c + q * c_bs + i * ldc, 0, (size_t)n * sizeof(float));
+        return;
+    }
+    threads = threads > g_max_threads ? g_max_threads : threads;
+    gemm_args base = {m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, ldc, flags};
+#ifdef _OPENMP
+    if (threads > 1 && count >= 2 * threads) { /* whole products per thread */
+        threads = threads > count ? count : threads;
+#pragma omp parallel for num_threads((int)threads) schedule(dynamic, 1)
+        for (int64_t q = 0; q < count; q++) {
+            gemm_args g = base;
+            g.a += q * a_bs, g.b += q * b_bs, g.c += q * c_bs;
+            gemm_part(&g, 0, 1, 0);
+        }
+        return;
+    }
+#endif
+    int by_rows;
+    int64_t parts = gemm_split(m, n, threads, &by_rows);
+    for (int64_t q = 0; q < count; q++) {
+        gemm_args g = base;
+        g.a += q * a_bs, g.b += q * b_bs, g.c += q * c_bs;
+#ifdef _OPENMP
+        if (parts > 1) {
+#pragma omp parallel for num_threads((int)parts) schedule(static, 1)
+            for (int64_t t = 0; t < parts; t++) gemm_part(&g, t, parts, by_rows);
+            continue;
+        }
+#endif
+        gemm_part(&g, 0, 1, by_rows);
+    }
 }

@@ -108,6 +108,22 @@ class Native:
         self.conv_pack = self._lib.rlx_conv_pack  # (w, wpk, o, c, kh, kw)
         self.conv_pack.argtypes = [p, p, i64, i64, i64, i64]
         self.conv_pack.restype = None
+        # (m, n, k, a, a_rs, a_cs, a_bs, b, b_rs, b_cs, b_bs, c, ldc, c_bs, count, flags, threads)
+        self.gemm = self._lib.rlx_gemm
+        self.gemm.argtypes = [i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, i64, i64]
+        self.gemm.restype = None
+        self.gemm_pack_a = self._lib.rlx_gemm_pack_a  # (a, rs, cs, m, k, dst)
+        self.gemm_pack_b = self._lib.rlx_gemm_pack_b  # (b, rs, cs, k, n, dst)
+        for fn in (self.gemm_pack_a, self.gemm_pack_b):
+            fn.argtypes = [p, i64, i64, i64, i64, p]
+            fn.restype = None
+        for name in ("rlx_gemm_pack_a_size", "rlx_gemm_pack_b_size"):  # (rows, k) -> floats
+            getattr(self._lib, name).argtypes = [i64, i64]
+            getattr(self._lib, name).restype = i64
+        self.gemm_pack_a_size = self._lib.rlx_gemm_pack_a_size
+        self.gemm_pack_b_size = self._lib.rlx_gemm_pack_b_size
+        self._lib.rlx_gemm_avx512.restype = i64
+        self.gemm_avx512 = bool(self._lib.rlx_gemm_avx512())
         self._lib.rlx_set_max_threads.argtypes = [i64]
         self._lib.rlx_set_max_threads.restype = None
         self._lib.rlx_openmp.restype = i64

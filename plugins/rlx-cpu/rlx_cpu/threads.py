@@ -65,11 +65,14 @@ def separate_blas_pools() -> tuple[str, ...]:
 
 
 def _products_pools() -> list[str]:
-    """The separate pools that run rlx's products: with oneMKL loaded (``blas.py``) every
-    float32 product is MKL's, so only MKL's own pool counts (numpy's OpenBLAS then runs
-    the other dtypes' products, rare in inference)."""
-    from . import blas
+    """The separate pools that run rlx's products: none when rlx's own GEMM runs them
+    (``gemm.py``: OpenMP's team, the native kernels' own); with oneMKL loaded (``blas.py``)
+    every float32 product is MKL's, so only MKL's own pool counts (numpy's OpenBLAS then
+    runs the other dtypes' products, rare in inference)."""
+    from . import blas, gemm
 
+    if gemm.use_native():
+        return []
     pools = list(separate_blas_pools())
     if blas.mkl() is not None:
         pools = [p for p in pools if not p.startswith("openblas")]

@@ -27,6 +27,13 @@ from rlx_cpu.steps import Dyn, bind
 F32 = np.float32
 
 
+@pytest.fixture(autouse=True)
+def _products_on_the_blas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the BLAS's steps: rlx's own GEMM (``gemm.py``, tested in
+    test_gemm.py) would take the products where it is timed faster."""
+    monkeypatch.setenv("RLX_CPU_GEMM", "blas")
+
+
 @pytest.fixture
 def lib(monkeypatch: pytest.MonkeyPatch) -> blas.Mkl:
     monkeypatch.delenv("RLX_CPU_BLAS", raising=False)

@@ -53,22 +53,22 @@ def conv_graph(xs: tuple[int, ...], ws: tuple[int, ...], stride: Any, padding: A
 
 
 def _calls_mkl(fn: Any) -> bool:
-    """A step that is one MKL product (``ccall`` of an sgemm entry point), whether its
-    addresses are fixed or read per run; other ``ccall`` steps (native im2col) are not."""
+    """A step that is one product on MKL or rlx's GEMM (``ccall`` of an sgemm entry point
+    or ``rlx_gemm``), whether its addresses are fixed or read per run; other ``ccall``
+    steps (native im2col) are not."""
     import functools
 
     from rlx_cpu import blas, ccall
 
-    lib = blas.mkl()
-    if lib is None:
-        return False
     if isinstance(fn, ccall._RunTimeCall):
         target = fn.fn
     elif isinstance(fn, functools.partial) and fn.func is ccall._call:
         target = fn.args[0]
     else:
         return False
-    return target in (lib.sgemm, lib.compute, lib.sgemm_batch_strided)
+    lib, own = blas.mkl(), native.library()
+    return (lib is not None and target in (lib.sgemm, lib.compute, lib.sgemm_batch_strided)) or (
+        own is not None and target is own.gemm)
 
 
 @pytest.mark.parametrize(("xs", "ws", "stride", "padding", "dilation", "groups"), CONV_CASES)

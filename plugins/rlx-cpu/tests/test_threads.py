@@ -41,6 +41,7 @@ def test_native_threads_honour_the_cap(native_lib):
 
 @pytest.mark.parametrize("separate", [True, False])
 def test_the_report_says_when_native_kernels_are_kept_on_one_thread(monkeypatch, separate):
+    monkeypatch.setenv("RLX_CPU_GEMM", "blas")  # rlx's own GEMM runs on OpenMP's team: never a separate pool
     monkeypatch.setattr(threads, "separate_blas_pools", lambda: ("openblas (pthreads threads, 2)",) if separate else ())
     monkeypatch.setattr(blas, "mkl", lambda: None)
     g = rlx_core.Graph("dense")

@@ -1,0 +1,280 @@
+"""float32 matrix products on rlx's own GEMM (``rlx_gemm`` in ``native.c``) where it is
+measurably faster than the BLAS the product would otherwise go to (``blas.py``).
+
+Why: oneMKL and numpy's OpenBLAS choose their kernels by CPU vendor and model, and on
+AMD's AVX-512 parts (Zen 4, Zen 5) both run AVX2 code: half the multiply-add rate of
+the machine. Measured on a 2-core Zen 5 (EPYC), sgemm 2048³: oneMKL 178-208 GF/s,
+OpenBLAS 229-242, OpenBLAS forced onto its AVX-512 kernels 446; rlx's GEMM ~400, and
+400-470 on the resnet18 and transformer shapes with packed weights. On an Intel
+AVX-512 part MKL runs its own AVX-512 kernels and wins or ties; on a CPU without AVX-512
+the GEMM's AVX2 clone is no match for a tuned BLAS.
+
+So nothing is assumed: the first compile that plans a float32 product (``use_native``)
+times the GEMM against the BLAS (MKL when it is loaded, else ``numpy.matmul``) on two
+representative products, interleaved, minimum of a few repetitions each (about 20 ms
+in all on an idle 2-core host, once per process), and the GEMM is used only when it wins both by more than
+``MARGIN``. Where the native library's AVX-512 clone is not the one running, nothing is
+timed and the BLAS keeps every product. The decision is logged (logger
+``rlx_cpu.gemm``) and reported by ``describe()`` (``rlx devices``: the ``gemm`` entry).
+
+``RLX_CPU_GEMM=native`` uses the GEMM for every float32 product it can take (tests, or a
+host known to want it), ``RLX_CPU_GEMM=blas`` never; ``auto`` (the default) measures.
+
+How a product runs: one ``rlx_gemm`` call bound when the plan is made, like the MKL
+step (``ccall.bound_call``): every shape, stride and plan address fixed, only a caller's
+array read per run. A resident operand (weights: B of a dense layer, A of a
+convolution's ``W @ columns``) is packed once into the GEMM's panel layout through
+``ctx.derived`` and refreshed in place by ``set_param``; the GEMM then skips packing it
+on every call (7-25% of a product's time on the shapes above).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import blas
+from .ccall import bound_call
+from .native import Native, library
+from .steps import Dyn, Step
+
+__all__ = ["Decision", "MARGIN", "SPLIT_MACS", "PROBE_SHAPES", "mode", "use_native", "decision", "describe",
+           "native_step", "matmul_step", "reset"]  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+#: The GEMM must be this much faster than the BLAS on every probe shape to be used (10%:
+#: below that, run-to-run noise on a shared host could pick the slower one).
+MARGIN = 1.10
+#: Products (per call, all batches) of fewer multiply-adds run on one thread: OpenMP's
+#: fork-join costs a few µs, as long as 64k multiply-adds take on one AVX-512 core.
+SPLIT_MACS = 1 << 16
+#: (M, K, N) of the timed products: a square one and a convolution's skinny one (resnet18's
+#: first 3x3 stage, 64 channels over 56x56 columns).
+PROBE_SHAPES: tuple[tuple[int, int, int], ...] = ((256, 256, 256), (64, 576, 3136))
+_REPEATS = 5
+
+_PACKED_A, _PACKED_B = 1, 2
+_F32 = np.dtype(np.float32)
+
+
+def mode() -> str:
+    """``RLX_CPU_GEMM``: ``native``, ``blas`` or ``auto`` (the default, and any other value)."""
+    value = os.environ.get("RLX_CPU_GEMM", "auto").strip().lower()
+    return value if value in ("native", "blas") else "auto"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether this process runs float32 products on rlx's GEMM, and why."""
+
+    native: bool
+    why: str
+
+
+_DECIDED: dict[str, Decision] = {}
+_LOCK = threading.Lock()
+
+
+def reset() -> None:
+    """Forget the measured decision (tests; the next ``use_native`` measures again)."""
+    with _LOCK:
+        _DECIDED.clear()
+
+
+def decision() -> Decision | None:
+    """The decision in force now, without measuring: the forced mode's, the measured one,
+    or None while ``auto`` has not measured yet."""
+    lib = library()
+    if lib is None:
+        return Decision(False, "the native kernels are not loaded")
+    forced = mode()
+    if forced == "native":
+        return Decision(True, "RLX_CPU_GEMM=native")
+    if forced == "blas":
+        return Decision(False, "RLX_CPU_GEMM=blas")
+    if not lib.gemm_avx512:
+        return Decision(False, "this CPU has no AVX-512, where the BLAS's own kernels are as fast or faster")
+    return _DECIDED.get("auto")
+
+
+def use_native() -> bool:
+    """True when float32 products should run on rlx's GEMM: decided once per process, by
+    timing it against the BLAS (see the module docstring), at the first call that needs
+    to know."""
+    found = decision()
+    if found is not None:
+        return found.native
+    lib = library()
+    assert lib is not None  # decision() answered for a missing library
+    with _LOCK:
+        if "auto" not in _DECIDED:
+            _DECIDED["auto"] = _measure(lib)
+            log.info("rlx-cpu: float32 products on %s (%s)",
+                    "rlx's AVX-512 GEMM" if _DECIDED["auto"].native else "the BLAS", _DECIDED["auto"].why)  # fmt: skip
+        return _DECIDED["auto"].native
+
+
+def describe() -> str:
+    """The probe's ``gemm`` entry for ``rlx devices``: which code runs float32 products
+    and why. Cheap: never measures (before the first compile with products, ``auto``
+    says it will)."""
+    found = decision()
+    if found is None:
+        return "auto: rlx's AVX-512 GEMM is timed against the BLAS at the first compile with products"
+    return f"{'rlx GEMM' if found.native else 'BLAS'} for float32 products ({found.why})"
+
+
+# ----------------------------------------------------------------------------- measuring
+def _cores() -> int:
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _blas_runner(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[str, Callable[[], None]]:
+    """The BLAS call a product ``c = a @ b`` would otherwise make, and the BLAS's name."""
+    mkl = blas.mkl()
+    m, k = a.shape
+    n = b.shape[1]
+    if mkl is not None:
+        args = (blas._ROW_MAJOR, blas._NO_TRANS, blas._NO_TRANS, m, n, k, 1.0, a.ctypes.data, k, b.ctypes.data, n,
+                0.0, c.ctypes.data, n)  # fmt: skip
+        return "oneMKL", lambda: mkl.sgemm(*args)
+    return "numpy", lambda: np.matmul(a, b, out=c)
+
+
+def _measure(lib: Native) -> Decision:
+    """Time the GEMM and the BLAS on ``PROBE_SHAPES``, interleaved, the minimum of
+    ``_REPEATS`` runs each; the GEMM is chosen when it beats the BLAS by ``MARGIN`` on
+    every shape. Threads: every core for both (what an unconstrained product gets)."""
+    rng = np.random.default_rng(0)
+    threads = _cores() if lib.openmp else 1
+    ratios: list[float] = []
+    name = "the BLAS"
+    for m, k, n in PROBE_SHAPES:
+        a = rng.random((m, k), dtype=np.float32) - 0.5  # uniform: a third of normal's cost to draw
+        b = rng.random((k, n), dtype=np.float32) - 0.5
+        c_native, c_blas = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+        args = (m, n, k, a.ctypes.data, k, 1, 0, b.ctypes.data, n, 1, 0, c_native.ctypes.data, n, 0, 1, 0, threads)
+        name, run_blas = _blas_runner(a, b, c_blas)
+        best_native = best_blas = math.inf
+        for _ in range(_REPEATS + 1):  # the first round warms both up
+            start = time.perf_counter()
+            lib.gemm(*args)
+            mid = time.perf_counter()
+            run_blas()
+            end = time.perf_counter()
+            best_native, best_blas = min(best_native, mid - start), min(best_blas, end - mid)
+        if not np.allclose(c_native, c_blas, rtol=1e-3, atol=1e-3 * math.sqrt(k)):  # never trade a right answer
+            return Decision(False, f"rlx's GEMM disagreed with {name} at {m}x{k}x{n}")
+        ratios.append(best_blas / best_native)
+    shapes = ", ".join(f"{m}x{k}x{n}" for m, k, n in PROBE_SHAPES)
+    speed = "/".join(f"{r:.2f}x" for r in ratios)
+    native = all(r > MARGIN for r in ratios)
+    return Decision(native, f"timed {speed} {name}'s speed at {shapes}, AVX-512")
+
+
+# ----------------------------------------------------------------------------- steps
+def _strides(op: Any) -> tuple[int, int]:
+    """(row stride, column stride) in elements of an operand laid out as ``blas._Operand``."""
+    return (op.ld, 1) if op.trans == blas._NO_TRANS else (1, op.ld)
+
+
+def _pack(lib: Native, x: Any, rs: int, cs: int, rows: int, k: int, is_a: bool, ctx: Any) -> np.ndarray | None:
+    """Resident operand ``x`` packed once for the GEMM (``rlx_gemm_pack_a`` / ``_b``) as an
+    array the executable keeps and ``set_param`` refills; None when ``x`` is not a
+    resident or the context keeps nothing."""
+    derived = getattr(ctx, "derived", None)
+    if derived is None or isinstance(x, Dyn):
+        return None
+    size = int((lib.gemm_pack_a_size if is_a else lib.gemm_pack_b_size)(rows, k))
+    pack = lib.gemm_pack_a if is_a else lib.gemm_pack_b
+
+    def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
+        if dest is None:
+            dest = np.empty(max(size, 1), np.float32)
+        if is_a:
+            pack(src.ctypes.data, rs, cs, rows, k, dest.ctypes.data)
+        else:
+            pack(src.ctypes.data, rs, cs, k, rows, dest.ctypes.data)
+        return dest
+
+    return derived(x, ("rlx_gemm_pack_a" if is_a else "rlx_gemm_pack_b", rows, k, rs, cs), make)
+
+
+def _fallback(a: Any, b: Any, live: tuple[bool, bool]) -> Callable[..., None]:
+    """``numpy.matmul`` over the step's operands (those not packed, then ``out``), with the
+    packed ones' own arrays filled in: a caller's array the GEMM cannot take on some run."""
+    def run(*ops: np.ndarray) -> None:
+        it = iter(ops)
+        x = next(it) if live[0] else a
+        y = next(it) if live[1] else b
+        np.matmul(x, y, out=next(it))
+
+    return run
+
+
+def native_step(a: Any, b: Any, out: Any, ctx: Any = None) -> Step | None:
+    """``out = a @ b`` as one ``rlx_gemm`` call, or None when the native library is not
+    here or the product does not fit (not float32, a layout without one stride per
+    matrix axis and batch). Does not ask whether the GEMM is wanted (``matmul_step`` does)."""
+    lib = library()
+    if lib is None or a.dtype != _F32 or b.dtype != _F32 or out.dtype != _F32 or a.ndim < 2 or b.ndim < 2:
+        return None
+    m, n = out.shape[-2:]
+    k = a.shape[-1]
+    batch = tuple(out.shape[:-2])
+    try:
+        pa, pb, pc = (blas._Operand(a, m, k, batch), blas._Operand(b, k, n, batch), blas._Operand(out, m, n, batch))
+    except blas._NoFit:
+        return None
+    count = math.prod(batch)
+    if pc.trans != blas._NO_TRANS or (count > 1 and pc.batch_stride == 0):
+        return None
+    (a_rs, a_cs), (b_rs, b_cs) = _strides(pa), _strides(pb)
+    a_bs, b_bs, flags = pa.batch_stride, pb.batch_stride, 0
+    packed_a = _pack(lib, a, a_rs, a_cs, m, k, True, ctx) if count == 1 or a_bs == 0 else None
+    packed_b = _pack(lib, b, b_rs, b_cs, n, k, False, ctx) if count == 1 or b_bs == 0 else None
+    if packed_a is not None:
+        flags |= _PACKED_A
+    if packed_b is not None:
+        flags |= _PACKED_B
+    threads = lib.threads() if m * n * k * count >= SPLIT_MACS else 1
+    args: list[Any] = [m, n, k, 0, a_rs, a_cs, a_bs, 0, b_rs, b_cs, b_bs, 0, pc.ld, pc.batch_stride, count, flags,
+                       threads]  # fmt: skip
+    if packed_a is not None:
+        args[3] = packed_a.ctypes.data
+    if packed_b is not None:
+        args[7] = packed_b.ctypes.data
+    live = (packed_a is None, packed_b is None)
+    operands = tuple(x for x, keep in zip((a, b, out), (*live, True)) if keep)
+    positions = tuple(p for p, keep in zip((3, 7, 11), (*live, True)) if keep)
+    kept = tuple(x for x in (packed_a, packed_b) if x is not None)
+    return bound_call(lib.gemm, args, operands, positions, _fallback(a, b, live), keep=kept)
+
+
+def matmul_step(a: Any, b: Any, out: Any, ctx: Any = None) -> Step:
+    """``out = a @ b`` as one step: rlx's GEMM where this process measured it faster
+    (``use_native``) and the product fits, else ``blas.matmul_step`` (MKL or numpy).
+
+    A matrix-vector product (one row of A or one column of B) stays with the BLAS's gemv:
+    the GEMM's 12x32 tile would do 12 or 32 times its work (measured against MKL on the
+    Zen 5 host: 256x512 @ 512x1 0.35x, 1x512 @ 512x1000 0.94x; 2 rows or columns already
+    1.7x faster)."""
+    gemv = min(out.shape[-2:]) <= 1 if out.ndim >= 2 else True
+    if a.dtype == _F32 and b.dtype == _F32 and out.dtype == _F32 and not gemv and use_native():
+        step = native_step(a, b, out, ctx)
+        if step is not None:
+            return step
+    return blas.matmul_step(a, b, out, ctx)
+

@@ -1,0 +1,198 @@
+"""rlx's own float32 GEMM (``rlx_gemm`` in native.c, ``rlx_cpu.gemm``): every shape,
+layout and batch it takes gives numpy's float64 answer (edges of the 12x32 tiles and of
+the k blocks included), packed resident operands follow set_param, a caller's array it
+cannot address goes through numpy, and ``RLX_CPU_GEMM`` picks the code that runs.
+
+Skips (with the reason) where the native kernels were not built.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from rlx_core import reference
+from rlx_core.ir import Graph
+from rlx_core.plugin import CompileOptions
+from rlx_cpu import CpuBackend, blas, ccall, gemm, native
+from rlx_cpu.steps import Dyn, Step, bind
+
+F32 = np.float32
+SIZES = (1, 3, 13, 31, 33, 100, 257)
+
+
+@pytest.fixture
+def lib(native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> native.Native:
+    """The native library, with every float32 product forced onto its GEMM."""
+    monkeypatch.setenv("RLX_CPU_GEMM", "native")
+    return native_lib
+
+
+def rand(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(F32)
+
+
+def check(got: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    k = a.shape[-1]
+    np.testing.assert_allclose(got, want, rtol=0, atol=4 * k * np.finfo(F32).eps * (np.abs(want).max() + 1))
+
+
+def gemm_call(step: Step) -> tuple[Callable[..., None], tuple[object, ...]] | None:
+    """(function, bound arguments) of a ``ccall`` step, None for any other step."""
+    fn = step.fn
+    if isinstance(fn, ccall._RunTimeCall):
+        return fn.fn, tuple(fn.args)
+    if isinstance(fn, functools.partial) and fn.func is ccall._call:
+        return fn.args[0], fn.args[1]
+    return None
+
+
+def uses_gemm(step: Step, lib: native.Native) -> bool:
+    call = gemm_call(step)
+    return call is not None and call[0] is lib.gemm
+
+
+def product(a: np.ndarray, b: np.ndarray, lib: native.Native) -> np.ndarray:
+    out = np.empty((*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1]), F32)
+    step = gemm.native_step(a, b, out)
+    assert step is not None and uses_gemm(step, lib)
+    bind(step, [])()
+    return out
+
+
+# ----------------------------------------------------------------------------- shapes
+@pytest.mark.parametrize("m", SIZES)
+def test_odd_shapes_match_float64(lib: native.Native, m: int) -> None:
+    for n, k in itertools.product(SIZES, SIZES):
+        a, b = rand((m, k), 1), rand((k, n), 2)
+        check(product(a, b, lib), a, b)
+
+
+def test_k_past_one_block_and_the_threads_split_both_ways(lib: native.Native) -> None:
+    """k over 256 (C accumulated over k blocks), a split along rows (few columns) and along
+    columns, on one thread and on every core."""
+    for m, k, n in ((40, 600, 20), (300, 520, 49), (24, 1030, 700)):
+        a, b = rand((m, k), 3), rand((k, n), 4)
+        check(product(a, b, lib), a, b)
+        with native.thread_cap(1):
+            check(product(a, b, lib), a, b)
+
+
+@pytest.mark.parametrize("ta, tb", [(False, True), (True, False), (True, True)])
+def test_transposed_operands(lib: native.Native, ta: bool, tb: bool) -> None:
+    m, k, n = 37, 70, 45
+    a = rand((k, m), 5).T if ta else rand((m, k), 5)
+    b = rand((n, k), 6).T if tb else rand((k, n), 6)
+    check(product(a, b, lib), a, b)
+
+
+def test_a_submatrix_with_a_leading_dimension(lib: native.Native) -> None:
+    a, b = rand((50, 90), 7)[3:40, 5:70], rand((80, 60), 8)[10:75, 2:33]
+    check(product(a, b, lib), a, b)
+
+
+@pytest.mark.parametrize("sa, sb", [((5, 33, 40), (40, 31)), ((33, 40), (5, 40, 31)), ((5, 33, 40), (5, 40, 31)),
+                                    ((2, 3, 13, 100), (2, 3, 100, 257)), ((6, 13, 31), (1, 31, 33))])  # fmt: skip
+def test_batches_with_broadcast(lib: native.Native, sa: tuple[int, ...], sb: tuple[int, ...]) -> None:
+    a, b = rand(sa, 9), rand(sb, 10)
+    check(product(a, b, lib), a, b)
+
+
+def test_layouts_without_one_stride_are_not_taken(lib: native.Native) -> None:
+    a, b = rand((64, 800))[:, ::2], rand((400, 16))
+    assert gemm.native_step(a, b, np.empty((64, 16), F32)) is None
+    a64 = rand((8, 8)).astype(np.float64)
+    assert gemm.native_step(a64, a64, np.empty((8, 8))) is None
+
+
+def test_a_callers_array_it_cannot_address_goes_through_numpy(lib: native.Native) -> None:
+    w = rand((78, 40), 1)
+    out = np.empty((30, 40), F32)
+    step = gemm.native_step(Dyn(0, (30, 78), np.dtype(F32)), w, out)
+    assert step is not None and isinstance(step.fn, ccall._RunTimeCall)
+    x = rand((30, 78), 2)
+    for arr in (x, np.asfortranarray(x), np.repeat(x, 2, axis=0)[::2]):
+        out.fill(np.nan)
+        bind(step, [arr])()
+        check(out, x, w)
+
+
+# ----------------------------------------------------------------------------- packed residents
+PARAMS = {"cw": ((16, 20, 3, 3), 1), "cb": ((16,), 2), "w": ((324, 40), 3), "wt": ((40, 40), 4)}
+
+
+def mlp_and_conv_graph(seed: int = 0) -> Graph:
+    """A 3x3 convolution with bias (20 channels: im2col and the GEMM, not the direct
+    kernel), then a dense layer and a transposed one, every weight a param."""
+    v = {name: rand(shape, s + seed) for name, (shape, s) in PARAMS.items()}
+    g = Graph("gemm-packed")
+    x = g.input("x", (1, 20, 9, 9), "float32")
+    c = g.conv2d(x, g.param("cw", v["cw"]), g.param("cb", v["cb"]), padding=1)
+    y = g.matmul(g.reshape(g.relu(c), (4, 324)), g.param("w", v["w"]))
+    g.set_outputs([g.add(y, g.matmul(y, g.transpose(g.param("wt", v["wt"]), (1, 0))))])
+    return g
+
+
+def test_packed_residents_follow_set_param(lib: native.Native) -> None:
+    """Weights packed once for the GEMM (a dense layer's B, in either layout, and a
+    convolution's A with its bias column) are refilled by set_param in place."""
+    g = mlp_and_conv_graph()
+    exe = CpuBackend().compile(g.freeze(), CompileOptions(device="cpu"))
+    packs = [key[-1][0] for key in exe._derived_arrays if isinstance(key[-1], tuple)]
+    assert packs.count("rlx_gemm_pack_b") == 2 and "rlx_gemm_pack_a" in packs, packs
+    x = rand((1, 20, 9, 9), 5)
+    np.testing.assert_allclose(exe.run({"x": x})[0], reference.evaluate(g, {"x": x})[0], rtol=1e-4, atol=1e-3)
+    for name, (shape, s) in PARAMS.items():
+        exe.set_param(name, rand(shape, s + 100))
+    want = reference.evaluate(mlp_and_conv_graph(100), {"x": x})[0]
+    np.testing.assert_allclose(exe.run({"x": x})[0], want, rtol=1e-4, atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- the choice
+def test_forced_modes_choose_the_step(native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = rand((16, 24), 1), rand((24, 8), 2)
+    out = np.empty((16, 8), F32)
+    monkeypatch.setenv("RLX_CPU_GEMM", "native")
+    assert gemm.use_native() and uses_gemm(gemm.matmul_step(a, b, out), native_lib)
+    assert gemm.describe().startswith("rlx GEMM for float32 products (RLX_CPU_GEMM=native")
+    for x, y in ((a[:1], b), (a, b[:, :1])):  # matrix-vector products stay with the BLAS's gemv
+        assert not uses_gemm(gemm.matmul_step(x, y, np.empty((x.shape[0], y.shape[1]), F32)), native_lib)
+    monkeypatch.setenv("RLX_CPU_GEMM", "blas")
+    step = gemm.matmul_step(a, b, out)
+    assert not gemm.use_native() and not uses_gemm(step, native_lib)
+    assert gemm.describe() == "BLAS for float32 products (RLX_CPU_GEMM=blas)"
+    bind(step, [])()
+    check(out, a, b)
+
+
+def test_auto_measures_once_and_says_so(native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLX_CPU_GEMM", "auto")
+    monkeypatch.setattr(native_lib, "gemm_avx512", True)
+    calls: list[int] = []
+
+    def fake(lib: native.Native) -> gemm.Decision:
+        calls.append(1)
+        return gemm.Decision(False, "timed 0.90x/0.80x the BLAS")
+
+    monkeypatch.setattr(gemm, "_measure", fake)
+    gemm.reset()
+    try:
+        assert gemm.describe().startswith("auto: ")
+        assert not gemm.use_native() and not gemm.use_native() and calls == [1]
+        assert gemm.describe() == "BLAS for float32 products (timed 0.90x/0.80x the BLAS)"
+        monkeypatch.setattr(native_lib, "gemm_avx512", False)  # no AVX-512: nothing to time
+        assert not gemm.use_native() and "no AVX-512" in gemm.describe()
+    finally:
+        gemm.reset()
+
+
+def test_the_measurement_agrees_with_the_blas(native_lib: native.Native) -> None:
+    """The real timing runs and returns a reasoned decision (which one depends on the host)."""
+    found = gemm._measure(native_lib)
+    assert "timed " in found.why and ("oneMKL" in found.why or "numpy" in found.why), found.why
+    assert blas is not None
