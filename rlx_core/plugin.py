@@ -16,7 +16,9 @@ import numpy as np
 import pluggy
 
 from .cost import CostModel
-from .dtypes import CONTRACT_DTYPES
+from .dtypes import CONTRACT_DTYPES as CONTRACT_DTYPES
+from .dtypes import DTYPES as DTYPES
+from .dtypes import EXTENDED_DTYPES as EXTENDED_DTYPES
 from .ops import OpKind
 from .options import PASS_NAMES as PASS_NAMES
 from .options import CompileOptions as CompileOptions
@@ -56,6 +58,9 @@ __all__ = [
     "CompileOptions",
     "Executable",
     "Backend",
+    "CONTRACT_DTYPES",
+    "EXTENDED_DTYPES",
+    "DTYPES",
     *sorted(_KIT),  # resolved by __getattr__ below
 ]
 

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import rlx_core
-from rlx_core.dtypes import DTYPES
 from rlx_core.errors import DeviceError
+from rlx_core.plugin import DTYPES
 
 if TYPE_CHECKING:
     from rlx_core.ir import Graph
