@@ -211,11 +211,8 @@ _LOCK = threading.Lock()
 
 
 def wanted() -> bool:
-    """False when Vector math: numpy has no erf; ``mathfn.py``'s float32 program takes 15 passes (304 µs
-on 131k elements here) where ``vmsErf`` takes 44 µs at about 1 ulp (``VML_HA``), and gelu
-becomes ``x * vmsCdfNorm(x)`` (the suite transformer's feed-forward region: 473 -> 196 µs).
-
-``RLX_CPU_BLAS=numpy`` keeps every product in numpy."""
+    """False when ``RLX_CPU_BLAS=numpy`` (or ``openblas``, ``off``, ``0``) keeps every
+    product and vector function in numpy, MKL installed or not."""
     return os.environ.get("RLX_CPU_BLAS", "auto").strip().lower() not in ("numpy", "openblas", "off", "0")
 
 
