@@ -47,7 +47,7 @@ from .native import Native, library
 from .steps import Dyn, Step
 
 __all__ = ["Decision", "MARGIN", "SPLIT_MACS", "PROBE_SHAPES", "mode", "use_native", "decision", "describe",
-           "native_step", "matmul_step", "reset"]  # fmt: skip
+           "native_step", "gemv_step", "matmul_step", "reset"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -263,18 +263,57 @@ def native_step(a: Any, b: Any, out: Any, ctx: Any = None) -> Step | None:
     return bound_call(lib.gemm, args, operands, positions, _fallback(a, b, live), keep=kept)
 
 
+def gemv_step(a: Any, b: Any, out: Any) -> Step | None:
+    """``out = a @ b`` with one row of ``a`` or one column of ``b`` as one ``rlx_gemv`` call
+    (OpenMP's team), or None when it does not fit: not float32, batched, or a vector or
+    matrix without a unit stride (the BLAS then takes it)."""
+    lib = library()
+    if lib is None or a.dtype != _F32 or b.dtype != _F32 or out.dtype != _F32 or a.ndim < 2 or b.ndim < 2:
+        return None
+    m, n = out.shape[-2:]
+    k = a.shape[-1]
+    batch = tuple(out.shape[:-2])
+    if math.prod(batch) != 1 or k == 0 or m * n == 0:
+        return None
+    try:
+        pa, pb, pc = (blas._Operand(a, m, k, batch), blas._Operand(b, k, n, batch), blas._Operand(out, m, n, batch))
+    except blas._NoFit:
+        return None
+    if pc.trans != blas._NO_TRANS:
+        return None
+    (a_rs, a_cs), (b_rs, b_cs), (y_rs, y_cs) = _strides(pa), _strides(pb), _strides(pc)
+    if m == 1:  # y[j] = sum_k a[0, k] b[k, j]: the matrix is b, read as (j, k)
+        mat, vec, length, si, sk, sv, sy, flip = b, a, n, b_cs, b_rs, a_cs, y_cs, False
+    else:  # n == 1: y[i] = sum_k a[i, k] b[k, 0]
+        mat, vec, length, si, sk, sv, sy, flip = a, b, m, a_rs, a_cs, b_rs, y_rs, True
+    if sv != 1 or 1 not in (si, sk):
+        return None
+    threads = lib.threads() if length * k >= SPLIT_MACS else 1
+    args: list[Any] = [0, 0, 0, length, k, si, sk, sy, threads]
+
+    def fallback(mat_: np.ndarray, vec_: np.ndarray, y_: np.ndarray) -> None:
+        np.matmul(mat_, vec_, out=y_) if flip else np.matmul(vec_, mat_, out=y_)
+
+    return bound_call(lib.gemv, args, (mat, vec, out), (0, 1, 2), fallback)
+
+
 def matmul_step(a: Any, b: Any, out: Any, ctx: Any = None) -> Step:
     """``out = a @ b`` as one step: rlx's GEMM where this process measured it faster
     (``use_native``) and the product fits, else ``blas.matmul_step`` (MKL or numpy).
 
-    A matrix-vector product (one row of A or one column of B) stays with the BLAS's gemv:
-    the GEMM's 12x32 tile would do 12 or 32 times its work (measured against MKL on the
-    Zen 5 host: 256x512 @ 512x1 0.35x, 1x512 @ 512x1000 0.94x; 2 rows or columns already
-    1.7x faster)."""
+    A matrix-vector product (one row of A or one column of B) stays with MKL's gemv where
+    MKL is loaded: the GEMM's 12x32 tile would do 12 or 32 times its work (measured
+    against MKL on the Zen 5 host: 256x512 @ 512x1 0.35x, 1x512 @ 512x1000 0.94x; 2 rows or
+    columns already 1.7x faster). Without MKL it is ``rlx_gemv`` on OpenMP's team: numpy's
+    OpenBLAS would wake its own thread pool, which then spins against the native kernels
+    (without the ``mkl`` extra, one process, interleaved: efficientnet_b0 13.3 -> 7.6 ms, its
+    squeeze-excitation blocks; resnet18 27.9 -> 15.2 ms, its classifier alone)."""
     gemv = min(out.shape[-2:]) <= 1 if out.ndim >= 2 else True
-    if a.dtype == _F32 and b.dtype == _F32 and out.dtype == _F32 and not gemv and use_native():
-        step = native_step(a, b, out, ctx)
+    if a.dtype == _F32 and b.dtype == _F32 and out.dtype == _F32 and use_native():
+        if not gemv:
+            step = native_step(a, b, out, ctx)
+        else:
+            step = gemv_step(a, b, out) if blas.mkl() is None else None
         if step is not None:
             return step
     return blas.matmul_step(a, b, out, ctx)
-

@@ -34,7 +34,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 5
+#define RLX_ABI 6
 #define RLX_BLOCK 1024
 #define RLX_MAX_DIMS 8
 #define RLX_CHUNK_BLOCKS 16 /* blocks per unit of work a thread takes at a time */
@@ -1239,4 +1239,71 @@ RLX_API void rlx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a
 #endif
         gemm_part(&g, 0, 1, by_rows);
     }
+}
+
+/* ------------------------------------------------------- matrix-vector products */
+/* y[i] = sum_k mat[i * si + k * sk] * v[k * sv], i < len, written at y[i * sy]: a product
+ * with one row or one column (a dense layer at batch 1, a squeeze-excitation block's 1x1
+ * convolutions on a 1x1 plane). Memory-bound: each element of the matrix is read once,
+ * either along k (sk == 1: a dot product per output) or along i (si == 1: the rows of
+ * the matrix scaled and summed into a block of outputs), on OpenMP's team like every
+ * other kernel here — numpy's OpenBLAS would wake a pool of its own beside it. Other
+ * layouts are not taken (the caller keeps the BLAS). */
+#define RLX_GEMV_BLOCK 256 /* outputs a thread accumulates at once in the axpy form */
+
+static RLX_CLONES void gemv_part(const float *mat, const float *v, float *y, int64_t i0, int64_t i1, int64_t k,
+                                 int64_t si, int64_t sk, int64_t sy) {
+    if (sk == 1) {
+        for (int64_t i = i0; i < i1; i++) {
+            const float *row = mat + i * si;
+            rlx_v16 a0 = {0}, a1 = {0};
+            int64_t j = 0;
+            for (; j + 32 <= k; j += 32) {
+                rlx_v16 r0, r1, v0, v1;
+                memcpy(&r0, row + j, sizeof r0);
+                memcpy(&r1, row + j + 16, sizeof r1);
+                memcpy(&v0, v + j, sizeof v0);
+                memcpy(&v1, v + j + 16, sizeof v1);
+                a0 += r0 * v0;
+                a1 += r1 * v1;
+            }
+            a0 += a1;
+            float s = 0.0f;
+            for (int l = 0; l < 16; l++) s += a0[l];
+            for (; j < k; j++) s += row[j] * v[j];
+            y[i * sy] = s;
+        }
+        return;
+    }
+    float acc[RLX_GEMV_BLOCK];
+    for (int64_t b0 = i0; b0 < i1; b0 += RLX_GEMV_BLOCK) {
+        int64_t n = i1 - b0 < RLX_GEMV_BLOCK ? i1 - b0 : RLX_GEMV_BLOCK;
+        for (int64_t i = 0; i < n; i++) acc[i] = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            const float *row = mat + j * sk + b0;
+            const float s = v[j];
+            for (int64_t i = 0; i < n; i++) acc[i] += s * row[i];
+        }
+        for (int64_t i = 0; i < n; i++) y[(b0 + i) * sy] = acc[i];
+    }
+}
+
+/* v must be contiguous (sv == 1: the caller copies a strided vector first); one of si, sk is 1. */
+RLX_API void rlx_gemv(const float *mat, const float *v, float *y, int64_t len, int64_t k, int64_t si, int64_t sk,
+                      int64_t sy, int64_t threads) {
+    threads = row_threads(threads, (len + 15) / 16);
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads((int)threads)
+        {
+            int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+            /* split on multiples of 16 outputs: each thread's block of y starts a vector */
+            int64_t units = (len + 15) / 16, u0 = units * t / nt, u1 = units * (t + 1) / nt;
+            int64_t i0 = u0 * 16, i1 = u1 * 16 < len ? u1 * 16 : len;
+            if (i0 < i1) gemv_part(mat, v, y, i0, i1, k, si, sk, sy);
+        }
+        return;
+    }
+#endif
+    gemv_part(mat, v, y, 0, len, k, si, sk, sy);
 }

@@ -112,6 +112,9 @@ class Native:
         self.gemm = self._lib.rlx_gemm
         self.gemm.argtypes = [i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, i64, i64]
         self.gemm.restype = None
+        self.gemv = self._lib.rlx_gemv  # (mat, v, y, len, k, si, sk, sy, threads)
+        self.gemv.argtypes = [p, p, p, *[i64] * 6]
+        self.gemv.restype = None
         self.gemm_pack_a = self._lib.rlx_gemm_pack_a  # (a, rs, cs, m, k, dst)
         self.gemm_pack_b = self._lib.rlx_gemm_pack_b  # (b, rs, cs, k, n, dst)
         for fn in (self.gemm_pack_a, self.gemm_pack_b):

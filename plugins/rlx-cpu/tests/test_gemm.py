@@ -196,3 +196,48 @@ def test_the_measurement_agrees_with_the_blas(native_lib: native.Native) -> None
     found = gemm._measure(native_lib)
     assert "timed " in found.why and ("oneMKL" in found.why or "numpy" in found.why), found.why
     assert blas is not None
+
+
+# ----------------------------------------------------------------------------- gemv
+GEMV_SHAPES = [(1, 1024, 1000), (1, 33, 17), (1, 1, 5), (7, 300, 1), (1000, 1024, 1), (1, 5000, 3), (1, 1, 1)]
+
+
+@pytest.mark.parametrize(("m", "k", "n"), GEMV_SHAPES)
+@pytest.mark.parametrize(("ta", "tb"), list(itertools.product([False, True], repeat=2)))
+def test_gemv_every_layout_with_a_unit_stride(lib: native.Native, m: int, k: int, n: int, ta: bool,
+                                              tb: bool) -> None:  # fmt: skip
+    """One row of A or one column of B: the dot form (the matrix contiguous along k) and
+    the axpy form (contiguous along the outputs), over and under the threads' split."""
+    a = rand((k, m), 1).T if ta else rand((m, k), 1)
+    b = rand((n, k), 2).T if tb else rand((k, n), 2)
+    out = np.empty((m, n), F32)
+    step = gemm.gemv_step(a, b, out)
+    vector_strided = (m == 1 and ta and k > 1 and m != k) or (m != 1 and n == 1 and tb and k > 1)
+    if step is None:
+        assert vector_strided, "a layout with a contiguous vector was not taken"
+        return
+    call = gemm_call(step)
+    assert call is not None and call[0] is lib.gemv
+    bind(step, [])()
+    check(out, a, b)
+
+
+def test_gemv_declines_batches_and_other_dtypes(lib: native.Native) -> None:
+    assert gemm.gemv_step(rand((2, 1, 8)), rand((2, 8, 4)), np.empty((2, 1, 4), F32)) is None
+    a64 = rand((1, 8)).astype(np.float64)
+    assert gemm.gemv_step(a64, rand((8, 4)).astype(np.float64), np.empty((1, 4))) is None
+
+
+def test_without_mkl_a_matrix_vector_product_stays_on_openmps_team(
+        lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Without MKL, numpy's OpenBLAS would run it on a pool that spins against the native
+    kernels: rlx_gemv takes it. With MKL (on OpenMP's team already) its gemv keeps it."""
+    a, b, out = rand((1, 64)), rand((64, 40)), np.empty((1, 40), F32)
+    monkeypatch.setattr(blas, "mkl", lambda: None)
+    call = gemm_call(gemm.matmul_step(a, b, out))
+    assert call is not None and call[0] is lib.gemv
+    bind(gemm.matmul_step(a, b, out), [])()
+    check(out, a, b)
+    monkeypatch.setenv("RLX_CPU_GEMM", "blas")
+    call = gemm_call(gemm.matmul_step(a, b, out))
+    assert call is None or call[0] is not lib.gemv

@@ -114,6 +114,8 @@ def test_both_modes_compute_the_same_and_tiny_graphs_are_not_tuned():
     g = _conv_net()
     cg = rlx_core.compile(g, device="cpu")
     exe = cg._exe
+    if not exe._tunable():  # e.g. no MKL and the products on numpy's pool: native kernels capped at one
+        pytest.skip(f"wide and narrow are the same run here (native thread cap {exe._thread_cap})")
     assert exe._tuner is not None and any("ThreadTuner" in n for n in cg.report().notes)
     x = np.random.default_rng(1).standard_normal((1, 8, 32, 32)).astype(np.float32)
     want = rlx_core.reference.evaluate(g, {"x": x})[0]
