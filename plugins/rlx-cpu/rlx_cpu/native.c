@@ -698,13 +698,30 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wt, co
         for (int64_t l = 0; l < DW_LANES; l++) bv[l] = (l < lanes && bias) ? bias[c0 + l] : 0.0f;
         for (int64_t t = 0; t < taps; t++)
             for (int64_t l = 0; l < DW_LANES; l++) filt[t * DW_LANES + l] = l < lanes ? wt[(c0 + l) * taps + t] : 0.0f;
-        memset(pad, 0, (size_t)(hp * wp * DW_LANES) * sizeof(float));
-        const int64_t y0 = pt, y1 = pt + h < hp ? pt + h : hp, x0 = pl, x1 = pl + w < wp ? pl + w : wp;
+        /* zeros only where no input lands (a whole-plane memset cost as much as the
+         * convolution on 112x112 planes), then the planes interleaved pixel by pixel:
+         * 16 sequential reads, one contiguous 64-byte write */
+        const int64_t y0 = pt < hp ? pt : hp, y1 = pt + h < hp ? pt + h : hp;
+        const int64_t x0 = pl < wp ? pl : wp, x1 = pl + w < wp ? pl + w : wp;
+        const size_t lane_px = DW_LANES * sizeof(float);
+        memset(pad, 0, (size_t)(y0 * wp) * lane_px);
+        if (y1 < hp) memset(pad + y1 * wp * DW_LANES, 0, (size_t)((hp - y1) * wp) * lane_px);
         for (int64_t yy = y0; yy < y1; yy++) {
             float *prow = pad + yy * wp * DW_LANES;
-            for (int64_t l = 0; l < lanes; l++) {
-                const float *src = xb + l * h * w + (yy - pt) * w - pl;
-                for (int64_t xx = x0; xx < x1; xx++) prow[xx * DW_LANES + l] = src[xx];
+            if (x0 > 0) memset(prow, 0, (size_t)x0 * lane_px);
+            if (x1 < wp) memset(prow + x1 * DW_LANES, 0, (size_t)(wp - x1) * lane_px);
+            if (lanes == DW_LANES) {
+                const float *src[DW_LANES];
+                for (int l = 0; l < DW_LANES; l++) src[l] = xb + l * h * w + (yy - pt) * w - pl;
+                for (int64_t xx = x0; xx < x1; xx++)
+                    for (int l = 0; l < DW_LANES; l++) prow[xx * DW_LANES + l] = src[l][xx];
+            } else {
+                for (int64_t xx = x0; xx < x1; xx++)
+                    for (int64_t l = lanes; l < DW_LANES; l++) prow[xx * DW_LANES + l] = 0.0f;
+                for (int64_t l = 0; l < lanes; l++) {
+                    const float *src = xb + l * h * w + (yy - pt) * w - pl;
+                    for (int64_t xx = x0; xx < x1; xx++) prow[xx * DW_LANES + l] = src[xx];
+                }
             }
         }
         for (int64_t oy = 0; oy < oh; oy++) {
