@@ -1112,3 +1112,19 @@ def test_native_steps_follow_set_param(lib: native.Native, region_runs: list[reg
     want = reference.evaluate(g, {"x": x_in}, params=new)
     for a, r in zip(got, want):
         np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [{"padding": 1}, {"padding": (0, 1, 1, 0), "ceil_mode": True},
+                                    {"stride": 3, "ceil_mode": True}, {"dilation": 2, "padding": 2}])  # fmt: skip
+def test_padded_max_pool_runs_natively_over_an_infinite_border(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                                               kwargs: dict) -> None:  # fmt: skip
+    """Padding and ceil_mode windows past the edge: the input copied into a -inf border,
+    then the native pool (no numpy passes); NaN and -inf inputs keep numpy's maximum."""
+    calls = spy_on(monkeypatch, lib, "pool2d")
+    g = Graph("padded-pool")
+    g.set_outputs([g.max_pool2d(g.input("x", (2, 3, 10, 11)), 3, **{"stride": 2, **kwargs})])
+    x = rand((2, 3, 10, 11), 9)
+    x[0, 1, 4, 4], x[1, 2, 0, 0] = np.nan, -np.inf
+    (got,) = compile_cpu(g).run({"x": x})
+    assert calls, "the native pool did not run"
+    np.testing.assert_array_equal(got, reference.evaluate(g, {"x": x})[0])
