@@ -927,7 +927,7 @@ POOLS = {  # name -> (op, kwargs, native?)
     "avg 2x2 stride 2": ("avg_pool2d", {"kernel": 2, "stride": 2}, True),
     "avg 3x3 stride 1": ("avg_pool2d", {"kernel": 3, "stride": 1}, True),
     "avg 3x3 stride 2": ("avg_pool2d", {"kernel": 3, "stride": 2}, True),
-    "max 3x3 padding 1 (numpy)": ("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, False),
+    "max 3x3 padding 1 (native, over a -inf border)": ("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, True),
     "avg 2x2 ceil_mode (numpy)": ("avg_pool2d", {"kernel": 2, "stride": 2, "ceil_mode": True}, False),
 }
 
@@ -936,7 +936,8 @@ POOLS = {  # name -> (op, kwargs, native?)
 def test_pools(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """Max and average pools whose windows lie inside the image run natively (the 2x2
     stride-2 one in one pass), odd sizes leaving an edge unread; a max propagates NaN and
-    keeps -inf; windows reaching into padding stay with numpy. All as the reference."""
+    keeps -inf; a max pool reaching into padding runs natively over a -inf border, an average
+    pool stays with numpy. All as the reference."""
     op, kwargs, is_native = POOLS[name]
     calls = spy_on(monkeypatch, lib, "pool2d")
     x = rand((2, 3, 13, 11), 6, 2.0)
