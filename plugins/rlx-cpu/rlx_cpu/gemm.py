@@ -153,31 +153,43 @@ def _blas_runner(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[str, Call
     return "numpy", lambda: np.matmul(a, b, out=c)
 
 
+def _best_of(run: Callable[[], None]) -> float:
+    """The shortest of ``_REPEATS`` timed calls of ``run``, after one that warms it up."""
+    best = math.inf
+    for k in range(_REPEATS + 1):
+        start = time.perf_counter()
+        run()
+        if k:
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
 def _measure(lib: Native) -> Decision:
-    """Time the GEMM and the BLAS on ``PROBE_SHAPES``, interleaved, the minimum of
-    ``_REPEATS`` runs each; the GEMM is chosen when it beats the BLAS by ``MARGIN`` on
-    every shape. Threads: every core for both (what an unconstrained product gets)."""
+    """Time the GEMM and the BLAS on ``PROBE_SHAPES``, the minimum of ``_REPEATS`` runs
+    each; the GEMM is chosen when it beats the BLAS by ``MARGIN`` on every shape. Threads:
+    every core for both (what an unconstrained product gets).
+
+    Every GEMM timing comes before every BLAS one: numpy's OpenBLAS keeps its pthreads
+    spinning after a call, so a GEMM timed right after it shared the cores with them
+    (alternating the two, the Zen 5 host picked OpenBLAS in a third of fresh processes,
+    timing the GEMM at 0.2-0.3x its speed)."""
     rng = np.random.default_rng(0)
     threads = _cores() if lib.openmp else 1
-    ratios: list[float] = []
-    name = "the BLAS"
+    cases = []
     for m, k, n in PROBE_SHAPES:
         a = rng.random((m, k), dtype=np.float32) - 0.5  # uniform: a third of normal's cost to draw
         b = rng.random((k, n), dtype=np.float32) - 0.5
         c_native, c_blas = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
         args = (m, n, k, a.ctypes.data, k, 1, 0, b.ctypes.data, n, 1, 0, c_native.ctypes.data, n, 0, 1, 0, threads)
-        name, run_blas = _blas_runner(a, b, c_blas)
-        best_native = best_blas = math.inf
-        for _ in range(_REPEATS + 1):  # the first round warms both up
-            start = time.perf_counter()
-            lib.gemm(*args)
-            mid = time.perf_counter()
-            run_blas()
-            end = time.perf_counter()
-            best_native, best_blas = min(best_native, mid - start), min(best_blas, end - mid)
+        # a and b stay in the list: the calls hold only their addresses
+        cases.append(((m, k, n), args, c_native, c_blas, _blas_runner(a, b, c_blas), (a, b)))
+    native_times = [_best_of(lambda args=args: lib.gemm(*args)) for _, args, *_ in cases]
+    blas_times = [_best_of(runner[1]) for *_, runner, _ in cases]
+    name = cases[-1][4][0] if cases else "the BLAS"
+    for (m, k, n), _, c_native, c_blas, *_ in cases:
         if not np.allclose(c_native, c_blas, rtol=1e-3, atol=1e-3 * math.sqrt(k)):  # never trade a right answer
             return Decision(False, f"rlx's GEMM disagreed with {name} at {m}x{k}x{n}")
-        ratios.append(best_blas / best_native)
+    ratios = [t_blas / t_native for t_native, t_blas in zip(native_times, blas_times)]
     shapes = ", ".join(f"{m}x{k}x{n}" for m, k, n in PROBE_SHAPES)
     speed = "/".join(f"{r:.2f}x" for r in ratios)
     native = all(r > MARGIN for r in ratios)
