@@ -1047,24 +1047,9 @@ RLX_API void rlx_gemm_pack_b(const float *b, int64_t rs, int64_t cs, int64_t k, 
     gemm_pack(b, cs, rs, 0, n, 0, k, RLX_GEMM_NR, RLX_GEMM_NR * k, dst);
 }
 
-/* The MR x NR tile: C[0:mr, 0:nr] (+)= A panel (kc x MR) @ B panel (kc x NR). */
-static inline __attribute__((always_inline)) void gemm_micro(int64_t kc, const float *restrict a,
-                                                             const float *restrict b, float *c, int64_t ldc,
+/* The accumulators of an MR x NR tile into C[0:mr, 0:nr], added to it when `add`. */
+static inline __attribute__((always_inline)) void gemm_store(rlx_v16 *lo, rlx_v16 *hi, float *c, int64_t ldc,
                                                              int64_t mr, int64_t nr, int add) {
-    rlx_v16 lo[RLX_GEMM_MR], hi[RLX_GEMM_MR];
-#pragma GCC unroll 16
-    for (int i = 0; i < RLX_GEMM_MR; i++) lo[i] = hi[i] = (rlx_v16){0};
-    for (int64_t p = 0; p < kc; p++) {
-        rlx_v16 b0, b1;
-        memcpy(&b0, b + p * RLX_GEMM_NR, sizeof b0);
-        memcpy(&b1, b + p * RLX_GEMM_NR + 16, sizeof b1);
-        const float *ap = a + p * RLX_GEMM_MR;
-#pragma GCC unroll 16
-        for (int i = 0; i < RLX_GEMM_MR; i++) {
-            lo[i] += ap[i] * b0;
-            hi[i] += ap[i] * b1;
-        }
-    }
     if (mr == RLX_GEMM_MR && nr == RLX_GEMM_NR) {
 #pragma GCC unroll 16
         for (int i = 0; i < RLX_GEMM_MR; i++) {
@@ -1088,6 +1073,55 @@ static inline __attribute__((always_inline)) void gemm_micro(int64_t kc, const f
         memcpy(row + 16, &hi[i], sizeof hi[i]);
         for (int64_t j = 0; j < nr; j++) ci[j] = add ? ci[j] + row[j] : row[j];
     }
+}
+
+
+/* The MR x NR tile: C[0:mr, 0:nr] (+)= A panel (kc x MR) @ B panel (kc x NR). */
+static inline __attribute__((always_inline)) void gemm_micro(int64_t kc, const float *restrict a,
+                                                             const float *restrict b, float *c, int64_t ldc,
+                                                             int64_t mr, int64_t nr, int add) {
+    rlx_v16 lo[RLX_GEMM_MR], hi[RLX_GEMM_MR];
+#pragma GCC unroll 16
+    for (int i = 0; i < RLX_GEMM_MR; i++) lo[i] = hi[i] = (rlx_v16){0};
+    for (int64_t p = 0; p < kc; p++) {
+        rlx_v16 b0, b1;
+        memcpy(&b0, b + p * RLX_GEMM_NR, sizeof b0);
+        memcpy(&b1, b + p * RLX_GEMM_NR + 16, sizeof b1);
+        const float *ap = a + p * RLX_GEMM_MR;
+#pragma GCC unroll 16
+        for (int i = 0; i < RLX_GEMM_MR; i++) {
+            lo[i] += ap[i] * b0;
+            hi[i] += ap[i] * b1;
+        }
+    }
+    gemm_store(lo, hi, c, ldc, mr, nr, add);
+}
+
+/* The same tile with A read in place, its rows contiguous (lda apart): no packing copy
+ * for an A computed at run time (every linear layer's activations). Rows past mr read the
+ * last row again (their sums are dropped), so nothing past A is touched. */
+static inline __attribute__((always_inline)) void gemm_micro_rows(int64_t kc, const float *restrict a, int64_t lda,
+                                                                  const float *restrict b, float *c, int64_t ldc,
+                                                                  int64_t mr, int64_t nr, int add) {
+    rlx_v16 lo[RLX_GEMM_MR], hi[RLX_GEMM_MR];
+    const float *rows[RLX_GEMM_MR];
+#pragma GCC unroll 16
+    for (int i = 0; i < RLX_GEMM_MR; i++) {
+        lo[i] = hi[i] = (rlx_v16){0};
+        rows[i] = a + (i < mr ? i : mr - 1) * lda;
+    }
+    for (int64_t p = 0; p < kc; p++) {
+        rlx_v16 b0, b1;
+        memcpy(&b0, b + p * RLX_GEMM_NR, sizeof b0);
+        memcpy(&b1, b + p * RLX_GEMM_NR + 16, sizeof b1);
+#pragma GCC unroll 16
+        for (int i = 0; i < RLX_GEMM_MR; i++) {
+            const float av = rows[i][p];
+            lo[i] += av * b0;
+            hi[i] += av * b1;
+        }
+    }
+    gemm_store(lo, hi, c, ldc, mr, nr, add);
 }
 
 typedef struct {
@@ -1142,13 +1176,14 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
     const int64_t MR = RLX_GEMM_MR, NR = RLX_GEMM_NR, k = g->k;
     const int packed_a = (g->flags & RLX_GEMM_PACKED_A) != 0, packed_b = (g->flags & RLX_GEMM_PACKED_B) != 0;
     int64_t kmax = k < RLX_GEMM_KC ? k : RLX_GEMM_KC;
-    int64_t need = (packed_a ? 0 : RLX_GEMM_MC * kmax) + (packed_b ? 0 : RLX_GEMM_NC * kmax);
+    const int direct_a = !packed_a && g->a_cs == 1; /* A's rows contiguous: read in place, not packed */
+    int64_t need = (packed_a || direct_a ? 0 : RLX_GEMM_MC * kmax) + (packed_b ? 0 : RLX_GEMM_NC * kmax);
     float *buf = need ? gemm_buffer(need) : NULL;
     if (need && !buf) {
         gemm_plain(g, i0 * MR, i1 * MR < g->m ? i1 * MR : g->m, j0 * NR, j1 * NR < g->n ? j1 * NR : g->n);
         return;
     }
-    float *ap_buf = buf, *bp_buf = buf + (packed_a ? 0 : RLX_GEMM_MC * kmax);
+    float *ap_buf = buf, *bp_buf = buf + (packed_a || direct_a ? 0 : RLX_GEMM_MC * kmax);
     const int64_t mcp = RLX_GEMM_MC / MR, ncp = RLX_GEMM_NC / NR; /* panels per block */
     for (int64_t jc = j0; jc < j1; jc += ncp) {
         int64_t jn = j1 - jc < ncp ? j1 - jc : ncp;
@@ -1170,6 +1205,19 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
                 int64_t rows = g->m - ic * MR < in * MR ? g->m - ic * MR : in * MR;
                 const float *ap;
                 int64_t astride;
+                if (direct_a) {
+                    const float *a0 = g->a + ic * MR * g->a_rs + pc;
+                    for (int64_t jr = 0; jr < jn; jr++) {
+                        int64_t nr = cols - jr * NR < NR ? cols - jr * NR : NR;
+                        for (int64_t ir = 0; ir < in; ir++) {
+                            int64_t mr = rows - ir * MR < MR ? rows - ir * MR : MR;
+                            float *c = g->c + ((ic + ir) * MR) * g->ldc + (jc + jr) * NR;
+                            gemm_micro_rows(kc, a0 + ir * MR * g->a_rs, g->a_rs, bp + jr * bstride, c, g->ldc, mr,
+                                            nr, pc > 0);
+                        }
+                    }
+                    continue;
+                }
                 if (packed_a) {
                     ap = g->a + ic * MR * k + pc * MR;
                     astride = MR * k;
