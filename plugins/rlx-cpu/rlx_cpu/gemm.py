@@ -313,19 +313,16 @@ def matmul_step(a: Any, b: Any, out: Any, ctx: Any = None) -> Step:
     """``out = a @ b`` as one step: rlx's GEMM where this process measured it faster
     (``use_native``) and the product fits, else ``blas.matmul_step`` (MKL or numpy).
 
-    A matrix-vector product (one row of A or one column of B) stays with MKL's gemv where
-    MKL is loaded: the GEMM's 12x32 tile would do 12 or 32 times its work (measured
-    against MKL on the Zen 5 host: 256x512 @ 512x1 0.35x, 1x512 @ 512x1000 0.94x; 2 rows or
-    columns already 1.7x faster). Without MKL it is ``rlx_gemv`` on OpenMP's team: numpy's
-    OpenBLAS would wake its own thread pool, which then spins against the native kernels
+    A matrix-vector product (one row of A or one column of B) is ``rlx_gemv``, not the
+    GEMM, whose 12x32 tile would do 12 or 32 times its work (256x512 @ 512x1 ran at 0.35x
+    MKL's speed): a memory-bound pass over the matrix on OpenMP's team, 2-2.5x MKL's gemv
+    on the Zen 5 host (1x1024 @ 1024x1000: 21 against 49 µs). Without MKL it also keeps
+    numpy's OpenBLAS pool asleep, which otherwise spins against the native kernels
     (without the ``mkl`` extra, one process, interleaved: efficientnet_b0 13.3 -> 7.6 ms, its
     squeeze-excitation blocks; resnet18 27.9 -> 15.2 ms, its classifier alone)."""
     gemv = min(out.shape[-2:]) <= 1 if out.ndim >= 2 else True
     if a.dtype == _F32 and b.dtype == _F32 and out.dtype == _F32 and use_native():
-        if not gemv:
-            step = native_step(a, b, out, ctx)
-        else:
-            step = gemv_step(a, b, out) if blas.mkl() is None else None
+        step = gemv_step(a, b, out) if gemv else native_step(a, b, out, ctx)
         if step is not None:
             return step
     return blas.matmul_step(a, b, out, ctx)

@@ -228,16 +228,17 @@ def test_gemv_declines_batches_and_other_dtypes(lib: native.Native) -> None:
     assert gemm.gemv_step(a64, rand((8, 4)).astype(np.float64), np.empty((1, 4))) is None
 
 
-def test_without_mkl_a_matrix_vector_product_stays_on_openmps_team(
+def test_a_matrix_vector_product_is_rlx_gemv_where_the_gemm_runs(
         lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """Without MKL, numpy's OpenBLAS would run it on a pool that spins against the native
-    kernels: rlx_gemv takes it. With MKL (on OpenMP's team already) its gemv keeps it."""
+    """With or without MKL, a one-row product goes to rlx_gemv (on OpenMP's team: numpy's
+    OpenBLAS would spin a pool of its own); RLX_CPU_GEMM=blas gives it to the BLAS."""
     a, b, out = rand((1, 64)), rand((64, 40)), np.empty((1, 40), F32)
-    monkeypatch.setattr(blas, "mkl", lambda: None)
-    call = gemm_call(gemm.matmul_step(a, b, out))
-    assert call is not None and call[0] is lib.gemv
-    bind(gemm.matmul_step(a, b, out), [])()
-    check(out, a, b)
+    for mkl in (blas.mkl, lambda: None):
+        monkeypatch.setattr(blas, "mkl", mkl)
+        call = gemm_call(gemm.matmul_step(a, b, out))
+        assert call is not None and call[0] is lib.gemv
+        bind(gemm.matmul_step(a, b, out), [])()
+        check(out, a, b)
     monkeypatch.setenv("RLX_CPU_GEMM", "blas")
     call = gemm_call(gemm.matmul_step(a, b, out))
     assert call is None or call[0] is not lib.gemv
