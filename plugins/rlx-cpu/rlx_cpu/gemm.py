@@ -47,7 +47,7 @@ from .native import Native, library
 from .steps import Dyn, Step
 
 __all__ = ["Decision", "MARGIN", "SPLIT_MACS", "PROBE_SHAPES", "mode", "use_native", "decision", "describe",
-           "native_step", "gemv_step", "matmul_step", "reset"]  # fmt: skip
+           "native_step", "gemv_step", "matmul_step", "matmul_bias_step", "reset"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def _measure(lib: Native) -> Decision:
         a = rng.random((m, k), dtype=np.float32) - 0.5  # uniform: a third of normal's cost to draw
         b = rng.random((k, n), dtype=np.float32) - 0.5
         c_native, c_blas = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
-        args = (m, n, k, a.ctypes.data, k, 1, 0, b.ctypes.data, n, 1, 0, c_native.ctypes.data, n, 0, 1, 0, threads)
+        args = (m, n, k, a.ctypes.data, k, 1, 0, b.ctypes.data, n, 1, 0, c_native.ctypes.data, n, 0, 1, 0, threads, 0)
         # a and b stay in the list: the calls hold only their addresses
         cases.append(((m, k, n), args, c_native, c_blas, _blas_runner(a, b, c_blas), (a, b)))
     native_times = [_best_of(lambda args=args: lib.gemm(*args)) for _, args, *_ in cases]
@@ -224,22 +224,39 @@ def _pack(lib: Native, x: Any, rs: int, cs: int, rows: int, k: int, is_a: bool, 
     return derived(x, ("rlx_gemm_pack_a" if is_a else "rlx_gemm_pack_b", rows, k, rs, cs), make)
 
 
-def _fallback(a: Any, b: Any, live: tuple[bool, bool]) -> Callable[..., None]:
+def _fallback(a: Any, b: Any, live: tuple[bool, bool], row_bias: np.ndarray | None = None) -> Callable[..., None]:
     """``numpy.matmul`` over the step's operands (those not packed, then ``out``), with the
-    packed ones' own arrays filled in: a caller's array the GEMM cannot take on some run."""
+    packed ones' own arrays filled in, plus the row bias: a caller's array the GEMM cannot
+    take on some run."""
     def run(*ops: np.ndarray) -> None:
         it = iter(ops)
         x = next(it) if live[0] else a
         y = next(it) if live[1] else b
-        np.matmul(x, y, out=next(it))
+        out = next(it)
+        np.matmul(x, y, out=out)
+        if row_bias is not None:
+            np.add(out, row_bias[:, None], out=out)
 
     return run
 
 
-def native_step(a: Any, b: Any, out: Any, ctx: Any = None) -> Step | None:
-    """``out = a @ b`` as one ``rlx_gemm`` call, or None when the native library is not
-    here or the product does not fit (not float32, a layout without one stride per
-    matrix axis and batch). Does not ask whether the GEMM is wanted (``matmul_step`` does)."""
+def matmul_bias_step(a: Any, b: Any, row_bias: Any, out: Any, ctx: Any = None) -> Step | None:
+    """``out = a @ b + row_bias[:, None]`` as one GEMM call where rlx's GEMM runs the
+    products, else None (the caller adds the bias in a pass of its own). A 1x1
+    convolution's bias then costs nothing: the GEMM adds it as it stores C."""
+    if not (isinstance(row_bias, np.ndarray) and use_native()):
+        return None
+    if min(out.shape[-2:]) <= 1:  # a matrix-vector product is rlx_gemv's, which has no bias
+        return None
+    return native_step(a, b, out, ctx, row_bias=row_bias)
+
+
+def native_step(a: Any, b: Any, out: Any, ctx: Any = None, row_bias: np.ndarray | None = None) -> Step | None:
+    """``out = a @ b`` (``+ row_bias[:, None]``: one value per row of each product, a
+    convolution's channels) as one ``rlx_gemm`` call, or None when the native library is
+    not here or the product does not fit (not float32, a layout without one stride per
+    matrix axis and batch, a bias that is not a contiguous float32 array of the rows).
+    Does not ask whether the GEMM is wanted (``matmul_step`` does)."""
     lib = library()
     if lib is None or a.dtype != _F32 or b.dtype != _F32 or out.dtype != _F32 or a.ndim < 2 or b.ndim < 2:
         return None
@@ -253,6 +270,9 @@ def native_step(a: Any, b: Any, out: Any, ctx: Any = None) -> Step | None:
     count = math.prod(batch)
     if pc.trans != blas._NO_TRANS or (count > 1 and pc.batch_stride == 0):
         return None
+    if row_bias is not None and not (isinstance(row_bias, np.ndarray) and row_bias.dtype == _F32
+                                     and row_bias.shape == (m,) and row_bias.flags.c_contiguous):  # fmt: skip
+        return None
     (a_rs, a_cs), (b_rs, b_cs) = _strides(pa), _strides(pb)
     a_bs, b_bs, flags = pa.batch_stride, pb.batch_stride, 0
     packed_a = _pack(lib, a, a_rs, a_cs, m, k, True, ctx) if count == 1 or a_bs == 0 else None
@@ -263,7 +283,7 @@ def native_step(a: Any, b: Any, out: Any, ctx: Any = None) -> Step | None:
         flags |= _PACKED_B
     threads = lib.threads() if m * n * k * count >= SPLIT_MACS else 1
     args: list[Any] = [m, n, k, 0, a_rs, a_cs, a_bs, 0, b_rs, b_cs, b_bs, 0, pc.ld, pc.batch_stride, count, flags,
-                       threads]  # fmt: skip
+                       threads, 0 if row_bias is None else row_bias.ctypes.data]  # fmt: skip
     if packed_a is not None:
         args[3] = packed_a.ctypes.data
     if packed_b is not None:
@@ -271,8 +291,8 @@ def native_step(a: Any, b: Any, out: Any, ctx: Any = None) -> Step | None:
     live = (packed_a is None, packed_b is None)
     operands = tuple(x for x, keep in zip((a, b, out), (*live, True)) if keep)
     positions = tuple(p for p, keep in zip((3, 7, 11), (*live, True)) if keep)
-    kept = tuple(x for x in (packed_a, packed_b) if x is not None)
-    return bound_call(lib.gemm, args, operands, positions, _fallback(a, b, live), keep=kept)
+    kept = tuple(x for x in (packed_a, packed_b, row_bias) if x is not None)
+    return bound_call(lib.gemm, args, operands, positions, _fallback(a, b, live, row_bias), keep=kept)
 
 
 def gemv_step(a: Any, b: Any, out: Any) -> Step | None:

@@ -34,7 +34,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 6
+#define RLX_ABI 7
 #define RLX_BLOCK 1024
 #define RLX_MAX_DIMS 8
 #define RLX_CHUNK_BLOCKS 16 /* blocks per unit of work a thread takes at a time */
@@ -1047,9 +1047,18 @@ RLX_API void rlx_gemm_pack_b(const float *b, int64_t rs, int64_t cs, int64_t k, 
     gemm_pack(b, cs, rs, 0, n, 0, k, RLX_GEMM_NR, RLX_GEMM_NR * k, dst);
 }
 
-/* The accumulators of an MR x NR tile into C[0:mr, 0:nr], added to it when `add`. */
+/* The accumulators of an MR x NR tile into C[0:mr, 0:nr], added to it when `add`, plus
+ * rb[i] on row i when rb is not NULL. */
 static inline __attribute__((always_inline)) void gemm_store(rlx_v16 *lo, rlx_v16 *hi, float *c, int64_t ldc,
-                                                             int64_t mr, int64_t nr, int add) {
+                                                             int64_t mr, int64_t nr, int add, const float *rb) {
+    if (rb) { /* the last k block of a product with a bias per row of C (a convolution's channels) */
+#pragma GCC unroll 16
+        for (int i = 0; i < RLX_GEMM_MR; i++) {
+            const float bi = rb[i < mr ? i : mr - 1];
+            lo[i] += bi;
+            hi[i] += bi;
+        }
+    }
     if (mr == RLX_GEMM_MR && nr == RLX_GEMM_NR) {
 #pragma GCC unroll 16
         for (int i = 0; i < RLX_GEMM_MR; i++) {
@@ -1079,7 +1088,7 @@ static inline __attribute__((always_inline)) void gemm_store(rlx_v16 *lo, rlx_v1
 /* The MR x NR tile: C[0:mr, 0:nr] (+)= A panel (kc x MR) @ B panel (kc x NR). */
 static inline __attribute__((always_inline)) void gemm_micro(int64_t kc, const float *restrict a,
                                                              const float *restrict b, float *c, int64_t ldc,
-                                                             int64_t mr, int64_t nr, int add) {
+                                                             int64_t mr, int64_t nr, int add, const float *rb) {
     rlx_v16 lo[RLX_GEMM_MR], hi[RLX_GEMM_MR];
 #pragma GCC unroll 16
     for (int i = 0; i < RLX_GEMM_MR; i++) lo[i] = hi[i] = (rlx_v16){0};
@@ -1094,7 +1103,7 @@ static inline __attribute__((always_inline)) void gemm_micro(int64_t kc, const f
             hi[i] += ap[i] * b1;
         }
     }
-    gemm_store(lo, hi, c, ldc, mr, nr, add);
+    gemm_store(lo, hi, c, ldc, mr, nr, add, rb);
 }
 
 /* The same tile with A read in place, its rows contiguous (lda apart): no packing copy
@@ -1102,7 +1111,7 @@ static inline __attribute__((always_inline)) void gemm_micro(int64_t kc, const f
  * last row again (their sums are dropped), so nothing past A is touched. */
 static inline __attribute__((always_inline)) void gemm_micro_rows(int64_t kc, const float *restrict a, int64_t lda,
                                                                   const float *restrict b, float *c, int64_t ldc,
-                                                                  int64_t mr, int64_t nr, int add) {
+                                                                  int64_t mr, int64_t nr, int add, const float *rb) {
     rlx_v16 lo[RLX_GEMM_MR], hi[RLX_GEMM_MR];
     const float *rows[RLX_GEMM_MR];
 #pragma GCC unroll 16
@@ -1121,7 +1130,7 @@ static inline __attribute__((always_inline)) void gemm_micro_rows(int64_t kc, co
             hi[i] += av * b1;
         }
     }
-    gemm_store(lo, hi, c, ldc, mr, nr, add);
+    gemm_store(lo, hi, c, ldc, mr, nr, add, rb);
 }
 
 typedef struct {
@@ -1132,6 +1141,7 @@ typedef struct {
     int64_t b_rs, b_cs;
     float *c;
     int64_t ldc, flags;
+    const float *bias; /* one per row of C, or NULL */
 } gemm_args;
 
 /* Each thread's packing buffer: grown when a product needs more, never shrunk. */
@@ -1167,7 +1177,7 @@ static void gemm_plain(const gemm_args *g, int64_t r0, int64_t r1, int64_t c0, i
         for (int64_t j = c0; j < c1; j++) {
             float s = 0.0f;
             for (int64_t p = 0; p < g->k; p++) s += gemm_a_at(g, i, p) * gemm_b_at(g, p, j);
-            g->c[i * g->ldc + j] = s;
+            g->c[i * g->ldc + j] = s + (g->bias ? g->bias[i] : 0.0f);
         }
 }
 
@@ -1190,6 +1200,7 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
         int64_t cols = g->n - jc * NR < jn * NR ? g->n - jc * NR : jn * NR;
         for (int64_t pc = 0; pc < k; pc += RLX_GEMM_KC) {
             int64_t kc = k - pc < RLX_GEMM_KC ? k - pc : RLX_GEMM_KC;
+            const int last = pc + kc >= k; /* the bias goes in with the last k block */
             const float *bp;
             int64_t bstride;
             if (packed_b) {
@@ -1213,7 +1224,7 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
                             int64_t mr = rows - ir * MR < MR ? rows - ir * MR : MR;
                             float *c = g->c + ((ic + ir) * MR) * g->ldc + (jc + jr) * NR;
                             gemm_micro_rows(kc, a0 + ir * MR * g->a_rs, g->a_rs, bp + jr * bstride, c, g->ldc, mr,
-                                            nr, pc > 0);
+                                            nr, pc > 0, last && g->bias ? g->bias + (ic + ir) * MR : NULL);
                         }
                     }
                     continue;
@@ -1231,7 +1242,8 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
                     for (int64_t ir = 0; ir < in; ir++) {
                         int64_t mr = rows - ir * MR < MR ? rows - ir * MR : MR;
                         float *c = g->c + ((ic + ir) * MR) * g->ldc + (jc + jr) * NR;
-                        gemm_micro(kc, ap + ir * astride, bp + jr * bstride, c, g->ldc, mr, nr, pc > 0);
+                        gemm_micro(kc, ap + ir * astride, bp + jr * bstride, c, g->ldc, mr, nr, pc > 0,
+                                   last && g->bias ? g->bias + (ic + ir) * MR : NULL);
                     }
                 }
             }
@@ -1265,19 +1277,22 @@ static void gemm_part(const gemm_args *g, int64_t part, int64_t parts, int by_ro
 /* C = A @ B for `count` products: product q reads A at a + q a_bs, B at b + q b_bs and
  * writes C at c + q c_bs (element strides). flags: RLX_GEMM_PACKED_A / _B when that
  * operand is already packed by rlx_gemm_pack_a / _b (its strides are then ignored, and
- * its batch stride counts packed floats). A thread whose packing buffer cannot be allocated
- * computes its part with a plain loop. */
+ * its batch stride counts packed floats). row_bias (NULL or m floats) is added to every row
+ * of every product's C as the last k block is stored: a convolution's bias without a pass
+ * of its own. A thread whose packing buffer cannot be allocated computes its part with a
+ * plain loop. */
 RLX_API void rlx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_rs, int64_t a_cs, int64_t a_bs,
                       const float *b, int64_t b_rs, int64_t b_cs, int64_t b_bs, float *c, int64_t ldc, int64_t c_bs,
-                      int64_t count, int64_t flags, int64_t threads) {
+                      int64_t count, int64_t flags, int64_t threads, const float *row_bias) {
     if (m <= 0 || n <= 0 || count <= 0) return;
     if (k <= 0) {
         for (int64_t q = 0; q < count; q++)
-            for (int64_t i = 0; i < m; i++) memset(c + q * c_bs + i * ldc, 0, (size_t)n * sizeof(float));
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < n; j++) c[q * c_bs + i * ldc + j] = row_bias ? row_bias[i] : 0.0f;
         return;
     }
     threads = threads > g_max_threads ? g_max_threads : threads;
-    gemm_args base = {m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, ldc, flags};
+    gemm_args base = {m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, ldc, flags, row_bias};
 #ifdef _OPENMP
     if (threads > 1 && count >= 2 * threads) { /* whole products per thread */
         threads = threads > count ? count : threads;

@@ -110,7 +110,7 @@ class Native:
         self.conv_pack.restype = None
         # (m, n, k, a, a_rs, a_cs, a_bs, b, b_rs, b_cs, b_bs, c, ldc, c_bs, count, flags, threads)
         self.gemm = self._lib.rlx_gemm
-        self.gemm.argtypes = [i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, i64, i64]
+        self.gemm.argtypes = [i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, i64, i64, p]
         self.gemm.restype = None
         self.gemv = self._lib.rlx_gemv  # (mat, v, y, len, k, si, sk, sy, threads)
         self.gemv.argtypes = [p, p, p, *[i64] * 6]

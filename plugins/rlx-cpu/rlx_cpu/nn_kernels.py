@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import as_strided
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind
 
-from .gemm import matmul_step
+from .gemm import matmul_bias_step, matmul_step
 from .kernels import BuildContext, Builder, compute_dtype, const, ufunc_step
 from .native import library as native_library
 from .native_nn import conv_direct_steps, depthwise_step, im2col_step, layer_norm_step, pool_step, softmax_step
@@ -254,7 +254,14 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
             x32 = ctx.scratch(x.shape, cd)
             steps.append(Step(np.copyto, (x32, x)))
             x = x32
-        steps.append(matmul_step(w3, x.reshape(n, groups, cg, h * wd), res4, ctx))
+        fused = None
+        if b is not None and groups == 1 and res is out:  # the bias added as the GEMM stores C
+            fused = matmul_bias_step(w3, x.reshape(n, groups, cg, h * wd), b, res4, ctx)
+        if fused is not None:
+            steps.append(fused)
+            b = None
+        else:
+            steps.append(matmul_step(w3, x.reshape(n, groups, cg, h * wd), res4, ctx))
     else:
         if b is not None:
             # The bias rides in the matmul: one more row of ones in the columns and the
