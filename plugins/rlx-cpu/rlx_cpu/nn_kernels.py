@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import as_strided
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind
 
-from .gemm import matmul_bias_step, matmul_step
+from .gemm import matmul_bias_step, matmul_step, use_native
 from .kernels import BuildContext, Builder, compute_dtype, const, ufunc_step
 from .native import library as native_library
 from .native_nn import conv_direct_steps, depthwise_step, im2col_step, layer_norm_step, pool_step, softmax_step
@@ -263,10 +263,12 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
         else:
             steps.append(matmul_step(w3, x.reshape(n, groups, cg, h * wd), res4, ctx))
     else:
-        if b is not None:
-            # The bias rides in the matmul: one more row of ones in the columns and the
-            # bias as one more column of the weights, instead of a pass over the output.
-            # The row of ones is rewritten every run (the scratch is shared).
+        # rlx's GEMM adds a bias as it stores C; for a BLAS the bias rides in the product.
+        gemm_bias = b is not None and groups == 1 and res is out and isinstance(b, np.ndarray) and use_native()
+        if b is not None and not gemm_bias:
+            # One more row of ones in the columns and the bias as one more column of the
+            # weights, instead of a pass over the output. The row of ones is rewritten
+            # every run (the scratch is shared).
             cols = ctx.scratch((n, groups, kk + 1, oh * ow), cd)
             steps.append(Step(np.copyto, (cols[:, :, kk], const(1, cd))))
             w3, bias_steps = _with_bias_column(w3, b, ctx)
@@ -286,7 +288,12 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
                                  (s_n, cg * s_c, s_c, dh * s_h, dw * s_w, sh * s_h, sw * s_w),
                                  writeable=False)  # fmt: skip
             steps += [*pad_steps, Step(np.copyto, (cols[:, :, :kk].reshape(n, groups, cg, kh, kw, oh, ow), windows))]
-        steps.append(matmul_step(w3, cols, res4, ctx))
+        fused = matmul_bias_step(w3, cols, b, res4, ctx) if gemm_bias else None
+        if fused is not None:
+            steps.append(fused)
+            b = None
+        else:
+            steps.append(matmul_step(w3, cols, res4, ctx))
     if b is not None:
         steps.append(Step(np.add, (res, b.reshape(o, 1, 1), out)))
     elif res is not out:
