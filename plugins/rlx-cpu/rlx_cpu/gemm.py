@@ -251,14 +251,11 @@ def matmul_bias_step(a: Any, b: Any, row_bias: Any, out: Any, ctx: Any = None) -
     return native_step(a, b, out, ctx, row_bias=row_bias)
 
 
-def native_step(a: Any, b: Any, out: Any, ctx: Any = None, row_bias: np.ndarray | None = None) -> Step | None:
-    """``out = a @ b`` (``+ row_bias[:, None]``: one value per row of each product, a
-    convolution's channels) as one ``rlx_gemm`` call, or None when the native library is
-    not here or the product does not fit (not float32, a layout without one stride per
-    matrix axis and batch, a bias that is not a contiguous float32 array of the rows).
-    Does not ask whether the GEMM is wanted (``matmul_step`` does)."""
-    lib = library()
-    if lib is None or a.dtype != _F32 or b.dtype != _F32 or out.dtype != _F32 or a.ndim < 2 or b.ndim < 2:
+def _planned(a: Any, b: Any, out: Any) -> tuple[int, int, int, int, Any, Any, Any] | None:
+    """``(m, n, k, batch count, A, B, C as blas._Operand)`` of a float32 product ``out = a @
+    b`` whose every matrix has one stride per axis and batch and whose C is row-major, or
+    None (the BLAS then takes it)."""
+    if a.dtype != _F32 or b.dtype != _F32 or out.dtype != _F32 or a.ndim < 2 or b.ndim < 2:
         return None
     m, n = out.shape[-2:]
     k = a.shape[-1]
@@ -267,8 +264,22 @@ def native_step(a: Any, b: Any, out: Any, ctx: Any = None, row_bias: np.ndarray 
         pa, pb, pc = (blas._Operand(a, m, k, batch), blas._Operand(b, k, n, batch), blas._Operand(out, m, n, batch))
     except blas._NoFit:
         return None
-    count = math.prod(batch)
-    if pc.trans != blas._NO_TRANS or (count > 1 and pc.batch_stride == 0):
+    if pc.trans != blas._NO_TRANS:
+        return None
+    return m, n, k, math.prod(batch), pa, pb, pc
+
+
+def native_step(a: Any, b: Any, out: Any, ctx: Any = None, row_bias: np.ndarray | None = None) -> Step | None:
+    """``out = a @ b`` (``+ row_bias[:, None]``: one value per row of each product, a
+    convolution's channels) as one ``rlx_gemm`` call, or None when the native library is
+    not here or the product does not fit (not float32, a layout without one stride per
+    matrix axis and batch, a bias that is not a contiguous float32 array of the rows).
+    Does not ask whether the GEMM is wanted (``matmul_step`` does)."""
+    lib, planned = library(), _planned(a, b, out)
+    if lib is None or planned is None:
+        return None
+    m, n, k, count, pa, pb, pc = planned
+    if count > 1 and pc.batch_stride == 0:
         return None
     if row_bias is not None and not (isinstance(row_bias, np.ndarray) and row_bias.dtype == _F32
                                      and row_bias.shape == (m,) and row_bias.flags.c_contiguous):  # fmt: skip
@@ -299,19 +310,11 @@ def gemv_step(a: Any, b: Any, out: Any) -> Step | None:
     """``out = a @ b`` with one row of ``a`` or one column of ``b`` as one ``rlx_gemv`` call
     (OpenMP's team), or None when it does not fit: not float32, batched, or a vector or
     matrix without a unit stride (the BLAS then takes it)."""
-    lib = library()
-    if lib is None or a.dtype != _F32 or b.dtype != _F32 or out.dtype != _F32 or a.ndim < 2 or b.ndim < 2:
+    lib, planned = library(), _planned(a, b, out)
+    if lib is None or planned is None:
         return None
-    m, n = out.shape[-2:]
-    k = a.shape[-1]
-    batch = tuple(out.shape[:-2])
-    if math.prod(batch) != 1 or k == 0 or m * n == 0:
-        return None
-    try:
-        pa, pb, pc = (blas._Operand(a, m, k, batch), blas._Operand(b, k, n, batch), blas._Operand(out, m, n, batch))
-    except blas._NoFit:
-        return None
-    if pc.trans != blas._NO_TRANS:
+    m, n, k, count, pa, pb, pc = planned
+    if count != 1 or k == 0 or m * n == 0:
         return None
     (a_rs, a_cs), (b_rs, b_cs), (y_rs, y_cs) = _strides(pa), _strides(pb), _strides(pc)
     if m == 1:  # y[j] = sum_k a[0, k] b[k, j]: the matrix is b, read as (j, k)

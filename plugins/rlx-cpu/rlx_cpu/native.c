@@ -1214,22 +1214,11 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
             for (int64_t ic = i0; ic < i1; ic += mcp) {
                 int64_t in = i1 - ic < mcp ? i1 - ic : mcp;
                 int64_t rows = g->m - ic * MR < in * MR ? g->m - ic * MR : in * MR;
-                const float *ap;
-                int64_t astride;
+                const float *ap = NULL, *a0 = NULL;
+                int64_t astride = 0;
                 if (direct_a) {
-                    const float *a0 = g->a + ic * MR * g->a_rs + pc;
-                    for (int64_t jr = 0; jr < jn; jr++) {
-                        int64_t nr = cols - jr * NR < NR ? cols - jr * NR : NR;
-                        for (int64_t ir = 0; ir < in; ir++) {
-                            int64_t mr = rows - ir * MR < MR ? rows - ir * MR : MR;
-                            float *c = g->c + ((ic + ir) * MR) * g->ldc + (jc + jr) * NR;
-                            gemm_micro_rows(kc, a0 + ir * MR * g->a_rs, g->a_rs, bp + jr * bstride, c, g->ldc, mr,
-                                            nr, pc > 0, last && g->bias ? g->bias + (ic + ir) * MR : NULL);
-                        }
-                    }
-                    continue;
-                }
-                if (packed_a) {
+                    a0 = g->a + ic * MR * g->a_rs + pc;
+                } else if (packed_a) {
                     ap = g->a + ic * MR * k + pc * MR;
                     astride = MR * k;
                 } else {
@@ -1242,8 +1231,12 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
                     for (int64_t ir = 0; ir < in; ir++) {
                         int64_t mr = rows - ir * MR < MR ? rows - ir * MR : MR;
                         float *c = g->c + ((ic + ir) * MR) * g->ldc + (jc + jr) * NR;
-                        gemm_micro(kc, ap + ir * astride, bp + jr * bstride, c, g->ldc, mr, nr, pc > 0,
-                                   last && g->bias ? g->bias + (ic + ir) * MR : NULL);
+                        const float *rb = last && g->bias ? g->bias + (ic + ir) * MR : NULL;
+                        if (direct_a)
+                            gemm_micro_rows(kc, a0 + ir * MR * g->a_rs, g->a_rs, bp + jr * bstride, c, g->ldc, mr,
+                                            nr, pc > 0, rb);
+                        else
+                            gemm_micro(kc, ap + ir * astride, bp + jr * bstride, c, g->ldc, mr, nr, pc > 0, rb);
                     }
                 }
             }
