@@ -936,10 +936,19 @@ RLX_API void rlx_conv_direct(const float *x, const float *wpk, const float *bias
                     continue;
                 }
                 const float *src = x + (ci * h + iy) * wd;
-                for (int64_t q = 0; q < wq; q++) { /* padded column p + q sw is input column p + q sw - pl */
-                    int64_t ix = p + q * sw - pl;
-                    dst[q] = ix >= 0 && ix < wd && q < wq - RLX_CONV_SLACK ? src[ix] : 0.0f;
-                }
+                /* padded column p + q sw is input column p + q sw - pl: inside the input for
+                 * q in [q0, q1), zeros around (no branch per element) */
+                int64_t q0 = pl > p ? (pl - p + sw - 1) / sw : 0;
+                int64_t q1 = (wd + pl - p + sw - 1) / sw, qmax = wq - RLX_CONV_SLACK;
+                if (q1 > qmax) q1 = qmax;
+                if (q0 > q1) q0 = q1;
+                for (int64_t q = 0; q < q0; q++) dst[q] = 0.0f;
+                const float *s = src + p + q0 * sw - pl;
+                if (sw == 1)
+                    memcpy(dst + q0, s, (size_t)(q1 - q0) * sizeof(float));
+                else
+                    for (int64_t q = q0; q < q1; q++) dst[q] = s[(q - q0) * sw];
+                for (int64_t q = q1; q < wq; q++) dst[q] = 0.0f;
             }
         }
     int64_t units = ((o + RLX_CONV_OB - 1) / RLX_CONV_OB) * oh;
