@@ -11,10 +11,11 @@ the GEMM's AVX2 clone is no match for a tuned BLAS.
 
 So nothing is assumed: the first compile that plans a float32 product (``use_native``)
 times the GEMM against the BLAS (MKL when it is loaded, else ``numpy.matmul``) on two
-representative products, interleaved, minimum of a few repetitions each (about 20 ms
-in all on an idle 2-core host, once per process), and the GEMM is used only when it wins both by more than
-``MARGIN``. Where the native library's AVX-512 clone is not the one running, nothing is
-timed and the BLAS keeps every product. The decision is logged (logger
+representative products, minimum of a few repetitions each, every GEMM call before any
+BLAS call (50-90 ms in all on the 2-core Zen 5 host, MKL's own start-up included, once
+per process), and the GEMM is used only when it wins both by more than ``MARGIN``.
+Where the native library's AVX-512 clone is not the one running, nothing is timed and
+the BLAS keeps every product. The decision is logged (logger
 ``rlx_cpu.gemm``) and reported by ``describe()`` (``rlx devices``: the ``gemm`` entry).
 
 ``RLX_CPU_GEMM=native`` uses the GEMM for every float32 product it can take (tests, or a
