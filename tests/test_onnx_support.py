@@ -29,6 +29,12 @@ _ELEM = {
     "int32": TensorProto.INT32,
     "int64": TensorProto.INT64,
     "bool": TensorProto.BOOL,
+    "int8": TensorProto.INT8,
+    "uint8": TensorProto.UINT8,
+    "int16": TensorProto.INT16,
+    "uint16": TensorProto.UINT16,
+    "uint32": TensorProto.UINT32,
+    "uint64": TensorProto.UINT64,
 }
 
 #: The ops the project promises to import (the issue's list).

@@ -53,6 +53,17 @@ REVIEWED: dict[tuple[str, int], str] = {
                           "(rlx_core/onnx/_ops_layout.py)",
     ("Mod", 28): "defines fmod=0 for floats (A - floor(A/B)*B, the sign of B) and its special values; "
                  "the Mod converter branches on the opset for exactly that (rlx_core/onnx/_ops_indexing.py)",
+    ("QuantizeLinear", 23): "adds 4-bit types, a scale of another type than x (the division in the scale's dtype) "
+                            "and precision; the converter divides in the scale's dtype and refuses precision "
+                            "(rlx_core/onnx/_ops_quant.py)",
+    ("QuantizeLinear", 24): "adds float8e8m0 scales, a type rlx does not read",
+    ("QuantizeLinear", 25): "adds int2/uint2 outputs, types rlx does not read",
+    ("QuantizeLinear", 28): "adds float6 outputs, types rlx does not read",
+    ("DequantizeLinear", 23): "adds 4-bit inputs and output_dtype (the output's type and the product's precision); "
+                              "the converter computes in output_dtype (rlx_core/onnx/_ops_quant.py)",
+    ("DequantizeLinear", 24): "as QuantizeLinear 24",
+    ("DequantizeLinear", 25): "adds int2/uint2 inputs, types rlx does not read",
+    ("DequantizeLinear", 28): "adds float6 inputs, types rlx does not read",
 }  # fmt: skip
 
 

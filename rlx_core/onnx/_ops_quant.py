@@ -1,0 +1,95 @@
+"""Converters of ONNX's linear quantization, the QDQ form quantized models are exported in:
+DequantizeLinear and QuantizeLinear, per tensor or per axis, as exact decompositions.
+
+``DequantizeLinear``: ``y = (x - zero_point) * scale`` computed in the output dtype
+(``output_dtype``, else the scale's), as the spec says from version 23 on and as every
+earlier version computes in the scale's dtype. ``QuantizeLinear``: ``y =
+saturate(round(x / scale) + zero_point)``, the division in the scale's dtype, ties to even
+(the IR's ``round``), the sum and the saturation (clipping to the output dtype's range,
+ONNX's rule for integers) in float32 or float64 where every such integer is exact.
+Blocked quantization (``block_size``), the ``precision`` attribute, 2/4-bit and float8
+types are refused by name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtypes import FLOAT_DTYPES
+from ._context import NodeContext, converter, onnx_dtype
+from ._shapes import Operand
+
+__all__: list[str] = []
+
+#: The integer dtypes QuantizeLinear may produce and DequantizeLinear read (and int32,
+#: read only: a bias quantized by its scale).
+_QUANTIZED = ("int8", "uint8", "int16", "uint16")
+
+
+def _along_axis(c: NodeContext, v: Operand, x_shape: tuple[int, ...], what: str) -> Operand:
+    """A scale or zero point shaped to broadcast against ``x``: as it is when it holds one
+    value; a 1-D one along ``axis`` (per-axis quantization) reshaped to lie on that axis."""
+    f = c.f
+    shape = f.shape(v)
+    if int(c.attr("block_size", 0) or 0):
+        raise c.fail("blocked quantization (block_size) is not supported")
+    if int(np.prod(shape, dtype=np.int64)) == 1:
+        return f.op("reshape", v, shape=()) if shape else v
+    if len(shape) != 1:
+        raise c.fail(f"{what} must hold one value or one per element of the axis, got shape {shape}")
+    rank = len(x_shape)
+    axis = int(c.attr("axis", 1))
+    if not -rank <= axis < rank:
+        raise c.fail(f"axis {axis} is out of range for an input of rank {rank}")
+    axis %= rank
+    if shape[0] != x_shape[axis]:
+        raise c.fail(f"{what} has {shape[0]} values, the input's axis {axis} has {x_shape[axis]}")
+    return f.op("reshape", v, shape=tuple(x_shape[axis] if k == axis else 1 for k in range(rank)))
+
+
+@converter("DequantizeLinear")
+def _dequantize_linear(c: NodeContext) -> list[Operand | None]:
+    f, x, scale, zero = c.f, c.input(0), c.input(1), c.optional(2)
+    x_dtype, s_dtype = f.dtype(x), f.dtype(scale)
+    if x_dtype not in (*_QUANTIZED, "int32"):
+        raise c.fail(f"reads int8, uint8, int16, uint16 or int32 values, got {x_dtype}")
+    out = onnx_dtype(int(c.attr("output_dtype")), "output_dtype") if int(c.attr("output_dtype", 0) or 0) else s_dtype
+    if s_dtype not in FLOAT_DTYPES or out not in FLOAT_DTYPES:
+        raise c.fail(f"the scale and the output must be floats, got {s_dtype} and {out}")
+    if zero is not None and f.dtype(zero) != x_dtype:
+        raise c.fail(f"the zero point's dtype {f.dtype(zero)} is not the input's {x_dtype}")
+    shape = f.shape(x)
+    y = f.op("cast", x, dtype=out)
+    if zero is not None:
+        y = f.op("sub", y, f.op("cast", _along_axis(c, zero, shape, "the zero point"), dtype=out))
+    s = _along_axis(c, scale, shape, "the scale")
+    return [f.op("mul", y, s if s_dtype == out else f.op("cast", s, dtype=out), name=c.out())]
+
+
+@converter("QuantizeLinear")
+def _quantize_linear(c: NodeContext) -> list[Operand | None]:
+    f, x, scale, zero = c.f, c.input(0), c.input(1), c.optional(2)
+    x_dtype, s_dtype = f.dtype(x), f.dtype(scale)
+    if x_dtype not in FLOAT_DTYPES or s_dtype not in FLOAT_DTYPES:
+        raise c.fail(f"quantizes float values by a float scale, got {x_dtype} and {s_dtype}")
+    if int(c.attr("precision", 0) or 0):
+        raise c.fail("the precision attribute is not supported (the division runs in the scale's dtype)")
+    if zero is not None:
+        out_dtype = f.dtype(zero)
+    elif int(c.attr("output_dtype", 0) or 0):
+        out_dtype = onnx_dtype(int(c.attr("output_dtype")), "output_dtype")
+    else:
+        out_dtype = "uint8"
+    if out_dtype not in _QUANTIZED:
+        raise c.fail(f"quantizes to int8, uint8, int16 or uint16, not {out_dtype}")
+    shape = f.shape(x)
+    s = _along_axis(c, scale, shape, "the scale")
+    q = f.op("round", f.op("div", x if x_dtype == s_dtype else f.op("cast", x, dtype=s_dtype), s))
+    wide = "float64" if s_dtype == "float64" else "float32"  # every int16/uint16 value is exact there
+    if s_dtype != wide:
+        q = f.op("cast", q, dtype=wide)
+    if zero is not None:
+        q = f.op("add", q, f.op("cast", _along_axis(c, zero, shape, "the zero point"), dtype=wide))
+    info = np.iinfo(out_dtype)
+    q = f.op("minimum", f.op("maximum", q, f.const(info.min, wide)), f.const(info.max, wide))
+    return [f.op("cast", q, dtype=out_dtype, name=c.out())]
