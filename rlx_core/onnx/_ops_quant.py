@@ -17,6 +17,7 @@ import numpy as np
 
 from ..dtypes import FLOAT_DTYPES
 from ._context import NodeContext, converter, onnx_dtype
+from ._ops_indexing import _axis
 from ._shapes import Operand
 
 __all__: list[str] = []
@@ -37,14 +38,10 @@ def _along_axis(c: NodeContext, v: Operand, x_shape: tuple[int, ...], what: str)
         return f.op("reshape", v, shape=()) if shape else v
     if len(shape) != 1:
         raise c.fail(f"{what} must hold one value or one per element of the axis, got shape {shape}")
-    rank = len(x_shape)
-    axis = int(c.attr("axis", 1))
-    if not -rank <= axis < rank:
-        raise c.fail(f"axis {axis} is out of range for an input of rank {rank}")
-    axis %= rank
+    axis = _axis(c, int(c.attr("axis", 1)), len(x_shape))
     if shape[0] != x_shape[axis]:
         raise c.fail(f"{what} has {shape[0]} values, the input's axis {axis} has {x_shape[axis]}")
-    return f.op("reshape", v, shape=tuple(x_shape[axis] if k == axis else 1 for k in range(rank)))
+    return f.op("reshape", v, shape=tuple(x_shape[axis] if k == axis else 1 for k in range(len(x_shape))))
 
 
 @converter("DequantizeLinear")

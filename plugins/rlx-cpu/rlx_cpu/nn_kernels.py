@@ -219,6 +219,17 @@ def _with_bias_column(w3: Any, b: Any, ctx: BuildContext) -> tuple[Any, list[Ste
     return wb, [Step(np.copyto, (wb[:, :, :kk], w3)), Step(np.copyto, (wb[:, :, kk], bias))]
 
 
+def _conv_product(w3: Any, cols: Any, b: Any, res4: Any, ctx: BuildContext, bias_in_gemm: bool,
+                  ) -> tuple[Step, bool]:  # fmt: skip
+    """A convolution's product ``res4 = w3 @ cols`` as one step, and whether that step
+    adds the bias too (rlx's GEMM, when ``bias_in_gemm`` and it takes the product); else
+    the caller adds the bias in a pass of its own."""
+    fused = matmul_bias_step(w3, cols, b, res4, ctx) if bias_in_gemm else None
+    if fused is not None:
+        return fused, True
+    return matmul_step(w3, cols, res4, ctx), False
+
+
 def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
     x, w = ins[0], ins[1]
     b = ins[2] if len(ins) == 3 else None
@@ -249,23 +260,19 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
     w3 = w.reshape(groups, og, kk)
     res = out if cd == out.dtype else ctx.scratch(out.shape, cd)
     res4 = res.reshape(n, groups, og, oh * ow)
+    bias_in_gemm = b is not None and groups == 1 and res is out  # rlx's GEMM may add it as it stores C
     if kh == kw == 1 and sh == sw == 1 and pt == pl == pb == pr == 0:
         if cd != out.dtype:
             x32 = ctx.scratch(x.shape, cd)
             steps.append(Step(np.copyto, (x32, x)))
             x = x32
-        fused = None
-        if b is not None and groups == 1 and res is out:  # the bias added as the GEMM stores C
-            fused = matmul_bias_step(w3, x.reshape(n, groups, cg, h * wd), b, res4, ctx)
-        if fused is not None:
-            steps.append(fused)
-            b = None
-        else:
-            steps.append(matmul_step(w3, x.reshape(n, groups, cg, h * wd), res4, ctx))
+        product, with_bias = _conv_product(w3, x.reshape(n, groups, cg, h * wd), b, res4, ctx, bias_in_gemm)
+        steps.append(product)
+        b = None if with_bias else b
     else:
-        # rlx's GEMM adds a bias as it stores C; for a BLAS the bias rides in the product.
-        gemm_bias = b is not None and groups == 1 and res is out and isinstance(b, np.ndarray) and use_native()
-        if b is not None and not gemm_bias:
+        # Where rlx's GEMM will add the bias, the columns need no row of ones for it.
+        bias_in_gemm = bias_in_gemm and isinstance(b, np.ndarray) and use_native()
+        if b is not None and not bias_in_gemm:
             # One more row of ones in the columns and the bias as one more column of the
             # weights, instead of a pass over the output. The row of ones is rewritten
             # every run (the scratch is shared).
@@ -288,12 +295,9 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
                                  (s_n, cg * s_c, s_c, dh * s_h, dw * s_w, sh * s_h, sw * s_w),
                                  writeable=False)  # fmt: skip
             steps += [*pad_steps, Step(np.copyto, (cols[:, :, :kk].reshape(n, groups, cg, kh, kw, oh, ow), windows))]
-        fused = matmul_bias_step(w3, cols, b, res4, ctx) if gemm_bias else None
-        if fused is not None:
-            steps.append(fused)
-            b = None
-        else:
-            steps.append(matmul_step(w3, cols, res4, ctx))
+        product, with_bias = _conv_product(w3, cols, b, res4, ctx, bias_in_gemm)
+        steps.append(product)
+        b = None if with_bias else b
     if b is not None:
         steps.append(Step(np.add, (res, b.reshape(o, 1, 1), out)))
     elif res is not out:
