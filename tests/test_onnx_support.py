@@ -65,7 +65,12 @@ def ort_run(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1  # the test machine's cores are shared
     options.inter_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # an onnxruntime older than the model's IR or opset: no peer
+        if "IR version" in str(exc) or "under development" in str(exc):
+            pytest.skip(f"onnxruntime {ort.__version__} cannot load this model: {str(exc).splitlines()[0][-160:]}")
+        raise
     return session.run(None, dict(feeds))
 
 

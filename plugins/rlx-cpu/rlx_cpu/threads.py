@@ -27,7 +27,7 @@ from typing import Any
 
 from rlx_core.ops import OpKind
 
-__all__ = ["PRODUCT_OPS", "ThreadTuner", "separate_blas_pools", "native_thread_cap"]
+__all__ = ["PRODUCT_OPS", "ThreadTuner", "blas_pools", "separate_blas_pools", "native_thread_cap"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -64,19 +64,24 @@ def separate_blas_pools() -> tuple[str, ...]:
     return tuple(_pools_of(info))
 
 
-def _products_pools() -> list[str]:
-    """The separate pools that run rlx's products: none when rlx's own GEMM runs them
-    (``gemm.py``: OpenMP's team, the native kernels' own); with oneMKL loaded (``blas.py``)
-    every float32 product is MKL's, so only MKL's own pool counts (numpy's OpenBLAS then
-    runs the other dtypes' products, rare in inference)."""
-    from . import blas, gemm
+def blas_pools() -> list[str]:
+    """The separate pools of the BLAS that runs float32 products when rlx's GEMM does not:
+    with oneMKL loaded (``blas.py``) every float32 product is MKL's, so only MKL's own pool
+    counts (numpy's OpenBLAS then runs the other dtypes' products, rare in inference)."""
+    from . import blas
 
-    if gemm.use_native():
-        return []
     pools = list(separate_blas_pools())
     if blas.mkl() is not None:
         pools = [p for p in pools if not p.startswith("openblas")]
     return pools
+
+
+def _products_pools() -> list[str]:
+    """The separate pools that run rlx's products: none when rlx's own GEMM runs them
+    (``gemm.py``: OpenMP's team, the native kernels' own), else ``blas_pools()``."""
+    from . import gemm
+
+    return [] if gemm.use_native() else blas_pools()
 
 
 def native_thread_cap(ops: Iterable[OpKind], pools: Sequence[str] | None = None) -> tuple[int | None, str]:

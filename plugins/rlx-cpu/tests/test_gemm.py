@@ -191,6 +191,50 @@ def test_auto_measures_once_and_says_so(native_lib: native.Native, monkeypatch: 
         gemm.reset()
 
 
+@pytest.mark.parametrize(("pools", "blas_speed", "native"), [
+    ([], 1.0, False),  # BLAS sharing OpenMP's team (or none): the GEMM must win by MARGIN
+    ([], 1.2, True),
+    (["openblas (pthreads threads, 16)"], 1.0, True),  # a tie: the BLAS would cap the native kernels
+    (["openblas (pthreads threads, 16)"], 0.8, False),  # the BLAS clearly faster: it keeps the products
+])  # fmt: skip
+def test_a_blas_with_its_own_pool_wins_products_only_when_clearly_faster(
+        native_lib: native.Native, monkeypatch: pytest.MonkeyPatch, pools: list[str], blas_speed: float,
+        native: bool) -> None:  # fmt: skip
+    """``blas_speed``: the BLAS's time over the GEMM's on every probe shape. Choosing the BLAS
+    while it keeps a pool of its own runs every graph's native kernels on one thread
+    (``threads.native_thread_cap``): a 16-core Xeon timed the two GEMMs even (0.95-1.03x)
+    and ran resnet18 in 17 ms on the BLAS against 8 on the GEMM."""
+    shapes = len(gemm.PROBE_SHAPES)
+    times = iter([1.0] * shapes + [blas_speed] * shapes + [1.0] * shapes)  # the GEMM, the BLAS, a GEMM retry
+    monkeypatch.setattr(gemm, "_best_of", lambda run: next(times))
+    monkeypatch.setattr(gemm, "_SETTLE_S", 0.0)
+    monkeypatch.setattr(native_lib, "gemm", lambda *args: None)
+    monkeypatch.setattr(gemm, "_cores", lambda: 16)
+    monkeypatch.setattr(native_lib, "openmp", True)
+    monkeypatch.setattr(gemm.thread_policy, "blas_pools", lambda: list(pools))
+    monkeypatch.setattr(gemm.np, "allclose", lambda *a, **k: True)
+    found = gemm._measure(native_lib)
+    assert found.native is native, found.why
+    assert ("own pool (openblas" in found.why) is bool(pools)
+
+
+def test_a_gemm_slowed_by_a_spinning_blas_pool_is_timed_again(native_lib: native.Native,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The caller's numpy products leave OpenBLAS's workers spinning: a GEMM timed then
+    ran at 0.01x on a 16-core Xeon. Timed again once they settle, its better time counts."""
+    shapes = len(gemm.PROBE_SHAPES)
+    times = iter([100.0] * shapes + [1.0] * shapes + [1.0] * shapes)
+    monkeypatch.setattr(gemm, "_best_of", lambda run: next(times))
+    monkeypatch.setattr(gemm, "_SETTLE_S", 0.0)
+    monkeypatch.setattr(native_lib, "gemm", lambda *args: None)
+    monkeypatch.setattr(native_lib, "openmp", True)
+    monkeypatch.setattr(gemm, "_cores", lambda: 16)
+    monkeypatch.setattr(gemm.thread_policy, "blas_pools", lambda: ["openblas (pthreads threads, 16)"])
+    monkeypatch.setattr(gemm.np, "allclose", lambda *a, **k: True)
+    found = gemm._measure(native_lib)
+    assert found.native and "1.00x/1.00x" in found.why, found.why
+
+
 def test_the_measurement_agrees_with_the_blas(native_lib: native.Native) -> None:
     """The real timing runs and returns a reasoned decision (which one depends on the host)."""
     found = gemm._measure(native_lib)

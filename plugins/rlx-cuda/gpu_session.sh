@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# What a session lent an NVIDIA GPU runs, in one go, from the repository root.
+#
+# The machine is bare and offline: rlx's own wheels (and any dependency its image lacks)
+# travel in .whl/ (`pip wheel --no-deps -w .whl . plugins/rlx-cpu plugins/rlx-cuda
+# plugins/rlx-jax-tpu` plus `pip download platformdirs`), are installed into /tmp/site,
+# and every step writes its log under $OUT so that a step killed at its limit still
+# leaves what it printed. Steps run most important first, each under its own timeout:
+# the CUDA plugin's suite, the GPU benchmarks, the zoo on cuda, the jax plugin's suite on
+# the GPU, then the core suite with the GPU backends installed.
+set -u
+OUT=${OUT:-/tmp/rlx-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+if [ -d .whl ]; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+fi
+
+step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc in $((SECONDS - start)) s"
+  tail -n 4 "$OUT/$name.log"
+}
+
+step env 60 bash -c "nvidia-smi -L; $PY -c 'import sys, numpy, cupy, jax, torch, onnx, onnxruntime; print(sys.version); [print(m.__name__, m.__version__) for m in (numpy, cupy, jax, torch, onnx, onnxruntime)]; print(jax.devices())'; rlx devices"
+step cuda_tests 150 $PY -m pytest -q -p no:cacheprovider --import-mode=importlib plugins/rlx-cuda/tests
+step bench_gpu 120 $PY plugins/rlx-cuda/bench_gpu.py --json "$OUT/cuda-bench.json"
+step zoo_cuda 200 $PY bench/zoo.py --exporters classic --devices cuda,cpu --time --rounds 3 --target-ms 20 --json "$OUT/zoo-cuda.json"
+step jax_tests 120 $PY -m pytest -q -p no:cacheprovider --import-mode=importlib plugins/rlx-jax-tpu/tests
+step core_tests 240 $PY -m pytest -q -p no:cacheprovider --import-mode=importlib -n 8 tests
