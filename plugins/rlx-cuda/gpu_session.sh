@@ -3,7 +3,7 @@
 #
 # The machine is bare and offline: rlx's own wheels (and any dependency its image lacks)
 # travel in .whl/ (`pip wheel --no-deps -w .whl . plugins/rlx-cpu plugins/rlx-cuda
-# plugins/rlx-jax-tpu` plus `pip download platformdirs`), are installed into /tmp/site,
+# plugins/rlx-jax-tpu` plus `pip download platformdirs`), are installed into python3,
 # and every step writes its log under $OUT so that a step killed at its limit still
 # leaves what it printed. Steps run most important first, each under its own timeout:
 # the CUDA plugin's suite, the GPU benchmarks, the zoo on cuda, the jax plugin's suite on
@@ -13,9 +13,8 @@ OUT=${OUT:-/tmp/rlx-gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
-if [ -d .whl ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+if [ -d .whl ]; then  # into the interpreter itself: the CLI tests' subprocesses drop PYTHONPATH
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl || exit 1
 fi
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
@@ -33,4 +32,5 @@ step cuda_tests 150 $PY -m pytest -q -p no:cacheprovider --import-mode=importlib
 step bench_gpu 120 $PY plugins/rlx-cuda/bench_gpu.py --json "$OUT/cuda-bench.json"
 step zoo_cuda 200 $PY bench/zoo.py --exporters classic --devices cuda,cpu --time --rounds 3 --target-ms 20 --json "$OUT/zoo-cuda.json"
 step jax_tests 120 $PY -m pytest -q -p no:cacheprovider --import-mode=importlib plugins/rlx-jax-tpu/tests
-step core_tests 240 $PY -m pytest -q -p no:cacheprovider --import-mode=importlib -n 8 tests
+# Several workers each starting JAX on the GPU would each reserve 75% of its memory.
+step core_tests 240 env XLA_PYTHON_CLIENT_PREALLOCATE=false $PY -m pytest -q -p no:cacheprovider --import-mode=importlib -n 8 tests
