@@ -984,8 +984,8 @@ RLX_API void rlx_conv_direct(const float *x, const float *wpk, const float *bias
  * keeps an MR x NR tile of C in 2 MR vector registers, and per k broadcasts MR floats of A
  * against two vectors of B. Blocks of RLX_GEMM_KC along k keep one B panel in L1 and the
  * packed A block in L2; RLX_GEMM_NC columns of packed B stay in L2 as well. A resident
- * operand (weights) can be packed once (rlx_gemm_pack_a / _b, over the whole of k) and
- * passed packed. Threads take disjoint ranges of C's column panels (or row panels, when
+ * operand (weights) can be packed once (rlx_gemm_pack_a / _b, over the whole of k, k
+ * block after k block: the order it is read in) and passed packed. Threads take disjoint ranges of C's column panels (or row panels, when
  * that balances better), so no two write the same element. Each thread packs into its
  * own buffer, grown once and kept (per OpenMP thread, so no allocation per call). */
 #ifndef RLX_GEMM_MR
@@ -1000,6 +1000,9 @@ RLX_API void rlx_conv_direct(const float *x, const float *wpk, const float *bias
 #endif
 #ifndef RLX_GEMM_NC
 #define RLX_GEMM_NC (RLX_GEMM_NR * 64)
+#endif
+#ifndef RLX_GEMM_PREFETCH
+#define RLX_GEMM_PREFETCH (RLX_GEMM_MR * RLX_GEMM_KC)
 #endif
 #define RLX_GEMM_PACKED_A 1
 #define RLX_GEMM_PACKED_B 2
@@ -1048,12 +1051,34 @@ static RLX_CLONES void gemm_pack(const float *x, int64_t rs, int64_t cs, int64_t
     }
 }
 
+/* A whole resident operand, in the order the GEMM reads it: block by block of
+ * RLX_GEMM_KC along k, and within a block panel after panel (kc groups of `panel` floats
+ * each). Block pc starts at pc * (rows padded to whole panels), panel q of it q * panel *
+ * kc further. Laid out panel-major instead (each panel's whole k contiguous), a product
+ * whose weights come from memory read them in kc-long pieces a panel's k apart: 512x4608
+ * weights against 49 columns ran at 199 GF/s from memory, 366 from cache (2-core Zen 5). */
+static RLX_CLONES void gemm_pack_blocked(const float *x, int64_t rs, int64_t cs, int64_t rows, int64_t k,
+                                         int64_t panel, float *dst) {
+    int64_t padded = (rows + panel - 1) / panel * panel;
+    for (int64_t pc = 0; pc < k; pc += RLX_GEMM_KC) {
+        int64_t kc = k - pc < RLX_GEMM_KC ? k - pc : RLX_GEMM_KC;
+        gemm_pack(x, rs, cs, 0, rows, pc, kc, panel, panel * kc, dst + pc * padded);
+    }
+}
+
 RLX_API void rlx_gemm_pack_a(const float *a, int64_t rs, int64_t cs, int64_t m, int64_t k, float *dst) {
-    gemm_pack(a, rs, cs, 0, m, 0, k, RLX_GEMM_MR, RLX_GEMM_MR * k, dst);
+    gemm_pack_blocked(a, rs, cs, m, k, RLX_GEMM_MR, dst);
 }
 /* B (k, n), element (p, j) at b[p rs + j cs]: its columns are the rows of the panels. */
 RLX_API void rlx_gemm_pack_b(const float *b, int64_t rs, int64_t cs, int64_t k, int64_t n, float *dst) {
-    gemm_pack(b, cs, rs, 0, n, 0, k, RLX_GEMM_NR, RLX_GEMM_NR * k, dst);
+    gemm_pack_blocked(b, cs, rs, n, k, RLX_GEMM_NR, dst);
+}
+
+/* Offset of element (row r, column p) in an operand packed by gemm_pack_blocked. */
+static inline int64_t gemm_blocked_at(int64_t r, int64_t p, int64_t rows, int64_t k, int64_t panel) {
+    int64_t padded = (rows + panel - 1) / panel * panel, pc = p / RLX_GEMM_KC * RLX_GEMM_KC;
+    int64_t kc = k - pc < RLX_GEMM_KC ? k - pc : RLX_GEMM_KC;
+    return pc * padded + (r / panel) * panel * kc + (p - pc) * panel + r % panel;
 }
 
 /* The accumulators of an MR x NR tile into C[0:mr, 0:nr], added to it when `add`, plus
@@ -1106,6 +1131,7 @@ static inline __attribute__((always_inline)) void gemm_micro(int64_t kc, const f
         memcpy(&b0, b + p * RLX_GEMM_NR, sizeof b0);
         memcpy(&b1, b + p * RLX_GEMM_NR + 16, sizeof b1);
         const float *ap = a + p * RLX_GEMM_MR;
+        __builtin_prefetch(ap + RLX_GEMM_PREFETCH, 0, 0);
 #pragma GCC unroll 16
         for (int i = 0; i < RLX_GEMM_MR; i++) {
             lo[i] += ap[i] * b0;
@@ -1120,7 +1146,8 @@ static inline __attribute__((always_inline)) void gemm_micro(int64_t kc, const f
  * last row again (their sums are dropped), so nothing past A is touched. */
 static inline __attribute__((always_inline)) void gemm_micro_rows(int64_t kc, const float *restrict a, int64_t lda,
                                                                   const float *restrict b, float *c, int64_t ldc,
-                                                                  int64_t mr, int64_t nr, int add, const float *rb) {
+                                                                  int64_t mr, int64_t nr, int add, const float *rb,
+                                                                  const float *bnext) {
     rlx_v16 lo[RLX_GEMM_MR], hi[RLX_GEMM_MR];
     const float *rows[RLX_GEMM_MR];
 #pragma GCC unroll 16
@@ -1132,6 +1159,10 @@ static inline __attribute__((always_inline)) void gemm_micro_rows(int64_t kc, co
         rlx_v16 b0, b1;
         memcpy(&b0, b + p * RLX_GEMM_NR, sizeof b0);
         memcpy(&b1, b + p * RLX_GEMM_NR + 16, sizeof b1);
+        if (bnext) {
+            __builtin_prefetch(bnext + p * RLX_GEMM_NR, 0, 1);
+            __builtin_prefetch(bnext + p * RLX_GEMM_NR + 16, 0, 1);
+        }
 #pragma GCC unroll 16
         for (int i = 0; i < RLX_GEMM_MR; i++) {
             const float av = rows[i][p];
@@ -1169,13 +1200,11 @@ static float *gemm_buffer(int64_t floats) {
 
 /* Element (i, p) of A, packed or not. */
 static inline float gemm_a_at(const gemm_args *g, int64_t i, int64_t p) {
-    if (g->flags & RLX_GEMM_PACKED_A)
-        return g->a[(i / RLX_GEMM_MR) * RLX_GEMM_MR * g->k + p * RLX_GEMM_MR + i % RLX_GEMM_MR];
+    if (g->flags & RLX_GEMM_PACKED_A) return g->a[gemm_blocked_at(i, p, g->m, g->k, RLX_GEMM_MR)];
     return g->a[i * g->a_rs + p * g->a_cs];
 }
 static inline float gemm_b_at(const gemm_args *g, int64_t p, int64_t j) {
-    if (g->flags & RLX_GEMM_PACKED_B)
-        return g->b[(j / RLX_GEMM_NR) * RLX_GEMM_NR * g->k + p * RLX_GEMM_NR + j % RLX_GEMM_NR];
+    if (g->flags & RLX_GEMM_PACKED_B) return g->b[gemm_blocked_at(j, p, g->n, g->k, RLX_GEMM_NR)];
     return g->b[p * g->b_rs + j * g->b_cs];
 }
 
@@ -1204,6 +1233,7 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
     }
     float *ap_buf = buf, *bp_buf = buf + (packed_a || direct_a ? 0 : RLX_GEMM_MC * kmax);
     const int64_t mcp = RLX_GEMM_MC / MR, ncp = RLX_GEMM_NC / NR; /* panels per block */
+    const int64_t mp_pad = (g->m + MR - 1) / MR * MR, np_pad = (g->n + NR - 1) / NR * NR; /* packed rows */
     for (int64_t jc = j0; jc < j1; jc += ncp) {
         int64_t jn = j1 - jc < ncp ? j1 - jc : ncp;
         int64_t cols = g->n - jc * NR < jn * NR ? g->n - jc * NR : jn * NR;
@@ -1213,8 +1243,8 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
             const float *bp;
             int64_t bstride;
             if (packed_b) {
-                bp = g->b + jc * NR * k + pc * NR;
-                bstride = NR * k;
+                bp = g->b + pc * np_pad + jc * NR * kc;
+                bstride = NR * kc;
             } else {
                 gemm_pack(g->b, g->b_cs, g->b_rs, jc * NR, cols, pc, kc, NR, kc * NR, bp_buf);
                 bp = bp_buf;
@@ -1228,8 +1258,8 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
                 if (direct_a) {
                     a0 = g->a + ic * MR * g->a_rs + pc;
                 } else if (packed_a) {
-                    ap = g->a + ic * MR * k + pc * MR;
-                    astride = MR * k;
+                    ap = g->a + pc * mp_pad + ic * MR * kc;
+                    astride = MR * kc;
                 } else {
                     gemm_pack(g->a, g->a_rs, g->a_cs, ic * MR, rows, pc, kc, MR, kc * MR, ap_buf);
                     ap = ap_buf;
@@ -1243,7 +1273,7 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
                         const float *rb = last && g->bias ? g->bias + (ic + ir) * MR : NULL;
                         if (direct_a)
                             gemm_micro_rows(kc, a0 + ir * MR * g->a_rs, g->a_rs, bp + jr * bstride, c, g->ldc, mr,
-                                            nr, pc > 0, rb);
+                                            nr, pc > 0, rb, ir == 0 && jr + 1 < jn ? bp + (jr + 1) * bstride : NULL);
                         else
                             gemm_micro(kc, ap + ir * astride, bp + jr * bstride, c, g->ldc, mr, nr, pc > 0, rb);
                     }
