@@ -98,6 +98,10 @@ class Native:
         self.pool2d = self._lib.rlx_pool2d  # (x, y, planes, h, w, kh, kw, sh, sw, dh, dw, oh, ow, is_max, threads)
         self.pool2d.argtypes = [p, p, *[i64] * 13]
         self.pool2d.restype = None
+        # (x, y, planes, h, w, kh, kw, sh, sw, pt, pl, oh, ow, threads)
+        self.max_pool2d_padded = self._lib.rlx_max_pool2d_padded
+        self.max_pool2d_padded.argtypes = [p, p, *[i64] * 12]
+        self.max_pool2d_padded.restype = None
         # (x, wpk, bias, y, xp, c, h, w, o, kh, kw, pt, pl, oh, ow, threads)
         self.conv_direct = self._lib.rlx_conv_direct
         self.conv_direct.argtypes = [p, p, p, p, p, *[i64] * 13]

@@ -26,7 +26,7 @@ from .native import library
 from .regions import SPLIT_NS
 from .steps import Dyn, Step
 
-__all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step", "conv_direct_steps", "depthwise_step",
+__all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step", "max_pool_padded_step", "conv_direct_steps", "depthwise_step",
            "DIRECT_CONV_TAPS"]
 
 _SOFTMAX_NS, _LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
@@ -172,6 +172,37 @@ def pool_step(x: Any, out: Any, kernel: tuple[int, int], stride: tuple[int, int]
     geometry = (n * c, h, w, kh, kw, sh, sw, dh, dw, oh, ow, int(is_max))
     threads = _threads(lib, out.size * kh * kw, 0.3)
     return bound_call(lib.pool2d, [0, 0, *geometry, threads], (x, out), (0, 1), _pool_numpy(geometry))
+
+
+def _padded_max_numpy(geometry: tuple[int, ...]) -> Any:
+    planes, h, w, kh, kw, sh, sw, pt, pl, oh, ow = geometry
+    hp, wp = max(h + pt, (oh - 1) * sh + kh), max(w + pl, (ow - 1) * sw + kw)
+    inner = _pool_numpy((planes, hp, wp, kh, kw, sh, sw, 1, 1, oh, ow, 1))
+
+    def run(x: np.ndarray, out: np.ndarray) -> None:
+        xp = np.full((planes, hp, wp), -np.inf, np.float32)
+        xp[:, pt : pt + h, pl : pl + w] = x.reshape(planes, h, w)
+        inner(xp, out)
+
+    return run
+
+
+def max_pool_padded_step(x: Any, out: Any, kernel: tuple[int, int], stride: tuple[int, int],
+                         pads: tuple[int, int]) -> Step | None:  # fmt: skip
+    """Max pool of ``x`` (N, C, H, W) into ``out`` whose windows may reach past the image
+    (``pads``: top and left padding; the bottom and right follow from ``out``'s shape), as
+    if padded with -inf, without the padded copy. None where the kernel does not apply
+    (dilation is the caller's to rule out; windows wider than 8, strides past 2)."""
+    lib = library()
+    (kh, kw), (sh, sw), (pt, pl) = kernel, stride, pads
+    if lib is None or not _fits(x, out) or out.size == 0 or kw > 8 or sw not in (1, 2):
+        return None
+    n, c, h, w = x.shape
+    oh, ow = out.shape[2:]
+    geometry = (n * c, h, w, kh, kw, sh, sw, pt, pl, oh, ow)
+    threads = _threads(lib, out.size * kh * kw, 0.3)
+    return bound_call(lib.max_pool2d_padded, [0, 0, *geometry, threads], (x, out), (0, 1),
+                      _padded_max_numpy(geometry))  # fmt: skip
 
 
 def _depthwise_numpy(geometry: tuple[int, ...]) -> Any:

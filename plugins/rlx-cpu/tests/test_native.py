@@ -927,7 +927,8 @@ POOLS = {  # name -> (op, kwargs, native?)
     "avg 2x2 stride 2": ("avg_pool2d", {"kernel": 2, "stride": 2}, True),
     "avg 3x3 stride 1": ("avg_pool2d", {"kernel": 3, "stride": 1}, True),
     "avg 3x3 stride 2": ("avg_pool2d", {"kernel": 3, "stride": 2}, True),
-    "max 3x3 padding 1 (native, over a -inf border)": ("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}, True),
+    "max 3x3 dilation 2 padding 1 (native, over a -inf border)": ("max_pool2d", {"kernel": 3, "stride": 1,
+                                                                              "padding": 1, "dilation": 2}, True),
     "avg 2x2 ceil_mode (numpy)": ("avg_pool2d", {"kernel": 2, "stride": 2, "ceil_mode": True}, False),
 }
 
@@ -1119,13 +1120,38 @@ def test_native_steps_follow_set_param(lib: native.Native, region_runs: list[reg
                                     {"stride": 3, "ceil_mode": True}, {"dilation": 2, "padding": 2}])  # fmt: skip
 def test_padded_max_pool_runs_natively_over_an_infinite_border(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
                                                                kwargs: dict) -> None:  # fmt: skip
-    """Padding and ceil_mode windows past the edge: the input copied into a -inf border,
-    then the native pool (no numpy passes); NaN and -inf inputs keep numpy's maximum."""
+    """Padding and ceil_mode windows past the edge: each window clipped to the image by the
+    native padded pool (strides 1 and 2, no dilation), else the input copied into a -inf
+    border, then the native pool (no numpy passes); NaN and -inf inputs keep numpy's
+    maximum."""
     calls = spy_on(monkeypatch, lib, "pool2d")
+    clipped = spy_on(monkeypatch, lib, "max_pool2d_padded")
     g = Graph("padded-pool")
     g.set_outputs([g.max_pool2d(g.input("x", (2, 3, 10, 11)), 3, **{"stride": 2, **kwargs})])
     x = rand((2, 3, 10, 11), 9)
     x[0, 1, 4, 4], x[1, 2, 0, 0] = np.nan, -np.inf
     (got,) = compile_cpu(g).run({"x": x})
-    assert calls, "the native pool did not run"
+    in_place = kwargs.get("dilation", 1) == 1 and kwargs.get("stride", 2) <= 2
+    assert (bool(clipped), bool(calls)) == (in_place, not in_place)
     np.testing.assert_array_equal(got, reference.evaluate(g, {"x": x})[0])
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("kernel", [(1, 1), (2, 2), (3, 3), (2, 5), (5, 3), (3, 8)])
+def test_padded_max_pool_clips_every_window_to_the_image(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                                         kernel: tuple[int, int], stride: int) -> None:  # fmt: skip
+    """Paddings up to half the window (the most the IR allows), on each side, with and without
+    ceil_mode, rows wider than one chunk of the kernel (300 outputs): as the reference."""
+    clipped = spy_on(monkeypatch, lib, "max_pool2d_padded")
+    rng = np.random.default_rng(sum(kernel) * 10 + stride)
+    for trial in range(6):
+        pads = tuple(int(rng.integers(0, k // 2 + 1)) for k in (kernel[0], kernel[1], kernel[0], kernel[1]))
+        h, w = int(rng.integers(kernel[0], 9)), int(rng.integers(kernel[1], 13)) + (600 if trial == 0 else 0)
+        g = Graph("clip")
+        g.set_outputs([g.max_pool2d(g.input("x", (1, 2, h, w)), kernel, stride=stride, padding=pads,
+                                    ceil_mode=bool(trial % 2))])  # fmt: skip
+        x = rand((1, 2, h, w), trial)
+        x[0, 1, 0, 0] = np.nan
+        (got,) = compile_cpu(g).run({"x": x})
+        np.testing.assert_array_equal(got, reference.evaluate(g, {"x": x})[0], err_msg=f"pads {pads}, {h}x{w}")
+    assert clipped or kernel == (1, 1)  # a 1x1 window has no padding and no window past the edge
