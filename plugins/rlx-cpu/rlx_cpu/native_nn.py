@@ -26,8 +26,8 @@ from .native import library
 from .regions import SPLIT_NS
 from .steps import Dyn, Step
 
-__all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step", "max_pool_padded_step", "conv_direct_steps", "depthwise_step",
-           "DIRECT_CONV_TAPS"]
+__all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step", "max_pool_padded_step", "conv_direct_steps",
+           "depthwise_step", "DIRECT_CONV_TAPS"]
 
 _SOFTMAX_NS, _LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
 

@@ -22,8 +22,15 @@ from rlx_core.ops import OpKind
 from .gemm import matmul_bias_step, matmul_step, use_native
 from .kernels import BuildContext, Builder, compute_dtype, const, ufunc_step
 from .native import library as native_library
-from .native_nn import (conv_direct_steps, depthwise_step, im2col_step, layer_norm_step, max_pool_padded_step, pool_step,
-                        softmax_step)
+from .native_nn import (
+    conv_direct_steps,
+    depthwise_step,
+    im2col_step,
+    layer_norm_step,
+    max_pool_padded_step,
+    pool_step,
+    softmax_step,
+)
 from .steps import Step, is_fixed
 
 __all__ = ["NN_KERNELS"]
