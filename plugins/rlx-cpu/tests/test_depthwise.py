@@ -27,6 +27,10 @@ CASES = {  # name -> (x shape, kernel, bias?, conv2d kwargs)
     "5x5 over 7x7, 37 channels (a last block of 5 lanes)": ((1, 37, 7, 7), 5, True, {"padding": 2}),
     "3x3 stride 2 over 14x14, batch 3, 20 channels": ((3, 20, 14, 14), 3, False, {"stride": 2, "padding": 1}),
     "3x3 over a 33-wide plane (the row kernel's own case)": ((1, 3, 8, 33), 3, True, {"padding": 1}),
+    "3x3 stride 2 over 112x112 (the stride-2 row kernel's own case)": ((1, 4, 112, 112), 3, True,
+                                                                       {"stride": 2, "padding": 1}),
+    "3x3 stride 2, odd width, right padding only": ((2, 3, 9, 61), 3, False, {"stride": 2, "padding": (0, 0, 1, 1)}),
+    "3x3 stride 2, even padded width": ((1, 2, 8, 64), 3, True, {"stride": 2, "padding": (1, 1, 0, 1)}),
 }
 
 
@@ -66,12 +70,15 @@ def test_depthwise_runs_natively_and_matches_the_reference(native_lib, monkeypat
     np.testing.assert_allclose(got, reference.evaluate(g, {"x": x}, params={"w": new_w})[0], rtol=1e-5, atol=1e-5)
 
 
-def test_narrow_planes_and_strides_take_the_lanes_kernel_wide_unit_windows_the_rows():
+def test_narrow_planes_and_most_strides_take_the_lanes_kernel_wide_rows_the_row_kernels():
     """The choice the two kernels' measurements made (BENCHMARKS.md, depthwise)."""
     assert native_nn._rows_vectorize(3, 3, (1, 1), (1, 1), 112)
     assert native_nn._rows_vectorize(5, 5, (1, 1), (1, 1), 32)
     assert not native_nn._rows_vectorize(5, 5, (1, 1), (1, 1), 14)  # MobileNet's 14x14 and 7x7 planes
-    assert not native_nn._rows_vectorize(3, 3, (2, 2), (1, 1), 112)  # a stride: the rows would not vectorize
+    assert native_nn._rows_vectorize(3, 3, (2, 2), (1, 1), 56)  # stride 2 over rows split into even/odd columns
+    assert not native_nn._rows_vectorize(3, 3, (2, 2), (1, 1), 14)
+    assert not native_nn._rows_vectorize(5, 5, (2, 2), (1, 1), 56)
+    assert not native_nn._rows_vectorize(3, 3, (3, 3), (1, 1), 112)
     assert not native_nn._rows_vectorize(3, 3, (1, 1), (2, 2), 112)
     assert not native_nn._rows_vectorize(7, 7, (1, 1), (1, 1), 112)
 
