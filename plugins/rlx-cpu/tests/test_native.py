@@ -1002,6 +1002,11 @@ DIRECT_CONVS = {  # name -> (x shape, w shape, bias?, kwargs): few taps, any str
                                                                             {"stride": 2, "padding": 3}),
     "stride (3, 2), no padding, a bottom row left over": ((1, 2, 11, 12), (4, 2, 2, 3), True, {"stride": (3, 2)}),
     "stride 4 wider than the kernel (input columns skipped)": ((1, 1, 9, 40), (3, 1, 2, 2), True, {"stride": 4}),
+    "stride 2, no padding, odd width (SqueezeNet's first layer)": ((1, 3, 37, 37), (8, 3, 3, 3), True, {"stride": 2}),
+    "stride 2, padding wider than the kernel needs, a 5-wide image": ((1, 2, 5, 5), (3, 2, 3, 3), False,
+                                                                       {"stride": 2, "padding": 3}),
+    "stride 2, right padding only, even width": ((2, 1, 6, 40), (4, 1, 3, 3), True,
+                                                  {"stride": 2, "padding": (0, 0, 1, 1)}),
 }  # fmt: skip
 
 
