@@ -256,6 +256,10 @@ static void gather(const float *src, int64_t ndim, const int64_t *shape, const i
         const float *row = src + off + j * step;
         if (step == 1) {
             memcpy(buf + done, row, (size_t)cnt * sizeof(float));
+        } else if (step == 0) { /* broadcast along the rows (a per-channel scale): a fill */
+            const float v = row[0];
+            float *restrict dst = buf + done;
+            for (int64_t t = 0; t < cnt; t++) dst[t] = v;
         } else {
             for (int64_t t = 0; t < cnt; t++) buf[done + t] = row[t * step];
         }

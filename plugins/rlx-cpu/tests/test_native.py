@@ -957,6 +957,22 @@ def test_pools(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -
         assert_close(got, want)
 
 
+@pytest.mark.parametrize("shape", [(2, 5, 7, 7), (1, 3, 1, 9), (1, 576, 7, 7), (1, 4, 1, 1)])
+def test_global_average_pool_is_one_matrix_vector_product(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                                          shape: tuple[int, ...]) -> None:  # fmt: skip
+    """Each plane's mean as rlx_gemv against 1/(h w): batches, one-row planes, a NaN kept;
+    a 1x1 plane is its own mean (numpy's path, no product)."""
+    calls = spy_on(monkeypatch, lib, "gemv")
+    g = Graph("gap")
+    g.set_outputs([g.global_avg_pool2d(g.input("x", shape))])
+    x = rand(shape, 4)
+    x[0, 0, 0, 0] = np.nan
+    (got,) = compile_cpu(g).run({"x": x})
+    assert bool(calls) == (shape[2] * shape[3] > 1)
+    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    assert np.isnan(got[0, 0, 0, 0]) and not np.isnan(got.ravel()[1:]).any()
+
+
 CONVS = {  # name -> (x shape, w shape, bias?, kwargs)
     "3x3": ((2, 4, 12, 11), (6, 4, 3, 3), False, {}),
     "3x3 padding 1, bias": ((2, 4, 12, 11), (6, 4, 3, 3), True, {"padding": 1}),
