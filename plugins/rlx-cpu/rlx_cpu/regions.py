@@ -13,13 +13,16 @@ buffers and residents go into a pointer array once. A run is then one C call, on
 core (OpenMP threads taking chunks of blocks as they come free) when the region is long
 enough to pay for the fork-join (``SPLIT_NS``). A caller's array has its address read
 per run; one that is not C-contiguous float32 is copied to one first. Where oneMKL is
-loaded, exp, log, tanh and erf run through its vector math (``VML_FUNCTIONS``).
+loaded, exp, log, tanh and erf run through its vector math (``VML_FUNCTIONS``), each only
+where it measured faster than the interpreter's own function in this process.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +39,7 @@ from .steps import Dyn, Step
 
 __all__ = ["region_steps", "node_steps", "OPCODES", "SPLIT_NS"]
 
+log = logging.getLogger("rlx_cpu")
 _F32 = "float32"
 #: The interpreter's opcodes (``native.c``'s enum).
 OPCODES = {name: code for code, name in enumerate(
@@ -48,6 +52,7 @@ _BY_OP = {
     OpKind.SIGMOID: "sigmoid", OpKind.RELU: "relu", OpKind.EQUAL: "eq", OpKind.LESS: "lt", OpKind.GREATER: "gt",
     OpKind.WHERE: "where",
 }  # fmt: skip
+_OP_OF = {name: op for op, name in _BY_OP.items()}
 #: Rough single-thread cost per element of each opcode, ns (2-core AVX-512 host), used
 #: only to decide whether a region is long enough to split over two threads.
 _COST_NS = {"pow": 4.0, "exp": 0.5, "log": 0.7, "tanh": 0.9, "sigmoid": 0.7, "erf": 1.1, "gelu": 0.9,
@@ -158,27 +163,62 @@ def _registers(code: list[tuple[str, tuple[int, ...]]], n_in: int) -> list[int]:
     return regs
 
 
-#: Opcodes that run through oneMKL's vector math when MKL is loaded (``native.c``'s vml table).
+#: Opcodes that may run through oneMKL's vector math when MKL is loaded (``native.c``'s vml
+#: table): each only where it measured faster than native.c's own function in this process.
 VML_FUNCTIONS = {"exp": "Exp", "log": "Ln", "tanh": "Tanh", "erf": "Erf"}
-_VML_TABLES: dict[int, np.ndarray] = {}
+#: MKL's function must beat native.c's by this much to be used.
+VML_MARGIN = 1.10
+_VML_TABLES: dict[int, np.ndarray | None] = {}
+_VML_PROBE_ELEMENTS = 16 * 1024
 
 
 def _vml_table(lib: Native) -> np.ndarray | None:
-    """The table of MKL vector-math entry points by opcode, or None without MKL (then
-    every op runs on native.c's own functions). Made once per process."""
+    """The table of MKL vector-math entry points by opcode for the functions where MKL is
+    faster here, or None (then every op runs on native.c's own functions). Made once per
+    process. Why measure: MKL picks its kernels by CPU vendor, and on a 2-core Zen 5 its
+    VML_HA functions ran 1.4-5x slower than native.c's (1.2M elements, 2 threads: exp 783
+    against 180 µs, tanh 2503 against 544, erf 1264 against 926)."""
     mkl_lib = mkl()
     if mkl_lib is None:
         return None
-    table = _VML_TABLES.get(id(mkl_lib))
-    if table is None:
+    key = id(mkl_lib)
+    if key not in _VML_TABLES:
         if lib.vml_size != 8 * (len(OPCODES) + 1):  # pragma: no cover - a library out of step with this module
             return None
         table = np.zeros(len(OPCODES) + 1, np.uint64)
-        for op, name in VML_FUNCTIONS.items():
-            table[OPCODES[op]] = ctypes.cast(mkl_lib.vml(name), ctypes.c_void_p).value or 0
         table[-1] = VML_MODE
-        _VML_TABLES[id(mkl_lib)] = table
-    return table
+        for op, name in VML_FUNCTIONS.items():
+            entry = ctypes.cast(mkl_lib.vml(name), ctypes.c_void_p).value or 0
+            if entry and _vml_wins(lib, op, entry):
+                table[OPCODES[op]] = entry
+        _VML_TABLES[key] = table if table[:-1].any() else None
+        log.info("rlx-cpu: MKL vector math for %s", ", ".join(op for op in VML_FUNCTIONS
+                                                                if table[OPCODES[op]]) or "nothing (native.c is faster)")
+    return _VML_TABLES[key]
+
+
+def _vml_wins(lib: Native, op: str, entry: int) -> bool:
+    """Whether MKL's ``op`` beats native.c's by ``VML_MARGIN`` on one thread over
+    ``_VML_PROBE_ELEMENTS`` floats (the best of 5 calls of each, after one)."""
+    x = np.linspace(0.1, 4.0, _VML_PROBE_ELEMENTS, dtype=np.float32)
+    out = np.empty_like(x)
+    (step,) = _plan(lib, [Instruction(_OP_OF[op], (0,), {}, x.shape, _F32)], [x], out, vml=None)
+    runner = step.fn
+    assert isinstance(runner, _Runner)
+    table = np.zeros(len(OPCODES) + 1, np.uint64)
+    table[OPCODES[op]], table[-1] = entry, VML_MODE
+    native = _Runner(runner.fn, runner.meta, runner.ptrs, None, runner.n, 1, [x, out])
+    vml = _Runner(runner.fn, runner.meta, runner.ptrs, table, runner.n, 1, [x, out])
+    best = {}
+    for name, run in (("native", native), ("vml", vml)):
+        times = []
+        for k in range(6):
+            start = time.perf_counter()
+            run()
+            if k:
+                times.append(time.perf_counter() - start)
+        best[name] = min(times)
+    return best["native"] > VML_MARGIN * best["vml"]
 
 
 def region_steps(instructions: list[Instruction], ins: list[Any], out: Any) -> list[Step] | None:
@@ -199,7 +239,11 @@ def node_steps(node: Node, ins: list[Any], out: Any) -> list[Step] | None:
     return region_steps([ins_], ins, out)
 
 
-def _plan(lib: Native, instructions: list[Instruction], ins: list[Any], out: Any) -> list[Step]:
+_AUTO: Any = object()
+
+
+def _plan(lib: Native, instructions: list[Instruction], ins: list[Any], out: Any, *,
+          vml: np.ndarray | None = _AUTO) -> list[Step]:  # fmt: skip
     n_in = len(ins)
     types = [np.dtype(x.dtype).name for x in ins] + [i.dtype for i in instructions]
     if instructions[-1].dtype != _F32:
@@ -241,7 +285,7 @@ def _plan(lib: Native, instructions: list[Instruction], ins: list[Any], out: Any
             ptrs[k] = x.ctypes.data
     cost = n * (sum(_COST_NS.get(op, _COST_OTHER_NS) for op in ops) + _COST_GATHER_NS * kinds.count(_IN_STRIDED))
     threads = lib.threads() if cost >= SPLIT_NS else 1
-    run = _Runner(lib.region, meta_arr, ptrs, _vml_table(lib), n, threads, values)
+    run = _Runner(lib.region, meta_arr, ptrs, _vml_table(lib) if vml is _AUTO else vml, n, threads, values)
     dyn = [(k, x) for k, x in enumerate(values) if isinstance(x, Dyn)]
     if not dyn:
         return [Step(run)]

@@ -13,6 +13,7 @@ is installed.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import signal
@@ -76,6 +77,29 @@ def use_math(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     monkeypatch.delenv("RLX_CPU_BLAS", raising=False)
     if blas.mkl() is None:
         pytest.skip(f"oneMKL is not loadable here (libmkl_rt: {blas.find_library()}); `pip install mkl`")
+    monkeypatch.setattr(regions, "_vml_wins", lambda lib, op, entry: True)  # MKL's math whatever it measures
+    monkeypatch.setattr(regions, "_VML_TABLES", {})
+
+
+def test_mkl_math_runs_only_where_it_measured_faster(lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each function is MKL's only where it beat native.c's in this process; none: no table."""
+    use_math(monkeypatch, "mkl")
+    monkeypatch.setattr(regions, "_vml_wins", lambda lib_, op, entry: op == "tanh")
+    table = regions._vml_table(lib)
+    assert table is not None and {op for op, code in regions.OPCODES.items() if table[code]} == {"tanh"}
+    monkeypatch.setattr(regions, "_VML_TABLES", {})
+    monkeypatch.setattr(regions, "_vml_wins", lambda lib_, op, entry: False)
+    assert regions._vml_table(lib) is None
+
+
+def test_mkl_math_is_timed_against_native_c(lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real measurement: both functions run on the same floats, a decision per function."""
+    if blas.mkl() is None:
+        pytest.skip(f"oneMKL is not loadable here (libmkl_rt: {blas.find_library()}); `pip install mkl`")
+    monkeypatch.delenv("RLX_CPU_BLAS", raising=False)
+    for op, name in regions.VML_FUNCTIONS.items():
+        entry = ctypes.cast(blas.mkl().vml(name), ctypes.c_void_p).value
+        assert isinstance(regions._vml_wins(lib, op, entry), bool)
 
 
 def compile_cpu(g: Graph) -> CompiledGraph:
