@@ -192,8 +192,8 @@ def _vml_table(lib: Native) -> np.ndarray | None:
             if entry and _vml_wins(lib, op, entry):
                 table[OPCODES[op]] = entry
         _VML_TABLES[key] = table if table[:-1].any() else None
-        log.info("rlx-cpu: MKL vector math for %s", ", ".join(op for op in VML_FUNCTIONS
-                                                                if table[OPCODES[op]]) or "nothing (native.c is faster)")
+        chosen = [op for op in VML_FUNCTIONS if table[OPCODES[op]]]
+        log.info("rlx-cpu: MKL vector math for %s", ", ".join(chosen) or "nothing (native.c is faster)")
     return _VML_TABLES[key]
 
 
