@@ -19,7 +19,7 @@ import numpy as np
 
 from .steps import Dyn, Step
 
-__all__ = ["address", "bound_call"]
+__all__ = ["address", "bound_call", "register_packed", "target"]
 
 
 def address(x: np.ndarray) -> int:
@@ -51,18 +51,86 @@ class _RunTimeCall:
         self.fn(*args)
 
 
+#: rlx's own kernels that also take their arguments packed: id(fn) -> (fn, the packed
+#: entry point, the kernel's number there). See ``register_packed``.
+_PACKED: dict[int, tuple[Callable[..., Any], Callable[[int], int], int]] = {}
+
+
+def register_packed(fn: Callable[..., Any], packed: Callable[[int], int], kernel: int) -> None:
+    """Steps calling ``fn`` (a ctypes function of native.c) go through ``packed(address of
+    an int64 array: kernel, then fn's arguments)`` instead (``rlx_packed``): ctypes converts
+    every argument on every call, ~80 ns each, so rlx_gemm's 18 cost 1.5 µs a call and one
+    address 0.1 µs. ``fn``'s ``argtypes`` say which arguments are floats (passed as the
+    bits of a double)."""
+    _PACKED[id(fn)] = (fn, packed, kernel)
+
+
+def _packed_args(fn: Callable[..., Any], kernel: int, args: list[Any]) -> np.ndarray:
+    floats = {i for i, t in enumerate(getattr(fn, "argtypes", None) or ()) if t in (ctypes.c_float, ctypes.c_double)}
+    arr = np.zeros(len(args) + 1, np.int64)
+    arr[0] = kernel
+    for i, value in enumerate(args):
+        arr[i + 1] = np.float64(value).view(np.int64) if i in floats else int(value or 0)
+    return arr
+
+
+class _PackedRunTimeCall:
+    """``_RunTimeCall`` through the packed entry point: a caller array's address is
+    written into the step's own argument array each run."""
+
+    def __init__(self, fn: Callable[..., None], packed: Callable[[int], int], arr: np.ndarray, slots: dict[int, int],
+                 keep: tuple[Any, ...], fallback: Callable[..., None]) -> None:  # fmt: skip
+        self.fn, self.packed, self.arr, self.slots, self.keep, self.fallback = fn, packed, arr, slots, keep, fallback
+        self.args = list(arr[1:])
+        self._ptr = arr.ctypes.data
+
+    def __call__(self, *operands: np.ndarray) -> None:
+        arr = self.arr
+        try:
+            for which, pos in self.slots.items():
+                arr[pos + 1] = address(operands[which])
+        except (TypeError, BufferError, ValueError):
+            self.fallback(*operands)
+            return
+        self.packed(self._ptr)
+
+
+def target(step: Step) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+    """``(fn, its bound arguments)`` of a step ``bound_call`` made (packed or not), None
+    for any other step; for tests and reports."""
+    fn = step.fn
+    if isinstance(fn, (_RunTimeCall, _PackedRunTimeCall)):
+        return fn.fn, tuple(fn.args)
+    if isinstance(fn, functools.partial):
+        if fn.func is _call:
+            return fn.args[0], fn.args[1]
+        if hasattr(fn, "rlx_target"):
+            return fn.rlx_target, fn.rlx_args
+    return None
+
+
 def bound_call(fn: Callable[..., None], args: list[Any], operands: tuple[Any, ...], positions: tuple[int, ...],
                fallback: Callable[..., None], keep: tuple[Any, ...] = ()) -> Step:  # fmt: skip
     """The step calling ``fn(*args)``, where ``args[positions[i]]`` is the address of
     ``operands[i]``: filled in now for arrays, read per run for ``Dyn`` placeholders
     (``fallback(*operands)`` runs instead when one cannot be taken as it is). ``keep``:
-    more arrays whose addresses are already in ``args``, held alive by the step."""
+    more arrays whose addresses are already in ``args``, held alive by the step. A kernel
+    registered with ``register_packed`` is called through its packed entry point."""
     args = list(args)
     for x, pos in zip(operands, positions):
         if not isinstance(x, Dyn):
             args[pos] = x.ctypes.data
     keep = (*keep, *(x for x in operands if not isinstance(x, Dyn)))
     dyn = {i: positions[i] for i, x in enumerate(operands) if isinstance(x, Dyn)}
+    entry = _PACKED.get(id(fn))
+    if entry is not None and entry[0] is fn:
+        _, packed, kernel = entry
+        arr = _packed_args(fn, kernel, args)
+        if dyn:
+            return Step(_PackedRunTimeCall(fn, packed, arr, dyn, (arr, *keep), fallback), operands)
+        call = functools.partial(packed, arr.ctypes.data)
+        call.rlx_target, call.rlx_args, call.rlx_keep = fn, tuple(args), (arr, *keep)  # type: ignore[attr-defined]
+        return Step(call)
     if not dyn:
         return Step(functools.partial(_call, fn, tuple(args), keep))
     return Step(_RunTimeCall(fn, args, dyn, keep, fallback), operands)

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from . import ccall
 from ._build import ABI, describe_build, library_name, read_info
 
 __all__ = ["ABI", "Native", "library", "reason", "describe", "wanted", "thread_cap", "REBUILD"]
@@ -131,6 +132,13 @@ class Native:
         self.gemm_pack_b_size = self._lib.rlx_gemm_pack_b_size
         self._lib.rlx_gemm_avx512.restype = i64
         self.gemm_avx512 = bool(self._lib.rlx_gemm_avx512())
+        self.packed = self._lib.rlx_packed  # (int64 args[]): native.c's RLX_PK_* kernels
+        self.packed.argtypes = [p]
+        self.packed.restype = i64
+        for kernel, fn in enumerate((self.gemm, self.gemv, self.softmax, self.layer_norm, self.im2col, self.pool2d,
+                                     self.max_pool2d_padded, self.depthwise, self.depthwise_lanes, self.conv_direct,
+                                     self.region), start=1):  # fmt: skip
+            ccall.register_packed(fn, self.packed, kernel)
         self._lib.rlx_set_max_threads.argtypes = [i64]
         self._lib.rlx_set_max_threads.restype = None
         self._lib.rlx_openmp.restype = i64

@@ -20,6 +20,7 @@ where it measured faster than the interpreter's own function in this process.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import math
 import time
@@ -32,6 +33,7 @@ from rlx_core.ir import Node
 from rlx_core.ops import OpKind
 from rlx_core.plugin import Instruction, live_instructions
 
+from . import ccall
 from .blas import VML_MODE, mkl
 from .ccall import address
 from .native import Native, library
@@ -296,7 +298,7 @@ class _Runner:
     """One run of a planned region: ``rlx_region(meta, ptrs, vml, 0, n, threads)``. Holds
     the arrays whose addresses are in ``ptrs``."""
 
-    __slots__ = ("_meta_p", "_ptrs_p", "_vml_p", "fn", "keep", "meta", "n", "ptrs", "threads", "vml")
+    __slots__ = ("_call", "_meta_p", "_ptrs_p", "_vml_p", "fn", "keep", "meta", "n", "ptrs", "threads", "vml")
 
     def __init__(self, fn: Callable[..., int], meta: np.ndarray, ptrs: np.ndarray, vml: np.ndarray | None, n: int,
                  threads: int, keep: list[Any]) -> None:  # fmt: skip
@@ -304,9 +306,16 @@ class _Runner:
         self.keep = tuple(x for x in keep if not isinstance(x, Dyn))
         self._meta_p, self._ptrs_p = meta.ctypes.data, ptrs.ctypes.data
         self._vml_p = None if vml is None else vml.ctypes.data
+        args = [self._meta_p, self._ptrs_p, self._vml_p, 0, n, threads]
+        self._call: Callable[[], int] = functools.partial(fn, *args)
+        entry = ccall._PACKED.get(id(fn))
+        if entry is not None and entry[0] is fn:  # one packed argument instead of six (ccall.register_packed)
+            packed = ccall._packed_args(fn, entry[2], args)
+            self.keep = (*self.keep, packed)
+            self._call = functools.partial(entry[1], packed.ctypes.data)
 
     def __call__(self) -> None:
-        if self.fn(self._meta_p, self._ptrs_p, self._vml_p, 0, self.n, self.threads):
+        if self._call():
             raise MemoryError(f"rlx-cpu: no memory for the registers of a {self.n}-element region")
 
 

@@ -8,7 +8,6 @@ Skips (with the reason) where the native kernels were not built.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Callable
 
@@ -44,12 +43,7 @@ def check(got: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
 
 def gemm_call(step: Step) -> tuple[Callable[..., None], tuple[object, ...]] | None:
     """(function, bound arguments) of a ``ccall`` step, None for any other step."""
-    fn = step.fn
-    if isinstance(fn, ccall._RunTimeCall):
-        return fn.fn, tuple(fn.args)
-    if isinstance(fn, functools.partial) and fn.func is ccall._call:
-        return fn.args[0], fn.args[1]
-    return None
+    return ccall.target(step)
 
 
 def uses_gemm(step: Step, lib: native.Native) -> bool:
@@ -114,7 +108,7 @@ def test_a_callers_array_it_cannot_address_goes_through_numpy(lib: native.Native
     w = rand((78, 40), 1)
     out = np.empty((30, 40), F32)
     step = gemm.native_step(Dyn(0, (30, 78), np.dtype(F32)), w, out)
-    assert step is not None and isinstance(step.fn, ccall._RunTimeCall)
+    assert step is not None and isinstance(step.fn, (ccall._RunTimeCall, ccall._PackedRunTimeCall))
     x = rand((30, 78), 2)
     for arr in (x, np.asfortranarray(x), np.repeat(x, 2, axis=0)[::2]):
         out.fill(np.nan)

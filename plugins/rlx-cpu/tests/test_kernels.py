@@ -56,16 +56,13 @@ def _calls_mkl(fn: Any) -> bool:
     """A step that is one product on MKL or rlx's GEMM (``ccall`` of an sgemm entry point
     or ``rlx_gemm``), whether its addresses are fixed or read per run; other ``ccall``
     steps (native im2col) are not."""
-    import functools
-
     from rlx_cpu import blas, ccall
+    from rlx_cpu.steps import Step
 
-    if isinstance(fn, ccall._RunTimeCall):
-        target = fn.fn
-    elif isinstance(fn, functools.partial) and fn.func is ccall._call:
-        target = fn.args[0]
-    else:
+    found = ccall.target(Step(fn))
+    if found is None:
         return False
+    target = found[0]
     lib, own = blas.mkl(), native.library()
     return (lib is not None and target in (lib.sgemm, lib.compute, lib.sgemm_batch_strided)) or (
         own is not None and target is own.gemm)

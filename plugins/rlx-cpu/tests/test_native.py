@@ -32,7 +32,7 @@ from rlx_core.ops import OpKind
 from rlx_core.passes.internal_ops import program_types
 from rlx_core.registry import Registry
 from rlx_core.session import CompiledGraph
-from rlx_cpu import CpuBackend, blas, native, native_nn, regions
+from rlx_cpu import CpuBackend, blas, ccall, native, native_nn, regions
 from rlx_cpu import threads as thread_policy
 from rlx_cpu.steps import Dyn, bind
 
@@ -66,6 +66,50 @@ def spy_on(monkeypatch: pytest.MonkeyPatch, lib: native.Native, name: str) -> li
 
     monkeypatch.setattr(lib, name, spy)
     return calls
+
+
+def test_every_packed_kernel_gives_what_its_own_entry_point_gives(lib: native.Native,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """rlx_packed dispatches each kernel with its arguments in the right order: every
+    kernel a plan calls through it (a model using them all) computes the same bytes as
+    the same plan with each kernel called with its arguments one by one."""
+    g = Graph("all-kernels")
+    x = g.input("x", (1, 3, 128, 128))
+    c1 = g.conv2d(x, g.param("w1", rand((16, 3, 3, 3), 1)), g.param("b1", rand((16,), 2)), stride=2, padding=1)
+    dw = g.conv2d(g.relu(c1), g.param("dw", rand((16, 1, 3, 3), 3)), stride=2, padding=1, groups=16)  # rows
+    dl = g.conv2d(dw, g.param("dl", rand((16, 1, 5, 5), 4)), stride=2, padding=2, groups=16)  # lanes
+    c2 = g.conv2d(dl, g.param("w2", rand((24, 16, 5, 5), 5)), padding=2)  # im2col + rlx's GEMM
+    p1 = g.max_pool2d(c2, 3, stride=2, padding=1)  # clipped windows
+    p2 = g.max_pool2d(c2, 2, stride=2)  # plain pool
+    gap = g.global_avg_pool2d(g.add(p1, p2))  # gemv
+    t = g.reshape(gap, (1, 24))
+    y = g.layer_norm(g.matmul(t, g.param("w3", rand((24, 32), 6))), g.param("s", rand((32,), 7)),
+                     g.param("bb", rand((32,), 8)))  # fmt: skip
+    g.set_outputs([g.softmax(g.mul(y, y))])
+    feeds = {"x": rand((1, 3, 128, 128), 9)}
+    monkeypatch.setenv("RLX_CPU_GEMM", "native")  # whatever this host's BLAS would win
+    saved = dict(ccall._PACKED)
+    kernels: set[int] = set()
+
+    def spy(real: Callable[[int], int]) -> Callable[[int], int]:
+        def packed_call(ptr: int) -> int:
+            kernels.add(int(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_int64)), (1,))[0]))
+            return real(ptr)
+        return packed_call
+
+    try:
+        for key, (fn, real, kernel) in saved.items():
+            ccall._PACKED[key] = (fn, spy(real), kernel)
+        (packed,) = compile_cpu(g).run(feeds)
+        ccall._PACKED.clear()
+        (plain,) = compile_cpu(g).run(feeds)
+    finally:
+        ccall._PACKED.clear()
+        ccall._PACKED.update(saved)
+    assert kernels == set(range(1, 12)), f"kernels not run packed: {set(range(1, 12)) - kernels}"
+    assert np.array_equal(packed, plain)
+    np.testing.assert_allclose(packed, reference.evaluate(g, feeds)[0], rtol=1e-4, atol=1e-6)
+    assert lib.packed(np.array([99], np.int64).ctypes.data) == -1  # an unknown kernel does nothing
 
 
 def use_math(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
