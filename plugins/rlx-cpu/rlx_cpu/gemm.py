@@ -272,8 +272,8 @@ def matmul_bias_step(a: Any, b: Any, row_bias: Any, out: Any, ctx: Any = None) -
     convolution's bias then costs nothing: the GEMM adds it as it stores C."""
     if not (isinstance(row_bias, np.ndarray) and use_native()):
         return None
-    if min(out.shape[-2:]) <= 1:  # a matrix-vector product is rlx_gemv's, which has no bias
-        return None
+    if min(out.shape[-2:]) <= 1:  # a matrix-vector product: rlx_gemv's, for one value per output
+        return gemv_step(a, b, out, bias=row_bias) if out.shape[-1] == 1 else None
     return native_step(a, b, out, ctx, row_bias=row_bias)
 
 
@@ -332,10 +332,12 @@ def native_step(a: Any, b: Any, out: Any, ctx: Any = None, row_bias: np.ndarray 
     return bound_call(lib.gemm, args, operands, positions, _fallback(a, b, live, row_bias), keep=kept)
 
 
-def gemv_step(a: Any, b: Any, out: Any) -> Step | None:
-    """``out = a @ b`` with one row of ``a`` or one column of ``b`` as one ``rlx_gemv`` call
-    (OpenMP's team), or None when it does not fit: not float32, batched, or a vector or
-    matrix without a unit stride (the BLAS then takes it)."""
+def gemv_step(a: Any, b: Any, out: Any, bias: np.ndarray | None = None) -> Step | None:
+    """``out = a @ b`` (``+ bias``, one value per output: a convolution's channels on a 1x1
+    plane) with one row of ``a`` or one column of ``b`` as one ``rlx_gemv`` call (OpenMP's
+    team), or None when it does not fit: not float32, batched, a vector or matrix without
+    a unit stride (the BLAS then takes it), a bias that is not a contiguous float32 array
+    of the outputs."""
     lib, planned = library(), _planned(a, b, out)
     if lib is None or planned is None:
         return None
@@ -349,13 +351,19 @@ def gemv_step(a: Any, b: Any, out: Any) -> Step | None:
         mat, vec, length, si, sk, sv, sy, flip = a, b, m, a_rs, a_cs, b_rs, y_rs, True
     if sv != 1 or 1 not in (si, sk):
         return None
+    if bias is not None and not (isinstance(bias, np.ndarray) and bias.dtype == _F32 and bias.size == length
+                                 and bias.flags.c_contiguous):  # fmt: skip
+        return None
     threads = lib.threads() if length * k >= SPLIT_MACS else 1
-    args: list[Any] = [0, 0, 0, length, k, si, sk, sy, threads]
+    args: list[Any] = [0, 0, 0, length, k, si, sk, sy, threads, 0 if bias is None else bias.ctypes.data]
 
     def fallback(mat_: np.ndarray, vec_: np.ndarray, y_: np.ndarray) -> None:
         np.matmul(mat_, vec_, out=y_) if flip else np.matmul(vec_, mat_, out=y_)
+        if bias is not None:
+            np.add(y_, bias.reshape(y_.shape), out=y_)
 
-    return bound_call(lib.gemv, args, (mat, vec, out), (0, 1, 2), fallback)
+    keep = () if bias is None else (bias,)
+    return bound_call(lib.gemv, args, (mat, vec, out), (0, 1, 2), fallback, keep=keep)
 
 
 def matmul_step(a: Any, b: Any, out: Any, ctx: Any = None) -> Step:

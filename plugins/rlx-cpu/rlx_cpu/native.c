@@ -34,7 +34,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 9
+#define RLX_ABI 10
 #define RLX_BLOCK 1024
 #define RLX_MAX_DIMS 8
 #define RLX_CHUNK_BLOCKS 16 /* blocks per unit of work a thread takes at a time */
@@ -1540,7 +1540,7 @@ RLX_API void rlx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a
 #define RLX_GEMV_BLOCK 256 /* outputs a thread accumulates at once in the axpy form */
 
 static RLX_CLONES void gemv_part(const float *mat, const float *v, float *y, int64_t i0, int64_t i1, int64_t k,
-                                 int64_t si, int64_t sk, int64_t sy) {
+                                 int64_t si, int64_t sk, int64_t sy, const float *bias) {
     if (sk == 1) {
         for (int64_t i = i0; i < i1; i++) {
             const float *row = mat + i * si;
@@ -1559,7 +1559,7 @@ static RLX_CLONES void gemv_part(const float *mat, const float *v, float *y, int
             float s = 0.0f;
             for (int l = 0; l < 16; l++) s += a0[l];
             for (; j < k; j++) s += row[j] * v[j];
-            y[i * sy] = s;
+            y[i * sy] = bias ? s + bias[i] : s;
         }
         return;
     }
@@ -1572,13 +1572,14 @@ static RLX_CLONES void gemv_part(const float *mat, const float *v, float *y, int
             const float s = v[j];
             for (int64_t i = 0; i < n; i++) acc[i] += s * row[i];
         }
-        for (int64_t i = 0; i < n; i++) y[(b0 + i) * sy] = acc[i];
+        for (int64_t i = 0; i < n; i++) y[(b0 + i) * sy] = bias ? acc[i] + bias[b0 + i] : acc[i];
     }
 }
 
-/* v must be contiguous (sv == 1: the caller copies a strided vector first); one of si, sk is 1. */
+/* v must be contiguous (sv == 1: the caller copies a strided vector first); one of si, sk is 1.
+ * bias: NULL, or len floats added to the outputs (a convolution's bias on a 1x1 plane). */
 RLX_API void rlx_gemv(const float *mat, const float *v, float *y, int64_t len, int64_t k, int64_t si, int64_t sk,
-                      int64_t sy, int64_t threads) {
+                      int64_t sy, int64_t threads, const float *bias) {
     threads = row_threads(threads, (len + 15) / 16);
 #ifdef _OPENMP
     if (threads > 1) {
@@ -1588,12 +1589,12 @@ RLX_API void rlx_gemv(const float *mat, const float *v, float *y, int64_t len, i
             /* split on multiples of 16 outputs: each thread's block of y starts a vector */
             int64_t units = (len + 15) / 16, u0 = units * t / nt, u1 = units * (t + 1) / nt;
             int64_t i0 = u0 * 16, i1 = u1 * 16 < len ? u1 * 16 : len;
-            if (i0 < i1) gemv_part(mat, v, y, i0, i1, k, si, sk, sy);
+            if (i0 < i1) gemv_part(mat, v, y, i0, i1, k, si, sk, sy, bias);
         }
         return;
     }
 #endif
-    gemv_part(mat, v, y, 0, len, k, si, sk, sy);
+    gemv_part(mat, v, y, 0, len, k, si, sk, sy, bias);
 }
 
 /* ------------------------------------------------------------ packed calls */
@@ -1632,7 +1633,7 @@ RLX_API int64_t rlx_packed(const int64_t *a) {
                  a[15], a[16], a[17], PK_IN(18));
         return 0;
     case RLX_PK_GEMV:
-        rlx_gemv(PK_IN(1), PK_IN(2), PK_OUT(3), a[4], a[5], a[6], a[7], a[8], a[9]);
+        rlx_gemv(PK_IN(1), PK_IN(2), PK_OUT(3), a[4], a[5], a[6], a[7], a[8], a[9], PK_IN(10));
         return 0;
     case RLX_PK_SOFTMAX:
         rlx_softmax(PK_IN(1), PK_OUT(2), a[3], a[4], a[5], pk_float(a[6]), a[7]);

@@ -261,6 +261,49 @@ def test_gemv_every_layout_with_a_unit_stride(lib: native.Native, m: int, k: int
     check(out, a, b)
 
 
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 300, 40), (40, 300, 1), (1000, 1024, 1), (1, 17, 5)])
+@pytest.mark.parametrize("ta", [False, True])
+def test_gemv_adds_one_bias_per_output(lib: native.Native, m: int, k: int, n: int, ta: bool) -> None:
+    """Both forms, over and under the threads' split: the bias goes in as each output is
+    stored (a 1x1 convolution's bias on a 1x1 plane, with no pass of its own)."""
+    a = rand((k, m), 1).T if ta else rand((m, k), 1)
+    b = rand((k, n), 2)
+    bias = rand((max(m, n),), 3)
+    out = np.empty((m, n), F32)
+    step = gemm.gemv_step(a, b, out, bias=bias)
+    if step is None:
+        assert m == 1 and ta and k > 1, "a layout with a contiguous vector was not taken"
+        return
+    bind(step, [])()
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64)) + bias.reshape(m, n)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
+    assert gemm.gemv_step(a, b, out, bias=bias[:-1]) is None  # not one per output: declined
+    assert gemm.gemv_step(a, b, out, bias=bias.astype(np.float64)) is None
+
+
+def test_a_convolution_on_a_1x1_plane_adds_its_bias_in_the_product(
+        lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A squeeze-excitation block's 1x1 convolutions: the product is one rlx_gemv call that
+    adds the bias, so no numpy add follows it."""
+    monkeypatch.setenv("RLX_CPU_GEMM", "native")
+    calls: list[tuple[object, ...]] = []
+    real = lib.gemv
+    monkeypatch.setattr(lib, "gemv", lambda *args: (calls.append(args), real(*args))[1])
+    adds: list[object] = []
+    real_add = np.add
+    monkeypatch.setattr(np, "add", lambda *a, **k: (adds.append(a), real_add(*a, **k))[1])
+    g = Graph("se")
+    x = g.input("x", (1, 64, 1, 1), "float32")
+    g.set_outputs([g.conv2d(x, g.param("w", rand((16, 64, 1, 1), 1)), g.param("b", rand((16,), 2)))])
+    exe = CpuBackend().compile(g.freeze(), CompileOptions(device="cpu"))
+    xs = rand((1, 64, 1, 1), 3)
+    adds.clear()
+    (got,) = exe.run({"x": xs})
+    assert calls and calls[-1][-1], "rlx_gemv did not take the bias"
+    assert not adds, "the bias was added in a pass of its own"
+    np.testing.assert_allclose(got, reference.evaluate(g, {"x": xs})[0], rtol=1e-5, atol=1e-5)
+
+
 def test_gemv_declines_batches_and_other_dtypes(lib: native.Native) -> None:
     assert gemm.gemv_step(rand((2, 1, 8)), rand((2, 8, 4)), np.empty((2, 1, 4), F32)) is None
     a64 = rand((1, 8)).astype(np.float64)
