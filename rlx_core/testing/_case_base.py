@@ -152,6 +152,17 @@ def _broadcastable(draw: Callable, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(1 if one else d for d, one in zip(s, ones))
 
 
+def _binary_operands(draw: Callable, seed: int, dtypes: Dtypes
+                     ) -> tuple[str, tuple[int, ...], tuple[int, ...], np.random.Generator]:  # fmt: skip
+    """A binary op's dtype, its two operand shapes (numpy broadcasting: ``a`` the full shape
+    or broadcastable to it, ``b`` broadcastable) and the values' generator."""
+    dtype = draw(st.sampled_from(dtypes))
+    base = _shape(draw)
+    a_shape = _broadcastable(draw, base) if draw(st.booleans()) else base
+    b_shape = _broadcastable(draw, base)
+    return dtype, a_shape, b_shape, _rng(draw, seed)
+
+
 def _axis(draw: Callable, ndim: int) -> int:
     """An axis in ``[-ndim, ndim)``: negative spellings are part of the builder's API."""
     return draw(st.integers(-ndim, ndim - 1))

@@ -24,6 +24,7 @@ from ._case_base import (
     OpCase,
     Operand,
     _axis,
+    _binary_operands,
     _broadcastable,
     _nonzero,
     _rng,
@@ -55,11 +56,7 @@ def _unary(op: OpKind, seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
 def _binary(op: OpKind, seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
     @st.composite
     def case(draw: Callable) -> OpCase:
-        dtype = draw(st.sampled_from(dtypes))
-        base = _shape(draw)
-        a_shape = _broadcastable(draw, base) if draw(st.booleans()) else base
-        b_shape = _broadcastable(draw, base)
-        rng = _rng(draw, seed)
+        dtype, a_shape, b_shape, rng = _binary_operands(draw, seed, dtypes)
         if op is OpKind.POW:
             a, b = _values(rng, a_shape, dtype, 0.25, 2.5), _values(rng, b_shape, dtype, -2.0, 2.0)
         elif op is OpKind.DIV:
@@ -76,11 +73,7 @@ def _compare(op: OpKind, seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]
 
     @st.composite
     def case(draw: Callable) -> OpCase:
-        dtype = draw(st.sampled_from(dtypes))
-        base = _shape(draw)
-        a_shape = _broadcastable(draw, base) if draw(st.booleans()) else base
-        b_shape = _broadcastable(draw, base)
-        rng = _rng(draw, seed)
+        dtype, a_shape, b_shape, rng = _binary_operands(draw, seed, dtypes)
         pool = _values(rng, (4,), dtype)
         a, b = (rng.choice(pool, size=s).astype(dtype).reshape(s) for s in (a_shape, b_shape))
         return OpCase(op, (Operand("a", a), Operand("b", b, param=draw(st.booleans()))))

@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ..ops import BITWISE_OPS, OpKind
-from ._case_base import Dtypes, OpCase, Operand, _broadcastable, _nonzero, _rng, _shape, _values
+from ._case_base import Dtypes, OpCase, Operand, _binary_operands, _nonzero, _rng, _shape, _values
 
 __all__ = ["EXACT_FACTORIES"]
 
@@ -67,11 +67,7 @@ def _pair(op: OpKind, seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
 
     @st.composite
     def case(draw: Callable) -> OpCase:
-        dtype = draw(st.sampled_from(dtypes))
-        base = _shape(draw)
-        a_shape = _broadcastable(draw, base) if draw(st.booleans()) else base
-        b_shape = _broadcastable(draw, base)
-        rng = _rng(draw, seed)
+        dtype, a_shape, b_shape, rng = _binary_operands(draw, seed, dtypes)
         if op is OpKind.FMOD:
             a = _values(rng, a_shape, dtype, -20.0, 20.0, ilo=-60, ihi=60)
             b = _nonzero(rng, b_shape, dtype)
