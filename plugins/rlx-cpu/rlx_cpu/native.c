@@ -34,7 +34,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 10
+#define RLX_ABI 11
 #define RLX_BLOCK 1024
 #define RLX_MAX_DIMS 8
 #define RLX_CHUNK_BLOCKS 16 /* blocks per unit of work a thread takes at a time */
@@ -1529,6 +1529,226 @@ RLX_API void rlx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a
     }
 }
 
+/* ------------------------------------------- convolutions as implicit GEMMs
+ * y (o, oh, ow) = conv(x (c, h, w), W (o, c, kh, kw)) + bias, at any stride, dilation
+ * and padding, as the product W (o, c kh kw) @ columns with no columns matrix. The
+ * columns are read straight from a padded copy of x split into its stride phases,
+ * xq (c, sh, sw, hq, wq): xq[ci, py, px, r, q] = x[ci, r sh + py - pt, q sw + px - pl]
+ * (0 outside x), hq = oh + (kh - 1) dh / sh, wq = ow + (kw - 1) dw / sw. There the inputs
+ * of tap t = (ci, ki, kj) for the outputs (r, q) of one phase plane lie at toff[t] + r wq
+ * + q: one offset per tap, so 32 consecutive "padded outputs" j = r wq + q are one
+ * 32-float load per tap, and the micro-kernel loads its B rows from xq itself. Gone: the
+ * im2col copy (9x the input for 3x3: 7.2 MB for resnet18's 64 x 56 x 56, 15-30% of those
+ * convolutions' time) and the packing of that copy into panels. The price: the columns q
+ * in [ow, wq) of every row are computed and dropped ((kw - 1) / sw of wq: 2 of 58 at
+ * 56 x 56, 2 of 9 at 7 x 7, where whole 32-column tiles waste as much anyway).
+ *
+ * W is packed once by rlx_gemm_pack_a (panels of RLX_GEMM_MR rows, k block by k block);
+ * a tile keeps its MR x NR sums in registers over the whole of k, so C is written once,
+ * into a per-thread strip of padded outputs (MR rows x up to RLX_CONV_GEMM_STRIP tiles,
+ * in L2), from which the valid outputs are copied into y with the bias. Threads split
+ * C's row panels or column tiles as rlx_gemm does; the phase copy is split over rows
+ * first, in the same parallel region. */
+#define RLX_CONV_GEMM_STRIP (64 * 1024) /* floats of a thread's strip of sums (256 KB, in L2) */
+
+static void conv_gemm_dims(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh,
+                           int64_t ow, int64_t *hq, int64_t *wq) {
+    *hq = oh + (kh - 1) * dh / sh;
+    *wq = ow + (kw - 1) * dw / sw;
+}
+
+/* Floats of xq, with the slack a tile's loads may reach past the last plane (zeros). */
+RLX_API int64_t rlx_conv_gemm_scratch(int64_t c, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh,
+                                      int64_t dw, int64_t oh, int64_t ow) {
+    int64_t hq, wq;
+    conv_gemm_dims(kh, kw, sh, sw, dh, dw, oh, ow, &hq, &wq);
+    return c * sh * sw * hq * wq + RLX_GEMM_NR + wq;
+}
+
+/* toff[t] for every tap t = (ci kh + ki) kw + kj (the order of W's columns). Returns 0,
+ * or -1 when an offset would not fit in 32 bits (the caller keeps im2col). */
+RLX_API int64_t rlx_conv_gemm_offsets(int32_t *toff, int64_t c, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                                      int64_t dh, int64_t dw, int64_t oh, int64_t ow) {
+    int64_t hq, wq;
+    conv_gemm_dims(kh, kw, sh, sw, dh, dw, oh, ow, &hq, &wq);
+    if (rlx_conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow) > INT32_MAX) return -1;
+    for (int64_t ci = 0; ci < c; ci++)
+        for (int64_t ki = 0; ki < kh; ki++)
+            for (int64_t kj = 0; kj < kw; kj++) {
+                int64_t py = ki * dh % sh, px = kj * dw % sw;
+                int64_t plane = ((ci * sh + py) * sw + px) * hq * wq;
+                toff[(ci * kh + ki) * kw + kj] = (int32_t)(plane + ki * dh / sh * wq + kj * dw / sw);
+            }
+    return 0;
+}
+
+/* Rows [r0, r1) of xq, row R = ((ci sh + py) sw + px) hq + r. */
+static RLX_CLONES void conv_gemm_copy(const float *x, float *xq, int64_t r0, int64_t r1, int64_t h, int64_t wd,
+                                      int64_t sh, int64_t sw, int64_t hq, int64_t wq, int64_t pt, int64_t pl) {
+    for (int64_t row = r0; row < r1; row++) {
+        int64_t r = row % hq, px = row / hq % sw, py = row / (hq * sw) % sh, ci = row / (hq * sw * sh);
+        float *dst = xq + row * wq;
+        int64_t iy = r * sh + py - pt;
+        if (iy < 0 || iy >= h) {
+            memset(dst, 0, (size_t)wq * sizeof(float));
+            continue;
+        }
+        const float *src = x + (ci * h + iy) * wd;
+        /* column q reads input column q sw + px - pl: inside x for q in [q0, q1) */
+        int64_t q0 = pl > px ? (pl - px + sw - 1) / sw : 0, q1 = (wd + pl - px + sw - 1) / sw;
+        if (q1 > wq) q1 = wq;
+        if (q0 > q1) q0 = q1;
+        memset(dst, 0, (size_t)q0 * sizeof(float));
+        if (sw == 1)
+            memcpy(dst + q0, src + q0 - pl, (size_t)(q1 - q0) * sizeof(float));
+        else
+            for (int64_t q = q0; q < q1; q++) dst[q] = src[q * sw + px - pl];
+        memset(dst + q1, 0, (size_t)(wq - q1) * sizeof(float));
+    }
+}
+
+typedef struct {
+    const float *a; /* W packed by rlx_gemm_pack_a: m = o, k = c kh kw */
+    const int32_t *toff;
+    const float *xq, *bias;
+    float *y;
+    int64_t o, k, oh, ow, wq;
+} conv_gemm_args;
+
+/* One MR x NR tile of padded outputs, row panel ir, over k block [pc, pc + kc) of the
+ * taps, columns from xb (xq + the tile's first column); stored at c (rows ldc apart),
+ * or added to it when `add`. */
+static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm_args *g, int64_t ir, int64_t pc,
+                                                                 int64_t kc, const float *restrict xb, float *c,
+                                                                 int64_t ldc, int add) {
+    const int64_t mp_pad = (g->o + RLX_GEMM_MR - 1) / RLX_GEMM_MR * RLX_GEMM_MR;
+    const float *restrict ap = g->a + pc * mp_pad + ir * RLX_GEMM_MR * kc;
+    const int32_t *restrict to = g->toff + pc;
+    rlx_v16 lo[RLX_GEMM_MR], hi[RLX_GEMM_MR];
+#pragma GCC unroll 16
+    for (int i = 0; i < RLX_GEMM_MR; i++) lo[i] = hi[i] = (rlx_v16){0};
+    for (int64_t p = 0; p < kc; p++) {
+        rlx_v16 b0, b1;
+        memcpy(&b0, xb + to[p], sizeof b0);
+        memcpy(&b1, xb + to[p] + 16, sizeof b1);
+        const float *a = ap + p * RLX_GEMM_MR;
+#pragma GCC unroll 16
+        for (int i = 0; i < RLX_GEMM_MR; i++) {
+            lo[i] += a[i] * b0;
+            hi[i] += a[i] * b1;
+        }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < RLX_GEMM_MR; i++) {
+        float *ci = c + i * ldc;
+        if (add) {
+            rlx_v16 o0, o1;
+            memcpy(&o0, ci, sizeof o0);
+            memcpy(&o1, ci + 16, sizeof o1);
+            lo[i] += o0;
+            hi[i] += o1;
+        }
+        memcpy(ci, &lo[i], sizeof lo[i]);
+        memcpy(ci + 16, &hi[i], sizeof hi[i]);
+    }
+}
+
+/* The valid outputs among padded columns [j0, j1) of row panel ir's strip, into y. */
+static RLX_CLONES void conv_gemm_store(const conv_gemm_args *g, int64_t ir, const float *strip, int64_t ldc,
+                                       int64_t j0, int64_t j1) {
+    int64_t rows = g->o - ir * RLX_GEMM_MR < RLX_GEMM_MR ? g->o - ir * RLX_GEMM_MR : RLX_GEMM_MR;
+    for (int64_t i = 0; i < rows; i++) {
+        int64_t ch = ir * RLX_GEMM_MR + i;
+        const float *s = strip + i * ldc;
+        float *yc = g->y + ch * g->oh * g->ow, bv = g->bias ? g->bias[ch] : 0.0f;
+        for (int64_t r = j0 / g->wq; r * g->wq < j1; r++) {
+            int64_t qa = j0 - r * g->wq > 0 ? j0 - r * g->wq : 0;
+            int64_t qb = j1 - r * g->wq < g->ow ? j1 - r * g->wq : g->ow;
+            const float *sr = s + (r * g->wq - j0);
+            float *yr = yc + r * g->ow;
+            for (int64_t q = qa; q < qb; q++) yr[q] = sr[q] + bv;
+        }
+    }
+}
+
+/* Row panels [i0, i1) x column tiles [t0, t1), on this thread, GotoBLAS's way: for each
+ * k block, each tile's columns (the B panel: kc taps of 32 columns, a few KB of xq) stay
+ * in L1 while every row panel of the block's packed W streams past from L2. Keeping each
+ * tile's sums over the whole of k instead (W's panel in L1, xq's from L2) ran at 200 GF/s
+ * a core where the kernel does 255 from L1 (Zen 5). The sums go to a strip of padded
+ * outputs, all the part's rows by a few tiles' columns, and from it into y. Without a
+ * strip buffer (allocation failed) each output is a plain sum: slow, still right. */
+static RLX_CLONES void conv_gemm_part(const conv_gemm_args *g, int64_t i0, int64_t i1, int64_t t0, int64_t t1) {
+    const int64_t NR = RLX_GEMM_NR, MR = RLX_GEMM_MR, n = g->oh * g->wq, rows = (i1 - i0) * MR;
+    int64_t ts = RLX_CONV_GEMM_STRIP / (rows * NR); /* tiles a strip holds */
+    ts = ts < 1 ? 1 : ts > t1 - t0 ? t1 - t0 : ts;
+    float *strip = gemm_buffer(rows * ts * NR);
+    if (!strip) {
+        for (int64_t ch = i0 * MR; ch < i1 * MR && ch < g->o; ch++)
+            for (int64_t j = t0 * NR; j < t1 * NR && j < n; j++) {
+                if (j % g->wq >= g->ow) continue;
+                float s = g->bias ? g->bias[ch] : 0.0f;
+                for (int64_t t = 0; t < g->k; t++)
+                    s += g->a[gemm_blocked_at(ch, t, g->o, g->k, MR)] * g->xq[g->toff[t] + j];
+                g->y[ch * g->oh * g->ow + j / g->wq * g->ow + j % g->wq] = s;
+            }
+        return;
+    }
+    for (int64_t tb = t0; tb < t1; tb += ts) {
+        int64_t te = t1 - tb < ts ? t1 : tb + ts, ldc = (te - tb) * NR;
+        for (int64_t pc = 0; pc < g->k; pc += RLX_GEMM_KC) {
+            int64_t kc = g->k - pc < RLX_GEMM_KC ? g->k - pc : RLX_GEMM_KC;
+            for (int64_t t = tb; t < te; t++)
+                for (int64_t ir = i0; ir < i1; ir++)
+                    conv_gemm_tile(g, ir, pc, kc, g->xq + t * NR, strip + (ir - i0) * MR * ldc + (t - tb) * NR, ldc,
+                                   pc > 0);
+        }
+        for (int64_t ir = i0; ir < i1; ir++)
+            conv_gemm_store(g, ir, strip + (ir - i0) * MR * ldc, ldc, tb * NR, te * NR < n ? te * NR : n);
+    }
+}
+
+static void conv_gemm_run_part(const conv_gemm_args *g, int64_t part, int64_t parts, int by_rows) {
+    int64_t mp = (g->o + RLX_GEMM_MR - 1) / RLX_GEMM_MR, np = (g->oh * g->wq + RLX_GEMM_NR - 1) / RLX_GEMM_NR;
+    int64_t total = by_rows ? mp : np, per = (total + parts - 1) / parts;
+    int64_t lo = part * per, hi = lo + per < total ? lo + per : total;
+    if (lo >= hi) return;
+    if (by_rows)
+        conv_gemm_part(g, lo, hi, 0, np);
+    else
+        conv_gemm_part(g, 0, mp, lo, hi);
+}
+
+/* y (o, oh, ow) = conv(x, W) + bias (o floats or NULL); apk: W packed by rlx_gemm_pack_a
+ * (m = o, k = c kh kw); toff: rlx_conv_gemm_offsets'; xq: rlx_conv_gemm_scratch floats. */
+RLX_API void rlx_conv_gemm(const float *x, const float *apk, const int32_t *toff, const float *bias, float *y,
+                           float *xq, int64_t c, int64_t h, int64_t wd, int64_t o, int64_t kh, int64_t kw, int64_t sh,
+                           int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
+                           int64_t threads) {
+    int64_t hq, wq;
+    conv_gemm_dims(kh, kw, sh, sw, dh, dw, oh, ow, &hq, &wq);
+    int64_t rows = c * sh * sw * hq;
+    memset(xq + rows * wq, 0, (size_t)(RLX_GEMM_NR + wq) * sizeof(float));
+    conv_gemm_args g = {apk, toff, xq, bias, y, o, c * kh * kw, oh, ow, wq};
+    threads = threads > g_max_threads ? g_max_threads : threads;
+    int by_rows;
+    int64_t parts = gemm_split(o, oh * wq, threads, &by_rows);
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads((int)threads)
+        {
+            int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+            conv_gemm_copy(x, xq, rows * t / nt, rows * (t + 1) / nt, h, wd, sh, sw, hq, wq, pt, pl);
+#pragma omp barrier
+            for (int64_t part = t; part < parts; part += nt) conv_gemm_run_part(&g, part, parts, by_rows);
+        }
+        return;
+    }
+#endif
+    conv_gemm_copy(x, xq, 0, rows, h, wd, sh, sw, hq, wq, pt, pl);
+    for (int64_t part = 0; part < parts; part++) conv_gemm_run_part(&g, part, parts, by_rows);
+}
+
 /* ------------------------------------------------------- matrix-vector products */
 /* y[i] = sum_k mat[i * si + k * sk] * v[k * sv], i < len, written at y[i * sy]: a product
  * with one row or one column (a dense layer at batch 1, a squeeze-excitation block's 1x1
@@ -1617,6 +1837,7 @@ enum {
     RLX_PK_DEPTHWISE_LANES,
     RLX_PK_CONV_DIRECT,
     RLX_PK_REGION,
+    RLX_PK_CONV_GEMM,
 };
 #define PK_IN(i) ((const float *)(intptr_t)a[i])
 #define PK_OUT(i) ((float *)(intptr_t)a[i])
@@ -1668,6 +1889,10 @@ RLX_API int64_t rlx_packed(const int64_t *a) {
     case RLX_PK_REGION:
         return rlx_region((const int64_t *)(intptr_t)a[1], (void *const *)(intptr_t)a[2],
                           (const rlx_vml *)(intptr_t)a[3], a[4], a[5], a[6]);
+    case RLX_PK_CONV_GEMM:
+        rlx_conv_gemm(PK_IN(1), PK_IN(2), (const int32_t *)(intptr_t)a[3], PK_IN(4), PK_OUT(5), PK_OUT(6), a[7], a[8],
+                      a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21]);
+        return 0;
     default:
         return -1;
     }

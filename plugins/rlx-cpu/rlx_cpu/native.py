@@ -110,6 +110,16 @@ class Native:
         self.conv_direct_scratch = self._lib.rlx_conv_direct_scratch  # (c, kh, kw, sh, sw, oh, ow)
         self.conv_direct_scratch.argtypes = [i64] * 7
         self.conv_direct_scratch.restype = i64
+        # (x, apk, toff, bias, y, xq, c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, threads)
+        self.conv_gemm = self._lib.rlx_conv_gemm
+        self.conv_gemm.argtypes = [p, p, p, p, p, p, *[i64] * 15]
+        self.conv_gemm.restype = None
+        self.conv_gemm_scratch = self._lib.rlx_conv_gemm_scratch  # (c, kh, kw, sh, sw, dh, dw, oh, ow)
+        self.conv_gemm_scratch.argtypes = [i64] * 9
+        self.conv_gemm_scratch.restype = i64
+        self.conv_gemm_offsets = self._lib.rlx_conv_gemm_offsets  # (toff, c, kh, kw, sh, sw, dh, dw, oh, ow)
+        self.conv_gemm_offsets.argtypes = [p, *[i64] * 9]
+        self.conv_gemm_offsets.restype = i64
         self.conv_pack = self._lib.rlx_conv_pack  # (w, wpk, o, c, kh, kw)
         self.conv_pack.argtypes = [p, p, i64, i64, i64, i64]
         self.conv_pack.restype = None
@@ -137,7 +147,7 @@ class Native:
         self.packed.restype = i64
         for kernel, fn in enumerate((self.gemm, self.gemv, self.softmax, self.layer_norm, self.im2col, self.pool2d,
                                      self.max_pool2d_padded, self.depthwise, self.depthwise_lanes, self.conv_direct,
-                                     self.region), start=1):  # fmt: skip
+                                     self.region, self.conv_gemm), start=1):  # fmt: skip
             ccall.register_packed(fn, self.packed, kernel)
         self._lib.rlx_set_max_threads.argtypes = [i64]
         self._lib.rlx_set_max_threads.restype = None

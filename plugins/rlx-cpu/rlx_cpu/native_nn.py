@@ -21,13 +21,15 @@ from typing import Any
 
 import numpy as np
 
+from . import gemm
 from .ccall import bound_call
 from .native import library
 from .regions import SPLIT_NS
 from .steps import Dyn, Step
 
 __all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step", "max_pool_padded_step", "conv_direct_steps",
-           "depthwise_step", "DIRECT_CONV_TAPS"]
+           "conv_gemm_steps", "depthwise_step", "DIRECT_CONV_TAPS",
+           "DIRECT_CONV_CHANNELS"]
 
 _SOFTMAX_NS, _LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
 
@@ -289,23 +291,32 @@ def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, str
 #: With hundreds of input channels the direct kernel re-reads its input rows for every 8
 #: output channels, where a blocked sgemm keeps them in cache: those stay with im2col.
 DIRECT_CONV_TAPS = 160
+#: Where the implicit GEMM (``conv_gemm_steps``) is there, the direct convolution keeps
+#: only the layers with at most this many input channels: an image's first layer. Its
+#: product is too thin for the GEMM's tiles (2-core Zen 5, in µs, direct against
+#: implicit: 3x3x3 stride 2 over 224x224 into 16 channels 83 / 98, 3x5x5 into 24 over
+#: 64x64 55 / 61, 3x7x7 stride 2 into 64 700 / 733); from 4 channels in the GEMM wins
+#: (4x3x3 into 32 over 112x112 136 / 120, 16x3x3 into 64 over 55x55 224 / 165).
+DIRECT_CONV_CHANNELS = 3
 #: Multiply-adds from which the direct convolution uses every core (on this 2-core host
 #: the 1.8M of the case above ran no faster on two threads).
 _DIRECT_CONV_THREADED_MACS = 1 << 22
 
 
-def _conv_numpy(w: np.ndarray, pads: tuple[int, int], stride: tuple[int, int], out_hw: tuple[int, int]) -> Any:
+def _conv_numpy(w: np.ndarray, pads: tuple[int, int], stride: tuple[int, int], out_hw: tuple[int, int],
+                dilation: tuple[int, int] = (1, 1)) -> Any:  # fmt: skip
     def run(x: np.ndarray, bias: np.ndarray | None, y: np.ndarray) -> None:
         o, c, kh, kw = w.shape
-        (pt, pl), (sh, sw), (oh, ow) = pads, stride, out_hw
-        hp, wp = (oh - 1) * sh + kh, (ow - 1) * sw + kw
+        (pt, pl), (sh, sw), (oh, ow), (dh, dw) = pads, stride, out_hw, dilation
+        hp, wp = (oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1
         xp = np.zeros((c, hp, wp), np.float32)
         h, wd = x.shape[-2:]
         xp[:, pt : pt + h, pl : pl + wd] = x.reshape(c, h, wd)[:, : hp - pt, : wp - pl]
         acc = np.zeros((o, oh * ow), np.float32) if bias is None else np.repeat(bias.reshape(o, 1), oh * ow, 1)
         for ki in range(kh):
             for kj in range(kw):
-                taps = xp[:, ki : ki + (oh - 1) * sh + 1 : sh, kj : kj + (ow - 1) * sw + 1 : sw]
+                r, q = ki * dh, kj * dw
+                taps = xp[:, r : r + (oh - 1) * sh + 1 : sh, q : q + (ow - 1) * sw + 1 : sw]
                 acc += w[:, :, ki, kj] @ taps.reshape(c, oh * ow)
         y.reshape(o, oh * ow)[...] = acc
 
@@ -352,4 +363,41 @@ def conv_direct_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[in
         else:
             steps.append(bound_call(lib.conv_direct, args, (xi, bias, yi, xp), (0, 2, 3, 4),
                                     lambda x_, b_, y_, _xp, f=fallback: f(x_, b_, y_), keep=(wpk,)))  # fmt: skip
+    return steps
+
+
+def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], stride: tuple[int, int],
+                    dilation: tuple[int, int], ctx: Any) -> list[Step] | None:  # fmt: skip
+    """An ungrouped float32 convolution as one implicit-GEMM call per image
+    (``native.c``'s ``rlx_conv_gemm``: the product of the packed weights with columns read
+    from a phase-split padded copy of the input, no im2col); None when it does not apply:
+    rlx's GEMM does not take this process's products (``gemm.use_native``), the weights
+    are not a resident, or another layout or dtype."""
+    lib = library()
+    if lib is None or not _fits(x, w, bias, out) or isinstance(w, Dyn) or out.size == 0 or not gemm.use_native():
+        return None
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    oh, ow = out.shape[2:]
+    (sh, sw), (dh, dw) = stride, dilation
+    k = c * kh * kw
+    toff = np.empty(k, np.int32)
+    if lib.conv_gemm_offsets(toff.ctypes.data, c, kh, kw, sh, sw, dh, dw, oh, ow) != 0:
+        return None
+    apk = gemm._pack(lib, w, k, 1, o, k, True, ctx)
+    if apk is None:
+        return None
+    xq = ctx.scratch((lib.conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow),), np.float32)
+    threads = lib.threads() if o * k * oh * ow >= gemm.SPLIT_MACS else 1
+    fallback = _conv_numpy(w, pads, stride, (oh, ow), dilation)
+    steps = []
+    for i in range(n):
+        args = [0, apk.ctypes.data, toff.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow,
+                threads]  # fmt: skip
+        if bias is None:
+            steps.append(bound_call(lib.conv_gemm, args, (x[i], out[i], xq), (0, 4, 5),
+                                    lambda x_, y_, _xq, f=fallback: f(x_, None, y_), keep=(apk, toff)))  # fmt: skip
+        else:
+            steps.append(bound_call(lib.conv_gemm, args, (x[i], bias, out[i], xq), (0, 3, 4, 5),
+                                    lambda x_, b_, y_, _xq, f=fallback: f(x_, b_, y_), keep=(apk, toff)))  # fmt: skip
     return steps

@@ -78,7 +78,8 @@ def test_every_packed_kernel_gives_what_its_own_entry_point_gives(lib: native.Na
     c1 = g.conv2d(x, g.param("w1", rand((16, 3, 3, 3), 1)), g.param("b1", rand((16,), 2)), stride=2, padding=1)
     dw = g.conv2d(g.relu(c1), g.param("dw", rand((16, 1, 3, 3), 3)), stride=2, padding=1, groups=16)  # rows
     dl = g.conv2d(dw, g.param("dl", rand((16, 1, 5, 5), 4)), stride=2, padding=2, groups=16)  # lanes
-    c2 = g.conv2d(dl, g.param("w2", rand((24, 16, 5, 5), 5)), padding=2)  # im2col + rlx's GEMM
+    c2 = g.conv2d(dl, g.param("w2", rand((24, 16, 5, 5), 5)), padding=2)  # implicit GEMM
+    c2 = g.conv2d(c2, g.param("w4", rand((24, 12, 3, 3), 10)), padding=1, groups=2)  # im2col + rlx's GEMM
     p1 = g.max_pool2d(c2, 3, stride=2, padding=1)  # clipped windows
     p2 = g.max_pool2d(c2, 2, stride=2)  # plain pool
     gap = g.global_avg_pool2d(g.add(p1, p2))  # gemv
@@ -106,7 +107,7 @@ def test_every_packed_kernel_gives_what_its_own_entry_point_gives(lib: native.Na
     finally:
         ccall._PACKED.clear()
         ccall._PACKED.update(saved)
-    assert kernels == set(range(1, 12)), f"kernels not run packed: {set(range(1, 12)) - kernels}"
+    assert kernels == set(range(1, 13)), f"kernels not run packed: {set(range(1, 13)) - kernels}"
     assert np.array_equal(packed, plain)
     np.testing.assert_allclose(packed, reference.evaluate(g, feeds)[0], rtol=1e-4, atol=1e-6)
     assert lib.packed(np.array([99], np.int64).ctypes.data) == -1  # an unknown kernel does nothing
@@ -836,7 +837,8 @@ def test_row_and_window_kernels_split_over_threads_agree_with_one(
     aside (``test_threads.py`` has its own tests): without oneMKL, numpy's OpenBLAS pool
     would keep this graph's kernels on one thread, as its conv is a product."""
     spies = {name: spy_on(monkeypatch, lib, name) for name in ("softmax", "layer_norm", "im2col", "pool2d")}
-    monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)  # the conv through im2col here
+    monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)  # the conv through im2col here,
+    monkeypatch.setenv("RLX_CPU_GEMM", "blas")  # not the implicit GEMM
     monkeypatch.setattr(thread_policy, "_products_pools", lambda: [])
     g = Graph("big-windows")
     x = g.input("x", (2, 16, 64, 64))
@@ -1056,9 +1058,11 @@ CONVS = {  # name -> (x shape, w shape, bias?, kwargs)
 def test_conv2d_windows(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """conv2d's im2col in one native pass writing the zero padding in place: padding 0, 1,
     2 and asymmetric, strides, dilation, groups, with and without a bias (the direct
-    convolution is held off, see the tests below)."""
+    convolution and the implicit GEMM, which needs rlx's GEMM, are held off: see the
+    tests below)."""
     xs, ws, has_bias, kwargs = CONVS[name]
     monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)
+    monkeypatch.setenv("RLX_CPU_GEMM", "blas")
     calls = spy_on(monkeypatch, lib, "im2col")
     g = Graph("conv")
     w = g.param("w", rand(ws, 1))
@@ -1069,6 +1073,48 @@ def test_conv2d_windows(lib: native.Native, monkeypatch: pytest.MonkeyPatch, nam
     (want,) = reference.evaluate(g, {"x": x})
     assert calls, "im2col did not run natively"
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+IMPLICIT_CONVS = {  # name -> (x shape, w shape, bias?, kwargs): ungrouped, any window
+    **{k: v for k, v in CONVS.items() if "groups" not in v[3]},
+    "3x3 padding 1, 40 channels in: two k blocks, 13 out: a partial row panel": ((1, 40, 9, 10), (13, 40, 3, 3),
+                                                                                 True, {"padding": 1}),
+    "70x70, 30 channels out: three strips of column tiles": ((1, 3, 70, 70), (30, 3, 3, 3), True, {"padding": 1}),
+    "64 out of a 5x5 image: threads split the row panels": ((1, 16, 5, 5), (64, 16, 3, 3), False, {"padding": 1}),
+    "1x1 stride 2 (a residual's shortcut)": ((2, 8, 14, 14), (16, 8, 1, 1), True, {"stride": 2}),
+    "3x3 stride 2 dilation 2, asymmetric padding": ((1, 5, 19, 18), (7, 5, 3, 3), True,
+                                                     {"stride": 2, "dilation": 2, "padding": (2, 1, 0, 3)}),
+    "3x5 stride (1, 3), padding wider than the kernel needs": ((1, 4, 8, 20), (6, 4, 3, 5), False,
+                                                                {"stride": (1, 3), "padding": (3, 4)}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(IMPLICIT_CONVS))
+def test_implicit_gemm_convolution(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Where rlx's GEMM takes the products, an ungrouped convolution other than a plain
+    1x1 runs as rlx_conv_gemm (columns read from the phase-split padded input, no
+    im2col): partial row panels and column tiles, several k blocks and strips, threads
+    split either way, any padding, stride and dilation, two images, bias or none, equal
+    to the reference; then its packed weights follow set_param."""
+    xs, ws, has_bias, kwargs = IMPLICIT_CONVS[name]
+    monkeypatch.setenv("RLX_CPU_GEMM", "native")
+    monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)
+    implicit, windows = spy_on(monkeypatch, lib, "conv_gemm"), spy_on(monkeypatch, lib, "im2col")
+    g = Graph("implicit-conv")
+    w = g.param("w", rand(ws, 1))
+    b = g.param("b", rand((ws[0],), 2)) if has_bias else None
+    g.set_outputs([g.conv2d(g.input("x", xs), w, b, **kwargs)])
+    x = rand(xs, 3)
+    cg = compile_cpu(g)
+    (got,) = cg.run({"x": x})
+    assert implicit and not windows, "the implicit GEMM did not run"
+    tol = 2e-7 * math.prod(ws[1:])  # float32 sums of c * kh * kw products of N(0, 1) values
+    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x})[0], rtol=1e-5, atol=tol)
+    new = {"w": rand(ws, 7), **({"b": rand((ws[0],), 8)} if has_bias else {})}
+    for k, v in new.items():
+        cg.set_param(k, v)
+    (got,) = cg.run({"x": x})
+    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x}, params=new)[0], rtol=1e-5, atol=tol)
 
 
 DIRECT_CONVS = {  # name -> (x shape, w shape, bias?, kwargs): few taps, any stride
@@ -1100,6 +1146,7 @@ def test_direct_convolution(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
     im2col): partial channel blocks and column tiles, any padding and stride, bias or
     none, two images, equal to the reference; then its packed weights follow set_param."""
     xs, ws, has_bias, kwargs = DIRECT_CONVS[name]
+    monkeypatch.setenv("RLX_CPU_GEMM", "blas")  # no implicit GEMM: every channel count goes direct
     direct, windows = spy_on(monkeypatch, lib, "conv_direct"), spy_on(monkeypatch, lib, "im2col")
     g = Graph("direct-conv")
     w = g.param("w", rand(ws, 1))
@@ -1143,6 +1190,8 @@ FALLBACK_OPS = {  # name -> (graph builder over x (2, 4, 9, 10), native entry po
                    "layer_norm"),
     "conv2d": (lambda g, x: g.conv2d(x, g.param("w", rand((6, 2, 3, 3), 3)), g.param("b", rand((6,), 4)), stride=2,
                                      padding=(1, 2, 0, 1), dilation=(1, 2), groups=2), "im2col"),
+    "implicit-GEMM conv2d": (lambda g, x: g.conv2d(x, g.param("w", rand((6, 4, 3, 3), 3)), g.param("b", rand((6,), 4)),
+                                                   stride=2, padding=(1, 2, 0, 1), dilation=(1, 2)), "conv_gemm"),
     "direct conv2d": (lambda g, x: g.conv2d(x, g.param("w", rand((5, 4, 2, 3), 3)), g.param("b", rand((5,), 4)),
                                             padding=(1, 0, 2, 1)), "conv_direct"),
     "strided direct conv2d": (lambda g, x: g.conv2d(x, g.param("w", rand((5, 4, 3, 3), 3)), stride=(2, 3),
@@ -1160,6 +1209,8 @@ def test_row_and_window_kernels_take_any_caller_layout(lib: native.Native, monke
     run take the numpy twin of the kernel (``native_nn``'s fallbacks): the same answer,
     and the next contiguous run is native again."""
     build, entry = FALLBACK_OPS[op]
+    # the implicit GEMM needs rlx's GEMM, and the direct kernel takes 4 channels in without it
+    monkeypatch.setenv("RLX_CPU_GEMM", "native" if entry == "conv_gemm" else "blas")
     calls = spy_on(monkeypatch, lib, entry)
     g = Graph(f"fallback-{op}")
     g.set_outputs([build(g, g.input("x", (2, 4, 9, 10)))])
