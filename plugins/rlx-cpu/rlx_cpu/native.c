@@ -1532,220 +1532,341 @@ RLX_API void rlx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a
 /* ------------------------------------------- convolutions as implicit GEMMs
  * y (o, oh, ow) = conv(x (c, h, w), W (o, c, kh, kw)) + bias, at any stride, dilation
  * and padding, as the product W (o, c kh kw) @ columns with no columns matrix. The
- * columns are read straight from a padded copy of x split into its stride phases,
- * xq (c, sh, sw, hq, wq): xq[ci, py, px, r, q] = x[ci, r sh + py - pt, q sw + px - pl]
- * (0 outside x), hq = oh + (kh - 1) dh / sh, wq = ow + (kw - 1) dw / sw. There the inputs
- * of tap t = (ci, ki, kj) for the outputs (r, q) of one phase plane lie at toff[t] + r wq
- * + q: one offset per tap, so 32 consecutive "padded outputs" j = r wq + q are one
- * 32-float load per tap, and the micro-kernel loads its B rows from xq itself. Gone: the
- * im2col copy (9x the input for 3x3: 7.2 MB for resnet18's 64 x 56 x 56, 15-30% of those
- * convolutions' time) and the packing of that copy into panels. The price: the columns q
- * in [ow, wq) of every row are computed and dropped ((kw - 1) / sw of wq: 2 of 58 at
- * 56 x 56, 2 of 9 at 7 x 7, where whole 32-column tiles waste as much anyway).
+ * columns are read straight from xs (c, sh, kw, hq, ow), a copy of x that holds for each
+ * input channel, row phase py and tap column kj the rows of inputs those taps read:
+ * xs[ci, py, kj, r, q] = x[ci, r sh + py - pt, q sw + kj dw - pl] (0 outside x), with
+ * hq = oh + (kh - 1) dh / sh. Output (oy, ox) of tap t = (ci, ki, kj) then reads
+ * xs[toff[t] + oy ow + ox], toff[t] the start of plane (ci, ki dh % sh, kj) plus
+ * ki dh / sh rows: one offset per tap, and every run of consecutive outputs (across
+ * rows too) is consecutive in xs. So a tile's 32 columns are one 32-float load per tap
+ * (the micro-kernel loads B's rows from xs itself), and C is y itself. Gone: the im2col
+ * copy (kh kw times the input: 7.2 MB for resnet18's 64 x 56 x 56, 15-30% of those
+ * convolutions' time on the 2-core Zen 5) and the packing of it into panels; xs is kw
+ * times the input at stride 1 (a copy with the padding shifted per kj), and fewer at
+ * stride 2. A layout with one padded copy (wq = ow + kw - 1 columns a row, every tap an
+ * offset into it) computed kw - 1 dropped columns a row: 2 of 9 at 7 x 7, 2 of 15 at
+ * 13 x 13, and copied the valid ones out after.
  *
- * W is packed once by rlx_gemm_pack_a (panels of RLX_GEMM_MR rows, k block by k block);
- * a tile keeps its MR x NR sums in registers over the whole of k, so C is written once,
- * into a per-thread strip of padded outputs (MR rows x up to RLX_CONV_GEMM_STRIP tiles,
- * in L2), from which the valid outputs are copied into y with the bias. Threads split
- * C's row panels or column tiles as rlx_gemm does; the phase copy is split over rows
- * first, in the same parallel region. */
-#define RLX_CONV_GEMM_STRIP (64 * 1024) /* floats of a thread's strip of sums (256 KB, in L2) */
+ * W is packed by rlx_conv_gemm_pack in panels of mr rows (8 or 12: rlx_gemm's 12 x 32
+ * tile wastes 8 of every 72 rows on 64 channels; 8 x 32 runs as fast from L1), k block
+ * by k block. GotoBLAS's loop order: for each k block, a tile's columns (kc taps of 32
+ * columns, a few KB of xs) stay in L1 while every row panel of the block's W streams
+ * past from L2 (keeping each tile's sums over the whole of k instead, W's panel in L1
+ * and xs from L2, ran at 200 GF/s a core where the kernel does 255 from L1). Columns go
+ * in chunks whose outputs stay in L2 between k blocks. Threads split C's row panels or
+ * column tiles as rlx_gemm does; the copy is split over its rows first, in the same
+ * parallel region. */
+#define RLX_CONV_GEMM_CHUNK (64 * 1024) /* output floats a thread revisits per k block (256 KB) */
 
-static void conv_gemm_dims(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh,
-                           int64_t ow, int64_t *hq, int64_t *wq) {
-    *hq = oh + (kh - 1) * dh / sh;
-    *wq = ow + (kw - 1) * dw / sw;
-}
+static int64_t conv_gemm_hq(int64_t kh, int64_t sh, int64_t dh, int64_t oh) { return oh + (kh - 1) * dh / sh; }
 
-/* Floats of xq, with the slack a tile's loads may reach past the last plane (zeros). */
+/* Floats of xs, with the slack a last tile's loads reach past its end (zeros). */
 RLX_API int64_t rlx_conv_gemm_scratch(int64_t c, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh,
                                       int64_t dw, int64_t oh, int64_t ow) {
-    int64_t hq, wq;
-    conv_gemm_dims(kh, kw, sh, sw, dh, dw, oh, ow, &hq, &wq);
-    return c * sh * sw * hq * wq + RLX_GEMM_NR + wq;
+    (void)sw, (void)dw;
+    return c * sh * kw * conv_gemm_hq(kh, sh, dh, oh) * ow + RLX_GEMM_NR;
 }
 
 /* toff[t] for every tap t = (ci kh + ki) kw + kj (the order of W's columns). Returns 0,
- * or -1 when an offset would not fit in 32 bits (the caller keeps im2col). */
+ * or -1 when xs would not be addressable in 32 bits (the caller keeps im2col). */
 RLX_API int64_t rlx_conv_gemm_offsets(int32_t *toff, int64_t c, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                                       int64_t dh, int64_t dw, int64_t oh, int64_t ow) {
-    int64_t hq, wq;
-    conv_gemm_dims(kh, kw, sh, sw, dh, dw, oh, ow, &hq, &wq);
+    int64_t hq = conv_gemm_hq(kh, sh, dh, oh);
     if (rlx_conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow) > INT32_MAX) return -1;
     for (int64_t ci = 0; ci < c; ci++)
         for (int64_t ki = 0; ki < kh; ki++)
             for (int64_t kj = 0; kj < kw; kj++) {
-                int64_t py = ki * dh % sh, px = kj * dw % sw;
-                int64_t plane = ((ci * sh + py) * sw + px) * hq * wq;
-                toff[(ci * kh + ki) * kw + kj] = (int32_t)(plane + ki * dh / sh * wq + kj * dw / sw);
+                int64_t plane = (ci * sh + ki * dh % sh) * kw + kj;
+                toff[(ci * kh + ki) * kw + kj] = (int32_t)((plane * hq + ki * dh / sh) * ow);
             }
     return 0;
 }
 
-/* Rows [r0, r1) of xq, row R = ((ci sh + py) sw + px) hq + r. */
-static RLX_CLONES void conv_gemm_copy(const float *x, float *xq, int64_t r0, int64_t r1, int64_t h, int64_t wd,
-                                      int64_t sh, int64_t sw, int64_t hq, int64_t wq, int64_t pt, int64_t pl) {
-    for (int64_t row = r0; row < r1; row++) {
-        int64_t r = row % hq, px = row / hq % sw, py = row / (hq * sw) % sh, ci = row / (hq * sw * sh);
-        float *dst = xq + row * wq;
-        int64_t iy = r * sh + py - pt;
-        if (iy < 0 || iy >= h) {
-            memset(dst, 0, (size_t)wq * sizeof(float));
-            continue;
-        }
-        const float *src = x + (ci * h + iy) * wd;
-        /* column q reads input column q sw + px - pl: inside x for q in [q0, q1) */
-        int64_t q0 = pl > px ? (pl - px + sw - 1) / sw : 0, q1 = (wd + pl - px + sw - 1) / sw;
-        if (q1 > wq) q1 = wq;
-        if (q0 > q1) q0 = q1;
-        memset(dst, 0, (size_t)q0 * sizeof(float));
-        if (sw == 1)
-            memcpy(dst + q0, src + q0 - pl, (size_t)(q1 - q0) * sizeof(float));
-        else
-            for (int64_t q = q0; q < q1; q++) dst[q] = src[q * sw + px - pl];
-        memset(dst + q1, 0, (size_t)(wq - q1) * sizeof(float));
-    }
+/* W (o, k) packed for rlx_conv_gemm: panels of mr rows (8, 12 or 32), k block by k block. */
+RLX_API int64_t rlx_conv_gemm_pack_size(int64_t o, int64_t k, int64_t mr) { return gemm_packed_floats(o, k, mr); }
+RLX_API void rlx_conv_gemm_pack(const float *w, int64_t o, int64_t k, int64_t mr, float *dst) {
+    gemm_pack_blocked(w, k, 1, o, k, mr, dst);
 }
 
 typedef struct {
-    const float *a; /* W packed by rlx_gemm_pack_a: m = o, k = c kh kw */
+    const float *a; /* W packed by rlx_conv_gemm_pack */
     const int32_t *toff;
-    const float *xq, *bias;
+    const float *xs, *bias;
     float *y;
-    int64_t o, k, oh, ow, wq;
+    int64_t o, k, n, mr; /* n = oh ow */
 } conv_gemm_args;
 
-/* One MR x NR tile of padded outputs, row panel ir, over k block [pc, pc + kc) of the
- * taps, columns from xb (xq + the tile's first column); stored at c (rows ldc apart),
- * or added to it when `add`. */
-static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm_args *g, int64_t ir, int64_t pc,
-                                                                 int64_t kc, const float *restrict xb, float *c,
-                                                                 int64_t ldc, int add) {
-    const int64_t mp_pad = (g->o + RLX_GEMM_MR - 1) / RLX_GEMM_MR * RLX_GEMM_MR;
-    const float *restrict ap = g->a + pc * mp_pad + ir * RLX_GEMM_MR * kc;
+/* Rows [r0, r1) of xs, row R = ((ci sh + py) kw + kj) hq + r: plane by plane (ci, py,
+ * kj), whose rows share their bounds (rows of 7 to 56 floats: a division or a memset call
+ * per row was most of the copy's time). */
+static RLX_CLONES void conv_gemm_copy(const float *x, float *xs, int64_t r0, int64_t r1, int64_t h, int64_t wd,
+                                      int64_t kw, int64_t sh, int64_t sw, int64_t dw, int64_t hq, int64_t ow,
+                                      int64_t pt, int64_t pl) {
+    for (int64_t plane = r0 / hq; plane * hq < r1; plane++) {
+        int64_t kj = plane % kw, py = plane / kw % sh, ci = plane / (kw * sh);
+        int64_t shift = kj * dw - pl; /* output column q reads input column q sw + shift */
+        int64_t q0 = shift < 0 ? (-shift + sw - 1) / sw : 0, q1 = wd - shift <= 0 ? 0 : (wd - shift + sw - 1) / sw;
+        if (q1 > ow) q1 = ow;
+        if (q0 > q1) q0 = q1;
+        int64_t ra = plane * hq < r0 ? r0 - plane * hq : 0, rb = (plane + 1) * hq > r1 ? r1 - plane * hq : hq;
+        for (int64_t r = ra; r < rb; r++) {
+            float *dst = xs + (plane * hq + r) * ow;
+            int64_t iy = r * sh + py - pt;
+            if (iy < 0 || iy >= h) {
+                for (int64_t q = 0; q < ow; q++) dst[q] = 0.0f;
+                continue;
+            }
+            const float *src = x + (ci * h + iy) * wd + shift;
+            for (int64_t q = 0; q < q0; q++) dst[q] = 0.0f;
+            if (sw == 1) {
+                for (int64_t q = q0; q < q1; q++) dst[q] = src[q];
+            } else if (sw == 2) { /* a constant stride: vectorized (one even/odd shuffle a vector) */
+                for (int64_t q = q0; q < q1; q++) dst[q] = src[2 * q];
+            } else {
+                for (int64_t q = q0; q < q1; q++) dst[q] = src[q * sw];
+            }
+            for (int64_t q = q1; q < ow; q++) dst[q] = 0.0f;
+        }
+    }
+}
+
+/* One MR x NR tile of C: row panel ir, columns [j, j + NR), over k block [pc, pc + kc);
+ * stored at c (rows ldc apart: y itself, or a scratch tile where the columns pass the
+ * end of y), plus the bias when `first`, else added to what is there. Rows past o are
+ * not stored. */
+static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm_args *g, const int MR, int64_t ir,
+                                                                 int64_t pc, int64_t kc, int64_t j, float *c,
+                                                                 int64_t ldc, int first) {
+    const int64_t mp_pad = (g->o + MR - 1) / MR * MR;
+    const float *restrict ap = g->a + pc * mp_pad + ir * MR * kc;
     const int32_t *restrict to = g->toff + pc;
-    rlx_v16 lo[RLX_GEMM_MR], hi[RLX_GEMM_MR];
+    const float *restrict xb = g->xs + j;
+    rlx_v16 lo[12], hi[12];
 #pragma GCC unroll 16
-    for (int i = 0; i < RLX_GEMM_MR; i++) lo[i] = hi[i] = (rlx_v16){0};
+    for (int i = 0; i < MR; i++) lo[i] = hi[i] = (rlx_v16){0};
     for (int64_t p = 0; p < kc; p++) {
         rlx_v16 b0, b1;
         memcpy(&b0, xb + to[p], sizeof b0);
         memcpy(&b1, xb + to[p] + 16, sizeof b1);
-        const float *a = ap + p * RLX_GEMM_MR;
+        const float *a = ap + p * MR;
 #pragma GCC unroll 16
-        for (int i = 0; i < RLX_GEMM_MR; i++) {
+        for (int i = 0; i < MR; i++) {
             lo[i] += a[i] * b0;
             hi[i] += a[i] * b1;
         }
     }
+    int64_t rows = g->o - ir * MR < MR ? g->o - ir * MR : MR;
 #pragma GCC unroll 16
-    for (int i = 0; i < RLX_GEMM_MR; i++) {
+    for (int i = 0; i < MR; i++) {
+        if (i >= rows) break;
         float *ci = c + i * ldc;
-        if (add) {
-            rlx_v16 o0, o1;
+        rlx_v16 o0, o1;
+        if (first) {
+            o0 = o1 = (rlx_v16){0} + (g->bias ? g->bias[ir * MR + i] : 0.0f);
+        } else {
             memcpy(&o0, ci, sizeof o0);
             memcpy(&o1, ci + 16, sizeof o1);
-            lo[i] += o0;
-            hi[i] += o1;
         }
-        memcpy(ci, &lo[i], sizeof lo[i]);
-        memcpy(ci + 16, &hi[i], sizeof hi[i]);
+        o0 += lo[i];
+        o1 += hi[i];
+        memcpy(ci, &o0, sizeof o0);
+        memcpy(ci + 16, &o1, sizeof o1);
     }
 }
 
-/* The valid outputs among padded columns [j0, j1) of row panel ir's strip, into y. */
-static RLX_CLONES void conv_gemm_store(const conv_gemm_args *g, int64_t ir, const float *strip, int64_t ldc,
-                                       int64_t j0, int64_t j1) {
-    int64_t rows = g->o - ir * RLX_GEMM_MR < RLX_GEMM_MR ? g->o - ir * RLX_GEMM_MR : RLX_GEMM_MR;
-    for (int64_t i = 0; i < rows; i++) {
-        int64_t ch = ir * RLX_GEMM_MR + i;
-        const float *s = strip + i * ldc;
-        float *yc = g->y + ch * g->oh * g->ow, bv = g->bias ? g->bias[ch] : 0.0f;
-        for (int64_t r = j0 / g->wq; r * g->wq < j1; r++) {
-            int64_t qa = j0 - r * g->wq > 0 ? j0 - r * g->wq : 0;
-            int64_t qb = j1 - r * g->wq < g->ow ? j1 - r * g->wq : g->ow;
-            const float *sr = s + (r * g->wq - j0);
-            float *yr = yc + r * g->ow;
-            for (int64_t q = qa; q < qb; q++) yr[q] = sr[q] + bv;
-        }
-    }
-}
-
-/* Row panels [i0, i1) x column tiles [t0, t1), on this thread, GotoBLAS's way: for each
- * k block, each tile's columns (the B panel: kc taps of 32 columns, a few KB of xq) stay
- * in L1 while every row panel of the block's packed W streams past from L2. Keeping each
- * tile's sums over the whole of k instead (W's panel in L1, xq's from L2) ran at 200 GF/s
- * a core where the kernel does 255 from L1 (Zen 5). The sums go to a strip of padded
- * outputs, all the part's rows by a few tiles' columns, and from it into y. Without a
- * strip buffer (allocation failed) each output is a plain sum: slow, still right. */
+/* Row panels [i0, i1) x column tiles [t0, t1), on this thread. A tile reaching past the
+ * end of y (n not a multiple of NR: 49 columns of 7 x 7 make one full tile and one of
+ * 17) is summed in a scratch tile of the thread's and copied out after the last k block. */
 static RLX_CLONES void conv_gemm_part(const conv_gemm_args *g, int64_t i0, int64_t i1, int64_t t0, int64_t t1) {
-    const int64_t NR = RLX_GEMM_NR, MR = RLX_GEMM_MR, n = g->oh * g->wq, rows = (i1 - i0) * MR;
-    int64_t ts = RLX_CONV_GEMM_STRIP / (rows * NR); /* tiles a strip holds */
-    ts = ts < 1 ? 1 : ts > t1 - t0 ? t1 - t0 : ts;
-    float *strip = gemm_buffer(rows * ts * NR);
-    if (!strip) {
+    const int64_t NR = RLX_GEMM_NR, MR = g->mr, tail = g->n % NR ? g->n / NR : -1; /* the partial tile */
+    float *edge = tail >= t0 && tail < t1 ? gemm_buffer((i1 - i0) * MR * NR) : NULL;
+    if (tail >= t0 && tail < t1 && !edge) { /* no scratch: that tile as plain sums */
         for (int64_t ch = i0 * MR; ch < i1 * MR && ch < g->o; ch++)
-            for (int64_t j = t0 * NR; j < t1 * NR && j < n; j++) {
-                if (j % g->wq >= g->ow) continue;
+            for (int64_t j = tail * NR; j < g->n; j++) {
                 float s = g->bias ? g->bias[ch] : 0.0f;
                 for (int64_t t = 0; t < g->k; t++)
-                    s += g->a[gemm_blocked_at(ch, t, g->o, g->k, MR)] * g->xq[g->toff[t] + j];
-                g->y[ch * g->oh * g->ow + j / g->wq * g->ow + j % g->wq] = s;
+                    s += g->a[gemm_blocked_at(ch, t, g->o, g->k, MR)] * g->xs[g->toff[t] + j];
+                g->y[ch * g->n + j] = s;
             }
-        return;
+        t1 = tail;
     }
+    int64_t ts = RLX_CONV_GEMM_CHUNK / ((i1 - i0) * MR * NR); /* tiles a chunk holds */
+    ts = ts < 1 ? 1 : ts;
     for (int64_t tb = t0; tb < t1; tb += ts) {
-        int64_t te = t1 - tb < ts ? t1 : tb + ts, ldc = (te - tb) * NR;
+        int64_t te = t1 - tb < ts ? t1 : tb + ts;
         for (int64_t pc = 0; pc < g->k; pc += RLX_GEMM_KC) {
             int64_t kc = g->k - pc < RLX_GEMM_KC ? g->k - pc : RLX_GEMM_KC;
             for (int64_t t = tb; t < te; t++)
-                for (int64_t ir = i0; ir < i1; ir++)
-                    conv_gemm_tile(g, ir, pc, kc, g->xq + t * NR, strip + (ir - i0) * MR * ldc + (t - tb) * NR, ldc,
-                                   pc > 0);
+                for (int64_t ir = i0; ir < i1; ir++) {
+                    float *c = t == tail ? edge + (ir - i0) * MR * NR : g->y + ir * MR * g->n + t * NR;
+                    int64_t ldc = t == tail ? NR : g->n;
+                    if (MR == 8)
+                        conv_gemm_tile(g, 8, ir, pc, kc, t * NR, c, ldc, pc == 0);
+                    else
+                        conv_gemm_tile(g, 12, ir, pc, kc, t * NR, c, ldc, pc == 0);
+                }
         }
-        for (int64_t ir = i0; ir < i1; ir++)
-            conv_gemm_store(g, ir, strip + (ir - i0) * MR * ldc, ldc, tb * NR, te * NR < n ? te * NR : n);
+    }
+    if (edge && tail < t1)
+        for (int64_t ch = i0 * MR; ch < i1 * MR && ch < g->o; ch++)
+            memcpy(g->y + ch * g->n + tail * NR, edge + (ch - i0 * MR) * NR, (size_t)(g->n - tail * NR) * sizeof(float));
+}
+
+/* The same product with the roles of the operands swapped, for small planes: vectors run
+ * along 32 output channels and each output pixel is broadcast, C^T (n, o) = columns^T @
+ * W^T. A tile is np <= 12 consecutive outputs x 32 channels, so the outputs are covered
+ * exactly where 32-column tiles round 49 (7 x 7) up to 64 and 196 (14 x 14) up to 224;
+ * the channels (multiples of 32 in most networks) pad o instead. W is packed in panels of
+ * 32 rows (rlx_conv_gemm_pack with mr = 32: each k of a panel is the 32 channels' weights,
+ * two vector loads). The tiles' sums go to a strip of the thread's (outputs x its
+ * channels, in L2) and are transposed into y with the bias after the last k block. */
+static inline __attribute__((always_inline)) void conv_gemm_tile_t(const conv_gemm_args *g, const int NP, int64_t jp,
+                                                                   int64_t pc, int64_t kc, int64_t j, float *s,
+                                                                   int64_t lds, int first) {
+    const int64_t op_pad = (g->o + 31) / 32 * 32;
+    const float *restrict bp = g->a + pc * op_pad + jp * 32 * kc;
+    const int32_t *restrict to = g->toff + pc;
+    const float *restrict xb = g->xs + j;
+    rlx_v16 lo[12], hi[12];
+#pragma GCC unroll 16
+    for (int i = 0; i < NP; i++) lo[i] = hi[i] = (rlx_v16){0};
+    for (int64_t p = 0; p < kc; p++) {
+        rlx_v16 b0, b1;
+        memcpy(&b0, bp + p * 32, sizeof b0);
+        memcpy(&b1, bp + p * 32 + 16, sizeof b1);
+        const float *xa = xb + to[p];
+#pragma GCC unroll 16
+        for (int i = 0; i < NP; i++) {
+            lo[i] += xa[i] * b0;
+            hi[i] += xa[i] * b1;
+        }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < NP; i++) {
+        float *si = s + i * lds;
+        if (!first) {
+            rlx_v16 o0, o1;
+            memcpy(&o0, si, sizeof o0);
+            memcpy(&o1, si + 16, sizeof o1);
+            lo[i] += o0;
+            hi[i] += o1;
+        }
+        memcpy(si, &lo[i], sizeof lo[i]);
+        memcpy(si + 16, &hi[i], sizeof hi[i]);
     }
 }
 
+/* np outputs from j (1 to 12: one instance each, so every tile keeps its sums in
+ * registers and reads no pixel past the last). */
+static inline __attribute__((always_inline)) void conv_gemm_tile_t_any(const conv_gemm_args *g, int64_t np, int64_t jp,
+                                                                       int64_t pc, int64_t kc, int64_t j, float *s,
+                                                                       int64_t lds, int first) {
+    switch (np) {
+#define RLX_TILE_T(N)                                                                                                \
+    case N:                                                                                                          \
+        conv_gemm_tile_t(g, N, jp, pc, kc, j, s, lds, first);                                                        \
+        break;
+        RLX_TILE_T(1) RLX_TILE_T(2) RLX_TILE_T(3) RLX_TILE_T(4) RLX_TILE_T(5) RLX_TILE_T(6)
+        RLX_TILE_T(7) RLX_TILE_T(8) RLX_TILE_T(9) RLX_TILE_T(10) RLX_TILE_T(11) RLX_TILE_T(12)
+#undef RLX_TILE_T
+    default:
+        break;
+    }
+}
+
+/* Channel panels [c0, c1) x outputs [j0, j1), on this thread: per chunk of outputs, per k
+ * block, each tile's inputs (np pixels of kc taps, a few KB of xs) stay in L1 while the
+ * block's W^T panels stream past from L2. */
+static RLX_CLONES void conv_gemm_part_t(const conv_gemm_args *g, int64_t c0, int64_t c1, int64_t j0, int64_t j1) {
+    int64_t width = (c1 - c0) * 32, chunk = RLX_CONV_GEMM_CHUNK / width / 12 * 12;
+    chunk = chunk < 12 ? 12 : chunk;
+    float *strip = gemm_buffer((chunk < j1 - j0 ? chunk : j1 - j0) * width);
+    if (!strip) { /* no scratch: plain sums */
+        for (int64_t ch = c0 * 32; ch < c1 * 32 && ch < g->o; ch++)
+            for (int64_t j = j0; j < j1; j++) {
+                float s = g->bias ? g->bias[ch] : 0.0f;
+                for (int64_t t = 0; t < g->k; t++)
+                    s += g->a[gemm_blocked_at(ch, t, g->o, g->k, 32)] * g->xs[g->toff[t] + j];
+                g->y[ch * g->n + j] = s;
+            }
+        return;
+    }
+    for (int64_t jb = j0; jb < j1; jb += chunk) {
+        int64_t je = j1 - jb < chunk ? j1 : jb + chunk;
+        for (int64_t pc = 0; pc < g->k; pc += RLX_GEMM_KC) {
+            int64_t kc = g->k - pc < RLX_GEMM_KC ? g->k - pc : RLX_GEMM_KC;
+            for (int64_t j = jb; j < je; j += 12) {
+                int64_t np = je - j < 12 ? je - j : 12;
+                for (int64_t jp = c0; jp < c1; jp++) {
+                    float *s = strip + (j - jb) * width + (jp - c0) * 32;
+                    if (np == 12)
+                        conv_gemm_tile_t(g, 12, jp, pc, kc, j, s, width, pc == 0);
+                    else
+                        conv_gemm_tile_t_any(g, np, jp, pc, kc, j, s, width, pc == 0);
+                }
+            }
+        }
+        for (int64_t ch = c0 * 32; ch < c1 * 32 && ch < g->o; ch++) {
+            const float *sc = strip + (ch - c0 * 32);
+            float *yc = g->y + ch * g->n, bv = g->bias ? g->bias[ch] : 0.0f;
+            for (int64_t j = jb; j < je; j++) yc[j] = sc[(j - jb) * width] + bv;
+        }
+    }
+}
+
+/* Part `part` of `parts`: a range of row (channel) panels when by_rows, else of column
+ * tiles (outputs, in tiles of 12 when the channels run in vectors: mr == 32). */
 static void conv_gemm_run_part(const conv_gemm_args *g, int64_t part, int64_t parts, int by_rows) {
-    int64_t mp = (g->o + RLX_GEMM_MR - 1) / RLX_GEMM_MR, np = (g->oh * g->wq + RLX_GEMM_NR - 1) / RLX_GEMM_NR;
+    const int64_t cols = g->mr == 32 ? 12 : RLX_GEMM_NR;
+    int64_t mp = (g->o + g->mr - 1) / g->mr, np = (g->n + cols - 1) / cols;
     int64_t total = by_rows ? mp : np, per = (total + parts - 1) / parts;
     int64_t lo = part * per, hi = lo + per < total ? lo + per : total;
     if (lo >= hi) return;
-    if (by_rows)
+    if (g->mr == 32) {
+        if (by_rows)
+            conv_gemm_part_t(g, lo, hi, 0, g->n);
+        else
+            conv_gemm_part_t(g, 0, mp, lo * cols, hi * cols < g->n ? hi * cols : g->n);
+    } else if (by_rows) {
         conv_gemm_part(g, lo, hi, 0, np);
-    else
+    } else {
         conv_gemm_part(g, 0, mp, lo, hi);
+    }
 }
 
-/* y (o, oh, ow) = conv(x, W) + bias (o floats or NULL); apk: W packed by rlx_gemm_pack_a
- * (m = o, k = c kh kw); toff: rlx_conv_gemm_offsets'; xq: rlx_conv_gemm_scratch floats. */
+/* y (o, oh, ow) = conv(x, W) + bias (o floats or NULL); apk: W packed by
+ * rlx_conv_gemm_pack with panels of mr rows (8 or 12: outputs in vectors; 32: channels in
+ * vectors); toff: rlx_conv_gemm_offsets'; xs: rlx_conv_gemm_scratch floats (unused by a
+ * plain 1x1 convolution with mr 32). */
 RLX_API void rlx_conv_gemm(const float *x, const float *apk, const int32_t *toff, const float *bias, float *y,
-                           float *xq, int64_t c, int64_t h, int64_t wd, int64_t o, int64_t kh, int64_t kw, int64_t sh,
+                           float *xs, int64_t c, int64_t h, int64_t wd, int64_t o, int64_t kh, int64_t kw, int64_t sh,
                            int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
-                           int64_t threads) {
-    int64_t hq, wq;
-    conv_gemm_dims(kh, kw, sh, sw, dh, dw, oh, ow, &hq, &wq);
-    int64_t rows = c * sh * sw * hq;
-    memset(xq + rows * wq, 0, (size_t)(RLX_GEMM_NR + wq) * sizeof(float));
-    conv_gemm_args g = {apk, toff, xq, bias, y, o, c * kh * kw, oh, ow, wq};
+                           int64_t mr, int64_t threads) {
+    if (mr != 8 && mr != 12 && mr != 32) return; /* never sent: native_nn.conv_gemm_steps packs for these */
+    int64_t hq = conv_gemm_hq(kh, sh, dh, oh), rows = c * sh * kw * hq;
+    /* a plain 1x1 convolution with the channels in vectors reads x itself: no copy */
+    const int plain = mr == 32 && kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && oh == h && ow == wd;
+    if (plain) rows = 0;
+    else memset(xs + rows * ow, 0, RLX_GEMM_NR * sizeof(float));
+    conv_gemm_args g = {apk, toff, plain ? x : xs, bias, y, o, c * kh * kw, oh * ow, mr};
     threads = threads > g_max_threads ? g_max_threads : threads;
     int by_rows;
-    int64_t parts = gemm_split(o, oh * wq, threads, &by_rows);
+    /* gemm_split counts rows in panels of RLX_GEMM_MR and columns in RLX_GEMM_NR: scaled */
+    int64_t parts = mr == 32 ? gemm_split(o * RLX_GEMM_MR / 32, oh * ow * RLX_GEMM_NR / 12, threads, &by_rows)
+                             : gemm_split(o * RLX_GEMM_MR / mr, oh * ow, threads, &by_rows);
 #ifdef _OPENMP
     if (threads > 1) {
 #pragma omp parallel num_threads((int)threads)
         {
             int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-            conv_gemm_copy(x, xq, rows * t / nt, rows * (t + 1) / nt, h, wd, sh, sw, hq, wq, pt, pl);
+            conv_gemm_copy(x, xs, rows * t / nt, rows * (t + 1) / nt, h, wd, kw, sh, sw, dw, hq, ow, pt, pl);
 #pragma omp barrier
             for (int64_t part = t; part < parts; part += nt) conv_gemm_run_part(&g, part, parts, by_rows);
         }
         return;
     }
 #endif
-    conv_gemm_copy(x, xq, 0, rows, h, wd, sh, sw, hq, wq, pt, pl);
+    conv_gemm_copy(x, xs, 0, rows, h, wd, kw, sh, sw, dw, hq, ow, pt, pl);
     for (int64_t part = 0; part < parts; part++) conv_gemm_run_part(&g, part, parts, by_rows);
 }
 
@@ -1891,7 +2012,7 @@ RLX_API int64_t rlx_packed(const int64_t *a) {
                           (const rlx_vml *)(intptr_t)a[3], a[4], a[5], a[6]);
     case RLX_PK_CONV_GEMM:
         rlx_conv_gemm(PK_IN(1), PK_IN(2), (const int32_t *)(intptr_t)a[3], PK_IN(4), PK_OUT(5), PK_OUT(6), a[7], a[8],
-                      a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21]);
+                      a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22]);
         return 0;
     default:
         return -1;

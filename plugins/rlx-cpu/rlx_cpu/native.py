@@ -110,9 +110,9 @@ class Native:
         self.conv_direct_scratch = self._lib.rlx_conv_direct_scratch  # (c, kh, kw, sh, sw, oh, ow)
         self.conv_direct_scratch.argtypes = [i64] * 7
         self.conv_direct_scratch.restype = i64
-        # (x, apk, toff, bias, y, xq, c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, threads)
+        # (x, apk, toff, bias, y, xs, c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, mr, threads)
         self.conv_gemm = self._lib.rlx_conv_gemm
-        self.conv_gemm.argtypes = [p, p, p, p, p, p, *[i64] * 15]
+        self.conv_gemm.argtypes = [p, p, p, p, p, p, *[i64] * 16]
         self.conv_gemm.restype = None
         self.conv_gemm_scratch = self._lib.rlx_conv_gemm_scratch  # (c, kh, kw, sh, sw, dh, dw, oh, ow)
         self.conv_gemm_scratch.argtypes = [i64] * 9
@@ -120,6 +120,12 @@ class Native:
         self.conv_gemm_offsets = self._lib.rlx_conv_gemm_offsets  # (toff, c, kh, kw, sh, sw, dh, dw, oh, ow)
         self.conv_gemm_offsets.argtypes = [p, *[i64] * 9]
         self.conv_gemm_offsets.restype = i64
+        self.conv_gemm_pack = self._lib.rlx_conv_gemm_pack  # (w, o, k, mr, dst)
+        self.conv_gemm_pack.argtypes = [p, i64, i64, i64, p]
+        self.conv_gemm_pack.restype = None
+        self.conv_gemm_pack_size = self._lib.rlx_conv_gemm_pack_size  # (o, k, mr) -> floats
+        self.conv_gemm_pack_size.argtypes = [i64] * 3
+        self.conv_gemm_pack_size.restype = i64
         self.conv_pack = self._lib.rlx_conv_pack  # (w, wpk, o, c, kh, kw)
         self.conv_pack.argtypes = [p, p, i64, i64, i64, i64]
         self.conv_pack.restype = None

@@ -28,8 +28,8 @@ from .regions import SPLIT_NS
 from .steps import Dyn, Step
 
 __all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step", "max_pool_padded_step", "conv_direct_steps",
-           "conv_gemm_steps", "depthwise_step", "DIRECT_CONV_TAPS",
-           "DIRECT_CONV_CHANNELS"]
+           "conv_gemm_steps", "conv_gemm_panel", "depthwise_step",
+           "DIRECT_CONV_TAPS"]
 
 _SOFTMAX_NS, _LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
 
@@ -291,13 +291,6 @@ def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, str
 #: With hundreds of input channels the direct kernel re-reads its input rows for every 8
 #: output channels, where a blocked sgemm keeps them in cache: those stay with im2col.
 DIRECT_CONV_TAPS = 160
-#: Where the implicit GEMM (``conv_gemm_steps``) is there, the direct convolution keeps
-#: only the layers with at most this many input channels: an image's first layer. Its
-#: product is too thin for the GEMM's tiles (2-core Zen 5, in µs, direct against
-#: implicit: 3x3x3 stride 2 over 224x224 into 16 channels 83 / 98, 3x5x5 into 24 over
-#: 64x64 55 / 61, 3x7x7 stride 2 into 64 700 / 733); from 4 channels in the GEMM wins
-#: (4x3x3 into 32 over 112x112 136 / 120, 16x3x3 into 64 over 55x55 224 / 165).
-DIRECT_CONV_CHANNELS = 3
 #: Multiply-adds from which the direct convolution uses every core (on this 2-core host
 #: the 1.8M of the case above ran no faster on two threads).
 _DIRECT_CONV_THREADED_MACS = 1 << 22
@@ -366,11 +359,31 @@ def conv_direct_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[in
     return steps
 
 
+#: A transposed output costs the channels-in-vectors form about as much as this many
+#: multiply-adds (a scalar move, 1-2 cycles of a core doing 32 a cycle): for few taps a
+#: tile that form loses (16x3x3 into 64 over 55x55, 2-core Zen 5: 392 µs against 254).
+_TRANSPOSE_MACS = 48
+
+
+def conv_gemm_panel(o: int, n: int, k: int) -> int:
+    """The row panel of ``rlx_conv_gemm`` for ``o`` output channels of ``k`` taps over
+    ``n`` outputs, whichever does the least work, padding counted: 8 or 12 channels
+    against 32 outputs in vectors, or 32 channels in vectors against 12 outputs (no output
+    padded: for small planes, where 32-output tiles round 7 x 7 up from 49 to 64 and
+    14 x 14 from 196 to 224), plus the transposition that form ends with."""
+    pad8, pad12 = -(-o // 8) * 8, -(-o // 12) * 12
+    outputs_in_vectors = min(pad8, pad12) * -(-n // 32) * 32 * k
+    channels_in_vectors = -(-o // 32) * 32 * n * k + o * n * _TRANSPOSE_MACS
+    if channels_in_vectors < outputs_in_vectors:
+        return 32
+    return 8 if pad8 < pad12 else 12
+
+
 def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], stride: tuple[int, int],
                     dilation: tuple[int, int], ctx: Any) -> list[Step] | None:  # fmt: skip
     """An ungrouped float32 convolution as one implicit-GEMM call per image
     (``native.c``'s ``rlx_conv_gemm``: the product of the packed weights with columns read
-    from a phase-split padded copy of the input, no im2col); None when it does not apply:
+    from a copy of the input shifted per tap column, no im2col); None when it does not apply:
     rlx's GEMM does not take this process's products (``gemm.use_native``), the weights
     are not a resident, or another layout or dtype."""
     lib = library()
@@ -384,20 +397,34 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
     toff = np.empty(k, np.int32)
     if lib.conv_gemm_offsets(toff.ctypes.data, c, kh, kw, sh, sw, dh, dw, oh, ow) != 0:
         return None
-    apk = gemm._pack(lib, w, k, 1, o, k, True, ctx)
+    derived = getattr(ctx, "derived", None)
+    if derived is None:
+        return None
+    mr = conv_gemm_panel(o, oh * ow, k)
+    if kh == kw == sh == sw == 1 and pads == (0, 0) and (oh, ow) == (h, wd) and (mr != 32 or oh * ow == 1):
+        return None  # a plain 1x1 convolution with the outputs in vectors is rlx_gemm's product (rlx_gemv's on 1x1)
+    size = max(int(lib.conv_gemm_pack_size(o, k, mr)), 1)
+
+    def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
+        if dest is None:
+            dest = np.empty(size, np.float32)
+        lib.conv_gemm_pack(src.ctypes.data, o, k, mr, dest.ctypes.data)
+        return dest
+
+    apk = derived(w, ("rlx_conv_gemm_pack", o, k, mr), make)
     if apk is None:
         return None
-    xq = ctx.scratch((lib.conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow),), np.float32)
+    xs = ctx.scratch((lib.conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow),), np.float32)
     threads = lib.threads() if o * k * oh * ow >= gemm.SPLIT_MACS else 1
     fallback = _conv_numpy(w, pads, stride, (oh, ow), dilation)
     steps = []
     for i in range(n):
         args = [0, apk.ctypes.data, toff.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow,
-                threads]  # fmt: skip
+                mr, threads]  # fmt: skip
         if bias is None:
-            steps.append(bound_call(lib.conv_gemm, args, (x[i], out[i], xq), (0, 4, 5),
-                                    lambda x_, y_, _xq, f=fallback: f(x_, None, y_), keep=(apk, toff)))  # fmt: skip
+            steps.append(bound_call(lib.conv_gemm, args, (x[i], out[i], xs), (0, 4, 5),
+                                    lambda x_, y_, _xs, f=fallback: f(x_, None, y_), keep=(apk, toff)))  # fmt: skip
         else:
-            steps.append(bound_call(lib.conv_gemm, args, (x[i], bias, out[i], xq), (0, 3, 4, 5),
-                                    lambda x_, b_, y_, _xq, f=fallback: f(x_, b_, y_), keep=(apk, toff)))  # fmt: skip
+            steps.append(bound_call(lib.conv_gemm, args, (x[i], bias, out[i], xs), (0, 3, 4, 5),
+                                    lambda x_, b_, y_, _xs, f=fallback: f(x_, b_, y_), keep=(apk, toff)))  # fmt: skip
     return steps

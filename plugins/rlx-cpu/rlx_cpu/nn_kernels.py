@@ -23,7 +23,6 @@ from .gemm import gemv_step, matmul_bias_step, matmul_step, use_native
 from .kernels import BuildContext, Builder, compute_dtype, const, ufunc_step
 from .native import library as native_library
 from .native_nn import (
-    DIRECT_CONV_CHANNELS,
     conv_direct_steps,
     conv_gemm_steps,
     depthwise_step,
@@ -256,21 +255,16 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
         w32 = ctx.scratch(w.shape, cd)
         steps.append(Step(np.copyto, (w32, w)))
         w = w32
-    if cd == out.dtype == np.float32 and groups == 1 and not (kh == kw == sh == sw == 1 and pt == pl == pb == pr == 0):
-        # A plain 1x1 convolution is one product (below). Other windows: the direct kernel
-        # for an image's first layer (few channels in), else an implicit GEMM reading its
-        # columns from the input where rlx's GEMM runs the products, else the direct
-        # kernel for few taps; what is left goes through im2col.
-        direct_ok = ((dh, dw) == (1, 1) and (kh, kw) != (1, 1) and oh == (h + pt + pb - kh) // sh + 1
-                     and ow == (wd + pl + pr - kw) // sw + 1)  # fmt: skip
-        if direct_ok and _c <= DIRECT_CONV_CHANNELS:
-            direct = conv_direct_steps(x, w, b, out, (pt, pl), (sh, sw), ctx)
-            if direct is not None:
-                return direct
+    if cd == out.dtype == np.float32 and groups == 1:
+        # An implicit GEMM reading its columns from the input where rlx's GEMM runs the
+        # products (a plain 1x1 convolution: where the channels-in-vectors form wins, else
+        # rlx_gemm's product below); else the direct kernel for few taps; what is left goes
+        # through im2col.
         implicit = conv_gemm_steps(x, w, b, out, (pt, pl), (sh, sw), (dh, dw), ctx)
         if implicit is not None:
             return implicit
-        if direct_ok:
+        if ((dh, dw) == (1, 1) and (kh, kw) != (1, 1) and oh == (h + pt + pb - kh) // sh + 1
+                and ow == (wd + pl + pr - kw) // sw + 1):  # fmt: skip
             direct = conv_direct_steps(x, w, b, out, (pt, pl), (sh, sw), ctx)
             if direct is not None:
                 return direct

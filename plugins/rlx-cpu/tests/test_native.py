@@ -68,27 +68,9 @@ def spy_on(monkeypatch: pytest.MonkeyPatch, lib: native.Native, name: str) -> li
     return calls
 
 
-def test_every_packed_kernel_gives_what_its_own_entry_point_gives(lib: native.Native,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """rlx_packed dispatches each kernel with its arguments in the right order: every
-    kernel a plan calls through it (a model using them all) computes the same bytes as
-    the same plan with each kernel called with its arguments one by one."""
-    g = Graph("all-kernels")
-    x = g.input("x", (1, 3, 128, 128))
-    c1 = g.conv2d(x, g.param("w1", rand((16, 3, 3, 3), 1)), g.param("b1", rand((16,), 2)), stride=2, padding=1)
-    dw = g.conv2d(g.relu(c1), g.param("dw", rand((16, 1, 3, 3), 3)), stride=2, padding=1, groups=16)  # rows
-    dl = g.conv2d(dw, g.param("dl", rand((16, 1, 5, 5), 4)), stride=2, padding=2, groups=16)  # lanes
-    c2 = g.conv2d(dl, g.param("w2", rand((24, 16, 5, 5), 5)), padding=2)  # implicit GEMM
-    c2 = g.conv2d(c2, g.param("w4", rand((24, 12, 3, 3), 10)), padding=1, groups=2)  # im2col + rlx's GEMM
-    p1 = g.max_pool2d(c2, 3, stride=2, padding=1)  # clipped windows
-    p2 = g.max_pool2d(c2, 2, stride=2)  # plain pool
-    gap = g.global_avg_pool2d(g.add(p1, p2))  # gemv
-    t = g.reshape(gap, (1, 24))
-    y = g.layer_norm(g.matmul(t, g.param("w3", rand((24, 32), 6))), g.param("s", rand((32,), 7)),
-                     g.param("bb", rand((32,), 8)))  # fmt: skip
-    g.set_outputs([g.softmax(g.mul(y, y))])
-    feeds = {"x": rand((1, 3, 128, 128), 9)}
-    monkeypatch.setenv("RLX_CPU_GEMM", "native")  # whatever this host's BLAS would win
+def run_packed_and_plain(g: Graph, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, set[int]]:
+    """``g``'s output with rlx's kernels called through rlx_packed, then called with their
+    arguments one by one, and the packed kernels that ran."""
     saved = dict(ccall._PACKED)
     kernels: set[int] = set()
 
@@ -107,9 +89,43 @@ def test_every_packed_kernel_gives_what_its_own_entry_point_gives(lib: native.Na
     finally:
         ccall._PACKED.clear()
         ccall._PACKED.update(saved)
-    assert kernels == set(range(1, 13)), f"kernels not run packed: {set(range(1, 13)) - kernels}"
+    return packed, plain, kernels
+
+
+def test_every_packed_kernel_gives_what_its_own_entry_point_gives(lib: native.Native,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """rlx_packed dispatches each kernel with its arguments in the right order: every
+    kernel a plan calls through it (a model using them all where rlx's GEMM runs the
+    products, and a first layer where it does not: the direct convolution) computes the
+    same bytes as the same plan with each kernel called with its arguments one by one."""
+    g = Graph("all-kernels")
+    x = g.input("x", (1, 3, 128, 128))
+    c1 = g.conv2d(x, g.param("w1", rand((16, 3, 3, 3), 1)), g.param("b1", rand((16,), 2)), stride=2, padding=1)
+    dw = g.conv2d(g.relu(c1), g.param("dw", rand((16, 1, 3, 3), 3)), stride=2, padding=1, groups=16)  # rows
+    dl = g.conv2d(dw, g.param("dl", rand((16, 1, 5, 5), 4)), stride=2, padding=2, groups=16)  # lanes
+    c2 = g.conv2d(dl, g.param("w2", rand((24, 16, 5, 5), 5)), padding=2)  # implicit GEMM
+    c2 = g.conv2d(c2, g.param("w4", rand((24, 12, 3, 3), 10)), padding=1, groups=2)  # im2col + rlx's GEMM
+    p1 = g.max_pool2d(c2, 3, stride=2, padding=1)  # clipped windows
+    p2 = g.max_pool2d(c2, 2, stride=2)  # plain pool
+    gap = g.global_avg_pool2d(g.add(p1, p2))  # gemv
+    t = g.reshape(gap, (1, 24))
+    y = g.layer_norm(g.matmul(t, g.param("w3", rand((24, 32), 6))), g.param("s", rand((32,), 7)),
+                     g.param("bb", rand((32,), 8)))  # fmt: skip
+    g.set_outputs([g.softmax(g.mul(y, y))])
+    feeds = {"x": rand((1, 3, 128, 128), 9)}
+    monkeypatch.setenv("RLX_CPU_GEMM", "native")  # whatever this host's BLAS would win
+    packed, plain, kernels = run_packed_and_plain(g, feeds)
+    every = set(range(1, 13))
+    assert kernels == every - {10}, f"kernels not run packed: {every - {10} - kernels}"
     assert np.array_equal(packed, plain)
     np.testing.assert_allclose(packed, reference.evaluate(g, feeds)[0], rtol=1e-4, atol=1e-6)
+    monkeypatch.setenv("RLX_CPU_GEMM", "blas")  # no implicit GEMM: the first layer goes direct
+    first = Graph("first-layer")
+    first.set_outputs([first.conv2d(first.input("x", (1, 3, 128, 128)), first.param("w1", rand((16, 3, 3, 3), 1)),
+                                    first.param("b1", rand((16,), 2)), stride=2, padding=1)])  # fmt: skip
+    packed, plain, kernels = run_packed_and_plain(first, feeds)
+    assert 10 in kernels and np.array_equal(packed, plain)
+    np.testing.assert_allclose(packed, reference.evaluate(first, feeds)[0], rtol=1e-5, atol=1e-5)
     assert lib.packed(np.array([99], np.int64).ctypes.data) == -1  # an unknown kernel does nothing
 
 
@@ -1086,19 +1102,28 @@ IMPLICIT_CONVS = {  # name -> (x shape, w shape, bias?, kwargs): ungrouped, any 
                                                      {"stride": 2, "dilation": 2, "padding": (2, 1, 0, 3)}),
     "3x5 stride (1, 3), padding wider than the kernel needs": ((1, 4, 8, 20), (6, 4, 3, 5), False,
                                                                 {"stride": (1, 3), "padding": (3, 4)}),
+    "512 channels of 7x7 (resnet18's last stage, narrowed in)": ((1, 40, 7, 7), (512, 40, 3, 3), True,
+                                                                  {"padding": 1}),
+    "plain 1x1, 70 channels out over 11x9 (the channels-in-vectors form only)": ((2, 300, 11, 9), (70, 300, 1, 1),
+                                                                                   True, {}),
 }  # fmt: skip
 
 
+@pytest.mark.parametrize("panel", [8, 12, 32])
 @pytest.mark.parametrize("name", list(IMPLICIT_CONVS))
-def test_implicit_gemm_convolution(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """Where rlx's GEMM takes the products, an ungrouped convolution other than a plain
-    1x1 runs as rlx_conv_gemm (columns read from the phase-split padded input, no
-    im2col): partial row panels and column tiles, several k blocks and strips, threads
-    split either way, any padding, stride and dilation, two images, bias or none, equal
-    to the reference; then its packed weights follow set_param."""
+def test_implicit_gemm_convolution(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str,
+                                   panel: int) -> None:  # fmt: skip
+    """Where rlx's GEMM takes the products, an ungrouped convolution runs as rlx_conv_gemm
+    (columns read from a copy of the input shifted per tap column, no im2col) in each of
+    its forms (8 or 12 channels x 32 outputs, 32 channels x 12 outputs): partial panels
+    and tiles, several k blocks and chunks, threads split either way, any padding,
+    stride and dilation, two images, bias or none, equal to the reference; then its
+    packed weights follow set_param. A plain 1x1 convolution takes only the second form
+    (the first is rlx_gemm's product)."""
     xs, ws, has_bias, kwargs = IMPLICIT_CONVS[name]
     monkeypatch.setenv("RLX_CPU_GEMM", "native")
     monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)
+    monkeypatch.setattr(native_nn, "conv_gemm_panel", lambda o, n, k: panel)
     implicit, windows = spy_on(monkeypatch, lib, "conv_gemm"), spy_on(monkeypatch, lib, "im2col")
     g = Graph("implicit-conv")
     w = g.param("w", rand(ws, 1))
@@ -1107,7 +1132,8 @@ def test_implicit_gemm_convolution(lib: native.Native, monkeypatch: pytest.Monke
     x = rand(xs, 3)
     cg = compile_cpu(g)
     (got,) = cg.run({"x": x})
-    assert implicit and not windows, "the implicit GEMM did not run"
+    plain = ws[2:] == (1, 1) and not kwargs
+    assert bool(implicit) == (panel == 32 or not plain) and not windows, "the implicit GEMM did not run"
     tol = 2e-7 * math.prod(ws[1:])  # float32 sums of c * kh * kw products of N(0, 1) values
     np.testing.assert_allclose(got, reference.evaluate(g, {"x": x})[0], rtol=1e-5, atol=tol)
     new = {"w": rand(ws, 7), **({"b": rand((ws[0],), 8)} if has_bias else {})}
