@@ -53,11 +53,14 @@ from .ccall import bound_call
 from .native import Native, library
 from .steps import Dyn, Step
 
-__all__ = ["Decision", "MARGIN", "SPLIT_MACS", "PROBE_SHAPES", "mode", "use_native", "decision", "describe",
+__all__ = ["Decision", "MARGIN", "SPLIT_MACS", "THREAD_MACS", "PROBE_SHAPES", "mode", "use_native", "decision", "describe",
            "native_step", "gemv_step", "matmul_step", "matmul_bias_step", "reset"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
+#: Past two threads, a product takes one more for each of this many multiply-adds (about
+#: 10 µs of a core's work: more threads than that would mostly wait on each other).
+THREAD_MACS = 1 << 19
 #: The GEMM must be this much faster than the BLAS on every probe shape to be used (10%:
 #: below that, run-to-run noise on a shared host could pick the slower one).
 MARGIN = 1.10
@@ -318,7 +321,7 @@ def native_step(a: Any, b: Any, out: Any, ctx: Any = None, row_bias: np.ndarray 
         flags |= _PACKED_A
     if packed_b is not None:
         flags |= _PACKED_B
-    threads = lib.threads() if m * n * k * count >= SPLIT_MACS else 1
+    threads = lib.threads_for(m * n * k * count, SPLIT_MACS, THREAD_MACS)
     args: list[Any] = [m, n, k, 0, a_rs, a_cs, a_bs, 0, b_rs, b_cs, b_bs, 0, pc.ld, pc.batch_stride, count, flags,
                        threads, 0 if row_bias is None else row_bias.ctypes.data]  # fmt: skip
     if packed_a is not None:
@@ -354,7 +357,7 @@ def gemv_step(a: Any, b: Any, out: Any, bias: np.ndarray | None = None) -> Step 
     if bias is not None and not (isinstance(bias, np.ndarray) and bias.dtype == _F32 and bias.size == length
                                  and bias.flags.c_contiguous):  # fmt: skip
         return None
-    threads = lib.threads() if length * k >= SPLIT_MACS else 1
+    threads = lib.threads_for(length * k, SPLIT_MACS, THREAD_MACS)
     args: list[Any] = [0, 0, 0, length, k, si, sk, sy, threads, 0 if bias is None else bias.ctypes.data]
 
     def fallback(mat_: np.ndarray, vec_: np.ndarray, y_: np.ndarray) -> None:

@@ -174,6 +174,17 @@ class Native:
         cap = _THREAD_CAP.get()
         return cores if cap is None else max(1, min(cores, cap))
 
+    def threads_for(self, work: float, first: float, per: float | None = None) -> int:
+        """Threads for a kernel of ``work`` (in the caller's units): one below ``first``
+        (the work a fork-join is worth at all), else one for each ``per`` (default:
+        ``first``) of it, at least two and at most ``threads()``. On 2 cores that is every
+        core from ``first`` on; on 16 a small kernel takes a few threads instead of 16
+        that mostly wait on each other (a 16-core Xeon ran squeezenet in 6.4 ms with every
+        kernel on 16 threads, 4.0 ms on 8)."""
+        if work < first:
+            return 1
+        return max(1, min(self.threads(), max(2, int(work // (per or first)))))
+
     def _after_fork(self) -> None:
         self._lib.rlx_set_max_threads(1)
 

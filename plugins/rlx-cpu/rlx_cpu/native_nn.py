@@ -48,7 +48,7 @@ def _overlaps_elsewhere(x: Any, out: Any) -> bool:
 
 
 def _threads(lib: Any, elements: int, ns: float) -> int:
-    return lib.threads() if elements * ns >= SPLIT_NS else 1
+    return int(lib.threads_for(elements * ns, SPLIT_NS))
 
 
 def _softmax_numpy(scale: float) -> Any:
@@ -344,7 +344,7 @@ def conv_direct_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[in
     if wpk is None:
         return None
     xp = ctx.scratch((lib.conv_direct_scratch(c, kh, kw, sh, sw, oh, ow),), np.float32)
-    threads = lib.threads() if o * c * kh * kw * oh * ow >= _DIRECT_CONV_THREADED_MACS else 1
+    threads = lib.threads_for(o * c * kh * kw * oh * ow, _DIRECT_CONV_THREADED_MACS, gemm.THREAD_MACS)
     fallback = _conv_numpy(w, pads, stride, (oh, ow))
     steps = []
     for i in range(n):
@@ -363,6 +363,10 @@ def conv_direct_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[in
 #: multiply-adds (a scalar move, 1-2 cycles of a core doing 32 a cycle): for few taps a
 #: tile that form loses (16x3x3 into 64 over 55x55, 2-core Zen 5: 392 µs against 254).
 _TRANSPOSE_MACS = 48
+#: ...and it must do this much less work to be taken: its strips and tiles use the caches
+#: less well (squeezenet's 512 -> 1000 1x1 over 13x13, 3% less work that way, ran 519 µs
+#: against 415; resnet18's 512 x 3x3 over 7x7, 23% less, 1011 against 1331 on one core).
+_CHANNELS_IN_VECTORS_MARGIN = 0.9
 
 
 def conv_gemm_panel(o: int, n: int, k: int) -> int:
@@ -374,7 +378,7 @@ def conv_gemm_panel(o: int, n: int, k: int) -> int:
     pad8, pad12 = -(-o // 8) * 8, -(-o // 12) * 12
     outputs_in_vectors = min(pad8, pad12) * -(-n // 32) * 32 * k
     channels_in_vectors = -(-o // 32) * 32 * n * k + o * n * _TRANSPOSE_MACS
-    if channels_in_vectors < outputs_in_vectors:
+    if channels_in_vectors < _CHANNELS_IN_VECTORS_MARGIN * outputs_in_vectors:
         return 32
     return 8 if pad8 < pad12 else 12
 
@@ -415,7 +419,7 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
     if apk is None:
         return None
     xs = ctx.scratch((lib.conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow),), np.float32)
-    threads = lib.threads() if o * k * oh * ow >= gemm.SPLIT_MACS else 1
+    threads = lib.threads_for(o * k * oh * ow, gemm.SPLIT_MACS, gemm.THREAD_MACS)
     fallback = _conv_numpy(w, pads, stride, (oh, ow), dilation)
     steps = []
     for i in range(n):

@@ -61,8 +61,9 @@ _COST_NS = {"pow": 4.0, "exp": 0.5, "log": 0.7, "tanh": 0.9, "sigmoid": 0.7, "er
             "gelu_tanh": 1.0, "div": 0.25}  # fmt: skip
 _COST_OTHER_NS = 0.1
 _COST_GATHER_NS = 0.3
-#: A region whose estimated single-thread time is at least this runs on every core (an
-#: OpenMP fork-join costs a few µs while the team spins, tens of µs once it sleeps).
+#: A region whose estimated single-thread time is at least this runs on two threads or
+#: more, one per SPLIT_NS of it (``Native.threads_for``; an OpenMP fork-join costs a few µs
+#: while the team spins, tens of µs once it sleeps).
 SPLIT_NS = 20_000.0
 _MAX_DIMS = 8
 _MAX_VALUES = 64 + 256
@@ -286,7 +287,7 @@ def _plan(lib: Native, instructions: list[Instruction], ins: list[Any], out: Any
         if not isinstance(x, Dyn):
             ptrs[k] = x.ctypes.data
     cost = n * (sum(_COST_NS.get(op, _COST_OTHER_NS) for op in ops) + _COST_GATHER_NS * kinds.count(_IN_STRIDED))
-    threads = lib.threads() if cost >= SPLIT_NS else 1
+    threads = lib.threads_for(cost, SPLIT_NS)
     run = _Runner(lib.region, meta_arr, ptrs, _vml_table(lib) if vml is _AUTO else vml, n, threads, values)
     dyn = [(k, x) for k, x in enumerate(values) if isinstance(x, Dyn)]
     if not dyn:

@@ -39,6 +39,19 @@ def test_native_threads_honour_the_cap(native_lib):
     assert lib.threads() >= 1
 
 
+@pytest.mark.parametrize("cores", [1, 2, 16])
+def test_kernels_take_threads_in_proportion_to_their_work(native_lib, monkeypatch, cores):
+    """One thread below the work a fork-join is worth, then at least two (every core of a
+    2-core host, as before), one more per ``per`` of work, never more than the cores: a
+    small product on a 16-core host takes 3 threads, not 16."""
+    monkeypatch.setattr(type(native_lib), "threads", lambda self: cores)
+    assert native_lib.threads_for(999, 1000) == 1
+    assert native_lib.threads_for(1000, 1000) == min(cores, 2)
+    assert native_lib.threads_for(3500, 1000, 1000) == min(cores, 3)
+    assert native_lib.threads_for(1e9, 1000) == cores
+    assert native_lib.threads_for(1 << 16, 1 << 16, 1 << 19) == min(cores, 2)  # rlx_gemm's smallest split
+
+
 @pytest.mark.parametrize("separate", [True, False])
 def test_the_report_says_when_native_kernels_are_kept_on_one_thread(monkeypatch, separate):
     monkeypatch.setenv("RLX_CPU_GEMM", "blas")  # rlx's own GEMM runs on OpenMP's team: never a separate pool
