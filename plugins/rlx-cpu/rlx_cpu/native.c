@@ -69,13 +69,9 @@ RLX_API int64_t rlx_openmp(void) {
 static inline float as_f(int32_t i) { float f; memcpy(&f, &i, 4); return f; }
 static inline int32_t as_i(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
 
-/* exp: x = n ln2 + r (Cody-Waite), e^r by a degree-7 polynomial (Cephes expf), 2^n
- * applied in two halves so that results down to the subnormals and up to overflow are
- * reached without an integer overflow in the exponent field. */
-static inline float rx_exp(float x) {
-    float xc = x > 89.0f ? 89.0f : x;
-    xc = xc < -104.0f ? -104.0f : xc;
-    xc = xc == xc ? xc : 0.0f;
+/* e^r for x = n ln2 + r (Cody-Waite: n rounded to nearest, into *n), by a degree-7
+ * polynomial (Cephes expf); x already clamped to a finite range. */
+static inline float rx_exp_reduced(float xc, float *n_out) {
     float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
     float r = xc - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
@@ -85,7 +81,17 @@ static inline float rx_exp(float x) {
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
+    *n_out = n;
+    return p * r * r + r + 1.0f;
+}
+
+/* exp: e^r times 2^n, applied in two halves so that results down to the subnormals and
+ * up to overflow are reached without an integer overflow in the exponent field. */
+static inline float rx_exp(float x) {
+    float xc = x > 89.0f ? 89.0f : x;
+    xc = xc < -104.0f ? -104.0f : xc;
+    xc = xc == xc ? xc : 0.0f;
+    float n, y = rx_exp_reduced(xc, &n);
     int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1; /* a shift, not / 2's sign fix: exp 10% faster */
     y = y * as_f((n1 + 127) << 23) * as_f((n2 + 127) << 23);
     return x == x ? y : x;
@@ -150,17 +156,7 @@ static inline float rx_min(float a, float b) {
 /* e^x for x <= 0 (sigmoid's), with one scaling: 2^n for n down to -150 as
  * 2^(n + 64) 2^-64, no exponent split in halves and no NaN select (the caller's). */
 static inline float rx_exp_neg(float x) {
-    float xc = x < -104.0f ? -104.0f : x;
-    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
-    float r = xc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
+    float n, y = rx_exp_reduced(x < -104.0f ? -104.0f : x, &n);
     return y * as_f(((int32_t)n + 127 + 64) << 23) * 5.42101086242752217e-20f;
 }
 
@@ -1282,6 +1278,20 @@ static inline int64_t gemm_blocked_at(int64_t r, int64_t p, int64_t rows, int64_
     return pc * padded + (r / panel) * panel * kc + (p - pc) * panel + r % panel;
 }
 
+/* One row of a tile's sums (lo: its first 16 columns, hi: the next 16) stored at c, or
+ * added to what c holds when `add`. */
+static inline __attribute__((always_inline)) void tile_row_store(float *c, rlx_v16 lo, rlx_v16 hi, int add) {
+    if (add) {
+        rlx_v16 o0, o1;
+        memcpy(&o0, c, sizeof o0);
+        memcpy(&o1, c + 16, sizeof o1);
+        lo += o0;
+        hi += o1;
+    }
+    memcpy(c, &lo, sizeof lo);
+    memcpy(c + 16, &hi, sizeof hi);
+}
+
 /* The accumulators of an MR x NR tile into C[0:mr, 0:nr], added to it when `add`, plus
  * rb[i] on row i when rb is not NULL. */
 static inline __attribute__((always_inline)) void gemm_store(rlx_v16 *lo, rlx_v16 *hi, float *c, int64_t ldc,
@@ -1296,18 +1306,7 @@ static inline __attribute__((always_inline)) void gemm_store(rlx_v16 *lo, rlx_v1
     }
     if (mr == RLX_GEMM_MR && nr == RLX_GEMM_NR) {
 #pragma GCC unroll 16
-        for (int i = 0; i < RLX_GEMM_MR; i++) {
-            float *ci = c + i * ldc;
-            if (add) {
-                rlx_v16 o0, o1;
-                memcpy(&o0, ci, sizeof o0);
-                memcpy(&o1, ci + 16, sizeof o1);
-                lo[i] += o0;
-                hi[i] += o1;
-            }
-            memcpy(ci, &lo[i], sizeof lo[i]);
-            memcpy(ci + 16, &hi[i], sizeof hi[i]);
-        }
+        for (int i = 0; i < RLX_GEMM_MR; i++) tile_row_store(c + i * ldc, lo[i], hi[i], add);
         return;
     }
     for (int64_t i = 0; i < mr; i++) {
@@ -1785,18 +1784,7 @@ static inline __attribute__((always_inline)) void conv_gemm_tile_t(const conv_ge
         }
     }
 #pragma GCC unroll 16
-    for (int i = 0; i < NP; i++) {
-        float *si = s + i * lds;
-        if (!first) {
-            rlx_v16 o0, o1;
-            memcpy(&o0, si, sizeof o0);
-            memcpy(&o1, si + 16, sizeof o1);
-            lo[i] += o0;
-            hi[i] += o1;
-        }
-        memcpy(si, &lo[i], sizeof lo[i]);
-        memcpy(si + 16, &hi[i], sizeof hi[i]);
-    }
+    for (int i = 0; i < NP; i++) tile_row_store(s + i * lds, lo[i], hi[i], !first);
 }
 
 /* np outputs from j (1 to 12: one instance each, so every tile keeps its sums in

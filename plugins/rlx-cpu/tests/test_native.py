@@ -1094,6 +1094,28 @@ def test_conv2d_windows(lib: native.Native, monkeypatch: pytest.MonkeyPatch, nam
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def check_conv_follows_set_param(case: tuple[Any, ...], name: str, ran: Callable[[], None]) -> None:
+    """Compile one convolution (``case``: x shape, w shape, bias?, kwargs), check with
+    ``ran()`` which kernels its first run took, compare it with the reference, then again
+    after set_param replaced its weights (packed once: they must be repacked)."""
+    xs, ws, has_bias, kwargs = case
+    g = Graph(name)
+    w = g.param("w", rand(ws, 1))
+    b = g.param("b", rand((ws[0],), 2)) if has_bias else None
+    g.set_outputs([g.conv2d(g.input("x", xs), w, b, **kwargs)])
+    x = rand(xs, 3)
+    cg = compile_cpu(g)
+    (got,) = cg.run({"x": x})
+    ran()
+    tol = 2e-7 * math.prod(ws[1:])  # float32 sums of c * kh * kw products of N(0, 1) values
+    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x})[0], rtol=1e-5, atol=tol)
+    new = {"w": rand(ws, 7), **({"b": rand((ws[0],), 8)} if has_bias else {})}
+    for k, v in new.items():
+        cg.set_param(k, v)
+    (got,) = cg.run({"x": x})
+    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x}, params=new)[0], rtol=1e-5, atol=tol)
+
+
 IMPLICIT_CONVS = {  # name -> (x shape, w shape, bias?, kwargs): ungrouped, any window
     **{k: v for k, v in CONVS.items() if "groups" not in v[3]},
     "3x3 padding 1, 40 channels in: two k blocks, 13 out: a partial row panel": ((1, 40, 9, 10), (13, 40, 3, 3),
@@ -1123,27 +1145,17 @@ def test_implicit_gemm_convolution(lib: native.Native, monkeypatch: pytest.Monke
     stride and dilation, two images, bias or none, equal to the reference; then its
     packed weights follow set_param. A plain 1x1 convolution takes only the second form
     (the first is rlx_gemm's product)."""
-    xs, ws, has_bias, kwargs = IMPLICIT_CONVS[name]
+    ws, kwargs = IMPLICIT_CONVS[name][1], IMPLICIT_CONVS[name][3]
     monkeypatch.setenv("RLX_CPU_GEMM", "native")
     monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)
     monkeypatch.setattr(native_nn, "conv_gemm_panel", lambda o, n, k: panel)
     implicit, windows = spy_on(monkeypatch, lib, "conv_gemm"), spy_on(monkeypatch, lib, "im2col")
-    g = Graph("implicit-conv")
-    w = g.param("w", rand(ws, 1))
-    b = g.param("b", rand((ws[0],), 2)) if has_bias else None
-    g.set_outputs([g.conv2d(g.input("x", xs), w, b, **kwargs)])
-    x = rand(xs, 3)
-    cg = compile_cpu(g)
-    (got,) = cg.run({"x": x})
     plain = ws[2:] == (1, 1) and not kwargs
-    assert bool(implicit) == (panel == 32 or not plain) and not windows, "the implicit GEMM did not run"
-    tol = 2e-7 * math.prod(ws[1:])  # float32 sums of c * kh * kw products of N(0, 1) values
-    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x})[0], rtol=1e-5, atol=tol)
-    new = {"w": rand(ws, 7), **({"b": rand((ws[0],), 8)} if has_bias else {})}
-    for k, v in new.items():
-        cg.set_param(k, v)
-    (got,) = cg.run({"x": x})
-    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x}, params=new)[0], rtol=1e-5, atol=tol)
+
+    def ran() -> None:
+        assert bool(implicit) == (panel == 32 or not plain) and not windows, "the implicit GEMM did not run"
+
+    check_conv_follows_set_param(IMPLICIT_CONVS[name], "implicit-conv", ran)
 
 
 DIRECT_CONVS = {  # name -> (x shape, w shape, bias?, kwargs): few taps, any stride
@@ -1174,24 +1186,13 @@ def test_direct_convolution(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
     """A convolution with at most DIRECT_CONV_TAPS taps runs as the direct kernel (no
     im2col): partial channel blocks and column tiles, any padding and stride, bias or
     none, two images, equal to the reference; then its packed weights follow set_param."""
-    xs, ws, has_bias, kwargs = DIRECT_CONVS[name]
     monkeypatch.setenv("RLX_CPU_GEMM", "blas")  # no implicit GEMM: every channel count goes direct
     direct, windows = spy_on(monkeypatch, lib, "conv_direct"), spy_on(monkeypatch, lib, "im2col")
-    g = Graph("direct-conv")
-    w = g.param("w", rand(ws, 1))
-    b = g.param("b", rand((ws[0],), 2)) if has_bias else None
-    g.set_outputs([g.conv2d(g.input("x", xs), w, b, **kwargs)])
-    x = rand(xs, 3)
-    cg = compile_cpu(g)
-    (got,) = cg.run({"x": x})
-    assert direct and not windows, "the direct convolution did not run"
-    tol = 2e-7 * math.prod(ws[1:])  # float32 sums of c * kh * kw products of N(0, 1) values
-    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x})[0], rtol=1e-5, atol=tol)
-    new = {"w": rand(ws, 7), **({"b": rand((ws[0],), 8)} if has_bias else {})}
-    for k, v in new.items():
-        cg.set_param(k, v)
-    (got,) = cg.run({"x": x})
-    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x}, params=new)[0], rtol=1e-5, atol=tol)
+
+    def ran() -> None:
+        assert direct and not windows, "the direct convolution did not run"
+
+    check_conv_follows_set_param(DIRECT_CONVS[name], "direct-conv", ran)
 
 
 def test_direct_convolution_declines_what_it_does_not_do(lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:
