@@ -53,8 +53,8 @@ from .ccall import bound_call
 from .native import Native, library
 from .steps import Dyn, Step
 
-__all__ = ["Decision", "MARGIN", "SPLIT_MACS", "THREAD_MACS", "PROBE_SHAPES", "mode", "use_native", "decision", "describe",
-           "native_step", "gemv_step", "matmul_step", "matmul_bias_step", "reset"]  # fmt: skip
+__all__ = ["Decision", "MARGIN", "SPLIT_MACS", "THREAD_MACS", "PROBE_SHAPES", "mode", "use_native", "decision",
+           "describe", "native_step", "gemv_step", "matmul_step", "matmul_bias_step", "reset"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
