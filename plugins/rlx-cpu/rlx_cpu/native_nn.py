@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from . import gemm
+from . import conv_choice, gemm
 from .ccall import bound_call
 from .native import library
 from .regions import SPLIT_NS
@@ -388,10 +388,13 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
     """An ungrouped float32 convolution as one implicit-GEMM call per image
     (``native.c``'s ``rlx_conv_gemm``: the product of the packed weights with columns read
     from a copy of the input shifted per tap column, no im2col); None when it does not apply:
-    rlx's GEMM does not take this process's products (``gemm.use_native``), the weights
+    rlx's GEMM does not take this process's products (``gemm.use_native``) or im2col
+    measured faster here (``conv_choice``), the weights
     are not a resident, or another layout or dtype."""
     lib = library()
-    if lib is None or not _fits(x, w, bias, out) or isinstance(w, Dyn) or out.size == 0 or not gemm.use_native():
+    if lib is None or not _fits(x, w, bias, out) or isinstance(w, Dyn) or out.size == 0:
+        return None
+    if not (gemm.use_native() and conv_choice.use_implicit()):
         return None
     n, c, h, wd = x.shape
     o, _, kh, kw = w.shape

@@ -9,6 +9,7 @@ Skips (with the reason) where the native kernels were not built.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -17,7 +18,7 @@ import pytest
 from rlx_core import reference
 from rlx_core.ir import Graph
 from rlx_core.plugin import CompileOptions
-from rlx_cpu import CpuBackend, blas, ccall, gemm, native
+from rlx_cpu import CpuBackend, blas, ccall, conv_choice, gemm, native
 from rlx_cpu.steps import Dyn, Step, bind
 
 F32 = np.float32
@@ -26,8 +27,10 @@ SIZES = (1, 3, 13, 31, 33, 100, 257)
 
 @pytest.fixture
 def lib(native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> native.Native:
-    """The native library, with every float32 product forced onto its GEMM."""
+    """The native library, with every float32 product forced onto its GEMM (and every
+    ungrouped convolution onto the implicit one)."""
     monkeypatch.setenv("RLX_CPU_GEMM", "native")
+    monkeypatch.setenv("RLX_CPU_CONV", "implicit")
     return native_lib
 
 
@@ -153,6 +156,38 @@ def test_packed_residents_follow_set_param(lib: native.Native) -> None:
 
 
 # ----------------------------------------------------------------------------- the choice
+def test_convolutions_take_the_implicit_gemm_only_where_it_measured_as_fast(
+        native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """RLX_CPU_CONV forces the way; ``auto`` times the implicit GEMM against im2col + the
+    GEMM once, on answers that agree, and a convolution then runs the way measured."""
+    monkeypatch.setenv("RLX_CPU_GEMM", "native")
+    spy = []
+    real = native_lib.conv_gemm
+    monkeypatch.setattr(native_lib, "conv_gemm", lambda *a: (spy.append(a), real(*a))[1])
+    g = Graph("conv")
+    g.set_outputs([g.conv2d(g.input("x", (1, 8, 12, 12), "float32"), g.param("w", rand((16, 8, 3, 3), 1)),
+                            padding=1)])  # fmt: skip
+    for forced, implicit in (("implicit", True), ("im2col", False)):
+        monkeypatch.setenv("RLX_CPU_CONV", forced)
+        assert conv_choice.use_implicit() is implicit and conv_choice.describe().endswith(f"(RLX_CPU_CONV={forced})")
+        spy.clear()
+        CpuBackend().compile(g.freeze(), CompileOptions(device="cpu")).run({"x": rand((1, 8, 12, 12), 2)})
+        assert bool(spy) is implicit
+    monkeypatch.setenv("RLX_CPU_CONV", "auto")
+    conv_choice.reset()
+    try:
+        assert conv_choice.describe().startswith("auto: the implicit GEMM is timed")
+        chosen = conv_choice.use_implicit()
+        assert re.fullmatch(r"(implicit GEMM|im2col) \(timed \d+\.\d\dx im2col's speed at 64 -> 64 3x3 over 28x28, "
+                            r"\d+ threads\)", conv_choice.describe())  # fmt: skip
+        assert conv_choice.describe().startswith("implicit GEMM" if chosen else "im2col")
+        spy.clear()
+        CpuBackend().compile(g.freeze(), CompileOptions(device="cpu")).run({"x": rand((1, 8, 12, 12), 2)})
+        assert bool(spy) is chosen
+    finally:
+        conv_choice.reset()
+
+
 def test_forced_modes_choose_the_step(native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = rand((16, 24), 1), rand((24, 8), 2)
     out = np.empty((16, 8), F32)

@@ -114,6 +114,7 @@ def test_every_packed_kernel_gives_what_its_own_entry_point_gives(lib: native.Na
     g.set_outputs([g.softmax(g.mul(y, y))])
     feeds = {"x": rand((1, 3, 128, 128), 9)}
     monkeypatch.setenv("RLX_CPU_GEMM", "native")  # whatever this host's BLAS would win
+    monkeypatch.setenv("RLX_CPU_CONV", "implicit")  # and whatever im2col would
     packed, plain, kernels = run_packed_and_plain(g, feeds)
     every = set(range(1, 13))
     assert kernels == every - {10}, f"kernels not run packed: {every - {10} - kernels}"
@@ -1147,6 +1148,7 @@ def test_implicit_gemm_convolution(lib: native.Native, monkeypatch: pytest.Monke
     (the first is rlx_gemm's product)."""
     ws, kwargs = IMPLICIT_CONVS[name][1], IMPLICIT_CONVS[name][3]
     monkeypatch.setenv("RLX_CPU_GEMM", "native")
+    monkeypatch.setenv("RLX_CPU_CONV", "implicit")  # whatever this host measured
     monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)
     monkeypatch.setattr(native_nn, "conv_gemm_panel", lambda o, n, k: panel)
     implicit, windows = spy_on(monkeypatch, lib, "conv_gemm"), spy_on(monkeypatch, lib, "im2col")
@@ -1241,6 +1243,7 @@ def test_row_and_window_kernels_take_any_caller_layout(lib: native.Native, monke
     build, entry = FALLBACK_OPS[op]
     # the implicit GEMM needs rlx's GEMM, and the direct kernel takes 4 channels in without it
     monkeypatch.setenv("RLX_CPU_GEMM", "native" if entry == "conv_gemm" else "blas")
+    monkeypatch.setenv("RLX_CPU_CONV", "implicit")
     calls = spy_on(monkeypatch, lib, entry)
     g = Graph(f"fallback-{op}")
     g.set_outputs([build(g, g.input("x", (2, 4, 9, 10)))])

@@ -1,0 +1,116 @@
+"""Whether this process runs convolutions as implicit GEMMs (``rlx_conv_gemm``) or as
+im2col + rlx's GEMM, where rlx's GEMM runs the products (``gemm.use_native``).
+
+Why measure: the implicit GEMM loads each tap's columns from a shifted copy of the input
+at whatever offset the tap has, so nearly every 64-byte vector load straddles two cache
+lines, and the copy it reads is kh times the input. AMD's Zen 5 takes split loads at full
+speed: one core ran resnet18's 64 -> 64 3x3 over 56x56 at 200-230 GF/s that way against
+160-200 through im2col, and resnet18 went from 11.6 to 8.9 ms on two cores. A 16-core Xeon
+(AVX-512, numpy's OpenBLAS) ran the same resnet18 in 21.8 ms that way against 8.0 through
+im2col in the session before. So nothing is assumed: the first convolution planned times
+both on one 3x3 convolution (64 -> 64 channels over 28x28, every core, the better of a few
+calls each, alternating: both are rlx's own kernels on OpenMP's team, no foreign pool to
+wait for; about 2-5 ms once per process) and keeps the implicit GEMM only if it is at
+least as fast. The decision is logged (``rlx_cpu``) and shown by ``describe()`` (``rlx
+devices``: the ``gemm`` entry). ``RLX_CPU_CONV=implicit`` or ``im2col`` forces it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import numpy as np
+
+from . import gemm
+from .native import Native, library
+
+__all__ = ["mode", "use_implicit", "describe", "reset"]
+
+log = logging.getLogger("rlx_cpu")
+
+#: (channels in and out, height and width) of the timed convolution: a 3x3, padding 1.
+PROBE: tuple[int, int] = (64, 28)
+
+_DECIDED: dict[str, tuple[bool, str]] = {}
+_LOCK = threading.Lock()
+
+
+def mode() -> str:
+    """``RLX_CPU_CONV``: ``implicit``, ``im2col`` or ``auto`` (the default, and any other value)."""
+    value = os.environ.get("RLX_CPU_CONV", "auto").strip().lower()
+    return value if value in ("implicit", "im2col") else "auto"
+
+
+def reset() -> None:
+    """Forget the measured decision (tests; the next ``use_implicit`` measures again)."""
+    with _LOCK:
+        _DECIDED.clear()
+
+
+def use_implicit() -> bool:
+    """True when convolutions should run as implicit GEMMs here: forced, or measured
+    once per process at the first call that asks."""
+    forced = mode()
+    if forced != "auto":
+        return forced == "implicit"
+    lib = library()
+    if lib is None:
+        return False
+    with _LOCK:
+        if "auto" not in _DECIDED:
+            _DECIDED["auto"] = _measure(lib)
+            log.info("rlx-cpu: convolutions %s (%s)", "as implicit GEMMs" if _DECIDED["auto"][0] else "through im2col",
+                     _DECIDED["auto"][1])  # fmt: skip
+        return _DECIDED["auto"][0]
+
+
+def describe() -> str:
+    """Which way convolutions run and why; never measures."""
+    forced = mode()
+    if forced != "auto":
+        return f"{'implicit GEMM' if forced == 'implicit' else 'im2col'} (RLX_CPU_CONV={forced})"
+    found = _DECIDED.get("auto")
+    if found is None:
+        return "auto: the implicit GEMM is timed against im2col at the first convolution on rlx's GEMM"
+    return f"{'implicit GEMM' if found[0] else 'im2col'} ({found[1]})"
+
+
+def _measure(lib: Native) -> tuple[bool, str]:
+    c, hw = PROBE
+    k, n = c * 9, hw * hw
+    rng = np.random.default_rng(0)
+    x = rng.random((c, hw, hw), dtype=np.float32) - 0.5
+    w = rng.random((c, k), dtype=np.float32) - 0.5
+    threads = gemm._cores() if lib.openmp else 1
+    # the implicit GEMM, 8-channel panels (64 channels: what conv_gemm_panel picks)
+    apk8 = np.empty(lib.conv_gemm_pack_size(c, k, 8), np.float32)
+    lib.conv_gemm_pack(w.ctypes.data, c, k, 8, apk8.ctypes.data)
+    toff = np.empty(k, np.int32)
+    lib.conv_gemm_offsets(toff.ctypes.data, c, 3, 3, 1, 1, 1, 1, hw, hw)
+    xs = np.empty(lib.conv_gemm_scratch(c, 3, 3, 1, 1, 1, 1, hw, hw), np.float32)
+    y_implicit, y_im2col = np.empty((c, n), np.float32), np.empty((c, n), np.float32)
+    implicit_args = (x.ctypes.data, apk8.ctypes.data, toff.ctypes.data, 0, y_implicit.ctypes.data, xs.ctypes.data,
+                     c, hw, hw, c, 3, 3, 1, 1, 1, 1, 1, 1, hw, hw, 8, threads)  # fmt: skip
+    # im2col, then rlx_gemm with the weights packed
+    apk = np.empty(lib.gemm_pack_a_size(c, k), np.float32)
+    lib.gemm_pack_a(w.ctypes.data, k, 1, c, k, apk.ctypes.data)
+    cols = np.empty((k, n), np.float32)
+    im2col_args = (x.ctypes.data, cols.ctypes.data, 1, c * n, k * n, c, hw, hw, 3, 3, 1, 1, 1, 1, 1, 1, hw, hw,
+                   threads)  # fmt: skip
+    gemm_args = (c, n, k, apk.ctypes.data, k, 1, 0, cols.ctypes.data, n, 1, 0, y_im2col.ctypes.data, n, 0, 1,
+                 gemm._PACKED_A, threads, 0)  # fmt: skip
+
+    def run_im2col() -> None:
+        lib.im2col(*im2col_args)
+        lib.gemm(*gemm_args)
+
+    t_implicit = t_im2col = float("inf")
+    for _ in range(2):  # alternating, each the better of a few calls
+        t_implicit = min(t_implicit, gemm._best_of(lambda: lib.conv_gemm(*implicit_args)))
+        t_im2col = min(t_im2col, gemm._best_of(run_im2col))
+    if not np.allclose(y_implicit, y_im2col, rtol=1e-3, atol=1e-3 * np.sqrt(k)):  # never trade a right answer
+        return False, f"the implicit GEMM disagreed with im2col at {c}x3x3 over {hw}x{hw}"
+    ratio = t_im2col / t_implicit
+    return ratio >= 1.0, f"timed {ratio:.2f}x im2col's speed at {c} -> {c} 3x3 over {hw}x{hw}, {threads} threads"
