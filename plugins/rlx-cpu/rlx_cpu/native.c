@@ -839,7 +839,9 @@ RLX_API void rlx_depthwise_lanes(const float *x, const float *wt, const float *b
 static inline __attribute__((always_inline)) void pool_row_taps(const float *restrict v, float *restrict dst,
                                                                 int64_t n, int64_t kw, int64_t sw, int64_t is_max,
                                                                 float inv) {
-    if (is_max) {
+    if (is_max && kw == 3) { /* the 3-wide max pools (resnet's, squeezenet's): one pass, not three */
+        for (int64_t ox = 0; ox < n; ox++) dst[ox] = rx_max(rx_max(v[ox * sw], v[ox * sw + 1]), v[ox * sw + 2]);
+    } else if (is_max) {
         for (int64_t ox = 0; ox < n; ox++) dst[ox] = v[ox * sw];
         for (int64_t kj = 1; kj < kw; kj++)
             for (int64_t ox = 0; ox < n; ox++) dst[ox] = rx_max(dst[ox], v[ox * sw + kj]);
@@ -857,8 +859,15 @@ static RLX_CLONES void pool_row(const float *src, int64_t w, int64_t kh, int64_t
         int64_t n = ow - o0 < POOL_CHUNK ? ow - o0 : POOL_CHUNK;
         int64_t c0 = o0 * sw, cols = (n - 1) * sw + kw;
         const float *r = src + c0;
-        for (int64_t c = 0; c < cols; c++) v[c] = r[c];
-        for (int64_t ki = 1; ki < kh; ki++) {
+        int64_t k = 1;
+        if (is_max && kh == 3) { /* three rows in one pass */
+            const float *r1 = r + dh * w, *r2 = r + 2 * dh * w;
+            for (int64_t c = 0; c < cols; c++) v[c] = rx_max(rx_max(r[c], r1[c]), r2[c]);
+            k = kh;
+        } else {
+            for (int64_t c = 0; c < cols; c++) v[c] = r[c];
+        }
+        for (int64_t ki = k; ki < kh; ki++) {
             const float *rk = r + ki * dh * w;
             if (is_max)
                 for (int64_t c = 0; c < cols; c++) v[c] = rx_max(v[c], rk[c]);
@@ -972,8 +981,15 @@ static RLX_CLONES void max_pool_padded_planes(const float *x, float *y, int64_t 
                     for (int64_t c = lo; c < hi; c++) v[c] = ninf;
                 } else {
                     const float *r = plane + (r0 + ki0) * w + c0;
-                    for (int64_t c = lo; c < hi; c++) v[c] = r[c];
-                    for (int64_t ki = ki0 + 1; ki < ki1; ki++) {
+                    int64_t k = ki0 + 1;
+                    if (ki1 - ki0 == 3) { /* three rows in one pass */
+                        const float *r1 = r + w, *r2 = r + 2 * w;
+                        for (int64_t c = lo; c < hi; c++) v[c] = rx_max(rx_max(r[c], r1[c]), r2[c]);
+                        k = ki1;
+                    } else {
+                        for (int64_t c = lo; c < hi; c++) v[c] = r[c];
+                    }
+                    for (int64_t ki = k; ki < ki1; ki++) {
                         const float *rk = plane + (r0 + ki) * w + c0;
                         for (int64_t c = lo; c < hi; c++) v[c] = rx_max(v[c], rk[c]);
                     }

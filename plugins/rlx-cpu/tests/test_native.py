@@ -1047,6 +1047,21 @@ def test_pools(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -
         assert_close(got, want)
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_three_row_max_pool_over_rows_wider_than_a_chunk(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                                         stride: int) -> None:  # fmt: skip
+    """The 3x3 max pool's one-pass rows (three rows, then three taps) over rows of 300 to
+    600 outputs: every chunk of the row takes the three rows, as the reference."""
+    calls = spy_on(monkeypatch, lib, "pool2d")
+    g = Graph("wide-pool")
+    g.set_outputs([g.max_pool2d(g.input("x", (1, 2, 7, 601)), 3, stride=stride)])
+    x = rand((1, 2, 7, 601), 4)
+    x[0, 1, 5, 580] = np.nan
+    (got,) = compile_cpu(g).run({"x": x})
+    assert calls
+    np.testing.assert_array_equal(got, reference.evaluate(g, {"x": x})[0])
+
+
 @pytest.mark.parametrize("shape", [(2, 5, 7, 7), (1, 3, 1, 9), (1, 576, 7, 7), (1, 4, 1, 1)])
 def test_global_average_pool_is_one_matrix_vector_product(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
                                                           shape: tuple[int, ...]) -> None:  # fmt: skip
