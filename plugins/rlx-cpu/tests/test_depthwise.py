@@ -31,6 +31,9 @@ CASES = {  # name -> (x shape, kernel, bias?, conv2d kwargs)
                                                                        {"stride": 2, "padding": 1}),
     "3x3 stride 2, odd width, right padding only": ((2, 3, 9, 61), 3, False, {"stride": 2, "padding": (0, 0, 1, 1)}),
     "3x3 stride 2, even padded width": ((1, 2, 8, 64), 3, True, {"stride": 2, "padding": (1, 1, 0, 1)}),
+    "16 lanes, a last row and column never read (no transposed interleave)": ((1, 16, 10, 9), 3, False,
+                                                                              {"stride": 2}),
+    "32 lanes over 9x9 (81 pixels: 5 transposed groups and one pixel)": ((1, 32, 9, 9), 3, True, {"padding": 1}),
 }
 
 
