@@ -156,9 +156,11 @@ static inline float rx_min(float a, float b) {
 }
 
 /* e^x for x <= 0 (sigmoid's), with one scaling: 2^n for n down to -150 as
- * 2^(n + 64) 2^-64, no exponent split in halves and no NaN select (the caller's). */
+ * 2^(n + 64) 2^-64, no exponent split in halves. A NaN is reduced as 0 (no NaN reaches
+ * the integer conversion); the caller returns it. */
 static inline float rx_exp_neg(float x) {
-    float n, y = rx_exp_reduced(x < -104.0f ? -104.0f : x, &n);
+    float xc = x < -104.0f ? -104.0f : x;
+    float n, y = rx_exp_reduced(xc == xc ? xc : 0.0f, &n);
     return y * as_f(((int32_t)n + 127 + 64) << 23) * 5.42101086242752217e-20f;
 }
 

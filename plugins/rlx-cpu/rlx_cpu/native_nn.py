@@ -28,8 +28,7 @@ from .regions import SPLIT_NS
 from .steps import Dyn, Step
 
 __all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step", "max_pool_padded_step", "conv_direct_steps",
-           "conv_gemm_steps", "conv_gemm_panel", "depthwise_step",
-           "DIRECT_CONV_TAPS"]
+           "conv_gemm_steps", "conv_gemm_panel", "depthwise_step", "DIRECT_CONV_TAPS"]
 
 _SOFTMAX_NS, _LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
 
@@ -387,10 +386,10 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
                     dilation: tuple[int, int], ctx: Any) -> list[Step] | None:  # fmt: skip
     """An ungrouped float32 convolution as one implicit-GEMM call per image
     (``native.c``'s ``rlx_conv_gemm``: the product of the packed weights with columns read
-    from a copy of the input shifted per tap column, no im2col); None when it does not apply:
-    rlx's GEMM does not take this process's products (``gemm.use_native``) or im2col
-    measured faster here (``conv_choice``), the weights
-    are not a resident, or another layout or dtype."""
+    from a copy of the input shifted per tap column, no im2col); None when it does not
+    apply: rlx's GEMM does not take this process's products (``gemm.use_native``) or
+    im2col measured faster here (``conv_choice``), the weights are not a resident, a plain
+    1x1 convolution that rlx_gemm runs as well, or another layout or dtype."""
     lib = library()
     if lib is None or not _fits(x, w, bias, out) or isinstance(w, Dyn) or out.size == 0:
         return None
