@@ -1629,7 +1629,8 @@ RLX_API void rlx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a
  * xs[toff[t] + oy ow + ox], toff[t] the start of plane (ci, ki dh % sh, kj) plus
  * ki dh / sh rows: one offset per tap, and every run of consecutive outputs (across
  * rows too) is consecutive in xs. So a tile's 32 columns are one 32-float load per tap
- * (the micro-kernel loads B's rows from xs itself), and C is y itself. Gone: the im2col
+ * (the micro-kernel loads B's rows from xs itself), and C is y itself (the other form,
+ * with the channels in vectors, is further down). Gone: the im2col
  * copy (kh kw times the input: 7.2 MB for resnet18's 64 x 56 x 56, 15-30% of those
  * convolutions' time on the 2-core Zen 5) and the packing of it into panels; xs is kw
  * times the input at stride 1 (a copy with the padding shifted per kj), and fewer at
@@ -1638,8 +1639,8 @@ RLX_API void rlx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a
  * 13 x 13, and copied the valid ones out after.
  *
  * W is packed by rlx_conv_gemm_pack in panels of mr rows (8 or 12: rlx_gemm's 12 x 32
- * tile wastes 8 of every 72 rows on 64 channels; 8 x 32 runs as fast from L1), k block
- * by k block. GotoBLAS's loop order: for each k block, a tile's columns (kc taps of 32
+ * tile wastes 8 of every 72 rows on 64 channels; 8 x 32 runs as fast from L1; 32 for the
+ * channels-in-vectors form), k block by k block; native_nn.conv_gemm_panel picks mr. GotoBLAS's loop order: for each k block, a tile's columns (kc taps of 32
  * columns, a few KB of xs) stay in L1 while every row panel of the block's W streams
  * past from L2 (keeping each tile's sums over the whole of k instead, W's panel in L1
  * and xs from L2, ran at 200 GF/s a core where the kernel does 255 from L1). Columns go
