@@ -21,7 +21,7 @@ import numpy as np
 
 from .steps import Dyn, Step
 
-__all__ = ["address", "bound_call", "register_packed", "target"]
+__all__ = ["address", "bound_call", "packed_call", "register_packed", "target"]
 
 
 def address(x: np.ndarray) -> int:
@@ -65,6 +65,16 @@ def register_packed(fn: Callable[..., Any], packed: Callable[[int], int], kernel
     address 0.1 µs. ``fn``'s ``argtypes`` say which arguments are floats (passed as the
     bits of a double)."""
     _PACKED[id(fn)] = (fn, packed, kernel)
+
+
+def packed_call(fn: Callable[..., Any], args: list[Any]) -> tuple[Callable[[int], int], np.ndarray] | None:
+    """For a kernel registered with ``register_packed``: its packed entry point and the
+    int64 array of ``args`` to pass it (by address; the caller keeps the array alive).
+    None for any other function."""
+    entry = _PACKED.get(id(fn))
+    if entry is None or entry[0] is not fn:
+        return None
+    return entry[1], _packed_args(fn, entry[2], args)
 
 
 def _packed_args(fn: Callable[..., Any], kernel: int, args: list[Any]) -> np.ndarray:
@@ -124,10 +134,9 @@ def bound_call(fn: Callable[..., None], args: list[Any], operands: tuple[Any, ..
             args[pos] = x.ctypes.data
     keep = (*keep, *(x for x in operands if not isinstance(x, Dyn)))
     dyn = {i: positions[i] for i, x in enumerate(operands) if isinstance(x, Dyn)}
-    entry = _PACKED.get(id(fn))
-    if entry is not None and entry[0] is fn:
-        _, packed, kernel = entry
-        arr = _packed_args(fn, kernel, args)
+    found = packed_call(fn, args)
+    if found is not None:
+        packed, arr = found
         if dyn:
             return Step(_PackedRunTimeCall(fn, packed, arr, dyn, (arr, *keep), fallback), operands)
         call = functools.partial(packed, arr.ctypes.data)

@@ -309,11 +309,11 @@ class _Runner:
         self._vml_p = None if vml is None else vml.ctypes.data
         args = [self._meta_p, self._ptrs_p, self._vml_p, 0, n, threads]
         self._call: Callable[[], int] = functools.partial(fn, *args)
-        entry = ccall._PACKED.get(id(fn))
-        if entry is not None and entry[0] is fn:  # one packed argument instead of six (ccall.register_packed)
-            packed = ccall._packed_args(fn, entry[2], args)
+        found = ccall.packed_call(fn, args)
+        if found is not None:  # one packed argument instead of six (ccall.register_packed)
+            entry, packed = found
             self.keep = (*self.keep, packed)
-            self._call = functools.partial(entry[1], packed.ctypes.data)
+            self._call = functools.partial(entry, packed.ctypes.data)
 
     def __call__(self) -> None:
         if self._call():
