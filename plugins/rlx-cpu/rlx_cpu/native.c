@@ -497,6 +497,35 @@ static int64_t row_threads(int64_t threads, int64_t rows) {
     return threads < 1 ? 1 : threads;
 }
 
+/* CALL (a statement using t, lo and hi) for each of up to `threads` threads (row_threads'
+ * cap), thread t taking [lo, hi) of [0, total) in even parts; on one thread, t = 0 and the
+ * whole range. The kernel call is written once, whatever the team. */
+#ifdef _OPENMP
+#define RLX_ACROSS_TEAM(threads, total, CALL)                                                                      \
+    do {                                                                                                           \
+        const int64_t total_ = (total), team_ = row_threads((threads), total_);                                   \
+        if (team_ > 1) {                                                                                           \
+            _Pragma("omp parallel num_threads((int)team_)") {                                                      \
+                const int64_t t = omp_get_thread_num(), nt_ = omp_get_num_threads();                               \
+                const int64_t lo = total_ * t / nt_, hi = total_ * (t + 1) / nt_;                                  \
+                (void)t;                                                                                           \
+                CALL;                                                                                              \
+            }                                                                                                      \
+        } else {                                                                                                   \
+            const int64_t t = 0, lo = 0, hi = total_;                                                              \
+            (void)t;                                                                                               \
+            CALL;                                                                                                  \
+        }                                                                                                          \
+    } while (0)
+#else
+#define RLX_ACROSS_TEAM(threads, total, CALL)                                                                      \
+    do {                                                                                                           \
+        const int64_t t = 0, lo = 0, hi = (total);                                                                 \
+        (void)(threads), (void)t;                                                                                  \
+        CALL;                                                                                                      \
+    } while (0)
+#endif
+
 RLX_API void rlx_softmax(const float *x, float *y, int64_t rows, int64_t len, int64_t stride, float scale,
                          int64_t threads) {
     threads = row_threads(threads, rows);
@@ -694,19 +723,8 @@ RLX_API void rlx_depthwise_conv(const float *x, const float *wt, const float *bi
                                 int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
                                 int64_t threads) {
     int64_t padded = ((oh - 1) * sh + (kh - 1) * dh + 1) * ((ow - 1) * sw + (kw - 1) * dw + 1);
-    threads = row_threads(threads, planes);
-#ifdef _OPENMP
-    if (threads > 1) {
-#pragma omp parallel num_threads((int)threads)
-        {
-            int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-            depthwise_planes(x, wt, bias, y, scratch + t * padded, planes * t / nt, planes * (t + 1) / nt, c, h, w,
-                             kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
-        }
-        return;
-    }
-#endif
-    depthwise_planes(x, wt, bias, y, scratch, 0, planes, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
+    RLX_ACROSS_TEAM(threads, planes, depthwise_planes(x, wt, bias, y, scratch + t * padded, lo, hi, c, h, w, kh, kw, sh,
+                                                      sw, dh, dw, pt, pl, oh, ow));
 }
 
 /* Depthwise convolution with the channels in the vector lanes: DW_LANES planes at a time are
@@ -866,19 +884,8 @@ RLX_API void rlx_depthwise_lanes(const float *x, const float *wt, const float *b
                                  int64_t threads) {
     const int64_t blocks = n * ((c + DW_LANES - 1) / DW_LANES);
     const int64_t per_thread = dw_lanes_floats(kh, kw, sh, sw, dh, dw, oh, ow);
-    threads = row_threads(threads, blocks);
-#ifdef _OPENMP
-    if (threads > 1) {
-#pragma omp parallel num_threads((int)threads)
-        {
-            int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-            depthwise_lane_blocks(x, wt, bias, y, scratch + t * per_thread, blocks * t / nt, blocks * (t + 1) / nt, c,
-                                  h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
-        }
-        return;
-    }
-#endif
-    depthwise_lane_blocks(x, wt, bias, y, scratch, 0, blocks, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
+    RLX_ACROSS_TEAM(threads, blocks, depthwise_lane_blocks(x, wt, bias, y, scratch + t * per_thread, lo, hi, c, h, w,
+                                                           kh, kw, sh, sw, dh, dw, pt, pl, oh, ow));
 }
 
 /* One output row of a pool whose windows are kw adjacent columns (sw 1 or 2): the kh input
@@ -990,18 +997,7 @@ static RLX_CLONES void pool_planes(const float *x, float *y, int64_t p0, int64_t
 RLX_API void rlx_pool2d(const float *x, float *y, int64_t planes, int64_t h, int64_t w, int64_t kh, int64_t kw,
                         int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh, int64_t ow, int64_t is_max,
                         int64_t threads) {
-    threads = row_threads(threads, planes);
-#ifdef _OPENMP
-    if (threads > 1) {
-#pragma omp parallel num_threads((int)threads)
-        {
-            int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-            pool_planes(x, y, planes * t / nt, planes * (t + 1) / nt, h, w, kh, kw, sh, sw, dh, dw, oh, ow, is_max);
-        }
-        return;
-    }
-#endif
-    pool_planes(x, y, 0, planes, h, w, kh, kw, sh, sw, dh, dw, oh, ow, is_max);
+    RLX_ACROSS_TEAM(threads, planes, pool_planes(x, y, lo, hi, h, w, kh, kw, sh, sw, dh, dw, oh, ow, is_max));
 }
 
 /* A max pool whose windows may reach past the plane (padding pt, pl at the top and left,
@@ -1057,18 +1053,7 @@ static RLX_CLONES void max_pool_padded_planes(const float *x, float *y, int64_t 
 RLX_API void rlx_max_pool2d_padded(const float *x, float *y, int64_t planes, int64_t h, int64_t w, int64_t kh,
                                    int64_t kw, int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
                                    int64_t threads) {
-    threads = row_threads(threads, planes);
-#ifdef _OPENMP
-    if (threads > 1) {
-#pragma omp parallel num_threads((int)threads)
-        {
-            int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-            max_pool_padded_planes(x, y, planes * t / nt, planes * (t + 1) / nt, h, w, kh, kw, sh, sw, pt, pl, oh, ow);
-        }
-        return;
-    }
-#endif
-    max_pool_padded_planes(x, y, 0, planes, h, w, kh, kw, sh, sw, pt, pl, oh, ow);
+    RLX_ACROSS_TEAM(threads, planes, max_pool_padded_planes(x, y, lo, hi, h, w, kh, kw, sh, sw, pt, pl, oh, ow));
 }
 
 /* ------------------------------------------------------- direct convolution */
