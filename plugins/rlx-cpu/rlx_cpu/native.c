@@ -13,7 +13,7 @@
  * IEEE's edges: NaN in gives NaN out, exp overflows to inf and underflows to 0, log(0) is
  * -inf, log(x < 0) NaN, tanh and erf saturate to exactly +-1 and keep the sign of zero.
  * Accuracy against float64 (tests/test_native.py, dense sweeps): exp and log within 1 ulp,
- * tanh 1.4, sigmoid 2.5 (e^-|x|'s error, then 1 + e and the division), erf 4.
+ * tanh 1.4, sigmoid 2.5 (e^-x's error, then 1 + e and the division), erf 4.
  */
 #include <math.h>
 #include <stdint.h>
@@ -70,11 +70,19 @@ RLX_API int64_t rlx_openmp(void) {
 /* ------------------------------------------------------------------------ math */
 static inline float as_f(int32_t i) { float f; memcpy(&f, &i, 4); return f; }
 static inline int32_t as_i(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
+/* 2^e for e in [-126, 127], by its bits; other e (a NaN's garbage) give some float, never
+ * a signed overflow in the shift. */
+static inline float pow2i(int32_t e) { return as_f((int32_t)((uint32_t)(e + 127) << 23)); }
 
-/* e^r for x = n ln2 + r (Cody-Waite: n rounded to nearest, into *n), by a degree-7
- * polynomial (Cephes expf); x already clamped to a finite range. */
-static inline float rx_exp_reduced(float xc, float *n_out) {
-    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+/* e^r for x = n ln2 + r (Cody-Waite: n rounded to nearest, by adding 1.5 2^23 so that
+ * n lands in the low bits of the sum, which *ni_out takes as an integer: a NaN gives a
+ * garbage integer rather than the undefined float-to-int conversion, and the NaN goes on
+ * through r to the result), by a degree-7 polynomial (Cephes expf); x already clamped to a
+ * finite range. */
+static inline float rx_exp_reduced(float xc, int32_t *ni_out) {
+    float t = xc * 1.44269504088896341f + 12582912.0f;
+    float n = t - 12582912.0f;
+    *ni_out = as_i(t) - 0x4B400000;
     float r = xc - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -83,20 +91,19 @@ static inline float rx_exp_reduced(float xc, float *n_out) {
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    *n_out = n;
     return p * r * r + r + 1.0f;
 }
 
 /* exp: e^r times 2^n, applied in two halves so that results down to the subnormals and
- * up to overflow are reached without an integer overflow in the exponent field. */
+ * up to overflow are reached without an integer overflow in the exponent field. A NaN
+ * passes the clamps (its comparisons are false) and the arithmetic unchanged. */
 static inline float rx_exp(float x) {
     float xc = x > 89.0f ? 89.0f : x;
     xc = xc < -104.0f ? -104.0f : xc;
-    xc = xc == xc ? xc : 0.0f;
-    float n, y = rx_exp_reduced(xc, &n);
-    int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1; /* a shift, not / 2's sign fix: exp 10% faster */
-    y = y * as_f((n1 + 127) << 23) * as_f((n2 + 127) << 23);
-    return x == x ? y : x;
+    int32_t ni;
+    float y = rx_exp_reduced(xc, &ni);
+    int32_t n1 = ni >> 1, n2 = ni - n1; /* a shift, not / 2's sign fix: exp 10% faster */
+    return y * pow2i(n1) * pow2i(n2);
 }
 
 /* log: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) by Cephes logf's polynomial. */
@@ -155,23 +162,18 @@ static inline float rx_min(float a, float b) {
     return a != a ? a : r;
 }
 
-/* e^x for x <= 0 (sigmoid's), with one scaling: 2^n for n down to -150 as
- * 2^(n + 64) 2^-64, no exponent split in halves. A NaN is reduced as 0 (no NaN reaches
- * the integer conversion); the caller returns it. */
-static inline float rx_exp_neg(float x) {
-    float xc = x < -104.0f ? -104.0f : x;
-    float n, y = rx_exp_reduced(xc == xc ? xc : 0.0f, &n);
-    return y * as_f(((int32_t)n + 127 + 64) << 23) * 5.42101086242752217e-20f;
-}
-
-/* sigmoid from z = e^-|x| in (0, 1]: 1 / (1 + z) for x >= 0, z / (1 + z) below (one
- * division either way), so the exp never overflows and results below 2^-126 are the
- * subnormals they should be instead of 1 / inf = 0. 1.4x faster than 1 / (1 + rx_exp(-x))
- * (rx_exp's halved scaling and NaN selects), on the 2-core Zen 5. */
+/* sigmoid = 1 / (1 + e^-x), with -x clamped to [-87.3, 89]: below, e^-x < 2^-126 leaves
+ * 1 + e^-x = 1 anyway; above, e^-x overflows to inf and the result is 0 (the true value
+ * there is below 2^-126 and reaches 0 at -104). Up to 88.72 e^-x is finite and the
+ * division rounds the subnormal results correctly. One scaling (2^(n-1) times 2: n is at
+ * most 129), no selects beyond the clamps: a NaN goes through the arithmetic. 1.55x
+ * faster than e^-|x| with a select of the numerator (the form before), on the 2-core Zen 5. */
 static inline float rx_sigmoid(float x) {
-    float z = rx_exp_neg(x < 0.0f ? x : -x);
-    float r = (x < 0.0f ? z : 1.0f) / (1.0f + z);
-    return x == x ? r : x;
+    float a = -x < -87.3f ? -87.3f : -x;
+    a = a > 89.0f ? 89.0f : a;
+    int32_t ni;
+    float e = rx_exp_reduced(a, &ni) * pow2i(ni - 1) * 2.0f;
+    return 1.0f / (1.0f + e);
 }
 
 /* erf(x) = tanh(x P(x^2)) and gelu(x) = x / (1 + exp(x R(x^2))): the polynomials of

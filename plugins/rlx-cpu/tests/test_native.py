@@ -288,7 +288,7 @@ def _rsqrt_grid(rng: np.random.Generator) -> np.ndarray:
 #: name -> (op, attrs, grid, float64 truth, bound in ulp for native.c's math, bound for MKL's
 #: or None where MKL never runs the op). Measured maxima (dense and exhaustive sweeps, gcc 12,
 #: x86-64): exp 0.97, log 0.79, tanh 1.33, erf 3.95 (mathfn.py documents 4), sigmoid
-#: (e^-|x|'s error, then 1 + e and the division rounded; native.c's header claims 2.5),
+#: (e^-x's error, then 1 + e and the division rounded; native.c's header claims 2.5),
 #: rsqrt 1.49 (1 / sqrtf, two roundings: under 2); MKL's VML_HA at most 1.0.
 Truth = Callable[[np.ndarray], np.ndarray]
 ACCURACY: dict[str, tuple[str, dict[str, Any], Callable[..., np.ndarray], Truth, float, float | None]] = {
@@ -334,8 +334,9 @@ def test_sqrt_is_correctly_rounded(lib: native.Native, region_runs: list[regions
 def test_sigmoid_below_the_normal_range_is_within_the_smallest_normal(
     lib: native.Native, region_runs: list[regions._Runner]
 ) -> None:
-    """Below x = -88.72 the true value is a subnormal: native.c's sigmoid (e^x / (1 + e^x)
-    there) is never further than 2^-126 from it, and exactly 0 from -104 on."""
+    """Below x = -88.72 the true value is a subnormal: native.c's sigmoid (e^-x overflows
+    to inf from -89 on, giving 0) is never further than 2^-126 from it, and exactly 0 from
+    -104 on."""
     x = -floats_between(88.72, 110.0, 3)
     got = run_native_unary("sigmoid", x, region_runs)
     want = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
