@@ -170,6 +170,10 @@ def node_flops(node: Node, in_shapes: Sequence[tuple[int, ...]]) -> float:
     if op is OpKind.CONV2D:
         w = in_shapes[1]
         return 2.0 * out * w[1] * w[2] * w[3] + (out if len(in_shapes) == 3 else 0)
+    if op is OpKind.FUSED_CONV:  # the convolution, then one flop per element per epilogue instruction
+        w = in_shapes[1]
+        program = node.attrs.get("program", ())
+        return 2.0 * out * w[1] * w[2] * w[3] + out * (bool(node.attrs.get("bias")) + len(program))
     if op is OpKind.ATTENTION:
         q, k, v = in_shapes[:3]
         batch = math.prod(node.shape[:-2])
@@ -286,7 +290,7 @@ def _structured_seconds(node: Node, in_shapes: Sequence[tuple[int, ...]], model:
         scores = batch * lq * lk
         return (batch * (_gemm_seconds(lq, q[-1], lk, model) + _gemm_seconds(lq, lk, v[-1], model))
                 + _pass_seconds("softmax", scores, model) + _pass_seconds("mul", scores, model))  # fmt: skip
-    if op is OpKind.CONV2D:
+    if op in (OpKind.CONV2D, OpKind.FUSED_CONV):
         n, o, oh, ow = node.shape
         w = in_shapes[1]
         groups = node.attrs["groups"]
@@ -302,6 +306,9 @@ def _structured_seconds(node: Node, in_shapes: Sequence[tuple[int, ...]], model:
         seconds = n * groups * _gemm_seconds(o // max(groups, 1), kk, oh * ow, model)
         if w[2] * w[3] > 1 or node.attrs["stride"] != (1, 1):  # im2col: the windows written, then read
             seconds += 2.0 * n * groups * kk * oh * ow * itemsize(node.dtype) / (model.memory_bw_gbps * 1e9)
+        if op is OpKind.FUSED_CONV:  # the epilogue over the output while in cache: half a pass an
+            # instruction (a standalone pass is about as much memory traffic as compute)
+            seconds += sum(_pass_seconds(instr[0], node.size, model) for instr in node.attrs["program"]) / 2
         return seconds
     if op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D):
         kh, kw = node.attrs["kernel"]

@@ -16,7 +16,15 @@ instructions' results (index ``len(inputs) + k`` is instruction ``k``), ``attrs`
 op's attributes as sorted ``(key, value)`` pairs. The last instruction is the result.
 Programs are plain tuples of strings and ints so that they survive JSON unchanged.
 
-Neither op has a builder method: users do not write them, but a graph file may hold one,
+``fused_conv`` is ``conv2d`` followed by an elementwise epilogue (an activation, a
+residual add) in one node, so that a backend can apply the epilogue to each part of the
+output while the convolution still has it in cache. Its inputs are the convolution's
+(``x``, ``w``, then the bias when the attribute ``bias`` is true) followed by the
+epilogue's other operands; its attributes are ``conv2d``'s, ``bias`` and ``program``: a
+``fused_elementwise`` program whose value 0 is the convolution's result and values 1...
+the epilogue's operands. The program's result has the convolution's shape.
+
+None of them has a builder method: users do not write them, but a graph file may hold one,
 so they are checked like any node (here), evaluated by the reference, and *expanded*
 back into the ops they stand for when a backend does not claim them
 (``passes/internal_ops.py``).
@@ -31,6 +39,8 @@ from .errors import GraphError
 from .ops import ELEMENTWISE_OPS, INTERNAL_OPS, OpKind, broadcast_shapes, infer
 
 __all__ = [
+    "CONV_ATTRS",
+    "conv_inputs",
     "GEMM_ACTIVATIONS",
     "ACTIVATION_OPS",
     "MAX_PROGRAM_LENGTH",
@@ -180,12 +190,45 @@ def _infer_fused(op: OpKind, ins: Sequence[Any], attrs: dict[str, Any]) -> tuple
     return {"program": canonical}, last.shape, last.dtype
 
 
+#: conv2d's attributes, which fused_conv carries as they are.
+CONV_ATTRS: tuple[str, ...] = ("stride", "padding", "dilation", "groups")
+
+
+def conv_inputs(attrs: Mapping[str, Any]) -> int:
+    """How many of a ``fused_conv`` node's inputs are the convolution's (2, or 3 with its bias)."""
+    return 3 if attrs.get("bias") else 2
+
+
+def _infer_fused_conv(op: OpKind, ins: Sequence[Any], attrs: dict[str, Any]) -> tuple[dict[str, Any], tuple, str]:
+    extra = set(attrs) - {*CONV_ATTRS, "bias", "program"}
+    if extra:
+        raise _fail(op, f"unknown attribute(s) {sorted(extra)}; allowed: {[*CONV_ATTRS, 'bias', 'program']}")
+    if not isinstance(attrs.get("bias", False), bool):
+        raise _fail(op, f"bias must be a bool, got {attrs['bias']!r}")
+    if "program" not in attrs:
+        raise _fail(op, "needs a program")
+    n_conv = conv_inputs(attrs)
+    if len(ins) < n_conv:
+        raise _fail(op, f"needs x, w{' and the bias' if n_conv == 3 else ''} first, got {len(ins)} input(s)")
+    try:
+        conv_attrs, shape, dtype = infer(OpKind.CONV2D, ins[:n_conv], {k: attrs[k] for k in CONV_ATTRS if k in attrs})
+    except GraphError as exc:
+        raise _fail(op, str(exc)) from None
+    canonical, instructions = program_types(op, [_Type(tuple(shape), dtype), *ins[n_conv:]], attrs["program"])
+    last = instructions[-1]
+    if tuple(last.shape) != tuple(shape):
+        raise _fail(op, f"the epilogue's result has shape {tuple(last.shape)}, not the convolution's {tuple(shape)}")
+    return {**conv_attrs, "bias": n_conv == 3, "program": canonical}, tuple(shape), last.dtype
+
+
 def infer_internal(op: OpKind, ins: Sequence[Any], attrs: Mapping[str, Any]) -> tuple[dict[str, Any], tuple, str]:
     """``ops.infer`` for the internal ops (``infer_any`` takes every op)."""
     if op is OpKind.GEMM:
         return _infer_gemm(op, ins, dict(attrs))
     if op is OpKind.FUSED_ELEMENTWISE:
         return _infer_fused(op, ins, dict(attrs))
+    if op is OpKind.FUSED_CONV:
+        return _infer_fused_conv(op, ins, dict(attrs))
     raise _fail(op, "not an internal op")
 
 

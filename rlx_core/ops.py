@@ -89,6 +89,7 @@ class OpKind(str, enum.Enum):
     # rlx_core/internal_types.py); no builder method, but valid in JSON and the reference.
     GEMM = "gemm"
     FUSED_ELEMENTWISE = "fused_elementwise"
+    FUSED_CONV = "fused_conv"
 
     def __str__(self) -> str:  # "matmul", not "OpKind.MATMUL", in messages
         return self.value
@@ -108,8 +109,9 @@ COMPOSITE_OPS: frozenset[OpKind] = frozenset(
     }
 )
 #: Ops the compile pipeline makes (gemm = matmul + bias + activation, fused_elementwise = a
-#: region of elementwise ops); legalization expands them for a backend that does not claim them.
-INTERNAL_OPS: frozenset[OpKind] = frozenset({OpKind.GEMM, OpKind.FUSED_ELEMENTWISE})
+#: region of elementwise ops, fused_conv = conv2d + an elementwise epilogue); legalization
+#: expands them for a backend that does not claim them.
+INTERNAL_OPS: frozenset[OpKind] = frozenset({OpKind.GEMM, OpKind.FUSED_ELEMENTWISE, OpKind.FUSED_CONV})
 PRIMITIVE_OPS: frozenset[OpKind] = frozenset(OpKind) - COMPOSITE_OPS - SOURCE_OPS - INTERNAL_OPS
 
 #: Bitwise ops and shifts: integer operands only, two's complement bits (see docs/ops.md).

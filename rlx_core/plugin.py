@@ -38,6 +38,9 @@ _KIT: dict[str, str] = {
     "live_instructions": "rlx_core.internal_types",
     "program_types": "rlx_core.internal_types",
     "ACTIVATION_OPS": "rlx_core.internal_types",
+    # ``fused_conv``: which of its attributes and inputs are the convolution's.
+    "CONV_ATTRS": "rlx_core.internal_types",
+    "conv_inputs": "rlx_core.internal_types",
     # dtypes, caches, calibration, isolation.
     "itemsize": "rlx_core.dtypes",
     "JsonCache": "rlx_core.cache",
@@ -236,7 +239,9 @@ if TYPE_CHECKING:  # the kit's real types, for type checkers (``X as X``: a re-e
     from .calibration import save_calibration as save_calibration
     from .dtypes import itemsize as itemsize
     from .internal_types import ACTIVATION_OPS as ACTIVATION_OPS
+    from .internal_types import CONV_ATTRS as CONV_ATTRS
     from .internal_types import Instruction as Instruction
+    from .internal_types import conv_inputs as conv_inputs
     from .internal_types import live_instructions as live_instructions
     from .internal_types import make_instruction as make_instruction
     from .internal_types import program_types as program_types

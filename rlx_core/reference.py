@@ -16,7 +16,7 @@ import numpy as np
 
 from .dtypes import FLOAT_DTYPES
 from .errors import InputError
-from .internal_types import ACTIVATION_OPS
+from .internal_types import ACTIVATION_OPS, CONV_ATTRS, conv_inputs
 from .ops import OpKind
 
 if TYPE_CHECKING:
@@ -352,6 +352,12 @@ def evaluate_internal(node: Node, xs: Sequence[np.ndarray], kernels: Mapping[OpK
             y = kernels[spec[0]](_PseudoNode(node.id, spec[0], (), spec[1], node.shape, node.dtype, node.name), [y])
         return _as_compute(np.asarray(y), node.dtype)
     values = list(xs)
+    if node.op is OpKind.FUSED_CONV:  # the convolution, then its epilogue as a region over it
+        n_conv = conv_inputs(node.attrs)
+        conv_attrs = {k: node.attrs[k] for k in CONV_ATTRS}
+        pseudo = _PseudoNode(node.id, OpKind.CONV2D, (), conv_attrs, node.shape, node.dtype, node.name)
+        conv = np.asarray(kernels[OpKind.CONV2D](pseudo, list(xs[:n_conv])))
+        values = [conv.astype(np.float64, copy=False) if conv.dtype.kind == "f" else conv, *xs[n_conv:]]
     for op, args, attrs in node.attrs["program"]:  # checked when the node was made: replay it
         kind = OpKind(op)
         pseudo = _PseudoNode(node.id, kind, tuple(args), dict(attrs), node.shape, node.dtype, node.name)
@@ -365,7 +371,7 @@ def _internal(node: Node, xs: Sequence[np.ndarray]) -> np.ndarray:
     return evaluate_internal(node, xs, _KERNELS)
 
 
-_KERNELS[OpKind.GEMM] = _KERNELS[OpKind.FUSED_ELEMENTWISE] = _internal
+_KERNELS[OpKind.GEMM] = _KERNELS[OpKind.FUSED_ELEMENTWISE] = _KERNELS[OpKind.FUSED_CONV] = _internal
 
 
 def _feed(graph: Graph, inputs: Mapping[str, Any]) -> dict[int, np.ndarray]:

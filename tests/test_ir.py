@@ -332,6 +332,8 @@ def every_op_graph() -> Graph:
     # the pipeline's internal ops have no builder method, but graph files and the reference know them
     g._add_node("gemm", [flat.id, g.transpose(flat).id, g.constant(np.ones(2, np.float32)).id], {"activation": "relu"})
     g._add_node("fused_elementwise", [m.id, e.id], {"program": [["exp", [0], []], ["mul", [2, 1], []]]})
+    g._add_node("fused_conv", [x.id, w.id, c.id], {"padding": (0, 1, 1, 0), "bias": False,
+                                                   "program": [["add", [0, 1], []], ["relu", [2], []]]})  # fmt: skip
     rounded = g.fmod(g.round(g.ceil(g.floor(g.mul(f, 3.0)))), 1.5)
     bits = g.bitwise_xor(g.bitwise_or(g.bitwise_and(ints, 7), 8), g.bitwise_not(ints))
     bits = g.bit_shift_right(g.bit_shift_left(bits, 3), 1)

@@ -12,7 +12,7 @@ import rlx_core as rlx
 from rlx_core import reference
 from rlx_core.ops import INTERNAL_OPS, OpKind
 from rlx_core.passes import plan_memory, run_pipeline
-from rlx_core.passes.fuse import fuse_elementwise, fuse_gemm
+from rlx_core.passes.fuse import fuse_conv, fuse_elementwise, fuse_gemm
 from rlx_core.passes.internal_ops import make_instruction
 from rlx_core.passes.optimize import cse, dce, fold_constants, simplify, sink_relu
 
@@ -371,3 +371,108 @@ def test_the_pass_names_options_may_disable_are_the_pipelines() -> None:
     from rlx_core.plugin import PASS_NAMES as CHECKED
 
     assert CHECKED == RUN
+
+
+# ----------------------------------------------------------------------------- convolution epilogues
+def _conv(g: rlx.Graph, x, o: int, name: str, bias: bool = True):
+    c = x.shape[1]
+    w = g.param(f"w{name}", (RNG.standard_normal((o, c, 3, 3)) * 0.3).astype(np.float32))
+    b = g.param(f"b{name}", RNG.standard_normal(o).astype(np.float32)) if bias else None
+    return g.conv2d(x, w, b, padding=1)
+
+
+def residual_block(extra_reader: bool = False) -> rlx.Graph:
+    """conv -> silu -> conv; then relu(add(conv, x)): two epilogues, one with a residual."""
+    g = rlx.Graph("block")
+    x = g.input("x", (2, 4, 6, 6))
+    a = _conv(g, x, 4, "1")
+    act = g.mul(a, g.sigmoid(a))
+    b = _conv(g, act, 4, "2", bias=False)
+    y = g.relu(g.add(b, x))
+    g.set_outputs([y, b] if extra_reader else [y])
+    return g
+
+
+def _fused(g: rlx.Graph) -> rlx.Graph:
+    return fuse_conv(fuse_elementwise(g, claim_all, max_ops=32, max_inputs=8)[0], claim_all)[0]
+
+
+def test_conv_epilogue_takes_the_region_after_a_conv_and_keeps_results():
+    g = residual_block()
+    h, notes = fuse_conv(fuse_elementwise(g, claim_all, max_ops=32, max_inputs=8)[0], claim_all)
+    assert ops_of(h) == ["fused_conv", "fused_conv"], ops_of(h)
+    first, second = (n for n in h.nodes if n.op is OpKind.FUSED_CONV)
+    assert first.attrs["bias"] and not second.attrs["bias"] and len(second.inputs) == 3  # x, w, then the residual
+    assert [i[0] for i in second.attrs["program"]] == ["add", "relu"] and second.attrs["program"][0][1] == (0, 1)
+    assert len(notes) == 2 and "conv2d+bias + sigmoid, mul" in notes[0]
+    same(g, h, {"x": RNG.standard_normal((2, 4, 6, 6)).astype(np.float32)})
+
+
+def test_conv_epilogue_takes_a_single_op_and_the_later_of_two_convs():
+    g = rlx.Graph()
+    x = g.input("x", (1, 3, 5, 5))
+    a, b = _conv(g, x, 2, "a"), _conv(g, x, 2, "b")
+    g.set_outputs([g.relu(g.mul(a, b))])  # mul(a, b) then relu: one region reading both convs
+    h = _fused(g)
+    node = next(n for n in h.nodes if n.op is OpKind.FUSED_CONV)
+    assert ops_of(h) == ["conv2d", "fused_conv"] and h.node(node.inputs[3]).op is OpKind.CONV2D
+    same(g, h, {"x": RNG.standard_normal((1, 3, 5, 5)).astype(np.float32)})
+    single = rlx.Graph()
+    x = single.input("x", (1, 3, 5, 5))
+    c = _conv(single, x, 2, "c")
+    single.set_outputs([single.mul(c, c)])  # one op reading the conv twice
+    h = fuse_conv(single, claim_all)[0]
+    assert ops_of(h) == ["fused_conv"] and h.node(h.outputs[0]).attrs["program"][0][1] == (0, 0)
+    same(single, h, {"x": RNG.standard_normal((1, 3, 5, 5)).astype(np.float32)})
+
+
+def test_conv_epilogue_needs_the_conv_unshared_and_a_claim():
+    assert ops_of(_fused(residual_block(extra_reader=True))).count("fused_conv") == 1  # b is an output too
+    g = rlx.Graph()
+    x = g.input("x", (1, 3, 5, 5))
+    c = _conv(g, x, 2, "c")
+    g.set_outputs([g.relu(c), g.tanh(c)])  # two readers: neither may take it
+    assert "fused_conv" not in ops_of(_fused(g))
+    refuse = (lambda n: "no epilogue here" if n.op is OpKind.FUSED_CONV else True)  # fmt: skip
+    h, notes = fuse_conv(residual_block(), refuse)
+    assert "fused_conv" not in ops_of(h) and any("no epilogue here" in n for n in notes)
+    h, notes = fuse_conv(residual_block(), lambda n: n.op is not OpKind.FUSED_CONV or "not claimed")
+    assert notes == ["convolution epilogues not fused: the backend does not claim fused_conv"]
+
+
+def test_fused_conv_from_a_file_is_expanded_for_a_backend_without_it_and_run_by_one_with_it():
+    g = residual_block()
+    h = rlx.Graph.from_json(_fused(g).to_json())
+    assert ops_of(h).count("fused_conv") == 2
+    feeds = {"x": RNG.standard_normal((2, 4, 6, 6)).astype(np.float32)}
+    plain = run_pipeline(h, ToyBackend("toy", ops=ALL_OPS).claims)
+    assert not {n.op for n in plain.graph.nodes} & INTERNAL_OPS
+    assert sum("fused_conv" in d for d in plain.legalized.decomposed) == 2
+    same(h, plain.graph, feeds)
+    same(g, h, feeds)
+    toy = ToyBackend("toyconv", ops=FUSING | {"fused_conv"})
+    cg = rlx.compile(g, "toyconv", registry=registry_with(toy))
+    assert sum(n.op is OpKind.FUSED_CONV for n in cg._legal.nodes) == 2
+    assert sum("into fused_conv" in line for line in cg.report().fused) == 2
+    np.testing.assert_allclose(cg.run(feeds)[0], reference.evaluate(g, feeds)[0], rtol=1e-5, atol=1e-5)
+    off = rlx.compile(g, "toyconv", registry=registry_with(toy), options=rlx.CompileOptions(disable=("conv",)))
+    assert not any(n.op is OpKind.FUSED_CONV for n in off._legal.nodes)
+
+
+@pytest.mark.parametrize(
+    "attrs, match",
+    [({"bias": "yes", "program": [["relu", [0], []]]}, "bias must be a bool"),
+     ({"program": [["relu", [0], []]], "kernel": 3}, "unknown attribute"),
+     ({"bias": True, "program": [["relu", [0], []]]}, "bias must have shape"),
+     ({"program": [["add", [0, 1], []]]}, "does not broadcast|broadcast"),
+     ({"program": [["relu", [1], []]]}, "not the convolution's"),
+     ({"stride": 0, "program": [["relu", [0], []]]}, "stride"),
+     ({}, "needs a program")],
+)  # fmt: skip
+def test_bad_fused_conv_nodes_are_graph_errors(attrs, match):
+    g = rlx.Graph()
+    x = g.input("x", (1, 2, 4, 4))
+    w = g.param("w", np.ones((3, 2, 3, 3), np.float32))
+    e = g.input("e", (5,))
+    with pytest.raises(rlx.GraphError, match=match):
+        g._add_node("fused_conv", [x.id, w.id, e.id], attrs)

@@ -1,4 +1,4 @@
-"""Device-specific fusion: gemm epilogues and elementwise regions.
+"""Device-specific fusion: gemm epilogues, elementwise regions, convolution epilogues.
 
 Both run only for a backend that claims the fused op: each candidate node is shown to
 ``claims`` before it replaces anything, so a backend may refuse one (too many inputs,
@@ -16,6 +16,12 @@ in one sweep over the output. Members all have the root's shape: smaller operand
 bias row, a scalar) enter as broadcast inputs instead, so a backend can split the work
 into blocks of the output. Regions grow backwards from the root, in reverse order of the
 graph, within ``max_ops`` instructions and ``max_inputs`` distinct inputs (scalar constants free).
+
+``fuse_conv`` (after the regions) gives a ``conv2d`` the elementwise node or region that
+is its only reader as an epilogue, one ``fused_conv`` node: the activation after a
+convolution (relu, SiLU's ``x * sigmoid(x)``, hard-swish's clamps), a residual add. The
+epilogue must have the convolution's shape; where it reads two convolutions (a residual
+block's two branches), it takes the one computed last.
 """
 
 from __future__ import annotations
@@ -25,13 +31,14 @@ from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
+from ..internal_types import CONV_ATTRS
 from ..ir import Graph, Node
 from ..ops import ELEMENTWISE_OPS, SOURCE_OPS, OpKind
 from .internal_ops import ACTIVATION_OPS, describe_program, infer_internal, make_instruction
 from .legalize import ask_claims
 from .rewrite import Emitter, use_counts
 
-__all__ = ["fuse_gemm", "fuse_elementwise", "candidate_node"]
+__all__ = ["fuse_gemm", "fuse_elementwise", "fuse_conv", "candidate_node"]
 
 Claims = Callable[[Node], "bool | str"]
 _MAX_REFUSAL_NOTES = 8  # a backend refusing many regions for one reason need not fill the report
@@ -210,4 +217,80 @@ def fuse_elementwise(graph: Graph, claims: Claims, max_ops: int, max_inputs: int
                       node.name)  # fmt: skip
         notes.append(f"fused {describe_program(em.node(new))} into one node at {node.describe()}, "
                      f"{len(inputs)} input(s), shape {list(node.shape)}")  # fmt: skip
+    return em.finish(), notes
+
+
+# ----------------------------------------------------------------------------- conv epilogues
+def _epilogue(graph: Graph, node: Node) -> tuple | None:
+    """``node``'s elementwise program over its inputs: a region's own, one instruction for
+    a single elementwise op, None for anything else."""
+    if node.op is OpKind.FUSED_ELEMENTWISE:
+        return tuple(node.attrs["program"])
+    if node.op in ELEMENTWISE_OPS and node.op not in SOURCE_OPS and node.size > 0:
+        return (make_instruction(node.op, range(len(node.inputs)), node.attrs),)
+    return None
+
+
+def _conv_epilogue_plan(graph: Graph, node: Node, readers: dict[int, set[int]], outputs: frozenset[int]
+                        ) -> tuple[Node, list[int], tuple] | None:  # fmt: skip
+    """The convolution ``node`` can take as its epilogue's input, the epilogue's other
+    inputs and its program renumbered (the convolution's result as value 0), or None."""
+    program = _epilogue(graph, node)
+    if program is None:
+        return None
+    inputs = list(dict.fromkeys(node.inputs))
+    convs = [i for i in inputs if graph.node(i).op is OpKind.CONV2D and readers.get(i) == {node.id}
+             and i not in outputs and graph.node(i).shape == node.shape]  # fmt: skip
+    if not convs:
+        return None
+    conv = graph.node(max(convs))
+    order = [conv.id, *(i for i in inputs if i != conv.id)]
+    where = {v: k for k, v in enumerate(order)}
+    n_in = len(node.inputs)
+    remap = {k: where[i] for k, i in enumerate(node.inputs)}  # a region's inputs are distinct; an op's may repeat
+    renumbered = tuple(
+        make_instruction(op, [remap[a] if a < n_in else a - n_in + len(order) for a in args], dict(attrs))
+        for op, args, attrs in program
+    )
+    return conv, order[1:], renumbered
+
+
+def fuse_conv(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
+    outputs = frozenset(graph.outputs)
+    readers: dict[int, set[int]] = {}
+    for node in graph.nodes:
+        for i in node.inputs:
+            readers.setdefault(i, set()).add(node.id)
+    plans: dict[int, tuple[Node, list[int], dict[str, Any]]] = {}  # epilogue id -> (conv, inputs, attrs)
+    notes: list[str] = []
+    for node in graph.nodes:
+        found = _conv_epilogue_plan(graph, node, readers, outputs)
+        if found is None:
+            continue
+        conv, others, program = found
+        attrs = {**{k: conv.attrs[k] for k in CONV_ATTRS}, "bias": len(conv.inputs) == 3, "program": program}
+        inputs = [*conv.inputs, *others]
+        candidate = candidate_node(graph, node, OpKind.FUSED_CONV, inputs, attrs)
+        answer = ask_claims(claims, candidate)
+        if answer == "not claimed":
+            return graph, [f"convolution epilogues not fused: the backend does not claim {OpKind.FUSED_CONV}"]
+        if answer is not True:
+            if len(notes) < _MAX_REFUSAL_NOTES:
+                notes.append(f"epilogue at {node.describe()} not fused into its conv2d: {answer}")
+            continue
+        plans[node.id] = (conv, inputs, attrs)
+    if not plans:
+        return graph, notes
+    absorbed = {conv.id for conv, _, _ in plans.values()}
+    em = Emitter(graph)
+    for node in graph.nodes:
+        if node.id in absorbed:
+            continue
+        plan = plans.get(node.id)
+        if plan is None:
+            em.copy(node)
+            continue
+        conv, inputs, attrs = plan
+        new = em.emit(node, OpKind.FUSED_CONV, [em.mapped[i] for i in inputs], attrs, node.name)
+        notes.append(f"fused {describe_program(em.node(new))} at {node.describe()} into fused_conv")
     return em.finish(), notes

@@ -1,4 +1,4 @@
-"""The internal ops the pipeline makes (``gemm``, ``fused_elementwise``): their
+"""The internal ops the pipeline makes (``gemm``, ``fused_elementwise``, ``fused_conv``): their
 expansion back into the ops they stand for, for a backend that does not claim them
 (``expand``), and how reports name them (``describe_program``).
 
@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING
 
 from ..internal_types import (
     ACTIVATION_OPS,
+    CONV_ATTRS,
     GEMM_ACTIVATIONS,
     MAX_PROGRAM_LENGTH,
     Instruction,
+    conv_inputs,
     infer_internal,
     live_instructions,
     make_instruction,
@@ -53,6 +55,10 @@ def expand(g: Graph, node: Node, ins: Sequence[Value]) -> Value:
             y = g._add_node(spec[0], [y.id], spec[1])
         return y
     values = list(ins)
+    if node.op is OpKind.FUSED_CONV:
+        n_conv = conv_inputs(node.attrs)
+        conv = g._add_node(OpKind.CONV2D, [v.id for v in ins[:n_conv]], {k: node.attrs[k] for k in CONV_ATTRS})
+        values = [conv, *ins[n_conv:]]
     for op, args, attrs in node.attrs["program"]:
         values.append(g._add_node(op, [values[a].id for a in args], dict(attrs)))
     return values[-1]
@@ -64,4 +70,6 @@ def describe_program(node: Node) -> str:
         bias = "+bias" if len(node.inputs) == 3 else ""
         return f"gemm(matmul{bias}, {node.attrs['activation']})"
     ops = [ins[0] for ins in node.attrs["program"]]
+    if node.op is OpKind.FUSED_CONV:
+        return f"conv2d{'+bias' if node.attrs['bias'] else ''} + {', '.join(ops)}"
     return f"{', '.join(ops)} ({len(ops)} ops)"

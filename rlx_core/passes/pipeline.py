@@ -6,7 +6,9 @@
    not claim; a primitive it does not claim is the blocker.
 2. *optimize* — passes that keep results equal on every backend (``optimize.py``), then
    the gemm epilogue (matmul + bias + activation) where the backend claims ``gemm``.
-3. *fuse* — elementwise regions where the backend claims ``fused_elementwise``.
+3. *fuse* — elementwise regions where the backend claims ``fused_elementwise``, then
+   convolution epilogues (conv2d + the elementwise node or region after it) where it
+   claims ``fused_conv``.
 4. *plan* — value lifetimes and buffer reuse, handed to the backend as advice.
 
 Every stage is switched by ``CompileOptions``; every pass leaves notes saying what it did
@@ -27,7 +29,7 @@ from ..ir import Graph, Node
 from ..ops import SOURCE_OPS
 from ..options import CompileOptions
 from .attention import fuse_attention
-from .fuse import fuse_elementwise, fuse_gemm
+from .fuse import fuse_conv, fuse_elementwise, fuse_gemm
 from .legalize import DtypeGate, LegalizeResult, ask_claims, legalize
 from .optimize import OPTIMIZE_PASSES
 from .plan import MemoryPlan, plan_memory
@@ -38,7 +40,7 @@ log = logging.getLogger("rlx.passes")
 
 Claims = Callable[[Node], "bool | str"]
 #: Every pass ``CompileOptions.disable`` may name: the optimize passes, then the fusions.
-PASS_NAMES: tuple[str, ...] = (*OPTIMIZE_PASSES, "attention", "gemm", "elementwise")
+PASS_NAMES: tuple[str, ...] = (*OPTIMIZE_PASSES, "attention", "gemm", "elementwise", "conv")
 FUSION_REPORT_ENV = "RLX_FUSION_REPORT"
 
 
@@ -165,6 +167,9 @@ def run_pipeline(graph: Graph, claims: Claims, options: CompileOptions | None = 
     record = StageRecord("fuse", options.fuse, _computational(current))
     if options.fuse and "elementwise" not in off:
         current, notes = fuse_elementwise(current, claims, options.max_fused_ops, options.max_fused_inputs)
+        record.notes += notes
+    if options.fuse and "conv" not in off:  # after the regions: a region after a conv2d becomes its epilogue
+        current, notes = fuse_conv(current, claims)
         record.notes += notes
     record.nodes_after = _computational(current)
     result.stages.append(record)

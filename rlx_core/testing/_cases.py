@@ -391,6 +391,7 @@ _FACTORIES: dict[OpKind, Callable[[int, Dtypes], st.SearchStrategy[OpCase]]] = {
        for op in (OpKind.EQUAL, OpKind.LESS, OpKind.GREATER)},
     OpKind.GEMM: _fused_cases.gemm_cases,
     OpKind.FUSED_ELEMENTWISE: _fused_cases.fused_cases,
+    OpKind.FUSED_CONV: _fused_cases.fused_conv_cases(_conv2d),
     **EXACT_FACTORIES,
 }  # fmt: skip
 

@@ -1,8 +1,10 @@
-"""Conformance cases for the compile pipeline's internal ops, ``gemm`` and ``fused_elementwise``.
+"""Conformance cases for the compile pipeline's internal ops, ``gemm``,
+``fused_elementwise`` and ``fused_conv``.
 
 A backend that claims them must compute what the reference does: the matmul, bias and
-activation of a gemm; the program of a region, instruction by instruction. Programs are
-drawn from well-conditioned ops on values in [-2, 2] so that float tolerances hold.
+activation of a gemm; the program of a region, instruction by instruction; a
+convolution, then its epilogue program over the result. Programs are drawn from
+well-conditioned ops on values in [-2, 2] so that float tolerances hold.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Callable
 
 from hypothesis import strategies as st
 
-from ..internal_types import make_instruction
+from ..internal_types import CONV_ATTRS, make_instruction
 from ..ops import OpKind
 from ._case_base import FLOATS, Dtypes, OpCase, Operand, _broadcastable, _rng, _shape, _values
 
@@ -35,6 +37,24 @@ def gemm_cases(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
 
     return case()
 
+def _program(draw: Callable, dtype: str, n_in: int, chain: bool = False) -> tuple:
+    """A program of 1 to 4 instructions over ``n_in`` values; the first binary one reads
+    value 0 (of the result's full shape). With ``chain`` every instruction reads the one
+    before (the first, value 0), so the result has value 0's shape and depends on it."""
+    pool = _FLOAT_PROGRAM_OPS if dtype in FLOATS else _INT_PROGRAM_OPS
+    program = []
+    for k in range(draw(st.integers(1, 4))):
+        op = draw(st.sampled_from(pool))
+        refs = st.integers(0, n_in + k - 1)
+        args = [draw(refs)] if op in _UNARY else [draw(refs), draw(refs)]
+        if chain:
+            args[0] = n_in + k - 1 if k else 0
+        elif k == 0 and op not in _UNARY:
+            args[0] = 0  # the first input (full shape) reaches the result
+        program.append(make_instruction(op, args, {}))
+    return tuple(program)
+
+
 def fused_cases(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
     @st.composite
     def case(draw: Callable) -> OpCase:
@@ -45,17 +65,34 @@ def fused_cases(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
         shapes = [base] + [_broadcastable(draw, base) for _ in range(n_in - 1)]
         operands = tuple(Operand(f"x{i}", _values(rng, s, dtype), param=i > 0 and draw(st.booleans()))
                          for i, s in enumerate(shapes))  # fmt: skip
-        pool = _FLOAT_PROGRAM_OPS if dtype in FLOATS else _INT_PROGRAM_OPS
-        program = []
-        for k in range(draw(st.integers(1, 4))):
-            op = draw(st.sampled_from(pool))
-            refs = st.integers(0, n_in + k - 1)
-            args = [draw(refs)] if op in _UNARY else [draw(refs), draw(refs)]
-            if k == 0 and op not in _UNARY:
-                args[0] = 0  # the first input (full shape) reaches the result
-            program.append(make_instruction(op, args, {}))
-        return OpCase(OpKind.FUSED_ELEMENTWISE, operands, {"program": tuple(program)}, terms=len(program))
+        program = _program(draw, dtype, n_in)
+        return OpCase(OpKind.FUSED_ELEMENTWISE, operands, {"program": program}, terms=len(program))
 
     return case()
 
-__all__ = ["gemm_cases", "fused_cases"]
+
+def fused_conv_cases(conv_cases: Callable[[int, Dtypes], st.SearchStrategy[OpCase]]
+                     ) -> Callable[[int, Dtypes], st.SearchStrategy[OpCase]]:  # fmt: skip
+    """Cases of ``fused_conv`` from the kit's ``conv2d`` cases: each convolution gets an
+    epilogue program over its result and up to two more operands, of its full shape or
+    broadcasting to it (a residual, a per-channel scale)."""
+
+    def factory(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
+        @st.composite
+        def case(draw: Callable) -> OpCase:
+            conv = draw(conv_cases(seed, dtypes))
+            conv_ops = conv.operands
+            dtype = conv_ops[0].array.dtype.name
+            shape = conv.build()[1].shape
+            rng = _rng(draw, seed)
+            extra = tuple(Operand(f"e{i}", _values(rng, _broadcastable(draw, tuple(shape)), dtype),
+                                  param=draw(st.booleans())) for i in range(draw(st.integers(0, 2))))  # fmt: skip
+            program = _program(draw, dtype, 1 + len(extra), chain=True)
+            attrs = {**{k: conv.attrs[k] for k in CONV_ATTRS}, "bias": len(conv_ops) == 3, "program": program}
+            return OpCase(OpKind.FUSED_CONV, (*conv_ops, *extra), attrs, terms=conv.terms * (1 + len(program)))
+
+        return case()
+
+    return factory
+
+__all__ = ["gemm_cases", "fused_cases", "fused_conv_cases"]

@@ -92,7 +92,7 @@ def _measure(lib: Native) -> tuple[bool, str]:
     xs = np.empty(lib.conv_gemm_scratch(c, 3, 3, 1, 1, 1, 1, hw, hw), np.float32)
     y_implicit, y_im2col = np.empty((c, n), np.float32), np.empty((c, n), np.float32)
     implicit_args = (x.ctypes.data, apk8.ctypes.data, toff.ctypes.data, 0, y_implicit.ctypes.data, xs.ctypes.data,
-                     c, hw, hw, c, 3, 3, 1, 1, 1, 1, 1, 1, hw, hw, 8, threads)  # fmt: skip
+                     c, hw, hw, c, 3, 3, 1, 1, 1, 1, 1, 1, hw, hw, 8, threads, 0)  # fmt: skip
     # im2col, then rlx_gemm with the weights packed
     apk = np.empty(lib.gemm_pack_a_size(c, k), np.float32)
     lib.gemm_pack_a(w.ctypes.data, k, 1, c, k, apk.ctypes.data)
@@ -100,7 +100,7 @@ def _measure(lib: Native) -> tuple[bool, str]:
     im2col_args = (x.ctypes.data, cols.ctypes.data, 1, c * n, k * n, c, hw, hw, 3, 3, 1, 1, 1, 1, 1, 1, hw, hw,
                    threads)  # fmt: skip
     gemm_args = (c, n, k, apk.ctypes.data, k, 1, 0, cols.ctypes.data, n, 1, 0, y_im2col.ctypes.data, n, 0, 1,
-                 gemm._PACKED_A, threads, 0)  # fmt: skip
+                 gemm._PACKED_A, threads, 0, 0)  # fmt: skip
 
     def run_im2col() -> None:
         lib.im2col(*im2col_args)

@@ -1,4 +1,5 @@
-"""Step builders for the pipeline's fused ops: ``fused_elementwise`` regions and ``gemm``.
+"""Step builders for the pipeline's fused ops: ``fused_elementwise`` regions, ``gemm``
+and ``fused_conv``.
 
 A region of k elementwise ops run one op at a time over a big array streams every
 intermediate through main memory: k full-size reads and writes. Here the output is cut
@@ -17,6 +18,12 @@ region an input's buffer as its output): then it goes through a register and a c
 
 ``gemm`` is the matmul into the output, then its epilogue (bias add and activation) as a
 blocked program over the output itself, in place while each block is in cache.
+
+``fused_conv`` is the convolution into the output with its epilogue run by the native
+kernel itself, on each part of the output as it is finished (``regions.epilogue``): the
+implicit GEMM per chunk of a channel's outputs, the depthwise kernels per plane, rlx's
+GEMM per block of rows. Where the kernel that runs the convolution cannot (another dtype,
+a run-time operand, numpy's path), the epilogue follows as a region of its own.
 """
 
 from __future__ import annotations
@@ -30,10 +37,11 @@ import numpy as np
 
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind
-from rlx_core.plugin import ACTIVATION_OPS, Instruction, live_instructions, program_types
+from rlx_core.plugin import ACTIVATION_OPS, CONV_ATTRS, Instruction, conv_inputs, live_instructions, program_types
 
 from .kernels import KERNELS, BuildContext, inplace_positions
-from .regions import region_steps
+from .nn_kernels import conv2d_steps
+from .regions import epilogue, region_steps
 from .steps import Parallel, Step, helper_threads
 
 __all__ = ["FUSED_KERNELS", "BLOCK_ELEMENTS", "block_plan"]
@@ -281,11 +289,36 @@ def _gemm(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> lis
     if not epilogue:
         return steps
     program = tuple((op.value, args, tuple(sorted(attrs.items()))) for op, args, attrs in epilogue)
+    return steps + _region_after(program, operands, out, ctx, node.name)
+
+
+def _region_after(program: Any, operands: list[Any], out: np.ndarray, ctx: BuildContext, name: str) -> list[Step]:
+    """``program`` over ``operands`` (the first: the result of the steps before) into
+    ``out``, as a native region or else numpy's blocked program."""
     _, instructions = program_types(OpKind.FUSED_ELEMENTWISE, _types(operands), program)
     native = region_steps(instructions, operands, out)
     if native is not None:
-        return steps + native
-    return steps + program_steps(instructions, operands, out, ctx, node.name)
+        return native
+    return program_steps(instructions, operands, out, ctx, name)
 
 
-FUSED_KERNELS = {OpKind.FUSED_ELEMENTWISE: _fused_elementwise, OpKind.GEMM: _gemm}
+def _fused_conv(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    n_conv = conv_inputs(node.attrs)
+    conv_ins, extra = ins[:n_conv], ins[n_conv:]
+    conv_dtype = np.dtype(conv_ins[0].dtype)
+    conv = Node(-1, OpKind.CONV2D, (), MappingProxyType({k: node.attrs[k] for k in CONV_ATTRS}), node.shape,
+                conv_dtype.name, node.name)  # fmt: skip
+    res = out if conv_dtype == out.dtype else ctx.scratch(out.shape, conv_dtype)
+    operands = [res, *extra]
+    program = node.attrs["program"]
+    native = None
+    if res is out:
+        _, instructions = program_types(OpKind.FUSED_ELEMENTWISE, _types(operands), program)
+        native = epilogue(instructions, operands, out, ctx.scratch)
+    steps, applied = conv2d_steps(conv, conv_ins, res, ctx, native)
+    if applied:
+        return steps
+    return steps + _region_after(program, operands, out, ctx, node.name)
+
+
+FUSED_KERNELS = {OpKind.FUSED_ELEMENTWISE: _fused_elementwise, OpKind.GEMM: _gemm, OpKind.FUSED_CONV: _fused_conv}

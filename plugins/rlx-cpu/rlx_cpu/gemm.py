@@ -44,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,6 +53,9 @@ from . import threads as thread_policy
 from .ccall import bound_call
 from .native import Native, library
 from .steps import Dyn, Step
+
+if TYPE_CHECKING:
+    from .regions import Epilogue
 
 __all__ = ["Decision", "MARGIN", "POOL_MARGIN", "SPLIT_MACS", "THREAD_MACS", "PROBE_SHAPES", "mode", "use_native",
            "decision", "describe", "native_step", "gemv_step", "matmul_step", "matmul_bias_step", "reset"]  # fmt: skip
@@ -206,7 +209,7 @@ def _measure(lib: Native) -> Decision:
         b = rng.random((k, n), dtype=np.float32) - 0.5
         c_native, c_blas = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
         args = (m, n, k, a.ctypes.data, k, 1, 0, b.ctypes.data, n, 1, 0, c_native.ctypes.data, n, 0, 1, 0,
-                threads_used, 0)  # fmt: skip
+                threads_used, 0, 0)  # fmt: skip
         # a and b stay in the list: the calls hold only their addresses
         cases.append(((m, k, n), args, c_native, c_blas, _blas_runner(a, b, c_blas), (a, b)))
     native_times = [_best_of(lambda args=args: lib.gemm(*args)) for _, args, *_ in cases]
@@ -261,10 +264,11 @@ def _pack(lib: Native, x: Any, rs: int, cs: int, rows: int, k: int, is_a: bool, 
     return derived(x, ("rlx_gemm_pack_a" if is_a else "rlx_gemm_pack_b", rows, k, rs, cs), make)
 
 
-def _fallback(a: Any, b: Any, live: tuple[bool, bool], row_bias: np.ndarray | None = None) -> Callable[..., None]:
+def _fallback(a: Any, b: Any, live: tuple[bool, bool], row_bias: np.ndarray | None = None,
+              epilogue: Epilogue | None = None) -> Callable[..., None]:  # fmt: skip
     """``numpy.matmul`` over the step's operands (those not packed, then ``out``), with the
-    packed ones' own arrays filled in, plus the row bias: a caller's array the GEMM cannot
-    take on some run."""
+    packed ones' own arrays filled in, plus the row bias and the epilogue: a caller's
+    array the GEMM cannot take on some run."""
     def run(*ops: np.ndarray) -> None:
         it = iter(ops)
         x = next(it) if live[0] else a
@@ -273,6 +277,8 @@ def _fallback(a: Any, b: Any, live: tuple[bool, bool], row_bias: np.ndarray | No
         np.matmul(x, y, out=out)
         if row_bias is not None:
             np.add(out, row_bias[:, None], out=out)
+        if epilogue is not None:  # its output is `out`, a plan buffer (regions.epilogue)
+            epilogue.run()
 
     return run
 
@@ -306,12 +312,14 @@ def _planned(a: Any, b: Any, out: Any) -> tuple[int, int, int, int, Any, Any, An
     return m, n, k, math.prod(batch), pa, pb, pc
 
 
-def native_step(a: Any, b: Any, out: Any, ctx: Any = None, row_bias: np.ndarray | None = None) -> Step | None:
+def native_step(a: Any, b: Any, out: Any, ctx: Any = None, row_bias: np.ndarray | None = None,
+                epilogue: Epilogue | None = None) -> Step | None:  # fmt: skip
     """``out = a @ b`` (``+ row_bias[:, None]``: one value per row of each product, a
-    convolution's channels) as one ``rlx_gemm`` call, or None when the native library is
-    not here or the product does not fit (not float32, a layout without one stride per
-    matrix axis and batch, a bias that is not a contiguous float32 array of the rows).
-    Does not ask whether the GEMM is wanted (``matmul_step`` does)."""
+    convolution's channels; then ``epilogue``, a region over ``out`` applied block by
+    block as the GEMM finishes them) as one ``rlx_gemm`` call, or None when the native
+    library is not here or the product does not fit (not float32, a layout without one
+    stride per matrix axis and batch, a bias that is not a contiguous float32 array of the
+    rows). Does not ask whether the GEMM is wanted (``matmul_step`` does)."""
     lib, planned = library(), _planned(a, b, out)
     if lib is None or planned is None:
         return None
@@ -331,7 +339,8 @@ def native_step(a: Any, b: Any, out: Any, ctx: Any = None, row_bias: np.ndarray 
         flags |= _PACKED_B
     threads = lib.threads_for(m * n * k * count, SPLIT_MACS, THREAD_MACS)
     args: list[Any] = [m, n, k, 0, a_rs, a_cs, a_bs, 0, b_rs, b_cs, b_bs, 0, pc.ld, pc.batch_stride, count, flags,
-                       threads, 0 if row_bias is None else row_bias.ctypes.data]  # fmt: skip
+                       threads, 0 if row_bias is None else row_bias.ctypes.data,
+                       0 if epilogue is None else epilogue.address(threads)]  # fmt: skip
     if packed_a is not None:
         args[3] = packed_a.ctypes.data
     if packed_b is not None:
@@ -339,8 +348,8 @@ def native_step(a: Any, b: Any, out: Any, ctx: Any = None, row_bias: np.ndarray 
     live = (packed_a is None, packed_b is None)
     operands = tuple(x for x, keep in zip((a, b, out), (*live, True)) if keep)
     positions = tuple(p for p, keep in zip((3, 7, 11), (*live, True)) if keep)
-    kept = tuple(x for x in (packed_a, packed_b, row_bias) if x is not None)
-    return bound_call(lib.gemm, args, operands, positions, _fallback(a, b, live, row_bias), keep=kept)
+    kept = tuple(x for x in (packed_a, packed_b, row_bias, epilogue) if x is not None)
+    return bound_call(lib.gemm, args, operands, positions, _fallback(a, b, live, row_bias, epilogue), keep=kept)
 
 
 def gemv_step(a: Any, b: Any, out: Any, bias: np.ndarray | None = None) -> Step | None:

@@ -34,7 +34,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 11
+#define RLX_ABI 12
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
@@ -331,19 +331,16 @@ RLX_API int rlx_region(const int64_t *meta, void *const *ptrs, const rlx_vml *vm
     return region_range(meta, ptrs, vml, start, stop);
 }
 
-static int region_range(const int64_t *meta, void *const *ptrs, const rlx_vml *vml, int64_t start, int64_t stop) {
-    const int64_t n_in = meta[1], n_instr = meta[2], n_regs = meta[3], ndim = meta[4];
-    const int64_t *shape = meta + 6;
-    const int64_t *in_meta = shape + ndim;
-    const int64_t *code = in_meta + n_in * (1 + ndim);
-    float *out = (float *)ptrs[0];
+/* The values a region reads: inputs, then registers. A scalar input is a block filled with
+ * its value (in work, after the registers); a strided one gets its block there per run. */
+#define RLX_REGION_VALUES (64 + 256)
+static int64_t region_work_floats(const int64_t *meta) { return (meta[3] + meta[1]) * RLX_BLOCK; }
+
+static void region_bind(const int64_t *meta, void *const *ptrs, float *work, const float **vals) {
+    const int64_t n_in = meta[1], n_regs = meta[3], ndim = meta[4];
+    const int64_t *in_meta = meta + 6 + ndim;
     const float *const *in = (const float *const *)(ptrs + 1);
-    size_t bytes = (size_t)(n_regs + n_in) * RLX_BLOCK * sizeof(float);
-    float *work = bytes ? (float *)malloc(bytes) : NULL;
-    if (bytes && !work) return -1;
-    float *regs = work, *inbuf = work + n_regs * RLX_BLOCK;
-    const float *vals[64 + 256];
-    if (n_in + n_regs > 64 + 256) { free(work); return -1; }
+    float *inbuf = work + n_regs * RLX_BLOCK;
     for (int64_t i = 0; i < n_in; i++) {
         if (in_meta[i * (1 + ndim)] == IN_SCALAR) {
             float v = in[i][0], *buf = inbuf + i * RLX_BLOCK;
@@ -351,9 +348,25 @@ static int region_range(const int64_t *meta, void *const *ptrs, const rlx_vml *v
             vals[i] = buf;
         }
     }
-    for (int64_t r = 0; r < n_regs; r++) vals[n_in + r] = regs + r * RLX_BLOCK;
-    for (int64_t s = start; s < stop; s += RLX_BLOCK) {
-        int64_t n = stop - s < RLX_BLOCK ? stop - s : RLX_BLOCK;
+    for (int64_t r = 0; r < n_regs; r++) vals[n_in + r] = work + r * RLX_BLOCK;
+}
+
+/* Output elements [start, stop), block by block, with work and vals from region_bind. */
+static void region_blocks(const int64_t *meta, void *const *ptrs, const rlx_vml *vml, float *work,
+                          const float **vals, int64_t start, int64_t stop) {
+    const int64_t n_in = meta[1], n_instr = meta[2], n_regs = meta[3], ndim = meta[4];
+    const int64_t *shape = meta + 6;
+    const int64_t *in_meta = shape + ndim;
+    const int64_t *code = in_meta + n_in * (1 + ndim);
+    float *out = (float *)ptrs[0];
+    const float *const *in = (const float *const *)(ptrs + 1);
+    float *regs = work, *inbuf = work + n_regs * RLX_BLOCK;
+    for (int64_t s = start, n; s < stop; s += n) {
+        /* blocks end on multiples of 16 elements: an epilogue's span may start anywhere (a
+         * 14 x 14 plane is 196 floats), and vector stores across cache lines ran its
+         * sigmoid at half speed */
+        n = RLX_BLOCK - (s & 15);
+        n = stop - s < n ? stop - s : n;
         for (int64_t i = 0; i < n_in; i++) {
             const int64_t *im = in_meta + i * (1 + ndim);
             if (im[0] == IN_FULL) vals[i] = in[i] + s;
@@ -371,8 +384,85 @@ static int region_range(const int64_t *meta, void *const *ptrs, const rlx_vml *v
             run_op(ins[0], d, a, b, c, n, vml);
         }
     }
+}
+
+static int region_range(const int64_t *meta, void *const *ptrs, const rlx_vml *vml, int64_t start, int64_t stop) {
+    if (meta[1] + meta[3] > RLX_REGION_VALUES) return -1;
+    size_t bytes = (size_t)region_work_floats(meta) * sizeof(float);
+    float *work = bytes ? (float *)malloc(bytes) : NULL;
+    if (bytes && !work) return -1;
+    const float *vals[RLX_REGION_VALUES];
+    region_bind(meta, ptrs, work, vals);
+    region_blocks(meta, ptrs, vml, work, vals, start, stop);
     free(work);
     return 0;
+}
+
+/* ------------------------------------------------------------------ epilogues
+ * An elementwise program a kernel applies to its own output part by part, as each part is
+ * finished and still in cache: a region (rlx_region's meta, ptrs and vml) whose output is
+ * the kernel's output and whose input 0 is that output too (ptrs[0] == ptrs[1]: each
+ * element is read before it is written), other inputs anything a region takes (a residual,
+ * scalars). A part is a run of consecutive elements; its flat position is its distance
+ * from ptrs[0]. work holds `per` floats (region_work_floats) for each of the kernel's
+ * threads. The caller plans it (regions.py) with at most RLX_REGION_VALUES values. */
+typedef struct {
+    const int64_t *meta;
+    void *const *ptrs;
+    const rlx_vml *vml;
+    float *work;
+    int64_t per;
+} rlx_epilogue;
+
+/* A thread's epilogue state. Spans that follow one another in memory are gathered into one
+ * pending run (up to RLX_EPI_RUN floats, still in L2) and applied together: a 7 x 7 plane
+ * is 49 floats, and a call of the interpreter per plane cost more than the work (a
+ * 5-instruction hard-swish over 576 such planes took longer in-kernel than as a region of
+ * its own). */
+#define RLX_EPI_RUN (16 * RLX_BLOCK)
+typedef struct {
+    const rlx_epilogue *e;
+    float *work;
+    int64_t at, len; /* the pending run, in flat positions */
+    const float *vals[RLX_REGION_VALUES];
+} epi_state;
+
+static inline int64_t rlx_thread(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* Ready thread t's state for e (NULL: no epilogue, every span a no-op). */
+static void epi_begin(epi_state *st, const rlx_epilogue *e, int64_t t) {
+    st->e = e;
+    st->at = st->len = 0;
+    if (!e) return;
+    st->work = e->work + t * e->per;
+    region_bind(e->meta, e->ptrs, st->work, st->vals);
+}
+
+/* Apply the pending run. Every part function ends with this. */
+static void epi_flush(epi_state *st) {
+    if (!st->e || st->len <= 0) return;
+    region_blocks(st->e->meta, st->e->ptrs, st->e->vml, st->work, st->vals, st->at, st->at + st->len);
+    st->len = 0;
+}
+
+/* The epilogue over the len elements from p (part of the kernel's output, final): now, or
+ * with the spans after it when they follow on in memory. */
+static void epi_span(epi_state *st, const float *p, int64_t len) {
+    if (!st->e || len <= 0) return;
+    int64_t at = p - (const float *)st->e->ptrs[0];
+    if (st->len > 0 && st->at + st->len == at && st->len + len <= RLX_EPI_RUN) {
+        st->len += len;
+        return;
+    }
+    epi_flush(st);
+    st->at = at, st->len = len;
+    if (len >= RLX_EPI_RUN) epi_flush(st);
 }
 
 /* ------------------------------------------------------------ row kernels */
@@ -667,13 +757,15 @@ static inline void dw_row3_s2(float *restrict dst, const float *restrict e0, con
 static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const float *bias, float *y, float *pad,
                                         int64_t p0, int64_t p1, int64_t c, int64_t h, int64_t w, int64_t kh,
                                         int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
-                                        int64_t pl, int64_t oh, int64_t ow) {
+                                        int64_t pl, int64_t oh, int64_t ow, const rlx_epilogue *epi, int64_t t) {
     int64_t hp = (oh - 1) * sh + (kh - 1) * dh + 1, wp = (ow - 1) * sw + (kw - 1) * dw + 1;
     int64_t x0 = pl < wp ? pl : wp, x1 = pl + w < wp ? pl + w : wp; /* padded columns holding data */
     int unit = sh == 1 && sw == 1 && dh == 1 && dw == 1;
     int two = sh == 2 && sw == 2 && dh == 1 && dw == 1 && kh == 3 && kw == 3 && wp <= DW_SPLIT_MAX;
     int64_t we = (wp + 1) / 2; /* a split row: its we even columns, then its odd ones */
     float split[DW_SPLIT_MAX];
+    epi_state es;
+    epi_begin(&es, epi, t);
     for (int64_t p = p0; p < p1; p++) {
         const float *plane = x + p * h * w, *f = wt + (p % c) * kh * kw;
         float b = bias ? bias[p % c] : 0.0f;
@@ -715,18 +807,20 @@ static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const f
                 }
             }
         }
+        epi_span(&es, out, oh * ow);
     }
+    epi_flush(&es);
 }
 
 /* scratch: `threads` zero-padded planes of ((oh-1)*sh + (kh-1)*dh + 1) x ((ow-1)*sw + (kw-1)*dw + 1)
- * floats, one per thread. */
+ * floats, one per thread; epi: NULL or the epilogue applied to each plane as it is done. */
 RLX_API void rlx_depthwise_conv(const float *x, const float *wt, const float *bias, float *y, float *scratch,
                                 int64_t planes, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh,
                                 int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
-                                int64_t threads) {
+                                int64_t threads, const rlx_epilogue *epi) {
     int64_t padded = ((oh - 1) * sh + (kh - 1) * dh + 1) * ((ow - 1) * sw + (kw - 1) * dw + 1);
     RLX_ACROSS_TEAM(threads, planes, depthwise_planes(x, wt, bias, y, scratch + t * padded, lo, hi, c, h, w, kh, kw, sh,
-                                                      sw, dh, dw, pt, pl, oh, ow));
+                                                      sw, dh, dw, pt, pl, oh, ow, epi, t));
 }
 
 /* Depthwise convolution with the channels in the vector lanes: DW_LANES planes at a time are
@@ -783,11 +877,14 @@ static inline __attribute__((always_inline)) void transpose16(rlx_v16 *r) {
 static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wt, const float *bias, float *y,
                                              float *scratch, int64_t b0, int64_t b1, int64_t c, int64_t h, int64_t w,
                                              int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
-                                             int64_t pt, int64_t pl, int64_t oh, int64_t ow) {
+                                             int64_t pt, int64_t pl, int64_t oh, int64_t ow,
+                                             const rlx_epilogue *epi, int64_t t) {
     const int64_t hp = (oh - 1) * sh + (kh - 1) * dh + 1, wp = (ow - 1) * sw + (kw - 1) * dw + 1;
     const int64_t per_image = (c + DW_LANES - 1) / DW_LANES, taps = kh * kw, opix = oh * ow;
     float *pad = scratch, *filt = pad + (hp * wp + DW_PIXELS * sw + 1) * DW_LANES, *res = filt + taps * DW_LANES;
     memset(pad + hp * wp * DW_LANES, 0, (size_t)(DW_PIXELS * sw + 1) * DW_LANES * sizeof(float));
+    epi_state es;
+    epi_begin(&es, epi, t);
     for (int64_t blk = b0; blk < b1; blk++) {
         const int64_t img = blk / per_image, c0 = (blk % per_image) * DW_LANES;
         const int64_t lanes = c - c0 < DW_LANES ? c - c0 : DW_LANES;
@@ -875,19 +972,22 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wt, co
             float *plane = yb + l * opix;
             for (int64_t p = p0; p < opix; p++) plane[p] = res[p * DW_LANES + l];
         }
+        epi_span(&es, yb, lanes * opix);
     }
+    epi_flush(&es);
 }
 
 /* x: N*C planes H x W; wt: C filters kh x kw; y: N*C planes oh x ow; scratch: `threads`
- * blocks of rlx_depthwise_lanes_scratch(...) floats. */
+ * blocks of rlx_depthwise_lanes_scratch(...) floats; epi: NULL or the epilogue applied to
+ * each block of planes as it is done. */
 RLX_API void rlx_depthwise_lanes(const float *x, const float *wt, const float *bias, float *y, float *scratch,
                                  int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh,
                                  int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
-                                 int64_t threads) {
+                                 int64_t threads, const rlx_epilogue *epi) {
     const int64_t blocks = n * ((c + DW_LANES - 1) / DW_LANES);
     const int64_t per_thread = dw_lanes_floats(kh, kw, sh, sw, dh, dw, oh, ow);
     RLX_ACROSS_TEAM(threads, blocks, depthwise_lane_blocks(x, wt, bias, y, scratch + t * per_thread, lo, hi, c, h, w,
-                                                           kh, kw, sh, sw, dh, dw, pt, pl, oh, ow));
+                                                           kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, epi, t));
 }
 
 /* One output row of a pool whose windows are kw adjacent columns (sw 1 or 2): the kh input
@@ -1435,6 +1535,7 @@ typedef struct {
     float *c;
     int64_t ldc, flags;
     const float *bias; /* one per row of C, or NULL */
+    const rlx_epilogue *epi; /* applied to C's rows as each block of them is final, or NULL */
 } gemm_args;
 
 /* Each thread's packing buffer: grown when a product needs more, never shrunk. */
@@ -1464,12 +1565,17 @@ static inline float gemm_b_at(const gemm_args *g, int64_t p, int64_t j) {
 /* C[r0:r1, c0:c1] without a packing buffer: the way out when one cannot be allocated
  * (slow, but the product is still right). */
 static void gemm_plain(const gemm_args *g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    for (int64_t i = r0; i < r1; i++)
+    epi_state es;
+    epi_begin(&es, g->epi, rlx_thread());
+    for (int64_t i = r0; i < r1; i++) {
         for (int64_t j = c0; j < c1; j++) {
             float s = 0.0f;
             for (int64_t p = 0; p < g->k; p++) s += gemm_a_at(g, i, p) * gemm_b_at(g, p, j);
             g->c[i * g->ldc + j] = s + (g->bias ? g->bias[i] : 0.0f);
         }
+        epi_span(&es, g->c + i * g->ldc + c0, c1 - c0);
+    }
+    epi_flush(&es);
 }
 
 /* C's row panels [i0, i1) x column panels [j0, j1) of one product, on this thread. */
@@ -1485,6 +1591,8 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
         return;
     }
     float *ap_buf = buf, *bp_buf = buf + (packed_a || direct_a ? 0 : RLX_GEMM_MC * kmax);
+    epi_state es;
+    epi_begin(&es, g->epi, rlx_thread());
     const int64_t mcp = RLX_GEMM_MC / MR, ncp = RLX_GEMM_NC / NR; /* panels per block */
     const int64_t mp_pad = (g->m + MR - 1) / MR * MR, np_pad = (g->n + NR - 1) / NR * NR; /* packed rows */
     for (int64_t jc = j0; jc < j1; jc += ncp) {
@@ -1531,9 +1639,12 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
                             gemm_micro(kc, ap + ir * astride, bp + jr * bstride, c, g->ldc, mr, nr, pc > 0, rb);
                     }
                 }
+                if (last && g->epi) /* this block of C is final: its rows while in cache */
+                    for (int64_t r = ic * MR; r < ic * MR + rows; r++) epi_span(&es, g->c + r * g->ldc + jc * NR, cols);
             }
         }
     }
+    epi_flush(&es);
 }
 
 /* How one product is split over `threads`: along C's column panels (*by_rows = 0) or
@@ -1564,20 +1675,27 @@ static void gemm_part(const gemm_args *g, int64_t part, int64_t parts, int by_ro
  * operand is already packed by rlx_gemm_pack_a / _b (its strides are then ignored, and
  * its batch stride counts packed floats). row_bias (NULL or m floats) is added to every row
  * of every product's C as the last k block is stored: a convolution's bias without a pass
- * of its own. A thread whose packing buffer cannot be allocated computes its part with a
- * plain loop. */
+ * of its own. epi (NULL or an epilogue with work for `threads` threads) is applied to C's
+ * rows block by block as they are final: a 1x1 convolution's activation. A thread whose
+ * packing buffer cannot be allocated computes its part with a plain loop. */
 RLX_API void rlx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_rs, int64_t a_cs, int64_t a_bs,
                       const float *b, int64_t b_rs, int64_t b_cs, int64_t b_bs, float *c, int64_t ldc, int64_t c_bs,
-                      int64_t count, int64_t flags, int64_t threads, const float *row_bias) {
+                      int64_t count, int64_t flags, int64_t threads, const float *row_bias,
+                      const rlx_epilogue *epi) {
     if (m <= 0 || n <= 0 || count <= 0) return;
     if (k <= 0) {
+        epi_state es;
+        epi_begin(&es, epi, 0);
         for (int64_t q = 0; q < count; q++)
-            for (int64_t i = 0; i < m; i++)
+            for (int64_t i = 0; i < m; i++) {
                 for (int64_t j = 0; j < n; j++) c[q * c_bs + i * ldc + j] = row_bias ? row_bias[i] : 0.0f;
+                epi_span(&es, c + q * c_bs + i * ldc, n);
+            }
+        epi_flush(&es);
         return;
     }
     threads = threads > g_max_threads ? g_max_threads : threads;
-    gemm_args base = {m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, ldc, flags, row_bias};
+    gemm_args base = {m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, ldc, flags, row_bias, epi};
 #ifdef _OPENMP
     if (threads > 1 && count >= 2 * threads) { /* whole products per thread */
         threads = threads > count ? count : threads;
@@ -1672,6 +1790,7 @@ typedef struct {
     const float *xs, *bias;
     float *y;
     int64_t o, k, n, mr; /* n = oh ow */
+    const rlx_epilogue *epi;
 } conv_gemm_args;
 
 /* Rows [r0, r1) of xs, row R = ((ci sh + py) kw + kj) hq + r: plane by plane (ci, py,
@@ -1772,15 +1891,20 @@ static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm
  * 17) is summed in a scratch tile of the thread's and copied out after the last k block. */
 static RLX_CLONES void conv_gemm_part(const conv_gemm_args *g, int64_t i0, int64_t i1, int64_t t0, int64_t t1) {
     const int64_t NR = RLX_GEMM_NR, MR = g->mr, tail = g->n % NR ? g->n / NR : -1; /* the partial tile */
+    const int64_t ch0 = i0 * MR, ch1 = i1 * MR < g->o ? i1 * MR : g->o; /* this part's channels */
+    epi_state es;
+    epi_begin(&es, g->epi, rlx_thread());
     float *edge = tail >= t0 && tail < t1 ? gemm_buffer((i1 - i0) * MR * NR) : NULL;
     if (tail >= t0 && tail < t1 && !edge) { /* no scratch: that tile as plain sums */
-        for (int64_t ch = i0 * MR; ch < i1 * MR && ch < g->o; ch++)
+        for (int64_t ch = ch0; ch < ch1; ch++) {
             for (int64_t j = tail * NR; j < g->n; j++) {
                 float s = g->bias ? g->bias[ch] : 0.0f;
                 for (int64_t t = 0; t < g->k; t++)
                     s += g->a[gemm_blocked_at(ch, t, g->o, g->k, MR)] * g->xs[g->toff[t] + j];
                 g->y[ch * g->n + j] = s;
             }
+            epi_span(&es, g->y + ch * g->n + tail * NR, g->n - tail * NR);
+        }
         t1 = tail;
     }
     int64_t ts = RLX_CONV_GEMM_CHUNK / ((i1 - i0) * MR * NR); /* tiles a chunk holds */
@@ -1799,10 +1923,17 @@ static RLX_CLONES void conv_gemm_part(const conv_gemm_args *g, int64_t i0, int64
                         conv_gemm_tile(g, 12, ir, pc, kc, t * NR, c, ldc, pc == 0, t == tb);
                 }
         }
+        /* the chunk's columns in y are final (the partial tile, in `edge`, goes out below) */
+        const int64_t c0 = tb * NR, c1 = tail >= tb && tail < te ? tail * NR : (te * NR < g->n ? te * NR : g->n);
+        if (g->epi)
+            for (int64_t ch = ch0; ch < ch1; ch++) epi_span(&es, g->y + ch * g->n + c0, c1 - c0);
     }
     if (edge && tail < t1)
-        for (int64_t ch = i0 * MR; ch < i1 * MR && ch < g->o; ch++)
+        for (int64_t ch = ch0; ch < ch1; ch++) {
             memcpy(g->y + ch * g->n + tail * NR, edge + (ch - i0 * MR) * NR, (size_t)(g->n - tail * NR) * sizeof(float));
+            epi_span(&es, g->y + ch * g->n + tail * NR, g->n - tail * NR);
+        }
+    epi_flush(&es);
 }
 
 /* The same product with the roles of the operands swapped, for small planes: vectors run
@@ -1866,14 +1997,19 @@ static RLX_CLONES void conv_gemm_part_t(const conv_gemm_args *g, int64_t c0, int
     int64_t width = (c1 - c0) * 32, chunk = RLX_CONV_GEMM_CHUNK / width / 12 * 12;
     chunk = chunk < 12 ? 12 : chunk;
     float *strip = gemm_buffer((chunk < j1 - j0 ? chunk : j1 - j0) * width);
+    epi_state es;
+    epi_begin(&es, g->epi, rlx_thread());
     if (!strip) { /* no scratch: plain sums */
-        for (int64_t ch = c0 * 32; ch < c1 * 32 && ch < g->o; ch++)
+        for (int64_t ch = c0 * 32; ch < c1 * 32 && ch < g->o; ch++) {
             for (int64_t j = j0; j < j1; j++) {
                 float s = g->bias ? g->bias[ch] : 0.0f;
                 for (int64_t t = 0; t < g->k; t++)
                     s += g->a[gemm_blocked_at(ch, t, g->o, g->k, 32)] * g->xs[g->toff[t] + j];
                 g->y[ch * g->n + j] = s;
             }
+            epi_span(&es, g->y + ch * g->n + j0, j1 - j0);
+        }
+        epi_flush(&es);
         return;
     }
     for (int64_t jb = j0; jb < j1; jb += chunk) {
@@ -1895,8 +2031,10 @@ static RLX_CLONES void conv_gemm_part_t(const conv_gemm_args *g, int64_t c0, int
             const float *sc = strip + (ch - c0 * 32);
             float *yc = g->y + ch * g->n, bv = g->bias ? g->bias[ch] : 0.0f;
             for (int64_t j = jb; j < je; j++) yc[j] = sc[(j - jb) * width] + bv;
+            epi_span(&es, yc + jb, je - jb);
         }
     }
+    epi_flush(&es);
 }
 
 /* Part `part` of `parts`: a range of row (channel) panels when by_rows, else of column
@@ -1922,18 +2060,19 @@ static void conv_gemm_run_part(const conv_gemm_args *g, int64_t part, int64_t pa
 /* y (o, oh, ow) = conv(x, W) + bias (o floats or NULL); apk: W packed by
  * rlx_conv_gemm_pack with panels of mr rows (8 or 12: outputs in vectors; 32: channels in
  * vectors); toff: rlx_conv_gemm_offsets'; xs: rlx_conv_gemm_scratch floats (unused by a
- * plain 1x1 convolution with mr 32). */
+ * plain 1x1 convolution with mr 32); epi: NULL or the epilogue applied to each channel's
+ * outputs as a chunk of them is finished (work for `threads` threads). */
 RLX_API void rlx_conv_gemm(const float *x, const float *apk, const int32_t *toff, const float *bias, float *y,
                            float *xs, int64_t c, int64_t h, int64_t wd, int64_t o, int64_t kh, int64_t kw, int64_t sh,
                            int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
-                           int64_t mr, int64_t threads) {
+                           int64_t mr, int64_t threads, const rlx_epilogue *epi) {
     if (mr != 8 && mr != 12 && mr != 32) return; /* never sent: native_nn.conv_gemm_steps packs for these */
     int64_t hq = conv_gemm_hq(kh, sh, dh, oh), rows = c * sh * kw * hq;
     /* a plain 1x1 convolution with the channels in vectors reads x itself: no copy */
     const int plain = mr == 32 && kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && oh == h && ow == wd;
     if (plain) rows = 0;
     else memset(xs + rows * ow, 0, RLX_GEMM_NR * sizeof(float));
-    conv_gemm_args g = {apk, toff, plain ? x : xs, bias, y, o, c * kh * kw, oh * ow, mr};
+    conv_gemm_args g = {apk, toff, plain ? x : xs, bias, y, o, c * kh * kw, oh * ow, mr, epi};
     threads = threads > g_max_threads ? g_max_threads : threads;
     int by_rows;
     /* gemm_split counts rows in panels of RLX_GEMM_MR and columns in RLX_GEMM_NR: scaled */
@@ -2057,7 +2196,7 @@ RLX_API int64_t rlx_packed(const int64_t *a) {
     switch (a[0]) {
     case RLX_PK_GEMM:
         rlx_gemm(a[1], a[2], a[3], PK_IN(4), a[5], a[6], a[7], PK_IN(8), a[9], a[10], a[11], PK_OUT(12), a[13], a[14],
-                 a[15], a[16], a[17], PK_IN(18));
+                 a[15], a[16], a[17], PK_IN(18), (const rlx_epilogue *)(intptr_t)a[19]);
         return 0;
     case RLX_PK_GEMV:
         rlx_gemv(PK_IN(1), PK_IN(2), PK_OUT(3), a[4], a[5], a[6], a[7], a[8], a[9], PK_IN(10));
@@ -2082,11 +2221,13 @@ RLX_API int64_t rlx_packed(const int64_t *a) {
         return 0;
     case RLX_PK_DEPTHWISE:
         rlx_depthwise_conv(PK_IN(1), PK_IN(2), PK_IN(3), PK_OUT(4), PK_OUT(5), a[6], a[7], a[8], a[9], a[10], a[11],
-                           a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20]);
+                           a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20],
+                           (const rlx_epilogue *)(intptr_t)a[21]);
         return 0;
     case RLX_PK_DEPTHWISE_LANES:
         rlx_depthwise_lanes(PK_IN(1), PK_IN(2), PK_IN(3), PK_OUT(4), PK_OUT(5), a[6], a[7], a[8], a[9], a[10], a[11],
-                            a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20]);
+                            a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20],
+                            (const rlx_epilogue *)(intptr_t)a[21]);
         return 0;
     case RLX_PK_CONV_DIRECT:
         rlx_conv_direct(PK_IN(1), PK_IN(2), PK_IN(3), PK_OUT(4), PK_OUT(5), a[6], a[7], a[8], a[9], a[10], a[11],
@@ -2097,7 +2238,8 @@ RLX_API int64_t rlx_packed(const int64_t *a) {
                           (const rlx_vml *)(intptr_t)a[3], a[4], a[5], a[6]);
     case RLX_PK_CONV_GEMM:
         rlx_conv_gemm(PK_IN(1), PK_IN(2), (const int32_t *)(intptr_t)a[3], PK_IN(4), PK_OUT(5), PK_OUT(6), a[7], a[8],
-                      a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22]);
+                      a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22],
+                      (const rlx_epilogue *)(intptr_t)a[23]);
         return 0;
     default:
         return -1;

@@ -88,10 +88,10 @@ class Native:
         self.im2col.restype = None
         # (x, w, bias, y, scratch, planes, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, threads)
         self.depthwise = self._lib.rlx_depthwise_conv
-        self.depthwise.argtypes = [p, p, p, p, p, *[i64] * 15]
+        self.depthwise.argtypes = [p, p, p, p, p, *[i64] * 15, p]  # ..., threads, epilogue
         self.depthwise.restype = None
         self.depthwise_lanes = self._lib.rlx_depthwise_lanes
-        self.depthwise_lanes.argtypes = [p, p, p, p, p, *[i64] * 15]
+        self.depthwise_lanes.argtypes = [p, p, p, p, p, *[i64] * 15, p]
         self.depthwise_lanes.restype = None
         self.depthwise_lanes_scratch = self._lib.rlx_depthwise_lanes_scratch
         self.depthwise_lanes_scratch.argtypes = [i64] * 8
@@ -112,7 +112,7 @@ class Native:
         self.conv_direct_scratch.restype = i64
         # (x, apk, toff, bias, y, xs, c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, mr, threads)
         self.conv_gemm = self._lib.rlx_conv_gemm
-        self.conv_gemm.argtypes = [p, p, p, p, p, p, *[i64] * 16]
+        self.conv_gemm.argtypes = [p, p, p, p, p, p, *[i64] * 16, p]
         self.conv_gemm.restype = None
         self.conv_gemm_scratch = self._lib.rlx_conv_gemm_scratch  # (c, kh, kw, sh, sw, dh, dw, oh, ow)
         self.conv_gemm_scratch.argtypes = [i64] * 9
@@ -131,7 +131,7 @@ class Native:
         self.conv_pack.restype = None
         # (m, n, k, a, a_rs, a_cs, a_bs, b, b_rs, b_cs, b_bs, c, ldc, c_bs, count, flags, threads)
         self.gemm = self._lib.rlx_gemm
-        self.gemm.argtypes = [i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, i64, i64, p]
+        self.gemm.argtypes = [i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, i64, i64, p, p]
         self.gemm.restype = None
         self.gemv = self._lib.rlx_gemv  # (mat, v, y, len, k, si, sk, sy, threads, bias)
         self.gemv.argtypes = [p, p, p, *[i64] * 6, p]

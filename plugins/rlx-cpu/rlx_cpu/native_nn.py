@@ -24,7 +24,7 @@ import numpy as np
 from . import conv_choice, gemm
 from .ccall import bound_call
 from .native import library
-from .regions import SPLIT_NS
+from .regions import SPLIT_NS, Epilogue
 from .steps import Dyn, Step
 
 __all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step", "max_pool_padded_step", "conv_direct_steps",
@@ -44,6 +44,20 @@ def _overlaps_elsewhere(x: Any, out: Any) -> bool:
     (a kernel writing ``out`` would overwrite ``x`` before reading it)."""
     return (not isinstance(x, Dyn) and not isinstance(out, Dyn) and np.may_share_memory(x, out)
             and x.ctypes.data != out.ctypes.data)  # fmt: skip
+
+
+def _then(run: Callable[..., None], epilogue: Epilogue | None, start: int = 0, stop: int | None = None
+          ) -> Callable[..., None]:  # fmt: skip
+    """A kernel's numpy fallback ``run``, followed by the epilogue the kernel would have
+    applied (over output elements [start, stop))."""
+    if epilogue is None:
+        return run
+
+    def both(*args: Any) -> None:
+        run(*args)
+        epilogue.run(start, stop)
+
+    return both
 
 
 def _threads(lib: Any, elements: int, ns: float) -> int:
@@ -253,12 +267,14 @@ def _rows_vectorize(kh: int, kw: int, stride: tuple[int, int], dilation: tuple[i
 
 def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, stride: tuple[int, int],
                    dilation: tuple[int, int], pads: tuple[int, int],
-                   scratch: Callable[[tuple[int, ...], Any], np.ndarray]) -> Step | None:  # fmt: skip
+                   scratch: Callable[[tuple[int, ...], Any], np.ndarray],
+                   epilogue: Epilogue | None = None) -> Step | None:  # fmt: skip
     """A depthwise convolution (``groups`` = channels, one filter each: ``w`` (C, 1, kh, kw))
     of ``x`` (N, C, H, W) into ``out`` (N, C, oh, ow) with zero padding ``pads`` (top, left;
     the bottom and right follow from the shapes) in one pass, instead of im2col and C
-    one-row products; ``scratch(shape, dtype)`` gives the padded planes' memory (one
-    per thread). float32, contiguous arrays only (else None)."""
+    one-row products, then ``epilogue`` over each plane (or block of planes) as it is
+    done; ``scratch(shape, dtype)`` gives the padded planes' memory (one per thread).
+    float32, contiguous arrays only (else None)."""
     lib = library()
     if lib is None or not _fits(x, w, bias, out) or isinstance(w, Dyn) or isinstance(bias, Dyn) or out.size == 0:
         return None
@@ -268,19 +284,20 @@ def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, str
     geometry = (n * c, c, h, wd, kh, kw, *stride, *dilation, *pads, oh, ow)
     threads = _threads(lib, out.size * kh * kw, 0.3)
     (sh, sw), (dh, dw) = stride, dilation
-    numpy_run = _depthwise_numpy(geometry)
+    run_numpy = _then(_depthwise_numpy(geometry), epilogue)
+    epi = 0 if epilogue is None else epilogue.address(threads)
+    kept = (w, bias, epilogue)
     if not _rows_vectorize(kh, kw, stride, dilation, ow):
         per_thread = lib.depthwise_lanes_scratch(kh, kw, sh, sw, dh, dw, oh, ow)
         lanes = scratch((threads * per_thread,), np.float32)
-        keep = (w, lanes) if bias is None else (w, bias, lanes)
         args = [0, w.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, lanes.ctypes.data, n, c, h, wd, kh, kw,
-                sh, sw, dh, dw, *pads, oh, ow, threads]  # fmt: skip
-        return bound_call(lib.depthwise_lanes, args, (x, out), (0, 3), lambda xv, yv: numpy_run(xv, w, bias, yv),
-                          keep)  # fmt: skip
+                sh, sw, dh, dw, *pads, oh, ow, threads, epi]  # fmt: skip
+        return bound_call(lib.depthwise_lanes, args, (x, out), (0, 3), lambda xv, yv: run_numpy(xv, w, bias, yv),
+                          tuple(k for k in (*kept, lanes) if k is not None))  # fmt: skip
     padded = scratch((threads * ((oh - 1) * sh + (kh - 1) * dh + 1) * ((ow - 1) * sw + (kw - 1) * dw + 1),), np.float32)
-    keep = (w, padded) if bias is None else (w, bias, padded)
-    args = [0, w.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, padded.ctypes.data, *geometry, threads]
-    return bound_call(lib.depthwise, args, (x, out), (0, 3), lambda xv, yv: numpy_run(xv, w, bias, yv), keep)
+    args = [0, w.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, padded.ctypes.data, *geometry, threads, epi]
+    return bound_call(lib.depthwise, args, (x, out), (0, 3), lambda xv, yv: run_numpy(xv, w, bias, yv),
+                      tuple(k for k in (*kept, padded) if k is not None))  # fmt: skip
 
 
 #: Convolutions with at most this many taps per output (c * kh * kw) run as a direct
@@ -383,10 +400,12 @@ def conv_gemm_panel(o: int, n: int, k: int) -> int:
 
 
 def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], stride: tuple[int, int],
-                    dilation: tuple[int, int], ctx: Any) -> list[Step] | None:  # fmt: skip
+                    dilation: tuple[int, int], ctx: Any, epilogue: Epilogue | None = None
+                    ) -> list[Step] | None:  # fmt: skip
     """An ungrouped float32 convolution as one implicit-GEMM call per image
     (``native.c``'s ``rlx_conv_gemm``: the product of the packed weights with columns read
-    from a copy of the input shifted per tap column, no im2col); None when it does not
+    from a copy of the input shifted per tap column, no im2col), then ``epilogue`` over
+    each channel's outputs as a chunk of them is finished; None when it does not
     apply: rlx's GEMM does not take this process's products (``gemm.use_native``) or
     im2col measured faster here (``conv_choice``), the weights are not a resident, a plain
     1x1 convolution that rlx_gemm runs as well, or another layout or dtype."""
@@ -422,15 +441,18 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
         return None
     xs = ctx.scratch((lib.conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow),), np.float32)
     threads = lib.threads_for(o * k * oh * ow, gemm.SPLIT_MACS, gemm.THREAD_MACS)
-    fallback = _conv_numpy(w, pads, stride, (oh, ow), dilation)
+    epi = 0 if epilogue is None else epilogue.address(threads)
+    keep = (apk, toff) if epilogue is None else (apk, toff, epilogue)
+    per_image = o * oh * ow
     steps = []
     for i in range(n):
+        fallback = _then(_conv_numpy(w, pads, stride, (oh, ow), dilation), epilogue, i * per_image, (i + 1) * per_image)
         args = [0, apk.ctypes.data, toff.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow,
-                mr, threads]  # fmt: skip
+                mr, threads, epi]  # fmt: skip
         if bias is None:
             steps.append(bound_call(lib.conv_gemm, args, (x[i], out[i], xs), (0, 4, 5),
-                                    lambda x_, y_, _xs, f=fallback: f(x_, None, y_), keep=(apk, toff)))  # fmt: skip
+                                    lambda x_, y_, _xs, f=fallback: f(x_, None, y_), keep=keep))  # fmt: skip
         else:
             steps.append(bound_call(lib.conv_gemm, args, (x[i], bias, out[i], xs), (0, 3, 4, 5),
-                                    lambda x_, b_, y_, _xs, f=fallback: f(x_, b_, y_), keep=(apk, toff)))  # fmt: skip
+                                    lambda x_, b_, y_, _xs, f=fallback: f(x_, b_, y_), keep=keep))  # fmt: skip
     return steps

@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import as_strided
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind
 
-from .gemm import gemv_step, matmul_bias_step, matmul_step, use_native
+from .gemm import gemv_step, matmul_bias_step, matmul_step, native_step, use_native
 from .kernels import BuildContext, Builder, compute_dtype, const, ufunc_step
 from .native import library as native_library
 from .native_nn import (
@@ -32,6 +32,7 @@ from .native_nn import (
     pool_step,
     softmax_step,
 )
+from .regions import Epilogue
 from .steps import Step, is_fixed
 
 __all__ = ["NN_KERNELS"]
@@ -229,17 +230,33 @@ def _with_bias_column(w3: Any, b: Any, ctx: BuildContext) -> tuple[Any, list[Ste
 
 
 def _conv_product(w3: Any, cols: Any, b: Any, res4: Any, ctx: BuildContext, bias_in_gemm: bool,
-                  ) -> tuple[Step, bool]:  # fmt: skip
-    """A convolution's product ``res4 = w3 @ cols`` as one step, and whether that step
-    adds the bias too (rlx's GEMM, when ``bias_in_gemm`` and it takes the product); else
-    the caller adds the bias in a pass of its own."""
+                  epilogue: Epilogue | None) -> tuple[Step, bool, bool]:  # fmt: skip
+    """A convolution's product ``res4 = w3 @ cols`` as one step, whether that step adds
+    the bias too (rlx's GEMM, when ``bias_in_gemm`` and it takes the product; else the
+    caller adds the bias in a pass of its own), and whether it applied ``epilogue`` (rlx's
+    GEMM, where it takes the product with the bias in it or none to add; a product with
+    one output column per channel is rlx_gemv's, which has no epilogue)."""
+    if epilogue is not None and (b is None or bias_in_gemm) and min(res4.shape[-2:]) > 1 and use_native():
+        step = native_step(w3, cols, res4, ctx, row_bias=b, epilogue=epilogue)
+        if step is not None:
+            return step, True, True
     fused = matmul_bias_step(w3, cols, b, res4, ctx) if bias_in_gemm else None
     if fused is not None:
-        return fused, True
-    return matmul_step(w3, cols, res4, ctx), False
+        return fused, True, False
+    return matmul_step(w3, cols, res4, ctx), False, False
 
 
 def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    return conv2d_steps(node, ins, out, ctx)[0]
+
+
+def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext, epilogue: Epilogue | None = None
+                 ) -> tuple[list[Step], bool]:  # fmt: skip
+    """The steps of a convolution into ``out``, and whether they also applied
+    ``epilogue`` (a region over ``out``: ``fused_conv``'s), which the kernels that write
+    ``out`` themselves do as they finish each part of it: the implicit GEMM, the
+    depthwise kernels, rlx's GEMM on a 1x1 convolution or im2col's columns. Where the
+    answer is False the caller runs the epilogue after the steps."""
     x, w = ins[0], ins[1]
     b = ins[2] if len(ins) == 3 else None
     a = node.attrs
@@ -260,29 +277,32 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
         # products (a plain 1x1 convolution: where the channels-in-vectors form wins, else
         # rlx_gemm's product below); else the direct kernel for few taps; what is left goes
         # through im2col.
-        implicit = conv_gemm_steps(x, w, b, out, (pt, pl), (sh, sw), (dh, dw), ctx)
+        implicit = conv_gemm_steps(x, w, b, out, (pt, pl), (sh, sw), (dh, dw), ctx, epilogue)
         if implicit is not None:
-            return implicit
+            return implicit, epilogue is not None
         if ((dh, dw) == (1, 1) and (kh, kw) != (1, 1) and oh == (h + pt + pb - kh) // sh + 1
                 and ow == (wd + pl + pr - kw) // sw + 1):  # fmt: skip
             direct = conv_direct_steps(x, w, b, out, (pt, pl), (sh, sw), ctx)
             if direct is not None:
-                return direct
+                return direct, False
     if cd == out.dtype == np.float32 and groups == _c == o and cg == 1:
         # Depthwise (MobileNet, EfficientNet): one pass per plane, not C one-row products.
-        depthwise = depthwise_step(x, w, b, out, (sh, sw), (dh, dw), (pt, pl), ctx.scratch)
+        depthwise = depthwise_step(x, w, b, out, (sh, sw), (dh, dw), (pt, pl), ctx.scratch, epilogue)
         if depthwise is not None:
-            return [depthwise]
+            return [depthwise], epilogue is not None
     w3 = w.reshape(groups, og, kk)
     res = out if cd == out.dtype else ctx.scratch(out.shape, cd)
     res4 = res.reshape(n, groups, og, oh * ow)
     bias_in_gemm = b is not None and groups == 1 and res is out  # rlx's GEMM may add it as it stores C
+    epilogue = epilogue if groups == 1 and res is out else None  # one product writing all of out
+    applied = False
     if kh == kw == 1 and sh == sw == 1 and pt == pl == pb == pr == 0:
         if cd != out.dtype:
             x32 = ctx.scratch(x.shape, cd)
             steps.append(Step(np.copyto, (x32, x)))
             x = x32
-        product, with_bias = _conv_product(w3, x.reshape(n, groups, cg, h * wd), b, res4, ctx, bias_in_gemm)
+        product, with_bias, applied = _conv_product(w3, x.reshape(n, groups, cg, h * wd), b, res4, ctx, bias_in_gemm,
+                                                    epilogue)  # fmt: skip
         steps.append(product)
         b = None if with_bias else b
     else:
@@ -311,14 +331,14 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
                                  (s_n, cg * s_c, s_c, dh * s_h, dw * s_w, sh * s_h, sw * s_w),
                                  writeable=False)  # fmt: skip
             steps += [*pad_steps, Step(np.copyto, (cols[:, :, :kk].reshape(n, groups, cg, kh, kw, oh, ow), windows))]
-        product, with_bias = _conv_product(w3, cols, b, res4, ctx, bias_in_gemm)
+        product, with_bias, applied = _conv_product(w3, cols, b, res4, ctx, bias_in_gemm, epilogue)
         steps.append(product)
         b = None if with_bias else b
     if b is not None:
         steps.append(Step(np.add, (res, b.reshape(o, 1, 1), out)))
     elif res is not out:
         steps.append(Step(np.copyto, (out, res), {"casting": "same_kind"}))
-    return steps
+    return steps, applied
 
 
 def _pool_input(x: Any, node: Node, dilation: tuple[int, int], fill: float, dtype: np.dtype,

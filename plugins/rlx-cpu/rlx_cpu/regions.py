@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from .ccall import address
 from .native import Native, library
 from .steps import Dyn, Step
 
-__all__ = ["region_steps", "node_steps", "OPCODES", "SPLIT_NS"]
+__all__ = ["region_steps", "node_steps", "epilogue", "Epilogue", "OPCODES", "SPLIT_NS"]
 
 log = logging.getLogger("rlx_cpu")
 _F32 = "float32"
@@ -245,8 +245,17 @@ def node_steps(node: Node, ins: list[Any], out: Any) -> list[Step] | None:
 _AUTO: Any = object()
 
 
-def _plan(lib: Native, instructions: list[Instruction], ins: list[Any], out: Any, *,
-          vml: np.ndarray | None = _AUTO) -> list[Step]:  # fmt: skip
+class _Compiled(NamedTuple):
+    meta: np.ndarray
+    ptrs: np.ndarray
+    values: list[Any]  # out, then the inputs the program reads (their addresses in ptrs)
+    ops: list[str]
+    kinds: list[int]
+    n: int
+
+
+def _compile(instructions: list[Instruction], ins: list[Any], out: Any) -> _Compiled:
+    """The interpreter's plan of a region: its int64 program and pointer array."""
     n_in = len(ins)
     types = [np.dtype(x.dtype).name for x in ins] + [i.dtype for i in instructions]
     if instructions[-1].dtype != _F32:
@@ -280,12 +289,17 @@ def _plan(lib: Native, instructions: list[Instruction], ins: list[Any], out: Any
     for (op, args), dst in zip(code, regs):
         padded = [(a if a < len(read) else len(read) + regs[a - len(read)]) for a in args] + [-1] * (3 - len(args))
         meta += [OPCODES[op], dst, *padded]
-    meta_arr = np.array(meta, np.int64)
     values = [out, *operands]
     ptrs = np.zeros(len(values), np.uint64)
     for k, x in enumerate(values):
         if not isinstance(x, Dyn):
             ptrs[k] = x.ctypes.data
+    return _Compiled(np.array(meta, np.int64), ptrs, values, ops, kinds, n)
+
+
+def _plan(lib: Native, instructions: list[Instruction], ins: list[Any], out: Any, *,
+          vml: np.ndarray | None = _AUTO) -> list[Step]:  # fmt: skip
+    meta_arr, ptrs, values, ops, kinds, n = _compile(instructions, ins, out)
     cost = n * (sum(_COST_NS.get(op, _COST_OTHER_NS) for op in ops) + _COST_GATHER_NS * kinds.count(_IN_STRIDED))
     threads = lib.threads_for(cost, SPLIT_NS)
     run = _Runner(lib.region, meta_arr, ptrs, _vml_table(lib) if vml is _AUTO else vml, n, threads, values)
@@ -352,3 +366,54 @@ class _DynRunner:
         self.run()
         del held
 
+
+
+class Epilogue:
+    """A region a native kernel runs over its own output part by part, as each part is
+    finished and still in cache (``native.c``'s ``rlx_epilogue``): the output is the
+    region's value 0 and its result. ``address(threads)`` is what the kernel takes, with
+    work memory for that many threads; ``run(start, stop)`` applies it to a flat range
+    of the output after the fact, for a kernel's numpy fallback."""
+
+    def __init__(self, lib: Native, compiled: _Compiled, vml: np.ndarray | None,
+                 scratch: Callable[[tuple[int, ...], Any], np.ndarray]) -> None:  # fmt: skip
+        self._lib, self._compiled, self._vml, self._scratch = lib, compiled, vml, scratch
+        self.per_thread = int(compiled.meta[1] + compiled.meta[3]) * lib.block  # region_work_floats
+        self.keep: list[Any] = [compiled.meta, compiled.ptrs, *compiled.values]
+        if vml is not None:
+            self.keep.append(vml)
+
+    def address(self, threads: int) -> int:
+        """The address of the kernel's ``rlx_epilogue`` with work for ``threads`` threads."""
+        work = self._scratch((max(threads, 1) * self.per_thread,), np.float32)
+        c = self._compiled
+        vml = 0 if self._vml is None else self._vml.ctypes.data
+        struct = np.array([c.meta.ctypes.data, c.ptrs.ctypes.data, vml, work.ctypes.data, self.per_thread], np.uint64)
+        self.keep += [struct, work]
+        return int(struct.ctypes.data)
+
+    def run(self, start: int = 0, stop: int | None = None) -> None:
+        """The epilogue over output elements [start, stop) (default: all), on one thread."""
+        c = self._compiled
+        vml = None if self._vml is None else self._vml.ctypes.data
+        if self._lib.region(c.meta.ctypes.data, c.ptrs.ctypes.data, vml, start, c.n if stop is None else stop, 1):
+            raise MemoryError(f"rlx-cpu: no memory for the registers of a {c.n}-element epilogue")
+
+
+def epilogue(instructions: list[Instruction], operands: list[Any], out: np.ndarray,
+             scratch: Callable[[tuple[int, ...], Any], np.ndarray]) -> Epilogue | None:  # fmt: skip
+    """The epilogue running ``instructions`` (a program over ``operands``, of which the
+    first is ``out`` itself) in place over ``out`` inside a native kernel, or None where
+    it does not fit: no library, an output or operand known only at run time (its address
+    would change per run), another dtype, an op the interpreter lacks."""
+    lib = library()
+    if (lib is None or isinstance(out, Dyn) or any(isinstance(x, Dyn) for x in operands) or out.dtype != np.float32
+            or out.size == 0 or operands[0] is not out):  # fmt: skip
+        return None
+    try:
+        compiled = _compile(live_instructions(instructions, len(operands)), operands, out)
+    except _NoFit:
+        return None
+    if len(compiled.values) < 2 or compiled.values[1] is not out:  # it must read the kernel's output (value 0)
+        return None
+    return Epilogue(lib, compiled, _vml_table(lib), scratch)

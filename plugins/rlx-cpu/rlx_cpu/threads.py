@@ -32,7 +32,7 @@ __all__ = ["PRODUCT_OPS", "ThreadTuner", "blas_pools", "separate_blas_pools", "n
 log = logging.getLogger("rlx_cpu")
 
 #: Ops whose kernels call the BLAS.
-PRODUCT_OPS = frozenset({OpKind.MATMUL, OpKind.GEMM, OpKind.CONV2D, OpKind.ATTENTION})
+PRODUCT_OPS = frozenset({OpKind.MATMUL, OpKind.GEMM, OpKind.CONV2D, OpKind.FUSED_CONV, OpKind.ATTENTION})
 
 
 def _pools_of(info: Sequence[Mapping[str, Any]]) -> list[str]:
