@@ -2068,8 +2068,11 @@ RLX_API void rlx_conv_gemm(const float *x, const float *apk, const int32_t *toff
                            int64_t mr, int64_t threads, const rlx_epilogue *epi) {
     if (mr != 8 && mr != 12 && mr != 32) return; /* never sent: native_nn.conv_gemm_steps packs for these */
     int64_t hq = conv_gemm_hq(kh, sh, dh, oh), rows = c * sh * kw * hq;
-    /* a plain 1x1 convolution with the channels in vectors reads x itself: no copy */
-    const int plain = mr == 32 && kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && oh == h && ow == wd;
+    /* a plain 1x1 convolution reads x itself, no copy: with the channels in vectors, or
+     * with the outputs in vectors where no tile is partial (a partial one loads a whole
+     * tile's columns, which past the last channel's would be past the end of x) */
+    const int plain = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && oh == h && ow == wd &&
+                      (mr == 32 || (oh * ow) % RLX_GEMM_NR == 0);
     if (plain) rows = 0;
     else memset(xs + rows * ow, 0, RLX_GEMM_NR * sizeof(float));
     conv_gemm_args g = {apk, toff, plain ? x : xs, bias, y, o, c * kh * kw, oh * ow, mr, epi};
