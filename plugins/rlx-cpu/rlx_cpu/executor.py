@@ -12,7 +12,11 @@ Memory: buffers are raw byte arrays kept in a free list; a value takes the small
 one that fits (or a new one), viewed as its dtype and shape, and gives it back after its
 last use. A view keeps its base's buffer alive until the view's own last use. An output
 never shares a buffer with its op's inputs, except for elementwise ops over an input of
-the same shape and dtype that dies at that op (``kernels.inplace_positions``).
+the same shape and dtype that dies at that op (``kernels.inplace_positions``). A concat
+whose inputs are each a contiguous block of its output (every axis before the concat's
+has length 1: a batch-1 NCHW concat of channels) has its buffer taken when its first
+input is computed, and each input read by the concat alone is computed straight into its
+block (SqueezeNet's fire modules, Inception's branches): the concat copies only the rest.
 
 Threads: a plan's buffers make it single-threaded, so the executable keeps a pool of
 plans; ``run`` pops one (a new one when the pool is empty), runs it and pushes it back.
@@ -196,6 +200,7 @@ class CpuExecutable(Executable):
         self._ends = self._liveness(graph)
         self._handoff = {i for i in graph.outputs if self._kinds[i] == BUFFER and graph.node(i).op in _HANDOFF_OPS
                          and graph.node(i).size * np.dtype(graph.node(i).dtype).itemsize >= HANDOFF_BYTES}  # fmt: skip
+        self._in_concat = self._concat_blocks()
         self._params: dict[str, np.ndarray] = {}
         self._residents: dict[int, np.ndarray] = {}
         self._folds: list[tuple[frozenset[str], list[Callable[[], Any]]]] = []
@@ -248,6 +253,33 @@ class CpuExecutable(Executable):
                 base = node.inputs[0]
                 last[base] = max(last[base], last[node.id])
         return last
+
+    def _concat_blocks(self) -> dict[int, tuple[int, int]]:
+        """Values computed straight into their concat's buffer: id -> (the concat's id, the
+        element offset of its block). A concat qualifies when each input is a contiguous
+        block of its output (every axis before the concat's has length 1); an input does
+        when it is a buffer of the concat's dtype that the concat reads once and nothing
+        else reads (not an output, not a view's base) and it is not a concat itself."""
+        reads = [0] * len(self._nodes)
+        for node in self._nodes:
+            for i in node.inputs:
+                reads[i] += 1
+        for i in self._outputs:
+            reads[i] += 1
+        blocks: dict[int, tuple[int, int]] = {}
+        for node in self._nodes:
+            if (node.op is not OpKind.CONCAT or self._kinds[node.id] != BUFFER or node.id in self._handoff
+                    or math.prod(node.shape[: node.attrs["axis"]]) != 1):  # fmt: skip
+                continue
+            axis, offset = node.attrs["axis"], 0
+            inner = math.prod(node.shape[axis + 1 :])
+            for i in node.inputs:
+                src = self._nodes[i]
+                if (self._kinds[i] == BUFFER and reads[i] == 1 and src.op not in (OpKind.CONCAT, OpKind.RESHAPE)
+                        and src.dtype == node.dtype and i not in self._handoff):  # fmt: skip
+                    blocks[i] = (node.id, offset)
+                offset += src.shape[axis] * inner
+        return blocks
 
     def _fold(self, graph: Graph) -> None:
         """Make the resident arrays: writable copies of params, constants as they are, and
@@ -365,6 +397,7 @@ class CpuExecutable(Executable):
         slot_of = {nid: k for k, nid in enumerate(self._input_ids)}
         values: dict[int, Any] = {}
         groups: dict[int, _Group] = {}
+        concats: dict[int, np.ndarray] = {}  # a concat's buffer, taken at its first input computed in place
         steps: list[Callable[[], Any]] = []
         fresh: list[Dyn] = []
         kinds = self._kinds
@@ -387,6 +420,18 @@ class CpuExecutable(Executable):
                 out = Dyn(len(slots), node.shape, np.dtype(node.dtype))
                 slots.append(None)
                 fresh.append(out)
+            elif nid in self._in_concat:  # straight into its block of the concat's buffer
+                cid, offset = self._in_concat[nid]
+                if cid not in concats:
+                    cat = self._nodes[cid]
+                    dtype = np.dtype(cat.dtype)
+                    groups[cid] = _Group(arena.take(cat.size * dtype.itemsize), self._ends[cid])
+                    concats[cid] = _view(groups[cid].raw, cat.shape, dtype)
+                out = concats[cid].reshape(-1)[offset : offset + node.size].reshape(node.shape)
+                groups[nid] = groups[cid]
+                stats.inplace += 1
+            elif nid in concats:
+                out = concats[nid]
             else:
                 out = self._output_buffer(node, values, groups, arena, stats)
             values[nid] = out

@@ -319,7 +319,10 @@ def _concat(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
     for x in ins:
         n = x.shape[axis]
         index = (slice(None),) * axis + (slice(start, start + n),)
-        steps.append(Step(np.copyto, (out[index], x)))
+        block = out[index]
+        if not (isinstance(x, np.ndarray) and x.ctypes.data == block.ctypes.data and x.shape == block.shape
+                and x.flags.c_contiguous and block.flags.c_contiguous):  # fmt: skip
+            steps.append(Step(np.copyto, (block, x)))  # else computed there already (the executor's concat blocks)
         start += n
     return steps
 

@@ -182,6 +182,29 @@ def test_inputs_are_never_modified() -> None:
     assert_matches_reference(g, pristine, outs)
 
 
+def test_a_concats_inputs_are_computed_into_its_buffer() -> None:
+    """A batch-1 concat of channels takes its buffer at its first input: each input only
+    it reads is computed into its block (no copy step); one read elsewhere too, a graph
+    input, a concat along an axis whose blocks are not contiguous, are copied as before."""
+    g = Graph("fire")
+    x = g.input("x", (1, 3, 6, 6), "float32")
+    w = g.param("w", np.random.default_rng(1).standard_normal((4, 3, 3, 3)).astype(np.float32))
+    a = g.relu(g.conv2d(x, w, padding=1))  # the relu writes its block
+    b = g.tanh(x)  # so does the tanh
+    shared = g.exp(x)  # read by the concat and the output: copied
+    cat = g.concat([a, b, shared, x], axis=1)  # x: a graph input, copied
+    batched = g.input("y", (2, 3, 6, 6), "float32")
+    cat2 = g.concat([g.neg(batched), g.abs(batched)], axis=1)  # two images: blocks not contiguous
+    g.set_outputs([g.add(cat, 1.0), shared, cat2])
+    exe = compile_cpu(g)
+    assert sorted(g.node(i).op.value for i in exe._in_concat) == ["relu", "tanh"]
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32),
+             "y": rng.standard_normal((2, 3, 6, 6)).astype(np.float32)}  # fmt: skip
+    for _ in range(2):
+        assert_matches_reference(g, feeds, exe.run(feeds))
+
+
 def test_read_only_and_non_contiguous_inputs(registry: Registry) -> None:
     g = Graph("strided")
     x = g.input("x", (3, 4), "float32")
