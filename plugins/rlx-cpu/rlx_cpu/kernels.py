@@ -24,7 +24,7 @@ from rlx_core.ir import Node
 from rlx_core.ops import OpKind, slice_index
 
 from .blas import mkl, vml_step
-from .gemm import matmul_step
+from .gemm import gemv_step, matmul_step
 from .mathfn import erf_program, gelu_program, run_chunked, scratch_count
 from .steps import Step
 
@@ -292,8 +292,28 @@ def _reduce_sum(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
     return [Step(np.add.reduce, (x, axes, cd, acc, keep)), Step(np.copyto, (out, acc), {"casting": "same_kind"})]
 
 
+def mean_rows_step(x: Any, axes: Sequence[int], out: Any) -> Step | None:
+    """The float32 mean of ``x`` over its trailing ``axes`` as one matrix-vector product
+    of its rows with 1/n (rlx_gemv), or None (other axes, dtypes, one value a row): numpy's
+    reduce and divide took 10-13 µs on a squeeze-excitation block's 576x7x7, a fixed cost
+    per row for rows this short (global_avg_pool2d, and the ReduceMean over (2, 3) that
+    torch's dynamo exporter writes for it: 3.5x faster)."""
+    if sorted(axes) != list(range(x.ndim - len(axes), x.ndim)) or x.dtype != np.float32 or out.dtype != np.float32:
+        return None
+    inner = math.prod(x.shape[a] for a in axes)
+    rows = x.size // inner if inner else 0
+    if inner <= 1 or rows == 0:
+        return None
+    weights = np.full((inner, 1), 1.0 / inner, np.float32)
+    weights.flags.writeable = False
+    return gemv_step(x.reshape(rows, inner), weights, out.reshape(rows, 1))
+
+
 def _reduce_mean(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
     x, axes, keep = ins[0], node.attrs["axes"], node.attrs["keepdims"]
+    rows = mean_rows_step(x, axes, out)
+    if rows is not None:
+        return [rows]
     cd = compute_dtype(out.dtype)
     acc = out if cd == out.dtype else ctx.scratch(out.shape, cd)
     count = const(math.prod(x.shape[a] for a in axes), cd)

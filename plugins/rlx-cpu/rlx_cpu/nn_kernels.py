@@ -19,8 +19,8 @@ from numpy.lib.stride_tricks import as_strided
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind
 
-from .gemm import gemv_step, matmul_bias_step, matmul_step, native_step, use_native
-from .kernels import BuildContext, Builder, compute_dtype, const, ufunc_step
+from .gemm import matmul_bias_step, matmul_step, native_step, use_native
+from .kernels import BuildContext, Builder, compute_dtype, const, mean_rows_step, ufunc_step
 from .native import library as native_library
 from .native_nn import (
     conv_direct_steps,
@@ -435,16 +435,9 @@ def _avg_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
 
 def _global_avg_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
     x = ins[0]
-    n, c, h, w = x.shape
-    if out.dtype == np.float32 and x.dtype == np.float32 and h * w > 1:
-        # Each plane's mean as one matrix-vector product with 1/(h w) (rlx_gemv): numpy's
-        # reduce and divide took 10-13 µs on a squeeze-excitation block's 576x7x7, a
-        # fixed cost per row for rows this short.
-        weights = np.full((h * w, 1), 1.0 / (h * w), np.float32)
-        weights.flags.writeable = False
-        step = gemv_step(x.reshape(n * c, h * w), weights, out.reshape(n * c, 1))
-        if step is not None:
-            return [step]
+    step = mean_rows_step(x, (2, 3), out)  # each plane's mean: one matrix-vector product
+    if step is not None:
+        return [step]
     cd = compute_dtype(out.dtype)
     acc = out if cd == out.dtype else ctx.scratch(out.shape, cd)
     count = const(x.shape[2] * x.shape[3], cd)

@@ -232,3 +232,28 @@ def test_conv2d_bias_column_follows_set_param(folded_bias: bool, gemm: str, monk
         cg.set_param(name, params[name])
         (got,) = cg.run({"x": xv})
         np.testing.assert_allclose(got, reference.evaluate(g, {"x": xv}, params=params)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("axes, keepdims", [((2, 3), True), ((3, 2), False), ((-1,), True), ((1, 2, 3), False)])
+def test_a_mean_over_trailing_axes_is_one_matrix_vector_product(axes: tuple[int, ...], keepdims: bool) -> None:
+    """reduce_mean over an array's last axes (dynamo's spelling of a global average pool)
+    is rlx_gemv's product of its rows with 1/n, as global_avg_pool2d is, on a graph input
+    and on a computed value alike; other axes keep numpy's reduce."""
+    from rlx_cpu import ccall
+    from rlx_cpu.kernels import mean_rows_step
+
+    lib = native.library()
+    if lib is None:
+        pytest.skip(f"native kernels unavailable: {native.reason()}")
+    g = Graph("means")
+    x = g.input("x", (2, 5, 7, 6), "float32")
+    g.set_outputs([g.reduce_mean(x, axes, keepdims=keepdims), g.reduce_mean(g.exp(x), axes, keepdims=keepdims),
+                   g.reduce_mean(x, (1,), keepdims=keepdims)])  # fmt: skip
+    feeds = {"x": np.random.default_rng(4).standard_normal((2, 5, 7, 6)).astype(np.float32)}
+    for got, want in zip(run_cpu(g, feeds), reference.evaluate(g, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    xv = feeds["x"]
+    out = np.empty(np.mean(xv, axis=axes, keepdims=keepdims).shape, np.float32)
+    step = mean_rows_step(xv, tuple(a % 4 for a in axes), out)
+    assert step is not None and ccall.target(step)[0] is lib.gemv
+    assert mean_rows_step(xv, (1,), np.empty((2, 7, 6), np.float32)) is None
