@@ -1,0 +1,37 @@
+"""``bench/onnx_time.py``: one line per model, feeds from a saved ``.npz`` or made up,
+pipeline passes switched off by name. No timing is asserted."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import bench_module
+
+pytest.importorskip("onnx")
+
+import onnx
+from onnx import helper
+from test_onnx_support import init, make_model, vi
+
+onnx_time = bench_module("onnx_time")
+
+
+def _conv_relu(path: Path) -> Path:
+    w = np.linspace(-1, 1, 2 * 3 * 3 * 3, dtype=np.float32).reshape(2, 3, 3, 3)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    model = make_model(nodes, [vi("x", "float32", [1, 3, 5, 5])], [vi("y", "float32", [1, 2, 5, 5])], [init("w", w)])
+    onnx.save(model, str(path))
+    return path
+
+
+def test_one_line_per_model_with_saved_or_made_up_feeds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    made_up = _conv_relu(tmp_path / "a.onnx")
+    saved = _conv_relu(tmp_path / "b.onnx")
+    np.savez(tmp_path / "b.npz", x=np.ones((1, 3, 5, 5), np.float32))
+    assert onnx_time.main([str(made_up), str(saved), "--disable", "conv", "--blocks", "1", "--runs", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["a", "b"]
+    assert all(re.fullmatch(r"\w+ \d+\.\d{3} ms", line) for line in lines), lines
