@@ -50,6 +50,24 @@ def candidate_node(graph: Graph, at: Node, op: OpKind, inputs: list[int], attrs:
     return Node(at.id, op, tuple(inputs), MappingProxyType(norm), tuple(shape), dtype, at.name, at.origin)
 
 
+class _NotClaimed(Exception):
+    """The backend does not claim the fused op at all: no candidate of the pass will do."""
+
+
+def _claimed(claims: Claims, candidate: Node, notes: list[str], refused: str) -> bool:
+    """Whether the backend takes ``candidate``; a refusal's reason goes into ``notes`` as
+    ``"{refused}: {reason}"`` (the first ``_MAX_REFUSAL_NOTES`` of them). Raises
+    ``_NotClaimed`` where the backend does not claim the op."""
+    answer = ask_claims(claims, candidate)
+    if answer == "not claimed":
+        raise _NotClaimed
+    if answer is not True:
+        if len(notes) < _MAX_REFUSAL_NOTES:
+            notes.append(f"{refused}: {answer}")
+        return False
+    return True
+
+
 def _activation_of(node: Node) -> str | None:
     for name, spec in ACTIVATION_OPS.items():
         if spec is not None and node.op is spec[0] and all(node.attrs.get(k) == v for k, v in spec[1].items()):
@@ -85,13 +103,11 @@ def fuse_gemm(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
         if len(absorbed) == 1:
             continue
         candidate = candidate_node(graph, top, OpKind.GEMM, inputs, {"activation": act})
-        answer = ask_claims(claims, candidate)
-        if answer == "not claimed":
+        try:
+            if not _claimed(claims, candidate, refusals, f"gemm at {top.describe()} not fused"):
+                continue
+        except _NotClaimed:
             return graph, [f"matmul epilogues not fused: the backend does not claim {OpKind.GEMM}"]
-        if answer is not True:
-            if len(refusals) < _MAX_REFUSAL_NOTES:
-                refusals.append(f"gemm at {top.describe()} not fused: {answer}")
-            continue
         plans[top.id] = (inputs, act, absorbed)
     if not plans:
         return graph, refusals
@@ -192,13 +208,11 @@ def fuse_elementwise(graph: Graph, claims: Claims, max_ops: int, max_inputs: int
             continue
         inputs, program = _program(graph, members)
         candidate = candidate_node(graph, root, OpKind.FUSED_ELEMENTWISE, inputs, {"program": program})
-        answer = ask_claims(claims, candidate)
-        if answer == "not claimed":  # the backend does not know the op: no region will do
+        try:
+            if not _claimed(claims, candidate, notes, f"region of {len(members)} ops at {root.describe()} not fused"):
+                continue
+        except _NotClaimed:
             return graph, [f"elementwise regions not fused: the backend does not claim {OpKind.FUSED_ELEMENTWISE}"]
-        if answer is not True:
-            if len(notes) < _MAX_REFUSAL_NOTES:
-                notes.append(f"region of {len(members)} ops at {root.describe()} not fused: {answer}")
-            continue
         taken.update(members)
         regions[root.id] = (inputs, program, members)
     if not regions:
@@ -271,13 +285,11 @@ def fuse_conv(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
         attrs = {**{k: conv.attrs[k] for k in CONV_ATTRS}, "bias": len(conv.inputs) == 3, "program": program}
         inputs = [*conv.inputs, *others]
         candidate = candidate_node(graph, node, OpKind.FUSED_CONV, inputs, attrs)
-        answer = ask_claims(claims, candidate)
-        if answer == "not claimed":
+        try:
+            if not _claimed(claims, candidate, notes, f"epilogue at {node.describe()} not fused into its conv2d"):
+                continue
+        except _NotClaimed:
             return graph, [f"convolution epilogues not fused: the backend does not claim {OpKind.FUSED_CONV}"]
-        if answer is not True:
-            if len(notes) < _MAX_REFUSAL_NOTES:
-                notes.append(f"epilogue at {node.describe()} not fused into its conv2d: {answer}")
-            continue
         plans[node.id] = (conv, inputs, attrs)
     if not plans:
         return graph, notes
