@@ -1,6 +1,6 @@
 """Device-specific fusion: gemm epilogues, elementwise regions, convolution epilogues.
 
-Both run only for a backend that claims the fused op: each candidate node is shown to
+Each runs only for a backend that claims its fused op: each candidate node is shown to
 ``claims`` before it replaces anything, so a backend may refuse one (too many inputs,
 an activation it lacks) with a reason, and a backend that does not know these ops never
 sees them.
@@ -235,7 +235,7 @@ def fuse_elementwise(graph: Graph, claims: Claims, max_ops: int, max_inputs: int
 
 
 # ----------------------------------------------------------------------------- conv epilogues
-def _epilogue(graph: Graph, node: Node) -> tuple | None:
+def _epilogue(node: Node) -> tuple | None:
     """``node``'s elementwise program over its inputs: a region's own, one instruction for
     a single elementwise op, None for anything else."""
     if node.op is OpKind.FUSED_ELEMENTWISE:
@@ -249,7 +249,7 @@ def _conv_epilogue_plan(graph: Graph, node: Node, readers: dict[int, set[int]], 
                         ) -> tuple[Node, list[int], tuple] | None:  # fmt: skip
     """The convolution ``node`` can take as its epilogue's input, the epilogue's other
     inputs and its program renumbered (the convolution's result as value 0), or None."""
-    program = _epilogue(graph, node)
+    program = _epilogue(node)
     if program is None:
         return None
     inputs = list(dict.fromkeys(node.inputs))

@@ -367,7 +367,6 @@ class _DynRunner:
         del held
 
 
-
 class Epilogue:
     """A region a native kernel runs over its own output part by part, as each part is
     finished and still in cache (``native.c``'s ``rlx_epilogue``): the output is the
