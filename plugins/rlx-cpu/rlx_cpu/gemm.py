@@ -352,12 +352,14 @@ def native_step(a: Any, b: Any, out: Any, ctx: Any = None, row_bias: np.ndarray 
     return bound_call(lib.gemm, args, operands, positions, _fallback(a, b, live, row_bias, epilogue), keep=kept)
 
 
-def gemv_step(a: Any, b: Any, out: Any, bias: np.ndarray | None = None) -> Step | None:
+def gemv_step(a: Any, b: Any, out: Any, bias: np.ndarray | None = None,
+              epilogue: Epilogue | None = None) -> Step | None:  # fmt: skip
     """``out = a @ b`` (``+ bias``, one value per output: a convolution's channels on a 1x1
-    plane) with one row of ``a`` or one column of ``b`` as one ``rlx_gemv`` call (OpenMP's
-    team), or None when it does not fit: not float32, batched, a vector or matrix without
-    a unit stride (the BLAS then takes it), a bias that is not a contiguous float32 array
-    of the outputs."""
+    plane; then ``epilogue`` over each thread's outputs) with one row of ``a`` or one
+    column of ``b`` as one ``rlx_gemv`` call (OpenMP's team), or None when it does not
+    fit: not float32, batched, a vector or matrix without a unit stride (the BLAS then
+    takes it), a bias that is not a contiguous float32 array of the outputs, an epilogue
+    over outputs that are not contiguous."""
     lib, planned = library(), _planned(a, b, out)
     if lib is None or planned is None:
         return None
@@ -374,15 +376,20 @@ def gemv_step(a: Any, b: Any, out: Any, bias: np.ndarray | None = None) -> Step 
     if bias is not None and not (isinstance(bias, np.ndarray) and bias.dtype == _F32 and bias.size == length
                                  and bias.flags.c_contiguous):  # fmt: skip
         return None
+    if epilogue is not None and sy != 1:
+        return None
     threads = lib.threads_for(length * k, SPLIT_MACS, THREAD_MACS)
-    args: list[Any] = [0, 0, 0, length, k, si, sk, sy, threads, 0 if bias is None else bias.ctypes.data]
+    args: list[Any] = [0, 0, 0, length, k, si, sk, sy, threads, 0 if bias is None else bias.ctypes.data,
+                       0 if epilogue is None else epilogue.address(threads)]  # fmt: skip
 
     def fallback(mat_: np.ndarray, vec_: np.ndarray, y_: np.ndarray) -> None:
         np.matmul(mat_, vec_, out=y_) if flip else np.matmul(vec_, mat_, out=y_)
         if bias is not None:
             np.add(y_, bias.reshape(y_.shape), out=y_)
+        if epilogue is not None:  # its output is `out`, a plan buffer (regions.epilogue)
+            epilogue.run()
 
-    keep = () if bias is None else (bias,)
+    keep = tuple(x for x in (bias, epilogue) if x is not None)
     return bound_call(lib.gemv, args, (mat, vec, out), (0, 1, 2), fallback, keep=keep)
 
 

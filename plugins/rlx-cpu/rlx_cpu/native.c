@@ -34,7 +34,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 12
+#define RLX_ABI 13
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
@@ -2226,8 +2226,23 @@ static RLX_CLONES void gemv_part(const float *mat, const float *v, float *y, int
 
 /* v must be contiguous (sv == 1: the caller copies a strided vector first); one of si, sk is 1.
  * bias: NULL, or len floats added to the outputs (a convolution's bias on a 1x1 plane). */
+/* Outputs [i0, i1) and then the epilogue over them (y contiguous: sy == 1), on thread t. */
+static void gemv_part_epi(const float *mat, const float *v, float *y, int64_t i0, int64_t i1, int64_t k, int64_t si,
+                          int64_t sk, int64_t sy, const float *bias, const rlx_epilogue *epi, int64_t t) {
+    gemv_part(mat, v, y, i0, i1, k, si, sk, sy, bias);
+    if (epi && sy == 1) {
+        epi_state es;
+        epi_begin(&es, epi, t);
+        epi_span(&es, y + i0, i1 - i0);
+        epi_flush(&es);
+    }
+}
+
+/* epi: NULL, or an epilogue applied to each thread's outputs (y contiguous): a 1x1
+ * convolution's activation on a 1x1 plane (squeeze-excitation blocks), without a region
+ * call of its own. */
 RLX_API void rlx_gemv(const float *mat, const float *v, float *y, int64_t len, int64_t k, int64_t si, int64_t sk,
-                      int64_t sy, int64_t threads, const float *bias) {
+                      int64_t sy, int64_t threads, const float *bias, const rlx_epilogue *epi) {
     threads = row_threads(threads, (len + 15) / 16);
 #ifdef _OPENMP
     if (threads > 1) {
@@ -2237,12 +2252,12 @@ RLX_API void rlx_gemv(const float *mat, const float *v, float *y, int64_t len, i
             /* split on multiples of 16 outputs: each thread's block of y starts a vector */
             int64_t units = (len + 15) / 16, u0 = units * t / nt, u1 = units * (t + 1) / nt;
             int64_t i0 = u0 * 16, i1 = u1 * 16 < len ? u1 * 16 : len;
-            if (i0 < i1) gemv_part(mat, v, y, i0, i1, k, si, sk, sy, bias);
+            if (i0 < i1) gemv_part_epi(mat, v, y, i0, i1, k, si, sk, sy, bias, epi, t);
         }
         return;
     }
 #endif
-    gemv_part(mat, v, y, 0, len, k, si, sk, sy, bias);
+    gemv_part_epi(mat, v, y, 0, len, k, si, sk, sy, bias, epi, 0);
 }
 
 /* ------------------------------------------------------------ packed calls */
@@ -2282,7 +2297,8 @@ RLX_API int64_t rlx_packed(const int64_t *a) {
                  a[15], a[16], a[17], PK_IN(18), (const rlx_epilogue *)(intptr_t)a[19]);
         return 0;
     case RLX_PK_GEMV:
-        rlx_gemv(PK_IN(1), PK_IN(2), PK_OUT(3), a[4], a[5], a[6], a[7], a[8], a[9], PK_IN(10));
+        rlx_gemv(PK_IN(1), PK_IN(2), PK_OUT(3), a[4], a[5], a[6], a[7], a[8], a[9], PK_IN(10),
+                 (const rlx_epilogue *)(intptr_t)a[11]);
         return 0;
     case RLX_PK_SOFTMAX:
         rlx_softmax(PK_IN(1), PK_OUT(2), a[3], a[4], a[5], pk_float(a[6]), a[7]);

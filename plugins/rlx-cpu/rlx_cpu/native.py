@@ -134,7 +134,7 @@ class Native:
         self.gemm.argtypes = [i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, i64, i64, p, p]
         self.gemm.restype = None
         self.gemv = self._lib.rlx_gemv  # (mat, v, y, len, k, si, sk, sy, threads, bias)
-        self.gemv.argtypes = [p, p, p, *[i64] * 6, p]
+        self.gemv.argtypes = [p, p, p, *[i64] * 6, p, p]  # ..., bias, epilogue
         self.gemv.restype = None
         self.gemm_pack_a = self._lib.rlx_gemm_pack_a  # (a, rs, cs, m, k, dst)
         self.gemm_pack_b = self._lib.rlx_gemm_pack_b  # (b, rs, cs, k, n, dst)

@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import as_strided
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind
 
-from .gemm import matmul_bias_step, matmul_step, native_step, use_native
+from .gemm import gemv_step, matmul_bias_step, matmul_step, native_step, use_native
 from .kernels import BuildContext, Builder, compute_dtype, const, mean_rows_step, ufunc_step
 from .native import library as native_library
 from .native_nn import (
@@ -234,10 +234,13 @@ def _conv_product(w3: Any, cols: Any, b: Any, res4: Any, ctx: BuildContext, bias
     """A convolution's product ``res4 = w3 @ cols`` as one step, whether that step adds
     the bias too (rlx's GEMM, when ``bias_in_gemm`` and it takes the product; else the
     caller adds the bias in a pass of its own), and whether it applied ``epilogue`` (rlx's
-    GEMM, where it takes the product with the bias in it or none to add; a product with
-    one output column per channel is rlx_gemv's, which has no epilogue)."""
-    if epilogue is not None and (b is None or bias_in_gemm) and min(res4.shape[-2:]) > 1 and use_native():
-        step = native_step(w3, cols, res4, ctx, row_bias=b, epilogue=epilogue)
+    GEMM, or rlx_gemv for one output per channel, where it takes the product with the
+    bias in it or none to add)."""
+    if epilogue is not None and (b is None or bias_in_gemm) and use_native():
+        if min(res4.shape[-2:]) > 1:
+            step = native_step(w3, cols, res4, ctx, row_bias=b, epilogue=epilogue)
+        else:  # one output per channel (a squeeze-excitation block's 1x1 plane): rlx_gemv's
+            step = gemv_step(w3, cols, res4, bias=b, epilogue=epilogue) if res4.shape[-1] == 1 else None
         if step is not None:
             return step, True, True
     fused = matmul_bias_step(w3, cols, b, res4, ctx) if bias_in_gemm else None

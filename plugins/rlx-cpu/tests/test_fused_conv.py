@@ -1,6 +1,7 @@
 """``fused_conv`` on the cpu backend: the kernel that runs the convolution applies the
 epilogue itself as it finishes each part of the output (the implicit GEMM in each of its
-forms, rlx's GEMM on a 1x1 convolution, both depthwise kernels); where it cannot (a
+forms, rlx's GEMM on a 1x1 convolution, rlx_gemv on a 1x1 plane, both depthwise kernels);
+where it cannot (a
 grouped convolution through im2col, a residual known only at run time, float64, no
 native library, a caller's array the C side cannot take) the epilogue follows as a
 region, and the answer is the same."""
@@ -35,6 +36,7 @@ CONVS: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], int | N
     "plain 1x1, rlx's GEMM over two images": ((2, 24, 10, 11), (20, 24, 1, 1), {}, 8, True),
     "depthwise 3x3, the row kernel": ((1, 8, 12, 40), (8, 1, 3, 3), {"padding": 1, "groups": 8}, None, True),
     "depthwise 5x5 over 7x7, 37 lanes": ((2, 37, 7, 7), (37, 1, 5, 5), {"padding": 2, "groups": 37}, None, True),
+    "1x1 on a 1x1 plane, two threads' outputs (rlx_gemv)": ((1, 40, 1, 1), (40, 40, 1, 1), {}, None, True),
     "grouped 3x3 (im2col: the epilogue after)": ((1, 4, 8, 8), (6, 2, 3, 3), {"padding": 1, "groups": 2}, None,
                                                  False),
 }  # fmt: skip

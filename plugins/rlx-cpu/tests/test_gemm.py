@@ -340,7 +340,7 @@ def test_a_convolution_on_a_1x1_plane_adds_its_bias_in_the_product(
     xs = rand((1, 64, 1, 1), 3)
     adds.clear()
     (got,) = exe.run({"x": xs})
-    assert calls and calls[-1][-1], "rlx_gemv did not take the bias"
+    assert calls and calls[-1][-2], "rlx_gemv did not take the bias"  # (..., bias, epilogue)
     assert not adds, "the bias was added in a pass of its own"
     np.testing.assert_allclose(got, reference.evaluate(g, {"x": xs})[0], rtol=1e-5, atol=1e-5)
 
