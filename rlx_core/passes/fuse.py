@@ -68,6 +68,26 @@ def _claimed(claims: Claims, candidate: Node, notes: list[str], refused: str) ->
     return True
 
 
+def _replace(graph: Graph, absorbed: set[int], plans: dict[int, tuple[OpKind, list[int], dict[str, Any]]],
+             note: Callable[[Node, Node], str]) -> tuple[Graph, list[str]]:
+    """``graph`` with every planned node (id -> its fused op, inputs, attributes) replaced
+    by the fused node and the ``absorbed`` nodes dropped; a note per fused node,
+    ``note(node it replaces, fused node)``."""
+    em = Emitter(graph)
+    notes = []
+    for node in graph.nodes:
+        if node.id in absorbed:
+            continue
+        plan = plans.get(node.id)
+        if plan is None:
+            em.copy(node)
+            continue
+        op, inputs, attrs = plan
+        new = em.emit(node, op, [em.mapped[i] for i in inputs], attrs, node.name)
+        notes.append(note(node, em.node(new)))
+    return em.finish(), notes
+
+
 def _activation_of(node: Node) -> str | None:
     for name, spec in ACTIVATION_OPS.items():
         if spec is not None and node.op is spec[0] and all(node.attrs.get(k) == v for k, v in spec[1].items()):
@@ -112,20 +132,14 @@ def fuse_gemm(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
     if not plans:
         return graph, refusals
     skip = {i for _, _, absorbed in plans.values() for i in absorbed[:-1]}
-    em = Emitter(graph)
-    notes = list(refusals)
-    for node in graph.nodes:
-        if node.id in skip:
-            continue
-        plan = plans.get(node.id)
-        if plan is None:
-            em.copy(node)
-            continue
-        inputs, act, absorbed = plan
-        em.emit(node, OpKind.GEMM, [em.mapped[i] for i in inputs], {"activation": act}, node.name)
-        ops = " + ".join(str(graph.node(i).op) for i in absorbed)
-        notes.append(f"fused {ops} at {node.describe()} into gemm(activation={act})")
-    return em.finish(), notes
+
+    def note(node: Node, new: Node) -> str:
+        ops = " + ".join(str(graph.node(i).op) for i in plans[node.id][2])
+        return f"fused {ops} at {node.describe()} into gemm(activation={new.attrs['activation']})"
+
+    fused, notes = _replace(graph, skip, {top: (OpKind.GEMM, inputs, {"activation": act})
+                                          for top, (inputs, act, _) in plans.items()}, note)  # fmt: skip
+    return fused, refusals + notes
 
 
 # ----------------------------------------------------------------------------- regions
@@ -217,21 +231,14 @@ def fuse_elementwise(graph: Graph, claims: Claims, max_ops: int, max_inputs: int
         regions[root.id] = (inputs, program, members)
     if not regions:
         return graph, notes
-    em = Emitter(graph)
-    inner = taken - set(regions)
-    for node in graph.nodes:
-        if node.id in inner:
-            continue
-        region = regions.get(node.id)
-        if region is None:
-            em.copy(node)
-            continue
-        inputs, program, members = region
-        new = em.emit(node, OpKind.FUSED_ELEMENTWISE, [em.mapped[i] for i in inputs], {"program": program},
-                      node.name)  # fmt: skip
-        notes.append(f"fused {describe_program(em.node(new))} into one node at {node.describe()}, "
-                     f"{len(inputs)} input(s), shape {list(node.shape)}")  # fmt: skip
-    return em.finish(), notes
+    def note(node: Node, new: Node) -> str:
+        return (f"fused {describe_program(new)} into one node at {node.describe()}, {len(new.inputs)} input(s), "
+                f"shape {list(node.shape)}")  # fmt: skip
+
+    fused_nodes = {root: (OpKind.FUSED_ELEMENTWISE, inputs, {"program": program})
+                   for root, (inputs, program, _) in regions.items()}  # fmt: skip
+    fused, made = _replace(graph, taken - set(regions), fused_nodes, note)
+    return fused, notes + made
 
 
 # ----------------------------------------------------------------------------- conv epilogues
@@ -275,7 +282,8 @@ def fuse_conv(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
     for node in graph.nodes:
         for i in node.inputs:
             readers.setdefault(i, set()).add(node.id)
-    plans: dict[int, tuple[Node, list[int], dict[str, Any]]] = {}  # epilogue id -> (conv, inputs, attrs)
+    plans: dict[int, tuple[OpKind, list[int], dict[str, Any]]] = {}  # epilogue id -> (fused_conv, inputs, attrs)
+    absorbed: set[int] = set()
     notes: list[str] = []
     for node in graph.nodes:
         found = _conv_epilogue_plan(graph, node, readers, outputs)
@@ -290,19 +298,10 @@ def fuse_conv(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
                 continue
         except _NotClaimed:
             return graph, [f"convolution epilogues not fused: the backend does not claim {OpKind.FUSED_CONV}"]
-        plans[node.id] = (conv, inputs, attrs)
+        plans[node.id] = (OpKind.FUSED_CONV, inputs, attrs)
+        absorbed.add(conv.id)
     if not plans:
         return graph, notes
-    absorbed = {conv.id for conv, _, _ in plans.values()}
-    em = Emitter(graph)
-    for node in graph.nodes:
-        if node.id in absorbed:
-            continue
-        plan = plans.get(node.id)
-        if plan is None:
-            em.copy(node)
-            continue
-        conv, inputs, attrs = plan
-        new = em.emit(node, OpKind.FUSED_CONV, [em.mapped[i] for i in inputs], attrs, node.name)
-        notes.append(f"fused {describe_program(em.node(new))} at {node.describe()} into fused_conv")
-    return em.finish(), notes
+    fused, made = _replace(graph, absorbed, plans,
+                           lambda node, new: f"fused {describe_program(new)} at {node.describe()} into fused_conv")
+    return fused, notes + made
