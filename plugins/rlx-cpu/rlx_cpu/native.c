@@ -34,7 +34,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 13
+#define RLX_ABI 14
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
@@ -429,6 +429,7 @@ typedef struct {
  * 5-instruction hard-swish over 576 such planes took longer in-kernel than as a region of
  * its own). */
 #define RLX_EPI_RUN (16 * RLX_BLOCK)
+#define RLX_CONV_GEMM_CHUNK (64 * 1024) /* output floats an implicit GEMM's thread revisits per k block (256 KB) */
 typedef struct {
     const rlx_epilogue *e;
     float *work;
@@ -472,6 +473,22 @@ static void epi_span(epi_state *st, const float *p, int64_t len) {
     epi_flush(st);
     st->at = at, st->len = len;
     if (len >= RLX_EPI_RUN) epi_flush(st);
+}
+
+/* How many channel panels a part function takes at a time, of `panels` whose tiles
+ * hold `tile` floats, `tiles` of them across the part's columns, `span` columns each:
+ * all of them, unless it has an epilogue and a chunk (RLX_CONV_GEMM_CHUNK floats) over
+ * all the panels would leave short spans (under RLX_EPI_SHORT floats a channel): then as
+ * many as keep all the tiles in one chunk, so that each group ends with whole channels'
+ * outputs, one contiguous run. Small planes with many channels made chunks of a few
+ * tiles (14 x 14 into 672 channels: spans of 96 floats, three a channel, runs of the
+ * interpreter that do not follow on in memory; efficientnet's SiLU expansions took 1.7x
+ * their time without it). */
+#define RLX_EPI_SHORT 256
+static int64_t epi_panel_group(const rlx_epilogue *e, int64_t panels, int64_t tile, int64_t tiles, int64_t span) {
+    if (!e || RLX_CONV_GEMM_CHUNK / (panels * tile) * span >= RLX_EPI_SHORT) return panels;
+    int64_t group = RLX_CONV_GEMM_CHUNK / (tile * tiles);
+    return group < 1 ? 1 : group > panels ? panels : group;
 }
 
 /* ------------------------------------------------------------ row kernels */
@@ -1832,7 +1849,6 @@ RLX_API void rlx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a
  * in chunks whose outputs stay in L2 between k blocks. Threads split C's row panels or
  * column tiles as rlx_gemm does; the copy is split over its rows first, in the same
  * parallel region. */
-#define RLX_CONV_GEMM_CHUNK (64 * 1024) /* output floats a thread revisits per k block (256 KB) */
 
 static int64_t conv_gemm_hq(int64_t kh, int64_t sh, int64_t dh, int64_t oh) { return oh + (kh - 1) * dh / sh; }
 
@@ -1870,6 +1886,7 @@ typedef struct {
     const float *xs, *bias;
     float *y;
     int64_t o, k, n, mr; /* n = oh ow */
+    int64_t tail_j;      /* the first column the partial tile (if any) computes */
     const rlx_epilogue *epi;
 } conv_gemm_args;
 
@@ -1966,14 +1983,17 @@ static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm
     }
 }
 
-/* Row panels [i0, i1) x column tiles [t0, t1), on this thread. A tile reaching past the
- * end of y (n not a multiple of NR: 49 columns of 7 x 7 make one full tile and one of
- * 17) is summed in a scratch tile of the thread's and copied out after the last k block. */
-static RLX_CLONES void conv_gemm_part(const conv_gemm_args *g, int64_t i0, int64_t i1, int64_t t0, int64_t t1) {
+/* Row panels [i0, i1) x column tiles [t0, t1), on this thread, the epilogue's spans to es.
+ * A tile reaching past the end of y (n not a multiple of NR: 49 columns of 7 x 7 make one full tile and one of
+ * 17) is summed in a scratch tile of the thread's and copied out after the last k block.
+ * It computes the NR columns from g->tail_j: its own where xs has slack past its end (the
+ * copy), the last NR of y where xs is x itself (a plain 1x1 convolution: loads past its
+ * own columns would pass the end of x), overlapping the tile before, whose columns it
+ * then does not copy out. */
+static RLX_CLONES void conv_gemm_block(const conv_gemm_args *g, int64_t i0, int64_t i1, int64_t t0, int64_t t1,
+                                       epi_state *es) {
     const int64_t NR = RLX_GEMM_NR, MR = g->mr, tail = g->n % NR ? g->n / NR : -1; /* the partial tile */
-    const int64_t ch0 = i0 * MR, ch1 = i1 * MR < g->o ? i1 * MR : g->o; /* this part's channels */
-    epi_state es;
-    epi_begin(&es, g->epi, rlx_thread());
+    const int64_t ch0 = i0 * MR, ch1 = i1 * MR < g->o ? i1 * MR : g->o; /* this block's channels */
     float *edge = tail >= t0 && tail < t1 ? gemm_buffer((i1 - i0) * MR * NR) : NULL;
     if (tail >= t0 && tail < t1 && !edge) { /* no scratch: that tile as plain sums */
         for (int64_t ch = ch0; ch < ch1; ch++) {
@@ -1983,7 +2003,7 @@ static RLX_CLONES void conv_gemm_part(const conv_gemm_args *g, int64_t i0, int64
                     s += g->a[gemm_blocked_at(ch, t, g->o, g->k, MR)] * g->xs[g->toff[t] + j];
                 g->y[ch * g->n + j] = s;
             }
-            epi_span(&es, g->y + ch * g->n + tail * NR, g->n - tail * NR);
+            epi_span(es, g->y + ch * g->n + tail * NR, g->n - tail * NR);
         }
         t1 = tail;
     }
@@ -1996,23 +2016,32 @@ static RLX_CLONES void conv_gemm_part(const conv_gemm_args *g, int64_t i0, int64
             for (int64_t t = tb; t < te; t++)
                 for (int64_t ir = i0; ir < i1; ir++) {
                     float *c = t == tail ? edge + (ir - i0) * MR * NR : g->y + ir * MR * g->n + t * NR;
-                    int64_t ldc = t == tail ? NR : g->n;
+                    int64_t ldc = t == tail ? NR : g->n, j = t == tail ? g->tail_j : t * NR;
                     if (MR == 8)
-                        conv_gemm_tile(g, 8, ir, pc, kc, t * NR, c, ldc, pc == 0, t == tb);
+                        conv_gemm_tile(g, 8, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
                     else
-                        conv_gemm_tile(g, 12, ir, pc, kc, t * NR, c, ldc, pc == 0, t == tb);
+                        conv_gemm_tile(g, 12, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
                 }
         }
-        /* the chunk's columns in y are final (the partial tile, in `edge`, goes out below) */
-        const int64_t c0 = tb * NR, c1 = tail >= tb && tail < te ? tail * NR : (te * NR < g->n ? te * NR : g->n);
+        if (tail >= tb && tail < te) /* the partial tile's own columns, from `edge` */
+            for (int64_t ch = ch0; ch < ch1; ch++)
+                memcpy(g->y + ch * g->n + tail * NR, edge + (ch - i0 * MR) * NR + (tail * NR - g->tail_j),
+                       (size_t)(g->n - tail * NR) * sizeof(float));
+        /* the chunk's columns in y are final: one span a channel (which follow on in
+         * memory where the chunk holds whole channels) */
+        const int64_t c0 = tb * NR, c1 = te * NR < g->n ? te * NR : g->n;
         if (g->epi)
-            for (int64_t ch = ch0; ch < ch1; ch++) epi_span(&es, g->y + ch * g->n + c0, c1 - c0);
+            for (int64_t ch = ch0; ch < ch1; ch++) epi_span(es, g->y + ch * g->n + c0, c1 - c0);
     }
-    if (edge && tail < t1)
-        for (int64_t ch = ch0; ch < ch1; ch++) {
-            memcpy(g->y + ch * g->n + tail * NR, edge + (ch - i0 * MR) * NR, (size_t)(g->n - tail * NR) * sizeof(float));
-            epi_span(&es, g->y + ch * g->n + tail * NR, g->n - tail * NR);
-        }
+}
+
+/* Row panels [i0, i1) x column tiles [t0, t1), on this thread, in groups of panels where
+ * the epilogue wants whole channels at a time (epi_panel_group). */
+static void conv_gemm_part(const conv_gemm_args *g, int64_t i0, int64_t i1, int64_t t0, int64_t t1) {
+    epi_state es;
+    epi_begin(&es, g->epi, rlx_thread());
+    const int64_t group = epi_panel_group(g->epi, i1 - i0, g->mr * RLX_GEMM_NR, t1 - t0, RLX_GEMM_NR);
+    for (int64_t ib = i0; ib < i1; ib += group) conv_gemm_block(g, ib, i1 - ib < group ? i1 : ib + group, t0, t1, &es);
     epi_flush(&es);
 }
 
@@ -2073,12 +2102,11 @@ static inline __attribute__((always_inline)) void conv_gemm_tile_t_any(const con
 /* Channel panels [c0, c1) x outputs [j0, j1), on this thread: per chunk of outputs, per k
  * block, each tile's inputs (np pixels of kc taps, a few KB of xs) stay in L1 while the
  * block's W^T panels stream past from L2. */
-static RLX_CLONES void conv_gemm_part_t(const conv_gemm_args *g, int64_t c0, int64_t c1, int64_t j0, int64_t j1) {
+static RLX_CLONES void conv_gemm_block_t(const conv_gemm_args *g, int64_t c0, int64_t c1, int64_t j0, int64_t j1,
+                                         epi_state *es) {
     int64_t width = (c1 - c0) * 32, chunk = RLX_CONV_GEMM_CHUNK / width / 12 * 12;
     chunk = chunk < 12 ? 12 : chunk;
     float *strip = gemm_buffer((chunk < j1 - j0 ? chunk : j1 - j0) * width);
-    epi_state es;
-    epi_begin(&es, g->epi, rlx_thread());
     if (!strip) { /* no scratch: plain sums */
         for (int64_t ch = c0 * 32; ch < c1 * 32 && ch < g->o; ch++) {
             for (int64_t j = j0; j < j1; j++) {
@@ -2087,9 +2115,8 @@ static RLX_CLONES void conv_gemm_part_t(const conv_gemm_args *g, int64_t c0, int
                     s += g->a[gemm_blocked_at(ch, t, g->o, g->k, 32)] * g->xs[g->toff[t] + j];
                 g->y[ch * g->n + j] = s;
             }
-            epi_span(&es, g->y + ch * g->n + j0, j1 - j0);
+            epi_span(es, g->y + ch * g->n + j0, j1 - j0);
         }
-        epi_flush(&es);
         return;
     }
     for (int64_t jb = j0; jb < j1; jb += chunk) {
@@ -2111,9 +2138,18 @@ static RLX_CLONES void conv_gemm_part_t(const conv_gemm_args *g, int64_t c0, int
             const float *sc = strip + (ch - c0 * 32);
             float *yc = g->y + ch * g->n, bv = g->bias ? g->bias[ch] : 0.0f;
             for (int64_t j = jb; j < je; j++) yc[j] = sc[(j - jb) * width] + bv;
-            epi_span(&es, yc + jb, je - jb);
+            epi_span(es, yc + jb, je - jb);
         }
     }
+}
+
+/* Channel panels [c0, c1) x outputs [j0, j1), on this thread, in groups of panels where
+ * the epilogue wants whole channels at a time (epi_panel_group). */
+static void conv_gemm_part_t(const conv_gemm_args *g, int64_t c0, int64_t c1, int64_t j0, int64_t j1) {
+    epi_state es;
+    epi_begin(&es, g->epi, rlx_thread());
+    const int64_t group = epi_panel_group(g->epi, c1 - c0, 32 * 12, (j1 - j0 + 11) / 12, 12);
+    for (int64_t cb = c0; cb < c1; cb += group) conv_gemm_block_t(g, cb, c1 - cb < group ? c1 : cb + group, j0, j1, &es);
     epi_flush(&es);
 }
 
@@ -2149,13 +2185,15 @@ RLX_API void rlx_conv_gemm(const float *x, const float *apk, const int32_t *toff
     if (mr != 8 && mr != 12 && mr != 32) return; /* never sent: native_nn.conv_gemm_steps packs for these */
     int64_t hq = conv_gemm_hq(kh, sh, dh, oh), rows = c * sh * kw * hq;
     /* a plain 1x1 convolution reads x itself, no copy: with the channels in vectors, or
-     * with the outputs in vectors where no tile is partial (a partial one loads a whole
-     * tile's columns, which past the last channel's would be past the end of x) */
+     * with the outputs in vectors where a partial tile can be moved back to the last NR
+     * outputs (loads of its own columns only would pass the end of x) */
+    const int64_t n = oh * ow;
     const int plain = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && oh == h && ow == wd &&
-                      (mr == 32 || (oh * ow) % RLX_GEMM_NR == 0);
+                      (mr == 32 || n >= RLX_GEMM_NR);
     if (plain) rows = 0;
     else memset(xs + rows * ow, 0, RLX_GEMM_NR * sizeof(float));
-    conv_gemm_args g = {apk, toff, plain ? x : xs, bias, y, o, c * kh * kw, oh * ow, mr, epi};
+    conv_gemm_args g = {apk, toff, plain ? x : xs, bias, y, o, c * kh * kw, n, mr,
+                        plain && n % RLX_GEMM_NR ? n - RLX_GEMM_NR : n / RLX_GEMM_NR * RLX_GEMM_NR, epi};
     threads = threads > g_max_threads ? g_max_threads : threads;
     int by_rows;
     /* gemm_split counts rows in panels of RLX_GEMM_MR and columns in RLX_GEMM_NR: scaled */

@@ -427,11 +427,12 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
         return None
     mr = conv_gemm_panel(o, oh * ow, k)
     if (kh == kw == sh == sw == 1 and pads == (0, 0) and (oh, ow) == (h, wd)
-            and ((mr != 32 and oh * ow % 32) or oh * ow == 1)):  # fmt: skip
-        # A plain 1x1 convolution reads x itself, no copy, where no 32-output tile is
-        # partial (else past x's end): 0.73-0.98x rlx_gemm's time, which packs x per call
-        # (efficientnet's and resnet's 1x1 layers over 112x112 and 56x56, 2-core Zen 5).
-        # Otherwise it is rlx_gemm's product (rlx_gemv's on a 1x1 plane).
+            and ((mr != 32 and oh * ow < 32) or oh * ow == 1)):  # fmt: skip
+        # A plain 1x1 convolution reads x itself, no copy (a partial 32-output tile is
+        # moved back over the last 32 outputs): 0.73-0.98x rlx_gemm's time, which packs x
+        # per call (efficientnet's and resnet's 1x1 layers over 112x112 and 56x56, 2-core
+        # Zen 5). Planes of fewer outputs than a tile go to rlx_gemm's product (rlx_gemv's
+        # on a 1x1 plane).
         return None
     size = max(int(lib.conv_gemm_pack_size(o, k, mr)), 1)
 

@@ -369,15 +369,16 @@ def test_a_matrix_vector_product_is_rlx_gemv_where_the_gemm_runs(
 
 def test_a_1x1_convolutions_bias_is_added_by_the_gemm_and_follows_set_param(lib: native.Native) -> None:
     """No pass of its own: the GEMM adds it as it stores C (one step, the bias's address
-    bound), for every image of the batch; set_param on the bias is seen by the next run."""
+    bound), for every image of the batch; set_param on the bias is seen by the next run.
+    (A 5x5 plane: fewer outputs than the implicit GEMM's tile, which takes larger ones.)"""
     g = Graph("conv1x1")
     w = g.param("w", rand((40, 24, 1, 1), 1))
     b = g.param("b", rand((40,), 2))
-    g.set_outputs([g.conv2d(g.input("x", (2, 24, 5, 7)), w, b)])
+    g.set_outputs([g.conv2d(g.input("x", (2, 24, 5, 5)), w, b)])
     exe = CpuBackend().compile(g.freeze(), CompileOptions(device="cpu"))
     plan = exe._bind_plan()
     assert plan.stats.steps == 1
-    x = rand((2, 24, 5, 7), 3)
+    x = rand((2, 24, 5, 5), 3)
     (got,) = exe.run({"x": x})
     np.testing.assert_allclose(got, reference.evaluate(g, {"x": x})[0], rtol=1e-5, atol=1e-5)
     new_b = rand((40,), 4)

@@ -1149,6 +1149,9 @@ IMPLICIT_CONVS = {  # name -> (x shape, w shape, bias?, kwargs): ungrouped, any 
     "plain 1x1, 70 channels out over 11x9 (the channels-in-vectors form only)": ((2, 300, 11, 9), (70, 300, 1, 1),
                                                                                    True, {}),
     "plain 1x1 over 8x8, no partial tile (x read in place in every form)": ((2, 20, 8, 8), (24, 20, 1, 1), True, {}),
+    "plain 1x1 over 6x6, 13 out: the partial tile moved back over the last 32 outputs": ((2, 20, 6, 6),
+                                                                                        (13, 20, 1, 1), True, {}),
+    "plain 1x1 over 5x5: fewer outputs than a tile": ((2, 20, 5, 5), (24, 20, 1, 1), False, {}),
 }  # fmt: skip
 
 
@@ -1161,8 +1164,9 @@ def test_implicit_gemm_convolution(lib: native.Native, monkeypatch: pytest.Monke
     its forms (8 or 12 channels x 32 outputs, 32 channels x 12 outputs): partial panels
     and tiles, several k blocks and chunks, threads split either way, any padding,
     stride and dilation, two images, bias or none, equal to the reference; then its
-    packed weights follow set_param. A plain 1x1 convolution with a partial tile takes
-    only the second form (the first is rlx_gemm's product); without one, every form."""
+    packed weights follow set_param. A plain 1x1 convolution over fewer outputs than a
+    tile takes only the second form (the first is rlx_gemm's product); over more, every
+    form, x read in place (a partial tile moved back over the last 32 outputs)."""
     ws, kwargs = IMPLICIT_CONVS[name][1], IMPLICIT_CONVS[name][3]
     monkeypatch.setenv("RLX_CPU_GEMM", "native")
     monkeypatch.setenv("RLX_CPU_CONV", "implicit")  # whatever this host measured
@@ -1170,7 +1174,7 @@ def test_implicit_gemm_convolution(lib: native.Native, monkeypatch: pytest.Monke
     monkeypatch.setattr(native_nn, "conv_gemm_panel", lambda o, n, k: panel)
     implicit, windows = spy_on(monkeypatch, lib, "conv_gemm"), spy_on(monkeypatch, lib, "im2col")
     xs = IMPLICIT_CONVS[name][0]
-    plain = ws[2:] == (1, 1) and not kwargs and xs[2] * xs[3] % 32  # a partial tile: rlx_gemm's product unless 32
+    plain = ws[2:] == (1, 1) and not kwargs and xs[2] * xs[3] < 32  # under a tile: rlx_gemm's product unless 32
 
     def ran() -> None:
         assert bool(implicit) == (panel == 32 or not plain) and not windows, "the implicit GEMM did not run"
