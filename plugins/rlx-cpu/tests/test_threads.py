@@ -99,6 +99,17 @@ def test_the_tuner_follows_the_host_when_it_changes():
     assert tuner.mode == "wide" and tuner.switches == 2
 
 
+def test_the_first_comparison_goes_to_wide_unless_narrow_wins_by_the_margin():
+    """Wide and narrow nearly equal (the host's second core away for a while): wide, whose
+    speed comes back with the core; narrow only when clearly faster."""
+    tuner = threads.ThreadTuner(warmup=0, trials=3, probes=2, window=4, period=64, max_period=64, margin=0.9)
+    _drive(tuner, {"wide": 1.00e-3, "narrow": 0.95e-3}, 6)
+    assert tuner.mode == "wide"
+    tuner = threads.ThreadTuner(warmup=0, trials=3, probes=2, window=4, period=64, max_period=64, margin=0.9)
+    _drive(tuner, {"wide": 1.00e-3, "narrow": 0.85e-3}, 6)
+    assert tuner.mode == "narrow"
+
+
 def test_a_probe_within_the_margin_does_not_switch():
     tuner = threads.ThreadTuner(warmup=0, trials=2, probes=2, window=4, period=4, max_period=8, margin=0.9)
     _drive(tuner, {"wide": 1.00e-3, "narrow": 1.05e-3}, 10)
