@@ -1093,6 +1093,7 @@ RLX_API void rlx_depthwise_lanes(const float *x, const float *wt, const float *b
  * reads every tap with a stride and ran the stem's 3x3 stride-2 max pool of resnet18 at
  * ~1 ns an output per plane. */
 #define POOL_CHUNK 256
+#define POOL_FLAT 4096 /* floats of a plane pool_planes takes flat (two such arrays on the stack) */
 static inline __attribute__((always_inline)) void pool_row_taps(const float *restrict v, float *restrict dst,
                                                                 int64_t n, int64_t kw, int64_t sw, int64_t is_max,
                                                                 float inv) {
@@ -1159,6 +1160,25 @@ static RLX_CLONES void pool_planes(const float *x, float *y, int64_t p0, int64_t
                     for (int64_t ox = 0; ox < ow; ox++)
                         dst[ox] = ((r0[2 * ox] + r0[2 * ox + 1]) + (r1[2 * ox] + r1[2 * ox + 1])) * 0.25f;
             }
+        return;
+    }
+    if (is_max && kh == 3 && kw == 3 && sh == 2 && sw == 2 && dh == 1 && dw == 1 && h * w <= POOL_FLAT) {
+        /* Small planes (squeezenet's 55x55, 27x27 and 13x13): rows of 13 to 27 outputs
+         * left most of the work to the loops' scalar ends. Here the plane's three-row
+         * maxima at every position, then the three-column maxima of those, each one flat
+         * loop over the plane (twice and four times the windows' work, all in vectors),
+         * and each output picked from them: 256x27x27 ran in 0.6x the time. Positions
+         * whose windows would cross a row's end are computed and never read. */
+        float t[POOL_FLAT], u[POOL_FLAT];
+        const int64_t nt = (h - 2) * w, nu = nt - 2;
+        for (int64_t p = p0; p < p1; p++) {
+            const float *plane = x + p * h * w;
+            for (int64_t i = 0; i < nt; i++) t[i] = rx_max3(plane[i], plane[i + w], plane[i + 2 * w]);
+            for (int64_t i = 0; i < nu; i++) u[i] = rx_max3(t[i], t[i + 1], t[i + 2]);
+            float *out = y + p * oh * ow;
+            for (int64_t oy = 0; oy < oh; oy++)
+                for (int64_t ox = 0; ox < ow; ox++) out[oy * ow + ox] = u[2 * oy * w + 2 * ox];
+        }
         return;
     }
     if (dw == 1 && (sw == 1 || sw == 2) && kw <= 8) {

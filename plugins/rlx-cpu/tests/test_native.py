@@ -1013,6 +1013,7 @@ def test_attention(lib: native.Native, monkeypatch: pytest.MonkeyPatch, mask: st
 POOLS = {  # name -> (op, kwargs, native?)
     "max 2x2 stride 2": ("max_pool2d", {"kernel": 2, "stride": 2}, True),
     "max 3x3 stride 1": ("max_pool2d", {"kernel": 3, "stride": 1}, True),
+    "max 3x3 stride 2 (small planes, taken flat)": ("max_pool2d", {"kernel": 3, "stride": 2}, True),
     "max 3x3 stride 2 dilation 2": ("max_pool2d", {"kernel": 3, "stride": 2, "dilation": 2}, True),
     "max 2x3 stride (1, 2)": ("max_pool2d", {"kernel": (2, 3), "stride": (1, 2)}, True),
     "avg 2x2 stride 2": ("avg_pool2d", {"kernel": 2, "stride": 2}, True),
@@ -1060,6 +1061,25 @@ def test_three_row_max_pool_over_rows_wider_than_a_chunk(lib: native.Native, mon
     x[0, 1, 5, 580] = np.nan
     (got,) = compile_cpu(g).run({"x": x})
     assert calls
+    np.testing.assert_array_equal(got, reference.evaluate(g, {"x": x})[0])
+
+
+@pytest.mark.parametrize("hw", [(3, 3), (64, 64), (65, 63), (8, 41), (40, 7)])
+def test_three_by_three_stride_two_max_pool_flat_or_by_rows(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                                            hw: tuple[int, int]) -> None:  # fmt: skip
+    """squeezenet's pool: planes of up to 4096 floats taken flat (every position's three-row,
+    then three-column maxima), larger ones row by row; NaN in a window's last row and
+    column, and a window all -inf, come out as the reference's."""
+    calls = spy_on(monkeypatch, lib, "pool2d")
+    h, w = hw
+    x = rand((2, 3, h, w), 5)
+    oh, ow = (h - 3) // 2 + 1, (w - 3) // 2 + 1
+    x[0, 1, 2 * oh, 2 * ow] = np.nan  # the last window's bottom-right tap
+    x[1, 2, :3, :3] = -np.inf
+    g = Graph("pool-3x3-s2")
+    g.set_outputs([g.max_pool2d(g.input("x", x.shape), 3, stride=2)])
+    (got,) = compile_cpu(g).run({"x": x})
+    assert calls and np.isnan(got[0, 1, -1, -1]) and got[1, 2, 0, 0] == -np.inf
     np.testing.assert_array_equal(got, reference.evaluate(g, {"x": x})[0])
 
 
