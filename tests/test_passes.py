@@ -14,7 +14,7 @@ from rlx_core.ops import INTERNAL_OPS, OpKind
 from rlx_core.passes import plan_memory, run_pipeline
 from rlx_core.passes.fuse import fuse_conv, fuse_elementwise, fuse_gemm
 from rlx_core.passes.internal_ops import make_instruction
-from rlx_core.passes.optimize import cse, dce, fold_constants, simplify, sink_relu
+from rlx_core.passes.optimize import conv_scale, cse, dce, fold_constants, simplify, sink_relu
 
 RNG = np.random.default_rng(3)
 FUSING = ALL_OPS | {"gemm", "fused_elementwise"}
@@ -128,6 +128,78 @@ def test_cse_merges_identical_nodes_and_constants_and_dce_drops_dead_ones():
     assert "tanh" not in ops_of(h2) and "dropped 1 node" in notes2[0]
     assert [h2.node(i).name for i in h2.inputs] == ["x", "unused"] and len(h2.params) == 1
     same(g, h2, {"x": RNG.standard_normal(3).astype(np.float32), "unused": np.zeros(2, np.float32)})
+
+
+def _gated_conv(shape=(1, 6, 8, 8), scale_shape=(1, 6, 1, 1), out=4, k=1, groups=1, gate_first=False, **conv):
+    """conv2d(x * sigmoid(s), w, b): a squeeze-excitation gate before a convolution."""
+    g = rlx.Graph()
+    x = g.input("x", shape)
+    s = g.sigmoid(g.input("s", scale_shape))
+    w = g.param("w", RNG.standard_normal((out, shape[1] // groups, k, k)).astype(np.float32))
+    b = g.param("b", RNG.standard_normal(out).astype(np.float32))
+    gated = g.mul(s, x) if gate_first else g.mul(x, s)
+    return g, gated, g.conv2d(gated, w, b, groups=groups, **conv)
+
+
+def _gate_feeds(g: rlx.Graph) -> dict[str, np.ndarray]:
+    return {g.node(i).name: RNG.standard_normal(g.node(i).shape).astype(g.node(i).dtype) for i in g.inputs}
+
+
+@pytest.mark.parametrize("form", ["x * s", "s * x", "s of shape (C, 1, 1)", "3x3 stride 2 padding 1"])
+def test_conv_scale_scales_the_weights_instead_of_the_activations(form: str):
+    """conv2d(x * s, w) = conv2d(x, w * s) for s one factor per input channel: the product
+    over x goes, a product over the weights (and a reshape of s when it has 3 dims)
+    comes; equal to the reference within rounding, the note naming both nodes."""
+    kwargs = {"gate_first": form == "s * x"}
+    if form == "s of shape (C, 1, 1)":
+        kwargs["scale_shape"] = (6, 1, 1)
+    if form.startswith("3x3"):
+        kwargs.update(shape=(1, 6, 16, 16), k=3, stride=2, padding=1)  # 2 * 4 * 9 < 256 outputs a channel
+    g, _, y = _gated_conv(**kwargs)
+    g.set_outputs([g.relu(y)])
+    h, notes = conv_scale(g)
+    convs = [n for n in h.nodes if n.op is OpKind.CONV2D]
+    assert len(convs) == 1 and h.node(convs[0].inputs[0]).op is OpKind.INPUT  # reads x itself
+    scaled = h.node(convs[0].inputs[1])
+    assert scaled.op is OpKind.MUL and scaled.shape == g.node(g.node(y.id).inputs[1]).shape
+    assert ops_of(h).count("reshape") == (form == "s of shape (C, 1, 1)")
+    assert len(notes) == 1 and "scaled the weights of conv2d" in notes[0]
+    feeds = _gate_feeds(g)
+    np.testing.assert_allclose(reference.evaluate(h, feeds)[0], reference.evaluate(g, feeds)[0], rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["the product read elsewhere", "the product an output", "grouped",
+                                  "one factor per image and channel", "a full-shape operand",
+                                  "weights no cheaper to scale"])
+def test_conv_scale_leaves_what_it_cannot_or_need_not_fold(case: str):
+    kwargs: dict = {}
+    if case == "grouped":
+        kwargs.update(groups=2, out=6)
+    elif case == "one factor per image and channel":
+        kwargs.update(shape=(2, 6, 8, 8), scale_shape=(2, 6, 1, 1))
+    elif case == "a full-shape operand":
+        kwargs.update(scale_shape=(1, 6, 8, 8))
+    elif case == "weights no cheaper to scale":
+        kwargs.update(shape=(1, 6, 3, 3), out=8, k=1)  # 2 * 8 >= 9 outputs a channel
+    g, gated, y = _gated_conv(**kwargs)
+    if case == "the product read elsewhere":
+        g.set_outputs([y, g.exp(gated)])
+    elif case == "the product an output":
+        g.set_outputs([y, gated])
+    else:
+        g.set_outputs([y])
+    h, notes = conv_scale(g)
+    assert not notes and ops_of(h) == ops_of(g)
+
+
+def test_conv_scale_runs_in_the_pipeline_and_can_be_disabled():
+    g, _, y = _gated_conv()
+    g.set_outputs([y])
+    assert "mul" in ops_of(run_pipeline(g, claim_all).graph) and any(
+        "scaled the weights" in n for st in run_pipeline(g, claim_all).stages for n in st.notes)
+    off = run_pipeline(g, claim_all, rlx.CompileOptions(disable=("conv_scale",)))
+    assert not any("scaled the weights" in n for st in off.stages for n in st.notes)
 
 
 def _conv_relu_pool(g: rlx.Graph, x, extra_reader: bool = False):

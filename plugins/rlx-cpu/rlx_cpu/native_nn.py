@@ -407,8 +407,9 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
     from a copy of the input shifted per tap column, no im2col), then ``epilogue`` over
     each channel's outputs as a chunk of them is finished; None when it does not
     apply: rlx's GEMM does not take this process's products (``gemm.use_native``) or
-    im2col measured faster here (``conv_choice``), the weights are not a resident, a plain
-    1x1 convolution that rlx_gemm runs as well, or another layout or dtype."""
+    im2col measured faster here (``conv_choice``), the weights are a caller's array, a
+    plain 1x1 convolution that rlx_gemm runs as well, or another layout or dtype. Weights
+    computed by the graph are packed each run (a step before the product)."""
     lib = library()
     if lib is None or not _fits(x, w, bias, out) or isinstance(w, Dyn) or out.size == 0:
         return None
@@ -442,15 +443,18 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
         lib.conv_gemm_pack(src.ctypes.data, o, k, mr, dest.ctypes.data)
         return dest
 
+    steps = []
     apk = derived(w, ("rlx_conv_gemm_pack", o, k, mr), make)
     if apk is None:
-        return None
+        # Weights computed each run (a squeeze-excitation gate folded into them:
+        # rlx_core's conv_scale pass): packed again each run, a pass over o k floats.
+        apk = ctx.scratch((size,), np.float32)
+        steps.append(bound_call(lib.conv_gemm_pack, [0, o, k, mr, 0], (w, apk), (0, 4), make))
     xs = ctx.scratch((lib.conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow),), np.float32)
     threads = lib.threads_for(o * k * oh * ow, gemm.SPLIT_MACS, gemm.THREAD_MACS)
     epi = 0 if epilogue is None else epilogue.address(threads)
     keep = (apk, toff) if epilogue is None else (apk, toff, epilogue)
     per_image = o * oh * ow
-    steps = []
     for i in range(n):
         fallback = _then(_conv_numpy(w, pads, stride, (oh, ow), dilation), epilogue, i * per_image, (i + 1) * per_image)
         args = [0, apk.ctypes.data, toff.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow,

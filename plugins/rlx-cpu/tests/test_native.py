@@ -1202,6 +1202,30 @@ def test_implicit_gemm_convolution(lib: native.Native, monkeypatch: pytest.Monke
     check_conv_follows_set_param(IMPLICIT_CONVS[name], "implicit-conv", ran)
 
 
+@pytest.mark.parametrize("panel", [8, 32])
+def test_implicit_gemm_with_weights_computed_each_run(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                                     panel: int) -> None:  # fmt: skip
+    """A squeeze-excitation gate folded into the weights (rlx_core's conv_scale): the
+    convolution's weights are a value of the graph, different each run; the implicit GEMM
+    packs them again each run (conv_gemm_pack before every product) and follows the gate."""
+    monkeypatch.setenv("RLX_CPU_GEMM", "native")
+    monkeypatch.setenv("RLX_CPU_CONV", "implicit")
+    monkeypatch.setattr(native_nn, "conv_gemm_panel", lambda o, n, k: panel)
+    implicit, packs = spy_on(monkeypatch, lib, "conv_gemm"), spy_on(monkeypatch, lib, "conv_gemm_pack")
+    g = Graph("gated")
+    x, gate = g.input("x", (1, 24, 12, 12)), g.input("gate", (1, 24, 1, 1))
+    w = g.param("w", rand((20, 24, 1, 1), 1))
+    g.set_outputs([g.conv2d(g.mul(x, g.sigmoid(gate)), w, g.param("b", rand((20,), 2)))])
+    cg = compile_cpu(g)
+    assert any("scaled the weights" in line for line in cg.report().pipeline)
+    packs.clear()
+    for seed in (3, 4):
+        feeds = {"x": rand((1, 24, 12, 12), seed), "gate": rand((1, 24, 1, 1), seed + 10)}
+        (got,) = cg.run(feeds)
+        np.testing.assert_allclose(got, reference.evaluate(g, feeds)[0], rtol=1e-5, atol=1e-5)
+    assert implicit and len(packs) == 2, "packed once a run"
+
+
 DIRECT_CONVS = {  # name -> (x shape, w shape, bias?, kwargs): few taps, any stride
     "3x3x3 padding 1, bias (an image's first layer)": ((1, 3, 64, 64), (16, 3, 3, 3), True, {"padding": 1}),
     "no padding, 5 channels out (a partial block), 13 wide (a partial tile)": ((2, 2, 9, 15), (5, 2, 3, 3), False,
