@@ -34,7 +34,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 14
+#define RLX_ABI 15
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
@@ -44,7 +44,7 @@ typedef float rlx_v16 __attribute__((vector_size(64)));
 enum {
     OP_COPY = 0, OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_POW, OP_MAX, OP_MIN, OP_NEG, OP_ABS,
     OP_EXP, OP_LOG, OP_SQRT, OP_RSQRT, OP_ERF, OP_TANH, OP_SIGMOID, OP_RELU, OP_GELU,
-    OP_GELU_TANH, OP_EQ, OP_LT, OP_GT, OP_WHERE, OP_NONZERO, OP_COUNT
+    OP_GELU_TANH, OP_EQ, OP_LT, OP_GT, OP_WHERE, OP_NONZERO, OP_SILU, OP_HARDSIGMOID, OP_HARDSWISH, OP_COUNT
 };
 
 enum { IN_FULL = 0, IN_SCALAR = 1, IN_STRIDED = 2 };
@@ -270,6 +270,18 @@ static RLX_CLONES void run_op(int64_t op, float *d, const float *a, const float 
     case OP_GT: for (i = 0; i < n; i++) d[i] = a[i] > b[i] ? 1.0f : 0.0f; break;
     case OP_WHERE: for (i = 0; i < n; i++) d[i] = a[i] != 0.0f ? b[i] : c[i]; break;
     case OP_NONZERO: for (i = 0; i < n; i++) d[i] = a[i] != 0.0f ? 1.0f : 0.0f; break;
+    /* chains in one pass (rlx_cpu/peephole.py): b and c are scalars (b[0], c[0]) */
+    case OP_SILU: for (i = 0; i < n; i++) d[i] = a[i] * rx_sigmoid(a[i]); break;
+    case OP_HARDSIGMOID: {
+        const float al = b[0], be = c[0];
+        for (i = 0; i < n; i++) d[i] = rx_max(rx_min(a[i] * al + be, 1.0f), 0.0f);
+        break;
+    }
+    case OP_HARDSWISH: {
+        const float al = b[0], be = c[0];
+        for (i = 0; i < n; i++) d[i] = a[i] * rx_max(rx_min(a[i] * al + be, 1.0f), 0.0f);
+        break;
+    }
     default: break;
     }
 }

@@ -37,6 +37,7 @@ from . import ccall
 from .blas import VML_MODE, mkl
 from .ccall import address
 from .native import Native, library
+from .peephole import fuse_chains
 from .steps import Dyn, Step
 
 __all__ = ["region_steps", "node_steps", "epilogue", "Epilogue", "OPCODES", "SPLIT_NS"]
@@ -46,7 +47,8 @@ _F32 = "float32"
 #: The interpreter's opcodes (``native.c``'s enum).
 OPCODES = {name: code for code, name in enumerate(
     ("copy", "add", "sub", "mul", "div", "pow", "max", "min", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf",
-     "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "eq", "lt", "gt", "where", "nonzero"))}  # fmt: skip
+     "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "eq", "lt", "gt", "where", "nonzero", "silu", "hardsigmoid",
+     "hardswish"))}  # fmt: skip
 _BY_OP = {
     OpKind.ADD: "add", OpKind.SUB: "sub", OpKind.MUL: "mul", OpKind.DIV: "div", OpKind.POW: "pow",
     OpKind.MAXIMUM: "max", OpKind.MINIMUM: "min", OpKind.NEG: "neg", OpKind.ABS: "abs", OpKind.EXP: "exp",
@@ -58,7 +60,7 @@ _OP_OF = {name: op for op, name in _BY_OP.items()}
 #: Rough single-thread cost per element of each opcode, ns (2-core AVX-512 host), used
 #: only to decide whether a region is long enough to split over two threads.
 _COST_NS = {"pow": 4.0, "exp": 0.5, "log": 0.7, "tanh": 0.9, "sigmoid": 0.7, "erf": 1.1, "gelu": 0.9,
-            "gelu_tanh": 1.0, "div": 0.25}  # fmt: skip
+            "gelu_tanh": 1.0, "div": 0.25, "silu": 0.75, "hardsigmoid": 0.15, "hardswish": 0.2}  # fmt: skip
 _COST_OTHER_NS = 0.1
 _COST_GATHER_NS = 0.3
 #: A region whose estimated single-thread time is at least this runs on two threads or
@@ -282,6 +284,9 @@ def _compile(instructions: list[Instruction], ins: list[Any], out: Any) -> _Comp
         kinds.append(kind)
     n = math.prod(shape)
     code = [(op, tuple(order.get(a, a - n_in + len(read)) for a in i.args)) for op, i in zip(ops, instructions)]
+    code = fuse_chains(code, len(read), lambda v: _scalar_value(operands, v, len(read)),
+                       lambda v: _scalar_value(operands, v, len(read), constant=True))  # fmt: skip
+    ops = [op for op, _ in code]
     regs = _registers(code, len(read))
     meta = [1, len(read), len(code), max(regs) + 1 if len(regs) > 1 else 0, len(dims), n, *dims]
     for kind, s in zip(kinds, strides):
@@ -295,6 +300,15 @@ def _compile(instructions: list[Instruction], ins: list[Any], out: Any) -> _Comp
         if not isinstance(x, Dyn):
             ptrs[k] = x.ctypes.data
     return _Compiled(np.array(meta, np.int64), ptrs, values, ops, kinds, n)
+
+
+def _scalar_value(operands: list[Any], v: int, n_read: int, constant: bool = False) -> float | None:
+    """Value ``v``'s value where it is an input holding one float32 known at plan time
+    (and read-only, a graph constant, if ``constant``), else None."""
+    x = operands[v] if v < n_read else None
+    if x is None or isinstance(x, Dyn) or x.size != 1 or x.dtype != np.float32 or (constant and x.flags.writeable):
+        return None
+    return float(x.reshape(-1)[0])
 
 
 def _plan(lib: Native, instructions: list[Instruction], ins: list[Any], out: Any, *,

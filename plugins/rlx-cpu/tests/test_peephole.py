@@ -1,0 +1,131 @@
+"""The interpreter's fused activation chains (``rlx_cpu/peephole.py``): which chains become
+one instruction, which stay as they are, and that the fused instructions compute what the
+chains do, NaN and infinities included."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import rlx_core as rlx
+from rlx_core import Graph, reference
+from rlx_core.registry import Registry
+from rlx_cpu import native, regions
+from rlx_cpu.backend import CpuBackend
+from rlx_cpu.peephole import fuse_chains
+
+# inputs 0: x, 1: a (scalar), 2: b (scalar), 3: the constant 1, 4: the constant 0, 5: a tensor
+SCALARS = {1: 0.25, 2: 0.5, 3: 1.0, 4: 0.0}
+CONSTANTS = {3: 1.0, 4: 0.0}
+
+
+def fused(code: list[tuple[str, tuple[int, ...]]], constants: dict[int, float] = CONSTANTS) -> list[Any]:
+    return fuse_chains(code, 6, SCALARS.get, constants.get)
+
+
+HARD_SIGMOID = [("mul", (0, 1)), ("add", (6, 2)), ("min", (7, 3)), ("max", (8, 4))]
+
+
+def test_hard_sigmoid_in_either_clamp_order_and_operand_order():
+    assert fused(HARD_SIGMOID) == [("hardsigmoid", (0, 1, 2))]
+    swapped = [("mul", (1, 0)), ("add", (2, 6)), ("max", (4, 7)), ("min", (3, 8))]
+    assert fused(swapped) == [("hardsigmoid", (0, 1, 2))]
+
+
+def test_hard_swish_and_silu():
+    assert fused([*HARD_SIGMOID, ("mul", (0, 9))]) == [("hardswish", (0, 1, 2))]
+    assert fused([*HARD_SIGMOID, ("mul", (9, 0))]) == [("hardswish", (0, 1, 2))]
+    assert fused([("sigmoid", (0,)), ("mul", (6, 0))]) == [("silu", (0,))]
+    # a chain inside a longer program: values after it are renumbered
+    code = [("add", (0, 5)), ("sigmoid", (6,)), ("mul", (6, 7)), ("mul", (8, 1))]
+    assert fused(code) == [("add", (0, 5)), ("silu", (6,)), ("mul", (7, 1))]
+
+
+@pytest.mark.parametrize("case", ["an intermediate read again", "bounds that are params", "a bound of 6",
+                                  "a tensor scale", "the gate of another value", "the gate is the result"])
+def test_chains_that_stay_as_they_are(case: str):
+    code, constants = list(HARD_SIGMOID), CONSTANTS
+    if case == "an intermediate read again":
+        code.append(("add", (9, 7)))  # x * a + b read by the end too
+    elif case == "bounds that are params":
+        constants = {}
+    elif case == "a bound of 6":
+        constants = {3: 6.0, 4: 0.0}
+    elif case == "a tensor scale":
+        code[0] = ("mul", (0, 5))
+    elif case == "the gate of another value":
+        code = [("sigmoid", (0,)), ("mul", (6, 5))]
+    elif case == "the gate is the result":
+        code = [("sigmoid", (0,))]
+    assert fused(code, constants) == code
+
+
+@pytest.fixture
+def lib() -> native.Native:
+    found = native.library()
+    if found is None:
+        pytest.skip(f"native kernels unavailable: {native.reason()}")
+    return found
+
+
+def compile_cpu(g: Graph) -> rlx.CompiledGraph:
+    reg = Registry(entry_points=[], environ={})
+    reg.register(CpuBackend())
+    return rlx.compile(g, device="cpu", registry=reg)
+
+
+def _programs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
+    seen: list[tuple[str, ...]] = []
+    real = regions._compile
+
+    def spy(*args: Any) -> Any:
+        compiled = real(*args)
+        seen.append(tuple(compiled.ops))
+        return compiled
+
+    monkeypatch.setattr(regions, "_compile", spy)
+    return seen
+
+
+ACTIVATIONS = {
+    "hard-swish": lambda g, x: g.mul(x, g.maximum(g.minimum(g.add(g.mul(x, 1 / 6), 0.5), 1.0), 0.0)),
+    "hard-sigmoid, the other clamp order": lambda g, x: g.minimum(g.maximum(g.add(g.mul(x, 0.2), 0.5), 0.0), 1.0),
+    "silu": lambda g, x: g.mul(g.sigmoid(x), x),
+}
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_fused_instructions_compute_the_chains(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str):
+    """One instruction, and the reference's values (one fused multiply-add: within an
+    ulp or two of the chain's two roundings), NaN and both infinities as the chain gives."""
+    seen = _programs(monkeypatch)
+    g = Graph(name)
+    x = g.input("x", (4, 1000))
+    g.set_outputs([ACTIVATIONS[name](g, x)])
+    cg = compile_cpu(g)
+    feed = np.random.default_rng(0).standard_normal((4, 1000)).astype(np.float32) * 6
+    feed[0, :4] = [np.nan, np.inf, -np.inf, 0.0]
+    (got,) = cg.run({"x": feed})
+    assert any(p in [("hardswish",), ("hardsigmoid",), ("silu",)] for p in seen), seen
+    assert not any(op in p for p in seen for op in ("min", "max", "sigmoid")), seen  # no chain left
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = reference.evaluate(g, {"x": feed})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+
+
+def test_a_bound_that_set_param_can_change_is_not_built_in(lib: native.Native, monkeypatch: pytest.MonkeyPatch):
+    seen = _programs(monkeypatch)
+    g = Graph("param-bound")
+    x = g.input("x", (2, 500))
+    top = g.param("top", np.ones((), np.float32))
+    g.set_outputs([g.maximum(g.minimum(g.add(g.mul(x, 0.25), 0.5), top), 0.0)])
+    cg = compile_cpu(g)
+    feed = np.linspace(-8, 8, 1000, dtype=np.float32).reshape(2, 500)
+    cg.run({"x": feed})
+    assert any("min" in p for p in seen) and not any("hardsigmoid" in p for p in seen), seen
+    cg.set_param("top", np.full((), 0.75, np.float32))
+    (got,) = cg.run({"x": feed})
+    assert got.max() == np.float32(0.75)
