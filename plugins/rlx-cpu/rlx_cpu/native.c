@@ -891,16 +891,19 @@ RLX_API void rlx_depthwise_conv(const float *x, const float *wt, const float *bi
  * any stride-2 window) leaves mostly scalar.
  * scratch per thread: depthwise_lanes_scratch(...) floats. */
 #define DW_LANES 16
-#define DW_PIXELS 4 /* the vector path below unrolls exactly four */
+#define DW_PIXELS 4 /* the general vector path below unrolls exactly four */
+#define DW_UNIT_PIXELS 8 /* dw_lanes_unit's most: eight accumulators keep both FMA pipes busy */
 typedef float dw_vec __attribute__((vector_size(DW_LANES * sizeof(float))));
 typedef float dw_uvec __attribute__((vector_size(DW_LANES * sizeof(float)), aligned(4)));
+
+RLX_API int64_t rlx_gemm_avx512(void);
 
 static int64_t dw_lanes_floats(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh,
                                int64_t ow) {
     int64_t hp = (oh - 1) * sh + (kh - 1) * dh + 1, wp = (ow - 1) * sw + (kw - 1) * dw + 1;
-    /* padded planes (+ DW_PIXELS * sw pixels of slack: the last pixel group of a row reads
-     * past its row), the filters, the interleaved result */
-    return (hp * wp + DW_PIXELS * sw + 1) * DW_LANES + kh * kw * DW_LANES + oh * ow * DW_LANES;
+    /* padded planes (+ DW_UNIT_PIXELS * sw pixels of slack: the last pixel group of a row
+     * reads past its row), the filters, the interleaved result */
+    return (hp * wp + DW_UNIT_PIXELS * sw + 1) * DW_LANES + kh * kw * DW_LANES + oh * ow * DW_LANES;
 }
 
 RLX_API int64_t rlx_depthwise_lanes_scratch(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
@@ -934,41 +937,58 @@ static inline __attribute__((always_inline)) void transpose16(rlx_v16 *r) {
 }
 
 /* The pixel loop of the lanes kernel for a KH x KW window (constants: 3 or 5) at column
- * stride SW (1 or 2) and no dilation: the DW_PIXELS pixels of a group read, for each row
- * of the window, KW + SW (DW_PIXELS - 1) neighbouring input pixels, each loaded once into
- * a register and used by every (pixel, tap) pair that reads it (8 loads a row of a 5x5
- * window at stride 1, not 20): the loop was load-bound. Same products in the same order
- * as the general loop, so the same results. */
+ * stride SW (1 or 2) and no dilation: the DW_UNIT_PIXELS pixels of a group read, for each
+ * row of the window, KW + SW (P - 1) neighbouring input pixels, each loaded once into a
+ * register and used by every (pixel, tap) pair that reads it (12 loads a row of a 5x5
+ * window at stride 1 and P = 8, not 40): the loop was load-bound. P = 8 pixels where the
+ * registers hold them (AVX-512's 32), else 4: each pixel's sum is a chain of dependent
+ * multiply-adds (4 cycles each, two issued a cycle), so four chains left half the issue
+ * slots empty (5x5 over 240x14x14, one core: 44 -> 28 µs). Same products in the same
+ * order as the general loop, so the same results. */
 static inline __attribute__((always_inline)) void dw_lanes_unit(const float *pad, const float *filt, dw_vec b,
                                                                 float *res, const int KH, const int KW, const int SW,
-                                                                int64_t sh, int64_t dh, int64_t wp, int64_t oh,
-                                                                int64_t ow) {
+                                                                const int P, int64_t sh, int64_t dh, int64_t wp,
+                                                                int64_t oh, int64_t ow) {
     for (int64_t oy = 0; oy < oh; oy++) {
-        for (int64_t ox0 = 0; ox0 < ow; ox0 += DW_PIXELS) {
-            const int64_t n = ow - ox0 < DW_PIXELS ? ow - ox0 : DW_PIXELS;
+        for (int64_t ox0 = 0; ox0 < ow; ox0 += P) {
+            const int64_t n = ow - ox0 < P ? ow - ox0 : P;
             float *dst = res + (oy * ow + ox0) * DW_LANES;
-            dw_vec a0 = b, a1 = b, a2 = b, a3 = b;
+            dw_vec a[DW_UNIT_PIXELS];
+#pragma GCC unroll 8
+            for (int p = 0; p < P; p++) a[p] = b;
 #pragma GCC unroll 5
             for (int i = 0; i < KH; i++) {
                 const float *row = pad + ((oy * sh + i * dh) * wp + ox0 * SW) * DW_LANES;
-                dw_vec v[5 + 2 * (DW_PIXELS - 1)];
-#pragma GCC unroll 11
-                for (int q = 0; q < KW + SW * (DW_PIXELS - 1); q++) v[q] = *(const dw_uvec *)(row + q * DW_LANES);
+                dw_vec v[5 + 2 * (DW_UNIT_PIXELS - 1)];
+#pragma GCC unroll 19
+                for (int q = 0; q < KW + SW * (P - 1); q++) v[q] = *(const dw_uvec *)(row + q * DW_LANES);
 #pragma GCC unroll 5
                 for (int j = 0; j < KW; j++) {
                     const dw_vec f = *(const dw_uvec *)(filt + (i * KW + j) * DW_LANES);
-                    a0 += f * v[j];
-                    a1 += f * v[j + SW];
-                    a2 += f * v[j + 2 * SW];
-                    a3 += f * v[j + 3 * SW];
+#pragma GCC unroll 8
+                    for (int p = 0; p < P; p++) a[p] += f * v[j + p * SW];
                 }
             }
-            *(dw_uvec *)dst = a0;
-            if (n > 1) *(dw_uvec *)(dst + DW_LANES) = a1;
-            if (n > 2) *(dw_uvec *)(dst + 2 * DW_LANES) = a2;
-            if (n > 3) *(dw_uvec *)(dst + 3 * DW_LANES) = a3;
+            if (n == P) {
+#pragma GCC unroll 8
+                for (int p = 0; p < P; p++) *(dw_uvec *)(dst + p * DW_LANES) = a[p];
+            } else {
+                for (int p = 0; p < n; p++) *(dw_uvec *)(dst + p * DW_LANES) = a[p];
+            }
         }
     }
+}
+
+/* dw_lanes_unit for a window (3x3 or 5x5, stride 1 or 2), eight pixels a group with
+ * AVX-512's registers, else four. */
+static inline __attribute__((always_inline)) void dw_lanes_units(const float *pad, const float *filt, dw_vec b,
+                                                                 float *res, const int K, const int SW, int wide,
+                                                                 int64_t sh, int64_t dh, int64_t wp, int64_t oh,
+                                                                 int64_t ow) {
+    if (wide)
+        dw_lanes_unit(pad, filt, b, res, K, K, SW, 8, sh, dh, wp, oh, ow);
+    else
+        dw_lanes_unit(pad, filt, b, res, K, K, SW, 4, sh, dh, wp, oh, ow);
 }
 
 static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wt, const float *bias, float *y,
@@ -978,8 +998,9 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wt, co
                                              const rlx_epilogue *epi, int64_t t) {
     const int64_t hp = (oh - 1) * sh + (kh - 1) * dh + 1, wp = (ow - 1) * sw + (kw - 1) * dw + 1;
     const int64_t per_image = (c + DW_LANES - 1) / DW_LANES, taps = kh * kw, opix = oh * ow;
-    float *pad = scratch, *filt = pad + (hp * wp + DW_PIXELS * sw + 1) * DW_LANES, *res = filt + taps * DW_LANES;
-    memset(pad + hp * wp * DW_LANES, 0, (size_t)(DW_PIXELS * sw + 1) * DW_LANES * sizeof(float));
+    float *pad = scratch, *filt = pad + (hp * wp + DW_UNIT_PIXELS * sw + 1) * DW_LANES, *res = filt + taps * DW_LANES;
+    memset(pad + hp * wp * DW_LANES, 0, (size_t)(DW_UNIT_PIXELS * sw + 1) * DW_LANES * sizeof(float));
+    const int wide = (int)rlx_gemm_avx512(); /* this clone is x86-64-v4's: 32 vector registers */
     epi_state es;
     epi_begin(&es, epi, t);
     for (int64_t blk = b0; blk < b1; blk++) {
@@ -1034,13 +1055,13 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wt, co
         const dw_vec bias_v = *(const dw_uvec *)bv;
         /* 3x3 at stride 1: 0.83-0.87x the general loop's time; at stride 2, 0.92-0.94x */
         if (dw == 1 && kh == 3 && kw == 3 && sw == 1) {
-            dw_lanes_unit(pad, filt, bias_v, res, 3, 3, 1, sh, dh, wp, oh, ow);
+            dw_lanes_units(pad, filt, bias_v, res, 3, 1, wide, sh, dh, wp, oh, ow);
         } else if (dw == 1 && kh == 3 && kw == 3 && sw == 2) {
-            dw_lanes_unit(pad, filt, bias_v, res, 3, 3, 2, sh, dh, wp, oh, ow);
+            dw_lanes_units(pad, filt, bias_v, res, 3, 2, wide, sh, dh, wp, oh, ow);
         } else if (dw == 1 && kh == 5 && kw == 5 && sw == 1) {
-            dw_lanes_unit(pad, filt, bias_v, res, 5, 5, 1, sh, dh, wp, oh, ow);
+            dw_lanes_units(pad, filt, bias_v, res, 5, 1, wide, sh, dh, wp, oh, ow);
         } else if (dw == 1 && kh == 5 && kw == 5 && sw == 2) {
-            dw_lanes_unit(pad, filt, bias_v, res, 5, 5, 2, sh, dh, wp, oh, ow);
+            dw_lanes_units(pad, filt, bias_v, res, 5, 2, wide, sh, dh, wp, oh, ow);
         } else { /* any window, stride and dilation */
             for (int64_t oy = 0; oy < oh; oy++) {
                 for (int64_t ox0 = 0; ox0 < ow; ox0 += DW_PIXELS) {
