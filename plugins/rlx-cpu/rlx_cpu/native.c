@@ -941,7 +941,7 @@ static inline __attribute__((always_inline)) void transpose16(rlx_v16 *r) {
  * row of the window, KW + SW (P - 1) neighbouring input pixels, each loaded once into a
  * register and used by every (pixel, tap) pair that reads it (12 loads a row of a 5x5
  * window at stride 1 and P = 8, not 40): the loop was load-bound. P = 8 pixels where the
- * registers hold them (AVX-512's 32), else 4: each pixel's sum is a chain of dependent
+ * registers hold them (AVX-512's 32) and rows are wide enough, else 4: each pixel's sum is a chain of dependent
  * multiply-adds (4 cycles each, two issued a cycle), so four chains left half the issue
  * slots empty (5x5 over 240x14x14, one core: 44 -> 28 µs). Same products in the same
  * order as the general loop, so the same results. */
@@ -969,12 +969,9 @@ static inline __attribute__((always_inline)) void dw_lanes_unit(const float *pad
                     for (int p = 0; p < P; p++) a[p] += f * v[j + p * SW];
                 }
             }
-            if (n == P) {
 #pragma GCC unroll 8
-                for (int p = 0; p < P; p++) *(dw_uvec *)(dst + p * DW_LANES) = a[p];
-            } else {
-                for (int p = 0; p < n; p++) *(dw_uvec *)(dst + p * DW_LANES) = a[p];
-            }
+            for (int p = 0; p < P; p++) /* unrolled: a[p] by constant index, the sums stay in registers */
+                if (p < n) *(dw_uvec *)(dst + p * DW_LANES) = a[p];
         }
     }
 }
@@ -1000,7 +997,9 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wt, co
     const int64_t per_image = (c + DW_LANES - 1) / DW_LANES, taps = kh * kw, opix = oh * ow;
     float *pad = scratch, *filt = pad + (hp * wp + DW_UNIT_PIXELS * sw + 1) * DW_LANES, *res = filt + taps * DW_LANES;
     memset(pad + hp * wp * DW_LANES, 0, (size_t)(DW_UNIT_PIXELS * sw + 1) * DW_LANES * sizeof(float));
-    const int wide = (int)rlx_gemm_avx512(); /* this clone is x86-64-v4's: 32 vector registers */
+    /* eight pixels a group with x86-64-v4's 32 vector registers, on rows of eight or more
+     * (576x7x7 ran 1.2x longer as one group of eight a row than as groups of four and three) */
+    const int wide = ow >= 8 && rlx_gemm_avx512();
     epi_state es;
     epi_begin(&es, epi, t);
     for (int64_t blk = b0; blk < b1; blk++) {
