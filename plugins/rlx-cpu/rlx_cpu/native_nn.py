@@ -240,29 +240,32 @@ def _depthwise_numpy(geometry: tuple[int, ...]) -> Any:
     return run
 
 
-#: Output rows at least this wide keep the row kernel (``rlx_depthwise_conv``) for a 3x3 or
-#: 5x5 stride-1 window: it vectorizes along the row with the filter in registers. Narrower
+#: Output rows at least this wide keep the row kernel (``rlx_depthwise_conv``) for a 3x3
+#: stride-1 window: it vectorizes along the row with the filter in registers. Narrower
 #: rows, strides and other windows put channels in the vector lanes instead
-#: (``rlx_depthwise_lanes``). See BENCHMARKS.md ("Depthwise convolution").
+#: (``rlx_depthwise_lanes``). See BENCHMARKS.md ("Depthwise convolution"). 5x5 windows
+#: always take the lanes kernel since its pixel groups keep eight sums in flight
+#: (2-core Zen 5, one core, kernel against kernel: lanes 0.67-0.73x the row kernel's time
+#: over 56x56, 0.92x over 112x112; 3x3 over 56x56 and 112x112 stays 1.06-1.45x in favour
+#: of rows).
 DEPTHWISE_ROW_MIN_WIDTH = 32
 
 
 #: The same for 3x3 windows at stride 2, whose rows the kernel splits into even and odd
-#: columns (2-core Zen 5, against the lanes kernel: 16x112x112 30 against 80 µs, 72x56x56
-#: 42 against 62, 96x112x112 161 against 262; with 14 outputs a row, 240x28x28, 56
-#: against 40).
-DEPTHWISE_ROW_MIN_WIDTH_S2 = 28
+#: columns (one core, lanes against rows: 16x112x112 and 96x112x112, 56 outputs a row,
+#: 1.06x and 1.13x; 72x56x56, 28 a row, 0.83x; 240x28x28, 14 a row, 0.34x).
+DEPTHWISE_ROW_MIN_WIDTH_S2 = 40
 
 
 def _rows_vectorize(kh: int, kw: int, stride: tuple[int, int], dilation: tuple[int, int], ow: int) -> bool:
-    """Whether the row kernel suits this window: no dilation, and either unit stride, 3x3
-    or 5x5, rows of at least ``DEPTHWISE_ROW_MIN_WIDTH`` outputs, or stride 2, 3x3, rows of
-    at least ``DEPTHWISE_ROW_MIN_WIDTH_S2``."""
-    if dilation != (1, 1):
+    """Whether the row kernel suits this window: no dilation, 3x3, and either unit stride
+    and rows of at least ``DEPTHWISE_ROW_MIN_WIDTH`` outputs, or stride 2 and rows of at
+    least ``DEPTHWISE_ROW_MIN_WIDTH_S2``."""
+    if dilation != (1, 1) or (kh, kw) != (3, 3):
         return False
     if stride == (2, 2):
-        return (kh, kw) == (3, 3) and ow >= DEPTHWISE_ROW_MIN_WIDTH_S2
-    return stride == (1, 1) and (kh, kw) in ((3, 3), (5, 5)) and ow >= DEPTHWISE_ROW_MIN_WIDTH
+        return ow >= DEPTHWISE_ROW_MIN_WIDTH_S2
+    return stride == (1, 1) and ow >= DEPTHWISE_ROW_MIN_WIDTH
 
 
 def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, stride: tuple[int, int],
