@@ -161,6 +161,19 @@ class Native:
         self.openmp = bool(self._lib.rlx_openmp())
         if self.openmp and hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)
+        self._lib.rlx_bind_team.argtypes = [i64]
+        self._lib.rlx_bind_team.restype = i64
+        self.bound: int | None = None  # OpenMP workers pinned to a CPU each (bind_team), once known
+
+    def bind_team(self, threads: int) -> int:
+        """Pins OpenMP's worker threads (not the caller's) one to a CPU, once per process
+        (native.c's ``rlx_bind_team`` says why), unless ``RLX_CPU_BIND=0``; how many were
+        pinned."""
+        if self.bound is None:
+            off = os.environ.get("RLX_CPU_BIND", "1").strip().lower() in ("0", "off", "false", "no")
+            self.bound = 0 if off or threads < 2 else int(self._lib.rlx_bind_team(threads))
+            log.debug("rlx-cpu: %d OpenMP worker thread(s) pinned to a CPU each", self.bound)
+        return self.bound
 
     def threads(self) -> int:
         """Threads a region may use: the cores this process may run on (1 without OpenMP),
@@ -171,6 +184,8 @@ class Native:
             cores = max(len(os.sched_getaffinity(0)), 1)
         except AttributeError:  # not Linux
             cores = os.cpu_count() or 1
+        if self.bound is None and cores > 1:
+            self.bind_team(cores)
         cap = _THREAD_CAP.get()
         return cores if cap is None else max(1, min(cores, cap))
 

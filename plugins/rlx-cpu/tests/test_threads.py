@@ -152,3 +152,42 @@ def test_both_modes_compute_the_same_and_tiny_graphs_are_not_tuned():
     t = tiny.input("t", (4, 4))
     tiny.set_outputs([tiny.exp(t)])
     assert rlx_core.compile(tiny, device="cpu")._exe._tuner is None
+
+
+_AFFINITIES = """
+import json, os, sys
+from rlx_cpu import native
+lib = native.library()
+threads = lib.threads()
+tasks = {}
+for tid in os.listdir("/proc/self/task"):
+    with open(f"/proc/self/task/{tid}/status") as f:
+        tasks[tid] = next(line.split(":")[1].strip() for line in f if line.startswith("Cpus_allowed_list"))
+print(json.dumps({"threads": threads, "bound": lib.bound, "main": tasks.pop(str(os.getpid())),
+                  "workers": sorted(tasks.values())}))
+"""
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_openmp_workers_are_pinned_one_to_a_cpu_unless_told_not_to(setting: str):
+    """The first question about threads pins OpenMP's workers (one here on two CPUs) to
+    a CPU each, never the caller's thread; ``RLX_CPU_BIND=0`` leaves them as they were."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    lib = native.library()
+    if lib is None or not lib.openmp or not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs the native kernels with OpenMP on Linux with two CPUs or more")
+    env = {**os.environ, "RLX_CPU_BIND": setting}
+    out = subprocess.run([sys.executable, "-c", _AFFINITIES], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    allowed = found["main"]
+    assert "-" in allowed or "," in allowed  # the caller keeps every CPU
+    single = [w for w in found["workers"] if w.isdigit()]
+    if setting == "1":
+        assert found["bound"] == found["threads"] - 1 >= 1 and len(single) >= found["bound"]
+    else:
+        assert found["bound"] == 0  # (another library's pool may pin threads of its own)
