@@ -272,8 +272,8 @@ def test_a_gemm_slowed_by_a_spinning_blas_pool_is_timed_again(native_lib: native
     assert found.native and "1.00x/1.00x" in found.why, found.why
 
 
-def test_a_gemm_timed_slow_on_every_core_is_timed_on_one_thread_too(native_lib: native.Native,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_gemm_timed_slow_on_every_core_is_timed_on_one_thread_too(
+        native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Another process busy on a core: every multi-threaded timing waits on it (the GEMM
     at 0.02x MKL's speed on the 2-core host, where it is 2x faster), so where the GEMM did
     not clearly win both are timed on one thread, and its better ratio counts."""
