@@ -225,6 +225,21 @@ def test_auto_measures_once_and_says_so(native_lib: native.Native, monkeypatch: 
         gemm.reset()
 
 
+def _measure_with(monkeypatch: pytest.MonkeyPatch, native_lib: native.Native, times: list[float], cores: int,
+                  pools: list[str]) -> gemm.Decision:  # fmt: skip
+    """``gemm._measure`` with ``_best_of`` answering ``times`` in order, on ``cores`` cores
+    with these separate BLAS pools, and no real product run."""
+    answers = iter(times)
+    monkeypatch.setattr(gemm, "_best_of", lambda run: next(answers))
+    monkeypatch.setattr(gemm, "_SETTLE_S", 0.0)
+    monkeypatch.setattr(native_lib, "gemm", lambda *args: None)
+    monkeypatch.setattr(native_lib, "openmp", True)
+    monkeypatch.setattr(gemm, "_cores", lambda: cores)
+    monkeypatch.setattr(gemm.thread_policy, "blas_pools", lambda: list(pools))
+    monkeypatch.setattr(gemm.np, "allclose", lambda *a, **k: True)
+    return gemm._measure(native_lib)
+
+
 @pytest.mark.parametrize(("pools", "blas_speed", "native"), [
     ([], 1.0, False),  # BLAS sharing OpenMP's team (or none): the GEMM must win by MARGIN
     ([], 1.2, True),
@@ -241,15 +256,8 @@ def test_a_blas_with_its_own_pool_wins_products_only_when_clearly_faster(
     ran resnet18 in 17-22 ms on the BLAS against 8 on the GEMM."""
     shapes = len(gemm.PROBE_SHAPES)
     # the GEMM, the BLAS; both again unless clear; then one thread each (the BLAS, the GEMM) unless clear
-    times = iter(([1.0] * shapes + [blas_speed] * shapes) * 2 + [blas_speed, 1.0] * shapes)
-    monkeypatch.setattr(gemm, "_best_of", lambda run: next(times))
-    monkeypatch.setattr(gemm, "_SETTLE_S", 0.0)
-    monkeypatch.setattr(native_lib, "gemm", lambda *args: None)
-    monkeypatch.setattr(gemm, "_cores", lambda: 16)
-    monkeypatch.setattr(native_lib, "openmp", True)
-    monkeypatch.setattr(gemm.thread_policy, "blas_pools", lambda: list(pools))
-    monkeypatch.setattr(gemm.np, "allclose", lambda *a, **k: True)
-    found = gemm._measure(native_lib)
+    times = ([1.0] * shapes + [blas_speed] * shapes) * 2 + [blas_speed, 1.0] * shapes
+    found = _measure_with(monkeypatch, native_lib, times, 16, pools)
     assert found.native is native, found.why
     assert ("own pool (openblas" in found.why) is bool(pools)
 
@@ -260,15 +268,8 @@ def test_a_gemm_slowed_by_a_spinning_blas_pool_is_timed_again(native_lib: native
     ran at 0.01x on a 16-core Xeon. Both are timed again once they settle, and each one's
     better time counts."""
     shapes = len(gemm.PROBE_SHAPES)
-    times = iter([100.0] * shapes + [1.0] * shapes + [1.0] * shapes + [1.0] * shapes + [1.0, 1.0] * shapes)
-    monkeypatch.setattr(gemm, "_best_of", lambda run: next(times))
-    monkeypatch.setattr(gemm, "_SETTLE_S", 0.0)
-    monkeypatch.setattr(native_lib, "gemm", lambda *args: None)
-    monkeypatch.setattr(native_lib, "openmp", True)
-    monkeypatch.setattr(gemm, "_cores", lambda: 16)
-    monkeypatch.setattr(gemm.thread_policy, "blas_pools", lambda: ["openblas (pthreads threads, 16)"])
-    monkeypatch.setattr(gemm.np, "allclose", lambda *a, **k: True)
-    found = gemm._measure(native_lib)
+    times = [100.0] * shapes + [1.0] * shapes + [1.0] * shapes + [1.0] * shapes + [1.0, 1.0] * shapes
+    found = _measure_with(monkeypatch, native_lib, times, 16, ["openblas (pthreads threads, 16)"])
     assert found.native and "1.00x/1.00x" in found.why, found.why
 
 
@@ -279,15 +280,8 @@ def test_a_gemm_timed_slow_on_every_core_is_timed_on_one_thread_too(
     not clearly win both are timed on one thread, and its better ratio counts."""
     shapes = len(gemm.PROBE_SHAPES)
     # wide: the GEMM 2 s, the BLAS 1 s, twice; one thread each: the BLAS 2 s, the GEMM 1 s
-    times = iter([2.0] * shapes + [1.0] * shapes + [2.0] * shapes + [1.0] * shapes + [2.0, 1.0] * shapes)
-    monkeypatch.setattr(gemm, "_best_of", lambda run: next(times))
-    monkeypatch.setattr(gemm, "_SETTLE_S", 0.0)
-    monkeypatch.setattr(native_lib, "gemm", lambda *args: None)
-    monkeypatch.setattr(native_lib, "openmp", True)
-    monkeypatch.setattr(gemm, "_cores", lambda: 2)
-    monkeypatch.setattr(gemm.thread_policy, "blas_pools", lambda: [])
-    monkeypatch.setattr(gemm.np, "allclose", lambda *a, **k: True)
-    found = gemm._measure(native_lib)
+    times = [2.0] * shapes + [1.0] * shapes + [2.0] * shapes + [1.0] * shapes + [2.0, 1.0] * shapes
+    found = _measure_with(monkeypatch, native_lib, times, 2, [])
     assert found.native and "one thread each: 2.00x/2.00x" in found.why, found.why
 
 

@@ -62,14 +62,6 @@ def test_chains_that_stay_as_they_are(case: str):
     assert fused(code, constants) == code
 
 
-@pytest.fixture
-def lib() -> native.Native:
-    found = native.library()
-    if found is None:
-        pytest.skip(f"native kernels unavailable: {native.reason()}")
-    return found
-
-
 def compile_cpu(g: Graph) -> rlx.CompiledGraph:
     reg = Registry(entry_points=[], environ={})
     reg.register(CpuBackend())
@@ -97,7 +89,8 @@ ACTIVATIONS = {
 
 
 @pytest.mark.parametrize("name", list(ACTIVATIONS))
-def test_fused_instructions_compute_the_chains(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str):
+def test_fused_instructions_compute_the_chains(native_lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                               name: str):  # fmt: skip
     """One instruction, and the reference's values (one fused multiply-add: within an
     ulp or two of the chain's two roundings), NaN and both infinities as the chain gives."""
     seen = _programs(monkeypatch)
@@ -116,7 +109,8 @@ def test_fused_instructions_compute_the_chains(lib: native.Native, monkeypatch: 
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
 
 
-def test_a_bound_that_set_param_can_change_is_not_built_in(lib: native.Native, monkeypatch: pytest.MonkeyPatch):
+def test_a_bound_that_set_param_can_change_is_not_built_in(native_lib: native.Native,
+                                                          monkeypatch: pytest.MonkeyPatch):  # fmt: skip
     seen = _programs(monkeypatch)
     g = Graph("param-bound")
     x = g.input("x", (2, 500))
