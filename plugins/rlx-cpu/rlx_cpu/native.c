@@ -207,6 +207,15 @@ static inline float rx_max3(float a, float b, float c) {
     m = m > c ? m : c;
     return (a != a) | (b != b) | (c != c) ? a + b + c : m;
 }
+/* clamp(t, 0, 1) with NaN through, as two plain min/max instructions: x86's min and max
+ * return their second operand when either is NaN, which `c < t ? c : t` compiles to, so a
+ * NaN t comes out as itself (nested rx_min/rx_max compiled to a dozen compares, blends and
+ * mask ops a vector: the hard-swish stem epilogue took longer than its convolution). Same
+ * values as rx_max(rx_min(t, 1), 0) (a zero's sign aside). */
+static inline float rx_clamp01(float t) {
+    t = 1.0f < t ? 1.0f : t;
+    return 0.0f > t ? 0.0f : t;
+}
 static inline float rx_min(float a, float b) {
     float r = a < b ? a : b;
     return a != a ? a : r;
@@ -303,7 +312,7 @@ static RLX_CLONES void run_op(int64_t op, float *d, const float *a, const float 
     case OP_ERF: for (i = 0; i < n; i++) d[i] = rx_erf(a[i]); break;
     case OP_TANH: for (i = 0; i < n; i++) d[i] = rx_tanh(a[i]); break;
     case OP_SIGMOID: for (i = 0; i < n; i++) d[i] = rx_sigmoid(a[i]); break;
-    case OP_RELU: for (i = 0; i < n; i++) d[i] = rx_max(a[i], 0.0f); break;
+    case OP_RELU: for (i = 0; i < n; i++) d[i] = 0.0f > a[i] ? 0.0f : a[i]; break; /* one max: x86 returns a NaN a */
     case OP_GELU: for (i = 0; i < n; i++) d[i] = rx_gelu(a[i]); break;
     case OP_GELU_TANH: for (i = 0; i < n; i++) d[i] = rx_gelu_tanh(a[i]); break;
     case OP_EQ: for (i = 0; i < n; i++) d[i] = a[i] == b[i] ? 1.0f : 0.0f; break;
@@ -315,12 +324,12 @@ static RLX_CLONES void run_op(int64_t op, float *d, const float *a, const float 
     case OP_SILU: for (i = 0; i < n; i++) d[i] = a[i] * rx_sigmoid(a[i]); break;
     case OP_HARDSIGMOID: {
         const float al = b[0], be = c[0];
-        for (i = 0; i < n; i++) d[i] = rx_max(rx_min(a[i] * al + be, 1.0f), 0.0f);
+        for (i = 0; i < n; i++) d[i] = rx_clamp01(a[i] * al + be);
         break;
     }
     case OP_HARDSWISH: {
         const float al = b[0], be = c[0];
-        for (i = 0; i < n; i++) d[i] = a[i] * rx_max(rx_min(a[i] * al + be, 1.0f), 0.0f);
+        for (i = 0; i < n; i++) d[i] = a[i] * rx_clamp01(a[i] * al + be);
         break;
     }
     default: break;
