@@ -991,10 +991,10 @@ static inline __attribute__((always_inline)) void transpose16(rlx_v16 *r) {
  * row of the window, KW + SW (P - 1) neighbouring input pixels, each loaded once into a
  * register and used by every (pixel, tap) pair that reads it (12 loads a row of a 5x5
  * window at stride 1 and P = 8, not 40): the loop was load-bound. P = 8 pixels where the
- * registers hold them (AVX-512's 32) and rows are wide enough, else 4: each pixel's sum is a chain of dependent
- * multiply-adds (4 cycles each, two issued a cycle), so four chains left half the issue
- * slots empty (5x5 over 240x14x14, one core: 44 -> 28 µs). Same products in the same
- * order as the general loop, so the same results. */
+ * registers hold them (AVX-512's 32) and rows are wide enough, else 4: each pixel's sum
+ * is a chain of dependent multiply-adds (4 cycles each, two issued a cycle), so four
+ * chains left half the issue slots empty (5x5 over 240x14x14, one core: 44 -> 28 µs).
+ * Same products in the same order as the general loop, so the same results. */
 static inline __attribute__((always_inline)) void dw_lanes_unit(const float *pad, const float *filt, dw_vec b,
                                                                 float *res, const int KH, const int KW, const int SW,
                                                                 const int P, int64_t sh, int64_t dh, int64_t wp,
@@ -2085,9 +2085,10 @@ static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm
     }
 }
 
-/* Row panels [i0, i1) x column tiles [t0, t1), on this thread, the epilogue's spans to es.
- * A tile reaching past the end of y (n not a multiple of NR: 49 columns of 7 x 7 make one full tile and one of
- * 17) is summed in a scratch tile of the thread's and copied out after the last k block.
+/* Row panels [i0, i1) x column tiles [t0, t1), on this thread, the epilogue's spans to
+ * es. A tile reaching past the end of y (n not a multiple of NR: 49 columns of 7 x 7 make
+ * one full tile and one of 17) is summed in a scratch tile of the thread's and copied out
+ * after the last k block.
  * It computes the NR columns from g->tail_j: its own where xs has slack past its end (the
  * copy), the last NR of y where xs is x itself (a plain 1x1 convolution: loads past its
  * own columns would pass the end of x), overlapping the tile before, whose columns it
