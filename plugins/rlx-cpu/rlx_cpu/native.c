@@ -40,7 +40,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 15
+#define RLX_ABI 16
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
@@ -50,7 +50,7 @@ typedef float rlx_v16 __attribute__((vector_size(64)));
 enum {
     OP_COPY = 0, OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_POW, OP_MAX, OP_MIN, OP_NEG, OP_ABS,
     OP_EXP, OP_LOG, OP_SQRT, OP_RSQRT, OP_ERF, OP_TANH, OP_SIGMOID, OP_RELU, OP_GELU,
-    OP_GELU_TANH, OP_EQ, OP_LT, OP_GT, OP_WHERE, OP_NONZERO, OP_SILU, OP_HARDSIGMOID, OP_HARDSWISH, OP_COUNT
+    OP_GELU_TANH, OP_EQ, OP_LT, OP_GT, OP_WHERE, OP_NONZERO, OP_SILU, OP_HARDSIGMOID, OP_HARDSWISH, OP_POWS, OP_COUNT
 };
 
 enum { IN_FULL = 0, IN_SCALAR = 1, IN_STRIDED = 2 };
@@ -330,6 +330,16 @@ static RLX_CLONES void run_op(int64_t op, float *d, const float *a, const float 
     case OP_HARDSWISH: {
         const float al = b[0], be = c[0];
         for (i = 0; i < n; i++) d[i] = a[i] * rx_clamp01(a[i] * al + be);
+        break;
+    }
+    case OP_POWS: { /* a ** b[0], the exponent one scalar read now (a param may change it) */
+        const float e = b[0];
+        if (e == 2.0f)
+            for (i = 0; i < n; i++) d[i] = a[i] * a[i];
+        else if (e == 3.0f)
+            for (i = 0; i < n; i++) d[i] = a[i] * a[i] * a[i];
+        else
+            for (i = 0; i < n; i++) d[i] = powf(a[i], e);
         break;
     }
     default: break;

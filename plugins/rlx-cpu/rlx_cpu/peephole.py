@@ -17,6 +17,12 @@ read by nothing else:
   of the separate ops.
 * ``hardswish``: ``x * hardsigmoid(x)`` of the same ``x``.
 
+And ``x ** e`` with ``e`` one float32 scalar becomes ``pows``, which reads ``e`` when it
+runs and takes products for 2 and 3 (``x * x * x``, within an ulp or two of the power,
+as the core's ``simplify`` does for a constant exponent): torch's dynamo exports give
+GPT-2's tanh gelu its ``3.0`` as an initializer, a param, so the core could not fold it,
+and ``powf`` over the MLP's activations was most of that model's elementwise time.
+
 Programs are in the interpreter's numbering: values ``0 .. n_inputs - 1`` are inputs,
 value ``n_inputs + k`` is instruction ``k``'s result; the last instruction is the output.
 """
@@ -75,6 +81,8 @@ def fuse_chains(code: Code, n_inputs: int, scalar: Callable[[int], float | None]
             if outer and clamp and plus and times:
                 fused[k] = ("hardsigmoid", (times[0], times[1], plus[1]))
                 dropped |= {outer[0] - n_inputs, clamp[0] - n_inputs, plus[0] - n_inputs}
+        elif op == "pow" and len(args) == 2 and scalar(args[1]) is not None:
+            fused[k] = ("pows", args)
         elif op == "mul" and len(args) == 2:
             for x, other in (args, args[::-1]):
                 gate = made(other, "sigmoid", "hardsigmoid")

@@ -48,7 +48,7 @@ _F32 = "float32"
 OPCODES = {name: code for code, name in enumerate(
     ("copy", "add", "sub", "mul", "div", "pow", "max", "min", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf",
      "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "eq", "lt", "gt", "where", "nonzero", "silu", "hardsigmoid",
-     "hardswish"))}  # fmt: skip
+     "hardswish", "pows"))}  # fmt: skip
 _BY_OP = {
     OpKind.ADD: "add", OpKind.SUB: "sub", OpKind.MUL: "mul", OpKind.DIV: "div", OpKind.POW: "pow",
     OpKind.MAXIMUM: "max", OpKind.MINIMUM: "min", OpKind.NEG: "neg", OpKind.ABS: "abs", OpKind.EXP: "exp",
@@ -60,7 +60,8 @@ _OP_OF = {name: op for op, name in _BY_OP.items()}
 #: Rough single-thread cost per element of each opcode, ns (2-core AVX-512 host), used
 #: only to decide whether a region is long enough to split over two threads.
 _COST_NS = {"pow": 4.0, "exp": 0.5, "log": 0.7, "tanh": 0.9, "sigmoid": 0.7, "erf": 1.1, "gelu": 0.9,
-            "gelu_tanh": 1.0, "div": 0.25, "silu": 0.75, "hardsigmoid": 0.15, "hardswish": 0.2}  # fmt: skip
+            "gelu_tanh": 1.0, "div": 0.25, "silu": 0.75, "hardsigmoid": 0.15, "hardswish": 0.2,
+            "pows": 0.15}  # fmt: skip
 _COST_OTHER_NS = 0.1
 _COST_GATHER_NS = 0.3
 #: A region whose estimated single-thread time is at least this runs on two threads or

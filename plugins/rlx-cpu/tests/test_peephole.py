@@ -43,6 +43,11 @@ def test_hard_swish_and_silu():
     assert fused(code) == [("add", (0, 5)), ("silu", (6,)), ("mul", (7, 1))]
 
 
+def test_a_power_by_one_scalar_reads_it_at_run_time():
+    assert fused([("pow", (0, 1)), ("add", (6, 2))]) == [("pows", (0, 1)), ("add", (6, 2))]
+    assert fused([("pow", (0, 5))]) == [("pow", (0, 5))]  # a tensor exponent: powf per element
+
+
 @pytest.mark.parametrize("case", ["an intermediate read again", "bounds that are params", "a bound of 6",
                                   "a tensor scale", "the gate of another value", "the gate is the result"])
 def test_chains_that_stay_as_they_are(case: str):
@@ -123,3 +128,25 @@ def test_a_bound_that_set_param_can_change_is_not_built_in(native_lib: native.Na
     cg.set_param("top", np.full((), 0.75, np.float32))
     (got,) = cg.run({"x": feed})
     assert got.max() == np.float32(0.75)
+
+
+def test_a_power_whose_exponent_is_a_param_follows_set_param(native_lib: native.Native,
+                                                             monkeypatch: pytest.MonkeyPatch):  # fmt: skip
+    """torch's dynamo exports give GPT-2's gelu its 3.0 as an initializer (a param): one
+    ``pows`` instruction, products for 2 and 3, powf otherwise, the exponent read each run."""
+    seen = _programs(monkeypatch)
+    g = Graph("param-power")
+    x = g.input("x", (4, 700))
+    g.set_outputs([g.pow(x, g.param("e", np.full((), 3.0, np.float32)))])
+    cg = compile_cpu(g)
+    feed = np.random.default_rng(1).standard_normal((4, 700)).astype(np.float32) * 3
+    feed[0, :4] = [np.nan, np.inf, -np.inf, -0.0]
+    for e in (3.0, 2.0, 0.5, 3.0):
+        cg.set_param("e", np.full((), e, np.float32))
+        x = np.abs(feed) if e == 0.5 else feed  # (libm and numpy differ on -inf ** 0.5)
+        (got,) = cg.run({"x": x})
+        with np.errstate(invalid="ignore"):
+            want = np.power(x, np.float32(e))
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert ("pows",) in seen, seen
