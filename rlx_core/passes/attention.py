@@ -36,7 +36,7 @@ from ..ir import Graph, Node
 from ..ops import OpKind, infer
 from .legalize import ask_claims
 from .optimize import dce
-from .rewrite import Emitter, use_counts
+from .rewrite import Emitter, replace_planned, use_counts
 
 __all__ = ["fuse_attention"]
 
@@ -160,16 +160,8 @@ def fuse_attention(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
             plans[node.id] = m
     if not plans:
         return graph, []
-    skip = {i for m in plans.values() for i in m.absorbed}
-    em = Emitter(graph)
-    notes: list[str] = []
-    for node in graph.nodes:
-        if node.id in skip:
-            continue
-        m = plans.get(node.id)
-        if m is None:
-            em.copy(node)
-            continue
+
+    def emit(em: Emitter, node: Node, m: _Match) -> str:
         src, perm = _k_source(graph, graph.node(m.kt))
         k = em.mapped[src]
         if perm != tuple(range(len(perm))):
@@ -181,7 +173,9 @@ def fuse_attention(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
         em.emit(node, OpKind.ATTENTION, inputs, {"scale": m.scale}, node.name)
         parts = " + ".join(str(graph.node(i).op) for i in reversed(m.absorbed))
         on_q = f"; {m.q_scale[0]} by param {graph.node(m.q_scale[1]).name!r} moved onto q" if m.q_scale else ""
-        notes.append(f"fused {parts} + matmul at {node.describe()} into attention(scale={m.scale:g}"
-                     f"{', mask' if m.mask is not None else ''}){on_q}")  # fmt: skip
-    fused, _ = dce(em.finish())  # kT's transpose, when only the chain read it
+        return (f"fused {parts} + matmul at {node.describe()} into attention(scale={m.scale:g}"
+                f"{', mask' if m.mask is not None else ''}){on_q}")  # fmt: skip
+
+    rebuilt, notes = replace_planned(graph, {i for m in plans.values() for i in m.absorbed}, plans, emit)
+    fused, _ = dce(rebuilt)  # kT's transpose, when only the chain read it
     return fused, notes

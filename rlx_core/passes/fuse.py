@@ -36,7 +36,7 @@ from ..ir import Graph, Node
 from ..ops import ELEMENTWISE_OPS, SOURCE_OPS, OpKind
 from .internal_ops import ACTIVATION_OPS, describe_program, infer_internal, make_instruction
 from .legalize import ask_claims
-from .rewrite import Emitter, use_counts
+from .rewrite import Emitter, replace_planned, use_counts
 
 __all__ = ["fuse_gemm", "fuse_elementwise", "fuse_conv", "candidate_node"]
 
@@ -73,19 +73,12 @@ def _replace(graph: Graph, absorbed: set[int], plans: dict[int, tuple[OpKind, li
     """``graph`` with every planned node (id -> its fused op, inputs, attributes) replaced
     by the fused node and the ``absorbed`` nodes dropped; a note per fused node,
     ``note(node it replaces, fused node)``."""
-    em = Emitter(graph)
-    notes = []
-    for node in graph.nodes:
-        if node.id in absorbed:
-            continue
-        plan = plans.get(node.id)
-        if plan is None:
-            em.copy(node)
-            continue
+
+    def emit(em: Emitter, node: Node, plan: tuple[OpKind, list[int], dict[str, Any]]) -> str:
         op, inputs, attrs = plan
-        new = em.emit(node, op, [em.mapped[i] for i in inputs], attrs, node.name)
-        notes.append(note(node, em.node(new)))
-    return em.finish(), notes
+        return note(node, em.node(em.emit(node, op, [em.mapped[i] for i in inputs], attrs, node.name)))
+
+    return replace_planned(graph, absorbed, plans, emit)
 
 
 def _activation_of(node: Node) -> str | None:

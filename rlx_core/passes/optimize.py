@@ -47,7 +47,7 @@ from ..errors import RlxError
 from ..ir import Graph, Node
 from ..ops import SOURCE_OPS, OpKind
 from ..reference import evaluate
-from .rewrite import Emitter, attrs_key, is_scalar_constant, use_counts
+from .rewrite import Emitter, attrs_key, is_scalar_constant, replace_planned, use_counts
 
 __all__ = ["fold_constants", "simplify", "cse", "dce", "sink_relu", "conv_scale", "OPTIMIZE_PASSES"]
 
@@ -297,16 +297,9 @@ def conv_scale(graph: Graph) -> tuple[Graph, list[str]]:
                 folds[node.id] = found
     if not folds:
         return graph, []
-    products = {graph.node(c).inputs[0] for c in folds}
-    em = Emitter(graph)
-    notes: list[str] = []
-    for node in graph.nodes:
-        if node.id in products:
-            continue  # its only reader, the convolution, scales its weights instead
-        if node.id not in folds:
-            em.copy(node)
-            continue
-        x, s = folds[node.id]
+
+    def emit(em: Emitter, node: Node, fold: tuple[int, int]) -> str:
+        x, s = fold
         scale = em.mapped[s]
         if len(graph.node(s).shape) != 4:
             scale = em.emit(node, OpKind.RESHAPE, [scale], {"shape": (1, graph.node(s).shape[-3], 1, 1)})
@@ -314,9 +307,11 @@ def conv_scale(graph: Graph) -> tuple[Graph, list[str]]:
         em.emit(node, OpKind.CONV2D, [em.mapped[x], weights, *(em.mapped[i] for i in node.inputs[2:])], node.attrs,
                 node.name)
         product = graph.node(node.inputs[0])
-        notes.append(f"scaled the weights of conv2d at {node.describe()} by the per-channel factors of mul at "
-                     f"{product.describe()} ({graph.node(node.inputs[1]).size} instead of {product.size} elements)")
-    return em.finish(), notes
+        return (f"scaled the weights of conv2d at {node.describe()} by the per-channel factors of mul at "
+                f"{product.describe()} ({graph.node(node.inputs[1]).size} instead of {product.size} elements)")
+
+    # each product's only reader, its convolution, scales its weights instead
+    return replace_planned(graph, {graph.node(c).inputs[0] for c in folds}, folds, emit)
 
 
 #: The optimize stage's passes, in order; ``CompileOptions.disable`` names any of them.

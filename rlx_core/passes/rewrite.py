@@ -10,15 +10,15 @@ the outputs' order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ..ir import Graph, Node
 from ..ops import OpKind
 
-__all__ = ["Emitter", "use_counts", "attrs_key", "is_scalar_constant"]
+__all__ = ["Emitter", "replace_planned", "use_counts", "attrs_key", "is_scalar_constant"]
 
 
 class Emitter:
@@ -71,6 +71,27 @@ class Emitter:
     def finish(self) -> Graph:
         self.out.set_outputs([self.mapped[i] for i in self.src.outputs])
         return self.out
+
+
+Plan = TypeVar("Plan")
+
+
+def replace_planned(graph: Graph, dropped: set[int], plans: Mapping[int, Plan],
+                    emit: Callable[[Emitter, Node, Plan], str]) -> tuple[Graph, list[str]]:  # fmt: skip
+    """``graph`` rebuilt with the ``dropped`` nodes left out, each node with a plan replaced
+    by what ``emit(emitter, node, plan)`` emits in its place (which maps the node and
+    returns its note), every other node copied: the loop every fusing pass shares."""
+    em = Emitter(graph)
+    notes = []
+    for node in graph.nodes:
+        if node.id in dropped:
+            continue
+        plan = plans.get(node.id)
+        if plan is None:
+            em.copy(node)
+        else:
+            notes.append(emit(em, node, plan))
+    return em.finish(), notes
 
 
 def use_counts(graph: Graph) -> list[int]:
