@@ -1567,13 +1567,20 @@ RLX_API void rlx_conv_direct(const float *x, const float *wpk, const float *bias
 #define RLX_GEMM_PACKED_B 2
 
 /* 1 where the AVX-512 clones run (the loader picked x86-64-v4): the only place the GEMM
- * can beat a vendor BLAS, so the only place rlx_cpu/gemm.py bothers to time it. */
+ * can beat a vendor BLAS, so the only place rlx_cpu/gemm.py bothers to time it. Asked
+ * once, then kept: the depthwise lanes kernel asks on every call. */
 RLX_API int64_t rlx_gemm_avx512(void) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(RLX_NO_CLONES)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("fma");
+    static int known = -1; /* relaxed atomics: racing first calls store the same answer */
+    int found = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (found < 0) {
+        __builtin_cpu_init();
+        found = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        __atomic_store_n(&known, found, __ATOMIC_RELAXED);
+    }
+    return found;
 #else
     return 0;
 #endif
