@@ -11,6 +11,12 @@ making one untimed call (the first call after a sleep is slow: caches and thread
 wake up); the figure is the median over rounds, with the interquartile range as the
 spread.
 
+Before any of that, each contender is warmed up (``warmup``: about 20 calls, at most about
+a second): the figures are steady-state ones. Why: a runtime may spend its first calls
+learning the host (rlx-cpu's thread tuner times its first 13 runs, five of them on one
+thread; ONNX Runtime's first run allocates its arena), and blocks of a few calls of a
+40 ms target would otherwise put those calls in the first rounds' samples.
+
 One measurement is ``loops`` back-to-back calls divided by ``loops``, with ``loops``
 sized so that a measurement lasts about ``target_s`` (microsecond models are not timed
 at the resolution of the clock). The sizing is taken the way a block runs — after the
@@ -77,11 +83,26 @@ def loops_for(run: Callable[[], object], target_s: float, max_loops: int = 10_00
     return max(1, min(max_loops, math.ceil(target_s / max(once, 1e-9))))
 
 
+def warm_up(run: Callable[[], object], calls: int = 20, budget_s: float = 1.0) -> int:
+    """Calls ``run`` ``calls`` times, or fewer once ``budget_s`` has passed (at least
+    once), and returns how many calls it made."""
+    t0 = time.perf_counter()
+    made = 0
+    while made < calls and (made == 0 or time.perf_counter() - t0 < budget_s):
+        run()
+        made += 1
+    return made
+
+
 def measure(contenders: list[Contender], rounds: int, pause: float, target_s: float,
-            on_round: Callable[[int], None] | None = None) -> dict[str, Timing]:  # fmt: skip
-    """Median-able samples of every contender, interleaved in ``rounds`` blocks."""
+            on_round: Callable[[int], None] | None = None, warmup: int = 20) -> dict[str, Timing]:  # fmt: skip
+    """Median-able samples of every contender, interleaved in ``rounds`` blocks, after
+    ``warmup`` untimed calls of each (0: none)."""
     if rounds < 1:
         raise ConfigError(f"bench: rounds must be >= 1, got {rounds}")
+    if warmup > 0:
+        for c in contenders:
+            warm_up(c.run, warmup)
     loops = {c.name: loops_for(c.run, target_s, pause=pause) for c in contenders}
     samples: dict[str, list[float]] = {c.name: [] for c in contenders}
     order = random.Random(20261123)

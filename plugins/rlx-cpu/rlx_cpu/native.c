@@ -40,7 +40,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 16
+#define RLX_ABI 17
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
@@ -962,8 +962,28 @@ static int64_t dw_lanes_floats(int64_t kh, int64_t kw, int64_t sh, int64_t sw, i
                                int64_t ow) {
     int64_t hp = (oh - 1) * sh + (kh - 1) * dh + 1, wp = (ow - 1) * sw + (kw - 1) * dw + 1;
     /* padded planes (+ DW_UNIT_PIXELS * sw pixels of slack: the last pixel group of a row
-     * reads past its row), the filters, the interleaved result */
-    return (hp * wp + DW_UNIT_PIXELS * sw + 1) * DW_LANES + kh * kw * DW_LANES + oh * ow * DW_LANES;
+     * reads past its row), the interleaved result (+ DW_UNIT_PIXELS pixels: it writes past) */
+    return (hp * wp + DW_UNIT_PIXELS * sw + 1) * DW_LANES + (oh * ow + DW_UNIT_PIXELS) * DW_LANES;
+}
+
+/* The filters and bias of c channels (wt: c x taps; bias: c floats or NULL) for the lanes
+ * kernel: per block of DW_LANES channels, taps vectors of one weight per lane, then the
+ * bias vector, 0 in the lanes past c. Packed once by the plan (again by set_param): the
+ * kernel gathered them per call, 13% of a 1152x7x7 5x5 convolution's time. */
+RLX_API int64_t rlx_depthwise_lanes_pack_size(int64_t c, int64_t taps) {
+    return (c + DW_LANES - 1) / DW_LANES * (taps + 1) * DW_LANES;
+}
+RLX_API void rlx_depthwise_lanes_pack(const float *wt, const float *bias, int64_t c, int64_t taps, float *dest) {
+    for (int64_t c0 = 0; c0 < c; c0 += DW_LANES) {
+        float *blk = dest + c0 / DW_LANES * (taps + 1) * DW_LANES;
+        for (int64_t t = 0; t <= taps; t++)
+            for (int64_t l = 0; l < DW_LANES; l++) {
+                const int64_t ch = c0 + l;
+                float v = 0.0f;
+                if (ch < c) v = t < taps ? wt[ch * taps + t] : (bias ? bias[ch] : 0.0f);
+                blk[t * DW_LANES + l] = v;
+            }
+    }
 }
 
 RLX_API int64_t rlx_depthwise_lanes_scratch(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
@@ -1011,7 +1031,6 @@ static inline __attribute__((always_inline)) void dw_lanes_unit(const float *pad
                                                                 int64_t oh, int64_t ow) {
     for (int64_t oy = 0; oy < oh; oy++) {
         for (int64_t ox0 = 0; ox0 < ow; ox0 += P) {
-            const int64_t n = ow - ox0 < P ? ow - ox0 : P;
             float *dst = res + (oy * ow + ox0) * DW_LANES;
             dw_vec a[DW_UNIT_PIXELS];
 #pragma GCC unroll 8
@@ -1029,37 +1048,58 @@ static inline __attribute__((always_inline)) void dw_lanes_unit(const float *pad
                     for (int p = 0; p < P; p++) a[p] += f * v[j + p * SW];
                 }
             }
+            /* every pixel stored, those past the row's end too (into the next row's first
+             * pixels, written again by its own group, or the slack after the last row):
+             * stores under `p < n` let GCC sink each pixel's whole sum into its branch, one
+             * chain of dependent multiply-adds after another, too long for the out-of-order
+             * window to overlap (1152x7x7 5x5, one core: NN -> NN µs) */
 #pragma GCC unroll 8
-            for (int p = 0; p < P; p++) /* unrolled: a[p] by constant index, the sums stay in registers */
-                if (p < n) *(dw_uvec *)(dst + p * DW_LANES) = a[p];
+            for (int p = 0; p < P; p++) *(dw_uvec *)(dst + p * DW_LANES) = a[p];
         }
     }
 }
 
-/* dw_lanes_unit for a window (3x3 or 5x5, stride 1 or 2), eight pixels a group with
- * AVX-512's registers, else four. */
-static inline __attribute__((always_inline)) void dw_lanes_units(const float *pad, const float *filt, dw_vec b,
-                                                                 float *res, const int K, const int SW, int wide,
-                                                                 int64_t sh, int64_t dh, int64_t wp, int64_t oh,
-                                                                 int64_t ow) {
-    if (wide)
-        dw_lanes_unit(pad, filt, b, res, K, K, SW, 8, sh, dh, wp, oh, ow);
-    else
-        dw_lanes_unit(pad, filt, b, res, K, K, SW, 4, sh, dh, wp, oh, ow);
+/* The pixels a group of the lanes kernel takes on rows of ow outputs: with AVX-512's 32
+ * registers, whichever of 8 down to 4 computes the fewest pixels past the row's end (the
+ * most pixels on a tie), else 4. Why not 8 always: each pixel's sum is a chain of
+ * dependent multiply-adds, and a group of 8 over a 7-wide row computes 8 (or 4 + 4) for 7;
+ * 7x7, 14x14 and 28x28 planes (every 224-input ImageNet net's) take groups of 7 with none
+ * wasted (1152x7x7 5x5, one core: 70 -> NN µs). */
+static int dw_group_pixels(int64_t ow, int wide) {
+    if (!wide) return 4;
+    int best = 8;
+    int64_t best_work = (ow + 7) / 8 * 8;
+    for (int p = 7; p >= 4; p--) {
+        const int64_t work = (ow + p - 1) / p * p;
+        if (work < best_work) best = p, best_work = work;
+    }
+    return best;
 }
 
-static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wt, const float *bias, float *y,
-                                             float *scratch, int64_t b0, int64_t b1, int64_t c, int64_t h, int64_t w,
+/* dw_lanes_unit for a window (3x3 or 5x5, stride 1 or 2) in groups of P pixels
+ * (dw_group_pixels). */
+static inline __attribute__((always_inline)) void dw_lanes_units(const float *pad, const float *filt, dw_vec b,
+                                                                 float *res, const int K, const int SW, int P,
+                                                                 int64_t sh, int64_t dh, int64_t wp, int64_t oh,
+                                                                 int64_t ow) {
+    switch (P) {
+    case 8: dw_lanes_unit(pad, filt, b, res, K, K, SW, 8, sh, dh, wp, oh, ow); break;
+    case 7: dw_lanes_unit(pad, filt, b, res, K, K, SW, 7, sh, dh, wp, oh, ow); break;
+    case 6: dw_lanes_unit(pad, filt, b, res, K, K, SW, 6, sh, dh, wp, oh, ow); break;
+    case 5: dw_lanes_unit(pad, filt, b, res, K, K, SW, 5, sh, dh, wp, oh, ow); break;
+    default: dw_lanes_unit(pad, filt, b, res, K, K, SW, 4, sh, dh, wp, oh, ow); break;
+    }
+}
+
+static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wpk, float *y, float *scratch, int64_t b0, int64_t b1, int64_t c, int64_t h, int64_t w,
                                              int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
                                              int64_t pt, int64_t pl, int64_t oh, int64_t ow,
                                              const rlx_epilogue *epi, int64_t t) {
     const int64_t hp = (oh - 1) * sh + (kh - 1) * dh + 1, wp = (ow - 1) * sw + (kw - 1) * dw + 1;
     const int64_t per_image = (c + DW_LANES - 1) / DW_LANES, taps = kh * kw, opix = oh * ow;
-    float *pad = scratch, *filt = pad + (hp * wp + DW_UNIT_PIXELS * sw + 1) * DW_LANES, *res = filt + taps * DW_LANES;
+    float *pad = scratch, *res = pad + (hp * wp + DW_UNIT_PIXELS * sw + 1) * DW_LANES;
     memset(pad + hp * wp * DW_LANES, 0, (size_t)(DW_UNIT_PIXELS * sw + 1) * DW_LANES * sizeof(float));
-    /* eight pixels a group with x86-64-v4's 32 vector registers, on rows of eight or more
-     * (576x7x7 ran 1.2x longer as one group of eight a row than as groups of four and three) */
-    const int wide = ow >= 8 && rlx_gemm_avx512();
+    const int group = dw_group_pixels(ow, rlx_gemm_avx512() != 0);
     epi_state es;
     epi_begin(&es, epi, t);
     for (int64_t blk = b0; blk < b1; blk++) {
@@ -1067,10 +1107,7 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wt, co
         const int64_t lanes = c - c0 < DW_LANES ? c - c0 : DW_LANES;
         const float *xb = x + (img * c + c0) * h * w;
         float *yb = y + (img * c + c0) * opix;
-        float bv[DW_LANES];
-        for (int64_t l = 0; l < DW_LANES; l++) bv[l] = (l < lanes && bias) ? bias[c0 + l] : 0.0f;
-        for (int64_t t = 0; t < taps; t++)
-            for (int64_t l = 0; l < DW_LANES; l++) filt[t * DW_LANES + l] = l < lanes ? wt[(c0 + l) * taps + t] : 0.0f;
+        const float *filt = wpk + c0 / DW_LANES * (taps + 1) * DW_LANES;
         /* zeros only where no input lands (a whole-plane memset cost as much as the
          * convolution on 112x112 planes), then the planes interleaved pixel by pixel:
          * 16 sequential reads, one contiguous 64-byte write */
@@ -1111,16 +1148,16 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wt, co
                 }
             }
         }
-        const dw_vec bias_v = *(const dw_uvec *)bv;
+        const dw_vec bias_v = *(const dw_uvec *)(filt + taps * DW_LANES);
         /* 3x3 at stride 1: 0.83-0.87x the general loop's time; at stride 2, 0.92-0.94x */
         if (dw == 1 && kh == 3 && kw == 3 && sw == 1) {
-            dw_lanes_units(pad, filt, bias_v, res, 3, 1, wide, sh, dh, wp, oh, ow);
+            dw_lanes_units(pad, filt, bias_v, res, 3, 1, group, sh, dh, wp, oh, ow);
         } else if (dw == 1 && kh == 3 && kw == 3 && sw == 2) {
-            dw_lanes_units(pad, filt, bias_v, res, 3, 2, wide, sh, dh, wp, oh, ow);
+            dw_lanes_units(pad, filt, bias_v, res, 3, 2, group, sh, dh, wp, oh, ow);
         } else if (dw == 1 && kh == 5 && kw == 5 && sw == 1) {
-            dw_lanes_units(pad, filt, bias_v, res, 5, 1, wide, sh, dh, wp, oh, ow);
+            dw_lanes_units(pad, filt, bias_v, res, 5, 1, group, sh, dh, wp, oh, ow);
         } else if (dw == 1 && kh == 5 && kw == 5 && sw == 2) {
-            dw_lanes_units(pad, filt, bias_v, res, 5, 2, wide, sh, dh, wp, oh, ow);
+            dw_lanes_units(pad, filt, bias_v, res, 5, 2, group, sh, dh, wp, oh, ow);
         } else { /* any window, stride and dilation */
             for (int64_t oy = 0; oy < oh; oy++) {
                 for (int64_t ox0 = 0; ox0 < ow; ox0 += DW_PIXELS) {
@@ -1166,16 +1203,17 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wt, co
     epi_flush(&es);
 }
 
-/* x: N*C planes H x W; wt: C filters kh x kw; y: N*C planes oh x ow; scratch: `threads`
- * blocks of rlx_depthwise_lanes_scratch(...) floats; epi: NULL or the epilogue applied to
+/* x: N*C planes H x W; wpk: the C filters (kh x kw) and bias packed by
+ * rlx_depthwise_lanes_pack; y: N*C planes oh x ow; scratch: `threads` blocks of
+ * rlx_depthwise_lanes_scratch(...) floats; epi: NULL or the epilogue applied to
  * each block of planes as it is done. */
-RLX_API void rlx_depthwise_lanes(const float *x, const float *wt, const float *bias, float *y, float *scratch,
+RLX_API void rlx_depthwise_lanes(const float *x, const float *wpk, float *y, float *scratch,
                                  int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh,
                                  int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
                                  int64_t threads, const rlx_epilogue *epi) {
     const int64_t blocks = n * ((c + DW_LANES - 1) / DW_LANES);
     const int64_t per_thread = dw_lanes_floats(kh, kw, sh, sw, dh, dw, oh, ow);
-    RLX_ACROSS_TEAM(threads, blocks, depthwise_lane_blocks(x, wt, bias, y, scratch + t * per_thread, lo, hi, c, h, w,
+    RLX_ACROSS_TEAM(threads, blocks, depthwise_lane_blocks(x, wpk, y, scratch + t * per_thread, lo, hi, c, h, w,
                                                            kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, epi, t));
 }
 
@@ -2243,9 +2281,9 @@ static RLX_CLONES void conv_gemm_block_t(const conv_gemm_args *g, int64_t c0, in
         int64_t je = j1 - jb < chunk ? j1 : jb + chunk;
         for (int64_t pc = 0; pc < g->k; pc += RLX_GEMM_KC) {
             int64_t kc = g->k - pc < RLX_GEMM_KC ? g->k - pc : RLX_GEMM_KC;
-            for (int64_t j = jb; j < je; j += 12) {
-                int64_t np = je - j < 12 ? je - j : 12;
-                for (int64_t jp = c0; jp < c1; jp++) {
+            for (int64_t jp = c0; jp < c1; jp++) {
+                for (int64_t j = jb; j < je; j += 12) {
+                    int64_t np = je - j < 12 ? je - j : 12;
                     float *s = strip + (j - jb) * width + (jp - c0) * 32;
                     if (np == 12)
                         conv_gemm_tile_t(g, 12, jp, pc, kc, j, s, width, pc == 0, j == jb);
@@ -2482,9 +2520,9 @@ RLX_API int64_t rlx_packed(const int64_t *a) {
                            (const rlx_epilogue *)(intptr_t)a[21]);
         return 0;
     case RLX_PK_DEPTHWISE_LANES:
-        rlx_depthwise_lanes(PK_IN(1), PK_IN(2), PK_IN(3), PK_OUT(4), PK_OUT(5), a[6], a[7], a[8], a[9], a[10], a[11],
-                            a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20],
-                            (const rlx_epilogue *)(intptr_t)a[21]);
+        rlx_depthwise_lanes(PK_IN(1), PK_IN(2), PK_OUT(3), PK_OUT(4), a[5], a[6], a[7], a[8], a[9], a[10], a[11],
+                            a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19],
+                            (const rlx_epilogue *)(intptr_t)a[20]);
         return 0;
     case RLX_PK_CONV_DIRECT:
         rlx_conv_direct(PK_IN(1), PK_IN(2), PK_IN(3), PK_OUT(4), PK_OUT(5), a[6], a[7], a[8], a[9], a[10], a[11],

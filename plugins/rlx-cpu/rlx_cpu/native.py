@@ -90,9 +90,16 @@ class Native:
         self.depthwise = self._lib.rlx_depthwise_conv
         self.depthwise.argtypes = [p, p, p, p, p, *[i64] * 15, p]  # ..., threads, epilogue
         self.depthwise.restype = None
+        # (x, packed filters and bias, y, scratch, n, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, threads, epi)
         self.depthwise_lanes = self._lib.rlx_depthwise_lanes
-        self.depthwise_lanes.argtypes = [p, p, p, p, p, *[i64] * 15, p]
+        self.depthwise_lanes.argtypes = [p, p, p, p, *[i64] * 15, p]
         self.depthwise_lanes.restype = None
+        self.depthwise_lanes_pack = self._lib.rlx_depthwise_lanes_pack  # (w, bias, c, taps, dest)
+        self.depthwise_lanes_pack.argtypes = [p, p, i64, i64, p]
+        self.depthwise_lanes_pack.restype = None
+        self.depthwise_lanes_pack_size = self._lib.rlx_depthwise_lanes_pack_size  # (c, taps)
+        self.depthwise_lanes_pack_size.argtypes = [i64, i64]
+        self.depthwise_lanes_pack_size.restype = i64
         self.depthwise_lanes_scratch = self._lib.rlx_depthwise_lanes_scratch
         self.depthwise_lanes_scratch.argtypes = [i64] * 8
         self.depthwise_lanes_scratch.restype = i64

@@ -269,15 +269,15 @@ def _rows_vectorize(kh: int, kw: int, stride: tuple[int, int], dilation: tuple[i
 
 
 def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, stride: tuple[int, int],
-                   dilation: tuple[int, int], pads: tuple[int, int],
-                   scratch: Callable[[tuple[int, ...], Any], np.ndarray],
-                   epilogue: Epilogue | None = None) -> Step | None:  # fmt: skip
+                   dilation: tuple[int, int], pads: tuple[int, int], ctx: Any,
+                   epilogue: Epilogue | None = None) -> list[Step] | None:  # fmt: skip
     """A depthwise convolution (``groups`` = channels, one filter each: ``w`` (C, 1, kh, kw))
     of ``x`` (N, C, H, W) into ``out`` (N, C, oh, ow) with zero padding ``pads`` (top, left;
     the bottom and right follow from the shapes) in one pass, instead of im2col and C
     one-row products, then ``epilogue`` over each plane (or block of planes) as it is
-    done; ``scratch(shape, dtype)`` gives the padded planes' memory (one per thread).
-    float32, contiguous arrays only (else None)."""
+    done; ``ctx.scratch(shape, dtype)`` gives the padded planes' memory (one per thread),
+    ``ctx.derived`` keeps the lanes kernel's packed filters (packed each run where it
+    keeps nothing). float32, contiguous arrays only (else None)."""
     lib = library()
     if lib is None or not _fits(x, w, bias, out) or isinstance(w, Dyn) or isinstance(bias, Dyn) or out.size == 0:
         return None
@@ -292,15 +292,34 @@ def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, str
     kept = (w, bias, epilogue)
     if not _rows_vectorize(kh, kw, stride, dilation, ow):
         per_thread = lib.depthwise_lanes_scratch(kh, kw, sh, sw, dh, dw, oh, ow)
-        lanes = scratch((threads * per_thread,), np.float32)
-        args = [0, w.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, lanes.ctypes.data, n, c, h, wd, kh, kw,
-                sh, sw, dh, dw, *pads, oh, ow, threads, epi]  # fmt: skip
-        return bound_call(lib.depthwise_lanes, args, (x, out), (0, 3), lambda xv, yv: run_numpy(xv, w, bias, yv),
-                          tuple(k for k in (*kept, lanes) if k is not None))  # fmt: skip
-    padded = scratch((threads * ((oh - 1) * sh + (kh - 1) * dh + 1) * ((ow - 1) * sw + (kw - 1) * dw + 1),), np.float32)
+        lanes = ctx.scratch((threads * per_thread,), np.float32)
+        size = int(lib.depthwise_lanes_pack_size(c, kh * kw))
+        bias_at = 0 if bias is None else bias.ctypes.data
+
+        def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
+            if dest is None:
+                dest = np.empty(size, np.float32)
+            lib.depthwise_lanes_pack(src.ctypes.data, bias_at, c, kh * kw, dest.ctypes.data)
+            return dest
+
+        derived = getattr(ctx, "derived", None)
+        wpk = None if derived is None else derived(w, ("rlx_depthwise_lanes_pack", c, kh * kw), make,
+                                                   also=() if bias is None else (bias,))  # fmt: skip
+        steps = []
+        if wpk is None:  # nothing kept (a node folded once): packed here, each run
+            wpk = ctx.scratch((size,), np.float32)
+            steps.append(bound_call(lib.depthwise_lanes_pack, [0, bias_at, c, kh * kw, 0], (w, wpk), (0, 4),
+                                    make, tuple(k for k in (bias,) if k is not None)))  # fmt: skip
+        args = [0, wpk.ctypes.data, 0, lanes.ctypes.data, n, c, h, wd, kh, kw, sh, sw, dh, dw, *pads, oh, ow, threads,
+                epi]  # fmt: skip
+        steps.append(bound_call(lib.depthwise_lanes, args, (x, out), (0, 2), lambda xv, yv: run_numpy(xv, w, bias, yv),
+                                tuple(k for k in (*kept, lanes, wpk) if k is not None)))  # fmt: skip
+        return steps
+    padded = ctx.scratch((threads * ((oh - 1) * sh + (kh - 1) * dh + 1) * ((ow - 1) * sw + (kw - 1) * dw + 1),),
+                         np.float32)  # fmt: skip
     args = [0, w.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, padded.ctypes.data, *geometry, threads, epi]
-    return bound_call(lib.depthwise, args, (x, out), (0, 3), lambda xv, yv: run_numpy(xv, w, bias, yv),
-                      tuple(k for k in (*kept, padded) if k is not None))  # fmt: skip
+    return [bound_call(lib.depthwise, args, (x, out), (0, 3), lambda xv, yv: run_numpy(xv, w, bias, yv),
+                       tuple(k for k in (*kept, padded) if k is not None))]  # fmt: skip
 
 
 #: Convolutions with at most this many taps per output (c * kh * kw) run as a direct

@@ -290,9 +290,9 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
                 return direct, False
     if cd == out.dtype == np.float32 and groups == _c == o and cg == 1:
         # Depthwise (MobileNet, EfficientNet): one pass per plane, not C one-row products.
-        depthwise = depthwise_step(x, w, b, out, (sh, sw), (dh, dw), (pt, pl), ctx.scratch, epilogue)
+        depthwise = depthwise_step(x, w, b, out, (sh, sw), (dh, dw), (pt, pl), ctx, epilogue)
         if depthwise is not None:
-            return [depthwise], epilogue is not None
+            return depthwise, epilogue is not None
     w3 = w.reshape(groups, og, kk)
     res = out if cd == out.dtype else ctx.scratch(out.shape, cd)
     res4 = res.reshape(n, groups, og, oh * ow)

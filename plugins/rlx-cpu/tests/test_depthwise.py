@@ -34,6 +34,10 @@ CASES = {  # name -> (x shape, kernel, bias?, conv2d kwargs)
     "16 lanes, a last row and column never read (no transposed interleave)": ((1, 16, 10, 9), 3, False,
                                                                               {"stride": 2}),
     "32 lanes over 9x9 (81 pixels: 5 transposed groups and one pixel)": ((1, 32, 9, 9), 3, True, {"padding": 1}),
+    "5x5 over 13x13, 17 channels (groups of 7 pixels, one past the row)": ((1, 17, 13, 13), 5, True, {"padding": 2}),
+    "3x3 over 10x10 (groups of 5 pixels)": ((1, 16, 10, 10), 3, True, {"padding": 1}),
+    "5x5 stride 2 over 12x12 (6 a row: groups of 6)": ((1, 16, 12, 12), 5, True, {"stride": 2, "padding": 2}),
+    "3x3 stride 2 over 14x14, 7 a row (groups of 7)": ((2, 24, 14, 14), 3, True, {"stride": 2, "padding": 1}),
 }
 
 
@@ -68,9 +72,15 @@ def test_depthwise_runs_natively_and_matches_the_reference(native_lib, monkeypat
         assert calls[kernel] and not calls["lanes" if kernel == "rows" else "rows"], f"the {kernel} kernel did not run"
     np.testing.assert_allclose(got, reference.evaluate(g, {"x": x})[0], rtol=1e-5, atol=1e-5)
     new_w = np.random.default_rng(2).standard_normal(g.value(g.params[0]).shape, dtype=np.float32)
-    cg.set_param("w", new_w)  # the kernel reads the weights in place
+    cg.set_param("w", new_w)  # the row kernel reads the weights in place; the lanes kernel's are packed again
     (got,) = cg.run({"x": x})
     np.testing.assert_allclose(got, reference.evaluate(g, {"x": x}, params={"w": new_w})[0], rtol=1e-5, atol=1e-5)
+    if CASES[name][2]:  # the bias too (packed with the lanes kernel's filters)
+        new_b = np.random.default_rng(3).standard_normal(CASES[name][0][1], dtype=np.float32)
+        cg.set_param("b", new_b)
+        (got,) = cg.run({"x": x})
+        want = reference.evaluate(g, {"x": x}, params={"w": new_w, "b": new_b})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_narrow_planes_and_most_strides_take_the_lanes_kernel_wide_rows_the_row_kernels():

@@ -79,7 +79,8 @@ def test_conv2d_is_one_product_or_one_depthwise_pass(xs: tuple[int, ...], ws: tu
     ins = [np.ones(xs, np.float32), np.ones(ws, np.float32), np.ones(ws[0], np.float32)]
     steps = NN_KERNELS[OpKind.CONV2D](node, ins, np.empty(node.shape, np.float32), _Temporaries())
     if groups == xs[1] == ws[0] and native.library() is not None:  # depthwise: one native pass, no product
-        assert len(steps) == 1 and np.matmul not in [s.fn for s in steps]
+        # (the lanes kernel's filters packed by a step before it: this context keeps nothing)
+        assert len(steps) in (1, 2) and np.matmul not in [s.fn for s in steps]
     else:
         products = [s for s in steps if s.fn is np.matmul or _calls_mkl(s.fn)]
         assert len(products) == 1, [getattr(s.fn, "__name__", s.fn) for s in steps]
