@@ -2081,17 +2081,21 @@ static RLX_CLONES void conv_gemm_copy(const float *x, float *xs, int64_t r0, int
     }
 }
 
-/* Where row panel ir of the k block after pc starts in the packed weights (panels of
- * `rows`, `padded` rows in all), or the panel of block pc itself when pc is the last. A
- * block's first tile prefetches the next block's panel as it goes, one line or two a k:
- * weights that come from memory (resnet18's last stage reads 9.4 MB a convolution) then
- * arrive while the block's other tiles run from L2, where fetched on first use they made
- * a 3x3 stride-2 convolution into 512 channels take 552 µs in the model against 290 alone. */
+/* The panel after row panel ir of k block pc in the packed weights (panels of `rows`,
+ * `padded` rows in all): the next panel of the block, or the next block's first (the
+ * block's own first after the last block). A panel's first tile prefetches the next panel
+ * as it goes, one line or two a k: weights that come from memory (resnet18's last stage
+ * reads 9.4 MB a convolution) then arrive while this panel's other tiles run, where fetched
+ * on first use they made a 3x3 stride-2 convolution into 512 channels take 552 µs in the
+ * model against 290 alone. Each panel is read once per chunk of outputs: its tiles run
+ * one after another (efficientnet's 192 -> 1152 over 7x7 read all 885 KB of weights
+ * once per 32-output tile, from L3, when the tiles were the outer loop). */
 static inline const float *conv_gemm_next_panel(const conv_gemm_args *g, int64_t rows, int64_t padded, int64_t ir,
                                                 int64_t pc) {
+    int64_t kc = g->k - pc < RLX_GEMM_KC ? g->k - pc : RLX_GEMM_KC;
+    if ((ir + 1) * rows < padded) return g->a + pc * padded + (ir + 1) * rows * kc; /* the next panel of this block */
     int64_t next = pc + RLX_GEMM_KC < g->k ? pc + RLX_GEMM_KC : pc;
-    int64_t kc = g->k - next < RLX_GEMM_KC ? g->k - next : RLX_GEMM_KC;
-    return g->a + next * padded + ir * rows * kc;
+    return g->a + next * padded; /* the next block's first panel */
 }
 
 /* One MR x NR tile of C: row panel ir, columns [j, j + NR), over k block [pc, pc + kc);
@@ -2171,8 +2175,8 @@ static RLX_CLONES void conv_gemm_block(const conv_gemm_args *g, int64_t i0, int6
         int64_t te = t1 - tb < ts ? t1 : tb + ts;
         for (int64_t pc = 0; pc < g->k; pc += RLX_GEMM_KC) {
             int64_t kc = g->k - pc < RLX_GEMM_KC ? g->k - pc : RLX_GEMM_KC;
-            for (int64_t t = tb; t < te; t++)
-                for (int64_t ir = i0; ir < i1; ir++) {
+            for (int64_t ir = i0; ir < i1; ir++)
+                for (int64_t t = tb; t < te; t++) {
                     float *c = t == tail ? edge + (ir - i0) * MR * NR : g->y + ir * MR * g->n + t * NR;
                     int64_t ldc = t == tail ? NR : g->n, j = t == tail ? g->tail_j : t * NR;
                     if (MR == 8)
