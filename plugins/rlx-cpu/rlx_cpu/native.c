@@ -2044,6 +2044,7 @@ typedef struct {
     float *y;
     int64_t o, k, n, mr; /* n = oh ow */
     int64_t tail_j;      /* the first column the partial tile (if any) computes */
+    int64_t tail_w;      /* and how many: 16 where it has at most 16 of its own, else RLX_GEMM_NR */
     const rlx_epilogue *epi;
 } conv_gemm_args;
 
@@ -2102,9 +2103,9 @@ static inline const float *conv_gemm_next_panel(const conv_gemm_args *g, int64_t
  * stored at c (rows ldc apart: y itself, or a scratch tile where the columns pass the
  * end of y), plus the bias when `first`, else added to what is there. Rows past o are
  * not stored. */
-static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm_args *g, const int MR, int64_t ir,
-                                                                 int64_t pc, int64_t kc, int64_t j, float *c,
-                                                                 int64_t ldc, int first, int fetch) {
+static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm_args *g, const int MR, const int NV,
+                                                                 int64_t ir, int64_t pc, int64_t kc, int64_t j,
+                                                                 float *c, int64_t ldc, int first, int fetch) {
     const int64_t mp_pad = (g->o + MR - 1) / MR * MR;
     const float *restrict ap = g->a + pc * mp_pad + ir * MR * kc;
     const float *pf = fetch ? conv_gemm_next_panel(g, MR, mp_pad, ir, pc) : ap;
@@ -2114,15 +2115,15 @@ static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm
 #pragma GCC unroll 16
     for (int i = 0; i < MR; i++) lo[i] = hi[i] = (rlx_v16){0};
     for (int64_t p = 0; p < kc; p++) {
-        rlx_v16 b0, b1;
+        rlx_v16 b0, b1 = {0};
         memcpy(&b0, xb + to[p], sizeof b0);
-        memcpy(&b1, xb + to[p] + 16, sizeof b1);
+        if (NV == 2) memcpy(&b1, xb + to[p] + 16, sizeof b1);
         const float *a = ap + p * MR;
         __builtin_prefetch(pf + p * MR, 0, 2);
 #pragma GCC unroll 16
         for (int i = 0; i < MR; i++) {
             lo[i] += a[i] * b0;
-            hi[i] += a[i] * b1;
+            if (NV == 2) hi[i] += a[i] * b1;
         }
     }
     int64_t rows = g->o - ir * MR < MR ? g->o - ir * MR : MR;
@@ -2135,12 +2136,14 @@ static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm
             o0 = o1 = (rlx_v16){0} + (g->bias ? g->bias[ir * MR + i] : 0.0f);
         } else {
             memcpy(&o0, ci, sizeof o0);
-            memcpy(&o1, ci + 16, sizeof o1);
+            if (NV == 2) memcpy(&o1, ci + 16, sizeof o1);
         }
         o0 += lo[i];
-        o1 += hi[i];
         memcpy(ci, &o0, sizeof o0);
-        memcpy(ci + 16, &o1, sizeof o1);
+        if (NV == 2) {
+            o1 += hi[i];
+            memcpy(ci + 16, &o1, sizeof o1);
+        }
     }
 }
 
@@ -2148,8 +2151,8 @@ static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm
  * es. A tile reaching past the end of y (n not a multiple of NR: 49 columns of 7 x 7 make
  * one full tile and one of 17) is summed in a scratch tile of the thread's and copied out
  * after the last k block.
- * It computes the NR columns from g->tail_j: its own where xs has slack past its end (the
- * copy), the last NR of y where xs is x itself (a plain 1x1 convolution: loads past its
+ * It computes g->tail_w columns (NR, or 16 where it has at most 16) from g->tail_j: its own where xs has slack past its end (the
+ * copy), the last tail_w of y where xs is x itself (a plain 1x1 convolution: loads past its
  * own columns would pass the end of x), overlapping the tile before, whose columns it
  * then does not copy out. */
 static RLX_CLONES void conv_gemm_block(const conv_gemm_args *g, int64_t i0, int64_t i1, int64_t t0, int64_t t1,
@@ -2179,10 +2182,15 @@ static RLX_CLONES void conv_gemm_block(const conv_gemm_args *g, int64_t i0, int6
                 for (int64_t t = tb; t < te; t++) {
                     float *c = t == tail ? edge + (ir - i0) * MR * NR : g->y + ir * MR * g->n + t * NR;
                     int64_t ldc = t == tail ? NR : g->n, j = t == tail ? g->tail_j : t * NR;
-                    if (MR == 8)
-                        conv_gemm_tile(g, 8, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
+                    const int half = t == tail && g->tail_w == 16;
+                    if (MR == 8 && half)
+                        conv_gemm_tile(g, 8, 1, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
+                    else if (MR == 8)
+                        conv_gemm_tile(g, 8, 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
+                    else if (half)
+                        conv_gemm_tile(g, 12, 1, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
                     else
-                        conv_gemm_tile(g, 12, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
+                        conv_gemm_tile(g, 12, 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
                 }
         }
         if (tail >= tb && tail < te) /* the partial tile's own columns, from `edge` */
@@ -2354,8 +2362,11 @@ RLX_API void rlx_conv_gemm(const float *x, const float *apk, const int32_t *toff
                       (mr == 32 || n >= RLX_GEMM_NR);
     if (plain) rows = 0;
     else memset(xs + rows * ow, 0, RLX_GEMM_NR * sizeof(float));
+    /* a partial tile of at most 16 outputs is computed 16 wide (13x13 planes: 169 outputs
+     * in 176 columns, not 192; 14x14: 208, not 224) */
+    const int64_t tail_w = n % RLX_GEMM_NR && n % RLX_GEMM_NR <= 16 ? 16 : RLX_GEMM_NR;
     conv_gemm_args g = {apk, toff, plain ? x : xs, bias, y, o, c * kh * kw, n, mr,
-                        plain && n % RLX_GEMM_NR ? n - RLX_GEMM_NR : n / RLX_GEMM_NR * RLX_GEMM_NR, epi};
+                        plain && n % RLX_GEMM_NR ? n - tail_w : n / RLX_GEMM_NR * RLX_GEMM_NR, tail_w, epi};
     threads = threads > g_max_threads ? g_max_threads : threads;
     int by_rows;
     /* gemm_split counts rows in panels of RLX_GEMM_MR and columns in RLX_GEMM_NR: scaled */

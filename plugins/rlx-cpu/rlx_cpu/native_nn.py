@@ -414,7 +414,8 @@ def conv_gemm_panel(o: int, n: int, k: int) -> int:
     padded: for small planes, where 32-output tiles round 7 x 7 up from 49 to 64 and
     14 x 14 from 196 to 224), plus the transposition that form ends with."""
     pad8, pad12 = -(-o // 8) * 8, -(-o // 12) * 12
-    outputs_in_vectors = min(pad8, pad12) * -(-n // 32) * 32 * k
+    cols = n // 32 * 32 + (0 if n % 32 == 0 else 16 if n % 32 <= 16 else 32)  # a partial tile of <= 16: 16 wide
+    outputs_in_vectors = min(pad8, pad12) * cols * k
     channels_in_vectors = -(-o // 32) * 32 * n * k + o * n * _TRANSPOSE_MACS
     if channels_in_vectors < _CHANNELS_IN_VECTORS_MARGIN * outputs_in_vectors:
         return 32

@@ -1158,6 +1158,8 @@ IMPLICIT_CONVS = {  # name -> (x shape, w shape, bias?, kwargs): ungrouped, any 
     "3x3 padding 1, 40 channels in: two k blocks, 13 out: a partial row panel": ((1, 40, 9, 10), (13, 40, 3, 3),
                                                                                  True, {"padding": 1}),
     "70x70, 30 channels out: three strips of column tiles": ((1, 3, 70, 70), (30, 3, 3, 3), True, {"padding": 1}),
+    "3x3 over 13x13 (169 outputs: a last tile 16 wide)": ((1, 24, 13, 13), (20, 24, 3, 3), True, {"padding": 1}),
+    "plain 1x1 over 13x13 (a last tile 16 wide, moved back)": ((1, 24, 13, 13), (20, 24, 1, 1), False, {}),
     "64 out of a 5x5 image: threads split the row panels": ((1, 16, 5, 5), (64, 16, 3, 3), False, {"padding": 1}),
     "1x1 stride 2 (a residual's shortcut)": ((2, 8, 14, 14), (16, 8, 1, 1), True, {"stride": 2}),
     "3x3 stride 2 dilation 2, asymmetric padding": ((1, 5, 19, 18), (7, 5, 3, 3), True,
