@@ -13,9 +13,11 @@ spread.
 
 Before any of that, each contender is warmed up (``warmup``: about 20 calls, at most about
 a second): the figures are steady-state ones. Why: a runtime may spend its first calls
-learning the host (rlx-cpu's thread tuner times its first 13 runs, five of them on one
+learning the host (rlx-cpu's thread tuner times its first 21 runs, half of them on one
 thread; ONNX Runtime's first run allocates its arena), and blocks of a few calls of a
-40 ms target would otherwise put those calls in the first rounds' samples.
+40 ms target would otherwise put those calls in the first rounds' samples. Each warm-up
+comes after the pause too: right after ONNX Runtime's, its spinning threads made
+rlx-cpu's tuner time its two-thread runs at one-thread speed.
 
 One measurement is ``loops`` back-to-back calls divided by ``loops``, with ``loops``
 sized so that a measurement lasts about ``target_s`` (microsecond models are not timed
@@ -102,6 +104,8 @@ def measure(contenders: list[Contender], rounds: int, pause: float, target_s: fl
         raise ConfigError(f"bench: rounds must be >= 1, got {rounds}")
     if warmup > 0:
         for c in contenders:
+            if pause > 0:  # the previous contender's threads park first, as before a block
+                time.sleep(pause)
             warm_up(c.run, warmup)
     loops = {c.name: loops_for(c.run, target_s, pause=pause) for c in contenders}
     samples: dict[str, list[float]] = {c.name: [] for c in contenders}

@@ -86,3 +86,22 @@ def test_main_writes_json_and_only_its_markdown_sections(tmp_path: Path) -> None
     text = md.read_text(encoding="utf-8")
     assert "## Dispatch overhead\n\nkept as is\n" in text
     assert "## Suite" in text and "### mlp:" in text and "## Machine" in text and "| rlx cpu |" in text
+
+
+def test_timing_warms_every_contender_up_before_any_sample() -> None:
+    """measure() calls each contender ``warmup`` times before its first timed block (a
+    runtime's first calls learn the host: rlx-cpu's thread tuner), then times blocks."""
+    timing = bench_module("_timing")
+    contenders_mod = bench_module("_contenders")
+    calls: list[str] = []
+
+    def contender(name: str) -> object:
+        return contenders_mod.Contender(name, "numpy", lambda: calls.append(name), np.zeros(1), 0.0, 0.0)
+
+    result = timing.measure([contender("a"), contender("b")], rounds=2, pause=0.0, target_s=1e-9, warmup=5)
+    assert calls[:10] == ["a"] * 5 + ["b"] * 5
+    assert set(result) == {"a", "b"} and all(len(t.samples) == 2 for t in result.values())
+    calls.clear()
+    timing.measure([contender("a")], rounds=1, pause=0.0, target_s=1e-9, warmup=0)
+    assert calls == ["a"] * 6  # no warm-up: sizing (1 + 3), then the block's warm call and one timed call
+    assert timing.warm_up(lambda: calls.append("c"), calls=50, budget_s=0.0) == 1  # at least once

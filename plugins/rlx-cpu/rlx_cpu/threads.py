@@ -111,12 +111,20 @@ class ThreadTuner:
     14.0 ms wide against 5.1 ms narrow then, resnet18 158 against 53 ms; quiet, both keep
     wide: 3.6 and 32 ms).
 
-    How: after ``warmup`` runs, ``trials`` runs of each mode, alternating; narrow wins
+    How: after ``warmup`` runs, blocks of ``block`` runs of each mode, alternating, until
+    each has ``trials`` samples: a block's first run is not counted (why below); narrow wins
     only when its median beats wide's by ``margin``, as a later switch must. Then, every
-    ``period`` runs, ``probes`` runs of the other mode: it takes over when its median beats
-    the last ``window`` runs of the current one by ``margin``; a probe that loses doubles
-    ``period`` (up to ``max_period``), so a quiet host pays about one run in a hundred in
-    the slower mode, and a host whose load changed is noticed within a period.
+    ``period`` runs, a block of ``probes`` (+ 1 not counted) runs of the other mode: it
+    takes over when its median beats the last ``window`` runs of the current one by
+    ``margin``; a probe that loses doubles ``period`` (up to ``max_period``), so a quiet
+    host pays about one run in a hundred in the slower mode, and a host whose load changed
+    is noticed within a period.
+
+    Why a block's first run is not counted: the first wide run after narrow ones finds the
+    worker threads' CPU idle (on a VM, a halted vCPU the hypervisor must schedule again)
+    and ran at narrow's speed: squeezenet's wide trials took 3.3-4.4 ms right after a narrow
+    run against 2.0-2.2 in a row, so alternating single runs compared narrow with a cold wide
+    and could pick narrow on a quiet host (the zoo caught it: 3.9 ms against 2.0).
 
     Why a tie goes to wide: a 2-vCPU VM sometimes runs a process as if it had one core
     for seconds at a time (the other vCPU not scheduled: wide and narrow then take the
@@ -127,16 +135,23 @@ class ThreadTuner:
 
     MODES = ("wide", "narrow")
 
-    def __init__(self, *, warmup: int = 3, trials: int = 5, probes: int = 3, window: int = 8, period: int = 64,
-                 max_period: int = 256, margin: float = 0.9) -> None:  # fmt: skip
-        self.warmup, self.trials, self.probes, self.window = warmup, trials, probes, window
+    def __init__(self, *, warmup: int = 3, trials: int = 6, block: int = 3, probes: int = 3, window: int = 8,
+                 period: int = 64, max_period: int = 256, margin: float = 0.9) -> None:  # fmt: skip
+        if block < 2:
+            raise ValueError(f"ThreadTuner: block must be at least 2 (its first run is not counted), got {block}")
+        self.warmup, self.trials, self.block, self.probes, self.window = warmup, trials, block, probes, window
         self.base_period, self.max_period, self.margin = period, max_period, margin
         self.period = period
         self.mode = "wide"
         self._seen = 0
+        blocks = -(-trials // (block - 1))  # per mode
+        #: the trial phase: (mode, counted) per run, wide and narrow blocks alternating
+        self._schedule = [(self.MODES[b % 2], i > 0) for b in range(2 * blocks) for i in range(block)]
         self._samples: dict[str, list[float]] = {"wide": [], "narrow": []}
         self._recent: collections.deque[float] = collections.deque(maxlen=window)
         self._probing: list[float] | None = None
+        self._probe_runs = 0
+        self._skip_next = False
         self._since = 0
         self._lock = threading.Lock()
         self.switches = 0
@@ -147,8 +162,8 @@ class ThreadTuner:
             if self._seen < self.warmup:
                 return "wide"
             k = self._seen - self.warmup
-            if k < 2 * self.trials:  # the first comparison: alternate
-                return self.MODES[k % 2]
+            if k < len(self._schedule):  # the first comparison: blocks of each
+                return self._schedule[k][0]
             if self._probing is not None:
                 return self._other()
             return self.mode
@@ -159,24 +174,32 @@ class ThreadTuner:
             self._seen += 1
             if self._seen <= self.warmup:
                 return
-            k = self._seen - self.warmup
-            if k <= 2 * self.trials:
-                self._samples[mode].append(seconds)
-                if k == 2 * self.trials:
+            k = self._seen - self.warmup - 1
+            if k < len(self._schedule):
+                planned, counted = self._schedule[k]
+                if counted and mode == planned:
+                    self._samples[mode].append(seconds)
+                if k == len(self._schedule) - 1:
                     wide, narrow = (statistics.median(self._samples[m]) for m in self.MODES)
                     self.mode = "narrow" if narrow < self.margin * wide else "wide"
+                    self._skip_next = self.mode != planned
                     log.debug("rlx-cpu: threads: wide %.0f µs, narrow %.0f µs: %s", wide * 1e6, narrow * 1e6,
                               self.mode)
                 return
             if self._probing is not None and mode != self.mode:
-                self._probing.append(seconds)
+                self._probe_runs += 1
+                if self._probe_runs > 1:  # the block's first run is not counted
+                    self._probing.append(seconds)
                 if len(self._probing) >= self.probes:
                     self._decide()
+                return
+            if self._skip_next:  # the first run back in this mode after the other's
+                self._skip_next = False
                 return
             self._recent.append(seconds)
             self._since += 1
             if self._since >= self.period and len(self._recent) >= self.window:
-                self._probing, self._since = [], 0
+                self._probing, self._probe_runs, self._since = [], 0, 0
 
     def _other(self) -> str:
         return "narrow" if self.mode == "wide" else "wide"
@@ -193,3 +216,4 @@ class ThreadTuner:
             self.switches += 1
         else:
             self.period = min(2 * self.period, self.max_period)
+            self._skip_next = True  # back to this mode after a block of the other

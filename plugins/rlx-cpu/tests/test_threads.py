@@ -78,9 +78,10 @@ def _drive(tuner: threads.ThreadTuner, cost: dict[str, float], runs: int) -> lis
 
 
 def test_the_tuner_settles_on_the_faster_mode_after_comparing_both():
-    tuner = threads.ThreadTuner(warmup=2, trials=3, probes=2, window=4, period=8, max_period=64)
-    chosen = _drive(tuner, {"wide": 20e-3, "narrow": 5e-3}, 8)
-    assert chosen[:2] == ["wide", "wide"] and chosen[2:8] == ["wide", "narrow"] * 3  # warm-up, then alternate
+    tuner = threads.ThreadTuner(warmup=2, trials=2, block=2, probes=2, window=4, period=8, max_period=64)
+    chosen = _drive(tuner, {"wide": 20e-3, "narrow": 5e-3}, 10)
+    # warm-up, then blocks of each mode in turn
+    assert chosen[:2] == ["wide", "wide"] and chosen[2:10] == ["wide", "wide", "narrow", "narrow"] * 2
     assert tuner.mode == "narrow"
     steady = _drive(tuner, {"wide": 20e-3, "narrow": 5e-3}, 200)
     assert steady.count("wide") <= 12  # probes only, fewer and fewer (8, 16, 32, 64 runs apart)
@@ -103,11 +104,41 @@ def test_the_first_comparison_goes_to_wide_unless_narrow_wins_by_the_margin():
     """Wide and narrow nearly equal (the host's second core away for a while): wide, whose
     speed comes back with the core; narrow only when clearly faster."""
     tuner = threads.ThreadTuner(warmup=0, trials=3, probes=2, window=4, period=64, max_period=64, margin=0.9)
-    _drive(tuner, {"wide": 1.00e-3, "narrow": 0.95e-3}, 6)
+    _drive(tuner, {"wide": 1.00e-3, "narrow": 0.95e-3}, 12)
     assert tuner.mode == "wide"
     tuner = threads.ThreadTuner(warmup=0, trials=3, probes=2, window=4, period=64, max_period=64, margin=0.9)
-    _drive(tuner, {"wide": 1.00e-3, "narrow": 0.85e-3}, 6)
+    _drive(tuner, {"wide": 1.00e-3, "narrow": 0.85e-3}, 12)
     assert tuner.mode == "narrow"
+
+
+def _drive_cold(tuner: threads.ThreadTuner, warm: dict[str, float], cold_wide: float, runs: int) -> list[str]:
+    """Like _drive, but a wide run right after a narrow one costs ``cold_wide`` (the worker
+    threads' idle CPU woken first: on a VM, as slow as narrow)."""
+    chosen: list[str] = []
+    for _ in range(runs):
+        mode = tuner.next_mode()
+        cold = mode == "wide" and chosen and chosen[-1] == "narrow"
+        chosen.append(mode)
+        tuner.observe(mode, cold_wide if cold else warm[mode])
+    return chosen
+
+
+def test_a_cold_first_wide_run_does_not_count():
+    """Wide at half narrow's time once awake, but as slow as narrow right after a narrow
+    run: alternating single runs compared a cold wide with narrow; blocks whose first run
+    is not counted keep wide."""
+    tuner = threads.ThreadTuner(warmup=0, trials=4, block=3, probes=3, window=4, period=8, max_period=16)
+    _drive_cold(tuner, {"wide": 2e-3, "narrow": 4e-3}, 4.5e-3, 400)
+    assert tuner.mode == "wide" and tuner.switches == 0
+    # and a host whose wide is really slower still moves to narrow
+    tuner = threads.ThreadTuner(warmup=0, trials=4, block=3, probes=3, window=4, period=8, max_period=16)
+    _drive_cold(tuner, {"wide": 6e-3, "narrow": 4e-3}, 6e-3, 40)
+    assert tuner.mode == "narrow"
+
+
+def test_the_tuner_rejects_a_block_without_a_counted_run():
+    with pytest.raises(ValueError, match="block"):
+        threads.ThreadTuner(block=1)
 
 
 def test_a_probe_within_the_margin_does_not_switch():
