@@ -103,11 +103,27 @@ ZOO: dict[str, ZooModel] = {
 }  # fmt: skip
 
 
+#: torch's two ONNX exporters: TorchScript-based (``dynamo=False``) and torch.export-based.
+EXPORTERS = ("classic", "dynamo")
+
+
+def exporters_from(arg: str) -> list[str]:
+    """``--exporters``: comma-separated exporter names, or ``both``."""
+    names = [n.strip() for n in arg.split(",") if n.strip()]
+    names = [e for n in names for e in (EXPORTERS if n == "both" else (n,))]
+    unknown = [n for n in names if n not in EXPORTERS]
+    if unknown or not names:
+        raise ValueError(f"unknown exporters {unknown or [arg]}; known: {', '.join(EXPORTERS)} or both")
+    return list(dict.fromkeys(names))
+
+
 def export(model: ZooModel, batch: int, exporter: str) -> tuple[bytes, dict[str, np.ndarray]]:
     """The ONNX bytes of ``model`` at ``batch`` from ``exporter`` ("classic" or "dynamo")
     and the inputs, named as in the graph."""
     import torch
 
+    if exporter not in EXPORTERS:
+        raise ValueError(f"zoo: unknown exporter {exporter!r}; known: {', '.join(EXPORTERS)}")
     net = model.build().eval()
     inputs = model.inputs(batch)
     names = list(inputs)
@@ -224,7 +240,7 @@ def _time(sess: Any, inputs: dict[str, np.ndarray], want: np.ndarray, graph: Any
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(ZOO), help="comma-separated zoo names")
-    parser.add_argument("--exporters", default="classic,dynamo", help="classic, dynamo or both")
+    parser.add_argument("--exporters", default="both", help="classic, dynamo, or both (comma-separated)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--devices", help="comma-separated rlx devices (default: every available one)")
     parser.add_argument("--json", type=Path, help="write the rows here")
@@ -242,8 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in ZOO]
     if unknown:
         parser.error(f"unknown zoo models {unknown}; known: {', '.join(ZOO)}")
+    try:
+        exporters = exporters_from(args.exporters)
+    except ValueError as exc:
+        parser.error(str(exc))
     timing = (args.rounds, args.target_ms / 1e3) if args.time else None
-    rows = check(names, args.exporters.split(","), args.batch, args.devices.split(",") if args.devices else None,
+    rows = check(names, exporters, args.batch, args.devices.split(",") if args.devices else None,
                  timing)  # fmt: skip
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
