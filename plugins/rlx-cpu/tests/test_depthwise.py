@@ -38,6 +38,10 @@ CASES = {  # name -> (x shape, kernel, bias?, conv2d kwargs)
     "3x3 over 10x10 (groups of 5 pixels)": ((1, 16, 10, 10), 3, True, {"padding": 1}),
     "5x5 stride 2 over 12x12 (6 a row: groups of 6)": ((1, 16, 12, 12), 5, True, {"stride": 2, "padding": 2}),
     "3x3 stride 2 over 14x14, 7 a row (groups of 7)": ((2, 24, 14, 14), 3, True, {"stride": 2, "padding": 1}),
+    "3x3 stride 2 over 90x90, 20 channels (16 lanes and 4)": ((1, 20, 90, 90), 3, True, {"stride": 2, "padding": 1}),
+    "3x3 dilation 2 over 60x60 (the general loop)": ((1, 16, 60, 60), 3, False, {"dilation": 2, "padding": 2}),
+    "5x5 over 64x61, asymmetric padding (rows past x at the bottom)": ((1, 16, 64, 61), 5, True,
+                                                                          {"padding": (0, 2, 4, 2)}),
 }
 
 
