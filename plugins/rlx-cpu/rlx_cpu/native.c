@@ -1091,10 +1091,11 @@ static inline __attribute__((always_inline)) void dw_lanes_units(const float *pa
     }
 }
 
-static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wpk, float *y, float *scratch, int64_t b0, int64_t b1, int64_t c, int64_t h, int64_t w,
-                                             int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
-                                             int64_t pt, int64_t pl, int64_t oh, int64_t ow,
-                                             const rlx_epilogue *epi, int64_t t) {
+static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wpk, float *y, float *scratch,
+                                             int64_t b0, int64_t b1, int64_t c, int64_t h, int64_t w, int64_t kh,
+                                             int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
+                                             int64_t pl, int64_t oh, int64_t ow, const rlx_epilogue *epi,
+                                             int64_t t) {
     const int64_t hp = (oh - 1) * sh + (kh - 1) * dh + 1, wp = (ow - 1) * sw + (kw - 1) * dw + 1;
     const int64_t per_image = (c + DW_LANES - 1) / DW_LANES, taps = kh * kw, opix = oh * ow;
     float *pad = scratch, *res = pad + (hp * wp + DW_UNIT_PIXELS * sw + 1) * DW_LANES;
@@ -2149,10 +2150,10 @@ static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm
  * es. A tile reaching past the end of y (n not a multiple of NR: 49 columns of 7 x 7 make
  * one full tile and one of 17) is summed in a scratch tile of the thread's and copied out
  * after the last k block.
- * It computes g->tail_w columns (NR, or 16 where it has at most 16) from g->tail_j: its own where xs has slack past its end (the
- * copy), the last tail_w of y where xs is x itself (a plain 1x1 convolution: loads past its
- * own columns would pass the end of x), overlapping the tile before, whose columns it
- * then does not copy out. */
+ * It computes g->tail_w columns (NR, or 16 where it has at most 16 of its own) from
+ * g->tail_j: its own where xs has slack past its end (the copy), the last tail_w of y
+ * where xs is x itself (a plain 1x1 convolution: loads past its own columns would pass
+ * the end of x), overlapping the tile before, whose columns it then does not copy out. */
 static RLX_CLONES void conv_gemm_block(const conv_gemm_args *g, int64_t i0, int64_t i1, int64_t t0, int64_t t1,
                                        epi_state *es) {
     const int64_t NR = RLX_GEMM_NR, MR = g->mr, tail = g->n % NR ? g->n / NR : -1; /* the partial tile */

@@ -412,7 +412,8 @@ def conv_gemm_panel(o: int, n: int, k: int) -> int:
     ``n`` outputs, whichever does the least work, padding counted: 8 or 12 channels
     against 32 outputs in vectors, or 32 channels in vectors against 12 outputs (no output
     padded: for small planes, where 32-output tiles round 7 x 7 up from 49 to 64 and
-    14 x 14 from 196 to 224), plus the transposition that form ends with."""
+    14 x 14 from 196 to 208, a last tile of at most 16 outputs being 16 wide), plus the
+    transposition that form ends with."""
     pad8, pad12 = -(-o // 8) * 8, -(-o // 12) * 12
     cols = n // 32 * 32 + (0 if n % 32 == 0 else 16 if n % 32 <= 16 else 32)  # a partial tile of <= 16: 16 wide
     outputs_in_vectors = min(pad8, pad12) * cols * k
