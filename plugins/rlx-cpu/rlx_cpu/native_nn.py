@@ -240,6 +240,23 @@ def _depthwise_numpy(geometry: tuple[int, ...]) -> Any:
     return run
 
 
+def _packed(ctx: Any, w: np.ndarray, key: tuple[Any, ...], size: int,
+            make: Callable[[np.ndarray, np.ndarray | None], np.ndarray], pack: Callable[..., None], args: list[Any],
+            also: tuple[np.ndarray, ...] = ()) -> tuple[np.ndarray, list[Step]]:  # fmt: skip
+    """Weights ``w`` as ``make`` packs them, and the steps a plan must run first to have
+    them: kept by the executable where it can (``ctx.derived``: packed once, again by
+    set_param of ``w`` or of an array of ``also``), with no steps; else (a node folded
+    once, weights the graph computes each run) a scratch array of ``size`` floats and one
+    step packing it each run, ``pack(*args)`` with ``w``'s address at ``args[0]`` and the
+    array's at ``args[-1]``."""
+    derived = getattr(ctx, "derived", None)
+    kept = None if derived is None else derived(w, key, make, also=also)
+    if kept is not None:
+        return kept, []
+    dest = ctx.scratch((size,), np.float32)
+    return dest, [bound_call(pack, args, (w, dest), (0, len(args) - 1), make, also)]
+
+
 #: Output rows at least this wide keep the row kernel (``rlx_depthwise_conv``) for a 3x3
 #: stride-1 window: it vectorizes along the row with the filter in registers. Narrower
 #: rows, strides and other windows put channels in the vector lanes instead
@@ -302,14 +319,8 @@ def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, str
             lib.depthwise_lanes_pack(src.ctypes.data, bias_at, c, kh * kw, dest.ctypes.data)
             return dest
 
-        derived = getattr(ctx, "derived", None)
-        wpk = None if derived is None else derived(w, ("rlx_depthwise_lanes_pack", c, kh * kw), make,
-                                                   also=() if bias is None else (bias,))  # fmt: skip
-        steps = []
-        if wpk is None:  # nothing kept (a node folded once): packed here, each run
-            wpk = ctx.scratch((size,), np.float32)
-            steps.append(bound_call(lib.depthwise_lanes_pack, [0, bias_at, c, kh * kw, 0], (w, wpk), (0, 4),
-                                    make, tuple(k for k in (bias,) if k is not None)))  # fmt: skip
+        wpk, steps = _packed(ctx, w, ("rlx_depthwise_lanes_pack", c, kh * kw), size, make, lib.depthwise_lanes_pack,
+                             [0, bias_at, c, kh * kw, 0], () if bias is None else (bias,))  # fmt: skip
         args = [0, wpk.ctypes.data, 0, lanes.ctypes.data, n, c, h, wd, kh, kw, sh, sw, dh, dw, *pads, oh, ow, threads,
                 epi]  # fmt: skip
         steps.append(bound_call(lib.depthwise_lanes, args, (x, out), (0, 2), lambda xv, yv: run_numpy(xv, w, bias, yv),
@@ -447,8 +458,7 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
     toff = np.empty(k, np.int32)
     if lib.conv_gemm_offsets(toff.ctypes.data, c, kh, kw, sh, sw, dh, dw, oh, ow) != 0:
         return None
-    derived = getattr(ctx, "derived", None)
-    if derived is None:
+    if getattr(ctx, "derived", None) is None:
         return None
     mr = conv_gemm_panel(o, oh * ow, k)
     if (kh == kw == sh == sw == 1 and pads == (0, 0) and (oh, ow) == (h, wd)
@@ -467,13 +477,9 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
         lib.conv_gemm_pack(src.ctypes.data, o, k, mr, dest.ctypes.data)
         return dest
 
-    steps = []
-    apk = derived(w, ("rlx_conv_gemm_pack", o, k, mr), make)
-    if apk is None:
-        # Weights computed each run (a squeeze-excitation gate folded into them:
-        # rlx_core's conv_scale pass): packed again each run, a pass over o k floats.
-        apk = ctx.scratch((size,), np.float32)
-        steps.append(bound_call(lib.conv_gemm_pack, [0, o, k, mr, 0], (w, apk), (0, 4), make))
+    # weights computed each run (a squeeze-excitation gate folded into them: rlx_core's
+    # conv_scale pass) are packed again each run, a pass over o k floats
+    apk, steps = _packed(ctx, w, ("rlx_conv_gemm_pack", o, k, mr), size, make, lib.conv_gemm_pack, [0, o, k, mr, 0])
     xs = ctx.scratch((lib.conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow),), np.float32)
     threads = lib.threads_for(o * k * oh * ow, gemm.SPLIT_MACS, gemm.THREAD_MACS)
     epi = 0 if epilogue is None else epilogue.address(threads)
