@@ -1,4 +1,6 @@
-"""JSON caches: atomic writes, stale and corrupt entries, unwritable directories, concurrency."""
+"""JSON caches: atomic writes, stale and corrupt entries, unwritable directories, concurrency;
+``RLX_CACHE_DIR`` absolute; rlx never adopts a folder it did not create, and ``rlx cache
+clear`` deletes only the files rlx wrote."""
 
 from __future__ import annotations
 
@@ -12,7 +14,17 @@ from pathlib import Path
 import platformdirs
 import pytest
 
-from rlx_core.cache import JsonCache, atomic_write_text, cache_dir, cache_info, clear_cache
+from rlx_core.cache import (
+    ClearedCache,
+    ForeignDirectoryError,
+    JsonCache,
+    atomic_write_text,
+    cache_dir,
+    cache_info,
+    cache_namespaces,
+    clear_cache,
+    tag_cache_dir,
+)
 from rlx_core.errors import CacheWarning, ConfigError
 
 IDENTITY = {"plugin": "rlx-cpu 0.1.0", "device": "cpu", "numpy": "2.0"}
@@ -30,6 +42,28 @@ def test_cache_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path / "env"))
     assert cache_dir() == tmp_path / "env"
     assert JsonCache("ns", 1).directory == tmp_path / "env" / "ns"  # read at use, not at construction
+
+
+@pytest.mark.parametrize("value", ["garbage!@#", "rel/dir", "./cache", "~no-such-user-rlx/x", "/tmp/a\nb"])
+def test_rlx_cache_dir_must_be_an_absolute_path(value):
+    # a relative value would put the cache (and what `rlx cache clear` deletes) under the cwd
+    with pytest.raises(ConfigError) as caught:
+        cache_dir({"RLX_CACHE_DIR": value})
+    assert "RLX_CACHE_DIR" in str(caught.value) and repr(value) in str(caught.value)
+
+
+def test_rlx_cache_info_with_a_relative_cache_dir_is_one_error_line(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rlx_core.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    for command in (["cache", "info"], ["cache", "clear"]):
+        result = CliRunner().invoke(app, command, env={"RLX_CACHE_DIR": "garbage!@#"})
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: RLX_CACHE_DIR='garbage!@#' is not an absolute path")
+    assert list(tmp_path.iterdir()) == []  # nothing made under the cwd
 
 
 def test_round_trip_and_file_layout(cache, tmp_path):
@@ -68,7 +102,7 @@ def test_case_variants_never_share_a_file(cache):
 ])
 def test_corrupt_or_foreign_entries_are_ignored_with_a_warning(cache, content, why):
     path = cache.path("cpu")
-    path.parent.mkdir(parents=True)
+    tag_cache_dir(path.parent)
     path.write_text(content)
     with pytest.warns(CacheWarning, match="it will be recomputed") as record:
         assert cache.get("cpu", IDENTITY) is None
@@ -85,7 +119,7 @@ def test_corrupt_or_foreign_entries_are_ignored_with_a_warning(cache, content, w
 
 def test_undecodable_file_is_ignored_with_a_warning(cache):
     path = cache.path("cpu")
-    path.parent.mkdir(parents=True)
+    tag_cache_dir(path.parent)
     path.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.warns(CacheWarning, match="could not be read"):
         assert cache.get("cpu", IDENTITY) is None
@@ -223,7 +257,7 @@ def test_info_and_clear_touch_only_rlx_files(tmp_path):
     JsonCache("cost-models", 1, tmp_path).put("cpu", {}, {"x": 1})
     JsonCache("cost-models", 1, tmp_path).put("cuda:0", {}, {"x": 2})
     JsonCache("other", 1, tmp_path).put("k", {}, {"x": 3})
-    (tmp_path / "cost-models" / ".cpu.json.abc123.tmp").write_text("stray temp file")
+    (tmp_path / "cost-models" / ".cpu.json.abc123de.tmp").write_text("stray temp file")
     (tmp_path / "user-data").mkdir()
     (tmp_path / "user-data" / "precious.json").write_text("{}")
     (tmp_path / "notes.json").write_text("{}")
@@ -233,10 +267,10 @@ def test_info_and_clear_touch_only_rlx_files(tmp_path):
     assert info["entries"] == {"cost-models": 2, "other": 1} and info["total_entries"] == 3
     assert info["bytes"] == sum(p.stat().st_size for p in tmp_path.glob("*/*.json") if "user-data" not in str(p))
 
-    assert clear_cache(tmp_path) == 4  # three entries and the stray temp file
+    assert clear_cache(tmp_path) == ClearedCache(removed=4)  # three entries and the stray temp file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.json", "user-data"]
     assert (tmp_path / "user-data" / "precious.json").exists()
-    assert cache_info(tmp_path)["entries"] == {} and clear_cache(tmp_path) == 0
+    assert cache_info(tmp_path)["entries"] == {} and clear_cache(tmp_path) == ClearedCache(removed=0)
     assert cache_info(tmp_path / "missing") == {"path": str(tmp_path / "missing"), "entries": {}, "total_entries": 0,
                                                 "bytes": 0, "namespaces": []}
 
@@ -245,18 +279,103 @@ def test_info_and_clear_default_to_the_configured_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path))
     JsonCache("ns", 1).put("k", {}, {})
     assert cache_info()["entries"] == {"ns": 1}
-    assert clear_cache() == 1
+    assert clear_cache().removed == 1
 
 
-def test_a_plugin_cache_in_its_own_format_is_listed_and_cleared_like_the_rest(tmp_path):
-    # rlx-jax-tpu keeps JAX's compiled programs under <cache>/jax: one place for the user
-    from rlx_core.cache import cache_namespaces, tag_cache_dir
+def test_a_stray_file_in_a_namespace_survives_clear_and_is_counted(tmp_path):
+    cache = JsonCache("calibration", 3, tmp_path, what="cost models")
+    cache.put("cpu", {}, {"x": 1})
+    ns = cache.directory
+    (ns / "my-notes.txt").write_text("the user's")
+    (ns / "lookalike.json").write_text('{"schema": 3, "payload": {}}')  # JSON, but not an rlx entry
+    (ns / "sub").mkdir()
+    (ns / "sub" / "cpu.json").write_text((ns / "cpu.json").read_text())  # rlx writes no subdirectories
 
+    (row,) = cache_namespaces(tmp_path)
+    assert (row["entries"], row["other"]) == (1, 3)
+    cleared = clear_cache(tmp_path, ["calibration"])
+    assert cleared.removed == 1 and cleared.failed == ()
+    assert cleared.left == (ns / "lookalike.json", ns / "my-notes.txt", ns / "sub" / "cpu.json")
+    assert all(p.exists() for p in cleared.left) and not cache.path("cpu").exists()
+    # still rlx's namespace (its tag stays while it holds files), so rlx keeps using it
+    cache.put("cpu", {}, {"x": 2})
+    assert cache.get("cpu", {}) == {"x": 2}
+
+
+def test_rlx_cache_info_and_clear_say_what_rlx_did_not_write(tmp_path):
+    from typer.testing import CliRunner
+
+    from rlx_core.cli import app
+
+    cache = JsonCache("calibration", 3, tmp_path, what="cost models")
+    cache.put("cpu", {}, {"x": 1})
+    (cache.directory / "my-notes.txt").write_text("the user's")
+    env = {"RLX_CACHE_DIR": str(tmp_path), "COLUMNS": "200"}
+    info = CliRunner().invoke(app, ["cache", "info"], env=env)
+    assert info.exit_code == 0 and "calibration: also 1 file rlx did not write" in info.stdout, info.output
+    cleared = CliRunner().invoke(app, ["cache", "clear"], env=env)
+    assert cleared.exit_code == 0, cleared.output
+    assert "removed 1 file from" in cleared.stdout and "left 1 file rlx did not write" in cleared.stdout
+    assert str(cache.directory / "my-notes.txt") in cleared.stdout.replace("\n", "")
+    assert (cache.directory / "my-notes.txt").exists()
+
+
+def test_a_users_folder_where_a_namespace_would_be_is_never_adopted_or_emptied(tmp_path):
+    # the issue's case: RLX_CACHE_DIR holds the user's own `jax/` folder
+    user = tmp_path / "jax"
+    (user / "src").mkdir(parents=True)
+    (user / "README.md").write_text("mine")
+    (user / "src" / "code.py").write_text("print('mine')")
+    (user / "data.json").write_text('{"not": "an rlx entry"}')
+
+    with pytest.raises(ForeignDirectoryError, match=r"jax already exists and is not an rlx cache dir.*'README.md'"):
+        tag_cache_dir(user, "JAX's programs")
+    cache = JsonCache("jax", 1, tmp_path)
+    with pytest.warns(CacheWarning, match="could not write .*is not an rlx cache directory"):
+        cache.put("data", {}, {"x": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cache.get("data", {}) is None  # a file of the user's is not read as an entry, nor removed
+        assert cache.remove("data") is False
+    assert cache_namespaces(tmp_path) == []
+    with pytest.raises(ConfigError, match=r"no rlx cache namespace 'jax' .*jax is not rlx's: left alone"):
+        clear_cache(tmp_path, ["jax"])
+    assert clear_cache(tmp_path) == ClearedCache(removed=0)
+    assert sorted(str(p.relative_to(user)) for p in user.rglob("*")) == ["README.md", "data.json", "src",
+                                                                           "src/code.py"]
+    assert not (user / "CACHEDIR.TAG").exists()
+
+
+def test_an_empty_or_rlx_only_folder_is_tagged_and_a_new_one_is_private(tmp_path):
+    created = tag_cache_dir(tmp_path / "new", "x")
+    assert (created.stat().st_mode & 0o777) == 0o700 or os.name == "nt"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]  # no staging directory left behind
+    (tmp_path / "empty").mkdir()
+    assert (tag_cache_dir(tmp_path / "empty") / "CACHEDIR.TAG").exists()
+    # untagged, but holding only rlx's own entries (a clear raced with a write): still rlx's
+    leftover = tmp_path / "leftover"
+    leftover.mkdir()
+    (leftover / "k.json").write_text(json.dumps({"schema": 1, "identity": {}, "payload": {}}))
+    assert (tag_cache_dir(leftover) / "CACHEDIR.TAG").exists()
+    other_tool = tmp_path / "other-tool"  # another program's CACHEDIR.TAG: not rlx's to take over
+    other_tool.mkdir()
+    (other_tool / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n# other tool\n")
+    with pytest.raises(ForeignDirectoryError, match=r"CACHEDIR\.TAG"):
+        tag_cache_dir(other_tool)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("x")
+    with pytest.raises(ForeignDirectoryError, match="not a directory"):
+        tag_cache_dir(blocked)
+
+
+def test_a_plugin_cache_in_its_own_format_is_listed_and_cleared_by_its_records(tmp_path):
+    # rlx-jax-tpu keeps JAX's compiled programs under <cache>/jax, each file recorded by an
+    # entry (files=...): one place for the user, and clear deletes only what was recorded
     JsonCache("calibration", 3, tmp_path, what="cost models").put("cpu", {}, {"x": 1})
-    jax = tag_cache_dir(tmp_path / "jax", "compiled programs")
-    (jax / "jit_f-abc-cache").write_bytes(b"\0" * 100)
-    (jax / "sub").mkdir()
-    (jax / "sub" / "more-cache").write_bytes(b"\0" * 20)
+    jax = JsonCache("jax", 1, tmp_path, what="compiled programs")
+    jax.put("jit_f-abc", {}, {"mac": "..."}, files=["jit_f-abc-cache", "jit_f-abc-atime"])
+    (jax.directory / "jit_f-abc-cache").write_bytes(b"\0" * 100)  # its -atime was never written: fine
+    (jax.directory / "unrecorded-cache").write_bytes(b"\0" * 20)  # someone else's, or an older rlx's
     foreign = tmp_path / "someone-else"  # tagged by another program: not rlx's to list or delete
     foreign.mkdir()
     (foreign / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n# other tool\n")
@@ -264,20 +383,40 @@ def test_a_plugin_cache_in_its_own_format_is_listed_and_cleared_like_the_rest(tm
 
     rows = {ns["name"]: ns for ns in cache_namespaces(tmp_path)}
     assert set(rows) == {"calibration", "jax"}
-    assert (rows["jax"]["entries"], rows["jax"]["bytes"], rows["jax"]["what"]) == (2, 120, "compiled programs")
-    assert rows["calibration"]["what"] == "cost models"
+    record = jax.path("jit_f-abc").stat().st_size
+    assert (rows["jax"]["entries"], rows["jax"]["bytes"], rows["jax"]["other"]) == (2, record + 100, 1)
+    assert rows["jax"]["what"] == "compiled programs" and rows["calibration"]["what"] == "cost models"
 
-    assert clear_cache(tmp_path, ["jax"]) == 2
-    assert not jax.exists() and (tmp_path / "calibration").exists()
-    with pytest.raises(ConfigError, match=r"no rlx cache namespace 'nope' .*namespaces: calibration"):
+    assert clear_cache(tmp_path, ["jax"]) == ClearedCache(removed=2, left=(jax.directory / "unrecorded-cache",))
+    assert sorted(p.name for p in jax.directory.iterdir()) == ["CACHEDIR.TAG", "unrecorded-cache"]
+    with pytest.raises(ConfigError, match=r"no rlx cache namespace 'nope' .*namespaces: calibration, jax"):
         clear_cache(tmp_path, ["nope"])
-    assert clear_cache(tmp_path) == 1
+    assert clear_cache(tmp_path).removed == 1
     assert (foreign / "data").exists()
+    (jax.directory / "unrecorded-cache").unlink()
+    assert clear_cache(tmp_path) == ClearedCache(removed=0) and not jax.directory.exists()  # empty: removed
+
+
+@pytest.mark.parametrize("name", ["../escape", "sub/x", "/etc/passwd", "", "..", "CACHEDIR.TAG"])
+def test_an_entry_lists_only_files_beside_it(cache, name):
+    with pytest.raises(ConfigError, match="plain file names"):
+        cache.put("cpu", IDENTITY, {"x": 1}, files=[name])
+    assert not cache.path("cpu").exists()
+
+
+def test_removing_or_rejecting_an_entry_removes_the_files_it_recorded(cache):
+    for key in ("a", "b", "c"):
+        cache.put(key, IDENTITY, {"x": 1}, files=[f"{key}-blob"])
+        (cache.directory / f"{key}-blob").write_bytes(b"\1")
+    assert cache.remove("a") and not (cache.directory / "a-blob").exists()
+    with pytest.warns(CacheWarning, match="removed"):
+        cache.reject("b", "its payload is odd")
+    with pytest.warns(CacheWarning, match="another identity"):
+        assert cache.get("c", {**IDENTITY, "numpy": "9"}) is None
+    assert sorted(p.name for p in cache.directory.iterdir()) == ["CACHEDIR.TAG"]
 
 
 def test_tag_cache_dir_rewrites_only_what_changed(tmp_path):
-    from rlx_core.cache import tag_cache_dir
-
     tag = tag_cache_dir(tmp_path / "ns", "first") / "CACHEDIR.TAG"
     stamp = tag.stat().st_mtime_ns, tag.stat().st_ino
     tag_cache_dir(tmp_path / "ns", "first")
@@ -288,12 +427,14 @@ def test_tag_cache_dir_rewrites_only_what_changed(tmp_path):
 
 @pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt", reason="needs POSIX symlinks")
 def test_clear_never_follows_a_link_out_of_a_namespace(tmp_path):
-    from rlx_core.cache import tag_cache_dir
-
     outside = tmp_path / "precious"
     outside.mkdir()
     (outside / "keep.txt").write_text("mine")
-    ns = tag_cache_dir(tmp_path / "cache" / "jax", "programs")
+    (outside / "entry.json").write_text(json.dumps({"schema": 1, "identity": {}, "payload": {}}))
+    cache = JsonCache("jax", 1, tmp_path / "cache")
+    cache.put("k", {}, {}, files=["to-precious"])  # a recorded name that is now a link: the link goes
+    ns = cache.directory
     (ns / "to-precious").symlink_to(outside, target_is_directory=True)
-    assert clear_cache(tmp_path / "cache") == 1  # the link itself
-    assert (outside / "keep.txt").read_text() == "mine"
+    (ns / "looks-like-an-entry.json").symlink_to(outside / "entry.json")  # not a regular file: not rlx's
+    assert clear_cache(tmp_path / "cache") == ClearedCache(removed=2, left=(ns / "looks-like-an-entry.json",))
+    assert sorted(p.name for p in outside.iterdir()) == ["entry.json", "keep.txt"]

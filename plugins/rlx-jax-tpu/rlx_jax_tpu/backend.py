@@ -115,6 +115,14 @@ def _free_memory(device: Any) -> int | None:
     return free if free > 0 else None
 
 
+def _persistent_cache_note() -> str:
+    """Where JAX's persistent compilation cache is, or why there is none (``rlx devices
+    --explain`` shows it with the probe's answer), deciding it as a compile would."""
+    from .persistent_cache import persistent_cache_reason
+
+    return persistent_cache_reason()
+
+
 def _smoke_test(jax: Any, device: Any) -> None:
     """A tiny jitted computation on ``device``; raises if it fails or computes nonsense."""
     x = np.arange(8, dtype=np.float32)
@@ -178,7 +186,7 @@ class XlaBackend(Backend):
                                        f"{_env_note()}): {_first_line(exc)}", versions=versions)  # fmt: skip
         self._probed_platform = platform
         kind = getattr(devices[0], "device_kind", platform)
-        reason = f"platform {platform}: {len(devices)} x {kind} ({_env_note()})"
+        reason = f"platform {platform}: {len(devices)} x {kind} ({_env_note()}); {_persistent_cache_note()}"
         return Availability(True, reason, devices=[f"{self.name}:{i}" for i in range(len(devices))],
                             versions=versions, memory_bytes=_free_memory(devices[0]))  # fmt: skip
 

@@ -10,18 +10,17 @@ microseconds. Two caches keep that cost off the paths users repeat:
   ``GraphDevices.invalidate_cache`` or building an identical graph elsewhere reuses the
   executable without tracing. ``PROGRAMS`` is the process-wide default; tests and
   embedders may pass their own.
-- JAX's persistent compilation cache, pointed at ``<rlx cache dir>/jax`` by
+- JAX's persistent compilation cache, at ``<rlx cache dir>/jax`` by
   ``enable_persistent_cache`` unless the user configured one: a new process finds the
   compiled XLA executable on disk (JAX decides what is worth writing: by default
-  programs that took at least a second to compile).
+  programs that took at least a second to compile), and runs it only once rlx has
+  checked it against the keyed hash it recorded writing it (``persistent_cache.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -29,51 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from rlx_core.errors import CacheWarning, ConfigError
+from rlx_core.errors import ConfigError
 from rlx_core.ir import Graph
-from rlx_core.plugin import cache_dir, tag_cache_dir
 
-__all__ = ["CompiledProgram", "ProgramCache", "PROGRAMS", "enable_persistent_cache", "graph_signature"]
+from .persistent_cache import enable_persistent_cache, persistent_cache_reason
 
-# What `rlx cache info` says the directory holds; rlx's tag (the standard marker backup
-# tools skip, https://bford.info/cachedir/) also lets `rlx cache clear` empty it.
-_WHAT = "JAX's compiled XLA programs (rlx-jax-tpu; JAX decides what to keep)"
-
-_persistent_lock = threading.Lock()
-_persistent: dict[str, str | None] = {}
-
-
-def enable_persistent_cache() -> str | None:
-    """Point JAX's persistent compilation cache at ``<rlx cache dir>/jax``, once per process.
-
-    Left alone when the user configured one (``JAX_COMPILATION_CACHE_DIR`` or
-    ``jax.config``). A directory that cannot be created or written is a ``CacheWarning``
-    and compiling goes on without a persistent cache: a cache must never make a compile
-    fail. Returns the directory JAX uses, or ``None``.
-    """
-    with _persistent_lock:
-        if "dir" in _persistent:
-            return _persistent["dir"]
-        import jax
-
-        current = jax.config.jax_compilation_cache_dir
-        if current:
-            _persistent["dir"] = str(current)
-            return _persistent["dir"]
-        path = cache_dir() / "jax"
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            if not os.access(path, os.W_OK | os.X_OK):
-                raise PermissionError(f"{path} is not writable")
-            tag_cache_dir(path, _WHAT)
-        except OSError as exc:
-            warnings.warn(f"rlx-jax-tpu: cannot use {path} for JAX's compilation cache ({type(exc).__name__}: "
-                          f"{exc}); compiling without a persistent cache", CacheWarning, stacklevel=3)  # fmt: skip
-            _persistent["dir"] = None
-            return None
-        jax.config.update("jax_compilation_cache_dir", str(path))
-        _persistent["dir"] = str(path)
-        return _persistent["dir"]
+__all__ = ["CompiledProgram", "ProgramCache", "PROGRAMS", "enable_persistent_cache", "persistent_cache_reason",
+           "graph_signature"]
 
 
 def graph_signature(graph: Graph, live: Iterable[int], arg_ids: Iterable[int], device: Any, x64: bool) -> str:

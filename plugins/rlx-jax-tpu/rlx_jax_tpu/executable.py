@@ -38,7 +38,14 @@ from rlx_core.ir import Graph, Node
 from rlx_core.ops import OpKind
 from rlx_core.plugin import CompileOptions, Executable
 
-from .caching import PROGRAMS, CompiledProgram, ProgramCache, enable_persistent_cache, graph_signature
+from .caching import (
+    PROGRAMS,
+    CompiledProgram,
+    ProgramCache,
+    enable_persistent_cache,
+    graph_signature,
+    persistent_cache_reason,
+)
 from .lowering import LOWERINGS, RuntimeCheck, runtime_checks, runtime_error
 
 __all__ = ["JaxExecutable", "enable_persistent_cache", "x64_enabled", "INLINE_CONSTANT_LIMIT"]
@@ -175,9 +182,8 @@ class JaxExecutable(Executable):
         else:
             what = (f"traced and lowered in {self.lower_seconds * 1e3:.1f} ms, XLA compiled in "
                     f"{self.compile_seconds * 1e3:.1f} ms")  # fmt: skip
-        cache = self.persistent_cache or "off"
         return [f"jax ({jax.__version__}) on {platform} {self.device}: {what}; "
-                f"{'64-bit' if self.x64 else '32-bit'} mode; JAX persistent cache: {cache}"]  # fmt: skip
+                f"{'64-bit' if self.x64 else '32-bit'} mode; {persistent_cache_reason()}"]  # fmt: skip
 
     def _mode(self) -> contextlib.AbstractContextManager[Any]:
         return x64_enabled() if self.x64 else contextlib.nullcontext()
