@@ -56,6 +56,7 @@ class CompileReport:
     fused: list[str] = field(default_factory=list)
     pipeline: list[str] = field(default_factory=list)  # per stage: what it did and why
     partition: Any = None  # a graph split across devices: its partition.PartitionPlan
+    measurement: Any = None  # an unsure pick settled by timing the candidates: its measured.Verdict
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,7 +64,11 @@ class CompileReport:
             "compile_seconds": self.compile_seconds, "user_nodes": self.user_nodes,
             "legalized_nodes": self.legalized_nodes, "decomposed": list(self.decomposed),
             "candidates": [{"device": c.device, "viable": c.viable, "blocker": c.blocker,
-                            "est_seconds": c.est_seconds} for c in self.candidates],
+                            "est_seconds": c.est_seconds, "model_seconds": c.model_seconds,
+                            "correction": None if c.correction is None else
+                            {"factor": c.correction.factor, "measurements": c.correction.measurements}}
+                           for c in self.candidates],
+            "measurement": self.measurement.to_dict() if self.measurement is not None else None,
             "notes": list(self.notes), "compiled_nodes": self.compiled_nodes, "fused": list(self.fused),
             "pipeline": list(self.pipeline),
             "partition": self.partition.to_dict() if self.partition is not None else None,
@@ -79,10 +84,20 @@ class CompileReport:
         if self.decomposed:
             lines.append("  legalized (composites decomposed because the device does not claim them):")
             lines += [f"    {d}" for d in self.decomposed]
+        if self.measurement is not None:
+            ranked = sorted(self.measurement.seconds.items(), key=lambda kv: kv[1])
+            times = ", ".join(f"{d} {s * 1e6:.1f} µs" for d, s in ranked)
+            source = "from the cache" if self.measurement.from_cache else "measured now"
+            lines.append(f"  measured: {times} ({source}, by {self.measurement.where})")
+        here = {parse_device(d)[0] for d in self.device.split("+")}
         for c in self.candidates:
-            if c.device in {parse_device(d)[0] for d in self.device.split("+")}:
+            note = c.estimate_note() if c.viable else None
+            if c.device in here:
+                if note:
+                    lines.append(f"  {note}")
                 continue
             est = f", est {c.est_seconds * 1e6:.1f} µs" if c.est_seconds is not None else ""
+            est += f" ({note.partition(': ')[2]})" if note else ""
             lines.append(f"  {c.device}: {'viable' + est if c.viable else 'not used: ' + str(c.blocker)}")
         if self.partition is not None:
             lines += [f"  {line}" for line in self.partition.describe()[1:]]

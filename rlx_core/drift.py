@@ -9,7 +9,9 @@ predicted time over its first runs (the model's error on this host, which is not
 When the median of the recent window exceeds ``factor`` times that baseline, the device
 has drifted: its estimate becomes what it now measures, every other device keeps its
 prediction corrected by the baseline error seen so far, and the lowest wins. A re-pick is
-logged (``rlx.session``, WARNING) and kept in ``repicks``.
+logged (``rlx.session``, WARNING) and kept in ``repicks``. Each baseline, once set, is
+handed to ``on_baseline``: ``GraphDevices`` records it on disk as the model's error for
+that device on this host (``corrections.py``), so later rankings start corrected.
 
 The slowdown is forgotten after ``forget_seconds``: the ranking then trusts the drifted
 device's baseline again, so a device whose neighbour went quiet is picked back (and, if
@@ -100,7 +102,11 @@ class DriftWatch:
 
     def __init__(self, predictions: Mapping[str, float], current: str, *, factor: float = DEFAULT_FACTOR,
                  window: int = 16, warmup: int = 3, forget_seconds: float = DEFAULT_FORGET_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic,
+                 on_baseline: Callable[[str, float], None] | None = None) -> None:  # fmt: skip
+        """``on_baseline(device, seconds)`` is told each device's baseline once it is set (the
+        session records it as the model's error on this host, ``corrections.py``); it is
+        called outside the watch's lock, and its failure is logged, never raised into a run."""
         if current not in predictions:
             raise ValueError(f"current device {current!r} has no prediction")
         self.predictions = {d: max(float(s), 1e-9) for d, s in predictions.items()}
@@ -110,36 +116,47 @@ class DriftWatch:
         self._tracks = {d: _Track(window) for d in self.predictions}
         self._since_switch = 0
         self._lock = threading.Lock()
+        self._on_baseline = on_baseline
         self.repicks: list[Repick] = []
 
     def observe(self, device: str, seconds: float) -> str:
         """Record one run of ``device``; the device to run next (``current``)."""
+        current, fresh = self._observe(device, seconds)
+        if fresh is not None and self._on_baseline is not None:
+            try:
+                self._on_baseline(device, fresh)
+            except Exception as exc:  # recording the error is a bonus; the run has its answer
+                log.warning("rlx: recording %s's baseline failed: %s: %s", device, type(exc).__name__, exc)
+        return current
+
+    def _observe(self, device: str, seconds: float) -> tuple[str, float | None]:
+        """``observe`` under the lock: the next device, and the baseline it set, if it did."""
         with self._lock:
             track = self._tracks.get(device)
             if track is None or device != self.current:
-                return self.current  # an explicit run elsewhere says nothing about the pick
+                return self.current, None  # an explicit run elsewhere says nothing about the pick
             self._since_switch += 1
             track.seen += 1
             if track.seen <= self.warmup:
-                return self.current  # first runs pay allocation and JIT: not the steady state
+                return self.current, None  # first runs pay allocation and JIT: not the steady state
             track.recent.append(seconds)
             if len(track.recent) < self.window:
-                return self.current
+                return self.current, None
             median = statistics.median(track.recent)
             if track.baseline is None:
                 track.baseline = median
                 track.recent.clear()
-                return self.current
+                return self.current, median
             if self._forget_old() and self._rerank(f"a slowdown is over {self.forget_seconds:g} s old: trusting "
                                                    "that device's baseline again"):
-                return self.current  # the device that had slowed down is back on top
+                return self.current, None  # the device that had slowed down is back on top
             if median > self.factor * track.baseline and self._since_switch >= self.window:
                 track.drifted, track.drifted_at = median, self._clock()
                 track.recent.clear()
                 why = f"{device} drifted to {median * 1e6:.0f} µs per run (baseline {track.baseline * 1e6:.0f} µs)"
                 if not self._rerank(why):
                     log.info("rlx: %s but is still predicted fastest", why)
-            return self.current
+            return self.current, None
 
     def _error(self) -> float:
         """The model's usual error on this host: measured over predicted at baseline."""

@@ -4,6 +4,11 @@ Every answer comes from one place, ``Placement``: for each registered backend it
 the probe (availability), the policy (allow/deny), the legalizer (does the backend claim
 every primitive after decomposition?) and the cost model (estimated seconds), and turns
 the first refusal into a *blocker* string that people can act on.
+
+An estimate is the cost model's, corrected by the error the model showed for that device
+on this host (``corrections.py``); when the ranking cannot tell its best devices apart,
+``decide`` says so (``measured.find_doubt``) and uses the verdict of an earlier
+measurement when one is cached (``measured.py``).
 """
 
 from __future__ import annotations
@@ -12,10 +17,13 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .compiled import compile_on
+from .corrections import Correction, PredictionErrors, borrowed
 from .cost import estimate_graph_cost
 from .errors import DeviceError
 from .ir import Graph
 from .lowering import legalize_for, pipeline_for, priced_graph
+from .measured import Doubt, MeasureSettings, Trial, Verdict, Verdicts, find_doubt, measure_compiled, settle
 from .memory import memory_blocker
 from .passes.plan import plan_memory
 from .policy import DevicePolicy
@@ -23,6 +31,7 @@ from .registry import Registry, default_registry, parse_device
 from .timing import benchmark_devices
 
 __all__ = [
+    "Decision",
     "DeviceCandidate",
     "Placement",
     "available_devices",
@@ -40,7 +49,12 @@ log = logging.getLogger("rlx.placement")
 
 @dataclass(frozen=True)
 class DeviceCandidate:
-    """One row of ``device_report``: can this device run the graph, and at what cost?"""
+    """One row of ``device_report``: can this device run the graph, and at what cost?
+
+    ``est_seconds`` is what the ranking uses: ``model_seconds`` (the cost model's own
+    estimate, ``estimate_graph_cost``) times the ``correction`` observed for this device
+    on this host, when one was recorded (``corrections.py``).
+    """
 
     device: str
     label: str
@@ -56,10 +70,32 @@ class DeviceCandidate:
     version: str = ""
     ops: tuple[str, ...] = field(default=(), repr=False)
     calibrated: bool = False
+    model_seconds: float | None = None
+    correction: Correction | None = None
 
     @property
     def viable(self) -> bool:
         return self.blocker is None and self.available and self.supports_graph is not False
+
+    def estimate_note(self) -> str | None:
+        """``cpu: estimate 3.10 ms corrected by observed factor 0.28 from 4 measurements on
+        this host``, or ``None`` when the estimate is the model's own."""
+        if self.correction is None or self.model_seconds is None:
+            return None
+        return f"{self.device}: {self.correction.describe(self.model_seconds)}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where a graph goes and why (``Placement.decide``): the ``device``, the reason, the
+    candidate rows; ``doubt`` when the cost ranking was unsure of it (``measured.py``),
+    and the ``verdict`` of the measurement that settled it, if one did."""
+
+    device: str
+    why: str
+    rows: list[DeviceCandidate]
+    doubt: Doubt | None = None
+    verdict: Verdict | None = None
 
 
 def _fmt_seconds(s: float) -> str:
@@ -70,11 +106,13 @@ class Placement:
     """Answers placement questions about one graph (or none) under one policy."""
 
     def __init__(self, graph: Graph | None, policy: DevicePolicy | None = None,
-                 registry: Registry | None = None) -> None:  # fmt: skip
+                 registry: Registry | None = None, *, measure: MeasureSettings | None = None) -> None:  # fmt: skip
         self.graph = graph
         self.policy = policy if policy is not None else DevicePolicy.from_env()
         self.registry = registry or default_registry()
         self.policy.validate(self.registry)  # a device name no backend has is a ConfigError, not ignored
+        self.measure = measure if measure is not None else MeasureSettings()
+        self.errors = PredictionErrors(self.registry)  # read once per device per placement
 
     # -------------------------------------------------------------- per device
     def _row(self, name: str, probe: bool = True) -> DeviceCandidate:
@@ -92,7 +130,7 @@ class Placement:
         refusal = self.policy.permits(name)
         if blocker is None and refusal:
             blocker = refusal
-        supports = est = None
+        supports = est = model_est = correction = None
         calibrated = False
         if self.graph is not None:
             legal = legalize_for(self.graph, name, reg)
@@ -102,7 +140,10 @@ class Placement:
             if avail.available and supports:
                 model = reg.cost_model(name)
                 calibrated = model.calibrated
-                est = estimate_graph_cost(priced_graph(self.graph, name, reg), model)
+                est = model_est = estimate_graph_cost(priced_graph(self.graph, name, reg), model)
+                correction = self.errors.get(name)
+                if correction is not None:
+                    est = model_est * correction.factor
                 if blocker is None:  # a device that cannot hold the graph is never tried
                     blocker = self._memory_blocker(name, avail.memory_bytes)
         elif avail.available:
@@ -111,7 +152,7 @@ class Placement:
             device=name, label=info.backend.label or info.label or name, available=avail.available, reason=avail.reason,
             registered=True, supports_graph=supports, recommended=False, blocker=blocker, est_seconds=est,
             priority=info.priority, distribution=info.distribution, version=info.version, ops=ops,
-            calibrated=calibrated,
+            calibrated=calibrated, model_seconds=model_est, correction=correction,
         )  # fmt: skip
 
     def _memory_blocker(self, name: str, probed: int | None) -> str | None:
@@ -123,7 +164,14 @@ class Placement:
         """One row per backend (all of them by default), highest priority first."""
         names = list(names) if names is not None else self.registry.names()
         self.registry.probe_all(names)  # concurrently, before asking one by one
-        return [self._row(n) for n in names]
+        rows = [self._row(n) for n in names]
+        recorded = [r.correction for r in rows if r.correction is not None and r.est_seconds is not None]
+        for i, r in enumerate(rows):  # a device never measured here is lent the others' usual error
+            if r.correction is None and r.model_seconds is not None:
+                lent = borrowed(r.device, recorded)
+                if lent is not None:
+                    rows[i] = _replace(r, correction=lent, est_seconds=r.model_seconds * lent.factor)
+        return rows
 
     def rank(self, rows: Sequence[DeviceCandidate]) -> list[DeviceCandidate]:
         """Viable rows, best first: the policy's ``prefer`` order, then cost, then priority."""
@@ -157,12 +205,36 @@ class Placement:
     def choose(self, hint: str | None = None,
                rows: list[DeviceCandidate] | None = None) -> tuple[str, str, list[DeviceCandidate]]:  # fmt: skip
         """``(device, why, rows)``: the hint, else ``RLX_DEVICE``, else the ranking (of
-        ``rows`` when the caller has already asked ``candidates()``)."""
+        ``rows`` when the caller has already asked ``candidates()``). Under
+        ``pick="measure"`` an unsure ranking is settled by measuring here (compiled copies
+        are discarded; ``rlx.compile`` keeps the winner's instead, see ``session.py``)."""
+        decision = self.decide(hint, rows)
+        if self.wants_measuring(decision) and self.policy.pick == "measure":
+            assert self.graph is not None and decision.doubt is not None
+            trial = Trial(decision.doubt.candidates, self.policy.benchmark_runs)
+            measure_compiled(self.graph, trial, lambda d: compile_on(self.graph, d, "measured pick", [], self.registry),
+                             clock=self.measure.clock, strict=self.policy.strict)  # fmt: skip
+            verdict = settle(self.graph, trial, "compile (pick='measure', generated inputs)", decision.rows,
+                             self.registry, self.errors)  # fmt: skip
+            if verdict is not None:
+                return verdict.winner, verdict.describe(), decision.rows
+        return decision.device, decision.why, decision.rows
+
+    def wants_measuring(self, decision: Decision) -> bool:
+        """Whether ``decision`` is an unsure cost pick no cached verdict settled, that this
+        policy lets a measurement change (never under ``strict`` unless ``pick="measure"``)."""
+        if decision.doubt is None or decision.verdict is not None or self.graph is None:
+            return False
+        return not self.policy.strict or self.policy.pick == "measure"
+
+    def decide(self, hint: str | None = None, rows: list[DeviceCandidate] | None = None) -> Decision:
+        """Where the graph goes without running anything: ``choose``'s answer, with the doubt
+        about an unsure cost pick and the cached verdict that settles it, if any."""
         if hint not in (None, "", "auto"):
-            return self.check_explicit(hint, "explicit device"), "explicit device (argument)", []
+            return Decision(self.check_explicit(hint, "explicit device"), "explicit device (argument)", [])
         if self.policy.device:
             src = self.policy.sources.get("device", "policy")
-            return self.check_explicit(self.policy.device, src), f"default device from {src}", []
+            return Decision(self.check_explicit(self.policy.device, src), f"default device from {src}", [])
         rows = self.candidates() if rows is None else rows
         ranked = self.rank(rows)
         if not ranked:
@@ -176,16 +248,36 @@ class Placement:
             if times:
                 winner = min(times, key=times.__getitem__)
                 detail = ", ".join(f"{d} {_fmt_seconds(t)}" for d, t in sorted(times.items(), key=lambda kv: kv[1]))
-                return winner, f"fastest in a benchmark of {self.policy.benchmark_runs} runs: {detail}", rows
+                return Decision(winner, f"fastest in a benchmark of {self.policy.benchmark_runs} runs: {detail}",
+                                rows)  # fmt: skip
         if best.device in [parse_device(p)[0] for p in self.policy.prefer]:
             src = self.policy.sources.get("prefer", "policy")
-            return best.device, f"preferred by policy ({src})", rows
+            return Decision(best.device, f"preferred by policy ({src})", rows)
         if len(ranked) == 1:
             why = "the only device that can run it"
         else:
             others = ", ".join(f"{r.device} {_fmt_seconds(r.est_seconds or 0)}" for r in ranked[1:])
             why = f"lowest estimated cost {_fmt_seconds(best.est_seconds or 0)} (vs {others})"
-        return best.device, why, rows
+        notes = [n for n in (r.estimate_note() for r in ranked) if n]
+        if notes:
+            why += " [" + "; ".join(notes) + "]"
+        doubt = find_doubt(ranked, self.measure) if self.graph is not None else None
+        if doubt is None:
+            return Decision(best.device, why, rows)
+        assert self.graph is not None
+        measuring = not self.policy.strict or self.policy.pick == "measure"  # strict: the ranking's own pick
+        verdict = Verdicts(self.registry).get(self.graph, doubt.candidates) if measuring else None
+        if verdict is not None:
+            return Decision(verdict.winner, f"{verdict.describe()}; unsure by cost: {doubt.reason}", rows, doubt,
+                            verdict)  # fmt: skip
+        if self.policy.pick == "measure":
+            how = "measured now (pick='measure')"
+        elif self.policy.strict:
+            how = "not measured: under strict only DevicePolicy(pick='measure') measures"
+        else:
+            how = "not measured here: GraphDevices.run measures on its first runs, DevicePolicy(pick='measure') at " \
+                  "compile"
+        return Decision(best.device, f"{why}; unsure ({doubt.reason}): {how}", rows, doubt)
 
     def report(self) -> list[DeviceCandidate]:
         rows = self.candidates()

@@ -11,18 +11,21 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .compiled import CompiledGraph, CompileReport, compile_on
+from .corrections import PredictionErrors
 from .drift import DriftWatch, Repick, drift_settings
-from .errors import CALLER_ERRORS, DeviceError, FallbackWarning
+from .errors import CALLER_ERRORS, DeviceError, DeviceFallbackError, FallbackWarning
 from .fallback import Wording, try_in_turn
 from .inputs import check_param_value, input_specs, validate_inputs
 from .ir import Graph
+from .measured import MeasureSettings, Trial, Verdict, measure_compiled, settle
 from .partition import compile_partitioned, split_for
-from .placement import DeviceCandidate, Placement
+from .placement import Decision, DeviceCandidate, Placement
 from .plugin import CompileOptions
 from .policy import DevicePolicy
 from .registry import Registry, default_registry, parse_device
@@ -35,7 +38,7 @@ log = logging.getLogger("rlx.session")
 
 def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | None = None, *,
             registry: Registry | None = None, options: CompileOptions | None = None,
-            partition: bool | None = None) -> CompiledGraph:  # fmt: skip
+            partition: bool | None = None, measure: MeasureSettings | None = None) -> CompiledGraph:  # fmt: skip
     """Compile ``graph`` for ``device`` (``"auto"``: policy and cost ranking).
 
     An explicit device is strict: it runs there or raises ``DeviceError`` naming the
@@ -49,9 +52,20 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
     is never taken silently there); ``False`` never splits. The result is then a
     ``PartitionedGraph``, a ``CompiledGraph`` whose ``device`` is ``"cpu+opencl"`` and
     whose report lists each segment. An explicit device never splits.
+
+    When the cost ranking is unsure of its pick (``measured.py``; ``measure`` tunes when,
+    default ``MeasureSettings()``), a verdict measured earlier for the same graph and
+    devices is used; without one, ``DevicePolicy(pick="measure")`` times the candidates
+    now on generated inputs and compiles the faster (its report gives the times), while
+    the default ``pick="cost"`` compiles the cost pick and its report says the pick was
+    unsure: compiling and timing every candidate would double the compile of a script
+    that runs the graph once, and a ``GraphDevices`` measures for free on its first runs.
     """
+    if isinstance(device, str) and not device.strip():  # a variable that expanded to nothing, not a wish for auto
+        raise DeviceError(f"device {device!r} is empty; give a device name such as 'cpu' or 'cuda:1', or 'auto' "
+                          "(or None) for the policy's pick")
     reg = registry or default_registry()
-    placement = Placement(graph, policy, reg)
+    placement = Placement(graph, policy, reg, measure=measure)
     explicit = device not in (None, "", "auto") or bool(placement.policy.device)
     if explicit:
         return _compile_whole(graph, device, placement, reg, options, explicit)
@@ -84,22 +98,57 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
 def _compile_whole(graph: Graph, device: str | None, placement: Placement, reg: Registry,
                    options: CompileOptions | None, explicit: bool,
                    rows: list[DeviceCandidate] | None = None) -> CompiledGraph:  # fmt: skip
-    """``graph`` on one device: the chosen one, then (auto) the next ranked on failure
-    (``rows``: the candidates when the caller has them already)."""
-    chosen, reason, rows = placement.choose(device, rows)
-    if explicit or placement.policy.strict:
-        return compile_on(graph, chosen, reason, rows, reg, options)
-    ranked = [chosen] + [r.device for r in placement.rank(rows) if r.device != parse_device(chosen)[0]]
+    """``graph`` on one device: the chosen one (measured first when the policy asks and
+    the ranking is unsure), then (auto) the next ranked on failure (``rows``: the
+    candidates when the caller has them already)."""
+    decision = placement.decide(device, rows)
+    chosen, reason, rows = decision.device, decision.why, decision.rows
     failed: list[str] = []
+    measured: list[tuple[str, str]] = []  # candidates that failed while measured
+    if not explicit and placement.policy.pick == "measure" and placement.wants_measuring(decision):
+        cg, measured = _compile_measured(graph, placement, decision, options)
+        if cg is not None:
+            return cg
+        failed += [d for d, _ in measured]
+    if explicit or placement.policy.strict:
+        return _with_verdict(compile_on(graph, chosen, reason, rows, reg, options), decision.verdict)
+    ranked = [chosen] + [r.device for r in placement.rank(rows) if r.device != parse_device(chosen)[0]]
+    ranked = [d for d in ranked if d not in dict(measured)]
 
     def attempt(dev: str) -> CompiledGraph:
         why = reason if not failed else f"fallback after {failed[-1]} failed"
         return compile_on(graph, dev, why, rows, reg, options)
 
     _, cg, attempts = try_in_turn(ranked, attempt, graph=graph.name, wording=_COMPILE_WORDING, stacklevel=4,
-                                  on_failure=lambda dev, exc, error: failed.append(dev))  # fmt: skip
+                                  attempts=measured, on_failure=lambda dev, exc, error: failed.append(dev))  # fmt: skip
     if attempts:
         cg.report().notes.append("fell back after: " + "; ".join(f"{d}: {e}" for d, e in attempts))
+    return _with_verdict(cg, decision.verdict if cg.device == chosen else None)
+
+
+def _compile_measured(graph: Graph, placement: Placement, decision: Decision, options: CompileOptions | None,
+                      ) -> tuple[CompiledGraph | None, list[tuple[str, str]]]:
+    """Compile and time the unsure pick's candidates now (``pick="measure"``); the
+    winner's compiled copy, its report saying what was measured, and the candidates that
+    failed (``None`` for the copy when every one did)."""
+    assert decision.doubt is not None
+    reg = placement.registry
+    trial = Trial(decision.doubt.candidates, placement.policy.benchmark_runs)
+    compiled = measure_compiled(graph, trial, lambda d: compile_on(graph, d, "measured pick", decision.rows, reg,
+                                                                   options),
+                                clock=placement.measure.clock, strict=placement.policy.strict)  # fmt: skip
+    verdict = settle(graph, trial, "rlx.compile (pick='measure', generated inputs)", decision.rows, reg,
+                     placement.errors)  # fmt: skip
+    if verdict is None:
+        return None, list(trial.failed.items())
+    cg = compiled[verdict.winner]
+    cg.report().reason = f"{verdict.describe()}; unsure by cost: {decision.doubt.reason}"
+    return _with_verdict(cg, verdict), list(trial.failed.items())
+
+
+def _with_verdict(cg: CompiledGraph, verdict: Verdict | None) -> CompiledGraph:
+    if verdict is not None:
+        cg.report().measurement = verdict
     return cg
 
 
@@ -108,18 +157,38 @@ _COMPILE_WORDING = Wording(failed="rlx: device {device} failed to compile graph 
 _CHAIN_WORDING = Wording(last="no device left in the chain")
 
 
-class GraphDevices:
-    """One graph, compiled lazily on as many devices as asked, params mirrored to all."""
+@dataclass
+class _AutoPick:
+    """Where a ``GraphDevices``' auto runs go under one policy, and why: the placement's
+    decision, then (when it was unsure) the measurement under way on the first runs and
+    the verdict that settled it."""
 
-    def __init__(self, graph: Graph, policy: DevicePolicy | None = None, *, registry: Registry | None = None) -> None:
+    policy: DevicePolicy
+    placement: Placement
+    decision: Decision
+    device: str
+    why: str
+    trial: Trial | None = None
+    verdict: Verdict | None = None
+
+
+class GraphDevices:
+    """One graph, compiled lazily on as many devices as asked, params mirrored to all.
+
+    ``measure`` (``measured.MeasureSettings``) says when the auto pick of ``run`` is unsure
+    and how its first runs are timed then."""
+
+    def __init__(self, graph: Graph, policy: DevicePolicy | None = None, *, registry: Registry | None = None,
+                 measure: MeasureSettings | None = None) -> None:  # fmt: skip
         self.graph = graph.freeze()
         self._policy = policy
         self._registry = registry or default_registry()
+        self._measure = measure if measure is not None else MeasureSettings()
         self._compiled: dict[str, CompiledGraph] = {}
         self._params: dict[str, np.ndarray] = {}
         self._winner: str | None = None
         self._watch: DriftWatch | None = None  # auto runs: re-pick on slowdown (drift.py)
-        self._picked: tuple[DevicePolicy, str] | None = None  # auto runs without a watch: the pick per policy
+        self._auto: _AutoPick | None = None  # auto runs: the pick under the policy it was made for
         self._lock = threading.RLock()
         self.last_device: str | None = None
 
@@ -128,7 +197,7 @@ class GraphDevices:
         return self._policy if self._policy is not None else DevicePolicy.from_env()
 
     def _placement(self) -> Placement:
-        return Placement(self.graph, self.policy, self._registry)
+        return Placement(self.graph, self.policy, self._registry, measure=self._measure)
 
     def compile(self, device: str) -> CompiledGraph:
         """The compiled copy for ``device`` (strict), compiling it on first use."""
@@ -188,28 +257,32 @@ class GraphDevices:
         return times
 
     def run(self, inputs: Mapping[str, Any], device: str | None = None) -> list[np.ndarray]:
-        """Run on ``device``, or (``None``/``"auto"``) on the device the ranking picked,
-        re-picked when that device slows down far past its own baseline (``drift.py``;
-        ``repicks`` lists the moves)."""
+        """Run on ``device``, or (``None``/``"auto"``) on the device the ranking picked.
+
+        When the ranking was unsure (``measured.py``) and no verdict was cached, the first
+        auto runs measure: each runs one candidate on the caller's inputs and returns its
+        outputs (a warm-up run each, then ``benchmark_runs`` timed rounds, interleaved);
+        then the faster is kept, the verdict cached on disk and the observed errors
+        recorded. A candidate that fails meanwhile is dropped with a ``FallbackWarning``
+        and the call runs on another. After that, the device is re-picked when it slows
+        down far past its own baseline (``drift.py``; ``repicks`` lists the moves), and
+        ``pick_reason`` says why it runs where it does."""
         if device not in (None, "auto"):
             cg = self.compile(device)
             self.last_device = cg.device
             return cg.run(inputs)
-        watch = self._drift_watch()
-        if watch is None:
-            policy = self.policy
-            picked = self._picked
-            if picked is None or picked[0] != policy:  # rank once per policy, not once per run
-                picked = self._picked = (policy, Placement(self.graph, policy, self._registry).choose()[0])
-            cg = self.compile(picked[1])
-            self.last_device = cg.device
-            return cg.run(inputs)
-        dev = watch.current
-        if self.policy.permits(dev) is not None:  # the policy changed under a long-lived session
-            self._watch = None
-            return self.run(inputs)
+        policy = self.policy
+        auto = self._auto
+        if auto is None or auto.policy != policy:  # first auto run, or the policy changed under the session
+            auto = self._decide(policy)
+        if auto.trial is not None:
+            return self._run_measuring(auto, inputs)
+        watch = self._watch
+        dev = watch.current if watch is not None else auto.device
         cg = self.compile(dev)
         self.last_device = cg.device
+        if watch is None:
+            return cg.run(inputs)
         t0 = time.perf_counter()
         outs = cg.run(inputs)
         watch.observe(dev, time.perf_counter() - t0)
@@ -220,28 +293,112 @@ class GraphDevices:
         """Every re-pick on slowdown of the auto runs so far (``drift.Repick``)."""
         return list(self._watch.repicks) if self._watch is not None else []
 
-    def _drift_watch(self) -> DriftWatch | None:
-        """The watch over auto runs, made on first use when the pick is the cost ranking's
-        own (not a default device, a preference or a benchmark) and drift is enabled."""
-        if self._watch is not None:
-            return self._watch
-        policy = self.policy
-        if policy.device or policy.prefer or policy.pick != "cost":
+    @property
+    def pick_reason(self) -> str | None:
+        """Why auto runs go where they go (measured, from a cached verdict, or by cost, and
+        any correction applied); ``None`` before the first auto run."""
+        auto = self._auto
+        if auto is None:
+            return None
+        if auto.trial is not None:
+            return f"measuring {', '.join(auto.trial.candidates)} on the first runs: {auto.why}"
+        return auto.why
+
+    def _decide(self, policy: DevicePolicy) -> _AutoPick:
+        """Make the auto pick for ``policy``: the placement's decision, and a measurement to
+        run on the first runs when it is unsure and the policy lets a measurement decide."""
+        with self._lock:
+            if self._auto is not None and self._auto.policy == policy:
+                return self._auto  # another thread decided meanwhile
+            placement = Placement(self.graph, policy, self._registry, measure=self._measure)
+            decision = placement.decide()
+            auto = _AutoPick(policy, placement, decision, decision.device, decision.why, verdict=decision.verdict)
+            if (self._measure.on_run or policy.pick == "measure") and placement.wants_measuring(decision):
+                assert decision.doubt is not None
+                auto.trial = Trial(decision.doubt.candidates, policy.benchmark_runs)
+            self._watch = None if auto.trial is not None else self._new_watch(auto)
+            self._auto = auto
+            return auto
+
+    def _run_measuring(self, auto: _AutoPick, inputs: Mapping[str, Any]) -> list[np.ndarray]:
+        """One auto run while the pick is measured: the trial's next candidate runs (and is
+        timed) on ``inputs``; runs are serialized meanwhile, so that one does not time
+        another. A candidate that fails is dropped and the call goes to the next."""
+        clock = self._measure.clock
+        with self._lock:
+            trial = auto.trial
+            if trial is None or self._auto is not auto:  # settled (or replaced) by another thread meanwhile
+                return self.run(inputs)
+            while (dev := trial.next_device()) is not None:
+                try:
+                    cg = self.compile(dev)
+                    t0 = clock()
+                    outs = cg.run(inputs)
+                    seconds = clock() - t0
+                except CALLER_ERRORS:
+                    raise
+                except Exception as exc:
+                    if auto.policy.strict:
+                        raise DeviceError(f"device {dev} failed while the pick of graph {self.graph.name!r} was "
+                                          f"measured (strict: no fallback): {type(exc).__name__}: {exc}") from exc
+                    warnings.warn(f"rlx: device {dev} failed while the auto pick of graph {self.graph.name!r} was "
+                                  f"measured ({type(exc).__name__}: {exc}); dropping it from the pick",
+                                  FallbackWarning, stacklevel=3)  # fmt: skip
+                    trial.drop(dev, f"{type(exc).__name__}: {exc}")
+                    continue
+                trial.record(dev, seconds)
+                self.last_device = cg.device
+                if trial.done:
+                    self._settle(auto)
+                return outs
+            if self._settle(auto) is None:
+                attempts = list(trial.failed.items())
+                detail = "; ".join(f"{d}: {e}" for d, e in attempts)
+                raise DeviceFallbackError(f"no device could run graph {self.graph.name!r} while its auto pick was "
+                                          f"measured: {detail}", attempts)  # fmt: skip
+            return self.run(inputs)  # one candidate left, untimed: it runs this call
+
+    def _settle(self, auto: _AutoPick) -> Verdict | None:
+        """End ``auto``'s measurement: keep the winner, cache the verdict, record the errors,
+        and watch the winner for drift from now on. ``None`` when every candidate failed
+        (the next auto run decides again)."""
+        assert auto.trial is not None and auto.decision.doubt is not None
+        verdict = settle(self.graph, auto.trial, "GraphDevices.run (the caller's inputs)", auto.decision.rows,
+                         self._registry, auto.placement.errors)  # fmt: skip
+        auto.trial = None
+        if verdict is None:
+            self._auto = None
+            return None
+        auto.device, auto.verdict = verdict.winner, verdict
+        auto.why = f"{verdict.describe()}; unsure by cost: {auto.decision.doubt.reason}"
+        self._watch = self._new_watch(auto)
+        return verdict
+
+    def _new_watch(self, auto: _AutoPick) -> DriftWatch | None:
+        """The watch over auto runs when the pick is the ranking's own (cost, measured where
+        unsure; not a default device, a preference or a benchmark) and drift is enabled.
+        Measured devices are predicted by what they measured; each baseline the watch sets
+        is recorded as that device's error on this host (``corrections.py``)."""
+        policy = auto.policy
+        if policy.device or policy.prefer or policy.pick not in ("cost", "measure"):
             return None
         factor, forget = drift_settings()
         if factor is None:
             return None
-        with self._lock:
-            if self._watch is None:
-                placement = self._placement()
-                ranked = placement.rank(placement.candidates())
-                if not ranked:
-                    return None
-                estimates = {r.device: r.est_seconds for r in ranked if r.est_seconds is not None}
-                if ranked[0].device not in estimates:
-                    return None
-                self._watch = DriftWatch(estimates, ranked[0].device, factor=factor, forget_seconds=forget)
-            return self._watch
+        ranked = auto.placement.rank(auto.decision.rows)
+        estimates = {r.device: r.est_seconds for r in ranked if r.est_seconds is not None}
+        if auto.verdict is not None:
+            estimates.update({d: s for d, s in auto.verdict.seconds.items() if d in estimates})
+        if auto.device not in estimates:
+            return None
+        model = {r.device: r.model_seconds for r in ranked if r.model_seconds is not None}
+        errors: PredictionErrors = auto.placement.errors
+
+        def record(device: str, seconds: float) -> None:
+            if device in model:
+                errors.record(device, seconds, model[device])
+
+        return DriftWatch(estimates, auto.device, factor=factor, forget_seconds=forget, on_baseline=record)
 
     def run_fastest(self, inputs: Mapping[str, Any]) -> list[np.ndarray]:
         return self.run(inputs, self.resolve_with_inputs(inputs))
@@ -289,12 +446,12 @@ class GraphDevices:
         with self._lock:
             self._compiled.clear()
             self._winner = None
-            self._watch = self._picked = None
+            self._watch = self._auto = None
 
     def set_policy(self, policy: DevicePolicy | None) -> None:
         with self._lock:
             if policy != self._policy:
-                self._watch = None
+                self._watch = self._auto = None
             self._policy = policy
             self._winner = None
 
