@@ -54,13 +54,15 @@ def batch(
                                                     help="Ray workers (default: autoscale).")] = None,
 ) -> None:
     """Run a model over every row of a table; write its outputs, ids and each row's device."""
-    from ._cli_common import _user_errors, console
+    from ._cli_common import _user_errors, console, require_devices
 
     with _user_errors():
         if address is not None and not use_ray:
             raise ConfigError(f"ADDRESS {address!r} is given without --ray; did you mean --ray {address}?")
         if concurrency is not None and not use_ray:
             raise ConfigError("--concurrency sizes the Ray worker pool; it needs --ray")
+        if not use_ray:  # on Ray each host answers for its own devices
+            require_devices([device])
         run_batch(model, input, output, ray_address=(address or "local") if use_ray else None,
                   batch_size=batch_size, device=None if device == "auto" else device, concurrency=concurrency,
                   console=console)  # fmt: skip
@@ -72,15 +74,19 @@ def run_batch(model: Path, input: Path, output: Path, *, ray_address: str | None
     """The whole job; returns rows per device. ``ray_address=None`` runs in-process."""
     from rich.console import Console
 
+    from ._cli_common import phases
     from .distributed import BatchModel
     from .distributed.tables import open_sink, open_source
 
     console = console or Console(highlight=False)
-    source = open_source(input)
-    info = BatchModel(model)
-    info.check_columns(source.schema, "rlx_device")  # before any work: InputError naming the column
-    rows_per_batch = batch_size or info.rows_per_run or 1024
-    sink = open_sink(output)
+    with phases(console) as phase:  # a spinner until the rows' bar, on a terminal, past a second
+        phase(f"reading {input}")
+        source = open_source(input)
+        phase(f"loading {model}")
+        info = BatchModel(model)
+        info.check_columns(source.schema, "rlx_device")  # before any work: InputError naming the column
+        rows_per_batch = batch_size or info.rows_per_run or 1024
+        sink = open_sink(output)
     counts: Counter[str] = Counter()
     try:
         t0 = time.perf_counter()
@@ -101,8 +107,26 @@ def run_batch(model: Path, input: Path, output: Path, *, ray_address: str | None
     except BaseException:
         sink.abort()
         raise
+    _usual_mode(output)
     _summary(console, counts, seconds, output)
     return dict(counts)
+
+
+def _usual_mode(output: Path) -> None:
+    """Give ``output`` the mode a plain write would (the umask's), not the 0600 / 0700 of
+    the temporary file or folder it was renamed from (``TableSink``)."""
+    import os
+
+    from ._cli_common import file_mode
+
+    files = file_mode()
+    if output.is_dir():
+        os.chmod(output, files | ((files & 0o444) >> 2))  # a folder: x wherever r
+        for part in output.iterdir():
+            if part.is_file():
+                os.chmod(part, files)
+    elif output.is_file():
+        os.chmod(output, files)
 
 
 def _unique_counts(values: np.ndarray) -> tuple[list[str], list[int]]:
@@ -122,10 +146,10 @@ def _progress(console: Console, total: int) -> Iterator[Any]:
 
     # A transient bar shows nothing on a console that is not a terminal (a log, a pipe) but
     # still starts rich's refresh thread and leaves a blank line: there it is not drawn.
-    with Progress(TextColumn("rows"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                  transient=True, refresh_per_second=_REFRESH_PER_S,
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True, refresh_per_second=_REFRESH_PER_S,
                   disable=not console.is_terminal) as progress:  # fmt: skip
-        task = progress.add_task("rows", total=total)
+        task = progress.add_task("rows (the first batch compiles)", total=total)
         # ``advance`` takes rich's lock and samples the speed (~1 µs, as much as the rest of
         # the loop's bookkeeping per batch of a fast model), so rows are handed over at most
         # as often as the bar is redrawn, and the rest when the job ends.
@@ -137,6 +161,8 @@ def _progress(console: Console, total: int) -> Iterator[Any]:
             pending += n
             now = time.perf_counter()
             if now >= due:
+                if not due:  # the first batch is back: compiled
+                    progress.update(task, description="rows")
                 progress.advance(task, pending)
                 pending, due = 0, now + every
 

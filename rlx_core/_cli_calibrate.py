@@ -4,6 +4,12 @@ Kept out of ``cli.py`` (which only registers it) because calibrating is its own 
 each device is measured in a child process by ``Registry.calibrate`` (a crash there is a
 recorded fault and a line here, never the end of the command), with its steps on a
 progress bar, then optionally checked against the model suite (``rlx_core.verify``).
+
+Nothing measured is lost in silence: the cache is checked for writing before any work
+(exit 2, like any error in what was asked), and the model each device reports is saved
+here, whichever process measured it, so that a save that fails (a read-only or full
+disk) is a line naming the path and the reason and exit code 1, like a device whose
+calibration failed; the table still shows what was measured.
 """
 
 from __future__ import annotations
@@ -31,24 +37,27 @@ def calibrate(
     """Measure each device's cost model on this host and cache it."""
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from ._cli_common import Notes, _seconds, _user_errors, console
+    from ._cli_common import Notes, _seconds, _user_errors, console, require_devices
 
     with _user_errors():
         from . import available_devices, device_report
+        from .calibration import check_calibration_writable
         from .errors import DeviceError, PluginError
         from .registry import default_registry
 
         registry = default_registry()
         targets = list(devices or available_devices())
-        for d in targets:
-            registry.info(d)  # unknown names fail before any work
+        require_devices(targets)  # unknown or uninstalled names fail before any work
         rows = {r.device: r for r in device_report()}
         for d in targets:
             row = rows.get(d.split(":")[0])
             # A device disabled by its own crashed calibration may be calibrated again: that is the retry.
             if row is not None and not row.available and registry.fault(d) is None:
                 raise DeviceError(f"cannot calibrate {d}: unavailable here ({row.reason})")
+        if targets:
+            check_calibration_writable()  # minutes per device: not for a cache that cannot keep them
         results: dict[str, Any] = {}
+        problems: dict[str, str] = {}  # measured but not saved: said under the table
         failed: list[str] = []
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as progress:  # fmt: skip
@@ -62,7 +71,10 @@ def calibrate(
                     progress.update(task, description=f"calibrating {d}: {what}", completed=i + min(frac, 1.0))
 
                 try:
-                    results[d] = registry.calibrate(d, quick=quick, progress=step)
+                    results[d] = _calibrate_and_save(registry, d, quick, step)
+                except NotSaved as exc:
+                    results[d], problems[d] = exc.model, str(exc)
+                    failed.append(d)
                 except NotImplementedError as exc:
                     results[d] = f"{d}: this backend cannot calibrate ({exc or 'not implemented'})"
                 except ModuleNotFoundError as exc:
@@ -86,10 +98,41 @@ def calibrate(
         if table.row_count:
             console.print(table)
             notes.print()
+        for problem in problems.values():
+            console.print(escape(problem), soft_wrap=False)
         if verify:
             _verify_table([d for d in targets if d not in failed], quick)
         if failed:
             raise typer.Exit(1)
+
+
+class NotSaved(Exception):
+    """A device was measured but its model could not be saved (``model``: what was measured)."""
+
+    def __init__(self, message: str, model: Any) -> None:
+        super().__init__(message)
+        self.model = model
+
+
+def _calibrate_and_save(registry: Any, device: str, quick: bool, step: Any) -> Any:
+    """Calibrate ``device`` and save the model it reports; ``NotSaved`` naming the path
+    and the reason when the save fails.
+
+    The registry hands back only the model, measured in a child process (or here, with
+    ``RLX_ISOLATION=0``); a warning about a cache the child could not write died with
+    it. Saving here (the same entry again, atomically) makes the outcome known the same
+    way wherever the calibration ran, and keeps what the table shows (``recording_saves``
+    turns the warnings of both saves into outcomes)."""
+    from .calibration import recording_saves, save_calibration
+
+    with recording_saves():
+        model = registry.calibrate(device, quick=quick, progress=step)
+        outcome = save_calibration(registry.get(device), model)
+    if not outcome.saved:
+        why = outcome.error if outcome.path in outcome.error else f"{outcome.path}: {outcome.error}"
+        raise NotSaved(f"{device}: measured but not saved ({why}); the default cost model stays in use: make the "
+                       "cache writable (see `rlx cache info`) and calibrate again", model)
+    return model
 
 
 def _verify_table(devices: list[str], quick: bool) -> None:

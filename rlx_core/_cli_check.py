@@ -35,7 +35,7 @@ def check(
     """Which devices can run MODEL here, why not, and which one auto would pick (exit 1 if none)."""
     from rich.table import Table
 
-    from ._cli_common import Notes, _load_graph, _seconds, _user_errors, console
+    from ._cli_common import Notes, _load_graph, _seconds, _user_errors, console, require_devices
 
     with _user_errors():
         from .errors import DeviceError
@@ -44,10 +44,10 @@ def check(
         from .policy import DevicePolicy
         from .registry import default_registry, parse_device
 
+        if device is not None:
+            require_devices([device])  # an unknown or uninstalled device is bad input (exit 2), before any work
         graph, origin = _load_graph(model, None, dims or [])
         placement = Placement(graph, DevicePolicy.from_env(), default_registry())
-        if device is not None:
-            placement.registry.get(parse_device(device)[0])  # an unknown device is bad input (exit 2)
         rows = placement.report()
         if device is not None:
             rows = [r for r in rows if r.device == parse_device(device)[0]]

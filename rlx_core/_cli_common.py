@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
     from .ir import Graph
 
 __all__ = ["console", "_print_error", "_fail", "_user_errors", "_seconds", "EXAMPLES", "_load_graph", "Notes",
-           "_jsonable"]
+           "_jsonable", "check_out_path", "file_mode", "require_devices", "phases"]
 
 
 
@@ -65,7 +67,7 @@ def _user_errors(check_environment: bool = True) -> Iterator[None]:
     """
     try:
         if check_environment:
-            from .policy import check_environment as check
+            from .settings import check_environment as check
 
             check()
         yield
@@ -156,3 +158,115 @@ def _load_graph(file: Path | None, example: str | None, dims: Sequence[str] = ()
 
         return rlx_onnx.load(file, dims=bound), str(file)
     return Graph.load(file), str(file)
+
+
+# --------------------------------------------------------------------------- checked before any work
+def check_out_path(path: Path, option: str = "--out") -> None:
+    """``ConfigError`` naming ``option`` and ``path`` when an output could not be written
+    there: its folder is missing, not a folder or not writable, or the path is a folder.
+    Checked before any work, so that a long run's results are not lost at the end."""
+    from .errors import ConfigError
+
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ConfigError(f"{option} {str(path)!r} is a folder; give a file name, e.g. {str(path / 'out.npz')!r}")
+    if not folder.exists():
+        raise ConfigError(f"{option} {str(path)!r}: the folder {str(folder)!r} does not exist; create it first")
+    if not folder.is_dir():
+        raise ConfigError(f"{option} {str(path)!r}: {str(folder)!r} is not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{option} {str(path)!r}: cannot write in {str(folder)!r} "
+                          f"({exc.strerror or type(exc).__name__})") from None  # fmt: skip
+
+
+def file_mode() -> int:
+    """The mode a new file gets from this process's umask (``0o666 & ~umask``): what
+    ``open(path, "w")`` would give, which an atomic write's temp file (``mkstemp``:
+    always 0600) does not."""
+    try:  # Linux says it without changing it
+        with open("/proc/self/status", encoding="ascii") as status:
+            umask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0o022)  # elsewhere the only way to read it is to set it; put back at once
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
+def require_devices(devices: Sequence[str]) -> None:
+    """Each of ``devices`` (``auto`` and blanks aside) is a backend here, checked before
+    any work: ``DeviceError`` saying what to install for one of rlx's own backends
+    whose plugin is missing (``device 'cuda' is not installed: pip install rlx-cuda``),
+    else the registry's own message (the known devices; a disabled or broken plugin);
+    an empty name is an error too, never ``auto``."""
+    from .errors import DeviceError
+    from .registry import default_registry, parse_device
+
+    registry = default_registry()
+    for device in devices:
+        if device == "auto":
+            continue
+        if not device.strip():
+            raise DeviceError(f"device {device!r} is empty; give a device name such as 'cpu' or 'cuda:1', or 'auto'")
+        name = parse_device(device)[0]
+        install = registry.not_installed().get(name)
+        if install is not None and name not in registry.names():
+            raise DeviceError(f"device {device.strip()!r} is not installed: {install}")
+        registry.info(device)
+
+
+#: How long a command runs before its phase is shown (``phases``): a quick one shows none.
+PHASE_DELAY_S = 1.0
+
+
+class _Phases:
+    """The current phase of a long command (``loading``, ``compiling on cpu``, ``running``)
+    on a rich spinner, shown only once the command has taken ``delay`` seconds and only
+    on a terminal: a quick command, a pipe or a log gets nothing extra. A timer thread
+    starts it, so that the command's own thread pays nothing but a lock per phase."""
+
+    def __init__(self, out: Any, delay: float) -> None:
+        self._out = out
+        self._lock = threading.Lock()
+        self._phase = ""
+        self._status: Any = None
+        self._closed = False
+        self._timer: threading.Timer | None = None
+        if out.is_terminal:
+            self._timer = threading.Timer(delay, self._show)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def __call__(self, phase: str) -> None:
+        with self._lock:
+            self._phase = phase
+            if self._status is not None:
+                self._status.update(phase)
+
+    def _show(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._status = self._out.status(self._phase or "working")
+            self._status.start()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            self._closed = True
+            if self._status is not None:
+                self._status.stop()  # transient: the spinner's line goes away
+
+
+@contextmanager
+def phases(out: Any = None, delay: float | None = None) -> Iterator[Callable[[str], None]]:
+    """``with phases() as phase: phase("compiling"); ...``: see ``_Phases`` (``delay``:
+    ``PHASE_DELAY_S``)."""
+    tracker = _Phases(out or console, PHASE_DELAY_S if delay is None else delay)
+    try:
+        yield tracker
+    finally:
+        tracker.close()

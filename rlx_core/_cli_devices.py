@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ import typer
 
 if TYPE_CHECKING:
     from .placement import DeviceCandidate, Placement
+    from .settings import Setting
 
 __all__ = ["register", "device_rows", "device_state"]
 
@@ -141,8 +143,9 @@ def devices(
     with _user_errors():
         from .examples import REPRESENTATIVE
         from .placement import Placement, example_pick
-        from .policy import DevicePolicy, environment_settings
+        from .policy import DevicePolicy
         from .registry import default_registry
+        from .settings import all_settings
 
         g = _load_graph(graph, example)[0] if graph is not None or example is not None else None
         placement = Placement(g, DevicePolicy.from_env(), default_registry())
@@ -150,6 +153,7 @@ def devices(
             warnings.simplefilter("ignore", PluginWarning)
             rows, missing = device_rows(placement)  # probes every backend; broken() is complete after it
         broken = [{"name": name, "error": str(error)} for name, error in placement.registry.broken()]
+        settings = all_settings(placement.registry)  # rlx-core's table and the loaded plugins' rows
         disabled = sorted(placement.registry.disabled())
         if json_out:
             how = placement.registry.not_installed()
@@ -159,7 +163,8 @@ def devices(
                 "disabled_plugins": disabled,
                 "not_installed": [{"device": d, "install": how[d]} for d in sorted(missing)],
                 "policy": placement.policy.to_dict(),
-                "environment": [{"variable": k, "value": v, "meaning": m} for k, v, m in environment_settings()],
+                "environment": [{"variable": s.name, "value": os.environ.get(s.name), "meaning": s.doc,
+                                 "owner": s.owner} for s in settings],
             }
             if g is None:  # what a first run picks (recommended is by priority without a graph)
                 device, why = example_pick(placement.policy, placement.registry)
@@ -177,7 +182,7 @@ def devices(
         if disabled:
             console.print(f"Disabled by RLX_DISABLE_PLUGINS: {', '.join(disabled)}")
         if explain:
-            _print_explain(placement, rows, missing, environment_settings())
+            _print_explain(placement, rows, missing, settings)
 
 
 def _print_prose(lines: Any, indent: str = "") -> None:
@@ -230,7 +235,7 @@ def _print_devices(rows: Sequence[DeviceCandidate], missing: set[str], with_grap
 
 
 def _print_explain(placement: Placement, rows: Sequence[DeviceCandidate], missing: set[str],
-                   env: Sequence[tuple[str, str | None, str]]) -> None:  # fmt: skip
+                   variables: Sequence[Setting]) -> None:  # fmt: skip
     from dataclasses import replace
 
     from rich.table import Table
@@ -244,9 +249,14 @@ def _print_explain(placement: Placement, rows: Sequence[DeviceCandidate], missin
     for name, value in settings.items():
         table.add_row(name, json.dumps(value), str(sources.get(name, "default")))
     console.print(table)
-    console.print("RLX_* environment:")  # prose, not a table: a meaning is a sentence
-    _print_prose((f"{var}={value!r} — {meaning}" if value is not None else f"{var} (unset) — {meaning}"
-                  for var, value, meaning in env), indent="  ")  # fmt: skip
+    console.print("RLX_* environment (rlx-core's, then each plugin's, named in brackets):")  # prose: a sentence each
+    lines = []
+    for s in variables:
+        value = os.environ.get(s.name)
+        owner = f" [{s.owner}]" if s.owner != "rlx-core" else ""
+        lines.append(f"{s.name}={value!r}{owner} — {s.doc}" if value is not None else
+                     f"{s.name} (unset){owner} — {s.doc}")  # fmt: skip
+    _print_prose(lines, indent="  ")
     _print_probes(placement, rows)
     if placement.graph is not None and _print_split(placement, rows):
         return

@@ -14,18 +14,22 @@ import contextlib
 import contextvars
 import json
 import logging
+import os
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import replace
-from typing import TYPE_CHECKING
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .cache import JsonCache
 from .cost import CostModel
-from .errors import DeviceError, RlxError
+from .errors import CacheWarning, ConfigError, DeviceError, RlxError
 from .ir import Graph
 from .options import CompileOptions
 from .passes.legalize import DtypeGate, legalize
@@ -35,12 +39,50 @@ if TYPE_CHECKING:
     from .registry import Registry
 
 __all__ = ["calibrate_backend", "cached_cost_model", "calibration_identity", "progress_sink", "CALIBRATION_SCHEMA",
-           "save_calibration"]
+           "save_calibration", "SaveOutcome", "recording_saves", "check_calibration_writable"]
 
 CALIBRATION_SCHEMA = 3  # 2: per-op cost lines; 3: shaped gemm points, region costs, first-quartile times
 log = logging.getLogger(__name__)
 Progress = Callable[[str, float], None]
 _SINK: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("rlx_calibration_progress", default=None)
+_SAVES: contextvars.ContextVar[list[SaveOutcome] | None] = contextvars.ContextVar("rlx_calibration_saves",
+                                                                                  default=None)
+
+
+@dataclass(frozen=True)
+class SaveOutcome:
+    """Where a calibration was saved (``path``), or why it was not (``error``, with the
+    path it was meant for). What ``save_calibration`` returns and what a calibration
+    child reports, so that a calibration nobody can use later is never silent."""
+
+    path: str
+    error: str = ""
+
+    @property
+    def saved(self) -> bool:
+        return not self.error
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.path, "error": self.error}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SaveOutcome:
+        return cls(path=str(d.get("path", "")), error=str(d.get("error", "")))
+
+
+@contextlib.contextmanager
+def recording_saves() -> Iterator[list[SaveOutcome]]:
+    """Collect the outcome of every calibration saved inside the block, in order, instead
+    of warning about one that could not be written: whoever records them reports them
+    (``rlx calibrate``: a line naming the path and the reason, and a non-zero exit; a
+    calibration child: its result payload). Outside such a block a failed save stays a
+    ``CacheWarning``, as for any cache."""
+    saves: list[SaveOutcome] = []
+    token = _SAVES.set(saves)
+    try:
+        yield saves
+    finally:
+        _SAVES.reset(token)
 
 
 @contextlib.contextmanager
@@ -87,10 +129,50 @@ def calibration_identity(backend: Backend) -> dict[str, str]:
     }
 
 
-def save_calibration(backend: Backend, model: CostModel) -> None:
+def save_calibration(backend: Backend, model: CostModel) -> SaveOutcome:
     """Cache ``model`` as ``backend``'s calibration on this host (a backend whose own
-    ``calibrate`` adds measurements to ``calibrate_backend``'s model stores it here)."""
-    _cache().put(backend.name, calibration_identity(backend), model.to_dict())
+    ``calibrate`` adds measurements to ``calibrate_backend``'s model stores it here), and
+    say where, or why not (see ``recording_saves``)."""
+    cache = _cache()
+    path = cache.path(backend.name)
+    with warnings.catch_warnings(record=True) as caught:  # JsonCache.put warns instead of raising
+        warnings.simplefilter("always", CacheWarning)
+        cache.put(backend.name, calibration_identity(backend), model.to_dict())
+    failures = [w for w in caught if issubclass(w.category, CacheWarning)]
+    for w in caught:  # anything else said meanwhile (a probe thread's warning) is said as before
+        if w not in failures:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    outcome = SaveOutcome(str(path), "; ".join(str(w.message) for w in failures))
+    recorder = _SAVES.get()
+    if recorder is not None:
+        recorder.append(outcome)
+    elif failures:
+        warnings.warn(failures[0].message, CacheWarning, stacklevel=2)
+    return outcome
+
+
+def check_calibration_writable() -> Path:
+    """The directory calibrations are saved in, after checking, before anything is
+    measured, that a file can be created there (or in the nearest folder that exists,
+    where it will be made): ``ConfigError`` naming the folder and the reason otherwise.
+    A calibration takes minutes per device, and one that cannot be saved is lost."""
+    from .cache import cache_dir
+
+    directory = _cache().directory
+    existing = directory
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is a file, not a folder")
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        where = "RLX_CACHE_DIR" if os.environ.get("RLX_CACHE_DIR", "").strip() else "the user cache dir"
+        raise ConfigError(f"cannot save calibrations in {directory} ({type(exc).__name__}: {exc}); nothing was "
+                          f"measured: make {cache_dir()} ({where}) writable, or set RLX_CACHE_DIR to a writable "
+                          "absolute path") from None  # fmt: skip
+    return directory
 
 
 def cached_cost_model(backend: Backend) -> CostModel | None:
@@ -333,7 +415,7 @@ def calibrate_backend(backend: Backend, quick: bool = False, progress: Progress 
         op_costs=tuple(op_costs),
         region_costs=tuple(region_costs),
     )
-    _cache().put(backend.name, calibration_identity(backend), model.to_dict())
+    save_calibration(backend, model)
     owner = _owner(backend)
     if owner is not None:  # its cached cost model is stale now
         owner.invalidate(backend.name)

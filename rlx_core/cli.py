@@ -37,7 +37,11 @@ from ._cli_common import (
     _print_error,
     _seconds,
     _user_errors,
+    check_out_path,
     console,
+    file_mode,
+    phases,
+    require_devices,
 )
 from ._cli_devices import register as _register_devices
 from .errors import RlxError
@@ -65,6 +69,14 @@ _DevicesOption = Annotated[list[str] | None, typer.Option(
     "--devices", help="Devices to time (comma-separated or repeated; default: every viable one).")]
 
 
+def _seed(value: int) -> int:
+    """``--seed`` is what numpy's generators take: an integer >= 0 (a negative one was a
+    ValueError from deep inside numpy, as a traceback)."""
+    if value < 0:
+        raise typer.BadParameter(f"{value} is not a seed; expected an integer >= 0", param_hint="'--seed'")
+    return value
+
+
 def _make_inputs(graph: Graph, specs: Sequence[str], seed: int) -> tuple[dict[str, np.ndarray], list[str]]:
     """Arrays for every graph input: from ``NAME=FILE.npy`` specs, the rest random (seeded)."""
     import numpy as np
@@ -81,8 +93,11 @@ def _make_inputs(graph: Graph, specs: Sequence[str], seed: int) -> tuple[dict[st
         if not sep or not name or not path:
             raise typer.BadParameter(f"expected NAME=FILE.npy, got {spec!r}", param_hint="'--input'")
         if name not in names:
+            given = {spec.partition("=")[0].strip() for spec in specs}
+            absent = [n for n in names if n not in given]
             known = ", ".join(names) or "none"
-            raise InputError(f"--input {name}: the graph has no input {name!r}; its inputs: {known}")
+            raise InputError(f"--input {name}: the graph has no input {name!r}; its inputs: {known}"
+                             + (f" (not given: {', '.join(absent)})" if absent else ""))
         try:
             arr = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -158,6 +173,7 @@ def _save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, **arrays)
+            os.fchmod(fh.fileno(), file_mode())  # mkstemp's 0600 is for secrets, not results
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -172,21 +188,27 @@ def run(
     inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=FILE.npy (repeatable).")] = None,
     dims: _DimsOption = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the outputs to this .npz.")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for inputs not given.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", callback=_seed, help="Seed for inputs not given (>= 0).")] = 0,
 ) -> None:
     """Compile a graph (.json or .onnx), run it once, and summarize its outputs."""
-    with _user_errors():
+    with _user_errors(), phases() as phase:
         from . import compile as rlx_compile
 
+        require_devices([device])  # before any work, as --out is
+        if out is not None:
+            check_out_path(out)
+        phase(f"loading {file or example}")
         g, origin = _load_graph(file, example, dims or [])
         feeds, notes = _make_inputs(g, inputs or [], seed)
         console.print(f"graph: {g.name} ({len(g)} nodes) from {origin}")
         for note in notes:
             console.print(note)
+        phase(f"compiling {g.name}" + (f" for {device}" if device != "auto" else " (choosing a device)"))
         t0 = time.perf_counter()
         cg = rlx_compile(g, device=device)
         compile_s = time.perf_counter() - t0
         report = cg.report()
+        phase(f"running {g.name} on {cg.device}")
         t0 = time.perf_counter()
         outputs = cg.run(feeds)
         run_s = time.perf_counter() - t0
@@ -199,6 +221,7 @@ def run(
             table.add_row(*_summary_row(name, arr))
         console.print(table)
         if out is not None:
+            phase(f"writing {out}")
             _save_npz(out, dict(zip(names, outputs)))
             console.print(f"wrote {out} ({', '.join(names)})")
 
@@ -218,7 +241,7 @@ def bench(
     runs: Annotated[int, typer.Option("--runs", "-n", help="Timed runs per contender, in up to 5 blocks.")] = 20,
     inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=FILE.npy (repeatable).")] = None,
     dims: _DimsOption = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for the random inputs.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", callback=_seed, help="Seed for the random inputs (>= 0).")] = 0,
 ) -> None:
     """Time a graph on each viable device (and, with --peers, onnxruntime and numpy), interleaved.
 
@@ -233,6 +256,7 @@ def bench(
 
         if runs < 1:
             raise typer.BadParameter(f"must be >= 1, got {runs}", param_hint="'--runs'")
+        require_devices(_split_names(devices or []))
         g, origin = _load_graph(file, example, dims or [])
         feeds, notes = _make_inputs(g, inputs or [], seed)
         chosen = resolve_device(g)
@@ -302,6 +326,10 @@ def cache_info_command(
             table.add_row(ns["name"], str(ns["entries"]), _size(ns["bytes"]), escape(ns["what"] or "-"))
         table.add_row("[bold]total[/]", str(info["total_entries"]), _size(info["bytes"]), "")
         console.print(table)
+        for ns in info["namespaces"]:  # files rlx did not write: neither counted above nor cleared
+            if ns["other"]:
+                console.print(f"{escape(ns['name'])}: also {ns['other']} file{'s' if ns['other'] != 1 else ''} rlx did "
+                              "not write (rlx cache clear leaves them)", soft_wrap=False)  # fmt: skip
 
 
 @cache_app.command("clear")
@@ -313,10 +341,15 @@ def cache_clear_command(
     with _user_errors(check_environment=False):
         from .cache import cache_dir, clear_cache
 
-        removed = clear_cache(namespaces=namespaces or None)
+        cleared = clear_cache(namespaces=namespaces or None)
+        n = cleared.removed
         which = f" ({', '.join(namespaces)})" if namespaces else ""
-        console.print(f"removed {removed} file{'s' if removed != 1 else ''}{which} from {escape(str(cache_dir()))}",
+        console.print(f"removed {n} file{'s' if n != 1 else ''}{which} from {escape(str(cache_dir()))}",
                       soft_wrap=False)  # fmt: skip
+        for files, why in ((cleared.left, "rlx did not write"), (cleared.failed, "rlx could not remove")):
+            if files:  # only what rlx wrote is deleted
+                console.print(f"left {len(files)} file{'s' if len(files) != 1 else ''} {why} (e.g. "
+                              f"{escape(str(files[0]))})", soft_wrap=False)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the commands in their own modules
@@ -346,9 +379,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         _print_error(str(exc))
         sys.exit(2)
     except _CLICK_ERROR as exc:  # a usage mistake: like every other one, a single error line and exit 2
-        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `rlx` or `rlx cache`: the help, as before
-            with contextlib.suppress(SystemExit):
-                app(args=[*args, "--help"], prog_name="rlx")
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `rlx` or `rlx cache`: the help, once
+            # Typer's rich help prints itself while the error is made (its text is then
+            # empty); a plain click's help is the error's text, printed here.
+            text = exc.format_message()
+            if text.strip():
+                print(text)
             sys.exit(2)
         ctx = getattr(exc, "ctx", None)
         where = f" (see '{ctx.command_path} --help')" if ctx is not None and isinstance(exc, _USAGE_ERROR) else ""

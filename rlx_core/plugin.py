@@ -8,7 +8,9 @@ registry loads it (see ``registry.py``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -19,6 +21,7 @@ from .cost import CostModel
 from .dtypes import CONTRACT_DTYPES as CONTRACT_DTYPES
 from .dtypes import DTYPES as DTYPES
 from .dtypes import EXTENDED_DTYPES as EXTENDED_DTYPES
+from .errors import ConfigError
 from .ops import OpKind
 from .options import PASS_NAMES as PASS_NAMES
 from .options import CompileOptions as CompileOptions
@@ -61,6 +64,7 @@ __all__ = [
     "CompileOptions",
     "Executable",
     "Backend",
+    "Setting",
     "CONTRACT_DTYPES",
     "EXTENDED_DTYPES",
     "DTYPES",
@@ -107,6 +111,72 @@ class Availability:
 
     def __bool__(self) -> bool:
         return self.available
+
+
+_SETTING_NAME = re.compile(r"RLX_[A-Z0-9_]+")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable and how its text becomes a value.
+
+    ``name`` is ``RLX_`` and upper-case letters, digits and ``_``; ``doc`` is one line
+    saying what it does, what it accepts and its default (``rlx devices --explain``).
+    The text (stripped; unset or blank means ``default``) is turned into a value by
+    ``choices`` — accepted words, matched case-insensitively, to their values: the
+    simplest way to be strict — or else by ``parse``, a function of the text that
+    returns the value or raises ``ValueError`` saying what it accepts (a ``ConfigError``
+    passes through as it is). Either way a bad value is a ``ConfigError`` naming the
+    variable, the value and what is accepted. ``owner`` is the distribution that reads
+    the variable; the core fills it in for a plugin's settings.
+    """
+
+    name: str
+    doc: str
+    parse: Callable[[str], Any] | None = None
+    choices: Mapping[str, Any] | None = None
+    default: Any = None
+    owner: str = ""
+    _lookup: Mapping[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _SETTING_NAME.fullmatch(self.name):
+            raise ValueError(f"Setting name {self.name!r}: expected RLX_ and upper-case letters, digits or '_'")
+        if not isinstance(self.doc, str) or not self.doc.strip() or "\n" in self.doc:
+            raise ValueError(f"Setting {self.name}: doc must be one non-empty line")
+        if (self.parse is None) == (self.choices is None):
+            raise ValueError(f"Setting {self.name}: give exactly one of parse and choices")
+        if self.choices is not None:
+            if not self.choices or not all(isinstance(k, str) and k.strip() for k in self.choices):
+                raise ValueError(f"Setting {self.name}: choices must map non-empty words to values")
+            object.__setattr__(self, "_lookup", {k.strip().lower(): v for k, v in self.choices.items()})
+
+    @property
+    def accepted(self) -> str:
+        """The accepted words, for messages (``""`` for a setting with a ``parse``)."""
+        return ", ".join(self.choices) if self.choices is not None else ""
+
+    def read(self, environ: Mapping[str, str] | None = None) -> Any:
+        """The value the environment gives (``os.environ`` by default)."""
+        raw = (os.environ if environ is None else environ).get(self.name, "")
+        return self.default if not raw.strip() else self.parse_text(raw)
+
+    def parse_text(self, raw: str) -> Any:
+        """The value of ``raw`` (not blank); ``ConfigError`` naming the variable, the
+        value and what is accepted when it is malformed."""
+        token = raw.strip()
+        if self.choices is not None:
+            try:
+                return self._lookup[token.lower()]
+            except KeyError:
+                raise ConfigError(f"{self.name}: {token!r} is not accepted; expected one of {self.accepted}") from None
+        assert self.parse is not None
+        try:
+            return self.parse(token)
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(f"{self.name}: {token!r} is not accepted: {exc}") from None
 
 
 class Executable:
@@ -210,6 +280,19 @@ class Backend:
     def compile(self, graph: Graph, options: CompileOptions) -> Executable:
         """Compile a graph that is already legalized for this backend."""
         raise NotImplementedError(f"backend {self.name!r} does not implement compile()")
+
+    def settings(self) -> Sequence[Setting]:
+        """The ``RLX_*`` environment variables this backend reads (optional; default none).
+
+        Declared, they join rlx-core's settings table: every ``rlx`` command parses them
+        before any work (a bad value is one error line naming the variable, the value and
+        what is accepted), ``rlx devices --explain`` lists them with this backend's
+        distribution as owner, and a typo of one is warned about. Read them in the
+        backend with ``setting.read()``, so that a value means the same there. Cheap: no
+        heavy imports, no device work (it is asked before every command). Backends of
+        one distribution may return the same settings; each variable is listed once.
+        """
+        return ()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} priority={self.priority}>"

@@ -23,35 +23,19 @@ from .registry import parse_device
 if TYPE_CHECKING:
     from .registry import Registry
 
-__all__ = ["DevicePolicy", "environment_settings", "check_environment", "PICKS"]
+__all__ = ["DevicePolicy", "PICKS"]
 
-PICKS = ("cost", "benchmark")
+PICKS = ("cost", "benchmark", "measure")
 
 _SETTINGS = ("allow", "deny", "prefer", "pick", "benchmark_runs", "device", "chain", "strict")
 
-# Variable suffix -> (DevicePolicy setting it feeds or None, one-line meaning). The order
-# is the order ``rlx devices --explain`` shows them in.
-_VARIABLES: dict[str, tuple[str | None, str]] = {
-    "DEVICE": ("device", "default device for compile and run (an explicit device: never silently moved)"),
-    "DEVICES": ("allow", "comma-separated devices allowed to run graphs (unset = all)"),
-    "DENY_DEVICES": ("deny", "comma-separated devices never used"),
-    "PREFER_DEVICES": ("prefer", "comma-separated devices tried first, in order, when they can run the graph"),
-    "DEVICE_CHAIN": ("chain", "comma-separated fallback order for run_with_fallback"),
-    "BENCHMARK_PICK": ("benchmark_runs", "time the candidates this many runs instead of trusting the cost model "
-                                         "(0 = off)"),
-    "STRICT": ("strict", "1 = no fallback anywhere: the first viable device's failure is an error"),
-    "PROBE_TIMEOUT": (None, "seconds a backend's probe may take before it is reported broken (default 10)"),
-    "DISABLE_PLUGINS": (None, "comma-separated plugin entry-point names not to load (never imported)"),
-    "CACHE_DIR": (None, "where calibrations and other caches are stored (default: the user cache dir)"),
-    "FUSION_REPORT": (None, "1 = report what the fusion pass fused and why, for each compiled graph"),
-    "MEMORY_LIMIT": (None, "bytes a compiled graph may need, for every device (8G) or per device (cuda=2G,cpu=16G); "
-                           "none = no check; default: what the probe measured, else this host's memory"),
-    "REPICK_DRIFT": (None, "a long-lived GraphDevices leaves its auto-picked device when runs get this many times "
-                           "slower than its baseline (default 3; off = never)"),
-    "REPICK_FORGET": (None, "seconds after which such a slowdown is forgotten (default 60)"),
-    "ISOLATION": (None, "1 (default) = probe and calibrate plugins in child processes; 0 = in this one"),
-    "CALIBRATE_TIMEOUT": (None, "seconds one device's calibration may take (default 900)"),
-}
+#: The policy's variables: suffix -> the DevicePolicy setting it feeds. Their parsers are
+#: below; their meanings, and every other ``RLX_*`` variable, are in ``settings.py``'s table
+#: (with ``environment_settings`` and ``check_environment``, which lived here before it).
+_VARIABLES: dict[str, str] = {
+    "DEVICE": "device", "DEVICES": "allow", "DENY_DEVICES": "deny", "PREFER_DEVICES": "prefer",
+    "DEVICE_CHAIN": "chain", "BENCHMARK_PICK": "benchmark_runs", "STRICT": "strict",
+}  # fmt: skip
 
 #: Settings whose variable is a comma-separated list of device names.
 _LIST_SETTINGS = ("allow", "deny", "prefer", "chain")
@@ -118,8 +102,11 @@ class DevicePolicy:
     """Which devices may run graphs and how the runtime picks among them.
 
     ``allow`` (``None`` = every device), ``deny`` and ``prefer`` are tuples of device
-    names; ``pick`` is ``"cost"`` (the cost models rank) or ``"benchmark"`` (time
-    ``benchmark_runs`` runs on each candidate); ``device`` is the default device;
+    names; ``pick`` is ``"cost"`` (the cost models rank; a long-lived ``GraphDevices``
+    times the close candidates on its first runs when the ranking is unsure),
+    ``"benchmark"`` (time ``benchmark_runs`` runs on each candidate) or ``"measure"``
+    (the cost ranking, and when it is unsure ``rlx.compile`` times the close candidates
+    ``benchmark_runs`` runs each at compile, see ``measured.py``); ``device`` is the default device;
     ``chain`` the fallback order; ``strict`` forbids fallback. Iterables are normalized
     to tuples of stripped names, and a malformed setting is a ``ConfigError``.
     ``sources`` maps each setting to where it came from (``"default"``, ``"argument"``,
@@ -202,10 +189,10 @@ class DevicePolicy:
         env = os.environ if environ is None else environ
         kwargs: dict[str, Any] = {}
         sources: dict[str, str] = {}
-        for suffix, (setting, _) in _VARIABLES.items():
+        for suffix, setting in _VARIABLES.items():
             var = f"{prefix}_{suffix}"
             raw = env.get(var, "")
-            if setting is None or not raw.strip():
+            if not raw.strip():
                 continue
             if setting == "device":
                 value: Any = _device_name(raw.strip(), var)
@@ -307,41 +294,3 @@ def _parse_bool(var: str, raw: str) -> bool:
     if token in _FALSE:
         return False
     raise ConfigError(f"{var}: {raw.strip()!r} is not a boolean (expected 0 or 1, true/false, yes/no)")
-
-
-def environment_settings(prefix: str = "RLX", environ: Mapping[str, str] | None = None,
-                         ) -> list[tuple[str, str | None, str]]:
-    """``(variable, current value or None, meaning)`` for every ``{prefix}_*`` variable
-    rlx reads, in a stable order (``rlx devices --explain``)."""
-    env = os.environ if environ is None else environ
-    return [(f"{prefix}_{suffix}", env.get(f"{prefix}_{suffix}"), meaning)
-            for suffix, (_, meaning) in _VARIABLES.items()]
-
-
-def check_environment(environ: Mapping[str, str] | None = None) -> None:
-    """Parse every ``RLX_*`` variable rlx-core reads and raise the first ``ConfigError``
-    (naming the variable and the bad value); return quietly when all are well formed.
-
-    Each variable is read where it is used (the policy at each call, the memory limit and
-    ``RLX_FUSION_REPORT`` at compile, the timeouts at probe and calibration), so a bad
-    value used to surface late and in the wrong shape: as a failure of every device a
-    benchmark tried, or not at all in a command that never compiles. The ``rlx``
-    commands call this first, so every one of them says the same thing, once. Device
-    names are checked against the installed backends later, by ``DevicePolicy.validate``.
-    """
-    from .drift import drift_settings
-    from .isolation import isolation_enabled
-    from .memory import memory_limit
-    from .passes.pipeline import fusion_report_enabled
-    from .registry import Registry
-
-    env = os.environ if environ is None else environ
-    DevicePolicy.from_env(environ=env)
-    variables = Registry(entry_points=[], environ=env)  # reads the environment, loads nothing
-    variables.disabled()
-    variables.probe_timeout()
-    variables.calibrate_timeout()
-    isolation_enabled(env)
-    fusion_report_enabled(env)
-    memory_limit(env)
-    drift_settings(env)

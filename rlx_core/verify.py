@@ -1,8 +1,9 @@
 """Proof that the cost ranking picks right: predicted vs measured time on a model suite.
 
 ``rlx calibrate --verify`` runs this. For each suite model and each viable device it
-compares the cost model's prediction (``device_report(...).est_seconds``, the same
-number the automatic pick uses) with the measured median run time, and reports the
+compares the cost model's own prediction (``device_report(...).model_seconds``: before
+the correction for errors observed on this host, which would hide the very error this
+measures) with the measured median run time, and reports the
 device the ranking picks, the device that measured fastest, and the *regret*: picked
 time / best time (1.0 = the pick was right). A prediction within 2x of the measurement
 and a regret of at most 1.15x are the targets (see BENCHMARKS.md).
@@ -220,7 +221,7 @@ def verify_cost_models(models: Sequence[str] | None = None, *, devices: Sequence
         if not times:
             continue
         measured = {d: statistics.median(ts) for d, ts in times.items()}
-        predicted = {d: float(viable[d].est_seconds) for d in measured}  # type: ignore[arg-type]
+        predicted = {d: float(viable[d].model_seconds or viable[d].est_seconds) for d in measured}  # type: ignore[arg-type]
         picked = fastest_device_for(g, replace(pol, allow=tuple(measured)))
         best = min(measured, key=measured.__getitem__)
         rows.append(VerifyRow(name, predicted, measured, picked, best, errors))

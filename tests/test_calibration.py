@@ -55,7 +55,7 @@ def _not_a_model(toy, cache):
 
 
 def _truncated(toy, cache):
-    cache.path(toy.name).parent.mkdir(parents=True, exist_ok=True)
+    cache.put("other", {}, {"x": 1})  # the namespace folder, made by rlx (a folder it did not make is not its)
     cache.path(toy.name).write_text('{"schema": 3, "identity": {"backend"')
 
 
@@ -234,3 +234,104 @@ def test_the_identity_reads_the_probe_of_the_registry_holding_the_backend() -> N
     assert json.loads(calibration_identity(held)["versions"]) == {"driver": "7"} and reg.get("cpu") is held
     alone = Versioned("cpu")
     assert json.loads(calibration_identity(alone)["versions"]) == {}
+
+
+# ----------------------------------------------------------------------------- nothing lost, nothing silent
+class SavingToy(ToyBackend):
+    """Calibrates in no time: a fixed model, saved as ``calibrate_backend`` saves one."""
+
+    def calibrate(self, quick: bool = False) -> rlx.CostModel:
+        model = rlx.CostModel(device=self.name, sgemm_gflops=123.0, calibrated=True, source="calibrated (toy)")
+        calibration.save_calibration(self, model)
+        return model
+
+
+def _blocked(tmp_path, monkeypatch, key: str = "savetoy"):
+    """A cache whose calibration folder is rlx's and writable, where ``key``'s entry cannot
+    be written: a folder stands where its file would go."""
+    monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path / "cache"))
+    cache = JsonCache("calibration", schema=calibration.CALIBRATION_SCHEMA)
+    cache.put("other", {}, {"x": 1})  # the namespace folder, made by rlx
+    cache.path(key).mkdir()
+    return cache.path(key)
+
+
+def test_a_save_says_where_or_why_not_and_is_recorded_instead_of_warned(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path / "ok"))
+    toy = SavingToy("savetoy")
+    saved = calibration.save_calibration(toy, rlx.CostModel(device="savetoy", calibrated=True))
+    assert saved.saved and saved.path.endswith("savetoy.json") and (tmp_path / "ok" / "calibration").is_dir()
+
+    where = _blocked(tmp_path, monkeypatch)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with calibration.recording_saves() as saves:
+            toy.calibrate()
+    assert [s.path for s in saves] == [str(where)] and not saves[0].saved and str(where) in saves[0].error
+    assert not [w for w in seen if issubclass(w.category, rlx.CacheWarning)]  # the recorder reports it
+    with pytest.warns(rlx.CacheWarning, match="could not write"):  # outside a recorder: a warning, as before
+        toy.calibrate()
+
+
+@pytest.mark.parametrize("blocked", [False, True])
+def test_the_calibration_child_answers_where_the_model_was_saved(tmp_path, monkeypatch, blocked: bool) -> None:
+    """The child's result carries the save's outcome: its warning would die with it."""
+    from rlx_core._isolated_child import _calibrate_task
+
+    if blocked:
+        where = _blocked(tmp_path, monkeypatch)
+    else:
+        monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path / "ok"))
+        where = JsonCache("calibration", schema=calibration.CALIBRATION_SCHEMA).path("savetoy")
+
+    class Channel:
+        sent: list[tuple[str, dict]] = []
+
+        def send(self, event: str, **fields) -> None:
+            self.sent.append((event, fields))
+
+    channel = Channel()
+    _calibrate_task(SavingToy("savetoy"), True, channel)  # type: ignore[arg-type]
+    event, fields = channel.sent[-1]
+    assert event == "result" and fields["payload"]["model"]["sgemm_gflops"] == 123.0
+    saved = fields["payload"]["saved"]
+    assert saved["path"] == str(where) and (bool(saved["error"]) is blocked)
+
+
+def test_rlx_calibrate_checks_the_cache_before_measuring(tmp_path) -> None:
+    from test_cli import assert_user_error, run_rlx
+
+    (tmp_path / "a_file").write_text("not a folder")
+    for isolation in ("0", "1"):
+        proc = run_rlx("calibrate", "cpu", "--quick", cwd=tmp_path,
+                       env={"RLX_CACHE_DIR": str(tmp_path / "a_file" / "cache"), "RLX_ISOLATION": isolation})
+        assert_user_error(proc, "cannot save calibrations in", str(tmp_path / "a_file"), "is a file", "RLX_CACHE_DIR")
+        assert proc.stdout == ""  # nothing was measured
+
+
+def test_rlx_calibrate_exits_1_naming_the_path_and_reason_when_the_save_fails(tmp_path, monkeypatch) -> None:
+    from support import registry_with
+    from test_cli import run_rlx
+
+    where = _blocked(tmp_path, monkeypatch)
+    proc = run_rlx("calibrate", "savetoy", cwd=tmp_path, registry=registry_with(SavingToy("savetoy")),
+                   env={"RLX_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    said = " ".join(proc.stdout.split())
+    assert f"savetoy: measured but not saved (rlx cache: could not write {where}" in said, said
+    assert "IsADirectoryError" in said and "123.0" in said  # the reason; and the table shows what was measured
+    assert "warning" not in proc.stderr  # said once, as the command's outcome
+
+
+@pytest.mark.slow
+def test_rlx_calibrate_in_a_child_process_exits_1_too(tmp_path, monkeypatch) -> None:
+    """The real cpu backend calibrated in its child process (``RLX_ISOLATION=1``), whose
+    save fails: the same line and exit code as in this process."""
+    from test_cli import run_rlx
+
+    where = _blocked(tmp_path, monkeypatch, key="cpu")
+    proc = run_rlx("calibrate", "cpu", "--quick", cwd=tmp_path,
+                   env={"RLX_CACHE_DIR": str(tmp_path / "cache"), "RLX_ISOLATION": "1"})
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    said = " ".join(proc.stdout.split())
+    assert f"cpu: measured but not saved (rlx cache: could not write {where}" in said and "GFLOP/s" in said, said

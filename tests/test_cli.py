@@ -1,14 +1,24 @@
-"""The ``rlx`` command, run as users run it: in a subprocess, reading stdout, stderr and the
-exit code. Every ``RlxError`` must come out as one ``error:`` line and exit code 2."""
+"""The ``rlx`` command as users meet it: stdout, stderr and the exit code. Every
+``RlxError`` must come out as one ``error:`` line and exit code 2.
+
+Most tests run ``rlx`` in this process (``run_rlx``: ``rlx_core.cli.main`` with its own
+environment, working directory and a fresh default registry, output captured), which
+takes a fraction of a second where a new interpreter took several. The few marked
+``slow`` start the real ``rlx`` (``run_rlx_process``): the console script, what a fresh
+interpreter imports, plugins probed in child processes.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
 import subprocess
 import sys
-import time
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,20 +33,78 @@ ENV_VARS = ("RLX_DEVICE", "RLX_DEVICES", "RLX_DENY_DEVICES", "RLX_PREFER_DEVICES
 HEAVY_MODULES = ("cupy", "jax", "pyopencl", "onnx", "onnxruntime", "ray", "torch")
 
 
-def run_rlx(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120,
-            ) -> subprocess.CompletedProcess:  # fmt: skip
-    """``python -m rlx_core ARGS`` with a clean RLX_* environment and a private cache."""
+def rlx_environment(cwd: Path, env: dict[str, str] | None = None, *, in_process: bool = False) -> dict[str, str]:
+    """The environment ``rlx`` runs with in these tests: this one without its ``RLX_*``
+    variables, a private cache under ``cwd``, 200 columns, only cpu among this
+    repository's plugins (the in-repo jax/opencl plugins would outrank it) and the fakes
+    a test brings, then ``env``. In this process, probes and calibration run in it too
+    (``RLX_ISOLATION=0``, unless ``env`` says otherwise): a child per probe would cost
+    what running in-process saves, and isolation has its own tests."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("RLX_")}
     base.update({"RLX_CACHE_DIR": str(cwd / "cache"), "COLUMNS": "200", "PYTHONWARNINGS": "default"})
+    if in_process:
+        base["RLX_ISOLATION"] = "0"
     env = dict(env or {})
-    # Only cpu and the fakes a test brings: the in-repo jax/opencl plugins would outrank cpu.
     base["RLX_DISABLE_PLUGINS"] = other_plugins_disabled(env.pop("RLX_DISABLE_PLUGINS", ""))
     base.update(env)
-    return subprocess.run([sys.executable, "-m", "rlx_core", *args], cwd=cwd, env=base, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return base
 
 
-def assert_user_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+@dataclass
+class Ran:
+    """What a run of ``rlx`` left: like ``subprocess.CompletedProcess``."""
+
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_rlx(*args: str, cwd: Path, env: dict[str, str] | None = None, registry: rlx.Registry | None = None,
+            columns: int | None = None) -> Ran:  # fmt: skip
+    """``rlx ARGS`` in this process, as ``run_rlx_process`` runs it in a child: the
+    environment of ``rlx_environment`` (put back afterwards), ``cwd`` as the working
+    directory, a fresh default registry (or ``registry``), stdout and stderr captured,
+    warnings shown as ``main`` shows them."""
+    from rlx_core import registry as registries
+    from rlx_core._cli_common import console
+    from rlx_core.cli import main
+
+    environ = rlx_environment(cwd, env, in_process=True)
+    saved_environ, saved_cwd, saved_registry, saved_width = dict(os.environ), os.getcwd(), registries._default, \
+        console._width  # fmt: skip
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    try:
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
+        registries.set_default_registry(registry)
+        console.width = columns or int(environ.get("COLUMNS", "80"))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("default")  # as PYTHONWARNINGS=default does for a child
+            try:
+                main(list(args))
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_environ)
+        os.chdir(saved_cwd)
+        registries.set_default_registry(saved_registry)
+        console._width = saved_width
+    return Ran(list(args), code, out.getvalue(), err.getvalue())
+
+
+def run_rlx_process(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180,
+                    ) -> subprocess.CompletedProcess:  # fmt: skip
+    """``python -m rlx_core ARGS`` in a child process, environment as ``run_rlx``'s
+    (probes in child processes of their own, as by default)."""
+    return subprocess.run([sys.executable, "-m", "rlx_core", *args], cwd=cwd, env=rlx_environment(cwd, env),
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def assert_user_error(proc: Ran | subprocess.CompletedProcess, *fragments: str) -> str:
     """Exit 2, no traceback, exactly one ``error:`` line on stderr naming ``fragments``."""
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr + proc.stdout
@@ -77,17 +145,25 @@ def test_version_lists_core_and_plugins(tmp_path: Path) -> None:
     assert any(line.startswith("rlx-cpu ") and "cpu" in line for line in lines[1:]), proc.stdout
 
 
-def test_help_and_console_script(tmp_path: Path) -> None:
+def test_help_lists_the_commands(tmp_path: Path) -> None:
     proc = run_rlx("--help", cwd=tmp_path)
     assert proc.returncode == 0
     for command in ("devices", "run", "bench", "calibrate", "cache"):
         assert command in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_console_script_and_python_m(tmp_path: Path) -> None:
     script = Path(sys.executable).parent / ("rlx.exe" if os.name == "nt" else "rlx")
     if script.exists():  # installed with the distribution's [project.scripts]
         out = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and out.stdout.startswith("rlx-core "), out.stderr
+    proc = run_rlx_process("run", "--example", "mlp", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "device: cpu" in proc.stdout and "[8, 10]" in proc.stdout
 
 
+@pytest.mark.slow
 def test_startup_imports_no_heavy_library(tmp_path: Path) -> None:
     code = (
         "import sys\n"
@@ -160,13 +236,16 @@ def test_devices_json_policy_from_env(tmp_path: Path) -> None:
     assert isinstance(doc["not_installed"], list)  # rlx's own backends missing here, with the pip command
 
 
-def test_devices_with_broken_and_good_fake_plugins(tmp_path: Path, fake_site, graphs: dict[str, Path]) -> None:
+@pytest.mark.parametrize("runner", [run_rlx, pytest.param(run_rlx_process, marks=pytest.mark.slow)],
+                         ids=["in-process", "process"])
+def test_devices_with_broken_and_good_fake_plugins(tmp_path: Path, fake_site, graphs: dict[str, Path],
+                                                   runner) -> None:  # fmt: skip
+    """In a process of its own, with probes in children (the subprocess's timeout bounds
+    it: the hung probe neither blocks the report nor the exit), and in this one."""
     env = {"PYTHONPATH": os.pathsep.join([str(fake_site.path), os.environ.get("PYTHONPATH", "")]),
            "RLX_PROBE_TIMEOUT": "1"}  # fmt: skip
-    t0 = time.monotonic()
-    proc = run_rlx("devices", "--json", "--graph", str(graphs["softmax"]), cwd=tmp_path, env=env)
+    proc = runner("devices", "--json", "--graph", str(graphs["softmax"]), cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert time.monotonic() - t0 < 30  # the hung probe neither blocks the report nor the exit
     doc = json.loads(proc.stdout)
     rows = {r["device"]: r for r in doc["devices"]}
     broken = {b["name"]: b["error"] for b in doc["broken_plugins"]}
@@ -178,7 +257,7 @@ def test_devices_with_broken_and_good_fake_plugins(tmp_path: Path, fake_site, gr
     assert rows["fakenp"]["available"] and "reduce_max" in rows["fakenp"]["blocker"]
     assert "softmax" in rows["fakenp"]["blocker"]
 
-    people = run_rlx("devices", "--explain", "--graph", str(graphs["add"]), cwd=tmp_path, env=env)
+    people = runner("devices", "--explain", "--graph", str(graphs["add"]), cwd=tmp_path, env=env)
     assert people.returncode == 0, people.stderr
     assert "Broken plugins" in people.stdout and "fakeimport" in people.stdout
     assert "Why not fakehang: unavailable" in people.stdout
@@ -295,9 +374,6 @@ def test_usage_errors_exit_2(tmp_path: Path, graphs: dict[str, Path]) -> None:
         assert_user_error(proc, "--help")
 
 
-def test_out_to_missing_directory_is_a_user_error(tmp_path: Path) -> None:
-    proc = run_rlx("run", "--example", "mlp", "--out", "no/such/dir/out.npz", cwd=tmp_path)
-    assert_user_error(proc, "no/such/dir/out.npz")
 
 
 # ----------------------------------------------------------------------------- bench, calibrate, cache

@@ -169,6 +169,7 @@ def test_missing_model_and_input_files(toy_registry, job, capsys) -> None:
     assert "unknown table format" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_real_cpu_backend_in_a_subprocess(job) -> None:
     """As a user runs it: ``python -m rlx_core batch`` on the real registry, cpu only."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLX_")}
@@ -223,3 +224,43 @@ def test_no_bar_and_no_blank_line_when_the_console_is_not_a_terminal(toy_registr
         "toy": 10
     }
     assert buf.getvalue().startswith("rlx batch: 10 rows"), buf.getvalue()[:40]
+
+
+def test_the_output_gets_the_mode_of_the_umask_not_of_a_temporary_file(toy_registry, job) -> None:
+    """A table written for others to read is not 0600 (the temporary file's mode)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    out = job["dir"] / "out.npz"
+    assert rlx("batch", job["model"], job["input"], out) == 0
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_device_whose_plugin_is_not_installed_says_what_to_install(toy_registry, job, capsys) -> None:
+    assert rlx("batch", job["model"], job["input"], job["dir"] / "out.npz", "--device", "cuda") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "not installed: pip install rlx-cuda" in err and "unknown" not in err, err
+    assert not (job["dir"] / "out.npz").exists()
+
+
+def test_the_bar_says_the_first_batch_compiles_until_it_is_back() -> None:
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from rlx_core._cli_batch import _progress
+
+    said: list[str] = []
+    real = Progress.update
+
+    def spy(self: Progress, task: object, **kw: object) -> None:
+        if "description" in kw:
+            said.append(str(kw["description"]))
+        real(self, task, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Progress, "update", spy)
+        with _progress(Console(file=io.StringIO(), force_terminal=True), 20) as advance:
+            advance(10)
+            advance(10)
+    assert said == ["rows"]  # once, when the first batch came back; it started as "... compiles"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,15 +47,23 @@ def test_one_device_and_bad_input(model: Path, tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def split_site(tmp_path: Path) -> dict[str, str]:
+def split_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """The environment of a host whose only devices are fakemm (products) and fakerest
-    (everything else): no single device runs the mlp example."""
+    (everything else): no single device runs the mlp example. On ``sys.path`` for ``rlx``
+    in this process, on ``PYTHONPATH`` for one in a child."""
+    import importlib
+    import sys
+
     from conftest import SPLIT_PLUGIN, FakeSite
 
     site = tmp_path / "site"
     site.mkdir()
     FakeSite(site, SPLIT_PLUGIN)
-    return {"PYTHONPATH": str(site), "RLX_DISABLE_PLUGINS": "cpu"}
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    yield {"PYTHONPATH": str(site), "RLX_DISABLE_PLUGINS": "cpu"}
+    for name in [m for m in sys.modules if m.startswith("rlxfake_")]:
+        del sys.modules[name]
 
 
 def test_a_model_only_a_split_runs_exits_0_with_the_segments(model: Path, tmp_path: Path,

@@ -1,8 +1,10 @@
 """The ``rlx`` command tells the truth (issue 19, items 5 and 6), checked as a new user
-meets it: a bad ``RLX_*`` value is one ``error:`` line naming the variable, whatever the
-command; ``recommended`` without a graph is what ``rlx run --example mlp`` picks; tables
-fit 80 columns; ``rlx cache`` covers every cache; installed / available / usable agree
-between the table and ``--json``."""
+meets it (in this process, as ``test_cli.run_rlx`` runs it; in a child of its own where
+a fresh process or a terminal is the point, marked ``slow``): a bad ``RLX_*`` value is
+one ``error:`` line naming the variable, whatever the command; ``recommended`` without a
+graph is what ``rlx run --example mlp`` picks; tables fit 80 columns; ``rlx cache``
+covers every cache; installed / available / usable agree between the table and
+``--json``."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import other_plugins_disabled
@@ -75,6 +78,7 @@ def _all_plugins(*args: str, cwd: Path, env: dict[str, str] | None = None) -> su
                           timeout=180)  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env", [{}, {"RLX_DENY_DEVICES": "cpu"}], ids=["default", "deny-cpu"])
 def test_the_example_pick_agrees_with_the_example_run_on_the_real_backends(tmp_path: Path,
                                                                           env: dict[str, str]) -> None:  # fmt: skip
@@ -208,15 +212,17 @@ def _wide_terminal() -> tuple[int, int] | None:
     return leader, follower
 
 
-def _narrow(args: list[str], cwd: Path, env: dict[str, str], columns: str | None) -> subprocess.CompletedProcess:
-    """``python -m rlx_core ARGS`` as run_rlx runs it, but with ``COLUMNS`` as given (or
-    unset, with a 200-column terminal on stdin) instead of run_rlx's 200."""
+def _narrow(args: list[str], cwd: Path, env: dict[str, str], columns: str | None) -> Any:
+    """``rlx ARGS`` as run_rlx runs it, but with ``COLUMNS`` as given instead of run_rlx's
+    200; with ``columns=None``, ``python -m rlx_core ARGS`` with ``COLUMNS`` unset and a
+    200-column terminal on stdin (rich measures it: a child of its own is the point)."""
+    if columns is not None:
+        return run_rlx(*args, cwd=cwd, env={"COLUMNS": columns, "RLX_DISABLE_PLUGINS": "fakehang", **env},
+                       columns=int(columns))  # fmt: skip
     base = {k: v for k, v in os.environ.items() if not k.startswith("RLX_") and k != "COLUMNS"}
     base.update({"RLX_CACHE_DIR": str(cwd / "cache"), "RLX_DISABLE_PLUGINS": other_plugins_disabled("fakehang"),
                  **env})  # fmt: skip
-    if columns is not None:
-        base["COLUMNS"] = columns
-    terminal = _wide_terminal() if columns is None else None
+    terminal = _wide_terminal()
     try:
         return subprocess.run([sys.executable, "-m", "rlx_core", *args], cwd=cwd, env=base, capture_output=True,
                               stdin=terminal[1] if terminal else subprocess.DEVNULL, text=True, timeout=180)
@@ -225,7 +231,8 @@ def _narrow(args: list[str], cwd: Path, env: dict[str, str], columns: str | None
             os.close(fd)
 
 
-@pytest.mark.parametrize("columns", ["80", None], ids=["COLUMNS=80", "not-a-tty"])
+@pytest.mark.parametrize("columns", ["80", pytest.param(None, marks=pytest.mark.slow)],
+                         ids=["COLUMNS=80", "not-a-tty"])
 def test_every_table_fits_80_columns_with_reasons_below_it(tmp_path: Path, model: Path, fake_site,
                                                            columns: str | None) -> None:  # fmt: skip
     env = {"PYTHONPATH": str(fake_site.path), "RLX_PROBE_TIMEOUT": "5"}

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from rlx_core.errors import ConfigError
-from rlx_core.policy import DevicePolicy, environment_settings
+from rlx_core.policy import DevicePolicy
+from rlx_core.settings import environment_settings
 
 DEFAULT_SOURCES = dict.fromkeys(
     ("allow", "deny", "prefer", "pick", "benchmark_runs", "device", "chain", "strict"), "default")
@@ -265,7 +266,7 @@ def test_placement_validates_the_policy_it_is_given():
     ("RLX_REPICK_FORGET", "soon"), ("RLX_MEMORY_LIMIT", "cuda=2G,,"),
 ])  # fmt: skip
 def test_check_environment_names_the_malformed_variable(var, value):
-    from rlx_core.policy import check_environment
+    from rlx_core.settings import check_environment
 
     check_environment({})  # all unset: fine
     with pytest.raises(ConfigError, match=var):
@@ -275,7 +276,7 @@ def test_check_environment_names_the_malformed_variable(var, value):
 def test_every_listed_variable_is_checked_or_free_text():
     # a variable added to the catalogue (``rlx devices --explain``) but not to check_environment
     # would be parsed late again; these take any text
-    from rlx_core.policy import check_environment
+    from rlx_core.settings import check_environment
 
     free = {"RLX_CACHE_DIR"}
     for var, _, _ in environment_settings(environ={}):

@@ -54,6 +54,13 @@ class CpuBackend(rlx_core.Backend):
 
         return kernel_ops()
 
+    def settings(self) -> tuple[rlx_core.plugin.Setting, ...]:
+        """``RLX_CPU_BLAS``, ``RLX_CPU_NATIVE``, ``RLX_CPU_GEMM``, ``RLX_CPU_CONV`` and
+        ``RLX_CPU_BIND`` (``settings.py``): parsed by every ``rlx`` command up front."""
+        from .settings import SETTINGS
+
+        return SETTINGS
+
     def default_cost_model(self) -> rlx_core.CostModel:
         cores = os.cpu_count() or 1
         return rlx_core.CostModel(

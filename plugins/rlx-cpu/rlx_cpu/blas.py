@@ -213,7 +213,9 @@ _LOCK = threading.Lock()
 def wanted() -> bool:
     """False when ``RLX_CPU_BLAS=numpy`` (or ``openblas``, ``off``, ``0``) keeps every
     product and vector function in numpy, MKL installed or not."""
-    return os.environ.get("RLX_CPU_BLAS", "auto").strip().lower() not in ("numpy", "openblas", "off", "0")
+    from .settings import BLAS
+
+    return bool(BLAS.read())
 
 
 def mkl() -> Mkl | None:

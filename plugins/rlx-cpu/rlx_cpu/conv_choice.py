@@ -18,7 +18,6 @@ devices``: the ``gemm`` entry). ``RLX_CPU_CONV=implicit`` or ``im2col`` forces i
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import numpy as np
@@ -38,9 +37,11 @@ _LOCK = threading.Lock()
 
 
 def mode() -> str:
-    """``RLX_CPU_CONV``: ``implicit``, ``im2col`` or ``auto`` (the default, and any other value)."""
-    value = os.environ.get("RLX_CPU_CONV", "auto").strip().lower()
-    return value if value in ("implicit", "im2col") else "auto"
+    """``RLX_CPU_CONV``: ``implicit``, ``im2col`` or ``auto`` (the default); anything else is
+    a ``ConfigError`` naming the variable, the value and those words."""
+    from .settings import CONV
+
+    return str(CONV.read())
 
 
 def reset() -> None:

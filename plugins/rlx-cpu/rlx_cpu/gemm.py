@@ -90,9 +90,11 @@ _F32 = np.dtype(np.float32)
 
 
 def mode() -> str:
-    """``RLX_CPU_GEMM``: ``native``, ``blas`` or ``auto`` (the default, and any other value)."""
-    value = os.environ.get("RLX_CPU_GEMM", "auto").strip().lower()
-    return value if value in ("native", "blas") else "auto"
+    """``RLX_CPU_GEMM``: ``native``, ``blas`` or ``auto`` (the default); anything else is a
+    ``ConfigError`` naming the variable, the value and those words."""
+    from .settings import GEMM
+
+    return str(GEMM.read())
 
 
 @dataclass(frozen=True)

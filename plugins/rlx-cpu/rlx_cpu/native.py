@@ -52,8 +52,11 @@ REBUILD = ("reinstall rlx-cpu where a C compiler works; in a checkout: pip insta
 
 
 def wanted() -> bool:
-    """False when ``RLX_CPU_NATIVE`` turns the native kernels off."""
-    return os.environ.get("RLX_CPU_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no", "numpy")
+    """False when ``RLX_CPU_NATIVE`` turns the native kernels off (``settings.NATIVE``: a
+    value outside its words is a ``ConfigError``)."""
+    from .settings import NATIVE
+
+    return bool(NATIVE.read())
 
 
 class Native:
@@ -177,7 +180,9 @@ class Native:
         (native.c's ``rlx_bind_team`` says why), unless ``RLX_CPU_BIND=0``; how many were
         pinned."""
         if self.bound is None:
-            off = os.environ.get("RLX_CPU_BIND", "1").strip().lower() in ("0", "off", "false", "no")
+            from .settings import BIND
+
+            off = not BIND.read()
             self.bound = 0 if off or threads < 2 else int(self._lib.rlx_bind_team(threads))
             log.debug("rlx-cpu: %d OpenMP worker thread(s) pinned to a CPU each", self.bound)
         return self.bound

@@ -11,6 +11,7 @@ a step holding one is compiled into a small function that reads its slot.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -131,13 +132,34 @@ if hasattr(os, "register_at_fork"):  # a forked child has the pool object but no
     os.register_at_fork(after_in_child=_POOL.clear)
 
 
+#: Set on a bound step that runs a numpy ufunc (``_ieee``).
+_IEEE = "_rlx_ieee"
+
+
+def _ieee(fn: Any) -> bool:
+    """Whether ``fn`` is a numpy ufunc, whose NaN and Inf results (``log(0)``, ``inf -
+    inf``, an ``exp`` that overflows) are the IEEE answer the graph asks for. A plan with
+    such a step runs under ``np.errstate(all="ignore")`` (``bind_run``): numpy's
+    RuntimeWarnings would reach the user from inside rlx's kernels about values their
+    own inputs hold, and the native kernels, which compute the same, say nothing. Only
+    those plans pay for the errstate (a few µs a run); numpy's settings elsewhere in
+    the process are left as they are."""
+    return isinstance(fn, np.ufunc)
+
+
+def _quiet(steps: Sequence[Callable[[], Any]]) -> bool:
+    return any(getattr(s, _IEEE, False) for s in steps)
+
+
 def _bind_parallel(step: Parallel, slots: list[Any]) -> Callable[[], None]:
     first = tuple(bind(s, slots) for s in step.first)
     second = tuple(bind(s, slots) for s in step.second)
+    quiet_second = _quiet(second)  # the helper thread does not share the caller's errstate
 
     def run_second() -> None:
-        for s in second:
-            s()
+        with np.errstate(all="ignore") if quiet_second else contextlib.nullcontext():
+            for s in second:
+                s()
 
     def run() -> None:
         future = _pool().submit(run_second)
@@ -147,6 +169,8 @@ def _bind_parallel(step: Parallel, slots: list[Any]) -> Callable[[], None]:
         finally:
             future.result()  # the other half's error, if any, surfaces here
 
+    if quiet_second or _quiet(first):
+        setattr(run, _IEEE, True)
     return run
 
 
@@ -171,7 +195,12 @@ def bind(step: Step | Parallel, slots: list[Any]) -> Callable[[], Any]:
         return _bind_parallel(step, slots)
     fn, args, kwargs = step
     if not any(isinstance(a, Dyn) for a in args) and not any(isinstance(v, Dyn) for v in kwargs.values()):
-        return functools.partial(fn, *args, **kwargs) if args or kwargs else fn
+        if not (args or kwargs):
+            return fn
+        bound = functools.partial(fn, *args, **kwargs)
+        if _ieee(fn):
+            setattr(bound, _IEEE, True)
+        return bound
     ns: dict[str, Any] = {"_fn": fn, "S": slots}
     parts = []
     for value in args:
@@ -180,6 +209,8 @@ def bind(step: Step | Parallel, slots: list[Any]) -> Callable[[], Any]:
         parts.append(f"{key}={_operand(value, ns)}")
     src = f"def _step():\n    _fn({', '.join(parts)})\n"
     exec(_compiled(src), ns)
+    if _ieee(fn):
+        setattr(ns["_step"], _IEEE, True)
     return ns["_step"]
 
 
@@ -199,11 +230,14 @@ def bind_run(input_names: Sequence[str], steps: Sequence[Callable[[], Any]], out
     ``fresh`` are output slots allocated anew every run (``np.empty``) and handed to the
     caller as they are: for a large output that saves a copy as big as the output, the
     price numpy itself pays for ``a @ b``; small outputs are cheaper to copy out."""
-    ns: dict[str, Any] = {"S": slots, "_steps": tuple(steps), "_empty": np.empty}
+    ns: dict[str, Any] = {"S": slots, "_steps": tuple(steps), "_empty": np.empty, "_errstate": np.errstate}
     lines = ["def _run(inputs):"]
     lines += [f"    S[{k}] = inputs[{_operand(name, ns)}]" for k, name in enumerate(input_names)]
     lines += [f"    S[{d.slot}] = _empty({_operand(d.shape, ns)}, {_operand(d.dtype, ns)})" for d in fresh]
-    lines += ["    for _s in _steps:", "        _s()"]
+    if _quiet(steps):  # IEEE results, not warnings (``_ieee``)
+        lines += ["    with _errstate(all='ignore'):", "        for _s in _steps:", "            _s()"]
+    else:
+        lines += ["    for _s in _steps:", "        _s()"]
     handed: set[int] = set()
     outs = []
     for v in outputs:

@@ -1,0 +1,37 @@
+"""rlx-cpu's environment variables (``RLX_CPU_*``), declared once.
+
+``CpuBackend.settings`` hands them to rlx-core's settings table, so every ``rlx`` command
+parses them before any work and ``rlx devices --explain`` lists them; the modules that
+act on them (``blas``, ``native``, ``gemm``, ``conv_choice``) read them through
+``Setting.read``. Either way a value outside the accepted words is a ``ConfigError``
+naming the variable, the value and the words: a typo such as ``RLX_CPU_GEMM=nativ``
+used to mean ``auto`` without a word.
+"""
+
+from __future__ import annotations
+
+from rlx_core.plugin import Setting
+
+__all__ = ["BLAS", "NATIVE", "GEMM", "CONV", "BIND", "SETTINGS"]
+
+_ON = {"1": True, "on": True, "true": True, "yes": True}
+_OFF = {"0": False, "off": False, "false": False, "no": False}
+
+BLAS = Setting("RLX_CPU_BLAS", "auto (default) or mkl: float32 products and vector functions on oneMKL when the mkl "
+               "extra is installed; numpy (or openblas, off, 0): numpy's BLAS for all of them",
+               choices={"auto": True, "mkl": True, "1": True, "on": True,
+                        "numpy": False, "openblas": False, "off": False, "0": False},
+               default=True)  # fmt: skip
+NATIVE = Setting("RLX_CPU_NATIVE", "1 (default): the native kernels built with rlx-cpu (native.c), where they "
+                 "loaded; 0 (or off, numpy): numpy kernels only",
+                 choices={**_ON, **_OFF, "numpy": False}, default=True)  # fmt: skip
+GEMM = Setting("RLX_CPU_GEMM", "float32 products: auto (default: rlx's GEMM or the BLAS, timed once per process), "
+               "native (rlx's GEMM) or blas",
+               choices={"auto": "auto", "native": "native", "blas": "blas"}, default="auto")  # fmt: skip
+CONV = Setting("RLX_CPU_CONV", "convolutions: auto (default: timed once per process), implicit (an implicit GEMM) "
+               "or im2col", choices={"auto": "auto", "implicit": "implicit", "im2col": "im2col"},
+               default="auto")  # fmt: skip
+BIND = Setting("RLX_CPU_BIND", "1 (default): pin OpenMP's worker threads one to a CPU each; 0 (or off): leave "
+               "them where the OS puts them", choices={**_ON, **_OFF}, default=True)  # fmt: skip
+
+SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND)
