@@ -169,25 +169,28 @@ def test_a_stale_calibration_is_warned_about_by_one_process_not_every_one(tmp_pa
 
 
 def test_cache_info_and_clear_cover_every_namespace(tmp_path: Path) -> None:
-    from rlx_core.cache import JsonCache, tag_cache_dir
+    from rlx_core.cache import JsonCache
     from rlx_core.faults import FaultLog
 
     root = tmp_path / "cache"
     JsonCache("calibration", 3, root, what="cost models measured by rlx calibrate").put("cpu", {}, {"x": 1})
     FaultLog(str(root)).record("cpu", "calibration", "died with SIGSEGV", "sgemm", "0.1")
     JsonCache("opencl-label", 1, root).put("label", {"backend": "opencl"}, {"label": "x"})
-    jax = tag_cache_dir(root / "jax", "JAX's compiled XLA programs (rlx-jax-tpu)")
+    # rlx-jax-tpu's records: a signature entry naming the file JAX wrote beside it
+    jax_records = JsonCache("jax", 1, root, what="JAX's compiled XLA programs (rlx-jax-tpu)")
+    jax_records.put("jit_f-0123", {}, {"mac": "x"}, files=["jit_f-0123-cache"])
+    jax = jax_records.directory
     (jax / "jit_f-0123-cache").write_bytes(b"\0" * 2048)
 
     info = json.loads(run_rlx("cache", "info", "--json", cwd=tmp_path).stdout)
-    assert info["entries"] == {"calibration": 1, "faults": 1, "jax": 1, "opencl-label": 1}
+    assert info["entries"] == {"calibration": 1, "faults": 1, "jax": 2, "opencl-label": 1}
     people = run_rlx("cache", "info", cwd=tmp_path, env={"COLUMNS": "80"})
     assert people.returncode == 0 and max(len(line) for line in people.stdout.splitlines()) <= 80
-    for name in ("calibration", "faults", "jax", "opencl-label", "JAX's compiled XLA programs", "2.0 KiB"):
+    for name in ("calibration", "faults", "jax", "opencl-label", "JAX's compiled XLA programs", "2.1 KiB"):
         assert name in people.stdout, (name, people.stdout)
 
     one = run_rlx("cache", "clear", "jax", cwd=tmp_path)
-    assert one.returncode == 0 and "removed 1 file (jax)" in one.stdout, one.stdout
+    assert one.returncode == 0 and "removed 2 files (jax)" in one.stdout, one.stdout
     assert not jax.exists() and (root / "faults").exists()
     assert_user_error(run_rlx("cache", "clear", "nope", cwd=tmp_path), "'nope'", "calibration, faults, opencl-label")
     every = run_rlx("cache", "clear", cwd=tmp_path)
