@@ -98,9 +98,12 @@ def validate_inputs(specs: Sequence[InputSpec], inputs: Mapping[str, Any],
             value = inputs[spec.name]
         except KeyError:
             missing = [s.name for s in specs if s.name not in inputs]
+            names = {s.name for s in specs}
+            unknown = [k for k in inputs if k not in names]  # a misspelt name is both: say so
             raise InputError(
-                f"missing input(s) {', '.join(repr(m) for m in missing)}; the graph takes "
-                + ", ".join(f"{s.name!r} {s.shape} {s.dtype}" for s in specs)
+                f"missing input(s) {', '.join(repr(m) for m in missing)}"
+                + (f" and unknown input(s) {', '.join(repr(u) for u in unknown)}" if unknown else "")
+                + "; the graph takes " + ", ".join(f"{s.name!r} {s.shape} {s.dtype}" for s in specs)
             ) from None
         dev = None if type(value) is np.ndarray or not device_arrays else _device_array(value)
         arr = value if type(value) is np.ndarray or dev is not None else as_array(value, f"input {spec.name!r}")
