@@ -16,6 +16,13 @@ stdout (``started``, ``step`` for progress, then ``result`` or ``error``), and i
 (compiler chatter, the plugin's own prints) is kept for the log and the last line of a
 death. It exits when its stdin closes, so a parent that exits never leaves a child behind.
 
+No child imports from the user's working directory: ``python -m`` would put the cwd first
+on ``sys.path``, and running ``rlx`` inside an unpacked model folder holding a
+``numpy.py`` would run it. Every child starts with ``-P`` (Python 3.11+) or, on 3.10,
+in a private empty directory (``child_command``, ``child_cwd``); ``child_env`` hands it
+the parent's ``sys.path`` without ``''`` and the cwd, so it sees the same installed
+distributions (``PYTHONPATH`` included) and nothing else.
+
 ``RLX_ISOLATION=0`` runs all of it in-process instead (a debugger, a host that cannot
 start processes); backends added with ``Registry.register`` always run in-process,
 since a child cannot rebuild an object it was only handed.
@@ -23,6 +30,7 @@ since a child cannot rebuild an object it was only handed.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import importlib.metadata
@@ -33,6 +41,7 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,7 +52,7 @@ from .errors import ConfigError
 
 __all__ = ["ISOLATION_ENV", "ChildTarget", "ChildOutcome", "isolation_enabled", "run_child", "describe_exit",
            "STARTUP_SECONDS", "ChildChannel", "child_env", "start_child", "finish_child", "read_messages",
-           "read_stderr", "CHILD_ENV", "in_isolation_child"]  # fmt: skip
+           "read_stderr", "CHILD_ENV", "in_isolation_child", "child_command", "child_cwd", "reraised"]  # fmt: skip
 
 ISOLATION_ENV = "RLX_ISOLATION"
 #: The child's entry point (``python -m``): its tasks load backends, so they live apart
@@ -56,7 +65,12 @@ CHILD_ENV = "RLX_ISOLATION_CHILD"
 #: ``RLX_PROBE_TIMEOUT`` is about the probe, not about Python starting.
 STARTUP_SECONDS = 60.0
 _STDERR_LINES = 40
+#: Whether this interpreter has ``-P`` (3.11+: do not prepend the script's directory or
+#: the cwd to ``sys.path``); without it children start in ``child_cwd()`` instead.
+SAFE_PATH_FLAG = sys.version_info >= (3, 11)
 log = logging.getLogger("rlx.isolation")
+_cwd_lock = threading.Lock()
+_empty_dir: str | None = None
 
 
 def isolation_enabled(environ: Mapping[str, str]) -> bool:
@@ -112,19 +126,82 @@ def describe_exit(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
+def reraised(name: str, error: Mapping[str, str]) -> Exception:
+    """The exception a child's task raised, rebuilt here: ``NotImplementedError`` and
+    rlx's own errors keep their type (callers tell "cannot calibrate" from "failed"),
+    anything else is a ``PluginError`` naming the backend and the original type."""
+    from . import errors
+
+    kind, message = error.get("type", ""), error.get("message", "")
+    if kind == "NotImplementedError":
+        return NotImplementedError(message)
+    cls = getattr(errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, errors.RlxError):
+        return cls(message)
+    return errors.PluginError(f"backend {name!r}: calibrate raised {kind}: {message}")
+
+
 def child_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The parent's environment, its ``RLX_*`` settings as the registry sees them, the
-    parent's ``sys.path`` (plugins found there must be found again), isolation off."""
+    parent's ``sys.path`` (plugins found there must be found again), isolation off.
+
+    The path handed on leaves out ``''`` and the working directory (where ``python -m``
+    or ``-c`` put them): a child must not import the user's files, whatever the parent
+    was started with. An entry the user named in ``PYTHONPATH`` stays, cwd or not: that
+    is a choice, not an accident of how the parent was started."""
     env = dict(os.environ)
     if environ is not os.environ:
         env = {k: v for k, v in env.items() if not k.startswith("RLX_")}
         env.update({k: v for k, v in environ.items() if k.startswith("RLX_")})
-    paths = [p for p in sys.path if isinstance(p, str) and p]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env["PYTHONPATH"] = os.pathsep.join(_child_path())
     env[ISOLATION_ENV] = "0"
     env[CHILD_ENV] = "1"
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def _child_path() -> list[str]:
+    """``sys.path`` as absolute paths, without ``''`` and the working directory (unless
+    ``PYTHONPATH`` names it), without duplicates."""
+    try:
+        cwd = os.path.realpath(os.getcwd())
+    except OSError:  # the cwd was removed: nothing can be imported from it anyway
+        cwd = None
+    chosen = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    paths: list[str] = []
+    for entry in sys.path:
+        if not isinstance(entry, str) or not entry:
+            continue
+        absolute = os.path.abspath(entry)
+        if cwd is not None and os.path.realpath(absolute) == cwd and cwd not in chosen:
+            continue
+        paths.append(absolute)
+    return list(dict.fromkeys(paths))
+
+
+def child_command(module: str) -> list[str]:
+    """``python -P -m module``: the interpreter running rlx, told not to put the cwd on
+    ``sys.path`` (3.11+; on 3.10 ``child_cwd`` gives the child a directory of its own)."""
+    return [sys.executable, *(["-P"] if SAFE_PATH_FLAG else []), "-m", module]
+
+
+def child_cwd() -> str | None:
+    """Where a child starts: ``None`` (the parent's cwd) where ``-P`` keeps it off
+    ``sys.path``; on Python 3.10 a private empty directory, made once per process (mode
+    0700, so no one else can put a module there), since ``-m`` puts the cwd first."""
+    global _empty_dir
+    if SAFE_PATH_FLAG:
+        return None
+    with _cwd_lock:
+        if _empty_dir is None or not os.path.isdir(_empty_dir) or os.listdir(_empty_dir):
+            _empty_dir = tempfile.mkdtemp(prefix="rlx-child-cwd-")
+            atexit.register(_remove_dir, _empty_dir)
+        return _empty_dir
+
+
+def _remove_dir(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
 
 
 def in_isolation_child() -> bool:
@@ -201,12 +278,13 @@ def run_child(task: Mapping[str, Any], *, timeout: float, environ: Mapping[str, 
 
 def start_child(module: str, environ: Mapping[str, str], messages: queue.Queue[dict[str, Any] | None],
                 stderr: collections.deque[str]) -> tuple[subprocess.Popen[str], list[threading.Thread]]:  # fmt: skip
-    """Start ``python -m module`` with ``child_env(environ)`` and the daemon threads that
-    feed its JSON messages into ``messages`` (``None`` at the end) and its stderr lines
-    into ``stderr``; raises ``OSError`` when it cannot be started."""
-    proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=child_env(environ), text=True, encoding="utf-8",
-                            errors="replace")  # fmt: skip
+    """Start ``python -P -m module`` (``child_command``, in ``child_cwd``) with
+    ``child_env(environ)`` and the daemon threads that feed its JSON messages into
+    ``messages`` (``None`` at the end) and its stderr lines into ``stderr``; raises
+    ``OSError`` when it cannot be started. Every child rlx starts comes through here."""
+    proc = subprocess.Popen(child_command(module), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=child_env(environ), cwd=child_cwd(), text=True,
+                            encoding="utf-8", errors="replace")  # fmt: skip
     readers = [threading.Thread(target=read_messages, args=(proc.stdout, messages), daemon=True),
                threading.Thread(target=read_stderr, args=(proc.stderr, stderr), daemon=True)]  # fmt: skip
     for t in readers:

@@ -5,8 +5,12 @@ The registry starts a ``ProbeRun`` on the first question about a backend and wai
 it at most ``RLX_PROBE_TIMEOUT`` seconds. A probe in a child (see ``isolation``) gets
 that timeout from the moment the child starts probing, not from the moment Python starts
 loading: the timeout is about the driver, and a cold interpreter on a busy host is not a
-hung driver. The thread is a daemon, so a hung probe never delays interpreter exit; a
-child whose parent exits sees its stdin close and leaves too.
+hung driver. A child's probe that does not answer in time is tried once more in a fresh
+child before the device is called unavailable: on a loaded host the first one may lose
+its time to other processes, and a second chance costs only a timeout more where a
+driver really hangs. (A probe in this process cannot be tried again: its thread is
+stuck.) The thread is a daemon, so a hung probe never delays interpreter exit; a child
+whose parent exits sees its stdin close and leaves too.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import asdict
 
 from .isolation import STARTUP_SECONDS, ChildTarget, run_child
 from .plugin import Availability, Backend
+from .plugin_import import times
 
 __all__ = ["ProbeRun", "describe_error"]
 
@@ -26,6 +31,11 @@ log = logging.getLogger("rlx.registry")
 #: How much longer than the registry waits a child may live before it is killed: the
 #: registry answers "did not answer" first, then the child goes.
 _KILL_GRACE_S = 1.0
+#: Tries a probe in a child gets when it does not answer in time.
+PROBE_TRIES = 2
+#: How long past a try's deadline the registry waits for the next try to begin (it
+#: begins as soon as the killed child is reaped; this only bounds a reaping that hangs).
+_RETRY_SLACK_S = 15.0
 
 
 def _bytes(value: object) -> int | None:
@@ -49,7 +59,9 @@ class ProbeRun:
     When ``done`` is set, exactly one of these says what happened: ``result`` (an
     ``Availability``), ``raised`` (the exception, described), ``garbage`` (the type
     name of what the probe returned instead), ``died`` (how the child ended without an
-    answer), or ``timed_out``.
+    answer), or ``timed_out``. ``attempt`` is the try under way (a child's probe gets
+    ``PROBE_TRIES``); ``started`` is when the current try began probing (``None`` while
+    its child is still starting).
     """
 
     def __init__(self, backend: Backend, target: ChildTarget | None = None, *, timeout: float = 10.0,
@@ -61,6 +73,8 @@ class ProbeRun:
         self.died = ""
         self.timed_out = False
         self.isolated = target is not None
+        self.attempt = 1
+        self.attempts = PROBE_TRIES if target is not None else 1
         self.spawned = time.monotonic()
         self.started: float | None = None if target is not None else self.spawned
         self._changed = threading.Condition()
@@ -70,20 +84,25 @@ class ProbeRun:
         self.thread.start()
 
     def wait(self, timeout: float) -> None:
-        """Until the probe is done or ``timeout`` seconds after it started probing (a
-        child gets ``STARTUP_SECONDS`` to get there first)."""
+        """Until the probe is done or ``timeout`` seconds after its last try started
+        probing (a child gets ``STARTUP_SECONDS`` to get there first)."""
         with self._changed:
             while not self.done.is_set():
                 start = self.started if self.started is not None else self.spawned + STARTUP_SECONDS
-                remaining = start + timeout - time.monotonic()
+                slack = _RETRY_SLACK_S if self.attempt < self.attempts else 0.0
+                remaining = start + timeout + slack - time.monotonic()
                 if remaining <= 0:
                     return
                 self._changed.wait(remaining)
 
     def reason(self, timeout: float) -> str:
         """Why the probe gave no usable answer ("" when it did), for the unavailable row."""
+        if not self.done.is_set() and self.isolated and self.started is None:
+            return (f"probe's child process did not get to probing within {STARTUP_SECONDS:g} s (starting Python "
+                    "and importing the plugin): is the host overloaded?")
         if not self.done.is_set() or self.timed_out:
-            return f"probe did not answer within {timeout:g} s (RLX_PROBE_TIMEOUT)"
+            tries = f", {times(self.attempt)}" if self.attempt > 1 else ""
+            return f"probe did not answer within {timeout:g} s{tries} (RLX_PROBE_TIMEOUT)"
         if self.died:
             return f"probe {self.died} in its child process"
         if self.raised:
@@ -104,6 +123,12 @@ class ProbeRun:
             self.started = time.monotonic()
             self._changed.notify_all()
 
+    def _next_attempt(self) -> None:
+        with self._changed:
+            self.attempt += 1
+            self.spawned, self.started = time.monotonic(), None
+            self._changed.notify_all()
+
     def _here(self, backend: Backend) -> None:
         try:
             answer = backend.probe()
@@ -119,7 +144,15 @@ class ProbeRun:
                   environ: Mapping[str, str] | None) -> None:  # fmt: skip
         task = {"task": "probe", "target": asdict(target)}
         kwargs = {} if environ is None else {"environ": environ}
-        outcome = run_child(task, timeout=timeout + _KILL_GRACE_S, on_started=self._mark_started, **kwargs)
+        while True:
+            last = self.attempt >= self.attempts  # only the last try outlives the registry's wait
+            outcome = run_child(task, timeout=timeout + (_KILL_GRACE_S if last else 0.0),
+                                on_started=self._mark_started, **kwargs)  # fmt: skip
+            if last or not outcome.died.startswith("did not finish"):
+                break
+            log.info("rlx backend %r: the probe did not answer within %g s; trying once more in a fresh child",
+                     backend.name, timeout)
+            self._next_attempt()
         if outcome.error is not None:
             # The child could not load what this process loaded (a plugin that depends on
             # this process's state): probing here beats reporting a working device as broken.

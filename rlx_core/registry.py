@@ -11,7 +11,13 @@ backend's probe runs on the first question about that backend, watched by a daem
 thread with a timeout, so that a hung driver never hangs the caller or delays
 interpreter exit. Probes and calibration of backends loaded from entry points run in a
 child process (``isolation.py``): a driver that crashes there costs its device, never
-the caller's process; a calibration that crashed is remembered (``faults.py``).
+the caller's process; a calibration that crashed is remembered (``faults.py``). A
+plugin's first import on a host runs in a child too (``plugin_import.py``): one that
+crashes or hangs there is a broken plugin, never imported here until it changes. A
+child's probe answer is reused by later processes for a few minutes
+(``probe_verdicts.py``). The device names of rlx's own backends (``FIRST_PARTY``) are
+reserved for their distributions: another's backend by such a name is broken, never
+loaded in their place.
 """
 
 from __future__ import annotations
@@ -30,15 +36,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import pluggy
-
 from ._version import __version__
 from .cost import CostModel
 from .dtypes import DTYPES
 from .errors import ConfigError, DeviceError, PluginError, PluginWarning
 from .faults import DeviceFault, FaultLog
-from .isolation import ChildTarget, isolation_enabled
-from .plugin import ENTRY_POINT_GROUP, PLUGIN_API_VERSION, Availability, Backend, RlxBackendSpec
+from .isolation import ChildTarget, isolation_enabled, reraised
+from .plugin import ENTRY_POINT_GROUP, PLUGIN_API_VERSION, Availability, Backend
+from .plugin_import import ImportVerdict, ReservedName, call_hook, distribution_of, import_verdicts, reserved_for
+from .probe_verdicts import ProbeVerdicts
 from .probing import ProbeRun, describe_error
 
 __all__ = ["PLATFORM_PRIORITY", "FIRST_PARTY", "BackendInfo", "Registry", "parse_device", "default_registry",
@@ -104,32 +110,6 @@ class _Broken:
     backend_names: tuple[str, ...] = ()
 
 
-def _reraised(name: str, error: Mapping[str, str]) -> Exception:
-    """The exception a child's task raised, rebuilt here: ``NotImplementedError`` and
-    rlx's own errors keep their type (callers tell "cannot calibrate" from "failed"),
-    anything else is a ``PluginError`` naming the backend and the original type."""
-    from . import errors
-
-    kind, message = error.get("type", ""), error.get("message", "")
-    if kind == "NotImplementedError":
-        return NotImplementedError(message)
-    cls = getattr(errors, kind, None)
-    if isinstance(cls, type) and issubclass(cls, errors.RlxError):
-        return cls(message)
-    return PluginError(f"backend {name!r}: calibrate raised {kind}: {message}")
-
-
-def _distribution_name(ep: Any) -> str:
-    """The name of the distribution an entry point comes from, or ``""``."""
-    dist = getattr(ep, "dist", None)
-    if dist is None:
-        return ""
-    try:
-        return str(getattr(dist, "name", None) or dist.metadata["Name"] or "")
-    except Exception:  # metadata a broken install cannot give: the entry point is still reported
-        return ""
-
-
 def _origin(dist: str, version: str, entry_point: str) -> str:
     """How an error names where a backend came from: ``"rlx-foo 1.2"``."""
     if dist:
@@ -166,6 +146,7 @@ class Registry:
         self.lowered: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
         self.lowered_lock = threading.Lock()
         self._faults = FaultLog()
+        self._fingerprints: dict[str, str] = {}  # backend name -> its plugin's fingerprint (plugin_import)
         self._availability: dict[str, Availability] = {}
         self._cost_models: dict[str, CostModel] = {}
 
@@ -183,18 +164,19 @@ class Registry:
             if self._loaded or self._loading:
                 return
             disabled = self._disabled_names()
+            eps = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if self._entry_points is None
+                       else self._entry_points)  # fmt: skip
+            verdicts, fingerprints = import_verdicts([ep for ep in eps if ep.name not in disabled], self.environ,
+                                                     isolated=self.isolated, timeout=self.probe_timeout)  # fmt: skip
             self._loading = True
             try:
-                eps = self._entry_points
-                if eps is None:
-                    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
                 for ep in eps:
-                    self._distributions.add(_distribution_name(ep))
+                    self._distributions.add(distribution_of(ep))
                     if ep.name in disabled:
                         logger.debug("rlx plugin %r skipped: listed in RLX_DISABLE_PLUGINS", ep.name)
                         self._disabled.append(ep.name)
                         continue
-                    self._load_entry_point(ep)
+                    self._load_entry_point(ep, verdicts.get(id(ep)), fingerprints.get(id(ep), ""))
             finally:
                 self._loading = False
                 self._loaded = True
@@ -202,7 +184,10 @@ class Registry:
     def _disabled_names(self) -> set[str]:
         """``RLX_DISABLE_PLUGINS`` as a set of entry point names; blank means none. An empty
         entry (``cuda,,``) is a ``ConfigError`` like any other malformed token: a variable
-        that expanded to nothing would otherwise disable less than the user meant."""
+        that expanded to nothing would otherwise disable less than the user meant. So is
+        a name that is no plugin here nor one of rlx's own (``opencll``): the plugin the
+        user meant would stay enabled. rlx's own names are accepted where they are not
+        installed, since the same variables travel between hosts."""
         raw = self.environ.get("RLX_DISABLE_PLUGINS", "")
         names: set[str] = set()
         if not raw.strip():
@@ -216,28 +201,44 @@ class Registry:
                 raise ConfigError(f"RLX_DISABLE_PLUGINS: {token!r} is not an entry point name "
                                   "(expected comma-separated names like 'cuda,opencl')")
             names.add(token)
+        from .isolation import in_isolation_child
+
+        if in_isolation_child():  # the parent checked the names; this registry holds one entry point
+            return names
+        if self._entry_points is not None and not isinstance(self._entry_points, (list, tuple)):
+            self._entry_points = list(self._entry_points)  # read twice: here and by the loading
+        known = set(FIRST_PARTY) | {ep.name for ep in self._entry_points or ()}
+        if names - known:  # the installed plugins too: a registry may be given some entry points only
+            known |= {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+        for token in sorted(names - known):
+            import difflib
+
+            close = difflib.get_close_matches(token, sorted(known), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"RLX_DISABLE_PLUGINS: {token!r} is not a plugin here; {hint}plugins (entry point "
+                              f"names): {', '.join(sorted(known))}")
         return names
 
-    def _load_entry_point(self, ep: Any) -> None:
+    def _load_entry_point(self, ep: Any, verdict: ImportVerdict | None = None, fingerprint: str = "") -> None:
         dist_obj = getattr(ep, "dist", None)
         dist = version = ""
         if dist_obj is not None:
             dist = getattr(dist_obj, "name", None) or dist_obj.metadata["Name"] or ""
             version = dist_obj.version or ""
         origin = _origin(dist, version, ep.name)
+        if verdict is not None and not verdict.safe:  # it crashed or hung a child: not here
+            self._record_broken(_Broken(ep.name, f"{origin}: {verdict.error(ep.name, ep.value)}"))
+            return
+        owners = [reserved_for(n, dist, FIRST_PARTY) for n in verdict.backends] if verdict is not None else []
+        if owners and all(owners):  # nothing of it could be loaded: it is not even imported
+            for name, owner in zip(verdict.backends, owners):  # type: ignore[union-attr]
+                self._record_broken(_Broken(ep.name, f"{origin}: {ReservedName.text(name, owner)}; not imported"))
+            return
         try:
-            plugin = ep.load()
-            pm = pluggy.PluginManager("rlx")
-            pm.add_hookspecs(RlxBackendSpec)
-            pm.register(plugin, name=f"rlx-entry-point-{ep.name}")
-            pm.check_pending()
-            if not pm.get_hookcallers(plugin):
-                raise PluginError(f"{ep.value!r} implements no rlx_backends hook (decorate it with rlx_core.hookimpl)")
-            results = pm.hook.rlx_backends()
+            returned = call_hook(ep.load(), ep.name, ep.value)
         except (Exception, SystemExit) as exc:  # whatever a plugin does, discovery goes on
             self._record_broken(_Broken(ep.name, f"{origin}: {describe_error(exc)}"))
             return
-        returned = results[0] if results else None
         if not isinstance(returned, (list, tuple)):
             self._record_broken(_Broken(ep.name, f"{origin}: rlx_backends returned {type(returned).__name__}, "
                                                  "expected a list of rlx_core.Backend"))
@@ -248,8 +249,10 @@ class Registry:
                 target = ChildTarget.of(ep, backend.name)
                 if target is not None:
                     self._targets[backend.name] = target
+                    self._fingerprints[backend.name] = fingerprint
             except PluginError as exc:
-                names = (backend.name,) if isinstance(getattr(backend, "name", None), str) else ()
+                named = isinstance(getattr(backend, "name", None), str) and not isinstance(exc, ReservedName)
+                names = (backend.name,) if named else ()  # a reserved name stays rlx's own (not_installed)
                 self._record_broken(_Broken(ep.name, f"{origin}: {exc}", names))
 
     def _record_broken(self, broken: _Broken) -> None:
@@ -265,6 +268,9 @@ class Registry:
         if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             raise PluginError(f"backend {type(backend).__name__} has an invalid name {name!r} "
                               "(expected letters, digits, '_', '.', '-', like 'cuda')")
+        owner = reserved_for(name, dist, FIRST_PARTY)
+        if owner:
+            raise ReservedName(ReservedName.text(name, owner))
         if backend.api_version != PLUGIN_API_VERSION:
             raise PluginError(f"backend {name!r} declares plugin API version {backend.api_version}, "
                               f"rlx-core {__version__} speaks version {PLUGIN_API_VERSION}")
@@ -401,12 +407,14 @@ class Registry:
 
         A backend from an entry point is probed in a child process (unless
         ``RLX_ISOLATION=0``), so a probe that crashes its process costs only its device;
-        a device whose calibration crashed (``fault``) is unavailable with that reason."""
+        a device whose calibration crashed (``fault``) is unavailable with that reason.
+        A child's answer of the last minutes is reused (``probe_verdicts``)."""
         timeout = self.probe_timeout()
         wanted = self.names() if names is None else [self.info(n).name for n in names]
         isolated = self.isolated() if any(n in self._targets for n in wanted) else False
         answers: dict[str, Availability] = {}
         running: dict[str, ProbeRun] = {}
+        recalled: dict[str, Availability] = {}
         with self._lock:
             for name in wanted:
                 if name in self._availability:
@@ -414,9 +422,16 @@ class Registry:
                     continue
                 if name not in self._probes:
                     target = self._targets.get(name) if isolated else None
+                    kept = self._kept_probes(name) if target is not None else None
+                    remembered = kept[0].get(name, kept[1]) if kept is not None else None
+                    if remembered is not None:
+                        recalled[name] = remembered
+                        continue
                     self._probes[name] = ProbeRun(self._infos[name].backend, target, timeout=timeout,
                                                   environ=self._environ)
                 running[name] = self._probes[name]
+        for name, answer in recalled.items():
+            answers[name] = self._settle_recalled(name, answer)
         for name, probe in running.items():
             probe.wait(timeout)
             answers[name] = self._settle(name, probe, timeout)
@@ -431,11 +446,7 @@ class Registry:
             reason = probe.reason(timeout)
             if not reason:
                 assert isinstance(probe.result, Availability)
-                answer = probe.result
-                fault = self.fault(name) if answer.available else None
-                if fault is not None:
-                    answer = Availability(False, fault.reason(), devices=list(answer.devices),
-                                          versions=dict(answer.versions))  # fmt: skip
+                answer = self._unless_faulted(name, probe.result)
             else:
                 answer = Availability(False, reason)
                 if current:
@@ -448,7 +459,34 @@ class Registry:
                 self._availability[name] = answer
         if current and probe.isolated and not reason and probe.result is not None:
             self._tell_probed(name, probe.result)  # outside the lock: the backend's own code
+            kept = self._kept_probes(name)
+            if kept is not None:
+                kept[0].put(name, kept[1], probe.result)
         return answer
+
+    def _unless_faulted(self, name: str, answer: Availability) -> Availability:
+        """``answer``, or unavailable for the calibration fault recorded for ``name``."""
+        fault = self.fault(name) if answer.available else None
+        if fault is None:
+            return answer
+        return Availability(False, fault.reason(), devices=list(answer.devices), versions=dict(answer.versions))
+
+    def _kept_probes(self, name: str) -> tuple[ProbeVerdicts, str] | None:
+        """Where probe answers are kept for later processes, and backend ``name``'s
+        identity there; ``None`` for one whose answers are not kept (no child, or no
+        plugin fingerprint: ``RLX_ISOLATION=0``, a fake entry point)."""
+        info, target, plugin = self._infos[name], self._targets.get(name), self._fingerprints.get(name)
+        if target is None or not plugin:
+            return None
+        identity = ProbeVerdicts.identity(target, info.distribution, info.version, plugin, self.environ)
+        return ProbeVerdicts(self.environ), identity
+
+    def _settle_recalled(self, name: str, answer: Availability) -> Availability:
+        """A kept answer, settled as ``_settle`` settles a fresh one."""
+        with self._lock:
+            shown = self._availability.setdefault(name, self._unless_faulted(name, answer))
+        self._tell_probed(name, answer)
+        return shown
 
     def _tell_probed(self, name: str, answer: Availability) -> None:
         """``Backend.probed``: what the child's probe learned, for this process's backend."""
@@ -507,7 +545,7 @@ class Registry:
                                   + (f" at step {outcome.step!r}" if outcome.step else "")
                                   + f"; {info.name} is unusable until `rlx calibrate {fault.backend}` succeeds")
             if outcome.error is not None:
-                raise _reraised(info.name, outcome.error)
+                raise reraised(info.name, outcome.error)
             model = CostModel.from_dict((outcome.result or {})["model"])
         if self.fault(info.name) is not None:
             self._faults.clear(info.name)
@@ -550,6 +588,9 @@ class Registry:
                 self._cost_models.pop(key, None)
                 self._probe_broken.pop(key, None)
                 self._probes.pop(key, None)
+        for key in keys:  # and the answer later processes would reuse
+            if self._targets.get(key) is not None:
+                ProbeVerdicts(self.environ).forget(key)
 
 
 _default: Registry | None = None

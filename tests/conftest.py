@@ -3,6 +3,10 @@
 - ``fake_site``: installs the fake plugins of ``tests/fakeplugins`` as real distributions
   in a temporary directory on ``sys.path`` (see ``FakeSite``).
 - ``isolated_registry``: a fresh process-wide default registry for the test, restored after.
+- ``children``: what each child process rlx starts during the test is for.
+- ``_own_cache_dir`` (autouse): ``RLX_CACHE_DIR`` is a fresh directory for every test, so
+  that what one test's runs record on disk (measured picks, observed prediction errors,
+  calibrations) never changes another test's ranking, nor the developer's own cache.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ import importlib
 import importlib.metadata
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,6 +43,13 @@ FAKE_PLUGINS: dict[str, str] = {
 #: Installed only by the tests that ask for it (``FakeSite(path, CRASH_PLUGIN)``): its
 #: device would join every other test's device listings.
 CRASH_PLUGIN: dict[str, str] = {"fakecrash": "rlxfake_crash"}
+#: Plugins whose *import* kills or hangs its process, and a third party's backend named
+#: ``cpu`` (issue 31): installed only by the tests that ask for them, since importing the
+#: first two here would end or hang the test run, which is exactly what rlx must avoid.
+IMPORT_FAULT_PLUGINS: dict[str, str] = {"fakeimportsegv": "rlxfake_importsegv",
+                                        "fakeimporthang": "rlxfake_importhang", "fakecpu": "rlxfake_cpu"}
+#: A probe that hangs on its first try only (a loaded host): for the retry's test.
+HANG_ONCE_PLUGIN: dict[str, str] = {"fakehangonce": "rlxfake_hangonce"}
 #: Two devices that run a graph only together (``fakemm`` products, ``fakerest`` the rest):
 #: installed only by the partition tests, whose graphs they split.
 SPLIT_PLUGIN: dict[str, str] = {"fakesplit": "rlxfake_split"}
@@ -63,6 +75,11 @@ class FakeSite:
         return sorted(found, key=lambda ep: names.index(ep.name))
 
 
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path_factory.mktemp("rlx-cache")))
+
+
 @pytest.fixture
 def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSite]:
     site_dir = tmp_path / "site"
@@ -78,6 +95,30 @@ def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeS
             hang.release()  # let this test's hung probe threads finish
         for name in [m for m in sys.modules if m.startswith("rlxfake_")]:
             del sys.modules[name]
+
+
+@pytest.fixture
+def children(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What every child process rlx starts during the test is for, in order: ``"import"``
+    (a plugin import check, ``plugin_import``), ``"task"`` (a probe or calibration,
+    ``isolation.run_child``) or ``"bench"`` (an ``rlx bench`` worker): how tests see that
+    a kept verdict cost no child."""
+    from rlx_core import _bench_worker, isolation, plugin_import
+
+    started: list[str] = []
+    real = isolation.start_child
+
+    def counting(kind: str) -> Callable[..., Any]:
+        def start(*args: Any, **kwargs: Any) -> Any:
+            started.append(kind)
+            return real(*args, **kwargs)
+
+        return start
+
+    monkeypatch.setattr(isolation, "start_child", counting("task"))
+    monkeypatch.setattr(plugin_import, "start_child", counting("import"))
+    monkeypatch.setattr(_bench_worker, "start_child", counting("bench"))
+    return started
 
 
 @pytest.fixture
