@@ -52,21 +52,46 @@ def test_paths() -> list[str]:
     return [str(p) for p in found if p.is_dir() and any(p.glob("test_*.py"))]
 
 
-@nox.session
-def tests(session: nox.Session) -> None:
-    """Install core + every plugin editable (one pip command) and run all test suites."""
-    session.install(*plugin_requirements(), *TEST_DEPS)
-    try:  # rlx-core[ray], for the batch-inference tests; a reused venv keeps it (installed once)
-        session.install("ray[data]>=2.9")
-    except nox.command.CommandFailed:
-        session.warn("ray[data] could not be installed here: the Ray tests (-m ray) will be skipped")
-    # Paths among the posargs (nox -s tests -- tests/test_cli.py -x) replace the default set.
+def _install(session: nox.Session, what: str, *args: str) -> None:
+    """``pip install`` with its progress shown: a first install downloads CuPy, ONNX
+    Runtime, JAX and Ray (hundreds of MB, minutes on a slow link), and a silent pip
+    looked hung. A reused venv that already has everything prints a line per package."""
+    session.log(f"installing {what}")
+    session.install(*args, silent=False)
+
+
+def _pytest(session: nox.Session, *default_args: str) -> None:
+    """pytest over the default suites, or over the paths among the posargs
+    (``nox -s tests -- tests/test_cli.py -x``), which then replace them."""
     chosen = any(Path(a.split("::")[0]).exists() for a in session.posargs if not a.startswith("-"))
     paths = [] if chosen else test_paths()
     if not chosen and not paths:  # pytest would exit 5 ("no tests collected"); say why instead
         session.error("no test directories found")
     # importlib mode: several suites have a tests/ directory with the same file names.
-    session.run("pytest", "--import-mode=importlib", *paths, *session.posargs)
+    session.run("pytest", "--import-mode=importlib", *default_args, *paths, *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Install core + every plugin editable (one pip command) and run all test suites,
+    the ``slow`` ones (wheel and compiler builds, many processes) included."""
+    _install(session, "rlx-core and every plugin (editable) with the test tools", *plugin_requirements(),
+             *TEST_DEPS)
+    try:  # rlx-core[ray], for the batch-inference tests; a reused venv keeps it (installed once)
+        _install(session, "ray[data], for the batch-inference tests", "ray[data]>=2.9")
+    except nox.command.CommandFailed:
+        session.warn("ray[data] could not be installed here: the Ray tests (-m ray) will be skipped")
+    _pytest(session)
+
+
+@nox.session
+def quick(session: nox.Session) -> None:
+    """The edit-test loop: every suite except the tests marked ``slow`` (builds, many
+    processes) or ``ray``, stopping at the first failure. Installs what ``tests`` does
+    minus Ray; about a minute and a half of tests on a 2-core host."""
+    _install(session, "rlx-core and every plugin (editable) with the test tools", *plugin_requirements(),
+             *TEST_DEPS)
+    _pytest(session, "-x", "-q", "-m", "not slow and not ray")
 
 
 @nox.session

@@ -127,6 +127,7 @@ def _run_case(case: Any) -> tuple[str, str]:
     return "pass", ""
 
 
+@pytest.mark.slow  # every ONNX backend node test on cpu: ~30 s
 def test_onnx_node_tests_pass_or_are_refused_by_name_never_wrong() -> None:
     from onnx.backend.test.loader import load_model_tests
 

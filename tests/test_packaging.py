@@ -43,6 +43,7 @@ def test_core_wheel_ships_example_script_and_cli(tmp_path: Path) -> None:
         assert "Requires-Dist: rlx-cpu" in whl.read(metadata).decode()
 
 
+@pytest.mark.slow  # builds rlx-cpu's wheel, native kernels included
 def test_cpu_wheel_registers_its_entry_point_and_ships_the_native_kernels(tmp_path: Path) -> None:
     """The build hook compiled the library into the wheel (where a compiler works), which
     makes the wheel platform-specific but not Python-specific (``py3-none-<platform>``);

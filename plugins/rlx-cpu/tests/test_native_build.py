@@ -271,6 +271,7 @@ def test_rebuilding_in_place_reports_a_failure_on_stderr(tmp_path: Path, monkeyp
     assert read_info(tmp_path / "pkg")["error"] == "no C compiler"  # the directory is made for the record
 
 
+@pytest.mark.slow  # two full builds of native.c: about a minute each on 2 cores
 @pytest.mark.skipif(os.name != "posix", reason="the compiler wrapper is a shell script")
 @pytest.mark.parametrize("refuses", ["-fopenmp", "target_clones"])
 def test_a_compiler_without_openmp_or_clones_still_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
