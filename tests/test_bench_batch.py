@@ -25,6 +25,7 @@ batch = bench_module("batch")
 models = bench_module("models")
 
 
+@pytest.mark.slow
 def test_a_small_run_reports_rows_per_second_and_writes_its_section(tmp_path: Path) -> None:
     out, md = tmp_path / "batch.json", tmp_path / "BENCHMARKS.md"
     md.write_text("# rlx benchmarks\n\n## Dispatch overhead\n\nkept as it is\n", encoding="utf-8")

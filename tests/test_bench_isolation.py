@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import CRASH_PLUGIN, FakeSite
 from support import other_plugins_disabled
-from test_cli import mlp_graph, run_rlx
+from test_cli import mlp_graph, run_rlx_process
 from typer.testing import CliRunner
 
 import rlx_core as rlx
@@ -111,9 +111,10 @@ def gone(pid: int | None) -> bool:
 # -- the CLI goes on -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bench_survives_a_kernel_that_segfaults(crash_site: FakeSite, big_matmul: Path, tmp_path: Path) -> None:
     env = cli_env(crash_site, RLXFAKE_CRASH="calibrate")
-    proc = run_rlx("bench", str(big_matmul), "--devices", "fakecrash,cpu", "--runs", "2", cwd=tmp_path, env=env)
+    proc = run_rlx_process("bench", str(big_matmul), "--devices", "fakecrash,cpu", "--runs", "2", cwd=tmp_path, env=env)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     table = rows(proc.stdout)
     assert "died with SIGSEGV (Segmentation fault) while compiling" in table["rlx fakecrash"], proc.stdout
@@ -124,10 +125,11 @@ def test_bench_survives_a_kernel_that_segfaults(crash_site: FakeSite, big_matmul
 def test_isolation_off_keeps_the_contenders_in_this_process(crash_site: FakeSite, big_matmul: Path,
                                                             tmp_path: Path) -> None:  # fmt: skip
     env = cli_env(crash_site, RLXFAKE_CRASH="calibrate", RLX_ISOLATION="0")
-    proc = run_rlx("bench", str(big_matmul), "--devices", "fakecrash,cpu", "--runs", "2", cwd=tmp_path, env=env)
+    proc = run_rlx_process("bench", str(big_matmul), "--devices", "fakecrash,cpu", "--runs", "2", cwd=tmp_path, env=env)
     assert proc.returncode == -signal.SIGSEGV, (proc.stdout, proc.stderr)
 
 
+@pytest.mark.slow
 def test_isolation_off_times_in_process(big_matmul: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                         quiet_registry: None, started: list[BenchWorker]) -> None:  # fmt: skip
     monkeypatch.setenv("RLX_ISOLATION", "0")
@@ -139,6 +141,7 @@ def test_isolation_off_times_in_process(big_matmul: Path, tmp_path: Path, monkey
     assert started == []
 
 
+@pytest.mark.slow
 def test_peers_are_timed_each_in_a_worker(tmp_path: Path, quiet_registry: None, started: list[BenchWorker]) -> None:
     pytest.importorskip("onnxruntime")
     onnx = pytest.importorskip("onnx")
@@ -164,6 +167,7 @@ def test_peers_are_timed_each_in_a_worker(tmp_path: Path, quiet_registry: None, 
 # -- the workers ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_run_is_a_row_and_the_others_finish(quiet_registry: None) -> None:
     g = mlp_graph()
     with WorkerPool(g, random_inputs(g, 0)) as pool:
@@ -181,6 +185,7 @@ def test_a_worker_killed_mid_run_is_a_row_and_the_others_finish(quiet_registry: 
     assert all(gone(pid) for pid in pids)
 
 
+@pytest.mark.slow
 def test_a_worker_that_stops_answering_is_killed_at_its_deadline(quiet_registry: None) -> None:
     g = mlp_graph()
     with WorkerPool(g, random_inputs(g, 0), block_timeout=0.5) as pool:
@@ -194,6 +199,7 @@ def test_a_worker_that_stops_answering_is_killed_at_its_deadline(quiet_registry:
         assert gone(pid)
 
 
+@pytest.mark.slow
 def test_a_contender_that_cannot_run_says_why_in_its_row(quiet_registry: None) -> None:
     g = mlp_graph()
     with WorkerPool(g, random_inputs(g, 0)) as pool:

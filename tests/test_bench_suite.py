@@ -25,6 +25,7 @@ markdown = bench_module("_markdown")
 checks = bench_module("_checks")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", models.MODEL_NAMES)
 def test_every_rlx_device_matches_onnxruntime(name: str) -> None:
     model = models.build(name, "tiny")

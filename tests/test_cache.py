@@ -220,6 +220,7 @@ def _hammer(root: str, worker: int, rounds: int) -> None:
         assert got is not None and got["blob"] == [got["worker"]] * 5_000
 
 
+@pytest.mark.slow
 def test_concurrent_processes_never_leave_a_torn_file(tmp_path):
     ctx = multiprocessing.get_context("spawn")  # no fork: the test process has probe threads
     procs = [ctx.Process(target=_hammer, args=(str(tmp_path), w, 10)) for w in range(8)]

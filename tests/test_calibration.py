@@ -13,6 +13,7 @@ from rlx_core import calibration
 from rlx_core.cache import JsonCache
 
 
+@pytest.mark.slow
 def test_calibrate_measures_caches_and_cost_model_uses_it(tmp_path, monkeypatch):
     monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path))
     toy = ToyBackend("caltoy")
@@ -77,6 +78,7 @@ def test_a_bad_calibration_entry_is_warned_about_once_then_removed(tmp_path, mon
     assert not cache.path(toy.name).exists()
 
 
+@pytest.mark.slow
 def test_calibration_measures_a_cost_line_per_claimed_elementwise_op(tmp_path, monkeypatch):
     monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path))
     model = ToyBackend("caltoy3").calibrate(quick=True)
@@ -298,6 +300,7 @@ def test_the_calibration_child_answers_where_the_model_was_saved(tmp_path, monke
     assert saved["path"] == str(where) and (bool(saved["error"]) is blocked)
 
 
+@pytest.mark.slow
 def test_rlx_calibrate_checks_the_cache_before_measuring(tmp_path) -> None:
     from test_cli import assert_user_error, run_rlx
 

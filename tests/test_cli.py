@@ -264,6 +264,7 @@ def test_devices_with_broken_and_good_fake_plugins(tmp_path: Path, fake_site, gr
     assert "Traceback" not in people.stderr
 
 
+@pytest.mark.slow
 def test_devices_table_fits_80_columns_with_reasons_below_it(tmp_path: Path, fake_site,
                                                              graphs: dict[str, Path]) -> None:  # fmt: skip
     env = {"PYTHONPATH": str(fake_site.path), "RLX_PROBE_TIMEOUT": "1", "COLUMNS": "80"}
@@ -384,6 +385,7 @@ def test_bench_times_every_viable_device(tmp_path: Path) -> None:
     assert re.search(r"\d (µs|ms|s)\b", proc.stdout), proc.stdout  # a time in its unit (ms on a busy host)
 
 
+@pytest.mark.slow
 def test_calibrate_then_devices_shows_calibrated_and_cache_lists_it(tmp_path: Path) -> None:
     proc = run_rlx("calibrate", "cpu", "--quick", "--verify", cwd=tmp_path, env={"COLUMNS": "80"})
     assert proc.returncode == 0, proc.stderr

@@ -361,6 +361,7 @@ def test_fixed_onnx_batch_runs_in_chunks(toy_registry) -> None:
 
 
 # ---------------------------------------------------------------- no ray needed, none imported
+@pytest.mark.slow
 def test_import_and_devices_never_import_ray() -> None:
     code = ("import sys, rlx_core, rlx_core.distributed, rlx_core.cli; "
             "from rlx_core.cli import main\n"

@@ -57,6 +57,7 @@ def in_venv(python: Path, *args: str, cwd: Path, **env: str) -> subprocess.Compl
     return subprocess.run([str(python), *args], capture_output=True, text=True, cwd=cwd, env=full, timeout=180)
 
 
+@pytest.mark.slow
 def test_rlx_devices_discovers_the_installed_plugin(plugin_python: Path, tmp_path: Path) -> None:
     proc = in_venv(plugin_python, "-m", "rlx_core", "devices", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -134,6 +135,7 @@ CHECKS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_ranking_blockers_and_policy_through_the_installed_plugin(plugin_python: Path, tmp_path: Path) -> None:
     proc = in_venv(plugin_python, "-c", CHECKS, cwd=tmp_path, RLX_DENY_DEVICES="toy")
     assert proc.returncode == 0, proc.stderr

@@ -144,6 +144,7 @@ def _calibrate_into(root: str) -> None:
     calibrate_backend(InstantBackend("toycal"), quick=True)
 
 
+@pytest.mark.slow
 def test_eight_processes_calibrating_at_once_leave_a_valid_cache(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = multiprocessing.get_context("spawn")  # no fork: this process has probe threads
@@ -180,6 +181,7 @@ def test_read_only_cache_dir_warns_and_calibration_still_works(tmp_path: Path, m
             d.chmod(stat.S_IRWXU)
 
 
+@pytest.mark.slow
 def test_unwritable_cache_simulated_for_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same fault where permissions cannot be taken away (root, CI containers):
     every write is refused with EACCES."""

@@ -85,6 +85,7 @@ def test_describe_exit() -> None:
 # -- probes --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_probe_runs_in_a_child_process_unless_isolation_is_off(crash_site: FakeSite) -> None:
     child = crash_registry(crash_site).availability("fakecrash")
     assert child.available and child.reason != f"pid {os.getpid()}"
@@ -100,6 +101,7 @@ def test_directly_registered_backends_probe_in_this_process(crash_site: FakeSite
     assert registry.availability("fakecrash").reason == f"pid {os.getpid()}"
 
 
+@pytest.mark.slow
 def test_probe_that_segfaults_costs_its_device_not_this_process(crash_site: FakeSite,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv("RLXFAKE_CRASH", "probe")
@@ -114,6 +116,7 @@ def test_probe_that_segfaults_costs_its_device_not_this_process(crash_site: Fake
         _compile_on(registry)
 
 
+@pytest.mark.slow
 def test_probe_that_exits_names_the_status(crash_site: FakeSite, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLXFAKE_CRASH", "exit")
     with pytest.warns(PluginWarning):
@@ -121,11 +124,13 @@ def test_probe_that_exits_names_the_status(crash_site: FakeSite, monkeypatch: py
     assert answer.reason == "probe exited with status 3 in its child process"
 
 
+@pytest.mark.slow
 def test_a_childs_stderr_stays_out_of_the_terminal(crash_site: FakeSite, capfd: pytest.CaptureFixture[str]) -> None:
     assert crash_registry(crash_site).availability("fakecrash").available
     assert "warnings generated" not in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_probe_child_leaves_when_its_parent_exits(crash_site: FakeSite, tmp_path: Path) -> None:
     """A probe that hangs forever in a parent that exits: the child goes too."""
     script = textwrap.dedent("""
@@ -160,6 +165,7 @@ def test_probe_child_leaves_when_its_parent_exits(crash_site: FakeSite, tmp_path
 # -- calibration ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_calibration_that_segfaults_marks_the_device_unusable_until_it_passes(
         crash_site: FakeSite, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     registry = crash_registry(crash_site)
@@ -187,6 +193,7 @@ def test_calibration_that_segfaults_marks_the_device_unusable_until_it_passes(
     assert registry.cost_model("fakecrash").calibrated
 
 
+@pytest.mark.slow
 def test_calibration_that_hangs_is_killed_at_its_timeout(crash_site: FakeSite,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv("RLXFAKE_CRASH", "hang")
@@ -196,6 +203,7 @@ def test_calibration_that_hangs_is_killed_at_its_timeout(crash_site: FakeSite,
     assert "did not finish" in registry.fault("fakecrash").what  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_calibration_that_raises_is_an_error_not_a_fault(crash_site: FakeSite,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv("RLXFAKE_CRASH", "raise")
@@ -272,6 +280,7 @@ def hostile_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return marker
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("safe_path_flag", [True, False], ids=["-P", "python3.10-empty-cwd"])
 def test_children_never_import_from_the_working_directory(crash_site: FakeSite, hostile_cwd: Path,
                                                           monkeypatch: pytest.MonkeyPatch, safe_path_flag: bool,
@@ -364,6 +373,7 @@ def broken_error(registry: Registry, name: str) -> str:
     return errors[0]
 
 
+@pytest.mark.slow
 def test_a_plugin_whose_import_segfaults_is_broken_and_never_imported_here(fault_site: FakeSite,
                                                                             children: list[str]) -> None:  # fmt: skip
     registry = Registry(entry_points=fault_site.entry_points("fakeimportsegv", "fakenp"),
@@ -379,6 +389,7 @@ def test_a_plugin_whose_import_segfaults_is_broken_and_never_imported_here(fault
     assert children == ["import", "import", "task"]  # the check went on in a fresh child after the crash
 
 
+@pytest.mark.slow
 def test_a_plugin_whose_import_hangs_is_broken_after_a_second_try(fault_site: FakeSite, children: list[str]) -> None:
     registry = fault_registry(fault_site, "fakenp", "fakeimporthang")
     assert registry.names() == ["fakenp"]
@@ -389,6 +400,7 @@ def test_a_plugin_whose_import_hangs_is_broken_after_a_second_try(fault_site: Fa
     assert "rlxfake_importhang" not in sys.modules
 
 
+@pytest.mark.slow
 def test_import_verdicts_are_kept_until_the_plugin_changes(fault_site: FakeSite, children: list[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     first = fault_registry(fault_site, "fakeimportsegv", "fakenp")
@@ -472,6 +484,7 @@ def test_rlx_devices_survives_and_lists_every_fault_plugin(fault_site: FakeSite,
     assert {"rlxfake-fakeimportsegv", "rlxfake-fakeimporthang", "rlxfake-fakecpu", "rlx-cpu"} <= kept, kept
 
 
+@pytest.mark.slow
 def test_a_probe_that_crashed_is_not_kept_for_the_next_process(crash_site: FakeSite,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     from rlx_core.cache import cache_dir
@@ -527,6 +540,7 @@ def test_children_know_they_are_children() -> None:
     assert not in_isolation_child()  # the test process itself is no child
 
 
+@pytest.mark.slow
 def test_the_parent_backend_is_told_what_the_child_probe_found(fake_site) -> None:
     """``Backend.probed``: what a probe learns in its child reaches the parent's backend
     (the jax platform, a GPU's properties); an in-process probe needs no telling."""

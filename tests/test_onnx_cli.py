@@ -85,6 +85,7 @@ def test_run_bad_onnx_file_is_one_line(tmp_path: Path) -> None:
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_bench_with_peers(tmp_path: Path, model_file: Path) -> None:
     proc = rlx("bench", str(model_file), "--dim", "batch=4", "--devices", "cpu", "--peers", "--runs", "2",
                cwd=tmp_path)  # fmt: skip

@@ -32,6 +32,7 @@ def build_wheel(project: Path, out: Path, environ: Mapping[str, str] | None = No
     return zipfile.ZipFile(wheel)
 
 
+@pytest.mark.slow
 def test_core_wheel_ships_example_script_and_cli(tmp_path: Path) -> None:
     with build_wheel(ROOT, tmp_path) as whl:
         names = set(whl.namelist())
@@ -69,6 +70,7 @@ def test_cpu_wheel_registers_its_entry_point_and_ships_the_native_kernels(tmp_pa
         assert Path(whl.filename or "").name.startswith("rlx_cpu-0.1.0-py3-none-")
 
 
+@pytest.mark.slow
 def test_cpu_wheel_without_a_compiler_is_pure_python_and_says_why(tmp_path: Path) -> None:
     """No compiler (CC names none): the build still succeeds, with a pure-Python wheel whose
     record tells the installed backend why it runs numpy kernels."""

@@ -414,6 +414,7 @@ def test_malformed_probe_timeout_is_a_config_error(value):
 # -- probe answers kept for later processes, second tries, start-up (issue 31) --------
 
 
+@pytest.mark.slow
 def test_a_second_registry_reuses_the_probe_answers_of_the_first(fake_site, children):
     """What ``rlx devices`` twice in a row does: the second pays no probe (nor import check)."""
     first = loaded(fake_site, "fakenp", "fakeobj", environ=CHILD)
@@ -427,6 +428,7 @@ def test_a_second_registry_reuses_the_probe_answers_of_the_first(fake_site, chil
     assert here.availability("fakenp").available and not hasattr(here.info("fakenp").backend, "told")
 
 
+@pytest.mark.slow
 def test_a_kept_probe_answer_is_used_only_while_nothing_it_depends_on_changed(fake_site, children, monkeypatch,
                                                                                tmp_path):  # fmt: skip
     from rlx_core import probe_verdicts
@@ -458,6 +460,7 @@ def test_a_kept_probe_answer_is_used_only_while_nothing_it_depends_on_changed(fa
     assert probes() == 8 and children.count("import") == 2  # a changed plugin: imported in a child, probed again
 
 
+@pytest.mark.slow
 def test_an_answer_that_did_not_come_from_the_probe_is_not_kept(fake_site):
     """A timeout (like a crash, see test_isolation) says nothing about the next process."""
     from rlx_core.cache import cache_dir
@@ -468,6 +471,7 @@ def test_an_answer_that_did_not_come_from_the_probe_is_not_kept(fake_site):
     assert kept == ["fakenp"]
 
 
+@pytest.mark.slow
 def test_a_probe_that_times_out_is_tried_once_more_in_a_fresh_child(tmp_path, monkeypatch, children):
     site_dir = tmp_path / "site"
     site_dir.mkdir()
@@ -483,6 +487,7 @@ def test_a_probe_that_times_out_is_tried_once_more_in_a_fresh_child(tmp_path, mo
     assert children.count("task") == 2 and registry.broken() == []
 
 
+@pytest.mark.slow
 def test_a_probe_timeout_does_not_count_the_childs_start_up(fake_site, tmp_path, monkeypatch, children):
     """A child whose interpreter takes longer to start than ``RLX_PROBE_TIMEOUT`` (a
     loaded host, a cold disk) still probes, and its plugin's import check passes."""
@@ -495,6 +500,7 @@ def test_a_probe_timeout_does_not_count_the_childs_start_up(fake_site, tmp_path,
     assert children == ["import", "task"]  # each in one try
 
 
+@pytest.mark.slow
 def test_a_child_that_never_gets_to_probing_says_so(fake_site, tmp_path, monkeypatch):
     """Not "the probe did not answer", which would send the user to RLX_PROBE_TIMEOUT:
     the child did not even start in time (here start-up may take 0.5 s and takes 3)."""

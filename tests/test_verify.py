@@ -26,6 +26,7 @@ def test_unknown_suite_model_lists_the_known_ones() -> None:
         suite_graph("resnet")
 
 
+@pytest.mark.slow
 def test_verify_rows_pick_best_and_regret() -> None:
     rows = verify_cost_models(["mlp", "elementwise"], devices=["cpu"], policy=rlx.DevicePolicy(), scale=0.01,
                               rounds=2)  # fmt: skip

@@ -33,6 +33,7 @@ DEVICES = _devices()
 REPLAYS = sorted(REGRESSIONS.glob("*.json"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 @fuzz_settings(quick_examples=30)
 @given(case=fuzz_cases())
@@ -54,6 +55,7 @@ def _inject(case: FuzzCase, seed: int) -> FuzzCase:
     return FuzzCase(case.graph, inputs, {}, case.alive)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 @fuzz_settings(quick_examples=20)
 @given(case=fuzz_cases(allow_int_casts=False), seed=st.integers(0, 2**32 - 1))

@@ -285,6 +285,7 @@ def test_a_gemm_timed_slow_on_every_core_is_timed_on_one_thread_too(
     assert found.native and "one thread each: 2.00x/2.00x" in found.why, found.why
 
 
+@pytest.mark.slow
 def test_the_measurement_agrees_with_the_blas(native_lib: native.Native) -> None:
     """The real timing runs and returns a reasoned decision (which one depends on the host)."""
     found = gemm._measure(native_lib)

@@ -43,6 +43,7 @@ def test_the_hook_returns_both_backends_with_the_documented_priorities() -> None
     assert OpKind.ATTENTION.value in backends["jax"].supported_ops()
 
 
+@pytest.mark.slow
 def test_listing_the_backends_does_not_import_jax_and_probing_respects_jax_platforms(tmp_path: Path) -> None:
     """One fresh interpreter (importing jax is the slow part): the hook and the metadata
     import no jax; probing does, and under ``JAX_PLATFORMS=cpu`` both answers say so."""
@@ -135,6 +136,7 @@ def test_the_probe_answer_from_the_child_sets_the_platform_here() -> None:
     assert backend.target_platform() == "gpu"
 
 
+@pytest.mark.slow
 def test_calibrate_measures_through_the_executable_and_is_cached(monkeypatch: pytest.MonkeyPatch,
                                                                   tmp_path: Path) -> None:  # fmt: skip
     monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path))
@@ -152,6 +154,7 @@ def test_conformance(check: BoundCheck) -> None:
     check()
 
 
+@pytest.mark.slow
 def test_probe_child_does_not_reserve_the_gpu() -> None:
     """rlx's probe child starts JAX without its 75% up-front GPU reservation (the parent
     and the other children share the GPU); the user's own process is never changed."""

@@ -129,6 +129,7 @@ def _copy(populated: tuple[Path, dict[str, str]], tmp_path: Path) -> tuple[Path,
     return copy, copy / "jax", entries
 
 
+@pytest.mark.slow
 def test_swapped_entries_are_never_executed(populated: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     root, jax_dir, entries = _copy(populated, tmp_path)
     relu, neg = jax_dir / entries["relu"], jax_dir / entries["neg"]
@@ -152,6 +153,7 @@ def test_swapped_entries_are_never_executed(populated: tuple[Path, dict[str, str
     assert again["reason"] in again["probe"]  # `rlx devices --explain` says where the cache is
 
 
+@pytest.mark.slow
 def test_a_tampered_entry_and_an_unsigned_one_are_refused(populated: tuple[Path, dict[str, str]],
                                                           tmp_path: Path) -> None:  # fmt: skip
     root, jax_dir, entries = _copy(populated, tmp_path)
@@ -181,6 +183,7 @@ def test_clear_removes_what_rlx_wrote_and_leaves_a_stray_file(populated: tuple[P
     assert (root / KEY_FILE).exists()  # the key is not a cache entry: it outlives a clear
 
 
+@pytest.mark.slow
 def test_a_group_writable_directory_is_refused_with_its_reason(populated: tuple[Path, dict[str, str]],
                                                                 tmp_path: Path) -> None:  # fmt: skip
     root, jax_dir, _ = _copy(populated, tmp_path)
@@ -194,6 +197,7 @@ def test_a_group_writable_directory_is_refused_with_its_reason(populated: tuple[
     assert sorted(os.listdir(jax_dir)) == before  # nothing read from it, nothing written to it
 
 
+@pytest.mark.slow
 def test_a_users_folder_is_not_adopted_used_or_cleared(tmp_path: Path) -> None:
     # the case: RLX_CACHE_DIR holds the user's own jax/ folder
     root = tmp_path / "cache"
@@ -212,6 +216,7 @@ def test_a_users_folder_is_not_adopted_used_or_cleared(tmp_path: Path) -> None:
     assert sorted(str(p.relative_to(user)) for p in user.rglob("*")) == ["README.md", "src", "src/code.py"]
 
 
+@pytest.mark.slow
 def test_unsupported_jax_internals_turn_the_cache_off(tmp_path: Path) -> None:
     # another JAX version: what rlx would replace is not there, so there is no cache at all
     got = _step(tmp_path / "cache", "import jax._src.lru_cache as m; del m._ATIME_SUFFIX")
@@ -221,6 +226,7 @@ def test_unsupported_jax_internals_turn_the_cache_off(tmp_path: Path) -> None:
     assert not (tmp_path / "cache" / "jax").exists()
 
 
+@pytest.mark.slow
 def test_a_configured_cache_is_the_users_and_a_blocked_one_is_off(tmp_path: Path) -> None:
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")

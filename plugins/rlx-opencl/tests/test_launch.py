@@ -86,6 +86,7 @@ def test_gpu_groups_are_a_multiple_of_the_warp():
     assert local_size((1000,), A_GPU, 0, WARP_KERNEL) == (250,)  # no multiple of 32 divides 1000: still legal
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(global_size=st.lists(st.integers(1, 5000), min_size=1, max_size=3).map(tuple),
        private=st.integers(0, 20_000), max_group=st.sampled_from([1, 64, 256, 1024, 4096]),
@@ -120,6 +121,7 @@ def test_narrow_vectors_in_the_generated_code():
 
 
 # ---------------------------------------------------------------------- on the device
+@pytest.mark.slow
 def test_the_chosen_launches_run_the_1024_matmul(backend):
     rng = np.random.default_rng(18)
     g = rlx_core.Graph("issue18")

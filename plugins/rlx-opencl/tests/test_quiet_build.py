@@ -36,6 +36,7 @@ def _run(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
                           env=env, timeout=300, check=False)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_program_builds_print_no_compiler_warnings(backend, tmp_path):
     plain = _run("""
         import warnings, pyopencl as cl
@@ -55,6 +56,7 @@ def test_program_builds_print_no_compiler_warnings(backend, tmp_path):
     assert "warning" not in ours.stderr, ours.stderr
 
 
+@pytest.mark.slow
 def test_compiling_and_running_a_graph_is_quiet(backend, tmp_path):
     """Issue 18's graph (printed "17 warnings generated." there): build and first launch."""
     got = _run("""
