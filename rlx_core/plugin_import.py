@@ -38,6 +38,7 @@ not die of what the parent already found.
 from __future__ import annotations
 
 import collections
+import difflib
 import hashlib
 import importlib.machinery
 import importlib.metadata
@@ -59,13 +60,13 @@ import pluggy
 
 from ._version import __version__
 from .cache import JsonCache, cache_dir
-from .errors import PluginError
+from .errors import ConfigError, PluginError
 from .isolation import CHILD_MODULE, STARTUP_SECONDS, describe_exit, finish_child, in_isolation_child, start_child
-from .plugin import RlxBackendSpec
+from .plugin import ENTRY_POINT_GROUP, RlxBackendSpec
 
 __all__ = ["ImportVerdict", "ImportChecks", "fingerprint", "check_in_child", "call_hook", "IMPORT_NAMESPACE",
            "distribution_of", "cache_writable", "import_verdicts", "verdict_root", "ReservedName",
-           "reserved_for", "times"]  # fmt: skip
+           "reserved_for", "times", "disabled_plugins"]  # fmt: skip
 
 log = logging.getLogger("rlx.registry")
 
@@ -113,6 +114,43 @@ def call_hook(plugin: object, entry_point: str, value: str) -> object:
         raise PluginError(f"{value!r} implements no rlx_backends hook (decorate it with rlx_core.hookimpl)")
     results = pm.hook.rlx_backends()
     return results[0] if results else None
+
+
+def disabled_plugins(raw: str, entry_points: Sequence[Any] | None, first_party: Mapping[str, str]) -> set[str]:
+    """``RLX_DISABLE_PLUGINS`` (``raw``) as a set of entry point names; blank means none.
+
+    Disabled plugins are never imported, so this is read before any import check. An
+    empty entry (``cuda,,``) is a ``ConfigError`` like any other malformed token: a
+    variable that expanded to nothing would otherwise disable less than the user meant.
+    So is a name that is no plugin here nor one of rlx's own (``opencll``): the plugin the
+    user meant would stay enabled. rlx's own names (``first_party``) are accepted where
+    they are not installed, since the same variables travel between hosts.
+    ``entry_points`` are the registry's own when it was given some (else the installed
+    ones are the known names).
+    """
+    names: set[str] = set()
+    if not raw.strip():
+        return names
+    for token in raw.split(","):
+        token = token.strip()
+        if not token:
+            raise ConfigError(f"RLX_DISABLE_PLUGINS: {raw.strip()!r} has an empty entry; expected "
+                              "comma-separated entry point names like 'cuda,opencl'")
+        if any(c.isspace() for c in token) or "=" in token:
+            raise ConfigError(f"RLX_DISABLE_PLUGINS: {token!r} is not an entry point name "
+                              "(expected comma-separated names like 'cuda,opencl')")
+        names.add(token)
+    if in_isolation_child():  # the parent checked the names; this registry holds one entry point
+        return names
+    known = set(first_party) | {ep.name for ep in entry_points or ()}
+    if names - known:  # the installed plugins too: a registry may be given some entry points only
+        known |= {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    for token in sorted(names - known):
+        close = difflib.get_close_matches(token, sorted(known), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"RLX_DISABLE_PLUGINS: {token!r} is not a plugin here; {hint}plugins (entry point "
+                          f"names): {', '.join(sorted(known))}")
+    return names
 
 
 class ReservedName(PluginError):

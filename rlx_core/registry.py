@@ -43,7 +43,15 @@ from .errors import ConfigError, DeviceError, PluginError, PluginWarning
 from .faults import DeviceFault, FaultLog
 from .isolation import ChildTarget, isolation_enabled, reraised
 from .plugin import ENTRY_POINT_GROUP, PLUGIN_API_VERSION, Availability, Backend
-from .plugin_import import ImportVerdict, ReservedName, call_hook, distribution_of, import_verdicts, reserved_for
+from .plugin_import import (
+    ImportVerdict,
+    ReservedName,
+    call_hook,
+    disabled_plugins,
+    distribution_of,
+    import_verdicts,
+    reserved_for,
+)
 from .probe_verdicts import ProbeVerdicts
 from .probing import ProbeRun, describe_error
 
@@ -182,42 +190,10 @@ class Registry:
                 self._loaded = True
 
     def _disabled_names(self) -> set[str]:
-        """``RLX_DISABLE_PLUGINS`` as a set of entry point names; blank means none. An empty
-        entry (``cuda,,``) is a ``ConfigError`` like any other malformed token: a variable
-        that expanded to nothing would otherwise disable less than the user meant. So is
-        a name that is no plugin here nor one of rlx's own (``opencll``): the plugin the
-        user meant would stay enabled. rlx's own names are accepted where they are not
-        installed, since the same variables travel between hosts."""
-        raw = self.environ.get("RLX_DISABLE_PLUGINS", "")
-        names: set[str] = set()
-        if not raw.strip():
-            return names
-        for token in raw.split(","):
-            token = token.strip()
-            if not token:
-                raise ConfigError(f"RLX_DISABLE_PLUGINS: {raw.strip()!r} has an empty entry; expected "
-                                  "comma-separated entry point names like 'cuda,opencl'")
-            if any(c.isspace() for c in token) or "=" in token:
-                raise ConfigError(f"RLX_DISABLE_PLUGINS: {token!r} is not an entry point name "
-                                  "(expected comma-separated names like 'cuda,opencl')")
-            names.add(token)
-        from .isolation import in_isolation_child
-
-        if in_isolation_child():  # the parent checked the names; this registry holds one entry point
-            return names
+        """``RLX_DISABLE_PLUGINS`` as a set of entry point names (``plugin_import.disabled_plugins``)."""
         if self._entry_points is not None and not isinstance(self._entry_points, (list, tuple)):
             self._entry_points = list(self._entry_points)  # read twice: here and by the loading
-        known = set(FIRST_PARTY) | {ep.name for ep in self._entry_points or ()}
-        if names - known:  # the installed plugins too: a registry may be given some entry points only
-            known |= {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
-        for token in sorted(names - known):
-            import difflib
-
-            close = difflib.get_close_matches(token, sorted(known), n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(f"RLX_DISABLE_PLUGINS: {token!r} is not a plugin here; {hint}plugins (entry point "
-                              f"names): {', '.join(sorted(known))}")
-        return names
+        return disabled_plugins(self.environ.get("RLX_DISABLE_PLUGINS", ""), self._entry_points, FIRST_PARTY)
 
     def _load_entry_point(self, ep: Any, verdict: ImportVerdict | None = None, fingerprint: str = "") -> None:
         dist_obj = getattr(ep, "dist", None)
