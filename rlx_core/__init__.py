@@ -46,6 +46,7 @@ from .policy import DevicePolicy
 from .registry import Registry, broken_plugins, default_registry, get_backend
 from .runtime import Runtime, default_runtime, run_with_fallback
 from .session import CompiledGraph, CompileReport, GraphDevices, compile
+from .symbolic import Sym
 
 
 def __getattr__(name: str) -> object:
@@ -84,6 +85,7 @@ __all__ = [
     "Registry",
     "RlxError",
     "Runtime",
+    "Sym",
     "RlxWarning",
     "Value",
     "available_devices",

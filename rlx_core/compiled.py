@@ -292,4 +292,6 @@ def _own_copy(g: Graph) -> Graph:
     copy._values = dict(g._values)
     copy._inputs, copy._params, copy._outputs = list(g._inputs), list(g._params), g._outputs
     copy._names = dict(g._names)
+    copy._constraints = list(g._constraints)  # a symbolic graph's checks travel with it
+    copy._node_symbols = dict(g._node_symbols)
     return copy

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ._specialize import representative
 from .errors import InputError
 from .ir import Graph, Node
 
@@ -20,12 +21,21 @@ __all__ = ["InputSpec", "input_specs", "validate_inputs", "as_array", "random_in
 class InputSpec:
     """What one graph input expects."""
 
-    __slots__ = ("dtype", "name", "shape")
+    __slots__ = ("dtype", "name", "shape", "symbolic")
 
     def __init__(self, node: Node) -> None:
         self.name = node.name
         self.shape = node.shape
         self.dtype = np.dtype(node.dtype)
+        # A symbolic dim (``"batch"``) takes any size here; that the sizes agree with one
+        # another is ``Graph.bind``'s to check, with the graph's constraints.
+        self.symbolic = any(type(d) is not int for d in node.shape)
+
+    def fits(self, shape: tuple[int, ...]) -> bool:
+        """Whether ``shape`` has this input's rank and its fixed dims."""
+        if not self.symbolic:
+            return shape == self.shape
+        return len(shape) == len(self.shape) and all(type(d) is not int or d == s for d, s in zip(self.shape, shape))
 
 
 def input_specs(graph: Graph) -> tuple[InputSpec, ...]:
@@ -108,7 +118,7 @@ def validate_inputs(specs: Sequence[InputSpec], inputs: Mapping[str, Any],
         dev = None if type(value) is np.ndarray or not device_arrays else _device_array(value)
         arr = value if type(value) is np.ndarray or dev is not None else as_array(value, f"input {spec.name!r}")
         shape, dtype = dev if dev is not None else (arr.shape, arr.dtype)
-        if shape != spec.shape or dtype != spec.dtype:
+        if dtype != spec.dtype or (shape != spec.shape and not spec.fits(shape)):
             if dtype != spec.dtype:
                 raise InputError(
                     f"input {spec.name!r}: expected dtype {spec.dtype}, got {dtype} "
@@ -144,8 +154,11 @@ def check_param_value(graph: Graph, name: str, value: Any) -> tuple[Node, np.nda
 def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded inputs matching ``graph``: floats in [-1, 1), ints in [0, 8), random bools.
 
-    Int inputs stay small so that they are valid indices for typical gathers.
+    Int inputs stay small so that they are valid indices for typical gathers. A symbolic
+    graph gets inputs of its representative size (``_specialize.representative``).
     """
+    if graph.is_symbolic:
+        graph = representative(graph)[0]
     rng = np.random.default_rng(seed)
     out = {}
     for i in graph.inputs:

@@ -8,6 +8,7 @@ construction; backends walk it once at compile time.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
 import json
 import math
@@ -24,6 +25,8 @@ from .dtypes import normalize_dtype
 from .errors import GraphError, ModelError
 from .internal_types import infer_any
 from .ops import OpKind
+from .shape_rules import Constraint, parse_dim, recording
+from .symbolic import Dim, Sym, format_shape, free_symbols, to_obj
 
 __all__ = ["Graph", "Node", "Value", "GRAPH_FORMAT", "GRAPH_FORMAT_VERSION"]
 
@@ -42,7 +45,7 @@ class Node:
     op: OpKind
     inputs: tuple[int, ...]
     attrs: Mapping[str, Any]
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]  # ints, or ``Sym`` where the graph is symbolic
     dtype: str
     name: str = ""
     origin: int | None = None
@@ -62,7 +65,7 @@ class Value:
 
     graph: Graph = field(repr=False)
     id: int
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]
     dtype: str
     name: str = ""
 
@@ -91,6 +94,14 @@ def _frozen_array(value: Any, dtype: str | None, what: str) -> np.ndarray:
     return arr
 
 
+def _input_dim(raw: Any) -> Dim:
+    """An input's dim: an int-like (bools refused), or a symbol name or ``Sym``."""
+    if isinstance(raw, str) and not raw.isidentifier():
+        raise ValueError(raw)
+    dim = None if isinstance(raw, bool) else parse_dim(raw)
+    return int(raw) if dim is None else dim  # int() of a float raises, or is checked by the caller
+
+
 class Graph:
     """A computation graph under construction (then frozen once compiled).
 
@@ -110,6 +121,8 @@ class Graph:
         self._frozen = False
         self._origin: int | None = None  # set by legalization while it emits a decomposition
         self._uid = next(_graph_ids)
+        self._constraints: list[Constraint] = []  # what symbolic shape inference could not decide
+        self._node_symbols: dict[str, int] = {}  # symbols first met in a computational node (not an input)
         # The session each runtime keeps for this graph (runtime.Runtime.session): held here,
         # not by the runtime, so that it dies with the graph (a session holds its graph).
         self._sessions: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -134,6 +147,39 @@ class Graph:
     @property
     def frozen(self) -> bool:
         return self._frozen
+
+    @property
+    def is_symbolic(self) -> bool:
+        """Whether any node's shape holds a symbolic dim (a ``Sym``)."""
+        return any(isinstance(d, Sym) for n in self._nodes for d in n.shape)
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """The symbol names the inputs' shapes use, sorted."""
+        return tuple(sorted(free_symbols(tuple(d for i in self._inputs for d in self._nodes[i].shape))))
+
+    @property
+    def constraints(self) -> tuple[Constraint, ...]:
+        """What shape inference required of the symbols (``n == batch``, ``h >= 3``), each with
+        the op and node that required it; ``bind`` checks them."""
+        return tuple(self._constraints)
+
+    def bind(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+        """The value of every symbol, from the inputs' concrete shapes (input name -> shape).
+        ``InputError`` names the input, dim, symbol and conflicting sizes, a wrong rank, a
+        constraint that does not hold (and which op and node recorded it) or an unbound symbol."""
+        from ._specialize import bind_shapes
+
+        return bind_shapes(self, shapes)
+
+    def specialize(self, bindings: Mapping[str, int]) -> Graph:
+        """A new static, unfrozen graph: the same node ids, ops, names, inputs, outputs and
+        params (arrays shared, not copied), every dim and shape-valued attribute evaluated
+        under ``bindings`` and every node re-inferred, so it is exactly the graph the builder
+        makes with those sizes. ``GraphError`` for a missing binding or a broken constraint."""
+        from ._specialize import specialize_graph
+
+        return specialize_graph(self, bindings)
 
     def node(self, id: int | Value) -> Node:
         i = int(id.id if isinstance(id, Value) else id)
@@ -210,7 +256,8 @@ class Graph:
             raise GraphError(f"unknown op {op!r}") from None
         self._check_open(str(op))
         ins = [self.node(i) for i in inputs]
-        norm, shape, dtype = infer_any(op, ins, attrs)
+        with recording() as found:
+            norm, shape, dtype = infer_any(op, ins, attrs)
         if name:
             norm_name = str(name)
         else:
@@ -219,6 +266,11 @@ class Graph:
         node = Node(nid, op, tuple(n.id for n in ins), MappingProxyType(norm), tuple(shape), dtype, norm_name,
                     self._origin if self._origin is not None else nid)  # fmt: skip
         self._nodes.append(node)
+        if found:
+            self._constraints.extend(dataclasses.replace(c, node=nid) for c in found)
+        if op is OpKind.RESHAPE or any(isinstance(d, Sym) for d in node.shape):  # (reshape's target may name one)
+            for sym in free_symbols(node.shape) | free_symbols(tuple(norm.values())):
+                self._node_symbols.setdefault(sym, nid)
         return Value(self, nid, node.shape, dtype, norm_name)
 
     def _add(self, op: OpKind, values: Sequence[ValueLike], name: str = "", **attrs: Any) -> Value:
@@ -255,13 +307,18 @@ class Graph:
         return name
 
     # ----------------------------------------------------------------- sources
-    def input(self, name: str, shape: Iterable[int], dtype: Any = "float32") -> Value:
-        """A run-time input, fed by ``run({name: array})``."""
+    def input(self, name: str, shape: Iterable[int | str | Sym], dtype: Any = "float32") -> Value:
+        """A run-time input, fed by ``run({name: array})``. A dim is an int, or a symbol
+        (a name such as ``"batch"``, or a ``Sym``) whose size comes with each run."""
         self._check_open("input")
         name = self._check_name("input", name)
         try:
-            dims = tuple(int(d) for d in shape)
-            bad = [d for d, raw in zip(dims, shape) if d < 0 or isinstance(raw, bool) or int(raw) != raw]
+            if isinstance(shape, (str, Sym)):
+                raise TypeError
+            raws = tuple(shape)
+            dims = tuple(_input_dim(d) for d in raws)
+            bad = [d for d, raw in zip(dims, raws)
+                   if not isinstance(d, Sym) and (d < 0 or isinstance(raw, bool) or int(raw) != raw)]  # fmt: skip
         except (TypeError, ValueError):
             raise GraphError(f"input {name!r}: shape must be a sequence of ints, got {shape!r}") from None
         if bad:
@@ -489,7 +546,7 @@ class Graph:
             mark = "  -> output" if n.id in outs else ""
             lines.append(
                 f"  %{n.id:<3} = {n.op}({args}{', ' if args and attrs else ''}{attrs}){label} "
-                f": {n.dtype}{list(n.shape)}{mark}"
+                f": {n.dtype}{format_shape(n.shape)}{mark}"
             )
         return "\n".join(lines)
 
@@ -520,13 +577,14 @@ class Graph:
         for n in self._nodes:
             d: dict[str, Any] = {"id": n.id, "op": n.op.value, "inputs": list(n.inputs), "name": n.name}
             if n.op is OpKind.INPUT:
-                d["shape"], d["dtype"] = list(n.shape), n.dtype
+                d["shape"], d["dtype"] = [to_obj(x) if isinstance(x, Sym) else x for x in n.shape], n.dtype
             elif n.id in self._values:
                 arr = np.asarray(self._values[n.id], order="C").astype(np.dtype(n.dtype).newbyteorder("<"))
                 d["value"] = {"dtype": n.dtype, "shape": list(arr.shape),
                               "data": base64.b64encode(arr.tobytes()).decode("ascii")}  # fmt: skip
             else:
-                d["attrs"] = {k: list(v) if isinstance(v, tuple) else v for k, v in n.attrs.items()}
+                d["attrs"] = {k: [to_obj(x) if isinstance(x, Sym) else x for x in v] if isinstance(v, tuple) else v
+                              for k, v in n.attrs.items()}  # fmt: skip
             nodes.append(d)
         doc = {"format": GRAPH_FORMAT, "version": GRAPH_FORMAT_VERSION, "name": self.name,
                "nodes": nodes, "outputs": list(self._outputs)}  # fmt: skip

@@ -14,8 +14,10 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from . import shape_rules
 from .dtypes import FLOAT_DTYPES, is_int, normalize_dtype
 from .errors import GraphError
+from .symbolic import Dim, Sym
 
 __all__ = [
     "OpKind",
@@ -135,7 +137,7 @@ _FLOAT_ONLY = frozenset(
 )  # fmt: skip
 _INT_ONLY = frozenset(BITWISE_OPS)
 
-Shape = tuple[int, ...]
+Shape = tuple[Dim, ...]  # ints, or symbolic dims (see symbolic.py and shape_rules.py)
 
 
 class TensorLike(Protocol):
@@ -157,6 +159,8 @@ def _fmt(ins: Sequence[TensorLike]) -> str:
 
 def broadcast_shapes(op: OpKind, *shapes: Shape) -> Shape:
     """numpy broadcasting of ``shapes``; ``GraphError`` naming ``op`` and every shape."""
+    if shape_rules.has_sym(*shapes):
+        return shape_rules.broadcast_dims(op, shapes)
     ndim = max((len(s) for s in shapes), default=0)
     out = []
     for i in range(-ndim, 0):
@@ -283,7 +287,7 @@ def _infer_matmul(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tuple[
         raise _fail(op, f"inputs must have rank >= 1, got shapes {a} and {b}")
     a2 = (1, *a) if len(a) == 1 else a
     b2 = (*b, 1) if len(b) == 1 else b
-    if a2[-1] != b2[-2]:
+    if not shape_rules.same_dim(op, a2[-1], b2[-2], f"the inner dimensions of {a} and {b}"):
         raise _fail(op, f"inner dimensions differ: shapes {a} and {b} ({a2[-1]} != {b2[-2]})")
     try:
         batch = broadcast_shapes(op, a2[:-2], b2[:-2])
@@ -346,7 +350,11 @@ def _infer_reshape(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tuple
     _need(op, ins, 1)
     _no_attrs(op, attrs, ("shape",))
     x = ins[0].shape
-    want = list(_ints(op, attrs.get("shape", ()), "shape"))
+    raw = attrs.get("shape", ())
+    if shape_rules.has_sym(x) or shape_rules.has_sym_target(raw):
+        shape = shape_rules.reshape_dims(op, x, raw)
+        return {"shape": shape}, shape, ins[0].dtype
+    want = list(_ints(op, raw, "shape"))
     size = math.prod(x)
     if want.count(-1) > 1 or any(d < -1 for d in want):
         raise _fail(op, f"shape {tuple(want)} may hold at most one -1 and no other negative")
@@ -379,7 +387,10 @@ def _infer_concat(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tuple[
     first = ins[0].shape
     axis = _axis(op, attrs.get("axis", 0), len(first))
     for t in ins[1:]:
-        if len(t.shape) != len(first) or any(a != b for i, (a, b) in enumerate(zip(t.shape, first)) if i != axis):
+        if len(t.shape) != len(first) or not all(
+            shape_rules.same_dim(op, a, b, f"concatenating {first} and {t.shape} on axis {axis}")
+            for i, (a, b) in enumerate(zip(t.shape, first)) if i != axis
+        ):
             raise _fail(op, f"shapes {first} and {t.shape} differ outside axis {axis}")
     shape = (*first[:axis], sum(t.shape[axis] for t in ins), *first[axis + 1:])
     return {"axis": axis}, shape, dtype
@@ -405,6 +416,11 @@ def _infer_slice(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tuple[A
     shape = list(x)
     n_starts, n_ends = [], []
     for a, s, e, st in zip(axes, starts, ends, steps):
+        if isinstance(x[a], Sym):  # bounds stay as given; specializing canonicalizes them
+            n_starts.append(s)
+            n_ends.append(e)
+            shape[a] = shape_rules.slice_length(x[a], s, e, st)
+            continue
         s, e = _canonical_bounds(x[a], s, e, st)
         n_starts.append(s)
         n_ends.append(e)
@@ -472,7 +488,9 @@ def _infer_where(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tuple[A
     return {}, broadcast_shapes(op, *(t.shape for t in ins)), dtype
 
 
-def _window_out(op: OpKind, size: int, k: int, s: int, p0: int, p1: int, d: int, ceil: bool) -> int:
+def _window_out(op: OpKind, size: Dim, k: int, s: int, p0: int, p1: int, d: int, ceil: bool) -> Dim:
+    if isinstance(size, Sym):
+        return shape_rules.window_out(op, size, k, s, p0, p1, d, ceil)
     span = size + p0 + p1 - d * (k - 1) - 1
     if span < 0:
         raise _fail(op, f"window {k} (dilation {d}) is larger than the padded input {size + p0 + p1}")
@@ -496,6 +514,8 @@ def _infer_conv2d(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tuple[
     groups = attrs.get("groups", 1)
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise _fail(op, f"groups must be an int >= 1, got {groups!r}")
+    if shape_rules.has_sym(x[1:2], w):
+        raise _fail(op, f"symbolic dims not supported yet in channels or weights: x {x}, w {w}")
     if x[1] % groups or w[0] % groups or w[1] * groups != x[1]:
         raise _fail(op, f"channels do not match: x {x}, w {w}, groups {groups} (need w[1] * groups == x[1])")
     if len(ins) == 3 and ins[2].shape != (w[0],):
@@ -556,7 +576,10 @@ def _infer_attention(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tup
     q, k, v = (t.shape for t in ins[:3])
     dtype = _same_dtype(op, ins[:3])
     _check_kind(op, dtype, ins)
-    if min(len(q), len(k), len(v)) < 2 or q[-1] != k[-1] or k[-2] != v[-2]:
+    if min(len(q), len(k), len(v)) < 2 or not (
+        shape_rules.same_dim(op, q[-1], k[-1], f"the head dims of q {q} and k {k}")
+        and shape_rules.same_dim(op, k[-2], v[-2], f"the key lengths of k {k} and v {v}")
+    ):
         raise _fail(op, f"needs q (..., Lq, D), k (..., Lk, D), v (..., Lk, Dv); got {q}, {k}, {v}")
     batch = broadcast_shapes(op, q[:-2], k[:-2], v[:-2])
     scores = (*batch, q[-2], k[-2])
@@ -564,10 +587,15 @@ def _infer_attention(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tup
         m = ins[3]
         if m.dtype not in ("bool", dtype):
             raise _fail(op, f"mask must be bool or {dtype}, got {m.dtype}")
-        fits = len(m.shape) <= len(scores) and all(d in (1, sd) for d, sd in zip(m.shape[::-1], scores[::-1]))
+        fits = len(m.shape) <= len(scores) and all(
+            (not isinstance(d, Sym) and d == 1) or shape_rules.same_dim(op, d, sd, f"mask {m.shape} on scores {scores}")
+            for d, sd in zip(m.shape[::-1], scores[::-1])
+        )
         if not fits:
             raise _fail(op, f"mask shape {m.shape} does not broadcast to the scores shape {scores}")
     scale = attrs.get("scale")
+    if scale is None and isinstance(q[-1], Sym):  # 1/sqrt(D) once D is known (specializing)
+        return {"scale": None}, (*batch, q[-2], v[-1]), dtype
     if scale is None:  # 1/sqrt(D); an empty head dimension has all-zero scores, any scale will do
         scale = 1.0 / math.sqrt(q[-1]) if q[-1] else 1.0
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):

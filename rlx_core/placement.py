@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from .compiled import compile_on
 from .corrections import Correction, PredictionErrors, borrowed
 from .cost import estimate_graph_cost
+from .dynamic import representative
 from .errors import DeviceError
 from .ir import Graph
 from .lowering import legalize_for, pipeline_for, priced_graph
@@ -107,7 +108,8 @@ class Placement:
 
     def __init__(self, graph: Graph | None, policy: DevicePolicy | None = None,
                  registry: Registry | None = None, *, measure: MeasureSettings | None = None) -> None:  # fmt: skip
-        self.graph = graph
+        # A symbolic graph is placed and priced at a representative size (dynamic.py says which).
+        self.graph = representative(graph)[0] if graph is not None and graph.is_symbolic else graph
         self.policy = policy if policy is not None else DevicePolicy.from_env()
         self.registry = registry or default_registry()
         self.policy.validate(self.registry)  # a device name no backend has is a ConfigError, not ignored

@@ -415,10 +415,16 @@ def evaluate(graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] 
     Floats are computed and returned in float64 whatever their declared precision (an
     input is first rounded to its declared dtype); int and bool values keep their dtype.
     ``params`` (name -> array of the param's shape and dtype) replaces params' values for
-    this call, as ``set_param`` would. Inputs are not modified. Raises ``InputError`` for
+    this call, as ``set_param`` would. A symbolic graph is first specialized to the inputs'
+    shapes (``Graph.bind``). Inputs are not modified. Raises ``InputError`` for
     missing or unknown names, a wrong shape, integer division by zero or an out-of-range
     gather index, or integer fmod by zero.
     """
+    if graph.is_symbolic:  # bind the symbols from the inputs' shapes, then run the static graph
+        names = {graph.node(i).name for i in graph.inputs}
+        if names != set(inputs):
+            _feed(graph, inputs)  # raises, naming the missing and unknown inputs
+        graph = graph.specialize(graph.bind({n: np.shape(inputs[n]) for n in names}))
     values = _feed(graph, inputs)
     overrides = _param_overrides(graph, params or {})
     with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):

@@ -19,6 +19,7 @@ import numpy as np
 from .compiled import CompiledGraph, CompileReport, compile_on
 from .corrections import PredictionErrors
 from .drift import DriftWatch, Repick, drift_settings
+from .dynamic import compile_symbolic
 from .errors import CALLER_ERRORS, DeviceError, DeviceFallbackError, FallbackWarning
 from .fallback import Wording, try_in_turn
 from .inputs import check_param_value, input_specs, validate_inputs
@@ -65,6 +66,22 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
         raise DeviceError(f"device {device!r} is empty; give a device name such as 'cpu' or 'cuda:1', or 'auto' "
                           "(or None) for the policy's pick")
     reg = registry or default_registry()
+    if graph.is_symbolic:  # placed at a representative size, then compiled per shape class (dynamic.py)
+
+        def again(spec: Graph, device: str | None) -> CompiledGraph:
+            return compile(spec, device, policy, registry=reg, options=options, partition=partition, measure=measure)
+
+        def later(spec: Graph) -> CompiledGraph:  # on the device the first compile chose; a split is planned again
+            return again(spec, device if "+" in first_device[0] else first_device[0])
+
+        first_device: list[str] = []
+
+        def first(spec: Graph) -> CompiledGraph:
+            cg = again(spec, device)
+            first_device.append(cg.device)
+            return cg
+
+        return compile_symbolic(graph, first, later)
     placement = Placement(graph, policy, reg, measure=measure)
     explicit = device not in (None, "", "auto") or bool(placement.policy.device)
     if explicit:
@@ -209,11 +226,17 @@ class GraphDevices:
         with self._lock:
             cg = self._compiled.get(dev)
             if cg is None:
-                cg = compile_on(self.graph, dev, "explicit device (argument)", [], self._registry)
+                cg = self._compile_on(dev)
                 for name, value in self._params.items():
                     cg.set_param(name, value)
                 self._compiled[dev] = cg
             return cg
+
+    def _compile_on(self, dev: str) -> CompiledGraph:
+        def on(graph: Graph) -> CompiledGraph:
+            return compile_on(graph, dev, "explicit device (argument)", [], self._registry)
+
+        return compile_symbolic(self.graph, on) if self.graph.is_symbolic else on(self.graph)
 
     def resolve(self, hint: str | None = None) -> str:
         return self._placement().choose(hint)[0]

@@ -1,0 +1,148 @@
+"""Binding a symbolic graph's symbols to sizes, and specializing it to a static graph.
+
+``Graph.bind`` reads the symbols' values off the inputs' concrete shapes and checks every
+recorded constraint; ``Graph.specialize`` rebuilds the graph with those values through
+the normal type rules, so a specialized graph is exactly the one the builder would have
+made with those sizes (the compile pipeline and static-only backends see nothing else).
+Nothing is cached here: callers cache specializations per shape class.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .errors import GraphError, InputError
+from .ops import OpKind
+from .shape_rules import Constraint, evaluate_attr
+from .symbolic import Sym, UnboundSymbolError, evaluate, free_symbols
+
+if TYPE_CHECKING:
+    from .ir import Graph
+
+__all__ = ["bind_shapes", "specialize_graph", "representative", "REPRESENTATIVE_SIZES"]
+
+#: Sizes tried, in order, for every symbol when a symbolic graph must be priced or placed.
+REPRESENTATIVE_SIZES = (16, 64, 224)
+
+_representatives: weakref.WeakKeyDictionary[Graph, tuple[Graph, dict[str, int]]] = weakref.WeakKeyDictionary()
+_rep_lock = threading.Lock()
+
+
+def _values(c: Constraint, bindings: Mapping[str, int]) -> str:
+    names = sorted(free_symbols((c.lhs, c.rhs)))
+    return ", ".join(f"{n} = {bindings[n]}" for n in names if n in bindings)
+
+
+def _describe(graph: Graph, c: Constraint) -> str:
+    where = graph.node(c.node).describe() if c.node is not None else "a node"
+    return f"constraint {c} (from {c.op} {where}: {c.why})"
+
+
+def bind_shapes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    nodes = graph.nodes
+    ins = {nodes[i].name: nodes[i] for i in graph.inputs}
+    missing, unknown = sorted(set(ins) - set(shapes)), sorted(set(shapes) - set(ins))
+    if missing or unknown:
+        parts = [f"missing {missing}" if missing else "", f"unknown {unknown}" if unknown else ""]
+        raise InputError(f"graph {graph.name!r}: input shapes {' and '.join(p for p in parts if p)}; "
+                         f"it takes {sorted(ins)}")  # fmt: skip
+    bindings: dict[str, int] = {}
+    source: dict[str, str] = {}
+    later = []
+    for name, node in ins.items():
+        got = tuple(int(d) for d in shapes[name])
+        if len(got) != len(node.shape):
+            raise InputError(f"input {name!r}: expected rank {len(node.shape)} (shape {node.shape}), got shape {got}")
+        for i, (want, size) in enumerate(zip(node.shape, got)):
+            if not isinstance(want, Sym):
+                if want != size:
+                    raise InputError(f"input {name!r} dim {i}: expected {want} (shape {node.shape}), got {size}")
+            elif want.name is None:
+                later.append((name, i, want, size))
+            elif want.name in bindings and bindings[want.name] != size:
+                sym = want.name
+                raise InputError(f"input {name!r} dim {i} ({sym!r}): {size}, but input {source[sym]!r} "
+                                 f"gave {sym} = {bindings[sym]}")  # fmt: skip
+            else:
+                bindings.setdefault(want.name, size)
+                source.setdefault(want.name, name)
+    for name, i, want, size in later:  # an expression dim (Sym("n") * 2): checked once its symbols are known
+        try:
+            value = evaluate(want, bindings)
+        except UnboundSymbolError as exc:
+            raise InputError(f"input {name!r} dim {i} ({want}): symbol {exc.name!r} is bound by no input dim "
+                             "of its own") from None  # fmt: skip
+        if value != size:
+            raise InputError(f"input {name!r} dim {i} ({want}): {size}, but the other inputs give {want} = {value}")
+    for sym, nid in graph._node_symbols.items():
+        if sym not in bindings:
+            raise InputError(f"symbol {sym!r} (first used by {graph.node(nid).describe()}, "
+                             f"{graph.node(nid).op}) is bound by no input dim")  # fmt: skip
+    for c in graph.constraints:
+        if not c.holds(bindings):
+            raise InputError(f"{_describe(graph, c)} does not hold: {_values(c, bindings)}")
+    return bindings
+
+
+def specialize_graph(graph: Graph, bindings: Mapping[str, int]) -> Graph:
+    needed = set(graph.symbols) | set(graph._node_symbols)
+    missing = sorted(needed - set(bindings))
+    if missing:
+        raise GraphError(f"specialize: graph {graph.name!r} needs a value for symbol(s) {missing}; "
+                         f"got {dict(bindings)}")  # fmt: skip
+    sizes = {k: int(v) for k, v in bindings.items()}
+    for c in graph.constraints:
+        if not c.holds(sizes):
+            raise GraphError(f"specialize: {_describe(graph, c)} does not hold: {_values(c, sizes)}")
+    new = type(graph)(graph.name)
+    for node in graph.nodes:
+        new._origin = node.origin
+        shape = tuple(evaluate(d, sizes) for d in node.shape)
+        if node.op in (OpKind.INPUT, OpKind.PARAM, OpKind.CONSTANT):
+            value: Any = graph.value(node.id) if node.op is not OpKind.INPUT else None  # shared: read-only
+            new._add_source(node.op, node.name, shape, node.dtype, value)
+            continue
+        attrs = {k: evaluate_attr(v, sizes) for k, v in node.attrs.items()}
+        if node.op is OpKind.ATTENTION and attrs.get("scale") is None:
+            attrs.pop("scale", None)  # the default 1/sqrt(D), now that D is known
+        made = new._add_node(node.op, node.inputs, attrs, node.name)
+        if made.shape != shape:  # the symbolic rule and the static one disagree: a bug, never a silent one
+            raise GraphError(f"specialize: {node.describe()} ({node.op}) has shape {made.shape} under {sizes}, "
+                             f"but its symbolic shape {node.shape} gives {shape}")  # fmt: skip
+    new._origin = None
+    new._outputs = graph.outputs
+    return new
+
+
+def representative(graph: Graph) -> tuple[Graph, dict[str, int]]:
+    """``graph`` specialized at a representative size, and the bindings used: what a
+    symbolic graph is placed and priced at (``dynamic.py``), and what tools feed it when
+    they make up inputs.
+
+    Every symbol takes the same size, the first of ``REPRESENTATIVE_SIZES`` that the
+    graph's shape rules (and the constraints its ops recorded) accept. Kept per graph once
+    the graph is frozen (a compiled graph no longer changes)."""
+    with _rep_lock:
+        found = _representatives.get(graph)
+    if found is not None:
+        return found
+    problems: list[str] = []
+    for size in REPRESENTATIVE_SIZES:
+        bindings = dict.fromkeys(graph.symbols, size)
+        try:
+            spec = graph.specialize(bindings)
+            shapes = {spec.node(i).name: spec.node(i).shape for i in spec.inputs}
+            graph.bind(shapes)  # the constraints recorded by the ops (``batch == 4``) must hold too
+        except (GraphError, InputError) as exc:
+            problems.append(f"{size}: {exc}")
+            continue
+        result = (spec, bindings)
+        if graph.frozen:
+            with _rep_lock:
+                _representatives[graph] = result
+        return result
+    raise GraphError(f"graph {graph.name!r} has symbolic dims ({', '.join(graph.symbols)}) and no representative "
+                     f"size fits its shape rules, so it cannot be placed; tried {'; '.join(problems)}")

@@ -1,0 +1,168 @@
+"""Symbolic graphs through compile and run: any sizes that satisfy the graph, one compiled
+copy per shape class on the device picked once, errors naming the dim (dynamic.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support import ToyBackend, registry_with
+
+import rlx_core as rlx
+from rlx_core import reference
+from rlx_core.dynamic import REPRESENTATIVE_SIZES, DynamicCompiledGraph, representative
+
+RNG = np.random.default_rng(7)
+W = RNG.standard_normal((16, 8)).astype(np.float32)
+
+
+def mlp() -> rlx.Graph:
+    """x[batch, 16] @ w -> relu -> softmax: every op keeps the batch symbolic."""
+    g = rlx.Graph("dyn-mlp")
+    x = g.input("x", ("batch", 16), "float32")
+    w = g.param("w", W)
+    g.set_outputs([g.softmax(g.relu(g.matmul(x, w)), axis=-1)])
+    return g
+
+
+def encoder() -> rlx.Graph:
+    """x[batch, seq, 32]: layer norm, a product, a reshape over both symbols and a sum."""
+    g = rlx.Graph("dyn-enc")
+    x = g.input("x", ("batch", "seq", 32), "float32")
+    scale, bias = g.constant(np.ones(32, np.float32)), g.constant(np.zeros(32, np.float32))
+    h = g.layer_norm(x, scale, bias, axis=-1, eps=1e-5)
+    h = g.matmul(h, g.param("w", RNG.standard_normal((32, 32)).astype(np.float32)))
+    flat = g.reshape(h, (-1, 32))
+    g.set_outputs([g.reduce_sum(flat, axes=(1,), keepdims=False), g.gelu(h)])
+    return g
+
+
+def x_of(batch: int, width: int = 16) -> np.ndarray:
+    return RNG.standard_normal((batch, width)).astype(np.float32)
+
+
+def assert_matches(g: rlx.Graph, outs: list[np.ndarray], feeds: dict[str, np.ndarray]) -> None:
+    want = reference.evaluate(g, feeds)
+    assert len(outs) == len(want)
+    for got, ref in zip(outs, want):
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5)
+
+
+def test_a_symbolic_graph_runs_every_batch_on_cpu() -> None:
+    g = mlp()
+    cg = rlx.compile(g, device="cpu")
+    assert isinstance(cg, rlx.CompiledGraph) and isinstance(cg, DynamicCompiledGraph)
+    for batch in (1, 3, 8, 17, 3):
+        feeds = {"x": x_of(batch)}
+        (out,) = cg.run(feeds)
+        assert out.shape == (batch, 8)
+        assert_matches(g, [out], feeds)
+    assert sorted(d["batch"] for d in cg.shapes()) == sorted({REPRESENTATIVE_SIZES[0], 1, 3, 8, 17})
+    assert cg.compiles == 5  # the representative and four new classes; batch 3 again compiled nothing
+
+
+def test_two_symbols_and_a_reshape_across_them() -> None:
+    g = encoder()
+    cg = rlx.compile(g, device="cpu")
+    for batch, seq in ((1, 7), (3, 64), (2, 1)):
+        feeds = {"x": RNG.standard_normal((batch, seq, 32)).astype(np.float32)}
+        outs = cg.run(feeds)
+        assert outs[0].shape == (batch * seq,) and outs[1].shape == (batch, seq, 32)
+        assert_matches(g, outs, feeds)
+
+
+def test_auto_places_at_a_representative_size_and_says_so() -> None:
+    g = mlp()
+    cg = rlx.compile(g)
+    text = str(cg.report())
+    assert f"batch={REPRESENTATIVE_SIZES[0]}" in text and "per shape class" in text, text
+    cg.run({"x": x_of(5)})
+    assert "shape class batch=5: compiled in" in str(cg.report())
+    rows = rlx.device_report(g)
+    assert any(r.device == "cpu" and r.supports_graph for r in rows)
+    assert rlx.devices_for(g)[0] in rlx.available_devices()
+
+
+def test_sizes_that_conflict_name_the_dim_and_both_sizes() -> None:
+    g = rlx.Graph("two")
+    x = g.input("x", ("batch", 4), "float32")
+    m = g.input("m", ("batch", 4), "float32")
+    g.set_outputs([g.add(x, m)])
+    cg = rlx.compile(g, device="cpu")
+    with pytest.raises(rlx.InputError, match=r"batch") as info:
+        cg.run({"x": np.zeros((3, 4), np.float32), "m": np.zeros((5, 4), np.float32)})
+    assert "3" in str(info.value) and "5" in str(info.value)
+    with pytest.raises(rlx.InputError, match=r"'x'"):  # a fixed dim still has to match
+        cg.run({"x": np.zeros((3, 5), np.float32), "m": np.zeros((3, 5), np.float32)})
+    with pytest.raises(rlx.InputError, match=r"missing input\(s\) 'm'"):
+        cg.run({"x": np.zeros((3, 4), np.float32)})
+    with pytest.raises(rlx.InputError, match=r"unknown input\(s\) 'y'"):
+        cg.run({"x": np.zeros((3, 4), np.float32), "m": np.zeros((3, 4), np.float32), "y": 1})
+    with pytest.raises(rlx.InputError, match=r"dtype"):
+        cg.run({"x": np.zeros((3, 4), np.float64), "m": np.zeros((3, 4), np.float64)})
+
+
+def test_shape_classes_are_bounded_least_recently_used_first() -> None:
+    g = mlp()
+    compiled: list[int] = []
+    first = rlx.compile(representative(g)[0], device="cpu")
+    cg = DynamicCompiledGraph(g.freeze(), first, representative(g)[1],
+                              lambda spec: compiled.append(1) or rlx.compile(spec, device="cpu"),  # type: ignore[func-returns-value]
+                              max_shapes=2)  # fmt: skip
+    for batch in (1, 2, 1, 3):
+        cg.run({"x": x_of(batch)})
+    assert [d["batch"] for d in cg.shapes()] == [1, 3]  # 2 was the least recently used
+    cg.run({"x": x_of(2)})
+    assert len(compiled) == 3 + 1  # batch 2 compiled again after it was dropped
+    with pytest.raises(ValueError, match="max_shapes"):
+        DynamicCompiledGraph(g, first, {}, lambda spec: first, max_shapes=0)
+
+
+def test_set_param_reaches_every_copy_kept_and_later() -> None:
+    g = mlp()
+    cg = rlx.compile(g, device="cpu")
+    cg.run({"x": x_of(2)})
+    new_w = (W * -1.0).astype(np.float32)
+    cg.set_param("w", new_w)
+    for batch in (2, 9):  # a kept copy and a new one
+        feeds = {"x": x_of(batch)}
+        (out,) = cg.run(feeds)
+        h = np.maximum(feeds["x"].astype(np.float64) @ new_w.astype(np.float64), 0)
+        want = np.exp(h - h.max(-1, keepdims=True))
+        np.testing.assert_allclose(out, want / want.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    with pytest.raises(rlx.InputError, match="'w'"):
+        cg.set_param("w", np.zeros((3, 3), np.float32))
+
+
+def test_graph_devices_and_fallback_take_symbolic_graphs() -> None:
+    g = mlp()
+    gd = rlx.GraphDevices(g)
+    for batch in (1, 6):
+        feeds = {"x": x_of(batch)}
+        assert_matches(g, gd.run(feeds, device="cpu"), feeds)
+        assert_matches(g, gd.run(feeds), feeds)
+    device, outs = rlx.run_with_fallback(g, {"x": x_of(4)})
+    assert outs[0].shape == (4, 8) and device in rlx.available_devices()
+
+
+def test_a_toy_backend_is_handed_static_graphs_only() -> None:
+    seen: list[tuple] = []
+
+    class Recording(ToyBackend):
+        def compile(self, graph: rlx.Graph, options: rlx.CompileOptions) -> rlx.Executable:
+            seen.append(tuple(graph.node(i).shape for i in graph.inputs))
+            assert not graph.is_symbolic
+            return super().compile(graph, options)
+
+    reg = registry_with(Recording("toy"))
+    cg = rlx.compile(mlp(), device="toy", policy=rlx.DevicePolicy(), registry=reg)
+    cg.run({"x": x_of(3)})
+    assert seen == [((REPRESENTATIVE_SIZES[0], 16),), ((3, 16),)]
+
+
+def test_a_graph_no_representative_size_fits_is_a_clear_error() -> None:
+    g = rlx.Graph("pinned")
+    x = g.input("x", ("n", 4), "float32")
+    g.set_outputs([g.add(x, g.constant(np.ones((5, 4), np.float32)))])  # n can only be 5: why a symbol?
+    with pytest.raises(rlx.GraphError, match=r"graph 'pinned' has symbolic dims \(n\) and no representative size"):
+        rlx.compile(g, device="cpu")
