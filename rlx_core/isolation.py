@@ -44,7 +44,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -52,7 +52,8 @@ from .errors import ConfigError
 
 __all__ = ["ISOLATION_ENV", "ChildTarget", "ChildOutcome", "isolation_enabled", "run_child", "describe_exit",
            "STARTUP_SECONDS", "ChildChannel", "child_env", "start_child", "finish_child", "read_messages",
-           "read_stderr", "CHILD_ENV", "in_isolation_child", "child_command", "child_cwd", "reraised"]  # fmt: skip
+           "read_stderr", "CHILD_ENV", "in_isolation_child", "child_command", "child_cwd", "reraised",
+           "child_messages", "ChildTimedOut"]  # fmt: skip
 
 ISOLATION_ENV = "RLX_ISOLATION"
 #: The child's entry point (``python -m``): its tasks load backends, so they live apart
@@ -228,29 +229,11 @@ def run_child(task: Mapping[str, Any], *, timeout: float, environ: Mapping[str, 
     except OSError as exc:
         return ChildOutcome(died=f"could not be started ({type(exc).__name__}: {exc})")
     outcome = ChildOutcome()
-    try:
-        assert proc.stdin is not None
-        proc.stdin.write(json.dumps(dict(task)) + "\n")
-        proc.stdin.flush()  # stdin stays open: the child exits when it closes
-    except OSError:
-        pass  # the child died at once; its exit status says how
-    deadline = time.monotonic() + STARTUP_SECONDS + timeout
     answered = False
     try:
-        while not answered:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                outcome.died = f"did not finish within {timeout:g} s"
-                break
-            try:
-                message = messages.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            if message is None:  # stdout closed: the child is gone
-                break
+        for message in child_messages(proc, task, messages, timeout):
             event = message.get("event")
             if event == "started":
-                deadline = time.monotonic() + timeout
                 if on_started is not None:
                     on_started()
             elif event == "step":
@@ -259,9 +242,13 @@ def run_child(task: Mapping[str, Any], *, timeout: float, environ: Mapping[str, 
                     on_step(outcome.step, float(message.get("frac", 0.0)))
             elif event == "result":
                 outcome.result, answered = dict(message.get("payload") or {}), True
+                break
             elif event == "error":
                 outcome.error, answered = {"type": str(message.get("type", "")),
                                            "message": str(message.get("message", ""))}, True  # fmt: skip
+                break
+    except ChildTimedOut:
+        outcome.died = f"did not finish within {timeout:g} s"
     finally:
         finish_child(proc, kill=not answered, readers=readers)
     outcome.stderr = list(stderr)
@@ -274,6 +261,39 @@ def run_child(task: Mapping[str, Any], *, timeout: float, environ: Mapping[str, 
         for line in outcome.stderr:
             log.debug("rlx child %s: %s", task.get("task"), line)
     return outcome
+
+
+class ChildTimedOut(Exception):
+    """A child did not answer within its deadline (``child_messages``)."""
+
+
+def child_messages(proc: subprocess.Popen[str], task: Mapping[str, Any],
+                   messages: queue.Queue[dict[str, Any] | None], timeout: float,
+                   restart: tuple[str, ...] = ("started",)) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """Send ``task`` (one JSON line) to a started child, then yield its messages until its
+    stdout closes. ``timeout`` counts from the child's ``started`` message (before it, the
+    child may also take ``STARTUP_SECONDS`` for its interpreter and imports) and again
+    from every message whose event is in ``restart``; past it, ``ChildTimedOut``."""
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(dict(task)) + "\n")
+        proc.stdin.flush()  # stdin stays open: the child exits when it closes
+    except OSError:
+        pass  # the child died at once; its exit status says how
+    deadline = time.monotonic() + STARTUP_SECONDS + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ChildTimedOut
+        try:
+            message = messages.get(timeout=remaining)
+        except queue.Empty:
+            continue
+        if message is None:  # stdout closed: the child is gone
+            return
+        if message.get("event") in restart or message.get("event") == "started":
+            deadline = time.monotonic() + timeout
+        yield message
 
 
 def start_child(module: str, environ: Mapping[str, str], messages: queue.Queue[dict[str, Any] | None],

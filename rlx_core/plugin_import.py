@@ -61,7 +61,15 @@ import pluggy
 from ._version import __version__
 from .cache import JsonCache, cache_dir
 from .errors import ConfigError, PluginError
-from .isolation import CHILD_MODULE, STARTUP_SECONDS, describe_exit, finish_child, in_isolation_child, start_child
+from .isolation import (
+    CHILD_MODULE,
+    ChildTimedOut,
+    child_messages,
+    describe_exit,
+    finish_child,
+    in_isolation_child,
+    start_child,
+)
 from .plugin import ENTRY_POINT_GROUP, RlxBackendSpec
 
 __all__ = ["ImportVerdict", "ImportChecks", "fingerprint", "check_in_child", "call_hook", "IMPORT_NAMESPACE",
@@ -403,41 +411,25 @@ def _run_batch(entry_points: Sequence[Any], timeout: float, environ: Mapping[str
         batch.failed = f"child could not be started ({type(exc).__name__}: {exc})"
         return batch
     task = {"task": "import", "entry_points": [{"name": ep.name, "value": ep.value} for ep in entry_points]}
-    try:
-        assert proc.stdin is not None
-        proc.stdin.write(json.dumps(task) + "\n")
-        proc.stdin.flush()  # stdin stays open: the child exits when it closes
-    except OSError:
-        pass  # it died at once; its exit status says how
-    deadline = time.monotonic() + STARTUP_SECONDS + timeout
-    try:
-        while not batch.finished:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                batch.timed_out = True
-                break
-            try:
-                message = messages.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            if message is None:  # stdout closed: the child is gone
-                break
+    try:  # each plugin's import gets the whole timeout: the clock restarts at every "importing"
+        for message in child_messages(proc, task, messages, timeout, restart=("importing",)):
             event = message.get("event")
             if event == "started":
                 batch.started = True
-                deadline = time.monotonic() + timeout
             elif event == "importing":
                 batch.current = int(message.get("index", 0))
-                deadline = time.monotonic() + timeout
             elif event == "imported":
                 names = message.get("backends") or []
                 batch.answers[int(message.get("index", 0))] = tuple(str(n) for n in names)
                 batch.current = None
             elif event == "result":
                 batch.finished = True
+                break
             elif event == "error":  # the task itself failed (not a plugin): no verdict from it
                 batch.failed = f"child failed: {message.get('type')}: {message.get('message')}"
                 break
+    except ChildTimedOut:
+        batch.timed_out = True
     finally:
         finish_child(proc, kill=not batch.finished, readers=readers)
     batch.stderr = list(stderr)
