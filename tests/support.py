@@ -124,3 +124,10 @@ def bench_module(module: str) -> ModuleType:
         sys.modules["bench"] = package
         spec.loader.exec_module(package)
     return importlib.import_module(f"bench.{module}")
+
+
+def broken_error(registry: rlx.Registry, name: str) -> str:
+    """The one broken-plugin error recorded for entry point ``name``."""
+    errors = [error for ep, error in registry.broken() if ep == name]
+    assert len(errors) == 1, registry.broken()
+    return errors[0]

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import CRASH_PLUGIN, FAKE_PLUGINS_DIR, IMPORT_FAULT_PLUGINS, FakeSite
+from support import broken_error
 from test_cli import rlx_environment, run_rlx_process
 
 import rlx_core as rlx
@@ -365,12 +366,6 @@ def fault_registry(site: FakeSite, *names: str, **environ: str) -> Registry:
         warnings.simplefilter("ignore", PluginWarning)
         registry.names()
     return registry
-
-
-def broken_error(registry: Registry, name: str) -> str:
-    errors = [error for ep, error in registry.broken() if ep == name]
-    assert len(errors) == 1, registry.broken()
-    return errors[0]
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import pytest
 from conftest import HANG_ONCE_PLUGIN, FakeSite
 from hypothesis import given
 from hypothesis import strategies as st
+from support import broken_error
 
 import rlx_core
 from rlx_core import registry as reg_mod
@@ -65,12 +66,6 @@ def loaded(site, *names: str, environ: dict[str, str] | None = None) -> Registry
         warnings.simplefilter("ignore", PluginWarning)
         registry.names()
     return registry
-
-
-def broken_error(registry: Registry, name: str) -> str:
-    errors = [error for ep, error in registry.broken() if ep == name]
-    assert len(errors) == 1, registry.broken()
-    return errors[0]
 
 
 # -- device strings ----------------------------------------------------------------
