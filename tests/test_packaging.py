@@ -51,7 +51,14 @@ def test_cpu_wheel_registers_its_entry_point_and_ships_the_native_kernels(tmp_pa
     the record says how it was built. Nothing compiled into the checkout comes along."""
     from rlx_cpu import _build
 
-    with build_wheel(ROOT / "plugins" / "rlx-cpu", tmp_path) as whl:
+    environ = dict(os.environ)
+    real, _ = _build.find_compiler()
+    if real is not None and os.name == "posix":  # the last -O wins: packaging is tested here, not speed
+        cc = tmp_path / "cc-O0"
+        cc.write_text(f'#!/bin/sh\nexec {" ".join(real)} "$@" -O0\n')
+        cc.chmod(0o755)
+        environ["CC"] = str(cc)
+    with build_wheel(ROOT / "plugins" / "rlx-cpu", tmp_path / "wheel", environ) as whl:
         names = set(whl.namelist())
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         text = whl.read(entry_points).decode()
