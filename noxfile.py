@@ -6,6 +6,7 @@ file works on any Python 3.10+ a developer or CI machine has.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -57,12 +58,37 @@ def test_paths() -> list[str]:
     return [str(p) for p in found if p.is_dir() and any(p.glob("test_*.py"))]
 
 
+#: What an editable install depends on beyond the requirements themselves: the projects'
+#: metadata and rlx-cpu's build hook and native kernels (compiled at install, ~45 s at -O3
+#: on 2 cores). Python sources are not listed: an editable install sees their edits.
+INSTALL_INPUTS = ("pyproject.toml", "plugins/*/pyproject.toml", "plugins/*/hatch_build.py",
+                  "plugins/rlx-cpu/rlx_cpu/native.c", "plugins/rlx-cpu/rlx_cpu/_build.py")  # fmt: skip
+
+
+def _install_stamp(args: tuple[str, ...]) -> str:
+    h = hashlib.sha256(repr(args).encode())
+    for pattern in INSTALL_INPUTS:
+        for path in sorted(ROOT.glob(pattern)):
+            h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 def _install(session: nox.Session, what: str, *args: str) -> None:
     """``pip install`` with its progress shown: a first install downloads CuPy, ONNX
     Runtime, JAX and Ray (hundreds of MB, minutes on a slow link), and a silent pip
-    looked hung. A reused venv that already has everything prints a line per package."""
+    looked hung. A reused venv whose last install had the same requirements and the same
+    ``INSTALL_INPUTS`` skips pip (it would rebuild every editable package and recompile
+    rlx-cpu's kernels: about two minutes of a quick edit-test loop)."""
+    venv = getattr(session.virtualenv, "location", None)
+    stamp_file = Path(venv) / f".rlx-install-{hashlib.sha256(what.encode()).hexdigest()[:12]}" if venv else None
+    stamp = _install_stamp(args)
+    if stamp_file is not None and stamp_file.is_file() and stamp_file.read_text() == stamp:
+        session.log(f"{what}: installed already, unchanged (remove {stamp_file} to force)")
+        return
     session.log(f"installing {what}")
     session.install(*args, silent=False)
+    if stamp_file is not None:
+        stamp_file.write_text(stamp)
 
 
 def _pytest(session: nox.Session, *default_args: str) -> None:

@@ -71,6 +71,7 @@ def test_two_symbols_and_a_reshape_across_them() -> None:
         assert_matches(g, outs, feeds)
 
 
+@pytest.mark.slow  # probes and compiles on every real backend
 def test_auto_places_at_a_representative_size_and_says_so() -> None:
     g = mlp()
     cg = rlx.compile(g)
