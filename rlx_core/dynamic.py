@@ -74,8 +74,11 @@ class DynamicCompiledGraph(CompiledGraph):
                  seconds: float | None = None) -> None:  # fmt: skip
         if max_shapes < 1:
             raise ValueError(f"max_shapes must be at least 1, got {max_shapes}")
-        super().__init__(graph, first.device, first._exe, first._legal, first.report(), first._registry,
-                         first._options)  # fmt: skip
+        # The base's executable and legal graph are never used for running here (``run`` and
+        # ``set_param`` go to the copy of each shape class); ``first`` (a partitioned one too)
+        # and its static graph stand in for them.
+        super().__init__(graph, first.device, first, first.graph, first.report(), first._registry,
+                         getattr(first, "_options", None))  # fmt: skip
         self._compile_shape = compile_shape
         self._max_shapes = max_shapes
         self._names = tuple(spec.name for spec in input_specs(graph))

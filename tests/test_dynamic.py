@@ -167,3 +167,16 @@ def test_a_graph_no_representative_size_fits_is_a_clear_error() -> None:
     g.set_outputs([g.add(x, g.constant(np.ones((5, 4), np.float32)))])  # n can only be 5: why a symbol?
     with pytest.raises(rlx.GraphError, match=r"graph 'pinned' has symbolic dims \(n\) and no representative size"):
         rlx.compile(g, device="cpu")
+
+
+def test_a_symbolic_graph_no_device_runs_alone_is_split_for_every_shape_class() -> None:
+    from support import ALL_OPS
+
+    reg = registry_with(ToyBackend("mm", ops={"matmul"}), ToyBackend("rest", ops=set(ALL_OPS) - {"matmul"}))
+    g = mlp()
+    cg = rlx.compile(g, policy=rlx.DevicePolicy(), registry=reg)
+    assert isinstance(cg, DynamicCompiledGraph) and "+" in cg.device
+    for batch in (2, 5):
+        feeds = {"x": x_of(batch)}
+        assert_matches(g, cg.run(feeds), feeds)
+    assert len(cg.shapes()) == 3
