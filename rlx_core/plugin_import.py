@@ -74,7 +74,7 @@ from .plugin import ENTRY_POINT_GROUP, RlxBackendSpec
 
 __all__ = ["ImportVerdict", "ImportChecks", "fingerprint", "check_in_child", "call_hook", "IMPORT_NAMESPACE",
            "distribution_of", "cache_writable", "import_verdicts", "verdict_root", "ReservedName",
-           "reserved_for", "times", "disabled_plugins"]  # fmt: skip
+           "reserved_for", "times", "disabled_plugins", "interpreter_tag"]  # fmt: skip
 
 log = logging.getLogger("rlx.registry")
 
@@ -159,6 +159,12 @@ def disabled_plugins(raw: str, entry_points: Sequence[Any] | None, first_party: 
         raise ConfigError(f"RLX_DISABLE_PLUGINS: {token!r} is not a plugin here; {hint}plugins (entry point "
                           f"names): {', '.join(sorted(known))}")
     return names
+
+
+def interpreter_tag() -> str:
+    """A short tag of this interpreter for cache keys: verdicts about imports and probes
+    are kept per interpreter (two venvs on one host see different plugins)."""
+    return hashlib.sha256(sys.executable.encode("utf-8", "surrogatepass")).hexdigest()[:10]
 
 
 class ReservedName(PluginError):
@@ -305,8 +311,7 @@ class ImportChecks:
 
     @staticmethod
     def _key(ep: Any) -> str:
-        where = hashlib.sha256(sys.executable.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-        return f"{distribution_of(ep) or 'unknown'}.{ep.name}.{where}"
+        return f"{distribution_of(ep) or 'unknown'}.{ep.name}.{interpreter_tag()}"
 
     def _cached(self, ep: Any, digest: str) -> ImportVerdict | None:
         key = self._key(ep)

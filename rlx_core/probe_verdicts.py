@@ -43,7 +43,7 @@ from ._version import __version__
 from .cache import JsonCache
 from .isolation import ChildTarget, child_env
 from .plugin import Availability
-from .plugin_import import cache_writable, verdict_root
+from .plugin_import import cache_writable, interpreter_tag, verdict_root
 
 __all__ = ["PROBE_VERDICT_TTL_S", "ProbeVerdicts", "PROBE_NAMESPACE"]
 
@@ -105,8 +105,7 @@ class ProbeVerdicts:
 
     @staticmethod
     def _key(backend: str) -> str:
-        where = hashlib.sha256(sys.executable.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-        return f"{backend}.{where}"
+        return f"{backend}.{interpreter_tag()}"
 
     def get(self, backend: str, identity: str) -> Availability | None:
         """The answer kept for ``backend`` under ``identity`` and younger than the TTL."""
