@@ -35,7 +35,16 @@ def check(
     """Which devices can run MODEL here, why not, and which one auto would pick (exit 1 if none)."""
     from rich.table import Table
 
-    from ._cli_common import Notes, _load_graph, _seconds, _user_errors, console, require_devices
+    from ._cli_common import (
+        Notes,
+        _load_graph,
+        _seconds,
+        _user_errors,
+        console,
+        priced_at,
+        priced_line,
+        require_devices,
+    )
 
     with _user_errors():
         from .errors import DeviceError
@@ -65,6 +74,7 @@ def check(
         if json_out:
             doc: dict[str, Any] = {
                 "model": str(model), "graph": graph.name, "nodes": len(graph), "runnable": bool(runnable),
+                "symbols": list(graph.symbols), "priced_at": priced_at(graph),
                 "devices": [{"device": r.device, "can_run": r.viable, "available": r.available,
                              "blocker": r.blocker, "est_seconds": r.est_seconds} for r in rows],
                 "pick": pick, "why": why, "partition": None if isinstance(split, str) else split.to_dict(),
@@ -73,6 +83,8 @@ def check(
             print(json.dumps(doc, indent=2))
         else:
             console.print(f"graph: {graph.name} ({len(graph)} nodes) from {origin}")
+            if priced_line(graph):
+                console.print(priced_line(graph))
             table = Table("device", "can run", "estimate", title_justify="left")
             notes = Notes()  # each blocker below the table, numbered from its row
             for r in rows:

@@ -160,6 +160,25 @@ def _load_graph(file: Path | None, example: str | None, dims: Sequence[str] = ()
     return Graph.load(file), str(file)
 
 
+def priced_at(graph: Graph) -> dict[str, int] | None:
+    """The sizes a symbolic graph is placed and priced at (``None`` for a static graph):
+    what ``rlx check`` and ``rlx devices --graph`` say their estimates are for."""
+    if not graph.is_symbolic:
+        return None
+    from ._specialize import representative
+
+    return representative(graph)[1]
+
+
+def priced_line(graph: Graph) -> str | None:
+    """``symbolic dims (batch, seq): estimates at batch=16, seq=16``, or ``None``."""
+    sizes = priced_at(graph)
+    if sizes is None:
+        return None
+    at = ", ".join(f"{k}={v}" for k, v in sorted(sizes.items()))
+    return f"symbolic dims ({', '.join(graph.symbols)}): estimates at {at}; runs at any sizes the model accepts"
+
+
 # --------------------------------------------------------------------------- checked before any work
 def check_out_path(path: Path, option: str = "--out") -> None:
     """``ConfigError`` naming ``option`` and ``path`` when an output could not be written

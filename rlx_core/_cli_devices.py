@@ -137,7 +137,7 @@ def devices(
     example: Annotated[str | None, typer.Option("--example", help="Rank devices for a bundled example.")] = None,
 ) -> None:
     """List every backend: installed, available and usable or why not, ops, cost model, recommended."""
-    from ._cli_common import _load_graph, _user_errors, console
+    from ._cli_common import _load_graph, _user_errors, console, priced_at, priced_line
     from .errors import PluginWarning
 
     with _user_errors():
@@ -166,12 +166,16 @@ def devices(
                 "environment": [{"variable": s.name, "value": os.environ.get(s.name), "meaning": s.doc,
                                  "owner": s.owner} for s in settings],
             }
+            if g is not None:
+                doc["graph"] = {"name": g.name, "symbols": list(g.symbols), "priced_at": priced_at(g)}
             if g is None:  # what a first run picks (recommended is by priority without a graph)
                 device, why = example_pick(placement.policy, placement.registry)
                 doc["example_pick"] = {"example": REPRESENTATIVE, "device": device, "why": why}
             print(json.dumps(doc, indent=2))
             return
         _print_devices(rows, missing, with_graph=g is not None)
+        if g is not None and priced_line(g):
+            console.print(priced_line(g))
         if g is None:
             device, why = example_pick(placement.policy, placement.registry)
             console.print(f"rec. (recommended) is the highest-priority usable device; `rlx run --example "

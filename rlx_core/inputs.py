@@ -14,6 +14,7 @@ import numpy as np
 from ._specialize import representative
 from .errors import InputError
 from .ir import Graph, Node
+from .symbolic import Sym
 
 __all__ = ["InputSpec", "input_specs", "validate_inputs", "as_array", "random_inputs", "check_param_value"]
 
@@ -151,14 +152,24 @@ def check_param_value(graph: Graph, name: str, value: Any) -> tuple[Node, np.nda
     return node, frozen
 
 
-def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+def random_inputs(graph: Graph, seed: int = 0,
+                  given: Mapping[str, Sequence[int]] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
     """Seeded inputs matching ``graph``: floats in [-1, 1), ints in [0, 8), random bools.
 
     Int inputs stay small so that they are valid indices for typical gathers. A symbolic
-    graph gets inputs of its representative size (``_specialize.representative``).
+    graph gets inputs of its representative size (``_specialize.representative``), except
+    for the symbols that the shapes of inputs already ``given`` (name -> shape) fix, so
+    that the made-up inputs fit the given ones.
     """
     if graph.is_symbolic:
-        graph = representative(graph)[0]
+        rep, bindings = representative(graph)
+        fixed = {}
+        for i in graph.inputs:
+            node = graph.node(i)
+            shape = (given or {}).get(node.name)
+            if shape is not None and len(shape) == len(node.shape):
+                fixed.update({d.name: int(n) for d, n in zip(node.shape, shape) if isinstance(d, Sym) and d.name})
+        graph = graph.specialize({**bindings, **fixed}) if fixed else rep
     rng = np.random.default_rng(seed)
     out = {}
     for i in graph.inputs:

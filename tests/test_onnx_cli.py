@@ -69,7 +69,16 @@ def test_run_with_random_inputs_says_so(tmp_path: Path, model_file: Path) -> Non
     assert "random float32[2, 8] (seed 0" in proc.stdout
 
 
-@pytest.mark.parametrize(("args", "fragment"), [(["--device", "cpu"], "--dim batch=N"),
+def test_run_without_dim_takes_the_sizes_of_the_inputs(tmp_path: Path, model_file: Path) -> None:
+    proc = rlx("run", str(model_file), "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "random float32[16, 8] (seed 0" in proc.stdout  # the representative size
+    np.save(tmp_path / "x.npy", np.ones((5, 8), np.float32))
+    proc = rlx("run", str(model_file), "--input", "x=x.npy", "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 0 and "[5, " in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize(("args", "fragment"), [(["--dim", "batch=-1"], "NAME=N"),
                                                 (["--dim", "seq=4"], "not a symbolic dim"),
                                                 (["--dim", "batch"], "NAME=N")])  # fmt: skip
 def test_run_errors_exit_2(tmp_path: Path, model_file: Path, args: list[str], fragment: str) -> None:

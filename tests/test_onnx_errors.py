@@ -80,10 +80,9 @@ def test_opset_out_of_range(opset: int) -> None:
         rlx_onnx.load(model)
 
 
-def test_unbound_dynamic_dim_names_the_cli_flag() -> None:
+def test_bad_dims_name_the_key_and_the_fault() -> None:
     model = _relu_model(("batch", 3))
-    with pytest.raises(ModelError, match=r"input 'x' axis 0 is symbolic \('batch'\).*--dim batch=N"):
-        rlx_onnx.load(model)
+    assert rlx_onnx.load(model).symbols == ("batch",)  # left unbound: symbolic (test_onnx_dynamic.py)
     with pytest.raises(ModelError, match="not a symbolic dim of the model"):
         rlx_onnx.load(model, dims={"batch": 2, "seq": 4})
     with pytest.raises(ModelError, match="must be an int >= 0"):

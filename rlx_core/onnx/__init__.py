@@ -43,7 +43,11 @@ def load(model: Any, *, dims: Mapping[str, int] | None = None, max_tensor_bytes:
     read only as shapes, axes or indices); graph inputs become inputs; the outputs keep
     their ONNX names (``graph.output_names()``).
 
-    ``dims`` binds symbolic input dims: by their ``dim_param`` (``{"batch": 8}``) or by
+    Symbolic input dims (an ONNX ``dim_param``, or a dim with no value) stay symbolic
+    unless ``dims`` binds them: the graph then accepts any sizes at run time (``cg.run``
+    binds them from the inputs and compiles once per set of sizes), each dim a symbol
+    named after its ``dim_param`` (``<input>_<axis>`` for an unnamed one). ``dims`` binds
+    them at load, giving a static graph: by ``dim_param`` (``{"batch": 8}``) or by
     ``"<input>:<axis>"`` (``{"x:0": 8}``, also for dims with no name); the second wins.
     ``max_tensor_bytes`` bounds every tensor the model declares or makes at import
     (checked before reading it). ``name`` names the graph (default: the ONNX graph's).

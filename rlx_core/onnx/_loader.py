@@ -41,7 +41,8 @@ from ._context import CONVERTERS, NodeContext, describe_node, onnx_dtype
 from ._shapes import Emitter, Operand, frozen
 from ._versions import check_versions, newest_opset
 
-__all__ = ["MIN_OPSET", "MAX_OPSET", "InputSpec", "load_model", "list_inputs", "onnx_dtype"]
+__all__ = ["MIN_OPSET", "MAX_OPSET", "InputSpec", "Model", "load_model", "list_inputs", "onnx_dtype", "check_dims",
+           "free_dims"]
 
 #: The oldest default-domain opset read at all; which op versions are read is decided
 #: node by node (``_versions``), up to the newest opset the installed onnx knows.
@@ -311,8 +312,8 @@ def _input_dims(value: onnx.ValueInfoProto, where: str) -> tuple[str, list[int |
     return dtype, dims
 
 
-def _bind_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[str, int], where: str,
-               max_bytes: int) -> list[tuple[str, tuple[int, ...], str]]:  # fmt: skip
+def check_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[str, int], where: str) -> None:
+    """Every ``dims`` key names a symbolic dim (or ``input:axis``) and binds it to an int >= 0."""
     symbolic = {d for _, _, shape in specs for d in shape if isinstance(d, str)}
     axis_keys = {f"{name}:{axis}" for name, _, shape in specs for axis in range(len(shape))}
     for key, value in dims.items():
@@ -322,7 +323,22 @@ def _bind_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[
                              f"(its symbolic dims: {known}; or use 'input:axis')")  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
             raise ModelError(f"{where}: dims[{key!r}] must be an int >= 0, got {value!r}")
-    out, unbound = [], []
+
+
+def free_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[str, int]) -> list[str]:
+    """The ``dims`` keys of the symbolic dims that ``dims`` leaves unbound, in input order."""
+    free: list[str] = []
+    for name, _, shape in specs:
+        for axis, d in enumerate(shape):
+            if isinstance(d, str) and f"{name}:{axis}" not in dims and d not in dims and d not in free:
+                free.append(d)
+    return free
+
+
+def _bind_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[str, int], where: str,
+               max_bytes: int) -> list[tuple[str, tuple[int, ...], str]]:  # fmt: skip
+    """Each input's ``(name, shape, dtype)`` with every dim bound by ``dims`` (all are)."""
+    out = []
     for name, dtype, shape in specs:
         bound = []
         for axis, d in enumerate(shape):
@@ -334,15 +350,9 @@ def _bind_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[
                 bound.append(int(dims[key]))
             elif isinstance(d, int):
                 bound.append(d)
-            elif d in dims:
-                bound.append(int(dims[d]))
             else:
-                unbound.append(f"input {name!r} axis {axis} is symbolic ({d!r}); bind it with "
-                               f"dims={{{d!r}: N}} (rlx run --dim {d}=N)")  # fmt: skip
-                bound.append(0)
+                bound.append(int(dims[d]))
         out.append((name, tuple(bound), dtype))
-    if unbound:
-        raise ModelError(f"{where}: unbound dynamic dims: " + "; ".join(unbound))
     for name, shape, dtype in out:
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         if nbytes > max_bytes:
@@ -381,34 +391,60 @@ def load_model(model: Any, *, dims: Mapping[str, int] | None, max_tensor_bytes: 
                          f"({', '.join(repr(t.values.name) for t in gp.sparse_initializer[:3])})")  # fmt: skip
     _check_supported(gp.node, where)
     check_versions(gp.node, opset, where)
-    initializers = {t.name: t for t in gp.initializer}
-    sources = set(initializers) | {v.name for v in gp.input}
-    order = _toposort(gp, sources, where)
+    specs = _input_specs(proto, where)
+    dims = dict(dims or {})
+    check_dims(specs, dims, where)
+    model_file = Model(gp, where, base_dir, opset, specs, max_tensor_bytes,
+                       name or gp.name or (Path(where).stem if base_dir is not None else "onnx"))  # fmt: skip
+    free = free_dims(specs, dims)
+    if free:  # symbolic dims left: a graph rebuilt per set of sizes (see _dynamic)
+        from ._dynamic import load_symbolic
 
-    live = _live(gp, order)
-    used_names = {name for i in live for name in gp.node[i].input if name} | {o.name for o in gp.output}
-    reader = _TensorReader(where, base_dir, max_tensor_bytes)
-    for init_name, t in initializers.items():
-        if init_name in used_names:
-            reader.check(t, f"{where}: initializer {init_name!r}")
-    inputs = _bind_dims(_input_specs(proto, where), dict(dims or {}), where, max_tensor_bytes)
+        return load_symbolic(model_file, dims, free)
+    return model_file.convert(dims)
 
-    graph_name = name or gp.name or (Path(where).stem if base_dir is not None else "onnx")
-    g = Graph(graph_name)
-    f = Emitter(g, max_tensor_bytes)
-    env: dict[str, Operand] = {}
-    for in_name, shape, dtype in inputs:
-        env[in_name] = g.input(in_name, shape, dtype)
-    for init_name, t in initializers.items():
-        if init_name in used_names:
-            env[init_name] = f.param(init_name, reader.read(t, f"{where}: initializer {init_name!r}"))
 
-    for index in (i for i in order if i in live):
-        node = gp.node[index]
-        _convert_node(node, index, env, f, opset, used_names, reader, where)
+class Model:
+    """A checked model ready to convert, for one set of dim bindings or several (``_dynamic``)."""
 
-    g.set_outputs(_named_outputs(g, f, env, [o.name for o in gp.output], where))
-    return g
+    def __init__(self, gp: GraphProto, where: str, base_dir: Path | None, opset: int,
+                 specs: list[tuple[str, str, list[int | str]]], max_bytes: int, name: str) -> None:  # fmt: skip
+        self.gp, self.where, self.base_dir, self.opset = gp, where, base_dir, opset
+        self.specs, self.max_bytes, self.name = specs, max_bytes, name
+
+    def convert(self, dims: Mapping[str, int], preloaded: Mapping[str, np.ndarray] | None = None) -> Graph:
+        """The static graph with every symbolic dim bound by ``dims``; initializers named in
+        ``preloaded`` take that array (same shape and dtype) instead of being read again."""
+        gp, where, preloaded = self.gp, self.where, preloaded or {}
+        initializers = {t.name: t for t in gp.initializer}
+        sources = set(initializers) | {v.name for v in gp.input}
+        order = _toposort(gp, sources, where)
+
+        live = _live(gp, order)
+        used_names = {name for i in live for name in gp.node[i].input if name} | {o.name for o in gp.output}
+        reader = _TensorReader(where, self.base_dir, self.max_bytes)
+        for init_name, t in initializers.items():
+            if init_name in used_names and init_name not in preloaded:
+                reader.check(t, f"{where}: initializer {init_name!r}")
+        inputs = _bind_dims(self.specs, dims, where, self.max_bytes)
+
+        g = Graph(self.name)
+        f = Emitter(g, self.max_bytes)
+        env: dict[str, Operand] = {}
+        for in_name, shape, dtype in inputs:
+            env[in_name] = g.input(in_name, shape, dtype)
+        for init_name, t in initializers.items():
+            if init_name in used_names:
+                arr = preloaded.get(init_name)
+                env[init_name] = f.param(init_name, reader.read(t, f"{where}: initializer {init_name!r}")
+                                         if arr is None else arr)  # fmt: skip
+
+        for index in (i for i in order if i in live):
+            node = gp.node[index]
+            _convert_node(node, index, env, f, self.opset, used_names, reader, where)
+
+        g.set_outputs(_named_outputs(g, f, env, [o.name for o in gp.output], where))
+        return g
 
 
 def _convert_node(node: NodeProto, index: int, env: dict[str, Operand], f: Emitter, opset: int,

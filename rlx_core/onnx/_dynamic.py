@@ -1,0 +1,107 @@
+"""Loading a model whose input dims are left symbolic (no ``dims=`` for them).
+
+The graph ``load`` returns then has symbolic inputs (``rlx_core.deferred.DeferredGraph``):
+each dim left unbound becomes a symbol named after its ``dim_param`` (or ``<input>_<axis>``
+for an unnamed one, made an identifier), and the graph runs at any sizes. Its body is
+converted at a representative size, the first of ``REPRESENTATIVE_SIZES`` for which the
+model converts (a model may refuse some: position tables, fixed reshapes); each set of
+sizes a compile meets is converted again with those sizes bound, so every shape
+computation the model makes at run time (``Shape`` chains, ``ConstantOfShape``,
+``Range``, ``Expand``) folds exactly as in a static load, for every op ``load`` reads.
+
+Memory: the model kept for converting again holds no copy of the weights that became
+params (their data is dropped from it; each conversion takes the arrays the graph
+already holds), only the small initializers read as shapes, axes or tables.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from onnx import GraphProto
+
+from .._specialize import REPRESENTATIVE_SIZES
+from ..deferred import DeferredGraph
+from ..errors import ModelError
+from ..ir import Graph
+from ..symbolic import Dim, Sym
+from ._loader import Model
+
+__all__ = ["load_symbolic", "symbol_names"]
+
+
+def symbol_names(keys: Sequence[str]) -> dict[str, str]:
+    """A distinct identifier for each ``dims`` key: ``batch`` stays ``batch``,
+    ``x:0`` becomes ``x_0``, ``2d size`` becomes ``_2d_size``."""
+    names: dict[str, str] = {}
+    taken: set[str] = set()
+    for key in keys:
+        base = re.sub(r"\W", "_", key)
+        base = base if base.isidentifier() else f"_{base}"
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base}_{n}"
+        taken.add(name)
+        names[key] = name
+    return names
+
+
+def load_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str]) -> DeferredGraph:
+    """``model`` as a graph whose ``free`` dims (``dims`` keys) are symbols; ``dims``
+    binds the rest. ``ModelError`` when the model converts at none of the sizes tried."""
+    names = symbol_names(free)
+    shapes: dict[str, tuple[Dim, ...]] = {}
+    for input_name, _, shape in model.specs:
+        out: list[Dim] = []
+        for axis, d in enumerate(shape):
+            key = f"{input_name}:{axis}"
+            if key in dims:
+                out.append(int(dims[key]))
+            elif isinstance(d, int):
+                out.append(d)
+            elif d in dims:
+                out.append(int(dims[d]))
+            else:
+                out.append(Sym(names[d]))
+        shapes[input_name] = tuple(out)
+
+    failures: list[str] = []
+    for size in REPRESENTATIVE_SIZES:
+        try:
+            body = model.convert({**dims, **dict.fromkeys(free, size)})
+            break
+        except ModelError as exc:
+            failures.append(f"at {size}: {exc}")
+    else:
+        listed = ", ".join(f"{k!r}" for k in free)
+        raise ModelError(f"{model.where}: its symbolic dims ({listed}) were left unbound, and the model converts at "
+                         f"none of the sizes tried ({'; '.join(failures)}); bind them with dims=")  # fmt: skip
+
+    kept = _without_weights(model.gp, {body.node(i).name for i in body.params})
+    again = Model(kept, model.where, model.base_dir, model.opset, model.specs, model.max_bytes, model.name)
+
+    def build(sizes: Mapping[str, int], params: Mapping[str, np.ndarray]) -> Graph:
+        return again.convert({**dims, **{key: sizes[names[key]] for key in free}}, preloaded=params)
+
+    at = {names[key]: size for key in free}
+    return DeferredGraph(body, shapes, build, at, source=model.where)
+
+
+def _without_weights(gp: GraphProto, params: set[str]) -> GraphProto:
+    """A copy of ``gp`` whose initializers named in ``params`` keep name, dtype and dims
+    but no data (never read again: the graph's arrays are handed to each conversion)."""
+    kept = GraphProto()
+    kept.name = gp.name
+    for field in ("node", "input", "output", "value_info"):
+        getattr(kept, field).extend(getattr(gp, field))
+    for t in gp.initializer:
+        if t.name in params:
+            stub = kept.initializer.add()
+            stub.name, stub.data_type = t.name, t.data_type
+            stub.dims.extend(t.dims)
+        else:
+            kept.initializer.append(t)
+    return kept

@@ -1,0 +1,201 @@
+"""ONNX models loaded without ``dims``: symbolic inputs, any size at run time.
+
+The models here are written the way torch's exporters write dynamic axes: shapes
+computed at run time (``Shape -> Gather -> Concat -> Reshape`` head splits, ``Range``
+position ids, ``ConstantOfShape`` masks, ``Expand`` to a computed shape), then run at
+several sizes against onnxruntime.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+
+from onnx import helper
+from test_onnx_support import init, make_model, ort_run, vi
+
+import rlx_core as rlx
+from rlx_core import onnx as rlx_onnx
+from rlx_core.deferred import DeferredGraph
+from rlx_core.errors import GraphError, InputError, ModelError
+from rlx_core.onnx._dynamic import symbol_names
+
+V, D, H, P = 50, 8, 2, 40  # vocabulary, width, heads, position table
+
+
+def _encoder() -> object:
+    """Token and position embeddings, a head split and merge by Shape chains, a mask of
+    ones made by ConstantOfShape and expanded to the heads: the exporter's patterns."""
+    rng = np.random.default_rng(0)
+    n = helper.make_node
+    nodes = [
+        n("Gather", ["emb", "ids"], ["tok"]),
+        n("Shape", ["ids"], ["ids_shape"]),
+        n("Gather", ["ids_shape", "one"], ["seq"], axis=0),
+        n("Gather", ["ids_shape", "zero"], ["batch"], axis=0),
+        n("Range", ["zero", "seq", "one"], ["positions"]),
+        n("Gather", ["pos", "positions"], ["pos_emb"]),
+        n("Add", ["tok", "pos_emb"], ["x"]),
+        n("MatMul", ["x", "w"], ["h"]),
+        n("Unsqueeze", ["batch", "zero_axis"], ["b1"]),
+        n("Unsqueeze", ["seq", "zero_axis"], ["s1"]),
+        n("Concat", ["b1", "s1", "heads", "head_dim"], ["split_shape"], axis=0),
+        n("Reshape", ["h", "split_shape"], ["hs"]),
+        n("Transpose", ["hs"], ["ht"], perm=[0, 2, 1, 3]),
+        n("ConstantOfShape", ["ids_shape"], ["ones"], value=helper.make_tensor("v", 1, [1], [1.0])),
+        n("Unsqueeze", ["ones", "mask_axes"], ["mask4"]),
+        n("Concat", ["b1", "heads", "s1", "s1"], ["mask_shape"], axis=0),
+        n("Expand", ["mask4", "mask_shape"], ["mask"]),
+        n("MatMul", ["ht", "ht_t"], ["scores"]),
+        n("Mul", ["scores", "mask"], ["masked"]),
+        n("Softmax", ["masked"], ["probs"], axis=-1),
+        n("MatMul", ["probs", "ht"], ["ctx"]),
+        n("Transpose", ["ctx"], ["ct"], perm=[0, 2, 1, 3]),
+        n("Concat", ["b1", "s1", "width"], ["merge_shape"], axis=0),
+        n("Reshape", ["ct", "merge_shape"], ["y"]),
+    ]
+    # scores = ht @ ht^T per head: ht_t is ht transposed on its last two axes
+    nodes.insert(nodes.index(next(x for x in nodes if x.output == ["scores"])),
+                 n("Transpose", ["ht"], ["ht_t"], perm=[0, 1, 3, 2]))  # fmt: skip
+    inits = [init("emb", rng.standard_normal((V, D)).astype(np.float32)),
+             init("pos", rng.standard_normal((P, D)).astype(np.float32)),
+             init("w", rng.standard_normal((D, D)).astype(np.float32)),
+             init("zero", np.array(0, np.int64)), init("one", np.array(1, np.int64)),
+             init("zero_axis", np.array([0], np.int64)), init("mask_axes", np.array([1, 2], np.int64)),
+             init("heads", np.array([H], np.int64)), init("head_dim", np.array([D // H], np.int64)),
+             init("width", np.array([D], np.int64))]  # fmt: skip
+    return make_model(nodes, [vi("ids", "int64", ["batch", "seq"])], [vi("y", "float32", None)], inits)
+
+
+def _ids(batch: int, seq: int, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, V, (batch, seq)).astype(np.int64)
+
+
+def test_loads_symbolic_and_runs_any_size_like_onnxruntime() -> None:
+    model = _encoder()
+    g = rlx_onnx.load(model)
+    assert isinstance(g, DeferredGraph) and g.is_symbolic
+    assert g.symbols == ("batch", "seq")
+    assert [str(d) for d in g.node(g.inputs[0]).shape] == ["batch", "seq"]
+    cg = rlx.compile(g, device="cpu")
+    for batch, seq in [(1, 1), (2, 7), (3, 5), (2, 7)]:
+        ids = _ids(batch, seq)
+        got = cg.run({"ids": ids})[0]
+        want = ort_run(model, {"ids": ids})[0]
+        assert got.shape == want.shape == (batch, seq, D)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert {"batch": 2, "seq": 7} in cg.shapes() and cg.compiles == 4  # (2, 7) twice: compiled once
+    text = str(cg.report())
+    assert "symbolic dims (batch, seq)" in text and "shape class batch=3, seq=5" in text
+
+
+def test_reference_and_static_load_agree() -> None:
+    model = _encoder()
+    g = rlx_onnx.load(model)
+    ids = _ids(3, 6)
+    static = rlx_onnx.load(model, dims={"batch": 3, "seq": 6})
+    assert not static.is_symbolic
+    np.testing.assert_allclose(rlx.reference.evaluate(g, {"ids": ids})[0],
+                               rlx.reference.evaluate(static, {"ids": ids})[0])  # fmt: skip
+
+
+def test_a_size_the_model_cannot_take_is_an_input_error_naming_it() -> None:
+    cg = rlx.compile(rlx_onnx.load(_encoder()), device="cpu")
+    with pytest.raises(InputError, match=r"'pos_emb'.*index 40 is out of range"):
+        cg.run({"ids": _ids(1, P + 1)})  # the position table has P rows
+    rows = make_model([helper.make_node("Reshape", ["x", "shape"], ["y"], name="to_rows")],
+                      [vi("x", "float32", ["n"])], [vi("y", "float32", None)],
+                      [init("shape", np.array([-1, 4], np.int64))])  # fmt: skip
+    by_rows = rlx.compile(rlx_onnx.load(rows), device="cpu")
+    assert by_rows.run({"x": np.ones(8, np.float32)})[0].shape == (2, 4)
+    with pytest.raises(InputError, match=r"does not accept n=6: .*'to_rows' \(Reshape\)"):
+        by_rows.run({"x": np.ones(6, np.float32)})
+    with pytest.raises(InputError, match=r"input 'ids'.*rank|input 'ids'"):
+        cg.run({"ids": np.zeros((2, 3, 4), np.int64)})
+
+
+def test_partly_bound_dims_and_unnamed_dims() -> None:
+    model = _encoder()
+    g = rlx_onnx.load(model, dims={"batch": 2})
+    assert g.symbols == ("seq",)
+    assert rlx.compile(g, device="cpu").run({"ids": _ids(2, 9)})[0].shape == (2, 9, D)
+    relu = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", "float32", ["", 3, "n"])],
+                      [vi("y", "float32", None)])  # fmt: skip
+    g2 = rlx_onnx.load(relu)
+    assert g2.symbols == ("n", "x_0")
+    x = np.random.default_rng(0).standard_normal((4, 3, 2)).astype(np.float32)
+    np.testing.assert_array_equal(rlx.compile(g2, device="cpu").run({"x": x})[0], np.maximum(x, 0))
+    assert symbol_names(["x:0", "2d size", "x_0", "batch"]) == {"x:0": "x_0", "2d size": "_2d_size",
+                                                                 "x_0": "x_0_2", "batch": "batch"}  # fmt: skip
+
+
+def test_shared_dims_must_agree() -> None:
+    add = make_model([helper.make_node("Add", ["a", "b"], ["y"])],
+                     [vi("a", "float32", ["batch", 4]), vi("b", "float32", ["batch", 4])],
+                     [vi("y", "float32", None)])  # fmt: skip
+    cg = rlx.compile(rlx_onnx.load(add), device="cpu")
+    ones = np.ones((2, 4), np.float32)
+    assert cg.run({"a": ones, "b": ones})[0].shape == (2, 4)
+    with pytest.raises(InputError, match=r"batch.*2.*3|batch.*3.*2"):
+        cg.run({"a": ones, "b": np.ones((3, 4), np.float32)})
+
+
+def test_weights_are_read_once_and_shared_by_every_size() -> None:
+    g = rlx_onnx.load(_encoder())
+    emb = g.value(g.input_node("emb").id)
+    for batch, seq in [(1, 3), (4, 2)]:
+        spec = g.specialize({"batch": batch, "seq": seq})
+        assert spec.value(spec.input_node("emb").id) is emb
+        assert spec.node(spec.inputs[0]).shape == (batch, seq)
+
+
+def test_set_param_reaches_sizes_compiled_later() -> None:
+    model = _encoder()
+    cg = rlx.compile(rlx_onnx.load(model), device="cpu")
+    w = np.eye(D, dtype=np.float32)
+    cg.set_param("w", w)
+    ids = _ids(2, 5)
+    patched = model.__deepcopy__()
+    for t in patched.graph.initializer:
+        if t.name == "w":
+            t.CopyFrom(init("w", w))
+    np.testing.assert_allclose(cg.run({"ids": ids})[0], ort_run(patched, {"ids": ids})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_frozen_and_not_saved_as_json() -> None:
+    g = rlx_onnx.load(_encoder())
+    with pytest.raises(GraphError, match=r"rebuilt from .* load it with its dims bound"):
+        g.relu(g.inputs[0])
+    with pytest.raises(GraphError, match="cannot be saved as JSON"):
+        g.to_json()
+    assert "symbolic dims; rebuilt from" in g.summary() and "batch=16, seq=16" in g.summary()
+
+
+def test_a_model_that_converts_at_no_representative_size_says_bind_it() -> None:
+    fixed = make_model([helper.make_node("Reshape", ["x", "shape"], ["y"])], [vi("x", "float32", ["n"])],
+                       [vi("y", "float32", None)], [init("shape", np.array([5], np.int64))])  # fmt: skip
+    with pytest.raises(ModelError, match=r"symbolic dims \('n'\) were left unbound.*bind them with dims="):
+        rlx_onnx.load(fixed)
+    assert rlx_onnx.load(fixed, dims={"n": 5}).node(0).shape == (5,)
+
+
+@pytest.mark.slow
+def test_cli_runs_a_symbolic_model_without_dims(tmp_path: Path) -> None:
+    from test_cli import run_rlx
+
+    path = tmp_path / "enc.onnx"
+    path.write_bytes(_encoder().SerializeToString())
+    ran = run_rlx("run", str(path), "--device", "cpu", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert "random int64[16, 16]" in ran.stdout and "[16, 16, 8]" in ran.stdout
+    np.save(tmp_path / "ids.npy", _ids(2, 3))
+    ran = run_rlx("run", str(path), "--device", "cpu", "--input", f"ids={tmp_path / 'ids.npy'}", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert "[2, 3, 8]" in ran.stdout
+    ran = run_rlx("check", str(path), cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "symbolic dims (batch, seq): estimates at batch=16, seq=16" in ran.stdout
