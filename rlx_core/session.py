@@ -72,7 +72,10 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
             return compile(spec, device, policy, registry=reg, options=options, partition=partition, measure=measure)
 
         def later(spec: Graph) -> CompiledGraph:  # on the device the first compile chose; a split is planned again
-            return again(spec, device if "+" in first_device[0] else first_device[0])
+            if "+" in first_device[0]:
+                return again(spec, device)
+            # Placed already: no ranking or pricing again (a third of a small graph's compile).
+            return compile_on(spec, first_device[0], "placed at the representative size", [], reg, options)
 
         first_device: list[str] = []
 

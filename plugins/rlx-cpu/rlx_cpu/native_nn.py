@@ -379,7 +379,7 @@ def conv_direct_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[in
     oh, ow = out.shape[2:]
     sh, sw = stride
     derived = getattr(ctx, "derived", None)
-    if c * kh * kw > DIRECT_CONV_TAPS or kw > 16 or derived is None:
+    if c * kh * kw > DIRECT_CONV_TAPS or kw > 16 or derived is None or not conv_choice.use_direct():
         return None
     blocks = -(-o // 8)
 

@@ -28,8 +28,9 @@ NATIVE = Setting("RLX_CPU_NATIVE", "1 (default): the native kernels built with r
 GEMM = Setting("RLX_CPU_GEMM", "float32 products: auto (default: rlx's GEMM or the BLAS, timed once per process), "
                "native (rlx's GEMM) or blas",
                choices={"auto": "auto", "native": "native", "blas": "blas"}, default="auto")  # fmt: skip
-CONV = Setting("RLX_CPU_CONV", "convolutions: auto (default: timed once per process), implicit (an implicit GEMM) "
-               "or im2col", choices={"auto": "auto", "implicit": "implicit", "im2col": "im2col"},
+CONV = Setting("RLX_CPU_CONV", "convolutions: auto (default: timed once per process), implicit (an implicit GEMM), "
+               "im2col, or direct (the direct kernel for few taps)",
+               choices={"auto": "auto", "implicit": "implicit", "im2col": "im2col", "direct": "direct"},
                default="auto")  # fmt: skip
 BIND = Setting("RLX_CPU_BIND", "1 (default): pin OpenMP's worker threads one to a CPU each; 0 (or off): leave "
                "them where the OS puts them", choices={**_ON, **_OFF}, default=True)  # fmt: skip

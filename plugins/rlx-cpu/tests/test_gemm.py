@@ -179,7 +179,7 @@ def test_convolutions_take_the_implicit_gemm_only_where_it_measured_as_fast(
         assert conv_choice.describe().startswith("auto: the implicit GEMM is timed")
         chosen = conv_choice.use_implicit()
         assert re.fullmatch(r"(implicit GEMM|im2col) \(timed \d+\.\d\dx im2col's speed at 64 -> 64 3x3 over 28x28, "
-                            r"\d+ threads\)", conv_choice.describe())  # fmt: skip
+                            r"\d+ threads\); few-tap ones: .*", conv_choice.describe())  # fmt: skip
         assert conv_choice.describe().startswith("implicit GEMM" if chosen else "im2col")
         spy.clear()
         CpuBackend().compile(g.freeze(), CompileOptions(device="cpu")).run({"x": rand((1, 8, 12, 12), 2)})
@@ -400,3 +400,61 @@ def test_a_1x1_convolutions_bias_is_added_by_the_gemm_and_follows_set_param(lib:
     exe.set_param("b", new_b)
     (got,) = exe.run({"x": x})
     np.testing.assert_allclose(got, reference.evaluate(g, {"x": x}, params={"b": new_b})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_few_tap_convolutions_take_the_direct_kernel_only_where_it_measured_as_fast(
+        native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """``use_direct``: RLX_CPU_CONV=direct forces the direct kernel, im2col turns it off,
+    ``auto`` times it against im2col + the BLAS once (on answers that agree) and a first
+    layer then runs the way measured."""
+    monkeypatch.setenv("RLX_CPU_GEMM", "blas")  # no implicit GEMM: a few-tap layer is direct or im2col
+    spy = []
+    real = native_lib.conv_direct
+    monkeypatch.setattr(native_lib, "conv_direct", lambda *a: (spy.append(a), real(*a))[1])
+    g = Graph("first")
+    g.set_outputs([g.conv2d(g.input("x", (1, 3, 32, 32), "float32"), g.param("w", rand((16, 3, 3, 3), 1)),
+                            padding=1)])  # fmt: skip
+    x = rand((1, 3, 32, 32), 2)
+    want = reference.evaluate(g, {"x": x})[0]
+    for forced, direct in (("direct", True), ("im2col", False)):
+        monkeypatch.setenv("RLX_CPU_CONV", forced)
+        assert conv_choice.use_direct() is direct
+        spy.clear()
+        got = CpuBackend().compile(g.freeze(), CompileOptions(device="cpu")).run({"x": x})[0]
+        assert bool(spy) is direct
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    monkeypatch.setenv("RLX_CPU_CONV", "auto")
+    conv_choice.reset()
+    try:
+        assert conv_choice.describe().endswith("few-tap ones: the direct kernel is timed against im2col at the "
+                                               "first one")
+        chosen = conv_choice.use_direct()
+        assert re.search(r"few-tap ones: (the direct kernel|im2col) \(timed \d+\.\d\dx im2col's speed at 16 -> 32 "
+                         r"over 56x56, \d+\.\d\dx im2col's speed at 3 -> 32 over 224x224\)$", conv_choice.describe())
+        spy.clear()
+        CpuBackend().compile(g.freeze(), CompileOptions(device="cpu")).run({"x": x})
+        assert bool(spy) is chosen
+    finally:
+        conv_choice.reset()
+
+
+def test_a_product_with_one_shared_b_runs_as_one_product_of_stacked_rows() -> None:
+    """``(..., m, k) @ (k, n)`` is one ``(rows, k)`` product when A and C are contiguous
+    (views, no copy), and stays batched otherwise; results match the reference either
+    way, a caller's strided input included."""
+    a, b, out = rand((2, 3, 5, 8), 1), rand((8, 4), 2), np.empty((2, 3, 5, 4), np.float32)
+    a2, b2, out2 = gemm.stacked_rows(a, b, out)
+    assert a2.shape == (30, 8) and b2 is b and out2.shape == (30, 4) and np.shares_memory(out2, out)
+    assert gemm.stacked_rows(a, rand((1, 8, 4), 3), out)[1].shape == (8, 4)
+    strided = rand((2, 5, 3, 8), 4).transpose(0, 2, 1, 3)
+    assert gemm.stacked_rows(strided, b, out)[0] is strided
+    assert gemm.stacked_rows(a, rand((2, 3, 8, 4), 5), out)[0] is a  # a batch of Bs: one product each
+    dyn = Dyn(0, (2, 3, 5, 8), np.dtype(np.float32))
+    assert gemm.stacked_rows(dyn, b, out)[0].shape == (30, 8)
+    assert gemm.stacked_rows(dyn.transpose((0, 2, 1, 3)), b, np.empty((2, 5, 3, 4), np.float32))[0].shape[0] == 2
+    g = Graph("stacked")
+    y = g.matmul(g.input("x", (2, 3, 5, 8), "float32"), g.param("w", b))
+    g.set_outputs([y])
+    exe = CpuBackend().compile(g.freeze(), CompileOptions(device="cpu"))
+    for x in (a, rand((2, 5, 3, 8), 6).transpose(0, 2, 1, 3)):
+        np.testing.assert_allclose(exe.run({"x": x})[0], reference.evaluate(g, {"x": x})[0], rtol=1e-5, atol=1e-5)

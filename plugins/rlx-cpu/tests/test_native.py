@@ -120,7 +120,8 @@ def test_every_packed_kernel_gives_what_its_own_entry_point_gives(lib: native.Na
     assert kernels == every - {10}, f"kernels not run packed: {every - {10} - kernels}"
     assert np.array_equal(packed, plain)
     np.testing.assert_allclose(packed, reference.evaluate(g, feeds)[0], rtol=1e-4, atol=1e-6)
-    monkeypatch.setenv("RLX_CPU_GEMM", "blas")  # no implicit GEMM: the first layer goes direct
+    monkeypatch.setenv("RLX_CPU_GEMM", "blas")  # no implicit GEMM: the first layer goes direct (when chosen)
+    monkeypatch.setenv("RLX_CPU_CONV", "direct")
     first = Graph("first-layer")
     first.set_outputs([first.conv2d(first.input("x", (1, 3, 128, 128)), first.param("w1", rand((16, 3, 3, 3), 1)),
                                     first.param("b1", rand((16,), 2)), stride=2, padding=1)])  # fmt: skip
@@ -1257,6 +1258,7 @@ def test_direct_convolution(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
     im2col): partial channel blocks and column tiles, any padding and stride, bias or
     none, two images, equal to the reference; then its packed weights follow set_param."""
     monkeypatch.setenv("RLX_CPU_GEMM", "blas")  # no implicit GEMM: every channel count goes direct
+    monkeypatch.setenv("RLX_CPU_CONV", "direct")  # whatever this host measured
     direct, windows = spy_on(monkeypatch, lib, "conv_direct"), spy_on(monkeypatch, lib, "im2col")
 
     def ran() -> None:
@@ -1311,7 +1313,7 @@ def test_row_and_window_kernels_take_any_caller_layout(lib: native.Native, monke
     build, entry = FALLBACK_OPS[op]
     # the implicit GEMM needs rlx's GEMM, and the direct kernel takes 4 channels in without it
     monkeypatch.setenv("RLX_CPU_GEMM", "native" if entry == "conv_gemm" else "blas")
-    monkeypatch.setenv("RLX_CPU_CONV", "implicit")
+    monkeypatch.setenv("RLX_CPU_CONV", "direct" if entry == "conv_direct" else "implicit")
     calls = spy_on(monkeypatch, lib, entry)
     g = Graph(f"fallback-{op}")
     g.set_outputs([build(g, g.input("x", (2, 4, 9, 10)))])
