@@ -24,10 +24,11 @@ PLUGIN_EXTRAS = {
     "rlx-opencl": ["pyopencl[pocl]"],
 }
 #: A plugin's own optional extras that the sessions install with it (``-e dir[extra]``):
-#: rlx-cpu's ``mkl`` puts float32 products on oneMKL where its wheel exists (x86-64),
-#: so the tests exercise that path and the benchmarks measure what users install.
+#: rlx-cpu's ``mkl`` puts float32 products on oneMKL where its wheel exists (x86-64), and
+#: ``onednn`` convolutions on oneDNN (x86-64 Linux), so the tests exercise those paths and
+#: the benchmarks measure what users install.
 PLUGIN_OWN_EXTRAS = {
-    "rlx-cpu": "mkl",
+    "rlx-cpu": "mkl,onednn",
 }
 TEST_DEPS = ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80", "hatchling>=1.18", "onnx>=1.14", "onnxruntime"]
 #: pytest-xdist workers: the suite is mostly single-threaded Python and child processes

@@ -40,10 +40,11 @@ class CpuBackend(rlx_core.Backend):
             return rlx_core.Availability(False, why)
         # Which kernels and which BLAS run, and why not the faster ones (``rlx devices
         # --explain``; also part of the calibration's identity, so a change recalibrates).
-        from . import blas, conv_choice, gemm, native  # numpy and ctypes only: compiles nothing, times nothing
+        from . import blas, conv_choice, gemm, native, onednn  # numpy and ctypes only: compiles nothing, times nothing
 
         versions = {"numpy": np.__version__, "blas": blas.describe(), "native kernels": native.describe(),
-                    "gemm": gemm.describe(), "convolutions": conv_choice.describe()}  # fmt: skip
+                    "gemm": gemm.describe(), "convolutions": conv_choice.describe(),
+                    "onednn": onednn.describe()}  # fmt: skip
         return rlx_core.Availability(True, devices=["cpu"], versions=versions)
 
     def supported_ops(self) -> frozenset[str]:

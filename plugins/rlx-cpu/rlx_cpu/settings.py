@@ -35,4 +35,8 @@ CONV = Setting("RLX_CPU_CONV", "convolutions: auto (default: timed once per proc
 BIND = Setting("RLX_CPU_BIND", "1 (default): pin OpenMP's worker threads one to a CPU each; 0 (or off): leave "
                "them where the OS puts them", choices={**_ON, **_OFF}, default=True)  # fmt: skip
 
-SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND)
+ONEDNN = Setting("RLX_CPU_ONEDNN", "convolutions on oneDNN (the onednn extra): auto (default: where timed faster, "
+                 "once per process), on, or off (never loaded)",
+                 choices={"auto": "auto", "on": "on", "1": "on", "off": "off", "0": "off"}, default="auto")  # fmt: skip
+
+SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND, ONEDNN)

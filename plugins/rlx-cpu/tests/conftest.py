@@ -7,6 +7,14 @@ import pytest
 from rlx_cpu import native, regions
 
 
+@pytest.fixture(autouse=True)
+def _rlx_convolutions(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Convolutions on rlx's own kernels (RLX_CPU_ONEDNN=off), which these tests spy on
+    and which every host without the ``onednn`` extra runs; ``test_onednn.py`` sets its own."""
+    if request.node.module.__name__.rsplit(".", 1)[-1] != "test_onednn":
+        monkeypatch.setenv("RLX_CPU_ONEDNN", "off")
+
+
 @pytest.fixture
 def native_lib(monkeypatch: pytest.MonkeyPatch) -> native.Native:
     """The native kernels the package was installed with; skips (with the reason) where

@@ -23,9 +23,9 @@ READERS = {
 }
 
 
-def test_the_backend_declares_its_five_variables() -> None:
+def test_the_backend_declares_its_six_variables() -> None:
     names = [s.name for s in CpuBackend().settings()]
-    assert names == ["RLX_CPU_BLAS", "RLX_CPU_NATIVE", "RLX_CPU_GEMM", "RLX_CPU_CONV", "RLX_CPU_BIND"]
+    assert names == ["RLX_CPU_BLAS", "RLX_CPU_NATIVE", "RLX_CPU_GEMM", "RLX_CPU_CONV", "RLX_CPU_BIND", "RLX_CPU_ONEDNN"]
     assert all(isinstance(s, rlx.plugin.Setting) for s in CpuBackend().settings())
 
 

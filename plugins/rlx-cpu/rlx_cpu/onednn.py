@@ -1,0 +1,430 @@
+"""Convolutions on oneDNN (the ``onednn`` extra), where they measured faster here.
+
+Why: rlx's convolutions run as im2col + the BLAS's GEMM over NCHW planes: 50-90 GF/s on
+a 2-core Zen 3, against 120-160 GF/s for oneDNN's brgemm convolutions over channels-last
+(NHWC) data on the same host (64 -> 64 3x3 over 56x56: 3.8 ms against 1.6; 256 -> 1024
+1x1 over 14x14: 1.13 against 0.65; a 7x7 first layer: 4.9 against 1.5). oneDNN given
+NCHW itself runs the same im2col + GEMM rlx does, so each convolution here reorders its
+input to NHWC, runs oneDNN's convolution, and reorders the result back (each reorder
+0.05-0.16 ms on ResNet's planes). The weights are reordered once into the layout the
+convolution chose (and again by ``set_param``).
+
+Which library: oneDNN's OpenMP build (the ``onednn-cpu-gomp`` wheel), because its
+threads are libgomp's, the team rlx's native kernels and oneMKL's GNU layer run on: the
+current ``onednn`` wheel runs on TBB (a second pool spinning against the first on small
+hosts) and pulls in the SYCL runtime (2 GB). Only oneDNN 3.x is used (the C API's
+enums below are 3.x's). Loaded with ctypes on first use, never at import.
+
+Whether: ``RLX_CPU_ONEDNN=auto`` (default) times oneDNN against rlx's own way once per
+process for each kind of convolution, on one of that kind (``PROBES``): *spatial* ones
+(64 -> 64 3x3 over 28x28; there im2col is rlx's cost: 1.65x on the Zen 3) and *pointwise*
+ones (1x1 at stride 1, 256 -> 256 over 14x14: a plain GEMM for rlx, where the reorders
+lost: 0.83x), and uses it for a kind only where it won; ``on`` forces it for every
+convolution it takes, ``off`` never loads it.
+Depthwise convolutions stay on rlx's own kernel, as does anything not float32 or whose
+weights are computed per run. ``describe()`` (``rlx devices --explain``) says which runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import sys
+import threading
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .ccall import address
+from .steps import Dyn, Step
+
+__all__ = ["Dnnl", "PROBES", "library", "find_library", "reason", "wanted", "use", "kind_of", "describe",
+           "conv_steps", "reset"]
+
+log = logging.getLogger("rlx_cpu")
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_DIMS = _I64 * 12
+# oneDNN 3.x C API constants (dnnl_types.h, dnnl_common_types.h)
+_F32, _ANY, _TAG_A, _ABCD, _ABCDE, _ACDB = 3, 1, 2, 5, 6, 22
+_CPU, _FORWARD_INFERENCE, _CONVOLUTION_DIRECT = 1, 96, 1
+_ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
+_QUERY_IMPL_INFO, _QUERY_WEIGHTS_MD, _QUERY_SCRATCHPAD_MD = 8, 131, 136
+_SCRATCHPAD_USER = 1
+_STREAM_IN_ORDER = 1
+
+
+class _Arg(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_int), ("memory", _P)]
+
+
+class _Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("patch", ctypes.c_int),
+                ("hash", ctypes.c_char_p), ("cpu_runtime", ctypes.c_uint), ("gpu_runtime", ctypes.c_uint)]
+
+
+class DnnlError(RuntimeError):
+    """A oneDNN call returned a status other than success."""
+
+
+def _dims(values: tuple[int, ...]) -> Any:
+    d = _DIMS()
+    for i, v in enumerate(values):
+        d[i] = int(v)
+    return d
+
+
+class Dnnl:
+    """The loaded library: one CPU engine; a stream per thread (a stream is not shared)."""
+
+    def __init__(self, path: str) -> None:
+        lib = ctypes.CDLL(path)
+        lib.dnnl_version.restype = ctypes.POINTER(_Version)
+        lib.dnnl_primitive_desc_query_md.restype = _P
+        lib.dnnl_memory_desc_get_size.restype = ctypes.c_size_t
+        v = lib.dnnl_version().contents
+        if v.major != 3:
+            raise DnnlError(f"oneDNN {v.major}.{v.minor}.{v.patch} at {path}: rlx-cpu reads oneDNN 3.x only")
+        self.version = f"{v.major}.{v.minor}.{v.patch}"
+        self.path = path
+        self._lib = lib
+        self.engine = _P()
+        self._ok(lib.dnnl_engine_create(ctypes.byref(self.engine), _CPU, ctypes.c_size_t(0)), "engine_create")
+        self._local = threading.local()
+        self.execute = lib.dnnl_primitive_execute
+        self.execute.argtypes = [_P, _P, ctypes.c_int, ctypes.POINTER(_Arg)]
+        self.wait = lib.dnnl_stream_wait
+        self.wait.argtypes = [_P]
+        self.set_handle = lib.dnnl_memory_set_data_handle
+        self.set_handle.argtypes = [_P, _P]
+
+    @staticmethod
+    def _ok(status: int, what: str) -> None:
+        if status != 0:
+            raise DnnlError(f"oneDNN {what} failed (status {status})")
+
+    def stream(self) -> Any:
+        s = getattr(self._local, "stream", None)
+        if s is None:
+            s = _P()
+            self._ok(self._lib.dnnl_stream_create(ctypes.byref(s), self.engine, ctypes.c_uint(_STREAM_IN_ORDER)),
+                     "stream_create")  # fmt: skip
+            self._local.stream = s
+        return s
+
+    # ------------------------------------------------------------------ objects
+    def md(self, shape: tuple[int, ...], tag: int) -> Any:
+        m = _P()
+        self._ok(self._lib.dnnl_memory_desc_create_with_tag(ctypes.byref(m), len(shape), _dims(shape), _F32, tag),
+                 "memory_desc_create_with_tag")  # fmt: skip
+        return m
+
+    def size(self, md: Any) -> int:
+        return int(self._lib.dnnl_memory_desc_get_size(md))
+
+    def memory(self, md: Any, handle: int) -> Any:
+        m = _P()
+        self._ok(self._lib.dnnl_memory_create(ctypes.byref(m), md, self.engine, _P(handle)), "memory_create")
+        return m
+
+    def primitive(self, pd: Any) -> Any:
+        p = _P()
+        self._ok(self._lib.dnnl_primitive_create(ctypes.byref(p), pd), "primitive_create")
+        return p
+
+    def reorder(self, src: Any, dst: Any) -> Any:
+        pd = _P()
+        self._ok(self._lib.dnnl_reorder_primitive_desc_create(ctypes.byref(pd), src, self.engine, dst, self.engine,
+                                                              _P(0)), "reorder_primitive_desc_create")  # fmt: skip
+        return self.primitive(pd)
+
+    def conv_pd(self, src: Any, weights: Any, bias: Any, dst: Any, stride: tuple[int, int],
+                dilation: tuple[int, int], pad_l: tuple[int, int], pad_r: tuple[int, int]) -> Any:  # fmt: skip
+        attr = _P()
+        self._ok(self._lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "primitive_attr_create")
+        self._ok(self._lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_USER), "set_scratchpad_mode")
+        pd = _P()
+        self._ok(self._lib.dnnl_convolution_forward_primitive_desc_create(
+            ctypes.byref(pd), self.engine, _FORWARD_INFERENCE, _CONVOLUTION_DIRECT, src, weights,
+            bias if bias is not None else _P(0), dst, _dims(stride), _dims(tuple(d - 1 for d in dilation)),
+            _dims(pad_l), _dims(pad_r), attr), "convolution_forward_primitive_desc_create")  # fmt: skip
+        return pd
+
+    def query_md(self, pd: Any, what: int) -> Any:
+        return _P(self._lib.dnnl_primitive_desc_query_md(pd, what, 0))
+
+    def impl(self, pd: Any) -> str:
+        text = ctypes.c_char_p()
+        self._lib.dnnl_primitive_desc_query(pd, _QUERY_IMPL_INFO, 0, ctypes.byref(text))
+        return (text.value or b"?").decode()
+
+    def destroy(self, memories: Any = (), primitives: Any = (), descs: Any = ()) -> None:
+        """Free oneDNN objects this module created (never a descriptor a query returned)."""
+        for m in memories:
+            self._lib.dnnl_memory_destroy(m)
+        for p in primitives:
+            self._lib.dnnl_primitive_destroy(p)
+        for d in descs:
+            self._lib.dnnl_memory_desc_destroy(d)
+
+    def run(self, prim: Any, args: Any, nargs: int) -> None:
+        s = self.stream()
+        self._ok(self.execute(prim, s, nargs, args), "primitive_execute")
+        self.wait(s)
+
+
+# --------------------------------------------------------------------- finding and choosing
+_LOCK = threading.RLock()  # the measurement compiles, which asks use() again
+_STATE: dict[str, Any] = {}
+
+
+def wanted() -> str:
+    """``RLX_CPU_ONEDNN``: ``auto``, ``on`` or ``off`` (``settings.ONEDNN``)."""
+    from .settings import ONEDNN
+
+    return str(ONEDNN.read())
+
+
+def find_library() -> str | None:
+    """``libdnnl.so.3`` of the ``onednn-cpu-gomp`` wheel (``<prefix>/lib``), else the loader's."""
+    if sys.platform != "linux":
+        return None
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
+        path = Path(prefix) / "lib" / "libdnnl.so.3"
+        if path.is_file():
+            return str(path)
+    import ctypes.util
+
+    found = ctypes.util.find_library("dnnl")
+    return found
+
+
+def library() -> Dnnl | None:
+    """oneDNN, loaded once per process; None (``reason()`` says why) when off or missing."""
+    if wanted() == "off":
+        return None
+    with _LOCK:
+        if "lib" not in _STATE:
+            path, lib, why = find_library(), None, ""
+            if path is None:
+                why = "not installed (pip install 'rlx-cpu[onednn]': the onednn-cpu-gomp wheel)"
+            else:
+                try:
+                    lib = Dnnl(path)
+                except (OSError, AttributeError, DnnlError) as exc:
+                    why = f"{path}: {exc}"
+            _STATE.update(lib=lib, reason=why)
+        return _STATE["lib"]
+
+
+def reason() -> str:
+    if wanted() == "off":
+        return "off (RLX_CPU_ONEDNN=off)"
+    return str(_STATE.get("reason", ""))
+
+
+def reset() -> None:
+    """Forget the measured decisions (tests)."""
+    with _LOCK:
+        _STATE.pop("decision", None)
+
+
+#: The two kinds of convolution decided apart, each on the convolution ``use`` times for
+#: it (channels in, out, size, kernel; stride 1, same padding): a 1x1 is a plain GEMM for
+#: rlx (no im2col) and oneDNN's reorders back from NHWC can cost it more than it gains.
+PROBES: dict[str, tuple[int, int, int, int]] = {"spatial": (64, 64, 28, 3), "pointwise": (256, 256, 14, 1)}
+
+
+def kind_of(kernel: tuple[int, int], stride: tuple[int, int]) -> str:
+    """``pointwise`` for a 1x1 convolution at stride 1, else ``spatial``."""
+    return "pointwise" if tuple(kernel) == (1, 1) and tuple(stride) == (1, 1) else "spatial"
+
+
+def use(kind: str = "spatial") -> Dnnl | None:
+    """oneDNN when convolutions of ``kind`` should run on it here: forced on, or measured
+    faster once per process at the first one planned; else None."""
+    mode = wanted()
+    lib = library()
+    if lib is None or mode == "off":
+        return None
+    if mode == "on":
+        return lib
+    with _LOCK:
+        decisions = _STATE.setdefault("decision", {})
+        if kind not in decisions:
+            decisions[kind] = (False, "probing")  # the probe's own rlx compile must not ask again
+            decisions[kind] = _measure(lib, kind)
+            log.info("rlx-cpu: %s convolutions %s (%s)", kind, "on oneDNN" if decisions[kind][0] else
+                     "on rlx's kernels", decisions[kind][1])  # fmt: skip
+        return lib if decisions[kind][0] else None
+
+
+def describe() -> str:
+    """The probe's ``"onednn"`` entry: which oneDNN, and whether convolutions run on it."""
+    mode = wanted()
+    if mode == "off":
+        return "off (RLX_CPU_ONEDNN=off)"
+    path = find_library()
+    if path is None:
+        return "not installed (pip install 'rlx-cpu[onednn]' for oneDNN's convolutions)"
+    lib = _STATE.get("lib")
+    version = f"oneDNN {lib.version}" if lib is not None else f"oneDNN at {path}"
+    if mode == "on":
+        return f"{version}: every convolution it takes (RLX_CPU_ONEDNN=on)"
+    found = _STATE.get("decision", {})
+    parts = [f"{kind}: {'oneDNN' if found[kind][0] else 'rlx'} ({found[kind][1]})" if kind in found else
+             f"{kind}: timed against rlx's at the first one" for kind in PROBES]  # fmt: skip
+    return f"{version} for convolutions; " + "; ".join(parts)
+
+
+def _measure(lib: Dnnl, kind: str) -> tuple[bool, str]:
+    """Time one probe convolution through the whole cpu backend both ways (each the
+    better of a few runs, alternating), on answers that agree."""
+    from rlx_core.ir import Graph
+    from rlx_core.plugin import CompileOptions
+
+    from .backend import CpuBackend
+    from .gemm import _best_of
+
+    c, o, hw, k = PROBES[kind]
+    rng = np.random.default_rng(0)
+    g = Graph("onednn-probe")
+    x = g.input("x", (1, c, hw, hw), "float32")
+    w = g.param("w", (rng.random((o, c, k, k), dtype=np.float32) - 0.5) / math.sqrt(c * k * k))
+    g.set_outputs([g.conv2d(x, w, padding=k // 2)])
+    g.freeze()
+    feeds = {"x": rng.random((1, c, hw, hw), dtype=np.float32)}
+    times: dict[str, float] = {}
+    outs: dict[str, np.ndarray] = {}
+    decisions = _STATE["decision"]
+    try:
+        for mode in ("rlx", "onednn", "rlx", "onednn"):
+            decisions[kind] = (mode == "onednn", "probing")
+            exe = CpuBackend().compile(g, CompileOptions(device="cpu"))
+            outs[mode] = exe.run(feeds)[0]
+            times[mode] = min(times.get(mode, math.inf), _best_of(lambda e=exe: e.run(feeds)))
+    except (DnnlError, OSError) as exc:
+        return False, f"oneDNN failed on the probe: {exc}"
+    what = f"{c} -> {o} {k}x{k} over {hw}x{hw}"
+    if not np.allclose(outs["rlx"], outs["onednn"], rtol=1e-3, atol=1e-4):  # never trade a right answer
+        return False, f"oneDNN disagreed with rlx at {what}"
+    ratio = times["rlx"] / times["onednn"]
+    return ratio > 1.0, f"timed {ratio:.2f}x rlx's speed at {what}"
+
+
+# --------------------------------------------------------------------- convolution steps
+class _ConvCall:
+    """One convolution: the input reordered to NHWC, oneDNN's convolution, the result
+    reordered back; operands read per run only where they are a caller's arrays."""
+
+    def __init__(self, lib: Dnnl, prims: tuple[Any, Any, Any], mems: dict[str, Any], arg_lists: tuple[Any, ...],
+                 dynamic: tuple[bool, bool], keep: tuple[Any, ...]) -> None:  # fmt: skip
+        self.lib, self.prims, self.mems, self.args, self.dynamic, self.keep = lib, prims, mems, arg_lists, dynamic, keep
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> None:
+        lib = self.lib
+        if self.dynamic[0]:
+            try:
+                lib.set_handle(self.mems["x"], address(x))
+            except (TypeError, BufferError, ValueError):  # a strided or read-only caller array: a copy
+                x = np.ascontiguousarray(x, dtype=np.float32).copy()
+                lib.set_handle(self.mems["x"], address(x))
+        if self.dynamic[1]:
+            lib.set_handle(self.mems["y"], address(y))
+        s = lib.stream()
+        (reorder_in, conv, reorder_out), (a_in, a_conv, a_out) = self.prims, self.args
+        for prim, args, n in ((reorder_in, a_in, 2), (conv, a_conv, len(a_conv)), (reorder_out, a_out, 2)):
+            status = lib.execute(prim, s, n, args)
+            if status != 0:
+                raise DnnlError(f"oneDNN primitive_execute failed (status {status})")
+        lib.wait(s)
+
+
+def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, int, int, int],
+               stride: tuple[int, int], dilation: tuple[int, int], groups: int,
+               ctx: Any) -> list[Step] | None:  # fmt: skip
+    """A float32 convolution (NCHW in and out) as one step on oneDNN; None when it does not
+    apply (weights computed per run, depthwise, another dtype)."""
+    if isinstance(w, Dyn) or any(getattr(a, "dtype", None) != np.float32 for a in (x, w, out)):
+        return None
+    if bias is not None and (isinstance(bias, Dyn) or bias.dtype != np.float32):
+        return None
+    derived = getattr(ctx, "derived", None)
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    if derived is None or (groups > 1 and groups == c == o) or out.size == 0:
+        return None  # depthwise: rlx's own kernel
+    oh, ow = out.shape[2:]
+    pt, pl, pb, pr = pads
+    try:
+        src, dst = lib.md((n, c, h, wd), _ACDB), lib.md((n, o, oh, ow), _ACDB)
+        wshape = (o, cg, kh, kw) if groups == 1 else (groups, o // groups, cg, kh, kw)
+        w_any = lib.md(wshape, _ANY)
+        b_md = lib.md((o,), _TAG_A) if bias is not None else None
+        pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr))
+        w_md = lib.query_md(pd, _QUERY_WEIGHTS_MD)
+        w_plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
+        w_reorder = lib.reorder(w_plain, w_md)
+    except DnnlError as exc:
+        log.debug("rlx-cpu: oneDNN declined a convolution %s -> %s: %s", tuple(x.shape), tuple(out.shape), exc)
+        return None
+    w_size = lib.size(w_md)
+
+    def make(src_w: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
+        if dest is None:
+            dest = np.empty(-(-w_size // 4), np.float32)
+        plain = np.ascontiguousarray(src_w, dtype=np.float32)
+        pair = (lib.memory(w_plain, plain.ctypes.data), lib.memory(w_md, dest.ctypes.data))
+        try:
+            lib.run(w_reorder, (_Arg * 2)(_Arg(_ARG_SRC, pair[0]), _Arg(_ARG_DST, pair[1])), 2)
+        finally:
+            lib.destroy(memories=pair)
+        return dest
+
+    wbuf = derived(w, ("onednn_conv_weights", wshape, lib.impl(pd)), make)
+    if wbuf is None:
+        return None
+    x_nhwc = ctx.scratch((lib.size(src) // 4,), np.float32)
+    y_nhwc = ctx.scratch((lib.size(dst) // 4,), np.float32)
+    pad = lib.query_md(pd, _QUERY_SCRATCHPAD_MD)
+    pad_bytes = lib.size(pad)
+    scratch = ctx.scratch((max(pad_bytes // 4 + 16, 1),), np.float32)
+    dynamic = (isinstance(x, Dyn), isinstance(out, Dyn))
+    x_plain, y_plain = lib.md((n, c, h, wd), _ABCD), lib.md((n, o, oh, ow), _ABCD)
+    mems = {
+        "x": lib.memory(x_plain, 0 if dynamic[0] else _addr(x)),
+        "x_nhwc": lib.memory(src, _addr(x_nhwc)),
+        "w": lib.memory(w_md, wbuf.ctypes.data),
+        "y_nhwc": lib.memory(dst, _addr(y_nhwc)),
+        "y": lib.memory(y_plain, 0 if dynamic[1] else _addr(out)),
+        "pad": lib.memory(pad, _addr(scratch)),
+    }
+    conv_args = [_Arg(_ARG_SRC, mems["x_nhwc"]), _Arg(_ARG_WEIGHTS, mems["w"]), _Arg(_ARG_DST, mems["y_nhwc"]),
+                 _Arg(_ARG_SCRATCHPAD, mems["pad"])]  # fmt: skip
+    # Every array whose address oneDNN holds stays referenced by the step (a plan's
+    # scratch is a view of an arena buffer that lives only as long as its views).
+    keep: tuple[Any, ...] = (wbuf, w, x_nhwc, y_nhwc, scratch, *(a for a in (x, out) if not isinstance(a, Dyn)))
+    if bias is not None:
+        mems["b"] = lib.memory(b_md, _addr(bias))
+        conv_args.append(_Arg(_ARG_BIAS, mems["b"]))
+        keep += (bias,)
+    arg_lists = ((_Arg * 2)(_Arg(_ARG_SRC, mems["x"]), _Arg(_ARG_DST, mems["x_nhwc"])),
+                 (_Arg * len(conv_args))(*conv_args),
+                 (_Arg * 2)(_Arg(_ARG_SRC, mems["y_nhwc"]), _Arg(_ARG_DST, mems["y"])))  # fmt: skip
+    prims = (lib.reorder(x_plain, src), lib.primitive(pd), lib.reorder(dst, y_plain))
+    call = _ConvCall(lib, prims, mems, arg_lists, dynamic, keep)
+    # Freed with the plan that holds the step; the weights' reorder (and its plain
+    # descriptor) with the executable's derived array, which ``make`` refills.
+    weakref.finalize(call, lib.destroy, tuple(mems.values()), prims, (src, dst, x_plain, y_plain, w_any,
+                                                                       *((b_md,) if b_md is not None else ())))
+    weakref.finalize(wbuf, lib.destroy, (), (w_reorder,), (w_plain,))
+    return [Step(call, (x, out))]
+
+
+def _addr(arr: np.ndarray) -> int:
+    """The address of a plan buffer or resident (fixed for the plan's life)."""
+    return int(arr.__array_interface__["data"][0])

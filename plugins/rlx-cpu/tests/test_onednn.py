@@ -1,0 +1,119 @@
+"""Convolutions on oneDNN (the ``onednn`` extra): the same answers as the reference for
+every convolution it takes, the weights following ``set_param``, and the choice made
+where it measured faster (or forced, or off)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+import rlx_core as rlx
+from rlx_core import reference
+from rlx_core.ir import Graph
+from rlx_cpu import onednn
+
+pytestmark = pytest.mark.skipif(onednn.find_library() is None,
+                                reason="oneDNN is not installed (pip install 'rlx-cpu[onednn]')")  # fmt: skip
+
+
+def rand(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.fixture
+def forced(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """RLX_CPU_ONEDNN=on, and the oneDNN convolutions that plans then run."""
+    monkeypatch.setenv("RLX_CPU_ONEDNN", "on")
+    calls: list[tuple[Any, ...]] = []
+    real = onednn._ConvCall.__call__
+
+    def spy(self: onednn._ConvCall, x: np.ndarray, y: np.ndarray) -> None:
+        calls.append((x.shape, y.shape))
+        real(self, x, y)
+
+    monkeypatch.setattr(onednn._ConvCall, "__call__", spy)
+    return calls
+
+
+#: name -> (x shape, w shape, bias?, conv2d keyword arguments)
+CONVS: dict[str, tuple[tuple[int, ...], tuple[int, ...], bool, dict[str, Any]]] = {
+    "3x3 same, bias": ((1, 8, 12, 12), (16, 8, 3, 3), True, {"padding": 1}),
+    "7x7 stride 2 first layer": ((2, 3, 33, 31), (8, 3, 7, 7), True, {"stride": 2, "padding": 3}),
+    "asymmetric padding, no bias": ((1, 5, 9, 10), (6, 5, 3, 2), False, {"padding": (1, 0, 2, 1)}),
+    "dilation 2, stride (2, 1)": ((1, 4, 15, 13), (4, 4, 3, 3), True, {"stride": (2, 1), "padding": 2, "dilation": 2}),
+    "groups 2": ((1, 8, 10, 10), (12, 4, 3, 3), True, {"padding": 1, "groups": 2}),
+    "groups 4 (ResNeXt-style)": ((2, 16, 7, 7), (16, 4, 3, 3), False, {"padding": 1, "groups": 4}),
+    "1x1": ((1, 32, 7, 7), (24, 32, 1, 1), True, {}),
+    "1x1 stride 2": ((1, 8, 9, 9), (4, 8, 1, 1), False, {"stride": 2}),
+}
+
+
+@pytest.mark.parametrize("name", list(CONVS))
+def test_each_convolution_matches_the_reference(forced: list[tuple[Any, ...]], name: str) -> None:
+    xs, ws, with_bias, kw = CONVS[name]
+    g = Graph("conv")
+    x = g.input("x", xs)
+    b = g.param("b", rand((ws[0],), 3)) if with_bias else None
+    g.set_outputs([g.relu(g.conv2d(x, g.param("w", rand(ws, 2)), b, **kw))])  # relu: fused_conv's epilogue
+    cg = rlx.compile(g, device="cpu")
+    feeds = {"x": rand(xs, 1)}
+    np.testing.assert_allclose(cg.run(feeds)[0], reference.evaluate(g, feeds)[0], rtol=1e-4, atol=1e-4)
+    assert forced, "oneDNN did not run"
+    strided = {"x": np.asfortranarray(feeds["x"])}  # a caller's array it cannot read in place: a copy
+    np.testing.assert_allclose(cg.run(strided)[0], reference.evaluate(g, feeds)[0], rtol=1e-4, atol=1e-4)
+    w2 = rand(ws, 7)
+    cg.set_param("w", w2)  # the weights reordered for oneDNN follow
+    np.testing.assert_allclose(cg.run(feeds)[0], reference.evaluate(g, feeds, {"w": w2})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_chain_and_a_residual_add_run_on_it(forced: list[tuple[Any, ...]]) -> None:
+    g = Graph("block")
+    x = g.input("x", (2, 16, 14, 14))
+    h = g.relu(g.conv2d(x, g.param("w1", rand((16, 16, 3, 3), 1)), g.param("b1", rand((16,), 2)), padding=1))
+    h = g.conv2d(h, g.param("w2", rand((16, 16, 3, 3), 3)), padding=1)
+    g.set_outputs([g.relu(g.add(h, x))])
+    feeds = {"x": rand((2, 16, 14, 14), 4)}
+    got = rlx.compile(g, device="cpu").run(feeds)[0]
+    np.testing.assert_allclose(got, reference.evaluate(g, feeds)[0], rtol=1e-4, atol=1e-4)
+    assert len(forced) == 2
+
+
+def test_depthwise_and_run_time_weights_stay_on_rlx(forced: list[tuple[Any, ...]]) -> None:
+    g = Graph("declined")
+    x = g.input("x", (1, 8, 10, 10))
+    dw = g.conv2d(x, g.param("dw", rand((8, 1, 3, 3), 1)), padding=1, groups=8)
+    per_run = g.conv2d(x, g.relu(g.input("w", (4, 8, 1, 1))))
+    g.set_outputs([dw, per_run])
+    feeds = {"x": rand((1, 8, 10, 10), 2), "w": rand((4, 8, 1, 1), 3)}
+    for got, want in zip(rlx.compile(g, device="cpu").run(feeds), reference.evaluate(g, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert not forced
+
+
+def test_off_never_loads_it_and_auto_says_what_it_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLX_CPU_ONEDNN", "off")
+    assert onednn.library() is None and onednn.use() is None
+    assert onednn.describe() == "off (RLX_CPU_ONEDNN=off)"
+    monkeypatch.setenv("RLX_CPU_ONEDNN", "auto")
+    onednn.reset()
+    try:
+        assert onednn.describe().endswith("spatial: timed against rlx's at the first one; pointwise: timed against "
+                                          "rlx's at the first one")  # fmt: skip
+        chosen = {kind: onednn.use(kind) is not None for kind in onednn.PROBES}
+        text = onednn.describe()
+        assert re.match(r"oneDNN 3\.\d+\.\d+ for convolutions; spatial: (oneDNN|rlx) \(timed \d+\.\d\dx rlx's speed at "
+                        r"64 -> 64 3x3 over 28x28\); pointwise: (oneDNN|rlx) \(timed \d+\.\d\dx rlx's speed at 256 -> "
+                        r"256 1x1 over 14x14\)$", text), text  # fmt: skip
+        assert text.count("oneDNN (timed") == sum(chosen.values())
+        assert onednn.kind_of((1, 1), (1, 1)) == "pointwise" and onednn.kind_of((1, 1), (2, 2)) == "spatial"
+    finally:
+        onednn.reset()
+
+
+def test_not_installed_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(onednn, "find_library", lambda: None)
+    monkeypatch.setenv("RLX_CPU_ONEDNN", "auto")
+    assert onednn.describe().startswith("not installed (pip install 'rlx-cpu[onednn]'")
