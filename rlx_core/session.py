@@ -85,6 +85,9 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
             return cg
 
         return compile_symbolic(graph, first, later)
+    # Frozen before placement: the pipeline placement runs to price the graph is then the
+    # one compile hands the backend (``lowering.pipeline_for`` keys on it), not run twice.
+    graph.freeze()
     placement = Placement(graph, policy, reg, measure=measure)
     explicit = device not in (None, "", "auto") or bool(placement.policy.device)
     if explicit:

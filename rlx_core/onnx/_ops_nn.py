@@ -1,5 +1,5 @@
 """Converters of network layers: MatMul, Gemm, Conv, pools, BatchNormalization, LayerNormalization,
-RMSNormalization."""
+RMSNormalization, InstanceNormalization, GroupNormalization."""
 
 from __future__ import annotations
 
@@ -321,3 +321,66 @@ def _rms_norm(c: NodeContext) -> list[Operand | None]:
     if dtype != "float32":
         normed = f.op("cast", normed, dtype=dtype)
     return [f.op("mul", normed, scale, name=c.out())]
+
+
+def _standardized(c: NodeContext, x: Operand, rows: tuple[int, ...], stash: bool) -> Operand:
+    """``x`` viewed as ``rows`` (its last axis the values normalized together), each row
+    made mean 0 and variance 1 (``epsilon`` added), back in ``x``'s shape: the IR's
+    ``layer_norm`` with unit scale. ``stash``: a float16 input is computed in float32."""
+    f = c.f
+    shape, dtype = f.shape(x), f.dtype(x)
+    if dtype not in ("float16", "float32", "float64"):
+        raise c.fail(f"needs a float input, got {dtype}")
+    work_dtype = "float32" if stash and dtype == "float16" else dtype
+    work = x if work_dtype == dtype else f.op("cast", x, dtype=work_dtype)
+    ones = frozen(np.ones(rows[-1], dtype=work_dtype))
+    normed = f.op("layer_norm", f.op("reshape", work, shape=rows), ones, frozen(np.zeros(rows[-1], work_dtype)),
+                  axis=len(rows) - 1, eps=float(c.attr("epsilon", 1e-5)))  # fmt: skip
+    normed = f.op("reshape", normed, shape=shape)
+    return normed if work_dtype == dtype else f.op("cast", normed, dtype=dtype)
+
+
+def _per_channel(c: NodeContext, y: Operand, scale: Operand, bias: Operand, channels: int, rank: int) -> Operand:
+    """``y * scale + bias`` with ``scale`` and ``bias`` (C,) applied along axis 1."""
+    f = c.f
+    at = (channels,) + (1,) * (rank - 2)
+    s, b = (f.op("reshape", v, shape=at) for v in (scale, bias))
+    return f.op("add", f.op("mul", y, s), b, name=c.out())
+
+
+@converter("InstanceNormalization")
+def _instance_norm(c: NodeContext) -> list[Operand | None]:
+    """Each (image, channel) plane normalized over its spatial axes, then ``scale`` and
+    ``B`` per channel: ``layer_norm`` over the plane as one row."""
+    f, x = c.f, c.input(0, "input")
+    shape = f.shape(x)
+    if len(shape) < 3:
+        raise c.fail(f"needs an input (N, C, D1, ...), got shape {shape}")
+    plane = int(np.prod(shape[2:]))
+    y = _standardized(c, x, (shape[0], shape[1], plane), stash=False)
+    return [_per_channel(c, y, c.input(1, "scale"), c.input(2, "B"), shape[1], len(shape))]
+
+
+@converter("GroupNormalization")
+def _group_norm(c: NodeContext) -> list[Operand | None]:
+    """The channels in ``num_groups`` groups, each group of each image normalized over its
+    channels and spatial axes together. Version 21 applies ``scale`` and ``bias`` per
+    channel (C,) and computes in float32 (``stash_type`` 1); version 18 per group
+    (num_groups,), as its spec said (each group's value repeated over its channels)."""
+    f, x, scale, bias = c.f, c.input(0, "X"), c.input(1, "scale"), c.input(2, "bias")
+    shape = f.shape(x)
+    if len(shape) < 3:
+        raise c.fail(f"needs an input (N, C, D1, ...), got shape {shape}")
+    n, channels = shape[0], shape[1]
+    groups = int(c.attr("num_groups", 0))
+    if groups < 1 or channels % groups:
+        raise c.fail(f"num_groups {groups} does not divide the {channels} channels")
+    stash = int(c.attr("stash_type", 1))
+    if stash != 1:
+        raise c.fail(f"stash_type {stash} is not supported (1: float32)")
+    per = channels // groups
+    y = _standardized(c, x, (n, groups, per * int(np.prod(shape[2:]))), stash=c.opset >= 21)
+    if c.opset < 21:  # version 18: one scale and bias per group, repeated over its channels
+        spread = frozen(np.ones((1, per), dtype=f.dtype(scale)))
+        scale, bias = (f.op("mul", f.op("reshape", v, shape=(groups, 1)), spread) for v in (scale, bias))
+    return [_per_channel(c, y, scale, bias, channels, len(shape))]
