@@ -186,7 +186,7 @@ _PRINT_VERSIONS = (
 
 
 #: Benchmark scripts that rewrite their own sections of BENCHMARKS.md when given ``--write``.
-WRITES_BENCHMARKS_MD = ("overhead.py", "suite.py", "batch.py")
+WRITES_BENCHMARKS_MD = ("overhead.py", "suite.py", "batch.py", "dynamic.py")
 #: Scripts with a session of their own (heavy extras): ``nox -s zoo``.
 OWN_SESSION = ("zoo.py",)
 
