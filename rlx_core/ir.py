@@ -400,6 +400,12 @@ class Graph:
     def tanh(self, x: ValueLike, *, name: str = "") -> Value:
         return self._add(OpKind.TANH, (x,), name)
 
+    def sin(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.SIN, (x,), name)
+
+    def cos(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.COS, (x,), name)
+
     def sigmoid(self, x: ValueLike, *, name: str = "") -> Value:
         return self._add(OpKind.SIGMOID, (x,), name)
 

@@ -54,6 +54,8 @@ class OpKind(str, enum.Enum):
     RSQRT = "rsqrt"
     ERF = "erf"
     TANH = "tanh"
+    SIN = "sin"
+    COS = "cos"
     SIGMOID = "sigmoid"
     RELU = "relu"
     GELU = "gelu"
@@ -126,14 +128,14 @@ BINARY_OPS = (
 UNARY_OPS = (
     OpKind.NEG, OpKind.ABS, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF,
     OpKind.TANH, OpKind.SIGMOID, OpKind.RELU, OpKind.GELU, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND,
-    OpKind.BITWISE_NOT,
+    OpKind.BITWISE_NOT, OpKind.SIN, OpKind.COS,
 )  # fmt: skip
 #: Elementwise comparisons: numpy broadcasting, a bool result (IEEE: NaN compares unequal).
 COMPARE_OPS = (OpKind.EQUAL, OpKind.LESS, OpKind.GREATER)
 ELEMENTWISE_OPS: frozenset[OpKind] = frozenset(BINARY_OPS + UNARY_OPS + COMPARE_OPS + (OpKind.CAST, OpKind.WHERE))
 _FLOAT_ONLY = frozenset(
     {OpKind.POW, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.TANH,
-     OpKind.SIGMOID, OpKind.GELU, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND}
+     OpKind.SIGMOID, OpKind.GELU, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND, OpKind.SIN, OpKind.COS}
 )  # fmt: skip
 _INT_ONLY = frozenset(BITWISE_OPS)
 

@@ -284,6 +284,8 @@ _KERNELS: dict[OpKind, Kernel] = {
     OpKind.RSQRT: _unary(lambda x: 1.0 / np.sqrt(x)),
     OpKind.ERF: _unary(_erf),
     OpKind.TANH: _unary(np.tanh),
+    OpKind.SIN: _unary(np.sin),
+    OpKind.COS: _unary(np.cos),
     OpKind.SIGMOID: _unary(lambda x: 1.0 / (1.0 + np.exp(-x))),
     OpKind.RELU: _relu,
     OpKind.GELU: _gelu,

@@ -31,8 +31,9 @@ from rlx_core import onnx as rlx_onnx
 #: at import bound as initializers, see ``_outcome``): 1082 before the extended integer
 #: dtypes (int8 uint8 int16 uint16 uint32 uint64) and the exact ops (floor ceil round fmod,
 #: the bit ops), 1285 with both, 1310 once 0-d inputs (numpy scalars) were fed as arrays,
-#: 1321 with QuantizeLinear and DequantizeLinear.
-PASS_FLOOR = 1321
+#: 1321 with QuantizeLinear and DequantizeLinear, 1329 with InstanceNormalization, GroupNormalization,
+#: Sin and Cos.
+PASS_FLOOR = 1329
 
 
 def _array(value: Any) -> Any:

@@ -23,6 +23,7 @@ ANY_DTYPE = (*NUMERIC, "bool")
 
 _FLOAT_OPS = frozenset({
     OpKind.POW, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.TANH, OpKind.SIGMOID,
+    OpKind.SIN, OpKind.COS,
     OpKind.GELU, OpKind.SOFTMAX, OpKind.LAYER_NORM, OpKind.REDUCE_MEAN, OpKind.CONV2D, OpKind.MAX_POOL2D,
     OpKind.AVG_POOL2D, OpKind.GLOBAL_AVG_POOL2D, OpKind.ATTENTION, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND,
     OpKind.FUSED_CONV,

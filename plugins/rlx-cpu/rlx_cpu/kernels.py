@@ -75,7 +75,7 @@ _BINARY_UFUNCS = {
 _UNARY_UFUNCS = {
     OpKind.NEG: np.negative, OpKind.ABS: np.absolute, OpKind.EXP: np.exp, OpKind.LOG: np.log,
     OpKind.SQRT: np.sqrt, OpKind.TANH: np.tanh, OpKind.FLOOR: np.floor, OpKind.CEIL: np.ceil,
-    OpKind.ROUND: np.rint, OpKind.BITWISE_NOT: np.invert,
+    OpKind.ROUND: np.rint, OpKind.BITWISE_NOT: np.invert, OpKind.SIN: np.sin, OpKind.COS: np.cos,
 }  # fmt: skip
 # ops whose steps read each input element before writing the output element at the same
 # position, and never read an input after writing the output: out may be that input.

@@ -118,7 +118,7 @@ def _render(ins: Instruction, args: list[str], arg_dtypes: list[str]) -> str:
         return f"(-{a})"
     if op is OpKind.ABS:
         return f"{_fn('fabs', ct)}({a})" if is_float else f"({a} < 0 ? -{a} : {a})"
-    if op in (OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.ERF, OpKind.TANH):
+    if op in (OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.ERF, OpKind.TANH, OpKind.SIN, OpKind.COS):
         return f"{_fn(op.value, ct)}({a})"
     if op is OpKind.RSQRT:
         return f"{_fn('rsqrt', ct)}({a})"

@@ -21,7 +21,8 @@ __all__ = ["CLAIMED_OPS", "RENDERED_ELEMENTWISE", "unrendered_ops"]
 RENDERED_ELEMENTWISE: frozenset[OpKind] = frozenset({
     OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV, OpKind.POW, OpKind.MAXIMUM, OpKind.MINIMUM, OpKind.NEG,
     OpKind.ABS, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.TANH, OpKind.SIGMOID,
-    OpKind.RELU, OpKind.GELU, OpKind.EQUAL, OpKind.LESS, OpKind.GREATER, OpKind.CAST, OpKind.WHERE,
+    OpKind.RELU, OpKind.GELU, OpKind.EQUAL, OpKind.LESS, OpKind.GREATER, OpKind.CAST, OpKind.WHERE, OpKind.SIN,
+    OpKind.COS,
 })  # fmt: skip
 
 CLAIMED_OPS: frozenset[str] = frozenset(

@@ -279,6 +279,8 @@ LOWERINGS: dict[OpKind, Rule] = {
     OpKind.RSQRT: _unary(lax.rsqrt, wide=True),
     OpKind.ERF: _unary(lax.erf, wide=True),
     OpKind.TANH: _unary(jnp.tanh, wide=True),
+    OpKind.SIN: _unary(jnp.sin, wide=True),
+    OpKind.COS: _unary(jnp.cos, wide=True),
     OpKind.SIGMOID: _unary(jax.nn.sigmoid, wide=True),
     OpKind.RELU: _relu,
     OpKind.GELU: _gelu,
