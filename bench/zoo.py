@@ -91,6 +91,15 @@ ZOO: dict[str, ZooModel] = {
         ZooModel("mobilenet_v3_small", _torchvision("mobilenet_v3_small"), _image),
         ZooModel("efficientnet_b0", _torchvision("efficientnet_b0"), _image),
         ZooModel("squeezenet", _torchvision("squeezenet1_1"), _image),
+        # the families rlx was slowest on when tried untuned (issue 35): grouped and
+        # depthwise convolutions, large-kernel depthwise + LayerNorm, dense concatenation
+        ZooModel("resnet50", _torchvision("resnet50"), _image),
+        ZooModel("resnext50", _torchvision("resnext50_32x4d"), _image),
+        ZooModel("mobilenet_v2", _torchvision("mobilenet_v2"), _image),
+        ZooModel("convnext_tiny", _torchvision("convnext_tiny"), _image),
+        ZooModel("densenet121", _torchvision("densenet121"), _image),
+        ZooModel("regnet_y_400mf", _torchvision("regnet_y_400mf"), _image),
+        ZooModel("shufflenet_v2", _torchvision("shufflenet_v2_x1_0"), _image),
         ZooModel("bert", _hf("BertConfig", "BertModel", vocab_size=1000, hidden_size=768, num_hidden_layers=2,
                              num_attention_heads=12, intermediate_size=3072), lambda b: _tokens(b, 128), "text"),
         ZooModel("distilbert", _hf("DistilBertConfig", "DistilBertModel", vocab_size=1000, dim=768, n_layers=2,
