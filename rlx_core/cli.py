@@ -107,7 +107,8 @@ def _make_inputs(graph: Graph, specs: Sequence[str], seed: int) -> tuple[dict[st
             raise InputError(f"--input {name}: {path!r} is an .npz archive; give one array as .npy")
         feeds[name] = arr
         notes.append(f"input {name}: {arr.dtype}{list(arr.shape)} from {path}")
-    for name, arr in random_inputs(graph, seed, {n: a.shape for n, a in feeds.items()}).items():
+    made = random_inputs(graph, seed, {n: a.shape for n, a in feeds.items()}) if len(feeds) < len(names) else {}
+    for name, arr in made.items():
         if name not in feeds:
             feeds[name] = arr
             notes.append(f"input {name}: random {arr.dtype}{list(arr.shape)} (seed {seed}; "
