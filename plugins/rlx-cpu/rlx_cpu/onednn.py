@@ -21,8 +21,9 @@ process for each kind of convolution, on one of that kind (``PROBES``): *spatial
 ones (1x1 at stride 1, 256 -> 256 over 14x14: a plain GEMM for rlx, where the reorders
 lost: 0.83x), and uses it for a kind only where it won; ``on`` forces it for every
 convolution it takes, ``off`` never loads it.
-Depthwise convolutions stay on rlx's own kernel, as does anything not float32 or whose
-weights are computed per run. ``describe()`` (``rlx devices --explain``) says which runs.
+Depthwise convolutions are a third kind, timed against rlx's native depthwise kernel
+(96 channels, 3x3 over 56x56). Anything not float32, or whose weights are computed per
+run, stays on rlx. ``describe()`` (``rlx devices --explain``) says which runs.
 """
 
 from __future__ import annotations
@@ -236,11 +237,18 @@ def reset() -> None:
 #: The two kinds of convolution decided apart, each on the convolution ``use`` times for
 #: it (channels in, out, size, kernel; stride 1, same padding): a 1x1 is a plain GEMM for
 #: rlx (no im2col) and oneDNN's reorders back from NHWC can cost it more than it gains.
-PROBES: dict[str, tuple[int, int, int, int]] = {"spatial": (64, 64, 28, 3), "pointwise": (256, 256, 14, 1)}
+#: A depthwise convolution (one filter per channel: MobileNet's, EfficientNet's) is a kind
+#: of its own, against rlx's native depthwise kernel.
+PROBES: dict[str, tuple[int, int, int, int]] = {"spatial": (64, 64, 28, 3), "pointwise": (256, 256, 14, 1),
+                                               "depthwise": (96, 96, 56, 3)}  # fmt: skip
 
 
-def kind_of(kernel: tuple[int, int], stride: tuple[int, int]) -> str:
-    """``pointwise`` for a 1x1 convolution at stride 1, else ``spatial``."""
+def kind_of(kernel: tuple[int, int], stride: tuple[int, int], groups: int = 1, channels: int = 0,
+            out_channels: int = 0) -> str:  # fmt: skip
+    """``depthwise`` for one filter per channel, ``pointwise`` for a 1x1 convolution at
+    stride 1, else ``spatial``."""
+    if groups > 1 and groups == channels == out_channels:
+        return "depthwise"
     return "pointwise" if tuple(kernel) == (1, 1) and tuple(stride) == (1, 1) else "spatial"
 
 
@@ -291,11 +299,12 @@ def _measure(lib: Dnnl, kind: str) -> tuple[bool, str]:
     from .gemm import _best_of
 
     c, o, hw, k = PROBES[kind]
+    groups = c if kind == "depthwise" else 1
     rng = np.random.default_rng(0)
     g = Graph("onednn-probe")
     x = g.input("x", (1, c, hw, hw), "float32")
-    w = g.param("w", (rng.random((o, c, k, k), dtype=np.float32) - 0.5) / math.sqrt(c * k * k))
-    g.set_outputs([g.conv2d(x, w, padding=k // 2)])
+    w = g.param("w", (rng.random((o, c // groups, k, k), dtype=np.float32) - 0.5) / math.sqrt(c // groups * k * k))
+    g.set_outputs([g.conv2d(x, w, padding=k // 2, groups=groups)])
     g.freeze()
     feeds = {"x": rng.random((1, c, hw, hw), dtype=np.float32)}
     times: dict[str, float] = {}
@@ -309,7 +318,7 @@ def _measure(lib: Dnnl, kind: str) -> tuple[bool, str]:
             times[mode] = min(times.get(mode, math.inf), _best_of(lambda e=exe: e.run(feeds)))
     except (DnnlError, OSError) as exc:
         return False, f"oneDNN failed on the probe: {exc}"
-    what = f"{c} -> {o} {k}x{k} over {hw}x{hw}"
+    what = f"{c} -> {o} {k}x{k}{' depthwise' if groups > 1 else ''} over {hw}x{hw}"
     if not np.allclose(outs["rlx"], outs["onednn"], rtol=1e-3, atol=1e-4):  # never trade a right answer
         return False, f"oneDNN disagreed with rlx at {what}"
     ratio = times["rlx"] / times["onednn"]
@@ -317,13 +326,50 @@ def _measure(lib: Dnnl, kind: str) -> tuple[bool, str]:
 
 
 # --------------------------------------------------------------------- convolution steps
+class _OpenMP:
+    """libgomp's ``omp_get_max_threads``/``omp_set_num_threads``: how many threads oneDNN's
+    parallel regions start from the calling thread (its OpenMP build reads that per call)."""
+
+    def __init__(self) -> None:
+        import ctypes.util
+
+        name = ctypes.util.find_library("gomp") or "libgomp.so.1"
+        gomp = ctypes.CDLL(name)  # the runtime oneDNN, the native kernels and oneMKL already share
+        self.get, self.set = gomp.omp_get_max_threads, gomp.omp_set_num_threads
+        self.get.restype, self.set.argtypes = ctypes.c_int, [ctypes.c_int]
+
+
+def _openmp() -> _OpenMP | None:
+    with _LOCK:
+        if "openmp" not in _STATE:
+            try:
+                _STATE["openmp"] = _OpenMP()
+            except (OSError, AttributeError) as exc:
+                log.debug("rlx-cpu: libgomp's thread controls not found (%s): oneDNN uses its default", exc)
+                _STATE["openmp"] = None
+        return _STATE["openmp"]
+
+
+def _plan_threads() -> int | None:
+    """The native thread cap the plan being bound runs under (``native.thread_cap``: one
+    for the thread tuner's narrow plans), or None for every core."""
+    from .native import _THREAD_CAP
+
+    return _THREAD_CAP.get()
+
+
 class _ConvCall:
     """One convolution: the input reordered to NHWC, oneDNN's convolution, the result
-    reordered back; operands read per run only where they are a caller's arrays."""
+    reordered back; operands read per run only where they are a caller's arrays. Under a
+    thread cap (a narrow plan: on a busy host one thread beats two waiting on each other)
+    the calling thread's OpenMP team is set to it for the call and put back after."""
 
     def __init__(self, lib: Dnnl, prims: tuple[Any, Any, Any], mems: dict[str, Any], arg_lists: tuple[Any, ...],
                  dynamic: tuple[bool, bool], keep: tuple[Any, ...]) -> None:  # fmt: skip
         self.lib, self.prims, self.mems, self.args, self.dynamic, self.keep = lib, prims, mems, arg_lists, dynamic, keep
+        cap = _plan_threads()
+        self.openmp = _openmp() if cap is not None else None
+        self.cap = cap
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> None:
         lib = self.lib
@@ -337,18 +383,26 @@ class _ConvCall:
             lib.set_handle(self.mems["y"], address(y))
         s = lib.stream()
         (reorder_in, conv, reorder_out), (a_in, a_conv, a_out) = self.prims, self.args
-        for prim, args, n in ((reorder_in, a_in, 2), (conv, a_conv, len(a_conv)), (reorder_out, a_out, 2)):
-            status = lib.execute(prim, s, n, args)
-            if status != 0:
-                raise DnnlError(f"oneDNN primitive_execute failed (status {status})")
-        lib.wait(s)
+        omp = self.openmp
+        before = omp.get() if omp is not None else 0
+        if omp is not None:
+            omp.set(self.cap)
+        try:
+            for prim, args, n in ((reorder_in, a_in, 2), (conv, a_conv, len(a_conv)), (reorder_out, a_out, 2)):
+                status = lib.execute(prim, s, n, args)
+                if status != 0:
+                    raise DnnlError(f"oneDNN primitive_execute failed (status {status})")
+            lib.wait(s)
+        finally:
+            if omp is not None:
+                omp.set(before)
 
 
 def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, int, int, int],
                stride: tuple[int, int], dilation: tuple[int, int], groups: int,
                ctx: Any) -> list[Step] | None:  # fmt: skip
     """A float32 convolution (NCHW in and out) as one step on oneDNN; None when it does not
-    apply (weights computed per run, depthwise, another dtype)."""
+    apply (weights computed per run, another dtype)."""
     if isinstance(w, Dyn) or any(getattr(a, "dtype", None) != np.float32 for a in (x, w, out)):
         return None
     if bias is not None and (isinstance(bias, Dyn) or bias.dtype != np.float32):
@@ -356,8 +410,8 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
     derived = getattr(ctx, "derived", None)
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
-    if derived is None or (groups > 1 and groups == c == o) or out.size == 0:
-        return None  # depthwise: rlx's own kernel
+    if derived is None or out.size == 0:
+        return None
     oh, ow = out.shape[2:]
     pt, pl, pb, pr = pads
     try:

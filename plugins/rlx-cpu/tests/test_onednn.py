@@ -81,16 +81,17 @@ def test_a_chain_and_a_residual_add_run_on_it(forced: list[tuple[Any, ...]]) -> 
     assert len(forced) == 2
 
 
-def test_depthwise_and_run_time_weights_stay_on_rlx(forced: list[tuple[Any, ...]]) -> None:
-    g = Graph("declined")
+def test_depthwise_runs_on_it_and_run_time_weights_stay_on_rlx(forced: list[tuple[Any, ...]]) -> None:
+    g = Graph("depthwise")
     x = g.input("x", (1, 8, 10, 10))
     dw = g.conv2d(x, g.param("dw", rand((8, 1, 3, 3), 1)), padding=1, groups=8)
+    dw2 = g.conv2d(x, g.param("dw2", rand((8, 1, 5, 5), 4)), stride=2, padding=2, groups=8)
     per_run = g.conv2d(x, g.relu(g.input("w", (4, 8, 1, 1))))
-    g.set_outputs([dw, per_run])
+    g.set_outputs([dw, dw2, per_run])
     feeds = {"x": rand((1, 8, 10, 10), 2), "w": rand((4, 8, 1, 1), 3)}
     for got, want in zip(rlx.compile(g, device="cpu").run(feeds), reference.evaluate(g, feeds)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    assert not forced
+    assert len(forced) == 2  # the two depthwise ones; the weights computed per run stay on rlx
 
 
 def test_off_never_loads_it_and_auto_says_what_it_measured(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,14 +102,18 @@ def test_off_never_loads_it_and_auto_says_what_it_measured(monkeypatch: pytest.M
     onednn.reset()
     try:
         assert onednn.describe().endswith("spatial: timed against rlx's at the first one; pointwise: timed against "
-                                          "rlx's at the first one")  # fmt: skip
+                                          "rlx's at the first one; depthwise: timed against rlx's at the first "
+                                          "one")  # fmt: skip
         chosen = {kind: onednn.use(kind) is not None for kind in onednn.PROBES}
         text = onednn.describe()
         assert re.match(r"oneDNN 3\.\d+\.\d+ for convolutions; spatial: (oneDNN|rlx) \(timed \d+\.\d\dx rlx's speed at "
                         r"64 -> 64 3x3 over 28x28\); pointwise: (oneDNN|rlx) \(timed \d+\.\d\dx rlx's speed at 256 -> "
-                        r"256 1x1 over 14x14\)$", text), text  # fmt: skip
+                        r"256 1x1 over 14x14\); depthwise: (oneDNN|rlx) \(timed \d+\.\d\dx rlx's speed at 96 -> 96 "
+                        r"3x3 depthwise over 56x56\)$", text), text  # fmt: skip
         assert text.count("oneDNN (timed") == sum(chosen.values())
         assert onednn.kind_of((1, 1), (1, 1)) == "pointwise" and onednn.kind_of((1, 1), (2, 2)) == "spatial"
+        assert onednn.kind_of((3, 3), (1, 1), 8, 8, 8) == "depthwise" and onednn.kind_of((3, 3), (1, 1), 2, 8, 8) == \
+            "spatial"
     finally:
         onednn.reset()
 
@@ -117,3 +122,51 @@ def test_not_installed_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(onednn, "find_library", lambda: None)
     monkeypatch.setenv("RLX_CPU_ONEDNN", "auto")
     assert onednn.describe().startswith("not installed (pip install 'rlx-cpu[onednn]'")
+
+
+class _Ctx:
+    """A plan's build context, kept simple: scratch arrays held here, weights derived once."""
+
+    def __init__(self) -> None:
+        self.kept: list[np.ndarray] = []
+
+    def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        self.kept.append(np.zeros(shape, dtype))
+        return self.kept[-1]
+
+    def derived(self, source: np.ndarray, key: Any, make: Any, also: Any = ()) -> np.ndarray:
+        return make(source, None)
+
+
+def test_a_narrow_plan_runs_it_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bound under a thread cap (the tuner's narrow plans), a convolution sets the calling
+    thread's OpenMP team to the cap for its call and puts it back; without one it leaves
+    OpenMP alone."""
+    from rlx_cpu import native
+
+    monkeypatch.setenv("RLX_CPU_ONEDNN", "on")
+    lib = onednn.library()
+    assert lib is not None
+    x, w = rand((1, 4, 6, 6), 1), rand((5, 4, 3, 3), 2)
+    want = reference.evaluate(_one_conv(), {"x": x})[0]
+    for cap in (1, None):
+        y = np.empty((1, 5, 6, 6), np.float32)
+        with native.thread_cap(cap):
+            (step,) = onednn.conv_steps(lib, x, w, None, y, (1, 1, 1, 1), (1, 1), (1, 1), 1, _Ctx())
+        call = step.fn
+        assert (call.openmp is not None) is (cap is not None)
+        if call.openmp is not None:
+            before = call.openmp.get()
+            seen: list[int] = []
+            real_set = call.openmp.set
+            monkeypatch.setattr(call.openmp, "set", lambda n, s=seen, r=real_set: (s.append(n), r(n))[1])
+        call(x, y)
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+        if cap is not None:
+            assert seen == [1, before] and call.openmp.get() == before
+
+
+def _one_conv() -> Graph:
+    g = Graph("one")
+    g.set_outputs([g.conv2d(g.input("x", (1, 4, 6, 6)), g.param("w", rand((5, 4, 3, 3), 2)), padding=1)])
+    return g
