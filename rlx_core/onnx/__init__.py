@@ -54,7 +54,12 @@ def load(model: Any, *, dims: Mapping[str, int] | None = None, max_tensor_bytes:
 
     Raises ``ModelError`` naming the file and the node, tensor or input at fault.
     """
-    return _impl().load_model(model, dims=dims, max_tensor_bytes=max_tensor_bytes, name=name)
+    checked, bound, free = _impl().prepare(model, dims=dims, max_tensor_bytes=max_tensor_bytes, name=name)
+    if free:  # symbolic dims left unbound: a graph converted again per set of sizes
+        from ._dynamic import load_symbolic
+
+        return load_symbolic(checked, bound, free)
+    return checked.convert(bound)
 
 
 def list_inputs(model: Any) -> list[InputSpec]:

@@ -42,7 +42,7 @@ from ._context import CONVERTERS, NodeContext, describe_node, onnx_dtype
 from ._shapes import Emitter, Operand, frozen
 from ._versions import check_versions, newest_opset
 
-__all__ = ["MIN_OPSET", "MAX_OPSET", "InputSpec", "Model", "load_model", "list_inputs", "onnx_dtype", "check_dims",
+__all__ = ["MIN_OPSET", "MAX_OPSET", "InputSpec", "Model", "prepare", "list_inputs", "onnx_dtype", "check_dims",
            "free_dims"]
 
 #: The oldest default-domain opset read at all; which op versions are read is decided
@@ -380,7 +380,10 @@ def list_inputs(model: Any) -> list[InputSpec]:
 
 
 # ---------------------------------------------------------------- the whole load
-def load_model(model: Any, *, dims: Mapping[str, int] | None, max_tensor_bytes: int, name: str | None) -> Graph:
+def prepare(model: Any, *, dims: Mapping[str, int] | None, max_tensor_bytes: int,
+            name: str | None) -> tuple[Model, dict[str, int], list[str]]:  # fmt: skip
+    """Read and check ``model``: the ``Model`` ready to convert, ``dims`` checked, and the
+    symbolic dims it leaves unbound (``dims`` keys, in input order)."""
     if isinstance(max_tensor_bytes, bool) or not isinstance(max_tensor_bytes, int) or max_tensor_bytes <= 0:
         raise ModelError(f"load: max_tensor_bytes must be an int > 0, got {max_tensor_bytes!r}")
     proto, where, base_dir = _read(model)
@@ -395,14 +398,9 @@ def load_model(model: Any, *, dims: Mapping[str, int] | None, max_tensor_bytes: 
     specs = _input_specs(proto, where)
     dims = dict(dims or {})
     check_dims(specs, dims, where)
-    model_file = Model(gp, where, base_dir, opset, specs, max_tensor_bytes,
-                       name or gp.name or (Path(where).stem if base_dir is not None else "onnx"))  # fmt: skip
-    free = free_dims(specs, dims)
-    if free:  # symbolic dims left: a graph rebuilt per set of sizes (see _dynamic)
-        from ._dynamic import load_symbolic
-
-        return load_symbolic(model_file, dims, free)
-    return model_file.convert(dims)
+    checked = Model(gp, where, base_dir, opset, specs, max_tensor_bytes,
+                    name or gp.name or (Path(where).stem if base_dir is not None else "onnx"))  # fmt: skip
+    return checked, dims, free_dims(specs, dims)
 
 
 class Model:
