@@ -178,7 +178,9 @@ def test_frozen_and_not_saved_as_json() -> None:
 def test_a_model_that_converts_at_no_representative_size_says_bind_it() -> None:
     fixed = make_model([helper.make_node("Reshape", ["x", "shape"], ["y"])], [vi("x", "float32", ["n"])],
                        [vi("y", "float32", None)], [init("shape", np.array([5], np.int64))])  # fmt: skip
-    with pytest.raises(ModelError, match=r"symbolic dims \('n'\) were left unbound.*bind them with dims="):
+    with pytest.raises(ModelError, match=r"symbolic dims \('n'\) were left unbound, and converting it failed at "
+                                         r"every size tried \(at each of 16, 64, 224: .*cannot reshape.*bind them "
+                                         r"with dims="):
         rlx_onnx.load(fixed)
     assert rlx_onnx.load(fixed, dims={"n": 5}).node(0).shape == (5,)
 
@@ -199,3 +201,10 @@ def test_cli_runs_a_symbolic_model_without_dims(tmp_path: Path) -> None:
     ran = run_rlx("check", str(path), cwd=tmp_path)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "symbolic dims (batch, seq): estimates at batch=16, seq=16" in ran.stdout
+
+
+def test_a_fault_at_every_size_is_named_once() -> None:
+    pool = make_model([helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2, 2])],
+                      [vi("x", "float32", ["n", 2, 4, 4, 4])], [vi("y", "float32", None)])  # fmt: skip
+    with pytest.raises(ModelError, match=r"at each of 16, 64, 224: .*only 1-D and 2-D AveragePool are supported"):
+        rlx_onnx.load(pool)

@@ -68,17 +68,23 @@ def load_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str]) ->
                 out.append(Sym(names[d]))
         shapes[input_name] = tuple(out)
 
-    failures: list[str] = []
+    failures: list[tuple[int, ModelError]] = []
     for size in REPRESENTATIVE_SIZES:
         try:
             body = model.convert({**dims, **dict.fromkeys(free, size)})
             break
         except ModelError as exc:
-            failures.append(f"at {size}: {exc}")
+            failures.append((size, exc))
     else:
         listed = ", ".join(f"{k!r}" for k in free)
-        raise ModelError(f"{model.where}: its symbolic dims ({listed}) were left unbound, and the model converts at "
-                         f"none of the sizes tried ({'; '.join(failures)}); bind them with dims=")  # fmt: skip
+        if len({_sizeless(str(exc), size) for size, exc in failures}) == 1:  # one fault, whatever the size
+            sizes = ", ".join(str(size) for size, _ in failures)
+            detail = f"at each of {sizes}: {failures[0][1]}"
+        else:
+            detail = "; ".join(f"at {size}: {exc}" for size, exc in failures)
+        raise ModelError(f"{model.where}: its symbolic dims ({listed}) were left unbound, and converting it failed "
+                         f"at every size tried ({detail}); if the sizes are the cause, bind them "
+                         "with dims=")  # fmt: skip
 
     kept = _without_weights(model.gp, {body.node(i).name for i in body.params})
     again = Model(kept, model.where, model.base_dir, model.opset, model.specs, model.max_bytes, model.name)
@@ -88,6 +94,12 @@ def load_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str]) ->
 
     at = {names[key]: size for key in free}
     return DeferredGraph(body, shapes, build, at, source=model.where)
+
+
+def _sizeless(message: str, size: int) -> str:
+    """``message`` with the number ``size`` written as ``N``: failures at two sizes that
+    read the same then are one fault of the model, whatever the sizes."""
+    return re.sub(rf"(?<![\w.]){size}(?![\w.])", "N", message)
 
 
 def _without_weights(gp: GraphProto, params: set[str]) -> GraphProto:

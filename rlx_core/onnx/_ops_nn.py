@@ -117,6 +117,8 @@ def _pads(c: NodeContext, spatial: Sequence[int], kernel: Sequence[int], strides
 @converter("Conv")
 def _conv(c: NodeContext) -> list[Operand | None]:
     f, x, w, b = c.f, c.input(0, "X"), c.input(1, "W"), c.optional(2)
+    if len(f.shape(x)) == 5:
+        return [_conv3d(c, x, w, b)]
     spatial = _spatial(c, x)
     one_d = _one_d(c)
     declared = c.attr_ints("kernel_shape")
@@ -133,6 +135,73 @@ def _conv(c: NodeContext) -> list[Operand | None]:
     y = f.op("conv2d", *operands, stride=strides, padding=pads, dilation=dilations, groups=int(c.attr("group", 1)),
              name="" if one_d else c.out())  # fmt: skip
     return [_back_to_1d(c, y, one_d)]
+
+
+def _pads_3d(c: NodeContext, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+             dilations: Sequence[int]) -> tuple[int, ...]:  # fmt: skip
+    """(d0, h0, w0, d1, h1, w1) from ``pads`` or ``auto_pad``, for a 3-D Conv."""
+    auto = c.attr("auto_pad", "NOTSET") or "NOTSET"
+    if auto == "NOTSET":
+        pads = c.attr_ints("pads", (0,) * 6)
+        assert pads is not None
+        if len(pads) != 6:
+            raise c.fail(f"pads must have 6 entries for a 3-D Conv, got {pads}")
+        return tuple(pads)
+    if auto == "VALID":
+        return (0,) * 6
+    if auto not in ("SAME_UPPER", "SAME_LOWER"):
+        raise c.fail(f"unknown auto_pad {auto!r}")
+    begins, ends = [], []
+    for size, k, s, d in zip(spatial, kernel, strides, dilations):
+        total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        small, big = total // 2, total - total // 2
+        begins.append(small if auto == "SAME_UPPER" else big)
+        ends.append(big if auto == "SAME_UPPER" else small)
+    return (*begins, *ends)
+
+
+def _conv3d(c: NodeContext, x: Operand, w: Operand, b: Operand | None) -> Operand:
+    """A 3-D convolution as one ``conv2d`` per kernel depth, summed: the depth axis moves
+    into the batch, each depth tap ``k`` reads the (strided) depth slices it covers, and
+    the 2-D convolutions of the taps add up (a 3x3x3 kernel is three ``conv2d``)."""
+    f = c.f
+    n, ci, d, h, wd = f.shape(x)
+    ws = f.shape(w)
+    if len(ws) != 5:
+        raise c.fail(f"W must be (M, C / group, kd, kh, kw) for a 3-D Conv, got shape {ws}")
+    o, cg, kd, kh, kw = ws
+    declared = c.attr_ints("kernel_shape")
+    if declared is not None and tuple(declared) != (kd, kh, kw):
+        raise c.fail(f"kernel_shape {declared} does not match the weight's shape {ws}")
+    strides, dilations = c.attr_ints("strides", (1, 1, 1)), c.attr_ints("dilations", (1, 1, 1))
+    assert strides is not None and dilations is not None
+    if len(strides) != 3 or len(dilations) != 3:
+        raise c.fail(f"strides and dilations must have 3 entries for a 3-D Conv, got {strides} and {dilations}")
+    pd0, ph0, pw0, pd1, ph1, pw1 = _pads_3d(c, (d, h, wd), (kd, kh, kw), strides, dilations)
+    dtype = f.dtype(x)
+    if pd0 or pd1:  # zeros along depth (the 2-D convolutions pad height and width themselves)
+        parts = [frozen(np.zeros((n, ci, p, h, wd), dtype)) for p in (pd0,) if p] + [x] + \
+                [frozen(np.zeros((n, ci, p, h, wd), dtype)) for p in (pd1,) if p]  # fmt: skip
+        x = f.op("concat", *parts, axis=2)
+    depth = d + pd0 + pd1
+    od = (depth - dilations[0] * (kd - 1) - 1) // strides[0] + 1
+    if od < 1:
+        raise c.fail(f"the kernel depth {kd} (dilation {dilations[0]}) does not fit the padded depth {depth}")
+    total: Operand | None = None
+    for k in range(kd):
+        start = k * dilations[0]
+        taps = f.op("slice", x, starts=[start], ends=[start + (od - 1) * strides[0] + 1], axes=[2],
+                    steps=[strides[0]])  # fmt: skip
+        planes = f.op("reshape", f.op("transpose", taps, perm=(0, 2, 1, 3, 4)), shape=(n * od, ci, h, wd))
+        wk = f.op("reshape", f.op("slice", w, starts=[k], ends=[k + 1], axes=[2]), shape=(o, cg, kh, kw))
+        operands = (planes, wk) if b is None or total is not None else (planes, wk, b)
+        y = f.op("conv2d", *operands, stride=tuple(strides[1:]), padding=(ph0, pw0, ph1, pw1),
+                 dilation=tuple(dilations[1:]), groups=int(c.attr("group", 1)))  # fmt: skip
+        total = y if total is None else f.op("add", total, y)
+    assert total is not None
+    oh, ow = f.shape(total)[2:]
+    back = f.op("reshape", total, shape=(n, od, o, oh, ow))
+    return f.op("transpose", back, perm=(0, 2, 1, 3, 4), name=c.out())
 
 
 def _pool_window(c: NodeContext, x: Operand) -> dict[str, object]:

@@ -1,0 +1,48 @@
+"""3-D Conv (video CNNs: r3d, r2plus1d) as conv2d per kernel depth, against onnxruntime."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from onnx import helper
+from test_onnx_support import check_against_ort, init, make_model, rand, vi
+
+from rlx_core import onnx as rlx_onnx
+from rlx_core.errors import ModelError
+
+#: name -> (x shape, w shape, bias, attributes)
+CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], bool, dict[str, Any]]] = {
+    "3x3x3 same, bias": ((2, 3, 5, 6, 7), (4, 3, 3, 3, 3), True, {"pads": [1, 1, 1, 1, 1, 1]}),
+    "stride 2 in depth and space": ((1, 2, 8, 9, 9), (3, 2, 3, 3, 3), False,
+                                    {"strides": [2, 2, 2], "pads": [1, 1, 1, 1, 1, 1]}),
+    "asymmetric pads, dilation": ((1, 2, 7, 6, 6), (2, 2, 2, 3, 2), True,
+                                  {"pads": [0, 1, 2, 2, 0, 1], "dilations": [2, 1, 2]}),
+    "(1, 7, 7) stem, stride (1, 2, 2)": ((1, 3, 4, 16, 16), (8, 3, 1, 7, 7), False,
+                                         {"strides": [1, 2, 2], "pads": [0, 3, 3, 0, 3, 3]}),
+    "(3, 1, 1) temporal, groups 2": ((1, 4, 6, 5, 5), (4, 2, 3, 1, 1), True,
+                                     {"pads": [1, 0, 0, 1, 0, 0], "group": 2}),
+    "auto_pad SAME_UPPER": ((1, 2, 5, 5, 5), (2, 2, 2, 3, 3), False, {"auto_pad": "SAME_UPPER"}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_conv3d_matches_onnxruntime(name: str) -> None:
+    xs, ws, bias, attrs = CASES[name]
+    rng = np.random.default_rng(len(name))
+    inits = [init("w", rand(rng, *ws))] + ([init("b", rand(rng, ws[0]))] if bias else [])
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"] if bias else ["x", "w"], ["y"], **attrs)],
+                       [vi("x", "float32", xs)], [vi("y", "float32", None)], inits)  # fmt: skip
+    check_against_ort(model, {"x": rand(rng, *xs)}, rtol=1e-4, atol=1e-4)
+
+
+def test_a_kernel_deeper_than_the_input_is_refused() -> None:
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"])], [vi("x", "float32", (1, 1, 2, 4, 4))],
+                       [vi("y", "float32", None)], [init("w", np.ones((1, 1, 3, 1, 1), np.float32))])  # fmt: skip
+    with pytest.raises(ModelError, match=r"kernel depth 3 .* does not fit the padded depth 2"):
+        rlx_onnx.load(model)
