@@ -1,4 +1,4 @@
-"""3-D Conv (video CNNs: r3d, r2plus1d) as conv2d per kernel depth, against onnxruntime."""
+"""3-D Conv and pools (video CNNs: r3d, r2plus1d, C3D) as 2-D ones per depth, against onnxruntime."""
 
 from __future__ import annotations
 
@@ -46,3 +46,26 @@ def test_a_kernel_deeper_than_the_input_is_refused() -> None:
                        [vi("y", "float32", None)], [init("w", np.ones((1, 1, 3, 1, 1), np.float32))])  # fmt: skip
     with pytest.raises(ModelError, match=r"kernel depth 3 .* does not fit the padded depth 2"):
         rlx_onnx.load(model)
+
+
+#: name -> (op, x shape, attributes)
+POOLS: dict[str, tuple[str, tuple[int, ...], dict[str, Any]]] = {
+    "max 2x2x2 stride 2": ("MaxPool", (2, 3, 6, 6, 6), {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2]}),
+    "max 3x3x3 padded": ("MaxPool", (1, 2, 5, 7, 6), {"kernel_shape": [3, 3, 3], "strides": [2, 1, 2],
+                                                       "pads": [1, 1, 1, 1, 0, 1]}),
+    "max (1, 3, 3) (C3D's first)": ("MaxPool", (1, 2, 4, 8, 8), {"kernel_shape": [1, 3, 3], "strides": [1, 2, 2],
+                                                                 "pads": [0, 1, 1, 0, 1, 1]}),
+    "avg 2x2x2": ("AveragePool", (1, 3, 4, 6, 6), {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2]}),
+    "avg padded, pads not counted": ("AveragePool", (1, 2, 5, 5, 5), {"kernel_shape": [3, 3, 3],
+                                                                      "pads": [1, 1, 1, 1, 1, 1]}),
+    "avg padded, pads counted": ("AveragePool", (1, 2, 5, 6, 5), {"kernel_shape": [3, 2, 3], "strides": [2, 2, 1],
+                                                                  "pads": [1, 0, 1, 1, 1, 0], "count_include_pad": 1}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(POOLS))
+def test_pool3d_matches_onnxruntime(name: str) -> None:
+    op, xs, attrs = POOLS[name]
+    model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)], [vi("x", "float32", xs)],
+                       [vi("y", "float32", None)])  # fmt: skip
+    check_against_ort(model, {"x": rand(np.random.default_rng(len(name)), *xs, lo=-3, hi=3)}, rtol=1e-5, atol=1e-5)

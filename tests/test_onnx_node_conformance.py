@@ -32,8 +32,8 @@ from rlx_core import onnx as rlx_onnx
 #: dtypes (int8 uint8 int16 uint16 uint32 uint64) and the exact ops (floor ceil round fmod,
 #: the bit ops), 1285 with both, 1310 once 0-d inputs (numpy scalars) were fed as arrays,
 #: 1321 with QuantizeLinear and DequantizeLinear, 1329 with InstanceNormalization, GroupNormalization,
-#: Sin and Cos, 1346 with LSTM, GRU and RNN.
-PASS_FLOOR = 1346
+#: Sin and Cos, 1346 with LSTM, GRU and RNN, 1350 with 3-D MaxPool and AveragePool.
+PASS_FLOOR = 1350
 
 
 def _array(value: Any) -> Any:

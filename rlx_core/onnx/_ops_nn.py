@@ -139,13 +139,13 @@ def _conv(c: NodeContext) -> list[Operand | None]:
 
 def _pads_3d(c: NodeContext, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
              dilations: Sequence[int]) -> tuple[int, ...]:  # fmt: skip
-    """(d0, h0, w0, d1, h1, w1) from ``pads`` or ``auto_pad``, for a 3-D Conv."""
+    """(d0, h0, w0, d1, h1, w1) from ``pads`` or ``auto_pad``, for a 3-D Conv or pool."""
     auto = c.attr("auto_pad", "NOTSET") or "NOTSET"
     if auto == "NOTSET":
         pads = c.attr_ints("pads", (0,) * 6)
         assert pads is not None
         if len(pads) != 6:
-            raise c.fail(f"pads must have 6 entries for a 3-D Conv, got {pads}")
+            raise c.fail(f"pads must have 6 entries for a 3-D {c.op_type}, got {pads}")
         return tuple(pads)
     if auto == "VALID":
         return (0,) * 6
@@ -222,6 +222,56 @@ def _pool_window(c: NodeContext, x: Operand) -> dict[str, object]:
 _POOL_INTS = ("int8", "uint8")
 
 
+def _pool3d(c: NodeContext, x: Operand, kind: str) -> Operand:
+    """A 3-D MaxPool or AveragePool: the 2-D pool over each depth plane (depth moved into
+    the batch), then the depth windows combined from strided slices: their maximum, or
+    their sum divided by how many planes each window holds (all of them with
+    ``count_include_pad``: the padding planes are zeros, as the 2-D pool counts its pads)."""
+    f = c.f
+    n, ch, d, h, w = f.shape(x)
+    dtype = f.dtype(x)
+    if dtype not in ("float16", "float32", "float64"):
+        raise c.fail(f"a 3-D {c.op_type} needs a float input, got {dtype}")
+    kernel = c.attr_ints("kernel_shape")
+    strides, dilations = c.attr_ints("strides", (1, 1, 1)), c.attr_ints("dilations", (1, 1, 1))
+    assert strides is not None and dilations is not None
+    if kernel is None or len(kernel) != 3 or len(strides) != 3 or len(dilations) != 3:
+        raise c.fail(f"kernel_shape, strides and dilations must have 3 entries, got {kernel}, {strides}, {dilations}")
+    if c.attr("ceil_mode", 0):
+        raise c.fail("ceil_mode is not supported for 3-D pools")
+    if kind == "avg" and tuple(dilations) != (1, 1, 1):
+        raise c.fail("dilations other than 1 are not supported")
+    pd0, ph0, pw0, pd1, ph1, pw1 = _pads_3d(c, (d, h, w), kernel, strides, dilations)
+    planes = f.op("reshape", f.op("transpose", x, perm=(0, 2, 1, 3, 4)), shape=(n * d, ch, h, w))
+    window = {"kernel": tuple(kernel[1:]), "stride": tuple(strides[1:]), "padding": (ph0, pw0, ph1, pw1)}
+    if kind == "max":
+        p2 = f.op("max_pool2d", planes, dilation=tuple(dilations[1:]), **window)
+    else:
+        p2 = f.op("avg_pool2d", planes, count_include_pad=bool(c.attr("count_include_pad", 0)), **window)
+    oh, ow = f.shape(p2)[2:]
+    p2 = f.op("reshape", p2, shape=(n, d, ch, oh, ow))
+    fill = -np.inf if kind == "max" else 0.0
+    parts = [frozen(np.full((n, p, ch, oh, ow), fill, dtype)) for p in (pd0,) if p] + [p2] + \
+            [frozen(np.full((n, p, ch, oh, ow), fill, dtype)) for p in (pd1,) if p]  # fmt: skip
+    padded = f.op("concat", *parts, axis=1) if len(parts) > 1 else p2
+    sd, dd, kd = strides[0], dilations[0], kernel[0]
+    od = (d + pd0 + pd1 - dd * (kd - 1) - 1) // sd + 1
+    if od < 1:
+        raise c.fail(f"the kernel depth {kd} does not fit the padded depth {d + pd0 + pd1}")
+    total: Operand | None = None
+    for k in range(kd):
+        tap = f.op("slice", padded, starts=[k * dd], ends=[k * dd + (od - 1) * sd + 1], axes=[1], steps=[sd])
+        total = tap if total is None else f.op("maximum" if kind == "max" else "add", total, tap)
+    assert total is not None
+    if kind == "avg":
+        if c.attr("count_include_pad", 0):
+            counts = np.full(od, kd)
+        else:
+            counts = np.array([sum(0 <= j * sd + k - pd0 < d for k in range(kd)) for j in range(od)])
+        total = f.op("div", total, frozen(counts.astype(dtype).reshape(1, od, 1, 1, 1)))
+    return f.op("transpose", total, perm=(0, 2, 1, 3, 4), name=c.out())
+
+
 @converter("MaxPool")
 def _max_pool(c: NodeContext) -> list[Operand | None]:
     """The IR's max_pool2d is float-only; int8/uint8 (ONNX MaxPool-12) are pooled in float32,
@@ -230,6 +280,8 @@ def _max_pool(c: NodeContext) -> list[Operand | None]:
     f, x = c.f, c.input(0)
     if c.used(1):
         raise c.fail("the Indices output is not supported")
+    if len(f.shape(x)) == 5:
+        return [_pool3d(c, x, "max"), None]
     window = _pool_window(c, x)
     one_d = _one_d(c)
     dtype = f.dtype(x)
@@ -244,6 +296,8 @@ def _max_pool(c: NodeContext) -> list[Operand | None]:
 @converter("AveragePool")
 def _avg_pool(c: NodeContext) -> list[Operand | None]:
     x = c.input(0)
+    if len(c.f.shape(x)) == 5:
+        return [_pool3d(c, x, "avg")]
     window = _pool_window(c, x)
     if window.pop("dilation") != (1, 1):
         raise c.fail("dilations other than 1 are not supported")
