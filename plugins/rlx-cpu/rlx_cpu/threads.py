@@ -180,6 +180,11 @@ class ThreadTuner:
                 if counted and mode == planned:
                     self._samples[mode].append(seconds)
                 if k == len(self._schedule) - 1:
+                    if not all(self._samples[m] for m in self.MODES):
+                        # Runs from several threads at once took each other's planned slots, so a
+                        # mode has no sample: stay wide; the periodic probes compare them later.
+                        self.mode, self._skip_next = "wide", planned != "wide"
+                        return
                     wide, narrow = (statistics.median(self._samples[m]) for m in self.MODES)
                     self.mode = "narrow" if narrow < self.margin * wide else "wide"
                     self._skip_next = self.mode != planned
