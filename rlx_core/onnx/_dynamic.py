@@ -27,7 +27,7 @@ from ..deferred import DeferredGraph
 from ..errors import ModelError
 from ..ir import Graph
 from ..symbolic import Dim, Sym
-from ._loader import Model
+from ._loader import Model, resolve_dims
 
 __all__ = ["load_symbolic", "symbol_names"]
 
@@ -53,20 +53,10 @@ def load_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str]) ->
     """``model`` as a graph whose ``free`` dims (``dims`` keys) are symbols; ``dims``
     binds the rest. ``ModelError`` when the model converts at none of the sizes tried."""
     names = symbol_names(free)
-    shapes: dict[str, tuple[Dim, ...]] = {}
-    for input_name, _, shape in model.specs:
-        out: list[Dim] = []
-        for axis, d in enumerate(shape):
-            key = f"{input_name}:{axis}"
-            if key in dims:
-                out.append(int(dims[key]))
-            elif isinstance(d, int):
-                out.append(d)
-            elif d in dims:
-                out.append(int(dims[d]))
-            else:
-                out.append(Sym(names[d]))
-        shapes[input_name] = tuple(out)
+    shapes: dict[str, tuple[Dim, ...]] = {
+        input_name: tuple(Sym(names[d]) if isinstance(d, str) else d for d in shape)
+        for input_name, shape in resolve_dims(model.specs, dims, model.where)
+    }
 
     failures: list[tuple[int, ModelError]] = []
     for size in REPRESENTATIVE_SIZES:

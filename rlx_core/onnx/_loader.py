@@ -43,7 +43,7 @@ from ._shapes import Emitter, Operand, frozen
 from ._versions import check_versions, newest_opset
 
 __all__ = ["MIN_OPSET", "MAX_OPSET", "InputSpec", "Model", "prepare", "list_inputs", "onnx_dtype", "check_dims",
-           "free_dims"]
+           "free_dims", "resolve_dims"]
 
 #: The oldest default-domain opset read at all; which op versions are read is decided
 #: node by node (``_versions``), up to the newest opset the installed onnx knows.
@@ -326,34 +326,43 @@ def check_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[
             raise ModelError(f"{where}: dims[{key!r}] must be an int >= 0, got {value!r}")
 
 
-def free_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[str, int]) -> list[str]:
-    """The ``dims`` keys of the symbolic dims that ``dims`` leaves unbound, in input order."""
-    free: list[str] = []
-    for name, _, shape in specs:
-        for axis, d in enumerate(shape):
-            if isinstance(d, str) and f"{name}:{axis}" not in dims and d not in dims and d not in free:
-                free.append(d)
-    return free
-
-
-def _bind_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[str, int], where: str,
-               max_bytes: int) -> list[tuple[str, tuple[int, ...], str]]:  # fmt: skip
-    """Each input's ``(name, shape, dtype)`` with every dim bound by ``dims`` (all are)."""
+def resolve_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[str, int],
+                 where: str) -> list[tuple[str, list[int | str]]]:  # fmt: skip
+    """Each input's name and dims as ``dims`` binds them: an int where the model fixes the
+    dim or ``dims`` binds it (``"<input>:<axis>"`` first, then the ``dim_param``), else the
+    key that would bind it (the dim left free). ``ModelError`` when an ``input:axis`` key
+    contradicts a dim the model fixes."""
     out = []
-    for name, dtype, shape in specs:
-        bound = []
+    for name, _, shape in specs:
+        resolved: list[int | str] = []
         for axis, d in enumerate(shape):
             key = f"{name}:{axis}"
             if key in dims:
                 if isinstance(d, int) and d != dims[key]:
                     raise ModelError(f"{where}: dims[{key!r}] = {dims[key]}, but input {name!r} fixes axis {axis} "
                                      f"at {d}")  # fmt: skip
-                bound.append(int(dims[key]))
+                resolved.append(int(dims[key]))
             elif isinstance(d, int):
-                bound.append(d)
+                resolved.append(d)
             else:
-                bound.append(int(dims[d]))
-        out.append((name, tuple(bound), dtype))
+                resolved.append(int(dims[d]) if d in dims else d)
+        out.append((name, resolved))
+    return out
+
+
+def free_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[str, int], where: str) -> list[str]:
+    """The ``dims`` keys of the symbolic dims that ``dims`` leaves unbound, in input order."""
+    free = [d for _, shape in resolve_dims(specs, dims, where) for d in shape if isinstance(d, str)]
+    return list(dict.fromkeys(free))
+
+
+def _bind_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[str, int], where: str,
+               max_bytes: int) -> list[tuple[str, tuple[int, ...], str]]:  # fmt: skip
+    """Each input's ``(name, shape, dtype)`` with every dim bound by ``dims`` (all are)."""
+    out = []
+    for (name, shape), (_, dtype, _) in zip(resolve_dims(specs, dims, where), specs):
+        assert all(isinstance(d, int) for d in shape), f"unbound dims of input {name!r}: {shape}"
+        out.append((name, tuple(int(d) for d in shape), dtype))
     for name, shape, dtype in out:
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         if nbytes > max_bytes:
@@ -400,7 +409,7 @@ def prepare(model: Any, *, dims: Mapping[str, int] | None, max_tensor_bytes: int
     check_dims(specs, dims, where)
     checked = Model(gp, where, base_dir, opset, specs, max_tensor_bytes,
                     name or gp.name or (Path(where).stem if base_dir is not None else "onnx"))  # fmt: skip
-    return checked, dims, free_dims(specs, dims)
+    return checked, dims, free_dims(specs, dims, where)
 
 
 class Model:
