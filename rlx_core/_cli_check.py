@@ -83,8 +83,9 @@ def check(
             print(json.dumps(doc, indent=2))
         else:
             console.print(f"graph: {graph.name} ({len(graph)} nodes) from {origin}")
-            if priced_line(graph):
-                console.print(priced_line(graph))
+            priced = priced_line(graph)
+            if priced:
+                console.print(priced)
             table = Table("device", "can run", "estimate", title_justify="left")
             notes = Notes()  # each blocker below the table, numbered from its row
             for r in rows:

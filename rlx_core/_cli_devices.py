@@ -174,8 +174,9 @@ def devices(
             print(json.dumps(doc, indent=2))
             return
         _print_devices(rows, missing, with_graph=g is not None)
-        if g is not None and priced_line(g):
-            console.print(priced_line(g))
+        priced = priced_line(g) if g is not None else None
+        if priced:
+            console.print(priced)
         if g is None:
             device, why = example_pick(placement.policy, placement.registry)
             console.print(f"rec. (recommended) is the highest-priority usable device; `rlx run --example "

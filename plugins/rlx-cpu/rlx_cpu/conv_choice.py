@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -63,35 +64,31 @@ def reset() -> None:
 def use_implicit() -> bool:
     """True when convolutions should run as implicit GEMMs here: forced, or measured
     once per process at the first call that asks."""
-    forced = mode()
-    if forced in ("implicit", "im2col"):
-        return forced == "implicit"
-    lib = library()
-    if lib is None:
-        return False
-    with _LOCK:
-        if "auto" not in _DECIDED:
-            _DECIDED["auto"] = _measure(lib)
-            log.info("rlx-cpu: convolutions %s (%s)", "as implicit GEMMs" if _DECIDED["auto"][0] else "through im2col",
-                     _DECIDED["auto"][1])  # fmt: skip
-        return _DECIDED["auto"][0]
+    return _decided("auto", ("implicit", "im2col"), _measure, "convolutions", "as implicit GEMMs", "through im2col")
 
 
 def use_direct() -> bool:
     """True when convolutions with few taps should run on the direct kernel here: forced
     (``RLX_CPU_CONV=direct``), or measured once per process at the first one planned."""
+    return _decided("direct", ("direct", "im2col"), _measure_direct, "few-tap convolutions", "on the direct kernel",
+                    "through im2col")  # fmt: skip
+
+
+def _decided(key: str, forcing: tuple[str, str], measure: Callable[[Native], tuple[bool, str]], what: str,
+             yes: str, no: str) -> bool:  # fmt: skip
+    """One of this module's questions: ``RLX_CPU_CONV`` answers it when set to one of
+    ``forcing`` (the first means yes), else ``measure`` does, once per process (logged)."""
     forced = mode()
-    if forced in ("direct", "im2col"):
-        return forced == "direct"
+    if forced in forcing:
+        return forced == forcing[0]
     lib = library()
     if lib is None:
         return False
     with _LOCK:
-        if "direct" not in _DECIDED:
-            _DECIDED["direct"] = _measure_direct(lib)
-            log.info("rlx-cpu: few-tap convolutions %s (%s)", "on the direct kernel" if _DECIDED["direct"][0]
-                     else "through im2col", _DECIDED["direct"][1])  # fmt: skip
-        return _DECIDED["direct"][0]
+        if key not in _DECIDED:
+            _DECIDED[key] = measure(lib)
+            log.info("rlx-cpu: %s %s (%s)", what, yes if _DECIDED[key][0] else no, _DECIDED[key][1])
+        return _DECIDED[key][0]
 
 
 def describe() -> str:
