@@ -39,12 +39,14 @@ class CpuBackend(rlx_core.Backend):
             why = f"numpy {np.__version__} computed a wrong 2x3 @ 3x2 matmul: {got.tolist()}"
             return rlx_core.Availability(False, why)
         # Which kernels and which BLAS run, and why not the faster ones (``rlx devices
-        # --explain``; also part of the calibration's identity, so a change recalibrates).
+        # --explain``; also part of the calibration's identity, so a change recalibrates:
+        # never what this process measured, which a probe in this process would see and
+        # one in a child would not).
         from . import blas, conv_choice, gemm, native, onednn  # numpy and ctypes only: compiles nothing, times nothing
 
         versions = {"numpy": np.__version__, "blas": blas.describe(), "native kernels": native.describe(),
-                    "gemm": gemm.describe(), "convolutions": conv_choice.describe(),
-                    "onednn": onednn.describe()}  # fmt: skip
+                    "gemm": gemm.describe(measured=False), "convolutions": conv_choice.describe(measured=False),
+                    "onednn": onednn.describe(measured=False)}  # fmt: skip
         return rlx_core.Availability(True, devices=["cpu"], versions=versions)
 
     def supported_ops(self) -> frozenset[str]:

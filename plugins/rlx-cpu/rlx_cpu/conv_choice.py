@@ -91,13 +91,14 @@ def _decided(key: str, forcing: tuple[str, str], measure: Callable[[Native], tup
         return _DECIDED[key][0]
 
 
-def describe() -> str:
-    """Which way convolutions run and why; never measures."""
+def describe(measured: bool = True) -> str:
+    """Which way convolutions run and why; never measures. ``measured=False`` leaves out
+    what this process measured (see ``gemm.describe``)."""
     forced = mode()
     if forced != "auto":
         return {"implicit": "implicit GEMM", "im2col": "im2col", "direct": "the direct kernel for few taps"}[
             forced] + f" (RLX_CPU_CONV={forced})"
-    found, direct = _DECIDED.get("auto"), _DECIDED.get("direct")
+    found, direct = (_DECIDED.get("auto"), _DECIDED.get("direct")) if measured else (None, None)
     text = ("auto: the implicit GEMM is timed against im2col at the first convolution on rlx's GEMM" if found is None
             else f"{'implicit GEMM' if found[0] else 'im2col'} ({found[1]})")  # fmt: skip
     if direct is None:

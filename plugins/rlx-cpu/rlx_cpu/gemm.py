@@ -149,11 +149,12 @@ def use_native() -> bool:
         return _DECIDED["auto"].native
 
 
-def describe() -> str:
+def describe(measured: bool = True) -> str:
     """The probe's ``gemm`` entry for ``rlx devices``: which code runs float32 products
     and why. Cheap: never measures (before the first compile with products, ``auto``
-    says it will)."""
-    found = decision()
+    says it will). ``measured=False`` leaves out what this process measured, as the
+    probe does: its answer is part of the host's calibration identity."""
+    found = decision() if measured else None
     if found is None:
         return "auto: rlx's AVX-512 GEMM is timed against the BLAS at the first compile with products"
     return f"{'rlx GEMM' if found.native else 'BLAS'} for float32 products ({found.why})"

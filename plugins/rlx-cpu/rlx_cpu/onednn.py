@@ -271,19 +271,21 @@ def use(kind: str = "spatial") -> Dnnl | None:
         return lib if decisions[kind][0] else None
 
 
-def describe() -> str:
-    """The probe's ``"onednn"`` entry: which oneDNN, and whether convolutions run on it."""
+def describe(measured: bool = True) -> str:
+    """The probe's ``"onednn"`` entry: which oneDNN, and whether convolutions run on it.
+    ``measured=False`` leaves out what this process loaded and measured (see
+    ``gemm.describe``)."""
     mode = wanted()
     if mode == "off":
         return "off (RLX_CPU_ONEDNN=off)"
     path = find_library()
     if path is None:
         return "not installed (pip install 'rlx-cpu[onednn]' for oneDNN's convolutions)"
-    lib = _STATE.get("lib")
+    lib = _STATE.get("lib") if measured else None
     version = f"oneDNN {lib.version}" if lib is not None else f"oneDNN at {path}"
     if mode == "on":
         return f"{version}: every convolution it takes (RLX_CPU_ONEDNN=on)"
-    found = _STATE.get("decision", {})
+    found = _STATE.get("decision", {}) if measured else {}
     parts = [f"{kind}: {'oneDNN' if found[kind][0] else 'rlx'} ({found[kind][1]})" if kind in found else
              f"{kind}: timed against rlx's at the first one" for kind in PROBES]  # fmt: skip
     return f"{version} for convolutions; " + "; ".join(parts)

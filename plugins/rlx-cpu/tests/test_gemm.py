@@ -458,3 +458,21 @@ def test_a_product_with_one_shared_b_runs_as_one_product_of_stacked_rows() -> No
     exe = CpuBackend().compile(g.freeze(), CompileOptions(device="cpu"))
     for x in (a, rand((2, 5, 3, 8), 6).transpose(0, 2, 1, 3)):
         np.testing.assert_allclose(exe.run({"x": x})[0], reference.evaluate(g, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_the_probe_says_the_same_before_and_after_this_process_measures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's kernel entries are part of the calibration's identity: what one process
+    measured (the GEMM, the convolutions' ways, oneDNN) never changes them, or a model
+    calibrated there would not count as calibrated after its first convolution."""
+    monkeypatch.setenv("RLX_CPU_GEMM", "blas")  # a first layer: the direct kernel is timed against im2col
+    conv_choice.reset()
+    before = CpuBackend().probe().versions
+    g = Graph("first")
+    g.set_outputs([g.conv2d(g.input("x", (1, 3, 16, 16), "float32"), g.param("w", rand((8, 3, 3, 3), 1)),
+                            padding=1)])  # fmt: skip
+    try:
+        CpuBackend().compile(g.freeze(), CompileOptions(device="cpu")).run({"x": rand((1, 3, 16, 16), 2)})
+        assert conv_choice.describe() != conv_choice.describe(measured=False)  # something was measured
+        assert CpuBackend().probe().versions == before
+    finally:
+        conv_choice.reset()
