@@ -6,7 +6,7 @@
 # plugins/rlx-jax-tpu` plus `pip download platformdirs`), are installed into python3,
 # and every step writes its log under $OUT so that a step killed at its limit still
 # leaves what it printed. Steps run most important first, each under its own timeout:
-# the CUDA plugin's suite, the GPU benchmarks, the zoo on cuda, the jax plugin's suite on
+# the CUDA plugin's suite, the zoo against torch eager, the GPU benchmarks, the zoo on cuda, the jax plugin's suite on
 # the GPU, then the core suite with the GPU backends installed.
 set -u
 OUT=${OUT:-/tmp/rlx-gpu}
@@ -17,7 +17,7 @@ if [ -d .whl ]; then  # into the interpreter itself: the CLI tests' subprocesses
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl || exit 1
 fi
 
-STEPS=${STEPS:-env cuda_tests bench_gpu zoo_cuda jax_tests core_tests}  # a shorter list when device time is short
+STEPS=${STEPS:-env cuda_tests zoo_gpu bench_gpu zoo_cuda jax_tests core_tests}  # a shorter list when device time is short
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
   local name=$1 limit=$2
@@ -30,8 +30,11 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
   tail -n 4 "$OUT/$name.log"
 }
 
-step env 60 bash -c "nvidia-smi -L; $PY -c 'import sys, numpy, cupy, jax, torch, onnx, onnxruntime; print(sys.version); [print(m.__name__, m.__version__) for m in (numpy, cupy, jax, torch, onnx, onnxruntime)]; print(jax.devices())'; rlx devices"
+step env 60 bash -c "nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader; $PY -c 'import sys, numpy, cupy, jax, torch, onnx, onnxruntime; print(sys.version); [print(m.__name__, m.__version__) for m in (numpy, cupy, jax, torch, onnx, onnxruntime)]; print(jax.devices()); print(\"torch cudnn\", torch.backends.cudnn.version())'; rlx devices --explain"
 step cuda_tests 150 $PY -m pytest -q -p no:cacheprovider --import-mode=importlib plugins/rlx-cuda/tests
+# The zoo at batch 1 and 32: rlx cuda (cuDNN on and off) and jax against torch eager, auto's regret.
+step zoo_gpu ${ZOO_GPU_SECONDS:-300} env XLA_PYTHON_CLIENT_PREALLOCATE=false $PY plugins/rlx-cuda/bench_gpu_zoo.py \
+  --no-cudnn-too --json "$OUT/zoo-gpu.jsonl" ${ZOO_GPU_ARGS:-}
 step bench_gpu 120 $PY plugins/rlx-cuda/bench_gpu.py --json "$OUT/cuda-bench.json"
 step zoo_cuda 200 $PY bench/zoo.py --exporters classic --devices cuda,cpu --time --rounds 3 --target-ms 20 --json "$OUT/zoo-cuda.json"
 step jax_tests 120 $PY -m pytest -q -p no:cacheprovider --import-mode=importlib plugins/rlx-jax-tpu/tests

@@ -15,7 +15,7 @@ from rlx_core.ops import OpKind
 
 from . import probe as probing
 from .costmodel import cost_model_from_device, generic_cost_model
-from .kernels_claims import CLAIMED_OPS, unrendered_ops
+from .kernels_claims import CLAIMED_OPS, EPILOGUE_DTYPE_CHANGES, unrendered_ops
 
 if TYPE_CHECKING:
     from rlx_core.ir import Graph, Node
@@ -29,9 +29,9 @@ _COST_PROPERTIES = ("total_memory", "sm_count", "clock_khz", "memory_clock_khz",
 
 
 class CudaBackend(rlx_core.Backend):
-    """NVIDIA GPUs through CuPy: cuBLAS for matmul, conv2d (im2col + gemm) and attention,
-    generated CUDA kernels for elementwise regions, reductions, softmax, layer_norm,
-    pooling and gather."""
+    """NVIDIA GPUs through CuPy: cuBLAS for matmul and attention, cuDNN for conv2d (with
+    its bias and relu fused where it can; im2col + cuBLAS without cuDNN), generated CUDA
+    kernels for elementwise regions, reductions, softmax, layer_norm, pooling and gather."""
 
     name = "cuda"
     label = "NVIDIA CUDA (CuPy)"
@@ -76,6 +76,12 @@ class CudaBackend(rlx_core.Backend):
             return
         self._probed_device = probing.DeviceInfo(0, v["device"], v.get("compute_capability", "0.0"), **props)
 
+    def settings(self) -> tuple[rlx_core.plugin.Setting, ...]:
+        """``RLX_CUDA_CUDNN`` (``cudnn.py``): parsed by every ``rlx`` command up front."""
+        from .cudnn import CUDNN
+
+        return (CUDNN,)
+
     # ------------------------------------------------------------------ claims
     def supported_ops(self) -> frozenset[str]:
         """Exactly the ops with a kernel in ``kernels.py`` (``kernels_claims.CLAIMED_OPS``)."""
@@ -86,10 +92,15 @@ class CudaBackend(rlx_core.Backend):
         (the fusion pass asks before it builds one, so such ops keep their own nodes)."""
         if node.op.value not in CLAIMED_OPS:
             return False
-        if node.op is OpKind.FUSED_ELEMENTWISE:
+        if node.op in (OpKind.FUSED_ELEMENTWISE, OpKind.FUSED_CONV):
             missing = unrendered_ops(node.attrs["program"])
             if missing:
                 return f"rlx-cuda has no CUDA rendering of {', '.join(missing)} for a fused region"
+        if node.op is OpKind.FUSED_CONV:
+            changing = sorted({ins[0] for ins in node.attrs["program"]} & EPILOGUE_DTYPE_CHANGES)
+            if changing:
+                return f"rlx-cuda computes a convolution's epilogue in its output buffer; {', '.join(changing)} " \
+                       "changes the dtype"
         return True
 
     # ------------------------------------------------------------------ cost

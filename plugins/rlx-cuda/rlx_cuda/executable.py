@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,7 +31,7 @@ from rlx_core.ops import SOURCE_OPS, OpKind
 
 from .kernels import BuildContext, KernelCache, Step, build_steps
 
-__all__ = ["CudaExecutable", "parse_extra"]
+__all__ = ["CudaExecutable", "parse_extra", "conv_note"]
 
 log = logging.getLogger("rlx_cuda")
 
@@ -112,7 +113,7 @@ class CudaExecutable(rlx_core.Executable):
             buffers = {k: cp.empty(max(int(b), 1), dtype=np.uint8) for k, b in enumerate(plan.buffer_bytes)}
         self._params: dict[str, Any] = {}
         self._inputs: list[tuple[str, int, Any]] = []  # (name, slot, pinned host staging)
-        ctx = BuildContext(cp, self._cache, tf32=self._tf32, stream_ptr=self._stream.ptr,
+        ctx = BuildContext(cp, self._cache, tf32=self._tf32, stream_ptr=self._stream.ptr, device=self._index,
                            cc_major=int(cp.cuda.Device(self._index).compute_capability) // 10)  # fmt: skip
         steps: list[Step] = []
         prologue: list[Step] = []  # nodes computed from params and constants only
@@ -142,6 +143,9 @@ class CudaExecutable(rlx_core.Executable):
             slots[node.id] = self._value_buffer(node.id, node.shape, dtype, None if is_static else plan, buffers)
             ins = [nodes[i] for i in node.inputs]
             (prologue if is_static else steps).extend(build_steps(node, ins, node.id, list(node.inputs), ctx))
+        ctx.finish()
+        if ctx.conv_paths:
+            self._notes.append(conv_note(ctx.conv_paths))
         ctx.flags = cp.zeros(max(len(ctx.flag_nodes), 1), dtype=np.int32)
         self._flag_nodes = list(ctx.flag_nodes)
         self._ctx = ctx
@@ -347,6 +351,13 @@ class CudaExecutable(rlx_core.Executable):
     @property
     def uses_cuda_graph(self) -> bool:
         return self._graph_exec is not None
+
+
+def conv_note(paths: list[str]) -> str:
+    """``convolutions: 17 on cuDNN implicit_precomp_gemm + bias, relu, 3 on ...``: how
+    the report says each convolution of the graph runs."""
+    counts = Counter(paths)
+    return "convolutions: " + ", ".join(f"{n} on {path}" for path, n in counts.most_common())
 
 
 def _pinned(cp: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -18,10 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from rlx_core.errors import DeviceError
 from rlx_core.ir import Node
 from rlx_core.ops import ELEMENTWISE_OPS, OpKind, slice_index
-from rlx_core.plugin import ACTIVATION_OPS, make_instruction
+from rlx_core.plugin import ACTIVATION_OPS, conv_inputs, make_instruction
 
+from . import cudnn
 from . import nn_source as nn
 from .blas import GEMM_DTYPES, GemmCall, plan_gemm
 from .codegen import ElementwiseSource, elementwise_source, single_op_program, used_inputs
@@ -78,6 +80,19 @@ class Step:
     name: str
     fn: Callable[[Slots], None]
     allocates: bool = False
+    computes_epilogue: bool = False  # a fused_conv's epilogue is part of this call (cuDNN's fused forward)
+
+
+@dataclass
+class SharedWorkspace:
+    """Scratch memory every convolution of an executable shares (its steps run one after
+    another on one stream): sized to the largest need once every step is built."""
+
+    need: int = 0
+    buf: Any = None
+
+    def ptr(self) -> int:
+        return 0 if self.buf is None else int(self.buf.data.ptr)
 
 
 @dataclass
@@ -90,10 +105,14 @@ class BuildContext:
     tf32: bool = False
     stream_ptr: int = 0  # the executable's stream, which its cuBLAS handle is bound to
     cc_major: int = 0
+    device: int = 0
     workspaces: list[Any] = field(default_factory=list)
     flag_nodes: list[Node] = field(default_factory=list)
     flags: Any = None  # the device int32 array, sized once every step is built
     _blas: Blas | None = None
+    _dnn: cudnn.Cudnn | str | None = None
+    conv_workspace: SharedWorkspace = field(default_factory=SharedWorkspace)
+    conv_paths: list[str] = field(default_factory=list)  # how each convolution runs, for the report
 
     def blas(self) -> Blas:
         """The executable's cuBLAS handle (opened on first use, with its own workspace)."""
@@ -101,6 +120,18 @@ class BuildContext:
             ws = self.workspace((workspace_bytes(self.cc_major),), np.uint8)
             self._blas = open_blas(self.cp, self.stream_ptr, ws)
         return self._blas
+
+    def dnn(self) -> cudnn.Cudnn | str:
+        """The executable's cuDNN handle (opened on first use), or why there is none."""
+        if self._dnn is None:
+            self._dnn = cudnn.open_cudnn(self.stream_ptr, self.device)
+        return self._dnn
+
+    def finish(self) -> None:
+        """Allocate what the steps share, now that every step is built."""
+        ws = self.conv_workspace
+        if ws.need and ws.buf is None:
+            ws.buf = self.cp.empty((ws.need,), dtype=np.uint8)
 
     def workspace(self, shape: tuple[int, ...], dtype: Any) -> Any:
         buf = self.cp.empty(shape, dtype=dtype)
@@ -295,34 +326,114 @@ def _pool(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: Bu
     return [Step(node.name or str(node.op), lambda s: kern(s[ids[0]], s[out]))]
 
 
-def _conv2d(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext) -> list[Step]:
+def _conv2d(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext,
+            program: tuple = ()) -> list[Step]:  # fmt: skip
+    """A ``conv2d``, or a ``fused_conv`` (``program`` its epilogue over the convolution's
+    result and ``ins[n_conv:]``): on cuDNN where it takes the convolution, else im2col +
+    cuBLAS; the epilogue in one cuDNN call where it can, else as one elementwise kernel."""
+    n_conv = conv_inputs(node.attrs) if node.op is OpKind.FUSED_CONV else len(ins)
+    if math.prod(node.shape) == 0:
+        return []
+    extras, extra_ids = list(ins[n_conv:]), list(ids[n_conv:])
+    steps = _cudnn_conv(node, ins[:n_conv], out, ids[:n_conv], ctx, program, extras, extra_ids)
+    if steps is None:
+        steps = _im2col_conv(node, ins[:n_conv], out, ids[:n_conv], ctx)
+    if program and not any(step.computes_epilogue for step in steps):
+        steps += _elementwise(node, [node, *extras], out, [out, *extra_ids], ctx, program)
+    return steps
+
+
+def _cudnn_conv(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext, program: tuple,
+                extras: list[Node], extra_ids: list[int]) -> list[Step] | None:  # fmt: skip
+    """The convolution (with its bias, and the epilogue when one call computes it) on
+    cuDNN, or None when cuDNN does not take it (the reason is counted for the report)."""
+    dnn = ctx.dnn()
+    if isinstance(dnn, str):
+        ctx.conv_paths.append(f"im2col + cuBLAS (no cuDNN: {dnn})")
+        return None
+    spec = cudnn.conv_spec(ins[0].shape, ins[1].shape, node.shape, node.attrs, ins[0].dtype)
+    if isinstance(spec, str):
+        ctx.conv_paths.append(f"im2col + cuBLAS (cuDNN does not take {spec})")
+        return None
+    residual = cudnn.fused_epilogue(program, [e.shape for e in extras], node.shape) if program else None
+    fuse = residual is not None and node.dtype == "float32" == ins[0].dtype
+    math_kind = cudnn.math_type(spec.dtype, ctx.tf32)
+    plan = dnn.plan(spec, math_kind, fuse)
+    if fuse and not _fused_call_runs(ctx, dnn, plan):
+        fuse, plan = False, dnn.plan(spec, math_kind, False)
+    ws = ctx.conv_workspace
+    ws.need = max(ws.need, plan.workspace)
+    ctx.conv_paths.append(f"cuDNN {plan.algo_name}" + (" + bias, relu" if fuse else ""))
+    xid, wid = ids[0], ids[1]
+    name = node.name or str(node.op)
+    if fuse:
+        bias = (lambda s: s[ids[2]]) if len(ins) == 3 else _zeros(ctx, (spec.w[0],), spec.dtype)
+        rid = extra_ids[residual] if residual is not None and residual >= 0 else None
+        return [Step(f"{name}:cudnn", lambda s: dnn.forward_bias_relu(
+            plan, s[xid].data.ptr, s[wid].data.ptr, bias(s).data.ptr, None if rid is None else s[rid].data.ptr,
+            s[out].data.ptr, ws.ptr(), ws.need), computes_epilogue=True)]  # fmt: skip
+    steps = [Step(f"{name}:cudnn", lambda s: dnn.forward(plan, s[xid].data.ptr, s[wid].data.ptr, s[out].data.ptr,
+                                                          ws.ptr(), ws.need))]  # fmt: skip
+    steps += _conv_bias(node, ins, out, ids, ctx)
+    return steps
+
+
+_FUSED_RUNS: dict[tuple, bool] = {}
+
+
+def _fused_call_runs(ctx: BuildContext, dnn: cudnn.Cudnn, plan: cudnn.ConvPlan) -> bool:
+    """Whether cuDNN runs the fused conv + bias + relu with the algorithm Find chose
+    (it may refuse some): tried once per process on zeros, at build."""
+    key = (ctx.device, plan.spec, plan.algo)
+    if key not in _FUSED_RUNS:
+        cp, s = ctx.cp, plan.spec
+        x, w, y = (cp.zeros(shape, dtype=s.dtype) for shape in (s.x, s.w, s.y))
+        bias, ws = cp.zeros((s.w[0],), dtype=s.dtype), cp.empty((max(plan.workspace, 1),), dtype=np.uint8)
+        try:
+            dnn.forward_bias_relu(plan, x.data.ptr, w.data.ptr, bias.data.ptr, y.data.ptr, y.data.ptr, ws.data.ptr,
+                                  plan.workspace)  # fmt: skip
+            cp.cuda.get_current_stream().synchronize()
+            _FUSED_RUNS[key] = True
+        except DeviceError:
+            _FUSED_RUNS[key] = False
+    return _FUSED_RUNS[key]
+
+
+def _zeros(ctx: BuildContext, shape: tuple[int, ...], dtype: str) -> Callable[[Slots], Any]:
+    buf = ctx.workspace(shape, np.dtype(dtype))
+    buf.fill(0)
+    return lambda s: buf
+
+
+def _conv_bias(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext) -> list[Step]:
+    if len(ins) != 3:
+        return []
+    cp, bid, o = ctx.cp, ids[2], ins[1].shape[0]
+    return [Step(f"{node.name or 'conv2d'}:bias", lambda s: cp.add(s[out], s[bid].reshape(1, o, 1, 1), out=s[out]))]
+
+
+def _im2col_conv(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext) -> list[Step]:
     a = node.attrs
     (n, c, h, w), (o, cg, kh, kw) = ins[0].shape, ins[1].shape
     groups, (_, _, oh, ow) = a["groups"], node.shape
-    if math.prod(node.shape) == 0:
-        return []
     og, k, p = o // groups, cg * kh * kw, oh * ow
     wshape, oshape = (groups, og, k), (n, groups, og, p)
-    mm = _product(ctx, node.dtype, wshape, (n, groups, k, p), oshape)
+    mm = _product(ctx, ins[0].dtype, wshape, (n, groups, k, p), oshape)
     steps: list[Step] = []
     pointwise = (kh, kw) == (1, 1) and a["stride"] == (1, 1) and a["padding"] == (0, 0, 0, 0)
     if pointwise:
         cols = lambda s: s[ids[0]].reshape(n, groups, cg, h * w)
     else:
-        buf = ctx.workspace((n, groups, k, p), np.dtype(node.dtype))
-        src = nn.im2col_source(node.dtype, c, (h, w), (oh, ow), (kh, kw), a["stride"], a["padding"], a["dilation"],
-                               groups)  # fmt: skip
+        buf = ctx.workspace((n, groups, k, p), np.dtype(ins[0].dtype))
+        src = nn.im2col_source(ins[0].dtype, c, (h, w), (oh, ow), (kh, kw), a["stride"], a["padding"],
+                               a["dilation"], groups)  # fmt: skip
         im2col = ctx.cache.elementwise(src)
         steps.append(Step(f"{node.name or 'conv2d'}:im2col", lambda s: im2col(s[ids[0]], buf)))
         cols = lambda s: buf
     wid = ids[1]
     gemm = lambda s: mm(s[wid].reshape(wshape), cols(s), s[out].reshape(oshape))
     steps.append(Step(f"{node.name or 'conv2d'}:gemm", gemm))
-    if len(ins) == 3:
-        cp, bid = ctx.cp, ids[2]
-        steps.append(Step(f"{node.name or 'conv2d'}:bias",
-                          lambda s: cp.add(s[out], s[bid].reshape(1, o, 1, 1), out=s[out])))  # fmt: skip
-    return steps
+    return steps + _conv_bias(node, ins, out, ids, ctx)
 
 
 def _attention(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext) -> list[Step]:
@@ -403,6 +514,8 @@ def build_steps(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], c
         return _pool(node, ins, out, ids, ctx)
     if op is OpKind.CONV2D:
         return _conv2d(node, ins, out, ids, ctx)
+    if op is OpKind.FUSED_CONV:
+        return _conv2d(node, ins, out, ids, ctx, node.attrs["program"])
     if op is OpKind.ATTENTION:
         return _attention(node, ins, out, ids, ctx)
     raise NotImplementedError(f"rlx-cuda has no kernel for {op}")  # claims() keeps this unreachable

@@ -3,7 +3,7 @@
 Each op here has a builder in ``kernels.build_steps``; a test checks the two agree.
 Composites claimed (softmax, layer_norm, reduce_mean, global_avg_pool2d, attention,
 sigmoid, gelu, rsqrt) run as one kernel (or a few) instead of their decomposition;
-``gemm`` and ``fused_elementwise`` are the compile pipeline's fused ops.
+``gemm``, ``fused_elementwise`` and ``fused_conv`` are the compile pipeline's fused ops.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from rlx_core.ops import OpKind
 
-__all__ = ["CLAIMED_OPS", "RENDERED_ELEMENTWISE", "unrendered_ops"]
+__all__ = ["CLAIMED_OPS", "RENDERED_ELEMENTWISE", "EPILOGUE_DTYPE_CHANGES", "unrendered_ops"]
 
 #: The elementwise ops ``codegen._render`` writes as CUDA C. The IR's other elementwise
 #: ops (floor, ceil, round, fmod, the bitwise ops and shifts) have no rendering here: a
@@ -31,8 +31,14 @@ CLAIMED_OPS: frozenset[str] = frozenset(
         OpKind.MATMUL, OpKind.GEMM, OpKind.FUSED_ELEMENTWISE, OpKind.SOFTMAX, OpKind.LAYER_NORM,
         OpKind.REDUCE_SUM, OpKind.REDUCE_MEAN, OpKind.REDUCE_MAX, OpKind.RESHAPE, OpKind.TRANSPOSE,
         OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER, OpKind.CONV2D, OpKind.MAX_POOL2D, OpKind.AVG_POOL2D,
-        OpKind.GLOBAL_AVG_POOL2D, OpKind.ATTENTION)}
+        OpKind.GLOBAL_AVG_POOL2D, OpKind.ATTENTION, OpKind.FUSED_CONV)}
 )  # fmt: skip
+
+
+#: Ops whose result is not their operands' dtype: a convolution's epilogue holding one
+#: would not fit the convolution's output buffer, so such a ``fused_conv`` is declined.
+EPILOGUE_DTYPE_CHANGES: frozenset[str] = frozenset(
+    op.value for op in (OpKind.CAST, OpKind.EQUAL, OpKind.LESS, OpKind.GREATER))
 
 
 def unrendered_ops(program: Iterable[Any]) -> list[str]:

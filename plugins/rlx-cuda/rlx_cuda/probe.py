@@ -212,6 +212,9 @@ def probe_cuda(importer: Any = None) -> ProbeResult:
     if wrong is not None:
         why = f"a test kernel on cuda:0 ({first.name}) {wrong}: the device or driver is not working"
         return ProbeResult(False, why, "kernel_failed", devices, versions)
+    from .cudnn import describe as describe_cudnn
+
+    versions["cudnn"] = describe_cudnn()  # which way convolutions run (rlx devices --explain)
     try:
         with cp.cuda.Device(0):
             free = int(runtime.memGetInfo()[0])
