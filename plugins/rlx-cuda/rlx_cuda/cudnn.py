@@ -41,7 +41,7 @@ from rlx_core.errors import DeviceError
 from rlx_core.plugin import Setting
 
 __all__ = ["CUDNN", "ConvSpec", "ConvPlan", "Cudnn", "conv_spec", "math_type", "fused_epilogue", "open_cudnn",
-           "describe", "find_library", "load"]  # fmt: skip
+           "describe", "find_library", "load", "self_test", "fused_call_runs"]  # fmt: skip
 
 CUDNN = Setting("RLX_CUDA_CUDNN", "convolutions on cuDNN: auto (default: where it loads), on (an error where it "
                 "does not), or off (im2col + cuBLAS)",
@@ -362,6 +362,81 @@ class Cudnn:
         _check(self._lib, "cudnnConvolutionBiasActivationForward", self._lib.cudnnConvolutionBiasActivationForward(
             self._handle, one, d.x, _vp(x), d.w, _vp(w), d.conv, plan.algo, _vp(workspace), workspace_bytes, alpha2,
             d.y, _vp(z), d.bias, _vp(bias), d.act, d.y, _vp(y)))  # fmt: skip
+
+
+_fused_runs: dict[tuple, bool] = {}
+
+
+def fused_call_runs(cp: Any, dnn: Cudnn, plan: ConvPlan, device: int) -> bool:
+    """Whether cuDNN runs the fused conv + bias + relu with the algorithm Find chose
+    (it may refuse some): tried once per process on zeros, at build."""
+    key = (device, plan.spec, plan.algo)
+    if key not in _fused_runs:
+        s = plan.spec
+        x, w, y = (cp.zeros(shape, dtype=s.dtype) for shape in (s.x, s.w, s.y))
+        bias, ws = cp.zeros((s.w[0],), dtype=s.dtype), cp.empty((max(plan.workspace, 1),), dtype="uint8")
+        try:
+            dnn.forward_bias_relu(plan, x.data.ptr, w.data.ptr, bias.data.ptr, y.data.ptr, y.data.ptr, ws.data.ptr,
+                                  plan.workspace)  # fmt: skip
+            cp.cuda.get_current_stream().synchronize()
+            _fused_runs[key] = True
+        except DeviceError:
+            _fused_runs[key] = False
+    return _fused_runs[key]
+
+
+_self_tests: dict[int, str | None] = {}  # device -> None when cuDNN agreed with the reference, else why not
+
+
+def self_test(cp: Any, dnn: Cudnn, device: int) -> str | None:
+    """Run both cuDNN calls rlx makes on a small grouped, strided, dilated convolution and
+    compare them with the float64 reference: a library that loads but answers wrongly
+    (or fails) leaves convolutions on im2col + cuBLAS, said in the report, instead of
+    giving wrong results. Once per process and device; returns why not, or None."""
+    with _lock:
+        if device in _self_tests:
+            return _self_tests[device]
+    why = _self_test(cp, dnn)
+    with _lock:
+        _self_tests[device] = why
+    return why
+
+
+def _self_test(cp: Any, dnn: Cudnn) -> str | None:
+    import numpy as np
+
+    from rlx_core.ir import Graph
+    from rlx_core.reference import evaluate
+
+    rng = np.random.default_rng(0)
+    g = Graph("cudnn_self_test")
+    x, z = g.input("x", (2, 4, 7, 7)), g.input("z", (2, 6, 4, 5))
+    w = g.param("w", rng.standard_normal((6, 2, 3, 3), dtype=np.float32))
+    b = g.param("b", rng.standard_normal(6, dtype=np.float32))
+    conv = g.conv2d(x, w, b, stride=(2, 1), padding=1, dilation=(1, 2), groups=2)
+    g.set_outputs([conv, g.relu(g.add(conv, z))])
+    feeds = {"x": rng.standard_normal((2, 4, 7, 7), dtype=np.float32),
+             "z": rng.standard_normal((2, 6, 4, 5), dtype=np.float32)}  # fmt: skip
+    want = evaluate(g, feeds)
+    try:
+        spec = conv_spec((2, 4, 7, 7), (6, 2, 3, 3), (2, 6, 4, 5), g.node(conv.id).attrs, "float32")
+        assert isinstance(spec, ConvSpec)
+        plan = dnn.plan(spec, FMA_MATH, fused=True)
+        dev = {k: cp.asarray(v) for k, v in {**feeds, "w": g.value(w.id), "b": g.value(b.id)}.items()}
+        ws = cp.empty((max(plan.workspace, 1),), dtype=np.uint8)
+        y, fused = cp.empty((2, 6, 4, 5), np.float32), cp.empty((2, 6, 4, 5), np.float32)
+        ptr = {k: v.data.ptr for k, v in dev.items()}
+        dnn.forward(plan, ptr["x"], ptr["w"], y.data.ptr, ws.data.ptr, plan.workspace)
+        dnn.forward_bias_relu(plan, ptr["x"], ptr["w"], ptr["b"], ptr["z"], fused.data.ptr, ws.data.ptr,
+                              plan.workspace)  # fmt: skip
+        got = [cp.asnumpy(y) + g.value(b.id).reshape(1, 6, 1, 1), cp.asnumpy(fused)]
+    except Exception as exc:  # any failure keeps convolutions on the path that works
+        return f"cuDNN failed its self-test ({type(exc).__name__}: {exc})"
+    for what, a, ref in zip(("convolution", "fused bias, residual and relu"), got, want):
+        err = float(np.max(np.abs(a - ref)))
+        if not err <= 1e-4 * max(1.0, float(np.max(np.abs(ref)))):
+            return f"cuDNN's {what} disagreed with the reference on its self-test (max error {err:.3g})"
+    return None
 
 
 def open_cudnn(stream_ptr: int, device: int) -> Cudnn | str:

@@ -122,9 +122,17 @@ class BuildContext:
         return self._blas
 
     def dnn(self) -> cudnn.Cudnn | str:
-        """The executable's cuDNN handle (opened on first use), or why there is none."""
+        """The executable's cuDNN handle (opened on first use, and checked against the
+        reference once per process and device: ``self_test``), or why there is none."""
         if self._dnn is None:
-            self._dnn = cudnn.open_cudnn(self.stream_ptr, self.device)
+            dnn = cudnn.open_cudnn(self.stream_ptr, self.device)
+            if not isinstance(dnn, str):
+                why = cudnn.self_test(self.cp, dnn, self.device)
+                if why is not None:
+                    if str(cudnn.CUDNN.read()) == "on":
+                        raise DeviceError(f"RLX_CUDA_CUDNN=on but {why}")
+                    dnn = why
+            self._dnn = dnn
         return self._dnn
 
     def finish(self) -> None:
@@ -358,9 +366,13 @@ def _cudnn_conv(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], c
     residual = cudnn.fused_epilogue(program, [e.shape for e in extras], node.shape) if program else None
     fuse = residual is not None and node.dtype == "float32" == ins[0].dtype
     math_kind = cudnn.math_type(spec.dtype, ctx.tf32)
-    plan = dnn.plan(spec, math_kind, fuse)
-    if fuse and not _fused_call_runs(ctx, dnn, plan):
-        fuse, plan = False, dnn.plan(spec, math_kind, False)
+    try:
+        plan = dnn.plan(spec, math_kind, fuse)
+        if fuse and not cudnn.fused_call_runs(ctx.cp, dnn, plan, ctx.device):
+            fuse, plan = False, dnn.plan(spec, math_kind, False)
+    except DeviceError as exc:  # no algorithm for this one (or the call failed): it stays on im2col
+        ctx.conv_paths.append(f"im2col + cuBLAS ({exc})")
+        return None
     ws = ctx.conv_workspace
     ws.need = max(ws.need, plan.workspace)
     ctx.conv_paths.append(f"cuDNN {plan.algo_name}" + (" + bias, relu" if fuse else ""))
@@ -376,27 +388,6 @@ def _cudnn_conv(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], c
                                                           ws.ptr(), ws.need))]  # fmt: skip
     steps += _conv_bias(node, ins, out, ids, ctx)
     return steps
-
-
-_FUSED_RUNS: dict[tuple, bool] = {}
-
-
-def _fused_call_runs(ctx: BuildContext, dnn: cudnn.Cudnn, plan: cudnn.ConvPlan) -> bool:
-    """Whether cuDNN runs the fused conv + bias + relu with the algorithm Find chose
-    (it may refuse some): tried once per process on zeros, at build."""
-    key = (ctx.device, plan.spec, plan.algo)
-    if key not in _FUSED_RUNS:
-        cp, s = ctx.cp, plan.spec
-        x, w, y = (cp.zeros(shape, dtype=s.dtype) for shape in (s.x, s.w, s.y))
-        bias, ws = cp.zeros((s.w[0],), dtype=s.dtype), cp.empty((max(plan.workspace, 1),), dtype=np.uint8)
-        try:
-            dnn.forward_bias_relu(plan, x.data.ptr, w.data.ptr, bias.data.ptr, y.data.ptr, y.data.ptr, ws.data.ptr,
-                                  plan.workspace)  # fmt: skip
-            cp.cuda.get_current_stream().synchronize()
-            _FUSED_RUNS[key] = True
-        except DeviceError:
-            _FUSED_RUNS[key] = False
-    return _FUSED_RUNS[key]
 
 
 def _zeros(ctx: BuildContext, shape: tuple[int, ...], dtype: str) -> Callable[[Slots], Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -291,3 +292,79 @@ def test_claims_fused_conv_unless_the_epilogue_changes_dtype():
     cast = (make_instruction(OpKind.CAST, (0,), {"dtype": "float16"}),)
     why = backend.claims(_fused_conv(cast, []))
     assert isinstance(why, str) and "cast changes the dtype" in why
+
+
+class HostArrays:
+    """A stand-in for CuPy in the self-test: host arrays known by a fake device pointer."""
+
+    def __init__(self) -> None:
+        self.by_ptr: dict[int, np.ndarray] = {}
+
+    def _wrap(self, a: np.ndarray) -> SimpleNamespace:
+        self.by_ptr[id(a)] = a
+        return SimpleNamespace(arr=a, data=SimpleNamespace(ptr=id(a)))
+
+    def asarray(self, v) -> SimpleNamespace:
+        return self._wrap(np.array(v, copy=True))
+
+    def empty(self, shape, dtype=np.float32) -> SimpleNamespace:
+        return self._wrap(np.zeros(shape, dtype))
+
+    def asnumpy(self, obj) -> np.ndarray:
+        return obj.arr.copy()
+
+
+class HostDnn:
+    """Computes what cuDNN would (through the reference), or a wrong answer, or fails."""
+
+    def __init__(self, arrays: HostArrays, mode: str = "right") -> None:
+        self.a, self.mode = arrays, mode
+
+    def plan(self, spec, math, fused):
+        return SimpleNamespace(spec=spec, workspace=0)
+
+    def _conv(self, spec, x, w) -> np.ndarray:
+        from rlx_core.reference import evaluate
+
+        g = rlx_core.Graph("c")
+        xi = g.input("x", spec.x)
+        dilation = (1, 1) if self.mode == "ignores dilation" else spec.dilation
+        y = g.conv2d(xi, g.param("w", self.a.by_ptr[w]), stride=spec.stride, padding=spec.pad, dilation=dilation,
+                     groups=spec.groups)  # fmt: skip
+        g.set_outputs([y])
+        return evaluate(g, {"x": self.a.by_ptr[x]})[0]
+
+    def forward(self, plan, x, w, y, ws, n):
+        if self.mode == "fails":
+            raise DeviceError("cudnnConvolutionForward failed with cuDNN status 3")
+        self.a.by_ptr[y][...] = self._conv(plan.spec, x, w)
+
+    def forward_bias_relu(self, plan, x, w, b, z, y, ws, n):
+        out = self._conv(plan.spec, x, w) + self.a.by_ptr[b].reshape(1, -1, 1, 1) + self.a.by_ptr[z]
+        self.a.by_ptr[y][...] = np.maximum(out, 0)
+
+
+@pytest.mark.parametrize(("mode", "want"), [
+    ("right", None),
+    ("ignores dilation", "cuDNN's convolution disagreed with the reference on its self-test"),
+    ("fails", "cuDNN failed its self-test (DeviceError: cudnnConvolutionForward failed"),
+])  # fmt: skip
+def test_self_test_keeps_a_wrong_or_failing_library_out(mode, want, monkeypatch):
+    if mode == "ignores dilation":  # a dilated 3x3 and a plain one give different output sizes: keep the spec's
+        monkeypatch.setattr(HostDnn, "_conv", _padded(HostDnn._conv))
+    monkeypatch.setattr(cudnn, "_self_tests", {})
+    arrays = HostArrays()
+    why = cudnn.self_test(arrays, HostDnn(arrays, mode), device=0)
+    assert why == want if want is None else why.startswith(want), why
+    assert cudnn.self_test(arrays, HostDnn(arrays, "fails"), device=0) == why  # once per process and device
+
+
+def _padded(conv):
+    def wrapped(self, spec, x, w):
+        got = conv(self, spec, x, w)
+        out = np.zeros(spec.y)
+        h, ww = min(got.shape[2], spec.y[2]), min(got.shape[3], spec.y[3])
+        out[:, :, :h, :ww] = got[:, :, :h, :ww]
+        return out
+
+    return wrapped
