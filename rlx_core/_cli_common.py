@@ -165,7 +165,7 @@ def priced_at(graph: Graph) -> dict[str, int] | None:
     what ``rlx check`` and ``rlx devices --graph`` say their estimates are for."""
     if not graph.is_symbolic:
         return None
-    from ._specialize import representative
+    from .ir.specialize import representative
 
     return representative(graph)[1]
 

@@ -219,18 +219,17 @@ class CompiledGraph:
         if legal_id is None:  # the pipeline keeps every param; a backend's rewrite might not
             raise PluginError(f"device {self._device}: the compiled graph lost param {name!r}")
         with self._lock:
-            old = self._legal._values[legal_id]
-            self._legal._values[legal_id] = frozen
+            old = self._legal.replace_value(legal_id, frozen)
             try:
                 self._exe.set_param(name, frozen)
             except NotImplementedError:
                 try:
                     self._exe = backend_compile(self._registry, self._device, self._legal, self._options)
                 except Exception:
-                    self._legal._values[legal_id] = old
+                    self._legal.replace_value(legal_id, old)
                     raise
             except Exception:
-                self._legal._values[legal_id] = old
+                self._legal.replace_value(legal_id, old)
                 raise
 
     def __repr__(self) -> str:
@@ -267,7 +266,7 @@ def compile_on(graph: Graph, device: str, reason: str, rows: list[DeviceCandidat
     check_memory(result.graph, device, result.memory_plan or plan_memory(result.graph),
                  probed=registry.availability(name).memory_bytes)
     # The compiled copy owns its graph (set_param mutates its values).
-    legal = _own_copy(result.graph).freeze()
+    legal = result.graph.copy().freeze()
     opts = replace(options or CompileOptions(), memory_plan=result.memory_plan)
     exe = backend_compile(registry, device, legal, opts)
     info = registry.info(name)
@@ -285,13 +284,3 @@ def compile_on(graph: Graph, device: str, reason: str, rows: list[DeviceCandidat
         print(f"rlx: {RLX_FUSION_REPORT_HEADER}\n{report}", file=sys.stderr, flush=True)
     return CompiledGraph(graph, device, exe, legal, report, registry, opts)
 
-
-def _own_copy(g: Graph) -> Graph:
-    copy = Graph(g.name)
-    copy._nodes = list(g._nodes)
-    copy._values = dict(g._values)
-    copy._inputs, copy._params, copy._outputs = list(g._inputs), list(g._params), g._outputs
-    copy._names = dict(g._names)
-    copy._constraints = list(g._constraints)  # a symbolic graph's checks travel with it
-    copy._node_symbols = dict(g._node_symbols)
-    return copy

@@ -51,11 +51,9 @@ class DeferredGraph(Graph):
         self._build = build
         self._source = source
         self._at = dict(at)
-        self._values = dict(body._values)
-        self._inputs, self._params = list(body._inputs), list(body._params)
-        self._outputs, self._names = body._outputs, dict(body._names)
+        self._take_contents(body)
         self._nodes = []
-        for node in body._nodes:
+        for node in body.nodes:
             if node.op is OpKind.INPUT and node.name in shapes:
                 shape = tuple(shapes[node.name])
                 if tuple(evaluate(d, self._at) for d in shape) != node.shape:

@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from ._specialize import REPRESENTATIVE_SIZES, representative
 from .compiled import CompiledGraph
 from .errors import InputError
 from .inputs import check_param_value, input_specs
 from .ir import Graph
+from .ir.specialize import REPRESENTATIVE_SIZES, representative
 
 __all__ = ["REPRESENTATIVE_SIZES", "DEFAULT_MAX_SHAPES", "representative", "DynamicCompiledGraph", "shape_key",
            "compile_symbolic", "describe_bindings"]

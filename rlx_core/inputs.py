@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ._specialize import representative
 from .errors import InputError
 from .ir import Graph, Node
+from .ir.specialize import representative
 from .symbolic import Sym
 
 __all__ = ["InputSpec", "input_specs", "validate_inputs", "as_array", "random_inputs", "check_param_value"]
@@ -157,7 +157,7 @@ def random_inputs(graph: Graph, seed: int = 0,
     """Seeded inputs matching ``graph``: floats in [-1, 1), ints in [0, 8), random bools.
 
     Int inputs stay small so that they are valid indices for typical gathers. A symbolic
-    graph gets inputs of its representative size (``_specialize.representative``), except
+    graph gets inputs of its representative size (``ir.specialize.representative``), except
     for the symbols that the shapes of inputs already ``given`` (name -> shape) fix, so
     that the made-up inputs fit the given ones.
     """

@@ -234,5 +234,5 @@ def infer_internal(op: OpKind, ins: Sequence[Any], attrs: Mapping[str, Any]) -> 
 
 def infer_any(op: OpKind, ins: Sequence[Any], attrs: Mapping[str, Any]) -> tuple[Mapping[str, Any], tuple, str]:
     """The type rule of any computational op, internal ones included: the graph's single
-    door (``Graph._add_node``) asks this."""
+    door (``Graph.add_node``) asks this."""
     return infer_internal(op, ins, attrs) if op in INTERNAL_OPS else infer(op, ins, attrs)

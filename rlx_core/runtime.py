@@ -71,10 +71,10 @@ class Runtime:
         ``policy`` (or this runtime's)."""
         pol = self.policy_for(policy)
         reg = self.registry
-        with self._lock:  # kept on the graph (Graph._sessions): it dies with the graph, never with us
-            gd = graph._sessions.get(self)
+        with self._lock:  # kept on the graph (its attachments): it dies with the graph, never with us
+            gd = graph.attachments.get(self)
             if gd is None or gd._registry is not reg:
-                gd = graph._sessions[self] = GraphDevices(graph, pol, registry=reg)
+                gd = graph.attachments[self] = GraphDevices(graph, pol, registry=reg)
         gd.set_policy(pol)
         return gd
 

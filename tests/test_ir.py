@@ -330,9 +330,9 @@ def every_op_graph() -> Graph:
     q = g.reshape(flat, (2, 6, 8))
     att = g.attention(q, q, q, mask=g.constant(np.tril(np.ones((6, 6), bool))), scale=0.3, name="attn")
     # the pipeline's internal ops have no builder method, but graph files and the reference know them
-    g._add_node("gemm", [flat.id, g.transpose(flat).id, g.constant(np.ones(2, np.float32)).id], {"activation": "relu"})
-    g._add_node("fused_elementwise", [m.id, e.id], {"program": [["exp", [0], []], ["mul", [2, 1], []]]})
-    g._add_node("fused_conv", [x.id, w.id, c.id], {"padding": (0, 1, 1, 0), "bias": False,
+    g.add_node("gemm", [flat.id, g.transpose(flat).id, g.constant(np.ones(2, np.float32)).id], {"activation": "relu"})
+    g.add_node("fused_elementwise", [m.id, e.id], {"program": [["exp", [0], []], ["mul", [2, 1], []]]})
+    g.add_node("fused_conv", [x.id, w.id, c.id], {"padding": (0, 1, 1, 0), "bias": False,
                                                    "program": [["add", [0, 1], []], ["relu", [2], []]]})  # fmt: skip
     rounded = g.fmod(g.round(g.ceil(g.floor(g.mul(f, 3.0)))), 1.5)
     bits = g.bitwise_xor(g.bitwise_or(g.bitwise_and(ints, 7), 8), g.bitwise_not(ints))

@@ -346,8 +346,8 @@ def test_internal_ops_from_a_file_are_expanded_for_backends_that_lack_them():
     g = rlx.Graph("file")
     x = g.input("x", (2, 3))
     prog = [make_instruction("exp", [0], {}), make_instruction("mul", [1, 1], {})]
-    fused = g._add_node("fused_elementwise", [x.id], {"program": prog})
-    gm = g._add_node("gemm", [fused.id, g.param("w", np.ones((3, 2), np.float32)).id], {"activation": "gelu_tanh"})
+    fused = g.add_node("fused_elementwise", [x.id], {"program": prog})
+    gm = g.add_node("gemm", [fused.id, g.param("w", np.ones((3, 2), np.float32)).id], {"activation": "gelu_tanh"})
     g.set_outputs([gm])
     h = rlx.Graph.from_json(g.to_json())
     assert h.to_json() == g.to_json()
@@ -369,16 +369,16 @@ def test_bad_fused_programs_are_graph_errors(attrs, match):
     g = rlx.Graph()
     x = g.input("x", (2,))
     with pytest.raises(rlx.GraphError, match=match):
-        g._add_node("fused_elementwise", [x.id], attrs)
+        g.add_node("fused_elementwise", [x.id], attrs)
 
 
 def test_bad_gemm_nodes_are_graph_errors():
     g = rlx.Graph()
     a, b = g.input("a", (2, 3)), g.input("b", (3, 4))
     with pytest.raises(rlx.GraphError, match="activation must be one of"):
-        g._add_node("gemm", [a.id, b.id], {"activation": "swish"})
+        g.add_node("gemm", [a.id, b.id], {"activation": "swish"})
     with pytest.raises(rlx.GraphError, match="do not broadcast"):
-        g._add_node("gemm", [a.id, b.id, g.input("bias", (3, 4)).id], {})
+        g.add_node("gemm", [a.id, b.id, g.input("bias", (3, 4)).id], {})
 
 
 def test_options_switch_stages_and_passes_and_are_checked():
@@ -547,4 +547,4 @@ def test_bad_fused_conv_nodes_are_graph_errors(attrs, match):
     w = g.param("w", np.ones((3, 2, 3, 3), np.float32))
     e = g.input("e", (5,))
     with pytest.raises(rlx.GraphError, match=match):
-        g._add_node("fused_conv", [x.id, w.id, e.id], attrs)
+        g.add_node("fused_conv", [x.id, w.id, e.id], attrs)

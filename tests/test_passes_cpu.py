@@ -64,7 +64,7 @@ def test_region_program_with_a_dead_instruction_and_a_where():
     y = g.input("y", (90,))
     cond = g.input("c", (300, 1), "bool")
     prog = (("add", (0, 1), ()), ("exp", (1,), ()), ("where", (2, 3, 0), ()))  # instruction 1 (exp) is dead
-    fused = g._add_node("fused_elementwise", [x.id, y.id, cond.id], {"program": prog})
+    fused = g.add_node("fused_elementwise", [x.id, y.id, cond.id], {"program": prog})
     g.set_outputs([fused])
     feeds = {"x": RNG.standard_normal((300, 90)).astype(np.float32), "y": RNG.standard_normal(90).astype(np.float32),
              "c": RNG.random((300, 1)) < 0.5}  # fmt: skip

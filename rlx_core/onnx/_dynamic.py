@@ -22,10 +22,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from onnx import GraphProto
 
-from .._specialize import REPRESENTATIVE_SIZES
 from ..deferred import DeferredGraph
 from ..errors import ModelError
 from ..ir import Graph
+from ..ir.specialize import REPRESENTATIVE_SIZES
 from ..symbolic import Dim, Sym
 from ._loader import Model, resolve_dims
 

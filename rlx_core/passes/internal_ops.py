@@ -52,15 +52,15 @@ def expand(g: Graph, node: Node, ins: Sequence[Value]) -> Value:
             y = g.add(y, ins[2])
         spec = ACTIVATION_OPS[node.attrs["activation"]]
         if spec is not None:
-            y = g._add_node(spec[0], [y.id], spec[1])
+            y = g.add_node(spec[0], [y.id], spec[1])
         return y
     values = list(ins)
     if node.op is OpKind.FUSED_CONV:
         n_conv = conv_inputs(node.attrs)
-        conv = g._add_node(OpKind.CONV2D, [v.id for v in ins[:n_conv]], {k: node.attrs[k] for k in CONV_ATTRS})
+        conv = g.add_node(OpKind.CONV2D, [v.id for v in ins[:n_conv]], {k: node.attrs[k] for k in CONV_ATTRS})
         values = [conv, *ins[n_conv:]]
     for op, args, attrs in node.attrs["program"]:
-        values.append(g._add_node(op, [values[a].id for a in args], dict(attrs)))
+        values.append(g.add_node(op, [values[a].id for a in args], dict(attrs)))
     return values[-1]
 
 

@@ -114,8 +114,7 @@ def _replay(src: Graph, claims: Claims, user: Graph, notes: list[str],
     mapped: dict[int, Value] = {}
     changed = False
     for node in src.nodes:
-        out._origin = node.origin
-        try:
+        with out.origin(node.origin):
             if node.op is OpKind.INPUT:
                 mapped[node.id] = out.input(node.name, node.shape, node.dtype)
             elif node.op is OpKind.PARAM:
@@ -130,15 +129,14 @@ def _replay(src: Graph, claims: Claims, user: Graph, notes: list[str],
                     rewrite = expand if node.op in INTERNAL_OPS else decompose
                     mapped[node.id] = rewrite(out, node, ins)
                     changed = True
-                    ops = dict.fromkeys(n.op.value for n in out._nodes[before:] if n.op is not OpKind.CONSTANT)
+                    made = (out.node(i) for i in range(before, len(out)))
+                    ops = dict.fromkeys(n.op.value for n in made if n.op is not OpKind.CONSTANT)
                     origin = _origin_node(user, node)
                     where = f" at {origin.describe()}" if origin is not None else ""
                     via = f" (from {origin.op})" if origin is not None and origin.op != node.op else ""
                     notes.append(f"{node.op}{where}{via} -> {', '.join(ops)}")
                 else:
-                    mapped[node.id] = out._add_node(node.op, [v.id for v in ins], node.attrs, node.name)
-        finally:
-            out._origin = None
+                    mapped[node.id] = out.add_node(node.op, [v.id for v in ins], node.attrs, node.name)
     out.set_outputs([mapped[i] for i in src.outputs])
     return out, changed
 

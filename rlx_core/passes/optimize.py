@@ -66,7 +66,7 @@ def _fold_value(node: Node, values: list[np.ndarray]) -> np.ndarray | None:
     mini = Graph("fold")
     ids = [mini.constant(v).id for v in values]
     try:
-        out = mini._add_node(node.op, ids, node.attrs)
+        out = mini.add_node(node.op, ids, node.attrs)
         mini.set_outputs([out])
         with np.errstate(all="ignore"):
             result = evaluate(mini, {})[0]

@@ -39,8 +39,7 @@ class Emitter:
     def emit(self, at: Node, op: OpKind | str, inputs: list[int], attrs: Mapping[str, Any], name: str = "") -> int:
         """Emit ``op`` on new ids ``inputs`` in place of source node ``at`` (its origin kept)."""
         out = self.out
-        out._origin = at.origin
-        try:
+        with out.origin(at.origin):
             if at.op is OpKind.INPUT and op is OpKind.INPUT:
                 new = out.input(at.name, at.shape, at.dtype).id
             elif at.op is OpKind.PARAM and op is OpKind.PARAM:
@@ -48,19 +47,14 @@ class Emitter:
             elif at.op is OpKind.CONSTANT and op is OpKind.CONSTANT:
                 new = out.constant(self.src.value(at.id), name=at.name).id
             else:
-                new = out._add_node(op, inputs, attrs, name).id
-        finally:
-            out._origin = None
+                new = out.add_node(op, inputs, attrs, name).id
         self.mapped[at.id] = new
         return new
 
     def constant(self, at: Node, value: np.ndarray, name: str = "") -> int:
         """Emit a constant holding ``value`` in place of ``at``."""
-        self.out._origin = at.origin
-        try:
+        with self.out.origin(at.origin):
             new = self.out.constant(np.asarray(value, dtype=at.dtype), name=name).id
-        finally:
-            self.out._origin = None
         self.mapped[at.id] = new
         return new
 

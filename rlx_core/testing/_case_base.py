@@ -102,7 +102,7 @@ class OpCase:
         ]
         method = getattr(g, self.op.value, None)
         if method is None:  # an internal op (gemm, fused_elementwise): no builder, added as a graph file adds it
-            out = g._add_node(self.op, [v.id for v in values], self.attrs)
+            out = g.add_node(self.op, [v.id for v in values], self.attrs)
         else:
             out = method(values, **self.attrs) if self.op is OpKind.CONCAT else method(*values, **self.attrs)
         g.set_outputs([out])

@@ -28,7 +28,7 @@ def _kernel(host_cxx, name: str, src, dtypes: list[str]):
 def _reference(program: tuple, arrays: list[np.ndarray]) -> np.ndarray:
     g = Graph("program")
     ins = [g.input(f"x{i}", a.shape, a.dtype.name) for i, a in enumerate(arrays)]
-    node = g._add_node(OpKind.FUSED_ELEMENTWISE, [v.id for v in ins], {"program": program})
+    node = g.add_node(OpKind.FUSED_ELEMENTWISE, [v.id for v in ins], {"program": program})
     g.set_outputs([node])
     return evaluate(g, {f"x{i}": a for i, a in enumerate(arrays)})[0]
 

@@ -281,7 +281,7 @@ def _fused_conv(program: tuple, extra_shapes: list[tuple[int, ...]], dtype: str 
     x = g.input("x", (1, 2, 5, 5))
     w = g.param("w", np.ones((4, 2, 3, 3), np.float32))
     extras = [g.input(f"e{i}", s, dtype) for i, s in enumerate(extra_shapes)]
-    y = g._add_node(OpKind.FUSED_CONV, [x.id, w.id, *(e.id for e in extras)],
+    y = g.add_node(OpKind.FUSED_CONV, [x.id, w.id, *(e.id for e in extras)],
                     {**ATTRS, "bias": False, "program": program})  # fmt: skip
     return g.node(y.id)
 

@@ -268,9 +268,9 @@ def test_claims_exactly_the_elementwise_ops_codegen_renders_and_declines_other_r
     assert {"floor", "fmod", "bitwise_and", "bit_shift_left"} <= {op.value for op in ELEMENTWISE_OPS} - claimed
     g = Graph("regions")
     x, i = g.input("x", (4,), "float32"), g.input("i", (4,), "int32")
-    plain = g._add_node("fused_elementwise", [x.id], {"program": [["tanh", [0], []], ["add", [1, 0], []]]})
-    floor = g._add_node("fused_elementwise", [x.id], {"program": [["floor", [0], []], ["add", [1, 0], []]]})
-    bits = g._add_node("fused_elementwise", [i.id], {"program": [["bitwise_not", [0], []], ["fmod", [1, 0], []]]})
+    plain = g.add_node("fused_elementwise", [x.id], {"program": [["tanh", [0], []], ["add", [1, 0], []]]})
+    floor = g.add_node("fused_elementwise", [x.id], {"program": [["floor", [0], []], ["add", [1, 0], []]]})
+    bits = g.add_node("fused_elementwise", [i.id], {"program": [["bitwise_not", [0], []], ["fmod", [1, 0], []]]})
     assert backend.claims(g.node(plain.id)) is True
     assert backend.claims(g.node(floor.id)) == "rlx-cuda has no CUDA rendering of floor for a fused region"
     assert backend.claims(g.node(bits.id)) == "rlx-cuda has no CUDA rendering of bitwise_not, fmod for a fused region"

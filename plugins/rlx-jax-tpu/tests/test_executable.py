@@ -96,10 +96,9 @@ def test_set_param_swaps_the_device_buffer_without_tracing_again(registry: Regis
 
 
 def _with_param(g: Graph, name: str, value: np.ndarray) -> Graph:
-    """A copy of ``g`` (through JSON) with param ``name`` set to ``value``, for the reference."""
-    copy = Graph.from_json(g.to_json())
-    pid = next(i for i in copy.params if copy.node(i).name == name)
-    copy._values[pid] = value
+    """A copy of ``g`` with param ``name`` set to ``value``, for the reference."""
+    copy = g.copy()
+    copy.replace_value(copy.input_node(name).id, value)
     return copy
 
 

@@ -1,8 +1,10 @@
-"""The graph IR: an SSA graph of typed nodes built through one method per op.
+"""The graph: its state, what backends read, and the edit API the passes use.
 
 Shapes and dtypes are inferred (and checked) when a node is added, so a mistake raises
 ``GraphError`` at the line that made it. ``graph.nodes`` is topologically ordered by
-construction; backends walk it once at compile time.
+construction; backends walk it once at compile time. Passes build new graphs through
+the same door as users (``add_node``, the builders), and say which user node each new
+node stands for with ``origin``; nothing outside ``rlx_core.ir`` touches the private state.
 """
 
 from __future__ import annotations
@@ -13,20 +15,22 @@ import itertools
 import json
 import math
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Union
 
 import numpy as np
 
-from ._graph_json import GRAPH_FORMAT, GRAPH_FORMAT_VERSION, graph_from_json
-from .dtypes import normalize_dtype
-from .errors import GraphError, ModelError
-from .internal_types import infer_any
-from .ops import OpKind
-from .shape_rules import Constraint, parse_dim, recording
-from .symbolic import Dim, Sym, format_shape, free_symbols, to_obj
+from ..dtypes import normalize_dtype
+from ..errors import GraphError, ModelError
+from ..internal_types import infer_any
+from ..ops import OpKind
+from ..shape_rules import Constraint, parse_dim, recording
+from ..symbolic import Dim, Sym, format_shape, free_symbols, to_obj
+from .builders import OpBuilders
+from .serialize import GRAPH_FORMAT, GRAPH_FORMAT_VERSION, graph_from_json
 
 __all__ = ["Graph", "Node", "Value", "GRAPH_FORMAT", "GRAPH_FORMAT_VERSION"]
 
@@ -102,7 +106,7 @@ def _input_dim(raw: Any) -> Dim:
     return int(raw) if dim is None else dim  # int() of a float raises, or is checked by the caller
 
 
-class Graph:
+class Graph(OpBuilders):
     """A computation graph under construction (then frozen once compiled).
 
     Build it with the op methods (``g.matmul(x, w)``), each returning a ``Value``; every
@@ -168,7 +172,7 @@ class Graph:
         """The value of every symbol, from the inputs' concrete shapes (input name -> shape).
         ``InputError`` names the input, dim, symbol and conflicting sizes, a wrong rank, a
         constraint that does not hold (and which op and node recorded it) or an unbound symbol."""
-        from ._specialize import bind_shapes
+        from .specialize import bind_shapes
 
         return bind_shapes(self, shapes)
 
@@ -177,7 +181,7 @@ class Graph:
         params (arrays shared, not copied), every dim and shape-valued attribute evaluated
         under ``bindings`` and every node re-inferred, so it is exactly the graph the builder
         makes with those sizes. ``GraphError`` for a missing binding or a broken constraint."""
-        from ._specialize import specialize_graph
+        from .specialize import specialize_graph
 
         return specialize_graph(self, bindings)
 
@@ -208,6 +212,62 @@ class Graph:
 
     def __len__(self) -> int:
         return len(self._nodes)
+
+    # ----------------------------------------------------------------- editing (passes)
+    @contextmanager
+    def origin(self, node_id: int | None) -> Iterator[None]:
+        """Nodes added inside record ``node_id`` (a user's node) as their ``origin``: a
+        decomposition's or rewrite's nodes point back to the node they stand for, which
+        errors and reports name. ``None`` makes them their own origin. Nests."""
+        before = self._origin
+        self._origin = node_id
+        try:
+            yield
+        finally:
+            self._origin = before
+
+    def copy(self, name: str | None = None) -> Graph:
+        """An unfrozen graph with the same nodes, ids, names, inputs, params, outputs and
+        symbolic constraints; arrays are shared (read-only), so a copy costs no weights.
+        ``replace_value`` on the copy leaves this graph's arrays alone."""
+        new = Graph(self.name if name is None else name)
+        new._take_contents(self)
+        return new
+
+    def _take_contents(self, other: Graph) -> None:
+        self._nodes = list(other._nodes)
+        self._values = dict(other._values)
+        self._inputs, self._params, self._outputs = list(other._inputs), list(other._params), other._outputs
+        self._names = dict(other._names)
+        self._constraints = list(other._constraints)  # a symbolic graph's checks travel with it
+        self._node_symbols = dict(other._node_symbols)
+
+    def replace_value(self, id: int | Value, value: np.ndarray) -> np.ndarray:
+        """Put ``value`` (same shape and dtype, read-only) in place of a param's array and
+        return the array it replaces. For a compiled graph's own copy when ``set_param``
+        swaps its weights, frozen or not; user graphs keep their arrays."""
+        node = self.node(id)
+        if node.op is not OpKind.PARAM:
+            raise GraphError(f"replace_value: {node.describe()} is a {node.op}, not a param")
+        arr = np.asarray(value)
+        if arr.shape != node.shape or arr.dtype.name != node.dtype:
+            raise GraphError(f"replace_value: {node.describe()} is {node.dtype}{format_shape(node.shape)}, "
+                             f"got {arr.dtype.name}{format_shape(arr.shape)}")  # fmt: skip
+        old = self._values[node.id]
+        self._values[node.id] = arr
+        return old
+
+    @property
+    def attachments(self) -> weakref.WeakKeyDictionary[Any, Any]:
+        """State other objects keep for this graph, keyed (weakly) by themselves: it dies
+        with the graph and never keeps its owner alive (a runtime's session per graph)."""
+        return self._sessions
+
+    @property
+    def symbol_origins(self) -> Mapping[str, int]:
+        """Each symbol first met in a computational node rather than an input's shape
+        (a ``Reshape`` to a named size), with that node's id: ``bind`` must see it bound."""
+        return MappingProxyType(self._node_symbols)
 
     def __repr__(self) -> str:
         return f"Graph({self.name!r}, {len(self._nodes)} nodes, {len(self._outputs)} outputs)"
@@ -246,10 +306,12 @@ class Graph:
             out.append(self._ref(v, str(op), like if scalar and like is not None else None))
         return out
 
-    def _add_node(
-        self, op: OpKind | str, inputs: Sequence[int], attrs: Mapping[str, Any], name: str = ""
-    ) -> Value:
-        """Add a computational node after checking it; the single door into the graph."""
+    def add_node(self, op: OpKind | str, inputs: Sequence[int | Value], attrs: Mapping[str, Any],
+                 name: str = "") -> Value:  # fmt: skip
+        """Add a node of any computational op (internal ones included: ``gemm``,
+        ``fused_elementwise``, ``fused_conv``) on existing nodes, after checking it: the
+        single door into the graph, which the builder methods go through too. Passes
+        use it to emit a node they copy or rewrite."""
         try:
             op = OpKind(op)
         except ValueError:
@@ -277,11 +339,13 @@ class Graph:
         self._check_open(str(op))
         nodes = self._refs(op, values)
         try:
-            return self._add_node(op, [n.id for n in nodes], attrs, name)
+            return self.add_node(op, [n.id for n in nodes], attrs, name)
         except GraphError as exc:
             if name:
                 raise GraphError(f"{exc} (building {name!r})") from None
             raise
+
+    _add_node = add_node  # the door's name before it was public (code written against it keeps working)
 
     def _add_source(self, op: OpKind, name: str, shape: tuple[int, ...], dtype: str,
                     value: np.ndarray | None) -> Value:  # fmt: skip
@@ -350,195 +414,6 @@ class Graph:
             raise GraphError("set_outputs: a graph needs at least one output")
         self._outputs = tuple(n.id for n in nodes)
 
-    # ----------------------------------------------------------------- ops
-    def matmul(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.MATMUL, (a, b), name)
-
-    def add(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.ADD, (a, b), name)
-
-    def sub(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.SUB, (a, b), name)
-
-    def mul(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.MUL, (a, b), name)
-
-    def div(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
-        """Division; integers truncate toward zero (C and ONNX semantics)."""
-        return self._add(OpKind.DIV, (a, b), name)
-
-    def pow(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.POW, (a, b), name)
-
-    def maximum(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.MAXIMUM, (a, b), name)
-
-    def minimum(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.MINIMUM, (a, b), name)
-
-    def neg(self, x: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.NEG, (x,), name)
-
-    def abs(self, x: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.ABS, (x,), name)
-
-    def exp(self, x: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.EXP, (x,), name)
-
-    def log(self, x: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.LOG, (x,), name)
-
-    def sqrt(self, x: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.SQRT, (x,), name)
-
-    def rsqrt(self, x: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.RSQRT, (x,), name)
-
-    def erf(self, x: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.ERF, (x,), name)
-
-    def tanh(self, x: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.TANH, (x,), name)
-
-    def sin(self, x: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.SIN, (x,), name)
-
-    def cos(self, x: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.COS, (x,), name)
-
-    def sigmoid(self, x: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.SIGMOID, (x,), name)
-
-    def relu(self, x: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.RELU, (x,), name)
-
-    def gelu(self, x: ValueLike, approximate: str = "none", *, name: str = "") -> Value:
-        return self._add(OpKind.GELU, (x,), name, approximate=approximate)
-
-    def softmax(self, x: ValueLike, axis: int = -1, *, name: str = "") -> Value:
-        return self._add(OpKind.SOFTMAX, (x,), name, axis=axis)
-
-    def layer_norm(self, x: ValueLike, scale: ValueLike, bias: ValueLike | None = None, axis: int = -1,
-                   eps: float = 1e-5, *, name: str = "") -> Value:  # fmt: skip
-        """Normalize over axes ``axis..end``; ``scale``/``bias`` broadcast to those axes."""
-        ins = (x, scale) if bias is None else (x, scale, bias)
-        return self._add(OpKind.LAYER_NORM, ins, name, axis=axis, eps=eps)
-
-    def reduce_sum(self, x: ValueLike, axes: Iterable[int] | int | None = None, keepdims: bool = False,
-                   *, name: str = "") -> Value:  # fmt: skip
-        return self._add(OpKind.REDUCE_SUM, (x,), name, axes=axes, keepdims=keepdims)
-
-    def reduce_mean(self, x: ValueLike, axes: Iterable[int] | int | None = None, keepdims: bool = False,
-                    *, name: str = "") -> Value:  # fmt: skip
-        return self._add(OpKind.REDUCE_MEAN, (x,), name, axes=axes, keepdims=keepdims)
-
-    def reduce_max(self, x: ValueLike, axes: Iterable[int] | int | None = None, keepdims: bool = False,
-                   *, name: str = "") -> Value:  # fmt: skip
-        return self._add(OpKind.REDUCE_MAX, (x,), name, axes=axes, keepdims=keepdims)
-
-    def reshape(self, x: ValueLike, shape: Iterable[int], *, name: str = "") -> Value:
-        return self._add(OpKind.RESHAPE, (x,), name, shape=shape)
-
-    def transpose(self, x: ValueLike, perm: Iterable[int] | None = None, *, name: str = "") -> Value:
-        return self._add(OpKind.TRANSPOSE, (x,), name, perm=perm)
-
-    def concat(self, values: Sequence[ValueLike], axis: int = 0, *, name: str = "") -> Value:
-        return self._add(OpKind.CONCAT, tuple(values), name, axis=axis)
-
-    def slice(self, x: ValueLike, starts: Iterable[int], ends: Iterable[int], axes: Iterable[int] | None = None,
-              steps: Iterable[int] | None = None, *, name: str = "") -> Value:  # fmt: skip
-        """ONNX ``Slice``: out-of-range bounds are clamped, negative ones count from the end."""
-        return self._add(OpKind.SLICE, (x,), name, starts=starts, ends=ends, axes=axes, steps=steps)
-
-    def gather(self, x: ValueLike, indices: ValueLike, axis: int = 0, *, name: str = "") -> Value:
-        """``numpy.take(x, indices, axis)``; negative indices count from the end."""
-        return self._add(OpKind.GATHER, (x, indices), name, axis=axis)
-
-    def cast(self, x: ValueLike, dtype: Any, *, name: str = "") -> Value:
-        return self._add(OpKind.CAST, (x,), name, dtype=dtype)
-
-    def where(self, cond: ValueLike, x: ValueLike, y: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.WHERE, (cond, x, y), name)
-
-    def equal(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
-        """``a == b`` elementwise, a bool result (NaN equals nothing, ``-0.0 == 0.0``)."""
-        return self._add(OpKind.EQUAL, (a, b), name)
-
-    def less(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
-        """``a < b`` elementwise, a bool result (false where either is NaN)."""
-        return self._add(OpKind.LESS, (a, b), name)
-
-    def greater(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
-        """``a > b`` elementwise, a bool result (false where either is NaN)."""
-        return self._add(OpKind.GREATER, (a, b), name)
-
-    def floor(self, x: ValueLike, *, name: str = "") -> Value:
-        """The largest integer value not above ``x`` (floats; NaN, infinities and -0.0 stay)."""
-        return self._add(OpKind.FLOOR, (x,), name)
-
-    def ceil(self, x: ValueLike, *, name: str = "") -> Value:
-        """The smallest integer value not below ``x`` (floats)."""
-        return self._add(OpKind.CEIL, (x,), name)
-
-    def round(self, x: ValueLike, *, name: str = "") -> Value:
-        """The nearest integer value, halves to even (``round(2.5) == 2``), as ONNX Round (floats)."""
-        return self._add(OpKind.ROUND, (x,), name)
-
-    def fmod(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
-        """C's ``fmod``: the remainder with the sign of ``a`` (floats and ints; an int by zero
-        is an ``InputError`` at run time, as in ``div``)."""
-        return self._add(OpKind.FMOD, (a, b), name)
-
-    def bitwise_and(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
-        """``a & b`` on integers."""
-        return self._add(OpKind.BITWISE_AND, (a, b), name)
-
-    def bitwise_or(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
-        """``a | b`` on integers."""
-        return self._add(OpKind.BITWISE_OR, (a, b), name)
-
-    def bitwise_xor(self, a: ValueLike, b: ValueLike, *, name: str = "") -> Value:
-        """``a ^ b`` on integers."""
-        return self._add(OpKind.BITWISE_XOR, (a, b), name)
-
-    def bitwise_not(self, x: ValueLike, *, name: str = "") -> Value:
-        """``~x`` on integers (two's complement: ``~x == -1 - x`` for signed ones)."""
-        return self._add(OpKind.BITWISE_NOT, (x,), name)
-
-    def bit_shift_left(self, x: ValueLike, shift: ValueLike, *, name: str = "") -> Value:
-        """``x << shift`` on integers, wrapping; a shift < 0 or >= the bit width gives 0."""
-        return self._add(OpKind.BIT_SHIFT_LEFT, (x, shift), name)
-
-    def bit_shift_right(self, x: ValueLike, shift: ValueLike, *, name: str = "") -> Value:
-        """``x >> shift`` on integers, arithmetic (sign-filling) for signed ones; a shift < 0
-        or >= the bit width gives -1 for a negative ``x`` and 0 otherwise."""
-        return self._add(OpKind.BIT_SHIFT_RIGHT, (x, shift), name)
-
-    def conv2d(self, x: ValueLike, w: ValueLike, b: ValueLike | None = None, stride: Any = 1, padding: Any = 0,
-               dilation: Any = 1, groups: int = 1, *, name: str = "") -> Value:  # fmt: skip
-        """NCHW convolution (cross-correlation) with OIHW weights, as in ONNX and PyTorch."""
-        ins = (x, w) if b is None else (x, w, b)
-        return self._add(OpKind.CONV2D, ins, name, stride=stride, padding=padding, dilation=dilation, groups=groups)
-
-    def max_pool2d(self, x: ValueLike, kernel: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
-                   ceil_mode: bool = False, *, name: str = "") -> Value:  # fmt: skip
-        return self._add(OpKind.MAX_POOL2D, (x,), name, kernel=kernel, stride=stride, padding=padding,
-                         dilation=dilation, ceil_mode=ceil_mode)  # fmt: skip
-
-    def avg_pool2d(self, x: ValueLike, kernel: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
-                   count_include_pad: bool = False, *, name: str = "") -> Value:  # fmt: skip
-        return self._add(OpKind.AVG_POOL2D, (x,), name, kernel=kernel, stride=stride, padding=padding,
-                         ceil_mode=ceil_mode, count_include_pad=count_include_pad)  # fmt: skip
-
-    def global_avg_pool2d(self, x: ValueLike, *, name: str = "") -> Value:
-        return self._add(OpKind.GLOBAL_AVG_POOL2D, (x,), name)
-
-    def attention(self, q: ValueLike, k: ValueLike, v: ValueLike, mask: ValueLike | None = None,
-                  scale: float | None = None, *, name: str = "") -> Value:  # fmt: skip
-        """softmax(q @ kᵀ · scale + mask) @ v; a bool mask keeps True and masks False."""
-        ins = (q, k, v) if mask is None else (q, k, v, mask)
-        return self._add(OpKind.ATTENTION, ins, name, scale=scale)
-
     # ----------------------------------------------------------------- describing
     def summary(self) -> str:
         """A human-readable listing: one line per node with op, inputs, shape and dtype."""
@@ -602,7 +477,7 @@ class Graph:
         return graph_from_json(cls, text)
 
     def save(self, path: Any) -> None:
-        from .cache import atomic_write_text
+        from ..cache import atomic_write_text
 
         atomic_write_text(path, self.to_json())
 

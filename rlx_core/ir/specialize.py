@@ -14,13 +14,13 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .errors import GraphError, InputError
-from .ops import OpKind
-from .shape_rules import Constraint, evaluate_attr
-from .symbolic import Sym, UnboundSymbolError, evaluate, free_symbols
+from ..errors import GraphError, InputError
+from ..ops import OpKind
+from ..shape_rules import Constraint, evaluate_attr
+from ..symbolic import Sym, UnboundSymbolError, evaluate, free_symbols
 
 if TYPE_CHECKING:
-    from .ir import Graph
+    from .graph import Graph
 
 __all__ = ["bind_shapes", "specialize_graph", "representative", "REPRESENTATIVE_SIZES"]
 
@@ -77,7 +77,7 @@ def bind_shapes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, 
                              "of its own") from None  # fmt: skip
         if value != size:
             raise InputError(f"input {name!r} dim {i} ({want}): {size}, but the other inputs give {want} = {value}")
-    for sym, nid in graph._node_symbols.items():
+    for sym, nid in graph.symbol_origins.items():
         if sym not in bindings:
             raise InputError(f"symbol {sym!r} (first used by {graph.node(nid).describe()}, "
                              f"{graph.node(nid).op}) is bound by no input dim")  # fmt: skip
@@ -88,7 +88,7 @@ def bind_shapes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, 
 
 
 def specialize_graph(graph: Graph, bindings: Mapping[str, int]) -> Graph:
-    needed = set(graph.symbols) | set(graph._node_symbols)
+    needed = set(graph.symbols) | set(graph.symbol_origins)
     missing = sorted(needed - set(bindings))
     if missing:
         raise GraphError(f"specialize: graph {graph.name!r} needs a value for symbol(s) {missing}; "
@@ -99,22 +99,27 @@ def specialize_graph(graph: Graph, bindings: Mapping[str, int]) -> Graph:
             raise GraphError(f"specialize: {_describe(graph, c)} does not hold: {_values(c, sizes)}")
     new = type(graph)(graph.name)
     for node in graph.nodes:
-        new._origin = node.origin
-        shape = tuple(evaluate(d, sizes) for d in node.shape)
-        if node.op in (OpKind.INPUT, OpKind.PARAM, OpKind.CONSTANT):
-            value: Any = graph.value(node.id) if node.op is not OpKind.INPUT else None  # shared: read-only
-            new._add_source(node.op, node.name, shape, node.dtype, value)
-            continue
-        attrs = {k: evaluate_attr(v, sizes) for k, v in node.attrs.items()}
-        if node.op is OpKind.ATTENTION and attrs.get("scale") is None:
-            attrs.pop("scale", None)  # the default 1/sqrt(D), now that D is known
-        made = new._add_node(node.op, node.inputs, attrs, node.name)
-        if made.shape != shape:  # the symbolic rule and the static one disagree: a bug, never a silent one
-            raise GraphError(f"specialize: {node.describe()} ({node.op}) has shape {made.shape} under {sizes}, "
-                             f"but its symbolic shape {node.shape} gives {shape}")  # fmt: skip
-    new._origin = None
-    new._outputs = graph.outputs
+        with new.origin(node.origin):
+            _respecialize(graph, new, node, sizes)
+    if graph.outputs:  # (a graph may be specialized before its outputs are declared)
+        new.set_outputs(list(graph.outputs))
     return new
+
+
+def _respecialize(graph: Graph, new: Graph, node: Any, sizes: Mapping[str, int]) -> None:
+    """Add ``node`` to ``new`` with every dim and shape-valued attribute under ``sizes``."""
+    shape = tuple(evaluate(d, sizes) for d in node.shape)
+    if node.op in (OpKind.INPUT, OpKind.PARAM, OpKind.CONSTANT):
+        value: Any = graph.value(node.id) if node.op is not OpKind.INPUT else None  # shared: read-only
+        new._add_source(node.op, node.name, shape, node.dtype, value)
+        return
+    attrs = {k: evaluate_attr(v, sizes) for k, v in node.attrs.items()}
+    if node.op is OpKind.ATTENTION and attrs.get("scale") is None:
+        attrs.pop("scale", None)  # the default 1/sqrt(D), now that D is known
+    made = new.add_node(node.op, node.inputs, attrs, node.name)
+    if made.shape != shape:  # the symbolic rule and the static one disagree: a bug, never a silent one
+        raise GraphError(f"specialize: {node.describe()} ({node.op}) has shape {made.shape} under {sizes}, "
+                         f"but its symbolic shape {node.shape} gives {shape}")  # fmt: skip
 
 
 def representative(graph: Graph) -> tuple[Graph, dict[str, int]]:

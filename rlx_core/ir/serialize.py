@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .dtypes import DTYPES
-from .errors import GraphError, ModelError
-from .ops import OpKind
+from ..dtypes import DTYPES
+from ..errors import GraphError, ModelError
+from ..ops import OpKind
 
 if TYPE_CHECKING:
-    from .ir import Graph
+    from .graph import Graph
 
 GRAPH_FORMAT = "rlx.graph"
 GRAPH_FORMAT_VERSION = 1
@@ -95,7 +95,7 @@ def graph_from_json(cls: type[Graph], text: str | bytes) -> Graph:
                 attrs = d.get("attrs", {})
                 if not isinstance(attrs, dict):
                     raise ModelError(f"graph JSON: {where} attrs must be an object")
-                g._add_node(op, inputs, attrs, name)
+                g.add_node(op, inputs, attrs, name)
         except GraphError as exc:
             raise ModelError(f"graph JSON: {where} ({op_name}): {exc}") from None
     outputs = _field(doc, "outputs", list, "the document")
