@@ -125,7 +125,7 @@ def contenders(s: Setup) -> dict[str, Callable[[], Any]]:
     """name -> one pass over every row; each pass's outputs are checked by ``check``."""
     from rich.console import Console
 
-    from rlx_core._cli_batch import run_batch
+    from rlx_core.cli.batch import run_batch
 
     quiet = Console(file=io.StringIO())  # the job's progress bar and summary go nowhere
     job_out = s.out_dir / "out_rlx.npz"
@@ -268,7 +268,7 @@ def bench_ray(s: Setup, jobs: int, pause: float, on_job: Callable[[], None] | No
         ray = require_ray()
     except RlxError as exc:
         return {"skipped": f"Ray skipped: {exc}"}
-    from rlx_core._cli_batch import _in_process, _on_ray
+    from rlx_core.cli.batch import _in_process, _on_ray
     from rlx_core.distributed import BatchModel
     from rlx_core.distributed.tables import open_source
 

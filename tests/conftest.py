@@ -103,7 +103,8 @@ def children(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     (a plugin import check, ``plugin_import``), ``"task"`` (a probe or calibration,
     ``isolation.run_child``) or ``"bench"`` (an ``rlx bench`` worker): how tests see that
     a kept verdict cost no child."""
-    from rlx_core import _bench_worker, isolation, plugin_import
+    from rlx_core import isolation, plugin_import
+    from rlx_core.cli import bench_worker as _bench_worker
 
     started: list[str] = []
     real = isolation.start_child

@@ -23,8 +23,8 @@ from test_cli import mlp_graph, run_rlx_process
 from typer.testing import CliRunner
 
 import rlx_core as rlx
-from rlx_core._bench_worker import BenchWorker, WorkerPool
 from rlx_core.cli import app
+from rlx_core.cli.bench_worker import BenchWorker, WorkerPool
 from rlx_core.inputs import random_inputs
 from rlx_core.onnx._peers import Contender, ContenderFailed, time_interleaved
 

@@ -67,8 +67,8 @@ def run_rlx(*args: str, cwd: Path, env: dict[str, str] | None = None, registry: 
     directory, a fresh default registry (or ``registry``), stdout and stderr captured,
     warnings shown as ``main`` shows them."""
     from rlx_core import registry as registries
-    from rlx_core._cli_common import console
     from rlx_core.cli import main
+    from rlx_core.cli.common import console
 
     environ = rlx_environment(cwd, env, in_process=True)
     saved_environ, saved_cwd, saved_registry, saved_width = dict(os.environ), os.getcwd(), registries._default, \

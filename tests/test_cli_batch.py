@@ -186,7 +186,7 @@ def test_real_cpu_backend_in_a_subprocess(job) -> None:
 
 
 def test_rows_per_device_from_one_value_or_mixed_columns() -> None:
-    from rlx_core._cli_batch import _unique_counts
+    from rlx_core.cli.batch import _unique_counts
 
     assert _unique_counts(np.broadcast_to(np.array("cpu"), (5,))) == (["cpu"], [5])
     assert _unique_counts(np.array(["jax", "cpu", "jax"])) == (["cpu", "jax"], [1, 2])
@@ -200,7 +200,7 @@ def test_the_progress_bar_gets_every_row_although_updates_are_coalesced(monkeypa
     from rich.console import Console
     from rich.progress import Progress
 
-    from rlx_core._cli_batch import _progress
+    from rlx_core.cli.batch import _progress
 
     handed: list[float] = []
     real = Progress.advance
@@ -217,7 +217,7 @@ def test_no_bar_and_no_blank_line_when_the_console_is_not_a_terminal(toy_registr
 
     from rich.console import Console
 
-    from rlx_core._cli_batch import run_batch
+    from rlx_core.cli.batch import run_batch
 
     buf = io.StringIO()
     assert run_batch(job["model"], job["input"], job["dir"] / "out.npz", console=Console(file=buf, width=100)) == {
@@ -248,7 +248,7 @@ def test_the_bar_says_the_first_batch_compiles_until_it_is_back() -> None:
     from rich.console import Console
     from rich.progress import Progress
 
-    from rlx_core._cli_batch import _progress
+    from rlx_core.cli.batch import _progress
 
     said: list[str] = []
     real = Progress.update

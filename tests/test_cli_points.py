@@ -131,7 +131,7 @@ def test_out_gets_the_mode_of_the_umask_not_0600(tmp_path: Path) -> None:
 def test_a_long_command_shows_its_phase_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     from rich.console import Console
 
-    from rlx_core._cli_common import phases
+    from rlx_core.cli.common import phases
 
     screen = io.StringIO()
     terminal = Console(file=screen, force_terminal=True, width=80)
@@ -147,7 +147,7 @@ def test_a_long_command_shows_its_phase_on_a_terminal(monkeypatch: pytest.Monkey
 def test_no_phase_is_shown_before_the_delay_or_off_a_terminal() -> None:
     from rich.console import Console
 
-    from rlx_core._cli_common import phases
+    from rlx_core.cli.common import phases
 
     quick, log = io.StringIO(), io.StringIO()
     with phases(Console(file=quick, force_terminal=True), delay=3600) as phase:
@@ -162,7 +162,7 @@ def test_rlx_run_shows_its_phases_on_a_terminal_and_nothing_else_in_a_pipe(tmp_p
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from rich.console import Console
 
-    from rlx_core import _cli_common
+    from rlx_core.cli import common as _cli_common
 
     piped = run_rlx("run", "--example", "mlp", cwd=tmp_path)
     assert piped.returncode == 0 and "compiling" not in piped.stdout and "loading" not in piped.stdout

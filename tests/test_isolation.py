@@ -289,7 +289,7 @@ def test_children_never_import_from_the_working_directory(crash_site: FakeSite, 
     """Import check, probe, calibration and bench worker, with ``-P`` (3.11+) and, as on
     Python 3.10 (no ``-P``), in a private empty directory instead."""
     from rlx_core import isolation
-    from rlx_core._bench_worker import WorkerPool
+    from rlx_core.cli.bench_worker import WorkerPool
 
     monkeypatch.setattr(isolation, "SAFE_PATH_FLAG", safe_path_flag)
     assert ("-P" in isolation.child_command("m")) is safe_path_flag

@@ -36,7 +36,8 @@ def build_wheel(project: Path, out: Path, environ: Mapping[str, str] | None = No
 def test_core_wheel_ships_example_script_and_cli(tmp_path: Path) -> None:
     with build_wheel(ROOT, tmp_path) as whl:
         names = set(whl.namelist())
-        assert {"rlx_core/examples/mlp.json", "rlx_core/cli.py", "rlx_core/__main__.py"} <= names
+        assert {"rlx_core/examples/mlp.json", "rlx_core/cli/__init__.py", "rlx_core/cli/commands.py",
+                "rlx_core/ir/graph.py", "rlx_core/__main__.py"} <= names
         assert not any(n.startswith(("tests/", "examples/", "bench/", "plugins/")) for n in names)
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         assert "rlx = rlx_core.cli:main" in whl.read(entry_points).decode()

@@ -2,7 +2,7 @@
 
 A contender is a name and a zero-argument callable that runs the model once, or a
 callable that times a block of runs elsewhere (``rlx bench`` keeps each contender in a
-child process, ``rlx_core._bench_worker``, so that a kernel's crash costs one row). Peers are
+child process, ``rlx_core.cli.bench_worker``, so that a kernel's crash costs one row). Peers are
 onnxruntime (for ``.onnx`` files, when it is installed) and plain numpy: the reference
 interpreter, float64 inside, cast to float32, labelled as such. Timing interleaves the
 contenders in blocks and pauses between blocks, because OpenBLAS and onnxruntime worker

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 from rich.console import Console
 
-from .errors import RlxError
-from .examples import EXAMPLES, example_text
+from ..errors import RlxError
+from ..examples import EXAMPLES, example_text
 
 if TYPE_CHECKING:
-    from .ir import Graph
+    from ..ir import Graph
 
 __all__ = ["console", "_print_error", "_fail", "_user_errors", "_seconds", "EXAMPLES", "_load_graph", "Notes",
            "_jsonable", "check_out_path", "file_mode", "require_devices", "phases"]
@@ -67,7 +67,7 @@ def _user_errors(check_environment: bool = True) -> Iterator[None]:
     """
     try:
         if check_environment:
-            from .settings import check_environment as check
+            from ..settings import check_environment as check
 
             check()
         yield
@@ -142,7 +142,7 @@ def _parse_dims(specs: Sequence[str]) -> dict[str, int]:
 
 def _load_graph(file: Path | None, example: str | None, dims: Sequence[str] = ()) -> tuple[Graph, str]:
     """The graph named by FILE or ``--example`` (exactly one), and where it came from."""
-    from .ir import Graph
+    from ..ir import Graph
 
     if (file is None) == (example is None):
         raise typer.BadParameter("give a graph FILE or --example NAME (one of them)")
@@ -154,7 +154,7 @@ def _load_graph(file: Path | None, example: str | None, dims: Sequence[str] = ()
         return Graph.from_json(example_text(example)), f"bundled example {example!r}"
     assert file is not None
     if is_onnx:
-        from . import onnx as rlx_onnx
+        from .. import onnx as rlx_onnx
 
         return rlx_onnx.load(file, dims=bound), str(file)
     return Graph.load(file), str(file)
@@ -165,7 +165,7 @@ def priced_at(graph: Graph) -> dict[str, int] | None:
     what ``rlx check`` and ``rlx devices --graph`` say their estimates are for."""
     if not graph.is_symbolic:
         return None
-    from .ir.specialize import representative
+    from ..ir.specialize import representative
 
     return representative(graph)[1]
 
@@ -184,7 +184,7 @@ def check_out_path(path: Path, option: str = "--out") -> None:
     """``ConfigError`` naming ``option`` and ``path`` when an output could not be written
     there: its folder is missing, not a folder or not writable, or the path is a folder.
     Checked before any work, so that a long run's results are not lost at the end."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     folder = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
@@ -220,8 +220,8 @@ def require_devices(devices: Sequence[str]) -> None:
     whose plugin is missing (``device 'cuda' is not installed: pip install rlx-cuda``),
     else the registry's own message (the known devices; a disabled or broken plugin);
     an empty name is an error too, never ``auto``."""
-    from .errors import DeviceError
-    from .registry import default_registry, parse_device
+    from ..errors import DeviceError
+    from ..registry import default_registry, parse_device
 
     registry = default_registry()
     for device in devices:

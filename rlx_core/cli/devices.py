@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from .placement import DeviceCandidate, Placement
-    from .settings import Setting
+    from ..placement import DeviceCandidate, Placement
+    from ..settings import Setting
 
 __all__ = ["register", "device_rows", "device_state"]
 
@@ -48,8 +48,8 @@ def device_rows(placement: Placement) -> tuple[list[DeviceCandidate], set[str]]:
     then a row per backend of rlx's own whose plugin is not installed, saying which pip
     command adds it: a user who expects ``cuda`` learns what to install, not nothing.
     """
-    from .placement import DeviceCandidate
-    from .registry import FIRST_PARTY, PLATFORM_PRIORITY
+    from ..placement import DeviceCandidate
+    from ..registry import FIRST_PARTY, PLATFORM_PRIORITY
 
     rows = placement.report()
     missing = placement.registry.not_installed()
@@ -82,7 +82,7 @@ def device_state(row: DeviceCandidate, missing: set[str]) -> tuple[str, str]:
 
 
 def _device_json(row: DeviceCandidate, missing: set[str]) -> dict[str, Any]:
-    from ._cli_common import _jsonable
+    from .common import _jsonable
 
     state, _ = device_state(row, missing)
     d: dict[str, Any] = {
@@ -109,7 +109,7 @@ def _device_json(row: DeviceCandidate, missing: set[str]) -> dict[str, Any]:
 
 def _why_not(rows: Sequence[DeviceCandidate], missing: set[str]) -> dict[str, str]:
     """For a graph: why each device other than the recommended one is not the choice."""
-    from ._cli_common import _seconds
+    from .common import _seconds
 
     rec = next((r for r in rows if r.recommended), None)
     why_not = {}
@@ -137,15 +137,15 @@ def devices(
     example: Annotated[str | None, typer.Option("--example", help="Rank devices for a bundled example.")] = None,
 ) -> None:
     """List every backend: installed, available and usable or why not, ops, cost model, recommended."""
-    from ._cli_common import _load_graph, _user_errors, console, priced_at, priced_line
-    from .errors import PluginWarning
+    from ..errors import PluginWarning
+    from .common import _load_graph, _user_errors, console, priced_at, priced_line
 
     with _user_errors():
-        from .examples import REPRESENTATIVE
-        from .placement import Placement, example_pick
-        from .policy import DevicePolicy
-        from .registry import default_registry
-        from .settings import all_settings
+        from ..examples import REPRESENTATIVE
+        from ..placement import Placement, example_pick
+        from ..policy import DevicePolicy
+        from ..registry import default_registry
+        from ..settings import all_settings
 
         g = _load_graph(graph, example)[0] if graph is not None or example is not None else None
         placement = Placement(g, DevicePolicy.from_env(), default_registry())
@@ -194,7 +194,7 @@ def _print_prose(lines: Any, indent: str = "") -> None:
     """Lines of plugin text, escaped and wrapped at the console's width."""
     from rich.markup import escape
 
-    from ._cli_common import console
+    from .common import console
 
     for line in lines:
         console.print(f"{indent}{escape(line)}", soft_wrap=False)
@@ -206,7 +206,7 @@ def _print_devices(rows: Sequence[DeviceCandidate], missing: set[str], with_grap
     note under the table, where it wraps as prose instead of stretching a cell."""
     from rich.table import Table
 
-    from ._cli_common import Notes, _seconds, console
+    from .common import Notes, _seconds, console
 
     if not rows:
         console.print("No working rlx backend is installed. The cpu backend comes with `pip install rlx-core`.")
@@ -245,8 +245,8 @@ def _print_explain(placement: Placement, rows: Sequence[DeviceCandidate], missin
 
     from rich.table import Table
 
-    from ._cli_common import console
-    from .errors import DeviceError
+    from ..errors import DeviceError
+    from .common import console
 
     settings = placement.policy.to_dict()
     sources = settings.pop("sources")
@@ -266,8 +266,8 @@ def _print_explain(placement: Placement, rows: Sequence[DeviceCandidate], missin
     if placement.graph is not None and _print_split(placement, rows):
         return
     if placement.graph is None:  # the question the no-graph pick answered (see Placement.report)
-        from .examples import REPRESENTATIVE, representative_graph
-        from .placement import Placement
+        from ..examples import REPRESENTATIVE, representative_graph
+        from ..placement import Placement
 
         placement = Placement(representative_graph(), replace(placement.policy, pick="cost"), placement.registry)
         by_name = {r.device: r for r in placement.report()}
@@ -286,8 +286,8 @@ def _print_explain(placement: Placement, rows: Sequence[DeviceCandidate], missin
 def _print_split(placement: Placement, rows: Sequence[DeviceCandidate]) -> bool:
     """The segments, devices and transfers of the split ``rlx.compile`` would take for the
     graph (``docs/partition.md``); False, after saying why, when it runs whole."""
-    from ._cli_common import console
-    from .partition import split_for
+    from ..partition import split_for
+    from .common import console
 
     split = split_for(placement, [r for r in rows if r.registered])
     if isinstance(split, str):
@@ -302,7 +302,7 @@ def _print_probes(placement: Placement, rows: Sequence[DeviceCandidate]) -> None
     """What each backend's probe said, available ones included, with the versions it found
     (e.g. the jax backend's platform and ``JAX_PLATFORMS``), as prose: a driver's message
     does not fit a cell."""
-    from ._cli_common import console
+    from .common import console
 
     console.print("Backend probes:")
     for r in rows:

@@ -35,7 +35,7 @@ def check(
     """Which devices can run MODEL here, why not, and which one auto would pick (exit 1 if none)."""
     from rich.table import Table
 
-    from ._cli_common import (
+    from .common import (
         Notes,
         _load_graph,
         _seconds,
@@ -47,11 +47,11 @@ def check(
     )
 
     with _user_errors():
-        from .errors import DeviceError
-        from .partition import split_for
-        from .placement import Placement
-        from .policy import DevicePolicy
-        from .registry import default_registry, parse_device
+        from ..errors import DeviceError
+        from ..partition import split_for
+        from ..placement import Placement
+        from ..policy import DevicePolicy
+        from ..registry import default_registry, parse_device
 
         if device is not None:
             require_devices([device])  # an unknown or uninstalled device is bad input (exit 2), before any work

@@ -3,7 +3,7 @@
 ``rlx bench`` times the model on every device and, with ``--peers``, in onnxruntime and
 plain numpy: the places where a broken kernel or a peer's abort shows (PoCL's matmul
 segfaulting on AMD hosts, onnxruntime aborting on a model it dislikes). Each contender
-therefore lives in its own worker, ``python -m rlx_core._bench_worker`` (a fresh
+therefore lives in its own worker, ``python -m rlx_core.cli.bench_worker`` (a fresh
 interpreter, as in ``rlx_core.isolation``: never ``fork``, never ``multiprocessing``), and
 one that dies becomes a row ``died with SIGSEGV (Segmentation fault) while compiling``
 while the others are timed as usual.
@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from .isolation import ChildChannel, describe_exit, finish_child, start_child
-from .onnx._peers import Contender, ContenderFailed
-from .timing import per_call
+from ..isolation import ChildChannel, describe_exit, finish_child, start_child
+from ..onnx._peers import Contender, ContenderFailed
+from ..timing import per_call
 
 if TYPE_CHECKING:
-    from .ir import Graph
+    from ..ir import Graph
 
 __all__ = ["BenchWorker", "WorkerPool", "READY_SECONDS", "BLOCK_SECONDS", "BLOCK_FACTOR"]
 
@@ -151,7 +151,7 @@ class BenchWorker:
     def start(self, kind: str, note: str = "", timeout: float = READY_SECONDS) -> Contender:
         """Start the child and wait until it has compiled and warmed up (at most ``timeout`` s)."""
         try:
-            self._proc, self._readers = start_child("rlx_core._bench_worker", self._environ, self._messages,
+            self._proc, self._readers = start_child("rlx_core.cli.bench_worker", self._environ, self._messages,
                                                     self._stderr)  # fmt: skip
         except OSError as exc:
             return Contender(self.name, kind, None, note=f"could not be started ({type(exc).__name__}: {exc})")
@@ -243,10 +243,10 @@ class _Unrunnable(Exception):
 
 
 def _load_graph(model: str, dims: Mapping[str, int]) -> Graph:
-    from .ir import Graph
+    from ..ir import Graph
 
     if model.lower().endswith(".onnx"):
-        from . import onnx as rlx_onnx
+        from .. import onnx as rlx_onnx
 
         return rlx_onnx.load(Path(model), dims=dict(dims))
     return Graph.load(model)
@@ -259,9 +259,9 @@ def _load_inputs(request: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 def _build(request: Mapping[str, Any], channel: ChildChannel) -> tuple[Callable[[], Any], dict[str, Any]]:
     """The contender's ``run``, compiled and warmed up, and what ``ready`` says of it."""
-    from .errors import RlxError
-    from .onnx._peers import numpy_peer, onnxruntime_peer, rlx_contender
-    from .placement import resolve_device
+    from ..errors import RlxError
+    from ..onnx._peers import numpy_peer, onnxruntime_peer, rlx_contender
+    from ..placement import resolve_device
 
     spec = request["contender"]
     channel.send("step", step="loading the model")

@@ -24,10 +24,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ._cli_batch import register as _register_batch  # its own module; imports nothing heavy
-from ._cli_calibrate import register as _register_calibrate
-from ._cli_check import register as _register_check
-from ._cli_common import (
+from ..errors import RlxError
+from .batch import register as _register_batch  # its own module; imports nothing heavy
+from .calibrate import register as _register_calibrate
+from .check import register as _register_check
+from .common import (
     EXAMPLES,
     Notes,
     _fail,
@@ -43,13 +44,12 @@ from ._cli_common import (
     phases,
     require_devices,
 )
-from ._cli_devices import register as _register_devices
-from .errors import RlxError
+from .devices import register as _register_devices
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .ir import Graph
+    from ..ir import Graph
 
 __all__ = ["app", "main", "EXAMPLES"]
 
@@ -81,8 +81,8 @@ def _make_inputs(graph: Graph, specs: Sequence[str], seed: int) -> tuple[dict[st
     """Arrays for every graph input: from ``NAME=FILE.npy`` specs, the rest random (seeded)."""
     import numpy as np
 
-    from .errors import InputError
-    from .inputs import random_inputs
+    from ..errors import InputError
+    from ..inputs import random_inputs
 
     names = [graph.node(i).name for i in graph.inputs]
     feeds: dict[str, np.ndarray] = {}
@@ -122,8 +122,8 @@ def _print_version(value: bool) -> None:
         return
     from importlib.metadata import entry_points
 
-    from . import __version__
-    from .plugin import ENTRY_POINT_GROUP
+    from .. import __version__
+    from ..plugin import ENTRY_POINT_GROUP
 
     print(f"rlx-core {__version__}")
     # Read from package metadata: no plugin module is imported to answer this.
@@ -193,7 +193,7 @@ def run(
 ) -> None:
     """Compile a graph (.json or .onnx), run it once, and summarize its outputs."""
     with _user_errors(), phases() as phase:
-        from . import compile as rlx_compile
+        from .. import compile as rlx_compile
 
         require_devices([device])  # before any work, as --out is
         if out is not None:
@@ -246,14 +246,14 @@ def bench(
 ) -> None:
     """Time a graph on each viable device (and, with --peers, onnxruntime and numpy), interleaved.
 
-    Each contender runs in a worker process of its own (``rlx_core._bench_worker``), so a
+    Each contender runs in a worker process of its own (``rlx_core.cli.bench_worker``), so a
     kernel or peer that crashes becomes a row saying how it died; ``RLX_ISOLATION=0`` keeps
     them all in this process.
     """
     with _user_errors():
-        from . import devices_for, resolve_device
-        from .isolation import isolation_enabled
-        from .onnx._peers import numpy_peer, onnxruntime_peer, rlx_contender, time_interleaved
+        from .. import devices_for, resolve_device
+        from ..isolation import isolation_enabled
+        from ..onnx._peers import numpy_peer, onnxruntime_peer, rlx_contender, time_interleaved
 
         if runs < 1:
             raise typer.BadParameter(f"must be >= 1, got {runs}", param_hint="'--runs'")
@@ -268,7 +268,7 @@ def bench(
             console.print(note)
         with contextlib.ExitStack() as workers:
             if isolation_enabled(os.environ):
-                from ._bench_worker import WorkerPool
+                from .bench_worker import WorkerPool
 
                 pool = workers.enter_context(WorkerPool(g, feeds, file, _parse_dims(dims or [])))
                 contenders = [pool.rlx(d, "chosen" if d == chosen else "") for d in targets]
@@ -300,7 +300,7 @@ def bench(
 
 # --------------------------------------------------------------------------- cache
 def _size(n: int) -> str:
-    from .memory import format_bytes
+    from ..memory import format_bytes
 
     return format_bytes(n)
 
@@ -311,7 +311,7 @@ def cache_info_command(
 ) -> None:
     """Where the cache lives and what it holds, by namespace."""
     with _user_errors(check_environment=False):  # cleaning up needs no policy
-        from .cache import cache_info
+        from ..cache import cache_info
 
         info = cache_info()
         if json_out:
@@ -340,7 +340,7 @@ def cache_clear_command(
 ) -> None:
     """Delete cached entries, every namespace or those named (they are recomputed when needed)."""
     with _user_errors(check_environment=False):
-        from .cache import cache_dir, clear_cache
+        from ..cache import cache_dir, clear_cache
 
         cleared = clear_cache(namespaces=namespaces or None)
         n = cleared.removed

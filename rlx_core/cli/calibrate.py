@@ -37,13 +37,13 @@ def calibrate(
     """Measure each device's cost model on this host and cache it."""
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from ._cli_common import Notes, _seconds, _user_errors, console, require_devices
+    from .common import Notes, _seconds, _user_errors, console, require_devices
 
     with _user_errors():
-        from . import available_devices, device_report
-        from .calibration import check_calibration_writable
-        from .errors import DeviceError, PluginError
-        from .registry import default_registry
+        from .. import available_devices, device_report
+        from ..calibration import check_calibration_writable
+        from ..errors import DeviceError, PluginError
+        from ..registry import default_registry
 
         registry = default_registry()
         targets = list(devices or available_devices())
@@ -123,7 +123,7 @@ def _calibrate_and_save(registry: Any, device: str, quick: bool, step: Any) -> A
     it. Saving here (the same entry again, atomically) makes the outcome known the same
     way wherever the calibration ran, and keeps what the table shows (``recording_saves``
     turns the warnings of both saves into outcomes)."""
-    from .calibration import recording_saves, save_calibration
+    from ..calibration import recording_saves, save_calibration
 
     with recording_saves():
         model = registry.calibrate(device, quick=quick, progress=step)
@@ -139,8 +139,8 @@ def _verify_table(devices: list[str], quick: bool) -> None:
     """``rlx calibrate --verify``: the suite's predicted vs measured times (rlx_core.verify)."""
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from ._cli_common import Notes, _seconds, console
-    from .verify import verify_cost_models
+    from ..verify import verify_cost_models
+    from .common import Notes, _seconds, console
 
     with Progress(TextColumn("{task.description}"), BarColumn(), console=console, transient=True) as progress:
         task = progress.add_task("verifying", total=1.0)

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .errors import ConfigError, RlxError
+from ..errors import ConfigError, RlxError
 
 if TYPE_CHECKING:
     import numpy as np
     from rich.console import Console
 
-    from .distributed.tables import TableSource
+    from ..distributed.tables import TableSource
 
 __all__ = ["register", "run_batch"]
 
@@ -54,7 +54,7 @@ def batch(
                                                     help="Ray workers (default: autoscale).")] = None,
 ) -> None:
     """Run a model over every row of a table; write its outputs, ids and each row's device."""
-    from ._cli_common import _user_errors, console, require_devices
+    from .common import _user_errors, console, require_devices
 
     with _user_errors():
         if address is not None and not use_ray:
@@ -74,9 +74,9 @@ def run_batch(model: Path, input: Path, output: Path, *, ray_address: str | None
     """The whole job; returns rows per device. ``ray_address=None`` runs in-process."""
     from rich.console import Console
 
-    from ._cli_common import phases
-    from .distributed import BatchModel
-    from .distributed.tables import open_sink, open_source
+    from ..distributed import BatchModel
+    from ..distributed.tables import open_sink, open_source
+    from .common import phases
 
     console = console or Console(highlight=False)
     with phases(console) as phase:  # a spinner until the rows' bar, on a terminal, past a second
@@ -117,7 +117,7 @@ def _usual_mode(output: Path) -> None:
     the temporary file or folder it was renamed from (``TableSink``)."""
     import os
 
-    from ._cli_common import file_mode
+    from .common import file_mode
 
     files = file_mode()
     if output.is_dir():
@@ -175,7 +175,7 @@ def _progress(console: Console, total: int) -> Iterator[Any]:
 
 def _in_process(info: Any, source: TableSource, rows_per_batch: int,
                 device: str | None) -> Generator[dict, None, None]:  # fmt: skip
-    from .distributed import Predictor
+    from ..distributed import Predictor
 
     predictor = Predictor(info, device=device, batch_size=None if info.rows_per_run else rows_per_batch)
     for batch in source.batches(rows_per_batch):
@@ -184,8 +184,8 @@ def _in_process(info: Any, source: TableSource, rows_per_batch: int,
 
 def _on_ray(model: Path, source: TableSource, address: str, rows_per_batch: int, device: str | None,
             concurrency: int | None) -> Generator[dict, None, None]:  # fmt: skip
-    from .distributed import map_batches, require_ray
-    from .distributed._ray import rlx_error_from
+    from ..distributed import map_batches, require_ray
+    from ..distributed._ray import rlx_error_from
 
     ray = require_ray()
     started = False
