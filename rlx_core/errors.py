@@ -37,7 +37,14 @@ class InputError(RlxError, ValueError):
 
 
 class DeviceError(RlxError):
-    """A device is unknown, unavailable, or cannot run the graph it was asked to run."""
+    """A device is unknown, unavailable, or cannot run the graph it was asked to run.
+
+    ``device`` names the device at fault when the raiser knows it (a segment of a split
+    that failed to compile), so a fallback can leave that one out; else ``None``."""
+
+    def __init__(self, *args: object, device: str | None = None) -> None:
+        super().__init__(*args)
+        self.device = device
 
 
 class ConfigError(RlxError, ValueError):

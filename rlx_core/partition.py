@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -40,15 +39,14 @@ import numpy as np
 from .compiled import CompiledGraph, CompileReport, compile_on
 from .cost import CostModel, estimate_graph_cost, node_seconds
 from .dtypes import itemsize
-from .errors import CALLER_ERRORS, ConfigError, DeviceError
-from .inputs import check_param_value, input_specs, validate_inputs
+from .errors import CALLER_ERRORS, DeviceError
 from .ir import Graph
 from .lowering import legalize_for, priced_graph
 from .memory import format_bytes
 from .ops import SOURCE_OPS, OpKind
 from .placement import DeviceCandidate, Placement
 from .placement import _fmt_seconds as _fmt
-from .plugin import CompileOptions
+from .plugin import CompileOptions, Executable
 from .policy import DevicePolicy
 from .registry import Registry
 
@@ -429,66 +427,65 @@ def _device_handover(graph: Graph, parts: Sequence[_Part]) -> list[_Part]:
     return marked
 
 
+class SegmentRunner(Executable):
+    """The segments of a split, run in order, as one ``Executable``: what a
+    ``PartitionedGraph`` wraps the way a ``CompiledGraph`` wraps a backend's executable.
+
+    Each segment is a ``CompiledGraph`` of its own (inputs checked, outputs checked, its
+    device's errors named); values cross between segments as numpy arrays, or through
+    DLPack where every reader takes device arrays (``_device_handover``)."""
+
+    def __init__(self, graph: Graph, parts: Sequence[_Part]) -> None:
+        self.parts = tuple(parts)
+        self._outputs = graph.outputs
+        self._inputs = {graph.node(i).name: i for i in graph.inputs}
+        self._sources: dict[int, np.ndarray] = {i: graph.value(i) for i in graph.outputs
+                                                 if graph.node(i).op in (OpKind.PARAM, OpKind.CONSTANT)}  # fmt: skip
+        self._output_params = {i: graph.node(i).name for i in self._sources if graph.node(i).op is OpKind.PARAM}
+
+    def run(self, inputs: Mapping[str, Any]) -> list[Any]:
+        env: dict[int, Any] = {self._inputs[name]: value for name, value in inputs.items()}
+        for part in self.parts:
+            feed = {label: env[vid] for vid, label in part.feeds}
+            outs = part.compiled.run(feed, output="dlpack" if part.on_device else "numpy")
+            env.update(zip(part.segment.outputs, outs))
+        return [env[i] if i in env else self._sources[i] for i in self._outputs]
+
+    def set_param(self, name: str, value: np.ndarray) -> None:
+        """Replace a param in every segment that reads it (and an output that is the param)."""
+        for part in self.parts:
+            if any(n.name == name and n.op is OpKind.PARAM for n in part.compiled.graph.nodes):
+                part.compiled.set_param(name, value)
+        for i, param in self._output_params.items():
+            if param == name:
+                self._sources[i] = value
+
+
 class PartitionedGraph(CompiledGraph):
     """A graph compiled as segments on several devices; runs them in order.
 
     It is a ``CompiledGraph`` to its callers (``run``, ``set_param``, ``report``,
-    ``device``); ``device`` names every device, ``"cpu+opencl"``, and ``segments`` says
-    which part runs where."""
+    ``device``) over a ``SegmentRunner``; ``device`` names every device,
+    ``"cpu+opencl"``, ``backend`` the first segment's, and ``segments`` says which part
+    runs where."""
 
     def __init__(self, graph: Graph, plan: PartitionPlan, parts: Sequence[_Part], report: CompileReport,
                  registry: Registry) -> None:  # fmt: skip
-        # Not CompiledGraph.__init__: that one wraps a single executable.
-        self.graph = graph
+        # Its own copy of the graph (arrays shared): set_param swaps arrays there, never in the user's.
+        super().__init__(graph, "+".join(plan.devices), SegmentRunner(graph, parts), graph.copy().freeze(), report,
+                         registry)  # fmt: skip
         self.plan = plan
-        self._parts = tuple(parts)
-        self._report = report
-        self._registry = registry
-        self._options = None
-        self._device = "+".join(plan.devices)
-        self._specs = input_specs(graph)
-        self._inputs = {graph.node(i).name: i for i in graph.inputs}
-        self._sources: dict[int, np.ndarray] = {i: graph.value(i) for i in graph.outputs
-                                                 if graph.node(i).op in (OpKind.PARAM, OpKind.CONSTANT)}  # fmt: skip
-        self._lock = threading.Lock()  # set_param vs set_param; runs never take it
 
     @property
     def backend(self) -> str:
-        return self._parts[0].segment.device
+        return self.plan.segments[0].device
 
     @property
     def segments(self) -> tuple[Segment, ...]:
         return self.plan.segments
 
-    def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
-        """Run the segments in order on validated ``inputs``; numpy arrays out (host memory,
-        itself a DLPack producer, for ``output="dlpack"`` too). A segment whose every reader
-        takes device arrays (``Executable.accepts_device_inputs``, e.g. cuda) hands its
-        values over through DLPack, without a trip through host memory."""
-        if output not in ("numpy", "dlpack"):
-            raise ConfigError(f"run: output must be 'numpy' or 'dlpack', got {output!r}")
-        arrays = validate_inputs(self._specs, inputs)
-        env: dict[int, Any] = {self._inputs[name]: value for name, value in arrays.items()}
-        for part in self._parts:
-            feed = {label: env[vid] for vid, label in part.feeds}
-            outs = part.compiled.run(feed, output="dlpack" if part.on_device else "numpy")
-            env.update(zip(part.segment.outputs, outs))
-        return [env[i] if i in env else self._sources[i] for i in self.graph.outputs]
-
-    def set_param(self, name: str, value: Any) -> None:
-        """Replace a param in every segment that reads it (checked first: nothing changes
-        on a bad value)."""
-        node, frozen = check_param_value(self.graph, name, value)
-        holders = [p.compiled for p in self._parts if any(n.name == name and n.op is OpKind.PARAM
-                                                          for n in p.compiled.graph.nodes)]  # fmt: skip
-        with self._lock:
-            for cg in holders:
-                cg.set_param(name, frozen)
-            if node.id in self._sources:
-                self._sources[node.id] = frozen
-
     def __repr__(self) -> str:
-        return f"<PartitionedGraph {self.graph.name!r} on {self._device}: {len(self._parts)} segments>"
+        return f"<PartitionedGraph {self.graph.name!r} on {self.device}: {len(self.plan.segments)} segments>"
 
 
 def compile_partitioned(graph: Graph, plan: PartitionPlan, rows: list[DeviceCandidate], registry: Registry,
@@ -505,10 +502,8 @@ def compile_partitioned(graph: Graph, plan: PartitionPlan, rows: list[DeviceCand
         except CALLER_ERRORS:
             raise
         except Exception as exc:  # named for the caller's fallback, which plans again without it
-            err = DeviceError(f"device {seg.device} failed to compile segment {seg.index} of graph "
-                              f"{graph.name!r}: {exc}")  # fmt: skip
-            err.device = seg.device  # type: ignore[attr-defined]
-            raise err from exc
+            raise DeviceError(f"device {seg.device} failed to compile segment {seg.index} of graph "
+                              f"{graph.name!r}: {exc}", device=seg.device) from exc  # fmt: skip
         parts.append(_Part(seg, cg, tuple(feeds.items())))
     parts = _device_handover(graph, parts)
     seconds = sum(p.compiled.report().compile_seconds for p in parts)

@@ -103,7 +103,7 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
         except CALLER_ERRORS:
             raise
         except Exception as exc:
-            failed = getattr(exc, "device", None) or split.devices[0]
+            failed = (exc.device if isinstance(exc, DeviceError) else None) or split.devices[0]
             excluded.append((failed, f"{type(exc).__name__}: {exc}"))
             warnings.warn(f"rlx: device {failed} failed to compile its segment of graph {graph.name!r} ({exc}); "
                           "planning again without it", FallbackWarning, stacklevel=2)  # fmt: skip
