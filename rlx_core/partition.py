@@ -189,7 +189,7 @@ def segment_graph(graph: Graph, nodes: Sequence[int], outputs: Sequence[int],
                 label = src.name if src.op is OpKind.INPUT else _boundary_name(i)
                 mapped[i] = sub.input(label, src.shape, src.dtype)
                 feeds[i] = label
-        mapped[nid] = sub.add_node(node.op, [mapped[i].id for i in node.inputs], node.attrs, node.name)
+        mapped[nid] = sub.copy_node(graph, node, [mapped[i].id for i in node.inputs])
     sub.set_outputs([mapped[i] for i in outputs])
     return sub.freeze(), feeds
 

@@ -98,6 +98,10 @@ def _frozen_array(value: Any, dtype: str | None, what: str) -> np.ndarray:
     return arr
 
 
+def _static(shape: tuple[Dim, ...]) -> bool:
+    return all(d.__class__ is int for d in shape)
+
+
 def _input_dim(raw: Any) -> Dim:
     """An input's dim: an int-like (bools refused), or a symbol name or ``Sym``."""
     if isinstance(raw, str) and not raw.isidentifier():
@@ -344,6 +348,31 @@ class Graph(OpBuilders):
             if name:
                 raise GraphError(f"{exc} (building {name!r})") from None
             raise
+
+    def copy_node(self, src: Graph, node: Node, inputs: Sequence[int]) -> Value:
+        """Add ``src``'s computational ``node`` on this graph's ``inputs`` (its inputs,
+        mapped): same op, attrs, name. When every mapped input has exactly the static
+        shape and dtype the original's had, the node's own shape, dtype and normalized
+        attrs are kept as they are (the type rule is a pure function of those: a pass
+        copying a graph pays a comparison per node, not the rule again); otherwise, or
+        with symbolic shapes, it goes through ``add_node``."""
+        if self._frozen:
+            self._check_open(str(node.op))
+        mine, theirs, ids = self._nodes, src._nodes, tuple(int(i) for i in inputs)
+        same = len(ids) == len(node.inputs) and _static(node.shape)
+        if same:
+            for i, j in zip(ids, node.inputs):
+                a, b = mine[i] if 0 <= i < len(mine) else None, theirs[j]
+                if a is None or a.shape != b.shape or a.dtype != b.dtype or not _static(a.shape):
+                    same = False
+                    break
+        if not same:
+            return self.add_node(node.op, ids, node.attrs, node.name)
+        nid = len(self._nodes)
+        new = Node(nid, node.op, ids, node.attrs, node.shape, node.dtype, node.name,
+                   self._origin if self._origin is not None else nid)  # fmt: skip
+        self._nodes.append(new)
+        return Value(self, nid, new.shape, new.dtype, new.name)
 
     _add_node = add_node  # the door's name before it was public (code written against it keeps working)
 

@@ -136,7 +136,7 @@ def _replay(src: Graph, claims: Claims, user: Graph, notes: list[str],
                     via = f" (from {origin.op})" if origin is not None and origin.op != node.op else ""
                     notes.append(f"{node.op}{where}{via} -> {', '.join(ops)}")
                 else:
-                    mapped[node.id] = out.add_node(node.op, [v.id for v in ins], node.attrs, node.name)
+                    mapped[node.id] = out.copy_node(src, node, [v.id for v in ins])
     out.set_outputs([mapped[i] for i in src.outputs])
     return out, changed
 

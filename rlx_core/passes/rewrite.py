@@ -33,8 +33,14 @@ class Emitter:
         return self.out.node(new_id)
 
     def copy(self, node: Node) -> int:
-        """Emit ``node`` unchanged but for its inputs, which are mapped."""
-        return self.emit(node, node.op, [self.mapped[i] for i in node.inputs], node.attrs, node.name)
+        """Emit ``node`` unchanged but for its inputs, which are mapped (its type kept
+        without inferring it again where the inputs' types are unchanged: ``copy_node``)."""
+        if node.op in (OpKind.INPUT, OpKind.PARAM, OpKind.CONSTANT):
+            return self.emit(node, node.op, [], node.attrs, node.name)
+        with self.out.origin(node.origin):
+            new = self.out.copy_node(self.src, node, [self.mapped[i] for i in node.inputs]).id
+        self.mapped[node.id] = new
+        return new
 
     def emit(self, at: Node, op: OpKind | str, inputs: list[int], attrs: Mapping[str, Any], name: str = "") -> int:
         """Emit ``op`` on new ids ``inputs`` in place of source node ``at`` (its origin kept)."""
