@@ -99,7 +99,7 @@ def _frozen_array(value: Any, dtype: str | None, what: str) -> np.ndarray:
 
 
 def _static(shape: tuple[Dim, ...]) -> bool:
-    return all(d.__class__ is int for d in shape)
+    return not any(isinstance(d, Sym) for d in shape)
 
 
 def _input_dim(raw: Any) -> Dim:
@@ -131,6 +131,7 @@ class Graph(OpBuilders):
         self._uid = next(_graph_ids)
         self._constraints: list[Constraint] = []  # what symbolic shape inference could not decide
         self._node_symbols: dict[str, int] = {}  # symbols first met in a computational node (not an input)
+        self._has_sym = False  # any node's shape holds a Sym (copy_node's fast path needs none)
         # The session each runtime keeps for this graph (runtime.Runtime.session): held here,
         # not by the runtime, so that it dies with the graph (a session holds its graph).
         self._sessions: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -245,6 +246,7 @@ class Graph(OpBuilders):
         self._names = dict(other._names)
         self._constraints = list(other._constraints)  # a symbolic graph's checks travel with it
         self._node_symbols = dict(other._node_symbols)
+        self._has_sym = other._has_sym
 
     def replace_value(self, id: int | Value, value: np.ndarray) -> np.ndarray:
         """Put ``value`` (same shape and dtype, read-only) in place of a param's array and
@@ -334,7 +336,9 @@ class Graph(OpBuilders):
         self._nodes.append(node)
         if found:
             self._constraints.extend(dataclasses.replace(c, node=nid) for c in found)
-        if op is OpKind.RESHAPE or any(isinstance(d, Sym) for d in node.shape):  # (reshape's target may name one)
+        if not _static(node.shape):
+            self._has_sym = True
+        if op is OpKind.RESHAPE or not _static(node.shape):  # (reshape's target may name one)
             for sym in free_symbols(node.shape) | free_symbols(tuple(norm.values())):
                 self._node_symbols.setdefault(sym, nid)
         return Value(self, nid, node.shape, dtype, norm_name)
@@ -349,28 +353,33 @@ class Graph(OpBuilders):
                 raise GraphError(f"{exc} (building {name!r})") from None
             raise
 
-    def copy_node(self, src: Graph, node: Node, inputs: Sequence[int]) -> Value:
+    def copy_node(self, src: Graph, node: Node, inputs: Sequence[int], *, keep_origin: bool = False) -> Value:
         """Add ``src``'s computational ``node`` on this graph's ``inputs`` (its inputs,
         mapped): same op, attrs, name. When every mapped input has exactly the static
         shape and dtype the original's had, the node's own shape, dtype and normalized
         attrs are kept as they are (the type rule is a pure function of those: a pass
         copying a graph pays a comparison per node, not the rule again); otherwise, or
-        with symbolic shapes, it goes through ``add_node``."""
+        with symbolic shapes, it goes through ``add_node``. ``keep_origin`` gives the new
+        node ``node.origin`` (a pass's copy), else the one ``origin()`` says."""
         if self._frozen:
             self._check_open(str(node.op))
         mine, theirs, ids = self._nodes, src._nodes, tuple(int(i) for i in inputs)
-        same = len(ids) == len(node.inputs) and _static(node.shape)
+        symbolic = self._has_sym or src._has_sym
+        same = len(ids) == len(node.inputs) and not (symbolic and not _static(node.shape))
         if same:
+            n = len(mine)
             for i, j in zip(ids, node.inputs):
-                a, b = mine[i] if 0 <= i < len(mine) else None, theirs[j]
-                if a is None or a.shape != b.shape or a.dtype != b.dtype or not _static(a.shape):
+                a, b = mine[i] if 0 <= i < n else None, theirs[j]
+                if a is None or a.shape != b.shape or a.dtype != b.dtype or (symbolic and not _static(a.shape)):
                     same = False
                     break
         if not same:
-            return self.add_node(node.op, ids, node.attrs, node.name)
+            with self.origin(node.origin if keep_origin else self._origin):
+                return self.add_node(node.op, ids, node.attrs, node.name)
         nid = len(self._nodes)
+        origin = node.origin if keep_origin else self._origin
         new = Node(nid, node.op, ids, node.attrs, node.shape, node.dtype, node.name,
-                   self._origin if self._origin is not None else nid)  # fmt: skip
+                   origin if origin is not None else nid)  # fmt: skip
         self._nodes.append(new)
         return Value(self, nid, new.shape, new.dtype, new.name)
 
@@ -382,6 +391,8 @@ class Graph(OpBuilders):
         node = Node(nid, op, (), MappingProxyType({}), shape, dtype, name,
                     self._origin if self._origin is not None else nid)  # fmt: skip
         self._nodes.append(node)
+        if not _static(shape):
+            self._has_sym = True
         if value is not None:
             self._values[nid] = value
         if op is OpKind.INPUT:

@@ -75,19 +75,32 @@ def _fold_value(node: Node, values: list[np.ndarray]) -> np.ndarray | None:
     return np.asarray(result).astype(node.dtype)
 
 
+def _foldable(node: Node, ins: list[Node], outputs: frozenset[int]) -> bool:
+    biggest = max((n.size for n in ins), default=0)
+    return bool(ins and all(n.op is OpKind.CONSTANT for n in ins) and node.id not in outputs
+                and (node.size <= biggest or node.size <= 64) and node.size <= max(FOLD_MAX_ELEMENTS, biggest))
+
+
+def _first_change(graph: Graph, changes: Callable[[Node, list[Node]], bool]) -> bool:
+    """Whether a pass would change anything: it copies nodes unchanged up to its first
+    change, so the graph as it is shows that first change (``changes(node, inputs)``).
+    A pass that finds none returns its input instead of a copy of it."""
+    return any(changes(node, [graph.node(i) for i in node.inputs]) for node in graph.nodes
+               if node.op not in SOURCE_OPS)  # fmt: skip
+
+
 def fold_constants(graph: Graph) -> tuple[Graph, list[str]]:
-    em = Emitter(graph)
     outputs = frozenset(graph.outputs)
+    if not _first_change(graph, lambda node, ins: _foldable(node, ins, outputs)):
+        return graph, []
+    em = Emitter(graph)
     notes: list[str] = []
     for node in graph.nodes:
         if node.op in SOURCE_OPS:
             em.copy(node)
             continue
         ins = [em.node(em.mapped[i]) for i in node.inputs]
-        biggest = max((n.size for n in ins), default=0)
-        foldable = (ins and all(n.op is OpKind.CONSTANT for n in ins) and node.id not in outputs
-                    and (node.size <= biggest or node.size <= 64) and node.size <= max(FOLD_MAX_ELEMENTS, biggest))
-        if foldable:
+        if _foldable(node, ins, outputs):
             value = _fold_value(node, [em.out.value(n.id) for n in ins])
             if value is not None:
                 em.constant(node, value, name=node.name)
@@ -160,9 +173,21 @@ def _small_power(graph: Graph, node: Node, ins: list[Node]) -> int:
     return 0
 
 
+def _simplifiable(graph: Graph, node: Node, ins: list[Node], outputs: frozenset[int]) -> bool:
+    """Whether ``simplify`` rewrites ``node`` (its inputs ``ins`` as they stand)."""
+    same = _identity_operand(graph, node, ins)
+    if same is not None and _replaceable(graph, node, same, outputs):
+        return True
+    if _small_power(graph, node, ins):
+        return True
+    return bool(ins) and node.op in (OpKind.RESHAPE, OpKind.TRANSPOSE) and ins[0].op is node.op
+
+
 def simplify(graph: Graph) -> tuple[Graph, list[str]]:
-    em = Emitter(graph)
     outputs = frozenset(graph.outputs)
+    if not _first_change(graph, lambda node, ins: _simplifiable(graph, node, ins, outputs)):
+        return graph, []
+    em = Emitter(graph)
     notes: list[str] = []
     for node in graph.nodes:
         if node.op in SOURCE_OPS:
@@ -202,20 +227,42 @@ def simplify(graph: Graph) -> tuple[Graph, list[str]]:
 
 
 # ----------------------------------------------------------------------------- cse and dce
+def _cse_key(graph: Graph, node: Node, mapped: Callable[[int], int]) -> tuple | None:
+    if node.op is OpKind.CONSTANT:
+        arr = graph.value(node.id)
+        return ("constant", node.dtype, node.shape, arr.tobytes()) if node.size <= 4096 else None
+    return (node.op.value, tuple(mapped(i) for i in node.inputs), attrs_key(node.attrs))
+
+
+def _has_duplicate(graph: Graph, outputs: frozenset[int]) -> bool:
+    """Whether ``cse`` merges anything: its first merge is of two nodes with the same
+    inputs in the graph as it is (a deeper one needs a merge below it first)."""
+    seen: dict[tuple, int] = {}
+    for node in graph.nodes:
+        if node.op in (OpKind.INPUT, OpKind.PARAM):
+            continue
+        key = _cse_key(graph, node, lambda i: i)
+        if key is None:
+            continue
+        hit = seen.get(key)
+        if hit is not None and _replaceable(graph, node, graph.node(hit), outputs):
+            return True
+        seen.setdefault(key, node.id)
+    return False
+
+
 def cse(graph: Graph) -> tuple[Graph, list[str]]:
-    em = Emitter(graph)
     outputs = frozenset(graph.outputs)
+    if not _has_duplicate(graph, outputs):
+        return graph, []
+    em = Emitter(graph)
     seen: dict[tuple, int] = {}
     notes: list[str] = []
     for node in graph.nodes:
         if node.op in (OpKind.INPUT, OpKind.PARAM):
             em.copy(node)
             continue
-        if node.op is OpKind.CONSTANT:
-            arr = graph.value(node.id)
-            key = ("constant", node.dtype, node.shape, arr.tobytes()) if node.size <= 4096 else None
-        else:
-            key = (node.op.value, tuple(em.mapped[i] for i in node.inputs), attrs_key(node.attrs))
+        key = _cse_key(graph, node, lambda i: em.mapped[i])
         hit = seen.get(key) if key is not None else None
         if hit is not None and _replaceable(graph, node, em.node(hit), outputs):
             em.alias(node, hit)
@@ -230,6 +277,8 @@ def cse(graph: Graph) -> tuple[Graph, list[str]]:
 
 def dce(graph: Graph) -> tuple[Graph, list[str]]:
     live = graph.live_nodes()
+    if all(node.id in live or node.op in (OpKind.INPUT, OpKind.PARAM) for node in graph.nodes):
+        return graph, []
     em = Emitter(graph)
     dropped = []
     for node in graph.nodes:
@@ -250,6 +299,8 @@ def sink_relu(graph: Graph) -> tuple[Graph, list[str]]:
             if node.op is OpKind.MAX_POOL2D and graph.node(node.inputs[0]).op is OpKind.RELU
             and uses[node.inputs[0]] == 1 and node.inputs[0] not in outputs
             and node.size < graph.node(node.inputs[0]).size}  # fmt: skip
+    if not sunk:
+        return graph, []
     em = Emitter(graph)
     notes: list[str] = []
     for node in graph.nodes:

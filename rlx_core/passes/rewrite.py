@@ -37,8 +37,7 @@ class Emitter:
         without inferring it again where the inputs' types are unchanged: ``copy_node``)."""
         if node.op in (OpKind.INPUT, OpKind.PARAM, OpKind.CONSTANT):
             return self.emit(node, node.op, [], node.attrs, node.name)
-        with self.out.origin(node.origin):
-            new = self.out.copy_node(self.src, node, [self.mapped[i] for i in node.inputs]).id
+        new = self.out.copy_node(self.src, node, [self.mapped[i] for i in node.inputs], keep_origin=True).id
         self.mapped[node.id] = new
         return new
 

@@ -54,10 +54,14 @@ __all__ = ["CpuExecutable", "PlanStats", "kernel_ops"]
 _BUILDERS = {**KERNELS, **NN_KERNELS, **FUSED_KERNELS}
 
 
+_KERNEL_OPS = frozenset(op.value for op in _BUILDERS) | {OpKind.RESHAPE.value}
+
+
 def kernel_ops() -> frozenset[str]:
     """The ops this executor has a kernel for (reshape is a view, it needs none): what
-    the backend claims, so that a claim can never outrun the kernels."""
-    return frozenset(op.value for op in _BUILDERS) | {OpKind.RESHAPE.value}
+    the backend claims, so that a claim can never outrun the kernels. Asked once per
+    node by legalization: computed once."""
+    return _KERNEL_OPS
 _ALIGN = 64
 #: A graph with less work than this (elements over all its values) and no products runs
 #: as the thread policy says: its runs are too short for threads to matter either way.
