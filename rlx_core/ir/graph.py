@@ -84,8 +84,22 @@ class Value:
 ValueLike = Union[Value, int, np.ndarray, float, bool, np.generic]
 
 
+def _immutable(value: np.ndarray) -> bool:
+    """Whether ``value`` is read-only and so is its memory: an owning array made read-only
+    (ours), or read-only views down to an immutable ``bytes`` object (an ONNX tensor's raw
+    data, which the loader hands over without copying it)."""
+    if value.flags.writeable:
+        return False
+    base = value.base
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return False
+        base = base.base
+    return base is None or isinstance(base, bytes)
+
+
 def _frozen_array(value: Any, dtype: str | None, what: str) -> np.ndarray:
-    if isinstance(value, np.ndarray) and not value.flags.writeable and value.base is None:
+    if isinstance(value, np.ndarray) and _immutable(value) and value.dtype.isnative:
         if dtype is None or value.dtype.name == dtype:  # already ours (or immutable): share, don't copy
             normalize_dtype(value.dtype, what=what)
             return value
