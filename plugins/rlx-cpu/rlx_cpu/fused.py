@@ -37,7 +37,15 @@ import numpy as np
 
 from rlx_core.ir import Node
 from rlx_core.ops import OpKind
-from rlx_core.plugin import ACTIVATION_OPS, CONV_ATTRS, Instruction, conv_inputs, live_instructions, program_types
+from rlx_core.plugin import (
+    ACTIVATION_OPS,
+    CONV_ATTRS,
+    Instruction,
+    conv_inputs,
+    live_instructions,
+    make_instruction,
+    program_types,
+)
 
 from .kernels import KERNELS, BuildContext, inplace_positions
 from .nn_kernels import conv2d_steps
@@ -315,10 +323,26 @@ def _fused_conv(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
     if res is out:
         _, instructions = program_types(OpKind.FUSED_ELEMENTWISE, _types(operands), program)
         native = epilogue(instructions, operands, out, ctx.scratch)
-    steps, applied = conv2d_steps(conv, conv_ins, res, ctx, native)
+    pending: list[Any] = []  # the bias, when it would be a pass of its own: the epilogue adds it
+    steps, applied = conv2d_steps(conv, conv_ins, res, ctx, native, pending)
     if applied:
         return steps
+    if pending:
+        program, operands = _with_bias_first(program, operands, pending[0])
     return steps + _region_after(program, operands, out, ctx, node.name)
+
+
+def _with_bias_first(program: Any, operands: list[Any], bias: Any) -> tuple[tuple, list[Any]]:
+    """``program`` over ``operands`` (the convolution's result first) with ``bias`` (one
+    per channel) added to that result first: one pass over the output instead of two."""
+    m = len(operands)
+
+    def moved(a: int) -> int:  # operand 0 is now the biased result; earlier results shift by the new one
+        return m + 1 if a == 0 else a if a < m else a + 2
+
+    first = make_instruction(OpKind.ADD, (0, m), {})
+    rest = tuple(make_instruction(op, [moved(a) for a in args], dict(attrs)) for op, args, attrs in program)
+    return (first, *rest), [*operands, bias.reshape(1, -1, 1, 1) if bias.ndim == 1 else bias]
 
 
 FUSED_KERNELS = {OpKind.FUSED_ELEMENTWISE: _fused_elementwise, OpKind.GEMM: _gemm, OpKind.FUSED_CONV: _fused_conv}

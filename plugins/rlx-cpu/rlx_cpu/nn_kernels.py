@@ -254,13 +254,15 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
     return conv2d_steps(node, ins, out, ctx)[0]
 
 
-def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext, epilogue: Epilogue | None = None
-                 ) -> tuple[list[Step], bool]:  # fmt: skip
+def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext, epilogue: Epilogue | None = None,
+                 bias_sink: list[Any] | None = None) -> tuple[list[Step], bool]:  # fmt: skip
     """The steps of a convolution into ``out``, and whether they also applied
     ``epilogue`` (a region over ``out``: ``fused_conv``'s), which the kernels that write
     ``out`` themselves do as they finish each part of it: the implicit GEMM, the
     depthwise kernels, rlx's GEMM on a 1x1 convolution or im2col's columns. Where the
-    answer is False the caller runs the epilogue after the steps."""
+    answer is False the caller runs the epilogue after the steps. ``bias_sink``: where the
+    bias would be one more pass over ``out`` after the product (the BLAS cannot add it),
+    it is appended there instead, for the caller's epilogue pass to add."""
     x, w = ins[0], ins[1]
     b = ins[2] if len(ins) == 3 else None
     a = node.attrs
@@ -344,7 +346,9 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
         product, with_bias, applied = _conv_product(w3, cols, b, res4, ctx, bias_in_gemm, epilogue)
         steps.append(product)
         b = None if with_bias else b
-    if b is not None:
+    if isinstance(b, np.ndarray) and bias_sink is not None and res is out and not applied:
+        bias_sink.append(b)
+    elif b is not None:
         steps.append(Step(np.add, (res, b.reshape(o, 1, 1), out)))
     elif res is not out:
         steps.append(Step(np.copyto, (out, res), {"casting": "same_kind"}))
