@@ -85,7 +85,7 @@ def onnxruntime_peer(model: Path | bytes, feeds: Mapping[str, np.ndarray]) -> Co
 def rlx_contender(graph: Any, device: str, feeds: Mapping[str, np.ndarray], note: str = "") -> Contender:
     """rlx on ``device``, compiled here and its compile time measured (a row saying why not
     when it does not compile)."""
-    from .. import compile as rlx_compile
+    from ..session import compile as rlx_compile
 
     name = f"rlx {device}"
     try:
