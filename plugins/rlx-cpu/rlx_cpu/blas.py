@@ -355,15 +355,28 @@ def matmul_step(a: Any, b: Any, out: Any, ctx: Any = None) -> Step:
 _PACK_B, _PACKED = 162, 151
 
 
+#: Pack B only for products of at most this many rows: there the copy sgemm makes of B on
+#: every call is a large share of the work (8 x 256 @ 256 x 1024: 203 -> 121 µs packed, on
+#: the 2-core Zen 3); from 64 rows on the packed call ran 0.99-1.06x the plain one.
+PACK_MAX_M = 32
+#: ...and only when the packed copy is not much bigger than B: oneMKL 2026.2 packs a 1 MB
+#: B into 7.1 MB (and 8 ms; about 6 MB more than B at every size measured), so packing
+#: every weight of a 2-layer BERT took 110 MB more. A 1024 x 1024 B packs into 2.3x its size.
+PACK_MAX_GROWTH = 2.5
+
+
 def _packed(lib: Mkl, b: np.ndarray, pb: _Operand, m: int, n: int, k: int, ctx: Any) -> np.ndarray | None:
     """``b`` packed by ``cblas_sgemm_pack`` for products with ``m`` rows, as an array the
     executable owns and refreshes when ``set_param`` changes ``b`` (``ctx.derived``); None
-    when ``b`` is not a resident. Packing once saves the copy sgemm makes of its B operand
-    on every call: 64x784 @ 784x128, 62 -> 55 µs here (ONNX Runtime prepacks the same way)."""
+    when ``b`` is not a resident, or packing would not pay (``PACK_MAX_M``,
+    ``PACK_MAX_GROWTH``): packing saves the copy sgemm makes of its B operand on every
+    call, which matters for few rows only (ONNX Runtime prepacks the same way)."""
     derived = getattr(ctx, "derived", None)
-    if derived is None:
+    if derived is None or m > PACK_MAX_M:
         return None
     size = int(lib.pack_size(_PACK_B, m, n, k))
+    if size > PACK_MAX_GROWTH * b.nbytes:
+        return None
 
     def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
         if dest is None:
