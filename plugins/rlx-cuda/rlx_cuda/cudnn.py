@@ -427,11 +427,15 @@ def _self_test(cp: Any, dnn: Cudnn) -> str | None:
         y, fused = cp.empty((2, 6, 4, 5), np.float32), cp.empty((2, 6, 4, 5), np.float32)
         ptr = {k: v.data.ptr for k, v in dev.items()}
         dnn.forward(plan, ptr["x"], ptr["w"], y.data.ptr, ws.data.ptr, plan.workspace)
-        dnn.forward_bias_relu(plan, ptr["x"], ptr["w"], ptr["b"], ptr["z"], fused.data.ptr, ws.data.ptr,
-                              plan.workspace)  # fmt: skip
-        got = [cp.asnumpy(y) + g.value(b.id).reshape(1, 6, 1, 1), cp.asnumpy(fused)]
+        got = [cp.asnumpy(y) + g.value(b.id).reshape(1, 6, 1, 1)]
     except Exception as exc:  # any failure keeps convolutions on the path that works
         return f"cuDNN failed its self-test ({type(exc).__name__}: {exc})"
+    try:  # a refused fused call is no fault (fused_call_runs asks per algorithm); a wrong answer is
+        dnn.forward_bias_relu(plan, ptr["x"], ptr["w"], ptr["b"], ptr["z"], fused.data.ptr, ws.data.ptr,
+                              plan.workspace)  # fmt: skip
+        got.append(cp.asnumpy(fused))
+    except DeviceError:
+        want = want[:1]
     for what, a, ref in zip(("convolution", "fused bias, residual and relu"), got, want):
         err = float(np.max(np.abs(a - ref)))
         if not err <= 1e-4 * max(1.0, float(np.max(np.abs(ref)))):

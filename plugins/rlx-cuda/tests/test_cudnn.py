@@ -340,12 +340,15 @@ class HostDnn:
         self.a.by_ptr[y][...] = self._conv(plan.spec, x, w)
 
     def forward_bias_relu(self, plan, x, w, b, z, y, ws, n):
+        if self.mode == "refuses fusion":
+            raise DeviceError("cudnnConvolutionBiasActivationForward failed with cuDNN status 9")
         out = self._conv(plan.spec, x, w) + self.a.by_ptr[b].reshape(1, -1, 1, 1) + self.a.by_ptr[z]
         self.a.by_ptr[y][...] = np.maximum(out, 0)
 
 
 @pytest.mark.parametrize(("mode", "want"), [
     ("right", None),
+    ("refuses fusion", None),  # plain convolutions still take cuDNN; fusion is asked per algorithm
     ("ignores dilation", "cuDNN's convolution disagreed with the reference on its self-test"),
     ("fails", "cuDNN failed its self-test (DeviceError: cudnnConvolutionForward failed"),
 ])  # fmt: skip
