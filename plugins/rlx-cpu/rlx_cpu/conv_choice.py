@@ -105,6 +105,9 @@ def describe(measured: bool = True) -> str:
     found, direct = (_DECIDED.get("auto"), _DECIDED.get("direct")) if measured else (None, None)
     text = ("auto: the implicit GEMM is timed against im2col at the first convolution on rlx's GEMM" if found is None
             else f"{'implicit GEMM' if found[0] else 'im2col'} ({found[1]})")  # fmt: skip
+    lib = library()
+    if direct is None and lib is not None and not lib.gemm_avx512:  # a rule, not a measurement: same every process
+        direct = (False, NO_AVX512)
     if direct is None:
         return text + "; few-tap ones: the direct kernel is timed against im2col at the first one"
     return text + f"; few-tap ones: {'the direct kernel' if direct[0] else 'im2col'} ({direct[1]})"
@@ -151,6 +154,7 @@ def _measure(lib: Native) -> tuple[bool, str]:
 
 #: The few-tap convolutions ``use_direct`` times: (channels in, out, input size, stride), 3x3, padding 1.
 DIRECT_PROBES: tuple[tuple[int, int, int, int], ...] = ((16, 32, 56, 1), (3, 32, 224, 2))
+NO_AVX512 = "this CPU has no AVX-512, which the direct kernel's register blocking is written for"
 #: The pause before each timed block of ``use_direct``'s probe. Alternating back to back,
 #: each side ran while the other's threads still spun for the cores (OpenBLAS's pool after
 #: the product, OpenMP's team after the direct kernel): on the 2-core Zen 3 the direct
@@ -161,7 +165,7 @@ PAUSE_S = 0.05
 
 def _measure_direct(lib: Native) -> tuple[bool, str]:
     if not lib.gemm_avx512:  # its 8 x 16-float accumulators spill out of AVX2's 16 registers
-        return False, "this CPU has no AVX-512, which the direct kernel's register blocking is written for"
+        return False, NO_AVX512
     rng = np.random.default_rng(0)
     ratios = []
     for c, o, hw, stride in DIRECT_PROBES:

@@ -426,8 +426,9 @@ def test_few_tap_convolutions_take_the_direct_kernel_only_where_it_measured_as_f
     monkeypatch.setenv("RLX_CPU_CONV", "auto")
     conv_choice.reset()
     try:
-        assert conv_choice.describe().endswith("few-tap ones: the direct kernel is timed against im2col at the "
-                                               "first one")
+        before = conv_choice.describe()
+        if native_lib.gemm_avx512:
+            assert before.endswith("few-tap ones: the direct kernel is timed against im2col at the first one")
         chosen = conv_choice.use_direct()
         if native_lib.gemm_avx512:
             assert re.search(r"few-tap ones: (the direct kernel|im2col) \(timed \d+\.\d\dx im2col's speed at 16 -> "
@@ -478,7 +479,8 @@ def test_the_probe_says_the_same_before_and_after_this_process_measures(monkeypa
                             padding=1)])  # fmt: skip
     try:
         CpuBackend().compile(g.freeze(), CompileOptions(device="cpu")).run({"x": rand((1, 3, 16, 16), 2)})
-        assert conv_choice.describe() != conv_choice.describe(measured=False)  # something was measured
+        if native.library() is not None and native.library().gemm_avx512:  # else the rule decided, nothing timed
+            assert conv_choice.describe() != conv_choice.describe(measured=False)  # something was measured
         assert CpuBackend().probe().versions == before
     finally:
         conv_choice.reset()
