@@ -161,67 +161,17 @@ def _present(c: NodeContext, i: int, what: str) -> np.ndarray | None:
 
 @converter("Resize")
 def _resize(c: NodeContext) -> list[Operand | None]:
+    """ONNX ``Resize``, one axis at a time (``_resize_axis``): the attributes checked, the
+    output size and scale per axis worked out, then each axis that changes resized."""
     f, x = c.f, c.input(0, "X")
     shape, dtype = f.shape(x), f.dtype(x)
     rank = len(shape)
-    mode = c.attr("mode", "nearest")
-    coord = c.attr("coordinate_transformation_mode", "half_pixel")
-    nearest_mode = c.attr("nearest_mode", "round_prefer_floor")
-    antialias = bool(c.attr("antialias", 0))
-    policy = c.attr("keep_aspect_ratio_policy", "stretch")
-    if mode not in ("nearest", "linear", "cubic"):
-        raise c.fail(f"mode {mode!r} is not one of nearest, linear, cubic")
-    if coord not in _COORDINATE_MODES or (coord == "half_pixel_symmetric" and c.opset < 19):
-        raise c.fail(f"coordinate_transformation_mode {coord!r} is not supported at opset {c.opset}")
-    if mode == "nearest" and (nearest_mode not in _NEAREST_MODES or antialias):
-        raise c.fail(f"nearest_mode {nearest_mode!r} (antialias {int(antialias)}) is not supported")
-    if mode != "nearest" and dtype not in FLOAT_DTYPES:
-        raise c.fail(f"{mode} interpolation needs a float input, got {dtype}")
-    if policy not in ("stretch", "not_larger", "not_smaller"):
-        raise c.fail(f"keep_aspect_ratio_policy {policy!r} is not supported")
-    axes = list(c.attr_ints("axes") or range(rank))
-    if any(not -rank <= a < rank for a in axes) or len({a % rank for a in axes}) != len(axes):
-        raise c.fail(f"axes {axes} are not distinct axes of a rank-{rank} input")
-    axes = [a % rank for a in axes]
-    roi, scales, sizes = _present(c, 1, "roi"), _present(c, 2, "scales"), _present(c, 3, "sizes")
-    if (scales is None) == (sizes is None):
-        raise c.fail("exactly one of scales and sizes must be given")
-    given = scales if scales is not None else sizes
-    assert given is not None
-    if given.size != len(axes):
-        raise c.fail(f"{'scales' if scales is not None else 'sizes'} has {given.size} values for {len(axes)} axes")
-    factor = [1.0] * rank
-    out_shape = list(shape)
-    if sizes is not None:
-        for a, n in zip(axes, sizes.reshape(-1).tolist()):
-            out_shape[a] = int(n)
-            factor[a] = int(n) / shape[a] if shape[a] else 1.0
-        if policy != "stretch":
-            pick = min if policy == "not_larger" else max
-            s = pick(factor[a] for a in axes)
-            for a in axes:
-                factor[a], out_shape[a] = s, int(s * shape[a] + 0.5)
-    else:
-        for a, s in zip(axes, scales.reshape(-1).tolist()):  # type: ignore[union-attr]
-            if not s > 0:
-                raise c.fail(f"scale {s} must be > 0")
-            factor[a], out_shape[a] = float(s), int(float(s) * shape[a])
-    if any(n < 0 for n in out_shape):
-        raise c.fail(f"output shape {tuple(out_shape)} is negative")
-    rois: list[tuple[float, float] | None] = [None] * rank
-    if coord == "tf_crop_and_resize":
-        if roi is None or roi.size != 2 * len(axes):
-            raise c.fail(f"tf_crop_and_resize needs a roi of {2 * len(axes)} values")
-        flat = roi.reshape(-1).astype(np.float64).tolist()
-        for i, a in enumerate(axes):
-            rois[a] = (flat[i], flat[len(axes) + i])
+    mode, coord, nearest_mode, antialias = _modes(c, dtype)
+    axes = _axes(c, rank)
+    factor, out_shape = _target(c, shape, axes)
+    rois = _rois(c, coord, axes, rank)
     f.check_size(tuple(out_shape), dtype, "Resize's output")
-    if mode == "nearest":
-        kernel = _nearest(nearest_mode)
-    elif mode == "linear":
-        kernel = _linear(antialias)
-    else:
-        kernel = _cubic(float(c.attr("cubic_coeff_a", -0.75)), antialias)
+    kernel = _kernel(c, mode, nearest_mode, antialias)
     work = x if dtype != "float16" else f.op("cast", x, dtype="float32")  # weighted sums in float32
     fill = float(c.attr("extrapolation_value", 0.0))
     for a in axes:
@@ -238,3 +188,85 @@ def _resize(c: NodeContext) -> list[Operand | None]:
     if dtype == "float16":
         return [f.op("cast", work, dtype="float16", name=c.out())]
     return [f.op("reshape", work, shape=tuple(out_shape), name=c.out())]
+
+
+def _modes(c: NodeContext, dtype: str) -> tuple[str, str, str, bool]:
+    """``mode``, ``coordinate_transformation_mode``, ``nearest_mode`` and ``antialias``,
+    each checked against what this converter computes (and the opset that has it)."""
+    mode = c.attr("mode", "nearest")
+    coord = c.attr("coordinate_transformation_mode", "half_pixel")
+    nearest_mode = c.attr("nearest_mode", "round_prefer_floor")
+    antialias = bool(c.attr("antialias", 0))
+    if mode not in ("nearest", "linear", "cubic"):
+        raise c.fail(f"mode {mode!r} is not one of nearest, linear, cubic")
+    if coord not in _COORDINATE_MODES or (coord == "half_pixel_symmetric" and c.opset < 19):
+        raise c.fail(f"coordinate_transformation_mode {coord!r} is not supported at opset {c.opset}")
+    if mode == "nearest" and (nearest_mode not in _NEAREST_MODES or antialias):
+        raise c.fail(f"nearest_mode {nearest_mode!r} (antialias {int(antialias)}) is not supported")
+    if mode != "nearest" and dtype not in FLOAT_DTYPES:
+        raise c.fail(f"{mode} interpolation needs a float input, got {dtype}")
+    return mode, coord, nearest_mode, antialias
+
+
+def _axes(c: NodeContext, rank: int) -> list[int]:
+    """The ``axes`` resized (all by default), distinct and made non-negative."""
+    axes = list(c.attr_ints("axes") or range(rank))
+    if any(not -rank <= a < rank for a in axes) or len({a % rank for a in axes}) != len(axes):
+        raise c.fail(f"axes {axes} are not distinct axes of a rank-{rank} input")
+    return [a % rank for a in axes]
+
+
+def _target(c: NodeContext, shape: tuple[int, ...], axes: list[int]) -> tuple[list[float], list[int]]:
+    """The scale and output size of every axis, from exactly one of ``scales`` and
+    ``sizes`` (``sizes`` under ``keep_aspect_ratio_policy``)."""
+    policy = c.attr("keep_aspect_ratio_policy", "stretch")
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        raise c.fail(f"keep_aspect_ratio_policy {policy!r} is not supported")
+    scales, sizes = _present(c, 2, "scales"), _present(c, 3, "sizes")
+    if (scales is None) == (sizes is None):
+        raise c.fail("exactly one of scales and sizes must be given")
+    given = scales if scales is not None else sizes
+    assert given is not None
+    if given.size != len(axes):
+        raise c.fail(f"{'scales' if scales is not None else 'sizes'} has {given.size} values for {len(axes)} axes")
+    factor = [1.0] * len(shape)
+    out_shape = list(shape)
+    if sizes is not None:
+        for a, n in zip(axes, sizes.reshape(-1).tolist()):
+            out_shape[a] = int(n)
+            factor[a] = int(n) / shape[a] if shape[a] else 1.0
+        if policy != "stretch":
+            pick = min if policy == "not_larger" else max
+            s = pick(factor[a] for a in axes)
+            for a in axes:
+                factor[a], out_shape[a] = s, int(s * shape[a] + 0.5)
+    else:
+        for a, s in zip(axes, given.reshape(-1).tolist()):
+            if not s > 0:
+                raise c.fail(f"scale {s} must be > 0")
+            factor[a], out_shape[a] = float(s), int(float(s) * shape[a])
+    if any(n < 0 for n in out_shape):
+        raise c.fail(f"output shape {tuple(out_shape)} is negative")
+    return factor, out_shape
+
+
+def _rois(c: NodeContext, coord: str, axes: list[int], rank: int) -> list[tuple[float, float] | None]:
+    """Each axis's (start, end) of ``roi``: for ``tf_crop_and_resize`` only."""
+    rois: list[tuple[float, float] | None] = [None] * rank
+    if coord == "tf_crop_and_resize":
+        roi = _present(c, 1, "roi")
+        if roi is None or roi.size != 2 * len(axes):
+            raise c.fail(f"tf_crop_and_resize needs a roi of {2 * len(axes)} values")
+        flat = roi.reshape(-1).astype(np.float64).tolist()
+        for i, a in enumerate(axes):
+            rois[a] = (flat[i], flat[len(axes) + i])
+    return rois
+
+
+def _kernel(c: NodeContext, mode: str, nearest_mode: str, antialias: bool) -> Coeffs:
+    """The interpolation kernel of ``mode`` (its taps and weights per output position)."""
+    if mode == "nearest":
+        return _nearest(nearest_mode)
+    if mode == "linear":
+        return _linear(antialias)
+    return _cubic(float(c.attr("cubic_coeff_a", -0.75)), antialias)
