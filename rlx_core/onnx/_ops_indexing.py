@@ -12,6 +12,7 @@ floats. ``Mod`` sits here because it is the same kind of exact-integer decomposi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -278,6 +279,37 @@ def _pad(c: NodeContext) -> list[Operand | None]:
     f, x = c.f, c.input(0)
     shape, dtype = f.shape(x), f.dtype(x)
     rank = len(shape)
+    mode, axes, pads = _pad_arguments(c, rank)
+    value = c.optional(2) if mode == "constant" else None
+    if value is not None:
+        if f.dtype(value) != dtype or math.prod(f.shape(value)) != 1:
+            raise c.fail(f"constant_value must be one {dtype} value, got {f.shape(value)} {f.dtype(value)}")
+        value = f.op("reshape", value, shape=())
+    plan = _pad_plan(c, shape, mode, axes, pads)
+    f.check_size(plan.out, dtype, "Pad's result")
+    fill = value if value is not None else f.const(False if dtype == "bool" else 0, dtype)
+    if plan.empty:
+        return [f.op("where", frozen(np.zeros(plan.out, dtype=bool)), fill, fill, name=c.out())]
+    y = x
+    masked = mode == "constant" and bool(plan.tables)
+    if plan.crops:
+        cut = sorted(plan.crops)
+        y = f.op("slice", y, starts=[plan.crops[a][0] for a in cut], ends=[plan.crops[a][1] for a in cut], axes=cut,
+                 name="" if plan.tables else c.out())  # fmt: skip
+    for axis in sorted(plan.tables):
+        final = axis == max(plan.tables) and not masked
+        y = f.op("gather", y, frozen(plan.tables[axis]), axis=axis, name=c.out() if final else "")
+    if masked:
+        mask = np.ones([plan.out[a] if a in plan.inside else 1 for a in range(rank)], dtype=bool)
+        for axis, rows in plan.inside.items():
+            mask = mask & _along(rows, axis, rank)
+        y = f.op("where", frozen(mask), y, fill, name=c.out())
+    return [y]
+
+
+def _pad_arguments(c: NodeContext, rank: int) -> tuple[str, list[int], list[int]]:
+    """``mode`` (checked against the opset), the padded ``axes`` (Pad-18's input, else
+    all) and ``pads``, two per axis."""
     mode = c.attr("mode", "constant")
     if mode not in _PAD_MODES or (mode == "wrap" and c.opset < 19):
         known = _PAD_MODES if c.opset >= 19 else _PAD_MODES[:3]
@@ -293,57 +325,47 @@ def _pad(c: NodeContext) -> list[Operand | None]:
         raise c.fail(f"axes {given} repeat an axis")
     if len(pads) != 2 * len(axes):
         raise c.fail(f"pads has {len(pads)} values; {len(axes)} axes need {2 * len(axes)}")
-    value = c.optional(2) if mode == "constant" else None
-    if value is not None:
-        if f.dtype(value) != dtype or math.prod(f.shape(value)) != 1:
-            raise c.fail(f"constant_value must be one {dtype} value, got {f.shape(value)} {f.dtype(value)}")
-        value = f.op("reshape", value, shape=())
-    out = list(shape)
-    crops: dict[int, tuple[int, int]] = {}  # axes only cropped: a slice
-    tables: dict[int, np.ndarray] = {}  # axes padded (and maybe cropped): a gather
-    inside: dict[int, np.ndarray] = {}  # on padded axes, where the data lands
-    empty = False  # a constant pad of an axis with no data left
+    return mode, axes, list(pads)
+
+
+@dataclass
+class _PadPlan:
+    """What each axis needs: ``crops`` (only cropped: a slice), ``tables`` (padded, maybe
+    cropped too: a gather by these positions), ``inside`` (where the data lands on a
+    padded axis, for constant mode's mask); ``empty`` when a constant pad has no data."""
+
+    out: list[int]
+    crops: dict[int, tuple[int, int]] = field(default_factory=dict)
+    tables: dict[int, np.ndarray] = field(default_factory=dict)
+    inside: dict[int, np.ndarray] = field(default_factory=dict)
+    empty: bool = False
+
+
+def _pad_plan(c: NodeContext, shape: tuple[int, ...], mode: str, axes: list[int], pads: list[int]) -> _PadPlan:
+    plan = _PadPlan(list(shape))
     for i, axis in enumerate(axes):
         before, after = pads[i], pads[i + len(axes)]
         start, end = max(-before, 0), shape[axis] - max(-after, 0)
         if end < start:
             raise c.fail(f"pads {before}, {after} crop more than axis {axis} of size {shape[axis]}")
         kept, grow = end - start, (max(before, 0), max(after, 0))
-        out[axis] = kept + sum(grow)
+        plan.out[axis] = kept + sum(grow)
         if not any(grow):
             if kept != shape[axis]:
-                crops[axis] = (start, end)
+                plan.crops[axis] = (start, end)
             continue
         if kept == 0:
             if mode == "constant":  # nothing to gather from: the result is all fill
-                empty = True
+                plan.empty = True
                 continue
             emptied = " after cropping" if kept != shape[axis] else ""
             raise c.fail(f"cannot {mode}-pad axis {axis}: it is empty{emptied}")
         if mode == "reflect" and max(grow) > kept - 1:
             raise c.fail(f"reflect pads {grow} of axis {axis} exceed its size {kept} minus one")
         numpy_mode = "edge" if mode == "constant" else mode  # constant: any in-range index, masked below
-        tables[axis] = np.pad(np.arange(start, end, dtype=np.int64), grow, mode=numpy_mode)
-        inside[axis] = np.pad(np.ones(kept, dtype=bool), grow)
-    f.check_size(out, dtype, "Pad's result")
-    fill = value if value is not None else f.const(False if dtype == "bool" else 0, dtype)
-    if empty:
-        return [f.op("where", frozen(np.zeros(out, dtype=bool)), fill, fill, name=c.out())]
-    y = x
-    masked = mode == "constant" and bool(tables)
-    if crops:
-        cut = sorted(crops)
-        y = f.op("slice", y, starts=[crops[a][0] for a in cut], ends=[crops[a][1] for a in cut], axes=cut,
-                 name="" if tables else c.out())  # fmt: skip
-    for axis in sorted(tables):
-        final = axis == max(tables) and not masked
-        y = f.op("gather", y, frozen(tables[axis]), axis=axis, name=c.out() if final else "")
-    if masked:
-        mask = np.ones([out[a] if a in inside else 1 for a in range(rank)], dtype=bool)
-        for axis, rows in inside.items():
-            mask = mask & _along(rows, axis, rank)
-        y = f.op("where", frozen(mask), y, fill, name=c.out())
-    return [y]
+        plan.tables[axis] = np.pad(np.arange(start, end, dtype=np.int64), grow, mode=numpy_mode)
+        plan.inside[axis] = np.pad(np.ones(kept, dtype=bool), grow)
+    return plan
 
 
 # ---------------------------------------------------------------- Mod
