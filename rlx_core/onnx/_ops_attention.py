@@ -59,10 +59,51 @@ def _structural(q_len: int, kv_len: int, causal: bool, left: int, right: int,
 
 @converter("Attention")
 def _attention(c: NodeContext) -> list[Operand | None]:
+    """ONNX ``Attention`` (opset 23+) as the IR's ops: the inputs checked and brought to
+    (batch, heads, seq, head) with any past keys and values prepended, shared key/value
+    heads repeated, the scaled (and soft-capped) scores, their bias (the structural masks
+    as a constant plus the ``attn_mask``), the softmax at the asked precision, and the
+    present keys/values and the debug output when used."""
+    f = c.f
+    q, k, v, past_k, rank = _attention_inputs(c)
+    present_k, present_v = k, v
+    dtype = f.dtype(q)
+    q_len, head = f.shape(q)[2], f.shape(q)[3]
+    kv_len = f.shape(k)[2]
+    k, v = _shared_heads(c, q, k, v)
+    scale = c.attr("scale")
+    scale = 1.0 / math.sqrt(head) if scale is None else float(scale)
+    scores = f.op("mul", f.op("matmul", q, f.op("transpose", k, perm=(0, 1, 3, 2))), f.const(scale, dtype))
+    softcap = float(c.attr("softcap", 0.0) or 0.0)
+    if softcap > 0:
+        cap = f.const(softcap, dtype)
+        scores = f.op("mul", f.op("tanh", f.op("div", scores, cap)), cap)
+    capped = scores
+    bias, allowed, runtime_masked = _attention_bias(c, dtype, q_len, kv_len, past_k)
+    with_bias = scores if bias is None else f.op("add", scores, bias)
+    probs = _attention_probs(c, with_bias, dtype, bias, allowed, runtime_masked)
+    y = f.op("matmul", probs, v)
+    if rank == 3:
+        b, h, s, d = f.shape(y)
+        y = f.op("reshape", f.op("transpose", y, perm=(0, 2, 1, 3)), shape=(b, s, h * d))
+    outs: list[Operand | None] = [f.op("reshape", y, shape=f.shape(y), name=c.out(0))]
+    outs += [f.op("reshape", t, shape=f.shape(t), name=c.out(i)) if c.used(i) else None
+             for i, t in ((1, present_k), (2, present_v))]  # fmt: skip
+    if c.used(3):
+        mode = int(c.attr("qk_matmul_output_mode", 0))
+        debug = {0: capped, 1: capped, 2: with_bias, 3: probs}.get(mode)
+        if debug is None:
+            raise c.fail(f"qk_matmul_output_mode {mode} is not one of 0-3")
+        outs.append(f.op("reshape", debug, shape=f.shape(debug), name=c.out(3)))
+    return outs
+
+
+def _attention_inputs(c: NodeContext) -> tuple[Operand, Operand, Operand, Operand | None, int]:
+    """Q, K, V checked and as (batch, heads, seq, head), K and V after any past ones; the
+    past key (its length offsets the causal mask) and the inputs' rank (3 or 4)."""
     f = c.f
     q, k, v = c.input(0, "Q"), c.input(1, "K"), c.input(2, "V")
-    mask, past_k, past_v = c.optional(3), c.optional(4), c.optional(5)
-    nonpad = c.static(6, "nonpad_kv_seqlen") if c.optional(6) is not None else None
+    past_k, past_v = c.optional(4), c.optional(5)
     dtype = f.dtype(q)
     if dtype not in FLOAT_DTYPES or f.dtype(k) != dtype or f.dtype(v) != dtype:
         raise c.fail(f"Q, K and V must share a float dtype, got {f.dtype(q)}, {f.dtype(k)}, {f.dtype(v)}")
@@ -78,77 +119,74 @@ def _attention(c: NodeContext) -> list[Operand | None]:
         raise c.fail("q_num_heads and kv_num_heads must not be given with 4-D inputs")
     if (past_k is None) != (past_v is None):
         raise c.fail("past_key and past_value must be given together")
-    if nonpad is not None and past_k is not None:
+    if c.optional(6) is not None and past_k is not None:
         raise c.fail("nonpad_kv_seqlen cannot be combined with past_key/past_value")
     if past_k is not None:
         k = f.op("concat", past_k, k, axis=2)
         v = f.op("concat", past_v, v, axis=2)  # type: ignore[arg-type]
-    present_k, present_v = k, v
-    _, hq, q_len, head = f.shape(q)
-    hk, kv_len = f.shape(k)[1], f.shape(k)[2]
-    if hq != hk:
-        if hq % hk or f.shape(v)[1] != hk:
-            raise c.fail(f"{hq} query heads cannot share {hk} key/value heads")
-        repeat = frozen(np.repeat(np.arange(hk, dtype=np.int64), hq // hk))  # h0, h0, h1, h1, ...
-        k, v = f.op("gather", k, repeat, axis=1), f.op("gather", v, repeat, axis=1)
-    scale = c.attr("scale")
-    scale = 1.0 / math.sqrt(head) if scale is None else float(scale)
-    scores = f.op("mul", f.op("matmul", q, f.op("transpose", k, perm=(0, 1, 3, 2))), f.const(scale, dtype))
-    softcap = float(c.attr("softcap", 0.0) or 0.0)
-    if softcap > 0:
-        cap = f.const(softcap, dtype)
-        scores = f.op("mul", f.op("tanh", f.op("div", scores, cap)), cap)
-    capped = scores
-    # The bias: the structural masks (a constant) plus the attn_mask.
+    return q, k, v, past_k, rank
+
+
+def _shared_heads(c: NodeContext, q: Operand, k: Operand, v: Operand) -> tuple[Operand, Operand]:
+    """K and V with each of their heads repeated for the query heads that share it
+    (grouped-query attention: h0, h0, h1, h1, ...), or as they are."""
+    f = c.f
+    hq, hk = f.shape(q)[1], f.shape(k)[1]
+    if hq == hk:
+        return k, v
+    if hq % hk or f.shape(v)[1] != hk:
+        raise c.fail(f"{hq} query heads cannot share {hk} key/value heads")
+    repeat = frozen(np.repeat(np.arange(hk, dtype=np.int64), hq // hk))
+    return f.op("gather", k, repeat, axis=1), f.op("gather", v, repeat, axis=1)
+
+
+def _attention_bias(c: NodeContext, dtype: str, q_len: int, kv_len: int, past_k: Operand | None
+                    ) -> tuple[Operand | None, np.ndarray | None, bool]:  # fmt: skip
+    """The scores' bias: the structural masks (causal, windows, non-padded lengths) as a
+    constant, plus the ``attn_mask`` (a boolean one as 0 / -inf, padded with -inf over the
+    keys it does not cover); the structural ``allowed`` table; whether a run-time mask is in."""
+    f = c.f
+    nonpad = c.static(6, "nonpad_kv_seqlen") if c.optional(6) is not None else None
     past_len = f.shape(past_k)[2] if past_k is not None else 0
     offset = (nonpad.reshape(-1).astype(np.int64) - q_len) if nonpad is not None else np.array([past_len])
     allowed = _structural(q_len, kv_len, bool(c.attr("is_causal", 0)), int(c.attr("left_window_size", -1)),
                           int(c.attr("right_window_size", -1)), offset, nonpad)  # fmt: skip
-    neg_inf, zero = f.const(-np.inf, dtype), f.const(0.0, dtype)
     bias: Operand | None = None
     if allowed is not None:
         bias = frozen(np.where(allowed, 0.0, -np.inf).astype(dtype))
-    runtime_masked = False
-    if mask is not None:
-        m = mask
-        short = kv_len - f.shape(m)[-1]
-        if short < 0:
-            raise c.fail(f"attn_mask covers {f.shape(m)[-1]} keys, more than the {kv_len} there are")
-        if short:  # the keys past the mask are masked
-            pad_shape = (*f.shape(m)[:-1], short)
-            fill = np.zeros(pad_shape, bool) if f.dtype(m) == "bool" else np.full(pad_shape, -np.inf, dtype)
-            m = f.op("concat", m, frozen(fill.astype(f.dtype(m))), axis=-1)
-        if f.dtype(m) == "bool":
-            m = f.op("where", m, zero, neg_inf)
-        elif f.dtype(m) != dtype:
-            raise c.fail(f"a float attn_mask must have Q's dtype {dtype}, got {f.dtype(m)}")
-        bias = m if bias is None else f.op("add", bias, m)
-        runtime_masked = True
-    with_bias = scores if bias is None else f.op("add", scores, bias)
+    m = c.optional(3)
+    if m is None:
+        return bias, allowed, False
+    short = kv_len - f.shape(m)[-1]
+    if short < 0:
+        raise c.fail(f"attn_mask covers {f.shape(m)[-1]} keys, more than the {kv_len} there are")
+    if short:  # the keys past the mask are masked
+        pad_shape = (*f.shape(m)[:-1], short)
+        fill = np.zeros(pad_shape, bool) if f.dtype(m) == "bool" else np.full(pad_shape, -np.inf, dtype)
+        m = f.op("concat", m, frozen(fill.astype(f.dtype(m))), axis=-1)
+    if f.dtype(m) == "bool":
+        m = f.op("where", m, f.const(0.0, dtype), f.const(-np.inf, dtype))
+    elif f.dtype(m) != dtype:
+        raise c.fail(f"a float attn_mask must have Q's dtype {dtype}, got {f.dtype(m)}")
+    return (m if bias is None else f.op("add", bias, m)), allowed, True
+
+
+def _attention_probs(c: NodeContext, with_bias: Operand, dtype: str, bias: Operand | None,
+                     allowed: np.ndarray | None, runtime_masked: bool) -> Operand:  # fmt: skip
+    """The softmax of the biased scores at ``softmax_precision``; a query with every key
+    masked attends nothing (a zero row, where the softmax gives NaN)."""
+    f = c.f
     precision = _PRECISIONS.get(int(c.attr("softmax_precision", 0) or 0), dtype)
     logits = with_bias if precision == dtype else f.op("cast", with_bias, dtype=precision)
     probs = f.op("softmax", logits, axis=-1)
     if precision != dtype:
         probs = f.op("cast", probs, dtype=dtype)
-    # A query with every key masked attends nothing: a zero row (the softmax gives NaN).
+    zero = f.const(0.0, dtype)
     if runtime_masked:
         assert bias is not None
         last = len(f.shape(bias)) - 1
-        empty = f.op("equal", f.op("reduce_max", bias, axes=(last,), keepdims=True), neg_inf)
+        empty = f.op("equal", f.op("reduce_max", bias, axes=(last,), keepdims=True), f.const(-np.inf, dtype))
         probs = f.op("where", empty, zero, probs)
     elif allowed is not None and not np.all(allowed.any(axis=-1)):
         probs = f.op("where", frozen(~allowed.any(axis=-1, keepdims=True)), zero, probs)
-    y = f.op("matmul", probs, v)
-    if rank == 3:
-        b, h, s, d = f.shape(y)
-        y = f.op("reshape", f.op("transpose", y, perm=(0, 2, 1, 3)), shape=(b, s, h * d))
-    outs: list[Operand | None] = [f.op("reshape", y, shape=f.shape(y), name=c.out(0))]
-    outs += [f.op("reshape", t, shape=f.shape(t), name=c.out(i)) if c.used(i) else None
-             for i, t in ((1, present_k), (2, present_v))]  # fmt: skip
-    if c.used(3):
-        mode = int(c.attr("qk_matmul_output_mode", 0))
-        debug = {0: capped, 1: capped, 2: with_bias, 3: probs}.get(mode)
-        if debug is None:
-            raise c.fail(f"qk_matmul_output_mode {mode} is not one of 0-3")
-        outs.append(f.op("reshape", debug, shape=f.shape(debug), name=c.out(3)))
-    return outs
+    return probs
