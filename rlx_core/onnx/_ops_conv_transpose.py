@@ -47,7 +47,7 @@ def _conv_transpose(c: NodeContext) -> list[Operand | None]:
         raise c.fail(f"W must be (C_in, C_out / group, {'k' if one_d else 'kh, kw'}), got shape {f.shape(w)}")
     x, w = _as_2d(c, x), _as_2d(c, w)
     wshape = f.shape(w)
-    cin, cout_g, kh, kw = wshape
+    cin, _, kh, kw = wshape
     group = int(c.attr("group", 1))
     if group < 1 or cin % group or f.shape(x)[1] != cin:
         raise c.fail(f"input channels {f.shape(x)[1]} and W's {cin} do not fit group {group}")
@@ -59,32 +59,7 @@ def _conv_transpose(c: NodeContext) -> list[Operand | None]:
     if any(e >= max(s, d) for e, s, d in zip(extra, strides, dilations)):
         raise c.fail(f"output_padding {extra} must be smaller than the stride or the dilation")
     full = [s * (n - 1) + e + (k - 1) * d + 1 for n, s, e, k, d in zip((h, wd), strides, extra, (kh, kw), dilations)]
-    wanted = c.attr_ints("output_shape")
-    auto = c.attr("auto_pad", "NOTSET") or "NOTSET"
-    if wanted is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
-        if wanted is None:
-            wanted = (h * strides[0], wd * strides[1])
-        elif one_d and len(wanted) == 1:
-            wanted = (1, wanted[0])
-        if len(wanted) != 2:
-            raise c.fail(f"output_shape must have {1 if one_d else 2} entries, got {wanted}")
-        # The spec's split of the difference (negative: the output extends past the full
-        # one at the end, where only the bias lands, as ONNX's reference computes it).
-        totals = [fl - o for fl, o in zip(full, wanted[-2:])]
-        upper = auto == "SAME_UPPER"
-        begins = [t // 2 if upper else t - t // 2 for t in totals]
-        pads = (begins[0], begins[1], totals[0] - begins[0], totals[1] - begins[1])
-    elif auto in ("NOTSET", "VALID"):
-        got = c.attr_ints("pads", (0, 0) if one_d else (0, 0, 0, 0)) if auto == "NOTSET" else None
-        if got is None:
-            pads = (0, 0, 0, 0)
-        elif len(got) != (2 if one_d else 4):
-            raise c.fail(f"pads must have {2 if one_d else 4} entries for a {1 if one_d else 2}-D ConvTranspose, "
-                         f"got {got}")  # fmt: skip
-        else:
-            pads = (0, got[0], 0, got[1]) if one_d else (got[0], got[1], got[2], got[3])
-    else:
-        raise c.fail(f"unknown auto_pad {auto!r}")
+    pads = _transpose_pads(c, one_d, full, (h, wd), strides)
     out_hw = [fl - pads[i] - pads[i + 2] for i, fl in enumerate(full)]
     if any(n <= 0 for n in out_hw):
         raise c.fail(f"the pads {pads} leave no output (full output {tuple(full)})")
@@ -93,7 +68,47 @@ def _conv_transpose(c: NodeContext) -> list[Operand | None]:
     for axis, (s, k, d, n_out) in enumerate(zip(strides, (kh, kw), dilations, out_hw), start=2):
         before = d * (k - 1) - pads[axis - 2]
         xs = _spread(f, xs, axis, s, before, n_out + d * (k - 1))
-    # The weights: (C_in, C_out/g, kh, kw) -> (C_out, C_in/g, kh, kw), both spatial axes reversed.
+    wt = _flipped_weights(f, w, group)
+    operands = (xs, wt) if b is None else (xs, wt, b)
+    y = f.op("conv2d", *operands, stride=(1, 1), padding=(0, 0, 0, 0), dilation=dilations, groups=group,
+             name="" if one_d else c.out())  # fmt: skip
+    return [_back_to_1d(c, y, one_d)]
+
+
+def _transpose_pads(c: NodeContext, one_d: bool, full: list[int], size: tuple[int, int],
+                    strides: tuple[int, int]) -> tuple[int, int, int, int]:  # fmt: skip
+    """(top, left, bottom, right) taken off the full output: from ``output_shape`` or a
+    SAME ``auto_pad`` (the spec's split of the difference; negative: the output extends
+    past the full one at the end, where only the bias lands, as ONNX's reference computes
+    it), else the ``pads`` attribute (none for VALID)."""
+    wanted = c.attr_ints("output_shape")
+    auto = c.attr("auto_pad", "NOTSET") or "NOTSET"
+    if wanted is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+        if wanted is None:
+            wanted = (size[0] * strides[0], size[1] * strides[1])
+        elif one_d and len(wanted) == 1:
+            wanted = (1, wanted[0])
+        if len(wanted) != 2:
+            raise c.fail(f"output_shape must have {1 if one_d else 2} entries, got {wanted}")
+        totals = [fl - o for fl, o in zip(full, wanted[-2:])]
+        upper = auto == "SAME_UPPER"
+        begins = [t // 2 if upper else t - t // 2 for t in totals]
+        return (begins[0], begins[1], totals[0] - begins[0], totals[1] - begins[1])
+    if auto not in ("NOTSET", "VALID"):
+        raise c.fail(f"unknown auto_pad {auto!r}")
+    got = c.attr_ints("pads", (0, 0) if one_d else (0, 0, 0, 0)) if auto == "NOTSET" else None
+    if got is None:
+        return (0, 0, 0, 0)
+    if len(got) != (2 if one_d else 4):
+        raise c.fail(f"pads must have {2 if one_d else 4} entries for a {1 if one_d else 2}-D ConvTranspose, "
+                     f"got {got}")  # fmt: skip
+    return (0, got[0], 0, got[1]) if one_d else (got[0], got[1], got[2], got[3])
+
+
+def _flipped_weights(f: Emitter, w: Operand, group: int) -> Operand:
+    """(C_in, C_out/g, kh, kw) -> (C_out, C_in/g, kh, kw), both spatial axes reversed: the
+    convolution's weights that give the transposed one."""
+    cin, cout_g, kh, kw = f.shape(w)
     cin_g = cin // group
     wt = f.op("reshape", w, shape=(group, cin_g, cout_g, kh, kw))
     wt = f.op("transpose", wt, perm=(0, 2, 1, 3, 4))
@@ -102,7 +117,4 @@ def _conv_transpose(c: NodeContext) -> list[Operand | None]:
         wt = f.op("gather", wt, frozen(np.arange(kh - 1, -1, -1, dtype=np.int64)), axis=2)
     if kw > 1:
         wt = f.op("gather", wt, frozen(np.arange(kw - 1, -1, -1, dtype=np.int64)), axis=3)
-    operands = (xs, wt) if b is None else (xs, wt, b)
-    y = f.op("conv2d", *operands, stride=(1, 1), padding=(0, 0, 0, 0), dilation=dilations, groups=group,
-             name="" if one_d else c.out())  # fmt: skip
-    return [_back_to_1d(c, y, one_d)]
+    return wt
