@@ -66,16 +66,17 @@ def _inplace_safe(node: Node) -> bool:
     return node.op is not OpKind.DIV or node.dtype.startswith("float")  # integer div re-reads its operands
 
 
-def plan_memory(graph: Graph) -> MemoryPlan:
+def _lifetimes(graph: Graph) -> tuple[dict[int, int], dict[int, int]]:
+    """The last node reading each value (the graph's end for an output), a reshape's base
+    living as long as its views; and each reshape's base (a reshape is a view)."""
     nodes = graph.nodes
-    end = len(nodes)
     last = {n.id: n.id for n in nodes}
     for n in nodes:
         for i in n.inputs:
             last[i] = max(last[i], n.id)
     for i in graph.outputs:
-        last[i] = end
-    base = {}  # a reshape is a view: its base lives as long as it does
+        last[i] = len(nodes)
+    base: dict[int, int] = {}
     for n in nodes:
         if n.op is OpKind.RESHAPE:
             base[n.id] = base.get(n.inputs[0], n.inputs[0])
@@ -83,42 +84,74 @@ def plan_memory(graph: Graph) -> MemoryPlan:
         if n.id in base:
             b = base[n.id]
             last[b] = max(last[b], last[n.id])
+    return last, base
+
+
+class _Buffers:
+    """The buffers handed out so far: their sizes, the values each holds, the free ones."""
+
+    def __init__(self, intervals: dict[int, tuple[int, int]]) -> None:
+        self.intervals = intervals
+        self.sizes: list[int] = []
+        self.free: list[int] = []
+        self.holders: dict[int, list[int]] = {}  # buffer -> values stored in it (for release)
+        self.released: set[int] = set()
+
+    def release_before(self, nid: int) -> None:
+        """Free the buffers whose every value died before node ``nid``."""
+        for b, vals in self.holders.items():
+            if b not in self.released and all(self.intervals[v][1] < nid for v in vals):
+                self.released.add(b)
+                self.free.append(b)
+
+    def take(self, need: int) -> int:
+        """The smallest free buffer that fits, else a new one."""
+        fits = [b for b in self.free if self.sizes[b] >= need]
+        if fits:
+            chosen = min(fits, key=lambda b: self.sizes[b])
+            self.free.remove(chosen)
+            self.released.discard(chosen)
+        else:
+            chosen = len(self.sizes)
+            self.sizes.append(need)
+        self.holders[chosen] = []
+        return chosen
+
+
+def _inplace_buffer(n: Node, nodes: tuple[Node, ...], base: dict[int, int], last: dict[int, int],
+                    buffer_of: dict[int, int], buffers: _Buffers) -> int | None:  # fmt: skip
+    """The buffer of an input ``n`` may overwrite: read last by ``n``, once, of its shape
+    and dtype, every value in that buffer dead by then."""
+    if not _inplace_safe(n):
+        return None
+    for i in n.inputs:
+        src = base.get(i, i)
+        b = buffer_of.get(src)
+        if (b is not None and b not in buffers.released and last[src] == n.id and nodes[i].shape == n.shape
+                and nodes[i].dtype == n.dtype and sum(1 for j in n.inputs if base.get(j, j) == src) == 1
+                and all(buffers.intervals[v][1] <= n.id for v in buffers.holders[b])):  # fmt: skip
+            return b
+    return None
+
+
+def plan_memory(graph: Graph) -> MemoryPlan:
+    """One buffer per computed value, shared by values whose lifetimes do not overlap
+    (best fit among the free ones), an elementwise node writing over an input it reads
+    last where that is safe; reshapes are views of their base."""
+    nodes = graph.nodes
+    last, base = _lifetimes(graph)
     computed = [n for n in nodes if n.op not in SOURCE_OPS and n.op is not OpKind.RESHAPE]
     intervals = {n.id: (n.id, last[n.id]) for n in computed}
+    buffers = _Buffers(intervals)
     buffer_of: dict[int, int] = {}
-    sizes: list[int] = []
-    free: list[int] = []
-    holders: dict[int, list[int]] = {}  # buffer -> values stored in it (for release)
     inplace: list[int] = []
-    released: set[int] = set()
     for n in computed:
-        # release buffers whose every value died before this node
-        for b, vals in holders.items():
-            if b not in released and all(intervals[v][1] < n.id for v in vals):
-                released.add(b)
-                free.append(b)
-        need = _nbytes(n)
-        chosen = None
-        if _inplace_safe(n):
-            for i in n.inputs:
-                src = base.get(i, i)
-                b = buffer_of.get(src)
-                if (b is not None and b not in released and last[src] == n.id and nodes[i].shape == n.shape
-                        and nodes[i].dtype == n.dtype and sum(1 for j in n.inputs if base.get(j, j) == src) == 1
-                        and all(intervals[v][1] <= n.id for v in holders[b])):  # fmt: skip
-                    chosen = b
-                    inplace.append(n.id)
-                    break
-        if chosen is None:
-            fits = [b for b in free if sizes[b] >= need]
-            if fits:
-                chosen = min(fits, key=lambda b: sizes[b])
-                free.remove(chosen)
-                released.discard(chosen)
-            else:
-                chosen = len(sizes)
-                sizes.append(need)
-            holders[chosen] = []
-        holders[chosen].append(n.id)
+        buffers.release_before(n.id)
+        chosen = _inplace_buffer(n, nodes, base, last, buffer_of, buffers)
+        if chosen is not None:
+            inplace.append(n.id)
+        else:
+            chosen = buffers.take(_nbytes(n))
+        buffers.holders[chosen].append(n.id)
         buffer_of[n.id] = chosen
-    return MemoryPlan(intervals, buffer_of, tuple(sizes), tuple(inplace), sum(_nbytes(n) for n in computed))
+    return MemoryPlan(intervals, buffer_of, tuple(buffers.sizes), tuple(inplace), sum(_nbytes(n) for n in computed))
