@@ -226,15 +226,23 @@ def version_string(lib: ctypes.CDLL) -> str:
 
 
 def describe() -> str:
-    """What ``rlx devices --explain`` says about convolutions (loads the library, cheap)."""
+    """What ``rlx devices --explain`` says about convolutions. Cheap: it never loads the
+    library (cuDNN 9 with its engines is over a gigabyte of shared objects; the probe
+    should not pay for them), so before the first convolution it names the file found."""
     mode = str(CUDNN.read())
     if mode == "off":
         return "off (RLX_CUDA_CUDNN=off): convolutions as im2col + cuBLAS"
-    try:
-        lib = load()
-    except OSError as exc:
-        return f"not loaded ({exc}): convolutions as im2col + cuBLAS"
-    return f"cuDNN {version_string(lib)} ({_state['path']}) for convolutions"
+    with _lock:
+        lib, error, path = _state.get("lib"), _state.get("error"), _state.get("path")
+    if lib is not None:
+        return f"cuDNN {version_string(lib)} ({path}) for convolutions"
+    if error is not None:
+        return f"not loaded ({error}): convolutions as im2col + cuBLAS"
+    found = find_library()
+    if found is not None:
+        return f"cuDNN at {found} for convolutions (loaded and self-tested at the first one)"
+    return ("cuDNN for convolutions if the loader finds libcudnn at the first one, else im2col + cuBLAS "
+            "(pip install 'rlx-cuda[cudnn]')")
 
 
 class Descriptors:

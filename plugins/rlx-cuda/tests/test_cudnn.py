@@ -371,3 +371,16 @@ def _padded(conv):
         return out
 
     return wrapped
+
+
+def test_describe_never_loads_the_library(tmp_path, monkeypatch):
+    """The probe asks for this line: it names the file found, loading nothing (cuDNN 9
+    with its engines is over a gigabyte of shared objects)."""
+    monkeypatch.setattr(cudnn, "_state", {})
+    monkeypatch.setattr(cudnn, "_open", lambda path: pytest.fail("describe() loaded the library"))
+    monkeypatch.setenv("RLX_CUDA_CUDNN", "auto")
+    monkeypatch.setattr(cudnn, "find_library", lambda: "/opt/nvidia/cudnn/lib/libcudnn.so.9")
+    assert cudnn.describe() == ("cuDNN at /opt/nvidia/cudnn/lib/libcudnn.so.9 for convolutions (loaded and "
+                                "self-tested at the first one)")  # fmt: skip
+    monkeypatch.setattr(cudnn, "find_library", lambda: None)
+    assert cudnn.describe().endswith("else im2col + cuBLAS (pip install 'rlx-cuda[cudnn]')")
