@@ -129,37 +129,51 @@ def exporters_from(arg: str) -> list[str]:
 def export(model: ZooModel, batch: int, exporter: str) -> tuple[bytes, dict[str, np.ndarray]]:
     """The ONNX bytes of ``model`` at ``batch`` from ``exporter`` ("classic" or "dynamo")
     and the inputs, named as in the graph."""
-    import torch
-
     if exporter not in EXPORTERS:
         raise ValueError(f"zoo: unknown exporter {exporter!r}; known: {', '.join(EXPORTERS)}")
-    net = model.build().eval()
     inputs = model.inputs(batch)
-    names = list(inputs)
-    args = tuple(torch.from_numpy(inputs[n]) for n in names)
+    return export_module(torch_module(model, list(inputs)), inputs, exporter), inputs
 
-    class Wrapped(torch.nn.Module):  # one tensor out: the first output (logits / last hidden state)
+
+def torch_module(model: ZooModel, names: list[str]) -> Any:
+    """``model`` built (random weights) and wrapped to take its inputs ``names`` in order
+    and give one tensor: the first output (logits / last hidden state)."""
+    import torch
+
+    net = model.build().eval()
+    positional = model.kind == "vision" and model.name != "vit"
+
+    class Wrapped(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.net = net
 
         def forward(self, *xs: Any) -> Any:
-            out = self.net(*xs) if model.kind == "vision" and model.name != "vit" else self.net(**dict(zip(names, xs)))
-            if isinstance(out, torch.Tensor):
-                return out
-            return out[0]
+            out = self.net(*xs) if positional else self.net(**dict(zip(names, xs)))
+            return out if isinstance(out, torch.Tensor) else out[0]
 
+    return Wrapped().eval()  # eval as a whole: the exporter restores the mode it found
+
+
+def export_module(module: Any, inputs: dict[str, np.ndarray], exporter: str, dynamic_batch: bool = False) -> bytes:
+    """``module`` (a ``torch_module``) exported at ``inputs``' sizes; with ``dynamic_batch``
+    (the classic exporter), every input's first axis is the symbolic dim ``batch``."""
+    import torch
+
+    names = list(inputs)
+    args = tuple(torch.from_numpy(inputs[n]) for n in names)
     buf = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "classic":
-            torch.onnx.export(Wrapped(), args, buf, input_names=names, output_names=["y"], opset_version=17,
-                              dynamo=False)  # fmt: skip
-            data = buf.getvalue()
-        else:
-            program = torch.onnx.export(Wrapped(), args, input_names=names, output_names=["y"], dynamo=True)
-            data = program.model_proto.SerializeToString()
-    return data, inputs
+            axes = {n: {0: "batch"} for n in names} if dynamic_batch else None
+            torch.onnx.export(module, args, buf, input_names=names, output_names=["y"], opset_version=17,
+                              dynamo=False, dynamic_axes=axes)  # fmt: skip
+            return buf.getvalue()
+        if dynamic_batch:
+            raise ValueError("zoo: a dynamic batch is exported with the classic exporter here")
+        program = torch.onnx.export(module, args, input_names=names, output_names=["y"], dynamo=True)
+        return program.model_proto.SerializeToString()
 
 
 def _ort(data: bytes, inputs: dict[str, np.ndarray]) -> tuple[Any, list[np.ndarray]]:

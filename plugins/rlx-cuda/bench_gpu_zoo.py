@@ -19,13 +19,11 @@ repository root on a GPU host: ``python plugins/rlx-cuda/bench_gpu_zoo.py --json
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,33 +53,6 @@ def median_seconds(fn: Callable[[], Any], sync: Callable[[], None], budget_s: fl
         sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-def export_dynamic(model: Any, batch: int) -> tuple[bytes, dict[str, np.ndarray]]:
-    """The classic export with the batch axis of every input named ``batch``."""
-    import torch
-
-    net = model.build().eval()
-    inputs = model.inputs(batch)
-    names = list(inputs)
-    args = tuple(torch.from_numpy(inputs[n]) for n in names)
-    vision = model.kind == "vision" and model.name != "vit"
-
-    class Wrapped(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = net
-
-        def forward(self, *xs: Any) -> Any:
-            out = self.net(*xs) if vision else self.net(**dict(zip(names, xs)))
-            return out if isinstance(out, torch.Tensor) else out[0]
-
-    buf = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(Wrapped(), args, buf, input_names=names, output_names=["y"], opset_version=17,
-                          dynamo=False, dynamic_axes={n: {0: "batch"} for n in names})  # fmt: skip
-    return buf.getvalue(), Wrapped()
 
 
 def _rel(got: np.ndarray, want: np.ndarray) -> float:
@@ -162,13 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from bench.zoo import ZOO
+    from bench.zoo import ZOO, export_module, torch_module
 
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         try:
-            data, module = export_dynamic(ZOO[name], 2)
+            inputs = ZOO[name].inputs(2)
+            module = torch_module(ZOO[name], list(inputs))
+            data = export_module(module, inputs, "classic", dynamic_batch=True)
         except Exception as exc:
             print(json.dumps({"model": name, "export_error": f"{type(exc).__name__}: {str(exc)[:200]}"}), flush=True)
             continue
