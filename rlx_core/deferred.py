@@ -61,7 +61,7 @@ class DeferredGraph(Graph):
                                      f"{self._at} is not the body's {node.shape}")  # fmt: skip
                 node = dataclasses.replace(node, shape=shape)
             self._nodes.append(node)
-        self._has_sym = True  # its inputs carry the symbols
+        self._recount_symbols()  # its inputs now carry the symbols
         missing = sorted(set(self.symbols) - set(self._at))
         if missing:
             raise GraphError(f"DeferredGraph: the body's sizes {self._at} give no value for {missing}")

@@ -145,7 +145,7 @@ class Graph(OpBuilders):
         self._uid = next(_graph_ids)
         self._constraints: list[Constraint] = []  # what symbolic shape inference could not decide
         self._node_symbols: dict[str, int] = {}  # symbols first met in a computational node (not an input)
-        self._has_sym = False  # any node's shape holds a Sym (copy_node's fast path needs none)
+        self._has_sym = False  # any node's shape holds a Sym: kept as nodes are added (is_symbolic)
         # The session each runtime keeps for this graph (runtime.Runtime.session): held here,
         # not by the runtime, so that it dies with the graph (a session holds its graph).
         self._sessions: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -174,7 +174,7 @@ class Graph(OpBuilders):
     @property
     def is_symbolic(self) -> bool:
         """Whether any node's shape holds a symbolic dim (a ``Sym``)."""
-        return any(isinstance(d, Sym) for n in self._nodes for d in n.shape)
+        return self._has_sym
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -252,6 +252,10 @@ class Graph(OpBuilders):
         new = Graph(self.name if name is None else name)
         new._take_contents(self)
         return new
+
+    def _recount_symbols(self) -> None:
+        """``is_symbolic`` again from every node (for a subclass that replaced nodes)."""
+        self._has_sym = not all(_static(n.shape) for n in self._nodes)
 
     def _take_contents(self, other: Graph) -> None:
         self._nodes = list(other._nodes)
@@ -387,11 +391,11 @@ class Graph(OpBuilders):
                 if a is None or a.shape != b.shape or a.dtype != b.dtype or (symbolic and not _static(a.shape)):
                     same = False
                     break
+        origin = node.origin if keep_origin else self._origin
         if not same:
-            with self.origin(node.origin if keep_origin else self._origin):
+            with self.origin(origin):
                 return self.add_node(node.op, ids, node.attrs, node.name)
         nid = len(self._nodes)
-        origin = node.origin if keep_origin else self._origin
         new = Node(nid, node.op, ids, node.attrs, node.shape, node.dtype, node.name,
                    origin if origin is not None else nid)  # fmt: skip
         self._nodes.append(new)

@@ -106,8 +106,8 @@ def describe(measured: bool = True) -> str:
     text = ("auto: the implicit GEMM is timed against im2col at the first convolution on rlx's GEMM" if found is None
             else f"{'implicit GEMM' if found[0] else 'im2col'} ({found[1]})")  # fmt: skip
     lib = library()
-    if direct is None and lib is not None and not lib.gemm_avx512:  # a rule, not a measurement: same every process
-        direct = (False, NO_AVX512)
+    if direct is None and lib is not None:  # a rule, not a measurement, is the same in every process
+        direct = _direct_by_rule(lib)
     if direct is None:
         return text + "; few-tap ones: the direct kernel is timed against im2col at the first one"
     return text + f"; few-tap ones: {'the direct kernel' if direct[0] else 'im2col'} ({direct[1]})"
@@ -163,9 +163,16 @@ NO_AVX512 = "this CPU has no AVX-512, which the direct kernel's register blockin
 PAUSE_S = 0.05
 
 
+def _direct_by_rule(lib: Native) -> tuple[bool, str] | None:
+    """The direct kernel's answer where no timing is needed: off without AVX-512 (its 8 x
+    16-float accumulators spill out of AVX2's 16 registers); None: time it."""
+    return None if lib.gemm_avx512 else (False, NO_AVX512)
+
+
 def _measure_direct(lib: Native) -> tuple[bool, str]:
-    if not lib.gemm_avx512:  # its 8 x 16-float accumulators spill out of AVX2's 16 registers
-        return False, NO_AVX512
+    ruled = _direct_by_rule(lib)
+    if ruled is not None:
+        return ruled
     rng = np.random.default_rng(0)
     ratios = []
     for c, o, hw, stride in DIRECT_PROBES:

@@ -342,7 +342,7 @@ def _with_bias_first(program: Any, operands: list[Any], bias: Any) -> tuple[tupl
 
     first = make_instruction(OpKind.ADD, (0, m), {})
     rest = tuple(make_instruction(op, [moved(a) for a in args], dict(attrs)) for op, args, attrs in program)
-    return (first, *rest), [*operands, bias.reshape(1, -1, 1, 1) if bias.ndim == 1 else bias]
+    return (first, *rest), [*operands, bias.reshape(1, -1, 1, 1)]
 
 
 FUSED_KERNELS = {OpKind.FUSED_ELEMENTWISE: _fused_elementwise, OpKind.GEMM: _gemm, OpKind.FUSED_CONV: _fused_conv}

@@ -236,11 +236,10 @@ def reset() -> None:
         _STATE.pop("decision", None)
 
 
-#: The two kinds of convolution decided apart, each on the convolution ``use`` times for
-#: it (channels in, out, size, kernel; stride 1, same padding): a 1x1 is a plain GEMM for
-#: rlx (no im2col) and oneDNN's reorders back from NHWC can cost it more than it gains.
-#: A depthwise convolution (one filter per channel: MobileNet's, EfficientNet's) is a kind
-#: of its own, against rlx's native depthwise kernel.
+#: The kinds of convolution timed apart, each on the convolution ``use`` times for it
+#: (channels in, out, size, kernel; stride 1, same padding): spatial ones against im2col,
+#: depthwise ones (one filter per channel: MobileNet's, EfficientNet's) against rlx's
+#: native depthwise kernel. Pointwise ones are not timed (``NOT_TIMED``).
 PROBES: dict[str, tuple[int, int, int, int]] = {"spatial": (64, 64, 28, 3), "depthwise": (96, 96, 56, 3)}
 #: What ``auto`` says of the kinds it does not time (see the module doc).
 NOT_TIMED = {"pointwise": "rlx (a 1x1 convolution is one GEMM in NCHW; oneDNN's adds reorders to NHWC and back)"}

@@ -80,7 +80,6 @@ class Step:
     name: str
     fn: Callable[[Slots], None]
     allocates: bool = False
-    computes_epilogue: bool = False  # a fused_conv's epilogue is part of this call (cuDNN's fused forward)
 
 
 @dataclass
@@ -343,18 +342,19 @@ def _conv2d(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: 
     if math.prod(node.shape) == 0:
         return []
     extras, extra_ids = list(ins[n_conv:]), list(ids[n_conv:])
-    steps = _cudnn_conv(node, ins[:n_conv], out, ids[:n_conv], ctx, program, extras, extra_ids)
-    if steps is None:
-        steps = _im2col_conv(node, ins[:n_conv], out, ids[:n_conv], ctx)
-    if program and not any(step.computes_epilogue for step in steps):
+    on_dnn = _cudnn_conv(node, ins[:n_conv], out, ids[:n_conv], ctx, program, extras, extra_ids)
+    steps, epilogue_done = on_dnn if on_dnn is not None else (_im2col_conv(node, ins[:n_conv], out, ids[:n_conv], ctx),
+                                                             False)  # fmt: skip
+    if program and not epilogue_done:
         steps += _elementwise(node, [node, *extras], out, [out, *extra_ids], ctx, program)
     return steps
 
 
 def _cudnn_conv(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext, program: tuple,
-                extras: list[Node], extra_ids: list[int]) -> list[Step] | None:  # fmt: skip
+                extras: list[Node], extra_ids: list[int]) -> tuple[list[Step], bool] | None:  # fmt: skip
     """The convolution (with its bias, and the epilogue when one call computes it) on
-    cuDNN, or None when cuDNN does not take it (the reason is counted for the report)."""
+    cuDNN and whether that call computed the epilogue, or None when cuDNN does not take
+    it (the reason is counted for the report)."""
     dnn = ctx.dnn()
     if isinstance(dnn, str):
         ctx.conv_paths.append(f"im2col + cuBLAS (no cuDNN: {dnn})")
@@ -383,11 +383,10 @@ def _cudnn_conv(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], c
         rid = extra_ids[residual] if residual is not None and residual >= 0 else None
         return [Step(f"{name}:cudnn", lambda s: dnn.forward_bias_relu(
             plan, s[xid].data.ptr, s[wid].data.ptr, bias(s).data.ptr, None if rid is None else s[rid].data.ptr,
-            s[out].data.ptr, ws.ptr(), ws.need), computes_epilogue=True)]  # fmt: skip
+            s[out].data.ptr, ws.ptr(), ws.need))], True  # fmt: skip
     steps = [Step(f"{name}:cudnn", lambda s: dnn.forward(plan, s[xid].data.ptr, s[wid].data.ptr, s[out].data.ptr,
                                                           ws.ptr(), ws.need))]  # fmt: skip
-    steps += _conv_bias(node, ins, out, ids, ctx)
-    return steps
+    return steps + _conv_bias(node, ins, out, ids, ctx), False
 
 
 def _zeros(ctx: BuildContext, shape: tuple[int, ...], dtype: str) -> Callable[[Slots], Any]:
