@@ -6,23 +6,25 @@ AMD's AVX-512 parts (Zen 4, Zen 5) both run AVX2 code: half the multiply-add rat
 the machine. Measured on a 2-core Zen 5 (EPYC), sgemm 2048³: oneMKL 178-208 GF/s,
 OpenBLAS 229-242, OpenBLAS forced onto its AVX-512 kernels 446; rlx's GEMM ~400, and
 400-470 on the resnet18 and transformer shapes with packed weights. On an Intel
-AVX-512 part MKL runs its own AVX-512 kernels and wins or ties; on a CPU without AVX-512
-the GEMM's AVX2 clone is no match for a tuned BLAS.
+AVX-512 part MKL runs its own AVX-512 kernels and wins or ties. Without AVX-512 the GEMM
+runs its 12 x 32 tile as 6 x 16 sub-tiles that fit AVX2's 16 registers (``native.c``,
+``rlx_v8``); there a BLAS's tuned kernels are about as fast on big square products, and
+the GEMM wins on a convolution's skinny ones and on few-k products (BENCHMARKS.md,
+"rlx's GEMM on AVX2"), besides adding the bias and running the epilogue as it stores C.
 
 So nothing is assumed: the first compile that plans a float32 product (``use_native``)
-times the GEMM against the BLAS (MKL when it is loaded, else ``numpy.matmul``) on two
-representative products, minimum of a few repetitions each, every GEMM call before any
-BLAS call (50-90 ms in all on the 2-core Zen 5 host, MKL's own start-up included, once
-per process), and the GEMM is used only when it wins both by more than ``MARGIN``, except
-where that BLAS keeps a thread pool of its own (numpy's OpenBLAS, on more than one core):
-then the BLAS must win both by ``POOL_MARGIN`` (1.5x), since running products on it leaves
-every native kernel of those graphs one thread (``threads.py``). A 16-core Xeon (AVX-512,
-numpy's OpenBLAS) timed the two at 0.86-1.26x, varying from process to process, and ran
-resnet18 in 17-22 ms with the BLAS against 8 with the GEMM (efficientnet_b0 18.7 against
-10.8, bert 9.4 against 8.6).
-Where the native library's AVX-512 clone is not the one running, nothing is timed and
-the BLAS keeps every product. The decision is logged (logger
-``rlx_cpu.gemm``) and reported by ``describe()`` (``rlx devices``: the ``gemm`` entry).
+times the GEMM, its A packed as a graph's weights are, against the BLAS (MKL when it is
+loaded, else ``numpy.matmul``) on two representative products, minimum of a few
+repetitions each, every GEMM call before any BLAS call (50-90 ms in all on the 2-core
+Zen 5 host, MKL's own start-up included, once per process), and the GEMM is used only
+when it wins both by more than ``MARGIN``, except where that BLAS keeps a thread pool of
+its own (numpy's OpenBLAS, on more than one core): then the BLAS must win both by
+``POOL_MARGIN`` (1.5x), since running products on it leaves every native kernel of those
+graphs one thread (``threads.py``). A 16-core Xeon (AVX-512, numpy's OpenBLAS) timed the
+two at 0.86-1.26x, varying from process to process, and ran resnet18 in 17-22 ms with
+the BLAS against 8 with the GEMM (efficientnet_b0 18.7 against 10.8, bert 9.4 against
+8.6). The decision is logged (logger ``rlx_cpu.gemm``) and reported by ``describe()``
+(``rlx devices``: the ``gemm`` entry).
 
 ``RLX_CPU_GEMM=native`` uses the GEMM for every float32 product it can take (tests, or a
 host known to want it), ``RLX_CPU_GEMM=blas`` never; ``auto`` (the default) measures.
@@ -127,8 +129,6 @@ def decision() -> Decision | None:
         return Decision(True, "RLX_CPU_GEMM=native")
     if forced == "blas":
         return Decision(False, "RLX_CPU_GEMM=blas")
-    if not lib.gemm_avx512:
-        return Decision(False, "this CPU has no AVX-512, where the BLAS's own kernels are as fast or faster")
     return _DECIDED.get("auto")
 
 
@@ -145,7 +145,7 @@ def use_native() -> bool:
         if "auto" not in _DECIDED:
             _DECIDED["auto"] = _measure(lib)
             log.info("rlx-cpu: float32 products on %s (%s)",
-                    "rlx's AVX-512 GEMM" if _DECIDED["auto"].native else "the BLAS", _DECIDED["auto"].why)  # fmt: skip
+                    "rlx's GEMM" if _DECIDED["auto"].native else "the BLAS", _DECIDED["auto"].why)  # fmt: skip
         return _DECIDED["auto"].native
 
 
@@ -156,7 +156,7 @@ def describe(measured: bool = True) -> str:
     probe does: its answer is part of the host's calibration identity."""
     found = decision() if measured else None
     if found is None:
-        return "auto: rlx's AVX-512 GEMM is timed against the BLAS at the first compile with products"
+        return "auto: rlx's GEMM is timed against the BLAS at the first compile with products"
     return f"{'rlx GEMM' if found.native else 'BLAS'} for float32 products ({found.why})"
 
 
@@ -218,10 +218,12 @@ def _measure(lib: Native) -> Decision:
         a = rng.random((m, k), dtype=np.float32) - 0.5  # uniform: a third of normal's cost to draw
         b = rng.random((k, n), dtype=np.float32) - 0.5
         c_native, c_blas = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
-        args = (m, n, k, a.ctypes.data, k, 1, 0, b.ctypes.data, n, 1, 0, c_native.ctypes.data, n, 0, 1, 0,
-                threads_used, 0, 0)  # fmt: skip
-        # a and b stay in the list: the calls hold only their addresses
-        cases.append(((m, k, n), args, c_native, c_blas, _blas_runner(a, b, c_blas), (a, b)))
+        packed = np.empty(max(int(lib.gemm_pack_a_size(m, k)), 1), np.float32)  # as a graph's weights are
+        lib.gemm_pack_a(a.ctypes.data, k, 1, m, k, packed.ctypes.data)
+        args = (m, n, k, packed.ctypes.data, k, 1, 0, b.ctypes.data, n, 1, 0, c_native.ctypes.data, n, 0, 1,
+                _PACKED_A, threads_used, 0, 0)  # fmt: skip
+        # a, b and packed stay in the list: the calls hold only their addresses
+        cases.append(((m, k, n), args, c_native, c_blas, _blas_runner(a, b, c_blas), (a, b, packed)))
     native_times = [_best_of(lambda args=args: lib.gemm(*args)) for _, args, *_ in cases]
     blas_times = [_best_of(runner[1]) for *_, runner, _ in cases]
     pools = thread_policy.blas_pools() if threads_used > 1 else []
@@ -243,13 +245,14 @@ def _measure(lib: Native) -> Decision:
             single = " (one thread each: " + "/".join(f"{r:.2f}x" for r in one) + ")"
     shapes = ", ".join(f"{m}x{k}x{n}" for m, k, n in PROBE_SHAPES)
     speed = "/".join(f"{r:.2f}x" for r in ratios)
+    tile = "AVX-512 tile" if lib.gemm_avx512 else "6x16 sub-tiles"
     if pools:  # ties go to the GEMM: the BLAS would cost the native kernels their threads
         native = all(r > 1 / POOL_MARGIN for r in ratios)
-        return Decision(native, f"timed {speed} {name}'s speed at {shapes}{single}, AVX-512; the BLAS only where "
+        return Decision(native, f"timed {speed} {name}'s speed at {shapes}{single}, {tile}; the BLAS only where "
                                 f"{POOL_MARGIN:.2f}x faster: its own pool ({pools[0]}) leaves the native kernels one "
                                 "thread")
     native = all(r > MARGIN for r in ratios)
-    return Decision(native, f"timed {speed} {name}'s speed at {shapes}{single}, AVX-512")
+    return Decision(native, f"timed {speed} {name}'s speed at {shapes}{single}, {tile}")
 
 
 def _single_thread_ratios(lib: Native, cases: list[Any]) -> list[float] | None:

@@ -44,6 +44,14 @@
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
+/* 8 floats: one AVX2 register (two NEON ones). The tiles written for AVX-512's 32
+ * registers of 16 keep 24 rlx_v16 sums: 48 AVX2 registers of 16, so off AVX-512 those
+ * kernels run their sums through the stack (rlx_gemm at 2.5 GF/s on a Zen 3). There they
+ * run as sub-tiles of 6 x 16 in rlx_v8 (12 sums, 2 columns, 1 broadcast: 15 of AVX2's 16
+ * registers), over the same packed panels. */
+typedef float rlx_v8 __attribute__((vector_size(32)));
+#define RLX_SUB_MR 6
+#define RLX_SUB_NR 16
 #define RLX_MAX_DIMS 8
 #define RLX_CHUNK_BLOCKS 16 /* blocks per unit of work a thread takes at a time */
 
@@ -1727,10 +1735,98 @@ static inline __attribute__((always_inline)) void gemm_store(rlx_v16 *lo, rlx_v1
 }
 
 
+/* A 6 x 16 sub-tile's sums into C[0:mr, 0:nr] (mr <= 6, nr <= 16), plus rb[i] on row i
+ * when rb is not NULL, added to what C holds when `add`. */
+static inline __attribute__((always_inline)) void gemm_sub_store(rlx_v8 (*acc)[2], float *c, int64_t ldc,
+                                                                 int64_t mr, int64_t nr, int add, const float *rb) {
+    if (mr == RLX_SUB_MR && nr == RLX_SUB_NR) {
+#pragma GCC unroll 8
+        for (int i = 0; i < RLX_SUB_MR; i++) {
+            float *ci = c + i * ldc;
+            rlx_v8 v0 = acc[i][0], v1 = acc[i][1];
+            if (rb) v0 += rb[i], v1 += rb[i];
+            if (add) {
+                rlx_v8 o0, o1;
+                memcpy(&o0, ci, sizeof o0);
+                memcpy(&o1, ci + 8, sizeof o1);
+                v0 += o0, v1 += o1;
+            }
+            memcpy(ci, &v0, sizeof v0);
+            memcpy(ci + 8, &v1, sizeof v1);
+        }
+        return;
+    }
+    for (int64_t i = 0; i < mr; i++) {
+        float *ci = c + i * ldc, row[RLX_SUB_NR];
+        memcpy(row, &acc[i][0], sizeof acc[i][0]);
+        memcpy(row + 8, &acc[i][1], sizeof acc[i][1]);
+        const float bi = rb ? rb[i] : 0.0f;
+        for (int64_t j = 0; j < nr; j++) ci[j] = add ? ci[j] + (row[j] + bi) : row[j] + bi;
+    }
+}
+
+/* One 6 x 16 sub-tile of an MR x NR tile: rows from A (packed: a + p MR + i; in place:
+ * rows[i][p]), columns from the B panel at b (16 of its NR a row). */
+static inline __attribute__((always_inline)) void gemm_sub(int64_t kc, const float *restrict a,
+                                                           const float *const *rows, const float *restrict b,
+                                                           float *c, int64_t ldc, int64_t mr, int64_t nr, int add,
+                                                           const float *rb) {
+    rlx_v8 acc[RLX_SUB_MR][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < RLX_SUB_MR; i++) acc[i][0] = acc[i][1] = (rlx_v8){0};
+    if (rows) {
+        for (int64_t p = 0; p < kc; p++) {
+            rlx_v8 b0, b1;
+            memcpy(&b0, b + p * RLX_GEMM_NR, sizeof b0);
+            memcpy(&b1, b + p * RLX_GEMM_NR + 8, sizeof b1);
+#pragma GCC unroll 8
+            for (int i = 0; i < RLX_SUB_MR; i++) {
+                const float av = rows[i][p];
+                acc[i][0] += av * b0;
+                acc[i][1] += av * b1;
+            }
+        }
+    } else {
+        for (int64_t p = 0; p < kc; p++) {
+            rlx_v8 b0, b1;
+            memcpy(&b0, b + p * RLX_GEMM_NR, sizeof b0);
+            memcpy(&b1, b + p * RLX_GEMM_NR + 8, sizeof b1);
+            const float *ap = a + p * RLX_GEMM_MR;
+#pragma GCC unroll 8
+            for (int i = 0; i < RLX_SUB_MR; i++) {
+                acc[i][0] += ap[i] * b0;
+                acc[i][1] += ap[i] * b1;
+            }
+        }
+    }
+    gemm_sub_store(acc, c, ldc, mr, nr, add, rb);
+}
+
+/* The MR x NR tile as 6 x 16 sub-tiles (those with a row and a column of C to store),
+ * column half by column half so each half of the B panel is read from L1 twice. */
+static inline __attribute__((always_inline)) void gemm_tile8(int64_t kc, const float *restrict a,
+                                                             const float *const *rows, const float *restrict b,
+                                                             float *c, int64_t ldc, int64_t mr, int64_t nr, int add,
+                                                             const float *rb) {
+    for (int64_t cj = 0; cj * RLX_SUB_NR < nr; cj++) {
+        int64_t n2 = nr - cj * RLX_SUB_NR < RLX_SUB_NR ? nr - cj * RLX_SUB_NR : RLX_SUB_NR;
+        for (int64_t ri = 0; ri * RLX_SUB_MR < mr; ri++) {
+            int64_t m2 = mr - ri * RLX_SUB_MR < RLX_SUB_MR ? mr - ri * RLX_SUB_MR : RLX_SUB_MR;
+            gemm_sub(kc, a ? a + ri * RLX_SUB_MR : NULL, rows ? rows + ri * RLX_SUB_MR : NULL, b + cj * RLX_SUB_NR,
+                     c + ri * RLX_SUB_MR * ldc + cj * RLX_SUB_NR, ldc, m2, n2, add, rb ? rb + ri * RLX_SUB_MR : NULL);
+        }
+    }
+}
+
 /* The MR x NR tile: C[0:mr, 0:nr] (+)= A panel (kc x MR) @ B panel (kc x NR). */
 static inline __attribute__((always_inline)) void gemm_micro(int64_t kc, const float *restrict a,
                                                              const float *restrict b, float *c, int64_t ldc,
-                                                             int64_t mr, int64_t nr, int add, const float *rb) {
+                                                             int64_t mr, int64_t nr, int add, const float *rb,
+                                                             int wide) {
+    if (!wide) {
+        gemm_tile8(kc, a, NULL, b, c, ldc, mr, nr, add, rb);
+        return;
+    }
     rlx_v16 lo[RLX_GEMM_MR], hi[RLX_GEMM_MR];
 #pragma GCC unroll 16
     for (int i = 0; i < RLX_GEMM_MR; i++) lo[i] = hi[i] = (rlx_v16){0};
@@ -1755,13 +1851,17 @@ static inline __attribute__((always_inline)) void gemm_micro(int64_t kc, const f
 static inline __attribute__((always_inline)) void gemm_micro_rows(int64_t kc, const float *restrict a, int64_t lda,
                                                                   const float *restrict b, float *c, int64_t ldc,
                                                                   int64_t mr, int64_t nr, int add, const float *rb,
-                                                                  const float *bnext) {
+                                                                  const float *bnext, int wide) {
     rlx_v16 lo[RLX_GEMM_MR], hi[RLX_GEMM_MR];
     const float *rows[RLX_GEMM_MR];
 #pragma GCC unroll 16
     for (int i = 0; i < RLX_GEMM_MR; i++) {
         lo[i] = hi[i] = (rlx_v16){0};
         rows[i] = a + (i < mr ? i : mr - 1) * lda;
+    }
+    if (!wide) {
+        gemm_tile8(kc, NULL, rows, b, c, ldc, mr, nr, add, rb);
+        return;
     }
     for (int64_t p = 0; p < kc; p++) {
         rlx_v16 b0, b1;
@@ -1839,6 +1939,7 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
     const int packed_a = (g->flags & RLX_GEMM_PACKED_A) != 0, packed_b = (g->flags & RLX_GEMM_PACKED_B) != 0;
     int64_t kmax = k < RLX_GEMM_KC ? k : RLX_GEMM_KC;
     const int direct_a = !packed_a && g->a_cs == 1; /* A's rows contiguous: read in place, not packed */
+    const int wide = rlx_gemm_avx512() != 0; /* AVX-512's 12 x 32 tile in rlx_v16, else 6 x 16 sub-tiles */
     int64_t need = (packed_a || direct_a ? 0 : RLX_GEMM_MC * kmax) + (packed_b ? 0 : RLX_GEMM_NC * kmax);
     float *buf = need ? gemm_buffer(need) : NULL;
     if (need && !buf) {
@@ -1889,9 +1990,9 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
                         const float *rb = last && g->bias ? g->bias + (ic + ir) * MR : NULL;
                         if (direct_a)
                             gemm_micro_rows(kc, a0 + ir * MR * g->a_rs, g->a_rs, bp + jr * bstride, c, g->ldc, mr,
-                                            nr, pc > 0, rb, ir == 0 && jr + 1 < jn ? bp + (jr + 1) * bstride : NULL);
+                                            nr, pc > 0, rb, ir == 0 && jr + 1 < jn ? bp + (jr + 1) * bstride : NULL, wide);
                         else
-                            gemm_micro(kc, ap + ir * astride, bp + jr * bstride, c, g->ldc, mr, nr, pc > 0, rb);
+                            gemm_micro(kc, ap + ir * astride, bp + jr * bstride, c, g->ldc, mr, nr, pc > 0, rb, wide);
                     }
                 }
                 if (last && g->epi) /* this block of C is final: its rows while in cache */
@@ -2146,6 +2247,55 @@ static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm
     }
 }
 
+/* conv_gemm_tile off AVX-512: the MR x (16 NV) tile as sub-tiles of MR / 2 rows x 16
+ * columns in rlx_v8 (6 x 16 or 4 x 16: at most 12 sums), over the same packed panels. */
+static inline __attribute__((always_inline)) void conv_gemm_tile8(const conv_gemm_args *g, const int MR, const int NV,
+                                                                  int64_t ir, int64_t pc, int64_t kc, int64_t j,
+                                                                  float *c, int64_t ldc, int first, int fetch) {
+    const int R = MR / 2;
+    const int64_t mp_pad = (g->o + MR - 1) / MR * MR;
+    const float *restrict ap = g->a + pc * mp_pad + ir * MR * kc;
+    const float *pf = fetch ? conv_gemm_next_panel(g, MR, mp_pad, ir, pc) : ap;
+    const int32_t *restrict to = g->toff + pc;
+    const int64_t rows = g->o - ir * MR < MR ? g->o - ir * MR : MR;
+    for (int h = 0; h < NV; h++) {
+        const float *restrict xb = g->xs + j + h * RLX_SUB_NR;
+        for (int r0 = 0; r0 < MR && r0 < rows; r0 += R) {
+            rlx_v8 acc[RLX_SUB_MR][2];
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) acc[i][0] = acc[i][1] = (rlx_v8){0};
+            const int lead = h == 0 && r0 == 0;
+            for (int64_t p = 0; p < kc; p++) {
+                rlx_v8 b0, b1;
+                memcpy(&b0, xb + to[p], sizeof b0);
+                memcpy(&b1, xb + to[p] + 8, sizeof b1);
+                const float *a = ap + p * MR + r0;
+                if (lead) __builtin_prefetch(pf + p * MR, 0, 2);
+#pragma GCC unroll 8
+                for (int i = 0; i < R; i++) {
+                    acc[i][0] += a[i] * b0;
+                    acc[i][1] += a[i] * b1;
+                }
+            }
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) {
+                if (r0 + i >= rows) break;
+                float *ci = c + (r0 + i) * ldc + h * RLX_SUB_NR;
+                rlx_v8 o0, o1;
+                if (first) {
+                    o0 = o1 = (rlx_v8){0} + (g->bias ? g->bias[ir * MR + r0 + i] : 0.0f);
+                } else {
+                    memcpy(&o0, ci, sizeof o0);
+                    memcpy(&o1, ci + 8, sizeof o1);
+                }
+                o0 += acc[i][0], o1 += acc[i][1];
+                memcpy(ci, &o0, sizeof o0);
+                memcpy(ci + 8, &o1, sizeof o1);
+            }
+        }
+    }
+}
+
 /* Row panels [i0, i1) x column tiles [t0, t1), on this thread, the epilogue's spans to
  * es. A tile reaching past the end of y (n not a multiple of NR: 49 columns of 7 x 7 make
  * one full tile and one of 17) is summed in a scratch tile of the thread's and copied out
@@ -2158,6 +2308,7 @@ static RLX_CLONES void conv_gemm_block(const conv_gemm_args *g, int64_t i0, int6
                                        epi_state *es) {
     const int64_t NR = RLX_GEMM_NR, MR = g->mr, tail = g->n % NR ? g->n / NR : -1; /* the partial tile */
     const int64_t ch0 = i0 * MR, ch1 = i1 * MR < g->o ? i1 * MR : g->o; /* this block's channels */
+    const int wide = rlx_gemm_avx512() != 0; /* AVX-512's tiles in rlx_v16, else conv_gemm_tile8 */
     float *edge = tail >= t0 && tail < t1 ? gemm_buffer((i1 - i0) * MR * NR) : NULL;
     if (tail >= t0 && tail < t1 && !edge) { /* no scratch: that tile as plain sums */
         for (int64_t ch = ch0; ch < ch1; ch++) {
@@ -2190,7 +2341,11 @@ static RLX_CLONES void conv_gemm_block(const conv_gemm_args *g, int64_t i0, int6
                 float *c = t == tail ? edge + (ir - i0) * MR * NR : g->y + ir * MR * g->n + t * NR;
                 int64_t ldc = t == tail ? NR : g->n, j = t == tail ? g->tail_j : t * NR;
                 const int half = t == tail && g->tail_w == 16;
-                if (MR == 8 && half)
+                if (!wide && MR == 8)
+                    conv_gemm_tile8(g, 8, half ? 1 : 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
+                else if (!wide)
+                    conv_gemm_tile8(g, 12, half ? 1 : 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
+                else if (MR == 8 && half)
                     conv_gemm_tile(g, 8, 1, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
                 else if (MR == 8)
                     conv_gemm_tile(g, 8, 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb);

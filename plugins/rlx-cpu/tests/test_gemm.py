@@ -206,7 +206,6 @@ def test_forced_modes_choose_the_step(native_lib: native.Native, monkeypatch: py
 
 def test_auto_measures_once_and_says_so(native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLX_CPU_GEMM", "auto")
-    monkeypatch.setattr(native_lib, "gemm_avx512", True)
     calls: list[int] = []
 
     def fake(lib: native.Native) -> gemm.Decision:
@@ -219,8 +218,8 @@ def test_auto_measures_once_and_says_so(native_lib: native.Native, monkeypatch: 
         assert gemm.describe().startswith("auto: ")
         assert not gemm.use_native() and not gemm.use_native() and calls == [1]
         assert gemm.describe() == "BLAS for float32 products (timed 0.90x/0.80x the BLAS)"
-        monkeypatch.setattr(native_lib, "gemm_avx512", False)  # no AVX-512: nothing to time
-        assert not gemm.use_native() and "no AVX-512" in gemm.describe()
+        monkeypatch.setattr(native_lib, "gemm_avx512", False)  # AVX2's sub-tiles are timed the same way
+        assert not gemm.use_native() and calls == [1]
     finally:
         gemm.reset()
 
