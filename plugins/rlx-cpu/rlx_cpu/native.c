@@ -821,6 +821,158 @@ RLX_API void rlx_im2col(const float *x, float *cols, int64_t count, int64_t x_st
  * per output with the filter in registers, over a row the compiler vectorizes. */
 /* One output row of a 3x3 / 5x5 stride-1 depthwise window: restrict pointers and the
  * filter in locals, so the compiler vectorizes over the row. */
+/* The row kernels' vector part: U vectors of 8 outputs at a time, each output's sum
+ * accumulated tap by tap in the scalar formula's order (the same multiply-adds, so the
+ * same results), in 2U (pairs of rows) or U independent chains. Left to GCC, the formula
+ * vectorized as one chain of 9 dependent multiply-adds per 8 outputs (4 cycles each)
+ * with its loads spilled: 144x56x56 3x3 on one Zen 3 core 630 us. Each returns how many
+ * outputs it did (a multiple of 8); the scalar loop does the rest. */
+static inline __attribute__((always_inline)) rlx_v8 dw_ld(const float *p) {
+    rlx_v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+#define DW_ROW_U 3
+#if defined(__clang__)
+#define RLX_SHUFFLE8_EVEN(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14)
+#define RLX_SHUFFLE8_ODD(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15)
+#else
+typedef int32_t rlx_i8 __attribute__((vector_size(32)));
+#define RLX_SHUFFLE8_EVEN(a, b) __builtin_shuffle(a, b, (rlx_i8){0, 2, 4, 6, 8, 10, 12, 14})
+#define RLX_SHUFFLE8_ODD(a, b) __builtin_shuffle(a, b, (rlx_i8){1, 3, 5, 7, 9, 11, 13, 15})
+#endif
+
+static inline __attribute__((always_inline)) void dw3x2_block(float *restrict d0, float *restrict d1,
+                                                              const float *restrict r0, const float *restrict r1,
+                                                              const float *restrict r2, const float *restrict r3,
+                                                              const float *restrict f, float b, const int U) {
+    rlx_v8 p[DW_ROW_U], q[DW_ROW_U];
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++) p[u] = q[u] = (rlx_v8){0} + b;
+#pragma GCC unroll 3
+    for (int j = 0; j < 3; j++) {
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) p[u] += f[j] * dw_ld(r0 + 8 * u + j);
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) {
+            const rlx_v8 v = dw_ld(r1 + 8 * u + j);
+            p[u] += f[3 + j] * v;
+            q[u] += f[j] * v;
+        }
+    }
+#pragma GCC unroll 3
+    for (int j = 0; j < 3; j++) {
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) {
+            const rlx_v8 v = dw_ld(r2 + 8 * u + j);
+            p[u] += f[6 + j] * v;
+            q[u] += f[3 + j] * v;
+        }
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) q[u] += f[6 + j] * dw_ld(r3 + 8 * u + j);
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++) {
+        memcpy(d0 + 8 * u, &p[u], sizeof p[u]);
+        memcpy(d1 + 8 * u, &q[u], sizeof q[u]);
+    }
+}
+
+static inline __attribute__((always_inline)) int64_t dw_row3x2_v(float *restrict d0, float *restrict d1,
+                                                                 const float *restrict r0, const float *restrict r1,
+                                                                 const float *restrict r2, const float *restrict r3,
+                                                                 const float *restrict f, float b, int64_t ow) {
+    int64_t ox = 0;
+    for (; ox + 8 * DW_ROW_U <= ow; ox += 8 * DW_ROW_U)
+        dw3x2_block(d0 + ox, d1 + ox, r0 + ox, r1 + ox, r2 + ox, r3 + ox, f, b, DW_ROW_U);
+    for (; ox + 8 <= ow; ox += 8) dw3x2_block(d0 + ox, d1 + ox, r0 + ox, r1 + ox, r2 + ox, r3 + ox, f, b, 1);
+    return ox;
+}
+
+/* One row of a 3x3 window, U vectors: the three input rows tap after tap, as dw_row3. */
+static inline __attribute__((always_inline)) void dw3_block(float *restrict d, const float *restrict r0,
+                                                            const float *restrict r1, const float *restrict r2,
+                                                            const float *restrict f, float b, const int U) {
+    rlx_v8 p[4];
+    const float *rows[3] = {r0, r1, r2};
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++) p[u] = (rlx_v8){0} + b;
+#pragma GCC unroll 9
+    for (int t = 0; t < 9; t++)
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) p[u] += f[t] * dw_ld(rows[t / 3] + 8 * u + t % 3);
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++) memcpy(d + 8 * u, &p[u], sizeof p[u]);
+}
+
+static inline __attribute__((always_inline)) int64_t dw_row3_v(float *restrict d, const float *restrict r0,
+                                                               const float *restrict r1, const float *restrict r2,
+                                                               const float *restrict f, float b, int64_t ow) {
+    int64_t ox = 0;
+    for (; ox + 32 <= ow; ox += 32) dw3_block(d + ox, r0 + ox, r1 + ox, r2 + ox, f, b, 4);
+    for (; ox + 8 <= ow; ox += 8) dw3_block(d + ox, r0 + ox, r1 + ox, r2 + ox, f, b, 1);
+    return ox;
+}
+
+/* dw_row3_s2's taps (even row, odd row, even row one on, for each of the three rows). */
+static inline __attribute__((always_inline)) void dw3s2_block(float *restrict d, const float *const *rows,
+                                                              const float *restrict f, float b, int64_t ox,
+                                                              const int U) {
+    rlx_v8 p[4];
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++) p[u] = (rlx_v8){0} + b;
+#pragma GCC unroll 3
+    for (int i = 0; i < 3; i++) {
+        const float *e = rows[2 * i] + ox, *o = rows[2 * i + 1] + ox;
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) p[u] += f[3 * i] * dw_ld(e + 8 * u);
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) p[u] += f[3 * i + 1] * dw_ld(o + 8 * u);
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) p[u] += f[3 * i + 2] * dw_ld(e + 8 * u + 1);
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++) memcpy(d + ox + 8 * u, &p[u], sizeof p[u]);
+}
+
+static inline __attribute__((always_inline)) int64_t dw_row3_s2_v(float *restrict d, const float *const *rows,
+                                                                  const float *restrict f, float b, int64_t ow) {
+    int64_t ox = 0;
+    for (; ox + 32 <= ow; ox += 32) dw3s2_block(d, rows, f, b, ox, 4);
+    for (; ox + 8 <= ow; ox += 8) dw3s2_block(d, rows, f, b, ox, 1);
+    return ox;
+}
+
+/* dw_row5's five row sums (a product, then four multiply-adds each) added to b in order. */
+static inline __attribute__((always_inline)) void dw5_block(float *restrict d, const float *restrict r, int64_t wp,
+                                                            const float *restrict g, float b, const int U) {
+    rlx_v8 t[2];
+#pragma GCC unroll 2
+    for (int u = 0; u < U; u++) t[u] = (rlx_v8){0} + b;
+#pragma GCC unroll 5
+    for (int i = 0; i < 5; i++) {
+        const float *ri = r + i * wp;
+#pragma GCC unroll 2
+        for (int u = 0; u < U; u++) {
+            rlx_v8 a = g[5 * i] * dw_ld(ri + 8 * u);
+#pragma GCC unroll 4
+            for (int j = 1; j < 5; j++) a += g[5 * i + j] * dw_ld(ri + 8 * u + j);
+            t[u] += a;
+        }
+    }
+#pragma GCC unroll 2
+    for (int u = 0; u < U; u++) memcpy(d + 8 * u, &t[u], sizeof t[u]);
+}
+
+static inline __attribute__((always_inline)) int64_t dw_row5_v(float *restrict d, const float *restrict r,
+                                                               int64_t wp, const float *restrict g, float b,
+                                                               int64_t ow) {
+    int64_t ox = 0;
+    for (; ox + 16 <= ow; ox += 16) dw5_block(d + ox, r + ox, wp, g, b, 2);
+    for (; ox + 8 <= ow; ox += 8) dw5_block(d + ox, r + ox, wp, g, b, 1);
+    return ox;
+}
+
 static inline void dw_row3(float *restrict dst, const float *restrict r0, const float *restrict r1,
                            const float *restrict r2, const float *restrict f, float b, int64_t ow) {
     const float f0 = f[0], f1 = f[1], f2 = f[2], f3 = f[3], f4 = f[4], f5 = f[5], f6 = f[6], f7 = f[7], f8 = f[8];
@@ -897,31 +1049,53 @@ static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const f
                 const float *src = plane + iy * w - pl;
                 float *ev = row, *od = row + we;
                 const int64_t e0 = (x0 + 1) / 2, e1 = (x1 + 1) / 2, o0 = x0 / 2, o1 = x1 / 2;
+                /* [lo, v): columns whose even and odd inputs are both data, 16 inputs at a
+                 * time through two shuffles (one at a time, the split was most of a 112x112
+                 * stride-2 layer's time) */
+                const int64_t lo = e0 > o0 ? e0 : o0, hi = e1 < o1 ? e1 : o1;
+                int64_t v = lo;
+                for (; v + 8 <= hi; v += 8) {
+                    const rlx_v8 a = dw_ld(src + 2 * v), c = dw_ld(src + 2 * v + 8);
+                    const rlx_v8 even = RLX_SHUFFLE8_EVEN(a, c), odd = RLX_SHUFFLE8_ODD(a, c);
+                    memcpy(ev + v, &even, sizeof even);
+                    memcpy(od + v, &odd, sizeof odd);
+                }
                 for (int64_t i = 0; i < e0; i++) ev[i] = 0.0f;
-                for (int64_t i = e0; i < e1; i++) ev[i] = src[2 * i];
+                for (int64_t i = e0; i < (lo < e1 ? lo : e1); i++) ev[i] = src[2 * i];
+                for (int64_t i = v; i < e1; i++) ev[i] = src[2 * i];
                 for (int64_t i = e1; i < we; i++) ev[i] = 0.0f;
                 for (int64_t i = 0; i < o0; i++) od[i] = 0.0f;
-                for (int64_t i = o0; i < o1; i++) od[i] = src[2 * i + 1];
+                for (int64_t i = o0; i < (lo < o1 ? lo : o1); i++) od[i] = src[2 * i + 1];
+                for (int64_t i = v; i < o1; i++) od[i] = src[2 * i + 1];
                 for (int64_t i = o1; i < wp / 2; i++) od[i] = 0.0f;
                 continue;
             }
-            if (x0 > 0) memset(row, 0, (size_t)x0 * sizeof(float));
+            /* the padding columns (a few floats) inline: a memset call each was a third of
+             * the copy's time on 56-wide rows */
+            for (int64_t i = 0; i < x0; i++) row[i] = 0.0f;
             memcpy(row + x0, plane + iy * w + (x0 - pl), (size_t)(x1 - x0) * sizeof(float));
-            if (x1 < wp) memset(row + x1, 0, (size_t)(wp - x1) * sizeof(float));
+            for (int64_t i = x1; i < wp; i++) row[i] = 0.0f;
         }
         float *out = y + p * oh * ow;
         for (int64_t oy = 0; oy < oh; oy++) {
             float *dst = out + oy * ow;
             const float *r = pad + oy * sh * wp;
             if (unit && kh == 3 && kw == 3 && oy + 1 < oh) { /* 0.90-0.96x one row at a time */
-                dw_row3x2(dst, dst + ow, r, r + wp, r + 2 * wp, r + 3 * wp, f, b, ow);
+                const float *r1 = r + wp, *r2 = r + 2 * wp, *r3 = r + 3 * wp;
+                const int64_t v = dw_row3x2_v(dst, dst + ow, r, r1, r2, r3, f, b, ow);
+                dw_row3x2(dst + v, dst + ow + v, r + v, r1 + v, r2 + v, r3 + v, f, b, ow - v);
                 oy++;
             } else if (unit && kh == 3 && kw == 3) {
-                dw_row3(dst, r, r + wp, r + 2 * wp, f, b, ow);
+                const int64_t v = dw_row3_v(dst, r, r + wp, r + 2 * wp, f, b, ow);
+                dw_row3(dst + v, r + v, r + wp + v, r + 2 * wp + v, f, b, ow - v);
             } else if (unit && kh == 5 && kw == 5) {
-                dw_row5(dst, r, wp, f, b, ow);
+                const int64_t v = dw_row5_v(dst, r, wp, f, b, ow);
+                dw_row5(dst + v, r + v, wp, f, b, ow - v);
             } else if (two) {
-                dw_row3_s2(dst, r, r + we, r + wp, r + wp + we, r + 2 * wp, r + 2 * wp + we, f, b, ow);
+                const float *rows[6] = {r, r + we, r + wp, r + wp + we, r + 2 * wp, r + 2 * wp + we};
+                const int64_t v = dw_row3_s2_v(dst, rows, f, b, ow);
+                dw_row3_s2(dst + v, rows[0] + v, rows[1] + v, rows[2] + v, rows[3] + v, rows[4] + v, rows[5] + v, f,
+                           b, ow - v);
             } else {
                 for (int64_t ox = 0; ox < ow; ox++) dst[ox] = b;
                 for (int64_t i = 0; i < kh; i++) {
@@ -1067,14 +1241,52 @@ static inline __attribute__((always_inline)) void dw_lanes_unit(const float *pad
     }
 }
 
+/* dw_lanes_unit off AVX-512: the same loop on each half of the lanes in turn (8 floats,
+ * one AVX2 register), so a group's inputs, sums and filter fit AVX2's 16 registers (in
+ * 16-float vectors they took 22, and the loop ran through the stack). Same products in
+ * the same order, so the same results. */
+static inline __attribute__((always_inline)) void dw_lanes_unit8(const float *pad, const float *filt,
+                                                                 const float *bias, float *res, const int KH,
+                                                                 const int KW, const int SW, const int P, int64_t sh,
+                                                                 int64_t dh, int64_t wp, int64_t oh, int64_t ow) {
+    for (int64_t oy = 0; oy < oh; oy++) {
+        for (int64_t ox0 = 0; ox0 < ow; ox0 += P) {
+#pragma GCC unroll 2
+            for (int h = 0; h < DW_LANES; h += 8) {
+                float *dst = res + (oy * ow + ox0) * DW_LANES + h;
+                rlx_v8 a[DW_UNIT_PIXELS];
+                const rlx_v8 b = dw_ld(bias + h);
+#pragma GCC unroll 8
+                for (int p = 0; p < P; p++) a[p] = b;
+#pragma GCC unroll 5
+                for (int i = 0; i < KH; i++) {
+                    const float *row = pad + ((oy * sh + i * dh) * wp + ox0 * SW) * DW_LANES + h;
+                    rlx_v8 v[5 + 2 * (DW_UNIT_PIXELS - 1)];
+#pragma GCC unroll 19
+                    for (int q = 0; q < KW + SW * (P - 1); q++) v[q] = dw_ld(row + q * DW_LANES);
+#pragma GCC unroll 5
+                    for (int j = 0; j < KW; j++) {
+                        const rlx_v8 f = dw_ld(filt + (i * KW + j) * DW_LANES + h);
+#pragma GCC unroll 8
+                        for (int p = 0; p < P; p++) a[p] += f * v[j + p * SW];
+                    }
+                }
+#pragma GCC unroll 8
+                for (int p = 0; p < P; p++) memcpy(dst + p * DW_LANES, &a[p], sizeof a[p]);
+            }
+        }
+    }
+}
+
 /* The pixels a group of the lanes kernel takes on rows of ow outputs: with AVX-512's 32
  * registers, whichever of 8 down to 4 computes the fewest pixels past the row's end (the
- * most pixels on a tie), else 4. Why not 8 always: each pixel's sum is a chain of
+ * most pixels on a tie), else 0 (dw_lanes_unit8: 4 pixels, half the lanes at a time). Why
+ * not 8 always: each pixel's sum is a chain of
  * dependent multiply-adds, and a group of 8 over a 7-wide row computes 8 (or 4 + 4) for 7;
  * 7x7, 14x14 and 28x28 planes (every 224-input ImageNet net's) take groups of 7 with none
  * wasted (1152x7x7 5x5, one core, kernel against kernel: 51 -> 47 µs). */
 static int dw_group_pixels(int64_t ow, int wide) {
-    if (!wide) return 4;
+    if (!wide) return 0; /* dw_lanes_unit8's four pixels, half the lanes at a time */
     int best = 8;
     int64_t best_work = (ow + 7) / 8 * 8;
     for (int p = 7; p >= 4; p--) {
@@ -1090,6 +1302,10 @@ static inline __attribute__((always_inline)) void dw_lanes_units(const float *pa
                                                                  float *res, const int K, const int SW, int P,
                                                                  int64_t sh, int64_t dh, int64_t wp, int64_t oh,
                                                                  int64_t ow) {
+    if (P == 0) { /* off AVX-512: four pixels, half the lanes at a time */
+        dw_lanes_unit8(pad, filt, filt + K * K * DW_LANES, res, K, K, SW, 4, sh, dh, wp, oh, ow);
+        return;
+    }
     switch (P) {
     case 8: dw_lanes_unit(pad, filt, b, res, K, K, SW, 8, sh, dh, wp, oh, ow); break;
     case 7: dw_lanes_unit(pad, filt, b, res, K, K, SW, 7, sh, dh, wp, oh, ow); break;
