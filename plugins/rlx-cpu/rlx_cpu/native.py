@@ -93,6 +93,13 @@ class Native:
         self.depthwise = self._lib.rlx_depthwise_conv
         self.depthwise.argtypes = [p, p, p, p, p, *[i64] * 15, p]  # ..., threads, epilogue
         self.depthwise.restype = None
+        # (x, w, bias, y, scratch, n, groups, cg, og, h, w, kh, kw, sh, sw, pt, pl, oh, ow, threads, epilogue)
+        self.group_conv = self._lib.rlx_group_conv
+        self.group_conv.argtypes = [p, p, p, p, p, *[i64] * 15, p]
+        self.group_conv.restype = None
+        self.group_conv_scratch = self._lib.rlx_group_conv_scratch  # (cg, kh, kw, sh, sw, oh, ow) -> floats
+        self.group_conv_scratch.argtypes = [i64] * 7
+        self.group_conv_scratch.restype = i64
         # (x, packed filters and bias, y, scratch, n, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, threads, epi)
         self.depthwise_lanes = self._lib.rlx_depthwise_lanes
         self.depthwise_lanes.argtypes = [p, p, p, p, *[i64] * 15, p]
@@ -163,7 +170,7 @@ class Native:
         self.packed.restype = i64
         for kernel, fn in enumerate((self.gemm, self.gemv, self.softmax, self.layer_norm, self.im2col, self.pool2d,
                                      self.max_pool2d_padded, self.depthwise, self.depthwise_lanes, self.conv_direct,
-                                     self.region, self.conv_gemm), start=1):  # fmt: skip
+                                     self.region, self.conv_gemm, self.group_conv), start=1):  # fmt: skip
             ccall.register_packed(fn, self.packed, kernel)
         self._lib.rlx_set_max_threads.argtypes = [i64]
         self._lib.rlx_set_max_threads.restype = None

@@ -27,6 +27,7 @@ from .native_nn import (
     conv_direct_steps,
     conv_gemm_steps,
     depthwise_step,
+    group_conv_step,
     im2col_step,
     layer_norm_step,
     max_pool_padded_step,
@@ -284,6 +285,12 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
         on_dnnl = onednn.conv_steps(dnnl, x, w, b, out, (pt, pl, pb, pr), (sh, sw), (dh, dw), groups, ctx)
         if on_dnnl is not None:
             return on_dnnl, False
+    if cd == out.dtype == np.float32 and groups > 1 and not groups == _c == o:
+        # Few channels a group (ResNeXt, RegNet) where oneDNN does not take them: rlx's
+        # grouped kernel, not im2col and a product of a few rows per group (1.2-3x faster)
+        grouped = group_conv_step(x, w, b, out, (sh, sw), (dh, dw), (pt, pl), groups, ctx, epilogue)
+        if grouped is not None:
+            return grouped, epilogue is not None
     if cd == out.dtype == np.float32 and groups == 1:
         # An implicit GEMM reading its columns from the input where rlx's GEMM runs the
         # products (a plain 1x1 convolution: where the channels-in-vectors form wins, else

@@ -24,7 +24,10 @@ oneDNN's needs a reorder to NHWC and back that grows with the image (16 -> 96 ov
 was at least ``MARGIN`` (1.15x) faster; ``on`` forces it for every convolution it takes
 (pointwise ones included), ``off`` never loads it.
 Depthwise convolutions are a third kind, timed against rlx's native depthwise kernel
-(96 channels, 3x3 over 56x56). Anything not float32, or whose weights are computed per
+(96 channels, 3x3 over 56x56), and grouped ones (few channels a group: ResNeXt's, RegNet's)
+a fourth, timed against rlx's grouped kernel (128 channels in 32 groups, 3x3 over 28x28):
+timed as spatial ones, ResNeXt-50 took oneDNN's for them and ran 2.05x ORT's time against
+1.73x on rlx's kernel (2-core Zen 3). Anything not float32, or whose weights are computed per
 run, stays on rlx. ``describe()`` (``rlx devices --explain``) says which runs.
 """
 
@@ -239,8 +242,12 @@ def reset() -> None:
 #: The kinds of convolution timed apart, each on the convolution ``use`` times for it
 #: (channels in, out, size, kernel; stride 1, same padding): spatial ones against im2col,
 #: depthwise ones (one filter per channel: MobileNet's, EfficientNet's) against rlx's
-#: native depthwise kernel. Pointwise ones are not timed (``NOT_TIMED``).
-PROBES: dict[str, tuple[int, int, int, int]] = {"spatial": (64, 64, 28, 3), "depthwise": (96, 96, 56, 3)}
+#: native depthwise kernel, grouped ones (1 < groups < channels) against rlx's grouped
+#: kernel. Pointwise ones are not timed (``NOT_TIMED``).
+PROBES: dict[str, tuple[int, int, int, int]] = {"spatial": (64, 64, 28, 3), "depthwise": (96, 96, 56, 3),
+                                                "grouped": (128, 128, 28, 3)}
+#: The probe's groups for each kind (1 where not named).
+PROBE_GROUPS = {"depthwise": 96, "grouped": 32}
 #: What ``auto`` says of the kinds it does not time (see the module doc).
 NOT_TIMED = {"pointwise": "rlx (a 1x1 convolution is one GEMM in NCHW; oneDNN's adds reorders to NHWC and back)"}
 #: How much faster oneDNN must be on a kind's probe to take it: the probe is one shape
@@ -252,10 +259,12 @@ MARGIN = 1.15
 
 def kind_of(kernel: tuple[int, int], stride: tuple[int, int], groups: int = 1, channels: int = 0,
             out_channels: int = 0) -> str:  # fmt: skip
-    """``depthwise`` for one filter per channel, ``pointwise`` for a 1x1 convolution at
-    stride 1, else ``spatial``."""
+    """``depthwise`` for one filter per channel, ``grouped`` for other grouped ones,
+    ``pointwise`` for a 1x1 convolution at stride 1, else ``spatial``."""
     if groups > 1 and groups == channels == out_channels:
         return "depthwise"
+    if groups > 1:
+        return "grouped"
     return "pointwise" if tuple(kernel) == (1, 1) and tuple(stride) == (1, 1) else "spatial"
 
 
@@ -311,7 +320,7 @@ def _measure(lib: Dnnl, kind: str) -> tuple[bool, str]:
     from .gemm import _best_of
 
     c, o, hw, k = PROBES[kind]
-    groups = c if kind == "depthwise" else 1
+    groups = PROBE_GROUPS.get(kind, 1)
     rng = np.random.default_rng(0)
     g = Graph("onednn-probe")
     x = g.input("x", (1, c, hw, hw), "float32")
@@ -330,7 +339,7 @@ def _measure(lib: Dnnl, kind: str) -> tuple[bool, str]:
             times[mode] = min(times.get(mode, math.inf), _best_of(lambda e=exe: e.run(feeds)))
     except Exception as exc:  # a probe never breaks the compile that asked: rlx's kernels then
         return False, f"oneDNN failed on the probe: {type(exc).__name__}: {exc}"
-    what = f"{c} -> {o} {k}x{k}{' depthwise' if groups > 1 else ''} over {hw}x{hw}"
+    what = f"{c} -> {o} {k}x{k}{f' {kind} ({groups} groups)' if groups > 1 else ''} over {hw}x{hw}"
     if not np.allclose(outs["rlx"], outs["onednn"], rtol=1e-3, atol=1e-4):  # never trade a right answer
         return False, f"oneDNN disagreed with rlx at {what}"
     ratio = times["rlx"] / times["onednn"]

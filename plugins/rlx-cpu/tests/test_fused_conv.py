@@ -43,8 +43,10 @@ CONVS: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], int | N
     "depthwise 3x3, the row kernel": ((1, 8, 12, 40), (8, 1, 3, 3), {"padding": 1, "groups": 8}, None, True),
     "depthwise 5x5 over 7x7, 37 lanes": ((2, 37, 7, 7), (37, 1, 5, 5), {"padding": 2, "groups": 37}, None, True),
     "1x1 on a 1x1 plane, two threads' outputs (rlx_gemv)": ((1, 40, 1, 1), (40, 40, 1, 1), {}, None, True),
-    "grouped 3x3 (im2col: the epilogue after)": ((1, 4, 8, 8), (6, 2, 3, 3), {"padding": 1, "groups": 2}, None,
-                                                 False),
+    "grouped 3x3, rlx's grouped kernel: 3 channels a group, rows of 9": ((2, 4, 9, 9), (6, 2, 3, 3),
+                                                                         {"padding": 1, "groups": 2}, None, True),
+    "grouped 3x3 dilated (im2col: the epilogue after)": ((1, 4, 8, 8), (6, 2, 3, 3),
+                                                         {"padding": 2, "dilation": 2, "groups": 2}, None, False),
 }  # fmt: skip
 
 

@@ -126,13 +126,13 @@ PARAMS = {"cw": ((16, 20, 3, 3), 1), "cb": ((16,), 2), "gw": ((16, 8, 3, 3), 5),
 
 def mlp_and_conv_graph(seed: int = 0) -> Graph:
     """A 3x3 convolution with bias (20 channels: the implicit GEMM, not the direct
-    kernel), a grouped one (im2col and the GEMM), then a dense layer and a transposed
-    one, every weight a param."""
+    kernel), a grouped dilated one (im2col and the GEMM), then a dense layer and a
+    transposed one, every weight a param."""
     v = {name: rand(shape, s + seed) for name, (shape, s) in PARAMS.items()}
     g = Graph("gemm-packed")
     x = g.input("x", (1, 20, 9, 9), "float32")
     c = g.conv2d(x, g.param("cw", v["cw"]), g.param("cb", v["cb"]), padding=1)
-    c = g.conv2d(g.relu(c), g.param("gw", v["gw"]), g.param("gb", v["gb"]), padding=1, groups=2)
+    c = g.conv2d(g.relu(c), g.param("gw", v["gw"]), g.param("gb", v["gb"]), padding=2, dilation=2, groups=2)
     y = g.matmul(g.reshape(g.relu(c), (4, 324)), g.param("w", v["w"]))
     g.set_outputs([g.add(y, g.matmul(y, g.transpose(g.param("wt", v["wt"]), (1, 0))))])
     return g

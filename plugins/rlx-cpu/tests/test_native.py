@@ -104,7 +104,8 @@ def test_every_packed_kernel_gives_what_its_own_entry_point_gives(lib: native.Na
     dw = g.conv2d(g.relu(c1), g.param("dw", rand((16, 1, 3, 3), 3)), padding=1, groups=16)  # rows
     dl = g.conv2d(dw, g.param("dl", rand((16, 1, 5, 5), 4)), stride=2, padding=2, groups=16)  # lanes
     c2 = g.conv2d(dl, g.param("w2", rand((24, 16, 5, 5), 5)), padding=2)  # implicit GEMM
-    c2 = g.conv2d(c2, g.param("w4", rand((24, 12, 3, 3), 10)), padding=1, groups=2)  # im2col + rlx's GEMM
+    c2 = g.conv2d(c2, g.param("w4", rand((24, 12, 3, 3), 10)), padding=1, groups=2)  # the grouped kernel
+    c2 = g.conv2d(c2, g.param("w5", rand((24, 12, 3, 3), 11)), padding=2, dilation=2, groups=2)  # im2col + rlx's GEMM
     p1 = g.max_pool2d(c2, 3, stride=2, padding=1)  # clipped windows
     p2 = g.max_pool2d(c2, 2, stride=2)  # plain pool
     gap = g.global_avg_pool2d(g.add(p1, p2))  # gemv
@@ -116,7 +117,7 @@ def test_every_packed_kernel_gives_what_its_own_entry_point_gives(lib: native.Na
     monkeypatch.setenv("RLX_CPU_GEMM", "native")  # whatever this host's BLAS would win
     monkeypatch.setenv("RLX_CPU_CONV", "implicit")  # and whatever im2col would
     packed, plain, kernels = run_packed_and_plain(g, feeds)
-    every = set(range(1, 13))
+    every = set(range(1, 14))
     assert kernels == every - {10}, f"kernels not run packed: {every - {10} - kernels}"
     assert np.array_equal(packed, plain)
     np.testing.assert_allclose(packed, reference.evaluate(g, feeds)[0], rtol=1e-4, atol=1e-6)
