@@ -64,8 +64,8 @@ from .steps import Dyn, Step
 if TYPE_CHECKING:
     from .regions import Epilogue
 
-__all__ = ["Decision", "MARGIN", "POOL_MARGIN", "SPLIT_MACS", "THREAD_MACS", "PROBE_SHAPES", "mode", "use_native",
-           "decision", "describe", "native_step", "gemv_step", "matmul_step", "matmul_bias_step", "reset",
+__all__ = ["Decision", "DEEP_K", "DEEP_PROBE", "MARGIN", "POOL_MARGIN", "SPLIT_MACS", "THREAD_MACS", "PROBE_SHAPES",
+           "mode", "use_native", "decision", "describe", "native_step", "gemv_step", "matmul_step", "matmul_bias_step", "reset",
            "stacked_rows"]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,13 @@ SPLIT_MACS = 1 << 16
 #: (M, K, N) of the timed products: a square one and a convolution's skinny one (resnet18's
 #: first 3x3 stage, 64 channels over 56x56 columns).
 PROBE_SHAPES: tuple[tuple[int, int, int], ...] = ((256, 256, 256), (64, 576, 3136))
+#: Products of more than this many terms a sum get a decision of their own, timed on
+#: ``DEEP_PROBE`` (M, K, N: resnet50's third-stage 3x3 through im2col) once the GEMM has
+#: won the others: on the 2-core Zen 3 its AVX2 sub-tiles beat oneMKL on the probe shapes
+#: and the 1x1 convolutions, and lost 0.74-0.9x on products of 1152 to 4608 terms (resnet50
+#: without oneDNN ran 2.38x ORT's time on the GEMM against 2.05x on MKL).
+DEEP_K = 1024
+DEEP_PROBE = (256, 2304, 196)
 _REPEATS = 5
 #: Seconds for a BLAS pool's workers to stop spinning (OpenBLAS: 2^28 cycles, ~0.1 s).
 _SETTLE_S = 0.25
@@ -107,10 +114,18 @@ def mode() -> str:
 
 @dataclass(frozen=True)
 class Decision:
-    """Whether this process runs float32 products on rlx's GEMM, and why."""
+    """Whether this process runs float32 products on rlx's GEMM, and why; ``deep``: the
+    same for products of more than ``DEEP_K`` terms a sum (None: as ``native``)."""
 
     native: bool
     why: str
+    deep: bool | None = None
+
+    def for_depth(self, k: int | None) -> bool:
+        """Whether a product of ``k`` terms a sum (None: any) runs on the GEMM."""
+        if k is None or k <= DEEP_K or self.deep is None:
+            return self.native
+        return self.native and self.deep
 
 
 _DECIDED: dict[str, Decision] = {}
@@ -137,13 +152,13 @@ def decision() -> Decision | None:
     return _DECIDED.get("auto")
 
 
-def use_native() -> bool:
-    """True when float32 products should run on rlx's GEMM: decided once per process, by
-    timing it against the BLAS (see the module docstring), at the first call that needs
-    to know."""
+def use_native(k: int | None = None) -> bool:
+    """True when float32 products (of ``k`` terms a sum, where the caller knows) should
+    run on rlx's GEMM: decided once per process, by timing it against the BLAS (see the
+    module docstring), at the first call that needs to know."""
     found = decision()
     if found is not None:
-        return found.native
+        return found.for_depth(k)
     lib = library()
     assert lib is not None  # decision() answered for a missing library
     with _LOCK:
@@ -151,7 +166,7 @@ def use_native() -> bool:
             _DECIDED["auto"] = _measure(lib)
             log.info("rlx-cpu: float32 products on %s (%s)",
                     "rlx's GEMM" if _DECIDED["auto"].native else "the BLAS", _DECIDED["auto"].why)  # fmt: skip
-        return _DECIDED["auto"].native
+        return _DECIDED["auto"].for_depth(k)
 
 
 def describe(measured: bool = True) -> str:
@@ -259,8 +274,35 @@ def _measure(lib: Native) -> Decision:
     # ties go to the GEMM: it adds the bias and runs the epilogue as it stores C, a pass
     # over the output the BLAS leaves to a step of its own (the probe times bare products)
     native = all(r > 1 / MARGIN for r in ratios)
-    return Decision(native, f"timed {speed} {name}'s speed at {shapes}{single}, {tile}; the BLAS only where "
-                            f"{MARGIN:.2f}x faster: the GEMM runs the epilogue as it stores")
+    why = (f"timed {speed} {name}'s speed at {shapes}{single}, {tile}; the BLAS only where {MARGIN:.2f}x faster: "
+           "the GEMM runs the epilogue as it stores")  # fmt: skip
+    if not native:
+        return Decision(False, why)
+    deep, at = _deep_ratio(lib, threads_used), "x".join(map(str, DEEP_PROBE))
+    if deep is None:
+        return Decision(True, why)
+    keep = deep > 1 / MARGIN
+    return Decision(True, f"{why}; over {DEEP_K} terms a sum {'the GEMM' if keep else name} (timed {deep:.2f}x at "
+                          f"{at})", deep=keep)  # fmt: skip
+
+
+def _deep_ratio(lib: Native, threads: int) -> float | None:
+    """The BLAS's time over the GEMM's on ``DEEP_PROBE`` (A packed for the GEMM, the GEMM
+    timed first), or None where they disagree."""
+    m, k, n = DEEP_PROBE
+    rng = np.random.default_rng(1)
+    a = rng.random((m, k), dtype=np.float32) - 0.5
+    b = rng.random((k, n), dtype=np.float32) - 0.5
+    c_native, c_blas = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+    packed = np.empty(max(int(lib.gemm_pack_a_size(m, k)), 1), np.float32)
+    lib.gemm_pack_a(a.ctypes.data, k, 1, m, k, packed.ctypes.data)
+    args = (m, n, k, packed.ctypes.data, k, 1, 0, b.ctypes.data, n, 1, 0, c_native.ctypes.data, n, 0, 1, _PACKED_A,
+            threads, 0, 0)  # fmt: skip
+    t_native = _best_of(lambda: lib.gemm(*args))
+    t_blas = _best_of(_blas_runner(a, b, c_blas)[1])
+    if not np.allclose(c_native, c_blas, rtol=1e-3, atol=1e-3 * math.sqrt(k)):
+        return None
+    return t_blas / t_native
 
 
 def _single_thread_ratios(lib: Native, cases: list[Any]) -> list[float] | None:
@@ -341,7 +383,7 @@ def matmul_bias_step(a: Any, b: Any, row_bias: Any, out: Any, ctx: Any = None) -
     """``out = a @ b + row_bias[:, None]`` as one GEMM call where rlx's GEMM runs the
     products, else None (the caller adds the bias in a pass of its own). A 1x1
     convolution's bias then costs nothing: the GEMM adds it as it stores C."""
-    if not (isinstance(row_bias, np.ndarray) and use_native()):
+    if not (isinstance(row_bias, np.ndarray) and use_native(a.shape[-1])):
         return None
     if min(out.shape[-2:]) <= 1:  # a matrix-vector product: rlx_gemv's, for one value per output
         return gemv_step(a, b, out, bias=row_bias) if out.shape[-1] == 1 else None
@@ -486,7 +528,7 @@ def matmul_step(a: Any, b: Any, out: Any, ctx: Any = None) -> Step:
     squeeze-excitation blocks; resnet18 27.9 -> 15.2 ms, its classifier alone)."""
     a, b, out = stacked_rows(a, b, out)
     gemv = min(out.shape[-2:]) <= 1 if out.ndim >= 2 else True
-    if a.dtype == _F32 and b.dtype == _F32 and out.dtype == _F32 and use_native():
+    if a.dtype == _F32 and b.dtype == _F32 and out.dtype == _F32 and use_native(a.shape[-1]):
         step = gemv_step(a, b, out) if gemv else native_step(a, b, out, ctx)
         if step is not None:
             return step

@@ -238,7 +238,7 @@ def _conv_product(w3: Any, cols: Any, b: Any, res4: Any, ctx: BuildContext, bias
     caller adds the bias in a pass of its own), and whether it applied ``epilogue`` (rlx's
     GEMM, or rlx_gemv for one output per channel, where it takes the product with the
     bias in it or none to add)."""
-    if epilogue is not None and (b is None or bias_in_gemm) and use_native():
+    if epilogue is not None and (b is None or bias_in_gemm) and use_native(w3.shape[-1]):
         if min(res4.shape[-2:]) > 1:
             step = native_step(w3, cols, res4, ctx, row_bias=b, epilogue=epilogue)
         else:  # one output per channel (a squeeze-excitation block's 1x1 plane): rlx_gemv's
@@ -326,7 +326,7 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
         b = None if with_bias else b
     else:
         # Where rlx's GEMM will add the bias, the columns need no row of ones for it.
-        bias_in_gemm = bias_in_gemm and isinstance(b, np.ndarray) and use_native()
+        bias_in_gemm = bias_in_gemm and isinstance(b, np.ndarray) and use_native(kk)
         if b is not None and not bias_in_gemm:
             # One more row of ones in the columns and the bias as one more column of the
             # weights, instead of a pass over the output. The row of ones is rewritten

@@ -257,10 +257,25 @@ def test_a_blas_with_its_own_pool_wins_products_only_when_clearly_faster(
     ran resnet18 in 17-22 ms on the BLAS against 8 on the GEMM."""
     shapes = len(gemm.PROBE_SHAPES)
     # the GEMM, the BLAS; both again unless clear; then one thread each (the BLAS, the GEMM) unless clear
-    times = ([1.0] * shapes + [blas_speed] * shapes) * 2 + [blas_speed, 1.0] * shapes
+    # and where the GEMM won with no pool in the way, the deep probe: the GEMM, the BLAS
+    times = ([1.0] * shapes + [blas_speed] * shapes) * 2 + [blas_speed, 1.0] * shapes + [1.0, blas_speed]
     found = _measure_with(monkeypatch, native_lib, times, 16, pools)
     assert found.native is native, found.why
     assert ("own pool (openblas" in found.why) is bool(pools)
+    assert (found.deep is not None) is (native and not pools), found
+
+
+@pytest.mark.parametrize(("deep_speed", "deep"), [(1.0, True), (0.95, True), (0.8, False)])
+def test_deep_products_have_a_decision_of_their_own(native_lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                                    deep_speed: float, deep: bool) -> None:  # fmt: skip
+    """The GEMM won the probe shapes; the BLAS 1.25x faster on the deep probe keeps the
+    products of more than DEEP_K terms, and only those."""
+    shapes = len(gemm.PROBE_SHAPES)
+    times = [1.0] * shapes + [2.0] * shapes + [1.0, deep_speed]  # the GEMM clearly won: no second round
+    found = _measure_with(monkeypatch, native_lib, times, 16, [])
+    assert found.native and found.deep is deep, found
+    assert found.for_depth(None) and found.for_depth(gemm.DEEP_K) and found.for_depth(gemm.DEEP_K + 1) is deep
+    assert (f"over {gemm.DEEP_K} terms a sum the GEMM (timed" in found.why) is deep, found.why
 
 
 def test_a_gemm_slowed_by_a_spinning_blas_pool_is_timed_again(native_lib: native.Native,
@@ -281,7 +296,7 @@ def test_a_gemm_timed_slow_on_every_core_is_timed_on_one_thread_too(
     not clearly win both are timed on one thread, and its better ratio counts."""
     shapes = len(gemm.PROBE_SHAPES)
     # wide: the GEMM 2 s, the BLAS 1 s, twice; one thread each: the BLAS 2 s, the GEMM 1 s
-    times = [2.0] * shapes + [1.0] * shapes + [2.0] * shapes + [1.0] * shapes + [2.0, 1.0] * shapes
+    times = [2.0] * shapes + [1.0] * shapes + [2.0] * shapes + [1.0] * shapes + [2.0, 1.0] * shapes + [1.0, 1.0]
     found = _measure_with(monkeypatch, native_lib, times, 2, [])
     assert found.native and "one thread each: 2.00x/2.00x" in found.why, found.why
 
