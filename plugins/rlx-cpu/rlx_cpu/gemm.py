@@ -65,8 +65,8 @@ if TYPE_CHECKING:
     from .regions import Epilogue
 
 __all__ = ["Decision", "DEEP_K", "DEEP_PROBE", "MARGIN", "POOL_MARGIN", "SPLIT_MACS", "THREAD_MACS", "PROBE_SHAPES",
-           "mode", "use_native", "decision", "describe", "native_step", "gemv_step", "matmul_step", "matmul_bias_step", "reset",
-           "stacked_rows"]  # fmt: skip
+           "mode", "use_native", "decision", "describe", "native_step", "gemv_step", "matmul_step", "matmul_bias_step",
+           "reset", "stacked_rows"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
