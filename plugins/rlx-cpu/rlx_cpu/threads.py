@@ -126,6 +126,13 @@ class ThreadTuner:
     run against 2.0-2.2 in a row, so alternating single runs compared narrow with a cold wide
     and could pick narrow on a quiet host (the zoo caught it: 3.9 ms against 2.0).
 
+    Why narrow is confirmed soon: a pick of narrow made while the other core was busy for
+    a moment (another runtime's pool spinning down, the hypervisor) held a model at half
+    speed until the first probe, ``period`` runs later: in the zoo's interleaved timing one
+    of two executables of the same model ran narrow for the whole benchmark (resnext50 206
+    against 117 ms, convnext_tiny 259 against 149). So whenever narrow is taken, the first
+    probe of wide comes after ``confirm`` runs (then doubling as any losing probe does).
+
     Why a tie goes to wide: a 2-vCPU VM sometimes runs a process as if it had one core
     for seconds at a time (the other vCPU not scheduled: wide and narrow then take the
     same time, mobilenet_v3_small 1.35 ms either way against 0.85 wide once the core is
@@ -136,11 +143,11 @@ class ThreadTuner:
     MODES = ("wide", "narrow")
 
     def __init__(self, *, warmup: int = 3, trials: int = 6, block: int = 3, probes: int = 3, window: int = 8,
-                 period: int = 64, max_period: int = 256, margin: float = 0.9) -> None:  # fmt: skip
+                 period: int = 64, max_period: int = 256, margin: float = 0.9, confirm: int = 8) -> None:  # fmt: skip
         if block < 2:
             raise ValueError(f"ThreadTuner: block must be at least 2 (its first run is not counted), got {block}")
         self.warmup, self.trials, self.block, self.probes, self.window = warmup, trials, block, probes, window
-        self.base_period, self.max_period, self.margin = period, max_period, margin
+        self.base_period, self.max_period, self.margin, self.confirm = period, max_period, margin, confirm
         self.period = period
         self.mode = "wide"
         self._seen = 0
@@ -187,6 +194,8 @@ class ThreadTuner:
                         return
                     wide, narrow = (statistics.median(self._samples[m]) for m in self.MODES)
                     self.mode = "narrow" if narrow < self.margin * wide else "wide"
+                    if self.mode == "narrow":
+                        self.period = self.confirm
                     self._skip_next = self.mode != planned
                     log.debug("rlx-cpu: threads: wide %.0f µs, narrow %.0f µs: %s", wide * 1e6, narrow * 1e6,
                               self.mode)
@@ -216,7 +225,8 @@ class ThreadTuner:
         if theirs < self.margin * ours:
             log.info("rlx-cpu: threads: %s (%.0f µs) beats %s (%.0f µs) now: switching", self._other(),
                      theirs * 1e6, self.mode, ours * 1e6)
-            self.mode, self.period = self._other(), self.base_period
+            self.mode = self._other()
+            self.period = self.confirm if self.mode == "narrow" else self.base_period
             self._recent.clear()
             self.switches += 1
         else:

@@ -100,6 +100,17 @@ def test_the_tuner_follows_the_host_when_it_changes():
     assert tuner.mode == "wide" and tuner.switches == 2
 
 
+def test_a_narrow_pick_is_confirmed_soon():
+    """The other core busy during the first comparison only: narrow is taken, and wide is
+    tried again after ``confirm`` runs, not ``period``: back to wide within a few runs."""
+    tuner = threads.ThreadTuner(warmup=0, trials=2, probes=2, window=4, period=64, max_period=256, confirm=4)
+    _drive(tuner, {"wide": 8e-3, "narrow": 2e-3}, 6)  # the comparison, with the core away
+    assert tuner.mode == "narrow" and tuner.period == 4
+    chosen = _drive(tuner, {"wide": 1e-3, "narrow": 2e-3}, 12)
+    assert tuner.mode == "wide" and tuner.switches == 1 and tuner.period == 64, chosen
+    assert chosen[-3:] == ["wide"] * 3
+
+
 def test_the_first_comparison_goes_to_wide_unless_narrow_wins_by_the_margin():
     """Wide and narrow nearly equal (the host's second core away for a while): wide, whose
     speed comes back with the core; narrow only when clearly faster."""
