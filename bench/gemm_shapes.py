@@ -1,0 +1,102 @@
+"""rlx's GEMM against the BLAS on the product shapes convolutions and dense layers make.
+
+Each shape is timed both ways, interleaved (``bench/_timing.py``): ``rlx_gemm`` with A
+packed once as a graph's weights are (what a compiled model runs), and the BLAS call the
+product would otherwise be (oneMKL's sgemm when the ``mkl`` extra is loaded, else
+``numpy.matmul``), on every core and on one thread. What the cpu backend chooses between
+the two is measured per process by ``rlx_cpu.gemm`` on three of these shapes; this shows
+the whole picture behind that choice (BENCHMARKS.md, "rlx's GEMM on AVX2").
+
+    python bench/gemm_shapes.py               # every shape, GF/s and the ratio
+    python bench/gemm_shapes.py --threads 1   # one thread each
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+#: (M, K, N): what produces it
+SHAPES: dict[tuple[int, int, int], str] = {
+    (96, 16, 12544): "mobilenet_v2's 16 -> 96 1x1 over 112x112",
+    (256, 128, 3136): "resnext50's 128 -> 256 1x1 over 56x56",
+    (512, 256, 784): "resnet50's 256 -> 512 1x1 over 28x28",
+    (1024, 512, 196): "resnet50's 512 -> 1024 1x1 over 14x14",
+    (2048, 512, 49): "resnet50's 512 -> 2048 1x1 over 7x7",
+    (64, 576, 3136): "resnet18's 64 -> 64 3x3 over 56x56 (im2col)",
+    (128, 1152, 784): "resnet50's 128 -> 128 3x3 over 28x28 (im2col)",
+    (256, 2304, 196): "resnet50's 256 -> 256 3x3 over 14x14 (im2col)",
+    (512, 4608, 49): "resnet50's 512 -> 512 3x3 over 7x7 (im2col)",
+    (256, 256, 256): "square",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench._contenders import Contender
+    from bench._timing import measure
+    from rlx_cpu import blas, gemm
+    from rlx_cpu.native import library
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=0, help="threads for both (0: every core)")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    lib = library()
+    if lib is None:
+        print("rlx-cpu's native kernels are not loaded here: nothing to compare")
+        return 1
+    threads = args.threads or gemm._cores()
+    mkl = blas.mkl()
+    previous = mkl.local_threads(threads) if mkl is not None and args.threads else None
+    limit = None
+    if mkl is None and args.threads:
+        from threadpoolctl import threadpool_limits
+
+        limit = threadpool_limits(limits=args.threads, user_api="blas")
+    print(f"| M x K x N | what | rlx GEMM GF/s | {'oneMKL' if mkl else 'numpy'} GF/s | rlx / BLAS time |")
+    print("|---|---|--:|--:|--:|")
+    try:
+        for (m, k, n), what in SHAPES.items():
+            rng = np.random.default_rng(0)
+            a = rng.random((m, k), dtype=np.float32) - 0.5
+            b = rng.random((k, n), dtype=np.float32) - 0.5
+            c_rlx, c_blas = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+            packed = np.empty(int(lib.gemm_pack_a_size(m, k)), np.float32)
+            lib.gemm_pack_a(a.ctypes.data, k, 1, m, k, packed.ctypes.data)
+            call = (m, n, k, packed.ctypes.data, k, 1, 0, b.ctypes.data, n, 1, 0, c_rlx.ctypes.data, n, 0, 1,
+                    gemm._PACKED_A, threads, 0, 0)  # fmt: skip
+            _, run_blas = gemm._blas_runner(a, b, c_blas)
+
+            def run_rlx(call: tuple = call, out: np.ndarray = c_rlx) -> np.ndarray:
+                lib.gemm(*call)
+                return out
+
+            def run_other(run: object = run_blas, out: np.ndarray = c_blas) -> np.ndarray:
+                run()  # type: ignore[operator]
+                return out
+
+            contenders = [Contender("rlx", "rlx", run_rlx, run_rlx().copy(), 0.0, 0.0),
+                          Contender("blas", "numpy", run_other, run_other().copy(), 0.0, 0.0)]  # fmt: skip
+            np.testing.assert_allclose(c_rlx, c_blas, rtol=1e-3, atol=1e-3 * np.sqrt(k))
+            t = measure(contenders, args.rounds, 0.15, 0.05, warmup=5)
+            flops = 2.0 * m * n * k
+            r, o = t["rlx"].median, t["blas"].median
+            print(f"| {m} x {k} x {n} | {what} | {flops / r / 1e9:.1f} | {flops / o / 1e9:.1f} | {r / o:.2f}x |",
+                  flush=True)  # fmt: skip
+    finally:
+        if previous is not None and mkl is not None:
+            mkl.local_threads(previous)
+        if limit is not None:
+            limit.restore_original_limits()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
