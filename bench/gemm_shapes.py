@@ -64,27 +64,20 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|--:|--:|--:|")
     try:
         for (m, k, n), what in SHAPES.items():
-            rng = np.random.default_rng(0)
-            a = rng.random((m, k), dtype=np.float32) - 0.5
-            b = rng.random((k, n), dtype=np.float32) - 0.5
-            c_rlx, c_blas = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
-            packed = np.empty(int(lib.gemm_pack_a_size(m, k)), np.float32)
-            lib.gemm_pack_a(a.ctypes.data, k, 1, m, k, packed.ctypes.data)
-            call = (m, n, k, packed.ctypes.data, k, 1, 0, b.ctypes.data, n, 1, 0, c_rlx.ctypes.data, n, 0, 1,
-                    gemm._PACKED_A, threads, 0, 0)  # fmt: skip
-            _, run_blas = gemm._blas_runner(a, b, c_blas)
+            case = gemm.ProbeCase(lib, (m, k, n), threads, np.random.default_rng(0))
+            _, run_blas = gemm._blas_runner(case.a, case.b, case.c_blas)
 
-            def run_rlx(call: tuple = call, out: np.ndarray = c_rlx) -> np.ndarray:
-                lib.gemm(*call)
-                return out
+            def run_rlx(case: gemm.ProbeCase = case) -> np.ndarray:
+                lib.gemm(*case.args)
+                return case.c_native
 
-            def run_other(run: object = run_blas, out: np.ndarray = c_blas) -> np.ndarray:
+            def run_other(run: object = run_blas, case: gemm.ProbeCase = case) -> np.ndarray:
                 run()  # type: ignore[operator]
-                return out
+                return case.c_blas
 
             contenders = [Contender("rlx", "rlx", run_rlx, run_rlx().copy(), 0.0, 0.0),
                           Contender("blas", "numpy", run_other, run_other().copy(), 0.0, 0.0)]  # fmt: skip
-            np.testing.assert_allclose(c_rlx, c_blas, rtol=1e-3, atol=1e-3 * np.sqrt(k))
+            np.testing.assert_allclose(case.c_native, case.c_blas, rtol=1e-3, atol=1e-3 * np.sqrt(k))
             t = measure(contenders, args.rounds, 0.15, 0.05, warmup=5)
             flops = 2.0 * m * n * k
             r, o = t["rlx"].median, t["blas"].median

@@ -64,9 +64,9 @@ from .steps import Dyn, Step
 if TYPE_CHECKING:
     from .regions import Epilogue
 
-__all__ = ["Decision", "DEEP_K", "DEEP_PROBE", "MARGIN", "POOL_MARGIN", "SPLIT_MACS", "THREAD_MACS", "PROBE_SHAPES",
-           "mode", "use_native", "decision", "describe", "native_step", "gemv_step", "matmul_step", "matmul_bias_step",
-           "reset", "stacked_rows"]  # fmt: skip
+__all__ = ["Decision", "ProbeCase", "DEEP_K", "DEEP_PROBE", "MARGIN", "POOL_MARGIN", "SPLIT_MACS", "THREAD_MACS",
+           "PROBE_SHAPES", "mode", "use_native", "decision", "describe", "native_step", "gemv_step", "matmul_step",
+           "matmul_bias_step", "reset", "stacked_rows"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,23 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+class ProbeCase:
+    """One timed product ``c = a @ b`` of shape (M, K, N): uniform operands (a third of
+    normal's cost to draw), A packed as a graph's weights are, and ``args``, the
+    ``rlx_gemm`` call on ``threads`` threads writing ``c_native`` (``c_blas`` is the
+    BLAS's). The object holds the arrays the call's addresses point into."""
+
+    def __init__(self, lib: Native, shape: tuple[int, int, int], threads: int, rng: np.random.Generator) -> None:
+        m, k, n = shape
+        self.a = rng.random((m, k), dtype=np.float32) - 0.5
+        self.b = rng.random((k, n), dtype=np.float32) - 0.5
+        self.c_native, self.c_blas = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+        self.packed = np.empty(max(int(lib.gemm_pack_a_size(m, k)), 1), np.float32)
+        lib.gemm_pack_a(self.a.ctypes.data, k, 1, m, k, self.packed.ctypes.data)
+        self.args = (m, n, k, self.packed.ctypes.data, k, 1, 0, self.b.ctypes.data, n, 1, 0,
+                     self.c_native.ctypes.data, n, 0, 1, _PACKED_A, threads, 0, 0)  # fmt: skip
+
+
 def _blas_runner(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[str, Callable[[], None]]:
     """The BLAS call a product ``c = a @ b`` would otherwise make, and the BLAS's name."""
     mkl = blas.mkl()
@@ -235,15 +252,10 @@ def _measure(lib: Native) -> Decision:
     threads_used = _cores() if lib.openmp else 1
     cases = []
     for m, k, n in PROBE_SHAPES:
-        a = rng.random((m, k), dtype=np.float32) - 0.5  # uniform: a third of normal's cost to draw
-        b = rng.random((k, n), dtype=np.float32) - 0.5
-        c_native, c_blas = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
-        packed = np.empty(max(int(lib.gemm_pack_a_size(m, k)), 1), np.float32)  # as a graph's weights are
-        lib.gemm_pack_a(a.ctypes.data, k, 1, m, k, packed.ctypes.data)
-        args = (m, n, k, packed.ctypes.data, k, 1, 0, b.ctypes.data, n, 1, 0, c_native.ctypes.data, n, 0, 1,
-                _PACKED_A, threads_used, 0, 0)  # fmt: skip
-        # a, b and packed stay in the list: the calls hold only their addresses
-        cases.append(((m, k, n), args, c_native, c_blas, _blas_runner(a, b, c_blas), (a, b, packed)))
+        case = ProbeCase(lib, (m, k, n), threads_used, rng)
+        # the case stays in the list: the calls hold only its arrays' addresses
+        cases.append(((m, k, n), case.args, case.c_native, case.c_blas, _blas_runner(case.a, case.b, case.c_blas),
+                      case))  # fmt: skip
     native_times = [_best_of(lambda args=args: lib.gemm(*args)) for _, args, *_ in cases]
     blas_times = [_best_of(runner[1]) for *_, runner, _ in cases]
     pools = thread_policy.blas_pools() if threads_used > 1 else []
@@ -289,18 +301,10 @@ def _measure(lib: Native) -> Decision:
 def _deep_ratio(lib: Native, threads: int) -> float | None:
     """The BLAS's time over the GEMM's on ``DEEP_PROBE`` (A packed for the GEMM, the GEMM
     timed first), or None where they disagree."""
-    m, k, n = DEEP_PROBE
-    rng = np.random.default_rng(1)
-    a = rng.random((m, k), dtype=np.float32) - 0.5
-    b = rng.random((k, n), dtype=np.float32) - 0.5
-    c_native, c_blas = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
-    packed = np.empty(max(int(lib.gemm_pack_a_size(m, k)), 1), np.float32)
-    lib.gemm_pack_a(a.ctypes.data, k, 1, m, k, packed.ctypes.data)
-    args = (m, n, k, packed.ctypes.data, k, 1, 0, b.ctypes.data, n, 1, 0, c_native.ctypes.data, n, 0, 1, _PACKED_A,
-            threads, 0, 0)  # fmt: skip
-    t_native = _best_of(lambda: lib.gemm(*args))
-    t_blas = _best_of(_blas_runner(a, b, c_blas)[1])
-    if not np.allclose(c_native, c_blas, rtol=1e-3, atol=1e-3 * math.sqrt(k)):
+    case = ProbeCase(lib, DEEP_PROBE, threads, np.random.default_rng(1))
+    t_native = _best_of(lambda: lib.gemm(*case.args))
+    t_blas = _best_of(_blas_runner(case.a, case.b, case.c_blas)[1])
+    if not np.allclose(case.c_native, case.c_blas, rtol=1e-3, atol=1e-3 * math.sqrt(DEEP_PROBE[1])):
         return None
     return t_blas / t_native
 
