@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from .ccall import bound_call
-from .steps import Dyn, Step
+from .steps import Dyn, Step, aligned_empty
 
 __all__ = ["Mkl", "mkl", "describe", "numpy_blas", "find_library", "matmul_step", "vml_step", "MIN_MACS",
            "BLOCKTIME_MS", "VML_MODE"]
@@ -380,7 +380,7 @@ def _packed(lib: Mkl, b: np.ndarray, pb: _Operand, m: int, n: int, k: int, ctx: 
 
     def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
         if dest is None:
-            dest = np.empty(-(-size // 4), np.float32)
+            dest = aligned_empty(-(-size // 4), np.float32)
         lib.pack(_ROW_MAJOR, _PACK_B, pb.trans, m, n, k, 1.0, src.ctypes.data, pb.ld, dest.ctypes.data)
         return dest
 

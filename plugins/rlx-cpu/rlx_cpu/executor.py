@@ -46,7 +46,7 @@ from .native import library as native_library
 from .native import thread_cap
 from .nn_kernels import NN_KERNELS
 from .regions import node_steps
-from .steps import Dyn, Step, bind, bind_run
+from .steps import Dyn, Step, aligned_empty, bind, bind_run
 from .threads import PRODUCT_OPS, ThreadTuner, native_thread_cap
 
 __all__ = ["CpuExecutable", "PlanStats", "kernel_ops"]
@@ -111,7 +111,7 @@ class _Arena:
             self._stats.reused += 1
             return self._free.pop(best)
         size = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
-        raw = np.empty(size // 8, np.uint64).view(np.uint8)  # 8-byte aligned for every dtype
+        raw = aligned_empty(size, np.uint8)  # a cache line's alignment, for every dtype
         self._stats.buffers += 1
         self._stats.buffer_bytes += size
         return raw
@@ -149,7 +149,7 @@ class _Owned:
     """The ``BuildContext`` of folded nodes: private temporaries, kept for recomputation."""
 
     def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        return np.empty(shape, dtype)
+        return aligned_empty(shape, dtype)
 
     def derived(self, source: Any, key: Any, make: Callable[..., np.ndarray], also: Sequence[Any] = ()) -> None:
         return None  # a folded node runs once per set_param: nothing to keep
@@ -309,7 +309,7 @@ class CpuExecutable(Executable):
                 elif node.id in gemv_weights:
                     arr = ins[0].transpose(node.attrs["perm"])  # a view: see _gemv_weights
                 else:
-                    arr = np.empty(node.shape, node.dtype)
+                    arr = aligned_empty(node.shape, node.dtype)
                     steps = [bind(s, []) for s in _build_steps(_BUILDERS[node.op], node, ins, arr, owned)]
                     for step in steps:
                         step()

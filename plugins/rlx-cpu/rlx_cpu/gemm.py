@@ -59,7 +59,7 @@ from . import blas
 from . import threads as thread_policy
 from .ccall import bound_call
 from .native import Native, library
-from .steps import Dyn, Step
+from .steps import Dyn, Step, aligned_empty
 
 if TYPE_CHECKING:
     from .regions import Epilogue
@@ -354,7 +354,7 @@ def _pack(lib: Native, x: Any, rs: int, cs: int, rows: int, k: int, is_a: bool, 
 
     def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
         if dest is None:
-            dest = np.empty(max(size, 1), np.float32)
+            dest = aligned_empty(max(size, 1), np.float32)
         if is_a:
             pack(src.ctypes.data, rs, cs, rows, k, dest.ctypes.data)
         else:

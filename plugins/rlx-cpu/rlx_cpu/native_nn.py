@@ -25,7 +25,7 @@ from . import conv_choice, gemm
 from .ccall import bound_call
 from .native import library
 from .regions import SPLIT_NS, Epilogue
-from .steps import Dyn, Step
+from .steps import Dyn, Step, aligned_empty
 
 __all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step", "max_pool_padded_step", "conv_direct_steps",
            "conv_gemm_steps", "conv_gemm_panel", "depthwise_step", "group_conv_step", "DIRECT_CONV_TAPS",
@@ -375,7 +375,7 @@ def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, str
 
         def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
             if dest is None:
-                dest = np.empty(size, np.float32)
+                dest = aligned_empty(size, np.float32)
             lib.depthwise_lanes_pack(src.ctypes.data, bias_at, c, kh * kw, dest.ctypes.data)
             return dest
 
@@ -445,7 +445,7 @@ def conv_direct_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[in
 
     def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
         if dest is None:
-            dest = np.empty(blocks * c * kh * kw * 8, np.float32)
+            dest = aligned_empty(blocks * c * kh * kw * 8, np.float32)
         lib.conv_pack(src.ctypes.data, dest.ctypes.data, o, c, kh, kw)
         return dest
 
@@ -537,7 +537,7 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
 
     def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
         if dest is None:
-            dest = np.empty(size, np.float32)
+            dest = aligned_empty(size, np.float32)
         lib.conv_gemm_pack(src.ctypes.data, o, k, mr, dest.ctypes.data)
         return dest
 

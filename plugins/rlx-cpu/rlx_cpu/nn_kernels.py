@@ -35,7 +35,7 @@ from .native_nn import (
     softmax_step,
 )
 from .regions import Epilogue
-from .steps import Step, is_fixed
+from .steps import Step, aligned_empty, is_fixed
 
 __all__ = ["NN_KERNELS"]
 
@@ -218,7 +218,7 @@ def _with_bias_column(w3: Any, b: Any, ctx: BuildContext) -> tuple[Any, list[Ste
 
     def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
         if dest is None:
-            dest = np.empty((groups, og, kk + 1), src.dtype)
+            dest = aligned_empty((groups, og, kk + 1), src.dtype)
         dest[:, :, :kk] = src
         dest[:, :, kk] = bias
         return dest

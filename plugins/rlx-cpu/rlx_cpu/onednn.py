@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from .ccall import address
-from .steps import Dyn, Step
+from .steps import Dyn, Step, aligned_empty
 
 __all__ = ["Dnnl", "PROBES", "library", "find_library", "reason", "wanted", "use", "kind_of", "describe",
            "conv_steps", "reset"]
@@ -451,7 +451,7 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
 
     def make(src_w: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
         if dest is None:
-            dest = np.empty(-(-w_size // 4), np.float32)
+            dest = aligned_empty(-(-w_size // 4), np.float32)
         plain = np.ascontiguousarray(src_w, dtype=np.float32)
         pair = (lib.memory(w_plain, plain.ctypes.data), lib.memory(w_md, dest.ctypes.data))
         try:

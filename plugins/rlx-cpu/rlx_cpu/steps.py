@@ -21,7 +21,25 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Dyn", "Parallel", "Step", "bind", "bind_run", "is_fixed", "helper_threads"]
+__all__ = ["CACHE_LINE", "Dyn", "Parallel", "Step", "aligned_empty", "bind", "bind_run", "is_fixed", "helper_threads"]
+
+#: The byte alignment of the buffers the native kernels read and write. numpy's own
+#: allocations start at any multiple of 16 bytes (big ones 16 bytes past a page), so the
+#: 32- and 64-byte vector loads of a kernel split across cache lines in half or all of
+#: them, by the luck of each buffer: two compiles of one model in one process ran
+#: 1.1-1.35x apart on the 2-core Zen 3 (BENCHMARKS.md, session 18).
+CACHE_LINE = 64
+
+
+def aligned_empty(shape: int | tuple[int, ...], dtype: Any, align: int = CACHE_LINE) -> np.ndarray:
+    """``np.empty(shape, dtype)`` starting on an ``align``-byte boundary (a view into a
+    slightly larger buffer, which it keeps alive)."""
+    dtype = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + align, np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
 class Step(NamedTuple):

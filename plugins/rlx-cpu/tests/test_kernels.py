@@ -258,3 +258,35 @@ def test_a_mean_over_trailing_axes_is_one_matrix_vector_product(axes: tuple[int,
     step = mean_rows_step(xv, tuple(a % 4 for a in axes), out)
     assert step is not None and ccall.target(step)[0] is lib.gemv
     assert mean_rows_step(xv, (1,), np.empty((2, 7, 6), np.float32)) is None
+
+
+@pytest.mark.parametrize(("shape", "dtype"), [((7,), np.float32), ((3, 5, 2), np.float64), ((0, 4), np.float32),
+                                              (1, np.int8), ((1 << 20,), np.float32)])  # fmt: skip
+def test_aligned_empty_starts_on_a_cache_line(shape: Any, dtype: Any) -> None:
+    from rlx_cpu.steps import CACHE_LINE, aligned_empty
+
+    for _ in range(8):  # numpy's own allocations land on any multiple of 16
+        a = aligned_empty(shape, dtype)
+        assert (a.ctypes.data % CACHE_LINE == 0 or a.size == 0) and a.dtype == dtype and a.flags.c_contiguous
+        assert a.shape == ((shape,) if isinstance(shape, int) else shape)
+        a[...] = 1  # writable, and all of it
+
+
+def test_plan_buffers_and_packed_weights_start_on_a_cache_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every buffer the plan hands the kernels (intermediates, scratch) and every packed
+    weight starts on a cache line: split vector loads made a model's speed depend on luck."""
+    from rlx_cpu import executor
+    from rlx_cpu.steps import CACHE_LINE
+
+    taken: list[np.ndarray] = []
+    real = executor._Arena.take
+    monkeypatch.setattr(executor._Arena, "take", lambda self, n: (taken.append(real(self, n)), taken[-1])[1])
+    g = Graph("aligned")
+    x = g.input("x", (2, 8, 12, 12), "float32")
+    w = g.param("w", np.ones((16, 8, 3, 3), np.float32))
+    y = g.relu(g.conv2d(g.relu(x), w, padding=1))
+    g.set_outputs([g.matmul(g.reshape(y, (2, 16 * 144)), g.param("d", np.ones((16 * 144, 10), np.float32)))])
+    exe = CpuBackend().compile(g.freeze(), CompileOptions(device="cpu"))
+    exe.run({"x": np.ones((2, 8, 12, 12), np.float32)})
+    packed = [entry[2] for entry in exe._derived_arrays.values()]
+    assert taken and all(a.ctypes.data % CACHE_LINE == 0 for a in taken + packed)
