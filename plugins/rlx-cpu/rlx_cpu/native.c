@@ -1520,6 +1520,33 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wpk, f
             dw_lanes_units(pad, filt, bias_v, res, 5, 1, group, sh, dh, wp, oh, ow);
         } else if (dw == 1 && kh == 5 && kw == 5 && sw == 2) {
             dw_lanes_units(pad, filt, bias_v, res, 5, 2, group, sh, dh, wp, oh, ow);
+        } else if (!group) { /* any window, stride and dilation, off AVX-512: half the lanes at a time */
+            const int64_t step = sw * DW_LANES;
+            for (int64_t oy = 0; oy < oh; oy++) {
+                for (int64_t ox0 = 0; ox0 < ow; ox0 += DW_PIXELS) {
+                    const int64_t n = ow - ox0 < DW_PIXELS ? ow - ox0 : DW_PIXELS;
+                    for (int h = 0; h < DW_LANES; h += 8) {
+                        float *dst = res + (oy * ow + ox0) * DW_LANES + h;
+                        const rlx_v8 b = dw_ld(filt + taps * DW_LANES + h);
+                        rlx_v8 a0 = b, a1 = b, a2 = b, a3 = b;
+                        for (int64_t i = 0; i < kh; i++) {
+                            const float *row = pad + ((oy * sh + i * dh) * wp + ox0 * sw) * DW_LANES + h;
+                            for (int64_t j = 0; j < kw; j++) {
+                                const rlx_v8 f = dw_ld(filt + (i * kw + j) * DW_LANES + h);
+                                const float *q = row + j * dw * DW_LANES;
+                                a0 += f * dw_ld(q);
+                                a1 += f * dw_ld(q + step);
+                                a2 += f * dw_ld(q + 2 * step);
+                                a3 += f * dw_ld(q + 3 * step);
+                            }
+                        }
+                        memcpy(dst, &a0, sizeof a0);
+                        if (n > 1) memcpy(dst + DW_LANES, &a1, sizeof a1);
+                        if (n > 2) memcpy(dst + 2 * DW_LANES, &a2, sizeof a2);
+                        if (n > 3) memcpy(dst + 3 * DW_LANES, &a3, sizeof a3);
+                    }
+                }
+            }
         } else { /* any window, stride and dilation */
             for (int64_t oy = 0; oy < oh; oy++) {
                 for (int64_t ox0 = 0; ox0 < ow; ox0 += DW_PIXELS) {
