@@ -21,6 +21,8 @@ CASES = {  # name -> (x shape, kernel, bias?, conv2d kwargs)
     "5x5 stride 2, asymmetric padding": ((2, 5, 10, 7), 5, False, {"stride": 2, "padding": (2, 1, 2, 2)}),
     "3x3 stride 2 dilation 2, no padding": ((1, 4, 12, 12), 3, True, {"stride": 2, "dilation": 2}),
     "1x1": ((1, 3, 6, 6), 1, True, {}),
+    "7x7 over 14x14, 20 channels (ConvNeXt's: the lanes kernel's general loop)": ((1, 20, 14, 14), 7, True,
+                                                                                 {"padding": 3}),
     "padding only on the right and top": ((1, 6, 7, 9), 3, True, {"padding": (0, 2, 1, 0)}),
     "padding wider than the kernel": ((1, 2, 5, 5), 3, False, {"padding": 3}),
     "5x5 over 40x40, 48 channels (every core, one padded plane each)": ((2, 48, 40, 40), 5, True, {"padding": 2}),
