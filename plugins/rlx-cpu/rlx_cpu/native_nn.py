@@ -293,9 +293,9 @@ def group_conv_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, st
                     epilogue: Epilogue | None = None) -> list[Step] | None:  # fmt: skip
     """A grouped convolution with few channels a group (``w`` (groups * og, cg, kh, kw),
     groups > 1, not one filter per channel) of ``x`` (N, C, H, W) into ``out`` with zero
-    padding ``pads`` (top, left) as one ``rlx_group_conv`` call: per group, a padded copy of its input
-    planes and sums for 4 output channels x 16 outputs of a row in registers, then
-    ``epilogue`` over the group's outputs. None where it does not apply: dilation, a column
+    padding ``pads`` (top, left) as one ``rlx_group_conv`` call: per group, a padded copy
+    of its input planes and sums for 4 output channels x 16 outputs of a row in
+    registers, then ``epilogue`` over the group's outputs. None where it does not apply: dilation, a column
     stride other than 1 or 2, rows narrower than ``GROUP_CONV_MIN_WIDTH``, more than
     ``GROUP_CONV_MAX_CG`` channels a group, not float32 contiguous arrays."""
     lib = library()
