@@ -25,9 +25,10 @@ was at least ``MARGIN`` (1.15x) faster; ``on`` forces it for every convolution i
 (pointwise ones included), ``off`` never loads it.
 Depthwise convolutions are a third kind, timed against rlx's native depthwise kernel
 (96 channels, 3x3 over 56x56), and grouped ones (few channels a group: ResNeXt's, RegNet's)
-a fourth, timed against rlx's grouped kernel (128 channels in 32 groups, 3x3 over 28x28):
-timed as spatial ones, ResNeXt-50 took oneDNN's for them and ran 2.05x ORT's time against
-1.73x on rlx's kernel (2-core Zen 3). Anything not float32, or whose weights are computed per
+a fourth, timed against rlx's grouped kernel (128 channels in 32 groups, 3x3 over 28x28).
+Timed as spatial ones, they went wherever dense 3x3s went, on a probe against im2col; on
+ResNeXt's and RegNet's shapes oneDNN and rlx's grouped kernel came within 0.6-1.6x of each
+other on the 2-core Zen 3, so it is their own probe that decides. Anything not float32, or whose weights are computed per
 run, stays on rlx. ``describe()`` (``rlx devices --explain``) says which runs.
 """
 

@@ -127,11 +127,11 @@ class ThreadTuner:
     and could pick narrow on a quiet host (the zoo caught it: 3.9 ms against 2.0).
 
     Why narrow is confirmed soon: a pick of narrow made while the other core was busy for
-    a moment (another runtime's pool spinning down, the hypervisor) held a model at half
-    speed until the first probe, ``period`` runs later: in the zoo's interleaved timing one
-    of two executables of the same model ran narrow for the whole benchmark (resnext50 206
-    against 117 ms, convnext_tiny 259 against 149). So whenever narrow is taken, the first
-    probe of wide comes after ``confirm`` runs (then doubling as any losing probe does).
+    a moment (another runtime's pool spinning down, the hypervisor) would hold a model at
+    half speed until the first probe, ``period`` runs later: 64 runs are six seconds of a
+    100 ms model, longer than a benchmark's blocks or a short batch. So whenever narrow is
+    taken, the first probe of wide comes after ``confirm`` runs (then doubling as any
+    losing probe does).
 
     Why a tie goes to wide: a 2-vCPU VM sometimes runs a process as if it had one core
     for seconds at a time (the other vCPU not scheduled: wide and narrow then take the
