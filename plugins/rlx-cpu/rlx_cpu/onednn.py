@@ -28,8 +28,9 @@ Depthwise convolutions are a third kind, timed against rlx's native depthwise ke
 a fourth, timed against rlx's grouped kernel (128 channels in 32 groups, 3x3 over 28x28).
 Timed as spatial ones, they went wherever dense 3x3s went, on a probe against im2col; on
 ResNeXt's and RegNet's shapes oneDNN and rlx's grouped kernel came within 0.6-1.6x of each
-other on the 2-core Zen 3, so it is their own probe that decides. Anything not float32, or whose weights are computed per
-run, stays on rlx. ``describe()`` (``rlx devices --explain``) says which runs.
+other on the 2-core Zen 3, so it is their own probe that decides. Anything not float32,
+or whose weights are computed per run, stays on rlx. ``describe()`` (``rlx devices
+--explain``) says which runs.
 """
 
 from __future__ import annotations
