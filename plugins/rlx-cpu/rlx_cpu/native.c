@@ -1823,12 +1823,43 @@ static RLX_CLONES void conv_rows(const float *xp, const float *wpk, const float 
     /* work unit u = (output-channel block, output row); wpk holds the weights as
      * (blocks, c, kh, kw, RLX_CONV_OB), zero past the last channel; xp is (c, hp, sw, wq) */
     int64_t blocks = (o + RLX_CONV_OB - 1) / RLX_CONV_OB;
+    const int wide = rlx_gemm_avx512() != 0; /* AVX-512's 8 x 16 sums in rlx_v16, else 4 x 16 in rlx_v8 */
     int64_t off[RLX_CONV_MAX_KW]; /* where tap kj's inputs start in a row's phases: no division per tap */
     for (int64_t kj = 0; kj < kw; kj++) off[kj] = (kj % sw) * wq + kj / sw;
     for (int64_t u = u0; u < u1; u++) {
         int64_t ob = u % blocks, oy = u / blocks, o0 = ob * RLX_CONV_OB;
         int64_t nb = o - o0 < RLX_CONV_OB ? o - o0 : RLX_CONV_OB;
         const float *wb = wpk + ob * c * kh * kw * RLX_CONV_OB;
+        if (!wide) { /* AVX2: 4 channels x 16 outputs at a time in 8-float vectors (8 sums, not 8 x 2) */
+            for (int64_t x0 = 0; x0 < ow; x0 += 16) {
+                int64_t nx = ow - x0 < 16 ? ow - x0 : 16;
+                for (int64_t jh = 0; jh < nb; jh += 4) {
+                    rlx_v8 acc[4][2];
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++) acc[j][0] = acc[j][1] = (rlx_v8){0};
+                    for (int64_t ci = 0; ci < c; ci++)
+                        for (int64_t ki = 0; ki < kh; ki++) {
+                            const float *row = xp + ((ci * hp + oy * sh + ki) * sw) * wq + x0;
+                            const float *wt = wb + (ci * kh + ki) * kw * RLX_CONV_OB + jh;
+                            for (int64_t kj = 0; kj < kw; kj++, wt += RLX_CONV_OB) {
+                                const rlx_v8 v0 = dw_ld(row + off[kj]), v1 = dw_ld(row + off[kj] + 8);
+#pragma GCC unroll 4
+                                for (int j = 0; j < 4; j++) acc[j][0] += wt[j] * v0, acc[j][1] += wt[j] * v1;
+                            }
+                        }
+                    for (int64_t j = 0; j < 4 && jh + j < nb; j++) {
+                        float *dst = y + ((o0 + jh + j) * oh + oy) * ow + x0;
+                        const float b = bias ? bias[o0 + jh + j] : 0.0f;
+                        float out[16];
+                        const rlx_v8 lo = acc[j][0] + b, hi = acc[j][1] + b;
+                        memcpy(out, &lo, sizeof lo);
+                        memcpy(out + 8, &hi, sizeof hi);
+                        memcpy(dst, out, (size_t)nx * sizeof(float));
+                    }
+                }
+            }
+            continue;
+        }
         for (int64_t x0 = 0; x0 < ow; x0 += 16) {
             int64_t nx = ow - x0 < 16 ? ow - x0 : 16;
             rlx_v16 acc[RLX_CONV_OB];
