@@ -821,13 +821,8 @@ RLX_API void rlx_im2col(const float *x, float *cols, int64_t count, int64_t x_st
  * per output with the filter in registers, over a row the compiler vectorizes. */
 /* One output row of a 3x3 / 5x5 stride-1 depthwise window: restrict pointers and the
  * filter in locals, so the compiler vectorizes over the row. */
-/* The row kernels' vector part: U vectors of 8 outputs at a time, each output's sum
- * accumulated tap by tap in the scalar formula's order (the same multiply-adds, so the
- * same results), in 2U (pairs of rows) or U independent chains. Left to GCC, the formula
- * vectorized as one chain of 9 dependent multiply-adds per 8 outputs (4 cycles each)
- * with its loads spilled: 144x56x56 3x3 on one Zen 3 core 630 us. Each returns how many
- * outputs it did (a multiple of 8); the scalar loop does the rest. */
-static inline __attribute__((always_inline)) rlx_v8 dw_ld(const float *p) {
+/* 8 floats from p, any alignment. */
+static inline __attribute__((always_inline)) rlx_v8 ld8(const float *p) {
     rlx_v8 v;
     memcpy(&v, p, sizeof v);
     return v;
@@ -842,6 +837,40 @@ typedef int32_t rlx_i8 __attribute__((vector_size(32)));
 #define RLX_SHUFFLE8_ODD(a, b) __builtin_shuffle(a, b, (rlx_i8){1, 3, 5, 7, 9, 11, 13, 15})
 #endif
 
+/* A padded row of wp columns (column q is src[q] for q in [x0, x1), else 0) stored split
+ * at row: its (wp + 1) / 2 even columns, then its wp / 2 odd ones, so that a stride-2
+ * window's taps read consecutive floats. [lo, v): columns whose even and odd inputs are
+ * both data, 16 inputs at a time through two shuffles (one at a time, the split was most of
+ * a 112x112 stride-2 depthwise layer's time). */
+static inline __attribute__((always_inline)) void split_row(const float *src, float *row, int64_t x0, int64_t x1,
+                                                            int64_t wp) {
+    const int64_t we = (wp + 1) / 2;
+    float *ev = row, *od = row + we;
+    const int64_t e0 = (x0 + 1) / 2, e1 = (x1 + 1) / 2, o0 = x0 / 2, o1 = x1 / 2;
+    const int64_t lo = e0 > o0 ? e0 : o0, hi = e1 < o1 ? e1 : o1;
+    int64_t v = lo;
+    for (; v + 8 <= hi; v += 8) {
+        const rlx_v8 a = ld8(src + 2 * v), c = ld8(src + 2 * v + 8);
+        const rlx_v8 even = RLX_SHUFFLE8_EVEN(a, c), odd = RLX_SHUFFLE8_ODD(a, c);
+        memcpy(ev + v, &even, sizeof even);
+        memcpy(od + v, &odd, sizeof odd);
+    }
+    for (int64_t i = 0; i < e0; i++) ev[i] = 0.0f;
+    for (int64_t i = e0; i < (lo < e1 ? lo : e1); i++) ev[i] = src[2 * i];
+    for (int64_t i = v; i < e1; i++) ev[i] = src[2 * i];
+    for (int64_t i = e1; i < we; i++) ev[i] = 0.0f;
+    for (int64_t i = 0; i < o0; i++) od[i] = 0.0f;
+    for (int64_t i = o0; i < (lo < o1 ? lo : o1); i++) od[i] = src[2 * i + 1];
+    for (int64_t i = v; i < o1; i++) od[i] = src[2 * i + 1];
+    for (int64_t i = o1; i < wp / 2; i++) od[i] = 0.0f;
+}
+
+/* The row kernels' vector part: U vectors of 8 outputs at a time, each output's sum
+ * accumulated tap by tap in the scalar formula's order (the same multiply-adds, so the
+ * same results), in 2U (pairs of rows) or U independent chains. Left to GCC, the formula
+ * vectorized as one chain of 9 dependent multiply-adds per 8 outputs (4 cycles each)
+ * with its loads spilled: 144x56x56 3x3 on one Zen 3 core 630 us. Each returns how many
+ * outputs it did (a multiple of 8); the scalar loop does the rest. */
 static inline __attribute__((always_inline)) void dw3x2_block(float *restrict d0, float *restrict d1,
                                                               const float *restrict r0, const float *restrict r1,
                                                               const float *restrict r2, const float *restrict r3,
@@ -852,10 +881,10 @@ static inline __attribute__((always_inline)) void dw3x2_block(float *restrict d0
 #pragma GCC unroll 3
     for (int j = 0; j < 3; j++) {
 #pragma GCC unroll 4
-        for (int u = 0; u < U; u++) p[u] += f[j] * dw_ld(r0 + 8 * u + j);
+        for (int u = 0; u < U; u++) p[u] += f[j] * ld8(r0 + 8 * u + j);
 #pragma GCC unroll 4
         for (int u = 0; u < U; u++) {
-            const rlx_v8 v = dw_ld(r1 + 8 * u + j);
+            const rlx_v8 v = ld8(r1 + 8 * u + j);
             p[u] += f[3 + j] * v;
             q[u] += f[j] * v;
         }
@@ -864,12 +893,12 @@ static inline __attribute__((always_inline)) void dw3x2_block(float *restrict d0
     for (int j = 0; j < 3; j++) {
 #pragma GCC unroll 4
         for (int u = 0; u < U; u++) {
-            const rlx_v8 v = dw_ld(r2 + 8 * u + j);
+            const rlx_v8 v = ld8(r2 + 8 * u + j);
             p[u] += f[6 + j] * v;
             q[u] += f[3 + j] * v;
         }
 #pragma GCC unroll 4
-        for (int u = 0; u < U; u++) q[u] += f[6 + j] * dw_ld(r3 + 8 * u + j);
+        for (int u = 0; u < U; u++) q[u] += f[6 + j] * ld8(r3 + 8 * u + j);
     }
 #pragma GCC unroll 4
     for (int u = 0; u < U; u++) {
@@ -900,7 +929,7 @@ static inline __attribute__((always_inline)) void dw3_block(float *restrict d, c
 #pragma GCC unroll 9
     for (int t = 0; t < 9; t++)
 #pragma GCC unroll 4
-        for (int u = 0; u < U; u++) p[u] += f[t] * dw_ld(rows[t / 3] + 8 * u + t % 3);
+        for (int u = 0; u < U; u++) p[u] += f[t] * ld8(rows[t / 3] + 8 * u + t % 3);
 #pragma GCC unroll 4
     for (int u = 0; u < U; u++) memcpy(d + 8 * u, &p[u], sizeof p[u]);
 }
@@ -925,11 +954,11 @@ static inline __attribute__((always_inline)) void dw3s2_block(float *restrict d,
     for (int i = 0; i < 3; i++) {
         const float *e = rows[2 * i] + ox, *o = rows[2 * i + 1] + ox;
 #pragma GCC unroll 4
-        for (int u = 0; u < U; u++) p[u] += f[3 * i] * dw_ld(e + 8 * u);
+        for (int u = 0; u < U; u++) p[u] += f[3 * i] * ld8(e + 8 * u);
 #pragma GCC unroll 4
-        for (int u = 0; u < U; u++) p[u] += f[3 * i + 1] * dw_ld(o + 8 * u);
+        for (int u = 0; u < U; u++) p[u] += f[3 * i + 1] * ld8(o + 8 * u);
 #pragma GCC unroll 4
-        for (int u = 0; u < U; u++) p[u] += f[3 * i + 2] * dw_ld(e + 8 * u + 1);
+        for (int u = 0; u < U; u++) p[u] += f[3 * i + 2] * ld8(e + 8 * u + 1);
     }
 #pragma GCC unroll 4
     for (int u = 0; u < U; u++) memcpy(d + ox + 8 * u, &p[u], sizeof p[u]);
@@ -940,36 +969,6 @@ static inline __attribute__((always_inline)) int64_t dw_row3_s2_v(float *restric
     int64_t ox = 0;
     for (; ox + 32 <= ow; ox += 32) dw3s2_block(d, rows, f, b, ox, 4);
     for (; ox + 8 <= ow; ox += 8) dw3s2_block(d, rows, f, b, ox, 1);
-    return ox;
-}
-
-/* dw_row5's five row sums (a product, then four multiply-adds each) added to b in order. */
-static inline __attribute__((always_inline)) void dw5_block(float *restrict d, const float *restrict r, int64_t wp,
-                                                            const float *restrict g, float b, const int U) {
-    rlx_v8 t[2];
-#pragma GCC unroll 2
-    for (int u = 0; u < U; u++) t[u] = (rlx_v8){0} + b;
-#pragma GCC unroll 5
-    for (int i = 0; i < 5; i++) {
-        const float *ri = r + i * wp;
-#pragma GCC unroll 2
-        for (int u = 0; u < U; u++) {
-            rlx_v8 a = g[5 * i] * dw_ld(ri + 8 * u);
-#pragma GCC unroll 4
-            for (int j = 1; j < 5; j++) a += g[5 * i + j] * dw_ld(ri + 8 * u + j);
-            t[u] += a;
-        }
-    }
-#pragma GCC unroll 2
-    for (int u = 0; u < U; u++) memcpy(d + 8 * u, &t[u], sizeof t[u]);
-}
-
-static inline __attribute__((always_inline)) int64_t dw_row5_v(float *restrict d, const float *restrict r,
-                                                               int64_t wp, const float *restrict g, float b,
-                                                               int64_t ow) {
-    int64_t ox = 0;
-    for (; ox + 16 <= ow; ox += 16) dw5_block(d + ox, r + ox, wp, g, b, 2);
-    for (; ox + 8 <= ow; ox += 8) dw5_block(d + ox, r + ox, wp, g, b, 1);
     return ox;
 }
 
@@ -1045,29 +1044,8 @@ static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const f
                 memset(row, 0, (size_t)wp * sizeof(float));
                 continue;
             }
-            if (two) { /* split straight from x (0.95x a copy, then the split): padded column q is src[q] */
-                const float *src = plane + iy * w - pl;
-                float *ev = row, *od = row + we;
-                const int64_t e0 = (x0 + 1) / 2, e1 = (x1 + 1) / 2, o0 = x0 / 2, o1 = x1 / 2;
-                /* [lo, v): columns whose even and odd inputs are both data, 16 inputs at a
-                 * time through two shuffles (one at a time, the split was most of a 112x112
-                 * stride-2 layer's time) */
-                const int64_t lo = e0 > o0 ? e0 : o0, hi = e1 < o1 ? e1 : o1;
-                int64_t v = lo;
-                for (; v + 8 <= hi; v += 8) {
-                    const rlx_v8 a = dw_ld(src + 2 * v), c = dw_ld(src + 2 * v + 8);
-                    const rlx_v8 even = RLX_SHUFFLE8_EVEN(a, c), odd = RLX_SHUFFLE8_ODD(a, c);
-                    memcpy(ev + v, &even, sizeof even);
-                    memcpy(od + v, &odd, sizeof odd);
-                }
-                for (int64_t i = 0; i < e0; i++) ev[i] = 0.0f;
-                for (int64_t i = e0; i < (lo < e1 ? lo : e1); i++) ev[i] = src[2 * i];
-                for (int64_t i = v; i < e1; i++) ev[i] = src[2 * i];
-                for (int64_t i = e1; i < we; i++) ev[i] = 0.0f;
-                for (int64_t i = 0; i < o0; i++) od[i] = 0.0f;
-                for (int64_t i = o0; i < (lo < o1 ? lo : o1); i++) od[i] = src[2 * i + 1];
-                for (int64_t i = v; i < o1; i++) od[i] = src[2 * i + 1];
-                for (int64_t i = o1; i < wp / 2; i++) od[i] = 0.0f;
+            if (two) { /* split straight from x (0.95x a copy, then the split) */
+                split_row(plane + iy * w - pl, row, x0, x1, wp);
                 continue;
             }
             /* the padding columns (a few floats) inline: a memset call each was a third of
@@ -1089,8 +1067,7 @@ static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const f
                 const int64_t v = dw_row3_v(dst, r, r + wp, r + 2 * wp, f, b, ow);
                 dw_row3(dst + v, r + v, r + wp + v, r + 2 * wp + v, f, b, ow - v);
             } else if (unit && kh == 5 && kw == 5) {
-                const int64_t v = dw_row5_v(dst, r, wp, f, b, ow);
-                dw_row5(dst + v, r + v, wp, f, b, ow - v);
+                dw_row5(dst, r, wp, f, b, ow);
             } else if (two) {
                 const float *rows[6] = {r, r + we, r + wp, r + wp + we, r + 2 * wp, r + 2 * wp + we};
                 const int64_t v = dw_row3_s2_v(dst, rows, f, b, ow);
@@ -1129,9 +1106,8 @@ RLX_API void rlx_depthwise_conv(const float *x, const float *wt, const float *bi
  * column stride 2, so every tap reads consecutive floats), then for each block of
  * GC_OB output channels of the group and each output row, sums kept in registers for
  * GC_U vectors of 8 outputs per channel while every (input channel, tap) input vector is
- * loaded once and multiplied into all GC_OB channels. As im2col and one product per group
- * (an M of 4 to 32 against 12-row panels) or oneDNN, ResNeXt-50's 128-channel 3x3 over
- * 56x56 in 32 groups took 5-6 ms on the 2-core Zen 3; see BENCHMARKS.md for this one.
+ * loaded once and multiplied into all GC_OB channels, instead of im2col and one product per
+ * group with an M of 4 to 32 against 12-row panels (BENCHMARKS.md, session 18).
  * Channels past the group's last in a block repeat its weights (their sums are dropped),
  * and a row's last outputs short of a vector are its last 8 again, so the blocks have no
  * branches. Sums: the bias, then input channel by channel, tap by tap. Dilation 1; column
@@ -1146,16 +1122,16 @@ RLX_API int64_t rlx_group_conv_scratch(int64_t cg, int64_t kh, int64_t kw, int64
     return cg * ((oh - 1) * sh + kh) * (gc_row_width(ow, kw, sw) + 1) + ow; /* + a row for dropped sums */
 }
 
-static inline __attribute__((always_inline)) void gc_block(const float *pad, const float *const *wrow, float b0,
-                                                           float b1, float b2, float b3, float *const *dst,
+static inline __attribute__((always_inline)) void gc_block(const float *pad, const float *const *wrow,
+                                                           const float *bv, float *const *dst,
                                                            int64_t cg, int64_t kh, int64_t kw, int64_t plane,
                                                            int64_t wq, int64_t we, int64_t row0, int64_t ox,
                                                            int two, const int U) {
     rlx_v8 acc[GC_OB][GC_U];
 #pragma GCC unroll 2
     for (int u = 0; u < U; u++) {
-        acc[0][u] = (rlx_v8){0} + b0, acc[1][u] = (rlx_v8){0} + b1;
-        acc[2][u] = (rlx_v8){0} + b2, acc[3][u] = (rlx_v8){0} + b3;
+#pragma GCC unroll 4
+        for (int o = 0; o < GC_OB; o++) acc[o][u] = (rlx_v8){0} + bv[o];
     }
     const int64_t taps = kh * kw;
     for (int64_t ic = 0; ic < cg; ic++) {
@@ -1167,7 +1143,7 @@ static inline __attribute__((always_inline)) void gc_block(const float *pad, con
                 const float w0 = wrow[0][t], w1 = wrow[1][t], w2 = wrow[2][t], w3 = wrow[3][t];
 #pragma GCC unroll 2
                 for (int u = 0; u < U; u++) {
-                    const rlx_v8 v = dw_ld(src + 8 * u);
+                    const rlx_v8 v = ld8(src + 8 * u);
                     acc[0][u] += w0 * v, acc[1][u] += w1 * v, acc[2][u] += w2 * v, acc[3][u] += w3 * v;
                 }
             }
@@ -1203,14 +1179,7 @@ static RLX_CLONES void group_conv_units(const float *x, const float *w, const fl
                 }
                 const float *src = src_plane + iy * wd - pl; /* padded column q is src[q] */
                 if (two) {
-                    float *ev = row, *od = row + we;
-                    for (int64_t q = 0; q < wp; q++) {
-                        const float v = q >= x0 && q < x1 ? src[q] : 0.0f;
-                        if (q & 1)
-                            od[q / 2] = v;
-                        else
-                            ev[q / 2] = v;
-                    }
+                    split_row(src, row, x0, x1, wp);
                     continue;
                 }
                 for (int64_t q = 0; q < x0; q++) row[q] = 0.0f;
@@ -1233,13 +1202,13 @@ static RLX_CLONES void group_conv_units(const float *x, const float *w, const fl
                 for (int o = 0; o < GC_OB; o++) dst[o] = ob + o < og ? yg + (ob + o) * oh * ow + oy * ow : trash;
                 int64_t ox = 0;
                 for (; ox + 8 * GC_U <= ow; ox += 8 * GC_U)
-                    gc_block(pad, wrow, bv[0], bv[1], bv[2], bv[3], dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two,
+                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two,
                              GC_U);
                 for (; ox + 8 <= ow; ox += 8)
-                    gc_block(pad, wrow, bv[0], bv[1], bv[2], bv[3], dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two,
+                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two,
                              1);
                 if (ox < ow) /* the row's last 8 outputs again (ow >= 8): the same sums, stored twice */
-                    gc_block(pad, wrow, bv[0], bv[1], bv[2], bv[3], dst, cg, kh, kw, plane, wq, we, oy * sh, ow - 8,
+                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ow - 8,
                              two, 1);
             }
         }
@@ -1392,7 +1361,7 @@ static inline __attribute__((always_inline)) void dw_lanes_unit8(const float *pa
             for (int h = 0; h < DW_LANES; h += 8) {
                 float *dst = res + (oy * ow + ox0) * DW_LANES + h;
                 rlx_v8 a[DW_UNIT_PIXELS];
-                const rlx_v8 b = dw_ld(bias + h);
+                const rlx_v8 b = ld8(bias + h);
 #pragma GCC unroll 8
                 for (int p = 0; p < P; p++) a[p] = b;
 #pragma GCC unroll 5
@@ -1400,10 +1369,10 @@ static inline __attribute__((always_inline)) void dw_lanes_unit8(const float *pa
                     const float *row = pad + ((oy * sh + i * dh) * wp + ox0 * SW) * DW_LANES + h;
                     rlx_v8 v[5 + 2 * (DW_UNIT_PIXELS - 1)];
 #pragma GCC unroll 19
-                    for (int q = 0; q < KW + SW * (P - 1); q++) v[q] = dw_ld(row + q * DW_LANES);
+                    for (int q = 0; q < KW + SW * (P - 1); q++) v[q] = ld8(row + q * DW_LANES);
 #pragma GCC unroll 5
                     for (int j = 0; j < KW; j++) {
-                        const rlx_v8 f = dw_ld(filt + (i * KW + j) * DW_LANES + h);
+                        const rlx_v8 f = ld8(filt + (i * KW + j) * DW_LANES + h);
 #pragma GCC unroll 8
                         for (int p = 0; p < P; p++) a[p] += f * v[j + p * SW];
                     }
@@ -1527,17 +1496,17 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wpk, f
                     const int64_t n = ow - ox0 < DW_PIXELS ? ow - ox0 : DW_PIXELS;
                     for (int h = 0; h < DW_LANES; h += 8) {
                         float *dst = res + (oy * ow + ox0) * DW_LANES + h;
-                        const rlx_v8 b = dw_ld(filt + taps * DW_LANES + h);
+                        const rlx_v8 b = ld8(filt + taps * DW_LANES + h);
                         rlx_v8 a0 = b, a1 = b, a2 = b, a3 = b;
                         for (int64_t i = 0; i < kh; i++) {
                             const float *row = pad + ((oy * sh + i * dh) * wp + ox0 * sw) * DW_LANES + h;
                             for (int64_t j = 0; j < kw; j++) {
-                                const rlx_v8 f = dw_ld(filt + (i * kw + j) * DW_LANES + h);
+                                const rlx_v8 f = ld8(filt + (i * kw + j) * DW_LANES + h);
                                 const float *q = row + j * dw * DW_LANES;
-                                a0 += f * dw_ld(q);
-                                a1 += f * dw_ld(q + step);
-                                a2 += f * dw_ld(q + 2 * step);
-                                a3 += f * dw_ld(q + 3 * step);
+                                a0 += f * ld8(q);
+                                a1 += f * ld8(q + step);
+                                a2 += f * ld8(q + 2 * step);
+                                a3 += f * ld8(q + 3 * step);
                             }
                         }
                         memcpy(dst, &a0, sizeof a0);
@@ -1842,7 +1811,7 @@ static RLX_CLONES void conv_rows(const float *xp, const float *wpk, const float 
                             const float *row = xp + ((ci * hp + oy * sh + ki) * sw) * wq + x0;
                             const float *wt = wb + (ci * kh + ki) * kw * RLX_CONV_OB + jh;
                             for (int64_t kj = 0; kj < kw; kj++, wt += RLX_CONV_OB) {
-                                const rlx_v8 v0 = dw_ld(row + off[kj]), v1 = dw_ld(row + off[kj] + 8);
+                                const rlx_v8 v0 = ld8(row + off[kj]), v1 = ld8(row + off[kj] + 8);
 #pragma GCC unroll 4
                                 for (int j = 0; j < 4; j++) acc[j][0] += wt[j] * v0, acc[j][1] += wt[j] * v1;
                             }
