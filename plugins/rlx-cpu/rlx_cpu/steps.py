@@ -15,6 +15,7 @@ import contextlib
 import functools
 import math
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -240,30 +241,101 @@ def _operand(value: Any, ns: dict[str, Any]) -> str:
     return name
 
 
+#: Outputs of at least this many bytes are handed out in recycled arrays (``Outputs``);
+#: smaller ones are plain copies, which cost less than the bookkeeping.
+RECYCLE_BYTES = 1 << 16
+
+
+class Outputs:
+    """The arrays one plan hands its caller, kept so that the next run can write into
+    them again once the caller has let them go.
+
+    Why: a fresh output array is new memory, and the kernel that writes it first pays a
+    page fault for every 4 KiB of it (glibc maps blocks over 32 MiB anew on every
+    allocation, and returns them on every free). On outputs of tens of megabytes (a
+    batch of feature maps, a language model's logits) that cost as much as the model's
+    own last layer: a 1x1 convolution into 8 x 96 x 112 x 112 floats ran 2.4x
+    onnxruntime's time as a graph output, about 1.1x inside a model (BENCHMARKS.md,
+    session 19). ONNX Runtime gets the same memory back from its arena.
+
+    An array is reused only when nothing but this object refers to it: the caller
+    dropped it and no view, memoryview or other object holds it (each of those keeps a
+    reference). The count that means "only us" is measured once, through the same code
+    path, rather than assumed, since interpreters count references to locals
+    differently. Each plan owns one; a plan serves one run at a time, so no lock."""
+
+    def __init__(self, count: int) -> None:
+        self._kept: list[np.ndarray | None] = [None] * count
+
+    def take(self, k: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An array of ``shape`` and ``dtype`` for output ``k``: last run's when the caller
+        let it go, else a new one (kept for the next run)."""
+        prev = self._kept[k]
+        if prev is not None and _refs(prev) == _UNOWNED and prev.shape == shape and prev.dtype == dtype:
+            return prev
+        arr = np.empty(shape, dtype)
+        self._kept[k] = arr if arr.nbytes >= RECYCLE_BYTES else None
+        return arr
+
+    def copy(self, k: int, src: np.ndarray) -> np.ndarray:
+        """A copy of ``src`` for output ``k``, in last run's array when it can be reused."""
+        if src.nbytes < RECYCLE_BYTES:
+            return src.copy()
+        out = self.take(k, src.shape, src.dtype)
+        np.copyto(out, src)
+        return out
+
+
+def _refs(arr: np.ndarray) -> int:
+    return sys.getrefcount(arr)
+
+
+def _unowned_refs() -> int:
+    """``_refs`` of an array that only an ``Outputs`` holds, seen from ``Outputs.take``."""
+    kept: list[np.ndarray | None] = [np.empty(1, np.uint8)]
+
+    def look(k: int) -> int:  # as take() holds it: the list's slot, one local, the call
+        prev = kept[k]
+        return _refs(prev) if prev is not None else 0
+
+    return look(0)
+
+
+_UNOWNED = _unowned_refs()
+
+
 def bind_run(input_names: Sequence[str], steps: Sequence[Callable[[], Any]], outputs: Sequence[Any],
              slots: list[Any], fresh: Sequence[Dyn] = ()) -> Callable[[Any], list[np.ndarray]]:  # fmt: skip
     """The body of one run of a plan: put ``inputs[name]`` into the slots, call every
     step, copy out ``outputs`` (arrays or ``Dyn``), and let go of the caller's arrays.
 
-    ``fresh`` are output slots allocated anew every run (``np.empty``) and handed to the
-    caller as they are: for a large output that saves a copy as big as the output, the
-    price numpy itself pays for ``a @ b``; small outputs are cheaper to copy out."""
-    ns: dict[str, Any] = {"S": slots, "_steps": tuple(steps), "_empty": np.empty, "_errstate": np.errstate}
+    ``fresh`` are output slots that the steps write into an array handed to the caller as
+    it is: for a large output that saves a copy as big as the output, the price numpy
+    itself pays for ``a @ b``; small outputs are cheaper to copy out. Large outputs, fresh
+    or copied, go into arrays recycled from earlier runs once the caller has dropped
+    them (``Outputs``)."""
+    recycle = Outputs(len(outputs) + len(fresh))
+    ns: dict[str, Any] = {"S": slots, "_steps": tuple(steps), "_take": recycle.take, "_copy": recycle.copy,
+                          "_errstate": np.errstate}  # fmt: skip
     lines = ["def _run(inputs):"]
     lines += [f"    S[{k}] = inputs[{_operand(name, ns)}]" for k, name in enumerate(input_names)]
-    lines += [f"    S[{d.slot}] = _empty({_operand(d.shape, ns)}, {_operand(d.dtype, ns)})" for d in fresh]
+    handed: dict[int, int] = {}  # a fresh slot -> the output position that hands it out
+    for j, v in enumerate(outputs):
+        if isinstance(v, Dyn) and not v.chain and v.slot not in handed and any(d.slot == v.slot for d in fresh):
+            handed[v.slot] = j
+    for i, d in enumerate(fresh):  # one not handed out whole has a place of its own
+        lines.append(f"    S[{d.slot}] = _take({handed.get(d.slot, len(outputs) + i)}, {_operand(d.shape, ns)}, "
+                     f"{_operand(d.dtype, ns)})")  # fmt: skip
     if _quiet(steps):  # IEEE results, not warnings (``_ieee``)
         lines += ["    with _errstate(all='ignore'):", "        for _s in _steps:", "            _s()"]
     else:
         lines += ["    for _s in _steps:", "        _s()"]
-    handed: set[int] = set()
     outs = []
-    for v in outputs:
-        if isinstance(v, Dyn) and not v.chain and v.slot not in handed and any(d.slot == v.slot for d in fresh):
-            handed.add(v.slot)
+    for j, v in enumerate(outputs):
+        if isinstance(v, Dyn) and not v.chain and handed.get(v.slot) == j:
             outs.append(f"S[{v.slot}]")
         else:
-            outs.append(f"{_operand(v, ns)}.copy()")
+            outs.append(f"_copy({j}, {_operand(v, ns)})")
     lines.append(f"    _r = [{', '.join(outs)}]")
     lines += [f"    S[{k}] = None" for k in [*range(len(input_names)), *(d.slot for d in fresh)]]
     lines.append("    return _r")

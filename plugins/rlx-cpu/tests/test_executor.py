@@ -352,6 +352,53 @@ def test_large_outputs_are_handed_over_fresh_and_right(registry: Registry, fuse:
         assert not np.shares_memory(a, b) and a.flags.writeable
 
 
+def _big_output_graph(n: int, last: str) -> Graph:
+    g = Graph(f"recycled_{last}")
+    x = g.input("x", (n, n), "float32")
+    if last == "matmul":  # handed over fresh (no copy out)
+        y = g.matmul(x, g.param("w", np.eye(n, dtype=np.float32) * 2))
+    else:  # a transpose's output is copied out
+        y = g.transpose(g.mul(x, 2.0), (1, 0))
+    g.set_outputs([y])
+    return g
+
+
+@pytest.mark.parametrize("last", ["matmul", "transpose"])
+def test_large_outputs_reuse_memory_only_once_the_caller_lets_go(registry: Registry, last: str) -> None:
+    """A large output's array is written again by a later run only when nothing refers to
+    it any more: a held array, or a view of it, keeps its values; a dropped one's memory
+    serves the next run (no fresh pages to fault in)."""
+    from rlx_cpu.steps import RECYCLE_BYTES
+
+    n = 160
+    assert n * n * 4 >= RECYCLE_BYTES
+    cg = rlx.compile(_big_output_graph(n, last), device="cpu", registry=registry)
+    xs = [np.full((n, n), float(v), np.float32) for v in range(4)]
+    held = cg.run({"x": xs[1]})[0]
+    again = cg.run({"x": xs[2]})[0]
+    assert not np.shares_memory(held, again)
+    np.testing.assert_array_equal(held, 2.0)  # held: never overwritten
+    view = again[::2]
+    del again
+    third = cg.run({"x": xs[3]})[0]
+    np.testing.assert_array_equal(view, 4.0)  # a view keeps its base from being reused
+    np.testing.assert_array_equal(third, 6.0)
+    address = third.ctypes.data
+    del third
+    fourth = cg.run({"x": xs[0]})[0]
+    assert fourth.ctypes.data == address  # dropped: the same memory, rewritten
+    np.testing.assert_array_equal(fourth, 0.0)
+    assert fourth.flags.writeable and fourth.flags.owndata
+
+
+def test_small_outputs_are_fresh_copies(registry: Registry) -> None:
+    cg = rlx.compile(_big_output_graph(8, "transpose"), device="cpu", registry=registry)
+    b = cg.run({"x": np.ones((8, 8), np.float32)})[0]
+    c = cg.run({"x": np.zeros((8, 8), np.float32)})[0]
+    assert not np.shares_memory(b, c)
+    np.testing.assert_array_equal(b, 2.0)
+
+
 # ----------------------------------------------------------------------------- big regions on two threads
 def _big_region_graph(rows: int, cols: int, dtype: str = "float32", lead: tuple[int, ...] = ()) -> Graph:
     g = Graph("big")
