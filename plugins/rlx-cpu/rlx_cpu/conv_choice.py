@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import gemm
+from . import gemm, verdicts
 from .native import Native, library
 
 __all__ = ["DIRECT_MARGIN", "mode", "use_implicit", "use_direct", "describe", "reset"]
@@ -61,9 +61,12 @@ def mode() -> str:
 
 
 def reset() -> None:
-    """Forget the measured decision (tests; the next ``use_implicit`` measures again)."""
+    """Forget the measured decisions, here and on disk (tests; the next ``use_implicit``
+    measures again)."""
     with _LOCK:
         _DECIDED.clear()
+        for key in ("auto", "direct"):
+            verdicts.VERDICTS.forget(f"conv-{key}")
 
 
 def use_implicit() -> bool:
@@ -91,7 +94,8 @@ def _decided(key: str, forcing: tuple[str, str], measure: Callable[[Native], tup
         return False
     with _LOCK:
         if key not in _DECIDED:
-            _DECIDED[key] = measure(lib)
+            found = verdicts.settled(f"conv-{key}", lambda: dict(zip(("yes", "why"), measure(lib), strict=True)))
+            _DECIDED[key] = (bool(found["yes"]), str(found["why"]))
             log.info("rlx-cpu: %s %s (%s)", what, yes if _DECIDED[key][0] else no, _DECIDED[key][1])
         return _DECIDED[key][0]
 

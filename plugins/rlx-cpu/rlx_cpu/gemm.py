@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import blas
+from . import blas, verdicts
 from . import threads as thread_policy
 from .ccall import bound_call
 from .native import Native, library
@@ -129,13 +129,29 @@ class Decision:
 
 
 _DECIDED: dict[str, Decision] = {}
+_QUESTION = "gemm"  # the verdict's name on disk
 _LOCK = threading.Lock()
 
 
 def reset() -> None:
-    """Forget the measured decision (tests; the next ``use_native`` measures again)."""
+    """Forget the measured decision, here and on disk (tests; the next ``use_native``
+    measures again)."""
     with _LOCK:
         _DECIDED.clear()
+        verdicts.VERDICTS.forget(_QUESTION)
+
+
+def _settled(lib: Native) -> Decision:
+    """``_measure``'s decision, or the one an earlier process measured on this host
+    (``verdicts``)."""
+
+    def measure() -> dict[str, Any]:
+        d = _measure(lib)
+        return {"yes": d.native, "why": d.why, "deep": d.deep}
+
+    found = verdicts.settled(_QUESTION, measure)
+    deep = found.get("deep")
+    return Decision(found["yes"], found["why"], deep if isinstance(deep, bool) else None)
 
 
 def decision() -> Decision | None:
@@ -163,7 +179,7 @@ def use_native(k: int | None = None) -> bool:
     assert lib is not None  # decision() answered for a missing library
     with _LOCK:
         if "auto" not in _DECIDED:
-            _DECIDED["auto"] = _measure(lib)
+            _DECIDED["auto"] = _settled(lib)
             log.info("rlx-cpu: float32 products on %s (%s)",
                     "rlx's GEMM" if _DECIDED["auto"].native else "the BLAS", _DECIDED["auto"].why)  # fmt: skip
         return _DECIDED["auto"].for_depth(k)

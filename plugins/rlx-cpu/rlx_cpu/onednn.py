@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from . import verdicts
 from .ccall import address
 from .steps import Dyn, Step, aligned_empty
 
@@ -236,9 +237,11 @@ def reason() -> str:
 
 
 def reset() -> None:
-    """Forget the measured decisions (tests)."""
+    """Forget the measured decisions, here and on disk (tests)."""
     with _LOCK:
         _STATE.pop("decision", None)
+        for kind in PROBES:
+            verdicts.VERDICTS.forget(f"onednn-{kind}")
 
 
 #: The kinds of convolution timed apart, each on the convolution ``use`` times for it
@@ -285,7 +288,9 @@ def use(kind: str = "spatial") -> Dnnl | None:
         decisions = _STATE.setdefault("decision", {})
         if kind not in decisions:
             decisions[kind] = (False, "probing")  # the probe's own rlx compile must not ask again
-            decisions[kind] = _measure(lib, kind)
+            found = verdicts.settled(f"onednn-{kind}", lambda: dict(zip(("yes", "why"), _measure(lib, kind),
+                                                                              strict=True)))  # fmt: skip
+            decisions[kind] = (bool(found["yes"]), str(found["why"]))
             log.info("rlx-cpu: %s convolutions %s (%s)", kind, "on oneDNN" if decisions[kind][0] else
                      "on rlx's kernels", decisions[kind][1])  # fmt: skip
         return lib if decisions[kind][0] else None

@@ -8,6 +8,14 @@ from rlx_cpu import native, regions
 
 
 @pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RLX_CACHE_DIR`` is a fresh directory for every test: the timed verdicts
+    (``verdicts.py``) and calibrations one test keeps never reach another, nor the user's
+    cache."""
+    monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path_factory.mktemp("rlx-cache")))
+
+
+@pytest.fixture(autouse=True)
 def _rlx_convolutions(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Convolutions on rlx's own kernels (RLX_CPU_ONEDNN=off), which these tests spy on
     and which every host without the ``onednn`` extra runs; ``test_onednn.py`` sets its own."""

@@ -1,0 +1,194 @@
+"""The cpu backend's timed choices, kept on disk so that the next process does not time them again.
+
+rlx-cpu decides by measurement, once per process, which code runs a kind of work on this
+host: rlx's GEMM or the BLAS (``gemm``), implicit GEMM, im2col or the direct kernel for
+convolutions (``conv_choice``), oneDNN or rlx's kernels per kind of convolution
+(``onednn``). The probes take about half a second together, paid by the first compile
+of every process: on a 2-core Zen 3, mobilenet_v2's first compile took 760 ms against
+99 ms for the same compile again, and ONNX Runtime's session 47 ms (BENCHMARKS.md,
+session 19). A verdict is a fact about the host and the code, so it is kept (namespace
+``cpu-verdicts``, JSON through rlx-core's ``JsonCache``) and reused while nothing it
+depends on has changed:
+
+- the CPU (its model name and the vector extensions the kernels pick from), the cores
+  this process may use, and the threads settings of the OpenMP and BLAS runtimes;
+- rlx-cpu's version, the native library (the source it was built from, its size and
+  mtime), the BLAS (oneMKL's version, or numpy's build and version) and oneDNN's library;
+- every ``RLX_CPU_*`` setting.
+
+An entry older than ``VERDICT_TTL_S`` (a day) is measured again: a verdict timed while
+another process held a core may be wrong, and it should not outlive a day. The report
+(``rlx devices --explain``) says when a verdict came from the cache and how old it is.
+A cache that cannot be written only costs the next process its probes (logged, not
+warned: the user asked for nothing). ``forget`` drops a question's entry (tests; the
+modules' ``reset``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rlx_core.errors import CacheWarning
+from rlx_core.plugin import JsonCache
+
+__all__ = ["HostVerdicts", "VERDICTS", "VERDICT_TTL_S", "settled"]
+
+log = logging.getLogger("rlx_cpu")
+
+#: Seconds a verdict is reused by later processes.
+VERDICT_TTL_S = 86400.0
+_SCHEMA = 1
+_NAMESPACE = "cpu-verdicts"
+_WHAT = "rlx-cpu's timed choices on this host (GEMM or BLAS, convolution kernels, oneDNN per kind)"
+#: The variables of the threading runtimes a timing depends on, besides ``RLX_CPU_*``.
+_THREAD_VARS = ("OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+#: The modules whose probes make the verdicts: an edited one times them again.
+_DECIDERS = ("gemm.py", "conv_choice.py", "onednn.py")
+_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx2", "fma", "neon", "asimd", "sve")
+
+
+def _cpu() -> str:
+    """The CPU's model name and the vector extensions the kernels choose between."""
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return model
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "cpu model") and model == (platform.processor() or platform.machine()):
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:
+            present = set(value.split())
+            flags = " ".join(f for f in _FLAGS if f in present)
+    return f"{model} [{flags}]"
+
+
+def _file(path: str | None) -> str:
+    """A library file's identity: its path, size and mtime (no read of its bytes)."""
+    if not path:
+        return ""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return str(path)
+    return f"{path} {st.st_size} {st.st_mtime_ns}"
+
+
+def _identity() -> dict[str, Any]:
+    from . import blas, gemm, native, onednn
+
+    lib = native.library()
+    info = native.read_info(native._DIRECTORY) if lib is not None else {}
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("RLX_CPU_") or k in _THREAD_VARS}
+    mkl = blas.mkl()
+    return {
+        "rlx_cpu": _version(),
+        "python": sys.implementation.cache_tag,
+        "cpu": _cpu(),
+        "cores": gemm._cores(),
+        "native": f"{info.get('source_sha256', '')} {_file(lib.path if lib is not None else None)}",
+        "blas": f"{mkl.version} {_file(mkl.path)}" if mkl is not None else f"numpy {_numpy_version()} "
+                                                                          f"{blas.numpy_blas()}",
+        "onednn": _file(onednn.find_library()) if onednn.wanted() != "off" else "off",
+        "env": env,
+        "code": [_file(str(Path(__file__).with_name(name))) for name in _DECIDERS],
+    }
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rlx-cpu")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _numpy_version() -> str:
+    import numpy as np
+
+    return np.__version__
+
+
+def _key(question: str) -> str:
+    """The entry's file name: the question itself where it is a plain word (``gemm``)."""
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in question)[:64]
+
+
+class HostVerdicts:
+    """This host's verdicts on disk (see the module docstring). The identity is worked out
+    at each use (a few per process): a setting changed since is a different identity."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, ttl_s: float = VERDICT_TTL_S) -> None:
+        self._cache = JsonCache(_NAMESPACE, _SCHEMA, root, what=_WHAT, recompute="it will be timed again")
+        self._ttl_s = ttl_s
+
+    def recall(self, question: str) -> tuple[dict[str, Any], float] | None:
+        """The payload kept for ``question`` and its age in seconds, or None (none kept, too
+        old, from the future, or written for another identity)."""
+        try:
+            found = self._cache.get(_key(question), _identity())
+        except Exception as exc:  # a cache is an optimization: never a reason to fail a compile
+            log.debug("rlx-cpu: verdict cache unreadable (%s: %s)", type(exc).__name__, exc)
+            return None
+        if not found or not isinstance(found.get("at"), (int, float)) or found.get("question") != question:
+            return None
+        age = time.time() - float(found["at"])
+        if not 0 <= age <= self._ttl_s:
+            return None
+        return found, age
+
+    def keep(self, question: str, payload: Mapping[str, Any]) -> None:
+        """Store ``payload`` (JSON data) as the verdict on ``question``, timed now."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CacheWarning)  # logged below instead: nobody asked for this cache
+            try:
+                self._cache.put(_key(question), _identity(), {**payload, "question": question, "at": time.time()})
+            except Exception as exc:
+                log.debug("rlx-cpu: verdict on %s not kept (%s: %s)", question, type(exc).__name__, exc)
+
+    def forget(self, question: str) -> None:
+        """Drop the verdict on ``question``: the next process (and this one) times it again."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CacheWarning)
+            try:
+                self._cache.remove(_key(question))
+            except Exception as exc:
+                log.debug("rlx-cpu: verdict on %s not removed (%s: %s)", question, type(exc).__name__, exc)
+
+
+VERDICTS = HostVerdicts()
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def settled(question: str, measure: Callable[[], Mapping[str, Any]],
+            verdicts: HostVerdicts | None = None) -> dict[str, Any]:  # fmt: skip
+    """The verdict on ``question``: ``{"yes": bool, "why": str, ...}`` (JSON data), kept
+    from an earlier process's measurement when ``verdicts`` has one (``why`` then says how
+    old it is), else ``measure()``'s, which is then kept."""
+    store = VERDICTS if verdicts is None else verdicts
+    found = store.recall(question)
+    if found is not None:
+        payload, age = found
+        if isinstance(payload.get("yes"), bool) and isinstance(payload.get("why"), str):
+            kept = {k: v for k, v in payload.items() if k not in ("question", "at")}
+            return {**kept, "why": f"{payload['why']}; timed {_age(age)} ago, kept in rlx's cache"}
+    verdict = dict(measure())
+    store.keep(question, verdict)
+    return verdict
