@@ -1,9 +1,11 @@
 """rlx's GEMM against the BLAS on the product shapes convolutions and dense layers make.
 
-Each shape is timed both ways, interleaved (``bench/_timing.py``): ``rlx_gemm`` with A
-packed once as a graph's weights are (what a compiled model runs), and the BLAS call the
+Each shape is timed three ways, interleaved (``bench/_timing.py``): ``rlx_gemm`` with A
+packed once as a graph's weights are (what a compiled model runs), the BLAS call the
 product would otherwise be (oneMKL's sgemm when the ``mkl`` extra is loaded, else
-``numpy.matmul``), on every core and on one thread. What the cpu backend chooses between
+``numpy.matmul``), and, where onnxruntime is installed, ORT's ``MatMul`` with the
+weights as an initializer (MLAS, which packs them once as rlx does), on every core and
+on one thread. What the cpu backend chooses between
 the two is measured per process by ``rlx_cpu.gemm`` on three of these shapes; this shows
 the whole picture behind that choice (BENCHMARKS.md, "rlx's GEMM on AVX2").
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -60,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         from threadpoolctl import threadpool_limits
 
         limit = threadpool_limits(limits=args.threads, user_api="blas")
-    print(f"| M x K x N | what | rlx GEMM GF/s | {'oneMKL' if mkl else 'numpy'} GF/s | rlx / BLAS time |")
-    print("|---|---|--:|--:|--:|")
+    blas_name = "oneMKL" if mkl else "numpy"
+    print(f"| M x K x N | what | rlx GEMM GF/s | {blas_name} GF/s | ORT MatMul GF/s | rlx / BLAS time "
+          "| rlx / ORT time |")
+    print("|---|---|--:|--:|--:|--:|--:|")
     try:
         for (m, k, n), what in SHAPES.items():
             case = gemm.ProbeCase(lib, (m, k, n), threads, np.random.default_rng(0))
@@ -77,18 +82,46 @@ def main(argv: list[str] | None = None) -> int:
 
             contenders = [Contender("rlx", "rlx", run_rlx, run_rlx().copy(), 0.0, 0.0),
                           Contender("blas", "numpy", run_other, run_other().copy(), 0.0, 0.0)]  # fmt: skip
+            ort_run = _ort_matmul(case.a, case.b, threads)
+            if ort_run is not None:
+                first = ort_run()
+                contenders.append(Contender("ort", "onnxruntime", ort_run, first, 0.0, 0.0))
+                np.testing.assert_allclose(first.T, case.c_blas, rtol=1e-3, atol=1e-3 * np.sqrt(k))
             np.testing.assert_allclose(case.c_native, case.c_blas, rtol=1e-3, atol=1e-3 * np.sqrt(k))
             t = measure(contenders, args.rounds, 0.15, 0.05, warmup=5)
             flops = 2.0 * m * n * k
             r, o = t["rlx"].median, t["blas"].median
-            print(f"| {m} x {k} x {n} | {what} | {flops / r / 1e9:.1f} | {flops / o / 1e9:.1f} | {r / o:.2f}x |",
-                  flush=True)  # fmt: skip
+            x = t["ort"].median if "ort" in t else float("nan")
+            print(f"| {m} x {k} x {n} | {what} | {flops / r / 1e9:.1f} | {flops / o / 1e9:.1f} | "
+                  f"{flops / x / 1e9:.1f} | {r / o:.2f}x | {r / x:.2f}x |", flush=True)  # fmt: skip
     finally:
         if previous is not None and mkl is not None:
             mkl.local_threads(previous)
         if limit is not None:
             limit.restore_original_limits()
     return 0
+
+
+def _ort_matmul(a: np.ndarray, b: np.ndarray, threads: int) -> Callable[[], np.ndarray] | None:
+    """ORT computing the same product as a model would: ``b.T @ a.T`` (activations times the
+    weights, an initializer MLAS packs once at session creation), or None without onnxruntime."""
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        return None
+    m, k = a.shape
+    n = b.shape[1]
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "gemm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, m])],
+                              [numpy_helper.from_array(np.ascontiguousarray(a.T), "w")])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feed = {"x": np.ascontiguousarray(b.T)}
+    return lambda: session.run(None, feed)[0]
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ modules' ``reset``)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import platform
@@ -88,7 +90,6 @@ def _identity() -> dict[str, Any]:
 
     lib = native.library()
     info = native.read_info(native._DIRECTORY) if lib is not None else {}
-    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("RLX_CPU_") or k in _THREAD_VARS}
     mkl = blas.mkl()
     return {
         "rlx_cpu": _version(),
@@ -99,7 +100,7 @@ def _identity() -> dict[str, Any]:
         "blas": f"{mkl.version} {_file(mkl.path)}" if mkl is not None else f"numpy {_numpy_version()} "
                                                                           f"{blas.numpy_blas()}",
         "onednn": _file(onednn.find_library()) if onednn.wanted() != "off" else "off",
-        "env": env,
+        "env": _settings(),
         "code": [_file(str(Path(__file__).with_name(name))) for name in _DECIDERS],
     }
 
@@ -119,9 +120,16 @@ def _numpy_version() -> str:
     return np.__version__
 
 
+def _settings() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("RLX_CPU_") or k in _THREAD_VARS}
+
+
 def _key(question: str) -> str:
-    """The entry's file name: the question itself where it is a plain word (``gemm``)."""
-    return "".join(c if c.isalnum() or c in "-_" else "-" for c in question)[:64]
+    """The entry's file name: the question (``gemm``) and a digest of the settings, so that
+    a user who switches ``RLX_CPU_*`` settings back and forth keeps a verdict for each
+    (anything else that changed, the code or the CPU, replaces the entry)."""
+    digest = hashlib.sha256(json.dumps(_settings()).encode("utf-8")).hexdigest()[:12]
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in question)[:48] + "-" + digest
 
 
 class HostVerdicts:
@@ -135,11 +143,14 @@ class HostVerdicts:
     def recall(self, question: str) -> tuple[dict[str, Any], float] | None:
         """The payload kept for ``question`` and its age in seconds, or None (none kept, too
         old, from the future, or written for another identity)."""
-        try:
-            found = self._cache.get(_key(question), _identity())
-        except Exception as exc:  # a cache is an optimization: never a reason to fail a compile
-            log.debug("rlx-cpu: verdict cache unreadable (%s: %s)", type(exc).__name__, exc)
-            return None
+        with warnings.catch_warnings():
+            # a stale or foreign entry is replaced once measured again: logged, not warned
+            warnings.simplefilter("ignore", CacheWarning)
+            try:
+                found = self._cache.get(_key(question), _identity())
+            except Exception as exc:  # a cache is an optimization: never a reason to fail a compile
+                log.debug("rlx-cpu: verdict cache unreadable (%s: %s)", type(exc).__name__, exc)
+                return None
         if not found or not isinstance(found.get("at"), (int, float)) or found.get("question") != question:
             return None
         age = time.time() - float(found["at"])

@@ -39,25 +39,35 @@ def test_a_changed_setting_old_entry_or_forget_times_it_again(tmp_path: Path, mo
     measure = Counter()
     store = verdicts.HostVerdicts(tmp_path)
     verdicts.settled("q", measure, store)
-    monkeypatch.setenv("RLX_CPU_BIND", "0")  # another identity: timed again, then kept for it
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the stale entry is reported as a CacheWarning and replaced
+        warnings.simplefilter("error")  # a verdict kept for other settings is no warning
+        monkeypatch.setenv("RLX_CPU_BIND", "0")  # other settings: timed again, then kept for them
         verdicts.settled("q", measure, store)
-    assert measure.calls == 2
-    verdicts.settled("q", measure, store)
-    assert measure.calls == 2
+        assert measure.calls == 2
+        verdicts.settled("q", measure, store)
+        monkeypatch.delenv("RLX_CPU_BIND")  # back: the first settings' verdict is still there
+        verdicts.settled("q", measure, store)
+        assert measure.calls == 2
+        with monkeypatch.context() as patch:
+            patch.setattr(verdicts, "_cpu", lambda: "another CPU")  # another host: replaced, silently
+            verdicts.settled("q", measure, store)
+            assert measure.calls == 3
+            verdicts.settled("q", measure, store)
+            assert measure.calls == 3
+        verdicts.settled("q", measure, store)  # this CPU again: its entry was replaced
+        assert measure.calls == 4
     verdicts.settled("q", measure, verdicts.HostVerdicts(tmp_path, ttl_s=0.0))  # too old
-    assert measure.calls == 3
+    assert measure.calls == 5
     store.forget("q")
     verdicts.settled("q", measure, store)
-    assert measure.calls == 4
+    assert measure.calls == 6
 
 
 def test_an_entry_from_the_future_or_for_another_question_is_not_used(tmp_path: Path) -> None:
     measure = Counter()
     store = verdicts.HostVerdicts(tmp_path)
     verdicts.settled("q", measure, store)
-    path = next((tmp_path / "cpu-verdicts").glob("q*.json"))
+    path = next((tmp_path / "cpu-verdicts").glob("q-*.json"))
     entry = json.loads(path.read_text())
     entry["payload"]["at"] += 3600.0
     path.write_text(json.dumps(entry))
@@ -100,7 +110,7 @@ def test_the_gemm_decision_is_kept_with_its_deep_verdict(monkeypatch: pytest.Mon
         assert "kept in rlx's cache" in gemm.describe()
     finally:
         gemm.reset()
-    assert not (Path(os.environ["RLX_CACHE_DIR"]) / "cpu-verdicts" / "gemm.json").exists()
+    assert not list((Path(os.environ["RLX_CACHE_DIR"]) / "cpu-verdicts").glob("gemm-*.json"))
 
 
 def test_conv_choice_reset_times_again(monkeypatch: pytest.MonkeyPatch, native_lib: object) -> None:
