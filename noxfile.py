@@ -63,7 +63,7 @@ def test_paths() -> list[str]:
 #: metadata and rlx-cpu's build hook and native kernels (compiled at install, ~45 s at -O3
 #: on 2 cores). Python sources are not listed: an editable install sees their edits.
 INSTALL_INPUTS = ("pyproject.toml", "plugins/*/pyproject.toml", "plugins/*/hatch_build.py",
-                  "plugins/rlx-cpu/rlx_cpu/native.c", "plugins/rlx-cpu/rlx_cpu/_build.py")  # fmt: skip
+                  "plugins/rlx-cpu/rlx_cpu/native.c", "plugins/rlx-cpu/rlx_cpu/_build.py")
 
 
 def _install_stamp(args: tuple[str, ...]) -> str:
@@ -196,7 +196,7 @@ def bench_scripts() -> list[Path]:
     suite's modules (``models.py``, ``_*.py``) do not, and are not run."""
     found = sorted(ROOT.glob("bench/*.py"))
     return [p for p in found if 'if __name__ == "__main__"' in p.read_text(encoding="utf-8")
-            and p.name not in OWN_SESSION]  # fmt: skip
+            and p.name not in OWN_SESSION]
 
 
 @nox.session
@@ -231,7 +231,7 @@ def zoo(session: nox.Session) -> None:
     GB: bench extras, never rlx dependencies). Posargs go to the script (default: every
     model, both exporters, batch 1, timed)."""
     session.install(*plugin_requirements(), "onnx", "onnxruntime", "onnxscript", "torch", "torchvision",
-                    "transformers")  # fmt: skip
+                    "transformers")
     args = list(session.posargs) or ["--time", "--json", str(ROOT / "bench" / "results" / "zoo.json")]
     session.run("python", str(ROOT / "bench" / "zoo.py"), *args)
 
@@ -248,7 +248,7 @@ def fuzz(session: nox.Session) -> None:
     env = {"RLX_FUZZ_PROFILE": "fuzz", "RLX_FUZZ_SAVE_DIR": str(ROOT / "tests" / "fuzz" / "regressions")}
     env["RLX_FUZZ_EXAMPLES"] = session.env.get("RLX_FUZZ_EXAMPLES") or "10000"
     session.run("pytest", "--import-mode=importlib", "-p", "no:cacheprovider", str(ROOT / "tests" / "fuzz"),
-                *session.posargs, env=env)  # fmt: skip
+                *session.posargs, env=env)
 
 
 @nox.session

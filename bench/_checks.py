@@ -60,10 +60,10 @@ def derive_tolerance(model: str, ort: np.ndarray, ref64: np.ndarray) -> Toleranc
     reference disagree beyond float32 rounding (a wrong model or a wrong reference)."""
     if ort.shape != ref64.shape:
         raise ModelError(f"bench model {model!r}: ONNX Runtime gives shape {ort.shape}, "
-                         f"the float64 reference {ref64.shape}")  # fmt: skip
+                         f"the float64 reference {ref64.shape}")
     scale = max(float(np.max(np.abs(ref64), initial=0.0)), np.finfo(np.float32).tiny)
     ort_err = float(np.max(np.abs(ort.astype(np.float64) - ref64), initial=0.0))
     if not ort_err <= SANITY * scale:
         raise ModelError(f"bench model {model!r}: ONNX Runtime is {ort_err:.3g} from the float64 reference "
-                         f"(output scale {scale:.3g}); the model or bench/_numpy_models.py is wrong")  # fmt: skip
+                         f"(output scale {scale:.3g}); the model or bench/_numpy_models.py is wrong")
     return Tolerance(scale, ort_err, K * ort_err + FLOOR * EPS32 * scale)

@@ -111,7 +111,7 @@ def rlx_contender(graph: rlx.Graph, model: SuiteModel, device: str) -> Contender
         feed = model.inputs
         report = cg.report()
         return (lambda: cg.run(feed)[0]), {"device": cg.device, "label": report.label,
-                                           "legalized_nodes": report.legalized_nodes}  # fmt: skip
+                                           "legalized_nodes": report.legalized_nodes}
 
     return _prepare(f"rlx {device}", "rlx", setup)
 
@@ -163,7 +163,7 @@ def jax_contender(model: SuiteModel) -> Contender | Failure:
 
 
 def prepare_all(model: SuiteModel, graph: rlx.Graph | None, devices: list[str], *, with_jax: bool = True,
-                on_step: Callable[[str], None] | None = None) -> list[Contender | Failure]:  # fmt: skip
+                on_step: Callable[[str], None] | None = None) -> list[Contender | Failure]:
     """Every contender of ``model``: ORT first (the yardstick), then rlx, numpy, jax."""
     step = on_step or (lambda _name: None)
     found: list[Contender | Failure] = []

@@ -75,7 +75,7 @@ class _Writer(_OnnxWriter):
         return self.op("Add", self.op("MatMul", x, w), b)
 
     def layer_norm(self, rng: np.random.Generator, x: str, name: str, width: int, eps: float,
-                   out: str | None = None) -> str:  # fmt: skip
+                   out: str | None = None) -> str:
         scale = self.init(f"{name}.weight", rng.uniform(0.8, 1.2, width).astype(np.float32))
         bias = self.init(f"{name}.bias", rng.uniform(-0.1, 0.1, width).astype(np.float32))
         return self.op("LayerNormalization", x, scale, bias, out=out, axis=-1, epsilon=eps)
@@ -132,7 +132,7 @@ def _tanh_gelu(o: _Writer, x: str) -> str:
 
 
 def build_encoder(width: int = WIDTH, heads: int = HEADS, layers: int = LAYERS, vocab: int = VOCAB,
-                  positions: int = POSITIONS) -> DynamicModel:  # fmt: skip
+                  positions: int = POSITIONS) -> DynamicModel:
     """A BERT-style post-LN encoder with inputs ``input_ids`` and ``attention_mask``."""
     from onnx import TensorProto, helper
 
@@ -148,7 +148,7 @@ def build_encoder(width: int = WIDTH, heads: int = HEADS, layers: int = LAYERS, 
     zeros = helper.make_tensor("value", TensorProto.INT64, [1], [0])
     type_ids = o.op("ConstantOfShape", o.op("Shape", ids), value=zeros)
     summed = o.op("Add", o.op("Add", o.op("Gather", words, ids), o.op("Gather", types, type_ids)),
-                  o.op("Gather", places, position_ids))  # fmt: skip
+                  o.op("Gather", places, position_ids))
     h = o.layer_norm(rng, summed, "embeddings.norm", width, 1e-12)
     # extended mask: (1 - mask[:, None, None, :].float()) * -10000
     ext = o.op("Cast", o.unsqueeze(mask, 1, 2), to=TensorProto.FLOAT)
@@ -159,16 +159,16 @@ def build_encoder(width: int = WIDTH, heads: int = HEADS, layers: int = LAYERS, 
         ctx = o.linear(rng, _attention(o, q, k, v, h, bias, heads, width), f"{p}.attn_out", width, width)
         h = o.layer_norm(rng, o.op("Add", ctx, h), f"{p}.attn_norm", width, 1e-12)
         ff = o.linear(rng, _erf_gelu(o, o.linear(rng, h, f"{p}.ffn_in", width, 4 * width)), f"{p}.ffn_out",
-                      4 * width, width)  # fmt: skip
+                      4 * width, width)
         out = "last_hidden_state" if i == layers - 1 else None
         h = o.layer_norm(rng, o.op("Add", ff, h), f"{p}.ffn_norm", width, 1e-12, out=out)
     summary = (f"BERT-style encoder, {layers} post-LN layers, width {width}, {heads} heads, FFN {4 * width}, "
-               "erf GELU, padding mask")  # fmt: skip
+               "erf GELU, padding mask")
     return DynamicModel("encoder", summary, o.finish_dynamic((ids, mask), h, width), (ids, mask), h, width)
 
 
 def build_decoder(width: int = WIDTH, heads: int = HEADS, layers: int = LAYERS, vocab: int = VOCAB,
-                  positions: int = POSITIONS) -> DynamicModel:  # fmt: skip
+                  positions: int = POSITIONS) -> DynamicModel:
     """A GPT-2-style pre-LN decoder with input ``input_ids``; the output is the last hidden state."""
     rng = np.random.default_rng(MODEL_SEED + 2)
     o = _Writer("gpt2_decoder")
@@ -188,14 +188,14 @@ def build_decoder(width: int = WIDTH, heads: int = HEADS, layers: int = LAYERS, 
         a = o.layer_norm(rng, h, f"{p}.ln_1", width, 1e-5)
         q, k, v = o.ops("Split", o.linear(rng, a, f"{p}.attn.c_attn", width, 3 * width), split, outputs=3, axis=2)
         h = o.op("Add", h, o.linear(rng, _attention(o, q, k, v, a, mask, heads, width), f"{p}.attn.c_proj",
-                                    width, width))  # fmt: skip
+                                    width, width))
         m = o.layer_norm(rng, h, f"{p}.ln_2", width, 1e-5)
         ff = o.linear(rng, _tanh_gelu(o, o.linear(rng, m, f"{p}.mlp.c_fc", width, 4 * width)), f"{p}.mlp.c_proj",
-                      4 * width, width)  # fmt: skip
+                      4 * width, width)
         h = o.op("Add", h, ff)
     out = o.layer_norm(rng, h, "ln_f", width, 1e-5, out="last_hidden_state")
     summary = (f"GPT-2-style decoder, {layers} pre-LN layers, width {width}, {heads} heads, FFN {4 * width}, "
-               "tanh GELU, causal mask")  # fmt: skip
+               "tanh GELU, causal mask")
     return DynamicModel("decoder", summary, o.finish_dynamic((ids,), out, width), (ids,), out, width)
 
 

@@ -75,11 +75,11 @@ def machine() -> dict[str, Any]:
     devices = []
     for cand in rlx.device_report():
         devices.append({"device": cand.device, "label": cand.label, "available": cand.available,
-                        "reason": cand.reason})  # fmt: skip
+                        "reason": cand.reason})
     return {"cpu": _cpu_model(), "logical_cores": os.cpu_count(), "usable_cores": usable,
             "memory_gib": _memory_gib(), "system": platform.platform(), "blas": _blas(),
             "versions": _versions(), "rlx_devices": devices,
-            "thread_env": {k: os.environ[k] for k in _THREAD_VARS if k in os.environ}}  # fmt: skip
+            "thread_env": {k: os.environ[k] for k in _THREAD_VARS if k in os.environ}}
 
 
 def fmt_ms(seconds: float | None) -> str:
@@ -128,13 +128,13 @@ def _model_notes(model: dict[str, Any]) -> list[str]:
     tol = model.get("tolerance")
     if tol:
         notes.append(f"tolerance {tol['tol']:.2g} (output scale {tol['scale']:.3g}, ORT vs float64 "
-                     f"{tol['ort_err']:.2g})")  # fmt: skip
+                     f"{tol['ort_err']:.2g})")
     if model.get("import_error"):
         notes.append(f"rlx_core.onnx.load failed: {model['import_error']}")
     elif model.get("import_s") is not None:
         notes.append(f"rlx_core.onnx.load {fmt_ms(model['import_s'])} ms")
     setups = [f"{r['name']} {fmt_ms(r['setup_s'])}" for r in model["contenders"]
-              if r.get("setup_s") is not None and r["kind"] in ("rlx", "onnxruntime")]  # fmt: skip
+              if r.get("setup_s") is not None and r["kind"] in ("rlx", "onnxruntime")]
     if setups:
         notes.append("of which compile or session creation, ms: " + ", ".join(setups))
     for device, why in model.get("skipped_devices", {}).items():

@@ -97,7 +97,7 @@ def warm_up(run: Callable[[], object], calls: int = 20, budget_s: float = 1.0) -
 
 
 def measure(contenders: list[Contender], rounds: int, pause: float, target_s: float,
-            on_round: Callable[[int], None] | None = None, warmup: int = 20) -> dict[str, Timing]:  # fmt: skip
+            on_round: Callable[[int], None] | None = None, warmup: int = 20) -> dict[str, Timing]:
     """Median-able samples of every contender, interleaved in ``rounds`` blocks, after
     ``warmup`` untimed calls of each (0: none)."""
     if rounds < 1:

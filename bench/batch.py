@@ -89,7 +89,7 @@ class Setup:
         self.batch = int(suite.params["batch"])
         if rows < self.batch or rows % self.batch:
             raise ConfigError(f"bench/batch.py: --rows must be a positive multiple of the model's batch "
-                              f"{self.batch}, got {rows}")  # fmt: skip
+                              f"{self.batch}, got {rows}")
         self.rows = rows
         self.summary = suite.summary
         self.model_path = folder / "mlp.onnx"
@@ -162,7 +162,7 @@ def contenders(s: Setup) -> dict[str, Callable[[], Any]]:
 
     return {"onnxruntime loop": ort_loop, f"rlx {s.device}, compiled loop": compiled_loop,
             "rlx batch stream (Predictor)": stream, "rlx batch job (.npz → .npz)": rlx_job,
-            "onnxruntime job (.npz → .npz)": ort_job, READ: read}  # fmt: skip
+            "onnxruntime job (.npz → .npz)": ort_job, READ: read}
 
 
 def _max_diff(got: np.ndarray, want: np.ndarray, what: str) -> float:
@@ -179,7 +179,7 @@ def check(s: Setup, name: str, result: Any) -> float | None:
     without a model: their ids and inputs are checked); ``RlxError`` if wrong."""
     if name == READ:
         if not (np.array_equal(np.concatenate([r["id"] for r in result]), s.ids)
-                and np.array_equal(np.concatenate([r["x"] for r in result]), s.x)):  # fmt: skip
+                and np.array_equal(np.concatenate([r["x"] for r in result]), s.x)):
             raise RlxError(f"bench/batch.py: {name} lost, changed or reordered rows")
         return None
     if isinstance(result, Path):  # a job: the file, with ids in order and a device per row
@@ -188,7 +188,7 @@ def check(s: Setup, name: str, result: Any) -> float | None:
                 raise RlxError(f"bench/batch.py: {name} lost, duplicated or reordered rows (the id column)")
             if "rlx_device" in out.files and set(np.unique(out["rlx_device"]).tolist()) != {s.device}:
                 raise RlxError(f"bench/batch.py: {name} ran rows on {sorted(set(out['rlx_device']))}, "
-                               f"not {s.device}")  # fmt: skip
+                               f"not {s.device}")
             return _max_diff(out["y"], s.expected, name)
     if result and isinstance(result[0], dict):
         if not np.array_equal(np.concatenate([r["id"] for r in result]), s.ids):
@@ -198,7 +198,7 @@ def check(s: Setup, name: str, result: Any) -> float | None:
 
 
 def measure(found: dict[str, Callable[[], Any]], blocks: int, pause: float,
-            on_block: Callable[[], None] | None = None) -> dict[str, list[float]]:  # fmt: skip
+            on_block: Callable[[], None] | None = None) -> dict[str, list[float]]:
     """Seconds per pass of each contender, one sample per interleaved block."""
     for fn in found.values():
         fn()  # warm-up: first-call costs (imports, caches) are not the steady state
@@ -216,7 +216,7 @@ def measure(found: dict[str, Callable[[], Any]], blocks: int, pause: float,
 
 
 def summarize(rows: int, batch: int, samples: dict[str, list[float]],
-              diffs: dict[str, float | None]) -> list[dict[str, Any]]:  # fmt: skip
+              diffs: dict[str, float | None]) -> list[dict[str, Any]]:
     """One row per contender: median rows/s, its interquartile spread, the ratio to the ORT loop.
 
     The ratio is paired: the median over blocks of the ORT loop's time over the contender's
@@ -231,7 +231,7 @@ def summarize(rows: int, batch: int, samples: dict[str, list[float]],
         out.append({"contender": name, "rows_per_s": statistics.median(r), "rows_per_s_q1": q[0],
                     "rows_per_s_q3": q[2], "us_per_batch": 1e6 * statistics.median(samples[name]) * batch / rows,
                     "vs_ort_loop": statistics.median(o / t for o, t in zip(ort, samples[name])),
-                    "max_abs_diff": diffs.get(name)})  # fmt: skip
+                    "max_abs_diff": diffs.get(name)})
     return out
 
 
@@ -248,7 +248,7 @@ def _timed_job(batches: Iterator[dict[str, np.ndarray]]) -> tuple[dict[str, floa
     after = sum(len(o["id"]) for o in outs[1:])
     span = stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0
     return {"total_s": total, "first_s": stamps[0] if stamps else None,
-            "steady_rows_per_s": after / span if span > 0 else None}, outs  # fmt: skip
+            "steady_rows_per_s": after / span if span > 0 else None}, outs
 
 
 def _check_job(s: Setup, name: str, outs: list[dict]) -> float:
@@ -279,7 +279,7 @@ def bench_ray(s: Setup, jobs: int, pause: float, on_job: Callable[[], None] | No
     warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
     if started:
         ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 logging_level=logging.ERROR)  # fmt: skip
+                 logging_level=logging.ERROR)
     try:
         def on_ray() -> tuple[dict[str, float | None], list[dict]]:
             return _timed_job(_on_ray(s.model_path, open_source(s.rows_path), "local", RAY_BATCH, None, RAY_CPUS))
@@ -314,7 +314,7 @@ def bench_ray(s: Setup, jobs: int, pause: float, on_job: Callable[[], None] | No
         rows.append({"path": name, "rows_per_s": s.rows / total, "total_s": total,
                      "first_s": statistics.median(f["first_s"] for f in figures),  # type: ignore[misc]
                      "steady_rows_per_s": statistics.median(steady) if steady else None,
-                     "max_abs_diff": diffs[name]})  # fmt: skip
+                     "max_abs_diff": diffs[name]})
     return {"jobs": jobs, "batch": RAY_BATCH, "num_cpus": RAY_CPUS, "ray": ray.__version__, "results": rows}
 
 
@@ -342,11 +342,11 @@ def verdict(results: list[dict[str, Any]], device: str, rows: int) -> str:
         read, mine = 1 / by[READ]["vs_ort_loop"], 1 / stream["vs_ort_loop"]
         if read < 1 and read < mine:
             net = (f"; net of reading the rows ({by[READ]['us_per_batch']:.0f} µs per batch, the same on both "
-                   f"sides) the stream is {(1 - read) / (mine - read):.2f}x the ORT loop")  # fmt: skip
+                   f"sides) the stream is {(1 - read) / (mine - read):.2f}x the ORT loop")
     return (f"rlx batch in-process (stream): {stream['vs_ort_loop']:.2f}x the ORT loop's rows/s (target ≥ "
             f"{TARGET_VS_ORT:g}x: {'met' if ok else 'MISSED'}); the {device} backend alone "
             f"{backend['vs_ort_loop']:.2f}x, so the Predictor adds {over:+.0f} µs per batch of {rows}{net}; whole job "
-            f"{job['vs_ort_loop'] / ort_job['vs_ort_loop']:.2f}x the ORT job")  # fmt: skip
+            f"{job['vs_ort_loop'] / ort_job['vs_ort_loop']:.2f}x the ORT job")
 
 
 def markdown_section(doc: dict[str, Any]) -> str:
@@ -379,9 +379,9 @@ def markdown_section(doc: dict[str, Any]) -> str:
     ]
     for r in doc["results"]:
         diff = ("(reference)" if r["contender"] == "onnxruntime loop" else "-" if r["max_abs_diff"] is None
-                else f"{r['max_abs_diff']:.2g}")  # fmt: skip
+                else f"{r['max_abs_diff']:.2g}")
         lines.append(f"| {r['contender']} | {_rate(r['rows_per_s'])} | {_spread(r)} | {r['us_per_batch']:.0f} | "
-                     f"{r['vs_ort_loop']:.2f}x | {diff} |")  # fmt: skip
+                     f"{r['vs_ort_loop']:.2f}x | {diff} |")
     lines += ["", verdict(doc["results"], doc["device"], doc["batch"]) + ".", ""]
     ray = doc.get("ray") or {}
     if "results" in ray:
@@ -398,15 +398,15 @@ def markdown_section(doc: dict[str, Any]) -> str:
         ]
         for r in ray["results"]:
             lines.append(f"| {r['path']} | {_rate(r['rows_per_s'])} | {r['total_s']:.2f} | {r['first_s']:.2f} | "
-                         f"{_rate(r['steady_rows_per_s'])} |")  # fmt: skip
+                         f"{_rate(r['steady_rows_per_s'])} |")
         lines.append("")
     elif ray.get("skipped"):
         lines += [f"Note: {ray['skipped']}", ""]
     if m.get("load_1min") is not None and m["load_1min"] > (m["usable_cores"] or 1):
         lines += [f"Note: the machine was busy (load {m['load_1min']:.1f} on {m['usable_cores']} cores): these "
-                  "figures are inflated and noisy; rerun on a quiet machine.", ""]  # fmt: skip
+                  "figures are inflated and noisy; rerun on a quiet machine.", ""]
     lines += [f"Reproduce: `{doc['command']}` (or `nox -s bench`) in an environment with rlx-core, rlx-cpu, onnx, "
-              "onnxruntime, rich and `rlx-core[ray]`.", ""]  # fmt: skip
+              "onnxruntime, rich and `rlx-core[ray]`.", ""]
     return "\n".join(lines)
 
 
@@ -414,25 +414,25 @@ def print_console(doc: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
     table = Table(title=f"rlx batch: {doc['rows']:,} rows, batches of {doc['batch']}, median of {doc['blocks']} "
-                        "interleaved blocks", title_justify="left")  # fmt: skip
+                        "interleaved blocks", title_justify="left")
     table.add_column("contender", ratio=1)  # wraps on a narrow terminal; the figures never do
     for head in ("rows/s", "IQR", f"µs/{doc['batch']} rows", "vs ORT loop"):
         table.add_column(head, justify="right", no_wrap=True)
     for r in doc["results"]:
         table.add_row(r["contender"], _rate(r["rows_per_s"]), _spread(r), f"{r['us_per_batch']:.0f}",
-                      f"{r['vs_ort_loop']:.2f}x")  # fmt: skip
+                      f"{r['vs_ort_loop']:.2f}x")
     console.print(table)
     console.print(verdict(doc["results"], doc["device"], doc["batch"]), highlight=False)
     ray = doc.get("ray") or {}
     if "results" in ray:
         t = Table(title=f"Ray (num_cpus={ray['num_cpus']}) vs in-process, batches of {ray['batch']}, median of "
-                        f"{ray['jobs']} jobs", title_justify="left")  # fmt: skip
+                        f"{ray['jobs']} jobs", title_justify="left")
         t.add_column("path", ratio=1)
         for head in ("job rows/s", "job s", "start-up s", "rows/s after"):
             t.add_column(head, justify="right", no_wrap=True)
         for r in ray["results"]:
             t.add_row(r["path"], _rate(r["rows_per_s"]), f"{r['total_s']:.2f}", f"{r['first_s']:.2f}",
-                      _rate(r["steady_rows_per_s"]))  # fmt: skip
+                      _rate(r["steady_rows_per_s"]))
         console.print(t)
     elif ray.get("skipped"):
         console.print(ray["skipped"], highlight=False)
@@ -448,7 +448,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pause", type=float, help="seconds of sleep before every sample (default 0.15)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-': JSON on stdout only)")
     parser.add_argument("--write", nargs="?", const=str(BENCHMARKS_MD), metavar="FILE",
-                        help=f"rewrite the '{SECTION_NAME}' section of BENCHMARKS.md (or FILE)")  # fmt: skip
+                        help=f"rewrite the '{SECTION_NAME}' section of BENCHMARKS.md (or FILE)")
     args = parser.parse_args(argv)
     args.rows = args.rows if args.rows is not None else (4096 if args.quick else ROWS)
     args.blocks = args.blocks if args.blocks is not None else (3 if args.quick else 20)
@@ -480,7 +480,7 @@ def run(args: argparse.Namespace, command: str, console: Any) -> dict[str, Any]:
         rows = summarize(s.rows, s.batch, samples, diffs)
         return {"benchmark": "batch", "command": command, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
                 "model": s.summary, "rows": s.rows, "batch": s.batch, "device": s.device, "blocks": args.blocks,
-                "pause_ms": args.pause * 1e3, "machine": machine, "results": rows, "ray": ray}  # fmt: skip
+                "pause_ms": args.pause * 1e3, "machine": machine, "results": rows, "ray": ray}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,18 +67,18 @@ def main(argv: list[str] | None = None) -> int:
             rlx.compile(graph, device=args.device)
             t2 = time.perf_counter()
             got = {"ort": t_ort, "load": t1 - t0, "compile": t2 - t1, "pipeline": spent["pipeline"],
-                   "backend": spent["backend"]}  # fmt: skip
+                   "backend": spent["backend"]}
             best["ort"] = min(best.get("ort", math.inf), t_ort)
             if got["load"] + got["compile"] < best.get("load", math.inf) + best.get("compile", math.inf):
                 best.update({k: v for k, v in got.items() if k != "ort"})
         ratio = (best["load"] + best["compile"]) / best["ort"]
         ratios.append(ratio)
         row = {"model": path.name, "nodes": len(graph), **{f"{k}_ms": round(v * 1e3, 1) for k, v in best.items()},
-               "ratio": round(ratio, 2)}  # fmt: skip
+               "ratio": round(ratio, 2)}
         rows.append(row)
         print(f"{path.name:28s} ORT {row['ort_ms']:6.0f} ms | rlx load {row['load_ms']:6.0f} + compile "
               f"{row['compile_ms']:6.0f} (pipeline {row['pipeline_ms']:5.0f}, backend {row['backend_ms']:5.0f}) "
-              f"| {ratio:.2f}x", flush=True)  # fmt: skip
+              f"| {ratio:.2f}x", flush=True)
     geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
     print(f"geometric mean (load + compile) / ORT session: {geomean:.2f}x")
     if args.json:

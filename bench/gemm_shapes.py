@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 return case.c_blas
 
             contenders = [Contender("rlx", "rlx", run_rlx, run_rlx().copy(), 0.0, 0.0),
-                          Contender("blas", "numpy", run_other, run_other().copy(), 0.0, 0.0)]  # fmt: skip
+                          Contender("blas", "numpy", run_other, run_other().copy(), 0.0, 0.0)]
             ort_run = _ort_matmul(case.a, case.b, threads)
             if ort_run is not None:
                 first = ort_run()
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             r, o = t["rlx"].median, t["blas"].median
             x = t["ort"].median if "ort" in t else float("nan")
             print(f"| {m} x {k} x {n} | {what} | {flops / r / 1e9:.1f} | {flops / o / 1e9:.1f} | "
-                  f"{flops / x / 1e9:.1f} | {r / o:.2f}x | {r / x:.2f}x |", flush=True)  # fmt: skip
+                  f"{flops / x / 1e9:.1f} | {r / o:.2f}x | {r / x:.2f}x |", flush=True)
     finally:
         if previous is not None and mkl is not None:
             mkl.local_threads(previous)
@@ -115,7 +115,7 @@ def _ort_matmul(a: np.ndarray, b: np.ndarray, threads: int) -> Callable[[], np.n
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "gemm",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, m])],
-                              [numpy_helper.from_array(np.ascontiguousarray(a.T), "w")])  # fmt: skip
+                              [numpy_helper.from_array(np.ascontiguousarray(a.T), "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads

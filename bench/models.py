@@ -120,14 +120,14 @@ def _mlp(size: str, batch: int, dims: tuple[int, ...]) -> SuiteModel:
         w[f"fc{i}.weight"] = _uniform(rng, (d_out, d_in), d_in)  # torch layout [out, in]
         w[f"fc{i}.bias"] = _uniform(rng, (d_out,), d_in)
         h = o.op("Gemm", h, o.init(f"fc{i}.weight", w[f"fc{i}.weight"]), o.init(f"fc{i}.bias", w[f"fc{i}.bias"]),
-                 transB=1)  # fmt: skip
+                 transB=1)
         h = o.op("Relu", h) if i < len(dims) - 1 else h
     o.op("Softmax", h, out="y", axis=-1)
     x = {"x": _normal(rng, (batch, dims[0]))}
     arch = "-".join(map(str, dims))
     return SuiteModel("mlp", size, f"MLP {arch}, batch {batch} (Gemm, Relu, Softmax)",
                       o.finish(x, "y", (batch, dims[-1])), x, w, _numpy_models.mlp, _jax_models.mlp,
-                      params={"batch": batch, "layers": len(dims) - 1})  # fmt: skip
+                      params={"batch": batch, "layers": len(dims) - 1})
 
 
 def _transformer(size: str, seq: int, d: int, heads: int, ff: int) -> SuiteModel:
@@ -160,17 +160,17 @@ def _transformer(size: str, seq: int, d: int, heads: int, ff: int) -> SuiteModel
     probs = o.op("Softmax", o.op("Div", o.op("MatMul", q, kt), sqrt_dh), axis=-1)
     ctx = o.op("Reshape", o.op("Transpose", o.op("MatMul", probs, v), perm=[0, 2, 1, 3]), merge)
     h1 = o.op("LayerNormalization", o.op("Add", "x", linear(ctx, "o")), "ln1.scale", "ln1.bias", axis=-1,
-              epsilon=1e-5)  # fmt: skip
+              epsilon=1e-5)
     f = linear(h1, "ff1")
     gelu = o.op("Mul", o.op("Mul", f, o.op("Add", o.op("Erf", o.op("Div", f, sqrt2)), one)), half)
     o.op("LayerNormalization", o.op("Add", h1, linear(gelu, "ff2")), "ln2.scale", "ln2.bias", out="y", axis=-1,
-         epsilon=1e-5)  # fmt: skip
+         epsilon=1e-5)
     x = {"x": _normal(rng, (1, seq, d))}
     summary = (f"Transformer encoder layer, d={d}, {heads} heads, ff {ff}, seq {seq} "
                "(MatMul, Softmax, LayerNorm, erf gelu)")
     return SuiteModel("transformer", size, summary, o.finish(x, "y", (1, seq, d)), x, w,
                       partial(_numpy_models.transformer, heads=heads), partial(_jax_models.transformer, heads=heads),
-                      params={"seq": seq, "d": d, "heads": heads, "ff": ff})  # fmt: skip
+                      params={"seq": seq, "d": d, "heads": heads, "ff": ff})
 
 
 def _elementwise(size: str, rows: int, cols: int) -> SuiteModel:
@@ -181,7 +181,7 @@ def _elementwise(size: str, rows: int, cols: int) -> SuiteModel:
     w = {"bias": rng.uniform(-0.5, 0.5, cols).astype(np.float32),
          "gamma": rng.uniform(0.5, 1.5, cols).astype(np.float32),
          "beta": rng.uniform(-1.5, -0.5, cols).astype(np.float32),
-         "half": np.array(0.5, np.float32), "floor": np.array(0.25, np.float32)}  # fmt: skip
+         "half": np.array(0.5, np.float32), "floor": np.array(0.25, np.float32)}
     for k, v in w.items():
         o.init(k, v)
     t1 = o.op("Add", "x", "bias")  # 1
@@ -193,7 +193,7 @@ def _elementwise(size: str, rows: int, cols: int) -> SuiteModel:
     x = {"x": _normal(rng, (rows, cols))}
     return SuiteModel("elementwise", size, f"15-op elementwise chain on {rows}x{cols} (broadcast bias, tanh, sigmoid)",
                       o.finish(x, "y", (rows, cols)), x, w, _numpy_models.elementwise, _jax_models.elementwise,
-                      params={"rows": rows, "cols": cols, "ops": len(o.nodes)})  # fmt: skip
+                      params={"rows": rows, "cols": cols, "ops": len(o.nodes)})
 
 
 def _cnn(size: str, hw: int, c1: int, c2: int, classes: int = 10) -> SuiteModel:
@@ -203,7 +203,7 @@ def _cnn(size: str, hw: int, c1: int, c2: int, classes: int = 10) -> SuiteModel:
     flat = c2 * (hw // 4) ** 2
     w = {"conv1.weight": _uniform(rng, (c1, 3, 3, 3), 27), "conv1.bias": _uniform(rng, (c1,), 27),
          "conv2.weight": _uniform(rng, (c2, c1, 3, 3), 9 * c1), "conv2.bias": _uniform(rng, (c2,), 9 * c1),
-         "fc.weight": _uniform(rng, (classes, flat), flat), "fc.bias": _uniform(rng, (classes,), flat)}  # fmt: skip
+         "fc.weight": _uniform(rng, (classes, flat), flat), "fc.bias": _uniform(rng, (classes,), flat)}
     for k, v in w.items():
         o.init(k, v)
     conv = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1])
@@ -214,7 +214,7 @@ def _cnn(size: str, hw: int, c1: int, c2: int, classes: int = 10) -> SuiteModel:
     x = {"x": _normal(rng, (1, 3, hw, hw))}
     return SuiteModel("cnn", size, f"CNN 1x3x{hw}x{hw}: 2 Conv 3x3 ({c1}, {c2} ch) + Relu + pools, Gemm",
                       o.finish(x, "y", (1, classes)), x, w, _numpy_models.cnn, _jax_models.cnn,
-                      params={"hw": hw, "c1": c1, "c2": c2})  # fmt: skip
+                      params={"hw": hw, "c1": c1, "c2": c2})
 
 
 def _matmul(size: str, n: int) -> SuiteModel:
@@ -223,12 +223,12 @@ def _matmul(size: str, n: int) -> SuiteModel:
     o.op("MatMul", "a", "b", out="y")
     x = {"a": _normal(rng, (n, n)), "b": _normal(rng, (n, n))}
     return SuiteModel("matmul", size, f"MatMul {n}x{n} @ {n}x{n} (float32)", o.finish(x, "y", (n, n)), x, {},
-                      _numpy_models.matmul, _jax_models.matmul, params={"n": n})  # fmt: skip
+                      _numpy_models.matmul, _jax_models.matmul, params={"n": n})
 
 
 _BUILDERS: dict[str, Callable[..., SuiteModel]] = {
     "mlp": _mlp, "transformer": _transformer, "elementwise": _elementwise, "cnn": _cnn, "matmul": _matmul,
-}  # fmt: skip
+}
 
 #: model -> size preset -> builder arguments.
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
@@ -242,7 +242,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "cnn": {"full": {"hw": 64, "c1": 16, "c2": 32}, "quick": {"hw": 32, "c1": 16, "c2": 32},
             "tiny": {"hw": 8, "c1": 4, "c2": 8}},
     "matmul": {"full": {"n": 2048}, "quick": {"n": 512}, "tiny": {"n": 32}},
-}  # fmt: skip
+}
 
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 

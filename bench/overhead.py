@@ -45,9 +45,9 @@ SIZE = 16
 CHAIN = ("add", "mul", "sub", "tanh", "maximum", "mul", "add", "neg", "abs", "minimum")
 _UNARY = {"tanh", "neg", "abs"}
 _NUMPY = {"add": np.add, "mul": np.multiply, "sub": np.subtract, "maximum": np.maximum, "minimum": np.minimum,
-          "tanh": np.tanh, "neg": np.negative, "abs": np.abs}  # fmt: skip
+          "tanh": np.tanh, "neg": np.negative, "abs": np.abs}
 _ONNX = {"add": "Add", "mul": "Mul", "sub": "Sub", "maximum": "Max", "minimum": "Min", "tanh": "Tanh",
-         "neg": "Neg", "abs": "Abs"}  # fmt: skip
+         "neg": "Neg", "abs": "Abs"}
 
 #: What the runtime aims for on this benchmark (the 10-node chain through ``cg.run``).
 TARGET_US = 15.0
@@ -165,7 +165,7 @@ def contenders(x: np.ndarray) -> tuple[Contenders, list[str]]:
         np.testing.assert_allclose(got, x + c0, rtol=1e-6, err_msg=f"{name} disagrees with numpy")
     # The ordering within the dict is the ordering of the table.
     order = ["rlx cpu, 10 nodes", "numpy by hand", "numpy by hand, out=", "onnxruntime, 10 nodes",
-             "rlx cpu, 1 node", "numpy, 1 call", "onnxruntime, 1 node"]  # fmt: skip
+             "rlx cpu, 1 node", "numpy, 1 call", "onnxruntime, 1 node"]
     return {k: found[k] for k in order if k in found}, notes
 
 
@@ -204,7 +204,7 @@ def machine() -> dict[str, Any]:
             pass
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return {"cpu": _cpu_name(), "cores": os.cpu_count(), "system": platform.system(), "load_1min": load,
-            "versions": versions}  # fmt: skip
+            "versions": versions}
 
 
 def _cpu_name() -> str:
@@ -228,7 +228,7 @@ def summarize(found: Contenders, samples: dict[str, list[float]]) -> list[dict[s
         ort = med.get("onnxruntime, 10 nodes" if nodes == 10 else "onnxruntime, 1 node")
         rows.append({"contender": name, "nodes": nodes, "us_per_run": seconds * 1e6,
                      "us_min": min(samples[name]) * 1e6, "us_per_node": seconds * 1e6 / nodes,
-                     "vs_numpy": seconds / med[peer], "vs_onnxruntime": seconds / ort if ort else None})  # fmt: skip
+                     "vs_numpy": seconds / med[peer], "vs_onnxruntime": seconds / ort if ort else None})
     return rows
 
 
@@ -266,14 +266,14 @@ def markdown_section(doc: dict[str, Any]) -> str:
     for r in doc["results"]:
         vs_ort = f"{r['vs_onnxruntime']:.2f}x" if r["vs_onnxruntime"] else "-"
         lines.append(f"| {r['contender']} | {r['nodes']} | {r['us_per_run']:.2f} | {r['us_min']:.2f} | "
-                     f"{r['us_per_node']:.2f} | {r['vs_numpy']:.2f}x | {vs_ort} |")  # fmt: skip
+                     f"{r['us_per_node']:.2f} | {r['vs_numpy']:.2f}x | {vs_ort} |")
     lines += ["", verdict(doc["results"]) + ".", ""]
     if m.get("load_1min") is not None and m["load_1min"] > (m["cores"] or 1):
         lines += [f"Note: the machine was busy (load {m['load_1min']:.1f} on {m['cores']} cores): these figures "
-                  "are inflated and noisy; rerun on a quiet machine.", ""]  # fmt: skip
+                  "are inflated and noisy; rerun on a quiet machine.", ""]
     lines += [f"Note: {n}" for n in doc["notes"]] + ([""] if doc["notes"] else [])
     lines += ["Reproduce: `nox -s bench`, or `python bench/overhead.py [--write]` in an environment with "
-              "rlx-core, rlx-cpu, onnx, onnxruntime and rich.", ""]  # fmt: skip
+              "rlx-core, rlx-cpu, onnx, onnxruntime and rich.", ""]
     return "\n".join(lines)
 
 
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=float, default=0.02, help="seconds per sample (default 0.02)")
     parser.add_argument("--quick", action="store_true", help="5 blocks of 5 ms samples: check that it runs")
     parser.add_argument("--write", nargs="?", const=str(BENCHMARKS_MD), metavar="FILE",
-                        help="rewrite the 'Dispatch overhead' section of BENCHMARKS.md (or FILE)")  # fmt: skip
+                        help="rewrite the 'Dispatch overhead' section of BENCHMARKS.md (or FILE)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout only)")
     args = parser.parse_args(argv)
     if args.quick:
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(found, samples)
     doc = {"benchmark": "overhead", "size": SIZE, "chain": list(CHAIN), "blocks": args.blocks,
            "sample_ms": args.sample * 1e3, "pause_ms": args.pause * 1e3,
-           "date": datetime.date.today().isoformat(), "machine": load, "results": rows, "notes": notes}  # fmt: skip
+           "date": datetime.date.today().isoformat(), "machine": load, "results": rows, "notes": notes}
     if args.json == "-":
         print(json.dumps(doc, indent=2))
         return 0
@@ -318,14 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     table = Table(title=f"rlx dispatch overhead: float32[{SIZE}], median of {args.blocks} interleaved blocks",
-                  title_justify="left")  # fmt: skip
+                  title_justify="left")
     table.add_column("contender", no_wrap=True)
     for head in ("nodes", "µs/run", "min", "µs/node", "vs numpy", "vs ORT"):
         table.add_column(head, justify="right", no_wrap=True)
     for r in rows:
         vs_ort = f"{r['vs_onnxruntime']:.2f}x" if r["vs_onnxruntime"] else "-"
         table.add_row(r["contender"], str(r["nodes"]), f"{r['us_per_run']:.2f}", f"{r['us_min']:.2f}",
-                      f"{r['us_per_node']:.2f}", f"{r['vs_numpy']:.2f}x", vs_ort)  # fmt: skip
+                      f"{r['us_per_node']:.2f}", f"{r['vs_numpy']:.2f}x", vs_ort)
     console = Console()
     console.print(table)
     m = doc["machine"]

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {run:<8} {mib:8.1f}")
         growth = last - first
         print(f"  RSS after warm-up {first:.1f} MiB, after {args.runs} runs {last:.1f} MiB, peak {peak:.1f} MiB: "
-              f"growth {growth:+.1f} MiB")  # fmt: skip
+              f"growth {growth:+.1f} MiB")
         if growth > args.max_growth_mib:
             leaked.append(f"{device} grew {growth:.1f} MiB")
     if leaked:

@@ -44,7 +44,7 @@ log = logging.getLogger("rlx.bench")
 def bench_model(model: models.SuiteModel, *, rounds: int, pause: float, target_s: float,
                 devices: list[str] | None = None, with_jax: bool = True,
                 on_step: Callable[[str], None] | None = None,
-                on_round: Callable[[int], None] | None = None) -> dict[str, Any]:  # fmt: skip
+                on_round: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Prepare, check and time every contender of ``model``; a JSON-ready result."""
     step = on_step or (lambda _what: None)
     step("rlx_core.onnx.load")
@@ -65,7 +65,7 @@ def bench_model(model: models.SuiteModel, *, rounds: int, pause: float, target_s
     for c in prepared:
         if isinstance(c, _contenders.Failure):
             rows.append({"name": c.name, "kind": c.kind, "status": "unavailable" if c.expected else "failed",
-                         "error": c.error})  # fmt: skip
+                         "error": c.error})
             continue
         t = timings[c.name]
         good, diff = tol.check(c.first_output, ort.first_output)
@@ -73,11 +73,11 @@ def bench_model(model: models.SuiteModel, *, rounds: int, pause: float, target_s
         rows.append({"name": c.name, "kind": c.kind, "status": "ok" if good or is_ort else "mismatch",
                      "median_s": t.median, "iqr_s": t.iqr, "loops": t.loops, "samples_s": list(t.samples),
                      "ratio_to_ort": t.median / timings[ort.name].median, "first_run_s": c.first_run_s,
-                     "setup_s": c.setup_s, "max_abs_diff": None if is_ort else diff, "info": c.info})  # fmt: skip
+                     "setup_s": c.setup_s, "max_abs_diff": None if is_ort else diff, "info": c.info})
     return {"name": model.name, "summary": model.summary, "size": model.size, "params": model.params,
             "import_s": import_s if graph is not None else None, "import_error": import_error,
             "skipped_devices": skipped, "tolerance": {"scale": tol.scale, "ort_err": tol.ort_err, "tol": tol.tol},
-            "contenders": rows}  # fmt: skip
+            "contenders": rows}
 
 
 def suite_ok(doc: dict[str, Any]) -> bool:
@@ -151,12 +151,12 @@ def main(argv: list[str] | None = None) -> int:
 
             results.append(bench_model(model, rounds=args.rounds, pause=args.pause, target_s=args.target_s,
                                        devices=args.device_list, with_jax=not args.no_jax, on_step=step,
-                                       on_round=lambda _r: progress.advance(task)))  # fmt: skip
+                                       on_round=lambda _r: progress.advance(task)))
             progress.advance(task)
     doc = {"benchmark": "suite", "command": command, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
            "config": {"size": args.size, "rounds": args.rounds, "pause_s": args.pause, "target_s": args.target_s,
                       "tolerance": {"k": _checks.K, "floor_eps": _checks.FLOOR}},
-           "machine": _report.machine(), "models": results}  # fmt: skip
+           "machine": _report.machine(), "models": results}
     doc["ok"] = suite_ok(doc)
 
     if args.json == "-":

@@ -109,7 +109,7 @@ ZOO: dict[str, ZooModel] = {
         ZooModel("vit", _hf("ViTConfig", "ViTModel", hidden_size=384, num_hidden_layers=2, num_attention_heads=6,
                             intermediate_size=1536, image_size=224, patch_size=16), _image),
     ]
-}  # fmt: skip
+}
 
 
 #: torch's two ONNX exporters: TorchScript-based (``dynamo=False``) and torch.export-based.
@@ -168,7 +168,7 @@ def export_module(module: Any, inputs: dict[str, np.ndarray], exporter: str, dyn
         if exporter == "classic":
             axes = {n: {0: "batch"} for n in names} if dynamic_batch else None
             torch.onnx.export(module, args, buf, input_names=names, output_names=["y"], opset_version=17,
-                              dynamo=False, dynamic_axes=axes)  # fmt: skip
+                              dynamo=False, dynamic_axes=axes)
             return buf.getvalue()
         if dynamic_batch:
             raise ValueError("zoo: a dynamic batch is exported with the classic exporter here")
@@ -185,7 +185,7 @@ def _ort(data: bytes, inputs: dict[str, np.ndarray]) -> tuple[Any, list[np.ndarr
 
 
 def check(names: list[str], exporters: list[str], batch: int, devices: list[str] | None,
-          timing: tuple[int, float] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+          timing: tuple[int, float] | None = None) -> list[dict[str, Any]]:
     """Load each export with rlx, run it on each device, compare with ORT; with
     ``timing`` (rounds, seconds per measurement) also time them (``_time``)."""
     import rlx_core
@@ -233,7 +233,7 @@ def check(names: list[str], exporters: list[str], batch: int, devices: list[str]
 
 
 def _time(sess: Any, inputs: dict[str, np.ndarray], want: np.ndarray, graph: Any, feeds: dict[str, np.ndarray],
-          compiled: dict[str, Any], rounds: int, target_s: float) -> dict[str, Any]:  # fmt: skip
+          compiled: dict[str, Any], rounds: int, target_s: float) -> dict[str, Any]:
     """ORT (``sess``) and rlx (each compiled device, and ``auto``) timed interleaved
     (``bench/_timing.py``); ratios to ORT; whether auto's pick was the fastest device."""
     import rlx_core
@@ -256,7 +256,7 @@ def _time(sess: Any, inputs: dict[str, np.ndarray], want: np.ndarray, graph: Any
     picked = auto.device.split(":")[0]
     out["auto_picked_fastest"] = picked == fastest
     out["auto_regret"] = (timings[f"rlx {picked}"].median / timings[f"rlx {fastest}"].median
-                          if picked in compiled else None)  # fmt: skip
+                          if picked in compiled else None)
     return out
 
 
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch  # noqa: F401
     except ImportError:
         print("bench/zoo.py needs torch, torchvision and transformers (bench extras): nox -s zoo installs them",
-              file=sys.stderr)  # fmt: skip
+              file=sys.stderr)
         return 2
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in ZOO]
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     timing = (args.rounds, args.target_ms / 1e3) if args.time else None
     rows = check(names, exporters, args.batch, args.devices.split(",") if args.devices else None,
-                 timing)  # fmt: skip
+                 timing)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2))

@@ -58,7 +58,7 @@ def _probe_task(backend: Any, channel: ChildChannel) -> None:
         memory = None
     channel.send("result", payload={"outcome": "ok", "available": bool(answer.available), "reason": answer.reason,
                                     "devices": list(answer.devices), "versions": dict(answer.versions),
-                                    "memory_bytes": memory})  # fmt: skip
+                                    "memory_bytes": memory})
 
 
 def _calibrate_task(backend: Any, quick: bool, channel: ChildChannel) -> None:

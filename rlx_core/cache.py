@@ -90,7 +90,7 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     path = Path(os.path.expanduser(configured))  # an unknown ~user stays as it is, and is relative
     if not path.is_absolute():
         raise ConfigError(f"RLX_CACHE_DIR={configured!r} is not an absolute path (rlx would keep its cache under "
-                          f"whatever folder a command runs in); {fix}")  # fmt: skip
+                          f"whatever folder a command runs in); {fix}")
     return path
 
 
@@ -138,7 +138,7 @@ def _plain_file_name(name: object) -> bool:
     """Whether ``name`` names a file directly inside a namespace (no directory part, not the
     tag): what an entry may list as its own, so that clearing it cannot reach elsewhere."""
     return (isinstance(name, str) and name not in ("", ".", "..", TAG_NAME) and "/" not in name
-            and "\\" not in name and "\0" not in name and name == os.path.basename(name))  # fmt: skip
+            and "\\" not in name and "\0" not in name and name == os.path.basename(name))
 
 
 def _entry_files(entry: Any) -> list[str] | None:
@@ -171,7 +171,7 @@ class JsonCache:
     """
 
     def __init__(self, namespace: str, schema: int, root: str | os.PathLike[str] | None = None, *,
-                 what: str = "", recompute: str = "it will be recomputed") -> None:  # fmt: skip
+                 what: str = "", recompute: str = "it will be recomputed") -> None:
         if not isinstance(namespace, str) or not _SAFE_NAMESPACE.fullmatch(namespace):
             raise ConfigError(f"cache namespace {namespace!r} must be letters, digits, '_', '.', '-' (at most 64)")
         if isinstance(schema, bool) or not isinstance(schema, int):
@@ -228,7 +228,7 @@ class JsonCache:
         if schema != self.schema:
             if isinstance(schema, int) and not isinstance(schema, bool) and schema > self.schema:
                 log.info("rlx cache: ignoring %s: schema %s is a newer rlx's (this one reads %s); left for it",
-                         path, schema, self.schema)  # fmt: skip
+                         path, schema, self.schema)
                 return None
             why = f"it has schema {schema!r}, this version of rlx reads {self.schema}"
             return self._ignore(path, why, seen, files)
@@ -241,7 +241,7 @@ class JsonCache:
         return entry["payload"]
 
     def put(self, key: str, identity: Mapping[str, Any], payload: Mapping[str, Any], *,
-            files: Sequence[str] = ()) -> None:  # fmt: skip
+            files: Sequence[str] = ()) -> None:
         """Store ``payload`` under ``key`` for ``identity``, atomically.
 
         ``files`` names the files beside the entry (in the namespace directory) that the
@@ -257,7 +257,7 @@ class JsonCache:
         bad = [f for f in files if not _plain_file_name(f)]
         if bad:
             raise ConfigError(f"cache namespace {self.namespace!r}: an entry may list only plain file names beside "
-                              f"it, not {bad[0]!r}")  # fmt: skip
+                              f"it, not {bad[0]!r}")
         entry: dict[str, Any] = {"schema": self.schema, "identity": dict(identity), "payload": dict(payload)}
         if files:
             entry[_FILES] = list(files)
@@ -401,7 +401,7 @@ def _claim(path: Path, tag_text: str) -> None:
             f"{path} already exists and is not an rlx cache directory (no rlx CACHEDIR.TAG; it holds "
             f"{len(foreign)} item{'s' if len(foreign) != 1 else ''} rlx did not write, e.g. "
             f"{str(foreign[0].relative_to(path))!r}): rlx does not adopt it; move it or point RLX_CACHE_DIR "
-            "elsewhere")  # fmt: skip
+            "elsewhere")
 
 
 def _temp_file(name: str) -> bool:
@@ -492,7 +492,7 @@ def cache_info(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     namespaces = cache_namespaces(base)
     return {"path": str(base), "entries": {ns["name"]: ns["entries"] for ns in namespaces},
             "total_entries": sum(ns["entries"] for ns in namespaces), "bytes": sum(ns["bytes"] for ns in namespaces),
-            "namespaces": namespaces}  # fmt: skip
+            "namespaces": namespaces}
 
 
 @dataclass(frozen=True)
@@ -506,7 +506,7 @@ class ClearedCache:
 
 
 def clear_cache(root: str | os.PathLike[str] | None = None,
-                namespaces: Iterable[str] | None = None) -> ClearedCache:  # fmt: skip
+                namespaces: Iterable[str] | None = None) -> ClearedCache:
     """Remove the files rlx wrote under ``root`` (default ``cache_dir()``): its entries,
     the files each entry lists as its own (a plugin's cache in its own format), its
     stray temp files; say how many went and which files were left.

@@ -171,7 +171,7 @@ def check_calibration_writable() -> Path:
         where = "RLX_CACHE_DIR" if os.environ.get("RLX_CACHE_DIR", "").strip() else "the user cache dir"
         raise ConfigError(f"cannot save calibrations in {directory} ({type(exc).__name__}: {exc}); nothing was "
                           f"measured: make {cache_dir()} ({where}) writable, or set RLX_CACHE_DIR to a writable "
-                          "absolute path") from None  # fmt: skip
+                          "absolute path") from None
     return directory
 
 
@@ -229,7 +229,7 @@ def _gemm_graph(m: int, k: int, n: int) -> tuple[Graph, dict[str, np.ndarray]]:
 #: convolution's im2col product (a mid layer; a first layer, with few input channels), a
 #: layer on a batch of 8.
 SHAPED_GEMMS: tuple[tuple[int, int, int], ...] = ((64, 1024, 128), (128, 64, 128), (32, 256, 2048), (16, 32, 4096),
-                                                  (8, 512, 512))  # fmt: skip
+                                                  (8, 512, 512))
 
 
 def _chain_graph(length: int, size: int) -> tuple[Graph, dict[str, np.ndarray]]:
@@ -274,7 +274,7 @@ def _op_graph(op: str, elements: int) -> tuple[Graph, dict[str, np.ndarray]]:
 
 
 def _op_costs(backend: Backend, roundtrip: float, transfer_gbps: float, budget: float, quick: bool,
-              report: Progress, at: float, span: float) -> list[tuple[str, float, float]]:  # fmt: skip
+              report: Progress, at: float, span: float) -> list[tuple[str, float, float]]:
     """``(op, overhead_ns, g_elements_per_s)`` for each op of OP_COST_OPS the backend claims
     itself: the time of one small and one large single-op graph, less the round trip, and
     for a device with its own memory less the copies of the probe's operands in and out
@@ -320,7 +320,7 @@ def _chain_of(op: str, length: int, elements: int) -> tuple[Graph, dict[str, np.
 
 
 def _region_costs(backend: Backend, budget: float, quick: bool, report: Progress, at: float,
-                  span: float) -> list[tuple[str, float]]:  # fmt: skip
+                  span: float) -> list[tuple[str, float]]:
     """``(op, g_elements_per_s)`` of each claimed elementwise op as one more instruction of
     a fused region: a chain of 8 of it against a chain of 1, both compiled the way graphs
     are (the pipeline, then the backend), so the difference is what the backend pays for

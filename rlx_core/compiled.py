@@ -72,7 +72,7 @@ class CompileReport:
             "notes": list(self.notes), "compiled_nodes": self.compiled_nodes, "fused": list(self.fused),
             "pipeline": list(self.pipeline),
             "partition": self.partition.to_dict() if self.partition is not None else None,
-        }  # fmt: skip
+        }
 
     def __str__(self) -> str:
         lines = [
@@ -80,7 +80,7 @@ class CompileReport:
             f"  why: {self.reason}",
             f"  compile: {self.compile_seconds * 1e3:.2f} ms, "
             f"{self.user_nodes} nodes -> {self.legalized_nodes} after legalization",
-        ]  # fmt: skip
+        ]
         if self.decomposed:
             lines.append("  legalized (composites decomposed because the device does not claim them):")
             lines += [f"    {d}" for d in self.decomposed]
@@ -112,7 +112,7 @@ class CompiledGraph:
     """One graph compiled for one device. Thread-safe ``run``."""
 
     def __init__(self, graph: Graph, device: str, executable: Executable, legal: Graph, report: CompileReport,
-                 registry: Registry, options: CompileOptions | None = None) -> None:  # fmt: skip
+                 registry: Registry, options: CompileOptions | None = None) -> None:
         self.graph = graph
         self._options = options
         self._device = device
@@ -168,11 +168,11 @@ class CompiledGraph:
         if not isinstance(outs, (list, tuple)) or len(outs) != len(checks):
             n = len(outs) if isinstance(outs, (list, tuple)) else type(outs).__name__
             raise PluginError(f"backend {self.backend!r} run_dlpack returned {n} outputs for graph "
-                              f"{self.graph.name!r}, which has {len(checks)}")  # fmt: skip
+                              f"{self.graph.name!r}, which has {len(checks)}")
         for i, (out, (shape, dtype)) in enumerate(zip(outs, checks)):
             if not hasattr(out, "__dlpack__"):
                 raise PluginError(f"backend {self.backend!r} run_dlpack returned a {type(out).__name__} for "
-                                  f"output {i}, which has no __dlpack__")  # fmt: skip
+                                  f"output {i}, which has no __dlpack__")
             try:
                 got_shape, got_dtype = tuple(out.shape), np.dtype(out.dtype)
             except (AttributeError, TypeError):
@@ -195,7 +195,7 @@ class CompiledGraph:
         if not isinstance(outs, (list, tuple)) or len(outs) != len(checks):
             n = len(outs) if isinstance(outs, (list, tuple)) else type(outs).__name__
             raise PluginError(f"backend {self.backend!r} returned {n} outputs for graph {self.graph.name!r}, "
-                              f"which has {len(checks)}")  # fmt: skip
+                              f"which has {len(checks)}")
         result = []
         for i, (out, (shape, dtype)) in enumerate(zip(outs, checks)):
             if type(out) is not np.ndarray:
@@ -203,7 +203,7 @@ class CompiledGraph:
                     out = np.asarray(out)
                 except Exception:
                     raise PluginError(f"backend {self.backend!r} returned a {type(out).__name__} for output {i}, "
-                                      "not an array") from None  # fmt: skip
+                                      "not an array") from None
             if out.shape != shape or out.dtype != dtype:
                 raise PluginError(
                     f"backend {self.backend!r} returned output {i} of graph {self.graph.name!r} as {out.dtype}"
@@ -237,7 +237,7 @@ class CompiledGraph:
 
 
 def backend_compile(registry: Registry, device: str, legal: Graph,
-                     options: CompileOptions | None = None) -> Executable:  # fmt: skip
+                     options: CompileOptions | None = None) -> Executable:
     name, index = parse_device(device)
     backend = registry.get(name)
     options = replace(options or CompileOptions(), device=device, device_index=index)
@@ -254,7 +254,7 @@ def backend_compile(registry: Registry, device: str, legal: Graph,
 
 
 def compile_on(graph: Graph, device: str, reason: str, rows: list[DeviceCandidate],
-                registry: Registry, options: CompileOptions | None = None) -> CompiledGraph:  # fmt: skip
+                registry: Registry, options: CompileOptions | None = None) -> CompiledGraph:
     name = parse_device(device)[0]
     graph.freeze()
     show = fusion_report_enabled()  # a malformed RLX_FUSION_REPORT fails before any work
@@ -275,7 +275,7 @@ def compile_on(graph: Graph, device: str, reason: str, rows: list[DeviceCandidat
         compile_seconds=time.perf_counter() - t0, user_nodes=len(graph), legalized_nodes=len(result.legalized.graph),
         decomposed=list(result.legalized.decomposed), candidates=rows, compiled_nodes=len(legal), fused=result.fused,
         pipeline=result.describe(),
-    )  # fmt: skip
+    )
     notes = getattr(exe, "report_notes", None)  # optional: what the backend wants said (e.g. XLA times)
     if callable(notes):
         report.notes.extend(str(n) for n in notes())

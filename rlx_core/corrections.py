@@ -87,7 +87,7 @@ class Correction:
             return (f"estimate {_seconds(model_seconds)} corrected by factor {self.factor:.3g}, the median observed "
                     f"for {', '.join(self.borrowed_from)} on this host (none recorded for {self.device})")
         return (f"estimate {_seconds(model_seconds)} corrected by observed factor {self.factor:.3g} from "
-                f"{self.measurements} measurement{plural} on this host")  # fmt: skip
+                f"{self.measurements} measurement{plural} on this host")
 
 
 def borrowed(device: str, recorded: Sequence[Correction]) -> Correction | None:
@@ -116,7 +116,7 @@ class PredictionErrors:
         self.registry = registry
         self._cache = JsonCache("prediction-errors", schema=_SCHEMA, root=root,
                                 what="per device: how far the cost model's estimates were from measured times "
-                                     "on this host", recompute="it is measured again as graphs run")  # fmt: skip
+                                     "on this host", recompute="it is measured again as graphs run")
         self._read: dict[str, Correction | None] = {}
 
     def _key(self, device: str) -> str:
@@ -142,7 +142,7 @@ class PredictionErrors:
             return []
         if any(entry.get(k) != v for k, v in self._model_identity(device).items()):
             log.info("rlx: %s's recorded prediction errors were taken against another cost model or plugin "
-                     "version; not applied", device)  # fmt: skip
+                     "version; not applied", device)
             return []
         return [float(r) for r in ratios][-WINDOW:]
 
@@ -151,7 +151,7 @@ class PredictionErrors:
         if device not in self._read:
             ratios = self._ratios(device)
             self._read[device] = (Correction(device, math.exp(statistics.median(ratios)), len(ratios))
-                                  if ratios else None)  # fmt: skip
+                                  if ratios else None)
         return self._read[device]
 
     def record(self, device: str, measured: float, predicted: float) -> Correction | None:
@@ -168,5 +168,5 @@ class PredictionErrors:
         correction = Correction(device, math.exp(statistics.median(ratios)), len(ratios))
         self._read[device] = correction
         log.info("rlx: %s measured %s against an estimate of %s; observed factor now %.3g from %d measurements",
-                 device, _seconds(measured), _seconds(predicted), correction.factor, len(ratios))  # fmt: skip
+                 device, _seconds(measured), _seconds(predicted), correction.factor, len(ratios))
         return correction

@@ -74,14 +74,14 @@ class CostModel:
         for op, ns, rate in costs:
             if not (math.isfinite(ns) and ns >= 0 and math.isfinite(rate) and rate > 0):
                 raise ConfigError(f"CostModel({self.device!r}): op_costs for {op!r} must be overhead >= 0 and "
-                                  f"rate > 0, got {ns!r} ns, {rate!r} G elements/s")  # fmt: skip
+                                  f"rate > 0, got {ns!r} ns, {rate!r} G elements/s")
         object.__setattr__(self, "op_costs", costs)
         object.__setattr__(self, "_op_index", {op: (ns, rate) for op, ns, rate in costs})
         regions = tuple(sorted((str(op), float(rate)) for op, rate in self.region_costs))
         for op, rate in regions:
             if not (math.isfinite(rate) and rate > 0):
                 raise ConfigError(f"CostModel({self.device!r}): region_costs for {op!r} must be a rate > 0, "
-                                  f"got {rate!r} G elements/s")  # fmt: skip
+                                  f"got {rate!r} G elements/s")
         object.__setattr__(self, "region_costs", regions)
         object.__setattr__(self, "_region_index", dict(regions))
 
@@ -289,7 +289,7 @@ def _structured_seconds(node: Node, in_shapes: Sequence[tuple[int, ...]], model:
         batch, lq, lk = math.prod(node.shape[:-2]), q[-2], k[-2]
         scores = batch * lq * lk
         return (batch * (_gemm_seconds(lq, q[-1], lk, model) + _gemm_seconds(lq, lk, v[-1], model))
-                + _pass_seconds("softmax", scores, model) + _pass_seconds("mul", scores, model))  # fmt: skip
+                + _pass_seconds("softmax", scores, model) + _pass_seconds("mul", scores, model))
     if op in (OpKind.CONV2D, OpKind.FUSED_CONV):
         n, o, oh, ow = node.shape
         w = in_shapes[1]

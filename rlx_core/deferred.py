@@ -46,7 +46,7 @@ class DeferredGraph(Graph):
     what the builder rebuilds from, for messages."""
 
     def __init__(self, body: Graph, shapes: Mapping[str, tuple[Dim, ...]], build: Builder,
-                 at: Mapping[str, int], source: str) -> None:  # fmt: skip
+                 at: Mapping[str, int], source: str) -> None:
         super().__init__(body.name)
         self._build = build
         self._source = source
@@ -58,7 +58,7 @@ class DeferredGraph(Graph):
                 shape = tuple(shapes[node.name])
                 if tuple(evaluate(d, self._at) for d in shape) != node.shape:
                     raise GraphError(f"DeferredGraph: input {node.name!r} is {format_shape(shape)}, which under "
-                                     f"{self._at} is not the body's {node.shape}")  # fmt: skip
+                                     f"{self._at} is not the body's {node.shape}")
                 node = dataclasses.replace(node, shape=shape)
             self._nodes.append(node)
         self._recount_symbols()  # its inputs now carry the symbols
@@ -78,7 +78,7 @@ class DeferredGraph(Graph):
     def _check_open(self, what: str) -> None:
         raise GraphError(f"{what}: graph {self.name!r} has symbolic dims and is rebuilt from {self._source} for "
                          "each set of sizes, so it cannot be edited; load it with its dims bound (dims=...) for a "
-                         "static graph you can edit")  # fmt: skip
+                         "static graph you can edit")
 
     def specialize(self, bindings: Mapping[str, int]) -> Graph:
         """The graph the builder makes for ``bindings`` (kept for the last few sizes).
@@ -87,7 +87,7 @@ class DeferredGraph(Graph):
         missing = sorted(set(self.symbols) - set(bindings))
         if missing:
             raise GraphError(f"specialize: graph {self.name!r} needs a value for symbol(s) {missing}; "
-                             f"got {dict(bindings)}")  # fmt: skip
+                             f"got {dict(bindings)}")
         sizes = {s: int(bindings[s]) for s in self.symbols}
         key = tuple(sorted(sizes.items()))
         with self._lock:
@@ -120,17 +120,17 @@ class DeferredGraph(Graph):
             if got is None or got.op is not OpKind.INPUT or got.shape != want or got.dtype != node.dtype:
                 have = "nothing" if got is None else f"{got.dtype}{format_shape(got.shape)}"
                 raise GraphError(f"graph {self.name!r}: rebuilt for {dict(sizes)}, input {node.name!r} is {have}, "
-                                 f"expected {node.dtype}{format_shape(want)}")  # fmt: skip
+                                 f"expected {node.dtype}{format_shape(want)}")
 
     def summary(self) -> str:
         at = ", ".join(f"{k}={v}" for k, v in sorted(self._at.items()))
         return (f"(symbolic dims; rebuilt from {self._source} for each set of sizes; the body below is shown at "
-                f"{at})\n" + super().summary())  # fmt: skip
+                f"{at})\n" + super().summary())
 
     def to_json(self) -> str:
         raise GraphError(f"graph {self.name!r} is rebuilt from {self._source} for each set of sizes and cannot be "
                          "saved as JSON; keep the model file, or load it with its dims bound (dims=...) and save "
-                         "that static graph")  # fmt: skip
+                         "that static graph")
 
     def __repr__(self) -> str:
         return f"DeferredGraph({self.name!r}, {len(self._nodes)} nodes, symbols {list(self.symbols)})"

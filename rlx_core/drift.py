@@ -103,7 +103,7 @@ class DriftWatch:
     def __init__(self, predictions: Mapping[str, float], current: str, *, factor: float = DEFAULT_FACTOR,
                  window: int = 16, warmup: int = 3, forget_seconds: float = DEFAULT_FORGET_S,
                  clock: Callable[[], float] = time.monotonic,
-                 on_baseline: Callable[[str, float], None] | None = None) -> None:  # fmt: skip
+                 on_baseline: Callable[[str, float], None] | None = None) -> None:
         """``on_baseline(device, seconds)`` is told each device's baseline once it is set (the
         session records it as the model's error on this host, ``corrections.py``); it is
         called outside the watch's lock, and its failure is logged, never raised into a run."""

@@ -71,14 +71,14 @@ class DynamicCompiledGraph(CompiledGraph):
 
     def __init__(self, graph: Graph, first: CompiledGraph, bindings: Mapping[str, int],
                  compile_shape: Callable[[Graph], CompiledGraph], *, max_shapes: int = DEFAULT_MAX_SHAPES,
-                 seconds: float | None = None) -> None:  # fmt: skip
+                 seconds: float | None = None) -> None:
         if max_shapes < 1:
             raise ValueError(f"max_shapes must be at least 1, got {max_shapes}")
         # The base's executable and legal graph are never used for running here (``run`` and
         # ``set_param`` go to the copy of each shape class); ``first`` (a partitioned one too)
         # and its static graph stand in for them.
         super().__init__(graph, first.device, first, first.graph, first.report(), first._registry,
-                         getattr(first, "_options", None))  # fmt: skip
+                         getattr(first, "_options", None))
         self._compile_shape = compile_shape
         self._max_shapes = max_shapes
         self._names = tuple(spec.name for spec in input_specs(graph))
@@ -118,7 +118,7 @@ class DynamicCompiledGraph(CompiledGraph):
                 while len(self._classes) > self._max_shapes:
                     dropped, _ = self._classes.popitem(last=False)
                     log.debug("graph %r: shape class %s dropped (max_shapes=%d)", self.graph.name,
-                              describe_bindings(dict(dropped)), self._max_shapes)  # fmt: skip
+                              describe_bindings(dict(dropped)), self._max_shapes)
         return cg
 
     def _shapes_of(self, inputs: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -157,7 +157,7 @@ class DynamicCompiledGraph(CompiledGraph):
         self._record(bindings, seconds, "")
         self.compiles += 1
         log.info("graph %r: compiled for %s on %s in %.1f ms", self.graph.name, describe_bindings(bindings),
-                 self.device, seconds * 1e3)  # fmt: skip
+                 self.device, seconds * 1e3)
         return cg
 
     def _record(self, bindings: Mapping[str, int], seconds: float, note: str) -> None:
@@ -184,7 +184,7 @@ class DynamicCompiledGraph(CompiledGraph):
 
     def __repr__(self) -> str:
         return (f"<DynamicCompiledGraph {self.graph.name!r} on {self.device}, "
-                f"{len(self._classes)} shape class(es)>")  # fmt: skip
+                f"{len(self._classes)} shape class(es)>")
 
 
 def compile_symbolic(graph: Graph, first_compile: Callable[[Graph], CompiledGraph],

@@ -47,7 +47,7 @@ def try_in_turn(devices: Sequence[str], action: Callable[[str], T], *, graph: st
                 strict: bool = False, skip: Callable[[str], str | None] | None = None,
                 attempts: list[tuple[str, str]] | None = None,
                 on_failure: Callable[[str, BaseException, str], None] | None = None,
-                stacklevel: int = 3) -> tuple[str, T, list[tuple[str, str]]]:  # fmt: skip
+                stacklevel: int = 3) -> tuple[str, T, list[tuple[str, str]]]:
     """``(device, action(device), attempts)`` for the first device of ``devices`` whose
     ``action`` succeeds (see the module doc). ``skip(device)`` is a blocker (the device is
     not tried) or ``None``; ``attempts`` may arrive with earlier entries (a worker's

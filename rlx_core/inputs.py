@@ -79,7 +79,7 @@ def _device_array(value: Any) -> tuple[tuple[int, ...], np.dtype] | None:
 
 
 def validate_inputs(specs: Sequence[InputSpec], inputs: Mapping[str, Any],
-                    device_arrays: bool = False) -> dict[str, Any]:  # fmt: skip
+                    device_arrays: bool = False) -> dict[str, Any]:
     """Check names, shapes and dtypes; return ``{name: ndarray}`` or raise ``InputError``.
 
     With ``device_arrays`` (the executable said ``accepts_device_inputs``), an array that
@@ -153,7 +153,7 @@ def check_param_value(graph: Graph, name: str, value: Any) -> tuple[Node, np.nda
 
 
 def random_inputs(graph: Graph, seed: int = 0,
-                  given: Mapping[str, Sequence[int]] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+                  given: Mapping[str, Sequence[int]] | None = None) -> dict[str, np.ndarray]:
     """Seeded inputs matching ``graph``: floats in [-1, 1), ints in [0, 8), random bools.
 
     Int inputs stay small so that they are valid indices for typical gathers. A symbolic

@@ -125,7 +125,7 @@ def program_types(op: OpKind, ins: Sequence[Any], program: Any) -> tuple[tuple, 
         for a in args:
             if isinstance(a, bool) or not isinstance(a, int) or not 0 <= a < len(types):
                 raise _fail(op, f"instruction {k} ({sub}) refers to {a!r}; valid: 0..{len(types) - 1} "
-                                f"({len(ins)} inputs, then earlier instructions)")  # fmt: skip
+                                f"({len(ins)} inputs, then earlier instructions)")
         try:
             norm, shape, dtype = infer(sub, [types[a] for a in args], _pairs(op, k, attrs))
         except GraphError as exc:

@@ -53,7 +53,7 @@ from .errors import ConfigError
 __all__ = ["ISOLATION_ENV", "ChildTarget", "ChildOutcome", "isolation_enabled", "run_child", "describe_exit",
            "STARTUP_SECONDS", "ChildChannel", "child_env", "start_child", "finish_child", "read_messages",
            "read_stderr", "CHILD_ENV", "in_isolation_child", "child_command", "child_cwd", "reraised",
-           "child_messages", "ChildTimedOut"]  # fmt: skip
+           "child_messages", "ChildTimedOut"]
 
 ISOLATION_ENV = "RLX_ISOLATION"
 #: The child's entry point (``python -m``): its tasks load backends, so they live apart
@@ -214,7 +214,7 @@ def in_isolation_child() -> bool:
 
 def run_child(task: Mapping[str, Any], *, timeout: float, environ: Mapping[str, str] = os.environ,
               on_started: Callable[[], None] | None = None,
-              on_step: Callable[[str, float], None] | None = None) -> ChildOutcome:  # fmt: skip
+              on_step: Callable[[str, float], None] | None = None) -> ChildOutcome:
     """Run ``task`` in a child and wait for its answer.
 
     ``timeout`` counts from the child's ``started`` message (after its imports); before
@@ -245,7 +245,7 @@ def run_child(task: Mapping[str, Any], *, timeout: float, environ: Mapping[str, 
                 break
             elif event == "error":
                 outcome.error, answered = {"type": str(message.get("type", "")),
-                                           "message": str(message.get("message", ""))}, True  # fmt: skip
+                                           "message": str(message.get("message", ""))}, True
                 break
     except ChildTimedOut:
         outcome.died = f"did not finish within {timeout:g} s"
@@ -269,7 +269,7 @@ class ChildTimedOut(Exception):
 
 def child_messages(proc: subprocess.Popen[str], task: Mapping[str, Any],
                    messages: queue.Queue[dict[str, Any] | None], timeout: float,
-                   restart: tuple[str, ...] = ("started",)) -> Iterator[dict[str, Any]]:  # fmt: skip
+                   restart: tuple[str, ...] = ("started",)) -> Iterator[dict[str, Any]]:
     """Send ``task`` (one JSON line) to a started child, then yield its messages until its
     stdout closes. ``timeout`` counts from the child's ``started`` message (before it, the
     child may also take ``STARTUP_SECONDS`` for its interpreter and imports) and again
@@ -297,16 +297,16 @@ def child_messages(proc: subprocess.Popen[str], task: Mapping[str, Any],
 
 
 def start_child(module: str, environ: Mapping[str, str], messages: queue.Queue[dict[str, Any] | None],
-                stderr: collections.deque[str]) -> tuple[subprocess.Popen[str], list[threading.Thread]]:  # fmt: skip
+                stderr: collections.deque[str]) -> tuple[subprocess.Popen[str], list[threading.Thread]]:
     """Start ``python -P -m module`` (``child_command``, in ``child_cwd``) with
     ``child_env(environ)`` and the daemon threads that feed its JSON messages into
     ``messages`` (``None`` at the end) and its stderr lines into ``stderr``; raises
     ``OSError`` when it cannot be started. Every child rlx starts comes through here."""
     proc = subprocess.Popen(child_command(module), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=child_env(environ), cwd=child_cwd(), text=True,
-                            encoding="utf-8", errors="replace")  # fmt: skip
+                            encoding="utf-8", errors="replace")
     readers = [threading.Thread(target=read_messages, args=(proc.stdout, messages), daemon=True),
-               threading.Thread(target=read_stderr, args=(proc.stderr, stderr), daemon=True)]  # fmt: skip
+               threading.Thread(target=read_stderr, args=(proc.stderr, stderr), daemon=True)]
     for t in readers:
         t.start()
     return proc, readers

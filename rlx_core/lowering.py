@@ -49,7 +49,7 @@ def legalize_for(graph: Graph, backend_name: str, registry: Registry | None = No
 
 
 def pipeline_for(graph: Graph, backend_name: str, registry: Registry | None = None,
-                 options: CompileOptions | None = None) -> PipelineResult:  # fmt: skip
+                 options: CompileOptions | None = None) -> PipelineResult:
     """``graph`` through the compile pipeline for a backend (legalize, optimize, fuse,
     plan), cached while the graph is unchanged; what ``compile`` hands the backend and
     what the ranking prices."""
@@ -57,7 +57,7 @@ def pipeline_for(graph: Graph, backend_name: str, registry: Registry | None = No
     backend = reg.get(backend_name)
     opts = options if options is not None else CompileOptions()
     okey = (opts.legalize, opts.optimize, opts.fuse, opts.plan, tuple(opts.disable), opts.max_fused_ops,
-            opts.max_fused_inputs)  # fmt: skip
+            opts.max_fused_inputs)
     key = ("pipeline", backend_name, id(backend), len(graph), graph.outputs, graph.frozen, okey)
     hit = _cached(reg, graph, key)
     if hit is not None:

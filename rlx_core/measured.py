@@ -123,17 +123,17 @@ def find_doubt(ranked: Sequence[DeviceCandidate], settings: MeasureSettings) -> 
     reasons = []
     if second.est_seconds < best.est_seconds * settings.margin:
         reasons.append(f"estimates within {settings.margin:g}x: {best.device} {_seconds(best.est_seconds)} vs "
-                       f"{second.device} {_seconds(second.est_seconds)}")  # fmt: skip
+                       f"{second.device} {_seconds(second.est_seconds)}")
     for row in (best, second):
         if row.correction is not None and not row.correction.borrowed_from and \
                 row.correction.off_by > settings.error_limit:
             n = row.correction.measurements
             reasons.append(f"{row.device}'s estimates were off by {row.correction.off_by:.2g}x on this host "
-                           f"({n} measurement{'s' if n != 1 else ''})")  # fmt: skip
+                           f"({n} measurement{'s' if n != 1 else ''})")
     if not reasons:
         return None
     close = [r.device for r in rated[2:] if r.est_seconds is not None and
-             r.est_seconds < best.est_seconds * settings.margin]  # fmt: skip
+             r.est_seconds < best.est_seconds * settings.margin]
     return Doubt((best.device, second.device, *close)[:MAX_CANDIDATES], "; ".join(reasons))
 
 
@@ -250,7 +250,7 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         return {"winner": self.winner, "seconds": dict(self.seconds), "runs": self.runs,
                 "measured_at": self.measured_at, "where": self.where, "from_cache": self.from_cache,
-                "failed": dict(self.failed)}  # fmt: skip
+                "failed": dict(self.failed)}
 
 
 class Verdicts:
@@ -265,7 +265,7 @@ class Verdicts:
         self.max_age = max_age
         self._cache = JsonCache("measured-picks", schema=_VERDICT_SCHEMA, root=root,
                                 what="per graph: which devices measured how fast when the cost estimates were too "
-                                     "close to call", recompute="it is measured again when next unsure")  # fmt: skip
+                                     "close to call", recompute="it is measured again when next unsure")
 
     def _where(self, graph: Graph) -> tuple[str, dict[str, str]]:
         identity = {"graph": graph_signature(graph), "host": host_name()}
@@ -287,7 +287,7 @@ class Verdicts:
         try:
             lines = {str(d): {"seconds": float(v["seconds"]), "measured_at": float(v["measured_at"]),
                               "runs": int(v["runs"]), "where": str(v["where"]), "version": str(v["version"])}
-                     for d, v in dict(entry["devices"]).items()}  # fmt: skip
+                     for d, v in dict(entry["devices"]).items()}
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             self._cache.reject(key, f"its payload is not a table of measured times ({type(exc).__name__}: {exc})")
             return {}
@@ -296,7 +296,7 @@ class Verdicts:
             age = now - line["measured_at"]
             if age > self.max_age or age < -60:  # a clock set back by a minute is not a reason to measure again
                 log.info("rlx: graph %r: %s's measured time is %.1f days old; not used", graph.name, device,
-                         age / 86400)  # fmt: skip
+                         age / 86400)
             elif device not in self.registry.names() or line["version"] != self._version(device):
                 log.info("rlx: graph %r: %s was measured with other versions; not used", graph.name, device)
             else:
@@ -313,7 +313,7 @@ class Verdicts:
         winner = min(devices, key=lambda d: (seconds[d], list(devices).index(d)))
         oldest = min(lines[d]["measured_at"] for d in devices)
         return Verdict(winner, seconds, min(lines[d]["runs"] for d in devices), oldest, lines[winner]["where"],
-                       from_cache=True)  # fmt: skip
+                       from_cache=True)
 
     def put(self, graph: Graph, verdict: Verdict) -> None:
         """Add ``verdict``'s times to ``graph``'s entry (replacing those devices' lines, and
@@ -322,12 +322,12 @@ class Verdicts:
         lines = self._usable(graph)
         for device, seconds in verdict.seconds.items():
             lines[device] = {"seconds": seconds, "measured_at": verdict.measured_at, "runs": verdict.runs,
-                             "where": verdict.where, "version": self._version(device)}  # fmt: skip
+                             "where": verdict.where, "version": self._version(device)}
         self._cache.put(key, identity, {"devices": lines})
 
 
 def settle(graph: Graph, trial: Trial, where: str, rows: Sequence[DeviceCandidate], registry: Registry,
-           errors: PredictionErrors | None = None) -> Verdict | None:  # fmt: skip
+           errors: PredictionErrors | None = None) -> Verdict | None:
     """The verdict of a finished ``trial`` (``None`` when every candidate failed), cached
     when every candidate was measured, with each measured device's error recorded against
     the model's own estimate in ``rows``."""
@@ -350,7 +350,7 @@ def settle(graph: Graph, trial: Trial, where: str, rows: Sequence[DeviceCandidat
 
 def measure_compiled(graph: Graph, trial: Trial, compile: Callable[[str], CompiledGraph], *,
                      clock: Callable[[], float] = time.perf_counter, strict: bool = False,
-                     inputs: Mapping[str, Any] | None = None) -> dict[str, CompiledGraph]:  # fmt: skip
+                     inputs: Mapping[str, Any] | None = None) -> dict[str, CompiledGraph]:
     """Run ``trial`` to the end now: compile each candidate (``compile(device)``), then its
     schedule on ``inputs`` (default ``measurement_inputs``). A candidate that fails is
     dropped with a ``FallbackWarning`` (``DeviceError`` naming it under ``strict``); the
@@ -363,7 +363,7 @@ def measure_compiled(graph: Graph, trial: Trial, compile: Callable[[str], Compil
             raise DeviceError(f"device {device} failed while {when} for the measured pick of graph "
                               f"{graph.name!r} (strict: no fallback): {type(exc).__name__}: {exc}") from exc
         warnings.warn(f"rlx: device {device} failed while {when} for the measured pick of graph {graph.name!r} "
-                      f"({type(exc).__name__}: {exc}); dropping it", FallbackWarning, stacklevel=4)  # fmt: skip
+                      f"({type(exc).__name__}: {exc}); dropping it", FallbackWarning, stacklevel=4)
         trial.drop(device, f"{type(exc).__name__}: {exc}")
 
     for device in trial.candidates:

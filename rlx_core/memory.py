@@ -67,7 +67,7 @@ def _size(raw: str, whole: str) -> int | None:
     m = _SIZE.match(raw)
     if m is None:
         raise ConfigError(f"{ENV_MEMORY_LIMIT}={whole!r}: expected a size in bytes such as 8G, 512M or 1073741824, "
-                          "or per device such as cuda=2G,cpu=16G")  # fmt: skip
+                          "or per device such as cuda=2G,cpu=16G")
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
@@ -109,7 +109,7 @@ def memory_limit(environ: Mapping[str, str] | None = None) -> int | None:
 
 
 def device_memory_limit(device: str, probed: int | None = None,
-                        environ: Mapping[str, str] | None = None) -> tuple[int | None, str]:  # fmt: skip
+                        environ: Mapping[str, str] | None = None) -> tuple[int | None, str]:
     """``(bytes, where that figure comes from)`` that ``device`` can give one graph, by
     the order of the module doc; ``(None, why)`` when nothing is checked. ``probed`` is
     what the backend's probe measured (``Availability.memory_bytes``)."""
@@ -154,7 +154,7 @@ def memory_need(graph: Graph, plan: MemoryPlan) -> MemoryNeed:
 
 
 def memory_blocker(graph: Graph, device: str, plan: MemoryPlan, probed: int | None = None,
-                   environ: Mapping[str, str] | None = None) -> str | None:  # fmt: skip
+                   environ: Mapping[str, str] | None = None) -> str | None:
     """Why ``device`` cannot hold ``graph`` as planned (both sizes named), or ``None``."""
     limit, source = device_memory_limit(device, probed, environ)
     if limit is None:
@@ -163,11 +163,11 @@ def memory_blocker(graph: Graph, device: str, plan: MemoryPlan, probed: int | No
     if need.total <= limit:
         return None
     return (f"needs {format_bytes(need.total)} on {device} ({need.parts()}), more than the "
-            f"{format_bytes(limit)} it can give ({source})")  # fmt: skip
+            f"{format_bytes(limit)} it can give ({source})")
 
 
 def check_memory(graph: Graph, device: str, plan: MemoryPlan, environ: Mapping[str, str] | None = None,
-                 probed: int | None = None) -> None:  # fmt: skip
+                 probed: int | None = None) -> None:
     """``DeviceError`` naming the needed size when ``graph`` (as planned) exceeds the limit."""
     why = memory_blocker(graph, device, plan, probed, environ)
     if why is not None:

@@ -120,23 +120,23 @@ PRIMITIVE_OPS: frozenset[OpKind] = frozenset(OpKind) - COMPOSITE_OPS - SOURCE_OP
 
 #: Bitwise ops and shifts: integer operands only, two's complement bits (see docs/ops.md).
 BITWISE_OPS = (OpKind.BITWISE_AND, OpKind.BITWISE_OR, OpKind.BITWISE_XOR, OpKind.BITWISE_NOT,
-               OpKind.BIT_SHIFT_LEFT, OpKind.BIT_SHIFT_RIGHT)  # fmt: skip
+               OpKind.BIT_SHIFT_LEFT, OpKind.BIT_SHIFT_RIGHT)
 BINARY_OPS = (
     OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV, OpKind.POW, OpKind.MAXIMUM, OpKind.MINIMUM, OpKind.FMOD,
     OpKind.BITWISE_AND, OpKind.BITWISE_OR, OpKind.BITWISE_XOR, OpKind.BIT_SHIFT_LEFT, OpKind.BIT_SHIFT_RIGHT,
-)  # fmt: skip
+)
 UNARY_OPS = (
     OpKind.NEG, OpKind.ABS, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF,
     OpKind.TANH, OpKind.SIGMOID, OpKind.RELU, OpKind.GELU, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND,
     OpKind.BITWISE_NOT, OpKind.SIN, OpKind.COS,
-)  # fmt: skip
+)
 #: Elementwise comparisons: numpy broadcasting, a bool result (IEEE: NaN compares unequal).
 COMPARE_OPS = (OpKind.EQUAL, OpKind.LESS, OpKind.GREATER)
 ELEMENTWISE_OPS: frozenset[OpKind] = frozenset(BINARY_OPS + UNARY_OPS + COMPARE_OPS + (OpKind.CAST, OpKind.WHERE))
 _FLOAT_ONLY = frozenset(
     {OpKind.POW, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.TANH,
      OpKind.SIGMOID, OpKind.GELU, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND, OpKind.SIN, OpKind.COS}
-)  # fmt: skip
+)
 _INT_ONLY = frozenset(BITWISE_OPS)
 
 Shape = tuple[Dim, ...]  # ints, or symbolic dims (see symbolic.py and shape_rules.py)
@@ -231,7 +231,7 @@ def _same_dtype(op: OpKind, ins: Sequence[TensorLike]) -> str:
 def _check_kind(op: OpKind, dtype: str, ins: Sequence[TensorLike]) -> None:
     if op in _FLOAT_ONLY or op in (OpKind.SOFTMAX, OpKind.LAYER_NORM, OpKind.REDUCE_MEAN, OpKind.CONV2D,
                                    OpKind.MAX_POOL2D, OpKind.AVG_POOL2D, OpKind.GLOBAL_AVG_POOL2D,
-                                   OpKind.ATTENTION):  # fmt: skip
+                                   OpKind.ATTENTION):
         if dtype not in FLOAT_DTYPES:
             raise _fail(op, f"needs a float dtype, got {_fmt(ins)}")
     elif op in _INT_ONLY:

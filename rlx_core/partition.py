@@ -82,7 +82,7 @@ class Segment:
         names = [graph.node(i).describe() for i in self.nodes] if graph is not None else list(self.nodes)
         return {"index": self.index, "device": self.device, "nodes": names, "est_seconds": self.est_seconds,
                 "transfer_bytes": self.transfer_bytes, "transfer_seconds": self.transfer_seconds,
-                "reason": self.reason}  # fmt: skip
+                "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -117,13 +117,13 @@ class PartitionPlan:
     def why(self) -> str:
         if self.needed and len(self.devices) == 1:  # what declined the whole graph reaches no output
             return (f"{self.devices[0]} runs every node that reaches an output (the others, which it declines, are "
-                    f"dropped); est {_fmt(self.est_seconds)}")  # fmt: skip
+                    f"dropped); est {_fmt(self.est_seconds)}")
         if self.needed:
             return (f"split across {len(self.devices)} devices ({', '.join(self.devices)}): no single device runs "
-                    f"every node; est {_fmt(self.est_seconds)}")  # fmt: skip
+                    f"every node; est {_fmt(self.est_seconds)}")
         verdict = "predicted faster than" if self.taken else "not taken: not clearly faster than"
         return (f"split across {', '.join(self.devices)} est {_fmt(self.est_seconds)}, {verdict} "
-                f"{self.single_device} alone est {_fmt(self.single_seconds or 0.0)}")  # fmt: skip
+                f"{self.single_device} alone est {_fmt(self.single_seconds or 0.0)}")
 
     def describe(self) -> list[str]:
         """One line per segment, then its nodes: what reports and the CLI print."""
@@ -142,7 +142,7 @@ class PartitionPlan:
     def to_dict(self) -> dict[str, Any]:
         return {"devices": list(self.devices), "est_seconds": self.est_seconds, "taken": self.taken,
                 "needed": self.needed, "single_device": self.single_device, "single_seconds": self.single_seconds,
-                "segments": [s.to_dict(self.graph) for s in self.segments]}  # fmt: skip
+                "segments": [s.to_dict(self.graph) for s in self.segments]}
 
 
 # ------------------------------------------------------------------ extraction
@@ -163,7 +163,7 @@ def _boundary_name(node_id: int) -> str:
 
 
 def segment_graph(graph: Graph, nodes: Sequence[int], outputs: Sequence[int],
-                  name: str) -> tuple[Graph, dict[int, str]]:  # fmt: skip
+                  name: str) -> tuple[Graph, dict[int, str]]:
     """The nodes ``nodes`` of ``graph`` as a graph of their own, returning ``outputs``.
 
     Values computed elsewhere become inputs (graph inputs keep their names, others are
@@ -249,7 +249,7 @@ def _enter(d: _Device) -> float:
 
 
 def _assign(order: Sequence[int], crossing: Sequence[int],
-            devices: Sequence[_Device]) -> tuple[list[int], float] | None:  # fmt: skip
+            devices: Sequence[_Device]) -> tuple[list[int], float] | None:
     """Device index per position minimizing kernels plus boundaries, and that total
     (``None``: some node no device runs)."""
     inf = math.inf
@@ -295,7 +295,7 @@ def _reason(graph: Graph, nodes: Sequence[int], dev: _Device, others: Sequence[_
             return f"only {dev.name} runs {node.op} at {node.describe()} ({why})"
     here = sum(dev.cost.get(n, 0.0) for n in nodes)
     alts = [(sum(o.cost.get(n, 0.0) for n in nodes), o.name) for o in others
-            if not any(n in o.declines for n in nodes)]  # fmt: skip
+            if not any(n in o.declines for n in nodes)]
     if not alts:
         return f"cost: its kernels est {_fmt(here)} on {dev.name}"
     alt, name = min(alts)
@@ -344,15 +344,15 @@ def plan_partition(graph: Graph, placement: Placement, rows: Sequence[DeviceCand
         if total > SPLIT_MARGIN * alone:
             across = ", ".join(dict.fromkeys(devices[j].name for j, _ in runs))
             return (f"no split pays: the best split, across {across}, is est {_fmt(total)} against {_fmt(alone)} "
-                    "on one device (kernels one by one)")  # fmt: skip
+                    "on one device (kernels one by one)")
     segments, subgraphs = _price(graph, runs, devices, reg)
     total = sum(s.est_seconds for s in segments) + RUNNER_OVERHEAD_S * len(segments)
     return PartitionPlan(graph, tuple(segments), total, best.device if best else None,
-                         best.est_seconds if best else None, tuple(subgraphs))  # fmt: skip
+                         best.est_seconds if best else None, tuple(subgraphs))
 
 
 def split_for(placement: Placement, rows: Sequence[DeviceCandidate],
-              partition: bool | None = None) -> PartitionPlan | str:  # fmt: skip
+              partition: bool | None = None) -> PartitionPlan | str:
     """The split ``compile(graph, "auto", partition=partition)`` takes over the devices of
     ``rows``, or why it takes none. ``rlx check`` and ``rlx devices --explain`` ask this
     too, so that what they say is what compile does."""
@@ -377,7 +377,7 @@ def split_for(placement: Placement, rows: Sequence[DeviceCandidate],
 
 
 def _price(graph: Graph, runs: Sequence[tuple[int, list[int]]], devices: Sequence[_Device],
-           registry: Registry) -> tuple[list[Segment], list[tuple[Graph, dict[int, str]]]]:  # fmt: skip
+           registry: Registry) -> tuple[list[Segment], list[tuple[Graph, dict[int, str]]]]:
     position = {nid: s for s, (_, nodes) in enumerate(runs) for nid in nodes}
     consumers: dict[int, set[int]] = defaultdict(set)
     for _, nodes in runs:
@@ -396,7 +396,7 @@ def _price(graph: Graph, runs: Sequence[tuple[int, list[int]]], devices: Sequenc
         est = estimate_graph_cost(priced_graph(sub, dev.name, registry), dev.model)
         others = [d for i, d in enumerate(devices) if i != j]
         segments.append(Segment(s, dev.name, tuple(nodes), received, outs, est, moved,
-                                _link_seconds(dev.model, moved), _reason(graph, nodes, dev, others)))  # fmt: skip
+                                _link_seconds(dev.model, moved), _reason(graph, nodes, dev, others)))
     return segments, subgraphs
 
 
@@ -440,7 +440,7 @@ class SegmentRunner(Executable):
         self._outputs = graph.outputs
         self._inputs = {graph.node(i).name: i for i in graph.inputs}
         self._sources: dict[int, np.ndarray] = {i: graph.value(i) for i in graph.outputs
-                                                 if graph.node(i).op in (OpKind.PARAM, OpKind.CONSTANT)}  # fmt: skip
+                                                 if graph.node(i).op in (OpKind.PARAM, OpKind.CONSTANT)}
         self._output_params = {i: graph.node(i).name for i in self._sources if graph.node(i).op is OpKind.PARAM}
 
     def run(self, inputs: Mapping[str, Any]) -> list[Any]:
@@ -470,10 +470,10 @@ class PartitionedGraph(CompiledGraph):
     runs where."""
 
     def __init__(self, graph: Graph, plan: PartitionPlan, parts: Sequence[_Part], report: CompileReport,
-                 registry: Registry) -> None:  # fmt: skip
+                 registry: Registry) -> None:
         # Its own copy of the graph (arrays shared): set_param swaps arrays there, never in the user's.
         super().__init__(graph, "+".join(plan.devices), SegmentRunner(graph, parts), graph.copy().freeze(), report,
-                         registry)  # fmt: skip
+                         registry)
         self.plan = plan
 
     @property
@@ -489,7 +489,7 @@ class PartitionedGraph(CompiledGraph):
 
 
 def compile_partitioned(graph: Graph, plan: PartitionPlan, rows: list[DeviceCandidate], registry: Registry,
-                        options: CompileOptions | None = None) -> PartitionedGraph:  # fmt: skip
+                        options: CompileOptions | None = None) -> PartitionedGraph:
     """Compile each segment of ``plan`` on its device (a failure raises; the caller falls back)."""
     parts = []
     for seg in plan.segments:
@@ -503,7 +503,7 @@ def compile_partitioned(graph: Graph, plan: PartitionPlan, rows: list[DeviceCand
             raise
         except Exception as exc:  # named for the caller's fallback, which plans again without it
             raise DeviceError(f"device {seg.device} failed to compile segment {seg.index} of graph "
-                              f"{graph.name!r}: {exc}", device=seg.device) from exc  # fmt: skip
+                              f"{graph.name!r}: {exc}", device=seg.device) from exc
         parts.append(_Part(seg, cg, tuple(feeds.items())))
     parts = _device_handover(graph, parts)
     seconds = sum(p.compiled.report().compile_seconds for p in parts)
@@ -512,7 +512,7 @@ def compile_partitioned(graph: Graph, plan: PartitionPlan, rows: list[DeviceCand
         user_nodes=len(graph), legalized_nodes=sum(p.compiled.report().legalized_nodes for p in parts),
         candidates=rows, compiled_nodes=sum(p.compiled.report().compiled_nodes for p in parts),
         partition=plan,
-    )  # fmt: skip
+    )
     for p in parts:
         report.notes += [f"segment {p.segment.index} ({p.segment.device}): {n}" for n in p.compiled.report().notes]
     log.info("compiled graph %r split across %s", graph.name, ", ".join(plan.devices))

@@ -107,7 +107,7 @@ class Placement:
     """Answers placement questions about one graph (or none) under one policy."""
 
     def __init__(self, graph: Graph | None, policy: DevicePolicy | None = None,
-                 registry: Registry | None = None, *, measure: MeasureSettings | None = None) -> None:  # fmt: skip
+                 registry: Registry | None = None, *, measure: MeasureSettings | None = None) -> None:
         # A symbolic graph is placed and priced at a representative size (dynamic.py says which).
         self.graph = representative(graph)[0] if graph is not None and graph.is_symbolic else graph
         self.policy = policy if policy is not None else DevicePolicy.from_env()
@@ -155,7 +155,7 @@ class Placement:
             registered=True, supports_graph=supports, recommended=False, blocker=blocker, est_seconds=est,
             priority=info.priority, distribution=info.distribution, version=info.version, ops=ops,
             calibrated=calibrated, model_seconds=model_est, correction=correction,
-        )  # fmt: skip
+        )
 
     def _memory_blocker(self, name: str, probed: int | None) -> str | None:
         assert self.graph is not None
@@ -184,7 +184,7 @@ class Placement:
             preferred += [r for r in viable if r.device == name and r not in preferred]
         rest = sorted((r for r in viable if r not in preferred),
                       key=lambda r: (r.est_seconds if r.est_seconds is not None else float("inf"),
-                                     -r.priority, r.device))  # fmt: skip
+                                     -r.priority, r.device))
         return preferred + rest
 
     # -------------------------------------------------------------- decisions
@@ -205,7 +205,7 @@ class Placement:
         return device.strip()
 
     def choose(self, hint: str | None = None,
-               rows: list[DeviceCandidate] | None = None) -> tuple[str, str, list[DeviceCandidate]]:  # fmt: skip
+               rows: list[DeviceCandidate] | None = None) -> tuple[str, str, list[DeviceCandidate]]:
         """``(device, why, rows)``: the hint, else ``RLX_DEVICE``, else the ranking (of
         ``rows`` when the caller has already asked ``candidates()``). Under
         ``pick="measure"`` an unsure ranking is settled by measuring here (compiled copies
@@ -215,9 +215,9 @@ class Placement:
             assert self.graph is not None and decision.doubt is not None
             trial = Trial(decision.doubt.candidates, self.policy.benchmark_runs)
             measure_compiled(self.graph, trial, lambda d: compile_on(self.graph, d, "measured pick", [], self.registry),
-                             clock=self.measure.clock, strict=self.policy.strict)  # fmt: skip
+                             clock=self.measure.clock, strict=self.policy.strict)
             verdict = settle(self.graph, trial, "compile (pick='measure', generated inputs)", decision.rows,
-                             self.registry, self.errors)  # fmt: skip
+                             self.registry, self.errors)
             if verdict is not None:
                 return verdict.winner, verdict.describe(), decision.rows
         return decision.device, decision.why, decision.rows
@@ -251,7 +251,7 @@ class Placement:
                 winner = min(times, key=times.__getitem__)
                 detail = ", ".join(f"{d} {_fmt_seconds(t)}" for d, t in sorted(times.items(), key=lambda kv: kv[1]))
                 return Decision(winner, f"fastest in a benchmark of {self.policy.benchmark_runs} runs: {detail}",
-                                rows)  # fmt: skip
+                                rows)
         if best.device in [parse_device(p)[0] for p in self.policy.prefer]:
             src = self.policy.sources.get("prefer", "policy")
             return Decision(best.device, f"preferred by policy ({src})", rows)
@@ -271,7 +271,7 @@ class Placement:
         verdict = Verdicts(self.registry).get(self.graph, doubt.candidates) if measuring else None
         if verdict is not None:
             return Decision(verdict.winner, f"{verdict.describe()}; unsure by cost: {doubt.reason}", rows, doubt,
-                            verdict)  # fmt: skip
+                            verdict)
         if self.policy.pick == "measure":
             how = "measured now (pick='measure')"
         elif self.policy.strict:
@@ -356,13 +356,13 @@ def fastest_device_for(g: Graph, policy: DevicePolicy | None = None, *, registry
 
 
 def resolve_device(g: Graph, hint: str | None = None, policy: DevicePolicy | None = None, *,
-                   registry: Registry | None = None) -> str:  # fmt: skip
+                   registry: Registry | None = None) -> str:
     """The device ``g`` runs on: ``hint``, then ``RLX_DEVICE``, then the cost ranking."""
     return Placement(g, policy, registry).choose(hint)[0]
 
 
 def resolve_device_chain(g: Graph, chain: Iterable[str] | None, policy: DevicePolicy | None = None, *,
-                         registry: Registry | None = None) -> list[str]:  # fmt: skip
+                         registry: Registry | None = None) -> list[str]:
     """The devices of ``chain`` (default: the policy's chain, else every viable device)
     that can run ``g``, in chain order. Unknown names raise ``DeviceError``; when none
     can run it, ``DeviceError`` lists each device's blocker."""
@@ -381,6 +381,6 @@ def resolve_device_chain(g: Graph, chain: Iterable[str] | None, policy: DevicePo
 
 
 def device_report(g: Graph | None = None, policy: DevicePolicy | None = None, *,
-                  registry: Registry | None = None) -> list[DeviceCandidate]:  # fmt: skip
+                  registry: Registry | None = None) -> list[DeviceCandidate]:
     """One ``DeviceCandidate`` per discovered backend (and per plugin that failed to load)."""
     return Placement(g, policy, registry).report()

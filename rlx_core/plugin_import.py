@@ -74,7 +74,7 @@ from .plugin import ENTRY_POINT_GROUP, RlxBackendSpec
 
 __all__ = ["ImportVerdict", "ImportChecks", "fingerprint", "check_in_child", "call_hook", "IMPORT_NAMESPACE",
            "distribution_of", "cache_writable", "import_verdicts", "verdict_root", "ReservedName",
-           "reserved_for", "times", "disabled_plugins", "interpreter_tag"]  # fmt: skip
+           "reserved_for", "times", "disabled_plugins", "interpreter_tag"]
 
 log = logging.getLogger("rlx.registry")
 
@@ -191,7 +191,7 @@ def verdict_root(environ: Mapping[str, str]) -> Path | None:
 
 
 def import_verdicts(entry_points: Sequence[Any], environ: Mapping[str, str], *, isolated: Callable[[], bool],
-                    timeout: Callable[[], float]) -> tuple[dict[int, ImportVerdict], dict[int, str]]:  # fmt: skip
+                    timeout: Callable[[], float]) -> tuple[dict[int, ImportVerdict], dict[int, str]]:
     """The registry's step before it imports ``entry_points``: each one's verdict and
     fingerprint, by ``id``. Checked in a child unless ``isolated()`` is false
     (``RLX_ISOLATION=0``: nothing, as before); in one of rlx's own children, the cached
@@ -284,11 +284,11 @@ class ImportChecks:
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
         self._cache = JsonCache(IMPORT_NAMESPACE, schema=_SCHEMA, root=root,
                                 what="plugin imports checked in a child process (a plugin whose import crashed "
-                                     "or hung is not imported until it changes)")  # fmt: skip
+                                     "or hung is not imported until it changes)")
         self.fingerprints: dict[int, str] = {}  # id(entry point) -> its fingerprint, for the probe cache
 
     def verdicts(self, entry_points: Sequence[Any], *, check: bool, timeout: float,
-                 environ: Mapping[str, str]) -> list[ImportVerdict | None]:  # fmt: skip
+                 environ: Mapping[str, str]) -> list[ImportVerdict | None]:
         """One verdict per entry point (``None``: unknown, import it here as before). Only
         real ``importlib.metadata.EntryPoint``s are checked (a child must find them
         again); with ``check`` false, only cached verdicts are given (no child)."""
@@ -333,7 +333,7 @@ class ImportChecks:
             return
         self._cache.put(self._key(ep), {"entry_point": ep.name},
                         {"fingerprint": digest, "safe": verdict.safe, "why": verdict.why,
-                         "backends": list(verdict.backends), "checked": time.strftime("%Y-%m-%d %H:%M")})  # fmt: skip
+                         "backends": list(verdict.backends), "checked": time.strftime("%Y-%m-%d %H:%M")})
 
 
 def cache_writable(directory: Path) -> bool:
@@ -367,7 +367,7 @@ class _Batch:
 
 
 def check_in_child(entry_points: Sequence[Any], *, timeout: float,
-                   environ: Mapping[str, str]) -> list[ImportVerdict | None]:  # fmt: skip
+                   environ: Mapping[str, str]) -> list[ImportVerdict | None]:
     """Import ``entry_points`` in a child, in order, each within ``timeout`` seconds
     (the child's start-up, ``STARTUP_SECONDS``, not counted); one verdict each, ``None``
     where the child could not tell (it could not start: import here, as before).

@@ -35,7 +35,7 @@ _SETTINGS = ("allow", "deny", "prefer", "pick", "benchmark_runs", "device", "cha
 _VARIABLES: dict[str, str] = {
     "DEVICE": "device", "DEVICES": "allow", "DENY_DEVICES": "deny", "PREFER_DEVICES": "prefer",
     "DEVICE_CHAIN": "chain", "BENCHMARK_PICK": "benchmark_runs", "STRICT": "strict",
-}  # fmt: skip
+}
 
 #: Settings whose variable is a comma-separated list of device names.
 _LIST_SETTINGS = ("allow", "deny", "prefer", "chain")

@@ -59,7 +59,7 @@ _NOT_IDENTITY = frozenset({
     "PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES",
     "RLX_DEVICE", "RLX_DEVICES", "RLX_DENY_DEVICES", "RLX_PREFER_DEVICES", "RLX_DEVICE_CHAIN",
     "RLX_BENCHMARK_PICK", "RLX_STRICT", "RLX_PROBE_TIMEOUT", "RLX_CALIBRATE_TIMEOUT", "RLX_DISABLE_PLUGINS",
-})  # fmt: skip
+})
 
 
 def _boot_id() -> str:
@@ -92,15 +92,15 @@ class ProbeVerdicts:
     def __init__(self, environ: Mapping[str, str]) -> None:
         self._cache = JsonCache(PROBE_NAMESPACE, schema=_SCHEMA, root=verdict_root(environ),
                                 what="recent probe answers, reused by later commands for "
-                                     f"{PROBE_VERDICT_TTL_S / 60:g} minutes")  # fmt: skip
+                                     f"{PROBE_VERDICT_TTL_S / 60:g} minutes")
 
     @staticmethod
     def identity(target: ChildTarget, distribution: str, version: str, plugin: str,
-                 environ: Mapping[str, str]) -> str:  # fmt: skip
+                 environ: Mapping[str, str]) -> str:
         """A digest of everything the answer of ``target``'s probe may depend on."""
         env = sorted((k, v) for k, v in child_env(environ).items() if k not in _NOT_IDENTITY)
         described = [target.backend, target.entry_point, target.value, distribution, version, plugin, __version__,
-                     sys.executable, sys.version, _boot_id(), _path_mtimes(), env]  # fmt: skip
+                     sys.executable, sys.version, _boot_id(), _path_mtimes(), env]
         return hashlib.sha256(json.dumps(described).encode("utf-8", "surrogatepass")).hexdigest()
 
     @staticmethod
@@ -122,7 +122,7 @@ class ProbeVerdicts:
                                  devices=[str(d) for d in answer["devices"]],
                                  versions={str(k): str(v) for k, v in dict(answer["versions"]).items()},
                                  memory_bytes=memory if isinstance(memory, int) and not isinstance(memory, bool)
-                                 else None)  # fmt: skip
+                                 else None)
         except (KeyError, TypeError, ValueError):
             self._cache.reject(key, "it is not a probe answer")
             return None
@@ -144,7 +144,7 @@ class ProbeVerdicts:
                          "answer": {"available": bool(answer.available), "reason": str(answer.reason),
                                     "devices": [str(d) for d in answer.devices],
                                     "versions": {str(k): str(v) for k, v in answer.versions.items()},
-                                    "memory_bytes": memory}})  # fmt: skip
+                                    "memory_bytes": memory}})
 
     def forget(self, backend: str) -> None:
         """Drop ``backend``'s answer: the next process probes it again."""

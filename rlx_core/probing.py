@@ -65,7 +65,7 @@ class ProbeRun:
     """
 
     def __init__(self, backend: Backend, target: ChildTarget | None = None, *, timeout: float = 10.0,
-                 environ: Mapping[str, str] | None = None) -> None:  # fmt: skip
+                 environ: Mapping[str, str] | None = None) -> None:
         self.done = threading.Event()
         self.result: Availability | None = None
         self.raised = ""
@@ -79,7 +79,7 @@ class ProbeRun:
         self.started: float | None = None if target is not None else self.spawned
         self._changed = threading.Condition()
         run = (lambda: self._in_child(backend, target, timeout, environ)) if target is not None else (
-            lambda: self._here(backend))  # fmt: skip
+            lambda: self._here(backend))
         self.thread = threading.Thread(target=run, name=f"rlx-probe-{backend.name}", daemon=True)
         self.thread.start()
 
@@ -141,13 +141,13 @@ class ProbeRun:
             self._finish(garbage=type(answer).__name__)
 
     def _in_child(self, backend: Backend, target: ChildTarget, timeout: float,
-                  environ: Mapping[str, str] | None) -> None:  # fmt: skip
+                  environ: Mapping[str, str] | None) -> None:
         task = {"task": "probe", "target": asdict(target)}
         kwargs = {} if environ is None else {"environ": environ}
         while True:
             last = self.attempt >= self.attempts  # only the last try outlives the registry's wait
             outcome = run_child(task, timeout=timeout + (_KILL_GRACE_S if last else 0.0),
-                                on_started=self._mark_started, **kwargs)  # fmt: skip
+                                on_started=self._mark_started, **kwargs)
             if last or not outcome.died.startswith("did not finish"):
                 break
             log.info("rlx backend %r: the probe did not answer within %g s; trying once more in a fresh child",
@@ -175,7 +175,7 @@ class ProbeRun:
                                              devices=[str(d) for d in payload.get("devices", [])],
                                              versions={str(k): str(v) for k, v in
                                                        dict(payload.get("versions", {})).items()},
-                                             memory_bytes=_bytes(payload.get("memory_bytes"))))  # fmt: skip
+                                             memory_bytes=_bytes(payload.get("memory_bytes"))))
         elif kind == "raised":
             self._finish(raised=str(payload.get("error", "")))
         else:

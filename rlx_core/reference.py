@@ -186,7 +186,7 @@ def _where(node: Node, xs: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def _windows(x: np.ndarray, k: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int],
-             out_hw: tuple[int, int]):  # fmt: skip
+             out_hw: tuple[int, int]):
     """Yield ``(i, j, view)``: for kernel tap (i, j), the input pixel each output reads."""
     sh, sw = stride
     dh, dw = dilation
@@ -197,7 +197,7 @@ def _windows(x: np.ndarray, k: tuple[int, int], stride: tuple[int, int], dilatio
 
 
 def _pad_to_windows(x: np.ndarray, node: Node, k: tuple[int, int], dilation: tuple[int, int],
-                    fill: float) -> np.ndarray:  # fmt: skip
+                    fill: float) -> np.ndarray:
     """Pad by the declared (top, left, bottom, right) and, past that, by what ceil_mode's
     extra windows need on the bottom/right; every padded position holds ``fill``."""
     top, left, bottom, right = node.attrs["padding"]
@@ -342,7 +342,7 @@ def _as_compute(x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def evaluate_internal(node: Node, xs: Sequence[np.ndarray], kernels: Mapping[OpKind, Callable[..., np.ndarray]]
-                      ) -> np.ndarray:  # fmt: skip
+                      ) -> np.ndarray:
     """The reference meaning of an internal node, through the reference's own ``kernels``
     (so a region computes exactly what its ops compute one by one)."""
     if node.op is OpKind.GEMM:

@@ -69,7 +69,7 @@ PLATFORM_PRIORITY: dict[str, int] = {
 #: rlx's own backends and the pip requirement that installs each (``rlx devices`` names
 #: the ones missing here: a user who expects ``cuda`` learns what to install, not nothing).
 FIRST_PARTY: dict[str, str] = {"cpu": "rlx-cpu", "opencl": "rlx-opencl[pocl]", "cuda": "rlx-cuda",
-                               "jax": "rlx-jax-tpu", "tpu": "rlx-jax-tpu"}  # fmt: skip
+                               "jax": "rlx-jax-tpu", "tpu": "rlx-jax-tpu"}
 
 DEFAULT_PROBE_TIMEOUT = 10.0
 DEFAULT_CALIBRATE_TIMEOUT = 900.0
@@ -173,9 +173,9 @@ class Registry:
                 return
             disabled = self._disabled_names()
             eps = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if self._entry_points is None
-                       else self._entry_points)  # fmt: skip
+                       else self._entry_points)
             verdicts, fingerprints = import_verdicts([ep for ep in eps if ep.name not in disabled], self.environ,
-                                                     isolated=self.isolated, timeout=self.probe_timeout)  # fmt: skip
+                                                     isolated=self.isolated, timeout=self.probe_timeout)
             self._loading = True
             try:
                 for ep in eps:
@@ -488,7 +488,7 @@ class Registry:
         return self._seconds("RLX_CALIBRATE_TIMEOUT", DEFAULT_CALIBRATE_TIMEOUT)
 
     def calibrate(self, name: str, quick: bool = False,
-                  progress: Callable[[str, float], None] | None = None) -> CostModel:  # fmt: skip
+                  progress: Callable[[str, float], None] | None = None) -> CostModel:
         """Run backend ``name``'s ``calibrate`` and return the model it cached.
 
         For a backend from an entry point this runs in a child process (unless
@@ -512,7 +512,7 @@ class Registry:
         else:
             timeout = self.calibrate_timeout()
             outcome = run_child({"task": "calibrate", "target": dataclasses.asdict(target), "quick": quick},
-                                timeout=timeout, environ=self.environ, on_step=progress)  # fmt: skip
+                                timeout=timeout, environ=self.environ, on_step=progress)
             if outcome.died:
                 what = outcome.died + (" (RLX_CALIBRATE_TIMEOUT)" if outcome.died.startswith("did not") else "")
                 fault = self._faults.record(info.name, "calibration", what, outcome.step, info.version)

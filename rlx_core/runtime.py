@@ -61,10 +61,10 @@ class Runtime:
         return Placement(graph, self.policy_for(policy), self.registry)
 
     def compile(self, graph: Graph, device: str | None = "auto", *, policy: DevicePolicy | None = None,
-                options: CompileOptions | None = None, partition: bool | None = None) -> CompiledGraph:  # fmt: skip
+                options: CompileOptions | None = None, partition: bool | None = None) -> CompiledGraph:
         """``rlx.compile`` with this runtime's registry and policy."""
         return compile(graph, device, self.policy_for(policy), registry=self.registry, options=options,
-                       partition=partition)  # fmt: skip
+                       partition=partition)
 
     def session(self, graph: Graph, policy: DevicePolicy | None = None) -> GraphDevices:
         """The ``GraphDevices`` this runtime keeps for ``graph`` (made on first use), set to
@@ -79,7 +79,7 @@ class Runtime:
         return gd
 
     def run_with_fallback(self, graph: Graph, inputs: Mapping[str, Any], chain: Iterable[str] | None = None,
-                          policy: DevicePolicy | None = None) -> tuple[str, list[np.ndarray]]:  # fmt: skip
+                          policy: DevicePolicy | None = None) -> tuple[str, list[np.ndarray]]:
         """``rlx.run_with_fallback`` with this runtime (compiled copies kept per graph)."""
         validate_inputs(input_specs(graph), inputs)
         gd = self.session(graph, policy)
@@ -114,7 +114,7 @@ def default_runtime() -> Runtime:
 
 def run_with_fallback(graph: Graph, inputs: Mapping[str, Any], chain: Iterable[str] | None = None,
                       policy: DevicePolicy | None = None, *,
-                      registry: Registry | None = None) -> tuple[str, list[np.ndarray]]:  # fmt: skip
+                      registry: Registry | None = None) -> tuple[str, list[np.ndarray]]:
     """Run ``graph`` on the first device of ``chain`` that succeeds: ``(device, outputs)``.
 
     ``chain=None`` is the policy's chain (``RLX_DEVICE_CHAIN``), else every viable device

@@ -39,7 +39,7 @@ log = logging.getLogger("rlx.session")
 
 def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | None = None, *,
             registry: Registry | None = None, options: CompileOptions | None = None,
-            partition: bool | None = None, measure: MeasureSettings | None = None) -> CompiledGraph:  # fmt: skip
+            partition: bool | None = None, measure: MeasureSettings | None = None) -> CompiledGraph:
     """Compile ``graph`` for ``device`` (``"auto"``: policy and cost ranking).
 
     An explicit device is strict: it runs there or raises ``DeviceError`` naming the
@@ -106,7 +106,7 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
             failed = (exc.device if isinstance(exc, DeviceError) else None) or split.devices[0]
             excluded.append((failed, f"{type(exc).__name__}: {exc}"))
             warnings.warn(f"rlx: device {failed} failed to compile its segment of graph {graph.name!r} ({exc}); "
-                          "planning again without it", FallbackWarning, stacklevel=2)  # fmt: skip
+                          "planning again without it", FallbackWarning, stacklevel=2)
             continue
         if excluded:
             cg.report().notes.append("fell back after: " + "; ".join(f"{d}: {e}" for d, e in excluded))
@@ -120,7 +120,7 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
 
 def _compile_whole(graph: Graph, device: str | None, placement: Placement, reg: Registry,
                    options: CompileOptions | None, explicit: bool,
-                   rows: list[DeviceCandidate] | None = None) -> CompiledGraph:  # fmt: skip
+                   rows: list[DeviceCandidate] | None = None) -> CompiledGraph:
     """``graph`` on one device: the chosen one (measured first when the policy asks and
     the ranking is unsure), then (auto) the next ranked on failure (``rows``: the
     candidates when the caller has them already)."""
@@ -143,7 +143,7 @@ def _compile_whole(graph: Graph, device: str | None, placement: Placement, reg: 
         return compile_on(graph, dev, why, rows, reg, options)
 
     _, cg, attempts = try_in_turn(ranked, attempt, graph=graph.name, wording=_COMPILE_WORDING, stacklevel=4,
-                                  attempts=measured, on_failure=lambda dev, exc, error: failed.append(dev))  # fmt: skip
+                                  attempts=measured, on_failure=lambda dev, exc, error: failed.append(dev))
     if attempts:
         cg.report().notes.append("fell back after: " + "; ".join(f"{d}: {e}" for d, e in attempts))
     return _with_verdict(cg, decision.verdict if cg.device == chosen else None)
@@ -159,9 +159,9 @@ def _compile_measured(graph: Graph, placement: Placement, decision: Decision, op
     trial = Trial(decision.doubt.candidates, placement.policy.benchmark_runs)
     compiled = measure_compiled(graph, trial, lambda d: compile_on(graph, d, "measured pick", decision.rows, reg,
                                                                    options),
-                                clock=placement.measure.clock, strict=placement.policy.strict)  # fmt: skip
+                                clock=placement.measure.clock, strict=placement.policy.strict)
     verdict = settle(graph, trial, "rlx.compile (pick='measure', generated inputs)", decision.rows, reg,
-                     placement.errors)  # fmt: skip
+                     placement.errors)
     if verdict is None:
         return None, list(trial.failed.items())
     cg = compiled[verdict.winner]
@@ -202,7 +202,7 @@ class GraphDevices:
     and how its first runs are timed then."""
 
     def __init__(self, graph: Graph, policy: DevicePolicy | None = None, *, registry: Registry | None = None,
-                 measure: MeasureSettings | None = None) -> None:  # fmt: skip
+                 measure: MeasureSettings | None = None) -> None:
         self.graph = graph.freeze()
         self._policy = policy
         self._registry = registry or default_registry()
@@ -282,7 +282,7 @@ class GraphDevices:
                 raise
             except Exception as exc:
                 warnings.warn(f"rlx: device {row.device} failed in the benchmark ({exc}); skipping it",
-                              FallbackWarning, stacklevel=2)  # fmt: skip
+                              FallbackWarning, stacklevel=2)
         return times
 
     def run(self, inputs: Mapping[str, Any], device: str | None = None) -> list[np.ndarray]:
@@ -372,7 +372,7 @@ class GraphDevices:
                                           f"measured (strict: no fallback): {type(exc).__name__}: {exc}") from exc
                     warnings.warn(f"rlx: device {dev} failed while the auto pick of graph {self.graph.name!r} was "
                                   f"measured ({type(exc).__name__}: {exc}); dropping it from the pick",
-                                  FallbackWarning, stacklevel=3)  # fmt: skip
+                                  FallbackWarning, stacklevel=3)
                     trial.drop(dev, f"{type(exc).__name__}: {exc}")
                     continue
                 trial.record(dev, seconds)
@@ -384,7 +384,7 @@ class GraphDevices:
                 attempts = list(trial.failed.items())
                 detail = "; ".join(f"{d}: {e}" for d, e in attempts)
                 raise DeviceFallbackError(f"no device could run graph {self.graph.name!r} while its auto pick was "
-                                          f"measured: {detail}", attempts)  # fmt: skip
+                                          f"measured: {detail}", attempts)
             return self.run(inputs)  # one candidate left, untimed: it runs this call
 
     def _settle(self, auto: _AutoPick) -> Verdict | None:
@@ -393,7 +393,7 @@ class GraphDevices:
         (the next auto run decides again)."""
         assert auto.trial is not None and auto.decision.doubt is not None
         verdict = settle(self.graph, auto.trial, "GraphDevices.run (the caller's inputs)", auto.decision.rows,
-                         self._registry, auto.placement.errors)  # fmt: skip
+                         self._registry, auto.placement.errors)
         auto.trial = None
         if verdict is None:
             self._auto = None

@@ -171,7 +171,7 @@ def plugin_settings(registry: Registry) -> list[Setting]:
             declared = list(getattr(info.backend, "settings", lambda: ())() or ())
         except Exception as exc:
             warnings.warn(f"rlx backend {info.name!r} ({owner}): settings() raised {type(exc).__name__}: {exc}; "
-                          "its variables are not checked", PluginWarning, stacklevel=2)  # fmt: skip
+                          "its variables are not checked", PluginWarning, stacklevel=2)
             continue
         for setting in declared:
             problem = ""
@@ -234,7 +234,7 @@ def check_environment(environ: Mapping[str, str] | None = None, registry: Regist
     checked = [*CORE_SETTINGS, *plugins]
     for var, like in unknown_variables(env, (s.name for s in checked)):
         warnings.warn(f"{var} is not a variable rlx reads; did you mean {like}? ({var} is ignored)", RlxWarning,
-                      stacklevel=2)  # fmt: skip
+                      stacklevel=2)
     return checked
 
 

@@ -21,7 +21,7 @@ from .errors import GraphError
 from .symbolic import Dim, Sym, ceildiv, dim_eq, exact_div, floordiv, from_obj, lower_bound, sym_max, sym_min
 
 __all__ = ["Constraint", "recording", "require", "same_dim", "has_sym", "has_sym_target", "parse_dim", "broadcast_dims",
-           "reshape_dims", "slice_length", "window_out", "evaluate_attr", "HUGE"]  # fmt: skip
+           "reshape_dims", "slice_length", "window_out", "evaluate_attr", "HUGE"]
 
 #: Slice bounds at or beyond this magnitude mean "to the end" (ONNX writes INT64_MAX): no
 #: dim of a real array reaches it, so ``min(n, 2**63 - 1)`` is simply ``n``.

@@ -27,7 +27,7 @@ from typing import Any, Union
 
 __all__ = ["Sym", "Dim", "UnboundSymbolError", "is_static", "dim_eq", "evaluate", "free_symbols",
            "floordiv", "ceildiv", "sym_min", "sym_max", "exact_div", "lower_bound", "to_obj", "from_obj",
-           "format_shape"]  # fmt: skip
+           "format_shape"]
 
 Dim = Union[int, "Sym"]
 
@@ -171,7 +171,7 @@ class Sym:
                 parts.append((coeff < 0, str(abs(coeff))))
                 continue
             factors = [(_wrap(a) if not isinstance(a, str) and (len(mono) > 1 or abs(coeff) != 1) else str(a))
-                       + (f"**{p}" if p != 1 else "") for a, p in mono]  # fmt: skip
+                       + (f"**{p}" if p != 1 else "") for a, p in mono]
             if abs(coeff) != 1:
                 factors.insert(0, str(abs(coeff)))
             parts.append((coeff < 0, "*".join(factors)))
@@ -455,7 +455,7 @@ def from_obj(obj: Any) -> Dim:
         total: Dim = 0
         for term in obj["poly"]:
             if not (isinstance(term, list) and len(term) == 2 and isinstance(term[0], int)
-                    and isinstance(term[1], list)):  # fmt: skip
+                    and isinstance(term[1], list)):
                 raise ValueError(f"not a polynomial term: {term!r}")
             value: Dim = term[0]
             for pair in term[1]:

@@ -71,5 +71,5 @@ def benchmark_devices(graph: Graph, devices: Sequence[str], runs: int, registry:
             raise
         except RlxError as exc:
             warnings.warn(f"rlx: device {d} failed in the benchmark pick ({exc}); skipping it", FallbackWarning,
-                          stacklevel=3)  # fmt: skip
+                          stacklevel=3)
     return times

@@ -66,7 +66,7 @@ def transformer(scale: float = 1.0) -> Graph:
 
     def dense(v: Value, name: str, k: int, n: int) -> Value:
         return g.add(g.matmul(v, g.param(f"{name}_w", _weights(rng, k, n))),
-                     g.param(f"{name}_b", np.zeros(n, np.float32)))  # fmt: skip
+                     g.param(f"{name}_b", np.zeros(n, np.float32)))
 
     def split(v: Value) -> Value:
         return g.transpose(g.reshape(v, (seq, heads, d // heads)), (1, 0, 2))
@@ -116,7 +116,7 @@ def cnn(scale: float = 1.0) -> Graph:
         h = g.max_pool2d(g.relu(h), 2)
     flat = g.reshape(h, (1, 32 * (side // 4) ** 2))
     g.set_outputs([g.add(g.matmul(flat, g.param("fc_w", _weights(rng, 32 * (side // 4) ** 2, 10))),
-                         g.param("fc_b", np.zeros(10, np.float32)), name="logits")])  # fmt: skip
+                         g.param("fc_b", np.zeros(10, np.float32)), name="logits")])
     return g
 
 
@@ -131,7 +131,7 @@ def matmul(scale: float = 1.0) -> Graph:
 
 SUITE: dict[str, Callable[[float], Graph]] = {
     "mlp": mlp, "transformer": transformer, "elementwise": elementwise, "cnn": cnn, "matmul": matmul,
-}  # fmt: skip
+}
 
 
 def suite_graph(name: str, scale: float = 1.0) -> Graph:
@@ -180,7 +180,7 @@ def _loops(cg: object, inputs: dict[str, np.ndarray], target: float = _SAMPLE) -
 
 def verify_cost_models(models: Sequence[str] | None = None, *, devices: Sequence[str] | None = None,
                        policy: DevicePolicy | None = None, scale: float = 1.0, rounds: int = 10,
-                       progress: Progress | None = None) -> list[VerifyRow]:  # fmt: skip
+                       progress: Progress | None = None) -> list[VerifyRow]:
     """Predict, pick and measure each suite model on each viable device (see module doc).
 
     ``devices`` limits the contenders (default: every device that can run the model under
@@ -195,7 +195,7 @@ def verify_cost_models(models: Sequence[str] | None = None, *, devices: Sequence
     for i, name in enumerate(names):
         g = suite_graph(name, scale)
         viable = {r.device: r for r in device_report(g, pol)
-                  if r.viable and r.est_seconds is not None and (not devices or r.device in devices)}  # fmt: skip
+                  if r.viable and r.est_seconds is not None and (not devices or r.device in devices)}
         if not viable:
             continue
         gd = GraphDevices(g, pol)

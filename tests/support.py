@@ -50,7 +50,7 @@ class ToyBackend(rlx.Backend):
     def __init__(self, name: str = "toy", *, ops: Iterable[str] = ALL_OPS, priority: int = 10,
                  gflops: float = 20.0, available: bool | str = True, fail_compile: bool = False,
                  fail_run: bool = False, wrong_output: str | None = None,
-                 set_param_supported: bool = False) -> None:  # fmt: skip
+                 set_param_supported: bool = False) -> None:
         self.name = name  # type: ignore[misc]
         self.priority = priority  # type: ignore[misc]
         self.ops = frozenset(ops)
@@ -72,7 +72,7 @@ class ToyBackend(rlx.Backend):
 
     def cost_model(self) -> rlx.CostModel:
         return rlx.CostModel(device=self.name, sgemm_gflops=self.gflops, memory_bw_gbps=self.gflops / 2,
-                             dispatch_overhead_ns=1000, roundtrip_overhead_ns=1000)  # fmt: skip
+                             dispatch_overhead_ns=1000, roundtrip_overhead_ns=1000)
 
     def compile(self, graph: rlx.Graph, options: rlx.CompileOptions) -> rlx.Executable:
         self.compiles += 1
@@ -118,7 +118,7 @@ def bench_module(module: str) -> ModuleType:
     if "bench" not in sys.modules:
         bench = Path(__file__).resolve().parents[1] / "bench"
         spec = importlib.util.spec_from_file_location("bench", bench / "__init__.py",
-                                                      submodule_search_locations=[str(bench)])  # fmt: skip
+                                                      submodule_search_locations=[str(bench)])
         assert spec is not None and spec.loader is not None
         package = importlib.util.module_from_spec(spec)
         sys.modules["bench"] = package

@@ -291,7 +291,7 @@ ROWS: list[Row] = [
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_catalogue(row: Row, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("RLX_DEVICE", "RLX_DEVICES", "RLX_DENY_DEVICES", "RLX_PREFER_DEVICES", "RLX_DEVICE_CHAIN",
-                 "RLX_STRICT", "RLX_BENCHMARK_PICK", "RLX_DISABLE_PLUGINS"):  # fmt: skip
+                 "RLX_STRICT", "RLX_BENCHMARK_PICK", "RLX_DISABLE_PLUGINS"):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(row.error) as info:
         row.action(Case(tmp_path, monkeypatch))

@@ -30,7 +30,7 @@ def test_a_small_run_reports_rows_per_second_and_writes_its_section(tmp_path: Pa
     out, md = tmp_path / "batch.json", tmp_path / "BENCHMARKS.md"
     md.write_text("# rlx benchmarks\n\n## Dispatch overhead\n\nkept as it is\n", encoding="utf-8")
     argv = ["--quick", "--no-ray", "--rows", "512", "--blocks", "2", "--pause", "0", "--json", str(out),
-            "--write", str(md)]  # fmt: skip
+            "--write", str(md)]
     assert batch.main(argv) == 0
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert doc["rows"] == 512 and doc["batch"] == 64

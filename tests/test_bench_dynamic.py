@@ -48,7 +48,7 @@ def test_models_check_load_symbolic_and_match_onnxruntime_at_two_sizes(build: st
     ops = {n.op_type for n in proto.graph.node}
     assert {"Shape", "Gather", "Unsqueeze", "Concat", "Reshape", "LayerNormalization", "Softmax"} <= ops
     assert ({"Slice", "ConstantOfShape", "Erf", "Cast"} if model.name == "encoder"
-            else {"Range", "Less", "Where", "Expand", "Split", "Tanh"}) <= ops  # fmt: skip
+            else {"Range", "Less", "Where", "Expand", "Split", "Tanh"}) <= ops
     graph = rlx_onnx.load(model.onnx)
     assert graph.is_symbolic and graph.symbols == ("batch", "seq")
     cg = rlx.compile(graph, device="cpu")
@@ -65,7 +65,7 @@ def test_the_stream_is_the_same_every_run_and_within_its_ranges() -> None:
     a, b = dynamic.request_stream(60), dynamic.request_stream(60)
     assert [(r.batch, r.seq) for r in a] == [(r.batch, r.seq) for r in b]
     assert all(np.array_equal(x.input_ids, y.input_ids) and np.array_equal(x.attention_mask, y.attention_mask)
-               for x, y in zip(a, b))  # fmt: skip
+               for x, y in zip(a, b))
     for r in a:
         assert 1 <= r.batch <= dynamic.MAX_BATCH and 1 <= r.seq <= dynamic.MAX_SEQ
         assert r.input_ids.shape == r.attention_mask.shape == (r.batch, r.seq)
@@ -83,7 +83,7 @@ def test_relative_diff_flags_shapes_and_nans() -> None:
 
 def test_failures_and_mismatches_are_named() -> None:
     doc = {"name": "encoder", "stream": {"mismatches": [{"index": 4, "batch": 2, "seq": 9, "diff": 0.5}]},
-           "steady": {"diffs": {"rlx cpu, dynamic": 0.0, "rlx cpu, static": float("nan")}}}  # fmt: skip
+           "steady": {"diffs": {"rlx cpu, dynamic": 0.0, "rlx cpu, static": float("nan")}}}
     found = dynamic.problems(doc)
     assert "MISMATCH at request #4 (batch 2, seq 9)" in found[0]
     assert "rlx cpu, static" in found[1] and len(found) == 2
@@ -92,12 +92,12 @@ def test_failures_and_mismatches_are_named() -> None:
 
 @pytest.mark.slow
 def test_a_quick_run_prints_its_tables_and_never_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # rich: one line per table row
     out, md = tmp_path / "dynamic.json", tmp_path / "BENCHMARKS.md"
     md.write_text("# rlx benchmarks\n\n## Suite\n\nkept as it is\n", encoding="utf-8")
     argv = ["--quick", "--requests", "3", "--rounds", "1", "--width", str(TINY), "--json", str(out),
-            "--write", str(md)]  # fmt: skip
+            "--write", str(md)]
     assert dynamic.main(argv) == 0
     text = capsys.readouterr().out
     assert "stream of 3 requests, total" in text and "≤ 1.1x" in text and "≤ 3x" in text and "≤ 1.05x" in text

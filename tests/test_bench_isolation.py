@@ -123,7 +123,7 @@ def test_bench_survives_a_kernel_that_segfaults(crash_site: FakeSite, big_matmul
 
 
 def test_isolation_off_keeps_the_contenders_in_this_process(crash_site: FakeSite, big_matmul: Path,
-                                                            tmp_path: Path) -> None:  # fmt: skip
+                                                            tmp_path: Path) -> None:
     env = cli_env(crash_site, RLXFAKE_CRASH="calibrate", RLX_ISOLATION="0")
     proc = run_rlx_process("bench", str(big_matmul), "--devices", "fakecrash,cpu", "--runs", "2", cwd=tmp_path, env=env)
     assert proc.returncode == -signal.SIGSEGV, (proc.stdout, proc.stderr)
@@ -131,10 +131,10 @@ def test_isolation_off_keeps_the_contenders_in_this_process(crash_site: FakeSite
 
 @pytest.mark.slow
 def test_isolation_off_times_in_process(big_matmul: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                        quiet_registry: None, started: list[BenchWorker]) -> None:  # fmt: skip
+                                        quiet_registry: None, started: list[BenchWorker]) -> None:
     monkeypatch.setenv("RLX_ISOLATION", "0")
     result = CliRunner().invoke(app, ["bench", str(big_matmul), "--peers", "--runs", "2"],
-                                catch_exceptions=False)  # fmt: skip
+                                catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     table = rows(result.stdout)
     assert timed(table["rlx cpu"]) and "chosen" in table["rlx cpu"] and timed(table["numpy"]), result.stdout
@@ -153,7 +153,7 @@ def test_peers_are_timed_each_in_a_worker(tmp_path: Path, quiet_registry: None, 
     model = make_model(nodes, [vi("x", "float32", ["batch", 8])], [vi("y", "float32", ["batch", 4])], [init("w", w)])
     onnx.save(model, str(tmp_path / "m.onnx"))
     result = CliRunner().invoke(app, ["bench", str(tmp_path / "m.onnx"), "--dim", "batch=4", "--devices",
-                                              "cpu", "--peers", "--runs", "2"], catch_exceptions=False)  # fmt: skip
+                                              "cpu", "--peers", "--runs", "2"], catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     table = rows(result.stdout)
     for name in ("rlx cpu", "onnxruntime", "numpy"):

@@ -80,7 +80,7 @@ def test_main_writes_json_and_only_its_markdown_sections(tmp_path: Path) -> None
     md, out = tmp_path / "BENCHMARKS.md", tmp_path / "results" / "suite.json"
     md.write_text("# rlx benchmarks\n\n## Dispatch overhead\n\nkept as is\n", encoding="utf-8")
     rc = suite.main(["--size", "tiny", "--models", "mlp", "--rounds", "1", "--pause", "0", "--target-ms", "0.01",
-                     "--no-jax", "--json", str(out), "--write", str(md)])  # fmt: skip
+                     "--no-jax", "--json", str(out), "--write", str(md)])
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert rc == 0 and doc["ok"], doc
     assert [m["name"] for m in doc["models"]] == ["mlp"]

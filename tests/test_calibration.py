@@ -101,7 +101,7 @@ def test_region_costs_price_the_instructions_of_a_fused_region():
     fused = fuse_elementwise(g.freeze(), lambda n: True, 32, 8)[0]
     model = rlx.CostModel("m", dispatch_overhead_ns=1000.0, roundtrip_overhead_ns=0.0, memory_bw_gbps=1e6,
                           op_costs=(("add", 1.0, 1.0), ("exp", 1.0, 1.0)),
-                          region_costs=(("add", 2.0), ("exp", 0.5)))  # fmt: skip
+                          region_costs=(("add", 2.0), ("exp", 0.5)))
     want = 1e-6 + 1000 * (1 / 2e9 + 1 / 0.5e9)  # dispatch, then each instruction's marginal cost
     assert abs(rlx.estimate_graph_cost(fused, model) - want) < 1e-12
     with pytest.raises(rlx.errors.ConfigError, match="region_costs"):
@@ -112,9 +112,9 @@ def test_op_cost_lines_price_kernels_and_fused_regions():
     from rlx_core.passes.fuse import fuse_elementwise
 
     base = rlx.CostModel("m", sgemm_gflops=100.0, memory_bw_gbps=10.0, dispatch_overhead_ns=1000.0,
-                         roundtrip_overhead_ns=0.0)  # fmt: skip
+                         roundtrip_overhead_ns=0.0)
     lines = rlx.CostModel("m", sgemm_gflops=100.0, memory_bw_gbps=10.0, dispatch_overhead_ns=1000.0,
-                          roundtrip_overhead_ns=0.0, op_costs=[("erf", 2000.0, 0.1), ("add", 500.0, 5.0)])  # fmt: skip
+                          roundtrip_overhead_ns=0.0, op_costs=[("erf", 2000.0, 0.1), ("add", 500.0, 5.0)])
     g = rlx.Graph("erf")
     x = g.input("x", (1 << 20,))
     g.set_outputs([g.add(g.erf(x), 1.0)])
@@ -150,7 +150,7 @@ def test_a_backend_that_fuses_by_itself_is_priced_on_regions():
 
 # ----------------------------------------------------------------------------- shapes and structure
 SHAPED = rlx.CostModel("s", calibrated=True, memory_bw_gbps=1000.0, dispatch_overhead_ns=0.0, roundtrip_overhead_ns=0.0,
-                       sgemm_points=((64, 64, 64, 50.0), (1024, 1024, 1024, 400.0), (128, 64, 128, 10.0)))  # fmt: skip
+                       sgemm_points=((64, 64, 64, 50.0), (1024, 1024, 1024, 400.0), (128, 64, 128, 10.0)))
 
 
 def test_gemm_rate_comes_from_the_nearest_measured_shapes():

@@ -61,7 +61,7 @@ class Ran:
 
 
 def run_rlx(*args: str, cwd: Path, env: dict[str, str] | None = None, registry: rlx.Registry | None = None,
-            columns: int | None = None) -> Ran:  # fmt: skip
+            columns: int | None = None) -> Ran:
     """``rlx ARGS`` in this process, as ``run_rlx_process`` runs it in a child: the
     environment of ``rlx_environment`` (put back afterwards), ``cwd`` as the working
     directory, a fresh default registry (or ``registry``), stdout and stderr captured,
@@ -72,7 +72,7 @@ def run_rlx(*args: str, cwd: Path, env: dict[str, str] | None = None, registry: 
 
     environ = rlx_environment(cwd, env, in_process=True)
     saved_environ, saved_cwd, saved_registry, saved_width = dict(os.environ), os.getcwd(), registries._default, \
-        console._width  # fmt: skip
+        console._width
     out, err = io.StringIO(), io.StringIO()
     code = 0
     try:
@@ -97,11 +97,11 @@ def run_rlx(*args: str, cwd: Path, env: dict[str, str] | None = None, registry: 
 
 
 def run_rlx_process(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180,
-                    ) -> subprocess.CompletedProcess:  # fmt: skip
+                    ) -> subprocess.CompletedProcess:
     """``python -m rlx_core ARGS`` in a child process, environment as ``run_rlx``'s
     (probes in child processes of their own, as by default)."""
     return subprocess.run([sys.executable, "-m", "rlx_core", *args], cwd=cwd, env=rlx_environment(cwd, env),
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def assert_user_error(proc: Ran | subprocess.CompletedProcess, *fragments: str) -> str:
@@ -180,7 +180,7 @@ def test_startup_imports_no_heavy_library(tmp_path: Path) -> None:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLX_")}
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
@@ -192,7 +192,7 @@ def test_devices_json_schema_and_cpu_recommended(tmp_path: Path) -> None:
     doc = json.loads(proc.stdout)
     assert {"devices", "broken_plugins", "policy"} <= set(doc)
     keys = {"device", "label", "available", "reason", "distribution", "version", "ops", "calibrated",
-            "recommended", "blocker"}  # fmt: skip
+            "recommended", "blocker"}
     for row in doc["devices"]:
         assert keys <= set(row), row
         assert row["ops"] == sorted(row["ops"])
@@ -239,11 +239,11 @@ def test_devices_json_policy_from_env(tmp_path: Path) -> None:
 @pytest.mark.parametrize("runner", [run_rlx, pytest.param(run_rlx_process, marks=pytest.mark.slow)],
                          ids=["in-process", "process"])
 def test_devices_with_broken_and_good_fake_plugins(tmp_path: Path, fake_site, graphs: dict[str, Path],
-                                                   runner) -> None:  # fmt: skip
+                                                   runner) -> None:
     """In a process of its own, with probes in children (the subprocess's timeout bounds
     it: the hung probe neither blocks the report nor the exit), and in this one."""
     env = {"PYTHONPATH": os.pathsep.join([str(fake_site.path), os.environ.get("PYTHONPATH", "")]),
-           "RLX_PROBE_TIMEOUT": "1"}  # fmt: skip
+           "RLX_PROBE_TIMEOUT": "1"}
     proc = runner("devices", "--json", "--graph", str(graphs["softmax"]), cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -266,7 +266,7 @@ def test_devices_with_broken_and_good_fake_plugins(tmp_path: Path, fake_site, gr
 
 @pytest.mark.slow
 def test_devices_table_fits_80_columns_with_reasons_below_it(tmp_path: Path, fake_site,
-                                                             graphs: dict[str, Path]) -> None:  # fmt: skip
+                                                             graphs: dict[str, Path]) -> None:
     env = {"PYTHONPATH": str(fake_site.path), "RLX_PROBE_TIMEOUT": "1", "COLUMNS": "80"}
     for args in (("devices",), ("devices", "--graph", str(graphs["softmax"]))):
         proc = run_rlx(*args, cwd=tmp_path, env=env)
@@ -343,7 +343,7 @@ def test_run_random_inputs_are_seeded(tmp_path: Path) -> None:
     ],
 )
 def test_user_errors_are_one_line_exit_2(tmp_path: Path, graphs: dict[str, Path], args: list[str],
-                                         fragments: list[str]) -> None:  # fmt: skip
+                                         fragments: list[str]) -> None:
     np.save(tmp_path / "wrong.npy", np.zeros((3, 2), np.float32))
     np.save(tmp_path / "int.npy", np.zeros((2, 3), np.int64))
     assert_user_error(run_rlx(*args, cwd=tmp_path), *fragments)
@@ -359,7 +359,7 @@ def test_explicit_device_that_cannot_run_names_the_blocker(tmp_path: Path, fake_
     ("env", "var"),
     [({"RLX_STRICT": "maybe"}, "RLX_STRICT"), ({"RLX_BENCHMARK_PICK": "lots"}, "RLX_BENCHMARK_PICK"),
      ({"RLX_PROBE_TIMEOUT": "-3"}, "RLX_PROBE_TIMEOUT")],
-)  # fmt: skip
+)
 def test_malformed_environment_is_a_user_error(tmp_path: Path, env: dict[str, str], var: str) -> None:
     assert_user_error(run_rlx("devices", cwd=tmp_path, env=env), var)
     assert_user_error(run_rlx("run", "--example", "mlp", cwd=tmp_path, env=env), var)
@@ -367,7 +367,7 @@ def test_malformed_environment_is_a_user_error(tmp_path: Path, env: dict[str, st
 
 def test_usage_errors_exit_2(tmp_path: Path, graphs: dict[str, Path]) -> None:
     for args in (["run"], ["run", str(graphs["add"]), "--example", "mlp"], ["run", str(graphs["add"]), "-i", "x"],
-                 ["nosuchcommand"]):  # fmt: skip
+                 ["nosuchcommand"]):
         proc = run_rlx(*args, cwd=tmp_path)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr

@@ -53,7 +53,7 @@ def check_rows(out: dict[str, np.ndarray], x: np.ndarray, ids: np.ndarray, devic
     by_id = {int(i): row for i, row in zip(ids, x)}
     for i, probs in zip(out["id"], out["probs"]):
         np.testing.assert_allclose(probs, reference.evaluate(one, {"x": by_id[int(i)][None]})[0][0], rtol=1e-5,
-                                   atol=1e-6)  # fmt: skip
+                                   atol=1e-6)
     assert set(out["rlx_device"].tolist()) == {device}
 
 
@@ -174,10 +174,10 @@ def test_real_cpu_backend_in_a_subprocess(job) -> None:
     """As a user runs it: ``python -m rlx_core batch`` on the real registry, cpu only."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLX_")}
     env.update({"RLX_DEVICES": "cpu", "RLX_DISABLE_PLUGINS": other_plugins_disabled(), "COLUMNS": "200",
-                "RLX_CACHE_DIR": str(job["dir"] / "cache")})  # fmt: skip
+                "RLX_CACHE_DIR": str(job["dir"] / "cache")})
     out_path = job["dir"] / "out.npz"
     proc = subprocess.run([sys.executable, "-m", "rlx_core", "batch", str(job["model"]), str(job["input"]),
-                           str(out_path)], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+                           str(out_path)], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "cpu" in proc.stdout and "rows/s" in proc.stdout
     assert "ray" not in proc.stderr.lower()

@@ -67,7 +67,7 @@ def split_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict
 
 
 def test_a_model_only_a_split_runs_exits_0_with_the_segments(model: Path, tmp_path: Path,
-                                                             split_site: dict[str, str]) -> None:  # fmt: skip
+                                                             split_site: dict[str, str]) -> None:
     proc = run_rlx("check", str(model), "--json", cwd=tmp_path, env=dict(split_site))
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)

@@ -50,7 +50,7 @@ def test_a_negative_seed_is_one_error_line_not_a_traceback(tmp_path: Path, comma
     ("no/such/dir/out.npz", ["'no/such/dir/out.npz'", "'no/such/dir' does not exist"]),
     ("a_file/out.npz", ["'a_file/out.npz'", "'a_file' is not a folder"]),
     ("a_folder", ["'a_folder' is a folder"]),
-])  # fmt: skip
+])
 def test_out_is_checked_before_any_work(tmp_path: Path, out: str, fragments: list[str]) -> None:
     (tmp_path / "a_file").write_text("not a folder")
     (tmp_path / "a_folder").mkdir()
@@ -71,7 +71,7 @@ def test_a_wrong_input_name_is_unknown_with_the_inputs_and_what_is_not_given(tmp
     ["bench", "--example", "mlp", "--devices", "cpu,cuda"],
     ["check", "GRAPH", "--device", "cuda"],
     ["calibrate", "cuda"],
-])  # fmt: skip
+])
 def test_a_device_whose_plugin_is_not_installed_says_what_to_install(tmp_path: Path, args: list[str]) -> None:
     rlx.Graph.from_json((Path(rlx.__file__).parent / "examples" / "mlp.json").read_text()).save(tmp_path / "g.json")
     args = [str(tmp_path / "g.json") if a == "GRAPH" else a for a in args]
@@ -109,7 +109,7 @@ def test_nan_and_inf_inputs_give_no_runtime_warning(tmp_path: Path, nan_graph: P
     """NaN and Inf in, NaN and Inf out (the IEEE answer), without numpy's warnings from
     inside rlx-cpu's kernels (``RLX_CPU_NATIVE=0``: the numpy ones)."""
     proc = run_rlx("run", str(nan_graph), "--input", "x=x.npy", "--device", "cpu", "--out", "o.npz", cwd=tmp_path,
-                   env={"RLX_CPU_NATIVE": native, "RLX_CPU_BLAS": "numpy"})  # fmt: skip
+                   env={"RLX_CPU_NATIVE": native, "RLX_CPU_BLAS": "numpy"})
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr.lower(), proc.stderr
     with np.load(tmp_path / "o.npz") as out:

@@ -35,9 +35,9 @@ def model(tmp_path: Path) -> Path:
     ({"RLX_DENY_DEVICES": "foo"}, ["RLX_DENY_DEVICES", "'foo'", "known devices: cpu"]),
     ({"RLX_PREFER_DEVICES": "cpu,bar"}, ["RLX_PREFER_DEVICES", "'bar'", "known devices: cpu"]),
     ({"RLX_DEVICE": "zz"}, ["RLX_DEVICE", "'zz'", "known devices: cpu"]),
-])  # fmt: skip
+])
 def test_a_bad_device_name_in_the_policy_is_one_error_line_for_every_command(
-        tmp_path: Path, model: Path, env: dict[str, str], fragments: list[str]) -> None:  # fmt: skip
+        tmp_path: Path, model: Path, env: dict[str, str], fragments: list[str]) -> None:
     for args in (["devices"], ["run", "--example", "mlp"], ["check", str(model)]):
         assert_user_error(run_rlx(*args, cwd=tmp_path, env=env), *fragments)
 
@@ -53,13 +53,13 @@ def test_denying_an_own_backend_that_is_not_installed_is_fine(tmp_path: Path) ->
 # ----------------------------------------------------------------------------- malformed environment
 @pytest.mark.parametrize(("var", "value"), [("RLX_FUSION_REPORT", "maybe"), ("RLX_MEMORY_LIMIT", "abc")])
 def test_a_malformed_variable_is_one_error_line_for_every_command(tmp_path: Path, model: Path, var: str,
-                                                                   value: str) -> None:  # fmt: skip
+                                                                   value: str) -> None:
     import numpy as np
 
     np.savez(tmp_path / "in.npz", x=np.zeros((8, 64), np.float32))
     for args in (["devices"], ["devices", "--graph", str(model)], ["check", str(model)],
                  ["bench", str(model), "--runs", "1"], ["batch", str(model), "in.npz", "out.npz"],
-                 ["run", str(model)]):  # fmt: skip
+                 ["run", str(model)]):
         proc = run_rlx(*args, cwd=tmp_path, env={var: value})
         line = assert_user_error(proc, var, repr(value))
         assert "warning:" not in proc.stderr, (args, proc.stderr)  # no failure per device before it
@@ -75,13 +75,13 @@ def _all_plugins(*args: str, cwd: Path, env: dict[str, str] | None = None) -> su
     base = {k: v for k, v in os.environ.items() if not k.startswith("RLX_")}
     base.update({"RLX_CACHE_DIR": str(cwd / "cache"), "COLUMNS": "200", **(env or {})})
     return subprocess.run([sys.executable, *args], cwd=cwd, env=base, capture_output=True, text=True,
-                          timeout=180)  # fmt: skip
+                          timeout=180)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("env", [{}, {"RLX_DENY_DEVICES": "cpu"}], ids=["default", "deny-cpu"])
 def test_the_example_pick_agrees_with_the_example_run_on_the_real_backends(tmp_path: Path,
-                                                                          env: dict[str, str]) -> None:  # fmt: skip
+                                                                          env: dict[str, str]) -> None:
     """``rlx devices`` says where ``rlx run --example mlp`` runs (``example_pick``), and the
     run agrees; ``recommended`` stays the contract's highest-priority usable device."""
     doc = json.loads(_all_plugins("-m", "rlx_core", "devices", "--json", cwd=tmp_path, env=env).stdout)
@@ -124,7 +124,7 @@ def test_installed_available_usable_agree_between_table_and_json(monkeypatch, is
 
     # no plugin of rlx's own is installed in this registry: cpu, cuda... get "not installed" rows
     set_default_registry(registry_with(ToyBackend("toy"), ToyBackend("gone", available="no gone device here"),
-                                       ToyBackend("shy")))  # fmt: skip
+                                       ToyBackend("shy")))
     for var in [v for v in os.environ if v.startswith("RLX_")]:
         monkeypatch.delenv(var)
     monkeypatch.setenv("RLX_DENY_DEVICES", "shy")
@@ -136,7 +136,7 @@ def test_installed_available_usable_agree_between_table_and_json(monkeypatch, is
         "toy": (True, True, True, "usable"), "shy": (True, True, False, "blocked"),
         "gone": (True, False, False, "unavailable"), **{d: (False, False, False, "not installed")
                                                           for d in ("tpu", "cuda", "opencl", "jax", "cpu")},
-    }  # fmt: skip
+    }
     assert rows["cuda"]["reason"] == rows["cuda"]["blocker"] == "not installed: pip install rlx-cuda"
     assert rows["cuda"]["distribution"] == "rlx-cuda" and rows["cuda"]["ops"] == []
     assert rows["opencl"]["reason"] == "not installed: pip install 'rlx-opencl[pocl]'"
@@ -146,7 +146,7 @@ def test_installed_available_usable_agree_between_table_and_json(monkeypatch, is
     text = runner.invoke(app, ["devices"]).stdout
     expected_notes = {"toy": "", "shy": "shy: denied by policy (RLX_DENY_DEVICES)",
                       "gone": "gone: no gone device here", "cuda": "cuda: not installed: pip install rlx-cuda",
-                      "jax": "jax: not installed: pip install rlx-jax-tpu"}  # fmt: skip
+                      "jax": "jax: not installed: pip install rlx-jax-tpu"}
     for device, note in expected_notes.items():
         status, said = _status_and_note(text, device)
         assert status.split(" (")[0] == rows[device]["state"], (device, status, text)  # the same word as --json
@@ -221,10 +221,10 @@ def _narrow(args: list[str], cwd: Path, env: dict[str, str], columns: str | None
     200-column terminal on stdin (rich measures it: a child of its own is the point)."""
     if columns is not None:
         return run_rlx(*args, cwd=cwd, env={"COLUMNS": columns, "RLX_DISABLE_PLUGINS": "fakehang", **env},
-                       columns=int(columns))  # fmt: skip
+                       columns=int(columns))
     base = {k: v for k, v in os.environ.items() if not k.startswith("RLX_") and k != "COLUMNS"}
     base.update({"RLX_CACHE_DIR": str(cwd / "cache"), "RLX_DISABLE_PLUGINS": other_plugins_disabled("fakehang"),
-                 **env})  # fmt: skip
+                 **env})
     terminal = _wide_terminal()
     try:
         return subprocess.run([sys.executable, "-m", "rlx_core", *args], cwd=cwd, env=base, capture_output=True,
@@ -237,13 +237,13 @@ def _narrow(args: list[str], cwd: Path, env: dict[str, str], columns: str | None
 @pytest.mark.parametrize("columns", ["80", pytest.param(None, marks=pytest.mark.slow)],
                          ids=["COLUMNS=80", "not-a-tty"])
 def test_every_table_fits_80_columns_with_reasons_below_it(tmp_path: Path, model: Path, fake_site,
-                                                           columns: str | None) -> None:  # fmt: skip
+                                                           columns: str | None) -> None:
     env = {"PYTHONPATH": str(fake_site.path), "RLX_PROBE_TIMEOUT": "5"}
     commands = [
         ["devices"], ["devices", "--explain"], ["devices", "--explain", "--graph", str(model)],
         ["check", str(model)], ["run", "--example", "mlp"], ["cache", "info"],
         ["bench", str(model), "--runs", "1", "--devices", "cpu,fakenp,fakeraise"],
-    ]  # fmt: skip
+    ]
     for args in commands:
         proc = _narrow(args, tmp_path, env, columns)
         assert proc.returncode in (0, 1), (args, proc.stderr)
@@ -283,7 +283,7 @@ def _main(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     ["nosuchcommand"],                                               # unknown command
     ["cache", "nosuch"],
     ["run", "-h"],                                                   # not an option of rlx
-])  # fmt: skip
+])
 def test_a_usage_error_is_one_error_line_and_exit_2(argv: list[str], capsys, monkeypatch) -> None:
     code = _main(argv, monkeypatch)
     out, err = capsys.readouterr()

@@ -366,7 +366,7 @@ def test_import_and_devices_never_import_ray() -> None:
     code = ("import sys, rlx_core, rlx_core.distributed, rlx_core.cli; "
             "from rlx_core.cli import main\n"
             "try:\n    main(['devices', '--json'])\nexcept SystemExit:\n    pass\n"
-            "assert 'ray' not in sys.modules, 'ray imported'; print('ok')")  # fmt: skip
+            "assert 'ray' not in sys.modules, 'ray imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("ok")

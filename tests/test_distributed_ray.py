@@ -100,14 +100,14 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     root = tmp_path_factory.mktemp("ray")
     paths = [str(_site(root)), *filter(None, [os.environ.get("PYTHONPATH")])]
     common = {"PYTHONPATH": os.pathsep.join(paths), "RLX_DISABLE_PLUGINS": other_plugins_disabled(),
-              "RLX_CACHE_DIR": str(root / "cache")}  # fmt: skip
+              "RLX_CACHE_DIR": str(root / "cache")}
     # Two logical CPUs per node: with one, the actor pool starves Ray Data's read tasks.
     # One "rlx_slot" per node puts exactly one worker on each node when a job asks for it.
     # A small object store per node: the rows are tiny, and CI machines have little /dev/shm.
     node = {"num_cpus": 2, "resources": {"rlx_slot": 1}, "object_store_memory": 128 * 1024**2}
     cluster = Cluster(initialize_head=True, head_node_args={
         **node, "include_dashboard": False, "env_vars": {**common, "RLX_DEVICES": "cpu"},
-    })  # fmt: skip
+    })
     ctx = None
     try:
         cluster.add_node(**node, env_vars={**common, "RLX_PREFER_DEVICES": "fakeaccel"})
@@ -137,7 +137,7 @@ def dataset(rows: tuple[np.ndarray, np.ndarray]) -> Any:
 
     x, ids = rows
     tables = [pa.table({"x": pa.FixedShapeTensorArray.from_numpy_ndarray(xs), "id": pa.array(i)})
-              for xs, i in zip(np.array_split(x, BLOCKS), np.array_split(ids, BLOCKS))]  # fmt: skip
+              for xs, i in zip(np.array_split(x, BLOCKS), np.array_split(ids, BLOCKS))]
     return ray.data.from_arrow(tables)
 
 
@@ -210,7 +210,7 @@ def test_cli_with_ray(ray_cluster, rows, tmp_path: Path, capsys) -> None:
     out_path = tmp_path / "out.parquet"
     try:
         main(["batch", str(tmp_path / "mlp.json"), str(tmp_path / "in.npz"), str(out_path), "--ray",
-              ray_cluster.address, "--concurrency", "2"])  # fmt: skip
+              ray_cluster.address, "--concurrency", "2"])
     except SystemExit as exc:
         assert exc.code in (0, None), capsys.readouterr().err
     printed = capsys.readouterr().out
@@ -225,7 +225,7 @@ def test_cli_with_ray(ray_cluster, rows, tmp_path: Path, capsys) -> None:
     np.savez(tmp_path / "bad.npz", x=x.astype(np.float64), id=ids)
     with pytest.raises(SystemExit) as info:
         main(["batch", str(tmp_path / "mlp.json"), str(tmp_path / "bad.npz"), str(tmp_path / "o.npz"), "--ray",
-              ray_cluster.address])  # fmt: skip
+              ray_cluster.address])
     assert info.value.code == 2
     assert "column 'x': expected dtype float32" in capsys.readouterr().err
     assert not (tmp_path / "o.npz").exists()

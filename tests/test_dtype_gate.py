@@ -21,7 +21,7 @@ class RecordingToy(ToyBackend):
     asked about, with the dtypes of its value (inputs are recorded by their own nodes)."""
 
     def __init__(self, name: str, *, ops: frozenset[str] = ALL_OPS, dtypes: frozenset[str] | None = None,
-                 gflops: float = 20.0) -> None:  # fmt: skip
+                 gflops: float = 20.0) -> None:
         super().__init__(name, ops=ops, gflops=gflops)
         if dtypes is not None:
             self.dtypes = dtypes  # type: ignore[misc]
@@ -89,7 +89,7 @@ def test_a_node_reading_a_foreign_dtype_is_refused_even_when_its_own_dtype_is_re
     gate = DtypeGate("six", CONTRACT_DTYPES)
     node = g.node(g.outputs[0])
     assert gate.refusal(g, node) == ("its input node 0 'a' has dtype int16, which six does not read "
-                                     "(it reads float32, float16, float64, int32, int64, bool)")  # fmt: skip
+                                     "(it reads float32, float16, float64, int32, int64, bool)")
     assert gate.refusal(g, g.node(0)) is not None
     assert DtypeGate("wide", frozenset(DTYPES)).refusal(g, node) is None
 

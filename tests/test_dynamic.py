@@ -109,7 +109,7 @@ def test_shape_classes_are_bounded_least_recently_used_first() -> None:
     first = rlx.compile(representative(g)[0], device="cpu")
     cg = DynamicCompiledGraph(g.freeze(), first, representative(g)[1],
                               lambda spec: compiled.append(1) or rlx.compile(spec, device="cpu"),  # type: ignore[func-returns-value]
-                              max_shapes=2)  # fmt: skip
+                              max_shapes=2)
     for batch in (1, 2, 1, 3):
         cg.run({"x": x_of(batch)})
     assert [d["batch"] for d in cg.shapes()] == [1, 3]  # 2 was the least recently used

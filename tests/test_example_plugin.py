@@ -17,7 +17,7 @@ from support import other_plugins_disabled
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "rlx-example-plugin"
 TOY_OPS = {"matmul", "add", "sub", "mul", "div", "maximum", "minimum", "neg", "exp", "tanh", "relu", "reshape",
-           "transpose"}  # fmt: skip
+           "transpose"}
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -37,7 +37,7 @@ def plugin_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # --system-site-packages reaches the *base* interpreter's packages. When the tests run
     # in a venv themselves (nox), rlx-core, pip and hatchling live in that venv: chain it.
     child_site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+                                capture_output=True, text=True, check=True).stdout.strip()
     parents = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
     (Path(child_site) / "_rlx_test_parent_env.pth").write_text(
         "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in parents) + "\n", encoding="utf-8"
@@ -45,7 +45,7 @@ def plugin_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = subprocess.run(
         [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", str(EXAMPLE)],
         capture_output=True, text=True, env=_clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1"), cwd=venv,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return python
 
@@ -77,7 +77,7 @@ def test_rlx_devices_discovers_the_installed_plugin(plugin_python: Path, tmp_pat
         line[: line.index("—")] for line in ran.stdout.splitlines() if line.startswith("device: ")]
 
     assert "rlx-example-plugin 0.1.0 (backends: toy)" in in_venv(plugin_python, "-m", "rlx_core", "--version",
-                                                                  cwd=tmp_path).stdout  # fmt: skip
+                                                                  cwd=tmp_path).stdout
 
 
 CHECKS = textwrap.dedent(
@@ -161,7 +161,7 @@ def test_ranking_blockers_and_policy_through_the_installed_plugin(plugin_python:
     assert run.returncode == 0, run.stderr
     assert "device: toy" in run.stdout and "[16, 2]" in run.stdout
     blocked = in_venv(plugin_python, "-m", "rlx_core", "devices", "--json", "--graph", "toyable.json", cwd=tmp_path,
-                      RLX_DISABLE_PLUGINS="toy")  # fmt: skip
+                      RLX_DISABLE_PLUGINS="toy")
     doc = json.loads(blocked.stdout)
     assert "toy" not in {r["device"] for r in doc["devices"]} and "toy" in doc["disabled_plugins"]
 

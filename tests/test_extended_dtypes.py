@@ -30,7 +30,7 @@ def _edges(dtype: str) -> np.ndarray:
     """Values at both ends of the dtype's range, and some small ones of both signs."""
     info = np.iinfo(dtype)
     return np.array([info.min, info.max, info.max - 1, 0, 1, 7, info.min + 1, 100 if info.max > 100 else 3],
-                    dtype=dtype)  # fmt: skip
+                    dtype=dtype)
 
 
 def _all_ops_graph(dtype: str) -> rlx.Graph:
@@ -52,7 +52,7 @@ def _all_ops_graph(dtype: str) -> rlx.Graph:
         g.add(g.mul(a, a), g.neg(b)),  # an elementwise chain: the cpu fuses it
         g.relu(g.sub(g.abs(a), g.mul(b, 3))),
         g.cast(g.greater(a, b), dtype),
-    ]  # fmt: skip
+    ]
     if signed:
         outs.append(g.div(a, g.constant(np.array(-2, dtype))))
     g.set_outputs(outs)
@@ -65,7 +65,7 @@ def test_cpu_matches_the_reference_bit_for_bit(dtype: str) -> None:
     rng = np.random.default_rng(len(dtype))
     info = np.iinfo(dtype)
     feeds = {"a": _edges(dtype), "b": rng.integers(info.min, info.max, size=8, dtype=dtype, endpoint=True),
-             "m": rng.integers(info.min, info.max, size=(2, 4), dtype=dtype, endpoint=True)}  # fmt: skip
+             "m": rng.integers(info.min, info.max, size=(2, 4), dtype=dtype, endpoint=True)}
     want = reference.evaluate(g, feeds)
     got = rlx.compile(g, device="cpu").run(feeds)
     for i, (w, o) in enumerate(zip(want, got)):
@@ -127,17 +127,17 @@ def test_an_onnx_model_with_uint8_and_int8_inputs_imports_and_runs_like_onnxrunt
         helper.make_node("Cast", ["scaled"], ["back"], to=TensorProto.INT16),
     ]
     inputs = [helper.make_tensor_value_info("img", TensorProto.UINT8, [2, 4]),
-              helper.make_tensor_value_info("delta", TensorProto.INT8, [2, 4])]  # fmt: skip
+              helper.make_tensor_value_info("delta", TensorProto.INT8, [2, 4])]
     outputs = [helper.make_tensor_value_info(n, t, s) for n, t, s in
                [("scaled", TensorProto.FLOAT, [2, 4]), ("rem", TensorProto.UINT8, [2, 4]),
                 ("where_min", TensorProto.INT64, [2]), ("lowest", TensorProto.UINT8, []),
                 ("back", TensorProto.INT16, [2, 4]), ("wrapped", TensorProto.UINT8, [2, 4])]]
     inits = [helper.make_tensor("bias", TensorProto.UINT8, [4], [250, 6, 0, 128]),
-             helper.make_tensor("seven", TensorProto.UINT8, [], [7])]  # fmt: skip
+             helper.make_tensor("seven", TensorProto.UINT8, [], [7])]
     model = _model(nodes, inputs, outputs, inits)
     onnx.checker.check_model(model)
     feeds = {"img": np.array([[10, 250, 0, 255], [128, 3, 77, 1]], np.uint8),
-             "delta": np.array([[-128, 127, -1, 0], [5, -7, -7, 100]], np.int8)}  # fmt: skip
+             "delta": np.array([[-128, 127, -1, 0], [5, -7, -7, 100]], np.int8)}
     graph = rlx_onnx.load(model)
     assert {graph.node(i).dtype for i in graph.inputs} == {"uint8", "int8"}
     got = rlx.compile(graph, device="cpu").run(feeds)
@@ -148,10 +148,10 @@ def test_an_onnx_model_with_uint8_and_int8_inputs_imports_and_runs_like_onnxrunt
 
 
 @pytest.mark.parametrize("code", [TensorProto.INT4, TensorProto.UINT4, TensorProto.BFLOAT16,
-                                  TensorProto.FLOAT8E4M3FN])  # fmt: skip
+                                  TensorProto.FLOAT8E4M3FN])
 def test_onnx_4_bit_and_8_bit_floats_stay_refused_by_name(code: int) -> None:
     model = _model([helper.make_node("Identity", ["x"], ["y"])], [helper.make_tensor_value_info("x", code, [2])],
-                   [helper.make_tensor_value_info("y", code, [2])])  # fmt: skip
+                   [helper.make_tensor_value_info("y", code, [2])])
     with pytest.raises(rlx.ModelError, match=rf"input 'x' has ONNX dtype {TensorProto.DataType.Name(code)}, which"):
         rlx_onnx.load(model)
 

@@ -102,7 +102,7 @@ def test_copy_is_independent_and_replace_value_swaps_a_param():
     (0, np.ones((4, 8), np.float32), "is a input, not a param"),
     (1, np.ones((8, 4), np.float32), r"float32\[8, 3\], got float32\[8, 4\]"),
     (1, np.ones((8, 3), np.float64), "got float64"),
-])  # fmt: skip
+])
 def test_replace_value_refuses_what_does_not_fit(target, value, match):
     with pytest.raises(GraphError, match=match):
         _mlp().replace_value(target, value)

@@ -35,7 +35,7 @@ def test_binary_shapes_broadcast_like_numpy(op, a, b):
 
 
 MATMUL_SHAPES = [((3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((4,), (4,)), ((2, 1, 3, 4), (5, 4, 6)),
-                 ((7, 1, 3, 4), (1, 2, 4, 2)), ((2, 3, 4), (4,))]  # fmt: skip
+                 ((7, 1, 3, 4), (1, 2, 4, 2)), ((2, 3, 4), (4,))]
 
 
 @pytest.mark.parametrize("a, b", MATMUL_SHAPES)
@@ -83,11 +83,11 @@ def test_shape_op_shapes_match_numpy():
 
 @pytest.mark.parametrize("stride, padding, dilation, groups", [
     (1, 0, 1, 1), (2, 1, 1, 1), ((2, 3), (1, 2), (2, 1), 3), (1, (0, 1, 2, 3), 1, 1),
-])  # fmt: skip
+])
 def test_conv2d_shape_formula(stride, padding, dilation, groups):
     g = Graph()
     out = g.conv2d(inp(g, (2, 6, 11, 13)), g.param("w", np.zeros((9, 6 // groups, 3, 2), np.float32)),
-                   stride=stride, padding=padding, dilation=dilation, groups=groups)  # fmt: skip
+                   stride=stride, padding=padding, dilation=dilation, groups=groups)
     a = g.node(out).attrs
     (sh, sw), (t, l_, b, r), (dh, dw) = a["stride"], a["padding"], a["dilation"]
     assert out.shape == (2, 9, (11 + t + b - dh * 2 - 1) // sh + 1, (13 + l_ + r - dw * 1 - 1) // sw + 1)
@@ -97,7 +97,7 @@ def test_conv2d_shape_formula(stride, padding, dilation, groups):
 @pytest.mark.parametrize("size, k, s, p, ceil, want", [
     (5, 2, 2, 0, False, 2), (5, 2, 2, 0, True, 3), (4, 3, 2, 1, True, 3), (6, 3, 3, 1, True, 3), (5, 3, 2, 1, True, 3),
     (7, 3, 2, 1, False, 4), (1, 1, 1, 0, True, 1),
-])  # fmt: skip
+])
 def test_pool_shapes_follow_pytorch(size, k, s, p, ceil, want):
     g = Graph()
     x = inp(g, (1, 2, size, size))
@@ -241,7 +241,7 @@ def test_frozen_graph_refuses_building():
     g.set_outputs([g.relu(x)])
     g.freeze()
     for build in (lambda: g.relu(x), lambda: g.input("y", (1,)), lambda: g.constant(1.0),
-                  lambda: g.param("p", np.zeros(1)), lambda: g.set_outputs([x])):  # fmt: skip
+                  lambda: g.param("p", np.zeros(1)), lambda: g.set_outputs([x])):
         with raises(r"graph 'net' is frozen"):
             build()
     assert g.frozen
@@ -323,7 +323,7 @@ def every_op_graph() -> Graph:
     ln = g.layer_norm(s, g.constant(np.ones(2, np.float32)), g.param("beta", np.zeros(2, np.float32)), eps=1e-3)
     r = g.reduce_sum(g.reduce_mean(g.reduce_max(ln, axes=0, keepdims=True), axes=(1,)), keepdims=True)
     ints = g.cast(g.gather(g.slice(g.concat([flat, flat], axis=1), [0, -1], [2, -200], axes=[0, 1], steps=[1, -3]),
-                           i, axis=0), "int32")  # fmt: skip
+                           i, axis=0), "int32")
     cond = g.cast(ints, "bool")
     cond = g.where(g.less(ints, 5), g.equal(cond, cond), g.greater(ints, 2))
     wh = g.where(cond, g.cast(ints, "float16"), g.constant(np.float16(-1)))
@@ -333,7 +333,7 @@ def every_op_graph() -> Graph:
     g.add_node("gemm", [flat.id, g.transpose(flat).id, g.constant(np.ones(2, np.float32)).id], {"activation": "relu"})
     g.add_node("fused_elementwise", [m.id, e.id], {"program": [["exp", [0], []], ["mul", [2, 1], []]]})
     g.add_node("fused_conv", [x.id, w.id, c.id], {"padding": (0, 1, 1, 0), "bias": False,
-                                                   "program": [["add", [0, 1], []], ["relu", [2], []]]})  # fmt: skip
+                                                   "program": [["add", [0, 1], []], ["relu", [2], []]]})
     rounded = g.fmod(g.round(g.ceil(g.floor(g.mul(f, 3.0)))), 1.5)
     bits = g.bitwise_xor(g.bitwise_or(g.bitwise_and(ints, 7), 8), g.bitwise_not(ints))
     bits = g.bit_shift_right(g.bit_shift_left(bits, 3), 1)
@@ -353,12 +353,12 @@ def test_json_round_trip_of_every_op():
     assert len(h) == len(g) and h.outputs == g.outputs and h.inputs == g.inputs and h.params == g.params
     for a, b in zip(g.nodes, h.nodes):
         assert (a.op, a.inputs, dict(a.attrs), a.shape, a.dtype, a.name) == (b.op, b.inputs, dict(b.attrs), b.shape,
-                                                                             b.dtype, b.name)  # fmt: skip
+                                                                             b.dtype, b.name)
         if a.op in (OpKind.PARAM, OpKind.CONSTANT):
             assert g.value(a.id).dtype == h.value(b.id).dtype
             np.testing.assert_array_equal(g.value(a.id), h.value(b.id))
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32),
-             "i": np.array([1, -2])}  # fmt: skip
+             "i": np.array([1, -2])}
     for want, got in zip(evaluate(g, feeds), evaluate(h, feeds)):
         np.testing.assert_array_equal(want, got)
     assert Graph.from_json(text.encode()).to_json() == text
@@ -382,7 +382,7 @@ def test_json_round_trip_of_generated_cases(case):
     h = Graph.from_json(g.to_json())
     assert h.to_json() == g.to_json()
     assert [(n.op, dict(n.attrs), n.shape, n.dtype) for n in h.nodes] == [
-        (n.op, dict(n.attrs), n.shape, n.dtype) for n in g.nodes]  # fmt: skip
+        (n.op, dict(n.attrs), n.shape, n.dtype) for n in g.nodes]
 
 
 def _doc() -> dict:
@@ -425,7 +425,7 @@ def _mutated(path: str, value) -> dict:
     (_mutated("outputs", []), r"outputs \[\] must be a non-empty list of node ids"),
     (_mutated("outputs", [3]), r"outputs \[3\] must be"),
     (_mutated("nodes", {}), r"field 'nodes' has the wrong type \(dict\)"),
-])  # fmt: skip
+])
 def test_malformed_json_raises_model_error_naming_the_fault(doc, match):
     with pytest.raises(ModelError, match=r"graph JSON: .*" + match):
         _load(doc)

@@ -61,7 +61,7 @@ def crash_registry(site: FakeSite, **environ: str) -> Registry:
 
 def cli_env(site: FakeSite, tmp_path: Path, **extra: str) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(site.path), str(REPO)]), "RLX_CACHE_DIR": str(tmp_path / "cache"),
-            **extra}  # fmt: skip
+            **extra}
 
 
 # -- the switch ----------------------------------------------------------------------
@@ -104,7 +104,7 @@ def test_directly_registered_backends_probe_in_this_process(crash_site: FakeSite
 
 @pytest.mark.slow
 def test_probe_that_segfaults_costs_its_device_not_this_process(crash_site: FakeSite,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLXFAKE_CRASH", "probe")
     registry = crash_registry(crash_site)
     with pytest.warns(PluginWarning, match="fakecrash"):
@@ -112,7 +112,7 @@ def test_probe_that_segfaults_costs_its_device_not_this_process(crash_site: Fake
     assert not answer.available
     assert answer.reason == "probe died with SIGSEGV (Segmentation fault) in its child process"
     assert registry.broken() == [("fakecrash", "rlxfake-fakecrash 1.0: backend 'fakecrash' probe died with SIGSEGV "
-                                                "(Segmentation fault) in its child process")]  # fmt: skip
+                                                "(Segmentation fault) in its child process")]
     with pytest.raises(DeviceError, match="probe died with SIGSEGV"):
         _compile_on(registry)
 
@@ -151,10 +151,10 @@ def test_probe_child_leaves_when_its_parent_exits(crash_site: FakeSite, tmp_path
     source = plugin.read_text(encoding="utf-8")
     plugin.write_text(source.replace('        os.write(2, b"17 warnings generated.\\n")',
                                      f'        open({str(pid_file)!r}, "w").write(str(os.getpid()))\n'
-                                     '        threading.Event().wait()'), encoding="utf-8")  # fmt: skip
+                                     '        threading.Event().wait()'), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(crash_site.path), str(REPO)])}
     proc = subprocess.run([sys.executable, "-W", "ignore", "-c", script, str(pid_file)], env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "started" in proc.stdout, proc.stderr
     child = int(pid_file.read_text())
     deadline = time.monotonic() + 60  # it leaves at once; a loaded host may take a while to say so
@@ -168,7 +168,7 @@ def test_probe_child_leaves_when_its_parent_exits(crash_site: FakeSite, tmp_path
 
 @pytest.mark.slow
 def test_calibration_that_segfaults_marks_the_device_unusable_until_it_passes(
-        crash_site: FakeSite, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        crash_site: FakeSite, monkeypatch: pytest.MonkeyPatch) -> None:
     registry = crash_registry(crash_site)
     assert registry.availability("fakecrash").available
     monkeypatch.setenv("RLXFAKE_CRASH", "calibrate")
@@ -196,7 +196,7 @@ def test_calibration_that_segfaults_marks_the_device_unusable_until_it_passes(
 
 @pytest.mark.slow
 def test_calibration_that_hangs_is_killed_at_its_timeout(crash_site: FakeSite,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLXFAKE_CRASH", "hang")
     registry = crash_registry(crash_site, RLX_CALIBRATE_TIMEOUT="0.5")
     with pytest.raises(DeviceError, match=r"did not finish within 0.5 s \(RLX_CALIBRATE_TIMEOUT\)"):
@@ -206,7 +206,7 @@ def test_calibration_that_hangs_is_killed_at_its_timeout(crash_site: FakeSite,
 
 @pytest.mark.slow
 def test_calibration_that_raises_is_an_error_not_a_fault(crash_site: FakeSite,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLXFAKE_CRASH", "raise")
     registry = crash_registry(crash_site)
     with pytest.raises(PluginError, match="calibrate raised ValueError: the fake device is on fire"):
@@ -271,10 +271,10 @@ def hostile_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder.mkdir()
     for module in ("numpy", "rlx_core", "pluggy", "rlxfake_crash", "rlxfake_good"):
         (folder / f"{module}.py").write_text(f"import os\nopen({str(marker)!r}, 'a').write({module!r} + '\\n')\n"
-                                             "os._exit(7)\n", encoding="utf-8")  # fmt: skip
+                                             "os._exit(7)\n", encoding="utf-8")
     # the control: a plain `python -m` there runs them (so the test below can fail)
     plain = subprocess.run([sys.executable, "-m", "rlx_core._isolated_child"], cwd=folder, input="",
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+                           capture_output=True, text=True, timeout=120)
     assert plain.returncode == 7 and marker.read_text().split() == ["rlx_core"], plain.stderr
     marker.unlink()
     monkeypatch.chdir(folder)
@@ -285,7 +285,7 @@ def hostile_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.mark.parametrize("safe_path_flag", [True, False], ids=["-P", "python3.10-empty-cwd"])
 def test_children_never_import_from_the_working_directory(crash_site: FakeSite, hostile_cwd: Path,
                                                           monkeypatch: pytest.MonkeyPatch, safe_path_flag: bool,
-                                                          children: list[str]) -> None:  # fmt: skip
+                                                          children: list[str]) -> None:
     """Import check, probe, calibration and bench worker, with ``-P`` (3.11+) and, as on
     Python 3.10 (no ``-P``), in a private empty directory instead."""
     from rlx_core import isolation
@@ -314,7 +314,7 @@ def test_the_rlx_command_never_imports_from_the_working_directory(hostile_cwd: P
     if not command.exists():
         pytest.skip("the rlx console script is not installed beside this interpreter")
     proc = subprocess.run([str(command), "devices", "--json"], env=rlx_environment(tmp_path), capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["devices"] and not hostile_cwd.exists()
 
@@ -370,15 +370,15 @@ def fault_registry(site: FakeSite, *names: str, **environ: str) -> Registry:
 
 @pytest.mark.slow
 def test_a_plugin_whose_import_segfaults_is_broken_and_never_imported_here(fault_site: FakeSite,
-                                                                            children: list[str]) -> None:  # fmt: skip
+                                                                            children: list[str]) -> None:
     registry = Registry(entry_points=fault_site.entry_points("fakeimportsegv", "fakenp"),
-                        environ={"RLX_PROBE_TIMEOUT": "10"})  # fmt: skip
+                        environ={"RLX_PROBE_TIMEOUT": "10"})
     with pytest.warns(PluginWarning, match="rlx plugin 'fakeimportsegv' is broken"):
         assert registry.names() == ["fakenp"]  # this process is alive to say so
     assert broken_error(registry, "fakeimportsegv") == (
         "rlxfake-fakeimportsegv 1.0: importing entry point 'fakeimportsegv' (rlxfake_importsegv) in a child process "
         "died with SIGSEGV (Segmentation fault); rlx will not import it until the plugin changes (or `rlx cache "
-        "clear plugin-imports`)")  # fmt: skip
+        "clear plugin-imports`)")
     assert "rlxfake_importsegv" not in sys.modules
     assert registry.availability("fakenp").available  # everything else works
     assert children == ["import", "import", "task"]  # the check went on in a fresh child after the crash
@@ -397,7 +397,7 @@ def test_a_plugin_whose_import_hangs_is_broken_after_a_second_try(fault_site: Fa
 
 @pytest.mark.slow
 def test_import_verdicts_are_kept_until_the_plugin_changes(fault_site: FakeSite, children: list[str],
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     first = fault_registry(fault_site, "fakeimportsegv", "fakenp")
     assert children == ["import", "import"]
     again = fault_registry(fault_site, "fakeimportsegv", "fakenp")  # a later command: no child, same verdict
@@ -424,7 +424,7 @@ def test_isolation_off_imports_in_this_process_as_before(fault_site: FakeSite, c
 
 @pytest.mark.parametrize("order", ["impostor first", "rlx-cpu first"])
 def test_a_third_party_backend_named_cpu_never_takes_cpu_over(fault_site: FakeSite, children: list[str],
-                                                               order: str) -> None:  # fmt: skip
+                                                               order: str) -> None:
     import importlib.metadata
 
     real = [ep for ep in importlib.metadata.entry_points(group="rlx.backends") if ep.name == "cpu"]
@@ -481,7 +481,7 @@ def test_rlx_devices_survives_and_lists_every_fault_plugin(fault_site: FakeSite,
 
 @pytest.mark.slow
 def test_a_probe_that_crashed_is_not_kept_for_the_next_process(crash_site: FakeSite,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from rlx_core.cache import cache_dir
 
     monkeypatch.setenv("RLXFAKE_CRASH", "probe")

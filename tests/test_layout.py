@@ -74,7 +74,7 @@ def test_no_module_outside_ir_uses_a_private_name_of_graph():
 GUIDE = ROOT / "docs" / "writing-a-plugin.md"
 #: The modules a plugin may import (the guide's "What a plugin may import").
 CONTRACT = {"rlx_core", "rlx_core.plugin", "rlx_core.ir", "rlx_core.ops", "rlx_core.errors", "rlx_core.reference",
-            "rlx_core.testing"}  # fmt: skip
+            "rlx_core.testing"}
 
 
 def test_the_plugin_guide_documents_the_whole_kit():

@@ -46,7 +46,7 @@ def test_elementwise_and_normalization_composites(shape, data):
         g.sigmoid(x), g.gelu(x), g.gelu(x, approximate="tanh"), g.rsqrt(g.add(g.abs(x), 0.5)),
         g.softmax(x, axis=axis), g.layer_norm(x, scale, scale, axis=axis),
         g.reduce_mean(x, axes=data.draw(st.sets(st.integers(0, len(shape) - 1), min_size=1)), keepdims=True),
-    ]  # fmt: skip
+    ]
     g.set_outputs(outs)
     _check_same(g, {"x": rng.standard_normal(shape).astype(np.float32)})
 
@@ -57,7 +57,7 @@ def test_attention_and_pool(mask):
     g = Graph("attn")
     q, k, v = g.input("q", (2, 3, 4)), g.input("k", (2, 5, 4)), g.input("v", (2, 5, 6))
     inputs = {n: rng.standard_normal(s).astype(np.float32) for n, s in [("q", (2, 3, 4)), ("k", (2, 5, 4)),
-                                                                        ("v", (2, 5, 6))]}  # fmt: skip
+                                                                        ("v", (2, 5, 6))]}
     m = None
     if mask == "bool":
         m = g.input("m", (3, 5), "bool")

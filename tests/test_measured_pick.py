@@ -80,9 +80,9 @@ def expected(g: rlx.Graph) -> np.ndarray:
 
 
 def session(reg: rlx.Registry, clock: Clock, policy: rlx.DevicePolicy | None = None,
-            g: rlx.Graph | None = None) -> rlx.GraphDevices:  # fmt: skip
+            g: rlx.Graph | None = None) -> rlx.GraphDevices:
     return rlx.GraphDevices(g or mlp(), policy or rlx.DevicePolicy(), registry=reg,
-                            measure=MeasureSettings(clock=clock))  # fmt: skip
+                            measure=MeasureSettings(clock=clock))
 
 
 def verdict_files() -> list[Path]:
@@ -222,7 +222,7 @@ def test_compile_with_pick_measure_times_the_candidates_and_compiles_the_winner_
     clock = Clock()
     a, b, reg = devices(clock)
     cg = rlx.compile(mlp(), policy=rlx.DevicePolicy(pick="measure"), registry=reg,
-                     measure=MeasureSettings(clock=clock))  # fmt: skip
+                     measure=MeasureSettings(clock=clock))
     assert cg.device == "b" and (a.compiles, b.compiles) == (1, 1)  # the measured copy is kept
     assert (a.runs, b.runs) == (1 + RUNS, 1 + RUNS)
     report = cg.report()
@@ -335,7 +335,7 @@ def test_errors_against_another_cost_model_are_dropped() -> None:
     rlx.DevicePolicy(prefer=("a",)),
     rlx.DevicePolicy(device="a"),
     rlx.DevicePolicy(strict=True),
-], ids=["prefer", "default-device", "strict"])  # fmt: skip
+], ids=["prefer", "default-device", "strict"])
 def test_measuring_never_overrides_the_policy(policy: rlx.DevicePolicy) -> None:
     clock = Clock()
     _, b, reg = devices(clock)
@@ -408,7 +408,7 @@ def test_a_device_that_fails_to_compile_for_pick_measure_is_dropped() -> None:
     _, _, reg = devices(clock, fail_compile=True)
     with pytest.warns(rlx.FallbackWarning, match=r"device b failed while compiling for the measured pick"):
         cg = rlx.compile(mlp(), policy=rlx.DevicePolicy(pick="measure"), registry=reg,
-                         measure=MeasureSettings(clock=clock))  # fmt: skip
+                         measure=MeasureSettings(clock=clock))
     assert cg.device == "a"
     np.testing.assert_allclose(cg.run(X)[0], expected(mlp()), rtol=1e-5, atol=1e-6)
 

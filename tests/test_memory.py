@@ -37,11 +37,11 @@ def test_rlx_memory_limit_sets_the_limit_and_names_itself(monkeypatch: pytest.Mo
     monkeypatch.setenv("RLX_MEMORY_LIMIT", "64MiB")
     x = np.zeros((512, 1024), np.float32)
     np.testing.assert_allclose(rlx.compile(g, device="cpu", policy=rlx.DevicePolicy()).run({"x": x})[0], np.e,
-                               rtol=1e-6)  # fmt: skip
+                               rtol=1e-6)
 
 
 @pytest.mark.parametrize(("raw", "want"), [("1024", 1024), ("2k", 2048), ("1.5G", 3 << 29), ("8GiB", 8 << 30),
-                                           ("none", None), ("0", None)])  # fmt: skip
+                                           ("none", None), ("0", None)])
 def test_limit_values(raw: str, want: int | None) -> None:
     assert memory_limit({"RLX_MEMORY_LIMIT": raw}) == want
 
@@ -54,12 +54,12 @@ def test_a_malformed_limit_is_a_config_error_naming_the_variable(raw: str) -> No
 
 def test_format_bytes() -> None:
     assert [format_bytes(n) for n in (512, 2048, 3 << 20, 5 << 30, 2 << 40)] == [
-        "512 B", "2.0 KiB", "3.0 MiB", "5.0 GiB", "2.0 TiB"]  # fmt: skip
+        "512 B", "2.0 KiB", "3.0 MiB", "5.0 GiB", "2.0 TiB"]
 
 
 @pytest.mark.parametrize(("var", "raw"), [("RLX_MEMORY_LIMIT", "lots"), ("RLX_FUSION_REPORT", "maybe")])
 def test_a_malformed_compile_setting_is_the_callers_error_not_a_device_failure(
-        var: str, raw: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        var: str, raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every device would fail the same way: no fallback, no FallbackWarning per device,
     the ConfigError itself, naming the variable (auto, and GraphDevices' chain alike)."""
     import warnings
@@ -73,7 +73,7 @@ def test_a_malformed_compile_setting_is_the_callers_error_not_a_device_failure(
             rlx.compile(g, policy=rlx.DevicePolicy(), registry=registry)
         with pytest.raises(rlx.ConfigError, match=var):
             rlx.run_with_fallback(g, {"x": np.zeros((4, 1024), np.float32)}, chain=["cpu", "cpu"],
-                                  policy=rlx.DevicePolicy())  # fmt: skip
+                                  policy=rlx.DevicePolicy())
 
 
 class SmallDevice(ToyBackend):
@@ -126,7 +126,7 @@ def test_rlx_memory_limit_per_device_overrides_the_probe(monkeypatch: pytest.Mon
     ("16G,cuda=2G", "opencl", (16 << 30, "RLX_MEMORY_LIMIT")),
     ("16G,cuda=none", "cuda", (None, "RLX_MEMORY_LIMIT for cuda")),
     ("cuda=2G", "cpu", (777, "free memory of cpu when probed")),
-])  # fmt: skip
+])
 def test_per_device_limits(raw: str, device: str, want: tuple[int | None, str]) -> None:
     assert device_memory_limit(device, 777, {"RLX_MEMORY_LIMIT": raw}) == want
 
@@ -142,4 +142,4 @@ def test_a_probe_reports_memory_through_the_isolated_child() -> None:
     from rlx_core.probing import _bytes
 
     assert [_bytes(v) for v in (1024, 0, -5, "12", None, True, 2.5e9)] == [1024, None, None, None, None, None,
-                                                                             2_500_000_000]  # fmt: skip
+                                                                             2_500_000_000]

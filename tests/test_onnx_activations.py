@@ -27,17 +27,17 @@ from rlx_core import onnx as rlx_onnx
 RNG = np.random.default_rng(2024)
 #: Edge values every activation is fed: signed zeros, tiny, ordinary, large, +-inf, NaN.
 EDGE = np.array([0.0, -0.0, 1e-6, -1e-6, 0.5, -0.5, 1.5, -1.5, 3.0, -3.0, 20.0, -20.0, 30.0, -30.0, 100.0, -100.0,
-                 1e4, -1e4, np.inf, -np.inf, np.nan], np.float32)  # fmt: skip
+                 1e4, -1e4, np.inf, -np.inf, np.nan], np.float32)
 
 
 def model_of(op: str, inputs: Mapping[str, np.ndarray], consts: Mapping[str, np.ndarray] | None = None,
-             opset: int = 17, **attrs: Any) -> Any:  # fmt: skip
+             opset: int = 17, **attrs: Any) -> Any:
     """A one-node model: ``inputs`` fed at run time, then ``consts`` as initializers."""
     consts = dict(consts or {})
     node = helper.make_node(op, [*inputs, *consts], ["y"], **attrs)
     declared = [vi(k, v.dtype.name, v.shape) for k, v in inputs.items()]
     return make_model([node], declared, [helper.make_empty_tensor_value_info("y")],
-                      [init(k, v) for k, v in consts.items()], opset=opset)  # fmt: skip
+                      [init(k, v) for k, v in consts.items()], opset=opset)
 
 
 def run_rlx(model: Any, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -45,7 +45,7 @@ def run_rlx(model: Any, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
 
 
 def against_ort(op: str, x: np.ndarray, *, consts: Mapping[str, np.ndarray] | None = None, opset: int = 17,
-                rtol: float = 1e-5, atol: float = 1e-6, **attrs: Any) -> None:  # fmt: skip
+                rtol: float = 1e-5, atol: float = 1e-6, **attrs: Any) -> None:
     with np.errstate(all="ignore"):
         check_against_ort(model_of(op, {"x": x}, consts, opset, **attrs), {"x": x}, rtol=rtol, atol=atol)
 
@@ -120,7 +120,7 @@ def test_float64_matches_the_definition(op: str) -> None:
 @pytest.mark.parametrize("op", ["Elu", "Selu", "Softplus", "Softsign", "ThresholdedRelu", "Sign", "Shrink"])
 def test_float16_matches_onnxruntime(op: str) -> None:
     x = np.array([0.0, -0.0, 0.1, -0.1, 1.0, -1.0, 1.5, -1.5, 7.0, -7.0, 20.0, -20.0, 1000.0, -1000.0,
-                  np.inf, -np.inf], np.float16)  # fmt: skip
+                  np.inf, -np.inf], np.float16)
     against_ort(op, x, rtol=1e-3, atol=1e-3)
 
 
@@ -244,7 +244,7 @@ def test_reduce_log_sum_exp_is_stable_at_the_extremes() -> None:
     """Large magnitudes do not overflow; all -inf rows give -inf, a +inf gives +inf, NaN
     stays NaN (onnxruntime agrees row for row)."""
     x = np.array([[1000.0, 1000.0, 999.0], [-1000.0, -1001.0, -1000.0], [-np.inf, -np.inf, -np.inf],
-                  [np.inf, 1.0, -np.inf], [np.nan, 1.0, 2.0], [88.0, 89.0, 90.0]], np.float32)  # fmt: skip
+                  [np.inf, 1.0, -np.inf], [np.nan, 1.0, 2.0], [88.0, 89.0, 90.0]], np.float32)
     for keepdims in (0, 1):
         with np.errstate(all="ignore"):
             check_against_ort(reduce_case("ReduceLogSumExp", x, [1], 18, keepdims=keepdims), {"x": x})
@@ -348,7 +348,7 @@ def test_hardmax_takes_the_first_nan_as_the_maximum() -> None:
     """ONNX's reference (numpy.argmax) counts NaN as the maximum; onnxruntime answers
     rows with a NaN inconsistently (Eigen's visitor), so the reference is the oracle."""
     x = np.array([[1.0, np.nan, 3.0, np.nan], [np.nan, np.nan, np.nan, np.nan], [2.0, np.inf, np.nan, 1.0],
-                  [-np.inf, -np.inf, -np.inf, -np.inf], [np.inf, np.inf, 0.0, 1.0]], np.float32)  # fmt: skip
+                  [-np.inf, -np.inf, -np.inf, -np.inf], [np.inf, np.inf, 0.0, 1.0]], np.float32)
     got = run_rlx(model_of("Hardmax", {"x": x}, opset=13), {"x": x})
     np.testing.assert_array_equal(got, DEFINITIONS["Hardmax"](x))
 

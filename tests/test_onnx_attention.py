@@ -26,7 +26,7 @@ def attention(feeds: dict[str, np.ndarray], opset: int = 23, **attrs: Any) -> tu
     names = [n for n in ("Q", "K", "V", "attn_mask") if n in feeds]
     node = helper.make_node("Attention", names, ["y"], **attrs)
     model = make_model([node], [vi(k, v.dtype.name, v.shape) for k, v in feeds.items()],
-                       [helper.make_empty_tensor_value_info("y")], [], opset=opset)  # fmt: skip
+                       [helper.make_empty_tensor_value_info("y")], [], opset=opset)
     return model, feeds
 
 
@@ -41,7 +41,7 @@ CASES = {
                                      {"q_num_heads": 4, "kv_num_heads": 2}),
     "4-D float mask, scale, softcap": ({"Q": r(1, 2, 3, 4), "K": r(1, 2, 5, 4), "V": r(1, 2, 5, 4),
                                         "attn_mask": r(3, 5)}, {"scale": 0.3, "softcap": 2.0}),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))

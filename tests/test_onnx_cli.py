@@ -56,7 +56,7 @@ def test_run_with_input_dim_and_out(tmp_path: Path, model_file: Path) -> None:
     x = np.linspace(-2, 2, 24, dtype=np.float32).reshape(3, 8)
     np.save(tmp_path / "x.npy", x)
     proc = rlx("run", str(model_file), "--input", "x=x.npy", "--dim", "batch=3", "--device", "cpu", "--out",
-               "out.npz", cwd=tmp_path)  # fmt: skip
+               "out.npz", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "device: cpu" in proc.stdout and "compile:" in proc.stdout and "run:" in proc.stdout
     with np.load(tmp_path / "out.npz") as f:
@@ -80,7 +80,7 @@ def test_run_without_dim_takes_the_sizes_of_the_inputs(tmp_path: Path, model_fil
 
 @pytest.mark.parametrize(("args", "fragment"), [(["--dim", "batch=-1"], "NAME=N"),
                                                 (["--dim", "seq=4"], "not a symbolic dim"),
-                                                (["--dim", "batch"], "NAME=N")])  # fmt: skip
+                                                (["--dim", "batch"], "NAME=N")])
 def test_run_errors_exit_2(tmp_path: Path, model_file: Path, args: list[str], fragment: str) -> None:
     proc = rlx("run", str(model_file), *args, cwd=tmp_path)
     assert proc.returncode == 2 and fragment in proc.stderr, proc.stderr
@@ -97,7 +97,7 @@ def test_run_bad_onnx_file_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_bench_with_peers(tmp_path: Path, model_file: Path) -> None:
     proc = rlx("bench", str(model_file), "--dim", "batch=4", "--devices", "cpu", "--peers", "--runs", "2",
-               cwd=tmp_path)  # fmt: skip
+               cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     for row in ("rlx cpu", "onnxruntime", "numpy"):
         assert row in proc.stdout

@@ -28,7 +28,7 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], bool, dict[str, Any]]] 
     "(3, 1, 1) temporal, groups 2": ((1, 4, 6, 5, 5), (4, 2, 3, 1, 1), True,
                                      {"pads": [1, 0, 0, 1, 0, 0], "group": 2}),
     "auto_pad SAME_UPPER": ((1, 2, 5, 5, 5), (2, 2, 2, 3, 3), False, {"auto_pad": "SAME_UPPER"}),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -37,13 +37,13 @@ def test_conv3d_matches_onnxruntime(name: str) -> None:
     rng = np.random.default_rng(len(name))
     inits = [init("w", rand(rng, *ws))] + ([init("b", rand(rng, ws[0]))] if bias else [])
     model = make_model([helper.make_node("Conv", ["x", "w", "b"] if bias else ["x", "w"], ["y"], **attrs)],
-                       [vi("x", "float32", xs)], [vi("y", "float32", None)], inits)  # fmt: skip
+                       [vi("x", "float32", xs)], [vi("y", "float32", None)], inits)
     check_against_ort(model, {"x": rand(rng, *xs)}, rtol=1e-4, atol=1e-4)
 
 
 def test_a_kernel_deeper_than_the_input_is_refused() -> None:
     model = make_model([helper.make_node("Conv", ["x", "w"], ["y"])], [vi("x", "float32", (1, 1, 2, 4, 4))],
-                       [vi("y", "float32", None)], [init("w", np.ones((1, 1, 3, 1, 1), np.float32))])  # fmt: skip
+                       [vi("y", "float32", None)], [init("w", np.ones((1, 1, 3, 1, 1), np.float32))])
     with pytest.raises(ModelError, match=r"kernel depth 3 .* does not fit the padded depth 2"):
         rlx_onnx.load(model)
 
@@ -60,12 +60,12 @@ POOLS: dict[str, tuple[str, tuple[int, ...], dict[str, Any]]] = {
                                                                       "pads": [1, 1, 1, 1, 1, 1]}),
     "avg padded, pads counted": ("AveragePool", (1, 2, 5, 6, 5), {"kernel_shape": [3, 2, 3], "strides": [2, 2, 1],
                                                                   "pads": [1, 0, 1, 1, 1, 0], "count_include_pad": 1}),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", list(POOLS))
 def test_pool3d_matches_onnxruntime(name: str) -> None:
     op, xs, attrs = POOLS[name]
     model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)], [vi("x", "float32", xs)],
-                       [vi("y", "float32", None)])  # fmt: skip
+                       [vi("y", "float32", None)])
     check_against_ort(model, {"x": rand(np.random.default_rng(len(name)), *xs, lo=-3, hi=3)}, rtol=1e-5, atol=1e-5)

@@ -25,12 +25,12 @@ RNG = np.random.default_rng(31)
 
 
 def _model(op: str, feeds: dict[str, np.ndarray], consts: dict[str, np.ndarray] | None = None, opset: int = 18,
-           **attrs: Any) -> Any:  # fmt: skip
+           **attrs: Any) -> Any:
     consts = consts or {}
     node = helper.make_node(op, [*feeds, *consts], ["y"], **attrs)
     return make_model([node], [vi(k, v.dtype.name, v.shape) for k, v in feeds.items()],
                       [helper.make_empty_tensor_value_info("y")], [init(k, v) for k, v in consts.items()],
-                      opset=opset)  # fmt: skip
+                      opset=opset)
 
 
 def _ops(graph: rlx.Graph) -> set[str]:
@@ -111,7 +111,7 @@ def test_depth_to_space_inverts_space_to_depth(mode: str) -> None:
     x = RNG.uniform(-5, 5, (2, 12, 3, 4)).astype(np.float32)
     check_against_ort(_model("DepthToSpace", {"x": x}, opset=13, blocksize=2, mode=mode), {"x": x}, rtol=0, atol=0)
     nodes = [helper.make_node("DepthToSpace", ["x"], ["d"], blocksize=2, mode=mode),
-             helper.make_node("SpaceToDepth", ["d"], ["y"], blocksize=2, mode=mode)]  # fmt: skip
+             helper.make_node("SpaceToDepth", ["d"], ["y"], blocksize=2, mode=mode)]
     model = make_model(nodes, [vi("x", "float32", x.shape)], [vi("y", "float32", x.shape)], opset=28)
     model.ir_version = 11
     got = rlx.compile(rlx_onnx.load(model), device="cpu").run({"x": x})[0]
@@ -194,7 +194,7 @@ def test_tile_against_numpy_and_onnxruntime(shape: tuple[int, ...], repeats: tup
 
 
 @pytest.mark.parametrize(("cond", "axis"), [([0, 1, 1], 0), ([0, 1], 1), ([1, 0, 0, 1, 1], None), ([0, 1], -1),
-                                            ([0, 0, 0], 0), ([1], None)])  # fmt: skip
+                                            ([0, 0, 0], 0), ([1], None)])
 def test_compress_with_a_known_condition_against_onnxruntime(cond: list[int], axis: int | None) -> None:
     x = RNG.uniform(-5, 5, (3, 2)).astype(np.float32)
     attrs = {} if axis is None else {"axis": axis}
@@ -211,6 +211,6 @@ def test_tile_and_compress_refusals() -> None:
         rlx_onnx.load(_model("Compress", {"x": x}, {"c": np.ones(4, bool)}, axis=0))
     node = helper.make_node("Compress", ["x", "c"], ["y"], axis=0)
     model = make_model([node], [vi("x", "float32", [3, 2]), vi("c", "bool", [3])],
-                       [helper.make_empty_tensor_value_info("y")])  # fmt: skip
+                       [helper.make_empty_tensor_value_info("y")])
     with pytest.raises(ModelError, match=r"input condition \('c'\) must be known at import"):
         rlx_onnx.load(model)

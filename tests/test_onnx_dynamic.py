@@ -60,14 +60,14 @@ def _encoder() -> object:
     ]
     # scores = ht @ ht^T per head: ht_t is ht transposed on its last two axes
     nodes.insert(nodes.index(next(x for x in nodes if x.output == ["scores"])),
-                 n("Transpose", ["ht"], ["ht_t"], perm=[0, 1, 3, 2]))  # fmt: skip
+                 n("Transpose", ["ht"], ["ht_t"], perm=[0, 1, 3, 2]))
     inits = [init("emb", rng.standard_normal((V, D)).astype(np.float32)),
              init("pos", rng.standard_normal((P, D)).astype(np.float32)),
              init("w", rng.standard_normal((D, D)).astype(np.float32)),
              init("zero", np.array(0, np.int64)), init("one", np.array(1, np.int64)),
              init("zero_axis", np.array([0], np.int64)), init("mask_axes", np.array([1, 2], np.int64)),
              init("heads", np.array([H], np.int64)), init("head_dim", np.array([D // H], np.int64)),
-             init("width", np.array([D], np.int64))]  # fmt: skip
+             init("width", np.array([D], np.int64))]
     return make_model(nodes, [vi("ids", "int64", ["batch", "seq"])], [vi("y", "float32", None)], inits)
 
 
@@ -100,7 +100,7 @@ def test_reference_and_static_load_agree() -> None:
     static = rlx_onnx.load(model, dims={"batch": 3, "seq": 6})
     assert not static.is_symbolic
     np.testing.assert_allclose(rlx.reference.evaluate(g, {"ids": ids})[0],
-                               rlx.reference.evaluate(static, {"ids": ids})[0])  # fmt: skip
+                               rlx.reference.evaluate(static, {"ids": ids})[0])
 
 
 def test_a_size_the_model_cannot_take_is_an_input_error_naming_it() -> None:
@@ -109,7 +109,7 @@ def test_a_size_the_model_cannot_take_is_an_input_error_naming_it() -> None:
         cg.run({"ids": _ids(1, P + 1)})  # the position table has P rows
     rows = make_model([helper.make_node("Reshape", ["x", "shape"], ["y"], name="to_rows")],
                       [vi("x", "float32", ["n"])], [vi("y", "float32", None)],
-                      [init("shape", np.array([-1, 4], np.int64))])  # fmt: skip
+                      [init("shape", np.array([-1, 4], np.int64))])
     by_rows = rlx.compile(rlx_onnx.load(rows), device="cpu")
     assert by_rows.run({"x": np.ones(8, np.float32)})[0].shape == (2, 4)
     with pytest.raises(InputError, match=r"does not accept n=6: .*'to_rows' \(Reshape\)"):
@@ -124,19 +124,19 @@ def test_partly_bound_dims_and_unnamed_dims() -> None:
     assert g.symbols == ("seq",)
     assert rlx.compile(g, device="cpu").run({"ids": _ids(2, 9)})[0].shape == (2, 9, D)
     relu = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", "float32", ["", 3, "n"])],
-                      [vi("y", "float32", None)])  # fmt: skip
+                      [vi("y", "float32", None)])
     g2 = rlx_onnx.load(relu)
     assert g2.symbols == ("n", "x_0")
     x = np.random.default_rng(0).standard_normal((4, 3, 2)).astype(np.float32)
     np.testing.assert_array_equal(rlx.compile(g2, device="cpu").run({"x": x})[0], np.maximum(x, 0))
     assert symbol_names(["x:0", "2d size", "x_0", "batch"]) == {"x:0": "x_0", "2d size": "_2d_size",
-                                                                 "x_0": "x_0_2", "batch": "batch"}  # fmt: skip
+                                                                 "x_0": "x_0_2", "batch": "batch"}
 
 
 def test_shared_dims_must_agree() -> None:
     add = make_model([helper.make_node("Add", ["a", "b"], ["y"])],
                      [vi("a", "float32", ["batch", 4]), vi("b", "float32", ["batch", 4])],
-                     [vi("y", "float32", None)])  # fmt: skip
+                     [vi("y", "float32", None)])
     cg = rlx.compile(rlx_onnx.load(add), device="cpu")
     ones = np.ones((2, 4), np.float32)
     assert cg.run({"a": ones, "b": ones})[0].shape == (2, 4)
@@ -177,7 +177,7 @@ def test_frozen_and_not_saved_as_json() -> None:
 
 def test_a_model_that_converts_at_no_representative_size_says_bind_it() -> None:
     fixed = make_model([helper.make_node("Reshape", ["x", "shape"], ["y"])], [vi("x", "float32", ["n"])],
-                       [vi("y", "float32", None)], [init("shape", np.array([5], np.int64))])  # fmt: skip
+                       [vi("y", "float32", None)], [init("shape", np.array([5], np.int64))])
     with pytest.raises(ModelError, match=r"symbolic dims \('n'\) were left unbound, and converting it failed at "
                                          r"every size tried \(at each of 16, 64, 224: .*cannot reshape.*bind them "
                                          r"with dims="):
@@ -205,6 +205,6 @@ def test_cli_runs_a_symbolic_model_without_dims(tmp_path: Path) -> None:
 
 def test_a_fault_at_every_size_is_named_once() -> None:
     pool = make_model([helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2, 2, 2])],
-                      [vi("x", "float32", ["n", 2, 4, 4, 4, 4])], [vi("y", "float32", None)])  # fmt: skip
+                      [vi("x", "float32", ["n", 2, 4, 4, 4, 4])], [vi("y", "float32", None)])
     with pytest.raises(ModelError, match=r"at each of 16, 64, 224: .*only 1-D and 2-D AveragePool are supported"):
         rlx_onnx.load(pool)

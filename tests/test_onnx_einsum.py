@@ -45,13 +45,13 @@ def test_einsum_matches_onnxruntime(equation: str) -> None:
     names = [f"x{i}" for i in range(len(operands))]
     node = helper.make_node("Einsum", names, ["y"], equation=eq)
     model = make_model([node], [vi(n, "float32", a.shape) for n, a in zip(names, operands)],
-                       [helper.make_empty_tensor_value_info("y")], [], opset=17)  # fmt: skip
+                       [helper.make_empty_tensor_value_info("y")], [], opset=17)
     check_against_ort(model, dict(zip(names, operands)), rtol=1e-5, atol=1e-5)
 
 
 def test_einsum_refusals_name_the_problem() -> None:
     node = helper.make_node("Einsum", ["a", "b"], ["y"], equation="ij,jk->ik")
     model = make_model([node], [vi("a", "float32", (2, 3)), vi("b", "float32", (4, 5))],
-                       [helper.make_empty_tensor_value_info("y")], [], opset=17)  # fmt: skip
+                       [helper.make_empty_tensor_value_info("y")], [], opset=17)
     with pytest.raises(ModelError, match="letter 'j' is 3 in one operand and 4 in the other"):
         rlx_onnx.load(model)

@@ -23,7 +23,7 @@ from rlx_core.onnx._versions import newest_opset
 
 def _relu_model(shape: tuple = (2, 3)) -> object:
     return make_model([helper.make_node("Relu", ["x"], ["y"], name="act")], [vi("x", "float32", shape)],
-                      [vi("y", "float32", None)])  # fmt: skip
+                      [vi("y", "float32", None)])
 
 
 def test_every_unsupported_op_is_listed_once_with_a_node() -> None:
@@ -46,7 +46,7 @@ def test_every_unsupported_op_is_listed_once_with_a_node() -> None:
 
 
 @pytest.mark.parametrize("data", [b"", b"hello, this is not a model", b"\x93NUMPY\x01\x00v\x00{'descr': '<f4'}",
-                                  bytes(range(256))])  # fmt: skip
+                                  bytes(range(256))])
 def test_not_an_onnx_file(tmp_path: Path, data: bytes) -> None:
     path = tmp_path / "bad.onnx"
     path.write_bytes(data)
@@ -56,7 +56,7 @@ def test_not_an_onnx_file(tmp_path: Path, data: bytes) -> None:
 
 def test_truncated_file_at_every_cut(tmp_path: Path) -> None:
     model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [vi("x", "float32", [2, 4])],
-                       [vi("y", "float32", None)], [init("w", np.ones((4, 3), np.float32))])  # fmt: skip
+                       [vi("y", "float32", None)], [init("w", np.ones((4, 3), np.float32))])
     data = model.SerializeToString()
     path = tmp_path / "cut.onnx"
     for cut in range(0, len(data) - 1, 7):
@@ -96,7 +96,7 @@ def _external_model(location: str) -> object:
     t.data_location = TensorProto.EXTERNAL
     t.external_data.add(key="location", value=location)
     return make_model([helper.make_node("Add", ["x", "w"], ["y"])], [vi("x", "float32", [4])],
-                      [vi("y", "float32", None)], [t])  # fmt: skip
+                      [vi("y", "float32", None)], [t])
 
 
 @pytest.mark.parametrize("location", ["../secret.bin", "/etc/passwd", "sub/../../secret.bin"])
@@ -138,7 +138,7 @@ def test_external_data_inside_the_folder_loads(tmp_path: Path) -> None:
 def test_declared_tensor_over_the_limit_fails_before_reading() -> None:
     huge = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1 << 20, 1 << 20])  # 4 TiB, no data
     model = make_model([helper.make_node("Add", ["x", "w"], ["y"])], [vi("x", "float32", [1])],
-                       [vi("y", "float32", None)], [huge])  # fmt: skip
+                       [vi("y", "float32", None)], [huge])
     with pytest.raises(ModelError, match=r"initializer 'w' declares shape \(1048576, 1048576\).*max_tensor_bytes"):
         rlx_onnx.load(model)
     small = _relu_model((64, 64))
@@ -152,7 +152,7 @@ def test_made_at_import_over_the_limit() -> None:
     shape = helper.make_node("Constant", [], ["s"], value_ints=[1 << 16, 1 << 16])
     fill = helper.make_node("ConstantOfShape", ["s"], ["big"], name="cos")
     model = make_model([shape, fill, helper.make_node("Add", ["x", "big"], ["y"])], [vi("x", "float32", [1])],
-                       [vi("y", "float32", None)])  # fmt: skip
+                       [vi("y", "float32", None)])
     with pytest.raises(ModelError, match=r"node 'cos' \(ConstantOfShape\).*max_tensor_bytes=1048576"):
         rlx_onnx.load(model, max_tensor_bytes=1 << 20)
 
@@ -184,7 +184,7 @@ def test_structural_errors() -> None:
 
 def test_unsupported_dtype_is_named() -> None:
     model = make_model([helper.make_node("Identity", ["x"], ["y"])], [helper.make_tensor_value_info("x", 8, [2])],
-                       [vi("y", "float32", None)])  # fmt: skip
+                       [vi("y", "float32", None)])
     with pytest.raises(ModelError, match="input 'x' has ONNX dtype STRING"):
         rlx_onnx.load(model)
 

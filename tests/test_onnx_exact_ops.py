@@ -24,7 +24,7 @@ I32 = np.iinfo(np.int32)
 def _node(op: str, feeds: dict[str, np.ndarray], opset: int = 18, **attrs: object):
     node = helper.make_node(op, list(feeds), ["y"], **attrs)
     model = make_model([node], [vi(k, v.dtype.name, v.shape) for k, v in feeds.items()],
-                       [helper.make_empty_tensor_value_info("y")], opset=opset)  # fmt: skip
+                       [helper.make_empty_tensor_value_info("y")], opset=opset)
     return model, feeds
 
 
@@ -63,7 +63,7 @@ def test_onnx_bitshift_28_signed_examples() -> None:
     ]
     for direction, x, s, want in cases:
         model, _ = _node("BitShift", {"x": np.array(x, np.int32), "s": np.array(s, np.int32)}, opset=28,
-                         direction=direction)  # fmt: skip
+                         direction=direction)
         model.ir_version = 11
         graph = rlx_onnx.load(model)
         got = rlx.compile(graph, device="cpu").run({"x": np.array(x, np.int32), "s": np.array(s, np.int32)})[0]
@@ -75,7 +75,7 @@ def test_onnx_bitshift_refuses_a_bad_direction_and_folds_known_operands() -> Non
     with pytest.raises(ModelError, match="direction must be 'LEFT' or 'RIGHT', got 'UP'"):
         rlx_onnx.load(model)
     consts = [helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(v, np.int64), name))
-              for name, v in (("c", [3, -3]), ("k", [2, 70]))]  # fmt: skip
+              for name, v in (("c", [3, -3]), ("k", [2, 70]))]
     node = helper.make_node("BitShift", ["c", "k"], ["s"], direction="LEFT")
     add = helper.make_node("Add", ["x", "s"], ["y"])
     model = make_model([*consts, node, add], [vi("x", "int64", [2])], [vi("y", "int64", [2])], opset=18)

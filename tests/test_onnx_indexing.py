@@ -39,14 +39,14 @@ def ties(*shape: int, dtype: str = "float32") -> np.ndarray:
 
 
 def one_node(op: str, inputs: Mapping[str, np.ndarray], consts: Mapping[str, np.ndarray] | None = None, *,
-             order: tuple[str, ...] | None = None, opset: int = 17, **attrs: Any) -> tuple[Any, dict]:  # fmt: skip
+             order: tuple[str, ...] | None = None, opset: int = 17, **attrs: Any) -> tuple[Any, dict]:
     """A one-node model: ``inputs`` fed at run time, ``consts`` as initializers;
     ``order`` names the node's inputs ("" leaves an optional one out)."""
     consts = dict(consts or {})
     node = helper.make_node(op, list(order) if order is not None else [*inputs, *consts], ["y"], **attrs)
     declared = [vi(k, v.dtype.name, v.shape) for k, v in inputs.items()]
     model = make_model([node], declared, [helper.make_empty_tensor_value_info("y")],
-                       [init(k, v) for k, v in consts.items()], opset=opset)  # fmt: skip
+                       [init(k, v) for k, v in consts.items()], opset=opset)
     return model, dict(inputs)
 
 
@@ -105,7 +105,7 @@ def test_arg_extreme_dtypes_and_integer_extremes(op: str, dtype: str) -> None:
 
 
 NAN_ANSWERS = {("ArgMax", 0): [1, 0, 0, 0], ("ArgMax", 1): [3, 0, 1, 0],
-               ("ArgMin", 0): [1, 0, 2, 2], ("ArgMin", 1): [3, 0, 3, 2]}  # fmt: skip
+               ("ArgMin", 0): [1, 0, 2, 2], ("ArgMin", 1): [3, 0, 3, 2]}
 
 
 @pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
@@ -150,7 +150,7 @@ def test_arg_extreme_refuses_bool_and_empty_axes() -> None:
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_cumsum_every_direction(exclusive: int, reverse: int, axis: int) -> None:
     model, feeds = one_node("CumSum", {"x": f32(5, 7, 3)}, {"axis": np.array(axis, np.int64)},
-                            exclusive=exclusive, reverse=reverse)  # fmt: skip
+                            exclusive=exclusive, reverse=reverse)
     check_against_ort(model, feeds)
 
 
@@ -160,7 +160,7 @@ def test_cumsum_dtypes_and_lengths(dtype: str, n: int) -> None:
     x = RNG.integers(-50, 50, size=(2, n)).astype(dtype)
     for exclusive, reverse in ((0, 0), (1, 1)):
         model, feeds = one_node("CumSum", {"x": x}, {"axis": np.array([1], np.int32)}, opset=14,
-                                exclusive=exclusive, reverse=reverse)  # fmt: skip
+                                exclusive=exclusive, reverse=reverse)
         check_against_ort(model, feeds, rtol=1e-3 if dtype == "float16" else 1e-5)
 
 
@@ -174,7 +174,7 @@ def test_cumsum_keeps_infinities_and_nans_where_they_belong() -> None:
     x = np.array([[1, np.inf, 2, -np.inf, 3], [np.nan, 1, 2, 3, 4], [1, 2, 3, 4, -np.inf]], np.float32)
     for exclusive, reverse in ((0, 0), (1, 0), (0, 1), (1, 1)):
         model, feeds = one_node("CumSum", {"x": x}, {"axis": np.array(1, np.int64)},
-                                exclusive=exclusive, reverse=reverse)  # fmt: skip
+                                exclusive=exclusive, reverse=reverse)
         with np.errstate(invalid="ignore"):  # inf - inf
             check_against_ort(model, feeds)
 
@@ -185,7 +185,7 @@ def test_cumprod_every_direction_against_numpy(exclusive: int, reverse: int) -> 
     ones shifted in for ``exclusive`` and the axis flipped for ``reverse``; ints wrap."""
     for x in (RNG.uniform(0.5, 1.5, size=(3, 5)).astype(np.float32), RNG.integers(-3, 4, size=(3, 5)).astype(np.int64)):
         model, feeds = one_node("CumProd", {"x": x}, {"axis": np.array(1, np.int64)}, opset=26, exclusive=exclusive,
-                                reverse=reverse)  # fmt: skip
+                                reverse=reverse)
         got = rlx_core.compile(rlx_onnx.load(model), device="cpu").run(feeds)[0]
         v = x[:, ::-1] if reverse else x
         want = np.cumprod(v, axis=1)
@@ -331,7 +331,7 @@ def test_pad_modes_and_negative_pads(case: str) -> None:
 
 def test_pad_wrap_beyond_the_axis_opset_19() -> None:
     model, feeds = one_node("Pad", {"x": f32(2, 3)}, {"pads": np.array([1, 7, 2, -1], np.int64)}, opset=19,
-                            mode="wrap")  # fmt: skip
+                            mode="wrap")
     check_against_ort(model, feeds)
 
 
@@ -341,7 +341,7 @@ def test_pad_constant_value_known_or_at_run_time_and_axes() -> None:
     known = one_node("Pad", {"x": x}, {"pads": pads, "value": np.array(-7.5, np.float32), "axes": axes}, opset=18)
     check_against_ort(*known)
     late = one_node("Pad", {"x": x, "value": np.array(np.inf, np.float32)}, {"pads": pads, "axes": axes},
-                    order=("x", "pads", "value", "axes"), opset=18)  # fmt: skip
+                    order=("x", "pads", "value", "axes"), opset=18)
     check_against_ort(*late)
     flags = one_node("Pad", {"x": np.array([[True, False]])}, {"pads": np.array([1, 0, 0, 2], np.int64)}, opset=13)
     check_against_ort(*flags)
@@ -349,7 +349,7 @@ def test_pad_constant_value_known_or_at_run_time_and_axes() -> None:
 
 def test_pad_of_an_empty_axis_and_several_axes_in_one_model() -> None:
     empty = one_node("Pad", {"x": np.zeros((2, 0), np.float32)}, {"pads": np.array([1, 2, 0, 3], np.int64),
-                     "value": np.array(4.0, np.float32)}, opset=13)  # fmt: skip
+                     "value": np.array(4.0, np.float32)}, opset=13)
     check_against_ort(*empty)
     edges = one_node("Pad", {"x": f32(2, 3, 4)}, {"pads": np.array([1, 0, 2, 2, 1, 0], np.int64)}, mode="edge")
     graph = check_against_ort(*edges)
@@ -394,9 +394,9 @@ def test_mod_integers_broadcast_against_a_constant(fmod: int) -> None:
 def test_mod_float16_at_run_time_is_exact_with_special_cases() -> None:
     fin = np.finfo(np.float16)
     a = np.array([5.5, -5.5, 5.5, -5.5, 4, -4, 0, -0.0, np.inf, 1, 1, 3, -3, np.nan, 1, fin.max, fin.smallest_subnormal,
-                  fin.max, -fin.max], np.float16)  # fmt: skip
+                  fin.max, -fin.max], np.float16)
     b = np.array([2, 2, -2, -2, 2, 2, 3, 3, 2, 0, np.inf, -np.inf, np.inf, 1, np.nan, fin.smallest_subnormal, fin.max,
-                  3.3, 0.1], np.float16)  # fmt: skip
+                  3.3, 0.1], np.float16)
     graph = rlx_onnx.load(one_node("Mod", {"a": a, "b": b}, fmod=1)[0])
     with np.errstate(invalid="ignore", divide="ignore"):
         got = rlx_core.compile(graph, device="cpu").run({"a": a, "b": b})[0]
@@ -451,9 +451,9 @@ def _float_mod_operands(dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """Every sign pairing, signed zeros, infinities, NaN, a zero divisor, extremes of the dtype."""
     fin = np.finfo(dtype)
     a = np.array([5.5, -5.5, 5.5, -5.5, 4, -4, 0, -0.0, np.inf, 1, 3, -3, 0, -0.0, np.nan, -1e-3, fin.max,
-                  fin.smallest_subnormal, -fin.max, 7.25, -7.25], dtype)  # fmt: skip
+                  fin.smallest_subnormal, -fin.max, 7.25, -7.25], dtype)
     b = np.array([2, 2, -2, -2, 2, 2, -3, 3, 2, 0, -np.inf, np.inf, -np.inf, np.inf, 1, 1, fin.smallest_subnormal,
-                  -fin.max, 0.1, -0.5, 0.5], dtype)  # fmt: skip
+                  -fin.max, 0.1, -0.5, 0.5], dtype)
     return a, b
 
 

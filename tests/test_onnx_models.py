@@ -20,7 +20,7 @@ from rlx_core import onnx as rlx_onnx
 @pytest.mark.parametrize("trans_a", [0, 1])
 @pytest.mark.parametrize("trans_b", [0, 1])
 @pytest.mark.parametrize(("alpha", "beta", "bias"), [(1.0, 1.0, "n"), (0.5, 2.0, "mn"), (1.5, 0.0, "1n"),
-                                                      (1.0, 1.0, None), (2.0, -1.0, "m1")])  # fmt: skip
+                                                      (1.0, 1.0, None), (2.0, -1.0, "m1")])
 def test_gemm_mlp(trans_a: int, trans_b: int, alpha: float, beta: float, bias: str | None) -> None:
     rng = np.random.default_rng(trans_a * 2 + trans_b)
     m, k, n = 3, 6, 4
@@ -50,7 +50,7 @@ def test_mlp_params_are_replaceable_and_batch_dim_binds() -> None:
     w = rand(rng, 8, 4)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Tanh", ["y"], ["out"])]
     model = make_model(nodes, [vi("x", "float32", ["batch", 8])], [vi("out", "float32", ["batch", 4])],
-                       [init("w", w)])  # fmt: skip
+                       [init("w", w)])
     g = rlx_onnx.load(model, dims={"batch": 3})
     assert g.node(g.inputs[0]).shape == (3, 8)
     assert g.output_names() == ["out"]
@@ -72,7 +72,7 @@ def test_small_cnn() -> None:
         init("bn_m", rand(rng, c1)), init("bn_v", rand(rng, c1, lo=0.5, hi=2.0)),
         init("w2", rand(rng, c2, c1 // 2, 3, 3)),
         init("fc_w", rand(rng, classes, c2)), init("fc_b", rand(rng, classes)),
-    ]  # fmt: skip
+    ]
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[1, 1], kernel_shape=[3, 3]),
         helper.make_node("BatchNormalization", ["c1", "bn_s", "bn_b", "bn_m", "bn_v"], ["bn"], epsilon=1e-3),
@@ -111,7 +111,7 @@ def _transformer_block(d: int = 16, heads: int = 4, ffn: int = 32, seed: int = 3
              init("dmodel", np.array([d], np.int64)), init("scale", np.array(math.sqrt(dh), np.float32)),
              init("zero", np.array(0, np.int64)), init("neg", np.array(-1e4, np.float32)),
              init("sqrt2", np.array(math.sqrt(2.0), np.float32)), init("one", np.array(1.0, np.float32)),
-             init("half", np.array(0.5, np.float32))]  # fmt: skip
+             init("half", np.array(0.5, np.float32))]
     for w, shape in {"wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d), "w1": (d, ffn), "w2": (ffn, d)}.items():
         inits += [init(w, rand(rng, *shape, lo=-0.4, hi=0.4)), init(f"{w}_b", rand(rng, shape[1], lo=-0.1, hi=0.1))]
     nodes: list = [helper.make_node("LayerNormalization", ["x", "ln1_g", "ln1_b"], ["ln1"], axis=-1, epsilon=1e-5)]

@@ -115,7 +115,7 @@ def _run_case(case: Any) -> tuple[str, str]:
                     # sit a few half-precision ulps away: 4 ulps relative, no looser.
                     rtol = max(case.rtol, 4 * 2.0**-11) if w.dtype == np.float16 else case.rtol
                     ok = np.allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol,
-                                     atol=max(case.atol, 1e-7), equal_nan=True)  # fmt: skip
+                                     atol=max(case.atol, 1e-7), equal_nan=True)
                 else:
                     ok = np.array_equal(g, w)
                 if not ok:

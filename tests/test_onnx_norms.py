@@ -23,12 +23,12 @@ def test_instance_normalization(shape: tuple[int, ...]) -> None:
     c = shape[1]
     model = make_model([helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], epsilon=1e-3)],
                        [vi("x", "float32", shape)], [vi("y", "float32", None)],
-                       [init("s", rand(rng, c)), init("b", rand(rng, c))])  # fmt: skip
+                       [init("s", rand(rng, c)), init("b", rand(rng, c))])
     check_against_ort(model, {"x": rand(rng, *shape, lo=-3, hi=5)}, rtol=1e-4, atol=1e-4)
 
 
 def _group_norm_reference(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, groups: int, eps: float,
-                          per_group: bool) -> np.ndarray:  # fmt: skip
+                          per_group: bool) -> np.ndarray:
     n, ch = x.shape[:2]
     g = x.astype(np.float64).reshape(n, groups, -1)
     y = ((g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + eps)).reshape(x.shape)
@@ -48,7 +48,7 @@ def test_group_normalization_by_version(opset: int, groups: int) -> None:
     model = make_model([helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=groups,
                                          epsilon=1e-4)],
                        [vi("x", "float32", ["n", ch, 4, 3])], [vi("y", "float32", None)],
-                       [init("s", scale), init("b", bias)], opset=opset)  # fmt: skip
+                       [init("s", scale), init("b", bias)], opset=opset)
     x = rand(rng, *shape, lo=-2, hi=4)
     got = rlx.compile(rlx_onnx.load(model), device="cpu").run({"x": x})[0]
     want = _group_norm_reference(x, scale, bias, groups, 1e-4, per_group=opset < 21)
@@ -61,6 +61,6 @@ def test_group_normalization_refuses_groups_that_do_not_divide() -> None:
     rng = np.random.default_rng(2)
     model = make_model([helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=4)],
                        [vi("x", "float32", (1, 6, 2, 2))], [vi("y", "float32", None)],
-                       [init("s", rand(rng, 6)), init("b", rand(rng, 6))], opset=21)  # fmt: skip
+                       [init("s", rand(rng, 6)), init("b", rand(rng, 6))], opset=21)
     with pytest.raises(ModelError, match="num_groups 4 does not divide the 6 channels"):
         rlx_onnx.load(model)

@@ -197,7 +197,7 @@ def test_rms_normalization_float16_rounds_where_the_spec_says() -> None:
     """float16 is normalized in float32 and cast back, then scaled in float16 (the spec's
     order); onnxruntime scales before rounding, so the two differ by a float16 ulp."""
     model, feeds = node_case("RMSNormalization", {"x": f32(4, 6).astype(np.float16)},
-                             consts={"g": f32(6).astype(np.float16)}, opset=23)  # fmt: skip
+                             consts={"g": f32(6).astype(np.float16)}, opset=23)
     check_against_ort(model, feeds, rtol=2e-3, atol=2e-3)
 
 
@@ -274,11 +274,11 @@ def test_list_inputs_names_symbolic_dims() -> None:
     ("ReduceL2", np.array([[1.0, -2.0]], np.float32), 18, {"noop_with_empty_axes": 1}),  # |x|, not x
     ("Softmax", np.arange(6, dtype=np.float32).reshape(1, 2, 3), 11, {"axis": -1}),  # -1 meant rank, not rank-1
     ("LogSoftmax", np.arange(6, dtype=np.float32).reshape(1, 2, 3), 11, {"axis": -1}),
-])  # fmt: skip
+])
 def test_reduction_and_softmax_edge_forms_match_onnxruntime(op: str, x: np.ndarray, opset: int, attrs: dict) -> None:
     """Wrong answers found while widening the importer, each against onnxruntime."""
     model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)], [vi("x", x.dtype.name, x.shape)],
-                       [vi("y", x.dtype.name, None)], opset=opset)  # fmt: skip
+                       [vi("y", x.dtype.name, None)], opset=opset)
     check_against_ort(model, {"x": x})
 
 

@@ -23,11 +23,11 @@ RNG = np.random.default_rng(41)
 
 
 def _model(op: str, x: np.ndarray, consts: dict[str, np.ndarray], opset: int = 13, out: int | None = None,
-           **attrs: Any) -> Any:  # fmt: skip
+           **attrs: Any) -> Any:
     node = helper.make_node(op, ["x", *consts], ["y"], **attrs)
     y = helper.make_tensor_value_info("y", out, None) if out is not None else helper.make_empty_tensor_value_info("y")
     return make_model([node], [vi("x", x.dtype.name, x.shape)], [y], [init(k, v) for k, v in consts.items()],
-                      opset=opset)  # fmt: skip
+                      opset=opset)
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8"])
@@ -76,7 +76,7 @@ def test_quantize_linear_without_a_zero_point_gives_uint8() -> None:
     ("QuantizeLinear", {"block_size": 2, "axis": 1}, "blocked quantization"),
     ("DequantizeLinear", {"block_size": 2, "axis": 1}, "blocked quantization"),
     ("QuantizeLinear", {"precision": TensorProto.FLOAT}, "precision"),
-])  # fmt: skip
+])
 def test_what_is_not_read_is_refused_by_name(op: str, attrs: dict, match: str) -> None:
     x = np.zeros((2, 4), np.float32 if op == "QuantizeLinear" else np.int8)
     scale = np.ones((2, 2), np.float32) if "block_size" in attrs else np.array(1.0, np.float32)

@@ -22,7 +22,7 @@ RNG = np.random.default_rng(7)
 
 
 def resize(x: np.ndarray, *, scales: list[float] | None = None, sizes: list[int] | None = None,
-           roi: list[float] | None = None, opset: int = 19, **attrs: Any) -> tuple[Any, dict]:  # fmt: skip
+           roi: list[float] | None = None, opset: int = 19, **attrs: Any) -> tuple[Any, dict]:
     consts = {"roi": np.array(roi or [], np.float32), "scales": np.array(scales or [], np.float32)}
     names = ["x", "roi", "scales"]
     if sizes is not None:
@@ -31,7 +31,7 @@ def resize(x: np.ndarray, *, scales: list[float] | None = None, sizes: list[int]
         consts["scales"] = np.array([], np.float32)
     node = helper.make_node("Resize", names, ["y"], **attrs)
     model = make_model([node], [vi("x", x.dtype.name, x.shape)], [helper.make_empty_tensor_value_info("y")],
-                       [init(k, v) for k, v in consts.items()], opset=opset)  # fmt: skip
+                       [init(k, v) for k, v in consts.items()], opset=opset)
     return model, {"x": x}
 
 
@@ -63,7 +63,7 @@ CASES = {
                                                                 "roi": [0, 0, -0.2, 0.1, 1, 1, 0.9, 1.3],
                                                                 "extrapolation_value": 9.0}),
     "nearest on int32 data": (RNG.integers(-9, 9, (1, 2, 3, 3)).astype(np.int32), {"scales": [1, 1, 2, 3]}),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -25,7 +25,7 @@ SEQ, BATCH, INPUT, HIDDEN = 5, 3, 4, 6
 
 def _model(op: str, *, direction: str = "forward", layout: int = 0, bias: bool = True, initial: bool = False,
            peepholes: bool = False, outputs: tuple[str, ...] = ("Y", "Y_h"), symbolic: bool = False,
-           **attrs: Any) -> tuple[Any, dict[str, np.ndarray]]:  # fmt: skip
+           **attrs: Any) -> tuple[Any, dict[str, np.ndarray]]:
     rng = np.random.default_rng(sum(map(ord, op + direction)) + 2 * bias + 3 * initial + 5 * peepholes)
     dirs, g = (2 if direction == "bidirectional" else 1), GATES[op]
     x_shape = (SEQ, BATCH, INPUT) if layout == 0 else (BATCH, SEQ, INPUT)
@@ -36,7 +36,7 @@ def _model(op: str, *, direction: str = "forward", layout: int = 0, bias: bool =
         inits.append(init("B", rand(rng, dirs, 2 * g * HIDDEN)))
     feeds = {"X": rand(rng, *x_shape, lo=-2, hi=2)}
     inputs = [vi("X", "float32", (["seq", "batch", INPUT] if layout == 0 else ["batch", "seq", INPUT])
-                  if symbolic else x_shape)]  # fmt: skip
+                  if symbolic else x_shape)]
     if initial:
         feeds["h0"] = rand(rng, *state_shape)
         inputs.append(vi("h0", "float32", state_shape))
@@ -49,7 +49,7 @@ def _model(op: str, *, direction: str = "forward", layout: int = 0, bias: bool =
         inits.append(init("P", rand(rng, dirs, 3 * HIDDEN)))
     slots = ("Y", "Y_h", "Y_c") if op == "LSTM" else ("Y", "Y_h")
     node = helper.make_node(op, names, [o if o in outputs else "" for o in slots], hidden_size=HIDDEN,
-                            direction=direction, layout=layout, **attrs)  # fmt: skip
+                            direction=direction, layout=layout, **attrs)
     return make_model([node], inputs, [vi(o, "float32", None) for o in outputs], inits, opset=14), feeds
 
 
@@ -67,7 +67,7 @@ CASES = {
     "RNN forward": ("RNN", {}),
     "RNN bidirectional, relu, initial": ("RNN", {"direction": "bidirectional", "initial": True,
                                                  "activations": ["Relu", "Relu"]}),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", list(CASES))

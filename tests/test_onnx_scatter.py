@@ -21,7 +21,7 @@ RNG = np.random.default_rng(11)
 
 
 def model(op: str, feeds: dict[str, np.ndarray], consts: dict[str, np.ndarray], order: list[str],
-          opset: int = 18, **attrs: Any) -> tuple[Any, dict]:  # fmt: skip
+          opset: int = 18, **attrs: Any) -> tuple[Any, dict]:
     node = helper.make_node(op, order, ["y"], **attrs)
     m = make_model([node], [vi(k, v.dtype.name, v.shape) for k, v in feeds.items()],
                    [helper.make_empty_tensor_value_info("y")], [init(k, v) for k, v in consts.items()], opset=opset)
@@ -34,7 +34,7 @@ def test_scatter_elements_duplicates_and_negative_indices(reduction: str) -> Non
     updates = RNG.standard_normal((2, 3)).astype(np.float32)
     indices = np.array([[1, -1, 1], [1, 0, -4]], np.int64) if reduction != "none" else np.array([[1, -1, 2], [0, 3, 1]])
     m, feeds = model("ScatterElements", {"data": data, "updates": updates}, {"indices": indices},
-                     ["data", "indices", "updates"], axis=1, reduction=reduction)  # fmt: skip
+                     ["data", "indices", "updates"], axis=1, reduction=reduction)
     check_against_ort(m, feeds)
 
 
@@ -44,11 +44,11 @@ def test_scatter_nd_slices_and_elements(reduction: str) -> None:
     rows = np.array([[2], [0], [2]] if reduction != "none" else [[2], [0]], np.int64)
     updates = RNG.standard_normal((rows.shape[0], 3, 2)).astype(np.float32)
     m, feeds = model("ScatterND", {"data": data, "updates": updates}, {"indices": rows},
-                     ["data", "indices", "updates"], reduction=reduction)  # fmt: skip
+                     ["data", "indices", "updates"], reduction=reduction)
     check_against_ort(m, feeds)
     points = np.array([[1, 2, 0], [-1, 0, 1]], np.int64)  # one element each
     m, feeds = model("ScatterND", {"data": data, "updates": RNG.standard_normal(2).astype(np.float32)},
-                     {"indices": points}, ["data", "indices", "updates"], reduction=reduction)  # fmt: skip
+                     {"indices": points}, ["data", "indices", "updates"], reduction=reduction)
     check_against_ort(m, feeds)
 
 
@@ -57,7 +57,7 @@ def test_one_hot_axes_negative_and_out_of_range_indices(axis: int) -> None:
     indices = np.array([[0, -1, 3], [5, 2, -7]], np.int64)  # 5 and -7 are outside depth 5: all off
     m, feeds = model("OneHot", {"indices": indices}, {"depth": np.array(5, np.int64),
                                                       "values": np.array([-1.0, 2.0], np.float32)},
-                     ["indices", "depth", "values"], opset=11, axis=axis)  # fmt: skip
+                     ["indices", "depth", "values"], opset=11, axis=axis)
     check_against_ort(m, feeds)
 
 

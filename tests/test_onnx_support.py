@@ -54,7 +54,7 @@ def init(name: str, array: Any) -> Any:
 
 
 def make_model(nodes: Sequence[Any], inputs: Sequence[Any], outputs: Sequence[Any], initializers: Sequence[Any] = (),
-               opset: int = 17, name: str = "m") -> Any:  # fmt: skip
+               opset: int = 17, name: str = "m") -> Any:
     graph = helper.make_graph(list(nodes), name, list(inputs), list(outputs), list(initializers))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = min(model.ir_version, 8)  # what the installed onnxruntime reads
@@ -75,7 +75,7 @@ def ort_run(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
 
 
 def check_against_ort(model: Any, feeds: Mapping[str, np.ndarray], *, dims: Mapping[str, int] | None = None,
-                      rtol: float = 1e-5, atol: float = 1e-5) -> rlx_core.Graph:  # fmt: skip
+                      rtol: float = 1e-5, atol: float = 1e-5) -> rlx_core.Graph:
     """Import ``model``, run it on rlx's cpu backend and on onnxruntime, and compare."""
     graph = rlx_onnx.load(model, dims=dims)
     got = rlx_core.compile(graph, device="cpu").run(dict(feeds))
@@ -92,7 +92,7 @@ def check_against_ort(model: Any, feeds: Mapping[str, np.ndarray], *, dims: Mapp
 
 
 def rand(rng: np.random.Generator, *shape: int, dtype: str = "float32", lo: float = -1.0,
-         hi: float = 1.0) -> np.ndarray:  # fmt: skip
+         hi: float = 1.0) -> np.ndarray:
     return rng.uniform(lo, hi, size=shape).astype(dtype)
 
 

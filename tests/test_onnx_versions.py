@@ -43,16 +43,16 @@ def test_a_newer_opset_whose_ops_changed_only_their_types_is_read(opset: int) ->
 
 def test_an_older_opset_is_read_where_its_ops_did_not_change() -> None:
     model = make_model([helper.make_node("Abs", ["x"], ["y"])], [vi("x", "float32", (2, 3))],
-                       [vi("y", "float32", None)], opset=7)  # fmt: skip
+                       [vi("y", "float32", None)], opset=7)
     check_against_ort(model, {"x": -np.arange(6, dtype=np.float32).reshape(2, 3)})
 
 
 def test_an_op_version_with_another_meaning_is_refused_by_name() -> None:
     """Softmax 1 (opset 7) flattens to 2-D; Softmax 13 does not: never read one as the other."""
     model = make_model([helper.make_node("Softmax", ["x"], ["y"])], [vi("x", "float32", (2, 3, 4))],
-                       [vi("y", "float32", None)], opset=7)  # fmt: skip
+                       [vi("y", "float32", None)], opset=7)
     with pytest.raises(ModelError, match=r"at opset 7: node #0 \(Softmax\) -> 'y' is Softmax version 1, older "
-                                         r"than the versions rlx reads \(11, 13\)"):  # fmt: skip
+                                         r"than the versions rlx reads \(11, 13\)"):
         rlx_onnx.load(model)
 
 

@@ -85,7 +85,7 @@ def test_shifts_wrap_fill_with_the_sign_and_define_out_of_range_amounts() -> Non
     amounts = np.array([64, 64, 63], np.int64)
     np.testing.assert_array_equal(_run(lambda g, a, b: g.bit_shift_right(a, b), big, amounts), [-1, 0, 0])
     np.testing.assert_array_equal(_run(lambda g, a, b: g.bit_shift_left(a, b), big, amounts),
-                                  [0, 0, np.iinfo(np.int64).min])  # fmt: skip
+                                  [0, 0, np.iinfo(np.int64).min])
 
 
 # ----------------------------------------------------------------------------- type rules

@@ -26,7 +26,7 @@ def build_wheel(project: Path, out: Path, environ: Mapping[str, str] | None = No
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(out),
          str(project)],
         capture_output=True, text=True, env=None if environ is None else dict(environ),
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (wheel,) = out.glob("*.whl")
     return zipfile.ZipFile(wheel)

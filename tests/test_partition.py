@@ -48,7 +48,7 @@ def test_a_graph_neither_backend_runs_alone_runs_split_and_matches_the_reference
     assert isinstance(cg, rlx.CompiledGraph) and isinstance(cg, PartitionedGraph)
     assert cg.device == "mm+rest"
     assert [(s.device, [g.node(n).op.value for n in s.nodes]) for s in cg.segments] == [
-        ("mm", ["matmul"]), ("rest", ["add", "relu", "softmax"])]  # fmt: skip
+        ("mm", ["matmul"]), ("rest", ["add", "relu", "softmax"])]
     _check(cg, g, _x())
     report = cg.report()
     assert report.partition is not None and report.partition.needed
@@ -133,7 +133,7 @@ def test_a_split_predicted_slower_than_one_device_is_not_taken() -> None:
     cg = rlx.compile(g, policy=rlx.DevicePolicy(), registry=reg)
     assert not isinstance(cg, PartitionedGraph) and cg.device == "full"
     assert rlx.compile(chain(), policy=rlx.DevicePolicy(), registry=_pricey_product_registry(True),
-                       partition=False).device == "full"  # fmt: skip
+                       partition=False).device == "full"
 
 
 def test_strict_policy_and_explicit_devices_never_split_silently() -> None:
@@ -165,7 +165,7 @@ def test_a_device_that_fails_to_compile_its_segment_is_dropped_loudly() -> None:
 
 def test_denied_devices_take_no_segment() -> None:
     reg = registry_with(ToyBackend("mm", ops={"matmul"}), ToyBackend("rest", ops=REST), ToyBackend("rest2", ops=REST,
-                        gflops=10_000))  # fmt: skip
+                        gflops=10_000))
     cg = rlx.compile(mlp(), policy=rlx.DevicePolicy(deny=("rest2",)), registry=reg)
     assert cg.device == "mm+rest"
 
@@ -235,6 +235,6 @@ def test_values_stay_on_the_device_when_every_reader_takes_device_arrays() -> No
     _check(cg, g, _x())
     assert rest.dlpack_runs == 1 and dev.dlpack_runs == 0  # the graph's output comes back as numpy
     rest2, host = DeviceToy("rest", REST, takes_device=False), DeviceToy("dev", frozenset({"matmul"}),
-                                                                          takes_device=False)  # fmt: skip
+                                                                          takes_device=False)
     _check(rlx.compile(g, policy=rlx.DevicePolicy(), registry=registry_with(rest2, host)), g, _x())
     assert rest2.dlpack_runs == 0  # a reader that takes numpy only: host arrays

@@ -94,7 +94,7 @@ def test_simplify_turns_small_float_powers_into_products():
     assert len(notes) == 2 and all("pow" in n for n in notes)
     specials = np.array([[-0.0, 0.0, np.inf, -np.inf], [np.nan, -3.5, 1e20, 7.0]], np.float32)
     got, want = reference.evaluate(h, {"x": specials, "h": specials.astype(np.float16)}), reference.evaluate(
-        g, {"x": specials, "h": specials.astype(np.float16)})  # fmt: skip
+        g, {"x": specials, "h": specials.astype(np.float16)})
     for a, b in zip(got[:2], want[:2]):
         np.testing.assert_array_equal(a, b)  # exact in float64, signed zeros and infinities included
         assert np.array_equal(np.signbit(a), np.signbit(b))
@@ -364,7 +364,7 @@ def test_internal_ops_from_a_file_are_expanded_for_backends_that_lack_them():
     [({"program": []}, "non-empty"), ({"program": [["softmax", [0], []]]}, "not an elementwise op"),
      ({"program": [["exp", [5], []]]}, "refers to 5"), ({"program": [["cast", [0], []]]}, "needs a dtype"),
      ({}, "needs a program")],
-)  # fmt: skip
+)
 def test_bad_fused_programs_are_graph_errors(attrs, match):
     g = rlx.Graph()
     x = g.input("x", (2,))
@@ -394,7 +394,7 @@ def test_options_switch_stages_and_passes_and_are_checked():
     with pytest.raises(rlx.ConfigError, match="max_fused_ops must be an int >= 1"):
         rlx.CompileOptions(max_fused_ops=0)
     nolegal = run_pipeline(dense("gelu"), ToyBackend("t", ops=ALL_OPS - {"gelu"}).claims,
-                           rlx.CompileOptions(legalize=False))  # fmt: skip
+                           rlx.CompileOptions(legalize=False))
     assert nolegal.blocker is not None and "legalization is off" in nolegal.blocker
 
 
@@ -505,7 +505,7 @@ def test_conv_epilogue_needs_the_conv_unshared_and_a_claim():
     c = _conv(g, x, 2, "c")
     g.set_outputs([g.relu(c), g.tanh(c)])  # two readers: neither may take it
     assert "fused_conv" not in ops_of(_fused(g))
-    refuse = (lambda n: "no epilogue here" if n.op is OpKind.FUSED_CONV else True)  # fmt: skip
+    refuse = (lambda n: "no epilogue here" if n.op is OpKind.FUSED_CONV else True)
     h, notes = fuse_conv(residual_block(), refuse)
     assert "fused_conv" not in ops_of(h) and any("no epilogue here" in n for n in notes)
     h, notes = fuse_conv(residual_block(), lambda n: n.op is not OpKind.FUSED_CONV or "not claimed")
@@ -540,7 +540,7 @@ def test_fused_conv_from_a_file_is_expanded_for_a_backend_without_it_and_run_by_
      ({"program": [["relu", [1], []]]}, "not the convolution's"),
      ({"stride": 0, "program": [["relu", [0], []]]}, "stride"),
      ({}, "needs a program")],
-)  # fmt: skip
+)
 def test_bad_fused_conv_nodes_are_graph_errors(attrs, match):
     g = rlx.Graph()
     x = g.input("x", (1, 2, 4, 4))

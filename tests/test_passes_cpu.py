@@ -49,7 +49,7 @@ def test_region_over_an_intermediate_writes_in_place_and_handles_ints():
     ints = g.maximum(g.sub(g.mul(i, i), 7), g.neg(i))
     g.set_outputs([out, ints])
     feeds = {"x": RNG.standard_normal((64, 700)).astype(np.float32),
-             "i": RNG.integers(-50, 50, (50, 500)).astype(np.int32)}  # fmt: skip
+             "i": RNG.integers(-50, 50, (50, 500)).astype(np.int32)}
     cg = check(g, feeds, want=OpKind.FUSED_ELEMENTWISE)
     assert cg._exe.plan_stats()["inplace"] >= 1
     feeds2 = {k: v.copy() for k, v in feeds.items()}
@@ -67,7 +67,7 @@ def test_region_program_with_a_dead_instruction_and_a_where():
     fused = g.add_node("fused_elementwise", [x.id, y.id, cond.id], {"program": prog})
     g.set_outputs([fused])
     feeds = {"x": RNG.standard_normal((300, 90)).astype(np.float32), "y": RNG.standard_normal(90).astype(np.float32),
-             "c": RNG.random((300, 1)) < 0.5}  # fmt: skip
+             "c": RNG.random((300, 1)) < 0.5}
     check(g, feeds, want=OpKind.FUSED_ELEMENTWISE)
 
 
@@ -76,7 +76,7 @@ def test_gemm_epilogue_on_a_big_output(act):
     g = rlx.Graph("dense")
     x = g.input("x", (300, 128))
     y = g.add(g.matmul(x, g.param("w", RNG.standard_normal((128, 200)).astype(np.float32) / 10)),
-              g.param("b", RNG.standard_normal(200).astype(np.float32)))  # fmt: skip
+              g.param("b", RNG.standard_normal(200).astype(np.float32)))
     g.set_outputs([getattr(g, act)(y)])
     cg = check(g, {"x": RNG.standard_normal((300, 128)).astype(np.float32)}, want=OpKind.GEMM)
     cg.set_param("b", np.zeros(200, np.float32))

@@ -11,7 +11,7 @@ import rlx_core as rlx
 
 def test_report_without_graph_recommends_highest_priority_available():
     reg = registry_with(ToyBackend("low", priority=1), ToyBackend("high", priority=60),
-                        ToyBackend("top", priority=99, available="no TPU here"))  # fmt: skip
+                        ToyBackend("top", priority=99, available="no TPU here"))
     rows = rlx.device_report(policy=rlx.DevicePolicy(), registry=reg)
     by = {r.device: r for r in rows}
     assert [r.device for r in rows] == ["top", "high", "low"]  # priority orders the report
@@ -94,7 +94,7 @@ def test_auto_compile_falls_back_loudly_when_a_device_fails_to_compile():
     (rlx.DevicePolicy(device="dear"), "dear"),
     (rlx.DevicePolicy(allow=("dear",)), "dear"),
     (rlx.DevicePolicy.with_benchmark_pick(2), "cheap"),
-], ids=["cost", "prefer", "deny", "device", "allow", "benchmark"])  # fmt: skip
+], ids=["cost", "prefer", "deny", "device", "allow", "benchmark"])
 def test_example_pick_is_the_device_the_example_runs_on(policy, want):
     """Without a graph, ``recommended`` marks the highest-priority device (the contract);
     ``example_pick`` says where ``rlx run --example mlp`` will run, by the same policy and

@@ -264,7 +264,7 @@ def test_placement_validates_the_policy_it_is_given():
     ("RLX_CALIBRATE_TIMEOUT", "soon"), ("RLX_ISOLATION", "yes"), ("RLX_DISABLE_PLUGINS", "cuda,,"),
     ("RLX_STRICT", "maybe"), ("RLX_DEVICES", "cpu,,"), ("RLX_BENCHMARK_PICK", "x"), ("RLX_REPICK_DRIFT", "0.5"),
     ("RLX_REPICK_FORGET", "soon"), ("RLX_MEMORY_LIMIT", "cuda=2G,,"),
-])  # fmt: skip
+])
 def test_check_environment_names_the_malformed_variable(var, value):
     from rlx_core.settings import check_environment
 

@@ -52,7 +52,7 @@ def test_float32_values_are_computed_in_float64():
 
 
 @pytest.mark.parametrize("op, fn", [("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
-                                    ("maximum", np.maximum), ("minimum", np.minimum)])  # fmt: skip
+                                    ("maximum", np.maximum), ("minimum", np.minimum)])
 def test_binary_broadcasting_matches_numpy(op, fn):
     a = RNG.standard_normal((2, 1, 4)).astype(np.float32)
     b = RNG.standard_normal((3, 1)).astype(np.float32)
@@ -87,7 +87,7 @@ def test_float_div_is_true_division():
     ("exp", math.exp), ("log", math.log), ("sqrt", math.sqrt), ("tanh", math.tanh), ("erf", math.erf),
     ("rsqrt", lambda v: 1 / math.sqrt(v)), ("sigmoid", lambda v: 1 / (1 + math.exp(-v))), ("neg", lambda v: -v),
     ("abs", abs),
-])  # fmt: skip
+])
 def test_unary_float_ops_match_math(op, fn):
     x = np.array([0.25, 0.5, 1.0, 2.0, 3.5], np.float64)
     np.testing.assert_allclose(unary(op, x), [fn(v) for v in x.tolist()], rtol=1e-15)
@@ -127,7 +127,7 @@ def test_layer_norm_hand_computed():
     x = np.array([[1.0, 2.0, 3.0, 4.0]])
     g = Graph("ln")
     out = g.layer_norm(g.input("x", (1, 4), "float64"), np.array([1.0, 2.0, 1.0, 1.0]), np.array([0.0, 0.0, 0.0, 1.0]),
-                       eps=0.0)  # fmt: skip
+                       eps=0.0)
     got = run1(g, out, x=x)
     sd = math.sqrt(1.25)  # population variance of 1..4 is 1.25
     np.testing.assert_allclose(got, [[-1.5 / sd, 2 * -0.5 / sd, 0.5 / sd, 1.5 / sd + 1]], rtol=1e-14)
@@ -149,7 +149,7 @@ def test_reductions_match_numpy(op, fn, axes, keepdims):
     x = RNG.standard_normal((2, 3, 4))
     got = unary(op, x, axes=axes, keepdims=keepdims)
     want = fn(x, axis=tuple(a % 3 for a in ((axes,) if isinstance(axes, int) else axes)) if axes is not None else None,
-              keepdims=keepdims)  # fmt: skip
+              keepdims=keepdims)
     np.testing.assert_allclose(got, want, rtol=1e-14)
 
 
@@ -167,7 +167,7 @@ def test_reshape_transpose_concat():
     g = Graph("cat")
     a, b = g.input("a", (2, 3, 4), "int64"), g.input("b", (2, 1, 4), "int64")
     np.testing.assert_array_equal(run1(g, g.concat([a, b, a], axis=-2), a=x, b=x[:, :1]),
-                                  np.concatenate([x, x[:, :1], x], axis=1))  # fmt: skip
+                                  np.concatenate([x, x[:, :1], x], axis=1))
 
 
 BIG = 2**31 - 1
@@ -223,7 +223,7 @@ def test_where_broadcasts():
     g = Graph("where")
     c, x, y = g.input("c", (2, 1), "bool"), g.input("x", (3,), "int32"), g.input("y", (), "int32")
     got = run1(g, g.where(c, x, y), c=np.array([[True], [False]]), x=np.array([1, 2, 3], np.int32),
-               y=np.array(9, np.int32))  # fmt: skip
+               y=np.array(9, np.int32))
     assert got.tolist() == [[1, 2, 3], [9, 9, 9]] and got.dtype == np.int32
 
 
@@ -251,16 +251,16 @@ def naive_conv2d(x, w, b, stride, padding, dilation, groups):
     (1, (2, 1), (1, 2, 0, 1), (1, 1), True),
     (2, (1, 2), (2, 1, 2, 1), (2, 1), True),
     (3, (2, 2), (0, 1, 1, 0), (1, 2), False),
-])  # fmt: skip
+])
 def test_conv2d_matches_naive_loops(groups, stride, padding, dilation, bias):
     x = RNG.standard_normal((2, 3 * groups, 6, 7))
     w = RNG.standard_normal((2 * groups, 3, 3, 2))
     b = RNG.standard_normal(2 * groups) if bias else None
     g = Graph("conv")
     out = g.conv2d(g.input("x", x.shape, "float64"), g.param("w", w), None if b is None else g.param("b", b),
-                   stride=stride, padding=padding, dilation=dilation, groups=groups)  # fmt: skip
+                   stride=stride, padding=padding, dilation=dilation, groups=groups)
     np.testing.assert_allclose(run1(g, out, x=x), naive_conv2d(x, w, b, stride, padding, dilation, groups),
-                               rtol=1e-12, atol=1e-12)  # fmt: skip
+                               rtol=1e-12, atol=1e-12)
 
 
 def pool_out(size, k, s, p0, p1, d, ceil):
@@ -298,7 +298,7 @@ def naive_pool(x, kind, kernel, stride, padding, dilation, ceil, cip):
 
 def _pool_configs():
     for h, k, s, pads, d, ceil in itertools.product((4, 5, 7), (1, 2, 3), (1, 2, 3), ((0, 0), (1, 0), (1, 1)), (1, 2),
-                                                    (False, True)):  # fmt: skip
+                                                    (False, True)):
         if max(pads) * 2 <= d * (k - 1) + 1 and h + sum(pads) >= d * (k - 1) + 1:
             yield h, k, s, pads, d, ceil
 
@@ -330,7 +330,7 @@ def test_avg_pool2d_matches_naive_loops():
             # atol: float64 sums of up to 9 N(0, 1) values in another order can differ by a few
             # 1e-16 where they nearly cancel (an average of 4.6e-4 was off by 6e-17)
             np.testing.assert_allclose(run1(g, out, x=x), want, rtol=1e-13, atol=1e-14,
-                                       err_msg=str((h, k, s, padding, ceil, cip)))  # fmt: skip
+                                       err_msg=str((h, k, s, padding, ceil, cip)))
             count += 1
     assert count > 100
 
@@ -393,7 +393,7 @@ def test_attention_matches_naive(mask_kind):
     np.testing.assert_allclose(got, naive_attention(q, k, v, mask, 0.5), rtol=1e-12)
     g2 = Graph("attn")
     got2 = run1(g2, g2.attention(*(g2.input(n, a.shape, "float64") for n, a in (("q", q), ("k", k), ("v", v))),
-                                 scale=0.1), q=q, k=k, v=v)  # fmt: skip
+                                 scale=0.1), q=q, k=k, v=v)
     np.testing.assert_allclose(got2, naive_attention(q, k, v, None, 0.1), rtol=1e-12)
 
 
@@ -412,7 +412,7 @@ def _mlp() -> Graph:
     x = g.input("x", (2, 3), "float32")
     w = g.param("w", np.arange(6, dtype=np.float32).reshape(3, 2))
     g.set_outputs([g.relu(g.add(g.matmul(x, w), g.constant(np.array([1.0, -100.0], np.float32)))),
-                   g.reduce_sum(g.cast(x, "int32"))])  # fmt: skip
+                   g.reduce_sum(g.cast(x, "int32"))])
     return g
 
 
@@ -466,7 +466,7 @@ from rlx_core.testing import LoopbackBackend, LoopbackExecutable  # noqa: E402
 
 def test_importing_rlx_core_imports_neither_hypothesis_nor_the_kit():
     code = ("import sys, rlx_core; assert 'hypothesis' not in sys.modules, 'hypothesis'; "
-            "assert 'rlx_core.testing' not in sys.modules, 'testing'; rlx_core.testing.check_backend")  # fmt: skip
+            "assert 'rlx_core.testing' not in sys.modules, 'testing'; rlx_core.testing.check_backend")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -488,7 +488,7 @@ def test_kit_passes_with_other_seeds():
 def test_iter_checks_yields_named_callables():
     checks = dict(kit.iter_checks(LoopbackBackend(), ops=["relu", "myop"], max_examples=5))
     assert list(checks) == ["api", "probe", "supported_ops", "claims", "cost_model", "op:relu", "op:myop",
-                            "set_param", "concurrent_runs"]  # fmt: skip
+                            "set_param", "concurrent_runs"]
     assert checks["op:relu"]().outcome == "passed"
     with pytest.raises(kit.CheckSkipped, match="no generator for op 'myop'"):
         checks["op:myop"]()
@@ -644,7 +644,7 @@ def test_kit_checks_set_param():
     backend = _broken(compile=lambda self, graph, options: IgnoresSetParam(graph))
     assert "after set_param('w')" in _failure(backend, "set_param")
     report = kit.check_backend(_broken(compile=lambda self, graph, options: rlx_core.Executable()), ["add"],
-                               raise_on_failure=False)  # fmt: skip
+                               raise_on_failure=False)
     assert report["op:add"].outcome == "failed"
 
 
@@ -657,7 +657,7 @@ def test_kit_skips_what_it_cannot_or_need_not_test():
     report = kit.check_backend(decline_all, ["add"], max_examples=5, raise_on_failure=False)
     assert report["op:add"].outcome == "skipped" and "declined every generated add node" in report["op:add"].message
     report = kit.check_backend(_broken(api_version=2), ["add"], expected_failures={"api": "v2 port in progress"},
-                               max_examples=5)  # fmt: skip
+                               max_examples=5)
     assert report["api"].message == "expected to fail: v2 port in progress"
 
 
@@ -696,7 +696,7 @@ def test_generated_dtypes_are_exactly_those_ops_accepts():
         for dtype in DTYPES:
             swap = [o.array.dtype == main and o.name not in ("cond", "indices") for o in case.operands]
             swapped = tuple(Operand(o.name, o.array.astype(dtype) if sw else o.array, o.param)
-                            for o, sw in zip(case.operands, swap))  # fmt: skip
+                            for o, sw in zip(case.operands, swap))
             try:
                 OpCase(case.op, swapped, case.attrs).build()
                 accepted.add(dtype)

@@ -425,7 +425,7 @@ def test_a_second_registry_reuses_the_probe_answers_of_the_first(fake_site, chil
 
 @pytest.mark.slow
 def test_a_kept_probe_answer_is_used_only_while_nothing_it_depends_on_changed(fake_site, children, monkeypatch,
-                                                                               tmp_path):  # fmt: skip
+                                                                               tmp_path):
     from rlx_core import probe_verdicts
 
     installs = tmp_path / "lib" / "site-packages"

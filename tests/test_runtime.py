@@ -55,7 +55,7 @@ def test_the_module_function_uses_the_default_runtime_or_one_for_an_explicit_reg
 
 def test_a_runtime_falls_back_loudly_like_the_module_function() -> None:
     rt = rlx.Runtime(registry=registry_with(ToyBackend("bad", gflops=1000, fail_run=True), ToyBackend("ok")),
-                     policy=rlx.DevicePolicy())  # fmt: skip
+                     policy=rlx.DevicePolicy())
     with pytest.warns(rlx.FallbackWarning, match="device bad failed on graph 'mlp'.*falling back to ok"):
         device, _ = rt.run_with_fallback(mlp(), x())
     assert device == "ok"

@@ -95,7 +95,7 @@ def test_input_error_is_raised_at_once_not_fallen_back():
     reg = registry_with(ToyBackend("a"), ToyBackend("b"))
     for bad, match in [({}, "missing input"), ({"x": X, "y": X}, "unknown input"),
                        ({"y": X}, r"missing input\(s\) 'x' and unknown input\(s\) 'y'"),
-                       ({"x": X.astype(np.float64)}, "dtype float32"), ({"x": X[:2]}, r"shape \(4, 8\)")]:  # fmt: skip
+                       ({"x": X.astype(np.float64)}, "dtype float32"), ({"x": X[:2]}, r"shape \(4, 8\)")]:
         with pytest.raises(rlx.InputError, match=match):
             rlx.run_with_fallback(mlp(), bad, policy=rlx.DevicePolicy(), registry=reg)
 

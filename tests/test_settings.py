@@ -40,7 +40,7 @@ class Tunable(ToyBackend):
     """A toy backend with a setting of its own."""
 
     MODE = Setting("RLX_TOY_MODE", "fast or exact (default exact)", choices={"fast": "fast", "exact": "exact"},
-                   default="exact")  # fmt: skip
+                   default="exact")
 
     def settings(self) -> tuple[Setting, ...]:
         return (self.MODE,)
@@ -65,7 +65,7 @@ def test_every_row_has_a_parser_a_default_a_line_and_an_owner() -> None:
     cpu = {s.name: s.owner for s in all_settings() if s.name.startswith("RLX_CPU_")}
     assert cpu == dict.fromkeys(["RLX_CPU_BLAS", "RLX_CPU_NATIVE", "RLX_CPU_GEMM", "RLX_CPU_CONV", "RLX_CPU_BIND",
                                  "RLX_CPU_ONEDNN"],
-                                "rlx-cpu")  # fmt: skip
+                                "rlx-cpu")
 
 
 @pytest.mark.parametrize("setting", CORE_SETTINGS, ids=lambda s: s.name)
@@ -78,7 +78,7 @@ def test_a_malformed_core_value_is_a_config_error_naming_variable_and_value(sett
 
 def test_values_are_typed() -> None:
     env = {"RLX_DEVICES": "cpu, cuda:1", "RLX_STRICT": "yes", "RLX_PROBE_TIMEOUT": "2.5", "RLX_BENCHMARK_PICK": "4",
-           "RLX_ISOLATION": "0", "RLX_DISABLE_PLUGINS": "cuda"}  # fmt: skip
+           "RLX_ISOLATION": "0", "RLX_DISABLE_PLUGINS": "cuda"}
     values = {s.name: s.read(env) for s in CORE_SETTINGS}
     assert values["RLX_DEVICES"] == ("cpu", "cuda:1") and values["RLX_STRICT"] is True
     assert values["RLX_PROBE_TIMEOUT"] == 2.5 and values["RLX_BENCHMARK_PICK"] == 4
@@ -160,7 +160,7 @@ def test_a_typo_of_a_variable_is_a_warning_naming_the_one_meant() -> None:
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         check_environment({"RLX_DEVICS": "cpu", "RLX_CPU_BLA": "numpy", "RLX_FUZZ_DEVICES": "cpu",
-                           "RLX_SOMETHING_ELSE": "1", "RLX_ISOLATION_CHILD": "1"})  # fmt: skip
+                           "RLX_SOMETHING_ELSE": "1", "RLX_ISOLATION_CHILD": "1"})
     said = sorted(str(w.message) for w in seen if issubclass(w.category, RlxWarning))
     assert said == ["RLX_CPU_BLA is not a variable rlx reads; did you mean RLX_CPU_BLAS? (RLX_CPU_BLA is ignored)",
                     "RLX_DEVICS is not a variable rlx reads; did you mean RLX_DEVICES? (RLX_DEVICS is ignored)"]
@@ -191,7 +191,7 @@ def test_a_command_warns_about_a_typo_once_and_goes_on(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     warned = [line for line in proc.stderr.splitlines() if "RLX_DEVICS" in line]
     assert warned == ["warning: RLX_DEVICS is not a variable rlx reads; did you mean RLX_DEVICES? (RLX_DEVICS is "
-                      "ignored)"]  # fmt: skip
+                      "ignored)"]
 
 
 def test_explain_lists_the_plugins_settings_with_their_owner(tmp_path: Path) -> None:

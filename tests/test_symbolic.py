@@ -164,7 +164,7 @@ def _check(build, inputs, sizes_list):
     for sizes in sizes_list:
         static = rlx.Graph("s")
         sins = {k: static.input(k, tuple(sizes.get(d, d) for d in shape), dtype)
-                for k, (shape, dtype) in inputs.items()}  # fmt: skip
+                for k, (shape, dtype) in inputs.items()}
         static.set_outputs(build(static, sins, sizes))
         spec = sym.specialize(sizes)
         _same_graph(spec, static)
@@ -193,7 +193,7 @@ def test_matmul_transpose_and_reductions():
         y = g.matmul(x["x"], x["w"])  # (n, m, 4) @ (4, 6)
         t = g.transpose(y, (1, 0, 2))
         return [g.reduce_sum(t, axes=1), g.reduce_max(y, axes=(0, 2), keepdims=True), g.reduce_mean(y),
-                g.softmax(y, axis=1), g.matmul(y, g.transpose(y, (0, 2, 1)))]  # fmt: skip
+                g.softmax(y, axis=1), g.matmul(y, g.transpose(y, (0, 2, 1)))]
 
     _check(build, {"x": (("n", "m", 4), "float32"), "w": ((4, 6), "float32")}, SIZES)
 
@@ -224,7 +224,7 @@ def test_concat_and_reshape():
 @pytest.mark.parametrize("starts,ends,steps", [
     ((1,), (-1,), (1,)), ((0,), (2,), (1,)), ((-3,), (2**63 - 1,), (1,)), ((-1,), (-2**63,), (-1,)),
     ((2,), (0,), (-1,)), ((0,), (100,), (3,)), ((-2,), (-9,), (-2,)), ((5,), (1,), (1,)),
-])  # fmt: skip
+])
 def test_slice_on_symbolic_dims(starts, ends, steps):
     def build(g, x, d):
         return [g.slice(x["x"], starts, ends, (0,), steps), g.slice(x["x"], (1,), (-1,), (1,))]
@@ -237,10 +237,10 @@ def test_conv_and_pools():
         w = np.ones((4, 2, 3, 3), np.float32)
         c = g.conv2d(x["x"], w, np.zeros(4, np.float32), stride=2, padding=1)
         return [c, g.max_pool2d(x["x"], 3, 2, padding=1, ceil_mode=True), g.avg_pool2d(x["x"], 2, ceil_mode=True),
-                g.max_pool2d(c, 2), g.global_avg_pool2d(c), g.conv2d(x["x"], w, dilation=2)]  # fmt: skip
+                g.max_pool2d(c, 2), g.global_avg_pool2d(c), g.conv2d(x["x"], w, dilation=2)]
 
     _check(build, {"x": (("n", 2, "h", "w"), "float32")},
-           [{"n": 1, "h": 5, "w": 5}, {"n": 2, "h": 8, "w": 6}, {"n": 1, "h": 9, "w": 12}])  # fmt: skip
+           [{"n": 1, "h": 5, "w": 5}, {"n": 2, "h": 8, "w": 6}, {"n": 1, "h": 9, "w": 12}])
 
 
 def test_conv_window_must_fit():
@@ -391,7 +391,7 @@ def test_specialize_shares_params_and_keeps_ids():
 @st.composite
 def _chain(draw):
     steps = draw(st.lists(st.sampled_from(["add", "mul", "matmul", "reshape", "transpose", "relu"]),
-                          min_size=1, max_size=6))  # fmt: skip
+                          min_size=1, max_size=6))
     return steps
 
 

@@ -14,7 +14,7 @@ from rlx_core.verify import SUITE, VerifyRow, suite_graph, verify_cost_models
 def test_suite_models_run_on_cpu_like_the_reference(name: str) -> None:
     g = suite_graph(name, scale=0.01)
     inputs = {g.node(i).name: np.random.default_rng(0).standard_normal(g.node(i).shape).astype(np.float32)
-              for i in g.inputs}  # fmt: skip
+              for i in g.inputs}
     got = rlx.compile(g, device="cpu", policy=rlx.DevicePolicy()).run(inputs)
     want = reference.evaluate(g, inputs)
     for a, b in zip(got, want):
@@ -29,7 +29,7 @@ def test_unknown_suite_model_lists_the_known_ones() -> None:
 @pytest.mark.slow
 def test_verify_rows_pick_best_and_regret() -> None:
     rows = verify_cost_models(["mlp", "elementwise"], devices=["cpu"], policy=rlx.DevicePolicy(), scale=0.01,
-                              rounds=2)  # fmt: skip
+                              rounds=2)
     assert [r.model for r in rows] == ["mlp", "elementwise"]
     for r in rows:
         assert set(r.measured) == set(r.predicted) == {"cpu"}

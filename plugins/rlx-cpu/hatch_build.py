@@ -67,7 +67,7 @@ class NativeKernelsHook(BuildHookInterface):
             self._build(version, build_data)
         except Exception as exc:  # the installation goes on without the library, whatever happened
             self.app.display_warning(f"rlx-cpu: native kernels not built ({type(exc).__name__}: {exc}); "
-                                     "the cpu backend will run its numpy kernels")  # fmt: skip
+                                     "the cpu backend will run its numpy kernels")
 
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
         tmp = getattr(self, "_tmp", None)

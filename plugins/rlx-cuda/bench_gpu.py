@@ -61,7 +61,7 @@ def bench_matmul(cp: Any, n: int, runs: int) -> dict[str, Any]:
     t_cupy = _median_seconds(lambda: cp.matmul(a, b), sync, runs)
     flops = 2.0 * n**3
     return {"n": n, "rlx_tflops": flops / t_rlx / 1e12, "cupy_tflops": flops / t_cupy / 1e12,
-            "ratio": t_cupy / t_rlx, "target": ">= 0.9", "met": t_cupy / t_rlx >= 0.9}  # fmt: skip
+            "ratio": t_cupy / t_rlx, "target": ">= 0.9", "met": t_cupy / t_rlx >= 0.9}
 
 
 # ----------------------------------------------------------------------------- torch eager
@@ -72,9 +72,9 @@ def _torch_runner(torch: Any, graph: rlx_core.Graph) -> Callable[[dict[str, Any]
     nodes = graph.nodes
     consts = {i: torch.as_tensor(np.asarray(graph.value(i))).to(dev) for i in (*graph.params,)}
     consts.update({n.id: torch.as_tensor(np.asarray(graph.value(n.id))).to(dev) for n in nodes
-                   if n.op is OpKind.CONSTANT})  # fmt: skip
+                   if n.op is OpKind.CONSTANT})
     dtypes = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "int32": torch.int32,
-              "int64": torch.int64, "bool": torch.bool}  # fmt: skip
+              "int64": torch.int64, "bool": torch.bool}
 
     def run(feed: dict[str, Any]) -> Any:
         v: dict[int, Any] = dict(consts)
@@ -100,7 +100,7 @@ def _torch_runner(torch: Any, graph: rlx_core.Graph) -> Callable[[dict[str, Any]
             elif op is OpKind.LAYER_NORM:
                 shape = n.shape[a["axis"]:]
                 v[n.id] = F.layer_norm(x[0], shape, x[1].expand(shape), x[2].expand(shape) if len(x) == 3 else None,
-                                       a["eps"])  # fmt: skip
+                                       a["eps"])
             elif op in (OpKind.REDUCE_SUM, OpKind.REDUCE_MEAN, OpKind.REDUCE_MAX):
                 fn = {OpKind.REDUCE_SUM: torch.sum, OpKind.REDUCE_MEAN: torch.mean, OpKind.REDUCE_MAX: torch.amax}[op]
                 v[n.id] = fn(x[0], dim=a["axes"], keepdim=a["keepdims"])
@@ -124,7 +124,7 @@ def _torch_runner(torch: Any, graph: rlx_core.Graph) -> Callable[[dict[str, Any]
                 v[n.id] = F.max_pool2d(x[0], a["kernel"], a["stride"], a["padding"][:2], a["dilation"], a["ceil_mode"])
             elif op is OpKind.AVG_POOL2D and a["padding"][:2] == a["padding"][2:]:
                 v[n.id] = F.avg_pool2d(x[0], a["kernel"], a["stride"], a["padding"][:2], a["ceil_mode"],
-                                       a["count_include_pad"])  # fmt: skip
+                                       a["count_include_pad"])
             elif op is OpKind.GLOBAL_AVG_POOL2D:
                 v[n.id] = x[0].mean(dim=(2, 3), keepdim=True)
             elif op is OpKind.ATTENTION:
@@ -139,9 +139,9 @@ def _torch_runner(torch: Any, graph: rlx_core.Graph) -> Callable[[dict[str, Any]
 
 _BINARY = {OpKind.ADD: "add", OpKind.SUB: "sub", OpKind.MUL: "mul", OpKind.DIV: "div", OpKind.POW: "pow",
            OpKind.MAXIMUM: "maximum", OpKind.MINIMUM: "minimum", OpKind.EQUAL: "eq", OpKind.LESS: "lt",
-           OpKind.GREATER: "gt"}  # fmt: skip
+           OpKind.GREATER: "gt"}
 _UNARY = {OpKind.NEG: "neg", OpKind.ABS: "abs", OpKind.EXP: "exp", OpKind.LOG: "log", OpKind.SQRT: "sqrt",
-          OpKind.RSQRT: "rsqrt", OpKind.ERF: "erf", OpKind.TANH: "tanh", OpKind.SIGMOID: "sigmoid"}  # fmt: skip
+          OpKind.RSQRT: "rsqrt", OpKind.ERF: "erf", OpKind.TANH: "tanh", OpKind.SIGMOID: "sigmoid"}
 
 
 def bench_suite(cp: Any, size: str, runs: int) -> list[dict[str, Any]]:
@@ -165,14 +165,14 @@ def bench_suite(cp: Any, size: str, runs: int) -> list[dict[str, Any]]:
         got = cg.run(m.inputs)[0]
         err = float(np.max(np.abs(got - m.reference64())))
         row = {"model": name, "rlx_ms": t_rlx * 1e3, "rlx_host_io_ms": t_host * 1e3, "max_abs_err": err,
-               "report_notes": cg.report().notes}  # fmt: skip
+               "report_notes": cg.report().notes}
         if torch is not None and torch.cuda.is_available():
             run = _torch_runner(torch, graph)
             feed = {k: torch.as_tensor(v).cuda() for k, v in m.inputs.items()}
             with torch.inference_mode():
                 t_torch = _median_seconds(lambda run=run, feed=feed: run(feed), torch.cuda.synchronize, runs)
             row.update({"torch_eager_ms": t_torch * 1e3, "ratio": t_rlx / t_torch, "target": "<= 1.2",
-                        "met": t_rlx / t_torch <= 1.2})  # fmt: skip
+                        "met": t_rlx / t_torch <= 1.2})
         else:
             row["torch_eager_ms"] = None
         rows.append(row)
@@ -201,7 +201,7 @@ def bench_bandwidth(cp: Any, runs: int, quick: bool) -> list[dict[str, Any]]:
         out.append({"shape": f"{rows}x{cols}", "rlx_ms": t_rlx * 1e3, "copy_ms": t_copy * 1e3,
                     "rlx_gbps": 2 * x.nbytes / t_rlx / 1e9, "copy_gbps": 2 * x.nbytes / t_copy / 1e9,
                     "fraction": fraction, "target": ">= 0.6", "met": fraction >= 0.6,
-                    "notes": cg.report().notes})  # fmt: skip
+                    "notes": cg.report().notes})
         del x, dst, cg
     out.append(_arithmetic_chain(cp, runs, 2048 if quick else 8192))
     return out
@@ -227,7 +227,7 @@ def _arithmetic_chain(cp: Any, runs: int, n: int) -> dict[str, Any]:
     t_copy = _median_seconds(lambda: cp.copyto(dst, xa), sync, runs)
     return {"shape": f"{n}x{n} (15 add/mul, no transcendentals)", "rlx_ms": t_rlx * 1e3, "copy_ms": t_copy * 1e3,
             "rlx_gbps": 2 * xa.nbytes / t_rlx / 1e9, "copy_gbps": 2 * xa.nbytes / t_copy / 1e9,
-            "fraction": t_copy / t_rlx, "target": "(reference)", "met": True, "notes": cg.report().notes}  # fmt: skip
+            "fraction": t_copy / t_rlx, "target": "(reference)", "met": True, "notes": cg.report().notes}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     n = 1024 if args.quick else 4096
     results = {"device": got.versions.get("device", "?"), "versions": got.versions, "matmul": bench_matmul(cp, n, runs),
                "suite": bench_suite(cp, "quick" if args.quick else "full", runs),
-               "bandwidth": bench_bandwidth(cp, runs, args.quick)}  # fmt: skip
+               "bandwidth": bench_bandwidth(cp, runs, args.quick)}
     print(json.dumps(results, indent=2, default=str))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))

@@ -107,7 +107,7 @@ def _runner(cg: Any, feeds: dict[str, Any]) -> Callable[[], Any]:
 
 
 def _time_cuda(label: str, graph: Any, feeds: dict[str, np.ndarray], dev_feeds: dict[str, Any], want: np.ndarray,
-               sync: Callable[[], None], host: dict[str, float] | None) -> dict[str, Any]:  # fmt: skip
+               sync: Callable[[], None], host: dict[str, float] | None) -> dict[str, Any]:
     """Compile on cuda (under the RLX_CUDA_CUDNN set by the caller), check, time device-in
     (``run_dlpack``) and, given ``host``, host-in/out ``run`` too."""
     import rlx_core

@@ -96,7 +96,7 @@ def elementwise(rng: np.random.Generator, shape: tuple[int, int]) -> Model:
     g = rlx.Graph("elementwise")
     x = g.input("x", shape)
     weights = {"scale": rng.uniform(0.5, 1.5, shape[-1]).astype(np.float32),
-               "shift": rng.uniform(-0.5, 0.5, shape[-1]).astype(np.float32)}  # fmt: skip
+               "shift": rng.uniform(-0.5, 0.5, shape[-1]).astype(np.float32)}
     scale, shift = g.param("scale", weights["scale"]), g.param("shift", weights["shift"])
     y = g.add(g.mul(x, scale), shift)
     y = g.tanh(y)
@@ -203,7 +203,7 @@ def check(model: Model, fns: dict[str, Callable[[], Any]]) -> None:
 
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], blocks: int, sample_s: float,
-                     pause_s: float) -> dict[str, float]:  # fmt: skip
+                     pause_s: float) -> dict[str, float]:
     """Median seconds per call of each function, over interleaved blocks (see the module doc)."""
     loops: dict[str, int] = {}
     for name, f in fns.items():  # size each loop to ~sample_s (and warm up)
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.devices()[0].device_kind}); "
-          f"{blocks} blocks, medians", file=sys.stderr)  # fmt: skip
+          f"{blocks} blocks, medians", file=sys.stderr)
     figures = []
     for model in build_models(args.quick):
         if model.name not in wanted:
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         check(model, fns)
         medians = time_interleaved(fns, blocks, sample_s, pause_s)
         row = {"model": model.name, "summary": model.summary, "seconds": medians,
-               "ratio": medians["rlx jax"] / medians["jax.jit"]}  # fmt: skip
+               "ratio": medians["rlx jax"] / medians["jax.jit"]}
         if args.dlpack:
             row["ratio_on_device"] = medians["rlx jax, dlpack"] / medians["jax.jit, on device"]
         figures.append(row)

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and few runs, to check that it works")
     parser.add_argument("--driver-local-size", action="store_true",
-                        help="let the driver choose work-group sizes (local_size=None), for comparison")  # fmt: skip
+                        help="let the driver choose work-group sizes (local_size=None), for comparison")
     args = parser.parse_args(argv)
     global DRIVER_LOCAL_SIZE
     DRIVER_LOCAL_SIZE = args.driver_local_size

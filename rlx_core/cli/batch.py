@@ -65,12 +65,12 @@ def batch(
             require_devices([device])
         run_batch(model, input, output, ray_address=(address or "local") if use_ray else None,
                   batch_size=batch_size, device=None if device == "auto" else device, concurrency=concurrency,
-                  console=console)  # fmt: skip
+                  console=console)
 
 
 def run_batch(model: Path, input: Path, output: Path, *, ray_address: str | None = None,
               batch_size: int | None = None, device: str | None = None, concurrency: int | None = None,
-              console: Console | None = None) -> dict[str, int]:  # fmt: skip
+              console: Console | None = None) -> dict[str, int]:
     """The whole job; returns rows per device. ``ray_address=None`` runs in-process."""
     from rich.console import Console
 
@@ -148,7 +148,7 @@ def _progress(console: Console, total: int) -> Iterator[Any]:
     # still starts rich's refresh thread and leaves a blank line: there it is not drawn.
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True, refresh_per_second=_REFRESH_PER_S,
-                  disable=not console.is_terminal) as progress:  # fmt: skip
+                  disable=not console.is_terminal) as progress:
         task = progress.add_task("rows (the first batch compiles)", total=total)
         # ``advance`` takes rich's lock and samples the speed (~1 µs, as much as the rest of
         # the loop's bookkeeping per batch of a fast model), so rows are handed over at most
@@ -174,7 +174,7 @@ def _progress(console: Console, total: int) -> Iterator[Any]:
 
 
 def _in_process(info: Any, source: TableSource, rows_per_batch: int,
-                device: str | None) -> Generator[dict, None, None]:  # fmt: skip
+                device: str | None) -> Generator[dict, None, None]:
     from ..distributed import Predictor
 
     predictor = Predictor(info, device=device, batch_size=None if info.rows_per_run else rows_per_batch)
@@ -183,7 +183,7 @@ def _in_process(info: Any, source: TableSource, rows_per_batch: int,
 
 
 def _on_ray(model: Path, source: TableSource, address: str, rows_per_batch: int, device: str | None,
-            concurrency: int | None) -> Generator[dict, None, None]:  # fmt: skip
+            concurrency: int | None) -> Generator[dict, None, None]:
     from ..distributed import map_batches, require_ray
     from ..distributed._ray import rlx_error_from
 
@@ -191,7 +191,7 @@ def _on_ray(model: Path, source: TableSource, address: str, rows_per_batch: int,
     started = False
     if not ray.is_initialized():
         ray.init(address=None if address == "local" else address, include_dashboard=False,
-                 log_to_driver=True, configure_logging=False)  # fmt: skip
+                 log_to_driver=True, configure_logging=False)
         started = True
     context = ray.data.DataContext.get_current()
     bars = context.enable_progress_bars
@@ -201,7 +201,7 @@ def _on_ray(model: Path, source: TableSource, address: str, rows_per_batch: int,
         per_block = max(rows_per_batch, -(-source.rows // (4 * workers)))  # ~4 blocks per worker, whole batches
         per_block = -(-per_block // rows_per_batch) * rows_per_batch
         ds = map_batches(source.to_ray(ray, per_block), model, device=device, batch_size=rows_per_batch,
-                         concurrency=concurrency)  # fmt: skip
+                         concurrency=concurrency)
         try:
             yield from ds.iter_batches(batch_size=None, batch_format="numpy")
         except Exception as exc:

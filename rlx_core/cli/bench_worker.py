@@ -73,7 +73,7 @@ class WorkerPool:
 
     def __init__(self, graph: Graph, feeds: Mapping[str, np.ndarray], source: Path | None = None,
                  dims: Mapping[str, int] | None = None, *, environ: Mapping[str, str] = os.environ,
-                 ready_timeout: float = READY_SECONDS, block_timeout: float = BLOCK_SECONDS) -> None:  # fmt: skip
+                 ready_timeout: float = READY_SECONDS, block_timeout: float = BLOCK_SECONDS) -> None:
         self._dir = tempfile.mkdtemp(prefix="rlx-bench-")
         try:
             if source is None:
@@ -107,7 +107,7 @@ class WorkerPool:
         """A worker for the contender ``spec``, compiled and warmed up: its row, which times
         its blocks there (``Contender.block``), or says why it cannot run."""
         worker = BenchWorker(name, {**self._request, "contender": dict(spec)}, environ=self._environ,
-                             block_timeout=self._block_timeout)  # fmt: skip
+                             block_timeout=self._block_timeout)
         self.workers.append(worker)
         return worker.start(kind, note, timeout=self._ready_timeout)
 
@@ -122,7 +122,7 @@ class WorkerPool:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+                 tb: TracebackType | None) -> None:
         self.close(kill=exc_type is not None)
 
 
@@ -130,7 +130,7 @@ class BenchWorker:
     """The parent's side of one worker: ``start`` it, time ``block``s, ``close`` it."""
 
     def __init__(self, name: str, request: Mapping[str, Any], *, environ: Mapping[str, str] = os.environ,
-                 block_timeout: float = BLOCK_SECONDS) -> None:  # fmt: skip
+                 block_timeout: float = BLOCK_SECONDS) -> None:
         self.name = name
         self._request = dict(request)
         self._environ = environ
@@ -152,7 +152,7 @@ class BenchWorker:
         """Start the child and wait until it has compiled and warmed up (at most ``timeout`` s)."""
         try:
             self._proc, self._readers = start_child("rlx_core.cli.bench_worker", self._environ, self._messages,
-                                                    self._stderr)  # fmt: skip
+                                                    self._stderr)
         except OSError as exc:
             return Contender(self.name, kind, None, note=f"could not be started ({type(exc).__name__}: {exc})")
         try:
@@ -163,7 +163,7 @@ class BenchWorker:
         self._warmup = float(ready.get("warmup_seconds") or 0.0)
         seconds = ready.get("compile_seconds")
         return Contender(self.name, kind, None, None if seconds is None else float(seconds),
-                         str(ready.get("note") or note), block=self.block)  # fmt: skip
+                         str(ready.get("note") or note), block=self.block)
 
     def block(self, n: int) -> float:
         """Seconds per run over ``n`` runs timed in the child; ``ContenderFailed`` saying why
@@ -289,7 +289,7 @@ def _build(request: Mapping[str, Any], channel: ChildChannel) -> tuple[Callable[
     contender.run()
     warmup = time.perf_counter() - t0
     return contender.run, {"compile_seconds": contender.compile_seconds, "warmup_seconds": warmup,
-                           "note": contender.note}  # fmt: skip
+                           "note": contender.note}
 
 
 def _read_requests(out: queue.Queue[str]) -> None:

@@ -60,7 +60,7 @@ def calibrate(
         problems: dict[str, str] = {}  # measured but not saved: said under the table
         failed: list[str] = []
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as progress:  # fmt: skip
+                      console=console, transient=True) as progress:
             task = progress.add_task("calibrating", total=len(targets))
             if targets:
                 console.print(f"calibrating {', '.join(targets)}: about {len(targets) * (15 if quick else 60)} s")
@@ -86,7 +86,7 @@ def calibrate(
                     failed.append(d)
                 progress.update(task, completed=i + 1)
         table = Table("device", "sgemm GFLOP/s", "memory GB/s", "dispatch", "round trip", "source",
-                      title="Calibrated cost models", title_justify="left")  # fmt: skip
+                      title="Calibrated cost models", title_justify="left")
         notes = Notes()  # a long source (a date, a plugin's own words) below the table
         for d, m in results.items():
             if isinstance(m, str):
@@ -147,18 +147,18 @@ def _verify_table(devices: list[str], quick: bool) -> None:
         rows = verify_cost_models(devices=devices, scale=0.1 if quick else 1.0, rounds=5 if quick else 20,
                                   progress=lambda what, frac: progress.update(task, description=what, completed=frac))
     table = Table("model", "device", "predicted", "measured", "pred/meas", "", title="Cost model check",
-                  title_justify="left")  # fmt: skip
+                  title_justify="left")
     notes = Notes()  # a device's failure on a model, below the table
     for row in rows:
         for d in sorted(row.measured, key=row.measured.__getitem__):
             mark = "picked, best" if d == row.picked == row.best else "picked" if d == row.picked else (
-                "best" if d == row.best else "")  # fmt: skip
+                "best" if d == row.best else "")
             table.add_row(row.model, d, _seconds(row.predicted[d]), _seconds(row.measured[d]),
-                          f"{row.prediction_ratio(d):.2f}x", mark)  # fmt: skip
+                          f"{row.prediction_ratio(d):.2f}x", mark)
         for d, err in row.errors.items():
             table.add_row(row.model, d, "", "", "", f"failed {notes.add(f'{row.model} on {d}: {err}')}")
     console.print(table)
     notes.print()
     for row in rows:
         console.print(f"{row.model}: picked {row.picked}, best {row.best}, regret {row.regret:.2f}x, "
-                      f"worst prediction off by {row.worst_prediction_ratio:.2f}x")  # fmt: skip
+                      f"worst prediction off by {row.worst_prediction_ratio:.2f}x")

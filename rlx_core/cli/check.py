@@ -79,7 +79,7 @@ def check(
                              "blocker": r.blocker, "est_seconds": r.est_seconds} for r in rows],
                 "pick": pick, "why": why, "partition": None if isinstance(split, str) else split.to_dict(),
                 "partition_note": split if isinstance(split, str) else "",
-            }  # fmt: skip
+            }
             print(json.dumps(doc, indent=2))
         else:
             console.print(f"graph: {graph.name} ({len(graph)} nodes) from {origin}")

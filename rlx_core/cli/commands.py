@@ -61,7 +61,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 cache_app = typer.Typer(help="Inspect or clear rlx's on-disk caches (cost models, faults, plugins' caches).",
-                        no_args_is_help=True)  # fmt: skip
+                        no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
 
 _DimsOption = Annotated[list[str] | None, typer.Option("--dim", help="Bind an ONNX symbolic dim: NAME=N (repeatable).")]
@@ -112,7 +112,7 @@ def _make_inputs(graph: Graph, specs: Sequence[str], seed: int) -> tuple[dict[st
         if name not in feeds:
             feeds[name] = arr
             notes.append(f"input {name}: random {arr.dtype}{list(arr.shape)} (seed {seed}; "
-                         f"give --input {name}=FILE.npy to choose)")  # fmt: skip
+                         f"give --input {name}=FILE.npy to choose)")
     return feeds, notes
 
 
@@ -215,7 +215,7 @@ def run(
         run_s = time.perf_counter() - t0
         console.print(f"device: [bold]{cg.device}[/] — {getattr(report, 'reason', '') or 'chosen by the policy'}")
         console.print(f"compile: {_seconds(getattr(report, 'compile_seconds', None) or compile_s)}   "
-                      f"run: {_seconds(run_s)} (first run)")  # fmt: skip
+                      f"run: {_seconds(run_s)} (first run)")
         names = g.output_names()
         table = Table("output", "shape", "dtype", "min", "max", "mean", title_justify="left")
         for name, arr in zip(names, outputs):
@@ -288,7 +288,7 @@ def bench(
         ref = next((c for c in timed if c.note == "chosen"), timed[0] if timed else None)
         base = ref.median if ref is not None else None
         table = Table("contender", "compile", "median / run", "best / run", f"vs {ref.name if ref else 'rlx'}", "note",
-                      title=f"rlx bench: {runs} runs each", title_justify="left")  # fmt: skip
+                      title=f"rlx bench: {runs} runs each", title_justify="left")
         notes = Notes()  # a failure's message (a compile error, how a worker died) below the table
         for c in contenders:
             ratio = f"{c.median / base:.2f}x" if c.median is not None and base else ""
@@ -330,7 +330,7 @@ def cache_info_command(
         for ns in info["namespaces"]:  # files rlx did not write: neither counted above nor cleared
             if ns["other"]:
                 console.print(f"{escape(ns['name'])}: also {ns['other']} file{'s' if ns['other'] != 1 else ''} rlx did "
-                              "not write (rlx cache clear leaves them)", soft_wrap=False)  # fmt: skip
+                              "not write (rlx cache clear leaves them)", soft_wrap=False)
 
 
 @cache_app.command("clear")
@@ -346,11 +346,11 @@ def cache_clear_command(
         n = cleared.removed
         which = f" ({', '.join(namespaces)})" if namespaces else ""
         console.print(f"removed {n} file{'s' if n != 1 else ''}{which} from {escape(str(cache_dir()))}",
-                      soft_wrap=False)  # fmt: skip
+                      soft_wrap=False)
         for files, why in ((cleared.left, "rlx did not write"), (cleared.failed, "rlx could not remove")):
             if files:  # only what rlx wrote is deleted
                 console.print(f"left {len(files)} file{'s' if len(files) != 1 else ''} {why} (e.g. "
-                              f"{escape(str(files[0]))})", soft_wrap=False)  # fmt: skip
+                              f"{escape(str(files[0]))})", soft_wrap=False)
 
 
 # --------------------------------------------------------------------------- the commands in their own modules
@@ -360,7 +360,7 @@ _register_batch(app)
 
 
 def _show_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
-                  line: str | None = None) -> None:  # fmt: skip
+                  line: str | None = None) -> None:
     """Warnings as one ``warning:`` line each: the source line means nothing to a CLI user."""
     print(f"warning: {message}", file=sys.stderr, flush=True)
 

@@ -198,7 +198,7 @@ def check_out_path(path: Path, option: str = "--out") -> None:
             pass
     except OSError as exc:
         raise ConfigError(f"{option} {str(path)!r}: cannot write in {str(folder)!r} "
-                          f"({exc.strerror or type(exc).__name__})") from None  # fmt: skip
+                          f"({exc.strerror or type(exc).__name__})") from None
 
 
 def file_mode() -> int:

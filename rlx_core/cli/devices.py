@@ -63,7 +63,7 @@ def device_rows(placement: Placement) -> tuple[list[DeviceCandidate], set[str]]:
             device=device, label="", available=False, reason=reason, registered=False, supports_graph=None,
             recommended=False, blocker=reason, est_seconds=None, priority=PLATFORM_PRIORITY.get(device, 0),
             distribution=distribution,
-        ))  # fmt: skip
+        ))
     return rows, set(missing)
 
 
@@ -122,7 +122,7 @@ def _why_not(rows: Sequence[DeviceCandidate], missing: set[str]) -> dict[str, st
         elif rec is not None and r.est_seconds is not None and rec.est_seconds is not None:
             if math.isclose(r.est_seconds, rec.est_seconds, rel_tol=1e-9):
                 why_not[r.device] = (f"same estimated cost ({_seconds(r.est_seconds)}) as {rec.device}, "
-                                     f"lower priority ({r.priority} vs {rec.priority})")  # fmt: skip
+                                     f"lower priority ({r.priority} vs {rec.priority})")
             else:
                 why_not[r.device] = f"estimated {_seconds(r.est_seconds)} per run vs {_seconds(rec.est_seconds)}"
         else:
@@ -217,7 +217,7 @@ def _print_devices(rows: Sequence[DeviceCandidate], missing: set[str], with_grap
     columns += [("est. per run", False)] if with_graph else [("label", True), ("package", True)]
     for col, wraps in columns:
         table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=None if wraps else len(col),
-                         justify="right" if col == "est. per run" else "left")  # fmt: skip
+                         justify="right" if col == "est. per run" else "left")
     notes = Notes()
     colour = {"usable": "green", "blocked": "yellow", "unavailable": "red", "not installed": "dim"}
     for r in rows:
@@ -240,7 +240,7 @@ def _print_devices(rows: Sequence[DeviceCandidate], missing: set[str], with_grap
 
 
 def _print_explain(placement: Placement, rows: Sequence[DeviceCandidate], missing: set[str],
-                   variables: Sequence[Setting]) -> None:  # fmt: skip
+                   variables: Sequence[Setting]) -> None:
     from dataclasses import replace
 
     from rich.table import Table
@@ -260,7 +260,7 @@ def _print_explain(placement: Placement, rows: Sequence[DeviceCandidate], missin
         value = os.environ.get(s.name)
         owner = f" [{s.owner}]" if s.owner != "rlx-core" else ""
         lines.append(f"{s.name}={value!r}{owner} — {s.doc}" if value is not None else
-                     f"{s.name} (unset){owner} — {s.doc}")  # fmt: skip
+                     f"{s.name} (unset){owner} — {s.doc}")
     _print_prose(lines, indent="  ")
     _print_probes(placement, rows)
     if placement.graph is not None and _print_split(placement, rows):
@@ -274,7 +274,7 @@ def _print_explain(placement: Placement, rows: Sequence[DeviceCandidate], missin
         rows = [by_name.get(r.device, r) for r in rows]
         console.print(f"Without --graph, rlx has no graph of yours to price: rec. marks the highest-priority usable "
                       f"device, and what follows is for `rlx run --example {REPRESENTATIVE}`; pass --graph FILE "
-                      "for yours.")  # fmt: skip
+                      "for yours.")
     try:
         device, why, _ = placement.choose()
         console.print(f"Why {device}: {why}")

@@ -71,7 +71,7 @@ def model_bytes(model: Any) -> tuple[str, bytes, str]:
         kind = "graph" if suffix == ".json" else "onnx" if suffix == ".onnx" else _sniff(data)
         return kind, data, str(path)
     raise ModelError(f"model must be a Graph, a .json or .onnx path, or the bytes of either; "
-                     f"got {type(model).__name__}")  # fmt: skip
+                     f"got {type(model).__name__}")
 
 
 def output_column_names(graph: Graph) -> list[str]:
@@ -142,7 +142,7 @@ class BatchModel:
         first = graph.node(graph.inputs[0])
         if not first.shape:
             raise ModelError(f"{self.origin}: input {first.name!r} is a scalar; batch inference needs a leading "
-                             "batch dimension on every input")  # fmt: skip
+                             "batch dimension on every input")
         rows = first.shape[0]
         if rows < 1:
             raise ModelError(f"{self.origin}: input {first.name!r} has batch dimension {rows}; it must be >= 1")
@@ -155,7 +155,7 @@ class BatchModel:
             n = graph.node(i)
             if not n.shape or n.shape[0] != rows:
                 raise ModelError(f"{self.origin}: output {name!r} has shape {n.shape}, which does not lead with "
-                                 f"the batch dimension {rows}; its rows cannot be told apart")  # fmt: skip
+                                 f"the batch dimension {rows}; its rows cannot be told apart")
         return rows
 
     def _onnx_batch(self, data: bytes) -> int | None:
@@ -168,20 +168,20 @@ class BatchModel:
         for spec in specs:
             if not spec.shape:
                 raise ModelError(f"{self.origin}: input {spec.name!r} is a scalar; batch inference needs a leading "
-                                 "batch dimension on every input")  # fmt: skip
+                                 "batch dimension on every input")
             lead, rest = spec.shape[0], spec.shape[1:]
             for axis, d in enumerate(rest, start=1):
                 if isinstance(d, str):
                     raise ModelError(f"{self.origin}: input {spec.name!r} axis {axis} is symbolic ({d!r}); batch "
                                      "inference binds only the leading (batch) dimension, so fix the others when "
-                                     "exporting the model")  # fmt: skip
+                                     "exporting the model")
             if isinstance(lead, str):
                 keys.append(lead)
             else:
                 fixed.add(lead)
         if keys and fixed:
             raise ModelError(f"{self.origin}: some inputs have a symbolic batch dimension and others a fixed one "
-                             f"({sorted(fixed)}); the batch dimension must be the same on every input")  # fmt: skip
+                             f"({sorted(fixed)}); the batch dimension must be the same on every input")
         if len(fixed) > 1:
             raise ModelError(f"{self.origin}: inputs disagree on the batch dimension ({sorted(fixed)})")
         self._batch_keys = tuple(dict.fromkeys(keys))
@@ -214,7 +214,7 @@ class BatchModel:
 
     # ------------------------------------------------------------------ schema
     def check_columns(self, columns: Mapping[str, tuple[tuple[int, ...], Any]],
-                      device_column: str | None = None) -> None:  # fmt: skip
+                      device_column: str | None = None) -> None:
         """Check ``{column: (row_shape, dtype)}`` against the model's inputs, before any work.
 
         Raises ``InputError`` naming the first input column that is missing or whose
@@ -226,20 +226,20 @@ class BatchModel:
                 have = ", ".join(repr(c) for c in columns) or "none"
                 takes = ", ".join(f"{c.name!r} ({c.describe()})" for c in self.inputs)
                 raise InputError(f"column {spec.name!r} is missing: model {self.name!r} takes {takes}; the data "
-                                 f"has columns {have}")  # fmt: skip
+                                 f"has columns {have}")
             row_shape, dtype = columns[spec.name]
             if np.dtype(dtype) != spec.dtype:
                 raise InputError(f"column {spec.name!r}: expected dtype {spec.dtype}, got {np.dtype(dtype)} "
-                                 f"(rlx never casts silently; convert it with .astype('{spec.dtype}'))")  # fmt: skip
+                                 f"(rlx never casts silently; convert it with .astype('{spec.dtype}'))")
             if tuple(row_shape) != spec.row_shape:
                 raise InputError(f"column {spec.name!r}: expected rows of shape {list(spec.row_shape)}, got "
-                                 f"{list(row_shape)}")  # fmt: skip
+                                 f"{list(row_shape)}")
         inputs = {c.name for c in self.inputs}
         taken = {c.name for c in self.outputs} | ({device_column} if device_column else set())
         for name in columns:
             if name in taken and name not in inputs:
                 raise InputError(f"column {name!r} would be overwritten by the model output (or device column) of "
-                                 "that name; rename the column")  # fmt: skip
+                                 "that name; rename the column")
 
     def __repr__(self) -> str:
         batch = "symbolic" if self.symbolic else str(self.rows_per_run)

@@ -69,12 +69,12 @@ def actor_pool(ray: ModuleType, concurrency: Any) -> Any:
             return strategy(min_size=concurrency[0], max_size=concurrency[1])
         return strategy(min_size=concurrency[0], max_size=concurrency[1], initial_size=concurrency[2])
     raise ConfigError(f"concurrency must be an int >= 1, a (min, max) or (min, max, initial) tuple, or None; "
-                      f"got {concurrency!r}")  # fmt: skip
+                      f"got {concurrency!r}")
 
 
 def map_batches(dataset: Any, model: Any, *, policy: DevicePolicy | None = None, batch_size: int | None = None,
                 concurrency: Any = None, num_gpus: float | None = None, device: str | None = None,
-                device_column: str | None = DEFAULT_DEVICE_COLUMN, **ray_kwargs: Any) -> Any:  # fmt: skip
+                device_column: str | None = DEFAULT_DEVICE_COLUMN, **ray_kwargs: Any) -> Any:
     """``dataset.map_batches`` through a pool of ``Predictor`` actors, one per worker.
 
     Each worker loads ``model`` from the bytes shipped with the job and resolves its own
@@ -113,7 +113,7 @@ def map_batches(dataset: Any, model: Any, *, policy: DevicePolicy | None = None,
         "fn_constructor_args": (data,),
         "fn_constructor_kwargs": {"policy": policy, "device": device, "device_column": device_column,
                                   "batch_size": None if info.rows_per_run else batch_size},
-    }  # fmt: skip
+    }
     if num_gpus is not None:
         kwargs["num_gpus"] = num_gpus
     params = inspect.signature(dataset.map_batches).parameters

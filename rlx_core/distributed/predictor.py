@@ -78,13 +78,13 @@ class Predictor:
     """
 
     def __init__(self, model: Any, *, policy: DevicePolicy | None = None, device: str | None = None,
-                 device_column: str | None = DEFAULT_DEVICE_COLUMN, batch_size: int | None = None) -> None:  # fmt: skip
+                 device_column: str | None = DEFAULT_DEVICE_COLUMN, batch_size: int | None = None) -> None:
         if policy is not None and not isinstance(policy, DevicePolicy):
             raise ConfigError(f"policy must be a DevicePolicy or None, got {type(policy).__name__}")
         if device is not None and (not isinstance(device, str) or not device.strip()):
             raise ConfigError(f"device must be a device name like 'cpu' or 'cuda:1', got {device!r}")
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                       or batch_size < 1):  # fmt: skip
+                                       or batch_size < 1):
             raise ConfigError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
         self.model = model if isinstance(model, BatchModel) else BatchModel(model)
         self.policy = policy if policy is not None else DevicePolicy.from_env()
@@ -147,9 +147,9 @@ class Predictor:
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if type(batch) is not dict and not isinstance(batch, Mapping):  # the type test spares the ABC check
             raise InputError(f"a batch must be a mapping of column name to array, got {type(batch).__name__} "
-                             "(with Ray Data, use batch_format='numpy')")  # fmt: skip
+                             "(with Ray Data, use batch_format='numpy')")
         arrays = {name: value if type(value) is np.ndarray and value.ndim and value.dtype.kind != "O"
-                  else _column(name, value) for name, value in batch.items()}  # fmt: skip
+                  else _column(name, value) for name, value in batch.items()}
         # A job's batches share one schema (and one size, but the last): the row count and the
         # column check are a function of it, so they are done once per schema, not per batch.
         schema = tuple([(name, a.shape, a.dtype) for name, a in arrays.items()])
@@ -236,7 +236,7 @@ class Predictor:
             if not chain:
                 why = "the policy's chain has no viable device" if self.policy.chain else "no viable device"
                 raise DeviceError(f"{self.where}: {why} for graph {graph.name!r} "
-                                  f"(see `rlx devices --graph` on this host)")  # fmt: skip
+                                  f"(see `rlx devices --graph` on this host)")
             if self._strict:
                 chain = chain[:1]
             elif not self.policy.chain:
@@ -259,7 +259,7 @@ class Predictor:
 
         placement = Placement(graph, self.policy)
         estimates = {r.device: r.est_seconds for r in placement.rank(placement.candidates(chain))
-                     if r.est_seconds is not None}  # fmt: skip
+                     if r.est_seconds is not None}
         if chain[0] in estimates:
             self._watches[id(graph)] = DriftWatch(estimates, chain[0], factor=factor, forget_seconds=forget)
 
@@ -302,9 +302,9 @@ class Predictor:
                           then="its rows go to {next}",
                           none=f"{where}: no device could run graph {{graph!r}}: {{detail}}",
                           strict=f"{where}: device {{device}} failed running graph {{graph!r}} ({mode}: no fallback): "
-                                 "{error}")  # fmt: skip
+                                 "{error}")
         _, (device, out), _ = try_in_turn(alive, attempt, graph=graph.name, wording=wording, strict=self._strict,
-                                          attempts=attempts, on_failure=forget, stacklevel=4)  # fmt: skip
+                                          attempts=attempts, on_failure=forget, stacklevel=4)
         return device, out
 
     def __repr__(self) -> str:

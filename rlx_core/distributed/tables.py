@@ -139,7 +139,7 @@ class TableSource:
                 arrays = {name: archive[name] for name in archive.files}
         except ValueError as exc:
             raise InputError(f"{str(self.path)!r}: a column holds Python objects, which rlx does not unpickle "
-                             f"({exc})") from None  # fmt: skip
+                             f"({exc})") from None
         except (OSError, EOFError) as exc:
             raise InputError(f"cannot read {str(self.path)!r} as an .npz archive: {exc}") from None
         if not arrays:
@@ -147,13 +147,13 @@ class TableSource:
         for name, a in arrays.items():
             if a.ndim == 0:
                 raise InputError(f"column {name!r} in {str(self.path)!r} is a scalar; each column needs one entry "
-                                 "per row (first dimension = rows)")  # fmt: skip
+                                 "per row (first dimension = rows)")
         lengths = {name: len(a) for name, a in arrays.items()}
         if len(set(lengths.values())) > 1:
             first = next(iter(lengths))
             odd = next(n for n, c in lengths.items() if c != lengths[first])
             raise InputError(f"column {odd!r} in {str(self.path)!r} has {lengths[odd]} rows, but column {first!r} "
-                             f"has {lengths[first]}")  # fmt: skip
+                             f"has {lengths[first]}")
         self._arrays = arrays
         self.schema: Schema = {name: (a.shape[1:], a.dtype) for name, a in arrays.items()}
         self.rows = next(iter(lengths.values()))

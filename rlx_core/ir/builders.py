@@ -93,21 +93,21 @@ class OpBuilders:
         return self._add(OpKind.SOFTMAX, (x,), name, axis=axis)
 
     def layer_norm(self, x: ValueLike, scale: ValueLike, bias: ValueLike | None = None, axis: int = -1,
-                   eps: float = 1e-5, *, name: str = "") -> Value:  # fmt: skip
+                   eps: float = 1e-5, *, name: str = "") -> Value:
         """Normalize over axes ``axis..end``; ``scale``/``bias`` broadcast to those axes."""
         ins = (x, scale) if bias is None else (x, scale, bias)
         return self._add(OpKind.LAYER_NORM, ins, name, axis=axis, eps=eps)
 
     def reduce_sum(self, x: ValueLike, axes: Iterable[int] | int | None = None, keepdims: bool = False,
-                   *, name: str = "") -> Value:  # fmt: skip
+                   *, name: str = "") -> Value:
         return self._add(OpKind.REDUCE_SUM, (x,), name, axes=axes, keepdims=keepdims)
 
     def reduce_mean(self, x: ValueLike, axes: Iterable[int] | int | None = None, keepdims: bool = False,
-                    *, name: str = "") -> Value:  # fmt: skip
+                    *, name: str = "") -> Value:
         return self._add(OpKind.REDUCE_MEAN, (x,), name, axes=axes, keepdims=keepdims)
 
     def reduce_max(self, x: ValueLike, axes: Iterable[int] | int | None = None, keepdims: bool = False,
-                   *, name: str = "") -> Value:  # fmt: skip
+                   *, name: str = "") -> Value:
         return self._add(OpKind.REDUCE_MAX, (x,), name, axes=axes, keepdims=keepdims)
 
     def reshape(self, x: ValueLike, shape: Iterable[int], *, name: str = "") -> Value:
@@ -120,7 +120,7 @@ class OpBuilders:
         return self._add(OpKind.CONCAT, tuple(values), name, axis=axis)
 
     def slice(self, x: ValueLike, starts: Iterable[int], ends: Iterable[int], axes: Iterable[int] | None = None,
-              steps: Iterable[int] | None = None, *, name: str = "") -> Value:  # fmt: skip
+              steps: Iterable[int] | None = None, *, name: str = "") -> Value:
         """ONNX ``Slice``: out-of-range bounds are clamped, negative ones count from the end."""
         return self._add(OpKind.SLICE, (x,), name, starts=starts, ends=ends, axes=axes, steps=steps)
 
@@ -189,26 +189,26 @@ class OpBuilders:
         return self._add(OpKind.BIT_SHIFT_RIGHT, (x, shift), name)
 
     def conv2d(self, x: ValueLike, w: ValueLike, b: ValueLike | None = None, stride: Any = 1, padding: Any = 0,
-               dilation: Any = 1, groups: int = 1, *, name: str = "") -> Value:  # fmt: skip
+               dilation: Any = 1, groups: int = 1, *, name: str = "") -> Value:
         """NCHW convolution (cross-correlation) with OIHW weights, as in ONNX and PyTorch."""
         ins = (x, w) if b is None else (x, w, b)
         return self._add(OpKind.CONV2D, ins, name, stride=stride, padding=padding, dilation=dilation, groups=groups)
 
     def max_pool2d(self, x: ValueLike, kernel: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
-                   ceil_mode: bool = False, *, name: str = "") -> Value:  # fmt: skip
+                   ceil_mode: bool = False, *, name: str = "") -> Value:
         return self._add(OpKind.MAX_POOL2D, (x,), name, kernel=kernel, stride=stride, padding=padding,
-                         dilation=dilation, ceil_mode=ceil_mode)  # fmt: skip
+                         dilation=dilation, ceil_mode=ceil_mode)
 
     def avg_pool2d(self, x: ValueLike, kernel: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
-                   count_include_pad: bool = False, *, name: str = "") -> Value:  # fmt: skip
+                   count_include_pad: bool = False, *, name: str = "") -> Value:
         return self._add(OpKind.AVG_POOL2D, (x,), name, kernel=kernel, stride=stride, padding=padding,
-                         ceil_mode=ceil_mode, count_include_pad=count_include_pad)  # fmt: skip
+                         ceil_mode=ceil_mode, count_include_pad=count_include_pad)
 
     def global_avg_pool2d(self, x: ValueLike, *, name: str = "") -> Value:
         return self._add(OpKind.GLOBAL_AVG_POOL2D, (x,), name)
 
     def attention(self, q: ValueLike, k: ValueLike, v: ValueLike, mask: ValueLike | None = None,
-                  scale: float | None = None, *, name: str = "") -> Value:  # fmt: skip
+                  scale: float | None = None, *, name: str = "") -> Value:
         """softmax(q @ kᵀ · scale + mask) @ v; a bool mask keeps True and masks False."""
         ins = (q, k, v) if mask is None else (q, k, v, mask)
         return self._add(OpKind.ATTENTION, ins, name, scale=scale)

@@ -276,7 +276,7 @@ class Graph(OpBuilders):
         arr = np.asarray(value)
         if arr.shape != node.shape or arr.dtype.name != node.dtype:
             raise GraphError(f"replace_value: {node.describe()} is {node.dtype}{format_shape(node.shape)}, "
-                             f"got {arr.dtype.name}{format_shape(arr.shape)}")  # fmt: skip
+                             f"got {arr.dtype.name}{format_shape(arr.shape)}")
         old = self._values[node.id]
         self._values[node.id] = arr
         return old
@@ -331,7 +331,7 @@ class Graph(OpBuilders):
         return out
 
     def add_node(self, op: OpKind | str, inputs: Sequence[int | Value], attrs: Mapping[str, Any],
-                 name: str = "") -> Value:  # fmt: skip
+                 name: str = "") -> Value:
         """Add a node of any computational op (internal ones included: ``gemm``,
         ``fused_elementwise``, ``fused_conv``) on existing nodes, after checking it: the
         single door into the graph, which the builder methods go through too. Passes
@@ -350,7 +350,7 @@ class Graph(OpBuilders):
             norm_name = ""
         nid = len(self._nodes)
         node = Node(nid, op, tuple(n.id for n in ins), MappingProxyType(norm), tuple(shape), dtype, norm_name,
-                    self._origin if self._origin is not None else nid)  # fmt: skip
+                    self._origin if self._origin is not None else nid)
         self._nodes.append(node)
         if found:
             self._constraints.extend(dataclasses.replace(c, node=nid) for c in found)
@@ -397,17 +397,17 @@ class Graph(OpBuilders):
                 return self.add_node(node.op, ids, node.attrs, node.name)
         nid = len(self._nodes)
         new = Node(nid, node.op, ids, node.attrs, node.shape, node.dtype, node.name,
-                   origin if origin is not None else nid)  # fmt: skip
+                   origin if origin is not None else nid)
         self._nodes.append(new)
         return Value(self, nid, new.shape, new.dtype, new.name)
 
     _add_node = add_node  # the door's name before it was public (code written against it keeps working)
 
     def _add_source(self, op: OpKind, name: str, shape: tuple[int, ...], dtype: str,
-                    value: np.ndarray | None) -> Value:  # fmt: skip
+                    value: np.ndarray | None) -> Value:
         nid = len(self._nodes)
         node = Node(nid, op, (), MappingProxyType({}), shape, dtype, name,
-                    self._origin if self._origin is not None else nid)  # fmt: skip
+                    self._origin if self._origin is not None else nid)
         self._nodes.append(node)
         if not _static(shape):
             self._has_sym = True
@@ -440,7 +440,7 @@ class Graph(OpBuilders):
             raws = tuple(shape)
             dims = tuple(_input_dim(d) for d in raws)
             bad = [d for d, raw in zip(dims, raws)
-                   if not isinstance(d, Sym) and (d < 0 or isinstance(raw, bool) or int(raw) != raw)]  # fmt: skip
+                   if not isinstance(d, Sym) and (d < 0 or isinstance(raw, bool) or int(raw) != raw)]
         except (TypeError, ValueError):
             raise GraphError(f"input {name!r}: shape must be a sequence of ints, got {shape!r}") from None
         if bad:
@@ -476,7 +476,7 @@ class Graph(OpBuilders):
     def summary(self) -> str:
         """A human-readable listing: one line per node with op, inputs, shape and dtype."""
         lines = [f"Graph {self.name!r}: {len(self._nodes)} nodes, inputs {len(self._inputs)}, "
-                 f"params {len(self._params)}, outputs {list(self._outputs)}"]  # fmt: skip
+                 f"params {len(self._params)}, outputs {list(self._outputs)}"]
         outs = set(self._outputs)
         for n in self._nodes:
             args = ", ".join(f"%{i}" for i in n.inputs)
@@ -520,13 +520,13 @@ class Graph(OpBuilders):
             elif n.id in self._values:
                 arr = np.asarray(self._values[n.id], order="C").astype(np.dtype(n.dtype).newbyteorder("<"))
                 d["value"] = {"dtype": n.dtype, "shape": list(arr.shape),
-                              "data": base64.b64encode(arr.tobytes()).decode("ascii")}  # fmt: skip
+                              "data": base64.b64encode(arr.tobytes()).decode("ascii")}
             else:
                 d["attrs"] = {k: [to_obj(x) if isinstance(x, Sym) else x for x in v] if isinstance(v, tuple) else v
-                              for k, v in n.attrs.items()}  # fmt: skip
+                              for k, v in n.attrs.items()}
             nodes.append(d)
         doc = {"format": GRAPH_FORMAT, "version": GRAPH_FORMAT_VERSION, "name": self.name,
-               "nodes": nodes, "outputs": list(self._outputs)}  # fmt: skip
+               "nodes": nodes, "outputs": list(self._outputs)}
         return json.dumps(doc)
 
     @classmethod

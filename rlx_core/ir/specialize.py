@@ -48,7 +48,7 @@ def bind_shapes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, 
     if missing or unknown:
         parts = [f"missing {missing}" if missing else "", f"unknown {unknown}" if unknown else ""]
         raise InputError(f"graph {graph.name!r}: input shapes {' and '.join(p for p in parts if p)}; "
-                         f"it takes {sorted(ins)}")  # fmt: skip
+                         f"it takes {sorted(ins)}")
     bindings: dict[str, int] = {}
     source: dict[str, str] = {}
     later = []
@@ -65,7 +65,7 @@ def bind_shapes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, 
             elif want.name in bindings and bindings[want.name] != size:
                 sym = want.name
                 raise InputError(f"input {name!r} dim {i} ({sym!r}): {size}, but input {source[sym]!r} "
-                                 f"gave {sym} = {bindings[sym]}")  # fmt: skip
+                                 f"gave {sym} = {bindings[sym]}")
             else:
                 bindings.setdefault(want.name, size)
                 source.setdefault(want.name, name)
@@ -74,13 +74,13 @@ def bind_shapes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, 
             value = evaluate(want, bindings)
         except UnboundSymbolError as exc:
             raise InputError(f"input {name!r} dim {i} ({want}): symbol {exc.name!r} is bound by no input dim "
-                             "of its own") from None  # fmt: skip
+                             "of its own") from None
         if value != size:
             raise InputError(f"input {name!r} dim {i} ({want}): {size}, but the other inputs give {want} = {value}")
     for sym, nid in graph.symbol_origins.items():
         if sym not in bindings:
             raise InputError(f"symbol {sym!r} (first used by {graph.node(nid).describe()}, "
-                             f"{graph.node(nid).op}) is bound by no input dim")  # fmt: skip
+                             f"{graph.node(nid).op}) is bound by no input dim")
     for c in graph.constraints:
         if not c.holds(bindings):
             raise InputError(f"{_describe(graph, c)} does not hold: {_values(c, bindings)}")
@@ -92,7 +92,7 @@ def specialize_graph(graph: Graph, bindings: Mapping[str, int]) -> Graph:
     missing = sorted(needed - set(bindings))
     if missing:
         raise GraphError(f"specialize: graph {graph.name!r} needs a value for symbol(s) {missing}; "
-                         f"got {dict(bindings)}")  # fmt: skip
+                         f"got {dict(bindings)}")
     sizes = {k: int(v) for k, v in bindings.items()}
     for c in graph.constraints:
         if not c.holds(sizes):
@@ -119,7 +119,7 @@ def _respecialize(graph: Graph, new: Graph, node: Any, sizes: Mapping[str, int])
     made = new.add_node(node.op, node.inputs, attrs, node.name)
     if made.shape != shape:  # the symbolic rule and the static one disagree: a bug, never a silent one
         raise GraphError(f"specialize: {node.describe()} ({node.op}) has shape {made.shape} under {sizes}, "
-                         f"but its symbolic shape {node.shape} gives {shape}")  # fmt: skip
+                         f"but its symbolic shape {node.shape} gives {shape}")
 
 
 def representative(graph: Graph) -> tuple[Graph, dict[str, int]]:

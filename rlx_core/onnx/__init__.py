@@ -35,7 +35,7 @@ def _impl() -> Any:
 
 
 def load(model: Any, *, dims: Mapping[str, int] | None = None, max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
-         name: str | None = None) -> Graph:  # fmt: skip
+         name: str | None = None) -> Graph:
     """Read an ONNX model into a ``Graph``.
 
     ``model`` is a path (``str`` or ``os.PathLike``), the model's bytes, or an

@@ -68,7 +68,7 @@ class NodeContext:
     """One node being converted; see the module docstring."""
 
     def __init__(self, node: NodeProto, index: int, operands: Sequence[Operand | None], emitter: Emitter,
-                 opset: int, used: Sequence[bool], read_tensor: TensorReader) -> None:  # fmt: skip
+                 opset: int, used: Sequence[bool], read_tensor: TensorReader) -> None:
         self.node = node
         self.index = index
         self.f = emitter
@@ -117,7 +117,7 @@ class NodeContext:
         if arr is None:
             name = self.node.input[i]
             raise self.fail(f"input {what} ({name!r}) must be known at import (rlx shapes are static), "
-                            "but it is computed at run time")  # fmt: skip
+                            "but it is computed at run time")
         return arr
 
     def ints(self, i: int, what: str) -> tuple[int, ...] | None:
@@ -152,7 +152,7 @@ class NodeContext:
             return self.tensor(a.t, f"attribute {name!r}")
         if a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS, AttributeProto.SPARSE_TENSOR,
                       AttributeProto.TENSORS, AttributeProto.SPARSE_TENSORS, AttributeProto.TYPE_PROTO,
-                      AttributeProto.TYPE_PROTOS):  # fmt: skip
+                      AttributeProto.TYPE_PROTOS):
             return a
         value = helper.get_attribute_value(a)
         if isinstance(value, bytes):

@@ -74,7 +74,7 @@ def load_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str]) ->
             detail = "; ".join(f"at {size}: {exc}" for size, exc in failures)
         raise ModelError(f"{model.where}: its symbolic dims ({listed}) were left unbound, and converting it failed "
                          f"at every size tried ({detail}); if the sizes are the cause, bind them "
-                         "with dims=")  # fmt: skip
+                         "with dims=")
 
     kept = _without_weights(model.gp, {body.node(i).name for i in body.params})
     again = Model(kept, model.where, model.base_dir, model.opset, model.specs, model.max_bytes, model.name)

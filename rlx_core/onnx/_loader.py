@@ -178,7 +178,7 @@ def _toposort(graph: GraphProto, sources: set[str], where: str) -> list[int]:
                 continue
             if name not in producer:
                 raise ModelError(f"{where}: {describe_node(node, i)} uses {name!r}, which no node, input or "
-                                 "initializer defines")  # fmt: skip
+                                 "initializer defines")
             need.add(producer[name])
         deps.append(need)
     for out in graph.output:
@@ -204,7 +204,7 @@ def _toposort(graph: GraphProto, sources: set[str], where: str) -> list[int]:
     if len(order) < len(nodes):
         stuck = [describe_node(nodes[i], i) for i, n in enumerate(pending) if n > 0]
         raise ModelError(f"{where}: the graph has a cycle through {', '.join(stuck[:5])}"
-                         f"{f' and {len(stuck) - 5} more' if len(stuck) > 5 else ''}")  # fmt: skip
+                         f"{f' and {len(stuck) - 5} more' if len(stuck) > 5 else ''}")
     return order
 
 
@@ -236,7 +236,7 @@ class _TensorReader:
         nbytes = math.prod(dims) * np.dtype(dtype).itemsize
         if nbytes > self.max_bytes:
             raise ModelError(f"{what} declares shape {dims} {dtype} ({nbytes} bytes), more than the limit "
-                             f"max_tensor_bytes={self.max_bytes}")  # fmt: skip
+                             f"max_tensor_bytes={self.max_bytes}")
         if t.data_location == TensorProto.EXTERNAL:
             self._external_path(t, what)
         return dtype, dims
@@ -248,16 +248,16 @@ class _TensorReader:
             raise ModelError(f"{what} is stored externally but names no location")
         if self.base_dir is None:
             raise ModelError(f"{what} is stored in external file {location!r}; load the model from its path "
-                             "so that the file can be found next to it")  # fmt: skip
+                             "so that the file can be found next to it")
         rel = Path(location)
         if rel.is_absolute() or rel.drive or location.startswith(("/", "\\")) or ".." in rel.parts or "\0" in location:
             raise ModelError(f"{what}: external data location {location!r} leaves the model's folder "
-                             f"{str(self.base_dir)!r} (it must be a relative path inside it)")  # fmt: skip
+                             f"{str(self.base_dir)!r} (it must be a relative path inside it)")
         path = Path(os.path.realpath(self.base_dir / rel))
         base = Path(os.path.realpath(self.base_dir))
         if os.path.commonpath([str(path), str(base)]) != str(base):
             raise ModelError(f"{what}: external data location {location!r} resolves to {str(path)!r}, outside "
-                             f"the model's folder {str(base)!r} (a symlink?)")  # fmt: skip
+                             f"the model's folder {str(base)!r} (a symlink?)")
         if not path.is_file():
             raise ModelError(f"{what}: external data file {location!r} does not exist in {str(base)!r}")
         try:
@@ -274,11 +274,11 @@ class _TensorReader:
             nbytes = math.prod(dims) * np.dtype(dtype).itemsize
             if length is not None and length != nbytes:
                 raise ModelError(f"{what}: external data length {length} does not match its shape {dims} {dtype} "
-                                 f"({nbytes} bytes)")  # fmt: skip
+                                 f"({nbytes} bytes)")
             size = path.stat().st_size
             if offset < 0 or offset + nbytes > size:
                 raise ModelError(f"{what}: external file {path.name!r} holds {size} bytes, too few for {nbytes} "
-                                 f"bytes at offset {offset}")  # fmt: skip
+                                 f"bytes at offset {offset}")
             with open(path, "rb") as fh:
                 fh.seek(offset)
                 raw = fh.read(nbytes)
@@ -299,7 +299,7 @@ def _input_dims(value: onnx.ValueInfoProto, where: str) -> tuple[str, list[int |
     name = value.name
     if not value.type.HasField("tensor_type"):
         raise ModelError(f"{where}: input {name!r} is not a tensor ({value.type.WhichOneof('value')}); "
-                         "rlx reads tensor inputs only")  # fmt: skip
+                         "rlx reads tensor inputs only")
     tt = value.type.tensor_type
     dtype = onnx_dtype(tt.elem_type, f"{where}: input {name!r}")
     if not tt.HasField("shape"):
@@ -321,13 +321,13 @@ def check_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[
         if key not in symbolic and key not in axis_keys:
             known = ", ".join(repr(s) for s in sorted(symbolic)) or "none"
             raise ModelError(f"{where}: dims names {key!r}, which is not a symbolic dim of the model "
-                             f"(its symbolic dims: {known}; or use 'input:axis')")  # fmt: skip
+                             f"(its symbolic dims: {known}; or use 'input:axis')")
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
             raise ModelError(f"{where}: dims[{key!r}] must be an int >= 0, got {value!r}")
 
 
 def resolve_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[str, int],
-                 where: str) -> list[tuple[str, list[int | str]]]:  # fmt: skip
+                 where: str) -> list[tuple[str, list[int | str]]]:
     """Each input's name and dims as ``dims`` binds them: an int where the model fixes the
     dim or ``dims`` binds it (``"<input>:<axis>"`` first, then the ``dim_param``), else the
     key that would bind it (the dim left free). ``ModelError`` when an ``input:axis`` key
@@ -340,7 +340,7 @@ def resolve_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mappin
             if key in dims:
                 if isinstance(d, int) and d != dims[key]:
                     raise ModelError(f"{where}: dims[{key!r}] = {dims[key]}, but input {name!r} fixes axis {axis} "
-                                     f"at {d}")  # fmt: skip
+                                     f"at {d}")
                 resolved.append(int(dims[key]))
             elif isinstance(d, int):
                 resolved.append(d)
@@ -357,7 +357,7 @@ def free_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[s
 
 
 def _bind_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[str, int], where: str,
-               max_bytes: int) -> list[tuple[str, tuple[int, ...], str]]:  # fmt: skip
+               max_bytes: int) -> list[tuple[str, tuple[int, ...], str]]:
     """Each input's ``(name, shape, dtype)`` with every dim bound by ``dims`` (all are)."""
     out = []
     for (name, shape), (_, dtype, _) in zip(resolve_dims(specs, dims, where), specs):
@@ -367,7 +367,7 @@ def _bind_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         if nbytes > max_bytes:
             raise ModelError(f"{where}: input {name!r} of shape {shape} {dtype} needs {nbytes} bytes, more than the "
-                             f"limit max_tensor_bytes={max_bytes}")  # fmt: skip
+                             f"limit max_tensor_bytes={max_bytes}")
     return out
 
 
@@ -390,7 +390,7 @@ def list_inputs(model: Any) -> list[InputSpec]:
 
 # ---------------------------------------------------------------- the whole load
 def prepare(model: Any, *, dims: Mapping[str, int] | None, max_tensor_bytes: int,
-            name: str | None) -> tuple[Model, dict[str, int], list[str]]:  # fmt: skip
+            name: str | None) -> tuple[Model, dict[str, int], list[str]]:
     """Read and check ``model``: the ``Model`` ready to convert, ``dims`` checked, and the
     symbolic dims it leaves unbound (``dims`` keys, in input order)."""
     if isinstance(max_tensor_bytes, bool) or not isinstance(max_tensor_bytes, int) or max_tensor_bytes <= 0:
@@ -401,14 +401,14 @@ def prepare(model: Any, *, dims: Mapping[str, int] | None, max_tensor_bytes: int
     gp = proto.graph
     if gp.sparse_initializer:
         raise ModelError(f"{where}: sparse initializers are not supported "
-                         f"({', '.join(repr(t.values.name) for t in gp.sparse_initializer[:3])})")  # fmt: skip
+                         f"({', '.join(repr(t.values.name) for t in gp.sparse_initializer[:3])})")
     _check_supported(gp.node, where)
     check_versions(gp.node, opset, where)
     specs = _input_specs(proto, where)
     dims = dict(dims or {})
     check_dims(specs, dims, where)
     checked = Model(gp, where, base_dir, opset, specs, max_tensor_bytes,
-                    name or gp.name or (Path(where).stem if base_dir is not None else "onnx"))  # fmt: skip
+                    name or gp.name or (Path(where).stem if base_dir is not None else "onnx"))
     return checked, dims, free_dims(specs, dims, where)
 
 
@@ -416,7 +416,7 @@ class Model:
     """A checked model ready to convert, for one set of dim bindings or several (``_dynamic``)."""
 
     def __init__(self, gp: GraphProto, where: str, base_dir: Path | None, opset: int,
-                 specs: list[tuple[str, str, list[int | str]]], max_bytes: int, name: str) -> None:  # fmt: skip
+                 specs: list[tuple[str, str, list[int | str]]], max_bytes: int, name: str) -> None:
         self.gp, self.where, self.base_dir, self.opset = gp, where, base_dir, opset
         self.specs, self.max_bytes, self.name = specs, max_bytes, name
 
@@ -445,7 +445,7 @@ class Model:
             if init_name in used_names:
                 arr = preloaded.get(init_name)
                 env[init_name] = f.param(init_name, reader.read(t, f"{where}: initializer {init_name!r}")
-                                         if arr is None else arr)  # fmt: skip
+                                         if arr is None else arr)
 
         for index in (i for i in order if i in live):
             node = gp.node[index]
@@ -456,7 +456,7 @@ class Model:
 
 
 def _convert_node(node: NodeProto, index: int, env: dict[str, Operand], f: Emitter, opset: int,
-                  used_names: set[str], reader: _TensorReader, where: str) -> None:  # fmt: skip
+                  used_names: set[str], reader: _TensorReader, where: str) -> None:
     operands = [env[name] if name else None for name in node.input]
     used = [bool(out) and out in used_names for out in node.output]
     ctx = NodeContext(node, index, operands, f, opset, used, reader.read)
@@ -474,7 +474,7 @@ def _convert_node(node: NodeProto, index: int, env: dict[str, Operand], f: Emitt
         if result is None:
             if used[i]:
                 raise ModelError(f"{where}: {ctx.describe()}: output {i} ({out!r}) is not supported by rlx, but "
-                                 "the model uses it")  # fmt: skip
+                                 "the model uses it")
             continue
         env[out] = result
 

@@ -37,7 +37,7 @@ def _heads(f: Emitter, x: Operand, heads: int) -> Operand:
 
 
 def _structural(q_len: int, kv_len: int, causal: bool, left: int, right: int,
-                offset: np.ndarray, nonpad: np.ndarray | None) -> np.ndarray | None:  # fmt: skip
+                offset: np.ndarray, nonpad: np.ndarray | None) -> np.ndarray | None:
     """The allowed (batch or 1, 1, q, kv) positions of the causal, window and padding
     masks, or None when nothing is masked structurally."""
     if not causal and left < 0 and right < 0 and nonpad is None:
@@ -88,7 +88,7 @@ def _attention(c: NodeContext) -> list[Operand | None]:
         y = f.op("reshape", f.op("transpose", y, perm=(0, 2, 1, 3)), shape=(b, s, h * d))
     outs: list[Operand | None] = [f.op("reshape", y, shape=f.shape(y), name=c.out(0))]
     outs += [f.op("reshape", t, shape=f.shape(t), name=c.out(i)) if c.used(i) else None
-             for i, t in ((1, present_k), (2, present_v))]  # fmt: skip
+             for i, t in ((1, present_k), (2, present_v))]
     if c.used(3):
         mode = int(c.attr("qk_matmul_output_mode", 0))
         debug = {0: capped, 1: capped, 2: with_bias, 3: probs}.get(mode)
@@ -141,7 +141,7 @@ def _shared_heads(c: NodeContext, q: Operand, k: Operand, v: Operand) -> tuple[O
 
 
 def _attention_bias(c: NodeContext, dtype: str, q_len: int, kv_len: int, past_k: Operand | None
-                    ) -> tuple[Operand | None, np.ndarray | None, bool]:  # fmt: skip
+                    ) -> tuple[Operand | None, np.ndarray | None, bool]:
     """The scores' bias: the structural masks (causal, windows, non-padded lengths) as a
     constant, plus the ``attn_mask`` (a boolean one as 0 / -inf, padded with -inf over the
     keys it does not cover); the structural ``allowed`` table; whether a run-time mask is in."""
@@ -150,7 +150,7 @@ def _attention_bias(c: NodeContext, dtype: str, q_len: int, kv_len: int, past_k:
     past_len = f.shape(past_k)[2] if past_k is not None else 0
     offset = (nonpad.reshape(-1).astype(np.int64) - q_len) if nonpad is not None else np.array([past_len])
     allowed = _structural(q_len, kv_len, bool(c.attr("is_causal", 0)), int(c.attr("left_window_size", -1)),
-                          int(c.attr("right_window_size", -1)), offset, nonpad)  # fmt: skip
+                          int(c.attr("right_window_size", -1)), offset, nonpad)
     bias: Operand | None = None
     if allowed is not None:
         bias = frozen(np.where(allowed, 0.0, -np.inf).astype(dtype))
@@ -172,7 +172,7 @@ def _attention_bias(c: NodeContext, dtype: str, q_len: int, kv_len: int, past_k:
 
 
 def _attention_probs(c: NodeContext, with_bias: Operand, dtype: str, bias: Operand | None,
-                     allowed: np.ndarray | None, runtime_masked: bool) -> Operand:  # fmt: skip
+                     allowed: np.ndarray | None, runtime_masked: bool) -> Operand:
     """The softmax of the biased scores at ``softmax_precision``; a query with every key
     masked attends nothing (a zero row, where the softmax gives NaN)."""
     f = c.f

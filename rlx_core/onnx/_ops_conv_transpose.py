@@ -71,12 +71,12 @@ def _conv_transpose(c: NodeContext) -> list[Operand | None]:
     wt = _flipped_weights(f, w, group)
     operands = (xs, wt) if b is None else (xs, wt, b)
     y = f.op("conv2d", *operands, stride=(1, 1), padding=(0, 0, 0, 0), dilation=dilations, groups=group,
-             name="" if one_d else c.out())  # fmt: skip
+             name="" if one_d else c.out())
     return [_back_to_1d(c, y, one_d)]
 
 
 def _transpose_pads(c: NodeContext, one_d: bool, full: list[int], size: tuple[int, int],
-                    strides: tuple[int, int]) -> tuple[int, int, int, int]:  # fmt: skip
+                    strides: tuple[int, int]) -> tuple[int, int, int, int]:
     """(top, left, bottom, right) taken off the full output: from ``output_shape`` or a
     SAME ``auto_pad`` (the spec's split of the difference; negative: the output extends
     past the full one at the end, where only the bias lands, as ONNX's reference computes
@@ -101,7 +101,7 @@ def _transpose_pads(c: NodeContext, one_d: bool, full: list[int], size: tuple[in
         return (0, 0, 0, 0)
     if len(got) != (2 if one_d else 4):
         raise c.fail(f"pads must have {2 if one_d else 4} entries for a {1 if one_d else 2}-D ConvTranspose, "
-                     f"got {got}")  # fmt: skip
+                     f"got {got}")
     return (0, got[0], 0, got[1]) if one_d else (got[0], got[1], got[2], got[3])
 
 

@@ -295,7 +295,7 @@ def _pad(c: NodeContext) -> list[Operand | None]:
     if plan.crops:
         cut = sorted(plan.crops)
         y = f.op("slice", y, starts=[plan.crops[a][0] for a in cut], ends=[plan.crops[a][1] for a in cut], axes=cut,
-                 name="" if plan.tables else c.out())  # fmt: skip
+                 name="" if plan.tables else c.out())
     for axis in sorted(plan.tables):
         final = axis == max(plan.tables) and not masked
         y = f.op("gather", y, frozen(plan.tables[axis]), axis=axis, name=c.out() if final else "")
@@ -410,7 +410,7 @@ def _fmod_floor(f: Emitter, a: Operand, b: Operand, name: str) -> Operand:
     r = f.op("fmod", a, b)
     # r < 0 means b is nonzero and not NaN, so "b not negative" is b > 0; likewise for r > 0
     fix = f.op("where", f.op("less", r, zero), f.op("greater", b, zero),
-               f.op("where", f.op("greater", r, zero), f.op("less", b, zero), f.const(False, "bool")))  # fmt: skip
+               f.op("where", f.op("greater", r, zero), f.op("less", b, zero), f.const(False, "bool")))
     r = f.op("where", fix, f.op("add", r, b), r)
     signed_zero = f.op("where", f.op("less", b, zero), f.const(-0.0, dtype), zero)
     return f.op("where", f.op("equal", r, zero), signed_zero, r, name=name)
@@ -437,7 +437,7 @@ def _mod(c: NodeContext) -> list[Operand | None]:
     floating = dtype in _FLOATS
     if floating and not fmod and c.opset < 28:
         raise c.fail(f"fmod=0 needs integer operands before Mod-28 (opset {c.opset}); got {dtype}, "
-                     "which needs fmod=1")  # fmt: skip
+                     "which needs fmod=1")
     xa, xb = f.array(a), f.array(b)
     if xa is not None and xb is not None:
         if not floating and np.any(xb == 0):
@@ -506,4 +506,4 @@ def _topk(c: NodeContext) -> list[Operand | None]:
         vals = f.flip(vals)
     idxs = indices[0] if k == 1 else f.op("concat", *indices, axis=axis)
     return [f.op("reshape", vals, shape=f.shape(vals), name=c.out(0)),
-            f.op("reshape", idxs, shape=f.shape(idxs), name=c.out(1))]  # fmt: skip
+            f.op("reshape", idxs, shape=f.shape(idxs), name=c.out(1))]

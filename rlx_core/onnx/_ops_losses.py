@@ -34,7 +34,7 @@ def _nll(c: NodeContext, logp: Operand, target: Operand, weight: Operand | None,
     n, classes, spatial = shape[0], shape[1], tuple(shape[2:])
     if f.dtype(target) not in ("int32", "int64") or tuple(f.shape(target)) != (n, *spatial):
         raise c.fail(f"the target must be int32/int64 of shape {(n, *spatial)}, got {f.dtype(target)}"
-                     f"{tuple(f.shape(target))}")  # fmt: skip
+                     f"{tuple(f.shape(target))}")
     if weight is not None and tuple(f.shape(weight)) != (classes,):
         raise c.fail(f"the weight must have shape ({classes},), got {tuple(f.shape(weight))}")
     reduction = c.attr("reduction", "mean")

@@ -54,7 +54,7 @@ def _spatial(c: NodeContext, x: Operand) -> tuple[int, int]:
         return 1, shape[2]
     if len(shape) != 4:
         raise c.fail(f"only 1-D and 2-D {c.op_type} are supported (N, C, L) / (N, C, H, W); the input has shape "
-                     f"{shape} ({len(shape) - 2}-D)")  # fmt: skip
+                     f"{shape} ({len(shape) - 2}-D)")
     return shape[2], shape[3]
 
 
@@ -66,7 +66,7 @@ def _pair_attr(c: NodeContext, name: str, default: int) -> tuple[int, int]:
     assert value is not None
     if len(value) != (1 if one_d else 2):
         raise c.fail(f"{name} must have {1 if one_d else 2} entries for a {1 if one_d else 2}-D {c.op_type}, "
-                     f"got {value}")  # fmt: skip
+                     f"got {value}")
     return (default, value[0]) if one_d else (value[0], value[1])
 
 
@@ -85,7 +85,7 @@ def _back_to_1d(c: NodeContext, y: Operand, one_d: bool) -> Operand:
 
 
 def _pads(c: NodeContext, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
-          dilations: Sequence[int]) -> tuple[int, int, int, int]:  # fmt: skip
+          dilations: Sequence[int]) -> tuple[int, int, int, int]:
     """(top, left, bottom, right) from ``pads`` (begins then ends, as rlx) or ``auto_pad``."""
     auto = c.attr("auto_pad", "NOTSET") or "NOTSET"
     if auto == "NOTSET":
@@ -133,12 +133,12 @@ def _conv(c: NodeContext) -> list[Operand | None]:
     pads = _pads(c, spatial, kernel, strides, dilations)
     operands = (_as_2d(c, x), w) if b is None else (_as_2d(c, x), w, b)
     y = f.op("conv2d", *operands, stride=strides, padding=pads, dilation=dilations, groups=int(c.attr("group", 1)),
-             name="" if one_d else c.out())  # fmt: skip
+             name="" if one_d else c.out())
     return [_back_to_1d(c, y, one_d)]
 
 
 def _pads_3d(c: NodeContext, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
-             dilations: Sequence[int]) -> tuple[int, ...]:  # fmt: skip
+             dilations: Sequence[int]) -> tuple[int, ...]:
     """(d0, h0, w0, d1, h1, w1) from ``pads`` or ``auto_pad``, for a 3-D Conv or pool."""
     auto = c.attr("auto_pad", "NOTSET") or "NOTSET"
     if auto == "NOTSET":
@@ -181,7 +181,7 @@ def _conv3d(c: NodeContext, x: Operand, w: Operand, b: Operand | None) -> Operan
     dtype = f.dtype(x)
     if pd0 or pd1:  # zeros along depth (the 2-D convolutions pad height and width themselves)
         parts = [frozen(np.zeros((n, ci, p, h, wd), dtype)) for p in (pd0,) if p] + [x] + \
-                [frozen(np.zeros((n, ci, p, h, wd), dtype)) for p in (pd1,) if p]  # fmt: skip
+                [frozen(np.zeros((n, ci, p, h, wd), dtype)) for p in (pd1,) if p]
         x = f.op("concat", *parts, axis=2)
     depth = d + pd0 + pd1
     od = (depth - dilations[0] * (kd - 1) - 1) // strides[0] + 1
@@ -191,12 +191,12 @@ def _conv3d(c: NodeContext, x: Operand, w: Operand, b: Operand | None) -> Operan
     for k in range(kd):
         start = k * dilations[0]
         taps = f.op("slice", x, starts=[start], ends=[start + (od - 1) * strides[0] + 1], axes=[2],
-                    steps=[strides[0]])  # fmt: skip
+                    steps=[strides[0]])
         planes = f.op("reshape", f.op("transpose", taps, perm=(0, 2, 1, 3, 4)), shape=(n * od, ci, h, wd))
         wk = f.op("reshape", f.op("slice", w, starts=[k], ends=[k + 1], axes=[2]), shape=(o, cg, kh, kw))
         operands = (planes, wk) if b is None or total is not None else (planes, wk, b)
         y = f.op("conv2d", *operands, stride=tuple(strides[1:]), padding=(ph0, pw0, ph1, pw1),
-                 dilation=tuple(dilations[1:]), groups=int(c.attr("group", 1)))  # fmt: skip
+                 dilation=tuple(dilations[1:]), groups=int(c.attr("group", 1)))
         total = y if total is None else f.op("add", total, y)
     assert total is not None
     oh, ow = f.shape(total)[2:]
@@ -252,7 +252,7 @@ def _pool3d(c: NodeContext, x: Operand, kind: str) -> Operand:
     p2 = f.op("reshape", p2, shape=(n, d, ch, oh, ow))
     fill = -np.inf if kind == "max" else 0.0
     parts = [frozen(np.full((n, p, ch, oh, ow), fill, dtype)) for p in (pd0,) if p] + [p2] + \
-            [frozen(np.full((n, p, ch, oh, ow), fill, dtype)) for p in (pd1,) if p]  # fmt: skip
+            [frozen(np.full((n, p, ch, oh, ow), fill, dtype)) for p in (pd1,) if p]
     padded = f.op("concat", *parts, axis=1) if len(parts) > 1 else p2
     sd, dd, kd = strides[0], dilations[0], kernel[0]
     od = (d + pd0 + pd1 - dd * (kd - 1) - 1) // sd + 1
@@ -348,7 +348,7 @@ def _lp_pool(c: NodeContext) -> list[Operand | None]:
         powered = f.op("pow", f.op("abs", x2), f.const(p, dtype))
     ones = frozen(np.ones((channels, 1, *kernel), dtype=np.dtype(dtype)))
     total = f.op("conv2d", powered, ones, stride=stride, padding=(top, left, bottom, right), dilation=dilation,
-                 groups=channels)  # fmt: skip
+                 groups=channels)
     name = "" if one_d else c.out()
     if p == 1:
         y = f.op("reshape", total, shape=f.shape(total), name=name)
@@ -458,7 +458,7 @@ def _standardized(c: NodeContext, x: Operand, rows: tuple[int, ...], stash: bool
     work = x if work_dtype == dtype else f.op("cast", x, dtype=work_dtype)
     ones = frozen(np.ones(rows[-1], dtype=work_dtype))
     normed = f.op("layer_norm", f.op("reshape", work, shape=rows), ones, frozen(np.zeros(rows[-1], work_dtype)),
-                  axis=len(rows) - 1, eps=float(c.attr("epsilon", 1e-5)))  # fmt: skip
+                  axis=len(rows) - 1, eps=float(c.attr("epsilon", 1e-5)))
     normed = f.op("reshape", normed, shape=shape)
     return normed if work_dtype == dtype else f.op("cast", normed, dtype=dtype)
 

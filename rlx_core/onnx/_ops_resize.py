@@ -26,7 +26,7 @@ from ._shapes import Emitter, Operand, frozen
 __all__: list[str] = []
 
 _COORDINATE_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
-                     "tf_crop_and_resize")  # fmt: skip
+                     "tf_crop_and_resize")
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 Coeffs = Callable[[float, float], np.ndarray]
 
@@ -39,7 +39,7 @@ def _nearest(mode: str) -> Coeffs:
         if float(ratio).is_integer():
             return np.array([0.0, 1.0])
         right = {"round_prefer_floor": ratio > 0.5, "round_prefer_ceil": ratio >= 0.5, "floor": False,
-                 "ceil": True}[mode]  # fmt: skip
+                 "ceil": True}[mode]
         return np.array([0.0, 1.0]) if right else np.array([1.0, 0.0])
 
     return coeffs
@@ -103,7 +103,7 @@ def _positions(mode: str, n_in: int, n_out: int, scale: float, roi: tuple[float,
 
 
 def _axis_table(n_in: int, n_out: int, scale: float, kernel: Coeffs, mode: str, roi: tuple[float, float] | None,
-                exclude_outside: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:  # fmt: skip
+                exclude_outside: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Input indices (n_out, taps), their weights (n_out, taps) and, for
     ``tf_crop_and_resize``, which outputs fall outside the input."""
     x = _positions(mode, n_in, n_out, scale, roi)
@@ -130,7 +130,7 @@ def _axis_table(n_in: int, n_out: int, scale: float, kernel: Coeffs, mode: str, 
 
 
 def _resize_axis(f: Emitter, x: Operand, axis: int, table: tuple[np.ndarray, np.ndarray, np.ndarray | None],
-                 nearest: bool, fill: float) -> Operand:  # fmt: skip
+                 nearest: bool, fill: float) -> Operand:
     index, weights, outside = table
     rank, dtype = len(f.shape(x)), f.dtype(x)
     if nearest:  # one-hot weights: the chosen pixel

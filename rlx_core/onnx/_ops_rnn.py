@@ -62,7 +62,7 @@ class _Layer:
         h, g = self.hidden, self.gates
         if ws != (n_dir, g * h, self.input) or rs != (n_dir, g * h, h):
             raise c.fail(f"W {ws} and R {rs} do not fit {n_dir} direction(s), {g} gates of hidden_size {h} over "
-                         f"input size {self.input}")  # fmt: skip
+                         f"input size {self.input}")
         self.w, self.r = w, r
         self.b = c.optional(3)
         if self.b is not None and f.shape(self.b) != (n_dir, 2 * g * h):
@@ -88,7 +88,7 @@ class _Layer:
         arr = self.f.array(lens)
         if arr is None or not np.all(arr.reshape(-1) == self.seq) or arr.size != self.batch:
             raise self.c.fail("sequence_lens other than the full sequence length for every batch entry is not "
-                              "supported (rlx unrolls the whole sequence)")  # fmt: skip
+                              "supported (rlx unrolls the whole sequence)")
 
     # ------------------------------------------------------------ pieces
     def of_direction(self, v: Operand, d: int) -> Operand:
@@ -148,7 +148,7 @@ class _Layer:
         f, c = self.f, self.c
         n_dir = len(self.directions)
         per_step = [f.op("concat", *[f.op("reshape", hs[d][t], shape=(1, 1, self.batch, self.hidden))
-                                     for d in range(n_dir)], axis=1) for t in range(self.seq)]  # fmt: skip
+                                     for d in range(n_dir)], axis=1) for t in range(self.seq)]
         y = f.op("concat", *per_step, axis=0) if self.seq > 1 else per_step[0]
         if self.layout == 1:
             y = f.op("transpose", y, perm=(2, 0, 1, 3))
@@ -158,7 +158,7 @@ class _Layer:
                 outs.append(None)
                 continue
             stacked = f.op("concat", *[f.op("reshape", finals[d][k], shape=(1, self.batch, self.hidden))
-                                       for d in range(n_dir)], axis=0)  # fmt: skip
+                                       for d in range(n_dir)], axis=0)
             if self.layout == 1:
                 stacked = f.op("transpose", stacked, perm=(1, 0, 2))
             outs.append(f.op("reshape", stacked, shape=f.shape(stacked), name=c.out(k + 1)))
@@ -166,7 +166,7 @@ class _Layer:
 
 
 def _run(layer: _Layer, step: Callable[[_Layer, int, int, list[Operand]], list[Operand]],
-         states: Callable[[_Layer, int], list[Operand]]) -> list[Operand | None]:  # fmt: skip
+         states: Callable[[_Layer, int], list[Operand]]) -> list[Operand | None]:
     """Each direction's recurrence over the sequence; ``step(layer, d, x_t, state) ->
     state`` (the hidden state first), ``states(layer, d)`` the initial state."""
     hs: list[list[Operand]] = []

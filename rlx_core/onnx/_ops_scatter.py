@@ -38,7 +38,7 @@ def _rounds(targets: np.ndarray, size: int) -> list[np.ndarray]:
 
 
 def _scatter(c: NodeContext, f: Emitter, data: Operand, updates: Operand, targets: np.ndarray,
-             rows: tuple[int, ...], reduction: str) -> Operand:  # fmt: skip
+             rows: tuple[int, ...], reduction: str) -> Operand:
     """``data`` seen as ``rows`` (leading positions, each a slice of the rest) with update
     ``u`` (a slice of ``updates`` seen the same way) written at ``targets[u]``."""
     dshape = f.shape(data)
@@ -82,7 +82,7 @@ def _scatter_elements(c: NodeContext) -> list[Operand | None]:
     assert indices is not None
     if indices.dtype.kind not in "iu" or tuple(indices.shape) != tuple(ushape) or len(ushape) != len(dshape):
         raise c.fail(f"indices must be integers shaped like the updates {tuple(ushape)} with the data's rank "
-                     f"{len(dshape)}, got {indices.dtype}{tuple(indices.shape)}")  # fmt: skip
+                     f"{len(dshape)}, got {indices.dtype}{tuple(indices.shape)}")
     if f.dtype(updates) != f.dtype(data):
         raise c.fail(f"updates have dtype {f.dtype(updates)}, the data {f.dtype(data)}")
     rank = len(dshape)
@@ -115,7 +115,7 @@ def _scatter_nd(c: NodeContext) -> list[Operand | None]:
     k = indices.shape[-1]
     if not 1 <= k <= len(dshape) or tuple(ushape) != tuple(indices.shape[:-1]) + tuple(dshape[k:]):
         raise c.fail(f"updates must have shape {tuple(indices.shape[:-1]) + tuple(dshape[k:])} for indices "
-                     f"{tuple(indices.shape)} and data {tuple(dshape)}, got {tuple(ushape)}")  # fmt: skip
+                     f"{tuple(indices.shape)} and data {tuple(dshape)}, got {tuple(ushape)}")
     if f.dtype(updates) != f.dtype(data):
         raise c.fail(f"updates have dtype {f.dtype(updates)}, the data {f.dtype(data)}")
     lead = np.array(dshape[:k], dtype=np.int64)

@@ -199,7 +199,7 @@ def _cast(c: NodeContext) -> list[Operand | None]:
 
 
 _CONSTANT_ATTRS = ("value", "value_float", "value_floats", "value_int", "value_ints", "sparse_value",
-                   "value_string", "value_strings")  # fmt: skip
+                   "value_string", "value_strings")
 
 
 @converter("Constant")

@@ -79,7 +79,7 @@ def onnxruntime_peer(model: Path | bytes, feeds: Mapping[str, np.ndarray]) -> Co
     ort_feeds = {k: np.asarray(v) for k, v in feeds.items() if k in names}
     version = getattr(ort, "__version__", "")
     return Contender("onnxruntime", "peer", lambda: session.run(None, ort_feeds), compile_seconds=seconds,
-                     note=f"{version} CPU".strip())  # fmt: skip
+                     note=f"{version} CPU".strip())
 
 
 def rlx_contender(graph: Any, device: str, feeds: Mapping[str, np.ndarray], note: str = "") -> Contender:
@@ -108,7 +108,7 @@ def numpy_peer(graph: Any, feeds: Mapping[str, np.ndarray]) -> Contender:
 
 
 def time_interleaved(contenders: list[Contender], runs: int, pause: float = 0.15,
-                     on_block: Callable[[], None] | None = None) -> None:  # fmt: skip
+                     on_block: Callable[[], None] | None = None) -> None:
     """Time each runnable contender for ``runs`` calls, in up to 5 interleaved blocks.
 
     Each contender with ``run`` runs once untimed first (warm-up, lazy compilation); one

@@ -66,7 +66,7 @@ class Lazy:
     __slots__ = ("_array", "_emitter", "_value", "dtype", "recipe", "shape")
 
     def __init__(self, emitter: Emitter, shape: tuple[int, ...], dtype: str, recipe: tuple[Any, ...],
-                 array: np.ndarray | None = None) -> None:  # fmt: skip
+                 array: np.ndarray | None = None) -> None:
         self._emitter, self.shape, self.dtype, self.recipe = emitter, tuple(shape), dtype, recipe
         self._array, self._value = array, None
 

@@ -64,7 +64,7 @@ REVIEWED: dict[tuple[str, int], str] = {
     ("DequantizeLinear", 24): "as QuantizeLinear 24",
     ("DequantizeLinear", 25): "adds int2/uint2 inputs, types rlx does not read",
     ("DequantizeLinear", 28): "adds float6 inputs, types rlx does not read",
-}  # fmt: skip
+}
 
 
 #: Ops that appeared after ``WRITTEN_FOR``: the versions their converters were written
@@ -108,7 +108,7 @@ def _signature(schema: Any) -> tuple[Any, ...]:
     """What a version means, less the types it admits: attributes (name, type, required,
     default), inputs and outputs (name, optional/variadic), their counts, and the text."""
     attrs = tuple(sorted((a.name, int(a.type), bool(a.required), a.default_value.SerializeToString())
-                         for a in schema.attributes.values()))  # fmt: skip
+                         for a in schema.attributes.values()))
     ins = tuple((i.name, int(i.option)) for i in schema.inputs)
     outs = tuple((o.name, int(o.option)) for o in schema.outputs)
     counts = (schema.min_input, schema.max_input, schema.min_output, schema.max_output)
@@ -151,8 +151,8 @@ def check_versions(nodes: Sequence[Any], opset: int, where: str) -> None:
         if key not in bad:
             newer = "older" if version < min(readable) else "newer"
             bad[key] = (f"{describe_node(node, i)} is {node.op_type} version {version}, {newer} than the versions "
-                        f"rlx reads ({', '.join(str(v) for v in sorted(readable))})")  # fmt: skip
+                        f"rlx reads ({', '.join(str(v) for v in sorted(readable))})")
     if bad:
         raise ModelError(f"{where}: at opset {opset}: " + "; ".join(bad.values())
                          + "; convert the model with onnx.version_converter.convert_version(model, "
-                         f"{WRITTEN_FOR.stop - 1})")  # fmt: skip
+                         f"{WRITTEN_FOR.stop - 1})")

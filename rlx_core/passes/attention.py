@@ -174,7 +174,7 @@ def fuse_attention(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
         parts = " + ".join(str(graph.node(i).op) for i in reversed(m.absorbed))
         on_q = f"; {m.q_scale[0]} by param {graph.node(m.q_scale[1]).name!r} moved onto q" if m.q_scale else ""
         return (f"fused {parts} + matmul at {node.describe()} into attention(scale={m.scale:g}"
-                f"{', mask' if m.mask is not None else ''}){on_q}")  # fmt: skip
+                f"{', mask' if m.mask is not None else ''}){on_q}")
 
     rebuilt, notes = replace_planned(graph, {i for m in plans.values() for i in m.absorbed}, plans, emit)
     fused, _ = dce(rebuilt)  # kT's transpose, when only the chain read it

@@ -131,7 +131,7 @@ def fuse_gemm(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
         return f"fused {ops} at {node.describe()} into gemm(activation={new.attrs['activation']})"
 
     fused, notes = _replace(graph, skip, {top: (OpKind.GEMM, inputs, {"activation": act})
-                                          for top, (inputs, act, _) in plans.items()}, note)  # fmt: skip
+                                          for top, (inputs, act, _) in plans.items()}, note)
     return fused, refusals + notes
 
 
@@ -151,7 +151,7 @@ def _input_count(graph: Graph, inputs: dict[int, None]) -> int:
 
 
 def _grow(graph: Graph, root: Node, uses: list[int], taken: set[int], outputs: frozenset[int], max_ops: int,
-          max_inputs: int) -> list[int]:  # fmt: skip
+          max_inputs: int) -> list[int]:
     """Members of the region rooted at ``root`` (ids, ascending)."""
     members = {root.id}
     inside = {}  # producer id -> reads from members so far
@@ -171,7 +171,7 @@ def _grow(graph: Graph, root: Node, uses: list[int], taken: set[int], outputs: f
         pid = -heapq.heappop(heap)
         p = graph.node(pid)
         if (pid in taken or pid in outputs or not _fusable(p) or p.shape != root.shape or p.op in SOURCE_OPS
-                or inside.get(pid, 0) != uses[pid]):  # fmt: skip
+                or inside.get(pid, 0) != uses[pid]):
             continue
         ext = dict(external)
         ext.pop(pid, None)
@@ -226,10 +226,10 @@ def fuse_elementwise(graph: Graph, claims: Claims, max_ops: int, max_inputs: int
         return graph, notes
     def note(node: Node, new: Node) -> str:
         return (f"fused {describe_program(new)} into one node at {node.describe()}, {len(new.inputs)} input(s), "
-                f"shape {list(node.shape)}")  # fmt: skip
+                f"shape {list(node.shape)}")
 
     fused_nodes = {root: (OpKind.FUSED_ELEMENTWISE, inputs, {"program": program})
-                   for root, (inputs, program, _) in regions.items()}  # fmt: skip
+                   for root, (inputs, program, _) in regions.items()}
     fused, made = _replace(graph, taken - set(regions), fused_nodes, note)
     return fused, notes + made
 
@@ -246,7 +246,7 @@ def _epilogue(node: Node) -> tuple | None:
 
 
 def _conv_epilogue_plan(graph: Graph, node: Node, readers: dict[int, set[int]], outputs: frozenset[int]
-                        ) -> tuple[Node, list[int], tuple] | None:  # fmt: skip
+                        ) -> tuple[Node, list[int], tuple] | None:
     """The convolution ``node`` can take as its epilogue's input, the epilogue's other
     inputs and its program renumbered (the convolution's result as value 0), or None."""
     program = _epilogue(node)
@@ -254,7 +254,7 @@ def _conv_epilogue_plan(graph: Graph, node: Node, readers: dict[int, set[int]], 
         return None
     inputs = list(dict.fromkeys(node.inputs))
     convs = [i for i in inputs if graph.node(i).op is OpKind.CONV2D and readers.get(i) == {node.id}
-             and i not in outputs and graph.node(i).shape == node.shape]  # fmt: skip
+             and i not in outputs and graph.node(i).shape == node.shape]
     if not convs:
         return None
     conv = graph.node(max(convs))

@@ -107,7 +107,7 @@ def _origin_node(user: Graph, node: Node) -> Node | None:
 
 
 def _replay(src: Graph, claims: Claims, user: Graph, notes: list[str],
-            gate: DtypeGate | None) -> tuple[Graph, bool]:  # fmt: skip
+            gate: DtypeGate | None) -> tuple[Graph, bool]:
     """One pass: copy ``src``, decomposing each composite that ``claims`` declines (a node
     the dtype gate refuses is copied as it is: its decomposition holds the same dtypes)."""
     out = Graph(src.name)
@@ -142,7 +142,7 @@ def _replay(src: Graph, claims: Claims, user: Graph, notes: list[str],
 
 
 def legalize(graph: Graph, claims: Claims, *, user_graph: Graph | None = None,
-             gate: DtypeGate | None = None) -> LegalizeResult:  # fmt: skip
+             gate: DtypeGate | None = None) -> LegalizeResult:
     """Return ``graph`` rewritten for a backend whose per-node answer is ``claims``.
 
     The result is always a new graph (the caller may own and mutate its param values).

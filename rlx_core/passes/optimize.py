@@ -86,7 +86,7 @@ def _first_change(graph: Graph, changes: Callable[[Node, list[Node]], bool]) -> 
     change, so the graph as it is shows that first change (``changes(node, inputs)``).
     A pass that finds none returns its input instead of a copy of it."""
     return any(changes(node, [graph.node(i) for i in node.inputs]) for node in graph.nodes
-               if node.op not in SOURCE_OPS)  # fmt: skip
+               if node.op not in SOURCE_OPS)
 
 
 def fold_constants(graph: Graph) -> tuple[Graph, list[str]]:
@@ -288,7 +288,7 @@ def dce(graph: Graph) -> tuple[Graph, list[str]]:
             dropped.append(node)
     notes = [f"dropped {len(dropped)} node(s) no output depends on: "
              + ", ".join(f"{n.op} at {n.describe()}" for n in dropped[:8])
-             + (", ..." if len(dropped) > 8 else "")] if dropped else []  # fmt: skip
+             + (", ..." if len(dropped) > 8 else "")] if dropped else []
     return em.finish(), notes
 
 
@@ -298,7 +298,7 @@ def sink_relu(graph: Graph) -> tuple[Graph, list[str]]:
     sunk = {node.inputs[0] for node in graph.nodes
             if node.op is OpKind.MAX_POOL2D and graph.node(node.inputs[0]).op is OpKind.RELU
             and uses[node.inputs[0]] == 1 and node.inputs[0] not in outputs
-            and node.size < graph.node(node.inputs[0]).size}  # fmt: skip
+            and node.size < graph.node(node.inputs[0]).size}
     if not sunk:
         return graph, []
     em = Emitter(graph)

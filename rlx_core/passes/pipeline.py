@@ -123,7 +123,7 @@ def _declined(graph: Graph, claims: Claims) -> str | None:
 
 
 def run_pipeline(graph: Graph, claims: Claims, options: CompileOptions | None = None, *,
-                 legalized: LegalizeResult | None = None, gate: DtypeGate | None = None) -> PipelineResult:  # fmt: skip
+                 legalized: LegalizeResult | None = None, gate: DtypeGate | None = None) -> PipelineResult:
     """Compile ``graph`` for the backend whose per-node answer is ``claims``.
 
     ``legalized`` is ``legalize(graph, claims, gate=gate)`` when the caller already has it
@@ -140,7 +140,7 @@ def run_pipeline(graph: Graph, claims: Claims, options: CompileOptions | None = 
         legal = _block_unclaimed(legalize(graph, lambda n: True, gate=gate), graph, claims)
     result = PipelineResult(legal.graph, legal)
     result.stages.append(StageRecord("legalize", options.legalize, _computational(graph), _computational(legal.graph),
-                                     list(legal.decomposed)))  # fmt: skip
+                                     list(legal.decomposed)))
     if not legal.supported:
         return result
     current = legal.graph

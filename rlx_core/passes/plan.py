@@ -45,7 +45,7 @@ class MemoryPlan:
     def describe(self) -> str:
         return (f"{len(self.buffer_of)} values in {len(self.buffer_bytes)} buffers, "
                 f"{_fmt_bytes(self.total_bytes)} (vs {_fmt_bytes(self.naive_bytes)} one per value), "
-                f"{len(self.inplace)} in place")  # fmt: skip
+                f"{len(self.inplace)} in place")
 
 
 def _fmt_bytes(n: int) -> str:
@@ -119,7 +119,7 @@ class _Buffers:
 
 
 def _inplace_buffer(n: Node, nodes: tuple[Node, ...], base: dict[int, int], last: dict[int, int],
-                    buffer_of: dict[int, int], buffers: _Buffers) -> int | None:  # fmt: skip
+                    buffer_of: dict[int, int], buffers: _Buffers) -> int | None:
     """The buffer of an input ``n`` may overwrite: read last by ``n``, once, of its shape
     and dtype, every value in that buffer dead by then."""
     if not _inplace_safe(n):
@@ -129,7 +129,7 @@ def _inplace_buffer(n: Node, nodes: tuple[Node, ...], base: dict[int, int], last
         b = buffer_of.get(src)
         if (b is not None and b not in buffers.released and last[src] == n.id and nodes[i].shape == n.shape
                 and nodes[i].dtype == n.dtype and sum(1 for j in n.inputs if base.get(j, j) == src) == 1
-                and all(buffers.intervals[v][1] <= n.id for v in buffers.holders[b])):  # fmt: skip
+                and all(buffers.intervals[v][1] <= n.id for v in buffers.holders[b])):
             return b
     return None
 

@@ -76,7 +76,7 @@ Plan = TypeVar("Plan")
 
 
 def replace_planned(graph: Graph, dropped: set[int], plans: Mapping[int, Plan],
-                    emit: Callable[[Emitter, Node, Plan], str]) -> tuple[Graph, list[str]]:  # fmt: skip
+                    emit: Callable[[Emitter, Node, Plan], str]) -> tuple[Graph, list[str]]:
     """``graph`` rebuilt with the ``dropped`` nodes left out, each node with a plan replaced
     by what ``emit(emitter, node, plan)`` emits in its place (which maps the node and
     returns its note), every other node copied: the loop every fusing pass shares."""

@@ -101,7 +101,7 @@ class CheckReport:
 
     def summary(self) -> str:
         head = (f"conformance of backend {self.backend!r}: {len(self.passed)} passed, {len(self.failed)} failed, "
-                f"{len(self.skipped)} skipped")  # fmt: skip
+                f"{len(self.skipped)} skipped")
         return "\n".join([head, *(f"  {r}" for r in self.results)])
 
     __str__ = summary
@@ -240,5 +240,5 @@ def parametrize_checks(
     import pytest
 
     checks = list(iter_checks(backend, ops, max_examples=max_examples, seed=seed,
-                              expected_failures=expected_failures, probe_timeout=probe_timeout))  # fmt: skip
+                              expected_failures=expected_failures, probe_timeout=probe_timeout))
     return pytest.mark.parametrize("check", [pytest.param(fn, id=name) for name, fn in checks])

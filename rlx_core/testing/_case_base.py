@@ -27,10 +27,10 @@ _FLOAT_OPS = frozenset({
     OpKind.GELU, OpKind.SOFTMAX, OpKind.LAYER_NORM, OpKind.REDUCE_MEAN, OpKind.CONV2D, OpKind.MAX_POOL2D,
     OpKind.AVG_POOL2D, OpKind.GLOBAL_AVG_POOL2D, OpKind.ATTENTION, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND,
     OpKind.FUSED_CONV,
-})  # fmt: skip
+})
 _INT_OPS = frozenset(BITWISE_OPS)
 _ANY_DTYPE_OPS = frozenset({OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER,
-                            OpKind.CAST, OpKind.WHERE, OpKind.EQUAL})  # fmt: skip
+                            OpKind.CAST, OpKind.WHERE, OpKind.EQUAL})
 
 #: The dtypes a case factory draws its op's main operand from (``op_dtypes``).
 Dtypes = tuple[str, ...]
@@ -64,7 +64,7 @@ EXACT_OPS = frozenset({
     OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER, OpKind.WHERE, OpKind.NEG,
     OpKind.ABS, OpKind.RELU, OpKind.MAXIMUM, OpKind.MINIMUM, OpKind.REDUCE_MAX, OpKind.MAX_POOL2D,
     OpKind.EQUAL, OpKind.LESS, OpKind.GREATER, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND, OpKind.FMOD, *BITWISE_OPS,
-})  # fmt: skip
+})
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ class OpCase:
 
 # ----------------------------------------------------------------------------- values
 def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, lo: float = -2.0, hi: float = 2.0,
-            ilo: int = -20, ihi: int = 20) -> np.ndarray:  # fmt: skip
+            ilo: int = -20, ihi: int = 20) -> np.ndarray:
     """Floats in ``[lo, hi]``; ints in ``[ilo, ihi]`` cut to the dtype's range (unsigned
     ones from 0); bools half True."""
     if dtype == "bool":
@@ -155,7 +155,7 @@ def _broadcastable(draw: Callable, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _binary_operands(draw: Callable, seed: int, dtypes: Dtypes
-                     ) -> tuple[str, tuple[int, ...], tuple[int, ...], np.random.Generator]:  # fmt: skip
+                     ) -> tuple[str, tuple[int, ...], tuple[int, ...], np.random.Generator]:
     """A binary op's dtype, its two operand shapes (numpy broadcasting: ``a`` the full shape
     or broadcastable to it, ``b`` broadcastable) and the values' generator."""
     dtype = draw(st.sampled_from(dtypes))

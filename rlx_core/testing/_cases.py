@@ -38,7 +38,7 @@ _UNARY_RANGE = {
     OpKind.LOG: (0.1, 4.0), OpKind.SQRT: (0.1, 4.0), OpKind.RSQRT: (0.1, 4.0), OpKind.EXP: (-4.0, 4.0),
     OpKind.ERF: (-3.0, 3.0), OpKind.TANH: (-4.0, 4.0), OpKind.SIGMOID: (-6.0, 6.0), OpKind.GELU: (-4.0, 4.0),
     OpKind.SIN: (-8.0, 8.0), OpKind.COS: (-8.0, 8.0),
-}  # fmt: skip
+}
 
 
 def _unary(op: OpKind, seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
@@ -241,7 +241,7 @@ def _gather(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
         idx_shape = _shape(draw, 0, 2, 4)
         idx = np.asarray(rng.integers(-n, n, size=idx_shape)).astype(draw(st.sampled_from(INTS)))
         return OpCase(OpKind.GATHER, (Operand("x", _values(rng, shape, dtype)), Operand("indices", idx)),
-                      {"axis": axis})  # fmt: skip
+                      {"axis": axis})
 
     return case()
 
@@ -295,7 +295,7 @@ def _conv2d(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
         w = _spatial(draw, dilation[1] * (kw - 1) + 1, padding[1] + padding[3])
         rng = _rng(draw, seed)
         operands = [Operand("x", _values(rng, (draw(st.integers(1, 2)), groups * cg, h, w), dtype)),
-                    Operand("w", _values(rng, (groups * og, cg, kh, kw), dtype), param=True)]  # fmt: skip
+                    Operand("w", _values(rng, (groups * og, cg, kh, kw), dtype), param=True)]
         if draw(st.booleans()):
             operands.append(Operand("b", _values(rng, (groups * og,), dtype), param=draw(st.booleans())))
         attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
@@ -349,7 +349,7 @@ def _attention(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
         qb, kb, vb = (_broadcastable(draw, batch) for _ in range(3))
         rng = _rng(draw, seed)
         operands = [Operand("q", _values(rng, (*qb, lq, d), dtype)), Operand("k", _values(rng, (*kb, lk, d), dtype)),
-                    Operand("v", _values(rng, (*vb, lk, dv), dtype))]  # fmt: skip
+                    Operand("v", _values(rng, (*vb, lk, dv), dtype))]
         mask_kind = draw(st.sampled_from(["none", "bool", "float"]))
         if mask_kind != "none":
             scores = (*tuple(np.broadcast_shapes(qb, kb, vb)), lq, lk)
@@ -394,7 +394,7 @@ _FACTORIES: dict[OpKind, Callable[[int, Dtypes], st.SearchStrategy[OpCase]]] = {
     OpKind.FUSED_ELEMENTWISE: _fused_cases.fused_cases,
     OpKind.FUSED_CONV: _fused_cases.fused_conv_cases(_conv2d),
     **EXACT_FACTORIES,
-}  # fmt: skip
+}
 
 
 #: Every op the kit can generate cases for.

@@ -98,4 +98,4 @@ EXACT_FACTORIES: dict[OpKind, Callable[[int, Dtypes], st.SearchStrategy[OpCase]]
     **{op: (lambda seed, dtypes, op=op: _pair(op, seed, dtypes))
        for op in (OpKind.FMOD, *BITWISE_OPS) if op is not OpKind.BITWISE_NOT},
     OpKind.BITWISE_NOT: _bitwise_not,
-}  # fmt: skip
+}

@@ -86,7 +86,7 @@ def check_api(ctx: _Context) -> None:
     assert isinstance(b, Backend), f"{b!r} is a {type(b).__name__}, not an rlx_core.Backend subclass instance"
     assert isinstance(b.label, str), f"{ctx.who}: label must be a str, got {type(b.label).__name__}"
     assert isinstance(b.api_version, int) and not isinstance(b.api_version, bool), (
-        f"{ctx.who}: api_version must be an int, got {b.api_version!r}")  # fmt: skip
+        f"{ctx.who}: api_version must be an int, got {b.api_version!r}")
     try:
         Registry(entry_points=[], environ={}).register(b)  # the exact validation discovery applies
     except PluginError as exc:
@@ -99,13 +99,13 @@ def check_probe(ctx: _Context) -> str:
     got = ctx.probe()
     if isinstance(got, BaseException):
         raise AssertionError(f"{ctx.who}: probe() raised {type(got).__name__}: {got} "
-                             "(return Availability(False, reason) instead)")  # fmt: skip
+                             "(return Availability(False, reason) instead)")
     assert isinstance(got, Availability), f"{ctx.who}: probe() returned {got!r}, not an rlx_core.Availability"
     assert isinstance(got.reason, str), f"{ctx.who}: Availability.reason must be a str, got {got.reason!r}"
     assert got.available or got.reason.strip(), f"{ctx.who}: probe() says unavailable without a reason"
     assert all(isinstance(d, str) for d in got.devices), f"{ctx.who}: Availability.devices must be strs: {got.devices}"
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in got.versions.items()), (
-        f"{ctx.who}: Availability.versions must map str to str: {got.versions}")  # fmt: skip
+        f"{ctx.who}: Availability.versions must map str to str: {got.versions}")
     return "available" if got.available else f"unavailable: {got.reason}"
 
 
@@ -144,7 +144,7 @@ def check_claims(ctx: _Context) -> None:
             continue
         ans = ctx.backend.claims(node)
         assert isinstance(ans, (bool, str)), (
-            f"{ctx.who}: claims({node.op} node) returned {ans!r}; expected True, False or a reason string")  # fmt: skip
+            f"{ctx.who}: claims({node.op} node) returned {ans!r}; expected True, False or a reason string")
         assert ans is not True or node.op.value in ops, (
             f"{ctx.who}: claims() accepts a {node.op} node, but supported_ops() does not list {node.op.value!r}")
 
@@ -163,7 +163,7 @@ def check_cost_model(ctx: _Context) -> str:
     model = ctx.backend.cost_model()
     assert isinstance(model, CostModel), f"{ctx.who}: cost_model() returned {model!r}, not an rlx_core.CostModel"
     assert model.device.split(":")[0] == ctx.backend.name, (
-        f"{ctx.who}: cost_model().device is {model.device!r}, expected {ctx.backend.name!r}")  # fmt: skip
+        f"{ctx.who}: cost_model().device is {model.device!r}, expected {ctx.backend.name!r}")
     for name in ("sgemm_gflops", "memory_bw_gbps"):
         v = getattr(model, name)
         assert math.isfinite(v) and v > 0, f"{ctx.who}: cost model {name} = {v!r}, expected a finite number > 0"
@@ -171,7 +171,7 @@ def check_cost_model(ctx: _Context) -> str:
         v = getattr(model, name)
         assert math.isfinite(v) and v >= 0, f"{ctx.who}: cost model {name} = {v!r}, expected a finite number >= 0"
     assert isinstance(model.num_threads, int) and model.num_threads >= 1, (
-        f"{ctx.who}: cost model num_threads = {model.num_threads!r}, expected an int >= 1")  # fmt: skip
+        f"{ctx.who}: cost model num_threads = {model.num_threads!r}, expected an int >= 1")
     seconds = estimate_graph_cost(_cost_graph(), model)
     assert math.isfinite(seconds) and seconds > 0, f"{ctx.who}: estimate_graph_cost gave {seconds!r} s"
     sizes = (8, 64, 256, 1024, 4096)
@@ -181,14 +181,14 @@ def check_cost_model(ctx: _Context) -> str:
     dips = [(a, b) for a, b in itertools.pairwise(rates) if b < 0.9 * a]
     assert not dips and rates[-1] >= rates[0], (
         f"{ctx.who}: sgemm_gflops_at falls as problems grow: "
-        + ", ".join(f"{n}^3: {r:.3g}" for n, r in zip(sizes, rates)))  # fmt: skip
+        + ", ".join(f"{n}^3: {r:.3g}" for n, r in zip(sizes, rates)))
     return f"{'calibrated' if model.calibrated else 'default'} model, {seconds * 1e6:.1f} us for a small MLP"
 
 
 # ----------------------------------------------------------------------------- ops
 def _run_case(ctx: _Context, graph: Graph, node: Node, inputs: Mapping[str, np.ndarray], describe: str,
               params: Mapping[str, np.ndarray] | None = None, exe: Executable | None = None,
-              terms: int = 1, exact: bool = False) -> Executable:  # fmt: skip
+              terms: int = 1, exact: bool = False) -> Executable:
     """Compile (unless ``exe``), run, and hold the result to the reference and the contract."""
     where = f"{ctx.who}, {describe}"
     try:
@@ -256,14 +256,14 @@ def op_check(op: str) -> Callable[[_Context], str | None]:
 
         @settings(max_examples=ctx.max_examples, deadline=None, derandomize=True, database=None,
                   suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-                  verbosity=Verbosity.quiet)  # fmt: skip
+                  verbosity=Verbosity.quiet)
         @given(case=op_cases(kind, ctx.seed))
         def run(case: Any) -> None:
             try:
                 graph, node = case.build()
             except Exception as exc:
                 raise AssertionError(f"the kit built an invalid case {case.describe()}: {exc} (a bug in "
-                                     "rlx_core.testing, please report it)") from None  # fmt: skip
+                                     "rlx_core.testing, please report it)") from None
             ans = _claimed(ctx, node)
             if ans is not True:
                 declined.append(ans or "declined")
@@ -291,7 +291,7 @@ def _param_graph(op: OpKind) -> tuple[Graph, Node]:
     g = Graph(f"check_set_param_{op.value}")
     x = g.input("x", (3, 4), "float32")
     w = g.param("w", np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4) if op is OpKind.MATMUL
-                else np.linspace(-1, 1, 4, dtype=np.float32))  # fmt: skip
+                else np.linspace(-1, 1, 4, dtype=np.float32))
     out = getattr(g, op.value)(x, w)
     g.set_outputs([out])
     return g.freeze(), g.node(out)

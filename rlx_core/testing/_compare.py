@@ -42,7 +42,7 @@ def mismatch(dtype: str, got: np.ndarray, ref: np.ndarray, *, terms: int = 1, ex
             return None
         at = tuple(int(i) for i in np.argwhere(bad)[0])
         return (f"{int(bad.sum())} of {bad.size} elements differ (exact comparison); first at {at}: "
-                f"got {g[at].item()!r}, expected {r[at].item()!r}")  # fmt: skip
+                f"got {g[at].item()!r}, expected {r[at].item()!r}")
     rtol, atol = tolerance(dtype, ref, terms)
     with np.errstate(invalid="ignore"):
         err = np.abs(g - ref)
@@ -54,4 +54,4 @@ def mismatch(dtype: str, got: np.ndarray, ref: np.ndarray, *, terms: int = 1, ex
     at = tuple(int(i) for i in np.unravel_index(int(np.argmax(worst)), worst.shape))
     max_err = float(np.max(np.nan_to_num(err[bad], nan=math.inf)))
     return (f"{int(bad.sum())} of {bad.size} elements out of tolerance (rtol={rtol:.3g}, atol={atol:.3g}); "
-            f"max error {max_err:.6g} at {at}: got {g[at].item()!r}, expected {ref[at].item()!r}")  # fmt: skip
+            f"max error {max_err:.6g} at {at}: got {g[at].item()!r}, expected {ref[at].item()!r}")

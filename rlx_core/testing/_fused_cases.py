@@ -29,7 +29,7 @@ def gemm_cases(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
         m, k, n = (draw(st.integers(1, 6)) for _ in range(3))
         rng = _rng(draw, seed)
         operands = [Operand("a", _values(rng, (*batch, m, k), dtype)),
-                    Operand("b", _values(rng, (k, n), dtype), param=draw(st.booleans()))]  # fmt: skip
+                    Operand("b", _values(rng, (k, n), dtype), param=draw(st.booleans()))]
         if draw(st.booleans()):
             operands.append(Operand("bias", _values(rng, _broadcastable(draw, (*batch, m, n)), dtype)))
         acts = ("none", "relu", "tanh", "sigmoid", "gelu", "gelu_tanh") if dtype in FLOATS else ("none", "relu")
@@ -64,7 +64,7 @@ def fused_cases(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
         rng = _rng(draw, seed)
         shapes = [base] + [_broadcastable(draw, base) for _ in range(n_in - 1)]
         operands = tuple(Operand(f"x{i}", _values(rng, s, dtype), param=i > 0 and draw(st.booleans()))
-                         for i, s in enumerate(shapes))  # fmt: skip
+                         for i, s in enumerate(shapes))
         program = _program(draw, dtype, n_in)
         return OpCase(OpKind.FUSED_ELEMENTWISE, operands, {"program": program}, terms=len(program))
 
@@ -72,7 +72,7 @@ def fused_cases(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
 
 
 def fused_conv_cases(conv_cases: Callable[[int, Dtypes], st.SearchStrategy[OpCase]]
-                     ) -> Callable[[int, Dtypes], st.SearchStrategy[OpCase]]:  # fmt: skip
+                     ) -> Callable[[int, Dtypes], st.SearchStrategy[OpCase]]:
     """Cases of ``fused_conv`` from the kit's ``conv2d`` cases: each convolution gets an
     epilogue program over its result and up to two more operands, of its full shape or
     broadcasting to it (a residual, a per-channel scale)."""
@@ -86,7 +86,7 @@ def fused_conv_cases(conv_cases: Callable[[int, Dtypes], st.SearchStrategy[OpCas
             shape = conv.build()[1].shape
             rng = _rng(draw, seed)
             extra = tuple(Operand(f"e{i}", _values(rng, _broadcastable(draw, tuple(shape)), dtype),
-                                  param=draw(st.booleans())) for i in range(draw(st.integers(0, 2))))  # fmt: skip
+                                  param=draw(st.booleans())) for i in range(draw(st.integers(0, 2))))
             program = _program(draw, dtype, 1 + len(extra), chain=True)
             attrs = {**{k: conv.attrs[k] for k in CONV_ATTRS}, "bias": len(conv_ops) == 3, "program": program}
             return OpCase(OpKind.FUSED_CONV, (*conv_ops, *extra), attrs, terms=conv.terms * (1 + len(program)))

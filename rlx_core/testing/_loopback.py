@@ -55,7 +55,7 @@ class LoopbackBackend(Backend):
 
     def cost_model(self) -> CostModel:
         return CostModel(device=self.name, sgemm_gflops=1.0, memory_bw_gbps=1.0, dispatch_overhead_ns=20_000.0,
-                         source="loopback: deliberately slow, never the fastest")  # fmt: skip
+                         source="loopback: deliberately slow, never the fastest")
 
     def compile(self, graph: Graph, options: CompileOptions) -> Executable:
         return LoopbackExecutable(graph)

@@ -75,7 +75,7 @@ class Tracker:
     """
 
     def __init__(self, graph: Graph, inputs: Mapping[str, np.ndarray],
-                 params: Mapping[str, np.ndarray] | None = None) -> None:  # fmt: skip
+                 params: Mapping[str, np.ndarray] | None = None) -> None:
         self.graph = graph
         self.inputs = inputs
         self.params = dict(params or {})
@@ -261,7 +261,7 @@ def matmul_bound(a: np.ndarray, b: np.ndarray, ea: np.ndarray, eb: np.ndarray, u
 
 
 def softmax_bound(x: np.ndarray, ex: np.ndarray, s: np.ndarray, axis: int, u: float,
-                  valid: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+                  valid: np.ndarray | None = None) -> np.ndarray:
     """softmax(x + δ)/softmax(x) lies in [e^-2m, e^2m] when |δ| <= m along the axis; the
     exps' own rounding (relative u·|x - max|) and the K-term sum join δ."""
     n = x.shape[axis] if x.ndim else 1
@@ -301,4 +301,4 @@ def mismatch(dtype: str, got: np.ndarray, ref: np.ndarray, err: np.ndarray) -> s
     excess = np.where(bad, np.nan_to_num(np.abs(g - ref), nan=np.inf, posinf=np.inf) - np.nan_to_num(tol), -np.inf)
     at = tuple(int(i) for i in np.unravel_index(int(np.argmax(excess)), excess.shape)) if excess.ndim else ()
     return (f"{int(bad.sum())} of {bad.size} elements outside the error bound; worst at {at}: "
-            f"got {g[at]!r}, expected {ref[at]!r}, allowed error {tol[at]:.3g}")  # fmt: skip
+            f"got {g[at]!r}, expected {ref[at]!r}, allowed error {tol[at]:.3g}")

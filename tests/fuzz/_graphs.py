@@ -43,11 +43,11 @@ UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", 
 BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
 FLOAT_ONLY = frozenset({"exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "gelu", "pow", "softmax",
                         "layer_norm", "reduce_mean", "conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool2d",
-                        "attention"})  # fmt: skip
+                        "attention"})
 ANY_DTYPE = frozenset({"reshape", "transpose", "concat", "slice", "gather", "cast", "where"})
 OPS = (*UNARY, *BINARY, "matmul", "softmax", "layer_norm", "reduce_sum", "reduce_mean", "reduce_max", "reshape",
        "transpose", "concat", "slice", "gather", "cast", "where", "conv2d", "max_pool2d", "avg_pool2d",
-       "global_avg_pool2d", "attention")  # fmt: skip
+       "global_avg_pool2d", "attention")
 
 
 def accepts(op: str, dtype: str) -> bool:
@@ -104,10 +104,10 @@ class _Builder:
         sign = np.where(rng.random(shape) < 0.5, -1, 1)
         if dtype in ("int32", "int64"):
             raw = {"positive": rng.integers(1, 10, shape), "nonzero": sign * rng.integers(1, 10, shape),
-                   "any": rng.integers(-20, 21, shape)}[domain]  # fmt: skip
+                   "any": rng.integers(-20, 21, shape)}[domain]
         else:
             raw = {"positive": rng.uniform(0.25, 2.0, shape), "nonzero": sign * rng.uniform(0.5, 2.0, shape),
-                   "any": rng.uniform(-2.0, 2.0, shape)}[domain]  # fmt: skip
+                   "any": rng.uniform(-2.0, 2.0, shape)}[domain]
         return np.asarray(raw).astype(dtype)
 
     def fresh(self, shape: tuple[int, ...], dtype: str, domain: str = "any", kind: str | None = None) -> Value:
@@ -158,14 +158,14 @@ class _Builder:
         fv = val.astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
             ok = (np.all(np.isfinite(fv)) and np.all(np.abs(fv) <= LIMIT[v.dtype]) and np.all(np.isfinite(err))
-                  and np.all(err <= CONDITION * (1 + np.abs(fv))))  # fmt: skip
+                  and np.all(err <= CONDITION * (1 + np.abs(fv))))
         if ok:
             self.pool.append(v)
             self.alive.add(v.id)
 
     # ------------------------------------------------------------------ ops
     def main_operand(self, op: str, extra: Callable[[Value], bool] = lambda v: True, min_rank: int = 0,
-                     domain: str = "any", rank: int | None = None) -> Value:  # fmt: skip
+                     domain: str = "any", rank: int | None = None) -> Value:
         dtype = self.dtype if accepts(op, self.dtype) else "float32"
 
         def ok(v: Value) -> bool:
@@ -173,7 +173,7 @@ class _Builder:
             return accepts(op, v.dtype) and in_rank and extra(v)
 
         shape = self.shape(min_rank=min_rank) if rank is None else tuple(self.draw(
-            st.lists(st.integers(1, 5), min_size=rank, max_size=rank)))  # fmt: skip
+            st.lists(st.integers(1, 5), min_size=rank, max_size=rank)))
         return self.pick(ok, lambda: self.fresh(shape, dtype, domain))
 
     def op_unary(self, op: str) -> Value:
@@ -197,7 +197,7 @@ class _Builder:
             b: Any = self.draw(st.sampled_from(choices))
         elif how == "pool":
             b = self.pick(lambda v: v.dtype == a.dtype and _broadcasts(v.shape, a.shape),
-                          lambda: self.fresh(self.broadcastable(a.shape), a.dtype, domain))  # fmt: skip
+                          lambda: self.fresh(self.broadcastable(a.shape), a.dtype, domain))
         else:
             b = self.fresh(self.broadcastable(a.shape), a.dtype, domain)
         if op == "pow":  # base safely positive, exponent small: pow stays finite and well conditioned
@@ -207,7 +207,7 @@ class _Builder:
                 b = 2.0
         elif op == "div":
             if isinstance(b, Value) and not (self.away_from_zero(b) if b.dtype in FLOAT_DTYPES
-                                             else bool(np.all(self.value(b) != 0))):  # fmt: skip
+                                             else bool(np.all(self.value(b) != 0))):
                 b = self.fresh(self.broadcastable(a.shape), a.dtype, "nonzero")
         elif isinstance(b, Value) and self.draw(st.booleans()):
             a, b = b, a
@@ -227,7 +227,7 @@ class _Builder:
             shape = (k, n)
         b = self.fresh(shape, a.dtype)
         return self.g.matmul(a, b) if self.draw(st.booleans()) or a.ndim < 2 else self.g.matmul(
-            self.fresh((n, a.shape[-2]) if a.ndim >= 2 else (n, k), a.dtype), a)  # fmt: skip
+            self.fresh((n, a.shape[-2]) if a.ndim >= 2 else (n, k), a.dtype), a)
 
     def op_softmax(self) -> Value:
         a = self.main_operand("softmax", min_rank=1)
@@ -247,7 +247,7 @@ class _Builder:
         axes: Any = None
         if a.ndim and self.draw(st.booleans()):
             axes = self.draw(st.lists(st.integers(-a.ndim, a.ndim - 1), min_size=1, max_size=a.ndim,
-                                      unique_by=lambda x: x % a.ndim))  # fmt: skip
+                                      unique_by=lambda x: x % a.ndim))
             if len(axes) == 1 and self.draw(st.booleans()):
                 axes = axes[0]
         return getattr(self.g, op)(a, axes, keepdims=self.draw(st.booleans()))
@@ -335,14 +335,14 @@ class _Builder:
         w = self.fresh((o, c // groups, *k), x.dtype, kind=self.draw(st.sampled_from(("param", "constant"))))
         b = self.fresh((o,), x.dtype) if self.draw(st.booleans()) else None
         return self.g.conv2d(x, w, b, stride=self.draw(st.integers(1, 2)), padding=self.draw(st.integers(0, 1)),
-                             dilation=self.draw(st.integers(1, 2)), groups=groups)  # fmt: skip
+                             dilation=self.draw(st.integers(1, 2)), groups=groups)
 
     def op_pool(self, op: str) -> Value:
         x = self.main_operand(op, rank=4)
         kernel = (self.draw(st.integers(1, 3)), self.draw(st.integers(1, 3)))
         kwargs: dict[str, Any] = {"stride": self.draw(st.sampled_from((None, 1, 2))),
                                   "padding": self.draw(st.integers(0, min(kernel) // 2)),
-                                  "ceil_mode": self.draw(st.booleans())}  # fmt: skip
+                                  "ceil_mode": self.draw(st.booleans())}
         if op == "avg_pool2d":
             kwargs["count_include_pad"] = self.draw(st.booleans())
         return getattr(self.g, op)(x, kernel, **kwargs)
@@ -416,7 +416,7 @@ def _still_valid(case: FuzzCase, params: dict[str, np.ndarray]) -> bool:
         val, err = tracker.values[i].astype(np.float64), tracker.errors[i]
         with np.errstate(invalid="ignore"):
             if not (np.all(np.isfinite(val)) and np.all(np.isfinite(err))
-                    and np.all(err <= CONDITION * (1 + np.abs(val)))):  # fmt: skip
+                    and np.all(err <= CONDITION * (1 + np.abs(val)))):
                 return False
     return True
 

@@ -151,7 +151,7 @@ def save_replay(case: FuzzCase, device: str, message: str) -> Path | None:
         "device": device, "message": message, "graph": json.loads(case.graph.to_json()),
         "inputs": {k: _encode(v) for k, v in case.inputs.items()},
         "new_params": {k: _encode(v) for k, v in case.new_params.items()}, "alive": sorted(case.alive),
-    }  # fmt: skip
+    }
     path = Path(folder) / f"found-{device}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")

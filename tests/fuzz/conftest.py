@@ -17,7 +17,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 PROFILE = os.environ.get("RLX_FUZZ_PROFILE", "quick").strip() or "quick"
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
-             HealthCheck.function_scoped_fixture]  # fmt: skip
+             HealthCheck.function_scoped_fixture]
 
 
 def fuzz_settings(quick_examples: int) -> settings:
@@ -26,11 +26,11 @@ def fuzz_settings(quick_examples: int) -> settings:
         examples = int(os.environ.get("RLX_FUZZ_EXAMPLES", "10000"))
         db = DirectoryBasedExampleDatabase(str(Path(__file__).parent / ".hypothesis"))
         return settings(max_examples=examples, deadline=None, database=db, suppress_health_check=_SUPPRESS,
-                        print_blob=True)  # fmt: skip
+                        print_blob=True)
     if PROFILE != "quick":
         raise ValueError(f"RLX_FUZZ_PROFILE: {PROFILE!r} is not 'quick' or 'fuzz'")
     return settings(max_examples=quick_examples, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=_SUPPRESS)  # fmt: skip
+                    suppress_health_check=_SUPPRESS)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -42,4 +42,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for device in sorted(set(CHECKED) | set(DECLINED)):
         declined = f", {DECLINED[device]} declined by its claims" if DECLINED[device] else ""
         terminalreporter.write_line(f"{device}: {CHECKED[device]} graphs checked against the reference, "
-                                    f"fused and unfused{declined}")  # fmt: skip
+                                    f"fused and unfused{declined}")

@@ -16,7 +16,7 @@ _UNARY = {"neg": np.negative, "exp": np.exp, "tanh": np.tanh, "relu": lambda x: 
 _BINARY = {
     "matmul": np.matmul, "add": np.add, "sub": np.subtract, "mul": np.multiply,
     "div": np.true_divide, "maximum": np.maximum, "minimum": np.minimum,
-}  # fmt: skip
+}
 
 
 class ToyExecutable(rlx_core.Executable):
@@ -75,7 +75,7 @@ class ToyBackend(rlx_core.Backend):
         # Used until `rlx calibrate toy` measures this host. One Python call per step with
         # fresh allocations: a larger dispatch than cpu's.
         return rlx_core.CostModel(device="toy", sgemm_gflops=20.0, memory_bw_gbps=8.0, dispatch_overhead_ns=3_000.0,
-                                  roundtrip_overhead_ns=10_000.0, source="rlx-example-plugin defaults")  # fmt: skip
+                                  roundtrip_overhead_ns=10_000.0, source="rlx-example-plugin defaults")
 
     def compile(self, graph, options) -> rlx_core.Executable:
         return ToyExecutable(graph)

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ABI", "FLAGS", "INFO_NAME", "INFO_SCHEMA", "SOURCE", "BuildResult", "build", "compiler_name",
-           "compiler_version", "describe_build", "find_compiler", "library_name", "read_info", "main"]  # fmt: skip
+           "compiler_version", "describe_build", "find_compiler", "library_name", "read_info", "main"]
 
 SOURCE = Path(__file__).with_name("native.c")
 #: The C side's interface version: ``RLX_ABI`` in native.c, answered by ``rlx_abi()``. A
@@ -61,7 +61,7 @@ ABI = 18
 FLAGS: tuple[str, ...] = (
     "-O3", "-std=c11", *(() if sys.platform == "win32" else ("-fPIC",)), "-shared", "-fno-math-errno",
     "-fno-trapping-math", "-fvisibility=hidden", "-fopenmp-simd", "-ffp-contract=fast",
-)  # fmt: skip
+)
 _LIBS: tuple[str, ...] = () if sys.platform == "win32" else ("-lm",)
 #: Tried in order; the first that compiles is the library (see the module docstring).
 _VARIANTS: tuple[tuple[str, ...], ...] = (("-fopenmp",), ("-fopenmp", "-DRLX_NO_CLONES"), (), ("-DRLX_NO_CLONES",))
@@ -126,7 +126,7 @@ def compiler_version(cmd: Sequence[str], environ: Mapping[str, str] | None = Non
     when the compiler does not run."""
     try:
         done = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=60, check=False,
-                              env=None if environ is None else dict(environ))  # fmt: skip
+                              env=None if environ is None else dict(environ))
     except (OSError, subprocess.SubprocessError, ValueError):
         return ""
     lines = (done.stdout or done.stderr).strip().splitlines()
@@ -156,7 +156,7 @@ def read_info(directory: Path) -> dict[str, Any]:
 
 
 def build(directory: Path, *, source: Path | None = None, environ: Mapping[str, str] | None = None,
-          timeout_s: float = _TIMEOUT_S) -> BuildResult:  # fmt: skip
+          timeout_s: float = _TIMEOUT_S) -> BuildResult:
     """Compile ``source`` (``native.c``) into ``directory / library_name()`` and write
     ``directory / INFO_NAME``, the record ``rlx devices`` reports from. Never raises.
 
@@ -168,7 +168,7 @@ def build(directory: Path, *, source: Path | None = None, environ: Mapping[str, 
     source = SOURCE if source is None else Path(source)
     start = time.perf_counter()
     info: dict[str, Any] = {"schema": INFO_SCHEMA, "built": False, "library": library_name(), "abi": ABI,
-                            "platform": sys.platform, "machine": platform.machine()}  # fmt: skip
+                            "platform": sys.platform, "machine": platform.machine()}
     try:
         result = _compile(directory, source, environ, timeout_s, info)
     except Exception as exc:  # the wheel's build must go on without the library, whatever happened
@@ -190,7 +190,7 @@ def build(directory: Path, *, source: Path | None = None, environ: Mapping[str, 
 
 
 def _compile(directory: Path, source: Path, environ: Mapping[str, str] | None, timeout_s: float,
-             info: dict[str, Any]) -> BuildResult:  # fmt: skip
+             info: dict[str, Any]) -> BuildResult:
     try:
         info["source_sha256"] = hashlib.sha256(source.read_bytes()).hexdigest()
     except OSError as exc:
@@ -216,14 +216,14 @@ def _compile(directory: Path, source: Path, environ: Mapping[str, str] | None, t
             argv = [*cmd, *FLAGS, *extra, "-o", str(tmp), str(source), *_LIBS]
             try:
                 done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False,
-                                      env=None if environ is None else dict(environ))  # fmt: skip
+                                      env=None if environ is None else dict(environ))
             except (OSError, subprocess.SubprocessError) as exc:
                 return BuildResult(False, None, info, "the C compiler did not run", f"{shlex.join(argv)}: {exc}")
             if done.returncode == 0 and tmp.is_file():
                 os.replace(tmp, final)
                 x86 = platform.machine().lower() in ("x86_64", "amd64")
                 info.update(built=True, flags=[*FLAGS, *extra, *_LIBS], openmp="-fopenmp" in extra,
-                            clones=list(_X86_CLONES) if x86 and "-DRLX_NO_CLONES" not in extra else [])  # fmt: skip
+                            clones=list(_X86_CLONES) if x86 and "-DRLX_NO_CLONES" not in extra else [])
                 return BuildResult(True, final, info)
             lines = (done.stderr or done.stdout).strip().splitlines()
             errors.append(" | ".join(line.strip() for line in lines[:3]) or f"exit status {done.returncode}")

@@ -410,11 +410,11 @@ def _mkl_step(lib: Mkl, a: Any, b: Any, out: Any, ctx: Any = None) -> Step:
     if count == 1:
         fn = lib.sgemm
         args: list[Any] = [_ROW_MAJOR, pa.trans, pb.trans, m, n, k, 1.0, 0, pa.ld, 0, pb.ld, 0.0, 0,
-                           c.ld]  # fmt: skip
+                           c.ld]
         positions = (7, 9, 12)
     else:
         fn = lib.sgemm_batch_strided
         args = [_ROW_MAJOR, pa.trans, pb.trans, m, n, k, 1.0, 0, pa.ld, pa.batch_stride, 0, pb.ld,
-                pb.batch_stride, 0.0, 0, c.ld, c.batch_stride, count]  # fmt: skip
+                pb.batch_stride, 0.0, 0, c.ld, c.batch_stride, count]
         positions = (7, 10, 14)
     return bound_call(fn, args, (a, b, out), positions, _numpy_matmul)

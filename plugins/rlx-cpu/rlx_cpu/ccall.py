@@ -39,7 +39,7 @@ class _RunTimeCall:
     makes this run go through ``fallback(*operands)``, numpy's way to the same result."""
 
     def __init__(self, fn: Callable[..., None], args: list[Any], slots: dict[int, int], keep: tuple[Any, ...],
-                 fallback: Callable[..., None]) -> None:  # fmt: skip
+                 fallback: Callable[..., None]) -> None:
         self.fn, self.args, self.slots, self.keep, self.fallback = fn, args, slots, keep, fallback
 
     def __call__(self, *operands: np.ndarray) -> None:
@@ -91,7 +91,7 @@ class _PackedRunTimeCall:
     written into the step's own argument array each run."""
 
     def __init__(self, fn: Callable[..., None], packed: Callable[[int], int], arr: np.ndarray, slots: dict[int, int],
-                 keep: tuple[Any, ...], fallback: Callable[..., None]) -> None:  # fmt: skip
+                 keep: tuple[Any, ...], fallback: Callable[..., None]) -> None:
         self.fn, self.packed, self.arr, self.slots, self.keep, self.fallback = fn, packed, arr, slots, keep, fallback
         self.args = list(arr[1:])
         self._ptr = arr.ctypes.data
@@ -122,7 +122,7 @@ def target(step: Step) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
 
 
 def bound_call(fn: Callable[..., None], args: list[Any], operands: tuple[Any, ...], positions: tuple[int, ...],
-               fallback: Callable[..., None], keep: tuple[Any, ...] = ()) -> Step:  # fmt: skip
+               fallback: Callable[..., None], keep: tuple[Any, ...] = ()) -> Step:
     """The step calling ``fn(*args)``, where ``args[positions[i]]`` is the address of
     ``operands[i]``: filled in now for arrays, read per run for ``Dyn`` placeholders
     (``fallback(*operands)`` runs instead when one cannot be taken as it is). ``keep``:

@@ -79,11 +79,11 @@ def use_direct() -> bool:
     """True when convolutions with few taps should run on the direct kernel here: forced
     (``RLX_CPU_CONV=direct``), or measured once per process at the first one planned."""
     return _decided("direct", ("direct", "im2col"), _measure_direct, "few-tap convolutions", "on the direct kernel",
-                    "through im2col")  # fmt: skip
+                    "through im2col")
 
 
 def _decided(key: str, forcing: tuple[str, str], measure: Callable[[Native], tuple[bool, str]], what: str,
-             yes: str, no: str) -> bool:  # fmt: skip
+             yes: str, no: str) -> bool:
     """One of this module's questions: ``RLX_CPU_CONV`` answers it when set to one of
     ``forcing`` (the first means yes), else ``measure`` does, once per process (logged)."""
     forced = mode()
@@ -109,7 +109,7 @@ def describe(measured: bool = True) -> str:
             forced] + f" (RLX_CPU_CONV={forced})"
     found, direct = (_DECIDED.get("auto"), _DECIDED.get("direct")) if measured else (None, None)
     text = ("auto: the implicit GEMM is timed against im2col at the first convolution on rlx's GEMM" if found is None
-            else f"{'implicit GEMM' if found[0] else 'im2col'} ({found[1]})")  # fmt: skip
+            else f"{'implicit GEMM' if found[0] else 'im2col'} ({found[1]})")
     if direct is None:
         return text + "; few-tap ones: the direct kernel is timed against im2col at the first one"
     return text + f"; few-tap ones: {'the direct kernel' if direct[0] else 'im2col'} ({direct[1]})"
@@ -130,15 +130,15 @@ def _measure(lib: Native) -> tuple[bool, str]:
     xs = np.empty(lib.conv_gemm_scratch(c, 3, 3, 1, 1, 1, 1, hw, hw), np.float32)
     y_implicit, y_im2col = np.empty((c, n), np.float32), np.empty((c, n), np.float32)
     implicit_args = (x.ctypes.data, apk8.ctypes.data, toff.ctypes.data, 0, y_implicit.ctypes.data, xs.ctypes.data,
-                     c, hw, hw, c, 3, 3, 1, 1, 1, 1, 1, 1, hw, hw, 8, threads, 0)  # fmt: skip
+                     c, hw, hw, c, 3, 3, 1, 1, 1, 1, 1, 1, hw, hw, 8, threads, 0)
     # im2col, then rlx_gemm with the weights packed
     apk = np.empty(lib.gemm_pack_a_size(c, k), np.float32)
     lib.gemm_pack_a(w.ctypes.data, k, 1, c, k, apk.ctypes.data)
     cols = np.empty((k, n), np.float32)
     im2col_args = (x.ctypes.data, cols.ctypes.data, 1, c * n, k * n, c, hw, hw, 3, 3, 1, 1, 1, 1, 1, 1, hw, hw,
-                   threads)  # fmt: skip
+                   threads)
     gemm_args = (c, n, k, apk.ctypes.data, k, 1, 0, cols.ctypes.data, n, 1, 0, y_im2col.ctypes.data, n, 0, 1,
-                 gemm._PACKED_A, threads, 0, 0)  # fmt: skip
+                 gemm._PACKED_A, threads, 0, 0)
 
     def run_im2col() -> None:
         lib.im2col(*im2col_args)
@@ -178,7 +178,7 @@ def _measure_direct(lib: Native) -> tuple[bool, str]:
             return False, f"the direct kernel disagreed with im2col at {c} -> {o} 3x3 over {hw}x{hw}"
         ratios.append((ratio, f"{c} -> {o} over {hw}x{hw}"))
     return min(ratios)[0] > DIRECT_MARGIN, "timed " + ", ".join(f"{r:.2f}x im2col's speed at {what}"
-                                                                for r, what in ratios)  # fmt: skip
+                                                                for r, what in ratios)
 
 
 def _direct_ratio(lib: Native, rng: np.random.Generator, c: int, o: int, hw: int, stride: int) -> float | None:
@@ -196,10 +196,10 @@ def _direct_ratio(lib: Native, rng: np.random.Generator, c: int, o: int, hw: int
     xp = np.empty(lib.conv_direct_scratch(c, 3, 3, stride, stride, oh, oh), np.float32)
     y_direct, y_im2col = np.empty((o, n), np.float32), np.empty((o, n), np.float32)
     direct_args = (x.ctypes.data, wpk.ctypes.data, 0, y_direct.ctypes.data, xp.ctypes.data, c, hw, hw, o, 3, 3,
-                   stride, stride, 1, 1, oh, oh, threads)  # fmt: skip
+                   stride, stride, 1, 1, oh, oh, threads)
     cols = np.empty((k, n), np.float32)
     im2col_args = (x.ctypes.data, cols.ctypes.data, 1, c * hw * hw, k * n, c, hw, hw, 3, 3, stride, stride, 1, 1,
-                   1, 1, oh, oh, gemm._cores() if lib.openmp else 1)  # fmt: skip
+                   1, 1, oh, oh, gemm._cores() if lib.openmp else 1)
     _, product = gemm._blas_runner(w.reshape(o, k), cols, y_im2col)
 
     def run_direct() -> None:

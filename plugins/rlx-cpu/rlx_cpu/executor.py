@@ -73,7 +73,7 @@ HANDOFF_BYTES = 128 * 1024
 #: fused kernels built on them (tested at hand-off sizes in tests/test_executor.py).
 _HANDOFF_OPS = frozenset({OpKind.MATMUL, OpKind.GEMM, OpKind.FUSED_ELEMENTWISE, OpKind.ADD, OpKind.SUB,
                           OpKind.MUL, OpKind.MAXIMUM, OpKind.MINIMUM, OpKind.NEG, OpKind.ABS, OpKind.EXP,
-                          OpKind.TANH, OpKind.SQRT, OpKind.LOG})  # fmt: skip
+                          OpKind.TANH, OpKind.SQRT, OpKind.LOG})
 
 # How a value is held. DYNAMIC: in a slot, set per run (inputs and views of them).
 # RESIDENT: an array owned by the executable, shared by every plan. BUFFER: a plan's
@@ -181,7 +181,7 @@ class _Plan:
 
 
 def _build_steps(builder: Callable[..., list[Step]], node: Node, ins: list[Any], out: np.ndarray,
-                 ctx: Any) -> list[Step]:  # fmt: skip
+                 ctx: Any) -> list[Step]:
     if out.size == 0:
         return []
     if node.op in ELEMENTWISE_OPS:  # float32: one call of the native interpreter when it is here
@@ -203,7 +203,7 @@ class CpuExecutable(Executable):
         self._kinds = self._classify(graph)
         self._ends = self._liveness(graph)
         self._handoff = {i for i in graph.outputs if self._kinds[i] == BUFFER and graph.node(i).op in _HANDOFF_OPS
-                         and graph.node(i).size * np.dtype(graph.node(i).dtype).itemsize >= HANDOFF_BYTES}  # fmt: skip
+                         and graph.node(i).size * np.dtype(graph.node(i).dtype).itemsize >= HANDOFF_BYTES}
         self._in_concat = self._concat_blocks()
         self._params: dict[str, np.ndarray] = {}
         self._residents: dict[int, np.ndarray] = {}
@@ -273,14 +273,14 @@ class CpuExecutable(Executable):
         blocks: dict[int, tuple[int, int]] = {}
         for node in self._nodes:
             if (node.op is not OpKind.CONCAT or self._kinds[node.id] != BUFFER or node.id in self._handoff
-                    or math.prod(node.shape[: node.attrs["axis"]]) != 1):  # fmt: skip
+                    or math.prod(node.shape[: node.attrs["axis"]]) != 1):
                 continue
             axis, offset = node.attrs["axis"], 0
             inner = math.prod(node.shape[axis + 1 :])
             for i in node.inputs:
                 src = self._nodes[i]
                 if (self._kinds[i] == BUFFER and reads[i] == 1 and src.op not in (OpKind.CONCAT, OpKind.RESHAPE)
-                        and src.dtype == node.dtype and i not in self._handoff):  # fmt: skip
+                        and src.dtype == node.dtype and i not in self._handoff):
                     blocks[i] = (node.id, offset)
                 offset += src.shape[axis] * inner
         return blocks
@@ -320,7 +320,7 @@ class CpuExecutable(Executable):
             self._resident_deps[root] = self._resident_deps.get(root, frozenset()) | deps[node.id]
 
     def _derived(self, source: Any, key: Any, make: Callable[[np.ndarray, np.ndarray | None], np.ndarray],
-                 also: Sequence[Any] = ()) -> np.ndarray | None:  # fmt: skip
+                 also: Sequence[Any] = ()) -> np.ndarray | None:
         """``BuildContext.derived``: ``make(source, None)`` once per source and key, shared
         by every plan, and refilled in place by ``set_param`` when a param it reads (through
         ``source`` or the arrays in ``also``, which ``make`` reads too) changes."""
@@ -454,7 +454,7 @@ class CpuExecutable(Executable):
         return _Plan(run, slots, stats)
 
     def _output_buffer(self, node: Node, values: dict[int, Any], groups: dict[int, _Group], arena: _Arena,
-                       stats: PlanStats) -> np.ndarray:  # fmt: skip
+                       stats: PlanStats) -> np.ndarray:
         """An input's buffer when the op may overwrite it and nothing reads it later, else a
         buffer from the arena."""
         end = self._ends[node.id]
@@ -517,7 +517,7 @@ class CpuExecutable(Executable):
         target = self._params.get(name)
         if target is None:
             raise InputError(f"set_param: graph {self._graph_name!r} has no param {name!r}; "
-                             f"its params: {sorted(self._params)}")  # fmt: skip
+                             f"its params: {sorted(self._params)}")
         value = np.asarray(value)
         if value.dtype != target.dtype:
             raise InputError(f"set_param {name!r}: expected dtype {target.dtype}, got {value.dtype} (no silent casts)")
@@ -543,7 +543,7 @@ class CpuExecutable(Executable):
             "inplace": s.inplace, "views": s.views,
             "folded": sum(1 for n in self._nodes if self._kinds[n.id] == RESIDENT and n.op not in
                           (OpKind.PARAM, OpKind.CONSTANT)),
-        }  # fmt: skip
+        }
 
     @property
     def num_buffers(self) -> int:

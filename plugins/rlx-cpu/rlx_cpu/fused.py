@@ -115,7 +115,7 @@ def _blocks(shape: tuple[int, ...], axis: int, length: int):
 
 
 def _index(vshape: tuple[int, ...], ndim: int, axis: int, fixed: tuple[int, ...], start: int,
-           stop: int) -> tuple[Any, ...]:  # fmt: skip
+           stop: int) -> tuple[Any, ...]:
     """The index of a block in a value of shape ``vshape`` that broadcasts to the output."""
     offset = ndim - len(vshape)
     index: list[Any] = []
@@ -186,7 +186,7 @@ def _registers(instructions: list[Instruction], n_inputs: int, final_direct: boo
 
 
 def program_steps(instructions: list[Instruction], ins: list[Any], out: np.ndarray, ctx: BuildContext,
-                  name: str = "", block: int = BLOCK_ELEMENTS) -> list[Step]:  # fmt: skip
+                  name: str = "", block: int = BLOCK_ELEMENTS) -> list[Step]:
     """The steps evaluating ``instructions`` over operands ``ins`` into ``out``, block by block."""
     n_in = len(ins)
     instructions = live_instructions(instructions, n_in)
@@ -278,7 +278,7 @@ def _fused_elementwise(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildCo
         if halves is not None:  # each half is a region of its own: its instructions typed on its operands
             first, second = (tuple(program_steps(program_types(node.op, _types(part), program)[1], part, part_out,
                                                  ctx, node.name, PARALLEL_BLOCK))
-                             for part, part_out in halves)  # fmt: skip
+                             for part, part_out in halves)
             return [Parallel(first, second)]
     return program_steps(instructions, ins, out, ctx, node.name)
 
@@ -315,7 +315,7 @@ def _fused_conv(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
     conv_ins, extra = ins[:n_conv], ins[n_conv:]
     conv_dtype = np.dtype(conv_ins[0].dtype)
     conv = Node(-1, OpKind.CONV2D, (), MappingProxyType({k: node.attrs[k] for k in CONV_ATTRS}), node.shape,
-                conv_dtype.name, node.name)  # fmt: skip
+                conv_dtype.name, node.name)
     res = out if conv_dtype == out.dtype else ctx.scratch(out.shape, conv_dtype)
     operands = [res, *extra]
     program = node.attrs["program"]

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Decision", "ProbeCase", "DEEP_K", "DEEP_PROBE", "MARGIN", "POOL_MARGIN", "SPLIT_MACS", "THREAD_MACS",
            "PROBE_SHAPES", "mode", "use_native", "decision", "describe", "native_step", "gemv_step", "matmul_step",
-           "matmul_bias_step", "reset", "stacked_rows"]  # fmt: skip
+           "matmul_bias_step", "reset", "stacked_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ def use_native(k: int | None = None) -> bool:
         if "auto" not in _DECIDED:
             _DECIDED["auto"] = _settled(lib)
             log.info("rlx-cpu: float32 products on %s (%s)",
-                    "rlx's GEMM" if _DECIDED["auto"].native else "the BLAS", _DECIDED["auto"].why)  # fmt: skip
+                    "rlx's GEMM" if _DECIDED["auto"].native else "the BLAS", _DECIDED["auto"].why)
         return _DECIDED["auto"].for_depth(k)
 
 
@@ -218,7 +218,7 @@ class ProbeCase:
         self.packed = aligned_empty(max(int(lib.gemm_pack_a_size(m, k)), 1), np.float32)
         lib.gemm_pack_a(self.a.ctypes.data, k, 1, m, k, self.packed.ctypes.data)
         self.args = (m, n, k, self.packed.ctypes.data, k, 1, 0, self.b.ctypes.data, n, 1, 0,
-                     self.c_native.ctypes.data, n, 0, 1, _PACKED_A, threads, 0, 0)  # fmt: skip
+                     self.c_native.ctypes.data, n, 0, 1, _PACKED_A, threads, 0, 0)
 
 
 def _blas_runner(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[str, Callable[[], None]]:
@@ -228,7 +228,7 @@ def _blas_runner(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[str, Call
     n = b.shape[1]
     if mkl is not None:
         args = (blas._ROW_MAJOR, blas._NO_TRANS, blas._NO_TRANS, m, n, k, 1.0, a.ctypes.data, k, b.ctypes.data, n,
-                0.0, c.ctypes.data, n)  # fmt: skip
+                0.0, c.ctypes.data, n)
         return "oneMKL", lambda: mkl.sgemm(*args)
     return "numpy", lambda: np.matmul(a, b, out=c)
 
@@ -271,14 +271,14 @@ def _measure(lib: Native) -> Decision:
         case = ProbeCase(lib, (m, k, n), threads_used, rng)
         # the case stays in the list: the calls hold only its arrays' addresses
         cases.append(((m, k, n), case.args, case.c_native, case.c_blas, _blas_runner(case.a, case.b, case.c_blas),
-                      case))  # fmt: skip
+                      case))
     native_times = [_best_of(lambda args=args: lib.gemm(*args)) for _, args, *_ in cases]
     blas_times = [_best_of(runner[1]) for *_, runner, _ in cases]
     pools = thread_policy.blas_pools() if threads_used > 1 else []
     if threads_used > 1 and not all(t_blas > MARGIN * t_native for t_native, t_blas in zip(native_times, blas_times)):
         time.sleep(_SETTLE_S)  # whatever pool was spinning has gone to sleep: both again
         native_times = [min(t, _best_of(lambda args=args: lib.gemm(*args)))
-                        for t, (_, args, *_) in zip(native_times, cases)]  # fmt: skip
+                        for t, (_, args, *_) in zip(native_times, cases)]
         blas_times = [min(t, _best_of(case[4][1])) for t, case in zip(blas_times, cases)]
     name = cases[-1][4][0] if cases else "the BLAS"
     for (m, k, n), _, c_native, c_blas, *_ in cases:
@@ -303,7 +303,7 @@ def _measure(lib: Native) -> Decision:
     # over the output the BLAS leaves to a step of its own (the probe times bare products)
     native = all(r > 1 / MARGIN for r in ratios)
     why = (f"timed {speed} {name}'s speed at {shapes}{single}, {tile}; the BLAS only where {MARGIN:.2f}x faster: "
-           "the GEMM runs the epilogue as it stores")  # fmt: skip
+           "the GEMM runs the epilogue as it stores")
     if not native:
         return Decision(False, why)
     deep, at = _deep_ratio(lib, threads_used), "x".join(map(str, DEEP_PROBE))
@@ -311,7 +311,7 @@ def _measure(lib: Native) -> Decision:
         return Decision(True, f"{why}; over {DEEP_K} terms a sum {name} (rlx's GEMM disagreed at {at})", deep=False)
     keep = deep > 1 / MARGIN
     return Decision(True, f"{why}; over {DEEP_K} terms a sum {'the GEMM' if keep else name} (timed {deep:.2f}x at "
-                          f"{at})", deep=keep)  # fmt: skip
+                          f"{at})", deep=keep)
 
 
 def _deep_ratio(lib: Native, threads: int) -> float | None:
@@ -381,7 +381,7 @@ def _pack(lib: Native, x: Any, rs: int, cs: int, rows: int, k: int, is_a: bool, 
 
 
 def _fallback(a: Any, b: Any, live: tuple[bool, bool], row_bias: np.ndarray | None = None,
-              epilogue: Epilogue | None = None) -> Callable[..., None]:  # fmt: skip
+              epilogue: Epilogue | None = None) -> Callable[..., None]:
     """``numpy.matmul`` over the step's operands (those not packed, then ``out``), with the
     packed ones' own arrays filled in, plus the row bias and the epilogue: a caller's
     array the GEMM cannot take on some run."""
@@ -429,7 +429,7 @@ def _planned(a: Any, b: Any, out: Any) -> tuple[int, int, int, int, Any, Any, An
 
 
 def native_step(a: Any, b: Any, out: Any, ctx: Any = None, row_bias: np.ndarray | None = None,
-                epilogue: Epilogue | None = None) -> Step | None:  # fmt: skip
+                epilogue: Epilogue | None = None) -> Step | None:
     """``out = a @ b`` (``+ row_bias[:, None]``: one value per row of each product, a
     convolution's channels; then ``epilogue``, a region over ``out`` applied block by
     block as the GEMM finishes them) as one ``rlx_gemm`` call, or None when the native
@@ -443,7 +443,7 @@ def native_step(a: Any, b: Any, out: Any, ctx: Any = None, row_bias: np.ndarray 
     if count > 1 and pc.batch_stride == 0:
         return None
     if row_bias is not None and not (isinstance(row_bias, np.ndarray) and row_bias.dtype == _F32
-                                     and row_bias.shape == (m,) and row_bias.flags.c_contiguous):  # fmt: skip
+                                     and row_bias.shape == (m,) and row_bias.flags.c_contiguous):
         return None
     (a_rs, a_cs), (b_rs, b_cs) = _strides(pa), _strides(pb)
     a_bs, b_bs, flags = pa.batch_stride, pb.batch_stride, 0
@@ -456,7 +456,7 @@ def native_step(a: Any, b: Any, out: Any, ctx: Any = None, row_bias: np.ndarray 
     threads = lib.threads_for(m * n * k * count, SPLIT_MACS, THREAD_MACS)
     args: list[Any] = [m, n, k, 0, a_rs, a_cs, a_bs, 0, b_rs, b_cs, b_bs, 0, pc.ld, pc.batch_stride, count, flags,
                        threads, 0 if row_bias is None else row_bias.ctypes.data,
-                       0 if epilogue is None else epilogue.address(threads)]  # fmt: skip
+                       0 if epilogue is None else epilogue.address(threads)]
     if packed_a is not None:
         args[3] = packed_a.ctypes.data
     if packed_b is not None:
@@ -469,7 +469,7 @@ def native_step(a: Any, b: Any, out: Any, ctx: Any = None, row_bias: np.ndarray 
 
 
 def gemv_step(a: Any, b: Any, out: Any, bias: np.ndarray | None = None,
-              epilogue: Epilogue | None = None) -> Step | None:  # fmt: skip
+              epilogue: Epilogue | None = None) -> Step | None:
     """``out = a @ b`` (``+ bias``, one value per output: a convolution's channels on a 1x1
     plane; then ``epilogue`` over each thread's outputs) with one row of ``a`` or one
     column of ``b`` as one ``rlx_gemv`` call (OpenMP's team), or None when it does not
@@ -490,13 +490,13 @@ def gemv_step(a: Any, b: Any, out: Any, bias: np.ndarray | None = None,
     if sv != 1 or 1 not in (si, sk):
         return None
     if bias is not None and not (isinstance(bias, np.ndarray) and bias.dtype == _F32 and bias.size == length
-                                 and bias.flags.c_contiguous):  # fmt: skip
+                                 and bias.flags.c_contiguous):
         return None
     if epilogue is not None and sy != 1:
         return None
     threads = lib.threads_for(length * k, SPLIT_MACS, THREAD_MACS)
     args: list[Any] = [0, 0, 0, length, k, si, sk, sy, threads, 0 if bias is None else bias.ctypes.data,
-                       0 if epilogue is None else epilogue.address(threads)]  # fmt: skip
+                       0 if epilogue is None else epilogue.address(threads)]
 
     def fallback(mat_: np.ndarray, vec_: np.ndarray, y_: np.ndarray) -> None:
         np.matmul(mat_, vec_, out=y_) if flip else np.matmul(vec_, mat_, out=y_)

@@ -39,7 +39,7 @@ class BuildContext(Protocol):
         ...
 
     def derived(self, source: Any, key: Any, make: Callable[[np.ndarray, np.ndarray | None], np.ndarray],
-                also: Sequence[Any] = ()) -> np.ndarray | None:  # fmt: skip
+                also: Sequence[Any] = ()) -> np.ndarray | None:
         """``make(source, None)``, kept by the executable and shared by its plans, and
         recomputed as ``make(source, previous)`` whenever ``set_param`` changes ``source``
         or an array of ``also`` that ``make`` reads as well (e.g. weights packed for MKL, a
@@ -71,12 +71,12 @@ _BINARY_UFUNCS = {
     OpKind.ADD: np.add, OpKind.SUB: np.subtract, OpKind.MUL: np.multiply, OpKind.POW: np.power,
     OpKind.MAXIMUM: np.maximum, OpKind.MINIMUM: np.minimum, OpKind.BITWISE_AND: np.bitwise_and,
     OpKind.BITWISE_OR: np.bitwise_or, OpKind.BITWISE_XOR: np.bitwise_xor,
-}  # fmt: skip
+}
 _UNARY_UFUNCS = {
     OpKind.NEG: np.negative, OpKind.ABS: np.absolute, OpKind.EXP: np.exp, OpKind.LOG: np.log,
     OpKind.SQRT: np.sqrt, OpKind.TANH: np.tanh, OpKind.FLOOR: np.floor, OpKind.CEIL: np.ceil,
     OpKind.ROUND: np.rint, OpKind.BITWISE_NOT: np.invert, OpKind.SIN: np.sin, OpKind.COS: np.cos,
-}  # fmt: skip
+}
 # ops whose steps read each input element before writing the output element at the same
 # position, and never read an input after writing the output: out may be that input.
 _INPLACE_UNARY = frozenset(_UNARY_UFUNCS) | {OpKind.RELU, OpKind.RSQRT, OpKind.SIGMOID, OpKind.GELU, OpKind.ERF}
@@ -162,7 +162,7 @@ def _fmod(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> lis
 
 
 def _shift_run(x: np.ndarray, y: np.ndarray, out: np.ndarray, bad: np.ndarray, amount: np.ndarray,
-               left: bool) -> None:  # fmt: skip
+               left: bool) -> None:
     """``x << y`` or ``x >> y`` with the reference's rule for shifts outside ``[0, bits)``
     (C leaves them undefined): such a shift is done as a shift by 0, then overwritten with
     the sign fill (0, or -1 for a right shift of a negative value)."""
@@ -232,7 +232,7 @@ def _sigmoid(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> 
 
 
 def _chunked(program: Callable[..., None], tmp_dtypes: tuple[np.dtype, ...], x: Any, out: np.ndarray,
-             ctx: BuildContext) -> list[Step]:  # fmt: skip
+             ctx: BuildContext) -> list[Step]:
     n = scratch_count(out.size)
     tmps = tuple(ctx.scratch((n,), dt) for dt in tmp_dtypes)
     return [Step(run_chunked, (program, x.reshape(-1), out.reshape(-1), tmps))]
@@ -341,7 +341,7 @@ def _concat(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
         index = (slice(None),) * axis + (slice(start, start + n),)
         block = out[index]
         if not (isinstance(x, np.ndarray) and x.ctypes.data == block.ctypes.data and x.shape == block.shape
-                and x.flags.c_contiguous and block.flags.c_contiguous):  # fmt: skip
+                and x.flags.c_contiguous and block.flags.c_contiguous):
             steps.append(Step(np.copyto, (block, x)))  # else computed there already (the executor's concat blocks)
         start += n
     return steps
@@ -369,7 +369,7 @@ def _matmul(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
     # numpy has no float16 gemm: products and sums go through float32 (sgemm).
     a32, b32, r32 = ctx.scratch(a.shape, F32), ctx.scratch(b.shape, F32), ctx.scratch(out.shape, F32)
     return [Step(np.copyto, (a32, a)), Step(np.copyto, (b32, b)), matmul_step(a32, b32, r32),
-            Step(np.copyto, (out, r32), {"casting": "same_kind"})]  # fmt: skip
+            Step(np.copyto, (out, r32), {"casting": "same_kind"})]
 
 
 KERNELS: dict[OpKind, Builder] = {

@@ -46,7 +46,7 @@ CHUNK = 32768
 # atanh(erf(x)) / x = P(x^2), coefficients in increasing powers of x^2 (fitted on
 # [0, 4.2] by iteratively reweighted least squares, evaluated in float32).
 _ERF_TANH_P = (1.1283792602695377, 0.10276895704253466, -0.00019115759860315734, -0.0006207040958476631,
-               8.809502806981163e-05, -5.759449765919744e-06, 1.478960868783511e-07)  # fmt: skip
+               8.809502806981163e-05, -5.759449765919744e-06, 1.478960868783511e-07)
 
 
 def _c(value: float, dtype: type = np.float64) -> np.ndarray:

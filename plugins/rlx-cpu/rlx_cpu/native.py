@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 _DIRECTORY = Path(__file__).parent
 #: How to get a library where one is missing or refused, for the reasons below.
 REBUILD = ("reinstall rlx-cpu where a C compiler works; in a checkout: pip install -e plugins/rlx-cpu, "
-           "or python -m rlx_cpu._build")  # fmt: skip
+           "or python -m rlx_cpu._build")
 
 
 def wanted() -> bool:
@@ -170,7 +170,7 @@ class Native:
         self.packed.restype = i64
         for kernel, fn in enumerate((self.gemm, self.gemv, self.softmax, self.layer_norm, self.im2col, self.pool2d,
                                      self.max_pool2d_padded, self.depthwise, self.depthwise_lanes, self.conv_direct,
-                                     self.region, self.conv_gemm, self.group_conv), start=1):  # fmt: skip
+                                     self.region, self.conv_gemm, self.group_conv), start=1):
             ccall.register_packed(fn, self.packed, kernel)
         self._lib.rlx_set_max_threads.argtypes = [i64]
         self._lib.rlx_set_max_threads.restype = None

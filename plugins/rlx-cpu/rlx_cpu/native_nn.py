@@ -37,18 +37,18 @@ _SOFTMAX_NS, _LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the 
 def _fits(*arrays: Any) -> bool:
     return all(x is None or (x.dtype == np.float32
                              and (isinstance(x, Dyn) or (x.flags.c_contiguous and x.flags.aligned)))
-               for x in arrays)  # fmt: skip
+               for x in arrays)
 
 
 def _overlaps_elsewhere(x: Any, out: Any) -> bool:
     """True when plan arrays ``x`` and ``out`` share memory other than as the same array
     (a kernel writing ``out`` would overwrite ``x`` before reading it)."""
     return (not isinstance(x, Dyn) and not isinstance(out, Dyn) and np.may_share_memory(x, out)
-            and x.ctypes.data != out.ctypes.data)  # fmt: skip
+            and x.ctypes.data != out.ctypes.data)
 
 
 def _then(run: Callable[..., None], epilogue: Epilogue | None, start: int = 0, stop: int | None = None
-          ) -> Callable[..., None]:  # fmt: skip
+          ) -> Callable[..., None]:
     """A kernel's numpy fallback ``run``, followed by the epilogue the kernel would have
     applied (over output elements [start, stop))."""
     if epilogue is None:
@@ -107,7 +107,7 @@ def layer_norm_step(x: Any, scale: Any, bias: Any, out: Any, axis: int, eps: flo
     lib = library()
     inner = tuple(out.shape[axis:])
     if (lib is None or tuple(x.shape) != tuple(out.shape) or not _fits(x, scale, bias, out)
-            or tuple(scale.shape) != inner or (bias is not None and tuple(bias.shape) != inner)):  # fmt: skip
+            or tuple(scale.shape) != inner or (bias is not None and tuple(bias.shape) != inner)):
         return None
     length, rows = math.prod(inner), math.prod(out.shape[:axis])
     if length == 0 or rows == 0 or _overlaps_elsewhere(x, out):
@@ -115,7 +115,7 @@ def layer_norm_step(x: Any, scale: Any, bias: Any, out: Any, axis: int, eps: flo
     args = [0, 0, None, 0, rows, length, length, float(eps), _threads(lib, rows * length, _LAYER_NORM_NS)]
     if bias is None:
         return bound_call(lib.layer_norm, args, (x, scale, out), (0, 1, 3),
-                          lambda x, s, o: _layer_norm_numpy(eps)(x, s, None, o))  # fmt: skip
+                          lambda x, s, o: _layer_norm_numpy(eps)(x, s, None, o))
     return bound_call(lib.layer_norm, args, (x, scale, bias, out), (0, 1, 2, 3), _layer_norm_numpy(eps))
 
 
@@ -125,7 +125,7 @@ def _windows_numpy(geometry: tuple[int, ...]) -> Any:
     def run(x: np.ndarray, cols: np.ndarray) -> None:
         imgs = x.reshape(count, c, h, w)
         padded = np.zeros((count, c, h + pt + (oh - 1) * sh + dh * (kh - 1) + 1, w + pl + (ow - 1) * sw
-                           + dw * (kw - 1) + 1), np.float32)  # fmt: skip
+                           + dw * (kw - 1) + 1), np.float32)
         padded[:, :, pt : pt + h, pl : pl + w] = imgs
         rows = cols.reshape(-1)[: count * cols_stride].reshape(count, cols_stride)[:, : c * kh * kw * oh * ow]
         for ch in range(c):
@@ -140,7 +140,7 @@ def _windows_numpy(geometry: tuple[int, ...]) -> Any:
 
 
 def im2col_step(x: Any, cols: np.ndarray, groups: int, kernel: tuple[int, int], stride: tuple[int, int],
-                dilation: tuple[int, int], pads: tuple[int, int], out_hw: tuple[int, int]) -> Step | None:  # fmt: skip
+                dilation: tuple[int, int], pads: tuple[int, int], out_hw: tuple[int, int]) -> Step | None:
     """Fill the first ``C/groups * kh * kw`` rows of each (image, group) block of ``cols``
     (shape ``(n, groups, rows, oh * ow)``, rows >= that) with the windows of ``x`` (N, C, H, W)."""
     lib = library()
@@ -161,7 +161,7 @@ def _pool_numpy(geometry: tuple[int, ...]) -> Any:
     def run(x: np.ndarray, out: np.ndarray) -> None:
         xs = x.reshape(planes, h, w)
         taps = [xs[:, i * dh : i * dh + (oh - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw]
-                for i in range(kh) for j in range(kw)]  # fmt: skip
+                for i in range(kh) for j in range(kw)]
         acc = taps[0].copy()
         for t in taps[1:]:
             if is_max:
@@ -174,7 +174,7 @@ def _pool_numpy(geometry: tuple[int, ...]) -> Any:
 
 
 def pool_step(x: Any, out: Any, kernel: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int],
-              is_max: bool) -> Step | None:  # fmt: skip
+              is_max: bool) -> Step | None:
     """Max or average pool of ``x`` (N, C, H, W) into ``out`` whose windows all lie inside
     the image (no padding, no ceil_mode window past the edge)."""
     lib = library()
@@ -204,7 +204,7 @@ def _padded_max_numpy(geometry: tuple[int, ...]) -> Any:
 
 
 def max_pool_padded_step(x: Any, out: Any, kernel: tuple[int, int], stride: tuple[int, int],
-                         pads: tuple[int, int]) -> Step | None:  # fmt: skip
+                         pads: tuple[int, int]) -> Step | None:
     """Max pool of ``x`` (N, C, H, W) into ``out`` whose windows may reach past the image
     (``pads``: top and left padding; the bottom and right follow from ``out``'s shape), as
     if padded with -inf, without the padded copy. None where the kernel does not apply
@@ -218,7 +218,7 @@ def max_pool_padded_step(x: Any, out: Any, kernel: tuple[int, int], stride: tupl
     geometry = (n * c, h, w, kh, kw, sh, sw, pt, pl, oh, ow)
     threads = _threads(lib, out.size * kh * kw, 0.3)
     return bound_call(lib.max_pool2d_padded, [0, 0, *geometry, threads], (x, out), (0, 1),
-                      _padded_max_numpy(geometry))  # fmt: skip
+                      _padded_max_numpy(geometry))
 
 
 def _depthwise_numpy(geometry: tuple[int, ...]) -> Any:
@@ -230,7 +230,7 @@ def _depthwise_numpy(geometry: tuple[int, ...]) -> Any:
         xp = np.zeros((n, c, max(h + pt, need_h), max(w + pl, need_w)), np.float32)
         xp[:, :, pt : pt + h, pl : pl + w] = x.reshape(n, c, h, w)
         acc = np.zeros((n, c, oh, ow), np.float32) if bias is None else np.repeat(
-            np.repeat(bias.reshape(1, c, 1, 1), oh, 2), ow, 3).repeat(n, 0)  # fmt: skip
+            np.repeat(bias.reshape(1, c, 1, 1), oh, 2), ow, 3).repeat(n, 0)
         f = wt.reshape(c, kh, kw)
         for i in range(kh):
             for j in range(kw):
@@ -243,7 +243,7 @@ def _depthwise_numpy(geometry: tuple[int, ...]) -> Any:
 
 def _packed(ctx: Any, w: np.ndarray, key: tuple[Any, ...], size: int,
             make: Callable[[np.ndarray, np.ndarray | None], np.ndarray], pack: Callable[..., None], args: list[Any],
-            also: tuple[np.ndarray, ...] = ()) -> tuple[np.ndarray, list[Step]]:  # fmt: skip
+            also: tuple[np.ndarray, ...] = ()) -> tuple[np.ndarray, list[Step]]:
     """Weights ``w`` as ``make`` packs them, and the steps a plan must run first to have
     them: kept by the executable where it can (``ctx.derived``: packed once, again by
     set_param of ``w`` or of an array of ``also``), with no steps; else (a node folded
@@ -290,7 +290,7 @@ def _group_conv_numpy(geometry: tuple[int, ...]) -> Any:
 
 def group_conv_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, stride: tuple[int, int],
                     dilation: tuple[int, int], pads: tuple[int, int], groups: int, ctx: Any,
-                    epilogue: Epilogue | None = None) -> list[Step] | None:  # fmt: skip
+                    epilogue: Epilogue | None = None) -> list[Step] | None:
     """A grouped convolution with few channels a group (``w`` (groups * og, cg, kh, kw),
     groups > 1, not one filter per channel) of ``x`` (N, C, H, W) into ``out`` with zero
     padding ``pads`` (top, left) as one ``rlx_group_conv`` call: per group, a padded copy
@@ -312,7 +312,7 @@ def group_conv_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, st
     scratch = ctx.scratch((threads * int(lib.group_conv_scratch(cg, kh, kw, sh, sw, oh, ow)),), np.float32)
     run_numpy = _then(_group_conv_numpy(geometry), epilogue)
     args = [0, w.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, scratch.ctypes.data, *geometry, threads,
-            0 if epilogue is None else epilogue.address(threads)]  # fmt: skip
+            0 if epilogue is None else epilogue.address(threads)]
     kept = tuple(k for k in (w, bias, epilogue, scratch) if k is not None)
     return [bound_call(lib.group_conv, args, (x, out), (0, 3), lambda xv, yv: run_numpy(xv, w, bias, yv), kept)]
 
@@ -347,7 +347,7 @@ def _rows_vectorize(kh: int, kw: int, stride: tuple[int, int], dilation: tuple[i
 
 def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, stride: tuple[int, int],
                    dilation: tuple[int, int], pads: tuple[int, int], ctx: Any,
-                   epilogue: Epilogue | None = None) -> list[Step] | None:  # fmt: skip
+                   epilogue: Epilogue | None = None) -> list[Step] | None:
     """A depthwise convolution (``groups`` = channels, one filter each: ``w`` (C, 1, kh, kw))
     of ``x`` (N, C, H, W) into ``out`` (N, C, oh, ow) with zero padding ``pads`` (top, left;
     the bottom and right follow from the shapes) in one pass, instead of im2col and C
@@ -380,17 +380,17 @@ def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, str
             return dest
 
         wpk, steps = _packed(ctx, w, ("rlx_depthwise_lanes_pack", c, kh * kw), size, make, lib.depthwise_lanes_pack,
-                             [0, bias_at, c, kh * kw, 0], () if bias is None else (bias,))  # fmt: skip
+                             [0, bias_at, c, kh * kw, 0], () if bias is None else (bias,))
         args = [0, wpk.ctypes.data, 0, lanes.ctypes.data, n, c, h, wd, kh, kw, sh, sw, dh, dw, *pads, oh, ow, threads,
-                epi]  # fmt: skip
+                epi]
         steps.append(bound_call(lib.depthwise_lanes, args, (x, out), (0, 2), lambda xv, yv: run_numpy(xv, w, bias, yv),
-                                tuple(k for k in (*kept, lanes, wpk) if k is not None)))  # fmt: skip
+                                tuple(k for k in (*kept, lanes, wpk) if k is not None)))
         return steps
     padded = ctx.scratch((threads * ((oh - 1) * sh + (kh - 1) * dh + 1) * ((ow - 1) * sw + (kw - 1) * dw + 1),),
-                         np.float32)  # fmt: skip
+                         np.float32)
     args = [0, w.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, padded.ctypes.data, *geometry, threads, epi]
     return [bound_call(lib.depthwise, args, (x, out), (0, 3), lambda xv, yv: run_numpy(xv, w, bias, yv),
-                       tuple(k for k in (*kept, padded) if k is not None))]  # fmt: skip
+                       tuple(k for k in (*kept, padded) if k is not None))]
 
 
 #: Convolutions with at most this many taps per output (c * kh * kw) run as a direct
@@ -406,7 +406,7 @@ _DIRECT_CONV_THREADED_MACS = 1 << 22
 
 
 def _conv_numpy(w: np.ndarray, pads: tuple[int, int], stride: tuple[int, int], out_hw: tuple[int, int],
-                dilation: tuple[int, int] = (1, 1)) -> Any:  # fmt: skip
+                dilation: tuple[int, int] = (1, 1)) -> Any:
     def run(x: np.ndarray, bias: np.ndarray | None, y: np.ndarray) -> None:
         o, c, kh, kw = w.shape
         (pt, pl), (sh, sw), (oh, ow), (dh, dw) = pads, stride, out_hw, dilation
@@ -426,7 +426,7 @@ def _conv_numpy(w: np.ndarray, pads: tuple[int, int], stride: tuple[int, int], o
 
 
 def conv_direct_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], stride: tuple[int, int],
-                      ctx: Any) -> list[Step] | None:  # fmt: skip
+                      ctx: Any) -> list[Step] | None:
     """An undilated, ungrouped float32 convolution with few taps, at any stride, as one
     native call per image (``native.c``'s ``rlx_conv_direct``); None when it does not
     apply: no library, weights that are not a resident (they are packed once, and again
@@ -461,10 +461,10 @@ def conv_direct_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[in
         args = [0, wpk.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, pads[0], pads[1], oh, ow, threads]
         if bias is None:
             steps.append(bound_call(lib.conv_direct, args, (xi, yi, xp), (0, 3, 4),
-                                    lambda x_, y_, _xp, f=fallback: f(x_, None, y_), keep=(wpk,)))  # fmt: skip
+                                    lambda x_, y_, _xp, f=fallback: f(x_, None, y_), keep=(wpk,)))
         else:
             steps.append(bound_call(lib.conv_direct, args, (xi, bias, yi, xp), (0, 2, 3, 4),
-                                    lambda x_, b_, y_, _xp, f=fallback: f(x_, b_, y_), keep=(wpk,)))  # fmt: skip
+                                    lambda x_, b_, y_, _xp, f=fallback: f(x_, b_, y_), keep=(wpk,)))
     return steps
 
 
@@ -503,7 +503,7 @@ def conv_gemm_panel(o: int, n: int, k: int) -> int:
 
 def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], stride: tuple[int, int],
                     dilation: tuple[int, int], ctx: Any, epilogue: Epilogue | None = None
-                    ) -> list[Step] | None:  # fmt: skip
+                    ) -> list[Step] | None:
     """An ungrouped float32 convolution as one implicit-GEMM call per image
     (``native.c``'s ``rlx_conv_gemm``: the product of the packed weights with columns read
     from a copy of the input shifted per tap column, no im2col), then ``epilogue`` over
@@ -529,7 +529,7 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
         return None
     mr = conv_gemm_panel(o, oh * ow, k)
     if (kh == kw == sh == sw == 1 and pads == (0, 0) and (oh, ow) == (h, wd)
-            and ((mr != 32 and oh * ow < 32) or oh * ow == 1)):  # fmt: skip
+            and ((mr != 32 and oh * ow < 32) or oh * ow == 1)):
         # A plain 1x1 convolution reads x itself, no copy (a partial 32-output tile is
         # moved back over the last 32 outputs): 0.73-0.98x rlx_gemm's time, which packs x
         # per call (efficientnet's and resnet's 1x1 layers over 112x112 and 56x56, 2-core
@@ -555,11 +555,11 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
     for i in range(n):
         fallback = _then(_conv_numpy(w, pads, stride, (oh, ow), dilation), epilogue, i * per_image, (i + 1) * per_image)
         args = [0, apk.ctypes.data, toff.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow,
-                mr, threads, epi]  # fmt: skip
+                mr, threads, epi]
         if bias is None:
             steps.append(bound_call(lib.conv_gemm, args, (x[i], out[i], xs), (0, 4, 5),
-                                    lambda x_, y_, _xs, f=fallback: f(x_, None, y_), keep=keep))  # fmt: skip
+                                    lambda x_, y_, _xs, f=fallback: f(x_, None, y_), keep=keep))
         else:
             steps.append(bound_call(lib.conv_gemm, args, (x[i], bias, out[i], xs), (0, 3, 4, 5),
-                                    lambda x_, b_, y_, _xs, f=fallback: f(x_, b_, y_), keep=keep))  # fmt: skip
+                                    lambda x_, b_, y_, _xs, f=fallback: f(x_, b_, y_), keep=keep))
     return steps

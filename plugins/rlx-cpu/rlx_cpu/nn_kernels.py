@@ -72,7 +72,7 @@ def _softmax(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> 
         t = ctx.scratch((length, rows), cd)  # the rows as columns: reductions across rows are vectorized
         x2, out2 = x.reshape(rows, length), out.reshape(rows, length)
         return [Step(np.copyto, (t, x2.swapaxes(0, 1))), *_softmax_steps(t, 0, t, t, ctx),
-                Step(np.copyto, (out2, t.swapaxes(0, 1)), {"casting": "same_kind"})]  # fmt: skip
+                Step(np.copyto, (out2, t.swapaxes(0, 1)), {"casting": "same_kind"})]
     if cd == out.dtype:
         return _softmax_steps(x, axis, out, out, ctx)
     work = ctx.scratch(out.shape, cd)
@@ -151,7 +151,7 @@ def _attention(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -
         if mask.dtype == np.bool_:
             masked = ctx.scratch(m.shape, np.bool_)
             steps += [Step(np.logical_not, (m, masked)),
-                      Step(np.copyto, (st, const(-np.inf, cd)), {"where": masked})]  # fmt: skip
+                      Step(np.copyto, (st, const(-np.inf, cd)), {"where": masked})]
         else:
             steps.append(Step(np.add, (st, m, st)))
     steps += _softmax_steps(st, -2, st, st, ctx)
@@ -165,7 +165,7 @@ def _attention(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -
 
 
 def _attention_native(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.ndarray,
-                      ctx: BuildContext) -> list[Step] | None:  # fmt: skip
+                      ctx: BuildContext) -> list[Step] | None:
     """float32 attention with the native softmax: scores (Lq, Lk) per head, the scale
     applied inside the softmax's pass (or before the mask, when there is one)."""
     batch, lq, lk = out.shape[:-2], q.shape[-2], k.shape[-2]
@@ -179,7 +179,7 @@ def _attention_native(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.nda
         if mask.dtype == np.bool_:
             masked = ctx.scratch(np.broadcast_shapes(tuple(mask.shape), st.shape[-2:]), np.bool_)
             steps += [Step(np.logical_not, (mask, masked)),
-                      Step(np.copyto, (st, const(-np.inf, np.float32)), {"where": masked})]  # fmt: skip
+                      Step(np.copyto, (st, const(-np.inf, np.float32)), {"where": masked})]
         else:
             steps.append(Step(np.add, (st, mask, st)))
     soft = softmax_step(st, st, scale)
@@ -190,7 +190,7 @@ def _attention_native(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.nda
 
 # ----------------------------------------------------------------------------- windows
 def _padded(x: Any, top: int, left: int, height: int, width: int, fill: float, dtype: np.dtype,
-            ctx: BuildContext, *, concrete: bool = False) -> tuple[Any, list[Step]]:  # fmt: skip
+            ctx: BuildContext, *, concrete: bool = False) -> tuple[Any, list[Step]]:
     """``x`` (N, C, H, W) placed at (top, left) of a ``height`` x ``width`` temporary whose
     other positions hold ``fill``, and the steps filling it; ``x`` itself when no padding
     or cast is needed (and, with ``concrete``, when it is not a run-time ``Dyn``). The
@@ -232,7 +232,7 @@ def _with_bias_column(w3: Any, b: Any, ctx: BuildContext) -> tuple[Any, list[Ste
 
 
 def _conv_product(w3: Any, cols: Any, b: Any, res4: Any, ctx: BuildContext, bias_in_gemm: bool,
-                  epilogue: Epilogue | None) -> tuple[Step, bool, bool]:  # fmt: skip
+                  epilogue: Epilogue | None) -> tuple[Step, bool, bool]:
     """A convolution's product ``res4 = w3 @ cols`` as one step, whether that step adds
     the bias too (rlx's GEMM, when ``bias_in_gemm`` and it takes the product; else the
     caller adds the bias in a pass of its own), and whether it applied ``epilogue`` (rlx's
@@ -256,7 +256,7 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
 
 
 def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext, epilogue: Epilogue | None = None,
-                 bias_sink: list[Any] | None = None) -> tuple[list[Step], bool]:  # fmt: skip
+                 bias_sink: list[Any] | None = None) -> tuple[list[Step], bool]:
     """The steps of a convolution into ``out``, and whether they also applied
     ``epilogue`` (a region over ``out``: ``fused_conv``'s), which the kernels that write
     ``out`` themselves do as they finish each part of it: the implicit GEMM, the
@@ -300,7 +300,7 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
         if implicit is not None:
             return implicit, epilogue is not None
         if ((dh, dw) == (1, 1) and (kh, kw) != (1, 1) and oh == (h + pt + pb - kh) // sh + 1
-                and ow == (wd + pl + pr - kw) // sw + 1):  # fmt: skip
+                and ow == (wd + pl + pr - kw) // sw + 1):
             direct = conv_direct_steps(x, w, b, out, (pt, pl), (sh, sw), ctx)
             if direct is not None:
                 return direct, False
@@ -321,7 +321,7 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
             steps.append(Step(np.copyto, (x32, x)))
             x = x32
         product, with_bias, applied = _conv_product(w3, x.reshape(n, groups, cg, h * wd), b, res4, ctx, bias_in_gemm,
-                                                    epilogue)  # fmt: skip
+                                                    epilogue)
         steps.append(product)
         b = None if with_bias else b
     else:
@@ -348,7 +348,7 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
             s_n, s_c, s_h, s_w = xp.strides
             windows = as_strided(xp, (n, groups, cg, kh, kw, oh, ow),
                                  (s_n, cg * s_c, s_c, dh * s_h, dw * s_w, sh * s_h, sw * s_w),
-                                 writeable=False)  # fmt: skip
+                                 writeable=False)
             steps += [*pad_steps, Step(np.copyto, (cols[:, :, :kk].reshape(n, groups, cg, kh, kw, oh, ow), windows))]
         product, with_bias, applied = _conv_product(w3, cols, b, res4, ctx, bias_in_gemm, epilogue)
         steps.append(product)
@@ -363,7 +363,7 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
 
 
 def _pool_input(x: Any, node: Node, dilation: tuple[int, int], fill: float, dtype: np.dtype,
-                ctx: BuildContext) -> tuple[Any, list[Step]]:  # fmt: skip
+                ctx: BuildContext) -> tuple[Any, list[Step]]:
     """The input the pool's taps read: ``x`` itself when no window leaves it, else a
     padded copy covering the declared padding and the extra windows of ceil_mode."""
     a = node.attrs
@@ -379,7 +379,7 @@ def _pool_input(x: Any, node: Node, dilation: tuple[int, int], fill: float, dtyp
 
 
 def _separable(xp: Any, node: Node, dilation: tuple[int, int], combine: np.ufunc, out: np.ndarray,
-               ctx: BuildContext) -> list[Step]:  # fmt: skip
+               ctx: BuildContext) -> list[Step]:
     """``out`` = ``combine`` over each window of ``xp``, done as two 1-d passes: first over
     the window's rows into a scratch (oh, full width) whose rows stay contiguous, then
     over its columns. kh + kw - 2 calls instead of kh * kw - 1 (a 2x2 max pool: 2 instead
@@ -391,7 +391,7 @@ def _separable(xp: Any, node: Node, dilation: tuple[int, int], combine: np.ufunc
         if len(views) == 1:
             return [Step(np.copyto, (target, views[0]))]
         return [ufunc_step(combine, views[0], views[1], target), *(ufunc_step(combine, target, t, target)
-                                                                    for t in views[2:])]  # fmt: skip
+                                                                    for t in views[2:])]
 
     rows = [xp[:, :, i * dh : i * dh + (oh - 1) * sh + 1 : sh, :] for i in range(kh)]
     if kw == 1 and xp.shape[3] == ow:  # the row pass already has the output's shape

@@ -121,7 +121,7 @@ class Dnnl:
         if s is None:
             s = _P()
             self._ok(self._lib.dnnl_stream_create(ctypes.byref(s), self.engine, ctypes.c_uint(_STREAM_IN_ORDER)),
-                     "stream_create")  # fmt: skip
+                     "stream_create")
             self._local.stream = s
         return s
 
@@ -129,7 +129,7 @@ class Dnnl:
     def md(self, shape: tuple[int, ...], tag: int) -> Any:
         m = _P()
         self._ok(self._lib.dnnl_memory_desc_create_with_tag(ctypes.byref(m), len(shape), _dims(shape), _F32, tag),
-                 "memory_desc_create_with_tag")  # fmt: skip
+                 "memory_desc_create_with_tag")
         return m
 
     def size(self, md: Any) -> int:
@@ -148,11 +148,11 @@ class Dnnl:
     def reorder(self, src: Any, dst: Any) -> Any:
         pd = _P()
         self._ok(self._lib.dnnl_reorder_primitive_desc_create(ctypes.byref(pd), src, self.engine, dst, self.engine,
-                                                              _P(0)), "reorder_primitive_desc_create")  # fmt: skip
+                                                              _P(0)), "reorder_primitive_desc_create")
         return self.primitive(pd)
 
     def conv_pd(self, src: Any, weights: Any, bias: Any, dst: Any, stride: tuple[int, int],
-                dilation: tuple[int, int], pad_l: tuple[int, int], pad_r: tuple[int, int]) -> Any:  # fmt: skip
+                dilation: tuple[int, int], pad_l: tuple[int, int], pad_r: tuple[int, int]) -> Any:
         attr = _P()
         self._ok(self._lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "primitive_attr_create")
         self._ok(self._lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_USER), "set_scratchpad_mode")
@@ -160,7 +160,7 @@ class Dnnl:
         self._ok(self._lib.dnnl_convolution_forward_primitive_desc_create(
             ctypes.byref(pd), self.engine, _FORWARD_INFERENCE, _CONVOLUTION_DIRECT, src, weights,
             bias if bias is not None else _P(0), dst, _dims(stride), _dims(tuple(d - 1 for d in dilation)),
-            _dims(pad_l), _dims(pad_r), attr), "convolution_forward_primitive_desc_create")  # fmt: skip
+            _dims(pad_l), _dims(pad_r), attr), "convolution_forward_primitive_desc_create")
         return pd
 
     def query_md(self, pd: Any, what: int) -> Any:
@@ -263,7 +263,7 @@ MARGIN = 1.15
 
 
 def kind_of(kernel: tuple[int, int], stride: tuple[int, int], groups: int = 1, channels: int = 0,
-            out_channels: int = 0) -> str:  # fmt: skip
+            out_channels: int = 0) -> str:
     """``depthwise`` for one filter per channel, ``grouped`` for other grouped ones,
     ``pointwise`` for a 1x1 convolution at stride 1, else ``spatial``."""
     if groups > 1 and groups == channels == out_channels:
@@ -289,10 +289,10 @@ def use(kind: str = "spatial") -> Dnnl | None:
         if kind not in decisions:
             decisions[kind] = (False, "probing")  # the probe's own rlx compile must not ask again
             found = verdicts.settled(f"onednn-{kind}", lambda: dict(zip(("yes", "why"), _measure(lib, kind),
-                                                                              strict=True)))  # fmt: skip
+                                                                              strict=True)))
             decisions[kind] = (bool(found["yes"]), str(found["why"]))
             log.info("rlx-cpu: %s convolutions %s (%s)", kind, "on oneDNN" if decisions[kind][0] else
-                     "on rlx's kernels", decisions[kind][1])  # fmt: skip
+                     "on rlx's kernels", decisions[kind][1])
         return lib if decisions[kind][0] else None
 
 
@@ -312,7 +312,7 @@ def describe(measured: bool = True) -> str:
         return f"{version}: every convolution it takes (RLX_CPU_ONEDNN=on)"
     found = _STATE.get("decision", {}) if measured else {}
     parts = [f"{kind}: {'oneDNN' if found[kind][0] else 'rlx'} ({found[kind][1]})" if kind in found else
-             f"{kind}: timed against rlx's at the first one" for kind in PROBES]  # fmt: skip
+             f"{kind}: timed against rlx's at the first one" for kind in PROBES]
     parts.insert(1, "".join(f"{kind}: {why}" for kind, why in NOT_TIMED.items()))
     return f"{version} for convolutions; " + "; ".join(parts)
 
@@ -393,7 +393,7 @@ class _ConvCall:
     the calling thread's OpenMP team is set to it for the call and put back after."""
 
     def __init__(self, lib: Dnnl, prims: tuple[Any, Any, Any], mems: dict[str, Any], arg_lists: tuple[Any, ...],
-                 dynamic: tuple[bool, bool], keep: tuple[Any, ...]) -> None:  # fmt: skip
+                 dynamic: tuple[bool, bool], keep: tuple[Any, ...]) -> None:
         self.lib, self.prims, self.mems, self.args, self.dynamic, self.keep = lib, prims, mems, arg_lists, dynamic, keep
         cap = _plan_threads()
         self.openmp = _openmp() if cap is not None else None
@@ -428,7 +428,7 @@ class _ConvCall:
 
 def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, int, int, int],
                stride: tuple[int, int], dilation: tuple[int, int], groups: int,
-               ctx: Any) -> list[Step] | None:  # fmt: skip
+               ctx: Any) -> list[Step] | None:
     """A float32 convolution (NCHW in and out) as one step on oneDNN; None when it does not
     apply (weights computed per run, another dtype)."""
     if isinstance(w, Dyn) or any(getattr(a, "dtype", None) != np.float32 for a in (x, w, out)):
@@ -486,7 +486,7 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
         "pad": lib.memory(pad, _addr(scratch)),
     }
     conv_args = [_Arg(_ARG_SRC, mems["x_nhwc"]), _Arg(_ARG_WEIGHTS, mems["w"]), _Arg(_ARG_DST, mems["y_nhwc"]),
-                 _Arg(_ARG_SCRATCHPAD, mems["pad"])]  # fmt: skip
+                 _Arg(_ARG_SCRATCHPAD, mems["pad"])]
     # Every array whose address oneDNN holds stays referenced by the step (a plan's
     # scratch is a view of an arena buffer that lives only as long as its views).
     keep: tuple[Any, ...] = (wbuf, w, x_nhwc, y_nhwc, scratch, *(a for a in (x, out) if not isinstance(a, Dyn)))
@@ -496,7 +496,7 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
         keep += (bias,)
     arg_lists = ((_Arg * 2)(_Arg(_ARG_SRC, mems["x"]), _Arg(_ARG_DST, mems["x_nhwc"])),
                  (_Arg * len(conv_args))(*conv_args),
-                 (_Arg * 2)(_Arg(_ARG_SRC, mems["y_nhwc"]), _Arg(_ARG_DST, mems["y"])))  # fmt: skip
+                 (_Arg * 2)(_Arg(_ARG_SRC, mems["y_nhwc"]), _Arg(_ARG_DST, mems["y"])))
     prims = (lib.reorder(x_plain, src), lib.primitive(pd), lib.reorder(dst, y_plain))
     call = _ConvCall(lib, prims, mems, arg_lists, dynamic, keep)
     # Freed with the plan that holds the step; the weights' reorder (and its plain

@@ -38,7 +38,7 @@ Code = list[tuple[str, tuple[int, ...]]]
 
 
 def fuse_chains(code: Code, n_inputs: int, scalar: Callable[[int], float | None],
-                constant: Callable[[int], float | None]) -> Code:  # fmt: skip
+                constant: Callable[[int], float | None]) -> Code:
     """``code`` with its activation chains as single instructions. ``scalar(v)`` is input
     ``v``'s value where it is one float (read by the instruction at run time: a param may
     change it), else None; ``constant(v)`` the same for a value no run can change (the

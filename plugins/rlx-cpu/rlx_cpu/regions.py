@@ -48,20 +48,20 @@ _F32 = "float32"
 OPCODES = {name: code for code, name in enumerate(
     ("copy", "add", "sub", "mul", "div", "pow", "max", "min", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf",
      "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "eq", "lt", "gt", "where", "nonzero", "silu", "hardsigmoid",
-     "hardswish", "pows"))}  # fmt: skip
+     "hardswish", "pows"))}
 _BY_OP = {
     OpKind.ADD: "add", OpKind.SUB: "sub", OpKind.MUL: "mul", OpKind.DIV: "div", OpKind.POW: "pow",
     OpKind.MAXIMUM: "max", OpKind.MINIMUM: "min", OpKind.NEG: "neg", OpKind.ABS: "abs", OpKind.EXP: "exp",
     OpKind.LOG: "log", OpKind.SQRT: "sqrt", OpKind.RSQRT: "rsqrt", OpKind.ERF: "erf", OpKind.TANH: "tanh",
     OpKind.SIGMOID: "sigmoid", OpKind.RELU: "relu", OpKind.EQUAL: "eq", OpKind.LESS: "lt", OpKind.GREATER: "gt",
     OpKind.WHERE: "where",
-}  # fmt: skip
+}
 _OP_OF = {name: op for op, name in _BY_OP.items()}
 #: Rough single-thread cost per element of each opcode, ns (2-core AVX-512 host), used
 #: only to decide whether a region is long enough to split over two threads.
 _COST_NS = {"pow": 4.0, "exp": 0.5, "log": 0.7, "tanh": 0.9, "sigmoid": 0.7, "erf": 1.1, "gelu": 0.9,
             "gelu_tanh": 1.0, "div": 0.25, "silu": 0.75, "hardsigmoid": 0.15, "hardswish": 0.2,
-            "pows": 0.15}  # fmt: skip
+            "pows": 0.15}
 _COST_OTHER_NS = 0.1
 _COST_GATHER_NS = 0.3
 #: A region whose estimated single-thread time is at least this runs on two threads or
@@ -286,7 +286,7 @@ def _compile(instructions: list[Instruction], ins: list[Any], out: Any) -> _Comp
     n = math.prod(shape)
     code = [(op, tuple(order.get(a, a - n_in + len(read)) for a in i.args)) for op, i in zip(ops, instructions)]
     code = fuse_chains(code, len(read), lambda v: _scalar_value(operands, v, len(read)),
-                       lambda v: _scalar_value(operands, v, len(read), constant=True))  # fmt: skip
+                       lambda v: _scalar_value(operands, v, len(read), constant=True))
     ops = [op for op, _ in code]
     regs = _registers(code, len(read))
     meta = [1, len(read), len(code), max(regs) + 1 if len(regs) > 1 else 0, len(dims), n, *dims]
@@ -313,7 +313,7 @@ def _scalar_value(operands: list[Any], v: int, n_read: int, constant: bool = Fal
 
 
 def _plan(lib: Native, instructions: list[Instruction], ins: list[Any], out: Any, *,
-          vml: np.ndarray | None = _AUTO) -> list[Step]:  # fmt: skip
+          vml: np.ndarray | None = _AUTO) -> list[Step]:
     meta_arr, ptrs, values, ops, kinds, n = _compile(instructions, ins, out)
     cost = n * (sum(_COST_NS.get(op, _COST_OTHER_NS) for op in ops) + _COST_GATHER_NS * kinds.count(_IN_STRIDED))
     threads = lib.threads_for(cost, SPLIT_NS)
@@ -331,7 +331,7 @@ class _Runner:
     __slots__ = ("_call", "_meta_p", "_ptrs_p", "_vml_p", "fn", "keep", "meta", "n", "ptrs", "threads", "vml")
 
     def __init__(self, fn: Callable[..., int], meta: np.ndarray, ptrs: np.ndarray, vml: np.ndarray | None, n: int,
-                 threads: int, keep: list[Any]) -> None:  # fmt: skip
+                 threads: int, keep: list[Any]) -> None:
         self.fn, self.meta, self.ptrs, self.vml, self.n, self.threads = fn, meta, ptrs, vml, n, threads
         self.keep = tuple(x for x in keep if not isinstance(x, Dyn))
         self._meta_p, self._ptrs_p = meta.ctypes.data, ptrs.ctypes.data
@@ -390,7 +390,7 @@ class Epilogue:
     of the output after the fact, for a kernel's numpy fallback."""
 
     def __init__(self, lib: Native, compiled: _Compiled, vml: np.ndarray | None,
-                 scratch: Callable[[tuple[int, ...], Any], np.ndarray]) -> None:  # fmt: skip
+                 scratch: Callable[[tuple[int, ...], Any], np.ndarray]) -> None:
         self._lib, self._compiled, self._vml, self._scratch = lib, compiled, vml, scratch
         self.per_thread = int(compiled.meta[1] + compiled.meta[3]) * lib.block  # region_work_floats
         self.keep: list[Any] = [compiled.meta, compiled.ptrs, *compiled.values]
@@ -415,14 +415,14 @@ class Epilogue:
 
 
 def epilogue(instructions: list[Instruction], operands: list[Any], out: np.ndarray,
-             scratch: Callable[[tuple[int, ...], Any], np.ndarray]) -> Epilogue | None:  # fmt: skip
+             scratch: Callable[[tuple[int, ...], Any], np.ndarray]) -> Epilogue | None:
     """The epilogue running ``instructions`` (a program over ``operands``, of which the
     first is ``out`` itself) in place over ``out`` inside a native kernel, or None where
     it does not fit: no library, an output or operand known only at run time (its address
     would change per run), another dtype, an op the interpreter lacks."""
     lib = library()
     if (lib is None or isinstance(out, Dyn) or any(isinstance(x, Dyn) for x in operands) or out.dtype != np.float32
-            or out.size == 0 or operands[0] is not out):  # fmt: skip
+            or out.size == 0 or operands[0] is not out):
         return None
     try:
         compiled = _compile(live_instructions(instructions, len(operands)), operands, out)

@@ -143,7 +143,7 @@ def _pool() -> Any:
         with _POOL_LOCK:  # two plans running their first big region at once make one pool
             if not _POOL:
                 _POOL.append(ThreadPoolExecutor(max_workers=max(helper_threads(), 1),
-                                                thread_name_prefix="rlx-cpu-region"))  # fmt: skip
+                                                thread_name_prefix="rlx-cpu-region"))
     return _POOL[0]
 
 
@@ -305,7 +305,7 @@ _UNOWNED = _unowned_refs()
 
 
 def bind_run(input_names: Sequence[str], steps: Sequence[Callable[[], Any]], outputs: Sequence[Any],
-             slots: list[Any], fresh: Sequence[Dyn] = ()) -> Callable[[Any], list[np.ndarray]]:  # fmt: skip
+             slots: list[Any], fresh: Sequence[Dyn] = ()) -> Callable[[Any], list[np.ndarray]]:
     """The body of one run of a plan: put ``inputs[name]`` into the slots, call every
     step, copy out ``outputs`` (arrays or ``Dyn``), and let go of the caller's arrays.
 
@@ -316,7 +316,7 @@ def bind_run(input_names: Sequence[str], steps: Sequence[Callable[[], Any]], out
     them (``Outputs``)."""
     recycle = Outputs(len(outputs) + len(fresh))
     ns: dict[str, Any] = {"S": slots, "_steps": tuple(steps), "_take": recycle.take, "_copy": recycle.copy,
-                          "_errstate": np.errstate}  # fmt: skip
+                          "_errstate": np.errstate}
     lines = ["def _run(inputs):"]
     lines += [f"    S[{k}] = inputs[{_operand(name, ns)}]" for k, name in enumerate(input_names)]
     handed: dict[int, int] = {}  # a fresh slot -> the output position that hands it out
@@ -325,7 +325,7 @@ def bind_run(input_names: Sequence[str], steps: Sequence[Callable[[], Any]], out
             handed[v.slot] = j
     for i, d in enumerate(fresh):  # one not handed out whole has a place of its own
         lines.append(f"    S[{d.slot}] = _take({handed.get(d.slot, len(outputs) + i)}, {_operand(d.shape, ns)}, "
-                     f"{_operand(d.dtype, ns)})")  # fmt: skip
+                     f"{_operand(d.dtype, ns)})")
     if _quiet(steps):  # IEEE results, not warnings (``_ieee``)
         lines += ["    with _errstate(all='ignore'):", "        for _s in _steps:", "            _s()"]
     else:

@@ -95,7 +95,7 @@ def native_thread_cap(ops: Iterable[OpKind], pools: Sequence[str] | None = None)
     if not products or not pools:
         return None, ""
     return 1, (f"native kernels on one thread: the graph's products ({', '.join(products)}) run on "
-               f"{pools[0]}, a pool that would fight OpenMP's for the cores")  # fmt: skip
+               f"{pools[0]}, a pool that would fight OpenMP's for the cores")
 
 
 class ThreadTuner:
@@ -143,7 +143,7 @@ class ThreadTuner:
     MODES = ("wide", "narrow")
 
     def __init__(self, *, warmup: int = 3, trials: int = 6, block: int = 3, probes: int = 3, window: int = 8,
-                 period: int = 64, max_period: int = 256, margin: float = 0.9, confirm: int = 8) -> None:  # fmt: skip
+                 period: int = 64, max_period: int = 256, margin: float = 0.9, confirm: int = 8) -> None:
         if block < 2:
             raise ValueError(f"ThreadTuner: block must be at least 2 (its first run is not counted), got {block}")
         self.warmup, self.trials, self.block, self.probes, self.window = warmup, trials, block, probes, window

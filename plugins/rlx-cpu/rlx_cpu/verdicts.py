@@ -189,7 +189,7 @@ def _age(seconds: float) -> str:
 
 
 def settled(question: str, measure: Callable[[], Mapping[str, Any]],
-            verdicts: HostVerdicts | None = None) -> dict[str, Any]:  # fmt: skip
+            verdicts: HostVerdicts | None = None) -> dict[str, Any]:
     """The verdict on ``question``: ``{"yes": bool, "why": str, ...}`` (JSON data), kept
     from an earlier process's measurement when ``verdicts`` has one (``why`` then says how
     old it is), else ``measure()``'s, which is then kept."""

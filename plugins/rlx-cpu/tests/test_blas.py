@@ -235,7 +235,7 @@ def test_resident_weights_are_packed_once_and_repacked_by_set_param(lib: blas.Mk
         return x64 @ w + x64 @ wt.T.astype(np.float64) + x64 @ (2.0 * s.astype(np.float64))
 
     np.testing.assert_allclose(exe.run({"x": xs})[0], want(rand((k, n), 1), rand((n, k), 2), rand((k, n), 3)),
-                               rtol=1e-4, atol=5e-3)  # fmt: skip
+                               rtol=1e-4, atol=5e-3)
     new = {"w": rand((k, n), 11), "wt": rand((n, k), 12), "s": rand((k, n), 13)}
     for name, value in new.items():
         exe.set_param(name, value)
@@ -252,7 +252,7 @@ def test_resident_weights_are_packed_once_and_repacked_by_set_param(lib: blas.Mk
 
 @pytest.mark.parametrize(("rows", "shape"), [(64, (1024, 1024)), (8, (784, 128))])
 def test_packing_that_would_not_pay_is_skipped(lib: blas.Mkl, monkeypatch: pytest.MonkeyPatch, rows: int,
-                                                 shape: tuple[int, int]) -> None:  # fmt: skip
+                                                 shape: tuple[int, int]) -> None:
     """Many rows (the copy of B sgemm saves is a small share) or a small B (oneMKL's packed
     copy is ~6 MB more than B): plain sgemm, and the right answer."""
     seen = packed_calls(monkeypatch)
@@ -301,7 +301,7 @@ def test_a_missing_library_leaves_numpy_in_charge(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_library_that_does_not_load_warns_in_the_log(monkeypatch: pytest.MonkeyPatch,
-                                                       caplog: pytest.LogCaptureFixture, tmp_path) -> None:  # fmt: skip
+                                                       caplog: pytest.LogCaptureFixture, tmp_path) -> None:
     bogus = tmp_path / "libmkl_rt.so.2"
     bogus.write_bytes(b"not a shared library")
     monkeypatch.delenv("RLX_CPU_BLAS", raising=False)

@@ -31,7 +31,7 @@ def test_the_backend_declares_its_six_variables() -> None:
 
 @pytest.mark.parametrize("var", sorted(READERS))
 def test_garbage_is_a_config_error_naming_variable_value_and_accepted(monkeypatch: pytest.MonkeyPatch,
-                                                                      var: str) -> None:  # fmt: skip
+                                                                      var: str) -> None:
     monkeypatch.setenv(var, "garbage")
     with pytest.raises(ConfigError) as info:
         READERS[var]()
@@ -46,9 +46,9 @@ def test_garbage_is_a_config_error_naming_variable_value_and_accepted(monkeypatc
     ("RLX_CPU_NATIVE", "on", True), ("RLX_CPU_BLAS", None, True), ("RLX_CPU_BLAS", "openblas", False),
     ("RLX_CPU_BLAS", "0", False), ("RLX_CPU_BLAS", "MKL", True), ("RLX_CPU_BIND", None, True),
     ("RLX_CPU_BIND", "0", False), ("RLX_CPU_BIND", "", True),
-])  # fmt: skip
+])
 def test_the_accepted_words_mean_what_they_meant(monkeypatch: pytest.MonkeyPatch, var: str, value: str | None,
-                                                 expected: object) -> None:  # fmt: skip
+                                                 expected: object) -> None:
     if value is None:
         monkeypatch.delenv(var, raising=False)
     else:
@@ -84,7 +84,7 @@ OPS = ("exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "gelu", "neg", "
 
 @pytest.mark.parametrize("kernels", ["native", "numpy"])
 def test_nan_and_inf_give_ieee_results_without_runtime_warnings(monkeypatch: pytest.MonkeyPatch,
-                                                                kernels: str) -> None:  # fmt: skip
+                                                                kernels: str) -> None:
     monkeypatch.setenv("RLX_CPU_NATIVE", "1" if kernels == "native" else "0")
     monkeypatch.setenv("RLX_CPU_BLAS", "numpy")
     backend = CpuBackend()

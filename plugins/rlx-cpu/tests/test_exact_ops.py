@@ -58,7 +58,7 @@ def test_bit_ops_in_a_region_over_many_blocks(dtype: str) -> None:
     h = g.bitwise_or(g.bit_shift_right(h, g.bitwise_and(s, 7)), g.fmod(x, 5))
     g.set_outputs([g.add(h, 1)])
     feeds = {"x": RNG.integers(info.min, info.max, shape, dtype=dtype, endpoint=True),
-             "s": RNG.integers(-info.bits, 2 * info.bits, shape[-1:]).astype(dtype)}  # fmt: skip
+             "s": RNG.integers(-info.bits, 2 * info.bits, shape[-1:]).astype(dtype)}
     _check(g, feeds, fused=True)
 
 
@@ -82,10 +82,10 @@ def test_ops_alone_and_written_over_a_dying_input() -> None:
     j = g.input("j", (24,), "int64")
     outs = [g.floor(t), g.ceil(x), g.round(x), g.fmod(x, 0.75), g.fmod(i, j), g.bitwise_not(i)]
     outs += [getattr(g, op)(i, j) for op in ("bitwise_and", "bitwise_or", "bitwise_xor", "bit_shift_left",
-                                             "bit_shift_right")]  # fmt: skip
+                                             "bit_shift_right")]
     g.set_outputs(outs)
     feeds = {"x": RNG.uniform(-3, 3, (16, 24)).astype(np.float32),
-             "i": RNG.integers(-(2**62), 2**62, (16, 24)), "j": RNG.integers(1, 70, (24,))}  # fmt: skip
+             "i": RNG.integers(-(2**62), 2**62, (16, 24)), "j": RNG.integers(1, 70, (24,))}
     _check(g, feeds, fused=False)
 
 

@@ -66,7 +66,7 @@ def mlp_graph() -> Graph:
 
 
 def assert_matches_reference(graph: Graph, inputs: dict[str, np.ndarray], outs: list[np.ndarray],
-                             params: dict[str, np.ndarray] | None = None) -> None:  # fmt: skip
+                             params: dict[str, np.ndarray] | None = None) -> None:
     refs = reference.evaluate(graph, inputs, params=params)
     for got, ref in zip(outs, refs):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
@@ -200,7 +200,7 @@ def test_a_concats_inputs_are_computed_into_its_buffer() -> None:
     assert sorted(g.node(i).op.value for i in exe._in_concat) == ["relu", "tanh"]
     rng = np.random.default_rng(0)
     feeds = {"x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32),
-             "y": rng.standard_normal((2, 3, 6, 6)).astype(np.float32)}  # fmt: skip
+             "y": rng.standard_normal((2, 3, 6, 6)).astype(np.float32)}
     for _ in range(2):
         assert_matches_reference(g, feeds, exe.run(feeds))
 
@@ -418,7 +418,7 @@ def _big_region_graph(rows: int, cols: int, dtype: str = "float32", lead: tuple[
     ((), 1024, None),  # split along axis 0, blocks along it too
     ((), 1, None),  # axis 0 is 1: split along axis 1
     ((1,), 128, 1024),  # split along axis 1 into halves of one block each, blocked along axis 0
-])  # fmt: skip
+])
 def test_big_regions_run_as_two_halves_and_agree(registry: Registry, lead: tuple[int, ...], rows: int,
                                                   cols: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
     from rlx_cpu import fused, steps
@@ -437,7 +437,7 @@ def test_big_regions_run_as_two_halves_and_agree(registry: Registry, lead: tuple
         assert len(bound) == 1 and bound[0].first and bound[0].second  # the region (the last add is one op)
     rng = np.random.default_rng(0)
     feeds = {"x": rng.standard_normal((*lead, rows, cols)).astype(np.float32),
-             "col": rng.standard_normal((rows, 1)).astype(np.float32)}  # fmt: skip
+             "col": rng.standard_normal((rows, 1)).astype(np.float32)}
     got = cg.run(feeds)
     for a, b in zip(got, reference.evaluate(g, feeds)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

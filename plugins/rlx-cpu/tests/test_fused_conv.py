@@ -47,7 +47,7 @@ CONVS: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], int | N
                                                                          {"padding": 1, "groups": 2}, None, True),
     "grouped 3x3 dilated (im2col: the epilogue after)": ((1, 4, 8, 8), (6, 2, 3, 3),
                                                          {"padding": 2, "dilation": 2, "groups": 2}, None, False),
-}  # fmt: skip
+}
 
 
 def _silu(g: Graph, c: Value, _: Graph) -> Value:
@@ -124,7 +124,7 @@ def kernels(monkeypatch: pytest.MonkeyPatch, panel: int | None) -> None:
 @pytest.mark.parametrize("epilogue", list(EPILOGUES))
 @pytest.mark.parametrize("case", list(CONVS))
 def test_the_convolution_kernel_runs_the_epilogue(lib: native.Native, monkeypatch: pytest.MonkeyPatch, case: str,
-                                                  epilogue: str) -> None:  # fmt: skip
+                                                  epilogue: str) -> None:
     """One fused_conv node; where its kernel takes the epilogue, no region runs at all
     (the epilogue went in with the convolution); the result equals the reference's."""
     kernels(monkeypatch, CONVS[case][3])
@@ -141,7 +141,7 @@ def test_the_convolution_kernel_runs_the_epilogue(lib: native.Native, monkeypatc
 @pytest.mark.parametrize("layout", ["every other element", "fortran order"])
 def test_a_caller_array_the_kernel_cannot_take_still_gets_the_epilogue(lib: native.Native,
                                                                        monkeypatch: pytest.MonkeyPatch,
-                                                                       layout: str) -> None:  # fmt: skip
+                                                                       layout: str) -> None:
     """The convolution's numpy fallback (for an input the C side cannot address) runs the
     epilogue after it, over that image's outputs only; the next contiguous run is native."""
     case = "implicit 8-row panels: 13 channels, a partial tile, two images"
@@ -159,7 +159,7 @@ def test_a_caller_array_the_kernel_cannot_take_still_gets_the_epilogue(lib: nati
 
 
 def test_a_residual_known_only_at_run_time_goes_in_a_region_after(lib: native.Native,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A graph input among the epilogue's operands has a new address each run: the
     kernel leaves the epilogue to a region after it."""
     kernels(monkeypatch, 8)

@@ -94,7 +94,7 @@ def test_a_submatrix_with_a_leading_dimension(lib: native.Native) -> None:
 
 
 @pytest.mark.parametrize("sa, sb", [((5, 33, 40), (40, 31)), ((33, 40), (5, 40, 31)), ((5, 33, 40), (5, 40, 31)),
-                                    ((2, 3, 13, 100), (2, 3, 100, 257)), ((6, 13, 31), (1, 31, 33))])  # fmt: skip
+                                    ((2, 3, 13, 100), (2, 3, 100, 257)), ((6, 13, 31), (1, 31, 33))])
 def test_batches_with_broadcast(lib: native.Native, sa: tuple[int, ...], sb: tuple[int, ...]) -> None:
     a, b = rand(sa, 9), rand(sb, 10)
     check(product(a, b, lib), a, b)
@@ -121,7 +121,7 @@ def test_a_callers_array_it_cannot_address_goes_through_numpy(lib: native.Native
 
 # ----------------------------------------------------------------------------- packed residents
 PARAMS = {"cw": ((16, 20, 3, 3), 1), "cb": ((16,), 2), "gw": ((16, 8, 3, 3), 5), "gb": ((16,), 6),
-          "w": ((324, 40), 3), "wt": ((40, 40), 4)}  # fmt: skip
+          "w": ((324, 40), 3), "wt": ((40, 40), 4)}
 
 
 def mlp_and_conv_graph(seed: int = 0) -> Graph:
@@ -157,7 +157,7 @@ def test_packed_residents_follow_set_param(lib: native.Native) -> None:
 
 # ----------------------------------------------------------------------------- the choice
 def test_convolutions_take_the_implicit_gemm_only_where_it_measured_as_fast(
-        native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:
     """RLX_CPU_CONV forces the way; ``auto`` times the implicit GEMM against im2col + the
     GEMM once, on answers that agree, and a convolution then runs the way measured."""
     monkeypatch.setenv("RLX_CPU_GEMM", "native")
@@ -166,7 +166,7 @@ def test_convolutions_take_the_implicit_gemm_only_where_it_measured_as_fast(
     monkeypatch.setattr(native_lib, "conv_gemm", lambda *a: (spy.append(a), real(*a))[1])
     g = Graph("conv")
     g.set_outputs([g.conv2d(g.input("x", (1, 8, 12, 12), "float32"), g.param("w", rand((16, 8, 3, 3), 1)),
-                            padding=1)])  # fmt: skip
+                            padding=1)])
     for forced, implicit in (("implicit", True), ("im2col", False)):
         monkeypatch.setenv("RLX_CPU_CONV", forced)
         assert conv_choice.use_implicit() is implicit and conv_choice.describe().endswith(f"(RLX_CPU_CONV={forced})")
@@ -179,7 +179,7 @@ def test_convolutions_take_the_implicit_gemm_only_where_it_measured_as_fast(
         assert conv_choice.describe().startswith("auto: the implicit GEMM is timed")
         chosen = conv_choice.use_implicit()
         assert re.fullmatch(r"(implicit GEMM|im2col) \(timed \d+\.\d\dx im2col's speed at 64 -> 64 3x3 over 28x28, "
-                            r"\d+ threads\); few-tap ones: .*", conv_choice.describe())  # fmt: skip
+                            r"\d+ threads\); few-tap ones: .*", conv_choice.describe())
         assert conv_choice.describe().startswith("implicit GEMM" if chosen else "im2col")
         spy.clear()
         CpuBackend().compile(g.freeze(), CompileOptions(device="cpu")).run({"x": rand((1, 8, 12, 12), 2)})
@@ -225,7 +225,7 @@ def test_auto_measures_once_and_says_so(native_lib: native.Native, monkeypatch: 
 
 
 def _measure_with(monkeypatch: pytest.MonkeyPatch, native_lib: native.Native, times: list[float], cores: int,
-                  pools: list[str]) -> gemm.Decision:  # fmt: skip
+                  pools: list[str]) -> gemm.Decision:
     """``gemm._measure`` with ``_best_of`` answering ``times`` in order, on ``cores`` cores
     with these separate BLAS pools, and no real product run."""
     answers = iter(times)
@@ -247,10 +247,10 @@ def _measure_with(monkeypatch: pytest.MonkeyPatch, native_lib: native.Native, ti
     (["openblas (pthreads threads, 16)"], 1.0, True),  # a tie: the BLAS would cap the native kernels
     (["openblas (pthreads threads, 16)"], 0.8, True),  # 1.25x: not enough to cost the native kernels' threads
     (["openblas (pthreads threads, 16)"], 0.6, False),  # the BLAS clearly faster (1.67x): it keeps the products
-])  # fmt: skip
+])
 def test_a_blas_with_its_own_pool_wins_products_only_when_clearly_faster(
         native_lib: native.Native, monkeypatch: pytest.MonkeyPatch, pools: list[str], blas_speed: float,
-        native: bool) -> None:  # fmt: skip
+        native: bool) -> None:
     """``blas_speed``: the BLAS's time over the GEMM's on every probe shape. Choosing the BLAS
     while it keeps a pool of its own runs every graph's native kernels on one thread
     (``threads.native_thread_cap``): a 16-core Xeon timed the two GEMMs at 0.86-1.26x and
@@ -267,7 +267,7 @@ def test_a_blas_with_its_own_pool_wins_products_only_when_clearly_faster(
 
 @pytest.mark.parametrize(("deep_speed", "deep"), [(1.0, True), (0.95, True), (0.8, False)])
 def test_deep_products_have_a_decision_of_their_own(native_lib: native.Native, monkeypatch: pytest.MonkeyPatch,
-                                                    deep_speed: float, deep: bool) -> None:  # fmt: skip
+                                                    deep_speed: float, deep: bool) -> None:
     """The GEMM won the probe shapes; the BLAS 1.25x faster on the deep probe keeps the
     products of more than DEEP_K terms, and only those."""
     shapes = len(gemm.PROBE_SHAPES)
@@ -279,7 +279,7 @@ def test_deep_products_have_a_decision_of_their_own(native_lib: native.Native, m
 
 
 def test_a_gemm_slowed_by_a_spinning_blas_pool_is_timed_again(native_lib: native.Native,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The caller's numpy products leave OpenBLAS's workers spinning: a GEMM timed then
     ran at 0.01x on a 16-core Xeon. Both are timed again once they settle, and each one's
     better time counts."""
@@ -290,7 +290,7 @@ def test_a_gemm_slowed_by_a_spinning_blas_pool_is_timed_again(native_lib: native
 
 
 def test_a_gemm_timed_slow_on_every_core_is_timed_on_one_thread_too(
-        native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another process busy on a core: every multi-threaded timing waits on it (the GEMM
     at 0.02x MKL's speed on the 2-core host, where it is 2x faster), so where the GEMM did
     not clearly win both are timed on one thread, and its better ratio counts."""
@@ -316,7 +316,7 @@ GEMV_SHAPES = [(1, 1024, 1000), (1, 33, 17), (1, 1, 5), (7, 300, 1), (1000, 1024
 @pytest.mark.parametrize(("m", "k", "n"), GEMV_SHAPES)
 @pytest.mark.parametrize(("ta", "tb"), list(itertools.product([False, True], repeat=2)))
 def test_gemv_every_layout_with_a_unit_stride(lib: native.Native, m: int, k: int, n: int, ta: bool,
-                                              tb: bool) -> None:  # fmt: skip
+                                              tb: bool) -> None:
     """One row of A or one column of B: the dot form (the matrix contiguous along k) and
     the axpy form (contiguous along the outputs), over and under the threads' split."""
     a = rand((k, m), 1).T if ta else rand((m, k), 1)
@@ -354,7 +354,7 @@ def test_gemv_adds_one_bias_per_output(lib: native.Native, m: int, k: int, n: in
 
 
 def test_a_convolution_on_a_1x1_plane_adds_its_bias_in_the_product(
-        lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:
     """A squeeze-excitation block's 1x1 convolutions: the product is one rlx_gemv call that
     adds the bias, so no numpy add follows it."""
     monkeypatch.setenv("RLX_CPU_GEMM", "native")
@@ -383,7 +383,7 @@ def test_gemv_declines_batches_and_other_dtypes(lib: native.Native) -> None:
 
 
 def test_a_matrix_vector_product_is_rlx_gemv_where_the_gemm_runs(
-        lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:
     """With or without MKL, a one-row product goes to rlx_gemv (on OpenMP's team: numpy's
     OpenBLAS would spin a pool of its own); RLX_CPU_GEMM=blas gives it to the BLAS."""
     a, b, out = rand((1, 64)), rand((64, 40)), np.empty((1, 40), F32)
@@ -419,7 +419,7 @@ def test_a_1x1_convolutions_bias_is_added_by_the_gemm_and_follows_set_param(lib:
 
 
 def test_few_tap_convolutions_take_the_direct_kernel_only_where_it_measured_as_fast(
-        native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> None:
     """``use_direct``: RLX_CPU_CONV=direct forces the direct kernel, im2col turns it off,
     ``auto`` times it against im2col + the BLAS once (on answers that agree) and a first
     layer then runs the way measured."""
@@ -429,7 +429,7 @@ def test_few_tap_convolutions_take_the_direct_kernel_only_where_it_measured_as_f
     monkeypatch.setattr(native_lib, "conv_direct", lambda *a: (spy.append(a), real(*a))[1])
     g = Graph("first")
     g.set_outputs([g.conv2d(g.input("x", (1, 3, 32, 32), "float32"), g.param("w", rand((16, 3, 3, 3), 1)),
-                            padding=1)])  # fmt: skip
+                            padding=1)])
     x = rand((1, 3, 32, 32), 2)
     want = reference.evaluate(g, {"x": x})[0]
     for forced, direct in (("direct", True), ("im2col", False)):
@@ -447,7 +447,7 @@ def test_few_tap_convolutions_take_the_direct_kernel_only_where_it_measured_as_f
         chosen = conv_choice.use_direct()  # timed on every host (AVX2 has its own register blocking)
         assert re.search(r"few-tap ones: (the direct kernel|im2col) \(timed \d+\.\d\dx im2col's speed at 16 -> "
                          r"32 over 56x56, \d+\.\d\dx im2col's speed at 3 -> 32 over 224x224\)$",
-                         conv_choice.describe())  # fmt: skip
+                         conv_choice.describe())
         spy.clear()
         CpuBackend().compile(g.freeze(), CompileOptions(device="cpu")).run({"x": x})
         assert bool(spy) is chosen
@@ -486,7 +486,7 @@ def test_the_probe_says_the_same_before_and_after_this_process_measures(monkeypa
     before = CpuBackend().probe().versions
     g = Graph("first")
     g.set_outputs([g.conv2d(g.input("x", (1, 3, 16, 16), "float32"), g.param("w", rand((8, 3, 3, 3), 1)),
-                            padding=1)])  # fmt: skip
+                            padding=1)])
     try:
         CpuBackend().compile(g.freeze(), CompileOptions(device="cpu")).run({"x": rand((1, 3, 16, 16), 2)})
         if native.library() is not None:

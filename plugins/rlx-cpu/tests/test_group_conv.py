@@ -35,7 +35,7 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], bool, b
     "rows of 7: not taken": ((1, 8, 7, 7), (8, 4, 3, 3), {"padding": 1, "groups": 2}, True, False),
     "dilation 2: not taken": ((1, 8, 12, 12), (8, 4, 3, 3), {"padding": 2, "dilation": 2, "groups": 2}, True, False),
     "column stride 3: not taken": ((1, 8, 30, 30), (8, 4, 3, 3), {"stride": 3, "groups": 2}, True, False),
-}  # fmt: skip
+}
 
 
 def rand(shape: tuple[int, ...], seed: int) -> np.ndarray:

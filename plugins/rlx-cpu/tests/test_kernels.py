@@ -42,7 +42,7 @@ CONV_CASES = [
 
 
 def conv_graph(xs: tuple[int, ...], ws: tuple[int, ...], stride: Any, padding: Any, dilation: Any, groups: int,
-               dtype: str = "float32", bias: bool = True) -> Graph:  # fmt: skip
+               dtype: str = "float32", bias: bool = True) -> Graph:
     rng = np.random.default_rng(sum(xs) + sum(ws))
     g = Graph("conv")
     x = g.input("x", xs, dtype)
@@ -70,7 +70,7 @@ def _calls_mkl(fn: Any) -> bool:
 
 @pytest.mark.parametrize(("xs", "ws", "stride", "padding", "dilation", "groups"), CONV_CASES)
 def test_conv2d_is_one_product_or_one_depthwise_pass(xs: tuple[int, ...], ws: tuple[int, ...], stride: Any,
-                                                         padding: Any, dilation: Any, groups: int) -> None:  # fmt: skip
+                                                         padding: Any, dilation: Any, groups: int) -> None:
     graph = conv_graph(xs, ws, stride, padding, dilation, groups)
     node = graph.node(graph.outputs[0])
     # The kernel's steps, built on concrete arrays: a copy into the column matrix (none
@@ -136,7 +136,7 @@ def test_bool_where_cast_and_comparisons_via_cast() -> None:
     picked = g.where(mask, x, g.neg(x))
     g.set_outputs([back, picked, g.cast(x, "bool"), g.cast(x, "int64"), g.reduce_sum(as_int)])
     feeds = {"x": np.array([-2.7, -1.0, -0.5, 0.0, 0.5, 1.0, 2.7, 3.5], np.float32),
-             "mask": np.array([1, 0, 1, 1, 0, 0, 1, 0], bool)}  # fmt: skip
+             "mask": np.array([1, 0, 1, 1, 0, 0, 1, 0], bool)}
     outs = run_cpu(g, feeds)
     refs = reference.evaluate(g, feeds)
     assert [o.dtype for o in outs] == [np.bool_, np.float32, np.bool_, np.int64, np.int32]
@@ -168,7 +168,7 @@ def test_float16_block_matches_the_reference() -> None:
     att = g.attention(h, h, h)
     y = g.gelu(g.add(att, g.sigmoid(h)), approximate="tanh")
     g.set_outputs([g.softmax(y, axis=-1), g.reduce_mean(g.rsqrt(g.add(g.mul(y, y), 1.0)), axes=(1,)),
-                   g.erf(y), g.cast(y, "float32")])  # fmt: skip
+                   g.erf(y), g.cast(y, "float32")])
     xv = rng.standard_normal((2, 5, 16)).astype(np.float16)
     outs = run_cpu(g, {"x": xv})
     refs = reference.evaluate(g, {"x": xv})
@@ -188,7 +188,7 @@ def test_float16_long_sum_does_not_overflow_or_drift() -> None:
 
 
 @pytest.mark.parametrize(("shape", "dtype"), [((64, 10), "float32"), ((3, 16, 5), "float16"), ((20, 32), "float64"),
-                                              ((16, 1), "float32"), ((4, 33), "float32")])  # fmt: skip
+                                              ((16, 1), "float32"), ((4, 33), "float32")])
 def test_softmax_of_short_rows_in_a_transposed_copy(shape: tuple[int, ...], dtype: str) -> None:
     """Short rows (<= SHORT_ROW) are normalized as columns of a transposed copy; longer or
     fewer rows the plain way. Both agree with the reference, infinities and NaN included."""
@@ -249,7 +249,7 @@ def test_a_mean_over_trailing_axes_is_one_matrix_vector_product(axes: tuple[int,
     g = Graph("means")
     x = g.input("x", (2, 5, 7, 6), "float32")
     g.set_outputs([g.reduce_mean(x, axes, keepdims=keepdims), g.reduce_mean(g.exp(x), axes, keepdims=keepdims),
-                   g.reduce_mean(x, (1,), keepdims=keepdims)])  # fmt: skip
+                   g.reduce_mean(x, (1,), keepdims=keepdims)])
     feeds = {"x": np.random.default_rng(4).standard_normal((2, 5, 7, 6)).astype(np.float32)}
     for got, want in zip(run_cpu(g, feeds), reference.evaluate(g, feeds)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -261,7 +261,7 @@ def test_a_mean_over_trailing_axes_is_one_matrix_vector_product(axes: tuple[int,
 
 
 @pytest.mark.parametrize(("shape", "dtype"), [((7,), np.float32), ((3, 5, 2), np.float64), ((0, 4), np.float32),
-                                              (1, np.int8), ((1 << 20,), np.float32)])  # fmt: skip
+                                              (1, np.int8), ((1 << 20,), np.float32)])
 def test_aligned_empty_starts_on_a_cache_line(shape: Any, dtype: Any) -> None:
     from rlx_cpu.steps import CACHE_LINE, aligned_empty
 

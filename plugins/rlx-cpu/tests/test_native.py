@@ -93,7 +93,7 @@ def run_packed_and_plain(g: Graph, feeds: dict[str, np.ndarray]) -> tuple[np.nda
 
 
 def test_every_packed_kernel_gives_what_its_own_entry_point_gives(lib: native.Native,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """rlx_packed dispatches each kernel with its arguments in the right order: every
     kernel a plan calls through it (a model using them all where rlx's GEMM runs the
     products, and a first layer where it does not: the direct convolution) computes the
@@ -111,7 +111,7 @@ def test_every_packed_kernel_gives_what_its_own_entry_point_gives(lib: native.Na
     gap = g.global_avg_pool2d(g.add(p1, p2))  # gemv
     t = g.reshape(gap, (1, 24))
     y = g.layer_norm(g.matmul(t, g.param("w3", rand((24, 32), 6))), g.param("s", rand((32,), 7)),
-                     g.param("bb", rand((32,), 8)))  # fmt: skip
+                     g.param("bb", rand((32,), 8)))
     g.set_outputs([g.softmax(g.mul(y, y))])
     feeds = {"x": rand((1, 3, 128, 128), 9)}
     monkeypatch.setenv("RLX_CPU_GEMM", "native")  # whatever this host's BLAS would win
@@ -125,7 +125,7 @@ def test_every_packed_kernel_gives_what_its_own_entry_point_gives(lib: native.Na
     monkeypatch.setenv("RLX_CPU_CONV", "direct")
     first = Graph("first-layer")
     first.set_outputs([first.conv2d(first.input("x", (1, 3, 128, 128)), first.param("w1", rand((16, 3, 3, 3), 1)),
-                                    first.param("b1", rand((16,), 2)), stride=2, padding=1)])  # fmt: skip
+                                    first.param("b1", rand((16,), 2)), stride=2, padding=1)])
     packed, plain, kernels = run_packed_and_plain(first, feeds)
     assert 10 in kernels and np.array_equal(packed, plain)
     np.testing.assert_allclose(packed, reference.evaluate(first, feeds)[0], rtol=1e-5, atol=1e-5)
@@ -248,7 +248,7 @@ def _exp_grid(rng: np.random.Generator) -> np.ndarray:
         np.linspace(-103.9, 88.72, 200_001), rng.uniform(-104, 89, 100_000), np.linspace(-1, 1, 20_001),
         floats_between(88.0, 88.75),  # every float32 up to and past overflow (88.7228)
         -floats_between(87.0, 104.0, 7),  # the results in the subnormal range, down to 0
-    ]).astype(F32)  # fmt: skip
+    ]).astype(F32)
 
 
 def _log_grid(rng: np.random.Generator) -> np.ndarray:
@@ -256,20 +256,20 @@ def _log_grid(rng: np.random.Generator) -> np.ndarray:
         np.geomspace(TINY, FLT_MAX, 200_001), rng.uniform(0, 100, 100_000), 1 + np.linspace(-1e-3, 1e-3, 20_001),
         floats_between(0.7, 1.45, 31),  # both sides of 1 and of the sqrt(2) reduction
         floats_between(TINY, 1.2e-38, 1021),  # subnormals
-    ]).astype(F32)  # fmt: skip
+    ]).astype(F32)
 
 
 def _tanh_grid(rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([
         np.linspace(-10, 10, 200_001), rng.standard_normal(100_000) * 3,
         both_signs(np.geomspace(1e-30, 1, 20_000)), both_signs(floats_between(0.55, 0.7, 3)),  # the 0.625 switch
-    ]).astype(F32)  # fmt: skip
+    ]).astype(F32)
 
 
 def _erf_grid(rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([
         np.linspace(-5, 5, 200_001), rng.standard_normal(100_000) * 2, both_signs(np.geomspace(1e-30, 1, 20_000)),
-    ]).astype(F32)  # fmt: skip
+    ]).astype(F32)
 
 
 def _sigmoid_grid(rng: np.random.Generator) -> np.ndarray:
@@ -278,13 +278,13 @@ def _sigmoid_grid(rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([
         np.linspace(-88.72, 30, 200_001), rng.uniform(-88, 20, 100_000), both_signs(np.geomspace(1e-30, 1, 20_000)),
         -floats_between(86.0, 88.72, 5),  # results in the subnormal range
-    ]).astype(F32)  # fmt: skip
+    ]).astype(F32)
 
 
 def _rsqrt_grid(rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([
         np.geomspace(TINY, FLT_MAX, 200_001), rng.uniform(0, 10, 100_000), floats_between(1.0, 4.0, 67),
-    ]).astype(F32)  # fmt: skip
+    ]).astype(F32)
 
 
 #: name -> (op, attrs, grid, float64 truth, bound in ulp for native.c's math, bound for MKL's
@@ -302,12 +302,12 @@ ACCURACY: dict[str, tuple[str, dict[str, Any], Callable[..., np.ndarray], Truth,
     "rsqrt": ("rsqrt", {}, _rsqrt_grid, lambda x: 1.0 / np.sqrt(x), 2.0, None),
 }
 ACCURACY_CASES = [pytest.param(name, mode, id=f"{name}-{mode}") for name, case in ACCURACY.items()
-                  for mode in ("own", "mkl") if mode == "own" or case[5] is not None]  # fmt: skip
+                  for mode in ("own", "mkl") if mode == "own" or case[5] is not None]
 
 
 @pytest.mark.parametrize("name, mode", ACCURACY_CASES)
 def test_float32_math_within_its_ulp_bound(lib: native.Native, region_runs: list[regions._Runner],
-                                           monkeypatch: pytest.MonkeyPatch, name: str, mode: str) -> None:  # fmt: skip
+                                           monkeypatch: pytest.MonkeyPatch, name: str, mode: str) -> None:
     """Each function of the interpreter on dense grids, random values, the ranges where its
     argument reduction switches, and subnormal inputs and results, against float64; a
     refit or a reordered polynomial cannot lose bits unnoticed."""
@@ -380,12 +380,12 @@ EDGES: dict[str, tuple[str, dict[str, Any], list[tuple[float, float]]]] = {
     "relu": ("relu", {}, [(NAN, NAN), (INF, INF), (-INF, 0.0), (-1.0, 0.0), (2.0, 2.0)]),
     "neg": ("neg", {}, [(NAN, NAN), (INF, -INF), (0.0, -0.0), (-0.0, 0.0)]),
     "abs": ("abs", {}, [(NAN, NAN), (-INF, INF), (-0.0, 0.0), (-3.0, 3.0)]),
-}  # fmt: skip
+}
 EDGE_CASES = [pytest.param(name, mode, id=f"{name}-{mode}") for name in EDGES for mode in ("own", "mkl")
-              if mode == "own" or name in regions.VML_FUNCTIONS]  # fmt: skip
+              if mode == "own" or name in regions.VML_FUNCTIONS]
 #: Inputs every op sees besides its own edges (compared with the numpy path).
 SPECIALS = [NAN, -NAN, INF, -INF, 0.0, -0.0, 1.0, -1.0, TINY, -TINY, 1e-38, -1e-38, FLT_MAX, -FLT_MAX, 88.72, 88.73,
-            -88.73, -103.0, -104.0, 200.0, -200.0, 0.5, 10.0, -10.0, 1e-20, -1e-20]  # fmt: skip
+            -88.73, -103.0, -104.0, 200.0, -200.0, 0.5, 10.0, -10.0, 1e-20, -1e-20]
 
 
 def _same_zero_signs(got: np.ndarray, want: np.ndarray) -> bool:
@@ -395,7 +395,7 @@ def _same_zero_signs(got: np.ndarray, want: np.ndarray) -> bool:
 
 @pytest.mark.parametrize("name, mode", EDGE_CASES)
 def test_ieee_edges_per_op(lib: native.Native, region_runs: list[regions._Runner], monkeypatch: pytest.MonkeyPatch,
-                           name: str, mode: str) -> None:  # fmt: skip
+                           name: str, mode: str) -> None:
     """NaN in gives NaN out, +-inf and overflow give the exact limits, tanh and erf saturate
     to exactly +-1; where the numpy path gives an exact edge (inf, 0, +-1, NaN) the native
     one gives the same, and everywhere else it is within a few ulp of it."""
@@ -421,13 +421,13 @@ def test_ieee_edges_per_op(lib: native.Native, region_runs: list[regions._Runner
 ZERO_SIGN_CASES = [pytest.param(op, attrs, mode, id=f"{op}{'-' + attrs['approximate'] if attrs else ''}-{mode}")
                    for op, attrs in [("tanh", {}), ("erf", {}), ("gelu", {}), ("gelu", {"approximate": "tanh"}),
                                      ("sqrt", {}), ("neg", {}), ("abs", {})]
-                   for mode in ("own", "mkl") if mode == "own" or op in regions.VML_FUNCTIONS]  # fmt: skip
+                   for mode in ("own", "mkl") if mode == "own" or op in regions.VML_FUNCTIONS]
 
 
 @pytest.mark.parametrize("op, attrs, mode", ZERO_SIGN_CASES)
 def test_odd_functions_keep_the_sign_of_zero(lib: native.Native, region_runs: list[regions._Runner],
                                              monkeypatch: pytest.MonkeyPatch, op: str, attrs: dict[str, Any],
-                                             mode: str) -> None:  # fmt: skip
+                                             mode: str) -> None:
     """f(-0) = -0 for the odd functions (IEEE 754, C's tanhf and erff, numpy, the reference),
     and for sqrt and neg; abs(-0) = +0. A zero's sign survives into 1 / x and log."""
     use_math(monkeypatch, mode)
@@ -439,7 +439,7 @@ def test_odd_functions_keep_the_sign_of_zero(lib: native.Native, region_runs: li
 
 @pytest.mark.parametrize("op, ufunc", [("maximum", np.maximum), ("minimum", np.minimum)])
 def test_max_and_min_propagate_nan_like_numpy(lib: native.Native, region_runs: list[regions._Runner], op: str,
-                                              ufunc: np.ufunc) -> None:  # fmt: skip
+                                              ufunc: np.ufunc) -> None:
     """NaN in either operand wins, as in numpy.maximum and numpy.minimum (C's fmaxf would
     drop it); the long arrays take the vectorized loop, the short tail the scalar one."""
     pairs = [(NAN, 1.0), (1.0, NAN), (NAN, NAN), (-INF, INF), (INF, -INF), (NAN, -INF), (-INF, NAN), (2.0, -3.0)]
@@ -460,7 +460,7 @@ BINARY_SPECIALS = np.array([NAN, -INF, -8.0, -2.5, -1.0, -0.0, 0.0, 0.5, 1.0, 3.
 
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "pow", "maximum", "minimum"])
 def test_binary_ops_over_every_pair_of_edges(lib: native.Native, region_runs: list[regions._Runner],
-                                             monkeypatch: pytest.MonkeyPatch, op: str) -> None:  # fmt: skip
+                                             monkeypatch: pytest.MonkeyPatch, op: str) -> None:
     """Every pair of NaN, +-inf, +-0, negatives, huge and subnormal values: +, -, * and /
     are IEEE's (bit for bit the numpy path, zero signs included; x / 0 is +-inf, 0 / 0
     NaN); powf agrees with numpy's pow on every NaN, inf, 0 and 1 (0^-1, (-8)^0.5, 1^NaN,
@@ -486,7 +486,7 @@ def test_binary_ops_over_every_pair_of_edges(lib: native.Native, region_runs: li
 
 
 def test_comparisons_and_where_in_a_region_follow_ieee(lib: native.Native, region_runs: list[regions._Runner],
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """NaN compares false (and unequal to itself), -0 equals +0, where picks by the bool;
     comparisons live in a region as 0/1 floats: bit for bit the numpy path's answer."""
     vals = np.array([NAN, -INF, -1.0, -0.0, 0.0, 1.0, INF], F32)
@@ -515,7 +515,7 @@ def caller_layouts(x: np.ndarray) -> list[tuple[str, np.ndarray]]:
     unaligned[...] = x
     return [("contiguous", x), ("fortran order", np.asfortranarray(x)),
             ("every other element", np.repeat(x, 2, axis=-1)[..., ::2]), ("read-only", ro),
-            ("reversed rows", x[::-1].copy()[::-1]), ("unaligned", unaligned)]  # fmt: skip
+            ("reversed rows", x[::-1].copy()[::-1]), ("unaligned", unaligned)]
 
 
 def broadcast_graph() -> Graph:
@@ -564,7 +564,7 @@ def test_a_region_over_every_broadcast_and_caller_layout(
 
 def test_a_region_with_math_functions_and_a_bool_caller_input(lib: native.Native,
                                                               region_runs: list[regions._Runner],
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A region of transcendental functions (exp, log, tanh, erf, sigmoid, gelu, rsqrt,
     pow) with a bool caller input as where's condition (the interpreter's 0/1 floats):
     within a few ulp of the reference and of the numpy path."""
@@ -589,7 +589,7 @@ def test_a_region_with_math_functions_and_a_bool_caller_input(lib: native.Native
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_regions_of_other_dtypes_stay_with_numpy(lib: native.Native, region_runs: list[regions._Runner],
-                                                 dtype: str) -> None:  # fmt: skip
+                                                 dtype: str) -> None:
     """The interpreter is float32 only: a float16 or float64 region (or op) is numpy's,
     and right to its dtype's precision."""
     g = Graph(f"region-{dtype}")
@@ -698,7 +698,7 @@ def test_caller_arrays_have_their_address_read_per_run(lib: native.Native) -> No
 
 
 _FUZZ_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "maximum": np.maximum,
-                "minimum": np.minimum}  # fmt: skip
+                "minimum": np.minimum}
 _FUZZ_UNARY = {"neg": np.negative, "abs": np.abs, "relu": lambda a: np.maximum(a, F32(0))}
 _FUZZ_COMPARE = {"less": np.less, "greater": np.greater, "equal": np.equal}
 
@@ -774,7 +774,7 @@ def test_random_regions_match_numpy_bit_for_bit(lib: native.Native) -> None:
 @pytest.mark.parametrize("act", ["none", "relu", "gelu", "tanh", "sigmoid"])
 @pytest.mark.parametrize("m, n", [(64, 128), (256, 256)])
 def test_gemm_epilogues_run_in_place_on_the_product(lib: native.Native, region_runs: list[regions._Runner],
-                                                    m: int, n: int, act: str) -> None:  # fmt: skip
+                                                    m: int, n: int, act: str) -> None:
     """A fused gemm's bias and activation are a region over the product itself, written
     in place (its only operand at the output's own address): in a plan buffer, and in the
     fresh array a large output is handed over in (256 x 256)."""
@@ -1053,7 +1053,7 @@ def test_pools(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -
 
 @pytest.mark.parametrize("stride", [1, 2])
 def test_three_row_max_pool_over_rows_wider_than_a_chunk(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
-                                                         stride: int) -> None:  # fmt: skip
+                                                         stride: int) -> None:
     """The 3x3 max pool's one-pass rows (three rows, then three taps) over rows of 300 to
     600 outputs: every chunk of the row takes the three rows, as the reference."""
     calls = spy_on(monkeypatch, lib, "pool2d")
@@ -1068,7 +1068,7 @@ def test_three_row_max_pool_over_rows_wider_than_a_chunk(lib: native.Native, mon
 
 @pytest.mark.parametrize("hw", [(3, 3), (64, 64), (65, 63), (8, 41), (40, 7)])
 def test_three_by_three_stride_two_max_pool_flat_or_by_rows(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
-                                                            hw: tuple[int, int]) -> None:  # fmt: skip
+                                                            hw: tuple[int, int]) -> None:
     """squeezenet's pool: planes of up to 4096 floats taken flat (every position's three-row,
     then three-column maxima), larger ones row by row; NaN in a window's last row and
     column, and a window all -inf, come out as the reference's."""
@@ -1087,7 +1087,7 @@ def test_three_by_three_stride_two_max_pool_flat_or_by_rows(lib: native.Native, 
 
 @pytest.mark.parametrize("shape", [(2, 5, 7, 7), (1, 3, 1, 9), (1, 576, 7, 7), (1, 4, 1, 1)])
 def test_global_average_pool_is_one_matrix_vector_product(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
-                                                          shape: tuple[int, ...]) -> None:  # fmt: skip
+                                                          shape: tuple[int, ...]) -> None:
     """Each plane's mean as rlx_gemv against 1/(h w): batches, one-row planes, a NaN kept;
     a 1x1 plane is its own mean (numpy's path, no product)."""
     calls = spy_on(monkeypatch, lib, "gemv")
@@ -1176,13 +1176,13 @@ IMPLICIT_CONVS = {  # name -> (x shape, w shape, bias?, kwargs): ungrouped, any 
     "plain 1x1 over 6x6, 13 out: the partial tile moved back over the last 32 outputs": ((2, 20, 6, 6),
                                                                                         (13, 20, 1, 1), True, {}),
     "plain 1x1 over 5x5: fewer outputs than a tile": ((2, 20, 5, 5), (24, 20, 1, 1), False, {}),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("panel", [8, 12, 32])
 @pytest.mark.parametrize("name", list(IMPLICIT_CONVS))
 def test_implicit_gemm_convolution(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str,
-                                   panel: int) -> None:  # fmt: skip
+                                   panel: int) -> None:
     """Where rlx's GEMM takes the products, an ungrouped convolution runs as rlx_conv_gemm
     (columns read from a copy of the input shifted per tap column, no im2col) in each of
     its forms (8 or 12 channels x 32 outputs, 32 channels x 12 outputs): partial panels
@@ -1208,7 +1208,7 @@ def test_implicit_gemm_convolution(lib: native.Native, monkeypatch: pytest.Monke
 
 @pytest.mark.parametrize("panel", [8, 32])
 def test_implicit_gemm_with_weights_computed_each_run(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
-                                                     panel: int) -> None:  # fmt: skip
+                                                     panel: int) -> None:
     """A squeeze-excitation gate folded into the weights (rlx_core's conv_scale): the
     convolution's weights are a value of the graph, different each run; the implicit GEMM
     packs them again each run (conv_gemm_pack before every product) and follows the gate."""
@@ -1250,7 +1250,7 @@ DIRECT_CONVS = {  # name -> (x shape, w shape, bias?, kwargs): few taps, any str
                                                                        {"stride": 2, "padding": 3}),
     "stride 2, right padding only, even width": ((2, 1, 6, 40), (4, 1, 3, 3), True,
                                                   {"stride": 2, "padding": (0, 0, 1, 1)}),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", list(DIRECT_CONVS))
@@ -1301,13 +1301,13 @@ FALLBACK_OPS = {  # name -> (graph builder over x (2, 4, 9, 10), native entry po
                                                     padding=1), "conv_direct"),
     "max_pool2d": (lambda g, x: g.max_pool2d(x, 3, stride=2, dilation=2), "pool2d"),
     "avg_pool2d": (lambda g, x: g.avg_pool2d(x, (3, 2), stride=(1, 2)), "pool2d"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("layout", ["fortran order", "read-only", "every other element"])
 @pytest.mark.parametrize("op", list(FALLBACK_OPS))
 def test_row_and_window_kernels_take_any_caller_layout(lib: native.Native, monkeypatch: pytest.MonkeyPatch, op: str,
-                                                       layout: str) -> None:  # fmt: skip
+                                                       layout: str) -> None:
     """A caller's array the C side cannot address as it is (strided, read-only) makes that
     run take the numpy twin of the kernel (``native_nn``'s fallbacks): the same answer,
     and the next contiguous run is native again."""
@@ -1332,7 +1332,7 @@ def test_row_and_window_kernels_take_any_caller_layout(lib: native.Native, monke
 
 # ----------------------------------------------------------------------------- set_param
 def test_native_steps_follow_set_param(lib: native.Native, region_runs: list[regions._Runner],
-                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Native steps hold the addresses of the residents, which set_param overwrites in
     place: a region reading a row and a scalar param, a layer_norm's scale and bias, a
     softmax of a folded (param-only) value and a folded region all follow the new values."""
@@ -1351,7 +1351,7 @@ def test_native_steps_follow_set_param(lib: native.Native, region_runs: list[reg
     cg.run({"x": x_in})
     assert region_runs and ln_calls and sm_calls
     new = {"w": rand((32,), 11), "s": np.array(-1.25, F32), "scale": rand((32,), 12), "bias": rand((32,), 13),
-           "p": rand((4, 32), 14)}  # fmt: skip
+           "p": rand((4, 32), 14)}
     for name, value in new.items():
         cg.set_param(name, value)
     got = cg.run({"x": x_in})
@@ -1361,9 +1361,9 @@ def test_native_steps_follow_set_param(lib: native.Native, region_runs: list[reg
 
 
 @pytest.mark.parametrize("kwargs", [{"padding": 1}, {"padding": (0, 1, 1, 0), "ceil_mode": True},
-                                    {"stride": 3, "ceil_mode": True}, {"dilation": 2, "padding": 2}])  # fmt: skip
+                                    {"stride": 3, "ceil_mode": True}, {"dilation": 2, "padding": 2}])
 def test_padded_max_pool_runs_natively_over_an_infinite_border(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
-                                                               kwargs: dict) -> None:  # fmt: skip
+                                                               kwargs: dict) -> None:
     """Padding and ceil_mode windows past the edge: each window clipped to the image by the
     native padded pool (strides 1 and 2, no dilation), else the input copied into a -inf
     border, then the native pool (no numpy passes); NaN and -inf inputs keep numpy's
@@ -1383,7 +1383,7 @@ def test_padded_max_pool_runs_natively_over_an_infinite_border(lib: native.Nativ
 @pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("kernel", [(1, 1), (2, 2), (3, 3), (2, 5), (5, 3), (3, 8)])
 def test_padded_max_pool_clips_every_window_to_the_image(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
-                                                         kernel: tuple[int, int], stride: int) -> None:  # fmt: skip
+                                                         kernel: tuple[int, int], stride: int) -> None:
     """Paddings up to half the window (the most the IR allows), on each side, with and without
     ceil_mode, rows wider than one chunk of the kernel (300 outputs): as the reference."""
     clipped = spy_on(monkeypatch, lib, "max_pool2d_padded")
@@ -1393,7 +1393,7 @@ def test_padded_max_pool_clips_every_window_to_the_image(lib: native.Native, mon
         h, w = int(rng.integers(kernel[0], 9)), int(rng.integers(kernel[1], 13)) + (600 if trial == 0 else 0)
         g = Graph("clip")
         g.set_outputs([g.max_pool2d(g.input("x", (1, 2, h, w)), kernel, stride=stride, padding=pads,
-                                    ceil_mode=bool(trial % 2))])  # fmt: skip
+                                    ceil_mode=bool(trial % 2))])
         x = rand((1, 2, h, w), trial)
         x[0, 1, 0, 0] = np.nan
         (got,) = compile_cpu(g).run({"x": x})

@@ -112,7 +112,7 @@ def test_the_install_built_the_library_where_a_compiler_works(monkeypatch: pytes
 
 
 def test_the_packaged_library_loads_and_its_abi_matches(native_lib: native.Native,
-                                                       region_runs: list[regions._Runner]) -> None:  # fmt: skip
+                                                       region_runs: list[regions._Runner]) -> None:
     """The library comes from the package's own directory, answers this module's ABI,
     was built from the native.c beside it, and the probe's entry says how it was built."""
     path = Path(native_lib.path)
@@ -130,7 +130,7 @@ def test_the_packaged_library_loads_and_its_abi_matches(native_lib: native.Nativ
 
 def test_without_a_library_numpy_runs_and_the_reason_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture,
-                                                              region_runs: list[regions._Runner]) -> None:  # fmt: skip
+                                                              region_runs: list[regions._Runner]) -> None:
     """A package installed without the library (and without a record of a build): no
     library, the reason names the file and how to get it, in ``reason()`` and the log."""
     with caplog.at_level("WARNING", logger="rlx_cpu.native"):
@@ -143,7 +143,7 @@ def test_without_a_library_numpy_runs_and_the_reason_says_why(tmp_path: Path, mo
 
 
 def test_a_library_with_another_abi_is_not_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  region_runs: list[regions._Runner]) -> None:  # fmt: skip
+                                                  region_runs: list[regions._Runner]) -> None:
     """A library whose ``rlx_abi()`` answers another number (an older build beside a newer
     native.py) is refused: the reason names both ABIs, and numpy runs."""
     working_compiler()
@@ -161,7 +161,7 @@ def test_a_library_with_another_abi_is_not_loaded(tmp_path: Path, monkeypatch: p
 
 
 def test_a_library_built_from_another_source_is_not_loaded(native_lib: native.Native, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A checkout whose native.c changed after ``pip install -e``: its library would run
     the old code, so it is refused with the way to rebuild; the same library beside the
     source it was built from loads. (A link, not a copy: a repaired wheel's library finds
@@ -195,7 +195,7 @@ def test_a_build_without_a_compiler_fails_cleanly_and_the_run_time_says_why(
     assert read_info(tmp_path)["built"] is False
     assert load_from(monkeypatch, tmp_path) is None
     assert native.reason() == ("not built: no C compiler when rlx-cpu was installed "
-                               "(CC='/nonexistent/cc' is not a program on PATH)")  # fmt: skip
+                               "(CC='/nonexistent/cc' is not a program on PATH)")
     assert native.describe().endswith("; numpy kernels")
     assert_numpy_path_runs(region_runs)
 
@@ -243,7 +243,7 @@ def test_a_failing_build_leaves_no_half_library_and_removes_the_old_one(
     ("x86_64-linux-gnu-gcc-12 (Debian 12.2.0-14) 12.2.0", "gcc 12.2.0"),
     ("Debian clang version 16.0.6 (15)", "clang 16.0.6"),
     ("Apple clang version 15.0.0 (clang-1500.3.9.4)", "Apple clang 15.0.0"),
-])  # fmt: skip
+])
 def test_the_compiler_is_named_by_its_family_and_version(line: str, name: str) -> None:
     """What ``rlx devices`` shows of the ``--version`` line; an unfamiliar one as it is."""
     assert _build.compiler_name(line) == name
@@ -263,7 +263,7 @@ def test_the_build_never_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_rebuilding_in_place_reports_a_failure_on_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """``python -m rlx_cpu._build DIR``: exit status 1 and the reason when nothing was built."""
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     assert _build.main([str(tmp_path / "pkg")]) == 1
@@ -285,7 +285,7 @@ def test_a_compiler_without_openmp_or_clones_still_builds(tmp_path: Path, monkey
         body = 'for a in "$@"; do if [ "$a" = -fopenmp ]; then echo "picky: no OpenMP here" >&2; exit 1; fi; done\n'
     else:
         body = ('clones=1; for a in "$@"; do [ "$a" = -DRLX_NO_CLONES ] && clones=0; done\n'
-                'if [ $clones = 1 ]; then echo "picky: no target_clones here" >&2; exit 1; fi\n')  # fmt: skip
+                'if [ $clones = 1 ]; then echo "picky: no target_clones here" >&2; exit 1; fi\n')
     run = f'exec {" ".join(real)} "$@" -O0\n'  # the last -O wins: what is tested is the fallback, not speed
     cc.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {run}{body}{run}')
     cc.chmod(0o755)
@@ -305,7 +305,7 @@ def test_a_compiler_without_openmp_or_clones_still_builds(tmp_path: Path, monkey
 # -------------------------------------------------------------------- switches and probe
 @pytest.mark.parametrize("value", ["0", "off", "numpy"])
 def test_rlx_cpu_native_off_keeps_every_op_on_numpy(monkeypatch: pytest.MonkeyPatch, value: str,
-                                                    region_runs: list[regions._Runner]) -> None:  # fmt: skip
+                                                    region_runs: list[regions._Runner]) -> None:
     """RLX_CPU_NATIVE=0 (or off, numpy): nothing is loaded, no native step is in a plan (no
     region, softmax, layer_norm, im2col or pool call), and the answers are right."""
     loaded = native.library()  # to spy on, where there is one

@@ -95,7 +95,7 @@ ACTIVATIONS = {
 
 @pytest.mark.parametrize("name", list(ACTIVATIONS))
 def test_fused_instructions_compute_the_chains(native_lib: native.Native, monkeypatch: pytest.MonkeyPatch,
-                                               name: str):  # fmt: skip
+                                               name: str):
     """One instruction, and the reference's values (one fused multiply-add: within an
     ulp or two of the chain's two roundings), NaN and both infinities as the chain gives."""
     seen = _programs(monkeypatch)
@@ -115,7 +115,7 @@ def test_fused_instructions_compute_the_chains(native_lib: native.Native, monkey
 
 
 def test_a_bound_that_set_param_can_change_is_not_built_in(native_lib: native.Native,
-                                                          monkeypatch: pytest.MonkeyPatch):  # fmt: skip
+                                                          monkeypatch: pytest.MonkeyPatch):
     seen = _programs(monkeypatch)
     g = Graph("param-bound")
     x = g.input("x", (2, 500))
@@ -131,7 +131,7 @@ def test_a_bound_that_set_param_can_change_is_not_built_in(native_lib: native.Na
 
 
 def test_a_power_whose_exponent_is_a_param_follows_set_param(native_lib: native.Native,
-                                                             monkeypatch: pytest.MonkeyPatch):  # fmt: skip
+                                                             monkeypatch: pytest.MonkeyPatch):
     """torch's dynamo exports give GPT-2's gelu its 3.0 as an initializer (a param): one
     ``pows`` instruction, products for 2 and 3, powf otherwise, the exponent read each run."""
     seen = _programs(monkeypatch)

@@ -100,7 +100,7 @@ def layout(shape: Sequence[int], strides: Sequence[int], out_batch: Sequence[int
 
 
 def plan_gemm(a_shape: Sequence[int], a_strides: Sequence[int], b_shape: Sequence[int],
-              b_strides: Sequence[int], out_shape: Sequence[int]) -> GemmPlan:  # fmt: skip
+              b_strides: Sequence[int], out_shape: Sequence[int]) -> GemmPlan:
     """The cuBLAS plan of ``matmul(a, b)`` into a C-contiguous ``out_shape`` (operands of
     at least two dims; strides in elements)."""
     m, k = a_shape[-2], a_shape[-1]
@@ -158,7 +158,7 @@ class GemmCall:
         # Column-major C^T (n x m) = B^T (n x k) @ A^T (k x m): B comes first.
         if p.batch == 1:
             self._blas.gemm_ex(lb.op, la.op, p.n, p.m, p.k, one, b.data.ptr, t, lb.ld, a.data.ptr, t, la.ld, zero,
-                               out.data.ptr, t, p.n, self._compute, self._algo)  # fmt: skip
+                               out.data.ptr, t, p.n, self._compute, self._algo)
         else:
             self._blas.gemm_strided_batched_ex(
                 lb.op, la.op, p.n, p.m, p.k, one, b.data.ptr, t, lb.ld, lb.batch_stride, a.data.ptr, t, la.ld,

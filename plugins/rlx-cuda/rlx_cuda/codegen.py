@@ -40,13 +40,13 @@ __all__ = [
 
 #: C type holding each IR dtype (``float16`` is CuPy's class, converting to and from float).
 CTYPE = {"float16": "float16", "float32": "float", "float64": "double", "int32": "int", "int64": "long long",
-         "bool": "bool"}  # fmt: skip
+         "bool": "bool"}
 #: Type names in ``ElementwiseKernel`` parameter lists.
 PARAM_TYPE = {"float16": "float16", "float32": "float32", "float64": "float64", "int32": "int32", "int64": "int64",
-              "bool": "bool"}  # fmt: skip
+              "bool": "bool"}
 #: Arithmetic type of each dtype (float16 computes in float).
 COMPUTE_TYPE = {"float16": "float", "float32": "float", "float64": "double", "int32": "int", "int64": "long long",
-                "bool": "bool"}  # fmt: skip
+                "bool": "bool"}
 ERR_INT_DIV_ZERO = 1
 ERR_GATHER_RANGE = 2
 _SQRT1_2 = 0.7071067811865476
@@ -167,7 +167,7 @@ def _store(expr: str, dtype: str) -> str:
 
 
 def elementwise_source(program: Sequence[Any], input_dtypes: Sequence[str],
-                       input_shapes: Sequence[tuple[int, ...]] | None = None) -> ElementwiseSource:  # fmt: skip
+                       input_shapes: Sequence[tuple[int, ...]] | None = None) -> ElementwiseSource:
     """The kernel for ``program`` over inputs of ``input_dtypes`` (shapes only matter for
     the type check; they default to scalars, which broadcast to anything).
 
@@ -198,7 +198,7 @@ def elementwise_source(program: Sequence[Any], input_dtypes: Sequence[str],
     body = "\n".join(lines)
     digest = hashlib.sha1(f"{params}|{outs}|{body}".encode()).hexdigest()[:16]
     return ElementwiseSource(", ".join(params), outs, body, f"rlx_ew_{digest}", uses_err,
-                             tuple(input_dtypes[i] for i in used), out_dtype, len(instructions))  # fmt: skip
+                             tuple(input_dtypes[i] for i in used), out_dtype, len(instructions))
 
 
 def used_inputs(source: ElementwiseSource) -> list[int]:

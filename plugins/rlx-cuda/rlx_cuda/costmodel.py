@@ -35,7 +35,7 @@ PCIE_GBPS = 12.0  # pinned copies over PCIe 4 x16 in practice (PCIe 5 and NVLink
 # runtimes that report no clocks.
 _TYPICAL = {"7.0": (1_530_000, 900.0), "7.5": (1_590_000, 320.0), "8.0": (1_410_000, 2_000.0),
             "8.6": (1_700_000, 900.0), "8.9": (2_500_000, 1_000.0), "9.0": (1_980_000, 3_350.0),
-            "10.0": (1_965_000, 8_000.0), "12.0": (2_600_000, 1_800.0)}  # fmt: skip
+            "10.0": (1_965_000, 8_000.0), "12.0": (2_600_000, 1_800.0)}
 
 
 def fp32_lanes_per_sm(compute_capability: str) -> int:
@@ -52,7 +52,7 @@ def generic_cost_model(device: str = "cuda") -> rlx_core.CostModel:
     return rlx_core.CostModel(device=device, sgemm_gflops=15_000.0, memory_bw_gbps=700.0,
                               dispatch_overhead_ns=DISPATCH_NS, roundtrip_overhead_ns=ROUNDTRIP_NS,
                               transfer_bw_gbps=PCIE_GBPS, num_threads=1, calibrated=False,
-                              source="rlx-cuda defaults (device not probed yet)")  # fmt: skip
+                              source="rlx-cuda defaults (device not probed yet)")
 
 
 def cost_model_from_device(info: DeviceInfo, device: str = "cuda") -> rlx_core.CostModel:
@@ -78,7 +78,7 @@ def cost_model_from_device(info: DeviceInfo, device: str = "cuda") -> rlx_core.C
     return rlx_core.CostModel(device=device, sgemm_gflops=peak_gflops * SGEMM_EFFICIENCY,
                               memory_bw_gbps=peak_bw * STREAM_EFFICIENCY, dispatch_overhead_ns=DISPATCH_NS,
                               roundtrip_overhead_ns=ROUNDTRIP_NS, transfer_bw_gbps=PCIE_GBPS, num_threads=sms,
-                              calibrated=False, source=source)  # fmt: skip
+                              calibrated=False, source=source)
 
 
 def measure_transfer_gbps(cp: Any, device_index: int, quick: bool) -> float:

@@ -33,7 +33,7 @@ _SIGNATURES: dict[str, list[Any]] = {
                      _vp, _vp, _c_int, _c_int, _c_int, _c_int],
     "cublasGemmStridedBatchedEx": [_vp, _c_int, _c_int, _c_int, _c_int, _c_int, _vp, _vp, _c_int, _c_int, _ll,
                                    _vp, _c_int, _c_int, _ll, _vp, _vp, _c_int, _c_int, _ll, _c_int, _c_int, _c_int],
-}  # fmt: skip
+}
 _SONAMES = ("libcublas.so.13", "libcublas.so.12", "libcublas.so.11", "libcublas.so")
 _DLLS = ("cublas64_13.dll", "cublas64_12.dll", "cublas64_11.dll")
 _lib: ctypes.CDLL | None = None
@@ -112,7 +112,7 @@ class CtypesBlas(Blas):
         self._workspace = workspace  # kept alive as long as the handle
         self._check("cublasSetStream_v2", lib.cublasSetStream_v2(handle, _vp(stream_ptr)))
         self._check("cublasSetWorkspace_v2",
-                    lib.cublasSetWorkspace_v2(handle, _vp(workspace.data.ptr), workspace.nbytes))  # fmt: skip
+                    lib.cublasSetWorkspace_v2(handle, _vp(workspace.data.ptr), workspace.nbytes))
 
     @staticmethod
     def _check(name: str, status: int) -> None:

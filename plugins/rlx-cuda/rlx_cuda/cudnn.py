@@ -41,11 +41,11 @@ from rlx_core.errors import DeviceError
 from rlx_core.plugin import Setting
 
 __all__ = ["CUDNN", "ConvSpec", "ConvPlan", "Cudnn", "conv_spec", "math_type", "fused_epilogue", "open_cudnn",
-           "describe", "find_library", "load", "self_test", "fused_call_runs"]  # fmt: skip
+           "describe", "find_library", "load", "self_test", "fused_call_runs"]
 
 CUDNN = Setting("RLX_CUDA_CUDNN", "convolutions on cuDNN: auto (default: where it loads), on (an error where it "
                 "does not), or off (im2col + cuBLAS)",
-                choices={"auto": "auto", "on": "on", "1": "on", "off": "off", "0": "off"}, default="auto")  # fmt: skip
+                choices={"auto": "auto", "on": "on", "1": "on", "off": "off", "0": "off"}, default="auto")
 
 #: cudnnDataType_t of the dtypes cuDNN convolves (the others stay on im2col + cuBLAS).
 DATA_TYPES = {"float32": 0, "float64": 1, "float16": 2}
@@ -55,7 +55,7 @@ DEFAULT_MATH, TENSOR_OP_MATH, FMA_MATH = 0, 1, 3
 ACTIVATION_RELU, ACTIVATION_IDENTITY = 1, 5
 PROPAGATE_NAN = 1
 ALGO_NAMES = ("implicit_gemm", "implicit_precomp_gemm", "gemm", "direct", "fft", "fft_tiling", "winograd",
-              "winograd_nonfused")  # fmt: skip
+              "winograd_nonfused")
 #: The most workspace one convolution's algorithm may ask for (Find times the others too).
 WORKSPACE_LIMIT = 1 << 30
 
@@ -68,7 +68,7 @@ class AlgoPerf(ctypes.Structure):
 
     _fields_ = [("algo", ctypes.c_int), ("status", ctypes.c_int), ("time", ctypes.c_float),
                 ("memory", ctypes.c_size_t), ("determinism", ctypes.c_int), ("mathType", ctypes.c_int),
-                ("reserved", ctypes.c_int * 3)]  # fmt: skip
+                ("reserved", ctypes.c_int * 3)]
 
 
 _SIGNATURES: dict[str, list[Any]] = {
@@ -95,7 +95,7 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cudnnCreateActivationDescriptor": [ctypes.POINTER(_vp)],
     "cudnnSetActivationDescriptor": [_vp, _int, _int, ctypes.c_double],
     "cudnnDestroyActivationDescriptor": [_vp],
-}  # fmt: skip
+}
 #: cuDNN 9 sub-libraries, loaded (by path, globally) before ``libcudnn`` so that its
 #: loads by soname find them; dependencies first.
 _SUBLIBRARIES = ("graph", "engines_precompiled", "engines_runtime_compiled", "heuristic", "ops", "cnn", "adv")
@@ -122,7 +122,7 @@ class ConvSpec:
 
 
 def conv_spec(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], attrs: dict[str, Any],
-              dtype: str) -> ConvSpec | str:  # fmt: skip
+              dtype: str) -> ConvSpec | str:
     """The spec of a ``conv2d``, or why cuDNN does not take it (a reason string)."""
     if dtype not in DATA_TYPES:
         return f"{dtype} (cuDNN takes {', '.join(DATA_TYPES)})"
@@ -132,7 +132,7 @@ def conv_spec(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], attrs:
     if 0 in x or 0 in w or 0 in y:
         return "an empty tensor"
     return ConvSpec(tuple(x), tuple(w), tuple(y), (top, left), tuple(attrs["stride"]), tuple(attrs["dilation"]),
-                    int(attrs["groups"]), dtype)  # type: ignore[arg-type]  # fmt: skip
+                    int(attrs["groups"]), dtype)  # type: ignore[arg-type]
 
 
 def math_type(dtype: str, tf32: bool) -> int:
@@ -258,7 +258,7 @@ class Descriptors:
         self._set_tensor(self.x, dt, spec.x)
         self._set_tensor(self.y, dt, spec.y)
         _check(lib, "cudnnSetFilterNdDescriptor", lib.cudnnSetFilterNdDescriptor(self.w, dt, TENSOR_NCHW, 4,
-                                                                                   _ints(spec.w)))  # fmt: skip
+                                                                                   _ints(spec.w)))
         compute = DATA_TYPES["float64"] if spec.dtype == "float64" else DATA_TYPES["float32"]
         _check(lib, "cudnnSetConvolutionNdDescriptor", lib.cudnnSetConvolutionNdDescriptor(
             self.conv, 2, _ints(spec.pad), _ints(spec.stride), _ints(spec.dilation), CROSS_CORRELATION, compute))
@@ -266,7 +266,7 @@ class Descriptors:
         _check(lib, "cudnnSetConvolutionMathType", lib.cudnnSetConvolutionMathType(self.conv, math))
         out = (ctypes.c_int * 4)()
         _check(lib, "cudnnGetConvolutionNdForwardOutputDim",
-               lib.cudnnGetConvolutionNdForwardOutputDim(self.conv, self.x, self.w, 4, out))  # fmt: skip
+               lib.cudnnGetConvolutionNdForwardOutputDim(self.conv, self.x, self.w, 4, out))
         if tuple(out) != spec.y:
             raise DeviceError(f"cuDNN computes a convolution of {spec.x} by {spec.w} as {tuple(out)}, rlx as {spec.y}")
         self.bias: Any = None
@@ -275,7 +275,7 @@ class Descriptors:
     def _create(self, kind: str) -> Any:
         handle = _vp()
         _check(self._lib, f"cudnnCreate{kind}Descriptor", getattr(self._lib, f"cudnnCreate{kind}Descriptor")(
-            ctypes.byref(handle)))  # fmt: skip
+            ctypes.byref(handle)))
         weakref.finalize(self, getattr(self._lib, f"cudnnDestroy{kind}Descriptor"), handle)
         return handle
 
@@ -285,7 +285,7 @@ class Descriptors:
             strides.append(acc)
             acc *= d
         _check(self._lib, "cudnnSetTensorNdDescriptor", self._lib.cudnnSetTensorNdDescriptor(
-            desc, dt, len(shape), _ints(shape), _ints(tuple(reversed(strides)))))  # fmt: skip
+            desc, dt, len(shape), _ints(shape), _ints(tuple(reversed(strides)))))
 
     def add_fusion(self, spec: ConvSpec) -> None:
         """The bias (1, K, 1, 1) and relu descriptors of the fused call."""
@@ -293,7 +293,7 @@ class Descriptors:
         self._set_tensor(self.bias, DATA_TYPES[spec.dtype], (1, spec.w[0], 1, 1))
         self.act = self._create("Activation")
         _check(self._lib, "cudnnSetActivationDescriptor",
-               self._lib.cudnnSetActivationDescriptor(self.act, ACTIVATION_RELU, PROPAGATE_NAN, 0.0))  # fmt: skip
+               self._lib.cudnnSetActivationDescriptor(self.act, ACTIVATION_RELU, PROPAGATE_NAN, 0.0))
 
 
 @dataclass
@@ -347,11 +347,11 @@ class Cudnn:
             if r.status == 0 and r.memory <= WORKSPACE_LIMIT:
                 size = _sz(0)
                 status = lib.cudnnGetConvolutionForwardWorkspaceSize(self._handle, desc.x, desc.w, desc.conv, desc.y,
-                                                                     r.algo, ctypes.byref(size))  # fmt: skip
+                                                                     r.algo, ctypes.byref(size))
                 if status == 0:
                     return int(r.algo), max(int(size.value), int(r.memory))
         raise DeviceError(f"cuDNN found no algorithm for a convolution of {spec.x} by {spec.w} ({spec.dtype}, "
-                          f"groups {spec.groups}, stride {spec.stride}, dilation {spec.dilation})")  # fmt: skip
+                          f"groups {spec.groups}, stride {spec.stride}, dilation {spec.dilation})")
 
     def forward(self, plan: ConvPlan, x: int, w: int, y: int, workspace: int, workspace_bytes: int) -> None:
         """``y = conv(x, w)`` (device pointers)."""
@@ -359,17 +359,17 @@ class Cudnn:
         d = plan.desc
         _check(self._lib, "cudnnConvolutionForward", self._lib.cudnnConvolutionForward(
             self._handle, one, d.x, _vp(x), d.w, _vp(w), d.conv, plan.algo, _vp(workspace), workspace_bytes, zero,
-            d.y, _vp(y)))  # fmt: skip
+            d.y, _vp(y)))
 
     def forward_bias_relu(self, plan: ConvPlan, x: int, w: int, bias: int, residual: int | None, y: int,
-                          workspace: int, workspace_bytes: int) -> None:  # fmt: skip
+                          workspace: int, workspace_bytes: int) -> None:
         """``y = relu(conv(x, w) + bias [+ residual])`` in one call (device pointers)."""
         one, zero = _scalars(plan.spec.dtype)
         d = plan.desc
         z, alpha2 = (y, zero) if residual is None else (residual, one)
         _check(self._lib, "cudnnConvolutionBiasActivationForward", self._lib.cudnnConvolutionBiasActivationForward(
             self._handle, one, d.x, _vp(x), d.w, _vp(w), d.conv, plan.algo, _vp(workspace), workspace_bytes, alpha2,
-            d.y, _vp(z), d.bias, _vp(bias), d.act, d.y, _vp(y)))  # fmt: skip
+            d.y, _vp(z), d.bias, _vp(bias), d.act, d.y, _vp(y)))
 
 
 _fused_runs: dict[tuple, bool] = {}
@@ -385,7 +385,7 @@ def fused_call_runs(cp: Any, dnn: Cudnn, plan: ConvPlan, device: int) -> bool:
         bias, ws = cp.zeros((s.w[0],), dtype=s.dtype), cp.empty((max(plan.workspace, 1),), dtype="uint8")
         try:
             dnn.forward_bias_relu(plan, x.data.ptr, w.data.ptr, bias.data.ptr, y.data.ptr, y.data.ptr, ws.data.ptr,
-                                  plan.workspace)  # fmt: skip
+                                  plan.workspace)
             cp.cuda.get_current_stream().synchronize()
             _fused_runs[key] = True
         except DeviceError:
@@ -424,7 +424,7 @@ def _self_test(cp: Any, dnn: Cudnn) -> str | None:
     conv = g.conv2d(x, w, b, stride=(2, 1), padding=1, dilation=(1, 2), groups=2)
     g.set_outputs([conv, g.relu(g.add(conv, z))])
     feeds = {"x": rng.standard_normal((2, 4, 7, 7), dtype=np.float32),
-             "z": rng.standard_normal((2, 6, 4, 5), dtype=np.float32)}  # fmt: skip
+             "z": rng.standard_normal((2, 6, 4, 5), dtype=np.float32)}
     want = evaluate(g, feeds)
     try:
         spec = conv_spec((2, 4, 7, 7), (6, 2, 3, 3), (2, 6, 4, 5), g.node(conv.id).attrs, "float32")
@@ -440,7 +440,7 @@ def _self_test(cp: Any, dnn: Cudnn) -> str | None:
         return f"cuDNN failed its self-test ({type(exc).__name__}: {exc})"
     try:  # a refused fused call is no fault (fused_call_runs asks per algorithm); a wrong answer is
         dnn.forward_bias_relu(plan, ptr["x"], ptr["w"], ptr["b"], ptr["z"], fused.data.ptr, ws.data.ptr,
-                              plan.workspace)  # fmt: skip
+                              plan.workspace)
         got.append(cp.asnumpy(fused))
     except DeviceError:
         want = want[:1]

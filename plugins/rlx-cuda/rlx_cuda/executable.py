@@ -64,7 +64,7 @@ def parse_extra(extra: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(k for k in extra if str(k).startswith("cuda_") and k not in out)
     if unknown:
         raise ConfigError(f"CompileOptions.extra: unknown rlx-cuda option(s) {unknown}; known: tf32, cuda_graphs, "
-                          "warmup")  # fmt: skip
+                          "warmup")
     return out
 
 
@@ -76,7 +76,7 @@ class CudaExecutable(rlx_core.Executable):
     accepts_device_inputs = True
 
     def __init__(self, cp: Any, graph: Graph, device_index: int, cache: KernelCache,
-                 extra: Mapping[str, Any] | None = None, memory_plan: Any = None) -> None:  # fmt: skip
+                 extra: Mapping[str, Any] | None = None, memory_plan: Any = None) -> None:
         opts = parse_extra(extra or {})
         self._cp = cp
         self._cache = cache
@@ -89,7 +89,7 @@ class CudaExecutable(rlx_core.Executable):
         self._tf32 = opts["tf32"]
         if self._tf32:
             self._notes.append("TF32 tensor cores for float32 matmul/conv/attention (opted in with extra['tf32']): "
-                               "results differ from float32 by about 1e-3 relative")  # fmt: skip
+                               "results differ from float32 by about 1e-3 relative")
         with cp.cuda.Device(device_index):
             self._stream = cp.cuda.Stream(non_blocking=True)
             with self._stream:
@@ -101,7 +101,7 @@ class CudaExecutable(rlx_core.Executable):
                         self._capture()
                 elif self._use_graphs:
                     self._notes.append("CUDA graphs on: the first run compiles the kernels, the second captures "
-                                       "them, later runs replay them")  # fmt: skip
+                                       "them, later runs replay them")
 
     # ------------------------------------------------------------------ building
     def _build(self, plan: Any) -> None:
@@ -114,7 +114,7 @@ class CudaExecutable(rlx_core.Executable):
         self._params: dict[str, Any] = {}
         self._inputs: list[tuple[str, int, Any]] = []  # (name, slot, pinned host staging)
         ctx = BuildContext(cp, self._cache, tf32=self._tf32, stream_ptr=self._stream.ptr, device=self._index,
-                           cc_major=int(cp.cuda.Device(self._index).compute_capability) // 10)  # fmt: skip
+                           cc_major=int(cp.cuda.Device(self._index).compute_capability) // 10)
         steps: list[Step] = []
         prologue: list[Step] = []  # nodes computed from params and constants only
         static: set[int] = set()
@@ -160,10 +160,10 @@ class CudaExecutable(rlx_core.Executable):
         # Outputs a step writes (not inputs, params or views): run_dlpack can hand each
         # run a new buffer instead of copying out of the executable's own.
         self._fresh_outputs = sorted({i for i in g.outputs if nodes[i].op not in SOURCE_OPS
-                                      and nodes[i].op is not OpKind.RESHAPE and i not in static})  # fmt: skip
+                                      and nodes[i].op is not OpKind.RESHAPE and i not in static})
         if prologue:
             self._notes.append(f"{len(prologue)} step(s) computed from params only run at compile and after "
-                               "set_param, not per run")  # fmt: skip
+                               "set_param, not per run")
         self._run_prologue()
 
     def _run_prologue(self) -> None:
@@ -172,7 +172,7 @@ class CudaExecutable(rlx_core.Executable):
             step.fn(self._slots)
 
     def _value_buffer(self, nid: int, shape: tuple[int, ...], dtype: np.dtype, plan: Any,
-                      buffers: dict[int, Any]) -> Any:  # fmt: skip
+                      buffers: dict[int, Any]) -> Any:
         cp = self._cp
         b = plan.buffer_of.get(nid) if plan is not None and getattr(plan, "buffer_of", None) else None
         nbytes = math.prod(shape) * dtype.itemsize
@@ -237,11 +237,11 @@ class CudaExecutable(rlx_core.Executable):
             self._use_graphs = False
             self._graph_exec = None
             self._notes.append(f"CUDA graphs off: capture failed ({type(exc).__name__}: {exc}); each step is "
-                               "launched on its own")  # fmt: skip
+                               "launched on its own")
             log.info("rlx-cuda: CUDA graph capture failed for %r: %s", self._graph.name, exc)
 
     def _execute(self, inputs: Mapping[str, Any], bound: list[tuple[int, Any]], caller: Any,
-                 fresh: bool = False) -> bool:  # fmt: skip
+                 fresh: bool = False) -> bool:
         """Upload, compute; the caller holds the lock, the device and the stream, and puts
         back the buffers swapped for this run (``bound``: inputs bound without a copy,
         outputs written to new buffers when ``fresh``) once it has read the outputs.
@@ -263,7 +263,7 @@ class CudaExecutable(rlx_core.Executable):
                 arr = _device_array(cp, value, name)
                 if arr.shape != dev.shape or arr.dtype != dev.dtype:
                     raise InputError(f"input {name!r}: expected {dev.shape} {dev.dtype}, got {tuple(arr.shape)} "
-                                     f"{arr.dtype} (rlx never casts or broadcasts silently)")  # fmt: skip
+                                     f"{arr.dtype} (rlx never casts or broadcasts silently)")
                 if not self._use_graphs and _is_contiguous_like(arr, dev):
                     bound.append((slot, dev))
                     self._slots[slot] = arr  # zero copy: the steps read the caller's array
@@ -384,4 +384,4 @@ def _device_array(cp: Any, value: Any, name: str) -> Any:
 
 def _is_contiguous_like(arr: Any, like: Any) -> bool:
     return (arr.flags.c_contiguous and arr.shape == like.shape and arr.dtype == like.dtype
-            and arr.device.id == like.device.id)  # fmt: skip
+            and arr.device.id == like.device.id)

@@ -58,7 +58,7 @@ class KernelCache:
     def elementwise(self, src: ElementwiseSource | nn.IndexedSource) -> Any:
         cp = self._cp
         return self._get(("ew", src.name, src.body), lambda: cp.ElementwiseKernel(
-            src.in_params, src.out_params, src.body, src.name))  # fmt: skip
+            src.in_params, src.out_params, src.body, src.name))
 
     def raw(self, src: nn.RowSource) -> Any:
         return self._get(("raw", src.name, src.code), lambda: self._cp.RawKernel(src.code, src.name))
@@ -67,7 +67,7 @@ class KernelCache:
         cp = self._cp
         return self._get(("red", src.name), lambda: cp.ReductionKernel(
             src.in_params, src.out_params, src.map_expr, src.reduce_expr, src.post_map_expr, src.identity,
-            src.name, src.reduce_type))  # fmt: skip
+            src.name, src.reduce_type))
 
     def __len__(self) -> int:
         return len(self._kernels)
@@ -154,7 +154,7 @@ class BuildContext:
 
 
 def _elementwise(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext,
-                 program: tuple) -> list[Step]:  # fmt: skip
+                 program: tuple) -> list[Step]:
     src = elementwise_source(program, [n.dtype for n in ins], [n.shape for n in ins])
     kern = ctx.cache.elementwise(src)
     used = [ids[i] for i in used_inputs(src)]
@@ -176,7 +176,7 @@ def _c_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def _product(ctx: BuildContext, dtype: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...],
-             out_shape: tuple[int, ...], b_strides: tuple[int, ...] | None = None) -> Product:  # fmt: skip
+             out_shape: tuple[int, ...], b_strides: tuple[int, ...] | None = None) -> Product:
     """``matmul(a, b) -> out`` planned once (``blas.py``): a direct cuBLAS call on the
     current stream, allocation-free (capturable); integer products use ``cupy.matmul``.
     ``b_strides`` describes a strided view of b (attention's k transposed)."""
@@ -232,7 +232,7 @@ def _gemm(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: Bu
 
 
 def _reduce(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext,
-            kind: str, axes: tuple[int, ...], keepdims: bool) -> list[Step]:  # fmt: skip
+            kind: str, axes: tuple[int, ...], keepdims: bool) -> list[Step]:
     kern = ctx.cache.reduction(nn.reduction_source(kind, node.dtype))
     x = ids[0]
     return [Step(node.name or kind, lambda s: kern(s[x], axis=axes, keepdims=keepdims, out=s[out]))]
@@ -257,7 +257,7 @@ def _softmax(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx:
 
 
 def _broadcast_row(ctx: BuildContext, src_node: Node, src_id: int, norm: tuple[int, ...],
-                   steps: list[Step]) -> Callable[[Slots], Any]:  # fmt: skip
+                   steps: list[Step]) -> Callable[[Slots], Any]:
     """A getter of ``src`` as a contiguous row of the normalized shape (copied into a
     workspace each run when it must be broadcast)."""
     if src_node.shape == norm:
@@ -285,7 +285,7 @@ def _layer_norm(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], c
     args = (np.int64(n), np.int64(rows), eps)
     x = ids[0]
     steps.append(Step(node.name or "layer_norm",
-                      lambda s: kern(grid, block, (s[x], scale(s), bias(s), s[out], *args))))  # fmt: skip
+                      lambda s: kern(grid, block, (s[x], scale(s), bias(s), s[out], *args))))
     return steps
 
 
@@ -325,16 +325,16 @@ def _pool(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: Bu
         return []
     if node.op is OpKind.MAX_POOL2D:
         src = nn.pool_source("max", node.dtype, ins[0].shape[2:], node.shape[2:], a["kernel"], a["stride"],
-                             a["padding"], a["dilation"])  # fmt: skip
+                             a["padding"], a["dilation"])
     else:
         src = nn.pool_source("avg", node.dtype, ins[0].shape[2:], node.shape[2:], a["kernel"], a["stride"],
-                             a["padding"], count_include_pad=a["count_include_pad"])  # fmt: skip
+                             a["padding"], count_include_pad=a["count_include_pad"])
     kern = ctx.cache.elementwise(src)
     return [Step(node.name or str(node.op), lambda s: kern(s[ids[0]], s[out]))]
 
 
 def _conv2d(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext,
-            program: tuple = ()) -> list[Step]:  # fmt: skip
+            program: tuple = ()) -> list[Step]:
     """A ``conv2d``, or a ``fused_conv`` (``program`` its epilogue over the convolution's
     result and ``ins[n_conv:]``): on cuDNN where it takes the convolution, else im2col +
     cuBLAS; the epilogue in one cuDNN call where it can, else as one elementwise kernel."""
@@ -344,14 +344,14 @@ def _conv2d(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: 
     extras, extra_ids = list(ins[n_conv:]), list(ids[n_conv:])
     on_dnn = _cudnn_conv(node, ins[:n_conv], out, ids[:n_conv], ctx, program, extras, extra_ids)
     steps, epilogue_done = on_dnn if on_dnn is not None else (_im2col_conv(node, ins[:n_conv], out, ids[:n_conv], ctx),
-                                                             False)  # fmt: skip
+                                                             False)
     if program and not epilogue_done:
         steps += _elementwise(node, [node, *extras], out, [out, *extra_ids], ctx, program)
     return steps
 
 
 def _cudnn_conv(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ctx: BuildContext, program: tuple,
-                extras: list[Node], extra_ids: list[int]) -> tuple[list[Step], bool] | None:  # fmt: skip
+                extras: list[Node], extra_ids: list[int]) -> tuple[list[Step], bool] | None:
     """The convolution (with its bias, and the epilogue when one call computes it) on
     cuDNN and whether that call computed the epilogue, or None when cuDNN does not take
     it (the reason is counted for the report)."""
@@ -383,9 +383,9 @@ def _cudnn_conv(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], c
         rid = extra_ids[residual] if residual is not None and residual >= 0 else None
         return [Step(f"{name}:cudnn", lambda s: dnn.forward_bias_relu(
             plan, s[xid].data.ptr, s[wid].data.ptr, bias(s).data.ptr, None if rid is None else s[rid].data.ptr,
-            s[out].data.ptr, ws.ptr(), ws.need))], True  # fmt: skip
+            s[out].data.ptr, ws.ptr(), ws.need))], True
     steps = [Step(f"{name}:cudnn", lambda s: dnn.forward(plan, s[xid].data.ptr, s[wid].data.ptr, s[out].data.ptr,
-                                                          ws.ptr(), ws.need))]  # fmt: skip
+                                                          ws.ptr(), ws.need))]
     return steps + _conv_bias(node, ins, out, ids, ctx), False
 
 
@@ -416,7 +416,7 @@ def _im2col_conv(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], 
     else:
         buf = ctx.workspace((n, groups, k, p), np.dtype(ins[0].dtype))
         src = nn.im2col_source(ins[0].dtype, c, (h, w), (oh, ow), (kh, kw), a["stride"], a["padding"],
-                               a["dilation"], groups)  # fmt: skip
+                               a["dilation"], groups)
         im2col = ctx.cache.elementwise(src)
         steps.append(Step(f"{node.name or 'conv2d'}:im2col", lambda s: im2col(s[ids[0]], buf)))
         cols = lambda s: buf
@@ -443,7 +443,7 @@ def _attention(node: Node, ins: Sequence[Node], out: int, ids: Sequence[int], ct
     mm_scores = _product(ctx, node.dtype, q.shape, kt_shape, scores_shape, b_strides=kt_strides)
     mm_values = _product(ctx, node.dtype, scores_shape, ins[2].shape, node.shape)
     steps = [Step(f"{node.name or 'attention'}:scores",
-                  lambda s: mm_scores(s[qid], cp.swapaxes(s[kid], -1, -2), scores))]  # fmt: skip
+                  lambda s: mm_scores(s[qid], cp.swapaxes(s[kid], -1, -2), scores))]
     mode = "none"
     mask: Any = None
     if len(ins) == 4:

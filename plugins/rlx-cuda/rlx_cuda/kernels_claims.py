@@ -23,7 +23,7 @@ RENDERED_ELEMENTWISE: frozenset[OpKind] = frozenset({
     OpKind.ABS, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.TANH, OpKind.SIGMOID,
     OpKind.RELU, OpKind.GELU, OpKind.EQUAL, OpKind.LESS, OpKind.GREATER, OpKind.CAST, OpKind.WHERE, OpKind.SIN,
     OpKind.COS,
-})  # fmt: skip
+})
 
 CLAIMED_OPS: frozenset[str] = frozenset(
     {op.value for op in RENDERED_ELEMENTWISE}
@@ -32,7 +32,7 @@ CLAIMED_OPS: frozenset[str] = frozenset(
         OpKind.REDUCE_SUM, OpKind.REDUCE_MEAN, OpKind.REDUCE_MAX, OpKind.RESHAPE, OpKind.TRANSPOSE,
         OpKind.CONCAT, OpKind.SLICE, OpKind.GATHER, OpKind.CONV2D, OpKind.MAX_POOL2D, OpKind.AVG_POOL2D,
         OpKind.GLOBAL_AVG_POOL2D, OpKind.ATTENTION, OpKind.FUSED_CONV)}
-)  # fmt: skip
+)
 
 
 #: Ops whose result is not their operands' dtype: a convolution's epilogue holding one

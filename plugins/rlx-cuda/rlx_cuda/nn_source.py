@@ -105,7 +105,7 @@ def _decompose_nchw(oh: int, ow: int) -> str:
 
 def pool_source(kind: str, dtype: str, hw: tuple[int, int], out_hw: tuple[int, int], kernel: tuple[int, int],
                 stride: tuple[int, int], padding: tuple[int, int, int, int], dilation: tuple[int, int] = (1, 1),
-                count_include_pad: bool = False) -> IndexedSource:  # fmt: skip
+                count_include_pad: bool = False) -> IndexedSource:
     """Max or average pooling of NCHW ``x`` into NCHW ``out``, one thread per output.
 
     Padded positions never hold data: max skips them (a window of padding only gives
@@ -129,7 +129,7 @@ def pool_source(kind: str, dtype: str, hw: tuple[int, int], out_hw: tuple[int, i
                      f"    if (w < 0 || w >= {w}LL) continue;\n"
                      f"    const {ct} v = ({ct})x[plane_ + h * {w}LL + w];\n"
                      f"    if (acc == acc && (v != v || v > acc)) acc = v;\n"
-                     f"  }}\n}}\n")  # fmt: skip
+                     f"  }}\n}}\n")
         lines.append(f"out = {_store('acc', dtype)};")
     elif kind == "avg":
         lo_h, hi_h = (-top, h + bottom) if count_include_pad else (0, h)
@@ -141,18 +141,18 @@ def pool_source(kind: str, dtype: str, hw: tuple[int, int], out_hw: tuple[int, i
                      f"    const long long w = ow_ * {sw}LL - {left}LL + kj;\n"
                      f"    if (h >= {lo_h}LL && h < {hi_h}LL && w >= {lo_w}LL && w < {hi_w}LL) ++count;\n"
                      f"    if (h >= 0 && h < {h}LL && w >= 0 && w < {w}LL) acc += ({ct})x[plane_ + h * {w}LL + w];\n"
-                     f"  }}\n}}\n")  # fmt: skip
+                     f"  }}\n}}\n")
         lines.append(f"out = {_store(f'acc / ({ct})count', dtype)};")
     else:
         raise ValueError(f"pool kind must be 'max' or 'avg', got {kind!r}")
     body = "".join(lines)
     return IndexedSource(f"raw {PARAM_TYPE[dtype]} x", f"{PARAM_TYPE[dtype]} out", body,
-                         _name(f"rlx_{kind}pool", dtype, body))  # fmt: skip
+                         _name(f"rlx_{kind}pool", dtype, body))
 
 
 def im2col_source(dtype: str, channels: int, hw: tuple[int, int], out_hw: tuple[int, int], kernel: tuple[int, int],
                   stride: tuple[int, int], padding: tuple[int, int, int, int], dilation: tuple[int, int],
-                  groups: int) -> IndexedSource:  # fmt: skip
+                  groups: int) -> IndexedSource:
     """Columns ``(N, groups, C/groups * kH * kW, OH * OW)`` of NCHW ``x`` (zeros where the
     window reads padding), so that conv2d is one batched gemm per group."""
     (h, w), (oh, ow), (kh, kw), (sh, sw), (dh, dw) = hw, out_hw, kernel, stride, dilation
@@ -176,7 +176,7 @@ def im2col_source(dtype: str, channels: int, hw: tuple[int, int], out_hw: tuple[
         f"else out = {_store('0', dtype)};"
     )
     return IndexedSource(f"raw {PARAM_TYPE[dtype]} x", f"{PARAM_TYPE[dtype]} out", body,
-                         _name("rlx_im2col", dtype, body))  # fmt: skip
+                         _name("rlx_im2col", dtype, body))
 
 
 def row_threads(n: int) -> int:
@@ -222,7 +222,7 @@ def _prelude(dtype: str) -> str:
     ct = COMPUTE_TYPE[dtype]
     head = "#include <cupy/float16.cuh>\n" if dtype == "float16" else ""  # CuPy's float16 class
     return (f"{head}typedef {CTYPE[dtype]} T;\ntypedef {ct} CT;\n#undef RLX_INF\n#define RLX_INF {_inf(ct)}\n"
-            + _BLOCK_REDUCE)  # fmt: skip
+            + _BLOCK_REDUCE)
 
 
 def softmax_source(dtype: str, mask: str = "none") -> RowSource:
@@ -325,4 +325,4 @@ def reduction_source(kind: str, dtype: str) -> ReductionSource:
     else:
         raise ValueError(f"reduction kind must be 'sum', 'mean' or 'max', got {kind!r}")
     return ReductionSource(f"{PARAM_TYPE[dtype]} x", f"{PARAM_TYPE[dtype]} y", read, reduce_expr, f"y = {post}",
-                           identity, f"rlx_reduce_{kind}_{dtype}", ct)  # fmt: skip
+                           identity, f"rlx_reduce_{kind}_{dtype}", ct)

@@ -104,7 +104,7 @@ def _library_missing(exc: BaseException) -> str | None:
     """The CUDA library a failure says is missing (``nvrtc``, ``cublas``...), if any."""
     text = f"{type(exc).__name__} {exc}".lower()
     if "dynamiclibnotfound" in text or "cannot open shared object" in text or "failed to load" in text \
-            or "no such file" in text:  # fmt: skip
+            or "no such file" in text:
         for lib in ("nvrtc", "cublaslt", "cublas", "cudart", "curand"):
             if lib in text:
                 return lib
@@ -180,14 +180,14 @@ def probe_cuda(importer: Any = None) -> ProbeResult:
             return ProbeResult(False, why, "no_driver", versions=versions)
         if status == CUDA_ERROR_INSUFFICIENT_DRIVER:
             why = (f"the NVIDIA driver is too old: it supports CUDA {versions['cuda_driver']}, {built} needs "
-                   f"a newer one ({_first_line(exc)})")  # fmt: skip
+                   f"a newer one ({_first_line(exc)})")
             return ProbeResult(False, why, "old_driver", versions=versions)
         if status == CUDA_ERROR_NO_DEVICE:
             why = f"no CUDA device: the driver (CUDA {versions['cuda_driver']}) found no GPU{_visible_devices_note()}"
             return ProbeResult(False, why, "no_device", versions=versions)
         why = f"the CUDA driver failed to list devices: {_first_line(exc)} ({built})"
         return ProbeResult(False, why, "no_device" if status == CUDA_ERROR_NOT_PERMITTED else "no_driver",
-                           versions=versions)  # fmt: skip
+                           versions=versions)
     if count <= 0:
         why = f"no CUDA device: the driver (CUDA {versions['cuda_driver']}) found no GPU{_visible_devices_note()}"
         return ProbeResult(False, why, "no_device", versions=versions)
@@ -195,7 +195,7 @@ def probe_cuda(importer: Any = None) -> ProbeResult:
         devices = tuple(_device_info(cp, i) for i in range(count))
     except Exception as exc:
         return ProbeResult(False, f"cannot read the properties of the CUDA devices: {_first_line(exc)}",
-                           "kernel_failed", versions=versions)  # fmt: skip
+                           "kernel_failed", versions=versions)
     first = devices[0]
     versions["device"] = first.name
     versions["compute_capability"] = first.compute_capability
@@ -205,7 +205,7 @@ def probe_cuda(importer: Any = None) -> ProbeResult:
         lib = _library_missing(exc)
         if lib is not None:
             why = (f"cannot load {lib} for the test kernel on cuda:0 ({first.name}): {TOOLKIT_HINT} "
-                   f"({_first_line(exc)})")  # fmt: skip
+                   f"({_first_line(exc)})")
         else:
             why = f"a test kernel failed on cuda:0 ({first.name}, sm_{first.compute_capability}): {_first_line(exc)}"
         return ProbeResult(False, why, "kernel_failed", devices, versions)

@@ -38,7 +38,7 @@ static inline double __longlong_as_double(long long v) { double f; std::memcpy(&
 """
 
 CTYPES = {"float16": "float16", "float32": "float", "float64": "double", "int32": "int", "int64": "long long",
-          "bool": "bool"}  # fmt: skip
+          "bool": "bool"}
 
 
 @dataclass
@@ -83,14 +83,14 @@ class HostCompiler:
         lib = self.workdir / f"kernels{self.count}.so"
         src.write_text(_SHIMS + "\n\n".join(k.source() for k in kernels))
         done = subprocess.run([CXX, "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)],
-                              capture_output=True, text=True)  # fmt: skip
+                              capture_output=True, text=True)
         if done.returncode:
             raise AssertionError(f"the generated kernels do not compile:\n{done.stderr[:4000]}")
         return ctypes.CDLL(str(lib))
 
     @staticmethod
     def run(lib: ctypes.CDLL, kernel: HostKernel, out_shape: tuple[int, ...], elem: Sequence[np.ndarray] = (),
-            raw: Sequence[np.ndarray] = ()) -> tuple[np.ndarray, int]:  # fmt: skip
+            raw: Sequence[np.ndarray] = ()) -> tuple[np.ndarray, int]:
         """Run ``kernel`` over ``out_shape``; returns the output and the error flag."""
         full = [np.ascontiguousarray(np.broadcast_to(a, out_shape)) for a in elem]
         raws = [np.ascontiguousarray(a) for a in raw]

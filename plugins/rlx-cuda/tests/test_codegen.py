@@ -201,14 +201,14 @@ def test_pooling(host_cxx, kind):
 
 
 @pytest.mark.parametrize("groups,stride,padding,dilation", [(1, (1, 1), (1, 1, 1, 1), (1, 1)),
-                                                            (2, (2, 1), (0, 1, 2, 0), (1, 2))])  # fmt: skip
+                                                            (2, (2, 1), (0, 1, 2, 0), (1, 2))])
 def test_im2col_then_gemm_is_conv2d(host_cxx, groups, stride, padding, dilation):
     rng = np.random.default_rng(4)
     n, c, h, w, o, kh, kw = 2, 4, 6, 5, 6, 3, 2
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
     wt = rng.standard_normal((o, c // groups, kh, kw)).astype(np.float32)
     ref = _graph_ref(lambda g, i: g.conv2d(i["x"], i["w"], stride=stride, padding=padding, dilation=dilation,
-                                           groups=groups), {"x": x, "w": wt})  # fmt: skip
+                                           groups=groups), {"x": x, "w": wt})
     oh, ow = ref.shape[2:]
     src = nn.im2col_source("float32", c, (h, w), (oh, ow), (kh, kw), stride, padding, dilation, groups)
     kernel = host_cxx.Kernel("im2col", src.body, raw_inputs=[("x", "float32")])

@@ -40,7 +40,7 @@ def test_conv_spec_takes_symmetric_float_convolutions():
 @pytest.mark.parametrize(("attrs", "dtype", "why"), [
     ({**ATTRS, "padding": (0, 0, 1, 1)}, "float32", "asymmetric padding (0, 0, 1, 1)"),
     (ATTRS, "int32", "int32"),
-])  # fmt: skip
+])
 def test_conv_spec_says_why_not(attrs, dtype, why):
     got = cudnn.conv_spec((1, 2, 5, 5), (2, 2, 3, 3), (1, 2, 5, 5), attrs, dtype)
     assert isinstance(got, str) and why in got
@@ -64,14 +64,14 @@ Y = (2, 4, 5, 5)
     ((_add(0, 1),), [Y], None),  # no relu: identity runs on one algorithm only
     ((_relu(0), _add(1, 0)), [Y], None),
     ((make_instruction(OpKind.SIGMOID, (0,), {}),), [], None),
-])  # fmt: skip
+])
 def test_fused_epilogue(program, extras, want):
     assert cudnn.fused_epilogue(program, extras, Y) == want
 
 
 def test_conv_note_counts_each_way():
     note = conv_note(["cuDNN winograd", "cuDNN implicit_gemm + bias, relu", "cuDNN winograd",
-                      "im2col + cuBLAS (cuDNN does not take asymmetric padding (0, 0, 1, 1))"])  # fmt: skip
+                      "im2col + cuBLAS (cuDNN does not take asymmetric padding (0, 0, 1, 1))"])
     assert note.startswith("convolutions: 2 on cuDNN winograd, 1 on cuDNN implicit_gemm + bias, relu, 1 on im2col")
 
 
@@ -113,7 +113,7 @@ class FakeCudnn:
 
     def _cudnnSetConvolutionNdDescriptor(self, desc, n, pad, stride, dil, mode, compute):
         self.conv.update(pad=tuple(pad[:n]), stride=tuple(stride[:n]), dilation=tuple(dil[:n]), mode=mode,
-                         compute=compute)  # fmt: skip
+                         compute=compute)
         return 0
 
     def _cudnnGetConvolutionNdForwardOutputDim(self, conv, x, w, n, out):
@@ -158,7 +158,7 @@ def test_handle_is_bound_to_the_stream_and_descriptors_say_the_convolution(monke
     assert lib.last("cudnnSetStream")[1].value == 1234
     plan = dnn.plan(SPEC, cudnn.FMA_MATH, fused=False)
     assert lib.conv == {"pad": (1, 0), "stride": (2, 2), "dilation": (1, 2), "mode": cudnn.CROSS_CORRELATION,
-                        "compute": cudnn.DATA_TYPES["float32"]}  # fmt: skip
+                        "compute": cudnn.DATA_TYPES["float32"]}
     assert lib.last("cudnnSetConvolutionGroupCount")[1] == 4
     assert lib.last("cudnnSetConvolutionMathType")[1] == cudnn.FMA_MATH
     x = lib.tensors[plan.desc.x.value]
@@ -282,7 +282,7 @@ def _fused_conv(program: tuple, extra_shapes: list[tuple[int, ...]], dtype: str 
     w = g.param("w", np.ones((4, 2, 3, 3), np.float32))
     extras = [g.input(f"e{i}", s, dtype) for i, s in enumerate(extra_shapes)]
     y = g.add_node(OpKind.FUSED_CONV, [x.id, w.id, *(e.id for e in extras)],
-                    {**ATTRS, "bias": False, "program": program})  # fmt: skip
+                    {**ATTRS, "bias": False, "program": program})
     return g.node(y.id)
 
 
@@ -330,7 +330,7 @@ class HostDnn:
         xi = g.input("x", spec.x)
         dilation = (1, 1) if self.mode == "ignores dilation" else spec.dilation
         y = g.conv2d(xi, g.param("w", self.a.by_ptr[w]), stride=spec.stride, padding=spec.pad, dilation=dilation,
-                     groups=spec.groups)  # fmt: skip
+                     groups=spec.groups)
         g.set_outputs([y])
         return evaluate(g, {"x": self.a.by_ptr[x]})[0]
 
@@ -351,7 +351,7 @@ class HostDnn:
     ("refuses fusion", None),  # plain convolutions still take cuDNN; fusion is asked per algorithm
     ("ignores dilation", "cuDNN's convolution disagreed with the reference on its self-test"),
     ("fails", "cuDNN failed its self-test (DeviceError: cudnnConvolutionForward failed"),
-])  # fmt: skip
+])
 def test_self_test_keeps_a_wrong_or_failing_library_out(mode, want, monkeypatch):
     if mode == "ignores dilation":  # a dilated 3x3 and a plain one give different output sizes: keep the spec's
         monkeypatch.setattr(HostDnn, "_conv", _padded(HostDnn._conv))
@@ -381,6 +381,6 @@ def test_describe_never_loads_the_library(tmp_path, monkeypatch):
     monkeypatch.setenv("RLX_CUDA_CUDNN", "auto")
     monkeypatch.setattr(cudnn, "find_library", lambda: "/opt/nvidia/cudnn/lib/libcudnn.so.9")
     assert cudnn.describe() == ("cuDNN at /opt/nvidia/cudnn/lib/libcudnn.so.9 for convolutions (loaded and "
-                                "self-tested at the first one)")  # fmt: skip
+                                "self-tested at the first one)")
     monkeypatch.setattr(cudnn, "find_library", lambda: None)
     assert cudnn.describe().endswith("else im2col + cuBLAS (pip install 'rlx-cuda[cudnn]')")

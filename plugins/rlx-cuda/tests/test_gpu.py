@@ -53,7 +53,7 @@ def _attention() -> rlx_core.Graph:
     x = g.add(x, g.gather(emb, ids, axis=0))
     x = g.layer_norm(x, g.param("s", np.ones(64, np.float32)), g.param("bias", np.zeros(64, np.float32)))
     heads = [g.reshape(g.matmul(x, g.param(f"w{n}", rng.standard_normal((64, 64), dtype=np.float32) / 8)),
-                       (2, 16, 4, 16)) for n in "qkv"]  # fmt: skip
+                       (2, 16, 4, 16)) for n in "qkv"]
     q, k, v = (g.transpose(h, (0, 2, 1, 3)) for h in heads)
     mask = g.constant(np.tril(np.ones((16, 16), bool)))
     y = g.transpose(g.attention(q, k, v, mask=mask), (0, 2, 1, 3))

@@ -29,7 +29,7 @@ def _compile(tmp_path: Path, sources: list[nn.RowSource], extra: list[str], head
     cu, ptx = tmp_path / "rows.cu", tmp_path / "rows.ptx"
     cu.write_text(unit)
     done = subprocess.run([NVCC, "-ptx", "-arch=sm_80", *extra, "-o", str(ptx), str(cu)], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-4000:]
     return ptx.read_text()
 

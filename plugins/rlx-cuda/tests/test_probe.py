@@ -27,7 +27,7 @@ class CUDARuntimeError(RuntimeError):
 
 
 def fake_cupy(*, driver: int = 12040, runtime: int = 12090, count: int | BaseException = 1,
-              kernel_error: BaseException | None = None, wrong: bool = False) -> types.SimpleNamespace:  # fmt: skip
+              kernel_error: BaseException | None = None, wrong: bool = False) -> types.SimpleNamespace:
     """A numpy-backed stand-in for the parts of CuPy the probe touches."""
 
     def get_count() -> int:
@@ -37,10 +37,10 @@ def fake_cupy(*, driver: int = 12040, runtime: int = 12090, count: int | BaseExc
 
     props = {"name": b"NVIDIA H100 80GB HBM3", "major": 9, "minor": 0, "totalGlobalMem": 80 * 2**30,
              "multiProcessorCount": 132, "clockRate": 1_980_000, "memoryClockRate": 2_619_000,
-             "memoryBusWidth": 5120}  # fmt: skip
+             "memoryBusWidth": 5120}
     rt = types.SimpleNamespace(runtimeGetVersion=lambda: runtime, driverGetVersion=lambda: driver,
                                getDeviceCount=get_count, getDeviceProperties=lambda i: props,
-                               memGetInfo=lambda: (79 * 2**30, 80 * 2**30))  # fmt: skip
+                               memGetInfo=lambda: (79 * 2**30, 80 * 2**30))
 
     class Device:
         def __init__(self, i: int) -> None:
@@ -63,7 +63,7 @@ def fake_cupy(*, driver: int = 12040, runtime: int = 12090, count: int | BaseExc
     return types.SimpleNamespace(
         __version__="14.2.0", cuda=types.SimpleNamespace(runtime=rt, Device=Device), asarray=np.asarray,
         asnumpy=np.asarray, matmul=np.matmul, ElementwiseKernel=elementwise_kernel,
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +74,7 @@ def _one_cupy(monkeypatch):
 def test_import_and_hook_never_import_cupy():
     code = ("import sys, rlx_core, rlx_cuda; (b,) = rlx_cuda.rlx_backends(); b.supported_ops(); "
             "b.default_cost_model(); import rlx_cuda.kernels, rlx_cuda.executable, rlx_cuda.codegen; "
-            "assert 'cupy' not in sys.modules, sorted(m for m in sys.modules if 'cupy' in m)")  # fmt: skip
+            "assert 'cupy' not in sys.modules, sorted(m for m in sys.modules if 'cupy' in m)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 
@@ -148,7 +148,7 @@ def test_kernel_failure_and_wrong_result():
     got = probing.probe_cuda(lambda: fake_cupy(kernel_error=RuntimeError("cudaErrorLaunchFailure")))
     assert got.kind == "kernel_failed"
     assert got.reason == ("a test kernel failed on cuda:0 (NVIDIA H100 80GB HBM3, sm_9.0): "
-                          "RuntimeError: cudaErrorLaunchFailure")  # fmt: skip
+                          "RuntimeError: cudaErrorLaunchFailure")
     got = probing.probe_cuda(lambda: fake_cupy(wrong=True))
     assert got.kind == "kernel_failed" and "computed [[" in got.reason
 

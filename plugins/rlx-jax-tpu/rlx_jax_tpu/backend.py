@@ -183,12 +183,12 @@ class XlaBackend(Backend):
             _smoke_test(jax, devices[0])
         except Exception as exc:
             return Availability(False, f"a tiny jitted computation failed on {devices[0]} ({platform}, "
-                                       f"{_env_note()}): {_first_line(exc)}", versions=versions)  # fmt: skip
+                                       f"{_env_note()}): {_first_line(exc)}", versions=versions)
         self._probed_platform = platform
         kind = getattr(devices[0], "device_kind", platform)
         reason = f"platform {platform}: {len(devices)} x {kind} ({_env_note()}); {_persistent_cache_note()}"
         return Availability(True, reason, devices=[f"{self.name}:{i}" for i in range(len(devices))],
-                            versions=versions, memory_bytes=_free_memory(devices[0]))  # fmt: skip
+                            versions=versions, memory_bytes=_free_memory(devices[0]))
 
     def probed(self, answer: Availability) -> None:
         """The platform JAX started in the probe's child process, for ``claims`` and the
@@ -227,16 +227,16 @@ class XlaBackend(Backend):
         if platform in ("gpu", "cuda", "rocm"):
             return CostModel(device=self.name, sgemm_gflops=15_000.0, memory_bw_gbps=900.0,
                              dispatch_overhead_ns=1_000.0, roundtrip_overhead_ns=250_000.0, transfer_bw_gbps=12.0,
-                             source="rlx-jax-tpu defaults for JAX on gpu")  # fmt: skip
+                             source="rlx-jax-tpu defaults for JAX on gpu")
         if platform == "tpu":
             return CostModel(device=self.name, sgemm_gflops=40_000.0, memory_bw_gbps=1_200.0,
                              dispatch_overhead_ns=500.0, roundtrip_overhead_ns=60_000.0, transfer_bw_gbps=8.0,
-                             source="rlx-jax-tpu defaults for JAX on tpu")  # fmt: skip
+                             source="rlx-jax-tpu defaults for JAX on tpu")
         threads = os.cpu_count() or 1
         return CostModel(device=self.name, sgemm_gflops=20.0 * min(threads, 8), memory_bw_gbps=25.0,
                          dispatch_overhead_ns=200.0, roundtrip_overhead_ns=20_000.0, transfer_bw_gbps=0.0,
                          num_threads=threads,
-                         source=f"rlx-jax-tpu defaults for JAX on {platform or 'cpu'}")  # fmt: skip
+                         source=f"rlx-jax-tpu defaults for JAX on {platform or 'cpu'}")
 
     def calibrate(self, quick: bool = False) -> CostModel:
         _no_preallocation_in_child()

@@ -55,7 +55,7 @@ def graph_signature(graph: Graph, live: Iterable[int], arg_ids: Iterable[int], d
         if n.op.value == "constant" and i not in args:
             h.update(np.ascontiguousarray(graph.value(i)).tobytes())
     h.update(repr((tuple(arg_ids), tuple(graph.outputs), device.platform, device.id, x64,
-                   bool(jax.config.jax_enable_x64))).encode())  # fmt: skip
+                   bool(jax.config.jax_enable_x64))).encode())
     return h.hexdigest()
 
 

@@ -67,7 +67,7 @@ def x64_enabled() -> contextlib.AbstractContextManager[Any]:
 
 
 def _trace_graph(graph: Graph, order: Sequence[Node], arg_ids: Sequence[int], program: CompiledProgram,
-                 checks_out: list[RuntimeCheck]) -> Any:  # fmt: skip
+                 checks_out: list[RuntimeCheck]) -> Any:
     """The graph as a Python function of its arguments, for ``jax.jit`` to trace.
 
     Each trace counts in ``program.traces`` and leaves the run-time checks it emitted in
@@ -90,7 +90,7 @@ def _trace_graph(graph: Graph, order: Sequence[Node], arg_ids: Sequence[int], pr
             # Only constants baked into the program may waive a check: the program is shared by
             # every graph with its signature, which covers inlined constants but not arguments.
             statics = [graph.value(i) if graph.node(i).op is OpKind.CONSTANT and i not in args else None
-                       for i in node.inputs]  # fmt: skip
+                       for i in node.inputs]
             checks += runtime_checks(node, ins, statics)
         checks_out[:] = checks
         outs = tuple(env[i] for i in graph.outputs)
@@ -112,7 +112,7 @@ class JaxExecutable(Executable):
     """
 
     def __init__(self, graph: Graph, device: Any, *, backend: str = "jax", options: CompileOptions | None = None,
-                 programs: ProgramCache | None = None) -> None:  # fmt: skip
+                 programs: ProgramCache | None = None) -> None:
         self.graph = graph
         self.device = device
         self.backend = backend
@@ -130,7 +130,7 @@ class JaxExecutable(Executable):
         self._param_slots = {nodes[i].name: k for k, i in enumerate(state_ids) if nodes[i].op is OpKind.PARAM}
         # Outputs that are graph inputs are copied, never aliased to the caller's array.
         self._passthrough = tuple((k, nodes[i].name) for k, i in enumerate(graph.outputs)
-                                  if nodes[i].op is OpKind.INPUT)  # fmt: skip
+                                  if nodes[i].op is OpKind.INPUT)
         self._lock = threading.Lock()
         with self._mode():
             self._state = tuple(jax.device_put(np.asarray(graph.value(i)), device) for i in state_ids)
@@ -140,7 +140,7 @@ class JaxExecutable(Executable):
             return self._build(graph, [n for n in nodes if n.id in live], arg_ids, input_ids)
 
         self.program, self.cache_hit = (programs if programs is not None else PROGRAMS).get_or_build(
-            self.signature, build)  # fmt: skip
+            self.signature, build)
         self.compiled = self.program.compiled
         self.lower_seconds = 0.0 if self.cache_hit else self.program.lower_seconds
         self.compile_seconds = 0.0 if self.cache_hit else self.program.compile_seconds
@@ -152,13 +152,13 @@ class JaxExecutable(Executable):
         self._bound = functools.partial(self._call, *self._state)
 
     def _build(self, graph: Graph, order: Sequence[Node], arg_ids: Sequence[int],
-               input_ids: Sequence[int]) -> CompiledProgram:  # fmt: skip
+               input_ids: Sequence[int]) -> CompiledProgram:
         program = CompiledProgram(compiled=None, check_ids=(), lower_seconds=0.0, compile_seconds=0.0)
         checks: list[RuntimeCheck] = []
         function = _trace_graph(graph, order, arg_ids, program, checks)
         sharding = jax.sharding.SingleDeviceSharding(self.device)
         specs = [jax.ShapeDtypeStruct(graph.node(i).shape, np.dtype(graph.node(i).dtype), sharding=sharding)
-                 for i in input_ids]  # fmt: skip
+                 for i in input_ids]
         with self._mode():
             t0 = time.perf_counter()
             lowered = jax.jit(function).lower(*self._state, *specs)
@@ -181,9 +181,9 @@ class JaxExecutable(Executable):
             what = "reused a compiled XLA program with the same signature (no trace, no compile)"
         else:
             what = (f"traced and lowered in {self.lower_seconds * 1e3:.1f} ms, XLA compiled in "
-                    f"{self.compile_seconds * 1e3:.1f} ms")  # fmt: skip
+                    f"{self.compile_seconds * 1e3:.1f} ms")
         return [f"jax ({jax.__version__}) on {platform} {self.device}: {what}; "
-                f"{'64-bit' if self.x64 else '32-bit'} mode; {persistent_cache_reason()}"]  # fmt: skip
+                f"{'64-bit' if self.x64 else '32-bit'} mode; {persistent_cache_reason()}"]
 
     def _mode(self) -> contextlib.AbstractContextManager[Any]:
         return x64_enabled() if self.x64 else contextlib.nullcontext()
@@ -266,7 +266,7 @@ def _lower(node: Node, ins: Sequence[jax.Array]) -> jax.Array:
     out = LOWERINGS[node.op](node, ins)
     if tuple(out.shape) != node.shape:  # a disagreement between lowering.py and rlx_core.ops
         raise AssertionError(f"rlx-jax-tpu bug: {node.describe()} ({node.op}) traced to shape {tuple(out.shape)}, "
-                             f"the graph declares {node.shape}")  # fmt: skip
+                             f"the graph declares {node.shape}")
     if out.dtype != np.dtype(node.dtype):
         out = out.astype(node.dtype)  # float16 rules compute in float32 and round here
     return out

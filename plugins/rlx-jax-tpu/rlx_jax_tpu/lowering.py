@@ -179,11 +179,11 @@ def _grouped_conv2d(node: Node, x: jax.Array, w: jax.Array) -> jax.Array:
     oh, ow = node.shape[2:]
     xp = jnp.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
     taps = [lax.slice(xp, (0, 0, i * dh, j * dw), (n, c, i * dh + (oh - 1) * sh + 1, j * dw + (ow - 1) * sw + 1),
-                      (1, 1, sh, sw)) for i in range(kh) for j in range(kw)]  # fmt: skip
+                      (1, 1, sh, sw)) for i in range(kh) for j in range(kw)]
     cols = jnp.stack(taps, axis=2).reshape(n, groups, cg, kh * kw, oh, ow)
     wg = w.reshape(groups, o // groups, cg, kh * kw)
     out = jnp.einsum("ngckhw,gock->ngohw", cols, wg, precision=HIGHEST,
-                     preferred_element_type=jnp.float32 if x.dtype == jnp.float16 else None)  # fmt: skip
+                     preferred_element_type=jnp.float32 if x.dtype == jnp.float16 else None)
     return out.reshape(n, o, oh, ow)
 
 
@@ -200,7 +200,7 @@ def _conv2d(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
         x, w, window_strides=a["stride"], padding=((top, bottom), (left, right)), rhs_dilation=a["dilation"],
         dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=a["groups"], precision=HIGHEST,
         preferred_element_type=jnp.float32 if x.dtype == jnp.float16 else None,
-    )  # fmt: skip
+    )
     if len(xs) == 3:
         out = out + _wide(xs[2]).reshape(1, -1, 1, 1)
     return out
@@ -224,7 +224,7 @@ def _max_pool2d(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
     dilation = a["dilation"]
     pads = _window_padding(node, x.shape[2:], dilation)
     out = lax.reduce_window(x, jnp.array(-jnp.inf, x.dtype), lax.max, (1, 1, *a["kernel"]), (1, 1, *a["stride"]),
-                            pads, window_dilation=(1, 1, *dilation))  # fmt: skip
+                            pads, window_dilation=(1, 1, *dilation))
     return out[:, :, : node.shape[2], : node.shape[3]]
 
 
@@ -331,7 +331,7 @@ def runtime_error(node: Node, detail: Any, axis_size: int | None = None) -> Inpu
         return InputError(f"{node.describe()} (div): integer division by zero")
     axis = node.attrs["axis"]
     return InputError(f"{node.describe()} (gather): index {int(detail)} is out of range for axis {axis} "
-                      f"of size {axis_size}")  # fmt: skip
+                      f"of size {axis_size}")
 
 
 def runtime_checks(node: Node, xs: Sequence[jax.Array], static: Sequence[np.ndarray | None]) -> list[RuntimeCheck]:

@@ -76,7 +76,7 @@ class VerifyingCache:
     """
 
     def __init__(self, base: Any, directory: Path, secret: bytes, records: JsonCache, cache_suffix: str,
-                 atime_suffix: str) -> None:  # fmt: skip
+                 atime_suffix: str) -> None:
         self._base = base
         self._path = directory  # JAX reads it (``reset_cache`` logs it)
         self._secret = secret
@@ -106,10 +106,10 @@ class VerifyingCache:
         record = self._records.get(key, _RECORD_IDENTITY)
         if record is None or not isinstance(record.get("mac"), str) or record.get("key") != key:
             return self._refuse(key, "rlx has no record of writing it (no signature: another program, another user "
-                                     "or an older rlx put it there)")  # fmt: skip
+                                     "or an older rlx put it there)")
         if not hmac.compare_digest(record["mac"], self._mac(key, value)):
             return self._refuse(key, "its bytes do not match the keyed hash rlx recorded when it wrote them (changed "
-                                     "or swapped since)")  # fmt: skip
+                                     "or swapped since)")
         self.verified += 1
         return value
 
@@ -126,7 +126,7 @@ class VerifyingCache:
             return
         if on_disk == value:
             self._records.put(key, _RECORD_IDENTITY, {"key": key, "mac": self._mac(key, value), "bytes": len(value)},
-                              files=self._files(key))  # fmt: skip
+                              files=self._files(key))
 
     def _refuse(self, key: str, why: str) -> None:
         """Warn, and remove the entry so that JAX's ``put`` (which skips a key whose file
@@ -179,7 +179,7 @@ def _decide() -> tuple[str | None, str]:
     if configured:
         return str(configured), (f"JAX persistent cache: {configured}, configured by the user "
                                  "(JAX_COMPILATION_CACHE_DIR or jax.config): JAX's own, left to JAX and not "
-                                 "verified by rlx")  # fmt: skip
+                                 "verified by rlx")
     if not getattr(jax.config, "jax_enable_compilation_cache", True):
         return None, "JAX persistent cache: off (jax_enable_compilation_cache is false)"
     internals = _jax_internals()
@@ -196,7 +196,7 @@ def _decide() -> tuple[str | None, str]:
         warnings.warn(f"rlx-jax-tpu: {reason}; compiling without a persistent cache", CacheWarning, stacklevel=4)
         return None, reason
     return str(directory), (f"JAX persistent cache: {directory}, each program checked against rlx's "
-                            "keyed hash (HMAC-SHA256) before JAX loads it")  # fmt: skip
+                            "keyed hash (HMAC-SHA256) before JAX loads it")
 
 
 def _jax_internals() -> tuple[Any, Any] | str:
@@ -210,7 +210,7 @@ def _jax_internals() -> tuple[Any, Any] | str:
     except ImportError as exc:
         return f"JAX {jax.__version__} has no jax._src.compilation_cache or lru_cache ({exc}); no cache is safer"
     wanted = [(cc, name) for name in ("_cache", "_cache_initialized", "_cache_initialized_mutex", "_get_cache",
-                                      "CacheInterface")]  # fmt: skip
+                                      "CacheInterface")]
     wanted += [(lru_cache, name) for name in ("LRUCache", "_CACHE_SUFFIX", "_ATIME_SUFFIX")]
     missing = [f"{module.__name__}.{name}" for module, name in wanted if not hasattr(module, name)]
     for option in ("jax_compilation_cache_max_size", "jax_persistent_cache_enable_xla_caches"):
@@ -225,7 +225,7 @@ def _jax_internals() -> tuple[Any, Any] | str:
             missing.append("LRUCache(path, max_size=...)")
     if missing:
         return (f"JAX {jax.__version__}'s compilation-cache internals are not the ones rlx-jax-tpu verifies (missing: "
-                f"{', '.join(missing)}); no cache is the safe answer")  # fmt: skip
+                f"{', '.join(missing)}); no cache is the safe answer")
     return cc, lru_cache
 
 
@@ -239,11 +239,11 @@ def _private_directory(path: Path) -> Path:
     me = _uid()
     if me is not None and st.st_uid != me:
         raise CacheRefused(f"{path} is owned by uid {st.st_uid}, not this user (uid {me}): others could choose the "
-                           "programs JAX runs")  # fmt: skip
+                           "programs JAX runs")
     if st.st_mode & 0o022:
         who = " and ".join(w for w, bit in (("its group", 0o020), ("other users", 0o002)) if st.st_mode & bit)
         raise CacheRefused(f"{path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o}), who could choose the "
-                           f"programs JAX runs; `chmod go-w {path}` makes it private")  # fmt: skip
+                           f"programs JAX runs; `chmod go-w {path}` makes it private")
     return path
 
 
@@ -273,10 +273,10 @@ def _load_secret(path: Path) -> bytes:
             raise CacheRefused(f"its key file {path} is not a plain file of its own (a link or a special file)")
         if me is not None and (st.st_uid != me or st.st_mode & 0o077):
             raise CacheRefused(f"its key file {path} is not private to this user (owner uid {st.st_uid}, mode "
-                               f"{stat.S_IMODE(st.st_mode):o}; expected uid {me}, mode 600)")  # fmt: skip
+                               f"{stat.S_IMODE(st.st_mode):o}; expected uid {me}, mode 600)")
         if len(data) != _KEY_BYTES:
             raise CacheRefused(f"its key file {path} holds {len(data)} bytes, not {_KEY_BYTES}; remove it and rlx "
-                               "makes a new one (the signed programs are then compiled again)")  # fmt: skip
+                               "makes a new one (the signed programs are then compiled again)")
         return data
     raise CacheRefused(f"its key file {path} vanished while it was being created")
 
@@ -307,7 +307,7 @@ def _install(jax: Any, internals: tuple[Any, Any], directory: Path, secret: byte
     with cc._cache_initialized_mutex:
         if cc._cache is not None or cc._cache_initialized:
             raise CacheRefused("JAX's compilation cache was set up in this process before rlx (by the user or another "
-                               "library); rlx leaves it alone")  # fmt: skip
+                               "library); rlx leaves it alone")
         try:
             base = lru_cache.LRUCache(str(directory), max_size=jax.config.jax_compilation_cache_max_size)
         except Exception as exc:  # e.g. a max size without the filelock package

@@ -30,7 +30,7 @@ def _run_python(code: str, env: dict[str, str] | None = None) -> dict:
     """Run ``code`` in a fresh interpreter (it prints one JSON line) and return that JSON."""
     full_env = {**os.environ, **(env or {})}
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full_env,
-                         timeout=120, check=False)  # fmt: skip
+                         timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -57,7 +57,7 @@ def test_listing_the_backends_does_not_import_jax_and_probing_respects_jax_platf
         a, t = backends["jax"].probe(), backends["tpu"].probe()
         print(json.dumps({"before": before, "after": "jax" in sys.modules, "label": backends["jax"].label,
                           "jax": [a.available, a.reason, a.versions], "tpu": [t.available, t.reason, t.versions]}))
-    """, {"JAX_PLATFORMS": "cpu", "RLX_CACHE_DIR": str(tmp_path)})  # fmt: skip
+    """, {"JAX_PLATFORMS": "cpu", "RLX_CACHE_DIR": str(tmp_path)})
     assert got["before"] is False and got["after"] is True
     assert got["label"] == "JAX/XLA (cpu)"
     available, reason, versions = got["jax"]
@@ -96,7 +96,7 @@ def test_jax_is_available_on_the_default_platform_and_its_label_names_it() -> No
 
 @pytest.mark.parametrize(("env", "expected"), [("tpu,cpu", "tpu"), (" CUDA ", "cuda"), ("", None)])
 def test_the_default_platform_is_guessed_without_jax(monkeypatch: pytest.MonkeyPatch, env: str,
-                                                      expected: str | None) -> None:  # fmt: skip
+                                                      expected: str | None) -> None:
     monkeypatch.setenv("JAX_PLATFORMS", env)
     guess = guess_default_platform()
     if env:
@@ -138,7 +138,7 @@ def test_the_probe_answer_from_the_child_sets_the_platform_here() -> None:
 
 @pytest.mark.slow
 def test_calibrate_measures_through_the_executable_and_is_cached(monkeypatch: pytest.MonkeyPatch,
-                                                                  tmp_path: Path) -> None:  # fmt: skip
+                                                                  tmp_path: Path) -> None:
     monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path))
     backend = JaxBackend()
     model = backend.calibrate(quick=True)
@@ -167,5 +167,5 @@ def test_probe_child_does_not_reserve_the_gpu() -> None:
     env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}
     here = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     child = subprocess.run([sys.executable, "-c", code], env={**env, "RLX_ISOLATION_CHILD": "1"},
-                           capture_output=True, text=True, check=True)  # fmt: skip
+                           capture_output=True, text=True, check=True)
     assert here.stdout.strip() == "None" and child.stdout.strip() == "false"

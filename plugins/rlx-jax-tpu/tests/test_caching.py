@@ -84,7 +84,7 @@ def _start(root: Path | str, setup: str = "", **env: str) -> subprocess.Popen[st
     base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "RLX_"))}
     env = {**base, "JAX_PLATFORMS": "cpu", "RLX_CACHE_DIR": str(root), "STEP_X": json.dumps(X), **env}
     return subprocess.Popen([sys.executable, "-P", "-c", STEP, setup], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True)
 
 
 def _result(proc: subprocess.Popen[str]) -> dict[str, Any]:
@@ -145,7 +145,7 @@ def test_swapped_entries_are_never_executed(populated: tuple[Path, dict[str, str
     assert len(warned) == 2
     for name in entries.values():
         assert any(name in w and "do not match the keyed hash" in w and "compiles the program again" in w
-                   for w in warned), warned  # fmt: skip
+                   for w in warned), warned
 
     again = _step(root, STEP_PROBE="1")  # recompiled and signed anew: verified and used
     assert again["out"] == WANT and again["verified"] == 2 and again["refused"] == []
@@ -155,7 +155,7 @@ def test_swapped_entries_are_never_executed(populated: tuple[Path, dict[str, str
 
 @pytest.mark.slow
 def test_a_tampered_entry_and_an_unsigned_one_are_refused(populated: tuple[Path, dict[str, str]],
-                                                          tmp_path: Path) -> None:  # fmt: skip
+                                                          tmp_path: Path) -> None:
     root, jax_dir, entries = _copy(populated, tmp_path)
     relu = jax_dir / entries["relu"]
     data = bytearray(relu.read_bytes())
@@ -172,7 +172,7 @@ def test_a_tampered_entry_and_an_unsigned_one_are_refused(populated: tuple[Path,
 
 
 def test_clear_removes_what_rlx_wrote_and_leaves_a_stray_file(populated: tuple[Path, dict[str, str]],
-                                                               tmp_path: Path) -> None:  # fmt: skip
+                                                               tmp_path: Path) -> None:
     root, jax_dir, _ = _copy(populated, tmp_path)
     (jax_dir / "notes.txt").write_text("the user's")
     (row,) = [ns for ns in cache_info(root)["namespaces"] if ns["name"] == "jax"]
@@ -185,7 +185,7 @@ def test_clear_removes_what_rlx_wrote_and_leaves_a_stray_file(populated: tuple[P
 
 @pytest.mark.slow
 def test_a_group_writable_directory_is_refused_with_its_reason(populated: tuple[Path, dict[str, str]],
-                                                                tmp_path: Path) -> None:  # fmt: skip
+                                                                tmp_path: Path) -> None:
     root, jax_dir, _ = _copy(populated, tmp_path)
     jax_dir.chmod(0o770)
     before = sorted(os.listdir(jax_dir))
@@ -231,7 +231,7 @@ def test_a_configured_cache_is_the_users_and_a_blocked_one_is_off(tmp_path: Path
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")
     procs = {"user": _start(tmp_path / "unused", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "own")),
-             "blocked": _start(blocked)}  # fmt: skip
+             "blocked": _start(blocked)}
     got = {name: _result(p) for name, p in procs.items()}
 
     assert got["user"]["out"] == WANT and got["user"]["jax_dir"] == got["user"]["exe_dir"] == str(tmp_path / "own")

@@ -77,7 +77,7 @@ def test_an_attention_block_matches_the_reference(registry: Registry, rng: np.ra
 
 
 def test_set_param_swaps_the_device_buffer_without_tracing_again(registry: Registry,
-                                                                  rng: np.random.Generator) -> None:  # fmt: skip
+                                                                  rng: np.random.Generator) -> None:
     g = mlp_graph(rng, batch=3, sizes=(5, 7, 4))
     cg = compile_jax(g, registry)
     exe = cg._exe
@@ -121,7 +121,7 @@ def test_programs_are_cached_per_signature(rng: np.random.Generator) -> None:
     out1, out2 = first.run({"x": x})[0], same.run({"renamed": x})[0]
     assert not np.allclose(out1, out2)  # the shared program runs each executable's own params
     np.testing.assert_allclose(out2, reference.evaluate(build(4, seed=2, name="renamed"), {"renamed": x})[0],
-                               rtol=1e-5, atol=1e-6)  # fmt: skip
+                               rtol=1e-5, atol=1e-6)
     other_shape = JaxExecutable(build(5, seed=1), device, programs=cache)
     other_const = JaxExecutable(build(4, seed=1, const=2.0), device, programs=cache)
     assert not other_shape.cache_hit and not other_const.cache_hit and len(cache) == 3
@@ -172,7 +172,7 @@ def test_bad_run_time_values_raise_the_references_input_error(registry: Registry
     g.set_outputs([g.div(a, b, name="ratio")])
     cg = compile_jax(g, registry)
     np.testing.assert_array_equal(cg.run({"a": np.array([7, -7, 9], np.int32), "b": np.array([2, 2, 3], np.int32)})[0],
-                                  [3, -3, 3])  # fmt: skip
+                                  [3, -3, 3])
     with pytest.raises(InputError, match=r"'ratio'.*division by zero"):
         cg.run({"a": np.ones(3, np.int32), "b": np.array([1, 0, 1], np.int32)})
 
@@ -198,7 +198,7 @@ def test_attention_contracts_keys_on_their_last_axis_without_a_transpose() -> No
 
 
 def test_several_inputs_and_outputs_run_through_the_bound_state(registry: Registry,
-                                                                 rng: np.random.Generator) -> None:  # fmt: skip
+                                                                 rng: np.random.Generator) -> None:
     """The run path binds the state once (``functools.partial``) and takes one input without
     a list; several inputs, several outputs and a swapped param all go through it."""
     g = Graph("multi")

@@ -107,14 +107,14 @@ class OpenclBackend(rlx_core.Backend):
         except Exception as exc:
             return rlx_core.Availability(False, f"no OpenCL platform: the ICD loader found none ({_first_line(exc)}); "
                                                 "install a driver, or pip install 'pyopencl[pocl]' for a CPU device",
-                                         versions=versions)  # fmt: skip
+                                         versions=versions)
         if not entries:
             try:
                 platforms = ", ".join(rt.short_platform(p) for p in cl.get_platforms()) or "none"
             except Exception:
                 platforms = "none"
             return rlx_core.Availability(False, f"no OpenCL device: platforms {platforms} list no devices",
-                                         versions=versions)  # fmt: skip
+                                         versions=versions)
         for e in entries:
             versions[f"opencl:{e.index}"] = e.describe()
         default = self.entry(None)
@@ -122,15 +122,15 @@ class OpenclBackend(rlx_core.Backend):
             rt.smoke_test(self.runtime(default.index))
         except rt.BuildError as exc:
             return rlx_core.Availability(False, f"the probe kernel failed to build on opencl:{default.index}: {exc}",
-                                         versions=versions)  # fmt: skip
+                                         versions=versions)
         except Exception as exc:
             return rlx_core.Availability(False, f"the probe kernel failed on opencl:{default.index} "
-                                                f"({default.name}): {_first_line(exc)}", versions=versions)  # fmt: skip
+                                                f"({default.name}): {_first_line(exc)}", versions=versions)
         try:
             self._check_generated_kernels(default.index)
         except Exception as exc:
             return rlx_core.Availability(False, f"rlx's generated kernels failed on opencl:{default.index} "
-                                                f"({default.name}): {_first_line(exc)}", versions=versions)  # fmt: skip
+                                                f"({default.name}): {_first_line(exc)}", versions=versions)
         self._remember_label(default)
         devices = [f"opencl:{e.index}" for e in entries]
         listing = "; ".join(f"opencl:{e.index} = {e.name} ({rt.short_platform(e.platform)})" for e in entries)
@@ -138,7 +138,7 @@ class OpenclBackend(rlx_core.Backend):
         # what is free); a CPU device computes in host memory, which the core checks itself.
         memory = int(default.device.global_mem_size) if default.is_gpu else None
         return rlx_core.Availability(True, f"{listing}; default opencl:{default.index}", devices=devices,
-                                     versions=versions, memory_bytes=memory)  # fmt: skip
+                                     versions=versions, memory_bytes=memory)
 
     def _check_generated_kernels(self, index: int) -> None:
         """Compile and run a dense layer with softmax through the real code generator
@@ -163,7 +163,7 @@ class OpenclBackend(rlx_core.Backend):
         want = rlx_core.reference.evaluate(g, {"x": xv})[0]
         if not np.allclose(got, want, rtol=1e-4, atol=1e-6):
             raise DeviceError(f"a dense layer with softmax computed wrong values (max error "
-                              f"{float(np.max(np.abs(got - want))):.3g})")  # fmt: skip
+                              f"{float(np.max(np.abs(got - want))):.3g})")
 
     def _remember_label(self, entry: rt.DeviceEntry) -> None:
         label = f"OpenCL: {entry.name} ({rt.short_platform(entry.platform)})"
@@ -188,7 +188,7 @@ class OpenclBackend(rlx_core.Backend):
             if node.dtype == "float64":
                 return "float64 needs cl_khr_fp64, which the default OpenCL device does not offer"
             return (f"{node.op.value} may read float64, which needs cl_khr_fp64, and the default OpenCL device "
-                    "does not offer it")  # fmt: skip
+                    "does not offer it")
         return True
 
     def _fp64(self) -> bool:
@@ -211,11 +211,11 @@ class OpenclBackend(rlx_core.Backend):
             return rlx_core.CostModel(device=self.name, sgemm_gflops=64.0 * units * ghz, memory_bw_gbps=100.0,
                                       dispatch_overhead_ns=8_000.0, roundtrip_overhead_ns=40_000.0,
                                       transfer_bw_gbps=8.0, num_threads=units,
-                                      source=f"rlx-opencl defaults: GPU, {units} units at {ghz:.2f} GHz")  # fmt: skip
+                                      source=f"rlx-opencl defaults: GPU, {units} units at {ghz:.2f} GHz")
         return rlx_core.CostModel(device=self.name, sgemm_gflops=max(8.0 * units * ghz, 1.0),
                                   memory_bw_gbps=math.sqrt(units) * 5.0, dispatch_overhead_ns=4_000.0,
                                   roundtrip_overhead_ns=40_000.0, transfer_bw_gbps=5.0, num_threads=units,
-                                  source=f"rlx-opencl defaults: CPU, {units} units at {ghz:.2f} GHz")  # fmt: skip
+                                  source=f"rlx-opencl defaults: CPU, {units} units at {ghz:.2f} GHz")
 
     def compile(self, graph: Graph, options: rlx_core.CompileOptions) -> OpenclExecutable:
         from .executable import OpenclExecutable
@@ -227,4 +227,4 @@ class OpenclBackend(rlx_core.Backend):
         entries = self.devices()
         return [{"device": f"opencl:{e.index}", "name": e.name, "platform": rt.short_platform(e.platform),
                  "version": str(e.device.version).strip(), "default": e.index == self._default}
-                for e in entries]  # fmt: skip
+                for e in entries]

@@ -90,7 +90,7 @@ class OpenclExecutable(Executable):
                 obj = cl.Kernel(program, kernel.name)
                 obj.set_args(*(self._arg_buffer(s, a) for a in kernel.args))
                 local = local_size(kernel.global_size, limits, kernel.private_bytes,
-                                   kernel_limits(cl, obj, runtime.device))  # fmt: skip
+                                   kernel_limits(cl, obj, runtime.device))
                 self._launches.append((obj, kernel.global_size, local))
         self._outputs = []
         for o in graph.outputs:
@@ -99,7 +99,7 @@ class OpenclExecutable(Executable):
         self._queue.finish()
         self.compile_seconds = time.perf_counter() - t0
         log.debug("rlx-opencl: compiled %r on %s: %s in %.1f ms", graph.name, self.device_name,
-                  describe_plan(self.plan), self.compile_seconds * 1e3)  # fmt: skip
+                  describe_plan(self.plan), self.compile_seconds * 1e3)
 
     @property
     def launch_sizes(self) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
@@ -144,7 +144,7 @@ class OpenclExecutable(Executable):
                     return InputError(f"{check.node.describe()} (div): integer division by zero")
                 axis = check.node.attrs["axis"]
                 return InputError(f"{check.node.describe()} (gather): index {int(status[2 * k + 1])} is out of range "
-                                  f"for axis {axis} of size {check.size}")  # fmt: skip
+                                  f"for axis {axis} of size {check.size}")
         return InputError(f"graph {self.graph.name!r}: a run-time check failed")  # pragma: no cover
 
     def set_param(self, name: str, value: np.ndarray) -> None:
@@ -165,4 +165,4 @@ class OpenclExecutable(Executable):
 
     def __repr__(self) -> str:
         return (f"<OpenclExecutable {self.graph.name!r} on {self.device_name}: {describe_plan(self.plan)}, "
-                f"compiled in {self.compile_seconds * 1e3:.1f} ms>")  # fmt: skip
+                f"compiled in {self.compile_seconds * 1e3:.1f} ms>")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["DeviceLimits", "KernelLimits", "local_size", "device_limits", "kernel_limits", "CPU_GROUP_BYTES",
-           "GPU_GROUP_ITEMS", "GROUPS_PER_UNIT", "MIN_ITEM_BYTES"]  # fmt: skip
+           "GPU_GROUP_ITEMS", "GROUPS_PER_UNIT", "MIN_ITEM_BYTES"]
 
 #: Per work-group bytes of per-item state on a CPU device: 64 items at PoCL's 1 KiB figure.
 CPU_GROUP_BYTES = 64 * 1024
@@ -71,7 +71,7 @@ def device_limits(cl: Any, device: Any) -> DeviceLimits:
     gpu = bool(device.type & (cl.device_type.GPU | cl.device_type.ACCELERATOR))
     return DeviceLimits(max_work_group_size=int(device.max_work_group_size),
                         max_work_item_sizes=tuple(int(s) for s in device.max_work_item_sizes),
-                        compute_units=max(int(device.max_compute_units), 1), is_gpu=gpu)  # fmt: skip
+                        compute_units=max(int(device.max_compute_units), 1), is_gpu=gpu)
 
 
 def kernel_limits(cl: Any, kernel: Any, device: Any) -> KernelLimits:
@@ -82,11 +82,11 @@ def kernel_limits(cl: Any, kernel: Any, device: Any) -> KernelLimits:
         return int(kernel.get_work_group_info(what, device))
 
     return KernelLimits(max_items=query(info.WORK_GROUP_SIZE), private_bytes=query(info.PRIVATE_MEM_SIZE),
-                        multiple=query(info.PREFERRED_WORK_GROUP_SIZE_MULTIPLE))  # fmt: skip
+                        multiple=query(info.PREFERRED_WORK_GROUP_SIZE_MULTIPLE))
 
 
 def local_size(global_size: tuple[int, ...], limits: DeviceLimits, private_bytes: int = 0,
-               kernel: KernelLimits | None = None) -> tuple[int, ...]:  # fmt: skip
+               kernel: KernelLimits | None = None) -> tuple[int, ...]:
     """The work-group size of a launch over ``global_size`` (see the module doc).
 
     ``private_bytes`` is the caller's estimate of one work-item's state; the larger of it
@@ -106,7 +106,7 @@ def local_size(global_size: tuple[int, ...], limits: DeviceLimits, private_bytes
 
 
 def _max_items(global_size: tuple[int, ...], limits: DeviceLimits, private_bytes: int,
-               kernel: KernelLimits | None) -> int:  # fmt: skip
+               kernel: KernelLimits | None) -> int:
     """The most work-items a group of this launch may have."""
     cap = limits.max_work_group_size
     if kernel is not None and kernel.max_items > 0:

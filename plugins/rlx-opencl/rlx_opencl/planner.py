@@ -104,10 +104,10 @@ def plan_graph(graph: Graph, vector_bits: int = MAX_VECTOR_BITS) -> Plan:
         if user is None:
             continue
         if (n.op in ELEMENTWISE_OPS and user.op in ELEMENTWISE_OPS and user.shape == n.shape
-                and not (n.op is OpKind.CAST and n.dtype == "float16")):  # fmt: skip
+                and not (n.op is OpKind.CAST and n.dtype == "float16")):
             inlined.add(n.id)  # a float16 cast must round: it is stored, never fused
         elif (n.op is OpKind.TRANSPOSE and _swaps_last_two(n) and user.op is OpKind.MATMUL
-              and user.inputs[1] == n.id and user.inputs[0] != n.id):  # fmt: skip
+              and user.inputs[1] == n.id and user.inputs[0] != n.id):
             folded.add(n.id)
 
     steps: list[Step] = []
@@ -139,7 +139,7 @@ def _region(graph: Graph, n: Node, inlined: set[int]) -> list[Node]:
 
 
 def _step(graph: Graph, n: Node, name: str, inlined: set[int], folded: set[int], checks: list[Check],
-          vector_bits: int) -> Step:  # fmt: skip
+          vector_bits: int) -> Step:
     nodes = graph.nodes
     ins = [nodes[i] for i in n.inputs]
     op = n.op
@@ -205,12 +205,12 @@ def _matmul(graph: Graph, n: Node, name: str, folded: set[int], vector_bits: int
     batch = tuple(n.shape[: len(n.shape) - (len(a.shape) > 1) - (len(b.shape) > 1)])
     spec = MatmulSpec(m=m, k=k, n=nn, dtype=n.dtype, batch=batch,
                       a_strides=_batch_strides(a2[:-2], batch, m * k),
-                      b_strides=_batch_strides(b2[:-2], batch, k * nn), trans_b=trans_b)  # fmt: skip
+                      b_strides=_batch_strides(b2[:-2], batch, k * nn), trans_b=trans_b)
     return matmul_kernel(name, spec, a.id, src_b.id, n.id, vector_bits=vector_bits)
 
 
 def _assign_memory(graph: Graph, steps: list[Step], root: dict[int, int],
-                   outputs: set[int]) -> tuple[list[int], dict[int, int], dict[tuple[int, int], int]]:  # fmt: skip
+                   outputs: set[int]) -> tuple[list[int], dict[int, int], dict[tuple[int, int], int]]:
     """Slots for computed values and scratch, reused by liveness (see the module doc)."""
     nodes = graph.nodes
     forever = len(steps)
@@ -264,4 +264,4 @@ def describe_plan(plan: Plan) -> str:
     kernels = sum(len(s.kernels) for s in plan.steps)
     fused = sum(len(s.fused) for s in plan.steps)
     return (f"{len(plan.steps)} steps, {kernels} kernels ({fused} nodes fused), "
-            f"{len(plan.slots)} slots, {math.fsum(plan.slots) / 1e6:.3g} MB")  # fmt: skip
+            f"{len(plan.slots)} slots, {math.fsum(plan.slots) / 1e6:.3g} MB")

@@ -26,7 +26,7 @@ from rlx_core.errors import DeviceError
 
 __all__ = ["import_pyopencl", "DeviceEntry", "list_devices", "default_index", "DeviceRuntime", "BuildError",
            "PROBE_SOURCE", "smoke_test", "short_platform", "build_log_head", "max_vector_bits",
-           "BUILD_OPTIONS"]  # fmt: skip
+           "BUILD_OPTIONS"]
 
 #: The probe's kernel: small, but it exercises a vector type, a builtin and a store.
 PROBE_SOURCE = """

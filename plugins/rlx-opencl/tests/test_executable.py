@@ -54,10 +54,10 @@ def test_cnn(backend):
     g = rlx_core.Graph("cnn")
     x = g.input("x", (2, 3, 12, 12))
     c1 = g.conv2d(x, g.param("w1", rng.standard_normal((8, 3, 3, 3), dtype=np.float32) * 0.3),
-                  g.param("b1", rng.standard_normal(8, dtype=np.float32)), padding=1)  # fmt: skip
+                  g.param("b1", rng.standard_normal(8, dtype=np.float32)), padding=1)
     p1 = g.max_pool2d(g.relu(c1), 2)
     c2 = g.conv2d(p1, g.param("w2", rng.standard_normal((8, 4, 3, 3), dtype=np.float32) * 0.3), stride=2,
-                  groups=2, padding=1)  # fmt: skip
+                  groups=2, padding=1)
     c3 = g.conv2d(c2, g.param("w3", rng.standard_normal((6, 8, 1, 1), dtype=np.float32) * 0.3))  # 1x1: no im2col
     a = g.avg_pool2d(g.relu(c3), 3, stride=1, padding=1, count_include_pad=False)
     pooled = g.reshape(g.global_avg_pool2d(a), (2, 6))
@@ -78,7 +78,7 @@ def test_matmul_forms(backend, dtype):
     nt = g.matmul(a, g.transpose(bt, (0, 2, 1)))
     g.set_outputs([g.matmul(a, b), nt])
     ins = {"a": rng.standard_normal((3, 13, 20)).astype(dtype), "b": rng.standard_normal((20, 40)).astype(dtype),
-           "bt": rng.standard_normal((3, 37, 20)).astype(dtype)}  # fmt: skip
+           "bt": rng.standard_normal((3, 37, 20)).astype(dtype)}
     tol = 3e-2 if dtype == "float16" else 1e-4
     exe = _check(backend, g, ins, rtol=tol, atol=tol)
     assert not any(s.node.op == "transpose" for s in exe.plan.steps)  # folded into the matmul
@@ -95,7 +95,7 @@ def test_vectorized_elementwise_with_broadcast_and_tail(backend):
     g.set_outputs([y, z, g.exp(g.cast(g.input("h", (40,), "float16"), "float32"))])
     ins = {"x": rng.standard_normal((6, 48), dtype=np.float32), "row": rng.standard_normal(48, dtype=np.float32),
            "col": rng.standard_normal((6, 1), dtype=np.float32), "z": rng.standard_normal((5, 7), dtype=np.float32),
-           "h": rng.standard_normal(40).astype(np.float16)}  # fmt: skip
+           "h": rng.standard_normal(40).astype(np.float16)}
     exe = _check(backend, g, ins)
     lanes = 16 if exe.runtime.vector_bits >= 512 else 8  # 256 bits where the device cannot take 512
     assert f"float{lanes}" in exe.source and f"vload{lanes}" in exe.source

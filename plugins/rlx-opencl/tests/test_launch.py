@@ -90,7 +90,7 @@ def test_gpu_groups_are_a_multiple_of_the_warp():
 @settings(max_examples=300, deadline=None)
 @given(global_size=st.lists(st.integers(1, 5000), min_size=1, max_size=3).map(tuple),
        private=st.integers(0, 20_000), max_group=st.sampled_from([1, 64, 256, 1024, 4096]),
-       gpu=st.booleans(), kernel_max=st.integers(1, 4096))  # fmt: skip
+       gpu=st.booleans(), kernel_max=st.integers(1, 4096))
 def test_every_choice_is_a_legal_uniform_launch(global_size, private, max_group, gpu, kernel_max):
     limits = DeviceLimits(max_group, (max_group, max_group, 64), compute_units=2, is_gpu=gpu)
     local = local_size(global_size, limits, private, KernelLimits(kernel_max, 0, 32))
@@ -109,7 +109,7 @@ def test_every_choice_is_a_legal_uniform_launch(global_size, private, max_group,
     ("OpenCL 3.0 PoCL HSTR: pthread-x86_64-unknown-linux-gnu-skylake-avx512", 16, 512),
     ("OpenCL 3.0 PoCL HSTR: pthread-x86_64-unknown-linux-gnu-x86-64-v4", 16, 512),
     ("OpenCL 3.0 CUDA", 1, 512),
-])  # fmt: skip
+])
 def test_vector_bits(version, lanes, bits):
     assert max_vector_bits(version, lanes) == bits
 
@@ -130,7 +130,7 @@ def test_the_chosen_launches_run_the_1024_matmul(backend):
     exe = backend.compile(g.freeze(), CompileOptions(device="opencl"))
     runtime = exe.runtime
     limits = DeviceLimits(int(runtime.device.max_work_group_size),
-                          tuple(int(s) for s in runtime.device.max_work_item_sizes))  # fmt: skip
+                          tuple(int(s) for s in runtime.device.max_work_item_sizes))
     kernels = [k for step in exe.plan.steps for k in step.kernels]
     for kernel, (name, size, local) in zip(kernels, exe.launch_sizes):
         assert name == kernel.name and size == kernel.global_size
@@ -138,7 +138,7 @@ def test_the_chosen_launches_run_the_1024_matmul(backend):
         if not runtime.entry.is_gpu:
             assert math.prod(local) * max(kernel.private_bytes, MIN_ITEM_BYTES) <= CPU_GROUP_BYTES
     ins = {"a": rng.standard_normal((1024, 1024), dtype=np.float32),
-           "b": rng.standard_normal((1024, 1024), dtype=np.float32)}  # fmt: skip
+           "b": rng.standard_normal((1024, 1024), dtype=np.float32)}
     nn, nt = exe.run(ins)
     a64, b64 = ins["a"].astype(np.float64), ins["b"].astype(np.float64)
     np.testing.assert_allclose(nn, a64 @ b64, rtol=1e-4, atol=2e-3)

@@ -167,4 +167,4 @@ def test_claims_decline_float64_without_fp64(monkeypatch):
     assert backend.claims(g.node(y)) == "float64 needs cl_khr_fp64, which the default OpenCL device does not offer"
     assert backend.claims(g.node(z)) is True
     assert backend.claims(g.node(g.attention(g.input("q", (2, 2)), g.input("k", (2, 2)),
-                                             g.input("v", (2, 2))))) is False  # fmt: skip
+                                             g.input("v", (2, 2))))) is False

@@ -29,11 +29,11 @@ __kernel void rlx_warns(__global float* y) { y[get_global_id(0)] = 1.0f; }
 
 def _run(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, POCL_CACHE_DIR=str(tmp_path / "pocl"), PYOPENCL_NO_CACHE="1",
-               RLX_CACHE_DIR=str(tmp_path / "rlx"))  # fmt: skip
+               RLX_CACHE_DIR=str(tmp_path / "rlx"))
     source = WARNING_SOURCE + f"// {uuid.uuid4().hex}\n"  # never a cached binary
     prelude = f"SOURCE = {source!r}\n"
     return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
-                          env=env, timeout=300, check=False)  # fmt: skip
+                          env=env, timeout=300, check=False)
 
 
 @pytest.mark.slow
@@ -43,7 +43,7 @@ def test_program_builds_print_no_compiler_warnings(backend, tmp_path):
         warnings.simplefilter("ignore")
         ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
         cl.Program(ctx, SOURCE).build()
-    """, tmp_path / "plain")  # fmt: skip
+    """, tmp_path / "plain")
     assert plain.returncode == 0, plain.stderr
     if "warning" not in plain.stderr:
         pytest.skip("this OpenCL compiler prints no warnings to stderr, even without -w")
@@ -51,7 +51,7 @@ def test_program_builds_print_no_compiler_warnings(backend, tmp_path):
         from rlx_opencl import OpenclBackend
         OpenclBackend().runtime().build(SOURCE)
         print("built")
-    """, tmp_path / "ours")  # fmt: skip
+    """, tmp_path / "ours")
     assert ours.returncode == 0 and "built" in ours.stdout, ours.stderr
     assert "warning" not in ours.stderr, ours.stderr
 
@@ -67,6 +67,6 @@ def test_compiling_and_running_a_graph_is_quiet(backend, tmp_path):
         cg = rlx_core.compile(g, device="opencl")
         cg.run({"a": np.ones((64, 64), np.float32), "b": np.ones((64, 64), np.float32)})
         print("ran")
-    """, tmp_path)  # fmt: skip
+    """, tmp_path)
     assert got.returncode == 0 and "ran" in got.stdout, got.stderr
     assert "warning" not in got.stderr.lower(), got.stderr

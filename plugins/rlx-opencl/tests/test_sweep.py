@@ -71,14 +71,14 @@ class Sweep:
 def matmul_nn(s: Sweep) -> None:
     for m, k, n in [(1, 1, 1), (7, 7, 7), (1, 64, 127), (127, 7, 64), (64, 127, 1), (7, 1024, 7),
                     (1024, 7, 127), (127, 127, 1024), (2048, 64, 7), (7, 64, 2048), (64, 2048, 64),
-                    (1024, 64, 1024)]:  # fmt: skip
+                    (1024, 64, 1024)]:
         s.output(f"[{m},{k}] @ [{k},{n}]", s.graph.matmul(s.input((m, k)), s.input((k, n))), k)
 
 
 def matmul_nt(s: Sweep) -> None:
     """``matmul(q, transpose(k))``: B given as ``[N, K]``, read in the fused NT form."""
     for m, k, n in [(1, 1, 1), (7, 7, 7), (1, 127, 64), (127, 7, 1), (64, 64, 127), (7, 2048, 7),
-                    (127, 1024, 64), (2048, 16, 7), (7, 33, 2048)]:  # fmt: skip
+                    (127, 1024, 64), (2048, 16, 7), (7, 33, 2048)]:
         b = s.input((n, k))
         s.output(f"[{m},{k}] @ [{n},{k}]^T", s.graph.matmul(s.input((m, k)), s.graph.transpose(b)), k)
 
@@ -87,7 +87,7 @@ def matmul_batched(s: Sweep) -> None:
     g = s.graph
     for a, b in [((3, 7, 64), (64, 127)), ((7, 64), (2, 64, 127)), ((2, 1, 7, 33), (3, 33, 5)),
                  ((1, 127, 7), (4, 7, 64)), ((64,), (64, 127)), ((7, 64), (64,)), ((3, 7, 64), (64,)),
-                 ((2, 1024, 1), (1, 1, 7))]:  # fmt: skip
+                 ((2, 1024, 1), (1, 1, 7))]:
         s.output(f"{a} @ {b}", g.matmul(s.input(a), s.input(b)), a[-1])
     for q, k in [((2, 3, 127, 64), (2, 3, 7, 64)), ((4, 7, 16), (1, 64, 16)), ((1, 1, 1), (5, 1, 1))]:
         kt = g.transpose(s.input(k), (*range(len(k) - 2), len(k) - 1, len(k) - 2))
@@ -116,13 +116,13 @@ def pools(s: Sweep) -> None:
     for x, kwargs in [((2, 3, 7, 7), {"kernel": 3, "stride": 2, "padding": 1}), ((1, 1, 127, 64), {"kernel": 2}),
                       ((1, 4, 64, 64), {"kernel": 3, "stride": 1, "padding": 1, "dilation": 2}),
                       ((1, 2, 7, 7), {"kernel": 2, "stride": 2, "ceil_mode": True}),
-                      ((1, 1, 1, 1), {"kernel": 1})]:  # fmt: skip
+                      ((1, 1, 1, 1), {"kernel": 1})]:
         s.output(f"max_pool2d {x} {kwargs}", g.max_pool2d(s.input(x), **kwargs))
     for x, kwargs in [((2, 3, 7, 7), {"kernel": 3, "stride": 2, "padding": 1, "count_include_pad": True}),
                       ((2, 3, 7, 7), {"kernel": 3, "stride": 2, "padding": 1}),
                       ((1, 1, 127, 64), {"kernel": (7, 1)}),
                       ((1, 2, 7, 7), {"kernel": 2, "stride": 2, "ceil_mode": True}),
-                      ((1, 1, 1, 1), {"kernel": 1})]:  # fmt: skip
+                      ((1, 1, 1, 1), {"kernel": 1})]:
         window = math.prod(np.atleast_1d(kwargs["kernel"]))
         s.output(f"avg_pool2d {x} {kwargs}", g.avg_pool2d(s.input(x), **kwargs), window)
     for x in [(1, 1, 1, 1), (2, 7, 127, 3), (1, 64, 7, 7), (1, 3, 64, 127)]:
@@ -135,7 +135,7 @@ def reductions(s: Sweep) -> None:
     cases = [((1,), 0, False), ((7,), 0, False), ((127, 64), 0, False), ((127, 64), 1, True),
              ((127, 64), (0, 1), False), ((3, 7, 127), 1, False), ((3, 7, 127), (0, 2), True),
              ((3, 7, 127), -1, False), ((2048, 7), 0, False), ((7, 2048), -1, False),
-             ((1, 1024, 1), None, False)]  # fmt: skip
+             ((1, 1024, 1), None, False)]
     for op, fn in ops.items():
         for shape, axes, keepdims in cases:
             x = s.input(shape)
@@ -145,7 +145,7 @@ def reductions(s: Sweep) -> None:
 
 def softmax(s: Sweep) -> None:
     for shape, axis in [((1,), -1), ((7, 127), -1), ((7, 127), 0), ((3, 64, 7), 1), ((2048, 64), -1),
-                        ((1, 1024), -1), ((64, 2048), -1)]:  # fmt: skip
+                        ((1, 1024), -1), ((64, 2048), -1)]:
         s.output(f"softmax {shape} axis={axis}", s.graph.softmax(s.input(shape), axis), shape[axis])
 
 
@@ -153,7 +153,7 @@ def layer_norm(s: Sweep) -> None:
     g = s.graph
     for shape, axis, scale, bias in [((7, 127), -1, (127,), (127,)), ((3, 7, 64), 1, (7, 64), None),
                                      ((2048, 64), -1, (64,), (64,)), ((1, 1), -1, (1,), (1,)),
-                                     ((4, 127), -1, (1,), None), ((2, 1024), 1, (1024,), (1024,))]:  # fmt: skip
+                                     ((4, 127), -1, (1,), None), ((2, 1024), 1, (1024,), (1024,))]:
         terms = math.prod(shape[axis:])
         y = g.layer_norm(s.input(shape), s.input(scale), s.input(bias) if bias else None, axis=axis)
         s.output(f"layer_norm {shape} axis={axis} scale={scale} bias={bias}", y, terms)

@@ -40,10 +40,10 @@ __all__ = [
 
 #: How each IR dtype is held in a buffer.
 STORAGE = {"float32": "float", "float64": "double", "float16": "half", "int32": "int", "int64": "long",
-           "bool": "uchar"}  # fmt: skip
+           "bool": "uchar"}
 #: The type values of each IR dtype are computed in (half computes in float).
 COMPUTE = {"float32": "float", "float64": "double", "float16": "float", "int32": "int", "int64": "long",
-           "bool": "uchar"}  # fmt: skip
+           "bool": "uchar"}
 #: Raw unsigned types by item size: data movement copies bits, never converts.
 RAW = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
 

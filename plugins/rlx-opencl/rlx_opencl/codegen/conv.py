@@ -24,7 +24,7 @@ __all__ = ["conv2d_kernels", "pool_kernel"]
 
 
 def conv2d_kernels(name: str, node: Node, x: Node, w: Node, b: Node | None,
-                   vector_bits: int = MAX_VECTOR_BITS) -> tuple[list[Kernel], int]:  # fmt: skip
+                   vector_bits: int = MAX_VECTOR_BITS) -> tuple[list[Kernel], int]:
     """The kernels of one conv2d and the element count of its scratch (0: none)."""
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
@@ -37,9 +37,9 @@ def conv2d_kernels(name: str, node: Node, x: Node, w: Node, b: Node | None,
     direct = (kh, kw, sh, sw) == (1, 1, 1, 1) and node.attrs["padding"] == (0, 0, 0, 0)
     spec = MatmulSpec(m=og, k=k, n=p, dtype=node.dtype, batch=(n, groups), a_strides=(0, og * k),
                       b_strides=(c * h * wd, cg * h * wd) if direct else (groups * k * p, k * p),
-                      bias=b is not None, bias_groups=groups)  # fmt: skip
+                      bias=b is not None, bias_groups=groups)
     mm = matmul_kernel(f"{name}_mm", spec, w.id, x.id, node.id, bias=b.id if b is not None else None,
-                       b_scratch=not direct, vector_bits=vector_bits)  # fmt: skip
+                       b_scratch=not direct, vector_bits=vector_bits)
     if direct:
         return [mm], 0
     size = n * groups * k * p
@@ -55,7 +55,7 @@ def conv2d_kernels(name: str, node: Node, x: Node, w: Node, b: Node | None,
     ]
     params = [param_decl(dt, "x", const=True, raw=True), param_decl(dt, "col", const=False, raw=True)]
     src = [f"__kernel void {name}_im2col({', '.join(params)}) {{", "  const int g = get_global_id(0);",
-           *("  " + s for s in lines), "}"]  # fmt: skip
+           *("  " + s for s in lines), "}"]
     im2col = Kernel(f"{name}_im2col", "\n".join(src), (size,), (Arg(value=x.id), Arg(scratch=0)))
     return [im2col, mm], size
 
@@ -78,12 +78,12 @@ def pool_kernel(name: str, node: Node, x: Node) -> Kernel:
     else:
         lines += [f"{ctype} acc = {literal(0.0, ctype)};", "int count = 0;"]
     lines += [f"for (int i = 0; i < {kh}; ++i) {{", f"  const int iy = c2 * {sh} - {top} + i * {dh};",
-              f"  for (int j = 0; j < {kw}; ++j) {{", f"    const int ix = c3 * {sw} - {left} + j * {dw};"]  # fmt: skip
+              f"  for (int j = 0; j < {kw}; ++j) {{", f"    const int ix = c3 * {sw} - {left} + j * {dw};"]
     inside = f"iy >= 0 && iy < {h} && ix >= 0 && ix < {w}"
     value = load(dt, "x", f"plane + iy * {w} + ix")
     if is_max:
         lines.append(f"    if ({inside}) {{ const {ctype} v = {value}; "
-                     "acc = ((v > acc || isnan(v)) && !isnan(acc)) ? v : acc; }")  # fmt: skip
+                     "acc = ((v > acc || isnan(v)) && !isnan(acc)) ? v : acc; }")
     else:
         lines.append(f"    if ({inside}) acc += {value};")
         if a["count_include_pad"]:
@@ -97,5 +97,5 @@ def pool_kernel(name: str, node: Node, x: Node) -> Kernel:
     fp64 = dt == "float64"
     params = [param_decl(dt, "x", const=True), param_decl(node.dtype, "y", const=False)]
     src = [header(fp64), f"__kernel void {name}({', '.join(params)}) {{", "  const int g = get_global_id(0);",
-           *("  " + s for s in lines), "}"]  # fmt: skip
+           *("  " + s for s in lines), "}"]
     return Kernel(name, "\n".join(src), (max(math.prod(node.shape), 1),), (Arg(value=x.id), Arg(value=node.id)), fp64)

@@ -47,7 +47,7 @@ _COMPARE = {"equal": "==", "less": "<", "greater": ">"}
 
 
 def op_expression(node: Node, xs: Sequence[str], ctype: str, *, vector: bool = False,
-                  status: str | None = None) -> str:  # fmt: skip
+                  status: str | None = None) -> str:
     """The OpenCL C expression of elementwise ``node`` on operand expressions ``xs``
     (compute types; float vectors when ``vector``). ``status`` is the expression that
     records an integer division by zero (``None``: unchecked)."""
@@ -142,7 +142,7 @@ def _vector_ok(out_shape: tuple[int, ...], ext_shapes: Sequence[tuple[int, ...]]
 
 
 def elementwise_kernel(name: str, region: Sequence[Node], externals: Sequence[Node],
-                       status_slot: int | None = None, vector_bits: int = MAX_VECTOR_BITS) -> Kernel:  # fmt: skip
+                       status_slot: int | None = None, vector_bits: int = MAX_VECTOR_BITS) -> Kernel:
     """The kernel computing ``region[-1]`` (the root) from ``externals``.
 
     ``region`` holds the fused nodes in topological order; every input of a region node

@@ -82,7 +82,7 @@ def _batch_offset(spec: MatmulSpec, strides: Sequence[int]) -> str:
 
 def matmul_kernel(name: str, spec: MatmulSpec, a: int, b: int, out: int, bias: int | None = None,
                   a_scratch: bool = False, b_scratch: bool = False,
-                  vector_bits: int = MAX_VECTOR_BITS) -> Kernel:  # fmt: skip
+                  vector_bits: int = MAX_VECTOR_BITS) -> Kernel:
     """The kernel for ``spec`` reading values ``a``, ``b`` (and ``bias``), writing ``out``.
     ``a_scratch`` / ``b_scratch`` say that operand is the step's scratch buffer 0."""
     width = vector_width(spec.dtype, vector_bits)
@@ -93,7 +93,7 @@ def matmul_kernel(name: str, spec: MatmulSpec, a: int, b: int, out: int, bias: i
     dt = spec.dtype
     params = [param_decl(dt, "A", const=True), param_decl(dt, "B", const=True), param_decl(dt, "C", const=False)]
     args = [Arg(scratch=0) if a_scratch else Arg(value=a), Arg(scratch=0) if b_scratch else Arg(value=b),
-            Arg(value=out)]  # fmt: skip
+            Arg(value=out)]
     if spec.bias:
         params.append(param_decl(dt, "bias", const=True))
         args.append(Arg(value=bias))
@@ -104,7 +104,7 @@ def matmul_kernel(name: str, spec: MatmulSpec, a: int, b: int, out: int, bias: i
            f"  const int offA = {_batch_offset(spec, spec.a_strides)};",
            f"  const int offB = {_batch_offset(spec, spec.b_strides)};",
            f"  const int offC = bi * {spec.m * spec.n};",
-           *("  " + s for s in lines), "}"]  # fmt: skip
+           *("  " + s for s in lines), "}"]
     return Kernel(name, "\n".join(src), (*grid, max(batch, 1)), tuple(args), dt == "float64", private_bytes=private)
 
 

@@ -24,7 +24,7 @@ def _kernel(name: str, node: Node, ins: list[Node], lines: list[str], status: bo
         params.append("__global long* restrict status")
         args.append(Arg(status=True))
     src = [f"__kernel void {name}({', '.join(params)}) {{", "  const int g = get_global_id(0);",
-           *("  " + s for s in lines), "}"]  # fmt: skip
+           *("  " + s for s in lines), "}"]
     return Kernel(name, "\n".join(src), (max(node.size, 1),), tuple(args))
 
 
@@ -63,7 +63,7 @@ def concat_kernel(name: str, node: Node, ins: list[Node]) -> Kernel:
     inner = math.prod(node.shape[axis + 1 :])
     total = node.shape[axis]
     lines = [f"const int inner = g % {inner};", f"const int a = (g / {inner}) % {total};",
-             f"const int outer = g / {inner * total};"]  # fmt: skip
+             f"const int outer = g / {inner * total};"]
     start = 0
     for k, n in enumerate(ins):
         width = n.shape[axis]
@@ -91,11 +91,11 @@ def gather_kernel(name: str, node: Node, x: Node, idx: Node, status_slot: int) -
              f"if (v < -{n} || v >= {n}) {{ status[{2 * status_slot}] = 1; status[{2 * status_slot + 1}] = v; "
              "y[g] = 0; return; }",
              f"if (v < 0) v += {n};",
-             f"y[g] = x0[(p * {n} + (int)v) * {inner} + q];"]  # fmt: skip
+             f"y[g] = x0[(p * {n} + (int)v) * {inner} + q];"]
     raw = RAW[itemsize(x.dtype)]
     params = [f"__global const {raw}* restrict x0", params_idx, param_decl(node.dtype, "y", const=False, raw=True),
-              "__global long* restrict status"]  # fmt: skip
+              "__global long* restrict status"]
     src = [f"__kernel void {name}({', '.join(params)}) {{", "  const int g = get_global_id(0);",
-           *("  " + s for s in lines), "}"]  # fmt: skip
+           *("  " + s for s in lines), "}"]
     args = (Arg(value=x.id), Arg(value=idx.id), Arg(value=node.id), Arg(status=True))
     return Kernel(name, "\n".join(src), (max(node.size, 1),), args)

@@ -48,7 +48,7 @@ def reduce_kernel(name: str, node: Node, x: Node) -> Kernel:
     trailing = tuple(axes) == tuple(range(len(shape) - len(axes), len(shape)))
     is_max = op is OpKind.REDUCE_MAX
     init = "-INFINITY" if is_max and ctype == "float" else "-(double)INFINITY" if is_max and ctype == "double" else (
-        f"{'INT' if ctype == 'int' else 'LONG'}_MIN" if is_max else _zero(ctype))  # fmt: skip
+        f"{'INT' if ctype == 'int' else 'LONG'}_MIN" if is_max else _zero(ctype))
     lines.append(f"{ctype} acc = {init};")
     lines.append(f"for (int r = 0; r < {total}; ++r) {{")
     if trailing:
@@ -69,7 +69,7 @@ def _kernel(name: str, ins: Sequence[tuple[Node, str]], node: Node, lines: list[
     fp64 = node.dtype == "float64" or any(n.dtype == "float64" for n, _ in ins)
     params = [param_decl(n.dtype, p, const=True) for n, p in ins] + [param_decl(node.dtype, "y", const=False)]
     src = [header(fp64), f"__kernel void {name}({', '.join(params)}) {{", "  const int g = get_global_id(0);",
-           *("  " + s for s in lines), "}"]  # fmt: skip
+           *("  " + s for s in lines), "}"]
     args = (*(Arg(value=n.id) for n, _ in ins), Arg(value=node.id))
     return Kernel(name, "\n".join(src), (max(size, 1),), args, fp64)
 
@@ -94,7 +94,7 @@ def softmax_kernel(name: str, node: Node, x: Node) -> Kernel:
         f"for (int i = 0; i < {length}; ++i) sum += exp({load(dt, 'x', at)} - mx);",
         f"const {ctype} inv = {literal(1.0, ctype)} / sum;",
         f"for (int i = 0; i < {length}; ++i) {{ {store(dt, 'y', at, quotient)} }}",
-    ]  # fmt: skip
+    ]
     return _kernel(name, [(x, "x")], node, lines, rows)
 
 
