@@ -279,7 +279,7 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
         w32 = ctx.scratch(w.shape, cd)
         steps.append(Step(np.copyto, (w32, w)))
         w = w32
-    kind = onednn.kind_of((kh, kw), (sh, sw), groups, _c, o)
+    kind = onednn.kind_of((kh, kw), (sh, sw), groups, _c, o, oh * ow)
     dnnl = onednn.use(kind) if cd == out.dtype == np.float32 else None
     if dnnl is not None:  # oneDNN where it measured faster (onednn.py): channels-last, reordered in and out
         on_dnnl = onednn.conv_steps(dnnl, x, w, b, out, (pt, pl, pb, pr), (sh, sw), (dh, dw), groups, ctx)

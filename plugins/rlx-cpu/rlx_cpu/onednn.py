@@ -25,7 +25,10 @@ was at least ``MARGIN`` (1.15x) faster; ``on`` forces it for every convolution i
 (pointwise ones included), ``off`` never loads it.
 Depthwise convolutions are a third kind, timed against rlx's native depthwise kernel
 (96 channels, 3x3 over 56x56), and grouped ones (few channels a group: ResNeXt's, RegNet's)
-a fourth, timed against rlx's grouped kernel (128 channels in 32 groups, 3x3 over 28x28).
+a fourth, timed against rlx's grouped kernel (128 channels in 32 groups, 3x3 over 28x28),
+and those of at most 8 channels a group whose output planes are 14x14 or smaller a fifth
+(208 in 26 groups over 14x14: rlx's kernel keeps 16 outputs of a row in a vector, half
+wasted on 7-wide rows).
 Timed as spatial ones, they went wherever dense 3x3s went, on a probe against im2col; on
 ResNeXt's and RegNet's shapes oneDNN and rlx's grouped kernel came within 0.6-1.6x of each
 other on the 2-core Zen 3, so it is their own probe that decides. Anything not float32,
@@ -250,9 +253,20 @@ def reset() -> None:
 #: native depthwise kernel, grouped ones (1 < groups < channels) against rlx's grouped
 #: kernel. Pointwise ones are not timed (``NOT_TIMED``).
 PROBES: dict[str, tuple[int, int, int, int]] = {"spatial": (64, 64, 28, 3), "depthwise": (96, 96, 56, 3),
-                                                "grouped": (128, 128, 28, 3)}
+                                                "grouped": (128, 128, 28, 3), "grouped-small": (208, 208, 14, 3)}
 #: The probe's groups for each kind (1 where not named).
-PROBE_GROUPS = {"depthwise": 96, "grouped": 32}
+PROBE_GROUPS = {"depthwise": 96, "grouped": 32, "grouped-small": 26}
+#: Output planes of at most this many outputs (14 x 14) make a grouped convolution
+#: ``grouped-small``, a kind timed apart: rlx's grouped kernel keeps 16 outputs of a row in
+#: a vector, so 7- and 14-wide rows waste half of it or more, where oneDNN blocks channels
+#: instead. RegNet's shapes at batch 8 on the 2-core Zen 3, rlx's kernel against oneDNN:
+#: 104 channels in 13 groups over 56x56 -> 28x28 3.9 ms against 8.0, over 28x28 2.7
+#: against 2.2; 208 in 26 over 14x14 2.0 against 1.05; 440 in 55 over 7x7 2.4 against 1.1.
+#: Only for few channels a group (``SMALL_GROUP``, RegNet's 8): ResNeXt's 16 and 32 a group
+#: over 14x14 and 7x7 ran as well or better on rlx's (the model at batch 8, same process:
+#: 2.04x ORT's time with them on rlx's kernel, 2.22x on oneDNN; RegNet 2.03x -> 1.72x).
+SMALL_PLANE = 196
+SMALL_GROUP = 8
 #: What ``auto`` says of the kinds it does not time (see the module doc).
 NOT_TIMED = {"pointwise": "rlx (a 1x1 convolution is one GEMM in NCHW; oneDNN's adds reorders to NHWC and back)"}
 #: How much faster oneDNN must be on a kind's probe to take it: the probe is one shape
@@ -263,13 +277,16 @@ MARGIN = 1.15
 
 
 def kind_of(kernel: tuple[int, int], stride: tuple[int, int], groups: int = 1, channels: int = 0,
-            out_channels: int = 0) -> str:
-    """``depthwise`` for one filter per channel, ``grouped`` for other grouped ones,
-    ``pointwise`` for a 1x1 convolution at stride 1, else ``spatial``."""
+            out_channels: int = 0, plane: int = 0) -> str:
+    """``depthwise`` for one filter per channel, ``grouped`` for other grouped ones
+    (``grouped-small`` where the output plane, ``plane`` outputs, is at most
+    ``SMALL_PLANE`` and a group has at most ``SMALL_GROUP`` input channels), ``pointwise``
+    for a 1x1 convolution at stride 1, else ``spatial``."""
     if groups > 1 and groups == channels == out_channels:
         return "depthwise"
     if groups > 1:
-        return "grouped"
+        small = 0 < plane <= SMALL_PLANE and 0 < channels <= SMALL_GROUP * groups
+        return "grouped-small" if small else "grouped"
     return "pointwise" if tuple(kernel) == (1, 1) and tuple(stride) == (1, 1) else "spatial"
 
 

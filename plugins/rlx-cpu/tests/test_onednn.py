@@ -104,19 +104,24 @@ def test_off_never_loads_it_and_auto_says_what_it_measured(monkeypatch: pytest.M
         assert onednn.describe().endswith("spatial: timed against rlx's at the first one; pointwise: rlx (a 1x1 "
                                           "convolution is one GEMM in NCHW; oneDNN's adds reorders to NHWC and "
                                           "back); depthwise: timed against rlx's at the first one; grouped: timed "
-                                          "against rlx's at the first one")
+                                          "against rlx's at the first one; grouped-small: timed against rlx's at the "
+                                          "first one")
         chosen = {kind: onednn.use(kind) is not None for kind in onednn.PROBES}
         text = onednn.describe()
         assert re.match(r"oneDNN 3\.\d+\.\d+ for convolutions; spatial: (oneDNN|rlx) \(timed \d+\.\d\dx rlx's speed at "
                         r"64 -> 64 3x3 over 28x28\); pointwise: rlx \(a 1x1 convolution is one GEMM in NCHW[^)]*\); "
                         r"depthwise: (oneDNN|rlx) \(timed \d+\.\d\dx rlx's speed at 96 -> 96 3x3 depthwise \(96 "
                         r"groups\) over 56x56\); grouped: (oneDNN|rlx) \(timed \d+\.\d\dx rlx's speed at 128 -> 128 "
-                        r"3x3 grouped \(32 groups\) over 28x28\)$", text), text
+                        r"3x3 grouped \(32 groups\) over 28x28\); grouped-small: (oneDNN|rlx) \(timed \d+\.\d\dx "
+                        r"rlx's speed at 208 -> 208 3x3 grouped-small \(26 groups\) over 14x14\)$", text), text
         assert onednn.use("pointwise") is None  # never timed: rlx's GEMM in auto
         assert text.count("oneDNN (timed") == sum(chosen.values())
         assert onednn.kind_of((1, 1), (1, 1)) == "pointwise" and onednn.kind_of((1, 1), (2, 2)) == "spatial"
         assert onednn.kind_of((3, 3), (1, 1), 8, 8, 8) == "depthwise" and onednn.kind_of((3, 3), (1, 1), 2, 8, 8) == \
             "grouped"
+        assert onednn.kind_of((3, 3), (1, 1), 2, 8, 8, 14 * 14) == "grouped-small"
+        assert onednn.kind_of((3, 3), (1, 1), 2, 64, 64, 14 * 14) == "grouped"  # 32 channels a group
+        assert onednn.kind_of((3, 3), (1, 1), 2, 8, 8, 28 * 28) == "grouped"
     finally:
         onednn.reset()
 
