@@ -254,8 +254,8 @@ class Outputs:
     page fault for every 4 KiB of it (glibc maps blocks over 32 MiB anew on every
     allocation, and returns them on every free). On outputs of tens of megabytes (a
     batch of feature maps, a language model's logits) that cost as much as the model's
-    own last layer: a 1x1 convolution into 8 x 96 x 112 x 112 floats ran 2.4x
-    onnxruntime's time as a graph output, about 1.1x inside a model (BENCHMARKS.md,
+    own last layer: a 1x1 convolution into 8 x 96 x 112 x 112 floats, as a graph of its
+    own, ran 2.4x onnxruntime's time, 1.6x with its output's memory reused (BENCHMARKS.md,
     session 19). ONNX Runtime gets the same memory back from its arena.
 
     An array is reused only when nothing but this object refers to it: the caller

@@ -12,8 +12,9 @@ depends on has changed:
 
 - the CPU (its model name and the vector extensions the kernels pick from), the cores
   this process may use, and the threads settings of the OpenMP and BLAS runtimes;
-- rlx-cpu's version, the native library (the source it was built from, its size and
-  mtime), the BLAS (oneMKL's version, or numpy's build and version) and oneDNN's library;
+- rlx-cpu's version and the modules that probe (their size and mtime), the native library
+  (the source it was built from, its size and mtime), the BLAS (oneMKL's version, or
+  numpy's build and version) and oneDNN's library;
 - every ``RLX_CPU_*`` setting.
 
 An entry older than ``VERDICT_TTL_S`` (a day) is measured again: a verdict timed while
@@ -57,21 +58,23 @@ _FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx2", "fma", "neon
 
 
 def _cpu() -> str:
-    """The CPU's model name and the vector extensions the kernels choose between."""
-    model, flags = platform.processor() or platform.machine(), ""
+    """The CPU's model name and the vector extensions the kernels choose between (from
+    ``/proc/cpuinfo``; elsewhere the machine's architecture only: ``platform.processor``
+    runs ``uname -p`` in a child process)."""
+    model, flags = "", ""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return model
+        return platform.machine()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip().lower()
-        if key in ("model name", "cpu model") and model == (platform.processor() or platform.machine()):
+        if key in ("model name", "cpu model") and not model:
             model = value.strip()
         elif key in ("flags", "features") and not flags:
             present = set(value.split())
             flags = " ".join(f for f in _FLAGS if f in present)
-    return f"{model} [{flags}]"
+    return f"{model or platform.machine()} [{flags}]"
 
 
 def _file(path: str | None) -> str:
