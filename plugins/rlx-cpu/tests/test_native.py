@@ -1399,3 +1399,17 @@ def test_padded_max_pool_clips_every_window_to_the_image(lib: native.Native, mon
         (got,) = compile_cpu(g).run({"x": x})
         np.testing.assert_array_equal(got, reference.evaluate(g, {"x": x})[0], err_msg=f"pads {pads}, {h}x{w}")
     assert clipped or kernel == (1, 1)  # a 1x1 window has no padding and no window past the edge
+
+
+@pytest.mark.parametrize(("o", "want"), [(64, 12), (128, 12), (24, 12), (16, 8), (8, 8), (40, 12), (256, 12)])
+def test_implicit_gemm_panel_off_avx512_prefers_12_channels(monkeypatch: pytest.MonkeyPatch, o: int,
+                                                            want: int) -> None:
+    """Off AVX-512 the implicit GEMM takes 12-channel panels unless they pad a quarter more
+    channels than 8-channel ones (the 8-channel sub-tile keeps too few sums to hide the
+    multiply-add latency): 64 -> 72 and 40 -> 48 padded are taken, 16 -> 24 is not."""
+
+    class Avx2:
+        gemm_avx512 = 0
+
+    monkeypatch.setattr(native_nn, "library", lambda: Avx2())
+    assert native_nn.conv_gemm_panel(o, 3136, 576) == want
