@@ -100,7 +100,7 @@ def _immutable(value: np.ndarray) -> bool:
 
 def _frozen_array(value: Any, dtype: str | None, what: str) -> np.ndarray:
     if isinstance(value, np.ndarray) and _immutable(value) and value.dtype.isnative:
-        if dtype is None or value.dtype.name == dtype:  # already ours (or immutable): share, don't copy
+        if dtype is None or value.dtype == dtype:  # already ours (or immutable): share, don't copy
             normalize_dtype(value.dtype, what=what)
             return value
     try:
@@ -452,7 +452,7 @@ class Graph(OpBuilders):
         self._check_open("param")
         name = self._check_name("param", name)
         arr = _frozen_array(value, None if dtype is None else normalize_dtype(dtype), f"param {name!r}")
-        return self._add_source(OpKind.PARAM, name, arr.shape, arr.dtype.name, arr)
+        return self._add_source(OpKind.PARAM, name, arr.shape, normalize_dtype(arr.dtype), arr)
 
     def constant(self, value: Any, dtype: Any = None, name: str = "") -> Value:
         """A fixed array. Python floats default to float32 and ints to int64."""
@@ -460,7 +460,7 @@ class Graph(OpBuilders):
         if dtype is None and isinstance(value, float):
             dtype = "float32"
         arr = _frozen_array(value, None if dtype is None else normalize_dtype(dtype), "constant")
-        return self._add_source(OpKind.CONSTANT, str(name), arr.shape, arr.dtype.name, arr)
+        return self._add_source(OpKind.CONSTANT, str(name), arr.shape, normalize_dtype(arr.dtype), arr)
 
     def set_outputs(self, outputs: Sequence[ValueLike] | ValueLike) -> None:
         """Declare the graph's outputs, in order (replaces any earlier declaration)."""
