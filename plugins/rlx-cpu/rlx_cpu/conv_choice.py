@@ -85,7 +85,8 @@ def use_direct() -> bool:
 def _decided(key: str, forcing: tuple[str, str], measure: Callable[[Native], tuple[bool, str]], what: str,
              yes: str, no: str) -> bool:
     """One of this module's questions: ``RLX_CPU_CONV`` answers it when set to one of
-    ``forcing`` (the first means yes), else ``measure`` does, once per process (logged)."""
+    ``forcing`` (the first means yes), else ``measure`` does, once per process (logged) or
+    once a day for this host (``verdicts``)."""
     forced = mode()
     if forced in forcing:
         return forced == forcing[0]

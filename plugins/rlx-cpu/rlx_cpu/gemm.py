@@ -170,8 +170,9 @@ def decision() -> Decision | None:
 
 def use_native(k: int | None = None) -> bool:
     """True when float32 products (of ``k`` terms a sum, where the caller knows) should
-    run on rlx's GEMM: decided once per process, by timing it against the BLAS (see the
-    module docstring), at the first call that needs to know."""
+    run on rlx's GEMM: decided once per process (or kept from an earlier one: ``verdicts``),
+    by timing it against the BLAS (see the module docstring), at the first call that needs
+    to know."""
     found = decision()
     if found is not None:
         return found.for_depth(k)

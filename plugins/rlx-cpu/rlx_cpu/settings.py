@@ -25,18 +25,18 @@ BLAS = Setting("RLX_CPU_BLAS", "auto (default) or mkl: float32 products and vect
 NATIVE = Setting("RLX_CPU_NATIVE", "1 (default): the native kernels built with rlx-cpu (native.c), where they "
                  "loaded; 0 (or off, numpy): numpy kernels only",
                  choices={**_ON, **_OFF, "numpy": False}, default=True)
-GEMM = Setting("RLX_CPU_GEMM", "float32 products: auto (default: rlx's GEMM or the BLAS, timed once per process), "
-               "native (rlx's GEMM) or blas",
+GEMM = Setting("RLX_CPU_GEMM", "float32 products: auto (default: rlx's GEMM or the BLAS, timed on this host "
+               "and kept a day), native (rlx's GEMM) or blas",
                choices={"auto": "auto", "native": "native", "blas": "blas"}, default="auto")
-CONV = Setting("RLX_CPU_CONV", "convolutions: auto (default: timed once per process), implicit (an implicit GEMM), "
-               "im2col, or direct (the direct kernel for few taps)",
+CONV = Setting("RLX_CPU_CONV", "convolutions: auto (default: timed on this host and kept a day), implicit (an "
+               "implicit GEMM), im2col, or direct (the direct kernel for few taps)",
                choices={"auto": "auto", "implicit": "implicit", "im2col": "im2col", "direct": "direct"},
                default="auto")
 BIND = Setting("RLX_CPU_BIND", "1 (default): pin OpenMP's worker threads one to a CPU each; 0 (or off): leave "
                "them where the OS puts them", choices={**_ON, **_OFF}, default=True)
 
-ONEDNN = Setting("RLX_CPU_ONEDNN", "convolutions on oneDNN (the onednn extra): auto (default: where timed faster, "
-                 "once per process), on, or off (never loaded)",
+ONEDNN = Setting("RLX_CPU_ONEDNN", "convolutions on oneDNN (the onednn extra): auto (default: where timed faster "
+                 "on this host, kept a day), on, or off (never loaded)",
                  choices={"auto": "auto", "on": "on", "1": "on", "off": "off", "0": "off"}, default="auto")
 
 SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND, ONEDNN)
