@@ -774,10 +774,15 @@ def test_random_regions_match_numpy_bit_for_bit(lib: native.Native) -> None:
 @pytest.mark.parametrize("act", ["none", "relu", "gelu", "tanh", "sigmoid"])
 @pytest.mark.parametrize("m, n", [(64, 128), (256, 256)])
 def test_gemm_epilogues_run_in_place_on_the_product(lib: native.Native, region_runs: list[regions._Runner],
-                                                    m: int, n: int, act: str) -> None:
-    """A fused gemm's bias and activation are a region over the product itself, written
-    in place (its only operand at the output's own address): in a plan buffer, and in the
-    fresh array a large output is handed over in (256 x 256)."""
+                                                    m: int, n: int, act: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fused gemm's bias and activation run over the product itself: inside rlx's GEMM,
+    on each block of C as it is final, where the product is in a plan buffer (64 x 128);
+    as a region written in place (its only operand at the output's own address) over the
+    fresh array a large output is handed over in (256 x 256), whose address changes per run."""
+    from rlx_cpu.executor import HANDOFF_BYTES
+
+    monkeypatch.setenv("RLX_CPU_GEMM", "native")
     g = Graph("gemm")
     x = g.input("x", (m, 48))
     h = g.add(g.matmul(x, g.param("w", rand((48, n), 1))), g.param("b", rand((n,), 2)))
@@ -786,8 +791,31 @@ def test_gemm_epilogues_run_in_place_on_the_product(lib: native.Native, region_r
     assert any("gemm" in note for note in cg.report().fused)
     x_in = rand((m, 48), 3)
     (got,) = cg.run({"x": x_in})
-    assert len(region_runs) == 1 and region_runs[0].meta[2] == (1 if act == "none" else 2)
+    if m * n * 4 >= HANDOFF_BYTES:
+        assert len(region_runs) == 1 and region_runs[0].meta[2] == (1 if act == "none" else 2)
+    else:
+        assert not region_runs  # the GEMM's epilogue did it
     np.testing.assert_allclose(got, reference.evaluate(g, {"x": x_in})[0], rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("lead", [(3,), (2, 5)])
+def test_gemm_epilogue_over_stacked_rows_on_every_core(lib: native.Native, region_runs: list[regions._Runner],
+                                                       monkeypatch: pytest.MonkeyPatch, lead: tuple[int, ...]) -> None:
+    """A dense layer over a batch of sequences (rows stacked into one product) with its
+    bias and GELU applied by the GEMM block by block, split over the threads, then a
+    second product: the same as the reference, and no region of its own."""
+    monkeypatch.setenv("RLX_CPU_GEMM", "native")
+    g = Graph("dense")
+    x = g.input("x", (*lead, 67, 96))
+    h = g.add(g.matmul(x, g.param("w", rand((96, 200), 1))), g.param("b", rand((200,), 2)))
+    g.set_outputs([g.matmul(g.gelu(h), g.param("w2", rand((200, 24), 4)))])
+    cg = compile_cpu(g)
+    assert any("gemm" in note for note in cg.report().fused)
+    x_in = rand((*lead, 67, 96), 3)
+    (got,) = cg.run({"x": x_in})
+    # float32 sums of 96 then 200 terms against float64's
+    np.testing.assert_allclose(got, reference.evaluate(g, {"x": x_in})[0], rtol=1e-4, atol=1e-4)
+    assert not region_runs  # the bias and GELU ran inside the first GEMM
 
 
 # ----------------------------------------------------------------------------- threads
