@@ -50,7 +50,7 @@ from rlx_core.plugin import (
 from . import gemm
 from .kernels import KERNELS, BuildContext, inplace_positions
 from .nn_kernels import conv2d_steps
-from .regions import epilogue, region_steps
+from .regions import Epilogue, epilogue, region_steps
 from .steps import Parallel, Step, helper_threads
 
 __all__ = ["FUSED_KERNELS", "BLOCK_ELEMENTS", "block_plan"]
@@ -286,44 +286,30 @@ def _fused_elementwise(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildCo
 
 def _gemm(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
     mm = Node(-1, OpKind.MATMUL, (), MappingProxyType({}), node.shape, node.dtype, node.name)
-    steps = KERNELS[OpKind.MATMUL](mm, ins[:2], out, ctx)
-    epilogue: list[tuple[OpKind, tuple[int, ...], dict[str, Any]]] = []
+    after: list[tuple[OpKind, tuple[int, ...], dict[str, Any]]] = []  # the bias, the activation
     operands: list[Any] = [out]
     if len(ins) == 3:
         operands.append(ins[2])
-        epilogue.append((OpKind.ADD, (0, 1), {}))
+        after.append((OpKind.ADD, (0, 1), {}))
     spec = ACTIVATION_OPS[node.attrs["activation"]]
     if spec is not None:
-        epilogue.append((spec[0], (len(operands) + len(epilogue) - 1,), spec[1]))
-    if not epilogue:
-        return steps
-    program = tuple((op.value, args, tuple(sorted(attrs.items()))) for op, args, attrs in epilogue)
-    inside = _gemm_with_epilogue(ins[0], ins[1], out, ctx, program, operands)
-    if inside is not None:
-        return inside
-    return steps + _region_after(program, operands, out, ctx, node.name)
+        after.append((spec[0], (len(operands) + len(after) - 1,), spec[1]))
+    if not after:
+        return KERNELS[OpKind.MATMUL](mm, ins[:2], out, ctx)
+    program = tuple((op.value, args, tuple(sorted(attrs.items()))) for op, args, attrs in after)
 
+    def inside() -> Epilogue | None:
+        # the bias and activation applied by rlx's GEMM to each block of C as it is final,
+        # while it is in cache, instead of a pass of their own over the output (a ViT's
+        # 1576 x 1536 dense layers at batch 8 spent 0.6-0.7 ms each in that pass, on the
+        # 2-core Zen 3: BENCHMARKS.md, session 19)
+        _, instructions = program_types(OpKind.FUSED_ELEMENTWISE, _types(operands), program)
+        return epilogue(instructions, operands, out, ctx.scratch)
 
-def _gemm_with_epilogue(a: Any, b: Any, out: np.ndarray, ctx: BuildContext, program: Any,
-                        operands: list[Any]) -> list[Step] | None:
-    """``out = a @ b`` on rlx's GEMM with the bias and activation (``program`` over
-    ``operands``, ``out`` first) applied by the GEMM to each block of C as it is final,
-    while it is in cache, instead of a pass of their own over the output; None where the
-    GEMM would not run the product or the program does not fit an epilogue. A ViT's
-    1576 x 1536 dense layers at batch 8 spent 0.6-0.7 ms each in that pass, on the 2-core
-    Zen 3 (BENCHMARKS.md, session 19)."""
-    f32 = np.dtype(np.float32)
-    if not (a.dtype == b.dtype == out.dtype == f32) or not gemm.use_native(a.shape[-1]):
-        return None
-    a2, b2, out2 = gemm.stacked_rows(a, b, out)
-    if out2.ndim < 2 or min(out2.shape[-2:]) <= 1:  # a matrix-vector product: rlx_gemv's, no epilogue
-        return None
-    _, instructions = program_types(OpKind.FUSED_ELEMENTWISE, _types(operands), program)
-    epi = epilogue(instructions, operands, out, ctx.scratch)
-    if epi is None:
-        return None
-    step = gemm.native_step(a2, b2, out2, ctx, epilogue=epi)
-    return None if step is None else [step]
+    step = gemm.matmul_epilogue_step(ins[0], ins[1], out, inside, ctx)
+    if step is not None:
+        return [step]
+    return KERNELS[OpKind.MATMUL](mm, ins[:2], out, ctx) + _region_after(program, operands, out, ctx, node.name)
 
 
 def _region_after(program: Any, operands: list[Any], out: np.ndarray, ctx: BuildContext, name: str) -> list[Step]:

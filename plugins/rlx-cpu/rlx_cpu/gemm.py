@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Decision", "ProbeCase", "DEEP_K", "DEEP_PROBE", "MARGIN", "POOL_MARGIN", "SPLIT_MACS", "THREAD_MACS",
            "PROBE_SHAPES", "mode", "use_native", "decision", "describe", "native_step", "gemv_step", "matmul_step",
-           "matmul_bias_step", "reset", "stacked_rows"]
+           "matmul_bias_step", "matmul_epilogue_step", "reset", "stacked_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -207,11 +207,12 @@ def _cores() -> int:
 
 class ProbeCase:
     """One timed product ``c = a @ b`` of shape (M, K, N): uniform operands (a third of
-    normal's cost to draw), A packed as a graph's weights are, and ``args``, the
-    ``rlx_gemm`` call on ``threads`` threads writing ``c_native`` (``c_blas`` is the
-    BLAS's). The object holds the arrays the call's addresses point into."""
+    normal's cost to draw), A packed as a graph's weights are, ``args``, the ``rlx_gemm``
+    call on ``threads`` threads writing ``c_native``, and ``blas``, the BLAS's name and its
+    call writing ``c_blas``. The object holds the arrays the calls' addresses point into."""
 
     def __init__(self, lib: Native, shape: tuple[int, int, int], threads: int, rng: np.random.Generator) -> None:
+        self.shape = shape
         m, k, n = shape
         self.a = rng.random((m, k), dtype=np.float32) - 0.5
         self.b = rng.random((k, n), dtype=np.float32) - 0.5
@@ -220,6 +221,7 @@ class ProbeCase:
         lib.gemm_pack_a(self.a.ctypes.data, k, 1, m, k, self.packed.ctypes.data)
         self.args = (m, n, k, self.packed.ctypes.data, k, 1, 0, self.b.ctypes.data, n, 1, 0,
                      self.c_native.ctypes.data, n, 0, 1, _PACKED_A, threads, 0, 0)
+        self.blas = _blas_runner(self.a, self.b, self.c_blas)
 
 
 def _blas_runner(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[str, Callable[[], None]]:
@@ -267,23 +269,20 @@ def _measure(lib: Native) -> Decision:
     rlx's GEMM, narrow both), and the ThreadTuner, not this choice, copes with a busy core."""
     rng = np.random.default_rng(0)
     threads_used = _cores() if lib.openmp else 1
-    cases = []
-    for m, k, n in PROBE_SHAPES:
-        case = ProbeCase(lib, (m, k, n), threads_used, rng)
-        # the case stays in the list: the calls hold only its arrays' addresses
-        cases.append(((m, k, n), case.args, case.c_native, case.c_blas, _blas_runner(case.a, case.b, case.c_blas),
-                      case))
-    native_times = [_best_of(lambda args=args: lib.gemm(*args)) for _, args, *_ in cases]
-    blas_times = [_best_of(runner[1]) for *_, runner, _ in cases]
+    # the cases stay in the list: the calls hold only their arrays' addresses
+    cases = [ProbeCase(lib, shape, threads_used, rng) for shape in PROBE_SHAPES]
+    native_times = [_best_of(lambda case=case: lib.gemm(*case.args)) for case in cases]
+    blas_times = [_best_of(case.blas[1]) for case in cases]
     pools = thread_policy.blas_pools() if threads_used > 1 else []
     if threads_used > 1 and not all(t_blas > MARGIN * t_native for t_native, t_blas in zip(native_times, blas_times)):
         time.sleep(_SETTLE_S)  # whatever pool was spinning has gone to sleep: both again
-        native_times = [min(t, _best_of(lambda args=args: lib.gemm(*args)))
-                        for t, (_, args, *_) in zip(native_times, cases)]
-        blas_times = [min(t, _best_of(case[4][1])) for t, case in zip(blas_times, cases)]
-    name = cases[-1][4][0] if cases else "the BLAS"
-    for (m, k, n), _, c_native, c_blas, *_ in cases:
-        if not np.allclose(c_native, c_blas, rtol=1e-3, atol=1e-3 * math.sqrt(k)):  # never trade a right answer
+        native_times = [min(t, _best_of(lambda case=case: lib.gemm(*case.args)))
+                        for t, case in zip(native_times, cases)]
+        blas_times = [min(t, _best_of(case.blas[1])) for t, case in zip(blas_times, cases)]
+    name = cases[-1].blas[0] if cases else "the BLAS"
+    for case in cases:  # never trade a right answer
+        m, k, n = case.shape
+        if not np.allclose(case.c_native, case.c_blas, rtol=1e-3, atol=1e-3 * math.sqrt(k)):
             return Decision(False, f"rlx's GEMM disagreed with {name} at {m}x{k}x{n}")
     ratios = [t_blas / t_native for t_native, t_blas in zip(native_times, blas_times)]
     single = ""
@@ -320,13 +319,13 @@ def _deep_ratio(lib: Native, threads: int) -> float | None:
     timed first), or None where they disagree."""
     case = ProbeCase(lib, DEEP_PROBE, threads, np.random.default_rng(1))
     t_native = _best_of(lambda: lib.gemm(*case.args))
-    t_blas = _best_of(_blas_runner(case.a, case.b, case.c_blas)[1])
+    t_blas = _best_of(case.blas[1])
     if not np.allclose(case.c_native, case.c_blas, rtol=1e-3, atol=1e-3 * math.sqrt(DEEP_PROBE[1])):
         return None
     return t_blas / t_native
 
 
-def _single_thread_ratios(lib: Native, cases: list[Any]) -> list[float] | None:
+def _single_thread_ratios(lib: Native, cases: list[ProbeCase]) -> list[float] | None:
     """The BLAS's time over the GEMM's on each case, both on the caller's thread only
     (oneMKL capped for this thread, numpy's BLAS through threadpoolctl); None where the
     BLAS cannot be held to one thread."""
@@ -344,9 +343,9 @@ def _single_thread_ratios(lib: Native, cases: list[Any]) -> list[float] | None:
     try:
         with limit:
             ratios = []
-            for _, args, _c_native, _c_blas, runner, _keep in cases:
-                one = (*args[:16], 1, *args[17:])  # the threads argument
-                ratios.append(_best_of(runner[1]) / _best_of(lambda one=one: lib.gemm(*one)))
+            for case in cases:
+                one = (*case.args[:16], 1, *case.args[17:])  # the threads argument
+                ratios.append(_best_of(case.blas[1]) / _best_of(lambda one=one: lib.gemm(*one)))
     finally:
         if mkl is not None:
             mkl.local_threads(previous)
@@ -409,6 +408,21 @@ def matmul_bias_step(a: Any, b: Any, row_bias: Any, out: Any, ctx: Any = None) -
     if min(out.shape[-2:]) <= 1:  # a matrix-vector product: rlx_gemv's, for one value per output
         return gemv_step(a, b, out, bias=row_bias) if out.shape[-1] == 1 else None
     return native_step(a, b, out, ctx, row_bias=row_bias)
+
+
+def matmul_epilogue_step(a: Any, b: Any, out: Any, epilogue: Callable[[], Epilogue | None],
+                         ctx: Any = None) -> Step | None:
+    """``out = a @ b`` then ``epilogue()`` (made only if needed; a region over ``out``) as
+    one GEMM call that applies it to each block of C as it is final, where rlx's GEMM runs
+    the float32 product, else None (the caller runs the product and the epilogue apart).
+    Not for a matrix-vector product: rlx_gemv's, which takes no epilogue."""
+    a, b, out2 = stacked_rows(a, b, out)
+    if not (a.dtype == b.dtype == out2.dtype == _F32 and use_native(a.shape[-1])):
+        return None
+    if out2.ndim < 2 or min(out2.shape[-2:]) <= 1:
+        return None
+    made = epilogue()
+    return None if made is None else native_step(a, b, out2, ctx, epilogue=made)
 
 
 def _planned(a: Any, b: Any, out: Any) -> tuple[int, int, int, int, Any, Any, Any] | None:
