@@ -95,8 +95,7 @@ def _decided(key: str, forcing: tuple[str, str], measure: Callable[[Native], tup
         return False
     with _LOCK:
         if key not in _DECIDED:
-            found = verdicts.settled(f"conv-{key}", lambda: dict(zip(("yes", "why"), measure(lib), strict=True)))
-            _DECIDED[key] = (bool(found["yes"]), str(found["why"]))
+            _DECIDED[key] = verdicts.settled_answer(f"conv-{key}", lambda: measure(lib))
             log.info("rlx-cpu: %s %s (%s)", what, yes if _DECIDED[key][0] else no, _DECIDED[key][1])
         return _DECIDED[key][0]
 

@@ -305,9 +305,7 @@ def use(kind: str = "spatial") -> Dnnl | None:
         decisions = _STATE.setdefault("decision", {})
         if kind not in decisions:
             decisions[kind] = (False, "probing")  # the probe's own rlx compile must not ask again
-            found = verdicts.settled(f"onednn-{kind}", lambda: dict(zip(("yes", "why"), _measure(lib, kind),
-                                                                              strict=True)))
-            decisions[kind] = (bool(found["yes"]), str(found["why"]))
+            decisions[kind] = verdicts.settled_answer(f"onednn-{kind}", lambda: _measure(lib, kind))
             log.info("rlx-cpu: %s convolutions %s (%s)", kind, "on oneDNN" if decisions[kind][0] else
                      "on rlx's kernels", decisions[kind][1])
         return lib if decisions[kind][0] else None

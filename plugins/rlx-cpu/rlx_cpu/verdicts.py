@@ -41,7 +41,7 @@ from typing import Any
 from rlx_core.errors import CacheWarning
 from rlx_core.plugin import JsonCache
 
-__all__ = ["HostVerdicts", "VERDICTS", "VERDICT_TTL_S", "settled"]
+__all__ = ["HostVerdicts", "VERDICTS", "VERDICT_TTL_S", "settled", "settled_answer"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -206,3 +206,9 @@ def settled(question: str, measure: Callable[[], Mapping[str, Any]],
     verdict = dict(measure())
     store.keep(question, verdict)
     return verdict
+
+
+def settled_answer(question: str, measure: Callable[[], tuple[bool, str]]) -> tuple[bool, str]:
+    """``settled`` for a measurement that answers ``(yes, why)``: the convolution choices'."""
+    found = settled(question, lambda: dict(zip(("yes", "why"), measure(), strict=True)))
+    return bool(found["yes"]), str(found["why"])
