@@ -270,9 +270,10 @@ class Outputs:
     def take(self, k: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """An array of ``shape`` and ``dtype`` for output ``k``: last run's when the caller
         let it go, else a new one (kept for the next run)."""
-        prev = self._kept[k]
-        if prev is not None and _refs(prev) == _UNOWNED and prev.shape == shape and prev.dtype == dtype:
-            return prev
+        if self._kept[k] is not None and self._refs(k) == _UNOWNED:  # counted before any local holds it
+            prev = self._kept[k]
+            if prev.shape == shape and prev.dtype == dtype:
+                return prev
         arr = np.empty(shape, dtype)
         self._kept[k] = arr if arr.nbytes >= RECYCLE_BYTES else None
         return arr
@@ -286,19 +287,16 @@ class Outputs:
         return out
 
 
-def _refs(arr: np.ndarray) -> int:
-    return sys.getrefcount(arr)
+    def _refs(self, k: int) -> int:
+        """References to output ``k``'s kept array (ours included, and this call's)."""
+        return sys.getrefcount(self._kept[k])
 
 
 def _unowned_refs() -> int:
-    """``_refs`` of an array that only an ``Outputs`` holds, seen from ``Outputs.take``."""
-    kept: list[np.ndarray | None] = [np.empty(1, np.uint8)]
-
-    def look(k: int) -> int:  # as take() holds it: the list's slot, one local, the call
-        prev = kept[k]
-        return _refs(prev) if prev is not None else 0
-
-    return look(0)
+    """``Outputs._refs`` of an array that only an ``Outputs`` holds."""
+    probe = Outputs(1)
+    probe._kept[0] = np.empty(1, np.uint8)
+    return probe._refs(0)
 
 
 _UNOWNED = _unowned_refs()
