@@ -270,7 +270,7 @@ class Outputs:
     def take(self, k: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """An array of ``shape`` and ``dtype`` for output ``k``: last run's when the caller
         let it go, else a new one (kept for the next run)."""
-        if self._kept[k] is not None and self._refs(k) == _UNOWNED:  # counted before any local holds it
+        if self._kept[k] is not None and self._references(k) == _UNOWNED:  # counted before any local holds it
             prev = self._kept[k]
             if prev.shape == shape and prev.dtype == dtype:
                 return prev
@@ -287,16 +287,16 @@ class Outputs:
         return out
 
 
-    def _refs(self, k: int) -> int:
+    def _references(self, k: int) -> int:
         """References to output ``k``'s kept array (ours included, and this call's)."""
         return sys.getrefcount(self._kept[k])
 
 
 def _unowned_refs() -> int:
-    """``Outputs._refs`` of an array that only an ``Outputs`` holds."""
+    """``Outputs._references`` of an array that only an ``Outputs`` holds."""
     probe = Outputs(1)
     probe._kept[0] = np.empty(1, np.uint8)
-    return probe._refs(0)
+    return probe._references(0)
 
 
 _UNOWNED = _unowned_refs()
