@@ -132,7 +132,8 @@ def quick(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff check over the whole tree (formatting is not enforced), then import-linter
     (``[tool.importlinter]`` in pyproject.toml): backends import the plugin contract only,
-    and no import circle joins rlx_core's modules (``acyclic_siblings``, since 2.13).
+    and no import circle joins rlx_core's modules (``acyclic_siblings``, since 2.13);
+    then ``rlx_core/_layout.py --check`` (the layers, and Graph's private state).
     The packages are installed without their dependencies: import-linter reads source,
     it imports nothing (no cupy, jax or pyopencl needed)."""
     session.install("ruff", "import-linter>=2.13")
@@ -140,6 +141,9 @@ def lint(session: nox.Session) -> None:
     editable = [arg for d in [ROOT, *plugin_dirs()] for arg in ("-e", str(d))]
     session.install("--no-deps", *editable)
     session.run("lint-imports", "--config", str(ROOT / "pyproject.toml"))
+    # The same layers checked by rlx's own script, with the rule import-linter cannot
+    # express: no private Graph state outside rlx_core.ir. Standard library only.
+    session.run("python", str(ROOT / "rlx_core" / "_layout.py"), "--check")
 
 
 @nox.session

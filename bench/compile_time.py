@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import onnxruntime as ort
 
-    import rlx_core.compiled as compiled
-    import rlx_core.lowering as lowering
+    import rlx_core.compiler.compiled as compiled
+    import rlx_core.compiler.lowering as lowering
 
     spent: dict[str, float] = defaultdict(float)
     lowering.run_pipeline = _timed(spent, "pipeline", lowering.run_pipeline)  # type: ignore[attr-defined]

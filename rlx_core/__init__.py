@@ -6,8 +6,9 @@ cupy, jax, pyopencl, onnx or ray. Backends are discovered and probed on first us
 
 from __future__ import annotations
 
-from . import errors, ops, reference
+from . import _moved, errors, reference
 from ._version import __version__ as __version__
+from .backends.registry import Registry, broken_plugins, default_registry, get_backend
 from .cost import CostModel, estimate_graph_cost
 from .errors import (
     CacheWarning,
@@ -23,9 +24,11 @@ from .errors import (
     RlxError,
     RlxWarning,
 )
-from .ir import Graph, Node, Value
-from .ops import OpKind
-from .placement import (
+from .ir import Graph, Node, Value, ops
+from .ir.ops import OpKind
+from .ir.symbolic import Sym
+from .placement.policy import DevicePolicy
+from .placement.ranking import (
     DeviceCandidate,
     available_devices,
     device_report,
@@ -42,19 +45,21 @@ from .plugin import (
     Executable,
     hookimpl,
 )
-from .policy import DevicePolicy
-from .registry import Registry, broken_plugins, default_registry, get_backend
-from .runtime import Runtime, default_runtime, run_with_fallback
-from .session import CompiledGraph, CompileReport, GraphDevices, compile
-from .symbolic import Sym
+from .run.runtime import Runtime, default_runtime, run_with_fallback
+from .run.session import CompiledGraph, CompileReport, GraphDevices, compile
+
+_moved.install()
 
 
 def __getattr__(name: str) -> object:
     # ``rlx_core.testing`` needs hypothesis; load it only when someone asks for it.
-    if name == "testing":
-        import importlib
+    import importlib
 
+    if name == "testing":
         return importlib.import_module(".testing", __name__)
+    moved = _moved.MOVED.get(f"{__name__}.{name}")
+    if moved is not None:  # ``rlx_core.dtypes`` and the like, from before the packages (issue 32)
+        return importlib.import_module(moved)
     raise AttributeError(f"module 'rlx_core' has no attribute {name!r}")
 
 __all__ = [

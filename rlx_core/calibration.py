@@ -35,8 +35,8 @@ from .options import CompileOptions
 from .passes.legalize import DtypeGate, legalize
 
 if TYPE_CHECKING:
+    from .backends.registry import Registry
     from .plugin import Backend, Executable
-    from .registry import Registry
 
 __all__ = ["calibrate_backend", "cached_cost_model", "calibration_identity", "progress_sink", "CALIBRATION_SCHEMA",
            "save_calibration", "SaveOutcome", "recording_saves", "check_calibration_writable"]

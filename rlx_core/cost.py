@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .dtypes import itemsize
 from .errors import ConfigError
-from .ops import SOURCE_OPS, OpKind
+from .ir.dtypes import itemsize
+from .ir.ops import SOURCE_OPS, OpKind
 
 if TYPE_CHECKING:
     from .ir import Graph, Node

@@ -18,11 +18,11 @@ import numpy as np
 import pluggy
 
 from .cost import CostModel
-from .dtypes import CONTRACT_DTYPES as CONTRACT_DTYPES
-from .dtypes import DTYPES as DTYPES
-from .dtypes import EXTENDED_DTYPES as EXTENDED_DTYPES
 from .errors import ConfigError
-from .ops import OpKind
+from .ir.dtypes import CONTRACT_DTYPES as CONTRACT_DTYPES
+from .ir.dtypes import DTYPES as DTYPES
+from .ir.dtypes import EXTENDED_DTYPES as EXTENDED_DTYPES
+from .ir.ops import OpKind
 from .options import PASS_NAMES as PASS_NAMES
 from .options import CompileOptions as CompileOptions
 
@@ -32,26 +32,26 @@ if TYPE_CHECKING:
 #: What backends build with, beyond the classes below: re-exported here (resolved on
 #: first use, so that importing the contract stays cheap and free of import circles),
 #: so that a plugin imports ``rlx_core``, ``rlx_core.plugin``, ``rlx_core.ir``,
-#: ``rlx_core.ops``, ``rlx_core.errors`` and ``rlx_core.testing`` only (import-linter
+#: ``rlx_core.ir.ops``, ``rlx_core.errors`` and ``rlx_core.testing`` only (import-linter
 #: holds every plugin to that in ``nox -s lint``).
 _KIT: dict[str, str] = {
     # The fused elementwise program of ``fused_elementwise`` nodes (``internal_types.py``).
-    "Instruction": "rlx_core.internal_types",
-    "make_instruction": "rlx_core.internal_types",
-    "live_instructions": "rlx_core.internal_types",
-    "program_types": "rlx_core.internal_types",
-    "ACTIVATION_OPS": "rlx_core.internal_types",
+    "Instruction": "rlx_core.ir.internal_types",
+    "make_instruction": "rlx_core.ir.internal_types",
+    "live_instructions": "rlx_core.ir.internal_types",
+    "program_types": "rlx_core.ir.internal_types",
+    "ACTIVATION_OPS": "rlx_core.ir.internal_types",
     # ``fused_conv``: which of its attributes and inputs are the convolution's.
-    "CONV_ATTRS": "rlx_core.internal_types",
-    "conv_inputs": "rlx_core.internal_types",
+    "CONV_ATTRS": "rlx_core.ir.internal_types",
+    "conv_inputs": "rlx_core.ir.internal_types",
     # dtypes, caches, calibration, isolation.
-    "itemsize": "rlx_core.dtypes",
+    "itemsize": "rlx_core.ir.dtypes",
     "JsonCache": "rlx_core.cache",
     "cache_dir": "rlx_core.cache",
     "tag_cache_dir": "rlx_core.cache",
     "calibrate_backend": "rlx_core.calibration",
     "save_calibration": "rlx_core.calibration",
-    "in_isolation_child": "rlx_core.isolation",
+    "in_isolation_child": "rlx_core.backends.isolation",
 }
 
 __all__ = [
@@ -227,12 +227,12 @@ class Backend:
     #: ranking then prices such chains as one memory pass, as the backend will run them,
     #: although the backend does not claim the core's ``fused_elementwise`` op.
     fuses_elementwise: ClassVar[bool] = False
-    #: The dtypes this backend reads and computes (a subset of ``rlx_core.dtypes.DTYPES``).
+    #: The dtypes this backend reads and computes (a subset of ``rlx_core.ir.dtypes.DTYPES``).
     #: The default is the contract's six (float32 float16 float64 int32 int64 bool). The
     #: core never compiles for a backend, nor asks its ``claims`` about, a node whose
     #: value or inputs have another dtype: legalization refuses such a node first, naming
     #: the dtype, so placement moves the graph (or that part of it) elsewhere. A backend
-    #: opts into the extended integers (``rlx_core.dtypes.EXTENDED_DTYPES``: int8 uint8
+    #: opts into the extended integers (``rlx_core.ir.dtypes.EXTENDED_DTYPES``: int8 uint8
     #: int16 uint16 uint32 uint64) by listing them here, and the conformance kit then tests
     #: its claimed ops on them too.
     dtypes: ClassVar[frozenset[str]] = CONTRACT_DTYPES
@@ -315,17 +315,17 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # the kit's real types, for type checkers (``X as X``: a re-export)
+    from .backends.isolation import in_isolation_child as in_isolation_child
     from .cache import JsonCache as JsonCache
     from .cache import cache_dir as cache_dir
     from .cache import tag_cache_dir as tag_cache_dir
     from .calibration import calibrate_backend as calibrate_backend
     from .calibration import save_calibration as save_calibration
-    from .dtypes import itemsize as itemsize
-    from .internal_types import ACTIVATION_OPS as ACTIVATION_OPS
-    from .internal_types import CONV_ATTRS as CONV_ATTRS
-    from .internal_types import Instruction as Instruction
-    from .internal_types import conv_inputs as conv_inputs
-    from .internal_types import live_instructions as live_instructions
-    from .internal_types import make_instruction as make_instruction
-    from .internal_types import program_types as program_types
-    from .isolation import in_isolation_child as in_isolation_child
+    from .ir.dtypes import itemsize as itemsize
+    from .ir.internal_types import ACTIVATION_OPS as ACTIVATION_OPS
+    from .ir.internal_types import CONV_ATTRS as CONV_ATTRS
+    from .ir.internal_types import Instruction as Instruction
+    from .ir.internal_types import conv_inputs as conv_inputs
+    from .ir.internal_types import live_instructions as live_instructions
+    from .ir.internal_types import make_instruction as make_instruction
+    from .ir.internal_types import program_types as program_types

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from .dtypes import FLOAT_DTYPES
 from .errors import InputError
-from .internal_types import ACTIVATION_OPS, CONV_ATTRS, conv_inputs
-from .ops import OpKind
+from .ir.dtypes import FLOAT_DTYPES
+from .ir.internal_types import ACTIVATION_OPS, CONV_ATTRS, conv_inputs
+from .ir.ops import OpKind
 
 if TYPE_CHECKING:
     from .ir import Graph, Node

@@ -103,7 +103,7 @@ def children(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     (a plugin import check, ``plugin_import``), ``"task"`` (a probe or calibration,
     ``isolation.run_child``) or ``"bench"`` (an ``rlx bench`` worker): how tests see that
     a kept verdict cost no child."""
-    from rlx_core import isolation, plugin_import
+    from rlx_core.backends import isolation, plugin_import
     from rlx_core.cli import bench_worker as _bench_worker
 
     started: list[str] = []
@@ -124,7 +124,7 @@ def children(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @pytest.fixture
 def isolated_registry() -> Iterator[None]:
-    from rlx_core import registry
+    from rlx_core.backends import registry
 
     saved = registry._default
     registry.set_default_registry(None)

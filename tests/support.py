@@ -14,7 +14,7 @@ import numpy as np
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_core.ops import COMPOSITE_OPS, PRIMITIVE_OPS
+from rlx_core.ir.ops import COMPOSITE_OPS, PRIMITIVE_OPS
 
 ALL_OPS = frozenset(op.value for op in PRIMITIVE_OPS | COMPOSITE_OPS)
 PRIMITIVES = frozenset(op.value for op in PRIMITIVE_OPS)

@@ -8,7 +8,7 @@ from support import registry_with
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 from rlx_core.passes import run_pipeline
 from rlx_core.passes.attention import fuse_attention
 from rlx_cpu import CpuBackend

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 import rlx_core as rlx
 from rlx_core.cli import app
 from rlx_core.cli.bench_worker import BenchWorker, WorkerPool
-from rlx_core.inputs import random_inputs
+from rlx_core.compiler.inputs import random_inputs
 from rlx_core.onnx._peers import Contender, ContenderFailed, time_interleaved
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="signals are POSIX")

@@ -134,7 +134,7 @@ def test_op_cost_lines_price_kernels_and_fused_regions():
 def test_a_backend_that_fuses_by_itself_is_priced_on_regions():
     from support import registry_with
 
-    from rlx_core.placement import priced_graph
+    from rlx_core.placement.ranking import priced_graph
 
     class Xla(ToyBackend):
         fuses_elementwise = True
@@ -278,7 +278,7 @@ def test_a_save_says_where_or_why_not_and_is_recorded_instead_of_warned(tmp_path
 @pytest.mark.parametrize("blocked", [False, True])
 def test_the_calibration_child_answers_where_the_model_was_saved(tmp_path, monkeypatch, blocked: bool) -> None:
     """The child's result carries the save's outcome: its warning would die with it."""
-    from rlx_core._isolated_child import _calibrate_task
+    from rlx_core.backends._isolated_child import _calibrate_task
 
     if blocked:
         where = _blocked(tmp_path, monkeypatch)

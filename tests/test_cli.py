@@ -66,7 +66,7 @@ def run_rlx(*args: str, cwd: Path, env: dict[str, str] | None = None, registry: 
     environment of ``rlx_environment`` (put back afterwards), ``cwd`` as the working
     directory, a fresh default registry (or ``registry``), stdout and stderr captured,
     warnings shown as ``main`` shows them."""
-    from rlx_core import registry as registries
+    from rlx_core.backends import registry as registries
     from rlx_core.cli import main
     from rlx_core.cli.common import console
 

@@ -18,7 +18,7 @@ from rlx_core.cli import main
 
 @pytest.fixture
 def toy_registry() -> Iterator[dict[str, ToyBackend]]:
-    from rlx_core import registry
+    from rlx_core.backends import registry
 
     backends = {"toy": ToyBackend("toy")}
     saved = registry._default

@@ -119,8 +119,8 @@ def test_installed_available_usable_agree_between_table_and_json(monkeypatch, is
     from support import ToyBackend, registry_with
     from typer.testing import CliRunner
 
+    from rlx_core.backends.registry import set_default_registry
     from rlx_core.cli import app
-    from rlx_core.registry import set_default_registry
 
     # no plugin of rlx's own is installed in this registry: cpu, cuda... get "not installed" rows
     set_default_registry(registry_with(ToyBackend("toy"), ToyBackend("gone", available="no gone device here"),
@@ -169,8 +169,8 @@ def test_a_stale_calibration_is_warned_about_by_one_process_not_every_one(tmp_pa
 
 
 def test_cache_info_and_clear_cover_every_namespace(tmp_path: Path) -> None:
+    from rlx_core.backends.faults import FaultLog
     from rlx_core.cache import JsonCache
-    from rlx_core.faults import FaultLog
 
     root = tmp_path / "cache"
     JsonCache("calibration", 3, root, what="cost models measured by rlx calibrate").put("cpu", {}, {"x": 1})

@@ -22,7 +22,7 @@ from rlx_core.distributed import BatchModel, Predictor, map_batches
 @pytest.fixture
 def toy_registry() -> Iterator[dict[str, ToyBackend]]:
     """The process default registry holds two toy devices: ``flaky`` (ranked first) and ``toy``."""
-    from rlx_core import registry
+    from rlx_core.backends import registry
 
     backends = {"flaky": ToyBackend("flaky", priority=60, gflops=1000.0), "toy": ToyBackend("toy", priority=10)}
     saved = registry._default
@@ -47,7 +47,7 @@ def expected_rows(x: np.ndarray) -> np.ndarray:
 @settings(max_examples=12, derandomize=True, deadline=None)
 @given(n=st.integers(0, 13))
 def test_any_number_of_rows_matches_the_reference_row_by_row(n: int) -> None:
-    from rlx_core import registry
+    from rlx_core.backends import registry
 
     saved = registry._default
     registry.set_default_registry(registry_with(ToyBackend("toy")))

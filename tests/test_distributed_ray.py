@@ -33,7 +33,7 @@ import signal
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_core.ops import COMPOSITE_OPS, PRIMITIVE_OPS
+from rlx_core.ir.ops import COMPOSITE_OPS, PRIMITIVE_OPS
 
 
 class _Run(rlx.Executable):

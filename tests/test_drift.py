@@ -1,4 +1,4 @@
-"""Re-pick on slowdown (rlx_core/drift.py): a long-lived session moves off a device that
+"""Re-pick on slowdown (rlx_core/run/drift.py): a long-lived session moves off a device that
 got far slower than its own baseline, and comes back once the slowdown is forgotten."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from support import RefExecutable, ToyBackend, mlp, registry_with
 
 import rlx_core as rlx
-from rlx_core.drift import DriftWatch, drift_settings
-from rlx_core.measured import MeasureSettings
+from rlx_core.placement.measured import MeasureSettings
+from rlx_core.run.drift import DriftWatch, drift_settings
 
 
 class Clock:
@@ -122,7 +122,7 @@ def test_graph_devices_without_drift_watch_when_disabled_or_steered(monkeypatch:
 
 
 def test_a_predictor_moves_its_rows_when_its_device_slows_down(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlx_core import registry
+    from rlx_core.backends import registry
     from rlx_core.distributed import Predictor
 
     monkeypatch.setenv("RLX_REPICK_DRIFT", "20")

@@ -11,7 +11,7 @@ from support import ALL_OPS, ToyBackend, registry_with
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_core.dtypes import CONTRACT_DTYPES, DTYPES, EXTENDED_DTYPES
+from rlx_core.ir.dtypes import CONTRACT_DTYPES, DTYPES, EXTENDED_DTYPES
 from rlx_core.passes.legalize import DtypeGate, legalize
 from rlx_core.passes.pipeline import run_pipeline
 

@@ -9,7 +9,7 @@ from support import ToyBackend, registry_with
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_core.dynamic import REPRESENTATIVE_SIZES, DynamicCompiledGraph, representative
+from rlx_core.compiler.dynamic import REPRESENTATIVE_SIZES, DynamicCompiledGraph, representative
 
 RNG = np.random.default_rng(7)
 W = RNG.standard_normal((16, 8)).astype(np.float32)

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 import rlx_core as rlx
 from rlx_core import onnx as rlx_onnx
 from rlx_core import reference
-from rlx_core.dtypes import CONTRACT_DTYPES, EXTENDED_DTYPES, INT_DTYPES, is_int, itemsize, normalize_dtype
+from rlx_core.ir.dtypes import CONTRACT_DTYPES, EXTENDED_DTYPES, INT_DTYPES, is_int, itemsize, normalize_dtype
 
 EXT = list(EXTENDED_DTYPES)
 

@@ -11,7 +11,7 @@ import pytest
 import rlx_core.ir.graph as graph_module
 from rlx_core.errors import GraphError
 from rlx_core.ir import Graph
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 
 
 def _mlp() -> Graph:

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlx_core import Graph, GraphError, ModelError, OpKind
-from rlx_core.ops import SOURCE_OPS
+from rlx_core.ir.ops import SOURCE_OPS
 from rlx_core.reference import evaluate
 from rlx_core.testing._cases import GENERATED_OPS, op_cases
 

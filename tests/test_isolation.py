@@ -26,10 +26,10 @@ from support import broken_error
 from test_cli import rlx_environment, run_rlx_process
 
 import rlx_core as rlx
+from rlx_core.backends.faults import FaultLog
+from rlx_core.backends.isolation import describe_exit, isolation_enabled
+from rlx_core.backends.registry import Registry
 from rlx_core.errors import ConfigError, DeviceError, PluginError, PluginWarning
-from rlx_core.faults import FaultLog
-from rlx_core.isolation import describe_exit, isolation_enabled
-from rlx_core.registry import Registry
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="signals are POSIX")
 
@@ -136,7 +136,7 @@ def test_probe_child_leaves_when_its_parent_exits(crash_site: FakeSite, tmp_path
     """A probe that hangs forever in a parent that exits: the child goes too."""
     script = textwrap.dedent("""
         import importlib.metadata, os, sys
-        from rlx_core.registry import Registry
+        from rlx_core.backends.registry import Registry
         eps = [ep for ep in importlib.metadata.entry_points(group="rlx.backends") if ep.name == "fakecrash"]
         registry = Registry(entry_points=eps, environ={**os.environ, "RLX_PROBE_TIMEOUT": "30"})
         import threading
@@ -273,7 +273,7 @@ def hostile_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (folder / f"{module}.py").write_text(f"import os\nopen({str(marker)!r}, 'a').write({module!r} + '\\n')\n"
                                              "os._exit(7)\n", encoding="utf-8")
     # the control: a plain `python -m` there runs them (so the test below can fail)
-    plain = subprocess.run([sys.executable, "-m", "rlx_core._isolated_child"], cwd=folder, input="",
+    plain = subprocess.run([sys.executable, "-m", "rlx_core.backends._isolated_child"], cwd=folder, input="",
                            capture_output=True, text=True, timeout=120)
     assert plain.returncode == 7 and marker.read_text().split() == ["rlx_core"], plain.stderr
     marker.unlink()
@@ -288,7 +288,7 @@ def test_children_never_import_from_the_working_directory(crash_site: FakeSite, 
                                                           children: list[str]) -> None:
     """Import check, probe, calibration and bench worker, with ``-P`` (3.11+) and, as on
     Python 3.10 (no ``-P``), in a private empty directory instead."""
-    from rlx_core import isolation
+    from rlx_core.backends import isolation
     from rlx_core.cli.bench_worker import WorkerPool
 
     monkeypatch.setattr(isolation, "SAFE_PATH_FLAG", safe_path_flag)
@@ -323,7 +323,7 @@ def test_child_env_leaves_the_working_directory_off_the_path(tmp_path: Path, mon
     """Where ``python -m rlx_core`` or ``python -c`` put the cwd (``''`` or its path), the
     child's ``PYTHONPATH`` leaves it out; the parent's other entries (installed
     distributions, ``PYTHONPATH``) stay, and a cwd the user named in ``PYTHONPATH`` too."""
-    from rlx_core.isolation import child_env
+    from rlx_core.backends.isolation import child_env
 
     here, site = tmp_path / "here", tmp_path / "site"
     here.mkdir()
@@ -515,7 +515,7 @@ def _add_graph() -> rlx.Graph:
 
 
 def _compile_on(registry: Registry) -> None:
-    from rlx_core import registry as registry_module
+    from rlx_core.backends import registry as registry_module
 
     saved = registry_module._default
     registry_module.set_default_registry(registry)
@@ -528,7 +528,7 @@ def _compile_on(registry: Registry) -> None:
 def test_children_know_they_are_children() -> None:
     """A backend's code can tell it runs in rlx's child (``in_isolation_child``): the
     child's environment says so, with isolation off (no grandchildren)."""
-    from rlx_core.isolation import CHILD_ENV, ISOLATION_ENV, child_env, in_isolation_child
+    from rlx_core.backends.isolation import CHILD_ENV, ISOLATION_ENV, child_env, in_isolation_child
 
     env = child_env({"RLX_PROBE_TIMEOUT": "3"})
     assert env[CHILD_ENV] == "1" and env[ISOLATION_ENV] == "0" and env["RLX_PROBE_TIMEOUT"] == "3"
@@ -539,7 +539,7 @@ def test_children_know_they_are_children() -> None:
 def test_the_parent_backend_is_told_what_the_child_probe_found(fake_site) -> None:
     """``Backend.probed``: what a probe learns in its child reaches the parent's backend
     (the jax platform, a GPU's properties); an in-process probe needs no telling."""
-    from rlx_core.registry import Registry
+    from rlx_core.backends.registry import Registry
 
     isolated = Registry(entry_points=fake_site.entry_points("fakenp"), environ={"RLX_PROBE_TIMEOUT": "30"})
     answer = isolated.availability("fakenp")

@@ -1,79 +1,106 @@
 """The core's layout rules, checked on the source (issue 32).
 
-Only ``rlx_core.ir`` touches a graph's private state: passes, runners and backends edit
-graphs through the public API (``add_node``, ``origin``, ``copy``, ``replace_value``,
-``attachments``), so the graph's representation can change without breaking them. A
-subclass of ``Graph`` reaching its own state through ``self`` is the one exception.
+The rules live in ``rlx_core._layout`` (``python -m rlx_core._layout``, which ``nox -s
+lint`` runs too): every package of rlx_core sits in one layer and imports none above it,
+and only ``rlx_core.ir`` touches a graph's private state. These tests run that check, show
+it can fail, and keep its table in step with import-linter's contract in pyproject.toml.
+Modules that moved into the packages stay importable at their old paths (``_moved``).
 """
 
 from __future__ import annotations
 
+import importlib
+import subprocess
 import sys
-import tokenize
 from pathlib import Path
 
+import pytest
+import tomllib
+
+from rlx_core import _layout, _moved
 from rlx_core.ir import Graph
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _graph_private_names() -> set[str]:
-    names = {k for cls in Graph.__mro__ for k in vars(cls) if k.startswith("_") and not k.startswith("__")}
-    names |= {k for k in vars(Graph()) if k.startswith("_")}
-    return names
+def test_the_layout_check_passes_on_the_tree():
+    proc = subprocess.run([sys.executable, "-m", "rlx_core._layout"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "layer 11: ir" in proc.stdout and "    ops " in proc.stdout and "layout ok" in proc.stdout
 
 
-def _sources() -> list[Path]:
-    core = [p for p in (ROOT / "rlx_core").rglob("*.py") if (ROOT / "rlx_core" / "ir") not in p.parents]
-    plugins = [p for p in (ROOT / "plugins").glob("*/rlx_*/**/*.py")]
-    return sorted(core + plugins)
+def test_the_layers_are_import_linters_layers():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    contract = next(c for c in config["tool"]["importlinter"]["contracts"] if c["name"] == "rlx_core's layers")
+    assert [tuple(n.strip() for n in layer.split(":")) for layer in contract["layers"]] == list(_layout.LAYERS)
+    assert contract["exhaustive"] is True
 
 
-def test_the_private_names_are_found():
-    names = _graph_private_names()
-    assert {"_nodes", "_values", "_origin", "_add_source", "_sessions"} <= names
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    package = tmp_path / "rlx_core"
+    for name, text in {"__init__.py": "", "ir/__init__.py": "", "ir/graph.py": _GRAPH, **files}.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text)
+    return package
 
 
-def _private_uses(path: Path, private: set[str]) -> list[str]:
-    """``owner._name`` attribute uses in ``path`` where ``_name`` is private ``Graph`` state
-    and ``owner`` is not a bare ``self``/``cls``. Read with ``tokenize``, not ``ast``: CPython
-    3.11's ``ast.parse`` can fail with "AST constructor recursion depth mismatch" in a
-    process whose earlier tests left its per-interpreter AST state disturbed (seen in CI)."""
-    with path.open("rb") as f:
-        toks = [t for t in tokenize.tokenize(f.readline) if t.type not in _SKIP]
-    found = []
-    for i in range(1, len(toks) - 1):
-        dot, name, owner = toks[i], toks[i + 1], toks[i - 1]
-        if not (dot.type == tokenize.OP and dot.string == "." and name.type == tokenize.NAME):
-            continue
-        if name.string not in private:
-            continue
-        bare = i < 2 or not (toks[i - 2].type == tokenize.OP and toks[i - 2].string == ".")
-        if owner.type == tokenize.NAME and owner.string in ("self", "cls") and bare:
-            continue
-        found.append(f"{path.relative_to(ROOT)}:{name.start[0]}: {owner.string}.{name.string}")
-    return found
+_GRAPH = ("class Graph:\n    _kind = 1\n    def __init__(self):\n        self._nodes = []\n"
+          "    def _add(self):\n        pass\n")
 
 
-_SKIP = {tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING}
+def test_the_check_names_an_import_above_its_layer_and_an_unplaced_module(tmp_path):
+    package = _package(tmp_path, {
+        "errors.py": "",
+        "run/__init__.py": "",
+        "ir/ops.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..run import x\n"
+                     "def f():\n    from ..run import session\n    from .. import errors\n",
+        "newthing.py": "",
+    })
+    found = _layout.layer_violations(package)
+    assert found == ["rlx_core.newthing: in no layer of rlx_core._layout.LAYERS",
+                     "rlx_core/ir/ops.py:5: rlx_core.ir.ops (ir, layer 11) imports rlx_core.run "
+                     "(run, layer 3, above it)"]
 
 
-def test_the_scan_finds_a_private_use(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    src = tmp_path / "m.py"
-    src.write_text("def f(g, self):\n    self._nodes\n    g._nodes.append(1)\n    g.self._values\n    g._fine\n")
-    assert _private_uses(src, {"_nodes", "_values"}) == ["m.py:3: g._nodes", "m.py:4: self._values"]
+def test_the_check_names_private_graph_state_used_outside_ir(tmp_path):
+    package = _package(tmp_path, {"run/__init__.py": "",
+                                  "run/session.py": "def f(g, self):\n    self._nodes\n    g._nodes.append(1)\n"
+                                                    "    g.self._kind\n    g._fine\n    g._add()\n"})
+    assert _layout.graph_private_names(package) == {"_kind", "_nodes", "_add"}
+    assert _layout.private_violations(package) == ["rlx_core/run/session.py:3: g._nodes",
+                                                    "rlx_core/run/session.py:4: self._kind",
+                                                    "rlx_core/run/session.py:6: g._add"]
 
 
-def test_no_module_outside_ir_uses_a_private_name_of_graph():
-    private = _graph_private_names()
-    found = [hit for path in _sources() for hit in _private_uses(path, private)]
-    assert not found, "private Graph state used outside rlx_core.ir (use the edit API):\n" + "\n".join(found)
+def test_the_private_names_read_from_the_source_cover_the_class():
+    """The check reads ``Graph``'s private names without importing it; every one the
+    class and a new instance have is among them."""
+    live = {k for cls in Graph.__mro__ if cls is not object for k in vars(cls)} | set(vars(Graph()))
+    live = {k for k in live if k.startswith("_") and not k.startswith("__")}
+    assert live <= _layout.graph_private_names()
+    assert {"_nodes", "_values", "_origin", "_add_source", "_sessions"} <= live
+
+
+@pytest.mark.parametrize("old", sorted(_moved.MOVED))
+def test_a_moved_module_is_the_same_module_at_its_old_path(old):
+    new = importlib.import_module(_moved.MOVED[old])
+    assert importlib.import_module(old) is new
+    assert getattr(importlib.import_module("rlx_core"), old.split(".", 1)[1]) is new
+    assert new.__spec__.name == new.__name__  # its own spec, not the alias's: relative imports still resolve
+
+
+def test_placements_names_are_still_importable_from_the_package():
+    from rlx_core.placement import Placement, device_report
+    from rlx_core.placement.ranking import Placement as ranked
+
+    assert Placement is ranked and callable(device_report)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        _ = importlib.import_module("rlx_core.placement").nothing
 
 
 GUIDE = ROOT / "docs" / "writing-a-plugin.md"
 #: The modules a plugin may import (the guide's "What a plugin may import").
-CONTRACT = {"rlx_core", "rlx_core.plugin", "rlx_core.ir", "rlx_core.ops", "rlx_core.errors", "rlx_core.reference",
+CONTRACT = {"rlx_core", "rlx_core.plugin", "rlx_core.ir", "rlx_core.ir.ops", "rlx_core.errors", "rlx_core.reference",
             "rlx_core.testing"}
 
 

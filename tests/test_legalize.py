@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlx_core import Graph, reference
-from rlx_core.ops import COMPOSITE_OPS, PRIMITIVE_OPS
+from rlx_core.ir.ops import COMPOSITE_OPS, PRIMITIVE_OPS
 from rlx_core.passes import legalize
 
 PRIMS = frozenset(op.value for op in PRIMITIVE_OPS)

@@ -1,5 +1,5 @@
-"""A pick that measures when unsure (``rlx_core/measured.py``) and the observed errors that
-correct later rankings (``rlx_core/corrections.py``).
+"""A pick that measures when unsure (``rlx_core/placement/measured.py``) and the observed errors that
+correct later rankings (``rlx_core/placement/corrections.py``).
 
 The fake devices below take their time on a fake clock: the cost model predicts ``a``
 faster (``gflops``), while ``a``'s runs take 5 ms of fake time and ``b``'s 1 ms, so a
@@ -23,11 +23,11 @@ from support import RefExecutable, ToyBackend, mlp
 
 import rlx_core as rlx
 from rlx_core.cache import cache_dir
-from rlx_core.corrections import PredictionErrors
+from rlx_core.compiler.lowering import priced_graph
 from rlx_core.cost import estimate_graph_cost
-from rlx_core.lowering import priced_graph
-from rlx_core.measured import MeasureSettings, Trial, Verdicts, graph_signature, measurement_inputs
-from rlx_core.placement import Placement
+from rlx_core.placement.corrections import PredictionErrors
+from rlx_core.placement.measured import MeasureSettings, Trial, Verdicts, graph_signature, measurement_inputs
+from rlx_core.placement.ranking import Placement
 
 X = {"x": np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)}
 RUNS = 3  # DevicePolicy's default benchmark_runs

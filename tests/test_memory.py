@@ -1,5 +1,5 @@
 """The memory limit: a graph too big for the machine fails at compile, naming the size,
-before any buffer is allocated (rlx_core.memory)."""
+before any buffer is allocated (rlx_core.compiler.memory)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from support import ToyBackend, registry_with
 
 import rlx_core as rlx
-from rlx_core.memory import device_memory_limit, format_bytes, memory_limit, parse_memory_limits
+from rlx_core.compiler.memory import device_memory_limit, format_bytes, memory_limit, parse_memory_limits
 
 
 def big_graph(rows: int) -> rlx.Graph:
@@ -139,7 +139,7 @@ def test_malformed_per_device_limits_name_the_variable(raw: str) -> None:
 
 def test_a_probe_reports_memory_through_the_isolated_child() -> None:
     """memory_bytes survives the trip from a probe run in a child process (JSON)."""
-    from rlx_core.probing import _bytes
+    from rlx_core.backends.probing import _bytes
 
     assert [_bytes(v) for v in (1024, 0, -5, "12", None, True, 2.5e9)] == [1024, None, None, None, None, None,
                                                                              2_500_000_000]

@@ -20,8 +20,8 @@ from test_onnx_support import init, make_model, ort_run, vi
 
 import rlx_core as rlx
 from rlx_core import onnx as rlx_onnx
-from rlx_core.deferred import DeferredGraph
 from rlx_core.errors import GraphError, InputError, ModelError
+from rlx_core.ir.deferred import DeferredGraph
 from rlx_core.onnx._dynamic import symbol_names
 
 V, D, H, P = 50, 8, 2, 40  # vocabulary, width, heads, position table

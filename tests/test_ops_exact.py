@@ -12,8 +12,8 @@ import pytest
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_core.dtypes import SIGNED_INT_DTYPES, UNSIGNED_INT_DTYPES
 from rlx_core.errors import GraphError, InputError
+from rlx_core.ir.dtypes import SIGNED_INT_DTYPES, UNSIGNED_INT_DTYPES
 
 I32 = np.iinfo(np.int32)
 

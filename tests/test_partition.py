@@ -1,4 +1,4 @@
-"""One graph across several devices (rlx_core/partition.py, docs/partition.md): a graph no
+"""One graph across several devices (rlx_core/placement/partition.py, docs/partition.md): a graph no
 single backend runs is split and matches the reference; a split predicted slower than
 one device is not taken; strict mode and explicit devices never split silently."""
 
@@ -15,8 +15,8 @@ from test_passes_random import graphs
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_core.partition import SPLIT_MARGIN, PartitionedGraph, plan_partition, segment_graph
-from rlx_core.placement import Placement
+from rlx_core.placement.partition import SPLIT_MARGIN, PartitionedGraph, plan_partition, segment_graph
+from rlx_core.placement.ranking import Placement
 from rlx_core.testing._compare import mismatch
 
 REST = ALL_OPS - {"matmul"}

@@ -10,7 +10,7 @@ from support import ALL_OPS, ToyBackend, registry_with
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_core.ops import INTERNAL_OPS, OpKind
+from rlx_core.ir.ops import INTERNAL_OPS, OpKind
 from rlx_core.passes import plan_memory, run_pipeline
 from rlx_core.passes.fuse import fuse_conv, fuse_elementwise, fuse_gemm
 from rlx_core.passes.internal_ops import make_instruction

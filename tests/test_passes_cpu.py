@@ -9,7 +9,7 @@ import pytest
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 from rlx_core.testing._compare import mismatch
 
 pytest.importorskip("rlx_cpu")

@@ -100,7 +100,7 @@ def test_example_pick_is_the_device_the_example_runs_on(policy, want):
     ``example_pick`` says where ``rlx run --example mlp`` will run, by the same policy and
     cost ranking as the run, priced and never compiled."""
     from rlx_core.examples import example_graph
-    from rlx_core.placement import example_pick
+    from rlx_core.placement.ranking import example_pick
 
     # the higher priority is the slower device: priority must not decide, the ranking must
     dear, cheap = ToyBackend("dear", priority=90, gflops=1), ToyBackend("cheap", priority=10, gflops=500)
@@ -122,6 +122,6 @@ def test_recommended_without_graph_is_none_when_the_default_device_cannot_run():
     # RLX_DEVICE=b is not usable: recommended falls back to the highest-priority usable device,
     # while the example run (an explicit default device never moves) cannot run at all
     assert [r.device for r in rows if r.recommended] == ["a"]
-    from rlx_core.placement import example_pick
+    from rlx_core.placement.ranking import example_pick
 
     assert example_pick(rlx.DevicePolicy(device="b"), reg)[0] is None

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from rlx_core.errors import ConfigError
-from rlx_core.policy import DevicePolicy
-from rlx_core.settings import environment_settings
+from rlx_core.placement.policy import DevicePolicy
+from rlx_core.run.settings import environment_settings
 
 DEFAULT_SOURCES = dict.fromkeys(
     ("allow", "deny", "prefer", "pick", "benchmark_runs", "device", "chain", "strict"), "default")
@@ -250,7 +250,7 @@ def test_rlx_own_backends_may_be_named_when_not_installed():
 
 
 def test_placement_validates_the_policy_it_is_given():
-    from rlx_core.placement import Placement
+    from rlx_core.placement.ranking import Placement
 
     with pytest.raises(ConfigError, match="RLX_DENY_DEVICES: unknown device 'foo'"):
         Placement(None, DevicePolicy.from_env(environ={"RLX_DENY_DEVICES": "foo"}), _toys())
@@ -266,7 +266,7 @@ def test_placement_validates_the_policy_it_is_given():
     ("RLX_REPICK_FORGET", "soon"), ("RLX_MEMORY_LIMIT", "cuda=2G,,"),
 ])
 def test_check_environment_names_the_malformed_variable(var, value):
-    from rlx_core.settings import check_environment
+    from rlx_core.run.settings import check_environment
 
     check_environment({})  # all unset: fine
     with pytest.raises(ConfigError, match=var):
@@ -276,7 +276,7 @@ def test_check_environment_names_the_malformed_variable(var, value):
 def test_every_listed_variable_is_checked_or_free_text():
     # a variable added to the catalogue (``rlx devices --explain``) but not to check_environment
     # would be parsed late again; these take any text
-    from rlx_core.settings import check_environment
+    from rlx_core.run.settings import check_environment
 
     free = {"RLX_CACHE_DIR"}
     for var, _, _ in environment_settings(environ={}):

@@ -476,7 +476,7 @@ def test_kit_passes_on_the_loopback_backend():
     assert report.ok and not report.skipped, report.summary()
     claimed = {r.name for r in report.results if r.name.startswith("op:")}
     assert claimed == {f"op:{op}" for op in LoopbackBackend().supported_ops()}
-    n_ops = len(set(rlx_core.OpKind) - rlx_core.ops.SOURCE_OPS)  # every op, the internal ones included
+    n_ops = len(set(rlx_core.OpKind) - rlx_core.ir.ops.SOURCE_OPS)  # every op, the internal ones included
     assert len(claimed) == n_ops
     assert f"{n_ops} known ops claimed" in report["supported_ops"].message
 
@@ -668,12 +668,12 @@ def test_generated_dtypes_are_exactly_those_ops_accepts():
     six by default (``OP_DTYPES``), the extended integers too for a backend declaring them."""
     from hypothesis import HealthCheck, given, settings
 
-    from rlx_core.dtypes import CONTRACT_DTYPES, DTYPES
     from rlx_core.errors import GraphError
+    from rlx_core.ir.dtypes import CONTRACT_DTYPES, DTYPES
     from rlx_core.testing._case_base import ALL_OP_DTYPES, OP_DTYPES
     from rlx_core.testing._cases import GENERATED_OPS, OpCase, Operand, op_cases
 
-    assert set(OP_DTYPES) == set(GENERATED_OPS) == {op for op in rlx_core.OpKind} - rlx_core.ops.SOURCE_OPS
+    assert set(OP_DTYPES) == set(GENERATED_OPS) == {op for op in rlx_core.OpKind} - rlx_core.ir.ops.SOURCE_OPS
 
     def draw(op) -> tuple[set[str], OpCase]:
         seen: set[str] = set()
@@ -708,7 +708,7 @@ def test_generated_dtypes_are_exactly_those_ops_accepts():
 
 
 def test_slice_index_helper_agrees_with_the_reference():
-    from rlx_core.ops import slice_index
+    from rlx_core.ir.ops import slice_index
 
     x = np.arange(5, dtype=np.int32)
     for start, end, step in itertools.product([*range(-7, 8), BIG, -BIG - 1], [-7, 0, 3, BIG], [-2, -1, 1, 2]):

@@ -1,4 +1,4 @@
-"""Plugin discovery, validation, isolation and probing (rlx_core.registry)."""
+"""Plugin discovery, validation, isolation and probing (rlx_core.backends.registry)."""
 
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 from support import broken_error
 
 import rlx_core
-from rlx_core import registry as reg_mod
+from rlx_core.backends import registry as reg_mod
+from rlx_core.backends.probing import ProbeRun
+from rlx_core.backends.registry import PLATFORM_PRIORITY, Registry, parse_device
 from rlx_core.cost import CostModel
 from rlx_core.errors import ConfigError, DeviceError, PluginError, PluginWarning
 from rlx_core.plugin import CompileOptions
-from rlx_core.probing import ProbeRun
-from rlx_core.registry import PLATFORM_PRIORITY, Registry, parse_device
 
 REPO = Path(__file__).resolve().parents[1]
 #: Validation and probing in this process: what these tests check is the same there, a
@@ -381,7 +381,7 @@ def test_hanging_probe_does_not_delay_interpreter_exit(fake_site):
     ``subprocess.run``'s timeout would fail the test)."""
     script = textwrap.dedent("""
         import importlib.metadata, time
-        from rlx_core.registry import Registry
+        from rlx_core.backends.registry import Registry
         eps = [ep for ep in importlib.metadata.entry_points(group="rlx.backends") if ep.name == "fakehang"]
         registry = Registry(entry_points=eps, environ={"RLX_PROBE_TIMEOUT": "0.2", "RLX_ISOLATION": "0"})
         print(registry.availability("fakehang").reason, flush=True)
@@ -426,7 +426,7 @@ def test_a_second_registry_reuses_the_probe_answers_of_the_first(fake_site, chil
 @pytest.mark.slow
 def test_a_kept_probe_answer_is_used_only_while_nothing_it_depends_on_changed(fake_site, children, monkeypatch,
                                                                                tmp_path):
-    from rlx_core import probe_verdicts
+    from rlx_core.backends import probe_verdicts
 
     installs = tmp_path / "lib" / "site-packages"
     installs.mkdir(parents=True)
@@ -499,7 +499,7 @@ def test_a_probe_timeout_does_not_count_the_childs_start_up(fake_site, tmp_path,
 def test_a_child_that_never_gets_to_probing_says_so(fake_site, tmp_path, monkeypatch):
     """Not "the probe did not answer", which would send the user to RLX_PROBE_TIMEOUT:
     the child did not even start in time (here start-up may take 0.5 s and takes 3)."""
-    from rlx_core import isolation, probing
+    from rlx_core.backends import isolation, probing
 
     slow = tmp_path / "slow-start"
     slow.mkdir()
@@ -555,7 +555,7 @@ def test_importing_rlx_core_loads_no_plugin_and_reads_no_entry_point(fake_site):
         import importlib.metadata, sys
         calls = []
         importlib.metadata.entry_points = lambda *a, **k: calls.append(1) or []
-        import rlx_core, rlx_core.registry, rlx_core.policy, rlx_core.cache
+        import rlx_core, rlx_core.backends.registry, rlx_core.placement.policy, rlx_core.cache
         plugins = sorted(m for m in sys.modules if m.startswith(("rlx_cpu", "rlxfake_", "rlx_cuda", "rlx_opencl")))
         print(calls, plugins)
     """)
@@ -567,7 +567,7 @@ def test_importing_rlx_core_loads_no_plugin_and_reads_no_entry_point(fake_site):
 
 
 def test_first_party_backends_that_are_not_installed_are_named_with_their_pip_command(fake_site):
-    from rlx_core.registry import FIRST_PARTY
+    from rlx_core.backends.registry import FIRST_PARTY
 
     registry = loaded(fake_site, "fakenp")
     missing = registry.not_installed()

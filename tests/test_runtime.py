@@ -1,5 +1,5 @@
 """``Runtime``: a registry and a policy, and the sessions kept for them; the module
-functions answer through the default runtime (rlx_core/runtime.py)."""
+functions answer through the default runtime (rlx_core/run/runtime.py)."""
 
 from __future__ import annotations
 

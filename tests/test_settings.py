@@ -17,7 +17,7 @@ from test_cli import assert_user_error, run_rlx
 import rlx_core as rlx
 from rlx_core.errors import ConfigError, PluginWarning, RlxWarning
 from rlx_core.plugin import Setting
-from rlx_core.settings import CORE_SETTINGS, INTERNAL_VARIABLES, all_settings, check_environment, plugin_settings
+from rlx_core.run.settings import CORE_SETTINGS, INTERNAL_VARIABLES, all_settings, check_environment, plugin_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Read by a test suite or a benchmark, not by rlx itself.

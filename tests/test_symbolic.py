@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import rlx_core as rlx
 from rlx_core import reference
 from rlx_core.errors import GraphError, InputError, ModelError
-from rlx_core.symbolic import (
+from rlx_core.ir.symbolic import (
     Sym,
     ceildiv,
     dim_eq,
@@ -421,8 +421,8 @@ def test_random_chains_agree_with_the_static_build(steps, n, m):
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 5), st.integers(1, 4), st.integers(0, 2), st.integers(0, 2), st.integers(1, 3), st.booleans())
 def test_window_arithmetic_matches_the_static_rule(k, s, p0, p1, d, ceil):
-    from rlx_core.ops import OpKind, _window_out
-    from rlx_core.shape_rules import recording, window_out
+    from rlx_core.ir.ops import OpKind, _window_out
+    from rlx_core.ir.shape_rules import recording, window_out
 
     if ceil and 2 * max(p0, p1) > (k - 1) * d + 1:  # pools (the ceil mode) keep padding within half the window
         return

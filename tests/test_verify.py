@@ -1,4 +1,4 @@
-"""rlx_core.verify: the suite models are valid graphs, and the proof table adds up."""
+"""rlx_core.run.verify: the suite models are valid graphs, and the proof table adds up."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_core.verify import SUITE, VerifyRow, suite_graph, verify_cost_models
+from rlx_core.run.verify import SUITE, VerifyRow, suite_graph, verify_cost_models
 
 
 @pytest.mark.parametrize("name", sorted(SUITE))

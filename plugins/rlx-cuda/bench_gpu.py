@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 import rlx_core
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,7 @@
 plain numpy: the places where a broken kernel or a peer's abort shows (PoCL's matmul
 segfaulting on AMD hosts, onnxruntime aborting on a model it dislikes). Each contender
 therefore lives in its own worker, ``python -m rlx_core.cli.bench_worker`` (a fresh
-interpreter, as in ``rlx_core.isolation``: never ``fork``, never ``multiprocessing``), and
+interpreter, as in ``rlx_core.backends.isolation``: never ``fork``, never ``multiprocessing``), and
 one that dies becomes a row ``died with SIGSEGV (Segmentation fault) while compiling``
 while the others are timed as usual.
 
@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from ..isolation import ChildChannel, describe_exit, finish_child, start_child
+from ..backends.isolation import ChildChannel, describe_exit, finish_child, start_child
+from ..compiler.timing import per_call
 from ..onnx._peers import Contender, ContenderFailed
-from ..timing import per_call
 
 if TYPE_CHECKING:
     from ..ir import Graph
@@ -261,7 +261,7 @@ def _build(request: Mapping[str, Any], channel: ChildChannel) -> tuple[Callable[
     """The contender's ``run``, compiled and warmed up, and what ``ready`` says of it."""
     from ..errors import RlxError
     from ..onnx._peers import numpy_peer, onnxruntime_peer, rlx_contender
-    from ..placement import resolve_device
+    from ..placement.ranking import resolve_device
 
     spec = request["contender"]
     channel.send("step", step="loading the model")

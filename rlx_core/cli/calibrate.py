@@ -3,7 +3,7 @@
 Kept out of ``cli.py`` (which only registers it) because calibrating is its own story:
 each device is measured in a child process by ``Registry.calibrate`` (a crash there is a
 recorded fault and a line here, never the end of the command), with its steps on a
-progress bar, then optionally checked against the model suite (``rlx_core.verify``).
+progress bar, then optionally checked against the model suite (``rlx_core.run.verify``).
 
 Nothing measured is lost in silence: the cache is checked for writing before any work
 (exit 2, like any error in what was asked), and the model each device reports is saved
@@ -41,9 +41,9 @@ def calibrate(
 
     with _user_errors():
         from .. import available_devices, device_report
+        from ..backends.registry import default_registry
         from ..calibration import check_calibration_writable
         from ..errors import DeviceError, PluginError
-        from ..registry import default_registry
 
         registry = default_registry()
         targets = list(devices or available_devices())
@@ -136,10 +136,10 @@ def _calibrate_and_save(registry: Any, device: str, quick: bool, step: Any) -> A
 
 
 def _verify_table(devices: list[str], quick: bool) -> None:
-    """``rlx calibrate --verify``: the suite's predicted vs measured times (rlx_core.verify)."""
+    """``rlx calibrate --verify``: the suite's predicted vs measured times (rlx_core.run.verify)."""
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from ..verify import verify_cost_models
+    from ..run.verify import verify_cost_models
     from .common import Notes, _seconds, console
 
     with Progress(TextColumn("{task.description}"), BarColumn(), console=console, transient=True) as progress:

@@ -47,11 +47,11 @@ def check(
     )
 
     with _user_errors():
+        from ..backends.registry import default_registry, parse_device
         from ..errors import DeviceError
-        from ..partition import split_for
-        from ..placement import Placement
-        from ..policy import DevicePolicy
-        from ..registry import default_registry, parse_device
+        from ..placement.partition import split_for
+        from ..placement.policy import DevicePolicy
+        from ..placement.ranking import Placement
 
         if device is not None:
             require_devices([device])  # an unknown or uninstalled device is bad input (exit 2), before any work

@@ -81,8 +81,8 @@ def _make_inputs(graph: Graph, specs: Sequence[str], seed: int) -> tuple[dict[st
     """Arrays for every graph input: from ``NAME=FILE.npy`` specs, the rest random (seeded)."""
     import numpy as np
 
+    from ..compiler.inputs import random_inputs
     from ..errors import InputError
-    from ..inputs import random_inputs
 
     names = [graph.node(i).name for i in graph.inputs]
     feeds: dict[str, np.ndarray] = {}
@@ -252,7 +252,7 @@ def bench(
     """
     with _user_errors():
         from .. import devices_for, resolve_device
-        from ..isolation import isolation_enabled
+        from ..backends.isolation import isolation_enabled
         from ..onnx._peers import numpy_peer, onnxruntime_peer, rlx_contender, time_interleaved
 
         if runs < 1:
@@ -300,7 +300,7 @@ def bench(
 
 # --------------------------------------------------------------------------- cache
 def _size(n: int) -> str:
-    from ..memory import format_bytes
+    from ..compiler.memory import format_bytes
 
     return format_bytes(n)
 

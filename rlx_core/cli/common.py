@@ -67,7 +67,7 @@ def _user_errors(check_environment: bool = True) -> Iterator[None]:
     """
     try:
         if check_environment:
-            from ..settings import check_environment as check
+            from ..run.settings import check_environment as check
 
             check()
         yield
@@ -220,8 +220,8 @@ def require_devices(devices: Sequence[str]) -> None:
     whose plugin is missing (``device 'cuda' is not installed: pip install rlx-cuda``),
     else the registry's own message (the known devices; a disabled or broken plugin);
     an empty name is an error too, never ``auto``."""
+    from ..backends.registry import default_registry, parse_device
     from ..errors import DeviceError
-    from ..registry import default_registry, parse_device
 
     registry = default_registry()
     for device in devices:

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from ..placement import DeviceCandidate, Placement
-    from ..settings import Setting
+    from ..placement.ranking import DeviceCandidate, Placement
+    from ..run.settings import Setting
 
 __all__ = ["register", "device_rows", "device_state"]
 
@@ -48,8 +48,8 @@ def device_rows(placement: Placement) -> tuple[list[DeviceCandidate], set[str]]:
     then a row per backend of rlx's own whose plugin is not installed, saying which pip
     command adds it: a user who expects ``cuda`` learns what to install, not nothing.
     """
-    from ..placement import DeviceCandidate
-    from ..registry import FIRST_PARTY, PLATFORM_PRIORITY
+    from ..backends.registry import FIRST_PARTY, PLATFORM_PRIORITY
+    from ..placement.ranking import DeviceCandidate
 
     rows = placement.report()
     missing = placement.registry.not_installed()
@@ -141,11 +141,11 @@ def devices(
     from .common import _load_graph, _user_errors, console, priced_at, priced_line
 
     with _user_errors():
+        from ..backends.registry import default_registry
         from ..examples import REPRESENTATIVE
-        from ..placement import Placement, example_pick
-        from ..policy import DevicePolicy
-        from ..registry import default_registry
-        from ..settings import all_settings
+        from ..placement.policy import DevicePolicy
+        from ..placement.ranking import Placement, example_pick
+        from ..run.settings import all_settings
 
         g = _load_graph(graph, example)[0] if graph is not None or example is not None else None
         placement = Placement(g, DevicePolicy.from_env(), default_registry())
@@ -267,7 +267,7 @@ def _print_explain(placement: Placement, rows: Sequence[DeviceCandidate], missin
         return
     if placement.graph is None:  # the question the no-graph pick answered (see Placement.report)
         from ..examples import REPRESENTATIVE, representative_graph
-        from ..placement import Placement
+        from ..placement.ranking import Placement
 
         placement = Placement(representative_graph(), replace(placement.policy, pick="cost"), placement.registry)
         by_name = {r.device: r for r in placement.report()}
@@ -286,7 +286,7 @@ def _print_explain(placement: Placement, rows: Sequence[DeviceCandidate], missin
 def _print_split(placement: Placement, rows: Sequence[DeviceCandidate]) -> bool:
     """The segments, devices and transfers of the split ``rlx.compile`` would take for the
     graph (``docs/partition.md``); False, after saying why, when it runs whole."""
-    from ..partition import split_for
+    from ..placement.partition import split_for
     from .common import console
 
     split = split_for(placement, [r for r in rows if r.registered])

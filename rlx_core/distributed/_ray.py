@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import errors
 from ..errors import ConfigError, RlxError
-from ..policy import DevicePolicy
+from ..placement.policy import DevicePolicy
 from ._model import BatchModel, model_bytes
 from .predictor import DEFAULT_DEVICE_COLUMN, Predictor
 

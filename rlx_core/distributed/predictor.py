@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from ..drift import DriftWatch, Repick, drift_settings
 from ..errors import ConfigError, DeviceError, InputError, RlxError
-from ..fallback import Wording, try_in_turn
 from ..ir import Graph
-from ..policy import DevicePolicy
-from ..session import CompiledGraph, GraphDevices
+from ..placement.policy import DevicePolicy
+from ..run.drift import DriftWatch, Repick, drift_settings
+from ..run.fallback import Wording, try_in_turn
+from ..run.session import CompiledGraph, GraphDevices
 from ._model import BatchModel, ColumnSpec
 
 __all__ = ["Predictor", "DEFAULT_DEVICE_COLUMN", "node_label"]
@@ -229,7 +229,7 @@ class Predictor:
             chain = [self._explicit]
             gd.compile(self._explicit)  # DeviceError naming the blocker, before any rows
         else:
-            from ..placement import devices_for
+            from ..placement.ranking import devices_for
 
             viable = devices_for(graph, self.policy)
             chain = [d for d in self.policy.chain if d.split(":")[0] in viable] if self.policy.chain else viable
@@ -255,7 +255,7 @@ class Predictor:
         factor, forget = drift_settings()
         if factor is None or len(chain) < 2 or self.policy.prefer or self.policy.pick != "cost":
             return
-        from ..placement import Placement
+        from ..placement.ranking import Placement
 
         placement = Placement(graph, self.policy)
         estimates = {r.device: r.est_seconds for r in placement.rank(placement.candidates(chain))

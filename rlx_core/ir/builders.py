@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..ops import OpKind
+from .ops import OpKind
 
 if TYPE_CHECKING:
     from .graph import Value, ValueLike

@@ -23,14 +23,14 @@ from typing import Any, Union
 
 import numpy as np
 
-from ..dtypes import normalize_dtype
 from ..errors import GraphError, ModelError
-from ..internal_types import infer_any
-from ..ops import OpKind
-from ..shape_rules import Constraint, parse_dim, recording
-from ..symbolic import Dim, Sym, format_shape, free_symbols, to_obj
 from .builders import OpBuilders
+from .dtypes import normalize_dtype
+from .internal_types import infer_any
+from .ops import OpKind
 from .serialize import GRAPH_FORMAT, GRAPH_FORMAT_VERSION, graph_from_json
+from .shape_rules import Constraint, parse_dim, recording
+from .symbolic import Dim, Sym, format_shape, free_symbols, to_obj
 
 __all__ = ["Graph", "Node", "Value", "GRAPH_FORMAT", "GRAPH_FORMAT_VERSION"]
 

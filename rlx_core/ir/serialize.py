@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..dtypes import DTYPES
 from ..errors import GraphError, ModelError
-from ..ops import OpKind
+from .dtypes import DTYPES
+from .ops import OpKind
 
 if TYPE_CHECKING:
     from .graph import Graph

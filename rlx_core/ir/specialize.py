@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import GraphError, InputError
-from ..ops import OpKind
-from ..shape_rules import Constraint, evaluate_attr
-from ..symbolic import Sym, UnboundSymbolError, evaluate, free_symbols
+from .ops import OpKind
+from .shape_rules import Constraint, evaluate_attr
+from .symbolic import Sym, UnboundSymbolError, evaluate, free_symbols
 
 if TYPE_CHECKING:
     from .graph import Graph

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from onnx import AttributeProto, NodeProto, TensorProto, helper
 
-from ..dtypes import DTYPES
 from ..errors import ModelError
+from ..ir.dtypes import DTYPES
 from ._shapes import Emitter, Operand
 
 __all__ = ["CONVERTERS", "Converter", "NodeContext", "converter", "describe_node", "onnx_dtype"]

@@ -1,6 +1,6 @@
 """Loading a model whose input dims are left symbolic (no ``dims=`` for them).
 
-The graph ``load`` returns then has symbolic inputs (``rlx_core.deferred.DeferredGraph``):
+The graph ``load`` returns then has symbolic inputs (``rlx_core.ir.deferred.DeferredGraph``):
 each dim left unbound becomes a symbol named after its ``dim_param`` (or ``<input>_<axis>``
 for an unnamed one, made an identifier), and the graph runs at any sizes. Its body is
 converted at a representative size, the first of ``REPRESENTATIVE_SIZES`` for which the
@@ -22,11 +22,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from onnx import GraphProto
 
-from ..deferred import DeferredGraph
 from ..errors import ModelError
 from ..ir import Graph
+from ..ir.deferred import DeferredGraph
 from ..ir.specialize import REPRESENTATIVE_SIZES
-from ..symbolic import Dim, Sym
+from ..ir.symbolic import Dim, Sym
 from ._loader import Model, resolve_dims
 
 __all__ = ["load_symbolic", "symbol_names"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import is_int
+from ..ir.dtypes import is_int
 from ._context import NodeContext, converter
 from ._shapes import Emitter, Operand, frozen
 

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from ..dtypes import DTYPES, INT_DTYPES, is_unsigned
+from ..ir.dtypes import DTYPES, INT_DTYPES, is_unsigned
 from ._context import NodeContext, converter
 from ._ops import reduce_axes
 from ._shapes import Emitter, Operand

@@ -18,7 +18,7 @@ import string
 
 import numpy as np
 
-from ..dtypes import FLOAT_DTYPES, INT_DTYPES
+from ..ir.dtypes import FLOAT_DTYPES, INT_DTYPES
 from ._context import NodeContext, converter
 from ._shapes import Emitter, Operand, frozen
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..dtypes import DTYPES, INT_DTYPES
+from ..ir.dtypes import DTYPES, INT_DTYPES
 from ._context import NodeContext, converter
 from ._shapes import Emitter, Operand, frozen
 

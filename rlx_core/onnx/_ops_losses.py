@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ..dtypes import FLOAT_DTYPES
+from ..ir.dtypes import FLOAT_DTYPES
 from ._context import NodeContext, converter
 from ._ops import _log_softmax
 from ._shapes import Emitter, Operand, frozen

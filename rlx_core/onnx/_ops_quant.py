@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dtypes import FLOAT_DTYPES
+from ..ir.dtypes import FLOAT_DTYPES
 from ._context import NodeContext, converter, onnx_dtype
 from ._ops_indexing import _axis
 from ._shapes import Operand

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..dtypes import FLOAT_DTYPES
+from ..ir.dtypes import FLOAT_DTYPES
 from ._context import NodeContext, converter
 from ._ops_indexing import _along
 from ._shapes import Emitter, Operand, frozen

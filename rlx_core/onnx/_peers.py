@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from ..compiler.timing import per_call
 from ..errors import ModelError, RlxError
-from ..timing import per_call
 
 __all__ = ["Contender", "ContenderFailed", "numpy_peer", "onnxruntime_peer", "rlx_contender", "time_interleaved"]
 
@@ -85,7 +85,7 @@ def onnxruntime_peer(model: Path | bytes, feeds: Mapping[str, np.ndarray]) -> Co
 def rlx_contender(graph: Any, device: str, feeds: Mapping[str, np.ndarray], note: str = "") -> Contender:
     """rlx on ``device``, compiled here and its compile time measured (a row saying why not
     when it does not compile)."""
-    from ..session import compile as rlx_compile
+    from ..run.session import compile as rlx_compile
 
     name = f"rlx {device}"
     try:

@@ -25,10 +25,10 @@ from typing import Any, Union
 import numpy as np
 
 from .. import reference
-from ..dtypes import itemsize, normalize_dtype
 from ..errors import ModelError
 from ..ir import Graph, Value
-from ..ops import OpKind, infer
+from ..ir.dtypes import itemsize, normalize_dtype
+from ..ir.ops import OpKind, infer
 
 __all__ = ["Emitter", "Lazy", "Operand", "frozen"]
 

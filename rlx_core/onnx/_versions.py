@@ -36,7 +36,7 @@ WRITTEN_FOR = range(11, 22)
 #: already computes what the new text says.
 REVIEWED: dict[tuple[str, int], str] = {
     ("AveragePool", 22): "adds that windows starting in the right padding are ignored with ceil_mode, "
-                         "which the pool ops already do (rlx_core.ops._window_out)",
+                         "which the pool ops already do (rlx_core.ir.ops._window_out)",
     ("MaxPool", 22): "as AveragePool 22",
     ("Cast", 24): "adds round_mode, used only for casts to FLOAT8E8M0, a type rlx does not read",
     ("CastLike", 24): "as Cast 24",

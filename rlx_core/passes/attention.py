@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import GraphError
 from ..ir import Graph, Node
-from ..ops import OpKind, infer
+from ..ir.ops import OpKind, infer
 from .legalize import ask_claims
 from .optimize import dce
 from .rewrite import Emitter, replace_planned, use_counts

@@ -31,9 +31,9 @@ from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
-from ..internal_types import CONV_ATTRS
 from ..ir import Graph, Node
-from ..ops import ELEMENTWISE_OPS, SOURCE_OPS, OpKind
+from ..ir.internal_types import CONV_ATTRS
+from ..ir.ops import ELEMENTWISE_OPS, SOURCE_OPS, OpKind
 from .internal_ops import ACTIVATION_OPS, describe_program, infer_internal, make_instruction
 from .legalize import ask_claims
 from .rewrite import Emitter, replace_planned, use_counts

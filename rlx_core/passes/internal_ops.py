@@ -3,7 +3,7 @@ expansion back into the ops they stand for, for a backend that does not claim th
 (``expand``), and how reports name them (``describe_program``).
 
 What they mean and how they are typed — the ops, the program format, the type rules —
-is ``rlx_core/internal_types.py`` (re-exported here); the reference evaluates them
+is ``rlx_core/ir/internal_types.py`` (re-exported here); the reference evaluates them
 (``reference.evaluate_internal``, re-exported too).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..internal_types import (
+from ..ir.internal_types import (
     ACTIVATION_OPS,
     CONV_ATTRS,
     GEMM_ACTIVATIONS,
@@ -23,7 +23,7 @@ from ..internal_types import (
     make_instruction,
     program_types,
 )
-from ..ops import OpKind
+from ..ir.ops import OpKind
 from ..reference import evaluate_internal
 
 if TYPE_CHECKING:

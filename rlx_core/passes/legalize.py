@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..composites import decompose
-from ..dtypes import CONTRACT_DTYPES, DTYPES
 from ..ir import Graph, Node, Value
-from ..ops import COMPOSITE_OPS, INTERNAL_OPS, OpKind
+from ..ir.dtypes import CONTRACT_DTYPES, DTYPES
+from ..ir.ops import COMPOSITE_OPS, INTERNAL_OPS, OpKind
+from .composites import decompose
 from .internal_ops import expand
 
 __all__ = ["LegalizeResult", "DtypeGate", "legalize", "describe_blocker", "Claims"]

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..errors import RlxError
 from ..ir import Graph, Node
-from ..ops import SOURCE_OPS, OpKind
+from ..ir.ops import SOURCE_OPS, OpKind
 from ..reference import evaluate
 from .rewrite import Emitter, attrs_key, is_scalar_constant, replace_planned, use_counts
 

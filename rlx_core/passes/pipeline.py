@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..ir import Graph, Node
-from ..ops import SOURCE_OPS
+from ..ir.ops import SOURCE_OPS
 from ..options import CompileOptions
 from .attention import fuse_attention
 from .fuse import fuse_conv, fuse_elementwise, fuse_gemm

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..dtypes import itemsize
 from ..ir import Graph, Node
-from ..ops import ELEMENTWISE_OPS, SOURCE_OPS, OpKind
+from ..ir.dtypes import itemsize
+from ..ir.ops import ELEMENTWISE_OPS, SOURCE_OPS, OpKind
 
 __all__ = ["MemoryPlan", "plan_memory"]
 

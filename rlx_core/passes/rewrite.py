@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..ir import Graph, Node
-from ..ops import OpKind
+from ..ir.ops import OpKind
 
 __all__ = ["Emitter", "replace_planned", "use_counts", "attrs_key", "is_scalar_constant"]
 

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from ..dtypes import EXTENDED_DTYPES
 from ..ir import Graph, Node
-from ..ops import BITWISE_OPS, SOURCE_OPS, OpKind
+from ..ir.dtypes import EXTENDED_DTYPES
+from ..ir.ops import BITWISE_OPS, SOURCE_OPS, OpKind
 
 FLOATS = ("float32", "float16", "float64")
 INTS = ("int32", "int64")  # the contract's integers (and the only index dtypes of gather)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from ..ops import OpKind
+from ..ir.ops import OpKind
 from . import _fused_cases
 from ._case_base import (
     INTS,

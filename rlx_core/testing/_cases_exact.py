@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 from hypothesis import strategies as st
 
-from ..ops import BITWISE_OPS, OpKind
+from ..ir.ops import BITWISE_OPS, OpKind
 from ._case_base import Dtypes, OpCase, Operand, _binary_operands, _nonzero, _rng, _shape, _values
 
 __all__ = ["EXACT_FACTORIES"]

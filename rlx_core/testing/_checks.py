@@ -21,7 +21,7 @@ from .. import reference
 from ..cost import CostModel, estimate_graph_cost
 from ..errors import PluginError
 from ..ir import Graph, Node
-from ..ops import SOURCE_OPS, OpKind
+from ..ir.ops import SOURCE_OPS, OpKind
 from ..plugin import PLUGIN_API_VERSION, Availability, Backend, CompileOptions, Executable
 from ._compare import mismatch
 
@@ -80,7 +80,7 @@ class _Context:
 # ----------------------------------------------------------------------------- metadata
 def check_api(ctx: _Context) -> None:
     """name, label, priority and api_version are what the registry will accept."""
-    from ..registry import Registry
+    from ..backends.registry import Registry
 
     b = ctx.backend
     assert isinstance(b, Backend), f"{b!r} is a {type(b).__name__}, not an rlx_core.Backend subclass instance"

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 from hypothesis import strategies as st
 
-from ..internal_types import CONV_ATTRS, make_instruction
-from ..ops import OpKind
+from ..ir.internal_types import CONV_ATTRS, make_instruction
+from ..ir.ops import OpKind
 from ._case_base import FLOATS, Dtypes, OpCase, Operand, _broadcastable, _rng, _shape, _values
 
 _INT_PROGRAM_OPS = ("add", "sub", "mul", "maximum", "minimum", "neg", "abs", "relu")

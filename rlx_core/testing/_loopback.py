@@ -16,7 +16,7 @@ from .. import reference
 from ..cost import CostModel
 from ..errors import InputError
 from ..ir import Graph
-from ..ops import SOURCE_OPS, OpKind
+from ..ir.ops import SOURCE_OPS, OpKind
 from ..plugin import Availability, Backend, CompileOptions, Executable
 
 

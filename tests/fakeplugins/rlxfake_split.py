@@ -9,7 +9,7 @@ import numpy as np
 
 import rlx_core
 from rlx_core import reference
-from rlx_core.ops import COMPOSITE_OPS, PRIMITIVE_OPS
+from rlx_core.ir.ops import COMPOSITE_OPS, PRIMITIVE_OPS
 
 
 class _Run(rlx_core.Executable):

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from rlx_core import reference
-from rlx_core.dtypes import FLOAT_DTYPES
 from rlx_core.ir import Graph, Node
-from rlx_core.ops import OpKind
+from rlx_core.ir.dtypes import FLOAT_DTYPES
+from rlx_core.ir.ops import OpKind
 
 #: Unit roundoff (half an ulp at 1) of each float dtype; ints and bool compute exactly.
 UNIT = {"float16": 2.0**-11, "float32": 2.0**-24, "float64": 2.0**-53}

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from rlx_core.dtypes import FLOAT_DTYPES
 from rlx_core.errors import GraphError, InputError
 from rlx_core.ir import Graph, Value
+from rlx_core.ir.dtypes import FLOAT_DTYPES
 
 from ._bounds import Tracker
 
@@ -51,7 +51,7 @@ OPS = (*UNARY, *BINARY, "matmul", "softmax", "layer_norm", "reduce_sum", "reduce
 
 
 def accepts(op: str, dtype: str) -> bool:
-    """Whether ``op`` takes a main operand of ``dtype`` (mirrors ``rlx_core.ops``)."""
+    """Whether ``op`` takes a main operand of ``dtype`` (mirrors ``rlx_core.ir.ops``)."""
     if op in FLOAT_ONLY:
         return dtype in FLOAT_DTYPES
     return op in ANY_DTYPE or dtype != "bool"

@@ -23,7 +23,7 @@ import numpy as np
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_core.ops import PRIMITIVE_OPS
+from rlx_core.ir.ops import PRIMITIVE_OPS
 
 from ._bounds import Tracker, mismatch
 from ._graphs import FuzzCase

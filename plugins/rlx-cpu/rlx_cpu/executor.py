@@ -36,7 +36,7 @@ import numpy as np
 
 from rlx_core.errors import GraphError, InputError
 from rlx_core.ir import Graph, Node
-from rlx_core.ops import ELEMENTWISE_OPS, OpKind
+from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import Executable
 
 from . import blas

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rlx_core.ir import Node
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 from rlx_core.plugin import (
     ACTIVATION_OPS,
     CONV_ATTRS,

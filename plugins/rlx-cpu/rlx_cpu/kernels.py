@@ -21,7 +21,7 @@ import numpy as np
 
 from rlx_core.errors import InputError
 from rlx_core.ir import Node
-from rlx_core.ops import OpKind, slice_index
+from rlx_core.ir.ops import OpKind, slice_index
 
 from .blas import mkl, vml_step
 from .gemm import gemv_step, matmul_step

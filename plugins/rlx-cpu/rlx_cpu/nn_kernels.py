@@ -17,7 +17,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from rlx_core.ir import Node
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 
 from . import onednn
 from .gemm import gemv_step, matmul_bias_step, matmul_step, native_step, use_native

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rlx_core.ir import Node
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 from rlx_core.plugin import Instruction, live_instructions
 
 from . import ccall

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 
 __all__ = ["PRODUCT_OPS", "ThreadTuner", "blas_pools", "separate_blas_pools", "native_thread_cap"]
 

@@ -12,8 +12,8 @@ import pytest
 
 import rlx_core as rlx
 from rlx_core import reference
+from rlx_core.backends.registry import Registry
 from rlx_core.ir import Graph
-from rlx_core.registry import Registry
 from rlx_cpu import CpuBackend, native_nn
 
 CASES = {  # name -> (x shape, kernel, bias?, conv2d kwargs)

@@ -12,7 +12,7 @@ import pytest
 import rlx_core as rlx
 from rlx_core import reference
 from rlx_core.errors import InputError
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 from rlx_cpu import regions
 from rlx_cpu.kernels import inplace_positions
 

@@ -15,10 +15,10 @@ import pytest
 
 import rlx_core as rlx
 from rlx_core import reference
+from rlx_core.backends.registry import Registry
 from rlx_core.errors import InputError
 from rlx_core.ir import Graph
 from rlx_core.plugin import CompileOptions
-from rlx_core.registry import Registry
 from rlx_cpu import CpuBackend
 from rlx_cpu.executor import CpuExecutable
 
@@ -87,7 +87,7 @@ def test_long_chain_reuses_few_buffers() -> None:
 def test_run_does_not_walk_the_graph_or_build_anything(monkeypatch: pytest.MonkeyPatch) -> None:
     """After compile, a run is the bound steps only: no shape inference, no reference,
     no kernel builders, no graph access, no new plan."""
-    import rlx_core.ops
+    import rlx_core.ir.ops
     import rlx_core.reference
     import rlx_cpu.executor
 
@@ -99,7 +99,7 @@ def test_run_does_not_walk_the_graph_or_build_anything(monkeypatch: pytest.Monke
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("called during run")
 
-    monkeypatch.setattr(rlx_core.ops, "infer", forbidden)
+    monkeypatch.setattr(rlx_core.ir.ops, "infer", forbidden)
     monkeypatch.setattr(rlx_core.reference, "evaluate", forbidden)
     monkeypatch.setattr(Graph, "nodes", property(forbidden))
     monkeypatch.setattr(Graph, "node", forbidden)

@@ -17,9 +17,9 @@ import pytest
 
 import rlx_core as rlx
 from rlx_core import reference
+from rlx_core.backends.registry import Registry
 from rlx_core.ir import Graph, Value
-from rlx_core.ops import SOURCE_OPS, OpKind
-from rlx_core.registry import Registry
+from rlx_core.ir.ops import SOURCE_OPS, OpKind
 from rlx_cpu import CpuBackend, native, native_nn, regions
 
 F32 = np.float32

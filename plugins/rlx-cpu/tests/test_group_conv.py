@@ -13,9 +13,9 @@ import pytest
 
 import rlx_core as rlx
 from rlx_core import reference
+from rlx_core.backends.registry import Registry
 from rlx_core.ir import Graph
-from rlx_core.registry import Registry
-from rlx_core.session import CompiledGraph
+from rlx_core.run.session import CompiledGraph
 from rlx_cpu import CpuBackend, native, native_nn
 
 F32 = np.float32

@@ -12,7 +12,7 @@ import pytest
 import rlx_core as rlx
 from rlx_core import reference
 from rlx_core.ir import Graph
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 from rlx_core.plugin import CompileOptions
 from rlx_cpu import CpuBackend, native
 from rlx_cpu.nn_kernels import NN_KERNELS

@@ -27,11 +27,11 @@ import pytest
 
 import rlx_core as rlx
 from rlx_core import reference
+from rlx_core.backends.registry import Registry
 from rlx_core.ir import Graph
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 from rlx_core.passes.internal_ops import program_types
-from rlx_core.registry import Registry
-from rlx_core.session import CompiledGraph
+from rlx_core.run.session import CompiledGraph
 from rlx_cpu import CpuBackend, blas, ccall, native, native_nn, regions
 from rlx_cpu import threads as thread_policy
 from rlx_cpu.steps import Dyn, bind

@@ -11,7 +11,7 @@ import pytest
 
 import rlx_core as rlx
 from rlx_core import Graph, reference
-from rlx_core.registry import Registry
+from rlx_core.backends.registry import Registry
 from rlx_cpu import native, regions
 from rlx_cpu.backend import CpuBackend
 from rlx_cpu.peephole import fuse_chains

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import rlx_core
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 from rlx_cpu import blas, native, threads
 
 OPENBLAS = {"user_api": "blas", "internal_api": "openblas", "threading_layer": "pthreads", "num_threads": 2}

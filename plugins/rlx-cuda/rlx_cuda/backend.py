@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import rlx_core
 from rlx_core.errors import DeviceError
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 
 from . import probe as probing
 from .costmodel import cost_model_from_device, generic_cost_model

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 from rlx_core.plugin import Instruction, live_instructions, make_instruction, program_types
 
 __all__ = [

@@ -27,7 +27,7 @@ import numpy as np
 import rlx_core
 from rlx_core.errors import ConfigError, InputError
 from rlx_core.ir import Graph
-from rlx_core.ops import SOURCE_OPS, OpKind
+from rlx_core.ir.ops import SOURCE_OPS, OpKind
 
 from .kernels import BuildContext, KernelCache, Step, build_steps
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from rlx_core.errors import DeviceError
 from rlx_core.ir import Node
-from rlx_core.ops import ELEMENTWISE_OPS, OpKind, slice_index
+from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind, slice_index
 from rlx_core.plugin import ACTIVATION_OPS, conv_inputs, make_instruction
 
 from . import cudnn

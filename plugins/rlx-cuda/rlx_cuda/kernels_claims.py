@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 
 __all__ = ["CLAIMED_OPS", "RENDERED_ELEMENTWISE", "EPILOGUE_DTYPE_CHANGES", "unrendered_ops"]
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rlx_core.ir import Graph
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 from rlx_core.passes.internal_ops import make_instruction
 from rlx_core.reference import evaluate
 from rlx_core.testing._compare import mismatch

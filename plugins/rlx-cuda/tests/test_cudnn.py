@@ -13,7 +13,7 @@ import pytest
 
 import rlx_core
 from rlx_core.errors import ConfigError, DeviceError
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 from rlx_core.plugin import make_instruction
 from rlx_cuda import cudnn
 from rlx_cuda.backend import CudaBackend

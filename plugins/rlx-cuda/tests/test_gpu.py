@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import rlx_core
+from rlx_core.compiler.inputs import random_inputs
 from rlx_core.errors import InputError
-from rlx_core.inputs import random_inputs
 from rlx_core.reference import evaluate
 from rlx_core.testing import check_backend
 from rlx_core.testing._compare import mismatch

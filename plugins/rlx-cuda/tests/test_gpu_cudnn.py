@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import rlx_core
-from rlx_core.inputs import random_inputs
+from rlx_core.compiler.inputs import random_inputs
 from rlx_core.reference import evaluate
 from rlx_core.testing._compare import mismatch
 

@@ -12,7 +12,7 @@ import pytest
 
 import rlx_core
 from rlx_core.errors import ConfigError, DeviceError
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 from rlx_cuda import CudaBackend, rlx_backends
 from rlx_cuda import probe as probing
 from rlx_cuda.costmodel import cost_model_from_device, fp32_lanes_per_sm
@@ -257,7 +257,7 @@ def test_claims_exactly_the_elementwise_ops_codegen_renders_and_declines_other_r
     fusion pass keeps such ops out of cuda's regions (and a graph using them names them
     as its blocker)."""
     from rlx_core.ir import Graph
-    from rlx_core.ops import ELEMENTWISE_OPS
+    from rlx_core.ir.ops import ELEMENTWISE_OPS
     from rlx_cuda.kernels_claims import RENDERED_ELEMENTWISE
 
     (backend,) = rlx_backends()

@@ -35,7 +35,7 @@ import numpy as np
 
 from rlx_core.errors import InputError
 from rlx_core.ir import Graph, Node
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 from rlx_core.plugin import CompileOptions, Executable
 
 from .caching import (
@@ -264,7 +264,7 @@ class JaxExecutable(Executable):
 
 def _lower(node: Node, ins: Sequence[jax.Array]) -> jax.Array:
     out = LOWERINGS[node.op](node, ins)
-    if tuple(out.shape) != node.shape:  # a disagreement between lowering.py and rlx_core.ops
+    if tuple(out.shape) != node.shape:  # a disagreement between lowering.py and rlx_core.ir.ops
         raise AssertionError(f"rlx-jax-tpu bug: {node.describe()} ({node.op}) traced to shape {tuple(out.shape)}, "
                              f"the graph declares {node.shape}")
     if out.dtype != np.dtype(node.dtype):

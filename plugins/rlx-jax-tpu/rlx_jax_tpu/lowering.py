@@ -1,6 +1,6 @@
 """How each rlx op becomes JAX: one short rule per op, traced into one ``jax.jit`` function.
 
-Each rule receives the node (attributes already normalized by ``rlx_core.ops``) and its
+Each rule receives the node (attributes already normalized by ``rlx_core.ir.ops``) and its
 operands as traced arrays, and returns the node's value; ``rlx_core.reference`` is the
 meaning every rule must reproduce. Choices that matter for that:
 
@@ -32,7 +32,7 @@ from jax import lax
 
 from rlx_core.errors import InputError
 from rlx_core.ir import Node
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 
 __all__ = ["LOWERINGS", "RuntimeCheck", "runtime_checks", "runtime_error"]
 
@@ -141,7 +141,7 @@ def _reduce_max(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
 
 # ----------------------------------------------------------------------------- shapes
 def _slice(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
-    """Normalized bounds are Python slice bounds (``rlx_core.ops``); each axis takes
+    """Normalized bounds are Python slice bounds (``rlx_core.ir.ops``); each axis takes
     exactly the indices they list, reversed first for a negative step."""
     x, a = xs[0], node.attrs
     for axis, start, end, step in zip(a["axes"], a["starts"], a["ends"], a["steps"]):

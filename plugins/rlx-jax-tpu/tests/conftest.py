@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlx_core.registry import Registry
+from rlx_core.backends.registry import Registry
 
 JAX_MISSING = "jax is not installed (pip install jax); the rlx-jax-tpu backends need it"
 

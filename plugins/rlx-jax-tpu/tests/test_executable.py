@@ -14,9 +14,9 @@ import pytest
 
 import rlx_core as rlx
 from rlx_core import reference
+from rlx_core.backends.registry import Registry
 from rlx_core.errors import InputError
 from rlx_core.ir import Graph
-from rlx_core.registry import Registry
 
 jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax); the rlx-jax-tpu backends need it")
 
@@ -181,7 +181,7 @@ def test_attention_contracts_keys_on_their_last_axis_without_a_transpose() -> No
     """q @ kᵀ as one dot_general over both operands' last axis: a transposed copy of k is
     what XLA's cpu pipeline then materializes (the ONNX suite transformer's largest extra
     kernel before), and what a hand-written ``einsum("hqd,hkd->hqk")`` never has."""
-    from rlx_core.ops import OpKind
+    from rlx_core.ir.ops import OpKind
     from rlx_jax_tpu.lowering import LOWERINGS
 
     g = Graph("attn")

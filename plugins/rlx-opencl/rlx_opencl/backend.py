@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import rlx_core
 from rlx_core.errors import DeviceError
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 from rlx_core.plugin import JsonCache
 
 from . import runtime as rt

@@ -22,7 +22,7 @@ import numpy as np
 
 from rlx_core.errors import InputError
 from rlx_core.ir import Graph
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 from rlx_core.plugin import Executable
 
 from .codegen.common import header

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 
 from rlx_core.ir import Graph, Node
-from rlx_core.ops import ELEMENTWISE_OPS, SOURCE_OPS, OpKind
+from rlx_core.ir.ops import ELEMENTWISE_OPS, SOURCE_OPS, OpKind
 from rlx_core.plugin import itemsize
 
 from .codegen.common import MAX_VECTOR_BITS, Kernel

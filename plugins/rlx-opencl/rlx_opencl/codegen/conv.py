@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from rlx_core.ir import Node
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 
 from .common import COMPUTE, MAX_VECTOR_BITS, Arg, Kernel, coords, header, literal, load, param_decl, store
 from .matmul import MatmulSpec, matmul_kernel

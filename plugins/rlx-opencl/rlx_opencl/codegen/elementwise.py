@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 
 from rlx_core.ir import Node
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 
 from .common import (
     COMPUTE,

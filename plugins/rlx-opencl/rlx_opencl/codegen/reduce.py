@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 
 from rlx_core.ir import Node
-from rlx_core.ops import OpKind
+from rlx_core.ir.ops import OpKind
 
 from .common import COMPUTE, Arg, Kernel, broadcast_offset, coords, header, literal, load, param_decl, store, strides
 

@@ -1,0 +1,286 @@
+"""One graph compiled for one device: ``CompiledGraph``, its ``CompileReport``, and the
+single path from a graph to a backend's executable (``compile_on``).
+
+A ``CompiledGraph`` validates inputs before any work, runs the backend's executable, and
+checks what comes back, so that a backend's mistake surfaces as an error naming the
+backend instead of a wrong answer. ``session.py`` decides *where* to compile (auto,
+fallback, several devices); this module only compiles where it is told.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..backends.registry import Registry, parse_device
+from ..errors import ConfigError, DeviceError, PluginError, RlxError
+from ..ir import Graph
+from ..passes.pipeline import fusion_report_enabled
+from ..passes.plan import plan_memory
+from ..plugin import CompileOptions, Executable
+from .inputs import check_param_value, input_specs, validate_inputs
+from .lowering import pipeline_for
+from .memory import check_memory
+
+if TYPE_CHECKING:
+    from ..placement.ranking import DeviceCandidate
+
+__all__ = ["CompiledGraph", "CompileReport", "backend_compile", "compile_on"]
+
+log = logging.getLogger("rlx.session")
+RLX_FUSION_REPORT_HEADER = "compile report (RLX_FUSION_REPORT=1)"
+
+
+@dataclass
+class CompileReport:
+    """Where a graph was placed, why, and what compiling it did."""
+
+    graph: str
+    device: str
+    reason: str
+    label: str = ""
+    compile_seconds: float = 0.0
+    user_nodes: int = 0
+    legalized_nodes: int = 0
+    decomposed: list[str] = field(default_factory=list)
+    candidates: list[DeviceCandidate] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    compiled_nodes: int = 0  # nodes of the graph the backend received (after optimize and fuse)
+    fused: list[str] = field(default_factory=list)
+    pipeline: list[str] = field(default_factory=list)  # per stage: what it did and why
+    partition: Any = None  # a graph split across devices: its partition.PartitionPlan
+    measurement: Any = None  # an unsure pick settled by timing the candidates: its measured.Verdict
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "graph": self.graph, "device": self.device, "reason": self.reason, "label": self.label,
+            "compile_seconds": self.compile_seconds, "user_nodes": self.user_nodes,
+            "legalized_nodes": self.legalized_nodes, "decomposed": list(self.decomposed),
+            "candidates": [{"device": c.device, "viable": c.viable, "blocker": c.blocker,
+                            "est_seconds": c.est_seconds, "model_seconds": c.model_seconds,
+                            "correction": None if c.correction is None else
+                            {"factor": c.correction.factor, "measurements": c.correction.measurements}}
+                           for c in self.candidates],
+            "measurement": self.measurement.to_dict() if self.measurement is not None else None,
+            "notes": list(self.notes), "compiled_nodes": self.compiled_nodes, "fused": list(self.fused),
+            "pipeline": list(self.pipeline),
+            "partition": self.partition.to_dict() if self.partition is not None else None,
+        }
+
+    def __str__(self) -> str:
+        lines = [
+            f"graph {self.graph!r} on {self.device}" + (f" ({self.label})" if self.label else ""),
+            f"  why: {self.reason}",
+            f"  compile: {self.compile_seconds * 1e3:.2f} ms, "
+            f"{self.user_nodes} nodes -> {self.legalized_nodes} after legalization",
+        ]
+        if self.decomposed:
+            lines.append("  legalized (composites decomposed because the device does not claim them):")
+            lines += [f"    {d}" for d in self.decomposed]
+        if self.measurement is not None:
+            ranked = sorted(self.measurement.seconds.items(), key=lambda kv: kv[1])
+            times = ", ".join(f"{d} {s * 1e6:.1f} µs" for d, s in ranked)
+            source = "from the cache" if self.measurement.from_cache else "measured now"
+            lines.append(f"  measured: {times} ({source}, by {self.measurement.where})")
+        here = {parse_device(d)[0] for d in self.device.split("+")}
+        for c in self.candidates:
+            note = c.estimate_note() if c.viable else None
+            if c.device in here:
+                if note:
+                    lines.append(f"  {note}")
+                continue
+            est = f", est {c.est_seconds * 1e6:.1f} µs" if c.est_seconds is not None else ""
+            est += f" ({note.partition(': ')[2]})" if note else ""
+            lines.append(f"  {c.device}: {'viable' + est if c.viable else 'not used: ' + str(c.blocker)}")
+        if self.partition is not None:
+            lines += [f"  {line}" for line in self.partition.describe()[1:]]
+        if self.pipeline:
+            lines.append(f"  pipeline ({self.compiled_nodes} nodes compiled):")
+            lines += [f"    {p}" for p in self.pipeline]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+class CompiledGraph:
+    """One graph compiled for one device. Thread-safe ``run``."""
+
+    def __init__(self, graph: Graph, device: str, executable: Executable, legal: Graph, report: CompileReport,
+                 registry: Registry, options: CompileOptions | None = None) -> None:
+        self.graph = graph
+        self._options = options
+        self._device = device
+        self._exe = executable
+        self._legal = legal
+        self._report = report
+        self._registry = registry
+        self._specs = input_specs(graph)
+        # An executable that takes device arrays (cuda: CuPy, torch CUDA tensors) gets them as
+        # they are, checked by shape and dtype; every other gets numpy arrays.
+        self._device_inputs = bool(getattr(executable, "accepts_device_inputs", False))
+        outs = [legal.node(i) for i in legal.outputs]
+        self._out_checks = tuple((n.shape, np.dtype(n.dtype)) for n in outs)
+        self._lock = threading.Lock()  # set_param vs set_param; runs never take it
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    @property
+    def backend(self) -> str:
+        return parse_device(self._device)[0]
+
+    def report(self) -> CompileReport:
+        return self._report
+
+    def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
+        """Run on validated ``inputs``; one array per graph output.
+
+        ``output="numpy"`` (the default) returns numpy arrays. ``output="dlpack"`` returns
+        arrays that stay where the device computed them, each a ``__dlpack__`` producer
+        (hand them to ``torch.from_dlpack``, ``cupy.from_dlpack``, ``jax.dlpack``... without a
+        copy): from the executable's optional ``run_dlpack`` when it has one, else the
+        numpy arrays of ``run`` (host memory, itself a DLPack producer, as on cpu).
+        """
+        if output not in ("numpy", "dlpack"):
+            raise ConfigError(f"run: output must be 'numpy' or 'dlpack', got {output!r}")
+        arrays = validate_inputs(self._specs, inputs, self._device_inputs)
+        run_dlpack = getattr(self._exe, "run_dlpack", None) if output == "dlpack" else None
+        try:
+            outs = self._exe.run(arrays) if run_dlpack is None else run_dlpack(arrays)
+        except RlxError:
+            raise
+        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() must not end the host
+            raise DeviceError(
+                f"device {self._device} failed running graph {self.graph.name!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        return self._check_outputs(outs) if run_dlpack is None else self._check_device_outputs(outs)
+
+    def _check_device_outputs(self, outs: Any) -> list[Any]:
+        """``_check_outputs`` for ``run_dlpack``: count, shape and dtype, without a copy to host."""
+        checks = self._out_checks
+        if not isinstance(outs, (list, tuple)) or len(outs) != len(checks):
+            n = len(outs) if isinstance(outs, (list, tuple)) else type(outs).__name__
+            raise PluginError(f"backend {self.backend!r} run_dlpack returned {n} outputs for graph "
+                              f"{self.graph.name!r}, which has {len(checks)}")
+        for i, (out, (shape, dtype)) in enumerate(zip(outs, checks)):
+            if not hasattr(out, "__dlpack__"):
+                raise PluginError(f"backend {self.backend!r} run_dlpack returned a {type(out).__name__} for "
+                                  f"output {i}, which has no __dlpack__")
+            try:
+                got_shape, got_dtype = tuple(out.shape), np.dtype(out.dtype)
+            except (AttributeError, TypeError):
+                continue  # a producer whose dtype numpy cannot name (e.g. torch): trust DLPack's own metadata
+            if got_shape != shape or got_dtype != dtype:
+                raise PluginError(
+                    f"backend {self.backend!r} returned output {i} of graph {self.graph.name!r} as {got_dtype}"
+                    f"{list(got_shape)}; the graph declares {dtype}{list(shape)}"
+                )
+        return list(outs)
+
+    def _check_outputs(self, outs: Any) -> list[np.ndarray]:
+        checks = self._out_checks
+        if type(outs) is list and len(outs) == len(checks):  # fast path: a list of right arrays, as is
+            for out, (shape, dtype) in zip(outs, checks):
+                if type(out) is not np.ndarray or out.shape != shape or (out.dtype is not dtype and out.dtype != dtype):
+                    break
+            else:
+                return outs
+        if not isinstance(outs, (list, tuple)) or len(outs) != len(checks):
+            n = len(outs) if isinstance(outs, (list, tuple)) else type(outs).__name__
+            raise PluginError(f"backend {self.backend!r} returned {n} outputs for graph {self.graph.name!r}, "
+                              f"which has {len(checks)}")
+        result = []
+        for i, (out, (shape, dtype)) in enumerate(zip(outs, checks)):
+            if type(out) is not np.ndarray:
+                try:
+                    out = np.asarray(out)
+                except Exception:
+                    raise PluginError(f"backend {self.backend!r} returned a {type(out).__name__} for output {i}, "
+                                      "not an array") from None
+            if out.shape != shape or out.dtype != dtype:
+                raise PluginError(
+                    f"backend {self.backend!r} returned output {i} of graph {self.graph.name!r} as {out.dtype}"
+                    f"{list(out.shape)}; the graph declares {dtype}{list(shape)}"
+                )
+            result.append(out)
+        return result
+
+    def set_param(self, name: str, value: Any) -> None:
+        """Replace a param (same shape and dtype, else ``InputError``); atomic on failure."""
+        _node, frozen = check_param_value(self.graph, name, value)
+        legal_id = next((i for i in self._legal.params if self._legal.node(i).name == name), None)
+        if legal_id is None:  # the pipeline keeps every param; a backend's rewrite might not
+            raise PluginError(f"device {self._device}: the compiled graph lost param {name!r}")
+        with self._lock:
+            old = self._legal.replace_value(legal_id, frozen)
+            try:
+                self._exe.set_param(name, frozen)
+            except NotImplementedError:
+                try:
+                    self._exe = backend_compile(self._registry, self._device, self._legal, self._options)
+                except Exception:
+                    self._legal.replace_value(legal_id, old)
+                    raise
+            except Exception:
+                self._legal.replace_value(legal_id, old)
+                raise
+
+    def __repr__(self) -> str:
+        return f"<CompiledGraph {self.graph.name!r} on {self._device}>"
+
+
+def backend_compile(registry: Registry, device: str, legal: Graph,
+                     options: CompileOptions | None = None) -> Executable:
+    name, index = parse_device(device)
+    backend = registry.get(name)
+    options = replace(options or CompileOptions(), device=device, device_index=index)
+    try:
+        exe = backend.compile(legal, options)
+    except RlxError:
+        raise
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        raise DeviceError(f"device {device} failed to compile graph {legal.name!r}: {why}") from exc
+    if not callable(getattr(exe, "run", None)):
+        raise PluginError(f"backend {name!r}: compile() returned {type(exe).__name__}, not an Executable")
+    return exe
+
+
+def compile_on(graph: Graph, device: str, reason: str, rows: list[DeviceCandidate],
+                registry: Registry, options: CompileOptions | None = None) -> CompiledGraph:
+    name = parse_device(device)[0]
+    graph.freeze()
+    show = fusion_report_enabled()  # a malformed RLX_FUSION_REPORT fails before any work
+    t0 = time.perf_counter()
+    result = pipeline_for(graph, name, registry, options)
+    if result.blocker is not None:
+        raise DeviceError(f"device {device!r} cannot run graph {graph.name!r}: {result.blocker}")
+    # Too big for this machine: a clear error naming the size, before anything is allocated.
+    check_memory(result.graph, device, result.memory_plan or plan_memory(result.graph),
+                 probed=registry.availability(name).memory_bytes)
+    # The compiled copy owns its graph (set_param mutates its values).
+    legal = result.graph.copy().freeze()
+    opts = replace(options or CompileOptions(), memory_plan=result.memory_plan)
+    exe = backend_compile(registry, device, legal, opts)
+    info = registry.info(name)
+    report = CompileReport(
+        graph=graph.name, device=device, reason=reason, label=info.backend.label or info.label,
+        compile_seconds=time.perf_counter() - t0, user_nodes=len(graph), legalized_nodes=len(result.legalized.graph),
+        decomposed=list(result.legalized.decomposed), candidates=rows, compiled_nodes=len(legal), fused=result.fused,
+        pipeline=result.describe(),
+    )
+    notes = getattr(exe, "report_notes", None)  # optional: what the backend wants said (e.g. XLA times)
+    if callable(notes):
+        report.notes.extend(str(n) for n in notes())
+    log.info("compiled graph %r on %s (%s)", graph.name, device, reason)
+    if show:
+        print(f"rlx: {RLX_FUSION_REPORT_HEADER}\n{report}", file=sys.stderr, flush=True)
+    return CompiledGraph(graph, device, exe, legal, report, registry, opts)
+

@@ -1,0 +1,204 @@
+"""Graphs with symbolic dims: compiled once per shape class, on the device picked once.
+
+A graph whose inputs have symbolic dims (``g.input("x", ("batch", 64), "float32")``)
+accepts any sizes that satisfy its shape rules. No backend of API 1 runs such a graph
+itself: each is handed the graph *specialized* to concrete sizes (``Graph.specialize``),
+exactly what the builder would have made with those sizes, so every backend, kernel and
+pass works unchanged. This module keeps those specializations:
+
+- **Placement at a representative size.** The cost ranking, the blockers, partitioning
+  and the memory check need sizes. A symbolic graph is priced with every symbol bound
+  to ``REPRESENTATIVE_SIZES[0]`` (16), or to the first of ``REPRESENTATIVE_SIZES`` its
+  shape rules accept (a 7x7 convolution over a 16-pixel image does not fit); the
+  report says which. The device picked there serves every size: re-ranking per size
+  would compile a new device's copy for every new shape and make the choice flicker.
+- **One executable per shape class.** ``run`` binds the symbols from the inputs'
+  shapes (``Graph.bind``: a conflict is an ``InputError`` naming the input, the dim and
+  both sizes), then runs the executable compiled for exactly those values, compiling it
+  on first use. The shape classes are kept in a bounded LRU (``max_shapes``, default
+  8): a server fed every sequence length from 1 to 512 holds at most eight compiled
+  copies, not 512. The report lists every class compiled, when, and how long it took.
+- **Params** set on the compiled graph reach every kept copy and every later one.
+
+Serving a new size without compiling (shape buckets, run-time sizes in the kernels) is a
+backend's own business, for a later plugin API; this is the fallback every backend gets.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from ..ir import Graph
+from ..ir.specialize import REPRESENTATIVE_SIZES, representative
+from .compiled import CompiledGraph
+from .inputs import check_param_value, input_specs
+
+__all__ = ["REPRESENTATIVE_SIZES", "DEFAULT_MAX_SHAPES", "representative", "DynamicCompiledGraph", "shape_key",
+           "compile_symbolic", "describe_bindings"]
+
+log = logging.getLogger("rlx.session")
+
+#: Shape classes a ``DynamicCompiledGraph`` keeps compiled (least recently used dropped).
+DEFAULT_MAX_SHAPES = 8
+#: Lines of "compiled for ..." the report keeps (the newest).
+_REPORT_LINES = 32
+
+def shape_key(bindings: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """The shape class of ``bindings``: its symbols and values, in name order."""
+    return tuple(sorted(bindings.items()))
+
+
+def describe_bindings(bindings: Mapping[str, int]) -> str:
+    """``batch=8, seq=7``: how reports name a shape class."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(bindings.items())) or "(no symbols)"
+
+
+class DynamicCompiledGraph(CompiledGraph):
+    """A symbolic graph compiled per shape class on one device (see the module).
+
+    ``compile_shape(graph)`` compiles a specialization (a static graph) on the device the
+    first compile chose; ``first`` is that first compile, at ``bindings``. ``run`` takes
+    any sizes that satisfy the graph; ``shapes()`` lists the classes compiled so far.
+    """
+
+    def __init__(self, graph: Graph, first: CompiledGraph, bindings: Mapping[str, int],
+                 compile_shape: Callable[[Graph], CompiledGraph], *, max_shapes: int = DEFAULT_MAX_SHAPES,
+                 seconds: float | None = None) -> None:
+        if max_shapes < 1:
+            raise ValueError(f"max_shapes must be at least 1, got {max_shapes}")
+        # The base's executable and legal graph are never used for running here (``run`` and
+        # ``set_param`` go to the copy of each shape class); ``first`` (a partitioned one too)
+        # and its static graph stand in for them.
+        super().__init__(graph, first.device, first, first.graph, first.report(), first._registry,
+                         getattr(first, "_options", None))
+        self._compile_shape = compile_shape
+        self._max_shapes = max_shapes
+        self._names = tuple(spec.name for spec in input_specs(graph))
+        self._params: dict[str, np.ndarray] = {}  # set_param's values, for copies compiled later
+        self._classes: OrderedDict[tuple[tuple[str, int], ...], CompiledGraph] = OrderedDict()
+        self._compiling = threading.Lock()  # one compile at a time; runs of compiled classes never wait
+        self._history: list[str] = []
+        key = shape_key(bindings)
+        self._classes[key] = first
+        when = first.report().compile_seconds if seconds is None else seconds
+        self._record(bindings, when, "placed and priced here")
+        self.compiles = 1
+
+    # ------------------------------------------------------------------ running
+    def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
+        """Bind the symbols from the inputs' shapes, then run the copy compiled for them
+        (compiled now if this shape class is new)."""
+        return self.for_inputs(inputs).run(inputs, output)
+
+    def for_inputs(self, inputs: Mapping[str, Any]) -> CompiledGraph:
+        """The compiled copy for the sizes of ``inputs`` (an ``InputError`` naming what is
+        wrong when they fit no shape class of the graph)."""
+        bindings = self.graph.bind(self._shapes_of(inputs))
+        key = shape_key(bindings)
+        cg = self._classes.get(key)
+        if cg is not None:
+            try:
+                self._classes.move_to_end(key)
+            except KeyError:  # dropped by another thread meanwhile: still a valid copy to run
+                pass
+            return cg
+        with self._compiling:
+            cg = self._classes.get(key)
+            if cg is None:
+                cg = self._compile(bindings)
+                self._classes[key] = cg
+                while len(self._classes) > self._max_shapes:
+                    dropped, _ = self._classes.popitem(last=False)
+                    log.debug("graph %r: shape class %s dropped (max_shapes=%d)", self.graph.name,
+                              describe_bindings(dict(dropped)), self._max_shapes)
+        return cg
+
+    def _shapes_of(self, inputs: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+        """Each graph input's shape as given; names missing or unknown are left to the
+        full validation of the copy that runs (the same messages as a static graph's)."""
+        if not isinstance(inputs, Mapping):
+            raise InputError(f"inputs must be a mapping of input name to array, got {type(inputs).__name__}")
+        missing = [n for n in self._names if n not in inputs]
+        unknown = [k for k in inputs if k not in self._names]
+        if missing or unknown:
+            parts = []
+            if missing:
+                parts.append(f"missing input(s) {', '.join(repr(m) for m in missing)}")
+            if unknown:
+                parts.append(f"unknown input(s) {', '.join(repr(u) for u in unknown)}")
+            raise InputError(" and ".join(parts) + "; the graph takes " + ", ".join(
+                f"{s.name!r} {_shape_text(s.shape)} {s.dtype}" for s in input_specs(self.graph)))
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name in self._names:
+            value = inputs[name]
+            shape = getattr(value, "shape", None)
+            if shape is None:
+                shape = np.shape(value)
+            try:
+                shapes[name] = tuple(int(d) for d in shape)
+            except (TypeError, ValueError):
+                raise InputError(f"input {name!r}: cannot read its shape ({type(value).__name__})") from None
+        return shapes
+
+    def _compile(self, bindings: Mapping[str, int]) -> CompiledGraph:
+        t0 = time.perf_counter()
+        cg = self._compile_shape(self.graph.specialize(bindings))
+        for name, value in self._params.items():
+            cg.set_param(name, value)
+        seconds = time.perf_counter() - t0
+        self._record(bindings, seconds, "")
+        self.compiles += 1
+        log.info("graph %r: compiled for %s on %s in %.1f ms", self.graph.name, describe_bindings(bindings),
+                 self.device, seconds * 1e3)
+        return cg
+
+    def _record(self, bindings: Mapping[str, int], seconds: float, note: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        line = f"shape class {describe_bindings(bindings)}: compiled in {seconds * 1e3:.1f} ms at {stamp}" + (
+            f" ({note})" if note else "")
+        self._history.append(line)
+        del self._history[:-_REPORT_LINES]
+        notes = self._report.notes
+        notes[:] = [n for n in notes if not n.startswith("shape class ")] + self._history
+
+    # ------------------------------------------------------------------ the rest
+    def shapes(self) -> list[dict[str, int]]:
+        """The shape classes compiled and kept, least recently used first."""
+        return [dict(k) for k in self._classes]
+
+    def set_param(self, name: str, value: Any) -> None:
+        """Replace a param in every kept copy and in every copy compiled later."""
+        _node, frozen = check_param_value(self.graph, name, value)
+        with self._compiling:
+            for cg in list(self._classes.values()):
+                cg.set_param(name, frozen)
+            self._params[name] = frozen
+
+    def __repr__(self) -> str:
+        return (f"<DynamicCompiledGraph {self.graph.name!r} on {self.device}, "
+                f"{len(self._classes)} shape class(es)>")
+
+
+def compile_symbolic(graph: Graph, first_compile: Callable[[Graph], CompiledGraph],
+                     later_compile: Callable[[Graph], CompiledGraph] | None = None) -> DynamicCompiledGraph:
+    """Compile symbolic ``graph``: ``first_compile`` of its representative specialization
+    (placement, fallback and partition happen there), then ``later_compile`` (default the
+    same) for each new shape class it meets."""
+    graph.freeze()
+    rep, bindings = representative(graph)
+    first = first_compile(rep)
+    first.report().notes.append(f"symbolic dims ({', '.join(graph.symbols)}): placed and priced at "
+                                f"{describe_bindings(bindings)}; compiled again per shape class on {first.device}")
+    return DynamicCompiledGraph(graph, first, bindings, later_compile or first_compile)
+
+
+def _shape_text(shape: tuple[Any, ...]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
