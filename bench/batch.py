@@ -57,8 +57,9 @@ if __package__ in (None, ""):  # run as a file (python bench/batch.py): make `be
 
 import numpy as np
 
-from bench import _markdown, _report, _timing, models
+from bench import _markdown, _report, models
 from rlx_core.errors import ConfigError, RlxError
+from rlx_core.timer import Entry, interleave
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
@@ -199,20 +200,15 @@ def check(s: Setup, name: str, result: Any) -> float | None:
 
 def measure(found: dict[str, Callable[[], Any]], blocks: int, pause: float,
             on_block: Callable[[], None] | None = None) -> dict[str, list[float]]:
-    """Seconds per pass of each contender, one sample per interleaved block."""
-    for fn in found.values():
-        fn()  # warm-up: first-call costs (imports, caches) are not the steady state
-    samples: dict[str, list[float]] = {name: [] for name in found}
-    names = list(found)
-    for b in range(blocks):
-        k = b % len(names)
-        for name in names[k:] + names[:k]:
-            if pause > 0:  # ORT's and OpenBLAS's spinning threads park before the next contender runs
-                time.sleep(pause)
-            samples[name].append(_timing._timed(found[name], 1))
-        if on_block:
-            on_block()
-    return samples
+    """Seconds per pass of each contender, one sample per interleaved block (``rlx_core.timer``;
+    a pass lasts long enough that no untimed call settles it first)."""
+    entries = [Entry(name, run=fn) for name, fn in found.items()]
+    interleave(entries, blocks, lambda e, r: 1, pause=pause, settle=False,
+               on_round=None if on_block is None else lambda r: on_block())
+    for e in entries:
+        if e.note:
+            raise RlxError(f"bench/batch.py: {e.name} failed while timed: {e.note}")
+    return {e.name: e.times for e in entries}
 
 
 def summarize(rows: int, batch: int, samples: dict[str, list[float]],

@@ -31,8 +31,6 @@ import os
 import platform
 import statistics
 import sys
-import time
-import timeit
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ from typing import Any
 import numpy as np
 
 import rlx_core as rlx
+from rlx_core.timer import Entry, interleave
 
 SIZE = 16
 CHAIN = ("add", "mul", "sub", "tanh", "maximum", "mul", "add", "neg", "abs", "minimum")
@@ -170,26 +169,18 @@ def contenders(x: np.ndarray) -> tuple[Contenders, list[str]]:
 
 
 def measure(found: Contenders, blocks: int, pause: float, sample_s: float) -> dict[str, list[float]]:
-    """Seconds per run of each contender, one sample per interleaved block."""
+    """Seconds per run of each contender, one sample per interleaved block of about
+    ``sample_s`` seconds, after 100 warm-up calls (``rlx_core.timer``)."""
     from rich.progress import Progress
 
-    timers = {name: timeit.Timer(fn) for name, (fn, _) in found.items()}
-    loops = {}
-    for name, t in timers.items():
-        t.timeit(100)  # warm-up: first-call costs are not the steady state
-        n, took = t.autorange()
-        loops[name] = max(1, int(n * sample_s / took))
-    samples: dict[str, list[float]] = {name: [] for name in timers}
-    names = list(timers)
+    entries = [Entry(name, run=fn) for name, (fn, _) in found.items()]
     with Progress(transient=True) as progress:
         task = progress.add_task("timing", total=blocks)
-        for b in range(blocks):
-            order = names[b % len(names) :] + names[: b % len(names)]
-            for name in order:
-                samples[name].append(timers[name].timeit(loops[name]) / loops[name])
-            progress.advance(task)
-            time.sleep(pause)
-    return samples
+        interleave(entries, blocks, sample_s, pause=pause, warmup=100, on_round=lambda r: progress.advance(task))
+    for e in entries:
+        if e.note:
+            raise SystemExit(f"bench/overhead.py: {e.name} failed while timed: {e.note}")
+    return {e.name: e.times for e in entries}
 
 
 def machine() -> dict[str, Any]:

@@ -15,7 +15,6 @@ import contextvars
 import json
 import logging
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ from .errors import CacheWarning, ConfigError, DeviceError, RlxError
 from .ir import Graph
 from .options import CompileOptions
 from .passes.legalize import DtypeGate, legalize
+from .timer import first_quartile
 
 if TYPE_CHECKING:
     from .backends.registry import Registry
@@ -199,21 +199,8 @@ _SETTLE_S = 0.1  # the pause before a second look at a measurement
 
 
 def _typical_time(exe: Executable, inputs: dict[str, np.ndarray], budget: float, max_runs: int = 50) -> float:
-    """The first quartile of back-to-back runs after one warm-up. A model predicts a run's
-    typical time, which the fastest run (a quiet instant, every cache warm) understates;
-    the median, on a host where something else wakes up, can be 10x off when BLAS
-    threads lose their cores mid-product. The quartile keeps the first bias small and
-    ignores the second unless it hits most runs."""
-    exe.run(inputs)
-    times: list[float] = []
-    spent = 0.0
-    while len(times) < max_runs and (spent < budget or len(times) < 5):
-        t0 = time.perf_counter()
-        exe.run(inputs)
-        dt = time.perf_counter() - t0
-        times.append(dt)
-        spent += dt
-    return statistics.quantiles(times, n=4)[0] if len(times) > 1 else times[0]
+    """A run's typical time (``timer.first_quartile``: what a cost model predicts)."""
+    return first_quartile(lambda: exe.run(inputs), budget, max_runs)
 
 
 def _gemm_graph(m: int, k: int, n: int) -> tuple[Graph, dict[str, np.ndarray]]:

@@ -52,6 +52,9 @@ _KIT: dict[str, str] = {
     "calibrate_backend": "rlx_core.calibration",
     "save_calibration": "rlx_core.calibration",
     "in_isolation_child": "rlx_core.backends.isolation",
+    # The one timer (``rlx_core/timer.py``), for a backend choosing between kernels on this host.
+    "best_of": "rlx_core.timer",
+    "per_call": "rlx_core.timer",
 }
 
 __all__ = [

@@ -104,8 +104,8 @@ def test_timing_warms_every_contender_up_before_any_sample() -> None:
     assert set(result) == {"a", "b"} and all(len(t.samples) == 2 for t in result.values())
     calls.clear()
     timing.measure([contender("a")], rounds=1, pause=0.0, target_s=1e-9, warmup=0)
-    assert calls == ["a"] * 6  # no warm-up: sizing (1 + 3), then the block's warm call and one timed call
-    assert timing.warm_up(lambda: calls.append("c"), calls=50, budget_s=0.0) == 1  # at least once
+    assert calls == ["a"] * 7  # one call for warmup=0, sizing (1 + 3), then the block's warm call and one timed call
+    assert timing.warm_up(lambda: calls.append("c"), calls=50, budget=0.0) == 1  # at least once
 
 
 def test_zoo_exporters_accept_both_and_name_an_unknown_one() -> None:

@@ -112,10 +112,10 @@ def test_interleaved_timing_records_failures() -> None:
     def boom() -> None:
         raise RuntimeError("device lost")
 
-    ok = Contender("ok", "rlx", lambda: calls.append("ok"))
-    bad = Contender("bad", "rlx", boom)
+    ok = Contender("ok", run=lambda: calls.append("ok"))
+    bad = Contender("bad", run=boom)
     time_interleaved([ok, bad], runs=3, pause=0.0)
-    assert len(ok.times) == 3 and len(calls) == 4  # warm-up + 3 blocks of 1
+    assert len(ok.times) == 3 and len(calls) == 1 + 3 * 2  # warm-up, then 3 blocks of an untimed call and 1
     assert bad.run is None and bad.times == [] and "device lost" in bad.note
 
 

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from ..backends.isolation import ChildChannel, describe_exit, finish_child, start_child
-from ..compiler.timing import per_call
 from ..onnx._peers import Contender, ContenderFailed
+from ..timer import per_call
 
 if TYPE_CHECKING:
     from ..ir import Graph
@@ -154,16 +154,16 @@ class BenchWorker:
             self._proc, self._readers = start_child("rlx_core.cli.bench_worker", self._environ, self._messages,
                                                     self._stderr)
         except OSError as exc:
-            return Contender(self.name, kind, None, note=f"could not be started ({type(exc).__name__}: {exc})")
+            return Contender(self.name, kind=kind, note=f"could not be started ({type(exc).__name__}: {exc})")
         try:
             self._send(self._request)
             ready = self._answer("ready", timeout)
         except ContenderFailed as exc:
-            return Contender(self.name, kind, None, note=str(exc))
+            return Contender(self.name, kind=kind, note=str(exc))
         self._warmup = float(ready.get("warmup_seconds") or 0.0)
         seconds = ready.get("compile_seconds")
-        return Contender(self.name, kind, None, None if seconds is None else float(seconds),
-                         str(ready.get("note") or note), block=self.block)
+        return Contender(self.name, block=self.block, note=str(ready.get("note") or note), kind=kind,
+                         compile_seconds=None if seconds is None else float(seconds))
 
     def block(self, n: int) -> float:
         """Seconds per run over ``n`` runs timed in the child; ``ContenderFailed`` saying why

@@ -1,26 +1,16 @@
-"""Timing: the one place the core measures how long running something takes.
+"""Timing compiled graphs: the benchmark pick and ``GraphDevices.benchmark``.
 
-Three primitives, used by everything that times (the benchmark pick, ``GraphDevices.benchmark``,
-``rlx verify``, ``rlx bench`` in-process and in its child processes):
-
-- ``per_call(fn, n)``: seconds per call over ``n`` back-to-back calls — one *block*, the
-  steady state a serving loop sees;
-- ``loops_for(fn, target)``: calls per block so that a block lasts about ``target``
-  seconds, sized from the fastest of three calls after a warm one (one call right after
-  a pause, or after another device's, pays thread wake-ups and can be 10x slow);
-- ``time_runs(cg, arrays, runs)``: a warm-up run (allocation and JIT are not the steady
-  state), then the median of ``runs`` single timed runs (one slow run, a page fault or a
-  context switch, does not move it).
-
-``benchmark_devices`` times one graph on several devices, each compiled where it is told
-(placement has ranked them already).
+``time_runs(cg, arrays, runs)``: a warm-up run (allocation and JIT are not the steady
+state), then the median of ``runs`` single timed runs (one slow run, a page fault or a
+context switch, does not move it). ``benchmark_devices`` times one graph on several
+devices, each compiled where it is told (placement has ranked them already). The clock
+and its rules are ``rlx_core.timer``'s, the one timer every measurement goes through.
 """
 
 from __future__ import annotations
 
-import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,27 +18,11 @@ import numpy as np
 from ..backends.registry import Registry
 from ..errors import CALLER_ERRORS, FallbackWarning, RlxError
 from ..ir import Graph
+from ..timer import per_call
 from .compiled import CompiledGraph, compile_on
 from .inputs import random_inputs
 
-__all__ = ["benchmark_devices", "loops_for", "per_call", "time_runs"]
-
-
-def per_call(fn: Callable[[], Any], n: int) -> float:
-    """Seconds per call of ``fn`` over ``n`` back-to-back calls."""
-    n = max(1, int(n))
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t0) / n
-
-
-def loops_for(fn: Callable[[], Any], target: float, *, most: int = 1000) -> int:
-    """Calls per block so that ``per_call(fn, n)`` lasts about ``target`` seconds (1 to
-    ``most``): a warm call, then the fastest of three timed ones."""
-    fn()
-    once = min(per_call(fn, 1) for _ in range(3))
-    return max(1, min(most, int(target / max(once, 1e-7))))
+__all__ = ["benchmark_devices", "time_runs"]
 
 
 def time_runs(cg: CompiledGraph, arrays: Mapping[str, Any], runs: int) -> float:

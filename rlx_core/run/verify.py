@@ -10,34 +10,33 @@ and a regret of at most 1.15x are the targets (see BENCHMARKS.md).
 
 The suite is built with the graph builder (no ONNX needed) so that every installation
 can verify itself; ``bench/`` times the same shapes as ONNX models against peers.
-Timing interleaves devices in blocks with a pause between blocks: on a small host the
-BLAS threads of one device busy-wait after each call and would slow the next device. The
-order is shuffled per round and every block starts with an untimed run (the first run
-after a pause times thread wake-ups, not the model).
+Timing is ``rlx_core.timer.interleave``: devices in blocks with a pause between blocks
+(on a small host the BLAS threads of one device busy-wait after each call and would slow
+the next device), the order shuffled per round, every block after an untimed run.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any
 
 import numpy as np
 
 from ..compiler.inputs import random_inputs
-from ..compiler.timing import loops_for, per_call
 from ..ir import Graph, Value
 from ..placement.policy import DevicePolicy
 from ..placement.ranking import device_report, fastest_device_for
+from ..timer import Entry, interleave
 
 __all__ = ["SUITE", "VerifyRow", "suite_graph", "verify_cost_models"]
 
 Progress = Callable[[str, float], None]
 _PAUSE = 0.15  # seconds between timing blocks (see the module docstring)
-_SAMPLE = 0.01  # seconds of back-to-back runs per timing sample
+_SAMPLE = 0.01  # seconds of back-to-back runs per timing sample: a serving loop's steady state
 
 
 def _weights(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -168,14 +167,13 @@ class VerifyRow:
         return max(max(r, 1 / r) for r in (self.prediction_ratio(d) for d in self.measured))
 
 
-def _loops(cg: object, inputs: dict[str, np.ndarray], target: float = _SAMPLE) -> int:
-    """Runs per timing sample, so that a sample lasts about ``target`` seconds: the steady
-    state a serving loop sees (one run after a pause would time thread wake-ups). Sized
-    the way a block runs — after the pause and a warm run, the fastest of three — since
-    one run right after another device's can be 10x slow and would leave this device
-    blocks of a run or two, each paying the wake-up."""
-    time.sleep(_PAUSE)
-    return loops_for(lambda: cg.run(inputs), target)  # type: ignore[attr-defined]
+def _time_devices(compiled: dict[str, Any], inputs: dict[str, np.ndarray], rounds: int, seed: int,
+                  on_round: Callable[[int], None]) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Seconds per run of each compiled graph, one figure per round (``timer.interleave``),
+    and the devices that failed while timed, with why."""
+    entries = [Entry(d, run=partial(cg.run, inputs)) for d, cg in compiled.items()]
+    interleave(entries, rounds, _SAMPLE, pause=_PAUSE, seed=seed, on_round=on_round)
+    return {e.name: e.times for e in entries if not e.note}, {e.name: e.note for e in entries if e.note}
 
 
 def verify_cost_models(models: Sequence[str] | None = None, *, devices: Sequence[str] | None = None,
@@ -208,16 +206,9 @@ def verify_cost_models(models: Sequence[str] | None = None, *, devices: Sequence
                 compiled[d].run(inputs)  # first run: lazy compilation, caches, page faults
             except Exception as exc:  # a device that fails is reported, not fatal to the proof
                 errors[d] = f"{type(exc).__name__}: {exc}"
-        times: dict[str, list[float]] = {d: [] for d in compiled}
-        loops = {d: _loops(cg, inputs) for d, cg in compiled.items()}
-        order = random.Random(i)
-        for r in range(rounds):
-            report(f"{name}: timing round {r + 1}/{rounds}", (i + 0.2 + 0.8 * r / rounds) / len(names))
-            for d in order.sample(list(compiled), len(compiled)):  # no device always follows the same one
-                cg = compiled[d]
-                time.sleep(_PAUSE)  # the previous device's threads park before this block
-                cg.run(inputs)  # untimed: the first run after a pause pays for waking up
-                times[d].append(per_call(lambda cg=cg, feeds=inputs: cg.run(feeds), loops[d]))
+        times, failed = _time_devices(compiled, inputs, rounds, i, lambda r, name=name, i=i: report(
+            f"{name}: timed round {r + 1}/{rounds}", (i + 0.2 + 0.8 * (r + 1) / rounds) / len(names)))
+        errors.update(failed)
         if not times:
             continue
         measured = {d: statistics.median(ts) for d, ts in times.items()}

@@ -38,7 +38,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from rlx_core.plugin import best_of
+
 from . import gemm, verdicts
+from .gemm import PROBE_REPEATS
 from .native import Native, library
 
 __all__ = ["DIRECT_MARGIN", "mode", "use_implicit", "use_direct", "describe", "reset"]
@@ -146,8 +149,8 @@ def _measure(lib: Native) -> tuple[bool, str]:
 
     t_implicit = t_im2col = float("inf")
     for _ in range(2):  # alternating, each the better of a few calls
-        t_implicit = min(t_implicit, gemm._best_of(lambda: lib.conv_gemm(*implicit_args)))
-        t_im2col = min(t_im2col, gemm._best_of(run_im2col))
+        t_implicit = min(t_implicit, best_of(lambda: lib.conv_gemm(*implicit_args), PROBE_REPEATS))
+        t_im2col = min(t_im2col, best_of(run_im2col, PROBE_REPEATS))
     if not np.allclose(y_implicit, y_im2col, rtol=1e-3, atol=1e-3 * np.sqrt(k)):  # never trade a right answer
         return False, f"the implicit GEMM disagreed with im2col at {c}x3x3 over {hw}x{hw}"
     ratio = t_im2col / t_implicit
@@ -212,9 +215,9 @@ def _direct_ratio(lib: Native, rng: np.random.Generator, c: int, o: int, hw: int
     t_direct = t_im2col = float("inf")
     for _ in range(2):  # each block after a pause: the BLAS's pool and OpenMP's team spin after a call
         time.sleep(PAUSE_S)
-        t_direct = min(t_direct, gemm._best_of(run_direct))
+        t_direct = min(t_direct, best_of(run_direct, PROBE_REPEATS))
         time.sleep(PAUSE_S)
-        t_im2col = min(t_im2col, gemm._best_of(run_im2col))
+        t_im2col = min(t_im2col, best_of(run_im2col, PROBE_REPEATS))
     if not np.allclose(y_direct, y_im2col, rtol=1e-3, atol=1e-3 * np.sqrt(k)):
         return None
     return t_im2col / t_direct

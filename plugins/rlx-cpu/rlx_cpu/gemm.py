@@ -55,6 +55,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlx_core.plugin import best_of
+
 from . import blas, verdicts
 from . import threads as thread_policy
 from .ccall import bound_call
@@ -96,7 +98,8 @@ PROBE_SHAPES: tuple[tuple[int, int, int], ...] = ((256, 256, 256), (64, 576, 313
 #: without oneDNN ran 2.38x ORT's time on the GEMM against 2.05x on MKL).
 DEEP_K = 1024
 DEEP_PROBE = (256, 2304, 196)
-_REPEATS = 5
+#: Timed calls per contender of a probe; ``best_of`` keeps the shortest.
+PROBE_REPEATS = 5
 #: Seconds for a BLAS pool's workers to stop spinning (OpenBLAS: 2^28 cycles, ~0.1 s).
 _SETTLE_S = 0.25
 
@@ -236,19 +239,8 @@ def _blas_runner(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[str, Call
     return "numpy", lambda: np.matmul(a, b, out=c)
 
 
-def _best_of(run: Callable[[], None]) -> float:
-    """The shortest of ``_REPEATS`` timed calls of ``run``, after one that warms it up."""
-    best = math.inf
-    for k in range(_REPEATS + 1):
-        start = time.perf_counter()
-        run()
-        if k:
-            best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _measure(lib: Native) -> Decision:
-    """Time the GEMM and the BLAS on ``PROBE_SHAPES``, the minimum of ``_REPEATS`` runs
+    """Time the GEMM and the BLAS on ``PROBE_SHAPES``, the minimum of ``PROBE_REPEATS`` runs
     each; the BLAS keeps the products where it beats the GEMM by ``MARGIN`` on every shape. Threads:
     every core for both (what an unconstrained product gets).
 
@@ -271,14 +263,14 @@ def _measure(lib: Native) -> Decision:
     threads_used = _cores() if lib.openmp else 1
     # the cases stay in the list: the calls hold only their arrays' addresses
     cases = [ProbeCase(lib, shape, threads_used, rng) for shape in PROBE_SHAPES]
-    native_times = [_best_of(lambda case=case: lib.gemm(*case.args)) for case in cases]
-    blas_times = [_best_of(case.blas[1]) for case in cases]
+    native_times = [best_of(lambda case=case: lib.gemm(*case.args), PROBE_REPEATS) for case in cases]
+    blas_times = [best_of(case.blas[1], PROBE_REPEATS) for case in cases]
     pools = thread_policy.blas_pools() if threads_used > 1 else []
     if threads_used > 1 and not all(t_blas > MARGIN * t_native for t_native, t_blas in zip(native_times, blas_times)):
         time.sleep(_SETTLE_S)  # whatever pool was spinning has gone to sleep: both again
-        native_times = [min(t, _best_of(lambda case=case: lib.gemm(*case.args)))
+        native_times = [min(t, best_of(lambda case=case: lib.gemm(*case.args), PROBE_REPEATS))
                         for t, case in zip(native_times, cases)]
-        blas_times = [min(t, _best_of(case.blas[1])) for t, case in zip(blas_times, cases)]
+        blas_times = [min(t, best_of(case.blas[1], PROBE_REPEATS)) for t, case in zip(blas_times, cases)]
     name = cases[-1].blas[0] if cases else "the BLAS"
     for case in cases:  # never trade a right answer
         m, k, n = case.shape
@@ -318,8 +310,8 @@ def _deep_ratio(lib: Native, threads: int) -> float | None:
     """The BLAS's time over the GEMM's on ``DEEP_PROBE`` (A packed for the GEMM, the GEMM
     timed first), or None where they disagree."""
     case = ProbeCase(lib, DEEP_PROBE, threads, np.random.default_rng(1))
-    t_native = _best_of(lambda: lib.gemm(*case.args))
-    t_blas = _best_of(case.blas[1])
+    t_native = best_of(lambda: lib.gemm(*case.args), PROBE_REPEATS)
+    t_blas = best_of(case.blas[1], PROBE_REPEATS)
     if not np.allclose(case.c_native, case.c_blas, rtol=1e-3, atol=1e-3 * math.sqrt(DEEP_PROBE[1])):
         return None
     return t_blas / t_native
@@ -345,7 +337,8 @@ def _single_thread_ratios(lib: Native, cases: list[ProbeCase]) -> list[float] | 
             ratios = []
             for case in cases:
                 one = (*case.args[:16], 1, *case.args[17:])  # the threads argument
-                ratios.append(_best_of(case.blas[1]) / _best_of(lambda one=one: lib.gemm(*one)))
+                t_blas = best_of(case.blas[1], PROBE_REPEATS)
+                ratios.append(t_blas / best_of(lambda one=one: lib.gemm(*one), PROBE_REPEATS))
     finally:
         if mkl is not None:
             mkl.local_threads(previous)

@@ -336,10 +336,10 @@ def _measure(lib: Dnnl, kind: str) -> tuple[bool, str]:
     """Time one probe convolution through the whole cpu backend both ways (each the
     better of a few runs, alternating), on answers that agree."""
     from rlx_core.ir import Graph
-    from rlx_core.plugin import CompileOptions
+    from rlx_core.plugin import CompileOptions, best_of
 
     from .backend import CpuBackend
-    from .gemm import _best_of
+    from .gemm import PROBE_REPEATS
 
     c, o, hw, k = PROBES[kind]
     groups = PROBE_GROUPS.get(kind, 1)
@@ -358,7 +358,7 @@ def _measure(lib: Dnnl, kind: str) -> tuple[bool, str]:
             decisions[kind] = (mode == "onednn", "probing")
             exe = CpuBackend().compile(g, CompileOptions(device="cpu"))
             outs[mode] = exe.run(feeds)[0]
-            times[mode] = min(times.get(mode, math.inf), _best_of(lambda e=exe: e.run(feeds)))
+            times[mode] = min(times.get(mode, math.inf), best_of(lambda e=exe: e.run(feeds), PROBE_REPEATS))
     except Exception as exc:  # a probe never breaks the compile that asked: rlx's kernels then
         return False, f"oneDNN failed on the probe: {type(exc).__name__}: {exc}"
     what = f"{c} -> {o} {k}x{k}{f' {kind} ({groups} groups)' if groups > 1 else ''} over {hw}x{hw}"

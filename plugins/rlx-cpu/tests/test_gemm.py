@@ -226,10 +226,10 @@ def test_auto_measures_once_and_says_so(native_lib: native.Native, monkeypatch: 
 
 def _measure_with(monkeypatch: pytest.MonkeyPatch, native_lib: native.Native, times: list[float], cores: int,
                   pools: list[str]) -> gemm.Decision:
-    """``gemm._measure`` with ``_best_of`` answering ``times`` in order, on ``cores`` cores
+    """``gemm._measure`` with ``best_of`` answering ``times`` in order, on ``cores`` cores
     with these separate BLAS pools, and no real product run."""
     answers = iter(times)
-    monkeypatch.setattr(gemm, "_best_of", lambda run: next(answers))
+    monkeypatch.setattr(gemm, "best_of", lambda run, repeats: next(answers))
     monkeypatch.setattr(gemm, "_SETTLE_S", 0.0)
     monkeypatch.setattr(native_lib, "gemm", lambda *args: None)
     monkeypatch.setattr(native_lib, "openmp", True)
