@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from rlx_core.errors import ConfigError
+from rlx_core.run.verify import SUITE, SUITE_SIZES
 
 from . import _jax_models, _numpy_models
 
@@ -230,21 +231,22 @@ _BUILDERS: dict[str, Callable[..., SuiteModel]] = {
     "mlp": _mlp, "transformer": _transformer, "elementwise": _elementwise, "cnn": _cnn, "matmul": _matmul,
 }
 
-#: model -> size preset -> builder arguments.
+#: model -> size preset -> builder arguments; ``full`` is rlx verify's suite table, so that
+#: the two measure the same models.
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
-    "mlp": {"full": {"batch": 64, "dims": (784, 128, 64, 10)}, "quick": {"batch": 64, "dims": (784, 128, 64, 10)},
+    "mlp": {"full": SUITE_SIZES["mlp"], "quick": {"batch": 64, "dims": (784, 128, 64, 10)},
             "tiny": {"batch": 4, "dims": (32, 16, 8, 10)}},
-    "transformer": {"full": {"seq": 128, "d": 256, "heads": 4, "ff": 1024},
-                    "quick": {"seq": 64, "d": 128, "heads": 4, "ff": 512},
+    "transformer": {"full": SUITE_SIZES["transformer"], "quick": {"seq": 64, "d": 128, "heads": 4, "ff": 512},
                     "tiny": {"seq": 8, "d": 16, "heads": 2, "ff": 32}},
-    "elementwise": {"full": {"rows": 1024, "cols": 1024}, "quick": {"rows": 256, "cols": 256},
+    "elementwise": {"full": SUITE_SIZES["elementwise"], "quick": {"rows": 256, "cols": 256},
                     "tiny": {"rows": 8, "cols": 16}},
-    "cnn": {"full": {"hw": 64, "c1": 16, "c2": 32}, "quick": {"hw": 32, "c1": 16, "c2": 32},
-            "tiny": {"hw": 8, "c1": 4, "c2": 8}},
-    "matmul": {"full": {"n": 2048}, "quick": {"n": 512}, "tiny": {"n": 32}},
+    "cnn": {"full": SUITE_SIZES["cnn"], "quick": {"hw": 32, "c1": 16, "c2": 32}, "tiny": {"hw": 8, "c1": 4, "c2": 8}},
+    "matmul": {"full": SUITE_SIZES["matmul"], "quick": {"n": 512}, "tiny": {"n": 32}},
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+if set(MODEL_NAMES) != set(SUITE) or set(SIZES) != set(SUITE):  # one suite, written twice: kept in step
+    raise ImportError(f"bench/models.py's models {sorted(MODEL_NAMES)} are not rlx verify's {sorted(SUITE)}")
 
 
 def build(name: str, size: str = "full") -> SuiteModel:

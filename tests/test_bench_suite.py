@@ -114,3 +114,25 @@ def test_zoo_exporters_accept_both_and_name_an_unknown_one() -> None:
     assert zoo.exporters_from("dynamo,classic,dynamo") == ["dynamo", "classic"]
     with pytest.raises(ValueError, match="'onnxscript'"):
         zoo.exporters_from("classic,onnxscript")
+
+
+def test_verify_and_the_bench_measure_one_suite() -> None:
+    """``rlx verify`` builds the suite with the graph builder, ``bench/`` writes it as ONNX:
+    the same models from one table, so at full size their inputs and outputs agree in shape
+    (the exported transformer has a leading batch axis of 1, as exporters write it)."""
+    from rlx_core.run.verify import SUITE, SUITE_SIZES, suite_graph
+
+    def unbatched(shapes: list) -> list:
+        return sorted(tuple(s[1:]) if len(s) > 2 and s[0] == 1 and name == "transformer" else tuple(s) for s in shapes)
+
+    models = bench_module("models")
+    assert set(models.MODEL_NAMES) == set(SUITE)
+    for name in SUITE:
+        assert models.SIZES[name]["full"] is SUITE_SIZES[name]
+        onnx_model, graph = models.build(name, "full"), suite_graph(name)
+        # bench's matmul takes both operands as inputs, verify's holds the second as a weight
+        assert set(unbatched([graph.node(i).shape for i in graph.inputs])) <= set(
+            unbatched([v.shape for v in onnx_model.inputs.values()])), name
+        loaded = rlx_core.onnx.load(onnx_model.onnx)
+        assert unbatched([loaded.node(o).shape for o in loaded.outputs]) == unbatched(
+            [graph.node(o).shape for o in graph.outputs]), name

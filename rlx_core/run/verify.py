@@ -8,8 +8,9 @@ device the ranking picks, the device that measured fastest, and the *regret*: pi
 time / best time (1.0 = the pick was right). A prediction within 2x of the measurement
 and a regret of at most 1.15x are the targets (see BENCHMARKS.md).
 
-The suite is built with the graph builder (no ONNX needed) so that every installation
-can verify itself; ``bench/`` times the same shapes as ONNX models against peers.
+The suite is one table (``SUITE_SIZES``) built two ways: here with the graph builder (no
+ONNX needed), so that every installation can verify itself; in ``bench/models.py`` as
+ONNX models written the way exporters write them, timed against peers.
 Timing is ``rlx_core.timer.interleave``: devices in blocks with a pause between blocks
 (on a small host the BLAS threads of one device busy-wait after each call and would slow
 the next device), the order shuffled per round, every block after an untimed run.
@@ -17,6 +18,7 @@ the next device), the order shuffled per round, every block after an untimed run
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -32,7 +34,7 @@ from ..placement.policy import DevicePolicy
 from ..placement.ranking import device_report, fastest_device_for
 from ..timer import Entry, interleave
 
-__all__ = ["SUITE", "VerifyRow", "suite_graph", "verify_cost_models"]
+__all__ = ["SUITE", "SUITE_SIZES", "VerifyRow", "suite_graph", "verify_cost_models"]
 
 Progress = Callable[[str, float], None]
 _PAUSE = 0.15  # seconds between timing blocks (see the module docstring)
@@ -44,22 +46,37 @@ def _weights(rng: np.random.Generator, *shape: int) -> np.ndarray:
     return (rng.standard_normal(shape) / math.sqrt(fan_in)).astype(np.float32)
 
 
+#: The suite's models at full size: one table for ``rlx calibrate --verify``, which builds
+#: them with the graph builder (below), and for ``bench/``, which writes the same models as
+#: ONNX the way exporters do (``bench/models.py``'s ``full`` preset is this table).
+SUITE_SIZES: dict[str, dict[str, Any]] = {
+    "mlp": {"batch": 64, "dims": (784, 128, 64, 10)},
+    "transformer": {"seq": 128, "d": 256, "heads": 4, "ff": 1024},
+    "elementwise": {"rows": 1024, "cols": 1024},
+    "cnn": {"hw": 64, "c1": 16, "c2": 32},
+    "matmul": {"n": 2048},
+}
+
+
 def mlp(scale: float = 1.0) -> Graph:
     """784-128-64-10 with relu and softmax, batch 64 (``scale`` shrinks the batch)."""
+    size = SUITE_SIZES["mlp"]
     rng = np.random.default_rng(1)
     g = Graph("mlp")
-    h = g.input("x", (max(1, int(64 * scale)), 784))
-    for i, (k, n) in enumerate(((784, 128), (128, 64), (64, 10))):
+    dims = size["dims"]
+    h = g.input("x", (max(1, int(size["batch"] * scale)), dims[0]))
+    for i, (k, n) in enumerate(itertools.pairwise(dims)):
         h = g.add(g.matmul(h, g.param(f"w{i}", _weights(rng, k, n))), g.param(f"b{i}", np.zeros(n, np.float32)))
-        h = g.relu(h) if n != 10 else h
+        h = g.relu(h) if i < len(dims) - 2 else h
     g.set_outputs([g.softmax(h, axis=-1, name="probs")])
     return g
 
 
 def transformer(scale: float = 1.0) -> Graph:
     """One encoder layer: d=256, 4 heads, ff 1024, seq 128 (``scale`` shrinks seq)."""
+    size = SUITE_SIZES["transformer"]
     rng = np.random.default_rng(2)
-    seq, d, heads, ff = max(4, int(128 * scale)), 256, 4, 1024
+    seq, d, heads, ff = max(4, int(size["seq"] * scale)), size["d"], size["heads"], size["ff"]
     g = Graph("transformer")
     x = g.input("x", (seq, d))
 
@@ -81,9 +98,11 @@ def transformer(scale: float = 1.0) -> Graph:
 
 def elementwise(scale: float = 1.0) -> Graph:
     """15 elementwise ops on 1024x1024 with a broadcast bias, tanh and sigmoid."""
-    n = max(8, int(1024 * math.sqrt(scale)))
+    size = SUITE_SIZES["elementwise"]
+    rows = max(8, int(size["rows"] * math.sqrt(scale)))
+    n = max(8, int(size["cols"] * math.sqrt(scale)))
     g = Graph("elementwise")
-    x = g.input("x", (n, n))
+    x = g.input("x", (rows, n))
     bias = g.param("bias", np.linspace(-1, 1, n, dtype=np.float32))
     y = g.add(x, bias)
     y = g.mul(y, 0.5)
@@ -105,23 +124,25 @@ def elementwise(scale: float = 1.0) -> Graph:
 
 def cnn(scale: float = 1.0) -> Graph:
     """Two 3x3 convolutions with relu and max pools, then a dense layer, on 1x3x64x64."""
+    size = SUITE_SIZES["cnn"]
     rng = np.random.default_rng(3)
-    side = max(8, int(64 * math.sqrt(scale))) // 4 * 4
+    side = max(8, int(size["hw"] * math.sqrt(scale))) // 4 * 4
+    c2 = size["c2"]
     g = Graph("cnn")
     h = g.input("x", (1, 3, side, side))
-    for i, (cin, cout) in enumerate(((3, 16), (16, 32))):
+    for i, (cin, cout) in enumerate(((3, size["c1"]), (size["c1"], c2))):
         w, b = g.param(f"c{i}_w", _weights(rng, cout, cin, 3, 3)), g.param(f"c{i}_b", np.zeros(cout, np.float32))
         h = g.conv2d(h, w, b, padding=1)
         h = g.max_pool2d(g.relu(h), 2)
-    flat = g.reshape(h, (1, 32 * (side // 4) ** 2))
-    g.set_outputs([g.add(g.matmul(flat, g.param("fc_w", _weights(rng, 32 * (side // 4) ** 2, 10))),
+    flat = g.reshape(h, (1, c2 * (side // 4) ** 2))
+    g.set_outputs([g.add(g.matmul(flat, g.param("fc_w", _weights(rng, c2 * (side // 4) ** 2, 10))),
                          g.param("fc_b", np.zeros(10, np.float32)), name="logits")])
     return g
 
 
 def matmul(scale: float = 1.0) -> Graph:
     """A square float32 matmul, 2048 on a side (``scale`` shrinks the side)."""
-    n = max(16, int(2048 * scale ** (1 / 3)))
+    n = max(16, int(SUITE_SIZES["matmul"]["n"] * scale ** (1 / 3)))
     rng = np.random.default_rng(4)
     g = Graph("matmul")
     g.set_outputs([g.matmul(g.input("a", (n, n)), g.param("b", _weights(rng, n, n)), name="c")])
