@@ -299,8 +299,10 @@ def _structured_seconds(node: Node, in_shapes: Sequence[tuple[int, ...]], model:
         # tiny products: backends sweep all channels in one kernel that reads each window
         # in place (rlx-cpu's depthwise kernels, XLA's grouped conv). Priced as products
         # one group at a time, each paid a tiny product's start-up: mobilenet_v3_small's
-        # depthwise layers came to 180 ms on a host that runs the model in 1.4. Their
-        # flops go at the whole layer's rate; the caller adds the memory side.
+        # depthwise layers alone were priced at over a hundred times what the whole model
+        # takes (measured: BENCHMARKS.md, section 'Figures behind design choices (moved from
+        # docstrings, issue 32)'). Their flops go at the whole layer's rate; the caller adds
+        # the memory side.
         if groups > 1 and o // groups <= _FEW_CHANNELS:
             return n * _gemm_seconds(o, kk, oh * ow, model)
         seconds = n * groups * _gemm_seconds(o // max(groups, 1), kk, oh * ow, model)

@@ -1,8 +1,9 @@
 """The cost model's error on this host, per device: measured over predicted, remembered.
 
 A cost model is a handful of figures, and on some hosts it is off by 2-4x for every graph
-(a GPU whose calibration read a fraction of its bandwidth predicted 221 ms for a model
-that ran in 62 ms), which is enough to rank a slower device first. Whenever rlx times a
+(a GPU whose calibration read a fraction of its bandwidth predicted over three times what
+a model took; measured: BENCHMARKS.md, section 'Figures behind design choices (moved from
+docstrings, issue 32)'), which is enough to rank a slower device first. Whenever rlx times a
 graph on a device whose estimate it knows (a measured pick, ``measured.py``; the baseline
 of a drift watch, ``drift.py``), the ratio *measured / predicted* is recorded here, per
 device and host, and the ranking multiplies that device's later estimates by the running

@@ -56,8 +56,9 @@ __all__ = ["RUNNER_OVERHEAD_S", "SPLIT_MARGIN", "PartitionPlan", "PartitionedGra
 log = logging.getLogger("rlx.partition")
 
 #: The core's own work per segment per run (validating the segment's inputs, a dict
-#: lookup per tensor, the call): about 10-20 µs measured on a 2-core EPYC host; a
-#: boundary that saves less than this does not pay.
+#: lookup per tensor, the call), set from timings on a 2-core EPYC host (measured:
+#: BENCHMARKS.md, section 'Figures behind design choices (moved from docstrings, issue 32)');
+#: a boundary that saves less than this does not pay.
 RUNNER_OVERHEAD_S = 15e-6
 #: A split is taken over a device that can run the whole graph only when predicted at
 #: most this fraction of that device's time.

@@ -4,33 +4,38 @@
 
 Why: numpy's wheels carry OpenBLAS, which on the products inference makes (a batch of
 64-128 rows against a few hundred to a thousand columns) spends most of its time waking
-its second thread and repacking the weights. Measured on a 2-core AVX-512 host, µs per
-product, numpy 2.4 (OpenBLAS 0.3) vs oneMKL 2026.2 through this module:
-64x784x128 88 vs 56, 128x128x128 42 vs 20, 128x256x768 225 vs 170, 128x1024x256 315 vs
-236; 2048³ the same. Below about a million multiply-adds OpenBLAS alone wins (64x128x64: 7
-vs 10 µs: MKL's fixed cost is ~2.5 µs a call), yet every product goes to MKL once it is
-loaded: a small product left to numpy's OpenBLAS wakes its pthreads pool, whose worker
-then spins on a core while the next native kernel or MKL product wants both for
-OpenMP's team. Batch-1 conv nets make hundreds of such products: measured on the 2-core
-EPYC host, mobilenet_v3_small 12.8-20.4 ms with a 1M-MAC threshold, 3.4-3.7 ms with none
-(resnet18 80-85 -> 32.5-34.5 ms); the suite's mlp, transformer and cnn unchanged.
+its second thread and repacking the weights: oneMKL through this module ran each such
+product faster, and large squares as fast. Below about a million multiply-adds OpenBLAS
+alone wins, since there MKL's fixed cost per call outweighs its faster arithmetic, yet
+every product goes to MKL once it is loaded: a small product left to numpy's OpenBLAS
+wakes its pthreads pool, whose worker then spins on a core while the next native kernel
+or MKL product wants both for OpenMP's team. Batch-1 conv nets make hundreds of such products:
+with every product on MKL, mobilenet_v3_small and resnet18 ran two to five times as fast
+as with those under a million multiply-adds left to numpy, and the suite's mlp,
+transformer and cnn were unchanged (measured: BENCHMARKS.md, sections 'With the `mkl`
+extra, and with another process busy (session 8)' and 'Figures behind design choices
+(moved from docstrings, issue 32)').
 
 How: the library is found next to the interpreter (where the wheel puts it), loaded with
 ``ctypes`` on the first compile that wants it (never at import or in ``rlx devices``) and
 bound once. A product becomes one ``cblas_sgemm`` (or ``cblas_sgemm_batch_strided`` for a
 stack of matrices whose layout is one stride per operand) with every argument fixed when
 the plan is bound: shapes, transposes, leading dimensions, and the addresses of plan
-buffers and residents. Only a caller's array has its address read per run (0.3 µs); a
-caller's array that is not C-contiguous and writable runs through ``numpy.matmul``
-instead, so every input layout stays correct. A single product whose B is a resident
-(weights: a param, a constant, or folded from them) reads B packed once in MKL's own
-layout (``cblas_sgemm_pack``, then ``cblas_sgemm_compute``): sgemm otherwise copies B
-into that layout on every call. The packed copy belongs to the executable and set_param
-repacks it in place (``BuildContext.derived``).
+buffers and residents. Only a caller's array has its address read per run, a small fixed
+cost beside the call's (measured: BENCHMARKS.md, section 'Figures behind design choices
+(moved from docstrings, issue 32)'); a caller's array that is not C-contiguous and
+writable runs through ``numpy.matmul`` instead, so every input layout stays correct. A
+single product whose B is a resident (weights: a param, a constant, or folded from them)
+reads B packed once in MKL's own layout (``cblas_sgemm_pack``, then
+``cblas_sgemm_compute``): sgemm otherwise copies B into that layout on every call. The
+packed copy belongs to the executable and set_param repacks it in place
+(``BuildContext.derived``).
 
-Vector math: numpy has no erf; ``mathfn.py``'s float32 program takes 15 passes (304 µs
-on 131k elements here) where ``vmsErf`` takes 44 µs at about 1 ulp (``VML_HA``), and gelu
-becomes ``x * vmsCdfNorm(x)`` (the suite transformer's feed-forward region: 473 -> 196 µs).
+Vector math: numpy has no erf; ``mathfn.py``'s float32 program takes 15 passes where
+``vmsErf`` takes one call at about 1 ulp (``VML_HA``), several times faster, and gelu
+becomes ``x * vmsCdfNorm(x)``, which more than halved the suite transformer's
+feed-forward region (measured: BENCHMARKS.md, section 'Figures behind design choices
+(moved from docstrings, issue 32)').
 
 ``RLX_CPU_BLAS=numpy`` keeps every product and function in numpy (``mkl`` is the default when the
 library loads). MKL's own variables apply as usual (``MKL_NUM_THREADS``,
@@ -159,10 +164,11 @@ class Mkl:
     def _choose_threading(self) -> str:
         """GNU OpenMP (libgomp) for MKL's threads where it loads, unless the user chose.
 
-        Measured in the suite's process (ONNX Runtime, XLA and OpenBLAS pools beside it, on
-        2 cores), the MLP with Intel's OpenMP swung between 0.10 and 0.45 ms from run to run;
-        with libgomp it held 0.115-0.124 ms. libgomp cannot run a parallel region in a
-        forked child of a process that ran one, so a forked child runs MKL on one thread
+        In the suite's process (ONNX Runtime, XLA and OpenBLAS pools beside it, on 2 cores),
+        the MLP's time with Intel's OpenMP swung more than fourfold from run to run, while
+        with libgomp it held steady (measured: BENCHMARKS.md, section 'Figures behind design
+        choices (moved from docstrings, issue 32)'). libgomp cannot run a parallel region in
+        a forked child of a process that ran one, so a forked child runs MKL on one thread
         (``_after_fork``) instead of hanging."""
         if "MKL_THREADING_LAYER" in os.environ or sys.platform != "linux":
             return os.environ.get("MKL_THREADING_LAYER", "intel").lower()
@@ -356,12 +362,17 @@ _PACK_B, _PACKED = 162, 151
 
 
 #: Pack B only for products of at most this many rows: there the copy sgemm makes of B on
-#: every call is a large share of the work (8 x 256 @ 256 x 1024: 203 -> 121 µs packed, on
-#: the 2-core Zen 3); from 64 rows on the packed call ran 0.99-1.06x the plain one.
+#: every call is a large share of the work (an 8-row product ran markedly faster packed,
+#: on the 2-core Zen 3), while from 64 rows on the packed call ran no faster than the
+#: plain one (measured: BENCHMARKS.md, sections 'Load + compile time against ORT's session
+#: creation (issue 35 item 5, session 17)' and 'Figures behind design choices (moved from
+#: docstrings, issue 32)').
 PACK_MAX_M = 32
 #: ...and only when the packed copy is not much bigger than B: oneMKL 2026.2 packs a 1 MB
-#: B into 7.1 MB (and 8 ms; about 6 MB more than B at every size measured), so packing
-#: every weight of a 2-layer BERT took 110 MB more. A 1024 x 1024 B packs into 2.3x its size.
+#: B into 7.1 MB, and spends compile time doing it (about 6 MB more than B at every size
+#: measured), so packing every weight of a 2-layer BERT took 110 MB more. A 1024 x 1024 B
+#: packs into 2.3x its size (measured: BENCHMARKS.md, section 'Load + compile time against
+#: ORT's session creation (issue 35 item 5, session 17)').
 PACK_MAX_GROWTH = 2.5
 
 

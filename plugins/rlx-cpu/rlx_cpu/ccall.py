@@ -3,11 +3,13 @@
 Used for oneMKL (``blas.py``) and rlx's own kernels (``native.c``): every argument of the
 call is fixed at plan time (shapes, strides, the addresses of plan buffers and
 residents), so a run makes the call with no Python frame beyond one. Only a caller's
-array (a ``Dyn`` placeholder) has its address read per run (0.3 µs); one the C side
-cannot take as it is (not C-contiguous, read-only) makes that run go through a numpy
-fallback that computes the same result. rlx's own kernels take their arguments as one
-int64 array through ``rlx_packed`` (``register_packed``): ctypes converts each argument
-on every call, and that conversion was most of a small kernel's time.
+array (a ``Dyn`` placeholder) has its address read per run, a small fixed cost (measured:
+BENCHMARKS.md, section 'Figures behind design choices (moved from docstrings, issue 32)');
+one the C side cannot take as it is (not C-contiguous, read-only) makes that run go
+through a numpy fallback that computes the same result. rlx's own kernels take their
+arguments as one int64 array through ``rlx_packed`` (``register_packed``): ctypes
+converts each argument on every call, and that conversion was most of a small kernel's
+time.
 """
 
 from __future__ import annotations
@@ -61,9 +63,11 @@ _PACKED: dict[int, tuple[Callable[..., Any], Callable[[int], int], int]] = {}
 def register_packed(fn: Callable[..., Any], packed: Callable[[int], int], kernel: int) -> None:
     """Steps calling ``fn`` (a ctypes function of native.c) go through ``packed(address of
     an int64 array: kernel, then fn's arguments)`` instead (``rlx_packed``): ctypes converts
-    every argument on every call, ~80 ns each, so rlx_gemm's 18 cost 1.5 µs a call and one
-    address 0.1 µs. ``fn``'s ``argtypes`` say which arguments are floats (passed as the
-    bits of a double)."""
+    every argument on every call, so a call costs in proportion to its arguments:
+    rlx_gemm's 18 cost over ten times as much as one address (measured: BENCHMARKS.md,
+    sections 'On the same 2-core Zen 5, session 10' and 'Figures behind design choices
+    (moved from docstrings, issue 32)'). ``fn``'s ``argtypes`` say which arguments are
+    floats (passed as the bits of a double)."""
     _PACKED[id(fn)] = (fn, packed, kernel)
 
 

@@ -4,29 +4,32 @@ im2col + rlx's GEMM, where rlx's GEMM runs the products (``gemm.use_native``).
 Why measure: the implicit GEMM loads each tap's columns from a shifted copy of the input
 at whatever offset the tap has, so nearly every 64-byte vector load straddles two cache
 lines, and the copy it reads is kh times the input. AMD's Zen 5 takes split loads at full
-speed: one core ran resnet18's 64 -> 64 3x3 over 56x56 at 200-230 GF/s that way against
-160-200 through im2col, and resnet18 went from 11.6 to 8.9 ms on two cores. A 16-core Xeon
-(AVX-512, numpy's OpenBLAS) ran the same resnet18 in 21.8 ms that way against 8.0 through
-im2col in the session before. So nothing is assumed: the first convolution planned times
-both on one 3x3 convolution (64 -> 64 channels over 28x28, every core, the better of a few
-calls each, alternating: both are rlx's own kernels on OpenMP's team, no foreign pool to
-wait for; about 2-5 ms once per process) and keeps the implicit GEMM only if it is at
-least as fast. The decision is logged (``rlx_cpu``) and shown by ``describe()`` (``rlx
-devices``: the ``gemm`` entry). ``RLX_CPU_CONV=implicit`` or ``im2col`` forces it.
+speed: there one core ran resnet18's 64 -> 64 3x3 over 56x56 faster that way than through
+im2col, and resnet18 on two cores took about a quarter less time. A 16-core Xeon
+(AVX-512, numpy's OpenBLAS) ran the same resnet18 nearly three times as long that way as
+through im2col in the session before (measured: BENCHMARKS.md, sections 'On the same
+2-core Zen 5, session 11' and 'Figures behind design choices (moved from docstrings,
+issue 32)'). So nothing is assumed: the first convolution planned times both on one 3x3
+convolution (64 -> 64 channels over 28x28, every core, the better of a few calls each,
+alternating: both are rlx's own kernels on OpenMP's team, no foreign pool to wait for; a
+small cost, once per process) and keeps the implicit GEMM only if it is at least as fast.
+The decision is logged (``rlx_cpu``) and shown by ``describe()`` (``rlx devices``: the
+``gemm`` entry). ``RLX_CPU_CONV=implicit`` or ``im2col`` forces it.
 
 The same holds for the *direct* kernel (``rlx_conv_direct``), which convolutions with few
 taps per output (a first layer's 3 channels, SqueezeNet's 16) run instead of im2col and
 the BLAS: on the 2-core AVX-512 host it was written on it beat im2col on the suite's CNN
-(64x64 planes: 40 µs against 57), while a 2-core Zen 3 (AVX2, oneMKL) ran it 4-7x slower
-than im2col + the BLAS over 56x56 and 112x112 planes (16 -> 64 3x3 over 55x55: 5.5 ms
-against 0.78; squeezenet 23 ms against 11 for ORT). So ``use_direct`` times both once per
-process on two such convolutions (16 -> 32 3x3 over 56x56, and a first layer: 3 -> 32
-3x3, stride 2, over 224x224) and keeps the direct kernel only where it wins both by
-``DIRECT_MARGIN`` (it leaves a fused convolution's epilogue to a pass of its own). Its
+(64x64 planes), while a 2-core Zen 3 (AVX2, oneMKL) ran it several times slower than
+im2col + the BLAS over 56x56 and 112x112 planes, and squeezenet in twice ORT's time
+(measured: BENCHMARKS.md, sections 'CPU on untuned models (session 16)' and 'Figures
+behind design choices (moved from docstrings, issue 32)'). So ``use_direct`` times both
+once per process on two such convolutions (16 -> 32 3x3 over 56x56, and a first layer:
+3 -> 32 3x3, stride 2, over 224x224) and keeps the direct kernel only where it wins both
+by ``DIRECT_MARGIN`` (it leaves a fused convolution's epilogue to a pass of its own). Its
 register blocking (8 output channels x 16 floats) spilled on AVX2's 16 registers, the
-cause of the 4-7x above; off AVX-512 it now keeps 4 channels x 16 outputs in 8-float
-vectors, and timed 1.14-1.37x and 1.47-2.57x im2col's speed on the two probes there
-(2-core Zen 3, oneMKL). ``RLX_CPU_CONV=direct`` forces it; ``im2col`` turns it off too.
+cause of that slowdown; off AVX-512 it now keeps 4 channels x 16 outputs in 8-float
+vectors, and timed faster than im2col on both probes there (2-core Zen 3, oneMKL).
+``RLX_CPU_CONV=direct`` forces it; ``im2col`` turns it off too.
 """
 
 from __future__ import annotations
@@ -167,8 +170,9 @@ DIRECT_MARGIN = 1.15
 #: The pause before each timed block of ``use_direct``'s probe. Alternating back to back,
 #: each side ran while the other's threads still spun for the cores (OpenBLAS's pool after
 #: the product, OpenMP's team after the direct kernel): on the 2-core Zen 3 the direct
-#: kernel timed 1.42x and 1.87x im2col's speed there, then ran squeezenet at 39 ms against
-#: 12 through im2col.
+#: kernel then timed faster than im2col on both probes, yet ran squeezenet in about three
+#: times im2col's time (measured: BENCHMARKS.md, section 'Figures behind design choices
+#: (moved from docstrings, issue 32)').
 PAUSE_S = 0.05
 
 

@@ -3,32 +3,37 @@ measurably faster than the BLAS the product would otherwise go to (``blas.py``).
 
 Why: oneMKL and numpy's OpenBLAS choose their kernels by CPU vendor and model, and on
 AMD's AVX-512 parts (Zen 4, Zen 5) both run AVX2 code: half the multiply-add rate of
-the machine. Measured on a 2-core Zen 5 (EPYC), sgemm 2048³: oneMKL 178-208 GF/s,
-OpenBLAS 229-242, OpenBLAS forced onto its AVX-512 kernels 446; rlx's GEMM ~400, and
-400-470 on the resnet18 and transformer shapes with packed weights. On an Intel
-AVX-512 part MKL runs its own AVX-512 kernels and wins or ties. Without AVX-512 the GEMM
-runs its 12 x 32 tile as 6 x 16 sub-tiles that fit AVX2's 16 registers (``native.c``,
-``rlx_v8``); there a BLAS's tuned kernels are about as fast on big square products, and
-the GEMM wins on a convolution's skinny ones and on few-k products (BENCHMARKS.md,
-"rlx's kernels on AVX2"), besides adding the bias and running the epilogue as it stores C.
+the machine. On a 2-core Zen 5 (EPYC), OpenBLAS forced onto its AVX-512 kernels ran a
+large square product about twice as fast as either library's own choice, and rlx's GEMM
+about as fast as that, as fast or faster on the resnet18 and transformer shapes with
+packed weights (measured: BENCHMARKS.md, sections 'On a 2-core AMD Zen 5, with rlx's own
+GEMM (session 9)' and 'Figures behind design choices (moved from docstrings, issue 32)').
+On an Intel AVX-512 part MKL runs its own AVX-512 kernels and wins or ties. Without
+AVX-512 the GEMM runs its 12 x 32 tile as 6 x 16 sub-tiles that fit AVX2's 16 registers
+(``native.c``, ``rlx_v8``); there a BLAS's tuned kernels are about as fast on big square
+products, and the GEMM wins on a convolution's skinny ones and on few-k products
+(BENCHMARKS.md, "rlx's kernels on AVX2"), besides adding the bias and running the
+epilogue as it stores C.
 
 So nothing is assumed: the first compile that plans a float32 product (``use_native``)
 times the GEMM, its A packed as a graph's weights are, against the BLAS (MKL when it is
 loaded, else ``numpy.matmul``) on two representative products, minimum of a few
-repetitions each, every GEMM call before any BLAS call (50-90 ms in all on the 2-core
-Zen 5 host, MKL's own start-up included, once per process), and the BLAS keeps the
-products only where it wins both by more than ``MARGIN``: the probe times bare products,
-and in a graph the GEMM also adds the bias and runs the activation as it stores C, a pass
-over the output the BLAS leaves to a step of its own (on the 2-core Zen 3 the probe
-timed the two within 0.86-1.4x of each other, run to run, and ten torchvision models ran
-8% faster on the GEMM, A/B in one process). Where that BLAS keeps a thread pool of its own (numpy's
+repetitions each, every GEMM call before any BLAS call (a small cost paid once per
+process, MKL's own start-up included), and the BLAS keeps the products only where it
+wins both by more than ``MARGIN``: the probe times bare products, and in a graph the GEMM
+also adds the bias and runs the activation as it stores C, a pass over the output the
+BLAS leaves to a step of its own (on the 2-core Zen 3 the probe timed the two close to
+each other, either one ahead from run to run, and ten torchvision models ran faster on
+the GEMM, A/B in one process). Where that BLAS keeps a thread pool of its own (numpy's
 OpenBLAS, on more than one core) it must win both by ``POOL_MARGIN`` (1.5x), since
 running products on it leaves every native kernel of those graphs one thread
-(``threads.py``). A 16-core Xeon (AVX-512, numpy's OpenBLAS) timed the
-two at 0.86-1.26x, varying from process to process, and ran resnet18 in 17-22 ms with
-the BLAS against 8 with the GEMM (efficientnet_b0 18.7 against 10.8, bert 9.4 against
-8.6). The decision is logged (logger ``rlx_cpu.gemm``) and reported by ``describe()``
-(``rlx devices``: the ``gemm`` entry).
+(``threads.py``). On a 16-core Xeon (AVX-512, numpy's OpenBLAS) the probe's ratio of the
+two moved either side of a tie from process to process, and resnet18, efficientnet_b0 and
+bert ran slower with the BLAS than with the GEMM, resnet18 more than twice as long
+(measured: BENCHMARKS.md, sections 'Zoo on the H100 host: cuda, and rlx cpu on a 16-core
+Xeon (issue 17)' and 'Figures behind design choices (moved from docstrings, issue 32)').
+The decision is logged (logger ``rlx_cpu.gemm``) and reported by ``describe()`` (``rlx
+devices``: the ``gemm`` entry).
 
 ``RLX_CPU_GEMM=native`` uses the GEMM for every float32 product it can take (tests, or a
 host known to want it), ``RLX_CPU_GEMM=blas`` never; ``auto`` (the default) measures.
@@ -72,8 +77,10 @@ __all__ = ["Decision", "ProbeCase", "DEEP_K", "DEEP_PROBE", "MARGIN", "POOL_MARG
 
 log = logging.getLogger(__name__)
 
-#: Past two threads, a product takes one more for each of this many multiply-adds (about
-#: 10 µs of a core's work: more threads than that would mostly wait on each other).
+#: Past two threads, a product takes one more for each of this many multiply-adds (eight
+#: times ``SPLIT_MACS``, the work that takes as long as a fork-join: with less work per
+#: thread, more threads would mostly wait on each other; measured: BENCHMARKS.md, section
+#: 'Figures behind design choices (moved from docstrings, issue 32)').
 THREAD_MACS = 1 << 19
 #: The BLAS must be this much faster than the GEMM on every probe shape to keep the
 #: products (10%: below that, run-to-run noise on a shared host could pick the slower one,
@@ -81,9 +88,11 @@ THREAD_MACS = 1 << 19
 MARGIN = 1.10
 #: Where the BLAS keeps a thread pool of its own (numpy's OpenBLAS), it must be this much
 #: faster on every probe shape to take the products: taking them leaves every native kernel
-#: of those graphs one thread, which the probe's products do not show. A 16-core Xeon timed
-#: OpenBLAS at 1.09-1.16x the GEMM in one process of three, and resnet18 then ran in 17-22 ms
-#: against 8 with the GEMM (efficientnet_b0 18.7 against 10.8).
+#: of those graphs one thread, which the probe's products do not show. On a 16-core Xeon,
+#: OpenBLAS timed a little faster than the GEMM in one process of three and took the
+#: products, and resnet18 and efficientnet_b0 then ran about twice as long as on the GEMM
+#: (measured: BENCHMARKS.md, sections 'Zoo on the H100 host: cuda, and rlx cpu on a 16-core
+#: Xeon (issue 17)' and 'Figures behind design choices (moved from docstrings, issue 32)').
 POOL_MARGIN = 1.5
 #: Products (per call, all batches) of fewer multiply-adds run on one thread: OpenMP's
 #: fork-join costs a few µs, as long as 64k multiply-adds take on one AVX-512 core.
@@ -250,15 +259,18 @@ def _measure(lib: Native) -> Decision:
     timing the GEMM at 0.2-0.3x its speed). The caller's own work just before has the
     same effect: a 16-core Xeon timed the GEMM at 0.01-0.03x right after numpy's OpenBLAS
     ran, and the zoo benchmark, which runs ONNX Runtime (its threads spin too) before rlx's
-    first compile, gave a process MKL's products in one run of three (resnet18 15.4 ms
-    instead of 11.4). So unless the GEMM clearly won, both are timed again after
+    first compile, gave a process MKL's products in one run of three (resnet18 then ran
+    about a third slower). So unless the GEMM clearly won, both are timed again after
     ``_SETTLE_S``, once other pools' workers have stopped spinning, and each one's better
     time counts. If the GEMM still did not clearly win, both are also timed on one thread
     each, and each shape counts the GEMM's better ratio of the two: a process holding a
-    core makes every multi-threaded timing wait on the thread sharing that core (the GEMM
-    timed at 0.02-0.03x MKL's speed with a busy loop on the other vCPU of the 2-core host,
-    where it runs 1.7-2.2x MKL's; MKL's products then made resnet18 47 ms against 18 on
-    rlx's GEMM, narrow both), and the ThreadTuner, not this choice, copes with a busy core."""
+    core makes every multi-threaded timing wait on the thread sharing that core (with a
+    busy loop on the other vCPU of the 2-core host the GEMM timed at a few hundredths of
+    MKL's speed, where it otherwise runs about twice MKL's; MKL's products then made
+    resnet18 take over twice as long as on rlx's GEMM, narrow both), and the ThreadTuner,
+    not this choice, copes with a busy core (measured: BENCHMARKS.md, sections 'On the same
+    2-core Zen 5, session 13' and 'Figures behind design choices (moved from docstrings,
+    issue 32)')."""
     rng = np.random.default_rng(0)
     threads_used = _cores() if lib.openmp else 1
     # the cases stay in the list: the calls hold only their arrays' addresses
@@ -532,9 +544,10 @@ def stacked_rows(a: Any, b: Any, out: Any) -> tuple[Any, Any, Any]:
 
     Why: a batched product with one shared B runs as one GEMM per leading index, each
     reading all of B. A ConvNeXt block's Linear layers see ``(1, 7, 7, 768) @ (768, 3072)``:
-    seven 7-row products streaming 9.4 MB of weights each ran 8.3 ms against 3.5 ms as
-    one 49-row product (2-core Zen 3, oneMKL); and only a single product has its B
-    packed once (``blas._packed``)."""
+    seven 7-row products, each streaming all 9.4 MB of weights, took more than twice as
+    long as one 49-row product (2-core Zen 3, oneMKL; measured: BENCHMARKS.md, section 'CPU
+    on untuned models (session 16)'); and only a single product has its B packed once
+    (``blas._packed``)."""
     if a.ndim <= 2 or out.ndim != a.ndim or b.ndim < 2 or any(d != 1 for d in b.shape[:-2]):
         return a, b, out
     if not (_contiguous(a) and _contiguous(out)):
@@ -548,12 +561,14 @@ def matmul_step(a: Any, b: Any, out: Any, ctx: Any = None) -> Step:
     (``use_native``) and the product fits, else ``blas.matmul_step`` (MKL or numpy).
 
     A matrix-vector product (one row of A or one column of B) is ``rlx_gemv``, not the
-    GEMM, whose 12x32 tile would do 12 or 32 times its work (256x512 @ 512x1 ran at 0.35x
-    MKL's speed): a memory-bound pass over the matrix on OpenMP's team, 2-2.5x MKL's gemv
-    on the Zen 5 host (1x1024 @ 1024x1000: 21 against 49 µs). Without MKL it also keeps
-    numpy's OpenBLAS pool asleep, which otherwise spins against the native kernels
-    (without the ``mkl`` extra, one process, interleaved: efficientnet_b0 13.3 -> 7.6 ms, its
-    squeeze-excitation blocks; resnet18 27.9 -> 15.2 ms, its classifier alone)."""
+    GEMM, whose 12x32 tile would do 12 or 32 times its work (256x512 @ 512x1 ran at about a
+    third of MKL's speed): a memory-bound pass over the matrix on OpenMP's team, about twice
+    as fast as MKL's gemv on the Zen 5 host. Without MKL it also keeps numpy's OpenBLAS pool
+    asleep, which otherwise spins against the native kernels (without the ``mkl`` extra,
+    one process, interleaved: efficientnet_b0, through its squeeze-excitation blocks, and
+    resnet18, through its classifier alone, ran nearly twice as fast; measured:
+    BENCHMARKS.md, sections 'On a 2-core AMD Zen 5, with rlx's own GEMM (session 9)' and
+    'Figures behind design choices (moved from docstrings, issue 32)')."""
     a, b, out = stacked_rows(a, b, out)
     gemv = min(out.shape[-2:]) <= 1 if out.ndim >= 2 else True
     if a.dtype == _F32 and b.dtype == _F32 and out.dtype == _F32 and use_native(a.shape[-1]):

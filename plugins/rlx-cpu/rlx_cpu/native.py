@@ -3,9 +3,10 @@
 Why: numpy runs an elementwise region one ufunc at a time, each a pass over memory and
 about a microsecond of call overhead, single-threaded. A compiled block interpreter runs
 the whole region in one call per thread with its intermediates in L1 and every loop
-vectorized (measured on the suite's 15-op chain over 1024x1024, 2-core AVX-512 host:
-numpy blocks 5.5 ms, this 2.5 ms on two threads and 1.7 ms with MKL's vector math for
-its tanh, exp and log, ONNX Runtime 3.4 ms).
+vectorized: on the suite's 15-op chain over 1024x1024 (2-core AVX-512 host) it took under
+half numpy's time on two threads, less than ONNX Runtime's, and less again with MKL's
+vector math for its tanh, exp and log (measured: BENCHMARKS.md, section 'Figures behind
+design choices (moved from docstrings, issue 32)').
 
 How: the wheel's build (``pip install``, ``pip wheel``, and ``pip install -e`` for a
 checkout) compiles ``native.c`` into ``_rlx_native.so`` (``.dylib``, ``.dll``) inside this
@@ -213,8 +214,10 @@ class Native:
         (the work a fork-join is worth at all), else one for each ``per`` (default:
         ``first``) of it, at least two and at most ``threads()``. On 2 cores that is every
         core from ``first`` on; on 16 a small kernel takes a few threads instead of 16
-        that mostly wait on each other (a 16-core Xeon ran squeezenet in 6.4 ms with every
-        kernel on 16 threads, 4.0 ms on 8)."""
+        that mostly wait on each other (a 16-core Xeon ran squeezenet markedly faster with
+        every kernel on 8 threads than on 16; measured: BENCHMARKS.md, sections 'Zoo on the
+        H100 host: cuda, and rlx cpu on a 16-core Xeon (issue 17)' and 'Figures behind
+        design choices (moved from docstrings, issue 32)')."""
         if work < first:
             return 1
         return max(1, min(self.threads(), max(2, int(work // (per or first)))))

@@ -3,14 +3,15 @@ native kernels (``native.c``).
 
 numpy runs a softmax as five passes (max, subtract, exp, sum, divide) and a layer norm
 as about ten, each a call of about a microsecond; for a classifier's 64 x 10 softmax the
-calls are the whole cost (12 µs, ONNX Runtime's ~2). The native kernels do one row at a
-time in cache: softmax's max, then exp and sum in one pass, then the scaling; layer
-norm's mean, variance, and the normalized, scaled and shifted row. Rows are split over
-the cores when there are enough of them. A convolution's im2col copy is one pass that
-writes the zero padding in place (numpy: a padded copy, then a strided copy); a pool
-whose windows all lie inside the image is one pass per output row. Each builder returns
-None when the native library is not here or the operands do not fit (the caller keeps
-its numpy steps).
+calls are the whole cost, several times ONNX Runtime's (measured: BENCHMARKS.md, section
+'Figures behind design choices (moved from docstrings, issue 32)'). The native kernels do
+one row at a time in cache: softmax's max, then exp and sum in one pass, then the
+scaling; layer norm's mean, variance, and the normalized, scaled and shifted row. Rows
+are split over the cores when there are enough of them. A convolution's im2col copy is
+one pass that writes the zero padding in place (numpy: a padded copy, then a strided
+copy); a pool whose windows all lie inside the image is one pass per output row. Each
+builder returns None when the native library is not here or the operands do not fit (the
+caller keeps its numpy steps).
 """
 
 from __future__ import annotations
@@ -394,9 +395,11 @@ def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, str
 
 
 #: Convolutions with at most this many taps per output (c * kh * kw) run as a direct
-#: convolution rather than im2col + sgemm. Measured in the suite CNN's plan (2-core
-#: AVX-512 host): 3x3x3 taps into 16 channels over 64x64, 40 µs against 29 (im2col) + 28
-#: (a 16x27x4096 sgemm); 16x3x3 taps into 32 channels over 32x32, 50 µs against 49 + 57.
+#: convolution rather than im2col + sgemm. In the suite CNN's plan (2-core AVX-512 host)
+#: the direct kernel took under three quarters of the time of im2col plus its 16x27x4096
+#: sgemm for 3x3x3 taps into 16 channels over 64x64, and under half of theirs for 16x3x3
+#: taps into 32 channels over 32x32 (measured: BENCHMARKS.md, section 'Figures behind
+#: design choices (moved from docstrings, issue 32)').
 #: With hundreds of input channels the direct kernel re-reads its input rows for every 8
 #: output channels, where a blocked sgemm keeps them in cache: those stay with im2col.
 DIRECT_CONV_TAPS = 160
@@ -470,11 +473,14 @@ def conv_direct_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[in
 
 #: A transposed output costs the channels-in-vectors form about as much as this many
 #: multiply-adds (a scalar move, 1-2 cycles of a core doing 32 a cycle): for few taps a
-#: tile that form loses (16x3x3 into 64 over 55x55, 2-core Zen 5: 392 µs against 254).
+#: tile that form loses (16x3x3 into 64 over 55x55, 2-core Zen 5: half as long again as the
+#: other form; measured: BENCHMARKS.md, section 'Figures behind design choices (moved from
+#: docstrings, issue 32)').
 _TRANSPOSE_MACS = 48
 #: ...and it must do this much less work to be taken: its strips and tiles use the caches
-#: less well (squeezenet's 512 -> 1000 1x1 over 13x13, 3% less work that way, ran 519 µs
-#: against 415; resnet18's 512 x 3x3 over 7x7, 23% less, 1011 against 1331 on one core).
+#: less well (squeezenet's 512 -> 1000 1x1 over 13x13, 3% less work that way, ran a quarter
+#: slower; resnet18's 512 x 3x3 over 7x7, 23% less, a quarter faster on one core; measured:
+#: BENCHMARKS.md, section 'Figures behind design choices (moved from docstrings, issue 32)').
 _CHANNELS_IN_VECTORS_MARGIN = 0.9
 
 

@@ -211,8 +211,10 @@ def _with_bias_column(w3: Any, b: Any, ctx: BuildContext) -> tuple[Any, list[Ste
     """The weights ``w3`` (groups, og, kk) with the bias as one more column (groups, og,
     kk + 1), and the steps that fill it. For resident weights and bias the executable keeps
     the array and refills it only when ``set_param`` changes either (``ctx.derived``):
-    copying resnet18's weights every run cost 1.75 ms of 27. Otherwise (a run-time weight,
-    a float16 copy) a scratch is refilled every run."""
+    copying resnet18's weights every run was a measurable share of each run (measured:
+    BENCHMARKS.md, section 'Figures behind design choices (moved from docstrings,
+    issue 32)'). Otherwise (a run-time weight, a float16 copy) a scratch is refilled every
+    run."""
     groups, og, kk = w3.shape
     bias = b.reshape(groups, og)
 
@@ -416,7 +418,9 @@ def _max_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
     a = node.attrs
     if dilation == (1, 1):  # padding or ceil_mode windows, clipped to the image: no padded copy
         native = max_pool_padded_step(ins[0], out, a["kernel"], a["stride"], a["padding"][:2])
-        if native is not None:  # resnet18's 3x3 stride-2 pool, padding 1, 64x112x112: 300 -> 85 us
+        if native is not None:  # resnet18's 3x3 stride-2 pool, padding 1, 64x112x112: several times faster
+            # than the native pool over a padded copy (measured: BENCHMARKS.md, section 'Figures behind
+            # design choices (moved from docstrings, issue 32)')
             return [native]
     xp, steps = _pool_input(ins[0], node, dilation, -np.inf, out.dtype, ctx)
     if steps:  # the native pool over the -inf-padded copy

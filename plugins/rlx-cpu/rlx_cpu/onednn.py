@@ -1,13 +1,15 @@
 """Convolutions on oneDNN (the ``onednn`` extra), where they measured faster here.
 
-Why: rlx's convolutions run as im2col + the BLAS's GEMM over NCHW planes: 50-90 GF/s on
-a 2-core Zen 3, against 120-160 GF/s for oneDNN's brgemm convolutions over channels-last
-(NHWC) data on the same host (64 -> 64 3x3 over 56x56: 3.8 ms against 1.6; 256 -> 1024
-1x1 over 14x14: 1.13 against 0.65; a 7x7 first layer: 4.9 against 1.5). oneDNN given
-NCHW itself runs the same im2col + GEMM rlx does, so each convolution here reorders its
-input to NHWC, runs oneDNN's convolution, and reorders the result back (each reorder
-0.05-0.16 ms on ResNet's planes). The weights are reordered once into the layout the
-convolution chose (and again by ``set_param``).
+Why: rlx's convolutions run as im2col + the BLAS's GEMM over NCHW planes, at about half
+the rate of oneDNN's brgemm convolutions over channels-last (NHWC) data on a 2-core Zen 3,
+where oneDNN ran a 64 -> 64 3x3 over 56x56, a 256 -> 1024 1x1 over 14x14 and a 7x7 first
+layer from nearly twice to over three times as fast (measured: BENCHMARKS.md, sections
+'CPU on untuned models (session 16)' and 'Figures behind design choices (moved from
+docstrings, issue 32)'). oneDNN given NCHW itself runs the same im2col + GEMM rlx does, so
+each convolution here reorders its input to NHWC, runs oneDNN's convolution, and reorders
+the result back (each reorder a small part of a convolution's time on ResNet's planes).
+The weights are reordered once into the layout the convolution chose (and again by
+``set_param``).
 
 Which library: oneDNN's OpenMP build (the ``onednn-cpu-gomp`` wheel), because its
 threads are libgomp's, the team rlx's native kernels and oneMKL's GNU layer run on: the
@@ -20,9 +22,10 @@ process for each kind of convolution, on one of that kind (``PROBES``): *spatial
 (64 -> 64 3x3 over 28x28; there im2col is rlx's cost: 1.65x on the Zen 3) and *pointwise*
 ones are not timed: a 1x1 convolution at stride 1 is one GEMM for rlx in NCHW, and
 oneDNN's needs a reorder to NHWC and back that grows with the image (16 -> 96 over
-112x112: 2.8 ms on oneDNN against 0.9 on rlx's GEMM). A kind goes to oneDNN only where it
-was at least ``MARGIN`` (1.15x) faster; ``on`` forces it for every convolution it takes
-(pointwise ones included), ``off`` never loads it.
+112x112 took about three times as long on oneDNN as on rlx's GEMM; measured:
+BENCHMARKS.md, section 'Figures behind design choices (moved from docstrings, issue 32)').
+A kind goes to oneDNN only where it was at least ``MARGIN`` (1.15x) faster; ``on`` forces
+it for every convolution it takes (pointwise ones included), ``off`` never loads it.
 Depthwise convolutions are a third kind, timed against rlx's native depthwise kernel
 (96 channels, 3x3 over 56x56), and grouped ones (few channels a group: ResNeXt's, RegNet's)
 a fourth, timed against rlx's grouped kernel (128 channels in 32 groups, 3x3 over 28x28),
@@ -259,9 +262,10 @@ PROBE_GROUPS = {"depthwise": 96, "grouped": 32, "grouped-small": 26}
 #: Output planes of at most this many outputs (14 x 14) make a grouped convolution
 #: ``grouped-small``, a kind timed apart: rlx's grouped kernel keeps 16 outputs of a row in
 #: a vector, so 7- and 14-wide rows waste half of it or more, where oneDNN blocks channels
-#: instead. RegNet's shapes at batch 8 on the 2-core Zen 3, rlx's kernel against oneDNN:
-#: 104 channels in 13 groups over 56x56 -> 28x28 3.9 ms against 8.0, over 28x28 2.7
-#: against 2.2; 208 in 26 over 14x14 2.0 against 1.05; 440 in 55 over 7x7 2.4 against 1.1.
+#: instead. RegNet's shapes at batch 8 on the 2-core Zen 3: oneDNN ran the grouped layers
+#: over 14x14 and 7x7 about twice as fast as rlx's kernel and the one over 28x28 a little
+#: faster, but the 56x56 -> 28x28 one at half rlx's speed (measured: BENCHMARKS.md, section
+#: 'GEMM stores, recycled outputs and kept verdicts (issue 35, session 19)').
 #: Only for few channels a group (``SMALL_GROUP``, RegNet's 8): ResNeXt's 16 and 32 a group
 #: over 14x14 and 7x7 ran as well or better on rlx's (the model at batch 8, same process:
 #: 2.04x ORT's time with them on rlx's kernel, 2.22x on oneDNN; RegNet 2.03x -> 1.72x).

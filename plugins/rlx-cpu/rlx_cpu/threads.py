@@ -5,7 +5,9 @@ OpenMP threading layer (MKL's GNU layer, an OpenMP build of OpenBLAS) runs on th
 team, so the two take turns on the same threads. numpy's wheels ship OpenBLAS with its
 *own* pthreads pool: after each product its workers keep spinning for a while, and an
 OpenMP region started meanwhile puts a second team on the same cores. On a 2-core host
-that made an exported resnet18 143 ms instead of 55 (mobilenet_v3_small 43 vs 13 ms).
+that made an exported resnet18 take well over twice as long, and mobilenet_v3_small over
+three times (measured: BENCHMARKS.md, section 'Figures behind design choices (moved from
+docstrings, issue 32)').
 
 So a graph that calls products (matmul, gemm, conv2d, attention) while the BLAS has a
 pool of its own with more than one thread runs its native kernels on the caller's
@@ -107,9 +109,10 @@ class ThreadTuner:
     else runs on it, in ways no static rule captures. A 2048-square product runs twice as
     fast wide; a batch-1 conv net's hundreds of small kernels gain little. And another
     process holding a core turns every fork-join region into a wait for the descheduled
-    thread: wide collapses, narrow only loses the core (2-core EPYC, oneMKL: mobilenet_v3_small
-    14.0 ms wide against 5.1 ms narrow then, resnet18 158 against 53 ms; quiet, both keep
-    wide: 3.6 and 32 ms).
+    thread: wide collapses, narrow only loses the core (2-core EPYC, oneMKL: with another
+    process busy, mobilenet_v3_small and resnet18 took about three times as long wide as
+    narrow; quiet, both keep wide; measured: BENCHMARKS.md, section 'With the `mkl` extra,
+    and with another process busy (session 8)').
 
     How: after ``warmup`` runs, blocks of ``block`` runs of each mode, alternating, until
     each has ``trials`` samples: a block's first run is not counted (why below); narrow wins
@@ -122,9 +125,10 @@ class ThreadTuner:
 
     Why a block's first run is not counted: the first wide run after narrow ones finds the
     worker threads' CPU idle (on a VM, a halted vCPU the hypervisor must schedule again)
-    and ran at narrow's speed: squeezenet's wide trials took 3.3-4.4 ms right after a narrow
-    run against 2.0-2.2 in a row, so alternating single runs compared narrow with a cold wide
-    and could pick narrow on a quiet host (the zoo caught it: 3.9 ms against 2.0).
+    and ran at narrow's speed: squeezenet's wide trials right after a narrow run took up to
+    twice as long as in a row, so alternating single runs compared narrow with a cold wide
+    and could pick narrow on a quiet host (the zoo caught it, squeezenet at about twice
+    ORT's time; measured: BENCHMARKS.md, section 'On the same 2-core Zen 5, session 14').
 
     Why narrow is confirmed soon: a pick of narrow made while the other core was busy for
     a moment (another runtime's pool spinning down, the hypervisor) would hold a model at
@@ -135,9 +139,10 @@ class ThreadTuner:
 
     Why a tie goes to wide: a 2-vCPU VM sometimes runs a process as if it had one core
     for seconds at a time (the other vCPU not scheduled: wide and narrow then take the
-    same time, mobilenet_v3_small 1.35 ms either way against 0.85 wide once the core is
-    back). A first comparison made then was a coin flip, and narrow kept until a probe
-    noticed, up to max_period runs later.
+    same time, mobilenet_v3_small about one and a half times as long as wide takes once the
+    core is back; measured: BENCHMARKS.md, section 'Figures behind design choices (moved
+    from docstrings, issue 32)'). A first comparison made then was a coin flip, and narrow
+    kept until a probe noticed, up to max_period runs later.
     """
 
     MODES = ("wide", "narrow")

@@ -3,12 +3,12 @@
 rlx-cpu decides by measurement, once per process, which code runs a kind of work on this
 host: rlx's GEMM or the BLAS (``gemm``), implicit GEMM, im2col or the direct kernel for
 convolutions (``conv_choice``), oneDNN or rlx's kernels per kind of convolution
-(``onednn``). The probes take about half a second together, paid by the first compile
-of every process: on a 2-core Zen 3, mobilenet_v2's first compile took 760 ms against
-99 ms for the same compile again, and ONNX Runtime's session 47 ms (BENCHMARKS.md,
-session 19). A verdict is a fact about the host and the code, so it is kept (namespace
-``cpu-verdicts``, JSON through rlx-core's ``JsonCache``) and reused while nothing it
-depends on has changed:
+(``onednn``). The probes are most of the first compile of every process: on a 2-core
+Zen 3, mobilenet_v2's first compile took several times as long as the same compile
+again, and many times ONNX Runtime's session creation (measured: BENCHMARKS.md, section
+'GEMM stores, recycled outputs and kept verdicts (issue 35, session 19)'). A verdict is a
+fact about the host and the code, so it is kept (namespace ``cpu-verdicts``, JSON through
+rlx-core's ``JsonCache``) and reused while nothing it depends on has changed:
 
 - the CPU (its model name and the vector extensions the kernels pick from), the cores
   this process may use, and the threads settings of the OpenMP and BLAS runtimes;

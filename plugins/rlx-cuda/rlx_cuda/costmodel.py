@@ -25,9 +25,11 @@ __all__ = ["cost_model_from_device", "generic_cost_model", "fp32_lanes_per_sm", 
 SGEMM_EFFICIENCY = 0.75  # cuBLAS sgemm on large squares reaches 70-80% of the fp32 peak
 STREAM_EFFICIENCY = 0.8  # a copy kernel reaches ~80-90% of the DRAM peak
 # A kernel of a compiled graph: compiled graphs replay as one captured CUDA graph unless
-# copying their inputs and outputs through it costs more, and a replayed kernel costs ~2 µs
-# (H100: 7 steps 50 µs, 25 steps 88 µs end to end). 6 µs, a CuPy launch from Python, made
-# the uncalibrated GPU lose 6 of the 8 zoo models to JAX on the same GPU, which ran them 1.7-3.2x slower.
+# copying their inputs and outputs through it costs more, and a replayed kernel costs far
+# less than a launch from Python: 2 µs stands for a replayed one. Pricing each kernel as a
+# CuPy launch from Python made the uncalibrated GPU lose most zoo models to JAX on the same
+# GPU, which ran them up to three times slower (measured: BENCHMARKS.md, sections 'CUDA on
+# an NVIDIA H100 (issue 8)' and 'Zoo on the H100 host: cuda, and rlx cpu on a 16-core Xeon (issue 17)').
 DISPATCH_NS = 2_000.0
 ROUNDTRIP_NS = 30_000.0  # upload, sync, download of a small run
 PCIE_GBPS = 12.0  # pinned copies over PCIe 4 x16 in practice (PCIe 5 and NVLink hosts: calibrate)

@@ -220,9 +220,11 @@ class XlaBackend(Backend):
         """Figures per platform, for ranking before calibration. The whole graph is one
         XLA executable, so a node costs little dispatch (fused kernels), while a run pays
         one jit call; elementwise chains fuse, which the higher effective bandwidth on
-        cpu stands for. On a GPU that call, with numpy in and out, is ~250 µs (H100, jax
-        0.11: calibrated round trip 270 µs; 30 µs ranked it above rlx-cuda on 6 of the 8 zoo
-        models, which rlx-cuda ran 1.7-3.2x faster)."""
+        cpu stands for. On a GPU that call, with numpy in and out, costs far more: 250 µs
+        stands for it, about what a calibrated H100 measured (jax 0.11), where the previous
+        default of 30 µs ranked JAX above rlx-cuda on most zoo models, which rlx-cuda ran up
+        to three times faster (measured: BENCHMARKS.md, section 'Zoo on the H100 host: cuda,
+        and rlx cpu on a 16-core Xeon (issue 17)')."""
         platform = self.target_platform()
         if platform in ("gpu", "cuda", "rocm"):
             return CostModel(device=self.name, sgemm_gflops=15_000.0, memory_bw_gbps=900.0,

@@ -1,12 +1,14 @@
 """Matrix products: register-blocked, vectorized kernels, batched with broadcasting.
 
-Naive and local-memory tiled kernels measured 1-4 GFLOP/s on PoCL; what runs well on a
-CPU device is register blocking with explicit vectors. Each work-item of the ``NN`` form
-computes ``rows`` output rows times ``width`` consecutive columns, holding one vector
-accumulator per row and streaming one vector of B per step of k (a rows x float16 block
-measured 25 GFLOP/s at 1024^3). The ``NT`` form (B given transposed, ``[N, K]``, as
-``matmul(q, transpose(k))`` in attention) vectorizes along k instead: a block of rows x
-cols dot products whose vector partial sums are added up at the end.
+Naive and local-memory tiled kernels ran several times slower on PoCL than what runs well
+on a CPU device: register blocking with explicit vectors (measured: BENCHMARKS.md,
+sections 'OpenCL kernels (PoCL)' and 'Figures behind design choices (moved from
+docstrings, issue 32)'). Each work-item of the ``NN`` form computes ``rows`` output rows
+times ``width`` consecutive columns, holding one vector accumulator per row and streaming
+one vector of B per step of k (a rows x float16 block: the form that met the sgemm target
+at 1024^3). The ``NT`` form (B given transposed, ``[N, K]``, as ``matmul(q, transpose(k))``
+in attention) vectorizes along k instead: a block of rows x cols dot products whose vector
+partial sums are added up at the end.
 
 Batches are a third grid dimension; each operand has its own per-batch-dimension
 strides, 0 where it broadcasts, so ``[B, M, K] @ [K, N]`` reads one B for every batch,
