@@ -40,7 +40,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 18
+#define RLX_ABI 19
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
@@ -501,6 +501,11 @@ typedef struct {
     const rlx_vml *vml;
     float *work;
     int64_t per;
+    /* Nonzero when the whole program is y = min(max(x, lo), hi) (a ReLU, ReLU6, Clip): a
+     * kernel that stores its sums in registers may clamp them there and skip the program
+     * (rlx's GEMM does); any other kernel runs the program as usual. */
+    int64_t clamp;
+    float lo, hi;
 } rlx_epilogue;
 
 /* A thread's epilogue state. Spans that follow one another in memory are gathered into one
@@ -2074,6 +2079,21 @@ static inline int64_t gemm_blocked_at(int64_t r, int64_t p, int64_t rows, int64_
     return pc * padded + (r / panel) * panel * kc + (p - pc) * panel + r % panel;
 }
 
+/* v with every lane clamped to [cl[0], cl[1]] (NaN stays NaN, as numpy's maximum and
+ * minimum keep it: a comparison with NaN is false, so the lane keeps v). */
+static inline __attribute__((always_inline)) rlx_v8 clamp8(rlx_v8 v, const float *cl) {
+    rlx_v8 lo = (rlx_v8){0} + cl[0], hi = (rlx_v8){0} + cl[1];
+    rlx_i8 under = v < lo, over = v > hi;
+    rlx_i8 bits = ((rlx_i8)lo & under) | ((rlx_i8)v & ~under);
+    return (rlx_v8)(((rlx_i8)hi & over) | (bits & ~over));
+}
+static inline __attribute__((always_inline)) rlx_v16 clamp16(rlx_v16 v, const float *cl) {
+    rlx_v16 lo = (rlx_v16){0} + cl[0], hi = (rlx_v16){0} + cl[1];
+    rlx_i16 under = v < lo, over = v > hi;
+    rlx_i16 bits = ((rlx_i16)lo & under) | ((rlx_i16)v & ~under);
+    return (rlx_v16)(((rlx_i16)hi & over) | (bits & ~over));
+}
+
 /* One row of a tile's sums (lo: its first 16 columns, hi: the next 16) stored at c, or
  * added to what c holds when `add`. */
 static inline __attribute__((always_inline)) void tile_row_store(float *c, rlx_v16 lo, rlx_v16 hi, int add) {
@@ -2091,7 +2111,8 @@ static inline __attribute__((always_inline)) void tile_row_store(float *c, rlx_v
 /* The accumulators of an MR x NR tile into C[0:mr, 0:nr], added to it when `add`, plus
  * rb[i] on row i when rb is not NULL. */
 static inline __attribute__((always_inline)) void gemm_store(rlx_v16 *lo, rlx_v16 *hi, float *c, int64_t ldc,
-                                                             int64_t mr, int64_t nr, int add, const float *rb) {
+                                                             int64_t mr, int64_t nr, int add, const float *rb,
+                                                             const float *cl) {
     if (rb) { /* the last k block of a product with a bias per row of C (a convolution's channels) */
 #pragma GCC unroll 16
         for (int i = 0; i < RLX_GEMM_MR; i++) {
@@ -2100,9 +2121,20 @@ static inline __attribute__((always_inline)) void gemm_store(rlx_v16 *lo, rlx_v1
             hi[i] += bi;
         }
     }
+    if (cl) { /* the last k block of a product whose epilogue is a clamp: done here, in registers */
+#pragma GCC unroll 16
+        for (int i = 0; i < RLX_GEMM_MR; i++) {
+            lo[i] = clamp16(lo[i], cl);
+            hi[i] = clamp16(hi[i], cl);
+        }
+    }
     if (mr == RLX_GEMM_MR && nr == RLX_GEMM_NR) {
 #pragma GCC unroll 16
         for (int i = 0; i < RLX_GEMM_MR; i++) tile_row_store(c + i * ldc, lo[i], hi[i], add);
+        return;
+    }
+    if (nr == RLX_GEMM_NR) { /* whole rows, fewer of them: still vector stores */
+        for (int64_t i = 0; i < mr; i++) tile_row_store(c + i * ldc, lo[i], hi[i], add);
         return;
     }
     for (int64_t i = 0; i < mr; i++) {
@@ -2125,25 +2157,35 @@ static inline __attribute__((always_inline)) void gemm_fetch_row(const float *ro
     __builtin_prefetch(row + 15, 1, 3);
 }
 
+/* One row of a 6 x 16 sub-tile (v0, v1) into ci: plus rb[i], plus what ci holds when
+ * `add`, clamped when cl is not NULL. */
+static inline __attribute__((always_inline)) void gemm_sub_row(rlx_v8 v0, rlx_v8 v1, float *ci, int add,
+                                                               const float *rb, int64_t i, const float *cl) {
+    if (rb) v0 += rb[i], v1 += rb[i];
+    if (add) {
+        rlx_v8 o0, o1;
+        memcpy(&o0, ci, sizeof o0);
+        memcpy(&o1, ci + 8, sizeof o1);
+        v0 += o0, v1 += o1;
+    }
+    if (cl) v0 = clamp8(v0, cl), v1 = clamp8(v1, cl);
+    memcpy(ci, &v0, sizeof v0);
+    memcpy(ci + 8, &v1, sizeof v1);
+}
+
 /* A 6 x 16 sub-tile's sums into C[0:mr, 0:nr] (mr <= 6, nr <= 16), plus rb[i] on row i
- * when rb is not NULL, added to what C holds when `add`. */
+ * when rb is not NULL, added to what C holds when `add`, then clamped to [cl[0], cl[1]]
+ * when cl is not NULL (the product's last k block, its epilogue a clamp). */
 static inline __attribute__((always_inline)) void gemm_sub_store(rlx_v8 (*acc)[2], float *c, int64_t ldc,
-                                                                 int64_t mr, int64_t nr, int add, const float *rb) {
+                                                                 int64_t mr, int64_t nr, int add, const float *rb,
+                                                                 const float *cl) {
     if (mr == RLX_SUB_MR && nr == RLX_SUB_NR) {
 #pragma GCC unroll 8
-        for (int i = 0; i < RLX_SUB_MR; i++) {
-            float *ci = c + i * ldc;
-            rlx_v8 v0 = acc[i][0], v1 = acc[i][1];
-            if (rb) v0 += rb[i], v1 += rb[i];
-            if (add) {
-                rlx_v8 o0, o1;
-                memcpy(&o0, ci, sizeof o0);
-                memcpy(&o1, ci + 8, sizeof o1);
-                v0 += o0, v1 += o1;
-            }
-            memcpy(ci, &v0, sizeof v0);
-            memcpy(ci + 8, &v1, sizeof v1);
-        }
+        for (int i = 0; i < RLX_SUB_MR; i++) gemm_sub_row(acc[i][0], acc[i][1], c + i * ldc, add, rb, i, cl);
+        return;
+    }
+    if (nr == RLX_SUB_NR) { /* whole rows, fewer of them (C's last rows): still vector stores */
+        for (int64_t i = 0; i < mr; i++) gemm_sub_row(acc[i][0], acc[i][1], c + i * ldc, add, rb, i, cl);
         return;
     }
     for (int64_t i = 0; i < mr; i++) {
@@ -2151,7 +2193,11 @@ static inline __attribute__((always_inline)) void gemm_sub_store(rlx_v8 (*acc)[2
         memcpy(row, &acc[i][0], sizeof acc[i][0]);
         memcpy(row + 8, &acc[i][1], sizeof acc[i][1]);
         const float bi = rb ? rb[i] : 0.0f;
-        for (int64_t j = 0; j < nr; j++) ci[j] = add ? ci[j] + (row[j] + bi) : row[j] + bi;
+        for (int64_t j = 0; j < nr; j++) {
+            float v = add ? ci[j] + (row[j] + bi) : row[j] + bi;
+            if (cl) v = v < cl[0] ? cl[0] : v > cl[1] ? cl[1] : v;
+            ci[j] = v;
+        }
     }
 }
 
@@ -2163,7 +2209,7 @@ static inline __attribute__((always_inline)) void gemm_sub_store(rlx_v8 (*acc)[2
 static inline __attribute__((always_inline)) void gemm_sub(int64_t kc, const float *restrict a,
                                                            const float *const *rows, const float *restrict b,
                                                            float *c, int64_t ldc, int64_t mr, int64_t nr, int add,
-                                                           const float *rb) {
+                                                           const float *rb, const float *cl) {
     rlx_v8 acc[RLX_SUB_MR][2];
 #pragma GCC unroll 8
     for (int i = 0; i < RLX_SUB_MR; i++) {
@@ -2198,7 +2244,7 @@ static inline __attribute__((always_inline)) void gemm_sub(int64_t kc, const flo
             }
         }
     }
-    gemm_sub_store(acc, c, ldc, mr, nr, add, rb);
+    gemm_sub_store(acc, c, ldc, mr, nr, add, rb, cl);
 }
 
 /* The MR x NR tile as 6 x 16 sub-tiles (those with a row and a column of C to store),
@@ -2206,13 +2252,14 @@ static inline __attribute__((always_inline)) void gemm_sub(int64_t kc, const flo
 static inline __attribute__((always_inline)) void gemm_tile8(int64_t kc, const float *restrict a,
                                                              const float *const *rows, const float *restrict b,
                                                              float *c, int64_t ldc, int64_t mr, int64_t nr, int add,
-                                                             const float *rb) {
+                                                             const float *rb, const float *cl) {
     for (int64_t cj = 0; cj * RLX_SUB_NR < nr; cj++) {
         int64_t n2 = nr - cj * RLX_SUB_NR < RLX_SUB_NR ? nr - cj * RLX_SUB_NR : RLX_SUB_NR;
         for (int64_t ri = 0; ri * RLX_SUB_MR < mr; ri++) {
             int64_t m2 = mr - ri * RLX_SUB_MR < RLX_SUB_MR ? mr - ri * RLX_SUB_MR : RLX_SUB_MR;
             gemm_sub(kc, a ? a + ri * RLX_SUB_MR : NULL, rows ? rows + ri * RLX_SUB_MR : NULL, b + cj * RLX_SUB_NR,
-                     c + ri * RLX_SUB_MR * ldc + cj * RLX_SUB_NR, ldc, m2, n2, add, rb ? rb + ri * RLX_SUB_MR : NULL);
+                     c + ri * RLX_SUB_MR * ldc + cj * RLX_SUB_NR, ldc, m2, n2, add, rb ? rb + ri * RLX_SUB_MR : NULL,
+                     cl);
         }
     }
 }
@@ -2221,9 +2268,9 @@ static inline __attribute__((always_inline)) void gemm_tile8(int64_t kc, const f
 static inline __attribute__((always_inline)) void gemm_micro(int64_t kc, const float *restrict a,
                                                              const float *restrict b, float *c, int64_t ldc,
                                                              int64_t mr, int64_t nr, int add, const float *rb,
-                                                             int wide) {
+                                                             const float *cl, int wide) {
     if (!wide) {
-        gemm_tile8(kc, a, NULL, b, c, ldc, mr, nr, add, rb);
+        gemm_tile8(kc, a, NULL, b, c, ldc, mr, nr, add, rb, cl);
         return;
     }
     rlx_v16 lo[RLX_GEMM_MR], hi[RLX_GEMM_MR];
@@ -2241,7 +2288,7 @@ static inline __attribute__((always_inline)) void gemm_micro(int64_t kc, const f
             hi[i] += ap[i] * b1;
         }
     }
-    gemm_store(lo, hi, c, ldc, mr, nr, add, rb);
+    gemm_store(lo, hi, c, ldc, mr, nr, add, rb, cl);
 }
 
 /* The same tile with A read in place, its rows contiguous (lda apart): no packing copy
@@ -2250,7 +2297,7 @@ static inline __attribute__((always_inline)) void gemm_micro(int64_t kc, const f
 static inline __attribute__((always_inline)) void gemm_micro_rows(int64_t kc, const float *restrict a, int64_t lda,
                                                                   const float *restrict b, float *c, int64_t ldc,
                                                                   int64_t mr, int64_t nr, int add, const float *rb,
-                                                                  const float *bnext, int wide) {
+                                                                  const float *cl, const float *bnext, int wide) {
     rlx_v16 lo[RLX_GEMM_MR], hi[RLX_GEMM_MR];
     const float *rows[RLX_GEMM_MR];
 #pragma GCC unroll 16
@@ -2259,7 +2306,7 @@ static inline __attribute__((always_inline)) void gemm_micro_rows(int64_t kc, co
         rows[i] = a + (i < mr ? i : mr - 1) * lda;
     }
     if (!wide) {
-        gemm_tile8(kc, NULL, rows, b, c, ldc, mr, nr, add, rb);
+        gemm_tile8(kc, NULL, rows, b, c, ldc, mr, nr, add, rb, cl);
         return;
     }
     for (int64_t p = 0; p < kc; p++) {
@@ -2277,7 +2324,7 @@ static inline __attribute__((always_inline)) void gemm_micro_rows(int64_t kc, co
             hi[i] += av * b1;
         }
     }
-    gemm_store(lo, hi, c, ldc, mr, nr, add, rb);
+    gemm_store(lo, hi, c, ldc, mr, nr, add, rb, cl);
 }
 
 typedef struct {
@@ -2346,8 +2393,9 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
         return;
     }
     float *ap_buf = buf, *bp_buf = buf + (packed_a || direct_a ? 0 : RLX_GEMM_MC * kmax);
+    const float *clamp = g->epi && g->epi->clamp ? &g->epi->lo : NULL; /* applied as C is stored */
     epi_state es;
-    epi_begin(&es, g->epi, rlx_thread());
+    epi_begin(&es, clamp ? NULL : g->epi, rlx_thread());
     const int64_t mcp = RLX_GEMM_MC / MR, ncp = RLX_GEMM_NC / NR; /* panels per block */
     const int64_t mp_pad = (g->m + MR - 1) / MR * MR, np_pad = (g->n + NR - 1) / NR * NR; /* packed rows */
     for (int64_t jc = j0; jc < j1; jc += ncp) {
@@ -2387,14 +2435,17 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
                         int64_t mr = rows - ir * MR < MR ? rows - ir * MR : MR;
                         float *c = g->c + ((ic + ir) * MR) * g->ldc + (jc + jr) * NR;
                         const float *rb = last && g->bias ? g->bias + (ic + ir) * MR : NULL;
+                        const float *cl = last ? clamp : NULL;
                         if (direct_a)
                             gemm_micro_rows(kc, a0 + ir * MR * g->a_rs, g->a_rs, bp + jr * bstride, c, g->ldc, mr,
-                                            nr, pc > 0, rb, ir == 0 && jr + 1 < jn ? bp + (jr + 1) * bstride : NULL, wide);
+                                            nr, pc > 0, rb, cl, ir == 0 && jr + 1 < jn ? bp + (jr + 1) * bstride : NULL,
+                                            wide);
                         else
-                            gemm_micro(kc, ap + ir * astride, bp + jr * bstride, c, g->ldc, mr, nr, pc > 0, rb, wide);
+                            gemm_micro(kc, ap + ir * astride, bp + jr * bstride, c, g->ldc, mr, nr, pc > 0, rb, cl,
+                                       wide);
                     }
                 }
-                if (last && g->epi) /* this block of C is final: its rows while in cache */
+                if (last && g->epi && !clamp) /* this block of C is final: its rows while in cache */
                     for (int64_t r = ic * MR; r < ic * MR + rows; r++) epi_span(&es, g->c + r * g->ldc + jc * NR, cols);
             }
         }

@@ -390,8 +390,12 @@ class Epilogue:
     of the output after the fact, for a kernel's numpy fallback."""
 
     def __init__(self, lib: Native, compiled: _Compiled, vml: np.ndarray | None,
-                 scratch: Callable[[tuple[int, ...], Any], np.ndarray]) -> None:
+                 scratch: Callable[[tuple[int, ...], Any], np.ndarray],
+                 clamp: tuple[float, float] | None = None) -> None:
         self._lib, self._compiled, self._vml, self._scratch = lib, compiled, vml, scratch
+        #: (lo, hi) when the whole program is min(max(x, lo), hi): a kernel that clamps its
+        #: sums in registers as it stores them (rlx's GEMM) skips the program.
+        self.clamp = clamp
         self.per_thread = int(compiled.meta[1] + compiled.meta[3]) * lib.block  # region_work_floats
         self.keep: list[Any] = [compiled.meta, compiled.ptrs, *compiled.values]
         if vml is not None:
@@ -402,7 +406,10 @@ class Epilogue:
         work = self._scratch((max(threads, 1) * self.per_thread,), np.float32)
         c = self._compiled
         vml = 0 if self._vml is None else self._vml.ctypes.data
-        struct = np.array([c.meta.ctypes.data, c.ptrs.ctypes.data, vml, work.ctypes.data, self.per_thread], np.uint64)
+        lo, hi = self.clamp if self.clamp is not None else (0.0, 0.0)
+        bounds = int(np.array([lo, hi], np.float32).view(np.uint64)[0])  # the struct's two floats, in order
+        struct = np.array([c.meta.ctypes.data, c.ptrs.ctypes.data, vml, work.ctypes.data, self.per_thread,
+                           int(self.clamp is not None), bounds], np.uint64)
         self.keep += [struct, work]
         return int(struct.ctypes.data)
 
@@ -430,4 +437,38 @@ def epilogue(instructions: list[Instruction], operands: list[Any], out: np.ndarr
         return None
     if len(compiled.values) < 2 or compiled.values[1] is not out:  # it must read the kernel's output (value 0)
         return None
-    return Epilogue(lib, compiled, _vml_table(lib), scratch)
+    return Epilogue(lib, compiled, _vml_table(lib), scratch, clamp_bounds(instructions, operands))
+
+
+#: What each op of a clamp does to the bounds (lo, hi) of y = min(max(x, lo), hi), given
+#: its constant c: max(y, c) is y clamped to [max(lo, c), max(hi, c)], min(y, c) to
+#: [min(lo, c), min(hi, c)]; ReLU is max(y, 0).
+_CLAMPS: dict[str, Callable[[float, float, float], tuple[float, float]]] = {
+    "maximum": lambda lo, hi, c: (max(lo, c), max(hi, c)),
+    "minimum": lambda lo, hi, c: (min(lo, c), min(hi, c)),
+}
+
+
+def clamp_bounds(instructions: list[Instruction], operands: list[Any]) -> tuple[float, float] | None:
+    """``(lo, hi)`` when the program over ``operands`` (value 0 the kernel's output) is, as a
+    whole, ``min(max(x, lo), hi)``: a chain of ``relu``, and ``maximum``/``minimum`` with a
+    float32 constant (a ReLU, ReLU6, ONNX ``Clip``), each reading the one before; else None.
+    The bounds compose exactly (``_CLAMPS``) and NaN stays NaN either way."""
+    lo, hi = -math.inf, math.inf
+    current = 0
+    for k, ins in enumerate(instructions):
+        op, args = OpKind(ins.op).value, tuple(ins.args)
+        if ins.dtype != "float32":
+            return None
+        if op == "relu" and args == (current,):
+            lo, hi = max(lo, 0.0), max(hi, 0.0)
+        elif op in _CLAMPS and len(args) == 2 and current in args:
+            other = args[1] if args[0] == current else args[0]
+            c = operands[other] if 0 < other < len(operands) else None
+            if not (isinstance(c, np.ndarray) and c.size == 1 and c.dtype == np.float32):
+                return None
+            lo, hi = _CLAMPS[op](lo, hi, float(c.reshape(-1)[0]))
+        else:
+            return None
+        current = len(operands) + k
+    return (lo, hi) if instructions else None

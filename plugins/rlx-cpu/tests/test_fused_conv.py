@@ -20,7 +20,7 @@ from rlx_core import reference
 from rlx_core.backends.registry import Registry
 from rlx_core.ir import Graph, Value
 from rlx_core.ir.ops import SOURCE_OPS, OpKind
-from rlx_cpu import CpuBackend, native, native_nn, regions
+from rlx_cpu import CpuBackend, fused, native, native_nn, regions
 
 F32 = np.float32
 
@@ -68,6 +68,7 @@ def _residual(g: Graph, c: Value, _: Graph) -> Value:
 
 EPILOGUES: dict[str, Callable[[Graph, Value, Graph], Value]] = {
     "relu": lambda g, c, _: g.relu(c),
+    "relu6": lambda g, c, _: g.minimum(g.maximum(c, 0.0), 6.0),
     "silu": _silu,
     "hard-swish": _hardswish,
     "scale and residual": _residual,
@@ -199,3 +200,51 @@ def test_the_epilogue_follows_set_param(lib: native.Native, monkeypatch: pytest.
         cg.set_param(k, v)
     want = reference.evaluate(g, {"x": x}, params=new)[0]
     np.testing.assert_allclose(cg.run({"x": x})[0], want, rtol=1e-5, atol=1e-5)
+
+
+def _program(*ops: tuple[str, tuple[int, ...]]) -> list:
+    from rlx_core.plugin import Instruction
+
+    return [Instruction(OpKind(op), args, {}, (2, 3), "float32") for op, args in ops]
+
+
+def test_clamp_bounds_reads_relu_relu6_and_clip_chains() -> None:
+    out, zero, six, one = np.zeros((2, 3), F32), np.array(0.0, F32), np.array(6.0, F32), np.ones(1, F32)
+    ops = [out, zero, six]
+    assert regions.clamp_bounds(_program(("relu", (0,))), [out]) == (0.0, math.inf)
+    assert regions.clamp_bounds(_program(("maximum", (0, 1)), ("minimum", (3, 2))), ops) == (0.0, 6.0)
+    assert regions.clamp_bounds(_program(("minimum", (2, 0)), ("maximum", (1, 3))), ops) == (0.0, 6.0)
+    assert regions.clamp_bounds(_program(("minimum", (0, 2))), ops) == (-math.inf, 6.0)
+    # max(min(x, 0), 6) is the constant 6: the bounds say so exactly
+    assert regions.clamp_bounds(_program(("minimum", (0, 1)), ("maximum", (3, 2))), ops) == (6.0, 6.0)
+    assert regions.clamp_bounds(_program(("maximum", (0, 1))), [out, one]) == (1.0, math.inf)
+    # Not a clamp: another op, an operand that is not a float32 constant, a step not reading the last
+    assert regions.clamp_bounds(_program(("neg", (0,))), [out]) is None
+    assert regions.clamp_bounds(_program(("maximum", (0, 1))), [out, np.zeros((2, 3), F32)]) is None
+    assert regions.clamp_bounds(_program(("maximum", (0, 1))), [out, np.array(0, np.int32)]) is None
+    assert regions.clamp_bounds(_program(("maximum", (0, 1)), ("minimum", (0, 2))), ops) is None
+    assert regions.clamp_bounds([], [out]) is None
+
+
+@pytest.mark.parametrize("case", ["plain 1x1 over 5x5, fewer outputs than a tile: rlx's GEMM",
+                                  "plain 1x1, a partial tile moved back over the last 32 outputs, two images"])
+def test_rlx_gemm_clamps_in_registers_and_keeps_nan(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                                    case: str) -> None:
+    """A 1x1 convolution through rlx's GEMM with a ReLU6: the epilogue is a clamp the GEMM
+    applies as it stores C (no program runs), NaN stays NaN, and values past either bound
+    land on it."""
+    kernels(monkeypatch, CONVS[case][3])
+    monkeypatch.setattr(native_nn, "conv_gemm_steps", lambda *a, **k: None)  # rlx's GEMM, not the implicit one
+    made: list[Any] = []
+    real = fused.epilogue
+    monkeypatch.setattr(fused, "epilogue", lambda *a: (made.append(real(*a)), made[-1])[1])
+    g = conv_graph(case, "relu6")
+    cg = compile_cpu(g)
+    assert [e.clamp for e in made if e is not None] == [(0.0, 6.0)]
+    x = rand(CONVS[case][0], 3) * 40
+    x[0, :, 0, 0] = np.nan
+    (got,) = cg.run({"x": x})
+    want = reference.evaluate(g, {"x": x})[0]
+    assert np.isnan(got[0, :, 0, 0]).all() and np.array_equal(np.isnan(got), np.isnan(want))
+    assert got[~np.isnan(got)].min() == 0.0 and got[~np.isnan(got)].max() == 6.0
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
