@@ -2651,11 +2651,13 @@ static inline const float *conv_gemm_next_panel(const conv_gemm_args *g, int64_t
 
 /* One MR x NR tile of C: row panel ir, columns [j, j + NR), over k block [pc, pc + kc);
  * stored at c (rows ldc apart: y itself, or a scratch tile where the columns pass the
- * end of y), plus the bias when `first`, else added to what is there. Rows past o are
- * not stored. */
+ * end of y), plus the bias when `first`, else added to what is there, then clamped to
+ * [cl[0], cl[1]] when cl is not NULL (the last k block, the epilogue a clamp). Rows past
+ * o are not stored. */
 static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm_args *g, const int MR, const int NV,
                                                                  int64_t ir, int64_t pc, int64_t kc, int64_t j,
-                                                                 float *c, int64_t ldc, int first, int fetch) {
+                                                                 float *c, int64_t ldc, int first, int fetch,
+                                                                 const float *cl) {
     const int64_t mp_pad = (g->o + MR - 1) / MR * MR;
     const float *restrict ap = g->a + pc * mp_pad + ir * MR * kc;
     const float *pf = fetch ? conv_gemm_next_panel(g, MR, mp_pad, ir, pc) : ap;
@@ -2689,9 +2691,11 @@ static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm
             if (NV == 2) memcpy(&o1, ci + 16, sizeof o1);
         }
         o0 += lo[i];
+        if (cl) o0 = clamp16(o0, cl);
         memcpy(ci, &o0, sizeof o0);
         if (NV == 2) {
             o1 += hi[i];
+            if (cl) o1 = clamp16(o1, cl);
             memcpy(ci + 16, &o1, sizeof o1);
         }
     }
@@ -2701,7 +2705,8 @@ static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm
  * columns in rlx_v8 (6 x 16 or 4 x 16: at most 12 sums), over the same packed panels. */
 static inline __attribute__((always_inline)) void conv_gemm_tile8(const conv_gemm_args *g, const int MR, const int NV,
                                                                   int64_t ir, int64_t pc, int64_t kc, int64_t j,
-                                                                  float *c, int64_t ldc, int first, int fetch) {
+                                                                  float *c, int64_t ldc, int first, int fetch,
+                                                                  const float *cl) {
     const int R = MR / 2;
     const int64_t mp_pad = (g->o + MR - 1) / MR * MR;
     const float *restrict ap = g->a + pc * mp_pad + ir * MR * kc;
@@ -2742,6 +2747,7 @@ static inline __attribute__((always_inline)) void conv_gemm_tile8(const conv_gem
                     memcpy(&o1, ci + 8, sizeof o1);
                 }
                 o0 += acc[i][0], o1 += acc[i][1];
+                if (cl) o0 = clamp8(o0, cl), o1 = clamp8(o1, cl);
                 memcpy(ci, &o0, sizeof o0);
                 memcpy(ci + 8, &o1, sizeof o1);
             }
@@ -2763,12 +2769,14 @@ static RLX_CLONES void conv_gemm_block(const conv_gemm_args *g, int64_t i0, int6
     const int64_t ch0 = i0 * MR, ch1 = i1 * MR < g->o ? i1 * MR : g->o; /* this block's channels */
     const int wide = rlx_gemm_avx512() != 0; /* AVX-512's tiles in rlx_v16, else conv_gemm_tile8 */
     float *edge = tail >= t0 && tail < t1 ? gemm_buffer((i1 - i0) * MR * NR) : NULL;
+    const float *clamp = g->epi && g->epi->clamp ? &g->epi->lo : NULL; /* applied as tiles are stored */
     if (tail >= t0 && tail < t1 && !edge) { /* no scratch: that tile as plain sums */
         for (int64_t ch = ch0; ch < ch1; ch++) {
             for (int64_t j = tail * NR; j < g->n; j++) {
                 float s = g->bias ? g->bias[ch] : 0.0f;
                 for (int64_t t = 0; t < g->k; t++)
                     s += g->a[gemm_blocked_at(ch, t, g->o, g->k, MR)] * g->xs[g->toff[t] + j];
+                if (clamp) s = s < clamp[0] ? clamp[0] : s > clamp[1] ? clamp[1] : s;
                 g->y[ch * g->n + j] = s;
             }
             epi_span(es, g->y + ch * g->n + tail * NR, g->n - tail * NR);
@@ -2788,6 +2796,7 @@ static RLX_CLONES void conv_gemm_block(const conv_gemm_args *g, int64_t i0, int6
         const int64_t panels = i1 - i0, tiles = te - tb;
         for (int64_t pc = 0; pc < g->k; pc += RLX_GEMM_KC) {
             int64_t kc = g->k - pc < RLX_GEMM_KC ? g->k - pc : RLX_GEMM_KC;
+            const float *cl = pc + kc >= g->k ? clamp : NULL;
             for (int64_t q = 0; q < panels * tiles; q++) {
                 const int64_t ir = i0 + (panels_outer ? q / tiles : q % panels);
                 const int64_t t = tb + (panels_outer ? q % tiles : q / panels);
@@ -2795,17 +2804,17 @@ static RLX_CLONES void conv_gemm_block(const conv_gemm_args *g, int64_t i0, int6
                 int64_t ldc = t == tail ? NR : g->n, j = t == tail ? g->tail_j : t * NR;
                 const int half = t == tail && g->tail_w == 16;
                 if (!wide && MR == 8)
-                    conv_gemm_tile8(g, 8, half ? 1 : 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
+                    conv_gemm_tile8(g, 8, half ? 1 : 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl);
                 else if (!wide)
-                    conv_gemm_tile8(g, 12, half ? 1 : 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
+                    conv_gemm_tile8(g, 12, half ? 1 : 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl);
                 else if (MR == 8 && half)
-                    conv_gemm_tile(g, 8, 1, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
+                    conv_gemm_tile(g, 8, 1, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl);
                 else if (MR == 8)
-                    conv_gemm_tile(g, 8, 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
+                    conv_gemm_tile(g, 8, 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl);
                 else if (half)
-                    conv_gemm_tile(g, 12, 1, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
+                    conv_gemm_tile(g, 12, 1, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl);
                 else
-                    conv_gemm_tile(g, 12, 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb);
+                    conv_gemm_tile(g, 12, 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl);
             }
         }
         if (tail >= tb && tail < te) /* the partial tile's own columns, from `edge` */
@@ -2824,8 +2833,8 @@ static RLX_CLONES void conv_gemm_block(const conv_gemm_args *g, int64_t i0, int6
  * the epilogue wants whole channels at a time (epi_panel_group). */
 static void conv_gemm_part(const conv_gemm_args *g, int64_t i0, int64_t i1, int64_t t0, int64_t t1) {
     epi_state es;
-    epi_begin(&es, g->epi, rlx_thread());
-    const int64_t group = epi_panel_group(g->epi, i1 - i0, g->mr * RLX_GEMM_NR, t1 - t0, RLX_GEMM_NR);
+    epi_begin(&es, g->epi && g->epi->clamp ? NULL : g->epi, rlx_thread()); /* a clamp: done in the tiles */
+    const int64_t group = epi_panel_group(es.e, i1 - i0, g->mr * RLX_GEMM_NR, t1 - t0, RLX_GEMM_NR);
     for (int64_t ib = i0; ib < i1; ib += group) conv_gemm_block(g, ib, i1 - ib < group ? i1 : ib + group, t0, t1, &es);
     epi_flush(&es);
 }

@@ -226,15 +226,20 @@ def test_clamp_bounds_reads_relu_relu6_and_clip_chains() -> None:
     assert regions.clamp_bounds([], [out]) is None
 
 
-@pytest.mark.parametrize("case", ["plain 1x1 over 5x5, fewer outputs than a tile: rlx's GEMM",
-                                  "plain 1x1, a partial tile moved back over the last 32 outputs, two images"])
-def test_rlx_gemm_clamps_in_registers_and_keeps_nan(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
-                                                    case: str) -> None:
-    """A 1x1 convolution through rlx's GEMM with a ReLU6: the epilogue is a clamp the GEMM
-    applies as it stores C (no program runs), NaN stays NaN, and values past either bound
-    land on it."""
+@pytest.mark.parametrize(("case", "gemm"), [
+    ("plain 1x1 over 5x5, fewer outputs than a tile: rlx's GEMM", True),
+    ("plain 1x1, a partial tile moved back over the last 32 outputs, two images", True),
+    ("implicit 8-row panels: 13 channels, a partial tile, two images", False),
+    ("implicit 12-row panels: two k blocks, stride 2", False),
+])
+def test_the_gemms_clamp_in_registers_and_keep_nan(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                                   case: str, gemm: bool) -> None:
+    """A convolution through rlx's GEMM or the implicit GEMM with a ReLU6: the epilogue is
+    a clamp the kernel applies as it stores its tiles (after the last k block, a partial
+    tile's scratch included), NaN stays NaN, and values past either bound land on it."""
     kernels(monkeypatch, CONVS[case][3])
-    monkeypatch.setattr(native_nn, "conv_gemm_steps", lambda *a, **k: None)  # rlx's GEMM, not the implicit one
+    if gemm:  # rlx's GEMM, not the implicit one
+        monkeypatch.setattr(native_nn, "conv_gemm_steps", lambda *a, **k: None)
     made: list[Any] = []
     real = fused.epilogue
     monkeypatch.setattr(fused, "epilogue", lambda *a: (made.append(real(*a)), made[-1])[1])
@@ -247,4 +252,4 @@ def test_rlx_gemm_clamps_in_registers_and_keeps_nan(lib: native.Native, monkeypa
     want = reference.evaluate(g, {"x": x})[0]
     assert np.isnan(got[0, :, 0, 0]).all() and np.array_equal(np.isnan(got), np.isnan(want))
     assert got[~np.isnan(got)].min() == 0.0 and got[~np.isnan(got)].max() == 6.0
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)  # inputs 40x the usual: sums that large
