@@ -2031,7 +2031,19 @@ RLX_API int64_t rlx_gemm_pack_b_size(int64_t n, int64_t k) { return gemm_packed_
  * Used for A's rows (panel MR) and for B's columns (B^T's rows, panel NR). */
 static RLX_CLONES void gemm_pack(const float *x, int64_t rs, int64_t cs, int64_t r0, int64_t rows, int64_t p0,
                                  int64_t kc, int64_t panel, int64_t pstride, float *dst) {
-    for (int64_t q = 0; q * panel < rows; q++) {
+    int64_t q0 = 0;
+    if (rs == 1) { /* the whole panels' rows contiguous in each column of x (a run-time B: a 1x1
+                    * convolution's input): column by column of x, each read once, in order, not
+                    * panel by panel, which hops across kc columns of x at once, one stream each
+                    * (measured: BENCHMARKS.md, "GEMM packing in order, clamps in registers") */
+        q0 = rows / panel;
+        for (int64_t p = 0; p < kc; p++) {
+            const float *src = x + r0 + (p0 + p) * cs;
+            for (int64_t q = 0; q < q0; q++)
+                memcpy(dst + q * pstride + p * panel, src + q * panel, (size_t)panel * sizeof(float));
+        }
+    }
+    for (int64_t q = q0; q * panel < rows; q++) {
         float *d = dst + q * pstride;
         int64_t nr = rows - q * panel < panel ? rows - q * panel : panel;
         const float *src = x + (r0 + q * panel) * rs + p0 * cs;
