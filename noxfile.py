@@ -193,14 +193,18 @@ _PRINT_VERSIONS = (
 WRITES_BENCHMARKS_MD = ("overhead.py", "suite.py", "batch.py", "dynamic.py")
 #: Scripts with a session of their own (heavy extras): ``nox -s zoo``.
 OWN_SESSION = ("zoo.py",)
+#: Tools that time the ONNX files they are given (``python bench/compile_time.py a.onnx``):
+#: there is no model of theirs to run here.
+NEEDS_MODEL_FILES = ("compile_time.py", "onnx_time.py")
 
 
 def bench_scripts() -> list[Path]:
-    """``bench/*.py`` files that run as scripts (they have a ``__main__`` guard); the
-    suite's modules (``models.py``, ``_*.py``) do not, and are not run."""
+    """``bench/*.py`` files that run as scripts (they have a ``__main__`` guard), but for
+    those with a session of their own and the tools that time files they are given; the
+    suite's modules (``models.py``, ``_*.py``) have no guard and are not run."""
     found = sorted(ROOT.glob("bench/*.py"))
     return [p for p in found if 'if __name__ == "__main__"' in p.read_text(encoding="utf-8")
-            and p.name not in OWN_SESSION]
+            and p.name not in OWN_SESSION + NEEDS_MODEL_FILES]
 
 
 @nox.session

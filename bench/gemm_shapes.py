@@ -11,6 +11,7 @@ the whole picture behind that choice (BENCHMARKS.md, "rlx's GEMM on AVX2").
 
     python bench/gemm_shapes.py               # every shape, GF/s and the ratio
     python bench/gemm_shapes.py --threads 1   # one thread each
+    python bench/gemm_shapes.py --quick       # three shapes, two rounds (nox -s bench -- --quick)
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=0, help="threads for both (0: every core)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="three shapes, two rounds: a check that it runs")
     args = parser.parse_args(argv)
+    shapes = dict(list(SHAPES.items())[:3]) if args.quick else SHAPES
+    rounds = 2 if args.quick else args.rounds
     lib = library()
     if lib is None:
         print("rlx-cpu's native kernels are not loaded here: nothing to compare")
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
           "| rlx / ORT time |")
     print("|---|---|--:|--:|--:|--:|--:|")
     try:
-        for (m, k, n), what in SHAPES.items():
+        for (m, k, n), what in shapes.items():
             case = gemm.ProbeCase(lib, (m, k, n), threads, np.random.default_rng(0))
             run_blas = case.blas[1]
 
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 contenders.append(Contender("ort", "onnxruntime", ort_run, first, 0.0, 0.0))
                 np.testing.assert_allclose(first.T, case.c_blas, rtol=1e-3, atol=1e-3 * np.sqrt(k))
             np.testing.assert_allclose(case.c_native, case.c_blas, rtol=1e-3, atol=1e-3 * np.sqrt(k))
-            t = measure(contenders, args.rounds, 0.15, 0.05, warmup=5)
+            t = measure(contenders, rounds, 0.15, 0.05, warmup=5)
             flops = 2.0 * m * n * k
             r, o = t["rlx"].median, t["blas"].median
             x = t["ort"].median if "ort" in t else float("nan")

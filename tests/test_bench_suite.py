@@ -136,3 +136,26 @@ def test_verify_and_the_bench_measure_one_suite() -> None:
         loaded = rlx_core.onnx.load(onnx_model.onnx)
         assert unbatched([loaded.node(o).shape for o in loaded.outputs]) == unbatched(
             [graph.node(o).shape for o in graph.outputs]), name
+
+
+def test_every_script_nox_bench_runs_takes_quick() -> None:
+    """``nox -s bench -- --quick`` runs each bench script with ``--quick``: each must take
+    it (its --help says so), but for those the noxfile leaves out, by name."""
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    nox_text = (root / "noxfile.py").read_text(encoding="utf-8")
+    left_out = set()
+    for name in ("OWN_SESSION", "NEEDS_MODEL_FILES"):
+        found = re.search(rf"^{name} = \(([^)]*)\)", nox_text, re.M)
+        assert found, name
+        left_out |= set(re.findall(r'"([\w.]+)"', found.group(1)))
+    scripts = [p for p in sorted((root / "bench").glob("*.py"))
+               if 'if __name__ == "__main__"' in p.read_text(encoding="utf-8") and p.name not in left_out]
+    assert len(scripts) >= 5
+    for script in scripts:
+        proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120,
+                              cwd=root)
+        assert proc.returncode == 0 and "--quick" in proc.stdout, (script.name, proc.stdout[-500:], proc.stderr[-500:])
