@@ -2107,8 +2107,9 @@ static inline __attribute__((always_inline)) rlx_v16 clamp16(rlx_v16 v, const fl
 }
 
 /* One row of a tile's sums (lo: its first 16 columns, hi: the next 16) stored at c, or
- * added to what c holds when `add`. */
-static inline __attribute__((always_inline)) void tile_row_store(float *c, rlx_v16 lo, rlx_v16 hi, int add) {
+ * added to what c holds when `add`, then clamped to [cl[0], cl[1]] when cl is not NULL. */
+static inline __attribute__((always_inline)) void tile_row_store(float *c, rlx_v16 lo, rlx_v16 hi, int add,
+                                                                 const float *cl) {
     if (add) {
         rlx_v16 o0, o1;
         memcpy(&o0, c, sizeof o0);
@@ -2116,6 +2117,7 @@ static inline __attribute__((always_inline)) void tile_row_store(float *c, rlx_v
         lo += o0;
         hi += o1;
     }
+    if (cl) lo = clamp16(lo, cl), hi = clamp16(hi, cl);
     memcpy(c, &lo, sizeof lo);
     memcpy(c + 16, &hi, sizeof hi);
 }
@@ -2133,20 +2135,14 @@ static inline __attribute__((always_inline)) void gemm_store(rlx_v16 *lo, rlx_v1
             hi[i] += bi;
         }
     }
-    if (cl) { /* the last k block of a product whose epilogue is a clamp: done here, in registers */
-#pragma GCC unroll 16
-        for (int i = 0; i < RLX_GEMM_MR; i++) {
-            lo[i] = clamp16(lo[i], cl);
-            hi[i] = clamp16(hi[i], cl);
-        }
-    }
+    /* cl (the last k block of a product whose epilogue is a clamp): applied after the add */
     if (mr == RLX_GEMM_MR && nr == RLX_GEMM_NR) {
 #pragma GCC unroll 16
-        for (int i = 0; i < RLX_GEMM_MR; i++) tile_row_store(c + i * ldc, lo[i], hi[i], add);
+        for (int i = 0; i < RLX_GEMM_MR; i++) tile_row_store(c + i * ldc, lo[i], hi[i], add, cl);
         return;
     }
     if (nr == RLX_GEMM_NR) { /* whole rows, fewer of them: still vector stores */
-        for (int64_t i = 0; i < mr; i++) tile_row_store(c + i * ldc, lo[i], hi[i], add);
+        for (int64_t i = 0; i < mr; i++) tile_row_store(c + i * ldc, lo[i], hi[i], add, cl);
         return;
     }
     for (int64_t i = 0; i < mr; i++) {
@@ -2154,7 +2150,11 @@ static inline __attribute__((always_inline)) void gemm_store(rlx_v16 *lo, rlx_v1
         float row[RLX_GEMM_NR];
         memcpy(row, &lo[i], sizeof lo[i]);
         memcpy(row + 16, &hi[i], sizeof hi[i]);
-        for (int64_t j = 0; j < nr; j++) ci[j] = add ? ci[j] + row[j] : row[j];
+        for (int64_t j = 0; j < nr; j++) {
+            float v = add ? ci[j] + row[j] : row[j];
+            if (cl) v = v < cl[0] ? cl[0] : v > cl[1] ? cl[1] : v;
+            ci[j] = v;
+        }
     }
 }
 
@@ -2884,7 +2884,7 @@ static inline __attribute__((always_inline)) void conv_gemm_tile_t(const conv_ge
         }
     }
 #pragma GCC unroll 16
-    for (int i = 0; i < NP; i++) tile_row_store(s + i * lds, lo[i], hi[i], !first);
+    for (int i = 0; i < NP; i++) tile_row_store(s + i * lds, lo[i], hi[i], !first, NULL);
 }
 
 /* np outputs from j (1 to 12: one instance each, so every tile keeps its sums in

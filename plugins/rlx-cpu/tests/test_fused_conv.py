@@ -229,6 +229,7 @@ def test_clamp_bounds_reads_relu_relu6_and_clip_chains() -> None:
 @pytest.mark.parametrize(("case", "gemm"), [
     ("plain 1x1 over 5x5, fewer outputs than a tile: rlx's GEMM", True),
     ("plain 1x1, a partial tile moved back over the last 32 outputs, two images", True),
+    ("plain 1x1, channels in vectors", True),  # k = 300: the clamp after the second k block's add
     ("implicit 8-row panels: 13 channels, a partial tile, two images", False),
     ("implicit 12-row panels: two k blocks, stride 2", False),
 ])
