@@ -12,41 +12,21 @@ interquartile range as the spread.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from rlx_core.errors import ConfigError
 from rlx_core.timer import Entry, interleave, loops_for, per_call, warm_up
 
 from ._contenders import Contender
 
-__all__ = ["Timing", "loops_for", "measure", "per_call", "warm_up"]
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Seconds per call of one contender, over all rounds."""
-
-    loops: int
-    samples: tuple[float, ...]
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.samples)
-
-    @property
-    def iqr(self) -> float:
-        if len(self.samples) < 4:
-            return max(self.samples) - min(self.samples)
-        q = statistics.quantiles(self.samples, n=4)
-        return q[2] - q[0]
+__all__ = ["loops_for", "measure", "per_call", "warm_up"]
 
 
 def measure(contenders: list[Contender], rounds: int, pause: float, target_s: float,
-            on_round: Callable[[int], None] | None = None, warmup: int = 20) -> dict[str, Timing]:
-    """Median-able samples of every contender, interleaved in ``rounds`` blocks of about
-    ``target_s`` seconds, after ``warmup`` untimed calls of each. ``ConfigError`` naming a
+            on_round: Callable[[int], None] | None = None, warmup: int = 20) -> dict[str, Entry]:
+    """Each contender's ``timer.Entry`` (``times``: seconds per call, one a round; ``median``,
+    ``iqr``, ``loops``), interleaved in ``rounds`` blocks of about ``target_s`` seconds, after
+    ``warmup`` untimed calls of each. ``ConfigError`` naming a
     contender that failed while timed (the bench's contenders were checked when prepared)."""
     if rounds < 1:
         raise ConfigError(f"bench: rounds must be >= 1, got {rounds}")
@@ -55,4 +35,4 @@ def measure(contenders: list[Contender], rounds: int, pause: float, target_s: fl
     for e in entries:
         if e.note:
             raise ConfigError(f"bench: {e.name} failed while timed: {e.note}")
-    return {e.name: Timing(e.loops, tuple(e.times)) for e in entries}
+    return {e.name: e for e in entries}

@@ -71,7 +71,7 @@ def bench_model(model: models.SuiteModel, *, rounds: int, pause: float, target_s
         good, diff = tol.check(c.first_output, ort.first_output)
         is_ort = c is ort
         rows.append({"name": c.name, "kind": c.kind, "status": "ok" if good or is_ort else "mismatch",
-                     "median_s": t.median, "iqr_s": t.iqr, "loops": t.loops, "samples_s": list(t.samples),
+                     "median_s": t.median, "iqr_s": t.iqr, "loops": t.loops, "samples_s": list(t.times),
                      "ratio_to_ort": t.median / timings[ort.name].median, "first_run_s": c.first_run_s,
                      "setup_s": c.setup_s, "max_abs_diff": None if is_ort else diff, "info": c.info})
     return {"name": model.name, "summary": model.summary, "size": model.size, "params": model.params,

@@ -101,7 +101,7 @@ def test_timing_warms_every_contender_up_before_any_sample() -> None:
 
     result = timing.measure([contender("a"), contender("b")], rounds=2, pause=0.0, target_s=1e-9, warmup=5)
     assert calls[:10] == ["a"] * 5 + ["b"] * 5
-    assert set(result) == {"a", "b"} and all(len(t.samples) == 2 for t in result.values())
+    assert set(result) == {"a", "b"} and all(len(t.times) == 2 for t in result.values())
     calls.clear()
     timing.measure([contender("a")], rounds=1, pause=0.0, target_s=1e-9, warmup=0)
     assert calls == ["a"] * 7  # one call for warmup=0, sizing (1 + 3), then the block's warm call and one timed call

@@ -90,10 +90,12 @@ def test_a_moved_module_is_the_same_module_at_its_old_path(old):
 
 
 def test_placements_names_are_still_importable_from_the_package():
-    from rlx_core.placement import Placement, device_report
+    from rlx_core import placement
+    from rlx_core.placement import Placement, device_report, ranking
     from rlx_core.placement.ranking import Placement as ranked
 
     assert Placement is ranked and callable(device_report)
+    assert sorted(placement.__all__) == sorted(ranking.__all__)  # the package's list is ranking's, kept in step
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         _ = importlib.import_module("rlx_core.placement").nothing
 

@@ -2047,9 +2047,7 @@ static RLX_CLONES void gemm_pack(const float *x, int64_t rs, int64_t cs, int64_t
         float *d = dst + q * pstride;
         int64_t nr = rows - q * panel < panel ? rows - q * panel : panel;
         const float *src = x + (r0 + q * panel) * rs + p0 * cs;
-        if (rs == 1 && nr == panel) { /* the panel's rows are contiguous in each column */
-            for (int64_t p = 0; p < kc; p++) memcpy(d + p * panel, src + p * cs, (size_t)panel * sizeof(float));
-        } else if (cs == 1) { /* rows are contiguous: read each row once, write its column */
+        if (cs == 1) { /* rows are contiguous: read each row once, write its column */
             for (int64_t r = 0; r < nr; r++)
                 for (int64_t p = 0; p < kc; p++) d[p * panel + r] = src[r * rs + p];
             for (int64_t r = nr; r < panel; r++)
@@ -2090,6 +2088,9 @@ static inline int64_t gemm_blocked_at(int64_t r, int64_t p, int64_t rows, int64_
     int64_t kc = k - pc < RLX_GEMM_KC ? k - pc : RLX_GEMM_KC;
     return pc * padded + (r / panel) * panel * kc + (p - pc) * panel + r % panel;
 }
+
+/* v clamped to [cl[0], cl[1]], NaN kept (the lanes of clamp8 and clamp16, one at a time). */
+static inline float clamp1(float v, const float *cl) { return v < cl[0] ? cl[0] : v > cl[1] ? cl[1] : v; }
 
 /* v with every lane clamped to [cl[0], cl[1]] (NaN stays NaN, as numpy's maximum and
  * minimum keep it: a comparison with NaN is false, so the lane keeps v). */
@@ -2152,7 +2153,7 @@ static inline __attribute__((always_inline)) void gemm_store(rlx_v16 *lo, rlx_v1
         memcpy(row + 16, &hi[i], sizeof hi[i]);
         for (int64_t j = 0; j < nr; j++) {
             float v = add ? ci[j] + row[j] : row[j];
-            if (cl) v = v < cl[0] ? cl[0] : v > cl[1] ? cl[1] : v;
+            if (cl) v = clamp1(v, cl);
             ci[j] = v;
         }
     }
@@ -2207,7 +2208,7 @@ static inline __attribute__((always_inline)) void gemm_sub_store(rlx_v8 (*acc)[2
         const float bi = rb ? rb[i] : 0.0f;
         for (int64_t j = 0; j < nr; j++) {
             float v = add ? ci[j] + (row[j] + bi) : row[j] + bi;
-            if (cl) v = v < cl[0] ? cl[0] : v > cl[1] ? cl[1] : v;
+            if (cl) v = clamp1(v, cl);
             ci[j] = v;
         }
     }
@@ -2788,7 +2789,7 @@ static RLX_CLONES void conv_gemm_block(const conv_gemm_args *g, int64_t i0, int6
                 float s = g->bias ? g->bias[ch] : 0.0f;
                 for (int64_t t = 0; t < g->k; t++)
                     s += g->a[gemm_blocked_at(ch, t, g->o, g->k, MR)] * g->xs[g->toff[t] + j];
-                if (clamp) s = s < clamp[0] ? clamp[0] : s > clamp[1] ? clamp[1] : s;
+                if (clamp) s = clamp1(s, clamp);
                 g->y[ch * g->n + j] = s;
             }
             epi_span(es, g->y + ch * g->n + tail * NR, g->n - tail * NR);
