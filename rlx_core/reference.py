@@ -18,6 +18,7 @@ from .errors import InputError
 from .ir.dtypes import FLOAT_DTYPES
 from .ir.internal_types import ACTIVATION_OPS, CONV_ATTRS, conv_inputs
 from .ir.ops import OpKind
+from .ir.valued import ValueDependentGraph
 
 if TYPE_CHECKING:
     from .ir import Graph, Node
@@ -422,6 +423,8 @@ def evaluate(graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] 
     missing or unknown names, a wrong shape, integer division by zero or an out-of-range
     gather index, or integer fmod by zero.
     """
+    if isinstance(graph, ValueDependentGraph):  # built from its value inputs, then run on the others
+        graph, inputs = graph.build(inputs)[1], graph.feed(inputs)
     if graph.is_symbolic:  # bind the symbols from the inputs' shapes, then run the static graph
         names = {graph.node(i).name for i in graph.inputs}
         if names != set(inputs):

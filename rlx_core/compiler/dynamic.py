@@ -38,11 +38,12 @@ import numpy as np
 from ..errors import InputError
 from ..ir import Graph
 from ..ir.specialize import REPRESENTATIVE_SIZES, representative
-from .compiled import CompiledGraph
+from ..ir.valued import ValueDependentGraph
+from .compiled import CompiledGraph, CompileReport
 from .inputs import check_param_value, input_specs
 
 __all__ = ["REPRESENTATIVE_SIZES", "DEFAULT_MAX_SHAPES", "representative", "DynamicCompiledGraph", "shape_key",
-           "compile_symbolic", "describe_bindings"]
+           "compile_symbolic", "describe_bindings", "ValueCompiledGraph"]
 
 log = logging.getLogger("rlx.session")
 
@@ -198,6 +199,90 @@ def compile_symbolic(graph: Graph, first_compile: Callable[[Graph], CompiledGrap
     first.report().notes.append(f"symbolic dims ({', '.join(graph.symbols)}): placed and priced at "
                                 f"{describe_bindings(bindings)}; compiled again per shape class on {first.device}")
     return DynamicCompiledGraph(graph, first, bindings, later_compile or first_compile)
+
+
+class ValueCompiledGraph(DynamicCompiledGraph):
+    """A ``ValueDependentGraph`` compiled per set of sizes and values (see ``ir/valued.py``).
+
+    Nothing is placed or compiled before the first run: the graph has no body until the
+    values of its value inputs are known. The first run builds the graph for its inputs
+    and compiles it with ``first`` (placement, fallback and partition happen there, as for
+    any static graph); each later set of values is built and compiled with ``later`` on
+    the device the first chose. Compiled copies are kept in an LRU of ``max_shapes``, and
+    the report lists each one, when, and how long it took. Until the first run ``device``
+    is the device asked for (``"auto"`` when none was).
+    """
+
+    def __init__(self, graph: ValueDependentGraph, first: Callable[[Graph], CompiledGraph],
+                 later: Callable[[Graph], CompiledGraph], device: str | None = None, *,
+                 max_shapes: int = DEFAULT_MAX_SHAPES) -> None:
+        if max_shapes < 1:
+            raise ValueError(f"max_shapes must be at least 1, got {max_shapes}")
+        # No executable yet, so the base's fields stand for the device asked for until the
+        # first run compiles one (``_adopt``).
+        self.graph = graph
+        self._device = device if device not in (None, "", "auto") else "auto"
+        self._report = CompileReport(graph.name, self._device, f"not compiled yet: {graph.needs()}")
+        self._first, self._compile_shape = first, later
+        self._max_shapes = max_shapes
+        self._params = {}
+        self._classes = OrderedDict()
+        self._compiling = threading.Lock()
+        self._history = []
+        self.compiles = 0
+
+    def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
+        """Build and compile for the sizes and values of ``inputs`` (when new), then run
+        the copy on the other inputs."""
+        return self.for_inputs(inputs).run(self.graph.feed(inputs), output)
+
+    def for_inputs(self, inputs: Mapping[str, Any]) -> CompiledGraph:
+        graph: ValueDependentGraph = self.graph  # type: ignore[assignment]
+        key = graph.key(inputs)
+        cg = self._classes.get(key)
+        if cg is not None:
+            return cg
+        with self._compiling:
+            cg = self._classes.get(key)
+            if cg is None:
+                t0 = time.perf_counter()
+                key, static = graph.build(inputs)
+                cg = (self._compile_shape if self.compiles else self._first)(static)
+                for name, value in self._params.items():
+                    cg.set_param(name, value)
+                if not self.compiles:
+                    self._device, self._report = cg.device, cg.report()
+                self.compiles += 1
+                seconds = time.perf_counter() - t0
+                shown = graph.describe(key)
+                self._record_line(f"values {shown}: built and compiled in {seconds * 1e3:.1f} ms on {cg.device}")
+                log.info("graph %r: built and compiled for %s on %s in %.1f ms", graph.name, shown, cg.device,
+                         seconds * 1e3)
+                self._classes[key] = cg
+                while len(self._classes) > self._max_shapes:
+                    self._classes.popitem(last=False)
+        return cg
+
+    def _record_line(self, line: str) -> None:
+        self._history.append(f"{line} at {time.strftime('%H:%M:%S')}")
+        del self._history[:-_REPORT_LINES]
+        notes = self._report.notes
+        notes[:] = [n for n in notes if not n.startswith("values ")] + self._history
+
+    def shapes(self) -> list[dict[str, int]]:
+        return [dict(k[0]) for k in self._classes]  # type: ignore[index]
+
+    def set_param(self, name: str, value: Any) -> None:
+        """Replace a param in every kept copy and every copy compiled later (checked
+        against a compiled copy: before the first run, at the first run)."""
+        frozen = np.asarray(value)
+        with self._compiling:
+            for cg in list(self._classes.values()):
+                cg.set_param(name, frozen)
+            self._params[name] = frozen
+
+    def __repr__(self) -> str:
+        return f"<ValueCompiledGraph {self.graph.name!r} on {self._device}, {len(self._classes)} set(s) of values>"
 
 
 def _shape_text(shape: tuple[Any, ...]) -> str:

@@ -35,7 +35,7 @@ def _impl() -> Any:
 
 
 def load(model: Any, *, dims: Mapping[str, int] | None = None, max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
-         name: str | None = None) -> Graph:
+         name: str | None = None, values: Mapping[str, Any] | None = None) -> Graph:
     """Read an ONNX model into a ``Graph``.
 
     ``model`` is a path (``str`` or ``os.PathLike``), the model's bytes, or an
@@ -52,14 +52,27 @@ def load(model: Any, *, dims: Mapping[str, int] | None = None, max_tensor_bytes:
     ``max_tensor_bytes`` bounds every tensor the model declares or makes at import
     (checked before reading it). ``name`` names the graph (default: the ONNX graph's).
 
+    A model that computes a shape, axes, pads, scales or a count from the *values* of
+    small inputs (Reshape's ``shape`` or Resize's ``sizes`` fed at run time) loads as a
+    ``ValueDependentGraph``: it is built, placed and compiled at its first run, and again
+    for each new set of those values (kept in a small LRU). ``values`` (input name ->
+    array) binds such inputs at load instead: they become constants, and the graph no
+    longer takes them.
+
     Raises ``ModelError`` naming the file and the node, tensor or input at fault.
     """
-    checked, bound, free = _impl().prepare(model, dims=dims, max_tensor_bytes=max_tensor_bytes, name=name)
-    if free:  # symbolic dims left unbound: a graph converted again per set of sizes
-        from ._dynamic import load_symbolic
+    impl = _impl()
+    checked, bound, free = impl.prepare(model, dims=dims, max_tensor_bytes=max_tensor_bytes, name=name, values=values)
+    try:
+        if free:  # symbolic dims left unbound: a graph converted again per set of sizes
+            from ._dynamic import load_symbolic
 
-        return load_symbolic(checked, bound, free)
-    return checked.convert(bound)
+            return load_symbolic(checked, bound, free)
+        return checked.convert(bound)
+    except impl.NeedsValue as exc:  # shapes computed from input values: built per set of values
+        from ._by_value import load_valued
+
+        return load_valued(checked, bound, free, exc)
 
 
 def list_inputs(model: Any) -> list[InputSpec]:

@@ -21,7 +21,18 @@ from ..errors import ModelError
 from ..ir.dtypes import DTYPES
 from ._shapes import Emitter, Operand
 
-__all__ = ["CONVERTERS", "Converter", "NodeContext", "converter", "describe_node", "onnx_dtype"]
+__all__ = ["CONVERTERS", "Converter", "NeedsValue", "NodeContext", "converter", "describe_node", "onnx_dtype"]
+
+
+class NeedsValue(ModelError):
+    """A node needs the value of ``tensor`` at import (a shape, axes, pads...), and the
+    model computes it at run time. ``load`` catches it: when the value comes from graph
+    inputs, the model loads as a graph rebuilt from those inputs' values at each run
+    (``_values``); otherwise it is the model's refusal."""
+
+    def __init__(self, message: str, tensor: str) -> None:
+        super().__init__(message)
+        self.tensor = tensor
 
 _ONNX_DTYPES: dict[int, str] = {
     TensorProto.FLOAT: "float32",
@@ -116,8 +127,8 @@ class NodeContext:
         arr = self.f.array(x)
         if arr is None:
             name = self.node.input[i]
-            raise self.fail(f"input {what} ({name!r}) must be known at import (rlx shapes are static), "
-                            "but it is computed at run time")
+            raise NeedsValue(f"input {what} ({name!r}) must be known at import (rlx shapes are static), "
+                             "but it is computed at run time", name)
         return arr
 
     def ints(self, i: int, what: str) -> tuple[int, ...] | None:

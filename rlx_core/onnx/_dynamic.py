@@ -27,9 +27,10 @@ from ..ir import Graph
 from ..ir.deferred import DeferredGraph
 from ..ir.specialize import REPRESENTATIVE_SIZES
 from ..ir.symbolic import Dim, Sym
+from ._context import NeedsValue
 from ._loader import Model, resolve_dims
 
-__all__ = ["load_symbolic", "symbol_names"]
+__all__ = ["load_symbolic", "symbol_names", "symbolic_shapes", "without_weights"]
 
 
 def symbol_names(keys: Sequence[str]) -> dict[str, str]:
@@ -49,20 +50,25 @@ def symbol_names(keys: Sequence[str]) -> dict[str, str]:
     return names
 
 
+def symbolic_shapes(model: Model, dims: Mapping[str, int], names: Mapping[str, str]) -> dict[str, tuple[Dim, ...]]:
+    """Each input's shape with the dims ``dims`` leaves free as the symbols ``names`` gives."""
+    return {input_name: tuple(Sym(names[d]) if isinstance(d, str) else d for d in shape)
+            for input_name, shape in resolve_dims(model.specs, dims, model.where)}
+
+
 def load_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str]) -> DeferredGraph:
     """``model`` as a graph whose ``free`` dims (``dims`` keys) are symbols; ``dims``
     binds the rest. ``ModelError`` when the model converts at none of the sizes tried."""
     names = symbol_names(free)
-    shapes: dict[str, tuple[Dim, ...]] = {
-        input_name: tuple(Sym(names[d]) if isinstance(d, str) else d for d in shape)
-        for input_name, shape in resolve_dims(model.specs, dims, model.where)
-    }
+    shapes = symbolic_shapes(model, dims, names)
 
     failures: list[tuple[int, ModelError]] = []
     for size in REPRESENTATIVE_SIZES:
         try:
             body = model.convert({**dims, **dict.fromkeys(free, size)})
             break
+        except NeedsValue:  # no size helps: the caller builds the graph per set of values
+            raise
         except ModelError as exc:
             failures.append((size, exc))
     else:
@@ -76,8 +82,8 @@ def load_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str]) ->
                          f"at every size tried ({detail}); if the sizes are the cause, bind them "
                          "with dims=")
 
-    kept = _without_weights(model.gp, {body.node(i).name for i in body.params})
-    again = Model(kept, model.where, model.base_dir, model.opset, model.specs, model.max_bytes, model.name)
+    kept = without_weights(model.gp, {body.node(i).name for i in body.params})
+    again = model.with_graph(kept)
 
     def build(sizes: Mapping[str, int], params: Mapping[str, np.ndarray]) -> Graph:
         return again.convert({**dims, **{key: sizes[names[key]] for key in free}}, preloaded=params)
@@ -92,7 +98,7 @@ def _sizeless(message: str, size: int) -> str:
     return re.sub(rf"(?<![\w.]){size}(?![\w.])", "N", message)
 
 
-def _without_weights(gp: GraphProto, params: set[str]) -> GraphProto:
+def without_weights(gp: GraphProto, params: set[str]) -> GraphProto:
     """A copy of ``gp`` whose initializers named in ``params`` keep name, dtype and dims
     but no data (never read again: the graph's arrays are handed to each conversion)."""
     kept = GraphProto()

@@ -38,7 +38,7 @@ from . import (  # noqa: F401  (they register the converters)
     _ops_scatter,
     _ops_tensor,
 )
-from ._context import CONVERTERS, NodeContext, describe_node, onnx_dtype
+from ._context import CONVERTERS, NeedsValue, NodeContext, describe_node, onnx_dtype
 from ._shapes import Emitter, Operand, frozen
 from ._versions import check_versions, newest_opset
 
@@ -390,9 +390,10 @@ def list_inputs(model: Any) -> list[InputSpec]:
 
 # ---------------------------------------------------------------- the whole load
 def prepare(model: Any, *, dims: Mapping[str, int] | None, max_tensor_bytes: int,
-            name: str | None) -> tuple[Model, dict[str, int], list[str]]:
+            name: str | None, values: Mapping[str, Any] | None = None) -> tuple[Model, dict[str, int], list[str]]:
     """Read and check ``model``: the ``Model`` ready to convert, ``dims`` checked, and the
-    symbolic dims it leaves unbound (``dims`` keys, in input order)."""
+    symbolic dims it leaves unbound (``dims`` keys, in input order). ``values`` binds
+    inputs to constants (their dims bound by the values' shapes)."""
     if isinstance(max_tensor_bytes, bool) or not isinstance(max_tensor_bytes, int) or max_tensor_bytes <= 0:
         raise ModelError(f"load: max_tensor_bytes must be an int > 0, got {max_tensor_bytes!r}")
     proto, where, base_dir = _read(model)
@@ -407,23 +408,67 @@ def prepare(model: Any, *, dims: Mapping[str, int] | None, max_tensor_bytes: int
     specs = _input_specs(proto, where)
     dims = dict(dims or {})
     check_dims(specs, dims, where)
+    bound = _check_values(specs, values or {}, dims, where)
     checked = Model(gp, where, base_dir, opset, specs, max_tensor_bytes,
-                    name or gp.name or (Path(where).stem if base_dir is not None else "onnx"))
+                    name or gp.name or (Path(where).stem if base_dir is not None else "onnx"), bound)
     return checked, dims, free_dims(specs, dims, where)
+
+
+def _check_values(specs: Sequence[tuple[str, str, list[int | str]]], values: Mapping[str, Any],
+                  dims: dict[str, int], where: str) -> dict[str, np.ndarray]:
+    """``load``'s ``values`` as arrays of each input's dtype, their dims added to ``dims``
+    (``ModelError`` naming an unknown input, a wrong rank or size, or a value the dtype
+    does not hold)."""
+    if not isinstance(values, Mapping):
+        raise ModelError(f"load: values must be a mapping of input name to array, got {type(values).__name__}")
+    by_name = {name: (dtype, shape) for name, dtype, shape in specs}
+    out: dict[str, np.ndarray] = {}
+    for name, value in values.items():
+        if name not in by_name:
+            raise ModelError(f"{where}: values names {name!r}, which is not an input of the model (its inputs: "
+                             f"{', '.join(repr(n) for n in by_name) or 'none'})")
+        dtype, shape = by_name[name]
+        arr = np.asarray(value)
+        cast = arr.astype(dtype)
+        if arr.dtype.kind not in "biuf" or not np.array_equal(cast, arr):
+            raise ModelError(f"{where}: values[{name!r}] ({arr.dtype}) is not exactly representable as {dtype}, the "
+                             "input's dtype")
+        if arr.ndim != len(shape):
+            raise ModelError(f"{where}: values[{name!r}] has rank {arr.ndim}; input {name!r} has rank {len(shape)}")
+        for axis, (want, got) in enumerate(zip(shape, arr.shape)):
+            key = want if isinstance(want, str) else f"{name}:{axis}"
+            have = want if isinstance(want, int) else dims.get(key)
+            if have is not None and have != got:
+                raise ModelError(f"{where}: values[{name!r}] is {got} long on axis {axis}, where the model (or "
+                                 f"dims) fixes {have}")
+            if isinstance(want, str):
+                dims[key] = int(got)
+        out[name] = frozen(cast)
+    return out
 
 
 class Model:
     """A checked model ready to convert, for one set of dim bindings or several (``_dynamic``)."""
 
     def __init__(self, gp: GraphProto, where: str, base_dir: Path | None, opset: int,
-                 specs: list[tuple[str, str, list[int | str]]], max_bytes: int, name: str) -> None:
+                 specs: list[tuple[str, str, list[int | str]]], max_bytes: int, name: str,
+                 values: Mapping[str, np.ndarray] | None = None) -> None:
         self.gp, self.where, self.base_dir, self.opset = gp, where, base_dir, opset
         self.specs, self.max_bytes, self.name = specs, max_bytes, name
+        self.values = dict(values or {})  # inputs bound to constants at load (load's values=)
 
-    def convert(self, dims: Mapping[str, int], preloaded: Mapping[str, np.ndarray] | None = None) -> Graph:
+    def with_graph(self, gp: GraphProto) -> Model:
+        """This model with ``gp`` for its graph (the same inputs, limits and bound values)."""
+        return Model(gp, self.where, self.base_dir, self.opset, self.specs, self.max_bytes, self.name, self.values)
+
+    def convert(self, dims: Mapping[str, int], preloaded: Mapping[str, np.ndarray] | None = None,
+                values: Mapping[str, np.ndarray] | None = None) -> Graph:
         """The static graph with every symbolic dim bound by ``dims``; initializers named in
-        ``preloaded`` take that array (same shape and dtype) instead of being read again."""
+        ``preloaded`` take that array (same shape and dtype) instead of being read again;
+        inputs named in ``values`` (or in the model's own ``values``) are those constants,
+        not inputs of the graph."""
         gp, where, preloaded = self.gp, self.where, preloaded or {}
+        values = {**self.values, **(values or {})}
         initializers = {t.name: t for t in gp.initializer}
         sources = set(initializers) | {v.name for v in gp.input}
         order = _toposort(gp, sources, where)
@@ -440,7 +485,14 @@ class Model:
         f = Emitter(g, self.max_bytes)
         env: dict[str, Operand] = {}
         for in_name, shape, dtype in inputs:
-            env[in_name] = g.input(in_name, shape, dtype)
+            if in_name in values:
+                value = values[in_name]
+                if value.shape != shape or value.dtype != dtype:
+                    raise ModelError(f"{where}: input {in_name!r} is {dtype}{list(shape)}, its value "
+                                     f"{value.dtype}{list(value.shape)}")
+                env[in_name] = frozen(value)
+            else:
+                env[in_name] = g.input(in_name, shape, dtype)
         for init_name, t in initializers.items():
             if init_name in used_names:
                 arr = preloaded.get(init_name)
@@ -464,7 +516,10 @@ def _convert_node(node: NodeProto, index: int, env: dict[str, Operand], f: Emitt
         results = CONVERTERS[node.op_type](ctx)
     except ModelError as exc:
         text = str(exc)
-        raise ModelError(text if text.startswith(where) else f"{where}: {ctx.describe()}: {text}") from None
+        text = text if text.startswith(where) else f"{where}: {ctx.describe()}: {text}"
+        if isinstance(exc, NeedsValue):
+            raise NeedsValue(text, exc.tensor) from None
+        raise ModelError(text) from None
     except (RlxError, ValueError, IndexError, ArithmeticError) as exc:
         raise ModelError(f"{where}: {ctx.describe()}: {exc}") from None
     for i, out in enumerate(node.output):

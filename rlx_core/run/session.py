@@ -18,11 +18,12 @@ import numpy as np
 
 from ..backends.registry import Registry, default_registry, parse_device
 from ..compiler.compiled import CompiledGraph, CompileReport, compile_on
-from ..compiler.dynamic import compile_symbolic
+from ..compiler.dynamic import ValueCompiledGraph, compile_symbolic
 from ..compiler.inputs import check_param_value, input_specs, validate_inputs
 from ..compiler.timing import benchmark_devices, time_runs
 from ..errors import CALLER_ERRORS, DeviceError, DeviceFallbackError, FallbackWarning
 from ..ir import Graph
+from ..ir.valued import ValueDependentGraph
 from ..placement.corrections import PredictionErrors
 from ..placement.measured import MeasureSettings, Trial, Verdict, measure_compiled, settle
 from ..placement.partition import compile_partitioned, split_for
@@ -84,6 +85,8 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
             first_device.append(cg.device)
             return cg
 
+        if isinstance(graph, ValueDependentGraph):  # no body before its values: placed at the first run
+            return ValueCompiledGraph(graph, first, later, device)
         return compile_symbolic(graph, first, later)
     # Frozen before placement: the pipeline placement runs to price the graph is then the
     # one compile hands the backend (``lowering.pipeline_for`` keys on it), not run twice.
@@ -242,6 +245,8 @@ class GraphDevices:
         def on(graph: Graph) -> CompiledGraph:
             return compile_on(graph, dev, "explicit device (argument)", [], self._registry)
 
+        if isinstance(self.graph, ValueDependentGraph):
+            return ValueCompiledGraph(self.graph, on, on, dev)
         return compile_symbolic(self.graph, on) if self.graph.is_symbolic else on(self.graph)
 
     def resolve(self, hint: str | None = None) -> str:
