@@ -17,7 +17,7 @@ import numpy as np
 from .errors import InputError
 from .ir.dtypes import FLOAT_DTYPES
 from .ir.internal_types import ACTIVATION_OPS, CONV_ATTRS, conv_inputs
-from .ir.ops import OpKind
+from .ir.ops import NUMPY_NAMES, OpKind
 from .ir.valued import ValueDependentGraph
 
 if TYPE_CHECKING:
@@ -287,6 +287,7 @@ _KERNELS: dict[OpKind, Kernel] = {
     OpKind.TANH: _unary(np.tanh),
     OpKind.SIN: _unary(np.sin),
     OpKind.COS: _unary(np.cos),
+    **{op: _unary(getattr(np, name)) for op, name in NUMPY_NAMES.items()},
     OpKind.SIGMOID: _unary(lambda x: 1.0 / (1.0 + np.exp(-x))),
     OpKind.RELU: _relu,
     OpKind.GELU: _gelu,

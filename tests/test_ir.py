@@ -319,6 +319,10 @@ def every_op_graph() -> Graph:
     e = g.div(g.exp(g.neg(g.abs(m))), g.add(g.sqrt(g.pow(g.maximum(m, 0.5), 2.0)), 1.0))
     f = g.sub(g.mul(g.log(g.add(e, 1.0)), g.rsqrt(g.add(e, 1.0))), g.minimum(e, g.erf(e)))
     h = g.gelu(g.tanh(g.sigmoid(g.relu(g.add(g.sin(f), g.cos(f))))), approximate="tanh")
+    unit = g.mul(g.tanh(h), 0.5)  # in (-1, 1): every inverse function's domain
+    h = g.add(h, g.add(g.add(g.add(g.tan(unit), g.asin(unit)), g.add(g.acos(unit), g.atan(unit))),
+                       g.add(g.add(g.sinh(unit), g.cosh(unit)),
+                             g.add(g.add(g.asinh(unit), g.acosh(g.add(g.abs(unit), 1.0))), g.atanh(unit)))))
     s = g.softmax(h, axis=0)
     ln = g.layer_norm(s, g.constant(np.ones(2, np.float32)), g.param("beta", np.zeros(2, np.float32)), eps=1e-3)
     r = g.reduce_sum(g.reduce_mean(g.reduce_max(ln, axes=0, keepdims=True), axes=(1,)), keepdims=True)

@@ -80,6 +80,33 @@ class OpBuilders:
     def cos(self, x: ValueLike, *, name: str = "") -> Value:
         return self._add(OpKind.COS, (x,), name)
 
+    def tan(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.TAN, (x,), name)
+
+    def asin(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.ASIN, (x,), name)
+
+    def acos(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.ACOS, (x,), name)
+
+    def atan(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.ATAN, (x,), name)
+
+    def sinh(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.SINH, (x,), name)
+
+    def cosh(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.COSH, (x,), name)
+
+    def asinh(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.ASINH, (x,), name)
+
+    def acosh(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.ACOSH, (x,), name)
+
+    def atanh(self, x: ValueLike, *, name: str = "") -> Value:
+        return self._add(OpKind.ATANH, (x,), name)
+
     def sigmoid(self, x: ValueLike, *, name: str = "") -> Value:
         return self._add(OpKind.SIGMOID, (x,), name)
 

@@ -26,6 +26,8 @@ __all__ = [
     "INTERNAL_OPS",
     "PRIMITIVE_OPS",
     "ELEMENTWISE_OPS",
+    "MORE_TRIG_OPS",
+    "NUMPY_NAMES",
     "infer",
     "broadcast_shapes",
     "slice_index",
@@ -56,6 +58,15 @@ class OpKind(str, enum.Enum):
     TANH = "tanh"
     SIN = "sin"
     COS = "cos"
+    TAN = "tan"
+    ASIN = "asin"
+    ACOS = "acos"
+    ATAN = "atan"
+    SINH = "sinh"
+    COSH = "cosh"
+    ASINH = "asinh"
+    ACOSH = "acosh"
+    ATANH = "atanh"
     SIGMOID = "sigmoid"
     RELU = "relu"
     GELU = "gelu"
@@ -130,12 +141,21 @@ UNARY_OPS = (
     OpKind.TANH, OpKind.SIGMOID, OpKind.RELU, OpKind.GELU, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND,
     OpKind.BITWISE_NOT, OpKind.SIN, OpKind.COS,
 )
+#: The trigonometric and hyperbolic functions beyond sin, cos and tanh (ONNX's Tan, Asin...
+#: Atanh): float-only, each the C and numpy function of its name (numpy spells the inverses
+#: ``arcsin``...). Backends map them with one table.
+MORE_TRIG_OPS = (OpKind.TAN, OpKind.ASIN, OpKind.ACOS, OpKind.ATAN, OpKind.SINH, OpKind.COSH, OpKind.ASINH,
+                 OpKind.ACOSH, OpKind.ATANH)
+UNARY_OPS = UNARY_OPS + MORE_TRIG_OPS
+#: numpy's name of each of ``MORE_TRIG_OPS`` (also jax.numpy's).
+NUMPY_NAMES: dict[OpKind, str] = {op: ("arc" + op.value[1:] if op.value.startswith("a") else op.value)
+                                  for op in MORE_TRIG_OPS}
 #: Elementwise comparisons: numpy broadcasting, a bool result (IEEE: NaN compares unequal).
 COMPARE_OPS = (OpKind.EQUAL, OpKind.LESS, OpKind.GREATER)
 ELEMENTWISE_OPS: frozenset[OpKind] = frozenset(BINARY_OPS + UNARY_OPS + COMPARE_OPS + (OpKind.CAST, OpKind.WHERE))
 _FLOAT_ONLY = frozenset(
     {OpKind.POW, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.TANH,
-     OpKind.SIGMOID, OpKind.GELU, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND, OpKind.SIN, OpKind.COS}
+     OpKind.SIGMOID, OpKind.GELU, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND, OpKind.SIN, OpKind.COS, *MORE_TRIG_OPS}
 )
 _INT_ONLY = frozenset(BITWISE_OPS)
 

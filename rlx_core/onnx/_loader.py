@@ -36,6 +36,7 @@ from . import (  # noqa: F401  (they register the converters)
     _ops_resize,
     _ops_rnn,
     _ops_scatter,
+    _ops_signal,
     _ops_tensor,
 )
 from ._context import CONVERTERS, NeedsValue, NodeContext, describe_node, onnx_dtype

@@ -21,7 +21,8 @@ __all__: list[str] = []
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
 _UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Erf": "erf", "Tanh": "tanh",
           "Sigmoid": "sigmoid", "Relu": "relu", "Floor": "floor", "Ceil": "ceil", "Round": "round",
-          "BitwiseNot": "bitwise_not", "Sin": "sin", "Cos": "cos"}
+          "BitwiseNot": "bitwise_not", "Sin": "sin", "Cos": "cos",
+          **{n.capitalize(): n for n in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")}}
 _BITWISE = {"BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor"}
 _COMPARE = {
     "Equal": np.equal,

@@ -278,18 +278,51 @@ def _pad(c: NodeContext) -> list[Operand | None]:
     the cropped axis minus one."""
     f, x = c.f, c.input(0)
     shape, dtype = f.shape(x), f.dtype(x)
-    rank = len(shape)
-    mode, axes, pads = _pad_arguments(c, rank)
+    mode, axes, pads = _pad_arguments(c, len(shape))
     value = c.optional(2) if mode == "constant" else None
     if value is not None:
         if f.dtype(value) != dtype or math.prod(f.shape(value)) != 1:
             raise c.fail(f"constant_value must be one {dtype} value, got {f.shape(value)} {f.dtype(value)}")
         value = f.op("reshape", value, shape=())
+    return [_padded(c, x, mode, axes, pads, value)]
+
+
+@converter("CenterCropPad")
+def _center_crop_pad(c: NodeContext) -> list[Operand | None]:
+    """Each of ``axes`` (default all) cropped or padded with zeros to ``shape``, centred
+    (an odd difference puts the extra element at the end): Pad with those (negative for a
+    crop) pads."""
+    f, x = c.f, c.input(0)
+    shape = f.shape(x)
+    target = c.ints(1, "shape")
+    if target is None:
+        raise c.fail("input shape is required")
+    given = c.attr("axes")
+    axes = [_axis(c, a, len(shape), "axes") for a in given] if given is not None else list(range(len(shape)))
+    if len(target) != len(axes) or any(t < 0 for t in target):
+        raise c.fail(f"shape {list(target)} must give one size >= 0 for each of the axes {axes}")
+    if len(set(axes)) != len(axes):
+        raise c.fail(f"axes {given} repeat an axis")
+    before, after = [], []
+    for a, t in zip(axes, target):
+        d = abs(t - shape[a])  # to add (t larger) or cut: half before, the odd one after
+        sign = 1 if t >= shape[a] else -1
+        before.append(sign * (d // 2))
+        after.append(sign * (d - d // 2))
+    return [_padded(c, x, "constant", axes, before + after, None)]
+
+
+def _padded(c: NodeContext, x: Operand, mode: str, axes: list[int], pads: list[int], value: Operand | None) -> Operand:
+    """``x`` padded (negative pads crop) along ``axes`` in ``mode``; constant mode fills
+    with ``value`` (a 0-d operand), or zeros without one."""
+    f = c.f
+    shape, dtype = f.shape(x), f.dtype(x)
+    rank = len(shape)
     plan = _pad_plan(c, shape, mode, axes, pads)
     f.check_size(plan.out, dtype, "Pad's result")
     fill = value if value is not None else f.const(False if dtype == "bool" else 0, dtype)
     if plan.empty:
-        return [f.op("where", frozen(np.zeros(plan.out, dtype=bool)), fill, fill, name=c.out())]
+        return f.op("where", frozen(np.zeros(plan.out, dtype=bool)), fill, fill, name=c.out())
     y = x
     masked = mode == "constant" and bool(plan.tables)
     if plan.crops:
@@ -304,7 +337,7 @@ def _pad(c: NodeContext) -> list[Operand | None]:
         for axis, rows in plan.inside.items():
             mask = mask & _along(rows, axis, rank)
         y = f.op("where", frozen(mask), y, fill, name=c.out())
-    return [y]
+    return y
 
 
 def _pad_arguments(c: NodeContext, rank: int) -> tuple[str, list[int], list[int]]:

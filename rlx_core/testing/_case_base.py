@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ..ir import Graph, Node
 from ..ir.dtypes import EXTENDED_DTYPES
-from ..ir.ops import BITWISE_OPS, SOURCE_OPS, OpKind
+from ..ir.ops import BITWISE_OPS, MORE_TRIG_OPS, SOURCE_OPS, OpKind
 
 FLOATS = ("float32", "float16", "float64")
 INTS = ("int32", "int64")  # the contract's integers (and the only index dtypes of gather)
@@ -23,7 +23,7 @@ ANY_DTYPE = (*NUMERIC, "bool")
 
 _FLOAT_OPS = frozenset({
     OpKind.POW, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.TANH, OpKind.SIGMOID,
-    OpKind.SIN, OpKind.COS,
+    OpKind.SIN, OpKind.COS, *MORE_TRIG_OPS,
     OpKind.GELU, OpKind.SOFTMAX, OpKind.LAYER_NORM, OpKind.REDUCE_MEAN, OpKind.CONV2D, OpKind.MAX_POOL2D,
     OpKind.AVG_POOL2D, OpKind.GLOBAL_AVG_POOL2D, OpKind.ATTENTION, OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND,
     OpKind.FUSED_CONV,

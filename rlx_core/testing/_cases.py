@@ -37,7 +37,9 @@ from ._cases_exact import EXACT_FACTORIES
 _UNARY_RANGE = {
     OpKind.LOG: (0.1, 4.0), OpKind.SQRT: (0.1, 4.0), OpKind.RSQRT: (0.1, 4.0), OpKind.EXP: (-4.0, 4.0),
     OpKind.ERF: (-3.0, 3.0), OpKind.TANH: (-4.0, 4.0), OpKind.SIGMOID: (-6.0, 6.0), OpKind.GELU: (-4.0, 4.0),
-    OpKind.SIN: (-8.0, 8.0), OpKind.COS: (-8.0, 8.0),
+    OpKind.SIN: (-8.0, 8.0), OpKind.COS: (-8.0, 8.0), OpKind.TAN: (-1.4, 1.4), OpKind.ASIN: (-0.95, 0.95),
+    OpKind.ACOS: (-0.95, 0.95), OpKind.ATAN: (-8.0, 8.0), OpKind.SINH: (-4.0, 4.0), OpKind.COSH: (-4.0, 4.0),
+    OpKind.ASINH: (-8.0, 8.0), OpKind.ACOSH: (1.1, 8.0), OpKind.ATANH: (-0.95, 0.95),
 }
 
 

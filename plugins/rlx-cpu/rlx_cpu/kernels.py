@@ -21,7 +21,7 @@ import numpy as np
 
 from rlx_core.errors import InputError
 from rlx_core.ir import Node
-from rlx_core.ir.ops import OpKind, slice_index
+from rlx_core.ir.ops import NUMPY_NAMES, OpKind, slice_index
 
 from .blas import mkl, vml_step
 from .gemm import gemv_step, matmul_step
@@ -76,6 +76,7 @@ _UNARY_UFUNCS = {
     OpKind.NEG: np.negative, OpKind.ABS: np.absolute, OpKind.EXP: np.exp, OpKind.LOG: np.log,
     OpKind.SQRT: np.sqrt, OpKind.TANH: np.tanh, OpKind.FLOOR: np.floor, OpKind.CEIL: np.ceil,
     OpKind.ROUND: np.rint, OpKind.BITWISE_NOT: np.invert, OpKind.SIN: np.sin, OpKind.COS: np.cos,
+    **{op: getattr(np, name) for op, name in NUMPY_NAMES.items()},
 }
 # ops whose steps read each input element before writing the output element at the same
 # position, and never read an input after writing the output: out may be that input.

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlx_core.ir.ops import OpKind
+from rlx_core.ir.ops import MORE_TRIG_OPS, OpKind
 from rlx_core.plugin import Instruction, live_instructions, make_instruction, program_types
 
 __all__ = [
@@ -118,7 +118,7 @@ def _render(ins: Instruction, args: list[str], arg_dtypes: list[str]) -> str:
         return f"(-{a})"
     if op is OpKind.ABS:
         return f"{_fn('fabs', ct)}({a})" if is_float else f"({a} < 0 ? -{a} : {a})"
-    if op in (OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.ERF, OpKind.TANH, OpKind.SIN, OpKind.COS):
+    if op in (OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.ERF, OpKind.TANH, OpKind.SIN, OpKind.COS, *MORE_TRIG_OPS):
         return f"{_fn(op.value, ct)}({a})"
     if op is OpKind.RSQRT:
         return f"{_fn('rsqrt', ct)}({a})"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from rlx_core.ir.ops import OpKind
+from rlx_core.ir.ops import MORE_TRIG_OPS, OpKind
 
 __all__ = ["CLAIMED_OPS", "RENDERED_ELEMENTWISE", "EPILOGUE_DTYPE_CHANGES", "unrendered_ops"]
 
@@ -22,7 +22,7 @@ RENDERED_ELEMENTWISE: frozenset[OpKind] = frozenset({
     OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV, OpKind.POW, OpKind.MAXIMUM, OpKind.MINIMUM, OpKind.NEG,
     OpKind.ABS, OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.TANH, OpKind.SIGMOID,
     OpKind.RELU, OpKind.GELU, OpKind.EQUAL, OpKind.LESS, OpKind.GREATER, OpKind.CAST, OpKind.WHERE, OpKind.SIN,
-    OpKind.COS,
+    OpKind.COS, *MORE_TRIG_OPS,
 })
 
 CLAIMED_OPS: frozenset[str] = frozenset(

@@ -28,7 +28,8 @@ __all__ = ["XlaBackend", "JaxBackend", "TpuBackend", "CLAIMED_OPS", "guess_defau
 #: core's internal ops (``gemm``, ``fused_elementwise``) are not claimed: XLA fuses on its
 #: own, so legalization hands this backend the plain ops.
 CLAIMED_OPS: frozenset[str] = frozenset(
-    """matmul add sub mul div pow maximum minimum neg abs exp log sqrt rsqrt erf tanh sin cos sigmoid relu gelu
+    """matmul add sub mul div pow maximum minimum neg abs exp log sqrt rsqrt erf tanh sin cos tan asin acos atan sinh
+    cosh asinh acosh atanh sigmoid relu gelu
     softmax layer_norm reduce_sum reduce_mean reduce_max reshape transpose concat slice gather cast where
     equal less greater conv2d max_pool2d avg_pool2d global_avg_pool2d attention""".split()
 )

@@ -32,7 +32,7 @@ from jax import lax
 
 from rlx_core.errors import InputError
 from rlx_core.ir import Node
-from rlx_core.ir.ops import OpKind
+from rlx_core.ir.ops import NUMPY_NAMES, OpKind
 
 __all__ = ["LOWERINGS", "RuntimeCheck", "runtime_checks", "runtime_error"]
 
@@ -281,6 +281,7 @@ LOWERINGS: dict[OpKind, Rule] = {
     OpKind.TANH: _unary(jnp.tanh, wide=True),
     OpKind.SIN: _unary(jnp.sin, wide=True),
     OpKind.COS: _unary(jnp.cos, wide=True),
+    **{op: _unary(getattr(jnp, name), wide=True) for op, name in NUMPY_NAMES.items()},
     OpKind.SIGMOID: _unary(jax.nn.sigmoid, wide=True),
     OpKind.RELU: _relu,
     OpKind.GELU: _gelu,

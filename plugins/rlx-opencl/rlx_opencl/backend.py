@@ -33,7 +33,8 @@ log = logging.getLogger("rlx_opencl")
 #: The ops with kernels here. Attention is left to the core, which decomposes it into
 #: matmul (whose transposed form fuses k's transpose), softmax and elementwise ops.
 _IMPLEMENTED = (
-    "matmul add sub mul div pow maximum minimum neg abs exp log sqrt rsqrt erf tanh sin cos sigmoid relu gelu softmax "
+    "matmul add sub mul div pow maximum minimum neg abs exp log sqrt rsqrt erf tanh sin cos tan asin acos atan sinh "
+    "cosh asinh acosh atanh sigmoid relu gelu softmax "
     "layer_norm reduce_sum reduce_mean reduce_max reshape transpose concat slice gather cast where equal less "
     "greater conv2d max_pool2d avg_pool2d global_avg_pool2d"
 ).split()

@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 
 from rlx_core.ir import Node
-from rlx_core.ir.ops import OpKind
+from rlx_core.ir.ops import MORE_TRIG_OPS, OpKind
 
 from .common import (
     COMPUTE,
@@ -85,7 +85,7 @@ def op_expression(node: Node, xs: Sequence[str], ctype: str, *, vector: bool = F
     if op is OpKind.TANH:  # PoCL's tanh(+-inf) is not exactly +-1 (then -inf * (1 + tanh) is -inf, not NaN)
         return f"select(tanh({a}), copysign({one}, {a}), isinf({a}))" if vector else \
             f"(isinf({a}) ? copysign({one}, {a}) : tanh({a}))"
-    if op in (OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.SIN, OpKind.COS):
+    if op in (OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.SIN, OpKind.COS, *MORE_TRIG_OPS):
         return f"{op.value}({a})"
     if op is OpKind.SIGMOID:
         return f"({one} / ({one} + exp(-{a})))"
