@@ -22,6 +22,7 @@ from .errors import ConfigError
 from .ir.dtypes import CONTRACT_DTYPES as CONTRACT_DTYPES
 from .ir.dtypes import DTYPES as DTYPES
 from .ir.dtypes import EXTENDED_DTYPES as EXTENDED_DTYPES
+from .ir.dtypes import STORAGE_DTYPES as STORAGE_DTYPES
 from .ir.ops import OpKind
 from .options import PASS_NAMES as PASS_NAMES
 from .options import CompileOptions as CompileOptions
@@ -70,6 +71,7 @@ __all__ = [
     "Setting",
     "CONTRACT_DTYPES",
     "EXTENDED_DTYPES",
+    "STORAGE_DTYPES",
     "DTYPES",
     *sorted(_KIT),  # resolved by __getattr__ below
 ]
@@ -237,7 +239,9 @@ class Backend:
     #: the dtype, so placement moves the graph (or that part of it) elsewhere. A backend
     #: opts into the extended integers (``rlx_core.ir.dtypes.EXTENDED_DTYPES``: int8 uint8
     #: int16 uint16 uint32 uint64) by listing them here, and the conformance kit then tests
-    #: its claimed ops on them too.
+    #: its claimed ops on them too; likewise into the storage formats
+    #: (``rlx_core.ir.dtypes.STORAGE_DTYPES``: bfloat16, the float8s, float4, 4- and 2-bit ints),
+    #: which only cast and the ops that move values take, as numpy arrays of ``ml_dtypes``.
     dtypes: ClassVar[frozenset[str]] = CONTRACT_DTYPES
 
     def probe(self) -> Availability:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from .errors import InputError
-from .ir.dtypes import FLOAT_DTYPES
+from .ir.dtypes import FLOAT_DTYPES, STORAGE_DTYPES
 from .ir.internal_types import ACTIVATION_OPS, CONV_ATTRS, conv_inputs
 from .ir.ops import NUMPY_NAMES, OpKind
 from .ir.valued import ValueDependentGraph
@@ -28,9 +28,17 @@ __all__ = ["evaluate"]
 Kernel = Callable[["Node", Sequence[np.ndarray]], np.ndarray]
 
 
+#: Storage formats as the reference holds them: the floats as float64 (exactly), the 4-
+#: and 2-bit integers as int8 and uint8.
+_STORAGE_INTS = {"int4": "int8", "uint4": "uint8", "int2": "int8", "uint2": "uint8"}
+_STORAGE_FLOATS = frozenset(STORAGE_DTYPES) - set(_STORAGE_INTS)
+
+
 def _compute_dtype(dtype: str) -> np.dtype:
     """How the reference holds a value of IR dtype ``dtype``: floats as float64."""
-    return np.dtype(np.float64) if dtype in FLOAT_DTYPES else np.dtype(dtype)
+    if dtype in FLOAT_DTYPES or dtype in _STORAGE_FLOATS:
+        return np.dtype(np.float64)
+    return np.dtype(_STORAGE_INTS.get(dtype, dtype))
 
 
 def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Kernel:

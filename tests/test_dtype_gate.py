@@ -11,7 +11,7 @@ from support import ALL_OPS, ToyBackend, registry_with
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_core.ir.dtypes import CONTRACT_DTYPES, DTYPES, EXTENDED_DTYPES
+from rlx_core.ir.dtypes import CONTRACT_DTYPES, DTYPES, EXTENDED_DTYPES, STORAGE_DTYPES
 from rlx_core.passes.legalize import DtypeGate, legalize
 from rlx_core.passes.pipeline import run_pipeline
 
@@ -56,10 +56,10 @@ def uint8_graph() -> rlx.Graph:
 PIXELS = {"pixels": np.arange(12, dtype=np.uint8).reshape(2, 6) * 21}
 
 
-def test_the_default_is_the_contract_six_and_cpu_declares_all_twelve() -> None:
+def test_the_default_is_the_contract_six_and_cpu_declares_them_all() -> None:
     assert rlx.Backend.dtypes == CONTRACT_DTYPES == {"float32", "float16", "float64", "int32", "int64", "bool"}
     assert rlx.get_backend("cpu").dtypes == frozenset(DTYPES)
-    assert set(DTYPES) == CONTRACT_DTYPES | set(EXTENDED_DTYPES)
+    assert set(DTYPES) == CONTRACT_DTYPES | set(EXTENDED_DTYPES) | set(STORAGE_DTYPES) and len(DTYPES) == 22
 
 
 def test_placement_blocks_a_backend_without_the_dtype_and_names_it() -> None:
@@ -120,8 +120,8 @@ def test_the_partitioner_runs_the_foreign_dtype_where_it_is_read_and_the_rest_el
 
 
 def test_registry_refuses_a_backend_declaring_an_unknown_dtype() -> None:
-    bad = RecordingToy("bf", dtypes=frozenset({"float32", "bfloat16"}))
-    with pytest.raises(rlx.PluginError, match=r"backend 'bf' declares dtypes .*bfloat16.*expected a frozenset of"):
+    bad = RecordingToy("bf", dtypes=frozenset({"float32", "complex64"}))
+    with pytest.raises(rlx.PluginError, match=r"backend 'bf' declares dtypes .*complex64.*expected a frozenset of"):
         registry_with(bad)
 
 

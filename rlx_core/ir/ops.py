@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from ..errors import GraphError
 from . import shape_rules
-from .dtypes import FLOAT_DTYPES, is_int, normalize_dtype
+from .dtypes import FLOAT_DTYPES, STORAGE_OPS, is_int, is_storage, normalize_dtype
 from .symbolic import Dim, Sym
 
 __all__ = [
@@ -653,6 +653,10 @@ _INFER: dict[OpKind, InferFn] = {
 def infer(op: OpKind, ins: Sequence[TensorLike], attrs: Mapping[str, Any]) -> tuple[Attrs, Shape, str]:
     """Validate ``op`` on ``ins`` and return ``(normalized attrs, shape, dtype)``."""
     fn = _INFER.get(op)
+    stored = [t.dtype for t in ins if is_storage(t.dtype)]
+    if stored and op.value not in STORAGE_OPS:
+        raise _fail(op, f"computes nothing in {stored[0]}, a storage dtype (rlx casts it and moves it: "
+                        f"{', '.join(sorted(STORAGE_OPS))}); cast it to float32 first, got {_fmt(ins)}")
     if fn is None and op in INTERNAL_OPS:
         raise GraphError(f"{op}: an internal op, typed by rlx_core.ir.internal_types.infer_internal")
     if fn is None:

@@ -42,13 +42,25 @@ _ONNX_DTYPES: dict[int, str] = {
     TensorProto.INT64: "int64",
     TensorProto.BOOL: "bool",
     # The extended integers: a graph holding them runs on a backend that declares them
-    # (Backend.dtypes; rlx-cpu does). 4-bit, float8 and bfloat16 stay refused.
+    # (Backend.dtypes; rlx-cpu does).
     TensorProto.INT8: "int8",
     TensorProto.UINT8: "uint8",
     TensorProto.INT16: "int16",
     TensorProto.UINT16: "uint16",
     TensorProto.UINT32: "uint32",
     TensorProto.UINT64: "uint64",
+    # The storage formats (rlx_core.ir.dtypes.STORAGE_DTYPES): cast and moved, never
+    # computed in; a graph holding them runs on a backend that declares them (rlx-cpu).
+    TensorProto.BFLOAT16: "bfloat16",
+    TensorProto.FLOAT8E4M3FN: "float8_e4m3fn",
+    TensorProto.FLOAT8E4M3FNUZ: "float8_e4m3fnuz",
+    TensorProto.FLOAT8E5M2: "float8_e5m2",
+    TensorProto.FLOAT8E5M2FNUZ: "float8_e5m2fnuz",
+    TensorProto.FLOAT4E2M1: "float4_e2m1fn",
+    TensorProto.INT4: "int4",
+    TensorProto.UINT4: "uint4",
+    TensorProto.INT2: "int2",
+    TensorProto.UINT2: "uint2",
 }
 
 

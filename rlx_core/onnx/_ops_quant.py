@@ -7,8 +7,10 @@ earlier version computes in the scale's dtype. ``QuantizeLinear``: ``y =
 saturate(round(x / scale) + zero_point)``, the division in the scale's dtype, ties to even
 (the IR's ``round``), the sum and the saturation (clipping to the output dtype's range,
 ONNX's rule for integers) in float32 or float64 where every such integer is exact.
-Blocked quantization (``block_size``), the ``precision`` attribute, 2/4-bit and float8
-types are refused by name.
+The 4- and 2-bit integers quantize the same way; the float8 and float4 formats
+(storage dtypes) are not rounded to integers: ``x / scale + zero_point`` is cast, clipped
+first to the format's largest finite value for float8 unless ``saturate=0``. Blocked
+quantization (``block_size``) and the ``precision`` attribute are refused by name.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 from ..ir.dtypes import FLOAT_DTYPES
 from ._context import NodeContext, converter, onnx_dtype
 from ._ops_indexing import _axis
+from ._ops_tensor import FLOAT8_DTYPES, saturated
 from ._shapes import Operand
 
 __all__: list[str] = []
@@ -25,6 +28,10 @@ __all__: list[str] = []
 #: The integer dtypes QuantizeLinear may produce and DequantizeLinear read (and int32,
 #: read only: a bias quantized by its scale).
 _QUANTIZED = ("int8", "uint8", "int16", "uint16")
+#: Storage formats quantized to and read: integers rounded and clipped like the above,
+#: floats (float8, float4) cast.
+_LOW_INTS = ("int4", "uint4", "int2", "uint2")
+_LOW_FLOATS = (*sorted(FLOAT8_DTYPES), "float4_e2m1fn")
 
 
 def _along_axis(c: NodeContext, v: Operand, x_shape: tuple[int, ...], what: str) -> Operand:
@@ -48,8 +55,8 @@ def _along_axis(c: NodeContext, v: Operand, x_shape: tuple[int, ...], what: str)
 def _dequantize_linear(c: NodeContext) -> list[Operand | None]:
     f, x, scale, zero = c.f, c.input(0), c.input(1), c.optional(2)
     x_dtype, s_dtype = f.dtype(x), f.dtype(scale)
-    if x_dtype not in (*_QUANTIZED, "int32"):
-        raise c.fail(f"reads int8, uint8, int16, uint16 or int32 values, got {x_dtype}")
+    if x_dtype not in (*_QUANTIZED, "int32", *_LOW_INTS, *_LOW_FLOATS):
+        raise c.fail(f"reads {', '.join((*_QUANTIZED, 'int32', *_LOW_INTS, *_LOW_FLOATS))} values, got {x_dtype}")
     out = onnx_dtype(int(c.attr("output_dtype")), "output_dtype") if int(c.attr("output_dtype", 0) or 0) else s_dtype
     if s_dtype not in FLOAT_DTYPES or out not in FLOAT_DTYPES:
         raise c.fail(f"the scale and the output must be floats, got {s_dtype} and {out}")
@@ -77,16 +84,24 @@ def _quantize_linear(c: NodeContext) -> list[Operand | None]:
         out_dtype = onnx_dtype(int(c.attr("output_dtype")), "output_dtype")
     else:
         out_dtype = "uint8"
-    if out_dtype not in _QUANTIZED:
-        raise c.fail(f"quantizes to int8, uint8, int16 or uint16, not {out_dtype}")
+    if out_dtype not in (*_QUANTIZED, *_LOW_INTS, *_LOW_FLOATS):
+        raise c.fail(f"quantizes to {', '.join((*_QUANTIZED, *_LOW_INTS, *_LOW_FLOATS))}, not {out_dtype}")
     shape = f.shape(x)
     s = _along_axis(c, scale, shape, "the scale")
-    q = f.op("round", f.op("div", x if x_dtype == s_dtype else f.op("cast", x, dtype=s_dtype), s))
+    q = f.op("div", x if x_dtype == s_dtype else f.op("cast", x, dtype=s_dtype), s)
+    whole = out_dtype not in _LOW_FLOATS
+    if whole:
+        q = f.op("round", q)
     wide = "float64" if s_dtype == "float64" else "float32"  # every int16/uint16 value is exact there
     if s_dtype != wide:
         q = f.op("cast", q, dtype=wide)
     if zero is not None:
         q = f.op("add", q, f.op("cast", _along_axis(c, zero, shape, "the zero point"), dtype=wide))
-    info = np.iinfo(out_dtype)
-    q = f.op("minimum", f.op("maximum", q, f.const(info.min, wide)), f.const(info.max, wide))
+    if whole:
+        import ml_dtypes  # its iinfo knows the 4- and 2-bit integers too
+
+        info = ml_dtypes.iinfo(out_dtype)
+        q = f.op("minimum", f.op("maximum", q, f.const(info.min, wide)), f.const(info.max, wide))
+    elif out_dtype in FLOAT8_DTYPES and int(c.attr("saturate", 1)):
+        q = saturated(f, q, out_dtype)
     return [f.op("cast", q, dtype=out_dtype, name=c.out())]

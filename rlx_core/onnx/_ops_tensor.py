@@ -13,7 +13,7 @@ import numpy as np
 from onnx import AttributeProto
 
 from ._context import NodeContext, converter, onnx_dtype
-from ._shapes import Operand, frozen
+from ._shapes import Emitter, Operand, frozen
 
 __all__: list[str] = []
 
@@ -195,7 +195,27 @@ def _cast(c: NodeContext) -> list[Operand | None]:
         dtype = onnx_dtype(int(c.attr("to")), "its target ('to')")
     if dtype == c.f.dtype(x):
         return [x]
+    if dtype in FLOAT8_DTYPES and int(c.attr("saturate", 1)):
+        x = saturated(c.f, x, dtype)
     return [c.f.op("cast", x, dtype=dtype, name=c.out())]
+
+
+#: The float8 formats: ONNX's Cast and QuantizeLinear saturate to them by default.
+FLOAT8_DTYPES = frozenset({"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"})
+
+
+def saturated(f: Emitter, x: Operand, dtype: str) -> Operand:
+    """``x`` clipped to the largest finite magnitude of float8 ``dtype`` (infinities too;
+    NaN stays NaN), so that the cast that follows saturates as ONNX's ``saturate=1``
+    says instead of giving NaN or an infinity. A source that is not a computing float is
+    first cast to float32 (exact for every storage format and for the integers in range)."""
+    import ml_dtypes
+
+    src = f.dtype(x)
+    if src not in ("float16", "float32", "float64"):
+        x, src = f.op("cast", x, dtype="float32"), "float32"
+    top = float(ml_dtypes.finfo(dtype).max)
+    return f.op("minimum", f.op("maximum", x, f.const(-top, src)), f.const(top, src))
 
 
 _CONSTANT_ATTRS = ("value", "value_float", "value_floats", "value_int", "value_ints", "sparse_value",

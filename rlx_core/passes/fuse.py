@@ -32,6 +32,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..ir import Graph, Node
+from ..ir.dtypes import is_storage
 from ..ir.internal_types import CONV_ATTRS
 from ..ir.ops import ELEMENTWISE_OPS, SOURCE_OPS, OpKind
 from .internal_ops import ACTIVATION_OPS, describe_program, infer_internal, make_instruction
@@ -136,8 +137,11 @@ def fuse_gemm(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
 
 
 # ----------------------------------------------------------------------------- regions
-def _fusable(node: Node) -> bool:
-    return node.op in ELEMENTWISE_OPS and node.size > 0
+def _fusable(graph: Graph, node: Node) -> bool:
+    """An elementwise op a region may hold: not empty, and reading and writing no storage
+    dtype (a backend's fused kernels compute in the dtypes it computes in)."""
+    return (node.op in ELEMENTWISE_OPS and node.size > 0 and not is_storage(node.dtype)
+            and not any(is_storage(graph.node(i).dtype) for i in node.inputs))
 
 
 #: Scalar constants (an exporter's 0.5, 1.0, sqrt(2)...) cost a region nothing to read,
@@ -170,7 +174,7 @@ def _grow(graph: Graph, root: Node, uses: list[int], taken: set[int], outputs: f
     while heap and len(members) < max_ops:
         pid = -heapq.heappop(heap)
         p = graph.node(pid)
-        if (pid in taken or pid in outputs or not _fusable(p) or p.shape != root.shape or p.op in SOURCE_OPS
+        if (pid in taken or pid in outputs or not _fusable(graph, p) or p.shape != root.shape or p.op in SOURCE_OPS
                 or inside.get(pid, 0) != uses[pid]):
             continue
         ext = dict(external)
@@ -208,7 +212,7 @@ def fuse_elementwise(graph: Graph, claims: Claims, max_ops: int, max_inputs: int
     regions: dict[int, tuple[list[int], tuple, list[int]]] = {}  # root -> (inputs, program, members)
     notes: list[str] = []
     for root in reversed(graph.nodes):
-        if root.id in taken or not _fusable(root):
+        if root.id in taken or not _fusable(graph, root):
             continue
         members = _grow(graph, root, uses, taken, outputs, max_ops, max_inputs)
         if len(members) < 2:

@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ..ir import Graph, Node
-from ..ir.dtypes import EXTENDED_DTYPES
+from ..ir.dtypes import EXTENDED_DTYPES, STORAGE_DTYPES, STORAGE_OPS, is_storage
 from ..ir.ops import BITWISE_OPS, MORE_TRIG_OPS, SOURCE_OPS, OpKind
 
 FLOATS = ("float32", "float16", "float64")
@@ -35,6 +35,13 @@ _ANY_DTYPE_OPS = frozenset({OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.CONCAT, OpK
 #: The dtypes a case factory draws its op's main operand from (``op_dtypes``).
 Dtypes = tuple[str, ...]
 
+try:  # numpy reads the storage dtypes through ml_dtypes; without it no backend runs them
+    import ml_dtypes
+
+    _STORAGE_TESTED: tuple[str, ...] = STORAGE_DTYPES
+except ImportError:
+    _STORAGE_TESTED = ()
+
 #: The contract dtypes the kit draws for each op's main operand: exactly those of the six
 #: that ops.py accepts (gather's x, where's branches, cast's source and target; indices
 #: and conditions aside). What a backend that declares nothing else is tested on.
@@ -46,7 +53,8 @@ OP_DTYPES: dict[OpKind, tuple[str, ...]] = {
 #: Every dtype ops.py accepts for each op's main operand: the contract's, then the extended
 #: integers wherever it takes int32 (the float-only ops take none of them).
 ALL_OP_DTYPES: dict[OpKind, tuple[str, ...]] = {
-    op: dts if op in _FLOAT_OPS else (*dts, *EXTENDED_DTYPES) for op, dts in OP_DTYPES.items()
+    op: dts if op in _FLOAT_OPS else (*dts, *EXTENDED_DTYPES, *(_STORAGE_TESTED if op.value in STORAGE_OPS else ()))
+    for op, dts in OP_DTYPES.items()
 }
 
 
@@ -125,6 +133,11 @@ def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, lo: fl
     ones from 0); bools half True."""
     if dtype == "bool":
         return np.asarray(rng.random(shape) < 0.5)
+    if is_storage(dtype):  # through float32, inside the format's range (float4 holds 6 at most)
+        whole = dtype in ("int4", "uint4", "int2", "uint2")
+        info = ml_dtypes.iinfo(dtype) if whole else ml_dtypes.finfo(dtype)
+        values = np.clip(rng.uniform(lo, hi, size=shape), float(info.min), float(info.max))
+        return np.asarray(np.rint(values) if whole else values).astype(dtype)
     if np.dtype(dtype).kind in "iu":
         info = np.iinfo(dtype)
         return np.asarray(rng.integers(max(ilo, info.min), min(ihi, info.max) + 1, size=shape)).astype(dtype)

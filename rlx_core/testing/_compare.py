@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 
+from ..ir.dtypes import is_storage
+
 #: (rtol, atol) per declared dtype before scaling; ints and bool compare exactly.
 BASE_TOLERANCE: dict[str, tuple[float, float]] = {
     "float16": (1e-2, 1e-2),
@@ -31,8 +33,10 @@ def mismatch(dtype: str, got: np.ndarray, ref: np.ndarray, *, terms: int = 1, ex
     """``None`` when ``got`` matches ``ref``, else a sentence naming the worst element.
 
     Floats compare with ``tolerance`` (NaN must meet NaN, an infinity the same infinity);
-    ints and bool, and every dtype when ``exact``, must be equal.
+    ints and bool, the storage dtypes (a cast rounds once, the only way) and every dtype
+    when ``exact``, must be equal.
     """
+    exact = exact or is_storage(dtype)
     discrete = np.dtype(dtype).kind in "iub"  # every integer width (uint64 does not fit a float64) and bool
     g = np.asarray(got) if discrete else np.asarray(got).astype(np.float64)
     if discrete or exact:
