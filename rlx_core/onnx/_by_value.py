@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
-from onnx import GraphProto
+from onnx import GraphProto, NodeProto
 
 from ..errors import ModelError
 from ..ir import Graph
@@ -30,6 +30,7 @@ from ..ir.valued import MAX_VALUE_ELEMENTS, ValueDependentGraph
 from ._context import NeedsValue
 from ._dynamic import symbol_names, symbolic_shapes, without_weights
 from ._loader import Model
+from ._subgraphs import node_reads, subgraphs
 
 __all__ = ["inputs_behind", "load_valued"]
 
@@ -40,8 +41,10 @@ _SHAPE_ONLY = frozenset({"Shape", "Size", "EyeLike"})
 
 def inputs_behind(gp: GraphProto, tensor: str, fed: Sequence[str]) -> list[str]:
     """The graph inputs among ``fed`` whose values ``tensor`` is computed from, in
-    ``fed``'s order (none when it comes from initializers and shapes only)."""
-    producers = {out: node for node in gp.node for out in node.output if out}
+    ``fed``'s order (none when it comes from initializers and shapes only). ``tensor``
+    may be a value inside a subgraph (an If branch): subgraphs' nodes are searched too,
+    and a node holding subgraphs reads what they read."""
+    producers = {out: node for node in _every_node(gp) for out in node.output if out}
     wanted, seen, stack = set(fed), set(), [tensor]
     found: set[str] = set()
     while stack:
@@ -54,8 +57,16 @@ def inputs_behind(gp: GraphProto, tensor: str, fed: Sequence[str]) -> list[str]:
             continue
         node = producers.get(name)
         if node is not None and node.op_type not in _SHAPE_ONLY:
-            stack.extend(node.input)
+            stack.extend(node_reads(node))
     return [n for n in fed if n in found]
+
+
+def _every_node(gp: GraphProto) -> Iterator[NodeProto]:
+    """``gp``'s nodes and those of every subgraph inside them."""
+    for node in gp.node:
+        yield node
+        for inner in subgraphs(node):
+            yield from _every_node(inner)
 
 
 def load_valued(model: Model, dims: Mapping[str, int], free: Sequence[str], first: NeedsValue) -> ValueDependentGraph:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from onnx import AttributeProto, NodeProto, TensorProto, helper
+from onnx import AttributeProto, GraphProto, NodeProto, TensorProto, helper
 
 from ..errors import ModelError
 from ..ir.dtypes import DTYPES
@@ -33,6 +33,7 @@ class NeedsValue(ModelError):
     def __init__(self, message: str, tensor: str) -> None:
         super().__init__(message)
         self.tensor = tensor
+
 
 _ONNX_DTYPES: dict[int, str] = {
     TensorProto.FLOAT: "float32",
@@ -85,13 +86,16 @@ def describe_node(node: NodeProto, index: int) -> str:
 
 
 TensorReader = Callable[[TensorProto, str], np.ndarray]
+#: Converts a subgraph inline: (graph, its inputs' operands, what it is) -> its outputs.
+SubgraphRunner = Callable[[GraphProto, Sequence[Operand], str], list[Operand]]
 
 
 class NodeContext:
     """One node being converted; see the module docstring."""
 
     def __init__(self, node: NodeProto, index: int, operands: Sequence[Operand | None], emitter: Emitter,
-                 opset: int, used: Sequence[bool], read_tensor: TensorReader) -> None:
+                 opset: int, used: Sequence[bool], read_tensor: TensorReader,
+                 subgraph: SubgraphRunner | None = None) -> None:
         self.node = node
         self.index = index
         self.f = emitter
@@ -99,6 +103,7 @@ class NodeContext:
         self._operands = list(operands)
         self._used = list(used)
         self._read_tensor = read_tensor
+        self._subgraph = subgraph
         self._attrs = {a.name: a for a in node.attribute}
 
     @property
@@ -157,6 +162,16 @@ class NodeContext:
 
     def dtype(self, i: int) -> str:
         return self.f.dtype(self.input(i))
+
+    def subgraph(self, name: str, inputs: Sequence[Operand] = ()) -> list[Operand]:
+        """Convert the subgraph held in attribute ``name`` (an If branch, a Loop or Scan
+        body) inline, its inputs bound to ``inputs``; its outputs, as operands."""
+        a = self._attrs.get(name)
+        if a is None or a.type != AttributeProto.GRAPH:
+            raise self.fail(f"needs a graph attribute {name!r}")
+        if self._subgraph is None:
+            raise self.fail("subgraphs are not read here")
+        return self._subgraph(a.g, inputs, f"{name} {a.g.name!r}" if a.g.name else name)
 
     def tensor(self, t: TensorProto, what: str) -> np.ndarray:
         """A ``TensorProto`` (an attribute's) as an array, checked like an initializer."""

@@ -26,6 +26,7 @@ from . import (  # noqa: F401  (they register the converters)
     _ops,
     _ops_activations,
     _ops_attention,
+    _ops_control,
     _ops_conv_transpose,
     _ops_einsum,
     _ops_indexing,
@@ -41,6 +42,7 @@ from . import (  # noqa: F401  (they register the converters)
 )
 from ._context import CONVERTERS, NeedsValue, NodeContext, describe_node, onnx_dtype
 from ._shapes import Emitter, Operand, frozen
+from ._subgraphs import node_reads
 from ._versions import check_versions, newest_opset
 
 __all__ = ["MIN_OPSET", "MAX_OPSET", "InputSpec", "Model", "prepare", "list_inputs", "onnx_dtype", "check_dims",
@@ -174,8 +176,8 @@ def _toposort(graph: GraphProto, sources: set[str], where: str) -> list[int]:
     deps: list[set[int]] = []
     for i, node in enumerate(nodes):
         need = set()
-        for name in node.input:
-            if not name or name in sources:
+        for name in node_reads(node):
+            if name in sources:
                 continue
             if name not in producer:
                 raise ModelError(f"{where}: {describe_node(node, i)} uses {name!r}, which no node, input or "
@@ -217,7 +219,7 @@ def _live(graph: GraphProto, order: Sequence[int]) -> set[int]:
         node = graph.node[i]
         if any(out in needed for out in node.output if out):
             live.add(i)
-            needed.update(name for name in node.input if name)
+            needed.update(node_reads(node))
     return live
 
 
@@ -475,7 +477,7 @@ class Model:
         order = _toposort(gp, sources, where)
 
         live = _live(gp, order)
-        used_names = {name for i in live for name in gp.node[i].input if name} | {o.name for o in gp.output}
+        used_names = {name for i in live for name in node_reads(gp.node[i])} | {o.name for o in gp.output}
         reader = _TensorReader(where, self.base_dir, self.max_bytes)
         for init_name, t in initializers.items():
             if init_name in used_names and init_name not in preloaded:
@@ -512,7 +514,12 @@ def _convert_node(node: NodeProto, index: int, env: dict[str, Operand], f: Emitt
                   used_names: set[str], reader: _TensorReader, where: str) -> None:
     operands = [env[name] if name else None for name in node.input]
     used = [bool(out) and out in used_names for out in node.output]
-    ctx = NodeContext(node, index, operands, f, opset, used, reader.read)
+
+    def subgraph(graph: GraphProto, inputs: Sequence[Operand], what: str) -> list[Operand]:
+        held = f"{where}: {what} of {describe_node(node, index)}"
+        return _convert_subgraph(graph, inputs, env, f, opset, reader, held)
+
+    ctx = NodeContext(node, index, operands, f, opset, used, reader.read, subgraph)
     try:
         results = CONVERTERS[node.op_type](ctx)
     except ModelError as exc:
@@ -533,6 +540,29 @@ def _convert_node(node: NodeProto, index: int, env: dict[str, Operand], f: Emitt
                                  "the model uses it")
             continue
         env[out] = result
+
+
+def _convert_subgraph(graph: GraphProto, inputs: Sequence[Operand], env: Mapping[str, Operand], f: Emitter,
+                      opset: int, reader: _TensorReader, where: str) -> list[Operand]:
+    """Convert ``graph`` (a subgraph: a branch, a loop body) inline, its inputs bound to
+    ``inputs`` in order, the values of the enclosing graphs read from ``env``; its
+    outputs. Its initializers are constants; its nodes go through the same converters and
+    checks as a graph's (``where`` names the node that holds it in messages)."""
+    if len(inputs) != len(graph.input):
+        raise ModelError(f"{where}: takes {len(graph.input)} inputs, {len(inputs)} given")
+    _check_supported(graph.node, where)
+    check_versions(graph.node, opset, where)
+    scope: dict[str, Operand] = dict(env)
+    scope.update({i.name: v for i, v in zip(graph.input, inputs)})
+    for t in graph.initializer:
+        scope[t.name] = frozen(reader.read(t, f"{where}: initializer {t.name!r}"))
+    used = {name for node in graph.node for name in node_reads(node)} | {o.name for o in graph.output}
+    for index in _toposort(graph, set(scope), where):
+        _convert_node(graph.node[index], index, scope, f, opset, used, reader, where)
+    missing = [o.name for o in graph.output if o.name not in scope]
+    if missing:
+        raise ModelError(f"{where}: output(s) {missing} are not defined")
+    return [scope[o.name] for o in graph.output]
 
 
 def _named_outputs(g: Graph, f: Emitter, env: Mapping[str, Operand], names: Sequence[str], where: str) -> list[Value]:

@@ -190,3 +190,60 @@ def _attention_probs(c: NodeContext, with_bias: Operand, dtype: str, bias: Opera
     elif allowed is not None and not np.all(allowed.any(axis=-1)):
         probs = f.op("where", frozen(~allowed.any(axis=-1, keepdims=True)), zero, probs)
     return probs
+
+
+@converter("RotaryEmbedding")
+def _rotary_embedding(c: NodeContext) -> list[Operand | None]:
+    """RotaryEmbedding (opset 23): the first ``rotary_embedding_dim`` channels of each head
+    rotated by the cached angles of each position: ``x1 cos - x2 sin`` and
+    ``x1 sin + x2 cos``, where (x1, x2) are the two halves of those channels or, with
+    ``interleaved``, their even and odd ones. X is (batch, heads, seq, size), or (batch,
+    seq, hidden) with ``num_heads``; the caches are (batch, seq, dim/2), or (positions,
+    dim/2) read at ``position_ids`` (a ``gather``). Everything runs as (batch, seq,
+    heads, size): slices, products, a concat."""
+    f, x = c.f, c.input(0)
+    cos, sin, positions = c.input(1, "cos_cache"), c.input(2, "sin_cache"), c.optional(3)
+    shape, dtype = f.shape(x), f.dtype(x)
+    if dtype not in FLOAT_DTYPES or f.dtype(cos) != dtype or f.dtype(sin) != dtype:
+        raise c.fail(f"needs float X and caches of its dtype, got {dtype}, {f.dtype(cos)}, {f.dtype(sin)}")
+    if len(shape) == 4:
+        b, _, s, _ = shape
+        y = f.op("transpose", x, perm=(0, 2, 1, 3))
+    elif len(shape) == 3:
+        heads = int(c.attr("num_heads", 0))
+        b, s, hidden = shape
+        if heads < 1 or hidden % heads:
+            raise c.fail(f"a 3-D input needs num_heads dividing its {hidden} channels, got {heads}")
+        y = f.op("reshape", x, shape=(b, s, heads, hidden // heads))
+    else:
+        raise c.fail(f"needs a 3-D or 4-D input, got shape {shape}")
+    h, size = f.shape(y)[2], f.shape(y)[3]
+    dim = int(c.attr("rotary_embedding_dim", 0)) or size
+    if dim > size or dim % 2:
+        raise c.fail(f"rotary_embedding_dim {dim} must be even and at most the head size {size}")
+    half = dim // 2
+    if positions is not None:
+        cos, sin = (f.op("gather", t, positions, axis=0) for t in (cos, sin))
+    for what, t in (("cos_cache", cos), ("sin_cache", sin)):
+        if f.shape(t) != (b, s, half):
+            raise c.fail(f"{what} must give ({b}, {s}, {half}) values (batch, sequence, dim/2), got {f.shape(t)}")
+    cos, sin = (f.op("reshape", t, shape=(b, s, 1, half)) for t in (cos, sin))
+    rot = f.op("slice", y, starts=(0,), ends=(dim,), axes=(3,)) if dim < size else y
+    if int(c.attr("interleaved", 0)):
+        pairs = f.op("reshape", rot, shape=(b, s, h, half, 2))
+        x1, x2 = (f.op("reshape", f.op("slice", pairs, starts=(k,), ends=(k + 1,), axes=(4,)), shape=(b, s, h, half))
+                  for k in (0, 1))
+    else:
+        x1, x2 = (f.op("slice", rot, starts=(k * half,), ends=((k + 1) * half,), axes=(3,)) for k in (0, 1))
+    real = f.op("sub", f.op("mul", cos, x1), f.op("mul", sin, x2))
+    imag = f.op("add", f.op("mul", sin, x1), f.op("mul", cos, x2))
+    if int(c.attr("interleaved", 0)):
+        parts = [f.op("reshape", t, shape=(b, s, h, half, 1)) for t in (real, imag)]
+        rot = f.op("reshape", f.op("concat", *parts, axis=4), shape=(b, s, h, dim))
+    else:
+        rot = f.op("concat", real, imag, axis=3)
+    if dim < size:
+        rot = f.op("concat", rot, f.op("slice", y, starts=(dim,), ends=(size,), axes=(3,)), axis=3)
+    if len(shape) == 3:
+        return [f.op("reshape", rot, shape=shape, name=c.out())]
+    return [f.op("transpose", rot, perm=(0, 2, 1, 3), name=c.out())]

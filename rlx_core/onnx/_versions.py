@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import ModelError
 from ._context import describe_node
 
-__all__ = ["WRITTEN_FOR", "REVIEWED", "INTRODUCED_LATER", "REMOVED_EARLIER", "newest_opset", "readable_versions",
+__all__ = ["WRITTEN_FOR", "REVIEWED", "INTRODUCED_LATER", "OLDER_VERSIONS", "newest_opset", "readable_versions",
            "check_versions"]
 
 #: The opsets whose op versions the converters were written and tested against.
@@ -74,11 +74,13 @@ INTRODUCED_LATER: dict[str, frozenset[int]] = {
     "RMSNormalization": frozenset({23}),
     "CumProd": frozenset({26}),
     "Attention": frozenset({23}),
+    "RotaryEmbedding": frozenset({23}),
 }
-#: Ops removed before ``WRITTEN_FOR`` whose older versions a converter reads (they are
-#: in effect only at the opsets before their removal).
-REMOVED_EARLIER: dict[str, frozenset[int]] = {
+#: Versions older than those of ``WRITTEN_FOR`` that a converter reads too, each checked
+#: against the converter: an op removed since, or one whose later version only widened it.
+OLDER_VERSIONS: dict[str, frozenset[int]] = {
     "Upsample": frozenset({7, 9}),  # scales as an attribute (7) or an input (9); Resize from opset 10
+    "Scan": frozenset({9}),  # Scan 11 only allows negative axes, which the converter reads either way
 }
 
 
@@ -125,7 +127,7 @@ def _signature(schema: Any) -> tuple[Any, ...]:
 def readable_versions(op_type: str) -> frozenset[int]:
     """The versions of ``op_type`` the converters read (see the module docstring)."""
     versions = {v for v in (_in_effect(op_type, o) for o in WRITTEN_FOR) if v is not None}
-    versions |= INTRODUCED_LATER.get(op_type, frozenset()) | REMOVED_EARLIER.get(op_type, frozenset())
+    versions |= INTRODUCED_LATER.get(op_type, frozenset()) | OLDER_VERSIONS.get(op_type, frozenset())
     if not versions:
         return frozenset()
     history = _history(op_type)

@@ -1,0 +1,137 @@
+"""Converters of ONNX control flow: If, Loop and Scan, made into plain ops at import.
+
+rlx's IR has no control flow, so every backend runs these models without knowing them:
+
+- **If** converts the branch its condition picks. The condition must be known at import,
+  as exporters' shape checks are; one computed from small inputs makes the model a
+  ``ValueDependentGraph`` (built per value, ``_by_value``), and one computed from data
+  at run time is refused by name.
+- **Loop** is unrolled: its trip count and, after every iteration, its condition must be
+  known at import (a ``for`` loop as torch exports it; a loop whose exit depends on the
+  data is refused by name). Loop-carried values flow from one copy of the body to the
+  next; scan outputs are stacked on a new first axis.
+- **Scan** is unrolled over the scanned axis (forward or reverse per input and output,
+  any axes), its states carried through the copies.
+
+Unrolling makes a graph whose size grows with the trip count: at most ``MAX_UNROLL``
+iterations are unrolled, more is refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ._context import NodeContext, converter
+from ._shapes import Emitter, Operand, frozen
+
+__all__ = ["MAX_UNROLL"]
+
+#: The most iterations a Loop or Scan is unrolled into.
+MAX_UNROLL = 1024
+
+
+@converter("If")
+def _if(c: NodeContext) -> list[Operand | None]:
+    cond = c.static(0, "cond")
+    if cond is None or cond.size != 1:
+        raise c.fail(f"cond must hold one value, got {None if cond is None else cond.shape}")
+    branch = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+    return list(c.subgraph(branch))
+
+
+def _stack(f: Emitter, items: Sequence[Operand], axis: int) -> Operand:
+    """``items`` (one per iteration, same shape) stacked along a new ``axis``."""
+    parts = []
+    for x in items:
+        shape = list(f.shape(x))
+        shape.insert(axis, 1)
+        parts.append(f.op("reshape", x, shape=tuple(shape)))
+    return parts[0] if len(parts) == 1 else f.op("concat", *parts, axis=axis)
+
+
+@converter("Loop")
+def _loop(c: NodeContext) -> list[Operand | None]:
+    """Unrolled: ``M`` (trip count, optional) and ``cond`` (optional) known at import,
+    and the body's condition output known at import after each iteration."""
+    f = c.f
+    trips = c.static(0, "M")
+    cond = c.static(1, "cond")
+    limit = None if trips is None else int(trips.reshape(-1)[0])
+    going = True if cond is None else bool(cond.reshape(-1)[0])
+    if limit is None and cond is None:
+        raise c.fail("has neither a trip count M nor a condition: it would never end")
+    carried = [c.input(i, f"v_initial[{i - 2}]") for i in range(2, c.num_inputs)]
+    scans: list[list[Operand]] = []
+    i = 0
+    while going and (limit is None or i < limit):
+        if i >= MAX_UNROLL:
+            raise c.fail(f"runs more than {MAX_UNROLL} iterations, the most rlx unrolls")
+        outs = c.subgraph("body", [frozen(np.array(i, np.int64)), frozen(np.array(going)), *carried])
+        if len(outs) < 1 + len(carried):
+            raise c.fail(f"its body returns {len(outs)} values; it carries {len(carried)} and a condition")
+        known = f.array(outs[0])
+        if known is None:
+            raise c.fail("its condition is computed from data at run time (an early exit rlx cannot unroll); only "
+                         "loops whose trip count and condition are known at import are read")
+        going = bool(np.asarray(known).reshape(-1)[0])
+        carried = list(outs[1 : 1 + len(carried)])
+        scans.append(list(outs[1 + len(carried):]))
+        i += 1
+    n_scan = len(scans[0]) if scans else max(c.num_outputs - len(carried), 0)
+    if n_scan and not scans:
+        raise c.fail("runs no iteration, so its scan outputs have no shape rlx can give them")
+    stacked = [_stack(f, [it[k] for it in scans], 0) for k in range(n_scan)]
+    return [*carried, *stacked]
+
+
+@converter("Scan")
+def _scan(c: NodeContext) -> list[Operand | None]:
+    """Unrolled over the scanned axis: each copy of the body gets the states and the
+    slice of every scan input at its step; scan outputs are stacked along their axes."""
+    f = c.f
+    n_in = int(c.attr("num_scan_inputs", 0))
+    if n_in < 1 or n_in > c.num_inputs:
+        raise c.fail(f"num_scan_inputs must be 1 to {c.num_inputs}, got {n_in}")
+    n_state = c.num_inputs - n_in
+    states = [c.input(i, f"initial_state[{i}]") for i in range(n_state)]
+    xs = [c.input(n_state + k, f"scan_input[{k}]") for k in range(n_in)]
+    in_axes = [int(a) for a in (c.attr("scan_input_axes") or [0] * n_in)]
+    in_dirs = [int(d) for d in (c.attr("scan_input_directions") or [0] * n_in)]
+    n_out = c.num_outputs - n_state
+    out_axes = [int(a) for a in (c.attr("scan_output_axes") or [0] * n_out)]
+    out_dirs = [int(d) for d in (c.attr("scan_output_directions") or [0] * n_out)]
+    if len(in_axes) != n_in or len(in_dirs) != n_in or len(out_axes) != n_out or len(out_dirs) != n_out:
+        raise c.fail("scan_input_axes/directions and scan_output_axes/directions need one entry per scan input "
+                     "and output")
+    shapes = [f.shape(x) for x in xs]
+    in_axes = [a % len(s) if s else a for a, s in zip(in_axes, shapes)]
+    lengths = {s[a] for a, s in zip(in_axes, shapes)}
+    if len(lengths) != 1:
+        raise c.fail(f"its scan inputs have different lengths along their scan axes: {sorted(lengths)}")
+    steps = lengths.pop()
+    if steps > MAX_UNROLL:
+        raise c.fail(f"scans {steps} steps, more than the {MAX_UNROLL} rlx unrolls")
+    if steps == 0 and n_out:
+        raise c.fail("scans no step, so its scan outputs have no shape rlx can give them")
+    per_step: list[list[Operand]] = []
+    for t in range(steps):
+        sliced = []
+        for x, a, d, s in zip(xs, in_axes, in_dirs, shapes):
+            at = steps - 1 - t if d else t
+            part = f.op("slice", x, starts=(at,), ends=(at + 1,), axes=(a,))
+            sliced.append(f.op("reshape", part, shape=tuple(n for k, n in enumerate(s) if k != a)))
+        outs = c.subgraph("body", [*states, *sliced])
+        if len(outs) != n_state + n_out:
+            raise c.fail(f"its body returns {len(outs)} values, {n_state + n_out} expected")
+        states = list(outs[:n_state])
+        per_step.append(list(outs[n_state:]))
+    results = []
+    for k in range(n_out):
+        items = [step[k] for step in per_step]
+        if out_dirs[k]:
+            items.reverse()
+        rank = len(f.shape(items[0])) + 1
+        results.append(_stack(f, items, out_axes[k] % rank))
+    return [*states, *results]

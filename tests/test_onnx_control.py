@@ -1,0 +1,115 @@
+"""If, Loop and Scan, converted at import into plain ops (``rlx_core/onnx/_ops_control.py``),
+against onnxruntime; what cannot be unrolled is refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper
+from test_onnx_support import check_against_ort, init, make_model, vi
+
+import rlx_core as rlx
+from rlx_core import onnx as rlx_onnx
+from rlx_core.errors import InputError, ModelError
+
+RNG = np.random.default_rng(9)
+F = TensorProto.FLOAT
+
+
+def _branch(name: str, op: str, out: str) -> object:
+    """A branch reading ``x`` and ``w`` from the enclosing graph (implicit inputs)."""
+    return helper.make_graph([helper.make_node(op, ["x", "w"], [out])], name, [],
+                             [helper.make_tensor_value_info(out, F, [2, 3])])
+
+
+def _if_model(cond_node: object, extra_inputs: list) -> object:
+    node = helper.make_node("If", ["c"], ["y"], then_branch=_branch("then", "Add", "a"),
+                            else_branch=_branch("else", "Mul", "b"))
+    return make_model([helper.make_node("Relu", ["x0"], ["x"]), cond_node, node],
+                      [vi("x0", "float32", [2, 3]), *extra_inputs], [vi("y", "float32", None)],
+                      [init("w", np.full((2, 3), 3.0, np.float32))])
+
+
+def test_if_on_a_shape_check_folds_to_its_branch() -> None:
+    """cond = (Size(x) == 6): known at import, so only the then branch is converted."""
+    cond = helper.make_node("Equal", ["six", "n"], ["c"])
+    model = _if_model(cond, [])
+    model.graph.node.insert(1, helper.make_node("Size", ["x"], ["n"]))
+    model.graph.initializer.append(init("six", np.array(6, np.int64)))
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    graph = check_against_ort(model, {"x0": x})
+    assert "mul" not in {n.op for n in graph.nodes}  # the else branch was never built
+
+
+def test_if_on_an_input_is_built_per_value() -> None:
+    model = _if_model(helper.make_node("Identity", ["flag"], ["c"]), [vi("flag", "bool", [])])
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    for flag in (True, False):
+        check_against_ort(model, {"x0": x, "flag": np.array(flag)})
+
+
+def _loop_body(with_exit: bool) -> object:
+    """s += x * i; scan out s; the condition: stays true (a for loop) or s.sum() < 20."""
+    nodes = [helper.make_node("Cast", ["i"], ["fi"], to=F),
+             helper.make_node("Mul", ["x", "fi"], ["xi"]),
+             helper.make_node("Add", ["s_in", "xi"], ["s_out"]),
+             helper.make_node("Identity", ["s_out"], ["scan"])]
+    if with_exit:
+        nodes += [helper.make_node("ReduceSum", ["s_out"], ["tot"], keepdims=0),
+                  helper.make_node("Less", ["tot", "twenty"], ["c_out"])]
+    else:
+        nodes.append(helper.make_node("Identity", ["c_in"], ["c_out"]))
+    return helper.make_graph(
+        nodes, "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c_in", 9, []),
+         helper.make_tensor_value_info("s_in", F, [3])],
+        [helper.make_tensor_value_info("c_out", 9, []), helper.make_tensor_value_info("s_out", F, [3]),
+         helper.make_tensor_value_info("scan", F, [3])],
+        [init("twenty", np.array(20.0, np.float32))] if with_exit else [])
+
+
+def test_a_for_loop_is_unrolled() -> None:
+    node = helper.make_node("Loop", ["M", "cond", "s0"], ["s", "scans"], body=_loop_body(False))
+    model = make_model([node], [vi("x", "float32", [3])], [vi("s", "float32", None), vi("scans", "float32", None)],
+                       [init("M", np.array(5, np.int64)), init("cond", np.array(True)),
+                        init("s0", np.zeros(3, np.float32))], opset=16)
+    graph = check_against_ort(model, {"x": RNG.standard_normal(3).astype(np.float32)})
+    assert graph.output_names() == ["s", "scans"]
+
+
+def test_a_loop_that_exits_on_data_is_refused_by_name() -> None:
+    node = helper.make_node("Loop", ["M", "", "s0"], ["s", "scans"], body=_loop_body(True))
+    model = make_model([node], [vi("x", "float32", [3])], [vi("s", "float32", None), vi("scans", "float32", None)],
+                       [init("M", np.array(5, np.int64)), init("s0", np.zeros(3, np.float32))], opset=16)
+    with pytest.raises((ModelError, InputError), match="condition is computed from data at run time"):
+        rlx.compile(rlx_onnx.load(model), device="cpu").run({"x": np.ones(3, np.float32)})
+
+
+@pytest.mark.parametrize(("in_dir", "out_dir", "out_axis"), [(0, 0, 0), (1, 0, 0), (0, 1, 1), (1, 1, -1)])
+def test_scan_carries_states_and_stacks_outputs(in_dir: int, out_dir: int, out_axis: int) -> None:
+    body = helper.make_graph(
+        [helper.make_node("Add", ["acc", "row"], ["acc_out"]), helper.make_node("Mul", ["acc_out", "row"], ["y"])],
+        "body", [helper.make_tensor_value_info("acc", F, [4]), helper.make_tensor_value_info("row", F, [4])],
+        [helper.make_tensor_value_info("acc_out", F, [4]), helper.make_tensor_value_info("y", F, [4])])
+    node = helper.make_node("Scan", ["init", "xs"], ["final", "ys"], body=body, num_scan_inputs=1,
+                            scan_input_axes=[1], scan_input_directions=[in_dir], scan_output_axes=[out_axis],
+                            scan_output_directions=[out_dir])
+    model = make_model([node], [vi("init", "float32", [4]), vi("xs", "float32", [4, 5])],
+                       [vi("final", "float32", None), vi("ys", "float32", None)], opset=16)
+    check_against_ort(model, {"init": RNG.standard_normal(4).astype(np.float32),
+                              "xs": RNG.standard_normal((4, 5)).astype(np.float32)})
+
+
+def test_a_subgraph_with_an_unsupported_op_names_it() -> None:
+    bad = helper.make_graph([helper.make_node("Unique", ["x"], ["u"])], "then", [],
+                            [helper.make_tensor_value_info("u", F, None)])
+    ok = helper.make_graph([helper.make_node("Identity", ["x"], ["v"])], "else", [],
+                           [helper.make_tensor_value_info("v", F, None)])
+    node = helper.make_node("If", ["c"], ["y"], then_branch=bad, else_branch=ok)
+    model = make_model([node], [vi("x", "float32", [3])], [vi("y", "float32", None)], [init("c", np.array(True))])
+    with pytest.raises(ModelError, match=r"then_branch 'then' of node #0 \(If\).*unsupported ONNX op: Unique"):
+        rlx_onnx.load(model)
