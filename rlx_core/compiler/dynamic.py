@@ -218,8 +218,8 @@ class ValueCompiledGraph(DynamicCompiledGraph):
                  max_shapes: int = DEFAULT_MAX_SHAPES) -> None:
         if max_shapes < 1:
             raise ValueError(f"max_shapes must be at least 1, got {max_shapes}")
-        # No executable yet, so the base's fields stand for the device asked for until the
-        # first run compiles one (``_adopt``).
+        # Nothing compiled yet: the base's constructor (which takes a first copy) is not run;
+        # ``device`` and ``report`` are the first copy's once the first run compiles it.
         self.graph = graph
         self._device = device if device not in (None, "", "auto") else "auto"
         self._report = CompileReport(graph.name, self._device, f"not compiled yet: {graph.needs()}")

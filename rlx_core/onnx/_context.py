@@ -43,7 +43,7 @@ _ONNX_DTYPES: dict[int, str] = {
     TensorProto.INT64: "int64",
     TensorProto.BOOL: "bool",
     # The extended integers: a graph holding them runs on a backend that declares them
-    # (Backend.dtypes; rlx-cpu does).
+    # (Backend.dtypes; rlx-cpu and jax do).
     TensorProto.INT8: "int8",
     TensorProto.UINT8: "uint8",
     TensorProto.INT16: "int16",
@@ -51,7 +51,7 @@ _ONNX_DTYPES: dict[int, str] = {
     TensorProto.UINT32: "uint32",
     TensorProto.UINT64: "uint64",
     # The storage formats (rlx_core.ir.dtypes.STORAGE_DTYPES): cast and moved, never
-    # computed in; a graph holding them runs on a backend that declares them (rlx-cpu).
+    # computed in; a graph holding them runs on a backend that declares them (rlx-cpu, jax).
     TensorProto.BFLOAT16: "bfloat16",
     TensorProto.FLOAT8E4M3FN: "float8_e4m3fn",
     TensorProto.FLOAT8E4M3FNUZ: "float8_e4m3fnuz",

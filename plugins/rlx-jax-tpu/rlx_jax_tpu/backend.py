@@ -20,6 +20,7 @@ import numpy as np
 
 from rlx_core import Availability, Backend, CompileOptions, CostModel, DeviceError, Executable
 from rlx_core.ir import Graph, Node
+from rlx_core.plugin import DTYPES
 
 __all__ = ["XlaBackend", "JaxBackend", "TpuBackend", "CLAIMED_OPS", "guess_default_platform"]
 
@@ -31,7 +32,8 @@ CLAIMED_OPS: frozenset[str] = frozenset(
     """matmul add sub mul div pow maximum minimum neg abs exp log sqrt rsqrt erf tanh sin cos tan asin acos atan sinh
     cosh asinh acosh atanh sigmoid relu gelu
     softmax layer_norm reduce_sum reduce_mean reduce_max reshape transpose concat slice gather cast where
-    equal less greater conv2d max_pool2d avg_pool2d global_avg_pool2d attention""".split()
+    equal less greater conv2d max_pool2d avg_pool2d global_avg_pool2d attention floor ceil round fmod bitwise_and
+    bitwise_or bitwise_xor bitwise_not bit_shift_left bit_shift_right""".split()
 )
 _CLAIMED = CLAIMED_OPS
 
@@ -141,6 +143,9 @@ class XlaBackend(Backend):
 
     platform: ClassVar[str | None] = None
     fuses_elementwise = True  # XLA fuses elementwise chains itself: the ranking prices them so
+    #: Every dtype of the IR: XLA has the fixed-width integers, and bfloat16, float8 and the
+    #: 4-bit ints as its own types (jax reads ml_dtypes arrays as they are).
+    dtypes = frozenset(DTYPES)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -15,7 +15,7 @@ device once (an explicit ``jax.device_put`` first measured 10x slower per array 
 the platform allows it, as ``np.asarray`` of any ``jax.Array``), ``run_dlpack`` leaves
 them on the device as ``jax.Array`` (which implements ``__dlpack__``).
 
-Graphs that hold float64 or int64 values are traced and run with JAX's 64-bit mode on
+Graphs that hold float64, int64 or uint64 values are traced and run with JAX's 64-bit mode on
 (``jax.enable_x64``, a thread-local switch), so those dtypes round-trip exactly; other
 graphs run in JAX's default 32-bit mode, untouched.
 """
@@ -53,7 +53,7 @@ __all__ = ["JaxExecutable", "enable_persistent_cache", "x64_enabled", "INLINE_CO
 #: Constants with more elements than this are passed like params (device buffers) rather
 #: than baked into the XLA program, which would slow compiling and duplicate memory.
 INLINE_CONSTANT_LIMIT = 1024
-_WIDE_DTYPES = frozenset({"float64", "int64"})
+_WIDE_DTYPES = frozenset({"float64", "int64", "uint64"})
 
 
 def x64_enabled() -> contextlib.AbstractContextManager[Any]:

@@ -68,6 +68,30 @@ def _div(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
     return lax.div(a, b)  # XLA integer division truncates toward zero, like C and the reference
 
 
+def _fmod(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
+    """C's fmod (the sign of the dividend): ``lax.rem`` is exactly that, for floats and
+    integers (an integer divisor of zero is caught by ``runtime_checks``)."""
+    a, b = jnp.broadcast_arrays(*xs)
+    return lax.rem(a, b)
+
+
+def _bit_shift(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
+    """The IR's shifts (ONNX BitShift-28): a shift by less than 0 or at least the bit
+    width leaves the sign fill (-1 for a right shift of a negative value, else 0); XLA's
+    shifts are undefined there, so those lanes are chosen apart."""
+    x, y = jnp.broadcast_arrays(*xs)
+    bits = jnp.iinfo(x.dtype).bits
+    valid = (y >= 0) & (y < bits)
+    amount = jnp.where(valid, y, 0).astype(x.dtype)
+    zero = jnp.zeros((), x.dtype)
+    if node.op is OpKind.BIT_SHIFT_LEFT:
+        return jnp.where(valid, lax.shift_left(x, amount), zero)
+    signed = jnp.issubdtype(x.dtype, jnp.signedinteger)
+    shifted = lax.shift_right_arithmetic(x, amount) if signed else lax.shift_right_logical(x, amount)
+    fill = jnp.where(x < 0, jnp.asarray(-1, x.dtype), zero) if signed else zero
+    return jnp.where(valid, shifted, fill)
+
+
 def _pow(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
     return jnp.power(_wide(xs[0]), _wide(xs[1]))
 
@@ -81,8 +105,18 @@ def _gelu(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
     return jax.nn.gelu(_wide(xs[0]), approximate=node.attrs["approximate"] == "tanh")
 
 
+#: The 4- and 2-bit integers: numpy (ml_dtypes) casts a float to them through int32 and
+#: keeps the low bits (wraps), where XLA saturates.
+_NARROW_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
+
+
 def _cast(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
-    return xs[0].astype(node.attrs["dtype"])
+    x, target = xs[0], node.attrs["dtype"]
+    if target in _NARROW_INTS and _is_float(x):
+        # x86's float -> int32 gives INT_MIN (low bits 0) out of range and for NaN; XLA's saturates
+        inside = jnp.isfinite(x) & (jnp.abs(x.astype(jnp.float32)) < 2.0**31)
+        x = jnp.where(inside, x, jnp.zeros((), x.dtype)).astype(jnp.int32)
+    return x.astype(target)
 
 
 def _where(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
@@ -268,6 +302,16 @@ LOWERINGS: dict[OpKind, Rule] = {
     OpKind.SUB: _binary(jnp.subtract),
     OpKind.MUL: _binary(jnp.multiply),
     OpKind.DIV: _div,
+    OpKind.FMOD: _fmod,
+    OpKind.FLOOR: _unary(jnp.floor),
+    OpKind.CEIL: _unary(jnp.ceil),
+    OpKind.ROUND: _unary(jnp.round),  # half to even, as the IR's round
+    OpKind.BITWISE_AND: _binary(jnp.bitwise_and),
+    OpKind.BITWISE_OR: _binary(jnp.bitwise_or),
+    OpKind.BITWISE_XOR: _binary(jnp.bitwise_xor),
+    OpKind.BITWISE_NOT: _unary(jnp.invert),
+    OpKind.BIT_SHIFT_LEFT: _bit_shift,
+    OpKind.BIT_SHIFT_RIGHT: _bit_shift,
     OpKind.POW: _pow,
     OpKind.MAXIMUM: _binary(jnp.maximum),
     OpKind.MINIMUM: _binary(jnp.minimum),
@@ -330,6 +374,8 @@ def runtime_error(node: Node, detail: Any, axis_size: int | None = None) -> Inpu
     ``detail`` is the check's reported value (the first bad gather index)."""
     if node.op is OpKind.DIV:
         return InputError(f"{node.describe()} (div): integer division by zero")
+    if node.op is OpKind.FMOD:
+        return InputError(f"{node.describe()} (fmod): integer fmod by zero")
     axis = node.attrs["axis"]
     return InputError(f"{node.describe()} (gather): index {int(detail)} is out of range for axis {axis} "
                       f"of size {axis_size}")
@@ -338,7 +384,7 @@ def runtime_error(node: Node, detail: Any, axis_size: int | None = None) -> Inpu
 def runtime_checks(node: Node, xs: Sequence[jax.Array], static: Sequence[np.ndarray | None]) -> list[RuntimeCheck]:
     """The checks ``node`` needs on these operands; ``static[i]`` is operand i's value when
     it is a constant (a constant that is fine needs no check)."""
-    if node.op is OpKind.DIV and not _is_float(xs[1]):
+    if node.op in (OpKind.DIV, OpKind.FMOD) and not _is_float(xs[1]):
         if static[1] is not None and np.all(static[1] != 0):
             return []
         bad = xs[1] == 0
