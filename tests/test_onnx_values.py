@@ -173,3 +173,13 @@ def test_the_kept_copies_are_bounded() -> None:
     for target in targets:
         cg.run({"x": x, "shape": np.array(target)})
     assert len(cg.shapes()) == 8 and cg.compiles == 10  # [1, 24] was dropped by the ninth, then built again
+
+
+def test_made_up_inputs_ask_for_the_values_and_fit_the_given_shapes() -> None:
+    from rlx_core.compiler.inputs import random_inputs
+
+    graph = rlx_onnx.load(_reshape_model(["n", 6]))
+    with pytest.raises(InputError, match=r"give the values of 'shape' \(--input shape=FILE.npy\)"):
+        random_inputs(graph)
+    made = random_inputs(graph, given={"shape": (2,), "x": (3, 6)})
+    assert made["x"].shape == (3, 6) and made["x"].dtype == np.float32

@@ -13,8 +13,10 @@ import numpy as np
 
 from ..errors import InputError
 from ..ir import Graph, Node
-from ..ir.specialize import representative
-from ..ir.symbolic import Sym
+from ..ir.dtypes import is_int
+from ..ir.specialize import REPRESENTATIVE_SIZES, representative
+from ..ir.symbolic import Sym, evaluate
+from ..ir.valued import ValueDependentGraph
 
 __all__ = ["InputSpec", "input_specs", "validate_inputs", "as_array", "random_inputs", "check_param_value"]
 
@@ -159,25 +161,35 @@ def random_inputs(graph: Graph, seed: int = 0,
     Int inputs stay small so that they are valid indices for typical gathers. A symbolic
     graph gets inputs of its representative size (``ir.specialize.representative``), except
     for the symbols that the shapes of inputs already ``given`` (name -> shape) fix, so
-    that the made-up inputs fit the given ones.
+    that the made-up inputs fit the given ones. A ``ValueDependentGraph`` gets none for its
+    value inputs (made-up shapes or axes would not fit the model: an ``InputError`` asks for
+    them), and its other symbols take the representative size where ``given`` leaves them.
     """
-    if graph.is_symbolic:
-        rep, bindings = representative(graph)
-        fixed = {}
-        for i in graph.inputs:
-            node = graph.node(i)
-            shape = (given or {}).get(node.name)
-            if shape is not None and len(shape) == len(node.shape):
-                fixed.update({d.name: int(n) for d, n in zip(node.shape, shape) if isinstance(d, Sym) and d.name})
-        graph = graph.specialize({**bindings, **fixed}) if fixed else rep
+    fixed: dict[str, int] = {}
+    for i in graph.inputs:
+        node = graph.node(i)
+        shape = (given or {}).get(node.name)
+        if shape is not None and len(shape) == len(node.shape):
+            fixed.update({d.name: int(n) for d, n in zip(node.shape, shape) if isinstance(d, Sym) and d.name})
+    if isinstance(graph, ValueDependentGraph):
+        absent = [v for v in graph.value_inputs if v not in (given or {})]
+        if absent:
+            raise InputError(f"{graph.needs()}; give the values of {', '.join(repr(v) for v in absent)} "
+                             f"(--input {absent[0]}=FILE.npy): made-up values would not fit the model")
+        sizes = {**dict.fromkeys(graph.symbols, REPRESENTATIVE_SIZES[0]), **fixed}
+        specs = [(n.name, tuple(evaluate(d, sizes) for d in n.shape), n.dtype) for n in map(graph.node, graph.inputs)]
+    else:
+        if graph.is_symbolic:
+            rep, bindings = representative(graph)
+            graph = graph.specialize({**bindings, **fixed}) if fixed else rep
+        specs = [(n.name, n.shape, n.dtype) for n in map(graph.node, graph.inputs)]
     rng = np.random.default_rng(seed)
     out = {}
-    for i in graph.inputs:
-        n = graph.node(i)
-        if n.dtype == "bool":
-            out[n.name] = rng.random(n.shape) < 0.5
-        elif n.dtype.startswith("int"):
-            out[n.name] = rng.integers(0, 8, n.shape).astype(n.dtype)
+    for name, shape, dtype in specs:
+        if dtype == "bool":
+            out[name] = rng.random(shape) < 0.5
+        elif is_int(dtype) or dtype in ("int4", "uint4", "int2", "uint2"):
+            out[name] = rng.integers(0, 4 if dtype.endswith("2") else 8, shape).astype(dtype)
         else:
-            out[n.name] = rng.uniform(-1, 1, n.shape).astype(n.dtype)
+            out[name] = rng.uniform(-1, 1, shape).astype(dtype)
     return out
