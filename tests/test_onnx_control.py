@@ -3,12 +3,15 @@ against onnxruntime; what cannot be unrolled is refused by name."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
+import onnx
 from onnx import TensorProto, helper
 from test_onnx_support import check_against_ort, init, make_model, vi
 
@@ -113,3 +116,25 @@ def test_a_subgraph_with_an_unsupported_op_names_it() -> None:
     model = make_model([node], [vi("x", "float32", [3])], [vi("y", "float32", None)], [init("c", np.array(True))])
     with pytest.raises(ModelError, match=r"then_branch 'then' of node #0 \(If\).*unsupported ONNX op: Unique"):
         rlx_onnx.load(model)
+
+
+def test_a_torchscript_export_with_a_loop_over_a_dynamic_dim_and_a_shape_check() -> None:
+    """``tests/data/loop_if_torchscript.onnx``: torch 2.14's TorchScript exporter (opset 17,
+    ``dynamic_axes={"x": {0: "n"}}``) of::
+
+        class LoopIf(torch.nn.Module):  # self.lin = torch.nn.Linear(8, 8)
+            def forward(self, x):
+                h = x
+                for i in range(x.shape[0]):  # a Loop whose trip count is the dynamic dim
+                    h = torch.relu(self.lin(h)) + i
+                if x.shape[1] > 4:  # an If on a shape
+                    h = h * 2
+                else:
+                    h = h - 1
+                return h
+
+    loaded without dims, it is unrolled per size and matches onnxruntime at each."""
+    model = onnx.load(Path(__file__).parent / "data" / "loop_if_torchscript.onnx")
+    assert rlx_onnx.load(model).symbols == ("n",)
+    for n in (1, 3, 7):
+        check_against_ort(model, {"x": RNG.standard_normal((n, 8)).astype(np.float32)})
