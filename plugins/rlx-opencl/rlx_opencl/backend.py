@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import rlx_core
 from rlx_core.errors import DeviceError
 from rlx_core.ir.ops import OpKind
-from rlx_core.plugin import JsonCache
+from rlx_core.plugin import CONTRACT_DTYPES, EXTENDED_DTYPES, JsonCache
 
 from . import runtime as rt
 from .codegen.common import MAX_INDEX
@@ -57,6 +57,9 @@ class OpenclBackend(rlx_core.Backend):
     label = "OpenCL"
     priority = 50
     api_version = rlx_core.PLUGIN_API_VERSION
+    #: The contract's six and the extended integers (OpenCL C's char ... ulong); not the
+    #: storage formats, which would need conversions written by hand.
+    dtypes = CONTRACT_DTYPES | frozenset(EXTENDED_DTYPES)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

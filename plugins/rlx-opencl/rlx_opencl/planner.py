@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 
 from rlx_core.ir import Graph, Node
+from rlx_core.ir.dtypes import is_int
 from rlx_core.ir.ops import ELEMENTWISE_OPS, SOURCE_OPS, OpKind
 from rlx_core.plugin import itemsize
 
@@ -147,7 +148,7 @@ def _step(graph: Graph, n: Node, name: str, inlined: set[int], folded: set[int],
         region = _region(graph, n, inlined)
         externals = [nodes[i] for i in region_inputs(region)]
         slot = None
-        divs = [r for r in region if r.op is OpKind.DIV and r.dtype in ("int32", "int64")]
+        divs = [r for r in region if r.op is OpKind.DIV and is_int(r.dtype)]
         if divs:
             slot = len(checks)
             checks.append(Check(divs[0], "div"))

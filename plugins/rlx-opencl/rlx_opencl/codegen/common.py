@@ -22,6 +22,9 @@ __all__ = [
     "STORAGE",
     "COMPUTE",
     "RAW",
+    "INT_CTYPES",
+    "INT_LOWEST",
+    "SIGNED_CTYPES",
     "literal",
     "load",
     "store",
@@ -39,11 +42,18 @@ __all__ = [
 ]
 
 #: How each IR dtype is held in a buffer.
-STORAGE = {"float32": "float", "float64": "double", "float16": "half", "int32": "int", "int64": "long",
-           "bool": "uchar"}
+#: The fixed-width integers: OpenCL C's own types, held and computed as they are (C's
+#: conversions to a narrower integer keep the low bits: numpy's wrap-around).
+_INTS = {"int32": "int", "int64": "long", "int8": "char", "uint8": "uchar", "int16": "short", "uint16": "ushort",
+         "uint32": "uint", "uint64": "ulong"}
+STORAGE = {"float32": "float", "float64": "double", "float16": "half", **_INTS, "bool": "uchar"}
 #: The type values of each IR dtype are computed in (half computes in float).
-COMPUTE = {"float32": "float", "float64": "double", "float16": "float", "int32": "int", "int64": "long",
-           "bool": "uchar"}
+COMPUTE = {"float32": "float", "float64": "double", "float16": "float", **_INTS, "bool": "uchar"}
+#: The integer C types, and the smallest value of each (what a max reduction starts from).
+INT_CTYPES = frozenset(_INTS.values()) | {"uchar"}
+INT_LOWEST = {"char": "CHAR_MIN", "uchar": "((uchar)0)", "short": "SHRT_MIN", "ushort": "((ushort)0)",
+              "int": "INT_MIN", "uint": "0u", "long": "LONG_MIN", "ulong": "0ul"}
+SIGNED_CTYPES = frozenset({"char", "short", "int", "long"})
 #: Raw unsigned types by item size: data movement copies bits, never converts.
 RAW = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
 
@@ -53,7 +63,8 @@ MAX_INDEX = 2**31 - 1
 #: whose compiler cannot take them gets narrower ones (``runtime.max_vector_bits``).
 MAX_VECTOR_BITS = 512
 #: Bytes of one value of each compute type.
-CTYPE_BYTES = {"float": 4, "double": 8, "int": 4, "long": 8, "uchar": 1}
+CTYPE_BYTES = {"float": 4, "double": 8, "int": 4, "long": 8, "uchar": 1, "char": 1, "short": 2, "ushort": 2,
+               "uint": 4, "ulong": 8}
 
 
 @dataclass(frozen=True)
@@ -93,7 +104,7 @@ def vector_lanes(ctype: str, most: int, vector_bits: int) -> int:
 def literal(x: float, ctype: str) -> str:
     """A C literal of ``x`` typed as ``ctype`` (``1.0f`` for float, so that it mixes with
     float vectors; doubles unsuffixed; ints plain)."""
-    if ctype in ("int", "long", "uchar"):
+    if ctype in INT_CTYPES:
         return f"(({ctype}){int(x)})"
     if math.isnan(x):
         return "NAN" if ctype == "float" else "((double)NAN)"

@@ -24,6 +24,7 @@ from rlx_core.ir.ops import MORE_TRIG_OPS, OpKind
 from .common import (
     COMPUTE,
     MAX_VECTOR_BITS,
+    SIGNED_CTYPES,
     Arg,
     Kernel,
     broadcast_offset,
@@ -46,6 +47,17 @@ _FLOAT_FAMILIES = ({"float32", "float16"}, {"float64"})
 _COMPARE = {"equal": "==", "less": "<", "greater": ">"}
 
 
+def _int_div(a: str, b: str, ctype: str, status: str | None) -> str:
+    """C's integer division, which truncates toward zero like the reference, guarded: a
+    zero divisor records ``status`` and gives 0, and a signed MIN / -1 (a CPU trap) wraps
+    to MIN as two's complement does. Narrow types divide promoted to int: the cast back
+    keeps the low bits."""
+    zero = f"({status}, ({ctype})0)" if status else f"(({ctype})0)"
+    if ctype not in SIGNED_CTYPES:
+        return f"(({b}) == 0 ? {zero} : ({ctype})(({a}) / ({b})))"
+    return f"(({b}) == 0 ? {zero} : ({b}) == -1 ? ({ctype})(-({a})) : ({ctype})(({a}) / ({b})))"
+
+
 def op_expression(node: Node, xs: Sequence[str], ctype: str, *, vector: bool = False,
                   status: str | None = None) -> str:
     """The OpenCL C expression of elementwise ``node`` on operand expressions ``xs``
@@ -64,11 +76,7 @@ def op_expression(node: Node, xs: Sequence[str], ctype: str, *, vector: bool = F
     if op is OpKind.MUL:
         return f"({a} * {b})"
     if op is OpKind.DIV:
-        if is_float:
-            return f"({a} / {b})"
-        # C truncates toward zero like the reference; guard /0 and MIN/-1 (a CPU trap).
-        zero = f"({status}, ({ctype})0)" if status else f"(({ctype})0)"
-        return f"(({b}) == 0 ? {zero} : ({b}) == -1 ? -({a}) : ({a}) / ({b}))"
+        return f"({a} / {b})" if is_float else _int_div(a, b, ctype, status)
     if op is OpKind.POW:
         return f"pow({a}, {b})"
     if op in (OpKind.MAXIMUM, OpKind.MINIMUM):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from .common import (
     COMPUTE,
     CTYPE_BYTES,
+    INT_CTYPES,
     MAX_VECTOR_BITS,
     STORAGE,
     Arg,
@@ -45,14 +46,14 @@ from .common import (
 
 __all__ = ["MatmulSpec", "matmul_kernel", "vector_width"]
 
-_WIDTH = {"float": 16, "double": 8, "int": 8, "long": 8}
+_WIDTH = {"float": 16, "double": 8}  # every integer type: 8 lanes
 _POINTER_BYTES = 8
 
 
 def vector_width(dtype: str, vector_bits: int = MAX_VECTOR_BITS) -> int:
     """Lanes of one vector of ``dtype``'s compute type: 16 floats at 512 bits, 8 at 256."""
     ctype = COMPUTE[dtype]
-    return vector_lanes(ctype, _WIDTH[ctype], vector_bits)
+    return vector_lanes(ctype, _WIDTH.get(ctype, 8), vector_bits)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def _nn_body(spec: MatmulSpec, width: int) -> tuple[list[str], tuple[int, int], 
     m, k, n = spec.m, spec.k, spec.n
     rows = min(8, m)
     vtype = f"{ctype}{width}"
-    zero = literal(0, ctype) if ctype in ("int", "long") else literal(0.0, ctype)
+    zero = literal(0, ctype) if ctype in INT_CTYPES else literal(0.0, ctype)
     lines = [f"const int n0 = get_global_id(0) * {width};", f"const int m0 = get_global_id(1) * {rows};"]
     for r in range(rows):  # rows past M read row M-1 (valid memory) and are not stored
         lines.append(f"const __global {STORAGE[dt]}* a{r} = A + offA + min(m0 + {r}, {m - 1}) * {k};")
@@ -172,7 +173,7 @@ def _nt_body(spec: MatmulSpec, width: int) -> tuple[list[str], tuple[int, int], 
     m, k, n = spec.m, spec.k, spec.n
     rows, cols = min(4, m), min(4, n)
     vtype = f"{ctype}{width}"
-    zero = literal(0, ctype) if ctype in ("int", "long") else literal(0.0, ctype)
+    zero = literal(0, ctype) if ctype in INT_CTYPES else literal(0.0, ctype)
     kv = k // width * width
     lines = [f"const int n0 = get_global_id(0) * {cols};", f"const int m0 = get_global_id(1) * {rows};"]
     for r in range(rows):

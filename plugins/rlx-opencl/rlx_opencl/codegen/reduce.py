@@ -15,13 +15,27 @@ from collections.abc import Sequence
 from rlx_core.ir import Node
 from rlx_core.ir.ops import OpKind
 
-from .common import COMPUTE, Arg, Kernel, broadcast_offset, coords, header, literal, load, param_decl, store, strides
+from .common import (
+    COMPUTE,
+    INT_CTYPES,
+    INT_LOWEST,
+    Arg,
+    Kernel,
+    broadcast_offset,
+    coords,
+    header,
+    literal,
+    load,
+    param_decl,
+    store,
+    strides,
+)
 
 __all__ = ["reduce_kernel", "softmax_kernel", "layer_norm_kernel"]
 
 
 def _zero(ctype: str) -> str:
-    return literal(0, ctype) if ctype in ("int", "long") else literal(0.0, ctype)
+    return literal(0, ctype) if ctype in INT_CTYPES else literal(0.0, ctype)
 
 
 def _max_step(ctype: str, acc: str, v: str) -> str:
@@ -48,7 +62,7 @@ def reduce_kernel(name: str, node: Node, x: Node) -> Kernel:
     trailing = tuple(axes) == tuple(range(len(shape) - len(axes), len(shape)))
     is_max = op is OpKind.REDUCE_MAX
     init = "-INFINITY" if is_max and ctype == "float" else "-(double)INFINITY" if is_max and ctype == "double" else (
-        f"{'INT' if ctype == 'int' else 'LONG'}_MIN" if is_max else _zero(ctype))
+        INT_LOWEST[ctype] if is_max else _zero(ctype))
     lines.append(f"{ctype} acc = {init};")
     lines.append(f"for (int r = 0; r < {total}; ++r) {{")
     if trailing:
