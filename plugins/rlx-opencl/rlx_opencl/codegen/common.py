@@ -41,11 +41,11 @@ __all__ = [
     "vector_lanes",
 ]
 
-#: How each IR dtype is held in a buffer.
 #: The fixed-width integers: OpenCL C's own types, held and computed as they are (C's
 #: conversions to a narrower integer keep the low bits: numpy's wrap-around).
 _INTS = {"int32": "int", "int64": "long", "int8": "char", "uint8": "uchar", "int16": "short", "uint16": "ushort",
          "uint32": "uint", "uint64": "ulong"}
+#: How each IR dtype is held in a buffer.
 STORAGE = {"float32": "float", "float64": "double", "float16": "half", **_INTS, "bool": "uchar"}
 #: The type values of each IR dtype are computed in (half computes in float).
 COMPUTE = {"float32": "float", "float64": "double", "float16": "float", **_INTS, "bool": "uchar"}
