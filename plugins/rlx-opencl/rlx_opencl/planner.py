@@ -20,9 +20,8 @@ import math
 from dataclasses import dataclass, field
 
 from rlx_core.ir import Graph, Node
-from rlx_core.ir.dtypes import is_int
 from rlx_core.ir.ops import ELEMENTWISE_OPS, SOURCE_OPS, OpKind
-from rlx_core.plugin import itemsize
+from rlx_core.plugin import EXTENDED_DTYPES, itemsize
 
 from .codegen.common import MAX_VECTOR_BITS, Kernel
 from .codegen.conv import conv2d_kernels, pool_kernel
@@ -32,6 +31,9 @@ from .codegen.movement import concat_kernel, gather_kernel, slice_kernel, transp
 from .codegen.reduce import layer_norm_kernel, reduce_kernel, softmax_kernel
 
 __all__ = ["Plan", "Step", "Check", "plan_graph"]
+
+#: The integer dtypes (a division by zero among them is checked at run time).
+_INT_DTYPES = frozenset({"int32", "int64", *(d for d in EXTENDED_DTYPES if "int" in d)})
 
 
 @dataclass
@@ -148,7 +150,7 @@ def _step(graph: Graph, n: Node, name: str, inlined: set[int], folded: set[int],
         region = _region(graph, n, inlined)
         externals = [nodes[i] for i in region_inputs(region)]
         slot = None
-        divs = [r for r in region if r.op is OpKind.DIV and is_int(r.dtype)]
+        divs = [r for r in region if r.op is OpKind.DIV and r.dtype in _INT_DTYPES]
         if divs:
             slot = len(checks)
             checks.append(Check(divs[0], "div"))
