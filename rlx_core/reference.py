@@ -18,6 +18,7 @@ from .errors import InputError
 from .ir.dtypes import FLOAT_DTYPES, STORAGE_DTYPES
 from .ir.internal_types import ACTIVATION_OPS, CONV_ATTRS, conv_inputs
 from .ir.ops import NUMPY_NAMES, OpKind
+from .ir.staged import StagedGraph
 from .ir.valued import ValueDependentGraph
 
 if TYPE_CHECKING:
@@ -421,6 +422,31 @@ def _param_overrides(graph: Graph, params: Mapping[str, Any]) -> dict[int, np.nd
     return out
 
 
+def _static(graph: Graph, inputs: Mapping[str, Any]) -> tuple[Graph, Mapping[str, Any]]:
+    """The static graph that runs ``inputs``, and what it takes of them: a
+    ``ValueDependentGraph`` built from its value inputs, a symbolic graph specialized to
+    the inputs' shapes (``Graph.bind``)."""
+    if isinstance(graph, ValueDependentGraph):
+        graph, inputs = graph.build(inputs)[1], graph.feed(inputs)
+    if graph.is_symbolic:
+        names = {graph.node(i).name for i in graph.inputs}
+        if names != set(inputs):
+            _feed(graph, inputs)  # raises, naming the missing and unknown inputs
+        graph = graph.specialize(graph.bind({n: np.shape(inputs[n]) for n in names}))
+    return graph, inputs
+
+
+def _evaluate_stage(stage: Graph, feed: Mapping[str, Any], params: Mapping[str, Any] | None) -> list[np.ndarray]:
+    """One stage of a staged graph, its outputs in their declared dtypes (the next stage,
+    and a host op, read what a device would hand them), with the ``params`` it holds."""
+    if isinstance(stage, StagedGraph):
+        return evaluate(stage, feed, params)
+    static, feed = _static(stage, feed)
+    held = {static.node(i).name for i in static.params}
+    outs = evaluate(static, feed, {k: v for k, v in (params or {}).items() if k in held})
+    return [out.astype(static.node(i).dtype) for out, i in zip(outs, static.outputs)]
+
+
 def evaluate(graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] | None = None) -> list[np.ndarray]:
     """Run ``graph`` on ``inputs`` (name -> array-like) and return one array per output.
 
@@ -432,13 +458,9 @@ def evaluate(graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] 
     missing or unknown names, a wrong shape, integer division by zero or an out-of-range
     gather index, or integer fmod by zero.
     """
-    if isinstance(graph, ValueDependentGraph):  # built from its value inputs, then run on the others
-        graph, inputs = graph.build(inputs)[1], graph.feed(inputs)
-    if graph.is_symbolic:  # bind the symbols from the inputs' shapes, then run the static graph
-        names = {graph.node(i).name for i in graph.inputs}
-        if names != set(inputs):
-            _feed(graph, inputs)  # raises, naming the missing and unknown inputs
-        graph = graph.specialize(graph.bind({n: np.shape(inputs[n]) for n in names}))
+    if isinstance(graph, StagedGraph):  # each stage evaluated in turn, the host ops between
+        return graph.run(inputs, lambda _index, stage, feed: _evaluate_stage(stage, feed, params))
+    graph, inputs = _static(graph, inputs)
     values = _feed(graph, inputs)
     overrides = _param_overrides(graph, params or {})
     with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):

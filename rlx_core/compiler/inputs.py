@@ -16,7 +16,7 @@ from ..ir import Graph, Node
 from ..ir.dtypes import is_int
 from ..ir.specialize import REPRESENTATIVE_SIZES, representative
 from ..ir.symbolic import Sym, evaluate
-from ..ir.valued import ValueDependentGraph
+from ..ir.valued import RunTimeGraph
 
 __all__ = ["InputSpec", "input_specs", "validate_inputs", "as_array", "random_inputs", "check_param_value"]
 
@@ -171,7 +171,7 @@ def random_inputs(graph: Graph, seed: int = 0,
         shape = (given or {}).get(node.name)
         if shape is not None and len(shape) == len(node.shape):
             fixed.update({d.name: int(n) for d, n in zip(node.shape, shape) if isinstance(d, Sym) and d.name})
-    if isinstance(graph, ValueDependentGraph):
+    if isinstance(graph, RunTimeGraph):  # no body before it runs: inputs from its declared shapes
         absent = [v for v in graph.value_inputs if v not in (given or {})]
         if absent:
             raise InputError(f"{graph.needs()}; give the values of {', '.join(repr(v) for v in absent)} "

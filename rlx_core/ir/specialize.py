@@ -130,12 +130,14 @@ def representative(graph: Graph) -> tuple[Graph, dict[str, int]]:
     Every symbol takes the same size, the first of ``REPRESENTATIVE_SIZES`` that the
     graph's shape rules (and the constraints its ops recorded) accept. Kept per graph once
     the graph is frozen (a compiled graph no longer changes)."""
-    from .valued import ValueDependentGraph
+    from .valued import RunTimeGraph, ValueDependentGraph
 
     if isinstance(graph, ValueDependentGraph):  # no sizes make a body without the values
         raise GraphError(f"{graph.needs()}; before then it has no body to place, price or make inputs for: give "
                          "those inputs (rlx run --input NAME=FILE.npy), or bind them at load "
                          "(rlx_core.onnx.load(model, values={NAME: array}))")
+    if isinstance(graph, RunTimeGraph):
+        raise GraphError(f"{graph.needs()}; before then it has no body to place or price")
     with _rep_lock:
         found = _representatives.get(graph)
     if found is not None:

@@ -29,7 +29,7 @@ from ..errors import GraphError, InputError, RlxError
 from . import Graph
 from .symbolic import Dim, format_shape
 
-__all__ = ["ValueDependentGraph", "ValueBuilder", "MAX_VALUE_ELEMENTS"]
+__all__ = ["RunTimeGraph", "ValueDependentGraph", "ValueBuilder", "MAX_VALUE_ELEMENTS"]
 
 #: The most elements a value input may hold (its values key the graph built).
 MAX_VALUE_ELEMENTS = 4096
@@ -42,36 +42,24 @@ _KEEP = 8
 ValueBuilder = Callable[[Mapping[str, int], Callable[[str], np.ndarray]], "tuple[Graph, tuple[str, ...]]"]
 
 
-class ValueDependentGraph(Graph):
-    """See the module docstring. ``inputs`` are ``(name, shape, dtype)`` with symbolic dims
-    allowed; ``outputs`` the output names; ``value_inputs`` the inputs whose values are
-    known to shape the graph; ``source`` names what the builder builds from, for messages."""
+class RunTimeGraph(Graph):
+    """A graph with no body before it runs: its inputs (symbolic dims allowed) and output
+    names are declared, and what runs is made at run time from what the inputs hold
+    (``ValueDependentGraph`` here, ``staged.StagedGraph``). It refuses what needs a body:
+    ``specialize``, edits, ``to_json``, and ``specialize.representative`` (so placing,
+    pricing and made-up inputs wait for the run); ``needs()`` says why, for messages."""
 
     def __init__(self, name: str, inputs: Sequence[tuple[str, Sequence[Dim], str]], outputs: Sequence[str],
-                 value_inputs: Sequence[str], build: ValueBuilder, source: str) -> None:
+                 source: str) -> None:
         super().__init__(name)
         declared = Graph(name)  # built open, then taken: this graph refuses edits (_check_open)
         for in_name, shape, dtype in inputs:
             declared.input(in_name, tuple(shape), dtype)
         self._take_contents(declared)
         self._recount_symbols()
-        unknown = [v for v in value_inputs if v not in self._names]
-        if unknown or not value_inputs:
-            raise GraphError(f"ValueDependentGraph {name!r}: value inputs {list(value_inputs)} must be some of its "
-                             f"inputs {[n for n, _, _ in inputs]}")
         self._output_names = list(outputs)
-        self._value_inputs = tuple(value_inputs)
-        self._build = build
         self._source = source
         self._frozen = True
-        self._lock = threading.Lock()
-        self._built: OrderedDict[Hashable, Graph] = OrderedDict()
-
-    # ------------------------------------------------------------------ what it is
-    @property
-    def value_inputs(self) -> tuple[str, ...]:
-        """The inputs whose values shape the graph (read on the host at each run)."""
-        return self._value_inputs
 
     @property
     def source(self) -> str:
@@ -82,21 +70,89 @@ class ValueDependentGraph(Graph):
         """Always: like a graph with symbolic dims, it has no static body of its own."""
         return True
 
+    @property
+    def value_inputs(self) -> tuple[str, ...]:
+        """The inputs whose values (not only shapes) shape what runs: made-up values would
+        not fit the model, so tools ask for them."""
+        return ()
+
     def needs(self) -> str:
         """Why the graph has no body yet, as messages say it."""
-        listed = ", ".join(repr(v) for v in self._value_inputs)
-        return (f"graph {self.name!r} ({self._source}) computes its shapes from the values of input(s) {listed}, "
-                "so it is built, placed and compiled when they are known: at each run, once per set of values")
+        raise NotImplementedError
 
     def output_names(self) -> list[str]:
         return list(self._output_names)
+
+    def input_shapes(self, inputs: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The shape of each input in ``inputs``; ``InputError`` naming the inputs missing
+        or unknown, or one whose shape cannot be read."""
+        if not isinstance(inputs, Mapping):
+            raise InputError(f"inputs must be a mapping of input name to array, got {type(inputs).__name__}")
+        names = [self._nodes[i].name for i in self._inputs]
+        missing = [n for n in names if n not in inputs]
+        unknown = [k for k in inputs if k not in names]
+        if missing or unknown:
+            parts = [f"missing input(s) {', '.join(map(repr, missing))}"] if missing else []
+            parts += [f"unknown input(s) {', '.join(map(repr, unknown))}"] if unknown else []
+            takes = ", ".join(f"{n.name!r} {format_shape(n.shape)} {n.dtype}" for n in map(self.node, self._inputs))
+            raise InputError(" and ".join(parts) + f"; graph {self.name!r} takes {takes}")
+        shapes = {}
+        for name in names:
+            value = inputs[name]
+            shape = getattr(value, "shape", None)
+            try:
+                shapes[name] = tuple(int(d) for d in (np.shape(value) if shape is None else shape))
+            except (TypeError, ValueError):
+                raise InputError(f"input {name!r}: cannot read its shape ({type(value).__name__})") from None
+        return shapes
+
+    def specialize(self, bindings: Mapping[str, int]) -> Graph:
+        raise GraphError(f"specialize: {self.needs()}")
+
+    def _check_open(self, what: str) -> None:
+        raise GraphError(f"{what}: {self.needs()}; it cannot be edited")
+
+    def to_json(self) -> str:
+        raise GraphError(f"{self.needs()}; it cannot be saved as JSON: keep the model file")
+
+    def _inputs_text(self) -> str:
+        return ", ".join(f"{n.name} {format_shape(n.shape)} {n.dtype}" for n in map(self.node, self._inputs))
+
+
+class ValueDependentGraph(RunTimeGraph):
+    """See the module docstring. ``inputs`` are ``(name, shape, dtype)`` with symbolic dims
+    allowed; ``outputs`` the output names; ``value_inputs`` the inputs whose values are
+    known to shape the graph; ``source`` names what the builder builds from, for messages."""
+
+    def __init__(self, name: str, inputs: Sequence[tuple[str, Sequence[Dim], str]], outputs: Sequence[str],
+                 value_inputs: Sequence[str], build: ValueBuilder, source: str) -> None:
+        super().__init__(name, inputs, outputs, source)
+        unknown = [v for v in value_inputs if v not in self._names]
+        if unknown or not value_inputs:
+            raise GraphError(f"ValueDependentGraph {name!r}: value inputs {list(value_inputs)} must be some of its "
+                             f"inputs {[n for n, _, _ in inputs]}")
+        self._value_inputs = tuple(value_inputs)
+        self._build = build
+        self._lock = threading.Lock()
+        self._built: OrderedDict[Hashable, Graph] = OrderedDict()
+
+    # ------------------------------------------------------------------ what it is
+    @property
+    def value_inputs(self) -> tuple[str, ...]:
+        """The inputs whose values shape the graph (read on the host at each run)."""
+        return self._value_inputs
+
+    def needs(self) -> str:
+        listed = ", ".join(repr(v) for v in self._value_inputs)
+        return (f"graph {self.name!r} ({self._source}) computes its shapes from the values of input(s) {listed}, "
+                "so it is built, placed and compiled when they are known: at each run, once per set of values")
 
     # ------------------------------------------------------------------ building
     def key(self, inputs: Mapping[str, Any]) -> Hashable:
         """What identifies the graph built for ``inputs``: every symbol's size and every
         value input's bytes. ``InputError`` naming what is missing, too large or of a
         shape the graph does not take."""
-        bindings = self.bind(self._shapes(inputs))
+        bindings = self.bind(self.input_shapes(inputs))
         arrays = [self.read(inputs, v) for v in self._value_inputs]
         return (tuple(sorted(bindings.items())),
                 tuple((v, a.shape, a.tobytes()) for v, a in zip(self._value_inputs, arrays)))
@@ -165,27 +221,6 @@ class ValueDependentGraph(Graph):
             arr = cast
         return arr if arr.flags.c_contiguous else arr.copy(order="C")  # (ascontiguousarray makes 0-d 1-d)
 
-    def _shapes(self, inputs: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-        if not isinstance(inputs, Mapping):
-            raise InputError(f"inputs must be a mapping of input name to array, got {type(inputs).__name__}")
-        names = [self._nodes[i].name for i in self._inputs]
-        missing = [n for n in names if n not in inputs]
-        unknown = [k for k in inputs if k not in names]
-        if missing or unknown:
-            parts = [f"missing input(s) {', '.join(map(repr, missing))}"] if missing else []
-            parts += [f"unknown input(s) {', '.join(map(repr, unknown))}"] if unknown else []
-            takes = ", ".join(f"{n.name!r} {format_shape(n.shape)} {n.dtype}" for n in map(self.node, self._inputs))
-            raise InputError(" and ".join(parts) + f"; graph {self.name!r} takes {takes}")
-        shapes = {}
-        for name in names:
-            value = inputs[name]
-            shape = getattr(value, "shape", None)
-            try:
-                shapes[name] = tuple(int(d) for d in (np.shape(value) if shape is None else shape))
-            except (TypeError, ValueError):
-                raise InputError(f"input {name!r}: cannot read its shape ({type(value).__name__})") from None
-        return shapes
-
     # ------------------------------------------------------------------ what it refuses
     def specialize(self, bindings: Mapping[str, int]) -> Graph:
         raise GraphError(f"specialize: {self.needs()}; build(inputs) makes the graph for a set of inputs")
@@ -194,13 +229,9 @@ class ValueDependentGraph(Graph):
         raise GraphError(f"{what}: {self.needs()}; it cannot be edited (load it with values=... for a graph you can "
                          "edit)")
 
-    def to_json(self) -> str:
-        raise GraphError(f"{self.needs()}; it cannot be saved as JSON: keep the model file")
-
     def summary(self) -> str:
-        ins = ", ".join(f"{n.name} {format_shape(n.shape)} {n.dtype}" for n in map(self.node, self._inputs))
         return (f"Graph {self.name!r}: built per set of values of {', '.join(self._value_inputs)} "
-                f"(rebuilt from {self._source}); inputs {ins}; outputs {', '.join(self._output_names)}")
+                f"(rebuilt from {self._source}); inputs {self._inputs_text()}; outputs {', '.join(self._output_names)}")
 
     def __repr__(self) -> str:
         return f"ValueDependentGraph({self.name!r}, value inputs {list(self._value_inputs)})"

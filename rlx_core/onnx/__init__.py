@@ -59,20 +59,19 @@ def load(model: Any, *, dims: Mapping[str, int] | None = None, max_tensor_bytes:
     array) binds such inputs at load instead: they become constants, and the graph no
     longer takes them.
 
+    A model whose output sizes depend on the data (``NonZero``, ``Unique``,
+    ``NonMaxSuppression``), or that computes a shape, count or condition from data it
+    makes, loads as a ``StagedGraph`` (``rlx_core.ir.staged``): the part before runs
+    compiled, those ops on the host, and the part after is built and compiled for the
+    sizes they made.
+
     Raises ``ModelError`` naming the file and the node, tensor or input at fault.
     """
     impl = _impl()
     checked, bound, free = impl.prepare(model, dims=dims, max_tensor_bytes=max_tensor_bytes, name=name, values=values)
-    try:
-        if free:  # symbolic dims left unbound: a graph converted again per set of sizes
-            from ._dynamic import load_symbolic
+    from ._staged import load_any
 
-            return load_symbolic(checked, bound, free)
-        return checked.convert(bound)
-    except impl.NeedsValue as exc:  # shapes computed from input values: built per set of values
-        from ._by_value import load_valued
-
-        return load_valued(checked, bound, free, exc)
+    return load_any(checked, bound, free)
 
 
 def list_inputs(model: Any) -> list[InputSpec]:
@@ -86,5 +85,7 @@ def list_inputs(model: Any) -> list[InputSpec]:
 
 
 def supported_ops() -> list[str]:
-    """The ONNX op types (default domain) that ``load`` converts, sorted."""
-    return sorted(_impl().CONVERTERS)
+    """The ONNX op types (default domain) that ``load`` reads, sorted: those converted to
+    rlx ops and those run on the host between compiled stages (``NonZero``, ...)."""
+    impl = _impl()
+    return sorted({*impl.CONVERTERS, *impl.HOST_OPS})

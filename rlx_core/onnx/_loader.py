@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from . import (  # noqa: F401  (they register the converters)
     _ops_tensor,
 )
 from ._context import CONVERTERS, NeedsValue, NodeContext, describe_node, onnx_dtype
+from ._host_ops import HOST_OPS
 from ._shapes import Emitter, Operand, frozen
 from ._subgraphs import node_reads
 from ._versions import check_versions, newest_opset
@@ -138,11 +139,12 @@ def _inline_functions(proto: ModelProto, where: str) -> ModelProto:
 
 
 # ---------------------------------------------------------------- structure
-def _check_supported(nodes: Sequence[NodeProto], where: str) -> None:
-    """One ``ModelError`` listing every unsupported op type, with a node of each."""
+def _check_supported(nodes: Sequence[NodeProto], where: str, also: Collection[str] = ()) -> None:
+    """One ``ModelError`` listing every unsupported op type, with a node of each; ``also``
+    names op types accepted besides the converters' (the host ops, in a top-level graph)."""
     missing: dict[str, list[str]] = {}
     for i, node in enumerate(nodes):
-        if node.domain not in ("", "ai.onnx") or node.op_type not in CONVERTERS:
+        if node.domain not in ("", "ai.onnx") or (node.op_type not in CONVERTERS and node.op_type not in also):
             key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
             outs = ", ".join(repr(o) for o in node.output if o)
             missing.setdefault(key, []).append(repr(node.name) if node.name else f"#{i} -> {outs}")
@@ -406,7 +408,7 @@ def prepare(model: Any, *, dims: Mapping[str, int] | None, max_tensor_bytes: int
     if gp.sparse_initializer:
         raise ModelError(f"{where}: sparse initializers are not supported "
                          f"({', '.join(repr(t.values.name) for t in gp.sparse_initializer[:3])})")
-    _check_supported(gp.node, where)
+    _check_supported(gp.node, where, also=HOST_OPS)
     check_versions(gp.node, opset, where)
     specs = _input_specs(proto, where)
     dims = dict(dims or {})
@@ -455,14 +457,20 @@ class Model:
 
     def __init__(self, gp: GraphProto, where: str, base_dir: Path | None, opset: int,
                  specs: list[tuple[str, str, list[int | str]]], max_bytes: int, name: str,
-                 values: Mapping[str, np.ndarray] | None = None) -> None:
+                 values: Mapping[str, np.ndarray] | None = None, params: Mapping[str, np.ndarray] | None = None
+                 ) -> None:
         self.gp, self.where, self.base_dir, self.opset = gp, where, base_dir, opset
         self.specs, self.max_bytes, self.name = specs, max_bytes, name
         self.values = dict(values or {})  # inputs bound to constants at load (load's values=)
+        # Initializers read already (a staged model's parts share one read of the weights):
+        # each conversion takes these arrays, as it takes ``convert``'s ``preloaded``.
+        self.params = dict(params or {})
 
     def with_graph(self, gp: GraphProto) -> Model:
-        """This model with ``gp`` for its graph (the same inputs, limits and bound values)."""
-        return Model(gp, self.where, self.base_dir, self.opset, self.specs, self.max_bytes, self.name, self.values)
+        """This model with ``gp`` for its graph (the same inputs, limits, bound values and
+        weights read)."""
+        return Model(gp, self.where, self.base_dir, self.opset, self.specs, self.max_bytes, self.name, self.values,
+                     self.params)
 
     def convert(self, dims: Mapping[str, int], preloaded: Mapping[str, np.ndarray] | None = None,
                 values: Mapping[str, np.ndarray] | None = None) -> Graph:
@@ -470,7 +478,7 @@ class Model:
         ``preloaded`` take that array (same shape and dtype) instead of being read again;
         inputs named in ``values`` (or in the model's own ``values``) are those constants,
         not inputs of the graph."""
-        gp, where, preloaded = self.gp, self.where, preloaded or {}
+        gp, where, preloaded = self.gp, self.where, {**self.params, **(preloaded or {})}
         values = {**self.values, **(values or {})}
         initializers = {t.name: t for t in gp.initializer}
         sources = set(initializers) | {v.name for v in gp.input}

@@ -26,6 +26,7 @@ from ..compiler.timing import benchmark_devices
 from ..cost import estimate_graph_cost
 from ..errors import DeviceError
 from ..ir import Graph
+from ..ir.valued import RunTimeGraph
 from ..passes.plan import plan_memory
 from .corrections import Correction, PredictionErrors, borrowed
 from .measured import Doubt, MeasureSettings, Trial, Verdict, Verdicts, find_doubt, measure_compiled, settle
@@ -108,7 +109,11 @@ class Placement:
 
     def __init__(self, graph: Graph | None, policy: DevicePolicy | None = None,
                  registry: Registry | None = None, *, measure: MeasureSettings | None = None) -> None:
-        # A symbolic graph is placed and priced at a representative size (dynamic.py says which).
+        # A symbolic graph is placed and priced at a representative size (dynamic.py says which);
+        # one with no body before it runs (built from values, staged) by the policy alone here:
+        # what it runs is placed when it is built.
+        if isinstance(graph, RunTimeGraph):
+            graph = None
         self.graph = representative(graph)[0] if graph is not None and graph.is_symbolic else graph
         self.policy = policy if policy is not None else DevicePolicy.from_env()
         self.registry = registry or default_registry()

@@ -20,9 +20,11 @@ from ..backends.registry import Registry, default_registry, parse_device
 from ..compiler.compiled import CompiledGraph, CompileReport, compile_on
 from ..compiler.dynamic import ValueCompiledGraph, compile_symbolic
 from ..compiler.inputs import check_param_value, input_specs, validate_inputs
+from ..compiler.staged import StagedCompiledGraph
 from ..compiler.timing import benchmark_devices, time_runs
 from ..errors import CALLER_ERRORS, DeviceError, DeviceFallbackError, FallbackWarning
 from ..ir import Graph
+from ..ir.staged import StagedGraph
 from ..ir.valued import ValueDependentGraph
 from ..placement.corrections import PredictionErrors
 from ..placement.measured import MeasureSettings, Trial, Verdict, measure_compiled, settle
@@ -67,6 +69,13 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
         raise DeviceError(f"device {device!r} is empty; give a device name such as 'cpu' or 'cuda:1', or 'auto' "
                           "(or None) for the policy's pick")
     reg = registry or default_registry()
+    if isinstance(graph, StagedGraph):  # each stage compiled as a graph of its own, when first run
+
+        def part(stage: Graph) -> CompiledGraph:
+            return compile(stage, device, policy, registry=reg, options=options, partition=partition,
+                           measure=measure)
+
+        return StagedCompiledGraph(graph, part, device)
     if graph.is_symbolic:  # placed at a representative size, then compiled per shape class (dynamic.py)
 
         def again(spec: Graph, device: str | None) -> CompiledGraph:
@@ -241,13 +250,16 @@ class GraphDevices:
                 self._compiled[dev] = cg
             return cg
 
-    def _compile_on(self, dev: str) -> CompiledGraph:
-        def on(graph: Graph) -> CompiledGraph:
-            return compile_on(graph, dev, "explicit device (argument)", [], self._registry)
+    def _compile_on(self, dev: str, graph: Graph | None = None) -> CompiledGraph:
+        def on(static: Graph) -> CompiledGraph:
+            return compile_on(static, dev, "explicit device (argument)", [], self._registry)
 
-        if isinstance(self.graph, ValueDependentGraph):
-            return ValueCompiledGraph(self.graph, on, on, dev)
-        return compile_symbolic(self.graph, on) if self.graph.is_symbolic else on(self.graph)
+        graph = self.graph if graph is None else graph
+        if isinstance(graph, StagedGraph):
+            return StagedCompiledGraph(graph, lambda stage: self._compile_on(dev, stage), dev)
+        if isinstance(graph, ValueDependentGraph):
+            return ValueCompiledGraph(graph, on, on, dev)
+        return compile_symbolic(graph, on) if graph.is_symbolic else on(graph)
 
     def resolve(self, hint: str | None = None) -> str:
         return self._placement().choose(hint)[0]

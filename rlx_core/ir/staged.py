@@ -1,0 +1,140 @@
+"""A graph run in stages, with ops on the host between them: ``StagedGraph``.
+
+Why it exists: some ops make outputs whose *size* depends on the data they read
+(ONNX's ``NonZero``, ``Unique``, ``NonMaxSuppression``), and some models compute a shape,
+a count or an ``If`` condition from data deep inside the network. rlx's ops have shapes
+known before they run, so neither fits in one compiled graph. A ``StagedGraph`` runs such
+a model as a sequence of steps over named tensors:
+
+- a ``GraphStage`` is a graph (static, symbolic, or itself built at run time) compiled
+  and run like any other: the first computes what the host needs, placed on the device
+  picked for it;
+- a ``HostStep`` runs one op on the host (numpy) on what the stages before it made;
+- the stage after it is *built* for the shapes (and, where the model reads them, the
+  values) of what it reads, so every size the data makes is a static graph again.
+
+The builder of each stage comes from the importer (``rlx_core.onnx``); this module knows
+nothing of ONNX. ``run(inputs, run_graph)`` walks the steps: the compiled graph
+(``compiler.staged``) hands in a ``run_graph`` that compiles each built graph once and
+keeps it, the reference (``reference.evaluate``) one that evaluates it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from . import Graph
+from .symbolic import Dim
+from .valued import RunTimeGraph
+
+__all__ = ["StagedGraph", "GraphStage", "HostStep", "Signature"]
+
+#: What a stage's graph is built for: each tensor it reads, with its shape and dtype.
+Signature = tuple[tuple[str, tuple[int, ...], str], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphStage:
+    """A part of the model compiled as a graph: it reads ``reads`` and makes ``writes``
+    (its graph's outputs, in order). ``build(signature)`` makes the graph for what it is
+    fed: the same graph every time for a stage fixed at load, a new static graph per
+    signature for one after a host step. ``what`` names it in reports."""
+
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    build: Callable[[Signature], Graph]
+    what: str
+
+
+@dataclasses.dataclass(frozen=True)
+class HostStep:
+    """One op run on the host: ``run`` takes the arrays named by ``reads`` (``None`` for an
+    optional input left out, named ``""``) and returns one array per name in ``writes``
+    (``""`` for an output the model does not use)."""
+
+    op: str
+    name: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    run: Callable[[Sequence[np.ndarray | None]], Sequence[np.ndarray]]
+
+    def apply(self, env: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The outputs of this op on the tensors of ``env``; ``InputError`` naming the op
+        when they do not fit it."""
+        args = [None if not name else np.asarray(env[name]) for name in self.reads]
+        try:
+            outs = self.run(args)
+        except (ValueError, IndexError, TypeError, ArithmeticError) as exc:
+            raise InputError(f"{self.describe()}, run on the host: {exc}") from None
+        return {name: np.asarray(out) for name, out in zip(self.writes, outs) if name}
+
+    def describe(self) -> str:
+        return f"{self.op} {self.name!r}" if self.name else self.op
+
+
+class StagedGraph(RunTimeGraph):
+    """See the module docstring. ``inputs`` are ``(name, shape, dtype)`` (symbolic dims
+    allowed), ``outputs`` the output names, ``steps`` the stages and host steps in order;
+    ``constants`` are tensors known at load that host steps or outputs read directly
+    (a threshold, an input bound at load); ``source`` names the model for messages."""
+
+    def __init__(self, name: str, inputs: Sequence[tuple[str, Sequence[Dim], str]], outputs: Sequence[str],
+                 steps: Sequence[GraphStage | HostStep], constants: Mapping[str, np.ndarray], source: str) -> None:
+        super().__init__(name, inputs, outputs, source)
+        self._steps = tuple(steps)
+        self._constants = dict(constants)
+        hosts = [s for s in self._steps if isinstance(s, HostStep)]
+        self._why = hosts[0].describe() if hosts else ""
+
+    @property
+    def steps(self) -> tuple[GraphStage | HostStep, ...]:
+        return self._steps
+
+    def needs(self) -> str:
+        if self._why:
+            cause = (f"runs {self._why} on the host: its output's size depends on the data, so what follows it is "
+                     "built and compiled at run time, once per size")
+        else:
+            cause = ("computes a shape, a count or a condition from data it makes, so what reads it is built and "
+                     "compiled at run time, once per value")
+        return f"graph {self.name!r} ({self._source}) {cause}"
+
+    def run(self, inputs: Mapping[str, Any],
+            run_graph: Callable[[int, Graph, dict[str, Any]], Sequence[Any]]) -> list[np.ndarray]:
+        """The outputs for ``inputs``: each step in turn, ``run_graph(index, graph, feed)``
+        running each stage's graph built for what it reads."""
+        self.input_shapes(inputs)  # names checked here: a stage would name its own inputs only
+        env: dict[str, Any] = {**self._constants, **inputs}
+        for index, step in enumerate(self._steps):
+            if isinstance(step, HostStep):
+                env.update(step.apply(env))
+                continue
+            graph = step.build(signature(step.reads, env))
+            feed = {graph.node(i).name: env[graph.node(i).name] for i in graph.inputs}
+            env.update(zip(step.writes, run_graph(index, graph, feed)))
+        return [np.asarray(env[name]) for name in self._output_names]
+
+    def summary(self) -> str:
+        parts = [s.describe() + " on the host" if isinstance(s, HostStep) else s.what for s in self._steps]
+        return (f"Graph {self.name!r}: run in steps ({'; '.join(parts)}); inputs {self._inputs_text()}; "
+                f"outputs {', '.join(self._output_names)}")
+
+    def __repr__(self) -> str:
+        hosts = [s.describe() for s in self._steps if isinstance(s, HostStep)]
+        return f"StagedGraph({self.name!r}, {len(self._steps)} steps, on the host: {', '.join(hosts) or 'none'})"
+
+
+def signature(names: Sequence[str], env: Mapping[str, Any]) -> Signature:
+    """``names`` with the shape and dtype each has in ``env``."""
+    out = []
+    for name in names:
+        value = env[name]
+        dtype = getattr(value, "dtype", None)
+        out.append((name, tuple(int(d) for d in np.shape(value)), np.dtype(dtype if dtype is not None
+                                                                              else np.asarray(value).dtype).name))
+    return tuple(out)

@@ -1,0 +1,255 @@
+"""Loading a model in stages, with ops run on the host between them (``StagedGraph``).
+
+``load_any`` is the whole of ``load`` once the model is read and checked. A model with a
+top-level ``NonZero``, ``Unique`` or ``NonMaxSuppression`` (``_host_ops``) is cut there:
+
+- the *prefix*, every node that does not depend on such an op, is one graph, loaded as
+  any model is (static, symbolic dims, or built from input values), that outputs what
+  the host op and the rest read;
+- the host ops whose inputs the prefix makes run on the host (numpy);
+- the *rest* is loaded at run time, for the shapes and dtypes of what it reads, with
+  ``load_any`` again (it may hold host ops of its own): one static graph per signature.
+
+A model that needs the *value* of a tensor it computes from large data (a ``Range``
+bound from a ``ReduceMax``, an ``If`` condition from a comparison of activations, a
+``Reshape`` target computed deep in the net) is cut the same way at that tensor: the
+prefix computes it, and the rest is built with its value, which it reads as a small
+run-time input (``ValueDependentGraph``, so at most ``MAX_VALUE_ELEMENTS`` elements).
+
+The weights are read once, at load; every part converted takes those arrays
+(``Model.params``), so no weight is read or held twice.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from onnx import GraphProto, NodeProto, TensorProto, ValueInfoProto, helper, numpy_helper
+
+from ..errors import ModelError
+from ..ir import Graph
+from ..ir.staged import GraphStage, HostStep, Signature, StagedGraph
+from ..ir.valued import MAX_VALUE_ELEMENTS
+from ._by_value import inputs_behind, load_valued
+from ._context import NeedsValue, describe_node
+from ._dynamic import load_symbolic, symbol_names, symbolic_shapes
+from ._host_ops import HOST_OPS
+from ._loader import Model, _live, _TensorReader, _toposort
+from ._subgraphs import node_reads
+
+__all__ = ["load_any"]
+
+#: Rest graphs kept built, per signature (their compiled copies are kept by the compiled graph).
+_KEEP = 8
+
+
+def load_any(model: Model, dims: Mapping[str, int], free: Sequence[str]) -> Graph:
+    """``model`` as the graph ``load`` returns: staged when it holds host ops or needs a
+    value computed from large data, built per value when it needs small inputs' values,
+    symbolic when ``free`` leaves dims unbound, else static."""
+    hosts = {i for i, node in enumerate(model.gp.node) if node.op_type in HOST_OPS and node.domain in ("", "ai.onnx")}
+    if hosts:
+        staged = _load_staged(model, dims, free, hosts, None)
+        assert staged is not None
+        return staged
+    try:
+        if free:
+            return load_symbolic(model, dims, free)
+        return model.convert(dims)
+    except NeedsValue as exc:
+        readers = _readers_of(model.gp, exc.tensor)
+        if readers and not _behind_small_inputs(model, exc.tensor):  # computed from data: cut the model at it
+            staged = _load_staged(model, dims, free, readers, exc)
+            if staged is not None:
+                return staged
+        return load_valued(model, dims, free, exc)
+
+
+def _behind_small_inputs(model: Model, tensor: str) -> bool:
+    """Whether ``tensor`` is computed from inputs of a static size small enough to build
+    the graph per value of (a value from an input whose size is symbolic is data: a mask
+    of a batch, lengths of a sequence)."""
+    fed = [name for name, _, _ in model.specs if name not in model.values]
+    wanted = set(inputs_behind(model.gp, tensor, fed))
+    sizes = [shape for name, _, shape in model.specs if name in wanted]
+    return bool(wanted) and all(all(isinstance(d, int) for d in shape) and math.prod(shape) <= MAX_VALUE_ELEMENTS
+                                for shape in sizes)  # type: ignore[arg-type]
+
+
+def _readers_of(gp: GraphProto, tensor: str) -> set[int]:
+    """The top-level nodes reading ``tensor``, when a top-level node makes it (none when
+    it is an input, an initializer, or made inside a subgraph: no cut helps there)."""
+    if not any(tensor in node.output for node in gp.node):
+        return set()
+    return {i for i, node in enumerate(gp.node) if tensor in node_reads(node)}
+
+
+def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blocked: set[int],
+                 why: NeedsValue | None) -> StagedGraph | None:
+    """``model`` cut before the ``blocked`` nodes: the host ops among them run between the
+    parts. ``None`` when cutting for a value (``why``) leaves nothing to compute first."""
+    gp, where = model.gp, model.where
+    specs = [(name, dtype, shape) for name, dtype, shape in model.specs if name not in model.values]
+    order = _toposort(gp, {t.name for t in gp.initializer} | {v.name for v in gp.input}, where)
+    live = _live(gp, order)
+    arrays, folded = _weights(model, live)
+    live -= folded
+    after = _descendants(gp, blocked & live, live)
+    made_after = {out for i in after for out in gp.node[i].output if out}
+    prefix = [i for i in order if i in live and i not in after]
+    hosts = [i for i in order if i in blocked and i in live and gp.node[i].op_type in HOST_OPS
+             and not set(node_reads(gp.node[i])) & made_after]
+    rest = [i for i in order if i in after and i not in hosts]
+    if why is not None and (not prefix or not blocked & live):  # no part to compute first: no cut helps
+        return None
+    outputs = [o.name for o in gp.output]
+    read_later = {name for i in hosts + rest for name in node_reads(gp.node[i])} | set(outputs)
+    made_first = [out for i in prefix for out in gp.node[i].output if out and out in read_later]
+    made_on_host = {out for i in hosts for out in gp.node[i].output if out}
+    stub = _stubbed(gp, arrays)
+
+    steps: list[GraphStage | HostStep] = []
+    constants = {**model.values, **{n: a for n, a in arrays.items() if n in read_later}}
+    if prefix:
+        body = load_any(Model(_part(stub, [gp.node[i] for i in prefix], [s[0] for s in model.specs], made_first),
+                              where, model.base_dir, model.opset, model.specs, model.max_bytes, model.name,
+                              model.values, arrays), dims, free)
+        first = f"{len(prefix)} node(s) up to {_names(gp, hosts) if hosts else repr(why.tensor) if why else ''}"
+        steps.append(GraphStage(tuple(s[0] for s in specs), tuple(made_first), lambda _sig, g=body: g, first))
+    for i in hosts:
+        node = gp.node[i]
+        try:
+            run = HOST_OPS[node.op_type](node)
+        except ModelError as exc:
+            raise ModelError(f"{where}: {describe_node(node, i)}: {exc}") from None
+        steps.append(HostStep(node.op_type, node.name, tuple(node.input), tuple(node.output), run))
+    if rest:
+        produced = {out for i in rest for out in gp.node[i].output if out}
+        reads = sorted({n for i in rest for n in node_reads(gp.node[i]) if n not in produced and n not in arrays},
+                       key=lambda n: (n not in made_on_host, n))
+        rest_out = [n for n in outputs if n in produced]
+        builds = _RestBuilds(model, _part(stub, [gp.node[i] for i in rest], reads, rest_out), arrays,
+                             f"after {_names(gp, hosts) if hosts else repr(why.tensor) if why else ''}")
+        steps.append(GraphStage(tuple(reads), tuple(rest_out), builds, f"the {len(rest)} node(s) {builds.after}"))
+    names = symbol_names(free)
+    shapes = symbolic_shapes(model, dims, names)
+    inputs = [(name, shapes[name], dtype) for name, dtype, _ in specs]
+    return StagedGraph(model.name, inputs, outputs, steps, constants, source=where)
+
+
+class _RestBuilds:
+    """Builds the rest of a staged model for a signature (``GraphStage.build``), keeping
+    the last few built."""
+
+    def __init__(self, model: Model, gp: GraphProto, arrays: Mapping[str, np.ndarray], after: str) -> None:
+        self._model, self._gp, self._arrays, self.after = model, gp, arrays, after
+        self._built: OrderedDict[Signature, Graph] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, signature: Signature) -> Graph:
+        with self._lock:
+            found = self._built.get(signature)
+            if found is not None:
+                self._built.move_to_end(signature)
+                return found
+        m = self._model
+        specs = [(name, dtype, list(shape)) for name, shape, dtype in signature]
+        values = {n: v for n, v in m.values.items() if n in {s[0] for s in specs}}
+        part = Model(self._gp, m.where, m.base_dir, m.opset, specs, m.max_bytes, f"{m.name}.rest", values,
+                     self._arrays)
+        try:
+            graph = load_any(part, {}, [])
+        except ModelError as exc:
+            shown = ", ".join(f"{n}{list(s)} {d}" for n, s, d in signature)
+            raise ModelError(f"the part of the model {self.after}, built at run time for {shown}: {exc}") from None
+        with self._lock:
+            self._built[signature] = graph
+            while len(self._built) > _KEEP:
+                self._built.popitem(last=False)
+        return graph
+
+
+def _weights(model: Model, live: set[int]) -> tuple[dict[str, np.ndarray], set[int]]:
+    """Every initializer the live nodes read, read once, with the top-level ``Constant``
+    nodes' values (those nodes folded away: a host op reads them as arrays, the parts as
+    weights); and the nodes folded."""
+    gp = model.gp
+    used = {n for i in live for n in node_reads(gp.node[i])} | {o.name for o in gp.output}
+    reader = _TensorReader(model.where, model.base_dir, model.max_bytes)
+    arrays = dict(model.params)
+    for t in gp.initializer:
+        if t.name in used and t.name not in arrays:
+            arrays[t.name] = reader.read(t, f"{model.where}: initializer {t.name!r}")
+    folded: set[int] = set()
+    for i in live:
+        node = gp.node[i]
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1:
+            value = _constant(node)
+            if value is not None:
+                arrays[node.output[0]] = value
+                folded.add(i)
+    return arrays, folded
+
+
+def _constant(node: NodeProto) -> np.ndarray | None:
+    """A ``Constant`` node's value, for the kinds a weight can hold (not strings, not sparse)."""
+    attr = node.attribute[0]
+    value = helper.get_attribute_value(attr)
+    if attr.name == "value":
+        arr = numpy_helper.to_array(value)
+        return None if arr.dtype.kind in "OSU" else arr
+    kinds = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64, "value_ints": np.int64}
+    return np.array(value, dtype=kinds[attr.name]) if attr.name in kinds else None
+
+
+def _stubbed(gp: GraphProto, arrays: Mapping[str, np.ndarray]) -> dict[str, TensorProto]:
+    """A data-less initializer (name, dtype, dims) per array: a part's graph lists its
+    weights by these, and takes the arrays themselves from ``Model.params``."""
+    stubs = {}
+    for name, arr in arrays.items():
+        stub = TensorProto()
+        stub.name, stub.data_type = name, helper.np_dtype_to_tensor_dtype(arr.dtype)
+        stub.dims.extend(arr.shape)
+        stubs[name] = stub
+    return stubs
+
+
+def _part(stubs: Mapping[str, TensorProto], nodes: Sequence[NodeProto], inputs: Sequence[str],
+          outputs: Sequence[str]) -> GraphProto:
+    """A graph of ``nodes`` taking ``inputs`` (names: their types come from the part's
+    specs) and the weights its nodes read, giving ``outputs``."""
+    part = GraphProto()
+    part.node.extend(nodes)
+    part.input.extend(ValueInfoProto(name=n) for n in inputs)
+    part.output.extend(ValueInfoProto(name=n) for n in outputs)
+    reads = {n for node in nodes for n in node_reads(node)} | set(outputs)
+    part.initializer.extend(stubs[n] for n in sorted(reads) if n in stubs and n not in inputs)
+    return part
+
+
+def _descendants(gp: GraphProto, start: set[int], live: set[int]) -> set[int]:
+    """``start`` and every live node that reads, directly or not, what they make."""
+    readers: dict[str, list[int]] = {}
+    for i in live:
+        for name in node_reads(gp.node[i]):
+            readers.setdefault(name, []).append(i)
+    seen: set[int] = set()
+    stack = list(start)
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        for out in gp.node[i].output:
+            stack.extend(readers.get(out, ()))
+    return seen
+
+
+def _names(gp: GraphProto, nodes: Sequence[int]) -> str:
+    shown = [f"{gp.node[i].op_type} {gp.node[i].name!r}" if gp.node[i].name else gp.node[i].op_type
+             for i in nodes[:3]]
+    return ", ".join(shown) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")

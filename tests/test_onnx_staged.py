@@ -1,0 +1,190 @@
+"""Models whose sizes depend on the data, run in stages (``rlx_core/onnx/_staged.py``):
+NonZero, Unique and NonMaxSuppression on the host between compiled parts, and values
+computed from data (a Range bound, an If condition) read between parts; against
+onnxruntime and the numpy reference, on every device here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper
+from test_onnx_support import init, make_model, ort_run, vi
+
+import rlx_core as rlx
+from rlx_core import onnx as rlx_onnx
+from rlx_core import reference
+from rlx_core.compiler.inputs import random_inputs
+from rlx_core.errors import GraphError, InputError, ModelError
+from rlx_core.ir.specialize import representative
+from rlx_core.ir.staged import HostStep, StagedGraph
+
+RNG = np.random.default_rng(33)
+F = TensorProto.FLOAT
+
+
+def _devices() -> list[str]:
+    reg = rlx.default_registry()
+    return [d for d in ("cpu", "jax", "opencl") if d in reg.names() and rlx.get_backend(d).probe().available]
+
+
+def _same(got: list[np.ndarray], want: list[np.ndarray], what: str) -> None:
+    assert len(got) == len(want), what
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape and g.dtype == w.dtype, f"{what}: output {i} {g.dtype}{g.shape} != {w.dtype}{w.shape}"
+        if g.dtype.kind in "biu":
+            np.testing.assert_array_equal(g, w, err_msg=f"{what}: output {i}")
+        else:
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=f"{what}: output {i}")
+
+
+def _check(model: object, feeds: list[dict[str, np.ndarray]], device: str = "cpu") -> rlx.CompiledGraph:
+    graph = rlx_onnx.load(model)
+    assert isinstance(graph, StagedGraph)
+    cg = rlx.compile(graph, device=device)
+    for feed in feeds:
+        want = ort_run(model, feed)
+        _same(cg.run(feed), want, f"{device}, inputs {[a.shape for a in feed.values()]}")
+        _same([r.astype(w.dtype) for r, w in zip(reference.evaluate(graph, feed), want)], want, "reference")
+    return cg
+
+
+def _detector() -> object:
+    """Boxes and scores computed by the model, NMS with constant thresholds, the kept boxes
+    gathered: an SSD-style post-processing, with a symbolic box count."""
+    nodes = [helper.make_node("Add", ["x", "offsets"], ["boxes"]), helper.make_node("Sigmoid", ["s"], ["scores"]),
+             helper.make_node("Constant", [], ["most"], value=helper.make_tensor("v", TensorProto.INT64, [1], [5])),
+             helper.make_node("Constant", [], ["iou"], value_float=0.5),
+             helper.make_node("Constant", [], ["least"], value_floats=[0.3]),
+             helper.make_node("NonMaxSuppression", ["boxes", "scores", "most", "iou", "least"], ["kept"], name="nms"),
+             helper.make_node("Gather", ["kept", "two"], ["box_index"], axis=1),
+             helper.make_node("Squeeze", ["boxes", "zero"], ["all_boxes"]),
+             helper.make_node("Gather", ["all_boxes", "box_index"], ["picked"], axis=0),
+             helper.make_node("ReduceSum", ["picked", "one"], ["total"], keepdims=0)]
+    return make_model(nodes, [vi("x", "float32", [1, "n", 4]), vi("s", "float32", [1, 3, "n"])],
+                      [vi("picked", "float32", None), vi("kept", "int64", None), vi("total", "float32", None)],
+                      [init("offsets", np.array([0, 0, 1, 1], np.float32)), init("two", np.array(2, np.int64)),
+                       init("zero", np.array([0], np.int64)), init("one", np.array([1], np.int64))], opset=17)
+
+
+def _detector_feed(n: int, shift: float = 0.0) -> dict[str, np.ndarray]:
+    return {"x": RNG.random((1, n, 4), dtype=np.float32) * 3,
+            "s": RNG.standard_normal((1, 3, n)).astype(np.float32) + np.float32(shift)}
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_nms_between_compiled_parts_matches_onnxruntime(device: str) -> None:
+    """Any box count, and no box kept at all (every score under the threshold)."""
+    cg = _check(_detector(), [_detector_feed(20), _detector_feed(7), _detector_feed(20, -10.0)], device)
+    notes = "\n".join(cg.report().notes)
+    assert "NonMaxSuppression 'nms' on the host" in notes
+    assert "the 3 node(s) after NonMaxSuppression 'nms': compiled" in notes
+    assert cg.device == device
+
+
+def test_nonzero_on_computed_values_with_any_size_and_all_zeros() -> None:
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("NonZero", ["r"], ["nz"], name="where"),
+             helper.make_node("Transpose", ["nz"], ["t"], perm=[1, 0]),
+             helper.make_node("Cast", ["t"], ["tf"], to=F), helper.make_node("Mul", ["tf", "two"], ["y"])]
+    model = make_model(nodes, [vi("x", "float32", ["n", 4])], [vi("y", "float32", None), vi("r", "float32", None)],
+                       [init("two", np.array(2.0, np.float32))])
+    feeds = [{"x": RNG.standard_normal((n, 4)).astype(np.float32)} for n in (3, 5, 3)]
+    cg = _check(model, [*feeds, {"x": -np.ones((2, 4), np.float32)}])
+    assert cg.compiles >= 4  # the prefix once, the rest per count
+
+
+def test_unique_in_order_of_first_occurrence_along_an_axis() -> None:
+    nodes = [helper.make_node("Floor", ["x"], ["f"]),
+             helper.make_node("Unique", ["f"], ["y", "first", "inverse", "counts"], axis=0, sorted=0),
+             helper.make_node("ReduceSum", ["y", "one"], ["rows"], keepdims=0)]
+    model = make_model(nodes, [vi("x", "float32", ["n", 2])],
+                       [vi(n, "float32" if n in ("y", "rows") else "int64", None)
+                        for n in ("y", "first", "inverse", "counts", "rows")],
+                       [init("one", np.array([1], np.int64))])
+    _check(model, [{"x": RNG.integers(0, 3, (n, 2)).astype(np.float32)} for n in (9, 4)])
+
+
+def test_a_range_to_a_count_computed_from_a_mask_is_cut_there() -> None:
+    """``Range(0, ReduceSum(mask))`` over a batch-sized mask: the count is data, so the model
+    is cut at it (not built per value of the whole mask)."""
+    nodes = [helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.INT64),
+             helper.make_node("ReduceSum", ["m"], ["k"], keepdims=0),
+             helper.make_node("Range", ["zero", "k", "one"], ["r"]), helper.make_node("Cast", ["r"], ["rf"], to=F),
+             helper.make_node("ReduceMean", ["x"], ["mean"], keepdims=0),
+             helper.make_node("Add", ["rf", "mean"], ["y"])]
+    model = make_model(nodes, [vi("mask", "bool", ["b", "s"]), vi("x", "float32", ["b", "s"])],
+                       [vi("y", "float32", None)],
+                       [init("zero", np.array(0, np.int64)), init("one", np.array(1, np.int64))])
+    graph = rlx_onnx.load(model)
+    assert not any(isinstance(s, HostStep) for s in graph.steps) and "'k'" in graph.summary()
+    _check(model, [{"mask": RNG.random((b, s)) < 0.5, "x": RNG.random((b, s), dtype=np.float32)}
+                   for b, s in ((2, 5), (3, 7), (2, 5))])
+
+
+def test_an_if_on_data_picks_its_branch_per_run() -> None:
+    then = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["o"])], "then", [],
+                             [helper.make_tensor_value_info("o", F, None)])
+    other = helper.make_graph([helper.make_node("ReduceSum", ["x"], ["o2"], keepdims=1)], "else", [],
+                              [helper.make_tensor_value_info("o2", F, None)])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
+    model = make_model(nodes, [vi("x", "float32", ["b", 3])], [vi("y", "float32", None)],
+                       [init("zero", np.array(0, np.float32)), init("two", np.array(2, np.float32))])
+    x = RNG.random((4, 3), dtype=np.float32)
+    _check(model, [{"x": x}, {"x": -x[:2]}, {"x": x}])
+
+
+def test_a_staged_graph_has_no_body_before_it_runs() -> None:
+    graph = rlx_onnx.load(_detector())
+    assert graph.is_symbolic and "NonMaxSuppression 'nms' on the host" in graph.summary()
+    with pytest.raises(GraphError, match="runs NonMaxSuppression 'nms' on the host"):
+        representative(graph)
+    with pytest.raises(GraphError, match="cannot be saved as JSON"):
+        graph.to_json()
+    with pytest.raises(GraphError, match="cannot be edited"):
+        graph.relu(graph.inputs[0])
+    made = random_inputs(graph, given={"x": (1, 6, 4)})
+    assert made["x"].shape == (1, 6, 4) and made["s"].shape == (1, 3, 6)
+    assert len(rlx.compile(graph).run(made)) == 3
+
+
+def test_inputs_and_host_op_failures_are_named() -> None:
+    cg = rlx.compile(rlx_onnx.load(_detector()), device="cpu")
+    with pytest.raises(InputError, match="missing input"):
+        cg.run({"x": np.zeros((1, 3, 4), np.float32)})
+    with pytest.raises(InputError, match=r"input 's' dim 2 .'n'.: 4, but input 'x' gave n = 3"):
+        cg.run({"x": np.zeros((1, 3, 4), np.float32), "s": np.zeros((1, 3, 4), np.float32)})
+    # Straight from the inputs (no part before it), the op itself checks what it reads.
+    nms = helper.make_node("NonMaxSuppression", ["boxes", "scores"], ["kept"], name="nms")
+    model = make_model([nms], [vi("boxes", "float32", ["b", "n", 4]), vi("scores", "float32", ["b", "c", "m"])],
+                       [vi("kept", "int64", None)])
+    cg = rlx.compile(rlx_onnx.load(model), device="cpu")
+    with pytest.raises(InputError, match=r"NonMaxSuppression 'nms', run on the host: scores must be"):
+        cg.run({"boxes": np.zeros((1, 3, 4), np.float32), "scores": np.zeros((1, 2, 4), np.float32)})
+    (kept,) = cg.run({"boxes": np.zeros((1, 3, 4), np.float32), "scores": np.zeros((1, 2, 3), np.float32)})
+    assert kept.shape == (0, 3)  # max_output_boxes_per_class left out: 0
+
+
+def test_graph_devices_and_set_param_reach_every_stage() -> None:
+    graph = rlx_onnx.load(_detector())
+    feed = _detector_feed(12)
+    cg = rlx.GraphDevices(graph).compile("cpu")
+    before = cg.run(feed)
+    cg.set_param("offsets", np.array([1, 1, 2, 2], np.float32))
+    after = cg.run(feed)
+    np.testing.assert_allclose(after[0], before[0] + 1, rtol=1e-6)  # the same boxes kept (IoU moves with all)
+    with pytest.raises(InputError, match="no param 'nope'"):
+        cg.set_param("nope", np.zeros(1, np.float32))
+
+
+def test_a_host_op_inside_a_branch_is_refused_by_name() -> None:
+    bad = helper.make_graph([helper.make_node("NonZero", ["x"], ["u"])], "then", [],
+                            [helper.make_tensor_value_info("u", TensorProto.INT64, None)])
+    node = helper.make_node("If", ["c"], ["y"], then_branch=bad, else_branch=bad)
+    model = make_model([node], [vi("x", "float32", [3]), vi("c", "bool", [])], [vi("y", "int64", None)])
+    with pytest.raises((ModelError, InputError), match="unsupported ONNX op: NonZero"):
+        rlx.compile(rlx_onnx.load(model), device="cpu").run({"x": np.ones(3, np.float32), "c": np.array(True)})
