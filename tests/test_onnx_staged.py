@@ -80,9 +80,24 @@ def test_nms_between_compiled_parts_matches_onnxruntime(device: str) -> None:
     """Any box count, and no box kept at all (every score under the threshold)."""
     cg = _check(_detector(), [_detector_feed(20), _detector_feed(7), _detector_feed(20, -10.0)], device)
     notes = "\n".join(cg.report().notes)
-    assert "NonMaxSuppression 'nms' on the host" in notes
+    assert "on the host (numpy): NonMaxSuppression 'nms'" in notes
     assert "the 3 node(s) after NonMaxSuppression 'nms': compiled" in notes
     assert cg.device == device
+
+
+@pytest.mark.parametrize("center", [0, 1])
+def test_nms_on_many_overlapping_boxes_matches_onnxruntime(center: int) -> None:
+    """Hundreds of boxes in a small field (many overlaps, some tied scores, corners in
+    either order), three classes, two images, no cap on the count."""
+    nms = helper.make_node("NonMaxSuppression", ["boxes", "scores", "most", "iou", "least"], ["kept"],
+                           center_point_box=center)
+    model = make_model([nms], [vi("boxes", "float32", [2, "n", 4]), vi("scores", "float32", [2, 3, "n"])],
+                       [vi("kept", "int64", None)],
+                       [init("most", np.array([10**9], np.int64)), init("iou", np.array([0.4], np.float32)),
+                        init("least", np.array([0.1], np.float32))])
+    boxes = RNG.random((2, 400, 4), dtype=np.float32) * 10
+    scores = np.round(RNG.random((2, 3, 400)), 2).astype(np.float32)  # rounded: ties
+    _check(model, [{"boxes": boxes, "scores": scores}])
 
 
 def test_nonzero_on_computed_values_with_any_size_and_all_zeros() -> None:
@@ -181,10 +196,27 @@ def test_graph_devices_and_set_param_reach_every_stage() -> None:
         cg.set_param("nope", np.zeros(1, np.float32))
 
 
-def test_a_host_op_inside_a_branch_is_refused_by_name() -> None:
-    bad = helper.make_graph([helper.make_node("NonZero", ["x"], ["u"])], "then", [],
-                            [helper.make_tensor_value_info("u", TensorProto.INT64, None)])
-    node = helper.make_node("If", ["c"], ["y"], then_branch=bad, else_branch=bad)
-    model = make_model([node], [vi("x", "float32", [3]), vi("c", "bool", [])], [vi("y", "int64", None)])
-    with pytest.raises((ModelError, InputError), match="unsupported ONNX op: NonZero"):
-        rlx.compile(rlx_onnx.load(model), device="cpu").run({"x": np.ones(3, np.float32), "c": np.array(True)})
+def test_a_host_op_inside_a_branch_runs_when_the_branch_is_spliced_in() -> None:
+    """An If on an input (or known at load) whose branch holds NonZero: built per value of
+    the condition, the branch spliced into the graph, NonZero on the host."""
+    nz = helper.make_graph([helper.make_node("NonZero", ["x"], ["u"])], "then", [],
+                           [helper.make_tensor_value_info("u", TensorProto.INT64, None)])
+    other = helper.make_graph([helper.make_node("Shape", ["x"], ["v0"]), helper.make_node("Unsqueeze", ["v0", "zero"],
+                                                                                           ["v"])], "else", [],
+                              [helper.make_tensor_value_info("v", TensorProto.INT64, None)])
+    node = helper.make_node("If", ["c"], ["y"], then_branch=nz, else_branch=other)
+    model = make_model([node], [vi("x", "float32", [3]), vi("c", "bool", [])], [vi("y", "int64", None)],
+                       [init("zero", np.array([0], np.int64))])
+    _check(model, [{"x": np.array([0, 2, 3], np.float32), "c": np.array(flag)} for flag in (True, False, True)])
+
+
+def test_a_host_op_inside_a_loop_body_is_refused_by_name() -> None:
+    body = helper.make_graph(
+        [helper.make_node("NonZero", ["x"], ["u"]), helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c_in", 9, [])],
+        [helper.make_tensor_value_info("c_out", 9, []), helper.make_tensor_value_info("u", TensorProto.INT64, None)])
+    node = helper.make_node("Loop", ["M", ""], ["us"], body=body)
+    model = make_model([node], [vi("x", "float32", [3])], [vi("us", "int64", None)],
+                       [init("M", np.array(2, np.int64))], opset=16)
+    with pytest.raises(ModelError, match="unsupported ONNX op: NonZero"):
+        rlx_onnx.load(model)

@@ -129,6 +129,22 @@ class StagedCompiledGraph(CompiledGraph):
 
 
 def _plan(graph: StagedGraph) -> list[str]:
-    """The steps as the report lists them."""
-    return [f"step {i + 1}: " + (s.describe() + " on the host (numpy)" if isinstance(s, HostStep) else s.what)
-            for i, s in enumerate(graph.steps)]
+    """The steps as the report lists them (a run of host steps as one line)."""
+    lines: list[str] = []
+    run: list[str] = []
+    for i, step in enumerate(graph.steps):
+        if isinstance(step, HostStep):
+            run.append(step.describe())
+            continue
+        if run:
+            lines.append(_host_line(run))
+            run = []
+        lines.append(f"step {i + 1}: {step.what}")
+    if run:
+        lines.append(_host_line(run))
+    return lines
+
+
+def _host_line(ops: list[str]) -> str:
+    shown = ", ".join(ops[:3]) + (f" and {len(ops) - 3} more" if len(ops) > 3 else "")
+    return f"on the host (numpy): {shown}"

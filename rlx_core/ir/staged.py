@@ -30,12 +30,13 @@ import numpy as np
 from ..errors import InputError
 from . import Graph
 from .symbolic import Dim
-from .valued import RunTimeGraph
+from .valued import MAX_VALUE_ELEMENTS, RunTimeGraph
 
 __all__ = ["StagedGraph", "GraphStage", "HostStep", "Signature"]
 
-#: What a stage's graph is built for: each tensor it reads, with its shape and dtype.
-Signature = tuple[tuple[str, tuple[int, ...], str], ...]
+#: What a stage's graph is built for: each tensor it reads, with its shape, its dtype, and
+#: its bytes where the stage is built from its value (else None).
+Signature = tuple[tuple[str, tuple[int, ...], str, "bytes | None"], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,12 +44,14 @@ class GraphStage:
     """A part of the model compiled as a graph: it reads ``reads`` and makes ``writes``
     (its graph's outputs, in order). ``build(signature)`` makes the graph for what it is
     fed: the same graph every time for a stage fixed at load, a new static graph per
-    signature for one after a host step. ``what`` names it in reports."""
+    signature for one after a host step. ``values`` are the reads whose values (at most
+    ``MAX_VALUE_ELEMENTS`` each) the graph is built from. ``what`` names it in reports."""
 
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     build: Callable[[Signature], Graph]
     what: str
+    values: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,27 +117,53 @@ class StagedGraph(RunTimeGraph):
             if isinstance(step, HostStep):
                 env.update(step.apply(env))
                 continue
-            graph = step.build(signature(step.reads, env))
+            graph = step.build(signature(step.reads, env, step.values))
             feed = {graph.node(i).name: env[graph.node(i).name] for i in graph.inputs}
             env.update(zip(step.writes, run_graph(index, graph, feed)))
         return [np.asarray(env[name]) for name in self._output_names]
 
     def summary(self) -> str:
-        parts = [s.describe() + " on the host" if isinstance(s, HostStep) else s.what for s in self._steps]
+        parts = _grouped([s.describe() + " on the host" if isinstance(s, HostStep) else s.what for s in self._steps])
         return (f"Graph {self.name!r}: run in steps ({'; '.join(parts)}); inputs {self._inputs_text()}; "
                 f"outputs {', '.join(self._output_names)}")
 
     def __repr__(self) -> str:
         hosts = [s.describe() for s in self._steps if isinstance(s, HostStep)]
-        return f"StagedGraph({self.name!r}, {len(self._steps)} steps, on the host: {', '.join(hosts) or 'none'})"
+        shown = ", ".join(hosts[:3]) + (f" and {len(hosts) - 3} more" if len(hosts) > 3 else "")
+        return f"StagedGraph({self.name!r}, {len(self._steps)} steps, on the host: {shown or 'none'})"
 
 
-def signature(names: Sequence[str], env: Mapping[str, Any]) -> Signature:
-    """``names`` with the shape and dtype each has in ``env``."""
+def _grouped(parts: list[str]) -> list[str]:
+    """Runs of more than three host steps shown as their first and a count."""
+    out: list[str] = []
+    i = 0
+    while i < len(parts):
+        j = i
+        while j < len(parts) and parts[j].endswith(" on the host"):
+            j += 1
+        if j - i > 3:
+            out += [parts[i], f"and {j - i - 1} more ops on the host"]
+            i = j
+        else:
+            out.append(parts[i])
+            i += 1
+    return out
+
+
+def signature(names: Sequence[str], env: Mapping[str, Any], values: Sequence[str] = ()) -> Signature:
+    """``names`` with the shape and dtype each has in ``env``, and the bytes of those in
+    ``values`` (``InputError`` when one holds more than ``MAX_VALUE_ELEMENTS``)."""
     out = []
     for name in names:
         value = env[name]
         dtype = getattr(value, "dtype", None)
-        out.append((name, tuple(int(d) for d in np.shape(value)), np.dtype(dtype if dtype is not None
-                                                                              else np.asarray(value).dtype).name))
+        dtype = np.dtype(dtype if dtype is not None else np.asarray(value).dtype).name
+        data = None
+        if name in values:
+            arr = np.ascontiguousarray(np.asarray(value))
+            if arr.size > MAX_VALUE_ELEMENTS:
+                raise InputError(f"{name!r} holds {arr.size} elements: the model computes a shape, count or condition "
+                                 f"from it, and rlx builds graphs from such values only up to {MAX_VALUE_ELEMENTS}")
+            data = arr.tobytes()
+        out.append((name, tuple(int(d) for d in np.shape(value)), dtype, data))
     return tuple(out)

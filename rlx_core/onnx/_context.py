@@ -35,6 +35,30 @@ class NeedsValue(ModelError):
         self.tensor = tensor
 
 
+class NeedsHost(ModelError):
+    """A node that rlx's ops cannot express at this size (a TopK whose K is too large to
+    unroll) and that the host runs (``_host_ops.HOST_RUNS``); ``tensor`` is its first
+    output, ``tensors`` the first outputs of every such node a conversion met (it goes on
+    past the first, so that one cut takes them all). ``load`` cuts the model around them
+    (``_staged``); in a subgraph it is the model's refusal."""
+
+    def __init__(self, message: str, tensor: str, tensors: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.tensor = tensor
+        self.tensors = tuple(tensors) or (tensor,)
+
+
+class SpliceIf(ModelError):
+    """An ``If`` whose condition is known at import but whose branch holds ops that run on
+    the host: ``load`` splices the branch into the graph (``_inline``) and loads again, so
+    those ops run between compiled parts. ``tensor`` is the If's first output, ``taken``
+    the branch (True: then)."""
+
+    def __init__(self, message: str, tensor: str, taken: bool) -> None:
+        super().__init__(message)
+        self.tensor, self.taken = tensor, taken
+
+
 _ONNX_DTYPES: dict[int, str] = {
     TensorProto.FLOAT: "float32",
     TensorProto.FLOAT16: "float16",

@@ -27,7 +27,7 @@ from ..ir import Graph
 from ..ir.deferred import DeferredGraph
 from ..ir.specialize import REPRESENTATIVE_SIZES
 from ..ir.symbolic import Dim, Sym
-from ._context import NeedsValue
+from ._context import NeedsHost, NeedsValue, SpliceIf
 from ._loader import Model, resolve_dims
 
 __all__ = ["load_symbolic", "symbol_names", "symbolic_shapes", "without_weights"]
@@ -67,7 +67,7 @@ def load_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str]) ->
         try:
             body = model.convert({**dims, **dict.fromkeys(free, size)})
             break
-        except NeedsValue:  # no size helps: the caller builds the graph per set of values
+        except (NeedsValue, NeedsHost, SpliceIf):  # no size helps: the caller builds, cuts or splices
             raise
         except ModelError as exc:
             failures.append((size, exc))

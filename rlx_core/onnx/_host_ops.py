@@ -1,7 +1,8 @@
 """The ONNX ops whose output size depends on the data, run on the host (numpy).
 
 ``NonZero``, ``Unique`` and ``NonMaxSuppression`` make outputs that no shape rule can size
-before they run. rlx runs them between compiled stages (``rlx_core.ir.staged``): the
+before they run; ``TopK`` runs here where rlx's ops cannot express it (a K too large to
+unroll). rlx runs them between compiled stages (``rlx_core.ir.staged``): the
 stage before computes what they read, they run here on the host, and the stage after is
 built for the sizes they made. Each is written to the ONNX specification and checked
 against ONNX's own node tests and onnxruntime: ties, empty outputs, and the optional
@@ -21,7 +22,7 @@ from onnx import NodeProto, helper
 
 from ..errors import ModelError
 
-__all__ = ["HOST_OPS", "HostRun"]
+__all__ = ["HOST_OPS", "HOST_RUNS", "HostRun"]
 
 #: Runs one node: its inputs (``None`` where an optional one is left out) to its outputs.
 HostRun = Callable[[Sequence["np.ndarray | None"]], list[np.ndarray]]
@@ -109,29 +110,70 @@ def _select(lo: np.ndarray, hi: np.ndarray, scores: np.ndarray, most: int, iou: 
             least: float | None) -> list[int]:
     """One class's kept boxes, best first: candidates above ``least`` in order of score
     (ties: the lower index first), each kept unless its IoU with a kept one is above
-    ``iou``; at most ``most``."""
+    ``iou``; at most ``most``.
+
+    Each kept box is compared only with the candidates whose x extent can meet its own
+    (a window of the candidates sorted by their left edge, no wider than the widest box),
+    still in play and after it: torchvision's batched NMS puts every class's boxes in one
+    call, offset so that classes never meet, so a square matrix of IoUs (or a comparison
+    with every candidate) would be mostly wasted."""
     candidates = np.arange(scores.size) if least is None else np.nonzero(scores > scores.dtype.type(least))[0]
     order = candidates[np.argsort(-scores[candidates], kind="stable")]
     lo, hi = lo[order], hi[order]
-    inter_lo = np.maximum(lo[:, None, :], lo[None, :, :])
-    inter_hi = np.minimum(hi[:, None, :], hi[None, :, :])
-    overlap = np.all(inter_hi > inter_lo, axis=-1)
-    inter = np.prod(inter_hi - inter_lo, axis=-1)
     area = np.prod(hi - lo, axis=-1)
-    union = area[:, None] + area[None, :] - inter
-    with np.errstate(divide="ignore", invalid="ignore"):
-        suppresses = overlap & (inter > 0) & (area[:, None] > 0) & (area[None, :] > 0) & (union > 0) & (
-            inter / union > lo.dtype.type(iou))
+    limit = lo.dtype.type(iou)
+    count = order.size
+    alive = np.ones(count, bool)
+    by_left = np.argsort(lo[:, 1], kind="stable")
+    lefts = lo[by_left, 1]
+    widest = np.max(hi[:, 1] - lo[:, 1]) if count else 0.0
+    windowed = bool(np.isfinite(widest)) and not np.isnan(lefts).any()
     kept: list[int] = []
-    dropped = np.zeros(order.size, bool)
-    for i in range(order.size):
-        if dropped[i]:
-            continue
+    i = 0
+    while i < count and len(kept) < most:
         kept.append(int(order[i]))
-        if len(kept) == most:
-            break
-        dropped |= suppresses[i]
+        if windowed:
+            start, stop = np.searchsorted(lefts, lo[i, 1] - widest, "right"), np.searchsorted(lefts, hi[i, 1], "left")
+            window = by_left[start:stop]
+            later = window[(window > i) & alive[window]]
+        else:
+            later = i + 1 + np.flatnonzero(alive[i + 1:])
+        if later.size:
+            inter_lo, inter_hi = np.maximum(lo[i], lo[later]), np.minimum(hi[i], hi[later])
+            overlap = np.all(inter_hi > inter_lo, axis=-1)
+            inter = np.prod(inter_hi - inter_lo, axis=-1)
+            union = area[i] + area[later] - inter
+            with np.errstate(divide="ignore", invalid="ignore"):
+                gone = overlap & (inter > 0) & (area[i] > 0) & (area[later] > 0) & (union > 0) & (inter / union > limit)
+            alive[later[gone]] = False
+        i += 1
+        while i < count and not alive[i]:
+            i += 1
     return kept
+
+
+def _topk(node: NodeProto) -> HostRun:
+    """TopK where the ops cannot express it (a K too large to unroll): sorted, ties to
+    the lower index, as the spec asks; a NaN counts as the largest."""
+    attrs = _attrs(node)
+    axis, largest = int(attrs.get("axis", -1)), int(attrs.get("largest", 1))  # type: ignore[call-overload]
+
+    def run(args: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        x, k = _required(args, 0, "X"), _scalar(args, 1, None)
+        if not -x.ndim <= axis < x.ndim:
+            raise ValueError(f"axis {axis} is out of range for an input of rank {x.ndim}")
+        along = axis % x.ndim
+        n = x.shape[along]
+        if k is None or not 0 <= int(k) <= n:
+            raise ValueError(f"K = {k} must be in 0..{n} (the length of axis {along})")
+        if largest:  # descending, ties to the lower index: a stable ascending sort of the reversed axis, reversed
+            order = n - 1 - np.flip(np.argsort(np.flip(x, along), axis=along, kind="stable"), along)
+        else:
+            order = np.argsort(x, axis=along, kind="stable")
+        index = np.take(order, np.arange(int(k)), axis=along)
+        return [np.take_along_axis(x, index, along), index.astype(np.int64)]
+
+    return run
 
 
 def _required(args: Sequence[np.ndarray | None], index: int, name: str) -> np.ndarray:
@@ -151,9 +193,12 @@ def _scalar(args: Sequence[np.ndarray | None], index: int, default: float | None
     return arg.reshape(-1)[0].item()
 
 
-#: The ops run on the host, each from its node to the function that runs it.
+#: The ops always run on the host, each from its node to the function that runs it.
 HOST_OPS: dict[str, Callable[[NodeProto], HostRun]] = {
     "NonZero": _nonzero,
     "Unique": _unique,
     "NonMaxSuppression": _non_max_suppression,
 }
+#: Every op the host runs: those above, and those run there only where rlx's ops cannot
+#: express a node (its converter raises ``NeedsHost``).
+HOST_RUNS: dict[str, Callable[[NodeProto], HostRun]] = {**HOST_OPS, "TopK": _topk}

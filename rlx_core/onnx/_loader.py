@@ -40,7 +40,7 @@ from . import (  # noqa: F401  (they register the converters)
     _ops_signal,
     _ops_tensor,
 )
-from ._context import CONVERTERS, NeedsValue, NodeContext, describe_node, onnx_dtype
+from ._context import CONVERTERS, NeedsHost, NeedsValue, NodeContext, SpliceIf, describe_node, onnx_dtype
 from ._host_ops import HOST_OPS
 from ._shapes import Emitter, Operand, frozen
 from ._subgraphs import node_reads
@@ -510,9 +510,24 @@ class Model:
                 env[init_name] = f.param(init_name, reader.read(t, f"{where}: initializer {init_name!r}")
                                          if arr is None else arr)
 
+        hosted: list[NeedsHost] = []  # nodes the host runs: the conversion goes on past them, to find them all
+        unmade: set[str] = set()
         for index in (i for i in order if i in live):
             node = gp.node[index]
-            _convert_node(node, index, env, f, self.opset, used_names, reader, where)
+            if hosted and unmade.intersection(node_reads(node)):
+                unmade.update(out for out in node.output if out)
+                continue
+            try:
+                _convert_node(node, index, env, f, self.opset, used_names, reader, where)
+            except NeedsHost as exc:
+                hosted.append(exc)
+                unmade.update(out for out in node.output if out)
+            except ModelError:
+                if hosted:
+                    break
+                raise
+        if hosted:
+            raise NeedsHost(str(hosted[0]), hosted[0].tensor, [h.tensor for h in hosted])
 
         g.set_outputs(_named_outputs(g, f, env, [o.name for o in gp.output], where))
         return g
@@ -533,8 +548,10 @@ def _convert_node(node: NodeProto, index: int, env: dict[str, Operand], f: Emitt
     except ModelError as exc:
         text = str(exc)
         text = text if text.startswith(where) else f"{where}: {ctx.describe()}: {text}"
-        if isinstance(exc, NeedsValue):
-            raise NeedsValue(text, exc.tensor) from None
+        if isinstance(exc, (NeedsValue, NeedsHost)):
+            raise type(exc)(text, exc.tensor) from None
+        if isinstance(exc, SpliceIf):
+            raise SpliceIf(text, exc.tensor, exc.taken) from None
         raise ModelError(text) from None
     except (RlxError, ValueError, IndexError, ArithmeticError) as exc:
         raise ModelError(f"{where}: {ctx.describe()}: {exc}") from None

@@ -5,7 +5,8 @@ rlx's IR has no control flow, so every backend runs these models without knowing
 - **If** converts the branch its condition picks. The condition must be known at import,
   as exporters' shape checks are; one computed from small inputs makes the model a
   ``ValueDependentGraph`` (built per value, ``_by_value``), and one computed from data
-  at run time is refused by name.
+  cuts the model there (``_staged``). A branch holding ops that run on the host
+  (``NonMaxSuppression``) is spliced into the graph instead (``SpliceIf``, ``_inline``).
 - **Loop** is unrolled: its trip count and, after every iteration, its condition must be
   known at import (a ``for`` loop as torch exports it; a loop whose exit depends on the
   data is refused by name). Loop-carried values flow from one copy of the body to the
@@ -23,7 +24,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._context import NodeContext, converter
+from ._context import CONVERTERS, NodeContext, SpliceIf, converter
+from ._host_ops import HOST_RUNS
 from ._shapes import Emitter, Operand, frozen
 
 __all__ = ["MAX_UNROLL"]
@@ -37,7 +39,13 @@ def _if(c: NodeContext) -> list[Operand | None]:
     cond = c.static(0, "cond")
     if cond is None or cond.size != 1:
         raise c.fail(f"cond must hold one value, got {None if cond is None else cond.shape}")
-    branch = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+    taken = bool(cond.reshape(-1)[0])
+    branch = "then_branch" if taken else "else_branch"
+    graph = next((a.g for a in c.node.attribute if a.name == branch), None)
+    held = sorted({n.op_type for n in graph.node if n.op_type in HOST_RUNS and n.op_type not in CONVERTERS}
+                  if graph is not None else set())
+    if held:  # spliced into the graph by the loader, so that those ops run on the host between parts
+        raise SpliceIf(f"its {branch} holds {', '.join(held)}, which run on the host", c.out(0), taken)
     return list(c.subgraph(branch))
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ir.dtypes import DTYPES, INT_DTYPES
-from ._context import NodeContext, converter
+from ._context import NeedsHost, NodeContext, converter
 from ._shapes import Emitter, Operand, frozen
 
 __all__: list[str] = []
@@ -513,8 +513,8 @@ def _topk(c: NodeContext) -> list[Operand | None]:
     k, n = _scalar_input(c, 1, "K"), shape[axis]
     if not 1 <= k <= n:
         raise c.fail(f"K = {k} must be in 1..{n} (the length of axis {axis})")
-    if k > TOPK_MAX_K:
-        raise c.fail(f"K = {k} is over {TOPK_MAX_K}: rlx unrolls TopK, one round per value")
+    if k > TOPK_MAX_K:  # run on the host between compiled parts (rlx_core/onnx/_staged.py)
+        raise NeedsHost(f"K = {k} is over {TOPK_MAX_K}: rlx's ops unroll TopK, one round per value", c.out(0))
     largest = bool(c.attr("largest", 1))
     floats = dtype in _FLOATS
     v = x if largest else f.flip(x)

@@ -28,18 +28,19 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from onnx import GraphProto, NodeProto, TensorProto, ValueInfoProto, helper, numpy_helper
+from onnx import GraphProto, NodeProto, TensorProto, ValueInfoProto, helper
 
 from ..errors import ModelError
 from ..ir import Graph
 from ..ir.staged import GraphStage, HostStep, Signature, StagedGraph
 from ..ir.valued import MAX_VALUE_ELEMENTS
 from ._by_value import inputs_behind, load_valued
-from ._context import NeedsValue, describe_node
+from ._context import NeedsHost, NeedsValue, SpliceIf, describe_node
 from ._dynamic import load_symbolic, symbol_names, symbolic_shapes
-from ._host_ops import HOST_OPS
+from ._host_ops import HOST_OPS, HOST_RUNS
+from ._inline import constant_value, inline_known_ifs, splice_if
 from ._loader import Model, _live, _TensorReader, _toposort
-from ._subgraphs import node_reads
+from ._subgraphs import node_reads, subgraphs
 
 __all__ = ["load_any"]
 
@@ -51,6 +52,7 @@ def load_any(model: Model, dims: Mapping[str, int], free: Sequence[str]) -> Grap
     """``model`` as the graph ``load`` returns: staged when it holds host ops or needs a
     value computed from large data, built per value when it needs small inputs' values,
     symbolic when ``free`` leaves dims unbound, else static."""
+    model = inline_known_ifs(model)
     hosts = {i for i, node in enumerate(model.gp.node) if node.op_type in HOST_OPS and node.domain in ("", "ai.onnx")}
     if hosts:
         staged = _load_staged(model, dims, free, hosts, None)
@@ -60,13 +62,35 @@ def load_any(model: Model, dims: Mapping[str, int], free: Sequence[str]) -> Grap
         if free:
             return load_symbolic(model, dims, free)
         return model.convert(dims)
+    except NeedsHost as exc:  # nodes the ops cannot express here: the host runs them
+        wanted = set(exc.tensors)
+        nodes = {i for i, n in enumerate(model.gp.node) if wanted.intersection(n.output)}
+        staged = _load_staged(model, dims, free, nodes, None) if len(nodes) == len(wanted) else None
+        if staged is None:
+            raise ModelError(str(exc)) from None
+        return staged
+    except SpliceIf as exc:  # a branch with host ops, its condition known: spliced in, then loaded again
+        spliced = None if free else splice_if(model, exc.tensor, exc.taken)
+        if spliced is None:
+            why = "its condition may change with the symbolic dims: bind them with dims=" if free else \
+                "it could not be spliced into the graph"
+            raise ModelError(f"{exc}; {why}") from None
+        return load_any(spliced, dims, free)
     except NeedsValue as exc:
         readers = _readers_of(model.gp, exc.tensor)
-        if readers and not _behind_small_inputs(model, exc.tensor):  # computed from data: cut the model at it
+        # Computed from data, or the condition of an If whose branch holds host ops (which
+        # only a part built with the value, its branch spliced in, can run): cut there.
+        if readers and (_hosts_in_branches(model.gp, readers) or not _behind_small_inputs(model, exc.tensor)):
             staged = _load_staged(model, dims, free, readers, exc)
             if staged is not None:
                 return staged
         return load_valued(model, dims, free, exc)
+
+
+def _hosts_in_branches(gp: GraphProto, nodes: set[int]) -> bool:
+    """Whether one of ``nodes`` is an If with an op that runs on the host in a branch."""
+    return any(inner.op_type in HOST_OPS for i in nodes if gp.node[i].op_type == "If"
+               for branch in subgraphs(gp.node[i]) for inner in branch.node)
 
 
 def _behind_small_inputs(model: Model, tensor: str) -> bool:
@@ -81,9 +105,9 @@ def _behind_small_inputs(model: Model, tensor: str) -> bool:
 
 
 def _readers_of(gp: GraphProto, tensor: str) -> set[int]:
-    """The top-level nodes reading ``tensor``, when a top-level node makes it (none when
-    it is an input, an initializer, or made inside a subgraph: no cut helps there)."""
-    if not any(tensor in node.output for node in gp.node):
+    """The top-level nodes reading ``tensor``, when a top-level node makes it or it is an
+    input (none for an initializer or a value made inside a subgraph: no cut helps)."""
+    if not any(tensor in node.output for node in gp.node) and tensor not in {v.name for v in gp.input}:
         return set()
     return {i for i, node in enumerate(gp.node) if tensor in node_reads(node)}
 
@@ -101,11 +125,13 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
     after = _descendants(gp, blocked & live, live)
     made_after = {out for i in after for out in gp.node[i].output if out}
     prefix = [i for i in order if i in live and i not in after]
-    hosts = [i for i in order if i in blocked and i in live and gp.node[i].op_type in HOST_OPS
+    hosts = [i for i in order if i in blocked and i in live and gp.node[i].op_type in HOST_RUNS
              and not set(node_reads(gp.node[i])) & made_after]
     rest = [i for i in order if i in after and i not in hosts]
-    if why is not None and (not prefix or not blocked & live):  # no part to compute first: no cut helps
+    if why is not None and not blocked & live:
         return None
+    if why is not None and not prefix and not _hosts_in_branches(gp, blocked):  # an input's value: built per
+        return None  # value as a whole (load_valued), not as a part
     outputs = [o.name for o in gp.output]
     read_later = {name for i in hosts + rest for name in node_reads(gp.node[i])} | set(outputs)
     made_first = [out for i in prefix for out in gp.node[i].output if out and out in read_later]
@@ -123,7 +149,7 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
     for i in hosts:
         node = gp.node[i]
         try:
-            run = HOST_OPS[node.op_type](node)
+            run = HOST_RUNS[node.op_type](node)
         except ModelError as exc:
             raise ModelError(f"{where}: {describe_node(node, i)}: {exc}") from None
         steps.append(HostStep(node.op_type, node.name, tuple(node.input), tuple(node.output), run))
@@ -132,9 +158,11 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
         reads = sorted({n for i in rest for n in node_reads(gp.node[i]) if n not in produced and n not in arrays},
                        key=lambda n: (n not in made_on_host, n))
         rest_out = [n for n in outputs if n in produced]
+        values = (why.tensor,) if why is not None and why.tensor in reads else ()
         builds = _RestBuilds(model, _part(stub, [gp.node[i] for i in rest], reads, rest_out), arrays,
                              f"after {_names(gp, hosts) if hosts else repr(why.tensor) if why else ''}")
-        steps.append(GraphStage(tuple(reads), tuple(rest_out), builds, f"the {len(rest)} node(s) {builds.after}"))
+        steps.append(GraphStage(tuple(reads), tuple(rest_out), builds, f"the {len(rest)} node(s) {builds.after}",
+                                values))
     names = symbol_names(free)
     shapes = symbolic_shapes(model, dims, names)
     inputs = [(name, shapes[name], dtype) for name, dtype, _ in specs]
@@ -157,15 +185,19 @@ class _RestBuilds:
                 self._built.move_to_end(signature)
                 return found
         m = self._model
-        specs = [(name, dtype, list(shape)) for name, shape, dtype in signature]
+        specs = [(name, dtype, list(shape)) for name, shape, dtype, _ in signature]
         values = {n: v for n, v in m.values.items() if n in {s[0] for s in specs}}
+        values.update({name: np.frombuffer(data, dtype).reshape(shape) for name, shape, dtype, data in signature
+                       if data is not None})  # the values the cut was made for: constants of this part
         part = Model(self._gp, m.where, m.base_dir, m.opset, specs, m.max_bytes, f"{m.name}.rest", values,
                      self._arrays)
         try:
             graph = load_any(part, {}, [])
         except ModelError as exc:
-            shown = ", ".join(f"{n}{list(s)} {d}" for n, s, d in signature)
-            raise ModelError(f"the part of the model {self.after}, built at run time for {shown}: {exc}") from None
+            shown = ", ".join(f"{n}{list(s)} {d}" for n, s, d, _ in signature[:4])
+            more = f" and {len(signature) - 4} more" if len(signature) > 4 else ""
+            raise ModelError(f"the part of the model {self.after}, built at run time for {shown}{more}: {exc}"
+                             ) from None
         with self._lock:
             self._built[signature] = graph
             while len(self._built) > _KEEP:
@@ -187,23 +219,12 @@ def _weights(model: Model, live: set[int]) -> tuple[dict[str, np.ndarray], set[i
     folded: set[int] = set()
     for i in live:
         node = gp.node[i]
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1:
-            value = _constant(node)
+        if node.op_type == "Constant":
+            value = constant_value(node)
             if value is not None:
                 arrays[node.output[0]] = value
                 folded.add(i)
     return arrays, folded
-
-
-def _constant(node: NodeProto) -> np.ndarray | None:
-    """A ``Constant`` node's value, for the kinds a weight can hold (not strings, not sparse)."""
-    attr = node.attribute[0]
-    value = helper.get_attribute_value(attr)
-    if attr.name == "value":
-        arr = numpy_helper.to_array(value)
-        return None if arr.dtype.kind in "OSU" else arr
-    kinds = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64, "value_ints": np.int64}
-    return np.array(value, dtype=kinds[attr.name]) if attr.name in kinds else None
 
 
 def _stubbed(gp: GraphProto, arrays: Mapping[str, np.ndarray]) -> dict[str, TensorProto]:
