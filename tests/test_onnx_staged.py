@@ -5,12 +5,15 @@ onnxruntime and the numpy reference, on every device here."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
+import onnx
 from onnx import TensorProto, helper
 from test_onnx_support import init, make_model, ort_run, vi
 
@@ -220,3 +223,18 @@ def test_a_host_op_inside_a_loop_body_is_refused_by_name() -> None:
                        [init("M", np.array(2, np.int64))], opset=16)
     with pytest.raises(ModelError, match="unsupported ONNX op: NonZero"):
         rlx_onnx.load(model)
+
+
+def test_a_torchscript_export_of_a_torchvision_ssd() -> None:
+    """``tests/data/ssd_tiny_torchscript.onnx``: torch 2.14's TorchScript exporter (opset 17)
+    of torchvision 0.29's ``SSD`` with a two-conv backbone (3x64x64 images, 4 classes,
+    ``score_thresh=0.7``, ``topk_candidates=50``, ``detections_per_img=20``): top-level
+    NonZero and TopK, and batched NMS inside ``If(boxes.numel() == 0)``. Images with 11-17
+    detections and one with none, against onnxruntime."""
+    path = Path(__file__).parent / "data" / "ssd_tiny_torchscript.onnx"
+    model = onnx.load(str(path))
+    images = [np.random.default_rng(seed).random((3, 64, 64), dtype=np.float32) for seed in (1, 2, 3)]
+    feeds = [{"images": image} for image in [*images, np.zeros((3, 64, 64), np.float32)]]
+    cg = _check(model, feeds)
+    counts = [cg.run(feed)[0].shape[0] for feed in feeds]
+    assert min(counts[:3]) >= 10 and counts[3] == 0

@@ -511,8 +511,11 @@ def _topk(c: NodeContext) -> list[Operand | None]:
     rank = len(shape)
     axis = _axis(c, int(c.attr("axis", -1)), rank)
     k, n = _scalar_input(c, 1, "K"), shape[axis]
-    if not 1 <= k <= n:
-        raise c.fail(f"K = {k} must be in 1..{n} (the length of axis {axis})")
+    if not 0 <= k <= n:
+        raise c.fail(f"K = {k} must be in 0..{n} (the length of axis {axis})")
+    if k == 0:  # empty outputs (a detector's class with no candidate left)
+        empty = tuple(0 if i == axis else d for i, d in enumerate(shape))
+        return [f.const(np.zeros(empty, dtype), dtype), f.const(np.zeros(empty, np.int64), "int64")]
     if k > TOPK_MAX_K:  # run on the host between compiled parts (rlx_core/onnx/_staged.py)
         raise NeedsHost(f"K = {k} is over {TOPK_MAX_K}: rlx's ops unroll TopK, one round per value", c.out(0))
     largest = bool(c.attr("largest", 1))
