@@ -21,6 +21,7 @@ import rlx_core as rlx
 from rlx_core import onnx as rlx_onnx
 from rlx_core import reference
 from rlx_core.compiler.inputs import random_inputs
+from rlx_core.compiler.staged import StagedCompiledGraph
 from rlx_core.errors import GraphError, InputError, ModelError
 from rlx_core.ir.specialize import representative
 from rlx_core.ir.staged import HostStep, StagedGraph
@@ -154,6 +155,22 @@ def test_an_if_on_data_picks_its_branch_per_run() -> None:
                        [init("zero", np.array(0, np.float32)), init("two", np.array(2, np.float32))])
     x = RNG.random((4, 3), dtype=np.float32)
     _check(model, [{"x": x}, {"x": -x[:2]}, {"x": x}])
+
+
+def test_the_parts_built_later_go_where_the_first_build_of_their_stage_went() -> None:
+    """A stage built per box count is placed once (its first build), then compiled on that
+    device for every later count: no ranking per size, no device flicker."""
+    placements: list[tuple[str, str | None]] = []
+
+    def compile_graph(stage: rlx.Graph, placed: str | None) -> rlx.CompiledGraph:
+        placements.append((stage.name, placed))
+        return rlx.compile(stage, placed or "cpu")
+
+    cg = StagedCompiledGraph(rlx_onnx.load(_detector()), compile_graph)
+    for n in (20, 7, 9):
+        cg.run(_detector_feed(n))
+    assert placements == [("m", None), ("m.rest", None), ("m.rest", "cpu"), ("m.rest", "cpu")]
+    assert cg.device == "cpu"
 
 
 def test_a_staged_graph_has_no_body_before_it_runs() -> None:

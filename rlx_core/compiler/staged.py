@@ -35,11 +35,14 @@ _REPORT_LINES = 32
 
 
 class StagedCompiledGraph(CompiledGraph):
-    """See the module docstring. ``compile_graph`` compiles one stage's graph (static,
-    symbolic or built at run time); ``device`` is the device asked for (``auto`` until the
-    first stage compiles, then that stage's device)."""
+    """See the module docstring. ``compile_graph(graph, device)`` compiles one stage's
+    graph (static, symbolic or built at run time) on ``device``, or where the policy picks
+    when it is None: a stage's first graph is placed so, every later graph of that stage
+    (a new size the data made) goes to the device its first went to, as a symbolic graph's
+    shape classes do (no ranking per size, no device flicker). ``device`` is the device
+    asked for (``auto`` until the first stage compiles, then that stage's device)."""
 
-    def __init__(self, graph: StagedGraph, compile_graph: Callable[[Graph], CompiledGraph],
+    def __init__(self, graph: StagedGraph, compile_graph: Callable[[Graph, str | None], CompiledGraph],
                  device: str | None = None, *, max_shapes: int = DEFAULT_MAX_SHAPES) -> None:
         if max_shapes < 1:
             raise ValueError(f"max_shapes must be at least 1, got {max_shapes}")
@@ -51,6 +54,7 @@ class StagedCompiledGraph(CompiledGraph):
         self._compile_graph = compile_graph
         self._max_shapes = max_shapes
         self._stages: dict[int, OrderedDict[int, tuple[Graph, CompiledGraph]]] = {}
+        self._placed: dict[int, str] = {}  # stage index -> the device its first graph compiled on
         self._params: dict[str, np.ndarray] = {}
         self._compiling = threading.Lock()
         self._history: list[str] = []
@@ -78,7 +82,10 @@ class StagedCompiledGraph(CompiledGraph):
             if found is not None and found[0] is graph:
                 return found[1]
             t0 = time.perf_counter()
-            cg = self._compile_graph(graph)
+            placed = self._placed.get(index)
+            cg = self._compile_graph(graph, placed)
+            if placed is None and cg.device != "auto" and "+" not in cg.device:  # a split is planned again
+                self._placed[index] = cg.device
             names = {graph.node(i).name for i in graph.params}
             for name, value in self._params.items():
                 if name in names:

@@ -71,8 +71,8 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
     reg = registry or default_registry()
     if isinstance(graph, StagedGraph):  # each stage compiled as a graph of its own, when first run
 
-        def part(stage: Graph) -> CompiledGraph:
-            return compile(stage, device, policy, registry=reg, options=options, partition=partition,
+        def part(stage: Graph, placed: str | None) -> CompiledGraph:
+            return compile(stage, placed or device, policy, registry=reg, options=options, partition=partition,
                            measure=measure)
 
         return StagedCompiledGraph(graph, part, device)
@@ -256,7 +256,7 @@ class GraphDevices:
 
         graph = self.graph if graph is None else graph
         if isinstance(graph, StagedGraph):
-            return StagedCompiledGraph(graph, lambda stage: self._compile_on(dev, stage), dev)
+            return StagedCompiledGraph(graph, lambda stage, _placed: self._compile_on(dev, stage), dev)
         if isinstance(graph, ValueDependentGraph):
             return ValueCompiledGraph(graph, on, on, dev)
         return compile_symbolic(graph, on) if graph.is_symbolic else on(graph)
