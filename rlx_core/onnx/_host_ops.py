@@ -106,50 +106,100 @@ def _corners(boxes: np.ndarray, center: int) -> tuple[np.ndarray, np.ndarray]:
     return np.minimum(first, second), np.maximum(first, second)
 
 
+#: Boxes of one group (a set whose x extents chain together) past which the greedy pass
+#: compares each kept box with a window of candidates instead of a square matrix of IoUs.
+_MATRIX_GROUP = 2048
+
+
 def _select(lo: np.ndarray, hi: np.ndarray, scores: np.ndarray, most: int, iou: float,
             least: float | None) -> list[int]:
     """One class's kept boxes, best first: candidates above ``least`` in order of score
     (ties: the lower index first), each kept unless its IoU with a kept one is above
     ``iou``; at most ``most``.
 
-    Each kept box is compared only with the candidates whose x extent can meet its own
-    (a window of the candidates sorted by their left edge, no wider than the widest box),
-    still in play and after it: torchvision's batched NMS puts every class's boxes in one
-    call, offset so that classes never meet, so a square matrix of IoUs (or a comparison
-    with every candidate) would be mostly wasted."""
+    Boxes whose x extents do not chain together never suppress each other, so the
+    candidates are split into such groups (torchvision's batched NMS offsets every class
+    into one call: a group per class) and each is settled on its own, a small group by
+    a fixed point over its matrix of suppressions (no Python step per box), a large one
+    greedily against a window of candidates."""
     candidates = np.arange(scores.size) if least is None else np.nonzero(scores > scores.dtype.type(least))[0]
     order = candidates[np.argsort(-scores[candidates], kind="stable")]
     lo, hi = lo[order], hi[order]
+    count = order.size
+    if count == 0 or most <= 0:
+        return []
     area = np.prod(hi - lo, axis=-1)
     limit = lo.dtype.type(iou)
-    count = order.size
-    alive = np.ones(count, bool)
     by_left = np.argsort(lo[:, 1], kind="stable")
     lefts = lo[by_left, 1]
-    widest = np.max(hi[:, 1] - lo[:, 1]) if count else 0.0
-    windowed = bool(np.isfinite(widest)) and not np.isnan(lefts).any()
-    kept: list[int] = []
-    i = 0
-    while i < count and len(kept) < most:
-        kept.append(int(order[i]))
-        if windowed:
-            start, stop = np.searchsorted(lefts, lo[i, 1] - widest, "right"), np.searchsorted(lefts, hi[i, 1], "left")
-            window = by_left[start:stop]
-            later = window[(window > i) & alive[window]]
+    if np.isnan(lo).any() or np.isnan(hi).any():  # no ordering to group by: one group
+        group = np.zeros(count, np.int64)
+    else:
+        reach = np.maximum.accumulate(hi[by_left, 1])
+        group = np.empty(count, np.int64)
+        group[by_left] = np.concatenate([[0], np.cumsum(lefts[1:] >= reach[:-1])])
+    keep = np.ones(count, bool)
+    sizes = np.bincount(group)
+    for g in np.flatnonzero(sizes > 1):
+        members = np.flatnonzero(group == g)  # ascending: in order of score
+        if members.size <= _MATRIX_GROUP:
+            keep[members] = _settle(lo[members], hi[members], area[members], limit)
         else:
-            later = i + 1 + np.flatnonzero(alive[i + 1:])
+            keep[members] = _greedy(lo[members], hi[members], area[members], limit)
+    return [int(i) for i in order[np.flatnonzero(keep)[:most]]]
+
+
+def _suppresses(lo_a: np.ndarray, hi_a: np.ndarray, area_a: np.ndarray, lo_b: np.ndarray, hi_b: np.ndarray,
+                area_b: np.ndarray, limit: np.floating) -> np.ndarray:
+    """Whether box a (rows) suppresses box b (columns), as the spec computes IoU: no
+    overlap, a degenerate box or a zero union never suppress; else IoU above ``limit``."""
+    low_y, high_y = np.maximum(lo_a[:, None, 0], lo_b[None, :, 0]), np.minimum(hi_a[:, None, 0], hi_b[None, :, 0])
+    low_x, high_x = np.maximum(lo_a[:, None, 1], lo_b[None, :, 1]), np.minimum(hi_a[:, None, 1], hi_b[None, :, 1])
+    overlap = (high_y > low_y) & (high_x > low_x)
+    inter = (high_y - low_y) * (high_x - low_x)
+    union = area_a[:, None] + area_b[None] - inter
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return (overlap & (inter > 0) & (area_a[:, None] > 0) & (area_b[None] > 0) & (union > 0)
+                & (inter / union > limit))
+
+
+def _settle(lo: np.ndarray, hi: np.ndarray, area: np.ndarray, limit: np.floating) -> np.ndarray:
+    """Which boxes (in order of score) greedy NMS keeps: box i is kept unless a kept box
+    before it suppresses it. Iterated from "all kept" to its fixed point: after t rounds
+    the first t boxes are settled, and the equations have one solution, so the first
+    round that changes nothing has found it (rounds: the longest chain of suppressions)."""
+    n = lo.shape[0]
+    sup = np.triu(_suppresses(lo, hi, area, lo, hi, area, limit), 1)
+    keep = np.ones(n, bool)
+    for _ in range(n):
+        new = ~np.any(sup & keep[:, None], axis=0)
+        if np.array_equal(new, keep):
+            break
+        keep = new
+    return keep
+
+
+def _greedy(lo: np.ndarray, hi: np.ndarray, area: np.ndarray, limit: np.floating) -> np.ndarray:
+    """``_settle`` for a large group: box by box in order of score, each kept box compared
+    with the candidates after it still in play whose left edge lies within the widest box
+    of its own (a window of the candidates sorted by left edge)."""
+    n = lo.shape[0]
+    by_left = np.argsort(lo[:, 1], kind="stable")
+    lefts = lo[by_left, 1]
+    widest = np.max(hi[:, 1] - lo[:, 1])
+    alive = np.ones(n, bool)
+    i = 0
+    while i < n:
+        start, stop = np.searchsorted(lefts, lo[i, 1] - widest, "right"), np.searchsorted(lefts, hi[i, 1], "left")
+        window = by_left[start:stop]
+        later = window[(window > i) & alive[window]]
         if later.size:
-            inter_lo, inter_hi = np.maximum(lo[i], lo[later]), np.minimum(hi[i], hi[later])
-            overlap = np.all(inter_hi > inter_lo, axis=-1)
-            inter = np.prod(inter_hi - inter_lo, axis=-1)
-            union = area[i] + area[later] - inter
-            with np.errstate(divide="ignore", invalid="ignore"):
-                gone = overlap & (inter > 0) & (area[i] > 0) & (area[later] > 0) & (union > 0) & (inter / union > limit)
+            gone = _suppresses(lo[i:i + 1], hi[i:i + 1], area[i:i + 1], lo[later], hi[later], area[later], limit)[0]
             alive[later[gone]] = False
         i += 1
-        while i < count and not alive[i]:
+        while i < n and not alive[i]:
             i += 1
-    return kept
+    return alive
 
 
 def _topk(node: NodeProto) -> HostRun:
