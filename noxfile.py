@@ -191,8 +191,8 @@ _PRINT_VERSIONS = (
 
 #: Benchmark scripts that rewrite their own sections of BENCHMARKS.md when given ``--write``.
 WRITES_BENCHMARKS_MD = ("overhead.py", "suite.py", "batch.py", "dynamic.py")
-#: Scripts with a session of their own (heavy extras): ``nox -s zoo``.
-OWN_SESSION = ("zoo.py",)
+#: Scripts with a session of their own (heavy extras: torch): ``nox -s zoo``.
+OWN_SESSION = ("zoo.py", "detector.py")
 #: Tools that time the ONNX files they are given (``python bench/compile_time.py a.onnx``):
 #: there is no model of theirs to run here.
 NEEDS_MODEL_FILES = ("compile_time.py", "onnx_time.py")
@@ -235,13 +235,16 @@ def bench(session: nox.Session) -> None:
 def zoo(session: nox.Session) -> None:
     """Real architectures (bench/zoo.py): torchvision and transformers models with random
     weights, exported by both torch exporters, compared with ONNX Runtime on every rlx
-    device and timed against it. Installs torch, torchvision and transformers (several
-    GB: bench extras, never rlx dependencies). Posargs go to the script (default: every
-    model, both exporters, batch 1, timed)."""
+    device and timed against it; then a torchvision detector (bench/detector.py).
+    Installs torch, torchvision and transformers (several GB: bench extras, never rlx
+    dependencies). Posargs go to bench/zoo.py (default: every model, both exporters,
+    batch 1, timed; the detector runs only then)."""
     session.install(*plugin_requirements(), "onnx", "onnxruntime", "onnxscript", "torch", "torchvision",
                     "transformers")
     args = list(session.posargs) or ["--time", "--json", str(ROOT / "bench" / "results" / "zoo.json")]
     session.run("python", str(ROOT / "bench" / "zoo.py"), *args)
+    if not session.posargs:  # the detector (bench/detector.py): host ops between compiled parts
+        session.run("python", str(ROOT / "bench" / "detector.py"))
 
 
 @nox.session
