@@ -1,14 +1,15 @@
 """The ONNX ops whose output size depends on the data, run on the host (numpy).
 
 ``NonZero``, ``Unique`` and ``NonMaxSuppression`` make outputs that no shape rule can size
-before they run; ``TopK`` runs here where rlx's ops cannot express it (a K too large to
-unroll). rlx runs them between compiled stages (``rlx_core.ir.staged``): the
+before they run; ``RoiAlign`` (the two-stage detectors' pooling of each proposal) has no rlx
+op; ``TopK`` runs here where rlx's ops cannot express it (a K too large to unroll). rlx
+runs them between compiled stages (``rlx_core.ir.staged``): the
 stage before computes what they read, they run here on the host, and the stage after is
 built for the sizes they made. Each is written to the ONNX specification and checked
 against ONNX's own node tests and onnxruntime: ties, empty outputs, and the optional
 inputs left out.
 
-``HOST_OPS[op](node)`` reads the node's attributes once (a ``ModelError`` for one it
+``HOST_OPS[op](node, opset)`` reads the node's attributes once (a ``ModelError`` for one it
 cannot take) and returns the function that runs it: arrays in (``None`` for an optional
 input left out), one array per output.
 """
@@ -32,7 +33,7 @@ def _attrs(node: NodeProto) -> dict[str, object]:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _nonzero(node: NodeProto) -> HostRun:
+def _nonzero(node: NodeProto, opset: int) -> HostRun:
     def run(args: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         x = _required(args, 0, "X")
         if x.ndim == 0:  # ONNX: [rank, count] with rank 0
@@ -42,7 +43,7 @@ def _nonzero(node: NodeProto) -> HostRun:
     return run
 
 
-def _unique(node: NodeProto) -> HostRun:
+def _unique(node: NodeProto, opset: int) -> HostRun:
     attrs = _attrs(node)
     axis = attrs.get("axis")
     keep_sorted = int(attrs.get("sorted", 1))  # type: ignore[call-overload]
@@ -69,7 +70,7 @@ def _unique(node: NodeProto) -> HostRun:
     return run
 
 
-def _non_max_suppression(node: NodeProto) -> HostRun:
+def _non_max_suppression(node: NodeProto, opset: int) -> HostRun:
     center = int(_attrs(node).get("center_point_box", 0))  # type: ignore[call-overload]
     if center not in (0, 1):
         raise ModelError(f"center_point_box must be 0 or 1, got {center}")
@@ -202,7 +203,7 @@ def _greedy(lo: np.ndarray, hi: np.ndarray, area: np.ndarray, limit: np.floating
     return alive
 
 
-def _topk(node: NodeProto) -> HostRun:
+def _topk(node: NodeProto, opset: int) -> HostRun:
     """TopK where the ops cannot express it (a K too large to unroll): sorted, ties to
     the lower index, as the spec asks; a NaN counts as the largest."""
     attrs = _attrs(node)
@@ -226,6 +227,113 @@ def _topk(node: NodeProto) -> HostRun:
     return run
 
 
+#: Regions pooled at once by RoiAlign (bounds its temporary: regions x channels x rows x width).
+_ROI_BLOCK = 64
+
+
+def _roi_align(node: NodeProto, opset: int) -> HostRun:
+    """RoiAlign, average or max: each region's bins sampled on a grid (``sampling_ratio``,
+    or adaptive), each sample bilinear. Average pooling is separable, so a region's output
+    is ``A @ X @ B.T`` per channel, ``A`` and ``B`` the sampling weights along y and x
+    (samples outside the map weigh nothing); max pooling gathers every sample."""
+    attrs = _attrs(node)
+    mode = attrs.get("mode", b"avg")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    default = "half_pixel" if opset >= 16 else "output_half_pixel"
+    transform = attrs.get("coordinate_transformation_mode", default.encode())
+    transform = transform.decode() if isinstance(transform, bytes) else str(transform)
+    out_h, out_w = int(attrs.get("output_height", 1)), int(attrs.get("output_width", 1))  # type: ignore[call-overload]
+    ratio = int(attrs.get("sampling_ratio", 0))  # type: ignore[call-overload]
+    scale = float(attrs.get("spatial_scale", 1.0))  # type: ignore[arg-type]
+    if mode not in ("avg", "max") or transform not in ("half_pixel", "output_half_pixel"):
+        raise ModelError(f"mode {mode!r} / coordinate_transformation_mode {transform!r} is not one of avg/max, "
+                         "half_pixel/output_half_pixel")
+    if out_h < 1 or out_w < 1 or ratio < 0:
+        raise ModelError(f"output {out_h}x{out_w} and sampling_ratio {ratio} must be positive (ratio 0: adaptive)")
+    offset = 0.5 if transform == "half_pixel" else 0.0
+
+    def run(args: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        x, rois, index = _required(args, 0, "X"), _required(args, 1, "rois"), _required(args, 2, "batch_indices")
+        if x.ndim != 4 or rois.ndim != 2 or rois.shape[1] != 4 or index.shape != (rois.shape[0],):
+            raise ValueError(f"X must be [N, C, H, W], rois [R, 4] and batch_indices [R], got {list(x.shape)}, "
+                             f"{list(rois.shape)}, {list(index.shape)}")
+        if index.size and (index.min() < 0 or index.max() >= x.shape[0]):
+            raise ValueError(f"batch_indices must be in 0..{x.shape[0] - 1}")
+        _, channels, height, width = x.shape
+        r = rois.astype(np.float64) * scale - offset
+        size = r[:, 2:] - r[:, :2]  # (width, height)
+        if transform != "half_pixel":
+            size = np.maximum(size, 1.0)
+        grids = np.full((len(r), 2), ratio) if ratio else np.ceil(size[:, ::-1] / (out_h, out_w)).astype(int)
+        y = np.zeros((len(r), out_h, height))
+        xw = np.zeros((len(r), out_w, width))
+        out = np.empty((len(r), channels, out_h, out_w), x.dtype)
+        for k in range(len(r)):  # the weights, per region (an adaptive grid differs per region)
+            gh, gw = int(grids[k, 0]), int(grids[k, 1])
+            y[k] = _axis_weights(r[k, 1], size[k, 1] / out_h, out_h, gh, height)
+            xw[k] = _axis_weights(r[k, 0], size[k, 0] / out_w, out_w, gw, width)
+            if mode == "max":
+                out[k] = _roi_max(x[index[k]], r[k], size[k], out_h, out_w, gh, gw)
+        if mode == "avg":
+            count = np.maximum(grids[:, 0] * grids[:, 1], 1).astype(np.float64)
+            for start in range(0, len(r), _ROI_BLOCK):
+                part = slice(start, start + _ROI_BLOCK)
+                maps = x[index[part]].astype(np.float64)  # [r, C, H, W]
+                rows = np.einsum("rph,rchw->rcpw", y[part], maps)
+                out[part] = np.einsum("rcpw,rqw->rcpq", rows, xw[part]) / count[part, None, None, None]
+        return [out]
+
+    return run
+
+
+def _axis_weights(start: float, bin_size: float, bins: int, grid: int, length: int) -> np.ndarray:
+    """[bins, length]: how much each position along one axis weighs in each bin, summed
+    over the bin's ``grid`` samples (the spec's bilinear weights, 0 outside the map)."""
+    weights = np.zeros((bins, length))
+    if grid < 1:
+        return weights
+    at = start + np.arange(bins)[:, None] * bin_size + (np.arange(grid)[None] + 0.5) * bin_size / grid
+    inside = (at >= -1.0) & (at <= length)
+    at = np.maximum(at, 0.0)
+    low = at.astype(np.int64)
+    edge = low >= length - 1
+    low = np.where(edge, length - 1, low)
+    high = np.where(edge, length - 1, low + 1)
+    frac = np.where(edge, 0.0, at - low)
+    rows = np.broadcast_to(np.arange(bins)[:, None], at.shape)
+    np.add.at(weights, (rows[inside], low[inside]), (1.0 - frac)[inside])
+    np.add.at(weights, (rows[inside], high[inside]), frac[inside])
+    return weights
+
+
+def _roi_max(fmap: np.ndarray, roi: np.ndarray, size: np.ndarray, out_h: int, out_w: int, gh: int,
+             gw: int) -> np.ndarray:
+    """One region's max pooling: the largest of every sample's four weighted corners
+    (as the spec writes it), per bin."""
+    channels, height, width = fmap.shape
+    out = np.zeros((channels, out_h, out_w), fmap.dtype)
+    if gh < 1 or gw < 1:
+        return out
+
+    def axis(start: float, bin_size: float, bins: int, grid: int, length: int) -> tuple[np.ndarray, ...]:
+        at = start + np.arange(bins)[:, None] * bin_size + (np.arange(grid)[None] + 0.5) * bin_size / grid
+        inside = (at >= -1.0) & (at <= length)
+        at = np.maximum(at, 0.0)
+        low = np.minimum(at.astype(np.int64), length - 1)
+        edge = at.astype(np.int64) >= length - 1
+        high = np.where(edge, low, low + 1)
+        frac = np.where(edge, 0.0, at - low)
+        return low.reshape(-1), high.reshape(-1), frac.reshape(-1), inside.reshape(-1)
+
+    yl, yh, fy, iny = axis(roi[1], size[1] / out_h, out_h, gh, height)
+    xl, xh, fx, inx = axis(roi[0], size[0] / out_w, out_w, gw, width)
+    ok = (iny[:, None] & inx[None]).astype(fmap.dtype)
+    corners = [((1 - fy)[:, None] * (1 - fx)[None], yl, xl), ((1 - fy)[:, None] * fx[None], yl, xh),
+               (fy[:, None] * (1 - fx)[None], yh, xl), (fy[:, None] * fx[None], yh, xh)]
+    vals = np.max(np.stack([w.astype(fmap.dtype) * ok * fmap[:, ys][:, :, xs] for w, ys, xs in corners]), axis=0)
+    return vals.reshape(channels, out_h, gh, out_w, gw).max(axis=(2, 4))
+
+
 def _required(args: Sequence[np.ndarray | None], index: int, name: str) -> np.ndarray:
     arg = args[index] if index < len(args) else None
     if arg is None:
@@ -244,11 +352,12 @@ def _scalar(args: Sequence[np.ndarray | None], index: int, default: float | None
 
 
 #: The ops always run on the host, each from its node to the function that runs it.
-HOST_OPS: dict[str, Callable[[NodeProto], HostRun]] = {
+HOST_OPS: dict[str, Callable[[NodeProto, int], HostRun]] = {
     "NonZero": _nonzero,
     "Unique": _unique,
     "NonMaxSuppression": _non_max_suppression,
+    "RoiAlign": _roi_align,
 }
 #: Every op the host runs: those above, and those run there only where rlx's ops cannot
 #: express a node (its converter raises ``NeedsHost``).
-HOST_RUNS: dict[str, Callable[[NodeProto], HostRun]] = {**HOST_OPS, "TopK": _topk}
+HOST_RUNS: dict[str, Callable[[NodeProto, int], HostRun]] = {**HOST_OPS, "TopK": _topk}

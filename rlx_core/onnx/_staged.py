@@ -149,7 +149,7 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
     for i in hosts:
         node = gp.node[i]
         try:
-            run = HOST_RUNS[node.op_type](node)
+            run = HOST_RUNS[node.op_type](node, model.opset)
         except ModelError as exc:
             raise ModelError(f"{where}: {describe_node(node, i)}: {exc}") from None
         steps.append(HostStep(node.op_type, node.name, tuple(node.input), tuple(node.output), run))
