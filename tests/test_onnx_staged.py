@@ -256,3 +256,39 @@ def test_a_torchscript_export_of_a_torchvision_ssd() -> None:
     cg = _check(model, feeds)
     counts = [cg.run(feed)[0].shape[0] for feed in feeds]
     assert min(counts[:3]) >= 10 and counts[3] == 0
+
+
+@pytest.mark.parametrize(("mode", "ratio", "transform"), [("avg", 2, "half_pixel"), ("avg", 0, "output_half_pixel"),
+                                                          ("max", 2, "half_pixel")])
+def test_roi_align_on_the_host_matches_onnxruntime(mode: str, ratio: int, transform: str) -> None:
+    """RoiAlign as a two-stage detector uses it (boxes from the model, some past the map's
+    edge, one region on the second image), adaptive and fixed sampling grids."""
+    nodes = [helper.make_node("Relu", ["x"], ["features"]),
+             helper.make_node("RoiAlign", ["features", "rois", "index"], ["pooled"], mode=mode, output_height=3,
+                              output_width=4, sampling_ratio=ratio, spatial_scale=0.5,
+                              coordinate_transformation_mode=transform),
+             helper.make_node("ReduceMean", ["pooled", "axes"], ["y"], keepdims=0)]
+    model = make_model(nodes, [vi("x", "float32", [2, 3, 10, 12]), vi("rois", "float32", ["r", 4]),
+                               vi("index", "int64", ["r"])], [vi("y", "float32", None)],
+                       [init("axes", np.array([2, 3], np.int64))], opset=18)
+    corners = RNG.random((9, 2), dtype=np.float32) * 18
+    rois = np.concatenate([corners, corners + RNG.random((9, 2), dtype=np.float32) * 12], axis=1)
+    index = np.array([0] * 8 + [1], np.int64)
+    _check(model, [{"x": RNG.standard_normal((2, 3, 10, 12)).astype(np.float32), "rois": rois, "index": index}])
+
+
+def test_a_scatter_with_no_update_leaves_its_data() -> None:
+    """ScatterElements with empty indices (a pyramid level that got no region), the indices
+    a value read between parts."""
+    nodes = [helper.make_node("NonZero", ["flags"], ["nz"]), helper.make_node("Reshape", ["nz", "col"], ["idx"]),
+             helper.make_node("Expand", ["idx", "wide"], ["where"]),
+             helper.make_node("Gather", ["updates_all", "nz_flat"], ["picked"], axis=0),
+             helper.make_node("Reshape", ["nz", "flat"], ["nz_flat"]),
+             helper.make_node("ScatterElements", ["data", "where", "picked"], ["y"], axis=0)]
+    model = make_model(nodes, [vi("flags", "bool", [4]), vi("data", "float32", [4, 3]),
+                               vi("updates_all", "float32", [4, 3])], [vi("y", "float32", None)],
+                       [init("col", np.array([-1, 1], np.int64)), init("wide", np.array([1, 3], np.int64)),
+                        init("flat", np.array([-1], np.int64))])
+    data, updates = RNG.standard_normal((4, 3)).astype(np.float32), RNG.standard_normal((4, 3)).astype(np.float32)
+    _check(model, [{"flags": np.array(f), "data": data, "updates_all": updates}
+                   for f in ([False, True, False, True], [False] * 4)])

@@ -40,7 +40,10 @@ def _rounds(targets: np.ndarray, size: int) -> list[np.ndarray]:
 def _scatter(c: NodeContext, f: Emitter, data: Operand, updates: Operand, targets: np.ndarray,
              rows: tuple[int, ...], reduction: str) -> Operand:
     """``data`` seen as ``rows`` (leading positions, each a slice of the rest) with update
-    ``u`` (a slice of ``updates`` seen the same way) written at ``targets[u]``."""
+    ``u`` (a slice of ``updates`` seen the same way) written at ``targets[u]``. No update
+    (a detector's pyramid level that got no region) leaves ``data`` as it is."""
+    if targets.size == 0:
+        return data
     dshape = f.shape(data)
     tail = tuple(dshape[len(rows):])
     n_rows, n_updates = math.prod(rows), targets.size
