@@ -192,7 +192,7 @@ _PRINT_VERSIONS = (
 #: Benchmark scripts that rewrite their own sections of BENCHMARKS.md when given ``--write``.
 WRITES_BENCHMARKS_MD = ("overhead.py", "suite.py", "batch.py", "dynamic.py")
 #: Scripts with a session of their own (heavy extras: torch): ``nox -s zoo``.
-OWN_SESSION = ("zoo.py", "detector.py")
+OWN_SESSION = ("zoo.py", "detector.py", "dynamic_exports.py")
 #: Tools that time the ONNX files they are given (``python bench/compile_time.py a.onnx``):
 #: there is no model of theirs to run here.
 NEEDS_MODEL_FILES = ("compile_time.py", "onnx_time.py")
@@ -235,7 +235,8 @@ def bench(session: nox.Session) -> None:
 def zoo(session: nox.Session) -> None:
     """Real architectures (bench/zoo.py): torchvision and transformers models with random
     weights, exported by both torch exporters, compared with ONNX Runtime on every rlx
-    device and timed against it; then a torchvision detector (bench/detector.py).
+    device and timed against it; then torchvision detectors (bench/detector.py) and exports
+    with dynamic axes checked at many sizes (bench/dynamic_exports.py).
     Installs torch, torchvision and transformers (several GB: bench extras, never rlx
     dependencies). Posargs go to bench/zoo.py (default: every model, both exporters,
     batch 1, timed; the detector runs only then)."""
@@ -243,8 +244,9 @@ def zoo(session: nox.Session) -> None:
                     "transformers")
     args = list(session.posargs) or ["--time", "--json", str(ROOT / "bench" / "results" / "zoo.json")]
     session.run("python", str(ROOT / "bench" / "zoo.py"), *args)
-    if not session.posargs:  # the detector (bench/detector.py): host ops between compiled parts
+    if not session.posargs:  # the detectors (host ops between compiled parts) and dynamic axes
         session.run("python", str(ROOT / "bench" / "detector.py"))
+        session.run("python", str(ROOT / "bench" / "dynamic_exports.py"))
 
 
 @nox.session
