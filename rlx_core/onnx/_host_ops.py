@@ -227,15 +227,13 @@ def _topk(node: NodeProto, opset: int) -> HostRun:
     return run
 
 
-#: Regions pooled at once by RoiAlign (bounds its temporary: regions x channels x rows x width).
-_ROI_BLOCK = 64
-
-
 def _roi_align(node: NodeProto, opset: int) -> HostRun:
     """RoiAlign, average or max: each region's bins sampled on a grid (``sampling_ratio``,
     or adaptive), each sample bilinear. Average pooling is separable, so a region's output
     is ``A @ X @ B.T`` per channel, ``A`` and ``B`` the sampling weights along y and x
-    (samples outside the map weigh nothing); max pooling gathers every sample."""
+    (samples outside the map weigh nothing), over the window of the map its samples touch
+    (a region of a detector reads a few cells of an 80x80 map); max pooling gathers every
+    sample."""
     attrs = _attrs(node)
     mode = attrs.get("mode", b"avg")
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
@@ -265,25 +263,28 @@ def _roi_align(node: NodeProto, opset: int) -> HostRun:
         if transform != "half_pixel":
             size = np.maximum(size, 1.0)
         grids = np.full((len(r), 2), ratio) if ratio else np.ceil(size[:, ::-1] / (out_h, out_w)).astype(int)
-        y = np.zeros((len(r), out_h, height))
-        xw = np.zeros((len(r), out_w, width))
         out = np.empty((len(r), channels, out_h, out_w), x.dtype)
-        for k in range(len(r)):  # the weights, per region (an adaptive grid differs per region)
+        for k in range(len(r)):  # per region: its grid may differ (adaptive), and it reads a small window
             gh, gw = int(grids[k, 0]), int(grids[k, 1])
-            y[k] = _axis_weights(r[k, 1], size[k, 1] / out_h, out_h, gh, height)
-            xw[k] = _axis_weights(r[k, 0], size[k, 0] / out_w, out_w, gw, width)
+            fmap = x[index[k]]
             if mode == "max":
-                out[k] = _roi_max(x[index[k]], r[k], size[k], out_h, out_w, gh, gw)
-        if mode == "avg":
-            count = np.maximum(grids[:, 0] * grids[:, 1], 1).astype(np.float64)
-            for start in range(0, len(r), _ROI_BLOCK):
-                part = slice(start, start + _ROI_BLOCK)
-                maps = x[index[part]].astype(np.float64)  # [r, C, H, W]
-                rows = np.einsum("rph,rchw->rcpw", y[part], maps)
-                out[part] = np.einsum("rcpw,rqw->rcpq", rows, xw[part]) / count[part, None, None, None]
+                out[k] = _roi_max(fmap, r[k], size[k], out_h, out_w, gh, gw)
+                continue
+            rows = _axis_weights(r[k, 1], size[k, 1] / out_h, out_h, gh, height)
+            cols = _axis_weights(r[k, 0], size[k, 0] / out_w, out_w, gw, width)
+            (y0, y1), (x0, x1) = _span(rows), _span(cols)
+            window = fmap[:, y0:y1, x0:x1].astype(np.float64)  # [C, h, w]: what the samples touch
+            pooled = np.matmul(np.matmul(rows[:, y0:y1], window), cols[:, x0:x1].T)  # [C, out_h, out_w]
+            out[k] = pooled / max(gh * gw, 1)
         return [out]
 
     return run
+
+
+def _span(weights: np.ndarray) -> tuple[int, int]:
+    """The positions with any weight, as a slice's bounds (empty: 0, 0)."""
+    used = np.flatnonzero(np.any(weights != 0, axis=0))
+    return (int(used[0]), int(used[-1]) + 1) if used.size else (0, 0)
 
 
 def _axis_weights(start: float, bin_size: float, bins: int, grid: int, length: int) -> np.ndarray:
