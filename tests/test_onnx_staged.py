@@ -292,3 +292,40 @@ def test_a_scatter_with_no_update_leaves_its_data() -> None:
     data, updates = RNG.standard_normal((4, 3)).astype(np.float32), RNG.standard_normal((4, 3)).astype(np.float32)
     _check(model, [{"flags": np.array(f), "data": data, "updates_all": updates}
                    for f in ([False, True, False, True], [False] * 4)])
+
+
+def test_a_value_cut_refuses_a_value_too_large_to_build_from() -> None:
+    """``Range(0, k)`` where ``k`` is a whole computed vector (more than MAX_VALUE_ELEMENTS
+    elements read as a value): an InputError naming it, at run time."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Cast", ["r"], ["shape"], to=TensorProto.INT64),
+             helper.make_node("ConstantOfShape", ["shape"], ["y"])]
+    model = make_model(nodes, [vi("x", "float32", ["n"])], [vi("y", "float32", None)])
+    cg = rlx.compile(rlx_onnx.load(model), device="cpu")
+    (y,) = cg.run({"x": np.array([2.0, 3.0], np.float32)})
+    assert y.shape == (2, 3)
+    with pytest.raises(InputError, match=r"'shape' holds 5000 elements"):
+        cg.run({"x": np.zeros(5000, np.float32)})
+
+
+def test_host_outputs_as_graph_outputs_and_dlpack_and_threads() -> None:
+    """NonZero's output is the graph's output; ``output="dlpack"`` gives host arrays; runs
+    from several threads at once, each its own size, agree with the reference."""
+    import threading
+
+    model = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("NonZero", ["r"], ["nz"])],
+                       [vi("x", "float32", ["n"])], [vi("nz", "int64", None)])
+    graph = rlx_onnx.load(model)
+    cg = rlx.compile(graph, device="cpu")
+    xs = [RNG.standard_normal(n).astype(np.float32) for n in (5, 9, 13, 17, 5, 9)]
+    results: dict[int, np.ndarray] = {}
+
+    def work(i: int) -> None:
+        results[i] = cg.run({"x": xs[i]}, output="dlpack")[0]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, x in enumerate(xs):
+        np.testing.assert_array_equal(np.from_dlpack(results[i]), np.array(np.nonzero(np.maximum(x, 0)), np.int64))
