@@ -16,6 +16,7 @@ input left out), one array per output.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -335,6 +336,104 @@ def _roi_max(fmap: np.ndarray, roi: np.ndarray, size: np.ndarray, out_h: int, ou
     return vals.reshape(channels, out_h, gh, out_w, gw).max(axis=(2, 4))
 
 
+def _grid_sample(node: NodeProto, opset: int) -> HostRun:
+    """GridSample (2-D and 3-D): each output point reads the input at the grid's
+    normalized coordinates, nearest, (bi/tri)linear or cubic, with zeros, border or
+    reflection padding applied to each tap's index per axis, as onnxruntime and torch do
+    (the spec's reference first clamps or reflects a coordinate past the border, which
+    differs for cubic taps there); coordinates in float32, the taps' weights separable (a
+    product of one coefficient per axis)."""
+    attrs = _attrs(node)
+    mode = attrs.get("mode", b"bilinear" if opset < 20 else b"linear")
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(_text(mode), _text(mode))
+    padding = _text(attrs.get("padding_mode", b"zeros"))
+    corners = bool(attrs.get("align_corners", 0))
+    if mode not in ("nearest", "linear", "cubic") or padding not in ("zeros", "border", "reflection"):
+        raise ModelError(f"mode {mode!r} / padding_mode {padding!r} is not one of nearest/linear/cubic, "
+                         "zeros/border/reflection")
+
+    def run(args: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        x, grid = _required(args, 0, "X"), _required(args, 1, "grid")
+        k = x.ndim - 2
+        if k < 1 or grid.ndim != k + 2 or grid.shape[0] != x.shape[0] or grid.shape[-1] != k:
+            raise ValueError(f"X [N, C, *spatial] and grid [N, *out, {max(k, 1)}] do not fit: {list(x.shape)}, "
+                             f"{list(grid.shape)}")
+        dims = x.shape[2:]
+        lows = np.array([0.0 if corners else -0.5] * k)
+        highs = np.array([d - 1.0 if corners else d - 0.5 for d in dims])
+        at = np.empty(grid.shape, np.float32)  # [N, *out, k], in the input's axis order
+        for i, d in enumerate(dims):
+            g = grid[..., k - 1 - i].astype(np.float32)
+            at[..., i] = (g + 1) / np.float32(2) * np.float32(d - 1) if corners else \
+                ((g + 1) * np.float32(d) - 1) / np.float32(2)
+        if mode == "nearest":
+            at = np.rint(at)
+        taps: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = []  # per axis: (index, valid, weight)
+        for i, d in enumerate(dims):
+            v = at[..., i]
+            if mode == "nearest":
+                offsets, base, weights = [0], v.astype(np.int64), [np.ones_like(v)]
+            else:
+                base = np.floor(v).astype(np.int64)
+                t = v - base.astype(np.float32)
+                offsets, weights = ([0, 1], _linear(t)) if mode == "linear" else ([-1, 0, 1, 2], _cubic(t))
+            taps.append([(*_pixel_index(base + o, d, lows[i], highs[i], padding), w)
+                         for o, w in zip(offsets, weights)])
+        n, c = x.shape[:2]
+        flat = x.reshape(n, c, -1).astype(np.float64)
+        strides = [int(np.prod(dims[i + 1:])) for i in range(k)]
+        out = np.zeros((n, c, *grid.shape[1:-1]))
+        for combo in itertools.product(*taps):
+            index = sum(t[0] * s for t, s in zip(combo, strides))
+            valid = np.logical_and.reduce([t[1] for t in combo])
+            weight = np.prod([t[2].astype(np.float64) for t in combo], axis=0) * valid
+            picked = np.take_along_axis(flat, index.reshape(n, 1, -1), axis=2)
+            out += (picked * weight.reshape(n, 1, -1)).reshape(out.shape)
+        return [out.astype(x.dtype)]
+
+    return run
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _reflect(v: np.ndarray, low: float, high: float) -> np.ndarray:
+    """Coordinates reflected by the near border until inside [low, high] (float64)."""
+    span = high - low
+    below, above = v < low, v > high
+    dist = np.where(below, low - v, np.where(above, v - high, 0.0))
+    folds = np.floor(dist / span) if span > 0 else np.zeros_like(dist)
+    rest = dist - folds * span
+    even = folds % 2 == 0
+    return np.where(below, np.where(even, low + rest, high - rest),
+                    np.where(above, np.where(even, high - rest, low + rest), v))
+
+
+def _pixel_index(i: np.ndarray, d: int, low: float, high: float, padding: str) -> tuple[np.ndarray, np.ndarray]:
+    """A tap's index along one axis as the padding maps it, clipped into range, and
+    whether it reads the input (zeros padding: a tap outside reads 0)."""
+    if padding == "zeros":
+        return np.clip(i, 0, d - 1), (i >= 0) & (i < d)
+    if padding == "reflection":
+        i = np.trunc(_reflect(i.astype(np.float64), low, high)).astype(np.int64)
+    return np.clip(i, 0, d - 1), np.ones(i.shape, bool)
+
+
+def _linear(t: np.ndarray) -> list[np.ndarray]:
+    t = np.abs(t)
+    return [1 - t, t]
+
+
+def _cubic(t: np.ndarray) -> list[np.ndarray]:
+    """Keys' cubic convolution coefficients (alpha -0.75) of the four taps around ``t``."""
+    a = np.float32(-0.75)
+    t = np.abs(t)
+    near = [t + 1, t, 1 - t, 2 - t]
+    return [((a * u - 5 * a) * u + 8 * a) * u - 4 * a if j in (0, 3) else ((a + 2) * u - (a + 3)) * u * u + 1
+            for j, u in enumerate(near)]
+
+
 def _required(args: Sequence[np.ndarray | None], index: int, name: str) -> np.ndarray:
     arg = args[index] if index < len(args) else None
     if arg is None:
@@ -358,6 +457,7 @@ HOST_OPS: dict[str, Callable[[NodeProto, int], HostRun]] = {
     "Unique": _unique,
     "NonMaxSuppression": _non_max_suppression,
     "RoiAlign": _roi_align,
+    "GridSample": _grid_sample,
 }
 #: Every op the host runs: those above, and those run there only where rlx's ops cannot
 #: express a node (its converter raises ``NeedsHost``).
