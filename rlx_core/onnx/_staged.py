@@ -65,7 +65,8 @@ def load_any(model: Model, dims: Mapping[str, int], free: Sequence[str]) -> Grap
     except NeedsHost as exc:  # nodes the ops cannot express here: the host runs them
         wanted = set(exc.tensors)
         nodes = {i for i, n in enumerate(model.gp.node) if wanted.intersection(n.output)}
-        staged = _load_staged(model, dims, free, nodes, None) if len(nodes) == len(wanted) else None
+        runnable = len(nodes) == len(wanted) and all(model.gp.node[i].op_type in HOST_RUNS for i in nodes)
+        staged = _load_staged(model, dims, free, nodes, None) if runnable else None  # else: a cut would recur
         if staged is None:
             raise ModelError(str(exc)) from None
         return staged
