@@ -347,3 +347,22 @@ def test_grid_sample_on_the_host_matches_onnxruntime(mode: str, padding: str, co
     rng = np.random.default_rng(5)
     _check(model, [{"x": rng.standard_normal((2, 3, 5, 7)).astype(np.float32),
                     "g": rng.standard_normal((2, 4, 6, 2)).astype(np.float32) * 2}], atol=1e-5)
+
+
+def test_set_param_reaches_a_part_staged_again() -> None:
+    """A weight read after a second NonZero lives in a part staged inside the first part's
+    rest: set_param reaches it before and after that part is built."""
+    nodes = [helper.make_node("NonZero", ["x"], ["a"]), helper.make_node("Cast", ["a"], ["af"], to=F),
+             helper.make_node("Mul", ["af", "w1"], ["b"]), helper.make_node("NonZero", ["b"], ["c"]),
+             helper.make_node("Cast", ["c"], ["cf"], to=F), helper.make_node("Add", ["cf", "w2"], ["y"])]
+    model = make_model(nodes, [vi("x", "float32", [6])], [vi("y", "float32", None)],
+                       [init("w1", np.array(1.0, np.float32)), init("w2", np.array(0.5, np.float32))])
+    x = np.array([0, 1, 0, 2, 3, 0], np.float32)
+    cg = rlx.compile(rlx_onnx.load(model), device="cpu")
+    cg.set_param("w2", np.array(10.0, np.float32))  # before the nested part exists
+    (y,) = cg.run({"x": x})
+    np.testing.assert_array_equal(y, np.array(np.nonzero(np.array(np.nonzero(x), np.float32)), np.float32) + 10)
+    cg.set_param("w2", np.array(20.0, np.float32))  # after
+    np.testing.assert_array_equal(cg.run({"x": x})[0], y + 10)
+    with pytest.raises(InputError, match="no param 'w3'"):
+        cg.set_param("w3", np.array(0.0, np.float32))

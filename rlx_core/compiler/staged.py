@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import ConfigError, InputError
 from ..ir import Graph
 from ..ir.staged import GraphStage, HostStep, StagedGraph
+from ..ir.valued import RunTimeGraph
 from .compiled import CompiledGraph, CompileReport
 from .dynamic import DEFAULT_MAX_SHAPES
 
@@ -86,10 +87,8 @@ class StagedCompiledGraph(CompiledGraph):
             cg = self._compile_graph(graph, placed)
             if placed is None and cg.device != "auto" and "+" not in cg.device:  # a split is planned again
                 self._placed[index] = cg.device
-            names = {graph.node(i).name for i in graph.params}
             for name, value in self._params.items():
-                if name in names:
-                    cg.set_param(name, value)
+                _hand(graph, cg, name, value)
             seconds = time.perf_counter() - t0
             if not self.compiles:  # the first stage placed: its report (candidates, why) leads
                 self._device = cg.device
@@ -113,19 +112,23 @@ class StagedCompiledGraph(CompiledGraph):
         return cg
 
     def set_param(self, name: str, value: Any) -> None:
-        """Replace a param in every stage compiled that holds it, and in every stage built
-        later. ``InputError`` when no stage compiled so far holds it, and every stage has
-        been compiled at least once."""
+        """Replace a param in every stage compiled that holds it (a nested staged part's
+        too), and in every stage built later. ``InputError`` when no stage compiled so far
+        holds it, and every stage has been compiled at least once. A part built per value
+        (``ValueDependentGraph``) takes the file's weights at each build."""
         frozen = np.asarray(value)
         with self._compiling:
-            compiled = [pair for kept in self._stages.values() for pair in kept.values()]
-            holders = [cg for graph, cg in compiled if name in {graph.node(i).name for i in graph.params}]
+            held = self._offer(name, frozen)
             stages = sum(isinstance(s, GraphStage) for s in self.graph.steps)  # type: ignore[attr-defined]
-            if not holders and len(self._stages) == stages:
+            if not held and len(self._stages) == stages:
                 raise InputError(f"graph {self.graph.name!r} has no param {name!r} in any of its stages")
-            for cg in holders:
-                cg.set_param(name, frozen)
-            self._params[name] = frozen
+
+    def _offer(self, name: str, frozen: np.ndarray) -> bool:
+        """Hand ``name`` to every compiled stage that holds it, and keep it for later
+        builds; whether any held it."""
+        self._params[name] = frozen
+        compiled = [pair for kept in self._stages.values() for pair in kept.values()]
+        return any([_hand(graph, cg, name, frozen) for graph, cg in compiled])
 
     @property
     def device(self) -> str:
@@ -133,6 +136,18 @@ class StagedCompiledGraph(CompiledGraph):
 
     def __repr__(self) -> str:
         return f"<StagedCompiledGraph {self.graph.name!r} on {self._device}, {self.compiles} stage compile(s)>"
+
+
+def _hand(graph: Graph, cg: CompiledGraph, name: str, value: np.ndarray) -> bool:
+    """Give a param to one compiled stage when it holds it (a nested staged part looks in
+    its own stages); whether it did."""
+    if isinstance(cg, StagedCompiledGraph):
+        with cg._compiling:  # (the caller holds its own stage's lock: locks are taken outside in)
+            return cg._offer(name, value)
+    if isinstance(graph, RunTimeGraph) or name not in {graph.node(i).name for i in graph.params}:
+        return False
+    cg.set_param(name, value)
+    return True
 
 
 def _plan(graph: StagedGraph) -> list[str]:
