@@ -366,3 +366,12 @@ def test_set_param_reaches_a_part_staged_again() -> None:
     np.testing.assert_array_equal(cg.run({"x": x})[0], y + 10)
     with pytest.raises(InputError, match="no param 'w3'"):
         cg.set_param("w3", np.array(0.0, np.float32))
+
+
+def test_sizes_are_checked_before_any_step() -> None:
+    """A host op reading an input straight: the input's declared size is still checked."""
+    model = make_model([helper.make_node("NonZero", ["x"], ["nz"])], [vi("x", "float32", [3])],
+                       [vi("nz", "int64", None)])
+    cg = rlx.compile(rlx_onnx.load(model), device="cpu")
+    with pytest.raises(InputError, match="'x'"):
+        cg.run({"x": np.ones(5, np.float32)})

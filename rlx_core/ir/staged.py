@@ -111,7 +111,7 @@ class StagedGraph(RunTimeGraph):
             run_graph: Callable[[int, Graph, dict[str, Any]], Sequence[Any]]) -> list[np.ndarray]:
         """The outputs for ``inputs``: each step in turn, ``run_graph(index, graph, feed)``
         running each stage's graph built for what it reads."""
-        self.input_shapes(inputs)  # names checked here: a stage would name its own inputs only
+        self.bind(self.input_shapes(inputs))  # names and sizes checked here: a stage would check its own only
         env: dict[str, Any] = {**self._constants, **inputs}
         for index, step in enumerate(self._steps):
             if isinstance(step, HostStep):
