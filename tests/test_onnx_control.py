@@ -15,9 +15,9 @@ import onnx
 from onnx import TensorProto, helper
 from test_onnx_support import check_against_ort, init, make_model, vi
 
-import rlx_core as rlx
 from rlx_core import onnx as rlx_onnx
-from rlx_core.errors import InputError, ModelError
+from rlx_core.errors import ModelError
+from rlx_core.onnx._ops_control import MAX_UNROLL
 
 RNG = np.random.default_rng(9)
 F = TensorProto.FLOAT
@@ -84,12 +84,24 @@ def test_a_for_loop_is_unrolled() -> None:
     assert graph.output_names() == ["s", "scans"]
 
 
-def test_a_loop_that_exits_on_data_is_refused_by_name() -> None:
+def test_a_loop_that_exits_on_data_runs_from_the_host() -> None:
+    """Its condition is computed from data: the body is compiled once and run per
+    iteration from the host (``ir.staged.LoopStep``), scan outputs stacked."""
     node = helper.make_node("Loop", ["M", "", "s0"], ["s", "scans"], body=_loop_body(True))
     model = make_model([node], [vi("x", "float32", [3])], [vi("s", "float32", None), vi("scans", "float32", None)],
                        [init("M", np.array(5, np.int64)), init("s0", np.zeros(3, np.float32))], opset=16)
-    with pytest.raises((ModelError, InputError), match="condition is computed from data at run time"):
-        rlx.compile(rlx_onnx.load(model), device="cpu").run({"x": np.ones(3, np.float32)})
+    graph = rlx_onnx.load(model)
+    assert "Loop" in graph.summary()
+    for x in (np.ones(3, np.float32), np.full(3, 4.0, np.float32), np.zeros(3, np.float32)):
+        check_against_ort(model, {"x": x})
+
+
+def test_a_loop_longer_than_the_unroll_limit_runs_from_the_host() -> None:
+    node = helper.make_node("Loop", ["M", "cond", "s0"], ["s", "scans"], body=_loop_body(False))
+    model = make_model([node], [vi("x", "float32", [3])], [vi("s", "float32", None), vi("scans", "float32", None)],
+                       [init("M", np.array(MAX_UNROLL + 76, np.int64)), init("cond", np.array(True)),
+                        init("s0", np.zeros(3, np.float32))], opset=16)
+    check_against_ort(model, {"x": RNG.standard_normal(3).astype(np.float32)}, rtol=1e-4)
 
 
 @pytest.mark.parametrize(("in_dir", "out_dir", "out_axis"), [(0, 0, 0), (1, 0, 0), (0, 1, 1), (1, 1, -1)])

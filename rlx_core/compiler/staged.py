@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ConfigError, InputError
 from ..ir import Graph
-from ..ir.staged import GraphStage, HostStep, StagedGraph
+from ..ir.staged import HostStep, StagedGraph
 from ..ir.valued import RunTimeGraph
 from .compiled import CompiledGraph, CompileReport
 from .dynamic import DEFAULT_MAX_SHAPES
@@ -96,7 +96,6 @@ class StagedCompiledGraph(CompiledGraph):
                 self._first_notes = list(cg.report().notes)
             self.compiles += 1
             step = self.graph.steps[index]  # type: ignore[attr-defined]
-            assert isinstance(step, GraphStage)
             shown = ", ".join(f"{graph.node(i).name}{list(graph.node(i).shape)}" for i in graph.inputs
                               if not graph.is_symbolic)
             where = f"compiled in {seconds * 1e3:.1f} ms on {cg.device}" if cg.device != "auto" else (
@@ -119,7 +118,7 @@ class StagedCompiledGraph(CompiledGraph):
         frozen = np.asarray(value)
         with self._compiling:
             held = self._offer(name, frozen)
-            stages = sum(isinstance(s, GraphStage) for s in self.graph.steps)  # type: ignore[attr-defined]
+            stages = sum(not isinstance(s, HostStep) for s in self.graph.steps)  # type: ignore[attr-defined]
             if not held and len(self._stages) == stages:
                 raise InputError(f"graph {self.graph.name!r} has no param {name!r} in any of its stages")
 

@@ -32,7 +32,7 @@ from . import Graph
 from .symbolic import Dim
 from .valued import MAX_VALUE_ELEMENTS, RunTimeGraph
 
-__all__ = ["StagedGraph", "GraphStage", "HostStep", "Signature"]
+__all__ = ["StagedGraph", "GraphStage", "HostStep", "LoopStep", "Signature"]
 
 #: What a stage's graph is built for: each tensor it reads, with its shape, its dtype, and
 #: its bytes where the stage is built from its value (else None).
@@ -80,6 +80,57 @@ class HostStep:
         return f"{self.op} {self.name!r}" if self.name else self.op
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopStep:
+    """A loop whose exit depends on the data (or too long to unroll), run from the host:
+    its body is a part built for what it reads (``build``, per signature: one compile while
+    the carried shapes stay) and run once per iteration, the condition read on the host.
+    ``reads``: the trip count and the condition (``""`` when left out), the initial carried
+    values, then the enclosing values the body reads; ``writes``: the final carried
+    values, then the scan outputs stacked on a new first axis. ``body_inputs`` names the
+    body's own inputs (iteration number, condition, carried values)."""
+
+    name: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    carried: int
+    body_inputs: tuple[str, ...]
+    build: Callable[[Signature], Graph]
+    what: str
+    limit: int
+
+    def describe(self) -> str:
+        return f"Loop {self.name!r}" if self.name else "Loop"
+
+    def iterate(self, env: Mapping[str, Any], run: Callable[[Graph, dict[str, Any]], Sequence[Any]]
+                ) -> dict[str, np.ndarray]:
+        """Run the loop on the tensors of ``env``: its outputs by name."""
+        trips, cond = (np.asarray(env[n]) if n else None for n in self.reads[:2])
+        limit = None if trips is None else int(trips.reshape(-1)[0])
+        going = True if cond is None else bool(cond.reshape(-1)[0])
+        carried = [np.asarray(env[n]) for n in self.reads[2:2 + self.carried]]
+        outer = {n: env[n] for n in self.reads[2 + self.carried:]}
+        scans: list[list[np.ndarray]] = []
+        i = 0
+        while going and (limit is None or i < limit):
+            if i >= self.limit:
+                raise InputError(f"{self.describe()} runs past {self.limit} iterations, the most rlx runs")
+            values = dict(zip(self.body_inputs, [np.array(i, np.int64), np.array(going), *carried]))
+            values.update(outer)
+            graph = self.build(signature(list(values), values))
+            outs = [np.asarray(o) for o in run(graph, {graph.node(j).name: values[graph.node(j).name]
+                                                       for j in graph.inputs})]
+            going = bool(outs[0].reshape(-1)[0])
+            carried = outs[1:1 + self.carried]
+            scans.append(outs[1 + self.carried:])
+            i += 1
+        n_scan = len(self.writes) - self.carried
+        if n_scan and not scans:
+            raise InputError(f"{self.describe()} ran no iteration, so its scan outputs have no shape")
+        stacked = [np.stack([it[k] for it in scans]) for k in range(n_scan)]
+        return {name: value for name, value in zip(self.writes, [*carried, *stacked]) if name}
+
+
 class StagedGraph(RunTimeGraph):
     """See the module docstring. ``inputs`` are ``(name, shape, dtype)`` (symbolic dims
     allowed), ``outputs`` the output names, ``steps`` the stages and host steps in order;
@@ -87,15 +138,16 @@ class StagedGraph(RunTimeGraph):
     (a threshold, an input bound at load); ``source`` names the model for messages."""
 
     def __init__(self, name: str, inputs: Sequence[tuple[str, Sequence[Dim], str]], outputs: Sequence[str],
-                 steps: Sequence[GraphStage | HostStep], constants: Mapping[str, np.ndarray], source: str) -> None:
+                 steps: Sequence[GraphStage | HostStep | LoopStep], constants: Mapping[str, np.ndarray],
+                 source: str) -> None:
         super().__init__(name, inputs, outputs, source)
         self._steps = tuple(steps)
         self._constants = dict(constants)
-        hosts = [s for s in self._steps if isinstance(s, HostStep)]
+        hosts = [s for s in self._steps if isinstance(s, (HostStep, LoopStep))]
         self._why = hosts[0].describe() if hosts else ""
 
     @property
-    def steps(self) -> tuple[GraphStage | HostStep, ...]:
+    def steps(self) -> tuple[GraphStage | HostStep | LoopStep, ...]:
         return self._steps
 
     def needs(self) -> str:
@@ -116,6 +168,9 @@ class StagedGraph(RunTimeGraph):
         for index, step in enumerate(self._steps):
             if isinstance(step, HostStep):
                 env.update(step.apply(env))
+                continue
+            if isinstance(step, LoopStep):
+                env.update(step.iterate(env, lambda body, feed, at=index: run_graph(at, body, feed)))
                 continue
             graph = step.build(signature(step.reads, env, step.values))
             feed = {graph.node(i).name: env[graph.node(i).name] for i in graph.inputs}

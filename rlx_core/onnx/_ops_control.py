@@ -7,10 +7,12 @@ rlx's IR has no control flow, so every backend runs these models without knowing
   ``ValueDependentGraph`` (built per value, ``_by_value``), and one computed from data
   cuts the model there (``_staged``). A branch holding ops that run on the host
   (``NonMaxSuppression``) is spliced into the graph instead (``SpliceIf``, ``_inline``).
-- **Loop** is unrolled: its trip count and, after every iteration, its condition must be
-  known at import (a ``for`` loop as torch exports it; a loop whose exit depends on the
-  data is refused by name). Loop-carried values flow from one copy of the body to the
-  next; scan outputs are stacked on a new first axis.
+- **Loop** is unrolled when its trip count and, after every iteration, its condition are
+  known at import (a ``for`` loop as torch exports it): loop-carried values flow from one
+  copy of the body to the next; scan outputs are stacked on a new first axis. A loop whose
+  exit depends on the data, or longer than ``MAX_UNROLL``, raises ``NeedsHost``: the
+  loader then runs it from the host, its body compiled once and run per iteration
+  (``_staged``, ``ir.staged.LoopStep``).
 - **Scan** is unrolled over the scanned axis (forward or reverse per input and output,
   any axes), its states carried through the copies.
 
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._context import CONVERTERS, NodeContext, SpliceIf, converter
+from ._context import CONVERTERS, NeedsHost, NodeContext, SpliceIf, converter
 from ._host_ops import HOST_RUNS
 from ._shapes import Emitter, Operand, frozen
 
@@ -74,15 +76,15 @@ def _loop(c: NodeContext) -> list[Operand | None]:
     scans: list[list[Operand]] = []
     i = 0
     while going and (limit is None or i < limit):
-        if i >= MAX_UNROLL:
-            raise c.fail(f"runs more than {MAX_UNROLL} iterations, the most rlx unrolls")
+        if i >= MAX_UNROLL:  # run from the host instead, iteration by iteration (_staged)
+            raise NeedsHost(f"runs more than {MAX_UNROLL} iterations, the most rlx unrolls", c.out(0))
         outs = c.subgraph("body", [frozen(np.array(i, np.int64)), frozen(np.array(going)), *carried])
         if len(outs) < 1 + len(carried):
             raise c.fail(f"its body returns {len(outs)} values; it carries {len(carried)} and a condition")
         known = f.array(outs[0])
-        if known is None:
-            raise c.fail("its condition is computed from data at run time (an early exit rlx cannot unroll); only "
-                         "loops whose trip count and condition are known at import are read")
+        if known is None:  # an exit on data: run from the host, iteration by iteration (_staged)
+            raise NeedsHost("its condition is computed from data at run time (an early exit rlx cannot unroll)",
+                            c.out(0))
         going = bool(np.asarray(known).reshape(-1)[0])
         carried = list(outs[1 : 1 + len(carried)])
         scans.append(list(outs[1 + len(carried):]))

@@ -32,7 +32,7 @@ from onnx import GraphProto, NodeProto, TensorProto, ValueInfoProto, helper
 
 from ..errors import ModelError
 from ..ir import Graph
-from ..ir.staged import GraphStage, HostStep, Signature, StagedGraph
+from ..ir.staged import GraphStage, HostStep, LoopStep, Signature, StagedGraph
 from ..ir.valued import MAX_VALUE_ELEMENTS
 from ._by_value import inputs_behind, load_valued
 from ._context import NeedsHost, NeedsValue, SpliceIf, describe_node
@@ -40,7 +40,7 @@ from ._dynamic import load_symbolic, symbol_names, symbolic_shapes
 from ._host_ops import HOST_OPS, HOST_RUNS
 from ._inline import constant_value, inline_known_ifs, splice_if
 from ._loader import Model, _live, _TensorReader, _toposort
-from ._subgraphs import node_reads, subgraphs
+from ._subgraphs import implicit_inputs, node_reads, subgraphs
 
 __all__ = ["load_any"]
 
@@ -65,7 +65,8 @@ def load_any(model: Model, dims: Mapping[str, int], free: Sequence[str]) -> Grap
     except NeedsHost as exc:  # nodes the ops cannot express here: the host runs them
         wanted = set(exc.tensors)
         nodes = {i for i, n in enumerate(model.gp.node) if wanted.intersection(n.output)}
-        runnable = len(nodes) == len(wanted) and all(model.gp.node[i].op_type in HOST_RUNS for i in nodes)
+        runnable = len(nodes) == len(wanted) and all(model.gp.node[i].op_type in HOST_RUNS or
+                                                     model.gp.node[i].op_type == "Loop" for i in nodes)
         staged = _load_staged(model, dims, free, nodes, None) if runnable else None  # else: a cut would recur
         if staged is None:
             raise ModelError(str(exc)) from None
@@ -126,7 +127,7 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
     after = _descendants(gp, blocked & live, live)
     made_after = {out for i in after for out in gp.node[i].output if out}
     prefix = [i for i in order if i in live and i not in after]
-    hosts = [i for i in order if i in blocked and i in live and gp.node[i].op_type in HOST_RUNS
+    hosts = [i for i in order if i in blocked and i in live and gp.node[i].op_type in (*HOST_RUNS, "Loop")
              and not set(node_reads(gp.node[i])) & made_after]
     rest = [i for i in order if i in after and i not in hosts]
     if why is not None and not blocked & live:
@@ -139,7 +140,7 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
     made_on_host = {out for i in hosts for out in gp.node[i].output if out}
     stub = _stubbed(gp, arrays)
 
-    steps: list[GraphStage | HostStep] = []
+    steps: list[GraphStage | HostStep | LoopStep] = []
     constants = {**model.values, **{n: a for n, a in arrays.items() if n in read_later}}
     if prefix:
         body = load_any(Model(_part(stub, [gp.node[i] for i in prefix], [s[0] for s in model.specs], made_first),
@@ -149,6 +150,9 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
         steps.append(GraphStage(tuple(s[0] for s in specs), tuple(made_first), lambda _sig, g=body: g, first))
     for i in hosts:
         node = gp.node[i]
+        if node.op_type == "Loop":
+            steps.append(_loop_step(model, node, i, stub, arrays))
+            continue
         try:
             run = HOST_RUNS[node.op_type](node, model.opset)
         except ModelError as exc:
@@ -168,6 +172,32 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
     shapes = symbolic_shapes(model, dims, names)
     inputs = [(name, shapes[name], dtype) for name, dtype, _ in specs]
     return StagedGraph(model.name, inputs, outputs, steps, constants, source=where)
+
+
+#: The most iterations a loop run from the host may take.
+MAX_HOST_ITERATIONS = 1_000_000
+
+
+def _loop_step(model: Model, node: NodeProto, index: int, stub: Mapping[str, TensorProto],
+               arrays: Mapping[str, np.ndarray]) -> LoopStep:
+    """A Loop run from the host: its body a part built for what it reads (its own inputs,
+    then the enclosing values it reads by name), its own initializers kept with it."""
+    body = next((a.g for a in node.attribute if a.name == "body"), None)
+    carried = max(len(node.input) - 2, 0)
+    if body is None or len(body.input) != 2 + carried or len(body.output) != 1 + carried + (
+            len(node.output) - carried):
+        raise ModelError(f"{model.where}: {describe_node(node, index)}: its body must take the iteration, the "
+                         f"condition and the {carried} carried values, and return the condition, those values and "
+                         "one value per scan output")
+    body_inputs = [v.name for v in body.input]
+    outer = sorted(n for n in implicit_inputs(node) if n not in arrays)
+    part = _part(stub, list(body.node), body_inputs + outer, [o.name for o in body.output])
+    part.initializer.extend(body.initializer)
+    builds = _RestBuilds(model, part, arrays, f"in the body of {describe_node(node, index)}")
+    heads = tuple(node.input[k] if k < len(node.input) else "" for k in range(2))
+    return LoopStep(node.name, (*heads, *node.input[2:], *outer), tuple(node.output), carried, tuple(body_inputs),
+                    builds, f"the body of {describe_node(node, index)}, run from the host per iteration",
+                    MAX_HOST_ITERATIONS)
 
 
 class _RestBuilds:
