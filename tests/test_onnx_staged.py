@@ -22,7 +22,7 @@ from rlx_core import onnx as rlx_onnx
 from rlx_core import reference
 from rlx_core.compiler.inputs import random_inputs
 from rlx_core.compiler.staged import StagedCompiledGraph
-from rlx_core.errors import GraphError, InputError, ModelError
+from rlx_core.errors import GraphError, InputError
 from rlx_core.ir.specialize import representative
 from rlx_core.ir.staged import HostStep, StagedGraph
 
@@ -232,16 +232,20 @@ def test_a_host_op_inside_a_branch_runs_when_the_branch_is_spliced_in() -> None:
     _check(model, [{"x": np.array([0, 2, 3], np.float32), "c": np.array(flag)} for flag in (True, False, True)])
 
 
-def test_a_host_op_inside_a_loop_body_is_refused_by_name() -> None:
+def test_a_host_op_inside_a_loop_body_runs_with_the_loop_on_the_host() -> None:
+    """NonZero in a Loop's body: the loop runs from the host, its body a staged part."""
     body = helper.make_graph(
-        [helper.make_node("NonZero", ["x"], ["u"]), helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c_in", 9, [])],
-        [helper.make_tensor_value_info("c_out", 9, []), helper.make_tensor_value_info("u", TensorProto.INT64, None)])
-    node = helper.make_node("Loop", ["M", ""], ["us"], body=body)
-    model = make_model([node], [vi("x", "float32", [3])], [vi("us", "int64", None)],
-                       [init("M", np.array(2, np.int64))], opset=16)
-    with pytest.raises(ModelError, match="unsupported ONNX op: NonZero"):
-        rlx_onnx.load(model)
+        [helper.make_node("Add", ["acc_in", "x"], ["acc_out"]), helper.make_node("NonZero", ["acc_out"], ["u"]),
+         helper.make_node("Identity", ["c_in"], ["c_out"]), helper.make_node("Shape", ["u"], ["count"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c_in", 9, []),
+         helper.make_tensor_value_info("acc_in", F, [4])],
+        [helper.make_tensor_value_info("c_out", 9, []), helper.make_tensor_value_info("acc_out", F, [4]),
+         helper.make_tensor_value_info("count", TensorProto.INT64, [2])])
+    node = helper.make_node("Loop", ["M", "", "acc0"], ["acc", "counts"], body=body)
+    model = make_model([node], [vi("x", "float32", [4])], [vi("acc", "float32", None), vi("counts", "int64", None)],
+                       [init("M", np.array(3, np.int64)), init("acc0", np.array([-2, 0, -1, 1], np.float32))],
+                       opset=16)
+    _check(model, [{"x": np.array([1, 0, 1, 0], np.float32)}])
 
 
 def test_a_torchscript_export_of_a_torchvision_ssd() -> None:

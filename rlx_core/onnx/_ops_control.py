@@ -72,6 +72,11 @@ def _loop(c: NodeContext) -> list[Operand | None]:
     going = True if cond is None else bool(cond.reshape(-1)[0])
     if limit is None and cond is None:
         raise c.fail("has neither a trip count M nor a condition: it would never end")
+    body = next((a.g for a in c.node.attribute if a.name == "body"), None)
+    held = sorted({n.op_type for n in body.node if n.op_type in HOST_RUNS and n.op_type not in CONVERTERS}
+                  if body is not None else set())
+    if held:  # ops that run on the host: so does the loop, its body a staged part (_staged)
+        raise NeedsHost(f"its body holds {', '.join(held)}, which run on the host", c.out(0))
     carried = [c.input(i, f"v_initial[{i - 2}]") for i in range(2, c.num_inputs)]
     scans: list[list[Operand]] = []
     i = 0
