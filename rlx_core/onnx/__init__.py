@@ -63,7 +63,9 @@ def load(model: Any, *, dims: Mapping[str, int] | None = None, max_tensor_bytes:
     ``NonMaxSuppression``), or that computes a shape, count or condition from data it
     makes, loads as a ``StagedGraph`` (``rlx_core.ir.staged``): the part before runs
     compiled, those ops on the host, and the part after is built and compiled for the
-    sizes they made.
+    sizes they made. ``RoiAlign``, ``GridSample`` and a ``TopK`` too large to unroll run
+    on the host the same way; a ``Loop`` that exits on data runs from the host, its body
+    compiled once and run per iteration.
 
     Raises ``ModelError`` naming the file and the node, tensor or input at fault.
     """
