@@ -236,11 +236,9 @@ def _roi_align(node: NodeProto, opset: int) -> HostRun:
     (a region of a detector reads a few cells of an 80x80 map); max pooling gathers every
     sample."""
     attrs = _attrs(node)
-    mode = attrs.get("mode", b"avg")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    mode = _text(attrs.get("mode", b"avg"))
     default = "half_pixel" if opset >= 16 else "output_half_pixel"
-    transform = attrs.get("coordinate_transformation_mode", default.encode())
-    transform = transform.decode() if isinstance(transform, bytes) else str(transform)
+    transform = _text(attrs.get("coordinate_transformation_mode", default))
     out_h, out_w = int(attrs.get("output_height", 1)), int(attrs.get("output_width", 1))  # type: ignore[call-overload]
     ratio = int(attrs.get("sampling_ratio", 0))  # type: ignore[call-overload]
     scale = float(attrs.get("spatial_scale", 1.0))  # type: ignore[arg-type]
