@@ -168,3 +168,25 @@ def test_dlpack_from_an_executable_that_offers_run_dlpack() -> None:
     (out,) = cg.run({"x": x}, output="dlpack")
     assert isinstance(out, _Shaped)
     np.testing.assert_array_equal(np.from_dlpack(out), marker)
+
+
+def test_devices_and_check_price_a_staged_models_first_part(tmp_path: Path) -> None:
+    """A detector (NonZero, NMS on the host): ``rlx devices --graph`` and ``rlx check`` rank
+    the devices by the part compiled before the first host op, and say so."""
+    path = Path(__file__).parent / "data" / "ssd_tiny_torchscript.onnx"
+    for command in (["devices", "--graph", str(path)], ["check", str(path)]):
+        proc = rlx(*command, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        text = " ".join(proc.stdout.split())
+        assert "estimates are for its first part (305 node(s) up to NonZero" in text
+        assert "built and compiled at run time" in text
+
+
+def test_devices_says_a_graph_built_from_values_has_no_estimate_yet(tmp_path: Path) -> None:
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    path = tmp_path / "reshape.onnx"
+    onnx.save(make_model(nodes, [vi("x", "float32", [2, 6]), vi("shape", "int64", [2])], [vi("y", "float32", None)]),
+              path)
+    proc = rlx("devices", "--graph", str(path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no estimate before its first run" in " ".join(proc.stdout.split())

@@ -160,23 +160,50 @@ def _load_graph(file: Path | None, example: str | None, dims: Sequence[str] = ()
     return Graph.load(file), str(file)
 
 
+def _priced(graph: Graph) -> Graph | None:
+    """The graph estimates are for: ``graph``, a staged graph's first part (built at load),
+    or none for a graph with no body before it runs."""
+    from ..ir.staged import StagedGraph
+    from ..ir.valued import RunTimeGraph
+
+    if isinstance(graph, StagedGraph):
+        part = graph.priced_part()
+        graph = part.fixed if part is not None else graph  # type: ignore[assignment]
+    return None if isinstance(graph, RunTimeGraph) else graph
+
+
 def priced_at(graph: Graph) -> dict[str, int] | None:
-    """The sizes a symbolic graph is placed and priced at (``None`` for a static graph):
-    what ``rlx check`` and ``rlx devices --graph`` say their estimates are for."""
-    if not graph.is_symbolic:
+    """The sizes a symbolic graph is placed and priced at (``None`` for a static graph, or
+    one with no body before it runs): what ``rlx check`` and ``rlx devices --graph`` say
+    their estimates are for."""
+    priced = _priced(graph)
+    if priced is None or not priced.is_symbolic:
         return None
     from ..ir.specialize import representative
 
-    return representative(graph)[1]
+    return representative(priced)[1]
 
 
 def priced_line(graph: Graph) -> str | None:
-    """``symbolic dims (batch, seq): estimates at batch=16, seq=16``, or ``None``."""
+    """``symbolic dims (batch, seq): estimates at batch=16, seq=16``; for a staged graph,
+    which part the estimates are for; for one with no body yet, why there are none."""
+    from ..ir.staged import StagedGraph
+    from ..ir.valued import RunTimeGraph
+
+    lines = []
+    priced = _priced(graph)
+    if isinstance(graph, StagedGraph) and priced is not None:
+        part = graph.priced_part()
+        lines.append(f"runs in steps: estimates are for its first part ({part.what if part else ''}); what "
+                     "follows is built and compiled at run time for the sizes the data makes")
+    elif isinstance(graph, RunTimeGraph):
+        return f"{graph.needs()}; no estimate before its first run"
     sizes = priced_at(graph)
-    if sizes is None:
-        return None
-    at = ", ".join(f"{k}={v}" for k, v in sorted(sizes.items()))
-    return f"symbolic dims ({', '.join(graph.symbols)}): estimates at {at}; runs at any sizes the model accepts"
+    if sizes is not None and priced is not None:
+        at = ", ".join(f"{k}={v}" for k, v in sorted(sizes.items()))
+        lines.append(f"symbolic dims ({', '.join(priced.symbols)}): estimates at {at}; runs at any sizes the "
+                     "model accepts")
+    return "; ".join(lines) or None
 
 
 # --------------------------------------------------------------------------- checked before any work

@@ -45,13 +45,15 @@ class GraphStage:
     (its graph's outputs, in order). ``build(signature)`` makes the graph for what it is
     fed: the same graph every time for a stage fixed at load, a new static graph per
     signature for one after a host step. ``values`` are the reads whose values (at most
-    ``MAX_VALUE_ELEMENTS`` each) the graph is built from. ``what`` names it in reports."""
+    ``MAX_VALUE_ELEMENTS`` each) the graph is built from. ``what`` names it in reports;
+    ``fixed`` is the graph of a stage built at load (what placement can price before a run)."""
 
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     build: Callable[[Signature], Graph]
     what: str
     values: tuple[str, ...] = ()
+    fixed: Graph | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +151,12 @@ class StagedGraph(RunTimeGraph):
     @property
     def steps(self) -> tuple[GraphStage | HostStep | LoopStep, ...]:
         return self._steps
+
+    def priced_part(self) -> GraphStage | None:
+        """The stage that runs first when it is a graph built at load (the part before the
+        first host op): what ``rlx devices --graph`` and placement price before a run."""
+        first = self._steps[0] if self._steps else None
+        return first if isinstance(first, GraphStage) and first.fixed is not None else None
 
     def needs(self) -> str:
         if self._why:

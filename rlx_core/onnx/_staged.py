@@ -147,7 +147,8 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
                               where, model.base_dir, model.opset, model.specs, model.max_bytes, model.name,
                               model.values, arrays), dims, free)
         first = f"{len(prefix)} node(s) up to {_names(gp, hosts) if hosts else repr(why.tensor) if why else ''}"
-        steps.append(GraphStage(tuple(s[0] for s in specs), tuple(made_first), lambda _sig, g=body: g, first))
+        steps.append(GraphStage(tuple(s[0] for s in specs), tuple(made_first), lambda _sig, g=body: g, first,
+                                fixed=body))
     for i in hosts:
         node = gp.node[i]
         if node.op_type == "Loop":
