@@ -150,3 +150,22 @@ def test_a_torchscript_export_with_a_loop_over_a_dynamic_dim_and_a_shape_check()
     assert rlx_onnx.load(model).symbols == ("n",)
     for n in (1, 3, 7):
         check_against_ort(model, {"x": RNG.standard_normal((n, 8)).astype(np.float32)})
+
+
+@pytest.mark.parametrize(("in_dir", "out_dir", "out_axis"), [(0, 0, 0), (1, 1, -1)])
+def test_a_scan_longer_than_the_unroll_limit_runs_from_the_host(in_dir: int, out_dir: int, out_axis: int) -> None:
+    """1,100 steps: the body is compiled once and run per step from the host."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["acc", "row"], ["acc_out"]), helper.make_node("Mul", ["acc_out", "w"], ["y"])],
+        "body", [helper.make_tensor_value_info("acc", F, [2]), helper.make_tensor_value_info("row", F, [2])],
+        [helper.make_tensor_value_info("acc_out", F, [2]), helper.make_tensor_value_info("y", F, [2])])
+    node = helper.make_node("Scan", ["init", "xs"], ["final", "ys"], body=body, num_scan_inputs=1,
+                            scan_input_axes=[1], scan_input_directions=[in_dir], scan_output_axes=[out_axis],
+                            scan_output_directions=[out_dir])
+    steps = MAX_UNROLL + 76
+    model = make_model([node], [vi("init", "float32", [2]), vi("xs", "float32", [2, steps])],
+                       [vi("final", "float32", None), vi("ys", "float32", None)],
+                       [init("w", np.array([0.5, -1.0], np.float32))], opset=16)
+    assert "Scan" in rlx_onnx.load(model).summary()
+    check_against_ort(model, {"init": RNG.standard_normal(2).astype(np.float32),
+                              "xs": RNG.standard_normal((2, steps)).astype(np.float32) * 0.01}, rtol=1e-4, atol=1e-5)

@@ -379,3 +379,18 @@ def test_sizes_are_checked_before_any_step() -> None:
     cg = rlx.compile(rlx_onnx.load(model), device="cpu")
     with pytest.raises(InputError, match="'x'"):
         cg.run({"x": np.ones(5, np.float32)})
+
+
+def test_a_host_op_inside_a_scan_body_runs_with_the_scan_on_the_host() -> None:
+    """NonZero in a Scan's body (the count of positive entries of each row)."""
+    body = helper.make_graph(
+        [helper.make_node("Relu", ["row"], ["r"]), helper.make_node("NonZero", ["r"], ["nz"]),
+         helper.make_node("Shape", ["nz"], ["count"]), helper.make_node("Add", ["acc", "count"], ["acc_out"])],
+        "body", [helper.make_tensor_value_info("acc", TensorProto.INT64, [2]),
+                 helper.make_tensor_value_info("row", F, [5])],
+        [helper.make_tensor_value_info("acc_out", TensorProto.INT64, [2]),
+         helper.make_tensor_value_info("count", TensorProto.INT64, [2])])
+    node = helper.make_node("Scan", ["acc0", "xs"], ["total", "counts"], body=body, num_scan_inputs=1)
+    model = make_model([node], [vi("xs", "float32", [4, 5])], [vi("total", "int64", None), vi("counts", "int64", None)],
+                       [init("acc0", np.zeros(2, np.int64))], opset=16)
+    _check(model, [{"xs": RNG.standard_normal((4, 5)).astype(np.float32)}])

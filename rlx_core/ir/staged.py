@@ -32,7 +32,7 @@ from . import Graph
 from .symbolic import Dim
 from .valued import MAX_VALUE_ELEMENTS, RunTimeGraph
 
-__all__ = ["StagedGraph", "GraphStage", "HostStep", "LoopStep", "Signature"]
+__all__ = ["StagedGraph", "GraphStage", "HostStep", "LoopStep", "ScanStep", "Signature"]
 
 #: What a stage's graph is built for: each tensor it reads, with its shape, its dtype, and
 #: its bytes where the stage is built from its value (else None).
@@ -133,6 +133,64 @@ class LoopStep:
         return {name: value for name, value in zip(self.writes, [*carried, *stacked]) if name}
 
 
+@dataclasses.dataclass(frozen=True)
+class ScanStep:
+    """A Scan run from the host (longer than rlx unrolls, or a body with host ops): its
+    body a part built for what it reads and run once per step. ``reads``: the initial
+    states, the scan inputs, then the enclosing values the body reads; ``writes``: the
+    final states, then the scan outputs; ``in_axes``/``in_reverse`` and
+    ``out_axes``/``out_reverse`` as the Scan's attributes say (axes already normalized
+    for the inputs; an output's may be negative, counted on the stacked rank)."""
+
+    name: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    states: int
+    body_inputs: tuple[str, ...]
+    in_axes: tuple[int, ...]
+    in_reverse: tuple[bool, ...]
+    out_axes: tuple[int, ...]
+    out_reverse: tuple[bool, ...]
+    build: Callable[[Signature], Graph]
+    what: str
+
+    def describe(self) -> str:
+        return f"Scan {self.name!r}" if self.name else "Scan"
+
+    def iterate(self, env: Mapping[str, Any], run: Callable[[Graph, dict[str, Any]], Sequence[Any]]
+                ) -> dict[str, np.ndarray]:
+        """Run the scan on the tensors of ``env``: its outputs by name."""
+        n_in = len(self.in_axes)
+        states = [np.asarray(env[n]) for n in self.reads[:self.states]]
+        xs = [np.asarray(env[n]) for n in self.reads[self.states:self.states + n_in]]
+        outer = {n: env[n] for n in self.reads[self.states + n_in:]}
+        lengths = {x.shape[a] for x, a in zip(xs, self.in_axes)}
+        if len(lengths) != 1:
+            raise InputError(f"{self.describe()}: its scan inputs have different lengths: {sorted(lengths)}")
+        steps = lengths.pop()
+        n_out = len(self.writes) - self.states
+        if steps == 0 and n_out:
+            raise InputError(f"{self.describe()} scans no step, so its scan outputs have no shape")
+        per_step: list[list[np.ndarray]] = []
+        for t in range(steps):
+            sliced = [np.take(x, steps - 1 - t if rev else t, axis=a)
+                      for x, a, rev in zip(xs, self.in_axes, self.in_reverse)]
+            values = dict(zip(self.body_inputs, [*states, *sliced]))
+            values.update(outer)
+            graph = self.build(signature(list(values), values))
+            outs = [np.asarray(o) for o in run(graph, {graph.node(j).name: values[graph.node(j).name]
+                                                       for j in graph.inputs})]
+            states = outs[:self.states]
+            per_step.append(outs[self.states:])
+        stacked = []
+        for k in range(n_out):
+            items = [step[k] for step in per_step]
+            if self.out_reverse[k]:
+                items.reverse()
+            stacked.append(np.stack(items, axis=self.out_axes[k] % (items[0].ndim + 1)))
+        return {name: value for name, value in zip(self.writes, [*states, *stacked]) if name}
+
+
 class StagedGraph(RunTimeGraph):
     """See the module docstring. ``inputs`` are ``(name, shape, dtype)`` (symbolic dims
     allowed), ``outputs`` the output names, ``steps`` the stages and host steps in order;
@@ -140,16 +198,16 @@ class StagedGraph(RunTimeGraph):
     (a threshold, an input bound at load); ``source`` names the model for messages."""
 
     def __init__(self, name: str, inputs: Sequence[tuple[str, Sequence[Dim], str]], outputs: Sequence[str],
-                 steps: Sequence[GraphStage | HostStep | LoopStep], constants: Mapping[str, np.ndarray],
+                 steps: Sequence[GraphStage | HostStep | LoopStep | ScanStep], constants: Mapping[str, np.ndarray],
                  source: str) -> None:
         super().__init__(name, inputs, outputs, source)
         self._steps = tuple(steps)
         self._constants = dict(constants)
-        hosts = [s for s in self._steps if isinstance(s, (HostStep, LoopStep))]
+        hosts = [s for s in self._steps if isinstance(s, (HostStep, LoopStep, ScanStep))]
         self._why = hosts[0].describe() if hosts else ""
 
     @property
-    def steps(self) -> tuple[GraphStage | HostStep | LoopStep, ...]:
+    def steps(self) -> tuple[GraphStage | HostStep | LoopStep | ScanStep, ...]:
         return self._steps
 
     def priced_part(self) -> GraphStage | None:
@@ -177,7 +235,7 @@ class StagedGraph(RunTimeGraph):
             if isinstance(step, HostStep):
                 env.update(step.apply(env))
                 continue
-            if isinstance(step, LoopStep):
+            if isinstance(step, (LoopStep, ScanStep)):
                 env.update(step.iterate(env, lambda body, feed, at=index: run_graph(at, body, feed)))
                 continue
             graph = step.build(signature(step.reads, env, step.values))

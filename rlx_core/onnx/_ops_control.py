@@ -14,7 +14,8 @@ rlx's IR has no control flow, so every backend runs these models without knowing
   loader then runs it from the host, its body compiled once and run per iteration
   (``_staged``, ``ir.staged.LoopStep``).
 - **Scan** is unrolled over the scanned axis (forward or reverse per input and output,
-  any axes), its states carried through the copies.
+  any axes), its states carried through the copies; one longer than ``MAX_UNROLL`` or
+  whose body holds host ops runs from the host, step by step (``ir.staged.ScanStep``).
 
 Unrolling makes a graph whose size grows with the trip count: at most ``MAX_UNROLL``
 iterations are unrolled, more is refused by name.
@@ -126,8 +127,13 @@ def _scan(c: NodeContext) -> list[Operand | None]:
     if len(lengths) != 1:
         raise c.fail(f"its scan inputs have different lengths along their scan axes: {sorted(lengths)}")
     steps = lengths.pop()
-    if steps > MAX_UNROLL:
-        raise c.fail(f"scans {steps} steps, more than the {MAX_UNROLL} rlx unrolls")
+    body = next((a.g for a in c.node.attribute if a.name == "body"), None)
+    held = sorted({n.op_type for n in body.node if n.op_type in HOST_RUNS and n.op_type not in CONVERTERS}
+                  if body is not None else set())
+    if steps > MAX_UNROLL or held:  # run from the host instead, step by step (_staged)
+        why = f"its body holds {', '.join(held)}, which run on the host" if held else (
+            f"scans {steps} steps, more than the {MAX_UNROLL} rlx unrolls")
+        raise NeedsHost(why, c.out(0))
     if steps == 0 and n_out:
         raise c.fail("scans no step, so its scan outputs have no shape rlx can give them")
     per_step: list[list[Operand]] = []

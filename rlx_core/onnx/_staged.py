@@ -32,7 +32,7 @@ from onnx import GraphProto, NodeProto, TensorProto, ValueInfoProto, helper
 
 from ..errors import ModelError
 from ..ir import Graph
-from ..ir.staged import GraphStage, HostStep, LoopStep, Signature, StagedGraph
+from ..ir.staged import GraphStage, HostStep, LoopStep, ScanStep, Signature, StagedGraph
 from ..ir.valued import MAX_VALUE_ELEMENTS
 from ._by_value import inputs_behind, load_valued
 from ._context import NeedsHost, NeedsValue, SpliceIf, describe_node
@@ -65,8 +65,8 @@ def load_any(model: Model, dims: Mapping[str, int], free: Sequence[str]) -> Grap
     except NeedsHost as exc:  # nodes the ops cannot express here: the host runs them
         wanted = set(exc.tensors)
         nodes = {i for i, n in enumerate(model.gp.node) if wanted.intersection(n.output)}
-        runnable = len(nodes) == len(wanted) and all(model.gp.node[i].op_type in HOST_RUNS or
-                                                     model.gp.node[i].op_type == "Loop" for i in nodes)
+        runnable = len(nodes) == len(wanted) and all(model.gp.node[i].op_type in (*HOST_RUNS, *_FROM_HOST)
+                                                     for i in nodes)
         staged = _load_staged(model, dims, free, nodes, None) if runnable else None  # else: a cut would recur
         if staged is None:
             raise ModelError(str(exc)) from None
@@ -127,7 +127,7 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
     after = _descendants(gp, blocked & live, live)
     made_after = {out for i in after for out in gp.node[i].output if out}
     prefix = [i for i in order if i in live and i not in after]
-    hosts = [i for i in order if i in blocked and i in live and gp.node[i].op_type in (*HOST_RUNS, "Loop")
+    hosts = [i for i in order if i in blocked and i in live and gp.node[i].op_type in (*HOST_RUNS, *_FROM_HOST)
              and not set(node_reads(gp.node[i])) & made_after]
     rest = [i for i in order if i in after and i not in hosts]
     if why is not None and not blocked & live:
@@ -140,7 +140,7 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
     made_on_host = {out for i in hosts for out in gp.node[i].output if out}
     stub = _stubbed(gp, arrays)
 
-    steps: list[GraphStage | HostStep | LoopStep] = []
+    steps: list[GraphStage | HostStep | LoopStep | ScanStep] = []
     constants = {**model.values, **{n: a for n, a in arrays.items() if n in read_later}}
     if prefix:
         body = load_any(Model(_part(stub, [gp.node[i] for i in prefix], [s[0] for s in model.specs], made_first),
@@ -151,8 +151,8 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
                                 fixed=body))
     for i in hosts:
         node = gp.node[i]
-        if node.op_type == "Loop":
-            steps.append(_loop_step(model, node, i, stub, arrays))
+        if node.op_type in _FROM_HOST:
+            steps.append(_FROM_HOST[node.op_type](model, node, i, stub, arrays))
             continue
         try:
             run = HOST_RUNS[node.op_type](node, model.opset)
@@ -199,6 +199,40 @@ def _loop_step(model: Model, node: NodeProto, index: int, stub: Mapping[str, Ten
     return LoopStep(node.name, (*heads, *node.input[2:], *outer), tuple(node.output), carried, tuple(body_inputs),
                     builds, f"the body of {describe_node(node, index)}, run from the host per iteration",
                     MAX_HOST_ITERATIONS)
+
+
+def _scan_step(model: Model, node: NodeProto, index: int, stub: Mapping[str, TensorProto],
+               arrays: Mapping[str, np.ndarray]) -> ScanStep:
+    """A Scan run from the host: its body a part built for what it reads (its states and
+    one slice of each scan input, then the enclosing values it reads by name)."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    body = attrs.get("body")
+    n_in = int(attrs.get("num_scan_inputs", 0))  # type: ignore[call-overload]
+    n_state = len(node.input) - n_in
+    n_out = len(node.output) - n_state
+    what = describe_node(node, index)
+    if not isinstance(body, GraphProto) or n_in < 1 or n_state < 0 or n_out < 0 or len(body.input) != n_state + n_in:
+        raise ModelError(f"{model.where}: {what}: its body must take its {max(n_state, 0)} states and one slice of "
+                         f"each of its {n_in} scan inputs")
+    in_axes = [int(a) for a in (attrs.get("scan_input_axes") or [0] * n_in)]  # type: ignore[union-attr]
+    in_dirs = [bool(d) for d in (attrs.get("scan_input_directions") or [0] * n_in)]  # type: ignore[union-attr]
+    out_axes = [int(a) for a in (attrs.get("scan_output_axes") or [0] * n_out)]  # type: ignore[union-attr]
+    out_dirs = [bool(d) for d in (attrs.get("scan_output_directions") or [0] * n_out)]  # type: ignore[union-attr]
+    if len(in_axes) != n_in or len(in_dirs) != n_in or len(out_axes) != n_out or len(out_dirs) != n_out:
+        raise ModelError(f"{model.where}: {what}: scan_input_axes/directions and scan_output_axes/directions need "
+                         "one entry per scan input and output")
+    body_inputs = [v.name for v in body.input]
+    outer = sorted(n for n in implicit_inputs(node) if n not in arrays)
+    part = _part(stub, list(body.node), body_inputs + outer, [o.name for o in body.output])
+    part.initializer.extend(body.initializer)
+    builds = _RestBuilds(model, part, arrays, f"in the body of {what}")
+    return ScanStep(node.name, (*node.input, *outer), tuple(node.output), n_state, tuple(body_inputs),
+                    tuple(in_axes), tuple(in_dirs), tuple(out_axes), tuple(out_dirs), builds,
+                    f"the body of {what}, run from the host per step")
+
+
+#: Nodes run from the host by a step of their own (their bodies compiled as parts).
+_FROM_HOST = {"Loop": _loop_step, "Scan": _scan_step}
 
 
 class _RestBuilds:
