@@ -179,6 +179,18 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
 MAX_HOST_ITERATIONS = 1_000_000
 
 
+def _body(model: Model, node: NodeProto, body: GraphProto, what: str, stub: Mapping[str, TensorProto],
+          arrays: Mapping[str, np.ndarray]) -> tuple[list[str], list[str], _RestBuilds]:
+    """A loop's body as a part built per signature: its own inputs' names, the enclosing
+    values it reads by name (not weights: the part lists those itself), and its builder;
+    the body's own initializers stay with it."""
+    body_inputs = [v.name for v in body.input]
+    outer = sorted(n for n in implicit_inputs(node) if n not in arrays)
+    part = _part(stub, list(body.node), body_inputs + outer, [o.name for o in body.output])
+    part.initializer.extend(body.initializer)
+    return body_inputs, outer, _RestBuilds(model, part, arrays, f"in the body of {what}")
+
+
 def _loop_step(model: Model, node: NodeProto, index: int, stub: Mapping[str, TensorProto],
                arrays: Mapping[str, np.ndarray]) -> LoopStep:
     """A Loop run from the host: its body a part built for what it reads (its own inputs,
@@ -190,11 +202,7 @@ def _loop_step(model: Model, node: NodeProto, index: int, stub: Mapping[str, Ten
         raise ModelError(f"{model.where}: {describe_node(node, index)}: its body must take the iteration, the "
                          f"condition and the {carried} carried values, and return the condition, those values and "
                          "one value per scan output")
-    body_inputs = [v.name for v in body.input]
-    outer = sorted(n for n in implicit_inputs(node) if n not in arrays)
-    part = _part(stub, list(body.node), body_inputs + outer, [o.name for o in body.output])
-    part.initializer.extend(body.initializer)
-    builds = _RestBuilds(model, part, arrays, f"in the body of {describe_node(node, index)}")
+    body_inputs, outer, builds = _body(model, node, body, describe_node(node, index), stub, arrays)
     heads = tuple(node.input[k] if k < len(node.input) else "" for k in range(2))
     return LoopStep(node.name, (*heads, *node.input[2:], *outer), tuple(node.output), carried, tuple(body_inputs),
                     builds, f"the body of {describe_node(node, index)}, run from the host per iteration",
@@ -221,11 +229,7 @@ def _scan_step(model: Model, node: NodeProto, index: int, stub: Mapping[str, Ten
     if len(in_axes) != n_in or len(in_dirs) != n_in or len(out_axes) != n_out or len(out_dirs) != n_out:
         raise ModelError(f"{model.where}: {what}: scan_input_axes/directions and scan_output_axes/directions need "
                          "one entry per scan input and output")
-    body_inputs = [v.name for v in body.input]
-    outer = sorted(n for n in implicit_inputs(node) if n not in arrays)
-    part = _part(stub, list(body.node), body_inputs + outer, [o.name for o in body.output])
-    part.initializer.extend(body.initializer)
-    builds = _RestBuilds(model, part, arrays, f"in the body of {what}")
+    body_inputs, outer, builds = _body(model, node, body, what, stub, arrays)
     return ScanStep(node.name, (*node.input, *outer), tuple(node.output), n_state, tuple(body_inputs),
                     tuple(in_axes), tuple(in_dirs), tuple(out_axes), tuple(out_dirs), builds,
                     f"the body of {what}, run from the host per step")
