@@ -20,11 +20,11 @@ import itertools
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from onnx import NodeProto, helper
+from onnx import GraphProto, NodeProto, helper
 
 from ..errors import ModelError
 
-__all__ = ["HOST_OPS", "HOST_RUNS", "HostRun"]
+__all__ = ["HOST_OPS", "HOST_RUNS", "HostRun", "held_in"]
 
 #: Runs one node: its inputs (``None`` where an optional one is left out) to its outputs.
 HostRun = Callable[[Sequence["np.ndarray | None"]], list[np.ndarray]]
@@ -460,3 +460,9 @@ HOST_OPS: dict[str, Callable[[NodeProto, int], HostRun]] = {
 #: Every op the host runs: those above, and those run there only where rlx's ops cannot
 #: express a node (its converter raises ``NeedsHost``).
 HOST_RUNS: dict[str, Callable[[NodeProto, int], HostRun]] = {**HOST_OPS, "TopK": _topk}
+
+
+def held_in(graph: GraphProto | None) -> list[str]:
+    """The op types of ``graph``'s nodes (a branch, a loop body) that always run on the
+    host, sorted: such a subgraph is spliced in or run from the host, never converted."""
+    return sorted({n.op_type for n in graph.node if n.op_type in HOST_OPS}) if graph is not None else []

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._context import CONVERTERS, NeedsHost, NodeContext, SpliceIf, converter
-from ._host_ops import HOST_RUNS
+from ._context import NeedsHost, NodeContext, SpliceIf, converter
+from ._host_ops import held_in
 from ._shapes import Emitter, Operand, frozen
 
 __all__ = ["MAX_UNROLL"]
@@ -44,9 +44,7 @@ def _if(c: NodeContext) -> list[Operand | None]:
         raise c.fail(f"cond must hold one value, got {None if cond is None else cond.shape}")
     taken = bool(cond.reshape(-1)[0])
     branch = "then_branch" if taken else "else_branch"
-    graph = next((a.g for a in c.node.attribute if a.name == branch), None)
-    held = sorted({n.op_type for n in graph.node if n.op_type in HOST_RUNS and n.op_type not in CONVERTERS}
-                  if graph is not None else set())
+    held = held_in(next((a.g for a in c.node.attribute if a.name == branch), None))
     if held:  # spliced into the graph by the loader, so that those ops run on the host between parts
         raise SpliceIf(f"its {branch} holds {', '.join(held)}, which run on the host", c.out(0), taken)
     return list(c.subgraph(branch))
@@ -73,9 +71,7 @@ def _loop(c: NodeContext) -> list[Operand | None]:
     going = True if cond is None else bool(cond.reshape(-1)[0])
     if limit is None and cond is None:
         raise c.fail("has neither a trip count M nor a condition: it would never end")
-    body = next((a.g for a in c.node.attribute if a.name == "body"), None)
-    held = sorted({n.op_type for n in body.node if n.op_type in HOST_RUNS and n.op_type not in CONVERTERS}
-                  if body is not None else set())
+    held = held_in(next((a.g for a in c.node.attribute if a.name == "body"), None))
     if held:  # ops that run on the host: so does the loop, its body a staged part (_staged)
         raise NeedsHost(f"its body holds {', '.join(held)}, which run on the host", c.out(0))
     carried = [c.input(i, f"v_initial[{i - 2}]") for i in range(2, c.num_inputs)]
@@ -127,9 +123,7 @@ def _scan(c: NodeContext) -> list[Operand | None]:
     if len(lengths) != 1:
         raise c.fail(f"its scan inputs have different lengths along their scan axes: {sorted(lengths)}")
     steps = lengths.pop()
-    body = next((a.g for a in c.node.attribute if a.name == "body"), None)
-    held = sorted({n.op_type for n in body.node if n.op_type in HOST_RUNS and n.op_type not in CONVERTERS}
-                  if body is not None else set())
+    held = held_in(next((a.g for a in c.node.attribute if a.name == "body"), None))
     if steps > MAX_UNROLL or held:  # run from the host instead, step by step (_staged)
         why = f"its body holds {', '.join(held)}, which run on the host" if held else (
             f"scans {steps} steps, more than the {MAX_UNROLL} rlx unrolls")

@@ -37,7 +37,7 @@ from ..ir.valued import MAX_VALUE_ELEMENTS
 from ._by_value import inputs_behind, load_valued
 from ._context import NeedsHost, NeedsValue, SpliceIf, describe_node
 from ._dynamic import load_symbolic, symbol_names, symbolic_shapes
-from ._host_ops import HOST_OPS, HOST_RUNS
+from ._host_ops import HOST_OPS, HOST_RUNS, held_in
 from ._inline import constant_value, inline_known_ifs, splice_if
 from ._loader import Model, _live, _TensorReader, _toposort
 from ._subgraphs import implicit_inputs, node_reads, subgraphs
@@ -91,8 +91,7 @@ def load_any(model: Model, dims: Mapping[str, int], free: Sequence[str]) -> Grap
 
 def _hosts_in_branches(gp: GraphProto, nodes: set[int]) -> bool:
     """Whether one of ``nodes`` is an If with an op that runs on the host in a branch."""
-    return any(inner.op_type in HOST_OPS for i in nodes if gp.node[i].op_type == "If"
-               for branch in subgraphs(gp.node[i]) for inner in branch.node)
+    return any(held_in(branch) for i in nodes if gp.node[i].op_type == "If" for branch in subgraphs(gp.node[i]))
 
 
 def _behind_small_inputs(model: Model, tensor: str) -> bool:
