@@ -23,7 +23,8 @@ iterations are unrolled, more is refused by name.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from ._context import NeedsHost, NodeContext, SpliceIf, converter
 from ._host_ops import held_in
 from ._shapes import Emitter, Operand, frozen
 
-__all__ = ["MAX_UNROLL"]
+__all__ = ["MAX_UNROLL", "scan_layout"]
 
 #: The most iterations a Loop or Scan is unrolled into.
 MAX_UNROLL = 1024
@@ -98,6 +99,20 @@ def _loop(c: NodeContext) -> list[Operand | None]:
     return [*carried, *stacked]
 
 
+def scan_layout(attr: Callable[[str], Any], n_in: int, n_out: int) -> tuple[list[int], ...]:
+    """A Scan's input and output axes and directions (``attr(name)``: the attribute, None
+    when absent), each defaulting to 0; ``ValueError`` unless one entry per scan input and
+    output. Read by the converter and by the loader's Scan run from the host."""
+    in_axes = [int(a) for a in (attr("scan_input_axes") or [0] * n_in)]
+    in_dirs = [int(d) for d in (attr("scan_input_directions") or [0] * n_in)]
+    out_axes = [int(a) for a in (attr("scan_output_axes") or [0] * n_out)]
+    out_dirs = [int(d) for d in (attr("scan_output_directions") or [0] * n_out)]
+    if len(in_axes) != n_in or len(in_dirs) != n_in or len(out_axes) != n_out or len(out_dirs) != n_out:
+        raise ValueError("scan_input_axes/directions and scan_output_axes/directions need one entry per scan input "
+                         "and output")
+    return in_axes, in_dirs, out_axes, out_dirs
+
+
 @converter("Scan")
 def _scan(c: NodeContext) -> list[Operand | None]:
     """Unrolled over the scanned axis: each copy of the body gets the states and the
@@ -109,14 +124,11 @@ def _scan(c: NodeContext) -> list[Operand | None]:
     n_state = c.num_inputs - n_in
     states = [c.input(i, f"initial_state[{i}]") for i in range(n_state)]
     xs = [c.input(n_state + k, f"scan_input[{k}]") for k in range(n_in)]
-    in_axes = [int(a) for a in (c.attr("scan_input_axes") or [0] * n_in)]
-    in_dirs = [int(d) for d in (c.attr("scan_input_directions") or [0] * n_in)]
     n_out = c.num_outputs - n_state
-    out_axes = [int(a) for a in (c.attr("scan_output_axes") or [0] * n_out)]
-    out_dirs = [int(d) for d in (c.attr("scan_output_directions") or [0] * n_out)]
-    if len(in_axes) != n_in or len(in_dirs) != n_in or len(out_axes) != n_out or len(out_dirs) != n_out:
-        raise c.fail("scan_input_axes/directions and scan_output_axes/directions need one entry per scan input "
-                     "and output")
+    try:
+        in_axes, in_dirs, out_axes, out_dirs = scan_layout(c.attr, n_in, n_out)
+    except ValueError as exc:
+        raise c.fail(str(exc)) from None
     shapes = [f.shape(x) for x in xs]
     in_axes = [a % len(s) if s else a for a, s in zip(in_axes, shapes)]
     lengths = {s[a] for a, s in zip(in_axes, shapes)}

@@ -40,6 +40,7 @@ from ._dynamic import load_symbolic, symbol_names, symbolic_shapes
 from ._host_ops import HOST_OPS, HOST_RUNS, held_in
 from ._inline import constant_value, inline_known_ifs, splice_if
 from ._loader import Model, _live, _TensorReader, _toposort
+from ._ops_control import scan_layout
 from ._subgraphs import implicit_inputs, node_reads, subgraphs
 
 __all__ = ["load_any"]
@@ -221,16 +222,13 @@ def _scan_step(model: Model, node: NodeProto, index: int, stub: Mapping[str, Ten
     if not isinstance(body, GraphProto) or n_in < 1 or n_state < 0 or n_out < 0 or len(body.input) != n_state + n_in:
         raise ModelError(f"{model.where}: {what}: its body must take its {max(n_state, 0)} states and one slice of "
                          f"each of its {n_in} scan inputs")
-    in_axes = [int(a) for a in (attrs.get("scan_input_axes") or [0] * n_in)]  # type: ignore[union-attr]
-    in_dirs = [bool(d) for d in (attrs.get("scan_input_directions") or [0] * n_in)]  # type: ignore[union-attr]
-    out_axes = [int(a) for a in (attrs.get("scan_output_axes") or [0] * n_out)]  # type: ignore[union-attr]
-    out_dirs = [bool(d) for d in (attrs.get("scan_output_directions") or [0] * n_out)]  # type: ignore[union-attr]
-    if len(in_axes) != n_in or len(in_dirs) != n_in or len(out_axes) != n_out or len(out_dirs) != n_out:
-        raise ModelError(f"{model.where}: {what}: scan_input_axes/directions and scan_output_axes/directions need "
-                         "one entry per scan input and output")
+    try:
+        in_axes, in_dirs, out_axes, out_dirs = scan_layout(attrs.get, n_in, n_out)
+    except ValueError as exc:
+        raise ModelError(f"{model.where}: {what}: {exc}") from None
     body_inputs, outer, builds = _body(model, node, body, what, stub, arrays)
     return ScanStep(node.name, (*node.input, *outer), tuple(node.output), n_state, tuple(body_inputs),
-                    tuple(in_axes), tuple(in_dirs), tuple(out_axes), tuple(out_dirs), builds,
+                    tuple(in_axes), tuple(map(bool, in_dirs)), tuple(out_axes), tuple(map(bool, out_dirs)), builds,
                     f"the body of {what}, run from the host per step")
 
 
