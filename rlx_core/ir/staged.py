@@ -82,6 +82,14 @@ class HostStep:
         return f"{self.op} {self.name!r}" if self.name else self.op
 
 
+def _run_body(build: Callable[[Signature], Graph], run: Callable[[Graph, dict[str, Any]], Sequence[Any]],
+              values: dict[str, Any]) -> list[np.ndarray]:
+    """One iteration of a loop's body: the part built for ``values`` (its own inputs, then
+    the enclosing values it reads), run on what it takes of them."""
+    graph = build(signature(list(values), values))
+    return [np.asarray(o) for o in run(graph, {graph.node(j).name: values[graph.node(j).name] for j in graph.inputs})]
+
+
 @dataclasses.dataclass(frozen=True)
 class LoopStep:
     """A loop whose exit depends on the data (or too long to unroll), run from the host:
@@ -117,11 +125,8 @@ class LoopStep:
         while going and (limit is None or i < limit):
             if i >= self.limit:
                 raise InputError(f"{self.describe()} runs past {self.limit} iterations, the most rlx runs")
-            values = dict(zip(self.body_inputs, [np.array(i, np.int64), np.array(going), *carried]))
-            values.update(outer)
-            graph = self.build(signature(list(values), values))
-            outs = [np.asarray(o) for o in run(graph, {graph.node(j).name: values[graph.node(j).name]
-                                                       for j in graph.inputs})]
+            own = [np.array(i, np.int64), np.array(going), *carried]
+            outs = _run_body(self.build, run, {**dict(zip(self.body_inputs, own)), **outer})
             going = bool(outs[0].reshape(-1)[0])
             carried = outs[1:1 + self.carried]
             scans.append(outs[1 + self.carried:])
@@ -175,11 +180,7 @@ class ScanStep:
         for t in range(steps):
             sliced = [np.take(x, steps - 1 - t if rev else t, axis=a)
                       for x, a, rev in zip(xs, self.in_axes, self.in_reverse)]
-            values = dict(zip(self.body_inputs, [*states, *sliced]))
-            values.update(outer)
-            graph = self.build(signature(list(values), values))
-            outs = [np.asarray(o) for o in run(graph, {graph.node(j).name: values[graph.node(j).name]
-                                                       for j in graph.inputs})]
+            outs = _run_body(self.build, run, {**dict(zip(self.body_inputs, [*states, *sliced])), **outer})
             states = outs[:self.states]
             per_step.append(outs[self.states:])
         stacked = []
