@@ -163,13 +163,9 @@ def _load_graph(file: Path | None, example: str | None, dims: Sequence[str] = ()
 def _priced(graph: Graph) -> Graph | None:
     """The graph estimates are for: ``graph``, a staged graph's first part (built at load),
     or none for a graph with no body before it runs."""
-    from ..ir.staged import StagedGraph
     from ..ir.valued import RunTimeGraph
 
-    if isinstance(graph, StagedGraph):
-        part = graph.priced_part()
-        graph = part.fixed if part is not None else graph  # type: ignore[assignment]
-    return None if isinstance(graph, RunTimeGraph) else graph
+    return graph.priced() if isinstance(graph, RunTimeGraph) else graph
 
 
 def priced_at(graph: Graph) -> dict[str, int] | None:

@@ -217,6 +217,11 @@ class StagedGraph(RunTimeGraph):
         first = self._steps[0] if self._steps else None
         return first if isinstance(first, GraphStage) and first.fixed is not None else None
 
+    def priced(self) -> Graph | None:
+        """The first part when it is a graph with a body of its own, built at load."""
+        part = self.priced_part()
+        return None if part is None or isinstance(part.fixed, RunTimeGraph) else part.fixed
+
     def needs(self) -> str:
         if self._why:
             cause = (f"runs {self._why} on the host: its output's size depends on the data, so what follows it is "

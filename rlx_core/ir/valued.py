@@ -80,6 +80,11 @@ class RunTimeGraph(Graph):
         """Why the graph has no body yet, as messages say it."""
         raise NotImplementedError
 
+    def priced(self) -> Graph | None:
+        """The graph placement prices before a run (none here: what runs is placed when
+        it is built; a staged graph gives its first part)."""
+        return None
+
     def output_names(self) -> list[str]:
         return list(self._output_names)
 

@@ -26,7 +26,6 @@ from ..compiler.timing import benchmark_devices
 from ..cost import estimate_graph_cost
 from ..errors import DeviceError
 from ..ir import Graph
-from ..ir.staged import StagedGraph
 from ..ir.valued import RunTimeGraph
 from ..passes.plan import plan_memory
 from .corrections import Correction, PredictionErrors, borrowed
@@ -113,11 +112,8 @@ class Placement:
         # A symbolic graph is placed and priced at a representative size (dynamic.py says which);
         # a staged one by its first part when that is built at load; one with no body before it
         # runs (built from values) by the policy alone here: what it runs is placed when built.
-        if isinstance(graph, StagedGraph):
-            part = graph.priced_part()
-            graph = None if part is None else part.fixed
         if isinstance(graph, RunTimeGraph):
-            graph = None
+            graph = graph.priced()
         self.graph = representative(graph)[0] if graph is not None and graph.is_symbolic else graph
         self.policy = policy if policy is not None else DevicePolicy.from_env()
         self.registry = registry or default_registry()
