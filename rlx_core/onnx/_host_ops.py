@@ -286,21 +286,28 @@ def _span(weights: np.ndarray) -> tuple[int, int]:
     return (int(used[0]), int(used[-1]) + 1) if used.size else (0, 0)
 
 
+def _samples(start: float, bin_size: float, bins: int, grid: int, length: int) -> tuple[np.ndarray, ...]:
+    """Each bin's ``grid`` sample positions along one axis, as the spec places them:
+    ([bins, grid] each) the lower and upper neighbour, the upper one's weight, and whether
+    the sample lies on the map at all (one past an edge reads the edge)."""
+    at = start + np.arange(bins)[:, None] * bin_size + (np.arange(grid)[None] + 0.5) * bin_size / grid
+    inside = (at >= -1.0) & (at <= length)
+    at = np.maximum(at, 0.0)
+    edge = at.astype(np.int64) >= length - 1
+    low = np.minimum(at.astype(np.int64), length - 1)
+    high = np.where(edge, low, low + 1)
+    frac = np.where(edge, 0.0, at - low)
+    return low, high, frac, inside
+
+
 def _axis_weights(start: float, bin_size: float, bins: int, grid: int, length: int) -> np.ndarray:
     """[bins, length]: how much each position along one axis weighs in each bin, summed
     over the bin's ``grid`` samples (the spec's bilinear weights, 0 outside the map)."""
     weights = np.zeros((bins, length))
     if grid < 1:
         return weights
-    at = start + np.arange(bins)[:, None] * bin_size + (np.arange(grid)[None] + 0.5) * bin_size / grid
-    inside = (at >= -1.0) & (at <= length)
-    at = np.maximum(at, 0.0)
-    low = at.astype(np.int64)
-    edge = low >= length - 1
-    low = np.where(edge, length - 1, low)
-    high = np.where(edge, length - 1, low + 1)
-    frac = np.where(edge, 0.0, at - low)
-    rows = np.broadcast_to(np.arange(bins)[:, None], at.shape)
+    low, high, frac, inside = _samples(start, bin_size, bins, grid, length)
+    rows = np.broadcast_to(np.arange(bins)[:, None], low.shape)
     np.add.at(weights, (rows[inside], low[inside]), (1.0 - frac)[inside])
     np.add.at(weights, (rows[inside], high[inside]), frac[inside])
     return weights
@@ -314,19 +321,8 @@ def _roi_max(fmap: np.ndarray, roi: np.ndarray, size: np.ndarray, out_h: int, ou
     out = np.zeros((channels, out_h, out_w), fmap.dtype)
     if gh < 1 or gw < 1:
         return out
-
-    def axis(start: float, bin_size: float, bins: int, grid: int, length: int) -> tuple[np.ndarray, ...]:
-        at = start + np.arange(bins)[:, None] * bin_size + (np.arange(grid)[None] + 0.5) * bin_size / grid
-        inside = (at >= -1.0) & (at <= length)
-        at = np.maximum(at, 0.0)
-        low = np.minimum(at.astype(np.int64), length - 1)
-        edge = at.astype(np.int64) >= length - 1
-        high = np.where(edge, low, low + 1)
-        frac = np.where(edge, 0.0, at - low)
-        return low.reshape(-1), high.reshape(-1), frac.reshape(-1), inside.reshape(-1)
-
-    yl, yh, fy, iny = axis(roi[1], size[1] / out_h, out_h, gh, height)
-    xl, xh, fx, inx = axis(roi[0], size[0] / out_w, out_w, gw, width)
+    yl, yh, fy, iny = (a.reshape(-1) for a in _samples(roi[1], size[1] / out_h, out_h, gh, height))
+    xl, xh, fx, inx = (a.reshape(-1) for a in _samples(roi[0], size[0] / out_w, out_w, gw, width))
     ok = (iny[:, None] & inx[None]).astype(fmap.dtype)
     corners = [((1 - fy)[:, None] * (1 - fx)[None], yl, xl), ((1 - fy)[:, None] * fx[None], yl, xh),
                (fy[:, None] * (1 - fx)[None], yh, xl), (fy[:, None] * fx[None], yh, xh)]
