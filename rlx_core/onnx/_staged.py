@@ -138,12 +138,11 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
     read_later = {name for i in hosts + rest for name in node_reads(gp.node[i])} | set(outputs)
     made_first = [out for i in prefix for out in gp.node[i].output if out and out in read_later]
     made_on_host = {out for i in hosts for out in gp.node[i].output if out}
-    stub = _stubbed(gp, arrays)
 
     steps: list[GraphStage | HostStep | LoopStep | ScanStep] = []
     constants = {**model.values, **{n: a for n, a in arrays.items() if n in read_later}}
     if prefix:
-        body = load_any(Model(_part(stub, [gp.node[i] for i in prefix], [s[0] for s in model.specs], made_first),
+        body = load_any(Model(_part(arrays, [gp.node[i] for i in prefix], [s[0] for s in model.specs], made_first),
                               where, model.base_dir, model.opset, model.specs, model.max_bytes, model.name,
                               model.values, arrays), dims, free)
         first = f"{len(prefix)} node(s) up to {_names(gp, hosts) if hosts else repr(why.tensor) if why else ''}"
@@ -152,7 +151,7 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
     for i in hosts:
         node = gp.node[i]
         if node.op_type in _FROM_HOST:
-            steps.append(_FROM_HOST[node.op_type](model, node, i, stub, arrays))
+            steps.append(_FROM_HOST[node.op_type](model, node, i, arrays))
             continue
         try:
             run = HOST_RUNS[node.op_type](node, model.opset)
@@ -165,7 +164,7 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
                        key=lambda n: (n not in made_on_host, n))
         rest_out = [n for n in outputs if n in produced]
         values = (why.tensor,) if why is not None and why.tensor in reads else ()
-        builds = _RestBuilds(model, _part(stub, [gp.node[i] for i in rest], reads, rest_out), arrays,
+        builds = _RestBuilds(model, _part(arrays, [gp.node[i] for i in rest], reads, rest_out), arrays,
                              f"after {_names(gp, hosts) if hosts else repr(why.tensor) if why else ''}")
         steps.append(GraphStage(tuple(reads), tuple(rest_out), builds, f"the {len(rest)} node(s) {builds.after}",
                                 values))
@@ -179,20 +178,19 @@ def _load_staged(model: Model, dims: Mapping[str, int], free: Sequence[str], blo
 MAX_HOST_ITERATIONS = 1_000_000
 
 
-def _body(model: Model, node: NodeProto, body: GraphProto, what: str, stub: Mapping[str, TensorProto],
+def _body(model: Model, node: NodeProto, body: GraphProto, what: str,
           arrays: Mapping[str, np.ndarray]) -> tuple[list[str], list[str], _RestBuilds]:
     """A loop's body as a part built per signature: its own inputs' names, the enclosing
     values it reads by name (not weights: the part lists those itself), and its builder;
     the body's own initializers stay with it."""
     body_inputs = [v.name for v in body.input]
     outer = sorted(n for n in implicit_inputs(node) if n not in arrays)
-    part = _part(stub, list(body.node), body_inputs + outer, [o.name for o in body.output])
+    part = _part(arrays, list(body.node), body_inputs + outer, [o.name for o in body.output])
     part.initializer.extend(body.initializer)
     return body_inputs, outer, _RestBuilds(model, part, arrays, f"in the body of {what}")
 
 
-def _loop_step(model: Model, node: NodeProto, index: int, stub: Mapping[str, TensorProto],
-               arrays: Mapping[str, np.ndarray]) -> LoopStep:
+def _loop_step(model: Model, node: NodeProto, index: int, arrays: Mapping[str, np.ndarray]) -> LoopStep:
     """A Loop run from the host: its body a part built for what it reads (its own inputs,
     then the enclosing values it reads by name), its own initializers kept with it."""
     body = next((a.g for a in node.attribute if a.name == "body"), None)
@@ -202,15 +200,14 @@ def _loop_step(model: Model, node: NodeProto, index: int, stub: Mapping[str, Ten
         raise ModelError(f"{model.where}: {describe_node(node, index)}: its body must take the iteration, the "
                          f"condition and the {carried} carried values, and return the condition, those values and "
                          "one value per scan output")
-    body_inputs, outer, builds = _body(model, node, body, describe_node(node, index), stub, arrays)
+    body_inputs, outer, builds = _body(model, node, body, describe_node(node, index), arrays)
     heads = tuple(node.input[k] if k < len(node.input) else "" for k in range(2))
     return LoopStep(node.name, (*heads, *node.input[2:], *outer), tuple(node.output), carried, tuple(body_inputs),
                     builds, f"the body of {describe_node(node, index)}, run from the host per iteration",
                     MAX_HOST_ITERATIONS)
 
 
-def _scan_step(model: Model, node: NodeProto, index: int, stub: Mapping[str, TensorProto],
-               arrays: Mapping[str, np.ndarray]) -> ScanStep:
+def _scan_step(model: Model, node: NodeProto, index: int, arrays: Mapping[str, np.ndarray]) -> ScanStep:
     """A Scan run from the host: its body a part built for what it reads (its states and
     one slice of each scan input, then the enclosing values it reads by name)."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -226,7 +223,7 @@ def _scan_step(model: Model, node: NodeProto, index: int, stub: Mapping[str, Ten
         in_axes, in_dirs, out_axes, out_dirs = scan_layout(attrs.get, n_in, n_out)
     except ValueError as exc:
         raise ModelError(f"{model.where}: {what}: {exc}") from None
-    body_inputs, outer, builds = _body(model, node, body, what, stub, arrays)
+    body_inputs, outer, builds = _body(model, node, body, what, arrays)
     return ScanStep(node.name, (*node.input, *outer), tuple(node.output), n_state, tuple(body_inputs),
                     tuple(in_axes), tuple(map(bool, in_dirs)), tuple(out_axes), tuple(map(bool, out_dirs)), builds,
                     f"the body of {what}, run from the host per step")
@@ -294,28 +291,25 @@ def _weights(model: Model, live: set[int]) -> tuple[dict[str, np.ndarray], set[i
     return arrays, folded
 
 
-def _stubbed(gp: GraphProto, arrays: Mapping[str, np.ndarray]) -> dict[str, TensorProto]:
-    """A data-less initializer (name, dtype, dims) per array: a part's graph lists its
-    weights by these, and takes the arrays themselves from ``Model.params``."""
-    stubs = {}
-    for name, arr in arrays.items():
-        stub = TensorProto()
-        stub.name, stub.data_type = name, helper.np_dtype_to_tensor_dtype(arr.dtype)
-        stub.dims.extend(arr.shape)
-        stubs[name] = stub
-    return stubs
+def _stub(name: str, arr: np.ndarray) -> TensorProto:
+    """A data-less initializer (name, dtype, dims): a part's graph lists its weights by
+    these, and takes the arrays themselves from ``Model.params``."""
+    stub = TensorProto()
+    stub.name, stub.data_type = name, helper.np_dtype_to_tensor_dtype(arr.dtype)
+    stub.dims.extend(arr.shape)
+    return stub
 
 
-def _part(stubs: Mapping[str, TensorProto], nodes: Sequence[NodeProto], inputs: Sequence[str],
+def _part(arrays: Mapping[str, np.ndarray], nodes: Sequence[NodeProto], inputs: Sequence[str],
           outputs: Sequence[str]) -> GraphProto:
     """A graph of ``nodes`` taking ``inputs`` (names: their types come from the part's
-    specs) and the weights its nodes read, giving ``outputs``."""
+    specs) and, as stubs, the weights its nodes read, giving ``outputs``."""
     part = GraphProto()
     part.node.extend(nodes)
     part.input.extend(ValueInfoProto(name=n) for n in inputs)
     part.output.extend(ValueInfoProto(name=n) for n in outputs)
     reads = {n for node in nodes for n in node_reads(node)} | set(outputs)
-    part.initializer.extend(stubs[n] for n in sorted(reads) if n in stubs and n not in inputs)
+    part.initializer.extend(_stub(n, arrays[n]) for n in sorted(reads) if n in arrays and n not in inputs)
     return part
 
 
