@@ -39,7 +39,7 @@ from rlx_core.ir import Graph, Node
 from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import Executable
 
-from . import blas
+from . import blas, layout
 from .fused import FUSED_KERNELS
 from .kernels import KERNELS, inplace_positions
 from .native import library as native_library
@@ -191,6 +191,11 @@ def _build_steps(builder: Callable[..., list[Step]], node: Node, ins: list[Any],
     return builder(node, ins, out, ctx)
 
 
+def _build_with(node: Node, ins: list[Any], out: Any, ctx: Any) -> list[Step]:
+    """``node``'s steps from its op's builder (``layout.steps``' way back to the NCHW kernels)."""
+    return _build_steps(_BUILDERS[node.op], node, ins, out, ctx)
+
+
 class CpuExecutable(Executable):
     """A graph compiled for the cpu backend: a pool of bound plans over shared residents."""
 
@@ -201,6 +206,7 @@ class CpuExecutable(Executable):
         self._input_names = tuple(graph.node(i).name for i in graph.inputs)
         self._input_ids = graph.inputs
         self._kinds = self._classify(graph)
+        self._dnnl, self._cl = self._channels_last(graph)
         self._ends = self._liveness(graph)
         self._handoff = {i for i in graph.outputs if self._kinds[i] == BUFFER and graph.node(i).op in _HANDOFF_OPS
                          and graph.node(i).size * np.dtype(graph.node(i).dtype).itemsize >= HANDOFF_BYTES}
@@ -241,6 +247,15 @@ class CpuExecutable(Executable):
                 kind = BUFFER
             kinds.append(kind)
         return kinds
+
+    def _channels_last(self, graph: Graph) -> tuple[Any, frozenset[int]]:
+        """oneDNN and the values held NHWC (``layout.py``), where the graph has convolutions."""
+        if not any(n.op in (OpKind.CONV2D, OpKind.FUSED_CONV) for n in self._nodes):
+            return None, frozenset()
+        lib = layout.enabled()
+        if lib is None:
+            return None, frozenset()
+        return lib, layout.plan(graph, [k == BUFFER for k in self._kinds], [k == RESIDENT for k in self._kinds])
 
     def _liveness(self, graph: Graph) -> list[int]:
         """For each value, the last node index reading it or any view of it; graph
@@ -404,7 +419,7 @@ class CpuExecutable(Executable):
         concats: dict[int, np.ndarray] = {}  # a concat's buffer, taken at its first input computed in place
         steps: list[Callable[[], Any]] = []
         fresh: list[Dyn] = []
-        kinds = self._kinds
+        kinds, cl = self._kinds, self._cl
         for node in self._nodes:
             nid, kind = node.id, kinds[node.id]
             if kind == RESIDENT:
@@ -437,10 +452,15 @@ class CpuExecutable(Executable):
             elif nid in concats:
                 out = concats[nid]
             else:
-                out = self._output_buffer(node, values, groups, arena, stats)
+                out = self._output_buffer(layout.builder_node(node) if nid in cl else node, values, groups, arena,
+                                          stats)
             values[nid] = out
             ctx = _Scratch(arena, self._derived)
-            built = _build_steps(_BUILDERS[node.op], node, ins, out, ctx)
+            if nid in cl or any(i in cl for i in node.inputs):  # NHWC in or out (layout.py)
+                built = layout.steps(self._dnnl, node, ins, out, ctx, [i in cl for i in node.inputs], nid in cl,
+                                     _build_with)
+            else:
+                built = _build_steps(_BUILDERS[node.op], node, ins, out, ctx)
             ctx.release()
             steps.extend(bind(s, slots) for s in built)
             for i in {*node.inputs, nid}:

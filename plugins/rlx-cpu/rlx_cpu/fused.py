@@ -309,10 +309,10 @@ def _gemm(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> lis
     step = gemm.matmul_epilogue_step(ins[0], ins[1], out, inside, ctx)
     if step is not None:
         return [step]
-    return KERNELS[OpKind.MATMUL](mm, ins[:2], out, ctx) + _region_after(program, operands, out, ctx, node.name)
+    return KERNELS[OpKind.MATMUL](mm, ins[:2], out, ctx) + region_after(program, operands, out, ctx, node.name)
 
 
-def _region_after(program: Any, operands: list[Any], out: np.ndarray, ctx: BuildContext, name: str) -> list[Step]:
+def region_after(program: Any, operands: list[Any], out: np.ndarray, ctx: BuildContext, name: str) -> list[Step]:
     """``program`` over ``operands`` (the first: the result of the steps before) into
     ``out``, as a native region or else numpy's blocked program."""
     _, instructions = program_types(OpKind.FUSED_ELEMENTWISE, _types(operands), program)
@@ -341,7 +341,7 @@ def _fused_conv(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
         return steps
     if pending:
         program, operands = _with_bias_first(program, operands, pending[0])
-    return steps + _region_after(program, operands, out, ctx, node.name)
+    return steps + region_after(program, operands, out, ctx, node.name)
 
 
 def _with_bias_first(program: Any, operands: list[Any], bias: Any) -> tuple[tuple, list[Any]]:

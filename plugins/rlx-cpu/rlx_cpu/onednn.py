@@ -70,6 +70,11 @@ _CPU, _FORWARD_INFERENCE, _CONVOLUTION_DIRECT = 1, 96, 1
 _ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 _QUERY_IMPL_INFO, _QUERY_WEIGHTS_MD, _QUERY_SCRATCHPAD_MD = 8, 131, 136
 _SCRATCHPAD_USER = 1
+_ARG_SRC_1, _ARG_POST_OP_BASE = 2, 32768  # DNNL_ARG_SRC_1; DNNL_ARG_ATTR_MULTIPLE_POST_OP(i) = base * (i + 1)
+#: oneDNN's elementwise algorithms a convolution's post-ops use (dnnl_alg_kind_t).
+ELTWISE = {"relu": 0x20, "tanh": 0x21, "linear": 0x26, "logistic": 0x29, "gelu_tanh": 0x2B, "clip": 0x2E,
+           "gelu_erf": 0x31}
+_BINARY_ADD = 0x1FFF0
 _STREAM_IN_ORDER = 1
 
 
@@ -158,15 +163,34 @@ class Dnnl:
         return self.primitive(pd)
 
     def conv_pd(self, src: Any, weights: Any, bias: Any, dst: Any, stride: tuple[int, int],
-                dilation: tuple[int, int], pad_l: tuple[int, int], pad_r: tuple[int, int]) -> Any:
+                dilation: tuple[int, int], pad_l: tuple[int, int], pad_r: tuple[int, int],
+                post: tuple[tuple[Any, ...], ...] = ()) -> Any:
+        """A convolution's primitive descriptor; ``post``: its post-ops in order, each
+        ``("eltwise", algorithm, alpha, beta)`` or ``("add", memory_desc)`` (a binary add
+        of a second tensor)."""
         attr = _P()
         self._ok(self._lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "primitive_attr_create")
-        self._ok(self._lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_USER), "set_scratchpad_mode")
-        pd = _P()
-        self._ok(self._lib.dnnl_convolution_forward_primitive_desc_create(
-            ctypes.byref(pd), self.engine, _FORWARD_INFERENCE, _CONVOLUTION_DIRECT, src, weights,
-            bias if bias is not None else _P(0), dst, _dims(stride), _dims(tuple(d - 1 for d in dilation)),
-            _dims(pad_l), _dims(pad_r), attr), "convolution_forward_primitive_desc_create")
+        po = _P()
+        try:
+            self._ok(self._lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_USER), "set_scratchpad_mode")
+            if post:
+                self._ok(self._lib.dnnl_post_ops_create(ctypes.byref(po)), "post_ops_create")
+                for op in post:
+                    if op[0] == "eltwise":
+                        self._ok(self._lib.dnnl_post_ops_append_eltwise(po, op[1], ctypes.c_float(op[2]),
+                                                                        ctypes.c_float(op[3])), "append_eltwise")
+                    else:
+                        self._ok(self._lib.dnnl_post_ops_append_binary(po, _BINARY_ADD, op[1]), "append_binary")
+                self._ok(self._lib.dnnl_primitive_attr_set_post_ops(attr, po), "set_post_ops")
+            pd = _P()
+            self._ok(self._lib.dnnl_convolution_forward_primitive_desc_create(
+                ctypes.byref(pd), self.engine, _FORWARD_INFERENCE, _CONVOLUTION_DIRECT, src, weights,
+                bias if bias is not None else _P(0), dst, _dims(stride), _dims(tuple(d - 1 for d in dilation)),
+                _dims(pad_l), _dims(pad_r), attr), "convolution_forward_primitive_desc_create")
+        finally:
+            if po:
+                self._lib.dnnl_post_ops_destroy(po)
+            self._lib.dnnl_primitive_attr_destroy(attr)
         return pd
 
     def query_md(self, pd: Any, what: int) -> Any:
@@ -406,36 +430,37 @@ def _plan_threads() -> int | None:
 
 
 class _ConvCall:
-    """One convolution: the input reordered to NHWC, oneDNN's convolution, the result
-    reordered back; operands read per run only where they are a caller's arrays. Under a
-    thread cap (a narrow plan: on a busy host one thread beats two waiting on each other)
-    the calling thread's OpenMP team is set to it for the call and put back after."""
+    """One convolution: the input reordered to NHWC where it is held NCHW, oneDNN's
+    convolution, the result reordered back where it is wanted NCHW; operands read per run
+    only where they are a caller's arrays. Under a thread cap (a narrow plan: on a busy
+    host one thread beats two waiting on each other) the calling thread's OpenMP team is
+    set to it for the call and put back after."""
 
-    def __init__(self, lib: Dnnl, prims: tuple[Any, Any, Any], mems: dict[str, Any], arg_lists: tuple[Any, ...],
-                 dynamic: tuple[bool, bool], keep: tuple[Any, ...]) -> None:
-        self.lib, self.prims, self.mems, self.args, self.dynamic, self.keep = lib, prims, mems, arg_lists, dynamic, keep
+    def __init__(self, lib: Dnnl, prims: tuple[tuple[Any, Any, int], ...], handles: tuple[Any, Any],
+                 keep: tuple[Any, ...]) -> None:
+        self.lib, self.prims, self.handles, self.keep = lib, prims, handles, keep
         cap = _plan_threads()
         self.openmp = _openmp() if cap is not None else None
         self.cap = cap
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> None:
         lib = self.lib
-        if self.dynamic[0]:
+        x_mem, y_mem = self.handles  # the memories over a caller's arrays (None: a plan buffer's, fixed)
+        if x_mem is not None:
             try:
-                lib.set_handle(self.mems["x"], address(x))
+                lib.set_handle(x_mem, address(x))
             except (TypeError, BufferError, ValueError):  # a strided or read-only caller array: a copy
                 x = np.ascontiguousarray(x, dtype=np.float32).copy()
-                lib.set_handle(self.mems["x"], address(x))
-        if self.dynamic[1]:
-            lib.set_handle(self.mems["y"], address(y))
+                lib.set_handle(x_mem, address(x))
+        if y_mem is not None:
+            lib.set_handle(y_mem, address(y))
         s = lib.stream()
-        (reorder_in, conv, reorder_out), (a_in, a_conv, a_out) = self.prims, self.args
         omp = self.openmp
         before = omp.get() if omp is not None else 0
         if omp is not None:
             omp.set(self.cap)
         try:
-            for prim, args, n in ((reorder_in, a_in, 2), (conv, a_conv, len(a_conv)), (reorder_out, a_out, 2)):
+            for prim, args, n in self.prims:
                 status = lib.execute(prim, s, n, args)
                 if status != 0:
                     raise DnnlError(f"oneDNN primitive_execute failed (status {status})")
@@ -447,26 +472,39 @@ class _ConvCall:
 
 def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, int, int, int],
                stride: tuple[int, int], dilation: tuple[int, int], groups: int,
-               ctx: Any) -> list[Step] | None:
-    """A float32 convolution (NCHW in and out) as one step on oneDNN; None when it does not
-    apply (weights computed per run, another dtype)."""
+               ctx: Any, src_cl: bool = False, dst_cl: bool = False,
+               post: tuple[tuple[Any, ...], ...] = ()) -> list[Step] | None:
+    """A float32 convolution as one step on oneDNN; None when it does not apply (weights
+    computed per run, another dtype, post-ops it does not take). ``x`` and ``out`` are
+    NCHW arrays, or NHWC ones (shaped ``(n, h, w, c)``) where ``src_cl`` / ``dst_cl`` say
+    so: those need no reorder (``layout.py`` keeps chains of convolutions channels-last).
+    ``post``: post-ops applied as the output is written, each ``("eltwise", algorithm,
+    alpha, beta)`` or ``("add", array)``, an array of the output's shape and layout
+    (``dst_cl`` only)."""
     if isinstance(w, Dyn) or any(getattr(a, "dtype", None) != np.float32 for a in (x, w, out)):
         return None
     if bias is not None and (isinstance(bias, Dyn) or bias.dtype != np.float32):
         return None
+    if any(op[0] == "add" and (not dst_cl or isinstance(op[1], Dyn) or tuple(op[1].shape) != tuple(out.shape)
+                               or not op[1].flags.c_contiguous) for op in post):
+        return None
     derived = getattr(ctx, "derived", None)
-    n, c, h, wd = x.shape
+    if src_cl:
+        n, h, wd, c = x.shape
+    else:
+        n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     if derived is None or out.size == 0:
         return None
-    oh, ow = out.shape[2:]
+    oh, ow = out.shape[1:3] if dst_cl else out.shape[2:]
     pt, pl, pb, pr = pads
     try:
         src, dst = lib.md((n, c, h, wd), _ACDB), lib.md((n, o, oh, ow), _ACDB)
         wshape = (o, cg, kh, kw) if groups == 1 else (groups, o // groups, cg, kh, kw)
         w_any = lib.md(wshape, _ANY)
         b_md = lib.md((o,), _TAG_A) if bias is not None else None
-        pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr))
+        pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr),
+                         tuple(("add", dst) if op[0] == "add" else op for op in post))
         w_md = lib.query_md(pd, _QUERY_WEIGHTS_MD)
         w_plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
         w_reorder = lib.reorder(w_plain, w_md)
@@ -489,39 +527,63 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
     wbuf = derived(w, ("onednn_conv_weights", wshape, lib.impl(pd)), make)
     if wbuf is None:
         return None
-    x_nhwc = ctx.scratch((lib.size(src) // 4,), np.float32)
-    y_nhwc = ctx.scratch((lib.size(dst) // 4,), np.float32)
     pad = lib.query_md(pd, _QUERY_SCRATCHPAD_MD)
-    pad_bytes = lib.size(pad)
-    scratch = ctx.scratch((max(pad_bytes // 4 + 16, 1),), np.float32)
-    dynamic = (isinstance(x, Dyn), isinstance(out, Dyn))
-    x_plain, y_plain = lib.md((n, c, h, wd), _ABCD), lib.md((n, o, oh, ow), _ABCD)
-    mems = {
-        "x": lib.memory(x_plain, 0 if dynamic[0] else _addr(x)),
-        "x_nhwc": lib.memory(src, _addr(x_nhwc)),
-        "w": lib.memory(w_md, wbuf.ctypes.data),
-        "y_nhwc": lib.memory(dst, _addr(y_nhwc)),
-        "y": lib.memory(y_plain, 0 if dynamic[1] else _addr(out)),
-        "pad": lib.memory(pad, _addr(scratch)),
-    }
+    scratch = ctx.scratch((max(lib.size(pad) // 4 + 16, 1),), np.float32)
+    keep: list[Any] = [wbuf, w, scratch]
+    mems: dict[str, Any] = {"w": lib.memory(w_md, wbuf.ctypes.data), "pad": lib.memory(pad, _addr(scratch))}
+    descs: list[Any] = [src, dst, w_any]
+    prims: list[tuple[Any, Any, int]] = []
+    handles: list[Any] = [None, None]
+
+    def held(arr: Any, md: Any, key: int) -> Any:
+        """A memory over ``arr`` itself (its address set per run when it is a caller's)."""
+        if isinstance(arr, Dyn):
+            handles[key] = lib.memory(md, 0)
+            return handles[key]
+        keep.append(arr)
+        return lib.memory(md, _addr(arr))
+
+    if src_cl:
+        mems["x_nhwc"] = held(x, src, 0)
+    else:
+        x_plain = lib.md((n, c, h, wd), _ABCD)
+        descs.append(x_plain)
+        x_nhwc = ctx.scratch((lib.size(src) // 4,), np.float32)
+        keep.append(x_nhwc)
+        mems["x"], mems["x_nhwc"] = held(x, x_plain, 0), lib.memory(src, _addr(x_nhwc))
+        prims.append((lib.reorder(x_plain, src), (_Arg * 2)(_Arg(_ARG_SRC, mems["x"]), _Arg(_ARG_DST, mems["x_nhwc"])),
+                      2))
+    if dst_cl:
+        mems["y_nhwc"] = held(out, dst, 1)
+    else:
+        y_nhwc = ctx.scratch((lib.size(dst) // 4,), np.float32)
+        keep.append(y_nhwc)
+        mems["y_nhwc"] = lib.memory(dst, _addr(y_nhwc))
     conv_args = [_Arg(_ARG_SRC, mems["x_nhwc"]), _Arg(_ARG_WEIGHTS, mems["w"]), _Arg(_ARG_DST, mems["y_nhwc"]),
                  _Arg(_ARG_SCRATCHPAD, mems["pad"])]
-    # Every array whose address oneDNN holds stays referenced by the step (a plan's
-    # scratch is a view of an arena buffer that lives only as long as its views).
-    keep: tuple[Any, ...] = (wbuf, w, x_nhwc, y_nhwc, scratch, *(a for a in (x, out) if not isinstance(a, Dyn)))
     if bias is not None:
+        descs.append(b_md)
         mems["b"] = lib.memory(b_md, _addr(bias))
         conv_args.append(_Arg(_ARG_BIAS, mems["b"]))
-        keep += (bias,)
-    arg_lists = ((_Arg * 2)(_Arg(_ARG_SRC, mems["x"]), _Arg(_ARG_DST, mems["x_nhwc"])),
-                 (_Arg * len(conv_args))(*conv_args),
-                 (_Arg * 2)(_Arg(_ARG_SRC, mems["y_nhwc"]), _Arg(_ARG_DST, mems["y"])))
-    prims = (lib.reorder(x_plain, src), lib.primitive(pd), lib.reorder(dst, y_plain))
-    call = _ConvCall(lib, prims, mems, arg_lists, dynamic, keep)
+        keep.append(bias)
+    for k, op in enumerate(post):
+        if op[0] == "add":  # the second tensor, laid out like the output (a plan buffer or resident)
+            keep.append(op[1])
+            mems[f"post{k}"] = lib.memory(dst, _addr(op[1]))
+            conv_args.append(_Arg(_ARG_POST_OP_BASE * (k + 1) | _ARG_SRC_1, mems[f"post{k}"]))
+    prims.append((lib.primitive(pd), (_Arg * len(conv_args))(*conv_args), len(conv_args)))
+    if not dst_cl:
+        y_plain = lib.md((n, o, oh, ow), _ABCD)
+        descs.append(y_plain)
+        mems["y"] = held(out, y_plain, 1)
+        prims.append((lib.reorder(dst, y_plain), (_Arg * 2)(_Arg(_ARG_SRC, mems["y_nhwc"]), _Arg(_ARG_DST, mems["y"])),
+                      2))
+    # Every array whose address oneDNN holds stays referenced by the step (a plan's
+    # scratch is a view of an arena buffer that lives only as long as its views).
+    call = _ConvCall(lib, tuple(prims), (handles[0], handles[1]), tuple(keep))
     # Freed with the plan that holds the step; the weights' reorder (and its plain
     # descriptor) with the executable's derived array, which ``make`` refills.
-    weakref.finalize(call, lib.destroy, tuple(mems.values()), prims, (src, dst, x_plain, y_plain, w_any,
-                                                                       *((b_md,) if b_md is not None else ())))
+    weakref.finalize(call, lib.destroy, tuple(mems.values()), tuple(p for p, _, _ in prims), tuple(descs))
     weakref.finalize(wbuf, lib.destroy, (), (w_reorder,), (w_plain,))
     return [Step(call, (x, out))]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from rlx_core.plugin import Setting
 
-__all__ = ["BLAS", "NATIVE", "GEMM", "CONV", "BIND", "SETTINGS"]
+__all__ = ["BLAS", "NATIVE", "GEMM", "CONV", "BIND", "ONEDNN", "LAYOUT", "SETTINGS"]
 
 _ON = {"1": True, "on": True, "true": True, "yes": True}
 _OFF = {"0": False, "off": False, "false": False, "no": False}
@@ -39,4 +39,8 @@ ONEDNN = Setting("RLX_CPU_ONEDNN", "convolutions on oneDNN (the onednn extra): a
                  "on this host, kept a day), on, or off (never loaded)",
                  choices={"auto": "auto", "on": "on", "1": "on", "off": "off", "0": "off"}, default="auto")
 
-SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND, ONEDNN)
+LAYOUT = Setting("RLX_CPU_LAYOUT", "auto (default): chains of convolutions held channels-last (NHWC) on oneDNN "
+                 "where the onednn extra is installed (layout.py); nchw: every value NCHW",
+                 choices={"auto": "auto", "nhwc": "auto", "nchw": "nchw"}, default="auto")
+
+SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND, ONEDNN, LAYOUT)

@@ -20,12 +20,14 @@ READERS = {
     "RLX_CPU_NATIVE": native.wanted,
     "RLX_CPU_BLAS": blas.wanted,
     "RLX_CPU_BIND": settings.BIND.read,  # read by Native.bind_team, once per process
+    "RLX_CPU_LAYOUT": settings.LAYOUT.read,  # read by layout.enabled, once per compile
 }
 
 
-def test_the_backend_declares_its_six_variables() -> None:
+def test_the_backend_declares_its_seven_variables() -> None:
     names = [s.name for s in CpuBackend().settings()]
-    assert names == ["RLX_CPU_BLAS", "RLX_CPU_NATIVE", "RLX_CPU_GEMM", "RLX_CPU_CONV", "RLX_CPU_BIND", "RLX_CPU_ONEDNN"]
+    assert names == ["RLX_CPU_BLAS", "RLX_CPU_NATIVE", "RLX_CPU_GEMM", "RLX_CPU_CONV", "RLX_CPU_BIND", "RLX_CPU_ONEDNN",
+                     "RLX_CPU_LAYOUT"]
     assert all(isinstance(s, rlx.plugin.Setting) for s in CpuBackend().settings())
 
 

@@ -1,0 +1,293 @@
+"""Channels-last chains: which values the cpu backend holds NHWC, and the kernels that
+read and write them.
+
+Why: oneDNN's convolutions run on channels-last (NHWC) data. Converting each one's input
+from NCHW and its output back (``onednn.conv_steps`` on its own) costs two passes over
+memory per convolution, which is why pointwise convolutions stayed on rlx's NCHW GEMM and
+each kind of convolution had to win a probe against rlx's kernel first. A chain of
+convolutions and the elementwise work between them (bias, activations, residual adds,
+squeeze-excitation scales) can instead stay NHWC from its first convolution to its last
+reader: then every convolution of the chain runs on oneDNN with no reorder at all.
+Measured on the 2-core Xeon (AVX-512) of session 23: MobileNetV2's 52 convolutions took
+2.3 ms on oneDNN over NHWC against 6.6 ms as rlx ran them (ORT: 4.0 ms for the whole
+model), ResNet-50's 25 ms against 44 ms for the model (ORT 30 ms); BENCHMARKS.md has the
+model figures.
+
+The plan (``plan``), once per compile, over the legal graph:
+
+- *Convolutions oneDNN takes* (float32, 4-D, weights and bias fixed at compile time, an
+  output plane of more than one pixel: a squeeze-excitation's 1x1 planes stay on rlx's
+  matrix-vector kernel) read either layout and write either.
+- *Elementwise nodes* (plain ops and fused regions) over 4-D values compute the same
+  function on NHWC operands when every operand is permuted alike: their full-size
+  operands must all be held NHWC, and the broadcast ones (a per-channel ``(1, C, 1, 1)``,
+  a scalar, an ``(N, C, 1, 1)`` scale) are read through a transposed view.
+- *Global average pooling* reads NHWC (its ``(N, C, 1, 1)`` output is the same memory in
+  either layout).
+
+A value is held NHWC when its producer is one of the first two and every reader reads
+NHWC; it is never a graph output. The fixed point drops values until that holds, so
+every value reaches each reader in the layout the reader expects, and nothing outside a
+chain sees a change. ``RLX_CPU_LAYOUT=nchw`` turns it off (every convolution then goes
+the way ``onednn.use`` measured, with its reorders).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rlx_core.ir import Graph, Node
+from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
+from rlx_core.plugin import conv_inputs
+
+from . import onednn
+from .steps import Step
+
+__all__ = ["TO_CL", "TO_NCHW", "enabled", "describe", "plan", "cl_shape", "cl_view", "steps", "post_ops"]
+
+log = logging.getLogger("rlx_cpu")
+
+#: NCHW -> NHWC, and back.
+TO_CL, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
+_CONVS = (OpKind.CONV2D, OpKind.FUSED_CONV)
+_ELEMENTWISE = ELEMENTWISE_OPS | {OpKind.FUSED_ELEMENTWISE}
+
+
+def enabled() -> onednn.Dnnl | None:
+    """oneDNN, when chains may be planned channels-last here (``RLX_CPU_LAYOUT``)."""
+    from .settings import LAYOUT
+
+    if LAYOUT.read() == "nchw" or onednn.wanted() == "off":
+        return None
+    return onednn.library()
+
+
+def describe() -> str:
+    """The probe's ``"layout"`` entry (``rlx devices --explain``): whether chains go
+    channels-last here, and if not, why not. Loads nothing."""
+    from .settings import LAYOUT
+
+    if LAYOUT.read() == "nchw":
+        return "NCHW everywhere (RLX_CPU_LAYOUT=nchw)"
+    if onednn.wanted() == "off":
+        return "NCHW everywhere (RLX_CPU_ONEDNN=off)"
+    if onednn.find_library() is None:
+        return "NCHW everywhere (channels-last chains need oneDNN: pip install 'rlx-cpu[onednn]')"
+    return ("chains of convolutions channels-last (NHWC), each convolution on oneDNN with its epilogue as "
+            "post-ops where it maps to them (RLX_CPU_LAYOUT=auto)")
+
+
+def cl_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    """An NCHW shape's NHWC order."""
+    return tuple(shape[p] for p in TO_CL)
+
+
+def cl_view(x: Any) -> Any:
+    """An operand of a channels-last elementwise node, held NCHW (a broadcast one):
+    right-aligned to 4-D, then viewed NHWC (no copy)."""
+    if x.ndim < 4:
+        x = x.reshape((1,) * (4 - x.ndim) + tuple(x.shape))
+    return x.transpose(TO_CL)
+
+
+def _conv_on_dnnl(node: Node, graph: Graph, fixed: Sequence[bool]) -> bool:
+    if node.op not in _CONVS or node.dtype != "float32" or len(node.shape) != 4:
+        return False
+    n_conv = conv_inputs(node.attrs) if node.op is OpKind.FUSED_CONV else len(node.inputs)
+    x = graph.node(node.inputs[0])
+    if x.dtype != "float32" or len(x.shape) != 4 or not all(fixed[i] for i in node.inputs[1:n_conv]):
+        return False
+    if any(graph.node(i).dtype != "float32" for i in node.inputs):
+        return False
+    return node.shape[2] * node.shape[3] > 1
+
+
+def _elementwise(node: Node, graph: Graph) -> bool:
+    return (node.op in _ELEMENTWISE and len(node.shape) == 4
+            and all(len(graph.node(i).shape) <= 4 for i in node.inputs))
+
+
+def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> frozenset[int]:
+    """The ids of the values to hold NHWC (see the module). ``buffered[i]``: value ``i`` is
+    computed per run into a plan buffer; ``fixed[i]``: it is known at compile time."""
+    nodes = graph.nodes
+    readers: dict[int, list[int]] = {}
+    for node in nodes:
+        for i in node.inputs:
+            readers.setdefault(i, []).append(node.id)
+    convs = {n.id for n in nodes if buffered[n.id] and _conv_on_dnnl(n, graph, fixed)}
+    pools = {n.id for n in nodes if buffered[n.id] and n.op is OpKind.GLOBAL_AVG_POOL2D and n.dtype == "float32"}
+    cl = convs | {n.id for n in nodes if buffered[n.id] and _elementwise(n, graph)}
+    outputs = set(graph.outputs)
+
+    def reads_cl(nid: int, value: int) -> bool:
+        """Whether reader ``nid`` takes ``value`` NHWC: a convolution as its input or an
+        epilogue operand (never as weights), a pool as its input, an elementwise node
+        when it is itself NHWC."""
+        reader = nodes[nid]
+        if nid in convs:
+            n_conv = conv_inputs(reader.attrs) if reader.op is OpKind.FUSED_CONV else len(reader.inputs)
+            return value not in reader.inputs[1:n_conv]
+        if nid in pools:
+            return True
+        return nid in cl
+
+    changed = True
+    while changed:
+        changed = False
+        for nid in sorted(cl):
+            node = nodes[nid]
+            keep = nid not in outputs and bool(readers.get(nid)) and all(reads_cl(r, nid) for r in readers[nid])
+            if keep and nid not in convs:  # elementwise: full-size operands NHWC, the others not
+                full = [i for i in node.inputs if tuple(nodes[i].shape) == tuple(node.shape)]
+                keep = (bool(full) and all(i in cl for i in full)
+                        and not any(i in cl for i in node.inputs if i not in full))
+            if not keep:
+                cl.discard(nid)
+                changed = True
+    if cl:
+        log.debug("rlx-cpu: %d of %d values held channels-last", len(cl), len(nodes))
+    return frozenset(cl)
+
+
+def builder_node(node: Node) -> Node:
+    """``node`` as its kernel builder sees it when its value is held NHWC."""
+    return dataclasses.replace(node, shape=cl_shape(node.shape))
+
+
+def steps(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool],
+          out_cl: bool, build: Any) -> list[Any]:
+    """The steps of a node that reads or writes NHWC values: ``ins`` and ``out`` are
+    each NHWC where ``in_cl`` / ``out_cl`` say so. ``build(node, ins, out, ctx)`` builds
+    ``node``'s NCHW kernel (for elementwise nodes, and every fallback)."""
+    if node.op in _CONVS:
+        return _conv(lib, node, ins, out, ctx, in_cl, out_cl, build)
+    if node.op is OpKind.GLOBAL_AVG_POOL2D:
+        return _global_avg_pool(ins[0], out)
+    operands = [x if cl else cl_view(x) for x, cl in zip(ins, in_cl)]
+    return build(builder_node(node), operands, out, ctx)
+
+
+def _conv(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool], out_cl: bool,
+          build: Any) -> list[Any]:
+    from .fused import region_after
+
+    n_conv = conv_inputs(node.attrs) if node.op is OpKind.FUSED_CONV else len(ins)
+    a = node.attrs
+    bias = ins[2] if n_conv == 3 else None
+    # The epilogue runs over the output in its layout; an operand held the other way is
+    # read through a transposed view (the region reads strided operands).
+    operands = [out]
+    for x, cl in zip(ins[n_conv:], in_cl[n_conv:]):
+        operands.append(x if cl == out_cl else cl_view(x) if out_cl else x.transpose(TO_NCHW))
+    post = post_ops(a["program"], operands) if node.op is OpKind.FUSED_CONV else ()
+    args = (lib, ins[0], ins[1], bias, out, a["padding"], a["stride"], a["dilation"], a["groups"], ctx)
+    done = onednn.conv_steps(*args, src_cl=in_cl[0], dst_cl=out_cl, post=post or ()) if post is not None else None
+    if done is not None:
+        return done
+    done = onednn.conv_steps(*args, src_cl=in_cl[0], dst_cl=out_cl)
+    if done is None:  # oneDNN declined it after all: rlx's NCHW kernels between transposes
+        return _via_nchw(node, ins, out, ctx, in_cl, out_cl, build)
+    if node.op is OpKind.CONV2D:
+        return done
+    return done + region_after(a["program"], operands, out, ctx, node.name)
+
+
+#: IR ops that are one of oneDNN's elementwise post-ops on their own: (algorithm, alpha, beta).
+_UNARY_POST = {"relu": ("relu", 0.0, 0.0), "sigmoid": ("logistic", 0.0, 0.0), "tanh": ("tanh", 0.0, 0.0)}
+_BIG = float(np.finfo(np.float32).max)
+
+
+def post_ops(program: Sequence[Any], operands: Sequence[Any]) -> tuple[tuple[Any, ...], ...] | None:
+    """A fused convolution's epilogue as oneDNN post-ops, or None where it is not a chain
+    of them: each instruction must read the one before it (the first: the convolution's
+    result) and at most one other operand, a scalar fixed at compile time (clamps, scales,
+    shifts: ReLU6 is two) or, for an add, an array of the output's shape (a residual)."""
+    m = len(operands)
+    prev, found = 0, []
+    for k, (op, args, attrs) in enumerate(program):
+        others = [a for a in args if a != prev]
+        if len(args) - len(others) != 1 or any(a >= m for a in others):
+            return None
+        attrs = dict(attrs)
+        if op in _UNARY_POST and not others:
+            alg, alpha, beta = _UNARY_POST[op]
+            found.append(("eltwise", onednn.ELTWISE[alg], alpha, beta))
+        elif op == "gelu" and not others:
+            alg = "gelu_tanh" if attrs.get("approximate") == "tanh" else "gelu_erf"
+            found.append(("eltwise", onednn.ELTWISE[alg], 0.0, 0.0))
+        elif len(others) == 1 and op in ("maximum", "minimum", "add", "mul", "sub"):
+            other = operands[others[0]]
+            c = _fixed_scalar(other)
+            if c is None:
+                if op != "add" or tuple(other.shape) != tuple(operands[0].shape):
+                    return None
+                found.append(("add", other))
+            elif op == "maximum":
+                found.append(("eltwise", onednn.ELTWISE["clip"], c, _BIG))
+            elif op == "minimum":
+                found.append(("eltwise", onednn.ELTWISE["clip"], -_BIG, c))
+            elif op == "add":
+                found.append(("eltwise", onednn.ELTWISE["linear"], 1.0, c))
+            elif op == "mul":
+                found.append(("eltwise", onednn.ELTWISE["linear"], c, 0.0))
+            else:  # sub: x - c, or c - x
+                found.append(("eltwise", onednn.ELTWISE["linear"], *((1.0, -c) if args[0] == prev else (-1.0, c))))
+        else:
+            return None
+        prev = m + k
+    return tuple(_merged(found))
+
+
+def _merged(ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """``max(x, lo)`` then ``min(x, hi)`` as one clip (ReLU6)."""
+    clip = onednn.ELTWISE["clip"]
+    out: list[tuple[Any, ...]] = []
+    for op in ops:
+        if out and op[:2] == ("eltwise", clip) and out[-1][:2] == ("eltwise", clip):
+            lo, hi = max(out[-1][2], op[2]), min(out[-1][3], op[3])
+            if lo <= hi:
+                out[-1] = ("eltwise", clip, lo, hi)
+                continue
+        out.append(op)
+    return out
+
+
+def _fixed_scalar(x: Any) -> float | None:
+    """The value of a one-element operand fixed for good (a constant: read-only, so no
+    ``set_param`` can change it), else None."""
+    if not isinstance(x, np.ndarray) or x.size != 1 or x.flags.writeable or x.dtype != np.float32:
+        return None
+    value = float(x.reshape(()))
+    return value if np.isfinite(value) else None
+
+
+def _via_nchw(node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool], out_cl: bool,
+              build: Any) -> list[Any]:
+    """``node``'s NCHW kernel with its NHWC operands copied to NCHW scratch first and its
+    output copied back to NHWC after."""
+    first: list[Any] = []
+    nchw_ins = list(ins)
+    for k, (x, cl) in enumerate(zip(ins, in_cl)):
+        if cl:
+            tmp = ctx.scratch(tuple(x.shape[p] for p in TO_NCHW), x.dtype)
+            first.append(Step(np.copyto, (tmp, x.transpose(TO_NCHW))))
+            nchw_ins[k] = tmp
+    if not out_cl:
+        return first + build(node, nchw_ins, out, ctx)
+    res = ctx.scratch(tuple(node.shape), out.dtype)
+    return first + build(node, nchw_ins, res, ctx) + [Step(np.copyto, (out, res.transpose(TO_CL)))]
+
+
+def _global_avg_pool(x: Any, out: Any) -> list[Any]:
+    """The mean of each channel of NHWC ``x`` (n, h, w, c) into ``out`` (n, c, 1, 1): per
+    image a row of ``1 / (h * w)`` times the (h * w, c) plane, on the BLAS."""
+    n, h, w, c = x.shape
+    row = np.full((1, h * w), 1.0 / (h * w), np.float32)
+    row.flags.writeable = False
+    return [Step(np.matmul, (row, x.reshape(n, h * w, c), out.reshape(n, 1, c)))]

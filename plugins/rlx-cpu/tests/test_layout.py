@@ -1,0 +1,211 @@
+"""Channels-last chains (``rlx_cpu.layout``): which values a plan holds NHWC, and the
+same answers as the reference whatever mix of layouts a graph ends up with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import rlx_core as rlx
+from rlx_core import reference
+from rlx_core.ir import Graph
+from rlx_cpu import layout, onednn
+
+pytestmark = pytest.mark.skipif(onednn.find_library() is None,
+                                reason="oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
+
+
+def rand(shape: tuple[int, ...], seed: int, scale: float = 1.0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def conv(g: Graph, x: Any, cin: int, cout: int, seed: int, k: int = 3, **kw: Any) -> Any:
+    kw.setdefault("padding", k // 2)
+    groups = kw.get("groups", 1)
+    w = g.param(f"w{seed}", rand((cout, cin // groups, k, k), seed, 0.3))
+    return g.conv2d(x, w, g.param(f"b{seed}", rand((cout,), seed + 100, 0.1)), **kw)
+
+
+def compiled(g: Graph) -> Any:
+    return rlx.compile(g, device="cpu")
+
+
+def held_cl(cg: Any) -> set[str]:
+    """The names of the values the compiled graph's plan holds NHWC."""
+    exe = cg._exe
+    return {exe._nodes[i].name for i in exe._cl}
+
+
+def check(g: Graph, feeds: dict[str, np.ndarray], cg: Any = None) -> Any:
+    cg = cg or compiled(g)
+    for got, want in zip(cg.run(feeds), reference.evaluate(g, feeds)):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+    return cg
+
+
+def block_graph() -> Graph:
+    """An inverted residual block and a squeeze-excitation, as MobileNets have them."""
+    g = Graph("block")
+    x = g.input("x", (2, 8, 12, 12))
+    h = g.minimum(g.relu(conv(g, x, 8, 24, 1, k=1)), 6.0, name="expand")  # ReLU6
+    h = g.relu(conv(g, h, 24, 24, 2, groups=24), name="depthwise")
+    s = g.global_avg_pool2d(h, name="pool")
+    s = g.sigmoid(conv(g, g.relu(conv(g, s, 24, 6, 3, k=1)), 6, 24, 4, k=1), name="scale")
+    h = g.mul(h, s, name="excited")
+    h = g.add(conv(g, h, 24, 8, 5, k=1), x, name="residual")
+    y = g.relu(conv(g, h, 8, 8, 6), name="last")
+    g.set_outputs([y])
+    return g
+
+
+def test_a_block_is_held_nhwc_inside_and_answers_like_the_reference() -> None:
+    g = block_graph()
+    cg = check(g, {"x": rand((2, 8, 12, 12), 9)})
+    inside = held_cl(cg)
+    assert inside, "nothing was held channels-last"
+    # The graph's output and the 1x1-plane squeeze-excitation stay NCHW.
+    assert all(cg._exe._nodes[i].shape[2] * cg._exe._nodes[i].shape[3] > 1 for i in cg._exe._cl)
+    assert cg._exe._outputs[0] not in cg._exe._cl
+
+
+def test_nchw_turns_it_off_and_gives_the_same_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    feeds = {"x": rand((2, 8, 12, 12), 9)}
+    on = compiled(block_graph()).run(feeds)[0]
+    monkeypatch.setenv("RLX_CPU_LAYOUT", "nchw")
+    cg = compiled(block_graph())
+    assert not held_cl(cg)
+    np.testing.assert_allclose(cg.run(feeds)[0], on, rtol=1e-5, atol=1e-5)
+
+
+def test_a_value_with_a_reader_that_wants_nchw_stays_nchw() -> None:
+    g = Graph("mixed")
+    x = g.input("x", (1, 4, 9, 9))
+    a = g.relu(conv(g, x, 4, 4, 1), name="a")
+    b = g.relu(conv(g, a, 4, 4, 2), name="b")
+    flat = g.reshape(a, (1, 4 * 81), name="flat")  # a view: reads NCHW
+    plus = g.add(b, x, name="plus")  # a full-size operand held NCHW: not NHWC
+    g.set_outputs([flat, plus])
+    cg = check(g, {"x": rand((1, 4, 9, 9), 3)})
+    assert "a" not in held_cl(cg) and "plus" not in held_cl(cg)
+
+
+def test_a_residual_held_nhwc_reaches_an_nchw_epilogue_and_back() -> None:
+    g = Graph("residual")
+    x = g.input("x", (1, 6, 10, 10))
+    a = g.relu(conv(g, x, 6, 6, 1), name="a")
+    b = conv(g, a, 6, 6, 2)
+    out = g.relu(g.add(b, a), name="out")  # an output: its epilogue runs NCHW, reading a held NHWC
+    g.set_outputs([out, g.relu(conv(g, a, 6, 6, 3))])
+    cg = check(g, {"x": rand((1, 6, 10, 10), 4)})
+    assert held_cl(cg) == {"a"}
+
+
+def test_params_set_later_reach_the_reordered_weights() -> None:
+    g = block_graph()
+    feeds = {"x": rand((2, 8, 12, 12), 9)}
+    cg = compiled(g)
+    w2 = rand((24, 1, 3, 3), 42, 0.3)
+    cg.set_param("w2", w2)
+    np.testing.assert_allclose(cg.run(feeds)[0], reference.evaluate(g, feeds, {"w2": w2})[0], rtol=2e-4, atol=2e-4)
+
+
+def test_where_onednn_declines_a_convolution_the_nchw_kernels_run_between_transposes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    declined: list[bool] = []
+
+    def decline(*args: Any, **kwargs: Any) -> None:
+        declined.append(True)
+        return None
+
+    monkeypatch.setattr(onednn, "conv_steps", decline)
+    g = block_graph()
+    cg = check(g, {"x": rand((2, 8, 12, 12), 9)})
+    assert declined and held_cl(cg)
+
+
+def test_strided_caller_arrays_and_batch_one() -> None:
+    g = Graph("first")
+    x = g.input("x", (1, 3, 16, 16))
+    h = g.relu(conv(g, x, 3, 8, 1, stride=2))
+    g.set_outputs([g.relu(conv(g, h, 8, 8, 2))])
+    feeds = {"x": np.asfortranarray(rand((1, 3, 16, 16), 5))}
+    check(g, feeds)
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 7, 7), (1, 16, 3, 3)])
+def test_the_plan_is_a_fixed_point(shape: tuple[int, ...]) -> None:
+    """Every value held NHWC has only readers that read NHWC, and is no output."""
+    g = Graph("chain")
+    x = g.input("x", shape)
+    h = x
+    for k in range(3):
+        h = g.add(g.relu(conv(g, h, shape[1], shape[1], k + 1)), h)
+    g.set_outputs([g.sigmoid(h)])
+    cg = check(g, {"x": rand(shape, 6)})
+    exe = cg._exe
+    for i in exe._cl:
+        readers = [n for n in exe._nodes if i in n.inputs]
+        assert readers and i not in exe._outputs
+        for r in readers:
+            assert r.op.value in ("conv2d", "fused_conv", "global_avg_pool2d") or r.id in exe._cl
+    assert layout.cl_shape((1, 2, 3, 4)) == (1, 3, 4, 2)
+
+
+def test_epilogues_become_onednn_post_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ReLU, ReLU6 and a residual add held NHWC run as post-ops of the convolution: no
+    pass of their own (spied on the post-ops each convolution was built with)."""
+    built: list[tuple[Any, ...]] = []
+    real = onednn.conv_steps
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        steps = real(*args, **kwargs)
+        if steps is not None:
+            built.append(tuple(op[0] if op[0] == "add" else op[1:] for op in kwargs.get("post", ())))
+        return steps
+
+    monkeypatch.setattr(onednn, "conv_steps", spy)
+    g = Graph("posts")
+    x = g.input("x", (1, 8, 10, 10))
+    a = g.minimum(g.relu(conv(g, x, 8, 8, 1)), 6.0)
+    b = g.relu(g.add(conv(g, a, 8, 8, 2), a))
+    g.set_outputs([g.sigmoid(conv(g, b, 8, 8, 3))])
+    check(g, {"x": rand((1, 8, 10, 10), 7)})
+    relu, clip = onednn.ELTWISE["relu"], onednn.ELTWISE["clip"]
+    big = float(np.finfo(np.float32).max)
+    assert built[0] == ((relu, 0.0, 0.0), (clip, -big, 6.0))
+    assert built[1] == ("add", (relu, 0.0, 0.0))
+
+
+def test_post_ops_read_only_chains_of_fixed_scalars_and_residuals() -> None:
+    m = 3
+    operands = [np.zeros((1, 4, 2, 2), np.float32), np.float32(6.0), np.zeros((1, 4, 2, 2), np.float32)]
+    fixed = np.asarray(np.float32(6.0))
+    fixed.flags.writeable = False
+    operands[1] = fixed
+    clip, linear = onednn.ELTWISE["clip"], onednn.ELTWISE["linear"]
+    # max(x, 6) then min(., 6): one clip; 6 - x: linear(-1, 6); x + residual
+    program = (("maximum", (0, 1), ()), ("minimum", (m, 1), ()), ("sub", (1, m + 1), ()), ("add", (m + 2, 2), ()))
+    ops = layout.post_ops(program, operands)
+    assert ops is not None and ops[:2] == (("eltwise", clip, 6.0, 6.0), ("eltwise", linear, -1.0, 6.0))
+    assert ops[2][0] == "add" and ops[2][1] is operands[2]
+    assert layout.post_ops((("mul", (0, 0), ()),), operands) is None  # reads the result twice
+    assert layout.post_ops((("exp", (0,), ()),), operands) is None  # not a post-op rlx maps
+    settable = [operands[0], np.ones((), np.float32), operands[2]]  # a param's scalar: set_param may change it
+    assert layout.post_ops((("mul", (0, 1), ()),), settable) is None
+    assert layout.post_ops((("add", (0, 1), ()),), [operands[0], np.zeros((1, 4, 1, 1), np.float32)]) is None
+
+
+def test_the_probe_says_which_layout_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlx_cpu import CpuBackend
+
+    assert CpuBackend().probe().versions["layout"].startswith("chains of convolutions channels-last")
+    monkeypatch.setenv("RLX_CPU_LAYOUT", "nchw")
+    assert layout.describe() == "NCHW everywhere (RLX_CPU_LAYOUT=nchw)" and layout.enabled() is None
+    monkeypatch.setenv("RLX_CPU_LAYOUT", "auto")
+    monkeypatch.setenv("RLX_CPU_ONEDNN", "off")
+    assert layout.describe() == "NCHW everywhere (RLX_CPU_ONEDNN=off)" and layout.enabled() is None
+    monkeypatch.setenv("RLX_CPU_ONEDNN", "auto")
+    monkeypatch.setattr(onednn, "find_library", lambda: None)
+    assert "pip install 'rlx-cpu[onednn]'" in layout.describe()
