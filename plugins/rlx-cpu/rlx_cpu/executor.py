@@ -206,7 +206,7 @@ class CpuExecutable(Executable):
         self._input_names = tuple(graph.node(i).name for i in graph.inputs)
         self._input_ids = graph.inputs
         self._kinds = self._classify(graph)
-        self._dnnl, self._cl = self._channels_last(graph)
+        self._dnnl, self._cl, self._cl_views = self._channels_last(graph)
         self._ends = self._liveness(graph)
         self._handoff = {i for i in graph.outputs if self._kinds[i] == BUFFER and graph.node(i).op in _HANDOFF_OPS
                          and graph.node(i).size * np.dtype(graph.node(i).dtype).itemsize >= HANDOFF_BYTES}
@@ -248,14 +248,21 @@ class CpuExecutable(Executable):
             kinds.append(kind)
         return kinds
 
-    def _channels_last(self, graph: Graph) -> tuple[Any, frozenset[int]]:
-        """oneDNN and the values held NHWC (``layout.py``), where the graph has convolutions."""
+    def _channels_last(self, graph: Graph) -> tuple[Any, frozenset[int], frozenset[int]]:
+        """oneDNN, the values held NHWC and the transposes made views (``layout.py``),
+        where the graph has convolutions. A transpose made a view shares its input's array
+        (``VIEW``, or ``DYNAMIC`` over a caller's array), like a reshape."""
+        none: frozenset[int] = frozenset()
         if not any(n.op in (OpKind.CONV2D, OpKind.FUSED_CONV) for n in self._nodes):
-            return None, frozenset()
+            return None, none, none
         lib = layout.enabled()
         if lib is None:
-            return None, frozenset()
-        return lib, layout.plan(graph, [k == BUFFER for k in self._kinds], [k == RESIDENT for k in self._kinds])
+            return None, none, none
+        kinds = self._kinds
+        found = layout.plan(graph, [k == BUFFER for k in kinds], [k == RESIDENT for k in kinds])
+        for nid in found.views:
+            kinds[nid] = DYNAMIC if kinds[self._nodes[nid].inputs[0]] == DYNAMIC else VIEW
+        return lib, found.cl, found.views
 
     def _liveness(self, graph: Graph) -> list[int]:
         """For each value, the last node index reading it or any view of it; graph
@@ -428,8 +435,9 @@ class CpuExecutable(Executable):
             if node.op is OpKind.INPUT:
                 values[nid] = Dyn(slot_of[nid], node.shape, np.dtype(node.dtype))
                 continue
-            if node.op is OpKind.RESHAPE:  # a view: of a slot (DYNAMIC) or of a buffer (VIEW)
-                values[nid] = values[node.inputs[0]].reshape(node.shape)
+            if node.op is OpKind.RESHAPE or nid in self._cl_views:  # a view: of a slot (DYNAMIC) or a buffer (VIEW)
+                base = values[node.inputs[0]]
+                values[nid] = base if nid in self._cl_views else base.reshape(node.shape)  # layout.plan's
                 if kind == VIEW:
                     groups[nid] = groups[node.inputs[0]]
                     stats.views += 1

@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -48,7 +48,7 @@ from rlx_core.plugin import conv_inputs
 from . import onednn
 from .steps import Step
 
-__all__ = ["TO_CL", "TO_NCHW", "enabled", "describe", "plan", "cl_shape", "cl_view", "steps", "post_ops"]
+__all__ = ["TO_CL", "TO_NCHW", "enabled", "describe", "Plan", "plan", "cl_shape", "cl_view", "steps", "post_ops"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -112,9 +112,28 @@ def _elementwise(node: Node, graph: Graph) -> bool:
             and all(len(graph.node(i).shape) <= 4 for i in node.inputs))
 
 
-def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> frozenset[int]:
-    """The ids of the values to hold NHWC (see the module). ``buffered[i]``: value ``i`` is
-    computed per run into a plan buffer; ``fixed[i]``: it is known at compile time."""
+class Plan(NamedTuple):
+    """``cl``: the values held NHWC; ``views``: the transposes that cost nothing under
+    that plan (each is its input's array: see ``plan``)."""
+
+    cl: frozenset[int]
+    views: frozenset[int]
+
+
+def _transpose(node: Node, perm: tuple[int, ...], fixed: Sequence[bool]) -> bool:
+    return (node.op is OpKind.TRANSPOSE and len(node.shape) == 4 and tuple(node.attrs["perm"]) == perm
+            and not fixed[node.id])
+
+
+def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
+    """The values to hold NHWC (see the module). ``buffered[i]``: value ``i`` is computed
+    per run into a plan buffer; ``fixed[i]``: it is known at compile time.
+
+    Transposes between the layouts, as models written channels-last export them
+    (ConvNeXt's blocks: a depthwise convolution, ``transpose(0, 2, 3, 1)``, LayerNorm and
+    an MLP over the channels, ``transpose(0, 3, 1, 2)``), cost nothing: the first of a
+    value held NHWC *is* that value's array, and the second, when every reader of its
+    result reads NHWC, makes a value held NHWC out of its input's array as it is."""
     nodes = graph.nodes
     readers: dict[int, list[int]] = {}
     for node in nodes:
@@ -122,18 +141,20 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> froze
             readers.setdefault(i, []).append(node.id)
     convs = {n.id for n in nodes if buffered[n.id] and _conv_on_dnnl(n, graph, fixed)}
     pools = {n.id for n in nodes if buffered[n.id] and n.op is OpKind.GLOBAL_AVG_POOL2D and n.dtype == "float32"}
-    cl = convs | {n.id for n in nodes if buffered[n.id] and _elementwise(n, graph)}
+    unwrap = {n.id for n in nodes if _transpose(n, TO_CL, fixed)}
+    wrap = {n.id for n in nodes if _transpose(n, TO_NCHW, fixed)}
+    cl = convs | wrap | {n.id for n in nodes if buffered[n.id] and _elementwise(n, graph)}
     outputs = set(graph.outputs)
 
     def reads_cl(nid: int, value: int) -> bool:
         """Whether reader ``nid`` takes ``value`` NHWC: a convolution as its input or an
-        epilogue operand (never as weights), a pool as its input, an elementwise node
-        when it is itself NHWC."""
+        epilogue operand (never as weights), a pool as its input, a transpose to NHWC,
+        an elementwise node when it is itself NHWC."""
         reader = nodes[nid]
         if nid in convs:
             n_conv = conv_inputs(reader.attrs) if reader.op is OpKind.FUSED_CONV else len(reader.inputs)
             return value not in reader.inputs[1:n_conv]
-        if nid in pools:
+        if nid in pools or nid in unwrap:
             return True
         return nid in cl
 
@@ -143,16 +164,20 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> froze
         for nid in sorted(cl):
             node = nodes[nid]
             keep = nid not in outputs and bool(readers.get(nid)) and all(reads_cl(r, nid) for r in readers[nid])
-            if keep and nid not in convs:  # elementwise: full-size operands NHWC, the others not
+            if keep and nid in wrap:  # its input's array, as it is: an input held NCHW
+                keep = node.inputs[0] not in cl
+            elif keep and nid not in convs:  # elementwise: full-size operands NHWC, the others not
                 full = [i for i in node.inputs if tuple(nodes[i].shape) == tuple(node.shape)]
                 keep = (bool(full) and all(i in cl for i in full)
                         and not any(i in cl for i in node.inputs if i not in full))
             if not keep:
                 cl.discard(nid)
                 changed = True
+    views = frozenset({u for u in unwrap if nodes[u].inputs[0] in cl} | (wrap & cl))
     if cl:
-        log.debug("rlx-cpu: %d of %d values held channels-last", len(cl), len(nodes))
-    return frozenset(cl)
+        log.debug("rlx-cpu: %d of %d values held channels-last, %d transposes made views", len(cl), len(nodes),
+                  len(views))
+    return Plan(frozenset(cl), views)
 
 
 def builder_node(node: Node) -> Node:
@@ -207,15 +232,25 @@ def post_ops(program: Sequence[Any], operands: Sequence[Any]) -> tuple[tuple[Any
     """A fused convolution's epilogue as oneDNN post-ops, or None where it is not a chain
     of them: each instruction must read the one before it (the first: the convolution's
     result) and at most one other operand, a scalar fixed at compile time (clamps, scales,
-    shifts: ReLU6 is two) or, for an add, an array of the output's shape (a residual)."""
+    shifts: ReLU6 is two) or, for an add, an array of the output's shape (a residual).
+    A product of an earlier value of the chain and a sigmoid or a hard sigmoid of it is
+    SiLU or hard-swish (EfficientNet's, MobileNetV3's): one post-op."""
     m = len(operands)
     prev, found = 0, []
+    at = {0: 0}  # a value of the chain -> how many post-ops had been found when it was the result
     for k, (op, args, attrs) in enumerate(program):
         others = [a for a in args if a != prev]
-        if len(args) - len(others) != 1 or any(a >= m for a in others):
+        if len(args) - len(others) != 1:
             return None
         attrs = dict(attrs)
-        if op in _UNARY_POST and not others:
+        if op == "mul" and len(others) == 1 and others[0] in at and others[0] != prev:
+            gate = _gate(_merged(found[at[others[0]]:]))
+            if gate is None:
+                return None
+            found[at[others[0]]:] = [gate]
+        elif any(a >= m for a in others):
+            return None
+        elif op in _UNARY_POST and not others:
             alg, alpha, beta = _UNARY_POST[op]
             found.append(("eltwise", onednn.ELTWISE[alg], alpha, beta))
         elif op == "gelu" and not others:
@@ -241,19 +276,37 @@ def post_ops(program: Sequence[Any], operands: Sequence[Any]) -> tuple[tuple[Any
         else:
             return None
         prev = m + k
+        at[prev] = len(found)
     return tuple(_merged(found))
 
 
+def _gate(ops: list[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+    """``x * g(x)`` as one post-op, where ``ops`` compute ``g``: SiLU for a sigmoid,
+    hard-swish for a clamp of ``a * x + b`` to [0, 1]; else None."""
+    e = onednn.ELTWISE
+    if len(ops) == 1 and ops[0] == ("eltwise", e["logistic"], 0.0, 0.0):
+        return ("eltwise", e["swish"], 1.0, 0.0)
+    if (len(ops) == 2 and ops[0][:2] == ("eltwise", e["linear"]) and ops[1] == ("eltwise", e["clip"], 0.0, 1.0)
+            and ops[0][2] > 0):
+        return ("eltwise", e["hardswish"], ops[0][2], ops[0][3])
+    return None
+
+
 def _merged(ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """``max(x, lo)`` then ``min(x, hi)`` as one clip (ReLU6)."""
-    clip = onednn.ELTWISE["clip"]
+    """Consecutive affine steps as one (``x * a + b``), and ``max(x, lo)`` then
+    ``min(x, hi)`` as one clip (ReLU6)."""
+    clip, linear = onednn.ELTWISE["clip"], onednn.ELTWISE["linear"]
     out: list[tuple[Any, ...]] = []
     for op in ops:
-        if out and op[:2] == ("eltwise", clip) and out[-1][:2] == ("eltwise", clip):
-            lo, hi = max(out[-1][2], op[2]), min(out[-1][3], op[3])
+        last = out[-1] if out else None
+        if last is not None and op[:2] == ("eltwise", clip) and last[:2] == ("eltwise", clip):
+            lo, hi = max(last[2], op[2]), min(last[3], op[3])
             if lo <= hi:
                 out[-1] = ("eltwise", clip, lo, hi)
                 continue
+        if last is not None and op[:2] == ("eltwise", linear) and last[:2] == ("eltwise", linear):
+            out[-1] = ("eltwise", linear, op[2] * last[2], op[2] * last[3] + op[3])
+            continue
         out.append(op)
     return out
 

@@ -72,8 +72,8 @@ _QUERY_IMPL_INFO, _QUERY_WEIGHTS_MD, _QUERY_SCRATCHPAD_MD = 8, 131, 136
 _SCRATCHPAD_USER = 1
 _ARG_SRC_1, _ARG_POST_OP_BASE = 2, 32768  # DNNL_ARG_SRC_1; DNNL_ARG_ATTR_MULTIPLE_POST_OP(i) = base * (i + 1)
 #: oneDNN's elementwise algorithms a convolution's post-ops use (dnnl_alg_kind_t).
-ELTWISE = {"relu": 0x20, "tanh": 0x21, "linear": 0x26, "logistic": 0x29, "gelu_tanh": 0x2B, "clip": 0x2E,
-           "gelu_erf": 0x31}
+ELTWISE = {"relu": 0x20, "tanh": 0x21, "linear": 0x26, "logistic": 0x29, "gelu_tanh": 0x2B, "swish": 0x2C,
+           "clip": 0x2E, "gelu_erf": 0x31, "hardswish": 0x34}
 _BINARY_ADD = 0x1FFF0
 _STREAM_IN_ORDER = 1
 
@@ -505,6 +505,8 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
         b_md = lib.md((o,), _TAG_A) if bias is not None else None
         pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr),
                          tuple(("add", dst) if op[0] == "add" else op for op in post))
+        if lib.impl(pd).startswith("ref"):  # oneDNN's reference loops: orders of magnitude slower than rlx's
+            raise DnnlError(f"only its reference implementation ({lib.impl(pd)}) takes it")
         w_md = lib.query_md(pd, _QUERY_WEIGHTS_MD)
         w_plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
         w_reorder = lib.reorder(w_plain, w_md)

@@ -209,3 +209,61 @@ def test_the_probe_says_which_layout_runs(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("RLX_CPU_ONEDNN", "auto")
     monkeypatch.setattr(onednn, "find_library", lambda: None)
     assert "pip install 'rlx-cpu[onednn]'" in layout.describe()
+
+
+def test_transposes_between_layouts_are_views() -> None:
+    """A ConvNeXt block (depthwise convolution, to NHWC, LayerNorm and an MLP over the
+    channels, back to NCHW, residual add) and a model fed NHWC: no transpose copies."""
+    g = Graph("convnext")
+    x = g.input("x", (2, 8, 6, 6))
+    h = conv(g, x, 8, 8, 1, k=7, groups=8)
+    t = g.transpose(h, (0, 2, 3, 1), name="to_nhwc")
+    t = g.layer_norm(t, g.param("ln_w", rand((8,), 2)), g.param("ln_b", rand((8,), 3)))
+    t = g.gelu(g.matmul(t, g.param("fc1", rand((8, 32), 4, 0.2))))
+    t = g.matmul(t, g.param("fc2", rand((32, 8), 5, 0.2)))
+    back = g.transpose(t, (0, 3, 1, 2), name="to_nchw")
+    y = g.add(back, h, name="residual")
+    y = conv(g, y, 8, 8, 6)
+    nhwc_in = g.input("image", (1, 5, 5, 3))
+    first = conv(g, g.transpose(nhwc_in, (0, 3, 1, 2), name="image_nchw"), 3, 4, 7)
+    g.set_outputs([g.relu(y), g.relu(first)])
+    cg = check(g, {"x": rand((2, 8, 6, 6), 8), "image": rand((1, 5, 5, 3), 9)})
+    exe = cg._exe
+    views = {exe._nodes[i].name for i in exe._cl_views}
+    assert {"to_nhwc", "to_nchw", "image_nchw"} <= views
+    assert "residual" in held_cl(cg)
+
+
+def test_a_convolution_only_onednn_reference_loops_take_stays_on_rlx(monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN's ``ref:any`` ran a first layer 5,000x slower than its jit kernels; where
+    only it would run a convolution, rlx's kernels do (between transposes in a chain)."""
+    lib = onednn.library()
+    monkeypatch.setattr(type(lib), "impl", lambda self, pd: "ref:any")
+    g = block_graph()
+    cg = check(g, {"x": rand((2, 8, 12, 12), 9)})
+    assert held_cl(cg)
+
+
+def test_silu_and_hard_swish_epilogues_are_one_post_op_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[tuple[Any, ...]] = []
+    real = onednn.conv_steps
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        steps = real(*args, **kwargs)
+        if steps is not None:
+            built.append(tuple(op[1:] for op in kwargs.get("post", ())))
+        return steps
+
+    monkeypatch.setattr(onednn, "conv_steps", spy)
+    g = Graph("gates")
+    x = g.input("x", (1, 8, 9, 9))
+    a = conv(g, x, 8, 8, 1)
+    a = g.mul(a, g.sigmoid(a))  # SiLU, as EfficientNet exports it
+    b = conv(g, a, 8, 8, 2)
+    b = g.mul(b, g.maximum(g.minimum(g.add(g.mul(b, 1.0 / 6.0), 0.5), 1.0), 0.0))  # hard-swish
+    g.set_outputs([g.relu(conv(g, b, 8, 8, 3))])
+    check(g, {"x": rand((1, 8, 9, 9), 2)})
+    e = onednn.ELTWISE
+    assert built[0] == ((e["swish"], 1.0, 0.0),)
+    assert len(built[1]) == 1 and built[1][0][0] == e["hardswish"]
+    np.testing.assert_allclose(built[1][0][1:], (1.0 / 6.0, 0.5), rtol=1e-6)
