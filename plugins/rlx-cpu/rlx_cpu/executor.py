@@ -295,6 +295,7 @@ class CpuExecutable(Executable):
         blocks: dict[int, tuple[int, int]] = {}
         for node in self._nodes:
             if (node.op is not OpKind.CONCAT or self._kinds[node.id] != BUFFER or node.id in self._handoff
+                    or node.id in self._cl
                     or math.prod(node.shape[: node.attrs["axis"]]) != 1):
                 continue
             axis, offset = node.attrs["axis"], 0

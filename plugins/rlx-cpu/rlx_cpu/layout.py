@@ -2,7 +2,7 @@
 read and write them.
 
 Why: oneDNN's convolutions run on channels-last (NHWC) data. Converting each one's input
-from NCHW and its output back (``onednn.conv_steps`` on its own) costs two passes over
+from NCHW and its output back (``onednn_steps.conv_steps`` on its own) costs two passes over
 memory per convolution, which is why pointwise convolutions stayed on rlx's NCHW GEMM and
 each kind of convolution had to win a probe against rlx's kernel first. A chain of
 convolutions and the elementwise work between them (bias, activations, residual adds,
@@ -45,7 +45,7 @@ from rlx_core.ir import Graph, Node
 from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import conv_inputs
 
-from . import onednn
+from . import onednn, onednn_steps
 from .steps import Step
 
 __all__ = ["TO_CL", "TO_NCHW", "enabled", "describe", "Plan", "plan", "cl_shape", "cl_view", "steps", "post_ops"]
@@ -107,6 +107,10 @@ def _conv_on_dnnl(node: Node, graph: Graph, fixed: Sequence[bool]) -> bool:
     return node.shape[2] * node.shape[3] > 1
 
 
+def _pool(node: Node) -> bool:
+    return node.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D) and node.dtype == "float32" and len(node.shape) == 4
+
+
 def _elementwise(node: Node, graph: Graph) -> bool:
     return (node.op in _ELEMENTWISE and len(node.shape) == 4
             and all(len(graph.node(i).shape) <= 4 for i in node.inputs))
@@ -139,11 +143,13 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
     for node in nodes:
         for i in node.inputs:
             readers.setdefault(i, []).append(node.id)
-    convs = {n.id for n in nodes if buffered[n.id] and _conv_on_dnnl(n, graph, fixed)}
+    # Convolutions and pools read either layout and write either (oneDNN reorders where needed).
+    convs = {n.id for n in nodes if buffered[n.id] and (_conv_on_dnnl(n, graph, fixed) or _pool(n))}
     pools = {n.id for n in nodes if buffered[n.id] and n.op is OpKind.GLOBAL_AVG_POOL2D and n.dtype == "float32"}
     unwrap = {n.id for n in nodes if _transpose(n, TO_CL, fixed)}
     wrap = {n.id for n in nodes if _transpose(n, TO_NCHW, fixed)}
-    cl = convs | wrap | {n.id for n in nodes if buffered[n.id] and _elementwise(n, graph)}
+    concats = {n.id for n in nodes if buffered[n.id] and n.op is OpKind.CONCAT and len(n.shape) == 4}
+    cl = convs | wrap | concats | {n.id for n in nodes if buffered[n.id] and _elementwise(n, graph)}
     outputs = set(graph.outputs)
 
     def reads_cl(nid: int, value: int) -> bool:
@@ -152,6 +158,8 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
         an elementwise node when it is itself NHWC."""
         reader = nodes[nid]
         if nid in convs:
+            if reader.op not in _CONVS:
+                return True
             n_conv = conv_inputs(reader.attrs) if reader.op is OpKind.FUSED_CONV else len(reader.inputs)
             return value not in reader.inputs[1:n_conv]
         if nid in pools or nid in unwrap:
@@ -166,6 +174,8 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
             keep = nid not in outputs and bool(readers.get(nid)) and all(reads_cl(r, nid) for r in readers[nid])
             if keep and nid in wrap:  # its input's array, as it is: an input held NCHW
                 keep = node.inputs[0] not in cl
+            elif keep and nid in concats:  # blocks of the channels (or any axis) of NHWC inputs
+                keep = all(i in cl for i in node.inputs)
             elif keep and nid not in convs:  # elementwise: full-size operands NHWC, the others not
                 full = [i for i in node.inputs if tuple(nodes[i].shape) == tuple(node.shape)]
                 keep = (bool(full) and all(i in cl for i in full)
@@ -181,8 +191,12 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
 
 
 def builder_node(node: Node) -> Node:
-    """``node`` as its kernel builder sees it when its value is held NHWC."""
-    return dataclasses.replace(node, shape=cl_shape(node.shape))
+    """``node`` as its kernel builder sees it when its value is held NHWC (a concat's axis
+    moved with its dim)."""
+    attrs = node.attrs
+    if node.op is OpKind.CONCAT:
+        attrs = {**attrs, "axis": TO_CL.index(attrs["axis"] % 4)}
+    return dataclasses.replace(node, shape=cl_shape(node.shape), attrs=attrs)
 
 
 def steps(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool],
@@ -194,6 +208,16 @@ def steps(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_c
         return _conv(lib, node, ins, out, ctx, in_cl, out_cl, build)
     if node.op is OpKind.GLOBAL_AVG_POOL2D:
         return _global_avg_pool(ins[0], out)
+    if node.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D):
+        a = node.attrs
+        done = onednn_steps.pool_steps(lib, ins[0], out, node.op is OpKind.MAX_POOL2D, bool(a.get("count_include_pad")),
+                                 a["kernel"], a["stride"], a.get("dilation", (1, 1)), a["padding"], ctx,
+                                 src_cl=in_cl[0], dst_cl=out_cl)
+        return done if done is not None else _via_nchw(node, ins, out, ctx, in_cl, out_cl, build)
+    if node.op is OpKind.CONCAT:
+        flat = builder_node(node)
+        done = onednn_steps.concat_steps(lib, ins, out, flat.attrs["axis"], ctx)
+        return done if done is not None else build(flat, ins, out, ctx)
     operands = [x if cl else cl_view(x) for x, cl in zip(ins, in_cl)]
     return build(builder_node(node), operands, out, ctx)
 
@@ -212,10 +236,10 @@ def _conv(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_c
         operands.append(x if cl == out_cl else cl_view(x) if out_cl else x.transpose(TO_NCHW))
     post = post_ops(a["program"], operands) if node.op is OpKind.FUSED_CONV else ()
     args = (lib, ins[0], ins[1], bias, out, a["padding"], a["stride"], a["dilation"], a["groups"], ctx)
-    done = onednn.conv_steps(*args, src_cl=in_cl[0], dst_cl=out_cl, post=post or ()) if post is not None else None
+    done = onednn_steps.conv_steps(*args, src_cl=in_cl[0], dst_cl=out_cl, post=post or ()) if post is not None else None
     if done is not None:
         return done
-    done = onednn.conv_steps(*args, src_cl=in_cl[0], dst_cl=out_cl)
+    done = onednn_steps.conv_steps(*args, src_cl=in_cl[0], dst_cl=out_cl)
     if done is None:  # oneDNN declined it after all: rlx's NCHW kernels between transposes
         return _via_nchw(node, ins, out, ctx, in_cl, out_cl, build)
     if node.op is OpKind.CONV2D:

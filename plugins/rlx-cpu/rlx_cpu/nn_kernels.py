@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import as_strided
 from rlx_core.ir import Node
 from rlx_core.ir.ops import OpKind
 
-from . import onednn
+from . import onednn, onednn_steps
 from .gemm import gemv_step, matmul_bias_step, matmul_step, native_step, use_native
 from .kernels import BuildContext, Builder, compute_dtype, const, mean_rows_step, ufunc_step
 from .native import library as native_library
@@ -284,7 +284,7 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
     kind = onednn.kind_of((kh, kw), (sh, sw), groups, _c, o, oh * ow)
     dnnl = onednn.use(kind) if cd == out.dtype == np.float32 else None
     if dnnl is not None:  # oneDNN where it measured faster (onednn.py): channels-last, reordered in and out
-        on_dnnl = onednn.conv_steps(dnnl, x, w, b, out, (pt, pl, pb, pr), (sh, sw), (dh, dw), groups, ctx)
+        on_dnnl = onednn_steps.conv_steps(dnnl, x, w, b, out, (pt, pl, pb, pr), (sh, sw), (dh, dw), groups, ctx)
         if on_dnnl is not None:
             return on_dnnl, False
     if cd == out.dtype == np.float32 and groups > 1 and not groups == _c == o:

@@ -46,18 +46,15 @@ import logging
 import math
 import sys
 import threading
-import weakref
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import verdicts
-from .ccall import address
-from .steps import Dyn, Step, aligned_empty
 
 __all__ = ["Dnnl", "PROBES", "library", "find_library", "reason", "wanted", "use", "kind_of", "describe",
-           "conv_steps", "reset"]
+           "reset", "ELTWISE"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -75,6 +72,7 @@ _ARG_SRC_1, _ARG_POST_OP_BASE = 2, 32768  # DNNL_ARG_SRC_1; DNNL_ARG_ATTR_MULTIP
 ELTWISE = {"relu": 0x20, "tanh": 0x21, "linear": 0x26, "logistic": 0x29, "gelu_tanh": 0x2B, "swish": 0x2C,
            "clip": 0x2E, "gelu_erf": 0x31, "hardswish": 0x34}
 _BINARY_ADD = 0x1FFF0
+_POOL_MAX, _POOL_AVG_INCLUDE, _POOL_AVG_EXCLUDE = 0x1FF, 0x2FF, 0x3FF
 _STREAM_IN_ORDER = 1
 
 
@@ -191,6 +189,30 @@ class Dnnl:
             if po:
                 self._lib.dnnl_post_ops_destroy(po)
             self._lib.dnnl_primitive_attr_destroy(attr)
+        return pd
+
+    def pool_pd(self, alg: int, src: Any, dst: Any, stride: tuple[int, int], kernel: tuple[int, int],
+                dilation: tuple[int, int], pad_l: tuple[int, int], pad_r: tuple[int, int]) -> Any:
+        """A pooling primitive descriptor (``dilation`` as ONNX gives it: 1 is none)."""
+        attr = _P()
+        self._ok(self._lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "primitive_attr_create")
+        try:
+            self._ok(self._lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_USER), "set_scratchpad_mode")
+            pd = _P()
+            self._ok(self._lib.dnnl_pooling_forward_primitive_desc_create(
+                ctypes.byref(pd), self.engine, _FORWARD_INFERENCE, alg, src, dst, _dims(stride), _dims(kernel),
+                _dims(tuple(d - 1 for d in dilation)), _dims(pad_l), _dims(pad_r), attr),
+                "pooling_forward_primitive_desc_create")
+        finally:
+            self._lib.dnnl_primitive_attr_destroy(attr)
+        return pd
+
+    def concat_pd(self, dst: Any, axis: int, srcs: list[Any]) -> Any:
+        """A concat primitive descriptor: ``srcs`` along ``axis`` (oneDNN's, NCHW order) into ``dst``."""
+        pd = _P()
+        self._ok(self._lib.dnnl_concat_primitive_desc_create(ctypes.byref(pd), self.engine, dst, len(srcs), axis,
+                                                             (_P * len(srcs))(*srcs), _P(0)),
+                 "concat_primitive_desc_create")
         return pd
 
     def query_md(self, pd: Any, what: int) -> Any:
@@ -397,199 +419,3 @@ def _measure(lib: Dnnl, kind: str) -> tuple[bool, str]:
 
 
 # --------------------------------------------------------------------- convolution steps
-class _OpenMP:
-    """libgomp's ``omp_get_max_threads``/``omp_set_num_threads``: how many threads oneDNN's
-    parallel regions start from the calling thread (its OpenMP build reads that per call)."""
-
-    def __init__(self) -> None:
-        import ctypes.util
-
-        name = ctypes.util.find_library("gomp") or "libgomp.so.1"
-        gomp = ctypes.CDLL(name)  # the runtime oneDNN, the native kernels and oneMKL already share
-        self.get, self.set = gomp.omp_get_max_threads, gomp.omp_set_num_threads
-        self.get.restype, self.set.argtypes = ctypes.c_int, [ctypes.c_int]
-
-
-def _openmp() -> _OpenMP | None:
-    with _LOCK:
-        if "openmp" not in _STATE:
-            try:
-                _STATE["openmp"] = _OpenMP()
-            except (OSError, AttributeError) as exc:
-                log.debug("rlx-cpu: libgomp's thread controls not found (%s): oneDNN uses its default", exc)
-                _STATE["openmp"] = None
-        return _STATE["openmp"]
-
-
-def _plan_threads() -> int | None:
-    """The native thread cap the plan being bound runs under (``native.thread_cap``: one
-    for the thread tuner's narrow plans), or None for every core."""
-    from .native import _THREAD_CAP
-
-    return _THREAD_CAP.get()
-
-
-class _ConvCall:
-    """One convolution: the input reordered to NHWC where it is held NCHW, oneDNN's
-    convolution, the result reordered back where it is wanted NCHW; operands read per run
-    only where they are a caller's arrays. Under a thread cap (a narrow plan: on a busy
-    host one thread beats two waiting on each other) the calling thread's OpenMP team is
-    set to it for the call and put back after."""
-
-    def __init__(self, lib: Dnnl, prims: tuple[tuple[Any, Any, int], ...], handles: tuple[Any, Any],
-                 keep: tuple[Any, ...]) -> None:
-        self.lib, self.prims, self.handles, self.keep = lib, prims, handles, keep
-        cap = _plan_threads()
-        self.openmp = _openmp() if cap is not None else None
-        self.cap = cap
-
-    def __call__(self, x: np.ndarray, y: np.ndarray) -> None:
-        lib = self.lib
-        x_mem, y_mem = self.handles  # the memories over a caller's arrays (None: a plan buffer's, fixed)
-        if x_mem is not None:
-            try:
-                lib.set_handle(x_mem, address(x))
-            except (TypeError, BufferError, ValueError):  # a strided or read-only caller array: a copy
-                x = np.ascontiguousarray(x, dtype=np.float32).copy()
-                lib.set_handle(x_mem, address(x))
-        if y_mem is not None:
-            lib.set_handle(y_mem, address(y))
-        s = lib.stream()
-        omp = self.openmp
-        before = omp.get() if omp is not None else 0
-        if omp is not None:
-            omp.set(self.cap)
-        try:
-            for prim, args, n in self.prims:
-                status = lib.execute(prim, s, n, args)
-                if status != 0:
-                    raise DnnlError(f"oneDNN primitive_execute failed (status {status})")
-            lib.wait(s)
-        finally:
-            if omp is not None:
-                omp.set(before)
-
-
-def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, int, int, int],
-               stride: tuple[int, int], dilation: tuple[int, int], groups: int,
-               ctx: Any, src_cl: bool = False, dst_cl: bool = False,
-               post: tuple[tuple[Any, ...], ...] = ()) -> list[Step] | None:
-    """A float32 convolution as one step on oneDNN; None when it does not apply (weights
-    computed per run, another dtype, post-ops it does not take). ``x`` and ``out`` are
-    NCHW arrays, or NHWC ones (shaped ``(n, h, w, c)``) where ``src_cl`` / ``dst_cl`` say
-    so: those need no reorder (``layout.py`` keeps chains of convolutions channels-last).
-    ``post``: post-ops applied as the output is written, each ``("eltwise", algorithm,
-    alpha, beta)`` or ``("add", array)``, an array of the output's shape and layout
-    (``dst_cl`` only)."""
-    if isinstance(w, Dyn) or any(getattr(a, "dtype", None) != np.float32 for a in (x, w, out)):
-        return None
-    if bias is not None and (isinstance(bias, Dyn) or bias.dtype != np.float32):
-        return None
-    if any(op[0] == "add" and (not dst_cl or isinstance(op[1], Dyn) or tuple(op[1].shape) != tuple(out.shape)
-                               or not op[1].flags.c_contiguous) for op in post):
-        return None
-    derived = getattr(ctx, "derived", None)
-    if src_cl:
-        n, h, wd, c = x.shape
-    else:
-        n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    if derived is None or out.size == 0:
-        return None
-    oh, ow = out.shape[1:3] if dst_cl else out.shape[2:]
-    pt, pl, pb, pr = pads
-    try:
-        src, dst = lib.md((n, c, h, wd), _ACDB), lib.md((n, o, oh, ow), _ACDB)
-        wshape = (o, cg, kh, kw) if groups == 1 else (groups, o // groups, cg, kh, kw)
-        w_any = lib.md(wshape, _ANY)
-        b_md = lib.md((o,), _TAG_A) if bias is not None else None
-        pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr),
-                         tuple(("add", dst) if op[0] == "add" else op for op in post))
-        if lib.impl(pd).startswith("ref"):  # oneDNN's reference loops: orders of magnitude slower than rlx's
-            raise DnnlError(f"only its reference implementation ({lib.impl(pd)}) takes it")
-        w_md = lib.query_md(pd, _QUERY_WEIGHTS_MD)
-        w_plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
-        w_reorder = lib.reorder(w_plain, w_md)
-    except DnnlError as exc:
-        log.debug("rlx-cpu: oneDNN declined a convolution %s -> %s: %s", tuple(x.shape), tuple(out.shape), exc)
-        return None
-    w_size = lib.size(w_md)
-
-    def make(src_w: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
-        if dest is None:
-            dest = aligned_empty(-(-w_size // 4), np.float32)
-        plain = np.ascontiguousarray(src_w, dtype=np.float32)
-        pair = (lib.memory(w_plain, plain.ctypes.data), lib.memory(w_md, dest.ctypes.data))
-        try:
-            lib.run(w_reorder, (_Arg * 2)(_Arg(_ARG_SRC, pair[0]), _Arg(_ARG_DST, pair[1])), 2)
-        finally:
-            lib.destroy(memories=pair)
-        return dest
-
-    wbuf = derived(w, ("onednn_conv_weights", wshape, lib.impl(pd)), make)
-    if wbuf is None:
-        return None
-    pad = lib.query_md(pd, _QUERY_SCRATCHPAD_MD)
-    scratch = ctx.scratch((max(lib.size(pad) // 4 + 16, 1),), np.float32)
-    keep: list[Any] = [wbuf, w, scratch]
-    mems: dict[str, Any] = {"w": lib.memory(w_md, wbuf.ctypes.data), "pad": lib.memory(pad, _addr(scratch))}
-    descs: list[Any] = [src, dst, w_any]
-    prims: list[tuple[Any, Any, int]] = []
-    handles: list[Any] = [None, None]
-
-    def held(arr: Any, md: Any, key: int) -> Any:
-        """A memory over ``arr`` itself (its address set per run when it is a caller's)."""
-        if isinstance(arr, Dyn):
-            handles[key] = lib.memory(md, 0)
-            return handles[key]
-        keep.append(arr)
-        return lib.memory(md, _addr(arr))
-
-    if src_cl:
-        mems["x_nhwc"] = held(x, src, 0)
-    else:
-        x_plain = lib.md((n, c, h, wd), _ABCD)
-        descs.append(x_plain)
-        x_nhwc = ctx.scratch((lib.size(src) // 4,), np.float32)
-        keep.append(x_nhwc)
-        mems["x"], mems["x_nhwc"] = held(x, x_plain, 0), lib.memory(src, _addr(x_nhwc))
-        prims.append((lib.reorder(x_plain, src), (_Arg * 2)(_Arg(_ARG_SRC, mems["x"]), _Arg(_ARG_DST, mems["x_nhwc"])),
-                      2))
-    if dst_cl:
-        mems["y_nhwc"] = held(out, dst, 1)
-    else:
-        y_nhwc = ctx.scratch((lib.size(dst) // 4,), np.float32)
-        keep.append(y_nhwc)
-        mems["y_nhwc"] = lib.memory(dst, _addr(y_nhwc))
-    conv_args = [_Arg(_ARG_SRC, mems["x_nhwc"]), _Arg(_ARG_WEIGHTS, mems["w"]), _Arg(_ARG_DST, mems["y_nhwc"]),
-                 _Arg(_ARG_SCRATCHPAD, mems["pad"])]
-    if bias is not None:
-        descs.append(b_md)
-        mems["b"] = lib.memory(b_md, _addr(bias))
-        conv_args.append(_Arg(_ARG_BIAS, mems["b"]))
-        keep.append(bias)
-    for k, op in enumerate(post):
-        if op[0] == "add":  # the second tensor, laid out like the output (a plan buffer or resident)
-            keep.append(op[1])
-            mems[f"post{k}"] = lib.memory(dst, _addr(op[1]))
-            conv_args.append(_Arg(_ARG_POST_OP_BASE * (k + 1) | _ARG_SRC_1, mems[f"post{k}"]))
-    prims.append((lib.primitive(pd), (_Arg * len(conv_args))(*conv_args), len(conv_args)))
-    if not dst_cl:
-        y_plain = lib.md((n, o, oh, ow), _ABCD)
-        descs.append(y_plain)
-        mems["y"] = held(out, y_plain, 1)
-        prims.append((lib.reorder(dst, y_plain), (_Arg * 2)(_Arg(_ARG_SRC, mems["y_nhwc"]), _Arg(_ARG_DST, mems["y"])),
-                      2))
-    # Every array whose address oneDNN holds stays referenced by the step (a plan's
-    # scratch is a view of an arena buffer that lives only as long as its views).
-    call = _ConvCall(lib, tuple(prims), (handles[0], handles[1]), tuple(keep))
-    # Freed with the plan that holds the step; the weights' reorder (and its plain
-    # descriptor) with the executable's derived array, which ``make`` refills.
-    weakref.finalize(call, lib.destroy, tuple(mems.values()), tuple(p for p, _, _ in prims), tuple(descs))
-    weakref.finalize(wbuf, lib.destroy, (), (w_reorder,), (w_plain,))
-    return [Step(call, (x, out))]
-
-
-def _addr(arr: np.ndarray) -> int:
-    """The address of a plan buffer or resident (fixed for the plan's life)."""
-    return int(arr.__array_interface__["data"][0])

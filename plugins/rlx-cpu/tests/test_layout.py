@@ -11,7 +11,7 @@ import pytest
 import rlx_core as rlx
 from rlx_core import reference
 from rlx_core.ir import Graph
-from rlx_cpu import layout, onednn
+from rlx_cpu import layout, onednn, onednn_steps
 
 pytestmark = pytest.mark.skipif(onednn.find_library() is None,
                                 reason="oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
@@ -119,7 +119,7 @@ def test_where_onednn_declines_a_convolution_the_nchw_kernels_run_between_transp
         declined.append(True)
         return None
 
-    monkeypatch.setattr(onednn, "conv_steps", decline)
+    monkeypatch.setattr(onednn_steps, "conv_steps", decline)
     g = block_graph()
     cg = check(g, {"x": rand((2, 8, 12, 12), 9)})
     assert declined and held_cl(cg)
@@ -157,7 +157,7 @@ def test_epilogues_become_onednn_post_ops(monkeypatch: pytest.MonkeyPatch) -> No
     """ReLU, ReLU6 and a residual add held NHWC run as post-ops of the convolution: no
     pass of their own (spied on the post-ops each convolution was built with)."""
     built: list[tuple[Any, ...]] = []
-    real = onednn.conv_steps
+    real = onednn_steps.conv_steps
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         steps = real(*args, **kwargs)
@@ -165,7 +165,7 @@ def test_epilogues_become_onednn_post_ops(monkeypatch: pytest.MonkeyPatch) -> No
             built.append(tuple(op[0] if op[0] == "add" else op[1:] for op in kwargs.get("post", ())))
         return steps
 
-    monkeypatch.setattr(onednn, "conv_steps", spy)
+    monkeypatch.setattr(onednn_steps, "conv_steps", spy)
     g = Graph("posts")
     x = g.input("x", (1, 8, 10, 10))
     a = g.minimum(g.relu(conv(g, x, 8, 8, 1)), 6.0)
@@ -246,7 +246,7 @@ def test_a_convolution_only_onednn_reference_loops_take_stays_on_rlx(monkeypatch
 
 def test_silu_and_hard_swish_epilogues_are_one_post_op_each(monkeypatch: pytest.MonkeyPatch) -> None:
     built: list[tuple[Any, ...]] = []
-    real = onednn.conv_steps
+    real = onednn_steps.conv_steps
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         steps = real(*args, **kwargs)
@@ -254,7 +254,7 @@ def test_silu_and_hard_swish_epilogues_are_one_post_op_each(monkeypatch: pytest.
             built.append(tuple(op[1:] for op in kwargs.get("post", ())))
         return steps
 
-    monkeypatch.setattr(onednn, "conv_steps", spy)
+    monkeypatch.setattr(onednn_steps, "conv_steps", spy)
     g = Graph("gates")
     x = g.input("x", (1, 8, 9, 9))
     a = conv(g, x, 8, 8, 1)
@@ -267,3 +267,33 @@ def test_silu_and_hard_swish_epilogues_are_one_post_op_each(monkeypatch: pytest.
     assert built[0] == ((e["swish"], 1.0, 0.0),)
     assert len(built[1]) == 1 and built[1][0][0] == e["hardswish"]
     np.testing.assert_allclose(built[1][0][1:], (1.0 / 6.0, 0.5), rtol=1e-6)
+
+
+POOLS: dict[str, dict[str, Any]] = {
+    "max 3x3 stride 2 pad 1": {"max": True, "kernel": 3, "stride": 2, "padding": 1},
+    "max ceil mode": {"max": True, "kernel": 3, "stride": 2, "ceil_mode": True},
+    "max dilated": {"max": True, "kernel": 2, "stride": 1, "dilation": 2},
+    "avg 3x3 stride 1 pad 1, padding counted": {"kernel": 3, "stride": 1, "padding": 1, "count_include_pad": True},
+    "avg 3x3 stride 1 pad 1, padding not counted": {"kernel": 3, "stride": 1, "padding": 1},
+    "avg ceil mode, padding counted (declined: rlx's kernel)": {"kernel": 2, "stride": 2, "padding": 1,
+                                                                "ceil_mode": True, "count_include_pad": True},
+    "avg ceil mode, padding not counted": {"kernel": 3, "stride": 2, "ceil_mode": True},
+}
+
+
+@pytest.mark.parametrize("name", list(POOLS))
+def test_pools_and_concats_inside_a_chain(name: str) -> None:
+    """Inception's and DenseNet's shapes: a pool between convolutions, branches
+    concatenated on the channels, all NHWC; odd sizes for ceil mode's extra windows."""
+    kw = dict(POOLS[name])
+    is_max = kw.pop("max", False)
+    g = Graph("inception")
+    x = g.input("x", (2, 4, 11, 11))
+    h = g.relu(conv(g, x, 4, 8, 1))
+    p = (g.max_pool2d if is_max else g.avg_pool2d)(h, name="pool", **kw)
+    a = g.relu(conv(g, p, 8, 6, 2, k=1), name="branch_a")
+    b = g.relu(conv(g, p, 8, 5, 3), name="branch_b")
+    cat = g.concat([a, b, p], axis=1, name="cat")
+    g.set_outputs([g.relu(conv(g, cat, 19, 4, 4))])
+    cg = check(g, {"x": rand((2, 4, 11, 11), 5)})
+    assert {"pool", "cat", "branch_a", "branch_b"} <= held_cl(cg)

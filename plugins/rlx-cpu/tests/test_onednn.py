@@ -13,7 +13,7 @@ import pytest
 import rlx_core as rlx
 from rlx_core import reference
 from rlx_core.ir import Graph
-from rlx_cpu import onednn
+from rlx_cpu import onednn, onednn_steps
 
 pytestmark = pytest.mark.skipif(onednn.find_library() is None,
                                 reason="oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
@@ -28,13 +28,13 @@ def forced(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     """RLX_CPU_ONEDNN=on, and the oneDNN convolutions that plans then run."""
     monkeypatch.setenv("RLX_CPU_ONEDNN", "on")
     calls: list[tuple[Any, ...]] = []
-    real = onednn._ConvCall.__call__
+    real = onednn_steps._ConvCall.__call__
 
-    def spy(self: onednn._ConvCall, x: np.ndarray, y: np.ndarray) -> None:
+    def spy(self: onednn_steps._ConvCall, x: np.ndarray, y: np.ndarray) -> None:
         calls.append((x.shape, y.shape))
         real(self, x, y)
 
-    monkeypatch.setattr(onednn._ConvCall, "__call__", spy)
+    monkeypatch.setattr(onednn_steps._ConvCall, "__call__", spy)
     return calls
 
 
@@ -160,7 +160,7 @@ def test_a_narrow_plan_runs_it_on_one_thread(monkeypatch: pytest.MonkeyPatch) ->
     for cap in (1, None):
         y = np.empty((1, 5, 6, 6), np.float32)
         with native.thread_cap(cap):
-            (step,) = onednn.conv_steps(lib, x, w, None, y, (1, 1, 1, 1), (1, 1), (1, 1), 1, _Ctx())
+            (step,) = onednn_steps.conv_steps(lib, x, w, None, y, (1, 1, 1, 1), (1, 1), (1, 1), 1, _Ctx())
         call = step.fn
         assert (call.openmp is not None) is (cap is not None)
         if call.openmp is not None:

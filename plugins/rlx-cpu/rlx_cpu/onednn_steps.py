@@ -1,0 +1,330 @@
+"""Plan steps on oneDNN (the ``onednn`` extra): convolutions, pools and concats, each one
+call into oneDNN with its operands in NCHW or channels-last (NHWC) memory.
+
+``onednn.py`` loads the library and decides where it runs; this module builds the steps:
+a convolution with its weights reordered once into the layout oneDNN chose (and again by
+``set_param``) and its epilogue as post-ops where ``layout.post_ops`` maps it, a max or
+average pool, a concat of NHWC values. An operand held NCHW is reordered to NHWC in plan
+scratch first, and a result wanted NCHW reordered back after (``_layouted``): inside the
+channels-last chains ``layout.py`` plans there is no reorder at all. Where oneDNN would
+run only its reference loops (``ref:any``: a 3-channel NCHW source took 3.8 s, thousands
+of times its jit kernels' time) the builder declines, and rlx's kernels run the node.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import weakref
+from typing import Any
+
+import numpy as np
+
+from .ccall import address
+from .onednn import (
+    _ABCD,
+    _ABCDE,
+    _ACDB,
+    _ANY,
+    _ARG_BIAS,
+    _ARG_DST,
+    _ARG_POST_OP_BASE,
+    _ARG_SCRATCHPAD,
+    _ARG_SRC,
+    _ARG_SRC_1,
+    _ARG_WEIGHTS,
+    _POOL_AVG_EXCLUDE,
+    _POOL_AVG_INCLUDE,
+    _POOL_MAX,
+    _QUERY_SCRATCHPAD_MD,
+    _QUERY_WEIGHTS_MD,
+    _TAG_A,
+    Dnnl,
+    DnnlError,
+    _Arg,
+)
+from .steps import Dyn, Step, aligned_empty
+
+__all__ = ["conv_steps", "pool_steps", "concat_steps"]
+
+log = logging.getLogger("rlx_cpu")
+_ARG_MULTIPLE_SRC = 1024  # DNNL_ARG_MULTIPLE_SRC: a concat's i-th source is this + i
+
+
+class _OpenMP:
+    """libgomp's ``omp_get_max_threads``/``omp_set_num_threads``: how many threads oneDNN's
+    parallel regions start from the calling thread (its OpenMP build reads that per call)."""
+
+    def __init__(self) -> None:
+        import ctypes.util
+
+        name = ctypes.util.find_library("gomp") or "libgomp.so.1"
+        gomp = ctypes.CDLL(name)  # the runtime oneDNN, the native kernels and oneMKL already share
+        self.get, self.set = gomp.omp_get_max_threads, gomp.omp_set_num_threads
+        self.get.restype, self.set.argtypes = ctypes.c_int, [ctypes.c_int]
+
+
+@functools.lru_cache(maxsize=1)
+def _openmp() -> _OpenMP | None:
+    try:
+        return _OpenMP()
+    except (OSError, AttributeError) as exc:
+        log.debug("rlx-cpu: libgomp's thread controls not found (%s): oneDNN uses its default", exc)
+        return None
+
+
+def _plan_threads() -> int | None:
+    """The native thread cap the plan being bound runs under (``native.thread_cap``: one
+    for the thread tuner's narrow plans), or None for every core."""
+    from .native import _THREAD_CAP
+
+    return _THREAD_CAP.get()
+
+
+class _Call:
+    """One oneDNN primitive: the input reordered to NHWC where it is held NCHW, the
+    primitive, the result reordered back where it is wanted NCHW; operands read per run
+    only where they are a caller's arrays. Under a thread cap (a narrow plan: on a busy
+    host one thread beats two waiting on each other) the calling thread's OpenMP team is
+    set to it for the call and put back after."""
+
+    def __init__(self, lib: Dnnl, prims: tuple[tuple[Any, Any, int], ...], handles: tuple[Any, Any],
+                 keep: tuple[Any, ...]) -> None:
+        self.lib, self.prims, self.handles, self.keep = lib, prims, handles, keep
+        cap = _plan_threads()
+        self.openmp = _openmp() if cap is not None else None
+        self.cap = cap
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> None:
+        lib = self.lib
+        x_mem, y_mem = self.handles  # the memories over a caller's arrays (None: a plan buffer's, fixed)
+        if x_mem is not None:
+            try:
+                lib.set_handle(x_mem, address(x))
+            except (TypeError, BufferError, ValueError):  # a strided or read-only caller array: a copy
+                x = np.ascontiguousarray(x, dtype=np.float32).copy()
+                lib.set_handle(x_mem, address(x))
+        if y_mem is not None:
+            lib.set_handle(y_mem, address(y))
+        s = lib.stream()
+        omp = self.openmp
+        before = omp.get() if omp is not None else 0
+        if omp is not None:
+            omp.set(self.cap)
+        try:
+            for prim, args, n in self.prims:
+                status = lib.execute(prim, s, n, args)
+                if status != 0:
+                    raise DnnlError(f"oneDNN primitive_execute failed (status {status})")
+            lib.wait(s)
+        finally:
+            if omp is not None:
+                omp.set(before)
+
+
+class _ConvCall(_Call):
+    """A convolution's call (tests count them)."""
+
+
+class _PoolCall(_Call):
+    """A pool's call."""
+
+
+def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, int, int, int],
+               stride: tuple[int, int], dilation: tuple[int, int], groups: int,
+               ctx: Any, src_cl: bool = False, dst_cl: bool = False,
+               post: tuple[tuple[Any, ...], ...] = ()) -> list[Step] | None:
+    """A float32 convolution as one step on oneDNN; None when it does not apply (weights
+    computed per run, another dtype, post-ops it does not take). ``x`` and ``out`` are
+    NCHW arrays, or NHWC ones (shaped ``(n, h, w, c)``) where ``src_cl`` / ``dst_cl`` say
+    so: those need no reorder (``layout.py`` keeps chains of convolutions channels-last).
+    ``post``: post-ops applied as the output is written, each ``("eltwise", algorithm,
+    alpha, beta)`` or ``("add", array)``, an array of the output's shape and layout
+    (``dst_cl`` only)."""
+    if isinstance(w, Dyn) or any(getattr(a, "dtype", None) != np.float32 for a in (x, w, out)):
+        return None
+    if bias is not None and (isinstance(bias, Dyn) or bias.dtype != np.float32):
+        return None
+    if any(op[0] == "add" and (not dst_cl or isinstance(op[1], Dyn) or tuple(op[1].shape) != tuple(out.shape)
+                               or not op[1].flags.c_contiguous) for op in post):
+        return None
+    derived = getattr(ctx, "derived", None)
+    if src_cl:
+        n, h, wd, c = x.shape
+    else:
+        n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    if derived is None or out.size == 0:
+        return None
+    oh, ow = out.shape[1:3] if dst_cl else out.shape[2:]
+    pt, pl, pb, pr = pads
+    try:
+        src, dst = lib.md((n, c, h, wd), _ACDB), lib.md((n, o, oh, ow), _ACDB)
+        wshape = (o, cg, kh, kw) if groups == 1 else (groups, o // groups, cg, kh, kw)
+        w_any = lib.md(wshape, _ANY)
+        b_md = lib.md((o,), _TAG_A) if bias is not None else None
+        pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr),
+                         tuple(("add", dst) if op[0] == "add" else op for op in post))
+        if lib.impl(pd).startswith("ref"):  # oneDNN's reference loops: orders of magnitude slower than rlx's
+            raise DnnlError(f"only its reference implementation ({lib.impl(pd)}) takes it")
+        w_md = lib.query_md(pd, _QUERY_WEIGHTS_MD)
+        w_plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
+        w_reorder = lib.reorder(w_plain, w_md)
+    except DnnlError as exc:
+        log.debug("rlx-cpu: oneDNN declined a convolution %s -> %s: %s", tuple(x.shape), tuple(out.shape), exc)
+        return None
+    w_size = lib.size(w_md)
+
+    def make(src_w: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
+        if dest is None:
+            dest = aligned_empty(-(-w_size // 4), np.float32)
+        plain = np.ascontiguousarray(src_w, dtype=np.float32)
+        pair = (lib.memory(w_plain, plain.ctypes.data), lib.memory(w_md, dest.ctypes.data))
+        try:
+            lib.run(w_reorder, (_Arg * 2)(_Arg(_ARG_SRC, pair[0]), _Arg(_ARG_DST, pair[1])), 2)
+        finally:
+            lib.destroy(memories=pair)
+        return dest
+
+    wbuf = derived(w, ("onednn_conv_weights", wshape, lib.impl(pd)), make)
+    if wbuf is None:
+        return None
+    keep: list[Any] = [wbuf, w]
+    mems: dict[str, Any] = {"w": lib.memory(w_md, wbuf.ctypes.data)}
+    args = [(_ARG_WEIGHTS, mems["w"])]
+    if bias is not None:
+        mems["b"] = lib.memory(b_md, _addr(bias))
+        args.append((_ARG_BIAS, mems["b"]))
+        keep.append(bias)
+    for k, op in enumerate(post):
+        if op[0] == "add":  # the second tensor, laid out like the output (a plan buffer or resident)
+            keep.append(op[1])
+            mems[f"post{k}"] = lib.memory(dst, _addr(op[1]))
+            args.append((_ARG_POST_OP_BASE * (k + 1) | _ARG_SRC_1, mems[f"post{k}"]))
+    call = _layouted(_ConvCall, lib, pd, (src, dst), x, out, (n, c, h, wd), (n, o, oh, ow), (src_cl, dst_cl), ctx,
+                     args, keep, mems, [w_any, *((b_md,) if b_md is not None else ())])
+    # The weights' reorder (and its plain descriptor) are freed with the executable's
+    # derived array, which ``make`` refills.
+    weakref.finalize(wbuf, lib.destroy, (), (w_reorder,), (w_plain,))
+    return [Step(call, (x, out))]
+
+
+def _layouted(kind: type[_Call], lib: Dnnl, pd: Any, mds: tuple[Any, Any], x: Any, out: Any,
+              x_dims: tuple[int, ...], y_dims: tuple[int, ...], cl: tuple[bool, bool], ctx: Any,
+              args: list[tuple[int, Any]], keep: list[Any], mems: dict[str, Any], descs: list[Any]) -> _Call:
+    """The call running primitive ``pd`` (NHWC source and destination ``mds``) from ``x``
+    into ``out``: each read in place where it is NHWC (``cl``), else through a reorder
+    from NCHW (the source) or to NCHW (the result) in plan scratch; ``args``: the
+    primitive's other arguments (``(DNNL_ARG_*, memory)``). Every array whose address
+    oneDNN holds stays referenced by the call (a plan's scratch is a view of an arena
+    buffer that lives only as long as its views); the memories, descriptors and
+    primitives are freed with it (with the plan that holds its step)."""
+    src, dst = mds
+    descs = [*descs, src, dst]
+    pad = lib.query_md(pd, _QUERY_SCRATCHPAD_MD)
+    scratch = ctx.scratch((max(lib.size(pad) // 4 + 16, 1),), np.float32)
+    keep.append(scratch)
+    mems["pad"] = lib.memory(pad, _addr(scratch))
+    prims: list[tuple[Any, Any, int]] = []
+    handles: list[Any] = [None, None]
+
+    def held(arr: Any, md: Any, key: int) -> Any:
+        """A memory over ``arr`` itself (its address set per run when it is a caller's)."""
+        if isinstance(arr, Dyn):
+            handles[key] = lib.memory(md, 0)
+            return handles[key]
+        keep.append(arr)
+        return lib.memory(md, _addr(arr))
+
+    def reorder(a: str, b: str) -> tuple[Any, Any, int]:
+        return (lib.reorder(mds_of[a], mds_of[b]), (_Arg * 2)(_Arg(_ARG_SRC, mems[a]), _Arg(_ARG_DST, mems[b])), 2)
+
+    mds_of = {"x_nhwc": src, "y_nhwc": dst}
+    if cl[0]:
+        mems["x_nhwc"] = held(x, src, 0)
+    else:
+        mds_of["x"] = lib.md(x_dims, _ABCD)
+        descs.append(mds_of["x"])
+        x_nhwc = ctx.scratch((lib.size(src) // 4,), np.float32)
+        keep.append(x_nhwc)
+        mems["x"], mems["x_nhwc"] = held(x, mds_of["x"], 0), lib.memory(src, _addr(x_nhwc))
+        prims.append(reorder("x", "x_nhwc"))
+    if cl[1]:
+        mems["y_nhwc"] = held(out, dst, 1)
+    else:
+        y_nhwc = ctx.scratch((lib.size(dst) // 4,), np.float32)
+        keep.append(y_nhwc)
+        mems["y_nhwc"] = lib.memory(dst, _addr(y_nhwc))
+    main = [_Arg(_ARG_SRC, mems["x_nhwc"]), _Arg(_ARG_DST, mems["y_nhwc"]), _Arg(_ARG_SCRATCHPAD, mems["pad"]),
+            *(_Arg(a, m) for a, m in args)]
+    prims.append((lib.primitive(pd), (_Arg * len(main))(*main), len(main)))
+    if not cl[1]:
+        mds_of["y"] = lib.md(y_dims, _ABCD)
+        descs.append(mds_of["y"])
+        mems["y"] = held(out, mds_of["y"], 1)
+        prims.append(reorder("y_nhwc", "y"))
+    call = kind(lib, tuple(prims), (handles[0], handles[1]), tuple(keep))
+    weakref.finalize(call, lib.destroy, tuple(mems.values()), tuple(p for p, _, _ in prims), tuple(descs))
+    return call
+
+
+def pool_steps(lib: Dnnl, x: Any, out: Any, is_max: bool, include_pad: bool, kernel: tuple[int, int],
+               stride: tuple[int, int], dilation: tuple[int, int], pads: tuple[int, int, int, int], ctx: Any,
+               src_cl: bool = False, dst_cl: bool = False) -> list[Step] | None:
+    """A float32 max or average pool as one step on oneDNN (NHWC where ``src_cl`` /
+    ``dst_cl`` say so, like ``conv_steps``); None where it does not apply. ONNX's
+    ``ceil_mode`` windows become padding on the bottom and right, which a max pool
+    ignores and an average pool excluding padding does not count; an average pool
+    counting its padding is declined where that padding would count too."""
+    if any(getattr(a, "dtype", None) != np.float32 for a in (x, out)) or out.size == 0:
+        return None
+    n, c, h, wd = (x.shape[0], x.shape[3], x.shape[1], x.shape[2]) if src_cl else x.shape
+    oh, ow = out.shape[1:3] if dst_cl else out.shape[2:]
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    pt, pl, pb, pr = pads
+    # The bottom and right padding that makes oneDNN's floor division give ONNX's size.
+    pb2 = (oh - 1) * sh + (kh - 1) * dh + 1 - h - pt
+    pr2 = (ow - 1) * sw + (kw - 1) * dw + 1 - wd - pl
+    if pb2 < 0 or pr2 < 0 or (not is_max and include_pad and (pb2, pr2) != (pb, pr)):
+        return None
+    alg = _POOL_MAX if is_max else _POOL_AVG_INCLUDE if include_pad else _POOL_AVG_EXCLUDE
+    try:
+        src, dst = lib.md((n, c, h, wd), _ACDB), lib.md((n, c, oh, ow), _ACDB)
+        pd = lib.pool_pd(alg, src, dst, stride, kernel, dilation, (pt, pl), (pb2, pr2))
+        if lib.impl(pd).startswith("ref"):
+            raise DnnlError(f"only its reference implementation ({lib.impl(pd)}) takes it")
+    except DnnlError as exc:
+        log.debug("rlx-cpu: oneDNN declined a pool %s -> %s: %s", tuple(x.shape), tuple(out.shape), exc)
+        return None
+    call = _layouted(_PoolCall, lib, pd, (src, dst), x, out, (n, c, h, wd), (n, c, oh, ow), (src_cl, dst_cl), ctx,
+                     [], [], {}, [])
+    return [Step(call, (x, out))]
+
+
+def _addr(arr: np.ndarray) -> int:
+    """The address of a plan buffer or resident (fixed for the plan's life)."""
+    return int(arr.__array_interface__["data"][0])
+
+
+def concat_steps(lib: Dnnl, ins: list[Any], out: Any, axis: int, ctx: Any) -> list[Step] | None:
+    """A concat of float32 NHWC plan buffers (shaped ``(n, h, w, c)``) along ``axis`` of
+    that order, as oneDNN's concat (threaded, vectorized copies); None where an input is
+    a caller's array or not float32. numpy's copies into the strided channel blocks of an
+    NHWC output ran DenseNet's concats at twice the time of the NCHW model's."""
+    if any(isinstance(x, Dyn) or x.dtype != np.float32 or not x.flags.c_contiguous for x in (*ins, out)):
+        return None
+    to_nchw = (0, 3, 1, 2)  # oneDNN's logical order is NCHW: its dims, with the NHWC tag
+    try:
+        dst = lib.md(tuple(out.shape[p] for p in to_nchw), _ACDB)
+        srcs = [lib.md(tuple(x.shape[p] for p in to_nchw), _ACDB) for x in ins]
+        pd = lib.concat_pd(dst, to_nchw.index(axis), srcs)
+        if lib.impl(pd).startswith("ref"):
+            raise DnnlError(f"only its reference implementation ({lib.impl(pd)}) takes it")
+    except DnnlError as exc:
+        log.debug("rlx-cpu: oneDNN declined a concat into %s: %s", tuple(out.shape), exc)
+        return None
+    mems = [lib.memory(md, _addr(x)) for md, x in zip(srcs, ins)] + [lib.memory(dst, _addr(out))]
+    args = [_Arg(_ARG_MULTIPLE_SRC + i, m) for i, m in enumerate(mems[:-1])] + [_Arg(_ARG_DST, mems[-1])]
+    call = _Call(lib, ((lib.primitive(pd), (_Arg * len(args))(*args), len(args)),), (None, None), (*ins, out))
+    weakref.finalize(call, lib.destroy, tuple(mems), tuple(p for p, _, _ in call.prims), (dst, *srcs))
+    return [Step(call, (ins[0], out))]
