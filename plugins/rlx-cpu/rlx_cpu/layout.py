@@ -17,19 +17,27 @@ The plan (``plan``), once per compile, over the legal graph:
 
 - *Convolutions oneDNN takes* (float32, 4-D, weights and bias fixed at compile time, an
   output plane of more than one pixel: a squeeze-excitation's 1x1 planes stay on rlx's
-  matrix-vector kernel) read either layout and write either.
+  matrix-vector kernel) and *max and average pools* read either layout and write either
+  (``onednn_steps``: a reorder in plan scratch where a side is NCHW).
 - *Elementwise nodes* (plain ops and fused regions) over 4-D values compute the same
   function on NHWC operands when every operand is permuted alike: their full-size
   operands must all be held NHWC, and the broadcast ones (a per-channel ``(1, C, 1, 1)``,
   a scalar, an ``(N, C, 1, 1)`` scale) are read through a transposed view.
+- *Concats* of values all held NHWC are oneDNN's concat along the moved axis.
 - *Global average pooling* reads NHWC (its ``(N, C, 1, 1)`` output is the same memory in
   either layout).
+- *Transposes* to NHWC of a value held NHWC, and to NCHW of one held NCHW, are views
+  (``Plan.views``: ConvNeXt's blocks, models fed NHWC images).
 
-A value is held NHWC when its producer is one of the first two and every reader reads
-NHWC; it is never a graph output. The fixed point drops values until that holds, so
-every value reaches each reader in the layout the reader expects, and nothing outside a
-chain sees a change. ``RLX_CPU_LAYOUT=nchw`` turns it off (every convolution then goes
-the way ``onednn.use`` measured, with its reorders).
+A value is held NHWC when its producer is one of these and every reader reads NHWC; it is
+never a graph output. The fixed point drops values until that holds, so every value
+reaches each reader in the layout the reader expects, and nothing outside a chain sees a
+change. A fused convolution's epilogue becomes oneDNN post-ops where it maps to them
+(``post_ops``: clamps, scalar affine steps, a residual add, ReLU, SiLU, hard-swish,
+GELU, sigmoid, tanh), else a region over the output in its layout. Where oneDNN declines
+a node the plan chose (only its reference loops would take it), rlx's NCHW kernel runs it
+between transposes (``_via_nchw``). ``RLX_CPU_LAYOUT=nchw`` turns it all off (every
+convolution then goes the way ``onednn.use`` measured, with its reorders).
 """
 
 from __future__ import annotations
@@ -143,13 +151,13 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
     for node in nodes:
         for i in node.inputs:
             readers.setdefault(i, []).append(node.id)
-    # Convolutions and pools read either layout and write either (oneDNN reorders where needed).
-    convs = {n.id for n in nodes if buffered[n.id] and (_conv_on_dnnl(n, graph, fixed) or _pool(n))}
-    pools = {n.id for n in nodes if buffered[n.id] and n.op is OpKind.GLOBAL_AVG_POOL2D and n.dtype == "float32"}
+    # oneDNN's convolutions and pools read either layout and write either (reorders where needed).
+    either = {n.id for n in nodes if buffered[n.id] and (_conv_on_dnnl(n, graph, fixed) or _pool(n))}
+    gaps = {n.id for n in nodes if buffered[n.id] and n.op is OpKind.GLOBAL_AVG_POOL2D and n.dtype == "float32"}
     unwrap = {n.id for n in nodes if _transpose(n, TO_CL, fixed)}
     wrap = {n.id for n in nodes if _transpose(n, TO_NCHW, fixed)}
     concats = {n.id for n in nodes if buffered[n.id] and n.op is OpKind.CONCAT and len(n.shape) == 4}
-    cl = convs | wrap | concats | {n.id for n in nodes if buffered[n.id] and _elementwise(n, graph)}
+    cl = either | wrap | concats | {n.id for n in nodes if buffered[n.id] and _elementwise(n, graph)}
     outputs = set(graph.outputs)
 
     def reads_cl(nid: int, value: int) -> bool:
@@ -157,12 +165,12 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
         epilogue operand (never as weights), a pool as its input, a transpose to NHWC,
         an elementwise node when it is itself NHWC."""
         reader = nodes[nid]
-        if nid in convs:
+        if nid in either:
             if reader.op not in _CONVS:
                 return True
             n_conv = conv_inputs(reader.attrs) if reader.op is OpKind.FUSED_CONV else len(reader.inputs)
             return value not in reader.inputs[1:n_conv]
-        if nid in pools or nid in unwrap:
+        if nid in gaps or nid in unwrap:
             return True
         return nid in cl
 
@@ -176,7 +184,7 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
                 keep = node.inputs[0] not in cl
             elif keep and nid in concats:  # blocks of the channels (or any axis) of NHWC inputs
                 keep = all(i in cl for i in node.inputs)
-            elif keep and nid not in convs:  # elementwise: full-size operands NHWC, the others not
+            elif keep and nid not in either:  # elementwise: full-size operands NHWC, the others not
                 full = [i for i in node.inputs if tuple(nodes[i].shape) == tuple(node.shape)]
                 keep = (bool(full) and all(i in cl for i in full)
                         and not any(i in cl for i in node.inputs if i not in full))
