@@ -129,10 +129,12 @@ class _Scratch:
     once the node's steps are built (they are dead outside those steps); arrays derived
     from residents come from the executable (``CpuExecutable._derived``)."""
 
-    def __init__(self, arena: _Arena, derived: Callable[..., np.ndarray | None]) -> None:
+    def __init__(self, arena: _Arena, derived: Callable[..., np.ndarray | None],
+                 constant: Callable[[Any], bool]) -> None:
         self._arena = arena
         self._taken: list[np.ndarray] = []
         self.derived = derived
+        self.constant = constant
 
     def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -172,12 +174,14 @@ class _Group:
 
 
 class _Plan:
-    """One bound plan: its slots for the run's inputs and the function running it."""
+    """One bound plan: its slots for the run's inputs, the function running it, and the
+    generation of param values it was bound under (``CpuExecutable._generation``)."""
 
-    __slots__ = ("run", "slots", "stats")
+    __slots__ = ("generation", "run", "slots", "stats")
 
-    def __init__(self, run: Callable[[Any], list[np.ndarray]], slots: list[Any], stats: PlanStats) -> None:
-        self.run, self.slots, self.stats = run, slots, stats
+    def __init__(self, run: Callable[[Any], list[np.ndarray]], slots: list[Any], stats: PlanStats,
+                 generation: int) -> None:
+        self.run, self.slots, self.stats, self.generation = run, slots, stats, generation
 
 
 def _build_steps(builder: Callable[..., list[Step]], node: Node, ins: list[Any], out: np.ndarray,
@@ -220,6 +224,8 @@ class CpuExecutable(Executable):
         with thread_cap(self._thread_cap):
             self._fold(graph)
         self._plan_count = itertools.count(1)
+        self._baked: set[str] = set()  # params whose values some step holds as numbers (``_constant``)
+        self._generation = 0  # bumped by set_param of a baked param: plans bound before are dropped
         self._plans_built = 0
         first = self._bind_plan()
         self._stats = first.stats
@@ -364,6 +370,19 @@ class CpuExecutable(Executable):
             self._resident_deps.setdefault(id(_root(entry[2])), deps)
         return entry[2]
 
+    def _constant(self, array: Any) -> bool:
+        """``BuildContext.constant``: whether a step may hold ``array``'s values as numbers
+        (a oneDNN post-op's clamp bound): it is a resident. One a param reaches (the
+        dynamo exporter stores ReLU6's bounds as initializers) is recorded, and
+        ``set_param`` of that param drops the plans bound with its old values."""
+        if not isinstance(array, np.ndarray):
+            return False
+        deps = self._resident_deps.get(id(_root(array)))
+        if deps is None:
+            return False
+        self._baked |= deps
+        return True
+
     def _gemv_weights(self, graph: Graph) -> set[int]:
         """Resident 2-d transposes read only as the weights of one-row matmuls.
 
@@ -464,7 +483,7 @@ class CpuExecutable(Executable):
                 out = self._output_buffer(layout.builder_node(node) if nid in cl else node, values, groups, arena,
                                           stats)
             values[nid] = out
-            ctx = _Scratch(arena, self._derived)
+            ctx = _Scratch(arena, self._derived, self._constant)
             if nid in cl or any(i in cl for i in node.inputs):  # NHWC in or out (layout.py)
                 built = layout.steps(self._dnnl, node, ins, out, ctx, [i in cl for i in node.inputs], nid in cl,
                                      _build_with)
@@ -480,7 +499,7 @@ class CpuExecutable(Executable):
         stats.steps = len(steps)
         run = bind_run(self._input_names, steps, [values[i] for i in self._outputs], slots, fresh)
         self._plans_built = next(self._plan_count)
-        return _Plan(run, slots, stats)
+        return _Plan(run, slots, stats, self._generation)
 
     def _output_buffer(self, node: Node, values: dict[int, Any], groups: dict[int, _Group], arena: _Arena,
                        stats: PlanStats) -> np.ndarray:
@@ -538,7 +557,8 @@ class CpuExecutable(Executable):
                 raise InputError(f"graph {self._graph_name!r}: missing input(s) {missing}") from None
             raise
         finally:
-            pool.append(plan)
+            if plan.generation == self._generation:  # else bound before set_param changed a baked value
+                pool.append(plan)
 
     def set_param(self, name: str, value: np.ndarray) -> None:
         """Copy ``value`` into the param's resident array (seen by every plan) and
@@ -560,6 +580,10 @@ class CpuExecutable(Executable):
         for source, make, array, deps in self._derived_arrays.values():
             if name in deps:
                 make(source, array)  # in place: the plans' steps hold its address
+        if name in self._baked:  # steps hold its old values: plans are bound again, as they are needed
+            self._generation += 1
+            self._pool.clear()
+            self._narrow.clear()
 
     # ------------------------------------------------------------------ introspection
     def plan_stats(self) -> dict[str, int]:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -115,6 +115,22 @@ def _conv_on_dnnl(node: Node, graph: Graph, fixed: Sequence[bool]) -> bool:
     return node.shape[2] * node.shape[3] > 1
 
 
+_REDUCES = {OpKind.GLOBAL_AVG_POOL2D: "mean", OpKind.REDUCE_MEAN: "mean", OpKind.REDUCE_SUM: "sum",
+            OpKind.REDUCE_MAX: "max"}
+
+
+def _spatial_reduce(node: Node, graph: Graph) -> bool:
+    """A reduction over the two spatial axes of a 4-D float32 value (a global pool, or
+    a squeeze-excitation's ``ReduceMean(axes=(2, 3))`` as the dynamo exporter writes it):
+    its (N, C) or (N, C, 1, 1) result is the same memory whichever layout it read."""
+    if node.op not in _REDUCES or node.dtype != "float32" or len(graph.node(node.inputs[0]).shape) != 4:
+        return False
+    if node.op is OpKind.GLOBAL_AVG_POOL2D:
+        return True
+    axes = node.attrs.get("axes")
+    return axes is not None and sorted(a % 4 for a in axes) == [2, 3]
+
+
 def _pool(node: Node) -> bool:
     return node.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D) and node.dtype == "float32" and len(node.shape) == 4
 
@@ -153,7 +169,7 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
             readers.setdefault(i, []).append(node.id)
     # oneDNN's convolutions and pools read either layout and write either (reorders where needed).
     either = {n.id for n in nodes if buffered[n.id] and (_conv_on_dnnl(n, graph, fixed) or _pool(n))}
-    gaps = {n.id for n in nodes if buffered[n.id] and n.op is OpKind.GLOBAL_AVG_POOL2D and n.dtype == "float32"}
+    gaps = {n.id for n in nodes if buffered[n.id] and _spatial_reduce(n, graph)}
     unwrap = {n.id for n in nodes if _transpose(n, TO_CL, fixed)}
     wrap = {n.id for n in nodes if _transpose(n, TO_NCHW, fixed)}
     concats = {n.id for n in nodes if buffered[n.id] and n.op is OpKind.CONCAT and len(n.shape) == 4}
@@ -214,8 +230,8 @@ def steps(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_c
     ``node``'s NCHW kernel (for elementwise nodes, and every fallback)."""
     if node.op in _CONVS:
         return _conv(lib, node, ins, out, ctx, in_cl, out_cl, build)
-    if node.op is OpKind.GLOBAL_AVG_POOL2D:
-        return _global_avg_pool(ins[0], out)
+    if node.op in _REDUCES:
+        return _reduce_planes(_REDUCES[node.op], ins[0], out)
     if node.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D):
         a = node.attrs
         done = onednn_steps.pool_steps(lib, ins[0], out, node.op is OpKind.MAX_POOL2D, bool(a.get("count_include_pad")),
@@ -242,7 +258,7 @@ def _conv(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_c
     operands = [out]
     for x, cl in zip(ins[n_conv:], in_cl[n_conv:]):
         operands.append(x if cl == out_cl else cl_view(x) if out_cl else x.transpose(TO_NCHW))
-    post = post_ops(a["program"], operands) if node.op is OpKind.FUSED_CONV else ()
+    post = post_ops(a["program"], operands, getattr(ctx, "constant", None)) if node.op is OpKind.FUSED_CONV else ()
     args = (lib, ins[0], ins[1], bias, out, a["padding"], a["stride"], a["dilation"], a["groups"], ctx)
     done = onednn_steps.conv_steps(*args, src_cl=in_cl[0], dst_cl=out_cl, post=post or ()) if post is not None else None
     if done is not None:
@@ -260,12 +276,15 @@ _UNARY_POST = {"relu": ("relu", 0.0, 0.0), "sigmoid": ("logistic", 0.0, 0.0), "t
 _BIG = float(np.finfo(np.float32).max)
 
 
-def post_ops(program: Sequence[Any], operands: Sequence[Any]) -> tuple[tuple[Any, ...], ...] | None:
+def post_ops(program: Sequence[Any], operands: Sequence[Any],
+             constant: Callable[[Any], bool] | None = None) -> tuple[tuple[Any, ...], ...] | None:
     """A fused convolution's epilogue as oneDNN post-ops, or None where it is not a chain
     of them: each instruction must read the one before it (the first: the convolution's
     result) and at most one other operand, a scalar fixed at compile time (clamps, scales,
     shifts: ReLU6 is two) or, for an add, an array of the output's shape (a residual).
-    A product of an earlier value of the chain and a sigmoid or a hard sigmoid of it is
+    ``constant(array)`` says whether an operand is fixed for good (the build context's:
+    a constant's array, never a param's, which ``set_param`` may change); without it
+    only read-only arrays count. A product of an earlier value of the chain and a sigmoid or a hard sigmoid of it is
     SiLU or hard-swish (EfficientNet's, MobileNetV3's): one post-op."""
     m = len(operands)
     prev, found = 0, []
@@ -290,7 +309,7 @@ def post_ops(program: Sequence[Any], operands: Sequence[Any]) -> tuple[tuple[Any
             found.append(("eltwise", onednn.ELTWISE[alg], 0.0, 0.0))
         elif len(others) == 1 and op in ("maximum", "minimum", "add", "mul", "sub"):
             other = operands[others[0]]
-            c = _fixed_scalar(other)
+            c = _fixed_scalar(other, constant)
             if c is None:
                 if op != "add" or tuple(other.shape) != tuple(operands[0].shape):
                     return None
@@ -343,10 +362,11 @@ def _merged(ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return out
 
 
-def _fixed_scalar(x: Any) -> float | None:
-    """The value of a one-element operand fixed for good (a constant: read-only, so no
-    ``set_param`` can change it), else None."""
-    if not isinstance(x, np.ndarray) or x.size != 1 or x.flags.writeable or x.dtype != np.float32:
+def _fixed_scalar(x: Any, constant: Callable[[Any], bool] | None) -> float | None:
+    """The value of a one-element float32 operand fixed for good, else None."""
+    if not isinstance(x, np.ndarray) or x.size != 1 or x.dtype != np.float32:
+        return None
+    if not (constant(x) if constant is not None else not x.flags.writeable):
         return None
     value = float(x.reshape(()))
     return value if np.isfinite(value) else None
@@ -369,10 +389,14 @@ def _via_nchw(node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bo
     return first + build(node, nchw_ins, res, ctx) + [Step(np.copyto, (out, res.transpose(TO_CL)))]
 
 
-def _global_avg_pool(x: Any, out: Any) -> list[Any]:
-    """The mean of each channel of NHWC ``x`` (n, h, w, c) into ``out`` (n, c, 1, 1): per
-    image a row of ``1 / (h * w)`` times the (h * w, c) plane, on the BLAS."""
+def _reduce_planes(kind: str, x: Any, out: Any) -> list[Any]:
+    """The mean, sum or max of each channel of NHWC ``x`` (n, h, w, c) into ``out`` (its
+    n * c values in (n, c) order): a mean or sum is, per image, a row of ``1 / (h * w)``
+    (or ones) times the (h * w, c) plane, on the BLAS."""
     n, h, w, c = x.shape
-    row = np.full((1, h * w), 1.0 / (h * w), np.float32)
+    planes = x.reshape(n, h * w, c)
+    if kind == "max":
+        return [Step(np.max, (planes, 1, out.reshape(n, c)))]
+    row = np.full((1, h * w), 1.0 / (h * w) if kind == "mean" else 1.0, np.float32)
     row.flags.writeable = False
-    return [Step(np.matmul, (row, x.reshape(n, h * w, c), out.reshape(n, 1, c)))]
+    return [Step(np.matmul, (row, planes, out.reshape(n, 1, c)))]

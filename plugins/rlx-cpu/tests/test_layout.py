@@ -297,3 +297,37 @@ def test_pools_and_concats_inside_a_chain(name: str) -> None:
     g.set_outputs([g.relu(conv(g, cat, 19, 4, 4))])
     cg = check(g, {"x": rand((2, 4, 11, 11), 5)})
     assert {"pool", "cat", "branch_a", "branch_b"} <= held_cl(cg)
+
+
+def test_a_clamp_bound_held_in_a_param_follows_set_param() -> None:
+    """The dynamo exporter stores ReLU6's bounds as initializers (params here): oneDNN's
+    post-op holds the number, so set_param drops the plans bound with the old one."""
+    g = Graph("relu6")
+    x = g.input("x", (1, 4, 8, 8))
+    hi = g.param("hi", np.array(6.0, np.float32))
+    a = g.minimum(g.maximum(conv(g, x, 4, 4, 1), g.param("lo", np.array(0.0, np.float32))), hi)
+    g.set_outputs([g.relu(conv(g, a, 4, 4, 2))])
+    feeds = {"x": rand((1, 4, 8, 8), 3, 4.0)}
+    cg = check(g, feeds)
+    for value in (0.5, 2.0):
+        cg.set_param("hi", np.array(value, np.float32))
+        want = reference.evaluate(g, feeds, {"hi": np.array(value, np.float32)})[0]
+        np.testing.assert_allclose(cg.run(feeds)[0], want, rtol=2e-4, atol=2e-4)
+    assert cg._exe._baked == {"lo", "hi"}
+
+
+@pytest.mark.parametrize("reduce", ["reduce_mean", "reduce_sum", "reduce_max"])
+@pytest.mark.parametrize("keepdims", [True, False])
+def test_spatial_reductions_read_nhwc(reduce: str, keepdims: bool) -> None:
+    """A squeeze-excitation's squeeze as the dynamo exporter writes it (``ReduceMean`` over
+    the spatial axes) reads the chain's NHWC value; other axes do not."""
+    g = Graph("squeeze")
+    x = g.input("x", (2, 6, 7, 5))
+    h = g.relu(conv(g, x, 6, 6, 1), name="h")
+    s = getattr(g, reduce)(h, axes=(2, -1), keepdims=keepdims, name="squeezed")
+    s = s if keepdims else g.reshape(s, (2, 6, 1, 1))
+    other = g.reduce_mean(g.relu(conv(g, h, 6, 6, 2), name="k"), axes=(1,), keepdims=True, name="over_channels")
+    y = g.mul(conv(g, h, 6, 6, 3), g.sigmoid(s), name="excited")
+    g.set_outputs([g.relu(conv(g, y, 6, 6, 4)), other])
+    cg = check(g, {"x": rand((2, 6, 7, 5), 5)})
+    assert {"h", "excited"} <= held_cl(cg) and "k" not in held_cl(cg)
