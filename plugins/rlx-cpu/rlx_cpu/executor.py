@@ -18,6 +18,11 @@ has length 1: a batch-1 NCHW concat of channels) has its buffer taken when its f
 input is computed, and each input read by the concat alone is computed straight into its
 block (SqueezeNet's fire modules, Inception's branches): the concat copies only the rest.
 
+Layouts: where oneDNN is installed, ``layout.plan`` picks the values held channels-last
+(NHWC) between convolutions; a node reading or writing one is built by ``layout.steps``
+with NHWC arrays (same bytes, permuted shape), and the transposes it makes free are
+views like a reshape. Every other value, and every graph output, stays NCHW.
+
 Threads: a plan's buffers make it single-threaded, so the executable keeps a pool of
 plans; ``run`` pops one (a new one when the pool is empty), runs it and pushes it back.
 ``list.pop`` and ``list.append`` are atomic under the GIL: the hot path takes no lock.

@@ -137,6 +137,13 @@ class ThreadTuner:
     taken, the first probe of wide comes after ``confirm`` runs (then doubling as any
     losing probe does).
 
+    Why the comparison may stop early: each narrow trial of a model that threads speed up
+    costs up to a whole extra run (distilbert at batch 8: 120 ms wide, 220 ms narrow), and
+    the first comparison took 9 of the first 21 runs narrow, so a short benchmark or batch
+    measured the model at up to 1.7x its time. Once each mode has two counted runs and
+    every run of one took ``clear`` times the slowest of the other, that one has lost: the
+    comparison ends there (4 runs of the loser instead of 9).
+
     Why a tie goes to wide: a 2-vCPU VM sometimes runs a process as if it had one core
     for seconds at a time (the other vCPU not scheduled: wide and narrow then take the
     same time, mobilenet_v3_small about one and a half times as long as wide takes once the
@@ -148,11 +155,14 @@ class ThreadTuner:
     MODES = ("wide", "narrow")
 
     def __init__(self, *, warmup: int = 3, trials: int = 6, block: int = 3, probes: int = 3, window: int = 8,
-                 period: int = 64, max_period: int = 256, margin: float = 0.9, confirm: int = 8) -> None:
+                 period: int = 64, max_period: int = 256, margin: float = 0.9, confirm: int = 8,
+                 clear: float = 1.4) -> None:
         if block < 2:
             raise ValueError(f"ThreadTuner: block must be at least 2 (its first run is not counted), got {block}")
         self.warmup, self.trials, self.block, self.probes, self.window = warmup, trials, block, probes, window
         self.base_period, self.max_period, self.margin, self.confirm = period, max_period, margin, confirm
+        self.clear = clear
+        self._compared = False  # the first comparison is over (its schedule ran out, or one mode clearly lost)
         self.period = period
         self.mode = "wide"
         self._seen = 0
@@ -174,7 +184,7 @@ class ThreadTuner:
             if self._seen < self.warmup:
                 return "wide"
             k = self._seen - self.warmup
-            if k < len(self._schedule):  # the first comparison: blocks of each
+            if k < len(self._schedule) and not self._compared:  # the first comparison: blocks of each
                 return self._schedule[k][0]
             if self._probing is not None:
                 return self._other()
@@ -187,23 +197,21 @@ class ThreadTuner:
             if self._seen <= self.warmup:
                 return
             k = self._seen - self.warmup - 1
-            if k < len(self._schedule):
+            if k < len(self._schedule) and not self._compared:
                 planned, counted = self._schedule[k]
                 if counted and mode == planned:
                     self._samples[mode].append(seconds)
-                if k == len(self._schedule) - 1:
+                loser = self._clear_loser()
+                if loser is not None:
+                    self._settle("narrow" if loser == "wide" else "wide", planned)
+                elif k == len(self._schedule) - 1:
                     if not all(self._samples[m] for m in self.MODES):
                         # Runs from several threads at once took each other's planned slots, so a
                         # mode has no sample: stay wide; the periodic probes compare them later.
-                        self.mode, self._skip_next = "wide", planned != "wide"
+                        self.mode, self._skip_next, self._compared = "wide", planned != "wide", True
                         return
                     wide, narrow = (statistics.median(self._samples[m]) for m in self.MODES)
-                    self.mode = "narrow" if narrow < self.margin * wide else "wide"
-                    if self.mode == "narrow":
-                        self.period = self.confirm
-                    self._skip_next = self.mode != planned
-                    log.debug("rlx-cpu: threads: wide %.0f µs, narrow %.0f µs: %s", wide * 1e6, narrow * 1e6,
-                              self.mode)
+                    self._settle("narrow" if narrow < self.margin * wide else "wide", planned)
                 return
             if self._probing is not None and mode != self.mode:
                 self._probe_runs += 1
@@ -219,6 +227,27 @@ class ThreadTuner:
             self._since += 1
             if self._since >= self.period and len(self._recent) >= self.window:
                 self._probing, self._probe_runs, self._since = [], 0, 0
+
+    def _clear_loser(self) -> str | None:
+        """The mode whose every counted run took ``clear`` times the other's slowest, once
+        each has two (see the class doc), else None."""
+        wide, narrow = self._samples["wide"], self._samples["narrow"]
+        if len(wide) < 2 or len(narrow) < 2:
+            return None
+        if min(narrow) > self.clear * max(wide):
+            return "narrow"
+        if min(wide) > self.clear * max(narrow):
+            return "wide"
+        return None
+
+    def _settle(self, mode: str, planned: str) -> None:
+        """End the first comparison with ``mode`` (the run just observed was ``planned``)."""
+        self.mode, self._compared = mode, True
+        if mode == "narrow":
+            self.period = self.confirm
+        self._skip_next = mode != planned
+        wide, narrow = (statistics.median(self._samples[m]) for m in self.MODES)
+        log.debug("rlx-cpu: threads: wide %.0f µs, narrow %.0f µs: %s", wide * 1e6, narrow * 1e6, mode)
 
     def _other(self) -> str:
         return "narrow" if self.mode == "wide" else "wide"
