@@ -192,7 +192,7 @@ _PRINT_VERSIONS = (
 #: Benchmark scripts that rewrite their own sections of BENCHMARKS.md when given ``--write``.
 WRITES_BENCHMARKS_MD = ("overhead.py", "suite.py", "batch.py", "dynamic.py")
 #: Scripts with a session of their own (heavy extras: torch): ``nox -s zoo``.
-OWN_SESSION = ("zoo.py", "detector.py", "dynamic_exports.py")
+OWN_SESSION = ("zoo.py", "detector.py", "dynamic_exports.py", "layout.py")
 #: Tools that time the ONNX files they are given (``python bench/compile_time.py a.onnx``):
 #: there is no model of theirs to run here.
 NEEDS_MODEL_FILES = ("compile_time.py", "onnx_time.py")

@@ -35,12 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
 from ..ir import Graph
-from ..ir.specialize import REPRESENTATIVE_SIZES, representative
+from ..ir.specialize import REPRESENTATIVE_SIZES, input_shapes, representative
 from ..ir.valued import ValueDependentGraph
 from .compiled import CompiledGraph, CompileReport
-from .inputs import check_param_value, input_specs
+from .inputs import check_param_value
 
 __all__ = ["REPRESENTATIVE_SIZES", "DEFAULT_MAX_SHAPES", "representative", "DynamicCompiledGraph", "shape_key",
            "compile_symbolic", "describe_bindings", "ValueCompiledGraph"]
@@ -82,7 +81,6 @@ class DynamicCompiledGraph(CompiledGraph):
                          getattr(first, "_options", None))
         self._compile_shape = compile_shape
         self._max_shapes = max_shapes
-        self._names = tuple(spec.name for spec in input_specs(graph))
         self._params: dict[str, np.ndarray] = {}  # set_param's values, for copies compiled later
         self._classes: OrderedDict[tuple[tuple[str, int], ...], CompiledGraph] = OrderedDict()
         self._compiling = threading.Lock()  # one compile at a time; runs of compiled classes never wait
@@ -102,7 +100,7 @@ class DynamicCompiledGraph(CompiledGraph):
     def for_inputs(self, inputs: Mapping[str, Any]) -> CompiledGraph:
         """The compiled copy for the sizes of ``inputs`` (an ``InputError`` naming what is
         wrong when they fit no shape class of the graph)."""
-        bindings = self.graph.bind(self._shapes_of(inputs))
+        bindings = self.graph.bind(input_shapes(self.graph, inputs))
         key = shape_key(bindings)
         cg = self._classes.get(key)
         if cg is not None:
@@ -121,33 +119,6 @@ class DynamicCompiledGraph(CompiledGraph):
                     log.debug("graph %r: shape class %s dropped (max_shapes=%d)", self.graph.name,
                               describe_bindings(dict(dropped)), self._max_shapes)
         return cg
-
-    def _shapes_of(self, inputs: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-        """Each graph input's shape as given; names missing or unknown are left to the
-        full validation of the copy that runs (the same messages as a static graph's)."""
-        if not isinstance(inputs, Mapping):
-            raise InputError(f"inputs must be a mapping of input name to array, got {type(inputs).__name__}")
-        missing = [n for n in self._names if n not in inputs]
-        unknown = [k for k in inputs if k not in self._names]
-        if missing or unknown:
-            parts = []
-            if missing:
-                parts.append(f"missing input(s) {', '.join(repr(m) for m in missing)}")
-            if unknown:
-                parts.append(f"unknown input(s) {', '.join(repr(u) for u in unknown)}")
-            raise InputError(" and ".join(parts) + "; the graph takes " + ", ".join(
-                f"{s.name!r} {_shape_text(s.shape)} {s.dtype}" for s in input_specs(self.graph)))
-        shapes: dict[str, tuple[int, ...]] = {}
-        for name in self._names:
-            value = inputs[name]
-            shape = getattr(value, "shape", None)
-            if shape is None:
-                shape = np.shape(value)
-            try:
-                shapes[name] = tuple(int(d) for d in shape)
-            except (TypeError, ValueError):
-                raise InputError(f"input {name!r}: cannot read its shape ({type(value).__name__})") from None
-        return shapes
 
     def _compile(self, bindings: Mapping[str, int]) -> CompiledGraph:
         t0 = time.perf_counter()
@@ -283,7 +254,3 @@ class ValueCompiledGraph(DynamicCompiledGraph):
 
     def __repr__(self) -> str:
         return f"<ValueCompiledGraph {self.graph.name!r} on {self._device}, {len(self._classes)} set(s) of values>"
-
-
-def _shape_text(shape: tuple[Any, ...]) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"

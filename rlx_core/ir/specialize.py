@@ -14,15 +14,17 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..errors import GraphError, InputError
 from .ops import OpKind
 from .shape_rules import Constraint, evaluate_attr
-from .symbolic import Sym, UnboundSymbolError, evaluate, free_symbols
+from .symbolic import Sym, UnboundSymbolError, evaluate, format_shape, free_symbols
 
 if TYPE_CHECKING:
     from .graph import Graph
 
-__all__ = ["bind_shapes", "specialize_graph", "representative", "REPRESENTATIVE_SIZES"]
+__all__ = ["input_shapes", "bind_shapes", "specialize_graph", "representative", "REPRESENTATIVE_SIZES"]
 
 #: Sizes tried, in order, for every symbol when a symbolic graph must be priced or placed.
 REPRESENTATIVE_SIZES = (16, 64, 224)
@@ -39,6 +41,34 @@ def _values(c: Constraint, bindings: Mapping[str, int]) -> str:
 def _describe(graph: Graph, c: Constraint) -> str:
     where = graph.node(c.node).describe() if c.node is not None else "a node"
     return f"constraint {c} (from {c.op} {where}: {c.why})"
+
+
+def input_shapes(graph: Graph, inputs: Any) -> dict[str, tuple[int, ...]]:
+    """The shape of each of ``graph``'s inputs in ``inputs`` (a mapping of input name to
+    array), as the caller gave it: what ``bind_shapes`` reads the symbols from. An
+    ``InputError`` names the inputs missing or unknown (and lists what the graph takes),
+    or an input whose shape cannot be read. Symbolic and run-time graphs both read their
+    inputs' sizes this way before anything is built."""
+    if not isinstance(inputs, Mapping):
+        raise InputError(f"inputs must be a mapping of input name to array, got {type(inputs).__name__}")
+    declared = [graph.node(i) for i in graph.inputs]
+    names = [n.name for n in declared]
+    missing = [n for n in names if n not in inputs]
+    unknown = [k for k in inputs if k not in names]
+    if missing or unknown:
+        parts = [f"missing input(s) {', '.join(map(repr, missing))}"] if missing else []
+        parts += [f"unknown input(s) {', '.join(map(repr, unknown))}"] if unknown else []
+        takes = ", ".join(f"{n.name!r} {format_shape(n.shape)} {n.dtype}" for n in declared)
+        raise InputError(" and ".join(parts) + f"; the graph takes {takes}")
+    shapes = {}
+    for name in names:
+        value = inputs[name]
+        shape = getattr(value, "shape", None)
+        try:
+            shapes[name] = tuple(int(d) for d in (np.shape(value) if shape is None else shape))
+        except (TypeError, ValueError):
+            raise InputError(f"input {name!r}: cannot read its shape ({type(value).__name__})") from None
+    return shapes
 
 
 def bind_shapes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:

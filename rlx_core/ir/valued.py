@@ -90,26 +90,10 @@ class RunTimeGraph(Graph):
 
     def input_shapes(self, inputs: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         """The shape of each input in ``inputs``; ``InputError`` naming the inputs missing
-        or unknown, or one whose shape cannot be read."""
-        if not isinstance(inputs, Mapping):
-            raise InputError(f"inputs must be a mapping of input name to array, got {type(inputs).__name__}")
-        names = [self._nodes[i].name for i in self._inputs]
-        missing = [n for n in names if n not in inputs]
-        unknown = [k for k in inputs if k not in names]
-        if missing or unknown:
-            parts = [f"missing input(s) {', '.join(map(repr, missing))}"] if missing else []
-            parts += [f"unknown input(s) {', '.join(map(repr, unknown))}"] if unknown else []
-            takes = ", ".join(f"{n.name!r} {format_shape(n.shape)} {n.dtype}" for n in map(self.node, self._inputs))
-            raise InputError(" and ".join(parts) + f"; graph {self.name!r} takes {takes}")
-        shapes = {}
-        for name in names:
-            value = inputs[name]
-            shape = getattr(value, "shape", None)
-            try:
-                shapes[name] = tuple(int(d) for d in (np.shape(value) if shape is None else shape))
-            except (TypeError, ValueError):
-                raise InputError(f"input {name!r}: cannot read its shape ({type(value).__name__})") from None
-        return shapes
+        or unknown, or one whose shape cannot be read (``specialize.input_shapes``)."""
+        from .specialize import input_shapes
+
+        return input_shapes(self, inputs)
 
     def specialize(self, bindings: Mapping[str, int]) -> Graph:
         raise GraphError(f"specialize: {self.needs()}")
