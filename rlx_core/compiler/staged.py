@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ConfigError, InputError
 from ..ir import Graph
-from ..ir.staged import HostStep, StagedGraph
+from ..ir.staged import HostStep, StagedGraph, shown_ops
 from ..ir.valued import RunTimeGraph
 from .compiled import CompiledGraph, CompileReport
 from .dynamic import DEFAULT_MAX_SHAPES
@@ -151,21 +151,5 @@ def _hand(graph: Graph, cg: CompiledGraph, name: str, value: np.ndarray) -> bool
 
 def _plan(graph: StagedGraph) -> list[str]:
     """The steps as the report lists them (a run of host steps as one line)."""
-    lines: list[str] = []
-    run: list[str] = []
-    for i, step in enumerate(graph.steps):
-        if isinstance(step, HostStep):
-            run.append(step.describe())
-            continue
-        if run:
-            lines.append(_host_line(run))
-            run = []
-        lines.append(f"step {i + 1}: {step.what}")
-    if run:
-        lines.append(_host_line(run))
-    return lines
-
-
-def _host_line(ops: list[str]) -> str:
-    shown = ", ".join(ops[:3]) + (f" and {len(ops) - 3} more" if len(ops) > 3 else "")
-    return f"on the host (numpy): {shown}"
+    return [f"step {i + 1}: {what}" if what is not None else f"on the host (numpy): {shown_ops(hosts)}"
+            for i, what, hosts in graph.step_groups()]

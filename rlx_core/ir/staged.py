@@ -249,32 +249,34 @@ class StagedGraph(RunTimeGraph):
             env.update(zip(step.writes, run_graph(index, graph, feed)))
         return [np.asarray(env[name]) for name in self._output_names]
 
+    def step_groups(self) -> list[tuple[int, str | None, tuple[str, ...]]]:
+        """The steps as reports show them: ``(index, what, ())`` for a compiled step, and
+        ``(index of the first, None, descriptions)`` for each run of host steps."""
+        groups: list[tuple[int, str | None, tuple[str, ...]]] = []
+        for i, step in enumerate(self._steps):
+            if not isinstance(step, HostStep):
+                groups.append((i, step.what, ()))
+            elif groups and groups[-1][1] is None:
+                groups[-1] = (groups[-1][0], None, (*groups[-1][2], step.describe()))
+            else:
+                groups.append((i, None, (step.describe(),)))
+        return groups
+
     def summary(self) -> str:
-        parts = _grouped([s.describe() + " on the host" if isinstance(s, HostStep) else s.what for s in self._steps])
+        parts = []
+        for _, what, hosts in self.step_groups():
+            parts += [what] if what is not None else [f"{shown_ops(hosts)} on the host"]
         return (f"Graph {self.name!r}: run in steps ({'; '.join(parts)}); inputs {self._inputs_text()}; "
                 f"outputs {', '.join(self._output_names)}")
 
     def __repr__(self) -> str:
         hosts = [s.describe() for s in self._steps if isinstance(s, HostStep)]
-        shown = ", ".join(hosts[:3]) + (f" and {len(hosts) - 3} more" if len(hosts) > 3 else "")
-        return f"StagedGraph({self.name!r}, {len(self._steps)} steps, on the host: {shown or 'none'})"
+        return f"StagedGraph({self.name!r}, {len(self._steps)} steps, on the host: {shown_ops(hosts) or 'none'})"
 
 
-def _grouped(parts: list[str]) -> list[str]:
-    """Runs of more than three host steps shown as their first and a count."""
-    out: list[str] = []
-    i = 0
-    while i < len(parts):
-        j = i
-        while j < len(parts) and parts[j].endswith(" on the host"):
-            j += 1
-        if j - i > 3:
-            out += [parts[i], f"and {j - i - 1} more ops on the host"]
-            i = j
-        else:
-            out.append(parts[i])
-            i += 1
-    return out
+def shown_ops(ops: Sequence[str], first: int = 3) -> str:
+    """``a, b, c and 4 more``: how reports name a run of host ops."""
+    return ", ".join(ops[:first]) + (f" and {len(ops) - first} more" if len(ops) > first else "")
 
 
 def signature(names: Sequence[str], env: Mapping[str, Any], values: Sequence[str] = ()) -> Signature:
