@@ -234,9 +234,9 @@ def steps(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_c
         return _reduce_planes(_REDUCES[node.op], ins[0], out)
     if node.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D):
         a = node.attrs
-        done = onednn_steps.pool_steps(lib, ins[0], out, node.op is OpKind.MAX_POOL2D, bool(a.get("count_include_pad")),
-                                 a["kernel"], a["stride"], a.get("dilation", (1, 1)), a["padding"], ctx,
-                                 src_cl=in_cl[0], dst_cl=out_cl)
+        done = onednn_steps.pool_steps(lib, ins[0], out, node.op is OpKind.MAX_POOL2D,
+                                       bool(a.get("count_include_pad")), a["kernel"], a["stride"],
+                                       a.get("dilation", (1, 1)), a["padding"], ctx, src_cl=in_cl[0], dst_cl=out_cl)
         return done if done is not None else _via_nchw(node, ins, out, ctx, in_cl, out_cl, build)
     if node.op is OpKind.CONCAT:
         flat = builder_node(node)
@@ -282,10 +282,11 @@ def post_ops(program: Sequence[Any], operands: Sequence[Any],
     of them: each instruction must read the one before it (the first: the convolution's
     result) and at most one other operand, a scalar fixed at compile time (clamps, scales,
     shifts: ReLU6 is two) or, for an add, an array of the output's shape (a residual).
-    ``constant(array)`` says whether an operand is fixed for good (the build context's:
-    a constant's array, never a param's, which ``set_param`` may change); without it
-    only read-only arrays count. A product of an earlier value of the chain and a sigmoid or a hard sigmoid of it is
-    SiLU or hard-swish (EfficientNet's, MobileNetV3's): one post-op."""
+    ``constant(array)`` says whether a step may hold an operand's value as a number (the
+    build context's: a resident, whose params the executable then watches: ``set_param``
+    of one binds its plans again); without it only read-only arrays count. A product of
+    an earlier value of the chain and a sigmoid or a hard sigmoid of it is SiLU or
+    hard-swish (EfficientNet's, MobileNetV3's): one post-op."""
     m = len(operands)
     prev, found = 0, []
     at = {0: 0}  # a value of the chain -> how many post-ops had been found when it was the result
