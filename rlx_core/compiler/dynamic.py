@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph
-from ..ir.specialize import REPRESENTATIVE_SIZES, input_shapes, representative
+from ..ir.specialize import REPRESENTATIVE_SIZES, representative
 from ..ir.valued import ValueDependentGraph
 from .compiled import CompiledGraph, CompileReport
 from .inputs import check_param_value
@@ -100,7 +100,7 @@ class DynamicCompiledGraph(CompiledGraph):
     def for_inputs(self, inputs: Mapping[str, Any]) -> CompiledGraph:
         """The compiled copy for the sizes of ``inputs`` (an ``InputError`` naming what is
         wrong when they fit no shape class of the graph)."""
-        bindings = self.graph.bind(input_shapes(self.graph, inputs))
+        bindings = self.graph.bind(self.graph.input_shapes(inputs))
         key = shape_key(bindings)
         cg = self._classes.get(key)
         if cg is not None:

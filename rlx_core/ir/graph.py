@@ -187,6 +187,14 @@ class Graph(OpBuilders):
         the op and node that required it; ``bind`` checks them."""
         return tuple(self._constraints)
 
+    def input_shapes(self, inputs: Any) -> dict[str, tuple[int, ...]]:
+        """The shape of each input in ``inputs`` (a mapping of input name to array), for
+        ``bind``; ``InputError`` naming the inputs missing or unknown, or one whose shape
+        cannot be read."""
+        from .specialize import input_shapes
+
+        return input_shapes(self, inputs)
+
     def bind(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
         """The value of every symbol, from the inputs' concrete shapes (input name -> shape).
         ``InputError`` names the input, dim, symbol and conflicting sizes, a wrong rank, a

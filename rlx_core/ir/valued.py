@@ -88,13 +88,6 @@ class RunTimeGraph(Graph):
     def output_names(self) -> list[str]:
         return list(self._output_names)
 
-    def input_shapes(self, inputs: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-        """The shape of each input in ``inputs``; ``InputError`` naming the inputs missing
-        or unknown, or one whose shape cannot be read (``specialize.input_shapes``)."""
-        from .specialize import input_shapes
-
-        return input_shapes(self, inputs)
-
     def specialize(self, bindings: Mapping[str, int]) -> Graph:
         raise GraphError(f"specialize: {self.needs()}")
 
