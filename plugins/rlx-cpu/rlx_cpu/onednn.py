@@ -223,14 +223,26 @@ class Dnnl:
         self._lib.dnnl_primitive_desc_query(pd, _QUERY_IMPL_INFO, 0, ctypes.byref(text))
         return (text.value or b"?").decode()
 
-    def destroy(self, memories: Any = (), primitives: Any = (), descs: Any = ()) -> None:
-        """Free oneDNN objects this module created (never a descriptor a query returned)."""
+    def clone_md(self, md: Any) -> Any:
+        """A memory descriptor of our own equal to ``md`` (one a query returned lives only
+        as long as its primitive descriptor)."""
+        m = _P()
+        self._ok(self._lib.dnnl_memory_desc_clone(ctypes.byref(m), md), "memory_desc_clone")
+        return m
+
+    def destroy(self, memories: Any = (), primitives: Any = (), descs: Any = (), pds: Any = ()) -> None:
+        """Free oneDNN objects this module created (never a descriptor a query returned).
+        A primitive descriptor can go as soon as its primitive exists: the primitive keeps
+        what it needs (each compile of a dynamic shape made them, so holding them grew a
+        server's memory with every new size)."""
         for m in memories:
             self._lib.dnnl_memory_destroy(m)
         for p in primitives:
             self._lib.dnnl_primitive_destroy(p)
         for d in descs:
             self._lib.dnnl_memory_desc_destroy(d)
+        for pd in pds:
+            self._lib.dnnl_primitive_desc_destroy(pd)
 
     def run(self, prim: Any, args: Any, nargs: int) -> None:
         s = self.stream()

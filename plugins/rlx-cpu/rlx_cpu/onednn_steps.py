@@ -158,6 +158,7 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
         return None
     oh, ow = out.shape[1:3] if dst_cl else out.shape[2:]
     pt, pl, pb, pr = pads
+    pd = None
     try:
         src, dst = lib.md((n, c, h, wd), _ACDB), lib.md((n, o, oh, ow), _ACDB)
         wshape = (o, cg, kh, kw) if groups == 1 else (groups, o // groups, cg, kh, kw)
@@ -165,14 +166,30 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
         b_md = lib.md((o,), _TAG_A) if bias is not None else None
         pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr),
                          tuple(("add", dst) if op[0] == "add" else op for op in post))
-        if lib.impl(pd).startswith("ref"):  # oneDNN's reference loops: orders of magnitude slower than rlx's
-            raise DnnlError(f"only its reference implementation ({lib.impl(pd)}) takes it")
-        w_md = lib.query_md(pd, _QUERY_WEIGHTS_MD)
+        impl = lib.impl(pd)
+        if impl.startswith("ref"):  # oneDNN's reference loops: orders of magnitude slower than rlx's
+            raise DnnlError(f"only its reference implementation ({impl}) takes it")
+        w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))  # make() needs it after pd is gone
         w_plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
         w_reorder = lib.reorder(w_plain, w_md)
     except DnnlError as exc:
         log.debug("rlx-cpu: oneDNN declined a convolution %s -> %s: %s", tuple(x.shape), tuple(out.shape), exc)
+        if pd is not None:
+            lib.destroy(pds=(pd,))
         return None
+    try:
+        return _conv_call(lib, pd, impl, x, w, bias, out, post, (src, dst, w_any, b_md, w_md, w_plain, w_reorder),
+                          (n, c, h, wd), (n, o, oh, ow), wshape, (src_cl, dst_cl), ctx)
+    finally:
+        lib.destroy(pds=(pd,))
+
+
+def _conv_call(lib: Dnnl, pd: Any, impl: str, x: Any, w: Any, bias: Any, out: Any, post: tuple[tuple[Any, ...], ...],
+               objs: tuple[Any, ...], x_dims: tuple[int, ...], y_dims: tuple[int, ...], wshape: tuple[int, ...],
+               cl: tuple[bool, bool], ctx: Any) -> list[Step] | None:
+    """``conv_steps``' step once oneDNN took the convolution (``pd``; ``objs``: the
+    descriptors and the weights' reorder made for it)."""
+    src, dst, w_any, b_md, w_md, w_plain, w_reorder = objs
     w_size = lib.size(w_md)
 
     def make(src_w: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
@@ -186,8 +203,9 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
             lib.destroy(memories=pair)
         return dest
 
-    wbuf = derived(w, ("onednn_conv_weights", wshape, lib.impl(pd)), make)
+    wbuf = ctx.derived(w, ("onednn_conv_weights", wshape, impl), make)
     if wbuf is None:
+        lib.destroy((), (w_reorder,), (w_plain, w_md))
         return None
     keep: list[Any] = [wbuf, w]
     mems: dict[str, Any] = {"w": lib.memory(w_md, wbuf.ctypes.data)}
@@ -201,11 +219,11 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
             keep.append(op[1])
             mems[f"post{k}"] = lib.memory(dst, _addr(op[1]))
             args.append((_ARG_POST_OP_BASE * (k + 1) | _ARG_SRC_1, mems[f"post{k}"]))
-    call = _layouted(_ConvCall, lib, pd, (src, dst), x, out, (n, c, h, wd), (n, o, oh, ow), (src_cl, dst_cl), ctx,
-                     args, keep, mems, [w_any, *((b_md,) if b_md is not None else ())])
-    # The weights' reorder (and its plain descriptor) are freed with the executable's
-    # derived array, which ``make`` refills.
-    weakref.finalize(wbuf, lib.destroy, (), (w_reorder,), (w_plain,))
+    call = _layouted(_ConvCall, lib, pd, (src, dst), x, out, x_dims, y_dims, cl, ctx, args, keep, mems,
+                     [w_any, *((b_md,) if b_md is not None else ())])
+    # The weights' reorder (and its descriptors) are freed with the executable's derived
+    # array, which ``make`` refills.
+    weakref.finalize(wbuf, lib.destroy, (), (w_reorder,), (w_plain, w_md))
     return [Step(call, (x, out))]
 
 
@@ -288,16 +306,20 @@ def pool_steps(lib: Dnnl, x: Any, out: Any, is_max: bool, include_pad: bool, ker
     if pb2 < 0 or pr2 < 0 or (not is_max and include_pad and (pb2, pr2) != (pb, pr)):
         return None
     alg = _POOL_MAX if is_max else _POOL_AVG_INCLUDE if include_pad else _POOL_AVG_EXCLUDE
+    pd = None
     try:
         src, dst = lib.md((n, c, h, wd), _ACDB), lib.md((n, c, oh, ow), _ACDB)
         pd = lib.pool_pd(alg, src, dst, stride, kernel, dilation, (pt, pl), (pb2, pr2))
         if lib.impl(pd).startswith("ref"):
             raise DnnlError(f"only its reference implementation ({lib.impl(pd)}) takes it")
+        call = _layouted(_PoolCall, lib, pd, (src, dst), x, out, (n, c, h, wd), (n, c, oh, ow), (src_cl, dst_cl),
+                         ctx, [], [], {}, [])
     except DnnlError as exc:
         log.debug("rlx-cpu: oneDNN declined a pool %s -> %s: %s", tuple(x.shape), tuple(out.shape), exc)
         return None
-    call = _layouted(_PoolCall, lib, pd, (src, dst), x, out, (n, c, h, wd), (n, c, oh, ow), (src_cl, dst_cl), ctx,
-                     [], [], {}, [])
+    finally:
+        if pd is not None:
+            lib.destroy(pds=(pd,))
     return [Step(call, (x, out))]
 
 
@@ -314,17 +336,22 @@ def concat_steps(lib: Dnnl, ins: list[Any], out: Any, axis: int, ctx: Any) -> li
     if any(isinstance(x, Dyn) or x.dtype != np.float32 or not x.flags.c_contiguous for x in (*ins, out)):
         return None
     to_nchw = (0, 3, 1, 2)  # oneDNN's logical order is NCHW: its dims, with the NHWC tag
+    pd = None
     try:
         dst = lib.md(tuple(out.shape[p] for p in to_nchw), _ACDB)
         srcs = [lib.md(tuple(x.shape[p] for p in to_nchw), _ACDB) for x in ins]
         pd = lib.concat_pd(dst, to_nchw.index(axis), srcs)
         if lib.impl(pd).startswith("ref"):
             raise DnnlError(f"only its reference implementation ({lib.impl(pd)}) takes it")
+        prim = lib.primitive(pd)
     except DnnlError as exc:
         log.debug("rlx-cpu: oneDNN declined a concat into %s: %s", tuple(out.shape), exc)
         return None
+    finally:
+        if pd is not None:
+            lib.destroy(pds=(pd,))
     mems = [lib.memory(md, _addr(x)) for md, x in zip(srcs, ins)] + [lib.memory(dst, _addr(out))]
     args = [_Arg(_ARG_MULTIPLE_SRC + i, m) for i, m in enumerate(mems[:-1])] + [_Arg(_ARG_DST, mems[-1])]
-    call = _Call(lib, ((lib.primitive(pd), (_Arg * len(args))(*args), len(args)),), (None, None), (*ins, out))
+    call = _Call(lib, ((prim, (_Arg * len(args))(*args), len(args)),), (None, None), (*ins, out))
     weakref.finalize(call, lib.destroy, tuple(mems), tuple(p for p, _, _ in call.prims), (dst, *srcs))
     return [Step(call, (ins[0], out))]

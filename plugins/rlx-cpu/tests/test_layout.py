@@ -331,3 +331,36 @@ def test_spatial_reductions_read_nhwc(reduce: str, keepdims: bool) -> None:
     g.set_outputs([g.relu(conv(g, y, 6, 6, 4)), other])
     cg = check(g, {"x": rand((2, 6, 7, 5), 5)})
     assert {"h", "excited"} <= held_cl(cg) and "k" not in held_cl(cg)
+
+
+def test_every_primitive_descriptor_is_freed_once_its_primitive_exists(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each compile of a new size (dynamic shapes) makes a descriptor per convolution,
+    pool and concat: held, they grew a server's memory with every size it met."""
+    lib = onednn.library()
+    made: list[int] = []
+    freed: list[int] = []
+    cls = type(lib)
+    for name in ("conv_pd", "pool_pd", "concat_pd"):
+        real = getattr(cls, name)
+
+        def spy(self: Any, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            pd = _real(self, *args, **kwargs)
+            made.append(pd.value)
+            return pd
+
+        monkeypatch.setattr(cls, name, spy)
+    real_destroy = cls.destroy
+
+    def destroy(self: Any, memories: Any = (), primitives: Any = (), descs: Any = (), pds: Any = ()) -> None:
+        freed.extend(pd.value for pd in pds)
+        real_destroy(self, memories, primitives, descs, pds)
+
+    monkeypatch.setattr(cls, "destroy", destroy)
+    g = Graph("inception")
+    x = g.input("x", (1, 4, 11, 11))
+    h = g.relu(conv(g, x, 4, 8, 1))
+    p = g.max_pool2d(h, kernel=3, stride=2, padding=1)
+    cat = g.concat([g.relu(conv(g, p, 8, 6, 2, k=1)), p], axis=1)
+    g.set_outputs([g.relu(conv(g, cat, 14, 4, 3))])
+    check(g, {"x": rand((1, 4, 11, 11), 5)})
+    assert len(made) >= 5 and sorted(made) == sorted(freed)
