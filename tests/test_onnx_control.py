@@ -104,15 +104,21 @@ def test_a_loop_longer_than_the_unroll_limit_runs_from_the_host() -> None:
     check_against_ort(model, {"x": RNG.standard_normal(3).astype(np.float32)}, rtol=1e-4)
 
 
-@pytest.mark.parametrize(("in_dir", "out_dir", "out_axis"), [(0, 0, 0), (1, 0, 0), (0, 1, 1), (1, 1, -1)])
-def test_scan_carries_states_and_stacks_outputs(in_dir: int, out_dir: int, out_axis: int) -> None:
+def _scan_node(width: int, factor: str, in_dir: int, out_dir: int, out_axis: int) -> onnx.NodeProto:
+    """A Scan over the columns of ``xs`` (width rows) carrying ``acc = acc + row`` and
+    stacking ``y = acc * factor`` (``row``, or a tensor of the enclosing graph)."""
     body = helper.make_graph(
-        [helper.make_node("Add", ["acc", "row"], ["acc_out"]), helper.make_node("Mul", ["acc_out", "row"], ["y"])],
-        "body", [helper.make_tensor_value_info("acc", F, [4]), helper.make_tensor_value_info("row", F, [4])],
-        [helper.make_tensor_value_info("acc_out", F, [4]), helper.make_tensor_value_info("y", F, [4])])
-    node = helper.make_node("Scan", ["init", "xs"], ["final", "ys"], body=body, num_scan_inputs=1,
+        [helper.make_node("Add", ["acc", "row"], ["acc_out"]), helper.make_node("Mul", ["acc_out", factor], ["y"])],
+        "body", [helper.make_tensor_value_info("acc", F, [width]), helper.make_tensor_value_info("row", F, [width])],
+        [helper.make_tensor_value_info("acc_out", F, [width]), helper.make_tensor_value_info("y", F, [width])])
+    return helper.make_node("Scan", ["init", "xs"], ["final", "ys"], body=body, num_scan_inputs=1,
                             scan_input_axes=[1], scan_input_directions=[in_dir], scan_output_axes=[out_axis],
                             scan_output_directions=[out_dir])
+
+
+@pytest.mark.parametrize(("in_dir", "out_dir", "out_axis"), [(0, 0, 0), (1, 0, 0), (0, 1, 1), (1, 1, -1)])
+def test_scan_carries_states_and_stacks_outputs(in_dir: int, out_dir: int, out_axis: int) -> None:
+    node = _scan_node(4, "row", in_dir, out_dir, out_axis)
     model = make_model([node], [vi("init", "float32", [4]), vi("xs", "float32", [4, 5])],
                        [vi("final", "float32", None), vi("ys", "float32", None)], opset=16)
     check_against_ort(model, {"init": RNG.standard_normal(4).astype(np.float32),
@@ -155,13 +161,7 @@ def test_a_torchscript_export_with_a_loop_over_a_dynamic_dim_and_a_shape_check()
 @pytest.mark.parametrize(("in_dir", "out_dir", "out_axis"), [(0, 0, 0), (1, 1, -1)])
 def test_a_scan_longer_than_the_unroll_limit_runs_from_the_host(in_dir: int, out_dir: int, out_axis: int) -> None:
     """1,100 steps: the body is compiled once and run per step from the host."""
-    body = helper.make_graph(
-        [helper.make_node("Add", ["acc", "row"], ["acc_out"]), helper.make_node("Mul", ["acc_out", "w"], ["y"])],
-        "body", [helper.make_tensor_value_info("acc", F, [2]), helper.make_tensor_value_info("row", F, [2])],
-        [helper.make_tensor_value_info("acc_out", F, [2]), helper.make_tensor_value_info("y", F, [2])])
-    node = helper.make_node("Scan", ["init", "xs"], ["final", "ys"], body=body, num_scan_inputs=1,
-                            scan_input_axes=[1], scan_input_directions=[in_dir], scan_output_axes=[out_axis],
-                            scan_output_directions=[out_dir])
+    node = _scan_node(2, "w", in_dir, out_dir, out_axis)
     steps = MAX_UNROLL + 76
     model = make_model([node], [vi("init", "float32", [2]), vi("xs", "float32", [2, steps])],
                        [vi("final", "float32", None), vi("ys", "float32", None)],
