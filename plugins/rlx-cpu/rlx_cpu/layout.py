@@ -260,13 +260,14 @@ def _conv(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_c
         operands.append(x if cl == out_cl else cl_view(x) if out_cl else x.transpose(TO_NCHW))
     post = post_ops(a["program"], operands, getattr(ctx, "constant", None)) if node.op is OpKind.FUSED_CONV else ()
     args = (lib, ins[0], ins[1], bias, out, a["padding"], a["stride"], a["dilation"], a["groups"], ctx)
-    done = onednn_steps.conv_steps(*args, src_cl=in_cl[0], dst_cl=out_cl, post=post or ()) if post is not None else None
-    if done is not None:
-        return done
+    if post:  # the epilogue as post-ops, where oneDNN takes them
+        done = onednn_steps.conv_steps(*args, src_cl=in_cl[0], dst_cl=out_cl, post=post)
+        if done is not None:
+            return done
     done = onednn_steps.conv_steps(*args, src_cl=in_cl[0], dst_cl=out_cl)
     if done is None:  # oneDNN declined it after all: rlx's NCHW kernels between transposes
         return _via_nchw(node, ins, out, ctx, in_cl, out_cl, build)
-    if node.op is OpKind.CONV2D:
+    if post == ():  # a plain convolution: nothing runs after it
         return done
     return done + region_after(a["program"], operands, out, ctx, node.name)
 
