@@ -142,7 +142,7 @@ class ThreadTuner:
     the first comparison took 9 of the first 21 runs narrow, so a short benchmark or batch
     measured the model at up to 1.7x its time. Once each mode has two counted runs and
     every run of one took ``clear`` times the slowest of the other, that one has lost: the
-    comparison ends there (4 runs of the loser instead of 9).
+    comparison ends there (one block of the loser, 3 runs, instead of three blocks).
 
     Why a tie goes to wide: a 2-vCPU VM sometimes runs a process as if it had one core
     for seconds at a time (the other vCPU not scheduled: wide and narrow then take the
