@@ -42,11 +42,12 @@ class CpuBackend(rlx_core.Backend):
         # --explain``; also part of the calibration's identity, so a change recalibrates:
         # never what this process measured, which a probe in this process would see and
         # one in a child would not).
-        from . import blas, conv_choice, gemm, layout, native, onednn  # numpy and ctypes only: compiles, times nothing
+        from . import blas, conv_choice, gemm, layout, native, onednn, openmp  # numpy and ctypes only: times nothing
 
         versions = {"numpy": np.__version__, "blas": blas.describe(), "native kernels": native.describe(),
                     "gemm": gemm.describe(measured=False), "convolutions": conv_choice.describe(measured=False),
-                    "onednn": onednn.describe(measured=False), "layout": layout.describe()}
+                    "onednn": onednn.describe(measured=False), "layout": layout.describe(),
+                    "openmp": openmp.describe()}
         return rlx_core.Availability(True, devices=["cpu"], versions=versions)
 
     def supported_ops(self) -> frozenset[str]:

@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from . import openmp
 from .ccall import bound_call
 from .steps import Dyn, Step, aligned_empty
 
@@ -172,9 +173,7 @@ class Mkl:
         (``_after_fork``) instead of hanging."""
         if "MKL_THREADING_LAYER" in os.environ or sys.platform != "linux":
             return os.environ.get("MKL_THREADING_LAYER", "intel").lower()
-        try:
-            ctypes.CDLL("libgomp.so.1")
-        except OSError:
+        if openmp.load().startswith("libgomp not loaded"):
             return "intel"
         self._lib.MKL_Set_Threading_Layer(_MKL_THREADING_GNU)
         if hasattr(os, "register_at_fork"):

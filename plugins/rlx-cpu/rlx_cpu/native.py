@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import ccall
+from . import ccall, openmp
 from ._build import ABI, describe_build, library_name, read_info
 
 __all__ = ["ABI", "Native", "library", "reason", "describe", "wanted", "thread_cap", "REBUILD"]
@@ -65,6 +65,7 @@ class Native:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        openmp.load()  # before the library that links it: rlx-cpu's spin count (openmp.py)
         self._lib = ctypes.CDLL(path)
         abi = self._lib.rlx_abi
         abi.restype = ctypes.c_int64

@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from . import verdicts
+from . import openmp, verdicts
 
 __all__ = ["Dnnl", "PROBES", "library", "find_library", "reason", "wanted", "use", "kind_of", "describe",
            "reset", "ELTWISE"]
@@ -100,6 +100,7 @@ class Dnnl:
     """The loaded library: one CPU engine; a stream per thread (a stream is not shared)."""
 
     def __init__(self, path: str) -> None:
+        openmp.load()  # before the library that links it: rlx-cpu's spin count (openmp.py)
         lib = ctypes.CDLL(path)
         lib.dnnl_version.restype = ctypes.POINTER(_Version)
         lib.dnnl_primitive_desc_query_md.restype = _P

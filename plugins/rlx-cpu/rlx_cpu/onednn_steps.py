@@ -13,7 +13,6 @@ of times its jit kernels' time) the builder declines, and rlx's kernels run the 
 
 from __future__ import annotations
 
-import functools
 import logging
 import weakref
 from typing import Any
@@ -43,34 +42,13 @@ from .onednn import (
     DnnlError,
     _Arg,
 )
+from .openmp import threads as openmp_threads
 from .steps import Dyn, Step, aligned_empty
 
 __all__ = ["conv_steps", "pool_steps", "concat_steps"]
 
 log = logging.getLogger("rlx_cpu")
 _ARG_MULTIPLE_SRC = 1024  # DNNL_ARG_MULTIPLE_SRC: a concat's i-th source is this + i
-
-
-class _OpenMP:
-    """libgomp's ``omp_get_max_threads``/``omp_set_num_threads``: how many threads oneDNN's
-    parallel regions start from the calling thread (its OpenMP build reads that per call)."""
-
-    def __init__(self) -> None:
-        import ctypes.util
-
-        name = ctypes.util.find_library("gomp") or "libgomp.so.1"
-        gomp = ctypes.CDLL(name)  # the runtime oneDNN, the native kernels and oneMKL already share
-        self.get, self.set = gomp.omp_get_max_threads, gomp.omp_set_num_threads
-        self.get.restype, self.set.argtypes = ctypes.c_int, [ctypes.c_int]
-
-
-@functools.lru_cache(maxsize=1)
-def _openmp() -> _OpenMP | None:
-    try:
-        return _OpenMP()
-    except (OSError, AttributeError) as exc:
-        log.debug("rlx-cpu: libgomp's thread controls not found (%s): oneDNN uses its default", exc)
-        return None
 
 
 def _plan_threads() -> int | None:
@@ -92,7 +70,7 @@ class _Call:
                  keep: tuple[Any, ...]) -> None:
         self.lib, self.prims, self.handles, self.keep = lib, prims, handles, keep
         cap = _plan_threads()
-        self.openmp = _openmp() if cap is not None else None
+        self.openmp = openmp_threads() if cap is not None else None
         self.cap = cap
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> None:

@@ -1,0 +1,114 @@
+"""The process's OpenMP runtime (libgomp): loaded once, with a short spin, before any
+library that needs it.
+
+The native kernels, oneDNN's ``gomp`` build and oneMKL's GNU threading layer all run
+their parallel regions on libgomp's team. When a region ends, libgomp's workers spin,
+waiting for the next one, before they sleep: ``GOMP_SPINCOUNT`` iterations, 300,000 by
+default, which is about 5 ms of a core burnt after every rlx run. A runtime beside rlx in
+the same process (ONNX Runtime, OpenVINO, a second rlx model) then finds one of its
+cores taken when its own call starts. On a 2-core host that made ONNX Runtime's calls
+made right after rlx's 1.22-1.24x slower, and OpenVINO's up to 1.68x (mobilenet_v2 at
+batch 1; ``bench/neighbours.py``, BENCHMARKS.md section 'Good neighbours (issue 35,
+session 24)').
+
+libgomp reads its spin count once, when it is loaded, and has no call to change it
+later. So rlx-cpu loads it itself, before the first library that links it, with
+``GOMP_SPINCOUNT`` set to ``SPIN`` for that moment only (the environment is put back
+right after: child processes and other libraries never see it). ``SPIN`` is long
+enough to span the gaps between one run's regions (shorter counts made rlx itself up to
+1.5x slower: efficientnet_b0 at 1,000) and ends about half a millisecond after a run.
+
+Nothing changes where the user chose (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` set), or
+where libgomp was loaded before rlx-cpu (torch bundles and loads its own copy, and the
+first library of a soname is the one every later user gets): ``describe()`` says which.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+__all__ = ["SPIN", "Threads", "describe", "load", "threads"]
+
+log = logging.getLogger("rlx_cpu")
+
+#: libgomp's spin count under rlx-cpu: about half a millisecond of spinning (measured
+#: against the default 300,000 and 1,000-30,000 in between; see the module docstring).
+SPIN = 10_000
+
+LIBRARY = "libgomp.so.1"
+
+_LOCK = threading.Lock()
+_STATE: dict[str, Any] = {}
+
+
+def _loaded_already(name: str) -> bool:
+    """Whether a library of soname ``name`` is in the process now (``RTLD_NOLOAD``)."""
+    try:
+        ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+    except OSError:
+        return False
+    return True
+
+
+def load() -> str:
+    """Load libgomp as described above, once per process; returns ``describe()``."""
+    with _LOCK:
+        if "how" not in _STATE:
+            _STATE["how"] = _load()
+        return str(_STATE["how"])
+
+
+def _load() -> str:
+    if sys.platform != "linux":
+        return "not libgomp (not Linux): the OpenMP runtime's defaults"
+    if _loaded_already(LIBRARY):
+        return "libgomp loaded before rlx-cpu (torch, say): its spin count is the one set then"
+    chosen = [k for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if k in os.environ]
+    if chosen:
+        how = ", ".join(f"{k}={os.environ[k]}" for k in chosen)
+        try:
+            ctypes.CDLL(LIBRARY, mode=os.RTLD_GLOBAL)
+        except OSError as exc:
+            return f"libgomp not loaded ({exc})"
+        return f"libgomp, as the environment chose ({how})"
+    os.environ["GOMP_SPINCOUNT"] = str(SPIN)  # read by libgomp's constructor, at load only
+    try:
+        ctypes.CDLL(LIBRARY, mode=os.RTLD_GLOBAL)
+    except OSError as exc:
+        return f"libgomp not loaded ({exc})"
+    finally:
+        del os.environ["GOMP_SPINCOUNT"]
+    return f"libgomp, spin {SPIN:,} (rlx-cpu's; GOMP_SPINCOUNT or OMP_WAIT_POLICY choose another)"
+
+
+def describe() -> str:
+    """How the OpenMP runtime was loaded (probe ``versions["openmp"]``); loads it if not yet."""
+    return load()
+
+
+class Threads:
+    """libgomp's ``omp_get_max_threads``/``omp_set_num_threads``: how many threads the
+    next parallel region started from the calling thread uses (oneDNN's OpenMP build and
+    the native kernels read it per call)."""
+
+    def __init__(self) -> None:
+        load()
+        gomp = ctypes.CDLL(LIBRARY)
+        self.get, self.set = gomp.omp_get_max_threads, gomp.omp_set_num_threads
+        self.get.restype, self.set.argtypes = ctypes.c_int, [ctypes.c_int]
+
+
+@functools.lru_cache(maxsize=1)
+def threads() -> Threads | None:
+    """The process's ``Threads``, or None where libgomp's thread controls are not there."""
+    try:
+        return Threads()
+    except (OSError, AttributeError) as exc:
+        log.debug("rlx-cpu: libgomp's thread controls not found (%s)", exc)
+        return None
