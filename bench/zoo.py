@@ -185,9 +185,10 @@ def _ort(data: bytes, inputs: dict[str, np.ndarray]) -> tuple[Any, list[np.ndarr
 
 
 def check(names: list[str], exporters: list[str], batch: int, devices: list[str] | None,
-          timing: tuple[int, float] | None = None) -> list[dict[str, Any]]:
+          timing: tuple[int, float] | None = None, openvino: bool = False) -> list[dict[str, Any]]:
     """Load each export with rlx, run it on each device, compare with ORT; with
-    ``timing`` (rounds, seconds per measurement) also time them (``_time``)."""
+    ``timing`` (rounds, seconds per measurement) also time them (``_time``), and with
+    ``openvino`` OpenVINO beside them."""
     import rlx_core
     from rlx_core.onnx import load
 
@@ -226,22 +227,54 @@ def check(names: list[str], exporters: list[str], batch: int, devices: list[str]
                 except Exception as exc:
                     row[device] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             if timing is not None and compiled:
-                row["time"] = _time(sess, inputs, want[0], graph, feeds, compiled, *timing)
+                row["time"] = _time(sess, inputs, want[0], graph, feeds, compiled, *timing, data=data,
+                                    openvino=openvino)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
 
 
+def openvino_contenders(data: bytes, inputs: dict[str, np.ndarray]) -> list[Any]:
+    """OpenVINO on its CPU device, at float32 (``INFERENCE_PRECISION_HINT=f32``) and at its
+    default (bf16 on a CPU with AVX512_BF16 or AMX, else f32), each with its largest error
+    relative to ORT's output in ``info``; none where openvino does not import."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return []
+    from bench._contenders import Contender
+
+    core = ov.Core()
+    model = core.read_model(data)
+    order = [inputs[p.get_any_name()] for p in model.inputs]
+    want = _ort(data, inputs)[1][0]
+    out = []
+    for name, config in (("openvino f32", {"INFERENCE_PRECISION_HINT": "f32"}), ("openvino default", {})):
+        request = core.compile_model(model, "CPU", config).create_infer_request()
+
+        def run(request: Any = request) -> np.ndarray:
+            return np.asarray(request.infer(order)[0])
+        got = run()
+        err = float(np.max(np.abs(got.astype(np.float64) - want)) / (np.max(np.abs(want)) or 1.0))
+        precision = str(request.get_compiled_model().get_property("INFERENCE_PRECISION_HINT"))
+        out.append(Contender(name, "openvino", run, got, 0.0, 0.0, {"max_rel_err": err, "precision": precision}))
+    return out
+
+
 def _time(sess: Any, inputs: dict[str, np.ndarray], want: np.ndarray, graph: Any, feeds: dict[str, np.ndarray],
-          compiled: dict[str, Any], rounds: int, target_s: float) -> dict[str, Any]:
-    """ORT (``sess``) and rlx (each compiled device, and ``auto``) timed interleaved
-    (``bench/_timing.py``); ratios to ORT; whether auto's pick was the fastest device."""
+          compiled: dict[str, Any], rounds: int, target_s: float, data: bytes = b"",
+          openvino: bool = False) -> dict[str, Any]:
+    """ORT (``sess``), rlx (each compiled device, and ``auto``) and, with ``openvino``,
+    OpenVINO at float32 and at its default precision (the model's ONNX ``data``) timed
+    interleaved (``bench/_timing.py``); ratios to ORT and to OpenVINO; whether auto's pick
+    was the fastest device."""
     import rlx_core
     from bench._contenders import Contender
     from bench._timing import measure
 
     ort_feed = {i.name: inputs[i.name] for i in sess.get_inputs()}
     contenders = [Contender("onnxruntime", "onnxruntime", lambda: sess.run(None, ort_feed)[0], want, 0.0, 0.0)]
+    contenders += openvino_contenders(data, inputs) if openvino else []
     auto = rlx_core.compile(graph)
     timed = {"auto": auto, **compiled}
     for name, cg in timed.items():
@@ -252,6 +285,13 @@ def _time(sess: Any, inputs: dict[str, np.ndarray], want: np.ndarray, graph: Any
     for name in timed:
         out[f"{name}_ms"] = timings[f"rlx {name}"].median * 1e3
         out[f"{name}_vs_ort"] = timings[f"rlx {name}"].median / ort_s
+    for c in contenders:
+        if c.kind == "openvino":  # each rlx device against OpenVINO at that precision, too
+            key = c.name.replace(" ", "_")
+            out[f"{key}_ms"] = timings[c.name].median * 1e3
+            out[f"{key}_max_rel_err"] = c.info["max_rel_err"]
+            for name in compiled:
+                out[f"{name}_vs_{key}"] = timings[f"rlx {name}"].median / timings[c.name].median
     fastest = min(compiled, key=lambda d: timings[f"rlx {d}"].median)
     picked = auto.device.split(":")[0]
     out["auto_picked_fastest"] = picked == fastest
@@ -270,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time", action="store_true", help="also time rlx (each device, auto) against ORT")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds with --time")
     parser.add_argument("--target-ms", type=float, default=50.0, help="length of one measurement with --time")
+    parser.add_argument("--openvino", action="store_true",
+                        help="with --time, also time OpenVINO (f32 and its default precision) where it imports")
     args = parser.parse_args(argv)
     try:
         import torch  # noqa: F401
@@ -287,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     timing = (args.rounds, args.target_ms / 1e3) if args.time else None
     rows = check(names, exporters, args.batch, args.devices.split(",") if args.devices else None,
-                 timing)
+                 timing, openvino=args.openvino)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2))

@@ -50,6 +50,7 @@ from rlx_core.plugin import (
 from . import gemm
 from .kernels import KERNELS, BuildContext, inplace_positions
 from .nn_kernels import conv2d_steps
+from .onednn_steps import dense_steps
 from .regions import Epilogue, epilogue, region_steps
 from .steps import Parallel, Step, helper_threads
 
@@ -285,6 +286,9 @@ def _fused_elementwise(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildCo
 
 
 def _gemm(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    on_onednn = dense_steps(ins[0], ins[1], ins[2] if len(ins) == 3 else None, node.attrs["activation"], out, ctx)
+    if on_onednn is not None:
+        return on_onednn
     mm = Node(-1, OpKind.MATMUL, (), MappingProxyType({}), node.shape, node.dtype, node.name)
     after: list[tuple[OpKind, tuple[int, ...], dict[str, Any]]] = []  # the bias, the activation
     operands: list[Any] = [out]

@@ -26,6 +26,7 @@ from rlx_core.ir.ops import NUMPY_NAMES, OpKind, slice_index
 from .blas import mkl, vml_step
 from .gemm import gemv_step, matmul_step
 from .mathfn import erf_program, gelu_program, run_chunked, scratch_count
+from .onednn_steps import dense_steps
 from .steps import Step
 
 __all__ = ["BuildContext", "Builder", "KERNELS", "compute_dtype", "const", "inplace_positions", "ufunc_step"]
@@ -366,7 +367,7 @@ def _gather(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
 def _matmul(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
     a, b = ins
     if out.dtype != np.float16:
-        return [matmul_step(a, b, out, ctx)]
+        return dense_steps(a, b, None, "none", out, ctx) or [matmul_step(a, b, out, ctx)]
     # numpy has no float16 gemm: products and sums go through float32 (sgemm).
     a32, b32, r32 = ctx.scratch(a.shape, F32), ctx.scratch(b.shape, F32), ctx.scratch(out.shape, F32)
     return [Step(np.copyto, (a32, a)), Step(np.copyto, (b32, b)), matmul_step(a32, b32, r32),

@@ -41,11 +41,13 @@ or whose weights are computed per run, stays on rlx. ``describe()`` (``rlx devic
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import math
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +64,7 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _DIMS = _I64 * 12
 # oneDNN 3.x C API constants (dnnl_types.h, dnnl_common_types.h)
-_F32, _ANY, _TAG_A, _ABCD, _ABCDE, _ACDB = 3, 1, 2, 5, 6, 22
+_F32, _ANY, _TAG_A, _AB, _ABCD, _ABCDE, _ACDB = 3, 1, 2, 3, 5, 6, 22
 _CPU, _FORWARD_INFERENCE, _CONVOLUTION_DIRECT = 1, 96, 1
 _ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 _QUERY_IMPL_INFO, _QUERY_WEIGHTS_MD, _QUERY_SCRATCHPAD_MD = 8, 131, 136
@@ -142,6 +144,14 @@ class Dnnl:
                  "memory_desc_create_with_tag")
         return m
 
+    def md_strided(self, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+        """A float32 memory descriptor of ``shape`` with ``strides`` in elements (a
+        transposed view of a weight: the reorder reads it as it lies)."""
+        m = _P()
+        self._ok(self._lib.dnnl_memory_desc_create_with_strides(ctypes.byref(m), len(shape), _dims(shape), _F32,
+                                                                _dims(strides)), "memory_desc_create_with_strides")
+        return m
+
     def size(self, md: Any) -> int:
         return int(self._lib.dnnl_memory_desc_get_size(md))
 
@@ -167,6 +177,28 @@ class Dnnl:
         """A convolution's primitive descriptor; ``post``: its post-ops in order, each
         ``("eltwise", algorithm, alpha, beta)`` or ``("add", memory_desc)`` (a binary add
         of a second tensor)."""
+        pd = _P()
+        with self._attr(post) as attr:
+            self._ok(self._lib.dnnl_convolution_forward_primitive_desc_create(
+                ctypes.byref(pd), self.engine, _FORWARD_INFERENCE, _CONVOLUTION_DIRECT, src, weights,
+                bias if bias is not None else _P(0), dst, _dims(stride), _dims(tuple(d - 1 for d in dilation)),
+                _dims(pad_l), _dims(pad_r), attr), "convolution_forward_primitive_desc_create")
+        return pd
+
+    def matmul_pd(self, src: Any, weights: Any, bias: Any, dst: Any, post: tuple[tuple[Any, ...], ...] = ()) -> Any:
+        """A matrix product's primitive descriptor (``dst = src @ weights + bias``, then
+        ``post`` as for ``conv_pd``)."""
+        pd = _P()
+        with self._attr(post) as attr:
+            self._ok(self._lib.dnnl_matmul_primitive_desc_create(
+                ctypes.byref(pd), self.engine, src, weights, bias if bias is not None else _P(0), dst, attr),
+                "matmul_primitive_desc_create")
+        return pd
+
+    @contextlib.contextmanager
+    def _attr(self, post: tuple[tuple[Any, ...], ...]) -> Iterator[Any]:
+        """Primitive attributes for the length of a descriptor's creation: the scratchpad
+        is the caller's (a plan buffer), and ``post`` are the post-ops."""
         attr = _P()
         self._ok(self._lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "primitive_attr_create")
         po = _P()
@@ -181,16 +213,11 @@ class Dnnl:
                     else:
                         self._ok(self._lib.dnnl_post_ops_append_binary(po, _BINARY_ADD, op[1]), "append_binary")
                 self._ok(self._lib.dnnl_primitive_attr_set_post_ops(attr, po), "set_post_ops")
-            pd = _P()
-            self._ok(self._lib.dnnl_convolution_forward_primitive_desc_create(
-                ctypes.byref(pd), self.engine, _FORWARD_INFERENCE, _CONVOLUTION_DIRECT, src, weights,
-                bias if bias is not None else _P(0), dst, _dims(stride), _dims(tuple(d - 1 for d in dilation)),
-                _dims(pad_l), _dims(pad_r), attr), "convolution_forward_primitive_desc_create")
+            yield attr
         finally:
             if po:
                 self._lib.dnnl_post_ops_destroy(po)
             self._lib.dnnl_primitive_attr_destroy(attr)
-        return pd
 
     def pool_pd(self, alg: int, src: Any, dst: Any, stride: tuple[int, int], kernel: tuple[int, int],
                 dilation: tuple[int, int], pad_l: tuple[int, int], pad_r: tuple[int, int]) -> Any:
@@ -305,7 +332,7 @@ def reset() -> None:
     """Forget the measured decisions, here and on disk (tests)."""
     with _LOCK:
         _STATE.pop("decision", None)
-        for kind in PROBES:
+        for kind in KINDS:
             verdicts.VERDICTS.forget(f"onednn-{kind}")
 
 
@@ -330,6 +357,15 @@ PROBE_GROUPS = {"depthwise": 96, "grouped": 32, "grouped-small": 26}
 #: 2.04x ORT's time with them on rlx's kernel, 2.22x on oneDNN; RegNet 2.03x -> 1.72x).
 SMALL_PLANE = 196
 SMALL_GROUP = 8
+#: The product ``use("matmul")`` times (rows, inner, columns: a BERT-base layer over 128
+#: tokens), a dense layer with its bias, oneDNN's matmul against rlx's way (oneMKL or rlx's
+#: GEMM, ``gemm.py``). On the 2-core Xeon (AVX-512) oneDNN ran the bare products of
+#: transformer layers 1.02-1.41x as fast as oneMKL's sgemm, most for few rows (32 x 768 x
+#: 768: 1.41x; 128 x 768 x 3072: 1.02x): BENCHMARKS.md, section 'oneDNN's matmul for dense
+#: layers (issue 35, session 24)'.
+MATMUL_PROBE = (128, 768, 768)
+#: Every kind ``use`` decides: the convolutions', and dense layers' products.
+KINDS = (*PROBES, "matmul")
 #: What ``auto`` says of the kinds it does not time (see the module doc).
 NOT_TIMED = {"pointwise": "rlx (a 1x1 convolution is one GEMM in NCHW; oneDNN's adds reorders to NHWC and back)"}
 #: How much faster oneDNN must be on a kind's probe to take it: the probe is one shape
@@ -337,6 +373,9 @@ NOT_TIMED = {"pointwise": "rlx (a 1x1 convolution is one GEMM in NCHW; oneDNN's 
 #: pointwise decision flipped from run to run on the 2-core Zen 3 (0.66x, 0.90x, 1.06x at
 #: 256 -> 256 over 14x14, 0.80x to 1.56x at 64 -> 256 over 56x56).
 MARGIN = 1.15
+#: The same for products: no reorders on either side (the weights are reordered once), so
+#: a smaller lead is real; a tie still goes to rlx.
+MATMUL_MARGIN = 1.04
 
 
 def kind_of(kernel: tuple[int, int], stride: tuple[int, int], groups: int = 1, channels: int = 0,
@@ -354,8 +393,9 @@ def kind_of(kernel: tuple[int, int], stride: tuple[int, int], groups: int = 1, c
 
 
 def use(kind: str = "spatial") -> Dnnl | None:
-    """oneDNN when convolutions of ``kind`` should run on it here: forced on, or measured
-    faster once per process at the first one planned; else None."""
+    """oneDNN when convolutions of ``kind`` (or, for ``"matmul"``, dense layers' products)
+    should run on it here: forced on, or measured faster once per process at the first
+    one planned; else None."""
     mode = wanted()
     lib = library()
     if lib is None or mode == "off":
@@ -369,8 +409,8 @@ def use(kind: str = "spatial") -> Dnnl | None:
         if kind not in decisions:
             decisions[kind] = (False, "probing")  # the probe's own rlx compile must not ask again
             decisions[kind] = verdicts.settled_answer(f"onednn-{kind}", lambda: _measure(lib, kind))
-            log.info("rlx-cpu: %s convolutions %s (%s)", kind, "on oneDNN" if decisions[kind][0] else
-                     "on rlx's kernels", decisions[kind][1])
+            log.info("rlx-cpu: %s %s (%s)", kind, "on oneDNN" if decisions[kind][0] else "on rlx's kernels",
+                     decisions[kind][1])
         return lib if decisions[kind][0] else None
 
 
@@ -387,12 +427,12 @@ def describe(measured: bool = True) -> str:
     lib = _STATE.get("lib") if measured else None
     version = f"oneDNN {lib.version}" if lib is not None else f"oneDNN at {path}"
     if mode == "on":
-        return f"{version}: every convolution it takes (RLX_CPU_ONEDNN=on)"
+        return f"{version}: every convolution and dense layer's product it takes (RLX_CPU_ONEDNN=on)"
     found = _STATE.get("decision", {}) if measured else {}
     parts = [f"{kind}: {'oneDNN' if found[kind][0] else 'rlx'} ({found[kind][1]})" if kind in found else
-             f"{kind}: timed against rlx's at the first one" for kind in PROBES]
+             f"{kind}: timed against rlx's at the first one" for kind in KINDS]
     parts.insert(1, "".join(f"{kind}: {why}" for kind, why in NOT_TIMED.items()))
-    return f"{version} for convolutions; " + "; ".join(parts)
+    return f"{version} for convolutions and dense layers' products; " + "; ".join(parts)
 
 
 def _measure(lib: Dnnl, kind: str) -> tuple[bool, str]:
@@ -404,15 +444,25 @@ def _measure(lib: Dnnl, kind: str) -> tuple[bool, str]:
     from .backend import CpuBackend
     from .gemm import PROBE_REPEATS
 
-    c, o, hw, k = PROBES[kind]
-    groups = PROBE_GROUPS.get(kind, 1)
     rng = np.random.default_rng(0)
     g = Graph("onednn-probe")
-    x = g.input("x", (1, c, hw, hw), "float32")
-    w = g.param("w", (rng.random((o, c // groups, k, k), dtype=np.float32) - 0.5) / math.sqrt(c // groups * k * k))
-    g.set_outputs([g.conv2d(x, w, padding=k // 2, groups=groups)])
+    if kind == "matmul":
+        m, kk, n = MATMUL_PROBE
+        x = g.input("x", (m, kk), "float32")
+        w = g.param("w", (rng.random((kk, n), dtype=np.float32) - 0.5) / math.sqrt(kk))
+        g.set_outputs([g.add(g.matmul(x, w), g.param("b", rng.random(n, dtype=np.float32)))])
+        feeds = {"x": rng.random((m, kk), dtype=np.float32)}
+        what, margin = f"a {m} x {kk} x {n} dense layer", MATMUL_MARGIN
+    else:
+        c, o, hw, k = PROBES[kind]
+        groups = PROBE_GROUPS.get(kind, 1)
+        x = g.input("x", (1, c, hw, hw), "float32")
+        w = g.param("w", (rng.random((o, c // groups, k, k), dtype=np.float32) - 0.5) / math.sqrt(c // groups * k * k))
+        g.set_outputs([g.conv2d(x, w, padding=k // 2, groups=groups)])
+        feeds = {"x": rng.random((1, c, hw, hw), dtype=np.float32)}
+        what = f"{c} -> {o} {k}x{k}{f' {kind} ({groups} groups)' if groups > 1 else ''} over {hw}x{hw}"
+        margin = MARGIN
     g.freeze()
-    feeds = {"x": rng.random((1, c, hw, hw), dtype=np.float32)}
     times: dict[str, float] = {}
     outs: dict[str, np.ndarray] = {}
     decisions = _STATE["decision"]
@@ -424,11 +474,10 @@ def _measure(lib: Dnnl, kind: str) -> tuple[bool, str]:
             times[mode] = min(times.get(mode, math.inf), best_of(lambda e=exe: e.run(feeds), PROBE_REPEATS))
     except Exception as exc:  # a probe never breaks the compile that asked: rlx's kernels then
         return False, f"oneDNN failed on the probe: {type(exc).__name__}: {exc}"
-    what = f"{c} -> {o} {k}x{k}{f' {kind} ({groups} groups)' if groups > 1 else ''} over {hw}x{hw}"
     if not np.allclose(outs["rlx"], outs["onednn"], rtol=1e-3, atol=1e-4):  # never trade a right answer
         return False, f"oneDNN disagreed with rlx at {what}"
     ratio = times["rlx"] / times["onednn"]
-    return ratio >= MARGIN, f"timed {ratio:.2f}x rlx's speed at {what}"
+    return ratio >= margin, f"timed {ratio:.2f}x rlx's speed at {what}"
 
 
 # --------------------------------------------------------------------- convolution steps

@@ -1,5 +1,6 @@
-"""Plan steps on oneDNN (the ``onednn`` extra): convolutions, pools and concats, each one
-call into oneDNN with its operands in NCHW or channels-last (NHWC) memory.
+"""Plan steps on oneDNN (the ``onednn`` extra): convolutions, pools, concats and dense
+layers' products, each one call into oneDNN with its operands in NCHW or channels-last
+(NHWC) memory.
 
 ``onednn.py`` loads the library and decides where it runs; this module builds the steps:
 a convolution with its weights reordered once into the layout oneDNN chose (and again by
@@ -8,7 +9,9 @@ average pool, a concat of NHWC values. An operand held NCHW is reordered to NHWC
 scratch first, and a result wanted NCHW reordered back after (``_layouted``): inside the
 channels-last chains ``layout.py`` plans there is no reorder at all. Where oneDNN would
 run only its reference loops (``ref:any``: a 3-channel NCHW source took 3.8 s, thousands
-of times its jit kernels' time) the builder declines, and rlx's kernels run the node.
+of times its jit kernels' time) the builder declines, and rlx's kernels run the node. A product with a weight matrix
+(``matmul_steps``) has its weights reordered once the same way, and its bias and
+activation applied as it stores the result.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 
 from .ccall import address
 from .onednn import (
+    _AB,
     _ABCD,
     _ABCDE,
     _ACDB,
@@ -38,6 +42,7 @@ from .onednn import (
     _QUERY_SCRATCHPAD_MD,
     _QUERY_WEIGHTS_MD,
     _TAG_A,
+    ELTWISE,
     Dnnl,
     DnnlError,
     _Arg,
@@ -45,7 +50,7 @@ from .onednn import (
 from .openmp import threads as openmp_threads
 from .steps import Dyn, Step, aligned_empty
 
-__all__ = ["conv_steps", "pool_steps", "concat_steps"]
+__all__ = ["conv_steps", "pool_steps", "concat_steps", "dense_steps", "matmul_steps", "ACTIVATION_POST"]
 
 log = logging.getLogger("rlx_cpu")
 _ARG_MULTIPLE_SRC = 1024  # DNNL_ARG_MULTIPLE_SRC: a concat's i-th source is this + i
@@ -106,6 +111,10 @@ class _ConvCall(_Call):
 
 class _PoolCall(_Call):
     """A pool's call."""
+
+
+class _MatmulCall(_Call):
+    """A product's call (tests count them)."""
 
 
 def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, int, int, int],
@@ -333,3 +342,105 @@ def concat_steps(lib: Dnnl, ins: list[Any], out: Any, axis: int, ctx: Any) -> li
     call = _Call(lib, ((prim, (_Arg * len(args))(*args), len(args)),), (None, None), (*ins, out))
     weakref.finalize(call, lib.destroy, tuple(mems), tuple(p for p, _, _ in call.prims), (dst, *srcs))
     return [Step(call, (ins[0], out))]
+
+
+#: The fused GEMM's activations (``ACTIVATION_OPS``) as oneDNN eltwise post-ops.
+ACTIVATION_POST = {"relu": "relu", "gelu": "gelu_erf", "gelu_tanh": "gelu_tanh", "sigmoid": "logistic",
+                   "tanh": "tanh"}
+
+
+def matmul_steps(lib: Dnnl, a: Any, b: Any, bias: Any, out: Any, ctx: Any,
+                 activation: str = "none") -> list[Step] | None:
+    """``out = a @ b (+ bias)``, then ``activation``, as one oneDNN matmul; None where it
+    does not apply. ``a`` (m, k) and ``out`` (m, n) are row-major (plan buffers or a
+    caller's arrays), ``b`` (k, n) is a resident at any strides (a transposed weight
+    included), reordered once into the layout oneDNN chose for it and again by
+    ``set_param`` (``ctx.derived``); ``bias`` a resident of n values."""
+    derived = getattr(ctx, "derived", None)
+    if derived is None or isinstance(b, Dyn) or any(getattr(x, "dtype", None) != np.float32 for x in (a, b, out)):
+        return None
+    if a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or out.size == 0 or a.shape[1] == 0:
+        return None
+    (m, k), n = a.shape, out.shape[1]
+    if tuple(b.shape) != (k, n) or out.shape[0] != m or min(b.strides) <= 0 or activation not in (
+            "none", *ACTIVATION_POST):
+        return None
+    if bias is not None and (isinstance(bias, Dyn) or bias.dtype != np.float32 or bias.size != n
+                             or bias.shape[-1] != n or not bias.flags.c_contiguous):
+        return None
+    post = (() if activation == "none" else (("eltwise", ELTWISE[ACTIVATION_POST[activation]], 0.0, 0.0),))
+    pd = None
+    try:
+        src, dst, w_any = lib.md((m, k), _AB), lib.md((m, n), _AB), lib.md((k, n), _ANY)
+        b_md = lib.md((1, n), _AB) if bias is not None else None
+        pd = lib.matmul_pd(src, w_any, b_md, dst, post)
+        impl = lib.impl(pd)
+        if impl.startswith("ref"):
+            raise DnnlError(f"only its reference implementation ({impl}) takes it")
+        w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))
+        w_plain = lib.md_strided((k, n), tuple(st // 4 for st in b.strides))
+        w_reorder = lib.reorder(w_plain, w_md)
+        prim = lib.primitive(pd)
+        pad = lib.clone_md(lib.query_md(pd, _QUERY_SCRATCHPAD_MD))
+    except DnnlError as exc:
+        log.debug("rlx-cpu: oneDNN declined a product %s @ %s: %s", tuple(a.shape), tuple(b.shape), exc)
+        return None
+    finally:
+        if pd is not None:
+            lib.destroy(pds=(pd,))
+    w_size = lib.size(w_md)
+
+    def make(src_w: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
+        if dest is None:
+            dest = aligned_empty(-(-w_size // 4), np.float32)
+        pair = (lib.memory(w_plain, _addr(src_w)), lib.memory(w_md, dest.ctypes.data))
+        try:
+            lib.run(w_reorder, (_Arg * 2)(_Arg(_ARG_SRC, pair[0]), _Arg(_ARG_DST, pair[1])), 2)
+        finally:
+            lib.destroy(memories=pair)
+        return dest
+
+    descs = [src, dst, w_any, pad, *((b_md,) if b_md is not None else ())]
+    wbuf = derived(b, ("onednn_matmul_weights", (k, n), tuple(b.strides), impl), make)
+    if wbuf is None:
+        lib.destroy((), (w_reorder, prim), (w_plain, w_md, *descs))
+        return None
+    weakref.finalize(wbuf, lib.destroy, (), (w_reorder,), (w_plain, w_md))
+    scratch = ctx.scratch((max(lib.size(pad) // 4 + 16, 1),), np.float32)
+    keep: list[Any] = [wbuf, b, scratch]
+    handles: list[Any] = [None, None]
+
+    def held(arr: Any, md: Any, key: int) -> Any:
+        if isinstance(arr, Dyn):  # a caller's array: its address is set per run
+            handles[key] = lib.memory(md, 0)
+            return handles[key]
+        keep.append(arr)
+        return lib.memory(md, _addr(arr))
+
+    mems = [held(a, src, 0), held(out, dst, 1), lib.memory(w_md, wbuf.ctypes.data), lib.memory(pad, _addr(scratch))]
+    args = [_Arg(_ARG_SRC, mems[0]), _Arg(_ARG_DST, mems[1]), _Arg(_ARG_WEIGHTS, mems[2]),
+            _Arg(_ARG_SCRATCHPAD, mems[3])]
+    if bias is not None:
+        keep.append(bias)
+        mems.append(lib.memory(b_md, _addr(bias)))
+        args.append(_Arg(_ARG_BIAS, mems[-1]))
+    call = _MatmulCall(lib, ((prim, (_Arg * len(args))(*args), len(args)),), (handles[0], handles[1]), tuple(keep))
+    weakref.finalize(call, lib.destroy, tuple(mems), (prim,), tuple(descs))
+    return [Step(call, (a, out))]
+
+
+def dense_steps(a: Any, b: Any, bias: Any, activation: str, out: Any, ctx: Any) -> list[Step] | None:
+    """A dense layer's product (``a (..., k) @ b (k, n)``, ``b`` a resident; ``bias`` and
+    ``activation`` as the fused GEMM has them) on oneDNN where this host timed oneDNN's
+    matmul faster (``onednn.use("matmul")``), as one ``(rows, k) @ (k, n)`` product
+    (``gemm.stacked_rows``); None where it does not apply (rlx's way then runs it)."""
+    if isinstance(b, Dyn) or getattr(ctx, "derived", None) is None or out.dtype != np.float32 or out.size == 0:
+        return None
+    from .gemm import stacked_rows
+    from .onednn import use
+
+    a2, b2, out2 = stacked_rows(a, b, out)
+    if a2.ndim != 2 or b2.ndim != 2 or out2.ndim != 2 or min(out2.shape) <= 1:  # a gemv: rlx_gemv's
+        return None
+    lib = use("matmul")
+    return None if lib is None else matmul_steps(lib, a2, b2, bias, out2, ctx, activation)

@@ -105,15 +105,17 @@ def test_off_never_loads_it_and_auto_says_what_it_measured(monkeypatch: pytest.M
                                           "convolution is one GEMM in NCHW; oneDNN's adds reorders to NHWC and "
                                           "back); depthwise: timed against rlx's at the first one; grouped: timed "
                                           "against rlx's at the first one; grouped-small: timed against rlx's at the "
-                                          "first one")
-        chosen = {kind: onednn.use(kind) is not None for kind in onednn.PROBES}
+                                          "first one; matmul: timed against rlx's at the first one")
+        chosen = {kind: onednn.use(kind) is not None for kind in onednn.KINDS}
         text = onednn.describe()
-        assert re.match(r"oneDNN 3\.\d+\.\d+ for convolutions; spatial: (oneDNN|rlx) \(timed \d+\.\d\dx rlx's speed at "
+        assert re.match(r"oneDNN 3\.\d+\.\d+ for convolutions and dense layers' products; spatial: (oneDNN|rlx) "
+                        r"\(timed \d+\.\d\dx rlx's speed at "
                         r"64 -> 64 3x3 over 28x28\); pointwise: rlx \(a 1x1 convolution is one GEMM in NCHW[^)]*\); "
                         r"depthwise: (oneDNN|rlx) \(timed \d+\.\d\dx rlx's speed at 96 -> 96 3x3 depthwise \(96 "
                         r"groups\) over 56x56\); grouped: (oneDNN|rlx) \(timed \d+\.\d\dx rlx's speed at 128 -> 128 "
                         r"3x3 grouped \(32 groups\) over 28x28\); grouped-small: (oneDNN|rlx) \(timed \d+\.\d\dx "
-                        r"rlx's speed at 208 -> 208 3x3 grouped-small \(26 groups\) over 14x14\)$", text), text
+                        r"rlx's speed at 208 -> 208 3x3 grouped-small \(26 groups\) over 14x14\); matmul: "
+                        r"(oneDNN|rlx) \(timed \d+\.\d\dx rlx's speed at a 128 x 768 x 768 dense layer\)$", text), text
         assert onednn.use("pointwise") is None  # never timed: rlx's GEMM in auto
         assert text.count("oneDNN (timed") == sum(chosen.values())
         assert onednn.kind_of((1, 1), (1, 1)) == "pointwise" and onednn.kind_of((1, 1), (2, 2)) == "spatial"
@@ -178,3 +180,78 @@ def _one_conv() -> Graph:
     g = Graph("one")
     g.set_outputs([g.conv2d(g.input("x", (1, 4, 6, 6)), g.param("w", rand((5, 4, 3, 3), 2)), padding=1)])
     return g
+
+
+@pytest.fixture
+def products(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """RLX_CPU_ONEDNN=on, and the oneDNN products that plans then run."""
+    monkeypatch.setenv("RLX_CPU_ONEDNN", "on")
+    calls: list[tuple[Any, ...]] = []
+    real = onednn_steps._MatmulCall.__call__
+
+    def spy(self: onednn_steps._MatmulCall, x: np.ndarray, y: np.ndarray) -> None:
+        calls.append((x.shape, y.shape))
+        real(self, x, y)
+
+    monkeypatch.setattr(onednn_steps._MatmulCall, "__call__", spy)
+    return calls
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu", "gelu_tanh", "sigmoid", "tanh"])
+def test_a_dense_layer_with_each_activation_matches_the_reference(products: list[tuple[Any, ...]],
+                                                                   activation: str) -> None:
+    """x (batch, tokens, k) @ W + b, then the activation: one oneDNN product over the
+    stacked rows, the bias and activation as it stores; set_param of W and of b followed."""
+    g = Graph("dense")
+    x = g.input("x", (2, 5, 24))
+    h = g.add(g.matmul(x, g.param("w", rand((24, 40), 1))), g.param("b", rand((40,), 2)))
+    if activation == "gelu_tanh":
+        h = g.gelu(h, approximate="tanh")
+    elif activation != "none":
+        h = getattr(g, activation)(h)
+    g.set_outputs([h])
+    cg = rlx.compile(g, device="cpu")
+    feeds = {"x": rand((2, 5, 24), 3)}
+    np.testing.assert_allclose(cg.run(feeds)[0], reference.evaluate(g, feeds)[0], rtol=1e-4, atol=1e-4)
+    assert products == [((10, 24), (10, 40))]
+    strided = {"x": np.asfortranarray(feeds["x"])}  # a caller's array it cannot read in place: a copy
+    np.testing.assert_allclose(cg.run(strided)[0], reference.evaluate(g, feeds)[0], rtol=1e-4, atol=1e-4)
+    new = {"w": rand((24, 40), 7), "b": rand((40,), 8)}
+    for name, value in new.items():
+        cg.set_param(name, value)
+    np.testing.assert_allclose(cg.run(feeds)[0], reference.evaluate(g, feeds, new)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_transposed_weight_is_read_as_it_lies_and_run_time_weights_stay_on_rlx(
+        products: list[tuple[Any, ...]]) -> None:
+    """ONNX Gemm's transB: W (n, k) seen transposed; a product of two computed values
+    (attention's scores) and a matrix-vector product are not oneDNN's."""
+    g = Graph("gemm")
+    x = g.input("x", (6, 16))
+    wt = g.param("wt", rand((12, 16), 1))
+    y = g.matmul(x, g.transpose(wt, (1, 0)))
+    scores = g.matmul(x, g.transpose(x, (1, 0)))
+    gemv = g.matmul(x, g.param("v", rand((16, 1), 2)))
+    g.set_outputs([y, scores, gemv])
+    cg = rlx.compile(g, device="cpu")
+    feeds = {"x": rand((6, 16), 3)}
+    for got, want in zip(cg.run(feeds), reference.evaluate(g, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert products == [((6, 16), (6, 12))]
+    w2 = rand((12, 16), 9)
+    cg.set_param("wt", w2)
+    np.testing.assert_allclose(cg.run(feeds)[0], reference.evaluate(g, feeds, {"wt": w2})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_steps_declines_what_it_cannot_take() -> None:
+    lib = onednn.library() if onednn.wanted() != "off" else None
+    if lib is None:
+        pytest.skip("oneDNN is off here")
+    a, b, out = rand((4, 8), 1), rand((8, 6), 2), np.empty((4, 6), np.float32)
+    ctx = _Ctx()
+    assert onednn_steps.matmul_steps(lib, a, b, None, out, ctx, "softplus") is None  # not a post-op it maps
+    assert onednn_steps.matmul_steps(lib, a, b, rand((4, 6), 3), out, ctx) is None  # not a bias of n values
+    assert onednn_steps.matmul_steps(lib, a, b.astype(np.float64), None, out, ctx) is None
+    (step,) = onednn_steps.matmul_steps(lib, a, b, rand((6,), 4), out, ctx, "relu")
+    step.fn(a, out)
+    np.testing.assert_allclose(out, np.maximum(a @ b + rand((6,), 4), 0), rtol=1e-5, atol=1e-5)
