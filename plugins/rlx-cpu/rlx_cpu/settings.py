@@ -35,8 +35,8 @@ CONV = Setting("RLX_CPU_CONV", "convolutions: auto (default: timed on this host 
 BIND = Setting("RLX_CPU_BIND", "1 (default): pin OpenMP's worker threads one to a CPU each; 0 (or off): leave "
                "them where the OS puts them", choices={**_ON, **_OFF}, default=True)
 
-ONEDNN = Setting("RLX_CPU_ONEDNN", "convolutions on oneDNN (the onednn extra): auto (default: where timed faster "
-                 "on this host, kept a day), on, or off (never loaded)",
+ONEDNN = Setting("RLX_CPU_ONEDNN", "convolutions and dense layers' products on oneDNN (the onednn extra): auto "
+                 "(default: where timed faster on this host, per kind, kept a day), on, or off (never loaded)",
                  choices={"auto": "auto", "on": "on", "1": "on", "off": "off", "0": "off"}, default="auto")
 
 LAYOUT = Setting("RLX_CPU_LAYOUT", "auto (default): chains of convolutions held channels-last (NHWC) on oneDNN "

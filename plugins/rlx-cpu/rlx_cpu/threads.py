@@ -143,6 +143,13 @@ class ThreadTuner:
     measured the model at up to 1.7x its time. Once each mode has two counted runs and
     every run of one took ``clear`` times the slowest of the other, that one has lost: the
     comparison ends there (one block of the loser, 3 runs, instead of three blocks).
+    ``clear`` is 1.15: at 1.4, densenet121 at batch 8 (193 ms wide, 243 ms narrow on the
+    2-core Xeon) still ran the whole comparison, and a benchmark that warms a model up for
+    a second (5 runs) timed it at 1.26x (the zoo: 240 ms against ORT's 188; BENCHMARKS.md,
+    section 'The thread tuner's first comparison (issue 35, session 24)'). Two counted runs
+    of each, every one of the loser's past the other's slowest by 15%, is not noise on a
+    host whose runs agree within a few percent; on one that does not, the periodic probes
+    still correct a wrong pick.
 
     Why a tie goes to wide: a 2-vCPU VM sometimes runs a process as if it had one core
     for seconds at a time (the other vCPU not scheduled: wide and narrow then take the
@@ -156,7 +163,7 @@ class ThreadTuner:
 
     def __init__(self, *, warmup: int = 3, trials: int = 6, block: int = 3, probes: int = 3, window: int = 8,
                  period: int = 64, max_period: int = 256, margin: float = 0.9, confirm: int = 8,
-                 clear: float = 1.4) -> None:
+                 clear: float = 1.15) -> None:
         if block < 2:
             raise ValueError(f"ThreadTuner: block must be at least 2 (its first run is not counted), got {block}")
         self.warmup, self.trials, self.block, self.probes, self.window = warmup, trials, block, probes, window
