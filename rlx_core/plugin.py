@@ -284,6 +284,17 @@ class Backend:
 
         return calibrate_backend(self, quick=quick)
 
+    def skipped_passes(self) -> frozenset[str]:
+        """Passes of the core's pipeline (names as ``CompileOptions.disable`` takes them)
+        that this backend's compiles here are better without (optional; default none).
+
+        A rewrite that pays under one way of running a graph may cost under another: the
+        core's ``conv_scale`` moves a squeeze-excitation gate into a convolution's weights,
+        cheaper for a GEMM over NCHW data, but a convolution with weights computed per run
+        cannot keep a library's pre-reordered weights. Asked once per pipeline, cheaply
+        (no device work); the answer joins the user's ``disable``."""
+        return frozenset()
+
     def compile(self, graph: Graph, options: CompileOptions) -> Executable:
         """Compile a graph that is already legalized for this backend."""
         raise NotImplementedError(f"backend {self.name!r} does not implement compile()")

@@ -202,6 +202,37 @@ def test_conv_scale_runs_in_the_pipeline_and_can_be_disabled():
     assert not any("scaled the weights" in n for st in off.stages for n in st.notes)
 
 
+class _SkipsConvScale(ToyBackend):
+    def __init__(self, skipped: frozenset[str]) -> None:
+        super().__init__("skipper")
+        self.skipped = skipped
+
+    def skipped_passes(self) -> frozenset[str]:
+        return self.skipped
+
+
+def test_a_backend_may_skip_a_pass_for_its_compiles():
+    """``Backend.skipped_passes`` joins the user's ``disable`` in the pipeline made for that
+    backend (and only for it); a name the pipeline does not know is the plugin's error."""
+    from rlx_core.compiler.lowering import pipeline_for
+
+    g, _, y = _gated_conv()
+    g.set_outputs([y])
+    g.freeze()
+    def notes(result) -> list[str]:
+        return [n for st in result.stages for n in st.notes]
+
+    reg = registry_with(_SkipsConvScale(frozenset({"conv_scale"})), ToyBackend("plain"))
+    assert not any("scaled the weights" in n for n in notes(pipeline_for(g, "skipper", reg)))
+    assert any("scaled the weights" in n for n in notes(pipeline_for(g, "plain", reg)))
+    both = pipeline_for(g, "skipper", reg, rlx.CompileOptions(disable=("conv_scale", "cse")))
+    assert not any("scaled the weights" in n for n in notes(both))
+    bad = registry_with(_SkipsConvScale(frozenset({"conv_sclae"})))
+    with pytest.raises(rlx.PluginError, match=r"'skipper': skipped_passes\(\) named unknown pass\(es\) "
+                                              r"\['conv_sclae'\]"):
+        pipeline_for(g, "skipper", bad)
+
+
 def _conv_relu_pool(g: rlx.Graph, x, extra_reader: bool = False):
     w = g.param("w", RNG.standard_normal((4, 2, 3, 3)).astype(np.float32))
     r = g.relu(g.conv2d(x, w, padding=1))

@@ -14,10 +14,13 @@ backend of another registry.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..backends.registry import Registry, default_registry
+from ..errors import PluginError
 from ..ir import Graph
+from ..options import PASS_NAMES
 from ..passes.legalize import DtypeGate, LegalizeResult, legalize
 from ..passes.pipeline import PipelineResult, run_pipeline
 from ..plugin import CompileOptions
@@ -55,7 +58,7 @@ def pipeline_for(graph: Graph, backend_name: str, registry: Registry | None = No
     what the ranking prices."""
     reg = registry or default_registry()
     backend = reg.get(backend_name)
-    opts = options if options is not None else CompileOptions()
+    opts = _with_skipped(backend, options if options is not None else CompileOptions())
     okey = (opts.legalize, opts.optimize, opts.fuse, opts.plan, tuple(opts.disable), opts.max_fused_ops,
             opts.max_fused_inputs)
     key = ("pipeline", backend_name, id(backend), len(graph), graph.outputs, graph.frozen, okey)
@@ -69,6 +72,20 @@ def pipeline_for(graph: Graph, backend_name: str, registry: Registry | None = No
         result = run_pipeline(graph, backend.claims, opts, gate=DtypeGate.of(backend))
     _keep(reg, graph, key, result)
     return result
+
+
+def _with_skipped(backend: Any, opts: CompileOptions) -> CompileOptions:
+    """``opts`` with the passes ``backend`` is better without (``Backend.skipped_passes``,
+    optional for plugins that do not subclass ``Backend``) added to ``disable``."""
+    ask = getattr(backend, "skipped_passes", None)
+    skipped = frozenset(ask()) if callable(ask) else frozenset()
+    unknown = sorted(skipped - set(PASS_NAMES))
+    if unknown:
+        name = getattr(backend, "name", type(backend).__name__)
+        raise PluginError(f"backend {name!r}: skipped_passes() named unknown pass(es) {unknown}; "
+                          f"known: {', '.join(PASS_NAMES)}")
+    extra = tuple(sorted(skipped - set(opts.disable)))
+    return dataclasses.replace(opts, disable=(*opts.disable, *extra)) if extra else opts
 
 
 def priced_graph(graph: Graph, backend_name: str, registry: Registry | None = None) -> Graph:

@@ -47,7 +47,7 @@ class CpuBackend(rlx_core.Backend):
         versions = {"numpy": np.__version__, "blas": blas.describe(), "native kernels": native.describe(),
                     "gemm": gemm.describe(measured=False), "convolutions": conv_choice.describe(measured=False),
                     "onednn": onednn.describe(measured=False), "layout": layout.describe(),
-                    "openmp": openmp.describe()}
+                    "openmp": openmp.describe(measured=False)}
         return rlx_core.Availability(True, devices=["cpu"], versions=versions)
 
     def supported_ops(self) -> frozenset[str]:
@@ -57,6 +57,18 @@ class CpuBackend(rlx_core.Backend):
         from .executor import kernel_ops  # numpy-only modules; asked when devices are listed, not at import
 
         return kernel_ops()
+
+    def skipped_passes(self) -> frozenset[str]:
+        """``conv_scale`` where chains of convolutions go channels-last on oneDNN here
+        (``layout.chains_planned``): the core moves a squeeze-excitation gate into the
+        projection's weights, which then change per run, so that convolution falls back
+        to NCHW and breaks its block's chain twice (reorders out and back in).
+        efficientnet_b0 at batch 1 ran 7.3 ms with the pass and 6.3-6.5 ms without it
+        (batch 8: the same, 48-50 ms; BENCHMARKS.md, section 'Squeeze-excitation gates
+        on channels-last chains (issue 35, session 24)')."""
+        from . import layout  # numpy and ctypes only; loads nothing
+
+        return frozenset({"conv_scale"}) if layout.chains_planned() else frozenset()
 
     def settings(self) -> tuple[rlx_core.plugin.Setting, ...]:
         """``RLX_CPU_BLAS``, ``RLX_CPU_NATIVE``, ``RLX_CPU_GEMM``, ``RLX_CPU_CONV`` and

@@ -75,6 +75,14 @@ def enabled() -> onednn.Dnnl | None:
     return onednn.library()
 
 
+def chains_planned() -> bool:
+    """Whether compiles here plan channels-last chains (``RLX_CPU_LAYOUT`` not ``nchw``,
+    oneDNN wanted and installed), without loading oneDNN."""
+    from .settings import LAYOUT
+
+    return LAYOUT.read() != "nchw" and onednn.wanted() != "off" and onednn.find_library() is not None
+
+
 def describe() -> str:
     """The probe's ``"layout"`` entry (``rlx devices --explain``): whether chains go
     channels-last here, and if not, why not. Loads nothing."""

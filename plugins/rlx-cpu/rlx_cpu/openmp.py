@@ -20,7 +20,8 @@ enough to span the gaps between one run's regions (shorter counts made rlx itsel
 
 Nothing changes where the user chose (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` set), or
 where libgomp was loaded before rlx-cpu (torch bundles and loads its own copy, and the
-first library of a soname is the one every later user gets): ``describe()`` says which.
+first library of a soname is the one every later user gets): ``describe()`` says which,
+and logs it at info level.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def load() -> str:
     with _LOCK:
         if "how" not in _STATE:
             _STATE["how"] = _load()
+            log.info("rlx-cpu: OpenMP: %s", _STATE["how"])
         return str(_STATE["how"])
 
 
@@ -87,9 +89,17 @@ def _load() -> str:
     return f"libgomp, spin {SPIN:,} (rlx-cpu's; GOMP_SPINCOUNT or OMP_WAIT_POLICY choose another)"
 
 
-def describe() -> str:
-    """How the OpenMP runtime was loaded (probe ``versions["openmp"]``); loads it if not yet."""
-    return load()
+def describe(measured: bool = True) -> str:
+    """How the OpenMP runtime was loaded (loading it if not yet). ``measured=False`` (the
+    probe's ``versions["openmp"]``, part of the calibration's identity) says only what
+    rlx-cpu does in a process of its own, without loading anything: whether torch was
+    imported first is this process's state, which must not make a calibration stale."""
+    if measured:
+        return load()
+    chosen = [f"{k}={os.environ[k]}" for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if k in os.environ]
+    if chosen:
+        return f"libgomp, as the environment chooses ({', '.join(chosen)})"
+    return f"libgomp, spin {SPIN:,} where rlx-cpu loads it first (GOMP_SPINCOUNT or OMP_WAIT_POLICY choose another)"
 
 
 class Threads:

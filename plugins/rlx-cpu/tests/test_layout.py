@@ -364,3 +364,20 @@ def test_every_primitive_descriptor_is_freed_once_its_primitive_exists(monkeypat
     g.set_outputs([g.relu(conv(g, cat, 14, 4, 3))])
     check(g, {"x": rand((1, 4, 11, 11), 5)})
     assert len(made) >= 5 and sorted(made) == sorted(freed)
+
+
+def test_conv_scale_is_skipped_where_chains_go_channels_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The core's conv_scale would make a squeeze-excitation projection's weights change
+    per run, keeping it off oneDNN and out of its chain: the backend skips it where it
+    plans chains, and keeps it where everything is NCHW."""
+    from rlx_cpu.backend import CpuBackend
+
+    if onednn.find_library() is None:
+        pytest.skip("oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
+    monkeypatch.setenv("RLX_CPU_LAYOUT", "auto")
+    assert CpuBackend().skipped_passes() == {"conv_scale"}
+    monkeypatch.setenv("RLX_CPU_LAYOUT", "nchw")
+    assert CpuBackend().skipped_passes() == frozenset()
+    monkeypatch.setenv("RLX_CPU_LAYOUT", "auto")
+    monkeypatch.setenv("RLX_CPU_ONEDNN", "off")
+    assert CpuBackend().skipped_passes() == frozenset()

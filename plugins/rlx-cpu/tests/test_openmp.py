@@ -96,3 +96,14 @@ def test_every_loader_goes_through_openmp_first() -> None:
         pytest.skip(f"libgomp is not on this host: {got['how']}")
     assert got["how"].startswith(f"libgomp, spin {openmp.SPIN:,}"), got
     assert not got["env"]
+
+
+def test_the_probe_says_the_policy_and_loads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's entry is part of the calibration's identity: it must not depend on what
+    this process loaded first (torch's libgomp), only on the environment's choice."""
+    monkeypatch.setattr(openmp, "load", lambda: pytest.fail("the probe loaded libgomp"))
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert openmp.describe(measured=False).startswith(f"libgomp, spin {openmp.SPIN:,} where rlx-cpu loads it first")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    assert openmp.describe(measured=False) == "libgomp, as the environment chooses (OMP_WAIT_POLICY=passive)"
