@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -153,9 +154,7 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
         b_md = lib.md((o,), _TAG_A) if bias is not None else None
         pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr),
                          tuple(("add", dst) if op[0] == "add" else op for op in post))
-        impl = lib.impl(pd)
-        if impl.startswith("ref"):  # oneDNN's reference loops: orders of magnitude slower than rlx's
-            raise DnnlError(f"only its reference implementation ({impl}) takes it")
+        impl = _jit_impl(lib, pd)
         w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))  # make() needs it after pd is gone
         w_plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
         w_reorder = lib.reorder(w_plain, w_md)
@@ -179,17 +178,7 @@ def _conv_call(lib: Dnnl, pd: Any, impl: str, x: Any, w: Any, bias: Any, out: An
     src, dst, w_any, b_md, w_md, w_plain, w_reorder = objs
     w_size = lib.size(w_md)
 
-    def make(src_w: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
-        if dest is None:
-            dest = aligned_empty(-(-w_size // 4), np.float32)
-        plain = np.ascontiguousarray(src_w, dtype=np.float32)
-        pair = (lib.memory(w_plain, plain.ctypes.data), lib.memory(w_md, dest.ctypes.data))
-        try:
-            lib.run(w_reorder, (_Arg * 2)(_Arg(_ARG_SRC, pair[0]), _Arg(_ARG_DST, pair[1])), 2)
-        finally:
-            lib.destroy(memories=pair)
-        return dest
-
+    make = _reordered(lib, w_reorder, w_plain, w_md, w_size, contiguous=True)
     wbuf = ctx.derived(w, ("onednn_conv_weights", wshape, impl), make)
     if wbuf is None:
         lib.destroy((), (w_reorder,), (w_plain, w_md))
@@ -212,6 +201,36 @@ def _conv_call(lib: Dnnl, pd: Any, impl: str, x: Any, w: Any, bias: Any, out: An
     # array, which ``make`` refills.
     weakref.finalize(wbuf, lib.destroy, (), (w_reorder,), (w_plain, w_md))
     return [Step(call, (x, out))]
+
+
+def _jit_impl(lib: Dnnl, pd: Any) -> str:
+    """The implementation oneDNN chose for ``pd``; ``DnnlError`` where that is one of its
+    reference loops (orders of magnitude slower than rlx's kernels: rlx's then run it)."""
+    impl = lib.impl(pd)
+    if impl.startswith("ref"):
+        raise DnnlError(f"only its reference implementation ({impl}) takes it")
+    return impl
+
+
+def _reordered(lib: Dnnl, reorder: Any, plain: Any, blocked: Any, size: int,
+               contiguous: bool) -> Callable[[np.ndarray, np.ndarray | None], np.ndarray]:
+    """``ctx.derived``'s ``make`` for weights in oneDNN's layout: ``reorder`` from the
+    param as laid out by ``plain`` (a C-contiguous copy first where ``contiguous``; else
+    ``plain`` describes the param's own strides) into ``blocked`` memory of ``size``
+    bytes, a new array or ``dest`` (``set_param``: in place, where the steps point)."""
+
+    def make(src_w: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
+        if dest is None:
+            dest = aligned_empty(-(-size // 4), np.float32)
+        src = np.ascontiguousarray(src_w, dtype=np.float32) if contiguous else src_w
+        pair = (lib.memory(plain, _addr(src)), lib.memory(blocked, dest.ctypes.data))
+        try:
+            lib.run(reorder, (_Arg * 2)(_Arg(_ARG_SRC, pair[0]), _Arg(_ARG_DST, pair[1])), 2)
+        finally:
+            lib.destroy(memories=pair)
+        return dest
+
+    return make
 
 
 def _layouted(kind: type[_Call], lib: Dnnl, pd: Any, mds: tuple[Any, Any], x: Any, out: Any,
@@ -297,8 +316,7 @@ def pool_steps(lib: Dnnl, x: Any, out: Any, is_max: bool, include_pad: bool, ker
     try:
         src, dst = lib.md((n, c, h, wd), _ACDB), lib.md((n, c, oh, ow), _ACDB)
         pd = lib.pool_pd(alg, src, dst, stride, kernel, dilation, (pt, pl), (pb2, pr2))
-        if lib.impl(pd).startswith("ref"):
-            raise DnnlError(f"only its reference implementation ({lib.impl(pd)}) takes it")
+        _jit_impl(lib, pd)
         call = _layouted(_PoolCall, lib, pd, (src, dst), x, out, (n, c, h, wd), (n, c, oh, ow), (src_cl, dst_cl),
                          ctx, [], [], {}, [])
     except DnnlError as exc:
@@ -328,8 +346,7 @@ def concat_steps(lib: Dnnl, ins: list[Any], out: Any, axis: int, ctx: Any) -> li
         dst = lib.md(tuple(out.shape[p] for p in to_nchw), _ACDB)
         srcs = [lib.md(tuple(x.shape[p] for p in to_nchw), _ACDB) for x in ins]
         pd = lib.concat_pd(dst, to_nchw.index(axis), srcs)
-        if lib.impl(pd).startswith("ref"):
-            raise DnnlError(f"only its reference implementation ({lib.impl(pd)}) takes it")
+        _jit_impl(lib, pd)
         prim = lib.primitive(pd)
     except DnnlError as exc:
         log.debug("rlx-cpu: oneDNN declined a concat into %s: %s", tuple(out.shape), exc)
@@ -374,9 +391,7 @@ def matmul_steps(lib: Dnnl, a: Any, b: Any, bias: Any, out: Any, ctx: Any,
         src, dst, w_any = lib.md((m, k), _AB), lib.md((m, n), _AB), lib.md((k, n), _ANY)
         b_md = lib.md((1, n), _AB) if bias is not None else None
         pd = lib.matmul_pd(src, w_any, b_md, dst, post)
-        impl = lib.impl(pd)
-        if impl.startswith("ref"):
-            raise DnnlError(f"only its reference implementation ({impl}) takes it")
+        impl = _jit_impl(lib, pd)
         w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))
         w_plain = lib.md_strided((k, n), tuple(st // 4 for st in b.strides))
         w_reorder = lib.reorder(w_plain, w_md)
@@ -390,16 +405,7 @@ def matmul_steps(lib: Dnnl, a: Any, b: Any, bias: Any, out: Any, ctx: Any,
             lib.destroy(pds=(pd,))
     w_size = lib.size(w_md)
 
-    def make(src_w: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
-        if dest is None:
-            dest = aligned_empty(-(-w_size // 4), np.float32)
-        pair = (lib.memory(w_plain, _addr(src_w)), lib.memory(w_md, dest.ctypes.data))
-        try:
-            lib.run(w_reorder, (_Arg * 2)(_Arg(_ARG_SRC, pair[0]), _Arg(_ARG_DST, pair[1])), 2)
-        finally:
-            lib.destroy(memories=pair)
-        return dest
-
+    make = _reordered(lib, w_reorder, w_plain, w_md, w_size, contiguous=False)
     descs = [src, dst, w_any, pad, *((b_md,) if b_md is not None else ())]
     wbuf = derived(b, ("onednn_matmul_weights", (k, n), tuple(b.strides), impl), make)
     if wbuf is None:

@@ -23,19 +23,24 @@ def rand(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-@pytest.fixture
-def forced(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
-    """RLX_CPU_ONEDNN=on, and the oneDNN convolutions that plans then run."""
+def _spied(monkeypatch: pytest.MonkeyPatch, kind: type[onednn_steps._Call]) -> list[tuple[Any, ...]]:
+    """RLX_CPU_ONEDNN=on, and the (input, output) shapes of each ``kind`` call plans run."""
     monkeypatch.setenv("RLX_CPU_ONEDNN", "on")
     calls: list[tuple[Any, ...]] = []
-    real = onednn_steps._ConvCall.__call__
+    real = kind.__call__
 
-    def spy(self: onednn_steps._ConvCall, x: np.ndarray, y: np.ndarray) -> None:
+    def spy(self: onednn_steps._Call, x: np.ndarray, y: np.ndarray) -> None:
         calls.append((x.shape, y.shape))
         real(self, x, y)
 
-    monkeypatch.setattr(onednn_steps._ConvCall, "__call__", spy)
+    monkeypatch.setattr(kind, "__call__", spy)
     return calls
+
+
+@pytest.fixture
+def forced(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """RLX_CPU_ONEDNN=on, and the oneDNN convolutions that plans then run."""
+    return _spied(monkeypatch, onednn_steps._ConvCall)
 
 
 #: name -> (x shape, w shape, bias?, conv2d keyword arguments)
@@ -185,16 +190,7 @@ def _one_conv() -> Graph:
 @pytest.fixture
 def products(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     """RLX_CPU_ONEDNN=on, and the oneDNN products that plans then run."""
-    monkeypatch.setenv("RLX_CPU_ONEDNN", "on")
-    calls: list[tuple[Any, ...]] = []
-    real = onednn_steps._MatmulCall.__call__
-
-    def spy(self: onednn_steps._MatmulCall, x: np.ndarray, y: np.ndarray) -> None:
-        calls.append((x.shape, y.shape))
-        real(self, x, y)
-
-    monkeypatch.setattr(onednn_steps._MatmulCall, "__call__", spy)
-    return calls
+    return _spied(monkeypatch, onednn_steps._MatmulCall)
 
 
 @pytest.mark.parametrize("activation", ["none", "relu", "gelu", "gelu_tanh", "sigmoid", "tanh"])
