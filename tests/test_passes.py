@@ -231,6 +231,9 @@ def test_a_backend_may_skip_a_pass_for_its_compiles():
     with pytest.raises(rlx.PluginError, match=r"'skipper': skipped_passes\(\) named unknown pass\(es\) "
                                               r"\['conv_sclae'\]"):
         pipeline_for(g, "skipper", bad)
+    for wrong in (None, "conv_scale", {1}):
+        with pytest.raises(rlx.PluginError, match=r"'skipper': skipped_passes\(\) must return a set of pass names"):
+            pipeline_for(g, "skipper", registry_with(_SkipsConvScale(wrong)))
 
 
 def _conv_relu_pool(g: rlx.Graph, x, extra_reader: bool = False):

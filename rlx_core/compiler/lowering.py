@@ -78,10 +78,16 @@ def _with_skipped(backend: Any, opts: CompileOptions) -> CompileOptions:
     """``opts`` with the passes ``backend`` is better without (``Backend.skipped_passes``,
     optional for plugins that do not subclass ``Backend``) added to ``disable``."""
     ask = getattr(backend, "skipped_passes", None)
-    skipped = frozenset(ask()) if callable(ask) else frozenset()
+    name = getattr(backend, "name", type(backend).__name__)
+    answer = ask() if callable(ask) else frozenset()
+    try:
+        skipped = None if isinstance(answer, str) else frozenset(answer)
+    except TypeError:  # not a collection
+        skipped = None
+    if skipped is None or not all(isinstance(p, str) for p in skipped):
+        raise PluginError(f"backend {name!r}: skipped_passes() must return a set of pass names, got {answer!r}")
     unknown = sorted(skipped - set(PASS_NAMES))
     if unknown:
-        name = getattr(backend, "name", type(backend).__name__)
         raise PluginError(f"backend {name!r}: skipped_passes() named unknown pass(es) {unknown}; "
                           f"known: {', '.join(PASS_NAMES)}")
     extra = tuple(sorted(skipped - set(opts.disable)))
