@@ -385,11 +385,15 @@ def matmul_steps(lib: Dnnl, a: Any, b: Any, bias: Any, out: Any, ctx: Any,
     if bias is not None and (isinstance(bias, Dyn) or bias.dtype != np.float32 or bias.size != n
                              or bias.shape[-1] != n or not bias.flags.c_contiguous):
         return None
+    if not all(isinstance(x, Dyn) or x.flags.c_contiguous for x in (a, out)):  # plan views read as row-major
+        return None
     post = (() if activation == "none" else (("eltwise", ELTWISE[ACTIVATION_POST[activation]], 0.0, 0.0),))
-    pd = None
+    pd, made = None, []
     try:
         src, dst, w_any = lib.md((m, k), _AB), lib.md((m, n), _AB), lib.md((k, n), _ANY)
+        made += [src, dst, w_any]
         b_md = lib.md((1, n), _AB) if bias is not None else None
+        made += [b_md] if b_md is not None else []
         pd = lib.matmul_pd(src, w_any, b_md, dst, post)
         impl = _jit_impl(lib, pd)
         w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))
@@ -399,6 +403,7 @@ def matmul_steps(lib: Dnnl, a: Any, b: Any, bias: Any, out: Any, ctx: Any,
         pad = lib.clone_md(lib.query_md(pd, _QUERY_SCRATCHPAD_MD))
     except DnnlError as exc:
         log.debug("rlx-cpu: oneDNN declined a product %s @ %s: %s", tuple(a.shape), tuple(b.shape), exc)
+        lib.destroy(descs=made)
         return None
     finally:
         if pd is not None:

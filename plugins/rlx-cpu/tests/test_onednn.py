@@ -248,6 +248,19 @@ def test_matmul_steps_declines_what_it_cannot_take() -> None:
     assert onednn_steps.matmul_steps(lib, a, b, None, out, ctx, "softplus") is None  # not a post-op it maps
     assert onednn_steps.matmul_steps(lib, a, b, rand((4, 6), 3), out, ctx) is None  # not a bias of n values
     assert onednn_steps.matmul_steps(lib, a, b.astype(np.float64), None, out, ctx) is None
+    wide = rand((4, 16), 5)
+    assert onednn_steps.matmul_steps(lib, wide[:, ::2], b, None, out, ctx) is None  # a strided plan view
     (step,) = onednn_steps.matmul_steps(lib, a, b, rand((6,), 4), out, ctx, "relu")
     step.fn(a, out)
     np.testing.assert_allclose(out, np.maximum(a @ b + rand((6,), 4), 0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_transposed_activation_is_not_read_as_rows(products: list[tuple[Any, ...]]) -> None:
+    """relu(x).T @ W: the product's A is a transposed view of a plan buffer, which oneDNN's
+    row-major source would misread; the answer must be the reference's either way."""
+    g = Graph("transposed-a")
+    x = g.input("x", (16, 6))
+    g.set_outputs([g.matmul(g.transpose(g.relu(x), (1, 0)), g.param("w", rand((16, 12), 1)))])
+    feeds = {"x": rand((16, 6), 2)}
+    np.testing.assert_allclose(rlx.compile(g, device="cpu").run(feeds)[0], reference.evaluate(g, feeds)[0],
+                               rtol=1e-4, atol=1e-4)
