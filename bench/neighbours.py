@@ -52,7 +52,7 @@ import numpy as np  # noqa: E402
 NEIGHBOURS = ("torch", "onnxruntime", "onnxruntime-quiet", "openvino")
 
 
-def _neighbour(kind: str, model_path: Path, feeds: dict[str, np.ndarray], name: str, batch: int) -> Any:
+def _neighbour(kind: str, model_path: Path, feeds: dict[str, np.ndarray], name: str) -> Any:
     """A zero-argument call running ``kind`` on the model (its pool created and warm)."""
     if kind in ("onnxruntime", "onnxruntime-quiet"):
         import onnxruntime as ort
@@ -109,14 +109,14 @@ def _blocks(calls: list[Any], rounds: int, per_block: int, pause: float) -> list
     return out
 
 
-def child(scenario: str, workdir: Path, name: str, batch: int, rounds: int, target_s: float) -> dict[str, Any]:
+def child(scenario: str, workdir: Path, name: str, rounds: int, target_s: float) -> dict[str, Any]:
     """One scenario, in this (fresh) process: medians in ms."""
     feeds = dict(np.load(workdir / "inputs.npz"))
     model_path = workdir / "model.onnx"
     kind, _, mode = scenario.partition(" ")
     neighbour = None
     if kind in NEIGHBOURS:
-        neighbour = _neighbour(kind, model_path, feeds, name, batch)
+        neighbour = _neighbour(kind, model_path, feeds, name)
         for _ in range(5):
             neighbour()
     calls = []
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        row = child(args.child, args.workdir, args.models, int(args.batch), args.rounds, args.target_ms / 1e3)
+        row = child(args.child, args.workdir, args.models, args.rounds, args.target_ms / 1e3)
         print(json.dumps(row))
         return 0
     neighbours = [n.strip() for n in args.neighbours.split(",") if n.strip()]

@@ -173,7 +173,7 @@ class Mkl:
         (``_after_fork``) instead of hanging."""
         if "MKL_THREADING_LAYER" in os.environ or sys.platform != "linux":
             return os.environ.get("MKL_THREADING_LAYER", "intel").lower()
-        if openmp.load().startswith("libgomp not loaded"):
+        if not openmp.loaded():
             return "intel"
         self._lib.MKL_Set_Threading_Layer(_MKL_THREADING_GNU)
         if hasattr(os, "register_at_fork"):

@@ -68,11 +68,7 @@ _ELEMENTWISE = ELEMENTWISE_OPS | {OpKind.FUSED_ELEMENTWISE}
 
 def enabled() -> onednn.Dnnl | None:
     """oneDNN, when chains may be planned channels-last here (``RLX_CPU_LAYOUT``)."""
-    from .settings import LAYOUT
-
-    if LAYOUT.read() == "nchw" or onednn.wanted() == "off":
-        return None
-    return onednn.library()
+    return onednn.library() if chains_planned() else None
 
 
 def chains_planned() -> bool:

@@ -222,17 +222,12 @@ class Dnnl:
     def pool_pd(self, alg: int, src: Any, dst: Any, stride: tuple[int, int], kernel: tuple[int, int],
                 dilation: tuple[int, int], pad_l: tuple[int, int], pad_r: tuple[int, int]) -> Any:
         """A pooling primitive descriptor (``dilation`` as ONNX gives it: 1 is none)."""
-        attr = _P()
-        self._ok(self._lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "primitive_attr_create")
-        try:
-            self._ok(self._lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_USER), "set_scratchpad_mode")
-            pd = _P()
+        pd = _P()
+        with self._attr(()) as attr:
             self._ok(self._lib.dnnl_pooling_forward_primitive_desc_create(
                 ctypes.byref(pd), self.engine, _FORWARD_INFERENCE, alg, src, dst, _dims(stride), _dims(kernel),
                 _dims(tuple(d - 1 for d in dilation)), _dims(pad_l), _dims(pad_r), attr),
                 "pooling_forward_primitive_desc_create")
-        finally:
-            self._lib.dnnl_primitive_attr_destroy(attr)
         return pd
 
     def concat_pd(self, dst: Any, axis: int, srcs: list[Any]) -> Any:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .ccall import address
+from .gemm import stacked_rows
 from .onednn import (
     _AB,
     _ABCD,
@@ -47,6 +48,7 @@ from .onednn import (
     Dnnl,
     DnnlError,
     _Arg,
+    use,
 )
 from .openmp import threads as openmp_threads
 from .steps import Dyn, Step, aligned_empty
@@ -447,9 +449,6 @@ def dense_steps(a: Any, b: Any, bias: Any, activation: str, out: Any, ctx: Any) 
     (``gemm.stacked_rows``); None where it does not apply (rlx's way then runs it)."""
     if isinstance(b, Dyn) or getattr(ctx, "derived", None) is None or out.dtype != np.float32 or out.size == 0:
         return None
-    from .gemm import stacked_rows
-    from .onednn import use
-
     a2, b2, out2 = stacked_rows(a, b, out)
     if a2.ndim != 2 or b2.ndim != 2 or out2.ndim != 2 or min(out2.shape) <= 1:  # a gemv: rlx_gemv's
         return None

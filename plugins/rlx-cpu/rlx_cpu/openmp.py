@@ -34,7 +34,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["SPIN", "Threads", "describe", "load", "threads"]
+__all__ = ["SPIN", "Threads", "describe", "load", "loaded", "threads"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -61,32 +61,40 @@ def load() -> str:
     """Load libgomp as described above, once per process; returns ``describe()``."""
     with _LOCK:
         if "how" not in _STATE:
-            _STATE["how"] = _load()
+            _STATE["loaded"], _STATE["how"] = _load()
             log.info("rlx-cpu: OpenMP: %s", _STATE["how"])
         return str(_STATE["how"])
 
 
-def _load() -> str:
+def loaded() -> bool:
+    """Whether libgomp is in the process (``load`` first, if it has not run)."""
+    load()
+    return bool(_STATE["loaded"])
+
+
+def _chosen() -> str:
+    """The user's own OpenMP wait settings, as ``NAME=value, ...`` ("" when none)."""
+    return ", ".join(f"{k}={os.environ[k]}" for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if k in os.environ)
+
+
+def _load() -> tuple[bool, str]:
     if sys.platform != "linux":
-        return "not libgomp (not Linux): the OpenMP runtime's defaults"
+        return False, "not libgomp (not Linux): the OpenMP runtime's defaults"
     if _loaded_already(LIBRARY):
-        return "libgomp loaded before rlx-cpu (torch, say): its spin count is the one set then"
-    chosen = [k for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if k in os.environ]
-    if chosen:
-        how = ", ".join(f"{k}={os.environ[k]}" for k in chosen)
-        try:
-            ctypes.CDLL(LIBRARY, mode=os.RTLD_GLOBAL)
-        except OSError as exc:
-            return f"libgomp not loaded ({exc})"
-        return f"libgomp, as the environment chose ({how})"
-    os.environ["GOMP_SPINCOUNT"] = str(SPIN)  # read by libgomp's constructor, at load only
+        return True, "libgomp loaded before rlx-cpu (torch, say): its spin count is the one set then"
+    chosen = _chosen()
+    if not chosen:
+        os.environ["GOMP_SPINCOUNT"] = str(SPIN)  # read by libgomp's constructor, at load only
     try:
         ctypes.CDLL(LIBRARY, mode=os.RTLD_GLOBAL)
     except OSError as exc:
-        return f"libgomp not loaded ({exc})"
+        return False, f"libgomp not loaded ({exc})"
     finally:
-        del os.environ["GOMP_SPINCOUNT"]
-    return f"libgomp, spin {SPIN:,} (rlx-cpu's; GOMP_SPINCOUNT or OMP_WAIT_POLICY choose another)"
+        if not chosen:
+            del os.environ["GOMP_SPINCOUNT"]
+    if chosen:
+        return True, f"libgomp, as the environment chose ({chosen})"
+    return True, f"libgomp, spin {SPIN:,} (rlx-cpu's; GOMP_SPINCOUNT or OMP_WAIT_POLICY choose another)"
 
 
 def describe(measured: bool = True) -> str:
@@ -96,9 +104,9 @@ def describe(measured: bool = True) -> str:
     imported first is this process's state, which must not make a calibration stale."""
     if measured:
         return load()
-    chosen = [f"{k}={os.environ[k]}" for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if k in os.environ]
+    chosen = _chosen()
     if chosen:
-        return f"libgomp, as the environment chooses ({', '.join(chosen)})"
+        return f"libgomp, as the environment chooses ({chosen})"
     return f"libgomp, spin {SPIN:,} where rlx-cpu loads it first (GOMP_SPINCOUNT or OMP_WAIT_POLICY choose another)"
 
 

@@ -40,7 +40,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> _FakeCDLL:
 
 
 def test_spin_count_is_set_for_the_load_only(fake: _FakeCDLL) -> None:
-    how = openmp._load()
+    ok, how = openmp._load()
+    assert ok
     assert fake.seen == [{"GOMP_SPINCOUNT": str(openmp.SPIN), "OMP_WAIT_POLICY": None}]
     assert "GOMP_SPINCOUNT" not in os.environ
     assert f"spin {openmp.SPIN:,}" in how
@@ -49,7 +50,8 @@ def test_spin_count_is_set_for_the_load_only(fake: _FakeCDLL) -> None:
 @pytest.mark.parametrize("var,value", [("GOMP_SPINCOUNT", "123"), ("OMP_WAIT_POLICY", "passive")])
 def test_the_users_choice_is_kept(fake: _FakeCDLL, monkeypatch: pytest.MonkeyPatch, var: str, value: str) -> None:
     monkeypatch.setenv(var, value)
-    how = openmp._load()
+    ok, how = openmp._load()
+    assert ok
     assert fake.seen[0][var] == value
     assert fake.seen[0]["GOMP_SPINCOUNT"] == (value if var == "GOMP_SPINCOUNT" else None)
     assert os.environ[var] == value
@@ -58,7 +60,8 @@ def test_the_users_choice_is_kept(fake: _FakeCDLL, monkeypatch: pytest.MonkeyPat
 
 def test_a_library_loaded_before_is_left_alone(fake: _FakeCDLL, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(openmp, "_loaded_already", lambda name: True)
-    how = openmp._load()
+    ok, how = openmp._load()
+    assert ok
     assert fake.seen == []
     assert "loaded before rlx-cpu" in how
 
@@ -66,7 +69,8 @@ def test_a_library_loaded_before_is_left_alone(fake: _FakeCDLL, monkeypatch: pyt
 def test_a_missing_library_says_so_and_restores_the_environment(monkeypatch: pytest.MonkeyPatch,
                                                                 fake: _FakeCDLL) -> None:
     fake.fail = True
-    how = openmp._load()
+    ok, how = openmp._load()
+    assert not ok
     assert how.startswith("libgomp not loaded") and "cannot open" in how
     assert "GOMP_SPINCOUNT" not in os.environ
 
