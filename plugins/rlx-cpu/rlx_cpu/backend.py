@@ -64,8 +64,9 @@ class CpuBackend(rlx_core.Backend):
         projection's weights, which then change per run, so that convolution falls back
         to NCHW and breaks its block's chain twice (reorders out and back in).
         efficientnet_b0 at batch 1 ran 7.3 ms with the pass and 6.3-6.5 ms without it
-        (batch 8: the same, 48-50 ms; BENCHMARKS.md, section 'Squeeze-excitation gates
-        on channels-last chains (issue 35, session 24)')."""
+        (batch 8: the same, 48-50 ms; efficientnet_b1 and mobilenet_v3_large at batch 1:
+        a tie; BENCHMARKS.md, section 'Squeeze-excitation gates on channels-last chains
+        (issue 35, session 24)', with its 'Outside the zoo' figures)."""
         from . import layout  # numpy and ctypes only; loads nothing
 
         return frozenset({"conv_scale"}) if layout.chains_planned() else frozenset()
