@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -69,6 +72,8 @@ __all__ = [
     "Executable",
     "Backend",
     "Setting",
+    "ShapeFamily",
+    "shape_family",
     "CONTRACT_DTYPES",
     "EXTENDED_DTYPES",
     "STORAGE_DTYPES",
@@ -314,6 +319,46 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} priority={self.priority}>"
+
+
+class ShapeFamily:
+    """The compiles of one symbolic graph, one per shape class, and what they may share.
+
+    A backend that does not run symbolic graphs itself is handed one specialization per
+    new set of sizes (``rlx_core.compiler.dynamic``). Each such compile runs inside the
+    graph's family (``shape_family()`` answers it during ``Backend.compile``; ``None``
+    for a compile of its own), so that a backend can keep in ``shared`` what is the same
+    at every size: a writable copy of a weight, a weight laid out for a kernel. Keys are
+    the backend's own; a key must name everything the value depends on (a layout chosen
+    for one size is not another size's). The family lives as long as the compiled
+    graph, and ``set_param`` reaches every copy, so a shared weight refilled in place
+    by one copy is what the others hold too. Compiles of one family are serialized by
+    the core; ``lock`` guards ``shared`` for a backend that also reads it from its runs.
+    """
+
+    def __init__(self) -> None:
+        self.shared: dict[Any, Any] = {}
+        self.lock = threading.Lock()
+
+    @contextmanager
+    def compiling(self) -> Iterator[ShapeFamily]:
+        """The block in which ``shape_family()`` answers this family."""
+        token = _FAMILY.set(self)
+        try:
+            yield self
+        finally:
+            _FAMILY.reset(token)
+
+    def __repr__(self) -> str:
+        return f"<ShapeFamily: {len(self.shared)} shared value(s)>"
+
+
+_FAMILY: ContextVar[ShapeFamily | None] = ContextVar("rlx_shape_family", default=None)
+
+
+def shape_family() -> ShapeFamily | None:
+    """The ``ShapeFamily`` of the compile now running (see the class), else ``None``."""
+    return _FAMILY.get()
 
 
 # Ops every backend supports without claiming them: the core feeds sources itself.

@@ -27,7 +27,6 @@ Why it is written this way:
 
 from __future__ import annotations
 
-import gc
 import math
 import random
 import statistics
@@ -35,6 +34,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from ._gc import paused
 
 __all__ = ["Entry", "EntryFailed", "best_of", "first_quartile", "interleave", "loops_for", "per_call", "warm_up"]
 
@@ -45,16 +46,11 @@ ORDER_SEED = 20261123
 def per_call(fn: Callable[[], Any], n: int) -> float:
     """Seconds per call of ``fn`` over ``n`` back-to-back calls, the collector off."""
     n = max(1, int(n))
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused():  # (the one switch every rlx module goes through: re-entrant, shared by threads)
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
         return (time.perf_counter() - t0) / n
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def best_of(fn: Callable[[], Any], repeats: int = 3) -> float:

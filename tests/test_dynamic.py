@@ -135,6 +135,42 @@ def test_set_param_reaches_every_copy_kept_and_later() -> None:
         cg.set_param("w", np.zeros((3, 3), np.float32))
 
 
+def test_shape_classes_share_the_weights_and_stay_apart_from_another_compile() -> None:
+    g = mlp()
+    cg = rlx.compile(g, device="cpu")
+    other = rlx.compile(g, device="cpu")  # a compile of its own: its own weights
+    copies = [cg.for_inputs({"x": x_of(b)}) for b in (2, 5)]
+    held = [c._exe._params["w"] for c in copies]  # (rlx-cpu's writable copies)
+    assert held[0] is held[1], "two shape classes of one graph hold the weight once"
+    assert other.for_inputs({"x": x_of(2)})._exe._params["w"] is not held[0]
+    cg.set_param("w", np.zeros_like(W))
+    for batch in (2, 5, 7):  # kept copies and a new one see the new weight
+        np.testing.assert_array_equal(cg.run({"x": x_of(batch)})[0], np.full((batch, 8), 1 / 8, np.float32))
+    feeds = {"x": x_of(3)}
+    assert_matches(g, other.run(feeds), feeds)  # the other compile still has the old one
+
+
+def test_the_family_is_what_a_backend_sees_during_each_compile() -> None:
+    from rlx_core.plugin import ShapeFamily, shape_family
+
+    seen: list[object] = []
+
+    class Recording(ToyBackend):
+        def compile(self, graph: rlx.Graph, options: rlx.CompileOptions) -> rlx.Executable:
+            seen.append(shape_family())
+            return super().compile(graph, options)
+
+    reg = registry_with(Recording("toy"))
+    cg = rlx.compile(mlp(), device="toy", policy=rlx.DevicePolicy(), registry=reg)
+    cg.run({"x": x_of(3)})
+    assert len(seen) == 2 and isinstance(seen[0], ShapeFamily) and seen[0] is seen[1]
+    assert shape_family() is None, "outside a compile no family is active"
+    static = rlx.Graph("static")
+    static.set_outputs([static.relu(static.input("x", (2, 3), "float32"))])
+    rlx.compile(static, device="toy", policy=rlx.DevicePolicy(), registry=reg)
+    assert seen[-1] is None, "a static graph's compile has no family"
+
+
 def test_graph_devices_and_fallback_take_symbolic_graphs() -> None:
     g = mlp()
     gd = rlx.GraphDevices(g)

@@ -19,6 +19,9 @@ pass works unchanged. This module keeps those specializations:
   8): a server fed every sequence length from 1 to 512 holds at most eight compiled
   copies, not 512. The report lists every class compiled, when, and how long it took.
 - **Params** set on the compiled graph reach every kept copy and every later one.
+- **One family.** Every copy is compiled inside the graph's ``ShapeFamily``
+  (``rlx_core.plugin``), where a backend keeps what is the same at every size (rlx-cpu:
+  its writable copies of the weights, held once, not once per shape class).
 
 Serving a new size without compiling (shape buckets, run-time sizes in the kernels) is a
 backend's own business, for a later plugin API; this is the fallback every backend gets.
@@ -35,9 +38,11 @@ from typing import Any
 
 import numpy as np
 
+from .._gc import paused, pausing
 from ..ir import Graph
 from ..ir.specialize import REPRESENTATIVE_SIZES, representative
 from ..ir.valued import ValueDependentGraph
+from ..plugin import ShapeFamily
 from .compiled import CompiledGraph, CompileReport
 from .inputs import check_param_value
 
@@ -71,7 +76,7 @@ class DynamicCompiledGraph(CompiledGraph):
 
     def __init__(self, graph: Graph, first: CompiledGraph, bindings: Mapping[str, int],
                  compile_shape: Callable[[Graph], CompiledGraph], *, max_shapes: int = DEFAULT_MAX_SHAPES,
-                 seconds: float | None = None) -> None:
+                 seconds: float | None = None, family: ShapeFamily | None = None) -> None:
         if max_shapes < 1:
             raise ValueError(f"max_shapes must be at least 1, got {max_shapes}")
         # The base's executable and legal graph are never used for running here (``run`` and
@@ -81,6 +86,7 @@ class DynamicCompiledGraph(CompiledGraph):
                          getattr(first, "_options", None))
         self._compile_shape = compile_shape
         self._max_shapes = max_shapes
+        self._family = family or ShapeFamily()  # (``first`` was compiled in it, when given)
         self._params: dict[str, np.ndarray] = {}  # set_param's values, for copies compiled later
         self._classes: OrderedDict[tuple[tuple[str, int], ...], CompiledGraph] = OrderedDict()
         self._compiling = threading.Lock()  # one compile at a time; runs of compiled classes never wait
@@ -99,7 +105,8 @@ class DynamicCompiledGraph(CompiledGraph):
 
     def for_inputs(self, inputs: Mapping[str, Any]) -> CompiledGraph:
         """The compiled copy for the sizes of ``inputs`` (an ``InputError`` naming what is
-        wrong when they fit no shape class of the graph)."""
+        wrong when they fit no shape class of the graph). Set params on this graph, not on
+        a copy: copies may share their weights (``ShapeFamily``)."""
         bindings = self.graph.bind(self.graph.input_shapes(inputs))
         key = shape_key(bindings)
         cg = self._classes.get(key)
@@ -120,9 +127,11 @@ class DynamicCompiledGraph(CompiledGraph):
                               describe_bindings(dict(dropped)), self._max_shapes)
         return cg
 
+    @pausing
     def _compile(self, bindings: Mapping[str, int]) -> CompiledGraph:
         t0 = time.perf_counter()
-        cg = self._compile_shape(self.graph.specialize(bindings))
+        with self._family.compiling():
+            cg = self._compile_shape(self.graph.specialize(bindings))
         for name, value in self._params.items():
             cg.set_param(name, value)
         seconds = time.perf_counter() - t0
@@ -166,10 +175,12 @@ def compile_symbolic(graph: Graph, first_compile: Callable[[Graph], CompiledGrap
     same) for each new shape class it meets."""
     graph.freeze()
     rep, bindings = representative(graph)
-    first = first_compile(rep)
+    family = ShapeFamily()
+    with family.compiling():
+        first = first_compile(rep)
     first.report().notes.append(f"symbolic dims ({', '.join(graph.symbols)}): placed and priced at "
                                 f"{describe_bindings(bindings)}; compiled again per shape class on {first.device}")
-    return DynamicCompiledGraph(graph, first, bindings, later_compile or first_compile)
+    return DynamicCompiledGraph(graph, first, bindings, later_compile or first_compile, family=family)
 
 
 class ValueCompiledGraph(DynamicCompiledGraph):
@@ -199,6 +210,7 @@ class ValueCompiledGraph(DynamicCompiledGraph):
         self._params = {}
         self._classes = OrderedDict()
         self._compiling = threading.Lock()
+        self._family = ShapeFamily()
         self._history = []
         self.compiles = 0
 
@@ -217,8 +229,9 @@ class ValueCompiledGraph(DynamicCompiledGraph):
             cg = self._classes.get(key)
             if cg is None:
                 t0 = time.perf_counter()
-                key, static = graph.build(inputs)
-                cg = (self._compile_shape if self.compiles else self._first)(static)
+                with paused(), self._family.compiling():
+                    key, static = graph.build(inputs)
+                    cg = (self._compile_shape if self.compiles else self._first)(static)
                 for name, value in self._params.items():
                     cg.set_param(name, value)
                 if not self.compiles:

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any, Union
 
 import numpy as np
 
 from .. import reference
 from ..errors import ModelError
-from ..ir import Graph, Value
+from ..ir import Graph, Node, Value
 from ..ir.dtypes import itemsize, normalize_dtype
 from ..ir.ops import OpKind, infer
 
@@ -169,12 +170,10 @@ class Emitter:
 
     def fold(self, kind: str, arrays: Sequence[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
         """Compute IR op ``kind`` on ``arrays`` now, with the reference interpreter."""
-        _, shape, dtype = infer(OpKind(kind), [_Spec(a.shape, a.dtype.name) for a in arrays], attrs)
+        op = OpKind(kind)
+        norm, shape, dtype = infer(op, [_Spec(a.shape, a.dtype.name) for a in arrays], attrs)
         self.check_size(shape, dtype, f"the folded result of {kind}")
-        scratch = Graph("fold")
-        out = _call_builder(scratch, kind, [scratch.constant(a) for a in arrays], dict(attrs), "")
-        scratch.set_outputs([out])
-        return frozen(reference.evaluate(scratch, {})[0].astype(dtype))
+        return frozen(reference.evaluate_node(Node(0, op, (), MappingProxyType(norm), tuple(shape), dtype), arrays))
 
     def flip(self, x: Operand, name: str = "") -> Operand:
         """An order-reversing map of ``x`` that is its own inverse and never overflows:

@@ -42,7 +42,7 @@ import numpy as np
 from rlx_core.errors import GraphError, InputError
 from rlx_core.ir import Graph, Node
 from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
-from rlx_core.plugin import Executable
+from rlx_core.plugin import Executable, shape_family
 
 from . import blas, layout
 from .fused import FUSED_KERNELS
@@ -205,6 +205,25 @@ def _build_with(node: Node, ins: list[Any], out: Any, ctx: Any) -> list[Step]:
     return _build_steps(_BUILDERS[node.op], node, ins, out, ctx)
 
 
+def _param_copy(node: Node, value: np.ndarray) -> np.ndarray:
+    """The writable copy of a param's value that the steps read and ``set_param`` refills
+    in place. Compiles of one symbolic graph's shape classes (one ``ShapeFamily``) share
+    it: their graphs hold the same value array, and ``set_param`` reaches every copy, so
+    one array serves all of them (eight shape classes of a model hold its weights once,
+    and a new size copies none of them)."""
+    family = shape_family()
+    if family is None:
+        return np.array(value, dtype=node.dtype, order="C", copy=True)
+    key = ("rlx_cpu.param", node.name, id(value))
+    with family.lock:
+        found = family.shared.get(key)
+        if found is not None and found[0] is value:
+            return found[1]
+        arr = np.array(value, dtype=node.dtype, order="C", copy=True)
+        family.shared[key] = (value, arr)  # the value kept alive: its id names it
+    return arr
+
+
 class CpuExecutable(Executable):
     """A graph compiled for the cpu backend: a pool of bound plans over shared residents."""
 
@@ -329,7 +348,7 @@ class CpuExecutable(Executable):
             if self._kinds[node.id] != RESIDENT:
                 continue
             if node.op is OpKind.PARAM:
-                arr = np.array(graph.value(node.id), dtype=node.dtype, order="C", copy=True)
+                arr = _param_copy(node, graph.value(node.id))
                 self._params[node.name] = arr
                 deps[node.id] = frozenset({node.name})
             elif node.op is OpKind.CONSTANT:
