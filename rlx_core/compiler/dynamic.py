@@ -21,7 +21,8 @@ pass works unchanged. This module keeps those specializations:
 - **Params** set on the compiled graph reach every kept copy and every later one.
 - **One family.** Every copy is compiled inside the graph's ``ShapeFamily``
   (``rlx_core.plugin``), where a backend keeps what is the same at every size (rlx-cpu:
-  its writable copies of the weights, held once, not once per shape class).
+  its writable copies of the weights and their oneDNN layouts, held once, not once per
+  shape class, and not made again for a new size).
 
 Serving a new size without compiling (shape buckets, run-time sizes in the kernels) is a
 backend's own business, for a later plugin API; this is the fallback every backend gets.

@@ -221,7 +221,20 @@ def _param_copy(node: Node, value: np.ndarray) -> np.ndarray:
             return found[1]
         arr = np.array(value, dtype=node.dtype, order="C", copy=True)
         family.shared[key] = (value, arr)  # the value kept alive: its id names it
+        family.shared.setdefault(_SHARED_ROOTS, set()).add(id(arr))
     return arr
+
+
+#: In a ``ShapeFamily``: the ids of the arrays its copies share (weights, and what
+#: ``_derived`` made from them), each kept alive by its entry there.
+_SHARED_ROOTS = "rlx_cpu.shared_roots"
+#: The ``derived`` keys that name all their array depends on besides its sources, at any
+#: size of the graph, so that one family's copies may share it. oneDNN's weights carry
+#: the layout their primitive chose (``Dnnl.layout``), which may differ between sizes;
+#: a key not listed here is made per copy.
+_FAMILY_KEYS = frozenset({"onednn_conv_weights", "onednn_matmul_weights", "conv_bias_column", "conv_direct_pack",
+                          "rlx_depthwise_lanes_pack", "rlx_conv_gemm_pack", "rlx_gemm_pack_a", "rlx_gemm_pack_b",
+                          "sgemm_pack_b"})
 
 
 class CpuExecutable(Executable):
@@ -240,6 +253,7 @@ class CpuExecutable(Executable):
                          and graph.node(i).size * np.dtype(graph.node(i).dtype).itemsize >= HANDOFF_BYTES}
         self._in_concat = self._concat_blocks()
         self._params: dict[str, np.ndarray] = {}
+        self._family = shape_family()  # plans bound later (a narrow mode, after set_param) share in it too
         self._residents: dict[int, np.ndarray] = {}
         self._folds: list[tuple[frozenset[str], list[Callable[[], Any]]]] = []
         self._resident_deps: dict[int, frozenset[str]] = {}  # id of a resident's memory owner -> params it reads
@@ -387,12 +401,32 @@ class CpuExecutable(Executable):
             deps |= found
         k = (*((a.__array_interface__["data"][0], a.shape, a.strides) for a in (source, *also)), key)
         entry = self._derived_arrays.get(k)
+        if entry is None and self._family is not None and key[0] in _FAMILY_KEYS:
+            entry = self._derived_arrays[k] = self._family_derived(k, source, make, also, deps)
         if entry is None:
             entry = self._derived_arrays[k] = [source, make, make(source, None), deps]
             # A derived array may be the source of another (weights with a bias column,
             # then packed for the GEMM): set_param refills them in the order they were made.
             self._resident_deps.setdefault(id(_root(entry[2])), deps)
         return entry[2]
+
+    def _family_derived(self, k: Any, source: np.ndarray, make: Callable[[np.ndarray, np.ndarray | None], np.ndarray],
+                        also: Sequence[Any], deps: frozenset[str]) -> list[Any] | None:
+        """``_derived``'s entry shared with the other copies of this graph's family, when
+        every array it is made from is one they share (``_param_copy``); else ``None``.
+        ``set_param`` reaches every copy, and each refills it in place: the same values."""
+        family = self._family
+        assert family is not None
+        with family.lock:
+            roots = family.shared.get(_SHARED_ROOTS, set())
+            if not all(id(_root(a)) in roots for a in (source, *also)):
+                return None
+            entry = family.shared.get(("rlx_cpu.derived", k))
+            if entry is None:
+                entry = family.shared[("rlx_cpu.derived", k)] = [source, make, make(source, None), deps]
+                roots.add(id(_root(entry[2])))  # (a derived array may be the source of another)
+        self._resident_deps.setdefault(id(_root(entry[2])), deps)
+        return entry
 
     def _constant(self, array: Any) -> bool:
         """``BuildContext.constant``: whether a step may hold ``array``'s values as numbers

@@ -107,6 +107,7 @@ class Dnnl:
         lib.dnnl_version.restype = ctypes.POINTER(_Version)
         lib.dnnl_primitive_desc_query_md.restype = _P
         lib.dnnl_memory_desc_get_size.restype = ctypes.c_size_t
+        lib.dnnl_memory_desc_equal.argtypes = [_P, _P]
         v = lib.dnnl_version().contents
         if v.major != 3:
             raise DnnlError(f"oneDNN {v.major}.{v.minor}.{v.patch} at {path}: rlx-cpu reads oneDNN 3.x only")
@@ -116,6 +117,8 @@ class Dnnl:
         self.engine = _P()
         self._ok(lib.dnnl_engine_create(ctypes.byref(self.engine), _CPU, ctypes.c_size_t(0)), "engine_create")
         self._local = threading.local()
+        self._layouts: dict[Any, list[Any]] = {}  # layout()'s descriptors, by the caller's hint
+        self._layouts_lock = threading.Lock()
         self.execute = lib.dnnl_primitive_execute
         self.execute.argtypes = [_P, _P, ctypes.c_int, ctypes.POINTER(_Arg)]
         self.wait = lib.dnnl_stream_wait
@@ -151,6 +154,20 @@ class Dnnl:
         self._ok(self._lib.dnnl_memory_desc_create_with_strides(ctypes.byref(m), len(shape), _dims(shape), _F32,
                                                                 _dims(strides)), "memory_desc_create_with_strides")
         return m
+
+    def layout(self, md: Any, hint: Any) -> tuple[Any, int]:
+        """A name for ``md``'s layout in this process: descriptors oneDNN calls equal
+        (``dnnl_memory_desc_equal``) get the same name. Weights a primitive chose blocked
+        for one size of a graph may be chosen otherwise for another; keyed by this name, a
+        reordered weight is shared only where the layouts are the same. ``hint`` (the
+        dims) keeps each search short."""
+        with self._layouts_lock:
+            known = self._layouts.setdefault(hint, [])
+            for i, other in enumerate(known):
+                if self._lib.dnnl_memory_desc_equal(other, md):
+                    return hint, i
+            known.append(self.clone_md(md))  # held for the process: a few per weight shape
+            return hint, len(known) - 1
 
     def size(self, md: Any) -> int:
         return int(self._lib.dnnl_memory_desc_get_size(md))

@@ -181,7 +181,7 @@ def _conv_call(lib: Dnnl, pd: Any, impl: str, x: Any, w: Any, bias: Any, out: An
     w_size = lib.size(w_md)
 
     make = _reordered(lib, w_reorder, w_plain, w_md, w_size, contiguous=True)
-    wbuf = ctx.derived(w, ("onednn_conv_weights", wshape, impl), make)
+    wbuf = ctx.derived(w, ("onednn_conv_weights", wshape, impl, lib.layout(w_md, wshape)), make)
     if wbuf is None:
         lib.destroy((), (w_reorder,), (w_plain, w_md))
         return None
@@ -414,7 +414,7 @@ def matmul_steps(lib: Dnnl, a: Any, b: Any, bias: Any, out: Any, ctx: Any,
 
     make = _reordered(lib, w_reorder, w_plain, w_md, w_size, contiguous=False)
     descs = [src, dst, w_any, pad, *((b_md,) if b_md is not None else ())]
-    wbuf = derived(b, ("onednn_matmul_weights", (k, n), tuple(b.strides), impl), make)
+    wbuf = derived(b, ("onednn_matmul_weights", (k, n), tuple(b.strides), impl, lib.layout(w_md, (k, n))), make)
     if wbuf is None:
         lib.destroy((), (w_reorder, prim), (w_plain, w_md, *descs))
         return None

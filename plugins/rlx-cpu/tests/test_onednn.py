@@ -264,3 +264,50 @@ def test_a_transposed_activation_is_not_read_as_rows(products: list[tuple[Any, .
     feeds = {"x": rand((16, 6), 2)}
     np.testing.assert_allclose(rlx.compile(g, device="cpu").run(feeds)[0], reference.evaluate(g, feeds)[0],
                                rtol=1e-4, atol=1e-4)
+
+
+def _weights_held(cg: Any, key: str) -> list[int]:
+    """ids of the arrays a compiled copy holds as oneDNN-reordered weights of ``key``."""
+    return [id(entry[2]) for k, entry in cg._exe._derived_arrays.items() if k[-1][0] == key]
+
+
+def test_shape_classes_share_reordered_weights_and_set_param_reaches_them(products: list[tuple[Any, ...]]) -> None:
+    """A symbolic dense layer compiled for three batch sizes: one reordered weight held by
+    all three (oneDNN chose one layout), and set_param's new weight seen by each."""
+    g = Graph("dense")
+    x = g.input("x", ("batch", 64), "float32")
+    g.set_outputs([g.relu(g.add(g.matmul(x, g.param("w", rand((64, 48), 1))), g.param("b", rand((48,), 2))))])
+    cg = rlx.compile(g, device="cpu")
+    feeds = [{"x": rand((n, 64), 10 + n)} for n in (4, 32, 77)]
+    held = [_weights_held(cg.for_inputs(f), "onednn_matmul_weights") for f in feeds]
+    assert held[0] and held[0] == held[1] == held[2], held
+    w2 = rand((64, 48), 3)
+    cg.set_param("w", w2)
+    for f in feeds:
+        want = np.maximum(f["x"].astype(np.float64) @ w2 + rand((48,), 2), 0)
+        np.testing.assert_allclose(cg.run(f)[0], want, rtol=1e-4, atol=1e-4)
+    assert products, "the products ran on oneDNN"
+
+
+def test_shape_classes_of_a_convolution_share_its_reordered_weights(forced: list[tuple[Any, ...]]) -> None:
+    g = Graph("conv")
+    x = g.input("x", ("batch", 8, 10, 10), "float32")
+    g.set_outputs([g.conv2d(x, g.param("w", rand((16, 8, 3, 3), 4)), padding=1)])
+    cg = rlx.compile(g, device="cpu")
+    feeds = [{"x": rand((n, 8, 10, 10), 20 + n)} for n in (1, 3)]
+    held = [_weights_held(cg.for_inputs(f), "onednn_conv_weights") for f in feeds]
+    assert held[0] and held[0] == held[1], held
+    for f in feeds:
+        np.testing.assert_allclose(cg.run(f)[0], reference.evaluate(g, f)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_layout_names_equal_descriptors_alike_and_others_apart() -> None:
+    lib = onednn.library()
+    assert lib is not None
+    a, b, c = (lib.md((8, 4), onednn_steps._AB), lib.md((8, 4), onednn_steps._AB),
+               lib.md_strided((8, 4), (1, 8)))
+    try:
+        assert lib.layout(a, (8, 4)) == lib.layout(b, (8, 4))
+        assert lib.layout(c, (8, 4)) != lib.layout(a, (8, 4))
+    finally:
+        lib.destroy(descs=(a, b, c))
