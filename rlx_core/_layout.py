@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cost", "passes", "examples"),
     ("reference",),
     ("ir",),
-    ("cache", "options", "timer", "_gc", "_layout", "_moved", "_version", "errors"),
+    ("cache", "options", "timer", "_layout", "_moved", "_version", "errors"),
 )
 
 PACKAGE = Path(__file__).resolve().parent

@@ -27,6 +27,7 @@ Why it is written this way:
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 import statistics
@@ -34,8 +35,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-from ._gc import paused
 
 __all__ = ["Entry", "EntryFailed", "best_of", "first_quartile", "interleave", "loops_for", "per_call", "warm_up"]
 
@@ -46,11 +45,16 @@ ORDER_SEED = 20261123
 def per_call(fn: Callable[[], Any], n: int) -> float:
     """Seconds per call of ``fn`` over ``n`` back-to-back calls, the collector off."""
     n = max(1, int(n))
-    with paused():  # (the one switch every rlx module goes through: re-entrant, shared by threads)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
         return (time.perf_counter() - t0) / n
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def best_of(fn: Callable[[], Any], repeats: int = 3) -> float:

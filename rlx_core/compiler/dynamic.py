@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 
-from .._gc import paused, pausing
 from ..ir import Graph
 from ..ir.specialize import REPRESENTATIVE_SIZES, representative
 from ..ir.valued import ValueDependentGraph
@@ -128,7 +127,6 @@ class DynamicCompiledGraph(CompiledGraph):
                               describe_bindings(dict(dropped)), self._max_shapes)
         return cg
 
-    @pausing
     def _compile(self, bindings: Mapping[str, int]) -> CompiledGraph:
         t0 = time.perf_counter()
         with self._family.compiling():
@@ -230,7 +228,7 @@ class ValueCompiledGraph(DynamicCompiledGraph):
             cg = self._classes.get(key)
             if cg is None:
                 t0 = time.perf_counter()
-                with paused(), self._family.compiling():
+                with self._family.compiling():
                     key, static = graph.build(inputs)
                     cg = (self._compile_shape if self.compiles else self._first)(static)
                 for name, value in self._params.items():

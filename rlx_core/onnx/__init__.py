@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._gc import pausing
 from ..errors import ModelError
 
 if TYPE_CHECKING:
@@ -35,7 +34,6 @@ def _impl() -> Any:
     return _loader
 
 
-@pausing
 def load(model: Any, *, dims: Mapping[str, int] | None = None, max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
          name: str | None = None, values: Mapping[str, Any] | None = None) -> Graph:
     """Read an ONNX model into a ``Graph``.

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from .._gc import pausing
 from ..backends.registry import Registry, default_registry, parse_device
 from ..compiler.compiled import CompiledGraph, CompileReport, compile_on
 from ..compiler.dynamic import ValueCompiledGraph, compile_symbolic
@@ -41,7 +40,6 @@ __all__ = ["CompiledGraph", "CompileReport", "GraphDevices", "compile", "benchma
 log = logging.getLogger("rlx.session")
 
 
-@pausing
 def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | None = None, *,
             registry: Registry | None = None, options: CompileOptions | None = None,
             partition: bool | None = None, measure: MeasureSettings | None = None) -> CompiledGraph:

@@ -228,9 +228,10 @@ def bind(step: Step | Parallel, slots: list[Any]) -> Callable[[], Any]:
         parts.append(f"{key}={_operand(value, ns)}")
     src = f"def _step():\n    _fn({', '.join(parts)})\n"
     exec(_compiled(src), ns)
+    step = ns.pop("_step")  # (not left in its own globals: no reference cycle, see bind_run)
     if _ieee(fn):
-        setattr(ns["_step"], _IEEE, True)
-    return ns["_step"]
+        setattr(step, _IEEE, True)
+    return step
 
 
 def _operand(value: Any, ns: dict[str, Any]) -> str:
@@ -338,4 +339,8 @@ def bind_run(input_names: Sequence[str], steps: Sequence[Callable[[], Any]], out
     lines += [f"    S[{k}] = None" for k in [*range(len(input_names)), *(d.slot for d in fresh)]]
     lines.append("    return _r")
     exec(_compiled("\n".join(lines) + "\n"), ns)
-    return ns["_run"]
+    # A function defined by exec sits in the globals it reads: function -> globals -> function,
+    # a cycle only the collector frees, holding every step, kernel and plan buffer the run
+    # reaches. Taken out, a compiled graph dropped by its last owner (an LRU of shape
+    # classes evicting one) frees its memory at once.
+    return ns.pop("_run")

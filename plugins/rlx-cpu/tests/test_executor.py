@@ -490,3 +490,32 @@ def test_a_forked_child_runs_big_regions_on_threads_of_its_own(registry: Registr
         pytest.fail("the forked child hung running a big region")
     assert os.read(read, 1) == b"1"
     os.close(read)
+
+
+def test_a_dropped_executable_frees_its_plans_without_the_collector() -> None:
+    """The generated run and step functions sit in no reference cycle (an exec'd function
+    is taken out of its own globals): a compiled graph dropped by its last owner, as a
+    shape class an LRU evicts, frees its steps, kernels and plan buffers at once."""
+    import gc
+    import weakref
+
+    from rlx_cpu.steps import Step, bind
+
+    g = Graph("freed")
+    x = g.input("x", (2, 3, 8, 8), "float32")
+    h = g.relu(g.conv2d(x, g.param("w", np.ones((4, 3, 3, 3), np.float32)), padding=1))
+    g.set_outputs([g.softmax(g.reshape(h, (2, -1)), axis=-1)])
+    exe = CpuBackend().compile(g, CompileOptions(device="cpu"))
+    exe.run({"x": np.ones((2, 3, 8, 8), np.float32)})
+    run = weakref.ref(exe._pool[0].run)
+    step = bind(Step(np.copyto, (np.zeros(3), np.ones(3))), [])
+    stepped = weakref.ref(step)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        del exe, step
+        assert run() is None, "the plan's run function outlived its executable: a reference cycle"
+        assert stepped() is None, "a bound step outlived its last owner: a reference cycle"
+    finally:
+        if was:
+            gc.enable()
