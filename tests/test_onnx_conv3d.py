@@ -1,4 +1,5 @@
-"""3-D Conv and pools (video CNNs: r3d, r2plus1d, C3D) as 2-D ones per depth, against onnxruntime."""
+"""3-D Conv, ConvTranspose and pools (video CNNs: r3d, r2plus1d, C3D; 3-D U-Nets) as 2-D ones per
+depth, against onnxruntime."""
 
 from __future__ import annotations
 
@@ -45,6 +46,38 @@ def test_a_kernel_deeper_than_the_input_is_refused() -> None:
     model = make_model([helper.make_node("Conv", ["x", "w"], ["y"])], [vi("x", "float32", (1, 1, 2, 4, 4))],
                        [vi("y", "float32", None)], [init("w", np.ones((1, 1, 3, 1, 1), np.float32))])
     with pytest.raises(ModelError, match=r"kernel depth 3 .* does not fit the padded depth 2"):
+        rlx_onnx.load(model)
+
+
+#: name -> (x shape, w shape (C_in, C_out / group, kd, kh, kw), bias, attributes)
+TRANSPOSED: dict[str, tuple[tuple[int, ...], tuple[int, ...], bool, dict[str, Any]]] = {
+    "2x2x2 stride 2 (a 3-D U-Net's upsample), bias": ((1, 4, 3, 4, 5), (4, 3, 2, 2, 2), True,
+                                                      {"strides": [2, 2, 2]}),
+    "3x3x3 pads, output_padding": ((2, 2, 3, 3, 4), (2, 2, 3, 3, 3), False,
+                                   {"strides": [2, 1, 2], "pads": [1, 1, 1, 1, 0, 1], "output_padding": [1, 0, 1]}),
+    "groups 2, dilation (2, 1, 1)": ((1, 4, 3, 5, 4), (4, 1, 2, 3, 3), True,
+                                     {"group": 2, "dilations": [2, 1, 1]}),
+    "output_shape": ((1, 2, 3, 3, 3), (2, 2, 3, 3, 3), False, {"strides": [2, 2, 2], "output_shape": [6, 6, 6]}),
+    "auto_pad SAME_UPPER": ((1, 1, 2, 3, 3), (1, 2, 3, 3, 3), True, {"strides": [2, 2, 2], "auto_pad": "SAME_UPPER"}),
+}
+
+
+@pytest.mark.parametrize("name", list(TRANSPOSED))
+def test_conv_transpose3d_matches_onnxruntime(name: str) -> None:
+    xs, ws, bias, attrs = TRANSPOSED[name]
+    rng = np.random.default_rng(len(name))
+    out_channels = ws[1] * attrs.get("group", 1)
+    inits = [init("w", rand(rng, *ws))] + ([init("b", rand(rng, out_channels))] if bias else [])
+    model = make_model([helper.make_node("ConvTranspose", ["x", "w", "b"] if bias else ["x", "w"], ["y"], **attrs)],
+                       [vi("x", "float32", xs)], [vi("y", "float32", None)], inits)
+    check_against_ort(model, {"x": rand(rng, *xs)}, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_transpose3d_with_a_wrong_pads_count_names_it() -> None:
+    model = make_model([helper.make_node("ConvTranspose", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+                       [vi("x", "float32", (1, 1, 2, 2, 2))], [vi("y", "float32", None)],
+                       [init("w", np.ones((1, 1, 2, 2, 2), np.float32))])
+    with pytest.raises(ModelError, match=r"pads must have 6 entries for a 3-D ConvTranspose"):
         rlx_onnx.load(model)
 
 

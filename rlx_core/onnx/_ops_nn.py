@@ -164,12 +164,11 @@ def _conv3d(c: NodeContext, x: Operand, w: Operand, b: Operand | None) -> Operan
     """A 3-D convolution as one ``conv2d`` per kernel depth, summed: the depth axis moves
     into the batch, each depth tap ``k`` reads the (strided) depth slices it covers, and
     the 2-D convolutions of the taps add up (a 3x3x3 kernel is three ``conv2d``)."""
-    f = c.f
-    n, ci, d, h, wd = f.shape(x)
-    ws = f.shape(w)
+    d, h, wd = c.f.shape(x)[2:]
+    ws = c.f.shape(w)
     if len(ws) != 5:
         raise c.fail(f"W must be (M, C / group, kd, kh, kw) for a 3-D Conv, got shape {ws}")
-    o, cg, kd, kh, kw = ws
+    kd, kh, kw = ws[2:]
     declared = c.attr_ints("kernel_shape")
     if declared is not None and tuple(declared) != (kd, kh, kw):
         raise c.fail(f"kernel_shape {declared} does not match the weight's shape {ws}")
@@ -177,7 +176,18 @@ def _conv3d(c: NodeContext, x: Operand, w: Operand, b: Operand | None) -> Operan
     assert strides is not None and dilations is not None
     if len(strides) != 3 or len(dilations) != 3:
         raise c.fail(f"strides and dilations must have 3 entries for a 3-D Conv, got {strides} and {dilations}")
-    pd0, ph0, pw0, pd1, ph1, pw1 = _pads_3d(c, (d, h, wd), (kd, kh, kw), strides, dilations)
+    pads = _pads_3d(c, (d, h, wd), (kd, kh, kw), strides, dilations)
+    return conv3d(c, x, w, b, tuple(strides), tuple(dilations), pads, int(c.attr("group", 1)), c.out())
+
+
+def conv3d(c: NodeContext, x: Operand, w: Operand, b: Operand | None, strides: tuple[int, ...],
+           dilations: tuple[int, ...], pads: tuple[int, ...], group: int, name: str) -> Operand:
+    """``_conv3d``'s rewrite on given attributes (``pads`` as (d0, h0, w0, d1, h1, w1)),
+    named ``name``: also the stride-1 convolution a 3-D ConvTranspose becomes."""
+    f = c.f
+    n, ci, d, h, wd = f.shape(x)
+    o, cg, kd, kh, kw = f.shape(w)
+    pd0, ph0, pw0, pd1, ph1, pw1 = pads
     dtype = f.dtype(x)
     if pd0 or pd1:  # zeros along depth (the 2-D convolutions pad height and width themselves)
         parts = [frozen(np.zeros((n, ci, p, h, wd), dtype)) for p in (pd0,) if p] + [x] + \
@@ -196,12 +206,12 @@ def _conv3d(c: NodeContext, x: Operand, w: Operand, b: Operand | None) -> Operan
         wk = f.op("reshape", f.op("slice", w, starts=[k], ends=[k + 1], axes=[2]), shape=(o, cg, kh, kw))
         operands = (planes, wk) if b is None or total is not None else (planes, wk, b)
         y = f.op("conv2d", *operands, stride=tuple(strides[1:]), padding=(ph0, pw0, ph1, pw1),
-                 dilation=tuple(dilations[1:]), groups=int(c.attr("group", 1)))
+                 dilation=tuple(dilations[1:]), groups=group)
         total = y if total is None else f.op("add", total, y)
     assert total is not None
     oh, ow = f.shape(total)[2:]
     back = f.op("reshape", total, shape=(n, od, o, oh, ow))
-    return f.op("transpose", back, perm=(0, 2, 1, 3, 4), name=c.out())
+    return f.op("transpose", back, perm=(0, 2, 1, 3, 4), name=name)
 
 
 def _pool_window(c: NodeContext, x: Operand) -> dict[str, object]:
