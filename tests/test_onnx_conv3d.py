@@ -102,3 +102,20 @@ def test_pool3d_matches_onnxruntime(name: str) -> None:
     model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)], [vi("x", "float32", xs)],
                        [vi("y", "float32", None)])
     check_against_ort(model, {"x": rand(np.random.default_rng(len(name)), *xs, lo=-3, hi=3)}, rtol=1e-5, atol=1e-5)
+
+
+#: name -> (x shape, attributes)
+LP_POOLS: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {
+    "p 2, 2x2x2 stride 2": ((1, 3, 4, 6, 6), {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2]}),
+    "p 1, padded": ((2, 2, 3, 5, 4), {"p": 1, "kernel_shape": [3, 3, 2], "pads": [1, 1, 0, 1, 1, 1]}),
+    "p 3, SAME_UPPER": ((1, 2, 5, 5, 6), {"p": 3, "kernel_shape": [2, 2, 3], "strides": [2, 1, 2],
+                                                    "auto_pad": "SAME_UPPER"}),
+}
+
+
+@pytest.mark.parametrize("name", list(LP_POOLS))
+def test_lp_pool3d_matches_onnxruntime(name: str) -> None:
+    xs, attrs = LP_POOLS[name]
+    model = make_model([helper.make_node("LpPool", ["x"], ["y"], **attrs)], [vi("x", "float32", xs)],
+                       [vi("y", "float32", None)])
+    check_against_ort(model, {"x": rand(np.random.default_rng(len(name)), *xs, lo=-2, hi=2)}, rtol=1e-4, atol=1e-5)

@@ -80,9 +80,12 @@ def test_lppool_18_ceil_mode_pads_the_last_window_with_zeros(ceil: int, length: 
 
 
 def test_lppool_refusals_name_the_problem() -> None:
-    x = np.zeros((1, 1, 2, 2, 2), np.float32)
-    with pytest.raises(ModelError, match=r"only 1-D and 2-D LpPool are supported"):
-        rlx_onnx.load(_model("LpPool", {"x": x}, kernel_shape=[1, 1, 1]))
+    x = np.zeros((1, 1, 2, 2, 2, 2), np.float32)
+    with pytest.raises(ModelError, match=r"only 1-D, 2-D and 3-D LpPool are supported"):
+        rlx_onnx.load(_model("LpPool", {"x": x}, kernel_shape=[1, 1, 1, 1]))
+    with pytest.raises(ModelError, match=r"ceil_mode is not supported for a 3-D LpPool"):
+        rlx_onnx.load(_model("LpPool", {"x": np.zeros((1, 1, 3, 3, 3), np.float32)}, kernel_shape=[2, 2, 2],
+                             ceil_mode=1))
     with pytest.raises(ModelError, match=r"needs a float input, got int64"):
         rlx_onnx.load(_model("LpPool", {"x": np.zeros((1, 1, 4), np.int64)}, kernel_shape=[2]))
     with pytest.raises(ModelError, match=r"p must be >= 1, got 0"):

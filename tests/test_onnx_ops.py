@@ -15,6 +15,7 @@ from onnx import helper
 from test_onnx_support import check_against_ort, init, make_model, vi
 
 from rlx_core import onnx as rlx_onnx
+from rlx_core.errors import ModelError
 
 RNG = np.random.default_rng(1234)
 
@@ -147,6 +148,10 @@ CASES: dict[str, tuple] = {
                               auto_pad="SAME_UPPER"),
     "MaxPool-dilated": node_case("MaxPool", {"x": f32(1, 1, 6, 6)}, kernel_shape=[2, 2], dilations=[2, 2],
                                  pads=[1, 1, 1, 1]),
+    "MaxPool-pads-wider-than-half-the-window": node_case("MaxPool", {"x": f32(1, 2, 5, 6)}, kernel_shape=[3, 3],
+                                                         pads=[2, 1, 0, 2]),
+    "MaxPool-int8-wide-pads": node_case("MaxPool", {"x": np.arange(-20, 20, dtype=np.int8).reshape(1, 1, 5, 8)},
+                                        kernel_shape=[2, 3], strides=[1, 2], pads=[1, 2, 1, 0], opset=12),
     "AveragePool-include-pad": node_case("AveragePool", {"x": f32(1, 2, 5, 4)}, kernel_shape=[3, 3],
                                          pads=[1, 1, 1, 1], count_include_pad=1),
     "GlobalAveragePool": node_case("GlobalAveragePool", {"x": f32(2, 3, 4, 5)}),
@@ -295,3 +300,9 @@ def test_conv_transpose_weights_follow_set_param() -> None:
     compiled.set_param("w", new)
     got = compiled.run(feeds)[0]
     np.testing.assert_allclose(got, evaluate(graph, feeds, params={"w": new})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_max_pool_windows_of_padding_only_are_refused_by_name() -> None:
+    model, _ = node_case("MaxPool", {"x": f32(1, 1, 4, 4)}, kernel_shape=[2, 2], pads=[2, 0, 0, 0])
+    with pytest.raises(ModelError, match=r"hold only padding"):
+        rlx_onnx.load(model)

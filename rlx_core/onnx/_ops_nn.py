@@ -4,11 +4,12 @@ RMSNormalization, InstanceNormalization, GroupNormalization."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ._context import NodeContext, converter
-from ._shapes import Operand, frozen
+from ._shapes import Emitter, Operand, frozen
 
 __all__: list[str] = []
 
@@ -53,8 +54,8 @@ def _spatial(c: NodeContext, x: Operand) -> tuple[int, int]:
     if len(shape) == 3:
         return 1, shape[2]
     if len(shape) != 4:
-        raise c.fail(f"only 1-D and 2-D {c.op_type} are supported (N, C, L) / (N, C, H, W); the input has shape "
-                     f"{shape} ({len(shape) - 2}-D)")
+        raise c.fail(f"only 1-D, 2-D and 3-D {c.op_type} are supported (N, C, L) / (N, C, H, W) / (N, C, D, H, W); "
+                     f"the input has shape {shape} ({len(shape) - 2}-D)")
     return shape[2], shape[3]
 
 
@@ -297,10 +298,36 @@ def _max_pool(c: NodeContext) -> list[Operand | None]:
     dtype = f.dtype(x)
     through = dtype in _POOL_INTS
     xin = f.op("cast", _as_2d(c, x), dtype="float32") if through else _as_2d(c, x)
+    xin = _wide_max_pads(c, xin, window)
     y = f.op("max_pool2d", xin, name="" if one_d or through else c.out(), **window)
     if through:
         y = f.op("cast", y, dtype=dtype, name="" if one_d else c.out())
     return [_back_to_1d(c, y, one_d), None]
+
+
+def _wide_max_pads(c: NodeContext, x: Operand, window: dict[str, Any]) -> Operand:
+    """A MaxPool padded by more than half its window (ONNX allows it; ``max_pool2d`` does
+    not): ``x`` with its padding made of ``-inf`` rows and columns, which a maximum never
+    picks, and ``window`` changed to pad nothing. Refused where a window would hold only
+    padding (its maximum is no element of ``x``) or with ``ceil_mode`` (whose windows are
+    counted from the padding given)."""
+    f = c.f
+    top, left, bottom, right = window["padding"]
+    spans = [(k - 1) * d + 1 for k, d in zip(window["kernel"], window["dilation"])]
+    if 2 * max(top, bottom) <= spans[0] and 2 * max(left, right) <= spans[1]:
+        return x
+    if window["ceil_mode"]:
+        raise c.fail(f"pads {window['padding']} wider than half the window {tuple(spans)} are not supported with "
+                     "ceil_mode")
+    if max(top, bottom) >= spans[0] or max(left, right) >= spans[1]:
+        raise c.fail(f"pads {window['padding']} leave windows of the {tuple(spans)} window that hold only padding")
+    for axis, before, after in ((2, top, bottom), (3, left, right)):
+        shape, dtype = f.shape(x), f.dtype(x)
+        blocks = {p: frozen(np.full((*shape[:axis], p, *shape[axis + 1:]), -np.inf, dtype)) for p in (before, after)}
+        parts = [blocks[before]] * bool(before) + [x] + [blocks[after]] * bool(after)
+        x = f.op("concat", *parts, axis=axis) if len(parts) > 1 else x
+    window["padding"] = (0, 0, 0, 0)
+    return x
 
 
 @converter("AveragePool")
@@ -332,7 +359,8 @@ def _lp_pool(c: NodeContext) -> list[Operand | None]:
     """``(sum of |x|^p over the window)^(1/p)``, padding counting as 0: a depthwise
     ``conv2d`` of ``|x|^p`` with a window of ones (stride, dilation and any padding, as
     Conv has them; ceil_mode's extra windows as more zero padding), then the root. p = 1
-    and 2 use ``abs``/``mul``/``sqrt``, other p ``pow``."""
+    and 2 use ``abs``/``mul``/``sqrt``, other p ``pow``. A 3-D one (no ceil_mode) runs the
+    window of ones as the 3-D convolution ``Conv`` does."""
     f, x = c.f, c.input(0)
     dtype = f.dtype(x)
     if dtype not in ("float16", "float32", "float64"):
@@ -340,6 +368,8 @@ def _lp_pool(c: NodeContext) -> list[Operand | None]:
     p = int(c.attr("p", 2))
     if p < 1:
         raise c.fail(f"p must be >= 1, got {p}")
+    if len(f.shape(x)) == 5:
+        return [_lp_pool3d(c, x, p)]
     window = _pool_window(c, x)
     kernel, stride, dilation = window["kernel"], window["stride"], window["dilation"]
     top, left, bottom, right = window["padding"]
@@ -350,23 +380,44 @@ def _lp_pool(c: NodeContext) -> list[Operand | None]:
     one_d = _one_d(c)
     x2 = _as_2d(c, x)
     channels = f.shape(x2)[1]
-    if p == 1:
-        powered = f.op("abs", x2)
-    elif p == 2:
-        powered = f.op("mul", x2, x2)
-    else:
-        powered = f.op("pow", f.op("abs", x2), f.const(p, dtype))
     ones = frozen(np.ones((channels, 1, *kernel), dtype=np.dtype(dtype)))
-    total = f.op("conv2d", powered, ones, stride=stride, padding=(top, left, bottom, right), dilation=dilation,
-                 groups=channels)
-    name = "" if one_d else c.out()
+    total = f.op("conv2d", _lp_powered(f, x2, p), ones, stride=stride, padding=(top, left, bottom, right),
+                 dilation=dilation, groups=channels)
+    return [_back_to_1d(c, _lp_root(f, total, p, "" if one_d else c.out()), one_d)]
+
+
+def _lp_pool3d(c: NodeContext, x: Operand, p: int) -> Operand:
+    f = c.f
+    channels, *size = f.shape(x)[1:]
+    kernel = c.attr_ints("kernel_shape")
+    strides, dilations = c.attr_ints("strides", (1, 1, 1)), c.attr_ints("dilations", (1, 1, 1))
+    assert strides is not None and dilations is not None
+    if kernel is None or len(kernel) != 3 or len(strides) != 3 or len(dilations) != 3:
+        raise c.fail(f"kernel_shape, strides and dilations must have 3 entries, got {kernel}, {strides}, {dilations}")
+    if c.attr("ceil_mode", 0):
+        raise c.fail("ceil_mode is not supported for a 3-D LpPool")
+    pads = _pads_3d(c, size, kernel, strides, dilations)
+    ones = frozen(np.ones((channels, 1, *kernel), dtype=np.dtype(f.dtype(x))))
+    total = conv3d(c, _lp_powered(f, x, p), ones, None, tuple(strides), tuple(dilations), pads, channels, "")
+    return _lp_root(f, total, p, c.out())
+
+
+def _lp_powered(f: Emitter, x: Operand, p: int) -> Operand:
+    """``|x|^p``: ``abs`` for p = 1, ``x * x`` for 2, ``pow`` else."""
     if p == 1:
-        y = f.op("reshape", total, shape=f.shape(total), name=name)
-    elif p == 2:
-        y = f.op("sqrt", total, name=name)
-    else:
-        y = f.op("pow", total, f.const(1.0 / p, dtype), name=name)
-    return [_back_to_1d(c, y, one_d)]
+        return f.op("abs", x)
+    if p == 2:
+        return f.op("mul", x, x)
+    return f.op("pow", f.op("abs", x), f.const(p, f.dtype(x)))
+
+
+def _lp_root(f: Emitter, total: Operand, p: int, name: str) -> Operand:
+    """``total^(1/p)`` named ``name``: itself for p = 1, ``sqrt`` for 2, ``pow`` else."""
+    if p == 1:
+        return f.op("reshape", total, shape=f.shape(total), name=name)
+    if p == 2:
+        return f.op("sqrt", total, name=name)
+    return f.op("pow", total, f.const(1.0 / p, f.dtype(total)), name=name)
 
 
 @converter("GlobalAveragePool", "GlobalMaxPool")
