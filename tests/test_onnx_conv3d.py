@@ -93,6 +93,16 @@ POOLS: dict[str, tuple[str, tuple[int, ...], dict[str, Any]]] = {
                                                                       "pads": [1, 1, 1, 1, 1, 1]}),
     "avg padded, pads counted": ("AveragePool", (1, 2, 5, 6, 5), {"kernel_shape": [3, 2, 3], "strides": [2, 2, 1],
                                                                   "pads": [1, 0, 1, 1, 1, 0], "count_include_pad": 1}),
+    "max ceil_mode": ("MaxPool", (1, 2, 6, 7, 6), {"kernel_shape": [3, 2, 3], "strides": [2, 2, 2], "ceil_mode": 1}),
+    "max ceil_mode, dilation, pads": ("MaxPool", (1, 1, 7, 6, 7), {"kernel_shape": [2, 2, 2], "strides": [2, 2, 3],
+                                                                   "dilations": [2, 1, 1], "pads": [1, 0, 1, 0, 1, 0],
+                                                                   "ceil_mode": 1}),
+    "avg ceil_mode, pads not counted": ("AveragePool", (1, 2, 6, 5, 7), {"kernel_shape": [3, 3, 2],
+                                                                         "strides": [2, 2, 2], "ceil_mode": 1,
+                                                                         "pads": [1, 1, 0, 0, 1, 1]}),
+    "avg ceil_mode, pads counted": ("AveragePool", (2, 1, 7, 6, 5), {"kernel_shape": [2, 3, 3], "strides": [2, 2, 2],
+                                                                     "pads": [1, 0, 1, 1, 1, 1], "ceil_mode": 1,
+                                                                     "count_include_pad": 1}),
 }
 
 

@@ -236,8 +236,10 @@ _POOL_INTS = ("int8", "uint8")
 def _pool3d(c: NodeContext, x: Operand, kind: str) -> Operand:
     """A 3-D MaxPool or AveragePool: the 2-D pool over each depth plane (depth moved into
     the batch), then the depth windows combined from strided slices: their maximum, or
-    their sum divided by how many planes each window holds (all of them with
-    ``count_include_pad``: the padding planes are zeros, as the 2-D pool counts its pads)."""
+    their sum divided by how many planes each window holds (the padding planes too with
+    ``count_include_pad``: they are zeros, as the 2-D pool counts its pads). ``ceil_mode``'s
+    extra windows read planes past the end padding, which count as nothing (``-inf`` for a
+    maximum, and no plane of the divisor), as the 2-D pool does with its own."""
     f = c.f
     n, ch, d, h, w = f.shape(x)
     dtype = f.dtype(x)
@@ -248,13 +250,15 @@ def _pool3d(c: NodeContext, x: Operand, kind: str) -> Operand:
     assert strides is not None and dilations is not None
     if kernel is None or len(kernel) != 3 or len(strides) != 3 or len(dilations) != 3:
         raise c.fail(f"kernel_shape, strides and dilations must have 3 entries, got {kernel}, {strides}, {dilations}")
-    if c.attr("ceil_mode", 0):
-        raise c.fail("ceil_mode is not supported for 3-D pools")
     if kind == "avg" and tuple(dilations) != (1, 1, 1):
         raise c.fail("dilations other than 1 are not supported")
     pd0, ph0, pw0, pd1, ph1, pw1 = _pads_3d(c, (d, h, w), kernel, strides, dilations)
+    same = (c.attr("auto_pad", "NOTSET") or "NOTSET").startswith("SAME")  # its pads already fit exactly
+    ceil = bool(c.attr("ceil_mode", 0)) and not same
+    past = _ceil_extra(d, kernel[0], strides[0], pd0, pd1, dilations[0]) if ceil else 0  # planes after the pads
     planes = f.op("reshape", f.op("transpose", x, perm=(0, 2, 1, 3, 4)), shape=(n * d, ch, h, w))
-    window = {"kernel": tuple(kernel[1:]), "stride": tuple(strides[1:]), "padding": (ph0, pw0, ph1, pw1)}
+    window = {"kernel": tuple(kernel[1:]), "stride": tuple(strides[1:]), "padding": (ph0, pw0, ph1, pw1),
+              "ceil_mode": ceil}
     if kind == "max":
         p2 = f.op("max_pool2d", planes, dilation=tuple(dilations[1:]), **window)
     else:
@@ -263,10 +267,10 @@ def _pool3d(c: NodeContext, x: Operand, kind: str) -> Operand:
     p2 = f.op("reshape", p2, shape=(n, d, ch, oh, ow))
     fill = -np.inf if kind == "max" else 0.0
     parts = [frozen(np.full((n, p, ch, oh, ow), fill, dtype)) for p in (pd0,) if p] + [p2] + \
-            [frozen(np.full((n, p, ch, oh, ow), fill, dtype)) for p in (pd1,) if p]
+            [frozen(np.full((n, p, ch, oh, ow), fill, dtype)) for p in (pd1 + past,) if p]
     padded = f.op("concat", *parts, axis=1) if len(parts) > 1 else p2
     sd, dd, kd = strides[0], dilations[0], kernel[0]
-    od = (d + pd0 + pd1 - dd * (kd - 1) - 1) // sd + 1
+    od = (d + pd0 + pd1 + past - dd * (kd - 1) - 1) // sd + 1
     if od < 1:
         raise c.fail(f"the kernel depth {kd} does not fit the padded depth {d + pd0 + pd1}")
     total: Operand | None = None
@@ -275,10 +279,8 @@ def _pool3d(c: NodeContext, x: Operand, kind: str) -> Operand:
         total = tap if total is None else f.op("maximum" if kind == "max" else "add", total, tap)
     assert total is not None
     if kind == "avg":
-        if c.attr("count_include_pad", 0):
-            counts = np.full(od, kd)
-        else:
-            counts = np.array([sum(0 <= j * sd + k - pd0 < d for k in range(kd)) for j in range(od)])
+        lo, hi = (-pd0, d + pd1) if c.attr("count_include_pad", 0) else (0, d)
+        counts = np.array([sum(lo <= j * sd + k - pd0 < hi for k in range(kd)) for j in range(od)])
         total = f.op("div", total, frozen(counts.astype(dtype).reshape(1, od, 1, 1, 1)))
     return f.op("transpose", total, perm=(0, 2, 1, 3, 4), name=c.out())
 
