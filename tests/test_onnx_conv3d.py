@@ -100,6 +100,12 @@ POOLS: dict[str, tuple[str, tuple[int, ...], dict[str, Any]]] = {
     "avg ceil_mode, pads not counted": ("AveragePool", (1, 2, 6, 5, 7), {"kernel_shape": [3, 3, 2],
                                                                          "strides": [2, 2, 2], "ceil_mode": 1,
                                                                          "pads": [1, 1, 0, 0, 1, 1]}),
+    "avg dilation (2, 1, 2), pads counted": ("AveragePool", (1, 2, 7, 6, 7), {"kernel_shape": [2, 3, 2],
+                                                                              "dilations": [2, 1, 2],
+                                                                              "count_include_pad": 1,
+                                                                              "pads": [1, 1, 0, 1, 0, 1]}),
+    "avg dilation 2, ceil_mode": ("AveragePool", (1, 1, 8, 7, 6), {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2],
+                                                                   "dilations": [2, 2, 2], "ceil_mode": 1}),
     "avg ceil_mode, pads counted": ("AveragePool", (2, 1, 7, 6, 5), {"kernel_shape": [2, 3, 3], "strides": [2, 2, 2],
                                                                      "pads": [1, 0, 1, 1, 1, 1], "ceil_mode": 1,
                                                                      "count_include_pad": 1}),
@@ -110,7 +116,7 @@ POOLS: dict[str, tuple[str, tuple[int, ...], dict[str, Any]]] = {
 def test_pool3d_matches_onnxruntime(name: str) -> None:
     op, xs, attrs = POOLS[name]
     model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)], [vi("x", "float32", xs)],
-                       [vi("y", "float32", None)])
+                       [vi("y", "float32", None)], opset=19)  # (AveragePool's dilations: opset 19)
     check_against_ort(model, {"x": rand(np.random.default_rng(len(name)), *xs, lo=-3, hi=3)}, rtol=1e-5, atol=1e-5)
 
 

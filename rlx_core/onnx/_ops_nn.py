@@ -250,11 +250,12 @@ def _pool3d(c: NodeContext, x: Operand, kind: str) -> Operand:
     assert strides is not None and dilations is not None
     if kernel is None or len(kernel) != 3 or len(strides) != 3 or len(dilations) != 3:
         raise c.fail(f"kernel_shape, strides and dilations must have 3 entries, got {kernel}, {strides}, {dilations}")
-    if kind == "avg" and tuple(dilations) != (1, 1, 1):
-        raise c.fail("dilations other than 1 are not supported")
     pd0, ph0, pw0, pd1, ph1, pw1 = _pads_3d(c, (d, h, w), kernel, strides, dilations)
     same = (c.attr("auto_pad", "NOTSET") or "NOTSET").startswith("SAME")  # its pads already fit exactly
     ceil = bool(c.attr("ceil_mode", 0)) and not same
+    if kind == "avg" and tuple(dilations) != (1, 1, 1):
+        return _dilated_avg(c, x, kernel, strides, dilations, (pd0, ph0, pw0), (pd1, ph1, pw1), ceil,
+                            bool(c.attr("count_include_pad", 0)), c.out())
     past = _ceil_extra(d, kernel[0], strides[0], pd0, pd1, dilations[0]) if ceil else 0  # planes after the pads
     planes = f.op("reshape", f.op("transpose", x, perm=(0, 2, 1, 3, 4)), shape=(n * d, ch, h, w))
     window = {"kernel": tuple(kernel[1:]), "stride": tuple(strides[1:]), "padding": (ph0, pw0, ph1, pw1),
@@ -338,12 +339,47 @@ def _avg_pool(c: NodeContext) -> list[Operand | None]:
     if len(c.f.shape(x)) == 5:
         return [_pool3d(c, x, "avg")]
     window = _pool_window(c, x)
-    if window.pop("dilation") != (1, 1):
-        raise c.fail("dilations other than 1 are not supported")
     cip = bool(c.attr("count_include_pad", 0))
     one_d = _one_d(c)
-    y = c.f.op("avg_pool2d", _as_2d(c, x), count_include_pad=cip, name="" if one_d else c.out(), **window)
+    name = "" if one_d else c.out()
+    dilation = window.pop("dilation")
+    if dilation != (1, 1):
+        top, left, bottom, right = window["padding"]
+        y = _dilated_avg(c, _as_2d(c, x), window["kernel"], window["stride"], dilation, (top, left), (bottom, right),
+                         bool(window["ceil_mode"]), cip, name)
+        return [_back_to_1d(c, y, one_d)]
+    y = c.f.op("avg_pool2d", _as_2d(c, x), count_include_pad=cip, name=name, **window)
     return [_back_to_1d(c, y, one_d)]
+
+
+def _dilated_avg(c: NodeContext, x: Operand, kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int],
+                 begins: Sequence[int], ends: Sequence[int], ceil: bool, cip: bool, name: str) -> Operand:
+    """An AveragePool with dilations (ONNX 19; ``avg_pool2d`` has none), 2-D or 3-D: the
+    windows' sums as a depthwise convolution of ``x`` by a window of ones (``conv2d``, or
+    the 3-D convolution ``Conv`` runs), divided per output position by how many of its taps
+    land in the input (and in the padding, with ``count_include_pad``): a constant.
+    ``ceil_mode``'s extra windows read zeros past the padding, which count as nothing."""
+    f = c.f
+    channels, *size = f.shape(x)[1:]
+    dtype = f.dtype(x)
+    past = [_ceil_extra(n, k, s, b, e, d) if ceil else 0
+            for n, k, s, b, e, d in zip(size, kernel, strides, begins, ends, dilations)]
+    ones = frozen(np.ones((channels, 1, *kernel), dtype=np.dtype(dtype)))
+    ends = [e + p for e, p in zip(ends, past)]
+    if len(size) == 2:
+        total = f.op("conv2d", x, ones, stride=tuple(strides), padding=(*begins, *ends), dilation=tuple(dilations),
+                     groups=channels)
+    else:
+        total = conv3d(c, x, ones, None, tuple(strides), tuple(dilations), (*begins, *ends), channels, "")
+    counts = np.ones((), np.int64)
+    for axis, (n, k, s, b, e, d, o) in enumerate(zip(size, kernel, strides, begins, ends, dilations,
+                                                      f.shape(total)[2:])):
+        lo, hi = (-b, n + e - past[axis]) if cip else (0, n)
+        along = np.array([sum(lo <= j * s - b + t * d < hi for t in range(k)) for j in range(o)])
+        counts = np.multiply.outer(counts, along)
+    if not counts.all():
+        raise c.fail(f"pads {(*begins, *ends)} leave windows of the kernel {tuple(kernel)} that hold only padding")
+    return f.op("div", total, frozen(counts.astype(dtype)[None, None]), name=name)
 
 
 def _ceil_extra(size: int, k: int, s: int, p0: int, p1: int, d: int) -> int:
