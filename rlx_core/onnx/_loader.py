@@ -34,6 +34,7 @@ from . import (  # noqa: F401  (they register the converters)
     _ops_layout,
     _ops_losses,
     _ops_nn,
+    _ops_pool,
     _ops_quant,
     _ops_resize,
     _ops_rnn,

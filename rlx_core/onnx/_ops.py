@@ -1,8 +1,8 @@
 """Converters of elementwise, comparison, softmax and reduction ops.
 
 One small function per op type (or per family of op types that map alike); shape and
-tensor ops live in ``_ops_tensor``, networks' layers (Gemm, Conv, pools, norms) in
-``_ops_nn``. See ``_context`` for what a converter receives and returns.
+tensor ops live in ``_ops_tensor``, networks' layers (Gemm, Conv, norms) in ``_ops_nn``,
+pools in ``_ops_pool``. See ``_context`` for what a converter receives and returns.
 """
 
 from __future__ import annotations
