@@ -15,6 +15,7 @@ pytest.importorskip("onnxruntime")
 from onnx import helper
 from test_onnx_support import check_against_ort, init, make_model, vi
 
+import rlx_core as rlx
 from rlx_core import onnx as rlx_onnx
 from rlx_core.errors import ModelError
 
@@ -85,3 +86,42 @@ def test_resize_refusals_name_the_problem() -> None:
         rlx_onnx.load(resize(np.ones((1, 1, 2, 2), np.int64), scales=[1, 1, 2, 2], mode="linear")[0])
     with pytest.raises(ModelError, match="mode 'area' is not one of"):
         rlx_onnx.load(resize(img(1, 1, 2, 2), scales=[1, 1, 2, 2], mode="area")[0])
+
+
+#: (size, align_corners); an axis of one pixel with align_corners: test_a_unit_axis_sits_at_the_center
+AFFINE_GRIDS = [((2, 3, 4, 5), 0), ((2, 3, 4, 5), 1), ((1, 2, 3, 4, 2), 0), ((1, 2, 3, 4, 2), 1), ((2, 1, 1, 3), 0)]
+
+
+@pytest.mark.parametrize(("size", "align"), AFFINE_GRIDS)
+def test_affine_grid_and_the_sampling_it_feeds_match_onnxruntime(size: tuple[int, ...], align: int) -> None:
+    """A spatial transformer: AffineGrid's grid, then GridSample reading the image there."""
+    nd = len(size) - 2
+    rng = np.random.default_rng(sum(size) + align)
+    theta = (np.eye(nd, nd + 1) + rng.uniform(-0.3, 0.3, (size[0], nd, nd + 1))).astype(np.float32)
+    image = rng.uniform(-1, 1, size).astype(np.float32)
+    nodes = [helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=align),
+             helper.make_node("GridSample", ["image", "grid"], ["y"], align_corners=align)]
+    model = make_model(nodes, [vi("theta", "float32", theta.shape), vi("image", "float32", size)],
+                       [vi("grid", "float32", None), vi("y", "float32", None)],
+                       [init("size", np.array(size, np.int64))], opset=20)
+    check_against_ort(model, {"theta": theta, "image": image}, rtol=1e-5, atol=1e-5)
+
+
+def test_affine_grid_refusals_name_the_problem() -> None:
+    model = make_model([helper.make_node("AffineGrid", ["theta", "size"], ["grid"])],
+                       [vi("theta", "float32", (2, 2, 3))], [vi("grid", "float32", None)],
+                       [init("size", np.array([3, 1, 4, 4], np.int64))], opset=20)
+    with pytest.raises(ModelError, match=r"theta must have shape \(3, 2, 3\) for size \(3, 1, 4, 4\)"):
+        rlx_onnx.load(model)
+
+
+def test_a_unit_axis_sits_at_the_center() -> None:
+    """An axis of one pixel with align_corners has no corners to align: torch places it at 0
+    (what the model was trained with, since torch 1.3); onnxruntime 1.32 answers 1 and ONNX's
+    reference -1. rlx follows torch."""
+    model = make_model([helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=1)],
+                       [vi("theta", "float32", (1, 2, 3))], [vi("grid", "float32", None)],
+                       [init("size", np.array([1, 1, 1, 3], np.int64))], opset=20)
+    theta = np.array([[[1, 0, 0], [0, 1, 0]]], np.float32)
+    grid = rlx.compile(rlx_onnx.load(model), device="cpu").run({"theta": theta})[0]
+    np.testing.assert_array_equal(grid.reshape(-1, 2), [[-1, 0], [0, 0], [1, 0]])

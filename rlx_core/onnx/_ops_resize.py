@@ -270,3 +270,36 @@ def _kernel(c: NodeContext, mode: str, nearest_mode: str, antialias: bool) -> Co
     if mode == "linear":
         return _linear(antialias)
     return _cubic(float(c.attr("cubic_coeff_a", -0.75)), antialias)
+
+
+@converter("AffineGrid")
+def _affine_grid(c: NodeContext) -> list[Operand | None]:
+    """The sampling grid of affine matrices ``theta`` (N, 2, 3) or (N, 3, 4) over ``size``
+    (N, C, H, W) or (N, C, D, H, W): the positions of the output's pixels, evenly spaced
+    from -1 to 1 (pixel centers with ``align_corners``, else their outer edges; an axis of
+    one pixel at 0, as torch and onnxruntime place it, where ONNX's reference says -1), as
+    homogeneous coordinates (x, y[, z], 1) in a constant (points, 3 or 4) made at import,
+    then one ``matmul`` by each ``theta`` and the result laid out (N, H, W, 2) or
+    (N, D, H, W, 3), as ONNX's reference computes it (a GridSample's ``grid``)."""
+    f, theta = c.f, c.input(0, "theta")
+    size = c.ints(1, "size")
+    assert size is not None
+    dtype = f.dtype(theta)
+    if dtype not in FLOAT_DTYPES:
+        raise c.fail(f"theta must be a float tensor, got {dtype}")
+    spatial = tuple(size[2:])
+    nd = len(spatial)
+    if len(size) not in (4, 5) or any(n < 1 for n in size):
+        raise c.fail(f"size must be (N, C, H, W) or (N, C, D, H, W) with sizes of at least 1, got {tuple(size)}")
+    if f.shape(theta) != (size[0], nd, nd + 1):
+        raise c.fail(f"theta must have shape {(size[0], nd, nd + 1)} for size {tuple(size)}, got {f.shape(theta)}")
+    align = bool(c.attr("align_corners", 0))
+    c.f.check_size((math.prod(spatial), nd + 1), "float64", "AffineGrid's base grid")
+    axes = [(-1.0 + 2.0 * np.arange(n) / (n - 1) if n > 1 else np.zeros(1)) if align else
+            (-1.0 + (2.0 * np.arange(n) + 1.0) / n) for n in spatial]
+    mesh = np.meshgrid(*axes, indexing="ij")  # each (D,) H, W: the coordinate along its axis
+    # (x, y[, z], 1): x runs along the last axis (W), y along H, z along D.
+    base = np.stack([*(m.reshape(-1) for m in reversed(mesh)), np.ones(math.prod(spatial))], axis=0)
+    points = f.op("matmul", theta, frozen(base.astype(dtype)))  # (N, nd, points)
+    laid = f.op("transpose", points, perm=(0, 2, 1))
+    return [f.op("reshape", laid, shape=(size[0], *spatial, nd), name=c.out())]
