@@ -220,3 +220,24 @@ def test_tile_and_compress_refusals() -> None:
     x = np.arange(6, dtype=np.float32).reshape(3, 2)
     for c in ([True, False, True], [False, True, False]):
         np.testing.assert_array_equal(cg.run({"x": x, "c": np.array(c)})[0], np.compress(c, x, axis=0))
+
+
+# ----------------------------------------------------------------------------- ReverseSequence
+@pytest.mark.parametrize(("batch_axis", "time_axis"), [(1, 0), (0, 1)])
+@pytest.mark.parametrize("fed", [False, True], ids=["lengths known", "lengths fed at run time"])
+def test_reverse_sequence_against_onnxruntime(batch_axis: int, time_axis: int, fed: bool) -> None:
+    shape = [0, 0, 3]
+    shape[batch_axis], shape[time_axis] = 4, 5
+    x = RNG.uniform(-5, 5, shape).astype(np.float32)
+    lens = np.array([5, 1, 3, 0], np.int64)
+    model = _model("ReverseSequence", {"x": x, "lens": lens} if fed else {"x": x},
+                   None if fed else {"lens": lens}, batch_axis=batch_axis, time_axis=time_axis)
+    check_against_ort(model, {"x": x, "lens": lens} if fed else {"x": x}, rtol=0, atol=0)
+
+
+def test_reverse_sequence_refusals_name_the_problem() -> None:
+    x = np.zeros((3, 2), np.float32)
+    with pytest.raises(ModelError, match=r"sequence_lens \[1, 4\] must give 2 lengths of 0 to 3"):
+        rlx_onnx.load(_model("ReverseSequence", {"x": x}, {"lens": np.array([1, 4], np.int64)}))
+    with pytest.raises(ModelError, match=r"batch_axis 1 and time_axis 1 must be 0 and 1"):
+        rlx_onnx.load(_model("ReverseSequence", {"x": x}, {"lens": np.array([1, 1], np.int64)}, time_axis=1))

@@ -1,7 +1,7 @@
 """Converters of ops that only move values or make them from shapes: SpaceToDepth,
-DepthToSpace (a reshape, a transpose, a reshape), Tile and Compress (a ``gather`` by a
-table known at import), all exact for every dtype, and EyeLike (a constant: rlx shapes
-are static, so the identity matrix is known at import).
+DepthToSpace (a reshape, a transpose, a reshape), Tile, Compress and ReverseSequence (a
+``gather`` by a table known at import), all exact for every dtype, and EyeLike (a
+constant: rlx shapes are static, so the identity matrix is known at import).
 """
 
 from __future__ import annotations
@@ -118,3 +118,28 @@ def _compress(c: NodeContext) -> list[Operand | None]:
         raise c.fail(f"condition has {cond.shape[0]} entries, more than the {length} along axis {axis}")
     picked = frozen(np.flatnonzero(cond.astype(bool)).astype(np.int64))
     return [f.op("gather", x, picked, axis=axis, name=c.out())]
+
+
+@converter("ReverseSequence")
+def _reverse_sequence(c: NodeContext) -> list[Operand | None]:
+    """Each batch entry's first ``sequence_lens[b]`` time steps reversed, the rest kept: one
+    ``gather`` over the (batch x time) rows by a table of row indices. The lengths are read
+    at import; fed at run time, the graph is built for each set of them (as for any input
+    read as a shape)."""
+    f, x = c.f, c.input(0)
+    lens = c.ints(1, "sequence_lens")
+    assert lens is not None
+    shape = f.shape(x)
+    batch_axis, time_axis = int(c.attr("batch_axis", 1)), int(c.attr("time_axis", 0))
+    if len(shape) < 2 or {batch_axis, time_axis} != {0, 1}:
+        raise c.fail(f"batch_axis {batch_axis} and time_axis {time_axis} must be 0 and 1, one each, on an input of "
+                     f"rank 2 or more; got shape {shape}")
+    batch, steps = shape[batch_axis], shape[time_axis]
+    if len(lens) != batch or any(not 0 <= n <= steps for n in lens):
+        raise c.fail(f"sequence_lens {list(lens)} must give {batch} lengths of 0 to {steps}")
+    swap = (1, 0, *range(2, len(shape)))
+    rows = f.op("reshape", x if batch_axis == 0 else f.op("transpose", x, perm=swap), shape=(batch * steps, *shape[2:]))
+    table = np.array([[b * steps + (n - 1 - t if t < n else t) for t in range(steps)] for b, n in enumerate(lens)],
+                     np.int64).reshape(batch, steps)
+    y = f.op("gather", rows, frozen(table), axis=0, name=c.out() if batch_axis == 0 else "")
+    return [y if batch_axis == 0 else f.op("transpose", y, perm=swap, name=c.out())]
