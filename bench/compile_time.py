@@ -52,6 +52,26 @@ def _timed(spent: dict[str, float], key: str, fn: Callable[..., Any]) -> Callabl
     return wrapper
 
 
+def _session_seconds(ort: Any, path: Path) -> float:
+    """Seconds onnxruntime takes to create a session on ``path`` (CPU provider, defaults)."""
+    t0 = time.perf_counter()
+    ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return time.perf_counter() - t0
+
+
+def _rlx_seconds(path: Path, device: str) -> tuple[float, float, Any]:
+    """Seconds rlx takes to load ``path`` and to compile it on ``device``, and the graph."""
+    t0 = time.perf_counter()
+    graph = rlx_onnx.load(path)
+    t1 = time.perf_counter()
+    rlx.compile(graph, device=device)
+    return t1 - t0, time.perf_counter() - t1, graph
+
+
+def _geomean(ratios: list[float]) -> float:
+    return math.exp(sum(map(math.log, ratios)) / len(ratios))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", type=Path)
@@ -80,16 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         best: dict[str, float] = {}
         first = 0.0
         for round_ in range(args.rounds):
-            t0 = time.perf_counter()
-            ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-            t_ort = time.perf_counter() - t0
+            t_ort = _session_seconds(ort, path)
             spent.clear()
-            t0 = time.perf_counter()
-            graph = rlx_onnx.load(path)
-            t1 = time.perf_counter()
-            rlx.compile(graph, device=args.device)
-            t2 = time.perf_counter()
-            got = {"ort": t_ort, "load": t1 - t0, "compile": t2 - t1, "pipeline": spent["pipeline"],
+            load, comp, graph = _rlx_seconds(path, args.device)
+            got = {"ort": t_ort, "load": load, "compile": comp, "pipeline": spent["pipeline"],
                    "backend": spent["backend"]}
             if round_ == 0:
                 first = (got["load"] + got["compile"]) / t_ort
@@ -105,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{path.name:28s} ORT {row['ort_ms']:6.0f} ms | rlx load {row['load_ms']:6.0f} + compile "
               f"{row['compile_ms']:6.0f} (pipeline {row['pipeline_ms']:5.0f}, backend {row['backend_ms']:5.0f}) "
               f"| {ratio:.2f}x (first round {first:.2f}x)", flush=True)
-    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    first_geomean = math.exp(sum(map(math.log, firsts)) / len(firsts))
+    geomean, first_geomean = _geomean(ratios), _geomean(firsts)
     print(f"geometric mean (load + compile) / ORT session: {geomean:.2f}x best rounds, "
           f"{first_geomean:.2f}x first rounds")
     if args.json:
@@ -120,27 +133,14 @@ def _child(warm: Path, path: Path, device: str, order: str) -> int:
     one JSON line on stdout."""
     import onnxruntime as ort
 
-    ort.InferenceSession(str(warm), providers=["CPUExecutionProvider"])
-    rlx.compile(rlx_onnx.load(warm), device=device)
-
-    def session() -> float:
-        t0 = time.perf_counter()
-        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        return time.perf_counter() - t0
-
-    def ours() -> tuple[float, float]:
-        t0 = time.perf_counter()
-        graph = rlx_onnx.load(path)
-        t1 = time.perf_counter()
-        rlx.compile(graph, device=device)
-        return t1 - t0, time.perf_counter() - t1
-
+    _session_seconds(ort, warm)
+    _rlx_seconds(warm, device)
     if order == "ort-first":
-        t_ort = session()
-        load, comp = ours()
+        t_ort = _session_seconds(ort, path)
+        load, comp, _ = _rlx_seconds(path, device)
     else:
-        load, comp = ours()
-        t_ort = session()
+        load, comp, _ = _rlx_seconds(path, device)
+        t_ort = _session_seconds(ort, path)
     print(json.dumps({"ort": t_ort, "load": load, "compile": comp}))
     return 0
 
@@ -168,7 +168,7 @@ def _fresh(models: list[Path], device: str, n: int, out: Path | None) -> int:
         rows.append(row)
         print(f"{path.name:28s} ORT {row['ort_ms']:6.0f} ms | rlx load {row['load_ms']:6.0f} + compile "
               f"{row['compile_ms']:6.0f} | {ratio:.2f}x (medians of {n} fresh processes)", flush=True)
-    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    geomean = _geomean(ratios)
     print(f"geometric mean (load + compile) / ORT session, fresh processes: {geomean:.2f}x")
     if out:
         out.write_text(json.dumps({"rows": rows, "geomean": geomean, "fresh": n}, indent=1))

@@ -456,11 +456,16 @@ def evaluate_node(node: Node, arrays: Sequence[np.ndarray]) -> np.ndarray:
     ~0.2 ms each (the BERT-style encoder of ``bench/dynamic.py``: 30 folds, 6 of the 20 ms
     its conversion took)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
-        values = [np.asarray(a).astype(_compute_dtype(a.dtype.name)) for a in arrays]
-        out = np.asarray(_KERNELS[node.op](node, values))
-    if out.shape != node.shape:
-        raise AssertionError(f"reference bug: {node.describe()} ({node.op}) gave {out.shape}, not {node.shape}")
+        out = _apply(node, [np.asarray(a).astype(_compute_dtype(a.dtype.name)) for a in arrays])
     return out.astype(node.dtype)
+
+
+def _apply(node: Node, values: Sequence[np.ndarray]) -> np.ndarray:
+    """``node``'s kernel on its inputs' values (held as ``_compute_dtype`` holds them)."""
+    out = np.asarray(_KERNELS[node.op](node, values))
+    if out.shape != node.shape:  # a disagreement between this module and ops.py
+        raise AssertionError(f"reference bug: {node.describe()} ({node.op}) gave {out.shape}, not {node.shape}")
+    return out
 
 
 def evaluate(graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] | None = None) -> list[np.ndarray]:
@@ -487,8 +492,6 @@ def evaluate(graph: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any] 
                 value = overrides[node.id] if node.id in overrides else graph.value(node.id)
                 values[node.id] = np.asarray(value).astype(_compute_dtype(node.dtype))
                 continue
-            out = np.asarray(_KERNELS[node.op](node, [values[i] for i in node.inputs]))
-            if out.shape != node.shape:  # a disagreement between this module and ops.py
-                raise AssertionError(f"reference bug: {node.describe()} ({node.op}) gave {out.shape}, not {node.shape}")
+            out = _apply(node, [values[i] for i in node.inputs])
             values[node.id] = out.astype(_compute_dtype(node.dtype), copy=False)
     return [np.array(values[i], copy=True) for i in graph.outputs]

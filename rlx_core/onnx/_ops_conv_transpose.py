@@ -16,6 +16,8 @@ one ``conv2d`` per kernel depth, summed).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ._context import NodeContext, converter
@@ -60,18 +62,8 @@ def _conv_transpose(c: NodeContext) -> list[Operand | None]:
         raise c.fail(f"kernel_shape {declared} does not match the weight's shape {wshape}")
     strides, dilations = _pair_attr(c, "strides", 1), _pair_attr(c, "dilations", 1)
     extra = _pair_attr(c, "output_padding", 0)
-    if any(e >= max(s, d) for e, s, d in zip(extra, strides, dilations)):
-        raise c.fail(f"output_padding {extra} must be smaller than the stride or the dilation")
-    full = [s * (n - 1) + e + (k - 1) * d + 1 for n, s, e, k, d in zip((h, wd), strides, extra, (kh, kw), dilations)]
-    pads = _transpose_pads(c, one_d, full, (h, wd), strides)
-    out_hw = [fl - pads[i] - pads[i + 2] for i, fl in enumerate(full)]
-    if any(n <= 0 for n in out_hw):
-        raise c.fail(f"the pads {pads} leave no output (full output {tuple(full)})")
-    # The input, spread and padded so that a stride-1 convolution reads every window.
-    xs = x
-    for axis, (s, k, d, n_out) in enumerate(zip(strides, (kh, kw), dilations, out_hw), start=2):
-        before = d * (k - 1) - pads[axis - 2]
-        xs = _spread(f, xs, axis, s, before, n_out + d * (k - 1))
+    full = _full_output(c, (h, wd), (kh, kw), strides, dilations, extra)
+    xs = _spread_input(c, x, (kh, kw), strides, dilations, full, _transpose_pads(c, one_d, full, (h, wd), strides))
     wt = _flipped_weights(f, w, group)
     operands = (xs, wt) if b is None else (xs, wt, b)
     y = f.op("conv2d", *operands, stride=(1, 1), padding=(0, 0, 0, 0), dilation=dilations, groups=group,
@@ -99,17 +91,31 @@ def _conv_transpose_3d(c: NodeContext, x: Operand, w: Operand, b: Operand | None
     if not len(strides) == len(dilations) == len(extra) == 3:
         raise c.fail(f"strides, dilations and output_padding must have 3 entries for a 3-D ConvTranspose, got "
                      f"{strides}, {dilations} and {extra}")
+    full = _full_output(c, size, kernel, strides, dilations, extra)
+    xs = _spread_input(c, x, kernel, strides, dilations, full, _transpose_pads_nd(c, full, size, strides))
+    return conv3d(c, xs, _flipped_weights(f, w, group), b, (1, 1, 1), tuple(dilations), (0,) * 6, group, c.out())
+
+
+def _full_output(c: NodeContext, size: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+                 dilations: Sequence[int], extra: Sequence[int]) -> list[int]:
+    """The transposed convolution's whole output along each spatial axis, before pads are
+    taken off (``output_padding`` ``extra`` checked against the stride and dilation)."""
     if any(e >= max(s, d) for e, s, d in zip(extra, strides, dilations)):
-        raise c.fail(f"output_padding {extra} must be smaller than the stride or the dilation")
-    full = [s * (n - 1) + e + (k - 1) * d + 1 for n, s, e, k, d in zip(size, strides, extra, kernel, dilations)]
-    pads = _transpose_pads_nd(c, full, size, strides)
-    out = [fl - pads[i] - pads[i + 3] for i, fl in enumerate(full)]
+        raise c.fail(f"output_padding {tuple(extra)} must be smaller than the stride or the dilation")
+    return [s * (n - 1) + e + (k - 1) * d + 1 for n, s, e, k, d in zip(size, strides, extra, kernel, dilations)]
+
+
+def _spread_input(c: NodeContext, x: Operand, kernel: Sequence[int], strides: Sequence[int],
+                  dilations: Sequence[int], full: list[int], pads: tuple[int, ...]) -> Operand:
+    """``x`` spread by the strides and padded on each spatial axis, so that a stride-1
+    convolution reads every window of the output ``full`` less ``pads`` (begins, then ends)."""
+    nd = len(full)
+    out = [fl - pads[i] - pads[i + nd] for i, fl in enumerate(full)]
     if any(n <= 0 for n in out):
         raise c.fail(f"the pads {pads} leave no output (full output {tuple(full)})")
-    xs = x
     for axis, (s, k, d, n_out) in enumerate(zip(strides, kernel, dilations, out), start=2):
-        xs = _spread(f, xs, axis, s, d * (k - 1) - pads[axis - 2], n_out + d * (k - 1))
-    return conv3d(c, xs, _flipped_weights(f, w, group), b, (1, 1, 1), tuple(dilations), (0,) * 6, group, c.out())
+        x = _spread(c.f, x, axis, s, d * (k - 1) - pads[axis - 2], n_out + d * (k - 1))
+    return x
 
 
 def _transpose_pads(c: NodeContext, one_d: bool, full: list[int], size: tuple[int, int],

@@ -30,9 +30,24 @@ def _pool_window(c: NodeContext, x: Operand) -> dict[str, object]:
         raise c.fail(f"kernel_shape must have {1 if _one_d(c) else 2} entries, got {kernel}")
     strides, dilations = _pair_attr(c, "strides", 1), _pair_attr(c, "dilations", 1)
     pads = _pads(c, spatial, kernel, strides, dilations)
-    same = (c.attr("auto_pad", "NOTSET") or "NOTSET").startswith("SAME")  # its pads already fit exactly
-    ceil = bool(c.attr("ceil_mode", 0)) and not same
-    return {"kernel": kernel, "stride": strides, "padding": pads, "dilation": dilations, "ceil_mode": ceil}
+    return {"kernel": kernel, "stride": strides, "padding": pads, "dilation": dilations, "ceil_mode": _ceil_mode(c)}
+
+
+def _ceil_mode(c: NodeContext) -> bool:
+    """``ceil_mode``, unless a SAME ``auto_pad`` chose the pads (they already fit exactly)."""
+    return bool(c.attr("ceil_mode", 0)) and not (c.attr("auto_pad", "NOTSET") or "NOTSET").startswith("SAME")
+
+
+def _window_3d(c: NodeContext, size: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                                                              tuple[int, ...]]:
+    """A 3-D pool's kernel, strides, dilations (3 entries each, checked) and pads
+    (d0, h0, w0, d1, h1, w1) over an input of spatial ``size``."""
+    kernel = c.attr_ints("kernel_shape")
+    strides, dilations = c.attr_ints("strides", (1, 1, 1)), c.attr_ints("dilations", (1, 1, 1))
+    assert strides is not None and dilations is not None
+    if kernel is None or len(kernel) != 3 or len(strides) != 3 or len(dilations) != 3:
+        raise c.fail(f"kernel_shape, strides and dilations must have 3 entries, got {kernel}, {strides}, {dilations}")
+    return tuple(kernel), tuple(strides), tuple(dilations), _pads_3d(c, size, kernel, strides, dilations)
 
 
 #: The integer dtypes ONNX's MaxPool takes: pooled through float32, which holds each exactly.
@@ -51,14 +66,9 @@ def _pool3d(c: NodeContext, x: Operand, kind: str) -> Operand:
     dtype = f.dtype(x)
     if dtype not in ("float16", "float32", "float64"):
         raise c.fail(f"a 3-D {c.op_type} needs a float input, got {dtype}")
-    kernel = c.attr_ints("kernel_shape")
-    strides, dilations = c.attr_ints("strides", (1, 1, 1)), c.attr_ints("dilations", (1, 1, 1))
-    assert strides is not None and dilations is not None
-    if kernel is None or len(kernel) != 3 or len(strides) != 3 or len(dilations) != 3:
-        raise c.fail(f"kernel_shape, strides and dilations must have 3 entries, got {kernel}, {strides}, {dilations}")
-    pd0, ph0, pw0, pd1, ph1, pw1 = _pads_3d(c, (d, h, w), kernel, strides, dilations)
-    same = (c.attr("auto_pad", "NOTSET") or "NOTSET").startswith("SAME")  # its pads already fit exactly
-    ceil = bool(c.attr("ceil_mode", 0)) and not same
+    kernel, strides, dilations, pads = _window_3d(c, (d, h, w))
+    pd0, ph0, pw0, pd1, ph1, pw1 = pads
+    ceil = _ceil_mode(c)
     if kind == "avg" and tuple(dilations) != (1, 1, 1):
         return _dilated_avg(c, x, kernel, strides, dilations, (pd0, ph0, pw0), (pd1, ph1, pw1), ceil,
                             bool(c.attr("count_include_pad", 0)), c.out())
@@ -171,16 +181,15 @@ def _dilated_avg(c: NodeContext, x: Operand, kernel: Sequence[int], strides: Seq
     past = [_ceil_extra(n, k, s, b, e, d) if ceil else 0
             for n, k, s, b, e, d in zip(size, kernel, strides, begins, ends, dilations)]
     ones = frozen(np.ones((channels, 1, *kernel), dtype=np.dtype(dtype)))
-    ends = [e + p for e, p in zip(ends, past)]
+    reach = (*begins, *(e + p for e, p in zip(ends, past)))  # the zeros a window may read
     if len(size) == 2:
-        total = f.op("conv2d", x, ones, stride=tuple(strides), padding=(*begins, *ends), dilation=tuple(dilations),
+        total = f.op("conv2d", x, ones, stride=tuple(strides), padding=reach, dilation=tuple(dilations),
                      groups=channels)
     else:
-        total = conv3d(c, x, ones, None, tuple(strides), tuple(dilations), (*begins, *ends), channels, "")
+        total = conv3d(c, x, ones, None, tuple(strides), tuple(dilations), reach, channels, "")
     counts = np.ones((), np.int64)
-    for axis, (n, k, s, b, e, d, o) in enumerate(zip(size, kernel, strides, begins, ends, dilations,
-                                                      f.shape(total)[2:])):
-        lo, hi = (-b, n + e - past[axis]) if cip else (0, n)
+    for n, k, s, b, e, d, o in zip(size, kernel, strides, begins, ends, dilations, f.shape(total)[2:]):
+        lo, hi = (-b, n + e) if cip else (0, n)
         along = np.array([sum(lo <= j * s - b + t * d < hi for t in range(k)) for j in range(o)])
         counts = np.multiply.outer(counts, along)
     if not counts.all():
@@ -233,16 +242,11 @@ def _lp_pool(c: NodeContext) -> list[Operand | None]:
 def _lp_pool3d(c: NodeContext, x: Operand, p: int) -> Operand:
     f = c.f
     channels, *size = f.shape(x)[1:]
-    kernel = c.attr_ints("kernel_shape")
-    strides, dilations = c.attr_ints("strides", (1, 1, 1)), c.attr_ints("dilations", (1, 1, 1))
-    assert strides is not None and dilations is not None
-    if kernel is None or len(kernel) != 3 or len(strides) != 3 or len(dilations) != 3:
-        raise c.fail(f"kernel_shape, strides and dilations must have 3 entries, got {kernel}, {strides}, {dilations}")
+    kernel, strides, dilations, pads = _window_3d(c, size)
     if c.attr("ceil_mode", 0):
         raise c.fail("ceil_mode is not supported for a 3-D LpPool")
-    pads = _pads_3d(c, size, kernel, strides, dilations)
     ones = frozen(np.ones((channels, 1, *kernel), dtype=np.dtype(f.dtype(x))))
-    total = conv3d(c, _lp_powered(f, x, p), ones, None, tuple(strides), tuple(dilations), pads, channels, "")
+    total = conv3d(c, _lp_powered(f, x, p), ones, None, strides, dilations, pads, channels, "")
     return _lp_root(f, total, p, c.out())
 
 
