@@ -9,6 +9,7 @@ several sizes against onnxruntime.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -78,7 +79,7 @@ def _ids(batch: int, seq: int, seed: int = 1) -> np.ndarray:
 def test_loads_symbolic_and_runs_any_size_like_onnxruntime() -> None:
     model = _encoder()
     g = rlx_onnx.load(model)
-    assert isinstance(g, DeferredGraph) and g.is_symbolic
+    assert g.is_symbolic and not isinstance(g, DeferredGraph)  # converted once, its shape chains as dims
     assert g.symbols == ("batch", "seq")
     assert [str(d) for d in g.node(g.inputs[0]).shape] == ["batch", "seq"]
     cg = rlx.compile(g, device="cpu")
@@ -166,13 +167,35 @@ def test_set_param_reaches_sizes_compiled_later() -> None:
     np.testing.assert_allclose(cg.run({"ids": ids})[0], ort_run(patched, {"ids": ids})[0], rtol=1e-5, atol=1e-5)
 
 
-def test_frozen_and_not_saved_as_json() -> None:
+def test_converted_once_its_sized_constants_round_trip_through_json() -> None:
     g = rlx_onnx.load(_encoder())
+    sized = [n for n in g.nodes if n.op == "constant" and "sized" in n.attrs]
+    assert sized, "the encoder's Range and Expand are computed from the sizes"
+    with pytest.raises(GraphError, match="computed from the sizes"):
+        g.value(sized[0].id)
+    again = rlx.Graph.from_json(g.to_json())
+    assert again.symbols == g.symbols
+    ids = _ids(2, 5)
+    np.testing.assert_array_equal(rlx.reference.evaluate(again, {"ids": ids})[0],
+                                  rlx.reference.evaluate(g, {"ids": ids})[0])
+
+
+def _split_rows() -> Any:
+    """Halves of a symbolic axis: how many rows each gets is known only with the size."""
+    nodes = [helper.make_node("Split", ["x"], ["a", "b"], axis=0), helper.make_node("Sub", ["a", "b"], ["y"])]
+    return make_model(nodes, [vi("x", "float32", ["n", 3])], [vi("y", "float32", None)], opset=13)
+
+
+def test_a_model_converted_per_size_is_frozen_and_not_saved_as_json() -> None:
+    g = rlx_onnx.load(_split_rows())
+    assert isinstance(g, DeferredGraph)
     with pytest.raises(GraphError, match=r"rebuilt from .* load it with its dims bound"):
         g.relu(g.inputs[0])
     with pytest.raises(GraphError, match="cannot be saved as JSON"):
         g.to_json()
-    assert "symbolic dims; rebuilt from" in g.summary() and "batch=16, seq=16" in g.summary()
+    assert "symbolic dims; rebuilt from" in g.summary() and "n=16" in g.summary()
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_array_equal(rlx.compile(g, device="cpu").run({"x": x})[0], x[:2] - x[2:])
 
 
 def test_a_model_that_converts_at_no_representative_size_says_bind_it() -> None:
@@ -208,3 +231,91 @@ def test_a_fault_at_every_size_is_named_once() -> None:
                       [vi("x", "float32", ["n", 2, 4, 4, 4, 4])], [vi("y", "float32", None)])
     with pytest.raises(ModelError, match=r"at each of 16, 64, 224: .*only 1-D, 2-D and 3-D AveragePool are supported"):
         rlx_onnx.load(pool)
+
+
+# ------------------------------------------------------------- converted once, symbolically
+def _static_twin(model: Any, sizes: dict[str, int], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return rlx.reference.evaluate(rlx_onnx.load(model, dims=sizes), inputs)
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_bench_models_convert_once_and_match_the_static_load_at_every_size(which: int) -> None:
+    """The exporter's idioms (Shape chains, Range, ConstantOfShape, an Expand-ed mask, a
+    slice of the position table to ``seq``) convert once, as dims and sized constants; each
+    size's specialization computes what loading at that size computes, to the bit."""
+    from bench._dynamic_models import build_models
+
+    model = build_models()[which]
+    g = rlx_onnx.load(model.onnx)
+    assert g.is_symbolic and not isinstance(g, DeferredGraph)
+    rng = np.random.default_rng(which)
+    for batch, seq in [(1, 1), (3, 7), (2, 64), (5, 2)]:
+        feeds = {"input_ids": rng.integers(0, 100, (batch, seq)).astype(np.int64),
+                 "attention_mask": np.ones((batch, seq), np.int64)}
+        feeds = {k: v for k, v in feeds.items() if k in model.inputs}
+        np.testing.assert_array_equal(rlx.reference.evaluate(g, feeds)[0],
+                                      _static_twin(model.onnx, {"batch": batch, "seq": seq}, feeds)[0])
+
+
+def test_a_shape_test_that_depends_on_the_size_is_converted_per_size() -> None:
+    """``Where(Equal(seq, 1), ...)`` on a shape value is decided only with the size: the
+    model is converted at each size (a ``DeferredGraph``), right at 1 and at 3."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "one"], ["n"], axis=0),
+             helper.make_node("Equal", ["n", "one"], ["is_one"]),
+             helper.make_node("Where", ["is_one", "ten", "two"], ["k"]),
+             helper.make_node("Cast", ["k"], ["kf"], to=1),
+             helper.make_node("Mul", ["x", "kf"], ["y"])]
+    model = make_model(nodes, [vi("x", "float32", [2, "n"])], [vi("y", "float32", None)],
+                       [init("one", np.array(1, np.int64)), init("ten", np.array(10, np.int64)),
+                        init("two", np.array(2, np.int64))])
+    g = rlx_onnx.load(model)
+    assert isinstance(g, DeferredGraph)
+    cg = rlx.compile(g, device="cpu")
+    for n in (1, 3):
+        x = np.ones((2, n), np.float32)
+        np.testing.assert_array_equal(cg.run({"x": x})[0], x * (10 if n == 1 else 2))
+
+
+def test_squeeze_without_axes_of_a_symbolic_shape_is_converted_per_size() -> None:
+    model = make_model([helper.make_node("Squeeze", ["x"], ["y"])], [vi("x", "float32", ["n", 1, 3])],
+                       [vi("y", "float32", None)])
+    g = rlx_onnx.load(model)
+    assert isinstance(g, DeferredGraph)  # n == 1 would be squeezed too
+    assert rlx.compile(g, device="cpu").run({"x": np.ones((1, 1, 3), np.float32)})[0].shape == (3,)
+
+
+def test_an_expand_whose_sizes_must_agree_records_it_and_names_it_at_run_time() -> None:
+    """Expanding ``min(20, n)`` rows (a slice of a 20-row table) to ``n``: equal only while
+    n <= 20; the load records the constraint and a run past it is an ``InputError``."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["table", "zero", "s", "zero"], ["rows"]),
+             helper.make_node("Expand", ["rows", "s"], ["e"]),
+             helper.make_node("Add", ["x", "e"], ["y"])]
+    model = make_model(nodes, [vi("x", "float32", ["n"])], [vi("y", "float32", None)],
+                       [init("table", np.arange(20, dtype=np.float32)), init("zero", np.array([0], np.int64))])
+    g = rlx_onnx.load(model)
+    assert not isinstance(g, DeferredGraph)
+    cg = rlx.compile(g, device="cpu")
+    np.testing.assert_array_equal(cg.run({"x": np.ones(3, np.float32)})[0], [1, 2, 3])
+    with pytest.raises(InputError, match=r"n == min\(20, n\) \(from mul node \d+ 'e'.*does not hold: n = 21"):
+        cg.run({"x": np.ones(21, np.float32)})
+
+
+@pytest.mark.parametrize("batch_dims", [0, 1])
+def test_gather_nd_and_gather_elements_on_symbolic_rows_match_onnxruntime(batch_dims: int) -> None:
+    nodes = [helper.make_node("GatherND", ["data", "nd_index"], ["a"], batch_dims=batch_dims),
+             helper.make_node("GatherElements", ["data", "el_index"], ["b"], axis=1)]
+    model = make_model(nodes, [vi("data", "float32", ["n", 5]), vi("nd_index", "int64", ["n", 1]),
+                               vi("el_index", "int64", ["n", 2])],
+                       [vi("a", "float32", None), vi("b", "float32", None)], opset=13)
+    g = rlx_onnx.load(model)
+    assert not isinstance(g, DeferredGraph)
+    cg = rlx.compile(g, device="cpu")
+    rng = np.random.default_rng(batch_dims)
+    for n in (1, 4):
+        feeds = {"data": rng.standard_normal((n, 5)).astype(np.float32),
+                 "nd_index": rng.integers(0, n if batch_dims == 0 else 5, (n, 1)).astype(np.int64),
+                 "el_index": rng.integers(-5, 5, (n, 2)).astype(np.int64)}
+        for got, want in zip(cg.run(feeds), ort_run(model, feeds)):
+            np.testing.assert_array_equal(got, want)

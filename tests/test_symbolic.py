@@ -124,6 +124,79 @@ def test_expressions_evaluate_like_python_ints(tree, va, vb, vh):
     assert from_obj(to_obj(expr)) == expr
 
 
+@settings(max_examples=300, deadline=None)
+@given(_expressions(), _expressions(), st.integers(1, 40), st.integers(1, 40), st.integers(1, 40))
+def test_lower_bounds_and_quotients_hold_for_every_size(tree, other, va, vb, vh):
+    """``lower_bound`` (now through min, max and floor-division atoms) is a true bound, and
+    ``exact_div`` (now by a divisor of several terms) is exact, at every size."""
+    from rlx_core.ir.symbolic import lower_bound
+
+    expr, _ = _build(tree)
+    den, _ = _build(other)
+    env = {"a": va, "b": vb, "h": vh}
+    lo = lower_bound(expr)
+    if lo is not None:
+        assert evaluate(expr, env) >= lo
+    q = exact_div(expr * den, den) if den != 0 else None
+    if q is not None:
+        assert evaluate(q, env) * evaluate(den, env) == evaluate(expr, env) * evaluate(den, env)
+
+
+def test_lower_bound_reads_min_max_and_floor_atoms_and_division_by_a_sum():
+    from rlx_core.ir.symbolic import lower_bound
+
+    assert lower_bound(sym_min(a, 256)) == 1 and lower_bound(sym_max(a - 5, 2)) == 2
+    assert lower_bound(floordiv(a, 5)) == 0 and lower_bound(3 * sym_min(a, b) - 2) == 1
+    assert lower_bound(-sym_min(a, 4)) is None
+    assert sym_max(sym_min(a, 256), 0) == sym_min(a, 256)  # max(., 0) of a positive min drops
+    n = floordiv(a, 5)
+    assert exact_div(32 * b * n - 32 * b, 16 * b * n - 16 * b) == 2
+    assert exact_div(a + 1, a + 2) is None
+    assert floordiv(floordiv(a, 5), 2) == floordiv(a, 10)  # one canonical form for nested floors
+
+
+# --------------------------------------------------------------------- sized constants
+def test_sized_constants_specialize_to_their_arrays_and_round_trip_json():
+    g = rlx.Graph("sized")
+    x = g.input("x", ("batch", "seq"), "int64")
+    pos = g.sized_constant("arange", (Sym("seq"),), "int64", start=Sym("seq") - 1, delta=-1)
+    fill = g.sized_constant("fill", (Sym("batch"), 1), "float32", value=0.5)
+    dims = g.sized_constant("dims", (2,), "int64", values=(Sym("batch") * 2, 7))
+    g.set_outputs([g.add(x, pos), g.add(g.cast(x, "float32"), fill), dims])
+    with pytest.raises(GraphError, match=r"computed from the sizes \(arange, shape \[seq\]\)"):
+        g.value(pos)
+    spec = g.specialize({"batch": 2, "seq": 3})
+    consts = [spec.value(n.id) for n in spec.nodes if n.op == "constant"]
+    np.testing.assert_array_equal(consts[0], [2, 1, 0])
+    np.testing.assert_array_equal(consts[1], np.full((2, 1), 0.5, np.float32))
+    np.testing.assert_array_equal(consts[2], [4, 7])
+    assert not consts[0].flags.writeable
+    again = rlx.Graph.from_json(g.to_json())
+    ids = np.arange(6).reshape(2, 3)
+    for got, want in zip(reference.evaluate(again, {"x": ids}), reference.evaluate(g, {"x": ids})):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("kind,shape,dtype,params,message", [
+    ("fill", (Sym("n"),), "float32", {"value": "x"}, "value must be a number"),
+    ("fill", (Sym("n"),), "int64", {"value": 0.5}, "not exactly a int64"),
+    ("fill", (Sym("n"),), "float32", {}, "takes value"),
+    ("arange", (Sym("n"), 2), "int64", {"start": 0, "delta": 1}, "is 1-D"),
+    ("arange", (Sym("n"),), "int64", {"start": 0, "delta": 0}, "delta is 0"),
+    ("arange", (Sym("n"),), "float32", {"start": Sym("n"), "delta": 1.0}, "needs a number start"),
+    ("dims", (2,), "float32", {"values": (1, 2)}, "holds int64 or int32"),
+    ("dims", (3,), "int64", {"values": (Sym("n"), 2)}, "2 values for shape"),
+    ("dims", (Sym("n"),), "int64", {"values": ()}, "static shape"),
+    ("ramp", (2,), "int64", {}, "unknown sized constant 'ramp'"),
+    ("fill", ("n",), "int64", {"value": 1}, "must be an int or a symbolic dim"),
+])
+def test_sized_constants_refuse_bad_recipes_by_name(kind, shape, dtype, params, message):
+    g = rlx.Graph("bad")
+    g.input("x", ("n",), "float32")
+    with pytest.raises(GraphError, match=message):
+        g.sized_constant(kind, shape, dtype, **params)
+
+
 # --------------------------------------------------------------------- building symbolically
 def test_input_accepts_names_and_syms():
     g = rlx.Graph()

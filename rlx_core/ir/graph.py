@@ -30,6 +30,7 @@ from .internal_types import infer_any
 from .ops import OpKind
 from .serialize import GRAPH_FORMAT, GRAPH_FORMAT_VERSION, graph_from_json
 from .shape_rules import Constraint, parse_dim, recording
+from .sized import is_sized, sized_attrs, sized_to_json
 from .symbolic import Dim, Sym, format_shape, free_symbols, to_obj
 
 __all__ = ["Graph", "Node", "Value", "GRAPH_FORMAT", "GRAPH_FORMAT_VERSION"]
@@ -222,6 +223,9 @@ class Graph(OpBuilders):
         """The current array of a param or constant node (read-only)."""
         node = self.node(id)
         if node.id not in self._values:
+            if node.op is OpKind.CONSTANT:  # a sized constant (``sized.py``)
+                raise GraphError(f"{node.describe()} is computed from the sizes ({node.attrs['sized']}, shape "
+                                 f"{format_shape(node.shape)}): it has a value once the graph is specialized")
             raise GraphError(f"{node.describe()} is a {node.op}, which holds no value")
         return self._values[node.id]
 
@@ -412,13 +416,18 @@ class Graph(OpBuilders):
     _add_node = add_node  # the door's name before it was public (code written against it keeps working)
 
     def _add_source(self, op: OpKind, name: str, shape: tuple[int, ...], dtype: str,
-                    value: np.ndarray | None) -> Value:
+                    value: np.ndarray | None, attrs: Mapping[str, Any] | None = None) -> Value:
         nid = len(self._nodes)
-        node = Node(nid, op, (), MappingProxyType({}), shape, dtype, name,
+        node = Node(nid, op, (), MappingProxyType(dict(attrs or {})), shape, dtype, name,
                     self._origin if self._origin is not None else nid)
         self._nodes.append(node)
         if not _static(shape):
             self._has_sym = True
+        if attrs:  # a sized constant: its symbols must be bound by the inputs, as a reshape's are
+            self._has_sym = True
+            for sym in free_symbols(shape) | free_symbols(tuple(attrs.get("values", ()))) | free_symbols(
+                    attrs.get("start", 0) if isinstance(attrs.get("start"), Sym) else ()):
+                self._node_symbols.setdefault(sym, nid)
         if value is not None:
             self._values[nid] = value
         if op is OpKind.INPUT:
@@ -469,6 +478,15 @@ class Graph(OpBuilders):
             dtype = "float32"
         arr = _frozen_array(value, None if dtype is None else normalize_dtype(dtype), "constant")
         return self._add_source(OpKind.CONSTANT, str(name), arr.shape, normalize_dtype(arr.dtype), arr)
+
+    def sized_constant(self, kind: str, shape: Iterable[Dim], dtype: Any, name: str = "", **params: Any) -> Value:
+        """A constant computed from the sizes (``rlx_core.ir.sized``): ``fill`` (``value=``),
+        ``arange`` (``start=``, ``delta=``) or ``dims`` (``values=``), its ``shape`` symbolic
+        where it depends on the symbols. Specializing the graph makes it a plain constant."""
+        self._check_open("sized_constant")
+        shape = tuple(shape)
+        attrs = sized_attrs(kind, shape, dtype, params)
+        return self._add_source(OpKind.CONSTANT, str(name), shape, normalize_dtype(dtype), None, attrs)
 
     def set_outputs(self, outputs: Sequence[ValueLike] | ValueLike) -> None:
         """Declare the graph's outputs, in order (replaces any earlier declaration)."""
@@ -525,6 +543,8 @@ class Graph(OpBuilders):
             d: dict[str, Any] = {"id": n.id, "op": n.op.value, "inputs": list(n.inputs), "name": n.name}
             if n.op is OpKind.INPUT:
                 d["shape"], d["dtype"] = [to_obj(x) if isinstance(x, Sym) else x for x in n.shape], n.dtype
+            elif n.op is OpKind.CONSTANT and is_sized(n.attrs):
+                d["sized"], d["dtype"] = sized_to_json(n.attrs, n.shape), n.dtype
             elif n.id in self._values:
                 arr = np.asarray(self._values[n.id], order="C").astype(np.dtype(n.dtype).newbyteorder("<"))
                 d["value"] = {"dtype": n.dtype, "shape": list(arr.shape),

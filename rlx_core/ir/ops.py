@@ -422,8 +422,8 @@ def _infer_slice(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tuple[A
     _need(op, ins, 1)
     _no_attrs(op, attrs, ("starts", "ends", "axes", "steps"))
     x = ins[0].shape
-    starts = _ints(op, attrs.get("starts", ()), "starts")
-    ends = _ints(op, attrs.get("ends", ()), "ends")
+    starts = _bounds(op, attrs.get("starts", ()), "starts")
+    ends = _bounds(op, attrs.get("ends", ()), "ends")
     raw_axes = attrs.get("axes")
     axes = tuple(range(len(starts))) if raw_axes is None else _ints(op, raw_axes, "axes")
     raw_steps = attrs.get("steps")
@@ -438,7 +438,8 @@ def _infer_slice(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tuple[A
     shape = list(x)
     n_starts, n_ends = [], []
     for a, s, e, st in zip(axes, starts, ends, steps):
-        if isinstance(x[a], Sym):  # bounds stay as given; specializing canonicalizes them
+        if isinstance(x[a], Sym) or isinstance(s, Sym) or isinstance(e, Sym):  # bounds stay as given;
+            # specializing canonicalizes them
             n_starts.append(s)
             n_ends.append(e)
             shape[a] = shape_rules.slice_length(x[a], s, e, st)
@@ -449,6 +450,13 @@ def _infer_slice(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tuple[A
         shape[a] = len(range(*slice(s, e, st).indices(x[a])))
     attrs_out = {"starts": tuple(n_starts), "ends": tuple(n_ends), "axes": axes, "steps": steps}
     return attrs_out, tuple(shape), ins[0].dtype
+
+
+def _bounds(op: OpKind, value: Any, what: str) -> tuple[Dim, ...]:
+    """Slice bounds: ints, or symbolic dims (``x[:, :seq]`` of a table in a symbolic graph)."""
+    if isinstance(value, (tuple, list)) and any(isinstance(v, Sym) for v in value):
+        return tuple(v if isinstance(v, Sym) else _ints(op, (v,), what)[0] for v in value)
+    return _ints(op, value, what)
 
 
 def _canonical_bounds(dim: int, start: int, end: int, step: int) -> tuple[int, int]:

@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import GraphError, ModelError
 from .dtypes import DTYPES
 from .ops import OpKind
+from .sized import sized_from_json
 
 if TYPE_CHECKING:
     from .graph import Graph
@@ -86,6 +87,12 @@ def graph_from_json(cls: type[Graph], text: str | bytes) -> Graph:
                 g.input(name, _field(d, "shape", list, where), _field(d, "dtype", str, where))
             elif op is OpKind.PARAM:
                 g.param(name, _array(_field(d, "value", dict, where), where))
+            elif op is OpKind.CONSTANT and "sized" in d:
+                try:
+                    kind, shape, params = sized_from_json(_field(d, "sized", dict, where))
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise ModelError(f"graph JSON: {where} has a malformed sized constant ({exc})") from None
+                g.sized_constant(kind, shape, _field(d, "dtype", str, where), name=name, **params)
             elif op is OpKind.CONSTANT:
                 g.constant(_array(_field(d, "value", dict, where), where), name=name)
             else:

@@ -154,16 +154,36 @@ def reshape_dims(op: Any, x: tuple[Dim, ...], raw: Any) -> tuple[Dim, ...]:
     return tuple(want)
 
 
-def slice_length(dim: Dim, start: int, end: int, step: int) -> Dim:
-    """``len(range(*slice(start, end, step).indices(dim)))`` for a symbolic ``dim``:
-    negative bounds count from the end, out-of-range ones clamp (min/max expressions)."""
+def slice_length(dim: Dim, start: Dim, end: Dim, step: int) -> Dim:
+    """``len(range(*slice(start, end, step).indices(dim)))`` where ``dim`` or a bound is
+    symbolic: negative bounds count from the end, out-of-range ones clamp (min/max
+    expressions). A symbolic bound must have a known sign (``seq``, ``seq - 1``, ``-seq``)."""
+    neg_start, neg_end = _negative(start), _negative(end)
     if step > 0:
-        lo = 0 if start <= -HUGE else (sym_max(start + dim, 0) if start < 0 else sym_min(start, dim))
-        hi = dim if end >= HUGE else (sym_max(end + dim, 0) if end < 0 else sym_min(end, dim))
+        lo = 0 if _huge(start, -1) else (sym_max(start + dim, 0) if neg_start else sym_min(start, dim))
+        hi = dim if _huge(end, 1) else (sym_max(end + dim, 0) if neg_end else sym_min(end, dim))
         return sym_max(ceildiv(hi - lo, step), 0)
-    hi = dim - 1 if start >= HUGE else (sym_max(start + dim, -1) if start < 0 else sym_min(start, dim - 1))
-    lo = -1 if end <= -HUGE else (sym_max(end + dim, -1) if end < 0 else sym_min(end, dim - 1))
+    hi = dim - 1 if _huge(start, 1) else (sym_max(start + dim, -1) if neg_start else sym_min(start, dim - 1))
+    lo = -1 if _huge(end, -1) else (sym_max(end + dim, -1) if neg_end else sym_min(end, dim - 1))
     return sym_max(ceildiv(hi - lo, -step), 0)
+
+
+def _huge(bound: Dim, sign: int) -> bool:
+    """Whether ``bound`` is an int at or past ``sign * HUGE`` (ONNX's "to the end")."""
+    return isinstance(bound, int) and bound * sign >= HUGE
+
+
+def _negative(bound: Dim) -> bool:
+    """Whether a slice bound counts from the end; ``GraphError`` when its sign depends on the sizes."""
+    if isinstance(bound, int):
+        return bound < 0
+    lo = lower_bound(bound)
+    if lo is not None and lo >= 0:
+        return False
+    hi = lower_bound(-bound)
+    if hi is not None and hi > 0:
+        return True
+    raise GraphError(f"slice: bound {bound} may be negative (counting from the end) or not, depending on the sizes")
 
 
 def window_out(op: Any, size: Dim, k: int, s: int, p0: int, p1: int, d: int, ceil: bool) -> Dim:

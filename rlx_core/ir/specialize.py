@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import GraphError, InputError
 from .ops import OpKind
 from .shape_rules import Constraint, evaluate_attr
+from .sized import is_sized, materialize
 from .symbolic import Sym, UnboundSymbolError, evaluate, format_shape, free_symbols
 
 if TYPE_CHECKING:
@@ -140,7 +141,11 @@ def _respecialize(graph: Graph, new: Graph, node: Any, sizes: Mapping[str, int])
     """Add ``node`` to ``new`` with every dim and shape-valued attribute under ``sizes``."""
     shape = tuple(evaluate(d, sizes) for d in node.shape)
     if node.op in (OpKind.INPUT, OpKind.PARAM, OpKind.CONSTANT):
-        value: Any = graph.value(node.id) if node.op is not OpKind.INPUT else None  # shared: read-only
+        if node.op is OpKind.CONSTANT and is_sized(node.attrs):  # computed from the sizes, now known
+            value: Any = materialize(node.attrs, shape, node.dtype, sizes)
+            value.flags.writeable = False
+        else:
+            value = graph.value(node.id) if node.op is not OpKind.INPUT else None  # shared: read-only
         new._add_source(node.op, node.name, shape, node.dtype, value)
         return
     attrs = {k: evaluate_attr(v, sizes) for k, v in node.attrs.items()}

@@ -283,7 +283,15 @@ def exact_div(a: Dim, b: Dim) -> Dim | None:
     if a == b:
         return 1
     bd = _dict(b)
-    if len(bd) != 1:
+    if len(bd) != 1:  # a quotient of one term: ``(32*n*k - 32*n) / (16*n*k - 16*n) == 2``
+        ad = _dict(a)
+        if not ad:
+            return 0
+        first = _from_dict(dict([next(iter(ad.items()))]))
+        for m, c in bd.items():
+            q = exact_div(first, _from_dict({m: c}))
+            if q is not None and q * b == a:
+                return q
         return None
     (bm, bc), = bd.items()
     if bc == 0:
@@ -318,9 +326,19 @@ def floordiv(a: Dim, b: Dim) -> Dim:
         for m, c in _dict(a).items():  # a = b*Q + R with R's coefficients in [0, b): a//b = Q + R//b
             quotient[m], rest[m] = divmod(c, b)
         r = _from_dict(rest)
-        tail = r // b if isinstance(r, int) else _from_atom(_Op("floordiv", (r, b)))
+        tail = r // b if isinstance(r, int) else _floor_atom(r, b)
         return _from_dict(quotient) + tail
     return _from_atom(_Op("floordiv", (a, b)))
+
+
+def _floor_atom(r: Sym, b: int) -> Dim:
+    """``r // b`` for a positive ``b`` as one atom; ``(x//m)//b`` is ``x//(m*b)``, so that
+    the two ways of writing it are one canonical form."""
+    atom = r._atom()
+    if b > 0 and isinstance(atom, _Op) and atom.kind == "floordiv" and isinstance(atom.args[1], int) \
+            and atom.args[1] > 0:
+        return floordiv(atom.args[0], atom.args[1] * b)
+    return _from_atom(_Op("floordiv", (r, b)))
 
 
 def ceildiv(a: Dim, b: Dim) -> Dim:
@@ -335,10 +353,30 @@ def lower_bound(d: Dim) -> int | None:
         return d
     total = 0
     for mono, coeff in d._terms:
-        if mono and (coeff < 0 or not all(isinstance(a, str) for a, _ in mono)):
-            return None
-        total += coeff
+        term = coeff
+        if mono:
+            if coeff < 0:
+                return None
+            for atom, power in mono:  # a symbol is >= 1; an opaque atom as its arguments bound it
+                lo = 1 if isinstance(atom, str) else _atom_lower_bound(atom)
+                if lo is None or lo < 0:
+                    return None
+                term *= lo ** power
+        total += term
     return total
+
+
+def _atom_lower_bound(atom: _Op) -> int | None:
+    """A lower bound on ``min``/``max``/``floordiv`` of dims, from their arguments'."""
+    bounds = [lower_bound(a) for a in atom.args]
+    if atom.kind == "min":
+        return None if None in bounds else min(b for b in bounds if b is not None)
+    if atom.kind == "max":
+        known = [b for b in bounds if b is not None]
+        return max(known) if known else None
+    den = atom.args[1]  # floordiv
+    lo = bounds[0]
+    return lo // den if isinstance(den, int) and den > 0 and lo is not None else None
 
 
 def _minmax(kind: str, args: Iterable[Dim]) -> Dim:

@@ -20,6 +20,7 @@ from onnx import AttributeProto, GraphProto, NodeProto, TensorProto, helper
 from ..errors import ModelError
 from ..ir.dtypes import DTYPES
 from ._shapes import Emitter, Operand
+from ._symdims import Dims, NotSymbolic
 
 __all__ = ["CONVERTERS", "Converter", "NeedsValue", "NodeContext", "converter", "describe_node", "onnx_dtype"]
 
@@ -165,6 +166,8 @@ class NodeContext:
         x = self.optional(i)
         if x is None:
             return None
+        if isinstance(x, Dims):
+            raise NotSymbolic(f"input {what} ({self.node.input[i]!r}) is read as data, and it depends on the sizes")
         arr = self.f.array(x)
         if arr is None:
             name = self.node.input[i]
@@ -173,7 +176,11 @@ class NodeContext:
         return arr
 
     def ints(self, i: int, what: str) -> tuple[int, ...] | None:
-        """Input ``i`` as a tuple of ints known at import (shape, axes, pads...)."""
+        """Input ``i`` as a tuple of ints known at import (shape, axes, pads...); in a
+        symbolic load, of dims where it depends on the sizes (``_symdims``)."""
+        x = self.optional(i)
+        if isinstance(x, Dims):
+            return x.values()
         arr = self.static(i, what)
         if arr is None:
             return None

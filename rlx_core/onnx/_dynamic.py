@@ -16,6 +16,7 @@ already holds), only the small initializers read as shapes, axes or tables.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 
@@ -25,12 +26,28 @@ from onnx import GraphProto
 from ..errors import ModelError
 from ..ir import Graph
 from ..ir.deferred import DeferredGraph
-from ..ir.specialize import REPRESENTATIVE_SIZES
+from ..ir.specialize import REPRESENTATIVE_SIZES, representative
 from ..ir.symbolic import Dim, Sym
 from ._context import NeedsHost, NeedsValue, SpliceIf
 from ._loader import Model, resolve_dims
 
-__all__ = ["load_symbolic", "symbol_names", "symbolic_shapes", "without_weights"]
+__all__ = ["load_symbolic", "convert_symbolic", "symbol_names", "symbolic_shapes", "without_weights",
+           "SYMBOLIC_OPS"]
+
+log = logging.getLogger("rlx.onnx")
+
+#: ONNX ops whose converters are exact on symbolic dims: every decision they take on a
+#: dim is one that holds for all sizes (``dim_eq``), or they refuse (``NotSymbolic``). A
+#: model holding any other op is converted at each size instead.
+SYMBOLIC_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Abs", "Exp", "Log", "Erf", "Tanh", "Sigmoid",
+    "Relu", "Gelu", "Sin", "Cos", "Max", "Min", "Where", "Equal", "Less", "LessOrEqual", "Greater",
+    "GreaterOrEqual", "And", "Or", "Not", "IsNaN", "Cast", "Identity", "Constant", "ConstantOfShape", "Shape",
+    "Size", "Range", "Expand", "Reshape", "Transpose", "Unsqueeze", "Squeeze", "Concat", "Slice", "Gather",
+    "Split", "Flatten", "MatMul", "Gemm", "Softmax", "LayerNormalization", "ReduceMean", "ReduceSum",
+    "Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "BatchNormalization", "Clip", "Dropout",
+    "GatherElements", "GatherND", "InstanceNormalization", "GroupNormalization", "Mod",
+})
 
 
 def symbol_names(keys: Sequence[str]) -> dict[str, str]:
@@ -56,10 +73,13 @@ def symbolic_shapes(model: Model, dims: Mapping[str, int], names: Mapping[str, s
             for input_name, shape in resolve_dims(model.specs, dims, model.where)}
 
 
-def load_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str]) -> DeferredGraph:
+def load_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str]) -> Graph:
     """``model`` as a graph whose ``free`` dims (``dims`` keys) are symbols; ``dims``
     binds the rest. ``ModelError`` when the model converts at none of the sizes tried."""
     names = symbol_names(free)
+    graph = convert_symbolic(model, dims, free, names)
+    if graph is not None:
+        return graph
     shapes = symbolic_shapes(model, dims, names)
 
     failures: list[tuple[int, ModelError]] = []
@@ -90,6 +110,27 @@ def load_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str]) ->
 
     at = {names[key]: size for key in free}
     return DeferredGraph(body, shapes, build, at, source=model.where)
+
+
+def convert_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str],
+                     names: Mapping[str, str]) -> Graph | None:
+    """``model`` converted once with its ``free`` dims as symbols, every shape computation
+    carried as dims (``_symdims``): a graph whose specializations are what converting at
+    those sizes makes. ``None`` when the model holds an op whose converter is not known
+    to be exact on symbols (``SYMBOLIC_OPS``), or when any step cannot be carried exactly
+    (the caller then converts at each size)."""
+    ops = {node.op_type for node in model.gp.node if node.domain in ("", "ai.onnx")}
+    if any(node.domain not in ("", "ai.onnx") for node in model.gp.node) or not ops <= SYMBOLIC_OPS:
+        log.debug("%s: converted per size (ops not carried symbolically: %s)", model.where,
+                  ", ".join(sorted(ops - SYMBOLIC_OPS)) or "other domains")
+        return None
+    try:
+        graph = model.convert({**dims, **{key: Sym(names[key]) for key in free}})
+        representative(graph)  # some size fits its shape rules (else: converted per size, which says why)
+    except Exception as exc:  # any failure: the per-size conversion decides, and names it
+        log.debug("%s: converted per size (%s: %s)", model.where, type(exc).__name__, exc)
+        return None
+    return graph
 
 
 def _sizeless(message: str, size: int) -> str:

@@ -23,6 +23,7 @@ from onnx import GraphProto, ModelProto, NodeProto, TensorProto, numpy_helper
 
 from ..errors import ModelError, RlxError
 from ..ir import Graph, Value
+from ..ir.symbolic import Dim, Sym
 from . import (  # noqa: F401  (they register the converters)
     _ops,
     _ops_activations,
@@ -373,13 +374,18 @@ def resolve_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mappin
                 if isinstance(d, int) and d != dims[key]:
                     raise ModelError(f"{where}: dims[{key!r}] = {dims[key]}, but input {name!r} fixes axis {axis} "
                                      f"at {d}")
-                resolved.append(int(dims[key]))
+                resolved.append(_dim_value(dims[key]))
             elif isinstance(d, int):
                 resolved.append(d)
             else:
-                resolved.append(int(dims[d]) if d in dims else d)
+                resolved.append(_dim_value(dims[d]) if d in dims else d)
         out.append((name, resolved))
     return out
+
+
+def _dim_value(value: Any) -> Dim:
+    """A ``dims`` value: an int, or the ``Sym`` a symbolic load binds a dim to."""
+    return value if isinstance(value, Sym) else int(value)
 
 
 def free_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[str, int], where: str) -> list[str]:
@@ -390,12 +396,15 @@ def free_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[s
 
 def _bind_dims(specs: Sequence[tuple[str, str, list[int | str]]], dims: Mapping[str, int], where: str,
                max_bytes: int) -> list[tuple[str, tuple[int, ...], str]]:
-    """Each input's ``(name, shape, dtype)`` with every dim bound by ``dims`` (all are)."""
+    """Each input's ``(name, shape, dtype)`` with every dim bound by ``dims`` (all are: to
+    an int, or to a ``Sym`` in a symbolic load)."""
     out = []
     for (name, shape), (_, dtype, _) in zip(resolve_dims(specs, dims, where), specs):
-        assert all(isinstance(d, int) for d in shape), f"unbound dims of input {name!r}: {shape}"
-        out.append((name, tuple(int(d) for d in shape), dtype))
+        assert all(isinstance(d, (int, Sym)) for d in shape), f"unbound dims of input {name!r}: {shape}"
+        out.append((name, tuple(shape), dtype))
     for name, shape, dtype in out:
+        if any(isinstance(d, Sym) for d in shape):
+            continue
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         if nbytes > max_bytes:
             raise ModelError(f"{where}: input {name!r} of shape {shape} {dtype} needs {nbytes} bytes, more than the "

@@ -12,13 +12,16 @@ floats. ``Mod`` sits here because it is the same kind of exact-integer decomposi
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..ir.dtypes import DTYPES, INT_DTYPES
+from ..ir.symbolic import Dim, Sym, lower_bound
 from ._context import NeedsHost, NodeContext, converter
 from ._shapes import Emitter, Operand, frozen
+from ._symdims import NotSymbolic, make_dims
 
 __all__: list[str] = []
 
@@ -36,6 +39,57 @@ def _axis(c: NodeContext, axis: int, rank: int, what: str = "axis") -> int:
 def _along(values: np.ndarray, axis: int, rank: int) -> np.ndarray:
     """1-D ``values`` shaped to broadcast along ``axis`` of a rank-``rank`` tensor."""
     return frozen(values.reshape((values.size,) + (1,) * (rank - 1 - axis)))
+
+
+def _exceeds(a: Dim, b: Dim) -> bool:
+    """Whether ``a > b`` for every size; ``NotSymbolic`` when that depends on the sizes."""
+    if not (isinstance(a, Sym) or isinstance(b, Sym)):
+        return a > b
+    lo, hi = lower_bound(a - b), lower_bound(b - a)
+    if lo is not None and lo > 0:
+        return True
+    if hi is not None and hi >= 0:
+        return False
+    raise NotSymbolic(f"whether {a} > {b} depends on the sizes")
+
+
+def _positions(f: Emitter, n: Dim) -> Operand:
+    """``arange(n)`` as int64: a gather from it wraps negative indices and checks the range."""
+    if isinstance(n, Sym):
+        return f.graph.sized_constant("arange", (n,), "int64", start=0, delta=1)
+    return frozen(np.arange(n, dtype=np.int64))
+
+
+def _scaled(f: Emitter, x: Operand, stride: Dim) -> Operand:
+    """``x * stride`` (int64), the stride a size when it depends on them."""
+    if isinstance(stride, int) and stride == 1:
+        return x
+    return f.op("mul", x, make_dims(stride, "int64") if isinstance(stride, Sym) else f.const(stride, "int64"))
+
+
+def _static_offsets(shape: Sequence[int], strides: Sequence[int], axes: Iterable[int], rank: int) -> np.ndarray:
+    """The flat offset of each coordinate of ``shape`` along ``axes`` (``index * stride``)."""
+    offsets = np.zeros(tuple(shape), dtype=np.int64)
+    for d in axes:
+        offsets += _along(np.arange(shape[d], dtype=np.int64) * strides[d], d, rank)
+    return offsets
+
+
+def _plus_offsets(f: Emitter, flat: Operand, shape: Sequence[Dim], strides: Sequence[Dim], axes: Iterable[int],
+                  rank: int) -> Operand:
+    """``flat`` plus the flat offset of each coordinate along ``axes``: one constant when
+    the sizes are known, else one run-time ``arange * stride`` per axis longer than 1."""
+    axes = [d for d in axes if not (isinstance(shape[d], int) and shape[d] == 1)]  # (a size-1 axis adds 0)
+    if not axes:
+        return flat
+    if not any(isinstance(shape[d], Sym) or isinstance(strides[d], Sym) for d in axes):
+        f.check_size(shape, "int64", "a flat index's offsets")
+        return f.op("add", flat, frozen(_static_offsets(shape, strides, axes, rank)))
+    for d in axes:
+        along = (shape[d],) + (1,) * (rank - 1 - d)
+        term = f.op("reshape", _scaled(f, _positions(f, shape[d]), strides[d]), shape=along)
+        flat = f.op("add", flat, term)
+    return flat
 
 
 def _scalar_input(c: NodeContext, i: int, what: str) -> int:
@@ -190,28 +244,23 @@ def _gather_elements(c: NodeContext) -> list[Operand | None]:
     if rank == 0 or len(ishape) != rank:
         raise c.fail(f"data and indices must have the same rank >= 1, got shapes {dshape} and {ishape}")
     axis = _axis(c, int(c.attr("axis", 0)), rank)
-    wider = [d for d in range(rank) if d != axis and ishape[d] > dshape[d]]
+    wider = [d for d in range(rank) if d != axis and _exceeds(ishape[d], dshape[d])]
     if wider:
         raise c.fail(f"indices of shape {ishape} exceed data of shape {dshape} on axis {wider[0]}")
-    f.check_size(ishape, "int64", "GatherElements' flat index")
     strides = [math.prod(dshape[d + 1 :]) for d in range(rank)]
-    offsets = np.zeros(ishape, dtype=np.int64)
-    for d in range(rank):
-        if d != axis:
-            offsets += _along(np.arange(ishape[d], dtype=np.int64) * strides[d], d, rank)
+    others = [d for d in range(rank) if d != axis]
     n = dshape[axis]
     known = f.array(index)
     if known is not None:
         bad = (known < -n) | (known >= n)
         if np.any(bad):
             raise c.fail(f"index {int(known[bad].flat[0])} is out of range for axis {axis} of size {n}")
+        f.check_size(ishape, "int64", "GatherElements' flat index")
+        offsets = _static_offsets(ishape, strides, others, rank)
         flat: Operand = frozen(offsets + np.where(known < 0, known + n, known).astype(np.int64) * strides[axis])
     else:
-        flat = f.op("gather", frozen(np.arange(n, dtype=np.int64)), index, axis=0)
-        if strides[axis] != 1:
-            flat = f.op("mul", flat, f.const(strides[axis], "int64"))
-        if np.any(offsets):
-            flat = f.op("add", flat, frozen(offsets))
+        flat = _scaled(f, f.op("gather", _positions(f, n), index, axis=0), strides[axis])
+        flat = _plus_offsets(f, flat, ishape, strides, others, rank)
     column = f.op("reshape", data, shape=(math.prod(dshape),))
     return [f.op("gather", column, flat, axis=0, name=c.out())]
 
@@ -239,13 +288,10 @@ def _gather_nd(c: NodeContext) -> list[Operand | None]:
     lead = dshape[: b + k]
     strides = [math.prod(lead[d + 1 :]) for d in range(b + k)]
     out_rank = len(ishape) - 1
-    f.check_size(ishape[:-1], "int64", "GatherND's flat index")
-    offsets = np.zeros(ishape[:-1], dtype=np.int64)
-    for d in range(b):
-        offsets += _along(np.arange(ishape[d], dtype=np.int64) * strides[d], d, out_rank)
     known = f.array(index)
     if known is not None:
-        flat_np = offsets.copy()
+        f.check_size(ishape[:-1], "int64", "GatherND's flat index")
+        flat_np = _static_offsets(ishape[:-1], strides, range(b), out_rank)
         for j in range(k):
             n, col = dshape[b + j], known[..., j]
             bad = (col < -n) | (col >= n)
@@ -254,13 +300,12 @@ def _gather_nd(c: NodeContext) -> list[Operand | None]:
             flat_np += np.where(col < 0, col + n, col).astype(np.int64) * strides[b + j]
         flat: Operand = frozen(flat_np)
     else:
-        flat = frozen(offsets)
+        flat = None
         for j in range(k):
             col = f.op("gather", index, f.const(j, "int64"), axis=len(ishape) - 1)
-            pos = f.op("gather", frozen(np.arange(dshape[b + j], dtype=np.int64)), col, axis=0)
-            if strides[b + j] != 1:
-                pos = f.op("mul", pos, f.const(strides[b + j], "int64"))
-            flat = f.op("add", flat, pos)
+            pos = _scaled(f, f.op("gather", _positions(f, dshape[b + j]), col, axis=0), strides[b + j])
+            flat = pos if flat is None else f.op("add", flat, pos)
+        flat = _plus_offsets(f, flat, ishape[:-1], strides, range(b), out_rank)
     rows = f.op("reshape", data, shape=(math.prod(lead), *dshape[b + k :]))
     return [f.op("gather", rows, flat, axis=0, name=c.out())]
 

@@ -4,6 +4,7 @@ spatial helpers the pools (``_ops_pool``) and ConvTranspose share."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -299,8 +300,8 @@ def _standardized(c: NodeContext, x: Operand, rows: tuple[int, ...], stash: bool
         raise c.fail(f"needs a float input, got {dtype}")
     work_dtype = "float32" if stash and dtype == "float16" else dtype
     work = x if work_dtype == dtype else f.op("cast", x, dtype=work_dtype)
-    ones = frozen(np.ones(rows[-1], dtype=work_dtype))
-    normed = f.op("layer_norm", f.op("reshape", work, shape=rows), ones, frozen(np.zeros(rows[-1], work_dtype)),
+    ones, zeros = f.full((rows[-1],), 1, work_dtype), f.full((rows[-1],), 0, work_dtype)
+    normed = f.op("layer_norm", f.op("reshape", work, shape=rows), ones, zeros,
                   axis=len(rows) - 1, eps=float(c.attr("epsilon", 1e-5)))
     normed = f.op("reshape", normed, shape=shape)
     return normed if work_dtype == dtype else f.op("cast", normed, dtype=dtype)
@@ -322,7 +323,7 @@ def _instance_norm(c: NodeContext) -> list[Operand | None]:
     shape = f.shape(x)
     if len(shape) < 3:
         raise c.fail(f"needs an input (N, C, D1, ...), got shape {shape}")
-    plane = int(np.prod(shape[2:]))
+    plane = math.prod(shape[2:])
     y = _standardized(c, x, (shape[0], shape[1], plane), stash=False)
     return [_per_channel(c, y, c.input(1, "scale"), c.input(2, "B"), shape[1], len(shape))]
 
@@ -345,7 +346,7 @@ def _group_norm(c: NodeContext) -> list[Operand | None]:
     if stash != 1:
         raise c.fail(f"stash_type {stash} is not supported (1: float32)")
     per = channels // groups
-    y = _standardized(c, x, (n, groups, per * int(np.prod(shape[2:]))), stash=c.opset >= 21)
+    y = _standardized(c, x, (n, groups, per * math.prod(shape[2:])), stash=c.opset >= 21)
     if c.opset < 21:  # version 18: one scale and bias per group, repeated over its channels
         spread = frozen(np.ones((1, per), dtype=f.dtype(scale)))
         scale, bias = (f.op("mul", f.op("reshape", v, shape=(groups, 1)), spread) for v in (scale, bias))

@@ -12,8 +12,10 @@ import math
 import numpy as np
 from onnx import AttributeProto
 
+from ..ir.symbolic import Dim, Sym, ceildiv, dim_eq, lower_bound, sym_max
 from ._context import NodeContext, converter, onnx_dtype
 from ._shapes import Emitter, Operand, frozen
+from ._symdims import Dims, NotSymbolic, has_sym, make_dims
 
 __all__: list[str] = []
 
@@ -87,6 +89,8 @@ def _squeeze(c: NodeContext) -> list[Operand | None]:
         if bad:
             raise c.fail(f"cannot squeeze axis {bad[0]} of shape {shape}: its size is not 1")
     else:
+        if has_sym(shape):  # which axes are 1 is known only with the sizes
+            raise NotSymbolic(f"Squeeze without axes of shape {shape}")
         drop = {i for i, d in enumerate(shape) if d == 1}
     target = tuple(d for i, d in enumerate(shape) if i not in drop)
     return [c.f.op("reshape", x, shape=target, name=c.out())]
@@ -123,6 +127,8 @@ def _split(c: NodeContext) -> list[Operand | None]:
     shape = c.f.shape(x)
     axis = _axis(c, int(c.attr("axis", 0)), len(shape))
     dim, n = shape[axis], c.num_outputs
+    if isinstance(dim, Sym):
+        raise NotSymbolic(f"Split of axis {axis}, whose size {dim} depends on the sizes")
     sizes = c.attr_ints("split") if c.has_attr("split") else c.ints(1, "split")
     if sizes:
         if len(sizes) != n or sum(sizes) != dim or min(sizes) < 0:
@@ -169,19 +175,44 @@ def _expand(c: NodeContext) -> list[Operand | None]:
     the input to the result (``where`` for bool), exact for every value."""
     f, x = c.f, c.input(0)
     shape = f.shape(x)
-    want = c.ints(1, "shape")
-    try:
-        out = tuple(np.broadcast_shapes(shape, tuple(want or ())))
-    except ValueError:
-        raise c.fail(f"cannot expand shape {shape} to {want}") from None
+    want = tuple(c.ints(1, "shape") or ())
+    if has_sym(shape) or has_sym(want):
+        out = _sym_broadcast(c, shape, want)
+    else:
+        try:
+            out = tuple(np.broadcast_shapes(shape, want))
+        except ValueError:
+            raise c.fail(f"cannot expand shape {shape} to {want}") from None
     if out == shape:
         return [x]
     lead = len(out) - len(shape)
-    ones_shape = tuple(1 if i >= lead and shape[i - lead] == d else d for i, d in enumerate(out))
+    ones_shape = tuple(1 if i >= lead and dim_eq(shape[i - lead], d) else d for i, d in enumerate(out))
     dtype = f.dtype(x)
+    ones = f.full(ones_shape, 1, dtype)
     if dtype == "bool":
-        return [f.op("where", frozen(np.ones(ones_shape, dtype=bool)), x, x, name=c.out())]
-    return [f.op("mul", x, frozen(np.ones(ones_shape, dtype=dtype)), name=c.out())]
+        return [f.op("where", ones, x, x, name=c.out())]
+    return [f.op("mul", x, ones, name=c.out())]
+
+
+def _sym_broadcast(c: NodeContext, shape: tuple[Dim, ...], want: tuple[Dim, ...]) -> tuple[Dim, ...]:
+    """ONNX's two-way broadcast of ``shape`` and ``want`` where dims are symbolic. Two dims
+    neither of which is 1 must be equal: where that depends on the sizes (``min(256,
+    seq)`` against ``seq``) the result takes ``want``'s, and the ``mul`` that broadcasts
+    records the constraint, checked by every run, as the IR's own broadcasting does."""
+    rank = max(len(shape), len(want))
+    a = (1,) * (rank - len(shape)) + tuple(shape)
+    b = (1,) * (rank - len(want)) + tuple(want)
+    out = []
+    for p, q in zip(a, b):
+        if isinstance(q, int) and q == 1:
+            out.append(p)
+        elif isinstance(p, int) and p == 1:
+            out.append(q)
+        elif dim_eq(p, q) is False:
+            raise c.fail(f"cannot expand shape {shape} to {want}")
+        else:  # equal, or equal at run time: the broadcast that follows records ``p == q``, as the IR's does
+            out.append(q)
+    return tuple(out)
 
 
 @converter("Cast", "CastLike")
@@ -259,6 +290,10 @@ def _constant_of_shape(c: NodeContext) -> list[Operand | None]:
     value = np.zeros(1, dtype=np.float32) if value is None else value
     if value.size != 1:
         raise c.fail(f"value must hold one element, got shape {value.shape}")
+    if has_sym(shape or ()):  # sizes known at run time: filled once they are (a sized constant)
+        if not all(_nonneg(d) for d in shape):
+            raise NotSymbolic(f"shape {shape} may have a negative dim")
+        return [c.f.graph.sized_constant("fill", shape, value.dtype.name, name=c.out(), value=value.reshape(())[()])]
     if any(d < 0 for d in shape or ()):
         raise c.fail(f"shape {shape} has a negative dim")
     c.f.check_size(shape or (), value.dtype.name, "ConstantOfShape's result")
@@ -269,17 +304,19 @@ def _constant_of_shape(c: NodeContext) -> list[Operand | None]:
 def _shape(c: NodeContext) -> list[Operand | None]:
     shape = c.shape(0)
     start, end = int(c.attr("start", 0)), c.attr("end")
-    return [frozen(np.array(shape[start : None if end is None else int(end)], dtype=np.int64))]
+    return [make_dims(list(shape[start : None if end is None else int(end)]), "int64")]
 
 
 @converter("Size")
 def _size(c: NodeContext) -> list[Operand | None]:
-    return [frozen(np.array(math.prod(c.shape(0)), dtype=np.int64))]
+    return [make_dims(math.prod(c.shape(0)), "int64")]
 
 
 @converter("Range")
 def _range(c: NodeContext) -> list[Operand | None]:
     """``start + i * delta`` for i < max(ceil((limit - start) / delta), 0)."""
+    if any(isinstance(c.optional(i), Dims) for i in range(3)):
+        return [_sized_range(c)]
     start, limit, delta = (c.static(i, what) for i, what in enumerate(("start", "limit", "delta")))
     if start is None or limit is None or delta is None:
         raise c.fail("needs start, limit and delta")
@@ -292,3 +329,23 @@ def _range(c: NodeContext) -> list[Operand | None]:
     n = max(-((s - lim) // d) if dtype.kind in "iu" else math.ceil((lim - s) / d), 0)
     c.f.check_size((n,), dtype.name, "Range's result")
     return [frozen((s + np.arange(n, dtype=np.float64 if dtype.kind == "f" else dtype) * d).astype(dtype))]
+
+
+def _sized_range(c: NodeContext) -> Operand:
+    """``Range`` with a bound that depends on the sizes (``arange(seq)``, ``arange(past,
+    past + seq)``): a sized constant of ``ceil((limit - start) / delta)`` elements, for an
+    integer range whose length is known never to be negative."""
+    start, limit = (c.ints(i, what) for i, what in ((0, "start"), (1, "limit")))
+    delta = c.ints(2, "delta")
+    if start is None or limit is None or delta is None or len(start) != 1 or len(limit) != 1 or len(delta) != 1:
+        raise c.fail("needs scalar start, limit and delta")
+    (s,), (lim,), (d,) = start, limit, delta
+    if isinstance(d, Sym) or d == 0:
+        raise NotSymbolic(f"Range's delta {d} is not a nonzero constant")
+    n = sym_max(ceildiv(lim - s, d) if d > 0 else ceildiv(s - lim, -d), 0)
+    return c.f.graph.sized_constant("arange", (n,), c.dtype(0), name=c.out(), start=s, delta=d)
+
+
+def _nonneg(d: Dim) -> bool:
+    lo = lower_bound(d)
+    return lo is not None and lo >= 0

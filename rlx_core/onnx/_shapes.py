@@ -30,6 +30,8 @@ from ..errors import ModelError
 from ..ir import Graph, Node, Value
 from ..ir.dtypes import itemsize, normalize_dtype
 from ..ir.ops import OpKind, infer
+from ..ir.symbolic import Dim, Sym
+from ._symdims import Dims, fold_dims
 
 __all__ = ["Emitter", "Lazy", "Operand", "frozen"]
 
@@ -82,13 +84,18 @@ class Lazy:
         return f"Lazy({self.recipe[0]!r}, {self.shape}, {self.dtype})"
 
 
-Operand = Union[np.ndarray, Lazy, Value]
+Operand = Union[np.ndarray, Lazy, Value, Dims]
 
 
 def _call_builder(g: Graph, kind: str, values: Sequence[Value], attrs: dict[str, Any], name: str) -> Value:
     if kind == "concat":
         return g.concat(list(values), name=name, **attrs)
     return getattr(g, kind)(*values, name=name, **attrs)
+
+
+def _sym_attrs(attrs: dict[str, Any]) -> bool:
+    return any(isinstance(v, Sym) or (isinstance(v, tuple) and any(isinstance(d, Sym) for d in v))
+               for v in attrs.values())
 
 
 class Emitter:
@@ -125,6 +132,14 @@ class Emitter:
         """A small constant of ``dtype`` (how converters write Python scalars)."""
         return frozen(np.asarray(value, dtype=np.dtype(dtype)))
 
+    def full(self, shape: Sequence[Dim], value: Any, dtype: str) -> Operand:
+        """``value`` in every element of ``shape``: an array, or, where the shape depends on
+        the sizes, a sized constant (``rlx_core.ir.sized``) filled once they are known."""
+        if any(isinstance(d, Sym) for d in shape):
+            return self.graph.sized_constant("fill", tuple(shape), dtype, value=value)
+        self.check_size(shape, dtype, "a filled constant")
+        return frozen(np.full(tuple(shape), value, dtype=np.dtype(dtype)))
+
     def param(self, name: str, array: np.ndarray) -> Lazy:
         return Lazy(self, array.shape, array.dtype.name, ("param", name), array)
 
@@ -143,6 +158,12 @@ class Emitter:
         values become ops on their params."""
         if isinstance(x, Value):
             return x
+        if isinstance(x, Dims):  # sizes used as data: computed once the sizes are known
+            key = id(x)
+            if key not in self._constants:
+                made = self.graph.sized_constant("dims", x.shape, x.dtype, name=name, values=x.values())
+                self._constants[key] = (x, made)  # (holds x: its id stays its own)
+            return self._constants[key][1]
         if isinstance(x, Lazy):
             if x._value is None:
                 if x.recipe[0] == "param":
@@ -158,8 +179,13 @@ class Emitter:
 
     def op(self, kind: str, *operands: Operand, name: str = "", **attrs: Any) -> Operand:
         """Apply IR op ``kind`` (a builder method's name) to ``operands``; see the module doc."""
-        if any(isinstance(o, Value) for o in operands):
+        if any(isinstance(o, Value) for o in operands) or _sym_attrs(attrs):  # (a slice to ``seq``: at run time)
             return self._build(kind, [self.value(o) for o in operands], attrs, name)
+        if any(isinstance(o, Dims) for o in operands):  # (a weight read here is data, as a static load reads it)
+            known = [o.array if isinstance(o, Lazy) else o for o in operands]
+            op = OpKind(kind)
+            norm, shape, dtype = infer(op, [_Spec(self.shape(o), self.dtype(o)) for o in known], attrs)
+            return fold_dims(op, known, norm, tuple(shape), dtype)
         if any(isinstance(o, Lazy) for o in operands):
             _, shape, dtype = infer(OpKind(kind), [_Spec(self.shape(o), self.dtype(o)) for o in operands], attrs)
             return Lazy(self, shape, dtype, (kind, operands, attrs, name))
