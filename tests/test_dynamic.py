@@ -216,3 +216,61 @@ def test_a_symbolic_graph_no_device_runs_alone_is_split_for_every_shape_class() 
         feeds = {"x": x_of(batch)}
         assert_matches(g, cg.run(feeds), feeds)
     assert len(cg.shapes()) == 3
+
+
+# ------------------------------------------------------------- the pipeline run once
+def _class_notes(cg: DynamicCompiledGraph) -> list[str]:
+    return [n for n in cg.report().notes if n.startswith("shape class ")]
+
+
+def test_later_shape_classes_compile_from_the_graph_lowered_once() -> None:
+    g = encoder()
+    cg = rlx.compile(g, device="cpu")
+    for batch, seq in [(2, 3), (1, 9), (4, 5)]:
+        feeds = {"x": RNG.standard_normal((batch, seq, 32)).astype(np.float32)}
+        assert_matches(g, cg.run(feeds), feeds)
+    notes = _class_notes(cg)
+    assert len(notes) == 4 and "placed and priced here" in notes[0]
+    assert all("from the graph lowered once" in n for n in notes[1:]), notes
+
+
+def test_claims_never_see_a_symbol_and_a_declined_class_takes_the_old_road() -> None:
+    """The backend is asked about each node at the representative size, and again about
+    every specialization; a class whose softmax it declines (batch 5) is lowered on its
+    own (the softmax decomposed), right all the same."""
+    asked: list[tuple] = []
+
+    class Picky(ToyBackend):
+        def claims(self, node: rlx.Node) -> bool | str:
+            assert all(isinstance(d, int) for d in node.shape), node
+            asked.append(node.shape)
+            if node.op == "softmax" and node.shape[0] == 5:
+                return "no softmax of 5 rows today"
+            return super().claims(node)
+
+    toy = Picky("toy")
+    g = mlp()
+    cg = rlx.compile(g, device="toy", policy=rlx.DevicePolicy(), registry=registry_with(toy))
+    for batch in (3, 5, 7):
+        feeds = {"x": x_of(batch)}
+        assert_matches(g, cg.run(feeds), feeds)
+    notes = _class_notes(cg)
+    by_batch = {n.split(",")[0].split("=")[1].split(":")[0]: n for n in notes}
+    assert "lowered once" in by_batch["3"] and "lowered once" in by_batch["7"]
+    assert "lowered once" not in by_batch["5"]
+    assert asked
+
+
+def test_a_symbolic_pipeline_that_fails_leaves_every_class_to_the_old_road(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlx_core.compiler import lowered_once
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a pass that cannot take symbols")
+
+    monkeypatch.setattr(lowered_once, "run_pipeline", broken)
+    g = mlp()
+    cg = rlx.compile(g, device="cpu")
+    for batch in (2, 6):
+        feeds = {"x": x_of(batch)}
+        assert_matches(g, cg.run(feeds), feeds)
+    assert not any("lowered once" in n for n in _class_notes(cg))

@@ -76,7 +76,8 @@ class DynamicCompiledGraph(CompiledGraph):
 
     def __init__(self, graph: Graph, first: CompiledGraph, bindings: Mapping[str, int],
                  compile_shape: Callable[[Graph], CompiledGraph], *, max_shapes: int = DEFAULT_MAX_SHAPES,
-                 seconds: float | None = None, family: ShapeFamily | None = None) -> None:
+                 seconds: float | None = None, family: ShapeFamily | None = None,
+                 lowered: Callable[[Mapping[str, int]], CompiledGraph | None] | None = None) -> None:
         if max_shapes < 1:
             raise ValueError(f"max_shapes must be at least 1, got {max_shapes}")
         # The base's executable and legal graph are never used for running here (``run`` and
@@ -85,6 +86,7 @@ class DynamicCompiledGraph(CompiledGraph):
         super().__init__(graph, first.device, first, first.graph, first.report(), first._registry,
                          getattr(first, "_options", None))
         self._compile_shape = compile_shape
+        self._lowered = lowered  # a class compiled from the graph lowered once (None: take the old road)
         self._max_shapes = max_shapes
         self._family = family or ShapeFamily()  # (``first`` was compiled in it, when given)
         self._params: dict[str, np.ndarray] = {}  # set_param's values, for copies compiled later
@@ -130,11 +132,14 @@ class DynamicCompiledGraph(CompiledGraph):
     def _compile(self, bindings: Mapping[str, int]) -> CompiledGraph:
         t0 = time.perf_counter()
         with self._family.compiling():
-            cg = self._compile_shape(self.graph.specialize(bindings))
+            cg = self._lowered(bindings) if self._lowered is not None else None
+            once = cg is not None
+            if cg is None:
+                cg = self._compile_shape(self.graph.specialize(bindings))
         for name, value in self._params.items():
             cg.set_param(name, value)
         seconds = time.perf_counter() - t0
-        self._record(bindings, seconds, "")
+        self._record(bindings, seconds, "from the graph lowered once" if once else "")
         self.compiles += 1
         log.info("graph %r: compiled for %s on %s in %.1f ms", self.graph.name, describe_bindings(bindings),
                  self.device, seconds * 1e3)
@@ -168,10 +173,13 @@ class DynamicCompiledGraph(CompiledGraph):
 
 
 def compile_symbolic(graph: Graph, first_compile: Callable[[Graph], CompiledGraph],
-                     later_compile: Callable[[Graph], CompiledGraph] | None = None) -> DynamicCompiledGraph:
+                     later_compile: Callable[[Graph], CompiledGraph] | None = None,
+                     lower_once: Callable[[str, Mapping[str, int]], Any] | None = None) -> DynamicCompiledGraph:
     """Compile symbolic ``graph``: ``first_compile`` of its representative specialization
-    (placement, fallback and partition happen there), then ``later_compile`` (default the
-    same) for each new shape class it meets."""
+    (placement, fallback and partition happen there), then, for each new shape class it
+    meets, a compile from the graph lowered once for the device chosen (``lower_once(device,
+    bindings)`` makes that lowering, or returns None) where it serves, else
+    ``later_compile`` (default ``first_compile``) of the class's specialization."""
     graph.freeze()
     rep, bindings = representative(graph)
     family = ShapeFamily()
@@ -179,7 +187,9 @@ def compile_symbolic(graph: Graph, first_compile: Callable[[Graph], CompiledGrap
         first = first_compile(rep)
     first.report().notes.append(f"symbolic dims ({', '.join(graph.symbols)}): placed and priced at "
                                 f"{describe_bindings(bindings)}; compiled again per shape class on {first.device}")
-    return DynamicCompiledGraph(graph, first, bindings, later_compile or first_compile, family=family)
+    lowered = lower_once(first.device, bindings) if lower_once is not None else None
+    return DynamicCompiledGraph(graph, first, bindings, later_compile or first_compile, family=family,
+                                lowered=lowered.compile if lowered is not None else None)
 
 
 class ValueCompiledGraph(DynamicCompiledGraph):

@@ -25,7 +25,7 @@ from ..passes.legalize import DtypeGate, LegalizeResult, legalize
 from ..passes.pipeline import PipelineResult, run_pipeline
 from ..plugin import CompileOptions
 
-__all__ = ["legalize_for", "pipeline_for", "priced_graph"]
+__all__ = ["legalize_for", "pipeline_for", "priced_graph", "with_skipped_passes"]
 
 
 def _cached(reg: Registry, graph: Graph, key: tuple) -> Any:
@@ -58,7 +58,7 @@ def pipeline_for(graph: Graph, backend_name: str, registry: Registry | None = No
     what the ranking prices."""
     reg = registry or default_registry()
     backend = reg.get(backend_name)
-    opts = _with_skipped(backend, options if options is not None else CompileOptions())
+    opts = with_skipped_passes(backend, options if options is not None else CompileOptions())
     okey = (opts.legalize, opts.optimize, opts.fuse, opts.plan, tuple(opts.disable), opts.max_fused_ops,
             opts.max_fused_inputs)
     key = ("pipeline", backend_name, id(backend), len(graph), graph.outputs, graph.frozen, okey)
@@ -74,7 +74,7 @@ def pipeline_for(graph: Graph, backend_name: str, registry: Registry | None = No
     return result
 
 
-def _with_skipped(backend: Any, opts: CompileOptions) -> CompileOptions:
+def with_skipped_passes(backend: Any, opts: CompileOptions) -> CompileOptions:
     """``opts`` with the passes ``backend`` is better without (``Backend.skipped_passes``,
     optional for plugins that do not subclass ``Backend``) added to ``disable``."""
     ask = getattr(backend, "skipped_passes", None)

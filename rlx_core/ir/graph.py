@@ -479,6 +479,18 @@ class Graph(OpBuilders):
         arr = _frozen_array(value, None if dtype is None else normalize_dtype(dtype), "constant")
         return self._add_source(OpKind.CONSTANT, str(name), arr.shape, normalize_dtype(arr.dtype), arr)
 
+    def copy_source(self, src: Graph, node: Node) -> Value:
+        """``src``'s source ``node`` (an input, a param, a constant or a sized constant) added
+        here as it is: what a pass copying a graph does with each source."""
+        if node.op is OpKind.INPUT:
+            return self.input(node.name, node.shape, node.dtype)
+        if node.op is OpKind.PARAM:
+            return self.param(node.name, src.value(node.id))
+        if is_sized(node.attrs):
+            self._check_open("sized_constant")
+            return self._add_source(OpKind.CONSTANT, node.name, node.shape, node.dtype, None, node.attrs)
+        return self.constant(src.value(node.id), name=node.name)
+
     def sized_constant(self, kind: str, shape: Iterable[Dim], dtype: Any, name: str = "", **params: Any) -> Value:
         """A constant computed from the sizes (``rlx_core.ir.sized``): ``fill`` (``value=``),
         ``arange`` (``start=``, ``delta=``) or ``dims`` (``values=``), its ``shape`` symbolic

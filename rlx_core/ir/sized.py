@@ -31,7 +31,7 @@ from ..errors import GraphError
 from .dtypes import normalize_dtype
 from .symbolic import Dim, Sym, evaluate, from_obj, to_obj
 
-__all__ = ["SIZED_KINDS", "sized_attrs", "materialize", "is_sized", "sized_to_json", "sized_from_json"]
+__all__ = ["SIZED_KINDS", "sized_attrs", "materialize", "is_sized", "holds_array", "sized_to_json", "sized_from_json"]
 
 SIZED_KINDS = ("fill", "arange", "dims")
 _INT_DTYPES = ("int64", "int32")
@@ -99,6 +99,12 @@ def sized_attrs(kind: str, shape: Sequence[Dim], dtype: str, params: Mapping[str
 def is_sized(attrs: Mapping[str, Any]) -> bool:
     """Whether a constant node's ``attrs`` hold a recipe (no array until specialized)."""
     return "sized" in attrs
+
+
+def holds_array(node: Any) -> bool:
+    """Whether ``node`` is a constant with an array (``graph.value`` answers), not a sized
+    one: what a pass that reads a constant's value must ask first."""
+    return node.op == "constant" and "sized" not in node.attrs
 
 
 def materialize(attrs: Mapping[str, Any], shape: Sequence[int], dtype: str, sizes: Mapping[str, int]) -> np.ndarray:

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
 __all__ = ["Sym", "Dim", "UnboundSymbolError", "is_static", "dim_eq", "evaluate", "free_symbols",
-           "floordiv", "ceildiv", "sym_min", "sym_max", "exact_div", "lower_bound", "to_obj", "from_obj",
+           "floordiv", "ceildiv", "sym_min", "sym_max", "exact_div", "lower_bound", "known_less", "to_obj", "from_obj",
            "format_shape"]
 
 Dim = Union[int, "Sym"]
@@ -431,6 +431,13 @@ def dim_eq(a: Dim, b: Dim) -> bool | None:
     if (lo is not None and lo > 0) or (hi is not None and hi > 0):
         return False
     return None
+
+
+def known_less(a: Dim, b: Dim) -> bool:
+    """Whether ``a < b`` for every size (``False`` also where it depends on them): what a
+    pass asks before a rewrite that pays only when it holds."""
+    lo = lower_bound(b - a)
+    return lo is not None and lo > 0
 
 
 def evaluate(dim: Dim, bindings: Mapping[str, int]) -> int:

@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import GraphError
 from ..ir import Graph, Node
 from ..ir.ops import OpKind, infer
+from ..ir.sized import holds_array
 from .legalize import ask_claims
 from .optimize import dce
 from .rewrite import Emitter, replace_planned, use_counts
@@ -63,7 +64,7 @@ def _power_of_two(c: float) -> bool:
 
 
 def _scalar(graph: Graph, node: Node) -> float | None:
-    if node.op not in (OpKind.CONSTANT, OpKind.PARAM) or node.size != 1:
+    if not (holds_array(node) or node.op is OpKind.PARAM) or node.size != 1:
         return None
     value = float(np.asarray(graph.value(node.id)).reshape(()))
     return value if math.isfinite(value) and value != 0 else None

@@ -35,6 +35,9 @@ from ..ir import Graph, Node
 from ..ir.dtypes import is_storage
 from ..ir.internal_types import CONV_ATTRS
 from ..ir.ops import ELEMENTWISE_OPS, SOURCE_OPS, OpKind
+from ..ir.shape_rules import recording
+from ..ir.sized import holds_array
+from ..ir.symbolic import known_less
 from .internal_ops import ACTIVATION_OPS, describe_program, infer_internal, make_instruction
 from .legalize import ask_claims
 from .rewrite import Emitter, replace_planned, use_counts
@@ -47,7 +50,8 @@ _MAX_REFUSAL_NOTES = 8  # a backend refusing many regions for one reason need no
 
 def candidate_node(graph: Graph, at: Node, op: OpKind, inputs: list[int], attrs: dict[str, Any]) -> Node:
     """The node that would replace ``at``: typed and normalized, for ``claims`` to judge."""
-    norm, shape, dtype = infer_internal(op, [graph.node(i) for i in inputs], attrs)
+    with recording():  # (the constraints a symbolic candidate needs are recorded when it is added)
+        norm, shape, dtype = infer_internal(op, [graph.node(i) for i in inputs], attrs)
     return Node(at.id, op, tuple(inputs), MappingProxyType(norm), tuple(shape), dtype, at.name, at.origin)
 
 
@@ -140,7 +144,7 @@ def fuse_gemm(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
 def _fusable(graph: Graph, node: Node) -> bool:
     """An elementwise op a region may hold: not empty, and reading and writing no storage
     dtype (a backend's fused kernels compute in the dtypes it computes in)."""
-    return (node.op in ELEMENTWISE_OPS and node.size > 0 and not is_storage(node.dtype)
+    return (node.op in ELEMENTWISE_OPS and known_less(0, node.size) and not is_storage(node.dtype)
             and not any(is_storage(graph.node(i).dtype) for i in node.inputs))
 
 
@@ -151,7 +155,7 @@ _SCALAR_SLACK = 4
 
 def _input_count(graph: Graph, inputs: dict[int, None]) -> int:
     """A region's inputs as ``max_inputs`` counts them: scalar constants are free."""
-    return sum(1 for i in inputs if not (graph.node(i).op is OpKind.CONSTANT and graph.node(i).size == 1))
+    return sum(1 for i in inputs if not (holds_array(graph.node(i)) and graph.node(i).size == 1))
 
 
 def _grow(graph: Graph, root: Node, uses: list[int], taken: set[int], outputs: frozenset[int], max_ops: int,
@@ -244,7 +248,7 @@ def _epilogue(node: Node) -> tuple | None:
     a single elementwise op, None for anything else."""
     if node.op is OpKind.FUSED_ELEMENTWISE:
         return tuple(node.attrs["program"])
-    if node.op in ELEMENTWISE_OPS and node.op not in SOURCE_OPS and node.size > 0:
+    if node.op in ELEMENTWISE_OPS and node.op not in SOURCE_OPS and known_less(0, node.size):
         return (make_instruction(node.op, range(len(node.inputs)), node.attrs),)
     return None
 

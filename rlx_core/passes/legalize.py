@@ -115,12 +115,8 @@ def _replay(src: Graph, claims: Claims, user: Graph, notes: list[str],
     changed = False
     for node in src.nodes:
         with out.origin(node.origin):
-            if node.op is OpKind.INPUT:
-                mapped[node.id] = out.input(node.name, node.shape, node.dtype)
-            elif node.op is OpKind.PARAM:
-                mapped[node.id] = out.param(node.name, src.value(node.id))
-            elif node.op is OpKind.CONSTANT:
-                mapped[node.id] = out.constant(src.value(node.id), name=node.name)
+            if node.op in (OpKind.INPUT, OpKind.PARAM, OpKind.CONSTANT):
+                mapped[node.id] = out.copy_source(src, node)
             else:
                 ins = tuple(mapped[i] for i in node.inputs)
                 rewritable = node.op in COMPOSITE_OPS or node.op in INTERNAL_OPS

@@ -46,6 +46,8 @@ import numpy as np
 from ..errors import RlxError
 from ..ir import Graph, Node
 from ..ir.ops import SOURCE_OPS, OpKind
+from ..ir.sized import holds_array
+from ..ir.symbolic import Sym, known_less
 from ..reference import evaluate
 from .rewrite import Emitter, attrs_key, is_scalar_constant, replace_planned, use_counts
 
@@ -76,9 +78,10 @@ def _fold_value(node: Node, values: list[np.ndarray]) -> np.ndarray | None:
 
 
 def _foldable(node: Node, ins: list[Node], outputs: frozenset[int]) -> bool:
+    if not (ins and all(holds_array(n) for n in ins)) or node.id in outputs or isinstance(node.size, Sym):
+        return False  # (a size known only at run time: a slice of a table to ``seq``)
     biggest = max((n.size for n in ins), default=0)
-    return bool(ins and all(n.op is OpKind.CONSTANT for n in ins) and node.id not in outputs
-                and (node.size <= biggest or node.size <= 64) and node.size <= max(FOLD_MAX_ELEMENTS, biggest))
+    return (node.size <= biggest or node.size <= 64) and node.size <= max(FOLD_MAX_ELEMENTS, biggest)
 
 
 def _first_change(graph: Graph, changes: Callable[[Node, list[Node]], bool]) -> bool:
@@ -147,7 +150,7 @@ def _identity_operand(graph: Graph, node: Node, ins: list[Node]) -> Node | None:
 
 
 def _is_neutral(graph: Graph, c: Node, neutral: float, op: OpKind) -> bool:
-    if c.op is not OpKind.CONSTANT or c.size == 0 or c.size > 4096:
+    if not holds_array(c) or c.size == 0 or c.size > 4096:
         return False
     arr = graph.value(c.id)
     if arr.dtype == np.bool_:
@@ -165,7 +168,7 @@ def _small_power(graph: Graph, node: Node, ins: list[Node]) -> int:
     if node.op is not OpKind.POW or node.dtype not in ("float32", "float64"):
         return 0
     x, c = ins
-    if x.shape != node.shape or c.op is not OpKind.CONSTANT:
+    if x.shape != node.shape or not holds_array(c):
         return 0
     for power in (2, 3):
         if is_scalar_constant(graph, c, float(power)):
@@ -228,6 +231,8 @@ def simplify(graph: Graph) -> tuple[Graph, list[str]]:
 
 # ----------------------------------------------------------------------------- cse and dce
 def _cse_key(graph: Graph, node: Node, mapped: Callable[[int], int]) -> tuple | None:
+    if node.op is OpKind.CONSTANT and not holds_array(node):  # a sized constant: its recipe is its identity
+        return ("sized", node.dtype, node.shape, attrs_key(node.attrs))
     if node.op is OpKind.CONSTANT:
         arr = graph.value(node.id)
         return ("constant", node.dtype, node.shape, arr.tobytes()) if node.size <= 4096 else None
@@ -298,7 +303,7 @@ def sink_relu(graph: Graph) -> tuple[Graph, list[str]]:
     sunk = {node.inputs[0] for node in graph.nodes
             if node.op is OpKind.MAX_POOL2D and graph.node(node.inputs[0]).op is OpKind.RELU
             and uses[node.inputs[0]] == 1 and node.inputs[0] not in outputs
-            and node.size < graph.node(node.inputs[0]).size}
+            and known_less(node.size, graph.node(node.inputs[0]).size)}
     if not sunk:
         return graph, []
     em = Emitter(graph)

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..ir.ops import OpKind
+from ..ir.sized import holds_array
 
 __all__ = ["Emitter", "replace_planned", "use_counts", "attrs_key", "is_scalar_constant"]
 
@@ -45,12 +46,8 @@ class Emitter:
         """Emit ``op`` on new ids ``inputs`` in place of source node ``at`` (its origin kept)."""
         out = self.out
         with out.origin(at.origin):
-            if at.op is OpKind.INPUT and op is OpKind.INPUT:
-                new = out.input(at.name, at.shape, at.dtype).id
-            elif at.op is OpKind.PARAM and op is OpKind.PARAM:
-                new = out.param(at.name, self.src.value(at.id)).id
-            elif at.op is OpKind.CONSTANT and op is OpKind.CONSTANT:
-                new = out.constant(self.src.value(at.id), name=at.name).id
+            if at.op is op and op in (OpKind.INPUT, OpKind.PARAM, OpKind.CONSTANT):
+                new = out.copy_source(self.src, at).id
             else:
                 new = out.add_node(op, inputs, attrs, name).id
         self.mapped[at.id] = new
@@ -111,7 +108,7 @@ def attrs_key(attrs: Mapping[str, Any]) -> str:
 
 def is_scalar_constant(graph: Graph, node: Node, value: float) -> bool:
     """``node`` is a constant whose every element equals ``value`` (exactly)."""
-    if node.op is not OpKind.CONSTANT or node.size == 0 or node.size > 4096:
+    if not holds_array(node) or node.size == 0 or node.size > 4096:
         return False
     arr = graph.value(node.id)
     if arr.dtype == np.bool_:

@@ -20,10 +20,12 @@ from ..backends.registry import Registry, default_registry, parse_device
 from ..compiler.compiled import CompiledGraph, CompileReport, compile_on
 from ..compiler.dynamic import ValueCompiledGraph, compile_symbolic
 from ..compiler.inputs import check_param_value, input_specs, validate_inputs
+from ..compiler.lowered_once import LoweredOnce
 from ..compiler.staged import StagedCompiledGraph
 from ..compiler.timing import benchmark_devices, time_runs
 from ..errors import CALLER_ERRORS, DeviceError, DeviceFallbackError, FallbackWarning
 from ..ir import Graph
+from ..ir.deferred import DeferredGraph
 from ..ir.staged import StagedGraph
 from ..ir.valued import ValueDependentGraph
 from ..placement.corrections import PredictionErrors
@@ -96,7 +98,15 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
 
         if isinstance(graph, ValueDependentGraph):  # no body before its values: placed at the first run
             return ValueCompiledGraph(graph, first, later, device)
-        return compile_symbolic(graph, first, later)
+
+        def lower_once(placed: str, at: Mapping[str, int]) -> LoweredOnce | None:
+            # The pipeline once on the symbolic graph, for the device chosen (a split: per class). A
+            # DeferredGraph's nodes hold one size's folded shapes: each class is converted on its own.
+            if "+" in placed or isinstance(graph, DeferredGraph):
+                return None
+            return LoweredOnce(graph, placed, at, reg, options)
+
+        return compile_symbolic(graph, first, later, lower_once)
     # Frozen before placement: the pipeline placement runs to price the graph is then the
     # one compile hands the backend (``lowering.pipeline_for`` keys on it), not run twice.
     graph.freeze()

@@ -1,0 +1,144 @@
+"""The compile pipeline run once for a symbolic graph, then specialized per shape class.
+
+``DynamicCompiledGraph`` compiles each new set of sizes. Specializing the user's graph
+and running the pipeline (legalize, optimize, fuse) on it again for every size costs as
+much as the backend's own compile on a small graph, and it is the same work each time:
+the passes decide the same rewrites whatever the sizes. ``LoweredOnce`` runs the pipeline
+once, on the symbolic graph, for the device the first compile chose, and each later
+shape class specializes that lowered graph (``Graph.specialize``: every node re-typed at
+the sizes) and hands it to the backend.
+
+What keeps it exact:
+
+- The passes are written for symbolic shapes: a rewrite that pays only for some sizes
+  (``known_less``), a constant read as data (``holds_array``), a sized constant copied as
+  it is (``copy_source``).
+- The backend's ``claims`` never sees a symbol (a plugin written against static shapes
+  keeps working): it is asked about each node as it is at the representative size the
+  graph was placed at, and every specialization is asked again, node by node, before
+  the backend gets it. A node it declines at those sizes sends that size class down the
+  old road (the user's graph specialized, then the whole pipeline), as does any failure
+  of the symbolic pipeline itself (logged, never raised).
+- The memory plan is made per specialization (it needs sizes), and checked like any
+  compile's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from ..backends.registry import Registry, parse_device
+from ..ir import Graph, Node
+from ..ir.shape_rules import evaluate_attr
+from ..ir.symbolic import Sym, evaluate
+from ..passes.legalize import DtypeGate, ask_claims
+from ..passes.pipeline import PipelineResult, run_pipeline
+from ..passes.plan import plan_memory
+from ..plugin import CompileOptions
+from .compiled import CompiledGraph, CompileReport, backend_compile
+from .lowering import with_skipped_passes
+from .memory import check_memory
+
+__all__ = ["LoweredOnce"]
+
+log = logging.getLogger("rlx.session")
+
+
+class LoweredOnce:
+    """``graph`` (symbolic) lowered once for ``device``; ``compile(bindings)`` compiles a
+    shape class from it, or returns ``None`` where that class must take the old road."""
+
+    def __init__(self, graph: Graph, device: str, at: Mapping[str, int], registry: Registry,
+                 options: CompileOptions | None) -> None:
+        self._graph, self._device, self._at = graph, device, dict(at)
+        self._registry, self._options = registry, options or CompileOptions()
+        self._backend = registry.get(parse_device(device)[0])
+        self._lock = threading.Lock()
+        self._result: PipelineResult | None = None
+        self._failed: str | None = None
+        self.seconds = 0.0  # the symbolic pipeline's one run
+
+    @property
+    def failed(self) -> str | None:
+        """Why the symbolic pipeline did not run (every class then takes the old road)."""
+        return self._failed
+
+    def _claims(self, node: Node) -> bool | str:
+        """The backend's claim on ``node`` as it is at the representative sizes."""
+        if not _symbolic(node):
+            return self._backend.claims(node)
+        at = self._at
+        static = dataclasses.replace(node, shape=tuple(evaluate(d, at) for d in node.shape),
+                                     attrs={k: evaluate_attr(v, at) for k, v in node.attrs.items()})
+        return self._backend.claims(static)
+
+    def _lowered(self) -> PipelineResult | None:
+        with self._lock:
+            if self._result is None and self._failed is None:
+                t0 = time.perf_counter()
+                try:
+                    opts = replace(with_skipped_passes(self._backend, self._options), plan=False)
+                    result = run_pipeline(self._graph, self._claims, opts, gate=DtypeGate.of(self._backend))
+                    if result.blocker is not None:
+                        raise ValueError(f"blocked: {result.blocker}")
+                    result.graph.freeze()
+                    self._result = result
+                except Exception as exc:  # the old road works for this graph: say why, never raise
+                    self._failed = f"{type(exc).__name__}: {exc}"
+                    log.info("graph %r: the pipeline did not run on its symbolic form (%s); each shape class is "
+                             "lowered on its own", self._graph.name, self._failed)
+                self.seconds = time.perf_counter() - t0
+            return self._result
+
+    def compile(self, bindings: Mapping[str, int]) -> CompiledGraph | None:
+        """The shape class ``bindings`` compiled from the lowered graph, or ``None`` when
+        the symbolic pipeline failed or the backend declines a node of it at these sizes."""
+        result = self._lowered()
+        if result is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            legal = result.graph.specialize(bindings)
+        except Exception as exc:
+            log.debug("graph %r: the lowered graph does not specialize to %s (%s)", self._graph.name,
+                      dict(bindings), exc)
+            return None
+        for node in legal.nodes:
+            if node.op not in ("input", "param", "constant") and ask_claims(self._backend.claims, node) is not True:
+                log.debug("graph %r: %s declines %s at %s; lowered on its own", self._graph.name, self._device,
+                          node.describe(), dict(bindings))
+                return None
+        plan = plan_memory(legal) if self._options.plan else None
+        check_memory(legal, self._device, plan or plan_memory(legal),
+                     probed=self._registry.availability(self._backend.name).memory_bytes)
+        legal.freeze()
+        opts = replace(self._options, memory_plan=plan)
+        exe = backend_compile(self._registry, self._device, legal, opts)
+        info = self._registry.info(self._backend.name)
+        report = CompileReport(
+            graph=self._graph.name, device=self._device, label=info.backend.label or info.label,
+            reason="placed at the representative size; lowered once for every size",
+            compile_seconds=time.perf_counter() - t0, user_nodes=len(self._graph),
+            legalized_nodes=len(result.legalized.graph), decomposed=list(result.legalized.decomposed),
+            compiled_nodes=len(legal), fused=result.fused, pipeline=result.describe(),
+        )
+        notes = getattr(exe, "report_notes", None)
+        if callable(notes):
+            report.notes.extend(str(n) for n in notes())
+        return CompiledGraph(legal, self._device, exe, legal, report, self._registry, opts)
+
+
+def _symbolic(node: Node) -> bool:
+    return any(isinstance(d, Sym) for d in node.shape) or any(_has_sym(v) for v in node.attrs.values())
+
+
+def _has_sym(value: Any) -> bool:
+    if isinstance(value, tuple):
+        return any(_has_sym(v) for v in value)
+    return isinstance(value, Sym)
