@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,7 @@ from .nn_kernels import NN_KERNELS
 from .regions import node_steps
 from .steps import Dyn, Step, aligned_empty, bind, bind_run
 from .threads import PRODUCT_OPS, ThreadTuner, native_thread_cap
+from .warm_pool import warm_pool
 
 __all__ = ["CpuExecutable", "PlanStats", "kernel_ops"]
 
@@ -100,11 +102,15 @@ class PlanStats:
 
 
 class _Arena:
-    """The free list of one plan: raw byte buffers, best fit by size."""
+    """The free list of one plan: raw byte buffers, best fit by size; new ones from the
+    process's warm pool (``warm_pool``: dead plans' buffers, faulted in already) before
+    fresh memory. ``owned`` lists every buffer the plan holds, for the pool when it dies."""
 
     def __init__(self, stats: PlanStats) -> None:
         self._free: list[np.ndarray] = []
         self._stats = stats
+        self._pool = warm_pool()
+        self.owned: list[np.ndarray] = []
 
     def take(self, nbytes: int) -> np.ndarray:
         self._stats.allocations += 1
@@ -116,9 +122,12 @@ class _Arena:
             self._stats.reused += 1
             return self._free.pop(best)
         size = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
-        raw = aligned_empty(size, np.uint8)  # a cache line's alignment, for every dtype
+        raw = self._pool.take(size)
+        if raw is None:
+            raw = aligned_empty(size, np.uint8)  # a cache line's alignment, for every dtype
+        self.owned.append(raw)
         self._stats.buffers += 1
-        self._stats.buffer_bytes += size
+        self._stats.buffer_bytes += raw.nbytes
         return raw
 
     def give(self, raw: np.ndarray) -> None:
@@ -182,7 +191,7 @@ class _Plan:
     """One bound plan: its slots for the run's inputs, the function running it, and the
     generation of param values it was bound under (``CpuExecutable._generation``)."""
 
-    __slots__ = ("generation", "run", "slots", "stats")
+    __slots__ = ("__weakref__", "generation", "run", "slots", "stats")
 
     def __init__(self, run: Callable[[Any], list[np.ndarray]], slots: list[Any], stats: PlanStats,
                  generation: int) -> None:
@@ -557,7 +566,9 @@ class CpuExecutable(Executable):
         stats.steps = len(steps)
         run = bind_run(self._input_names, steps, [values[i] for i in self._outputs], slots, fresh)
         self._plans_built = next(self._plan_count)
-        return _Plan(run, slots, stats, self._generation)
+        plan = _Plan(run, slots, stats, self._generation)
+        weakref.finalize(plan, warm_pool().give, arena.owned)  # its buffers, kept warm once nothing can run it
+        return plan
 
     def _output_buffer(self, node: Node, values: dict[int, Any], groups: dict[int, _Group], arena: _Arena,
                        stats: PlanStats) -> np.ndarray:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from rlx_core.plugin import Setting
 
-__all__ = ["BLAS", "NATIVE", "GEMM", "CONV", "BIND", "ONEDNN", "LAYOUT", "SETTINGS"]
+__all__ = ["BLAS", "NATIVE", "GEMM", "CONV", "BIND", "ONEDNN", "LAYOUT", "POOL_MB", "SETTINGS"]
 
 _ON = {"1": True, "on": True, "true": True, "yes": True}
 _OFF = {"0": False, "off": False, "false": False, "no": False}
@@ -43,4 +43,19 @@ LAYOUT = Setting("RLX_CPU_LAYOUT", "auto (default): chains of convolutions held 
                  "where the onednn extra is installed (layout.py); nchw: every value NCHW",
                  choices={"auto": "auto", "nhwc": "auto", "nchw": "nchw"}, default="auto")
 
-SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND, ONEDNN, LAYOUT)
+
+
+def _megabytes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError("expected a whole number of megabytes >= 0")
+    return value
+
+
+POOL_MB = Setting("RLX_CPU_POOL_MB", "megabytes of dead plans' buffers kept warm for the next plans (a new shape "
+                  "class then faults in no fresh memory): default 256, 0 turns it off", parse=_megabytes, default=256)
+
+SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND, ONEDNN, LAYOUT, POOL_MB)
