@@ -30,7 +30,7 @@ __all__ = ["input_shapes", "bind_shapes", "specialize_graph", "representative", 
 #: Sizes tried, in order, for every symbol when a symbolic graph must be priced or placed.
 REPRESENTATIVE_SIZES = (16, 64, 224)
 
-_representatives: weakref.WeakKeyDictionary[Graph, tuple[Graph, dict[str, int]]] = weakref.WeakKeyDictionary()
+_representatives: weakref.WeakKeyDictionary[Graph, tuple[tuple, Graph, dict[str, int]]] = weakref.WeakKeyDictionary()
 _rep_lock = threading.Lock()
 
 
@@ -163,8 +163,9 @@ def representative(graph: Graph) -> tuple[Graph, dict[str, int]]:
     they make up inputs.
 
     Every symbol takes the same size, the first of ``REPRESENTATIVE_SIZES`` that the
-    graph's shape rules (and the constraints its ops recorded) accept. Kept per graph once
-    the graph is frozen (a compiled graph no longer changes)."""
+    graph's shape rules (and the constraints its ops recorded) accept. Kept per graph until
+    it changes (a node added, its outputs set again; a user graph keeps its arrays), so
+    the load that checked it and the compile that places it specialize it once."""
     from .valued import RunTimeGraph, ValueDependentGraph
 
     if isinstance(graph, ValueDependentGraph):  # no sizes make a body without the values
@@ -173,10 +174,11 @@ def representative(graph: Graph) -> tuple[Graph, dict[str, int]]:
                          "(rlx_core.onnx.load(model, values={NAME: array}))")
     if isinstance(graph, RunTimeGraph):
         raise GraphError(f"{graph.needs()}; before then it has no body to place or price")
+    version = (len(graph), graph.outputs)  # a graph still being built is kept until it changes
     with _rep_lock:
         found = _representatives.get(graph)
-    if found is not None:
-        return found
+    if found is not None and found[0] == version:
+        return found[1], found[2]
     problems: list[str] = []
     for size in REPRESENTATIVE_SIZES:
         bindings = dict.fromkeys(graph.symbols, size)
@@ -187,10 +189,8 @@ def representative(graph: Graph) -> tuple[Graph, dict[str, int]]:
         except (GraphError, InputError) as exc:
             problems.append(f"{size}: {exc}")
             continue
-        result = (spec, bindings)
-        if graph.frozen:
-            with _rep_lock:
-                _representatives[graph] = result
-        return result
+        with _rep_lock:
+            _representatives[graph] = (version, spec, bindings)
+        return spec, bindings
     raise GraphError(f"graph {graph.name!r} has symbolic dims ({', '.join(graph.symbols)}) and no representative "
                      f"size fits its shape rules, so it cannot be placed; tried {'; '.join(problems)}")

@@ -97,19 +97,21 @@ class Sym:
     """An immutable, hashable symbolic dim. ``Sym("batch")`` is the symbol ``batch``;
     arithmetic (``+ - * // %`` with ints and other ``Sym``) builds expressions."""
 
-    __slots__ = ("_hash", "_terms")
+    __slots__ = ("_free", "_hash", "_terms")
 
     def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"a symbol name must be an identifier, got {name!r}")
         self._terms: tuple[tuple[Mono, int], ...] = ((((name, 1),), 1),)
         self._hash = hash(self._terms)
+        self._free: frozenset[str] | None = None
 
     @classmethod
     def _new(cls, terms: tuple[tuple[Mono, int], ...]) -> Sym:
         obj = object.__new__(cls)
         obj._terms = terms
         obj._hash = hash(terms)
+        obj._free = None
         return obj
 
     # ----------------------------------------------------------------- reading
@@ -129,15 +131,17 @@ class Sym:
 
     @property
     def free_symbols(self) -> frozenset[str]:
-        out: set[str] = set()
-        for mono, _ in self._terms:
-            for atom, _ in mono:
-                if isinstance(atom, str):
-                    out.add(atom)
-                else:
-                    for a in atom.args:
-                        out |= free_symbols(a)
-        return frozenset(out)
+        if self._free is None:  # (immutable: computed once; shape inference asks of every node)
+            out: set[str] = set()
+            for mono, _ in self._terms:
+                for atom, _ in mono:
+                    if isinstance(atom, str):
+                        out.add(atom)
+                    else:
+                        for a in atom.args:
+                            out |= free_symbols(a)
+            self._free = frozenset(out)
+        return self._free
 
     def evaluate(self, bindings: Mapping[str, int]) -> int:
         total = 0

@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from onnx import GraphProto
 
-from ..errors import ModelError
+from ..errors import GraphError, InputError, ModelError
 from ..ir import Graph
 from ..ir.deferred import DeferredGraph
-from ..ir.specialize import REPRESENTATIVE_SIZES, representative
-from ..ir.symbolic import Dim, Sym
+from ..ir.specialize import REPRESENTATIVE_SIZES
+from ..ir.symbolic import Dim, Sym, UnboundSymbolError, evaluate
 from ._context import NeedsHost, NeedsValue, SpliceIf
 from ._loader import Model, resolve_dims
 
@@ -126,11 +126,26 @@ def convert_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str],
         return None
     try:
         graph = model.convert({**dims, **{key: Sym(names[key]) for key in free}})
-        representative(graph)  # some size fits its shape rules (else: converted per size, which says why)
+        _fits_a_representative_size(graph)  # (else: converted per size, which says why)
     except Exception as exc:  # any failure: the per-size conversion decides, and names it
         log.debug("%s: converted per size (%s: %s)", model.where, type(exc).__name__, exc)
         return None
     return graph
+
+
+def _fits_a_representative_size(graph: Graph) -> None:
+    """``GraphError`` unless the constraints the graph recorded hold at one of
+    ``REPRESENTATIVE_SIZES`` (checked by binding its inputs' shapes there: the compile
+    that places the graph specializes it, once)."""
+    problems = []
+    for size in REPRESENTATIVE_SIZES:
+        at = dict.fromkeys(graph.symbols, size)
+        try:
+            graph.bind({graph.node(i).name: tuple(evaluate(d, at) for d in graph.node(i).shape) for i in graph.inputs})
+            return
+        except (InputError, UnboundSymbolError) as exc:
+            problems.append(f"{size}: {exc}")
+    raise GraphError(f"no representative size fits: {'; '.join(problems)}")
 
 
 def _sizeless(message: str, size: int) -> str:
