@@ -415,6 +415,14 @@ class Graph(OpBuilders):
 
     _add_node = add_node  # the door's name before it was public (code written against it keeps working)
 
+    def _append_typed(self, node: Node, shape: tuple[int, ...]) -> None:
+        """Append a static copy of a symbolic graph's ``node`` (same id, inputs, attrs)
+        with ``shape``, its dims evaluated: ``specialize``'s door for ops whose type rule
+        reads no size into their attrs (``specialize._TYPED_ONCE``)."""
+        nid = len(self._nodes)
+        self._nodes.append(Node(nid, node.op, node.inputs, node.attrs, shape, node.dtype, node.name,
+                                self._origin if self._origin is not None else nid))
+
     def _add_source(self, op: OpKind, name: str, shape: tuple[int, ...], dtype: str,
                     value: np.ndarray | None, attrs: Mapping[str, Any] | None = None) -> Value:
         nid = len(self._nodes)
@@ -425,8 +433,7 @@ class Graph(OpBuilders):
             self._has_sym = True
         if attrs:  # a sized constant: its symbols must be bound by the inputs, as a reshape's are
             self._has_sym = True
-            for sym in free_symbols(shape) | free_symbols(tuple(attrs.get("values", ()))) | free_symbols(
-                    attrs.get("start", 0) if isinstance(attrs.get("start"), Sym) else ()):
+            for sym in free_symbols((*shape, *attrs.get("values", ()), attrs.get("start", 0))):
                 self._node_symbols.setdefault(sym, nid)
         if value is not None:
             self._values[nid] = value

@@ -2,7 +2,9 @@
 
 Most of these are where static folding happens: ``Shape``, ``Size``, ``Constant``,
 ``ConstantOfShape`` and ``Range`` always produce arrays known at import, and the others
-fold whenever their operands are known (see ``_shapes``).
+fold whenever their operands are known (see ``_shapes``). In a symbolic load ``Shape`` and
+``Size`` give dims where a size is symbolic (``_symdims``), and ``ConstantOfShape``,
+``Range`` and ``Expand``'s ones of a symbolic shape are sized constants.
 """
 
 from __future__ import annotations

@@ -10,7 +10,10 @@ at the operands and picks one of three outcomes:
   a ``Lazy``, known at import (its array is computed only if a converter reads it as
   static data, e.g. a reshape target) but rebuilt as graph ops on the param when a
   run-time op consumes it, so that weights stay replaceable with ``set_param``;
-- an operand is a run-time ``Value``: the op is added to the graph.
+- an operand is a run-time ``Value``: the op is added to the graph;
+- in a symbolic load, an operand is ``Dims`` (a shape value whose elements depend on
+  the sizes, ``_symdims``): the op folds to dims where that is exact for every size, and
+  a run-time op reading dims as data reads a sized constant (``rlx_core.ir.sized``).
 
 Folding goes through ``rlx_core.reference``, so a folded op means exactly what the same
 op means at run time.
