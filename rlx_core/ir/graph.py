@@ -117,6 +117,20 @@ def _static(shape: tuple[Dim, ...]) -> bool:
     return not any(isinstance(d, Sym) for d in shape)
 
 
+def _attr_symbols(attrs: Mapping[str, Any]) -> frozenset[str]:
+    """The symbols in a node's attrs: a dim, or a flat tuple of them (a reshape's target, a
+    slice's bounds); nested tuples (a fused region's program) hold none."""
+    found: frozenset[str] = frozenset()
+    for v in attrs.values():
+        if isinstance(v, Sym):
+            found |= v.free_symbols
+        elif isinstance(v, tuple):
+            for d in v:
+                if isinstance(d, Sym):
+                    found |= d.free_symbols
+    return found
+
+
 def _input_dim(raw: Any) -> Dim:
     """An input's dim: an int-like (bools refused), or a symbol name or ``Sym``."""
     if isinstance(raw, str) and not raw.isidentifier():
@@ -145,6 +159,7 @@ class Graph(OpBuilders):
         self._origin: int | None = None  # set by legalization while it emits a decomposition
         self._uid = next(_graph_ids)
         self._constraints: list[Constraint] = []  # what symbolic shape inference could not decide
+        self._by_node: tuple[int, dict[int | None, list[Constraint]]] | None = None  # (_node_constraints)
         self._node_symbols: dict[str, int] = {}  # symbols first met in a computational node (not an input)
         self._has_sym = False  # any node's shape holds a Sym: kept as nodes are added (is_symbolic)
         # The session each runtime keeps for this graph (runtime.Runtime.session): held here,
@@ -275,6 +290,7 @@ class Graph(OpBuilders):
         self._inputs, self._params, self._outputs = list(other._inputs), list(other._params), other._outputs
         self._names = dict(other._names)
         self._constraints = list(other._constraints)  # a symbolic graph's checks travel with it
+        self._by_node = None
         self._node_symbols = dict(other._node_symbols)
         self._has_sym = other._has_sym
 
@@ -369,7 +385,7 @@ class Graph(OpBuilders):
         if not _static(node.shape):
             self._has_sym = True
         if op is OpKind.RESHAPE or not _static(node.shape):  # (reshape's target may name one)
-            for sym in free_symbols(node.shape) | free_symbols(tuple(norm.values())):
+            for sym in free_symbols(node.shape) | _attr_symbols(norm):
                 self._node_symbols.setdefault(sym, nid)
         return Value(self, nid, node.shape, dtype, norm_name)
 
@@ -385,22 +401,22 @@ class Graph(OpBuilders):
 
     def copy_node(self, src: Graph, node: Node, inputs: Sequence[int], *, keep_origin: bool = False) -> Value:
         """Add ``src``'s computational ``node`` on this graph's ``inputs`` (its inputs,
-        mapped): same op, attrs, name. When every mapped input has exactly the static
-        shape and dtype the original's had, the node's own shape, dtype and normalized
-        attrs are kept as they are (the type rule is a pure function of those: a pass
-        copying a graph pays a comparison per node, not the rule again); otherwise, or
-        with symbolic shapes, it goes through ``add_node``. ``keep_origin`` gives the new
+        mapped): same op, attrs, name. When every mapped input has exactly the shape and
+        dtype the original's had (symbolic dims compare as canonical expressions), the
+        node's own shape, dtype and normalized attrs are kept as they are, and so are the
+        constraints its rule recorded (the type rule is a pure function of those: a pass
+        copying a graph pays a comparison per node, not the rule again); otherwise it goes
+        through ``add_node``. ``keep_origin`` gives the new
         node ``node.origin`` (a pass's copy), else the one ``origin()`` says."""
         if self._frozen:
             self._check_open(str(node.op))
         mine, theirs, ids = self._nodes, src._nodes, tuple(int(i) for i in inputs)
-        symbolic = self._has_sym or src._has_sym
-        same = len(ids) == len(node.inputs) and not (symbolic and not _static(node.shape))
+        same = len(ids) == len(node.inputs)
         if same:
             n = len(mine)
             for i, j in zip(ids, node.inputs):
                 a, b = mine[i] if 0 <= i < n else None, theirs[j]
-                if a is None or a.shape != b.shape or a.dtype != b.dtype or (symbolic and not _static(a.shape)):
+                if a is None or a.shape != b.shape or a.dtype != b.dtype:
                     same = False
                     break
         origin = node.origin if keep_origin else self._origin
@@ -411,7 +427,23 @@ class Graph(OpBuilders):
         new = Node(nid, node.op, ids, node.attrs, node.shape, node.dtype, node.name,
                    origin if origin is not None else nid)
         self._nodes.append(new)
+        if src._has_sym:  # equal symbolic shapes are equal expressions: the rule's answer, and its checks, carry
+            self._constraints.extend(dataclasses.replace(c, node=nid) for c in src._node_constraints(node.id))
+            if node.op is OpKind.RESHAPE or not _static(new.shape):
+                self._has_sym = self._has_sym or not _static(new.shape)
+                for sym in free_symbols(new.shape) | _attr_symbols(new.attrs):
+                    self._node_symbols.setdefault(sym, nid)
         return Value(self, nid, new.shape, new.dtype, new.name)
+
+    def _node_constraints(self, node_id: int) -> list[Constraint]:
+        """The constraints node ``node_id``'s type rule recorded (indexed once per count)."""
+        index = self._by_node
+        if index is None or index[0] != len(self._constraints):
+            by: dict[int | None, list[Constraint]] = {}
+            for c in self._constraints:
+                by.setdefault(c.node, []).append(c)
+            index = self._by_node = (len(self._constraints), by)
+        return index[1].get(node_id, [])
 
     _add_node = add_node  # the door's name before it was public (code written against it keeps working)
 
