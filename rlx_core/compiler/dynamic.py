@@ -19,6 +19,10 @@ pass works unchanged. This module keeps those specializations:
   8): a server fed every sequence length from 1 to 512 holds at most eight compiled
   copies, not 512. The report lists every class compiled, when, and how long it took.
 - **Params** set on the compiled graph reach every kept copy and every later one.
+- **Lowered once.** From the second class after the representative one, a class is the
+  graph lowered once for the device (``lowered_once.py``: the compile pipeline run on the
+  symbolic graph) specialized to its sizes, not the pipeline run again; the report says
+  which classes came from it.
 - **One family.** Every copy is compiled inside the graph's ``ShapeFamily``
   (``rlx_core.plugin``), where a backend keeps what is the same at every size (rlx-cpu:
   its writable copies of the weights and their oneDNN layouts, held once, not once per

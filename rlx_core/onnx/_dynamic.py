@@ -1,19 +1,25 @@
 """Loading a model whose input dims are left symbolic (no ``dims=`` for them).
 
-The graph ``load`` returns then has symbolic inputs (``rlx_core.ir.deferred.DeferredGraph``):
-each dim left unbound becomes a symbol named after its ``dim_param`` (or ``<input>_<axis>``
-for an unnamed one, made an identifier), and the graph runs at any sizes. Its body is
-converted at a representative size, the first of ``REPRESENTATIVE_SIZES`` for which the
-model converts (a model may refuse some: position tables, fixed reshapes); each set of
-sizes a compile meets is converted again with those sizes bound, so every shape
-computation the model makes at run time (``Shape`` chains, ``ConstantOfShape``,
-``Range``, ``Expand``) folds exactly as in a static load, for every op ``load`` reads.
+The graph ``load`` returns then has symbolic inputs: each dim left unbound becomes a
+symbol named after its ``dim_param`` (or ``<input>_<axis>`` for an unnamed one, made an
+identifier), and the graph runs at any sizes. Two ways to get there:
+
+- **Converted once** (``convert_symbolic``), when every op of the model has a converter
+  exact on symbols (``SYMBOLIC_OPS``): the conversion runs with the symbols themselves,
+  shape computations are carried as dims (``_symdims``) and what the model computes from
+  its sizes as sized constants (``rlx_core.ir.sized``). The result is an ordinary symbolic
+  ``Graph``: the compile pipeline can run on it once (``compiler/lowered_once.py``).
+- **Converted per size** (a ``DeferredGraph``), when the symbolic conversion cannot carry
+  the model exactly (``NotSymbolic``, or any other failure): its body is converted at a
+  representative size, the first of ``REPRESENTATIVE_SIZES`` for which the model converts
+  (a model may refuse some: position tables, fixed reshapes), and each set of sizes a
+  compile meets is converted again with those sizes bound, so every shape computation
+  folds exactly as in a static load, for every op ``load`` reads.
 
 Memory: the model kept for converting again holds no copy of the weights that became
 params (their data is dropped from it; each conversion takes the arrays the graph
 already holds), only the small initializers read as shapes, axes or tables.
 """
-
 from __future__ import annotations
 
 import logging

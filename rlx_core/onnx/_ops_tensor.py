@@ -335,8 +335,8 @@ def _range(c: NodeContext) -> list[Operand | None]:
 
 def _sized_range(c: NodeContext) -> Operand:
     """``Range`` with a bound that depends on the sizes (``arange(seq)``, ``arange(past,
-    past + seq)``): a sized constant of ``ceil((limit - start) / delta)`` elements, for an
-    integer range whose length is known never to be negative."""
+    past + seq)``): a sized constant of ``max(ceil((limit - start) / delta), 0)``
+    elements; the delta must be a nonzero constant."""
     start, limit = (c.ints(i, what) for i, what in ((0, "start"), (1, "limit")))
     delta = c.ints(2, "delta")
     if start is None or limit is None or delta is None or len(start) != 1 or len(limit) != 1 or len(delta) != 1:
