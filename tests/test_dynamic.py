@@ -180,6 +180,10 @@ def test_graph_devices_and_fallback_take_symbolic_graphs() -> None:
         assert_matches(g, gd.run(feeds), feeds)
     device, outs = rlx.run_with_fallback(g, {"x": x_of(4)})
     assert outs[0].shape == (4, 8) and device in rlx.available_devices()
+    for batch in (2, 9):  # later classes of GraphDevices' copy come from the graph lowered once too
+        feeds = {"x": x_of(batch)}
+        assert_matches(g, gd.run(feeds, device="cpu"), feeds)
+    assert any("lowered once" in n for n in _class_notes(gd.compile("cpu"))), _class_notes(gd.compile("cpu"))
 
 
 def test_a_toy_backend_is_handed_static_graphs_only() -> None:

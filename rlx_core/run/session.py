@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,14 +99,7 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
         if isinstance(graph, ValueDependentGraph):  # no body before its values: placed at the first run
             return ValueCompiledGraph(graph, first, later, device)
 
-        def lower_once(placed: str, at: Mapping[str, int]) -> LoweredOnce | None:
-            # The pipeline once on the symbolic graph, for the device chosen (a split: per class). A
-            # DeferredGraph's nodes hold one size's folded shapes: each class is converted on its own.
-            if "+" in placed or isinstance(graph, DeferredGraph):
-                return None
-            return LoweredOnce(graph, placed, at, reg, options)
-
-        return compile_symbolic(graph, first, later, lower_once)
+        return compile_symbolic(graph, first, later, _lower_once(graph, reg, options))
     # Frozen before placement: the pipeline placement runs to price the graph is then the
     # one compile hands the backend (``lowering.pipeline_for`` keys on it), not run twice.
     graph.freeze()
@@ -138,6 +131,21 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
         failed = "".join(f"; {d} failed: {e}" for d, e in excluded)
         raise DeviceError(f"no device can run graph {graph.name!r}: {reasons}; no split either: {split}{failed}")
     return _compile_whole(graph, device, placement, reg, options, explicit, rows)
+
+
+def _lower_once(graph: Graph, registry: Registry,
+                options: CompileOptions | None) -> Callable[[str, Mapping[str, int]], LoweredOnce | None]:
+    """What ``compile_symbolic`` calls with the device the first compile chose: the graph
+    lowered once for it (``lowered_once.py``). None for a split (planned per class) and for
+    a ``DeferredGraph``, whose nodes hold one size's folded shapes (each class is converted
+    on its own)."""
+
+    def lower_once(placed: str, at: Mapping[str, int]) -> LoweredOnce | None:
+        if "+" in placed or isinstance(graph, DeferredGraph):
+            return None
+        return LoweredOnce(graph, placed, at, registry, options)
+
+    return lower_once
 
 
 def _compile_whole(graph: Graph, device: str | None, placement: Placement, reg: Registry,
@@ -269,7 +277,9 @@ class GraphDevices:
             return StagedCompiledGraph(graph, lambda stage, _placed: self._compile_on(dev, stage), dev)
         if isinstance(graph, ValueDependentGraph):
             return ValueCompiledGraph(graph, on, on, dev)
-        return compile_symbolic(graph, on) if graph.is_symbolic else on(graph)
+        if graph.is_symbolic:
+            return compile_symbolic(graph, on, lower_once=_lower_once(graph, self._registry, None))
+        return on(graph)
 
     def resolve(self, hint: str | None = None) -> str:
         return self._placement().choose(hint)[0]
