@@ -57,8 +57,9 @@ def test_a_symbolic_graph_runs_every_batch_on_cpu() -> None:
         (out,) = cg.run(feeds)
         assert out.shape == (batch, 8)
         assert_matches(g, [out], feeds)
-    assert sorted(d["batch"] for d in cg.shapes()) == sorted({REPRESENTATIVE_SIZES[0], 1, 3, 8, 17})
-    assert cg.compiles == 5  # the representative and four new classes; batch 3 again compiled nothing
+    # an explicit device: placed at the representative size, and each class compiled when first
+    # run (nothing at 16, which no run asked for); batch 3 again compiled nothing
+    assert sorted(d["batch"] for d in cg.shapes()) == [1, 3, 8, 17] and cg.compiles == 4
 
 
 def test_two_symbols_and_a_reshape_across_them() -> None:
@@ -163,6 +164,7 @@ def test_the_family_is_what_a_backend_sees_during_each_compile() -> None:
     reg = registry_with(Recording("toy"))
     cg = rlx.compile(mlp(), device="toy", policy=rlx.DevicePolicy(), registry=reg)
     cg.run({"x": x_of(3)})
+    cg.run({"x": x_of(5)})
     assert len(seen) == 2 and isinstance(seen[0], ShapeFamily) and seen[0] is seen[1]
     assert shape_family() is None, "outside a compile no family is active"
     static = rlx.Graph("static")
@@ -198,7 +200,10 @@ def test_a_toy_backend_is_handed_static_graphs_only() -> None:
     reg = registry_with(Recording("toy"))
     cg = rlx.compile(mlp(), device="toy", policy=rlx.DevicePolicy(), registry=reg)
     cg.run({"x": x_of(3)})
-    assert seen == [((REPRESENTATIVE_SIZES[0], 16),), ((3, 16),)]
+    assert seen == [((3, 16),)]  # placed at the representative size, compiled only at the size run
+    cg_auto = rlx.compile(mlp(), policy=rlx.DevicePolicy(), registry=reg)  # auto: compiled there, for fallback
+    cg_auto.run({"x": x_of(3)})
+    assert seen[1:] == [((REPRESENTATIVE_SIZES[0], 16),), ((3, 16),)]
 
 
 def test_a_graph_no_representative_size_fits_is_a_clear_error() -> None:
@@ -236,10 +241,9 @@ def test_later_shape_classes_compile_from_the_graph_lowered_once() -> None:
     for batch, seq in [(2, 3), (1, 9), (4, 5), (3, 3)]:
         feeds = {"x": RNG.standard_normal((batch, seq, 32)).astype(np.float32)}
         assert_matches(g, cg.run(feeds), feeds)
-    notes = _class_notes(cg)
-    assert len(notes) == 5 and "placed and priced here" in notes[0]
-    assert "lowered once" not in notes[1]
-    assert all("from the graph lowered once" in n for n in notes[2:]), notes
+    notes = _class_notes(cg)  # (an explicit device: nothing compiled at the representative size)
+    assert len(notes) == 4 and "lowered once" not in notes[0]
+    assert all("from the graph lowered once" in n for n in notes[1:]), notes
 
 
 def test_claims_never_see_a_symbol_and_a_declined_class_takes_the_old_road() -> None:
@@ -282,3 +286,18 @@ def test_a_symbolic_pipeline_that_fails_leaves_every_class_to_the_old_road(monke
         feeds = {"x": x_of(batch)}
         assert_matches(g, cg.run(feeds), feeds)
     assert not any("lowered once" in n for n in _class_notes(cg))
+
+
+def test_an_explicit_device_places_at_compile_and_compiles_on_the_first_run() -> None:
+    """Placed (and a blocker named) by ``compile``; nothing compiled until a run needs a class."""
+    toy = ToyBackend("toy")
+    reg = registry_with(toy)
+    cg = rlx.compile(mlp(), device="toy", policy=rlx.DevicePolicy(), registry=reg)
+    assert cg.device == "toy" and cg.shapes() == [] and toy.compiles == 0
+    assert "placed and priced at batch=16" in str(cg.report())
+    feeds = {"x": x_of(2)}
+    assert_matches(mlp(), cg.run(feeds), feeds)
+    assert toy.compiles == 1 and cg.shapes() == [{"batch": 2}]
+    no_matmul = registry_with(ToyBackend("toy", ops=[op for op in ToyBackend().ops if op != "matmul"]))
+    with pytest.raises(rlx.DeviceError, match="matmul"):
+        rlx.compile(mlp(), device="toy", policy=rlx.DevicePolicy(), registry=no_matmul)

@@ -12,6 +12,11 @@ pass works unchanged. This module keeps those specializations:
   shape rules accept (a 7x7 convolution over a 16-pixel image does not fit); the
   report says which. The device picked there serves every size: re-ranking per size
   would compile a new device's copy for every new shape and make the choice flicker.
+  Under ``"auto"`` the representative class is compiled there too (a device that fails
+  to compile falls back to the next, as for any graph); on an explicit device it is only
+  placed (``compile_placed``: its blocker named by ``compile``), and each class, the
+  representative one included, is compiled when a run first needs it, so a model run at
+  batch 1 waits for one compile, not two.
 - **One executable per shape class.** ``run`` binds the symbols from the inputs'
   shapes (``Graph.bind``: a conflict is an ``InputError`` naming the input, the dim and
   both sizes), then runs the executable compiled for exactly those values, compiling it
@@ -39,6 +44,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,7 +57,7 @@ from .compiled import CompiledGraph, CompileReport
 from .inputs import check_param_value
 
 __all__ = ["REPRESENTATIVE_SIZES", "DEFAULT_MAX_SHAPES", "representative", "DynamicCompiledGraph", "shape_key",
-           "compile_symbolic", "describe_bindings", "ValueCompiledGraph"]
+           "compile_symbolic", "compile_placed", "Placed", "describe_bindings", "ValueCompiledGraph"]
 
 log = logging.getLogger("rlx.session")
 
@@ -78,7 +84,7 @@ class DynamicCompiledGraph(CompiledGraph):
     any sizes that satisfy the graph; ``shapes()`` lists the classes compiled so far.
     """
 
-    def __init__(self, graph: Graph, first: CompiledGraph, bindings: Mapping[str, int],
+    def __init__(self, graph: Graph, first: CompiledGraph | Placed, bindings: Mapping[str, int],
                  compile_shape: Callable[[Graph], CompiledGraph], *, max_shapes: int = DEFAULT_MAX_SHAPES,
                  seconds: float | None = None, family: ShapeFamily | None = None,
                  lowered: Callable[[Mapping[str, int]], CompiledGraph | None] | None = None) -> None:
@@ -86,9 +92,13 @@ class DynamicCompiledGraph(CompiledGraph):
             raise ValueError(f"max_shapes must be at least 1, got {max_shapes}")
         # The base's executable and legal graph are never used for running here (``run`` and
         # ``set_param`` go to the copy of each shape class); ``first`` (a partitioned one too)
-        # and its static graph stand in for them.
-        super().__init__(graph, first.device, first, first.graph, first.report(), first._registry,
-                         getattr(first, "_options", None))
+        # and its static graph stand in for them, or, placed only, the representative graph.
+        if isinstance(first, Placed):
+            super().__init__(graph, first.device, None, first.representative, first.report,  # type: ignore[arg-type]
+                             first.registry, first.options)
+        else:
+            super().__init__(graph, first.device, first, first.graph, first.report(), first._registry,
+                             getattr(first, "_options", None))
         self._compile_shape = compile_shape
         self._lowered = lowered  # a class compiled from the graph lowered once (None: take the old road)
         self._max_shapes = max_shapes
@@ -97,11 +107,12 @@ class DynamicCompiledGraph(CompiledGraph):
         self._classes: OrderedDict[tuple[tuple[str, int], ...], CompiledGraph] = OrderedDict()
         self._compiling = threading.Lock()  # one compile at a time; runs of compiled classes never wait
         self._history: list[str] = []
-        key = shape_key(bindings)
-        self._classes[key] = first
-        when = first.report().compile_seconds if seconds is None else seconds
-        self._record(bindings, when, "placed and priced here")
-        self.compiles = 1
+        self.compiles = 0
+        if isinstance(first, CompiledGraph):
+            self._classes[shape_key(bindings)] = first
+            when = first.report().compile_seconds if seconds is None else seconds
+            self._record(bindings, when, "placed and priced here")
+            self.compiles = 1
 
     # ------------------------------------------------------------------ running
     def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
@@ -193,6 +204,37 @@ def compile_symbolic(graph: Graph, first_compile: Callable[[Graph], CompiledGrap
                                 f"{describe_bindings(bindings)}; compiled again per shape class on {first.device}")
     lowered = lower_once(first.device, bindings) if lower_once is not None else None
     return DynamicCompiledGraph(graph, first, bindings, later_compile or first_compile, family=family,
+                                lowered=lowered.compile if lowered is not None else None)
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A symbolic graph placed, not compiled: the device, the report saying why, and the
+    representative specialization it was priced at (``compile_placed``)."""
+
+    device: str
+    report: CompileReport
+    representative: Graph
+    registry: Any
+    options: Any
+
+
+def compile_placed(graph: Graph, device: str, reason: str, registry: Any, options: Any,
+                   compile_shape: Callable[[Graph], CompiledGraph],
+                   lower_once: Callable[[str, Mapping[str, int]], Any] | None = None) -> DynamicCompiledGraph:
+    """Symbolic ``graph`` placed on ``device`` (priced at its representative size, for
+    ``reason``) with nothing compiled: each shape class is compiled with
+    ``compile_shape`` (or from the graph lowered once) when a run first needs it. For an
+    explicit device, where no fallback needs a compile to have succeeded: a model run at
+    batch 1 then waits for one compile, not for its representative batch's as well."""
+    graph.freeze()
+    rep, bindings = representative(graph)
+    report = CompileReport(graph.name, device, reason, user_nodes=len(graph))
+    report.notes.append(f"symbolic dims ({', '.join(graph.symbols)}): placed and priced at "
+                        f"{describe_bindings(bindings)}; each shape class compiled on {device} when a run first "
+                        "needs it")
+    lowered = lower_once(device, bindings) if lower_once is not None else None
+    return DynamicCompiledGraph(graph, Placed(device, report, rep, registry, options), bindings, compile_shape,
                                 lowered=lowered.compile if lowered is not None else None)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..backends.registry import Registry, default_registry, parse_device
 from ..compiler.compiled import CompiledGraph, CompileReport, compile_on
-from ..compiler.dynamic import ValueCompiledGraph, compile_symbolic
+from ..compiler.dynamic import ValueCompiledGraph, compile_placed, compile_symbolic
 from ..compiler.inputs import check_param_value, input_specs, validate_inputs
 from ..compiler.lowered_once import LoweredOnce
 from ..compiler.staged import StagedCompiledGraph
@@ -26,6 +26,7 @@ from ..compiler.timing import benchmark_devices, time_runs
 from ..errors import CALLER_ERRORS, DeviceError, DeviceFallbackError, FallbackWarning
 from ..ir import Graph
 from ..ir.deferred import DeferredGraph
+from ..ir.specialize import representative
 from ..ir.staged import StagedGraph
 from ..ir.valued import ValueDependentGraph
 from ..placement.corrections import PredictionErrors
@@ -98,7 +99,14 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
 
         if isinstance(graph, ValueDependentGraph):  # no body before its values: placed at the first run
             return ValueCompiledGraph(graph, first, later, device)
-
+        graph.freeze()
+        placement = Placement(representative(graph)[0], policy, reg, measure=measure)
+        if device not in (None, "", "auto") or placement.policy.device:
+            # An explicit device: placed (its blocker named) now, each class compiled when first run.
+            decision = placement.decide(device)
+            first_device.append(decision.device)
+            return compile_placed(graph, decision.device, decision.why, reg, options, later,
+                                  _lower_once(graph, reg, options))
         return compile_symbolic(graph, first, later, _lower_once(graph, reg, options))
     # Frozen before placement: the pipeline placement runs to price the graph is then the
     # one compile hands the backend (``lowering.pipeline_for`` keys on it), not run twice.
