@@ -5,8 +5,8 @@ and running the pipeline (legalize, optimize, fuse) on it again for every size c
 much as the backend's own compile on a small graph, and it is the same work each time:
 the passes decide the same rewrites whatever the sizes. ``LoweredOnce`` runs the pipeline
 once, on the symbolic graph, for the device the first compile chose, and each later
-shape class specializes that lowered graph (``Graph.specialize``: every node re-typed at
-the sizes) and hands it to the backend.
+shape class specializes that lowered graph (``Graph.specialize``: every shape evaluated
+at the sizes, the nodes whose attrs hold sizes typed again) and hands it to the backend.
 
 What keeps it exact:
 
@@ -24,10 +24,10 @@ What keeps it exact:
 
 When: the symbolic pipeline costs about one and a half times the pipeline on one
 specialization (symbolic shape arithmetic: mobilenet_v2 25 ms against 17), and each class
-lowered from it then skips the pipeline. A graph compiled at its representative size and
-run at one other (a batch of 1) is better served by the old road, so the first class
-after the representative one takes it, and the pipeline runs symbolically at the second:
-from the third class on, every class is cheaper than before.
+lowered from it then skips the pipeline. A graph that meets one more size (compiled at
+its representative size and run at batch 1, or placed and run at one size) is better
+served by the old road, so the first class this is asked for takes it, and the pipeline
+runs symbolically at the second: from the third on, every class is cheaper than before.
 """
 
 from __future__ import annotations
