@@ -262,19 +262,30 @@ def compile_on(graph: Graph, device: str, reason: str, rows: list[DeviceCandidat
     result = pipeline_for(graph, name, registry, options)
     if result.blocker is not None:
         raise DeviceError(f"device {device!r} cannot run graph {graph.name!r}: {result.blocker}")
-    # Too big for this machine: a clear error naming the size, before anything is allocated.
-    check_memory(result.graph, device, result.memory_plan or plan_memory(result.graph),
-                 probed=registry.availability(name).memory_bytes)
     # The compiled copy owns its graph (set_param mutates its values).
-    legal = result.graph.copy().freeze()
-    opts = replace(options or CompileOptions(), memory_plan=result.memory_plan)
+    return compile_lowered(graph, result.graph.copy(), result, device, reason, rows, registry, options,
+                           result.memory_plan, t0, show, user_nodes=len(graph))
+
+
+def compile_lowered(graph: Graph, legal: Graph, result: Any, device: str, reason: str, rows: list[DeviceCandidate],
+                    registry: Registry, options: CompileOptions | None, plan: Any, t0: float, show: bool, *,
+                    user_nodes: int) -> CompiledGraph:
+    """The end of every compile: ``legal`` (the pipeline's ``result``, a graph the compiled
+    copy owns) checked against the memory there is, frozen, compiled by the backend, and
+    reported (``user_nodes`` nodes before the pipeline; ``plan`` the memory plan handed on).
+    ``compile_on`` and the classes of a graph lowered once (``lowered_once.py``) share it."""
+    name = parse_device(device)[0]
+    # Too big for this machine: a clear error naming the size, before anything is allocated.
+    check_memory(legal, device, plan or plan_memory(legal), probed=registry.availability(name).memory_bytes)
+    legal.freeze()
+    opts = replace(options or CompileOptions(), memory_plan=plan)
     exe = backend_compile(registry, device, legal, opts)
     info = registry.info(name)
     report = CompileReport(
         graph=graph.name, device=device, reason=reason, label=info.backend.label or info.label,
-        compile_seconds=time.perf_counter() - t0, user_nodes=len(graph), legalized_nodes=len(result.legalized.graph),
-        decomposed=list(result.legalized.decomposed), candidates=rows, compiled_nodes=len(legal), fused=result.fused,
-        pipeline=result.describe(),
+        compile_seconds=time.perf_counter() - t0, user_nodes=user_nodes,
+        legalized_nodes=len(result.legalized.graph), decomposed=list(result.legalized.decomposed), candidates=rows,
+        compiled_nodes=len(legal), fused=result.fused, pipeline=result.describe(),
     )
     notes = getattr(exe, "report_notes", None)  # optional: what the backend wants said (e.g. XLA times)
     if callable(notes):

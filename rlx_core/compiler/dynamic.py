@@ -202,9 +202,15 @@ def compile_symbolic(graph: Graph, first_compile: Callable[[Graph], CompiledGrap
         first = first_compile(rep)
     first.report().notes.append(f"symbolic dims ({', '.join(graph.symbols)}): placed and priced at "
                                 f"{describe_bindings(bindings)}; compiled again per shape class on {first.device}")
-    lowered = lower_once(first.device, bindings) if lower_once is not None else None
     return DynamicCompiledGraph(graph, first, bindings, later_compile or first_compile, family=family,
-                                lowered=lowered.compile if lowered is not None else None)
+                                lowered=_lowered(lower_once, first.device, bindings))
+
+
+def _lowered(lower_once: Callable[[str, Mapping[str, int]], Any] | None, device: str,
+             bindings: Mapping[str, int]) -> Callable[[Mapping[str, int]], CompiledGraph | None] | None:
+    """What compiles a class from the graph lowered once for ``device`` (None: none is)."""
+    lowered = lower_once(device, bindings) if lower_once is not None else None
+    return lowered.compile if lowered is not None else None
 
 
 @dataclass(frozen=True)
@@ -233,9 +239,8 @@ def compile_placed(graph: Graph, device: str, reason: str, registry: Any, option
     report.notes.append(f"symbolic dims ({', '.join(graph.symbols)}): placed and priced at "
                         f"{describe_bindings(bindings)}; each shape class compiled on {device} when a run first "
                         "needs it")
-    lowered = lower_once(device, bindings) if lower_once is not None else None
     return DynamicCompiledGraph(graph, Placed(device, report, rep, registry, options), bindings, compile_shape,
-                                lowered=lowered.compile if lowered is not None else None)
+                                lowered=_lowered(lower_once, device, bindings))
 
 
 class ValueCompiledGraph(DynamicCompiledGraph):

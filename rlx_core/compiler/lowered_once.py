@@ -38,19 +38,17 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from ..backends.registry import Registry, parse_device
 from ..ir import Graph, Node
-from ..ir.shape_rules import evaluate_attr
-from ..ir.symbolic import Sym, evaluate
-from ..passes.legalize import DtypeGate, ask_claims
-from ..passes.pipeline import PipelineResult, run_pipeline
+from ..ir.shape_rules import evaluate_attr, has_sym, holds_sym
+from ..ir.symbolic import evaluate
+from ..passes.legalize import DtypeGate
+from ..passes.pipeline import PipelineResult, first_declined, fusion_report_enabled, run_pipeline
 from ..passes.plan import plan_memory
 from ..plugin import CompileOptions
-from .compiled import CompiledGraph, CompileReport, backend_compile
+from .compiled import CompiledGraph, compile_lowered
 from .lowering import with_skipped_passes
-from .memory import check_memory
 
 __all__ = ["LoweredOnce"]
 
@@ -82,7 +80,7 @@ class LoweredOnce:
         if not _symbolic(node):
             return self._backend.claims(node)
         at = self._at
-        attrs = {k: evaluate_attr(v, at) if _has_sym(v) else v for k, v in node.attrs.items()}
+        attrs = {k: evaluate_attr(v, at) if holds_sym(v) else v for k, v in node.attrs.items()}
         static = dataclasses.replace(node, shape=tuple(evaluate(d, at) for d in node.shape), attrs=attrs)
         return self._backend.claims(static)
 
@@ -116,6 +114,7 @@ class LoweredOnce:
         result = self._lowered()
         if result is None:
             return None
+        show = fusion_report_enabled()
         t0 = time.perf_counter()
         try:
             legal = result.graph.specialize(bindings)
@@ -123,36 +122,16 @@ class LoweredOnce:
             log.debug("graph %r: the lowered graph does not specialize to %s (%s)", self._graph.name,
                       dict(bindings), exc)
             return None
-        for node in legal.nodes:
-            if node.op not in ("input", "param", "constant") and ask_claims(self._backend.claims, node) is not True:
-                log.debug("graph %r: %s declines %s at %s; lowered on its own", self._graph.name, self._device,
-                          node.describe(), dict(bindings))
-                return None
+        refused = first_declined(legal, self._backend.claims)
+        if refused is not None:
+            log.debug("graph %r: %s declines %s at %s; lowered on its own", self._graph.name, self._device, refused,
+                      dict(bindings))
+            return None
         plan = plan_memory(legal) if self._options.plan else None
-        check_memory(legal, self._device, plan or plan_memory(legal),
-                     probed=self._registry.availability(self._backend.name).memory_bytes)
-        legal.freeze()
-        opts = replace(self._options, memory_plan=plan)
-        exe = backend_compile(self._registry, self._device, legal, opts)
-        info = self._registry.info(self._backend.name)
-        report = CompileReport(
-            graph=self._graph.name, device=self._device, label=info.backend.label or info.label,
-            reason="placed at the representative size; lowered once for every size",
-            compile_seconds=time.perf_counter() - t0, user_nodes=len(self._graph),
-            legalized_nodes=len(result.legalized.graph), decomposed=list(result.legalized.decomposed),
-            compiled_nodes=len(legal), fused=result.fused, pipeline=result.describe(),
-        )
-        notes = getattr(exe, "report_notes", None)
-        if callable(notes):
-            report.notes.extend(str(n) for n in notes())
-        return CompiledGraph(legal, self._device, exe, legal, report, self._registry, opts)
+        return compile_lowered(legal, legal, result, self._device,
+                               "placed at the representative size; lowered once for every size", [], self._registry,
+                               self._options, plan, t0, show, user_nodes=len(self._graph))
 
 
 def _symbolic(node: Node) -> bool:
-    return any(isinstance(d, Sym) for d in node.shape) or any(_has_sym(v) for v in node.attrs.values())
-
-
-def _has_sym(value: Any) -> bool:
-    """Whether an attr is a dim or a flat tuple holding one (a reshape's target, a slice's
-    bounds); a fused region's program, nested tuples, holds none."""
-    return isinstance(value, Sym) or (isinstance(value, tuple) and any(isinstance(d, Sym) for d in value))
+    return has_sym(node.shape) or any(holds_sym(v) for v in node.attrs.values())

@@ -29,7 +29,7 @@ from .dtypes import normalize_dtype
 from .internal_types import infer_any
 from .ops import OpKind
 from .serialize import GRAPH_FORMAT, GRAPH_FORMAT_VERSION, graph_from_json
-from .shape_rules import Constraint, parse_dim, recording
+from .shape_rules import Constraint, holds_sym, parse_dim, recording
 from .sized import is_sized, sized_attrs, sized_to_json
 from .symbolic import Dim, Sym, format_shape, free_symbols, to_obj
 
@@ -118,17 +118,8 @@ def _static(shape: tuple[Dim, ...]) -> bool:
 
 
 def _attr_symbols(attrs: Mapping[str, Any]) -> frozenset[str]:
-    """The symbols in a node's attrs: a dim, or a flat tuple of them (a reshape's target, a
-    slice's bounds); nested tuples (a fused region's program) hold none."""
-    found: frozenset[str] = frozenset()
-    for v in attrs.values():
-        if isinstance(v, Sym):
-            found |= v.free_symbols
-        elif isinstance(v, tuple):
-            for d in v:
-                if isinstance(d, Sym):
-                    found |= d.free_symbols
-    return found
+    """The symbols in a node's attrs (a reshape's target, a slice's bounds: ``holds_sym``)."""
+    return frozenset().union(*(free_symbols(v) for v in attrs.values() if holds_sym(v)))
 
 
 def _input_dim(raw: Any) -> Dim:
@@ -382,12 +373,18 @@ class Graph(OpBuilders):
         self._nodes.append(node)
         if found:
             self._constraints.extend(dataclasses.replace(c, node=nid) for c in found)
-        if not _static(node.shape):
-            self._has_sym = True
-        if op is OpKind.RESHAPE or not _static(node.shape):  # (reshape's target may name one)
-            for sym in free_symbols(node.shape) | _attr_symbols(norm):
-                self._node_symbols.setdefault(sym, nid)
+        self._note_symbols(node)
         return Value(self, nid, node.shape, dtype, norm_name)
+
+    def _note_symbols(self, node: Node) -> None:
+        """Mark the graph symbolic where ``node``'s shape is, and record the first node to
+        name each symbol (a reshape's target may name one its input has not)."""
+        static = _static(node.shape)
+        if not static:
+            self._has_sym = True
+        if node.op is OpKind.RESHAPE or not static:
+            for sym in free_symbols(node.shape) | _attr_symbols(node.attrs):
+                self._node_symbols.setdefault(sym, node.id)
 
     def _add(self, op: OpKind, values: Sequence[ValueLike], name: str = "", **attrs: Any) -> Value:
         self._check_open(str(op))
@@ -429,10 +426,7 @@ class Graph(OpBuilders):
         self._nodes.append(new)
         if src._has_sym:  # equal symbolic shapes are equal expressions: the rule's answer, and its checks, carry
             self._constraints.extend(dataclasses.replace(c, node=nid) for c in src._node_constraints(node.id))
-            if node.op is OpKind.RESHAPE or not _static(new.shape):
-                self._has_sym = self._has_sym or not _static(new.shape)
-                for sym in free_symbols(new.shape) | _attr_symbols(new.attrs):
-                    self._node_symbols.setdefault(sym, nid)
+            self._note_symbols(new)
         return Value(self, nid, new.shape, new.dtype, new.name)
 
     def _node_constraints(self, node_id: int) -> list[Constraint]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import GraphError
-from .symbolic import Dim, Sym, ceildiv, dim_eq, exact_div, floordiv, from_obj, lower_bound, sym_max, sym_min
+from .symbolic import Dim, Sym, ceildiv, dim_eq, dim_lt, exact_div, floordiv, from_obj, lower_bound, sym_max, sym_min
 
 __all__ = ["Constraint", "recording", "require", "same_dim", "has_sym", "has_sym_target", "parse_dim", "broadcast_dims",
            "reshape_dims", "slice_length", "window_out", "evaluate_attr", "HUGE"]
@@ -84,6 +84,14 @@ def same_dim(op: Any, a: Dim, b: Dim, why: str) -> bool:
 
 def has_sym(*shapes: Sequence[Any]) -> bool:
     return any(isinstance(d, Sym) for s in shapes for d in s)
+
+
+def holds_sym(value: Any) -> bool:
+    """Whether an attribute holds a symbolic dim: it is one, or a tuple of dims holding one.
+    Those are the only places an IR attribute holds a size (a reshape's target, a slice's
+    bounds); a fused region's program, nested tuples, never does, and is not walked (the
+    symbolic pipeline asks this of every node it copies)."""
+    return isinstance(value, Sym) or (isinstance(value, tuple) and any(isinstance(d, Sym) for d in value))
 
 
 def parse_dim(raw: Any) -> Dim | None:
@@ -175,15 +183,11 @@ def _huge(bound: Dim, sign: int) -> bool:
 
 def _negative(bound: Dim) -> bool:
     """Whether a slice bound counts from the end; ``GraphError`` when its sign depends on the sizes."""
-    if isinstance(bound, int):
-        return bound < 0
-    lo = lower_bound(bound)
-    if lo is not None and lo >= 0:
-        return False
-    hi = lower_bound(-bound)
-    if hi is not None and hi > 0:
-        return True
-    raise GraphError(f"slice: bound {bound} may be negative (counting from the end) or not, depending on the sizes")
+    negative = dim_lt(bound, 0)
+    if negative is None:
+        raise GraphError(f"slice: bound {bound} may be negative (counting from the end) or not, depending on the "
+                         "sizes")
+    return negative
 
 
 def window_out(op: Any, size: Dim, k: int, s: int, p0: int, p1: int, d: int, ceil: bool) -> Dim:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import GraphError, InputError
 from .ops import ELEMENTWISE_OPS, OpKind
-from .shape_rules import Constraint, evaluate_attr
+from .shape_rules import Constraint, evaluate_attr, holds_sym
 from .sized import is_sized, materialize
 from .symbolic import Sym, UnboundSymbolError, evaluate, format_shape, free_symbols
 
@@ -149,12 +149,6 @@ _TYPED_ONCE = frozenset(ELEMENTWISE_OPS) | {
 }
 
 
-def _sym_attr(value: Any) -> bool:
-    if isinstance(value, tuple):
-        return any(_sym_attr(v) for v in value)
-    return isinstance(value, Sym)
-
-
 def _respecialize(graph: Graph, new: Graph, node: Any, sizes: Mapping[str, int]) -> None:
     """Add ``node`` to ``new`` with every dim and shape-valued attribute under ``sizes``."""
     shape = tuple(evaluate(d, sizes) for d in node.shape)
@@ -166,7 +160,7 @@ def _respecialize(graph: Graph, new: Graph, node: Any, sizes: Mapping[str, int])
             value = graph.value(node.id) if node.op is not OpKind.INPUT else None  # shared: read-only
         new._add_source(node.op, node.name, shape, node.dtype, value)
         return
-    if node.op in _TYPED_ONCE and not any(_sym_attr(v) for v in node.attrs.values()):
+    if node.op in _TYPED_ONCE and not any(holds_sym(v) for v in node.attrs.values()):
         new._append_typed(node, shape)  # its rule reads no size into its attrs: only the shape changes
         return
     attrs = {k: evaluate_attr(v, sizes) for k, v in node.attrs.items()}

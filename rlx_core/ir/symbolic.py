@@ -26,7 +26,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
 __all__ = ["Sym", "Dim", "UnboundSymbolError", "is_static", "dim_eq", "evaluate", "free_symbols",
-           "floordiv", "ceildiv", "sym_min", "sym_max", "exact_div", "lower_bound", "known_less", "to_obj", "from_obj",
+           "floordiv", "ceildiv", "sym_min", "sym_max", "exact_div", "lower_bound", "dim_lt", "known_less", "to_obj",
+           "from_obj",
            "format_shape"]
 
 Dim = Union[int, "Sym"]
@@ -437,11 +438,22 @@ def dim_eq(a: Dim, b: Dim) -> bool | None:
     return None
 
 
+def dim_lt(a: Dim, b: Dim) -> bool | None:
+    """``True``/``False`` when ``a < b`` is decided for all symbols >= 1, ``None`` when it
+    depends on their values (the order counterpart of ``dim_eq``)."""
+    lo = lower_bound(b - a)
+    if lo is not None and lo > 0:
+        return True
+    hi = lower_bound(a - b)
+    if hi is not None and hi >= 0:
+        return False
+    return None
+
+
 def known_less(a: Dim, b: Dim) -> bool:
     """Whether ``a < b`` for every size (``False`` also where it depends on them): what a
     pass asks before a rewrite that pays only when it holds."""
-    lo = lower_bound(b - a)
-    return lo is not None and lo > 0
+    return dim_lt(a, b) is True
 
 
 def evaluate(dim: Dim, bindings: Mapping[str, int]) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ir.dtypes import DTYPES, INT_DTYPES
-from ..ir.symbolic import Dim, Sym, lower_bound
+from ..ir.symbolic import Dim, Sym, dim_lt
 from ._context import NeedsHost, NodeContext, converter
 from ._shapes import Emitter, Operand, frozen
 from ._symdims import NotSymbolic, make_dims
@@ -43,21 +43,10 @@ def _along(values: np.ndarray, axis: int, rank: int) -> np.ndarray:
 
 def _exceeds(a: Dim, b: Dim) -> bool:
     """Whether ``a > b`` for every size; ``NotSymbolic`` when that depends on the sizes."""
-    if not (isinstance(a, Sym) or isinstance(b, Sym)):
-        return a > b
-    lo, hi = lower_bound(a - b), lower_bound(b - a)
-    if lo is not None and lo > 0:
-        return True
-    if hi is not None and hi >= 0:
-        return False
-    raise NotSymbolic(f"whether {a} > {b} depends on the sizes")
-
-
-def _positions(f: Emitter, n: Dim) -> Operand:
-    """``arange(n)`` as int64: a gather from it wraps negative indices and checks the range."""
-    if isinstance(n, Sym):
-        return f.graph.sized_constant("arange", (n,), "int64", start=0, delta=1)
-    return frozen(np.arange(n, dtype=np.int64))
+    found = dim_lt(b, a)
+    if found is None:
+        raise NotSymbolic(f"whether {a} > {b} depends on the sizes")
+    return found
 
 
 def _scaled(f: Emitter, x: Operand, stride: Dim) -> Operand:
@@ -87,7 +76,7 @@ def _plus_offsets(f: Emitter, flat: Operand, shape: Sequence[Dim], strides: Sequ
         return f.op("add", flat, frozen(_static_offsets(shape, strides, axes, rank)))
     for d in axes:
         along = (shape[d],) + (1,) * (rank - 1 - d)
-        term = f.op("reshape", _scaled(f, _positions(f, shape[d]), strides[d]), shape=along)
+        term = f.op("reshape", _scaled(f, f.arange(shape[d]), strides[d]), shape=along)
         flat = f.op("add", flat, term)
     return flat
 
@@ -259,7 +248,7 @@ def _gather_elements(c: NodeContext) -> list[Operand | None]:
         offsets = _static_offsets(ishape, strides, others, rank)
         flat: Operand = frozen(offsets + np.where(known < 0, known + n, known).astype(np.int64) * strides[axis])
     else:
-        flat = _scaled(f, f.op("gather", _positions(f, n), index, axis=0), strides[axis])
+        flat = _scaled(f, f.op("gather", f.arange(n), index, axis=0), strides[axis])
         flat = _plus_offsets(f, flat, ishape, strides, others, rank)
     column = f.op("reshape", data, shape=(math.prod(dshape),))
     return [f.op("gather", column, flat, axis=0, name=c.out())]
@@ -303,7 +292,7 @@ def _gather_nd(c: NodeContext) -> list[Operand | None]:
         flat = None
         for j in range(k):
             col = f.op("gather", index, f.const(j, "int64"), axis=len(ishape) - 1)
-            pos = _scaled(f, f.op("gather", _positions(f, dshape[b + j]), col, axis=0), strides[b + j])
+            pos = _scaled(f, f.op("gather", f.arange(dshape[b + j]), col, axis=0), strides[b + j])
             flat = pos if flat is None else f.op("add", flat, pos)
         flat = _plus_offsets(f, flat, ishape[:-1], strides, range(b), out_rank)
     rows = f.op("reshape", data, shape=(math.prod(lead), *dshape[b + k :]))

@@ -14,10 +14,11 @@ import math
 import numpy as np
 from onnx import AttributeProto
 
-from ..ir.symbolic import Dim, Sym, ceildiv, dim_eq, lower_bound, sym_max
+from ..ir.shape_rules import has_sym
+from ..ir.symbolic import Dim, Sym, ceildiv, dim_eq, sym_max
 from ._context import NodeContext, converter, onnx_dtype
 from ._shapes import Emitter, Operand, frozen
-from ._symdims import Dims, NotSymbolic, has_sym, make_dims
+from ._symdims import Dims, NotSymbolic, make_dims, nonnegative
 
 __all__: list[str] = []
 
@@ -293,7 +294,7 @@ def _constant_of_shape(c: NodeContext) -> list[Operand | None]:
     if value.size != 1:
         raise c.fail(f"value must hold one element, got shape {value.shape}")
     if has_sym(shape or ()):  # sizes known at run time: filled once they are (a sized constant)
-        if not all(_nonneg(d) for d in shape):
+        if not all(nonnegative(d) for d in shape):
             raise NotSymbolic(f"shape {shape} may have a negative dim")
         return [c.f.graph.sized_constant("fill", shape, value.dtype.name, name=c.out(), value=value.reshape(())[()])]
     if any(d < 0 for d in shape or ()):
@@ -348,6 +349,3 @@ def _sized_range(c: NodeContext) -> Operand:
     return c.f.graph.sized_constant("arange", (n,), c.dtype(0), name=c.out(), start=s, delta=d)
 
 
-def _nonneg(d: Dim) -> bool:
-    lo = lower_bound(d)
-    return lo is not None and lo >= 0

@@ -33,6 +33,7 @@ from ..errors import ModelError
 from ..ir import Graph, Node, Value
 from ..ir.dtypes import itemsize, normalize_dtype
 from ..ir.ops import OpKind, infer
+from ..ir.shape_rules import has_sym, holds_sym
 from ..ir.symbolic import Dim, Sym
 from ._symdims import Dims, fold_dims
 
@@ -96,11 +97,6 @@ def _call_builder(g: Graph, kind: str, values: Sequence[Value], attrs: dict[str,
     return getattr(g, kind)(*values, name=name, **attrs)
 
 
-def _sym_attrs(attrs: dict[str, Any]) -> bool:
-    return any(isinstance(v, Sym) or (isinstance(v, tuple) and any(isinstance(d, Sym) for d in v))
-               for v in attrs.values())
-
-
 class Emitter:
     """Adds ops to ``graph``, or computes them at import when their operands are known.
 
@@ -138,10 +134,17 @@ class Emitter:
     def full(self, shape: Sequence[Dim], value: Any, dtype: str) -> Operand:
         """``value`` in every element of ``shape``: an array, or, where the shape depends on
         the sizes, a sized constant (``rlx_core.ir.sized``) filled once they are known."""
-        if any(isinstance(d, Sym) for d in shape):
+        if has_sym(shape):
             return self.graph.sized_constant("fill", tuple(shape), dtype, value=value)
         self.check_size(shape, dtype, "a filled constant")
         return frozen(np.full(tuple(shape), value, dtype=np.dtype(dtype)))
+
+    def arange(self, n: Dim) -> Operand:
+        """``arange(n)`` as int64: an array, or, where ``n`` depends on the sizes, a sized
+        constant (``full``'s counterpart; a gather from it wraps negative indices)."""
+        if isinstance(n, Sym):
+            return self.graph.sized_constant("arange", (n,), "int64", start=0, delta=1)
+        return frozen(np.arange(n, dtype=np.int64))
 
     def param(self, name: str, array: np.ndarray) -> Lazy:
         return Lazy(self, array.shape, array.dtype.name, ("param", name), array)
@@ -182,7 +185,8 @@ class Emitter:
 
     def op(self, kind: str, *operands: Operand, name: str = "", **attrs: Any) -> Operand:
         """Apply IR op ``kind`` (a builder method's name) to ``operands``; see the module doc."""
-        if any(isinstance(o, Value) for o in operands) or _sym_attrs(attrs):  # (a slice to ``seq``: at run time)
+        # A run-time operand, or a size only a run knows (a slice to ``seq``): the op goes in the graph.
+        if any(isinstance(o, Value) for o in operands) or any(holds_sym(v) for v in attrs.values()):
             return self._build(kind, [self.value(o) for o in operands], attrs, name)
         if any(isinstance(o, Dims) for o in operands):  # (a weight read here is data, as a static load reads it)
             known = [o.array if isinstance(o, Lazy) else o for o in operands]

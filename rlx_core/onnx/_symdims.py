@@ -22,9 +22,10 @@ import numpy as np
 
 from ..errors import ModelError
 from ..ir.ops import OpKind, slice_index
-from ..ir.symbolic import Dim, Sym, dim_eq, floordiv, lower_bound, sym_max, sym_min
+from ..ir.shape_rules import has_sym
+from ..ir.symbolic import Dim, Sym, dim_eq, dim_lt, floordiv, sym_max, sym_min
 
-__all__ = ["Dims", "NotSymbolic", "fold_dims", "make_dims", "has_sym"]
+__all__ = ["Dims", "NotSymbolic", "fold_dims", "make_dims", "nonnegative"]
 
 _INT = ("int64", "int32")
 
@@ -53,10 +54,6 @@ class Dims:
         return f"Dims({self.items.tolist()}, {self.dtype})"
 
 
-def has_sym(values: Sequence[Any]) -> bool:
-    return any(isinstance(v, Sym) for v in values)
-
-
 def make_dims(items: Any, dtype: str) -> Dims | np.ndarray:
     """``Dims`` of ``items``, or a plain read-only array when no element is symbolic."""
     arr = np.empty(np.shape(items), dtype=object)
@@ -77,27 +74,22 @@ def _objects(x: Dims | np.ndarray) -> np.ndarray:
 
 
 def _compare(a: Dim, b: Dim, op: str) -> bool:
-    if op == "equal":
-        found = dim_eq(a, b)
-    else:
-        diff = (b - a) if op == "less" else (a - b)  # is diff > 0?
-        lo, hi = lower_bound(diff), lower_bound(-diff)
-        found = True if lo is not None and lo > 0 else False if hi is not None and hi >= 0 else None
+    found = dim_eq(a, b) if op == "equal" else dim_lt(a, b) if op == "less" else dim_lt(b, a)
     if found is None:
         raise NotSymbolic(f"{a} {op} {b} depends on the sizes")
-    return bool(found)
+    return found
 
 
-def _nonneg(d: Dim) -> bool:
-    lo = lower_bound(d)
-    return lo is not None and lo >= 0
+def nonnegative(d: Dim) -> bool:
+    """Whether ``d >= 0`` for every size."""
+    return dim_lt(d, 0) is False
 
 
 def _div(a: Dim, b: Dim) -> Dim:
     if not (isinstance(a, Sym) or isinstance(b, Sym)):
         q = abs(int(a)) // abs(int(b))  # ONNX's integer Div truncates toward zero
         return q if (int(a) >= 0) == (int(b) > 0) else -q
-    if isinstance(b, int) and b > 0 and _nonneg(a):
+    if isinstance(b, int) and b > 0 and nonnegative(a):
         return floordiv(a, b)
     raise NotSymbolic(f"{a} / {b}: the signs are not known")
 

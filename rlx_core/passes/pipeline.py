@@ -34,7 +34,7 @@ from .legalize import DtypeGate, LegalizeResult, ask_claims, legalize
 from .optimize import OPTIMIZE_PASSES
 from .plan import MemoryPlan, plan_memory
 
-__all__ = ["PASS_NAMES", "PipelineResult", "StageRecord", "run_pipeline", "fusion_report_enabled"]
+__all__ = ["PASS_NAMES", "PipelineResult", "StageRecord", "run_pipeline", "fusion_report_enabled", "first_declined"]
 
 log = logging.getLogger("rlx.passes")
 
@@ -112,7 +112,8 @@ def _computational(g: Graph) -> int:
     return sum(1 for n in g.nodes if n.op not in SOURCE_OPS)
 
 
-def _declined(graph: Graph, claims: Claims) -> str | None:
+def first_declined(graph: Graph, claims: Claims) -> str | None:
+    """The first computational node of ``graph`` that ``claims`` declines, described; None when none is."""
     for node in graph.nodes:
         if node.op in SOURCE_OPS:
             continue
@@ -174,7 +175,7 @@ def run_pipeline(graph: Graph, claims: Claims, options: CompileOptions | None = 
     record.nodes_after = _computational(current)
     result.stages.append(record)
 
-    refused = _declined(current, claims)
+    refused = first_declined(current, claims)
     if refused is not None:  # a rewrite produced something the backend declines: give it the plain graph
         record.notes.append(f"reverted to the legalized graph: the backend declines {refused}")
         log.warning("pipeline: backend declines %s after optimization; using the legalized graph", refused)

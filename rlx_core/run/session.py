@@ -100,10 +100,10 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
         if isinstance(graph, ValueDependentGraph):  # no body before its values: placed at the first run
             return ValueCompiledGraph(graph, first, later, device)
         graph.freeze()
-        placement = Placement(representative(graph)[0], policy, reg, measure=measure)
-        if device not in (None, "", "auto") or placement.policy.device:
+        resolved = policy if policy is not None else DevicePolicy.from_env()
+        if device not in (None, "", "auto") or resolved.device:
             # An explicit device: placed (its blocker named) now, each class compiled when first run.
-            decision = placement.decide(device)
+            decision = Placement(representative(graph)[0], resolved, reg, measure=measure).decide(device)
             first_device.append(decision.device)
             return compile_placed(graph, decision.device, decision.why, reg, options, later,
                                   _lower_once(graph, reg, options))
