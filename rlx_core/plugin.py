@@ -304,6 +304,24 @@ class Backend:
         """Compile a graph that is already legalized for this backend."""
         raise NotImplementedError(f"backend {self.name!r} does not implement compile()")
 
+    def compile_symbolic(self, graph: Graph, options: CompileOptions) -> Executable | None:
+        """One executable for every size of a legalized graph with symbolic dims, or
+        ``None`` (the default) to be handed each shape class specialized instead.
+
+        This is how a backend declares that it runs symbolic graphs itself (kernels that
+        read their sizes at run time, shape buckets): the core calls it once per graph and
+        device, with the graph lowered once (legalize, optimize, fuse ran on the symbolic
+        form; ``claims`` was asked at the representative sizes), and then runs every new
+        set of sizes on the executable it returns, with no compile. ``run`` gets inputs
+        whose sizes satisfy the graph's shape rules and constraints (checked by the core,
+        ``Graph.bind``) and returns outputs of the shapes the graph's symbolic shapes
+        evaluate to. A backend returns ``None`` for a graph it would serve worse this way
+        (it may say why in its log); an API-1 plugin has no such method and is handed
+        specializations, unchanged. Sizes met often may still be compiled on their own
+        (a static plan is faster where sizes recur): the core decides that
+        (``rlx_core.compiler.dynamic``)."""
+        return None
+
     def settings(self) -> Sequence[Setting]:
         """The ``RLX_*`` environment variables this backend reads (optional; default none).
 

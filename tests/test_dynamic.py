@@ -9,7 +9,7 @@ from support import ToyBackend, registry_with
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_core.compiler.dynamic import REPRESENTATIVE_SIZES, DynamicCompiledGraph, representative
+from rlx_core.compiler.dynamic import REPRESENTATIVE_SIZES, STATIC_AFTER, DynamicCompiledGraph, representative
 
 RNG = np.random.default_rng(7)
 W = RNG.standard_normal((16, 8)).astype(np.float32)
@@ -57,9 +57,27 @@ def test_a_symbolic_graph_runs_every_batch_on_cpu() -> None:
         (out,) = cg.run(feeds)
         assert out.shape == (batch, 8)
         assert_matches(g, [out], feeds)
-    # an explicit device: placed at the representative size, and each class compiled when first
-    # run (nothing at 16, which no run asked for); batch 3 again compiled nothing
+    # an explicit device: placed at the representative size (nothing compiled at 16, which no run
+    # asked for), the first size run compiled for itself, and every later new size run on the one
+    # executable cpu compiled for every size (it runs symbolic graphs itself): no compile
+    assert [d["batch"] for d in cg.shapes()] == [1] and cg.compiles == 1
+    assert any(n.startswith("any size: one executable for every size") for n in cg.report().notes)
+    # a size met STATIC_AFTER times there is compiled for itself at its next run
+    for _ in range(STATIC_AFTER - 1):
+        feeds = {"x": x_of(3)}
+        assert_matches(g, cg.run(feeds), feeds)
+    assert [d["batch"] for d in cg.shapes()] == [1, 3] and cg.compiles == 2
+
+
+def test_each_class_compiled_on_its_own_where_cpu_is_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLX_CPU_ANY_SIZE", "0")
+    g = mlp()
+    cg = rlx.compile(g, device="cpu")
+    for batch in (1, 3, 8, 17, 3):
+        feeds = {"x": x_of(batch)}
+        assert_matches(g, cg.run(feeds), feeds)
     assert sorted(d["batch"] for d in cg.shapes()) == [1, 3, 8, 17] and cg.compiles == 4
+    assert not any(n.startswith("any size") for n in cg.report().notes)
 
 
 def test_two_symbols_and_a_reshape_across_them() -> None:
@@ -182,10 +200,11 @@ def test_graph_devices_and_fallback_take_symbolic_graphs() -> None:
         assert_matches(g, gd.run(feeds), feeds)
     device, outs = rlx.run_with_fallback(g, {"x": x_of(4)})
     assert outs[0].shape == (4, 8) and device in rlx.available_devices()
-    for batch in (2, 9):  # later classes of GraphDevices' copy come from the graph lowered once too
+    for batch in (2, 9):  # later sizes of GraphDevices' copy run on cpu's executable for every size
         feeds = {"x": x_of(batch)}
         assert_matches(g, gd.run(feeds, device="cpu"), feeds)
-    assert any("lowered once" in n for n in _class_notes(gd.compile("cpu"))), _class_notes(gd.compile("cpu"))
+    notes = gd.compile("cpu").report().notes
+    assert any(n.startswith("any size: one executable for every size") for n in notes), notes
 
 
 def test_a_toy_backend_is_handed_static_graphs_only() -> None:
@@ -232,10 +251,11 @@ def _class_notes(cg: DynamicCompiledGraph) -> list[str]:
     return [n for n in cg.report().notes if n.startswith("shape class ")]
 
 
-def test_later_shape_classes_compile_from_the_graph_lowered_once() -> None:
+def test_later_shape_classes_compile_from_the_graph_lowered_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first class after the representative one takes the old road (the pipeline on
     one specialization is cheaper than on the symbolic graph); every later one comes from
-    the graph lowered once."""
+    the graph lowered once (cpu told to compile each class, not to run any size)."""
+    monkeypatch.setenv("RLX_CPU_ANY_SIZE", "0")
     g = encoder()
     cg = rlx.compile(g, device="cpu")
     for batch, seq in [(2, 3), (1, 9), (4, 5), (3, 3)]:

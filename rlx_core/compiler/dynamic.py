@@ -33,8 +33,17 @@ pass works unchanged. This module keeps those specializations:
   its writable copies of the weights and their oneDNN layouts, held once, not once per
   shape class, and not made again for a new size).
 
-Serving a new size without compiling (shape buckets, run-time sizes in the kernels) is a
-backend's own business, for a later plugin API; this is the fallback every backend gets.
+- **Any size, no compile.** Where the backend runs symbolic graphs itself
+  (``Backend.compile_symbolic``, e.g. rlx-cpu's kernels that read their sizes per run),
+  the graph lowered once is compiled once for every size (``LoweredOnce.any_size``), at
+  the second new class (a graph met at one more size only is cheaper compiled for it),
+  and every later new set of sizes runs on it with no compile. A class run
+  ``STATIC_AFTER`` times there is compiled on its own at its next run (a plan fixed for
+  sizes that recur is the fastest way to run them), into the same LRU. The report
+  counts the classes served this way.
+
+A backend that does not run symbolic graphs itself (every API-1 plugin) gets the
+specializations above, the fallback every backend gets.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ from ..ir.valued import ValueDependentGraph
 from ..plugin import ShapeFamily
 from .compiled import CompiledGraph, CompileReport
 from .inputs import check_param_value
+from .lowered_once import AnySizeGraph
 
 __all__ = ["REPRESENTATIVE_SIZES", "DEFAULT_MAX_SHAPES", "representative", "DynamicCompiledGraph", "shape_key",
            "compile_symbolic", "compile_placed", "Placed", "describe_bindings", "ValueCompiledGraph"]
@@ -65,6 +75,11 @@ log = logging.getLogger("rlx.session")
 DEFAULT_MAX_SHAPES = 8
 #: Lines of "compiled for ..." the report keeps (the newest).
 _REPORT_LINES = 32
+#: Runs of a shape class on the any-size executable before the class is compiled on its
+#: own (at its next run): a size met this often is likely to recur.
+STATIC_AFTER = 3
+#: Shape classes whose runs on the any-size executable are counted (least recent dropped).
+_COUNTED = 4096
 
 def shape_key(bindings: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
     """The shape class of ``bindings``: its symbols and values, in name order."""
@@ -87,7 +102,7 @@ class DynamicCompiledGraph(CompiledGraph):
     def __init__(self, graph: Graph, first: CompiledGraph | Placed, bindings: Mapping[str, int],
                  compile_shape: Callable[[Graph], CompiledGraph], *, max_shapes: int = DEFAULT_MAX_SHAPES,
                  seconds: float | None = None, family: ShapeFamily | None = None,
-                 lowered: Callable[[Mapping[str, int]], CompiledGraph | None] | None = None) -> None:
+                 lowered: Any = None) -> None:
         if max_shapes < 1:
             raise ValueError(f"max_shapes must be at least 1, got {max_shapes}")
         # The base's executable and legal graph are never used for running here (``run`` and
@@ -100,7 +115,12 @@ class DynamicCompiledGraph(CompiledGraph):
             super().__init__(graph, first.device, first, first.graph, first.report(), first._registry,
                              getattr(first, "_options", None))
         self._compile_shape = compile_shape
-        self._lowered = lowered  # a class compiled from the graph lowered once (None: take the old road)
+        self._lowered = lowered  # the graph lowered once for the device (a ``LoweredOnce``; None: the old road)
+        self._any: CompiledGraph | None = None  # its any-size executable, once made
+        self._served: OrderedDict[tuple[tuple[str, int], ...], int] = OrderedDict()  # class -> runs on it
+        self._misses = 0  # new classes met
+        self._no_any = False  # the backend does not run this graph at any size
+        self._any_served = 0
         self._max_shapes = max_shapes
         self._family = family or ShapeFamily()  # (``first`` was compiled in it, when given)
         self._params: dict[str, np.ndarray] = {}  # set_param's values, for copies compiled later
@@ -117,14 +137,21 @@ class DynamicCompiledGraph(CompiledGraph):
     # ------------------------------------------------------------------ running
     def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
         """Bind the symbols from the inputs' shapes, then run the copy compiled for them
-        (compiled now if this shape class is new)."""
-        return self.for_inputs(inputs).run(inputs, output)
+        (compiled now if this shape class is new), or the executable for every size."""
+        bindings = self.graph.bind(self.graph.input_shapes(inputs))
+        cg = self._for_bindings(bindings)
+        if isinstance(cg, AnySizeGraph):
+            return cg.run_bound(inputs, bindings, output)
+        return cg.run(inputs, output)
 
     def for_inputs(self, inputs: Mapping[str, Any]) -> CompiledGraph:
         """The compiled copy for the sizes of ``inputs`` (an ``InputError`` naming what is
-        wrong when they fit no shape class of the graph). Set params on this graph, not on
-        a copy: copies may share their weights (``ShapeFamily``)."""
-        bindings = self.graph.bind(self.graph.input_shapes(inputs))
+        wrong when they fit no shape class of the graph), or the executable for every size
+        where that serves them. Set params on this graph, not on a copy: copies may share
+        their weights (``ShapeFamily``)."""
+        return self._for_bindings(self.graph.bind(self.graph.input_shapes(inputs)))
+
+    def _for_bindings(self, bindings: Mapping[str, int]) -> CompiledGraph:
         key = shape_key(bindings)
         cg = self._classes.get(key)
         if cg is not None:
@@ -133,6 +160,9 @@ class DynamicCompiledGraph(CompiledGraph):
             except KeyError:  # dropped by another thread meanwhile: still a valid copy to run
                 pass
             return cg
+        any_size = self._any_size_for(key)
+        if any_size is not None:
+            return any_size
         with self._compiling:
             cg = self._classes.get(key)
             if cg is None:
@@ -144,10 +174,68 @@ class DynamicCompiledGraph(CompiledGraph):
                               describe_bindings(dict(dropped)), self._max_shapes)
         return cg
 
+    def _any_size_for(self, key: tuple[tuple[str, int], ...]) -> CompiledGraph | None:
+        """The any-size executable for a class with no compile of its own, or ``None``
+        (none is made, or it is the first new class, or the class recurred
+        ``STATIC_AFTER`` times: compile it)."""
+        if self._lowered is None or self._no_any:
+            return None
+        served = self._served
+        runs = served.get(key, 0)
+        if runs >= STATIC_AFTER:
+            served.pop(key, None)
+            return None
+        any_size = self._any
+        if any_size is None:
+            self._misses += 1
+            if self._misses < 2:  # one more size may be all the graph meets: compile it
+                return None
+            any_size = self._make_any()
+            if any_size is None:
+                return None
+        served[key] = runs + 1
+        served.move_to_end(key)
+        while len(served) > _COUNTED:
+            served.popitem(last=False)
+        self._note_served()
+        return any_size
+
+    def _make_any(self) -> CompiledGraph | None:
+        """The any-size executable, made once (``LoweredOnce.any_size``), set to the
+        params set so far."""
+        with self._compiling:
+            if self._any is None:
+                t0 = time.perf_counter()
+                with self._family.compiling():
+                    made = self._lowered.any_size()
+                if made is None:
+                    self._no_any = True
+                    return None
+                for name, value in self._params.items():
+                    made.set_param(name, value)
+                seconds = time.perf_counter() - t0
+                self._report.notes.append(f"any size: one executable for every size compiled in {seconds * 1e3:.1f} "
+                                          f"ms at {time.strftime('%H:%M:%S')} (new sizes run on it with no compile; a "
+                                          f"class run {STATIC_AFTER} times there is compiled on its own)")
+                log.info("graph %r: compiled for every size on %s in %.1f ms", self.graph.name, self.device,
+                         seconds * 1e3)
+                self._any = made
+        return self._any
+
+    def _note_served(self) -> None:
+        notes = self._report.notes
+        self._any_served += 1
+        line = f"any size: {self._any_served} run(s) of new sizes served with no compile"
+        for i in range(len(notes) - 1, -1, -1):
+            if notes[i].startswith("any size: ") and notes[i].endswith("with no compile"):
+                notes[i] = line
+                return
+        notes.append(line)
+
     def _compile(self, bindings: Mapping[str, int]) -> CompiledGraph:
         t0 = time.perf_counter()
         with self._family.compiling():
-            cg = self._lowered(bindings) if self._lowered is not None else None
+            cg = self._lowered.compile(bindings) if self._lowered is not None else None
             once = cg is not None
             if cg is None:
                 cg = self._compile_shape(self.graph.specialize(bindings))
@@ -178,7 +266,7 @@ class DynamicCompiledGraph(CompiledGraph):
         """Replace a param in every kept copy and in every copy compiled later."""
         _node, frozen = check_param_value(self.graph, name, value)
         with self._compiling:
-            for cg in list(self._classes.values()):
+            for cg in [*self._classes.values(), *((self._any,) if self._any is not None else ())]:
                 cg.set_param(name, frozen)
             self._params[name] = frozen
 
@@ -207,10 +295,9 @@ def compile_symbolic(graph: Graph, first_compile: Callable[[Graph], CompiledGrap
 
 
 def _lowered(lower_once: Callable[[str, Mapping[str, int]], Any] | None, device: str,
-             bindings: Mapping[str, int]) -> Callable[[Mapping[str, int]], CompiledGraph | None] | None:
-    """What compiles a class from the graph lowered once for ``device`` (None: none is)."""
-    lowered = lower_once(device, bindings) if lower_once is not None else None
-    return lowered.compile if lowered is not None else None
+             bindings: Mapping[str, int]) -> Any:
+    """The graph lowered once for ``device`` (a ``LoweredOnce``; None: none is)."""
+    return lower_once(device, bindings) if lower_once is not None else None
 
 
 @dataclass(frozen=True)
@@ -321,7 +408,7 @@ class ValueCompiledGraph(DynamicCompiledGraph):
         against a compiled copy: before the first run, at the first run)."""
         frozen = np.asarray(value)
         with self._compiling:
-            for cg in list(self._classes.values()):
+            for cg in [*self._classes.values(), *((self._any,) if self._any is not None else ())]:
                 cg.set_param(name, frozen)
             self._params[name] = frozen
 

@@ -22,6 +22,12 @@ What keeps it exact:
 - The memory plan is made per specialization (it needs sizes), and checked like any
   compile's.
 
+**Any size.** A backend that runs symbolic graphs itself (``Backend.compile_symbolic``:
+rlx-cpu's kernels read their sizes per run) gets the lowered graph once, symbolic, and
+returns one executable for every size (``any_size``, an ``AnySizeGraph``): the
+``DynamicCompiledGraph`` then serves a new set of sizes on it with no compile at all, and
+compiles a class of its own only for sizes that recur.
+
 When: the symbolic pipeline costs about one and a half times the pipeline on one
 specialization (symbolic shape arithmetic: mobilenet_v2 25 ms against 17), and each class
 lowered from it then skips the pipeline. A graph that meets one more size (compiled at
@@ -38,8 +44,12 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
+
+import numpy as np
 
 from ..backends.registry import Registry, parse_device
+from ..errors import DeviceError, PluginError, RlxError
 from ..ir import Graph, Node
 from ..ir.shape_rules import evaluate_attr, has_sym, holds_sym
 from ..ir.symbolic import evaluate
@@ -47,10 +57,11 @@ from ..passes.legalize import DtypeGate
 from ..passes.pipeline import PipelineResult, first_declined, fusion_report_enabled, run_pipeline
 from ..passes.plan import plan_memory
 from ..plugin import CompileOptions
-from .compiled import CompiledGraph, compile_lowered
+from .compiled import CompiledGraph, CompileReport, compile_lowered
+from .inputs import validate_inputs
 from .lowering import with_skipped_passes
 
-__all__ = ["LoweredOnce"]
+__all__ = ["LoweredOnce", "AnySizeGraph"]
 
 log = logging.getLogger("rlx.session")
 
@@ -69,6 +80,9 @@ class LoweredOnce:
         self._failed: str | None = None
         self._asked = 0
         self.seconds = 0.0  # the symbolic pipeline's one run
+        self._any: AnySizeGraph | None = None
+        self._any_tried = False
+        self._any_lock = threading.Lock()
 
     @property
     def failed(self) -> str | None:
@@ -131,6 +145,100 @@ class LoweredOnce:
         return compile_lowered(legal, legal, result, self._device,
                                "placed at the representative size; lowered once for every size", [], self._registry,
                                self._options, plan, t0, show, user_nodes=len(self._graph))
+
+
+    def any_size(self) -> AnySizeGraph | None:
+        """The lowered graph compiled once for every size, where the backend runs symbolic
+        graphs itself (``Backend.compile_symbolic``); ``None`` where it does not, declines
+        this graph or fails (logged: each class is then compiled), or the symbolic
+        pipeline did not run. Made at most once."""
+        with self._any_lock:
+            if not self._any_tried:
+                self._any_tried = True
+                self._any = self._compile_any()
+            return self._any
+
+    def _compile_any(self) -> AnySizeGraph | None:
+        compile_symbolic = getattr(self._backend, "compile_symbolic", None)
+        if not callable(compile_symbolic):  # a plugin written before the hook existed
+            return None
+        result = self._lowered()
+        if result is None:
+            return None
+        t0 = time.perf_counter()
+        legal = result.graph.copy()  # the compiled copy owns its graph (set_param replaces its values)
+        legal.freeze()
+        opts = replace(self._options, device=self._device, device_index=parse_device(self._device)[1])
+        try:
+            exe = compile_symbolic(legal, opts)
+        except Exception as exc:  # the classes compiled one by one still serve: say why, never raise
+            log.info("graph %r: %s did not compile it for every size (%s: %s); each shape class is compiled",
+                     self._graph.name, self._device, type(exc).__name__, exc)
+            return None
+        if exe is None:
+            return None
+        if not callable(getattr(exe, "run", None)):
+            log.info("graph %r: %s compile_symbolic returned %s, not an Executable; each shape class is compiled",
+                     self._graph.name, self._device, type(exe).__name__)
+            return None
+        info = self._registry.info(parse_device(self._device)[0])
+        seconds = time.perf_counter() - t0
+        report = CompileReport(graph=self._graph.name, device=self._device, reason="lowered once; one executable "
+                               "for every size", label=info.backend.label or info.label, compile_seconds=seconds,
+                               user_nodes=len(self._graph), legalized_nodes=len(result.legalized.graph),
+                               decomposed=list(result.legalized.decomposed), compiled_nodes=len(legal),
+                               fused=result.fused, pipeline=result.describe())
+        notes = getattr(exe, "report_notes", None)
+        if callable(notes):
+            report.notes.extend(str(n) for n in notes())
+        log.info("graph %r: compiled once for every size on %s in %.1f ms", self._graph.name, self._device,
+                 seconds * 1e3)
+        return AnySizeGraph(self._graph, self._device, exe, legal, report, self._registry, opts)
+
+
+class AnySizeGraph(CompiledGraph):
+    """A symbolic graph compiled once for every size by a backend that runs symbolic graphs
+    itself: ``run`` binds the sizes (an ``InputError`` for ones the graph refuses), runs
+    the backend's executable, and checks each output against the graph's symbolic shape
+    at those sizes."""
+
+    def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
+        return self.run_bound(inputs, self.graph.bind(self.graph.input_shapes(inputs)), output)
+
+    def run_bound(self, inputs: Mapping[str, Any], bindings: Mapping[str, int], output: str = "numpy") -> list[Any]:
+        """``run`` with the sizes already bound from ``inputs`` (``Graph.bind``)."""
+        if output not in ("numpy", "dlpack"):
+            return super().run(inputs, output)  # (its error)
+        arrays = validate_inputs(self._specs, inputs, self._device_inputs)
+        try:
+            outs = self._exe.run(arrays)
+        except RlxError:
+            raise
+        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() must not end the host
+            raise DeviceError(
+                f"device {self._device} failed running graph {self.graph.name!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        return self._check_sized(outs, bindings)
+
+    def _check_sized(self, outs: Any, bindings: Mapping[str, int]) -> list[np.ndarray]:
+        legal = self._legal
+        if not isinstance(outs, (list, tuple)) or len(outs) != len(legal.outputs):
+            n = len(outs) if isinstance(outs, (list, tuple)) else type(outs).__name__
+            raise PluginError(f"backend {self.backend!r} returned {n} outputs for graph {self.graph.name!r}, "
+                              f"which has {len(legal.outputs)}")
+        result = []
+        for i, (out, nid) in enumerate(zip(outs, legal.outputs)):
+            node = legal.node(nid)
+            shape, dtype = tuple(evaluate(d, bindings) for d in node.shape), np.dtype(node.dtype)
+            if type(out) is not np.ndarray or out.shape != shape or out.dtype != dtype:
+                got = f"{np.asarray(out).dtype}{list(np.shape(out))}" if hasattr(out, "shape") else type(out).__name__
+                raise PluginError(f"backend {self.backend!r} returned output {i} of graph {self.graph.name!r} as "
+                                  f"{got}; at {dict(bindings)} the graph declares {dtype}{list(shape)}")
+            result.append(out)
+        return result
+
+    def __repr__(self) -> str:
+        return f"<AnySizeGraph {self.graph.name!r} on {self._device}>"
 
 
 def _symbolic(node: Node) -> bool:

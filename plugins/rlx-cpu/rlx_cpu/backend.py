@@ -102,3 +102,13 @@ class CpuBackend(rlx_core.Backend):
         from .executor import CpuExecutable
 
         return CpuExecutable(graph)
+
+    def compile_symbolic(self, graph: Graph, options: rlx_core.CompileOptions) -> rlx_core.Executable | None:
+        """One executable for every size (``anysize.py``): kernels that read their sizes per
+        run, so a new sequence length costs no compile; ``None`` for graphs with
+        convolutions or pools, which a plan per shape class serves better."""
+        if options.device_index not in (None, 0):
+            raise DeviceError(f"cpu has one device (cpu or cpu:0), not {options.device!r}")
+        from .anysize import any_size_executable
+
+        return any_size_executable(graph)

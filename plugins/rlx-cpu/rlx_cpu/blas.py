@@ -62,7 +62,7 @@ from . import openmp
 from .ccall import bound_call
 from .steps import Dyn, Step, aligned_empty
 
-__all__ = ["Mkl", "mkl", "describe", "numpy_blas", "find_library", "matmul_step", "vml_step", "MIN_MACS",
+__all__ = ["Mkl", "mkl", "describe", "numpy_blas", "find_library", "matmul_step", "matmul_now", "vml_step", "MIN_MACS",
            "BLOCKTIME_MS", "VML_MODE"]
 
 log = logging.getLogger(__name__)
@@ -395,6 +395,37 @@ def _packed(lib: Mkl, b: np.ndarray, pb: _Operand, m: int, n: int, k: int, ctx: 
         return dest
 
     return derived(b, ("sgemm_pack_b", m, n, k, pb.trans, pb.ld), make)
+
+
+def matmul_now(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``out = a @ b`` now, float32 (batched alike, a transposed view taken as it lies):
+    oneMKL's sgemm or strided batch sgemm where it is loaded and takes the operands, else
+    numpy. For products whose sizes are known only at run time (``anysize.py``): no step
+    is built, nothing is packed."""
+    lib = mkl()
+    if lib is not None and a.dtype == b.dtype == out.dtype == _F32 and a.ndim >= 2 and b.ndim >= 2:
+        m, n = out.shape[-2:]
+        k = a.shape[-1]
+        batch = tuple(out.shape[:-2])
+        count = math.prod(batch)
+        try:
+            if max(m, n, k) > _INT_MAX or count > _INT_MAX or 0 in (m, n, k, count):
+                raise _NoFit
+            pa, pb, pc = _Operand(a, m, k, batch), _Operand(b, k, n, batch), _Operand(out, m, n, batch)
+            if pc.trans != _NO_TRANS or (count > 1 and pc.batch_stride == 0):
+                raise _NoFit
+        except _NoFit:
+            pass
+        else:
+            if count == 1:
+                lib.sgemm(_ROW_MAJOR, pa.trans, pb.trans, m, n, k, 1.0, a.ctypes.data, pa.ld, b.ctypes.data, pb.ld,
+                          0.0, out.ctypes.data, pc.ld)
+            else:
+                lib.sgemm_batch_strided(_ROW_MAJOR, pa.trans, pb.trans, m, n, k, 1.0, a.ctypes.data, pa.ld,
+                                        pa.batch_stride, b.ctypes.data, pb.ld, pb.batch_stride, 0.0, out.ctypes.data,
+                                        pc.ld, pc.batch_stride, count)
+            return
+    np.matmul(a, b, out=out)
 
 
 def _mkl_step(lib: Mkl, a: Any, b: Any, out: Any, ctx: Any = None) -> Step:

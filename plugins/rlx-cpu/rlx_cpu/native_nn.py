@@ -32,7 +32,7 @@ __all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step", "max_p
            "conv_gemm_steps", "conv_gemm_panel", "depthwise_step", "group_conv_step", "DIRECT_CONV_TAPS",
            "GROUP_CONV_MIN_WIDTH", "GROUP_CONV_MAX_CG"]
 
-_SOFTMAX_NS, _LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
+SOFTMAX_NS, LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
 
 
 def _fits(*arrays: Any) -> bool:
@@ -84,7 +84,7 @@ def softmax_step(x: Any, out: Any, scale: float = 1.0) -> Step | None:
     rows = math.prod(out.shape[:-1])
     if length == 0 or rows == 0 or _overlaps_elsewhere(x, out):
         return None
-    args = [0, 0, rows, length, length, float(scale), _threads(lib, rows * length, _SOFTMAX_NS)]
+    args = [0, 0, rows, length, length, float(scale), _threads(lib, rows * length, SOFTMAX_NS)]
     return bound_call(lib.softmax, args, (x, out), (0, 1), _softmax_numpy(scale))
 
 
@@ -113,7 +113,7 @@ def layer_norm_step(x: Any, scale: Any, bias: Any, out: Any, axis: int, eps: flo
     length, rows = math.prod(inner), math.prod(out.shape[:axis])
     if length == 0 or rows == 0 or _overlaps_elsewhere(x, out):
         return None
-    args = [0, 0, None, 0, rows, length, length, float(eps), _threads(lib, rows * length, _LAYER_NORM_NS)]
+    args = [0, 0, None, 0, rows, length, length, float(eps), _threads(lib, rows * length, LAYER_NORM_NS)]
     if bias is None:
         return bound_call(lib.layer_norm, args, (x, scale, out), (0, 1, 3),
                           lambda x, s, o: _layer_norm_numpy(eps)(x, s, None, o))

@@ -53,7 +53,7 @@ from .onednn import (
 from .openmp import threads as openmp_threads
 from .steps import Dyn, Step, aligned_empty
 
-__all__ = ["conv_steps", "pool_steps", "concat_steps", "dense_steps", "matmul_steps", "ACTIVATION_POST"]
+__all__ = ["conv_steps", "pool_steps", "concat_steps", "dense_steps", "matmul_steps", "ACTIVATION_POST", "RunTimeDense"]
 
 log = logging.getLogger("rlx_cpu")
 _ARG_MULTIPLE_SRC = 1024  # DNNL_ARG_MULTIPLE_SRC: a concat's i-th source is this + i
@@ -454,3 +454,72 @@ def dense_steps(a: Any, b: Any, bias: Any, activation: str, out: Any, ctx: Any) 
         return None
     lib = use("matmul")
     return None if lib is None else matmul_steps(lib, a2, b2, bias, out2, ctx, activation)
+
+
+#: ``DNNL_RUNTIME_DIM_VAL``: a dim given at execution, not when the primitive is made.
+_RUNTIME_DIM = -(1 << 63)
+
+
+class RunTimeDense:
+    """``out (rows, n) = a (rows, k) @ w (k, n) (+ bias)``, then ``activation``: one oneDNN
+    matmul made once for every row count (``DNNL_RUNTIME_DIM_VAL``), for the any-size
+    executable (``anysize.py``), where a plan makes one per size. ``w`` is reordered once
+    into the layout the primitive chose (``refresh`` again after ``set_param``); ``a`` and
+    ``out`` are described per call. oneDNN 3.2 runs it as its jit GEMM where a fixed row
+    count gets its brgemm kernels: 0.95-1.2x their time at 37 to 4096 rows of a 256 x 1024
+    dense layer, 1.5x at 1-9 rows (tens of microseconds; BENCHMARKS.md, "Any size").
+    ``make`` raises ``DnnlError`` where oneDNN declines it or runs only a reference loop."""
+
+    def __init__(self, lib: Dnnl, w: np.ndarray, bias: np.ndarray | None, activation: str) -> None:
+        k, n = w.shape
+        self.lib, self.w, self.bias, self.k, self.n = lib, w, bias, k, n
+        post = (() if activation == "none" else (("eltwise", ELTWISE[ACTIVATION_POST[activation]], 0.0, 0.0),))
+        pd, made = None, []
+        try:
+            src, dst = lib.md((_RUNTIME_DIM, k), _AB), lib.md((_RUNTIME_DIM, n), _AB)
+            w_any = lib.md((k, n), _ANY)
+            made += [src, dst, w_any]
+            b_md = lib.md((1, n), _AB) if bias is not None else None
+            made += [b_md] if b_md is not None else []
+            pd = lib.matmul_pd(src, w_any, b_md, dst, post)
+            _jit_impl(lib, pd)
+            w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))
+            made.append(w_md)
+            w_plain = lib.md_strided((k, n), tuple(st // 4 for st in w.strides))
+            made.append(w_plain)
+            self._reorder = lib.reorder(w_plain, w_md)
+            self.prim = lib.primitive(pd)
+            pad = lib.clone_md(lib.query_md(pd, _QUERY_SCRATCHPAD_MD))
+            made.append(pad)
+        except DnnlError:
+            lib.destroy(descs=made)
+            raise
+        finally:
+            if pd is not None:
+                lib.destroy(pds=(pd,))
+        self._make = _reordered(lib, self._reorder, w_plain, w_md, lib.size(w_md), contiguous=False)
+        self.weights = self._make(w, None)
+        self.scratch = aligned_empty(max(lib.size(pad) // 4 + 16, 1), np.float32)
+        mems = [lib.memory(w_md, self.weights.ctypes.data), lib.memory(pad, self.scratch.ctypes.data)]
+        fixed = [_Arg(_ARG_WEIGHTS, mems[0]), _Arg(_ARG_SCRATCHPAD, mems[1])]
+        if bias is not None:
+            mems.append(lib.memory(b_md, _addr(bias)))
+            fixed.append(_Arg(_ARG_BIAS, mems[-1]))
+        self._fixed = fixed
+        self._nargs = len(fixed) + 2
+        weakref.finalize(self, lib.destroy, tuple(mems), (self._reorder, self.prim), tuple(made))
+
+    def refresh(self) -> None:
+        """Reorder the weights again from ``w`` (its values changed in place: ``set_param``)."""
+        self._make(self.w, self.weights)
+
+    def __call__(self, a: np.ndarray, out: np.ndarray) -> None:
+        """``a`` (rows, k) and ``out`` (rows, n): C-contiguous float32."""
+        lib, rows = self.lib, a.shape[0]
+        src, dst = lib.md((rows, self.k), _AB), lib.md((rows, self.n), _AB)
+        ms, md = lib.memory(src, _addr(a)), lib.memory(dst, _addr(out))
+        try:
+            args = (_Arg * self._nargs)(_Arg(_ARG_SRC, ms), _Arg(_ARG_DST, md), *self._fixed)
+            lib.run(self.prim, args, self._nargs)
+        finally:
+            lib.destroy(memories=(ms, md), descs=(src, dst))

@@ -40,7 +40,7 @@ from .native import Native, library
 from .peephole import fuse_chains
 from .steps import Dyn, Step
 
-__all__ = ["region_steps", "node_steps", "epilogue", "Epilogue", "OPCODES", "SPLIT_NS"]
+__all__ = ["region_steps", "node_steps", "epilogue", "Epilogue", "OPCODES", "SPLIT_NS", "RegionTemplate", "NoFit"]
 
 log = logging.getLogger("rlx_cpu")
 _F32 = "float32"
@@ -472,3 +472,89 @@ def clamp_bounds(instructions: list[Instruction], operands: list[Any]) -> tuple[
             return None
         current = len(operands) + k
     return (lo, hi) if instructions else None
+
+
+class RegionTemplate:
+    """A region planned once for every size (the any-size executable's, ``anysize.py``):
+    the program and its registers are made once per pattern of operand kinds (contiguous,
+    scalar or strided: a size of 1 changes it), and each call fills in only the merged
+    dims, the strides and the addresses before its one C call. A plan's ``_compile`` does
+    all of it again for each new size (~80 µs of Python for a five-instruction GELU).
+    ``known`` holds the operands whose values are fixed (residents): a one-float one may
+    be folded into a fused activation, as in a plan; ``forget`` drops what was made from
+    them (``set_param``). A call raises ``NoFit`` where the interpreter cannot take the
+    operands (another dtype, misaligned or overlapping memory): the caller's way runs."""
+
+    def __init__(self, lib: Native, instructions: list[Instruction], n_in: int, known: dict[int, np.ndarray]) -> None:
+        instructions = live_instructions(instructions, n_in)
+        if not instructions or instructions[-1].dtype != _F32:
+            raise _NoFit
+        types = [_F32] * n_in + [i.dtype for i in instructions]
+        self._ops = [_opcode(i, types) for i in instructions]  # _NoFit for an op the interpreter lacks
+        self._read = sorted({a for i in instructions for a in i.args if a < n_in})
+        if len(self._read) + len(instructions) > _MAX_VALUES:
+            raise _NoFit
+        order = {a: j for j, a in enumerate(self._read)}
+        nr = len(self._read)
+        self._code = [(op, tuple(order.get(a, a - n_in + nr) for a in i.args))
+                      for op, i in zip(self._ops, instructions)]
+        self._known = {order[a]: x for a, x in known.items() if a in order}
+        self._lib, self._vml = lib, _vml_table(lib)
+        self._vml_p = None if self._vml is None else self._vml.ctypes.data
+        self._made: dict[tuple[int, ...], tuple[list[int], float]] = {}
+
+    def forget(self) -> None:
+        self._made.clear()
+
+    def _program(self, kinds: tuple[int, ...]) -> tuple[list[int], float]:
+        """The code part of the interpreter's plan (``_compile``'s) and its cost per element."""
+        nr = len(self._read)
+        operands = [self._known.get(j) for j in range(nr)]
+
+        def value(v: int, constant: bool = False) -> float | None:
+            x = operands[v] if v < nr else None
+            return None if x is None else _scalar_value(operands, v, nr, constant)
+
+        code = fuse_chains(list(self._code), nr, value, lambda v: value(v, True))
+        regs = _registers(code, nr)
+        meta = [len(code), max(regs) + 1 if len(regs) > 1 else 0]
+        for (op, args), dst in zip(code, regs):
+            padded = [(a if a < nr else nr + regs[a - nr]) for a in args] + [-1] * (3 - len(args))
+            meta += [OPCODES[op], dst, *padded]
+        cost = sum(_COST_NS.get(op, _COST_OTHER_NS) for op, _ in code) + _COST_GATHER_NS * kinds.count(_IN_STRIDED)
+        return meta, cost
+
+    def __call__(self, ins: list[np.ndarray], out: np.ndarray) -> None:
+        if not (out.flags.c_contiguous and out.flags.writeable and out.flags.aligned and out.dtype == np.float32):
+            raise _NoFit
+        shape = out.shape
+        operands = [ins[a] for a in self._read]
+        dims, strides = _merge(shape, [_element_strides(x, shape) for x in operands])
+        if len(dims) > _MAX_DIMS:
+            raise _NoFit
+        contiguous = [math.prod(dims[k + 1 :]) for k in range(len(dims))]
+        kinds = []
+        out_at = out.ctypes.data
+        for x, s in zip(operands, strides):
+            kind = _IN_FULL if s == contiguous else _IN_SCALAR if not any(s) else _IN_STRIDED
+            if kind != _IN_SCALAR and np.may_share_memory(x, out) and (kind != _IN_FULL or x.ctypes.data != out_at):
+                raise _NoFit  # read behind or ahead of where the output is written
+            kinds.append(kind)
+        key = tuple(kinds)
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = self._program(key)
+        program, cost = made
+        n = math.prod(shape)
+        meta = [1, len(operands), program[0], program[1], len(dims), n, *dims]
+        for kind, s in zip(kinds, strides):
+            meta += [kind, *s]
+        meta_arr = np.array(meta + program[2:], np.int64)
+        ptrs = np.array([out_at, *(x.ctypes.data for x in operands)], np.uint64)
+        threads = self._lib.threads_for(n * cost, SPLIT_NS)
+        if self._lib.region(meta_arr.ctypes.data, ptrs.ctypes.data, self._vml_p, 0, n, threads):
+            raise MemoryError(f"rlx-cpu: no memory for the registers of a {n}-element region")
+
+
+#: The public name of the interpreter's refusal (``RegionTemplate`` raises it per call).
+NoFit = _NoFit

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from rlx_core.plugin import Setting
 
-__all__ = ["BLAS", "NATIVE", "GEMM", "CONV", "BIND", "ONEDNN", "LAYOUT", "POOL_MB", "SETTINGS"]
+__all__ = ["BLAS", "NATIVE", "GEMM", "CONV", "BIND", "ONEDNN", "LAYOUT", "POOL_MB", "ANY_SIZE", "SETTINGS"]
 
 _ON = {"1": True, "on": True, "true": True, "yes": True}
 _OFF = {"0": False, "off": False, "false": False, "no": False}
@@ -58,4 +58,9 @@ def _megabytes(text: str) -> int:
 POOL_MB = Setting("RLX_CPU_POOL_MB", "megabytes of dead plans' buffers kept warm for the next plans (a new shape "
                   "class then faults in no fresh memory): default 256, 0 turns it off", parse=_megabytes, default=256)
 
-SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND, ONEDNN, LAYOUT, POOL_MB)
+ANY_SIZE = Setting("RLX_CPU_ANY_SIZE", "1 (default): a graph with symbolic dims runs every new size on one executable "
+                   "whose kernels read their sizes per run, no compile (anysize.py; graphs with convolutions or "
+                   "pools excepted); 0 (or off): each shape class compiled on its own",
+                   choices={**_ON, **_OFF}, default=True)
+
+SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND, ONEDNN, LAYOUT, POOL_MB, ANY_SIZE)

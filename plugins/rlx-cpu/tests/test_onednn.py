@@ -271,9 +271,12 @@ def _weights_held(cg: Any, key: str) -> list[int]:
     return [id(entry[2]) for k, entry in cg._exe._derived_arrays.items() if k[-1][0] == key]
 
 
-def test_shape_classes_share_reordered_weights_and_set_param_reaches_them(products: list[tuple[Any, ...]]) -> None:
-    """A symbolic dense layer compiled for three batch sizes: one reordered weight held by
-    all three (oneDNN chose one layout), and set_param's new weight seen by each."""
+def test_shape_classes_share_reordered_weights_and_set_param_reaches_them(products: list[tuple[Any, ...]],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A symbolic dense layer compiled for three batch sizes (each class compiled on its
+    own: ``RLX_CPU_ANY_SIZE=0``): one reordered weight held by all three (oneDNN chose one
+    layout), and set_param's new weight seen by each."""
+    monkeypatch.setenv("RLX_CPU_ANY_SIZE", "0")
     g = Graph("dense")
     x = g.input("x", ("batch", 64), "float32")
     g.set_outputs([g.relu(g.add(g.matmul(x, g.param("w", rand((64, 48), 1))), g.param("b", rand((48,), 2))))])
