@@ -3,9 +3,11 @@ copy per shape class on the device picked once, errors naming the dim (dynamic.p
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pytest
-from support import ToyBackend, registry_with
+from support import RefExecutable, ToyBackend, registry_with
 
 import rlx_core as rlx
 from rlx_core import reference
@@ -60,13 +62,13 @@ def test_a_symbolic_graph_runs_every_batch_on_cpu() -> None:
     # an explicit device: placed at the representative size (nothing compiled at 16, which no run
     # asked for), the first size run compiled for itself, and every later new size run on the one
     # executable cpu compiled for every size (it runs symbolic graphs itself): no compile
-    assert [d["batch"] for d in cg.shapes()] == [1] and cg.compiles == 1
+    assert [d["batch"] for d in cg.shapes()] == [1] and cg.compiles == 2  # batch 1's, then the one for every size
     assert any(n.startswith("any size: one executable for every size") for n in cg.report().notes)
     # a size met STATIC_AFTER times there is compiled for itself at its next run
     for _ in range(STATIC_AFTER - 1):
         feeds = {"x": x_of(3)}
         assert_matches(g, cg.run(feeds), feeds)
-    assert [d["batch"] for d in cg.shapes()] == [1, 3] and cg.compiles == 2
+    assert [d["batch"] for d in cg.shapes()] == [1, 3] and cg.compiles == 3
 
 
 def test_each_class_compiled_on_its_own_where_cpu_is_told(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -321,3 +323,80 @@ def test_an_explicit_device_places_at_compile_and_compiles_on_the_first_run() ->
     no_matmul = registry_with(ToyBackend("toy", ops=[op for op in ToyBackend().ops if op != "matmul"]))
     with pytest.raises(rlx.DeviceError, match="matmul"):
         rlx.compile(mlp(), device="toy", policy=rlx.DevicePolicy(), registry=no_matmul)
+
+
+# ------------------------------------------------------------- backends that run any size
+class AnySizeToy(ToyBackend):
+    """A toy that runs symbolic graphs itself: ``compile_symbolic`` returns the reference
+    interpreter over the symbolic graph (it binds the sizes from its inputs)."""
+
+    def __init__(self, name: str = "toy", *, misbehave: str | None = None) -> None:
+        super().__init__(name)
+        self.symbolic: list[rlx.Graph] = []
+        self.misbehave = misbehave
+
+    def compile_symbolic(self, graph: rlx.Graph, options: rlx.CompileOptions) -> rlx.Executable | None:
+        assert graph.is_symbolic and options.device == self.name
+        self.symbolic.append(graph)
+        if self.misbehave == "raise":
+            raise RuntimeError("no symbols today")
+        if self.misbehave == "decline":
+            return None
+        if self.misbehave == "not an executable":
+            return "a string"  # type: ignore[return-value]
+        return SymbolicRef(graph, self)
+
+
+class SymbolicRef(RefExecutable):
+    def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        outs = super().run(inputs)
+        if self.owner.misbehave == "wrong shape":
+            outs[0] = outs[0][:1]
+        return outs
+
+
+def test_a_backend_that_runs_any_size_serves_new_sizes_with_no_compile() -> None:
+    toy = AnySizeToy()
+    g = mlp()
+    cg = rlx.compile(g, device="toy", policy=rlx.DevicePolicy(), registry=registry_with(toy))
+    for batch in (2, 3, 5, 7, 3):
+        feeds = {"x": x_of(batch)}
+        assert_matches(g, cg.run(feeds), feeds)
+    # batch 2 compiled for itself (one more size may be all a graph meets), then one
+    # executable for every size, compiled once, ran 3, 5, 7 and 3 again
+    assert len(toy.symbolic) == 1 and toy.compiles == 1 and cg.compiles == 2
+    assert [d["batch"] for d in cg.shapes()] == [2]
+    notes = cg.report().notes
+    assert any(n.startswith("any size: one executable for every size compiled in") for n in notes), notes
+    assert "any size: 4 run(s) of new sizes served with no compile" in notes
+    for _ in range(STATIC_AFTER - 1):  # batch 3's third run there; the next compiles it for itself
+        cg.run({"x": x_of(3)})
+    assert [d["batch"] for d in cg.shapes()] == [2, 3] and toy.compiles == 2
+    w2 = RNG.standard_normal(W.shape).astype(np.float32)  # set_param reaches it, and the classes
+    cg.set_param("w", w2)
+    g2 = mlp()
+    g2.replace_value(g2.params[0], w2)
+    for batch in (3, 11):
+        feeds = {"x": x_of(batch)}
+        assert_matches(g2, cg.run(feeds), feeds)
+
+
+@pytest.mark.parametrize("misbehave", ["raise", "decline", "not an executable"])
+def test_a_backend_that_cannot_run_this_graph_at_any_size_gets_each_class(misbehave: str) -> None:
+    toy = AnySizeToy(misbehave=misbehave)
+    g = mlp()
+    cg = rlx.compile(g, device="toy", policy=rlx.DevicePolicy(), registry=registry_with(toy))
+    for batch in (2, 3, 5, 3):
+        feeds = {"x": x_of(batch)}
+        assert_matches(g, cg.run(feeds), feeds)
+    assert len(toy.symbolic) == 1 and toy.compiles == 3 and cg.compiles == 3  # asked once, then the old way
+    assert not any(n.startswith("any size") for n in cg.report().notes)
+
+
+def test_an_output_of_the_wrong_size_from_the_executable_for_every_size_names_the_backend() -> None:
+    toy = AnySizeToy(misbehave="wrong shape")
+    cg = rlx.compile(mlp(), device="toy", policy=rlx.DevicePolicy(), registry=registry_with(toy))
+    cg.run({"x": x_of(2)})
+    with pytest.raises(rlx.PluginError, match=r"backend 'toy' returned output 0 .* at \{'batch': 3\} the graph "
+                                              r"declares float32\[3, 8\]"):
+        cg.run({"x": x_of(3)})

@@ -188,7 +188,7 @@ def test_sized_constants_specialize_to_their_arrays_and_round_trip_json():
     ("dims", (3,), "int64", {"values": (Sym("n"), 2)}, "2 values for shape"),
     ("dims", (Sym("n"),), "int64", {"values": ()}, "static shape"),
     ("ramp", (2,), "int64", {}, "unknown sized constant 'ramp'"),
-    ("fill", ("n",), "int64", {"value": 1}, "must be an int or a symbolic dim"),
+    ("fill", ("n m",), "int64", {"value": 1}, "must be an int or a symbolic dim"),
 ])
 def test_sized_constants_refuse_bad_recipes_by_name(kind, shape, dtype, params, message):
     g = rlx.Graph("bad")

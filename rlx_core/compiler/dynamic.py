@@ -219,6 +219,7 @@ class DynamicCompiledGraph(CompiledGraph):
                                           f"class run {STATIC_AFTER} times there is compiled on its own)")
                 log.info("graph %r: compiled for every size on %s in %.1f ms", self.graph.name, self.device,
                          seconds * 1e3)
+                self.compiles += 1  # (a compile, if not of one class: a request that waited for it says so)
                 self._any = made
         return self._any
 

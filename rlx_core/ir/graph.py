@@ -529,8 +529,7 @@ class Graph(OpBuilders):
         ``arange`` (``start=``, ``delta=``) or ``dims`` (``values=``), its ``shape`` symbolic
         where it depends on the symbols. Specializing the graph makes it a plain constant."""
         self._check_open("sized_constant")
-        shape = tuple(shape)
-        attrs = sized_attrs(kind, shape, dtype, params)
+        attrs, shape = sized_attrs(kind, tuple(shape), dtype, params)
         return self._add_source(OpKind.CONSTANT, str(name), shape, normalize_dtype(dtype), None, attrs)
 
     def set_outputs(self, outputs: Sequence[ValueLike] | ValueLike) -> None:

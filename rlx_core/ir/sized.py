@@ -40,8 +40,11 @@ _INT_DTYPES = ("int64", "int32")
 def _dim(value: Any, what: str) -> Dim:
     if isinstance(value, Sym):
         return value
+    if isinstance(value, str) and value.isidentifier():  # a symbol's name, as ``Graph.input`` takes it
+        return Sym(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise GraphError(f"sized constant: {what} must be an int or a symbolic dim, got {value!r}")
+        raise GraphError(f"sized constant: {what} must be an int or a symbolic dim (a Sym or a symbol's name), "
+                         f"got {value!r}")
     return int(value)
 
 
@@ -57,11 +60,16 @@ def _number(value: Any, dtype: str, what: str) -> int | float | bool:
     return cast.item()
 
 
-def sized_attrs(kind: str, shape: Sequence[Dim], dtype: str, params: Mapping[str, Any]) -> dict[str, Any]:
+def sized_attrs(kind: str, shape: Sequence[Dim], dtype: str,
+                params: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[Dim, ...]]:
     """The checked attrs of a sized constant of ``kind`` (see the module), ``shape`` and
-    ``dtype``; ``GraphError`` naming what is wrong."""
+    ``dtype``, and its shape (symbol names made ``Sym``); ``GraphError`` naming what is wrong."""
     dtype = normalize_dtype(dtype)
     shape = tuple(_dim(d, "a dim of its shape") for d in shape)
+    return _attrs(kind, shape, dtype, params), shape
+
+
+def _attrs(kind: str, shape: tuple[Dim, ...], dtype: str, params: Mapping[str, Any]) -> dict[str, Any]:
     if kind == "fill":
         if set(params) != {"value"}:
             raise GraphError(f"sized constant 'fill' takes value, got {sorted(params)}")

@@ -149,30 +149,43 @@ class _Arena:
 class _Outputs:
     """The arrays handed to the caller, kept so that a later run writes into the same
     memory once the caller has let them go (``steps.Outputs``' rule: nothing but this
-    object refers to the buffer): a new output is fresh memory, faulted in by the kernel
-    that writes it. One per arena (a run at a time)."""
+    object refers to the memory): a new output is fresh memory, faulted in by the kernel
+    that writes it. One per arena (a run at a time). What is counted is the buffer that
+    owns the memory (``aligned_empty`` hands out a view of it: every view the caller
+    holds refers to the owner, not to our view)."""
 
     __slots__ = ("_kept",)
 
     def __init__(self, count: int) -> None:
-        self._kept: list[np.ndarray | None] = [None] * count
+        self._kept: list[tuple[np.ndarray, np.ndarray] | None] = [None] * count  # (our view, its owner)
 
     def take(self, k: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         nbytes = math.prod(shape) * dtype.itemsize
-        if self._kept[k] is not None and sys.getrefcount(self._kept[k]) == _UNOWNED:
-            raw = self._kept[k]
+        kept = self._kept[k]
+        if kept is not None and sys.getrefcount(kept[1]) == _UNOWNED:
+            raw = kept[0]
             if nbytes <= raw.nbytes <= max(2 * nbytes, _SMALL):
                 return raw[:nbytes].view(dtype).reshape(shape)
         raw = aligned_empty(_rounded(nbytes), np.uint8)
-        self._kept[k] = raw
+        self._kept[k] = (raw, _owner(raw))
         return raw[:nbytes].view(dtype).reshape(shape)
 
 
+def _owner(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
 def _unowned() -> int:
-    """``sys.getrefcount`` of a buffer only an ``_Outputs`` holds, counted the way ``take`` counts it."""
+    """``sys.getrefcount`` of an owner only an ``_Outputs`` holds, counted as ``take`` counts it."""
     probe = _Outputs(1)
-    probe._kept[0] = np.empty(1, np.uint8)
-    return sys.getrefcount(probe._kept[0])
+    raw = aligned_empty(64, np.uint8)
+    probe._kept[0] = (raw, _owner(raw))
+    del raw
+    kept = probe._kept[0]
+    del kept
+    return sys.getrefcount(probe._kept[0][1])
 
 
 _UNOWNED = _unowned()

@@ -1,0 +1,294 @@
+"""The any-size executable (``anysize.py``): one compile of a symbolic graph runs every
+size the graph accepts, with the reference's answers, never writing into an array the
+caller still holds, from several threads at once, with params set after compiling."""
+
+from __future__ import annotations
+
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import rlx_core as rlx
+from rlx_core import reference
+from rlx_core.compiler.lowered_once import AnySizeGraph
+from rlx_core.errors import InputError
+from rlx_core.ir import Graph
+from rlx_core.ir.ops import OpKind
+from rlx_core.plugin import Instruction
+from rlx_cpu import anysize, onednn, regions
+from rlx_cpu.backend import CpuBackend
+from rlx_cpu.native import library as native_library
+
+D, H, VOCAB, MAX_POS = 16, 2, 40, 64
+
+
+def rand(shape: tuple[int, ...], seed: int, scale: float = 0.3) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def block() -> Graph:
+    """A post-LN encoder layer over symbolic (batch, seq): token and position embeddings
+    (a sized ``arange`` of the sequence), heads split and merged by reshapes naming the
+    symbols, masked attention, a GELU MLP, and two outputs (the sequence and the first
+    token's softmax, a slice)."""
+    g = Graph("anysize-block")
+    ids = g.input("ids", ("batch", "seq"), "int64")
+    mask = g.input("mask", ("batch", "seq"), "float32")
+    positions = g.sized_constant("arange", ("seq",), "int64", start=0, delta=1)
+    x = g.add(g.gather(g.param("emb", rand((VOCAB, D), 1)), ids, axis=0),
+              g.gather(g.param("pos", rand((MAX_POS, D), 2)), positions, axis=0))
+    x = g.layer_norm(x, g.param("ln0_s", 1 + rand((D,), 3)), g.param("ln0_b", rand((D,), 4)), axis=-1, eps=1e-5)
+
+    def dense(t: Any, k: int, n: int, seed: int) -> Any:
+        return g.add(g.matmul(t, g.param(f"w{seed}", rand((k, n), seed))), g.param(f"b{seed}", rand((n,), seed + 50)))
+
+    def heads(t: Any) -> Any:
+        return g.transpose(g.reshape(t, ("batch", "seq", H, D // H)), (0, 2, 1, 3))
+
+    q, k, v = (heads(dense(x, D, D, s)) for s in (10, 11, 12))
+    additive = g.mul(g.sub(g.constant(np.float32(1)), g.reshape(mask, ("batch", 1, 1, "seq"))),
+                     g.constant(np.float32(-1e4)))
+    a = g.reshape(g.transpose(g.attention(q, k, v, additive), (0, 2, 1, 3)), ("batch", "seq", D))
+    h = g.layer_norm(g.add(x, dense(a, D, D, 13)), g.param("ln1_s", 1 + rand((D,), 5)),
+                     g.param("ln1_b", rand((D,), 6)), axis=-1, eps=1e-5)
+    f = dense(g.gelu(dense(h, D, 4 * D, 14)), 4 * D, D, 15)
+    out = g.layer_norm(g.add(h, f), g.param("ln2_s", 1 + rand((D,), 7)), g.param("ln2_b", rand((D,), 8)),
+                       axis=-1, eps=1e-5)
+    first = g.reshape(g.slice(out, (0,), (1,), axes=(1,)), ("batch", D))
+    g.set_outputs([out, g.softmax(first, axis=-1)])
+    return g
+
+
+def feeds_of(batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, seq + 1, batch)
+    return {"ids": rng.integers(0, VOCAB, (batch, seq)).astype(np.int64),
+            "mask": (np.arange(seq)[None, :] < lengths[:, None]).astype(np.float32)}
+
+
+def assert_reference(g: Graph, outs: list[np.ndarray], feeds: dict[str, np.ndarray]) -> None:
+    want = reference.evaluate(g, feeds)
+    assert len(outs) == len(want)
+    for got, ref in zip(outs, want):
+        assert got.shape == ref.shape and got.dtype == np.float32
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+_MODES = ["off", pytest.param("on", marks=pytest.mark.skipif(onednn.find_library() is None,
+                                                             reason="oneDNN is not installed"))]
+
+
+@pytest.fixture(params=_MODES)
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Dense layers on rlx's kernels (``off``: every host without the extra) or on oneDNN's
+    matmul for every row count (``on``)."""
+    monkeypatch.setenv("RLX_CPU_ONEDNN", request.param)
+    return str(request.param)
+
+
+@pytest.fixture(scope="module", params=_MODES)
+def served(request: pytest.FixtureRequest) -> Any:
+    """The block compiled on cpu, past its first size: every new size runs on the any-size
+    executable (its dense layers as the mode says: chosen when it is compiled)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLX_CPU_ONEDNN", request.param)
+        g = block()
+        cg = rlx.compile(g, device="cpu")
+        cg.run(feeds_of(1, 3))  # the first size: compiled for itself
+        assert isinstance(cg.for_inputs(feeds_of(2, 5)), AnySizeGraph)
+        dense = cg.for_inputs(feeds_of(2, 5))._exe._dense
+        assert bool(dense) == (request.param == "on")  # 6 dense layers on oneDNN, or none
+    return g, cg
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, 6), seq=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_every_size_matches_the_reference(served: tuple[Graph, Any], batch: int, seq: int, seed: int) -> None:
+    g, cg = served
+    feeds = feeds_of(batch, seq, seed)
+    assert_reference(g, cg.run(feeds), feeds)
+
+
+def test_it_is_the_executable_for_every_size_that_ran(served: tuple[Graph, Any]) -> None:
+    _, cg = served
+    exe = cg.for_inputs(feeds_of(3, 33))._exe
+    assert isinstance(exe, anysize.AnySizeExecutable)
+    assert any(n.startswith("any size: one executable") for n in cg.report().notes)
+
+
+def test_an_output_the_caller_holds_is_never_written_again_and_a_dropped_one_is_reused(mode: str) -> None:
+    g = block()
+    exe = CpuBackend().compile_symbolic(_lowered(g), rlx.CompileOptions(device="cpu"))
+    assert exe is not None
+    sizes = [(3, 17), (2, 9), (4, 30), (3, 17), (1, 1), (5, 12)]
+    held = [(f, exe.run(f)) for f in (feeds_of(b, s, i) for i, (b, s) in enumerate(sizes))]
+    for f, outs in held:  # after every later run: still the answers of their own inputs
+        assert_reference(g, outs, f)
+    f = feeds_of(3, 17, 99)
+    first = exe.run(f)[0]
+    address = first.__array_interface__["data"][0]
+    del first, held
+    again = exe.run(f)[0]  # the caller let the last one go: its memory serves again
+    assert again.__array_interface__["data"][0] == address
+
+
+def test_runs_from_several_threads_at_once_give_each_its_own_answers(served: tuple[Graph, Any]) -> None:
+    g, cg = served
+    sizes = [(b, s) for b in (1, 2, 5) for s in (4, 19, 33)] * 2
+    feeds = [feeds_of(b, s, i) for i, (b, s) in enumerate(sizes)]
+    barrier = threading.Barrier(3)
+
+    def run(f: dict[str, np.ndarray]) -> list[np.ndarray]:
+        try:
+            barrier.wait(timeout=2)
+        except threading.BrokenBarrierError:
+            pass
+        return cg.run(f)
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(run, feeds))
+    for f, outs in zip(feeds, results):
+        assert_reference(g, outs, f)
+
+
+def test_set_param_reaches_dense_layers_folds_and_regions(mode: str) -> None:
+    g = Graph("params")
+    x = g.input("x", ("rows", 24), "float32")
+    w = g.param("w", rand((24, 32), 1))
+    scale = g.param("scale", np.float32(0.5))
+    folded = g.transpose(g.mul(g.param("wt", rand((16, 32), 2)), g.constant(np.float32(2))), (1, 0))  # (32, 16)
+    h = g.gelu(g.add(g.matmul(x, w), g.param("b", rand((32,), 3))))
+    g.set_outputs([g.mul(g.matmul(h, folded), scale)])
+    exe = CpuBackend().compile_symbolic(_lowered(g), rlx.CompileOptions(device="cpu"))
+    assert exe is not None
+    new = {"w": rand((24, 32), 11), "scale": np.float32(-1.5), "wt": rand((16, 32), 12), "b": rand((32,), 13)}
+    for name, value in new.items():
+        exe.set_param(name, value)
+        g.replace_value(next(i for i in g.params if g.node(i).name == name), value)
+        for rows in (1, 7, 130):
+            f = {"x": rand((rows, 24), rows)}
+            assert_reference(g, exe.run(f), f)
+    with pytest.raises(InputError, match=r"set_param: graph 'params' has no param 'nope'"):
+        exe.set_param("nope", np.zeros(1, np.float32))
+    with pytest.raises(InputError, match=r"set_param 'w': expected float32\[24, 32\], got float32\[3\]"):
+        exe.set_param("w", np.zeros(3, np.float32))
+
+
+def test_a_bad_request_is_an_input_error_and_the_next_one_runs(mode: str) -> None:
+    g = block()
+    exe = CpuBackend().compile_symbolic(_lowered(g), rlx.CompileOptions(device="cpu"))
+    assert exe is not None
+    with pytest.raises(InputError, match=r"\(gather\): index 64 is out of range for axis 0 of size 64"):
+        exe.run(feeds_of(2, 66))  # positions past the table's 64 rows
+    f = feeds_of(2, 9)
+    assert_reference(g, exe.run(f), f)
+
+
+def test_zero_rows_run_and_give_empty_outputs(mode: str) -> None:
+    g = Graph("rows")
+    x = g.input("x", ("rows", 8), "float32")
+    g.set_outputs([g.gelu(g.add(g.matmul(x, g.param("w", rand((8, 4), 1))), g.param("b", rand((4,), 2))))])
+    exe = CpuBackend().compile_symbolic(_lowered(g), rlx.CompileOptions(device="cpu"))
+    assert exe is not None
+    (out,) = exe.run({"x": np.zeros((0, 8), np.float32)})
+    assert out.shape == (0, 4)
+
+
+def test_graphs_with_convolutions_are_compiled_per_shape_class() -> None:
+    g = Graph("conv")
+    x = g.input("x", ("batch", 3, 8, 8), "float32")
+    g.set_outputs([g.relu(g.conv2d(x, g.param("w", rand((4, 3, 3, 3), 1)), padding=1))])
+    assert CpuBackend().compile_symbolic(_lowered(g), rlx.CompileOptions(device="cpu")) is None
+    cg = rlx.compile(g, device="cpu")
+    for batch in (1, 2, 3):
+        f = {"x": rand((batch, 3, 8, 8), batch)}
+        np.testing.assert_allclose(cg.run(f)[0], reference.evaluate(g, f)[0], rtol=1e-4, atol=1e-4)
+    assert cg.compiles == 3 and not any(n.startswith("any size") for n in cg.report().notes)
+
+
+def test_the_setting_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLX_CPU_ANY_SIZE", "off")
+    assert CpuBackend().compile_symbolic(_lowered(block()), rlx.CompileOptions(device="cpu")) is None
+    monkeypatch.setenv("RLX_CPU_ANY_SIZE", "sometimes")
+    with pytest.raises(rlx.ConfigError, match="RLX_CPU_ANY_SIZE"):
+        CpuBackend().compile_symbolic(_lowered(block()), rlx.CompileOptions(device="cpu"))
+
+
+# ---------------------------------------------------------------------- the kernels
+@pytest.mark.skipif(native_library() is None, reason="the native kernels did not load")
+@pytest.mark.parametrize(("shapes", "out_shape"), [
+    (((5, 7), (5, 7)), (5, 7)),
+    (((5, 7), (7,)), (5, 7)),
+    (((5, 1, 7), (1, 3, 7)), (5, 3, 7)),
+    (((1, 1), (4, 6)), (4, 6)),
+    (((2, 1, 1, 9), (2, 3, 9, 9)), (2, 3, 9, 9)),
+    (((1,), (1,)), (1,)),
+])
+def test_a_region_template_runs_any_shape_like_numpy(shapes: tuple[tuple[int, ...], ...],
+                                                      out_shape: tuple[int, ...]) -> None:
+    lib = native_library()
+    program = [Instruction(OpKind.MUL, (0, 1), {}, out_shape, "float32"),
+               Instruction(OpKind.TANH, (2,), {}, out_shape, "float32"),
+               Instruction(OpKind.ADD, (3, 0), {}, out_shape, "float32")]
+    template = regions.RegionTemplate(lib, program, 2, {})
+    ins = [rand(s, k) for k, s in enumerate(shapes)]
+    out = np.empty(out_shape, np.float32)
+    template(ins, out)
+    np.testing.assert_allclose(out, np.tanh(ins[0] * ins[1]) + ins[0], rtol=1e-6, atol=1e-6)
+    a = rand((6, 4), 9)
+    strided = [a.T, rand((4, 6), 10)]  # a transposed view: strided, read as it lies
+    out2 = np.empty((4, 6), np.float32)
+    template(strided, out2)
+    np.testing.assert_allclose(out2, np.tanh(a.T * strided[1]) + a.T, rtol=1e-6, atol=1e-6)
+    same = rand((4, 6), 11)  # in place: the output over its first operand
+    want = np.tanh(same * strided[1]) + same
+    template([same, strided[1]], same)
+    np.testing.assert_allclose(same, want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(regions.NoFit):  # the output overlapping an operand elsewhere: refused, not wrong
+        buf = rand((10,), 12)
+        template([buf[1:6], buf[0:5]], buf[0:5])
+
+
+@pytest.mark.skipif(onednn.find_library() is None, reason="oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
+def test_a_run_time_dense_layer_takes_any_row_count(activation: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlx_cpu.onednn_steps import RunTimeDense
+
+    monkeypatch.setenv("RLX_CPU_ONEDNN", "on")
+    lib = onednn.library()
+    assert lib is not None
+    w, bias = rand((24, 40), 1), rand((1, 40), 2)
+    dense = RunTimeDense(lib, w, bias, activation)
+    for rows in (1, 2, 17, 300):
+        a = rand((rows, 24), rows)
+        out = np.empty((rows, 40), np.float32)
+        dense(a, out)
+        y = a.astype(np.float64) @ w + bias
+        want = {"none": y, "relu": np.maximum(y, 0),
+                "gelu": 0.5 * y * (1 + np.vectorize(math.erf)(y / math.sqrt(2)))}[activation]
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    w[:] = rand((24, 40), 3)  # the weights changed in place (set_param): reordered again
+    dense.refresh()
+    a = rand((5, 24), 4)
+    out = np.empty((5, 40), np.float32)
+    dense(a, out)
+    if activation == "none":
+        np.testing.assert_allclose(out, a.astype(np.float64) @ w + bias, rtol=1e-4, atol=1e-4)
+
+
+def _lowered(g: Graph) -> Graph:
+    """``g`` lowered once for cpu (legalize, optimize, fuse on the symbolic graph)."""
+    from rlx_core.backends.registry import default_registry
+    from rlx_core.compiler.lowered_once import LoweredOnce
+    from rlx_core.ir.specialize import representative
+
+    g.freeze()
+    result = LoweredOnce(g, "cpu", representative(g)[1], default_registry(), None)._lowered()
+    assert result is not None
+    return result.graph
