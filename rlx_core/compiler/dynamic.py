@@ -35,9 +35,11 @@ pass works unchanged. This module keeps those specializations:
 
 - **Any size, no compile.** Where the backend runs symbolic graphs itself
   (``Backend.compile_symbolic``, e.g. rlx-cpu's kernels that read their sizes per run),
-  the graph lowered once is compiled once for every size (``LoweredOnce.any_size``), at
-  the second new class (a graph met at one more size only is cheaper compiled for it),
-  and every later new set of sizes runs on it with no compile. A class run
+  the graph lowered once is compiled once for every size (``LoweredOnce.any_size``) and
+  every new set of sizes from then on runs on it with no compile. It is made at the first
+  new class for a graph of two symbols or more (batch and sequence: a server meets a new
+  size on most requests), at the second for a graph of one (a batch: a few sizes that
+  recur, and a model run at one more size is served cheapest by compiling just that). A class run
   ``STATIC_AFTER`` times there is compiled on its own at its next run (a plan fixed for
   sizes that recur is the fastest way to run them), into the same LRU. The report
   counts the classes served this way.
@@ -120,6 +122,10 @@ class DynamicCompiledGraph(CompiledGraph):
         self._served: OrderedDict[tuple[tuple[str, int], ...], int] = OrderedDict()  # class -> runs on it
         self._misses = 0  # new classes met
         self._no_any = False  # the backend does not run this graph at any size
+        # The new class from which the executable for every size is made: the first for a graph
+        # of two symbols or more (batch and sequence: a new size on most requests), the second
+        # for one (a batch: a few sizes that recur, where one compile of the first may be all).
+        self._any_from = 1 if len(graph.symbols) >= 2 else 2
         self._any_served = 0
         self._max_shapes = max_shapes
         self._family = family or ShapeFamily()  # (``first`` was compiled in it, when given)
@@ -188,7 +194,7 @@ class DynamicCompiledGraph(CompiledGraph):
         any_size = self._any
         if any_size is None:
             self._misses += 1
-            if self._misses < 2:  # one more size may be all the graph meets: compile it
+            if self._misses < self._any_from:  # one more size may be all the graph meets: compile it
                 return None
             any_size = self._make_any()
             if any_size is None:
@@ -326,7 +332,7 @@ def compile_placed(graph: Graph, device: str, reason: str, registry: Any, option
     report = CompileReport(graph.name, device, reason, user_nodes=len(graph))
     report.notes.append(f"symbolic dims ({', '.join(graph.symbols)}): placed and priced at "
                         f"{describe_bindings(bindings)}; each shape class compiled on {device} when a run first "
-                        "needs it")
+                        "needs it, or every size run on one executable where the backend runs symbolic graphs itself")
     return DynamicCompiledGraph(graph, Placed(device, report, rep, registry, options), bindings, compile_shape,
                                 lowered=_lowered(lower_once, device, bindings))
 
