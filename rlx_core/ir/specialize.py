@@ -44,12 +44,62 @@ def _describe(graph: Graph, c: Constraint) -> str:
     return f"constraint {c} (from {c.op} {where}: {c.why})"
 
 
+class _Binder:
+    """What binding reads of a frozen graph, made once (a server binds on every request):
+    each input's name and, per dim, its fixed size or its symbol's name. ``simple`` when
+    every symbol is a plain name on some input's dim and nothing else is recorded (no
+    expression dim, no symbol bound by no input, no constraint): then binding is reading
+    those dims, and anything unexpected goes to the full path, which names it."""
+
+    __slots__ = ("inputs", "names", "simple")
+
+    def __init__(self, graph: Graph) -> None:
+        nodes = graph.nodes
+        self.inputs = tuple((nodes[i].name, len(nodes[i].shape),
+                             tuple((k, d if not isinstance(d, Sym) else d.name) for k, d in enumerate(nodes[i].shape)))
+                            for i in graph.inputs)
+        self.names = frozenset(name for name, _, _ in self.inputs)
+        plain = all(not isinstance(d, Sym) or d.name is not None for i in graph.inputs for d in nodes[i].shape)
+        named = {d for _, _, dims in self.inputs for _, d in dims if type(d) is str}
+        self.simple = plain and set(graph.symbol_origins) <= named and not graph.constraints
+
+    def bind(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, int] | None:
+        """The bindings, or None where the full path must look (it also names what is wrong)."""
+        if len(shapes) != len(self.inputs):
+            return None
+        bindings: dict[str, int] = {}
+        for name, rank, dims in self.inputs:
+            got = shapes.get(name)
+            if got is None or len(got) != rank:
+                return None
+            for k, want in dims:
+                size = got[k]
+                if type(size) is not int:
+                    return None
+                if type(want) is str:
+                    if bindings.setdefault(want, size) != size:
+                        return None
+                elif want != size:
+                    return None
+        return bindings
+
+
+_binders: weakref.WeakKeyDictionary[Graph, _Binder] = weakref.WeakKeyDictionary()
+
+
 def input_shapes(graph: Graph, inputs: Any) -> dict[str, tuple[int, ...]]:
     """The shape of each of ``graph``'s inputs in ``inputs`` (a mapping of input name to
     array), as the caller gave it: what ``bind_shapes`` reads the symbols from. An
     ``InputError`` names the inputs missing or unknown (and lists what the graph takes),
     or an input whose shape cannot be read. Symbolic and run-time graphs both read their
     inputs' sizes this way before anything is built."""
+    if type(inputs) is dict and graph.frozen:  # the common case: a dict of arrays, exactly the inputs
+        binder = _binders.get(graph)
+        if binder is not None and len(inputs) == len(binder.inputs):
+            try:
+                return {name: inputs[name].shape for name, _, _ in binder.inputs}
+            except (KeyError, AttributeError):
+                pass  # the full path names what is wrong
     if not isinstance(inputs, Mapping):
         raise InputError(f"inputs must be a mapping of input name to array, got {type(inputs).__name__}")
     declared = [graph.node(i) for i in graph.inputs]
@@ -73,6 +123,14 @@ def input_shapes(graph: Graph, inputs: Any) -> dict[str, tuple[int, ...]]:
 
 
 def bind_shapes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    if graph.frozen:
+        binder = _binders.get(graph)
+        if binder is None:
+            binder = _binders[graph] = _Binder(graph)
+        if binder.simple:
+            found = binder.bind(shapes)
+            if found is not None:
+                return found
     nodes = graph.nodes
     ins = {nodes[i].name: nodes[i] for i in graph.inputs}
     missing, unknown = sorted(set(ins) - set(shapes)), sorted(set(shapes) - set(ins))

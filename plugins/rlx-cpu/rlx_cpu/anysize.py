@@ -605,12 +605,16 @@ class AnySizeExecutable(Executable):
 
 
 def _shape_fn(shape: tuple[Any, ...]) -> Callable[[Mapping[str, int]], tuple[int, ...]]:
-    """``shape`` (ints and ``Sym``) evaluated under a run's sizes."""
+    """``shape`` (ints and ``Sym``) evaluated under a run's sizes (a plain symbol read from
+    them directly: most dims are one)."""
     if not has_sym(shape):
         fixed = tuple(int(d) for d in shape)
         return lambda env: fixed
-    dims = tuple(shape)
-    return lambda env: tuple(d.evaluate(env) if isinstance(d, Sym) else d for d in dims)
+    dims = tuple(d.name if isinstance(d, Sym) and d.name is not None else d for d in shape)
+    if all(type(d) in (int, str) for d in dims):
+        return lambda env: tuple(env[d] if type(d) is str else d for d in dims)
+    return lambda env: tuple(env[d] if type(d) is str else d.evaluate(env) if isinstance(d, Sym) else d
+                             for d in dims)
 
 
 def _concrete(node: Node, shape: tuple[int, ...], env: Mapping[str, int], ins: list[np.ndarray],

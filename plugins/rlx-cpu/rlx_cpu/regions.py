@@ -529,6 +529,10 @@ class RegionTemplate:
             raise _NoFit
         shape = out.shape
         operands = [ins[a] for a in self._read]
+        flat = self._flat(operands, out)
+        if flat is not None:  # every operand the output's shape, or one value: one flat axis
+            self._run(operands, out, [out.size], [[1] if k == _IN_FULL else [0] for k in flat], flat)
+            return
         dims, strides = _merge(shape, [_element_strides(x, shape) for x in operands])
         if len(dims) > _MAX_DIMS:
             raise _NoFit
@@ -540,20 +544,53 @@ class RegionTemplate:
             if kind != _IN_SCALAR and np.may_share_memory(x, out) and (kind != _IN_FULL or x.ctypes.data != out_at):
                 raise _NoFit  # read behind or ahead of where the output is written
             kinds.append(kind)
+        self._run(operands, out, dims, strides, kinds)
+
+    @staticmethod
+    def _flat(operands: list[np.ndarray], out: np.ndarray) -> list[int] | None:
+        """Each operand's kind where every one is a contiguous float32 array of the output's
+        shape (the output itself, or apart from it) or a single value; else None."""
+        shape, kinds = out.shape, []
+        out_at = _at(out)
+        out_end = out_at + out.nbytes
+        for x in operands:
+            if x.dtype != np.float32 or not x.flags.aligned:
+                raise _NoFit
+            if x.size == 1 and x.ndim <= len(shape):
+                kinds.append(_IN_SCALAR)
+            elif x.shape == shape and x.flags.c_contiguous:
+                at = _at(x)
+                if at != out_at and at < out_end and out_at < at + x.nbytes:
+                    raise _NoFit  # read behind or ahead of where the output is written
+                kinds.append(_IN_FULL)
+            else:
+                return None
+        return kinds
+
+    def _run(self, operands: list[np.ndarray], out: np.ndarray, dims: list[int], strides: list[list[int]],
+             kinds: list[int]) -> None:
         key = tuple(kinds)
         made = self._made.get(key)
         if made is None:
             made = self._made[key] = self._program(key)
         program, cost = made
-        n = math.prod(shape)
+        n = out.size
         meta = [1, len(operands), program[0], program[1], len(dims), n, *dims]
         for kind, s in zip(kinds, strides):
             meta += [kind, *s]
         meta_arr = np.array(meta + program[2:], np.int64)
-        ptrs = np.array([out_at, *(x.ctypes.data for x in operands)], np.uint64)
+        ptrs = np.array([_at(out), *(_at(x) for x in operands)], np.uint64)
         threads = self._lib.threads_for(n * cost, SPLIT_NS)
         if self._lib.region(meta_arr.ctypes.data, ptrs.ctypes.data, self._vml_p, 0, n, threads):
             raise MemoryError(f"rlx-cpu: no memory for the registers of a {n}-element region")
+
+
+def _at(x: np.ndarray) -> int:
+    """``x``'s address: the cheap way for a writable contiguous array, else numpy's."""
+    try:
+        return address(x)
+    except (TypeError, BufferError, ValueError):
+        return int(x.ctypes.data)
 
 
 #: The public name of the interpreter's refusal (``RegionTemplate`` raises it per call).
