@@ -38,6 +38,7 @@ import dataclasses
 import logging
 import math
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -46,10 +47,10 @@ import numpy as np
 from rlx_core.errors import InputError
 from rlx_core.ir import Graph, Node
 from rlx_core.ir.internal_types import ACTIVATION_OPS, Instruction, infer_any, program_types
-from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
+from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind, slice_index
 from rlx_core.ir.shape_rules import evaluate_attr, has_sym, holds_sym
 from rlx_core.ir.sized import is_sized, materialize
-from rlx_core.ir.symbolic import Sym
+from rlx_core.ir.symbolic import Sym, free_symbols
 from rlx_core.plugin import Executable
 
 from . import onednn
@@ -72,8 +73,8 @@ log = logging.getLogger("rlx_cpu")
 
 #: Ops whose graphs are compiled per shape class instead (see the module).
 DECLINED_OPS = frozenset({OpKind.CONV2D, OpKind.FUSED_CONV, OpKind.MAX_POOL2D, OpKind.AVG_POOL2D})
-#: Sized constants kept per executable (their arrays for the sizes last seen).
-_SIZED_KEPT = 8
+#: Bytes of values of the sizes alone an executable keeps (``_sizes_only``).
+_KEPT_BYTES = 32 * 1024 * 1024
 #: A free buffer up to this size serves any smaller value (larger ones: values at least half their size).
 _SMALL = 64 * 1024
 
@@ -237,9 +238,12 @@ class AnySizeExecutable(Executable):
         self._folds: list[tuple[Node, list[np.ndarray], np.ndarray]] = []
         self._dense: list[RunTimeDense] = []
         self._templates: list[RegionTemplate] = []
-        self._sized: dict[tuple[int, tuple[tuple[str, int], ...]], np.ndarray] = {}
+        self._kept: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}  # values of the sizes alone (see _by_sizes)
+        self._kept_bytes = 0
+        self._kept_lock = threading.Lock()
         self._cap, _ = native_thread_cap(n.op for n in nodes)
         self._fold(graph)
+        self._by_sizes = self._sizes_only()
         self._ends = self._liveness()
         outputs = {nid: k for k, nid in reversed(list(enumerate(graph.outputs)))}  # a node's first output place
         program: list[tuple[int, Runner]] = []
@@ -277,6 +281,39 @@ class AnySizeExecutable(Executable):
             else:
                 continue
             self._resident[node.id] = arr
+
+    def _sizes_only(self) -> dict[int, tuple[str, ...]]:
+        """The values computed from the sizes alone (a sized constant such as ``Range(0,
+        seq)``, and what is computed from those and residents only: the position embeddings
+        it gathers), each with the symbols it depends on. A run keeps them by those symbols'
+        values (``_KEPT_BYTES`` in all): a request of a sequence length met before finds its
+        position embeddings computed (a plan folds them: they are constants at its sizes)."""
+        found: dict[int, tuple[str, ...]] = {}
+        for node in self._nodes:
+            if node.id in self._resident or node.op is OpKind.INPUT or (not node.inputs and not is_sized(node.attrs)):
+                continue
+            if not all(i in self._resident or i in found for i in node.inputs):
+                continue
+            syms = set(free_symbols(node.shape)) | set(free_symbols(tuple(v for v in node.attrs.values()
+                                                                            if holds_sym(v))))
+            if is_sized(node.attrs):
+                syms |= free_symbols((node.attrs.get("start", 0), *node.attrs.get("values", ())))
+            for i in node.inputs:
+                syms |= set(found.get(i, ()))
+            found[node.id] = tuple(sorted(syms))
+        return found
+
+    def _keep(self, key: tuple[int, tuple[int, ...]], arr: np.ndarray) -> None:
+        """Keep a value of the sizes alone, the oldest dropped past ``_KEPT_BYTES``."""
+        arr.flags.writeable = False
+        with self._kept_lock:
+            if key in self._kept:  # another run made it meanwhile
+                return
+            self._kept[key] = arr
+            self._kept_bytes += arr.nbytes
+            while self._kept_bytes > _KEPT_BYTES and len(self._kept) > 1:
+                old = self._kept.pop(next(iter(self._kept)))
+                self._kept_bytes -= old.nbytes
 
     @staticmethod
     def _compute(node: Node, ins: list[Any], out: np.ndarray, ctx: Any) -> None:
@@ -324,11 +361,17 @@ class AnySizeExecutable(Executable):
                 return values[inputs[0]].reshape(shape_of(env))
             return view
         if node.op is OpKind.CONSTANT:  # a sized one (the others are resident)
-            return self._sized_runner(node, shape_of)
+            return self._kept_runner(node, lambda values, env, arena, raws: materialize(
+                node.attrs, shape_of(env), node.dtype, env))
         place: Place
         dense = self._dense_layer(node)
-        src = self._inplace_source(node) if output_at is None and dense is None else None
-        if output_at is not None:  # handed to the caller
+        kept = nid in self._by_sizes
+        src = self._inplace_source(node) if output_at is None and dense is None and not kept else None
+        if kept:  # a value of the sizes alone: its own array, kept for them
+            def place(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]
+                      ) -> np.ndarray:
+                return np.empty(shape_of(env), dtype)
+        elif output_at is not None:  # handed to the caller
             def place(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]
                       ) -> np.ndarray:
                 return arena.outputs.take(output_at, shape_of(env), dtype)
@@ -344,21 +387,39 @@ class AnySizeExecutable(Executable):
                       ) -> np.ndarray:
                 out, raws[nid] = arena.take(shape_of(env), dtype)
                 return out
-        if output_at is None:
+        if output_at is None and not kept:
             self._owns.add(nid)
+        fn = self._compute_runner(node, place, dense)
+        return self._kept_runner(node, fn) if kept else fn
+
+    def _compute_runner(self, node: Node, place: Place, dense: RunTimeDense | None) -> Runner:
         if dense is not None:
             return self._dense_runner(node, dense, place)
         built = self._built(node)
         fn = (self._region_runner(node, place, built) or self._layer_norm_runner(node, place, built)
-              or self._attention_runner(node, place, built))
+              or self._attention_runner(node, place, built) or self._slice_runner(node, place, built))
         if fn is not None:
             return fn
+        inputs = node.inputs
 
         def run(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]) -> Any:
             out = place(values, env, arena, raws)
             if out.size:
                 built([values[i] for i in inputs], out, env, arena)
             return out
+        return run
+
+    def _kept_runner(self, node: Node, compute: Runner) -> Runner:
+        """``compute`` of a value of the sizes alone, kept for the values of its symbols."""
+        nid, syms, kept = node.id, self._by_sizes[node.id], self._kept
+
+        def run(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]) -> Any:
+            key = (nid, tuple(env[s] for s in syms))
+            arr = kept.get(key)
+            if arr is None:
+                arr = compute(values, env, arena, raws)
+                self._keep(key, arr)
+            return arr
         return run
 
     def _built(self, node: Node) -> Callable[[list[Any], np.ndarray, Mapping[str, int], _Arena], None]:
@@ -376,21 +437,6 @@ class AnySizeExecutable(Executable):
             compute(concrete, ins, out, ctx)
             ctx.release()
         return built
-
-    def _sized_runner(self, node: Node, shape_of: Callable[[Mapping[str, int]], tuple[int, ...]]) -> Runner:
-        kept = self._sized
-
-        def sized(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]) -> Any:
-            key = (node.id, tuple(sorted(env.items())))
-            arr = kept.get(key)
-            if arr is None:
-                arr = materialize(node.attrs, shape_of(env), node.dtype, env)
-                arr.flags.writeable = False
-                if len(kept) >= _SIZED_KEPT * max(1, len(self._nodes)):
-                    kept.clear()
-                kept[key] = arr
-            return arr
-        return sized
 
     def _dense_layer(self, node: Node) -> RunTimeDense | None:
         """A dense layer with resident float32 weights (k, n) on oneDNN's matmul made once
@@ -502,8 +548,9 @@ class AnySizeExecutable(Executable):
 
     def _attention_runner(self, node: Node, place: Place, built: Callable[..., None]) -> Runner | None:
         """float32 attention (no mask, or an additive float32 one): ``q @ k^T`` on oneMKL
-        (numpy without it), the scale and the native softmax over each row, then ``@ v``,
-        the scores in a buffer of the arena."""
+        (numpy without it), the mask added on the native interpreter, the native softmax
+        over each row (the scale inside it, or applied to ``q`` first where a mask comes
+        between), then ``@ v``; the scores in a buffer of the arena."""
         lib = native_library()
         if (lib is None or node.op is not OpKind.ATTENTION or node.dtype != "float32"
                 or any(self._nodes[i].dtype != "float32" for i in node.inputs)):
@@ -512,6 +559,8 @@ class AnySizeExecutable(Executable):
         m_id = node.inputs[3] if len(node.inputs) == 4 else None
         fixed = node.attrs.get("scale")
         f32 = np.dtype(np.float32)
+        # the mask added over the scores on the native interpreter (every core; numpy's add is one)
+        masked = RegionTemplate(lib, [Instruction(OpKind.ADD, (0, 1), {}, node.shape, "float32")], 2, {})
 
         def run(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]) -> Any:
             q, k, v = values[q_id], values[k_id], values[v_id]
@@ -524,19 +573,51 @@ class AnySizeExecutable(Executable):
                 return out
             scale = fixed if fixed is not None else (1.0 / math.sqrt(d) if d else 1.0)
             scores, raw = arena.take((*out.shape[:-2], lq, lk), f32)
+            scaled = None
             try:
+                if m_id is not None and scale != 1.0:  # scaled before the mask: q, not the larger scores
+                    qs, scaled = arena.take(q.shape, f32)
+                    np.multiply(q, f32.type(scale), out=qs)
+                    q, scale = qs, 1.0
                 matmul_now(q, k.swapaxes(-1, -2), scores)
                 if m_id is not None:
-                    if scale != 1.0:
-                        np.multiply(scores, f32.type(scale), out=scores)
-                        scale = 1.0
-                    np.add(scores, values[m_id], out=scores)
+                    mask = values[m_id]
+                    try:
+                        masked([scores, mask], scores)
+                    except NoFit:
+                        np.add(scores, mask, out=scores)
                 rows = scores.size // lk
                 lib.softmax(scores.ctypes.data, scores.ctypes.data, rows, lk, lk, scale,
                             lib.threads_for(rows * lk * SOFTMAX_NS, SPLIT_NS))
                 matmul_now(scores, v, out)
             finally:
                 arena.give(raw)
+                if scaled is not None:
+                    arena.give(scaled)
+            return out
+        return run
+
+    @staticmethod
+    def _slice_runner(node: Node, place: Place, built: Callable[..., None]) -> Runner | None:
+        """A slice copied out of its input with its bounds evaluated at the run's sizes (the
+        symbolic type rule normalized them); where the view taken does not have the shape
+        the graph says (a bound whose normal form holds for other sizes only), the plan's
+        kernel, its bounds normalized again."""
+        if node.op is not OpKind.SLICE:
+            return None
+        x_id = node.inputs[0]
+        fixed = {k: v for k, v in node.attrs.items() if not holds_sym(v)}
+        sized = {k: v for k, v in node.attrs.items() if holds_sym(v)}
+
+        def run(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]) -> Any:
+            x = values[x_id]
+            out = place(values, env, arena, raws)
+            attrs = {**fixed, **{k: evaluate_attr(v, env) for k, v in sized.items()}}
+            view = x[slice_index(x.ndim, attrs)]
+            if view.shape == out.shape:
+                np.copyto(out, view)
+            else:
+                built([x], out, env, arena)
             return out
         return run
 
@@ -573,7 +654,7 @@ class AnySizeExecutable(Executable):
         for i in self._outputs:
             arr = values[i]
             fresh = (i not in self._owns and i not in self._resident and i not in self._input_ids
-                     and self._nodes[i].op not in (OpKind.RESHAPE, OpKind.CONSTANT) and i not in handed)
+                     and i not in self._by_sizes and self._nodes[i].op is not OpKind.RESHAPE and i not in handed)
             outs.append(arr if fresh else np.array(arr))
             handed.add(i)
         return outs
