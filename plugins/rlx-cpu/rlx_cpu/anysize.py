@@ -10,20 +10,20 @@ compiles a static plan only for sizes that recur (``rlx_core.compiler.dynamic``)
 
 How it runs. Compiling analyses the graph as lowered once (symbolic shapes): residents
 (params, constants and what is computed from them alone, folded once and again by
-``set_param``), each value's last reader, and one runner per node. A run binds the
-symbols from the inputs' sizes, evaluates each node's shape, takes its buffer from the
-run's arena (buffers kept from earlier runs, sized in quarter powers of two: warm memory
-once the largest request has been seen), runs the node, and gives each buffer back after
-its last reader. The runners:
+``set_param``), the values of the sizes alone (``_sizes_only``: kept per size), each
+value's last reader, and one runner per node. A run binds the symbols from the inputs'
+sizes, evaluates each node's shape, takes its buffer from the run's arena
+(``anysize_memory``: buffers kept from earlier runs, warm once the largest request has
+been seen), or writes over an input that dies there, runs the node, and gives each buffer
+back after its last reader. The runners:
 
-- a dense layer (``gemm`` with resident weights) on oneDNN, where this host chose oneDNN
-  for products: one matmul primitive for every row count (``RunTimeDense``);
-- float32 add, sub, mul and div: numpy's ufuncs into the buffer;
-- reshape: a view; a sized constant (``Range(0, seq)``): computed from the sizes, kept
-  for the sizes last seen;
+- dense layers, elementwise ops and regions, layer norm, attention and slices: kernels
+  that read their sizes from the run's arrays (``anysize_kernels``);
+- reshape: a view;
 - every other op: the plan's own kernel, built for this run's arrays and run at once
   (the same kernels a plan runs, so the same answers), for the ops whose building is
-  cheap next to their run.
+  cheap next to their run; and the fallback of the kernels above for arrays that do not
+  suit them.
 
 What it declines (``None``, with the reason logged: rlx-core then compiles each shape
 class): graphs with convolutions or pools. Their speed is in what a plan fixes per size
@@ -33,11 +33,8 @@ sizes (a batch) recur, where a static plan per class serves best.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import logging
-import math
-import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -46,26 +43,32 @@ import numpy as np
 
 from rlx_core.errors import InputError
 from rlx_core.ir import Graph, Node
-from rlx_core.ir.internal_types import ACTIVATION_OPS, Instruction, infer_any, program_types
-from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind, slice_index
+from rlx_core.ir.internal_types import infer_any
+from rlx_core.ir.ops import OpKind
 from rlx_core.ir.shape_rules import evaluate_attr, has_sym, holds_sym
 from rlx_core.ir.sized import is_sized, materialize
 from rlx_core.ir.symbolic import Sym, free_symbols
 from rlx_core.plugin import Executable
 
-from . import onednn
-from .blas import matmul_now
+from .anysize_kernels import (
+    Place,
+    Runner,
+    attention_runner,
+    dense_layer,
+    dense_runner,
+    layer_norm_runner,
+    region_runner,
+    slice_runner,
+)
+from .anysize_memory import Arena, RunContext
 from .executor import _build_with, _Owned, _param_copy, kernel_ops
 from .kernels import inplace_positions
-from .native import library as native_library
 from .native import thread_cap
-from .native_nn import LAYER_NORM_NS, SOFTMAX_NS
-from .onednn_steps import ACTIVATION_POST, RunTimeDense
-from .regions import SPLIT_NS, NoFit, RegionTemplate
+from .onednn_steps import RunTimeDense
+from .regions import RegionTemplate
 from .settings import ANY_SIZE
 from .steps import aligned_empty, bind
 from .threads import native_thread_cap
-from .warm_pool import warm_pool
 
 __all__ = ["AnySizeExecutable", "DECLINED_OPS", "any_size_executable"]
 
@@ -75,8 +78,6 @@ log = logging.getLogger("rlx_cpu")
 DECLINED_OPS = frozenset({OpKind.CONV2D, OpKind.FUSED_CONV, OpKind.MAX_POOL2D, OpKind.AVG_POOL2D})
 #: Bytes of values of the sizes alone an executable keeps (``_sizes_only``).
 _KEPT_BYTES = 32 * 1024 * 1024
-#: A free buffer up to this size serves any smaller value (larger ones: values at least half their size).
-_SMALL = 64 * 1024
 
 
 def any_size_executable(graph: Graph) -> AnySizeExecutable | None:
@@ -103,123 +104,6 @@ class _Type(NamedTuple):
     shape: tuple[int, ...]
     dtype: str
 
-
-def _rounded(nbytes: int) -> int:
-    """The bytes of a new buffer for ``nbytes``: up to the next quarter power of two (so
-    that sizes that grow a little reuse it), in whole cache lines."""
-    size = 2 ** (math.ceil(4 * math.log2(max(nbytes, 64))) / 4)
-    return -(-math.ceil(size) // 64) * 64
-
-
-class _Arena:
-    """The buffers of one run at a time, kept between runs: a value takes the smallest
-    free buffer that holds it, a new one (from the warm pool, else fresh memory) only
-    when none does, and gives it back after its last reader. Once the largest request
-    has run, a run faults in no fresh memory (about half a millisecond per megabyte on
-    this kind of host: the sizes of a stream of requests change on every one)."""
-
-    __slots__ = ("_free", "_sizes", "outputs", "owned")
-
-    def __init__(self, outputs: int) -> None:
-        self._free: list[np.ndarray] = []  # sorted by size
-        self._sizes: list[int] = []
-        self.owned: list[np.ndarray] = []
-        self.outputs = _Outputs(outputs)
-
-    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-        """A ``shape`` ``dtype`` array and the raw buffer under it (to give back)."""
-        nbytes = math.prod(shape) * dtype.itemsize
-        i = bisect.bisect_left(self._sizes, nbytes)
-        if i < len(self._free) and self._sizes[i] <= max(2 * nbytes, _SMALL):  # no big buffer on a small value
-            raw = self._free.pop(i)
-            del self._sizes[i]
-        else:
-            size = _rounded(nbytes)
-            raw = warm_pool().take(size)
-            if raw is None:
-                raw = aligned_empty(size, np.uint8)
-            self.owned.append(raw)
-        return raw[:nbytes].view(dtype).reshape(shape), raw
-
-    def give(self, raw: np.ndarray) -> None:
-        i = bisect.bisect_left(self._sizes, raw.nbytes)
-        self._sizes.insert(i, raw.nbytes)
-        self._free.insert(i, raw)
-
-
-class _Outputs:
-    """The arrays handed to the caller, kept so that a later run writes into the same
-    memory once the caller has let them go (``steps.Outputs``' rule: nothing but this
-    object refers to the memory): a new output is fresh memory, faulted in by the kernel
-    that writes it. One per arena (a run at a time). What is counted is the buffer that
-    owns the memory (``aligned_empty`` hands out a view of it: every view the caller
-    holds refers to the owner, not to our view)."""
-
-    __slots__ = ("_kept",)
-
-    def __init__(self, count: int) -> None:
-        self._kept: list[tuple[np.ndarray, np.ndarray] | None] = [None] * count  # (our view, its owner)
-
-    def take(self, k: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        nbytes = math.prod(shape) * dtype.itemsize
-        kept = self._kept[k]
-        if kept is not None and sys.getrefcount(kept[1]) == _UNOWNED:
-            raw = kept[0]
-            if nbytes <= raw.nbytes <= max(2 * nbytes, _SMALL):
-                return raw[:nbytes].view(dtype).reshape(shape)
-        raw = aligned_empty(_rounded(nbytes), np.uint8)
-        self._kept[k] = (raw, _owner(raw))
-        return raw[:nbytes].view(dtype).reshape(shape)
-
-
-def _owner(a: np.ndarray) -> np.ndarray:
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
-
-
-def _unowned() -> int:
-    """``sys.getrefcount`` of an owner only an ``_Outputs`` holds, counted as ``take`` counts it."""
-    probe = _Outputs(1)
-    raw = aligned_empty(64, np.uint8)
-    probe._kept[0] = (raw, _owner(raw))
-    del raw
-    kept = probe._kept[0]
-    del kept
-    return sys.getrefcount(probe._kept[0][1])
-
-
-_UNOWNED = _unowned()
-
-
-class _Ctx:
-    """The ``BuildContext`` of a kernel built for one run: scratch from the run's arena,
-    given back once the kernel ran; nothing derived is kept (a plan's packed weights are
-    for its own sizes)."""
-
-    __slots__ = ("_arena", "_taken")
-
-    def __init__(self, arena: _Arena) -> None:
-        self._arena, self._taken = arena, []
-
-    def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        arr, raw = self._arena.take(tuple(shape), np.dtype(dtype))
-        self._taken.append(raw)
-        return arr
-
-    def derived(self, source: Any, key: Any, make: Callable[..., np.ndarray], also: Any = ()) -> None:
-        return None
-
-    def constant(self, array: Any) -> bool:
-        return False  # no value is baked into a kernel: the kernels that would take one fall back
-
-    def release(self) -> None:
-        for raw in self._taken:
-            self._arena.give(raw)
-
-
-Runner = Callable[[list[Any], Mapping[str, int], _Arena, dict[int, np.ndarray]], Any]
-Place = Callable[[list[Any], Mapping[str, int], _Arena, dict[int, np.ndarray]], np.ndarray]
 
 
 class AnySizeExecutable(Executable):
@@ -256,7 +140,7 @@ class AnySizeExecutable(Executable):
         for nid in sorted(self._owns - self._passed):
             frees.setdefault(self._ends[nid], []).append(nid)
         self._program = [(nid, run, tuple(frees.get(nid, ()))) for nid, run in program]
-        self._arenas: list[_Arena] = []
+        self._arenas: list[Arena] = []
 
     # ------------------------------------------------------------------ analysis
     def _fold(self, graph: Graph) -> None:
@@ -357,33 +241,35 @@ class AnySizeExecutable(Executable):
         dtype = np.dtype(node.dtype)
         nid, inputs = node.id, node.inputs
         if node.op is OpKind.RESHAPE:
-            def view(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]) -> Any:
+            def view(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
                 return values[inputs[0]].reshape(shape_of(env))
             return view
         if node.op is OpKind.CONSTANT:  # a sized one (the others are resident)
             return self._kept_runner(node, lambda values, env, arena, raws: materialize(
                 node.attrs, shape_of(env), node.dtype, env))
         place: Place
-        dense = self._dense_layer(node)
+        dense = dense_layer(node, self._nodes, self._resident)
+        if dense is not None:
+            self._dense.append(dense)
         kept = nid in self._by_sizes
         src = self._inplace_source(node) if output_at is None and dense is None and not kept else None
         if kept:  # a value of the sizes alone: its own array, kept for them
-            def place(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]
+            def place(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]
                       ) -> np.ndarray:
                 return np.empty(shape_of(env), dtype)
         elif output_at is not None:  # handed to the caller
-            def place(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]
+            def place(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]
                       ) -> np.ndarray:
                 return arena.outputs.take(output_at, shape_of(env), dtype)
         elif src is not None:  # over an input that dies here
             self._passed.add(src)
 
-            def place(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]
+            def place(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]
                       ) -> np.ndarray:
                 raws[nid] = raws.pop(src)
                 return values[src]
         else:
-            def place(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]
+            def place(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]
                       ) -> np.ndarray:
                 out, raws[nid] = arena.take(shape_of(env), dtype)
                 return out
@@ -394,15 +280,16 @@ class AnySizeExecutable(Executable):
 
     def _compute_runner(self, node: Node, place: Place, dense: RunTimeDense | None) -> Runner:
         if dense is not None:
-            return self._dense_runner(node, dense, place)
+            return dense_runner(node, dense, place)
         built = self._built(node)
-        fn = (self._region_runner(node, place, built) or self._layer_norm_runner(node, place, built)
-              or self._attention_runner(node, place, built) or self._slice_runner(node, place, built))
+        fn = (region_runner(node, self._nodes, self._resident, place, built, self._templates)
+              or layer_norm_runner(node, self._resident, place, built)
+              or attention_runner(node, self._nodes, place, built) or slice_runner(node, place, built))
         if fn is not None:
             return fn
         inputs = node.inputs
 
-        def run(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]) -> Any:
+        def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
             out = place(values, env, arena, raws)
             if out.size:
                 built([values[i] for i in inputs], out, env, arena)
@@ -413,7 +300,7 @@ class AnySizeExecutable(Executable):
         """``compute`` of a value of the sizes alone, kept for the values of its symbols."""
         nid, syms, kept = node.id, self._by_sizes[node.id], self._kept
 
-        def run(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]) -> Any:
+        def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
             key = (nid, tuple(env[s] for s in syms))
             arr = kept.get(key)
             if arr is None:
@@ -422,7 +309,7 @@ class AnySizeExecutable(Executable):
             return arr
         return run
 
-    def _built(self, node: Node) -> Callable[[list[Any], np.ndarray, Mapping[str, int], _Arena], None]:
+    def _built(self, node: Node) -> Callable[[list[Any], np.ndarray, Mapping[str, int], Arena], None]:
         """``node`` computed into ``out`` by the plan's kernel for it, built for these arrays
         (its attrs evaluated at the run's sizes where they hold symbols)."""
         symbolic_attrs = any(holds_sym(v) for v in node.attrs.values()) or (
@@ -430,196 +317,13 @@ class AnySizeExecutable(Executable):
         in_dtypes = [self._nodes[i].dtype for i in node.inputs]
         compute = self._compute
 
-        def built(ins: list[Any], out: np.ndarray, env: Mapping[str, int], arena: _Arena) -> None:
+        def built(ins: list[Any], out: np.ndarray, env: Mapping[str, int], arena: Arena) -> None:
             concrete = _concrete(node, out.shape, env, ins, in_dtypes) if symbolic_attrs else (
                 dataclasses.replace(node, shape=out.shape))
-            ctx = _Ctx(arena)
+            ctx = RunContext(arena)
             compute(concrete, ins, out, ctx)
             ctx.release()
         return built
-
-    def _dense_layer(self, node: Node) -> RunTimeDense | None:
-        """A dense layer with resident float32 weights (k, n) on oneDNN's matmul made once
-        for every row count, where this host chose oneDNN for products."""
-        if node.op is not OpKind.GEMM or node.dtype != "float32":
-            return None
-        a_id, w_id = node.inputs[:2]
-        w = self._resident.get(w_id)
-        bias = self._resident.get(node.inputs[2]) if len(node.inputs) == 3 else None
-        act = node.attrs["activation"]
-        if (w is None or w.ndim != 2 or w.dtype != np.float32 or self._nodes[a_id].dtype != "float32"
-                or min(w.strides) <= 0 or (act != "none" and act not in ACTIVATION_POST)
-                or act not in ACTIVATION_OPS):
-            return None
-        n = w.shape[1]
-        if len(node.inputs) == 3 and (bias is None or bias.dtype != np.float32 or bias.size != n
-                                      or bias.shape[-1] != n or not bias.flags.c_contiguous):
-            return None
-        lib = onednn.use("matmul")
-        if lib is None:
-            return None
-        try:
-            dense = RunTimeDense(lib, w, bias.reshape(1, n) if bias is not None else None, act)
-        except onednn.DnnlError as exc:
-            log.debug("rlx-cpu: oneDNN declined %s at run-time sizes: %s", node.describe(), exc)
-            return None
-        self._dense.append(dense)
-        return dense
-
-    @staticmethod
-    def _dense_runner(node: Node, dense: RunTimeDense, place: Place) -> Runner:
-        a_id, k, n = node.inputs[0], dense.k, dense.n
-
-        def run(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]) -> Any:
-            a = values[a_id]
-            out = place(values, env, arena, raws)
-            if out.size:
-                a2 = a.reshape(-1, k)
-                if not (a2.flags.c_contiguous and a2.flags.aligned):
-                    a2 = np.ascontiguousarray(a2)
-                dense(a2, out.reshape(-1, n))
-            return out
-        return run
-
-    def _region_runner(self, node: Node, place: Place, built: Callable[..., None]) -> Runner | None:
-        """A float32 elementwise op or fused region on the native interpreter, planned once
-        for every size (``regions.RegionTemplate``)."""
-        lib = native_library()
-        ins = [self._nodes[i] for i in node.inputs]
-        if lib is None or node.dtype != "float32" or any(x.dtype != "float32" for x in ins) or not ins:
-            return None
-        if node.op is OpKind.FUSED_ELEMENTWISE:
-            instructions = program_types(node.op, ins, node.attrs["program"])[1]
-        elif node.op in ELEMENTWISE_OPS:
-            instructions = [Instruction(node.op, tuple(range(len(ins))), dict(node.attrs), node.shape, node.dtype)]
-        else:
-            return None
-        known = {k: self._resident[i] for k, i in enumerate(node.inputs) if i in self._resident}
-        try:
-            template = RegionTemplate(lib, instructions, len(ins), known)
-        except NoFit:
-            return None
-        self._templates.append(template)
-        inputs = node.inputs
-
-        def run(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]) -> Any:
-            args = [values[i] for i in inputs]
-            out = place(values, env, arena, raws)
-            if out.size:
-                try:
-                    template(args, out)
-                except NoFit:  # operands it cannot take as they are: the plan's kernel
-                    built(args, out, env, arena)
-            return out
-        return run
-
-    def _layer_norm_runner(self, node: Node, place: Place, built: Callable[..., None]) -> Runner | None:
-        """A float32 layer norm with resident scale (and bias) on the native kernel, its
-        rows counted per run."""
-        lib = native_library()
-        if lib is None or node.op is not OpKind.LAYER_NORM or node.dtype != "float32":
-            return None
-        axis, eps = node.attrs["axis"], float(node.attrs["eps"])
-        scale = self._resident.get(node.inputs[1])
-        bias = self._resident.get(node.inputs[2]) if len(node.inputs) == 3 else None
-        inner = tuple(node.shape[axis:])
-        if (has_sym(inner) or scale is None or tuple(scale.shape) != inner or scale.dtype != np.float32
-                or not scale.flags.c_contiguous or (len(node.inputs) == 3 and (
-                    bias is None or tuple(bias.shape) != inner or bias.dtype != np.float32
-                    or not bias.flags.c_contiguous))):
-            return None
-        length = math.prod(inner)
-        x_id = node.inputs[0]
-        scale_p, bias_p = scale.ctypes.data, (bias.ctypes.data if bias is not None else None)  # residents: held
-
-        def run(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]) -> Any:
-            x = values[x_id]
-            out = place(values, env, arena, raws)
-            if out.size and length:
-                if not (x.dtype == np.float32 and x.flags.c_contiguous and x.flags.aligned) or (
-                        np.may_share_memory(x, out) and x.ctypes.data != out.ctypes.data):
-                    built([values[i] for i in node.inputs], out, env, arena)
-                    return out
-                rows = out.size // length
-                lib.layer_norm(x.ctypes.data, scale_p, bias_p, out.ctypes.data, rows, length, length, eps,
-                               lib.threads_for(rows * length * LAYER_NORM_NS, SPLIT_NS))
-            return out
-        return run
-
-    def _attention_runner(self, node: Node, place: Place, built: Callable[..., None]) -> Runner | None:
-        """float32 attention (no mask, or an additive float32 one): ``q @ k^T`` on oneMKL
-        (numpy without it), the mask added on the native interpreter, the native softmax
-        over each row (the scale inside it, or applied to ``q`` first where a mask comes
-        between), then ``@ v``; the scores in a buffer of the arena."""
-        lib = native_library()
-        if (lib is None or node.op is not OpKind.ATTENTION or node.dtype != "float32"
-                or any(self._nodes[i].dtype != "float32" for i in node.inputs)):
-            return None
-        q_id, k_id, v_id = node.inputs[:3]
-        m_id = node.inputs[3] if len(node.inputs) == 4 else None
-        fixed = node.attrs.get("scale")
-        f32 = np.dtype(np.float32)
-        # the mask added over the scores on the native interpreter (every core; numpy's add is one)
-        masked = RegionTemplate(lib, [Instruction(OpKind.ADD, (0, 1), {}, node.shape, "float32")], 2, {})
-
-        def run(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]) -> Any:
-            q, k, v = values[q_id], values[k_id], values[v_id]
-            out = place(values, env, arena, raws)
-            lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-            if not out.size:
-                return out
-            if lk == 0:  # softmax over no keys: the plan's kernel says what that is
-                built([values[i] for i in node.inputs], out, env, arena)
-                return out
-            scale = fixed if fixed is not None else (1.0 / math.sqrt(d) if d else 1.0)
-            scores, raw = arena.take((*out.shape[:-2], lq, lk), f32)
-            scaled = None
-            try:
-                if m_id is not None and scale != 1.0:  # scaled before the mask: q, not the larger scores
-                    qs, scaled = arena.take(q.shape, f32)
-                    np.multiply(q, f32.type(scale), out=qs)
-                    q, scale = qs, 1.0
-                matmul_now(q, k.swapaxes(-1, -2), scores)
-                if m_id is not None:
-                    mask = values[m_id]
-                    try:
-                        masked([scores, mask], scores)
-                    except NoFit:
-                        np.add(scores, mask, out=scores)
-                rows = scores.size // lk
-                lib.softmax(scores.ctypes.data, scores.ctypes.data, rows, lk, lk, scale,
-                            lib.threads_for(rows * lk * SOFTMAX_NS, SPLIT_NS))
-                matmul_now(scores, v, out)
-            finally:
-                arena.give(raw)
-                if scaled is not None:
-                    arena.give(scaled)
-            return out
-        return run
-
-    @staticmethod
-    def _slice_runner(node: Node, place: Place, built: Callable[..., None]) -> Runner | None:
-        """A slice copied out of its input with its bounds evaluated at the run's sizes (the
-        symbolic type rule normalized them); where the view taken does not have the shape
-        the graph says (a bound whose normal form holds for other sizes only), the plan's
-        kernel, its bounds normalized again."""
-        if node.op is not OpKind.SLICE:
-            return None
-        x_id = node.inputs[0]
-        fixed = {k: v for k, v in node.attrs.items() if not holds_sym(v)}
-        sized = {k: v for k, v in node.attrs.items() if holds_sym(v)}
-
-        def run(values: list[Any], env: Mapping[str, int], arena: _Arena, raws: dict[int, np.ndarray]) -> Any:
-            x = values[x_id]
-            out = place(values, env, arena, raws)
-            attrs = {**fixed, **{k: evaluate_attr(v, env) for k, v in sized.items()}}
-            view = x[slice_index(x.ndim, attrs)]
-            if view.shape == out.shape:
-                np.copyto(out, view)
-            else:
-                built([x], out, env, arena)
-            return out
-        return run
 
     # ------------------------------------------------------------------ running
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
@@ -628,7 +332,7 @@ class AnySizeExecutable(Executable):
         try:
             arena = self._arenas.pop()
         except IndexError:
-            arena = _Arena(len(self._outputs))
+            arena = Arena(len(self._outputs))
         values: list[Any] = [None] * len(self._nodes)
         for nid, arr in self._resident.items():
             values[nid] = arr

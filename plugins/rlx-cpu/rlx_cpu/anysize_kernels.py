@@ -1,0 +1,237 @@
+"""The any-size executable's kernels for the ops whose plan kernels cost too much to build
+per run (``anysize.py``): each reads its sizes from the arrays of the run.
+
+- a dense layer with resident weights on oneDNN's matmul made once for every row count
+  (``RunTimeDense``), where this host chose oneDNN for products;
+- float32 elementwise ops and fused regions on the native interpreter, planned once for
+  every size (``regions.RegionTemplate``);
+- layer norm with resident scale and bias on the native kernel, its rows counted per run;
+- attention: the products on oneMKL, the mask added on the native interpreter, the
+  native softmax;
+- slices copied with their bounds evaluated at the run's sizes.
+
+Each returns ``None`` where it does not apply, and falls back per run to ``built`` (the
+plan's kernel built for the run's arrays) where the arrays of a run do not suit it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlx_core.ir import Node
+from rlx_core.ir.internal_types import ACTIVATION_OPS, Instruction, program_types
+from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind, slice_index
+from rlx_core.ir.shape_rules import evaluate_attr, has_sym, holds_sym
+
+from . import onednn
+from .anysize_memory import Arena
+from .blas import matmul_now
+from .native import library as native_library
+from .native_nn import LAYER_NORM_NS, SOFTMAX_NS
+from .onednn_steps import ACTIVATION_POST, RunTimeDense
+from .regions import SPLIT_NS, NoFit, RegionTemplate
+
+__all__ = ["Runner", "Place", "Built", "dense_layer", "dense_runner", "region_runner", "layer_norm_runner",
+           "attention_runner", "slice_runner"]
+
+log = logging.getLogger("rlx_cpu")
+
+#: Computes a node in a run: ``(values, sizes, arena, raws) -> its value`` (``raws``: the
+#: arena buffers the run's values hold, by node).
+Runner = Callable[[list[Any], Mapping[str, int], Arena, dict[int, np.ndarray]], Any]
+#: Gives a node's output array in a run (same arguments).
+Place = Callable[[list[Any], Mapping[str, int], Arena, dict[int, np.ndarray]], np.ndarray]
+#: The plan's kernel for a node built for a run's arrays and run: ``(inputs, out, sizes, arena)``.
+Built = Callable[[list[Any], np.ndarray, Mapping[str, int], Arena], None]
+
+
+def dense_layer(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.ndarray]) -> RunTimeDense | None:
+    """A dense layer with resident float32 weights (k, n) on oneDNN's matmul made once
+    for every row count, where this host chose oneDNN for products."""
+    if node.op is not OpKind.GEMM or node.dtype != "float32":
+        return None
+    a_id, w_id = node.inputs[:2]
+    w = resident.get(w_id)
+    bias = resident.get(node.inputs[2]) if len(node.inputs) == 3 else None
+    act = node.attrs["activation"]
+    if (w is None or w.ndim != 2 or w.dtype != np.float32 or nodes[a_id].dtype != "float32"
+            or min(w.strides) <= 0 or (act != "none" and act not in ACTIVATION_POST)
+            or act not in ACTIVATION_OPS):
+        return None
+    n = w.shape[1]
+    if len(node.inputs) == 3 and (bias is None or bias.dtype != np.float32 or bias.size != n
+                                  or bias.shape[-1] != n or not bias.flags.c_contiguous):
+        return None
+    lib = onednn.use("matmul")
+    if lib is None:
+        return None
+    try:
+        dense = RunTimeDense(lib, w, bias.reshape(1, n) if bias is not None else None, act)
+    except onednn.DnnlError as exc:
+        log.debug("rlx-cpu: oneDNN declined %s at run-time sizes: %s", node.describe(), exc)
+        return None
+    return dense
+
+
+def dense_runner(node: Node, dense: RunTimeDense, place: Place) -> Runner:
+    a_id, k, n = node.inputs[0], dense.k, dense.n
+
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+        a = values[a_id]
+        out = place(values, env, arena, raws)
+        if out.size:
+            a2 = a.reshape(-1, k)
+            if not (a2.flags.c_contiguous and a2.flags.aligned):
+                a2 = np.ascontiguousarray(a2)
+            dense(a2, out.reshape(-1, n))
+        return out
+    return run
+
+
+def region_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.ndarray], place: Place,
+                  built: Built, templates: list[RegionTemplate]) -> Runner | None:
+    """A float32 elementwise op or fused region on the native interpreter, planned once
+    for every size (``regions.RegionTemplate``)."""
+    lib = native_library()
+    ins = [nodes[i] for i in node.inputs]
+    if lib is None or node.dtype != "float32" or any(x.dtype != "float32" for x in ins) or not ins:
+        return None
+    if node.op is OpKind.FUSED_ELEMENTWISE:
+        instructions = program_types(node.op, ins, node.attrs["program"])[1]
+    elif node.op in ELEMENTWISE_OPS:
+        instructions = [Instruction(node.op, tuple(range(len(ins))), dict(node.attrs), node.shape, node.dtype)]
+    else:
+        return None
+    known = {k: resident[i] for k, i in enumerate(node.inputs) if i in resident}
+    try:
+        template = RegionTemplate(lib, instructions, len(ins), known)
+    except NoFit:
+        return None
+    templates.append(template)
+    inputs = node.inputs
+
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+        args = [values[i] for i in inputs]
+        out = place(values, env, arena, raws)
+        if out.size:
+            try:
+                template(args, out)
+            except NoFit:  # operands it cannot take as they are: the plan's kernel
+                built(args, out, env, arena)
+        return out
+    return run
+
+
+def layer_norm_runner(node: Node, resident: Mapping[int, np.ndarray], place: Place, built: Built) -> Runner | None:
+    """A float32 layer norm with resident scale (and bias) on the native kernel, its
+    rows counted per run."""
+    lib = native_library()
+    if lib is None or node.op is not OpKind.LAYER_NORM or node.dtype != "float32":
+        return None
+    axis, eps = node.attrs["axis"], float(node.attrs["eps"])
+    scale = resident.get(node.inputs[1])
+    bias = resident.get(node.inputs[2]) if len(node.inputs) == 3 else None
+    inner = tuple(node.shape[axis:])
+    if (has_sym(inner) or scale is None or tuple(scale.shape) != inner or scale.dtype != np.float32
+            or not scale.flags.c_contiguous or (len(node.inputs) == 3 and (
+                bias is None or tuple(bias.shape) != inner or bias.dtype != np.float32
+                or not bias.flags.c_contiguous))):
+        return None
+    length = math.prod(inner)
+    x_id = node.inputs[0]
+    scale_p, bias_p = scale.ctypes.data, (bias.ctypes.data if bias is not None else None)  # residents: held
+
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+        x = values[x_id]
+        out = place(values, env, arena, raws)
+        if out.size and length:
+            if not (x.dtype == np.float32 and x.flags.c_contiguous and x.flags.aligned) or (
+                    np.may_share_memory(x, out) and x.ctypes.data != out.ctypes.data):
+                built([values[i] for i in node.inputs], out, env, arena)
+                return out
+            rows = out.size // length
+            lib.layer_norm(x.ctypes.data, scale_p, bias_p, out.ctypes.data, rows, length, length, eps,
+                           lib.threads_for(rows * length * LAYER_NORM_NS, SPLIT_NS))
+        return out
+    return run
+
+
+def attention_runner(node: Node, nodes: Sequence[Node], place: Place, built: Built) -> Runner | None:
+    """float32 attention (no mask, or an additive float32 one): ``q @ k^T`` on oneMKL
+    (numpy without it), the mask added on the native interpreter, the native softmax
+    over each row (the scale inside it, or applied to ``q`` first where a mask comes
+    between), then ``@ v``; the scores in a buffer of the arena."""
+    lib = native_library()
+    if (lib is None or node.op is not OpKind.ATTENTION or node.dtype != "float32"
+            or any(nodes[i].dtype != "float32" for i in node.inputs)):
+        return None
+    q_id, k_id, v_id = node.inputs[:3]
+    m_id = node.inputs[3] if len(node.inputs) == 4 else None
+    fixed = node.attrs.get("scale")
+    f32 = np.dtype(np.float32)
+    # the mask added over the scores on the native interpreter (every core; numpy's add is one)
+    masked = RegionTemplate(lib, [Instruction(OpKind.ADD, (0, 1), {}, node.shape, "float32")], 2, {})
+
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+        q, k, v = values[q_id], values[k_id], values[v_id]
+        out = place(values, env, arena, raws)
+        lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+        if not out.size:
+            return out
+        if lk == 0:  # softmax over no keys: the plan's kernel says what that is
+            built([values[i] for i in node.inputs], out, env, arena)
+            return out
+        scale = fixed if fixed is not None else (1.0 / math.sqrt(d) if d else 1.0)
+        scores, raw = arena.take((*out.shape[:-2], lq, lk), f32)
+        scaled = None
+        try:
+            if m_id is not None and scale != 1.0:  # scaled before the mask: q, not the larger scores
+                qs, scaled = arena.take(q.shape, f32)
+                np.multiply(q, f32.type(scale), out=qs)
+                q, scale = qs, 1.0
+            matmul_now(q, k.swapaxes(-1, -2), scores)
+            if m_id is not None:
+                mask = values[m_id]
+                try:
+                    masked([scores, mask], scores)
+                except NoFit:
+                    np.add(scores, mask, out=scores)
+            rows = scores.size // lk
+            lib.softmax(scores.ctypes.data, scores.ctypes.data, rows, lk, lk, scale,
+                        lib.threads_for(rows * lk * SOFTMAX_NS, SPLIT_NS))
+            matmul_now(scores, v, out)
+        finally:
+            arena.give(raw)
+            if scaled is not None:
+                arena.give(scaled)
+        return out
+    return run
+
+
+def slice_runner(node: Node, place: Place, built: Built) -> Runner | None:
+    """A slice copied out of its input with its bounds evaluated at the run's sizes (the
+    symbolic type rule normalized them); where the view taken does not have the shape
+    the graph says (a bound whose normal form holds for other sizes only), the plan's
+    kernel, its bounds normalized again."""
+    if node.op is not OpKind.SLICE:
+        return None
+    x_id = node.inputs[0]
+    fixed = {k: v for k, v in node.attrs.items() if not holds_sym(v)}
+    sized = {k: v for k, v in node.attrs.items() if holds_sym(v)}
+
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+        x = values[x_id]
+        out = place(values, env, arena, raws)
+        attrs = {**fixed, **{k: evaluate_attr(v, env) for k, v in sized.items()}}
+        view = x[slice_index(x.ndim, attrs)]
+        if view.shape == out.shape:
+            np.copyto(out, view)
+        else:
+            built([x], out, env, arena)
+        return out
+    return run
