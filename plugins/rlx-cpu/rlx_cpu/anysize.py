@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -57,10 +57,12 @@ from .anysize_kernels import (
     dense_layer,
     dense_runner,
     layer_norm_runner,
+    product_runner,
     region_runner,
     slice_runner,
+    transpose_runner,
 )
-from .anysize_memory import Arena, RunContext
+from .anysize_memory import Arena, RunContext, owner
 from .executor import _build_with, _Owned, _param_copy, kernel_ops
 from .kernels import inplace_positions
 from .native import thread_cap
@@ -76,6 +78,10 @@ log = logging.getLogger("rlx_cpu")
 
 #: Ops whose graphs are compiled per shape class instead (see the module).
 DECLINED_OPS = frozenset({OpKind.CONV2D, OpKind.FUSED_CONV, OpKind.MAX_POOL2D, OpKind.AVG_POOL2D})
+#: What kernels built per run may derive from residents and keep (``BuildContext.derived``
+#: keys): those that hold for every size of the graph. A GEMM's packed B is the same for
+#: any number of rows; oneMKL's packed B is made per row count (and ten times the weights).
+_DERIVED_KINDS = frozenset({"rlx_gemm_pack_b", "conv_bias_column"})
 #: Bytes of values of the sizes alone an executable keeps (``_sizes_only``).
 _KEPT_BYTES = 32 * 1024 * 1024
 
@@ -127,6 +133,8 @@ class AnySizeExecutable(Executable):
         self._kept_lock = threading.Lock()
         self._cap, _ = native_thread_cap(n.op for n in nodes)
         self._fold(graph)
+        self._resident_roots = {id(owner(a)) for a in self._resident.values()}
+        self._derived_arrays: dict[Any, tuple[np.ndarray, Callable[..., np.ndarray], np.ndarray]] = {}
         self._by_sizes = self._sizes_only()
         self._ends = self._liveness()
         outputs = {nid: k for k, nid in reversed(list(enumerate(graph.outputs)))}  # a node's first output place
@@ -169,8 +177,8 @@ class AnySizeExecutable(Executable):
     def _sizes_only(self) -> dict[int, tuple[str, ...]]:
         """The values computed from the sizes alone (a sized constant such as ``Range(0,
         seq)``, and what is computed from those and residents only: the position embeddings
-        it gathers), each with the symbols it depends on. A run keeps them by those symbols'
-        values (``_KEPT_BYTES`` in all): a request of a sequence length met before finds its
+        it gathers) that depend on one symbol, with it. A run keeps them by its value
+        (``_KEPT_BYTES`` in all): a request of a sequence length met before finds its
         position embeddings computed (a plan folds them: they are constants at its sizes)."""
         found: dict[int, tuple[str, ...]] = {}
         for node in self._nodes:
@@ -185,7 +193,9 @@ class AnySizeExecutable(Executable):
             for i in node.inputs:
                 syms |= set(found.get(i, ()))
             found[node.id] = tuple(sorted(syms))
-        return found
+        # Kept: values of one symbol (a sequence length recurs across requests); one of two
+        # (batch and sequence) almost never does, and keeping it cost fresh memory per request.
+        return {nid: syms for nid, syms in found.items() if len(syms) <= 1}
 
     def _keep(self, key: tuple[int, tuple[int, ...]], arr: np.ndarray) -> None:
         """Keep a value of the sizes alone, the oldest dropped past ``_KEPT_BYTES``."""
@@ -198,6 +208,24 @@ class AnySizeExecutable(Executable):
             while self._kept_bytes > _KEPT_BYTES and len(self._kept) > 1:
                 old = self._kept.pop(next(iter(self._kept)))
                 self._kept_bytes -= old.nbytes
+
+    def _derived(self, source: Any, key: Any, make: Callable[[np.ndarray, np.ndarray | None], np.ndarray],
+                 also: Sequence[Any] = ()) -> np.ndarray | None:
+        """``BuildContext.derived`` for kernels built per run: made once and kept, for the
+        kinds that hold at every size (``_DERIVED_KINDS``: a weight packed for rlx's GEMM,
+        the same for any row count) of residents; ``None`` for anything else (the kernel
+        does without: a pack made per run would cost more than it saves). Refilled in place
+        by ``set_param``."""
+        if key[0] not in _DERIVED_KINDS or not all(isinstance(a, np.ndarray) and owner(a) is not None
+                                                   and id(owner(a)) in self._resident_roots
+                                                   for a in (source, *also)):
+            return None
+        k = (*((a.__array_interface__["data"][0], a.shape, a.strides) for a in (source, *also)), key)
+        with self._kept_lock:
+            entry = self._derived_arrays.get(k)
+            if entry is None:
+                entry = self._derived_arrays[k] = (source, make, make(source, None))
+        return entry[2]
 
     @staticmethod
     def _compute(node: Node, ins: list[Any], out: np.ndarray, ctx: Any) -> None:
@@ -245,8 +273,9 @@ class AnySizeExecutable(Executable):
                 return values[inputs[0]].reshape(shape_of(env))
             return view
         if node.op is OpKind.CONSTANT:  # a sized one (the others are resident)
-            return self._kept_runner(node, lambda values, env, arena, raws: materialize(
-                node.attrs, shape_of(env), node.dtype, env))
+            def sized(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+                return materialize(node.attrs, shape_of(env), node.dtype, env)
+            return self._kept_runner(node, sized) if nid in self._by_sizes else sized
         place: Place
         dense = dense_layer(node, self._nodes, self._resident)
         if dense is not None:
@@ -282,9 +311,11 @@ class AnySizeExecutable(Executable):
         if dense is not None:
             return dense_runner(node, dense, place)
         built = self._built(node)
-        fn = (region_runner(node, self._nodes, self._resident, place, built, self._templates)
+        fn = (product_runner(node, self._nodes, self._resident, place, built, self._templates)
+              or region_runner(node, self._nodes, self._resident, place, built, self._templates)
               or layer_norm_runner(node, self._resident, place, built)
-              or attention_runner(node, self._nodes, place, built) or slice_runner(node, place, built))
+              or attention_runner(node, self._nodes, place, built) or slice_runner(node, place, built)
+              or transpose_runner(node, place))
         if fn is not None:
             return fn
         inputs = node.inputs
@@ -315,12 +346,12 @@ class AnySizeExecutable(Executable):
         symbolic_attrs = any(holds_sym(v) for v in node.attrs.values()) or (
             node.op is OpKind.ATTENTION and node.attrs.get("scale") is None)  # 1/sqrt(D) of a symbolic D
         in_dtypes = [self._nodes[i].dtype for i in node.inputs]
-        compute = self._compute
+        compute, derived = self._compute, self._derived
 
         def built(ins: list[Any], out: np.ndarray, env: Mapping[str, int], arena: Arena) -> None:
             concrete = _concrete(node, out.shape, env, ins, in_dtypes) if symbolic_attrs else (
                 dataclasses.replace(node, shape=out.shape))
-            ctx = RunContext(arena)
+            ctx = RunContext(arena, derived)
             compute(concrete, ins, out, ctx)
             ctx.release()
         return built
@@ -378,6 +409,8 @@ class AnySizeExecutable(Executable):
             self._compute(node, ins, out, owned)
         for dense in self._dense:
             dense.refresh()
+        for source, make, array in self._derived_arrays.values():  # in the order made (a pack of a pack)
+            make(source, array)
         for template in self._templates:  # a param folded into a fused activation
             template.forget()
 

@@ -2,7 +2,8 @@
 per run (``anysize.py``): each reads its sizes from the arrays of the run.
 
 - a dense layer with resident weights on oneDNN's matmul made once for every row count
-  (``RunTimeDense``), where this host chose oneDNN for products;
+  (``RunTimeDense``), where this host chose oneDNN for products; else every float32
+  product on oneMKL's sgemm (numpy's without it), its bias and activation one pass after;
 - float32 elementwise ops and fused regions on the native interpreter, planned once for
   every size (``regions.RegionTemplate``);
 - layer norm with resident scale and bias on the native kernel, its rows counted per run;
@@ -30,16 +31,24 @@ from rlx_core.ir.shape_rules import evaluate_attr, has_sym, holds_sym
 
 from . import onednn
 from .anysize_memory import Arena
-from .blas import matmul_now
+from .blas import matmul_now, mkl
+from .gemm import stacked_rows, use_native
 from .native import library as native_library
 from .native_nn import LAYER_NORM_NS, SOFTMAX_NS
 from .onednn_steps import ACTIVATION_POST, RunTimeDense
 from .regions import SPLIT_NS, NoFit, RegionTemplate
 
-__all__ = ["Runner", "Place", "Built", "dense_layer", "dense_runner", "region_runner", "layer_norm_runner",
-           "attention_runner", "slice_runner"]
+__all__ = ["Runner", "Place", "Built", "dense_layer", "dense_runner", "product_runner", "region_runner",
+           "layer_norm_runner", "attention_runner", "slice_runner", "transpose_runner"]
 
 log = logging.getLogger("rlx_cpu")
+
+#: float32 ops numpy's ufuncs compute exactly as the interpreter does (one IEEE operation).
+_UFUNCS = {OpKind.ADD: np.add, OpKind.SUB: np.subtract, OpKind.MUL: np.multiply, OpKind.DIV: np.divide}
+#: Outputs up to this many elements take a lone bias, or one of ``_UFUNCS``, as one numpy
+#: call (a few µs) rather than a pass on the interpreter (its plan per call: ~15 µs), which
+#: pays from here on (every core).
+_SMALL_PASS = 32 * 1024
 
 #: Computes a node in a run: ``(values, sizes, arena, raws) -> its value`` (``raws``: the
 #: arena buffers the run's values hold, by node).
@@ -93,6 +102,73 @@ def dense_runner(node: Node, dense: RunTimeDense, place: Place) -> Runner:
     return run
 
 
+def product_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.ndarray], place: Place,
+                   built: Built, templates: list[RegionTemplate]) -> Runner | None:
+    """A float32 product (``matmul``, or ``gemm`` with its bias and activation) where the
+    BLAS runs products on this host (not oneDNN's matmul, not rlx's GEMM, whose kernel is
+    built per run around weights packed once): oneMKL's sgemm (or numpy's) called with
+    the run's sizes, then the bias and activation as one pass on the native interpreter
+    (planned once, like a region)."""
+    if node.op not in (OpKind.MATMUL, OpKind.GEMM) or node.dtype != "float32" or any(
+            nodes[i].dtype != "float32" for i in node.inputs):
+        return None
+    if use_native(nodes[node.inputs[0]].shape[-1] if not has_sym(nodes[node.inputs[0]].shape[-1:]) else None):
+        return None  # rlx's GEMM, built per run around its weights packed once (the executable's derived)
+    a_id, b_id = node.inputs[:2]
+    epilogue = None
+    program: list[Instruction] = []
+    if node.op is OpKind.GEMM:
+        if len(node.inputs) == 3:
+            program.append(Instruction(OpKind.ADD, (0, 1), {}, node.shape, "float32"))
+        spec = ACTIVATION_OPS[node.attrs["activation"]]
+        if spec is not None:
+            program.append(Instruction(spec[0], (len(program) + len(node.inputs) - 2,) if program else (0,),
+                                       dict(spec[1]), node.shape, "float32"))
+        lib = native_library()
+        if program:
+            if lib is None:
+                return None
+            known = {1: resident[node.inputs[2]]} if len(node.inputs) == 3 and node.inputs[2] in resident else {}
+            try:
+                epilogue = RegionTemplate(lib, program, len(node.inputs) - 1, known)
+            except NoFit:
+                return None
+            templates.append(epilogue)
+    rest = node.inputs[2:]
+    w = resident.get(b_id)
+    mkl_lib = mkl()
+    dense = (mkl_lib is not None and w is not None and w.ndim == 2 and w.flags.c_contiguous and min(w.shape) > 0
+             and max(w.shape) < 2**31)
+    bias = resident.get(rest[0]) if rest and len(program) == 1 and rest[0] in resident else None
+    if dense:
+        k, n = w.shape
+        sgemm, w_at = mkl_lib.sgemm, w.ctypes.data  # a resident: held, and refilled in place by set_param
+
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+        a, b = values[a_id], values[b_id]
+        out = place(values, env, arena, raws)
+        if not out.size:
+            return out
+        if a.shape[-1] == 0 or (a.ndim < 2 or b.ndim < 2):  # an empty sum, a vector: the plan's kernel
+            built([values[i] for i in node.inputs], out, env, arena)
+            return out
+        if dense and a.flags.c_contiguous and out.flags.c_contiguous and a.dtype == np.float32:
+            m = a.size // k  # a dense layer: one product of every leading row, called directly
+            sgemm(101, 111, 111, m, n, k, 1.0, a.ctypes.data, k, w_at, n, 0.0, out.ctypes.data, n)
+        else:
+            matmul_now(*stacked_rows(a, b, out))  # (batch, seq, k) @ (k, n): one product of batch * seq rows
+        if epilogue is not None:
+            if bias is not None and out.size <= _SMALL_PASS:  # a bias alone on a small output: one numpy add
+                np.add(out, bias, out=out)
+                return out
+            try:
+                epilogue([out, *(values[i] for i in rest)], out)
+            except NoFit:
+                built([values[i] for i in node.inputs], out, env, arena)
+        return out
+    return run
+
+
 def region_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.ndarray], place: Place,
                   built: Built, templates: list[RegionTemplate]) -> Runner | None:
     """A float32 elementwise op or fused region on the native interpreter, planned once
@@ -114,15 +190,32 @@ def region_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.n
         return None
     templates.append(template)
     inputs = node.inputs
+    ufunc = _UFUNCS.get(node.op)  # an op numpy computes alike, IEEE for IEEE: small outputs take it
 
     def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
         args = [values[i] for i in inputs]
         out = place(values, env, arena, raws)
         if out.size:
+            if ufunc is not None and out.size <= _SMALL_PASS:
+                ufunc(*args, out=out)
+                return out
             try:
                 template(args, out)
             except NoFit:  # operands it cannot take as they are: the plan's kernel
                 built(args, out, env, arena)
+        return out
+    return run
+
+
+def transpose_runner(node: Node, place: Place) -> Runner | None:
+    """A transpose: the input's permuted view copied into the output, no kernel built."""
+    if node.op is not OpKind.TRANSPOSE:
+        return None
+    x_id, perm = node.inputs[0], tuple(node.attrs["perm"])
+
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+        out = place(values, env, arena, raws)
+        np.copyto(out, values[x_id].transpose(perm))
         return out
     return run
 

@@ -21,7 +21,7 @@ import numpy as np
 from .steps import aligned_empty
 from .warm_pool import warm_pool
 
-__all__ = ["Arena", "Outputs", "RunContext"]
+__all__ = ["Arena", "Outputs", "RunContext", "owner"]
 
 #: A free buffer up to this size serves any smaller value (larger ones: values at least half their size).
 _SMALL = 64 * 1024
@@ -91,11 +91,12 @@ class Outputs:
             if nbytes <= raw.nbytes <= max(2 * nbytes, _SMALL):
                 return raw[:nbytes].view(dtype).reshape(shape)
         raw = aligned_empty(_rounded(nbytes), np.uint8)
-        self._kept[k] = (raw, _owner(raw))
+        self._kept[k] = (raw, owner(raw))
         return raw[:nbytes].view(dtype).reshape(shape)
 
 
-def _owner(a: np.ndarray) -> np.ndarray:
+def owner(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (``a``, or the base of its views)."""
     while isinstance(a.base, np.ndarray):
         a = a.base
     return a
@@ -105,7 +106,7 @@ def _unowned() -> int:
     """``sys.getrefcount`` of an owner only an ``Outputs`` holds, counted as ``take`` counts it."""
     probe = Outputs(1)
     raw = aligned_empty(64, np.uint8)
-    probe._kept[0] = (raw, _owner(raw))
+    probe._kept[0] = (raw, owner(raw))
     del raw
     kept = probe._kept[0]
     del kept
@@ -117,21 +118,19 @@ _UNOWNED = _unowned()
 
 class RunContext:
     """The ``BuildContext`` of a kernel built for one run: scratch from the run's arena,
-    given back once the kernel ran; nothing derived is kept (a plan's packed weights are
-    for its own sizes)."""
+    given back once the kernel ran; arrays derived from residents (a weight packed for
+    rlx's GEMM) from ``derived``, the executable's, which keeps those that hold at every
+    size and declines the rest (``None``: the kernel does without)."""
 
-    __slots__ = ("_arena", "_taken")
+    __slots__ = ("_arena", "_taken", "derived")
 
-    def __init__(self, arena: Arena) -> None:
-        self._arena, self._taken = arena, []
+    def __init__(self, arena: Arena, derived: Callable[..., np.ndarray | None]) -> None:
+        self._arena, self._taken, self.derived = arena, [], derived
 
     def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         arr, raw = self._arena.take(tuple(shape), np.dtype(dtype))
         self._taken.append(raw)
         return arr
-
-    def derived(self, source: Any, key: Any, make: Callable[..., np.ndarray], also: Any = ()) -> None:
-        return None
 
     def constant(self, array: Any) -> bool:
         return False  # no value is baked into a kernel: the kernels that would take one fall back
