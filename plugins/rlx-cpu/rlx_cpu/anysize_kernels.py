@@ -291,6 +291,8 @@ def attention_runner(node: Node, nodes: Sequence[Node], place: Place, built: Bui
             if m_id is not None:
                 mask = values[m_id]
                 try:
+                    if scores.size <= _SMALL_PASS:
+                        raise NoFit  # small: one numpy add
                     masked([scores, mask], scores)
                 except NoFit:
                     np.add(scores, mask, out=scores)
