@@ -17,6 +17,7 @@ activation applied as it stores the result.
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -499,14 +500,16 @@ class RunTimeDense:
                 lib.destroy(pds=(pd,))
         self._make = _reordered(lib, self._reorder, w_plain, w_md, lib.size(w_md), contiguous=False)
         self.weights = self._make(w, None)
-        self.scratch = aligned_empty(max(lib.size(pad) // 4 + 16, 1), np.float32)
-        mems = [lib.memory(w_md, self.weights.ctypes.data), lib.memory(pad, self.scratch.ctypes.data)]
-        fixed = [_Arg(_ARG_WEIGHTS, mems[0]), _Arg(_ARG_SCRATCHPAD, mems[1])]
+        # oneDNN's scratchpad for the call (none for its jit GEMM): one per thread, since the
+        # executable's runs may overlap and a primitive's scratchpad is the caller's.
+        self._pad, self._pad_floats, self._local = pad, lib.size(pad) // 4 + 16, threading.local()
+        mems = [lib.memory(w_md, self.weights.ctypes.data)]
+        fixed = [_Arg(_ARG_WEIGHTS, mems[0])]
         if bias is not None:
             mems.append(lib.memory(b_md, _addr(bias)))
             fixed.append(_Arg(_ARG_BIAS, mems[-1]))
         self._fixed = fixed
-        self._nargs = len(fixed) + 2
+        self._nargs = len(fixed) + 3
         weakref.finalize(self, lib.destroy, tuple(mems), (self._reorder, self.prim), tuple(made))
 
     def refresh(self) -> None:
@@ -516,10 +519,16 @@ class RunTimeDense:
     def __call__(self, a: np.ndarray, out: np.ndarray) -> None:
         """``a`` (rows, k) and ``out`` (rows, n): C-contiguous float32."""
         lib, rows = self.lib, a.shape[0]
+        pad = getattr(self._local, "pad", None)
+        if pad is None:  # this thread's scratchpad, and its memory (freed with the thread's local)
+            scratch = aligned_empty(self._pad_floats, np.float32)
+            pad = self._local.pad = (lib.memory(self._pad, scratch.ctypes.data), scratch)
+            weakref.finalize(scratch, lib.destroy, (pad[0],))
         src, dst = lib.md((rows, self.k), _AB), lib.md((rows, self.n), _AB)
         ms, md = lib.memory(src, _addr(a)), lib.memory(dst, _addr(out))
         try:
-            args = (_Arg * self._nargs)(_Arg(_ARG_SRC, ms), _Arg(_ARG_DST, md), *self._fixed)
+            args = (_Arg * self._nargs)(_Arg(_ARG_SRC, ms), _Arg(_ARG_DST, md), _Arg(_ARG_SCRATCHPAD, pad[0]),
+                                        *self._fixed)
             lib.run(self.prim, args, self._nargs)
         finally:
             lib.destroy(memories=(ms, md), descs=(src, dst))
