@@ -14,8 +14,9 @@ arange for the position ids, ``ConstantOfShape`` token types, an ``Expand``-ed m
   seq, seq)``, tanh GELU, the final LayerNormalization's output (no LM head).
 
 rlx loads each without ``dims`` (``rlx_core.onnx.load(bytes)``: a symbolic graph), and
-``rlx_core.compile(graph, device="cpu")`` gives a ``DynamicCompiledGraph``, which compiles
-once per new set of sizes (an LRU of 8). ONNX Runtime runs the same bytes in an
+``rlx_core.compile(graph, device="cpu")`` gives a ``DynamicCompiledGraph``, which runs every
+new set of sizes on the one executable rlx-cpu compiles for every size (``anysize.py``),
+and compiles a size of its own once it has met it three times (an LRU of 8). ONNX Runtime runs the same bytes in an
 ``InferenceSession`` on the CPU provider (default options).
 
 What is measured, per model:
@@ -390,9 +391,9 @@ def markdown_section(doc: dict[str, Any]) -> str:
         "ONNX models with symbolic `batch` and `seq` axes, every size inside computed at run time as torch's "
         "exporter writes them (`Shape -> Gather -> Unsqueeze -> Concat -> Reshape`, `Range`, `Slice`, "
         "`ConstantOfShape`, `Expand`), loaded by rlx without `dims` and compiled once with "
-        "`rlx_core.compile(graph, device=\"cpu\")`: the first new set of sizes is compiled for itself, every later "
-        "one runs on the executable rlx-cpu compiles once for every size (kernels reading their sizes per run), "
-        "and a size met three times is compiled for itself (an LRU of 8); "
+        "`rlx_core.compile(graph, device=\"cpu\")`: from the first run (the graph has two symbols), every new set of "
+        "sizes runs on the executable rlx-cpu compiles once for every size (kernels reading their sizes per run, "
+        "no compile per size), and a size met three times is compiled for itself (an LRU of 8); "
         "ONNX Runtime runs the same bytes (CPU provider, default options). The stream: "
         f"{doc['requests']} requests, batch uniform in 1..{MAX_BATCH} and seq in 1..{MAX_SEQ} (seed "
         f"{STREAM_SEED}), served in blocks of {BLOCK} back to back by each runtime in turn after a 150 ms pause "
