@@ -400,3 +400,20 @@ def test_an_output_of_the_wrong_size_from_the_executable_for_every_size_names_th
     with pytest.raises(rlx.PluginError, match=r"backend 'toy' returned output 0 .* at \{'batch': 3\} the graph "
                                               r"declares float32\[3, 8\]"):
         cg.run({"x": x_of(3)})
+
+
+def test_a_size_dropped_from_the_lru_is_not_compiled_again() -> None:
+    """A class compiled after STATIC_AFTER runs and later dropped by the LRU runs on the
+    executable for every size again: a server cycling through more sizes than the LRU
+    keeps does not compile one every few requests."""
+    toy = AnySizeToy()
+    cg = rlx.compile(mlp(), device="toy", policy=rlx.DevicePolicy(), registry=registry_with(toy))
+    cg._max_shapes = 1  # (an LRU of one: the next class compiled drops the last)
+    cg.run({"x": x_of(2)})  # compiled for itself (one symbol: the first new size)
+    for batch in (3, 4):
+        for _ in range(STATIC_AFTER + 1):  # the last of these compiles it
+            cg.run({"x": x_of(batch)})
+    assert toy.compiles == 3 and [d["batch"] for d in cg.shapes()] == [4]  # batch 3 compiled, then dropped
+    for _ in range(2 * STATIC_AFTER):
+        cg.run({"x": x_of(3)})
+    assert toy.compiles == 3 and [d["batch"] for d in cg.shapes()] == [4]

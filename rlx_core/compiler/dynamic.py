@@ -41,8 +41,9 @@ pass works unchanged. This module keeps those specializations:
   size on most requests), at the second for a graph of one (a batch: a few sizes that
   recur, and a model run at one more size is served cheapest by compiling just that). A class run
   ``STATIC_AFTER`` times there is compiled on its own at its next run (a plan fixed for
-  sizes that recur is the fastest way to run them), into the same LRU. The report
-  counts the classes served this way.
+  sizes that recur is the fastest way to run them), into the same LRU, once: dropped
+  from the LRU later, it runs on the executable for every size again. The report counts
+  the runs served this way.
 
 A backend that does not run symbolic graphs itself (every API-1 plugin) gets the
 specializations above, the fallback every backend gets.
@@ -182,14 +183,17 @@ class DynamicCompiledGraph(CompiledGraph):
 
     def _any_size_for(self, key: tuple[tuple[str, int], ...]) -> CompiledGraph | None:
         """The any-size executable for a class with no compile of its own, or ``None``
-        (none is made, or it is the first new class, or the class recurred
-        ``STATIC_AFTER`` times: compile it)."""
+        (none is made, or it is the first new class, or the class has just run
+        ``STATIC_AFTER`` times on it: compile it). A class is compiled for itself once: one
+        the LRU drops later runs on the executable for every size again, with no compile
+        (else a server cycling through more sizes than the LRU keeps would compile one
+        every few requests)."""
         if self._lowered is None or self._no_any:
             return None
         served = self._served
         runs = served.get(key, 0)
-        if runs >= STATIC_AFTER:
-            served.pop(key, None)
+        if runs == STATIC_AFTER and self._any is not None:
+            served[key] = runs + 1  # (past the mark: never compiled again)
             return None
         any_size = self._any
         if any_size is None:
