@@ -172,10 +172,12 @@ def product_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.
 def region_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.ndarray], place: Place,
                   built: Built, templates: list[RegionTemplate]) -> Runner | None:
     """A float32 elementwise op or fused region on the native interpreter, planned once
-    for every size (``regions.RegionTemplate``)."""
+    for every size (``regions.RegionTemplate``). An input of another dtype that the
+    region only casts to float32 (an exporter's ``(1 - mask) * -10000`` over an int64
+    mask) is cast by numpy first, into a buffer of the arena, and read as float32."""
     lib = native_library()
     ins = [nodes[i] for i in node.inputs]
-    if lib is None or node.dtype != "float32" or any(x.dtype != "float32" for x in ins) or not ins:
+    if lib is None or node.dtype != "float32" or not ins:
         return None
     if node.op is OpKind.FUSED_ELEMENTWISE:
         instructions = program_types(node.op, ins, node.attrs["program"])[1]
@@ -183,18 +185,38 @@ def region_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.n
         instructions = [Instruction(node.op, tuple(range(len(ins))), dict(node.attrs), node.shape, node.dtype)]
     else:
         return None
-    known = {k: resident[i] for k, i in enumerate(node.inputs) if i in resident}
+    cast = {k for k, x in enumerate(ins) if x.dtype != "float32"}  # inputs to cast first: only cast to float32
+    if any(k in i.args and (i.op is not OpKind.CAST or i.dtype != "float32") for i in instructions for k in cast):
+        return None
+    known = {k: resident[i] for k, i in enumerate(node.inputs) if i in resident and k not in cast}
     try:
         template = RegionTemplate(lib, instructions, len(ins), known)
     except NoFit:
         return None
     templates.append(template)
     inputs = node.inputs
-    ufunc = _UFUNCS.get(node.op)  # an op numpy computes alike, IEEE for IEEE: small outputs take it
+    ufunc = _UFUNCS.get(node.op) if not cast else None  # numpy computes these alike: small outputs take it
+    f32 = np.dtype(np.float32)
 
     def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
         args = [values[i] for i in inputs]
         out = place(values, env, arena, raws)
+        if out.size and cast:
+            taken = []
+            for k in cast:
+                x = args[k]
+                cx, raw = arena.take(x.shape, f32)
+                np.copyto(cx, x, casting="unsafe")
+                args[k] = cx
+                taken.append(raw)
+            try:
+                template(args, out)
+            except NoFit:
+                built([values[i] for i in inputs], out, env, arena)
+            finally:
+                for raw in taken:
+                    arena.give(raw)
+            return out
         if out.size:
             if ufunc is not None and out.size <= _SMALL_PASS:
                 ufunc(*args, out=out)

@@ -39,7 +39,7 @@ def block() -> Graph:
     token's softmax, a slice)."""
     g = Graph("anysize-block")
     ids = g.input("ids", ("batch", "seq"), "int64")
-    mask = g.input("mask", ("batch", "seq"), "float32")
+    mask = g.input("mask", ("batch", "seq"), "int64")  # cast in the region that makes the additive mask
     positions = g.sized_constant("arange", ("seq",), "int64", start=0, delta=1)
     x = g.add(g.gather(g.param("emb", rand((VOCAB, D), 1)), ids, axis=0),
               g.gather(g.param("pos", rand((MAX_POS, D), 2)), positions, axis=0))
@@ -52,7 +52,7 @@ def block() -> Graph:
         return g.transpose(g.reshape(t, ("batch", "seq", H, D // H)), (0, 2, 1, 3))
 
     q, k, v = (heads(dense(x, D, D, s)) for s in (10, 11, 12))
-    additive = g.mul(g.sub(g.constant(np.float32(1)), g.reshape(mask, ("batch", 1, 1, "seq"))),
+    additive = g.mul(g.sub(g.constant(np.float32(1)), g.cast(g.reshape(mask, ("batch", 1, 1, "seq")), "float32")),
                      g.constant(np.float32(-1e4)))
     a = g.reshape(g.transpose(g.attention(q, k, v, additive), (0, 2, 1, 3)), ("batch", "seq", D))
     h = g.layer_norm(g.add(x, dense(a, D, D, 13)), g.param("ln1_s", 1 + rand((D,), 5)),
@@ -69,7 +69,7 @@ def feeds_of(batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, seq + 1, batch)
     return {"ids": rng.integers(0, VOCAB, (batch, seq)).astype(np.int64),
-            "mask": (np.arange(seq)[None, :] < lengths[:, None]).astype(np.float32)}
+            "mask": (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int64)}
 
 
 def assert_reference(g: Graph, outs: list[np.ndarray], feeds: dict[str, np.ndarray]) -> None:
