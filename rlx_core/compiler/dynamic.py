@@ -39,8 +39,8 @@ pass works unchanged. This module keeps those specializations:
   every new set of sizes from then on runs on it with no compile. It is made at the first
   new class for a graph of two symbols or more (batch and sequence: a server meets a new
   size on most requests), at the second for a graph of one (a batch: a few sizes that
-  recur, and a model run at one more size is served cheapest by compiling just that). A class run
-  ``STATIC_AFTER`` times there is compiled on its own at its next run (a plan fixed for
+  recur, and a model run at one more size is served cheapest by compiling just that). A
+  class run ``STATIC_AFTER`` times there is compiled on its own at its next run (a plan fixed for
   sizes that recur is the fastest way to run them), into the same LRU, once: dropped
   from the LRU later, it runs on the executable for every size again. The report counts
   the runs served this way.
@@ -128,6 +128,7 @@ class DynamicCompiledGraph(CompiledGraph):
         # for one (a batch: a few sizes that recur, where one compile of the first may be all).
         self._any_from = 1 if len(graph.symbols) >= 2 else 2
         self._any_served = 0
+        self._served_lock = threading.Lock()
         self._max_shapes = max_shapes
         self._family = family or ShapeFamily()  # (``first`` was compiled in it, when given)
         self._params: dict[str, np.ndarray] = {}  # set_param's values, for copies compiled later
@@ -191,23 +192,27 @@ class DynamicCompiledGraph(CompiledGraph):
         if self._lowered is None or self._no_any:
             return None
         served = self._served
-        runs = served.get(key, 0)
-        if runs == STATIC_AFTER and self._any is not None:
-            served[key] = runs + 1  # (past the mark: never compiled again)
-            return None
+        with self._served_lock:  # (runs may come from several threads)
+            runs = served.get(key, 0)
+            if runs == STATIC_AFTER and self._any is not None:
+                served[key] = runs + 1  # (past the mark: never compiled again)
+                return None
         any_size = self._any
         if any_size is None:
-            self._misses += 1
-            if self._misses < self._any_from:  # one more size may be all the graph meets: compile it
+            with self._served_lock:
+                self._misses += 1
+                first = self._misses < self._any_from
+            if first:  # one more size may be all the graph meets: compile it
                 return None
             any_size = self._make_any()
             if any_size is None:
                 return None
-        served[key] = runs + 1
-        served.move_to_end(key)
-        while len(served) > _COUNTED:
-            served.popitem(last=False)
-        self._note_served()
+        with self._served_lock:
+            served[key] = served.get(key, 0) + 1
+            served.move_to_end(key)
+            while len(served) > _COUNTED:
+                served.popitem(last=False)
+            self._note_served()
         return any_size
 
     def _make_any(self) -> CompiledGraph | None:

@@ -111,7 +111,6 @@ class _Type(NamedTuple):
     dtype: str
 
 
-
 class AnySizeExecutable(Executable):
     """A symbolic graph compiled once for cpu; ``run`` takes any sizes it accepts (see
     the module)."""
