@@ -349,6 +349,8 @@ class AnySizeToy(ToyBackend):
 
 class SymbolicRef(RefExecutable):
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        if self.owner.misbehave == "fail at 5" and next(iter(inputs.values())).shape[0] == 5:
+            raise RuntimeError("no batch of 5")
         outs = super().run(inputs)
         if self.owner.misbehave == "wrong shape":
             outs[0] = outs[0][:1]
@@ -417,3 +419,21 @@ def test_a_size_dropped_from_the_lru_is_not_compiled_again() -> None:
     for _ in range(2 * STATIC_AFTER):
         cg.run({"x": x_of(3)})
     assert toy.compiles == 3 and [d["batch"] for d in cg.shapes()] == [4]
+
+
+def test_an_executable_for_every_size_that_fails_leaves_that_size_compiled_on_its_own() -> None:
+    toy = AnySizeToy(misbehave="fail at 5")
+    g = mlp()
+    cg = rlx.compile(g, device="toy", policy=rlx.DevicePolicy(), registry=registry_with(toy))
+    for batch in (2, 3):
+        feeds = {"x": x_of(batch)}
+        assert_matches(g, cg.run(feeds), feeds)
+    feeds = {"x": x_of(5)}
+    with pytest.warns(rlx.FallbackWarning, match=r"every size of graph 'dyn-mlp' failed at batch=5 .*RuntimeError: "
+                                                  r"no batch of 5.*compiling that size on its own"):
+        assert_matches(g, cg.run(feeds), feeds)
+    assert [d["batch"] for d in cg.shapes()] == [2, 5]
+    cg._classes.clear()  # (as if the LRU had dropped them both)
+    assert_matches(g, cg.run(feeds), feeds)  # compiled again, not tried there again: no warning
+    with pytest.raises(rlx.InputError):  # a size the graph refuses is the caller's error, not a fallback
+        cg.run({"x": np.zeros((3, 7), np.float32)})

@@ -54,6 +54,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import DeviceError, FallbackWarning
 from ..ir import Graph
 from ..ir.specialize import REPRESENTATIVE_SIZES, representative
 from ..ir.valued import ValueDependentGraph
@@ -129,6 +131,7 @@ class DynamicCompiledGraph(CompiledGraph):
         self._any_from = 1 if len(graph.symbols) >= 2 else 2
         self._any_served = 0
         self._served_lock = threading.Lock()
+        self._failed: set[tuple[tuple[str, int], ...]] = set()  # classes it failed to run
         self._max_shapes = max_shapes
         self._family = family or ShapeFamily()  # (``first`` was compiled in it, when given)
         self._params: dict[str, np.ndarray] = {}  # set_param's values, for copies compiled later
@@ -149,7 +152,17 @@ class DynamicCompiledGraph(CompiledGraph):
         bindings = self.graph.bind(self.graph.input_shapes(inputs))
         cg = self._for_bindings(bindings)
         if isinstance(cg, AnySizeGraph):
-            return cg.run_bound(inputs, bindings, output)
+            try:
+                return cg.run_bound(inputs, bindings, output)
+            except DeviceError as exc:  # its kernels failed at these sizes: this class compiled on its own
+                warnings.warn(f"rlx: the executable for every size of graph {self.graph.name!r} failed at "
+                              f"{describe_bindings(bindings)} ({exc}); compiling that size on its own",
+                              FallbackWarning, stacklevel=2)
+                key = shape_key(bindings)
+                with self._served_lock:
+                    if len(self._failed) < _COUNTED:
+                        self._failed.add(key)  # that size never runs there again
+                cg = self._compiled(bindings, key)
         return cg.run(inputs, output)
 
     def for_inputs(self, inputs: Mapping[str, Any]) -> CompiledGraph:
@@ -171,6 +184,10 @@ class DynamicCompiledGraph(CompiledGraph):
         any_size = self._any_size_for(key)
         if any_size is not None:
             return any_size
+        return self._compiled(bindings, key)
+
+    def _compiled(self, bindings: Mapping[str, int], key: tuple[tuple[str, int], ...]) -> CompiledGraph:
+        """The class ``key`` compiled on its own (now, if it is not in the LRU)."""
         with self._compiling:
             cg = self._classes.get(key)
             if cg is None:
@@ -189,7 +206,7 @@ class DynamicCompiledGraph(CompiledGraph):
         the LRU drops later runs on the executable for every size again, with no compile
         (else a server cycling through more sizes than the LRU keeps would compile one
         every few requests)."""
-        if self._lowered is None or self._no_any:
+        if self._lowered is None or self._no_any or key in self._failed:
             return None
         served = self._served
         with self._served_lock:  # (runs may come from several threads)
