@@ -152,15 +152,20 @@ class CompiledGraph:
             raise ConfigError(f"run: output must be 'numpy' or 'dlpack', got {output!r}")
         arrays = validate_inputs(self._specs, inputs, self._device_inputs)
         run_dlpack = getattr(self._exe, "run_dlpack", None) if output == "dlpack" else None
+        outs = self._execute(self._exe.run if run_dlpack is None else run_dlpack, arrays)
+        return self._check_outputs(outs) if run_dlpack is None else self._check_device_outputs(outs)
+
+    def _execute(self, run: Any, arrays: Any) -> Any:
+        """``run(arrays)``, the executable's: a plugin's failure is a ``DeviceError`` naming
+        the device and the graph (rlx's own errors pass as they are)."""
         try:
-            outs = self._exe.run(arrays) if run_dlpack is None else run_dlpack(arrays)
+            return run(arrays)
         except RlxError:
             raise
         except (Exception, SystemExit) as exc:  # a plugin's sys.exit() must not end the host
             raise DeviceError(
                 f"device {self._device} failed running graph {self.graph.name!r}: {type(exc).__name__}: {exc}"
             ) from exc
-        return self._check_outputs(outs) if run_dlpack is None else self._check_device_outputs(outs)
 
     def _check_device_outputs(self, outs: Any) -> list[Any]:
         """``_check_outputs`` for ``run_dlpack``: count, shape and dtype, without a copy to host."""

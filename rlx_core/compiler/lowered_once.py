@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.registry import Registry, parse_device
-from ..errors import DeviceError, PluginError, RlxError
+from ..errors import PluginError
 from ..ir import Graph, Node
 from ..ir.shape_rules import evaluate_attr, has_sym, holds_sym
 from ..ir.symbolic import evaluate
@@ -200,7 +200,8 @@ class AnySizeGraph(CompiledGraph):
     """A symbolic graph compiled once for every size by a backend that runs symbolic graphs
     itself: ``run`` binds the sizes (an ``InputError`` for ones the graph refuses), runs
     the backend's executable, and checks each output against the graph's symbolic shape
-    at those sizes."""
+    at those sizes (``output="dlpack"`` gets the same numpy arrays: host memory, each a
+    DLPack producer)."""
 
     def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
         return self.run_bound(inputs, self.graph.bind(self.graph.input_shapes(inputs)), output)
@@ -210,15 +211,7 @@ class AnySizeGraph(CompiledGraph):
         if output not in ("numpy", "dlpack"):
             return super().run(inputs, output)  # (its error)
         arrays = validate_inputs(self._specs, inputs, self._device_inputs)
-        try:
-            outs = self._exe.run(arrays)
-        except RlxError:
-            raise
-        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() must not end the host
-            raise DeviceError(
-                f"device {self._device} failed running graph {self.graph.name!r}: {type(exc).__name__}: {exc}"
-            ) from exc
-        return self._check_sized(outs, bindings)
+        return self._check_sized(self._execute(self._exe.run, arrays), bindings)
 
     def _check_sized(self, outs: Any, bindings: Mapping[str, int]) -> list[np.ndarray]:
         legal = self._legal
