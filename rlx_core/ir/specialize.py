@@ -51,14 +51,13 @@ class _Binder:
     expression dim, no symbol bound by no input, no constraint): then binding is reading
     those dims, and anything unexpected goes to the full path, which names it."""
 
-    __slots__ = ("inputs", "names", "simple")
+    __slots__ = ("inputs", "simple")
 
     def __init__(self, graph: Graph) -> None:
         nodes = graph.nodes
         self.inputs = tuple((nodes[i].name, len(nodes[i].shape),
                              tuple((k, d if not isinstance(d, Sym) else d.name) for k, d in enumerate(nodes[i].shape)))
                             for i in graph.inputs)
-        self.names = frozenset(name for name, _, _ in self.inputs)
         plain = all(not isinstance(d, Sym) or d.name is not None for i in graph.inputs for d in nodes[i].shape)
         named = {d for _, _, dims in self.inputs for _, d in dims if type(d) is str}
         self.simple = plain and set(graph.symbol_origins) <= named and not graph.constraints
