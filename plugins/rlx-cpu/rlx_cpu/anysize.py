@@ -148,6 +148,8 @@ class AnySizeExecutable(Executable):
             frees.setdefault(self._ends[nid], []).append(nid)
         self._program = [(nid, run, tuple(frees.get(nid, ()))) for nid, run in program]
         self._arenas: list[Arena] = []
+        self._values: list[Any] = [self._resident.get(i) for i in range(len(nodes))]  # (set_param refills in place)
+        self._input_names = tuple((i, nodes[i].name) for i in graph.inputs)
 
     # ------------------------------------------------------------------ analysis
     def _fold(self, graph: Graph) -> None:
@@ -363,11 +365,9 @@ class AnySizeExecutable(Executable):
             arena = self._arenas.pop()
         except IndexError:
             arena = Arena(len(self._outputs))
-        values: list[Any] = [None] * len(self._nodes)
-        for nid, arr in self._resident.items():
-            values[nid] = arr
-        for nid in self._input_ids:
-            values[nid] = inputs[self._nodes[nid].name]
+        values = self._values[:]  # the residents in place, the rest None
+        for nid, name in self._input_names:
+            values[nid] = inputs[name]
         raws: dict[int, np.ndarray] = {}
         try:
             with thread_cap(self._cap), np.errstate(all="ignore"):

@@ -397,11 +397,23 @@ def _packed(lib: Mkl, b: np.ndarray, pb: _Operand, m: int, n: int, k: int, ctx: 
     return derived(b, ("sgemm_pack_b", m, n, k, pb.trans, pb.ld), make)
 
 
+#: Products of at most this many multiply-adds in all that ``matmul_now`` leaves to numpy:
+#: every matrix of them under OpenBLAS's threshold for a second thread (its ``m * n * k``
+#: below 4 x 65536), and small enough that a call's overhead is most of its time.
+SMALL_MACS = 1 << 18
+
+
 def matmul_now(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``out = a @ b`` now, float32 (batched alike, a transposed view taken as it lies):
     oneMKL's sgemm or strided batch sgemm where it is loaded and takes the operands, else
     numpy. For products whose sizes are known only at run time (``anysize.py``): no step
-    is built, nothing is packed."""
+    is built, nothing is packed. Small ones go to numpy: an attention's per-head products
+    over a few tokens (16 of 9 x 64 @ 64 x 9) took 4.6 µs there and 17 µs through oneMKL's
+    batch call (its Python and its threads' start), below the size where OpenBLAS, under
+    numpy, starts threads of its own (``SMALL_MACS``: one thread each, nothing to spin)."""
+    if out.ndim >= 2 and a.ndim >= 2 and out.size * a.shape[-1] <= SMALL_MACS:
+        np.matmul(a, b, out=out)
+        return
     lib = mkl()
     if lib is not None and a.dtype == b.dtype == out.dtype == _F32 and a.ndim >= 2 and b.ndim >= 2:
         m, n = out.shape[-2:]
