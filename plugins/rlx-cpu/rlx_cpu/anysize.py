@@ -135,6 +135,7 @@ class AnySizeExecutable(Executable):
         self._resident_roots = {id(owner(a)) for a in self._resident.values()}
         self._derived_arrays: dict[Any, tuple[np.ndarray, Callable[..., np.ndarray], np.ndarray]] = {}
         self._by_sizes = self._sizes_only()
+        self._broadcasts = self._broadcast_views()
         self._ends = self._liveness()
         outputs = {nid: k for k, nid in reversed(list(enumerate(graph.outputs)))}  # a node's first output place
         program: list[tuple[int, Runner]] = []
@@ -245,10 +246,41 @@ class AnySizeExecutable(Executable):
         for i in self._outputs:
             last[i] = len(nodes)
         for node in reversed(nodes):
-            if node.op is OpKind.RESHAPE:
-                base = node.inputs[0]
+            base = self._view_of(node)
+            if base is not None:
                 last[base] = max(last[base], last[node.id])
         return last
+
+    def _view_of(self, node: Node) -> int | None:
+        """The value ``node`` is a view of (a reshape's input, the operand a product with
+        ones broadcasts), else None."""
+        if node.op is OpKind.RESHAPE:
+            return node.inputs[0]
+        return self._broadcasts.get(node.id)
+
+    def _root(self, nid: int) -> int:
+        """The value whose memory ``nid`` reads (itself, or the base of its views)."""
+        node = self._nodes[nid]
+        base = self._view_of(node)
+        return nid if base is None else self._root(base)
+
+    def _broadcast_views(self) -> dict[int, int]:
+        """Products with a sized constant of ones (an exporter's ``Expand`` of a mask to the
+        batch, converted as ``x * ones``), each with the operand it only broadcasts: ``x *
+        1`` is ``x`` exactly in IEEE arithmetic, so the value is ``x`` seen at the product's
+        shape (a view: nothing computed, nothing written; a plan folds the same value)."""
+        found: dict[int, int] = {}
+        for node in self._nodes:
+            if node.op is not OpKind.MUL or not node.dtype.startswith("float") or node.id in self._resident:
+                continue
+            for k in (0, 1):
+                one, other = self._nodes[node.inputs[k]], node.inputs[1 - k]
+                if (one.op is OpKind.CONSTANT and is_sized(one.attrs) and one.attrs["sized"] == "fill"
+                        and one.attrs["value"] == 1 and one.dtype == node.dtype
+                        and self._nodes[other].dtype == node.dtype):
+                    found[node.id] = other
+                    break
+        return found
 
     def _inplace_source(self, node: Node) -> int | None:
         """An input whose buffer ``node`` may write its result over: one ``inplace_positions``
@@ -258,7 +290,8 @@ class AnySizeExecutable(Executable):
         for pos in inplace_positions(node):
             src = node.inputs[pos]
             other = self._nodes[src]
-            if (src in self._owns and self._ends[src] == node.id and node.inputs.count(src) == 1
+            if (src in self._owns and self._ends[src] == node.id
+                    and sum(self._root(i) == src for i in node.inputs) == 1  # nor a view of it
                     and other.dtype == node.dtype and tuple(other.shape) == tuple(node.shape)):
                 return src
         return None
@@ -273,6 +306,13 @@ class AnySizeExecutable(Executable):
             def view(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
                 return values[inputs[0]].reshape(shape_of(env))
             return view
+        if nid in self._broadcasts:
+            base = self._broadcasts[nid]
+
+            def broadcast(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]
+                          ) -> Any:
+                return np.broadcast_to(values[base], shape_of(env))
+            return broadcast
         if node.op is OpKind.CONSTANT:  # a sized one (the others are resident)
             def sized(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
                 return materialize(node.attrs, shape_of(env), node.dtype, env)
@@ -388,7 +428,7 @@ class AnySizeExecutable(Executable):
         for i in self._outputs:
             arr = values[i]
             fresh = (i not in self._owns and i not in self._resident and i not in self._input_ids
-                     and i not in self._by_sizes and self._nodes[i].op is not OpKind.RESHAPE and i not in handed)
+                     and i not in self._by_sizes and self._view_of(self._nodes[i]) is None and i not in handed)
             outs.append(arr if fresh else np.array(arr))
             handed.add(i)
         return outs

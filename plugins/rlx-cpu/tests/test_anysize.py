@@ -115,6 +115,28 @@ def test_every_size_matches_the_reference(served: tuple[Graph, Any], batch: int,
     assert_reference(g, cg.run(feeds), feeds)
 
 
+def test_a_causal_mask_expanded_by_ones_is_a_view_and_right(mode: str) -> None:
+    """An exporter's ``Expand`` of a (seq, seq) causal mask to the batch, converted as a
+    product with a sized constant of ones: the executable makes it a broadcast view (the
+    mask is kept per length, nothing is written per request), and the answers hold."""
+    g = Graph("causal")
+    x = g.input("x", ("batch", "seq", D), "float32")
+    positions = g.sized_constant("arange", ("seq",), "int64", start=0, delta=1)
+    causal = g.where(g.less(g.reshape(positions, (1, "seq")), g.reshape(positions, ("seq", 1))),
+                     g.constant(np.float32(-1e4)), g.constant(np.float32(0)))
+    mask = g.mul(g.reshape(causal, (1, 1, "seq", "seq")), g.sized_constant("fill", ("batch", 1, 1, 1), "float32",
+                                                                          value=1.0))
+    h = g.reshape(x, ("batch", 1, "seq", D))
+    g.set_outputs([g.add(g.attention(h, h, h, mask), h), mask])
+    exe = CpuBackend().compile_symbolic(_lowered(g), rlx.CompileOptions(device="cpu"))
+    assert exe is not None and exe._broadcasts  # (the product with ones became a view)
+    for batch, seq in ((1, 1), (3, 7), (2, 7), (4, 19)):
+        f = {"x": rand((batch, seq, D), batch * seq)}
+        outs = exe.run(f)
+        assert_reference(g, outs, f)
+        assert outs[1].flags.owndata and outs[1].flags.writeable  # the mask output: a copy, not our view
+
+
 def test_it_is_the_executable_for_every_size_that_ran(served: tuple[Graph, Any]) -> None:
     _, cg = served
     exe = cg.for_inputs(feeds_of(3, 33))._exe
