@@ -347,6 +347,37 @@ def check_concurrent_runs(ctx: _Context) -> str | None:
     return None
 
 
+def check_any_size(ctx: _Context) -> str | None:
+    """A backend that runs symbolic graphs itself (``compile_symbolic``): its executable for
+    a one-op graph of symbolic rows runs 1, 3 and 7 rows with the reference's answers, each
+    output of the shape the symbolic graph gives at that size."""
+    ctx.require_available()
+    method = getattr(type(ctx.backend), "compile_symbolic", None)
+    if method is None or method is Backend.compile_symbolic:
+        raise CheckSkipped(f"{ctx.who} does not run symbolic graphs itself (no compile_symbolic): the core hands "
+                           "it one specialization per shape class")
+    static, node = _first_claimed(ctx)
+    g = Graph(f"check_any_size_{node.op.value}")
+    x = g.input("x", ("rows", 4), "float32")
+    out = getattr(g, node.op.value)(x, g.param("w", np.asarray(static.value(static.params[0]))))
+    g.set_outputs([out])
+    g.freeze()
+    where = f"{ctx.who}, compile_symbolic of {node.op} over ('rows', 4)"
+    try:
+        exe = ctx.backend.compile_symbolic(g, CompileOptions(device=ctx.backend.name))
+    except Exception as exc:
+        raise AssertionError(f"{where} raised {type(exc).__name__}: {exc}") from None
+    if exe is None:
+        raise CheckSkipped(f"{ctx.who}: compile_symbolic declined a one-op graph (it may decline any)")
+    assert callable(getattr(exe, "run", None)), f"{where} returned {type(exe).__name__}, not an Executable"
+    for rows in (1, 3, 7):
+        feeds = {"x": np.linspace(-2, 2, rows * 4, dtype=np.float32).reshape(rows, 4)}
+        sized = g.specialize({"rows": rows}).freeze()
+        _run_case(ctx, sized, sized.node(out.id), feeds, f"{node.op} at {rows} row(s) on the executable for every "
+                  "size", exe=exe)
+    return None
+
+
 _KNOWN = frozenset(op.value for op in OpKind) - {op.value for op in SOURCE_OPS}
 
 #: The checks that are not per op, in the order they run.
@@ -360,4 +391,5 @@ BACKEND_CHECKS: tuple[tuple[str, Callable[[_Context], str | None]], ...] = (
 EXECUTABLE_CHECKS: tuple[tuple[str, Callable[[_Context], str | None]], ...] = (
     ("set_param", check_set_param),
     ("concurrent_runs", check_concurrent_runs),
+    ("any_size", check_any_size),
 )
