@@ -393,8 +393,10 @@ class AnySizeExecutable(Executable):
             concrete = _concrete(node, out.shape, env, ins, in_dtypes) if symbolic_attrs else (
                 dataclasses.replace(node, shape=out.shape))
             ctx = RunContext(arena, derived)
-            compute(concrete, ins, out, ctx)
-            ctx.release()
+            try:
+                compute(concrete, ins, out, ctx)
+            finally:
+                ctx.release()
         return built
 
     # ------------------------------------------------------------------ running
@@ -452,6 +454,9 @@ class AnySizeExecutable(Executable):
             make(source, array)
         for template in self._templates:  # a param folded into a fused activation
             template.forget()
+        with self._kept_lock:  # values of the sizes alone may read the param (a position table)
+            self._kept.clear()
+            self._kept_bytes = 0
 
     def report_notes(self) -> list[str]:
         dense = f"; {len(self._dense)} dense layer(s) on one oneDNN matmul for every row count" if self._dense else ""

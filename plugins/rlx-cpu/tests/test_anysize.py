@@ -202,6 +202,20 @@ def test_set_param_reaches_dense_layers_folds_and_regions(mode: str) -> None:
         exe.set_param("w", np.zeros(3, np.float32))
 
 
+def test_set_param_reaches_values_kept_per_size() -> None:
+    """The position embeddings gathered by a ``Range(0, seq)`` are kept per length; a new
+    position table set afterwards is what the next run reads."""
+    g = block()
+    exe = CpuBackend().compile_symbolic(_lowered(g), rlx.CompileOptions(device="cpu"))
+    assert exe is not None
+    f = feeds_of(2, 9)
+    assert_reference(g, exe.run(f), f)  # (kept for seq 9 now)
+    table = rand((MAX_POS, D), 99)
+    exe.set_param("pos", table)
+    g.replace_value(next(i for i in g.params if g.node(i).name == "pos"), table)
+    assert_reference(g, exe.run(f), f)
+
+
 def test_a_bad_request_is_an_input_error_and_the_next_one_runs(mode: str) -> None:
     g = block()
     exe = CpuBackend().compile_symbolic(_lowered(g), rlx.CompileOptions(device="cpu"))
