@@ -473,8 +473,8 @@ def test_importing_rlx_core_imports_neither_hypothesis_nor_the_kit():
 @pytest.mark.slow
 def test_kit_passes_on_the_loopback_backend():
     report = kit.check_backend(LoopbackBackend())
-    # (it does not run symbolic graphs itself: the core hands it specializations)
-    assert report.ok and [r.name for r in report.skipped] == ["any_size"], report.summary()
+    assert report.ok and not report.skipped, report.summary()
+    assert "any_size" not in {r.name for r in report.results}  # (no compile_symbolic: not its business)
     claimed = {r.name for r in report.results if r.name.startswith("op:")}
     assert claimed == {f"op:{op}" for op in LoopbackBackend().supported_ops()}
     n_ops = len(set(rlx_core.OpKind) - rlx_core.ir.ops.SOURCE_OPS)  # every op, the internal ones included
@@ -489,7 +489,7 @@ def test_kit_passes_with_other_seeds():
 def test_iter_checks_yields_named_callables():
     checks = dict(kit.iter_checks(LoopbackBackend(), ops=["relu", "myop"], max_examples=5))
     assert list(checks) == ["api", "probe", "supported_ops", "claims", "cost_model", "op:relu", "op:myop",
-                            "set_param", "concurrent_runs", "any_size"]
+                            "set_param", "concurrent_runs"]
     assert checks["op:relu"]().outcome == "passed"
     with pytest.raises(kit.CheckSkipped, match="no generator for op 'myop'"):
         checks["op:myop"]()

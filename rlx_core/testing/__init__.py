@@ -35,7 +35,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..plugin import Backend
-from ._checks import _KNOWN, BACKEND_CHECKS, EXECUTABLE_CHECKS, CheckSkipped, _Context, op_check
+from ._checks import (
+    _KNOWN,
+    BACKEND_CHECKS,
+    EXECUTABLE_CHECKS,
+    CheckSkipped,
+    _Context,
+    check_any_size,
+    op_check,
+    runs_symbolic,
+)
 from ._loopback import LoopbackBackend, LoopbackExecutable
 
 __all__ = [
@@ -138,6 +147,8 @@ def _plan(backend: Backend, ops: Iterable[str] | None) -> list[tuple[str, Callab
         else:
             plan.append((f"op:{op}", _not_claimed(op)))
     plan.extend(EXECUTABLE_CHECKS)
+    if runs_symbolic(backend):  # only where the backend has the optional hook: others' reports are unchanged
+        plan.append(("any_size", check_any_size))
     return plan
 
 

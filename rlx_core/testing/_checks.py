@@ -347,13 +347,19 @@ def check_concurrent_runs(ctx: _Context) -> str | None:
     return None
 
 
+def runs_symbolic(backend: Backend) -> bool:
+    """Whether ``backend`` implements the optional ``compile_symbolic`` (the kit then runs
+    ``any_size`` on it)."""
+    method = getattr(type(backend), "compile_symbolic", None)
+    return method is not None and method is not Backend.compile_symbolic
+
+
 def check_any_size(ctx: _Context) -> str | None:
     """A backend that runs symbolic graphs itself (``compile_symbolic``): its executable for
     a one-op graph of symbolic rows runs 1, 3 and 7 rows with the reference's answers, each
     output of the shape the symbolic graph gives at that size."""
     ctx.require_available()
-    method = getattr(type(ctx.backend), "compile_symbolic", None)
-    if method is None or method is Backend.compile_symbolic:
+    if not runs_symbolic(ctx.backend):
         raise CheckSkipped(f"{ctx.who} does not run symbolic graphs itself (no compile_symbolic): the core hands "
                            "it one specialization per shape class")
     static, node = _first_claimed(ctx)
@@ -391,5 +397,4 @@ BACKEND_CHECKS: tuple[tuple[str, Callable[[_Context], str | None]], ...] = (
 EXECUTABLE_CHECKS: tuple[tuple[str, Callable[[_Context], str | None]], ...] = (
     ("set_param", check_set_param),
     ("concurrent_runs", check_concurrent_runs),
-    ("any_size", check_any_size),
 )
