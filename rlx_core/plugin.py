@@ -74,6 +74,7 @@ __all__ = [
     "Setting",
     "ShapeFamily",
     "shape_family",
+    "runs_symbolic",
     "CONTRACT_DTYPES",
     "EXTENDED_DTYPES",
     "STORAGE_DTYPES",
@@ -337,6 +338,14 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} priority={self.priority}>"
+
+
+def runs_symbolic(backend: Backend) -> bool:
+    """Whether ``backend`` runs symbolic graphs itself: it implements the optional
+    ``Backend.compile_symbolic`` (``rlx devices --explain`` says so; the conformance kit then
+    checks it)."""
+    method = getattr(type(backend), "compile_symbolic", None)
+    return method is not None and method is not Backend.compile_symbolic
 
 
 class ShapeFamily:

@@ -314,4 +314,19 @@ def _print_probes(placement: Placement, rows: Sequence[DeviceCandidate]) -> None
             versions = {}
         said = ("available" if r.available else "unavailable") + (f": {r.reason}" if r.reason else "")
         found = ", ".join(f"{k} {v}" for k, v in versions.items())
-        _print_prose([f"{r.device}: {said}" + (f"; versions: {found}" if found else "")], indent="  ")
+        line = f"{r.device}: {said}" + (f"; versions: {found}" if found else "")
+        _print_prose([line + _shapes_line(placement, r.device)], indent="  ")
+
+
+def _shapes_line(placement: Placement, device: str) -> str:
+    """How the backend serves a new set of sizes of a symbolic graph (``compile_symbolic``)."""
+    from ..plugin import runs_symbolic
+
+    try:
+        backend = placement.registry.get(device)
+    except Exception:  # a broken backend: its row already says why
+        return ""
+    if runs_symbolic(backend):
+        return ("; symbolic dims: one executable for every size (compile_symbolic), a size met often compiled "
+                "for itself")
+    return "; symbolic dims: compiled per set of sizes"

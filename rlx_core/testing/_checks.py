@@ -22,7 +22,7 @@ from ..cost import CostModel, estimate_graph_cost
 from ..errors import PluginError
 from ..ir import Graph, Node
 from ..ir.ops import SOURCE_OPS, OpKind
-from ..plugin import PLUGIN_API_VERSION, Availability, Backend, CompileOptions, Executable
+from ..plugin import PLUGIN_API_VERSION, Availability, Backend, CompileOptions, Executable, runs_symbolic
 from ._compare import mismatch
 
 
@@ -345,13 +345,6 @@ def check_concurrent_runs(ctx: _Context) -> str | None:
         t.join()
     assert not errors, errors[0]
     return None
-
-
-def runs_symbolic(backend: Backend) -> bool:
-    """Whether ``backend`` implements the optional ``compile_symbolic`` (the kit then runs
-    ``any_size`` on it)."""
-    method = getattr(type(backend), "compile_symbolic", None)
-    return method is not None and method is not Backend.compile_symbolic
 
 
 def check_any_size(ctx: _Context) -> str | None:
