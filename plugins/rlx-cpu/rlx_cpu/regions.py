@@ -275,32 +275,49 @@ def _compile(instructions: list[Instruction], ins: list[Any], out: Any) -> _Comp
     dims, strides = _merge(shape, [_element_strides(x, shape) for x in operands])
     if len(dims) > _MAX_DIMS:
         raise _NoFit
-    contiguous = [math.prod(dims[k + 1 :]) for k in range(len(dims))]
-    kinds = []
-    for x, s in zip(operands, strides):
-        kind = _IN_FULL if s == contiguous else _IN_SCALAR if not any(s) else _IN_STRIDED
-        if not isinstance(x, Dyn) and not isinstance(out, Dyn) and np.may_share_memory(x, out):
-            if kind != _IN_FULL or x.ctypes.data != out.ctypes.data:
-                raise _NoFit  # read behind or ahead of where the output is written
-        kinds.append(kind)
+    kinds = _kinds(operands, dims, strides, out)
     n = math.prod(shape)
     code = [(op, tuple(order.get(a, a - n_in + len(read)) for a in i.args)) for op, i in zip(ops, instructions)]
     code = fuse_chains(code, len(read), lambda v: _scalar_value(operands, v, len(read)),
                        lambda v: _scalar_value(operands, v, len(read), constant=True))
     ops = [op for op, _ in code]
-    regs = _registers(code, len(read))
-    meta = [1, len(read), len(code), max(regs) + 1 if len(regs) > 1 else 0, len(dims), n, *dims]
+    program = _program_meta(code, len(read))
+    meta = [1, len(read), program[0], program[1], len(dims), n, *dims]
     for kind, s in zip(kinds, strides):
         meta += [kind, *s]
-    for (op, args), dst in zip(code, regs):
-        padded = [(a if a < len(read) else len(read) + regs[a - len(read)]) for a in args] + [-1] * (3 - len(args))
-        meta += [OPCODES[op], dst, *padded]
+    meta += program[2:]
     values = [out, *operands]
     ptrs = np.zeros(len(values), np.uint64)
     for k, x in enumerate(values):
         if not isinstance(x, Dyn):
             ptrs[k] = x.ctypes.data
     return _Compiled(np.array(meta, np.int64), ptrs, values, ops, kinds, n)
+
+
+def _kinds(operands: list[Any], dims: list[int], strides: list[list[int]], out: Any) -> list[int]:
+    """Each operand's kind over the merged ``dims`` (contiguous like the output, a scalar,
+    or strided); ``_NoFit`` where one shares memory with the output other than as the
+    output itself (the region would read behind or ahead of where it writes)."""
+    contiguous = [math.prod(dims[k + 1 :]) for k in range(len(dims))]
+    kinds = []
+    for x, s in zip(operands, strides):
+        kind = _IN_FULL if s == contiguous else _IN_SCALAR if not any(s) else _IN_STRIDED
+        if not isinstance(x, Dyn) and not isinstance(out, Dyn) and np.may_share_memory(x, out):
+            if kind != _IN_FULL or x.ctypes.data != out.ctypes.data:
+                raise _NoFit
+        kinds.append(kind)
+    return kinds
+
+
+def _program_meta(code: list[tuple[str, tuple[int, ...]]], n_read: int) -> list[int]:
+    """The program part of a region's meta: its length, its registers' count, then each
+    instruction as (opcode, destination register, three operands), registers reused."""
+    regs = _registers(code, n_read)
+    meta = [len(code), max(regs) + 1 if len(regs) > 1 else 0]
+    for (op, args), dst in zip(code, regs):
+        padded = [(a if a < n_read else n_read + regs[a - n_read]) for a in args] + [-1] * (3 - len(args))
+        meta += [OPCODES[op], dst, *padded]
+    return meta
 
 
 def _scalar_value(operands: list[Any], v: int, n_read: int, constant: bool = False) -> float | None:
@@ -516,13 +533,8 @@ class RegionTemplate:
             return None if x is None else _scalar_value(operands, v, nr, constant)
 
         code = fuse_chains(list(self._code), nr, value, lambda v: value(v, True))
-        regs = _registers(code, nr)
-        meta = [len(code), max(regs) + 1 if len(regs) > 1 else 0]
-        for (op, args), dst in zip(code, regs):
-            padded = [(a if a < nr else nr + regs[a - nr]) for a in args] + [-1] * (3 - len(args))
-            meta += [OPCODES[op], dst, *padded]
         cost = sum(_COST_NS.get(op, _COST_OTHER_NS) for op, _ in code) + _COST_GATHER_NS * kinds.count(_IN_STRIDED)
-        return meta, cost
+        return _program_meta(code, nr), cost
 
     def __call__(self, ins: list[np.ndarray], out: np.ndarray) -> None:
         if not (out.flags.c_contiguous and out.flags.writeable and out.flags.aligned and out.dtype == np.float32):
@@ -536,20 +548,13 @@ class RegionTemplate:
         dims, strides = _merge(shape, [_element_strides(x, shape) for x in operands])
         if len(dims) > _MAX_DIMS:
             raise _NoFit
-        contiguous = [math.prod(dims[k + 1 :]) for k in range(len(dims))]
-        kinds = []
-        out_at = out.ctypes.data
-        for x, s in zip(operands, strides):
-            kind = _IN_FULL if s == contiguous else _IN_SCALAR if not any(s) else _IN_STRIDED
-            if kind != _IN_SCALAR and np.may_share_memory(x, out) and (kind != _IN_FULL or x.ctypes.data != out_at):
-                raise _NoFit  # read behind or ahead of where the output is written
-            kinds.append(kind)
-        self._run(operands, out, dims, strides, kinds)
+        self._run(operands, out, dims, strides, _kinds(operands, dims, strides, out))
 
     @staticmethod
     def _flat(operands: list[np.ndarray], out: np.ndarray) -> list[int] | None:
         """Each operand's kind where every one is a contiguous float32 array of the output's
-        shape (the output itself, or apart from it) or a single value; else None."""
+        shape (the output itself, or apart from it) or a single value apart from it; else
+        None (``_kinds``' rule, without merging axes)."""
         shape, kinds = out.shape, []
         out_at = _at(out)
         out_end = out_at + out.nbytes
@@ -557,14 +562,15 @@ class RegionTemplate:
             if x.dtype != np.float32 or not x.flags.aligned:
                 raise _NoFit
             if x.size == 1 and x.ndim <= len(shape):
-                kinds.append(_IN_SCALAR)
+                kind = _IN_SCALAR
             elif x.shape == shape and x.flags.c_contiguous:
-                at = _at(x)
-                if at != out_at and at < out_end and out_at < at + x.nbytes:
-                    raise _NoFit  # read behind or ahead of where the output is written
-                kinds.append(_IN_FULL)
+                kind = _IN_FULL
             else:
                 return None
+            at = _at(x)
+            if at < out_end and out_at < at + x.nbytes and (kind != _IN_FULL or at != out_at):
+                raise _NoFit  # read behind or ahead of where the output is written
+            kinds.append(kind)
         return kinds
 
     def _run(self, operands: list[np.ndarray], out: np.ndarray, dims: list[int], strides: list[list[int]],

@@ -286,9 +286,11 @@ def test_a_region_template_runs_any_shape_like_numpy(shapes: tuple[tuple[int, ..
     want = np.tanh(same * strided[1]) + same
     template([same, strided[1]], same)
     np.testing.assert_allclose(same, want, rtol=1e-6, atol=1e-6)
+    buf = rand((10,), 12)
     with pytest.raises(regions.NoFit):  # the output overlapping an operand elsewhere: refused, not wrong
-        buf = rand((10,), 12)
         template([buf[1:6], buf[0:5]], buf[0:5])
+    with pytest.raises(regions.NoFit):  # a one-value operand inside the output: overwritten before all read it
+        template([buf[2:3], buf[5:10]], buf[0:5])
 
 
 @pytest.mark.skipif(onednn.find_library() is None, reason="oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
