@@ -25,7 +25,8 @@ from .symbolic import Sym, UnboundSymbolError, evaluate, format_shape, free_symb
 if TYPE_CHECKING:
     from .graph import Graph
 
-__all__ = ["input_shapes", "bind_shapes", "specialize_graph", "representative", "REPRESENTATIVE_SIZES"]
+__all__ = ["input_shapes", "bind_shapes", "specialize_graph", "representative", "evaluated_attrs",
+           "REPRESENTATIVE_SIZES"]
 
 #: Sizes tried, in order, for every symbol when a symbolic graph must be priced or placed.
 REPRESENTATIVE_SIZES = (16, 64, 224)
@@ -220,13 +221,21 @@ def _respecialize(graph: Graph, new: Graph, node: Any, sizes: Mapping[str, int])
     if node.op in _TYPED_ONCE and not any(holds_sym(v) for v in node.attrs.values()):
         new._append_typed(node, shape)  # its rule reads no size into its attrs: only the shape changes
         return
-    attrs = {k: evaluate_attr(v, sizes) for k, v in node.attrs.items()}
-    if node.op is OpKind.ATTENTION and attrs.get("scale") is None:
-        attrs.pop("scale", None)  # the default 1/sqrt(D), now that D is known
-    made = new.add_node(node.op, node.inputs, attrs, node.name)
+    made = new.add_node(node.op, node.inputs, evaluated_attrs(node, sizes), node.name)
     if made.shape != shape:  # the symbolic rule and the static one disagree: a bug, never a silent one
         raise GraphError(f"specialize: {node.describe()} ({node.op}) has shape {made.shape} under {sizes}, "
                          f"but its symbolic shape {node.shape} gives {shape}")
+
+
+def evaluated_attrs(node: Any, sizes: Mapping[str, int]) -> dict[str, Any]:
+    """``node``'s attrs with every dim in them evaluated under ``sizes``, as its type rule
+    is to take them again at those sizes (an attention's scale left to default to
+    1/sqrt(D), now that D is known): ``specialize``'s, and a backend's that runs a
+    symbolic graph node by node at a run's sizes."""
+    attrs = {k: evaluate_attr(v, sizes) for k, v in node.attrs.items()}
+    if node.op is OpKind.ATTENTION and attrs.get("scale") is None:
+        attrs.pop("scale", None)
+    return attrs
 
 
 def representative(graph: Graph) -> tuple[Graph, dict[str, int]]:

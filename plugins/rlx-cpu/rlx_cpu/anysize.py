@@ -45,8 +45,9 @@ from rlx_core.errors import InputError
 from rlx_core.ir import Graph, Node
 from rlx_core.ir.internal_types import infer_any
 from rlx_core.ir.ops import OpKind
-from rlx_core.ir.shape_rules import evaluate_attr, has_sym, holds_sym
+from rlx_core.ir.shape_rules import has_sym, holds_sym
 from rlx_core.ir.sized import is_sized, materialize
+from rlx_core.ir.specialize import evaluated_attrs
 from rlx_core.ir.symbolic import Sym, free_symbols
 from rlx_core.plugin import Executable
 
@@ -62,14 +63,14 @@ from .anysize_kernels import (
     slice_runner,
     transpose_runner,
 )
-from .anysize_memory import Arena, RunContext, owner
+from .anysize_memory import Arena, RunContext
 from .executor import _build_with, _Owned, _param_copy, kernel_ops
 from .kernels import inplace_positions
 from .native import thread_cap
 from .onednn_steps import RunTimeDense
 from .regions import RegionTemplate
 from .settings import ANY_SIZE
-from .steps import aligned_empty, bind
+from .steps import aligned_empty, bind, owner
 from .threads import native_thread_cap
 
 __all__ = ["AnySizeExecutable", "DECLINED_OPS", "any_size_executable"]
@@ -218,8 +219,7 @@ class AnySizeExecutable(Executable):
         the same for any row count) of residents; ``None`` for anything else (the kernel
         does without: a pack made per run would cost more than it saves). Refilled in place
         by ``set_param``."""
-        if key[0] not in _DERIVED_KINDS or not all(isinstance(a, np.ndarray) and owner(a) is not None
-                                                   and id(owner(a)) in self._resident_roots
+        if key[0] not in _DERIVED_KINDS or not all(isinstance(a, np.ndarray) and id(owner(a)) in self._resident_roots
                                                    for a in (source, *also)):
             return None
         k = (*((a.__array_interface__["data"][0], a.shape, a.strides) for a in (source, *also)), key)
@@ -484,9 +484,7 @@ def _concrete(node: Node, shape: tuple[int, ...], env: Mapping[str, int], ins: l
     """``node`` as a static graph would hold it at these sizes: its attrs evaluated and
     normalized by its type rule again (a slice's bounds, a reshape's target), as
     ``Graph.specialize`` does."""
-    attrs = {k: evaluate_attr(v, env) for k, v in node.attrs.items()}
-    if node.op is OpKind.ATTENTION and attrs.get("scale") is None:
-        attrs.pop("scale", None)
-    norm, _, _ = infer_any(node.op, [_Type(tuple(x.shape), dt) for x, dt in zip(ins, in_dtypes)], attrs)
+    norm, _, _ = infer_any(node.op, [_Type(tuple(x.shape), dt) for x, dt in zip(ins, in_dtypes)],
+                           evaluated_attrs(node, env))
     return dataclasses.replace(node, attrs=norm, shape=shape)
 

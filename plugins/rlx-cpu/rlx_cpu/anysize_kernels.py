@@ -32,6 +32,7 @@ from rlx_core.ir.shape_rules import evaluate_attr, has_sym, holds_sym
 from . import onednn
 from .anysize_memory import Arena
 from .blas import matmul_now, mkl
+from .fused import gemm_epilogue
 from .gemm import stacked_rows, use_native
 from .native import library as native_library
 from .native_nn import LAYER_NORM_NS, SOFTMAX_NS
@@ -116,24 +117,19 @@ def product_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.
         return None  # rlx's GEMM, built per run around its weights packed once (the executable's derived)
     a_id, b_id = node.inputs[:2]
     epilogue = None
-    program: list[Instruction] = []
-    if node.op is OpKind.GEMM:
-        if len(node.inputs) == 3:
-            program.append(Instruction(OpKind.ADD, (0, 1), {}, node.shape, "float32"))
-        spec = ACTIVATION_OPS[node.attrs["activation"]]
-        if spec is not None:
-            program.append(Instruction(spec[0], (len(program) + len(node.inputs) - 2,) if program else (0,),
-                                       dict(spec[1]), node.shape, "float32"))
+    program = gemm_epilogue(node) if node.op is OpKind.GEMM else ()  # the plan's: bias, then activation
+    if program:
         lib = native_library()
-        if program:
-            if lib is None:
-                return None
-            known = {1: resident[node.inputs[2]]} if len(node.inputs) == 3 and node.inputs[2] in resident else {}
-            try:
-                epilogue = RegionTemplate(lib, program, len(node.inputs) - 1, known)
-            except NoFit:
-                return None
-            templates.append(epilogue)
+        if lib is None:
+            return None
+        instructions = program_types(OpKind.FUSED_ELEMENTWISE, [node, *(nodes[i] for i in node.inputs[2:])],
+                                     program)[1]
+        known = {1: resident[node.inputs[2]]} if len(node.inputs) == 3 and node.inputs[2] in resident else {}
+        try:
+            epilogue = RegionTemplate(lib, instructions, len(node.inputs) - 1, known)
+        except NoFit:
+            return None
+        templates.append(epilogue)
     rest = node.inputs[2:]
     w = resident.get(b_id)
     mkl_lib = mkl()

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from .steps import aligned_empty
+from .steps import aligned_empty, owner
 from .warm_pool import warm_pool
 
-__all__ = ["Arena", "Outputs", "RunContext", "owner"]
+__all__ = ["Arena", "Outputs", "RunContext"]
 
 #: A free buffer up to this size serves any smaller value (larger ones: values at least half their size).
 _SMALL = 64 * 1024
@@ -41,12 +41,11 @@ class Arena:
     has run, a run faults in no fresh memory (about half a millisecond per megabyte on
     this kind of host: the sizes of a stream of requests change on every one)."""
 
-    __slots__ = ("_free", "_sizes", "outputs", "owned")
+    __slots__ = ("_free", "_sizes", "outputs")
 
     def __init__(self, outputs: int) -> None:
         self._free: list[np.ndarray] = []  # sorted by size
         self._sizes: list[int] = []
-        self.owned: list[np.ndarray] = []
         self.outputs = Outputs(outputs)
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -61,7 +60,6 @@ class Arena:
             raw = warm_pool().take(size)
             if raw is None:
                 raw = aligned_empty(size, np.uint8)
-            self.owned.append(raw)
         return raw[:nbytes].view(dtype).reshape(shape), raw
 
     def give(self, raw: np.ndarray) -> None:
@@ -93,13 +91,6 @@ class Outputs:
         raw = aligned_empty(_rounded(nbytes), np.uint8)
         self._kept[k] = (raw, owner(raw))
         return raw[:nbytes].view(dtype).reshape(shape)
-
-
-def owner(a: np.ndarray) -> np.ndarray:
-    """The array that owns ``a``'s memory (``a``, or the base of its views)."""
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
 
 
 def _unowned() -> int:

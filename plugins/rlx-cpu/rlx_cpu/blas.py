@@ -415,16 +415,10 @@ def matmul_now(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         np.matmul(a, b, out=out)
         return
     lib = mkl()
-    if lib is not None and a.dtype == b.dtype == out.dtype == _F32 and a.ndim >= 2 and b.ndim >= 2:
-        m, n = out.shape[-2:]
-        k = a.shape[-1]
-        batch = tuple(out.shape[:-2])
-        count = math.prod(batch)
+    if lib is not None:
         try:
-            if max(m, n, k) > _INT_MAX or count > _INT_MAX or 0 in (m, n, k, count):
-                raise _NoFit
-            pa, pb, pc = _Operand(a, m, k, batch), _Operand(b, k, n, batch), _Operand(out, m, n, batch)
-            if pc.trans != _NO_TRANS or (count > 1 and pc.batch_stride == 0):
+            m, n, k, count, pa, pb, pc = _product(a, b, out)
+            if 0 in (m, n, k, count):
                 raise _NoFit
         except _NoFit:
             pass
@@ -440,7 +434,10 @@ def matmul_now(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     np.matmul(a, b, out=out)
 
 
-def _mkl_step(lib: Mkl, a: Any, b: Any, out: Any, ctx: Any = None) -> Step:
+def _product(a: Any, b: Any, out: Any) -> tuple[int, int, int, int, _Operand, _Operand, _Operand]:
+    """``(m, n, k, batch count, A, B, C)`` of a float32 ``out = a @ b`` as cblas takes it;
+    ``_NoFit`` where it does not (another dtype, sizes past its ints, a C not row-major,
+    every matrix written to one place)."""
     if a.dtype != _F32 or b.dtype != _F32 or out.dtype != _F32 or a.ndim < 2 or b.ndim < 2:
         raise _NoFit
     m, n = out.shape[-2:]
@@ -455,7 +452,11 @@ def _mkl_step(lib: Mkl, a: Any, b: Any, out: Any, ctx: Any = None) -> Step:
     count = math.prod(batch)
     if count > 1 and c.batch_stride == 0:  # every matrix written to one place: not a product
         raise _NoFit
-    pa, pb = ops[0], ops[1]
+    return m, n, k, count, ops[0], ops[1], c
+
+
+def _mkl_step(lib: Mkl, a: Any, b: Any, out: Any, ctx: Any = None) -> Step:
+    m, n, k, count, pa, pb, c = _product(a, b, out)
     packed = _packed(lib, b, pb, m, n, k, ctx) if count == 1 and not isinstance(b, Dyn) else None
     if packed is not None:
         args = [_ROW_MAJOR, pa.trans, _PACKED, m, n, k, 0, pa.ld, packed.ctypes.data, pb.ld, 0.0, 0, c.ld]

@@ -52,7 +52,7 @@ from .native import library as native_library
 from .native import thread_cap
 from .nn_kernels import NN_KERNELS
 from .regions import node_steps
-from .steps import Dyn, Step, aligned_empty, bind, bind_run
+from .steps import Dyn, Step, aligned_empty, bind, bind_run, owner
 from .threads import PRODUCT_OPS, ThreadTuner, native_thread_cap
 from .warm_pool import warm_pool
 
@@ -169,13 +169,6 @@ class _Owned:
 
     def derived(self, source: Any, key: Any, make: Callable[..., np.ndarray], also: Sequence[Any] = ()) -> None:
         return None  # a folded node runs once per set_param: nothing to keep
-
-
-def _root(a: np.ndarray) -> np.ndarray:
-    """The array that owns ``a``'s memory (``a`` itself, or the base of a view)."""
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
 
 
 class _Group:
@@ -392,7 +385,7 @@ class CpuExecutable(Executable):
                     if deps[node.id]:
                         self._folds.append((deps[node.id], steps))
             self._residents[node.id] = arr
-            root = id(_root(arr))
+            root = id(owner(arr))
             self._resident_deps[root] = self._resident_deps.get(root, frozenset()) | deps[node.id]
 
     def _derived(self, source: Any, key: Any, make: Callable[[np.ndarray, np.ndarray | None], np.ndarray],
@@ -404,7 +397,7 @@ class CpuExecutable(Executable):
         for array in (source, *also):
             if not isinstance(array, np.ndarray):
                 return None
-            found = self._resident_deps.get(id(_root(array)))
+            found = self._resident_deps.get(id(owner(array)))
             if found is None:  # a plan buffer: its contents change every run
                 return None
             deps |= found
@@ -416,7 +409,7 @@ class CpuExecutable(Executable):
             entry = self._derived_arrays[k] = [source, make, make(source, None), deps]
             # A derived array may be the source of another (weights with a bias column,
             # then packed for the GEMM): set_param refills them in the order they were made.
-            self._resident_deps.setdefault(id(_root(entry[2])), deps)
+            self._resident_deps.setdefault(id(owner(entry[2])), deps)
         return entry[2]
 
     def _family_derived(self, k: Any, source: np.ndarray, make: Callable[[np.ndarray, np.ndarray | None], np.ndarray],
@@ -428,13 +421,13 @@ class CpuExecutable(Executable):
         assert family is not None
         with family.lock:
             roots = family.shared.get(_SHARED_ROOTS, set())
-            if not all(id(_root(a)) in roots for a in (source, *also)):
+            if not all(id(owner(a)) in roots for a in (source, *also)):
                 return None
             entry = family.shared.get(("rlx_cpu.derived", k))
             if entry is None:
                 entry = family.shared[("rlx_cpu.derived", k)] = [source, make, make(source, None), deps]
-                roots.add(id(_root(entry[2])))  # (a derived array may be the source of another)
-        self._resident_deps.setdefault(id(_root(entry[2])), deps)
+                roots.add(id(owner(entry[2])))  # (a derived array may be the source of another)
+        self._resident_deps.setdefault(id(owner(entry[2])), deps)
         return entry
 
     def _constant(self, array: Any) -> bool:
@@ -444,7 +437,7 @@ class CpuExecutable(Executable):
         ``set_param`` of that param drops the plans bound with its old values."""
         if not isinstance(array, np.ndarray):
             return False
-        deps = self._resident_deps.get(id(_root(array)))
+        deps = self._resident_deps.get(id(owner(array)))
         if deps is None:
             return False
         self._baked |= deps

@@ -54,7 +54,7 @@ from .onednn_steps import dense_steps
 from .regions import Epilogue, epilogue, region_steps
 from .steps import Parallel, Step, helper_threads
 
-__all__ = ["FUSED_KERNELS", "BLOCK_ELEMENTS", "block_plan"]
+__all__ = ["FUSED_KERNELS", "BLOCK_ELEMENTS", "block_plan", "gemm_epilogue"]
 
 #: Elements per block: a few float32 registers of this size stay in a 256 KiB-1 MiB L2.
 BLOCK_ELEMENTS = 16384
@@ -290,17 +290,10 @@ def _gemm(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> lis
     if on_onednn is not None:
         return on_onednn
     mm = Node(-1, OpKind.MATMUL, (), MappingProxyType({}), node.shape, node.dtype, node.name)
-    after: list[tuple[OpKind, tuple[int, ...], dict[str, Any]]] = []  # the bias, the activation
-    operands: list[Any] = [out]
-    if len(ins) == 3:
-        operands.append(ins[2])
-        after.append((OpKind.ADD, (0, 1), {}))
-    spec = ACTIVATION_OPS[node.attrs["activation"]]
-    if spec is not None:
-        after.append((spec[0], (len(operands) + len(after) - 1,), spec[1]))
-    if not after:
+    operands: list[Any] = [out, *ins[2:]]
+    program = gemm_epilogue(node)
+    if not program:
         return KERNELS[OpKind.MATMUL](mm, ins[:2], out, ctx)
-    program = tuple((op.value, args, tuple(sorted(attrs.items()))) for op, args, attrs in after)
 
     def inside() -> Epilogue | None:
         # the bias and activation applied by rlx's GEMM to each block of C as it is final,
@@ -314,6 +307,18 @@ def _gemm(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> lis
     if step is not None:
         return [step]
     return KERNELS[OpKind.MATMUL](mm, ins[:2], out, ctx) + region_after(program, operands, out, ctx, node.name)
+
+
+def gemm_epilogue(node: Node) -> tuple[Any, ...]:
+    """A ``gemm`` node's bias and activation as a region's program over ``(product, bias)``
+    (the bias when the node has one; empty when it has neither)."""
+    after: list[tuple[OpKind, tuple[int, ...], dict[str, Any]]] = []
+    if len(node.inputs) == 3:
+        after.append((OpKind.ADD, (0, 1), {}))
+    spec = ACTIVATION_OPS[node.attrs["activation"]]
+    if spec is not None:
+        after.append((spec[0], (len(node.inputs) - 1 + len(after) - 1,), spec[1]))
+    return tuple((op.value, args, tuple(sorted(attrs.items()))) for op, args, attrs in after)
 
 
 def region_after(program: Any, operands: list[Any], out: np.ndarray, ctx: BuildContext, name: str) -> list[Step]:

@@ -22,7 +22,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["CACHE_LINE", "Dyn", "Parallel", "Step", "aligned_empty", "bind", "bind_run", "is_fixed", "helper_threads"]
+__all__ = ["CACHE_LINE", "Dyn", "Parallel", "Step", "aligned_empty", "owner", "bind", "bind_run", "is_fixed",
+           "helper_threads"]
 
 #: The byte alignment of the buffers the native kernels read and write. numpy's own
 #: allocations start at any multiple of 16 bytes (big ones 16 bytes past a page), so the
@@ -41,6 +42,13 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: Any, align: int = CACHE_L
     raw = np.empty(nbytes + align, np.uint8)
     start = -raw.ctypes.data % align
     return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def owner(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (``a`` itself, or the base of its views)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
 class Step(NamedTuple):
