@@ -192,7 +192,7 @@ _PRINT_VERSIONS = (
 #: Benchmark scripts that rewrite their own sections of BENCHMARKS.md when given ``--write``.
 WRITES_BENCHMARKS_MD = ("overhead.py", "suite.py", "batch.py", "dynamic.py")
 #: Scripts with a session of their own (heavy extras: torch): ``nox -s zoo``.
-OWN_SESSION = ("zoo.py", "detector.py", "dynamic_exports.py", "layout.py", "neighbours.py")
+OWN_SESSION = ("zoo.py", "detector.py", "dynamic_exports.py", "exports_stream.py", "layout.py", "neighbours.py")
 #: Tools that time the ONNX files they are given (``python bench/compile_time.py a.onnx``):
 #: there is no model of theirs to run here.
 NEEDS_MODEL_FILES = ("compile_time.py", "onnx_time.py")
@@ -236,7 +236,8 @@ def zoo(session: nox.Session) -> None:
     """Real architectures (bench/zoo.py): torchvision and transformers models with random
     weights, exported by both torch exporters, compared with ONNX Runtime on every rlx
     device and timed against it; then torchvision detectors (bench/detector.py), exports
-    with dynamic axes checked at many sizes (bench/dynamic_exports.py), and rlx beside
+    with dynamic axes checked at many sizes (bench/dynamic_exports.py) and served a stream
+    of new sizes (bench/exports_stream.py), and rlx beside
     torch, ONNX Runtime and OpenVINO in one process (bench/neighbours.py).
     Installs torch, torchvision and transformers (several GB: bench extras, never rlx
     dependencies). Posargs go to bench/zoo.py (default: every model, both exporters,
@@ -248,6 +249,7 @@ def zoo(session: nox.Session) -> None:
     if not session.posargs:  # the detectors (host ops between compiled parts) and dynamic axes
         session.run("python", str(ROOT / "bench" / "detector.py"))
         session.run("python", str(ROOT / "bench" / "dynamic_exports.py"))
+        session.run("python", str(ROOT / "bench" / "exports_stream.py"), "--devices", "cpu,jax")
         try:  # a neighbour of bench/neighbours.py's; skipped there where it does not install
             session.install("openvino")
         except nox.command.CommandFailed:

@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("placement",),
     ("compiler", "testing"),
     ("backends",),
-    ("plugin",),
+    ("plugin", "buckets"),
     ("calibration",),
     ("cost", "passes", "examples"),
     ("reference",),

@@ -327,6 +327,8 @@ def _shapes_line(placement: Placement, device: str) -> str:
     except Exception:  # a broken backend: its row already says why
         return ""
     if runs_symbolic(backend):
-        return ("; symbolic dims: one executable for every size (compile_symbolic), a size met often compiled "
-                "for itself")
+        doc = " ".join((type(backend).compile_symbolic.__doc__ or "").split())
+        how = doc.split(": ", 1)[0].split(". ", 1)[0].replace("``", "") if doc else "one executable for every size"
+        return (f"; symbolic dims: {how[:1].lower()}{how[1:]}, through compile_symbolic; a size met often may be "
+                "compiled for itself")
     return "; symbolic dims: compiled per set of sizes"

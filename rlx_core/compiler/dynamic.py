@@ -42,8 +42,10 @@ pass works unchanged. This module keeps those specializations:
   recur, and a model run at one more size is served cheapest by compiling just that). A
   class run ``STATIC_AFTER`` times there is compiled on its own at its next run (a plan fixed for
   sizes that recur is the fastest way to run them), into the same LRU, once: dropped
-  from the LRU later, it runs on the executable for every size again. The report counts
-  the runs served this way.
+  from the LRU later, it runs on the executable for every size again; unless the
+  executable's optional ``exact_compile_pays(bindings)`` says no (shape buckets: a size
+  whose bucket is barely larger runs as fast there). The report counts the runs served
+  this way, and ``compiles`` counts what the executable compiled since (buckets).
 
 A backend that does not run symbolic graphs itself (every API-1 plugin) gets the
 specializations above, the fallback every backend gets.
@@ -51,6 +53,7 @@ specializations above, the fallback every backend gets.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -138,12 +141,12 @@ class DynamicCompiledGraph(CompiledGraph):
         self._classes: OrderedDict[tuple[tuple[str, int], ...], CompiledGraph] = OrderedDict()
         self._compiling = threading.Lock()  # one compile at a time; runs of compiled classes never wait
         self._history: list[str] = []
-        self.compiles = 0
+        self._compiles = 0
         if isinstance(first, CompiledGraph):
             self._classes[shape_key(bindings)] = first
             when = first.report().compile_seconds if seconds is None else seconds
             self._record(bindings, when, "placed and priced here")
-            self.compiles = 1
+            self._compiles = 1
 
     # ------------------------------------------------------------------ running
     def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
@@ -213,7 +216,9 @@ class DynamicCompiledGraph(CompiledGraph):
             runs = served.get(key, 0)
             if runs == STATIC_AFTER and self._any is not None:
                 served[key] = runs + 1  # (past the mark: never compiled again)
-                return None
+                pays = getattr(self._any, "exact_compile_pays", None)
+                if pays is None or pays(dict(key)):
+                    return None
         any_size = self._any
         if any_size is None:
             with self._served_lock:
@@ -251,7 +256,7 @@ class DynamicCompiledGraph(CompiledGraph):
                                           f"class run {STATIC_AFTER} times there is compiled on its own)")
                 log.info("graph %r: compiled for every size on %s in %.1f ms", self.graph.name, self.device,
                          seconds * 1e3)
-                self.compiles += 1  # (a compile, if not of one class: a request that waited for it says so)
+                self._compiles += 1  # (a compile, if not of one class: a request that waited for it says so)
                 self._any = made
         return self._any
 
@@ -276,7 +281,7 @@ class DynamicCompiledGraph(CompiledGraph):
             cg.set_param(name, value)
         seconds = time.perf_counter() - t0
         self._record(bindings, seconds, "from the graph lowered once" if once else "")
-        self.compiles += 1
+        self._compiles += 1
         log.info("graph %r: compiled for %s on %s in %.1f ms", self.graph.name, describe_bindings(bindings),
                  self.device, seconds * 1e3)
         return cg
@@ -291,6 +296,21 @@ class DynamicCompiledGraph(CompiledGraph):
         notes[:] = [n for n in notes if not n.startswith("shape class ")] + self._history
 
     # ------------------------------------------------------------------ the rest
+    @property
+    def compiles(self) -> int:
+        """Compiles made for this graph: each shape class, the executable for every size,
+        and what that executable compiled since (a bucketing backend's buckets)."""
+        any_size = self._any
+        return self._compiles + (any_size.backend_compiles() if isinstance(any_size, AnySizeGraph) else 0)
+
+    def report(self) -> CompileReport:
+        """The compile report, with what the executable for every size says of itself now
+        (a backend serving sizes by buckets lists the buckets it compiled)."""
+        any_size = self._any
+        if not isinstance(any_size, AnySizeGraph):
+            return self._report
+        return dataclasses.replace(self._report, notes=[*self._report.notes, *any_size.backend_notes()])
+
     def shapes(self) -> list[dict[str, int]]:
         """The shape classes compiled and kept, least recently used first."""
         return [dict(k) for k in self._classes]
@@ -392,7 +412,8 @@ class ValueCompiledGraph(DynamicCompiledGraph):
         self._compiling = threading.Lock()
         self._family = ShapeFamily()
         self._history = []
-        self.compiles = 0
+        self._compiles = 0
+        self._any = None  # (it never runs on an executable for every size)
 
     def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
         """Build and compile for the sizes and values of ``inputs`` (when new), then run
@@ -411,12 +432,12 @@ class ValueCompiledGraph(DynamicCompiledGraph):
                 t0 = time.perf_counter()
                 with self._family.compiling():
                     key, static = graph.build(inputs)
-                    cg = (self._compile_shape if self.compiles else self._first)(static)
+                    cg = (self._compile_shape if self._compiles else self._first)(static)
                 for name, value in self._params.items():
                     cg.set_param(name, value)
-                if not self.compiles:
+                if not self._compiles:
                     self._device, self._report = cg.device, cg.report()
-                self.compiles += 1
+                self._compiles += 1
                 seconds = time.perf_counter() - t0
                 shown = graph.describe(key)
                 self._record_line(f"values {shown}: built and compiled in {seconds * 1e3:.1f} ms on {cg.device}")

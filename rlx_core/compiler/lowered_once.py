@@ -188,9 +188,6 @@ class LoweredOnce:
                                user_nodes=len(self._graph), legalized_nodes=len(result.legalized.graph),
                                decomposed=list(result.legalized.decomposed), compiled_nodes=len(legal),
                                fused=result.fused, pipeline=result.describe())
-        notes = getattr(exe, "report_notes", None)
-        if callable(notes):
-            report.notes.extend(str(n) for n in notes())
         log.info("graph %r: compiled once for every size on %s in %.1f ms", self._graph.name, self._device,
                  seconds * 1e3)
         return AnySizeGraph(self._graph, self._device, exe, legal, report, self._registry, opts)
@@ -202,6 +199,38 @@ class AnySizeGraph(CompiledGraph):
     the backend's executable, and checks each output against the graph's symbolic shape
     at those sizes (``output="dlpack"`` gets the same numpy arrays: host memory, each a
     DLPack producer)."""
+
+    def backend_notes(self) -> list[str]:
+        """The executable's ``report_notes`` now (what it compiled since: shape buckets),
+        ``[]`` when it has none or they fail."""
+        notes = getattr(self._exe, "report_notes", None)
+        try:
+            return [str(n) for n in notes()] if callable(notes) else []
+        except Exception as exc:  # a report must never fail for a plugin's notes
+            log.debug("graph %r: report_notes failed: %s", self.graph.name, exc)
+            return []
+
+    def backend_compiles(self) -> int:
+        """What the executable compiled since it was made (its ``compiles``: a bucketing
+        backend's buckets), 0 when it does not say."""
+        n = getattr(self._exe, "compiles", 0)
+        return n if isinstance(n, int) and not isinstance(n, bool) else 0
+
+    def exact_compile_pays(self, bindings: Mapping[str, int]) -> bool:
+        """Whether a size met often is worth compiling on its own: the executable's optional
+        ``exact_compile_pays(bindings)`` says (a bucket barely larger than the sizes runs as
+        fast as their own compile would); ``True`` when it has none or it fails."""
+        ask = getattr(self._exe, "exact_compile_pays", None)
+        try:
+            return bool(ask(bindings)) if callable(ask) else True
+        except Exception as exc:
+            log.debug("graph %r: exact_compile_pays failed: %s", self.graph.name, exc)
+            return True
+
+    def report(self) -> CompileReport:
+        """The compile report, with the executable's notes as they are now."""
+        report = dataclasses.replace(self._report, notes=[*self._report.notes, *self.backend_notes()])
+        return report
 
     def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
         return self.run_bound(inputs, self.graph.bind(self.graph.input_shapes(inputs)), output)

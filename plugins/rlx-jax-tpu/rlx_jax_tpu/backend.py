@@ -255,6 +255,15 @@ class XlaBackend(Backend):
 
         return JaxExecutable(graph, self.device(options.device_index), backend=self.name, options=options)
 
+    def compile_symbolic(self, graph: Graph, options: CompileOptions) -> Executable | None:
+        """Shape buckets (``rlx_core.buckets``): XLA compiles for static shapes, so a new
+        size runs on the program compiled for its bucket (powers of two, or the sizes in
+        ``options.extra["buckets"]``), padded and masked where that is exact; a new length
+        inside a bucket never compiles."""
+        from rlx_core.buckets import bucketed
+
+        return bucketed(graph, options, self.compile, self.claims)
+
 
 class JaxBackend(XlaBackend):
     """Device ``jax``: JAX's default platform, whatever it is (cpu here, gpu on a CUDA
