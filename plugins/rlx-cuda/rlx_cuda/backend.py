@@ -147,3 +147,13 @@ class CudaBackend(rlx_core.Backend):
             if cache is None:
                 cache = self._caches[index] = KernelCache(cp)
         return CudaExecutable(cp, graph, index, cache, options.extra, options.memory_plan)
+
+    def compile_symbolic(self, graph: Graph, options: rlx_core.CompileOptions) -> rlx_core.Executable | None:
+        """Shape buckets (``rlx_core.buckets``): a new size runs on the program compiled
+        for its bucket (its kernels and CUDA graph; powers of two, or the sizes in
+        ``options.extra["buckets"]``), padded and masked where that is exact; a new length
+        inside a bucket captures nothing."""
+        self._require()
+        from rlx_core.buckets import bucketed
+
+        return bucketed(graph, options, self.compile, self.claims)

@@ -226,6 +226,15 @@ class OpenclBackend(rlx_core.Backend):
 
         return OpenclExecutable(graph, self.runtime(options.device_index))
 
+    def compile_symbolic(self, graph: Graph, options: rlx_core.CompileOptions) -> rlx_core.Executable | None:
+        """Shape buckets (``rlx_core.buckets``): a new size runs on the kernels compiled
+        for its bucket (powers of two, or the sizes in ``options.extra["buckets"]``),
+        padded and masked where that is exact; a new length inside a bucket builds no
+        program."""
+        from rlx_core.buckets import bucketed
+
+        return bucketed(graph, options, self.compile, self.claims)
+
     def describe_devices(self) -> list[dict[str, Any]]:
         """One dict per device (index, name, platform, version, default) for tools."""
         entries = self.devices()
