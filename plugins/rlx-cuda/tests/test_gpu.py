@@ -91,6 +91,22 @@ def test_models_match_the_reference(gpu_backend, build, graphs):
     assert any(("CUDA graph captured" if graphs else "CUDA graphs off") in n for n in cg.report().notes)
 
 
+def test_symbolic_sizes_run_by_buckets(gpu_backend):
+    """A new length inside a bucket captures nothing: one program (and CUDA graph) per bucket."""
+    rng = np.random.default_rng(5)
+    g = rlx_core.Graph("sym")
+    x = g.input("x", ("batch", "seq", 32))
+    h = g.gelu(g.matmul(x, g.param("w", rng.standard_normal((32, 32), dtype=np.float32) * 0.2)))
+    probs = g.softmax(g.matmul(h, g.transpose(h, (0, 2, 1))), -1)
+    g.set_outputs([g.reduce_mean(g.matmul(probs, h), axes=(1,))])
+    cg = rlx_core.compile(g, device="cuda")
+    for batch, seq in ((2, 5), (2, 7), (1, 6), (2, 8)):
+        inputs = {"x": rng.standard_normal((batch, seq, 32), dtype=np.float32)}
+        _same(g, cg.run(inputs), inputs)
+    assert [n.split(":")[0] for n in cg.report().notes if n.startswith("bucket ")] == [
+        "bucket batch=2, seq=8", "bucket batch=1, seq=8"]
+
+
 def test_set_param_and_concurrent_runs(gpu_backend):
     g = _mlp()
     cg = rlx_core.compile(g, device="cuda")

@@ -181,6 +181,11 @@ def test_unavailable_backend_refuses_to_compile(monkeypatch):
     assert backend.probe().reason.startswith("no CUDA device")
     with pytest.raises(DeviceError, match="cuda is unavailable here: no CUDA device"):
         backend.compile(rlx_core.Graph("g"), rlx_core.CompileOptions(device="cuda"))
+    g = rlx_core.Graph("g")  # nor a symbolic graph by buckets (the core then compiles per class, and says why)
+    g.set_outputs([g.relu(g.input("x", ("rows", 4)))])
+    assert rlx_core.plugin.runs_symbolic(backend)
+    with pytest.raises(DeviceError, match="cuda is unavailable here: no CUDA device"):
+        backend.compile_symbolic(g, rlx_core.CompileOptions(device="cuda"))
 
 
 def test_device_index_out_of_range(monkeypatch):
