@@ -61,9 +61,11 @@ from .anysize_kernels import (
     product_runner,
     region_runner,
     slice_runner,
+    softmax_runner,
     transpose_runner,
 )
 from .anysize_memory import Arena, RunContext
+from .anysize_numpy import numpy_runner
 from .executor import _build_with, _Owned, _param_copy, kernel_ops
 from .kernels import inplace_positions
 from .native import thread_cap
@@ -349,14 +351,16 @@ class AnySizeExecutable(Executable):
         return self._kept_runner(node, fn) if kept else fn
 
     def _compute_runner(self, node: Node, place: Place, dense: RunTimeDense | None) -> Runner:
-        if dense is not None:
-            return dense_runner(node, dense, place)
         built = self._built(node)
+        if dense is not None:
+            small = product_runner(node, self._nodes, self._resident, place, built, self._templates)
+            return dense_runner(node, dense, place, small)
         fn = (product_runner(node, self._nodes, self._resident, place, built, self._templates)
               or region_runner(node, self._nodes, self._resident, place, built, self._templates)
               or layer_norm_runner(node, self._resident, place, built)
-              or attention_runner(node, self._nodes, place, built) or slice_runner(node, place, built)
-              or transpose_runner(node, place))
+              or attention_runner(node, self._nodes, place, built) or softmax_runner(node, place, built)
+              or slice_runner(node, place, built) or transpose_runner(node, place)
+              or numpy_runner(node, self._nodes, place, built))
         if fn is not None:
             return fn
         inputs = node.inputs

@@ -8,7 +8,7 @@ per run (``anysize.py``): each reads its sizes from the arrays of the run.
   every size (``regions.RegionTemplate``);
 - layer norm with resident scale and bias on the native kernel, its rows counted per run;
 - attention: the products on oneMKL, the mask added on the native interpreter, the
-  native softmax;
+  native softmax; a softmax over the last axis on the native kernel;
 - slices copied with their bounds evaluated at the run's sizes.
 
 Each returns ``None`` where it does not apply, and falls back per run to ``built`` (the
@@ -40,7 +40,8 @@ from .onednn_steps import ACTIVATION_POST, RunTimeDense
 from .regions import SPLIT_NS, NoFit, RegionTemplate
 
 __all__ = ["Runner", "Place", "Built", "dense_layer", "dense_runner", "product_runner", "region_runner",
-           "layer_norm_runner", "attention_runner", "slice_runner", "transpose_runner"]
+           "layer_norm_runner", "attention_runner", "softmax_runner", "slice_runner", "transpose_runner",
+           "DENSE_MIN_MACS"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -50,6 +51,10 @@ _UFUNCS = {OpKind.ADD: np.add, OpKind.SUB: np.subtract, OpKind.MUL: np.multiply,
 #: call (a few µs) rather than a pass on the interpreter (its plan per call: ~15 µs), which
 #: pays from here on (every core).
 _SMALL_PASS = 32 * 1024
+
+#: Products of fewer multiply-adds than this run on the BLAS's sgemm where oneDNN's matmul
+#: with a run-time row count serves the larger ones (``dense_runner``).
+DENSE_MIN_MACS = 1 << 22
 
 #: Computes a node in a run: ``(values, sizes, arena, raws) -> its value`` (``raws``: the
 #: arena buffers the run's values hold, by node).
@@ -88,11 +93,17 @@ def dense_layer(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.nda
     return dense
 
 
-def dense_runner(node: Node, dense: RunTimeDense, place: Place) -> Runner:
+def dense_runner(node: Node, dense: RunTimeDense, place: Place, small: Runner | None = None) -> Runner:
+    """``dense`` for the run's rows, or ``small`` (the BLAS's product) below
+    ``DENSE_MIN_MACS``: oneDNN's matmul with a run-time row count pays a fixed cost per call
+    that a small layer does not amortize (BENCHMARKS.md, "Shape buckets")."""
     a_id, k, n = node.inputs[0], dense.k, dense.n
+    least_rows = -(-DENSE_MIN_MACS // max(k * n, 1)) if small is not None else 0
 
     def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
         a = values[a_id]
+        if a.size < least_rows * k:
+            return small(values, env, arena, raws)  # type: ignore[misc]
         out = place(values, env, arena, raws)
         if out.size:
             a2 = a.reshape(-1, k)
@@ -322,6 +333,30 @@ def attention_runner(node: Node, nodes: Sequence[Node], place: Place, built: Bui
             arena.give(raw)
             if scaled is not None:
                 arena.give(scaled)
+        return out
+    return run
+
+
+def softmax_runner(node: Node, place: Place, built: Built) -> Runner | None:
+    """A float32 softmax over the last axis on the native kernel, its rows counted per run."""
+    lib = native_library()
+    if lib is None or node.op is not OpKind.SOFTMAX or node.dtype != "float32" or \
+            node.attrs["axis"] != len(node.shape) - 1:
+        return None
+    x_id = node.inputs[0]
+
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+        x = values[x_id]
+        out = place(values, env, arena, raws)
+        length = out.shape[-1] if out.ndim else 0
+        if not out.size or not length:
+            return out
+        if not (x.flags.c_contiguous and x.dtype == np.float32):
+            built([x], out, env, arena)
+            return out
+        rows = out.size // length
+        lib.softmax(x.ctypes.data, out.ctypes.data, rows, length, length, 1.0,
+                    lib.threads_for(rows * length * SOFTMAX_NS, SPLIT_NS))
         return out
     return run
 

@@ -20,8 +20,9 @@ from rlx_core.compiler.lowered_once import AnySizeGraph
 from rlx_core.errors import InputError
 from rlx_core.ir import Graph
 from rlx_core.ir.ops import OpKind
+from rlx_core.ir.symbolic import Sym
 from rlx_core.plugin import Instruction
-from rlx_cpu import anysize, onednn, regions
+from rlx_cpu import anysize, anysize_kernels, onednn, regions
 from rlx_cpu.backend import CpuBackend
 from rlx_cpu.native import library as native_library
 
@@ -76,7 +77,7 @@ def assert_reference(g: Graph, outs: list[np.ndarray], feeds: dict[str, np.ndarr
     want = reference.evaluate(g, feeds)
     assert len(outs) == len(want)
     for got, ref in zip(outs, want):
-        assert got.shape == ref.shape and got.dtype == np.float32
+        assert got.shape == ref.shape and got.dtype == (np.float32 if ref.dtype == np.float64 else ref.dtype)
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -89,7 +90,13 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     """Dense layers on rlx's kernels (``off``: every host without the extra) or on oneDNN's
     matmul for every row count (``on``)."""
     monkeypatch.setenv("RLX_CPU_ONEDNN", request.param)
+    monkeypatch.setattr(anysize_kernels, "DENSE_MIN_MACS", _SPLIT)
     return str(request.param)
+
+
+#: Products of 40 rows of a 16 x 16 layer or more on oneDNN, smaller ones on the BLAS
+#: (``anysize_kernels.DENSE_MIN_MACS``, scaled to these widths): sizes here take both.
+_SPLIT = 40 * D * D
 
 
 @pytest.fixture(scope="module", params=_MODES)
@@ -98,6 +105,7 @@ def served(request: pytest.FixtureRequest) -> Any:
     executable (its dense layers as the mode says: chosen when it is compiled)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RLX_CPU_ONEDNN", request.param)
+        mp.setattr(anysize_kernels, "DENSE_MIN_MACS", _SPLIT)
         g = block()
         cg = rlx.compile(g, device="cpu")
         cg.run(feeds_of(1, 3))  # the first size: compiled for itself
@@ -330,3 +338,45 @@ def _lowered(g: Graph) -> Graph:
     result = LoweredOnce(g, "cpu", representative(g)[1], default_registry(), None)._lowered()
     assert result is not None
     return result.graph
+
+
+def mask_arithmetic() -> Graph:
+    """What exports compute around their products: int64 positions and a bool padding
+    mask read at ``batch_idx * seq + kv_idx``, a causal comparison, ``where`` on bools,
+    casts, rotary halves concatenated, an RMS norm's mean, integer sums and maxima."""
+    g = Graph("masks")
+    x = g.input("x", ("batch", "seq", D), "float32")
+    keep = g.input("keep", ("batch", "seq"), "int64")
+    rows = g.reshape(g.sized_constant("arange", ("batch",), "int64", start=0, delta=1), ("batch", 1, 1))
+    cols = g.sized_constant("arange", ("seq",), "int64", start=0, delta=1)
+    seq = g.sized_constant("dims", (1,), "int64", values=("seq",))
+    flat = g.reshape(g.cast(keep, "bool"), (Sym("batch") * Sym("seq"),))
+    padding = g.gather(flat, g.add(g.mul(rows, seq), g.reshape(cols, (1, 1, "seq"))))  # (batch, 1, seq)
+    causal = g.less(g.reshape(cols, (1, "seq", 1)), g.reshape(cols, (1, 1, "seq")))  # (1, seq, seq)
+    allowed = g.where(causal, g.constant(False), padding)
+    scores = g.matmul(x, g.transpose(x, (0, 2, 1)))
+    probs = g.softmax(g.where(allowed, scores, g.constant(np.float32(-1e9))), axis=-1)
+    half = D // 2
+    rotated = g.concat([g.neg(g.slice(x, (half,), (D,), axes=(2,))), g.slice(x, (0,), (half,), axes=(2,))], axis=2)
+    rms = g.reduce_mean(g.mul(x, x), axes=(2,), keepdims=True)
+    g.set_outputs([g.matmul(probs, rotated), g.div(x, g.add(rms, g.constant(np.float32(1.0)))),
+                   g.reduce_sum(keep, axes=(1,)), g.reduce_max(g.cast(allowed, "int32"), axes=(1, 2))])
+    return g
+
+
+def test_mask_arithmetic_runs_as_numpy_calls_with_the_reference_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No node of it falls to the plan's kernel built per run (~50 µs each)."""
+    built: list[str] = []
+    plain = anysize.AnySizeExecutable._compute
+    monkeypatch.setattr(anysize.AnySizeExecutable, "_compute",
+                        staticmethod(lambda node, *a: (built.append(str(node.op)), plain(node, *a))[1]))
+    g = mask_arithmetic()
+    exe = CpuBackend().compile_symbolic(_lowered(g), rlx.CompileOptions(device="cpu"))
+    assert exe is not None
+    rng = np.random.default_rng(0)
+    for batch, seq in ((1, 1), (3, 7), (2, 12)):
+        keep = (rng.random((batch, seq)) > 0.3).astype(np.int64)
+        keep[:, 0] = 1
+        f = {"x": rand((batch, seq, D), seq), "keep": keep}
+        assert_reference(g, exe.run(f), f)
+    assert built == []

@@ -1,0 +1,141 @@
+"""The any-size executable's ops that numpy computes exactly as the reference does.
+
+An export's mask arithmetic (int64 positions, bool masks: ``where``, comparisons, casts),
+its embedding gathers, concats (rotary halves, stacked indices), the mean of an RMS norm,
+and fused regions of such ops have no native kernel here (the native interpreter is
+float32); the plan's kernel built per run for each costs ~50 µs of Python, most of a
+small request. numpy's ufuncs compute each of these ops exactly as the interpreter
+defines it (integers wrap, comparisons and selects are exact, a float32 sum,
+difference, product or quotient is one IEEE operation), and the reductions as the plan's
+kernels call them, so one numpy call serves. Anything else (float to integer casts,
+integer division, transcendental functions) is left to the plan's kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlx_core.ir import Node
+from rlx_core.ir.internal_types import Instruction, program_types
+from rlx_core.ir.ops import OpKind
+
+from .anysize_kernels import Built, Place, Runner
+from .anysize_memory import Arena
+
+__all__ = ["numpy_runner"]
+
+_BINARY = {OpKind.ADD: np.add, OpKind.SUB: np.subtract, OpKind.MUL: np.multiply, OpKind.MAXIMUM: np.maximum,
+           OpKind.MINIMUM: np.minimum, OpKind.EQUAL: np.equal, OpKind.LESS: np.less, OpKind.GREATER: np.greater,
+           OpKind.BITWISE_AND: np.bitwise_and, OpKind.BITWISE_OR: np.bitwise_or,
+           OpKind.BITWISE_XOR: np.bitwise_xor}
+_UNARY = {OpKind.NEG: np.negative, OpKind.ABS: np.absolute, OpKind.BITWISE_NOT: np.invert}
+
+
+def _exact(ins: Instruction, arg_dtypes: Sequence[str]) -> bool:
+    """Whether numpy computes ``ins`` exactly as the interpreter (see the module)."""
+    kinds = {np.dtype(d).kind for d in (*arg_dtypes, ins.dtype)}
+    if ins.op in _BINARY or ins.op in _UNARY or ins.op is OpKind.WHERE:
+        return not kinds & {"c", "V"} and (ins.op not in (OpKind.MAXIMUM, OpKind.MINIMUM) or "f" not in kinds)
+    if ins.op is OpKind.DIV:
+        return kinds == {"f"} and ins.dtype == "float32"
+    if ins.op is OpKind.CAST:  # not float to integer (the interpreter's rule for NaN and range)
+        return not (np.dtype(arg_dtypes[0]).kind == "f" and np.dtype(ins.dtype).kind in "iu")
+    return False
+
+
+def _program(node: Node, nodes: Sequence[Node]) -> list[Instruction] | None:
+    ins = [nodes[i] for i in node.inputs]
+    if node.op is OpKind.FUSED_ELEMENTWISE:
+        program = program_types(node.op, ins, node.attrs["program"])[1]
+    elif node.op in _BINARY or node.op in _UNARY or node.op in (OpKind.WHERE, OpKind.DIV, OpKind.CAST):
+        program = [Instruction(node.op, tuple(range(len(ins))), dict(node.attrs), node.shape, node.dtype)]
+    else:
+        return None
+    dtypes = [n.dtype for n in ins]
+    for step in program:
+        if not _exact(step, [dtypes[a] for a in step.args]):
+            return None
+        dtypes.append(step.dtype)
+    return program
+
+
+def _reduction(node: Node) -> Any:
+    """The numpy reduction computing ``node`` as the plan's kernel does, or ``None``: a
+    max (exact), a float32 or integer sum, a float32 mean (a sum over the count)."""
+    dtype = node.dtype
+    if node.op is OpKind.REDUCE_MAX and dtype in ("float32", "int32", "int64"):
+        return np.maximum.reduce
+    if node.op is OpKind.REDUCE_SUM and dtype in ("float32", "int32", "int64"):
+        return np.add.reduce
+    if node.op is OpKind.REDUCE_MEAN and dtype == "float32":
+        return np.add.reduce
+    return None
+
+
+def reduce_runner(node: Node, reduce: Any, place: Place) -> Runner:
+    x_id, axes, keep = node.inputs[0], node.attrs["axes"], node.attrs["keepdims"]
+    mean = node.op is OpKind.REDUCE_MEAN
+
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+        x = values[x_id]
+        out = place(values, env, arena, raws)
+        reduce(x, axes, out.dtype, out, keep)
+        if mean:
+            np.divide(out, out.dtype.type(math.prod(x.shape[a] for a in axes)), out=out)
+        return out
+    return run
+
+
+def numpy_runner(node: Node, nodes: Sequence[Node], place: Place, built: Built) -> Runner | None:
+    """Elementwise ops and fused regions of them, and gathers, as numpy calls (see the
+    module); ``None`` for any other node. A gather whose indices fall outside the table
+    is left to the plan's kernel, which names them."""
+    inputs = node.inputs
+    if node.op is OpKind.GATHER:
+        axis = node.attrs["axis"]
+
+        def gather(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+            x, idx = values[inputs[0]], values[inputs[1]]
+            out = place(values, env, arena, raws)
+            try:
+                np.take(x, idx, axis=axis, out=out)
+            except IndexError:
+                built([x, idx], out, env, arena)
+            return out
+        return gather
+    if node.op is OpKind.CONCAT:
+        axis = node.attrs["axis"]
+
+        def concat(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+            out = place(values, env, arena, raws)
+            np.concatenate([values[i] for i in inputs], axis=axis, out=out)
+            return out
+        return concat
+    reduce = _reduction(node)
+    if reduce is not None:
+        return reduce_runner(node, reduce, place)
+    program = _program(node, nodes)
+    if program is None:
+        return None
+    steps = [(_BINARY.get(s.op) or _UNARY.get(s.op), s.op, s.args, np.dtype(s.dtype)) for s in program]
+
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+        out = place(values, env, arena, raws)
+        args = [values[i] for i in inputs]
+        for fn, op, at, dtype in steps:
+            if op is OpKind.WHERE:
+                got = np.where(args[at[0]], args[at[1]], args[at[2]])
+            elif op is OpKind.CAST:
+                got = np.asarray(args[at[0]]).astype(dtype)
+            elif op is OpKind.DIV:
+                got = np.divide(args[at[0]], args[at[1]])
+            else:
+                got = fn(*(args[a] for a in at))
+            args.append(np.asarray(got, dtype=dtype))
+        np.copyto(out, args[-1])
+        return out
+    return run
