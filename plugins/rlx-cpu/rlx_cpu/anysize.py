@@ -17,8 +17,10 @@ sizes, evaluates each node's shape, takes its buffer from the run's arena
 been seen), or writes over an input that dies there, runs the node, and gives each buffer
 back after its last reader. The runners:
 
-- dense layers, elementwise ops and regions, layer norm, attention and slices: kernels
-  that read their sizes from the run's arrays (``anysize_kernels``);
+- dense layers, elementwise ops and regions, layer norm, attention, softmax and slices:
+  kernels that read their sizes from the run's arrays (``anysize_kernels``);
+- mask arithmetic on integers and bools, gathers, concats and reductions: numpy calls
+  that compute exactly as the interpreter (``anysize_numpy``);
 - reshape: a view;
 - every other op: the plan's own kernel, built for this run's arrays and run at once
   (the same kernels a plan runs, so the same answers), for the ops whose building is

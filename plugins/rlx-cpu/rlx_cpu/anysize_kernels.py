@@ -2,8 +2,9 @@
 per run (``anysize.py``): each reads its sizes from the arrays of the run.
 
 - a dense layer with resident weights on oneDNN's matmul made once for every row count
-  (``RunTimeDense``), where this host chose oneDNN for products; else every float32
-  product on oneMKL's sgemm (numpy's without it), its bias and activation one pass after;
+  (``RunTimeDense``), where this host chose oneDNN for products and the run's product has
+  ``DENSE_MIN_MACS`` multiply-adds or more; else every float32 product on oneMKL's sgemm
+  (numpy's without it), its bias and activation one pass after;
 - float32 elementwise ops and fused regions on the native interpreter, planned once for
   every size (``regions.RegionTemplate``);
 - layer norm with resident scale and bias on the native kernel, its rows counted per run;
