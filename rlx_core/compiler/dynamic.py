@@ -53,7 +53,6 @@ specializations above, the fallback every backend gets.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -72,7 +71,7 @@ from ..ir.valued import ValueDependentGraph
 from ..plugin import ShapeFamily
 from .compiled import CompiledGraph, CompileReport
 from .inputs import check_param_value
-from .lowered_once import AnySizeGraph
+from .lowered_once import AnySizeGraph, show_notes
 
 __all__ = ["REPRESENTATIVE_SIZES", "DEFAULT_MAX_SHAPES", "representative", "DynamicCompiledGraph", "shape_key",
            "compile_symbolic", "compile_placed", "Placed", "describe_bindings", "ValueCompiledGraph"]
@@ -106,6 +105,8 @@ class DynamicCompiledGraph(CompiledGraph):
     first compile chose; ``first`` is that first compile, at ``bindings``. ``run`` takes
     any sizes that satisfy the graph; ``shapes()`` lists the classes compiled so far.
     """
+
+    _shown: tuple[str, ...] = ()  # the executable for every size's notes the report shows (``report``)
 
     def __init__(self, graph: Graph, first: CompiledGraph | Placed, bindings: Mapping[str, int],
                  compile_shape: Callable[[Graph], CompiledGraph], *, max_shapes: int = DEFAULT_MAX_SHAPES,
@@ -307,9 +308,9 @@ class DynamicCompiledGraph(CompiledGraph):
         """The compile report, with what the executable for every size says of itself now
         (a backend serving sizes by buckets lists the buckets it compiled)."""
         any_size = self._any
-        if not isinstance(any_size, AnySizeGraph):
-            return self._report
-        return dataclasses.replace(self._report, notes=[*self._report.notes, *any_size.backend_notes()])
+        if isinstance(any_size, AnySizeGraph):
+            self._shown = show_notes(self._report, self._shown, any_size.backend_notes())
+        return self._report
 
     def shapes(self) -> list[dict[str, int]]:
         """The shape classes compiled and kept, least recently used first."""

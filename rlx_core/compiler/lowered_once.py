@@ -61,7 +61,7 @@ from .compiled import CompiledGraph, CompileReport, compile_lowered
 from .inputs import validate_inputs
 from .lowering import with_skipped_passes
 
-__all__ = ["LoweredOnce", "AnySizeGraph"]
+__all__ = ["LoweredOnce", "AnySizeGraph", "show_notes"]
 
 log = logging.getLogger("rlx.session")
 
@@ -200,6 +200,8 @@ class AnySizeGraph(CompiledGraph):
     at those sizes (``output="dlpack"`` gets the same numpy arrays: host memory, each a
     DLPack producer)."""
 
+    _shown: tuple[str, ...] = ()  # the executable's notes the report shows (``report``)
+
     def backend_notes(self) -> list[str]:
         """The executable's ``report_notes`` now (what it compiled since: shape buckets),
         ``[]`` when it has none or they fail."""
@@ -229,8 +231,8 @@ class AnySizeGraph(CompiledGraph):
 
     def report(self) -> CompileReport:
         """The compile report, with the executable's notes as they are now."""
-        report = dataclasses.replace(self._report, notes=[*self._report.notes, *self.backend_notes()])
-        return report
+        self._shown = show_notes(self._report, self._shown, self.backend_notes())
+        return self._report
 
     def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
         return self.run_bound(inputs, self.graph.bind(self.graph.input_shapes(inputs)), output)
@@ -261,6 +263,17 @@ class AnySizeGraph(CompiledGraph):
 
     def __repr__(self) -> str:
         return f"<AnySizeGraph {self.graph.name!r} on {self._device}>"
+
+
+def show_notes(report: CompileReport, shown: tuple[str, ...], fresh: list[str]) -> tuple[str, ...]:
+    """``report``'s notes with the lines ``shown`` last time replaced by ``fresh`` (an
+    executable's notes as they are now; the report stays the one object callers hold)."""
+    notes = report.notes
+    for line in shown:
+        if line in notes:
+            notes.remove(line)
+    notes.extend(fresh)
+    return tuple(fresh)
 
 
 def _symbolic(node: Node) -> bool:
