@@ -361,3 +361,45 @@ def test_buckets_off_or_a_backend_that_declines_a_mask_op_compiles_each_class() 
     assert bucketed(ENCODER, rlx.CompileOptions(extra={"buckets": "off"}), _compile([])) is None
     no_less = ToyBackend("toy", ops=set(ToyBackend().ops) - {"less"})
     assert bucketed(ENCODER, rlx.CompileOptions(), _compile([]), no_less.claims) is None
+
+
+# ------------------------------------------------------------------ random graphs
+_STEPS = ("tanh", "dense", "softmax_s", "softmax_d", "sum_s", "max_s", "mean_s", "norm", "merge", "gram")
+
+
+def _random_graph(steps: list[str]) -> Graph:
+    """A chain over (b, s, 8) of the steps named: each keeps that shape (reductions keep
+    their axis, a gram product (s, s) is brought back by a product with the input)."""
+    g = Graph("random")
+    x = g.input("x", ("b", "s", 8))
+    h = x
+    for i, step in enumerate(steps):
+        if step == "tanh":
+            h = g.tanh(h)
+        elif step == "dense":
+            h = g.add(g.matmul(h, g.param(f"w{i}", _w(8, 8))), g.param(f"b{i}", _w(8)))
+        elif step in ("softmax_s", "softmax_d"):
+            h = g.softmax(h, axis=1 if step == "softmax_s" else 2)
+        elif step in ("sum_s", "max_s", "mean_s"):
+            reduce = {"sum_s": g.reduce_sum, "max_s": g.reduce_max, "mean_s": g.reduce_mean}[step]
+            h = g.add(h, reduce(h, [1], keepdims=True))
+        elif step == "norm":
+            h = g.layer_norm(h, g.param(f"ln{i}", np.ones(8, np.float32)))
+        elif step == "merge":
+            h = g.reshape(g.relu(g.reshape(h, (B * S, 8))), ("b", "s", 8))
+        else:  # attention-like: (b, s, s) scores, then back to (b, s, 8)
+            h = g.matmul(g.softmax(g.matmul(h, g.transpose(x, (0, 2, 1))), -1), h)
+    g.set_outputs([h, g.reduce_mean(h, [1])])
+    return g
+
+
+@settings(max_examples=30, deadline=None)
+@given(steps=st.lists(st.sampled_from(_STEPS), min_size=1, max_size=5), b=st.integers(1, 3), s=st.integers(1, 6),
+       pad_b=st.integers(0, 2), pad_s=st.integers(0, 5))
+def test_random_chains_give_the_unpadded_values(steps: list[str], b: int, s: int, pad_b: int, pad_s: int) -> None:
+    g = _random_graph(steps)
+    padded = pad_graph(g)
+    assert padded.symbols == ("b", "s"), padded.declined  # every step here pads exactly
+    exe, _ = bucket_exe(g, {"b": [b + pad_b], "s": [s + pad_s]})
+    inputs = {"x": RNG.standard_normal((b, s, 8)).astype(np.float32)}
+    assert_matches(g, exe.run(inputs), inputs, tol=2e-4)

@@ -357,6 +357,8 @@ class _Rewrite:
             if self.padded(shape[a]):
                 if np.dtype(dtype).kind not in "iuf":
                     self.refuse(node, (shape[a],), f"reduces {dtype} over a padded axis")
+                if node.op is OpKind.REDUCE_MEAN and dtype not in ("float32", "float64"):
+                    self.refuse(node, (shape[a],), f"averages {dtype} over a padded axis (its count would round)")
                 if node.op is OpKind.REDUCE_MAX:
                     low = -np.inf if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min
                     x = self.masked(x, a, low)
