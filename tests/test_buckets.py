@@ -176,7 +176,7 @@ def test_a_reduction_over_a_merged_axis_declines() -> None:
     assert bucketed(g, rlx.CompileOptions(), _compile([])) is None
 
 
-def test_a_convolution_pads_its_batch_and_declines_its_image() -> None:
+def test_a_convolution_pads_its_batch() -> None:
     g = Graph("cnn")
     x = g.input("x", ("n", 3, 8, 8))
     g.set_outputs([g.global_avg_pool2d(g.relu(g.conv2d(x, g.param("w", _w(4, 3, 3, 3)), padding=1)))])
@@ -186,11 +186,41 @@ def test_a_convolution_pads_its_batch_and_declines_its_image() -> None:
     assert_matches(g, exe.run(inputs), inputs)
     assert graphs[0].node(graphs[0].inputs[0]).shape == (4, 3, 8, 8)
 
-    def image(g: Graph) -> list:
-        x = g.input("x", (1, 3, "h", 8))
-        return [g.conv2d(x, g.param("w", _w(4, 3, 3, 3)), padding=1)]
 
-    _declines(image, "h", "slides a window over a padded axis", {"x": (1, 3, 5, 8)})
+def image_net() -> Graph:
+    """An image of symbolic height and width through what CNNs stack: strided padded
+    convolutions, a max pool with padding, an average pool that counts none, a dilated
+    convolution, a global average, and the feature map itself as an output."""
+    g = Graph("image")
+    x = g.input("x", ("n", 3, "h", "w"))
+    h = g.conv2d(x, g.param("w1", _w(4, 3, 3, 3)), g.param("b1", _w(4)), stride=2, padding=1)
+    h = g.max_pool2d(h, 3, stride=2, padding=1)
+    h = g.avg_pool2d(g.log(g.add(g.abs(h), 1.0)), 2, stride=1)
+    h = g.conv2d(h, g.param("w2", _w(4, 4, 3, 3)), padding=2, dilation=2)
+    g.set_outputs([h, g.global_avg_pool2d(h)])
+    return g
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 3), hw=st.tuples(st.integers(6, 14), st.integers(6, 14)), pad=st.tuples(
+    st.integers(0, 2), st.integers(0, 5), st.integers(0, 5)))
+def test_an_image_of_any_size_runs_padded(n: int, hw: tuple[int, int], pad: tuple[int, int, int]) -> None:
+    g = IMAGE_NET
+    assert pad_graph(g).symbols == ("h", "n", "w")
+    exe, _ = bucket_exe(g, {"n": [n + pad[0]], "h": [hw[0] + pad[1]], "w": [hw[1] + pad[2]]})
+    inputs = {"x": RNG.standard_normal((n, 3, *hw)).astype(np.float32)}
+    assert_matches(g, exe.run(inputs), inputs)
+
+
+IMAGE_NET = image_net()
+
+
+def test_an_average_that_skips_its_padding_declines_the_image() -> None:
+    def build(g: Graph) -> list:
+        x = g.input("x", (1, 2, "h", 8))
+        return [g.avg_pool2d(x, 3, stride=1, padding=1, count_include_pad=False)]
+
+    _declines(build, "h", "averages windows that may run past a padded axis's end", {"x": (1, 2, 5, 8)})
 
 
 def test_an_input_dim_that_is_an_expression_declines_its_symbols() -> None:

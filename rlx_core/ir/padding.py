@@ -12,7 +12,8 @@ that it holds wherever it can:
   after. Zero-padded inputs start so, and every op that works position by position
   keeps it: elementwise ops, a product's rows and columns, a normalization or softmax
   over other axes, a gather's indices, a slice from the start, a concat after fixed-size
-  parts (ViT's class token), a convolution's batch.
+  parts (ViT's class token), a convolution's batch, and a convolution or pool over an
+  image axis once the padding is made what the window's own padding is.
 - **Merged axes.** A reshape that merges a padded axis behind another
   (``(batch, seq, h) -> (batch*seq, h)``) interleaves garbage with valid rows. The axis
   keeps its factors, so a reshape back restores the prefixes and the outputs can be cut;
@@ -25,8 +26,8 @@ that it holds wherever it can:
   that the executable computes from the actual sizes on each run (``Padded.limits``), so
   one compile serves every size in the bucket.
 - **Declined.** Anything else that mixes positions along a padded axis (a layer norm over
-  it, a concat after it, a slice from its end, a gather from it, a convolution or pool
-  over it, a size read as data) takes that symbol out of the padded set, and the graph is
+  it, a concat after it, a slice from its end, a gather from it, an average whose windows
+  run past its end, a size read as data) takes that symbol out of the padded set, and the graph is
   analysed again without it: that symbol then runs at its exact sizes, the others stay
   padded (``Padded.declined`` says why).
 
@@ -469,16 +470,35 @@ class _Rewrite:
         return out, _Info(merged)
 
     def spatial(self, node: Node, ins: Sequence[int]) -> tuple[int, _Info]:
-        """Convolutions and pools: the batch may be padded, nothing else."""
-        x_shape = self.shape(ins[0])
-        if any(self.padded(d) for d in x_shape[1:]):
-            self.refuse(node, x_shape[1:], "slides a window over a padded axis")
-        n_conv = conv_inputs(node.attrs) if node.op is OpKind.FUSED_CONV else len(ins)
+        """Convolutions and pools. The batch may be padded; an image axis too, its padding
+        made what the window's own padding is (zeros, or -inf for a max), so each valid
+        output reads what it read unpadded (a valid prefix again, of the output's size);
+        an average that does not count its padding, or whose windows may run past the end,
+        declines it, and so do padded channels."""
+        x, op, attrs = ins[0], node.op, node.attrs
+        x_shape = self.shape(x)
+        if self.padded(x_shape[1]):
+            self.refuse(node, x_shape[1:2], "has padded channels")
+        n_conv = conv_inputs(attrs) if op is OpKind.FUSED_CONV else len(ins)
         for nid in ins[1:n_conv]:
             if self.padded(self.shape(nid)):
                 self.refuse(node, self.shape(nid), "has padded weights")
-        merged = self.broadcast(node, [ins[0], *ins[n_conv:]], len(node.shape))
-        return self.copy(node, ins), _Info(merged)
+        image = [a for a in (2, 3) if self.padded(x_shape[a])]
+        if op is OpKind.GLOBAL_AVG_POOL2D and image:  # a mean over the image: the masked sum over its count
+            if node.dtype not in ("float32", "float64"):
+                self.refuse(node, [x_shape[a] for a in image], f"averages {node.dtype} over a padded axis")
+            for a in image:
+                x = self.masked(x, a, 0)
+            total = self.op(OpKind.REDUCE_SUM, x, axes=(2, 3), keepdims=True)
+            count = self._scalar_input(x_shape[2] * x_shape[3], node.dtype)
+            return self.op(OpKind.DIV, total, count), _Info(self.broadcast(node, [x], len(node.shape)))
+        for a in image:
+            if op is OpKind.AVG_POOL2D and (attrs["ceil_mode"] or (not attrs["count_include_pad"]
+                                                                  and attrs["padding"][a])):
+                self.refuse(node, (x_shape[a],), "averages windows that may run past a padded axis's end")
+            x = self.masked(x, a, -np.inf if op is OpKind.MAX_POOL2D else 0)
+        merged = self.broadcast(node, [x, *ins[n_conv:]], len(node.shape))
+        return self.copy(node, [x, *ins[1:]]), _Info(merged)
 
     def attention(self, node: Node, ins: Sequence[int]) -> tuple[int, _Info]:
         q, k, v, *mask = ins
