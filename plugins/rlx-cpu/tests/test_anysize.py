@@ -365,7 +365,8 @@ def mask_arithmetic() -> Graph:
 
 
 def test_mask_arithmetic_runs_as_numpy_calls_with_the_reference_answers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No node of it falls to the plan's kernel built per run (~50 µs each)."""
+    """No node of it but the products falls to the plan's kernel built per run (~50 µs
+    each; a product may, by design, where this host's verdict is rlx's GEMM)."""
     built: list[str] = []
     plain = anysize.AnySizeExecutable._compute
     monkeypatch.setattr(anysize.AnySizeExecutable, "_compute",
@@ -379,4 +380,4 @@ def test_mask_arithmetic_runs_as_numpy_calls_with_the_reference_answers(monkeypa
         keep[:, 0] = 1
         f = {"x": rand((batch, seq, D), seq), "keep": keep}
         assert_reference(g, exe.run(f), f)
-    assert built == []
+    assert set(built) <= {"matmul", "gemm"}, built
