@@ -40,9 +40,9 @@ from .native_nn import LAYER_NORM_NS, SOFTMAX_NS
 from .onednn_steps import ACTIVATION_POST, RunTimeDense
 from .regions import SPLIT_NS, NoFit, RegionTemplate
 
-__all__ = ["Runner", "Place", "Built", "dense_layer", "dense_runner", "product_runner", "region_runner",
-           "layer_norm_runner", "attention_runner", "softmax_runner", "slice_runner", "transpose_runner",
-           "DENSE_MIN_MACS"]
+__all__ = ["Runner", "Place", "Built", "elementwise_program", "dense_layer", "dense_runner", "product_runner",
+           "region_runner", "layer_norm_runner", "attention_runner", "softmax_runner", "slice_runner",
+           "transpose_runner", "DENSE_MIN_MACS"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -177,6 +177,16 @@ def product_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.
     return run
 
 
+def elementwise_program(node: Node, ins: Sequence[Node]) -> list[Instruction] | None:
+    """``node`` as a fused program over its inputs ``ins``: a fused region's own, or one
+    instruction for an elementwise op; ``None`` for any other op."""
+    if node.op is OpKind.FUSED_ELEMENTWISE:
+        return program_types(node.op, ins, node.attrs["program"])[1]
+    if node.op in ELEMENTWISE_OPS:
+        return [Instruction(node.op, tuple(range(len(ins))), dict(node.attrs), node.shape, node.dtype)]
+    return None
+
+
 def region_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.ndarray], place: Place,
                   built: Built, templates: list[RegionTemplate]) -> Runner | None:
     """A float32 elementwise op or fused region on the native interpreter, planned once
@@ -187,11 +197,8 @@ def region_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.n
     ins = [nodes[i] for i in node.inputs]
     if lib is None or node.dtype != "float32" or not ins:
         return None
-    if node.op is OpKind.FUSED_ELEMENTWISE:
-        instructions = program_types(node.op, ins, node.attrs["program"])[1]
-    elif node.op in ELEMENTWISE_OPS:
-        instructions = [Instruction(node.op, tuple(range(len(ins))), dict(node.attrs), node.shape, node.dtype)]
-    else:
+    instructions = elementwise_program(node, ins)
+    if instructions is None:
         return None
     cast = {k for k, x in enumerate(ins) if x.dtype != "float32"}  # inputs to cast first: only cast to float32
     if any(k in i.args and (i.op is not OpKind.CAST or i.dtype != "float32") for i in instructions for k in cast):

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from rlx_core.ir import Node
-from rlx_core.ir.internal_types import Instruction, program_types
+from rlx_core.ir.internal_types import Instruction
 from rlx_core.ir.ops import OpKind
 
-from .anysize_kernels import Built, Place, Runner
+from .anysize_kernels import Built, Place, Runner, elementwise_program
 from .anysize_memory import Arena
 
 __all__ = ["numpy_runner"]
@@ -33,6 +33,7 @@ _BINARY = {OpKind.ADD: np.add, OpKind.SUB: np.subtract, OpKind.MUL: np.multiply,
            OpKind.BITWISE_AND: np.bitwise_and, OpKind.BITWISE_OR: np.bitwise_or,
            OpKind.BITWISE_XOR: np.bitwise_xor}
 _UNARY = {OpKind.NEG: np.negative, OpKind.ABS: np.absolute, OpKind.BITWISE_NOT: np.invert}
+_UFUNCS = {**_BINARY, **_UNARY, OpKind.DIV: np.divide}  # (a division: float32 only, ``_exact``)
 
 
 def _exact(ins: Instruction, arg_dtypes: Sequence[str]) -> bool:
@@ -49,11 +50,8 @@ def _exact(ins: Instruction, arg_dtypes: Sequence[str]) -> bool:
 
 def _program(node: Node, nodes: Sequence[Node]) -> list[Instruction] | None:
     ins = [nodes[i] for i in node.inputs]
-    if node.op is OpKind.FUSED_ELEMENTWISE:
-        program = program_types(node.op, ins, node.attrs["program"])[1]
-    elif node.op in _BINARY or node.op in _UNARY or node.op in (OpKind.WHERE, OpKind.DIV, OpKind.CAST):
-        program = [Instruction(node.op, tuple(range(len(ins))), dict(node.attrs), node.shape, node.dtype)]
-    else:
+    program = elementwise_program(node, ins)
+    if program is None:
         return None
     dtypes = [n.dtype for n in ins]
     for step in program:
@@ -121,7 +119,7 @@ def numpy_runner(node: Node, nodes: Sequence[Node], place: Place, built: Built) 
     program = _program(node, nodes)
     if program is None:
         return None
-    steps = [(_BINARY.get(s.op) or _UNARY.get(s.op), s.op, s.args, np.dtype(s.dtype)) for s in program]
+    steps = [(_UFUNCS.get(s.op), s.op, s.args, np.dtype(s.dtype)) for s in program]
 
     def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
         out = place(values, env, arena, raws)
@@ -131,8 +129,6 @@ def numpy_runner(node: Node, nodes: Sequence[Node], place: Place, built: Built) 
                 got = np.where(args[at[0]], args[at[1]], args[at[2]])
             elif op is OpKind.CAST:
                 got = np.asarray(args[at[0]]).astype(dtype)
-            elif op is OpKind.DIV:
-                got = np.divide(args[at[0]], args[at[1]])
             else:
                 got = fn(*(args[a] for a in at))
             args.append(np.asarray(got, dtype=dtype))
