@@ -130,6 +130,23 @@ def test_cse_merges_identical_nodes_and_constants_and_dce_drops_dead_ones():
     same(g, h2, {"x": RNG.standard_normal(3).astype(np.float32), "unused": np.zeros(2, np.float32)})
 
 
+def test_cse_merges_named_nodes_and_keeps_outputs() -> None:
+    """An ONNX import names every node after its output, and the exporters repeat a
+    layer's mask arithmetic in each layer: named copies merge too (a name is not read by
+    anything after import); a graph output stays a node of its own name."""
+    g = rlx.Graph()
+    x = g.input("x", (4,))
+    m1, m2 = g.where(g.greater(x, 0.0, name="gt1"), x, 0.0, name="mask1"), g.where(
+        g.greater(x, 0.0, name="gt2"), x, 0.0, name="mask2")
+    s = g.add(g.exp(m1, name="e1"), g.exp(m2, name="e2"), name="sum")
+    g.set_outputs([s, g.exp(m2, name="e3")])
+    h, notes = cse(g)
+    assert ops_of(h).count("where") == 1 and ops_of(h).count("greater") == 1 and notes
+    assert ops_of(h).count("exp") == 2  # e1 and e2 merged; e3, an output, computed under its name
+    assert h.output_names() == g.output_names() == ["sum", "e3"]
+    same(g, h, {"x": RNG.standard_normal(4).astype(np.float32)})
+
+
 def _gated_conv(shape=(1, 6, 8, 8), scale_shape=(1, 6, 1, 1), out=4, k=1, groups=1, gate_first=False, **conv):
     """conv2d(x * sigmoid(s), w, b): a squeeze-excitation gate before a convolution."""
     g = rlx.Graph()

@@ -58,9 +58,12 @@ FOLD_MAX_ELEMENTS = 1 << 16  # never fold a result larger than this and larger t
 
 
 def _replaceable(graph: Graph, node: Node, by: Node, outputs: frozenset[int]) -> bool:
-    if node.name:
-        return False
-    return not (node.id in outputs and by.op in SOURCE_OPS)
+    """Whether ``cse`` may read ``by`` wherever ``node`` is read. A name does not keep a
+    node (an ONNX import names every node after its output: the exporters repeat a
+    layer's mask arithmetic in every layer, each copy named), but an output stays a
+    node that computes (not a source, which the caller's output list cannot hold) under
+    its own name (the output's name is the caller's)."""
+    return not (node.id in outputs and (by.op in SOURCE_OPS or by.name != node.name))
 
 
 # ----------------------------------------------------------------------------- folding

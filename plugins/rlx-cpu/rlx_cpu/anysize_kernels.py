@@ -38,7 +38,7 @@ from .gemm import stacked_rows, use_native
 from .native import library as native_library
 from .native_nn import LAYER_NORM_NS, SOFTMAX_NS
 from .onednn_steps import ACTIVATION_POST, RunTimeDense
-from .regions import SPLIT_NS, NoFit, RegionTemplate
+from .regions import SPLIT_NS, NoFit, RegionTemplate, as_float
 
 __all__ = ["Runner", "Place", "Built", "elementwise_program", "dense_layer", "dense_runner", "product_runner",
            "region_runner", "layer_norm_runner", "attention_runner", "softmax_runner", "slice_runner",
@@ -200,12 +200,22 @@ def region_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.n
     instructions = elementwise_program(node, ins)
     if instructions is None:
         return None
-    cast = {k for k, x in enumerate(ins) if x.dtype != "float32"}  # inputs to cast first: only cast to float32
-    if any(k in i.args and (i.op is not OpKind.CAST or i.dtype != "float32") for i in instructions for k in cast):
-        return None
+    floats: dict[int, np.ndarray] = {}  # graph constants of bools, as the 0/1 floats the program reads
+    for k, i in enumerate(node.inputs):
+        if ins[k].dtype == "bool" and i in resident:
+            try:
+                floats[k] = as_float(resident[i])
+            except NoFit:  # a bool folded from a param: cast per run
+                pass
+    cast = {k for k, x in enumerate(ins) if x.dtype != "float32" and k not in floats}  # cast per run first
+    if any(k in i.args and ins[k].dtype != "bool" and (i.op is not OpKind.CAST or i.dtype != "float32")
+           for i in instructions for k in cast):
+        return None  # (another dtype: only cast to float32; bools: read as the program types them)
     known = {k: resident[i] for k, i in enumerate(node.inputs) if i in resident and k not in cast}
+    known.update(floats)
+    in_types = ["bool" if x.dtype == "bool" else "float32" for x in ins]
     try:
-        template = RegionTemplate(lib, instructions, len(ins), known)
+        template = RegionTemplate(lib, instructions, len(ins), known, in_types)
     except NoFit:
         return None
     templates.append(template)
@@ -215,6 +225,8 @@ def region_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.n
 
     def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
         args = [values[i] for i in inputs]
+        for k, x in floats.items():
+            args[k] = x
         out = place(values, env, arena, raws)
         if out.size and cast:
             taken = []
@@ -239,7 +251,7 @@ def region_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.n
             try:
                 template(args, out)
             except NoFit:  # operands it cannot take as they are: the plan's kernel
-                built(args, out, env, arena)
+                built([values[i] for i in inputs], out, env, arena)
         return out
     return run
 

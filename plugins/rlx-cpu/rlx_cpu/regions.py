@@ -40,7 +40,8 @@ from .native import Native, library
 from .peephole import fuse_chains
 from .steps import Dyn, Step
 
-__all__ = ["region_steps", "node_steps", "epilogue", "Epilogue", "OPCODES", "SPLIT_NS", "RegionTemplate", "NoFit"]
+__all__ = ["region_steps", "node_steps", "as_float", "epilogue", "Epilogue", "OPCODES", "SPLIT_NS", "RegionTemplate",
+           "NoFit"]
 
 log = logging.getLogger("rlx_cpu")
 _F32 = "float32"
@@ -57,6 +58,7 @@ _BY_OP = {
     OpKind.WHERE: "where",
 }
 _OP_OF = {name: op for op, name in _BY_OP.items()}
+_COMPARISONS = frozenset({OpKind.EQUAL, OpKind.LESS, OpKind.GREATER})
 #: Rough single-thread cost per element of each opcode, ns (2-core AVX-512 host), used
 #: only to decide whether a region is long enough to split over two threads.
 _COST_NS = {"pow": 4.0, "exp": 0.5, "log": 0.7, "tanh": 0.9, "sigmoid": 0.7, "erf": 1.1, "gelu": 0.9,
@@ -88,13 +90,17 @@ def _opcode(ins: Instruction, types: list[str]) -> str:
         raise _NoFit
     if op is OpKind.GELU:
         return "gelu_tanh" if ins.attrs.get("approximate") == "tanh" else "gelu"
+    args = [types[a] for a in ins.args]
     name = _BY_OP.get(op)
     if name is None:
         raise _NoFit
-    if op is OpKind.WHERE:
-        if types[ins.args[0]] != "bool" or types[ins.args[1]] != _F32 or types[ins.args[2]] != _F32:
+    if op is OpKind.WHERE:  # between floats, or between bools (0/1 floats: an import's and, or, not)
+        if args[0] != "bool" or args[1] != args[2] or args[1] != ins.dtype:
             raise _NoFit
-    elif any(types[a] != _F32 for a in ins.args):
+    elif op in _COMPARISONS:  # of floats, or of bools (0 < 1 as False < True)
+        if args[0] != args[1] or ins.dtype != "bool":
+            raise _NoFit
+    elif any(t != _F32 for t in args):
         raise _NoFit
     if ins.dtype not in (_F32, "bool"):
         raise _NoFit
@@ -103,7 +109,7 @@ def _opcode(ins: Instruction, types: list[str]) -> str:
 
 def _element_strides(x: Any, out_shape: tuple[int, ...]) -> list[int]:
     """``x``'s element strides along each output axis (0 where it broadcasts)."""
-    if isinstance(x, Dyn):
+    if isinstance(x, Dyn):  # (a caller's array of another dtype is copied to float32 per run)
         byte_strides, acc = [], 4
         for d in reversed(x.shape):
             byte_strides.append(acc)
@@ -124,6 +130,20 @@ def _element_strides(x: Any, out_shape: tuple[int, ...]) -> list[int]:
         else:
             strides.append(byte_strides[j] // 4)
     return strides
+
+
+def as_float(x: Any) -> Any:
+    """Operand ``x`` as the interpreter reads it: float32, or a value known only at run
+    time, as it is (a run copies a caller's bools to 0/1 floats); a graph constant of bools
+    (read-only: no run changes it) as a read-only copy of 0/1 floats; ``_NoFit`` for
+    other bools fixed at plan time (folded from a param: ``set_param`` would not reach the copy)."""
+    if isinstance(x, Dyn) or x.dtype != np.bool_:
+        return x
+    if x.flags.writeable:
+        raise _NoFit
+    floats = x.astype(np.float32)
+    floats.flags.writeable = False
+    return floats
 
 
 def _merge(shape: tuple[int, ...], operands: list[list[int]]) -> tuple[list[int], list[list[int]]]:
@@ -271,7 +291,7 @@ def _compile(instructions: list[Instruction], ins: list[Any], out: Any) -> _Comp
     if not isinstance(out, Dyn) and not (out.flags.c_contiguous and out.flags.writeable and out.flags.aligned):
         raise _NoFit
     shape = tuple(out.shape)
-    operands = [ins[a] for a in read]
+    operands = [as_float(ins[a]) for a in read]
     dims, strides = _merge(shape, [_element_strides(x, shape) for x in operands])
     if len(dims) > _MAX_DIMS:
         raise _NoFit
@@ -499,14 +519,17 @@ class RegionTemplate:
     all of it again for each new size (~80 µs of Python for a five-instruction GELU).
     ``known`` holds the operands whose values are fixed (residents): a one-float one may
     be folded into a fused activation, as in a plan; ``forget`` drops what was made from
-    them (``set_param``). A call raises ``NoFit`` where the interpreter cannot take the
-    operands (another dtype, misaligned or overlapping memory): the caller's way runs."""
+    them (``set_param``). ``in_types`` says which inputs the program reads as bools (all
+    float32 by default): the caller hands those as 0/1 floats. A call raises ``NoFit``
+    where the interpreter cannot take the operands (another dtype, misaligned or
+    overlapping memory): the caller's way runs."""
 
-    def __init__(self, lib: Native, instructions: list[Instruction], n_in: int, known: dict[int, np.ndarray]) -> None:
+    def __init__(self, lib: Native, instructions: list[Instruction], n_in: int, known: dict[int, np.ndarray],
+                 in_types: list[str] | None = None) -> None:
         instructions = live_instructions(instructions, n_in)
         if not instructions or instructions[-1].dtype != _F32:
             raise _NoFit
-        types = [_F32] * n_in + [i.dtype for i in instructions]
+        types = (in_types or [_F32] * n_in) + [i.dtype for i in instructions]
         self._ops = [_opcode(i, types) for i in instructions]  # _NoFit for an op the interpreter lacks
         self._read = sorted({a for i in instructions for a in i.args if a < n_in})
         if len(self._read) + len(instructions) > _MAX_VALUES:

@@ -381,3 +381,44 @@ def test_mask_arithmetic_runs_as_numpy_calls_with_the_reference_answers(monkeypa
         f = {"x": rand((batch, seq, D), seq), "keep": keep}
         assert_reference(g, exe.run(f), f)
     assert set(built) <= {"matmul", "gemm"}, built
+
+
+def test_a_softmax_nan_guard_runs_as_one_region_at_every_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exporter's guard after a masked softmax, ``where(isnan(p), 0, p)`` (``isnan`` as
+    ``where(p == p, False, True)``, bool constants chosen between) and a padding mask
+    chosen by ``where`` on bools: one region on the native interpreter at every size (it
+    was numpy's passes, ~2 ms a call on a BERT request), never the plan's kernel or
+    numpy's runner, and the reference's answers, NaN rows guarded to 0."""
+    if native_library() is None:
+        pytest.skip("the native library is not built here")
+    built: list[str] = []
+    plain = anysize.AnySizeExecutable._compute
+    monkeypatch.setattr(anysize.AnySizeExecutable, "_compute",
+                        staticmethod(lambda node, *a: (built.append(str(node.op)), plain(node, *a))[1]))
+    numpy_ran: list[str] = []
+    real_numpy_runner = anysize.numpy_runner
+
+    def spied(node: Any, *a: Any) -> Any:
+        fn = real_numpy_runner(node, *a)
+        return None if fn is None else (lambda *b: (numpy_ran.append(str(node.op)), fn(*b))[1])
+    monkeypatch.setattr(anysize, "numpy_runner", spied)
+    g = Graph("guard")
+    s = g.input("scores", ("batch", "seq", "seq"), "float32")
+    keep = g.input("keep", ("batch", 1, "seq"), "bool")
+    false, true = g.constant(np.bool_(False)), g.constant(np.bool_(True))
+    allowed = g.where(keep, g.greater(s, -5.0), false)  # and
+    p = g.softmax(g.where(allowed, s, g.constant(np.float32(-np.inf))), axis=-1)  # a fully masked row: NaN
+    nan = g.where(g.equal(p, p), false, true)
+    g.set_outputs([g.where(nan, g.constant(np.float32(0.0)), p)])
+    exe = CpuBackend().compile_symbolic(_lowered(g), rlx.CompileOptions(device="cpu"))
+    assert exe is not None
+    rng = np.random.default_rng(1)
+    for batch, seq in ((1, 1), (2, 9), (3, 40)):
+        k = rng.random((batch, 1, seq)) > 0.3
+        k[0] = False  # the first item's every key masked: its rows NaN before the guard
+        f = {"scores": rand((batch, seq, seq), seq, 3.0), "keep": k}
+        (got,) = exe.run(f)
+        (want,) = reference.evaluate(g, f)
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+        assert not np.isnan(got).any() and not got[0].any()
+    assert not built and not numpy_ran, (built, numpy_ran)

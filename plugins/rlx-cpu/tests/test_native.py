@@ -587,6 +587,62 @@ def test_a_region_with_math_functions_and_a_bool_caller_input(lib: native.Native
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
+def bool_logic_graph(shape: tuple[Any, ...] = (6, 700)) -> Graph:
+    """An exporter's NaN guard after a softmax, ``where(where(x == x, False, True), 0, x)``
+    (bool constants chosen between), bools and-ed and or-ed (``where``, as the ONNX import
+    writes ``And`` and ``Or``) and compared, and a bool constant
+    array as a condition: float32 out, bools only inside."""
+    g = Graph("bool-logic")
+    x, y = g.input("x", shape), g.input("y", shape)
+    nan = g.where(g.equal(x, x), g.constant(np.bool_(False)), g.constant(np.bool_(True)))
+    guarded = g.where(nan, g.constant(np.float32(0.0)), x)
+    false, true = g.constant(np.bool_(False)), g.constant(np.bool_(True))
+    both = g.where(g.greater(x, y), g.less(y, 0.5), false)  # and, as an import writes it
+    either = g.where(both, true, g.equal(g.greater(x, 0.0), g.less(y, 0.0)))  # or; bools compared
+    stripes = g.constant(np.arange(shape[-1]) % 3 == 0)  # a bool constant broadcast over the rows
+    picked = g.where(either, guarded, g.where(stripes, y, g.mul(x, 2.0)))
+    g.set_outputs([picked])
+    return g
+
+
+def bool_logic_feeds(shape: tuple[int, ...], seed: int) -> dict[str, np.ndarray]:
+    x, y = rand(shape, seed), rand(shape, seed + 1)
+    x.reshape(-1)[::7] = NAN
+    return {"x": x, "y": y}
+
+
+def test_bools_inside_a_float_region_are_its_0_1_floats(lib: native.Native, region_runs: list[regions._Runner],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bool constants, where between bools, and/or and comparisons of bools run inside
+    the region as 0/1 floats (the NaN guard of a softmax took numpy's passes, ~2 ms a
+    call on a BERT request): bit for bit the numpy path and the reference."""
+    g = bool_logic_graph()
+    feeds = bool_logic_feeds((6, 700), 3)
+    (got,) = compile_cpu(g).run(feeds)
+    assert region_runs and max(r.meta[2] for r in region_runs) >= 11, "the whole program in one region"
+    (want,) = compile_numpy(monkeypatch, g).run(feeds)
+    (ref,) = reference.evaluate(g, feeds)
+    assert np.array_equal(got, want, equal_nan=True) and np.array_equal(got, ref, equal_nan=True)
+
+
+def test_bools_folded_from_a_param_stay_with_numpy(lib: native.Native, region_runs: list[regions._Runner]) -> None:
+    """A bool array computed from a param is fixed at plan time but not constant: the
+    region declines it (a copy of it as floats would miss ``set_param``), and after
+    ``set_param`` the answer follows the new param."""
+    g = Graph("param-bools")
+    x = g.input("x", (4, 300))
+    w = g.param("w", rand((300,), 1))
+    g.set_outputs([g.where(g.greater(w, 0.0), x, g.neg(x))])
+    cg = compile_cpu(g)
+    x_in = rand((4, 300), 2)
+    w2 = rand((300,), 5)
+    (first,) = cg.run({"x": x_in})
+    cg.set_param("w", w2)
+    (second,) = cg.run({"x": x_in})
+    np.testing.assert_array_equal(first, np.where(rand((300,), 1) > 0, x_in, -x_in))
+    np.testing.assert_array_equal(second, np.where(w2 > 0, x_in, -x_in))
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_regions_of_other_dtypes_stay_with_numpy(lib: native.Native, region_runs: list[regions._Runner],
                                                  dtype: str) -> None:
