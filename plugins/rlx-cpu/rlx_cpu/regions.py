@@ -318,10 +318,9 @@ def _kinds(operands: list[Any], dims: list[int], strides: list[list[int]], out: 
     """Each operand's kind over the merged ``dims`` (contiguous like the output, a scalar,
     or strided); ``_NoFit`` where one shares memory with the output other than as the
     output itself (the region would read behind or ahead of where it writes)."""
-    contiguous = [math.prod(dims[k + 1 :]) for k in range(len(dims))]
     kinds = []
     for x, s in zip(operands, strides):
-        kind = _IN_FULL if s == contiguous else _IN_SCALAR if not any(s) else _IN_STRIDED
+        kind = _kind(dims, s)
         if not isinstance(x, Dyn) and not isinstance(out, Dyn) and np.may_share_memory(x, out):
             if kind != _IN_FULL or x.ctypes.data != out.ctypes.data:
                 raise _NoFit
@@ -542,9 +541,11 @@ class RegionTemplate:
         self._lib, self._vml = lib, _vml_table(lib)
         self._vml_p = None if self._vml is None else self._vml.ctypes.data
         self._made: dict[tuple[int, ...], tuple[list[int], float]] = {}
+        self._layouts: dict[tuple[Any, ...], _Layout] = {}
 
     def forget(self) -> None:
         self._made.clear()
+        self._layouts.clear()
 
     def _program(self, kinds: tuple[int, ...]) -> tuple[list[int], float]:
         """The code part of the interpreter's plan (``_compile``'s) and its cost per element."""
@@ -560,58 +561,103 @@ class RegionTemplate:
         return _program_meta(code, nr), cost
 
     def __call__(self, ins: list[np.ndarray], out: np.ndarray) -> None:
-        if not (out.flags.c_contiguous and out.flags.writeable and out.flags.aligned and out.dtype == np.float32):
+        operands = [ins[a] for a in self._read]
+        key = (out.shape, out.strides, out.dtype, *[(x.shape, x.strides, x.dtype) for x in operands])
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layout(operands, out)
+            if len(self._layouts) >= _MAX_LAYOUTS:  # a stream of new sizes: start again
+                self._layouts.clear()
+            self._layouts[key] = layout
+        if not out.flags.writeable:
+            raise _NoFit
+        out_at = _at(out)
+        out_end = out_at + layout.out_bytes
+        addrs = [out_at]
+        for x, kind, (lo, hi) in zip(operands, layout.kinds, layout.spans):
+            at = _at(x)
+            if at & 3 or (at + lo < out_end and out_at < at + hi and (kind != _IN_FULL or at != out_at)):
+                raise _NoFit  # misaligned, or read behind or ahead of where the output is written
+            addrs.append(at)
+        if out_at & 3:
+            raise _NoFit
+        n = layout.n
+        threads = self._lib.threads_for(layout.work_ns, SPLIT_NS)
+        if self._lib.region(layout.meta_p, (ctypes.c_uint64 * len(addrs))(*addrs), self._vml_p, 0, n, threads):
+            raise MemoryError(f"rlx-cpu: no memory for the registers of a {n}-element region")
+
+    def _layout(self, operands: list[np.ndarray], out: np.ndarray) -> _Layout:
+        """What a call of these shapes and strides runs: the interpreter's meta (the dims
+        merged, each operand's kind and strides, the program), and each operand's byte
+        extent from its address (for the overlap check every call makes)."""
+        if not (out.flags.c_contiguous and out.dtype == np.float32):
             raise _NoFit
         shape = out.shape
-        operands = [ins[a] for a in self._read]
-        flat = self._flat(operands, out)
+        flat = self._flat(operands, shape)
         if flat is not None:  # every operand the output's shape, or one value: one flat axis
-            self._run(operands, out, [out.size], [[1] if k == _IN_FULL else [0] for k in flat], flat)
-            return
-        dims, strides = _merge(shape, [_element_strides(x, shape) for x in operands])
-        if len(dims) > _MAX_DIMS:
-            raise _NoFit
-        self._run(operands, out, dims, strides, _kinds(operands, dims, strides, out))
-
-    @staticmethod
-    def _flat(operands: list[np.ndarray], out: np.ndarray) -> list[int] | None:
-        """Each operand's kind where every one is a contiguous float32 array of the output's
-        shape (the output itself, or apart from it) or a single value apart from it; else
-        None (``_kinds``' rule, without merging axes)."""
-        shape, kinds = out.shape, []
-        out_at = _at(out)
-        out_end = out_at + out.nbytes
-        for x in operands:
-            if x.dtype != np.float32 or not x.flags.aligned:
+            dims, strides, kinds = [out.size], [[1] if k == _IN_FULL else [0] for k in flat], flat
+        else:
+            dims, strides = _merge(shape, [_element_strides(x, shape) for x in operands])
+            if len(dims) > _MAX_DIMS:
                 raise _NoFit
-            if x.size == 1 and x.ndim <= len(shape):
-                kind = _IN_SCALAR
-            elif x.shape == shape and x.flags.c_contiguous:
-                kind = _IN_FULL
-            else:
-                return None
-            at = _at(x)
-            if at < out_end and out_at < at + x.nbytes and (kind != _IN_FULL or at != out_at):
-                raise _NoFit  # read behind or ahead of where the output is written
-            kinds.append(kind)
-        return kinds
-
-    def _run(self, operands: list[np.ndarray], out: np.ndarray, dims: list[int], strides: list[list[int]],
-             kinds: list[int]) -> None:
-        key = tuple(kinds)
-        made = self._made.get(key)
+            kinds = [_kind(dims, s) for s in strides]
+        made = self._made.get(tuple(kinds))
         if made is None:
-            made = self._made[key] = self._program(key)
+            made = self._made[tuple(kinds)] = self._program(tuple(kinds))
         program, cost = made
         n = out.size
         meta = [1, len(operands), program[0], program[1], len(dims), n, *dims]
         for kind, s in zip(kinds, strides):
             meta += [kind, *s]
         meta_arr = np.array(meta + program[2:], np.int64)
-        ptrs = np.array([_at(out), *(_at(x) for x in operands)], np.uint64)
-        threads = self._lib.threads_for(n * cost, SPLIT_NS)
-        if self._lib.region(meta_arr.ctypes.data, ptrs.ctypes.data, self._vml_p, 0, n, threads):
-            raise MemoryError(f"rlx-cpu: no memory for the registers of a {n}-element region")
+        return _Layout(meta_arr, meta_arr.ctypes.data, n, n * cost, tuple(kinds), [_extent(x) for x in operands],
+                       out.nbytes)
+
+    @staticmethod
+    def _flat(operands: list[np.ndarray], shape: tuple[int, ...]) -> list[int] | None:
+        """Each operand's kind where every one is a contiguous float32 array of the output's
+        shape or a single value; else None (then axes are merged)."""
+        kinds = []
+        for x in operands:
+            if x.dtype != np.float32 or not x.flags.aligned:
+                raise _NoFit
+            if x.size == 1 and x.ndim <= len(shape):
+                kinds.append(_IN_SCALAR)
+            elif x.shape == shape and x.flags.c_contiguous:
+                kinds.append(_IN_FULL)
+            else:
+                return None
+        return kinds
+
+
+#: Layouts a ``RegionTemplate`` keeps (one per set of operand shapes and strides met).
+_MAX_LAYOUTS = 256
+
+
+class _Layout(NamedTuple):
+    meta: np.ndarray  # held: ``meta_p`` points into it
+    meta_p: int
+    n: int
+    work_ns: float  # single-thread estimate, for the thread count (read per call: a run may cap threads)
+    kinds: tuple[int, ...]
+    spans: list[tuple[int, int]]  # each operand's bytes (lowest, past the highest) from its address
+    out_bytes: int
+
+
+def _kind(dims: list[int], strides: list[int]) -> int:
+    """An operand's kind over the merged ``dims``: contiguous like the output, a scalar, or strided."""
+    if strides == [math.prod(dims[k + 1:]) for k in range(len(dims))]:
+        return _IN_FULL
+    return _IN_SCALAR if not any(strides) else _IN_STRIDED
+
+
+def _extent(x: np.ndarray) -> tuple[int, int]:
+    """The bytes ``x`` spans from its address: (lowest offset, one past the highest)."""
+    if x.size == 0:
+        return 0, 0
+    lo = sum((d - 1) * s for d, s in zip(x.shape, x.strides) if s < 0)
+    hi = sum((d - 1) * s for d, s in zip(x.shape, x.strides) if s > 0)
+    return lo, hi + x.itemsize
 
 
 def _at(x: np.ndarray) -> int:

@@ -295,8 +295,19 @@ def test_a_region_template_runs_any_shape_like_numpy(shapes: tuple[tuple[int, ..
     template([same, strided[1]], same)
     np.testing.assert_allclose(same, want, rtol=1e-6, atol=1e-6)
     buf = rand((10,), 12)
-    with pytest.raises(regions.NoFit):  # the output overlapping an operand elsewhere: refused, not wrong
+    apart = np.empty(5, np.float32)
+    template([buf[5:10], buf[0:5]], apart)  # these shapes and strides apart: their layout kept...
+    np.testing.assert_allclose(apart, np.tanh(buf[5:10] * buf[0:5]) + buf[5:10], rtol=1e-6, atol=1e-6)
+    with pytest.raises(regions.NoFit):  # ...the output overlapping an operand elsewhere: refused per call, not wrong
         template([buf[1:6], buf[0:5]], buf[0:5])
+    backwards = rand((5,), 13)
+    template([backwards[::-1], buf[0:5]], apart)  # a negative stride: read where it lies
+    np.testing.assert_allclose(apart, np.tanh(backwards[::-1] * buf[0:5]) + backwards[::-1], rtol=1e-6, atol=1e-6)
+    with pytest.raises(regions.NoFit):  # ... and refused where it overlaps the output
+        template([buf[5:0:-1], buf[5:10]], buf[0:5])
+    shifted = np.zeros(24, np.uint8)[1:21].view(np.float32)  # misaligned: refused per call (numpy's way runs)
+    with pytest.raises(regions.NoFit):
+        template([shifted, buf[0:5]], apart)
     with pytest.raises(regions.NoFit):  # a one-value operand inside the output: overwritten before all read it
         template([buf[2:3], buf[5:10]], buf[0:5])
 
