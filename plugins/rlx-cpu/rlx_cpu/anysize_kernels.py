@@ -38,7 +38,7 @@ from .gemm import stacked_rows, use_native
 from .native import library as native_library
 from .native_nn import LAYER_NORM_NS, SOFTMAX_NS
 from .onednn_steps import ACTIVATION_POST, RunTimeDense
-from .regions import SPLIT_NS, NoFit, RegionTemplate, as_float
+from .regions import SPLIT_NS, NoFit, RegionTemplate
 
 __all__ = ["Runner", "Place", "Built", "elementwise_program", "dense_layer", "dense_runner", "product_runner",
            "region_runner", "layer_norm_runner", "attention_runner", "softmax_runner", "slice_runner",
@@ -190,9 +190,10 @@ def elementwise_program(node: Node, ins: Sequence[Node]) -> list[Instruction] | 
 def region_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.ndarray], place: Place,
                   built: Built, templates: list[RegionTemplate]) -> Runner | None:
     """A float32 elementwise op or fused region on the native interpreter, planned once
-    for every size (``regions.RegionTemplate``). An input of another dtype that the
-    region only casts to float32 (an exporter's ``(1 - mask) * -10000`` over an int64
-    mask) is cast by numpy first, into a buffer of the arena, and read as float32."""
+    for every size (``regions.RegionTemplate``). Bool inputs are read as they lie (0/1
+    floats to the program). An input of another dtype that the region only casts to
+    float32 (an exporter's ``(1 - mask) * -10000`` over an int64 mask) is cast by numpy
+    first, into a buffer of the arena, and read as float32."""
     lib = native_library()
     ins = [nodes[i] for i in node.inputs]
     if lib is None or node.dtype != "float32" or not ins:
@@ -200,20 +201,11 @@ def region_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.n
     instructions = elementwise_program(node, ins)
     if instructions is None:
         return None
-    floats: dict[int, np.ndarray] = {}  # graph constants of bools, as the 0/1 floats the program reads
-    for k, i in enumerate(node.inputs):
-        if ins[k].dtype == "bool" and i in resident:
-            try:
-                floats[k] = as_float(resident[i])
-            except NoFit:  # a bool folded from a param: cast per run
-                pass
-    cast = {k for k, x in enumerate(ins) if x.dtype != "float32" and k not in floats}  # cast per run first
-    if any(k in i.args and ins[k].dtype != "bool" and (i.op is not OpKind.CAST or i.dtype != "float32")
-           for i in instructions for k in cast):
-        return None  # (another dtype: only cast to float32; bools: read as the program types them)
+    cast = {k for k, x in enumerate(ins) if x.dtype not in ("float32", "bool")}  # cast per run first
+    if any(k in i.args and (i.op is not OpKind.CAST or i.dtype != "float32") for i in instructions for k in cast):
+        return None
     known = {k: resident[i] for k, i in enumerate(node.inputs) if i in resident and k not in cast}
-    known.update(floats)
-    in_types = ["bool" if x.dtype == "bool" else "float32" for x in ins]
+    in_types = ["bool" if x.dtype == "bool" else "float32" for x in ins]  # (bools: read as 0/1 floats)
     try:
         template = RegionTemplate(lib, instructions, len(ins), known, in_types)
     except NoFit:
@@ -225,8 +217,6 @@ def region_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.n
 
     def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
         args = [values[i] for i in inputs]
-        for k, x in floats.items():
-            args[k] = x
         out = place(values, env, arena, raws)
         if out.size and cast:
             taken = []
@@ -251,7 +241,7 @@ def region_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.n
             try:
                 template(args, out)
             except NoFit:  # operands it cannot take as they are: the plan's kernel
-                built([values[i] for i in inputs], out, env, arena)
+                built(args, out, env, arena)
         return out
     return run
 

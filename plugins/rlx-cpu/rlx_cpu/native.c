@@ -62,6 +62,10 @@ enum {
 };
 
 enum { IN_FULL = 0, IN_SCALAR = 1, IN_STRIDED = 2 };
+/* An input's kind with this bit set holds bools (one byte each, 0 or 1), read as 0/1 floats:
+ * a mask the region chooses by, with no float copy of it made first. */
+#define IN_BYTES 8
+#define IN_KIND(k) ((k) & 7)
 
 RLX_API int64_t rlx_abi(void) { return RLX_ABI; }
 RLX_API int64_t rlx_block(void) { return RLX_BLOCK; }
@@ -355,40 +359,47 @@ static RLX_CLONES void run_op(int64_t op, float *d, const float *a, const float 
 }
 
 /* Copy elements [start, start + n) of the output's row-major order, as seen through an
- * operand with these element strides (0 along broadcast axes), into buf. */
-static void gather(const float *src, int64_t ndim, const int64_t *shape, const int64_t *strides, int64_t start,
-                   int64_t n, float *buf) {
-    int64_t idx[RLX_MAX_DIMS];
-    int64_t rest = start, k, off = 0;
-    for (k = ndim - 1; k >= 0; k--) {
-        idx[k] = rest % shape[k];
-        rest /= shape[k];
+ * operand with these element strides (0 along broadcast axes), into buf: gather over
+ * floats, gather_bytes over bools (one byte each, read as 0/1 floats). */
+#define RLX_GATHER(NAME, T, LOAD)                                                                            \
+    static void NAME(const T *src, int64_t ndim, const int64_t *shape, const int64_t *strides, int64_t start, \
+                     int64_t n, float *buf) {                                                                 \
+        int64_t idx[RLX_MAX_DIMS];                                                                            \
+        int64_t rest = start, k, off = 0;                                                                     \
+        for (k = ndim - 1; k >= 0; k--) {                                                                     \
+            idx[k] = rest % shape[k];                                                                         \
+            rest /= shape[k];                                                                                 \
+        }                                                                                                     \
+        for (k = 0; k < ndim - 1; k++) off += idx[k] * strides[k];                                            \
+        int64_t inner = shape[ndim - 1], step = strides[ndim - 1], done = 0;                                  \
+        while (done < n) {                                                                                    \
+            int64_t j = idx[ndim - 1], cnt = inner - j;                                                       \
+            if (cnt > n - done) cnt = n - done;                                                               \
+            const T *row = src + off + j * step;                                                              \
+            if (step == 1 && sizeof(T) == sizeof(float)) {                                                    \
+                memcpy(buf + done, row, (size_t)cnt * sizeof(float));                                         \
+            } else if (step == 0) { /* broadcast along the rows (a per-channel scale): a fill */              \
+                const float v = LOAD(row[0]);                                                                 \
+                float *restrict dst = buf + done;                                                             \
+                for (int64_t t = 0; t < cnt; t++) dst[t] = v;                                                 \
+            } else {                                                                                          \
+                for (int64_t t = 0; t < cnt; t++) buf[done + t] = LOAD(row[t * step]);                        \
+            }                                                                                                 \
+            done += cnt;                                                                                      \
+            idx[ndim - 1] = 0;                                                                                \
+            for (k = ndim - 2; k >= 0; k--) { /* carry into the outer axes */                                 \
+                off += strides[k];                                                                            \
+                if (++idx[k] < shape[k]) break;                                                               \
+                off -= idx[k] * strides[k];                                                                   \
+                idx[k] = 0;                                                                                   \
+            }                                                                                                 \
+        }                                                                                                     \
     }
-    for (k = 0; k < ndim - 1; k++) off += idx[k] * strides[k];
-    int64_t inner = shape[ndim - 1], step = strides[ndim - 1], done = 0;
-    while (done < n) {
-        int64_t j = idx[ndim - 1], cnt = inner - j;
-        if (cnt > n - done) cnt = n - done;
-        const float *row = src + off + j * step;
-        if (step == 1) {
-            memcpy(buf + done, row, (size_t)cnt * sizeof(float));
-        } else if (step == 0) { /* broadcast along the rows (a per-channel scale): a fill */
-            const float v = row[0];
-            float *restrict dst = buf + done;
-            for (int64_t t = 0; t < cnt; t++) dst[t] = v;
-        } else {
-            for (int64_t t = 0; t < cnt; t++) buf[done + t] = row[t * step];
-        }
-        done += cnt;
-        idx[ndim - 1] = 0;
-        for (k = ndim - 2; k >= 0; k--) { /* carry into the outer axes */
-            off += strides[k];
-            if (++idx[k] < shape[k]) break;
-            off -= idx[k] * strides[k];
-            idx[k] = 0;
-        }
-    }
-}
+#define RLX_LOAD_FLOAT(x) (x)
+#define RLX_LOAD_BOOL(x) ((x) ? 1.0f : 0.0f)
+RLX_GATHER(gather, float, RLX_LOAD_FLOAT)
+RLX_GATHER(gather_bytes, uint8_t, RLX_LOAD_BOOL)
+
 
 static int region_range(const int64_t *meta, void *const *ptrs, const rlx_vml *vml, int64_t start, int64_t stop);
 
@@ -431,8 +442,9 @@ static void region_bind(const int64_t *meta, void *const *ptrs, float *work, con
     const float *const *in = (const float *const *)(ptrs + 1);
     float *inbuf = work + n_regs * RLX_BLOCK;
     for (int64_t i = 0; i < n_in; i++) {
-        if (in_meta[i * (1 + ndim)] == IN_SCALAR) {
-            float v = in[i][0], *buf = inbuf + i * RLX_BLOCK;
+        const int64_t kind = in_meta[i * (1 + ndim)];
+        if (IN_KIND(kind) == IN_SCALAR) {
+            float v = kind & IN_BYTES ? (((const uint8_t *)ptrs[1 + i])[0] ? 1.0f : 0.0f) : in[i][0], *buf = inbuf + i * RLX_BLOCK;
             for (int64_t t = 0; t < RLX_BLOCK; t++) buf[t] = v;
             vals[i] = buf;
         }
@@ -461,6 +473,14 @@ static void region_blocks(const int64_t *meta, void *const *ptrs, const rlx_vml 
             if (im[0] == IN_FULL) vals[i] = in[i] + s;
             else if (im[0] == IN_STRIDED) {
                 gather(in[i], ndim, shape, im + 1, s, n, inbuf + i * RLX_BLOCK);
+                vals[i] = inbuf + i * RLX_BLOCK;
+            } else if (im[0] == (IN_FULL | IN_BYTES)) {
+                const uint8_t *src = (const uint8_t *)ptrs[1 + i] + s;
+                float *buf = inbuf + i * RLX_BLOCK;
+                for (int64_t t = 0; t < n; t++) buf[t] = src[t] ? 1.0f : 0.0f;
+                vals[i] = buf;
+            } else if (im[0] == (IN_STRIDED | IN_BYTES)) {
+                gather_bytes((const uint8_t *)ptrs[1 + i], ndim, shape, im + 1, s, n, inbuf + i * RLX_BLOCK);
                 vals[i] = inbuf + i * RLX_BLOCK;
             }
         }

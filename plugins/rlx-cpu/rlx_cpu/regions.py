@@ -1,9 +1,11 @@
 """Fused float32 elementwise regions on the native block interpreter (``native.c``).
 
-A region qualifies when its output and every input it reads are float32 and each
-instruction is one the interpreter has (every elementwise op; comparisons and ``where``
-through 0/1 floats; casts only between float32 and bool). Anything else keeps the numpy
-path of ``fused.py``, which computes the same function.
+A region qualifies when its output is float32, every input it reads is float32 or bool
+(bytes, read as 0/1 floats: an exporter's masks), and each instruction is one the
+interpreter has (every elementwise op; comparisons, ``where`` and the ``where`` an ONNX
+import writes for ``And``/``Or``/``Not`` through 0/1 floats; casts only between float32
+and bool). Anything else keeps the numpy path of ``fused.py``, which computes the same
+function.
 
 The plan fixes everything but the caller's addresses: the output's shape with adjacent
 axes merged where every operand allows it, each input's kind (contiguous like the output,
@@ -40,7 +42,7 @@ from .native import Native, library
 from .peephole import fuse_chains
 from .steps import Dyn, Step
 
-__all__ = ["region_steps", "node_steps", "as_float", "epilogue", "Epilogue", "OPCODES", "SPLIT_NS", "RegionTemplate",
+__all__ = ["region_steps", "node_steps", "epilogue", "Epilogue", "OPCODES", "SPLIT_NS", "RegionTemplate",
            "NoFit"]
 
 log = logging.getLogger("rlx_cpu")
@@ -73,6 +75,7 @@ SPLIT_NS = 20_000.0
 _MAX_DIMS = 8
 _MAX_VALUES = 64 + 256
 _IN_FULL, _IN_SCALAR, _IN_STRIDED = 0, 1, 2
+_IN_BYTES = 8  # (or-ed into a kind: the operand holds bools, native.c's IN_BYTES)
 
 
 class _NoFit(Exception):
@@ -108,15 +111,17 @@ def _opcode(ins: Instruction, types: list[str]) -> str:
 
 
 def _element_strides(x: Any, out_shape: tuple[int, ...]) -> list[int]:
-    """``x``'s element strides along each output axis (0 where it broadcasts)."""
-    if isinstance(x, Dyn):  # (a caller's array of another dtype is copied to float32 per run)
-        byte_strides, acc = [], 4
+    """``x``'s element strides along each output axis (0 where it broadcasts): float32
+    elements, or bools (bytes, read as 0/1 floats)."""
+    size = _itemsize(x)
+    if isinstance(x, Dyn):  # (a caller's array is made C-contiguous per run where it is not)
+        byte_strides, acc = [], size
         for d in reversed(x.shape):
             byte_strides.append(acc)
             acc *= max(d, 1)
         byte_strides.reverse()
     else:
-        if x.dtype != np.float32 or not x.flags.aligned:
+        if not x.flags.aligned:
             raise _NoFit
         byte_strides = list(x.strides)
     lead = len(out_shape) - x.ndim
@@ -125,25 +130,26 @@ def _element_strides(x: Any, out_shape: tuple[int, ...]) -> list[int]:
         j = k - lead
         if j < 0 or x.shape[j] == 1:
             strides.append(0)
-        elif byte_strides[j] % 4:
+        elif byte_strides[j] % size:
             raise _NoFit
         else:
-            strides.append(byte_strides[j] // 4)
+            strides.append(byte_strides[j] // size)
     return strides
 
 
-def as_float(x: Any) -> Any:
-    """Operand ``x`` as the interpreter reads it: float32, or a value known only at run
-    time, as it is (a run copies a caller's bools to 0/1 floats); a graph constant of bools
-    (read-only: no run changes it) as a read-only copy of 0/1 floats; ``_NoFit`` for
-    other bools fixed at plan time (folded from a param: ``set_param`` would not reach the copy)."""
-    if isinstance(x, Dyn) or x.dtype != np.bool_:
-        return x
-    if x.flags.writeable:
-        raise _NoFit
-    floats = x.astype(np.float32)
-    floats.flags.writeable = False
-    return floats
+def _itemsize(x: Any) -> int:
+    """The bytes of one of ``x``'s elements as the interpreter reads them; ``_NoFit`` for a
+    dtype it does not read (float32, and bools as 0/1 floats)."""
+    if x.dtype == np.float32:
+        return 4
+    if x.dtype == np.bool_:
+        return 1
+    raise _NoFit
+
+
+def _with_dtype(kind: int, x: Any) -> int:
+    """``kind`` as the interpreter's meta holds it: with ``_IN_BYTES`` for a bool operand."""
+    return kind | _IN_BYTES if x.dtype == np.bool_ else kind
 
 
 def _merge(shape: tuple[int, ...], operands: list[list[int]]) -> tuple[list[int], list[list[int]]]:
@@ -291,7 +297,7 @@ def _compile(instructions: list[Instruction], ins: list[Any], out: Any) -> _Comp
     if not isinstance(out, Dyn) and not (out.flags.c_contiguous and out.flags.writeable and out.flags.aligned):
         raise _NoFit
     shape = tuple(out.shape)
-    operands = [as_float(ins[a]) for a in read]
+    operands = [ins[a] for a in read]
     dims, strides = _merge(shape, [_element_strides(x, shape) for x in operands])
     if len(dims) > _MAX_DIMS:
         raise _NoFit
@@ -320,9 +326,9 @@ def _kinds(operands: list[Any], dims: list[int], strides: list[list[int]], out: 
     output itself (the region would read behind or ahead of where it writes)."""
     kinds = []
     for x, s in zip(operands, strides):
-        kind = _kind(dims, s)
+        kind = _with_dtype(_kind(dims, s), x)
         if not isinstance(x, Dyn) and not isinstance(out, Dyn) and np.may_share_memory(x, out):
-            if kind != _IN_FULL or x.ctypes.data != out.ctypes.data:
+            if kind != _IN_FULL or x.ctypes.data != out.ctypes.data:  # (bools never: another dtype)
                 raise _NoFit
         kinds.append(kind)
     return kinds
@@ -386,9 +392,12 @@ class _Runner:
 
 
 def _address(x: Any) -> tuple[int, Any]:
-    """The address of ``x`` as a C-contiguous float32 array, and the array that holds it
-    (``x`` itself, or a contiguous copy of it)."""
-    if x.dtype != np.float32 or not x.flags.c_contiguous or not x.flags.aligned:
+    """The address of ``x`` as a C-contiguous float32 (or bool) array, and the array that
+    holds it (``x`` itself, or a contiguous copy of it)."""
+    if x.dtype == np.bool_:
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+    elif x.dtype != np.float32 or not x.flags.c_contiguous or not x.flags.aligned:
         x = np.ascontiguousarray(x, np.float32)
     try:
         return address(x), x
@@ -519,7 +528,7 @@ class RegionTemplate:
     ``known`` holds the operands whose values are fixed (residents): a one-float one may
     be folded into a fused activation, as in a plan; ``forget`` drops what was made from
     them (``set_param``). ``in_types`` says which inputs the program reads as bools (all
-    float32 by default): the caller hands those as 0/1 floats. A call raises ``NoFit``
+    float32 by default): the caller hands those as bool arrays. A call raises ``NoFit``
     where the interpreter cannot take the operands (another dtype, misaligned or
     overlapping memory): the caller's way runs."""
 
@@ -574,9 +583,9 @@ class RegionTemplate:
         out_at = _at(out)
         out_end = out_at + layout.out_bytes
         addrs = [out_at]
-        for x, kind, (lo, hi) in zip(operands, layout.kinds, layout.spans):
+        for x, kind, (lo, hi, align) in zip(operands, layout.kinds, layout.spans):
             at = _at(x)
-            if at & 3 or (at + lo < out_end and out_at < at + hi and (kind != _IN_FULL or at != out_at)):
+            if at & align or (at + lo < out_end and out_at < at + hi and (kind != _IN_FULL or at != out_at)):
                 raise _NoFit  # misaligned, or read behind or ahead of where the output is written
             addrs.append(at)
         if out_at & 3:
@@ -595,12 +604,13 @@ class RegionTemplate:
         shape = out.shape
         flat = self._flat(operands, shape)
         if flat is not None:  # every operand the output's shape, or one value: one flat axis
-            dims, strides, kinds = [out.size], [[1] if k == _IN_FULL else [0] for k in flat], flat
+            dims, strides = [out.size], [[1] if k == _IN_FULL else [0] for k in flat]
+            kinds = [_with_dtype(k, x) for k, x in zip(flat, operands)]
         else:
             dims, strides = _merge(shape, [_element_strides(x, shape) for x in operands])
             if len(dims) > _MAX_DIMS:
                 raise _NoFit
-            kinds = [_kind(dims, s) for s in strides]
+            kinds = [_with_dtype(_kind(dims, s), x) for s, x in zip(strides, operands)]
         made = self._made.get(tuple(kinds))
         if made is None:
             made = self._made[tuple(kinds)] = self._program(tuple(kinds))
@@ -615,11 +625,12 @@ class RegionTemplate:
 
     @staticmethod
     def _flat(operands: list[np.ndarray], shape: tuple[int, ...]) -> list[int] | None:
-        """Each operand's kind where every one is a contiguous float32 array of the output's
-        shape or a single value; else None (then axes are merged)."""
+        """Each operand's kind where every one is a contiguous array of the output's shape
+        or a single value; else None (then axes are merged)."""
         kinds = []
         for x in operands:
-            if x.dtype != np.float32 or not x.flags.aligned:
+            _itemsize(x)  # (_NoFit for a dtype the interpreter does not read)
+            if not x.flags.aligned:
                 raise _NoFit
             if x.size == 1 and x.ndim <= len(shape):
                 kinds.append(_IN_SCALAR)
@@ -640,7 +651,8 @@ class _Layout(NamedTuple):
     n: int
     work_ns: float  # single-thread estimate, for the thread count (read per call: a run may cap threads)
     kinds: tuple[int, ...]
-    spans: list[tuple[int, int]]  # each operand's bytes (lowest, past the highest) from its address
+    spans: list[tuple[int, int, int]]  # each operand's bytes (lowest, past the highest) from its address; its
+    #: alignment mask (3 for float32, 0 for bools)
     out_bytes: int
 
 
@@ -651,13 +663,15 @@ def _kind(dims: list[int], strides: list[int]) -> int:
     return _IN_SCALAR if not any(strides) else _IN_STRIDED
 
 
-def _extent(x: np.ndarray) -> tuple[int, int]:
-    """The bytes ``x`` spans from its address: (lowest offset, one past the highest)."""
+def _extent(x: np.ndarray) -> tuple[int, int, int]:
+    """The bytes ``x`` spans from its address (lowest offset, one past the highest), and
+    the mask its address must clear (its elements' alignment)."""
+    align = x.itemsize - 1
     if x.size == 0:
-        return 0, 0
+        return 0, 0, align
     lo = sum((d - 1) * s for d, s in zip(x.shape, x.strides) if s < 0)
     hi = sum((d - 1) * s for d, s in zip(x.shape, x.strides) if s > 0)
-    return lo, hi + x.itemsize
+    return lo, hi + x.itemsize, align
 
 
 def _at(x: np.ndarray) -> int:

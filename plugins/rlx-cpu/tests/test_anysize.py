@@ -312,6 +312,34 @@ def test_a_region_template_runs_any_shape_like_numpy(shapes: tuple[tuple[int, ..
         template([buf[2:3], buf[5:10]], buf[0:5])
 
 
+@pytest.mark.skipif(native_library() is None, reason="the native kernels did not load")
+def test_a_region_template_reads_bools_where_they_lie() -> None:
+    """Bool operands (contiguous, a transposed view, broadcast, one element) read as 0/1
+    floats from their bytes, at any address (no alignment to keep), and never written
+    over (a bool operand sharing the output's memory is refused)."""
+    lib = native_library()
+    shape = (6, 9)
+    program = [Instruction(OpKind.WHERE, (1, 2, 3), {}, shape, "bool"),  # not k, as an import writes it
+               Instruction(OpKind.WHERE, (0, 6, 1), {}, shape, "bool"),  # m xor k
+               Instruction(OpKind.EQUAL, (7, 0), {}, shape, "bool"),  # bools compared
+               Instruction(OpKind.WHERE, (8, 4, 5), {}, shape, "float32")]
+    template = regions.RegionTemplate(lib, program, 6, {}, ["bool"] * 4 + ["float32"] * 2)
+    rng = np.random.default_rng(3)
+    x, y = rand(shape, 1), rand(shape, 2)
+    for m, k in ((rng.random(shape) > 0.5, rng.random(shape) > 0.5),
+                 ((rng.random((9, 6)) > 0.5).T, rng.random((1, 9)) > 0.5),  # strided; broadcast rows
+                 (np.zeros((*shape, 1), bool)[..., 0], np.array([True]))):  # one value
+        out = np.empty(shape, np.float32)
+        template([m, k, np.array(False), np.array(True), x, y], out)
+        m_, k_ = np.broadcast_to(m, shape), np.broadcast_to(k, shape)
+        want = np.where(np.where(m_, ~k_, k_) == m_, x, y)
+        np.testing.assert_array_equal(out, want)
+    raw = np.zeros(shape[0] * shape[1] * 4, np.uint8)
+    with pytest.raises(regions.NoFit):  # a bool over the output's own bytes
+        template([raw[:54].view(bool).reshape(shape), raw[1:55].view(bool).reshape(shape), np.array(False),
+                  np.array(True), x, y], raw.view(np.float32).reshape(shape))
+
+
 @pytest.mark.skipif(onednn.find_library() is None, reason="oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
 @pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
 def test_a_run_time_dense_layer_takes_any_row_count(activation: str, monkeypatch: pytest.MonkeyPatch) -> None:

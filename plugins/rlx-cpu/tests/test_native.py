@@ -32,7 +32,7 @@ from rlx_core.ir import Graph
 from rlx_core.ir.ops import OpKind
 from rlx_core.passes.internal_ops import program_types
 from rlx_core.run.session import CompiledGraph
-from rlx_cpu import CpuBackend, blas, ccall, native, native_nn, regions
+from rlx_cpu import CpuBackend, blas, ccall, fused, native, native_nn, regions
 from rlx_cpu import threads as thread_policy
 from rlx_cpu.steps import Dyn, bind
 
@@ -625,10 +625,10 @@ def test_bools_inside_a_float_region_are_its_0_1_floats(lib: native.Native, regi
     assert np.array_equal(got, want, equal_nan=True) and np.array_equal(got, ref, equal_nan=True)
 
 
-def test_bools_folded_from_a_param_stay_with_numpy(lib: native.Native, region_runs: list[regions._Runner]) -> None:
-    """A bool array computed from a param is fixed at plan time but not constant: the
-    region declines it (a copy of it as floats would miss ``set_param``), and after
-    ``set_param`` the answer follows the new param."""
+def test_bools_folded_from_a_param_are_read_where_they_lie(lib: native.Native,
+                                                           region_runs: list[regions._Runner]) -> None:
+    """A bool array computed from a param is read by the region as bytes where it lies,
+    so ``set_param``, which computes it again in place, reaches the region's answer."""
     g = Graph("param-bools")
     x = g.input("x", (4, 300))
     w = g.param("w", rand((300,), 1))
@@ -637,10 +637,49 @@ def test_bools_folded_from_a_param_stay_with_numpy(lib: native.Native, region_ru
     x_in = rand((4, 300), 2)
     w2 = rand((300,), 5)
     (first,) = cg.run({"x": x_in})
+    assert region_runs, "the where ran in a region"
     cg.set_param("w", w2)
     (second,) = cg.run({"x": x_in})
     np.testing.assert_array_equal(first, np.where(rand((300,), 1) > 0, x_in, -x_in))
     np.testing.assert_array_equal(second, np.where(w2 > 0, x_in, -x_in))
+
+
+def test_masks_computed_per_run_are_read_as_bytes(lib: native.Native, region_runs: list[regions._Runner],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The classic exporter's padding mask: bools a plan computes each run (comparisons of
+    int64 positions, outside any float region) broadcast as ``(b, 1, 1, s)`` and ``(1, 1,
+    s, 1)``, chosen between by ``where`` and made ``-inf``/``0``, with a transposed caller
+    bool and one-element bools: one region reading the bytes where they lie (strided,
+    broadcast, scalar; it ran on numpy's passes before), bit for bit the numpy path and
+    the reference."""
+    b, s = 3, 37
+    g = Graph("mask")
+    keep = g.input("keep", (b, 1, 1, s), "int64")
+    pos = g.input("pos", (1, 1, s, 1), "int64")
+    flip = g.input("flip", (1, 1, s, s), "bool")
+    scores = g.input("scores", (b, 2, s, s))
+    padded = g.equal(keep, g.constant(np.int64(0)))  # bool plan buffers (int64 compares: no float region)
+    late = g.greater(pos, g.constant(np.int64(20)))
+    masked = g.where(padded, g.constant(np.bool_(True)), late)
+    masked = g.where(g.transpose(flip, (0, 1, 3, 2)), g.where(masked, g.constant(np.bool_(False)),
+                                                               g.constant(np.bool_(True))), masked)
+    bias = g.where(masked, g.constant(np.float32(-np.inf)), g.constant(np.float32(0.0)))
+    g.set_outputs([g.add(scores, bias)])
+    rng = np.random.default_rng(4)
+    feeds = {"keep": (rng.random((b, 1, 1, s)) > 0.3).astype(np.int64),
+             "pos": np.arange(s, dtype=np.int64).reshape(1, 1, s, 1),
+             "flip": rng.random((1, 1, s, s)) > 0.8, "scores": rand((b, 2, s, s), 5)}
+    numpy_programs: list[int] = []
+    real = fused.program_steps
+    monkeypatch.setattr(fused, "program_steps", lambda *a, **k: (numpy_programs.append(1), real(*a, **k))[1])
+    (got,) = compile_cpu(g).run(feeds)
+    assert region_runs and max(r.meta[2] for r in region_runs) >= 4 and not numpy_programs, \
+        "the four wheres in one region on the interpreter, none on numpy's"
+    monkeypatch.undo()
+    (want,) = compile_numpy(monkeypatch, g).run(feeds)
+    (ref,) = reference.evaluate(g, feeds)
+    assert np.array_equal(got, want) and np.array_equal(got, ref)
+    assert np.isneginf(got).any() and np.isfinite(got).any()
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
