@@ -57,11 +57,10 @@ _SMALL_PASS = 32 * 1024
 #: with a run-time row count serves the larger ones (``dense_runner``).
 DENSE_MIN_MACS = 1 << 22
 
-#: Computes a node in a run: ``(values, sizes, arena, raws) -> its value`` (``raws``: the
-#: arena buffers the run's values hold, by node).
-Runner = Callable[[list[Any], Mapping[str, int], Arena, dict[int, np.ndarray]], Any]
+#: Computes a node in a run: ``(values, sizes, arena) -> its value``.
+Runner = Callable[[list[Any], Mapping[str, int], Arena], Any]
 #: Gives a node's output array in a run (same arguments).
-Place = Callable[[list[Any], Mapping[str, int], Arena, dict[int, np.ndarray]], np.ndarray]
+Place = Callable[[list[Any], Mapping[str, int], Arena], np.ndarray]
 #: The plan's kernel for a node built for a run's arrays and run: ``(inputs, out, sizes, arena)``.
 Built = Callable[[list[Any], np.ndarray, Mapping[str, int], Arena], None]
 
@@ -101,11 +100,11 @@ def dense_runner(node: Node, dense: RunTimeDense, place: Place, small: Runner | 
     a_id, k, n = node.inputs[0], dense.k, dense.n
     least_rows = -(-DENSE_MIN_MACS // max(k * n, 1)) if small is not None else 0
 
-    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena) -> Any:
         a = values[a_id]
         if a.size < least_rows * k:
-            return small(values, env, arena, raws)  # type: ignore[misc]
-        out = place(values, env, arena, raws)
+            return small(values, env, arena)  # type: ignore[misc]
+        out = place(values, env, arena)
         if out.size:
             a2 = a.reshape(-1, k)
             if not (a2.flags.c_contiguous and a2.flags.aligned):
@@ -152,9 +151,9 @@ def product_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.
         k, n = w.shape
         sgemm, w_at = mkl_lib.sgemm, w.ctypes.data  # a resident: held, and refilled in place by set_param
 
-    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena) -> Any:
         a, b = values[a_id], values[b_id]
-        out = place(values, env, arena, raws)
+        out = place(values, env, arena)
         if not out.size:
             return out
         if a.shape[-1] == 0 or (a.ndim < 2 or b.ndim < 2):  # an empty sum, a vector: the plan's kernel
@@ -215,9 +214,9 @@ def region_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.n
     ufunc = _UFUNCS.get(node.op) if not cast else None  # numpy computes these alike: small outputs take it
     f32 = np.dtype(np.float32)
 
-    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena) -> Any:
         args = [values[i] for i in inputs]
-        out = place(values, env, arena, raws)
+        out = place(values, env, arena)
         if out.size and cast:
             taken = []
             for k in cast:
@@ -252,8 +251,8 @@ def transpose_runner(node: Node, place: Place) -> Runner | None:
         return None
     x_id, perm = node.inputs[0], tuple(node.attrs["perm"])
 
-    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
-        out = place(values, env, arena, raws)
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena) -> Any:
+        out = place(values, env, arena)
         np.copyto(out, values[x_id].transpose(perm))
         return out
     return run
@@ -278,9 +277,9 @@ def layer_norm_runner(node: Node, resident: Mapping[int, np.ndarray], place: Pla
     x_id = node.inputs[0]
     scale_p, bias_p = scale.ctypes.data, (bias.ctypes.data if bias is not None else None)  # residents: held
 
-    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena) -> Any:
         x = values[x_id]
-        out = place(values, env, arena, raws)
+        out = place(values, env, arena)
         if out.size and length:
             if not (x.dtype == np.float32 and x.flags.c_contiguous and x.flags.aligned) or (
                     np.may_share_memory(x, out) and x.ctypes.data != out.ctypes.data):
@@ -309,9 +308,9 @@ def attention_runner(node: Node, nodes: Sequence[Node], place: Place, built: Bui
     # the mask added over the scores on the native interpreter (every core; numpy's add is one)
     masked = RegionTemplate(lib, [Instruction(OpKind.ADD, (0, 1), {}, node.shape, "float32")], 2, {})
 
-    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena) -> Any:
         q, k, v = values[q_id], values[k_id], values[v_id]
-        out = place(values, env, arena, raws)
+        out = place(values, env, arena)
         lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
         if not out.size:
             return out
@@ -355,9 +354,9 @@ def softmax_runner(node: Node, place: Place, built: Built) -> Runner | None:
         return None
     x_id = node.inputs[0]
 
-    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena) -> Any:
         x = values[x_id]
-        out = place(values, env, arena, raws)
+        out = place(values, env, arena)
         length = out.shape[-1] if out.ndim else 0
         if not out.size or not length:
             return out
@@ -382,9 +381,9 @@ def slice_runner(node: Node, place: Place, built: Built) -> Runner | None:
     fixed = {k: v for k, v in node.attrs.items() if not holds_sym(v)}
     sized = {k: v for k, v in node.attrs.items() if holds_sym(v)}
 
-    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena) -> Any:
         x = values[x_id]
-        out = place(values, env, arena, raws)
+        out = place(values, env, arena)
         attrs = {**fixed, **{k: evaluate_attr(v, env) for k, v in sized.items()}}
         view = x[slice_index(x.ndim, attrs)]
         if view.shape == out.shape:

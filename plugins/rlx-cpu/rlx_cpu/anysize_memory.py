@@ -1,6 +1,7 @@
-"""Memory of the any-size executable's runs (``anysize.py``): buffers kept between runs
-whatever their sizes, outputs recycled once the caller lets them go, and the build context
-of a kernel built for one run.
+"""Memory of the any-size executable's runs (``anysize.py``): a slot per value (given by
+liveness once, at compile) whose buffer is kept between runs whatever the sizes, scratch
+buffers kept the same way, outputs recycled once the caller lets them go, and the build
+context of a kernel built for one run.
 
 Why keep them: on this kind of host the first touch of fresh memory costs about half a
 millisecond per megabyte in page faults, and a stream of requests changes its sizes on
@@ -25,6 +26,8 @@ __all__ = ["Arena", "Outputs", "RunContext"]
 
 #: A free buffer up to this size serves any smaller value (larger ones: values at least half their size).
 _SMALL = 64 * 1024
+#: An empty slot (no buffer yet).
+_NONE = np.empty(0, np.uint8)
 
 
 def _rounded(nbytes: int) -> int:
@@ -35,18 +38,37 @@ def _rounded(nbytes: int) -> int:
 
 
 class Arena:
-    """The buffers of one run at a time, kept between runs: a value takes the smallest
-    free buffer that holds it, a new one (from the warm pool, else fresh memory) only
-    when none does, and gives it back after its last reader. Once the largest request
-    has run, a run faults in no fresh memory (about half a millisecond per megabyte on
-    this kind of host: the sizes of a stream of requests change on every one)."""
+    """The memory of one run at a time, kept between runs. A value's memory is its slot's
+    buffer (``slot``: the executable gave each value a slot no other live value holds),
+    grown when a run needs more, never shrunk; scratch takes the smallest free buffer
+    that holds it, a new one (from the warm pool, else fresh memory) only when none does,
+    and gives it back. Once the largest request has run, a run faults in no fresh memory
+    (about half a millisecond per megabyte on this kind of host: the sizes of a stream of
+    requests change on every one)."""
 
-    __slots__ = ("_free", "_sizes", "outputs")
+    __slots__ = ("_free", "_sizes", "_slots", "outputs")
 
-    def __init__(self, outputs: int) -> None:
+    def __init__(self, outputs: int, slots: int = 0) -> None:
         self._free: list[np.ndarray] = []  # sorted by size
         self._sizes: list[int] = []
+        self._slots: list[np.ndarray] = [_NONE] * slots
         self.outputs = Outputs(outputs)
+
+    def slot(self, k: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A ``shape`` ``dtype`` array in slot ``k``'s buffer (grown to hold it)."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        raw = self._slots[k]
+        if raw.nbytes < nbytes:
+            if raw.nbytes:
+                self.give(raw)  # (scratch may use the smaller one)
+            raw = self._slots[k] = self._fresh(nbytes)
+        return raw[:nbytes].view(dtype).reshape(shape)
+
+    @staticmethod
+    def _fresh(nbytes: int) -> np.ndarray:
+        size = _rounded(nbytes)
+        raw = warm_pool().take(size)
+        return raw if raw is not None else aligned_empty(size, np.uint8)
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """A ``shape`` ``dtype`` array and the raw buffer under it (to give back)."""
@@ -56,10 +78,7 @@ class Arena:
             raw = self._free.pop(i)
             del self._sizes[i]
         else:
-            size = _rounded(nbytes)
-            raw = warm_pool().take(size)
-            if raw is None:
-                raw = aligned_empty(size, np.uint8)
+            raw = self._fresh(nbytes)
         return raw[:nbytes].view(dtype).reshape(shape), raw
 
     def give(self, raw: np.ndarray) -> None:

@@ -78,9 +78,9 @@ def reduce_runner(node: Node, reduce: Any, place: Place) -> Runner:
     x_id, axes, keep = node.inputs[0], node.attrs["axes"], node.attrs["keepdims"]
     mean = node.op is OpKind.REDUCE_MEAN
 
-    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena) -> Any:
         x = values[x_id]
-        out = place(values, env, arena, raws)
+        out = place(values, env, arena)
         reduce(x, axes, out.dtype, out, keep)
         if mean:
             np.divide(out, out.dtype.type(math.prod(x.shape[a] for a in axes)), out=out)
@@ -96,9 +96,9 @@ def numpy_runner(node: Node, nodes: Sequence[Node], place: Place, built: Built) 
     if node.op is OpKind.GATHER:
         axis = node.attrs["axis"]
 
-        def gather(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
+        def gather(values: list[Any], env: Mapping[str, int], arena: Arena) -> Any:
             x, idx = values[inputs[0]], values[inputs[1]]
-            out = place(values, env, arena, raws)
+            out = place(values, env, arena)
             try:
                 np.take(x, idx, axis=axis, out=out)
             except IndexError:
@@ -108,8 +108,8 @@ def numpy_runner(node: Node, nodes: Sequence[Node], place: Place, built: Built) 
     if node.op is OpKind.CONCAT:
         axis = node.attrs["axis"]
 
-        def concat(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
-            out = place(values, env, arena, raws)
+        def concat(values: list[Any], env: Mapping[str, int], arena: Arena) -> Any:
+            out = place(values, env, arena)
             np.concatenate([values[i] for i in inputs], axis=axis, out=out)
             return out
         return concat
@@ -121,8 +121,8 @@ def numpy_runner(node: Node, nodes: Sequence[Node], place: Place, built: Built) 
         return None
     steps = [(_UFUNCS.get(s.op), s.op, s.args, np.dtype(s.dtype)) for s in program]
 
-    def run(values: list[Any], env: Mapping[str, int], arena: Arena, raws: dict[int, np.ndarray]) -> Any:
-        out = place(values, env, arena, raws)
+    def run(values: list[Any], env: Mapping[str, int], arena: Arena) -> Any:
+        out = place(values, env, arena)
         args = [values[i] for i in inputs]
         for fn, op, at, dtype in steps:
             if op is OpKind.WHERE:

@@ -123,6 +123,32 @@ def test_every_size_matches_the_reference(served: tuple[Graph, Any], batch: int,
     assert_reference(g, cg.run(feeds), feeds)
 
 
+def test_values_share_a_slot_only_when_their_lives_do_not_overlap() -> None:
+    """Each value that holds run memory has a slot; two values share one only when the
+    first's last reader (through its views) has run before the second is computed, or
+    the second is computed over the first (in place). Slots are fewer than such values."""
+    exe = CpuBackend().compile_symbolic(_lowered(mask_arithmetic()), rlx.CompileOptions(device="cpu"))
+    assert exe is not None
+    slot_of = {nid: cell[0] for nid, cell in exe._slot_cells.items()}
+    for nid, src in exe._inplace.items():  # (in program order: a chain's first holder has its slot)
+        slot_of[nid] = slot_of[src]
+    assert len(set(slot_of.values())) == exe._slots < len(slot_of)
+    assert [nid for nid, _ in exe._program] == sorted(nid for nid, _ in exe._program)
+    for a in slot_of:
+        for b in slot_of:
+            if a < b and slot_of[a] == slot_of[b] and exe._inplace.get(b) != a and not _chained(exe, a, b):
+                assert exe._ends[a] < b, (a, b)  # (the program runs in node order)
+
+
+def _chained(exe: Any, a: int, b: int) -> bool:
+    """Whether ``b`` is computed, through in-place steps, over ``a``."""
+    while b in exe._inplace:
+        b = exe._inplace[b]
+        if b == a:
+            return True
+    return False
+
+
 def test_a_causal_mask_expanded_by_ones_is_a_view_and_right(mode: str) -> None:
     """An exporter's ``Expand`` of a (seq, seq) causal mask to the batch, converted as a
     product with a sized constant of ones: the executable makes it a broadcast view (the
