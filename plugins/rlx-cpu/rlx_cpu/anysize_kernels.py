@@ -33,6 +33,7 @@ from rlx_core.ir.shape_rules import evaluate_attr, has_sym, holds_sym
 from . import onednn
 from .anysize_memory import Arena
 from .blas import matmul_now, mkl
+from .ccall import address_of
 from .fused import gemm_epilogue
 from .gemm import stacked_rows, use_native
 from .native import library as native_library
@@ -161,7 +162,7 @@ def product_runner(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.
             return out
         if dense and a.flags.c_contiguous and out.flags.c_contiguous and a.dtype == np.float32:
             m = a.size // k  # a dense layer: one product of every leading row, called directly
-            sgemm(101, 111, 111, m, n, k, 1.0, a.ctypes.data, k, w_at, n, 0.0, out.ctypes.data, n)
+            sgemm(101, 111, 111, m, n, k, 1.0, address_of(a), k, w_at, n, 0.0, address_of(out), n)
         else:
             matmul_now(*stacked_rows(a, b, out))  # (batch, seq, k) @ (k, n): one product of batch * seq rows
         if epilogue is not None:
@@ -286,7 +287,7 @@ def layer_norm_runner(node: Node, resident: Mapping[int, np.ndarray], place: Pla
                 built([values[i] for i in node.inputs], out, env, arena)
                 return out
             rows = out.size // length
-            lib.layer_norm(x.ctypes.data, scale_p, bias_p, out.ctypes.data, rows, length, length, eps,
+            lib.layer_norm(address_of(x), scale_p, bias_p, address_of(out), rows, length, length, eps,
                            lib.threads_for(rows * length * LAYER_NORM_NS, SPLIT_NS))
         return out
     return run
@@ -335,7 +336,8 @@ def attention_runner(node: Node, nodes: Sequence[Node], place: Place, built: Bui
                 except NoFit:
                     np.add(scores, mask, out=scores)
             rows = scores.size // lk
-            lib.softmax(scores.ctypes.data, scores.ctypes.data, rows, lk, lk, scale,
+            at = address_of(scores)
+            lib.softmax(at, at, rows, lk, lk, scale,
                         lib.threads_for(rows * lk * SOFTMAX_NS, SPLIT_NS))
             matmul_now(scores, v, out)
         finally:
@@ -364,7 +366,7 @@ def softmax_runner(node: Node, place: Place, built: Built) -> Runner | None:
             built([x], out, env, arena)
             return out
         rows = out.size // length
-        lib.softmax(x.ctypes.data, out.ctypes.data, rows, length, length, 1.0,
+        lib.softmax(address_of(x), address_of(out), rows, length, length, 1.0,
                     lib.threads_for(rows * length * SOFTMAX_NS, SPLIT_NS))
         return out
     return run

@@ -23,12 +23,22 @@ import numpy as np
 
 from .steps import Dyn, Step
 
-__all__ = ["address", "bound_call", "packed_call", "register_packed", "target"]
+__all__ = ["address", "address_of", "bound_call", "packed_call", "register_packed", "target"]
 
 
 def address(x: np.ndarray) -> int:
     """The address of a C-contiguous, writable array; raises TypeError/BufferError/ValueError else."""
     return ctypes.addressof(ctypes.c_char.from_buffer(x))
+
+
+def address_of(x: np.ndarray) -> int:
+    """The address of any array: ctypes' view of its buffer where it is writable and
+    contiguous (~0.5 µs), numpy's ``ctypes.data`` otherwise (~1 µs); for kernels called
+    per run with the run's arrays."""
+    try:
+        return address(x)
+    except (TypeError, BufferError, ValueError):
+        return int(x.ctypes.data)
 
 
 def _call(fn: Callable[..., None], args: tuple[Any, ...], keep: tuple[Any, ...]) -> None:

@@ -37,7 +37,7 @@ from rlx_core.plugin import Instruction, live_instructions
 
 from . import ccall
 from .blas import VML_MODE, mkl
-from .ccall import address
+from .ccall import address, address_of
 from .native import Native, library
 from .peephole import fuse_chains
 from .steps import Dyn, Step
@@ -547,6 +547,8 @@ class RegionTemplate:
         self._code = [(op, tuple(order.get(a, a - n_in + nr) for a in i.args))
                       for op, i in zip(self._ops, instructions)]
         self._known = {order[a]: x for a, x in known.items() if a in order}
+        #: each operand's address where it is a resident (fixed: set_param refills in place), else None
+        self._fixed_at = [address_of(self._known[j]) if j in self._known else None for j in range(len(self._read))]
         self._lib, self._vml = lib, _vml_table(lib)
         self._vml_p = None if self._vml is None else self._vml.ctypes.data
         self._made: dict[tuple[int, ...], tuple[list[int], float]] = {}
@@ -580,11 +582,11 @@ class RegionTemplate:
             self._layouts[key] = layout
         if not out.flags.writeable:
             raise _NoFit
-        out_at = _at(out)
+        out_at = address_of(out)
         out_end = out_at + layout.out_bytes
         addrs = [out_at]
-        for x, kind, (lo, hi, align) in zip(operands, layout.kinds, layout.spans):
-            at = _at(x)
+        for x, fixed, kind, (lo, hi, align) in zip(operands, self._fixed_at, layout.kinds, layout.spans):
+            at = address_of(x) if fixed is None else fixed
             if at & align or (at + lo < out_end and out_at < at + hi and (kind != _IN_FULL or at != out_at)):
                 raise _NoFit  # misaligned, or read behind or ahead of where the output is written
             addrs.append(at)
@@ -672,14 +674,6 @@ def _extent(x: np.ndarray) -> tuple[int, int, int]:
     lo = sum((d - 1) * s for d, s in zip(x.shape, x.strides) if s < 0)
     hi = sum((d - 1) * s for d, s in zip(x.shape, x.strides) if s > 0)
     return lo, hi + x.itemsize, align
-
-
-def _at(x: np.ndarray) -> int:
-    """``x``'s address: the cheap way for a writable contiguous array, else numpy's."""
-    try:
-        return address(x)
-    except (TypeError, BufferError, ValueError):
-        return int(x.ctypes.data)
 
 
 #: The public name of the interpreter's refusal (``RegionTemplate`` raises it per call).
