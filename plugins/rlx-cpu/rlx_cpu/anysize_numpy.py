@@ -7,8 +7,9 @@ float32); the plan's kernel built per run for each costs ~50 µs of Python, most
 small request. numpy's ufuncs compute each of these ops exactly as the interpreter
 defines it (integers wrap, comparisons and selects are exact, a float32 sum,
 difference, product or quotient is one IEEE operation), and the reductions as the plan's
-kernels call them, so one numpy call serves. Anything else (float to integer casts,
-integer division, transcendental functions) is left to the plan's kernel.
+kernels call them, so one numpy call serves; so do sine and cosine, whose plan kernel is
+numpy's own function. Anything else (float to integer casts, integer division, other
+transcendental functions) is left to the plan's kernel.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ _BINARY = {OpKind.ADD: np.add, OpKind.SUB: np.subtract, OpKind.MUL: np.multiply,
            OpKind.BITWISE_AND: np.bitwise_and, OpKind.BITWISE_OR: np.bitwise_or,
            OpKind.BITWISE_XOR: np.bitwise_xor}
 _UNARY = {OpKind.NEG: np.negative, OpKind.ABS: np.absolute, OpKind.BITWISE_NOT: np.invert}
-_UFUNCS = {**_BINARY, **_UNARY, OpKind.DIV: np.divide}  # (a division: float32 only, ``_exact``)
+#: Functions whose plan kernel is numpy's own ufunc (``kernels._UNARY_UFUNCS``: the native
+#: interpreter has none of them), so numpy's call is the plan's answer: a rotary table's angles.
+_PLANS_OWN = {OpKind.SIN: np.sin, OpKind.COS: np.cos}
+_UFUNCS = {**_BINARY, **_UNARY, **_PLANS_OWN, OpKind.DIV: np.divide}  # (a division: float32 only, ``_exact``)
 
 
 def _exact(ins: Instruction, arg_dtypes: Sequence[str]) -> bool:
@@ -43,6 +47,8 @@ def _exact(ins: Instruction, arg_dtypes: Sequence[str]) -> bool:
         return not kinds & {"c", "V"} and (ins.op not in (OpKind.MAXIMUM, OpKind.MINIMUM) or "f" not in kinds)
     if ins.op is OpKind.DIV:
         return kinds == {"f"} and ins.dtype == "float32"
+    if ins.op in _PLANS_OWN:  # (float16: the plan computes in float32)
+        return kinds == {"f"} and ins.dtype in ("float32", "float64")
     if ins.op is OpKind.CAST:  # not float to integer (the interpreter's rule for NaN and range)
         return not (np.dtype(arg_dtypes[0]).kind == "f" and np.dtype(ins.dtype).kind in "iu")
     return False

@@ -408,7 +408,8 @@ def _lowered(g: Graph) -> Graph:
 def mask_arithmetic() -> Graph:
     """What exports compute around their products: int64 positions and a bool padding
     mask read at ``batch_idx * seq + kv_idx``, a causal comparison, ``where`` on bools,
-    casts, rotary halves concatenated, an RMS norm's mean, integer sums and maxima."""
+    casts, rotary halves concatenated and a rotary table's cosines and sines, an RMS
+    norm's mean, integer sums and maxima."""
     g = Graph("masks")
     x = g.input("x", ("batch", "seq", D), "float32")
     keep = g.input("keep", ("batch", "seq"), "int64")
@@ -424,8 +425,10 @@ def mask_arithmetic() -> Graph:
     half = D // 2
     rotated = g.concat([g.neg(g.slice(x, (half,), (D,), axes=(2,))), g.slice(x, (0,), (half,), axes=(2,))], axis=2)
     rms = g.reduce_mean(g.mul(x, x), axes=(2,), keepdims=True)
+    angles = g.mul(x, g.constant(np.float32(3.0)))  # a rotary table's cosines and sines, per run
     g.set_outputs([g.matmul(probs, rotated), g.div(x, g.add(rms, g.constant(np.float32(1.0)))),
-                   g.reduce_sum(keep, axes=(1,)), g.reduce_max(g.cast(allowed, "int32"), axes=(1, 2))])
+                   g.reduce_sum(keep, axes=(1,)), g.reduce_max(g.cast(allowed, "int32"), axes=(1, 2)),
+                   g.cos(angles), g.sin(angles)])
     return g
 
 
