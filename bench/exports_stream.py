@@ -12,6 +12,11 @@ second pays for the other's spinning threads otherwise).
     python bench/exports_stream.py                                   # bert, gpt2, llama; both exporters; cpu
     python bench/exports_stream.py --devices cpu,jax,jax/exact --exporters classic --requests 60
     python bench/exports_stream.py --models bert --json out.json
+    python bench/exports_stream.py --static 8x128,1x64                # one size, served again and again
+
+``--static BxS`` serves each export at that one batch and sequence instead (after five
+runs: rlx has then compiled a plan for the size, as it does for a size met three times):
+blocks of 10 runs, in turn with ORT, 150 ms apart; medians of 10 blocks per runtime.
 
 One line per (model, exporter, device): total / ORT's, the worst request / ORT's same
 request, the median request / ORT's, and the compiles rlx made (``cg.compiles``). A device
@@ -100,6 +105,51 @@ def stream(name: str, exporter: str, devices: list[str], reqs: list[tuple[int, i
     return rows
 
 
+def steady(name: str, exporter: str, device: str, size: tuple[int, int], blocks: int = 10) -> dict[str, Any]:
+    """rlx's time over ORT's at one ``(batch, seq)``, served again and again (see the module)."""
+    import onnxruntime as ort
+
+    import rlx_core
+    from rlx_core.onnx import load
+
+    data = export(name, exporter)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    feed = inputs(name, *size, seed=0)
+    ort_feed = {k: v for k, v in feed.items() if k in {i.name for i in sess.get_inputs()}}
+    graph = load(data)
+    rlx_feed = {k: v for k, v in feed.items() if k in {graph.node(i).name for i in graph.inputs}}
+    cg = rlx_core.compile(graph, device=device)
+    runners = {"rlx": lambda: cg.run(rlx_feed), "ort": lambda: sess.run(None, ort_feed)}
+    for _ in range(5):
+        for run in runners.values():
+            run()
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    order = list(runners)
+    for _ in range(blocks):
+        for key in order:
+            time.sleep(PAUSE_S)
+            t0 = time.perf_counter()
+            for _ in range(BLOCK):
+                runners[key]()
+            times[key].append((time.perf_counter() - t0) / BLOCK)
+        order.reverse()
+    rlx_s, ort_s = float(np.median(times["rlx"])), float(np.median(times["ort"]))
+    return {"model": name, "exporter": exporter, "device": device, "batch": size[0], "seq": size[1],
+            "rlx_ms": round(rlx_s * 1e3, 3), "ort_ms": round(ort_s * 1e3, 3), "ratio": round(rlx_s / ort_s, 3)}
+
+
+def _sizes(text: str, parser: argparse.ArgumentParser) -> list[tuple[int, int]]:
+    sizes = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        b, sep, s = part.partition("x")
+        if not (sep and b.isdigit() and s.isdigit() and int(b) >= 1 and int(s) >= 1):
+            parser.error(f"--static: {part!r} is not BATCHxSEQ (e.g. 8x128)")
+        sizes.append((int(b), int(s)))
+    return sizes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(TEXT_MODELS), help=f"comma-separated, of {', '.join(TEXT_MODELS)}")
@@ -112,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--quick", action="store_true", help="10 requests, bert, the classic exporter")
+    parser.add_argument("--static", metavar="BxS[,BxS]", help="serve each export at these sizes instead of a stream")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.models, args.exporters = 10, "bert", "classic"
@@ -124,6 +175,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--requests, --max-batch and --max-seq must be at least 1")
     reqs = requests(args.requests, args.max_batch, args.max_seq, args.seed)
     rows = []
+    if args.static:
+        for size in _sizes(args.static, parser):
+            for name in models:
+                for exporter in exporters:
+                    for device in devices:
+                        row = steady(name, exporter, device, size)
+                        rows.append(row)
+                        print(f"{name:6} {exporter:7} {device:4} batch {size[0]}, seq {size[1]}: rlx "
+                              f"{row['rlx_ms']:.2f} ms, ORT {row['ort_ms']:.2f} ms, {row['ratio']:.2f}x", flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+        return 0
     for name in models:
         for exporter in exporters:
             assert MODELS[name].length == "seq"
@@ -131,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(f"{name:6} {exporter:7} {row['device']:4} {row['requests']} requests: total "
                       f"{row['total_ratio']:.2f}x ORT, worst {row['worst_ratio']:.2f}x, median "
-                      f"{row['median_ratio']:.2f}x, {row['compiles']} compiles ({row['rlx_total_s']:.2f} s, ORT "
-                      f"{row['ort_total_s']:.2f} s)", flush=True)
+                      f"{row['median_ratio']:.2f}x, {row['compiles']} compile(s); in all {row['rlx_total_s']:.2f} s, "
+                      f"ORT {row['ort_total_s']:.2f} s", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

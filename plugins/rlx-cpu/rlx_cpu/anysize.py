@@ -295,9 +295,9 @@ class AnySizeExecutable(Executable):
         slot_of: dict[int, int] = {}
         free: list[int] = []
         ends: dict[int, list[int]] = {}
-        for nid in self._owns:
-            if nid not in self._inplace.values():  # (one passed on is given back by the last holder)
-                ends.setdefault(self._ends[nid], []).append(nid)
+        passed = set(self._inplace.values())  # (one passed on is given back by the last holder)
+        for nid in self._owns - passed:
+            ends.setdefault(self._ends[nid], []).append(nid)
         count = 0
         for nid in order:
             if nid in self._inplace:
