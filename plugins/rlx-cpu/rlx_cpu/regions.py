@@ -325,8 +325,9 @@ def _kinds(operands: list[Any], dims: list[int], strides: list[list[int]], out: 
     or strided); ``_NoFit`` where one shares memory with the output other than as the
     output itself (the region would read behind or ahead of where it writes)."""
     kinds = []
+    contiguous = _contiguous(dims)
     for x, s in zip(operands, strides):
-        kind = _with_dtype(_kind(dims, s), x)
+        kind = _with_dtype(_kind(contiguous, s), x)
         if not isinstance(x, Dyn) and not isinstance(out, Dyn) and np.may_share_memory(x, out):
             if kind != _IN_FULL or x.ctypes.data != out.ctypes.data:  # (bools never: another dtype)
                 raise _NoFit
@@ -612,7 +613,8 @@ class RegionTemplate:
             dims, strides = _merge(shape, [_element_strides(x, shape) for x in operands])
             if len(dims) > _MAX_DIMS:
                 raise _NoFit
-            kinds = [_with_dtype(_kind(dims, s), x) for s, x in zip(strides, operands)]
+            contiguous = _contiguous(dims)
+            kinds = [_with_dtype(_kind(contiguous, s), x) for s, x in zip(strides, operands)]
         made = self._made.get(tuple(kinds))
         if made is None:
             made = self._made[tuple(kinds)] = self._program(tuple(kinds))
@@ -658,9 +660,15 @@ class _Layout(NamedTuple):
     out_bytes: int
 
 
-def _kind(dims: list[int], strides: list[int]) -> int:
-    """An operand's kind over the merged ``dims``: contiguous like the output, a scalar, or strided."""
-    if strides == [math.prod(dims[k + 1:]) for k in range(len(dims))]:
+def _contiguous(dims: list[int]) -> list[int]:
+    """The element strides of a C-contiguous array of ``dims``."""
+    return [math.prod(dims[k + 1:]) for k in range(len(dims))]
+
+
+def _kind(contiguous: list[int], strides: list[int]) -> int:
+    """An operand's kind over merged dims whose contiguous strides are ``contiguous``: like
+    the output, a scalar, or strided."""
+    if strides == contiguous:
         return _IN_FULL
     return _IN_SCALAR if not any(strides) else _IN_STRIDED
 
@@ -669,6 +677,8 @@ def _extent(x: np.ndarray) -> tuple[int, int, int]:
     """The bytes ``x`` spans from its address (lowest offset, one past the highest), and
     the mask its address must clear (its elements' alignment)."""
     align = x.itemsize - 1
+    if x.flags.c_contiguous:  # (most operands: no walk over the axes)
+        return 0, x.nbytes, align
     if x.size == 0:
         return 0, 0, align
     lo = sum((d - 1) * s for d, s in zip(x.shape, x.strides) if s < 0)
