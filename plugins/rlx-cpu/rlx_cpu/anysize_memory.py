@@ -58,9 +58,7 @@ class Arena:
         """A ``shape`` ``dtype`` array in slot ``k``'s buffer (grown to hold it)."""
         nbytes = math.prod(shape) * dtype.itemsize
         raw = self._slots[k]
-        if raw.nbytes < nbytes:
-            if raw.nbytes:
-                self.give(raw)  # (scratch may use the smaller one)
+        if raw.nbytes < nbytes:  # (the smaller one is let go: a slot grows a few times, to the largest run)
             raw = self._slots[k] = self._fresh(nbytes)
         return raw[:nbytes].view(dtype).reshape(shape)
 

@@ -444,7 +444,8 @@ static void region_bind(const int64_t *meta, void *const *ptrs, float *work, con
     for (int64_t i = 0; i < n_in; i++) {
         const int64_t kind = in_meta[i * (1 + ndim)];
         if (IN_KIND(kind) == IN_SCALAR) {
-            float v = kind & IN_BYTES ? (((const uint8_t *)ptrs[1 + i])[0] ? 1.0f : 0.0f) : in[i][0], *buf = inbuf + i * RLX_BLOCK;
+            const float v = kind & IN_BYTES ? (((const uint8_t *)ptrs[1 + i])[0] ? 1.0f : 0.0f) : in[i][0];
+            float *buf = inbuf + i * RLX_BLOCK;
             for (int64_t t = 0; t < RLX_BLOCK; t++) buf[t] = v;
             vals[i] = buf;
         }

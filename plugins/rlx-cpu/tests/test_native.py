@@ -590,8 +590,8 @@ def test_a_region_with_math_functions_and_a_bool_caller_input(lib: native.Native
 def bool_logic_graph(shape: tuple[Any, ...] = (6, 700)) -> Graph:
     """An exporter's NaN guard after a softmax, ``where(where(x == x, False, True), 0, x)``
     (bool constants chosen between), bools and-ed and or-ed (``where``, as the ONNX import
-    writes ``And`` and ``Or``) and compared, and a bool constant
-    array as a condition: float32 out, bools only inside."""
+    writes ``And`` and ``Or``) and compared, and a bool constant array as a condition:
+    float32 out, bools only inside."""
     g = Graph("bool-logic")
     x, y = g.input("x", shape), g.input("y", shape)
     nan = g.where(g.equal(x, x), g.constant(np.bool_(False)), g.constant(np.bool_(True)))
@@ -671,11 +671,11 @@ def test_masks_computed_per_run_are_read_as_bytes(lib: native.Native, region_run
              "flip": rng.random((1, 1, s, s)) > 0.8, "scores": rand((b, 2, s, s), 5)}
     numpy_programs: list[int] = []
     real = fused.program_steps
-    monkeypatch.setattr(fused, "program_steps", lambda *a, **k: (numpy_programs.append(1), real(*a, **k))[1])
-    (got,) = compile_cpu(g).run(feeds)
+    with monkeypatch.context() as m:
+        m.setattr(fused, "program_steps", lambda *a, **k: (numpy_programs.append(1), real(*a, **k))[1])
+        (got,) = compile_cpu(g).run(feeds)
     assert region_runs and max(r.meta[2] for r in region_runs) >= 4 and not numpy_programs, \
         "the four wheres in one region on the interpreter, none on numpy's"
-    monkeypatch.undo()
     (want,) = compile_numpy(monkeypatch, g).run(feeds)
     (ref,) = reference.evaluate(g, feeds)
     assert np.array_equal(got, want) and np.array_equal(got, ref)
