@@ -40,7 +40,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 19
+#define RLX_ABI 20
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
