@@ -120,7 +120,9 @@ def steady(name: str, exporter: str, device: str, size: tuple[int, int], blocks:
     ort_feed = {k: v for k, v in feed.items() if k in {i.name for i in sess.get_inputs()}}
     graph = load(data)
     rlx_feed = {k: v for k, v in feed.items() if k in {graph.node(i).name for i in graph.inputs}}
-    cg = rlx_core.compile(graph, device=device)
+    base_device, _, how = device.partition("/")
+    options = rlx_core.CompileOptions(extra={"buckets": "off"}) if how == "exact" else None
+    cg = rlx_core.compile(graph, device=base_device, options=options)
     runners = {"rlx": lambda: cg.run(rlx_feed), "ort": lambda: sess.run(None, ort_feed)}
     for _ in range(5):
         for run in runners.values():
