@@ -14,8 +14,9 @@ second pays for the other's spinning threads otherwise).
     python bench/exports_stream.py --models bert --json out.json
     python bench/exports_stream.py --static 8x128,1x64                # one size, served again and again
 
-``--static BxS`` serves each export at that one batch and sequence instead (after five
-runs: rlx has then compiled a plan for the size, as it does for a size met three times):
+``--static BxS`` serves each export at that one batch and sequence instead, after
+``WARMUP`` runs (rlx has compiled a plan for the size at the fourth, as it does for a size
+met three times, and its thread tuner has timed its two modes):
 blocks of 10 runs, in turn with ORT, 150 ms apart; medians of 10 blocks per runtime.
 
 One line per (model, exporter, device): total / ORT's, the worst request / ORT's same
@@ -46,6 +47,9 @@ __all__ = ["main", "requests", "serve"]
 TEXT_MODELS = ("bert", "gpt2", "llama")
 BLOCK = 10
 PAUSE_S = 0.15
+#: Runs before ``--static`` times a size: the plan compiled, the cpu thread tuner's trials
+#: (~21 runs) done.
+WARMUP = 30
 
 
 def requests(n: int, max_batch: int, max_seq: int, seed: int) -> list[tuple[int, int]]:
@@ -70,26 +74,38 @@ def serve(runners: dict[str, Any], feeds: list[dict[str, np.ndarray]]) -> dict[s
     return times
 
 
-def stream(name: str, exporter: str, devices: list[str], reqs: list[tuple[int, int]]) -> list[dict[str, Any]]:
+def _ort(data: bytes) -> tuple[Any, set[str]]:
+    """An ONNX Runtime session over ``data`` (CPU provider) and its input names."""
     import onnxruntime as ort
 
-    import rlx_core
-    from rlx_core.onnx import load
-
-    data = export(name, exporter)
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
-    ort_names = {i.name for i in sess.get_inputs()}
+    return sess, {i.name for i in sess.get_inputs()}
+
+
+def _rlx(data: bytes, device: str) -> tuple[Any, set[str]]:
+    """``data`` loaded without dims and compiled for ``device`` (``DEVICE/exact``: shape
+    buckets off), and its input names."""
+    import rlx_core
+    from rlx_core.onnx import load
+
+    base_device, _, how = device.partition("/")
+    graph = load(data)
+    options = rlx_core.CompileOptions(extra={"buckets": "off"}) if how == "exact" else None
+    return (rlx_core.compile(graph, device=base_device, options=options),
+            {graph.node(i).name for i in graph.inputs})
+
+
+def stream(name: str, exporter: str, devices: list[str], reqs: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    data = export(name, exporter)
+    sess, ort_names = _ort(data)
     feeds = [inputs(name, b, s, seed=i) for i, (b, s) in enumerate(reqs)]
     runners: dict[str, Any] = {"ort": lambda f: sess.run(None, {k: v for k, v in f.items() if k in ort_names})}
     compiled = {}
     for device in devices:
-        base_device, _, how = device.partition("/")
-        graph = load(data)
-        names = {graph.node(i).name for i in graph.inputs}
-        options = rlx_core.CompileOptions(extra={"buckets": "off"}) if how == "exact" else None
-        cg = compiled[device] = rlx_core.compile(graph, device=base_device, options=options)
+        cg, names = _rlx(data, device)
+        compiled[device] = cg
         runners[device] = (lambda c, n: lambda f: c.run({k: v for k, v in f.items() if k in n}))(cg, names)
     times = serve(runners, feeds)
     base = np.asarray(times["ort"])
@@ -107,24 +123,14 @@ def stream(name: str, exporter: str, devices: list[str], reqs: list[tuple[int, i
 
 def steady(name: str, exporter: str, device: str, size: tuple[int, int], blocks: int = 10) -> dict[str, Any]:
     """rlx's time over ORT's at one ``(batch, seq)``, served again and again (see the module)."""
-    import onnxruntime as ort
-
-    import rlx_core
-    from rlx_core.onnx import load
-
     data = export(name, exporter)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    sess, ort_names = _ort(data)
+    cg, rlx_names = _rlx(data, device)
     feed = inputs(name, *size, seed=0)
-    ort_feed = {k: v for k, v in feed.items() if k in {i.name for i in sess.get_inputs()}}
-    graph = load(data)
-    rlx_feed = {k: v for k, v in feed.items() if k in {graph.node(i).name for i in graph.inputs}}
-    base_device, _, how = device.partition("/")
-    options = rlx_core.CompileOptions(extra={"buckets": "off"}) if how == "exact" else None
-    cg = rlx_core.compile(graph, device=base_device, options=options)
+    ort_feed = {k: v for k, v in feed.items() if k in ort_names}
+    rlx_feed = {k: v for k, v in feed.items() if k in rlx_names}
     runners = {"rlx": lambda: cg.run(rlx_feed), "ort": lambda: sess.run(None, ort_feed)}
-    for _ in range(5):
+    for _ in range(WARMUP):
         for run in runners.values():
             run()
     times: dict[str, list[float]] = {k: [] for k in runners}

@@ -37,7 +37,7 @@ from rlx_core.plugin import Instruction, live_instructions
 
 from . import ccall
 from .blas import VML_MODE, mkl
-from .ccall import address, address_of
+from .ccall import address_of
 from .native import Native, library
 from .peephole import fuse_chains
 from .steps import Dyn, Step
@@ -400,10 +400,7 @@ def _address(x: Any) -> tuple[int, Any]:
             x = np.ascontiguousarray(x)
     elif x.dtype != np.float32 or not x.flags.c_contiguous or not x.flags.aligned:
         x = np.ascontiguousarray(x, np.float32)
-    try:
-        return address(x), x
-    except (TypeError, BufferError, ValueError):  # read-only: same memory, slower way to its address
-        return x.ctypes.data, x
+    return address_of(x), x  # (read-only: same memory, the slower way to its address)
 
 
 class _DynRunner:
