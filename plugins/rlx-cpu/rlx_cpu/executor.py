@@ -53,7 +53,7 @@ from .native import thread_cap
 from .nn_kernels import NN_KERNELS
 from .regions import node_steps
 from .steps import Dyn, Step, aligned_empty, bind, bind_run, owner
-from .threads import PRODUCT_OPS, ThreadTuner, native_thread_cap
+from .threads import PRODUCT_OPS, family_tuner, native_thread_cap
 from .warm_pool import warm_pool
 
 __all__ = ["CpuExecutable", "PlanStats", "kernel_ops"]
@@ -273,7 +273,7 @@ class CpuExecutable(Executable):
         self._narrow: list[_Plan] = []  # plans bound on one native thread (ThreadTuner's narrow mode)
         # MKL's threads matter to a graph with products only (loading MKL is not free).
         self._mkl = blas.mkl() if any(n.op in PRODUCT_OPS for n in self._nodes) else None
-        self._tuner = ThreadTuner() if self._tunable() else None
+        self._tuner = family_tuner(self._family, self._work()) if self._tunable() else None
 
     # ------------------------------------------------------------------ analysis
     def _classify(self, graph: Graph) -> list[str]:
@@ -473,7 +473,9 @@ class CpuExecutable(Executable):
         notes = [self._thread_note] if self._thread_note else []
         if self._tuner is not None:
             notes.append("threads: each run's own time picks wide (the policy's threads) or narrow (one "
-                         "thread for the native kernels and MKL), re-checked now and then (threads.ThreadTuner)")
+                         "thread for the native kernels and MKL), re-checked now and then (threads.ThreadTuner)"
+                         + ("; wide from the start: a smaller size of this graph found it clearly faster"
+                            if self._tuner.known_wide else ""))
         return notes
 
     def _bind_plan(self, narrow: bool = False) -> _Plan:
@@ -494,7 +496,11 @@ class CpuExecutable(Executable):
         products = any(n.op in PRODUCT_OPS for n in self._nodes)
         if not (wide_native or (wide_mkl and products)):
             return False
-        return products or sum(n.size for n in self._nodes) >= TUNE_MIN_ELEMENTS
+        return products or self._work() >= TUNE_MIN_ELEMENTS
+
+    def _work(self) -> int:
+        """Elements over the graph's nodes: how much work threads may split (``threads``)."""
+        return sum(n.size for n in self._nodes)
 
     def _bind_plan_capped(self) -> _Plan:
         stats = PlanStats()
@@ -594,11 +600,14 @@ class CpuExecutable(Executable):
             return self._run_on(self._pool, False, inputs)
         mode = tuner.next_mode()
         narrow = mode == "narrow"
+        pool = self._narrow if narrow else self._pool
+        if not pool:  # a mode's first plan is bound before the clock starts: the tuner compares runs
+            pool.append(self._bind_plan(narrow))
         mkl = self._mkl if narrow else None
         previous = mkl.local_threads(1) if mkl is not None else 0
         t0 = time.perf_counter()
         try:
-            outs = self._run_on(self._narrow if narrow else self._pool, narrow, inputs)
+            outs = self._run_on(pool, narrow, inputs)
         finally:
             if mkl is not None:
                 mkl.local_threads(previous)

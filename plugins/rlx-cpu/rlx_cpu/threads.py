@@ -24,12 +24,12 @@ import functools
 import logging
 import statistics
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rlx_core.ir.ops import OpKind
 
-__all__ = ["PRODUCT_OPS", "ThreadTuner", "blas_pools", "separate_blas_pools", "native_thread_cap"]
+__all__ = ["PRODUCT_OPS", "ThreadTuner", "blas_pools", "family_tuner", "separate_blas_pools", "native_thread_cap"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -114,14 +114,15 @@ class ThreadTuner:
     narrow; quiet, both keep wide; measured: BENCHMARKS.md, section 'With the `mkl` extra,
     and with another process busy (session 8)').
 
-    How: after ``warmup`` runs, blocks of ``block`` runs of each mode, alternating, until
-    each has ``trials`` samples: a block's first run is not counted (why below); narrow wins
-    only when its median beats wide's by ``margin``, as a later switch must. Then, every
-    ``period`` runs, a block of ``probes`` (+ 1 not counted) runs of the other mode: it
-    takes over when its median beats the last ``window`` runs of the current one by
-    ``margin``; a probe that loses doubles ``period`` (up to ``max_period``), so a quiet
-    host pays about one run in a hundred in the slower mode, and a host whose load changed
-    is noticed within a period.
+    How: after ``warmup`` runs (wide), an opening of two wide runs and two narrow, all
+    counted, then blocks of ``block`` runs of each mode, alternating, until each has
+    ``trials`` samples: a block's first run is not counted (why below); narrow wins only
+    when its median beats wide's by ``margin``, as a later switch must. The comparison
+    ends early where one mode clearly loses (below). Then, every ``period`` runs, a block
+    of ``probes`` (+ 1 not counted) runs of the other mode: it takes over when its median
+    beats the last ``window`` runs of the current one by ``margin``; a probe that loses
+    doubles ``period`` (up to ``max_period``), so a quiet host pays about one run in a
+    hundred in the slower mode, and a host whose load changed is noticed within a period.
 
     Why a block's first run is not counted: the first wide run after narrow ones finds the
     worker threads' CPU idle (on a VM, a halted vCPU the hypervisor must schedule again)
@@ -139,17 +140,23 @@ class ThreadTuner:
 
     Why the comparison may stop early: each narrow trial of a model that threads speed up
     costs up to a whole extra run (distilbert at batch 8: 120 ms wide, 220 ms narrow), and
-    the first comparison took 9 of the first 21 runs narrow, so a short benchmark or batch
-    measured the model at up to 1.7x its time. Once each mode has two counted runs and
-    every run of one took ``clear`` times the slowest of the other, that one has lost: the
-    comparison ends there (one block of the loser, 3 runs, instead of three blocks).
+    the first comparison once took 9 of the first 21 runs narrow, so a short benchmark or
+    batch measured the model at up to 1.7x its time. Once each mode has two counted runs
+    and every run of one took ``clear`` times the slowest of the other, that one has lost.
     ``clear`` is 1.15: at 1.4, densenet121 at batch 8 (193 ms wide, 243 ms narrow on the
     2-core Xeon) still ran the whole comparison, and a benchmark that warms a model up for
     a second (5 runs) timed it at 1.26x (the zoo: 240 ms against ORT's 188; BENCHMARKS.md,
     section 'The thread tuner's first comparison (issue 35, session 24)'). Two counted runs
     of each, every one of the loser's past the other's slowest by 15%, is not noise on a
     host whose runs agree within a few percent; on one that does not, the periodic probes
-    still correct a wrong pick.
+    still correct a wrong pick. Sooner still, the opening's first narrow run settles it
+    when it is ``sure`` times wide's slowest (or wide's fastest is ``sure`` times it): a
+    transformer whose threads halve its time then pays one narrow run, not three, inside
+    the first runs a benchmark times (a BERT export at batch 1 on 2 cores: 16 ms wide, 28
+    narrow; BENCHMARKS.md, section 'The first runs of a model (issues 33 and 35, session
+    30)'). The opening counts its narrow runs because a narrow run after wide ones finds
+    its one thread's CPU awake (the cold start below is wide's after narrow), and the
+    executable binds a mode's first plan before the run it times.
 
     Why a tie goes to wide: a 2-vCPU VM sometimes runs a process as if it had one core
     for seconds at a time (the other vCPU not scheduled: wide and narrow then take the
@@ -161,21 +168,27 @@ class ThreadTuner:
 
     MODES = ("wide", "narrow")
 
-    def __init__(self, *, warmup: int = 3, trials: int = 6, block: int = 3, probes: int = 3, window: int = 8,
+    def __init__(self, *, warmup: int = 1, trials: int = 6, block: int = 3, probes: int = 3, window: int = 8,
                  period: int = 64, max_period: int = 256, margin: float = 0.9, confirm: int = 8,
-                 clear: float = 1.15) -> None:
+                 clear: float = 1.15, sure: float = 1.4, known_wide: bool = False,
+                 on_settle: Callable[[str, bool], None] | None = None) -> None:
         if block < 2:
             raise ValueError(f"ThreadTuner: block must be at least 2 (its first run is not counted), got {block}")
         self.warmup, self.trials, self.block, self.probes, self.window = warmup, trials, block, probes, window
         self.base_period, self.max_period, self.margin, self.confirm = period, max_period, margin, confirm
-        self.clear = clear
-        self._compared = False  # the first comparison is over (its schedule ran out, or one mode clearly lost)
+        self.clear, self.sure = clear, sure
+        # The first comparison is over (its schedule ran out, or one mode clearly lost); skipped
+        # when threads are known to pay (``known_wide``: see ``family_tuner``).
+        self._compared = self.known_wide = known_wide
+        self._on_settle = on_settle  # told the first comparison's mode, and whether it was a clear win
         self.period = period
         self.mode = "wide"
         self._seen = 0
-        blocks = -(-trials // (block - 1))  # per mode
-        #: the trial phase: (mode, counted) per run, wide and narrow blocks alternating
-        self._schedule = [(self.MODES[b % 2], i > 0) for b in range(2 * blocks) for i in range(block)]
+        #: the trial phase: (mode, counted) per run: the opening, then wide and narrow blocks alternating
+        opening = min(2, trials)
+        blocks = -(-(trials - opening) // (block - 1))  # per mode, after the opening
+        self._schedule = [(m, True) for m in self.MODES for _ in range(opening)]
+        self._schedule += [(self.MODES[b % 2], i > 0) for b in range(2 * blocks) for i in range(block)]
         self._samples: dict[str, list[float]] = {"wide": [], "narrow": []}
         self._recent: collections.deque[float] = collections.deque(maxlen=window)
         self._probing: list[float] | None = None
@@ -210,7 +223,7 @@ class ThreadTuner:
                     self._samples[mode].append(seconds)
                 loser = self._clear_loser()
                 if loser is not None:
-                    self._settle("narrow" if loser == "wide" else "wide", planned)
+                    self._settle("narrow" if loser == "wide" else "wide", planned, clearly=True)
                 elif k == len(self._schedule) - 1:
                     if not all(self._samples[m] for m in self.MODES):
                         # Runs from several threads at once took each other's planned slots, so a
@@ -218,7 +231,7 @@ class ThreadTuner:
                         self.mode, self._skip_next, self._compared = "wide", planned != "wide", True
                         return
                     wide, narrow = (statistics.median(self._samples[m]) for m in self.MODES)
-                    self._settle("narrow" if narrow < self.margin * wide else "wide", planned)
+                    self._settle("narrow" if narrow < self.margin * wide else "wide", planned, clearly=False)
                 return
             if self._probing is not None and mode != self.mode:
                 self._probe_runs += 1
@@ -237,8 +250,15 @@ class ThreadTuner:
 
     def _clear_loser(self) -> str | None:
         """The mode whose every counted run took ``clear`` times the other's slowest, once
-        each has two (see the class doc), else None."""
+        each has two, or ``sure`` times after the opening's first narrow run (see the
+        class doc), else None."""
         wide, narrow = self._samples["wide"], self._samples["narrow"]
+        if len(wide) >= 2 and len(narrow) == 1:
+            if narrow[0] > self.sure * max(wide):
+                return "narrow"
+            if min(wide) > self.sure * narrow[0]:
+                return "wide"
+            return None
         if len(wide) < 2 or len(narrow) < 2:
             return None
         if min(narrow) > self.clear * max(wide):
@@ -247,14 +267,17 @@ class ThreadTuner:
             return "wide"
         return None
 
-    def _settle(self, mode: str, planned: str) -> None:
-        """End the first comparison with ``mode`` (the run just observed was ``planned``)."""
+    def _settle(self, mode: str, planned: str, clearly: bool) -> None:
+        """End the first comparison with ``mode`` (the run just observed was ``planned``;
+        ``clearly``: the other mode clearly lost)."""
         self.mode, self._compared = mode, True
         if mode == "narrow":
             self.period = self.confirm
         self._skip_next = mode != planned
         wide, narrow = (statistics.median(self._samples[m]) for m in self.MODES)
         log.debug("rlx-cpu: threads: wide %.0f µs, narrow %.0f µs: %s", wide * 1e6, narrow * 1e6, mode)
+        if self._on_settle is not None:
+            self._on_settle(mode, clearly)
 
     def _other(self) -> str:
         return "narrow" if self.mode == "wide" else "wide"
@@ -273,3 +296,36 @@ class ThreadTuner:
         else:
             self.period = min(2 * self.period, self.max_period)
             self._skip_next = True  # back to this mode after a block of the other
+
+
+#: ``ShapeFamily.shared`` key: the least work (elements over the graph's nodes) of a
+#: compile of the family whose first comparison found wide clearly faster.
+_WIDE_AT = "rlx_cpu.threads.wide_at"
+
+
+def family_tuner(family: Any, work: int) -> ThreadTuner:
+    """A ``ThreadTuner`` for one compile of a symbolic graph's ``family`` (``None``: a
+    compile of its own) whose graph does ``work`` (elements over its nodes).
+
+    Why: every shape class of a symbolic graph is compiled on its own and compared
+    again, and a benchmark or a server meeting three sizes paid three narrow trials, each
+    a run at up to twice its time (a BERT export at batch 8, sequence 128, on 2 cores: 205
+    ms narrow against 110 wide). Threads pay more as a kernel's work grows, so once one
+    class of the family found wide clearly faster, a class of at least its work starts
+    wide with the comparison done (the periodic probes still check it). A narrow verdict
+    is never lent: it most often means another process held a core for a while.
+    """
+    if family is None:
+        return ThreadTuner()
+    with family.lock:
+        wide_at = family.shared.get(_WIDE_AT)
+    if wide_at is not None and work >= wide_at:
+        return ThreadTuner(known_wide=True)
+
+    def settled(mode: str, clearly: bool) -> None:
+        if mode == "wide" and clearly:
+            with family.lock:
+                known = family.shared.get(_WIDE_AT)
+                family.shared[_WIDE_AT] = work if known is None else min(known, work)
+
+    return ThreadTuner(on_settle=settled)

@@ -21,6 +21,7 @@ from rlx_core.ir import Graph
 from rlx_core.plugin import CompileOptions
 from rlx_cpu import CpuBackend
 from rlx_cpu.executor import CpuExecutable
+from rlx_cpu.threads import ThreadTuner
 
 
 @pytest.fixture
@@ -34,6 +35,14 @@ def registry() -> Registry:
 def compile_cpu(graph: Graph) -> CpuExecutable:
     exe = CpuBackend().compile(graph.freeze(), CompileOptions(device="cpu"))
     assert isinstance(exe, CpuExecutable)
+    return exe
+
+
+def wide_only(exe: CpuExecutable) -> CpuExecutable:
+    """``exe`` with its thread tuner settled on wide (no narrow trial binding a second plan
+    in the first runs: these tests follow one plan's memory and steps)."""
+    if exe._tuner is not None:
+        exe._tuner = ThreadTuner(known_wide=True)
     return exe
 
 
@@ -92,7 +101,7 @@ def test_run_does_not_walk_the_graph_or_build_anything(monkeypatch: pytest.Monke
     import rlx_cpu.executor
 
     graph = mlp_graph()
-    exe = compile_cpu(graph)
+    exe = wide_only(compile_cpu(graph))
     x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
     want = [o.copy() for o in exe.run({"x": x})]
 
@@ -373,6 +382,7 @@ def test_large_outputs_reuse_memory_only_once_the_caller_lets_go(registry: Regis
     n = 160
     assert n * n * 4 >= RECYCLE_BYTES
     cg = rlx.compile(_big_output_graph(n, last), device="cpu", registry=registry)
+    wide_only(cg._exe)
     xs = [np.full((n, n), float(v), np.float32) for v in range(4)]
     held = cg.run({"x": xs[1]})[0]
     again = cg.run({"x": xs[2]})[0]
