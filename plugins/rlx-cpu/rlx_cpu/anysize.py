@@ -36,6 +36,7 @@ sizes (a batch) recur, where a static plan per class serves best.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -53,7 +54,7 @@ from rlx_core.ir.shape_rules import has_sym, holds_sym
 from rlx_core.ir.sized import is_sized, materialize
 from rlx_core.ir.specialize import evaluated_attrs
 from rlx_core.ir.symbolic import Sym, free_symbols
-from rlx_core.plugin import Executable
+from rlx_core.plugin import Executable, shape_family
 
 from .anysize_kernels import (
     Place,
@@ -70,10 +71,11 @@ from .anysize_kernels import (
 )
 from .anysize_memory import Arena, RunContext
 from .anysize_numpy import numpy_runner
-from .executor import _build_with, _Owned, _param_copy, kernel_ops
+from .executor import _build_with, _Owned, kernel_ops
 from .kernels import inplace_positions
 from .native import thread_cap
 from .onednn_steps import RunTimeDense
+from .params import borrowed, own_params, param_array
 from .regions import RegionTemplate
 from .settings import ANY_SIZE
 from .steps import aligned_empty, bind, owner
@@ -122,8 +124,9 @@ class AnySizeExecutable(Executable):
     """A symbolic graph compiled once for cpu; ``run`` takes any sizes it accepts (see
     the module)."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, owned: Mapping[str, np.ndarray] | None = None) -> None:
         self._graph = graph
+        self._family = shape_family()
         self._name = graph.name
         nodes = graph.nodes
         self._nodes = nodes
@@ -138,7 +141,7 @@ class AnySizeExecutable(Executable):
         self._kept_bytes = 0
         self._kept_lock = threading.Lock()
         self._cap, _ = native_thread_cap(n.op for n in nodes)
-        self._fold(graph)
+        self._fold(graph, owned)
         self._resident_roots = {id(owner(a)) for a in self._resident.values()}
         self._derived_arrays: dict[Any, tuple[np.ndarray, Callable[..., np.ndarray], np.ndarray]] = {}
         self._by_sizes = self._sizes_only()
@@ -159,13 +162,14 @@ class AnySizeExecutable(Executable):
         self._input_names = tuple((i, nodes[i].name) for i in graph.inputs)
 
     # ------------------------------------------------------------------ analysis
-    def _fold(self, graph: Graph) -> None:
-        """Params (writable copies, shared with the graph's other compiles), constants,
-        and every node of static shape computed from those alone, computed now."""
+    def _fold(self, graph: Graph, owned_params: Mapping[str, np.ndarray] | None) -> None:
+        """Params (borrowed, or ``owned_params``: ``params.py``; shared with the graph's other
+        compiles), constants, and every node of static shape computed from those alone,
+        computed now."""
         owned = _Owned()
         for node in self._nodes:
             if node.op is OpKind.PARAM:
-                arr = _param_copy(node, graph.value(node.id))
+                arr = param_array(node, graph.value(node.id), owned_params)
                 self._params[node.name] = arr
             elif node.op is OpKind.CONSTANT and not is_sized(node.attrs):
                 arr = np.asarray(graph.value(node.id), dtype=node.dtype, order="C")
@@ -466,6 +470,12 @@ class AnySizeExecutable(Executable):
         if value.dtype != target.dtype or value.shape != target.shape:
             raise InputError(f"set_param {name!r}: expected {target.dtype}{list(target.shape)}, got "
                              f"{value.dtype}{list(value.shape)}")
+        if borrowed(target):  # own every param, then build again over the owned copies (``params.py``)
+            family = self._family
+            owned = own_params(self._params, family)
+            with family.compiling() if family is not None else contextlib.nullcontext():
+                self.__init__(self._graph, owned)  # type: ignore[misc]
+            target = self._params[name]
         np.copyto(target, value)
         owned = _Owned()
         for node, ins, out in self._folds:  # in graph order: a fold reads earlier ones

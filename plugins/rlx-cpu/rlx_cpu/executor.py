@@ -30,6 +30,7 @@ plans; ``run`` pops one (a new one when the pool is empty), runs it and pushes i
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import time
@@ -51,6 +52,7 @@ from .kernels import KERNELS, inplace_positions
 from .native import library as native_library
 from .native import thread_cap
 from .nn_kernels import NN_KERNELS
+from .params import SHARED_ROOTS, borrowed, own_params, param_array
 from .regions import node_steps
 from .steps import Dyn, Step, aligned_empty, bind, bind_run, owner
 from .threads import PRODUCT_OPS, family_tuner, native_thread_cap
@@ -102,30 +104,42 @@ class PlanStats:
 
 
 class _Arena:
-    """The free list of one plan: raw byte buffers, best fit by size; new ones from the
-    process's warm pool (``warm_pool``: dead plans' buffers, faulted in already) before
-    fresh memory. ``owned`` lists every buffer the plan holds, for the pool when it dies."""
+    """The free list of one plan: raw byte buffers, best fit by size; new ones from
+    ``lent`` (another plan's buffers, for a twin that never runs at the same time as it),
+    then the process's warm pool (``warm_pool``: dead plans' buffers, faulted in already),
+    then fresh memory. ``owned`` lists the buffers the plan holds of its own (not lent),
+    for the pool when it dies."""
 
-    def __init__(self, stats: PlanStats) -> None:
+    def __init__(self, stats: PlanStats, lent: Sequence[np.ndarray] = ()) -> None:
         self._free: list[np.ndarray] = []
+        self._lent = list(lent)
         self._stats = stats
         self._pool = warm_pool()
         self.owned: list[np.ndarray] = []
 
+    @staticmethod
+    def _best(raws: list[np.ndarray], nbytes: int) -> int | None:
+        best = None
+        for i, raw in enumerate(raws):
+            if raw.nbytes >= nbytes and (best is None or raw.nbytes < raws[best].nbytes):
+                best = i
+        return best
+
     def take(self, nbytes: int) -> np.ndarray:
         self._stats.allocations += 1
-        best = None
-        for i, raw in enumerate(self._free):
-            if raw.nbytes >= nbytes and (best is None or raw.nbytes < self._free[best].nbytes):
-                best = i
+        best = self._best(self._free, nbytes)
         if best is not None:
             self._stats.reused += 1
             return self._free.pop(best)
         size = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
-        raw = self._pool.take(size)
-        if raw is None:
-            raw = aligned_empty(size, np.uint8)  # a cache line's alignment, for every dtype
-        self.owned.append(raw)
+        lent = self._best(self._lent, size)
+        if lent is not None:  # each lent buffer handed out once, then recycled by this free list
+            raw = self._lent.pop(lent)
+        else:
+            raw = self._pool.take(size)
+            if raw is None:
+                raw = aligned_empty(size, np.uint8)  # a cache line's alignment, for every dtype
+            self.owned.append(raw)
         self._stats.buffers += 1
         self._stats.buffer_bytes += raw.nbytes
         return raw
@@ -181,14 +195,19 @@ class _Group:
 
 
 class _Plan:
-    """One bound plan: its slots for the run's inputs, the function running it, and the
-    generation of param values it was bound under (``CpuExecutable._generation``)."""
+    """One bound plan: its slots for the run's inputs, the function running it, the
+    generation of param values it was bound under (``CpuExecutable._generation``), its
+    buffers, and its ``twin``: the same graph bound on one native thread over the same
+    buffers (the thread tuner's narrow mode), made when first needed. A plan and its twin
+    never run at once: both leave the pool together."""
 
-    __slots__ = ("__weakref__", "generation", "run", "slots", "stats")
+    __slots__ = ("__weakref__", "buffers", "generation", "run", "slots", "stats", "twin")
 
     def __init__(self, run: Callable[[Any], list[np.ndarray]], slots: list[Any], stats: PlanStats,
-                 generation: int) -> None:
+                 generation: int, buffers: list[np.ndarray]) -> None:
         self.run, self.slots, self.stats, self.generation = run, slots, stats, generation
+        self.buffers = buffers
+        self.twin: _Plan | None = None
 
 
 def _build_steps(builder: Callable[..., list[Step]], node: Node, ins: list[Any], out: np.ndarray,
@@ -207,29 +226,6 @@ def _build_with(node: Node, ins: list[Any], out: Any, ctx: Any) -> list[Step]:
     return _build_steps(_BUILDERS[node.op], node, ins, out, ctx)
 
 
-def _param_copy(node: Node, value: np.ndarray) -> np.ndarray:
-    """The writable copy of a param's value that the steps read and ``set_param`` refills
-    in place. Compiles of one symbolic graph's shape classes (one ``ShapeFamily``) share
-    it: their graphs hold the same value array, and ``set_param`` reaches every copy, so
-    one array serves all of them (eight shape classes of a model hold its weights once,
-    and a new size copies none of them)."""
-    family = shape_family()
-    if family is None:
-        return np.array(value, dtype=node.dtype, order="C", copy=True)
-    key = ("rlx_cpu.param", node.name, id(value))
-    with family.lock:
-        found = family.shared.get(key)
-        if found is not None and found[0] is value:
-            return found[1]
-        arr = np.array(value, dtype=node.dtype, order="C", copy=True)
-        family.shared[key] = (value, arr)  # the value kept alive: its id names it
-        family.shared.setdefault(_SHARED_ROOTS, set()).add(id(arr))
-    return arr
-
-
-#: In a ``ShapeFamily``: the ids of the arrays its copies share (weights, and what
-#: ``_derived`` made from them), each kept alive by its entry there.
-_SHARED_ROOTS = "rlx_cpu.shared_roots"
 #: The ``derived`` keys that name all their array depends on besides its sources, at any
 #: size of the graph, so that one family's copies may share it. oneDNN's weights carry
 #: the layout their primitive chose (``Dnnl.layout``), which may differ between sizes;
@@ -242,7 +238,8 @@ _FAMILY_KEYS = frozenset({"onednn_conv_weights", "onednn_matmul_weights", "conv_
 class CpuExecutable(Executable):
     """A graph compiled for the cpu backend: a pool of bound plans over shared residents."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, owned: Mapping[str, np.ndarray] | None = None) -> None:
+        self._graph = graph  # (its values are the params' borrowed arrays: ``params.py``)
         self._graph_name = graph.name
         self._nodes = graph.nodes
         self._outputs = graph.outputs
@@ -262,15 +259,14 @@ class CpuExecutable(Executable):
         self._derived_arrays: dict[Any, list[Any]] = {}  # key -> [source, make, array, params]
         self._thread_cap, self._thread_note = native_thread_cap(n.op for n in self._nodes)
         with thread_cap(self._thread_cap):
-            self._fold(graph)
+            self._fold(graph, owned)
         self._plan_count = itertools.count(1)
         self._baked: set[str] = set()  # params whose values some step holds as numbers (``_constant``)
         self._generation = 0  # bumped by set_param of a baked param: plans bound before are dropped
         self._plans_built = 0
         first = self._bind_plan()
         self._stats = first.stats
-        self._pool: list[_Plan] = [first]  # plans of the wide mode (the thread policy's)
-        self._narrow: list[_Plan] = []  # plans bound on one native thread (ThreadTuner's narrow mode)
+        self._pool: list[_Plan] = [first]  # plans of the wide mode (the thread policy's), with their twins
         # MKL's threads matter to a graph with products only (loading MKL is not free).
         self._mkl = blas.mkl() if any(n.op in PRODUCT_OPS for n in self._nodes) else None
         self._tuner = family_tuner(self._family, self._work()) if self._tunable() else None
@@ -354,9 +350,10 @@ class CpuExecutable(Executable):
                 offset += src.shape[axis] * inner
         return blocks
 
-    def _fold(self, graph: Graph) -> None:
-        """Make the resident arrays: writable copies of params, constants as they are, and
-        every node of only residents computed once (and again by ``set_param``)."""
+    def _fold(self, graph: Graph, owned_params: Mapping[str, np.ndarray] | None) -> None:
+        """Make the resident arrays: params (borrowed, or ``owned_params``: ``params.py``),
+        constants as they are, and every node of only residents computed once (and again
+        by ``set_param``)."""
         deps: dict[int, frozenset[str]] = {}
         owned = _Owned()
         gemv_weights = self._gemv_weights(graph)
@@ -364,7 +361,7 @@ class CpuExecutable(Executable):
             if self._kinds[node.id] != RESIDENT:
                 continue
             if node.op is OpKind.PARAM:
-                arr = _param_copy(node, graph.value(node.id))
+                arr = param_array(node, graph.value(node.id), owned_params)
                 self._params[node.name] = arr
                 deps[node.id] = frozenset({node.name})
             elif node.op is OpKind.CONSTANT:
@@ -415,12 +412,12 @@ class CpuExecutable(Executable):
     def _family_derived(self, k: Any, source: np.ndarray, make: Callable[[np.ndarray, np.ndarray | None], np.ndarray],
                         also: Sequence[Any], deps: frozenset[str]) -> list[Any] | None:
         """``_derived``'s entry shared with the other copies of this graph's family, when
-        every array it is made from is one they share (``_param_copy``); else ``None``.
+        every array it is made from is one they share (``params.param_array``); else ``None``.
         ``set_param`` reaches every copy, and each refills it in place: the same values."""
         family = self._family
         assert family is not None
         with family.lock:
-            roots = family.shared.get(_SHARED_ROOTS, set())
+            roots = family.shared.get(SHARED_ROOTS, set())
             if not all(id(owner(a)) in roots for a in (source, *also)):
                 return None
             entry = family.shared.get(("rlx_cpu.derived", k))
@@ -478,12 +475,14 @@ class CpuExecutable(Executable):
                             if self._tuner.known_wide else ""))
         return notes
 
-    def _bind_plan(self, narrow: bool = False) -> _Plan:
+    def _bind_plan(self, narrow: bool = False, over: _Plan | None = None) -> _Plan:
         """Allocate one plan's buffers and bind its steps (deterministic: every plan of
         this executable comes out the same), under the executable's native thread cap
-        (one thread for a ``narrow`` plan)."""
+        (one thread for a ``narrow`` plan), over ``over``'s buffers where given (a twin:
+        the thread tuner's narrow trial held a second plan's memory, 266 MB of fresh
+        pages for densenet121 at batch 8, faulted in during the run it timed)."""
         with thread_cap(1 if narrow else self._thread_cap):
-            return self._bind_plan_capped()
+            return self._bind_plan_capped(over.buffers if over is not None else ())
 
     def _tunable(self) -> bool:
         """Whether wide and narrow differ for this graph: some kernel could use more than
@@ -502,9 +501,9 @@ class CpuExecutable(Executable):
         """Elements over the graph's nodes: how much work threads may split (``threads``)."""
         return sum(n.size for n in self._nodes)
 
-    def _bind_plan_capped(self) -> _Plan:
+    def _bind_plan_capped(self, lent: Sequence[np.ndarray]) -> _Plan:
         stats = PlanStats()
-        arena = _Arena(stats)
+        arena = _Arena(stats, lent)
         slots: list[Any] = [None] * len(self._input_ids)
         slot_of = {nid: k for k, nid in enumerate(self._input_ids)}
         values: dict[int, Any] = {}
@@ -565,7 +564,7 @@ class CpuExecutable(Executable):
         stats.steps = len(steps)
         run = bind_run(self._input_names, steps, [values[i] for i in self._outputs], slots, fresh)
         self._plans_built = next(self._plan_count)
-        plan = _Plan(run, slots, stats, self._generation)
+        plan = _Plan(run, slots, stats, self._generation, [*lent, *arena.owned])
         weakref.finalize(plan, warm_pool().give, arena.owned)  # its buffers, kept warm once nothing can run it
         return plan
 
@@ -596,40 +595,43 @@ class CpuExecutable(Executable):
     # ------------------------------------------------------------------ running
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         tuner = self._tuner
+        try:
+            plan = self._pool.pop()
+        except IndexError:
+            plan = self._bind_plan()
         if tuner is None:
-            return self._run_on(self._pool, False, inputs)
+            return self._run_plan(plan, plan, inputs)
         mode = tuner.next_mode()
         narrow = mode == "narrow"
-        pool = self._narrow if narrow else self._pool
-        if not pool:  # a mode's first plan is bound before the clock starts: the tuner compares runs
-            pool.append(self._bind_plan(narrow))
+        runner = plan
+        if narrow:
+            runner = plan.twin
+            if runner is None:  # bound before the clock starts: the tuner compares runs
+                runner = plan.twin = self._bind_plan(True, over=plan)
         mkl = self._mkl if narrow else None
         previous = mkl.local_threads(1) if mkl is not None else 0
         t0 = time.perf_counter()
         try:
-            outs = self._run_on(pool, narrow, inputs)
+            outs = self._run_plan(plan, runner, inputs)
         finally:
             if mkl is not None:
                 mkl.local_threads(previous)
         tuner.observe(mode, time.perf_counter() - t0)
         return outs
 
-    def _run_on(self, pool: list[_Plan], narrow: bool, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    def _run_plan(self, plan: _Plan, runner: _Plan, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Run ``runner`` (``plan`` or its twin), then give ``plan`` back to the pool."""
         try:
-            plan = pool.pop()
-        except IndexError:
-            plan = self._bind_plan(narrow)
-        try:
-            return plan.run(inputs)
+            return runner.run(inputs)
         except BaseException as exc:
-            plan.slots[:] = [None] * len(plan.slots)  # hold no caller array past the run
+            runner.slots[:] = [None] * len(runner.slots)  # hold no caller array past the run
             missing = [name for name in self._input_names if name not in inputs]
             if isinstance(exc, KeyError) and missing:
                 raise InputError(f"graph {self._graph_name!r}: missing input(s) {missing}") from None
             raise
         finally:
             if plan.generation == self._generation:  # else bound before set_param changed a baked value
-                pool.append(plan)
+                self._pool.append(plan)
 
     def set_param(self, name: str, value: np.ndarray) -> None:
         """Copy ``value`` into the param's resident array (seen by every plan) and
@@ -643,6 +645,9 @@ class CpuExecutable(Executable):
             raise InputError(f"set_param {name!r}: expected dtype {target.dtype}, got {value.dtype} (no silent casts)")
         if value.shape != target.shape:
             raise InputError(f"set_param {name!r}: expected shape {target.shape}, got {value.shape}")
+        if borrowed(target):
+            self._own_params()
+            target = self._params[name]
         np.copyto(target, value)
         for deps, steps in self._folds:
             if name in deps:
@@ -654,15 +659,24 @@ class CpuExecutable(Executable):
         if name in self._baked:  # steps hold its old values: plans are bound again, as they are needed
             self._generation += 1
             self._pool.clear()
-            self._narrow.clear()
+
+    def _own_params(self) -> None:
+        """Own every borrowed param (``params.py``) and build the executable again over the
+        owned copies: its folds, derived arrays and plans read them from now on. The thread
+        tuner's verdict is kept."""
+        tuner, family = self._tuner, self._family
+        owned = own_params(self._params, family)
+        with family.compiling() if family is not None else contextlib.nullcontext():
+            self.__init__(self._graph, owned)  # type: ignore[misc]
+        self._tuner = tuner
 
     # ------------------------------------------------------------------ introspection
     def plan_stats(self) -> dict[str, int]:
         """How a plan uses memory and steps, and how many plans exist (for tests and tools)."""
         s = self._stats
         return {
-            "plans": self._plans_built, "pooled": len(self._pool) + len(self._narrow),
-            "narrow": len(self._narrow), "steps": s.steps, "buffers": s.buffers,
+            "plans": self._plans_built, "pooled": len(self._pool),
+            "narrow": sum(p.twin is not None for p in self._pool), "steps": s.steps, "buffers": s.buffers,
             "buffer_bytes": s.buffer_bytes, "allocations": s.allocations, "reused": s.reused,
             "inplace": s.inplace, "views": s.views,
             "folded": sum(1 for n in self._nodes if self._kinds[n.id] == RESIDENT and n.op not in

@@ -116,6 +116,9 @@ def test_fused_instructions_compute_the_chains(native_lib: native.Native, monkey
 
 def test_a_bound_that_set_param_can_change_is_not_built_in(native_lib: native.Native,
                                                           monkeypatch: pytest.MonkeyPatch):
+    """Before any ``set_param`` a param is the graph's own immutable value (borrowed:
+    ``params.py``), as fixed as a constant, and may be built in; the first ``set_param``
+    builds the executable again over owned copies, where the bound is read each run."""
     seen = _programs(monkeypatch)
     g = Graph("param-bound")
     x = g.input("x", (2, 500))
@@ -123,11 +126,15 @@ def test_a_bound_that_set_param_can_change_is_not_built_in(native_lib: native.Na
     g.set_outputs([g.maximum(g.minimum(g.add(g.mul(x, 0.25), 0.5), top), 0.0)])
     cg = compile_cpu(g)
     feed = np.linspace(-8, 8, 1000, dtype=np.float32).reshape(2, 500)
-    cg.run({"x": feed})
-    assert any("min" in p for p in seen) and not any("hardsigmoid" in p for p in seen), seen
+    assert cg.run({"x": feed})[0].max() == np.float32(1.0)
+    seen.clear()
     cg.set_param("top", np.full((), 0.75, np.float32))
     (got,) = cg.run({"x": feed})
+    assert any("min" in p for p in seen) and not any("hardsigmoid" in p for p in seen), seen
     assert got.max() == np.float32(0.75)
+    seen.clear()
+    cg.set_param("top", np.full((), 0.5, np.float32))  # owned now: refilled in place, nothing built again
+    assert cg.run({"x": feed})[0].max() == np.float32(0.5) and not seen
 
 
 def test_a_power_whose_exponent_is_a_param_follows_set_param(native_lib: native.Native,

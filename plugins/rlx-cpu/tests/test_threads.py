@@ -191,7 +191,10 @@ def test_both_modes_compute_the_same_and_tiny_graphs_are_not_tuned():
     for _ in range(16):  # warm-up and trials: both modes run
         modes.add(exe._tuner.next_mode())
         np.testing.assert_allclose(cg.run({"x": x})[0], want, rtol=1e-4, atol=1e-6)
-    assert modes == {"wide", "narrow"} and exe._narrow  # a narrow plan was bound and pooled
+    assert modes == {"wide", "narrow"} and exe.plan_stats()["narrow"]  # a narrow plan was bound and pooled
+    (plan,) = exe._pool
+    assert plan.twin is not None and len(plan.twin.buffers) == len(plan.buffers), "the twin holds no buffer of its own"
+    assert all(a is b for a, b in zip(plan.twin.buffers, plan.buffers))
     tiny = rlx_core.Graph("tiny")
     t = tiny.input("t", (4, 4))
     tiny.set_outputs([tiny.exp(t)])
@@ -213,17 +216,17 @@ def test_a_modes_first_plan_is_bound_before_its_run_is_timed(monkeypatch):
                                                                       observe(mode, seconds)))
     bind = exe._bind_plan
 
-    def slow_bind(narrow=False):
+    def slow_bind(narrow=False, over=None):
         import time
 
         time.sleep(0.25)
-        return bind(narrow)
+        return bind(narrow, over)
 
     monkeypatch.setattr(exe, "_bind_plan", slow_bind)
     x = np.zeros((1, 8, 32, 32), np.float32)
     for _ in range(4):
         exe.run({"x": x})
-    assert [m for m, _ in seen] == ["wide", "wide", "narrow", "narrow"] and exe._narrow
+    assert [m for m, _ in seen] == ["wide", "wide", "narrow", "narrow"] and exe.plan_stats()["narrow"]
     assert all(seconds < 0.25 for _, seconds in seen), seen
 
 
