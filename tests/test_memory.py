@@ -8,7 +8,13 @@ import pytest
 from support import ToyBackend, registry_with
 
 import rlx_core as rlx
-from rlx_core.compiler.memory import device_memory_limit, format_bytes, memory_limit, parse_memory_limits
+from rlx_core.compiler.memory import (
+    device_memory_limit,
+    fits_unplanned,
+    format_bytes,
+    memory_limit,
+    parse_memory_limits,
+)
 
 
 def big_graph(rows: int) -> rlx.Graph:
@@ -38,6 +44,41 @@ def test_rlx_memory_limit_sets_the_limit_and_names_itself(monkeypatch: pytest.Mo
     x = np.zeros((512, 1024), np.float32)
     np.testing.assert_allclose(rlx.compile(g, device="cpu", policy=rlx.DevicePolicy()).run({"x": x})[0], np.e,
                                rtol=1e-6)
+
+
+def test_a_graph_that_surely_fits_is_not_planned_to_be_checked() -> None:
+    """Every value in a buffer of its own, params included, at most half the limit: it
+    fits as any plan would lay it out; past that, or symbolic, the caller plans it."""
+    g = big_graph(512)  # x, add, exp: 2 MiB each; b: 4 KiB
+    total = 3 * 512 * 1024 * 4 + 1024 * 4
+    assert fits_unplanned(g, "cpu", environ={"RLX_MEMORY_LIMIT": str(2 * total)})
+    assert not fits_unplanned(g, "cpu", environ={"RLX_MEMORY_LIMIT": str(2 * total - 1)})
+    assert fits_unplanned(g, "cpu", environ={"RLX_MEMORY_LIMIT": "none"})  # nothing is checked
+    sym = rlx.Graph("sym")
+    sym.set_outputs([sym.exp(sym.input("x", ("n", 4), "float32"))])
+    assert not fits_unplanned(sym, "cpu", environ={"RLX_MEMORY_LIMIT": "1G"})
+
+
+def test_a_symbolic_graph_on_a_named_device_is_not_lowered_until_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Placed on a named device, a symbolic graph is compiled per shape class at its first
+    run: its compile checks claims and memory without the compile pipeline (pricing it at
+    a representative size was a third of a small CNN's load and compile), and a graph
+    that may not fit is still planned and blocked at compile."""
+    import rlx_core.compiler.lowering as lowering
+
+    runs: list[object] = []
+    real = lowering.run_pipeline
+    monkeypatch.setattr(lowering, "run_pipeline", lambda *a, **k: runs.append(a) or real(*a, **k))
+    g = rlx.Graph("sym")
+    x = g.input("x", ("rows", 1024), "float32")
+    g.set_outputs([g.exp(g.add(x, g.param("b", np.ones(1024, np.float32))))])
+    cg = rlx.compile(g, device="cpu", policy=rlx.DevicePolicy())
+    assert not runs
+    np.testing.assert_allclose(cg.run({"x": np.zeros((3, 1024), np.float32)})[0], np.e, rtol=1e-6)
+    assert runs
+    monkeypatch.setenv("RLX_MEMORY_LIMIT", "40K")  # the representative size (16 rows: 64 KiB a value) does not fit
+    with pytest.raises(rlx.DeviceError, match=r"cannot run graph 'sym': needs .* more than the 40\.0 KiB"):
+        rlx.compile(g, device="cpu", policy=rlx.DevicePolicy())
 
 
 @pytest.mark.parametrize(("raw", "want"), [("1024", 1024), ("2k", 2048), ("1.5G", 3 << 29), ("8GiB", 8 << 30),

@@ -34,8 +34,8 @@ from ..ir.dtypes import itemsize
 from ..ir.ops import OpKind
 from ..passes.plan import MemoryPlan
 
-__all__ = ["ENV_MEMORY_LIMIT", "MemoryNeed", "check_memory", "device_memory_limit", "format_bytes", "memory_blocker",
-           "memory_limit", "memory_need", "parse_memory_limits", "resident_bytes"]
+__all__ = ["ENV_MEMORY_LIMIT", "MemoryNeed", "check_memory", "device_memory_limit", "fits_unplanned", "format_bytes",
+           "memory_blocker", "memory_limit", "memory_need", "parse_memory_limits", "resident_bytes"]
 
 ENV_MEMORY_LIMIT = "RLX_MEMORY_LIMIT"
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -151,6 +151,22 @@ class MemoryNeed:
 
 def memory_need(graph: Graph, plan: MemoryPlan) -> MemoryNeed:
     return MemoryNeed(plan.total_bytes, resident_bytes(graph))
+
+
+def fits_unplanned(graph: Graph, device: str, probed: int | None = None,
+                   environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``graph`` surely fits ``device`` without its memory plan: every value of it
+    in a buffer of its own, params and constants included, takes at most half of what
+    the device can give. The compile pipeline only removes values or replaces them with
+    fewer (folding never makes a value larger than its inputs, fusion and CSE drop
+    values), so a graph that fits this way fits as planned; the half is a margin for
+    what a backend adds (scratch, packed weights). False: plan it and check exactly."""
+    limit, _ = device_memory_limit(device, probed, environ)
+    if limit is None:
+        return True
+    if any(not isinstance(n.size, int) for n in graph.nodes):  # (a symbolic graph: priced at a size)
+        return False
+    return 2 * sum(n.size * itemsize(n.dtype) for n in graph.nodes) <= limit
 
 
 def memory_blocker(graph: Graph, device: str, plan: MemoryPlan, probed: int | None = None,

@@ -21,7 +21,7 @@ from ..backends.registry import Registry, default_registry, parse_device
 from ..compiler.compiled import compile_on
 from ..compiler.dynamic import representative
 from ..compiler.lowering import legalize_for, pipeline_for, priced_graph
-from ..compiler.memory import memory_blocker
+from ..compiler.memory import fits_unplanned, memory_blocker
 from ..compiler.timing import benchmark_devices
 from ..cost import estimate_graph_cost
 from ..errors import DeviceError
@@ -122,7 +122,12 @@ class Placement:
         self.errors = PredictionErrors(self.registry)  # read once per device per placement
 
     # -------------------------------------------------------------- per device
-    def _row(self, name: str, probe: bool = True) -> DeviceCandidate:
+    def _row(self, name: str, probe: bool = True, price: bool = True) -> DeviceCandidate:
+        """``name``'s row; without ``price`` (a device the user named: nothing is ranked)
+        no estimate, and the memory check plans the graph only where it may not fit
+        (``fits_unplanned``): a symbolic graph placed on a named device is compiled per
+        shape class later, and running the compile pipeline at its representative size
+        only to price it cost a third of a small CNN's load and compile."""
         reg, info = self.registry, self.registry.info(name)
         backend = info.backend
         avail = reg.availability(name)
@@ -147,12 +152,13 @@ class Placement:
             if avail.available and supports:
                 model = reg.cost_model(name)
                 calibrated = model.calibrated
-                est = model_est = estimate_graph_cost(priced_graph(self.graph, name, reg), model)
-                correction = self.errors.get(name)
-                if correction is not None:
-                    est = model_est * correction.factor
-                if blocker is None:  # a device that cannot hold the graph is never tried
-                    blocker = self._memory_blocker(name, avail.memory_bytes)
+                if price:
+                    est = model_est = estimate_graph_cost(priced_graph(self.graph, name, reg), model)
+                    correction = self.errors.get(name)
+                    if correction is not None:
+                        est = model_est * correction.factor
+                if blocker is None and (price or not fits_unplanned(legal.graph, name, avail.memory_bytes)):
+                    blocker = self._memory_blocker(name, avail.memory_bytes)  # never tried where it cannot fit
         elif avail.available:
             calibrated = reg.cost_model(name).calibrated
         return DeviceCandidate(
@@ -197,7 +203,7 @@ class Placement:
         """Validate a device the user named; ``DeviceError`` naming the blocker if it cannot run."""
         name, index = parse_device(device)
         self.registry.get(name)  # DeviceError listing the known devices
-        row = self._row(name)
+        row = self._row(name, price=False)
         if row.blocker is not None:
             what = f"graph {self.graph.name!r}" if self.graph is not None else "graphs"
             raise DeviceError(f"device {device!r} ({source}) cannot run {what}: {row.blocker}")
