@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import math
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, Union
 
 import numpy as np
 
@@ -53,12 +53,16 @@ from .native import library as native_library
 from .native import thread_cap
 from .nn_kernels import NN_KERNELS
 from .params import SHARED_ROOTS, borrowed, own_params, param_array
+from .plan_arena import Diverged, FreeListArena, Layout, PlannedArena, PlanStats, Recorder
 from .regions import node_steps
 from .steps import Dyn, Step, aligned_empty, bind, bind_run, owner
 from .threads import PRODUCT_OPS, family_tuner, native_thread_cap
 from .warm_pool import warm_pool
 
 __all__ = ["CpuExecutable", "PlanStats", "kernel_ops"]
+
+log = logging.getLogger("rlx_cpu")
+Arena = Union[FreeListArena, PlannedArena, Recorder]  # what a binding takes its buffers from
 
 _BUILDERS = {**KERNELS, **NN_KERNELS, **FUSED_KERNELS}
 
@@ -71,7 +75,6 @@ def kernel_ops() -> frozenset[str]:
     the backend claims, so that a claim can never outrun the kernels. Asked once per
     node by legalization: computed once."""
     return _KERNEL_OPS
-_ALIGN = 64
 #: A graph with less work than this (elements over all its values) and no products runs
 #: as the thread policy says: its runs are too short for threads to matter either way.
 TUNE_MIN_ELEMENTS = 1 << 16
@@ -90,64 +93,6 @@ _HANDOFF_OPS = frozenset({OpKind.MATMUL, OpKind.GEMM, OpKind.FUSED_ELEMENTWISE, 
 DYNAMIC, RESIDENT, BUFFER, VIEW = "dynamic", "resident", "buffer", "view"
 
 
-@dataclass
-class PlanStats:
-    """What binding one plan did; every plan of an executable binds identically."""
-
-    steps: int = 0
-    buffers: int = 0
-    buffer_bytes: int = 0
-    allocations: int = 0  # buffer requests: one per buffer-backed value, plus scratch
-    reused: int = 0  # requests served from the free list instead of a new buffer
-    inplace: int = 0  # outputs written over a dead input's buffer
-    views: int = 0  # reshapes that are views (no step, no buffer)
-
-
-class _Arena:
-    """The free list of one plan: raw byte buffers, best fit by size; new ones from
-    ``lent`` (another plan's buffers, for a twin that never runs at the same time as it),
-    then the process's warm pool (``warm_pool``: dead plans' buffers, faulted in already),
-    then fresh memory. ``owned`` lists the buffers the plan holds of its own (not lent),
-    for the pool when it dies."""
-
-    def __init__(self, stats: PlanStats, lent: Sequence[np.ndarray] = ()) -> None:
-        self._free: list[np.ndarray] = []
-        self._lent = list(lent)
-        self._stats = stats
-        self._pool = warm_pool()
-        self.owned: list[np.ndarray] = []
-
-    @staticmethod
-    def _best(raws: list[np.ndarray], nbytes: int) -> int | None:
-        best = None
-        for i, raw in enumerate(raws):
-            if raw.nbytes >= nbytes and (best is None or raw.nbytes < raws[best].nbytes):
-                best = i
-        return best
-
-    def take(self, nbytes: int) -> np.ndarray:
-        self._stats.allocations += 1
-        best = self._best(self._free, nbytes)
-        if best is not None:
-            self._stats.reused += 1
-            return self._free.pop(best)
-        size = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
-        lent = self._best(self._lent, size)
-        if lent is not None:  # each lent buffer handed out once, then recycled by this free list
-            raw = self._lent.pop(lent)
-        else:
-            raw = self._pool.take(size)
-            if raw is None:
-                raw = aligned_empty(size, np.uint8)  # a cache line's alignment, for every dtype
-            self.owned.append(raw)
-        self._stats.buffers += 1
-        self._stats.buffer_bytes += raw.nbytes
-        return raw
-
-    def give(self, raw: np.ndarray) -> None:
-        self._free.append(raw)
-
-
 def _view(raw: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return raw[: math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
 
@@ -157,7 +102,7 @@ class _Scratch:
     once the node's steps are built (they are dead outside those steps); arrays derived
     from residents come from the executable (``CpuExecutable._derived``)."""
 
-    def __init__(self, arena: _Arena, derived: Callable[..., np.ndarray | None],
+    def __init__(self, arena: Arena, derived: Callable[..., np.ndarray | None],
                  constant: Callable[[Any], bool]) -> None:
         self._arena = arena
         self._taken: list[np.ndarray] = []
@@ -261,6 +206,7 @@ class CpuExecutable(Executable):
         with thread_cap(self._thread_cap):
             self._fold(graph, owned)
         self._plan_count = itertools.count(1)
+        self._layouts: dict[bool, Layout | Literal[False]] = {}  # per thread mode: the plans' block (False: free lists)
         self._baked: set[str] = set()  # params whose values some step holds as numbers (``_constant``)
         self._generation = 0  # bumped by set_param of a baked param: plans bound before are dropped
         self._plans_built = 0
@@ -480,9 +426,32 @@ class CpuExecutable(Executable):
         this executable comes out the same), under the executable's native thread cap
         (one thread for a ``narrow`` plan), over ``over``'s buffers where given (a twin:
         the thread tuner's narrow trial held a second plan's memory, 266 MB of fresh
-        pages for densenet121 at batch 8, faulted in during the run it timed)."""
+        pages for densenet121 at batch 8, faulted in during the run it timed). The
+        buffers are one block laid out from a recording of the plan's requests
+        (``plan_arena``), the free list where the binding does not replay it."""
+        lent = over.buffers if over is not None else []
         with thread_cap(1 if narrow else self._thread_cap):
-            return self._bind_plan_capped(over.buffers if over is not None else ())
+            layout = self._layouts.get(narrow)
+            if layout is None:  # (bound once, recorded, dropped: no page of it touched)
+                recorder = Recorder()
+                self._bind_plan_capped(recorder, PlanStats())
+                layout = self._layouts[narrow] = recorder.layout()
+            if layout is not False:
+                stats = PlanStats()
+                arena = PlannedArena(layout, stats, lent[0] if len(lent) == 1 else None)
+                try:
+                    plan = self._bind_plan_capped(arena, stats)
+                    arena.finish()
+                except Diverged as exc:
+                    log.warning("rlx-cpu: graph %r: a plan's buffers did not replay their recording (%s); "
+                                "binding with a free list", self._graph_name, exc)
+                    self._layouts[narrow] = False
+                else:
+                    self._plans_built = next(self._plan_count)
+                    return plan
+            plan = self._bind_plan_capped(FreeListArena(stats := PlanStats(), lent), stats)
+            self._plans_built = next(self._plan_count)
+            return plan
 
     def _tunable(self) -> bool:
         """Whether wide and narrow differ for this graph: some kernel could use more than
@@ -501,9 +470,7 @@ class CpuExecutable(Executable):
         """Elements over the graph's nodes: how much work threads may split (``threads``)."""
         return sum(n.size for n in self._nodes)
 
-    def _bind_plan_capped(self, lent: Sequence[np.ndarray]) -> _Plan:
-        stats = PlanStats()
-        arena = _Arena(stats, lent)
+    def _bind_plan_capped(self, arena: Arena, stats: PlanStats) -> _Plan:
         slots: list[Any] = [None] * len(self._input_ids)
         slot_of = {nid: k for k, nid in enumerate(self._input_ids)}
         values: dict[int, Any] = {}
@@ -563,12 +530,12 @@ class CpuExecutable(Executable):
                     group.released = True
         stats.steps = len(steps)
         run = bind_run(self._input_names, steps, [values[i] for i in self._outputs], slots, fresh)
-        self._plans_built = next(self._plan_count)
-        plan = _Plan(run, slots, stats, self._generation, [*lent, *arena.owned])
+        buffers = [arena.block] if isinstance(arena, PlannedArena) else arena.owned
+        plan = _Plan(run, slots, stats, self._generation, buffers)
         weakref.finalize(plan, warm_pool().give, arena.owned)  # its buffers, kept warm once nothing can run it
         return plan
 
-    def _output_buffer(self, node: Node, values: dict[int, Any], groups: dict[int, _Group], arena: _Arena,
+    def _output_buffer(self, node: Node, values: dict[int, Any], groups: dict[int, _Group], arena: Arena,
                        stats: PlanStats) -> np.ndarray:
         """An input's buffer when the op may overwrite it and nothing reads it later, else a
         buffer from the arena."""

@@ -1,6 +1,6 @@
 """Plan buffers kept warm between plans: a new shape class does not fault in fresh memory.
 
-A plan's buffers (``executor._Arena``) are fresh allocations. On this kind of host the
+A plan's buffers (``plan_arena``: one block a plan) are fresh allocations. On this kind of host the
 first touch of fresh memory costs about half a millisecond per megabyte in page faults,
 so a plan's first run paid for every buffer it holds: a BERT-style encoder's new shape
 class ran its first request 5-30 ms slower than the next (tens of MB of activations), and

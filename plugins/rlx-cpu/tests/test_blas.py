@@ -199,6 +199,11 @@ def test_eight_threads_share_mkl_products(lib: blas.Mkl) -> None:
 
 
 # ----------------------------------------------------------------------------- packed weights
+def _packs(exe: object) -> list[np.ndarray]:
+    """The packed copies of B an executable holds (``ctx.derived`` arrays of blas's packing)."""
+    return [entry[2] for k, entry in exe._derived_arrays.items() if "pack" in str(k[-1])]  # type: ignore[attr-defined]
+
+
 def packed_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Record, for every product planned, whether its B operand was packed."""
     seen: list[bool] = []
@@ -229,7 +234,8 @@ def test_resident_weights_are_packed_once_and_repacked_by_set_param(lib: blas.Mk
     y = g.add(g.add(g.matmul(x, w), g.matmul(x, g.transpose(wt, (1, 0)))), g.matmul(x, g.mul(s, 2.0)))
     g.set_outputs([y])
     exe = CpuBackend().compile(g.freeze(), CompileOptions(device="cpu"))
-    assert seen == [True, True, True]
+    assert seen == [True, True, True] * 2  # (the binding recorded for the plan's buffers, and the kept one)
+    assert len(_packs(exe)) == 3  # made once, shared by both
     xs = rand((8, k), 4)
 
     def want(w: np.ndarray, wt: np.ndarray, s: np.ndarray) -> np.ndarray:
@@ -262,7 +268,8 @@ def test_packing_that_would_not_pay_is_skipped(lib: blas.Mkl, monkeypatch: pytes
     x = g.input("x", (rows, shape[0]))
     g.set_outputs([g.matmul(x, g.param("w", rand(shape, 1)))])
     exe = CpuBackend().compile(g.freeze(), CompileOptions(device="cpu"))
-    assert seen == [False]
+    assert seen == [False] * 2  # (the recorded binding and the kept one: plan_arena.py)
+    assert not _packs(exe)
     xs = rand((rows, shape[0]), 2)
     np.testing.assert_allclose(exe.run({"x": xs})[0], xs.astype(np.float64) @ rand(shape, 1), rtol=1e-4, atol=5e-3)
 

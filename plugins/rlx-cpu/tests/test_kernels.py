@@ -275,12 +275,13 @@ def test_aligned_empty_starts_on_a_cache_line(shape: Any, dtype: Any) -> None:
 def test_plan_buffers_and_packed_weights_start_on_a_cache_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every buffer the plan hands the kernels (intermediates, scratch) and every packed
     weight starts on a cache line: split vector loads made a model's speed depend on luck."""
-    from rlx_cpu import executor
+    from rlx_cpu import plan_arena
     from rlx_cpu.steps import CACHE_LINE
 
     taken: list[np.ndarray] = []
-    real = executor._Arena.take
-    monkeypatch.setattr(executor._Arena, "take", lambda self, n: (taken.append(real(self, n)), taken[-1])[1])
+    for arena in (plan_arena.PlannedArena, plan_arena.FreeListArena):
+        real = arena.take
+        monkeypatch.setattr(arena, "take", lambda self, n, real=real: (taken.append(real(self, n)), taken[-1])[1])
     g = Graph("aligned")
     x = g.input("x", (2, 8, 12, 12), "float32")
     w = g.param("w", np.ones((16, 8, 3, 3), np.float32))
