@@ -11,14 +11,17 @@ is faulted in by its first run (0.5-2 ms per MB on the 2-core VMs here): densene
 run took 470-550 ms against 190 ms for the next.
 
 So the plan's requests are laid out the way ORT's and TFLite's memory planners do: a first
-binding records each request's size and when it is taken and given back (``Recorder``:
-untouched arrays, no page faulted); ``plan_layout`` places the requests in one block,
-largest first, each at the lowest offset free for its whole lifetime (greedy by size); the
-binding that is kept replays the same requests on that block (``PlannedArena``). Binding
-is deterministic, and the replay checks it: a request or a give-back that differs from the
-recording in order or size raises ``Diverged`` and the executable binds that plan with the
-free list instead (never two live values in the same bytes). The layout is kept per
-executable and thread mode, so only the first plan of each pays the recording.
+binding (on the free list) records each request's size and when it is taken and given
+back (``Recorder``); ``plan_layout`` places the requests in one block, largest first, each
+at the lowest offset free for its whole lifetime (greedy by size); later bindings replay
+the same requests on that block (``PlannedArena``). Where the block saves at least
+``REPLAN_BYTES`` over the first binding's free list, that first plan is dropped before it
+ever ran (nothing of it faulted in) and bound again on the block: one more binding (41 ms
+for densenet121) against hundreds of MB of first touches; below that a small model keeps
+its first binding and pays nothing more. Binding is deterministic, and the replay checks
+it: a request or a give-back that differs from the recording in order or size raises
+``Diverged`` and the executable binds that plan with the free list instead (never two
+live values in the same bytes). The layout is kept per executable and thread mode.
 """
 
 from __future__ import annotations
@@ -31,10 +34,15 @@ import numpy as np
 from .steps import aligned_empty
 from .warm_pool import warm_pool
 
-__all__ = ["ALIGN", "Diverged", "FreeListArena", "Layout", "PlanStats", "PlannedArena", "Recorder", "plan_layout"]
+__all__ = ["ALIGN", "REPLAN_BYTES", "Diverged", "FreeListArena", "Layout", "PlanStats", "PlannedArena", "Recorder",
+           "plan_layout"]
 
 #: Every buffer's size is rounded up to this, so offsets in a block keep a cache line's alignment.
 ALIGN = 64
+#: A first plan is bound again on the block when the block is smaller than its free list
+#: by at least this much (on the VMs here, 4-16 ms of page faults at its first run, about
+#: what binding a mid-sized graph again costs).
+REPLAN_BYTES = 8 << 20
 _NEVER = float("inf")
 
 
@@ -118,25 +126,26 @@ class Layout:
 
 
 class Recorder:
-    """The arena of a recording binding: each request a new, untouched array (nothing
-    faulted in), its size and lifetime noted. ``owned`` is empty: nothing of it is kept."""
+    """Records a binding's requests (sizes, when each is taken and given back) while
+    ``inner`` serves them: the first binding of an executable is a plan of its own on the
+    free list, and its recording lays out the next ones (``layout``)."""
 
-    owned: list[np.ndarray] = []
-
-    def __init__(self) -> None:
+    def __init__(self, inner: FreeListArena) -> None:
+        self.inner = inner
         self._events: list[tuple[str, int]] = []
         self._sizes: list[int] = []
         self._starts: list[int] = []
         self._ends: list[float] = []
-        self._index: dict[int, int] = {}
-        self._raws: list[np.ndarray] = []  # (kept alive, so that no two share an id)
+        self._taker: dict[int, int] = {}  # id of a raw handed out -> the request holding it now
+
+    @property
+    def owned(self) -> list[np.ndarray]:
+        return self.inner.owned
 
     def take(self, nbytes: int) -> np.ndarray:
+        raw = self.inner.take(nbytes)
         size = _rounded(nbytes)
-        k = len(self._sizes)
-        raw = np.empty(size, np.uint8)
-        self._index[id(raw)] = k
-        self._raws.append(raw)
+        self._taker[id(raw)] = len(self._sizes)
         self._sizes.append(size)
         self._starts.append(len(self._events))
         self._ends.append(_NEVER)
@@ -144,9 +153,10 @@ class Recorder:
         return raw
 
     def give(self, raw: np.ndarray) -> None:
-        k = self._index[id(raw)]
+        k = self._taker.pop(id(raw))
         self._ends[k] = len(self._events)
         self._events.append(("give", k))
+        self.inner.give(raw)
 
     def layout(self) -> Layout:
         offsets, total, reused = plan_layout(self._sizes, self._starts, self._ends)

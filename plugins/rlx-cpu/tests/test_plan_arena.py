@@ -68,7 +68,12 @@ def _compile(g: Graph) -> CpuExecutable:
     return exe
 
 
-def test_growing_concats_fit_in_much_less_memory_than_a_free_list_gives_them() -> None:
+def test_growing_concats_fit_in_much_less_memory_than_a_free_list_gives_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first plan is bound again on the block where that saves ``REPLAN_BYTES`` (here
+    any saving: the graph is small); later plans are always on the block."""
+    from rlx_cpu import executor
+
+    monkeypatch.setattr(executor, "REPLAN_BYTES", 0)
     g = _dense_block()
     exe = _compile(g)
     planned = exe.plan_stats()
@@ -81,6 +86,18 @@ def test_growing_concats_fit_in_much_less_memory_than_a_free_list_gives_them() -
     listed = free._pool[0].stats
     assert planned["buffers"] == 1 and planned["buffer_bytes"] < 0.75 * listed.buffer_bytes, (planned, listed)
     np.testing.assert_allclose(exe.run({"x": x})[0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_small_gain_keeps_the_first_binding_and_later_plans_take_the_block() -> None:
+    g = _dense_block(3)
+    exe = _compile(g)
+    first = exe.plan_stats()
+    layout = exe._layouts[False]
+    assert layout and first["buffer_bytes"] - layout.total < plan_arena.REPLAN_BYTES and first["buffers"] > 1
+    second = exe._bind_plan()  # (as a concurrent run would)
+    assert second.stats.buffers == 1 and second.stats.buffer_bytes == layout.total
+    x = np.random.default_rng(3).standard_normal((2, 8, 24, 24)).astype(np.float32)
+    np.testing.assert_allclose(second.run({"x": x})[0], reference.evaluate(g, {"x": x})[0], rtol=1e-4, atol=1e-5)
 
 
 def test_a_binding_that_differs_from_its_recording_falls_back_to_the_free_list(
@@ -103,7 +120,7 @@ def test_a_binding_that_differs_from_its_recording_falls_back_to_the_free_list(
 
 def test_the_replay_refuses_any_other_order() -> None:
     stats = plan_arena.PlanStats()
-    rec = plan_arena.Recorder()
+    rec = plan_arena.Recorder(plan_arena.FreeListArena(plan_arena.PlanStats()))
     a = rec.take(100)
     rec.take(200)
     rec.give(a)
