@@ -195,7 +195,7 @@ WRITES_BENCHMARKS_MD = ("overhead.py", "suite.py", "batch.py", "dynamic.py")
 OWN_SESSION = ("zoo.py", "detector.py", "dynamic_exports.py", "exports_stream.py", "layout.py", "neighbours.py")
 #: Tools that time the ONNX files they are given (``python bench/compile_time.py a.onnx``):
 #: there is no model of theirs to run here.
-NEEDS_MODEL_FILES = ("compile_time.py", "onnx_time.py")
+NEEDS_MODEL_FILES = ("compile_time.py", "first_runs.py", "onnx_time.py")
 
 
 def bench_scripts() -> list[Path]:

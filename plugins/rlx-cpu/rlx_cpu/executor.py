@@ -183,7 +183,7 @@ _FAMILY_KEYS = frozenset({"onednn_conv_weights", "onednn_matmul_weights", "conv_
 class CpuExecutable(Executable):
     """A graph compiled for the cpu backend: a pool of bound plans over shared residents."""
 
-    def __init__(self, graph: Graph, owned: Mapping[str, np.ndarray] | None = None) -> None:
+    def __init__(self, graph: Graph, owned: Mapping[str, np.ndarray] | None = None, generation: int = 0) -> None:
         self._graph = graph  # (its values are the params' borrowed arrays: ``params.py``)
         self._graph_name = graph.name
         self._nodes = graph.nodes
@@ -208,7 +208,7 @@ class CpuExecutable(Executable):
         self._plan_count = itertools.count(1)
         self._layouts: dict[bool, Layout | Literal[False]] = {}  # per thread mode: the plans' block (False: free lists)
         self._baked: set[str] = set()  # params whose values some step holds as numbers (``_constant``)
-        self._generation = 0  # bumped by set_param of a baked param: plans bound before are dropped
+        self._generation = generation  # bumped by set_param of a baked param: plans bound before are dropped
         self._plans_built = 0
         first = self._bind_plan()
         self._stats = first.stats
@@ -634,12 +634,13 @@ class CpuExecutable(Executable):
 
     def _own_params(self) -> None:
         """Own every borrowed param (``params.py``) and build the executable again over the
-        owned copies: its folds, derived arrays and plans read them from now on. The thread
-        tuner's verdict is kept."""
+        owned copies: its folds, derived arrays and plans read them from now on (a plan of
+        the borrowed arrays that a run in another thread gives back later is dropped: a
+        new generation). The thread tuner's verdict is kept."""
         tuner, family = self._tuner, self._family
         owned = own_params(self._params, family)
         with family.compiling() if family is not None else contextlib.nullcontext():
-            self.__init__(self._graph, owned)  # type: ignore[misc]
+            self.__init__(self._graph, owned, self._generation + 1)  # type: ignore[misc]
         self._tuner = tuner
 
     # ------------------------------------------------------------------ introspection

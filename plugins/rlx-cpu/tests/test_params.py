@@ -125,3 +125,22 @@ def test_the_family_lets_go_of_weights_derived_from_borrowed_arrays() -> None:
     with family.compiling():  # a compile after it starts on the owned copy
         assert params.param_array(node, g.value(w.id)) is owned["w"]
     assert params.own_params({"w": held}, family)["w"] is owned["w"]  # the family's one copy
+
+
+def test_a_plan_of_the_borrowed_weights_given_back_after_set_param_is_dropped() -> None:
+    """A run in another thread holds a plan bound over the borrowed weights while
+    ``set_param`` owns them: given back after, that plan is not pooled again (it reads
+    the old arrays); the next run reads the new weight."""
+    g = _mlp()
+    cg = rlx.compile(g, device="cpu")
+    exe = cg._exe
+    x = rand((8, 32), 5)
+    held = exe._pool.pop()  # the other thread's run, in flight
+    w2 = rand((64, 16), 9)
+    cg.set_param("w2", w2)
+    exe = cg._exe
+    exe._run_plan(held, held, {"x": x})  # that run ends
+    assert all(p is not held for p in exe._pool)
+    values = _values(g)
+    want = np.maximum(x @ values["w1"] + values["b1"], 0) @ w2 + values["b2"]
+    np.testing.assert_allclose(cg.run({"x": x})[0], want, rtol=1e-4, atol=1e-4)
