@@ -53,7 +53,7 @@ from .native import library as native_library
 from .native import thread_cap
 from .nn_kernels import NN_KERNELS
 from .params import SHARED_ROOTS, borrowed, own_params, param_array
-from .plan_arena import REPLAN_BYTES, Diverged, FreeListArena, Layout, PlannedArena, PlanStats, Recorder
+from .plan_arena import Diverged, FreeListArena, Layout, PlannedArena, PlanStats, Recorder, block_pays
 from .regions import node_steps
 from .steps import Dyn, Step, aligned_empty, bind, bind_run, owner
 from .threads import PRODUCT_OPS, family_tuner, native_thread_cap
@@ -427,19 +427,22 @@ class CpuExecutable(Executable):
         (one thread for a ``narrow`` plan), over ``over``'s buffers where given (a twin:
         the thread tuner's narrow trial held a second plan's memory, 266 MB of fresh
         pages for densenet121 at batch 8, faulted in during the run it timed). The
-        first plan of a mode is bound on a free list and recorded; the next ones (and the
-        first, bound again, where that saves ``REPLAN_BYTES``) on one block laid out from
-        the recording (``plan_arena``), the free list where a binding does not replay it."""
+        first plan of a mode is bound on a free list and recorded; where one block laid out
+        from the recording pays (``plan_arena.block_pays``), that plan is bound again on
+        it, and so is every later plan of the mode (the free list where a binding does not
+        replay the recording)."""
         lent = over.buffers if over is not None else []
         with thread_cap(1 if narrow else self._thread_cap):
             layout = self._layouts.get(narrow)
             if layout is None:  # the first plan of this mode: on the free list, recorded
                 recorder = Recorder(FreeListArena(stats := PlanStats(), lent))
                 plan = self._bind_plan_capped(recorder, stats)
-                layout = self._layouts[narrow] = recorder.layout()
-                if stats.buffer_bytes - layout.total < REPLAN_BYTES:  # kept: the block would save little
+                layout = recorder.layout()
+                if not block_pays(stats.buffer_bytes, layout.total):  # this mode stays on free lists
+                    self._layouts[narrow] = False
                     self._plans_built = next(self._plan_count)
                     return plan
+                self._layouts[narrow] = layout
                 del plan  # never ran: nothing of it faulted in; bound again on the block
             if layout is not False:
                 stats = PlanStats()

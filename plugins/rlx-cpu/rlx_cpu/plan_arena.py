@@ -13,15 +13,16 @@ run took 470-550 ms against 190 ms for the next.
 So the plan's requests are laid out the way ORT's and TFLite's memory planners do: a first
 binding (on the free list) records each request's size and when it is taken and given
 back (``Recorder``); ``plan_layout`` places the requests in one block, largest first, each
-at the lowest offset free for its whole lifetime (greedy by size); later bindings replay
-the same requests on that block (``PlannedArena``). Where the block saves at least
-``REPLAN_BYTES`` over the first binding's free list, that first plan is dropped before it
-ever ran (nothing of it faulted in) and bound again on the block: one more binding (41 ms
-for densenet121) against hundreds of MB of first touches; below that a small model keeps
-its first binding and pays nothing more. Binding is deterministic, and the replay checks
-it: a request or a give-back that differs from the recording in order or size raises
-``Diverged`` and the executable binds that plan with the free list instead (never two
-live values in the same bytes). The layout is kept per executable and thread mode.
+at the lowest offset free for its whole lifetime (greedy by size). Where the block pays
+(``block_pays``: it saves at least ``REPLAN_BYTES`` and holds at most ``BLOCK_SHARE`` of
+the first binding's free list), that first plan is dropped before it ever ran (nothing of
+it faulted in) and bound again on the block, and so is every later plan (``PlannedArena``
+replays the recording): one more binding (41 ms for densenet121) against hundreds of MB of
+first touches; elsewhere the mode keeps its free lists and pays nothing more. Binding is
+deterministic, and the replay checks it: a request or a give-back that differs from the
+recording in order or size raises ``Diverged`` and the executable binds that plan with
+the free list instead (never two live values in the same bytes). The choice and the
+layout are kept per executable and thread mode.
 """
 
 from __future__ import annotations
@@ -34,15 +35,33 @@ import numpy as np
 from .steps import aligned_empty
 from .warm_pool import warm_pool
 
-__all__ = ["ALIGN", "REPLAN_BYTES", "Diverged", "FreeListArena", "Layout", "PlanStats", "PlannedArena", "Recorder",
-           "plan_layout"]
+__all__ = ["ALIGN", "BLOCK_SHARE", "REPLAN_BYTES", "Diverged", "FreeListArena", "Layout", "PlanStats", "PlannedArena",
+           "Recorder", "block_pays", "plan_layout"]
 
 #: Every buffer's size is rounded up to this, so offsets in a block keep a cache line's alignment.
 ALIGN = 64
-#: A first plan is bound again on the block when the block is smaller than its free list
-#: by at least this much (on the VMs here, 4-16 ms of page faults at its first run, about
-#: what binding a mid-sized graph again costs).
+#: A block pays when it is smaller than the first plan's free list by at least this much
+#: (on the VMs here, 4-16 ms of page faults at a first run, about what binding a
+#: mid-sized graph again costs) ...
 REPLAN_BYTES = 8 << 20
+#: ... and at most this share of it (see ``block_pays``).
+BLOCK_SHARE = 0.5
+
+
+def block_pays(free_list_bytes: int, block_bytes: int) -> bool:
+    """Whether a plan's buffers go in one block (``block_bytes``) rather than on the free
+    list its first binding used (``free_list_bytes``): the block must save ``REPLAN_BYTES``
+    and hold at most ``BLOCK_SHARE`` of the free list. Why the share: on the 2-core VM
+    these sessions run on, the block made the conv nets whose gain is moderate slower when
+    their runs come apart (a request every 150 ms: mobilenet_v2 at batch 8, block 48 MB
+    against a free list of 83, median 29-47 ms against 28; mobilenet_v3_large 32 against
+    57 MB, 29-37 ms against 24-25), with 50-130 waits on OpenMP's workers per slow run
+    against 2-4, a cause not found yet, while back to back the block was faster (20.7
+    against 22 ms); where the block is a fraction of the free list (densenet121 at batch
+    8: 61 MB against 266, its first run 537 -> 175 ms, the next ones 192 -> 175 ms) it
+    pays either way (BENCHMARKS.md, section 'The first runs of a model (issues 33 and 35,
+    session 30)')."""
+    return free_list_bytes - block_bytes >= REPLAN_BYTES and block_bytes <= BLOCK_SHARE * free_list_bytes
 _NEVER = float("inf")
 
 
