@@ -36,7 +36,6 @@ sizes (a batch) recur, where a static plan per class serves best.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -75,7 +74,7 @@ from .executor import _build_with, _Owned, kernel_ops
 from .kernels import inplace_positions
 from .native import thread_cap
 from .onednn_steps import RunTimeDense
-from .params import borrowed, own_params, param_array
+from .params import borrowed, owned_rebuild, param_array
 from .regions import RegionTemplate
 from .settings import ANY_SIZE
 from .steps import aligned_empty, bind, owner
@@ -471,9 +470,7 @@ class AnySizeExecutable(Executable):
             raise InputError(f"set_param {name!r}: expected {target.dtype}{list(target.shape)}, got "
                              f"{value.dtype}{list(value.shape)}")
         if borrowed(target):  # own every param, then build again over the owned copies (``params.py``)
-            family = self._family
-            owned = own_params(self._params, family)
-            with family.compiling() if family is not None else contextlib.nullcontext():
+            with owned_rebuild(self._params, self._family) as owned:
                 self.__init__(self._graph, owned)  # type: ignore[misc]
             target = self._params[name]
         np.copyto(target, value)

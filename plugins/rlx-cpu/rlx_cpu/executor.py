@@ -30,7 +30,6 @@ plans; ``run`` pops one (a new one when the pool is empty), runs it and pushes i
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
@@ -52,7 +51,7 @@ from .kernels import KERNELS, inplace_positions
 from .native import library as native_library
 from .native import thread_cap
 from .nn_kernels import NN_KERNELS
-from .params import SHARED_ROOTS, borrowed, own_params, param_array
+from .params import SHARED_ROOTS, borrowed, owned_rebuild, param_array
 from .plan_arena import Diverged, FreeListArena, Layout, PlannedArena, PlanStats, Recorder, block_pays
 from .regions import node_steps
 from .steps import Dyn, Step, aligned_empty, bind, bind_run, owner
@@ -640,9 +639,8 @@ class CpuExecutable(Executable):
         owned copies: its folds, derived arrays and plans read them from now on (a plan of
         the borrowed arrays that a run in another thread gives back later is dropped: a
         new generation). The thread tuner's verdict is kept."""
-        tuner, family = self._tuner, self._family
-        owned = own_params(self._params, family)
-        with family.compiling() if family is not None else contextlib.nullcontext():
+        tuner = self._tuner
+        with owned_rebuild(self._params, self._family) as owned:
             self.__init__(self._graph, owned, self._generation + 1)  # type: ignore[misc]
         self._tuner = tuner
 

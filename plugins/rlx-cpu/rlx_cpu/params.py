@@ -21,7 +21,8 @@ owned copies are shared like everything else there, so that a class compiled aft
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ from rlx_core.plugin import ShapeFamily, shape_family
 
 from .steps import owner
 
-__all__ = ["SHARED_ROOTS", "borrowed", "own_params", "param_array"]
+__all__ = ["SHARED_ROOTS", "borrowed", "owned_rebuild", "own_params", "param_array"]
 
 #: In a ``ShapeFamily``: the ids of the arrays its copies share (weights, and what
 #: ``CpuExecutable._derived`` made from them), each kept alive by its entry there.
@@ -109,3 +110,12 @@ def own_params(params: Mapping[str, np.ndarray], family: ShapeFamily | None) -> 
                       if isinstance(k, tuple) and k[0] == "rlx_cpu.derived" and v[3] & made]:
                 del family.shared[k]
     return out
+
+
+@contextlib.contextmanager
+def owned_rebuild(params: Mapping[str, np.ndarray], family: ShapeFamily | None) -> Iterator[dict[str, np.ndarray]]:
+    """``own_params(params, family)``, inside the family's compile (``shape_family()``
+    answers it there): the block in which an executable builds itself again over them."""
+    owned = own_params(params, family)
+    with family.compiling() if family is not None else contextlib.nullcontext():
+        yield owned
