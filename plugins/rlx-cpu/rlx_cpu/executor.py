@@ -430,35 +430,35 @@ class CpuExecutable(Executable):
         from the recording pays (``plan_arena.block_pays``), that plan is bound again on
         it, and so is every later plan of the mode (the free list where a binding does not
         replay the recording)."""
-        lent = over.buffers if over is not None else []
         with thread_cap(1 if narrow else self._thread_cap):
-            layout = self._layouts.get(narrow)
-            if layout is None:  # the first plan of this mode: on the free list, recorded
-                recorder = Recorder(FreeListArena(stats := PlanStats(), lent))
-                plan = self._bind_plan_capped(recorder, stats)
-                layout = recorder.layout()
-                if not block_pays(stats.buffer_bytes, layout.total):  # this mode stays on free lists
-                    self._layouts[narrow] = False
-                    self._plans_built = next(self._plan_count)
-                    return plan
-                self._layouts[narrow] = layout
-                del plan  # never ran: nothing of it faulted in; bound again on the block
-            if layout is not False:
-                stats = PlanStats()
-                arena = PlannedArena(layout, stats, lent[0] if len(lent) == 1 else None)
-                try:
-                    plan = self._bind_plan_capped(arena, stats)
-                    arena.finish()
-                except Diverged as exc:
-                    log.warning("rlx-cpu: graph %r: a plan's buffers did not replay their recording (%s); "
-                                "binding with a free list", self._graph_name, exc)
-                    self._layouts[narrow] = False
-                else:
-                    self._plans_built = next(self._plan_count)
-                    return plan
-            plan = self._bind_plan_capped(FreeListArena(stats := PlanStats(), lent), stats)
-            self._plans_built = next(self._plan_count)
-            return plan
+            plan = self._bind_in_arena(narrow, over.buffers if over is not None else [])
+        self._plans_built = next(self._plan_count)
+        return plan
+
+    def _bind_in_arena(self, narrow: bool, lent: list[np.ndarray]) -> _Plan:
+        """``_bind_plan``'s choice of arena (see there), under the mode's thread cap."""
+        layout = self._layouts.get(narrow)
+        if layout is None:  # the first plan of this mode: on the free list, recorded
+            recorder = Recorder(FreeListArena(stats := PlanStats(), lent))
+            plan = self._bind_plan_capped(recorder, stats)
+            layout = recorder.layout()
+            if not block_pays(stats.buffer_bytes, layout.total):  # this mode stays on free lists
+                self._layouts[narrow] = False
+                return plan
+            self._layouts[narrow] = layout
+            del plan  # never ran: nothing of it faulted in; bound again on the block
+        if layout is not False:
+            stats = PlanStats()
+            arena = PlannedArena(layout, stats, lent[0] if len(lent) == 1 else None)
+            try:
+                plan = self._bind_plan_capped(arena, stats)
+                arena.finish()
+                return plan
+            except Diverged as exc:
+                log.warning("rlx-cpu: graph %r: a plan's buffers did not replay their recording (%s); "
+                            "binding with a free list", self._graph_name, exc)
+                self._layouts[narrow] = False
+        return self._bind_plan_capped(FreeListArena(stats := PlanStats(), lent), stats)
 
     def _tunable(self) -> bool:
         """Whether wide and narrow differ for this graph: some kernel could use more than
@@ -537,8 +537,7 @@ class CpuExecutable(Executable):
                     group.released = True
         stats.steps = len(steps)
         run = bind_run(self._input_names, steps, [values[i] for i in self._outputs], slots, fresh)
-        buffers = [arena.block] if isinstance(arena, PlannedArena) else arena.owned
-        plan = _Plan(run, slots, stats, self._generation, buffers)
+        plan = _Plan(run, slots, stats, self._generation, arena.held)
         weakref.finalize(plan, warm_pool().give, arena.owned)  # its buffers, kept warm once nothing can run it
         return plan
 

@@ -127,6 +127,11 @@ class FreeListArena:
         self._stats.buffer_bytes += raw.nbytes
         return raw
 
+    @property
+    def held(self) -> list[np.ndarray]:
+        """The buffers the plan's memory lies in (its own: what it may lend a twin)."""
+        return self.owned
+
     def give(self, raw: np.ndarray) -> None:
         self._free.append(raw)
 
@@ -160,6 +165,10 @@ class Recorder:
     @property
     def owned(self) -> list[np.ndarray]:
         return self.inner.owned
+
+    @property
+    def held(self) -> list[np.ndarray]:
+        return self.inner.held
 
     def take(self, nbytes: int) -> np.ndarray:
         raw = self.inner.take(nbytes)
@@ -234,6 +243,7 @@ class PlannedArena:
                 block = aligned_empty(max(layout.total, ALIGN), np.uint8)
             self.owned.append(block)
         self.block = block
+        self.held = [block]  # (lent or its own: a twin of this plan may lie in it too)
         stats.buffers, stats.buffer_bytes, stats.reused = 1, layout.total, layout.reused
 
     def _expect(self, kind: str) -> int:
