@@ -47,6 +47,7 @@ from rlx_core.plugin import Executable, shape_family
 
 from . import blas, layout
 from .fused import FUSED_KERNELS
+from .gathers import find_resize_taps, reader_counts, resize_steps
 from .kernels import KERNELS, inplace_positions
 from .native import library as native_library
 from .native import thread_cap
@@ -191,6 +192,8 @@ class CpuExecutable(Executable):
         self._input_ids = graph.inputs
         self._kinds = self._classify(graph)
         self._dnnl, self._cl, self._cl_views = self._channels_last(graph)
+        self._taps = find_resize_taps(graph, self._plain, reader_counts(graph))  # region id -> its resize
+        self._elided = {g: r for r, taps in self._taps.items() for g in taps.gathers}  # never made: read by r
         self._ends = self._liveness(graph)
         self._handoff = {i for i in graph.outputs if self._kinds[i] == BUFFER and graph.node(i).op in _HANDOFF_OPS
                          and graph.node(i).size * np.dtype(graph.node(i).dtype).itemsize >= HANDOFF_BYTES}
@@ -251,14 +254,21 @@ class CpuExecutable(Executable):
             kinds[nid] = DYNAMIC if kinds[self._nodes[nid].inputs[0]] == DYNAMIC else VIEW
         return lib, found.cl, found.views
 
+    def _plain(self, nid: int) -> bool:
+        """Whether value ``nid`` is held NCHW in a plan buffer of its own or a caller's
+        array (``gathers.find_resize_taps``' candidates)."""
+        return self._kinds[nid] in (BUFFER, DYNAMIC, VIEW) and nid not in self._cl
+
     def _liveness(self, graph: Graph) -> list[int]:
         """For each value, the last node index reading it or any view of it; graph
-        outputs live to the end (they are copied out after the last step)."""
+        outputs live to the end (they are copied out after the last step). A gather never
+        made (``_elided``) reads its input where its reader runs."""
         end_of_run = len(self._nodes)
         last = [node.id for node in self._nodes]
         for node in self._nodes:
+            reader = self._elided.get(node.id, node.id)
             for i in node.inputs:
-                last[i] = max(last[i], node.id)
+                last[i] = max(last[i], reader)
         for i in self._outputs:
             last[i] = end_of_run
         for node in reversed(self._nodes):
@@ -494,6 +504,8 @@ class CpuExecutable(Executable):
             if node.op is OpKind.INPUT:
                 values[nid] = Dyn(slot_of[nid], node.shape, np.dtype(node.dtype))
                 continue
+            if nid in self._elided:  # its reader computes from its input (gathers.resize_steps)
+                continue
             if node.op is OpKind.RESHAPE or nid in self._cl_views:  # a view: of a slot (DYNAMIC) or a buffer (VIEW)
                 base = values[node.inputs[0]]
                 values[nid] = base if nid in self._cl_views else base.reshape(node.shape)  # layout.plan's
@@ -501,7 +513,7 @@ class CpuExecutable(Executable):
                     groups[nid] = groups[node.inputs[0]]
                     stats.views += 1
                 continue
-            ins = [values[i] for i in node.inputs]
+            ins = [values.get(i) for i in node.inputs]
             if nid in self._handoff:  # a fresh array per run, handed to the caller (no copy out)
                 out = Dyn(len(slots), node.shape, np.dtype(node.dtype))
                 slots.append(None)
@@ -523,14 +535,18 @@ class CpuExecutable(Executable):
                                           stats)
             values[nid] = out
             ctx = _Scratch(arena, self._derived, self._constant)
-            if nid in cl or any(i in cl for i in node.inputs):  # NHWC in or out (layout.py)
+            read = node.inputs
+            if nid in self._taps:
+                read = (self._taps[nid].x,)
+                built = resize_steps(self._taps[nid], values[read[0]], out)
+            elif nid in cl or any(i in cl for i in node.inputs):  # NHWC in or out (layout.py)
                 built = layout.steps(self._dnnl, node, ins, out, ctx, [i in cl for i in node.inputs], nid in cl,
                                      _build_with)
             else:
                 built = _build_steps(_BUILDERS[node.op], node, ins, out, ctx)
             ctx.release()
             steps.extend(bind(s, slots) for s in built)
-            for i in {*node.inputs, nid}:
+            for i in {*read, nid}:
                 group = groups.get(i)
                 if group is not None and not group.released and group.end <= nid:
                     arena.give(group.raw)

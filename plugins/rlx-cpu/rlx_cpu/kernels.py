@@ -24,6 +24,7 @@ from rlx_core.ir import Node
 from rlx_core.ir.ops import NUMPY_NAMES, OpKind, slice_index
 
 from .blas import mkl, vml_step
+from .gathers import gather_step
 from .gemm import gemv_step, matmul_step
 from .mathfn import erf_program, gelu_program, run_chunked, scratch_count
 from .onednn_steps import dense_steps
@@ -360,7 +361,8 @@ def _take(x: np.ndarray, idx: np.ndarray, axis: int, out: np.ndarray, what: str)
 
 
 def _gather(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
-    return [Step(_take, (ins[0], ins[1], node.attrs["axis"], out, node.describe()))]
+    native = gather_step(ins[0], ins[1], node.attrs["axis"], out, ctx)  # constant indices
+    return [native or Step(_take, (ins[0], ins[1], node.attrs["axis"], out, node.describe()))]
 
 
 # ----------------------------------------------------------------------------- matmul

@@ -167,12 +167,19 @@ class Native:
         self.gemm_pack_b_size = self._lib.rlx_gemm_pack_b_size
         self._lib.rlx_gemm_avx512.restype = i64
         self.gemm_avx512 = bool(self._lib.rlx_gemm_avx512())
+        self.gather_axis = self._lib.rlx_gather_axis  # (x, idx, y, outer, n_in, n_out, inner, itemsize, threads)
+        self.gather_axis.argtypes = [p, p, p, *[i64] * 6]
+        self.gather_axis.restype = None
+        self.resize_taps = self._lib.rlx_resize_taps  # (x, idx, w, y, outer, n_in, n_out, inner, taps, threads)
+        self.resize_taps.argtypes = [p, p, p, p, *[i64] * 6]
+        self.resize_taps.restype = None
         self.packed = self._lib.rlx_packed  # (int64 args[]): native.c's RLX_PK_* kernels
         self.packed.argtypes = [p]
         self.packed.restype = i64
         for kernel, fn in enumerate((self.gemm, self.gemv, self.softmax, self.layer_norm, self.im2col, self.pool2d,
                                      self.max_pool2d_padded, self.depthwise, self.depthwise_lanes, self.conv_direct,
-                                     self.region, self.conv_gemm, self.group_conv), start=1):
+                                     self.region, self.conv_gemm, self.group_conv, self.gather_axis,
+                                     self.resize_taps), start=1):
             ccall.register_packed(fn, self.packed, kernel)
         self._lib.rlx_set_max_threads.argtypes = [i64]
         self._lib.rlx_set_max_threads.restype = None
