@@ -14,7 +14,7 @@ from rlx_core.ir.ops import INTERNAL_OPS, OpKind
 from rlx_core.passes import plan_memory, run_pipeline
 from rlx_core.passes.fuse import fuse_conv, fuse_elementwise, fuse_gemm
 from rlx_core.passes.internal_ops import make_instruction
-from rlx_core.passes.optimize import conv_scale, cse, dce, fold_constants, simplify, sink_relu
+from rlx_core.passes.optimize import conv_scale, conv_taps, cse, dce, fold_constants, simplify, sink_relu
 
 RNG = np.random.default_rng(3)
 FUSING = ALL_OPS | {"gemm", "fused_elementwise"}
@@ -217,6 +217,69 @@ def test_conv_scale_runs_in_the_pipeline_and_can_be_disabled():
         "scaled the weights" in n for st in run_pipeline(g, claim_all).stages for n in st.notes)
     off = run_pipeline(g, claim_all, rlx.CompileOptions(disable=("conv_scale",)))
     assert not any("scaled the weights" in n for st in off.stages for n in st.notes)
+
+
+def _dilated(shape: tuple[int, ...], k: tuple[int, int], stride: int, dilation: int, padding, *, bias: bool = True
+             ) -> tuple[rlx.Graph, rlx.Value]:
+    g = rlx.Graph("atrous")
+    x = g.input("x", shape)
+    w = g.param("w", RNG.standard_normal((5, shape[1], *k)).astype(np.float32))
+    b = g.param("b", RNG.standard_normal(5).astype(np.float32)) if bias else None
+    y = g.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation)
+    g.set_outputs([g.relu(y)])
+    return g, y
+
+
+@pytest.mark.parametrize(("shape", "k", "stride", "dilation", "padding", "kept", "new_padding"), [
+    ((2, 3, 14, 14), (3, 3), 1, 24, 24, (1, 1), (0, 0, 0, 0)),   # DeepLabV3's atrous pyramid at 14x14
+    ((1, 3, 14, 14), (3, 3), 1, 14, 14, (1, 1), (0, 0, 0, 0)),   # a dilation of the map's size
+    ((1, 2, 5, 5), (5, 5), 1, 3, 6, (3, 3), (3, 3, 3, 3)),       # the outer ring only
+    ((1, 2, 3, 8), (3, 3), 1, 4, 4, (1, 3), (0, 4, 0, 4)),       # rows only
+    ((1, 2, 1, 1), (3, 3), 1, 1, 1, (1, 1), (0, 0, 0, 0)),       # a 3x3 over a 1x1 map
+    ((1, 2, 9, 9), (3, 3), 2, 9, 9, (1, 1), (0, 0, 0, 0)),       # strided
+])
+def test_conv_taps_crops_a_kernel_to_the_taps_that_meet_the_image(shape, k, stride, dilation, padding, kept,
+                                                                    new_padding):
+    """The taps that read only padding at every output go: the weights are sliced to the
+    rest, the padding moved so that every output stays where it was; the dropped terms
+    were products with zeros, so the float64 reference gives the same numbers."""
+    g, y = _dilated(shape, k, stride, dilation, padding)
+    h, notes = conv_taps(g)
+    (conv,) = [n for n in h.nodes if n.op is OpKind.CONV2D]
+    weights = h.node(conv.inputs[1])
+    assert weights.op is OpKind.SLICE and weights.shape[2:] == kept and conv.attrs["padding"] == new_padding
+    assert conv.shape == g.node(y.id).shape
+    assert len(notes) == 1 and f"to its {kept[0]}x{kept[1]} taps that meet the image" in notes[0]
+    feeds = _gate_feeds(g)
+    np.testing.assert_array_equal(reference.evaluate(h, feeds)[0], reference.evaluate(g, feeds)[0])
+
+
+@pytest.mark.parametrize("case", ["every tap meets the image", "a plain 3x3", "symbolic spatial dims"])
+def test_conv_taps_leaves_convolutions_whose_taps_all_count(case: str):
+    if case == "every tap meets the image":
+        g, _ = _dilated((1, 3, 14, 14), (3, 3), 1, 12, 12)   # the pyramid's d=12 at 14x14: 2 rows of 14 each side
+    elif case == "a plain 3x3":
+        g, _ = _dilated((1, 3, 8, 8), (3, 3), 1, 1, 1)
+    else:
+        g = rlx.Graph("symbolic")
+        x = g.input("x", (1, 2, "h", "w"))
+        w = g.param("w", RNG.standard_normal((3, 2, 3, 3)).astype(np.float32))
+        g.set_outputs([g.conv2d(x, w, padding=24, dilation=24)])
+    h, notes = conv_taps(g)
+    assert h is g and notes == []
+
+
+def test_conv_taps_follows_set_param_of_the_full_kernel():
+    """The cropped kernel is a slice of the param: replacing the param's 3x3 weights
+    changes the result as the uncropped convolution's would."""
+    g, _ = _dilated((1, 3, 6, 6), (3, 3), 1, 6, 6)
+    cg = rlx.compile(g, device="cpu")
+    assert "taps that meet the image" in str(cg.report())
+    feeds = _gate_feeds(g)
+    new = RNG.standard_normal((5, 3, 3, 3)).astype(np.float32)
+    cg.set_param("w", new)
+    want = reference.evaluate(g, feeds, params={"w": new})[0]
+    np.testing.assert_allclose(cg.run(feeds)[0], want, rtol=1e-5, atol=1e-5)
 
 
 class _SkipsConvScale(ToyBackend):

@@ -31,6 +31,15 @@
   EfficientNet gate every block's expanded channels this way before the projection, at
   56x56 down to 14x14: one pass over a few thousand weights instead of hundreds of
   thousands of activations. Ungrouped convolutions only.
+* ``conv_taps``: a ``conv2d`` some of whose kernel rows or columns meet only padding at
+  every output position (a dilation as large as the feature map: DeepLabV3's atrous
+  pyramid runs dilations 12, 24 and 36 over a 14x14 map at 224x224 input, where the
+  outer taps of the last two never touch the image) gets a kernel of the taps that do
+  (``slice`` of its weights, folded where they are constant or a param) and the padding
+  that keeps every output where it was: a 3x3 convolution becomes a 1x1, a ninth of the
+  work. The dropped terms were products with padding zeros: the sums are the same
+  within float rounding (a non-finite weight times a padding zero, NaN, is what the
+  crop drops). Only where the new padding is still non-negative.
 
 A node the user named is never replaced by another (its name may be looked at), and a
 graph output is never replaced by a source node (a backend then returns a computed
@@ -51,7 +60,7 @@ from ..ir.symbolic import Sym, known_less
 from ..reference import evaluate
 from .rewrite import Emitter, attrs_key, is_scalar_constant, replace_planned, use_counts
 
-__all__ = ["fold_constants", "simplify", "cse", "dce", "sink_relu", "conv_scale", "OPTIMIZE_PASSES"]
+__all__ = ["fold_constants", "simplify", "cse", "dce", "sink_relu", "conv_taps", "conv_scale", "OPTIMIZE_PASSES"]
 
 Pass = Callable[[Graph], "tuple[Graph, list[str]]"]
 FOLD_MAX_ELEMENTS = 1 << 16  # never fold a result larger than this and larger than every input
@@ -324,6 +333,69 @@ def sink_relu(graph: Graph) -> tuple[Graph, list[str]]:
     return em.finish(), notes
 
 
+def _live_taps(n: int, out: int, taps: int, stride: int, dilation: int, before: int) -> tuple[int, int] | None:
+    """``[k0, k1)``: the kernel taps along one axis that meet the image (``n`` positions,
+    ``before`` of padding ahead) at some output position; None where they are not one
+    run (or none do)."""
+    live = []
+    for k in range(taps):
+        first = k * dilation - before  # input position read at output 0
+        o = 0 if first >= 0 else (-first + stride - 1) // stride  # the first output reading at or past 0
+        live.append(o < out and first + o * stride < n)
+    if not any(live):
+        return None
+    k0 = live.index(True)
+    k1 = taps - live[::-1].index(True)
+    return (k0, k1) if all(live[k0:k1]) else None
+
+
+def _cropped(graph: Graph, node: Node) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]] | None:
+    """``((k0h, k0w, k1h, k1w), padding)`` for a convolution whose live taps are fewer
+    than its kernel's (``conv_taps``), else None."""
+    x, w = graph.node(node.inputs[0]), graph.node(node.inputs[1])
+    dims = (*x.shape[2:], *w.shape[2:], *node.shape[2:])
+    if node.op is not OpKind.CONV2D or not all(isinstance(d, int) for d in dims) or len(w.shape) != 4:
+        return None
+    (sh, sw), (dh, dw), pad = node.attrs["stride"], node.attrs["dilation"], node.attrs["padding"]
+    bounds, padding = [], [0, 0, 0, 0]
+    for axis, (s, d) in enumerate(((sh, dh), (sw, dw))):
+        n, k, out = x.shape[2 + axis], w.shape[2 + axis], node.shape[2 + axis]
+        live = _live_taps(n, out, k, s, d, pad[axis])
+        if live is None:
+            return None
+        k0, k1 = live
+        before = pad[axis] - k0 * d
+        after = (out - 1) * s + d * (k1 - k0 - 1) + 1 - n - before
+        if before < 0 or after < 0:
+            return None
+        bounds.append((k0, k1))
+        padding[axis], padding[axis + 2] = before, after
+    if all(b == (0, w.shape[2 + a]) for a, b in enumerate(bounds)):
+        return None
+    (k0h, k1h), (k0w, k1w) = bounds
+    return (k0h, k0w, k1h, k1w), (padding[0], padding[1], padding[2], padding[3])
+
+
+def conv_taps(graph: Graph) -> tuple[Graph, list[str]]:
+    crops = {node.id: found for node in graph.nodes if node.op is OpKind.CONV2D
+             and (found := _cropped(graph, node)) is not None}
+    if not crops:
+        return graph, []
+
+    def emit(em: Emitter, node: Node, crop: tuple[tuple[int, int, int, int], tuple[int, int, int, int]]) -> str:
+        (k0h, k0w, k1h, k1w), padding = crop
+        weights = em.emit(node, OpKind.SLICE, [em.mapped[node.inputs[1]]],
+                          {"starts": (k0h, k0w), "ends": (k1h, k1w), "axes": (2, 3), "steps": (1, 1)})
+        em.emit(node, OpKind.CONV2D, [em.mapped[node.inputs[0]], weights, *(em.mapped[i] for i in node.inputs[2:])],
+                {**node.attrs, "padding": padding}, node.name)
+        kh, kw = graph.node(node.inputs[1]).shape[2:]
+        return (f"cropped the {kh}x{kw} kernel of conv2d at {node.describe()} to its {k1h - k0h}x{k1w - k0w} taps "
+                f"that meet the image (dilation {node.attrs['dilation']} on a {graph.node(node.inputs[0]).shape[2:]} "
+                f"map; padding {node.attrs['padding']} -> {padding})")
+
+    return replace_planned(graph, set(), crops, emit)
+
+
 def _channel_scale(graph: Graph, product: Node, conv: Node) -> tuple[int, int] | None:
     """``(x, s)`` where ``product`` (read only by ``conv``, as its input) is ``x * s`` with
     ``s`` one factor per channel of ``x`` and scaling ``conv``'s weights instead is less
@@ -375,5 +447,5 @@ def conv_scale(graph: Graph) -> tuple[Graph, list[str]]:
 
 #: The optimize stage's passes, in order; ``CompileOptions.disable`` names any of them.
 OPTIMIZE_PASSES: dict[str, Pass] = {"fold": fold_constants, "simplify": simplify, "cse": cse, "dce": dce,
-                                     "sink_relu": sink_relu, "conv_scale": conv_scale}
+                                     "sink_relu": sink_relu, "conv_taps": conv_taps, "conv_scale": conv_scale}
 
