@@ -29,6 +29,7 @@ from .gemm import gemv_step, matmul_step
 from .mathfn import erf_program, gelu_program, run_chunked, scratch_count
 from .onednn_steps import dense_steps
 from .steps import Step
+from .transposes import transpose_step
 
 __all__ = ["BuildContext", "Builder", "KERNELS", "compute_dtype", "const", "inplace_positions", "ufunc_step"]
 
@@ -329,7 +330,8 @@ def _reduce_max(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
 
 # ----------------------------------------------------------------------------- data movement
 def _transpose(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
-    return [Step(np.copyto, (out, ins[0].transpose(node.attrs["perm"])))]
+    native = transpose_step(ins[0], node.attrs["perm"], out)  # a batch of matrix transposes
+    return [native or Step(np.copyto, (out, ins[0].transpose(node.attrs["perm"])))]
 
 
 def _slice(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
