@@ -54,6 +54,7 @@ from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import conv_inputs
 
 from . import onednn, onednn_steps
+from .gemm import matmul_step
 from .steps import Step
 
 __all__ = ["TO_CL", "TO_NCHW", "enabled", "describe", "Plan", "plan", "cl_shape", "cl_view", "steps", "post_ops"]
@@ -405,4 +406,4 @@ def _reduce_planes(kind: str, x: Any, out: Any) -> list[Any]:
         return [Step(np.max, (planes, 1, out.reshape(n, c)))]
     row = np.full((1, h * w), 1.0 / (h * w) if kind == "mean" else 1.0, np.float32)
     row.flags.writeable = False
-    return [Step(np.matmul, (row, planes, out.reshape(n, 1, c)))]
+    return [matmul_step(row, planes, out.reshape(n, 1, c))]
