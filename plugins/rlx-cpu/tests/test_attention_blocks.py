@@ -1,0 +1,74 @@
+"""Attention over long sequences a block of heads and rows at a time
+(``nn_kernels._attention_blocks``): equal to the reference with and without masks of
+every shape a model passes, across partial blocks, and left to whole scores where the
+operands do not allow blocks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import rlx_core as rlx
+from rlx_core import reference
+from rlx_cpu import native, nn_kernels
+
+RNG = np.random.default_rng(21)
+
+
+@pytest.fixture
+def small_blocks(monkeypatch: pytest.MonkeyPatch, native_lib: native.Native) -> list[Any]:
+    """Blocks past any size of scores, of 32 rows of 40 keys (5 KB): every test shape
+    splits into several blocks of heads and rows, the last ones partial. The calls of
+    ``_attention_blocks`` that built steps are recorded."""
+    monkeypatch.setattr(nn_kernels, "ATTENTION_BLOCKED_BYTES", 0)
+    monkeypatch.setattr(nn_kernels, "ATTENTION_BLOCK_BYTES", 2 * 32 * 40 * 4)
+    built: list[Any] = []
+    real = nn_kernels._attention_blocks
+    monkeypatch.setattr(nn_kernels, "_attention_blocks",
+                        lambda *a: (lambda r: (built.append(r is not None), r)[1])(real(*a)))
+    return built
+
+
+def attention_graph(heads: int, lq: int, lk: int, mask: str) -> tuple[rlx.Graph, dict[str, np.ndarray]]:
+    g = rlx.Graph("attention")
+    q = g.input("q", (2, heads, lq, 16))
+    k = g.input("k", (2, heads, lk, 16))
+    v = g.input("v", (2, heads, lk, 8))
+    feeds = {"q": RNG.standard_normal((2, heads, lq, 16)).astype(np.float32),
+             "k": RNG.standard_normal((2, heads, lk, 16)).astype(np.float32),
+             "v": RNG.standard_normal((2, heads, lk, 8)).astype(np.float32)}
+    m = None
+    if mask == "causal":  # (Lq, Lk): one row each
+        m = g.constant(np.triu(np.full((lq, lk), -1e9, np.float32), 1))
+    elif mask == "padding":  # (1, 1, 1, Lk): the same row for all
+        pad = np.zeros((1, 1, 1, lk), np.float32)
+        pad[..., -3:] = -1e9
+        m = g.constant(pad)
+    elif mask == "bool":
+        m = g.constant(RNG.random((lq, lk)) < 0.8)
+    elif mask == "per image":  # (2, 1, Lq, Lk): differs between images, so no blocks
+        m = g.constant(RNG.standard_normal((2, 1, lq, lk)).astype(np.float32))
+    # relu keeps q, k, v plan arrays (a caller's array is not one contiguous plan array)
+    g.set_outputs([g.attention(g.relu(q), g.relu(k), g.relu(v), m, scale=0.25)])
+    return g, feeds
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "padding", "bool"])
+@pytest.mark.parametrize(("heads", "lq", "lk"), [(3, 70, 40), (1, 32, 40), (5, 33, 40)])
+def test_blocks_of_heads_and_rows_equal_the_reference(small_blocks: list[Any], mask: str, heads: int, lq: int,
+                                                      lk: int) -> None:
+    g, feeds = attention_graph(heads, lq, lk, mask)
+    cg = rlx.compile(g, device="cpu")
+    want = reference.evaluate(g, {k: v.astype(np.float64) for k, v in feeds.items()})[0]
+    np.testing.assert_allclose(cg.run(feeds)[0], want, rtol=2e-5, atol=2e-5)
+    assert small_blocks and all(small_blocks)
+
+
+def test_a_mask_that_differs_between_heads_keeps_whole_scores(small_blocks: list[Any]) -> None:
+    g, feeds = attention_graph(3, 40, 40, "per image")
+    cg = rlx.compile(g, device="cpu")
+    want = reference.evaluate(g, {k: v.astype(np.float64) for k, v in feeds.items()})[0]
+    np.testing.assert_allclose(cg.run(feeds)[0], want, rtol=2e-5, atol=2e-5)
+    assert small_blocks and not any(small_blocks)
