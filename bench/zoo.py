@@ -48,6 +48,7 @@ class ZooModel:
     inputs: Callable[[int], dict[str, np.ndarray]]
     kind: str = "vision"
     notes: list[str] = field(default_factory=list)
+    keywords: bool = False  # called with its inputs by name (transformers' models), else in order
 
 
 def _image(batch: int, size: int = 224) -> dict[str, np.ndarray]:
@@ -62,16 +63,34 @@ def _tokens(batch: int, seq: int, vocab: int = 1000) -> dict[str, np.ndarray]:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def _torchvision(name: str) -> Callable[[], Any]:
+def _seq2seq(batch: int) -> dict[str, np.ndarray]:
+    """An encoder's tokens (sequence 128, padded tail) and the decoder's (64)."""
+    decoder = np.random.default_rng(2).integers(0, 1000, (batch, 64), dtype=np.int64)
+    return {**_tokens(batch, 128), "decoder_input_ids": decoder}
+
+
+def _audio(batch: int) -> dict[str, np.ndarray]:
+    """One second of 16 kHz samples (wav2vec2's input)."""
+    return {"input_values": np.random.default_rng(3).standard_normal((batch, 16000), dtype=np.float32)}
+
+
+def _mel(batch: int) -> dict[str, np.ndarray]:
+    """30 s of 80 mel bins (Whisper's encoder input: 3000 frames)."""
+    return {"input_features": np.random.default_rng(4).standard_normal((batch, 80, 3000), dtype=np.float32)}
+
+
+def _torchvision(name: str, module: str = "", **kwargs: Any) -> Callable[[], Any]:
     def build() -> Any:
         import torchvision
 
-        return getattr(torchvision.models, name)(weights=None)
+        where = getattr(torchvision.models, module) if module else torchvision.models
+        return getattr(where, name)(weights=None, **kwargs)
 
     return build
 
 
-def _hf(config_name: str, model_name: str, **config: Any) -> Callable[[], Any]:
+def _hf(config_name: str, model_name: str, part: str = "", **config: Any) -> Callable[[], Any]:
+    """A transformers model (or its ``part``, e.g. Whisper's ``encoder``) with ``config``."""
     def build() -> Any:
         import transformers
 
@@ -79,9 +98,15 @@ def _hf(config_name: str, model_name: str, **config: Any) -> Callable[[], Any]:
         model = getattr(transformers, model_name)(cfg)
         if hasattr(model.config, "use_cache"):
             model.config.use_cache = False
-        return model
+        return getattr(model, part) if part else model
 
     return build
+
+
+def _segmentation(name: str) -> Callable[[], Any]:
+    """A torchvision segmentation model without its auxiliary head (LR-ASPP has none)."""
+    extra = {} if name.startswith("lraspp") else {"aux_loss": False}
+    return _torchvision(name, "segmentation", weights_backbone=None, **extra)
 
 
 ZOO: dict[str, ZooModel] = {
@@ -107,7 +132,49 @@ ZOO: dict[str, ZooModel] = {
         ZooModel("gpt2", _hf("GPT2Config", "GPT2Model", vocab_size=1000, n_embd=768, n_layer=2, n_head=12,
                              n_positions=256), lambda b: _tokens(b, 64), "text"),
         ZooModel("vit", _hf("ViTConfig", "ViTModel", hidden_size=384, num_hidden_layers=2, num_attention_heads=6,
-                            intermediate_size=1536, image_size=224, patch_size=16), _image),
+                            intermediate_size=1536, image_size=224, patch_size=16), _image, keywords=True),
+        # never tuned on (session 31): segmentation heads (atrous pyramids, bilinear resizes),
+        # NAS and hierarchical vision models, encoder-decoders, decoders with rotary
+        # embeddings, speech encoders
+        ZooModel("deeplabv3_mobilenet", _segmentation("deeplabv3_mobilenet_v3_large"), _image),
+        ZooModel("lraspp", _segmentation("lraspp_mobilenet_v3_large"), _image),
+        ZooModel("deeplabv3_resnet50", _segmentation("deeplabv3_resnet50"), _image),
+        ZooModel("fcn_resnet50", _segmentation("fcn_resnet50"), _image),
+        ZooModel("googlenet", _torchvision("googlenet", aux_logits=False, init_weights=True), _image),
+        ZooModel("efficientnet_v2_s", _torchvision("efficientnet_v2_s"), _image),
+        ZooModel("mnasnet", _torchvision("mnasnet1_0"), _image),
+        ZooModel("regnet_x_1_6gf", _torchvision("regnet_x_1_6gf"), _image),
+        ZooModel("wide_resnet50", _torchvision("wide_resnet50_2"), _image),
+        ZooModel("swin_t", _torchvision("swin_t"), _image),
+        ZooModel("segformer", _hf("SegformerConfig", "SegformerModel"), _image, keywords=True),
+        ZooModel("clip_vision", _hf("CLIPVisionConfig", "CLIPVisionModel", num_hidden_layers=2, hidden_size=768,
+                                    num_attention_heads=12, intermediate_size=3072, image_size=224, patch_size=32),
+                 _image, keywords=True),
+        ZooModel("roberta", _hf("RobertaConfig", "RobertaModel", vocab_size=1000, num_hidden_layers=2),
+                 lambda b: _tokens(b, 128), "text"),
+        ZooModel("albert", _hf("AlbertConfig", "AlbertModel", vocab_size=1000, num_hidden_layers=2, hidden_size=768,
+                               num_attention_heads=12, intermediate_size=3072, embedding_size=128),
+                 lambda b: _tokens(b, 128), "text"),
+        ZooModel("opt", _hf("OPTConfig", "OPTModel", vocab_size=1000, num_hidden_layers=2, hidden_size=768,
+                            num_attention_heads=12, ffn_dim=3072, word_embed_proj_dim=768),
+                 lambda b: _tokens(b, 128), "text"),
+        ZooModel("qwen2", _hf("Qwen2Config", "Qwen2Model", vocab_size=1000, num_hidden_layers=2, hidden_size=512,
+                              num_attention_heads=8, num_key_value_heads=2, intermediate_size=1408),
+                 lambda b: _tokens(b, 128), "text"),
+        ZooModel("t5", _hf("T5Config", "T5Model", vocab_size=1000, num_layers=2, num_decoder_layers=2, d_model=512,
+                           num_heads=8, d_ff=2048), _seq2seq, "text"),
+        ZooModel("bart", _hf("BartConfig", "BartModel", vocab_size=1000, encoder_layers=2, decoder_layers=2,
+                             d_model=768, encoder_attention_heads=12, decoder_attention_heads=12,
+                             encoder_ffn_dim=3072, decoder_ffn_dim=3072), _seq2seq, "text"),
+        ZooModel("marian", _hf("MarianConfig", "MarianModel", vocab_size=1000, encoder_layers=2, decoder_layers=2,
+                               d_model=512, encoder_attention_heads=8, decoder_attention_heads=8,
+                               encoder_ffn_dim=2048, decoder_ffn_dim=2048, decoder_start_token_id=0, pad_token_id=1),
+                 _seq2seq, "text"),
+        ZooModel("wav2vec2", _hf("Wav2Vec2Config", "Wav2Vec2Model", num_hidden_layers=2, hidden_size=384,
+                                 num_attention_heads=6, intermediate_size=1536), _audio, "audio"),
+        ZooModel("whisper_encoder", _hf("WhisperConfig", "WhisperModel", part="encoder", encoder_layers=2, d_model=384,
+                                        encoder_attention_heads=6, encoder_ffn_dim=1536, num_mel_bins=80,
+                                        max_source_positions=1500), _mel, "audio"),
     ]
 }
 
@@ -141,7 +208,7 @@ def torch_module(model: ZooModel, names: list[str]) -> Any:
     import torch
 
     net = model.build().eval()
-    positional = model.kind == "vision" and model.name != "vit"
+    positional = model.kind == "vision" and not model.keywords
 
     class Wrapped(torch.nn.Module):
         def __init__(self) -> None:
@@ -150,7 +217,9 @@ def torch_module(model: ZooModel, names: list[str]) -> Any:
 
         def forward(self, *xs: Any) -> Any:
             out = self.net(*xs) if positional else self.net(**dict(zip(names, xs)))
-            return out if isinstance(out, torch.Tensor) else out[0]
+            if isinstance(out, torch.Tensor):
+                return out
+            return out["out"] if isinstance(out, dict) and "out" in out else out[0]  # a segmentation model's dict
 
     return Wrapped().eval()  # eval as a whole: the exporter restores the mode it found
 
