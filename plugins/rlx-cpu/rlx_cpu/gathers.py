@@ -220,14 +220,3 @@ def resize_steps(taps: ResizeTaps, x: Any, out: np.ndarray) -> list[Step]:
     args = [0, taps.index.ctypes.data, taps.weights.ctypes.data, 0, outer, n_in, n_out, inner, count, threads]
     return [bound_call(lib.resize_taps, args, (x, out), (0, 3), numpy_run, keep=(taps.index, taps.weights))]
 
-
-def reader_counts(graph: Graph) -> list[int]:
-    """How many nodes read each value, a graph output counting as one more read."""
-    reads = [0] * len(graph.nodes)
-    for node in graph.nodes:
-        for i in node.inputs:
-            reads[i] += 1
-    for i in graph.outputs:
-        reads[i] += 1
-    return reads
-

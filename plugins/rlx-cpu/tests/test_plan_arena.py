@@ -92,6 +92,27 @@ def test_growing_concats_fit_in_much_less_memory_than_a_free_list_gives_them(mon
     np.testing.assert_allclose(exe.run({"x": x})[0], want, rtol=1e-4, atol=1e-5)
 
 
+def test_the_twin_of_a_plan_in_one_block_lies_in_that_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread tuner's narrow twin of a plan laid out in one block is laid out in the
+    same block (its pages faulted in already), even where a block of its own would not
+    pay; a free list took the whole block for its first buffer and fresh memory for the
+    rest, faulted in during the narrow run the tuner timed."""
+    from rlx_cpu import executor
+
+    monkeypatch.setattr(executor, "block_pays", lambda free, block: True)
+    g = _dense_block()
+    exe = _compile(g)
+    plan = exe._pool[0]
+    monkeypatch.setattr(executor, "block_pays", lambda free, block: False)  # not for the twin on its own
+    twin = exe._bind_plan(narrow=True, over=plan)
+    assert len(plan.buffers) == 1 and [id(b) for b in twin.buffers] == [id(plan.buffers[0])]
+    assert exe._layouts[True] and twin.stats.buffer_bytes <= plan.buffers[0].nbytes
+    x = np.random.default_rng(2).standard_normal((2, 8, 24, 24)).astype(np.float32)
+    want = reference.evaluate(g, {"x": x})[0]
+    np.testing.assert_allclose(twin.run({"x": x})[0], want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(plan.run({"x": x})[0], want, rtol=1e-4, atol=1e-5)
+
+
 def test_a_block_pays_where_it_saves_enough_and_is_a_fraction_of_the_free_list() -> None:
     mb = 1 << 20
     assert plan_arena.block_pays(266 * mb, 61 * mb)  # densenet121 at batch 8
