@@ -55,7 +55,7 @@ from .nn_kernels import NN_KERNELS
 from .params import SHARED_ROOTS, borrowed, owned_rebuild, param_array
 from .plan_arena import Diverged, FreeListArena, Layout, PlannedArena, PlanStats, Recorder, block_pays
 from .regions import node_steps
-from .steps import Dyn, Step, aligned_empty, bind, bind_run, owner
+from .steps import Dyn, Outputs, Step, aligned_empty, bind, bind_run, owner
 from .threads import PRODUCT_OPS, family_tuner, native_thread_cap
 from .warm_pool import warm_pool
 
@@ -146,12 +146,12 @@ class _Plan:
     buffers (the thread tuner's narrow mode), made when first needed. A plan and its twin
     never run at once: both leave the pool together."""
 
-    __slots__ = ("__weakref__", "buffers", "generation", "run", "slots", "stats", "twin")
+    __slots__ = ("__weakref__", "buffers", "generation", "outputs", "run", "slots", "stats", "twin")
 
     def __init__(self, run: Callable[[Any], list[np.ndarray]], slots: list[Any], stats: PlanStats,
-                 generation: int, buffers: list[np.ndarray]) -> None:
+                 generation: int, buffers: list[np.ndarray], outputs: Outputs) -> None:
         self.run, self.slots, self.stats, self.generation = run, slots, stats, generation
-        self.buffers = buffers
+        self.buffers, self.outputs = buffers, outputs  # (the arrays it hands out, recycled: a twin shares them)
         self.twin: _Plan | None = None
 
 
@@ -447,11 +447,12 @@ class CpuExecutable(Executable):
         it, and so is every later plan of the mode (the free list where a binding does not
         replay the recording)."""
         with thread_cap(1 if narrow else self._thread_cap):
-            plan = self._bind_in_arena(narrow, over.buffers if over is not None else [])
+            plan = self._bind_in_arena(narrow, over.buffers if over is not None else [],
+                                       over.outputs if over is not None else None)
         self._plans_built = next(self._plan_count)
         return plan
 
-    def _bind_in_arena(self, narrow: bool, lent: list[np.ndarray]) -> _Plan:
+    def _bind_in_arena(self, narrow: bool, lent: list[np.ndarray], outputs: Outputs | None) -> _Plan:
         """``_bind_plan``'s choice of arena (see there), under the mode's thread cap."""
         layout = self._layouts.get(narrow)
         if layout is None:  # the first plan of this mode: on the free list, recorded
@@ -461,7 +462,7 @@ class CpuExecutable(Executable):
             # faulted in during the tuner's first narrow run, 172 ms against 47).
             block = lent[0] if len(lent) == 1 else None
             recorder = Recorder(FreeListArena(stats := PlanStats(), [] if block is not None else lent))
-            plan = self._bind_plan_capped(recorder, stats)
+            plan = self._bind_plan_capped(recorder, stats, outputs)
             layout = recorder.layout()
             in_block = block is not None and layout.total <= block.nbytes
             if not in_block and not block_pays(stats.buffer_bytes, layout.total):  # this mode stays on free lists
@@ -475,14 +476,14 @@ class CpuExecutable(Executable):
             stats = PlanStats()
             arena = PlannedArena(layout, stats, lent[0] if len(lent) == 1 else None)
             try:
-                plan = self._bind_plan_capped(arena, stats)
+                plan = self._bind_plan_capped(arena, stats, outputs)
                 arena.finish()
                 return plan
             except Diverged as exc:
                 log.warning("rlx-cpu: graph %r: a plan's buffers did not replay their recording (%s); "
                             "binding with a free list", self._graph_name, exc)
                 self._layouts[narrow] = False
-        return self._bind_plan_capped(FreeListArena(stats := PlanStats(), lent), stats)
+        return self._bind_plan_capped(FreeListArena(stats := PlanStats(), lent), stats, outputs)
 
     def _tunable(self) -> bool:
         """Whether wide and narrow differ for this graph: some kernel could use more than
@@ -501,7 +502,7 @@ class CpuExecutable(Executable):
         """Elements over the graph's nodes: how much work threads may split (``threads``)."""
         return sum(n.size for n in self._nodes)
 
-    def _bind_plan_capped(self, arena: Arena, stats: PlanStats) -> _Plan:
+    def _bind_plan_capped(self, arena: Arena, stats: PlanStats, outputs: Outputs | None = None) -> _Plan:
         slots: list[Any] = [None] * len(self._input_ids)
         slot_of = {nid: k for k, nid in enumerate(self._input_ids)}
         values: dict[int, Any] = {}
@@ -566,8 +567,9 @@ class CpuExecutable(Executable):
                     arena.give(group.raw)
                     group.released = True
         stats.steps = len(steps)
-        run = bind_run(self._input_names, steps, [values[i] for i in self._outputs], slots, fresh)
-        plan = _Plan(run, slots, stats, self._generation, arena.held)
+        recycle = Outputs(len(self._outputs) + len(fresh)) if outputs is None else outputs
+        run = bind_run(self._input_names, steps, [values[i] for i in self._outputs], slots, fresh, recycle)
+        plan = _Plan(run, slots, stats, self._generation, arena.held, recycle)
         weakref.finalize(plan, warm_pool().give, arena.owned)  # its buffers, kept warm once nothing can run it
         return plan
 

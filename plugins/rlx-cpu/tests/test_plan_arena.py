@@ -106,7 +106,7 @@ def test_the_twin_of_a_plan_in_one_block_lies_in_that_block(monkeypatch: pytest.
     monkeypatch.setattr(executor, "block_pays", lambda free, block: False)  # not for the twin on its own
     twin = exe._bind_plan(narrow=True, over=plan)
     assert len(plan.buffers) == 1 and [id(b) for b in twin.buffers] == [id(plan.buffers[0])]
-    assert exe._layouts[True] and twin.stats.buffer_bytes <= plan.buffers[0].nbytes
+    assert exe._layouts[True] and twin.stats.buffer_bytes <= plan.buffers[0].nbytes and twin.outputs is plan.outputs
     x = np.random.default_rng(2).standard_normal((2, 8, 24, 24)).astype(np.float32)
     want = reference.evaluate(g, {"x": x})[0]
     np.testing.assert_allclose(twin.run({"x": x})[0], want, rtol=1e-4, atol=1e-5)

@@ -196,6 +196,7 @@ def test_both_modes_compute_the_same_and_tiny_graphs_are_not_tuned():
     twin = plan.twin
     assert twin is not None and twin.stats.buffers > 0  # it took buffers: its plan's, none of its own
     assert all(any(b is a for a in plan.buffers) for b in twin.buffers), "the twin holds no buffer of its own"
+    assert twin.outputs is plan.outputs  # nor output arrays: the plan's, faulted in already
     tiny = rlx_core.Graph("tiny")
     t = tiny.input("t", (4, 4))
     tiny.set_outputs([tiny.exp(t)])
