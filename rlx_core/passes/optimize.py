@@ -35,7 +35,9 @@
   every output position (a dilation as large as the feature map: DeepLabV3's atrous
   pyramid runs dilations 12, 24 and 36 over a 14x14 map at 224x224 input, where the
   outer taps of the last two never touch the image) gets a kernel of the taps that do
-  (``slice`` of its weights, folded where they are constant or a param) and the padding
+  (a ``slice`` of its weights: folded for constant weights; for a param, the backend's to
+  compute, once per ``set_param`` on the cpu backend, whose kernels' weights are
+  residents) and the padding
   that keeps every output where it was: a 3x3 convolution becomes a 1x1, a ninth of the
   work. The dropped terms were products with padding zeros: the sums are the same
   within float rounding (a non-finite weight times a padding zero, NaN, is what the
@@ -353,8 +355,7 @@ def _cropped(graph: Graph, node: Node) -> tuple[tuple[int, int, int, int], tuple
     """``((k0h, k0w, k1h, k1w), padding)`` for a convolution whose live taps are fewer
     than its kernel's (``conv_taps``), else None."""
     x, w = graph.node(node.inputs[0]), graph.node(node.inputs[1])
-    dims = (*x.shape[2:], *w.shape[2:], *node.shape[2:])
-    if node.op is not OpKind.CONV2D or not all(isinstance(d, int) for d in dims) or len(w.shape) != 4:
+    if not all(isinstance(d, int) for d in (*x.shape[2:], *w.shape[2:], *node.shape[2:])) or len(w.shape) != 4:
         return None
     (sh, sw), (dh, dw), pad = node.attrs["stride"], node.attrs["dilation"], node.attrs["padding"]
     bounds, padding = [], [0, 0, 0, 0]

@@ -466,12 +466,12 @@ class CpuExecutable(Executable):
             layout = recorder.layout()
             in_block = block is not None and layout.total <= block.nbytes
             if not in_block and not block_pays(stats.buffer_bytes, layout.total):  # this mode stays on free lists
-                self._layouts[narrow] = False
+                self._layouts[narrow] = layout = False
                 if block is None:
                     return plan
             else:
                 self._layouts[narrow] = layout
-            del plan  # never ran: nothing of it faulted in; bound again on the block (or the lent one)
+            del plan  # never ran: nothing of it faulted in; bound again (on the block, or the lent one)
         if layout is not False:
             stats = PlanStats()
             arena = PlannedArena(layout, stats, lent[0] if len(lent) == 1 else None)
@@ -528,7 +528,7 @@ class CpuExecutable(Executable):
                     groups[nid] = groups[node.inputs[0]]
                     stats.views += 1
                 continue
-            ins = [values.get(i) for i in node.inputs]
+            ins = [] if nid in self._taps else [values[i] for i in node.inputs]  # (a resize reads its gathers' input)
             if nid in self._handoff:  # a fresh array per run, handed to the caller (no copy out)
                 out = Dyn(len(slots), node.shape, np.dtype(node.dtype))
                 slots.append(None)

@@ -113,6 +113,22 @@ def test_the_twin_of_a_plan_in_one_block_lies_in_that_block(monkeypatch: pytest.
     np.testing.assert_allclose(plan.run({"x": x})[0], want, rtol=1e-4, atol=1e-5)
 
 
+def test_a_twin_that_does_not_fit_its_plans_block_stays_on_a_free_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the twin's buffers would not fit the lent block and a block of its own would
+    not pay, the narrow mode stays on free lists (no block of its own is made)."""
+    from rlx_cpu import executor
+
+    monkeypatch.setattr(executor, "block_pays", lambda free, block: False)
+    g = _dense_block()
+    exe = _compile(g)
+    small = np.empty(64, np.uint8)  # a "block" far smaller than the plan needs
+    with executor.thread_cap(1):
+        twin = exe._bind_in_arena(True, [small], None)
+    assert exe._layouts[True] is False and len(twin.buffers) > 1
+    x = np.random.default_rng(3).standard_normal((2, 8, 24, 24)).astype(np.float32)
+    np.testing.assert_allclose(twin.run({"x": x})[0], reference.evaluate(g, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
 def test_a_block_pays_where_it_saves_enough_and_is_a_fraction_of_the_free_list() -> None:
     mb = 1 << 20
     assert plan_arena.block_pays(266 * mb, 61 * mb)  # densenet121 at batch 8
