@@ -3173,7 +3173,8 @@ RLX_API void rlx_gather_axis(const void *x, const int64_t *idx, void *y, int64_t
  * cubic Resize (its taps' gathers and weighted sum, which the importer writes as `taps`
  * gathers and a region) in one pass that reads the small input and writes the output
  * once, where the gathers wrote `taps` outputs for the region to read back. The terms
- * are added in tap order, each product rounded, as the region adds them (mul, then add). */
+ * are added in tap order, as the region adds them; a product and the sum it joins may be
+ * one fused multiply-add (-ffp-contract=fast), within an ulp of the region's roundings. */
 static RLX_CLONES void resize_part(const float *x, const int64_t *idx, const float *w, float *y, int64_t lo,
                                    int64_t hi, int64_t n_in, int64_t n_out, int64_t inner, int64_t taps) {
     if (inner == 1) {
