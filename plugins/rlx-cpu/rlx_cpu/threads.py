@@ -198,6 +198,12 @@ class ThreadTuner:
         self._lock = threading.Lock()
         self.switches = 0
 
+    def comparing(self) -> bool:
+        """Whether the first comparison is still to come or under way: narrow runs are
+        coming (the executable binds their plan ahead, outside the runs they time)."""
+        with self._lock:
+            return not self._compared
+
     def next_mode(self) -> str:
         """The mode the next run should use."""
         with self._lock:

@@ -375,3 +375,26 @@ def test_a_symbolic_graphs_larger_class_runs_no_narrow_trial(monkeypatch):
     cg._compiled({"batch": 64}, (("batch", 64),))
     assert made[-1].known_wide
     assert any("wide from the start" in n for n in cg._classes[(("batch", 64),)].report().notes)
+
+
+def test_the_narrow_plan_is_bound_after_the_warm_up_run_not_inside_a_narrow_one():
+    """While the first comparison is pending, the plan the narrow runs will use is bound
+    in the first run that meets it, wide or not (outside every run the tuner times, and
+    outside the narrow run a caller times): the narrow runs find it bound."""
+    lib = native.library()
+    if lib is None or lib.threads() < 2:
+        pytest.skip("one thread here: no narrow runs")
+    g = _conv_net()
+    cg = rlx_core.compile(g, device="cpu")
+    exe = cg._exe
+    if exe._tuner is None:
+        pytest.skip(f"not tuned here (native thread cap {exe._thread_cap})")
+    x = np.random.default_rng(2).standard_normal((1, 8, 32, 32)).astype(np.float32)
+    assert exe._tuner.comparing() and exe._pool[0].twin is None
+    cg.run({"x": x})  # the warm-up run, wide (the narrow plan bound before it)
+    (plan,) = exe._pool
+    assert plan.twin is not None and exe._tuner.next_mode() == "wide"
+    built = exe.plan_stats()["narrow"]
+    while exe._tuner.comparing():
+        cg.run({"x": x})
+    assert exe.plan_stats()["narrow"] == built  # the narrow runs found their plan bound
