@@ -192,13 +192,13 @@ class CpuExecutable(Executable):
         self._input_ids = graph.inputs
         self._kinds = self._classify(graph)
         self._dnnl, self._cl, self._cl_views = self._channels_last(graph)
-        self._reads = self._reader_counts()
-        self._taps = find_resize_taps(graph, self._plain, self._reads)  # region id -> its resize
+        reads = self._reader_counts()
+        self._taps = find_resize_taps(graph, self._plain, reads)  # region id -> its resize
         self._elided = {g: r for r, taps in self._taps.items() for g in taps.gathers}  # never made: read by r
         self._ends = self._liveness(graph)
         self._handoff = {i for i in graph.outputs if self._kinds[i] == BUFFER and graph.node(i).op in _HANDOFF_OPS
                          and graph.node(i).size * np.dtype(graph.node(i).dtype).itemsize >= HANDOFF_BYTES}
-        self._in_concat = self._concat_blocks()
+        self._in_concat = self._concat_blocks(reads)
         self._params: dict[str, np.ndarray] = {}
         self._family = shape_family()  # plans bound later (a narrow mode, after set_param) share in it too
         self._residents: dict[int, np.ndarray] = {}
@@ -288,13 +288,13 @@ class CpuExecutable(Executable):
                 last[base] = max(last[base], last[node.id])
         return last
 
-    def _concat_blocks(self) -> dict[int, tuple[int, int]]:
+    def _concat_blocks(self, reads: Sequence[int]) -> dict[int, tuple[int, int]]:
         """Values computed straight into their concat's buffer: id -> (the concat's id, the
         element offset of its block). A concat qualifies when each input is a contiguous
         block of its output (every axis before the concat's has length 1); an input does
         when it is a buffer of the concat's dtype that the concat reads once and nothing
-        else reads (not an output, not a view's base) and it is not a concat itself."""
-        reads = self._reads
+        else reads (not an output, not a view's base) and it is not a concat itself;
+        ``reads``: each value's readers, an output counting as one."""
         blocks: dict[int, tuple[int, int]] = {}
         for node in self._nodes:
             if (node.op is not OpKind.CONCAT or self._kinds[node.id] != BUFFER or node.id in self._handoff
@@ -502,7 +502,7 @@ class CpuExecutable(Executable):
         """Elements over the graph's nodes: how much work threads may split (``threads``)."""
         return sum(n.size for n in self._nodes)
 
-    def _bind_plan_capped(self, arena: Arena, stats: PlanStats, outputs: Outputs | None = None) -> _Plan:
+    def _bind_plan_capped(self, arena: Arena, stats: PlanStats, outputs: Outputs | None) -> _Plan:
         slots: list[Any] = [None] * len(self._input_ids)
         slot_of = {nid: k for k, nid in enumerate(self._input_ids)}
         values: dict[int, Any] = {}
@@ -568,7 +568,7 @@ class CpuExecutable(Executable):
                     group.released = True
         stats.steps = len(steps)
         recycle = Outputs(len(self._outputs) + len(fresh)) if outputs is None else outputs
-        run = bind_run(self._input_names, steps, [values[i] for i in self._outputs], slots, fresh, recycle)
+        run = bind_run(self._input_names, steps, [values[i] for i in self._outputs], slots, recycle, fresh)
         plan = _Plan(run, slots, stats, self._generation, arena.held, recycle)
         weakref.finalize(plan, warm_pool().give, arena.owned)  # its buffers, kept warm once nothing can run it
         return plan

@@ -33,15 +33,11 @@ from rlx_core.ir.ops import OpKind
 from .ccall import bound_call
 from .native import library
 from .regions import SPLIT_NS
-from .steps import Dyn, Step
+from .steps import Step, laid_out
 
 __all__ = ["ResizeTaps", "find_resize_taps", "gather_step", "resize_steps"]
 
 GATHER_NS = 0.3  # single-thread ns per element moved, for the threads decision
-
-
-def _fits(x: Any) -> bool:
-    return isinstance(x, Dyn) or (x.flags.c_contiguous and x.flags.aligned)
 
 
 def _geometry(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
@@ -65,7 +61,7 @@ def gather_step(x: Any, idx: Any, axis: int, out: np.ndarray, ctx: Any) -> Step 
     lib = library()
     constant: Callable[[Any], bool] | None = getattr(ctx, "constant", None)
     if (lib is None or constant is None or not isinstance(idx, np.ndarray) or out.size == 0
-            or x.dtype != out.dtype or x.dtype.itemsize not in (1, 2, 4, 8) or not _fits(x) or not _fits(out)
+            or x.dtype != out.dtype or x.dtype.itemsize not in (1, 2, 4, 8) or not laid_out(x) or not laid_out(out)
             or not constant(idx)):
         return None
     outer, n_in, inner = _geometry(x.shape, axis)
@@ -214,7 +210,7 @@ def resize_steps(taps: ResizeTaps, x: Any, out: np.ndarray) -> list[Step]:
             acc += x.take(taps.index[:, t], taps.axis) * w[t]
 
     lib = library()
-    if lib is None or x.dtype != np.float32 or not _fits(x) or not _fits(out):
+    if lib is None or x.dtype != np.float32 or not laid_out(x) or not laid_out(out):
         return [Step(numpy_run, (x, out))]
     threads = int(lib.threads_for(out.size * GATHER_NS * count, SPLIT_NS))
     args = [0, taps.index.ctypes.data, taps.weights.ctypes.data, 0, outer, n_in, n_out, inner, count, threads]

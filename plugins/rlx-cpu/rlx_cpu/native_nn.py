@@ -26,7 +26,7 @@ from . import conv_choice, gemm
 from .ccall import bound_call
 from .native import library
 from .regions import SPLIT_NS, Epilogue
-from .steps import Dyn, Step, aligned_empty
+from .steps import Dyn, Step, aligned_empty, laid_out
 
 __all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step", "max_pool_padded_step", "conv_direct_steps",
            "conv_gemm_steps", "conv_gemm_panel", "depthwise_step", "group_conv_step", "DIRECT_CONV_TAPS",
@@ -36,9 +36,7 @@ SOFTMAX_NS, LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the th
 
 
 def _fits(*arrays: Any) -> bool:
-    return all(x is None or (x.dtype == np.float32
-                             and (isinstance(x, Dyn) or (x.flags.c_contiguous and x.flags.aligned)))
-               for x in arrays)
+    return all(x is None or (x.dtype == np.float32 and laid_out(x)) for x in arrays)
 
 
 def _overlaps_elsewhere(x: Any, out: Any) -> bool:

@@ -62,6 +62,8 @@ def block_pays(free_list_bytes: int, block_bytes: int) -> bool:
     pays either way (BENCHMARKS.md, section 'The first runs of a model (issues 33 and 35,
     session 30)')."""
     return free_list_bytes - block_bytes >= REPLAN_BYTES and block_bytes <= BLOCK_SHARE * free_list_bytes
+
+
 _NEVER = float("inf")
 
 

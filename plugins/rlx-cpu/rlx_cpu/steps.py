@@ -206,6 +206,13 @@ def is_fixed(x: Any) -> bool:
     return not isinstance(x, Dyn)
 
 
+def laid_out(x: Any) -> bool:
+    """Whether a native kernel may take ``x`` by its address: a C-contiguous, aligned plan
+    array, or a caller's (``Dyn``), whose layout ``ccall`` checks each run (a numpy
+    fallback for one it cannot take)."""
+    return isinstance(x, Dyn) or (x.flags.c_contiguous and x.flags.aligned)
+
+
 _CODE: dict[str, Any] = {}  # step source -> code object; the sources depend only on structure
 
 
@@ -312,8 +319,7 @@ _UNOWNED = _unowned_refs()
 
 
 def bind_run(input_names: Sequence[str], steps: Sequence[Callable[[], Any]], outputs: Sequence[Any],
-             slots: list[Any], fresh: Sequence[Dyn] = (), recycle: Outputs | None = None
-             ) -> Callable[[Any], list[np.ndarray]]:
+             slots: list[Any], recycle: Outputs, fresh: Sequence[Dyn] = ()) -> Callable[[Any], list[np.ndarray]]:
     """The body of one run of a plan: put ``inputs[name]`` into the slots, call every
     step, copy out ``outputs`` (arrays or ``Dyn``), and let go of the caller's arrays.
 
@@ -321,9 +327,9 @@ def bind_run(input_names: Sequence[str], steps: Sequence[Callable[[], Any]], out
     it is: for a large output that saves a copy as big as the output, the price numpy
     itself pays for ``a @ b``; small outputs are cheaper to copy out. Large outputs, fresh
     or copied, go into arrays recycled from earlier runs once the caller has dropped
-    them (``recycle``: given, another plan's that never runs at the same time as this one,
-    whose arrays are faulted in already)."""
-    recycle = Outputs(len(outputs) + len(fresh)) if recycle is None else recycle
+    them (``recycle``, of ``len(outputs) + len(fresh)`` places: this plan's own, or that of
+    another plan that never runs at the same time as this one, whose arrays are faulted in
+    already)."""
     ns: dict[str, Any] = {"S": slots, "_steps": tuple(steps), "_take": recycle.take, "_copy": recycle.copy,
                           "_errstate": np.errstate}
     lines = ["def _run(inputs):"]

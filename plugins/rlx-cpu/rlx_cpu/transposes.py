@@ -19,7 +19,7 @@ import numpy as np
 from .ccall import bound_call
 from .native import library
 from .regions import SPLIT_NS
-from .steps import Dyn, Step
+from .steps import Step, laid_out
 
 __all__ = ["matrix_form", "transpose_step"]
 
@@ -45,16 +45,13 @@ def matrix_form(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[int, int
     return None
 
 
-def _fits(x: Any) -> bool:
-    return isinstance(x, Dyn) or (x.flags.c_contiguous and x.flags.aligned)
-
-
 def transpose_step(x: Any, perm: tuple[int, ...], out: Any) -> Step | None:
     """``out = x.transpose(perm)`` as batched matrix transposes of 4-byte elements on the
     native kernels; None where the library is not here or the permutation, layout or
     dtype is another (the caller keeps numpy's copy)."""
     lib = library()
-    if lib is None or x.dtype != out.dtype or x.dtype.itemsize != 4 or out.size == 0 or not (_fits(x) and _fits(out)):
+    if (lib is None or x.dtype != out.dtype or x.dtype.itemsize != 4 or out.size == 0
+            or not (laid_out(x) and laid_out(out))):
         return None
     form = matrix_form(tuple(x.shape), tuple(perm))
     if form is None:
