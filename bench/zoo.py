@@ -254,10 +254,13 @@ def _ort(data: bytes, inputs: dict[str, np.ndarray]) -> tuple[Any, list[np.ndarr
 
 
 def check(names: list[str], exporters: list[str], batch: int, devices: list[str] | None,
-          timing: tuple[int, float] | None = None, openvino: bool = False) -> list[dict[str, Any]]:
+          timing: tuple[int, float] | None = None, openvino: bool = False,
+          precision: str | None = None) -> list[dict[str, Any]]:
     """Load each export with rlx, run it on each device, compare with ORT; with
     ``timing`` (rounds, seconds per measurement) also time them (``_time``), and with
-    ``openvino`` OpenVINO beside them."""
+    ``openvino`` OpenVINO beside them. ``precision`` (``bf16``): each device that declares
+    it on this host also compiled at that precision, checked and timed beside (never part
+    of auto's regret, which is float32's)."""
     import rlx_core
     from rlx_core.onnx import load
 
@@ -295,12 +298,35 @@ def check(names: list[str], exporters: list[str], batch: int, devices: list[str]
                     compiled[device] = cg
                 except Exception as exc:
                     row[device] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            rounded = _rounded(graph, feeds, want[0], list(compiled), precision, row) if precision else {}
             if timing is not None and compiled:
                 row["time"] = _time(sess, inputs, want[0], graph, feeds, compiled, *timing, data=data,
-                                    openvino=openvino)
+                                    openvino=openvino, rounded=rounded)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
+
+
+def _rounded(graph: Any, feeds: dict[str, np.ndarray], want: np.ndarray, devices: list[str], precision: str,
+             row: dict[str, Any]) -> dict[str, Any]:
+    """``graph`` compiled at ``precision`` on each of ``devices`` that declares it here,
+    keyed ``"<device> <precision>"``, each one's largest error relative to ORT's float32
+    output recorded in ``row``."""
+    import rlx_core
+
+    out = {}
+    for device in devices:
+        if precision not in rlx_core.get_backend(device).precisions():
+            continue
+        key = f"{device} {precision}"
+        try:
+            cg = rlx_core.compile(graph, device=device, precision=precision)
+            got = cg.run(feeds)[0].astype(np.float64)
+            row[key] = {"rel": float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) or 1.0))}
+            out[key] = cg
+        except Exception as exc:
+            row[key] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    return out
 
 
 def openvino_contenders(data: bytes, inputs: dict[str, np.ndarray]) -> list[Any]:
@@ -332,7 +358,7 @@ def openvino_contenders(data: bytes, inputs: dict[str, np.ndarray]) -> list[Any]
 
 def _time(sess: Any, inputs: dict[str, np.ndarray], want: np.ndarray, graph: Any, feeds: dict[str, np.ndarray],
           compiled: dict[str, Any], rounds: int, target_s: float, data: bytes = b"",
-          openvino: bool = False) -> dict[str, Any]:
+          openvino: bool = False, rounded: dict[str, Any] | None = None) -> dict[str, Any]:
     """ORT (``sess``), rlx (each compiled device, and ``auto``) and, with ``openvino``,
     OpenVINO at float32 and at its default precision (the model's ONNX ``data``) timed
     interleaved (``bench/_timing.py``); ratios to ORT and to OpenVINO; whether auto's pick
@@ -345,22 +371,23 @@ def _time(sess: Any, inputs: dict[str, np.ndarray], want: np.ndarray, graph: Any
     contenders = [Contender("onnxruntime", "onnxruntime", lambda: sess.run(None, ort_feed)[0], want, 0.0, 0.0)]
     contenders += openvino_contenders(data, inputs) if openvino else []
     auto = rlx_core.compile(graph)
-    timed = {"auto": auto, **compiled}
+    timed = {"auto": auto, **compiled, **(rounded or {})}
     for name, cg in timed.items():
         contenders.append(Contender(f"rlx {name}", "rlx", lambda cg=cg: cg.run(feeds)[0], cg.run(feeds)[0], 0.0, 0.0))
     timings = measure(contenders, rounds, 0.15, target_s)
     ort_s = timings["onnxruntime"].median
     out: dict[str, Any] = {"ort_ms": ort_s * 1e3, "auto_device": auto.device}
     for name in timed:
-        out[f"{name}_ms"] = timings[f"rlx {name}"].median * 1e3
-        out[f"{name}_vs_ort"] = timings[f"rlx {name}"].median / ort_s
+        out[f"{name.replace(' ', '_')}_ms"] = timings[f"rlx {name}"].median * 1e3
+        out[f"{name.replace(' ', '_')}_vs_ort"] = timings[f"rlx {name}"].median / ort_s
     for c in contenders:
         if c.kind == "openvino":  # each rlx device against OpenVINO at that precision, too
             key = c.name.replace(" ", "_")
             out[f"{key}_ms"] = timings[c.name].median * 1e3
             out[f"{key}_max_rel_err"] = c.info["max_rel_err"]
-            for name in compiled:
-                out[f"{name}_vs_{key}"] = timings[f"rlx {name}"].median / timings[c.name].median
+            out[f"{key}_precision"] = c.info["precision"]
+            for name in [*compiled, *(rounded or {})]:
+                out[f"{name.replace(' ', '_')}_vs_{key}"] = timings[f"rlx {name}"].median / timings[c.name].median
     fastest = min(compiled, key=lambda d: timings[f"rlx {d}"].median)
     picked = auto.device.split(":")[0]
     out["auto_picked_fastest"] = picked == fastest
@@ -381,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-ms", type=float, default=50.0, help="length of one measurement with --time")
     parser.add_argument("--openvino", action="store_true",
                         help="with --time, also time OpenVINO (f32 and its default precision) where it imports")
+    parser.add_argument("--precision", choices=("bf16", "fp16"),
+                        help="also run (and with --time, time) each device that declares this precision at it")
     args = parser.parse_args(argv)
     try:
         import torch  # noqa: F401
@@ -398,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     timing = (args.rounds, args.target_ms / 1e3) if args.time else None
     rows = check(names, exporters, args.batch, args.devices.split(",") if args.devices else None,
-                 timing, openvino=args.openvino)
+                 timing, openvino=args.openvino, precision=args.precision)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2))

@@ -13,13 +13,32 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["CompileOptions", "PASS_NAMES"]
+__all__ = ["CompileOptions", "PASS_NAMES", "PRECISIONS", "precision_name"]
 
 #: Every pass ``CompileOptions.disable`` may name (``passes/pipeline.py`` runs them; a test
 #: keeps the two lists equal). Here, with the options, so that checking an option needs
 #: no import of the passes.
 PASS_NAMES: tuple[str, ...] = ("fold", "simplify", "cse", "dce", "sink_relu", "conv_taps", "conv_scale", "attention",
                                 "gemm", "elementwise", "conv")
+
+#: The precisions ``CompileOptions.precision`` names: ``fp32`` (the default: float32 values
+#: computed in float32), and the reduced formats a backend may compute float32 products in
+#: when the user allows it (``bf16``: bfloat16, ``fp16``: IEEE half). A permission, as
+#: torch's ``set_float32_matmul_precision`` and oneDNN's fpmath mode are: a backend that
+#: does not declare the format here (``Backend.precisions``) computes in float32, and the
+#: report says which happened.
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+_PRECISION_ALIASES = {"fp32": "fp32", "float32": "fp32", "f32": "fp32", "bf16": "bf16", "bfloat16": "bf16",
+                      "fp16": "fp16", "float16": "fp16", "f16": "fp16", "half": "fp16"}
+
+
+def precision_name(value: object, what: str = "precision") -> str:
+    """``value`` as one of ``PRECISIONS`` (the dtype spellings ``float32``, ``bfloat16``,
+    ``float16`` are taken too), or ``ConfigError`` naming ``what`` and the known ones."""
+    name = _PRECISION_ALIASES.get(value.strip().lower()) if isinstance(value, str) else None
+    if name is None:
+        raise ConfigError(f"{what} must be one of {', '.join(PRECISIONS)}, got {value!r}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -48,6 +67,7 @@ class CompileOptions:
     disable: tuple[str, ...] = ()
     max_fused_ops: int = 32
     max_fused_inputs: int = 8
+    precision: str = "fp32"
     memory_plan: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -62,6 +82,7 @@ class CompileOptions:
         disable = self.disable
         if isinstance(disable, str) or not all(isinstance(p, str) for p in disable):
             raise ConfigError(f"CompileOptions.disable must be a sequence of pass names, got {disable!r}")
+        object.__setattr__(self, "precision", precision_name(self.precision, "CompileOptions.precision"))
         unknown = sorted(set(disable) - set(PASS_NAMES))
         if unknown:
             raise ConfigError(f"CompileOptions.disable: unknown pass(es) {unknown}; known: {', '.join(PASS_NAMES)}")

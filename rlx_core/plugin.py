@@ -28,6 +28,7 @@ from .ir.dtypes import EXTENDED_DTYPES as EXTENDED_DTYPES
 from .ir.dtypes import STORAGE_DTYPES as STORAGE_DTYPES
 from .ir.ops import OpKind
 from .options import PASS_NAMES as PASS_NAMES
+from .options import PRECISIONS as PRECISIONS
 from .options import CompileOptions as CompileOptions
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ __all__ = [
     "RlxBackendSpec",
     "Availability",
     "CompileOptions",
+    "PRECISIONS",
     "Executable",
     "Backend",
     "Setting",
@@ -299,6 +301,18 @@ class Backend:
         cheaper for a GEMM over NCHW data, but a convolution with weights computed per run
         cannot keep a library's pre-reordered weights. Asked once per pipeline, cheaply
         (no device work); the answer joins the user's ``disable``."""
+        return frozenset()
+
+    def precisions(self) -> frozenset[str]:
+        """The reduced precisions (``PRECISIONS`` other than ``fp32``) this backend honours
+        on this host when ``CompileOptions.precision`` allows one (optional; default none).
+
+        Declare a format only where the hardware computes it faster than float32 (a CPU
+        without bfloat16 units rounds and gains nothing): the core says in the compile
+        report whether the device took the permission, and the conformance kit checks a
+        declared format's products against the float64 reference within that format's
+        rounding. A backend that declares nothing computes float32 whatever was allowed,
+        which is always correct. Asked cheaply (no device work), after the probe."""
         return frozenset()
 
     def compile(self, graph: Graph, options: CompileOptions) -> Executable:

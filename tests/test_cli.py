@@ -298,6 +298,18 @@ def test_run_bundled_example(tmp_path: Path) -> None:
     assert "probs" in out and "[8, 10]" in out and "float32" in out
 
 
+def test_run_with_a_precision_says_whether_the_device_took_it(tmp_path: Path) -> None:
+    proc = run_rlx("run", "--example", "mlp", "--device", "cpu", "--precision", "bfloat16", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    taken = "bf16" in rlx.get_backend("cpu").precisions()
+    line = ("precision bf16 allowed: cpu computes float32 products with bf16 operands" if taken else
+            "precision bf16 allowed, but cpu does not compute in bf16 on this host: float32 throughout")
+    assert line in proc.stdout, proc.stdout
+    bad = run_rlx("run", "--example", "mlp", "--precision", "int4", cwd=tmp_path)
+    assert bad.returncode != 0
+    assert "--precision must be one of fp32, bf16, fp16, got 'int4'" in bad.stderr + bad.stdout
+
+
 def test_run_file_with_inputs_writes_npz(tmp_path: Path) -> None:
     g = mlp_graph()
     path = tmp_path / "mlp.json"

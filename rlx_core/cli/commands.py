@@ -190,11 +190,16 @@ def run(
     dims: _DimsOption = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the outputs to this .npz.")] = None,
     seed: Annotated[int, typer.Option("--seed", callback=_seed, help="Seed for inputs not given (>= 0).")] = 0,
+    precision: Annotated[str, typer.Option(
+        "--precision", help="fp32 (default), or bf16/fp16: allow float32 products with operands in that format "
+                            "where the device computes it (docs/precision.md).")] = "fp32",
 ) -> None:
     """Compile a graph (.json or .onnx), run it once, and summarize its outputs."""
     with _user_errors(), phases() as phase:
         from .. import compile as rlx_compile
+        from ..options import precision_name
 
+        precision = precision_name(precision, "--precision")
         require_devices([device])  # before any work, as --out is
         if out is not None:
             check_out_path(out)
@@ -206,7 +211,7 @@ def run(
             console.print(note)
         phase(f"compiling {g.name}" + (f" for {device}" if device != "auto" else " (choosing a device)"))
         t0 = time.perf_counter()
-        cg = rlx_compile(g, device=device)
+        cg = rlx_compile(g, device=device, precision=precision)
         compile_s = time.perf_counter() - t0
         report = cg.report()
         phase(f"running {g.name} on {cg.device}")
@@ -216,6 +221,9 @@ def run(
         console.print(f"device: [bold]{cg.device}[/] — {getattr(report, 'reason', '') or 'chosen by the policy'}")
         console.print(f"compile: {_seconds(getattr(report, 'compile_seconds', None) or compile_s)}   "
                       f"run: {_seconds(run_s)} (first run)")
+        for note in getattr(report, "notes", ()) if precision != "fp32" else ():
+            if note.startswith("precision"):  # whether the device took the permission, and where
+                console.print(note, markup=False)
         names = g.output_names()
         table = Table("output", "shape", "dtype", "min", "max", "mean", title_justify="left")
         for name, arr in zip(names, outputs):

@@ -258,6 +258,29 @@ def backend_compile(registry: Registry, device: str, legal: Graph,
     return exe
 
 
+def declared_precisions(backend: Any) -> frozenset[str]:
+    """``backend.precisions()`` (optional for plugins that do not subclass ``Backend``);
+    a plugin whose answer fails is taken at float32, logged: precision is a permission."""
+    ask = getattr(backend, "precisions", None)
+    if not callable(ask):
+        return frozenset()
+    try:
+        return frozenset(str(p) for p in ask())
+    except Exception as exc:  # a plugin's fault: float32, which is always correct
+        log.warning("backend %r: precisions() failed (%s: %s); computing in float32",
+                    getattr(backend, "name", "?"), type(exc).__name__, exc)
+        return frozenset()
+
+
+def precision_note(backend: Any, device: str, precision: str) -> str:
+    """The report's line on a reduced ``precision`` the user allowed: whether ``device``
+    takes it (the backend's own notes say which nodes)."""
+    if precision in declared_precisions(backend):
+        return f"precision {precision} allowed: {device} computes float32 products with {precision} operands"
+    return (f"precision {precision} allowed, but {device} does not compute in {precision} on this host: "
+            "float32 throughout")
+
+
 def compile_on(graph: Graph, device: str, reason: str, rows: list[DeviceCandidate],
                 registry: Registry, options: CompileOptions | None = None) -> CompiledGraph:
     name = parse_device(device)[0]
@@ -292,6 +315,8 @@ def compile_lowered(graph: Graph, legal: Graph, result: Any, device: str, reason
         legalized_nodes=len(result.legalized.graph), decomposed=list(result.legalized.decomposed), candidates=rows,
         compiled_nodes=len(legal), fused=result.fused, pipeline=result.describe(),
     )
+    if opts.precision != "fp32":
+        report.notes.append(precision_note(info.backend, device, opts.precision))
     notes = getattr(exe, "report_notes", None)  # optional: what the backend wants said (e.g. XLA times)
     if callable(notes):
         report.notes.extend(str(n) for n in notes())

@@ -260,8 +260,10 @@ class Verdicts:
     the lowest; a device measured later adds to (or replaces its line in) the entry, so
     that a doubt between other devices of the same graph reuses what is known."""
 
-    def __init__(self, registry: Registry, root: str | None = None, *, max_age: float = VERDICT_MAX_AGE_S) -> None:
+    def __init__(self, registry: Registry, root: str | None = None, *, max_age: float = VERDICT_MAX_AGE_S,
+                 precision: str = "fp32") -> None:
         self.registry = registry
+        self.precision = precision  # a reduced precision changes which device is faster: its own entries
         self.max_age = max_age
         self._cache = JsonCache("measured-picks", schema=_VERDICT_SCHEMA, root=root,
                                 what="per graph: which devices measured how fast when the cost estimates were too "
@@ -269,6 +271,8 @@ class Verdicts:
 
     def _where(self, graph: Graph) -> tuple[str, dict[str, str]]:
         identity = {"graph": graph_signature(graph), "host": host_name()}
+        if self.precision != "fp32":  # fp32 entries keep the identity they had before precisions
+            identity["precision"] = self.precision
         key = "pick-" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:40]
         return key, identity
 
@@ -327,7 +331,7 @@ class Verdicts:
 
 
 def settle(graph: Graph, trial: Trial, where: str, rows: Sequence[DeviceCandidate], registry: Registry,
-           errors: PredictionErrors | None = None) -> Verdict | None:
+           errors: PredictionErrors | None = None, precision: str = "fp32") -> Verdict | None:
     """The verdict of a finished ``trial`` (``None`` when every candidate failed), cached
     when every candidate was measured, with each measured device's error recorded against
     the model's own estimate in ``rows``."""
@@ -337,7 +341,7 @@ def settle(graph: Graph, trial: Trial, where: str, rows: Sequence[DeviceCandidat
     seconds = trial.medians()
     verdict = Verdict(winner, seconds, trial.runs, time.time(), where, failed=dict(trial.failed))
     if not trial.failed and len(seconds) == len(trial.candidates) >= 2:
-        Verdicts(registry).put(graph, verdict)
+        Verdicts(registry, precision=precision).put(graph, verdict)
     errors = errors if errors is not None else PredictionErrors(registry)
     model = {r.device: r.model_seconds for r in rows}
     for device, measured in seconds.items():

@@ -108,7 +108,8 @@ class Placement:
     """Answers placement questions about one graph (or none) under one policy."""
 
     def __init__(self, graph: Graph | None, policy: DevicePolicy | None = None,
-                 registry: Registry | None = None, *, measure: MeasureSettings | None = None) -> None:
+                 registry: Registry | None = None, *, measure: MeasureSettings | None = None,
+                 precision: str = "fp32") -> None:
         # A symbolic graph is placed and priced at a representative size (dynamic.py says which);
         # a staged one by its first part when that is built at load; one with no body before it
         # runs (built from values) by the policy alone here: what it runs is placed when built.
@@ -119,6 +120,7 @@ class Placement:
         self.registry = registry or default_registry()
         self.policy.validate(self.registry)  # a device name no backend has is a ConfigError, not ignored
         self.measure = measure if measure is not None else MeasureSettings()
+        self.precision = precision  # CompileOptions.precision: measured verdicts are kept per precision
         self.errors = PredictionErrors(self.registry)  # read once per device per placement
 
     # -------------------------------------------------------------- per device
@@ -228,7 +230,7 @@ class Placement:
             measure_compiled(self.graph, trial, lambda d: compile_on(self.graph, d, "measured pick", [], self.registry),
                              clock=self.measure.clock, strict=self.policy.strict)
             verdict = settle(self.graph, trial, "compile (pick='measure', generated inputs)", decision.rows,
-                             self.registry, self.errors)
+                             self.registry, self.errors, self.precision)
             if verdict is not None:
                 return verdict.winner, verdict.describe(), decision.rows
         return decision.device, decision.why, decision.rows
@@ -279,7 +281,8 @@ class Placement:
             return Decision(best.device, why, rows)
         assert self.graph is not None
         measuring = not self.policy.strict or self.policy.pick == "measure"  # strict: the ranking's own pick
-        verdict = Verdicts(self.registry).get(self.graph, doubt.candidates) if measuring else None
+        verdicts = Verdicts(self.registry, precision=self.precision)
+        verdict = verdicts.get(self.graph, doubt.candidates) if measuring else None
         if verdict is not None:
             return Decision(verdict.winner, f"{verdict.describe()}; unsure by cost: {doubt.reason}", rows, doubt,
                             verdict)

@@ -61,10 +61,11 @@ class Runtime:
         return Placement(graph, self.policy_for(policy), self.registry)
 
     def compile(self, graph: Graph, device: str | None = "auto", *, policy: DevicePolicy | None = None,
-                options: CompileOptions | None = None, partition: bool | None = None) -> CompiledGraph:
+                options: CompileOptions | None = None, partition: bool | None = None,
+                precision: str | None = None) -> CompiledGraph:
         """``rlx.compile`` with this runtime's registry and policy."""
         return compile(graph, device, self.policy_for(policy), registry=self.registry, options=options,
-                       partition=partition)
+                       partition=partition, precision=precision)
 
     def session(self, graph: Graph, policy: DevicePolicy | None = None) -> GraphDevices:
         """The ``GraphDevices`` this runtime keeps for ``graph`` (made on first use), set to

@@ -11,7 +11,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from ..ir.deferred import DeferredGraph
 from ..ir.specialize import representative
 from ..ir.staged import StagedGraph
 from ..ir.valued import ValueDependentGraph
+from ..options import precision_name
 from ..placement.corrections import PredictionErrors
 from ..placement.measured import MeasureSettings, Trial, Verdict, measure_compiled, settle
 from ..placement.partition import compile_partitioned, split_for
@@ -45,7 +46,8 @@ log = logging.getLogger("rlx.session")
 
 def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | None = None, *,
             registry: Registry | None = None, options: CompileOptions | None = None,
-            partition: bool | None = None, measure: MeasureSettings | None = None) -> CompiledGraph:
+            partition: bool | None = None, measure: MeasureSettings | None = None,
+            precision: str | None = None) -> CompiledGraph:
     """Compile ``graph`` for ``device`` (``"auto"``: policy and cost ranking).
 
     An explicit device is strict: it runs there or raises ``DeviceError`` naming the
@@ -67,7 +69,13 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
     the default ``pick="cost"`` compiles the cost pick and its report says the pick was
     unsure: compiling and timing every candidate would double the compile of a script
     that runs the graph once, and a ``GraphDevices`` measures for free on its first runs.
+
+    ``precision`` (``"bf16"``, ``"fp16"``; ``docs/precision.md``) is short for
+    ``options=CompileOptions(precision=...)`` (over ``options``' own): a permission for the
+    device to compute float32 products with operands in that format where it declares it.
     """
+    if precision is not None:
+        options = replace(options or CompileOptions(), precision=precision_name(precision, "precision"))
     if isinstance(device, str) and not device.strip():  # a variable that expanded to nothing, not a wish for auto
         raise DeviceError(f"device {device!r} is empty; give a device name such as 'cpu' or 'cuda:1', or 'auto' "
                           "(or None) for the policy's pick")
@@ -103,7 +111,8 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
         resolved = policy if policy is not None else DevicePolicy.from_env()
         if device not in (None, "", "auto") or resolved.device:
             # An explicit device: placed (its blocker named) now, each class compiled when first run.
-            decision = Placement(representative(graph)[0], resolved, reg, measure=measure).decide(device)
+            decision = Placement(representative(graph)[0], resolved, reg, measure=measure,
+                                 precision=_precision(options)).decide(device)
             first_device.append(decision.device)
             return compile_placed(graph, decision.device, decision.why, reg, options, later,
                                   _lower_once(graph, reg, options))
@@ -111,7 +120,7 @@ def compile(graph: Graph, device: str | None = "auto", policy: DevicePolicy | No
     # Frozen before placement: the pipeline placement runs to price the graph is then the
     # one compile hands the backend (``lowering.pipeline_for`` keys on it), not run twice.
     graph.freeze()
-    placement = Placement(graph, policy, reg, measure=measure)
+    placement = Placement(graph, policy, reg, measure=measure, precision=_precision(options))
     explicit = device not in (None, "", "auto") or bool(placement.policy.device)
     if explicit:
         return _compile_whole(graph, device, placement, reg, options, explicit)
@@ -187,6 +196,10 @@ def _compile_whole(graph: Graph, device: str | None, placement: Placement, reg: 
     return _with_verdict(cg, decision.verdict if cg.device == chosen else None)
 
 
+def _precision(options: CompileOptions | None) -> str:
+    return options.precision if options is not None else "fp32"
+
+
 def _compile_measured(graph: Graph, placement: Placement, decision: Decision, options: CompileOptions | None,
                       ) -> tuple[CompiledGraph | None, list[tuple[str, str]]]:
     """Compile and time the unsure pick's candidates now (``pick="measure"``); the
@@ -199,7 +212,7 @@ def _compile_measured(graph: Graph, placement: Placement, decision: Decision, op
                                                                    options),
                                 clock=placement.measure.clock, strict=placement.policy.strict)
     verdict = settle(graph, trial, "rlx.compile (pick='measure', generated inputs)", decision.rows, reg,
-                     placement.errors)
+                     placement.errors, placement.precision)
     if verdict is None:
         return None, list(trial.failed.items())
     cg = compiled[verdict.winner]

@@ -46,6 +46,7 @@ from ._checks import (
     runs_symbolic,
 )
 from ._loopback import LoopbackBackend, LoopbackExecutable
+from ._precision import check_precisions
 
 __all__ = [
     "check_backend",
@@ -149,6 +150,8 @@ def _plan(backend: Backend, ops: Iterable[str] | None) -> list[tuple[str, Callab
     plan.extend(EXECUTABLE_CHECKS)
     if runs_symbolic(backend):  # only where the backend has the optional hook: others' reports are unchanged
         plan.append(("any_size", check_any_size))
+    if getattr(type(backend), "precisions", Backend.precisions) is not Backend.precisions:  # likewise
+        plan.append(("precisions", check_precisions))
     return plan
 
 

@@ -94,7 +94,7 @@ _DERIVED_KINDS = frozenset({"rlx_gemm_pack_b", "conv_bias_column"})
 _KEPT_BYTES = 32 * 1024 * 1024
 
 
-def any_size_executable(graph: Graph) -> AnySizeExecutable | None:
+def any_size_executable(graph: Graph, precision: str = "fp32") -> AnySizeExecutable | None:
     """The any-size executable of ``graph`` (symbolic, legalized for cpu), or ``None``
     where a static plan per shape class serves it better (logged), or the user said so
     (``RLX_CPU_ANY_SIZE=0``)."""
@@ -109,7 +109,7 @@ def any_size_executable(graph: Graph) -> AnySizeExecutable | None:
     if missing:
         log.debug("rlx-cpu: graph %r has op(s) with no cpu kernel: %s", graph.name, ", ".join(missing))
         return None
-    return AnySizeExecutable(graph)
+    return AnySizeExecutable(graph, precision=precision)
 
 
 class _Type(NamedTuple):
@@ -123,8 +123,10 @@ class AnySizeExecutable(Executable):
     """A symbolic graph compiled once for cpu; ``run`` takes any sizes it accepts (see
     the module)."""
 
-    def __init__(self, graph: Graph, owned: Mapping[str, np.ndarray] | None = None) -> None:
+    def __init__(self, graph: Graph, owned: Mapping[str, np.ndarray] | None = None, *,
+                 precision: str = "fp32") -> None:
         self._graph = graph
+        self._precision = precision  # CompileOptions.precision: the dense layers' operands (onednn.reduced)
         self._family = shape_family()
         self._name = graph.name
         nodes = graph.nodes
@@ -350,7 +352,7 @@ class AnySizeExecutable(Executable):
                 return materialize(node.attrs, shape_of(env), node.dtype, env)
             return self._kept_runner(node, sized) if nid in self._by_sizes else sized
         place: Place
-        dense = dense_layer(node, self._nodes, self._resident)
+        dense = dense_layer(node, self._nodes, self._resident, self._precision)
         if dense is not None:
             self._dense.append(dense)
         kept = nid in self._by_sizes
@@ -471,7 +473,7 @@ class AnySizeExecutable(Executable):
                              f"{value.dtype}{list(value.shape)}")
         if borrowed(target):  # own every param, then build again over the owned copies (``params.py``)
             with owned_rebuild(self._params, self._family) as owned:
-                self.__init__(self._graph, owned)  # type: ignore[misc]
+                self.__init__(self._graph, owned, precision=self._precision)  # type: ignore[misc]
             target = self._params[name]
         np.copyto(target, value)
         owned = _Owned()
@@ -489,7 +491,13 @@ class AnySizeExecutable(Executable):
 
     def report_notes(self) -> list[str]:
         dense = f"; {len(self._dense)} dense layer(s) on one oneDNN matmul for every row count" if self._dense else ""
-        return [f"any size: one executable runs every size, kernels reading their sizes per run{dense}"]
+        notes = [f"any size: one executable runs every size, kernels reading their sizes per run{dense}"]
+        rounded = [d.precision for d in self._dense if d.precision != "float32"]
+        if rounded:
+            notes.append(f"precision: {len(rounded)} dense layer{'s' if len(rounded) > 1 else ''} with {rounded[0]} "
+                         "operands on AMX "
+                         "(float32 accumulation); everything else float32")
+        return notes
 
     def __repr__(self) -> str:
         return f"<AnySizeExecutable {self._name!r}: {len(self._program)} runners>"

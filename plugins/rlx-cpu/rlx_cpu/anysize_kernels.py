@@ -66,15 +66,18 @@ Place = Callable[[list[Any], Mapping[str, int], Arena], np.ndarray]
 Built = Callable[[list[Any], np.ndarray, Mapping[str, int], Arena], None]
 
 
-def dense_layer(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.ndarray]) -> RunTimeDense | None:
+def dense_layer(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.ndarray],
+                precision: str = "fp32") -> RunTimeDense | None:
     """A dense layer with resident float32 weights (k, n) on oneDNN's matmul made once
-    for every row count, where this host chose oneDNN for products."""
-    if node.op is not OpKind.GEMM or node.dtype != "float32":
+    for every row count, where this host chose oneDNN for products or takes a reduced
+    ``precision`` (``CompileOptions.precision``) there: a ``gemm``, or under a reduced
+    precision a ``matmul`` by a resident matrix too (a layer without bias)."""
+    if node.dtype != "float32" or not (node.op is OpKind.GEMM or (node.op is OpKind.MATMUL and precision != "fp32")):
         return None
     a_id, w_id = node.inputs[:2]
     w = resident.get(w_id)
     bias = resident.get(node.inputs[2]) if len(node.inputs) == 3 else None
-    act = node.attrs["activation"]
+    act = node.attrs.get("activation", "none")
     if (w is None or w.ndim != 2 or w.dtype != np.float32 or nodes[a_id].dtype != "float32"
             or min(w.strides) <= 0 or (act != "none" and act not in ACTIVATION_POST)
             or act not in ACTIVATION_OPS):
@@ -83,11 +86,12 @@ def dense_layer(node: Node, nodes: Sequence[Node], resident: Mapping[int, np.nda
     if len(node.inputs) == 3 and (bias is None or bias.dtype != np.float32 or bias.size != n
                                   or bias.shape[-1] != n or not bias.flags.c_contiguous):
         return None
-    lib = onednn.use("matmul")
+    found = onednn.reduced(precision)
+    lib = found[0] if found is not None else onednn.use("matmul")
     if lib is None:
         return None
     try:
-        dense = RunTimeDense(lib, w, bias.reshape(1, n) if bias is not None else None, act)
+        dense = RunTimeDense(lib, w, bias.reshape(1, n) if bias is not None else None, act, precision)
     except onednn.DnnlError as exc:
         log.debug("rlx-cpu: oneDNN declined %s at run-time sizes: %s", node.describe(), exc)
         return None

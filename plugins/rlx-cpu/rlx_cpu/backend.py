@@ -101,7 +101,7 @@ class CpuBackend(rlx_core.Backend):
             raise DeviceError(f"cpu has one device (cpu or cpu:0), not {options.device!r}")
         from .executor import CpuExecutable
 
-        return CpuExecutable(graph)
+        return CpuExecutable(graph, precision=self._precision(options))
 
     def compile_symbolic(self, graph: Graph, options: rlx_core.CompileOptions) -> rlx_core.Executable | None:
         """One executable for every size (``anysize.py``): kernels that read their sizes per
@@ -111,4 +111,17 @@ class CpuBackend(rlx_core.Backend):
             raise DeviceError(f"cpu has one device (cpu or cpu:0), not {options.device!r}")
         from .anysize import any_size_executable
 
-        return any_size_executable(graph)
+        return any_size_executable(graph, self._precision(options))
+
+    def precisions(self) -> frozenset[str]:
+        """``bf16`` where the CPU has AMX and oneDNN is installed (``onednn.precisions``):
+        convolutions and dense layers' products then take bf16 operands on AMX tiles,
+        accumulating in float32; nothing else changes."""
+        from . import onednn  # ctypes and numpy only; loads nothing
+
+        return onednn.precisions()
+
+    def _precision(self, options: rlx_core.CompileOptions) -> str:
+        """``options.precision`` where this host takes it, else fp32."""
+        wanted = getattr(options, "precision", "fp32")
+        return wanted if wanted in self.precisions() else "fp32"

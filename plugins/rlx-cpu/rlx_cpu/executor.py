@@ -35,6 +35,7 @@ import logging
 import math
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Union
 
@@ -103,11 +104,14 @@ class _Scratch:
     from residents come from the executable (``CpuExecutable._derived``)."""
 
     def __init__(self, arena: Arena, derived: Callable[..., np.ndarray | None],
-                 constant: Callable[[Any], bool]) -> None:
+                 constant: Callable[[Any], bool], precision: str = "fp32",
+                 rounded: Callable[[str, str], None] | None = None) -> None:
         self._arena = arena
         self._taken: list[np.ndarray] = []
         self.derived = derived
         self.constant = constant
+        self.precision = precision  # CompileOptions.precision, where this host takes it (else fp32)
+        self.rounded = rounded  # told of each product built with reduced-precision operands
 
     def scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -183,8 +187,11 @@ _FAMILY_KEYS = frozenset({"onednn_conv_weights", "onednn_matmul_weights", "conv_
 class CpuExecutable(Executable):
     """A graph compiled for the cpu backend: a pool of bound plans over shared residents."""
 
-    def __init__(self, graph: Graph, owned: Mapping[str, np.ndarray] | None = None, generation: int = 0) -> None:
+    def __init__(self, graph: Graph, owned: Mapping[str, np.ndarray] | None = None, generation: int = 0, *,
+                 precision: str = "fp32") -> None:
         self._graph = graph  # (its values are the params' borrowed arrays: ``params.py``)
+        self._precision = precision  # CompileOptions.precision: products' operands (onednn_steps.operand_types)
+        self._rounded: dict[int, tuple[str, str]] = {}  # node id -> (format, what) of products built rounded
         self._graph_name = graph.name
         self._nodes = graph.nodes
         self._outputs = graph.outputs
@@ -429,6 +436,15 @@ class CpuExecutable(Executable):
     def report_notes(self) -> list[str]:
         """What the compile report says about this executable (the thread policy)."""
         notes = [self._thread_note] if self._thread_note else []
+        if self._rounded:
+            fmt = next(iter(self._rounded.values()))[0]
+            counts = Counter(what for _, what in self._rounded.values())
+            kinds = " and ".join(f"{k} {what}{'s' if k > 1 else ''}" for what, k in sorted(counts.items()))
+            notes.append(f"precision: {kinds} with {fmt} operands on AMX (float32 accumulation); everything else "
+                         "float32")
+        elif self._precision != "fp32":
+            notes.append(f"precision: {self._precision} allowed, but no product here took it (oneDNN declined them "
+                         "or none is dense): float32 throughout")
         if self._tuner is not None:
             notes.append("threads: each run's own time picks wide (the policy's threads) or narrow (one "
                          "thread for the native kernels and MKL), re-checked now and then (threads.ThreadTuner)"
@@ -549,7 +565,8 @@ class CpuExecutable(Executable):
                 out = self._output_buffer(layout.builder_node(node) if nid in cl else node, values, groups, arena,
                                           stats)
             values[nid] = out
-            ctx = _Scratch(arena, self._derived, self._constant)
+            ctx = _Scratch(arena, self._derived, self._constant, self._precision,
+                           lambda fmt, what, nid=nid: self._rounded.__setitem__(nid, (fmt, what)))
             read = node.inputs
             if nid in self._taps:
                 read = (self._taps[nid].x,)
@@ -676,7 +693,7 @@ class CpuExecutable(Executable):
         new generation). The thread tuner's verdict is kept."""
         tuner = self._tuner
         with owned_rebuild(self._params, self._family) as owned:
-            self.__init__(self._graph, owned, self._generation + 1)  # type: ignore[misc]
+            self.__init__(self._graph, owned, self._generation + 1, precision=self._precision)  # type: ignore[misc]
         self._tuner = tuner
 
     # ------------------------------------------------------------------ introspection

@@ -335,6 +335,9 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
         w = w32
     kind = onednn.kind_of((kh, kw), (sh, sw), groups, _c, o, oh * ow)
     dnnl = onednn.use(kind) if cd == out.dtype == np.float32 else None
+    if cd == out.dtype == np.float32 and groups == 1:  # a reduced precision's convolutions: all on oneDNN
+        reduced = onednn.reduced(getattr(ctx, "precision", "fp32"))
+        dnnl = reduced[0] if reduced is not None else dnnl
     if dnnl is not None:  # oneDNN where it measured faster (onednn.py): channels-last, reordered in and out
         on_dnnl = onednn_steps.conv_steps(dnnl, x, w, b, out, (pt, pl, pb, pr), (sh, sw), (dh, dw), groups, ctx)
         if on_dnnl is not None:

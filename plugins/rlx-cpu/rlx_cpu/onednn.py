@@ -56,7 +56,7 @@ import numpy as np
 from . import openmp, verdicts
 
 __all__ = ["Dnnl", "PROBES", "library", "find_library", "reason", "wanted", "use", "kind_of", "describe",
-           "reset", "ELTWISE"]
+           "reset", "ELTWISE", "precisions", "reduced"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -65,6 +65,7 @@ _I64 = ctypes.c_int64
 _DIMS = _I64 * 12
 # oneDNN 3.x C API constants (dnnl_types.h, dnnl_common_types.h)
 _F32, _ANY, _TAG_A, _AB, _ABCD, _ABCDE, _ACDB = 3, 1, 2, 3, 5, 6, 22
+_BF16 = 2  # dnnl_bf16
 _CPU, _FORWARD_INFERENCE, _CONVOLUTION_DIRECT = 1, 96, 1
 _ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 _QUERY_IMPL_INFO, _QUERY_WEIGHTS_MD, _QUERY_SCRATCHPAD_MD = 8, 131, 136
@@ -141,11 +142,17 @@ class Dnnl:
         return s
 
     # ------------------------------------------------------------------ objects
-    def md(self, shape: tuple[int, ...], tag: int) -> Any:
+    def md(self, shape: tuple[int, ...], tag: int, dtype: int = _F32) -> Any:
+        """A memory descriptor of ``shape`` in layout ``tag`` (float32, or ``dtype``:
+        ``_BF16`` for a product's operands under ``precision="bf16"``)."""
         m = _P()
-        self._ok(self._lib.dnnl_memory_desc_create_with_tag(ctypes.byref(m), len(shape), _dims(shape), _F32, tag),
+        self._ok(self._lib.dnnl_memory_desc_create_with_tag(ctypes.byref(m), len(shape), _dims(shape), dtype, tag),
                  "memory_desc_create_with_tag")
         return m
+
+    def equal(self, a: Any, b: Any) -> bool:
+        """Whether two memory descriptors describe the same layout and dtype."""
+        return bool(self._lib.dnnl_memory_desc_equal(a, b))
 
     def md_strided(self, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
         """A float32 memory descriptor of ``shape`` with ``strides`` in elements (a
@@ -424,6 +431,38 @@ def use(kind: str = "spatial") -> Dnnl | None:
             log.info("rlx-cpu: %s %s (%s)", kind, "on oneDNN" if decisions[kind][0] else "on rlx's kernels",
                      decisions[kind][1])
         return lib if decisions[kind][0] else None
+
+
+#: The reduced precisions oneDNN computes faster than float32 here, by the CPU flag that
+#: makes it so. bf16 needs AMX: on an AVX512_BF16 CPU without it (the 2-core Xeon of
+#: sessions 22-31, its ISA capped with ``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`` on the AMX
+#: host of session 32) oneDNN's bf16 convolutions and products ran 1.5-1.8x float32's time,
+#: as OpenVINO's bf16 did there. fp16 is not declared: AVX512_FP16 ran them at 0.5-1x
+#: float32's speed on the AMX host, and no AMX-FP16 CPU was at hand to measure
+#: (BENCHMARKS.md, section "bf16 on AMX (issue 35, session 32)").
+_PRECISION_FLAGS = {"bf16": "amx_bf16"}
+_PRECISION_TYPES = {"bf16": _BF16}
+
+
+def precisions() -> frozenset[str]:
+    """The reduced precisions this host takes (``Backend.precisions``): the CPU's flags
+    and oneDNN installed and not off. Cheap: nothing is loaded."""
+    from .verdicts import cpu_flags
+
+    flags = cpu_flags()
+    found = frozenset(p for p, flag in _PRECISION_FLAGS.items() if flag in flags)
+    if not found or wanted() == "off" or find_library() is None:
+        return frozenset()
+    return found
+
+
+def reduced(precision: str) -> tuple[Dnnl, int] | None:
+    """oneDNN and the dtype a product's operands take under ``precision``, where this host
+    takes it (``precisions``); else None (float32, the probe's way)."""
+    if precision not in _PRECISION_TYPES or precision not in precisions():
+        return None
+    lib = library()
+    return (lib, _PRECISION_TYPES[precision]) if lib is not None else None
 
 
 def describe(measured: bool = True) -> str:

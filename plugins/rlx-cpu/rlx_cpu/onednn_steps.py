@@ -39,6 +39,8 @@ from .onednn import (
     _ARG_SRC,
     _ARG_SRC_1,
     _ARG_WEIGHTS,
+    _BF16,
+    _F32,
     _POOL_AVG_EXCLUDE,
     _POOL_AVG_INCLUDE,
     _POOL_MAX,
@@ -49,14 +51,17 @@ from .onednn import (
     Dnnl,
     DnnlError,
     _Arg,
+    reduced,
     use,
 )
 from .openmp import threads as openmp_threads
 from .steps import Dyn, Step, aligned_empty
 
-__all__ = ["conv_steps", "pool_steps", "concat_steps", "dense_steps", "matmul_steps", "ACTIVATION_POST", "RunTimeDense"]
+__all__ = ["conv_steps", "pool_steps", "concat_steps", "dense_steps", "matmul_steps", "ACTIVATION_POST", "RunTimeDense",
+           "operand_types"]
 
 log = logging.getLogger("rlx_cpu")
+_TYPE_NAMES = {_F32: "float32", _BF16: "bf16"}
 _ARG_MULTIPLE_SRC = 1024  # DNNL_ARG_MULTIPLE_SRC: a concat's i-th source is this + i
 
 
@@ -149,35 +154,41 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
         return None
     oh, ow = out.shape[1:3] if dst_cl else out.shape[2:]
     pt, pl, pb, pr = pads
-    pd = None
-    try:
-        src, dst = lib.md((n, c, h, wd), _ACDB), lib.md((n, o, oh, ow), _ACDB)
-        wshape = (o, cg, kh, kw) if groups == 1 else (groups, o // groups, cg, kh, kw)
-        w_any = lib.md(wshape, _ANY)
-        b_md = lib.md((o,), _TAG_A) if bias is not None else None
-        pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr),
-                         tuple(("add", dst) if op[0] == "add" else op for op in post))
-        impl = _jit_impl(lib, pd)
-        w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))  # make() needs it after pd is gone
-        w_plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
-        w_reorder = lib.reorder(w_plain, w_md)
-    except DnnlError as exc:
-        log.debug("rlx-cpu: oneDNN declined a convolution %s -> %s: %s", tuple(x.shape), tuple(out.shape), exc)
-        if pd is not None:
+    wshape = (o, cg, kh, kw) if groups == 1 else (groups, o // groups, cg, kh, kw)
+    for dtype in operand_types(ctx, groups == 1):
+        pd = None
+        try:
+            src, dst = lib.md((n, c, h, wd), _ACDB, dtype), lib.md((n, o, oh, ow), _ACDB)
+            w_any = lib.md(wshape, _ANY, dtype)
+            b_md = lib.md((o,), _TAG_A) if bias is not None else None
+            pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr),
+                             tuple(("add", dst) if op[0] == "add" else op for op in post))
+            impl = _jit_impl(lib, pd, dtype)
+            w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))  # make() needs it after pd is gone
+            w_plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
+            w_reorder = lib.reorder(w_plain, w_md)
+        except DnnlError as exc:
+            log.debug("rlx-cpu: oneDNN declined a convolution %s -> %s (%s operands): %s", tuple(x.shape),
+                      tuple(out.shape), _TYPE_NAMES[dtype], exc)
+            if pd is not None:
+                lib.destroy(pds=(pd,))
+            continue
+        try:
+            held = (lib.md((n, c, h, wd), _ACDB if src_cl else _ABCD),
+                    lib.md((n, o, oh, ow), _ACDB if dst_cl else _ABCD))
+            return _conv_call(lib, pd, impl, x, w, bias, out, post, (src, dst, w_any, b_md, w_md, w_plain, w_reorder),
+                              held, wshape, ctx, dtype)
+        finally:
             lib.destroy(pds=(pd,))
-        return None
-    try:
-        return _conv_call(lib, pd, impl, x, w, bias, out, post, (src, dst, w_any, b_md, w_md, w_plain, w_reorder),
-                          (n, c, h, wd), (n, o, oh, ow), wshape, (src_cl, dst_cl), ctx)
-    finally:
-        lib.destroy(pds=(pd,))
+    return None
 
 
 def _conv_call(lib: Dnnl, pd: Any, impl: str, x: Any, w: Any, bias: Any, out: Any, post: tuple[tuple[Any, ...], ...],
-               objs: tuple[Any, ...], x_dims: tuple[int, ...], y_dims: tuple[int, ...], wshape: tuple[int, ...],
-               cl: tuple[bool, bool], ctx: Any) -> list[Step] | None:
+               objs: tuple[Any, ...], held: tuple[Any, Any], wshape: tuple[int, ...], ctx: Any,
+               dtype: int) -> list[Step] | None:
     """``conv_steps``' step once oneDNN took the convolution (``pd``; ``objs``: the
-    descriptors and the weights' reorder made for it)."""
+    descriptors and the weights' reorder made for it; ``held``: how ``x`` and ``out``
+    lie; ``dtype``: its operands')."""
     src, dst, w_any, b_md, w_md, w_plain, w_reorder = objs
     w_size = lib.size(w_md)
 
@@ -198,21 +209,43 @@ def _conv_call(lib: Dnnl, pd: Any, impl: str, x: Any, w: Any, bias: Any, out: An
             keep.append(op[1])
             mems[f"post{k}"] = lib.memory(dst, _addr(op[1]))
             args.append((_ARG_POST_OP_BASE * (k + 1) | _ARG_SRC_1, mems[f"post{k}"]))
-    call = _layouted(_ConvCall, lib, pd, (src, dst), x, out, x_dims, y_dims, cl, ctx, args, keep, mems,
+    call = _layouted(_ConvCall, lib, pd, (src, dst), x, out, held, ctx, args, keep, mems,
                      [w_any, *((b_md,) if b_md is not None else ())])
+    _rounded(ctx, dtype, "convolution")
     # The weights' reorder (and its descriptors) are freed with the executable's derived
     # array, which ``make`` refills.
     weakref.finalize(wbuf, lib.destroy, (), (w_reorder,), (w_plain, w_md))
     return [Step(call, (x, out))]
 
 
-def _jit_impl(lib: Dnnl, pd: Any) -> str:
+def _jit_impl(lib: Dnnl, pd: Any, dtype: int = _F32) -> str:
     """The implementation oneDNN chose for ``pd``; ``DnnlError`` where that is one of its
-    reference loops (orders of magnitude slower than rlx's kernels: rlx's then run it)."""
+    reference loops (orders of magnitude slower than rlx's kernels: rlx's then run it),
+    or, for reduced-precision operands, not one on the units that make them pay (AMX:
+    bf16 on AVX-512 alone ran 1.5-1.8x float32's time; ``onednn.precisions``)."""
     impl = lib.impl(pd)
     if impl.startswith("ref"):
         raise DnnlError(f"only its reference implementation ({impl}) takes it")
+    if dtype != _F32 and "amx" not in impl:
+        raise DnnlError(f"its {_TYPE_NAMES[dtype]} implementation here ({impl}) is not on AMX")
     return impl
+
+
+def operand_types(ctx: Any, dense: bool) -> tuple[int, ...]:
+    """The dtypes to try, in order, for a product's operands under the build's precision
+    (``ctx.precision``, ``CompileOptions.precision``): the reduced one first where this
+    host takes it and the product is ``dense`` (grouped and depthwise convolutions are
+    memory-bound: AMX's tiles gain them nothing), then float32."""
+    found = reduced(getattr(ctx, "precision", "fp32")) if dense else None
+    return (found[1], _F32) if found is not None else (_F32,)
+
+
+def _rounded(ctx: Any, dtype: int, what: str) -> None:
+    """Tell the build (``ctx.rounded``, where it counts them for the report) that a
+    ``what`` runs with ``dtype`` operands, when that is a reduced precision."""
+    note = getattr(ctx, "rounded", None)
+    if dtype != _F32 and note is not None:
+        note(_TYPE_NAMES[dtype], what)
 
 
 def _reordered(lib: Dnnl, reorder: Any, plain: Any, blocked: Any, size: int,
@@ -237,17 +270,18 @@ def _reordered(lib: Dnnl, reorder: Any, plain: Any, blocked: Any, size: int,
 
 
 def _layouted(kind: type[_Call], lib: Dnnl, pd: Any, mds: tuple[Any, Any], x: Any, out: Any,
-              x_dims: tuple[int, ...], y_dims: tuple[int, ...], cl: tuple[bool, bool], ctx: Any,
-              args: list[tuple[int, Any]], keep: list[Any], mems: dict[str, Any], descs: list[Any]) -> _Call:
-    """The call running primitive ``pd`` (NHWC source and destination ``mds``) from ``x``
-    into ``out``: each read in place where it is NHWC (``cl``), else through a reorder
-    from NCHW (the source) or to NCHW (the result) in plan scratch; ``args``: the
-    primitive's other arguments (``(DNNL_ARG_*, memory)``). Every array whose address
-    oneDNN holds stays referenced by the call (a plan's scratch is a view of an arena
-    buffer that lives only as long as its views); the memories, descriptors and
-    primitives are freed with it (with the plan that holds its step)."""
+              held_as: tuple[Any, Any], ctx: Any, args: list[tuple[int, Any]], keep: list[Any],
+              mems: dict[str, Any], descs: list[Any]) -> _Call:
+    """The call running primitive ``pd`` (source and destination ``mds``) from ``x`` into
+    ``out``, which lie as ``held_as`` describes (descriptors this call takes over): each
+    read in place where that is the primitive's own, else through a reorder in plan
+    scratch (NCHW to NHWC, float32 to a reduced precision's operands; the result back to
+    NCHW); ``args``: the primitive's other arguments (``(DNNL_ARG_*, memory)``). Every
+    array whose address oneDNN holds stays referenced by the call (a plan's scratch is a
+    view of an arena buffer that lives only as long as its views); the memories,
+    descriptors and primitives are freed with it (with the plan that holds its step)."""
     src, dst = mds
-    descs = [*descs, src, dst]
+    descs = [*descs, src, dst, *held_as]
     pad = lib.query_md(pd, _QUERY_SCRATCHPAD_MD)
     scratch = ctx.scratch((max(lib.size(pad) // 4 + 16, 1),), np.float32)
     keep.append(scratch)
@@ -266,29 +300,27 @@ def _layouted(kind: type[_Call], lib: Dnnl, pd: Any, mds: tuple[Any, Any], x: An
     def reorder(a: str, b: str) -> tuple[Any, Any, int]:
         return (lib.reorder(mds_of[a], mds_of[b]), (_Arg * 2)(_Arg(_ARG_SRC, mems[a]), _Arg(_ARG_DST, mems[b])), 2)
 
-    mds_of = {"x_nhwc": src, "y_nhwc": dst}
-    if cl[0]:
+    x_as, y_as = held_as
+    in_place = lib.equal(x_as, src), lib.equal(y_as, dst)
+    mds_of = {"x_nhwc": src, "y_nhwc": dst, "x": x_as, "y": y_as}
+    if in_place[0]:
         mems["x_nhwc"] = held(x, src, 0)
     else:
-        mds_of["x"] = lib.md(x_dims, _ABCD)
-        descs.append(mds_of["x"])
-        x_nhwc = ctx.scratch((lib.size(src) // 4,), np.float32)
+        x_nhwc = ctx.scratch((-(-lib.size(src) // 4),), np.float32)
         keep.append(x_nhwc)
-        mems["x"], mems["x_nhwc"] = held(x, mds_of["x"], 0), lib.memory(src, _addr(x_nhwc))
+        mems["x"], mems["x_nhwc"] = held(x, x_as, 0), lib.memory(src, _addr(x_nhwc))
         prims.append(reorder("x", "x_nhwc"))
-    if cl[1]:
+    if in_place[1]:
         mems["y_nhwc"] = held(out, dst, 1)
     else:
-        y_nhwc = ctx.scratch((lib.size(dst) // 4,), np.float32)
+        y_nhwc = ctx.scratch((-(-lib.size(dst) // 4),), np.float32)
         keep.append(y_nhwc)
         mems["y_nhwc"] = lib.memory(dst, _addr(y_nhwc))
     main = [_Arg(_ARG_SRC, mems["x_nhwc"]), _Arg(_ARG_DST, mems["y_nhwc"]), _Arg(_ARG_SCRATCHPAD, mems["pad"]),
             *(_Arg(a, m) for a, m in args)]
     prims.append((lib.primitive(pd), (_Arg * len(main))(*main), len(main)))
-    if not cl[1]:
-        mds_of["y"] = lib.md(y_dims, _ABCD)
-        descs.append(mds_of["y"])
-        mems["y"] = held(out, mds_of["y"], 1)
+    if not in_place[1]:
+        mems["y"] = held(out, y_as, 1)
         prims.append(reorder("y_nhwc", "y"))
     call = kind(lib, tuple(prims), (handles[0], handles[1]), tuple(keep))
     weakref.finalize(call, lib.destroy, tuple(mems.values()), tuple(p for p, _, _ in prims), tuple(descs))
@@ -320,8 +352,8 @@ def pool_steps(lib: Dnnl, x: Any, out: Any, is_max: bool, include_pad: bool, ker
         src, dst = lib.md((n, c, h, wd), _ACDB), lib.md((n, c, oh, ow), _ACDB)
         pd = lib.pool_pd(alg, src, dst, stride, kernel, dilation, (pt, pl), (pb2, pr2))
         _jit_impl(lib, pd)
-        call = _layouted(_PoolCall, lib, pd, (src, dst), x, out, (n, c, h, wd), (n, c, oh, ow), (src_cl, dst_cl),
-                         ctx, [], [], {}, [])
+        held = (lib.md((n, c, h, wd), _ACDB if src_cl else _ABCD), lib.md((n, c, oh, ow), _ACDB if dst_cl else _ABCD))
+        call = _layouted(_PoolCall, lib, pd, (src, dst), x, out, held, ctx, [], [], {}, [])
     except DnnlError as exc:
         log.debug("rlx-cpu: oneDNN declined a pool %s -> %s: %s", tuple(x.shape), tuple(out.shape), exc)
         return None
@@ -391,55 +423,58 @@ def matmul_steps(lib: Dnnl, a: Any, b: Any, bias: Any, out: Any, ctx: Any,
     if not all(isinstance(x, Dyn) or x.flags.c_contiguous for x in (a, out)):  # plan views read as row-major
         return None
     post = (() if activation == "none" else (("eltwise", ELTWISE[ACTIVATION_POST[activation]], 0.0, 0.0),))
-    pd, made = None, []
-    try:
-        src, dst, w_any = lib.md((m, k), _AB), lib.md((m, n), _AB), lib.md((k, n), _ANY)
-        made += [src, dst, w_any]
-        b_md = lib.md((1, n), _AB) if bias is not None else None
-        made += [b_md] if b_md is not None else []
-        pd = lib.matmul_pd(src, w_any, b_md, dst, post)
-        impl = _jit_impl(lib, pd)
-        w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))
-        w_plain = lib.md_strided((k, n), tuple(st // 4 for st in b.strides))
-        w_reorder = lib.reorder(w_plain, w_md)
-        prim = lib.primitive(pd)
-        pad = lib.clone_md(lib.query_md(pd, _QUERY_SCRATCHPAD_MD))
-    except DnnlError as exc:
-        log.debug("rlx-cpu: oneDNN declined a product %s @ %s: %s", tuple(a.shape), tuple(b.shape), exc)
-        lib.destroy(descs=made)
-        return None
-    finally:
-        if pd is not None:
+    for dtype in operand_types(ctx, True):
+        pd, made = None, []
+        try:
+            src, dst, w_any = lib.md((m, k), _AB, dtype), lib.md((m, n), _AB), lib.md((k, n), _ANY, dtype)
+            made += [src, dst, w_any]
+            b_md = lib.md((1, n), _AB) if bias is not None else None
+            made += [b_md] if b_md is not None else []
+            pd = lib.matmul_pd(src, w_any, b_md, dst, post)
+            impl = _jit_impl(lib, pd, dtype)
+            w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))
+            made.append(w_md)
+            w_plain = lib.md_strided((k, n), tuple(st // 4 for st in b.strides))
+            made.append(w_plain)
+            w_reorder = lib.reorder(w_plain, w_md)
+        except DnnlError as exc:
+            log.debug("rlx-cpu: oneDNN declined a product %s @ %s (%s operands): %s", tuple(a.shape),
+                      tuple(b.shape), _TYPE_NAMES[dtype], exc)
+            lib.destroy(descs=made)
+            if pd is not None:
+                lib.destroy(pds=(pd,))
+            continue
+        try:
+            return _matmul_call(lib, pd, impl, a, b, bias, out, (src, dst, w_any, b_md, w_md, w_plain, w_reorder),
+                                ctx, dtype)
+        finally:
             lib.destroy(pds=(pd,))
-    w_size = lib.size(w_md)
+    return None
 
-    make = _reordered(lib, w_reorder, w_plain, w_md, w_size, contiguous=False)
-    descs = [src, dst, w_any, pad, *((b_md,) if b_md is not None else ())]
-    wbuf = derived(b, ("onednn_matmul_weights", (k, n), tuple(b.strides), impl, lib.layout(w_md, (k, n))), make)
+
+def _matmul_call(lib: Dnnl, pd: Any, impl: str, a: Any, b: Any, bias: Any, out: Any, objs: tuple[Any, ...],
+                 ctx: Any, dtype: int) -> list[Step] | None:
+    """``matmul_steps``' step once oneDNN took the product (``pd``; ``objs``: the
+    descriptors and the weights' reorder made for it; ``dtype``: its operands')."""
+    src, dst, w_any, b_md, w_md, w_plain, w_reorder = objs
+    (m, k), n = a.shape, out.shape[1]
+    make = _reordered(lib, w_reorder, w_plain, w_md, lib.size(w_md), contiguous=False)
+    wbuf = ctx.derived(b, ("onednn_matmul_weights", (k, n), tuple(b.strides), impl, lib.layout(w_md, (k, n))), make)
     if wbuf is None:
-        lib.destroy((), (w_reorder, prim), (w_plain, w_md, *descs))
+        lib.destroy((), (w_reorder,), (w_plain, w_md, src, dst, w_any, *((b_md,) if b_md is not None else ())))
         return None
     weakref.finalize(wbuf, lib.destroy, (), (w_reorder,), (w_plain, w_md))
-    scratch = ctx.scratch((max(lib.size(pad) // 4 + 16, 1),), np.float32)
-    keep: list[Any] = [wbuf, b, scratch]
-    handles: list[Any] = [None, None]
-
-    def held(arr: Any, md: Any, key: int) -> Any:
-        if isinstance(arr, Dyn):  # a caller's array: its address is set per run
-            handles[key] = lib.memory(md, 0)
-            return handles[key]
-        keep.append(arr)
-        return lib.memory(md, _addr(arr))
-
-    mems = [held(a, src, 0), held(out, dst, 1), lib.memory(w_md, wbuf.ctypes.data), lib.memory(pad, _addr(scratch))]
-    args = [_Arg(_ARG_SRC, mems[0]), _Arg(_ARG_DST, mems[1]), _Arg(_ARG_WEIGHTS, mems[2]),
-            _Arg(_ARG_SCRATCHPAD, mems[3])]
+    keep: list[Any] = [wbuf, b]
+    mems: dict[str, Any] = {"w": lib.memory(w_md, wbuf.ctypes.data)}
+    args = [(_ARG_WEIGHTS, mems["w"])]
     if bias is not None:
         keep.append(bias)
-        mems.append(lib.memory(b_md, _addr(bias)))
-        args.append(_Arg(_ARG_BIAS, mems[-1]))
-    call = _MatmulCall(lib, ((prim, (_Arg * len(args))(*args), len(args)),), (handles[0], handles[1]), tuple(keep))
-    weakref.finalize(call, lib.destroy, tuple(mems), (prim,), tuple(descs))
+        mems["b"] = lib.memory(b_md, _addr(bias))
+        args.append((_ARG_BIAS, mems["b"]))
+    held = (lib.md((m, k), _AB), lib.md((m, n), _AB))  # row-major float32, as the plan holds them
+    call = _layouted(_MatmulCall, lib, pd, (src, dst), a, out, held, ctx, args, keep, mems,
+                     [w_any, *((b_md,) if b_md is not None else ())])
+    _rounded(ctx, dtype, "product")
     return [Step(call, (a, out))]
 
 
@@ -453,7 +488,8 @@ def dense_steps(a: Any, b: Any, bias: Any, activation: str, out: Any, ctx: Any) 
     a2, b2, out2 = stacked_rows(a, b, out)
     if a2.ndim != 2 or b2.ndim != 2 or out2.ndim != 2 or min(out2.shape) <= 1:  # a gemv: rlx_gemv's
         return None
-    lib = use("matmul")
+    found = reduced(getattr(ctx, "precision", "fp32"))  # a reduced precision's products: all on oneDNN
+    lib = found[0] if found is not None else use("matmul")
     return None if lib is None else matmul_steps(lib, a2, b2, bias, out2, ctx, activation)
 
 
@@ -469,66 +505,114 @@ class RunTimeDense:
     ``out`` are described per call. oneDNN 3.2 runs it as its jit GEMM where a fixed row
     count gets its brgemm kernels: 0.95-1.2x their time at 37 to 4096 rows of a 256 x 1024
     dense layer, 1.5x at 1-9 rows (tens of microseconds; BENCHMARKS.md, "Any size").
+    Under a reduced ``precision`` this host takes (``onednn.reduced``) its operands are in
+    that format, ``a`` rounded per call by a reorder made once for every row count too.
     ``make`` raises ``DnnlError`` where oneDNN declines it or runs only a reference loop."""
 
-    def __init__(self, lib: Dnnl, w: np.ndarray, bias: np.ndarray | None, activation: str) -> None:
+    def __init__(self, lib: Dnnl, w: np.ndarray, bias: np.ndarray | None, activation: str,
+                 precision: str = "fp32") -> None:
         k, n = w.shape
         self.lib, self.w, self.bias, self.k, self.n = lib, w, bias, k, n
         post = (() if activation == "none" else (("eltwise", ELTWISE[ACTIVATION_POST[activation]], 0.0, 0.0),))
-        pd, made = None, []
+        found = reduced(precision)
+        dtypes = (found[1], _F32) if found is not None and found[0] is lib else (_F32,)
+        for dtype in dtypes:
+            try:
+                self._make_primitive(lib, w, bias, post, dtype)
+                break
+            except DnnlError:
+                if dtype == _F32:
+                    raise
+        self.precision = _TYPE_NAMES[self.dtype]
+        self.weights = self._make(w, None)
+        # oneDNN's scratchpad for the call (none for its jit GEMM), and the rounded source
+        # under a reduced precision: one per thread, since the executable's runs may
+        # overlap and a primitive's scratchpad is the caller's.
+        self._pad_floats, self._local = lib.size(self._pad) // 4 + 16, threading.local()
+        mems = [lib.memory(self._w_md, self.weights.ctypes.data)]
+        fixed = [_Arg(_ARG_WEIGHTS, mems[0])]
+        if bias is not None:
+            mems.append(lib.memory(self._b_md, _addr(bias)))
+            fixed.append(_Arg(_ARG_BIAS, mems[-1]))
+        self._fixed = fixed
+        self._nargs = len(fixed) + 3
+        weakref.finalize(self, lib.destroy, tuple(mems), tuple(self._prims), tuple(self._descs))
+
+    def _make_primitive(self, lib: Dnnl, w: np.ndarray, bias: np.ndarray | None, post: tuple[Any, ...],
+                        dtype: int) -> None:
+        """The matmul (and, for reduced operands, the source's rounding) with ``dtype``
+        operands; ``DnnlError`` where oneDNN declines them (nothing kept)."""
+        k, n = self.k, self.n
+        pd, made, prims = None, [], []
         try:
-            src, dst = lib.md((_RUNTIME_DIM, k), _AB), lib.md((_RUNTIME_DIM, n), _AB)
-            w_any = lib.md((k, n), _ANY)
+            src, dst = lib.md((_RUNTIME_DIM, k), _AB, dtype), lib.md((_RUNTIME_DIM, n), _AB)
+            w_any = lib.md((k, n), _ANY, dtype)
             made += [src, dst, w_any]
             b_md = lib.md((1, n), _AB) if bias is not None else None
             made += [b_md] if b_md is not None else []
             pd = lib.matmul_pd(src, w_any, b_md, dst, post)
-            _jit_impl(lib, pd)
+            _jit_impl(lib, pd, dtype)
             w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))
             made.append(w_md)
             w_plain = lib.md_strided((k, n), tuple(st // 4 for st in w.strides))
             made.append(w_plain)
-            self._reorder = lib.reorder(w_plain, w_md)
-            self.prim = lib.primitive(pd)
+            prims.append(lib.reorder(w_plain, w_md))
+            prims.append(lib.primitive(pd))
+            if dtype != _F32:
+                plain_src = lib.md((_RUNTIME_DIM, k), _AB)
+                made.append(plain_src)
+                prims.append(lib.reorder(plain_src, src))
             pad = lib.clone_md(lib.query_md(pd, _QUERY_SCRATCHPAD_MD))
             made.append(pad)
         except DnnlError:
-            lib.destroy(descs=made)
+            lib.destroy(primitives=prims, descs=made)
             raise
         finally:
             if pd is not None:
                 lib.destroy(pds=(pd,))
+        self.dtype, self._w_md, self._b_md, self._pad = dtype, w_md, b_md, pad
+        self._reorder, self.prim = prims[0], prims[1]
+        self._round = prims[2] if dtype != _F32 else None
+        self._prims, self._descs = prims, made
         self._make = _reordered(lib, self._reorder, w_plain, w_md, lib.size(w_md), contiguous=False)
-        self.weights = self._make(w, None)
-        # oneDNN's scratchpad for the call (none for its jit GEMM): one per thread, since the
-        # executable's runs may overlap and a primitive's scratchpad is the caller's.
-        self._pad, self._pad_floats, self._local = pad, lib.size(pad) // 4 + 16, threading.local()
-        mems = [lib.memory(w_md, self.weights.ctypes.data)]
-        fixed = [_Arg(_ARG_WEIGHTS, mems[0])]
-        if bias is not None:
-            mems.append(lib.memory(b_md, _addr(bias)))
-            fixed.append(_Arg(_ARG_BIAS, mems[-1]))
-        self._fixed = fixed
-        self._nargs = len(fixed) + 3
-        weakref.finalize(self, lib.destroy, tuple(mems), (self._reorder, self.prim), tuple(made))
 
     def refresh(self) -> None:
         """Reorder the weights again from ``w`` (its values changed in place: ``set_param``)."""
         self._make(self.w, self.weights)
 
+    def _scratch(self, rows: int) -> tuple[Any, np.ndarray | None]:
+        """This thread's scratchpad memory, and its buffer for ``rows`` rounded source rows
+        (grown as needed; None in float32)."""
+        local, lib = self._local, self.lib
+        pad = getattr(local, "pad", None)
+        if pad is None:  # this thread's scratchpad, and its memory (freed with the thread's local)
+            scratch = aligned_empty(self._pad_floats, np.float32)
+            pad = local.pad = (lib.memory(self._pad, scratch.ctypes.data), scratch)
+            weakref.finalize(scratch, lib.destroy, (pad[0],))
+        if self._round is None:
+            return pad[0], None
+        rounded = getattr(local, "rounded", None)
+        if rounded is None or rounded.size * 2 < rows * self.k:  # two bf16 operands per float32
+            rounded = local.rounded = aligned_empty(-(-rows * self.k // 2), np.float32)
+        return pad[0], rounded
+
     def __call__(self, a: np.ndarray, out: np.ndarray) -> None:
         """``a`` (rows, k) and ``out`` (rows, n): C-contiguous float32."""
         lib, rows = self.lib, a.shape[0]
-        pad = getattr(self._local, "pad", None)
-        if pad is None:  # this thread's scratchpad, and its memory (freed with the thread's local)
-            scratch = aligned_empty(self._pad_floats, np.float32)
-            pad = self._local.pad = (lib.memory(self._pad, scratch.ctypes.data), scratch)
-            weakref.finalize(scratch, lib.destroy, (pad[0],))
-        src, dst = lib.md((rows, self.k), _AB), lib.md((rows, self.n), _AB)
-        ms, md = lib.memory(src, _addr(a)), lib.memory(dst, _addr(out))
+        pad, rounded = self._scratch(rows)
+        src, dst = lib.md((rows, self.k), _AB, self.dtype), lib.md((rows, self.n), _AB)
+        descs, mems = [src, dst], []
         try:
-            args = (_Arg * self._nargs)(_Arg(_ARG_SRC, ms), _Arg(_ARG_DST, md), _Arg(_ARG_SCRATCHPAD, pad[0]),
+            if rounded is None:
+                mems.append(lib.memory(src, _addr(a)))
+            else:  # a rounded into this thread's buffer first
+                plain = lib.md((rows, self.k), _AB)
+                descs.append(plain)
+                mems += [lib.memory(plain, _addr(a)), lib.memory(src, rounded.ctypes.data)]
+                lib.run(self._round, (_Arg * 2)(_Arg(_ARG_SRC, mems[0]), _Arg(_ARG_DST, mems[1])), 2)
+            mems.append(lib.memory(dst, _addr(out)))
+            args = (_Arg * self._nargs)(_Arg(_ARG_SRC, mems[-2]), _Arg(_ARG_DST, mems[-1]), _Arg(_ARG_SCRATCHPAD, pad),
                                         *self._fixed)
             lib.run(self.prim, args, self._nargs)
         finally:
-            lib.destroy(memories=(ms, md), descs=(src, dst))
+            lib.destroy(memories=mems, descs=descs)

@@ -26,6 +26,7 @@ modules' ``reset``)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -41,7 +42,7 @@ from typing import Any
 from rlx_core.errors import CacheWarning
 from rlx_core.plugin import JsonCache
 
-__all__ = ["HostVerdicts", "VERDICTS", "VERDICT_TTL_S", "settled", "settled_answer"]
+__all__ = ["HostVerdicts", "VERDICTS", "VERDICT_TTL_S", "cpu_flags", "settled", "settled_answer"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -54,26 +55,38 @@ _WHAT = "rlx-cpu's timed choices on this host (GEMM or BLAS, convolution kernels
 _THREAD_VARS = ("OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 #: The modules whose probes make the verdicts: an edited one times them again.
 _DECIDERS = ("gemm.py", "conv_choice.py", "onednn.py")
-_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx2", "fma", "neon", "asimd", "sve")
+_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16", "avx2", "fma", "neon", "asimd", "sve")
 
 
-def _cpu() -> str:
-    """The CPU's model name and the vector extensions the kernels choose between (from
-    ``/proc/cpuinfo``; elsewhere the machine's architecture only: ``platform.processor``
-    runs ``uname -p`` in a child process)."""
-    model, flags = "", ""
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    """The CPU's model name and feature flags from ``/proc/cpuinfo`` (empty elsewhere)."""
+    model, flags = "", frozenset()
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return platform.machine()
+        return model, flags
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip().lower()
         if key in ("model name", "cpu model") and not model:
             model = value.strip()
         elif key in ("flags", "features") and not flags:
-            present = set(value.split())
-            flags = " ".join(f for f in _FLAGS if f in present)
+            flags = frozenset(value.split())
+    return model, flags
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``; empty where there is none)."""
+    return _cpuinfo()[1]
+
+
+def _cpu() -> str:
+    """The CPU's model name and the vector extensions the kernels choose between (from
+    ``/proc/cpuinfo``; elsewhere the machine's architecture only: ``platform.processor``
+    runs ``uname -p`` in a child process)."""
+    model, present = _cpuinfo()
+    flags = " ".join(f for f in _FLAGS if f in present)
     return f"{model or platform.machine()} [{flags}]"
 
 

@@ -19,8 +19,9 @@ def _own_cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 def _rlx_convolutions(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Convolutions on rlx's own kernels (RLX_CPU_ONEDNN=off), which these tests spy on
     and which every host without the ``onednn`` extra runs; ``test_onednn.py`` sets its own,
-    and ``test_layout.py`` runs on oneDNN's (channels-last chains need it)."""
-    if request.node.module.__name__.rsplit(".", 1)[-1] not in ("test_onednn", "test_layout"):
+    and ``test_layout.py`` and ``test_precision.py`` run on oneDNN's (channels-last chains
+    and bf16 need it)."""
+    if request.node.module.__name__.rsplit(".", 1)[-1] not in ("test_onednn", "test_layout", "test_precision"):
         monkeypatch.setenv("RLX_CPU_ONEDNN", "off")
 
 

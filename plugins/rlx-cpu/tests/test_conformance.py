@@ -20,5 +20,8 @@ def test_every_check_passes_and_none_is_skipped() -> None:
     """The universal fallback claims every op, so no op check may be skipped."""
     report = check_backend(CpuBackend(), ops=["add", "softmax", "conv2d"], max_examples=3)
     assert report.ok, report.summary()
-    assert not report.skipped, report.summary()
+    # ``precisions`` skips on a host without a reduced precision (no AMX, or oneDNN off as
+    # here: test_precision.py runs it with oneDNN where the host has it).
+    skipped = [r for r in report.skipped if r.name != "precisions" or CpuBackend().precisions()]
+    assert not skipped, report.summary()
     assert {"api", "probe", "op:softmax", "set_param", "concurrent_runs"} <= {r.name for r in report.passed}

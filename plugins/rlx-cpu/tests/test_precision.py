@@ -1,0 +1,170 @@
+"""``precision="bf16"`` on cpu (``onednn.precisions``, ``onednn_steps.operand_types``):
+declared only where the CPU has AMX and oneDNN is installed; then convolutions and dense
+layers' products take bf16 operands (float32 accumulation) and nothing else changes.
+
+Every product is held to the bound of bf16 operands with float32 accumulation
+(``rlx_core.testing._precision.product_bound``) against the float64 reference, and must
+differ from the float32 answer (it really ran in bf16). The tests that run bf16 skip on a
+host without AMX; the declaration's logic is tested everywhere."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rlx_core as rlx
+from rlx_core.ir import Graph
+from rlx_core.reference import evaluate
+from rlx_core.testing import check_backend
+from rlx_core.testing._precision import product_bound
+from rlx_cpu import onednn, verdicts
+
+CPU = rlx.get_backend("cpu")
+HAS_BF16 = "bf16" in CPU.precisions()
+needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="bf16 needs an AMX CPU and oneDNN (rlx-cpu[onednn]); "
+                                 f"this host declares {sorted(CPU.precisions()) or 'none'}")
+
+
+def within_bf16(got: np.ndarray, graph: Graph, absolute: Graph, feeds: dict[str, np.ndarray], terms: int) -> None:
+    exact = evaluate(graph, feeds)[0]
+    magnitude = evaluate(absolute, {k: np.abs(v) for k, v in feeds.items()})[0]
+    excess = np.abs(got.astype(np.float64) - exact) - product_bound("bf16", terms, magnitude)
+    assert excess.max() <= 0, f"{excess.max()} beyond the bf16 bound"
+    assert not np.allclose(got, exact, rtol=1e-5, atol=1e-6), "no rounding: the product ran in float32"
+
+
+def conv_graphs(x_shape: tuple[int, ...], w: np.ndarray, bias: np.ndarray | None, **kw: object) -> tuple[Graph, Graph]:
+    graphs = []
+    for sign in (1, -1):
+        weights = w if sign == 1 else np.abs(w)
+        g = Graph("conv")
+        b = None if bias is None else g.param("b", bias if sign == 1 else np.abs(bias))
+        g.set_outputs([g.conv2d(g.input("x", x_shape), g.param("w", weights), b, **kw)])
+        graphs.append(g)
+    return graphs[0], graphs[1]
+
+
+def test_bf16_is_declared_only_with_amx_and_onednn(monkeypatch):
+    monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    assert CPU.precisions() == frozenset()  # AVX512_BF16 alone: bf16 ran slower than float32
+    monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset({"avx512f", "amx_bf16", "amx_tile"}))
+    monkeypatch.setattr(onednn, "find_library", lambda: None)
+    assert CPU.precisions() == frozenset()  # no oneDNN
+    monkeypatch.setattr(onednn, "find_library", lambda: "/lib/libdnnl.so.3")
+    assert CPU.precisions() == frozenset({"bf16"})
+    monkeypatch.setenv("RLX_CPU_ONEDNN", "off")
+    assert CPU.precisions() == frozenset()
+
+
+def test_a_host_without_it_says_float32_throughout(monkeypatch):
+    monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset())
+    rng = np.random.default_rng(0)
+    g = Graph("mm")
+    g.set_outputs([g.matmul(g.input("x", (4, 32)), g.param("w", rng.standard_normal((32, 8)).astype(np.float32)))])
+    cg = rlx.compile(g, device="cpu", precision="bf16")
+    assert any("cpu does not compute in bf16 on this host: float32 throughout" in n for n in cg.report().notes)
+    feeds = {"x": rng.standard_normal((4, 32)).astype(np.float32)}
+    np.testing.assert_allclose(cg.run(feeds)[0], evaluate(g, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+@needs_bf16
+def test_the_conformance_kit_holds_cpu_to_the_bf16_bound():
+    report = check_backend(CPU, ops=["matmul", "conv2d"], max_examples=3)
+    assert report["precisions"].outcome == "passed", report.summary()
+
+
+@needs_bf16
+def test_convolutions_take_bf16_operands():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    g, absolute = conv_graphs((2, 16, 14, 14), w, b, padding=1)
+    feeds = {"x": rng.standard_normal((2, 16, 14, 14)).astype(np.float32)}
+    cg = rlx.compile(g, device="cpu", precision="bf16")
+    notes = " ".join(cg.report().notes)
+    assert "precision: 1 convolution with bf16 operands on AMX" in notes, notes
+    within_bf16(cg.run(feeds)[0], g, absolute, feeds, 16 * 9)
+
+
+@needs_bf16
+def test_a_channels_last_chain_rounds_each_convolution_input_in_scratch():
+    rng = np.random.default_rng(5)
+    g = Graph("chain")
+    x = g.input("x", (2, 16, 14, 14))
+    y = g.relu(g.conv2d(x, g.param("w1", rng.standard_normal((32, 16, 3, 3)).astype(np.float32) / 12), padding=1))
+    g.set_outputs([g.conv2d(y, g.param("w2", rng.standard_normal((8, 32, 1, 1)).astype(np.float32) / 6))])
+    feeds = {"x": rng.standard_normal((2, 16, 14, 14)).astype(np.float32)}
+    cg = rlx.compile(g, device="cpu", precision="bf16")
+    assert any("precision: 2 convolutions with bf16 operands" in n for n in cg.report().notes), cg.report().notes
+    exact = evaluate(g, feeds)[0]
+    err = np.abs(cg.run(feeds)[0] - exact).max() / np.abs(exact).max()
+    assert 1e-5 < err < 2e-2  # rounded, as bf16 is: two products deep through a relu
+
+
+@needs_bf16
+def test_dense_layers_take_bf16_operands_and_set_param_reorders_them_again():
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((96, 40)).astype(np.float32)
+    graphs = []
+    for weights in (w, np.abs(w)):
+        g = Graph("dense")
+        g.set_outputs([g.matmul(g.input("x", (12, 96)), g.param("w", weights))])
+        graphs.append(g)
+    feeds = {"x": rng.standard_normal((12, 96)).astype(np.float32)}
+    cg = rlx.compile(graphs[0], device="cpu", precision="bf16")
+    assert any("1 product with bf16 operands" in n for n in cg.report().notes), cg.report().notes
+    within_bf16(cg.run(feeds)[0], graphs[0], graphs[1], feeds, 96)
+    w2 = rng.standard_normal((96, 40)).astype(np.float32)
+    cg.set_param("w", w2)
+    for graph, weights in zip(graphs, (w2, np.abs(w2))):
+        graph.replace_value(graph.params[0], weights)
+    within_bf16(cg.run(feeds)[0], graphs[0], graphs[1], feeds, 96)
+
+
+@needs_bf16
+def test_a_symbolic_graph_rounds_on_the_executable_for_every_size():
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((256, 512)).astype(np.float32)
+    graphs = []
+    for weights in (w, np.abs(w)):
+        g = Graph("dense_any")
+        g.set_outputs([g.matmul(g.input("x", ("rows", 256)), g.param("w", weights))])
+        graphs.append(g)
+    cg = rlx.compile(graphs[0], device="cpu", precision="bf16")
+    # Rows enough for oneDNN's product (``anysize_kernels.DENSE_MIN_MACS``; below it the
+    # BLAS's float32 product is the faster), at sizes the any-size executable serves.
+    for rows in (40, 77, 130):
+        feeds = {"x": rng.standard_normal((rows, 256)).astype(np.float32)}
+        sized = [gr.specialize({"rows": rows}) for gr in graphs]
+        within_bf16(cg.run(feeds)[0], sized[0], sized[1], feeds, 256)
+    assert any("precision: 1 dense layer with bf16 operands" in n for n in cg.report().notes), cg.report().notes
+
+
+@needs_bf16
+def test_float32_stays_exact_beside_a_bf16_copy():
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    g, _ = conv_graphs((1, 8, 10, 10), w, None, padding=1)
+    feeds = {"x": rng.standard_normal((1, 8, 10, 10)).astype(np.float32)}
+    rounded = rlx.compile(g, device="cpu", precision="bf16").run(feeds)[0]
+    exact = rlx.compile(g, device="cpu").run(feeds)[0]
+    np.testing.assert_allclose(exact, evaluate(g, feeds)[0], rtol=1e-5, atol=1e-5)
+    assert not np.array_equal(rounded, exact)
+
+
+@needs_bf16
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(st.integers(1, 3), st.sampled_from([3, 8, 17]), st.sampled_from([4, 16, 33]), st.sampled_from([1, 3, 5]),
+       st.sampled_from([1, 2]), st.integers(5, 16), st.integers(0, 2**16))
+def test_any_convolution_at_bf16_is_within_the_bound(n, c, o, k, stride, size, seed):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((o, c, k, k)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    g, absolute = conv_graphs((n, c, size, size), w, b, padding=k // 2, stride=stride)
+    feeds = {"x": rng.standard_normal((n, c, size, size)).astype(np.float32)}
+    got = rlx.compile(g, device="cpu", precision="bf16").run(feeds)[0]
+    exact = evaluate(g, feeds)[0]
+    magnitude = evaluate(absolute, {"x": np.abs(feeds["x"])})[0]
+    assert np.all(np.abs(got - exact) <= product_bound("bf16", c * k * k, magnitude))
