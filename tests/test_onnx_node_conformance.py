@@ -39,8 +39,9 @@ from rlx_core.ir.dtypes import is_storage
 #: NonZero, Unique and NonMaxSuppression run on the host between compiled parts, 1638 with
 #: RoiAlign and GridSample there too, 1642 with the 3-D ConvTranspose, LpPool and ceil_mode,
 #: and MaxPool padded wider than half its window, 1648 with AveragePool's dilations, 1652 with
-#: AffineGrid, 1655 with ReverseSequence.
-PASS_FLOOR = 1655
+#: AffineGrid, 1655 with ReverseSequence, 1661 with DynamicQuantizeLinear, MatMulInteger and
+#: ConvInteger (ONNX Runtime's dynamic quantization).
+PASS_FLOOR = 1661
 #: float16 outputs are judged within this many float16 ulps of the expected value (or the
 #: case's own tolerance): rlx rounds a float16 graph at every op, the case's data rounds
 #: an exact result once, so a chain of ops may sit an ulp or two away.

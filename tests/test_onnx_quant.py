@@ -83,3 +83,76 @@ def test_what_is_not_read_is_refused_by_name(op: str, attrs: dict, match: str) -
     consts = {"s": scale}
     with pytest.raises(ModelError, match=match):
         rlx_onnx.load(_model(op, x, consts, opset=23, **attrs))
+
+
+# ----------------------------------------------------- dynamic quantization's integer ops
+def test_dynamic_quantize_linear_matches_onnxruntime() -> None:
+    for x in (RNG.uniform(-3, 5, (4, 7)).astype(np.float32), RNG.uniform(0.5, 2, (3, 5)).astype(np.float32),
+              RNG.uniform(-2, -0.1, (6,)).astype(np.float32)):  # both signs, all positive (min 0), all negative
+        node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
+        outs = [helper.make_tensor_value_info("y", TensorProto.UINT8, None),
+                helper.make_tensor_value_info("s", TensorProto.FLOAT, None),
+                helper.make_tensor_value_info("z", TensorProto.UINT8, None)]
+        check_against_ort(make_model([node], [vi("x", "float32", x.shape)], outs, [], opset=13), {"x": x},
+                          rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("zero_points", ["none", "scalar", "per row and column"])
+@pytest.mark.parametrize(("a_dtype", "b_dtype"), [("uint8", "int8"), ("uint8", "uint8"), ("int8", "int8")])
+def test_matmul_integer_matches_onnxruntime(zero_points: str, a_dtype: str, b_dtype: str) -> None:
+    a = RNG.integers(np.iinfo(a_dtype).min, np.iinfo(a_dtype).max, (5, 24), endpoint=True).astype(a_dtype)
+    b = RNG.integers(np.iinfo(b_dtype).min, np.iinfo(b_dtype).max, (24, 6), endpoint=True).astype(b_dtype)
+    consts: dict[str, np.ndarray] = {"b": b}
+    if zero_points != "none":
+        rows, cols = (5, 6) if zero_points != "scalar" else (1, 1)
+        consts["az"] = RNG.integers(0, 100, rows).astype(a_dtype).reshape(() if rows == 1 else (rows,))
+        consts["bz"] = RNG.integers(0, 100, cols).astype(b_dtype).reshape(() if cols == 1 else (cols,))
+    node = helper.make_node("MatMulInteger", ["a", *consts], ["y"])
+    model = make_model([node], [vi("a", a_dtype, a.shape)], [helper.make_tensor_value_info("y", TensorProto.INT32,
+                                                                                             None)],
+                       [init(k, v) for k, v in consts.items()], opset=13)
+    if zero_points == "per row and column":  # ORT's CPU kernel takes a scalar zero point for A only
+        graph = rlx_onnx.load(model)
+        az = consts["az"].astype(np.int32).reshape(5, 1)
+        want = (a.astype(np.int32) - az) @ (b.astype(np.int32) - consts["bz"].astype(np.int32))
+        from rlx_core import compile as rlx_compile
+        np.testing.assert_array_equal(rlx_compile(graph, device="cpu").run({"a": a})[0], want)
+        return
+    check_against_ort(model, {"a": a}, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("pads", [(0, 0, 0, 0), (1, 1, 1, 1)])
+def test_conv_integer_matches_onnxruntime(pads: tuple[int, ...]) -> None:
+    x = RNG.integers(0, 255, (2, 3, 6, 6), endpoint=True).astype(np.uint8)
+    w = RNG.integers(0, 255, (4, 3, 3, 3), endpoint=True).astype(np.uint8)
+    consts = {"w": w, "xz": np.array(128, np.uint8), "wz": np.array(7, np.uint8)}
+    node = helper.make_node("ConvInteger", ["x", *consts], ["y"], pads=list(pads))
+    model = make_model([node], [vi("x", "uint8", x.shape)], [helper.make_tensor_value_info("y", TensorProto.INT32,
+                                                                                             None)],
+                       [init(k, v) for k, v in consts.items()], opset=13)
+    check_against_ort(model, {"x": x}, rtol=0, atol=0)
+
+
+def test_a_model_quantized_by_onnxruntime_quantize_dynamic_loads_and_matches(tmp_path) -> None:
+    """ORT's ``quantize_dynamic`` rewrites a float model's MatMuls and Convs into
+    DynamicQuantizeLinear, MatMulInteger / ConvInteger and float rescaling: the file a user
+    of ORT's quantization tool has."""
+    quantization = pytest.importorskip("onnxruntime.quantization")
+    import onnx
+
+    w1 = RNG.standard_normal((3 * 8 * 8, 16)).astype(np.float32) / 8
+    wc = RNG.standard_normal((3, 3, 3, 3)).astype(np.float32) / 3
+    nodes = [helper.make_node("Conv", ["x", "wc"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Reshape", ["r", "shape"], ["flat"]),
+             helper.make_node("MatMul", ["flat", "w1"], ["y"])]
+    model = make_model(nodes, [vi("x", "float32", (2, 3, 8, 8))], [vi("y", "float32", (2, 16))],
+                       [init("wc", wc), init("w1", w1), init("shape", np.array([2, -1], np.int64))], opset=13)
+    src, dst = tmp_path / "float.onnx", tmp_path / "quantized.onnx"
+    onnx.save(model, src)
+    quantization.quantize_dynamic(str(src), str(dst), op_types_to_quantize=["MatMul", "Conv"])
+    quantized = onnx.load(str(dst))
+    ops = {n.op_type for n in quantized.graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"} <= ops, ops
+    x = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    check_against_ort(quantized, {"x": x}, rtol=1e-5, atol=1e-5)

@@ -118,6 +118,19 @@ def test_the_backend_gets_the_precision_and_the_report_says_it_took_it():
     assert backend.asked[1:] == ["bf16", "fp32"]
 
 
+def test_graph_devices_allow_it_to_every_device_they_compile_for():
+    backend = Rounding()
+    g, feeds = product_graph()
+    gd = rlx.GraphDevices(g, registry=registry(backend, ToyBackend()), precision="bf16")
+    cg = gd.compile("rounding")
+    assert backend.asked == ["bf16"]
+    assert any("precision bf16 allowed: rounding computes" in n for n in cg.report().notes)
+    assert any("toy does not compute in bf16" in n for n in gd.compile("toy").report().notes)
+    assert not np.allclose(gd.run(feeds, device="rounding")[0], rlx.reference.evaluate(g, feeds)[0], rtol=1e-6)
+    with pytest.raises(ConfigError, match="precision must be one of"):
+        rlx.GraphDevices(g, precision="int2")
+
+
 def test_fp32_by_default_says_nothing_of_precision():
     backend = Rounding()
     g, feeds = product_graph()

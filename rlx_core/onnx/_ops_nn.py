@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ._context import NodeContext, converter
+from ._ops_quant import zero_shifted
 from ._shapes import Operand, frozen
 
 __all__: list[str] = []
@@ -78,12 +79,13 @@ def _as_2d(c: NodeContext, x: Operand) -> Operand:
     return c.f.op("reshape", x, shape=(shape[0], shape[1], 1, shape[2])) if len(shape) == 3 else x
 
 
-def _back_to_1d(c: NodeContext, y: Operand, one_d: bool) -> Operand:
-    """A 1-D op's (N, C, 1, L') result as (N, C, L'), under the node's output name."""
+def _back_to_1d(c: NodeContext, y: Operand, one_d: bool, name: str | None = None) -> Operand:
+    """A 1-D op's (N, C, 1, L') result as (N, C, L'), under ``name`` (default: the node's
+    output name)."""
     if not one_d:
         return y
     shape = c.f.shape(y)
-    return c.f.op("reshape", y, shape=(shape[0], shape[1], shape[3]), name=c.out())
+    return c.f.op("reshape", y, shape=(shape[0], shape[1], shape[3]), name=c.out() if name is None else name)
 
 
 def _pads(c: NodeContext, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
@@ -118,9 +120,26 @@ def _pads(c: NodeContext, spatial: Sequence[int], kernel: Sequence[int], strides
 
 @converter("Conv")
 def _conv(c: NodeContext) -> list[Operand | None]:
-    f, x, w, b = c.f, c.input(0, "X"), c.input(1, "W"), c.optional(2)
+    return [_conv_of(c, c.input(0, "X"), c.input(1, "W"), c.optional(2), c.out())]
+
+
+@converter("ConvInteger")
+def _conv_integer(c: NodeContext) -> list[Operand | None]:
+    """``conv(x - x_zero, w - w_zero)`` in int32 (w's zero point one value or one per output
+    channel), computed in float64, where every sum of products of 8-bit differences is exact
+    (below 2**53), then cast. The zero-shifted input is padded with zeros: the spec's padding
+    by the zero point, once shifted."""
+    f, x, w = c.f, c.input(0, "x"), c.input(1, "w")
+    xs = zero_shifted(c, x, c.optional(2), "x", 1, "float64")
+    ws = zero_shifted(c, w, c.optional(3), "w", 0, "float64")
+    return [f.op("cast", _conv_of(c, xs, ws, None, ""), dtype="int32", name=c.out())]
+
+
+def _conv_of(c: NodeContext, x: Operand, w: Operand, b: Operand | None, name: str) -> Operand:
+    """``Conv``'s attributes applied to ``x``, ``w`` and ``b`` (1-D, 2-D or 3-D)."""
+    f = c.f
     if len(f.shape(x)) == 5:
-        return [_conv3d(c, x, w, b)]
+        return _conv3d(c, x, w, b, name)
     spatial = _spatial(c, x)
     one_d = _one_d(c)
     declared = c.attr_ints("kernel_shape")
@@ -135,8 +154,8 @@ def _conv(c: NodeContext) -> list[Operand | None]:
     pads = _pads(c, spatial, kernel, strides, dilations)
     operands = (_as_2d(c, x), w) if b is None else (_as_2d(c, x), w, b)
     y = f.op("conv2d", *operands, stride=strides, padding=pads, dilation=dilations, groups=int(c.attr("group", 1)),
-             name="" if one_d else c.out())
-    return [_back_to_1d(c, y, one_d)]
+             name="" if one_d else name)
+    return _back_to_1d(c, y, one_d, name)
 
 
 def _pads_3d(c: NodeContext, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
@@ -162,7 +181,7 @@ def _pads_3d(c: NodeContext, spatial: Sequence[int], kernel: Sequence[int], stri
     return (*begins, *ends)
 
 
-def _conv3d(c: NodeContext, x: Operand, w: Operand, b: Operand | None) -> Operand:
+def _conv3d(c: NodeContext, x: Operand, w: Operand, b: Operand | None, name: str | None = None) -> Operand:
     """A 3-D convolution as one ``conv2d`` per kernel depth, summed: the depth axis moves
     into the batch, each depth tap ``k`` reads the (strided) depth slices it covers, and
     the 2-D convolutions of the taps add up (a 3x3x3 kernel is three ``conv2d``)."""
@@ -179,7 +198,8 @@ def _conv3d(c: NodeContext, x: Operand, w: Operand, b: Operand | None) -> Operan
     if len(strides) != 3 or len(dilations) != 3:
         raise c.fail(f"strides and dilations must have 3 entries for a 3-D Conv, got {strides} and {dilations}")
     pads = _pads_3d(c, (d, h, wd), (kd, kh, kw), strides, dilations)
-    return conv3d(c, x, w, b, tuple(strides), tuple(dilations), pads, int(c.attr("group", 1)), c.out())
+    return conv3d(c, x, w, b, tuple(strides), tuple(dilations), pads, int(c.attr("group", 1)),
+                  c.out() if name is None else name)
 
 
 def conv3d(c: NodeContext, x: Operand, w: Operand, b: Operand | None, strides: tuple[int, ...],

@@ -11,6 +11,11 @@ The 4- and 2-bit integers quantize the same way; the float8 and float4 formats
 (storage dtypes) are not rounded to integers: ``x / scale + zero_point`` is cast, clipped
 first to the format's largest finite value for float8 unless ``saturate=0``. Blocked
 quantization (``block_size``) and the ``precision`` attribute are refused by name.
+
+The integer forms ONNX Runtime's dynamic quantization writes (``quantize_dynamic``):
+``DynamicQuantizeLinear`` (uint8 values, scale and zero point from the input's range, as
+the spec computes them), ``MatMulInteger`` and, in ``_ops_nn.py``, ``ConvInteger``
+(products of zero-point-shifted operands computed exactly in float64, cast to int32).
 """
 
 from __future__ import annotations
@@ -105,3 +110,67 @@ def _quantize_linear(c: NodeContext) -> list[Operand | None]:
     elif out_dtype in FLOAT8_DTYPES and int(c.attr("saturate", 1)):
         q = saturated(f, q, out_dtype)
     return [f.op("cast", q, dtype=out_dtype, name=c.out())]
+
+
+@converter("DynamicQuantizeLinear")
+def _dynamic_quantize_linear(c: NodeContext) -> list[Operand | None]:
+    """``scale = (max(0, max x) - min(0, min x)) / 255``, ``zero = saturate(round(-min / scale))``,
+    ``y = saturate(round(x / scale) + zero)``, all uint8, in float32 (the spec's arithmetic)."""
+    f, x = c.f, c.input(0)
+    if f.dtype(x) != "float32":
+        raise c.fail(f"quantizes float32 values, got {f.dtype(x)}")
+    axes = tuple(range(len(f.shape(x))))
+    zero = f.const(0.0, "float32")
+    least = f.flip(f.op("reduce_max", f.flip(x), axes=axes, keepdims=False)) if axes else x  # min: max of -x
+    lo = f.op("minimum", least, zero)
+    hi = f.op("maximum", f.op("reduce_max", x, axes=axes, keepdims=False) if axes else x, zero)
+    scale = f.op("div", f.op("sub", hi, lo), f.const(255.0, "float32"), name=c.out(1))
+
+    def saturate(v: Operand) -> Operand:
+        return f.op("minimum", f.op("maximum", v, zero), f.const(255.0, "float32"))
+
+    zp = saturate(f.op("round", f.op("sub", zero, f.op("div", lo, scale))))
+    y = saturate(f.op("add", f.op("round", f.op("div", x, scale)), zp))
+    return [f.op("cast", y, dtype="uint8", name=c.out(0)), scale, f.op("cast", zp, dtype="uint8", name=c.out(2))]
+
+
+def zero_shifted(c: NodeContext, v: Operand, zero: Operand | None, what: str, axis_of_many: int,
+                 dtype: str) -> Operand:
+    """``v - zero`` in ``dtype`` (an int8/uint8 operand of an integer product, its zero
+    point one value or one per element of ``v``'s axis ``axis_of_many``, or already shaped
+    to broadcast), exact: every difference of 8-bit integers is."""
+    f = c.f
+    if f.dtype(v) not in ("int8", "uint8"):
+        raise c.fail(f"{what} must be int8 or uint8, got {f.dtype(v)}")
+    out = f.op("cast", v, dtype=dtype)
+    if zero is None:
+        return out
+    if f.dtype(zero) != f.dtype(v):
+        raise c.fail(f"{what}'s zero point is {f.dtype(zero)}, {what} is {f.dtype(v)}")
+    shape, zshape = f.shape(v), f.shape(zero)
+    if int(np.prod(zshape, dtype=np.int64)) == 1:
+        zero = f.op("reshape", zero, shape=()) if zshape else zero
+    elif len(zshape) == 1:
+        axis = axis_of_many % len(shape)
+        if zshape[0] != shape[axis]:
+            raise c.fail(f"{what}'s zero point has {zshape[0]} values, its axis {axis} has {shape[axis]}")
+        zero = f.op("reshape", zero, shape=tuple(shape[axis] if k == axis else 1 for k in range(len(shape))))
+    elif len(zshape) != len(shape):
+        raise c.fail(f"{what}'s zero point of shape {zshape} does not broadcast against {what} {shape}")
+    return f.op("sub", out, f.op("cast", zero, dtype=dtype))
+
+
+@converter("MatMulInteger")
+def _matmul_integer(c: NodeContext) -> list[Operand | None]:
+    """``(A - a_zero) @ (B - b_zero)`` as int32: A's zero point one value or one per row,
+    B's one value or one per column (or shaped to broadcast, as the spec allows). Computed
+    in float64, where every sum of products of 8-bit differences is exact (each below
+    2**16, so any K below 2**37), then cast: a BLAS's dgemm, where an int32 product would
+    be numpy's loop, tens of times slower at a transformer's sizes. Equal to int32
+    accumulation unless that overflows (which the spec leaves to the implementation)."""
+    f, a, b = c.f, c.input(0, "A"), c.input(1, "B")
+    if len(f.shape(a)) < 2 or len(f.shape(b)) < 2:
+        raise c.fail(f"A and B must have rank >= 2, got shapes {f.shape(a)} and {f.shape(b)}")
+    a64 = zero_shifted(c, a, c.optional(2), "A", -2, "float64")
+    b64 = zero_shifted(c, b, c.optional(3), "B", -1, "float64")
+    return [f.op("cast", f.op("matmul", a64, b64), dtype="int32", name=c.out())]

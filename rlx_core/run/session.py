@@ -250,11 +250,14 @@ class GraphDevices:
     """One graph, compiled lazily on as many devices as asked, params mirrored to all.
 
     ``measure`` (``measured.MeasureSettings``) says when the auto pick of ``run`` is unsure
-    and how its first runs are timed then."""
+    and how its first runs are timed then. ``precision`` (``"bf16"``, ``"fp16"``;
+    ``docs/precision.md``) is allowed to every device it compiles for, as
+    ``rlx.compile(precision=...)`` allows it to one."""
 
     def __init__(self, graph: Graph, policy: DevicePolicy | None = None, *, registry: Registry | None = None,
-                 measure: MeasureSettings | None = None) -> None:
+                 measure: MeasureSettings | None = None, precision: str = "fp32") -> None:
         self.graph = graph.freeze()
+        self._options = CompileOptions(precision=precision_name(precision, "precision"))
         self._policy = policy
         self._registry = registry or default_registry()
         self._measure = measure if measure is not None else MeasureSettings()
@@ -270,8 +273,9 @@ class GraphDevices:
     def policy(self) -> DevicePolicy:
         return self._policy if self._policy is not None else DevicePolicy.from_env()
 
-    def _placement(self) -> Placement:
-        return Placement(self.graph, self.policy, self._registry, measure=self._measure)
+    def _placement(self, policy: DevicePolicy | None = None) -> Placement:
+        return Placement(self.graph, policy if policy is not None else self.policy, self._registry,
+                         measure=self._measure, precision=self._options.precision)
 
     def compile(self, device: str) -> CompiledGraph:
         """The compiled copy for ``device`` (strict), compiling it on first use."""
@@ -291,7 +295,7 @@ class GraphDevices:
 
     def _compile_on(self, dev: str, graph: Graph | None = None) -> CompiledGraph:
         def on(static: Graph) -> CompiledGraph:
-            return compile_on(static, dev, "explicit device (argument)", [], self._registry)
+            return compile_on(static, dev, "explicit device (argument)", [], self._registry, self._options)
 
         graph = self.graph if graph is None else graph
         if isinstance(graph, StagedGraph):
@@ -299,7 +303,7 @@ class GraphDevices:
         if isinstance(graph, ValueDependentGraph):
             return ValueCompiledGraph(graph, on, on, dev)
         if graph.is_symbolic:
-            return compile_symbolic(graph, on, lower_once=_lower_once(graph, self._registry, None))
+            return compile_symbolic(graph, on, lower_once=_lower_once(graph, self._registry, self._options))
         return on(graph)
 
     def resolve(self, hint: str | None = None) -> str:
@@ -397,7 +401,7 @@ class GraphDevices:
         with self._lock:
             if self._auto is not None and self._auto.policy == policy:
                 return self._auto  # another thread decided meanwhile
-            placement = Placement(self.graph, policy, self._registry, measure=self._measure)
+            placement = self._placement(policy)
             decision = placement.decide()
             auto = _AutoPick(policy, placement, decision, decision.device, decision.why, verdict=decision.verdict)
             if (self._measure.on_run or policy.pick == "measure") and placement.wants_measuring(decision):
@@ -451,7 +455,7 @@ class GraphDevices:
         (the next auto run decides again)."""
         assert auto.trial is not None and auto.decision.doubt is not None
         verdict = settle(self.graph, auto.trial, "GraphDevices.run (the caller's inputs)", auto.decision.rows,
-                         self._registry, auto.placement.errors)
+                         self._registry, auto.placement.errors, self._options.precision)
         auto.trial = None
         if verdict is None:
             self._auto = None

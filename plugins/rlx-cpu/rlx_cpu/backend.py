@@ -47,6 +47,7 @@ class CpuBackend(rlx_core.Backend):
         versions = {"numpy": np.__version__, "blas": blas.describe(), "native kernels": native.describe(),
                     "gemm": gemm.describe(measured=False), "convolutions": conv_choice.describe(measured=False),
                     "onednn": onednn.describe(measured=False), "layout": layout.describe(),
+                    "precision": onednn.describe_precisions(),
                     "openmp": openmp.describe(measured=False)}
         return rlx_core.Availability(True, devices=["cpu"], versions=versions)
 

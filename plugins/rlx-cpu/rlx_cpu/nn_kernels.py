@@ -334,10 +334,13 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
         steps.append(Step(np.copyto, (w32, w)))
         w = w32
     kind = onednn.kind_of((kh, kw), (sh, sw), groups, _c, o, oh * ow)
+    reduced = onednn.reduced(getattr(ctx, "precision", "fp32")) if cd == out.dtype == np.float32 else None
+    if reduced is not None and kind != "depthwise":  # a reduced precision's, where oneDNN runs it on AMX
+        on_dnnl = onednn_steps.conv_steps(reduced[0], x, w, b, out, (pt, pl, pb, pr), (sh, sw), (dh, dw), groups, ctx,
+                                          reduced_only=True)
+        if on_dnnl is not None:
+            return on_dnnl, False
     dnnl = onednn.use(kind) if cd == out.dtype == np.float32 else None
-    if cd == out.dtype == np.float32 and groups == 1:  # a reduced precision's convolutions: all on oneDNN
-        reduced = onednn.reduced(getattr(ctx, "precision", "fp32"))
-        dnnl = reduced[0] if reduced is not None else dnnl
     if dnnl is not None:  # oneDNN where it measured faster (onednn.py): channels-last, reordered in and out
         on_dnnl = onednn_steps.conv_steps(dnnl, x, w, b, out, (pt, pl, pb, pr), (sh, sw), (dh, dw), groups, ctx)
         if on_dnnl is not None:

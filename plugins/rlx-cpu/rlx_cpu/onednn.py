@@ -56,7 +56,7 @@ import numpy as np
 from . import openmp, verdicts
 
 __all__ = ["Dnnl", "PROBES", "library", "find_library", "reason", "wanted", "use", "kind_of", "describe",
-           "reset", "ELTWISE", "precisions", "reduced"]
+           "reset", "ELTWISE", "precisions", "reduced", "describe_precisions"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -454,6 +454,22 @@ def precisions() -> frozenset[str]:
     if not found or wanted() == "off" or find_library() is None:
         return frozenset()
     return found
+
+
+def describe_precisions() -> str:
+    """The probe's ``"precision"`` entry (``rlx devices --explain``): the reduced precisions
+    ``CompileOptions.precision`` may select here, or why none. Loads nothing."""
+    found = precisions()
+    if found:
+        return (f"{', '.join(sorted(found))} when allowed (precision='bf16': AMX, oneDNN): convolutions and "
+                "dense layers' products with bf16 operands; float32 otherwise")
+    from .verdicts import cpu_flags
+
+    if "amx_bf16" not in cpu_flags():
+        return "float32 only: bf16 pays only on a CPU with AMX (this one has none)"
+    if wanted() == "off":
+        return "float32 only: bf16 runs on oneDNN, off here (RLX_CPU_ONEDNN=off)"
+    return "float32 only: bf16 runs on oneDNN (pip install 'rlx-cpu[onednn]')"
 
 
 def reduced(precision: str) -> tuple[Dnnl, int] | None:

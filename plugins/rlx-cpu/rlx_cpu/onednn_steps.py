@@ -129,14 +129,15 @@ class _MatmulCall(_Call):
 def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, int, int, int],
                stride: tuple[int, int], dilation: tuple[int, int], groups: int,
                ctx: Any, src_cl: bool = False, dst_cl: bool = False,
-               post: tuple[tuple[Any, ...], ...] = ()) -> list[Step] | None:
+               post: tuple[tuple[Any, ...], ...] = (), reduced_only: bool = False) -> list[Step] | None:
     """A float32 convolution as one step on oneDNN; None when it does not apply (weights
     computed per run, another dtype, post-ops it does not take). ``x`` and ``out`` are
     NCHW arrays, or NHWC ones (shaped ``(n, h, w, c)``) where ``src_cl`` / ``dst_cl`` say
     so: those need no reorder (``layout.py`` keeps chains of convolutions channels-last).
     ``post``: post-ops applied as the output is written, each ``("eltwise", algorithm,
     alpha, beta)`` or ``("add", array)``, an array of the output's shape and layout
-    (``dst_cl`` only)."""
+    (``dst_cl`` only). Under a reduced precision (``operand_types``) its operands are in
+    that format where oneDNN runs it on AMX; ``reduced_only``: else None (not float32)."""
     if isinstance(w, Dyn) or any(getattr(a, "dtype", None) != np.float32 for a in (x, w, out)):
         return None
     if bias is not None and (isinstance(bias, Dyn) or bias.dtype != np.float32):
@@ -155,21 +156,28 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
     oh, ow = out.shape[1:3] if dst_cl else out.shape[2:]
     pt, pl, pb, pr = pads
     wshape = (o, cg, kh, kw) if groups == 1 else (groups, o // groups, cg, kh, kw)
-    for dtype in operand_types(ctx, groups == 1):
-        pd = None
+    types = operand_types(ctx, not groups == c == o)
+    if reduced_only:
+        types = types[:1] if types[0] != _F32 else ()
+    for dtype in types:
+        pd, made = None, []
         try:
             src, dst = lib.md((n, c, h, wd), _ACDB, dtype), lib.md((n, o, oh, ow), _ACDB)
             w_any = lib.md(wshape, _ANY, dtype)
             b_md = lib.md((o,), _TAG_A) if bias is not None else None
+            made += [src, dst, w_any, *((b_md,) if b_md is not None else ())]
             pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr),
                              tuple(("add", dst) if op[0] == "add" else op for op in post))
             impl = _jit_impl(lib, pd, dtype)
             w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))  # make() needs it after pd is gone
+            made.append(w_md)
             w_plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
+            made.append(w_plain)
             w_reorder = lib.reorder(w_plain, w_md)
         except DnnlError as exc:
             log.debug("rlx-cpu: oneDNN declined a convolution %s -> %s (%s operands): %s", tuple(x.shape),
                       tuple(out.shape), _TYPE_NAMES[dtype], exc)
+            lib.destroy(descs=made)
             if pd is not None:
                 lib.destroy(pds=(pd,))
             continue
@@ -231,12 +239,16 @@ def _jit_impl(lib: Dnnl, pd: Any, dtype: int = _F32) -> str:
     return impl
 
 
-def operand_types(ctx: Any, dense: bool) -> tuple[int, ...]:
+def operand_types(ctx: Any, tiled: bool) -> tuple[int, ...]:
     """The dtypes to try, in order, for a product's operands under the build's precision
     (``ctx.precision``, ``CompileOptions.precision``): the reduced one first where this
-    host takes it and the product is ``dense`` (grouped and depthwise convolutions are
-    memory-bound: AMX's tiles gain them nothing), then float32."""
-    found = reduced(getattr(ctx, "precision", "fp32")) if dense else None
+    host takes it and the product may run on AMX's tiles (``tiled``: not a depthwise
+    convolution, which oneDNN runs on AVX-512 in bf16 too, no faster than float32), then
+    float32. ``_jit_impl`` keeps the reduced one only where oneDNN chose an AMX kernel: a
+    grouped convolution of 32 channels a group ran 5x float32's speed there, one of 4 or
+    8 channels a group, on AVX-512's bf16 instructions, 1.3-2.3x slower (BENCHMARKS.md,
+    "bf16 on AMX")."""
+    found = reduced(getattr(ctx, "precision", "fp32")) if tiled else None
     return (found[1], _F32) if found is not None else (_F32,)
 
 

@@ -58,6 +58,18 @@ def test_bf16_is_declared_only_with_amx_and_onednn(monkeypatch):
     assert CPU.precisions() == frozenset()
 
 
+def test_the_probe_says_which_precisions_this_host_takes_and_why_not(monkeypatch):
+    monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    assert CPU.probe().versions["precision"] == "float32 only: bf16 pays only on a CPU with AMX (this one has none)"
+    monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+    monkeypatch.setattr(onednn, "find_library", lambda: None)
+    assert CPU.probe().versions["precision"] == "float32 only: bf16 runs on oneDNN (pip install 'rlx-cpu[onednn]')"
+    monkeypatch.setattr(onednn, "find_library", lambda: "/lib/libdnnl.so.3")
+    assert CPU.probe().versions["precision"].startswith("bf16 when allowed (precision='bf16': AMX, oneDNN)")
+    monkeypatch.setenv("RLX_CPU_ONEDNN", "off")
+    assert CPU.probe().versions["precision"] == "float32 only: bf16 runs on oneDNN, off here (RLX_CPU_ONEDNN=off)"
+
+
 def test_a_host_without_it_says_float32_throughout(monkeypatch):
     monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset())
     rng = np.random.default_rng(0)
@@ -86,6 +98,25 @@ def test_convolutions_take_bf16_operands():
     notes = " ".join(cg.report().notes)
     assert "precision: 1 convolution with bf16 operands on AMX" in notes, notes
     within_bf16(cg.run(feeds)[0], g, absolute, feeds, 16 * 9)
+
+
+@needs_bf16
+@pytest.mark.parametrize(("channels", "groups", "taken"), [(128, 4, True), (32, 8, False), (16, 16, False)],
+                         ids=["32 a group: AMX", "4 a group: float32", "depthwise: float32"])
+def test_grouped_convolutions_take_bf16_only_where_onednn_runs_them_on_amx(channels, groups, taken):
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((channels, channels // groups, 3, 3)).astype(np.float32)
+    g, absolute = conv_graphs((2, channels, 7, 7), w, None, padding=1, groups=groups)
+    feeds = {"x": rng.standard_normal((2, channels, 7, 7)).astype(np.float32)}
+    cg = rlx.compile(g, device="cpu", precision="bf16")
+    notes = " ".join(cg.report().notes)
+    got = cg.run(feeds)[0]
+    if taken:
+        assert "1 convolution with bf16 operands on AMX" in notes, notes
+        within_bf16(got, g, absolute, feeds, channels // groups * 9)
+    else:
+        assert "no product here took it" in notes, notes
+        np.testing.assert_allclose(got, evaluate(g, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
 @needs_bf16
