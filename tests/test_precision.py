@@ -106,7 +106,7 @@ def test_the_backend_gets_the_precision_and_the_report_says_it_took_it():
     g, feeds = product_graph()
     cg = rlx.compile(g, device="rounding", registry=registry(backend), precision="bfloat16")
     assert backend.asked == ["bf16"]
-    assert any("precision bf16 allowed: rounding computes float32 products with bf16 operands" in n
+    assert any("precision bf16 allowed: rounding declares bf16 on this host and may compute float32 products" in n
                for n in cg.report().notes), cg.report().notes
     got, exact = cg.run(feeds)[0], rlx.reference.evaluate(g, feeds)[0]
     assert not np.allclose(got, exact, rtol=1e-6, atol=0)  # really rounded
@@ -124,7 +124,7 @@ def test_graph_devices_allow_it_to_every_device_they_compile_for():
     gd = rlx.GraphDevices(g, registry=registry(backend, ToyBackend()), precision="bf16")
     cg = gd.compile("rounding")
     assert backend.asked == ["bf16"]
-    assert any("precision bf16 allowed: rounding computes" in n for n in cg.report().notes)
+    assert any("precision bf16 allowed: rounding declares bf16" in n for n in cg.report().notes)
     assert any("toy does not compute in bf16" in n for n in gd.compile("toy").report().notes)
     assert not np.allclose(gd.run(feeds, device="rounding")[0], rlx.reference.evaluate(g, feeds)[0], rtol=1e-6)
     with pytest.raises(ConfigError, match="precision must be one of"):

@@ -276,7 +276,8 @@ def precision_note(backend: Any, device: str, precision: str) -> str:
     """The report's line on a reduced ``precision`` the user allowed: whether ``device``
     takes it (the backend's own notes say which nodes)."""
     if precision in declared_precisions(backend):
-        return f"precision {precision} allowed: {device} computes float32 products with {precision} operands"
+        return (f"precision {precision} allowed: {device} declares {precision} on this host and may compute float32 "
+                f"products with {precision} operands (its own notes say which)")
     return (f"precision {precision} allowed, but {device} does not compute in {precision} on this host: "
             "float32 throughout")
 

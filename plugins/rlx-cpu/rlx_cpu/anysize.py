@@ -73,7 +73,7 @@ from .anysize_numpy import numpy_runner
 from .executor import _build_with, _Owned, kernel_ops
 from .kernels import inplace_positions
 from .native import thread_cap
-from .onednn_steps import RunTimeDense
+from .onednn_dense import RunTimeDense
 from .params import borrowed, owned_rebuild, param_array
 from .regions import RegionTemplate
 from .settings import ANY_SIZE

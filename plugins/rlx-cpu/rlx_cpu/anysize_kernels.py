@@ -38,7 +38,8 @@ from .fused import gemm_epilogue
 from .gemm import stacked_rows, use_native
 from .native import library as native_library
 from .native_nn import LAYER_NORM_NS, SOFTMAX_NS
-from .onednn_steps import ACTIVATION_POST, RunTimeDense
+from .onednn_dense import RunTimeDense
+from .onednn_steps import ACTIVATION_POST
 from .regions import SPLIT_NS, NoFit, RegionTemplate
 
 __all__ = ["Runner", "Place", "Built", "elementwise_program", "dense_layer", "dense_runner", "product_runner",

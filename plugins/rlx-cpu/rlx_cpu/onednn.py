@@ -37,6 +37,11 @@ ResNeXt's and RegNet's shapes oneDNN and rlx's grouped kernel came within 0.6-1.
 other on the 2-core Zen 3, so it is their own probe that decides. Anything not float32,
 or whose weights are computed per run, stays on rlx. ``describe()`` (``rlx devices
 --explain``) says which runs.
+
+Reduced precision (``CompileOptions.precision="bf16"``, ``docs/precision.md``): on a CPU
+with AMX (``precisions``) every convolution and dense layer's product that oneDNN runs on
+AMX takes bf16 operands, whatever the probes above decided for float32 (AMX ran them 2-5x
+float32's speed here); one it would run on AVX-512's bf16 instructions stays float32.
 """
 
 from __future__ import annotations

@@ -369,7 +369,7 @@ def test_a_region_template_reads_bools_where_they_lie() -> None:
 @pytest.mark.skipif(onednn.find_library() is None, reason="oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
 @pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
 def test_a_run_time_dense_layer_takes_any_row_count(activation: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlx_cpu.onednn_steps import RunTimeDense
+    from rlx_cpu.onednn_dense import RunTimeDense
 
     monkeypatch.setenv("RLX_CPU_ONEDNN", "on")
     lib = onednn.library()
