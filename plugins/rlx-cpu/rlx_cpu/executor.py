@@ -443,8 +443,8 @@ class CpuExecutable(Executable):
             notes.append(f"precision: {kinds} with {fmt} operands on AMX (float32 accumulation); everything else "
                          "float32")
         elif self._precision != "fp32":
-            notes.append(f"precision: {self._precision} allowed, but no product here took it (oneDNN declined them "
-                         "or none is dense): float32 throughout")
+            notes.append(f"precision: {self._precision} allowed, but no product here took it (oneDNN runs none of "
+                         "them on AMX, or the graph has none): float32 throughout")
         if self._tuner is not None:
             notes.append("threads: each run's own time picks wide (the policy's threads) or narrow (one "
                          "thread for the native kernels and MKL), re-checked now and then (threads.ThreadTuner)"

@@ -167,18 +167,10 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
             made += [src, dst, w_any, *((b_md,) if b_md is not None else ())]
             pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr),
                              tuple(("add", dst) if op[0] == "add" else op for op in post))
-            impl = _jit_impl(lib, pd, dtype)
-            w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))  # make() needs it after pd is gone
-            made.append(w_md)
-            w_plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
-            made.append(w_plain)
-            w_reorder = lib.reorder(w_plain, w_md)
+            plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
+            impl, w_md, w_plain, w_reorder = _weights_for(lib, pd, dtype, plain, made)
         except DnnlError as exc:
-            log.debug("rlx-cpu: oneDNN declined a convolution %s -> %s (%s operands): %s", tuple(x.shape),
-                      tuple(out.shape), _TYPE_NAMES[dtype], exc)
-            lib.destroy(descs=made)
-            if pd is not None:
-                lib.destroy(pds=(pd,))
+            _declined(lib, pd, made, f"a convolution {tuple(x.shape)} -> {tuple(out.shape)}", dtype, exc)
             continue
         try:
             held = (lib.md((n, c, h, wd), _ACDB if src_cl else _ABCD),
@@ -236,6 +228,26 @@ def _jit_impl(lib: Dnnl, pd: Any, dtype: int = _F32) -> str:
     if dtype != _F32 and "amx" not in impl:
         raise DnnlError(f"its {_TYPE_NAMES[dtype]} implementation here ({impl}) is not on AMX")
     return impl
+
+
+def _weights_for(lib: Dnnl, pd: Any, dtype: int, plain: Any, made: list[Any]) -> tuple[str, Any, Any, Any]:
+    """A product's implementation (``_jit_impl``), the layout its weights take (cloned:
+    ``make`` needs it after ``pd`` is gone), ``plain`` (the weights as they lie) and the
+    reorder between the two; the descriptors join ``made``."""
+    made.append(plain)
+    impl = _jit_impl(lib, pd, dtype)
+    w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))
+    made.append(w_md)
+    return impl, w_md, plain, lib.reorder(plain, w_md)
+
+
+def _declined(lib: Dnnl, pd: Any, made: list[Any], what: str, dtype: int, exc: Exception) -> None:
+    """Free what an attempt at ``what`` with ``dtype`` operands made, and log why oneDNN
+    declined it."""
+    log.debug("rlx-cpu: oneDNN declined %s (%s operands): %s", what, _TYPE_NAMES[dtype], exc)
+    lib.destroy(descs=made)
+    if pd is not None:
+        lib.destroy(pds=(pd,))
 
 
 def operand_types(ctx: Any, tiled: bool) -> tuple[int, ...]:
@@ -442,18 +454,10 @@ def matmul_steps(lib: Dnnl, a: Any, b: Any, bias: Any, out: Any, ctx: Any,
             b_md = lib.md((1, n), _AB) if bias is not None else None
             made += [b_md] if b_md is not None else []
             pd = lib.matmul_pd(src, w_any, b_md, dst, post)
-            impl = _jit_impl(lib, pd, dtype)
-            w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))
-            made.append(w_md)
-            w_plain = lib.md_strided((k, n), tuple(st // 4 for st in b.strides))
-            made.append(w_plain)
-            w_reorder = lib.reorder(w_plain, w_md)
+            impl, w_md, w_plain, w_reorder = _weights_for(
+                lib, pd, dtype, lib.md_strided((k, n), tuple(st // 4 for st in b.strides)), made)
         except DnnlError as exc:
-            log.debug("rlx-cpu: oneDNN declined a product %s @ %s (%s operands): %s", tuple(a.shape),
-                      tuple(b.shape), _TYPE_NAMES[dtype], exc)
-            lib.destroy(descs=made)
-            if pd is not None:
-                lib.destroy(pds=(pd,))
+            _declined(lib, pd, made, f"a product {tuple(a.shape)} @ {tuple(b.shape)}", dtype, exc)
             continue
         try:
             return _matmul_call(lib, pd, impl, a, b, bias, out, (src, dst, w_any, b_md, w_md, w_plain, w_reorder),
