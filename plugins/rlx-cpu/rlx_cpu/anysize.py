@@ -495,8 +495,7 @@ class AnySizeExecutable(Executable):
         rounded = [d.precision for d in self._dense if d.precision != "float32"]
         if rounded:
             notes.append(f"precision: {len(rounded)} dense layer{'s' if len(rounded) > 1 else ''} with {rounded[0]} "
-                         "operands on AMX "
-                         "(float32 accumulation); everything else float32")
+                         "operands on AMX (float32 accumulation); everything else float32")
         return notes
 
     def __repr__(self) -> str:

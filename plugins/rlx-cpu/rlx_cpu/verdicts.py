@@ -86,6 +86,8 @@ def _cpu() -> str:
     ``/proc/cpuinfo``; elsewhere the machine's architecture only: ``platform.processor``
     runs ``uname -p`` in a child process)."""
     model, present = _cpuinfo()
+    if not model and not present:  # no /proc/cpuinfo
+        return platform.machine()
     flags = " ".join(f for f in _FLAGS if f in present)
     return f"{model or platform.machine()} [{flags}]"
 
