@@ -34,7 +34,7 @@ log = logging.getLogger("rlx_opencl")
 #: matmul (whose transposed form fuses k's transpose), softmax and elementwise ops.
 _IMPLEMENTED = (
     "matmul add sub mul div pow maximum minimum neg abs exp log sqrt rsqrt erf tanh sin cos tan asin acos atan sinh "
-    "cosh asinh acosh atanh sigmoid relu gelu softmax "
+    "cosh asinh acosh atanh floor ceil round sigmoid relu gelu softmax "
     "layer_norm reduce_sum reduce_mean reduce_max reshape transpose concat slice gather cast where equal less "
     "greater conv2d max_pool2d avg_pool2d global_avg_pool2d"
 ).split()

@@ -93,8 +93,11 @@ def op_expression(node: Node, xs: Sequence[str], ctype: str, *, vector: bool = F
     if op is OpKind.TANH:  # PoCL's tanh(+-inf) is not exactly +-1 (then -inf * (1 + tanh) is -inf, not NaN)
         return f"select(tanh({a}), copysign({one}, {a}), isinf({a}))" if vector else \
             f"(isinf({a}) ? copysign({one}, {a}) : tanh({a}))"
-    if op in (OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.SIN, OpKind.COS, *MORE_TRIG_OPS):
+    if op in (OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.SIN, OpKind.COS, *MORE_TRIG_OPS,
+              OpKind.FLOOR, OpKind.CEIL):
         return f"{op.value}({a})"
+    if op is OpKind.ROUND:  # to nearest, ties to even: rint in the default rounding mode, as numpy's round
+        return f"rint({a})"
     if op is OpKind.SIGMOID:
         return f"({one} / ({one} + exp(-{a})))"
     if op is OpKind.RELU:
