@@ -35,6 +35,7 @@ log = logging.getLogger("rlx_opencl")
 _IMPLEMENTED = (
     "matmul add sub mul div pow maximum minimum neg abs exp log sqrt rsqrt erf tanh sin cos tan asin acos atan sinh "
     "cosh asinh acosh atanh floor ceil round sigmoid relu gelu softmax "
+    "bitwise_and bitwise_or bitwise_xor bitwise_not bit_shift_left bit_shift_right "
     "layer_norm reduce_sum reduce_mean reduce_max reshape transpose concat slice gather cast where equal less "
     "greater conv2d max_pool2d avg_pool2d global_avg_pool2d"
 ).split()

@@ -19,10 +19,11 @@ import math
 from collections.abc import Sequence
 
 from rlx_core.ir import Node
-from rlx_core.ir.ops import MORE_TRIG_OPS, OpKind
+from rlx_core.ir.ops import BITWISE_OPS, MORE_TRIG_OPS, OpKind
 
 from .common import (
     COMPUTE,
+    CTYPE_BYTES,
     MAX_VECTOR_BITS,
     SIGNED_CTYPES,
     Arg,
@@ -56,6 +57,32 @@ def _int_div(a: str, b: str, ctype: str, status: str | None) -> str:
     if ctype not in SIGNED_CTYPES:
         return f"(({b}) == 0 ? {zero} : ({ctype})(({a}) / ({b})))"
     return f"(({b}) == 0 ? {zero} : ({b}) == -1 ? ({ctype})(-({a})) : ({ctype})(({a}) / ({b})))"
+
+
+_BITWISE = {OpKind.BITWISE_AND: "&", OpKind.BITWISE_OR: "|", OpKind.BITWISE_XOR: "^"}
+#: OpenCL C's function for an op of another name: round to nearest, ties to even, is
+#: ``rint`` in the default rounding mode (as numpy's ``round``; OpenCL's ``round`` takes
+#: ties away from zero).
+_C_NAMES = {OpKind.ROUND: "rint"}
+
+
+def _bitwise(op: OpKind, a: str, b: str, ctype: str) -> str:
+    """The bitwise ops on integers (promoted as C does, then narrowed back), and ONNX's
+    BitShift on two's complement bits as the reference (``reference._bit_shift``): a left
+    shift wraps (done unsigned: a signed one past the top is undefined in C), a right shift
+    of a signed value copies the sign bit, and a shift by a negative amount or by the width
+    or more leaves only the sign fill (OpenCL C would take the amount modulo the width)."""
+    if op in _BITWISE:
+        return f"(({ctype})({a} {_BITWISE[op]} {b}))"
+    if op is OpKind.BITWISE_NOT:
+        return f"(({ctype})(~{a}))"
+    bits = 8 * CTYPE_BYTES[ctype]
+    valid = f"(({b}) >= 0 && ({b}) < {bits})" if ctype in SIGNED_CTYPES else f"(({b}) < {bits})"
+    if op is OpKind.BIT_SHIFT_LEFT:
+        unsigned = ctype if ctype.startswith("u") else f"u{ctype}"
+        return f"({valid} ? ({ctype})(({unsigned})({a}) << ({b})) : ({ctype})0)"
+    fill = f"(({a}) < 0 ? ({ctype})-1 : ({ctype})0)" if ctype in SIGNED_CTYPES else f"({ctype})0"
+    return f"({valid} ? ({ctype})(({a}) >> ({b})) : {fill})"
 
 
 def op_expression(node: Node, xs: Sequence[str], ctype: str, *, vector: bool = False,
@@ -94,10 +121,8 @@ def op_expression(node: Node, xs: Sequence[str], ctype: str, *, vector: bool = F
         return f"select(tanh({a}), copysign({one}, {a}), isinf({a}))" if vector else \
             f"(isinf({a}) ? copysign({one}, {a}) : tanh({a}))"
     if op in (OpKind.EXP, OpKind.LOG, OpKind.SQRT, OpKind.RSQRT, OpKind.ERF, OpKind.SIN, OpKind.COS, *MORE_TRIG_OPS,
-              OpKind.FLOOR, OpKind.CEIL):
-        return f"{op.value}({a})"
-    if op is OpKind.ROUND:  # to nearest, ties to even: rint in the default rounding mode, as numpy's round
-        return f"rint({a})"
+              OpKind.FLOOR, OpKind.CEIL, OpKind.ROUND):
+        return f"{_C_NAMES.get(op, op.value)}({a})"
     if op is OpKind.SIGMOID:
         return f"({one} / ({one} + exp(-{a})))"
     if op is OpKind.RELU:
@@ -115,6 +140,8 @@ def op_expression(node: Node, xs: Sequence[str], ctype: str, *, vector: bool = F
                 return f"select({body}, ({a}) * NAN, isinf({a}) & (({a}) < 0))"
             return f"((isinf({a}) && ({a}) < 0) ? NAN : {body})"
         return f"({half} * {a} * ({one} + erf({a} * {literal(math.sqrt(0.5), ctype)})))"
+    if op in BITWISE_OPS:
+        return _bitwise(op, a, b, ctype)
     if op is OpKind.CAST:
         if node.dtype == "bool":
             return f"((uchar)(({a}) != 0))"
