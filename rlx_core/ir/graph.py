@@ -559,6 +559,18 @@ class Graph(OpBuilders):
             )
         return "\n".join(lines)
 
+    def use_counts(self) -> list[int]:
+        """How many times each node's value is read: one per consuming edge (an input read
+        twice by one node counts twice), one per output slot. The passes' rewrites and a
+        backend's buffer liveness both ask it."""
+        uses = [0] * len(self._nodes)
+        for node in self._nodes:
+            for i in node.inputs:
+                uses[i] += 1
+        for i in self._outputs:
+            uses[i] += 1
+        return uses
+
     def live_nodes(self) -> set[int]:
         """Ids of the nodes the outputs depend on (the outputs included): what a backend
         must compute; the rest is dead code. One reverse sweep, nodes being in topological order."""

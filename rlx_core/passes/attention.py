@@ -37,7 +37,7 @@ from ..ir.ops import OpKind, infer
 from ..ir.sized import holds_array
 from .legalize import ask_claims
 from .optimize import dce
-from .rewrite import Emitter, replace_planned, use_counts
+from .rewrite import Emitter, replace_planned
 
 __all__ = ["fuse_attention"]
 
@@ -135,7 +135,7 @@ def _k_source(graph: Graph, kt: Node) -> tuple[int, tuple[int, ...]]:
 
 
 def fuse_attention(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
-    uses = use_counts(graph)
+    uses = graph.use_counts()
     outputs = frozenset(graph.outputs)
     plans: dict[int, _Match] = {}
     for node in graph.nodes:

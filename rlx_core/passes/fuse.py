@@ -40,7 +40,7 @@ from ..ir.sized import holds_array
 from ..ir.symbolic import known_less
 from .internal_ops import ACTIVATION_OPS, describe_program, infer_internal, make_instruction
 from .legalize import ask_claims
-from .rewrite import Emitter, replace_planned, use_counts
+from .rewrite import Emitter, replace_planned
 
 __all__ = ["fuse_gemm", "fuse_elementwise", "fuse_conv", "candidate_node"]
 
@@ -94,7 +94,7 @@ def _activation_of(node: Node) -> str | None:
 
 
 def fuse_gemm(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
-    uses = use_counts(graph)
+    uses = graph.use_counts()
     consumers: dict[int, list[Node]] = {}
     for node in graph.nodes:
         for i in node.inputs:
@@ -210,7 +210,7 @@ def _program(graph: Graph, members: list[int]) -> tuple[list[int], tuple]:
 
 
 def fuse_elementwise(graph: Graph, claims: Claims, max_ops: int, max_inputs: int) -> tuple[Graph, list[str]]:
-    uses = use_counts(graph)
+    uses = graph.use_counts()
     outputs = frozenset(graph.outputs)
     taken: set[int] = set()
     regions: dict[int, tuple[list[int], tuple, list[int]]] = {}  # root -> (inputs, program, members)

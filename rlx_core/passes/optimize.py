@@ -60,7 +60,7 @@ from ..ir.ops import SOURCE_OPS, OpKind
 from ..ir.sized import holds_array
 from ..ir.symbolic import Sym, known_less
 from ..reference import evaluate
-from .rewrite import Emitter, attrs_key, is_scalar_constant, replace_planned, use_counts
+from .rewrite import Emitter, attrs_key, is_scalar_constant, replace_planned
 
 __all__ = ["fold_constants", "simplify", "cse", "dce", "sink_relu", "conv_taps", "conv_scale", "OPTIMIZE_PASSES"]
 
@@ -312,7 +312,7 @@ def dce(graph: Graph) -> tuple[Graph, list[str]]:
 
 
 def sink_relu(graph: Graph) -> tuple[Graph, list[str]]:
-    uses = use_counts(graph)
+    uses = graph.use_counts()
     outputs = frozenset(graph.outputs)
     sunk = {node.inputs[0] for node in graph.nodes
             if node.op is OpKind.MAX_POOL2D and graph.node(node.inputs[0]).op is OpKind.RELU
@@ -419,7 +419,7 @@ def _channel_scale(graph: Graph, product: Node, conv: Node) -> tuple[int, int] |
 
 
 def conv_scale(graph: Graph) -> tuple[Graph, list[str]]:
-    uses = use_counts(graph)
+    uses = graph.use_counts()
     outputs = frozenset(graph.outputs)
     folds: dict[int, tuple[int, int]] = {}  # conv id -> (x, s) of its input product
     for node in graph.nodes:

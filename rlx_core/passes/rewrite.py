@@ -19,7 +19,7 @@ from ..ir import Graph, Node
 from ..ir.ops import OpKind
 from ..ir.sized import holds_array
 
-__all__ = ["Emitter", "replace_planned", "use_counts", "attrs_key", "is_scalar_constant"]
+__all__ = ["Emitter", "replace_planned", "attrs_key", "is_scalar_constant"]
 
 
 class Emitter:
@@ -88,17 +88,6 @@ def replace_planned(graph: Graph, dropped: set[int], plans: Mapping[int, Plan],
         else:
             notes.append(emit(em, node, plan))
     return em.finish(), notes
-
-
-def use_counts(graph: Graph) -> list[int]:
-    """How many times each node is read: one per consuming edge, one per output slot."""
-    uses = [0] * len(graph)
-    for node in graph.nodes:
-        for i in node.inputs:
-            uses[i] += 1
-    for i in graph.outputs:
-        uses[i] += 1
-    return uses
 
 
 def attrs_key(attrs: Mapping[str, Any]) -> str:

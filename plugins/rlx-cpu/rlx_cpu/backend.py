@@ -125,4 +125,6 @@ class CpuBackend(rlx_core.Backend):
     def _precision(self, options: rlx_core.CompileOptions) -> str:
         """``options.precision`` where this host takes it, else fp32."""
         wanted = getattr(options, "precision", "fp32")
+        if wanted == "fp32":  # every default compile: no question about the host asked
+            return "fp32"
         return wanted if wanted in self.precisions() else "fp32"

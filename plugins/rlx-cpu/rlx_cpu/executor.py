@@ -199,7 +199,7 @@ class CpuExecutable(Executable):
         self._input_ids = graph.inputs
         self._kinds = self._classify(graph)
         self._dnnl, self._cl, self._cl_views = self._channels_last(graph)
-        reads = self._reader_counts()
+        reads = graph.use_counts()  # how many nodes read each value, a graph output one more
         self._taps = find_resize_taps(graph, self._plain, reads)  # region id -> its resize
         self._elided = {g: r for r, taps in self._taps.items() for g in taps.gathers}  # never made: read by r
         self._ends = self._liveness(graph)
@@ -261,16 +261,6 @@ class CpuExecutable(Executable):
         for nid in found.views:
             kinds[nid] = DYNAMIC if kinds[self._nodes[nid].inputs[0]] == DYNAMIC else VIEW
         return lib, found.cl, found.views
-
-    def _reader_counts(self) -> list[int]:
-        """How many nodes read each value, a graph output counting as one more read."""
-        reads = [0] * len(self._nodes)
-        for node in self._nodes:
-            for i in node.inputs:
-                reads[i] += 1
-        for i in self._outputs:
-            reads[i] += 1
-        return reads
 
     def _plain(self, nid: int) -> bool:
         """Whether value ``nid`` is held NCHW in a plan buffer of its own or a caller's
