@@ -57,7 +57,7 @@ from .openmp import threads as openmp_threads
 from .steps import Dyn, Step, aligned_empty
 
 __all__ = ["conv_steps", "pool_steps", "concat_steps", "dense_steps", "matmul_steps", "ACTIVATION_POST",
-           "operand_types"]
+           "operand_types", "held_types", "convert_steps"]
 
 log = logging.getLogger("rlx_cpu")
 _TYPE_NAMES = {_F32: "float32", _BF16: "bf16"}
@@ -128,7 +128,8 @@ class _MatmulCall(_Call):
 def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, int, int, int],
                stride: tuple[int, int], dilation: tuple[int, int], groups: int,
                ctx: Any, src_cl: bool = False, dst_cl: bool = False,
-               post: tuple[tuple[Any, ...], ...] = (), reduced_only: bool = False) -> list[Step] | None:
+               post: tuple[tuple[Any, ...], ...] = (), reduced_only: bool = False,
+               held: tuple[bool, bool] = (False, False)) -> list[Step] | None:
     """A float32 convolution as one step on oneDNN; None when it does not apply (weights
     computed per run, another dtype, post-ops it does not take). ``x`` and ``out`` are
     NCHW arrays, or NHWC ones (shaped ``(n, h, w, c)``) where ``src_cl`` / ``dst_cl`` say
@@ -136,7 +137,10 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
     ``post``: post-ops applied as the output is written, each ``("eltwise", algorithm,
     alpha, beta)`` or ``("add", array)``, an array of the output's shape and layout
     (``dst_cl`` only). Under a reduced precision (``operand_types``) its operands are in
-    that format where oneDNN runs it on AMX; ``reduced_only``: else None (not float32)."""
+    that format where oneDNN runs it on AMX; ``reduced_only``: else None (not float32).
+    ``held``: whether ``x`` and ``out`` (NHWC plan buffers) hold their values in that
+    format (``layout.held_reduced``: the first half of a float32 array's bytes); the
+    convolution then reads and writes it, in place where its operands are in it."""
     if isinstance(w, Dyn) or any(getattr(a, "dtype", None) != np.float32 for a in (x, w, out)):
         return None
     if bias is not None and (isinstance(bias, Dyn) or bias.dtype != np.float32):
@@ -158,25 +162,30 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
     types = operand_types(ctx, not groups == c == o)
     if reduced_only:
         types = types[:1] if types[0] != _F32 else ()
+    as_held = held_types(ctx, held, (src_cl, dst_cl))
+    if as_held is None:
+        return None
     for dtype in types:
         pd, made = None, []
         try:
-            src, dst = lib.md((n, c, h, wd), _ACDB, dtype), lib.md((n, o, oh, ow), _ACDB)
+            src = lib.md((n, c, h, wd), _ACDB, dtype)
+            dst = lib.md((n, o, oh, ow), _ACDB, dtype if held[1] and dtype != _F32 else _F32)
+            post_md = lib.md((n, o, oh, ow), _ACDB)  # a residual add's operand: float32, laid out as the output
             w_any = lib.md(wshape, _ANY, dtype)
             b_md = lib.md((o,), _TAG_A) if bias is not None else None
-            made += [src, dst, w_any, *((b_md,) if b_md is not None else ())]
+            made += [src, dst, post_md, w_any, *((b_md,) if b_md is not None else ())]
             pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr),
-                             tuple(("add", dst) if op[0] == "add" else op for op in post))
+                             tuple(("add", post_md) if op[0] == "add" else op for op in post))
             plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
             impl, w_md, w_plain, w_reorder = _weights_for(lib, pd, dtype, plain, made)
         except DnnlError as exc:
             _declined(lib, pd, made, f"a convolution {tuple(x.shape)} -> {tuple(out.shape)}", dtype, exc)
             continue
         try:
-            held = (lib.md((n, c, h, wd), _ACDB if src_cl else _ABCD),
-                    lib.md((n, o, oh, ow), _ACDB if dst_cl else _ABCD))
-            return _conv_call(lib, pd, impl, x, w, bias, out, post, (src, dst, w_any, b_md, w_md, w_plain, w_reorder),
-                              held, wshape, ctx, dtype)
+            lies = (lib.md((n, c, h, wd), _ACDB if src_cl else _ABCD, as_held[0]),
+                    lib.md((n, o, oh, ow), _ACDB if dst_cl else _ABCD, as_held[1]))
+            return _conv_call(lib, pd, impl, x, w, bias, out, post,
+                              (src, dst, post_md, w_any, b_md, w_md, w_plain, w_reorder), lies, wshape, ctx, dtype)
         finally:
             lib.destroy(pds=(pd,))
     return None
@@ -188,7 +197,7 @@ def _conv_call(lib: Dnnl, pd: Any, impl: str, x: Any, w: Any, bias: Any, out: An
     """``conv_steps``' step once oneDNN took the convolution (``pd``; ``objs``: the
     descriptors and the weights' reorder made for it; ``held``: how ``x`` and ``out``
     lie; ``dtype``: its operands')."""
-    src, dst, w_any, b_md, w_md, w_plain, w_reorder = objs
+    src, dst, post_md, w_any, b_md, w_md, w_plain, w_reorder = objs
     w_size = lib.size(w_md)
 
     make = _reordered(lib, w_reorder, w_plain, w_md, w_size, contiguous=True)
@@ -206,10 +215,10 @@ def _conv_call(lib: Dnnl, pd: Any, impl: str, x: Any, w: Any, bias: Any, out: An
     for k, op in enumerate(post):
         if op[0] == "add":  # the second tensor, laid out like the output (a plan buffer or resident)
             keep.append(op[1])
-            mems[f"post{k}"] = lib.memory(dst, _addr(op[1]))
+            mems[f"post{k}"] = lib.memory(post_md, _addr(op[1]))
             args.append((_ARG_POST_OP_BASE * (k + 1) | _ARG_SRC_1, mems[f"post{k}"]))
     call = _layouted(_ConvCall, lib, pd, (src, dst), x, out, held, ctx, args, keep, mems,
-                     [w_any, *((b_md,) if b_md is not None else ())])
+                     [w_any, post_md, *((b_md,) if b_md is not None else ())])
     _rounded(ctx, dtype, "convolution")
     # The weights' reorder (and its descriptors) are freed with the executable's derived
     # array, which ``make`` refills.
@@ -261,6 +270,39 @@ def operand_types(ctx: Any, tiled: bool) -> tuple[int, ...]:
     "bf16 on AMX")."""
     found = reduced(getattr(ctx, "precision", "fp32")) if tiled else None
     return (found[1], _F32) if found is not None else (_F32,)
+
+
+def held_types(ctx: Any, held: tuple[bool, bool], cl: tuple[bool, bool]) -> tuple[int, int] | None:
+    """The dtypes a step's source and destination lie in (``held``: in the build's
+    reduced format, else float32); None where one is held reduced but this build has no
+    reduced format or the value is not NHWC (``layout.held_reduced`` plans only NHWC
+    values)."""
+    if not any(held):
+        return (_F32, _F32)
+    found = reduced(getattr(ctx, "precision", "fp32"))
+    if found is None or any(h and not c for h, c in zip(held, cl)):
+        return None
+    return tuple(found[1] if h else _F32 for h in held)  # type: ignore[return-value]
+
+
+def convert_steps(lib: Dnnl, x: np.ndarray, out: np.ndarray, ctx: Any, to_reduced: bool) -> list[Step] | None:
+    """A value held NHWC (shaped ``(n, h, w, c)``, plan buffers both) rounded into the
+    build's reduced format (``to_reduced``) or widened back to float32: one oneDNN
+    reorder. Where a step planned to read or write a value held reduced cannot
+    (``layout._conv``'s way round: rlx's kernels, an epilogue oneDNN does not take), it
+    runs in float32 scratch between two of these. None where the build has no reduced
+    format."""
+    types = held_types(ctx, (not to_reduced, to_reduced), (True, True))
+    if types is None:
+        return None
+    n, h, w, c = x.shape
+    a, b = lib.md((n, c, h, w), _ACDB, types[0]), lib.md((n, c, h, w), _ACDB, types[1])
+    mems = (lib.memory(a, _addr(x)), lib.memory(b, _addr(out)))
+    prim = lib.reorder(a, b)
+    args = (_Arg * 2)(_Arg(_ARG_SRC, mems[0]), _Arg(_ARG_DST, mems[1]))
+    call = _Call(lib, ((prim, args, 2),), (None, None), (x, out))
+    weakref.finalize(call, lib.destroy, mems, (prim,), (a, b))
+    return [Step(call, (x, out))]
 
 
 def _rounded(ctx: Any, dtype: int, what: str) -> None:
