@@ -46,7 +46,7 @@ from rlx_core.ir import Graph, Node
 from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import Executable, shape_family
 
-from . import blas, layout, onednn
+from . import blas, held, layout, onednn
 from .fused import FUSED_KERNELS
 from .gathers import find_resize_taps, resize_steps
 from .kernels import KERNELS, inplace_positions
@@ -199,8 +199,8 @@ class CpuExecutable(Executable):
         self._input_ids = graph.inputs
         self._kinds = self._classify(graph)
         self._dnnl, self._cl, self._cl_views = self._channels_last(graph)
-        # Values held in the reduced format between convolutions (layout.held_reduced).
-        self._held = layout.held_reduced(graph, self._cl) if self._cl and onednn.reduced(precision) else frozenset()
+        # Values held in the reduced format between oneDNN's steps (held.py).
+        self._held = held.plan(graph, self._cl) if self._cl and onednn.reduced(precision) else frozenset()
         reads = graph.use_counts()  # how many nodes read each value, a graph output one more
         self._taps = find_resize_taps(graph, self._plain, reads)  # region id -> its resize
         self._elided = {g: r for r, taps in self._taps.items() for g in taps.gathers}  # never made: read by r
@@ -432,8 +432,10 @@ class CpuExecutable(Executable):
             fmt = next(iter(self._rounded.values()))[0]
             counts = Counter(what for _, what in self._rounded.values())
             kinds = " and ".join(f"{k} {what}{'s' if k > 1 else ''}" for what, k in sorted(counts.items()))
-            held = (f"; {len(self._held)} values between convolutions held {fmt}" if self._held else "")
-            notes.append(f"precision: {kinds} with {fmt} operands on AMX (float32 accumulation){held}; everything "
+            n = len(self._held)
+            kept = (f"; {n} value{'s' if n > 1 else ''} held {fmt} between the oneDNN steps that write and read "
+                    f"{'them' if n > 1 else 'it'}" if n else "")
+            notes.append(f"precision: {kinds} with {fmt} operands on AMX (float32 accumulation){kept}; everything "
                          "else float32")
         elif self._precision != "fp32":
             notes.append(f"precision: {self._precision} allowed, but no product here took it (oneDNN runs none of "
@@ -566,8 +568,7 @@ class CpuExecutable(Executable):
                 built = resize_steps(self._taps[nid], values[read[0]], out)
             elif nid in cl or any(i in cl for i in node.inputs):  # NHWC in or out (layout.py)
                 built = layout.steps(self._dnnl, node, ins, out, ctx, [i in cl for i in node.inputs], nid in cl,
-                                     _build_with, (bool(node.inputs) and node.inputs[0] in self._held,
-                                                   nid in self._held))
+                                     _build_with, ([i in self._held for i in node.inputs], nid in self._held))
             else:
                 built = _build_steps(_BUILDERS[node.op], node, ins, out, ctx)
             ctx.release()

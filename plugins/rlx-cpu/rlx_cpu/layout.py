@@ -219,41 +219,6 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
     return Plan(frozenset(cl), views)
 
 
-#: Channels a group from which a grouped convolution is expected to take reduced operands
-#: on AMX (oneDNN 3.2 ran ResNeXt's 32 a group there; 8 a group, RegNet's, on AVX-512).
-_TILED_GROUP = 16
-
-
-def _tiled(node: Node, graph: Graph) -> bool:
-    """Whether convolution ``node`` is one oneDNN is expected to run on AMX's tiles with
-    reduced operands (``onednn_steps.operand_types``): not depthwise, and wide groups."""
-    groups = int(node.attrs.get("groups", 1))
-    return groups == 1 or graph.node(node.inputs[0]).shape[1] // groups >= _TILED_GROUP
-
-
-def held_reduced(graph: Graph, cl: frozenset[int]) -> frozenset[int]:
-    """The values held NHWC that a build under a reduced precision holds in that format
-    (``precision="bf16"``: half the bytes written and read, and no rounding reorder in
-    front of each reader): a convolution's result read only by convolutions, each as
-    its input (not as an epilogue operand), all expected to take reduced operands
-    (``_tiled``). A value held so lies in the first half of its float32 plan buffer's
-    bytes; a step planned to write or read it that cannot (an epilogue oneDNN does not
-    take, a convolution it declines) goes through float32 scratch and a conversion
-    (``_conv``), so a wrong expectation costs a reorder, never a wrong answer."""
-    nodes = graph.nodes
-    readers: dict[int, list[int]] = {}
-    for node in nodes:
-        for i in set(node.inputs):
-            readers.setdefault(i, []).append(node.id)
-
-    def takes(reader: Node, value: int) -> bool:  # (a convolution reading a value held NHWC is oneDNN's)
-        return (reader.op in _CONVS and reader.inputs[0] == value and value not in reader.inputs[1:]
-                and _tiled(reader, graph))
-
-    return frozenset(v for v in cl if nodes[v].op in _CONVS and _tiled(nodes[v], graph) and readers.get(v)
-                     and all(takes(nodes[r], v) for r in readers[v]))
-
-
 def builder_node(node: Node) -> Node:
     """``node`` as its kernel builder sees it when its value is held NHWC (a concat's axis
     moved with its dim)."""
@@ -264,16 +229,18 @@ def builder_node(node: Node) -> Node:
 
 
 def steps(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool],
-          out_cl: bool, build: Any, held: tuple[bool, bool] = (False, False)) -> list[Any]:
+          out_cl: bool, build: Any, held: tuple[Sequence[bool], bool] = ((), False)) -> list[Any]:
     """The steps of a node that reads or writes NHWC values: ``ins`` and ``out`` are
     each NHWC where ``in_cl`` / ``out_cl`` say so. ``build(node, ins, out, ctx)`` builds
-    ``node``'s NCHW kernel (for elementwise nodes, and every fallback). ``held``: whether
-    its first input and its output are held in the build's reduced format
-    (``held_reduced``: only convolutions read or write those)."""
+    ``node``'s NCHW kernel (for elementwise nodes, and every fallback). ``held``: which
+    inputs, and whether the output, are held in the build's reduced format
+    (``held.plan``)."""
+    if any(held[0]) or held[1]:
+        from . import held as reduced
+
+        return reduced.steps(lib, node, ins, out, ctx, in_cl, out_cl, build, held)
     if node.op in _CONVS:
-        return _conv(lib, node, ins, out, ctx, in_cl, out_cl, build, held)
-    if any(held):
-        raise AssertionError(f"{node.op.value} node {node.name!r} planned to read or write a value held reduced")
+        return _conv(lib, node, ins, out, ctx, in_cl, out_cl, build)
     if node.op in _REDUCES:
         return _reduce_planes(_REDUCES[node.op], ins[0], out)
     if node.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D):
@@ -291,12 +258,7 @@ def steps(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_c
 
 
 def _conv(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool], out_cl: bool,
-          build: Any, held: tuple[bool, bool] = (False, False)) -> list[Any]:
-    if any(held):  # values held reduced: read and written in that format where oneDNN takes it all
-        done = _conv_held(lib, node, ins, out, ctx, in_cl, out_cl, held)
-        if done is not None:
-            return done
-        return _widened(lib, node, ins, out, ctx, in_cl, out_cl, build, held)
+          build: Any) -> list[Any]:
     from .fused import region_after
 
     n_conv = conv_inputs(node.attrs) if node.op is OpKind.FUSED_CONV else len(ins)
@@ -319,47 +281,6 @@ def _conv(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_c
     if post == ():  # a plain convolution: nothing runs after it
         return done
     return done + region_after(a["program"], operands, out, ctx, node.name)
-
-
-def _conv_held(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool],
-               out_cl: bool, held: tuple[bool, bool]) -> list[Any] | None:
-    """``node`` as one oneDNN step reading and writing the values ``held`` reduced, its
-    whole epilogue as post-ops; None where that does not apply."""
-    n_conv = conv_inputs(node.attrs) if node.op is OpKind.FUSED_CONV else len(ins)
-    a = node.attrs
-    post: tuple[tuple[Any, ...], ...] | None = ()
-    if node.op is OpKind.FUSED_CONV:
-        operands = [out, *(x if cl == out_cl else cl_view(x) if out_cl else x.transpose(TO_NCHW)
-                           for x, cl in zip(ins[n_conv:], in_cl[n_conv:]))]
-        post = post_ops(a["program"], operands, getattr(ctx, "constant", None))
-        if post is None:
-            return None
-    return onednn_steps.conv_steps(lib, ins[0], ins[1], ins[2] if n_conv == 3 else None, out, a["padding"],
-                                   a["stride"], a["dilation"], a["groups"], ctx, src_cl=in_cl[0], dst_cl=out_cl,
-                                   post=post, held=held)
-
-
-def _widened(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool],
-             out_cl: bool, build: Any, held: tuple[bool, bool]) -> list[Any]:
-    """``node`` built as if nothing were held reduced, over float32 scratch: its input
-    widened first, its output rounded after (``onednn_steps.convert_steps``)."""
-    first: list[Any] = []
-    ins = list(ins)
-    if held[0]:
-        wide = ctx.scratch(tuple(ins[0].shape), np.float32)
-        first += _converted(lib, ins[0], wide, ctx, False)
-        ins[0] = wide
-    if not held[1]:
-        return first + _conv(lib, node, ins, out, ctx, in_cl, out_cl, build)
-    res = ctx.scratch(tuple(out.shape), np.float32)
-    return first + _conv(lib, node, ins, res, ctx, in_cl, out_cl, build) + _converted(lib, res, out, ctx, True)
-
-
-def _converted(lib: onednn.Dnnl, x: Any, out: Any, ctx: Any, to_reduced: bool) -> list[Any]:
-    done = onednn_steps.convert_steps(lib, x, out, ctx, to_reduced)
-    if done is None:  # (a value is planned reduced only where the build has the format)
-        raise AssertionError("a value held reduced in a build without a reduced precision")
-    return done
 
 
 #: IR ops that are one of oneDNN's elementwise post-ops on their own: (algorithm, alpha, beta).

@@ -159,7 +159,10 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
     oh, ow = out.shape[1:3] if dst_cl else out.shape[2:]
     pt, pl, pb, pr = pads
     wshape = (o, cg, kh, kw) if groups == 1 else (groups, o // groups, cg, kh, kw)
-    types = operand_types(ctx, not groups == c == o)
+    tiled = not groups == c == o
+    # A depthwise convolution reading a value held reduced reads it as it lies (AVX-512's
+    # bf16 instructions: no AMX kernel takes it, and none is needed to pay: ``held.py``).
+    types = operand_types(ctx, tiled or held[0])
     if reduced_only:
         types = types[:1] if types[0] != _F32 else ()
     as_held = held_types(ctx, held, (src_cl, dst_cl))
@@ -177,7 +180,7 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
             pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr),
                              tuple(("add", post_md) if op[0] == "add" else op for op in post))
             plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
-            impl, w_md, w_plain, w_reorder = _weights_for(lib, pd, dtype, plain, made)
+            impl, w_md, w_plain, w_reorder = _weights_for(lib, pd, dtype, plain, made, amx=tiled)
         except DnnlError as exc:
             _declined(lib, pd, made, f"a convolution {tuple(x.shape)} -> {tuple(out.shape)}", dtype, exc)
             continue
@@ -226,25 +229,27 @@ def _conv_call(lib: Dnnl, pd: Any, impl: str, x: Any, w: Any, bias: Any, out: An
     return [Step(call, (x, out))]
 
 
-def _jit_impl(lib: Dnnl, pd: Any, dtype: int = _F32) -> str:
+def _jit_impl(lib: Dnnl, pd: Any, dtype: int = _F32, amx: bool = True) -> str:
     """The implementation oneDNN chose for ``pd``; ``DnnlError`` where that is one of its
     reference loops (orders of magnitude slower than rlx's kernels: rlx's then run it),
-    or, for reduced-precision operands, not one on the units that make them pay (AMX:
-    bf16 on AVX-512 alone ran 1.5-1.8x float32's time; ``onednn.precisions``)."""
+    or, for reduced-precision operands of a product (``amx``), not one on the units that
+    make them pay (AMX: bf16 on AVX-512 alone ran 1.5-1.8x float32's time;
+    ``onednn.precisions``)."""
     impl = lib.impl(pd)
     if impl.startswith("ref"):
         raise DnnlError(f"only its reference implementation ({impl}) takes it")
-    if dtype != _F32 and "amx" not in impl:
+    if dtype != _F32 and amx and "amx" not in impl:
         raise DnnlError(f"its {_TYPE_NAMES[dtype]} implementation here ({impl}) is not on AMX")
     return impl
 
 
-def _weights_for(lib: Dnnl, pd: Any, dtype: int, plain: Any, made: list[Any]) -> tuple[str, Any, Any, Any]:
+def _weights_for(lib: Dnnl, pd: Any, dtype: int, plain: Any, made: list[Any],
+                 amx: bool = True) -> tuple[str, Any, Any, Any]:
     """A product's implementation (``_jit_impl``), the layout its weights take (cloned:
     ``make`` needs it after ``pd`` is gone), ``plain`` (the weights as they lie) and the
     reorder between the two; the descriptors join ``made``."""
     made.append(plain)
-    impl = _jit_impl(lib, pd, dtype)
+    impl = _jit_impl(lib, pd, dtype, amx)
     w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))
     made.append(w_md)
     return impl, w_md, plain, lib.reorder(plain, w_md)
@@ -394,12 +399,14 @@ def _layouted(kind: type[_Call], lib: Dnnl, pd: Any, mds: tuple[Any, Any], x: An
 
 def pool_steps(lib: Dnnl, x: Any, out: Any, is_max: bool, include_pad: bool, kernel: tuple[int, int],
                stride: tuple[int, int], dilation: tuple[int, int], pads: tuple[int, int, int, int], ctx: Any,
-               src_cl: bool = False, dst_cl: bool = False) -> list[Step] | None:
+               src_cl: bool = False, dst_cl: bool = False,
+               held: tuple[bool, bool] = (False, False)) -> list[Step] | None:
     """A float32 max or average pool as one step on oneDNN (NHWC where ``src_cl`` /
-    ``dst_cl`` say so, like ``conv_steps``); None where it does not apply. ONNX's
-    ``ceil_mode`` windows become padding on the bottom and right, which a max pool
-    ignores and an average pool excluding padding does not count; an average pool
-    counting its padding is declined where that padding would count too."""
+    ``dst_cl`` say so, and in the build's reduced format where ``held`` says so, like
+    ``conv_steps``); None where it does not apply. ONNX's ``ceil_mode`` windows become
+    padding on the bottom and right, which a max pool ignores and an average pool
+    excluding padding does not count; an average pool counting its padding is declined
+    where that padding would count too."""
     if any(getattr(a, "dtype", None) != np.float32 for a in (x, out)) or out.size == 0:
         return None
     n, c, h, wd = (x.shape[0], x.shape[3], x.shape[1], x.shape[2]) if src_cl else x.shape
@@ -412,13 +419,18 @@ def pool_steps(lib: Dnnl, x: Any, out: Any, is_max: bool, include_pad: bool, ker
     if pb2 < 0 or pr2 < 0 or (not is_max and include_pad and (pb2, pr2) != (pb, pr)):
         return None
     alg = _POOL_MAX if is_max else _POOL_AVG_INCLUDE if include_pad else _POOL_AVG_EXCLUDE
+    as_held = held_types(ctx, held, (src_cl, dst_cl))
+    if as_held is None:
+        return None
+    dtype = as_held[0] if as_held[0] == as_held[1] else _F32  # (held on one side only: a reorder there)
     pd = None
     try:
-        src, dst = lib.md((n, c, h, wd), _ACDB), lib.md((n, c, oh, ow), _ACDB)
+        src, dst = lib.md((n, c, h, wd), _ACDB, dtype), lib.md((n, c, oh, ow), _ACDB, dtype)
         pd = lib.pool_pd(alg, src, dst, stride, kernel, dilation, (pt, pl), (pb2, pr2))
-        _jit_impl(lib, pd)
-        held = (lib.md((n, c, h, wd), _ACDB if src_cl else _ABCD), lib.md((n, c, oh, ow), _ACDB if dst_cl else _ABCD))
-        call = _layouted(_PoolCall, lib, pd, (src, dst), x, out, held, ctx, [], [], {}, [])
+        _jit_impl(lib, pd, dtype, amx=False)
+        lies = (lib.md((n, c, h, wd), _ACDB if src_cl else _ABCD, as_held[0]),
+                lib.md((n, c, oh, ow), _ACDB if dst_cl else _ABCD, as_held[1]))
+        call = _layouted(_PoolCall, lib, pd, (src, dst), x, out, lies, ctx, [], [], {}, [])
     except DnnlError as exc:
         log.debug("rlx-cpu: oneDNN declined a pool %s -> %s: %s", tuple(x.shape), tuple(out.shape), exc)
         return None
@@ -433,20 +445,24 @@ def _addr(arr: np.ndarray) -> int:
     return int(arr.__array_interface__["data"][0])
 
 
-def concat_steps(lib: Dnnl, ins: list[Any], out: Any, axis: int, ctx: Any) -> list[Step] | None:
+def concat_steps(lib: Dnnl, ins: list[Any], out: Any, axis: int, ctx: Any, held: bool = False) -> list[Step] | None:
     """A concat of float32 NHWC plan buffers (shaped ``(n, h, w, c)``) along ``axis`` of
     that order, as oneDNN's concat (threaded, vectorized copies); None where an input is
     a caller's array or not float32. numpy's copies into the strided channel blocks of an
-    NHWC output ran DenseNet's concats at twice the time of the NCHW model's."""
+    NHWC output ran DenseNet's concats at twice the time of the NCHW model's. ``held``:
+    every input and the output are held in the build's reduced format (``held.py``)."""
     if any(isinstance(x, Dyn) or x.dtype != np.float32 or not x.flags.c_contiguous for x in (*ins, out)):
         return None
     to_nchw = (0, 3, 1, 2)  # oneDNN's logical order is NCHW: its dims, with the NHWC tag
+    as_held = held_types(ctx, (held, held), (True, True))
+    if as_held is None:
+        return None
     pd = None
     try:
-        dst = lib.md(tuple(out.shape[p] for p in to_nchw), _ACDB)
-        srcs = [lib.md(tuple(x.shape[p] for p in to_nchw), _ACDB) for x in ins]
+        dst = lib.md(tuple(out.shape[p] for p in to_nchw), _ACDB, as_held[1])
+        srcs = [lib.md(tuple(x.shape[p] for p in to_nchw), _ACDB, as_held[0]) for x in ins]
         pd = lib.concat_pd(dst, to_nchw.index(axis), srcs)
-        _jit_impl(lib, pd)
+        _jit_impl(lib, pd, as_held[0], amx=False)
         prim = lib.primitive(pd)
     except DnnlError as exc:
         log.debug("rlx-cpu: oneDNN declined a concat into %s: %s", tuple(out.shape), exc)

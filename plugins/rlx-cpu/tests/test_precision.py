@@ -20,7 +20,7 @@ from rlx_core.ir.ops import SOURCE_OPS, OpKind
 from rlx_core.reference import evaluate
 from rlx_core.testing import check_backend
 from rlx_core.testing._precision import product_bound
-from rlx_cpu import layout, onednn, verdicts
+from rlx_cpu import held, layout, onednn, verdicts
 
 CPU = rlx.get_backend("cpu")
 HAS_BF16 = "bf16" in CPU.precisions()
@@ -130,7 +130,8 @@ def test_a_channels_last_chain_holds_the_value_between_its_convolutions_in_bf16(
     feeds = {"x": rng.standard_normal((2, 16, 14, 14)).astype(np.float32)}
     cg = rlx.compile(g, device="cpu", precision="bf16")
     notes = " ".join(cg.report().notes)
-    assert "precision: 2 convolutions with bf16 operands" in notes and "1 values between convolutions held bf16" in notes
+    assert "precision: 2 convolutions with bf16 operands" in notes, notes
+    assert "1 value held bf16 between the oneDNN steps that write and read it" in notes, notes
     exact = evaluate(g, feeds)[0]
     err = np.abs(cg.run(feeds)[0] - exact).max() / np.abs(exact).max()
     assert 1e-5 < err < 2e-2  # rounded, as bf16 is: two products deep through a relu
@@ -208,55 +209,62 @@ def _conv(g: Graph, x: object, rng: np.random.Generator, o: int, c: int, k: int 
     return g.conv2d(x, g.param(f"w{len(g.nodes)}", w), padding=k // 2, groups=groups)
 
 
-def test_only_values_that_convolutions_alone_read_are_planned_reduced():
+def test_only_values_that_onednn_steps_alone_read_are_planned_reduced():
     rng = np.random.default_rng(7)
     g = Graph("plan")
     x = g.input("x", (1, 32, 8, 8))
-    a = _conv(g, x, rng, 32, 32)             # read by one convolution: held
-    b = _conv(g, a, rng, 32, 32, 3)          # read by a depthwise one: not
-    d = _conv(g, b, rng, 32, 32, 3, 32)      # a depthwise result: not (its convolution is not on the tiles)
-    e = _conv(g, d, rng, 64, 32)             # read by two, one of 8 channels a group (AVX-512's): not
-    f = _conv(g, e, rng, 64, 64, 3)          # read by one of 32 channels a group (AMX's): held
-    h = _conv(g, e, rng, 64, 64, 3, 8)       # its result read by an add: not
-    s = g.add(_conv(g, f, rng, 64, 64, 3, 2), h)
-    r = _conv(g, s, rng, 64, 64)             # read by a relu: not
-    out = _conv(g, g.relu(r), rng, 16, 64)   # a graph output: not
+    a = _conv(g, x, rng, 32, 32)                  # read by a depthwise convolution that is held: held
+    b = _conv(g, a, rng, 32, 32, 3, 32)           # depthwise, reads a held value, read by a dense one: held
+    c = _conv(g, b, rng, 64, 32)                  # read by a held pool: held
+    p = g.max_pool2d(c, 3, 1, 1)                  # reads a held value, read by convolutions: held
+    q, q2 = _conv(g, p, rng, 32, 64), _conv(g, p, rng, 32, 64, 3)  # read by a held concat: held
+    k = g.concat([q, q2], axis=1)                 # every input held, read by a convolution: held
+    r = _conv(g, k, rng, 64, 64)                  # read by a depthwise one that is not held: held all the same
+    t = _conv(g, r, rng, 64, 64, 3, 64)           # read by a relu: not
+    e = _conv(g, g.relu(t), rng, 64, 64)          # read by a grouped one of 8 channels a group (AVX-512's): not
+    h = _conv(g, e, rng, 64, 64, 3, 8)            # read by a pool that is not held: not
+    v = g.avg_pool2d(h, 3, 1, 1)                  # read by a relu: not
+    f = _conv(g, g.relu(v), rng, 64, 64, 3)       # read by one of 32 channels a group (AMX's): held
+    s = g.add(_conv(g, f, rng, 64, 64, 3, 2), f)  # (f read as an epilogue operand too: not held after all)
+    out = _conv(g, g.relu(s), rng, 16, 64)        # a graph output: not
     g.set_outputs([out])
     kinds = [n.op for n in g.nodes]
     buffered = [k not in SOURCE_OPS for k in kinds]
     fixed = [k in (OpKind.PARAM, OpKind.CONSTANT) for k in kinds]
     planned = layout.plan(g, buffered, fixed)
-    held = layout.held_reduced(g, planned.cl)
-    names = {v.id: k for k, v in {"a": a, "b": b, "d": d, "e": e, "f": f, "h": h, "r": r}.items()}
-    assert {names[i] for i in held if i in names} == {"a", "f"}
-    assert all(i in planned.cl for i in held) and out.id not in held
+    kept = held.plan(g, planned.cl)
+    names = {v.id: k for k, v in dict(a=a, b=b, c=c, p=p, q=q, q2=q2, k=k, r=r, t=t, e=e, h=h, v=v, f=f).items()}
+    assert {names[i] for i in kept if i in names} == {"a", "b", "c", "p", "q", "q2", "k", "r"}
+    assert all(i in planned.cl for i in kept) and out.id not in kept
 
 
 @needs_bf16
 @pytest.mark.parametrize("route", ["in place", "through float32 scratch"])
-def test_values_held_bf16_give_the_answer_rounding_each_input_gives(monkeypatch, route):
-    """A value held bf16 is the value the next convolution's rounding reorder made: the
-    same answer, one reorder and half the bytes fewer. Where oneDNN cannot write or read
-    it (an epilogue it has no post-op for: ``exp``), the node runs in float32 scratch
-    between conversions, with the same answer."""
+def test_values_held_bf16_answer_as_rounding_each_input_does(monkeypatch, route):
+    """A value a convolution reads held bf16 is the value its rounding reorder made; a
+    depthwise convolution reading one reads it rounded where it read float32 before (a
+    bf16 rounding more, within bf16's error). Where oneDNN cannot write or read a held
+    value as planned (an epilogue it has no post-op for: ``exp``), the node runs in
+    float32 scratch between conversions."""
     rng = np.random.default_rng(8)
     g = Graph("held")
     x = g.input("x", (2, 16, 12, 12))
-    a = g.relu(_conv(g, x, rng, 32, 16, 3))
-    b = g.exp(g.mul(_conv(g, a, rng, 32, 32), np.float32(0.1)))
+    a = g.max_pool2d(g.relu(_conv(g, x, rng, 32, 16, 3)), 3, 1, 1)
+    b = g.exp(g.mul(_conv(g, _conv(g, a, rng, 32, 32, 3, 32), rng, 32, 32), np.float32(0.1)))
     c = _conv(g, b, rng, 48, 32, 3)
-    g.set_outputs([_conv(g, g.add(c, _conv(g, b, rng, 48, 32)), rng, 8, 48)])
+    d = g.concat([_conv(g, c, rng, 16, 48), _conv(g, c, rng, 16, 48, 3)], axis=1)
+    g.set_outputs([_conv(g, g.add(_conv(g, d, rng, 32, 32), _conv(g, b, rng, 32, 32)), rng, 8, 32)])
     feeds = {"x": rng.standard_normal((2, 16, 12, 12)).astype(np.float32)}
     if route != "in place":
-        monkeypatch.setattr(layout, "_conv_held", lambda *args: None)
+        monkeypatch.setattr(held, "_direct", lambda *args: None)
     cg = rlx.compile(g, device="cpu", precision="bf16")
     notes = " ".join(cg.report().notes)
-    assert "3 values between convolutions held bf16" in notes, notes
+    assert "9 values held bf16 between the oneDNN steps" in notes, notes
     got = cg.run(feeds)[0]
-    monkeypatch.setattr(layout, "held_reduced", lambda *args: frozenset())
+    monkeypatch.setattr(held, "plan", lambda *args: frozenset())
     rounded = rlx.compile(g, device="cpu", precision="bf16")
     assert "held" not in " ".join(rounded.report().notes)
     base = rounded.run(feeds)[0]
-    np.testing.assert_allclose(got, base, rtol=0, atol=1e-3 * np.abs(base).max())
+    np.testing.assert_allclose(got, base, rtol=0, atol=2e-2 * np.abs(base).max())
     exact = evaluate(g, feeds)[0]
     assert 1e-5 < np.abs(got - exact).max() / np.abs(exact).max() < 3e-2

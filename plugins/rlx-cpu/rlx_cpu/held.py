@@ -1,0 +1,167 @@
+"""Values held in the reduced format between the oneDNN steps that write and read them.
+
+Why: under ``precision="bf16"`` each convolution rounds its float32 input to bf16 first
+(``onednn_steps._layouted``'s reorder in plan scratch) and writes a float32 result. When
+the only readers of that result are steps that would round it again, writing it in bf16
+at once saves the reorder in front of every reader and halves the bytes written and read:
+the same numbers (a reorder and a convolution's own conversion both round to nearest
+even), less memory traffic. Measured on the 2-core Xeon with AMX of session 33 (batch 8,
+rlx bf16 with and without it, interleaved): ConvNeXt-T 0.80x the time, ResNet-50 0.92x,
+SqueezeNet 0.89x, ResNeXt-50 0.95x, DenseNet-121 0.96x (BENCHMARKS.md, "bf16 on AMX").
+OpenVINO's CPU plugin keeps activations bf16 end to end the same way.
+
+Which values (``plan``), once per compile, over the values ``layout.plan`` holds NHWC:
+
+- *Producers*: a convolution expected on AMX's tiles (``tiled``: dense, or 16 channels a
+  group and more); a depthwise convolution, a max or average pool, a concat, when what
+  they read is held too (oneDNN runs those on AVX-512's bf16 instructions: a depthwise
+  3x3 with bf16 in and out took 0.72-0.81x float32's time, with bf16 in and float32 out
+  about the same as float32).
+- *Readers*: every reader is one of those, reading the value as its data input (never as
+  a weight or an epilogue operand), and a depthwise convolution, pool or concat reading
+  it is itself held (a depthwise one may write float32: that reads the value in place).
+  Grouped convolutions of fewer channels a group (RegNet's 8) run neither on the tiles
+  nor faster in bf16 (0.7-1.06x), so their inputs stay float32.
+
+A fixed point drops values until both hold. A value held so lies in the first half of its
+float32 plan buffer's bytes; nothing but those steps ever reads the buffer. A step that
+cannot read or write it as planned (an epilogue with no oneDNN post-op, oneDNN declining
+the node) runs as if nothing were held, over float32 scratch between conversions
+(``_widened``): a wrong expectation costs two reorders, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rlx_core.ir import Graph, Node
+from rlx_core.ir.ops import OpKind
+from rlx_core.plugin import conv_inputs
+
+from . import layout, onednn, onednn_steps
+
+__all__ = ["plan", "steps", "tiled", "depthwise"]
+
+#: Channels a group from which a grouped convolution is expected to take reduced operands
+#: on AMX (oneDNN 3.2 ran ResNeXt's 32 a group there; 8 a group, RegNet's, on AVX-512).
+TILED_GROUP = 16
+_CONVS = (OpKind.CONV2D, OpKind.FUSED_CONV)
+_POOLS = (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D)
+
+
+def _per_group(node: Node, graph: Graph) -> int:
+    return graph.node(node.inputs[0]).shape[1] // int(node.attrs.get("groups", 1))
+
+
+def tiled(node: Node, graph: Graph) -> bool:
+    """Whether convolution ``node`` is one oneDNN is expected to run on AMX's tiles with
+    reduced operands (``onednn_steps.operand_types``): dense, or wide groups."""
+    return int(node.attrs.get("groups", 1)) == 1 or _per_group(node, graph) >= TILED_GROUP
+
+
+def depthwise(node: Node, graph: Graph) -> bool:
+    """Whether convolution ``node`` has one input channel a group."""
+    return int(node.attrs.get("groups", 1)) > 1 and _per_group(node, graph) == 1
+
+
+def plan(graph: Graph, cl: frozenset[int]) -> frozenset[int]:
+    """The values of ``cl`` (held NHWC) a build under a reduced precision holds in that
+    format (see the module)."""
+    nodes = graph.nodes
+    readers: dict[int, list[int]] = {}
+    for node in nodes:
+        for i in set(node.inputs):
+            readers.setdefault(i, []).append(node.id)
+
+    def follows(node: Node) -> bool:
+        """A producer that writes reduced only what it reads reduced."""
+        return node.op in _POOLS or node.op is OpKind.CONCAT or (node.op in _CONVS and depthwise(node, graph))
+
+    def producer(node: Node) -> bool:
+        return follows(node) or (node.op in _CONVS and tiled(node, graph))
+
+    held = {v for v in cl if producer(nodes[v]) and readers.get(v)}
+
+    def keeps(v: int) -> bool:
+        node = nodes[v]
+        if follows(node) and not all(i in held for i in (node.inputs if node.op is OpKind.CONCAT else node.inputs[:1])):
+            return False
+        for r in readers[v]:
+            reader = nodes[r]
+            if reader.op in _CONVS:
+                if reader.inputs[0] != v or v in reader.inputs[1:]:
+                    return False
+                if not (tiled(reader, graph) or depthwise(reader, graph)):
+                    return False
+            elif not (follows(reader) and r in held):
+                return False
+        return True
+
+    changed = True
+    while changed:
+        dropped = {v for v in held if not keeps(v)}
+        held -= dropped
+        changed = bool(dropped)
+    return frozenset(held)
+
+
+def steps(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool], out_cl: bool,
+          build: Any, held: tuple[Sequence[bool], bool]) -> list[Any]:
+    """``layout.steps`` for a node reading or writing values held reduced (``held``:
+    which inputs, whether the output): one oneDNN step in that format where it takes the
+    node whole, else the node over float32 scratch between conversions."""
+    done = _direct(lib, node, ins, out, ctx, in_cl, out_cl, held)
+    return done if done is not None else _widened(lib, node, ins, out, ctx, in_cl, out_cl, build, held)
+
+
+def _direct(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool], out_cl: bool,
+            held: tuple[Sequence[bool], bool]) -> list[Any] | None:
+    held_in, held_out = held
+    a = node.attrs
+    if node.op in _CONVS:
+        n_conv = conv_inputs(a) if node.op is OpKind.FUSED_CONV else len(ins)
+        post: tuple[tuple[Any, ...], ...] | None = ()
+        if node.op is OpKind.FUSED_CONV:
+            operands = [out, *(x if cl == out_cl else layout.cl_view(x) if out_cl else x.transpose(layout.TO_NCHW)
+                               for x, cl in zip(ins[n_conv:], in_cl[n_conv:]))]
+            post = layout.post_ops(a["program"], operands, getattr(ctx, "constant", None))
+            if post is None:  # an epilogue oneDNN has no post-op for: rlx's region runs it, over float32
+                return None
+        return onednn_steps.conv_steps(lib, ins[0], ins[1], ins[2] if n_conv == 3 else None, out, a["padding"],
+                                       a["stride"], a["dilation"], a["groups"], ctx, src_cl=in_cl[0], dst_cl=out_cl,
+                                       post=post, held=(held_in[0], held_out))
+    if node.op in _POOLS:
+        return onednn_steps.pool_steps(lib, ins[0], out, node.op is OpKind.MAX_POOL2D,
+                                       bool(a.get("count_include_pad")), a["kernel"], a["stride"],
+                                       a.get("dilation", (1, 1)), a["padding"], ctx, src_cl=in_cl[0], dst_cl=out_cl,
+                                       held=(held_in[0], held_out))
+    if node.op is OpKind.CONCAT and all(held_in) and held_out and all(in_cl) and out_cl:
+        return onednn_steps.concat_steps(lib, ins, out, layout.builder_node(node).attrs["axis"], ctx, held=True)
+    return None
+
+
+def _widened(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool], out_cl: bool,
+             build: Any, held: tuple[Sequence[bool], bool]) -> list[Any]:
+    """``node`` built as if nothing were held, over float32 scratch: each input held
+    reduced widened first, the output rounded after (``onednn_steps.convert_steps``)."""
+    first: list[Any] = []
+    ins = list(ins)
+    for k, is_held in enumerate(held[0]):
+        if is_held:
+            wide = ctx.scratch(tuple(ins[k].shape), np.float32)
+            first += _converted(lib, ins[k], wide, ctx, False)
+            ins[k] = wide
+    if not held[1]:
+        return first + layout.steps(lib, node, ins, out, ctx, in_cl, out_cl, build)
+    res = ctx.scratch(tuple(out.shape), np.float32)
+    return first + layout.steps(lib, node, ins, res, ctx, in_cl, out_cl, build) + _converted(lib, res, out, ctx, True)
+
+
+def _converted(lib: onednn.Dnnl, x: Any, out: Any, ctx: Any, to_reduced: bool) -> list[Any]:
+    done = onednn_steps.convert_steps(lib, x, out, ctx, to_reduced)
+    if done is None:  # (``plan`` runs only in a build with a reduced format)
+        raise AssertionError("a value held reduced in a build without a reduced precision")
+    return done
