@@ -433,7 +433,7 @@ class CpuExecutable(Executable):
             counts = Counter(what for _, what in self._rounded.values())
             kinds = " and ".join(f"{k} {what}{'s' if k > 1 else ''}" for what, k in sorted(counts.items()))
             n = len(self._held)
-            kept = (f"; {n} value{'s' if n > 1 else ''} held {fmt} between the oneDNN steps that write and read "
+            kept = (f"; {n} value{'s' if n > 1 else ''} held {fmt} between the steps that write and read "
                     f"{'them' if n > 1 else 'it'}" if n else "")
             notes.append(f"precision: {kinds} with {fmt} operands on AMX (float32 accumulation){kept}; everything "
                          "else float32")

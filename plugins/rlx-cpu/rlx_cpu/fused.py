@@ -51,7 +51,7 @@ from . import gemm
 from .kernels import KERNELS, BuildContext, inplace_positions
 from .nn_kernels import conv2d_steps
 from .onednn_steps import dense_steps
-from .regions import Epilogue, epilogue, region_steps
+from .regions import Epilogue, epilogue, node_steps, region_steps
 from .steps import Parallel, Step, helper_threads
 
 __all__ = ["FUSED_KERNELS", "BLOCK_ELEMENTS", "block_plan", "gemm_epilogue"]
@@ -283,6 +283,17 @@ def _fused_elementwise(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildCo
                              for part, part_out in halves)
             return [Parallel(first, second)]
     return program_steps(instructions, ins, out, ctx, node.name)
+
+
+def native_region(node: Node, ins: list[Any], out: Any, typed: list[Any]) -> list[Step] | None:
+    """Elementwise ``node`` (a fused region, or one op) on the native interpreter alone,
+    its program typed on ``typed`` (the operands as the graph holds them, where ``ins``
+    and ``out`` may be views held reduced: ``held.py``); None where it does not fit
+    there."""
+    if node.op is OpKind.FUSED_ELEMENTWISE:
+        _, instructions = program_types(node.op, _types(typed), node.attrs["program"])
+        return region_steps(instructions, ins, out)
+    return node_steps(node, ins, out)
 
 
 def _gemm(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:

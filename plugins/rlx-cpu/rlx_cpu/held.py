@@ -13,15 +13,16 @@ OpenVINO's CPU plugin keeps activations bf16 end to end the same way.
 Which values (``plan``), once per compile, over the values ``layout.plan`` holds NHWC:
 
 - *Producers*: a convolution expected on AMX's tiles (``tiled``: dense, or 16 channels a
-  group and more); a depthwise convolution, a max or average pool, a concat, when what
-  they read is held too (oneDNN runs those on AVX-512's bf16 instructions: a depthwise
-  3x3 with bf16 in and out took 0.72-0.81x float32's time, with bf16 in and float32 out
-  about the same as float32).
+  group and more), an elementwise node; a depthwise convolution, a max or average pool, a
+  concat, when what they read is held too (oneDNN runs those on AVX-512's bf16
+  instructions: a depthwise 3x3 with bf16 in and out took 0.72-0.81x float32's time).
 - *Readers*: every reader is one of those, reading the value as its data input (never as
-  a weight or an epilogue operand), and a depthwise convolution, pool or concat reading
-  it is itself held (a depthwise one may write float32: that reads the value in place).
-  Grouped convolutions of fewer channels a group (RegNet's 8) run neither on the tiles
-  nor faster in bf16 (0.7-1.06x), so their inputs stay float32.
+  a weight), or an elementwise node (the native interpreter reads and writes bf16 as it
+  goes), or a convolution reading it as an epilogue operand (a residual: oneDNN's add
+  post-op reads bf16); a depthwise convolution, pool or concat reading it is itself held
+  (a depthwise one reading bf16 and writing float32 ran 1.06x float32's time, ConvNeXt's
+  blocks 1.07x). Grouped convolutions of fewer channels a group (RegNet's 8) run neither
+  on the tiles nor faster in bf16 (0.7-1.06x), so their inputs stay float32.
 
 A fixed point drops values until both hold. A value held so lies in the first half of its
 float32 plan buffer's bytes; nothing but those steps ever reads the buffer. A step that
@@ -38,10 +39,12 @@ from typing import Any
 import numpy as np
 
 from rlx_core.ir import Graph, Node
-from rlx_core.ir.ops import OpKind
+from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import conv_inputs
 
 from . import layout, onednn, onednn_steps
+from .fused import native_region
+from .steps import held16
 
 __all__ = ["plan", "steps", "tiled", "depthwise"]
 
@@ -50,6 +53,7 @@ __all__ = ["plan", "steps", "tiled", "depthwise"]
 TILED_GROUP = 16
 _CONVS = (OpKind.CONV2D, OpKind.FUSED_CONV)
 _POOLS = (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D)
+_ELEMENTWISE = ELEMENTWISE_OPS | {OpKind.FUSED_ELEMENTWISE}
 
 
 def _per_group(node: Node, graph: Graph) -> int:
@@ -81,7 +85,7 @@ def plan(graph: Graph, cl: frozenset[int]) -> frozenset[int]:
         return node.op in _POOLS or node.op is OpKind.CONCAT or (node.op in _CONVS and depthwise(node, graph))
 
     def producer(node: Node) -> bool:
-        return follows(node) or (node.op in _CONVS and tiled(node, graph))
+        return follows(node) or node.op in _ELEMENTWISE or (node.op in _CONVS and tiled(node, graph))
 
     held = {v for v in cl if producer(nodes[v]) and readers.get(v)}
 
@@ -91,12 +95,13 @@ def plan(graph: Graph, cl: frozenset[int]) -> frozenset[int]:
             return False
         for r in readers[v]:
             reader = nodes[r]
-            if reader.op in _CONVS:
-                if reader.inputs[0] != v or v in reader.inputs[1:]:
+            if reader.op in _CONVS:  # as its input (a convolution expected to take it) or an epilogue operand
+                n_conv = conv_inputs(reader.attrs) if reader.op is OpKind.FUSED_CONV else len(reader.inputs)
+                if v in reader.inputs[1:n_conv]:
                     return False
-                if not (tiled(reader, graph) or depthwise(reader, graph)):
+                if reader.inputs[0] == v and not (tiled(reader, graph) or (depthwise(reader, graph) and r in held)):
                     return False
-            elif not (follows(reader) and r in held):
+            elif reader.op not in _ELEMENTWISE and not (follows(reader) and r in held):
                 return False
         return True
 
@@ -111,15 +116,19 @@ def plan(graph: Graph, cl: frozenset[int]) -> frozenset[int]:
 def steps(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool], out_cl: bool,
           build: Any, held: tuple[Sequence[bool], bool]) -> list[Any]:
     """``layout.steps`` for a node reading or writing values held reduced (``held``:
-    which inputs, whether the output): one oneDNN step in that format where it takes the
-    node whole, else the node over float32 scratch between conversions."""
-    done = _direct(lib, node, ins, out, ctx, in_cl, out_cl, held)
+    which inputs, whether the output): one step reading and writing that format where
+    oneDNN or the native interpreter takes the node whole, else the node over float32
+    scratch between conversions."""
+    views = [held16(x) if h else x for x, h in zip(ins, held[0])]
+    target = held16(out) if held[1] else out
+    done = _direct(lib, node, ins, views, target, ctx, in_cl, out_cl)
     return done if done is not None else _widened(lib, node, ins, out, ctx, in_cl, out_cl, build, held)
 
 
-def _direct(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool], out_cl: bool,
-            held: tuple[Sequence[bool], bool]) -> list[Any] | None:
-    held_in, held_out = held
+def _direct(lib: onednn.Dnnl, node: Node, typed: list[Any], ins: list[Any], out: Any, ctx: Any,
+            in_cl: Sequence[bool], out_cl: bool) -> list[Any] | None:
+    """``node``'s one step over ``ins`` and ``out``, each a plan buffer or its view held
+    reduced (``typed``: the operands as the graph holds them); None where none takes it."""
     a = node.attrs
     if node.op in _CONVS:
         n_conv = conv_inputs(a) if node.op is OpKind.FUSED_CONV else len(ins)
@@ -132,14 +141,17 @@ def _direct(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in
                 return None
         return onednn_steps.conv_steps(lib, ins[0], ins[1], ins[2] if n_conv == 3 else None, out, a["padding"],
                                        a["stride"], a["dilation"], a["groups"], ctx, src_cl=in_cl[0], dst_cl=out_cl,
-                                       post=post, held=(held_in[0], held_out))
+                                       post=post)
     if node.op in _POOLS:
         return onednn_steps.pool_steps(lib, ins[0], out, node.op is OpKind.MAX_POOL2D,
                                        bool(a.get("count_include_pad")), a["kernel"], a["stride"],
-                                       a.get("dilation", (1, 1)), a["padding"], ctx, src_cl=in_cl[0], dst_cl=out_cl,
-                                       held=(held_in[0], held_out))
-    if node.op is OpKind.CONCAT and all(held_in) and held_out and all(in_cl) and out_cl:
-        return onednn_steps.concat_steps(lib, ins, out, layout.builder_node(node).attrs["axis"], ctx, held=True)
+                                       a.get("dilation", (1, 1)), a["padding"], ctx, src_cl=in_cl[0], dst_cl=out_cl)
+    if node.op is OpKind.CONCAT and all(in_cl) and out_cl:
+        return onednn_steps.concat_steps(lib, ins, out, layout.builder_node(node).attrs["axis"], ctx)
+    if node.op in _ELEMENTWISE and out_cl:  # the native interpreter, bf16 read and written as it goes
+        operands = [x if cl else layout.cl_view(x) for x, cl in zip(ins, in_cl)]
+        return native_region(layout.builder_node(node), operands, out,
+                             [x if cl else layout.cl_view(x) for x, cl in zip(typed, in_cl)])
     return None
 
 
@@ -149,19 +161,23 @@ def _widened(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, i
     reduced widened first, the output rounded after (``onednn_steps.convert_steps``)."""
     first: list[Any] = []
     ins = list(ins)
+    wide: dict[int, Any] = {}  # (a value read twice is widened once)
     for k, is_held in enumerate(held[0]):
         if is_held:
-            wide = ctx.scratch(tuple(ins[k].shape), np.float32)
-            first += _converted(lib, ins[k], wide, ctx, False)
-            ins[k] = wide
+            x = ins[k]
+            if id(x) not in wide:
+                wide[id(x)] = ctx.scratch(tuple(x.shape), np.float32)
+                first += _converted(lib, held16(x), wide[id(x)], ctx)
+            ins[k] = wide[id(x)]
     if not held[1]:
         return first + layout.steps(lib, node, ins, out, ctx, in_cl, out_cl, build)
     res = ctx.scratch(tuple(out.shape), np.float32)
-    return first + layout.steps(lib, node, ins, res, ctx, in_cl, out_cl, build) + _converted(lib, res, out, ctx, True)
+    return (first + layout.steps(lib, node, ins, res, ctx, in_cl, out_cl, build)
+            + _converted(lib, res, held16(out), ctx))
 
 
-def _converted(lib: onednn.Dnnl, x: Any, out: Any, ctx: Any, to_reduced: bool) -> list[Any]:
-    done = onednn_steps.convert_steps(lib, x, out, ctx, to_reduced)
+def _converted(lib: onednn.Dnnl, x: Any, out: Any, ctx: Any) -> list[Any]:
+    done = onednn_steps.convert_steps(lib, x, out, ctx)
     if done is None:  # (``plan`` runs only in a build with a reduced format)
         raise AssertionError("a value held reduced in a build without a reduced precision")
     return done

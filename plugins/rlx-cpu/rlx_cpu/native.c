@@ -40,7 +40,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 22
+#define RLX_ABI 23
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
@@ -66,6 +66,29 @@ enum { IN_FULL = 0, IN_SCALAR = 1, IN_STRIDED = 2 };
  * a mask the region chooses by, with no float copy of it made first. */
 #define IN_BYTES 8
 #define IN_KIND(k) ((k) & 7)
+/* An input's kind with this bit set (IN_FULL only) holds bf16 (two bytes each): a value
+ * a build under precision="bf16" holds in that format between the steps that write and
+ * read it (rlx_cpu/held.py). A region whose meta[0] is OUT_BF16 writes its output so:
+ * each block computed in float32, then rounded to nearest even (as oneDNN's reorders
+ * round), NaN kept NaN. */
+#define IN_BF16 16
+#define OUT_BF16 2
+
+static RLX_CLONES void bf16_to_float(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t t = 0; t < n; t++) {
+        const uint32_t u = (uint32_t)src[t] << 16;
+        memcpy(dst + t, &u, 4);
+    }
+}
+
+static RLX_CLONES void float_to_bf16(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t t = 0; t < n; t++) {
+        uint32_t u;
+        memcpy(&u, src + t, 4);
+        const uint16_t rounded = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        dst[t] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u) : rounded;
+    }
+}
 
 RLX_API int64_t rlx_abi(void) { return RLX_ABI; }
 RLX_API int64_t rlx_block(void) { return RLX_BLOCK; }
@@ -434,7 +457,9 @@ RLX_API int rlx_region(const int64_t *meta, void *const *ptrs, const rlx_vml *vm
 /* The values a region reads: inputs, then registers. A scalar input is a block filled with
  * its value (in work, after the registers); a strided one gets its block there per run. */
 #define RLX_REGION_VALUES (64 + 256)
-static int64_t region_work_floats(const int64_t *meta) { return (meta[3] + meta[1]) * RLX_BLOCK; }
+static int64_t region_work_floats(const int64_t *meta) {
+    return (meta[3] + meta[1] + (meta[0] == OUT_BF16)) * RLX_BLOCK; /* (a bf16 output's float32 block last) */
+}
 
 static void region_bind(const int64_t *meta, void *const *ptrs, float *work, const float **vals) {
     const int64_t n_in = meta[1], n_regs = meta[3], ndim = meta[4];
@@ -460,7 +485,8 @@ static void region_blocks(const int64_t *meta, void *const *ptrs, const rlx_vml 
     const int64_t *shape = meta + 6;
     const int64_t *in_meta = shape + ndim;
     const int64_t *code = in_meta + n_in * (1 + ndim);
-    float *out = (float *)ptrs[0];
+    const int out_bf16 = meta[0] == OUT_BF16;
+    float *out = out_bf16 ? work + (n_regs + n_in) * RLX_BLOCK : (float *)ptrs[0];
     const float *const *in = (const float *const *)(ptrs + 1);
     float *regs = work, *inbuf = work + n_regs * RLX_BLOCK;
     for (int64_t s = start, n; s < stop; s += n) {
@@ -483,16 +509,20 @@ static void region_blocks(const int64_t *meta, void *const *ptrs, const rlx_vml 
             } else if (im[0] == (IN_STRIDED | IN_BYTES)) {
                 gather_bytes((const uint8_t *)ptrs[1 + i], ndim, shape, im + 1, s, n, inbuf + i * RLX_BLOCK);
                 vals[i] = inbuf + i * RLX_BLOCK;
+            } else if (im[0] == (IN_FULL | IN_BF16)) {
+                bf16_to_float((const uint16_t *)ptrs[1 + i] + s, inbuf + i * RLX_BLOCK, n);
+                vals[i] = inbuf + i * RLX_BLOCK;
             }
         }
         for (int64_t k = 0; k < n_instr; k++) {
             const int64_t *ins = code + 5 * k;
-            float *d = ins[1] < 0 ? out + s : regs + ins[1] * RLX_BLOCK;
+            float *d = ins[1] < 0 ? (out_bf16 ? out : out + s) : regs + ins[1] * RLX_BLOCK;
             const float *a = ins[2] >= 0 ? vals[ins[2]] : NULL;
             const float *b = ins[3] >= 0 ? vals[ins[3]] : NULL;
             const float *c = ins[4] >= 0 ? vals[ins[4]] : NULL;
             run_op(ins[0], d, a, b, c, n, vml);
         }
+        if (out_bf16) float_to_bf16(out, (uint16_t *)ptrs[0] + s, n);
     }
 }
 

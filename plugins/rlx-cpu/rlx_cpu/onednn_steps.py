@@ -54,7 +54,7 @@ from .onednn import (
     use,
 )
 from .openmp import threads as openmp_threads
-from .steps import Dyn, Step, aligned_empty
+from .steps import HELD16, Dyn, Step, aligned_empty
 
 __all__ = ["conv_steps", "pool_steps", "concat_steps", "dense_steps", "matmul_steps", "ACTIVATION_POST",
            "operand_types", "held_types", "convert_steps"]
@@ -128,8 +128,7 @@ class _MatmulCall(_Call):
 def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, int, int, int],
                stride: tuple[int, int], dilation: tuple[int, int], groups: int,
                ctx: Any, src_cl: bool = False, dst_cl: bool = False,
-               post: tuple[tuple[Any, ...], ...] = (), reduced_only: bool = False,
-               held: tuple[bool, bool] = (False, False)) -> list[Step] | None:
+               post: tuple[tuple[Any, ...], ...] = (), reduced_only: bool = False) -> list[Step] | None:
     """A float32 convolution as one step on oneDNN; None when it does not apply (weights
     computed per run, another dtype, post-ops it does not take). ``x`` and ``out`` are
     NCHW arrays, or NHWC ones (shaped ``(n, h, w, c)``) where ``src_cl`` / ``dst_cl`` say
@@ -138,15 +137,20 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
     alpha, beta)`` or ``("add", array)``, an array of the output's shape and layout
     (``dst_cl`` only). Under a reduced precision (``operand_types``) its operands are in
     that format where oneDNN runs it on AMX; ``reduced_only``: else None (not float32).
-    ``held``: whether ``x`` and ``out`` (NHWC plan buffers) hold their values in that
-    format (``layout.held_reduced``: the first half of a float32 array's bytes); the
-    convolution then reads and writes it, in place where its operands are in it."""
-    if isinstance(w, Dyn) or any(getattr(a, "dtype", None) != np.float32 for a in (x, w, out)):
+    ``x``, ``out`` and a residual may be views of NHWC plan buffers holding their values
+    in that format (``steps.HELD16``, ``held.py``): read and written so, in place where
+    the convolution's operands are in it."""
+    held = (_held(x), _held(out))
+    if isinstance(w, Dyn) or any(not (h or getattr(a, "dtype", None) == np.float32)
+                                 for a, h in ((x, held[0]), (w, False), (out, held[1]))):
         return None
     if bias is not None and (isinstance(bias, Dyn) or bias.dtype != np.float32):
         return None
     if any(op[0] == "add" and (not dst_cl or isinstance(op[1], Dyn) or tuple(op[1].shape) != tuple(out.shape)
                                or not op[1].flags.c_contiguous) for op in post):
+        return None
+    found = reduced(getattr(ctx, "precision", "fp32"))
+    if any(op[0] == "add" and _held(op[1]) for op in post) and found is None:
         return None
     derived = getattr(ctx, "derived", None)
     if src_cl:
@@ -173,12 +177,14 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
         try:
             src = lib.md((n, c, h, wd), _ACDB, dtype)
             dst = lib.md((n, o, oh, ow), _ACDB, dtype if held[1] and dtype != _F32 else _F32)
-            post_md = lib.md((n, o, oh, ow), _ACDB)  # a residual add's operand: float32, laid out as the output
+            # A residual add's operand, laid out as the output (float32, or held reduced).
+            post_mds = {k: lib.md((n, o, oh, ow), _ACDB, found[1] if _held(op[1]) and found else _F32)
+                        for k, op in enumerate(post) if op[0] == "add"}
             w_any = lib.md(wshape, _ANY, dtype)
             b_md = lib.md((o,), _TAG_A) if bias is not None else None
-            made += [src, dst, post_md, w_any, *((b_md,) if b_md is not None else ())]
+            made += [src, dst, *post_mds.values(), w_any, *((b_md,) if b_md is not None else ())]
             pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr),
-                             tuple(("add", post_md) if op[0] == "add" else op for op in post))
+                             tuple(("add", post_mds[k]) if op[0] == "add" else op for k, op in enumerate(post)))
             plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
             impl, w_md, w_plain, w_reorder = _weights_for(lib, pd, dtype, plain, made, amx=tiled)
         except DnnlError as exc:
@@ -188,7 +194,7 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
             lies = (lib.md((n, c, h, wd), _ACDB if src_cl else _ABCD, as_held[0]),
                     lib.md((n, o, oh, ow), _ACDB if dst_cl else _ABCD, as_held[1]))
             return _conv_call(lib, pd, impl, x, w, bias, out, post,
-                              (src, dst, post_md, w_any, b_md, w_md, w_plain, w_reorder), lies, wshape, ctx, dtype)
+                              (src, dst, post_mds, w_any, b_md, w_md, w_plain, w_reorder), lies, wshape, ctx, dtype)
         finally:
             lib.destroy(pds=(pd,))
     return None
@@ -200,7 +206,7 @@ def _conv_call(lib: Dnnl, pd: Any, impl: str, x: Any, w: Any, bias: Any, out: An
     """``conv_steps``' step once oneDNN took the convolution (``pd``; ``objs``: the
     descriptors and the weights' reorder made for it; ``held``: how ``x`` and ``out``
     lie; ``dtype``: its operands')."""
-    src, dst, post_md, w_any, b_md, w_md, w_plain, w_reorder = objs
+    src, dst, post_mds, w_any, b_md, w_md, w_plain, w_reorder = objs
     w_size = lib.size(w_md)
 
     make = _reordered(lib, w_reorder, w_plain, w_md, w_size, contiguous=True)
@@ -218,10 +224,10 @@ def _conv_call(lib: Dnnl, pd: Any, impl: str, x: Any, w: Any, bias: Any, out: An
     for k, op in enumerate(post):
         if op[0] == "add":  # the second tensor, laid out like the output (a plan buffer or resident)
             keep.append(op[1])
-            mems[f"post{k}"] = lib.memory(post_md, _addr(op[1]))
+            mems[f"post{k}"] = lib.memory(post_mds[k], _addr(op[1]))
             args.append((_ARG_POST_OP_BASE * (k + 1) | _ARG_SRC_1, mems[f"post{k}"]))
     call = _layouted(_ConvCall, lib, pd, (src, dst), x, out, held, ctx, args, keep, mems,
-                     [w_any, post_md, *((b_md,) if b_md is not None else ())])
+                     [w_any, *post_mds.values(), *((b_md,) if b_md is not None else ())])
     _rounded(ctx, dtype, "convolution")
     # The weights' reorder (and its descriptors) are freed with the executable's derived
     # array, which ``make`` refills.
@@ -277,11 +283,15 @@ def operand_types(ctx: Any, tiled: bool) -> tuple[int, ...]:
     return (found[1], _F32) if found is not None else (_F32,)
 
 
+def _held(x: Any) -> bool:
+    """Whether ``x`` is a view holding its value in the build's reduced format."""
+    return getattr(x, "dtype", None) == HELD16
+
+
 def held_types(ctx: Any, held: tuple[bool, bool], cl: tuple[bool, bool]) -> tuple[int, int] | None:
     """The dtypes a step's source and destination lie in (``held``: in the build's
     reduced format, else float32); None where one is held reduced but this build has no
-    reduced format or the value is not NHWC (``layout.held_reduced`` plans only NHWC
-    values)."""
+    reduced format or the value is not NHWC (``held.plan`` holds only NHWC values)."""
     if not any(held):
         return (_F32, _F32)
     found = reduced(getattr(ctx, "precision", "fp32"))
@@ -290,14 +300,14 @@ def held_types(ctx: Any, held: tuple[bool, bool], cl: tuple[bool, bool]) -> tupl
     return tuple(found[1] if h else _F32 for h in held)  # type: ignore[return-value]
 
 
-def convert_steps(lib: Dnnl, x: np.ndarray, out: np.ndarray, ctx: Any, to_reduced: bool) -> list[Step] | None:
+def convert_steps(lib: Dnnl, x: np.ndarray, out: np.ndarray, ctx: Any) -> list[Step] | None:
     """A value held NHWC (shaped ``(n, h, w, c)``, plan buffers both) rounded into the
-    build's reduced format (``to_reduced``) or widened back to float32: one oneDNN
-    reorder. Where a step planned to read or write a value held reduced cannot
-    (``layout._conv``'s way round: rlx's kernels, an epilogue oneDNN does not take), it
-    runs in float32 scratch between two of these. None where the build has no reduced
+    build's reduced format (``out`` a ``HELD16`` view) or widened back to float32 (``x``
+    one): one oneDNN reorder. Where a step planned to read or write a value held reduced
+    cannot (``held._widened``: rlx's kernels, an epilogue oneDNN does not take), it runs
+    in float32 scratch between two of these. None where the build has no reduced
     format."""
-    types = held_types(ctx, (not to_reduced, to_reduced), (True, True))
+    types = held_types(ctx, (_held(x), _held(out)), (True, True))
     if types is None:
         return None
     n, h, w, c = x.shape
@@ -399,15 +409,15 @@ def _layouted(kind: type[_Call], lib: Dnnl, pd: Any, mds: tuple[Any, Any], x: An
 
 def pool_steps(lib: Dnnl, x: Any, out: Any, is_max: bool, include_pad: bool, kernel: tuple[int, int],
                stride: tuple[int, int], dilation: tuple[int, int], pads: tuple[int, int, int, int], ctx: Any,
-               src_cl: bool = False, dst_cl: bool = False,
-               held: tuple[bool, bool] = (False, False)) -> list[Step] | None:
+               src_cl: bool = False, dst_cl: bool = False) -> list[Step] | None:
     """A float32 max or average pool as one step on oneDNN (NHWC where ``src_cl`` /
-    ``dst_cl`` say so, and in the build's reduced format where ``held`` says so, like
-    ``conv_steps``); None where it does not apply. ONNX's ``ceil_mode`` windows become
+    ``dst_cl`` say so, and in the build's reduced format where ``x`` or ``out`` is held
+    so, like ``conv_steps``); None where it does not apply. ONNX's ``ceil_mode`` windows become
     padding on the bottom and right, which a max pool ignores and an average pool
     excluding padding does not count; an average pool counting its padding is declined
     where that padding would count too."""
-    if any(getattr(a, "dtype", None) != np.float32 for a in (x, out)) or out.size == 0:
+    held = (_held(x), _held(out))
+    if any(not (h or getattr(a, "dtype", None) == np.float32) for a, h in zip((x, out), held)) or out.size == 0:
         return None
     n, c, h, wd = (x.shape[0], x.shape[3], x.shape[1], x.shape[2]) if src_cl else x.shape
     oh, ow = out.shape[1:3] if dst_cl else out.shape[2:]
@@ -445,13 +455,15 @@ def _addr(arr: np.ndarray) -> int:
     return int(arr.__array_interface__["data"][0])
 
 
-def concat_steps(lib: Dnnl, ins: list[Any], out: Any, axis: int, ctx: Any, held: bool = False) -> list[Step] | None:
+def concat_steps(lib: Dnnl, ins: list[Any], out: Any, axis: int, ctx: Any) -> list[Step] | None:
     """A concat of float32 NHWC plan buffers (shaped ``(n, h, w, c)``) along ``axis`` of
     that order, as oneDNN's concat (threaded, vectorized copies); None where an input is
     a caller's array or not float32. numpy's copies into the strided channel blocks of an
-    NHWC output ran DenseNet's concats at twice the time of the NCHW model's. ``held``:
-    every input and the output are held in the build's reduced format (``held.py``)."""
-    if any(isinstance(x, Dyn) or x.dtype != np.float32 or not x.flags.c_contiguous for x in (*ins, out)):
+    NHWC output ran DenseNet's concats at twice the time of the NCHW model's. Every
+    input and the output may instead be held in the build's reduced format (``held.py``)."""
+    held = _held(out)
+    if any(isinstance(x, Dyn) or x.dtype != (HELD16 if held else np.float32) or not x.flags.c_contiguous
+           for x in (*ins, out)):
         return None
     to_nchw = (0, 3, 1, 2)  # oneDNN's logical order is NCHW: its dims, with the NHWC tag
     as_held = held_types(ctx, (held, held), (True, True))

@@ -40,7 +40,7 @@ from .blas import VML_MODE, mkl
 from .ccall import address_of
 from .native import Native, library
 from .peephole import fuse_chains
-from .steps import Dyn, Step
+from .steps import HELD16, Dyn, Step
 
 __all__ = ["region_steps", "node_steps", "epilogue", "Epilogue", "OPCODES", "SPLIT_NS", "RegionTemplate",
            "NoFit"]
@@ -76,6 +76,8 @@ _MAX_DIMS = 8
 _MAX_VALUES = 64 + 256
 _IN_FULL, _IN_SCALAR, _IN_STRIDED = 0, 1, 2
 _IN_BYTES = 8  # (or-ed into a kind: the operand holds bools, native.c's IN_BYTES)
+_IN_BF16 = 16  # (or-ed into a full operand's kind: it is held bf16, native.c's IN_BF16; ``held.py``)
+_OUT_F32, _OUT_BF16 = 1, 2  # meta[0]: the output's format (native.c's OUT_BF16)
 
 
 class _NoFit(Exception):
@@ -144,11 +146,18 @@ def _itemsize(x: Any) -> int:
         return 4
     if x.dtype == np.bool_:
         return 1
+    if x.dtype == HELD16:
+        return 2
     raise _NoFit
 
 
 def _with_dtype(kind: int, x: Any) -> int:
-    """``kind`` as the interpreter's meta holds it: with ``_IN_BYTES`` for a bool operand."""
+    """``kind`` as the interpreter's meta holds it: with ``_IN_BYTES`` for a bool operand,
+    ``_IN_BF16`` for one held bf16 (read whole only: ``_NoFit`` else)."""
+    if x.dtype == HELD16:
+        if kind != _IN_FULL:
+            raise _NoFit
+        return kind | _IN_BF16
     return kind | _IN_BYTES if x.dtype == np.bool_ else kind
 
 
@@ -257,7 +266,7 @@ def region_steps(instructions: list[Instruction], ins: list[Any], out: Any) -> l
     """The steps running a float32 region on the native interpreter, or None when it does
     not fit (no library, another dtype, an op it lacks, an aliasing it cannot take)."""
     lib = library()
-    if lib is None or out.dtype != np.float32 or out.size == 0:
+    if lib is None or out.dtype not in (np.float32, HELD16) or out.size == 0:
         return None
     try:
         return _plan(lib, live_instructions(instructions, len(ins)), ins, out)
@@ -286,7 +295,7 @@ class _Compiled(NamedTuple):
 def _compile(instructions: list[Instruction], ins: list[Any], out: Any) -> _Compiled:
     """The interpreter's plan of a region: its int64 program and pointer array."""
     n_in = len(ins)
-    types = [np.dtype(x.dtype).name for x in ins] + [i.dtype for i in instructions]
+    types = [_F32 if x.dtype == HELD16 else np.dtype(x.dtype).name for x in ins] + [i.dtype for i in instructions]
     if instructions[-1].dtype != _F32:
         raise _NoFit
     ops = [_opcode(i, types) for i in instructions]
@@ -308,7 +317,7 @@ def _compile(instructions: list[Instruction], ins: list[Any], out: Any) -> _Comp
                        lambda v: _scalar_value(operands, v, len(read), constant=True))
     ops = [op for op, _ in code]
     program = _program_meta(code, len(read))
-    meta = [1, len(read), program[0], program[1], len(dims), n, *dims]
+    meta = [_OUT_BF16 if out.dtype == HELD16 else _OUT_F32, len(read), program[0], program[1], len(dims), n, *dims]
     for kind, s in zip(kinds, strides):
         meta += [kind, *s]
     meta += program[2:]
@@ -329,7 +338,8 @@ def _kinds(operands: list[Any], dims: list[int], strides: list[list[int]], out: 
     for x, s in zip(operands, strides):
         kind = _with_dtype(_kind(contiguous, s), x)
         if not isinstance(x, Dyn) and not isinstance(out, Dyn) and np.may_share_memory(x, out):
-            if kind != _IN_FULL or x.ctypes.data != out.ctypes.data:  # (bools never: another dtype)
+            # (bools never: another dtype; a value held bf16 only into itself, held so)
+            if _with_dtype(_IN_FULL, out) != kind or x.ctypes.data != out.ctypes.data:
                 raise _NoFit
         kinds.append(kind)
     return kinds
@@ -439,7 +449,8 @@ class Epilogue:
         #: (lo, hi) when the whole program is min(max(x, lo), hi): a kernel that clamps its
         #: sums in registers as it stores them (rlx's GEMM) skips the program.
         self.clamp = clamp
-        self.per_thread = int(compiled.meta[1] + compiled.meta[3]) * lib.block  # region_work_floats
+        self.per_thread = int(compiled.meta[1] + compiled.meta[3] + (compiled.meta[0] == _OUT_BF16)) * lib.block
+        # (native.c's region_work_floats)
         self.keep: list[Any] = [compiled.meta, compiled.ptrs, *compiled.values]
         if vml is not None:
             self.keep.append(vml)

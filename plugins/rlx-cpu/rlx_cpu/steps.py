@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["CACHE_LINE", "Dyn", "Parallel", "Step", "aligned_empty", "owner", "bind", "bind_run", "is_fixed",
-           "helper_threads"]
+__all__ = ["CACHE_LINE", "HELD16", "Dyn", "Parallel", "Step", "aligned_empty", "held16", "owner", "bind", "bind_run",
+           "is_fixed", "helper_threads"]
 
 #: The byte alignment of the buffers the native kernels read and write. numpy's own
 #: allocations start at any multiple of 16 bytes (big ones 16 bytes past a page), so the
@@ -42,6 +42,20 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: Any, align: int = CACHE_L
     raw = np.empty(nbytes + align, np.uint8)
     start = -raw.ctypes.data % align
     return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+#: The dtype of a view of a plan buffer holding its value in the build's reduced 16-bit
+#: format (``held.py``: bf16 under ``precision="bf16"``), in the first half of the float32
+#: buffer's bytes. A structured dtype, so that no kernel takes it for an integer array:
+#: only the steps that read and write that format (oneDNN's, the native interpreter's)
+#: accept it.
+HELD16 = np.dtype([("held16", "<u2")])
+
+
+def held16(x: np.ndarray) -> np.ndarray:
+    """Plan buffer ``x`` (float32, C-contiguous) as the view that holds its value in the
+    reduced format: same shape, two bytes an element."""
+    return x.reshape(-1).view(HELD16)[: x.size].reshape(x.shape)
 
 
 def owner(a: np.ndarray) -> np.ndarray:

@@ -1536,3 +1536,66 @@ def test_implicit_gemm_panel_off_avx512_prefers_12_channels(monkeypatch: pytest.
 
     monkeypatch.setattr(native_nn, "library", lambda: Avx2())
     assert native_nn.conv_gemm_panel(o, 3136, 576) == want
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits, rounded to nearest even, NaN kept NaN (quieted): the
+    reference for the interpreter's bf16 output."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def test_a_region_reads_and_writes_values_held_bf16():
+    """``held.py``'s values in a region: a bf16 operand widened exactly (its bits << 16),
+    a bf16 output rounded to nearest even with NaN kept NaN, infinities and the largest
+    finite values carried as a rounding carries them."""
+    from rlx_core.ir.internal_types import Instruction
+
+    from rlx_cpu.steps import HELD16, held16
+
+    if native.library() is None:
+        pytest.skip(f"no native library: {native.reason()}")
+    rng = np.random.default_rng(11)
+    shape = (3, 5, 7, 40)
+    x = rng.standard_normal(shape).astype(np.float32) * 10
+    x.reshape(-1)[:8] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.4e38, 1.0 + 2**-8, 1.0 + 3 * 2**-8]
+    y = rng.standard_normal(shape).astype(np.float32)
+    buf_x, buf_out = np.empty(shape, np.float32), np.empty(shape, np.float32)
+    bits_x = _bf16_bits(x)
+    held16(buf_x).view(np.uint16)[...] = bits_x
+    widened = (bits_x.astype(np.uint32) << 16).view(np.float32)
+    program = [Instruction(OpKind.MUL, (0, 1), {}, shape, "float32"),
+               Instruction(OpKind.ADD, (2, 0), {}, shape, "float32")]
+    steps = regions.region_steps(program, [held16(buf_x), y], held16(buf_out))
+    assert steps is not None and held16(buf_out).dtype == HELD16
+    for step in steps:
+        step.fn(*step.args)
+    with np.errstate(invalid="ignore", over="ignore"):
+        expected = _bf16_bits(widened * y + widened)
+    got = held16(buf_out).view(np.uint16)
+    np.testing.assert_array_equal(got, expected)
+    # float32 in, bf16 out; and bf16 in, float32 out
+    wide_out = np.empty(shape, np.float32)
+    steps = [*regions.region_steps(program, [y, y], held16(buf_out)),
+             *regions.region_steps(program[:1], [held16(buf_x), y], wide_out)]
+    for step in steps:
+        step.fn(*step.args)
+    np.testing.assert_array_equal(held16(buf_out).view(np.uint16), _bf16_bits(y * y + y))
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.testing.assert_array_equal(wide_out, widened * y)
+
+
+def test_a_held_value_never_shares_memory_with_an_output_of_another_format():
+    from rlx_core.ir.internal_types import Instruction
+
+    from rlx_cpu.steps import held16
+
+    if native.library() is None:
+        pytest.skip(f"no native library: {native.reason()}")
+    buf = np.zeros((4, 64), np.float32)
+    program = [Instruction(OpKind.RELU, (0,), {}, (4, 64), "float32")]
+    assert regions.region_steps(program, [held16(buf)], buf) is None  # bf16 read, float32 written over it
+    assert regions.region_steps(program, [buf], held16(buf)) is None
+    assert regions.region_steps(program, [held16(buf)], held16(buf)) is not None  # in place, both bf16
