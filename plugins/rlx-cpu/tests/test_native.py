@@ -29,11 +29,13 @@ import rlx_core as rlx
 from rlx_core import reference
 from rlx_core.backends.registry import Registry
 from rlx_core.ir import Graph
+from rlx_core.ir.internal_types import Instruction
 from rlx_core.ir.ops import OpKind
 from rlx_core.passes.internal_ops import program_types
 from rlx_core.run.session import CompiledGraph
 from rlx_cpu import CpuBackend, blas, ccall, fused, native, native_nn, regions
 from rlx_cpu import threads as thread_policy
+from rlx_cpu.steps import HELD16, held16
 from rlx_cpu.steps import Dyn, bind
 
 F32 = np.float32
@@ -1551,10 +1553,6 @@ def test_a_region_reads_and_writes_values_held_bf16():
     """``held.py``'s values in a region: a bf16 operand widened exactly (its bits << 16),
     a bf16 output rounded to nearest even with NaN kept NaN, infinities and the largest
     finite values carried as a rounding carries them."""
-    from rlx_core.ir.internal_types import Instruction
-
-    from rlx_cpu.steps import HELD16, held16
-
     if native.library() is None:
         pytest.skip(f"no native library: {native.reason()}")
     rng = np.random.default_rng(11)
@@ -1588,10 +1586,6 @@ def test_a_region_reads_and_writes_values_held_bf16():
 
 
 def test_a_held_value_never_shares_memory_with_an_output_of_another_format():
-    from rlx_core.ir.internal_types import Instruction
-
-    from rlx_cpu.steps import held16
-
     if native.library() is None:
         pytest.skip(f"no native library: {native.reason()}")
     buf = np.zeros((4, 64), np.float32)
