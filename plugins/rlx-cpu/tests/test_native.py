@@ -35,8 +35,7 @@ from rlx_core.passes.internal_ops import program_types
 from rlx_core.run.session import CompiledGraph
 from rlx_cpu import CpuBackend, blas, ccall, fused, native, native_nn, regions
 from rlx_cpu import threads as thread_policy
-from rlx_cpu.steps import HELD16, held16
-from rlx_cpu.steps import Dyn, bind
+from rlx_cpu.steps import HELD16, Dyn, bind, held16
 
 F32 = np.float32
 FLT_MAX = float(np.finfo(F32).max)
