@@ -23,7 +23,8 @@ PASS_NAMES: tuple[str, ...] = ("fold", "simplify", "cse", "dce", "sink_relu", "c
 
 #: The precisions ``CompileOptions.precision`` names: ``fp32`` (the default: float32 values
 #: computed in float32), and the reduced formats a backend may compute float32 products in
-#: when the user allows it (``bf16``: bfloat16, ``fp16``: IEEE half). A permission, as
+#: when the user allows it (``bf16``: bfloat16, ``fp16``: IEEE half), and hold values
+#: between its steps in (``docs/precision.md``). A permission, as
 #: torch's ``set_float32_matmul_precision`` and oneDNN's fpmath mode are: a backend that
 #: does not declare the format here (``Backend.precisions``) computes in float32, and the
 #: report says which happened.
