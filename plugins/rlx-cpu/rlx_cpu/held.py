@@ -1,14 +1,17 @@
 """Values held in the reduced format between the oneDNN steps that write and read them.
 
 Why: under ``precision="bf16"`` each convolution rounds its float32 input to bf16 first
-(``onednn_steps._layouted``'s reorder in plan scratch) and writes a float32 result. When
-the only readers of that result are steps that would round it again, writing it in bf16
-at once saves the reorder in front of every reader and halves the bytes written and read:
-the same numbers (a reorder and a convolution's own conversion both round to nearest
-even), less memory traffic. Measured on the 2-core Xeon with AMX of session 33 (batch 8,
-rlx bf16 with and without it, interleaved): ConvNeXt-T 0.80x the time, ResNet-50 0.92x,
-SqueezeNet 0.89x, ResNeXt-50 0.95x, DenseNet-121 0.96x (BENCHMARKS.md, "bf16 on AMX").
-OpenVINO's CPU plugin keeps activations bf16 end to end the same way.
+(``onednn_steps._layouted``'s reorder in plan scratch) and writes a float32 result: on
+the 2-core Xeon with AMX those reorders were 12-18% of DenseNet-121's and RegNetY's time
+at batch 8. When every reader of a value reads bf16 anyway, writing it in bf16 at once
+saves the reorder in front of each reader and halves the bytes written and read. For a
+convolution reading it the numbers are the same (a reorder and a convolution's own
+conversion both round to nearest even); an elementwise step or a depthwise convolution
+reading it reads it rounded, as OpenVINO's CPU plugin, which keeps activations bf16 end
+to end, does. Measured in the zoo against OpenVINO's default on the same host
+(BENCHMARKS.md, "bf16 values held between steps"): rlx bf16 / OpenVINO default 1.31x ->
+1.17x at batch 8 (ResNet-18 1.15x -> 0.69x, MobileNetV2 1.59x -> 1.04x), errors at or
+below OpenVINO's.
 
 Which values (``plan``), once per compile, over the values ``layout.plan`` holds NHWC:
 
