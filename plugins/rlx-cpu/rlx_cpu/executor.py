@@ -199,7 +199,7 @@ class CpuExecutable(Executable):
         self._input_ids = graph.inputs
         self._kinds = self._classify(graph)
         self._dnnl, self._cl, self._cl_views = self._channels_last(graph)
-        # Values held in the reduced format between oneDNN's steps (held.py).
+        # Values held in the reduced format between the steps that write and read them (held.py).
         self._held = held.plan(graph, self._cl) if self._cl and onednn.reduced(precision) else frozenset()
         reads = graph.use_counts()  # how many nodes read each value, a graph output one more
         self._taps = find_resize_taps(graph, self._plain, reads)  # region id -> its resize

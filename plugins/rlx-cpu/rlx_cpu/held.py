@@ -1,4 +1,4 @@
-"""Values held in the reduced format between the oneDNN steps that write and read them.
+"""Values held in the reduced format between the steps that write and read them.
 
 Why: under ``precision="bf16"`` each convolution rounds its float32 input to bf16 first
 (``onednn_steps._layouted``'s reorder in plan scratch) and writes a float32 result: on

@@ -236,9 +236,9 @@ def steps(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_c
     inputs, and whether the output, are held in the build's reduced format
     (``held.plan``)."""
     if any(held[0]) or held[1]:
-        from . import held as reduced
+        from .held import steps as held_steps  # (held.py builds on this module)
 
-        return reduced.steps(lib, node, ins, out, ctx, in_cl, out_cl, build, held)
+        return held_steps(lib, node, ins, out, ctx, in_cl, out_cl, build, held)
     if node.op in _CONVS:
         return _conv(lib, node, ins, out, ctx, in_cl, out_cl, build)
     if node.op in _REDUCES:
