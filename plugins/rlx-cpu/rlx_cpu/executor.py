@@ -200,7 +200,11 @@ class CpuExecutable(Executable):
         self._kinds = self._classify(graph)
         self._dnnl, self._cl, self._cl_views = self._channels_last(graph)
         # Values held in the reduced format between the steps that write and read them (held.py).
-        self._held = held.plan(graph, self._cl) if self._cl and onednn.reduced(precision) else frozenset()
+        self._held: frozenset[int] = frozenset()
+        if onednn.reduced(precision) is not None:
+            fixed = [k == RESIDENT for k in self._kinds]
+            buffered = [k == BUFFER for k in self._kinds]
+            self._held = held.plan(graph, self._cl) | held.plan_dense(graph, self._cl, buffered, fixed)
         reads = graph.use_counts()  # how many nodes read each value, a graph output one more
         self._taps = find_resize_taps(graph, self._plain, reads)  # region id -> its resize
         self._elided = {g: r for r, taps in self._taps.items() for g in taps.gathers}  # never made: read by r
@@ -569,6 +573,9 @@ class CpuExecutable(Executable):
             elif nid in cl or any(i in cl for i in node.inputs):  # NHWC in or out (layout.py)
                 built = layout.steps(self._dnnl, node, ins, out, ctx, [i in cl for i in node.inputs], nid in cl,
                                      _build_with, ([i in self._held for i in node.inputs], nid in self._held))
+            elif nid in self._held or any(i in self._held for i in node.inputs):  # a dense layer (held.py)
+                built = held.dense_steps(node, ins, out, ctx, ([i in self._held for i in node.inputs],
+                                                               nid in self._held), _build_with)
             else:
                 built = _build_steps(_BUILDERS[node.op], node, ins, out, ctx)
             ctx.release()

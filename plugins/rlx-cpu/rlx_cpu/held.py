@@ -27,6 +27,11 @@ Which values (``plan``), once per compile, over the values ``layout.plan`` holds
   blocks 1.07x). Grouped convolutions of fewer channels a group (RegNet's 8) run neither
   on the tiles nor faster in bf16 (0.7-1.06x), so their inputs stay float32.
 
+Outside the chains (``plan_dense``): a dense layer's or an elementwise node's result read
+only by dense layers, as their activation, and by elementwise nodes reading it whole (a
+transformer's MLP hidden value, through its GELU: BERT-style encoders 0.96x the time at
+batch 8, interleaved A/B).
+
 A fixed point drops values until both hold. A value held so lies in the first half of its
 float32 plan buffer's bytes; nothing but those steps ever reads the buffer. A step that
 cannot read or write it as planned (an epilogue with no oneDNN post-op, oneDNN declining
@@ -49,7 +54,7 @@ from . import layout, onednn, onednn_steps
 from .fused import native_region
 from .steps import held16
 
-__all__ = ["plan", "steps", "tiled", "depthwise"]
+__all__ = ["plan", "plan_dense", "steps", "dense_steps", "tiled", "depthwise"]
 
 #: Channels a group from which a grouped convolution is expected to take reduced operands
 #: on AMX (oneDNN 3.2 ran ResNeXt's 32 a group there; 8 a group, RegNet's, on AVX-512).
@@ -116,6 +121,59 @@ def plan(graph: Graph, cl: frozenset[int]) -> frozenset[int]:
     return frozenset(held)
 
 
+def _dense(node: Node, fixed: Sequence[bool]) -> bool:
+    """A dense layer: a product (or the fused GEMM) of a value and a weight fixed at
+    compile time, which oneDNN runs with bf16 operands (``onednn_steps.dense_steps``)."""
+    return (node.op in (OpKind.MATMUL, OpKind.GEMM) and node.dtype == "float32" and len(node.inputs) >= 2
+            and fixed[node.inputs[1]] and not fixed[node.inputs[0]])
+
+
+def plan_dense(graph: Graph, cl: frozenset[int], buffered: Sequence[bool], fixed: Sequence[bool]) -> frozenset[int]:
+    """The values outside channels-last chains held in the reduced format: a dense
+    layer's or an elementwise node's result read only by dense layers (as their
+    activation) and elementwise nodes (whole, as the native interpreter reads bf16). A
+    transformer's MLP hidden value, four times its width, is the one that counts: its
+    product's result through the GELU into the next product, written bf16 and read in
+    place, where each was written float32 and the product's input rounded again."""
+    nodes = graph.nodes
+    readers: dict[int, list[int]] = {}
+    for node in nodes:
+        for i in set(node.inputs):
+            readers.setdefault(i, []).append(node.id)
+    outputs = set(graph.outputs)
+
+    def elementwise(node: Node) -> bool:
+        return node.op in _ELEMENTWISE and node.dtype == "float32" and node.id not in cl
+
+    def reads(reader: Node, v: int) -> bool:
+        if _dense(reader, fixed):
+            return reader.inputs[0] == v and v not in reader.inputs[1:]
+        return elementwise(reader) and tuple(reader.shape) == tuple(nodes[v].shape)
+
+    return frozenset(
+        n.id for n in nodes
+        if buffered[n.id] and n.id not in outputs and n.id not in cl and (_dense(n, fixed) or elementwise(n))
+        and readers.get(n.id) and all(reads(nodes[r], n.id) for r in readers[n.id]))
+
+
+def dense_steps(node: Node, ins: list[Any], out: Any, ctx: Any, held: tuple[Sequence[bool], bool],
+                build: Any) -> list[Any]:
+    """A dense layer or an elementwise node outside channels-last chains reading or
+    writing values held reduced (``plan_dense``): one oneDNN product or native region in
+    that format, else ``build(node, ins, out, ctx)`` over float32 scratch between
+    conversions."""
+    views = [held16(x) if h else x for x, h in zip(ins, held[0])]
+    target = held16(out) if held[1] else out
+    if node.op in _ELEMENTWISE:
+        done = native_region(node, views, target, ins)
+    else:
+        bias = ins[2] if node.op is OpKind.GEMM and len(ins) == 3 else None
+        done = onednn_steps.dense_steps(views[0], ins[1], bias, node.attrs.get("activation", "none"), target, ctx)
+    if done is not None:
+        return done
+    return _widened(onednn.library(), node, ins, out, ctx, (), False, build, held, lambda i, o: build(node, i, o, ctx))
+
+
 def steps(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool], out_cl: bool,
           build: Any, held: tuple[Sequence[bool], bool]) -> list[Any]:
     """``layout.steps`` for a node reading or writing values held reduced (``held``:
@@ -159,9 +217,14 @@ def _direct(lib: onednn.Dnnl, node: Node, typed: list[Any], ins: list[Any], out:
 
 
 def _widened(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool], out_cl: bool,
-             build: Any, held: tuple[Sequence[bool], bool]) -> list[Any]:
+             build: Any, held: tuple[Sequence[bool], bool], plain: Any = None) -> list[Any]:
     """``node`` built as if nothing were held, over float32 scratch: each input held
-    reduced widened first, the output rounded after (``onednn_steps.convert_steps``)."""
+    reduced widened first, the output rounded after (``onednn_steps.convert_steps``).
+    ``plain(ins, out)`` builds it so (default: ``layout.steps``)."""
+    if plain is None:
+        def plain(ins: list[Any], out: Any) -> list[Any]:
+            return layout.steps(lib, node, ins, out, ctx, in_cl, out_cl, build)
+
     first: list[Any] = []
     ins = list(ins)
     wide: dict[int, Any] = {}  # (a value read twice is widened once)
@@ -173,10 +236,9 @@ def _widened(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, i
                 first += _converted(lib, held16(x), wide[id(x)], ctx)
             ins[k] = wide[id(x)]
     if not held[1]:
-        return first + layout.steps(lib, node, ins, out, ctx, in_cl, out_cl, build)
+        return first + plain(ins, out)
     res = ctx.scratch(tuple(out.shape), np.float32)
-    return (first + layout.steps(lib, node, ins, res, ctx, in_cl, out_cl, build)
-            + _converted(lib, res, held16(out), ctx))
+    return first + plain(ins, res) + _converted(lib, res, held16(out), ctx)
 
 
 def _converted(lib: onednn.Dnnl, x: Any, out: Any, ctx: Any) -> list[Any]:

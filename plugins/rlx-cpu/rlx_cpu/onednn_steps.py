@@ -301,17 +301,17 @@ def held_types(ctx: Any, held: tuple[bool, bool], cl: tuple[bool, bool]) -> tupl
 
 
 def convert_steps(lib: Dnnl, x: np.ndarray, out: np.ndarray, ctx: Any) -> list[Step] | None:
-    """A value held NHWC (shaped ``(n, h, w, c)``, plan buffers both) rounded into the
-    build's reduced format (``out`` a ``HELD16`` view) or widened back to float32 (``x``
+    """A value (row-major plan buffers both, NHWC ones shaped ``(n, h, w, c)``) rounded
+    into the build's reduced format (``out`` a ``HELD16`` view) or widened back to float32 (``x``
     one): one oneDNN reorder. Where a step planned to read or write a value held reduced
     cannot (``held._widened``: rlx's kernels, an epilogue oneDNN does not take), it runs
     in float32 scratch between two of these. None where the build has no reduced
     format."""
     types = held_types(ctx, (_held(x), _held(out)), (True, True))
-    if types is None:
+    if types is None or tuple(x.shape) != tuple(out.shape) or not 1 <= x.ndim <= 5:
         return None
-    n, h, w, c = x.shape
-    a, b = lib.md((n, c, h, w), _ACDB, types[0]), lib.md((n, c, h, w), _ACDB, types[1])
+    plain = x.ndim + 1  # dnnl_a, dnnl_ab, ...: row-major (an NHWC array's dims in its own order)
+    a, b = lib.md(tuple(x.shape), plain, types[0]), lib.md(tuple(x.shape), plain, types[1])
     mems = (lib.memory(a, _addr(x)), lib.memory(b, _addr(out)))
     prim = lib.reorder(a, b)
     args = (_Arg * 2)(_Arg(_ARG_SRC, mems[0]), _Arg(_ARG_DST, mems[1]))
@@ -502,7 +502,12 @@ def matmul_steps(lib: Dnnl, a: Any, b: Any, bias: Any, out: Any, ctx: Any,
     included), reordered once into the layout oneDNN chose for it and again by
     ``set_param`` (``ctx.derived``); ``bias`` a resident of n values."""
     derived = getattr(ctx, "derived", None)
-    if derived is None or isinstance(b, Dyn) or any(getattr(x, "dtype", None) != np.float32 for x in (a, b, out)):
+    held = (_held(a), _held(out))  # (views held reduced: ``held.py``)
+    if derived is None or isinstance(b, Dyn) or any(not (h or getattr(x, "dtype", None) == np.float32)
+                                                    for x, h in ((a, held[0]), (b, False), (out, held[1]))):
+        return None
+    as_held = held_types(ctx, held, (True, True))
+    if as_held is None:
         return None
     if a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or out.size == 0 or a.shape[1] == 0:
         return None
@@ -519,7 +524,8 @@ def matmul_steps(lib: Dnnl, a: Any, b: Any, bias: Any, out: Any, ctx: Any,
     for dtype in operand_types(ctx, True):
         pd, made = None, []
         try:
-            src, dst, w_any = lib.md((m, k), _AB, dtype), lib.md((m, n), _AB), lib.md((k, n), _ANY, dtype)
+            src, w_any = lib.md((m, k), _AB, dtype), lib.md((k, n), _ANY, dtype)
+            dst = lib.md((m, n), _AB, dtype if held[1] and dtype != _F32 else _F32)
             made += [src, dst, w_any]
             b_md = lib.md((1, n), _AB) if bias is not None else None
             made += [b_md] if b_md is not None else []
@@ -531,16 +537,17 @@ def matmul_steps(lib: Dnnl, a: Any, b: Any, bias: Any, out: Any, ctx: Any,
             continue
         try:
             return _matmul_call(lib, pd, impl, a, b, bias, out, (src, dst, w_any, b_md, w_md, w_plain, w_reorder),
-                                ctx, dtype)
+                                ctx, dtype, as_held)
         finally:
             lib.destroy(pds=(pd,))
     return None
 
 
 def _matmul_call(lib: Dnnl, pd: Any, impl: str, a: Any, b: Any, bias: Any, out: Any, objs: tuple[Any, ...],
-                 ctx: Any, dtype: int) -> list[Step] | None:
+                 ctx: Any, dtype: int, as_held: tuple[int, int] = (_F32, _F32)) -> list[Step] | None:
     """``matmul_steps``' step once oneDNN took the product (``pd``; ``objs``: the
-    descriptors and the weights' reorder made for it; ``dtype``: its operands')."""
+    descriptors and the weights' reorder made for it; ``dtype``: its operands';
+    ``as_held``: the dtypes ``a`` and ``out`` lie in)."""
     src, dst, w_any, b_md, w_md, w_plain, w_reorder = objs
     (m, k), n = a.shape, out.shape[1]
     make = _reordered(lib, w_reorder, w_plain, w_md, lib.size(w_md), contiguous=False)
@@ -556,7 +563,7 @@ def _matmul_call(lib: Dnnl, pd: Any, impl: str, a: Any, b: Any, bias: Any, out: 
         keep.append(bias)
         mems["b"] = lib.memory(b_md, _addr(bias))
         args.append((_ARG_BIAS, mems["b"]))
-    held = (lib.md((m, k), _AB), lib.md((m, n), _AB))  # row-major float32, as the plan holds them
+    held = (lib.md((m, k), _AB, as_held[0]), lib.md((m, n), _AB, as_held[1]))  # row-major, as the plan holds them
     call = _layouted(_MatmulCall, lib, pd, (src, dst), a, out, held, ctx, args, keep, mems,
                      [w_any, *((b_md,) if b_md is not None else ())])
     _rounded(ctx, dtype, "product")
@@ -568,7 +575,9 @@ def dense_steps(a: Any, b: Any, bias: Any, activation: str, out: Any, ctx: Any) 
     ``activation`` as the fused GEMM has them) on oneDNN where this host timed oneDNN's
     matmul faster (``onednn.use("matmul")``), as one ``(rows, k) @ (k, n)`` product
     (``gemm.stacked_rows``); None where it does not apply (rlx's way then runs it)."""
-    if isinstance(b, Dyn) or getattr(ctx, "derived", None) is None or out.dtype != np.float32 or out.size == 0:
+    if isinstance(b, Dyn) or getattr(ctx, "derived", None) is None or out.dtype not in (np.float32, HELD16):
+        return None
+    if out.size == 0:
         return None
     a2, b2, out2 = stacked_rows(a, b, out)
     if a2.ndim != 2 or b2.ndim != 2 or out2.ndim != 2 or min(out2.shape) <= 1:  # a gemv: rlx_gemv's

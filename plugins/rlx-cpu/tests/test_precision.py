@@ -268,3 +268,54 @@ def test_values_held_bf16_answer_as_rounding_each_input_does(monkeypatch, route)
     np.testing.assert_allclose(got, base, rtol=0, atol=2e-2 * np.abs(base).max())
     exact = evaluate(g, feeds)[0]
     assert 1e-5 < np.abs(got - exact).max() / np.abs(exact).max() < 3e-2
+
+
+def _mlp(rng: np.random.Generator, rows: int = 24, width: int = 64) -> tuple[Graph, dict[str, object]]:
+    g = Graph("mlp")
+    x = g.input("x", (2, rows, width))
+    w1 = g.param("w1", (rng.standard_normal((width, 4 * width)) / np.sqrt(width)).astype(np.float32))
+    w2 = g.param("w2", (rng.standard_normal((4 * width, width)) / np.sqrt(4 * width)).astype(np.float32))
+    h = g.matmul(x, w1)
+    act = g.gelu(h)
+    y = g.matmul(act, w2)
+    return g, {"x": x, "h": h, "act": act, "y": y}
+
+
+def test_an_mlps_hidden_values_are_planned_reduced_outside_chains():
+    rng = np.random.default_rng(12)
+    g, v = _mlp(rng)
+    side = g.reshape(v["h"], (2 * 24, 256))  # read by a reshape too: not held
+    g.set_outputs([v["y"], side])
+
+    def planned(graph: Graph, cl: frozenset[int] = frozenset()) -> frozenset[int]:
+        kinds = [n.op for n in graph.nodes]
+        return held.plan_dense(graph, cl, [k not in SOURCE_OPS for k in kinds],
+                               [k in (OpKind.PARAM, OpKind.CONSTANT) for k in kinds])
+
+    assert planned(g) == {v["act"].id}  # (y: a graph output)
+    g, v = _mlp(rng)
+    g.set_outputs([v["y"]])
+    assert planned(g) == {v["h"].id, v["act"].id}
+    assert planned(g, frozenset({v["h"].id})) == {v["act"].id}  # (chains' values are held.plan's)
+
+
+@needs_bf16
+@pytest.mark.parametrize("route", ["in place", "through float32 scratch"])
+def test_an_mlps_hidden_values_held_bf16_answer_within_bf16s_error(monkeypatch, route):
+    rng = np.random.default_rng(13)
+    g, v = _mlp(rng)
+    g.set_outputs([v["y"]])
+    feeds = {"x": rng.standard_normal((2, 24, 64)).astype(np.float32)}
+    if route != "in place":
+        monkeypatch.setattr(held.onednn_steps, "dense_steps", lambda *args: None)
+        monkeypatch.setattr(held, "native_region", lambda *args: None)
+    cg = rlx.compile(g, device="cpu", precision="bf16")
+    notes = " ".join(cg.report().notes)
+    assert "1 value held bf16 between the steps" in notes, notes  # (the GELU is the first product's activation)
+    got = cg.run(feeds)[0]
+    monkeypatch.undo()
+    monkeypatch.setattr(held, "plan_dense", lambda *args: frozenset())
+    base = rlx.compile(g, device="cpu", precision="bf16").run(feeds)[0]
+    np.testing.assert_allclose(got, base, rtol=0, atol=2e-2 * np.abs(base).max())
+    exact = evaluate(g, feeds)[0]
+    assert 1e-5 < np.abs(got - exact).max() / np.abs(exact).max() < 3e-2
