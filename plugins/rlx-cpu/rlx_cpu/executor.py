@@ -208,6 +208,7 @@ class CpuExecutable(Executable):
         reads = graph.use_counts()  # how many nodes read each value, a graph output one more
         self._taps = find_resize_taps(graph, self._plain, reads)  # region id -> its resize
         self._elided = {g: r for r, taps in self._taps.items() for g in taps.gathers}  # never made: read by r
+        self._held -= frozenset(self._taps)  # (a resize writes float32; dropping a held value is always safe)
         self._ends = self._liveness(graph)
         self._handoff = {i for i in graph.outputs if self._kinds[i] == BUFFER and graph.node(i).op in _HANDOFF_OPS
                          and graph.node(i).size * np.dtype(graph.node(i).dtype).itemsize >= HANDOFF_BYTES}
