@@ -199,16 +199,10 @@ class CpuExecutable(Executable):
         self._input_ids = graph.inputs
         self._kinds = self._classify(graph)
         self._dnnl, self._cl, self._cl_views = self._channels_last(graph)
-        # Values held in the reduced format between the steps that write and read them (held.py).
-        self._held: frozenset[int] = frozenset()
-        if onednn.reduced(precision) is not None:
-            fixed = [k == RESIDENT for k in self._kinds]
-            buffered = [k == BUFFER for k in self._kinds]
-            self._held = held.plan(graph, self._cl) | held.plan_dense(graph, self._cl, buffered, fixed)
         reads = graph.use_counts()  # how many nodes read each value, a graph output one more
         self._taps = find_resize_taps(graph, self._plain, reads)  # region id -> its resize
         self._elided = {g: r for r, taps in self._taps.items() for g in taps.gathers}  # never made: read by r
-        self._held -= frozenset(self._taps)  # (a resize writes float32; dropping a held value is always safe)
+        self._held = self._held_values(graph)
         self._ends = self._liveness(graph)
         self._handoff = {i for i in graph.outputs if self._kinds[i] == BUFFER and graph.node(i).op in _HANDOFF_OPS
                          and graph.node(i).size * np.dtype(graph.node(i).dtype).itemsize >= HANDOFF_BYTES}
@@ -268,6 +262,22 @@ class CpuExecutable(Executable):
         for nid in found.views:
             kinds[nid] = DYNAMIC if kinds[self._nodes[nid].inputs[0]] == DYNAMIC else VIEW
         return lib, found.cl, found.views
+
+    def _held_values(self, graph: Graph) -> frozenset[int]:
+        """The values held in the reduced format between the steps that write and read
+        them (``held.py``), under a reduced precision this host takes; never a resize's
+        region (its gathers' kernel writes float32: dropping a held value is always
+        safe)."""
+        if onednn.reduced(self._precision) is None:
+            return frozenset()
+        fixed = [k == RESIDENT for k in self._kinds]
+        buffered = [k == BUFFER for k in self._kinds]
+        found = held.plan(graph, self._cl) | held.plan_dense(graph, self._cl, buffered, fixed)
+        return found - frozenset(self._taps)
+
+    def _held_flags(self, node: Node) -> tuple[list[bool], bool]:
+        """Which of ``node``'s inputs, and whether its output, are held reduced."""
+        return [i in self._held for i in node.inputs], node.id in self._held
 
     def _plain(self, nid: int) -> bool:
         """Whether value ``nid`` is held NCHW in a plan buffer of its own or a caller's
@@ -573,10 +583,9 @@ class CpuExecutable(Executable):
                 built = resize_steps(self._taps[nid], values[read[0]], out)
             elif nid in cl or any(i in cl for i in node.inputs):  # NHWC in or out (layout.py)
                 built = layout.steps(self._dnnl, node, ins, out, ctx, [i in cl for i in node.inputs], nid in cl,
-                                     _build_with, ([i in self._held for i in node.inputs], nid in self._held))
+                                     _build_with, self._held_flags(node))
             elif nid in self._held or any(i in self._held for i in node.inputs):  # a dense layer (held.py)
-                built = held.dense_steps(node, ins, out, ctx, ([i in self._held for i in node.inputs],
-                                                               nid in self._held), _build_with)
+                built = held.dense_steps(node, ins, out, ctx, self._held_flags(node), _build_with)
             else:
                 built = _build_steps(_BUILDERS[node.op], node, ins, out, ctx)
             ctx.release()

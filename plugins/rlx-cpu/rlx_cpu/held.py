@@ -83,10 +83,7 @@ def plan(graph: Graph, cl: frozenset[int]) -> frozenset[int]:
     """The values of ``cl`` (held NHWC) a build under a reduced precision holds in that
     format (see the module)."""
     nodes = graph.nodes
-    readers: dict[int, list[int]] = {}
-    for node in nodes:
-        for i in set(node.inputs):
-            readers.setdefault(i, []).append(node.id)
+    readers = layout.readers_of(graph)
 
     def follows(node: Node) -> bool:
         """A producer that writes reduced only what it reads reduced."""
@@ -136,10 +133,7 @@ def plan_dense(graph: Graph, cl: frozenset[int], buffered: Sequence[bool], fixed
     product's result through the GELU into the next product, written bf16 and read in
     place, where each was written float32 and the product's input rounded again."""
     nodes = graph.nodes
-    readers: dict[int, list[int]] = {}
-    for node in nodes:
-        for i in set(node.inputs):
-            readers.setdefault(i, []).append(node.id)
+    readers = layout.readers_of(graph)
     outputs = set(graph.outputs)
 
     def elementwise(node: Node) -> bool:

@@ -57,7 +57,8 @@ from . import onednn, onednn_steps
 from .gemm import matmul_step
 from .steps import Step
 
-__all__ = ["TO_CL", "TO_NCHW", "enabled", "describe", "Plan", "plan", "cl_shape", "cl_view", "steps", "post_ops"]
+__all__ = ["TO_CL", "TO_NCHW", "enabled", "describe", "Plan", "plan", "readers_of", "cl_shape", "cl_view", "steps",
+           "post_ops"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -158,6 +159,16 @@ def _transpose(node: Node, perm: tuple[int, ...], fixed: Sequence[bool]) -> bool
             and not fixed[node.id])
 
 
+def readers_of(graph: Graph) -> dict[int, list[int]]:
+    """Each value's readers (node ids, each once), for the plans over the graph
+    (``plan``, ``held.plan``)."""
+    readers: dict[int, list[int]] = {}
+    for node in graph.nodes:
+        for i in dict.fromkeys(node.inputs):
+            readers.setdefault(i, []).append(node.id)
+    return readers
+
+
 def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
     """The values to hold NHWC (see the module). ``buffered[i]``: value ``i`` is computed
     per run into a plan buffer; ``fixed[i]``: it is known at compile time.
@@ -168,10 +179,7 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
     value held NHWC *is* that value's array, and the second, when every reader of its
     result reads NHWC, makes a value held NHWC out of its input's array as it is."""
     nodes = graph.nodes
-    readers: dict[int, list[int]] = {}
-    for node in nodes:
-        for i in node.inputs:
-            readers.setdefault(i, []).append(node.id)
+    readers = readers_of(graph)
     # oneDNN's convolutions and pools read either layout and write either (reorders where needed).
     either = {n.id for n in nodes if buffered[n.id] and (_conv_on_dnnl(n, graph, fixed) or _pool(n))}
     gaps = {n.id for n in nodes if buffered[n.id] and _spatial_reduce(n, graph)}

@@ -140,10 +140,9 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
     ``x``, ``out`` and a residual may be views of NHWC plan buffers holding their values
     in that format (``steps.HELD16``, ``held.py``): read and written so, in place where
     the convolution's operands are in it."""
-    held = (_held(x), _held(out))
-    if isinstance(w, Dyn) or any(not (h or getattr(a, "dtype", None) == np.float32)
-                                 for a, h in ((x, held[0]), (w, False), (out, held[1]))):
+    if isinstance(w, Dyn) or getattr(w, "dtype", None) != np.float32 or not (_f32_or_held(x) and _f32_or_held(out)):
         return None
+    held = (_held(x), _held(out))
     if bias is not None and (isinstance(bias, Dyn) or bias.dtype != np.float32):
         return None
     if any(op[0] == "add" and (not dst_cl or isinstance(op[1], Dyn) or tuple(op[1].shape) != tuple(out.shape)
@@ -288,6 +287,11 @@ def _held(x: Any) -> bool:
     return getattr(x, "dtype", None) == HELD16
 
 
+def _f32_or_held(x: Any) -> bool:
+    """Whether ``x`` is a float32 operand, or one held in the reduced format."""
+    return getattr(x, "dtype", None) == np.float32 or _held(x)
+
+
 def held_types(ctx: Any, held: tuple[bool, bool], cl: tuple[bool, bool]) -> tuple[int, int] | None:
     """The dtypes a step's source and destination lie in (``held``: in the build's
     reduced format, else float32); None where one is held reduced but this build has no
@@ -416,9 +420,9 @@ def pool_steps(lib: Dnnl, x: Any, out: Any, is_max: bool, include_pad: bool, ker
     padding on the bottom and right, which a max pool ignores and an average pool
     excluding padding does not count; an average pool counting its padding is declined
     where that padding would count too."""
-    held = (_held(x), _held(out))
-    if any(not (h or getattr(a, "dtype", None) == np.float32) for a, h in zip((x, out), held)) or out.size == 0:
+    if not (_f32_or_held(x) and _f32_or_held(out)) or out.size == 0:
         return None
+    held = (_held(x), _held(out))
     n, c, h, wd = (x.shape[0], x.shape[3], x.shape[1], x.shape[2]) if src_cl else x.shape
     oh, ow = out.shape[1:3] if dst_cl else out.shape[2:]
     (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
@@ -502,10 +506,11 @@ def matmul_steps(lib: Dnnl, a: Any, b: Any, bias: Any, out: Any, ctx: Any,
     included), reordered once into the layout oneDNN chose for it and again by
     ``set_param`` (``ctx.derived``); ``bias`` a resident of n values."""
     derived = getattr(ctx, "derived", None)
-    held = (_held(a), _held(out))  # (views held reduced: ``held.py``)
-    if derived is None or isinstance(b, Dyn) or any(not (h or getattr(x, "dtype", None) == np.float32)
-                                                    for x, h in ((a, held[0]), (b, False), (out, held[1]))):
+    if derived is None or isinstance(b, Dyn) or getattr(b, "dtype", None) != np.float32:
         return None
+    if not (_f32_or_held(a) and _f32_or_held(out)):
+        return None
+    held = (_held(a), _held(out))  # (views held reduced: ``held.py``)
     as_held = held_types(ctx, held, (True, True))
     if as_held is None:
         return None
@@ -575,9 +580,7 @@ def dense_steps(a: Any, b: Any, bias: Any, activation: str, out: Any, ctx: Any) 
     ``activation`` as the fused GEMM has them) on oneDNN where this host timed oneDNN's
     matmul faster (``onednn.use("matmul")``), as one ``(rows, k) @ (k, n)`` product
     (``gemm.stacked_rows``); None where it does not apply (rlx's way then runs it)."""
-    if isinstance(b, Dyn) or getattr(ctx, "derived", None) is None or out.dtype not in (np.float32, HELD16):
-        return None
-    if out.size == 0:
+    if isinstance(b, Dyn) or getattr(ctx, "derived", None) is None or not _f32_or_held(out) or out.size == 0:
         return None
     a2, b2, out2 = stacked_rows(a, b, out)
     if a2.ndim != 2 or b2.ndim != 2 or out2.ndim != 2 or min(out2.shape) <= 1:  # a gemv: rlx_gemv's
