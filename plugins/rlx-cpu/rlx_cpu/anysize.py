@@ -70,12 +70,14 @@ from .anysize_kernels import (
 )
 from .anysize_memory import Arena, RunContext
 from .anysize_numpy import numpy_runner
-from .executor import _build_with, _Owned, kernel_ops
+from .binding import _build_with
+from .executor import kernel_ops
 from .kernels import inplace_positions
 from .native import thread_cap
 from .onednn_dense import RunTimeDense
 from .params import borrowed, owned_rebuild, param_array
 from .regions import RegionTemplate
+from .residents import _Owned
 from .settings import ANY_SIZE
 from .steps import aligned_empty, bind, owner
 from .threads import native_thread_cap

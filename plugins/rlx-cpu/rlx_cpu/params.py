@@ -35,7 +35,7 @@ from .steps import owner
 __all__ = ["SHARED_ROOTS", "borrowed", "owned_rebuild", "own_params", "param_array"]
 
 #: In a ``ShapeFamily``: the ids of the arrays its copies share (weights, and what
-#: ``CpuExecutable._derived`` made from them), each kept alive by its entry there.
+#: ``residents.Residents._derived`` made from them), each kept alive by its entry there.
 SHARED_ROOTS = "rlx_cpu.shared_roots"
 _COPY = "rlx_cpu.param"  # (key prefix) a param's copy, where its value could not be borrowed
 _OWNED = "rlx_cpu.param.owned"  # (key prefix) a param's owned copy, made by a set_param

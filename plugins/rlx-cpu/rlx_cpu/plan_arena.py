@@ -1,6 +1,6 @@
 """Where a plan's buffers live: one block, laid out from the plan's own buffer lifetimes.
 
-Binding a plan (``executor.CpuExecutable._bind_plan``) asks an arena for a buffer per
+Binding a plan (``binding.PlanBinding._bind_plan``) asks an arena for a buffer per
 value and per kernel's scratch, in graph order, and gives each back once nothing later
 reads it. The first arena (``FreeListArena``) served each request from the buffers given
 back, best fit by size, else a new one. Requests that grow along the graph never fit a

@@ -60,10 +60,50 @@ def separate_blas_pools() -> tuple[str, ...]:
         from threadpoolctl import threadpool_info
 
         info = threadpool_info()
-    except Exception as exc:  # an unreadable process map: assume the cores are shared
-        log.debug("rlx-cpu: threadpoolctl could not read the thread pools: %s", exc)
-        return ()
+    except Exception as exc:  # unreadable (or threadpoolctl broken): what numpy was built with
+        guess = _numpy_blas_guess()
+        log.warning("rlx-cpu: threadpoolctl could not read the thread pools (%s); %s", exc,
+                    f"assuming {guess[0]}" if guess else "assuming no BLAS pool of its own")
+        return tuple(guess)
     return tuple(_pools_of(info))
+
+
+def _numpy_blas_guess(config: Mapping[str, Any] | None = None, cores: int | None = None) -> list[str]:
+    """The pool numpy's BLAS keeps by its build configuration (``numpy.__config__``), for
+    when threadpoolctl cannot say: numpy's wheels bundle OpenBLAS on a pthreads pool of its
+    own, one thread a core (``OPENBLAS_NUM_THREADS`` and the like aside). Guessing none
+    instead is the expensive mistake: with threadpoolctl missing, a 2-core AMX Xeon timed
+    numpy's OpenBLAS ahead of rlx's GEMM by the margin meant for a BLAS without a pool, and
+    exported CNNs without the extras then ran at 2.3-3.0x ORT's time instead of 1.4-1.9x
+    (measured: BENCHMARKS.md, section 'Without the extras on an AMX Xeon (issue 35, session
+    34)')."""
+    import os
+
+    if config is None:
+        import numpy as np
+
+        try:
+            config = np.__config__.CONFIG["Build Dependencies"]["blas"]
+        except (AttributeError, KeyError, TypeError):
+            return []
+    name = str(config.get("name", ""))
+    built = str(config.get("openblas configuration", "")).upper()
+    if "openblas" not in name.lower() or "USE_OPENMP" in built:
+        return []  # another BLAS, or OpenBLAS on OpenMP's team: nothing of its own
+    threads = 0
+    for var in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
+        try:
+            threads = int(os.environ.get(var, "").split(",")[0])
+        except ValueError:
+            continue
+        break
+    if threads <= 0 and cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if threads <= 0:
+        threads = cores or 1
+    if threads <= 1:
+        return []
+    return [f"openblas (numpy's {name}, own threads, {threads}: assumed from numpy's build)"]
 
 
 def blas_pools() -> list[str]:

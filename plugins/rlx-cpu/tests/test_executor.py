@@ -98,7 +98,9 @@ def test_run_does_not_walk_the_graph_or_build_anything(monkeypatch: pytest.Monke
     no kernel builders, no graph access, no new plan."""
     import rlx_core.ir.ops
     import rlx_core.reference
+    import rlx_cpu.binding
     import rlx_cpu.executor
+    import rlx_cpu.residents
 
     graph = mlp_graph()
     exe = wide_only(compile_cpu(graph))
@@ -112,7 +114,8 @@ def test_run_does_not_walk_the_graph_or_build_anything(monkeypatch: pytest.Monke
     monkeypatch.setattr(rlx_core.reference, "evaluate", forbidden)
     monkeypatch.setattr(Graph, "nodes", property(forbidden))
     monkeypatch.setattr(Graph, "node", forbidden)
-    monkeypatch.setattr(rlx_cpu.executor, "_BUILDERS", {})
+    for module in (rlx_cpu.executor, rlx_cpu.binding, rlx_cpu.residents):  # each looks the builders up
+        monkeypatch.setattr(module, "_BUILDERS", {})
     monkeypatch.setattr(CpuExecutable, "_bind_plan", forbidden)
     for _ in range(3):
         got = exe.run({"x": x})

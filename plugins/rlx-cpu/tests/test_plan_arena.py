@@ -72,16 +72,16 @@ def test_growing_concats_fit_in_much_less_memory_than_a_free_list_gives_them(mon
     """Where the block pays (here: always), the first plan is bound again on it, and so is
     every later plan; the block is a fraction of the free list. (The kernels a conv takes
     are measured on the host, so the exact bytes vary from run to run.)"""
-    from rlx_cpu import executor
+    from rlx_cpu import binding
 
-    monkeypatch.setattr(executor, "block_pays", lambda free, block: True)
+    monkeypatch.setattr(binding, "block_pays", lambda free, block: True)
     g = _dense_block()
     exe = _compile(g)
     planned = exe.plan_stats()
     layout = exe._layouts[False]
     assert layout and planned["buffers"] == 1 and planned["buffer_bytes"] == layout.total
     assert exe._bind_plan().stats.buffer_bytes == layout.total  # (as a concurrent run would)
-    monkeypatch.setattr(executor, "block_pays", lambda free, block: False)
+    monkeypatch.setattr(binding, "block_pays", lambda free, block: False)
     free = _compile(g)
     assert free._layouts[False] is False
     x = np.random.default_rng(1).standard_normal((2, 8, 24, 24)).astype(np.float32)
@@ -97,13 +97,13 @@ def test_the_twin_of_a_plan_in_one_block_lies_in_that_block(monkeypatch: pytest.
     same block (its pages faulted in already), even where a block of its own would not
     pay; a free list took the whole block for its first buffer and fresh memory for the
     rest, faulted in during the narrow run the tuner timed."""
-    from rlx_cpu import executor
+    from rlx_cpu import binding
 
-    monkeypatch.setattr(executor, "block_pays", lambda free, block: True)
+    monkeypatch.setattr(binding, "block_pays", lambda free, block: True)
     g = _dense_block()
     exe = _compile(g)
     plan = exe._pool[0]
-    monkeypatch.setattr(executor, "block_pays", lambda free, block: False)  # not for the twin on its own
+    monkeypatch.setattr(binding, "block_pays", lambda free, block: False)  # not for the twin on its own
     twin = exe._bind_plan(narrow=True, over=plan)
     assert len(plan.buffers) == 1 and [id(b) for b in twin.buffers] == [id(plan.buffers[0])]
     assert exe._layouts[True] and twin.stats.buffer_bytes <= plan.buffers[0].nbytes and twin.outputs is plan.outputs
@@ -116,13 +116,13 @@ def test_the_twin_of_a_plan_in_one_block_lies_in_that_block(monkeypatch: pytest.
 def test_a_twin_that_does_not_fit_its_plans_block_stays_on_a_free_list(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the twin's buffers would not fit the lent block and a block of its own would
     not pay, the narrow mode stays on free lists (no block of its own is made)."""
-    from rlx_cpu import executor
+    from rlx_cpu import binding
 
-    monkeypatch.setattr(executor, "block_pays", lambda free, block: False)
+    monkeypatch.setattr(binding, "block_pays", lambda free, block: False)
     g = _dense_block()
     exe = _compile(g)
     small = np.empty(64, np.uint8)  # a "block" far smaller than the plan needs
-    with executor.thread_cap(1):
+    with binding.thread_cap(1):
         twin = exe._bind_in_arena(True, [small], None)
     assert exe._layouts[True] is False and len(twin.buffers) > 1
     x = np.random.default_rng(3).standard_normal((2, 8, 24, 24)).astype(np.float32)
@@ -138,9 +138,9 @@ def test_a_block_pays_where_it_saves_enough_and_is_a_fraction_of_the_free_list()
 
 def test_a_binding_that_differs_from_its_recording_falls_back_to_the_free_list(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlx_cpu import executor
+    from rlx_cpu import binding
 
-    monkeypatch.setattr(executor, "block_pays", lambda free, block: True)
+    monkeypatch.setattr(binding, "block_pays", lambda free, block: True)
     g = _dense_block(3)
     exe = _compile(g)
     layout = exe._layouts[False]

@@ -22,6 +22,36 @@ def test_pools_of_keeps_only_separate_multithreaded_blas_pools():
     assert threads._pools_of([{**MKL_GNU, "threading_layer": "intel"}]) == ["mkl (intel threads, 2)"]
 
 
+def test_numpy_blas_guess_reads_numpys_build_when_threadpoolctl_cannot(monkeypatch):
+    wheel = {"name": "scipy-openblas", "openblas configuration": "OpenBLAS 0.3.31 DYNAMIC_ARCH NO_AFFINITY Haswell"}
+    for var in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    assert threads._numpy_blas_guess(wheel, cores=4) == [
+        "openblas (numpy's scipy-openblas, own threads, 4: assumed from numpy's build)"]
+    assert threads._numpy_blas_guess(wheel, cores=1) == []  # one core: no pool to fight
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    assert threads._numpy_blas_guess(wheel, cores=4) == []  # the user pinned it to one thread
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    omp = {**wheel, "openblas configuration": "OpenBLAS 0.3.21 DYNAMIC_ARCH USE_OPENMP Haswell"}
+    assert threads._numpy_blas_guess(omp, cores=4) == []  # on OpenMP's team
+    assert threads._numpy_blas_guess({"name": "accelerate"}, cores=4) == []
+
+
+def test_unreadable_pools_fall_back_to_numpys_build(monkeypatch):
+    import threadpoolctl
+
+    def unreadable():
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(threadpoolctl, "threadpool_info", unreadable)
+    monkeypatch.setattr(threads, "_numpy_blas_guess", lambda: ["openblas (numpy's, guessed)"])
+    threads.separate_blas_pools.cache_clear()
+    try:
+        assert threads.separate_blas_pools() == ("openblas (numpy's, guessed)",)
+    finally:
+        threads.separate_blas_pools.cache_clear()
+
+
 def test_cap_only_for_graphs_with_products_and_a_separate_pool():
     pools = ["openblas (pthreads threads, 2)"]
     cap, why = threads.native_thread_cap([OpKind.ADD, OpKind.MATMUL], pools)
