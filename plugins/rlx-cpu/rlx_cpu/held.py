@@ -50,15 +50,12 @@ from rlx_core.ir import Graph, Node
 from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import conv_inputs
 
-from . import layout, onednn, onednn_steps
+from . import amx_groups, layout, onednn, onednn_steps
 from .fused import native_region
 from .steps import held16
 
 __all__ = ["plan", "plan_dense", "steps", "dense_steps", "tiled", "depthwise"]
 
-#: Channels a group from which a grouped convolution is expected to take reduced operands
-#: on AMX (oneDNN 3.2 ran ResNeXt's 32 a group there; 8 a group, RegNet's, on AVX-512).
-TILED_GROUP = 16
 _CONVS = (OpKind.CONV2D, OpKind.FUSED_CONV)
 _POOLS = (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D)
 _ELEMENTWISE = ELEMENTWISE_OPS | {OpKind.FUSED_ELEMENTWISE}
@@ -70,8 +67,11 @@ def _per_group(node: Node, graph: Graph) -> int:
 
 def tiled(node: Node, graph: Graph) -> bool:
     """Whether convolution ``node`` is one oneDNN is expected to run on AMX's tiles with
-    reduced operands (``onednn_steps.operand_types``): dense, or wide groups."""
-    return int(node.attrs.get("groups", 1)) == 1 or _per_group(node, graph) >= TILED_GROUP
+    reduced operands (``onednn_steps.operand_types``): dense, wide groups, or narrow ones
+    merged into wide ones (``amx_groups``)."""
+    groups = int(node.attrs.get("groups", 1))
+    per_group = _per_group(node, graph)
+    return groups == 1 or per_group >= amx_groups.WIDE_GROUP or amx_groups.factor(groups, per_group) > 1
 
 
 def depthwise(node: Node, graph: Graph) -> bool:

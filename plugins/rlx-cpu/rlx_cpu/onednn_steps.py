@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from . import amx_groups
 from .ccall import address
 from .gemm import stacked_rows
 from .onednn import (
@@ -166,6 +167,14 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
     # A depthwise convolution reading a value held reduced reads it as it lies (AVX-512's
     # bf16 instructions: no AMX kernel takes it, and none is needed to pay: ``held.py``).
     types = operand_types(ctx, tiled or held[0])
+    k = amx_groups.factor(groups, cg) if tiled and types[0] != _F32 else 1
+    if k > 1:  # groups too narrow for AMX, merged in pairs (``amx_groups``)
+        wide = derived(w, ("amx_merged_groups", groups, k),
+                       lambda src, dest: amx_groups.merged_weights(src, groups, k, dest))
+        done = None if wide is None else conv_steps(lib, x, wide, bias, out, pads, stride, dilation, groups // k,
+                                                    ctx, src_cl, dst_cl, post, reduced_only=True)
+        if done is not None:
+            return done
     if reduced_only:
         types = types[:1] if types[0] != _F32 else ()
     as_held = held_types(ctx, held, (src_cl, dst_cl))

@@ -102,8 +102,10 @@ def test_convolutions_take_bf16_operands():
 
 
 @needs_bf16
-@pytest.mark.parametrize(("channels", "groups", "taken"), [(128, 4, True), (32, 8, False), (16, 16, False)],
-                         ids=["32 a group: AMX", "4 a group: float32", "depthwise: float32"])
+@pytest.mark.parametrize(("channels", "groups", "taken"),
+                         [(128, 4, True), (64, 8, True), (24, 3, False), (32, 8, False), (16, 16, False)],
+                         ids=["32 a group: AMX", "8 a group, merged in pairs: AMX", "8 a group, 3 groups: float32",
+                              "4 a group: float32", "depthwise: float32"])
 def test_grouped_convolutions_take_bf16_only_where_onednn_runs_them_on_amx(channels, groups, taken):
     rng = np.random.default_rng(6)
     w = rng.standard_normal((channels, channels // groups, 3, 3)).astype(np.float32)
@@ -221,8 +223,8 @@ def test_values_are_held_reduced_only_where_every_reader_reads_that_format():
     k = g.concat([q, q2], axis=1)                 # every input held, read by a convolution: held
     r = _conv(g, k, rng, 64, 64)                  # read by a depthwise one that is not held: held all the same
     t = _conv(g, r, rng, 64, 64, 3, 64)           # read by a relu (the native interpreter reads it): held
-    e = _conv(g, g.relu(t), rng, 64, 64)          # read by a grouped one of 8 channels a group (AVX-512's): not
-    h = _conv(g, e, rng, 64, 64, 3, 8)            # read by a pool that is not held: not
+    e = _conv(g, g.relu(t), rng, 64, 64)          # read by a grouped one of 4 channels a group (AVX-512's): not
+    h = _conv(g, e, rng, 64, 64, 3, 16)           # read by a pool that is not held: not
     v = g.avg_pool2d(h, 3, 1, 1)                  # reads a value not held: not
     f = _conv(g, g.relu(v), rng, 64, 64, 3)       # read by one of 32 channels a group (AMX's): held
     s = g.add(_conv(g, f, rng, 64, 64, 3, 2), f)  # (and by an add: held)
