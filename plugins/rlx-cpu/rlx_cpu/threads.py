@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import os
 import statistics
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -77,8 +78,6 @@ def _numpy_blas_guess(config: Mapping[str, Any] | None = None, cores: int | None
     exported CNNs without the extras then ran at 2.3-3.0x ORT's time instead of 1.4-1.9x
     (measured: BENCHMARKS.md, section 'Without the extras on an AMX Xeon (issue 35, session
     34)')."""
-    import os
-
     if config is None:
         import numpy as np
 
