@@ -321,3 +321,22 @@ def test_an_mlps_hidden_values_held_bf16_answer_within_bf16s_error(monkeypatch, 
     np.testing.assert_allclose(got, base, rtol=0, atol=2e-2 * np.abs(base).max())
     exact = evaluate(g, feeds)[0]
     assert 1e-5 < np.abs(got - exact).max() / np.abs(exact).max() < 3e-2
+
+
+@needs_bf16
+def test_merged_groups_take_new_weights_from_set_param():
+    """A grouped convolution run as merged groups (``amx_groups``): its block-diagonal
+    weights are derived from the param, so ``set_param`` refills them, and oneDNN's
+    reordered copy after them."""
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((64, 8, 3, 3)).astype(np.float32)
+    g, absolute = conv_graphs((2, 64, 7, 7), w, None, padding=1, groups=8)
+    feeds = {"x": rng.standard_normal((2, 64, 7, 7)).astype(np.float32)}
+    cg = rlx.compile(g, device="cpu", precision="bf16")
+    assert "1 convolution with bf16 operands on AMX" in " ".join(cg.report().notes)
+    within_bf16(cg.run(feeds)[0], g, absolute, feeds, 8 * 9)
+    w2 = rng.standard_normal((64, 8, 3, 3)).astype(np.float32)
+    cg.set_param("w", w2)
+    g.replace_value(g.params[0], w2)
+    absolute.replace_value(absolute.params[0], np.abs(w2))
+    within_bf16(cg.run(feeds)[0], g, absolute, feeds, 8 * 9)
