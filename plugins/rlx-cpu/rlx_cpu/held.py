@@ -15,8 +15,9 @@ below OpenVINO's.
 
 Which values (``plan``), once per compile, over the values ``layout.plan`` holds NHWC:
 
-- *Producers*: a convolution expected on AMX's tiles (``tiled``: dense, or 16 channels a
-  group and more), an elementwise node; a depthwise convolution, a max or average pool, a
+- *Producers*: a convolution expected on AMX's tiles (``tiled``: dense, 16 channels a
+  group and more, or 8-15 in an even number of groups, merged in pairs: ``amx_groups``), an
+  elementwise node; a depthwise convolution, a max or average pool, a
   concat, when what they read is held too (oneDNN runs those on AVX-512's bf16
   instructions: a depthwise 3x3 with bf16 in and out took 0.72-0.81x float32's time).
 - *Readers*: every reader is one of those, reading the value as its data input (never as
@@ -24,8 +25,9 @@ Which values (``plan``), once per compile, over the values ``layout.plan`` holds
   goes), or a convolution reading it as an epilogue operand (a residual: oneDNN's add
   post-op reads bf16); a depthwise convolution, pool or concat reading it is itself held
   (a depthwise one reading bf16 and writing float32 ran 1.06x float32's time, ConvNeXt's
-  blocks 1.07x). Grouped convolutions of fewer channels a group (RegNet's 8) run neither
-  on the tiles nor faster in bf16 (0.7-1.06x), so their inputs stay float32.
+  blocks 1.07x). Grouped convolutions of fewer channels a group that cannot be merged
+  (4 a group, or an odd number of groups) run neither on the tiles nor faster in bf16
+  (0.7-1.06x), so their inputs stay float32.
 
 Outside the chains (``plan_dense``): a dense layer's or an elementwise node's result read
 only by dense layers, as their activation, and by elementwise nodes reading it whole (a
