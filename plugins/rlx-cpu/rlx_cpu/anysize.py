@@ -55,6 +55,7 @@ from rlx_core.ir.specialize import evaluated_attrs
 from rlx_core.ir.symbolic import Sym, free_symbols
 from rlx_core.plugin import Executable, shape_family
 
+from . import bf16_units
 from .anysize_kernels import (
     Place,
     Runner,
@@ -497,7 +498,7 @@ class AnySizeExecutable(Executable):
         rounded = [d.precision for d in self._dense if d.precision != "float32"]
         if rounded:
             notes.append(f"precision: {len(rounded)} dense layer{'s' if len(rounded) > 1 else ''} with {rounded[0]} "
-                         "operands on AMX (float32 accumulation); everything else float32")
+                         f"operands on {bf16_units.unit()} (float32 accumulation); everything else float32")
         return notes
 
     def __repr__(self) -> str:

@@ -115,8 +115,9 @@ class CpuBackend(rlx_core.Backend):
         return any_size_executable(graph, self._precision(options))
 
     def precisions(self) -> frozenset[str]:
-        """``bf16`` where the CPU has AMX and oneDNN is installed (``onednn.precisions``):
-        convolutions and dense layers' products then take bf16 operands on AMX tiles,
+        """``bf16`` where the CPU has AMX or AVX512_BF16 and oneDNN is installed
+        (``onednn.precisions``): convolutions and dense layers' products then take bf16
+        operands where oneDNN runs them on a unit that pays here (``bf16_units``),
         accumulating in float32; nothing else changes."""
         from . import onednn  # ctypes and numpy only; loads nothing
 

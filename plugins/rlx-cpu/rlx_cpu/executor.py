@@ -39,7 +39,7 @@ from rlx_core.ir import Graph, Node
 from rlx_core.ir.ops import OpKind
 from rlx_core.plugin import Executable, shape_family
 
-from . import blas, held, layout, onednn
+from . import bf16_units, blas, held, layout, onednn
 from .binding import _BUILDERS, BUFFER, DYNAMIC, RESIDENT, VIEW, PlanBinding, _Plan
 from .gathers import find_resize_taps
 from .native import library as native_library
@@ -288,11 +288,12 @@ class CpuExecutable(Residents, PlanBinding, Executable):
             n = len(self._held)
             kept = (f"; {n} value{'s' if n > 1 else ''} held {fmt} between the steps that write and read "
                     f"{'them' if n > 1 else 'it'}" if n else "")
-            notes.append(f"precision: {kinds} with {fmt} operands on AMX (float32 accumulation){kept}; everything "
-                         "else float32")
+            notes.append(f"precision: {kinds} with {fmt} operands on {bf16_units.unit()} (float32 accumulation)"
+                         f"{kept}; everything else float32")
         elif self._precision != "fp32":
             notes.append(f"precision: {self._precision} allowed, but no product here took it (oneDNN runs none of "
-                         "them on AMX, or the graph has none): float32 throughout")
+                         f"them on a unit that makes it pay here: {bf16_units.describe()}; or the graph has none): "
+                         "float32 throughout")
         if self._tuner is not None:
             notes.append("threads: each run's own time picks wide (the policy's threads) or narrow (one "
                          "thread for the native kernels and MKL), re-checked now and then (threads.ThreadTuner)"

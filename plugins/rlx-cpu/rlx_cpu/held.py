@@ -52,7 +52,7 @@ from rlx_core.ir import Graph, Node
 from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import conv_inputs
 
-from . import amx_groups, layout, onednn, onednn_steps
+from . import amx_groups, bf16_units, layout, onednn, onednn_steps
 from .fused import native_region
 from .steps import held16
 
@@ -72,8 +72,10 @@ def tiled(node: Node, graph: Graph) -> bool:
     reduced operands (``onednn_steps.operand_types``): dense, wide groups, or narrow ones
     merged into wide ones (``amx_groups``)."""
     groups = int(node.attrs.get("groups", 1))
+    if groups == 1:
+        return True
     per_group = _per_group(node, graph)
-    return groups == 1 or per_group >= amx_groups.WIDE_GROUP or amx_groups.factor(groups, per_group) > 1
+    return bf16_units.grouped() and (per_group >= amx_groups.WIDE_GROUP or amx_groups.factor(groups, per_group) > 1)
 
 
 def depthwise(node: Node, graph: Graph) -> bool:

@@ -39,9 +39,10 @@ or whose weights are computed per run, stays on rlx. ``describe()`` (``rlx devic
 --explain``) says which runs.
 
 Reduced precision (``CompileOptions.precision="bf16"``, ``docs/precision.md``): on a CPU
-with AMX (``precisions``) every convolution and dense layer's product that oneDNN runs on
-AMX takes bf16 operands, whatever the probes above decided for float32 (AMX ran them 2-5x
-float32's speed here); one it would run on AVX-512's bf16 instructions stays float32.
+with AMX or AVX512_BF16 (``precisions``) every convolution and dense layer's product that
+oneDNN runs on a unit that makes bf16 pay here (``bf16_units``: AMX always, AVX512-BF16
+where it measured faster on this host) takes bf16 operands, whatever the probes above
+decided for float32; any other stays float32.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from . import openmp, verdicts
+from . import bf16_units, openmp, verdicts
 
 __all__ = ["Dnnl", "PROBES", "library", "find_library", "reason", "wanted", "use", "kind_of", "describe",
            "reset", "ELTWISE", "precisions", "reduced", "describe_precisions"]
@@ -438,24 +439,18 @@ def use(kind: str = "spatial") -> Dnnl | None:
         return lib if decisions[kind][0] else None
 
 
-#: The reduced precisions oneDNN computes faster than float32 here, by the CPU flag that
-#: makes it so. bf16 needs AMX: on an AVX512_BF16 CPU without it (the 2-core Xeon of
-#: sessions 22-31, its ISA capped with ``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`` on the AMX
-#: host of session 32) oneDNN's bf16 convolutions and products ran 1.5-1.8x float32's time,
-#: as OpenVINO's bf16 did there. fp16 is not declared: AVX512_FP16 ran them at 0.5-1x
-#: float32's speed on the AMX host, and no AMX-FP16 CPU was at hand to measure
+#: The reduced precisions oneDNN may compute faster than float32 here. bf16 needs a unit
+#: that multiplies it (``bf16_units``: AMX, or AVX512_BF16 where it measures faster than
+#: float32 on this host). fp16 is not declared: AVX512_FP16 ran oneDNN's products at
+#: 0.5-1x float32's speed on the AMX host, and no AMX-FP16 CPU was at hand to measure
 #: (BENCHMARKS.md, section "bf16 on AMX (issue 35, session 32)").
-_PRECISION_FLAGS = {"bf16": "amx_bf16"}
 _PRECISION_TYPES = {"bf16": _BF16}
 
 
 def precisions() -> frozenset[str]:
     """The reduced precisions this host takes (``Backend.precisions``): the CPU's flags
     and oneDNN installed and not off. Cheap: nothing is loaded."""
-    from .verdicts import cpu_flags
-
-    flags = cpu_flags()
-    found = frozenset(p for p, flag in _PRECISION_FLAGS.items() if flag in flags)
+    found = frozenset({"bf16"}) if bf16_units.unit() is not None else frozenset()
     if not found or wanted() == "off" or find_library() is None:
         return frozenset()
     return found
@@ -466,12 +461,11 @@ def describe_precisions() -> str:
     ``CompileOptions.precision`` may select here, or why none. Loads nothing."""
     found = precisions()
     if found:
-        return (f"{', '.join(sorted(found))} when allowed (precision='bf16': AMX, oneDNN): convolutions and "
-                "dense layers' products with bf16 operands; float32 otherwise")
-    from .verdicts import cpu_flags
-
-    if "amx_bf16" not in cpu_flags():
-        return "float32 only: bf16 pays only on a CPU with AMX (this one has none)"
+        return (f"{', '.join(sorted(found))} when allowed (precision='bf16': {bf16_units.describe()}; oneDNN): "
+                "convolutions and dense layers' products with bf16 operands where that unit runs them; float32 "
+                "otherwise")
+    if bf16_units.unit() is None:
+        return "float32 only: bf16 needs a CPU with AMX or AVX512_BF16 (this one has neither)"
     if wanted() == "off":
         return "float32 only: bf16 runs on oneDNN, off here (RLX_CPU_ONEDNN=off)"
     return "float32 only: bf16 runs on oneDNN (pip install 'rlx-cpu[onednn]')"

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import amx_groups
+from . import amx_groups, bf16_units
 from .ccall import address
 from .gemm import stacked_rows
 from .onednn import (
@@ -163,7 +163,7 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
     oh, ow = out.shape[1:3] if dst_cl else out.shape[2:]
     pt, pl, pb, pr = pads
     wshape = (o, cg, kh, kw) if groups == 1 else (groups, o // groups, cg, kh, kw)
-    tiled = not groups == c == o
+    tiled = groups == 1 or (not groups == c == o and bf16_units.grouped())
     # A depthwise convolution reading a value held reduced reads it as it lies (AVX-512's
     # bf16 instructions: no AMX kernel takes it, and none is needed to pay: ``held.py``).
     types = operand_types(ctx, tiled or held[0])
@@ -246,14 +246,14 @@ def _conv_call(lib: Dnnl, pd: Any, impl: str, x: Any, w: Any, bias: Any, out: An
 def _jit_impl(lib: Dnnl, pd: Any, dtype: int = _F32, amx: bool = True) -> str:
     """The implementation oneDNN chose for ``pd``; ``DnnlError`` where that is one of its
     reference loops (orders of magnitude slower than rlx's kernels: rlx's then run it),
-    or, for reduced-precision operands of a product (``amx``), not one on the units that
-    make them pay (AMX: bf16 on AVX-512 alone ran 1.5-1.8x float32's time;
-    ``onednn.precisions``)."""
+    or, for reduced-precision operands of a product (``amx``), not one on a unit that makes
+    them pay here (``bf16_units.takes``: AMX; AVX512-BF16 where it measured faster)."""
     impl = lib.impl(pd)
     if impl.startswith("ref"):
         raise DnnlError(f"only its reference implementation ({impl}) takes it")
-    if dtype != _F32 and amx and "amx" not in impl:
-        raise DnnlError(f"its {_TYPE_NAMES[dtype]} implementation here ({impl}) is not on AMX")
+    if dtype != _F32 and amx and not bf16_units.takes(lib, impl):
+        raise DnnlError(f"its {_TYPE_NAMES[dtype]} implementation here ({impl}) is not on a unit that makes it pay "
+                        f"({bf16_units.describe()})")
     return impl
 
 

@@ -52,9 +52,10 @@ def test_a_convolution_with_merged_groups_computes_the_same_one():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_held_values_expect_merged_groups_on_amx():
-    from rlx_cpu import held
+def test_held_values_expect_merged_groups_on_amx(monkeypatch):
+    from rlx_cpu import held, verdicts
 
+    monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16", "amx_tile"}))
     g = Graph("plan")
     x = g.input("x", (1, 64, 8, 8))
     rng = np.random.default_rng(2)
@@ -63,3 +64,5 @@ def test_held_values_expect_merged_groups_on_amx():
                    padding=1, groups=3)
     g.set_outputs([pairs, odd])
     assert held.tiled(g.node(pairs.id), g) and not held.tiled(g.node(odd.id), g)
+    monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset({"avx512_bf16"}))  # no AMX: no merging
+    assert not held.tiled(g.node(pairs.id), g)

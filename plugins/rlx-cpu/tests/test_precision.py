@@ -1,11 +1,13 @@
-"""``precision="bf16"`` on cpu (``onednn.precisions``, ``onednn_steps.operand_types``):
-declared only where the CPU has AMX and oneDNN is installed; then convolutions and dense
-layers' products take bf16 operands (float32 accumulation) and nothing else changes.
+"""``precision="bf16"`` on cpu (``onednn.precisions``, ``onednn_steps.operand_types``,
+``bf16_units``): declared only where the CPU has AMX or AVX512_BF16 and oneDNN is
+installed; then convolutions and dense layers' products that oneDNN runs on a unit that
+pays here take bf16 operands (float32 accumulation) and nothing else changes.
 
 Every product is held to the bound of bf16 operands with float32 accumulation
 (``rlx_core.testing._precision.product_bound``) against the float64 reference, and must
 differ from the float32 answer (it really ran in bf16). The tests that run bf16 skip on a
-host without AMX; the declaration's logic is tested everywhere."""
+host without such a unit (those of AMX's own kernels on one without AMX); the
+declaration's and the planning's logic is tested everywhere, on flags made up."""
 
 from __future__ import annotations
 
@@ -20,12 +22,23 @@ from rlx_core.ir.ops import SOURCE_OPS, OpKind
 from rlx_core.reference import evaluate
 from rlx_core.testing import check_backend
 from rlx_core.testing._precision import product_bound
-from rlx_cpu import held, layout, onednn, verdicts
+from rlx_cpu import bf16_units, held, layout, onednn, verdicts
 
 CPU = rlx.get_backend("cpu")
-HAS_BF16 = "bf16" in CPU.precisions()
-needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="bf16 needs an AMX CPU and oneDNN (rlx-cpu[onednn]); "
-                                 f"this host declares {sorted(CPU.precisions()) or 'none'}")
+HAS_BF16 = "bf16" in CPU.precisions() and bf16_units.pays(onednn.library())[0]
+UNIT = bf16_units.unit()
+needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="bf16 needs a CPU whose AMX or AVX512_BF16 makes it pay, and "
+                                f"oneDNN (rlx-cpu[onednn]); this host declares {sorted(CPU.precisions()) or 'none'}"
+                                f" ({bf16_units.describe()})")
+needs_amx = pytest.mark.skipif(not HAS_BF16 or UNIT != bf16_units.AMX,
+                               reason=f"AMX's own kernels; this host's bf16 unit: {bf16_units.describe()}")
+AMX_FLAGS = frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+
+
+@pytest.fixture
+def amx_flags(monkeypatch):
+    """The CPU's flags made up as an AMX host's: what ``held``'s planning expects there."""
+    monkeypatch.setattr(verdicts, "cpu_flags", lambda: AMX_FLAGS)
 
 
 def within_bf16(got: np.ndarray, graph: Graph, absolute: Graph, feeds: dict[str, np.ndarray], terms: int) -> None:
@@ -47,9 +60,12 @@ def conv_graphs(x_shape: tuple[int, ...], w: np.ndarray, bias: np.ndarray | None
     return graphs[0], graphs[1]
 
 
-def test_bf16_is_declared_only_with_amx_and_onednn(monkeypatch):
+def test_bf16_is_declared_only_with_a_bf16_unit_and_onednn(monkeypatch):
+    monkeypatch.setattr(onednn, "find_library", lambda: "/lib/libdnnl.so.3")
+    monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset({"avx512f", "avx2"}))
+    assert CPU.precisions() == frozenset()
     monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
-    assert CPU.precisions() == frozenset()  # AVX512_BF16 alone: bf16 ran slower than float32
+    assert CPU.precisions() == frozenset({"bf16"})  # which products take it: timed (bf16_units)
     monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset({"avx512f", "amx_bf16", "amx_tile"}))
     monkeypatch.setattr(onednn, "find_library", lambda: None)
     assert CPU.precisions() == frozenset()  # no oneDNN
@@ -60,13 +76,14 @@ def test_bf16_is_declared_only_with_amx_and_onednn(monkeypatch):
 
 
 def test_the_probe_says_which_precisions_this_host_takes_and_why_not(monkeypatch):
-    monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
-    assert CPU.probe().versions["precision"] == "float32 only: bf16 pays only on a CPU with AMX (this one has none)"
+    monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset({"avx512f", "avx2"}))
+    assert CPU.probe().versions["precision"] == ("float32 only: bf16 needs a CPU with AMX or AVX512_BF16 (this one "
+                                                 "has neither)")
     monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset({"amx_bf16"}))
     monkeypatch.setattr(onednn, "find_library", lambda: None)
     assert CPU.probe().versions["precision"] == "float32 only: bf16 runs on oneDNN (pip install 'rlx-cpu[onednn]')"
     monkeypatch.setattr(onednn, "find_library", lambda: "/lib/libdnnl.so.3")
-    assert CPU.probe().versions["precision"].startswith("bf16 when allowed (precision='bf16': AMX, oneDNN)")
+    assert CPU.probe().versions["precision"].startswith("bf16 when allowed (precision='bf16': AMX; oneDNN)")
     monkeypatch.setenv("RLX_CPU_ONEDNN", "off")
     assert CPU.probe().versions["precision"] == "float32 only: bf16 runs on oneDNN, off here (RLX_CPU_ONEDNN=off)"
 
@@ -97,11 +114,11 @@ def test_convolutions_take_bf16_operands():
     feeds = {"x": rng.standard_normal((2, 16, 14, 14)).astype(np.float32)}
     cg = rlx.compile(g, device="cpu", precision="bf16")
     notes = " ".join(cg.report().notes)
-    assert "precision: 1 convolution with bf16 operands on AMX" in notes, notes
+    assert f"precision: 1 convolution with bf16 operands on {UNIT}" in notes, notes
     within_bf16(cg.run(feeds)[0], g, absolute, feeds, 16 * 9)
 
 
-@needs_bf16
+@needs_amx
 @pytest.mark.parametrize(("channels", "groups", "taken"),
                          [(128, 4, True), (64, 8, True), (24, 3, False), (32, 8, False), (16, 16, False)],
                          ids=["32 a group: AMX", "8 a group, merged in pairs: AMX", "8 a group, 3 groups: float32",
@@ -211,7 +228,7 @@ def _conv(g: Graph, x: object, rng: np.random.Generator, o: int, c: int, k: int 
     return g.conv2d(x, g.param(f"w{len(g.nodes)}", w), padding=k // 2, groups=groups)
 
 
-def test_values_are_held_reduced_only_where_every_reader_reads_that_format():
+def test_values_are_held_reduced_only_where_every_reader_reads_that_format(amx_flags):
     rng = np.random.default_rng(7)
     g = Graph("plan")
     x = g.input("x", (1, 32, 8, 8))
@@ -323,7 +340,7 @@ def test_an_mlps_hidden_values_held_bf16_answer_within_bf16s_error(monkeypatch, 
     assert 1e-5 < np.abs(got - exact).max() / np.abs(exact).max() < 3e-2
 
 
-@needs_bf16
+@needs_amx
 def test_merged_groups_take_new_weights_from_set_param():
     """A grouped convolution run as merged groups (``amx_groups``): its block-diagonal
     weights are derived from the param, so ``set_param`` refills them, and oneDNN's

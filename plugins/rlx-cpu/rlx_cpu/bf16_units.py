@@ -1,0 +1,188 @@
+"""Which of this CPU's units make bf16 operands pay, and which of oneDNN's kernels use them.
+
+Why: under ``precision="bf16"`` a product pays only where the CPU multiplies bf16 faster
+than float32, and the CPU's flags alone do not say where that is:
+
+- AMX's tiles always do: oneDNN's AMX kernels ran convolutions and dense layers' products
+  2-5x float32's speed on the 2-core AMX Xeon (BENCHMARKS.md, "bf16 on AMX (issue 35,
+  session 32)"). A host with AMX takes them without timing; a product oneDNN runs there on
+  AVX-512's bf16 instructions instead (a grouped convolution too narrow for the tiles)
+  stays float32.
+- AVX-512's bf16 dot product (``VDPBF16PS``) depends on the core. The AMX Xeon held to it
+  (``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16``) ran oneDNN's bf16 kernels 1.5-1.9x *slower*
+  than float32, as OpenVINO's bf16 ran on the no-AMX Xeon of sessions 22-31; a 2-core
+  Zen 4 EPYC ran the same primitives in 0.5-0.7x float32's time, and OpenVINO, which takes
+  bf16 by default there, ran the zoo 1.4-2.3x faster than at float32 (BENCHMARKS.md,
+  "bf16 on AVX512-BF16 without AMX (issue 35, session 35)"). So a host with AVX512_BF16
+  and no AMX times one convolution and one dense layer's product both ways, once (kept
+  like the backend's other verdicts: ``verdicts``), and takes oneDNN's AVX512-BF16 kernels
+  for ungrouped convolutions and dense layers' products where both ran clearly faster.
+  Grouped ones stay float32 there: oneDNN's ``jit_bf16`` grouped kernel ran 2-2.5x
+  float32's speed at batch 8 but 0.2-0.3x at batch 1 on that EPYC.
+
+Merging narrow groups into wide ones (``amx_groups``) is for AMX's tiles only.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from . import verdicts
+
+__all__ = ["AMX", "AVX512_BF16", "MARGIN", "unit", "pays", "takes", "grouped", "describe", "reset"]
+
+log = logging.getLogger("rlx_cpu")
+
+#: The units, as the reports name them.
+AMX = "AMX"
+AVX512_BF16 = "AVX512-BF16"
+#: How much faster than float32 both probes must run at bf16 for AVX512-BF16 to be taken.
+MARGIN = 1.1
+#: The probes: a ResNet 3x3 convolution (channels, size; batch 1) and a transformer's
+#: dense layer (rows, k, n), each ~1-3 ms at float32 on a 2-core EPYC.
+CONV_PROBE = (128, 28)
+DENSE_PROBE = (128, 768, 3072)
+_QUESTION = "onednn-bf16-avx512"
+_LOCK = threading.Lock()
+_STATE: dict[str, tuple[bool, str]] = {}
+
+
+def unit() -> str | None:
+    """The unit that multiplies bf16 here by the CPU's flags (``AMX`` first), or None.
+    Cheap: reads the flags only."""
+    flags = verdicts.cpu_flags()
+    if "amx_bf16" in flags:
+        return AMX
+    return AVX512_BF16 if "avx512_bf16" in flags else None
+
+
+def pays(lib: Any) -> tuple[bool, str]:
+    """Whether bf16 products pay on this host's unit, and why: AMX yes; AVX512-BF16 as
+    timed once on this host (``_measure``, kept across processes); else no."""
+    found = unit()
+    if found == AMX:
+        return True, "AMX"
+    if found is None:
+        return False, "no bf16 unit on this CPU"
+    with _LOCK:
+        if "verdict" not in _STATE:
+            _STATE["verdict"] = verdicts.settled_answer(_QUESTION, lambda: _measure(lib))
+            log.info("rlx-cpu: bf16 on AVX512-BF16 %s (%s)", "taken" if _STATE["verdict"][0] else "not taken",
+                     _STATE["verdict"][1])
+        return _STATE["verdict"]
+
+
+def takes(lib: Any, impl: str) -> bool:
+    """Whether oneDNN's implementation ``impl`` of a product with bf16 operands runs on a
+    unit that pays here (``pays``): an AMX kernel, or on a host without AMX where
+    AVX512-BF16 measured faster, any of its bf16 kernels (``brg*:avx512_core_bf16``,
+    ``jit_bf16:...``, and ``gemm:jit:bf16``, the product for a row count given per run,
+    which ran 1.4-2.0x float32's ``gemm:jit:f32`` on the Zen 4 EPYC)."""
+    if "amx" in impl:
+        return True
+    return "bf16" in impl and unit() == AVX512_BF16 and pays(lib)[0]
+
+
+def grouped() -> bool:
+    """Whether grouped convolutions may take bf16 operands here: on AMX (oneDNN's kernel
+    then says, ``takes``), not on AVX512-BF16 alone (see the module's docstring)."""
+    return unit() == AMX
+
+
+def describe() -> str:
+    """The unit, and on AVX512-BF16 the verdict where this process has it."""
+    found = unit()
+    if found == AVX512_BF16 and "verdict" in _STATE:
+        yes, why = _STATE["verdict"]
+        return f"{found}, {'taken' if yes else 'not taken'}: {why}"
+    if found == AVX512_BF16:
+        return f"{found}, timed against float32 at the first bf16 compile"
+    return found or "none"
+
+
+def reset() -> None:
+    """Forget the verdict, here and on disk (tests)."""
+    with _LOCK:
+        _STATE.clear()
+        verdicts.VERDICTS.forget(_QUESTION)
+
+
+def _measure(lib: Any) -> tuple[bool, str]:
+    """Time oneDNN's probe convolution and dense product at float32 and at bf16 operands
+    (float32 results), alternating, the best of a few blocks each; bf16 is taken where
+    both ran ``MARGIN`` faster on an AVX512-BF16 kernel."""
+    try:
+        ratios, impls = {}, {}
+        for name in ("convolution", "dense layer"):
+            best = {}
+            for dtype in ("f32", "bf16", "f32", "bf16"):
+                t, impl = _time_probe(lib, name, dtype)
+                best[dtype] = min(best.get(dtype, math.inf), t)
+                impls[name] = impl if dtype == "bf16" else impls.get(name, "")
+            ratios[name] = best["f32"] / best["bf16"]
+    except Exception as exc:  # a probe never breaks the compile that asked: float32 then
+        return False, f"the bf16 probe failed: {type(exc).__name__}: {exc}"
+    off = [name for name, impl in impls.items() if "avx512_core_bf16" not in impl]
+    if off:
+        return False, f"oneDNN ran the {off[0]} probe's bf16 on {impls[off[0]]}, not AVX512-BF16"
+    c, s = CONV_PROBE
+    m, k, n = DENSE_PROBE
+    what = (f"bf16 ran {ratios['convolution']:.2f}x float32's speed on a {c}-channel 3x3 over {s}x{s} and "
+            f"{ratios['dense layer']:.2f}x on a {m} x {k} x {n} dense layer")
+    return min(ratios.values()) >= MARGIN, what
+
+
+def _time_probe(lib: Any, name: str, dtype: str) -> tuple[float, str]:
+    """Seconds one run of the probe ``name`` takes with ``dtype`` operands (the best of 3
+    blocks of 3 after 2 to warm), and oneDNN's implementation."""
+    from .onednn import (
+        _AB,
+        _ACDB,
+        _ANY,
+        _ARG_DST,
+        _ARG_SCRATCHPAD,
+        _ARG_SRC,
+        _ARG_WEIGHTS,
+        _BF16,
+        _F32,
+        _QUERY_SCRATCHPAD_MD,
+        _QUERY_WEIGHTS_MD,
+        _Arg,
+    )
+
+    typ = _BF16 if dtype == "bf16" else _F32
+    if name == "convolution":
+        c, s = CONV_PROBE
+        src, dst = lib.md((1, c, s, s), _ACDB, typ), lib.md((1, c, s, s), _ACDB)
+        w = lib.md((c, c, 3, 3), _ANY, typ)
+        pd = lib.conv_pd(src, w, None, dst, (1, 1), (1, 1), (1, 1), (1, 1))
+    else:
+        m, k, n = DENSE_PROBE
+        src, dst, w = lib.md((m, k), _AB, typ), lib.md((m, n), _AB), lib.md((k, n), _ANY, typ)
+        pd = lib.matmul_pd(src, w, None, dst)
+    mds = (src, dst, lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD)),
+           lib.clone_md(lib.query_md(pd, _QUERY_SCRATCHPAD_MD)))
+    prim, mems = None, []
+    try:
+        bufs = [np.full(lib.size(md) // 4 + 16, 0.25, np.float32) for md in mds]  # 0x3E80 twice as bf16
+        mems = [lib.memory(md, b.ctypes.data) for md, b in zip(mds, bufs, strict=True)]
+        prim = lib.primitive(pd)
+        args = (_Arg * 4)(*(_Arg(a, mem) for a, mem in
+                            zip((_ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_SCRATCHPAD), mems, strict=True)))
+        for _ in range(2):
+            lib.run(prim, args, 4)
+        best = math.inf
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(3):
+                lib.run(prim, args, 4)
+            best = min(best, (time.perf_counter() - t0) / 3)
+        return best, lib.impl(pd)
+    finally:
+        lib.destroy(tuple(mems), (prim,) if prim is not None else (), (*mds, w), (pd,))
