@@ -50,7 +50,7 @@ from rlx_core.plugin import (
 from . import gemm
 from .kernels import KERNELS, BuildContext, inplace_positions
 from .nn_kernels import conv2d_steps
-from .onednn_steps import dense_steps
+from .onednn_matmul import dense_steps
 from .regions import Epilogue, epilogue, node_steps, region_steps
 from .steps import Parallel, Step, helper_threads
 

@@ -52,7 +52,7 @@ from rlx_core.ir import Graph, Node
 from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import conv_inputs
 
-from . import amx_groups, bf16_units, layout, onednn, onednn_steps
+from . import amx_groups, bf16_units, layout, onednn, onednn_matmul, onednn_steps
 from .fused import native_region
 from .steps import held16
 
@@ -124,7 +124,7 @@ def plan(graph: Graph, cl: frozenset[int]) -> frozenset[int]:
 
 def _dense(node: Node, fixed: Sequence[bool]) -> bool:
     """A dense layer: a product (or the fused GEMM) of a value and a weight fixed at
-    compile time, which oneDNN runs with bf16 operands (``onednn_steps.dense_steps``)."""
+    compile time, which oneDNN runs with bf16 operands (``onednn_matmul.dense_steps``)."""
     return (node.op in (OpKind.MATMUL, OpKind.GEMM) and node.dtype == "float32" and len(node.inputs) >= 2
             and fixed[node.inputs[1]] and not fixed[node.inputs[0]])
 
@@ -166,7 +166,7 @@ def dense_steps(node: Node, ins: list[Any], out: Any, ctx: Any, held: tuple[Sequ
         done = native_region(node, views, target, ins)
     else:
         bias = ins[2] if node.op is OpKind.GEMM and len(ins) == 3 else None
-        done = onednn_steps.dense_steps(views[0], ins[1], bias, node.attrs.get("activation", "none"), target, ctx)
+        done = onednn_matmul.dense_steps(views[0], ins[1], bias, node.attrs.get("activation", "none"), target, ctx)
     if done is not None:
         return done
     return _widened(onednn.library(), node, ins, out, ctx, (), False, build, held, lambda i, o: build(node, i, o, ctx))

@@ -27,7 +27,7 @@ from .blas import mkl, vml_step
 from .gathers import gather_step
 from .gemm import gemv_step, matmul_step
 from .mathfn import erf_program, gelu_program, run_chunked, scratch_count
-from .onednn_steps import dense_steps
+from .onednn_matmul import dense_steps
 from .steps import Step
 from .transposes import transpose_step
 

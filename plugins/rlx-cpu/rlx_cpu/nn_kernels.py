@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import as_strided
 from rlx_core.ir import Node
 from rlx_core.ir.ops import OpKind
 
-from . import onednn, onednn_steps
+from . import onednn, onednn_attention, onednn_steps
 from .gemm import gemv_step, matmul_bias_step, matmul_step, native_step, use_native
 from .kernels import BuildContext, Builder, compute_dtype, const, mean_rows_step, ufunc_step
 from .native import library as native_library
@@ -172,25 +172,31 @@ ATTENTION_BLOCKED_BYTES, ATTENTION_BLOCK_BYTES = 16 << 20, 1 << 20
 def _attention_native(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.ndarray,
                       ctx: BuildContext) -> list[Step] | None:
     """float32 attention with the native softmax: scores (Lq, Lk) per head, the scale
-    applied inside the softmax's pass (or before the mask, when there is one)."""
+    applied inside the softmax's pass (or before the mask, when there is one). Under a
+    reduced precision the products take its operands, block by block, where this host
+    takes it (``onednn_attention``)."""
     batch, lq, lk = out.shape[:-2], q.shape[-2], k.shape[-2]
-    if math.prod(batch) * lq * lk * 4 > ATTENTION_BLOCKED_BYTES:
+    blocked = _attention_blocks(node, q, k, v, mask, out, ctx, True) if getattr(ctx, "precision", "fp32") != "fp32" \
+        else None
+    if blocked is None and math.prod(batch) * lq * lk * 4 > ATTENTION_BLOCKED_BYTES:
         blocked = _attention_blocks(node, q, k, v, mask, out, ctx)
-        if blocked is not None:
-            return blocked
+    if blocked is not None:
+        return blocked
     st = ctx.scratch((*batch, lq, lk), np.float32)
-    return _attention_chain(node.attrs["scale"], q, k, v, mask, st, out, ctx)
+    return _attention_chain(node.attrs["scale"], matmul_step(q, k.swapaxes(-1, -2), st), mask, st,
+                            [matmul_step(st, v, out)], ctx)
 
 
 def _attention_blocks(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.ndarray,
-                      ctx: BuildContext) -> list[Step] | None:
+                      ctx: BuildContext, rounded: bool = False) -> list[Step] | None:
     """The attention of long sequences a block of heads and rows at a time, each block's
     scores (about ``ATTENTION_BLOCK_BYTES``) staying in L2 from their product through the
     softmax to the product with ``v``, instead of every head's whole (Lq, Lk) scores
     written, read and written again through memory: a Whisper-style encoder's 1500
     frames, 48 heads of batch 8, 219 -> 156 ms a layer's attention on the 2-core Xeon.
     None (the caller computes whole scores) where an operand is not one contiguous plan
-    array or the mask differs between heads."""
+    array or the mask differs between heads, or where ``rounded`` (bf16 products:
+    ``onednn_attention``) and this host does not take them."""
     arrays = (q, k, v, out) if mask is None else (q, k, v, out, mask)
     if not all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays):
         return None
@@ -201,29 +207,41 @@ def _attention_blocks(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.nda
     if not (q3.shape[0] == k3.shape[0] == v3.shape[0] == o3.shape[0]):
         return None  # heads broadcast between the operands
     heads = q3.shape[0]
+    bf16 = onednn_attention.products(q3, k3, v3, ctx) if rounded else None
+    if rounded and bf16 is None:
+        return None
     m2 = None if mask is None else mask.reshape(mask.shape[-2:]) if mask.ndim >= 2 else mask.reshape(1, -1)
     rows = min(lq, max(32, ATTENTION_BLOCK_BYTES // (lk * 4)))
     group = max(1, ATTENTION_BLOCK_BYTES // (rows * lk * 4))
     block = ctx.scratch((min(group, heads), rows, lk), np.float32)
-    steps: list[Step] = []
+    steps: list[Step] = [] if bf16 is None else list(bf16.setup)
     for h0 in range(0, heads, group):
-        h1 = min(heads, h0 + group)
+        hs = slice(h0, min(heads, h0 + group))
         for r0 in range(0, lq, rows):
-            r1 = min(lq, r0 + rows)
-            part = None if m2 is None else m2 if m2.shape[0] == 1 else m2[r0:r1]
-            scores = block.reshape(-1)[: (h1 - h0) * (r1 - r0) * lk].reshape(h1 - h0, r1 - r0, lk)  # contiguous
-            chain = _attention_chain(node.attrs["scale"], q3[h0:h1, r0:r1], k3[h0:h1], v3[h0:h1], part, scores,
-                                     o3[h0:h1, r0:r1], ctx)
+            rs = slice(r0, min(lq, r0 + rows))
+            part = None if m2 is None else m2 if m2.shape[0] == 1 else m2[rs]
+            n = (hs.stop - hs.start) * (rs.stop - rs.start) * lk
+            scores = block.reshape(-1)[:n].reshape(hs.stop - hs.start, rs.stop - rs.start, lk)  # contiguous
+            try:
+                first, last = ((matmul_step(q3[hs, rs], k3[hs].swapaxes(-1, -2), scores),
+                                matmul_step(scores, v3[hs], o3[hs, rs])) if bf16 is None else
+                               (bf16.scores(hs, rs, scores), bf16.weighted(hs, scores, o3[hs, rs])))
+            except onednn.DnnlError:  # oneDNN declined a product, or runs it where bf16 does not pay
+                return None
+            chain = _attention_chain(node.attrs["scale"], first, part, scores, [last], ctx)
             if chain is None:
                 return None
             steps += chain
+    if bf16 is not None:
+        bf16.taken()
     return steps
 
 
-def _attention_chain(scale: float, q: Any, k: Any, v: Any, mask: Any, st: Any, out: Any,
+def _attention_chain(scale: float, first: Step, mask: Any, st: Any, last: list[Step],
                      ctx: BuildContext) -> list[Step] | None:
-    """``out = softmax(q k^T * scale + mask) v`` through the scores ``st``."""
-    steps = [matmul_step(q, k.swapaxes(-1, -2), st)]
+    """``out = softmax(st * scale + mask)`` then ``last`` (the product with ``v`` into
+    ``out``), the scores ``st`` written by ``first`` (``q k^T``)."""
+    steps = [first]
     if mask is not None:
         if scale != 1.0:
             steps.append(Step(np.multiply, (st, const(scale, np.float32), st)))
@@ -237,7 +255,7 @@ def _attention_chain(scale: float, q: Any, k: Any, v: Any, mask: Any, st: Any, o
     soft = softmax_step(st, st, scale)
     if soft is None:
         return None
-    return [*steps, soft, matmul_step(st, v, out)]
+    return [*steps, soft, *last]
 
 
 # ----------------------------------------------------------------------------- windows

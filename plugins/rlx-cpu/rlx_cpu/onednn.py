@@ -160,11 +160,11 @@ class Dnnl:
         """Whether two memory descriptors describe the same layout and dtype."""
         return bool(self._lib.dnnl_memory_desc_equal(a, b))
 
-    def md_strided(self, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
-        """A float32 memory descriptor of ``shape`` with ``strides`` in elements (a
-        transposed view of a weight: the reorder reads it as it lies)."""
+    def md_strided(self, shape: tuple[int, ...], strides: tuple[int, ...], dtype: int = _F32) -> Any:
+        """A memory descriptor of ``shape`` with ``strides`` in elements, float32 or
+        ``dtype`` (a transposed view of a weight: the reorder reads it as it lies)."""
         m = _P()
-        self._ok(self._lib.dnnl_memory_desc_create_with_strides(ctypes.byref(m), len(shape), _dims(shape), _F32,
+        self._ok(self._lib.dnnl_memory_desc_create_with_strides(ctypes.byref(m), len(shape), _dims(shape), dtype,
                                                                 _dims(strides)), "memory_desc_create_with_strides")
         return m
 

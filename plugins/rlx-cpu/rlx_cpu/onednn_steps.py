@@ -9,9 +9,8 @@ average pool, a concat of NHWC values. An operand held NCHW is reordered to NHWC
 scratch first, and a result wanted NCHW reordered back after (``_layouted``): inside the
 channels-last chains ``layout.py`` plans there is no reorder at all. Where oneDNN would
 run only its reference loops (``ref:any``: a 3-channel NCHW source took 3.8 s, thousands
-of times its jit kernels' time) the builder declines, and rlx's kernels run the node. A product with a weight matrix
-(``matmul_steps``) has its weights reordered once the same way, and its bias and
-activation applied as it stores the result.
+of times its jit kernels' time) the builder declines, and rlx's kernels run the node. Dense layers' products are
+``onednn_matmul``'s, on the helpers here.
 """
 
 from __future__ import annotations
@@ -25,9 +24,7 @@ import numpy as np
 
 from . import amx_groups, bf16_units
 from .ccall import address
-from .gemm import stacked_rows
 from .onednn import (
-    _AB,
     _ABCD,
     _ABCDE,
     _ACDB,
@@ -47,17 +44,15 @@ from .onednn import (
     _QUERY_SCRATCHPAD_MD,
     _QUERY_WEIGHTS_MD,
     _TAG_A,
-    ELTWISE,
     Dnnl,
     DnnlError,
     _Arg,
     reduced,
-    use,
 )
 from .openmp import threads as openmp_threads
 from .steps import HELD16, Dyn, Step, aligned_empty
 
-__all__ = ["conv_steps", "pool_steps", "concat_steps", "dense_steps", "matmul_steps", "ACTIVATION_POST",
+__all__ = ["conv_steps", "pool_steps", "concat_steps", "ACTIVATION_POST",
            "operand_types", "held_types", "convert_steps"]
 
 log = logging.getLogger("rlx_cpu")
@@ -505,95 +500,3 @@ def concat_steps(lib: Dnnl, ins: list[Any], out: Any, axis: int, ctx: Any) -> li
 #: The fused GEMM's activations (``ACTIVATION_OPS``) as oneDNN eltwise post-ops.
 ACTIVATION_POST = {"relu": "relu", "gelu": "gelu_erf", "gelu_tanh": "gelu_tanh", "sigmoid": "logistic",
                    "tanh": "tanh"}
-
-
-def matmul_steps(lib: Dnnl, a: Any, b: Any, bias: Any, out: Any, ctx: Any,
-                 activation: str = "none") -> list[Step] | None:
-    """``out = a @ b (+ bias)``, then ``activation``, as one oneDNN matmul; None where it
-    does not apply. ``a`` (m, k) and ``out`` (m, n) are row-major (plan buffers or a
-    caller's arrays), ``b`` (k, n) is a resident at any strides (a transposed weight
-    included), reordered once into the layout oneDNN chose for it and again by
-    ``set_param`` (``ctx.derived``); ``bias`` a resident of n values."""
-    derived = getattr(ctx, "derived", None)
-    if derived is None or isinstance(b, Dyn) or getattr(b, "dtype", None) != np.float32:
-        return None
-    if not (_f32_or_held(a) and _f32_or_held(out)):
-        return None
-    held = (_held(a), _held(out))  # (views held reduced: ``held.py``)
-    as_held = held_types(ctx, held, (True, True))
-    if as_held is None:
-        return None
-    if a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or out.size == 0 or a.shape[1] == 0:
-        return None
-    (m, k), n = a.shape, out.shape[1]
-    if tuple(b.shape) != (k, n) or out.shape[0] != m or min(b.strides) <= 0 or activation not in (
-            "none", *ACTIVATION_POST):
-        return None
-    if bias is not None and (isinstance(bias, Dyn) or bias.dtype != np.float32 or bias.size != n
-                             or bias.shape[-1] != n or not bias.flags.c_contiguous):
-        return None
-    if not all(isinstance(x, Dyn) or x.flags.c_contiguous for x in (a, out)):  # plan views read as row-major
-        return None
-    post = (() if activation == "none" else (("eltwise", ELTWISE[ACTIVATION_POST[activation]], 0.0, 0.0),))
-    for dtype in operand_types(ctx, True):
-        pd, made = None, []
-        try:
-            src, w_any = lib.md((m, k), _AB, dtype), lib.md((k, n), _ANY, dtype)
-            dst = lib.md((m, n), _AB, dtype if held[1] and dtype != _F32 else _F32)
-            made += [src, dst, w_any]
-            b_md = lib.md((1, n), _AB) if bias is not None else None
-            made += [b_md] if b_md is not None else []
-            pd = lib.matmul_pd(src, w_any, b_md, dst, post)
-            impl, w_md, w_plain, w_reorder = _weights_for(
-                lib, pd, dtype, lib.md_strided((k, n), tuple(st // 4 for st in b.strides)), made)
-        except DnnlError as exc:
-            _declined(lib, pd, made, f"a product {tuple(a.shape)} @ {tuple(b.shape)}", dtype, exc)
-            continue
-        try:
-            return _matmul_call(lib, pd, impl, a, b, bias, out, (src, dst, w_any, b_md, w_md, w_plain, w_reorder),
-                                ctx, dtype, as_held)
-        finally:
-            lib.destroy(pds=(pd,))
-    return None
-
-
-def _matmul_call(lib: Dnnl, pd: Any, impl: str, a: Any, b: Any, bias: Any, out: Any, objs: tuple[Any, ...],
-                 ctx: Any, dtype: int, as_held: tuple[int, int] = (_F32, _F32)) -> list[Step] | None:
-    """``matmul_steps``' step once oneDNN took the product (``pd``; ``objs``: the
-    descriptors and the weights' reorder made for it; ``dtype``: its operands';
-    ``as_held``: the dtypes ``a`` and ``out`` lie in)."""
-    src, dst, w_any, b_md, w_md, w_plain, w_reorder = objs
-    (m, k), n = a.shape, out.shape[1]
-    make = _reordered(lib, w_reorder, w_plain, w_md, lib.size(w_md), contiguous=False)
-    wbuf = ctx.derived(b, ("onednn_matmul_weights", (k, n), tuple(b.strides), impl, lib.layout(w_md, (k, n))), make)
-    if wbuf is None:
-        lib.destroy((), (w_reorder,), (w_plain, w_md, src, dst, w_any, *((b_md,) if b_md is not None else ())))
-        return None
-    weakref.finalize(wbuf, lib.destroy, (), (w_reorder,), (w_plain, w_md))
-    keep: list[Any] = [wbuf, b]
-    mems: dict[str, Any] = {"w": lib.memory(w_md, wbuf.ctypes.data)}
-    args = [(_ARG_WEIGHTS, mems["w"])]
-    if bias is not None:
-        keep.append(bias)
-        mems["b"] = lib.memory(b_md, _addr(bias))
-        args.append((_ARG_BIAS, mems["b"]))
-    held = (lib.md((m, k), _AB, as_held[0]), lib.md((m, n), _AB, as_held[1]))  # row-major, as the plan holds them
-    call = _layouted(_MatmulCall, lib, pd, (src, dst), a, out, held, ctx, args, keep, mems,
-                     [w_any, *((b_md,) if b_md is not None else ())])
-    _rounded(ctx, dtype, "product")
-    return [Step(call, (a, out))]
-
-
-def dense_steps(a: Any, b: Any, bias: Any, activation: str, out: Any, ctx: Any) -> list[Step] | None:
-    """A dense layer's product (``a (..., k) @ b (k, n)``, ``b`` a resident; ``bias`` and
-    ``activation`` as the fused GEMM has them) on oneDNN where this host timed oneDNN's
-    matmul faster (``onednn.use("matmul")``), as one ``(rows, k) @ (k, n)`` product
-    (``gemm.stacked_rows``); None where it does not apply (rlx's way then runs it)."""
-    if isinstance(b, Dyn) or getattr(ctx, "derived", None) is None or not _f32_or_held(out) or out.size == 0:
-        return None
-    a2, b2, out2 = stacked_rows(a, b, out)
-    if a2.ndim != 2 or b2.ndim != 2 or out2.ndim != 2 or min(out2.shape) <= 1:  # a gemv: rlx_gemv's
-        return None
-    found = reduced(getattr(ctx, "precision", "fp32"))  # a reduced precision's products: all on oneDNN
-    lib = found[0] if found is not None else use("matmul")
-    return None if lib is None else matmul_steps(lib, a2, b2, bias, out2, ctx, activation)

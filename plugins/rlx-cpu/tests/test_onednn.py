@@ -13,7 +13,7 @@ import pytest
 import rlx_core as rlx
 from rlx_core import reference
 from rlx_core.ir import Graph
-from rlx_cpu import onednn, onednn_steps
+from rlx_cpu import onednn, onednn_matmul, onednn_steps
 
 pytestmark = pytest.mark.skipif(onednn.find_library() is None,
                                 reason="oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
@@ -245,14 +245,27 @@ def test_matmul_steps_declines_what_it_cannot_take() -> None:
         pytest.skip("oneDNN is off here")
     a, b, out = rand((4, 8), 1), rand((8, 6), 2), np.empty((4, 6), np.float32)
     ctx = _Ctx()
-    assert onednn_steps.matmul_steps(lib, a, b, None, out, ctx, "softplus") is None  # not a post-op it maps
-    assert onednn_steps.matmul_steps(lib, a, b, rand((4, 6), 3), out, ctx) is None  # not a bias of n values
-    assert onednn_steps.matmul_steps(lib, a, b.astype(np.float64), None, out, ctx) is None
+    assert onednn_matmul.matmul_steps(lib, a, b, None, out, ctx, "softplus") is None  # not a post-op it maps
+    assert onednn_matmul.matmul_steps(lib, a, b, rand((4, 5), 3), out, ctx) is None  # neither a bias nor a residual
+    assert onednn_matmul.matmul_steps(lib, a, b, out, out, ctx) is None  # a residual in the output's own memory
+    assert onednn_matmul.matmul_steps(lib, a, b.astype(np.float64), None, out, ctx) is None
     wide = rand((4, 16), 5)
-    assert onednn_steps.matmul_steps(lib, wide[:, ::2], b, None, out, ctx) is None  # a strided plan view
-    (step,) = onednn_steps.matmul_steps(lib, a, b, rand((6,), 4), out, ctx, "relu")
+    assert onednn_matmul.matmul_steps(lib, wide[:, ::2], b, None, out, ctx) is None  # a strided plan view
+    (step,) = onednn_matmul.matmul_steps(lib, a, b, rand((6,), 4), out, ctx, "relu")
     step.fn(a, out)
     np.testing.assert_allclose(out, np.maximum(a @ b + rand((6,), 4), 0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_residual_of_the_outputs_shape_is_added_before_the_activation() -> None:
+    """A GEMM whose third operand is a whole (m, n) value (a projection added to what it
+    came from): oneDNN's binary add post-op, then the activation."""
+    lib = onednn.library() if onednn.wanted() != "off" else None
+    if lib is None:
+        pytest.skip("oneDNN is off here")
+    a, b, c, out = rand((5, 8), 1), rand((8, 6), 2), rand((5, 6), 3), np.empty((5, 6), np.float32)
+    (step,) = onednn_matmul.matmul_steps(lib, a, b, c, out, _Ctx(), "relu")
+    step.fn(a, out)
+    np.testing.assert_allclose(out, np.maximum(a @ b + c, 0), rtol=1e-5, atol=1e-5)
 
 
 def test_a_transposed_activation_is_not_read_as_rows(products: list[tuple[Any, ...]]) -> None:
@@ -307,7 +320,7 @@ def test_shape_classes_of_a_convolution_share_its_reordered_weights(forced: list
 def test_layout_names_equal_descriptors_alike_and_others_apart() -> None:
     lib = onednn.library()
     assert lib is not None
-    a, b, c = (lib.md((8, 4), onednn_steps._AB), lib.md((8, 4), onednn_steps._AB),
+    a, b, c = (lib.md((8, 4), onednn._AB), lib.md((8, 4), onednn._AB),
                lib.md_strided((8, 4), (1, 8)))
     try:
         assert lib.layout(a, (8, 4)) == lib.layout(b, (8, 4))

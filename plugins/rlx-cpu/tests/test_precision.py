@@ -326,7 +326,7 @@ def test_an_mlps_hidden_values_held_bf16_answer_within_bf16s_error(monkeypatch, 
     g.set_outputs([v["y"]])
     feeds = {"x": rng.standard_normal((2, 24, 64)).astype(np.float32)}
     if route != "in place":
-        monkeypatch.setattr(held.onednn_steps, "dense_steps", lambda *args: None)
+        monkeypatch.setattr(held.onednn_matmul, "dense_steps", lambda *args: None)
         monkeypatch.setattr(held, "native_region", lambda *args: None)
     cg = rlx.compile(g, device="cpu", precision="bf16")
     notes = " ".join(cg.report().notes)
@@ -357,3 +357,59 @@ def test_merged_groups_take_new_weights_from_set_param():
     g.replace_value(g.params[0], w2)
     absolute.replace_value(absolute.params[0], np.abs(w2))
     within_bf16(cg.run(feeds)[0], g, absolute, feeds, 8 * 9)
+
+
+def _attention_graph(shape: tuple[int, int, int, int], lk: int, masked: bool) -> Graph:
+    """Attention over q, k, v (and a mask) computed in the graph (plan arrays, as in an
+    export: ``onednn_attention`` rounds those)."""
+    b, h, lq, d = shape
+    g = Graph("attention")
+    q, k, v = (g.input(name, (b, h, n, d)) for name, n in (("q", lq), ("k", lk), ("v", lk)))
+    mask = g.add(g.input("m", (lq, lk)), g.input("m2", (lq, lk))) if masked else None
+    g.set_outputs([g.attention(g.add(q, q), g.add(k, k), g.add(v, v), mask, scale=0.125)])
+    return g
+
+
+@needs_bf16
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "masked"])
+@pytest.mark.parametrize("lq", [96, 700], ids=["whole", "in blocks"])
+def test_attentions_products_take_bf16_operands(masked, lq):
+    rng = np.random.default_rng(14)
+    g = _attention_graph((1, 4, lq, 32), 100 + lq // 2, masked)
+    lk = 100 + lq // 2
+    feeds = {n: rng.standard_normal((1, 4, s, 32)).astype(np.float32) for n, s in (("q", lq), ("k", lk), ("v", lk))}
+    if masked:
+        feeds["m"] = np.where(rng.random((lq, lk)) < 0.3, -1e4, 0.0).astype(np.float32)
+        feeds["m2"] = rng.standard_normal((lq, lk)).astype(np.float32)
+    cg = rlx.compile(g, device="cpu", precision="bf16")
+    notes = " ".join(cg.report().notes)
+    exact = evaluate(g, feeds)[0]
+    got = cg.run(feeds)[0]
+    err = np.abs(got - exact).max() / np.abs(exact).max()
+    if UNIT == bf16_units.AMX and "no product here took it" in notes:
+        assert err < 1e-5, err  # oneDNN's batched product not on AMX's tiles there: float32, as said
+        return
+    assert f"precision: 1 attention with bf16 operands on {UNIT}" in notes, notes
+    assert 1e-5 < err < 3e-2, err  # rounded, as bf16 is, through a softmax
+    np.testing.assert_allclose(rlx.compile(g, device="cpu").run(feeds)[0], exact, rtol=1e-4, atol=1e-5)
+
+
+@needs_bf16
+def test_small_attention_and_one_onednn_declines_stay_float32(monkeypatch):
+    from rlx_cpu import onednn_attention
+
+    rng = np.random.default_rng(15)
+    small = _attention_graph((1, 4, 7, 16), 9, False)
+    feeds = {n: rng.standard_normal((1, 4, s, 16)).astype(np.float32) for n, s in (("q", 7), ("k", 9), ("v", 9))}
+    cg = rlx.compile(small, device="cpu", precision="bf16")
+    assert "no product here took it" in " ".join(cg.report().notes)  # below MIN_MACS: oneDNN's calls cost more
+    np.testing.assert_allclose(cg.run(feeds)[0], evaluate(small, feeds)[0], rtol=1e-4, atol=1e-5)
+
+    def declines(lib, pd, dtype=None, amx=True):
+        raise onednn.DnnlError("declined")
+    monkeypatch.setattr(onednn_attention, "_jit_impl", declines)
+    g = _attention_graph((1, 4, 96, 32), 148, False)
+    feeds = {n: rng.standard_normal((1, 4, s, 32)).astype(np.float32) for n, s in (("q", 96), ("k", 148), ("v", 148))}
+    cg = rlx.compile(g, device="cpu", precision="bf16")
+    assert "no product here took it" in " ".join(cg.report().notes)
+    np.testing.assert_allclose(cg.run(feeds)[0], evaluate(g, feeds)[0], rtol=1e-4, atol=1e-5)
