@@ -11,8 +11,11 @@ L2) for the product with ``v``, which writes float32 into the output. Each produ
 held to the bf16 bound like any other (float32 accumulation); the softmax and the
 mask are not rounded.
 
-Taken only where oneDNN runs both products on a unit that makes bf16 pay here
-(``bf16_units.takes``), else the float32 chain runs.
+Taken only on AVX512-BF16 hosts where that unit pays (``bf16_units``) and oneDNN runs
+both products on it, else the float32 chain runs. Not on AMX: the same rounding of both
+operands per run before oneDNN's AMX product ran 0.97-1.00x float32's time on the AMX
+Xeon of session 33, where rlx's float32 attention is fast enough that the rounding eats
+the gain.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from . import bf16_units
 from .onednn import (
     _ARG_DST,
     _ARG_SCRATCHPAD,
@@ -51,7 +55,7 @@ def products(q: Any, k: Any, v: Any, ctx: Any) -> Bf16Products | None:
     Lq, d), ``k`` (heads, Lk, d) and ``v`` (heads, Lk, dv), where the build's precision
     is bf16 and this host takes it; else None."""
     found = reduced(getattr(ctx, "precision", "fp32"))
-    if found is None or found[1] != _BF16:
+    if found is None or found[1] != _BF16 or bf16_units.unit() != bf16_units.AVX512_BF16:
         return None
     if not all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 3 for a in (q, k, v)):
         return None
