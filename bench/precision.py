@@ -4,8 +4,8 @@ Each row is one product as a one-node graph (a convolution of a CNN's shapes, a 
 layer of a transformer's), compiled on cpu at ``fp32`` and at ``bf16`` and timed
 interleaved (``bench/_timing.measure``: blocks, 150 ms pauses, medians), with the bf16
 result's largest error relative to the float32 one. Where the host does not take bf16
-(no AMX, or oneDNN missing or off) both compile the same float32 product and the report
-says so.
+(no AMX or AVX512_BF16 that pays, or oneDNN missing or off) both compile the same float32
+product and the report says so.
 
 ``--primitives`` times oneDNN's own primitives instead, at float32 operands and at bf16
 operands whatever unit oneDNN runs them on, with the implementation it chose: what
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -83,67 +82,34 @@ def products(rounds: int, target_s: float, which: Sequence[tuple[str, str, tuple
         err = float(np.max(np.abs(outs["bf16"] - ref)) / (np.max(np.abs(ref)) or 1.0))
         rows.append({"product": name, "fp32_ms": t["fp32"].median * 1e3, "bf16_ms": t["bf16"].median * 1e3,
                      "speedup": t["fp32"].median / t["bf16"].median, "bf16_rel_err": err,
-                     "taken": any("with bf16 operands on AMX" in n for n in notes)})  # rlx-cpu's own line
+                     "taken": any(" with bf16 operands on " in n for n in notes)})  # rlx-cpu's own line
     return rows
 
 
 def primitives(repeats: int = 7, which: Sequence[tuple[str, str, tuple[int, ...]]] = PRODUCTS
                ) -> list[dict[str, Any]]:
     """oneDNN's convolution and matmul primitives at float32 and at bf16 operands (float32
-    results), whatever unit runs the bf16 ones: best of ``repeats`` blocks each."""
-    from rlx_cpu import onednn
-    from rlx_cpu.onednn import (
-        _AB,
-        _ACDB,
-        _ANY,
-        _ARG_DST,
-        _ARG_SCRATCHPAD,
-        _ARG_SRC,
-        _ARG_WEIGHTS,
-        _BF16,
-        _F32,
-        _QUERY_SCRATCHPAD_MD,
-        _QUERY_WEIGHTS_MD,
-        _Arg,
-    )
+    results), whatever unit runs the bf16 ones: best of ``repeats`` blocks each
+    (``rlx_cpu.bf16_units.time_product``, which times the host's own bf16 probes)."""
+    from rlx_cpu import bf16_units, onednn
 
     lib = onednn.library()
     if lib is None:
         raise SystemExit(f"bench/precision.py --primitives needs oneDNN: {onednn.reason()}")
     rows = []
     for name, kind, shape in which:
-        for dtype, label in ((_F32, "fp32"), (_BF16, "bf16")):
-            if kind == "conv":
-                n, c, o, size, k, s = shape
-                out = (size + 2 * (k // 2) - k) // s + 1
-                src, dst = lib.md((n, c, size, size), _ACDB, dtype), lib.md((n, o, out, out), _ACDB)
-                w = lib.md((o, c, k, k), _ANY, dtype)
-                pd = lib.conv_pd(src, w, None, dst, (s, s), (1, 1), (k // 2,) * 2, (k // 2,) * 2)
-                flops = 2 * n * o * out * out * c * k * k
-            else:
-                m, k, n = shape
-                src, dst, w = lib.md((m, k), _AB, dtype), lib.md((m, n), _AB), lib.md((k, n), _ANY, dtype)
-                pd = lib.matmul_pd(src, w, None, dst)
-                flops = 2 * m * k * n
-            mds = (src, dst, lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD)),
-                   lib.clone_md(lib.query_md(pd, _QUERY_SCRATCHPAD_MD)))
-            bufs = [np.zeros(lib.size(md) // 4 + 16, np.float32) for md in mds]
-            bufs[0][:] = 0.25  # a bf16 pattern too: 0x3E80 twice
-            mems = [lib.memory(md, b.ctypes.data) for md, b in zip(mds, bufs)]
-            prim = lib.primitive(pd)
-            args = (_Arg * 4)(*(_Arg(a, m) for a, m in zip((_ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_SCRATCHPAD), mems)))
-            for _ in range(3):
-                lib.run(prim, args, 4)
-            best = float("inf")
-            for _ in range(repeats):
-                time.sleep(0.05)
-                t0 = time.perf_counter()
-                for _ in range(5):
-                    lib.run(prim, args, 4)
-                best = min(best, (time.perf_counter() - t0) / 5)
+        if kind == "conv":
+            n, c, o, size, k, s = shape
+            out = (size + 2 * (k // 2) - k) // s + 1
+            flops = 2 * n * o * out * out * c * k * k
+        else:
+            m, k, n = shape
+            flops = 2 * m * k * n
+        for label in ("fp32", "bf16"):
+            best, impl = bf16_units.time_product(lib, "conv" if kind == "conv" else "dense", shape,
+                                                 "bf16" if label == "bf16" else "f32", repeats, 5, 0.05)
             rows.append({"product": name, "operands": label, "ms": best * 1e3, "gflops": flops / best / 1e9,
-                         "impl": lib.impl(pd)})
-            lib.destroy(mems, (prim,), (*mds, w), (pd,))
+                         "impl": impl})
     return rows
 
 

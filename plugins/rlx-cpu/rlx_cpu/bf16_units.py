@@ -35,7 +35,7 @@ import numpy as np
 
 from . import verdicts
 
-__all__ = ["AMX", "AVX512_BF16", "MARGIN", "unit", "pays", "takes", "grouped", "describe", "reset"]
+__all__ = ["AMX", "AVX512_BF16", "MARGIN", "unit", "pays", "takes", "grouped", "describe", "reset", "time_product"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -117,12 +117,14 @@ def _measure(lib: Any) -> tuple[bool, str]:
     """Time oneDNN's probe convolution and dense product at float32 and at bf16 operands
     (float32 results), alternating, the best of a few blocks each; bf16 is taken where
     both ran ``MARGIN`` faster on an AVX512-BF16 kernel."""
+    c, s = CONV_PROBE
+    probes = {"convolution": ("conv", (1, c, c, s, 3, 1)), "dense layer": ("dense", DENSE_PROBE)}
     try:
         ratios, impls = {}, {}
-        for name in ("convolution", "dense layer"):
+        for name in probes:
             best = {}
             for dtype in ("f32", "bf16", "f32", "bf16"):
-                t, impl = _time_probe(lib, name, dtype)
+                t, impl = time_product(lib, *probes[name], dtype)
                 best[dtype] = min(best.get(dtype, math.inf), t)
                 impls[name] = impl if dtype == "bf16" else impls.get(name, "")
             ratios[name] = best["f32"] / best["bf16"]
@@ -131,16 +133,20 @@ def _measure(lib: Any) -> tuple[bool, str]:
     off = [name for name, impl in impls.items() if "avx512_core_bf16" not in impl]
     if off:
         return False, f"oneDNN ran the {off[0]} probe's bf16 on {impls[off[0]]}, not AVX512-BF16"
-    c, s = CONV_PROBE
     m, k, n = DENSE_PROBE
     what = (f"bf16 ran {ratios['convolution']:.2f}x float32's speed on a {c}-channel 3x3 over {s}x{s} and "
             f"{ratios['dense layer']:.2f}x on a {m} x {k} x {n} dense layer")
     return min(ratios.values()) >= MARGIN, what
 
 
-def _time_probe(lib: Any, name: str, dtype: str) -> tuple[float, str]:
-    """Seconds one run of the probe ``name`` takes with ``dtype`` operands (the best of 3
-    blocks of 3 after 2 to warm), and oneDNN's implementation."""
+def time_product(lib: Any, kind: str, shape: tuple[int, ...], dtype: str, blocks: int = 3, per_block: int = 3,
+                 pause_s: float = 0.0) -> tuple[float, str]:
+    """Seconds one run of oneDNN's product takes with ``dtype`` (``"f32"`` or ``"bf16"``)
+    operands and float32 results, the best of ``blocks`` blocks of ``per_block`` runs
+    after 2 to warm (``pause_s`` before each block), and the implementation oneDNN chose.
+    ``kind``: ``"conv"``, channels-last, ``shape`` (batch, channels in, out, size, kernel,
+    stride), same padding; or ``"dense"``, ``shape`` (rows, k, n). The probes here and
+    ``bench/precision.py --primitives`` time with it."""
     from .onednn import (
         _AB,
         _ACDB,
@@ -157,13 +163,14 @@ def _time_probe(lib: Any, name: str, dtype: str) -> tuple[float, str]:
     )
 
     typ = _BF16 if dtype == "bf16" else _F32
-    if name == "convolution":
-        c, s = CONV_PROBE
-        src, dst = lib.md((1, c, s, s), _ACDB, typ), lib.md((1, c, s, s), _ACDB)
-        w = lib.md((c, c, 3, 3), _ANY, typ)
-        pd = lib.conv_pd(src, w, None, dst, (1, 1), (1, 1), (1, 1), (1, 1))
+    if kind == "conv":
+        n, c, o, size, k, s = shape
+        out = (size + 2 * (k // 2) - k) // s + 1
+        src, dst = lib.md((n, c, size, size), _ACDB, typ), lib.md((n, o, out, out), _ACDB)
+        w = lib.md((o, c, k, k), _ANY, typ)
+        pd = lib.conv_pd(src, w, None, dst, (s, s), (1, 1), (k // 2,) * 2, (k // 2,) * 2)
     else:
-        m, k, n = DENSE_PROBE
+        m, k, n = shape
         src, dst, w = lib.md((m, k), _AB, typ), lib.md((m, n), _AB), lib.md((k, n), _ANY, typ)
         pd = lib.matmul_pd(src, w, None, dst)
     mds = (src, dst, lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD)),
@@ -178,11 +185,12 @@ def _time_probe(lib: Any, name: str, dtype: str) -> tuple[float, str]:
         for _ in range(2):
             lib.run(prim, args, 4)
         best = math.inf
-        for _ in range(3):
+        for _ in range(blocks):
+            time.sleep(pause_s)
             t0 = time.perf_counter()
-            for _ in range(3):
+            for _ in range(per_block):
                 lib.run(prim, args, 4)
-            best = min(best, (time.perf_counter() - t0) / 3)
+            best = min(best, (time.perf_counter() - t0) / per_block)
         return best, lib.impl(pd)
     finally:
         lib.destroy(tuple(mems), (prim,) if prim is not None else (), (*mds, w), (pd,))
