@@ -176,8 +176,9 @@ def _attention_native(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.nda
     reduced precision the products take its operands, block by block, where this host
     takes it (``onednn_attention``)."""
     batch, lq, lk = out.shape[:-2], q.shape[-2], k.shape[-2]
-    blocked = _attention_blocks(node, q, k, v, mask, out, ctx, True) if getattr(ctx, "precision", "fp32") != "fp32" \
-        else None
+    blocked = None
+    if getattr(ctx, "precision", "fp32") != "fp32":
+        blocked = _attention_blocks(node, q, k, v, mask, out, ctx, rounded=True)
     if blocked is None and math.prod(batch) * lq * lk * 4 > ATTENTION_BLOCKED_BYTES:
         blocked = _attention_blocks(node, q, k, v, mask, out, ctx)
     if blocked is not None:

@@ -473,11 +473,13 @@ def describe_precisions() -> str:
 
 def reduced(precision: str) -> tuple[Dnnl, int] | None:
     """oneDNN and the dtype a product's operands take under ``precision``, where this host
-    takes it (``precisions``); else None (float32, the probe's way)."""
+    takes it (``precisions``) and its unit makes it pay (``bf16_units.pays``: timed at the
+    first call on an AVX512-BF16 host); else None (float32, the probe's way: nothing is
+    held reduced nor rounded)."""
     if precision not in _PRECISION_TYPES or precision not in precisions():
         return None
     lib = library()
-    return (lib, _PRECISION_TYPES[precision]) if lib is not None else None
+    return (lib, _PRECISION_TYPES[precision]) if lib is not None and bf16_units.pays(lib)[0] else None
 
 
 def describe(measured: bool = True) -> str:

@@ -55,7 +55,8 @@ def matmul_steps(lib: Dnnl, a: Any, b: Any, bias: Any, out: Any, ctx: Any,
     does not apply. ``a`` (m, k) and ``out`` (m, n) are row-major (plan buffers or a
     caller's arrays), ``b`` (k, n) is a resident at any strides (a transposed weight
     included), reordered once into the layout oneDNN chose for it and again by
-    ``set_param`` (``ctx.derived``); ``bias`` a resident of n values."""
+    ``set_param`` (``ctx.derived``); ``bias`` a resident of n values, or a value of the
+    output's shape (a residual, not in the output's memory) added before the activation."""
     derived = getattr(ctx, "derived", None)
     if derived is None or isinstance(b, Dyn) or getattr(b, "dtype", None) != np.float32:
         return None
@@ -72,8 +73,8 @@ def matmul_steps(lib: Dnnl, a: Any, b: Any, bias: Any, out: Any, ctx: Any,
             "none", *ACTIVATION_POST):
         return None
     residual = None  # a whole (m, n) operand added before the activation: oneDNN's binary add post-op
-    if bias is not None and not isinstance(bias, Dyn) and bias.size == m * n and n > 1:
-        if not (_f32_or_held(bias) and bias.flags.c_contiguous) or np.shares_memory(bias, out):
+    if bias is not None and not isinstance(bias, Dyn) and bias.size == m * n and n > 1 and bias.shape[-1] == n:
+        if not (_f32_or_held(bias) and bias.flags.c_contiguous) or np.may_share_memory(bias, out):
             return None
         residual, bias = bias.reshape(m, n), None
     r_type = _F32

@@ -78,13 +78,16 @@ def test_products_stay_float32_where_the_host_measured_bf16_slower(monkeypatch, 
     monkeypatch.setattr(verdicts, "cpu_flags", lambda: AVX512)
     monkeypatch.setattr(bf16_units, "_measure", lambda lib: (False, "bf16 ran 0.55x float32's speed"))
     rng = np.random.default_rng(0)
-    g = Graph("conv")
-    w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
-    g.set_outputs([g.conv2d(g.input("x", (2, 16, 14, 14)), g.param("w", w), padding=1)])
+    g = Graph("chain")  # two convolutions: their value between would be held bf16 where it paid
+    w1 = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    w2 = rng.standard_normal((8, 32, 1, 1)).astype(np.float32)
+    y = g.relu(g.conv2d(g.input("x", (2, 16, 14, 14)), g.param("w1", w1), padding=1))
+    g.set_outputs([g.conv2d(y, g.param("w2", w2))])
     cg = rlx.compile(g, device="cpu", precision="bf16")
     notes = " ".join(cg.report().notes)
     assert ("no product here took it (oneDNN runs none of them on a unit that makes it pay here: AVX512-BF16, not "
             "taken: bf16 ran 0.55x float32's speed" in notes), notes
+    assert "held" not in notes  # nothing planned around products that stay float32
     feeds = {"x": rng.standard_normal((2, 16, 14, 14)).astype(np.float32)}
     np.testing.assert_allclose(cg.run(feeds)[0], rlx.compile(g, device="cpu").run(feeds)[0], rtol=1e-5, atol=1e-5)
 
