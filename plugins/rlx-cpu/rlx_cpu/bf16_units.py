@@ -16,11 +16,11 @@ than float32, and the CPU's flags alone do not say where that is:
   "bf16 on AVX512-BF16 without AMX (issue 35, session 35)"). So a host with AVX512_BF16
   and no AMX times one convolution and one dense layer's product both ways, once (kept
   like the backend's other verdicts: ``verdicts``), and takes oneDNN's AVX512-BF16 kernels
-  for ungrouped convolutions and dense layers' products where both ran clearly faster.
-  Grouped ones stay float32 there: oneDNN's ``jit_bf16`` grouped kernel ran 2-2.5x
-  float32's speed at batch 8 but 0.2-0.3x at batch 1 on that EPYC.
+  for convolutions and dense layers' products where both ran clearly faster. Grouped
+  convolutions too, as they are: through rlx, oneDNN's ``jit_bf16`` grouped kernel ran
+  1.06-5.3x float32's speed on that EPYC (4 to 32 channels a group, batch 1 and 8).
 
-Merging narrow groups into wide ones (``amx_groups``) is for AMX's tiles only.
+Merging narrow groups into wide ones (``amx_groups``) is for AMX's tiles only (``merges``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import numpy as np
 
 from . import verdicts
 
-__all__ = ["AMX", "AVX512_BF16", "MARGIN", "unit", "pays", "takes", "grouped", "describe", "reset", "time_product"]
+__all__ = ["AMX", "AVX512_BF16", "MARGIN", "unit", "pays", "takes", "merges", "describe", "reset", "time_product"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -89,9 +89,11 @@ def takes(lib: Any, impl: str) -> bool:
     return "bf16" in impl and unit() == AVX512_BF16 and pays(lib)[0]
 
 
-def grouped() -> bool:
-    """Whether grouped convolutions may take bf16 operands here: on AMX (oneDNN's kernel
-    then says, ``takes``), not on AVX512-BF16 alone (see the module's docstring)."""
+def merges() -> bool:
+    """Whether grouped convolutions too narrow for bf16's kernels run as wider groups
+    merged (``amx_groups``): on AMX only, whose tiles take 16 channels a group and more
+    (narrower ones run on AVX-512 there, slower than float32, and stay float32). On
+    AVX512-BF16 every grouped convolution takes bf16 as it is."""
     return unit() == AMX
 
 

@@ -15,8 +15,9 @@ below OpenVINO's.
 
 Which values (``plan``), once per compile, over the values ``layout.plan`` holds NHWC:
 
-- *Producers*: a convolution expected on AMX's tiles (``tiled``: dense, 16 channels a
-  group and more, or 8-15 in an even number of groups, merged in pairs: ``amx_groups``), an
+- *Producers*: a convolution expected to take bf16 operands (``tiled``: dense; on AMX's
+  tiles 16 channels a group and more, or 8-15 in an even number of groups, merged in
+  pairs: ``amx_groups``; on AVX512-BF16 any grouped one: ``bf16_units``), an
   elementwise node; a depthwise convolution, a max or average pool, a
   concat, when what they read is held too (oneDNN runs those on AVX-512's bf16
   instructions: a depthwise 3x3 with bf16 in and out took 0.72-0.81x float32's time).
@@ -25,9 +26,9 @@ Which values (``plan``), once per compile, over the values ``layout.plan`` holds
   goes), or a convolution reading it as an epilogue operand (a residual: oneDNN's add
   post-op reads bf16); a depthwise convolution, pool or concat reading it is itself held
   (a depthwise one reading bf16 and writing float32 ran 1.06x float32's time, ConvNeXt's
-  blocks 1.07x). Grouped convolutions of fewer channels a group that cannot be merged
-  (4 a group, or an odd number of groups) run neither on the tiles nor faster in bf16
-  (0.7-1.06x), so their inputs stay float32.
+  blocks 1.07x). On AMX, grouped convolutions of fewer channels a group that cannot be
+  merged (4 a group, or an odd number of groups) run neither on the tiles nor faster in
+  bf16 (0.7-1.06x), so their inputs stay float32.
 
 Outside the chains (``plan_dense``): a dense layer's or an elementwise node's result read
 only by dense layers, as their activation, and by elementwise nodes reading it whole (a
@@ -68,14 +69,17 @@ def _per_group(node: Node, graph: Graph) -> int:
 
 
 def tiled(node: Node, graph: Graph) -> bool:
-    """Whether convolution ``node`` is one oneDNN is expected to run on AMX's tiles with
-    reduced operands (``onednn_steps.operand_types``): dense, wide groups, or narrow ones
-    merged into wide ones (``amx_groups``)."""
+    """Whether convolution ``node`` is one oneDNN is expected to run with reduced operands
+    (``onednn_steps.operand_types``): dense; on AMX's tiles wide groups or narrow ones
+    merged into wide ones (``amx_groups``), on AVX512-BF16 any grouped one but a depthwise
+    one (``bf16_units``)."""
     groups = int(node.attrs.get("groups", 1))
     if groups == 1:
         return True
     per_group = _per_group(node, graph)
-    return bf16_units.grouped() and (per_group >= amx_groups.WIDE_GROUP or amx_groups.factor(groups, per_group) > 1)
+    if not bf16_units.merges():  # AVX512-BF16: every grouped convolution but a depthwise one
+        return per_group > 1
+    return per_group >= amx_groups.WIDE_GROUP or amx_groups.factor(groups, per_group) > 1
 
 
 def depthwise(node: Node, graph: Graph) -> bool:

@@ -158,11 +158,11 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
     oh, ow = out.shape[1:3] if dst_cl else out.shape[2:]
     pt, pl, pb, pr = pads
     wshape = (o, cg, kh, kw) if groups == 1 else (groups, o // groups, cg, kh, kw)
-    tiled = groups == 1 or (not groups == c == o and bf16_units.grouped())
+    tiled = not groups == c == o
     # A depthwise convolution reading a value held reduced reads it as it lies (AVX-512's
     # bf16 instructions: no AMX kernel takes it, and none is needed to pay: ``held.py``).
     types = operand_types(ctx, tiled or held[0])
-    k = amx_groups.factor(groups, cg) if tiled and types[0] != _F32 else 1
+    k = amx_groups.factor(groups, cg) if tiled and types[0] != _F32 and bf16_units.merges() else 1
     if k > 1:  # groups too narrow for AMX, merged in pairs (``amx_groups``)
         wide = derived(w, ("amx_merged_groups", groups, k),
                        lambda src, dest: amx_groups.merged_weights(src, groups, k, dest))

@@ -64,5 +64,5 @@ def test_held_values_expect_merged_groups_on_amx(monkeypatch):
                    padding=1, groups=3)
     g.set_outputs([pairs, odd])
     assert held.tiled(g.node(pairs.id), g) and not held.tiled(g.node(odd.id), g)
-    monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset({"avx512_bf16"}))  # no AMX: no merging
-    assert not held.tiled(g.node(pairs.id), g)
+    monkeypatch.setattr(verdicts, "cpu_flags", lambda: frozenset({"avx512_bf16"}))  # no AMX: nothing merged, and
+    assert held.tiled(g.node(pairs.id), g) and held.tiled(g.node(odd.id), g)  # every grouped one takes bf16 as it is

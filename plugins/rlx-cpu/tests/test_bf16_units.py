@@ -38,7 +38,7 @@ def test_amx_takes_its_own_kernels_without_timing(monkeypatch, fresh):
     # A product oneDNN runs on AVX-512's bf16 instructions on an AMX host: too narrow for
     # the tiles, slower than float32 there.
     assert not bf16_units.takes(None, "jit_bf16:avx512_core_bf16")
-    assert bf16_units.grouped()
+    assert bf16_units.merges()
 
 
 @pytest.mark.parametrize("verdict", [True, False], ids=["measured faster", "measured slower"])
@@ -54,7 +54,7 @@ def test_avx512_bf16_takes_its_kernels_as_the_host_measured(monkeypatch, fresh, 
     for impl in ("brgconv:avx512_core_bf16", "brg:avx512_core_bf16", "gemm:jit:bf16", "jit_bf16:avx512_core_bf16"):
         assert bf16_units.takes("lib", impl) is verdict
     assert not bf16_units.takes("lib", "brgconv:avx512_core")  # a float32 kernel is no bf16 one
-    assert not bf16_units.grouped()  # grouped ones stay float32 without AMX
+    assert not bf16_units.merges()  # narrow groups merged for AMX's tiles only
     assert calls == ["lib"]  # timed once in the process
     assert bf16_units.describe() == f"AVX512-BF16, {'taken' if verdict else 'not taken'}: made up"
     monkeypatch.setattr(bf16_units, "_STATE", {})

@@ -118,12 +118,16 @@ def test_convolutions_take_bf16_operands():
     within_bf16(cg.run(feeds)[0], g, absolute, feeds, 16 * 9)
 
 
-@needs_amx
+@needs_bf16
 @pytest.mark.parametrize(("channels", "groups", "taken"),
                          [(128, 4, True), (64, 8, True), (24, 3, False), (32, 8, False), (16, 16, False)],
                          ids=["32 a group: AMX", "8 a group, merged in pairs: AMX", "8 a group, 3 groups: float32",
                               "4 a group: float32", "depthwise: float32"])
-def test_grouped_convolutions_take_bf16_only_where_onednn_runs_them_on_amx(channels, groups, taken):
+def test_grouped_convolutions_take_bf16_where_a_unit_runs_them_faster(channels, groups, taken):
+    """On AMX where oneDNN runs them on the tiles (``taken``: 16 channels a group, or 8
+    merged in pairs); on AVX512-BF16 every grouped one but a depthwise one."""
+    if UNIT == bf16_units.AVX512_BF16:
+        taken = groups != channels
     rng = np.random.default_rng(6)
     w = rng.standard_normal((channels, channels // groups, 3, 3)).astype(np.float32)
     g, absolute = conv_graphs((2, channels, 7, 7), w, None, padding=1, groups=groups)
@@ -132,7 +136,7 @@ def test_grouped_convolutions_take_bf16_only_where_onednn_runs_them_on_amx(chann
     notes = " ".join(cg.report().notes)
     got = cg.run(feeds)[0]
     if taken:
-        assert "1 convolution with bf16 operands on AMX" in notes, notes
+        assert f"1 convolution with bf16 operands on {UNIT}" in notes, notes
         within_bf16(got, g, absolute, feeds, channels // groups * 9)
     else:
         assert "no product here took it" in notes, notes
