@@ -98,14 +98,19 @@ def merges() -> bool:
 
 
 def describe() -> str:
-    """The unit, and on AVX512-BF16 the verdict where this process has it."""
+    """The unit, and on AVX512-BF16 the verdict where this process or rlx's cache has it
+    (reads the cache's file, times nothing: ``rlx devices --explain`` asks)."""
     found = unit()
-    if found == AVX512_BF16 and "verdict" in _STATE:
-        yes, why = _STATE["verdict"]
-        return f"{found}, {'taken' if yes else 'not taken'}: {why}"
-    if found == AVX512_BF16:
+    if found != AVX512_BF16:
+        return found or "none"
+    verdict = _STATE.get("verdict")
+    if verdict is None:
+        kept = verdicts.VERDICTS.recall(_QUESTION)
+        if kept is not None and isinstance(kept[0].get("yes"), bool) and isinstance(kept[0].get("why"), str):
+            verdict = (kept[0]["yes"], f"{kept[0]['why']}; timed {verdicts.how_old(kept[1])} ago, kept in rlx's cache")
+    if verdict is None:
         return f"{found}, timed against float32 at the first bf16 compile"
-    return found or "none"
+    return f"{found}, {'taken' if verdict[0] else 'not taken'}: {verdict[1]}"
 
 
 def reset() -> None:

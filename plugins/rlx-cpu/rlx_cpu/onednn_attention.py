@@ -53,7 +53,8 @@ MIN_MACS = 1 << 20
 def products(q: Any, k: Any, v: Any, ctx: Any) -> Bf16Products | None:
     """The bf16 products of an attention over the contiguous plan arrays ``q`` (heads,
     Lq, d), ``k`` (heads, Lk, d) and ``v`` (heads, Lk, dv), where the build's precision
-    is bf16 and this host takes it; else None."""
+    is bf16, this host takes it on AVX512-BF16 and the products are large enough
+    (``MIN_MACS``); else None."""
     found = reduced(getattr(ctx, "precision", "fp32"))
     if found is None or found[1] != _BF16 or bf16_units.unit() != bf16_units.AVX512_BF16:
         return None
@@ -75,7 +76,7 @@ class Bf16Products:
         self.lib, self.ctx = lib, ctx
         self._p16: np.ndarray | None = None  # the block's rounded weights (``weighted``)
         self.q16, self.k16, self.v16 = (ctx.scratch(a.shape, np.uint16) for a in (q, k, v))
-        self._pds: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # per shape: (pd, scratchpad array)
+        self._pds: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # per shapes: (primitive, (scratchpad memory,))
         self._descs: list[Any] = []
         self._mems: list[Any] = []
         self._prims: list[Any] = []

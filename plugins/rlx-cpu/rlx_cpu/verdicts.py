@@ -42,7 +42,7 @@ from typing import Any
 from rlx_core.errors import CacheWarning
 from rlx_core.plugin import JsonCache
 
-__all__ = ["HostVerdicts", "VERDICTS", "VERDICT_TTL_S", "cpu_flags", "settled", "settled_answer"]
+__all__ = ["HostVerdicts", "VERDICTS", "VERDICT_TTL_S", "cpu_flags", "how_old", "settled", "settled_answer"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -198,7 +198,8 @@ class HostVerdicts:
 VERDICTS = HostVerdicts()
 
 
-def _age(seconds: float) -> str:
+def how_old(seconds: float) -> str:
+    """``seconds`` as the reports say how old a verdict is."""
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:
@@ -217,7 +218,7 @@ def settled(question: str, measure: Callable[[], Mapping[str, Any]],
         payload, age = found
         if isinstance(payload.get("yes"), bool) and isinstance(payload.get("why"), str):
             kept = {k: v for k, v in payload.items() if k not in ("question", "at")}
-            return {**kept, "why": f"{payload['why']}; timed {_age(age)} ago, kept in rlx's cache"}
+            return {**kept, "why": f"{payload['why']}; timed {how_old(age)} ago, kept in rlx's cache"}
     verdict = dict(measure())
     store.keep(question, verdict)
     return verdict

@@ -57,7 +57,9 @@ def test_avx512_bf16_takes_its_kernels_as_the_host_measured(monkeypatch, fresh, 
     assert not bf16_units.merges()  # narrow groups merged for AMX's tiles only
     assert calls == ["lib"]  # timed once in the process
     assert bf16_units.describe() == f"AVX512-BF16, {'taken' if verdict else 'not taken'}: made up"
-    monkeypatch.setattr(bf16_units, "_STATE", {})
+    monkeypatch.setattr(bf16_units, "_STATE", {})  # a new process: the verdict told from the cache, untimed
+    kept = f"AVX512-BF16, {'taken' if verdict else 'not taken'}: made up; timed 0 s ago, kept in rlx's cache"
+    assert bf16_units.describe() == kept
     assert bf16_units.pays("lib") == (verdict, "made up; timed 0 s ago, kept in rlx's cache")
     assert calls == ["lib"]  # kept for the next process
 
