@@ -105,9 +105,8 @@ def primitives(repeats: int = 7, which: Sequence[tuple[str, str, tuple[int, ...]
         else:
             m, k, n = shape
             flops = 2 * m * k * n
-        for label in ("fp32", "bf16"):
-            best, impl = bf16_units.time_product(lib, "conv" if kind == "conv" else "dense", shape,
-                                                 "bf16" if label == "bf16" else "f32", repeats, 5, 0.05)
+        for label, dtype in (("fp32", "f32"), ("bf16", "bf16")):
+            best, impl = bf16_units.time_product(lib, kind, shape, dtype, repeats, 5, 0.05)
             rows.append({"product": name, "operands": label, "ms": best * 1e3, "gflops": flops / best / 1e9,
                          "impl": impl})
     return rows

@@ -122,11 +122,12 @@ def _matmul_call(lib: Dnnl, pd: Any, impl: str, a: Any, b: Any, bias: Any, out: 
     ``as_held``: the dtypes ``a`` and ``out`` lie in; ``residual``: the array added by the
     first post-op and its descriptor, or Nones)."""
     src, dst, w_any, b_md, w_md, w_plain, w_reorder = objs
+    extra = [md for md in (b_md, residual[1]) if md is not None]  # the bias's and residual's descriptors
     (m, k), n = a.shape, out.shape[1]
     make = _reordered(lib, w_reorder, w_plain, w_md, lib.size(w_md), contiguous=False)
     wbuf = ctx.derived(b, ("onednn_matmul_weights", (k, n), tuple(b.strides), impl, lib.layout(w_md, (k, n))), make)
     if wbuf is None:
-        lib.destroy((), (w_reorder,), (w_plain, w_md, src, dst, w_any, *((b_md,) if b_md is not None else ())))
+        lib.destroy((), (w_reorder,), (w_plain, w_md, src, dst, w_any, *extra))
         return None
     weakref.finalize(wbuf, lib.destroy, (), (w_reorder,), (w_plain, w_md))
     keep: list[Any] = [wbuf, b]
@@ -142,7 +143,7 @@ def _matmul_call(lib: Dnnl, pd: Any, impl: str, a: Any, b: Any, bias: Any, out: 
         args.append((_ARG_POST_OP_BASE | _ARG_SRC_1, mems["post0"]))
     held = (lib.md((m, k), _AB, as_held[0]), lib.md((m, n), _AB, as_held[1]))  # row-major, as the plan holds them
     call = _layouted(_MatmulCall, lib, pd, (src, dst), a, out, held, ctx, args, keep, mems,
-                     [w_any, *(md for md in (b_md, residual[1]) if md is not None)])
+                     [w_any, *extra])
     _rounded(ctx, dtype, "product")
     return [Step(call, (a, out))]
 

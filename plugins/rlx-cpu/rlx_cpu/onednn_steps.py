@@ -189,7 +189,7 @@ def conv_steps(lib: Dnnl, x: Any, w: Any, bias: Any, out: Any, pads: tuple[int, 
             pd = lib.conv_pd(src, w_any, b_md, dst, stride, dilation, (pt, pl), (pb, pr),
                              tuple(("add", post_mds[k]) if op[0] == "add" else op for k, op in enumerate(post)))
             plain = lib.md(wshape, _ABCD if groups == 1 else _ABCDE)
-            impl, w_md, w_plain, w_reorder = _weights_for(lib, pd, dtype, plain, made, amx=tiled)
+            impl, w_md, w_plain, w_reorder = _weights_for(lib, pd, dtype, plain, made, paying=tiled)
         except DnnlError as exc:
             _declined(lib, pd, made, f"a convolution {tuple(x.shape)} -> {tuple(out.shape)}", dtype, exc)
             continue
@@ -238,27 +238,29 @@ def _conv_call(lib: Dnnl, pd: Any, impl: str, x: Any, w: Any, bias: Any, out: An
     return [Step(call, (x, out))]
 
 
-def _jit_impl(lib: Dnnl, pd: Any, dtype: int = _F32, amx: bool = True) -> str:
+def _jit_impl(lib: Dnnl, pd: Any, dtype: int = _F32, paying: bool = True) -> str:
     """The implementation oneDNN chose for ``pd``; ``DnnlError`` where that is one of its
     reference loops (orders of magnitude slower than rlx's kernels: rlx's then run it),
-    or, for reduced-precision operands of a product (``amx``), not one on a unit that makes
-    them pay here (``bf16_units.takes``: AMX; AVX512-BF16 where it measured faster)."""
+    or, for reduced-precision operands of a product (``paying``), not one on a unit that
+    makes them pay here (``bf16_units.takes``: AMX; AVX512-BF16 where it measured faster).
+    ``paying=False``: any kernel oneDNN has (a depthwise convolution or pool reading a
+    value held reduced, which needs no unit to pay)."""
     impl = lib.impl(pd)
     if impl.startswith("ref"):
         raise DnnlError(f"only its reference implementation ({impl}) takes it")
-    if dtype != _F32 and amx and not bf16_units.takes(lib, impl):
+    if dtype != _F32 and paying and not bf16_units.takes(lib, impl):
         raise DnnlError(f"its {_TYPE_NAMES[dtype]} implementation here ({impl}) is not on a unit that makes it pay "
                         f"({bf16_units.describe()})")
     return impl
 
 
 def _weights_for(lib: Dnnl, pd: Any, dtype: int, plain: Any, made: list[Any],
-                 amx: bool = True) -> tuple[str, Any, Any, Any]:
+                 paying: bool = True) -> tuple[str, Any, Any, Any]:
     """A product's implementation (``_jit_impl``), the layout its weights take (cloned:
     ``make`` needs it after ``pd`` is gone), ``plain`` (the weights as they lie) and the
     reorder between the two; the descriptors join ``made``."""
     made.append(plain)
-    impl = _jit_impl(lib, pd, dtype, amx)
+    impl = _jit_impl(lib, pd, dtype, paying)
     w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))
     made.append(w_md)
     return impl, w_md, plain, lib.reorder(plain, w_md)
@@ -445,7 +447,7 @@ def pool_steps(lib: Dnnl, x: Any, out: Any, is_max: bool, include_pad: bool, ker
     try:
         src, dst = lib.md((n, c, h, wd), _ACDB, dtype), lib.md((n, c, oh, ow), _ACDB, dtype)
         pd = lib.pool_pd(alg, src, dst, stride, kernel, dilation, (pt, pl), (pb2, pr2))
-        _jit_impl(lib, pd, dtype, amx=False)
+        _jit_impl(lib, pd, dtype, paying=False)
         lies = (lib.md((n, c, h, wd), _ACDB if src_cl else _ABCD, as_held[0]),
                 lib.md((n, c, oh, ow), _ACDB if dst_cl else _ABCD, as_held[1]))
         call = _layouted(_PoolCall, lib, pd, (src, dst), x, out, lies, ctx, [], [], {}, [])
@@ -482,7 +484,7 @@ def concat_steps(lib: Dnnl, ins: list[Any], out: Any, axis: int, ctx: Any) -> li
         dst = lib.md(tuple(out.shape[p] for p in to_nchw), _ACDB, as_held[1])
         srcs = [lib.md(tuple(x.shape[p] for p in to_nchw), _ACDB, as_held[0]) for x in ins]
         pd = lib.concat_pd(dst, to_nchw.index(axis), srcs)
-        _jit_impl(lib, pd, as_held[0], amx=False)
+        _jit_impl(lib, pd, as_held[0], paying=False)
         prim = lib.primitive(pd)
     except DnnlError as exc:
         log.debug("rlx-cpu: oneDNN declined a concat into %s: %s", tuple(out.shape), exc)

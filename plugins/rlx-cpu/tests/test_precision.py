@@ -409,7 +409,7 @@ def test_small_attention_and_one_onednn_declines_stay_float32(monkeypatch):
     assert "no product here took it" in " ".join(cg.report().notes)  # below MIN_MACS: oneDNN's calls cost more
     np.testing.assert_allclose(cg.run(feeds)[0], evaluate(small, feeds)[0], rtol=1e-4, atol=1e-5)
 
-    def declines(lib, pd, dtype=None, amx=True):
+    def declines(lib, pd, dtype=None, paying=True):
         raise onednn.DnnlError("declined")
     monkeypatch.setattr(onednn_attention, "_jit_impl", declines)
     g = _attention_graph((1, 4, 96, 32), 148, False)
