@@ -24,7 +24,10 @@ Which values (``plan``), once per compile, over the values ``layout.plan`` holds
 - *Readers*: every reader is one of those, reading the value as its data input (never as
   a weight), or an elementwise node (the native interpreter reads and writes bf16 as it
   goes), or a convolution reading it as an epilogue operand (a residual: oneDNN's add
-  post-op reads bf16); a depthwise convolution, pool or concat reading it is itself held
+  post-op reads bf16), or a global pool or spatial mean (native.c's ``rlx_plane_reduce``
+  sums bf16 into float32: EfficientNet's squeeze-excitations then keep their depthwise
+  results bf16, 0.67x their time at batch 8 on the Zen 4); a depthwise convolution, pool
+  or concat reading it is itself held
   (a depthwise one reading bf16 and writing float32 ran 1.06x float32's time, ConvNeXt's
   blocks 1.07x). On AMX, grouped convolutions of fewer channels a group that cannot be
   merged (4 a group, or an odd number of groups) run neither on the tiles nor faster in
@@ -53,7 +56,7 @@ from rlx_core.ir import Graph, Node
 from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import conv_inputs
 
-from . import amx_groups, bf16_units, layout, onednn, onednn_matmul, onednn_steps
+from . import amx_groups, bf16_units, layout, native, onednn, onednn_matmul, onednn_steps
 from .fused import native_region
 from .steps import held16
 
@@ -97,6 +100,11 @@ def plan(graph: Graph, cl: frozenset[int]) -> frozenset[int]:
         """A producer that writes reduced only what it reads reduced."""
         return node.op in _POOLS or node.op is OpKind.CONCAT or (node.op in _CONVS and depthwise(node, graph))
 
+    def planes(node: Node) -> bool:
+        """A global pool or spatial mean (a squeeze-excitation's), which native.c reads
+        bf16 as it lies (``layout.reduce_planes``)."""
+        return layout.spatial_reduce(node, graph) and native.library() is not None
+
     def producer(node: Node) -> bool:
         return follows(node) or node.op in _ELEMENTWISE or (node.op in _CONVS and tiled(node, graph))
 
@@ -114,7 +122,7 @@ def plan(graph: Graph, cl: frozenset[int]) -> frozenset[int]:
                     return False
                 if reader.inputs[0] == v and not (tiled(reader, graph) or (depthwise(reader, graph) and r in held)):
                     return False
-            elif reader.op not in _ELEMENTWISE and not (follows(reader) and r in held):
+            elif reader.op not in _ELEMENTWISE and not (follows(reader) and r in held) and not planes(reader):
                 return False
         return True
 
@@ -209,6 +217,8 @@ def _direct(lib: onednn.Dnnl, node: Node, typed: list[Any], ins: list[Any], out:
         return onednn_steps.pool_steps(lib, ins[0], out, node.op is OpKind.MAX_POOL2D,
                                        bool(a.get("count_include_pad")), a["kernel"], a["stride"],
                                        a.get("dilation", (1, 1)), a["padding"], ctx, src_cl=in_cl[0], dst_cl=out_cl)
+    if node.op in layout.REDUCES and in_cl[0]:  # float32 sums of the planes as they lie
+        return layout.reduce_planes(layout.REDUCES[node.op], ins[0], out)
     if node.op is OpKind.CONCAT and all(in_cl) and out_cl:
         return onednn_steps.concat_steps(lib, ins, out, layout.builder_node(node).attrs["axis"], ctx)
     if node.op in _ELEMENTWISE and out_cl:  # the native interpreter, bf16 read and written as it goes

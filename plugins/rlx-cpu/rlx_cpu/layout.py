@@ -25,7 +25,7 @@ The plan (``plan``), once per compile, over the legal graph:
   a scalar, an ``(N, C, 1, 1)`` scale) are read through a transposed view.
 - *Concats* of values all held NHWC are oneDNN's concat along the moved axis.
 - *Global average pooling* reads NHWC (its ``(N, C, 1, 1)`` output is the same memory in
-  either layout).
+  either layout), on native.c's plane reductions (``reduce_planes``).
 - *Transposes* to NHWC of a value held NHWC, and to NCHW of one held NCHW, are views
   (``Plan.views``: ConvNeXt's blocks, models fed NHWC images).
 
@@ -53,9 +53,11 @@ from rlx_core.ir import Graph, Node
 from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import conv_inputs
 
-from . import onednn, onednn_steps
+from . import native, onednn, onednn_steps
+from .ccall import bound_call
 from .gemm import matmul_step
-from .steps import Step
+from .regions import SPLIT_NS
+from .steps import HELD16, Step, laid_out
 
 __all__ = ["TO_CL", "TO_NCHW", "enabled", "describe", "Plan", "plan", "readers_of", "cl_shape", "cl_view", "steps",
            "post_ops"]
@@ -121,15 +123,15 @@ def _conv_on_dnnl(node: Node, graph: Graph, fixed: Sequence[bool]) -> bool:
     return node.shape[2] * node.shape[3] > 1
 
 
-_REDUCES = {OpKind.GLOBAL_AVG_POOL2D: "mean", OpKind.REDUCE_MEAN: "mean", OpKind.REDUCE_SUM: "sum",
+REDUCES = {OpKind.GLOBAL_AVG_POOL2D: "mean", OpKind.REDUCE_MEAN: "mean", OpKind.REDUCE_SUM: "sum",
             OpKind.REDUCE_MAX: "max"}
 
 
-def _spatial_reduce(node: Node, graph: Graph) -> bool:
+def spatial_reduce(node: Node, graph: Graph) -> bool:
     """A reduction over the two spatial axes of a 4-D float32 value (a global pool, or
     a squeeze-excitation's ``ReduceMean(axes=(2, 3))`` as the dynamo exporter writes it):
     its (N, C) or (N, C, 1, 1) result is the same memory whichever layout it read."""
-    if node.op not in _REDUCES or node.dtype != "float32" or len(graph.node(node.inputs[0]).shape) != 4:
+    if node.op not in REDUCES or node.dtype != "float32" or len(graph.node(node.inputs[0]).shape) != 4:
         return False
     if node.op is OpKind.GLOBAL_AVG_POOL2D:
         return True
@@ -182,7 +184,7 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
     readers = readers_of(graph)
     # oneDNN's convolutions and pools read either layout and write either (reorders where needed).
     either = {n.id for n in nodes if buffered[n.id] and (_conv_on_dnnl(n, graph, fixed) or _pool(n))}
-    gaps = {n.id for n in nodes if buffered[n.id] and _spatial_reduce(n, graph)}
+    gaps = {n.id for n in nodes if buffered[n.id] and spatial_reduce(n, graph)}
     unwrap = {n.id for n in nodes if _transpose(n, TO_CL, fixed)}
     wrap = {n.id for n in nodes if _transpose(n, TO_NCHW, fixed)}
     concats = {n.id for n in nodes if buffered[n.id] and n.op is OpKind.CONCAT and len(n.shape) == 4}
@@ -249,8 +251,10 @@ def steps(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_c
         return held_steps(lib, node, ins, out, ctx, in_cl, out_cl, build, held)
     if node.op in _CONVS:
         return _conv(lib, node, ins, out, ctx, in_cl, out_cl, build)
-    if node.op in _REDUCES:
-        return _reduce_planes(_REDUCES[node.op], ins[0], out)
+    if node.op in REDUCES:
+        done = reduce_planes(REDUCES[node.op], ins[0], out)
+        assert done is not None  # (a float32 value always has a way)
+        return done
     if node.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D):
         a = node.attrs
         done = onednn_steps.pool_steps(lib, ins[0], out, node.op is OpKind.MAX_POOL2D,
@@ -410,14 +414,38 @@ def _via_nchw(node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bo
     return first + build(node, nchw_ins, res, ctx) + [Step(np.copyto, (out, res.transpose(TO_CL)))]
 
 
-def _reduce_planes(kind: str, x: Any, out: Any) -> list[Any]:
-    """The mean, sum or max of each channel of NHWC ``x`` (n, h, w, c) into ``out`` (its
-    n * c values in (n, c) order): a mean or sum is, per image, a row of ``1 / (h * w)``
-    (or ones) times the (h * w, c) plane, on the BLAS."""
+#: Single-thread time per element read by ``rlx_plane_reduce`` (ns; memory-bound), to
+#: decide how many threads it takes.
+_REDUCE_NS = 0.1
+_REDUCE_KINDS = {"sum": 0, "mean": 1, "max": 2}
+
+
+def reduce_planes(kind: str, x: Any, out: Any) -> list[Any] | None:
+    """The mean, sum or max of each channel of NHWC ``x`` (n, h, w, c: float32, or a
+    view held bf16: ``held.py``) into ``out`` (its n * c float32 values in (n, c) order):
+    native.c's ``rlx_plane_reduce`` (why: see it). Without the native library, a float32
+    ``x``'s mean or sum is, per image, a row of ``1 / (h * w)`` (or ones) times the
+    (h * w, c) plane on the BLAS, its max numpy's; None for one held bf16 (then it is
+    widened first: ``held._widened``)."""
     n, h, w, c = x.shape
+    lib = native.library()
+    if lib is not None and laid_out(x) and laid_out(out):
+        threads = int(lib.threads_for(x.size * _REDUCE_NS, SPLIT_NS))
+        args = [0, 0, n, h * w, c, _REDUCE_KINDS[kind], int(x.dtype == HELD16), threads]
+        fallback = None if x.dtype == HELD16 else (lambda x, out: _numpy_planes(kind, x, out))
+        return [bound_call(lib.plane_reduce, args, (x, out), (0, 1), fallback)]
+    if x.dtype == HELD16:
+        return None
     planes = x.reshape(n, h * w, c)
     if kind == "max":
         return [Step(np.max, (planes, 1, out.reshape(n, c)))]
     row = np.full((1, h * w), 1.0 / (h * w) if kind == "mean" else 1.0, np.float32)
     row.flags.writeable = False
     return [matmul_step(row, planes, out.reshape(n, 1, c))]
+
+
+def _numpy_planes(kind: str, x: np.ndarray, out: np.ndarray) -> None:
+    """``reduce_planes``'s work in numpy, for a run whose arrays the kernel cannot take."""
+    planes = x.reshape(x.shape[0], -1, x.shape[3])
+    fn = {"sum": np.sum, "mean": np.mean, "max": np.max}[kind]
+    np.copyto(out.reshape(planes.shape[0], planes.shape[2]), fn(planes, axis=1))

@@ -176,13 +176,16 @@ class Native:
         self.transpose = self._lib.rlx_transpose  # (x, y, batch, rows, cols, threads): 4-byte elements
         self.transpose.argtypes = [p, p, *[i64] * 4]
         self.transpose.restype = None
+        self.plane_reduce = self._lib.rlx_plane_reduce  # (x, y, n, hw, c, kind, bf16, threads)
+        self.plane_reduce.argtypes = [p, p, *[i64] * 6]
+        self.plane_reduce.restype = None
         self.packed = self._lib.rlx_packed  # (int64 args[]): native.c's RLX_PK_* kernels
         self.packed.argtypes = [p]
         self.packed.restype = i64
         for kernel, fn in enumerate((self.gemm, self.gemv, self.softmax, self.layer_norm, self.im2col, self.pool2d,
                                      self.max_pool2d_padded, self.depthwise, self.depthwise_lanes, self.conv_direct,
                                      self.region, self.conv_gemm, self.group_conv, self.gather_axis,
-                                     self.resize_taps, self.transpose), start=1):
+                                     self.resize_taps, self.transpose, self.plane_reduce), start=1):
             ccall.register_packed(fn, self.packed, kernel)
         self._lib.rlx_set_max_threads.argtypes = [i64]
         self._lib.rlx_set_max_threads.restype = None

@@ -11,7 +11,8 @@ import pytest
 import rlx_core as rlx
 from rlx_core import reference
 from rlx_core.ir import Graph
-from rlx_cpu import layout, onednn, onednn_steps
+from rlx_cpu import layout, native, onednn, onednn_steps
+from rlx_cpu.steps import held16
 
 pytestmark = pytest.mark.skipif(onednn.find_library() is None,
                                 reason="oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
@@ -383,6 +384,32 @@ def test_conv_scale_is_skipped_where_chains_go_channels_last(monkeypatch: pytest
     assert CpuBackend().skipped_passes() == frozenset()
 
 
+@pytest.mark.skipif(native.library() is None, reason=f"native.c's plane reductions: {native.reason()}")
+@pytest.mark.parametrize("kind", ["mean", "sum", "max"])
+@pytest.mark.parametrize("shape", [(1, 5, 7, 3), (3, 4, 4, 144), (2, 3, 3, 300), (1, 30, 30, 20), (2, 1, 1, 1040)],
+                         ids=str)
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bf16"])
+def test_plane_reductions_read_float32_or_bf16_as_it_lies(kind: str, shape: tuple[int, ...], bf16: bool) -> None:
+    """native.c's ``rlx_plane_reduce`` over every way it splits its channels (tiles of
+    up to 256 in registers, a tail of fewer than 16) and its rows (an image's rows shared
+    among threads at batch 1), reading float32 or a value held bf16 (``held.py``): the
+    answer numpy gives over the values as they lie, NaN kept."""
+    x = rand(shape, 11) + (0.5 if kind == "max" else 0.0)
+    x[0, 0, 0, shape[3] - 1] = np.nan
+    if bf16:
+        held_x = held16(np.empty_like(x))
+        held_x.view(np.uint16)[...] = (x.view(np.uint32) >> 16).astype(np.uint16)
+        x = (held_x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)  # (what the kernel reads)
+    else:
+        held_x = x
+    out = np.full((shape[0], shape[3]), -7.0, np.float32)
+    for s in layout.reduce_planes(kind, held_x, out):
+        s.fn(*s.args, **s.kwargs)
+    want = {"mean": np.mean, "sum": np.sum, "max": np.max}[kind](x.astype(np.float64), axis=(1, 2))
+    np.testing.assert_allclose(out, want, rtol=2e-6, atol=2e-6 * shape[1] * shape[2])
+    assert np.isnan(out[0, -1]) and not np.isnan(out[0, :-1]).any()
+
+
 @pytest.mark.parametrize("kind", ["mean", "sum", "max"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_a_spatial_reduction_of_nhwc_planes_never_wakes_numpys_blas(kind: str, batch: int) -> None:
@@ -392,7 +419,7 @@ def test_a_spatial_reduction_of_nhwc_planes_never_wakes_numpys_blas(kind: str, b
     28 x 2048: a run at batch 1 took 216 ms against 143 ms)."""
     x = rand((batch, 7, 5, 6), 9)
     out = np.empty((batch, 6), np.float32)
-    steps = layout._reduce_planes(kind, x, out)
+    steps = layout.reduce_planes(kind, x, out)
     assert not any(s.fn is np.matmul for s in steps)
     for s in steps:
         s.fn(*s.args, **s.kwargs)

@@ -11,6 +11,8 @@ declaration's and the planning's logic is tested everywhere, on flags made up.""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -22,7 +24,7 @@ from rlx_core.ir.ops import SOURCE_OPS, OpKind
 from rlx_core.reference import evaluate
 from rlx_core.testing import check_backend
 from rlx_core.testing._precision import product_bound
-from rlx_cpu import bf16_units, held, layout, onednn, verdicts
+from rlx_cpu import bf16_units, held, layout, native, onednn, verdicts
 
 CPU = rlx.get_backend("cpu")
 HAS_BF16 = "bf16" in CPU.precisions() and bf16_units.pays(onednn.library())[0]
@@ -259,6 +261,53 @@ def test_values_are_held_reduced_only_where_every_reader_reads_that_format(amx_f
     names = {v.id: k for k, v in dict(a=a, b=b, c=c, p=p, q=q, q2=q2, k=k, r=r, t=t, e=e, h=h, v=v, f=f).items()}
     assert {names[i] for i in kept if i in names} == {"a", "b", "c", "p", "q", "q2", "k", "r", "t", "f"}
     assert all(i in planned.cl for i in kept) and out.id not in kept
+
+
+def _squeeze_excitation(rng: np.random.Generator) -> tuple[Graph, dict[str, object]]:
+    """EfficientNet's block: an expansion, a depthwise convolution, its mean over the
+    planes into a gate, the gate's product with the depthwise result, a projection."""
+    g = Graph("se")
+    x = g.input("x", (2, 16, 12, 12))
+    a = g.relu(_conv(g, x, rng, 32, 16))
+    d = g.relu(_conv(g, a, rng, 32, 32, 3, 32))
+    gate = g.sigmoid(_conv(g, g.global_avg_pool2d(d), rng, 32, 32))
+    m = g.mul(d, gate)
+    g.set_outputs([_conv(g, m, rng, 8, 32)])
+    return g, {"x": x, "a": a, "d": d, "m": m}
+
+
+@pytest.mark.skipif(native.library() is None, reason=f"native.c reads the planes bf16: {native.reason()}")
+def test_a_squeeze_excitations_planes_are_held_for_its_mean_and_its_scale(amx_flags):
+    """The depthwise result a squeeze-excitation averages and scales is held bf16 (its
+    global pool reads bf16 on native.c), and so is the scaled value."""
+    g, v = _squeeze_excitation(np.random.default_rng(3))
+    kinds = [n.op for n in g.nodes]
+    fixed = [k in (OpKind.PARAM, OpKind.CONSTANT) for k in kinds]
+    planned = layout.plan(g, [k not in SOURCE_OPS for k in kinds], fixed)
+    kept = held.plan(g, planned.cl)
+    assert {v["a"].id, v["d"].id, v["m"].id} <= kept
+
+
+@needs_bf16
+@pytest.mark.parametrize("pool", ["reads bf16", "reads float32"])
+def test_a_squeeze_excitation_runs_on_held_values_with_no_conversion(monkeypatch, pool):
+    """Nothing of the block runs between conversions: the pool reads the held planes, or
+    (where native.c's reductions are not there: planes left float32) the scale writes
+    bf16 beside its float32 input, never over it (``binding``'s in-place rule: the
+    interpreter's threads would write where another still reads)."""
+    g, _ = _squeeze_excitation(np.random.default_rng(4))
+    if pool == "reads float32":
+        monkeypatch.setattr(held, "native", SimpleNamespace(library=lambda: None))  # (held's view only)
+    widened = []
+    real = held._widened
+    monkeypatch.setattr(held, "_widened",
+                        lambda lib, node, *a, **k: widened.append(node.op) or real(lib, node, *a, **k))
+    cg = rlx.compile(g, device="cpu", precision="bf16")
+    assert "held bf16 between the steps" in " ".join(cg.report().notes)
+    assert widened == []
+    feeds = {"x": np.random.default_rng(5).standard_normal((2, 16, 12, 12)).astype(np.float32)}
+    exact = evaluate(g, feeds)[0]
+    assert 1e-5 < np.abs(cg.run(feeds)[0] - exact).max() / np.abs(exact).max() < 3e-2
 
 
 @needs_bf16
