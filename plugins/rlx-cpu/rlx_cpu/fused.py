@@ -291,9 +291,15 @@ def native_region(node: Node, ins: list[Any], out: Any, typed: list[Any]) -> lis
     and ``out`` may be views held reduced: ``held.py``); None where it does not fit
     there."""
     if node.op is OpKind.FUSED_ELEMENTWISE:
-        _, instructions = program_types(node.op, _types(typed), node.attrs["program"])
-        return region_steps(instructions, ins, out)
+        return program_region(node.attrs["program"], ins, out, typed)
     return node_steps(node, ins, out)
+
+
+def program_region(program: Any, ins: list[Any], out: Any, typed: list[Any]) -> list[Step] | None:
+    """A fused region's ``program`` on the native interpreter alone, typed on ``typed``
+    (``native_region``); None where it does not fit there."""
+    _, instructions = program_types(OpKind.FUSED_ELEMENTWISE, _types(typed), program)
+    return region_steps(instructions, ins, out)
 
 
 def _gemm(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:

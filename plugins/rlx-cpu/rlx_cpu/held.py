@@ -57,7 +57,7 @@ from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import conv_inputs
 
 from . import amx_groups, bf16_units, layout, native, onednn, onednn_matmul, onednn_steps
-from .fused import native_region
+from .fused import native_region, program_region
 from .steps import held16
 
 __all__ = ["plan", "plan_dense", "steps", "dense_steps", "tiled", "depthwise"]
@@ -208,8 +208,8 @@ def _direct(lib: onednn.Dnnl, node: Node, typed: list[Any], ins: list[Any], out:
             operands = [out, *(x if cl == out_cl else layout.cl_view(x) if out_cl else x.transpose(layout.TO_NCHW)
                                for x, cl in zip(ins[n_conv:], in_cl[n_conv:]))]
             post = layout.post_ops(a["program"], operands, getattr(ctx, "constant", None))
-            if post is None:  # an epilogue oneDNN has no post-op for: rlx's region runs it, over float32
-                return None
+            if post is None:  # no post-ops for it (or a SiLU faster so: ``swish``): the interpreter after
+                return _then_region(lib, node, ins, operands, typed, out, ctx, in_cl, out_cl)
         return onednn_steps.conv_steps(lib, ins[0], ins[1], ins[2] if n_conv == 3 else None, out, a["padding"],
                                        a["stride"], a["dilation"], a["groups"], ctx, src_cl=in_cl[0], dst_cl=out_cl,
                                        post=post)
@@ -226,6 +226,25 @@ def _direct(lib: onednn.Dnnl, node: Node, typed: list[Any], ins: list[Any], out:
         return native_region(layout.builder_node(node), operands, out,
                              [x if cl else layout.cl_view(x) for x, cl in zip(typed, in_cl)])
     return None
+
+
+def _then_region(lib: onednn.Dnnl, node: Node, ins: list[Any], operands: list[Any], typed: list[Any], out: Any,
+                 ctx: Any, in_cl: Sequence[bool], out_cl: bool) -> list[Any] | None:
+    """A fused convolution whose epilogue is no chain of oneDNN post-ops: the convolution
+    alone, writing ``out`` as it is held, then the epilogue on the native interpreter over
+    it in place, reading and writing that format (``operands``: the output, then the
+    epilogue's other operands, in the output's layout); None where either declines."""
+    a = node.attrs
+    n_conv = conv_inputs(a)
+    wide = [np.broadcast_to(np.float32(0), out.shape),  # (the operands as the graph holds them, for the types)
+            *(x if cl == out_cl else layout.cl_view(x) if out_cl else x.transpose(layout.TO_NCHW)
+              for x, cl in zip(typed[n_conv:], in_cl[n_conv:]))]
+    after = program_region(a["program"], operands, out, wide)
+    if after is None:
+        return None
+    done = onednn_steps.conv_steps(lib, ins[0], ins[1], ins[2] if n_conv == 3 else None, out, a["padding"],
+                                   a["stride"], a["dilation"], a["groups"], ctx, src_cl=in_cl[0], dst_cl=out_cl)
+    return None if done is None else done + after
 
 
 def _widened(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool], out_cl: bool,

@@ -53,7 +53,7 @@ from rlx_core.ir import Graph, Node
 from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import conv_inputs
 
-from . import native, onednn, onednn_steps
+from . import native, onednn, onednn_steps, swish
 from .ccall import bound_call
 from .gemm import matmul_step
 from .regions import SPLIT_NS
@@ -95,7 +95,8 @@ def describe() -> str:
     if onednn.find_library() is None:
         return "NCHW everywhere (channels-last chains need oneDNN: pip install 'rlx-cpu[onednn]')"
     return ("chains of convolutions channels-last (NHWC), each convolution on oneDNN with its epilogue as "
-            "post-ops where it maps to them (RLX_CPU_LAYOUT=auto)")
+            f"post-ops where it maps to them (RLX_CPU_LAYOUT=auto; a SiLU as the post-op or a region after: "
+            f"{swish.describe()})")
 
 
 def cl_shape(shape: Sequence[int]) -> tuple[int, ...]:
@@ -310,7 +311,8 @@ def post_ops(program: Sequence[Any], operands: Sequence[Any],
     build context's: a resident, whose params the executable then watches: ``set_param``
     of one binds its plans again); without it only read-only arrays count. A product of
     an earlier value of the chain and a sigmoid or a hard sigmoid of it is SiLU or
-    hard-swish (EfficientNet's, MobileNetV3's): one post-op."""
+    hard-swish (EfficientNet's, MobileNetV3's): one post-op (SiLU only where that timed
+    faster than a region after the convolution: ``swish``)."""
     m = len(operands)
     prev, found = 0, []
     at = {0: 0}  # a value of the chain -> how many post-ops had been found when it was the result
@@ -360,8 +362,8 @@ def _gate(ops: list[tuple[Any, ...]]) -> tuple[Any, ...] | None:
     """``x * g(x)`` as one post-op, where ``ops`` compute ``g``: SiLU for a sigmoid,
     hard-swish for a clamp of ``a * x + b`` to [0, 1]; else None."""
     e = onednn.ELTWISE
-    if len(ops) == 1 and ops[0] == ("eltwise", e["logistic"], 0.0, 0.0):
-        return ("eltwise", e["swish"], 1.0, 0.0)
+    if len(ops) == 1 and ops[0] == ("eltwise", e["logistic"], 0.0, 0.0):  # (a region where that is faster)
+        return ("eltwise", e["swish"], 1.0, 0.0) if swish.post_op(onednn.library())[0] else None
     if (len(ops) == 2 and ops[0][:2] == ("eltwise", e["linear"]) and ops[1] == ("eltwise", e["clip"], 0.0, 1.0)
             and ops[0][2] > 0):
         return ("eltwise", e["hardswish"], ops[0][2], ops[0][3])

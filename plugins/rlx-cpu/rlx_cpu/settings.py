@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from rlx_core.plugin import Setting
 
-__all__ = ["BLAS", "NATIVE", "GEMM", "CONV", "BIND", "ONEDNN", "LAYOUT", "POOL_MB", "ANY_SIZE", "SETTINGS"]
+__all__ = ["BLAS", "NATIVE", "GEMM", "CONV", "BIND", "ONEDNN", "LAYOUT", "SWISH", "POOL_MB", "ANY_SIZE", "SETTINGS"]
 
 _ON = {"1": True, "on": True, "true": True, "yes": True}
 _OFF = {"0": False, "off": False, "false": False, "no": False}
@@ -43,6 +43,9 @@ LAYOUT = Setting("RLX_CPU_LAYOUT", "auto (default): chains of convolutions held 
                  "where the onednn extra is installed (layout.py); nchw: every value NCHW",
                  choices={"auto": "auto", "nhwc": "auto", "nchw": "nchw"}, default="auto")
 
+SWISH = Setting("RLX_CPU_SWISH", "a convolution's SiLU on oneDNN: auto (default: as its swish post-op or as a native "
+                "region after it, whichever timed faster on this host, kept a day; swish.py), post-op, or region",
+                choices={"auto": "auto", "post-op": "post-op", "region": "region"}, default="auto")
 
 
 def _megabytes(text: str) -> int:
@@ -63,4 +66,4 @@ ANY_SIZE = Setting("RLX_CPU_ANY_SIZE", "1 (default): a graph with symbolic dims 
                    "pools excepted); 0 (or off): each shape class compiled on its own",
                    choices={**_ON, **_OFF}, default=True)
 
-SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND, ONEDNN, LAYOUT, POOL_MB, ANY_SIZE)
+SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND, ONEDNN, LAYOUT, SWISH, POOL_MB, ANY_SIZE)

@@ -54,7 +54,7 @@ _WHAT = "rlx-cpu's timed choices on this host (GEMM or BLAS, convolution kernels
 #: The variables of the threading runtimes a timing depends on, besides ``RLX_CPU_*``.
 _THREAD_VARS = ("OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 #: The modules whose probes make the verdicts: an edited one times them again.
-_DECIDERS = ("gemm.py", "conv_choice.py", "onednn.py", "bf16_units.py")
+_DECIDERS = ("gemm.py", "conv_choice.py", "onednn.py", "bf16_units.py", "swish.py")
 _FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16", "avx2", "fma", "neon", "asimd", "sve")
 
 

@@ -19,10 +19,10 @@ def _own_cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 def _rlx_convolutions(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Convolutions on rlx's own kernels (RLX_CPU_ONEDNN=off), which these tests spy on
     and which every host without the ``onednn`` extra runs; ``test_onednn.py`` sets its own,
-    and ``test_layout.py``, ``test_precision.py`` and ``test_bf16_units.py`` run on oneDNN's
+    and ``test_layout.py``, ``test_precision.py``, ``test_bf16_units.py`` and ``test_swish.py`` run on oneDNN's
     (channels-last chains and bf16 need it)."""
     if request.node.module.__name__.rsplit(".", 1)[-1] not in ("test_onednn", "test_layout", "test_precision",
-                                                               "test_bf16_units"):
+                                                               "test_bf16_units", "test_swish"):
         monkeypatch.setenv("RLX_CPU_ONEDNN", "off")
 
 

@@ -245,7 +245,11 @@ def test_a_convolution_only_onednn_reference_loops_take_stays_on_rlx(monkeypatch
     assert held_cl(cg)
 
 
-def test_silu_and_hard_swish_epilogues_are_one_post_op_each(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("silu", ["post-op", "region"])
+def test_silu_and_hard_swish_epilogues_are_one_post_op_each(monkeypatch: pytest.MonkeyPatch, silu: str) -> None:
+    """Hard-swish is one post-op; SiLU is one too, or (where a region after the
+    convolution timed faster: ``swish``) none, and the native region runs it."""
+    monkeypatch.setenv("RLX_CPU_SWISH", silu)
     built: list[tuple[Any, ...]] = []
     real = onednn_steps.conv_steps
 
@@ -265,7 +269,7 @@ def test_silu_and_hard_swish_epilogues_are_one_post_op_each(monkeypatch: pytest.
     g.set_outputs([g.relu(conv(g, b, 8, 8, 3))])
     check(g, {"x": rand((1, 8, 9, 9), 2)})
     e = onednn.ELTWISE
-    assert built[0] == ((e["swish"], 1.0, 0.0),)
+    assert built[0] == (((e["swish"], 1.0, 0.0),) if silu == "post-op" else ())
     assert len(built[1]) == 1 and built[1][0][0] == e["hardswish"]
     np.testing.assert_allclose(built[1][0][1:], (1.0 / 6.0, 0.5), rtol=1e-6)
 
