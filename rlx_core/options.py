@@ -18,8 +18,8 @@ __all__ = ["CompileOptions", "PASS_NAMES", "PRECISIONS", "precision_name"]
 #: Every pass ``CompileOptions.disable`` may name (``passes/pipeline.py`` runs them; a test
 #: keeps the two lists equal). Here, with the options, so that checking an option needs
 #: no import of the passes.
-PASS_NAMES: tuple[str, ...] = ("fold", "simplify", "cse", "dce", "sink_relu", "conv_taps", "conv_scale", "attention",
-                                "gemm", "elementwise", "conv")
+PASS_NAMES: tuple[str, ...] = ("fold", "simplify", "cse", "dce", "sink_relu", "conv_taps", "conv_scale",
+                                "image_transposes", "attention", "gemm", "elementwise", "conv")
 
 #: The precisions ``CompileOptions.precision`` names: ``fp32`` (the default: float32 values
 #: computed in float32), and the reduced formats a backend may compute float32 products in

@@ -42,6 +42,8 @@
   work. The dropped terms were products with padding zeros: the sums are the same
   within float rounding (a non-finite weight times a padding zero, NaN, is what the
   crop drops). Only where the new padding is still non-negative.
+* ``image_transposes`` (its own module): a sequence moved into an image by a 3-D
+  transpose and a reshape, or back, becomes a reshape and the 4-D transpose it is.
 
 A node the user named is never replaced by another (its name may be looked at), and a
 graph output is never replaced by a source node (a backend then returns a computed
@@ -60,6 +62,7 @@ from ..ir.ops import SOURCE_OPS, OpKind
 from ..ir.sized import holds_array
 from ..ir.symbolic import Sym, known_less
 from ..reference import evaluate
+from .image_transposes import image_transposes
 from .rewrite import Emitter, attrs_key, is_scalar_constant, replace_planned
 
 __all__ = ["fold_constants", "simplify", "cse", "dce", "sink_relu", "conv_taps", "conv_scale", "OPTIMIZE_PASSES"]
@@ -448,5 +451,6 @@ def conv_scale(graph: Graph) -> tuple[Graph, list[str]]:
 
 #: The optimize stage's passes, in order; ``CompileOptions.disable`` names any of them.
 OPTIMIZE_PASSES: dict[str, Pass] = {"fold": fold_constants, "simplify": simplify, "cse": cse, "dce": dce,
-                                     "sink_relu": sink_relu, "conv_taps": conv_taps, "conv_scale": conv_scale}
+                                     "sink_relu": sink_relu, "conv_taps": conv_taps, "conv_scale": conv_scale,
+                                     "image_transposes": image_transposes}
 
