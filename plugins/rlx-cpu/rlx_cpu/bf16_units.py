@@ -103,11 +103,7 @@ def describe() -> str:
     found = unit()
     if found != AVX512_BF16:
         return found or "none"
-    verdict = _STATE.get("verdict")
-    if verdict is None:
-        kept = verdicts.VERDICTS.recall(_QUESTION)
-        if kept is not None and isinstance(kept[0].get("yes"), bool) and isinstance(kept[0].get("why"), str):
-            verdict = (kept[0]["yes"], f"{kept[0]['why']}; timed {verdicts.how_old(kept[1])} ago, kept in rlx's cache")
+    verdict = _STATE.get("verdict") or verdicts.kept_answer(_QUESTION)
     if verdict is None:
         return f"{found}, timed against float32 at the first bf16 compile"
     return f"{found}, {'taken' if verdict[0] else 'not taken'}: {verdict[1]}"

@@ -125,7 +125,7 @@ def _conv_on_dnnl(node: Node, graph: Graph, fixed: Sequence[bool]) -> bool:
 
 
 REDUCES = {OpKind.GLOBAL_AVG_POOL2D: "mean", OpKind.REDUCE_MEAN: "mean", OpKind.REDUCE_SUM: "sum",
-            OpKind.REDUCE_MAX: "max"}
+           OpKind.REDUCE_MAX: "max"}
 
 
 def spatial_reduce(node: Node, graph: Graph) -> bool:
@@ -434,8 +434,7 @@ def reduce_planes(kind: str, x: Any, out: Any) -> list[Any] | None:
     if lib is not None and laid_out(x) and laid_out(out):
         threads = int(lib.threads_for(x.size * _REDUCE_NS, SPLIT_NS))
         args = [0, 0, n, h * w, c, _REDUCE_KINDS[kind], int(x.dtype == HELD16), threads]
-        fallback = None if x.dtype == HELD16 else (lambda x, out: _numpy_planes(kind, x, out))
-        return [bound_call(lib.plane_reduce, args, (x, out), (0, 1), fallback)]
+        return [bound_call(lib.plane_reduce, args, (x, out), (0, 1), lambda x, out: _numpy_planes(kind, x, out))]
     if x.dtype == HELD16:
         return None
     planes = x.reshape(n, h * w, c)
@@ -447,7 +446,10 @@ def reduce_planes(kind: str, x: Any, out: Any) -> list[Any] | None:
 
 
 def _numpy_planes(kind: str, x: np.ndarray, out: np.ndarray) -> None:
-    """``reduce_planes``'s work in numpy, for a run whose arrays the kernel cannot take."""
+    """``reduce_planes``'s work in numpy, for a run whose arrays the kernel cannot take
+    (a bf16 value widened first: its bits are a float32's top half)."""
+    if x.dtype == HELD16:
+        x = (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
     planes = x.reshape(x.shape[0], -1, x.shape[3])
     fn = {"sum": np.sum, "mean": np.mean, "max": np.max}[kind]
     np.copyto(out.reshape(planes.shape[0], planes.shape[2]), fn(planes, axis=1))

@@ -67,11 +67,7 @@ def describe() -> str:
     forced = SWISH.read()
     if forced != "auto":
         return f"{forced} (RLX_CPU_SWISH)"
-    verdict = _STATE.get("verdict")
-    if verdict is None:
-        kept = verdicts.VERDICTS.recall(_QUESTION)
-        if kept is not None and isinstance(kept[0].get("yes"), bool) and isinstance(kept[0].get("why"), str):
-            verdict = (kept[0]["yes"], f"{kept[0]['why']}; timed {verdicts.how_old(kept[1])} ago, kept in rlx's cache")
+    verdict = _STATE.get("verdict") or verdicts.kept_answer(_QUESTION)
     if verdict is None:
         return "timed at the first convolution with a SiLU"
     return f"{'post-op' if verdict[0] else 'region'}: {verdict[1]}"

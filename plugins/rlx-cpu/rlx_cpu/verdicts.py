@@ -42,7 +42,8 @@ from typing import Any
 from rlx_core.errors import CacheWarning
 from rlx_core.plugin import JsonCache
 
-__all__ = ["HostVerdicts", "VERDICTS", "VERDICT_TTL_S", "cpu_flags", "how_old", "settled", "settled_answer"]
+__all__ = ["HostVerdicts", "VERDICTS", "VERDICT_TTL_S", "cpu_flags", "how_old", "kept_answer", "settled",
+           "settled_answer"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -222,6 +223,15 @@ def settled(question: str, measure: Callable[[], Mapping[str, Any]],
     verdict = dict(measure())
     store.keep(question, verdict)
     return verdict
+
+
+def kept_answer(question: str) -> tuple[bool, str] | None:
+    """A ``settled_answer`` verdict as rlx's cache keeps it, with how old it is, or None
+    (reads the file, times nothing: for ``describe``, which ``rlx devices --explain`` asks)."""
+    kept = VERDICTS.recall(question)
+    if kept is None or not isinstance(kept[0].get("yes"), bool) or not isinstance(kept[0].get("why"), str):
+        return None
+    return kept[0]["yes"], f"{kept[0]['why']}; timed {how_old(kept[1])} ago, kept in rlx's cache"
 
 
 def settled_answer(question: str, measure: Callable[[], tuple[bool, str]]) -> tuple[bool, str]:

@@ -412,6 +412,9 @@ def test_plane_reductions_read_float32_or_bf16_as_it_lies(kind: str, shape: tupl
     want = {"mean": np.mean, "sum": np.sum, "max": np.max}[kind](x.astype(np.float64), axis=(1, 2))
     np.testing.assert_allclose(out, want, rtol=2e-6, atol=2e-6 * shape[1] * shape[2])
     assert np.isnan(out[0, -1]) and not np.isnan(out[0, :-1]).any()
+    numpy_out = np.full_like(out, -7.0)  # (numpy's way: a run whose arrays the kernel cannot take)
+    layout._numpy_planes(kind, held_x, numpy_out)
+    np.testing.assert_allclose(numpy_out, want, rtol=2e-6, atol=2e-6 * shape[1] * shape[2])
 
 
 @pytest.mark.parametrize("kind", ["mean", "sum", "max"])
