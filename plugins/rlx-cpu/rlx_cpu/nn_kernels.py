@@ -165,8 +165,12 @@ def _attention(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -
 
 
 #: Scores past this many bytes are computed a block of rows at a time, each block this
-#: many bytes (``_attention_blocks``).
-ATTENTION_BLOCKED_BYTES, ATTENTION_BLOCK_BYTES = 16 << 20, 1 << 20
+#: many bytes (``_attention_blocks``). 4 MB, not the 1 MB first chosen: each block is two
+#: products, a softmax and (bf16) a rounding, each a call with its own fork-join, and on
+#: the 2-core Zen 4 Whisper's encoder (1500 frames) ran 0.88x the time with 4 MB blocks at
+#: float32 and 0.95x under bf16 (2 MB: 0.91x, 0.96x; 8 MB: slower again; A/B in one
+#: process, BENCHMARKS.md "Attention blocks of 4 MB").
+ATTENTION_BLOCKED_BYTES, ATTENTION_BLOCK_BYTES = 16 << 20, 4 << 20
 
 
 def _attention_native(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.ndarray,
@@ -191,7 +195,7 @@ def _attention_native(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.nda
 def _attention_blocks(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.ndarray,
                       ctx: BuildContext, rounded: bool = False) -> list[Step] | None:
     """The attention of long sequences a block of heads and rows at a time, each block's
-    scores (about ``ATTENTION_BLOCK_BYTES``) staying in L2 from their product through the
+    scores (about ``ATTENTION_BLOCK_BYTES``) staying in cache from their product through the
     softmax to the product with ``v``, instead of every head's whole (Lq, Lk) scores
     written, read and written again through memory: a Whisper-style encoder's 1500
     frames, 48 heads of batch 8, 219 -> 156 ms a layer's attention on the 2-core Xeon.
