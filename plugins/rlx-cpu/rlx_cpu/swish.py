@@ -1,17 +1,18 @@
 """Whether a convolution's SiLU runs as oneDNN's swish post-op or as a native region after it.
 
-Why ask: SiLU (``x * sigmoid(x)``: EfficientNet's, MobileNetV3's heads, YOLO's, RegNetY's
-squeeze-excitations) maps onto one oneDNN post-op, applied as each output block is written,
-which saves a pass over memory. On the 2-core Zen 4 EPYC that post-op cost more than the
-pass it saves: a depthwise 3x3 over 32 x 112 x 112 took 0.063 ms plain, 0.18 with the
-swish post-op and 0.14 plain followed by rlx's native region (native.c's ``silu``, about
-0.2 ns an element on two threads); EfficientNet-B0 ran in 0.89x the time at batch 1 and 8
-with every SiLU as a region (BENCHMARKS.md, "SiLU as a post-op or a region"). oneDNN's
+Why ask: SiLU (``x * sigmoid(x)``: EfficientNet's and EfficientNetV2's activation, YOLO's)
+maps onto one oneDNN post-op, applied as each output block is written, which saves a pass
+over memory. On the 2-core Zen 4 EPYC that post-op cost more than the pass it saves: a
+depthwise 3x3 over 32 x 112 x 112 took 0.063 ms plain, 0.18 with the swish post-op and
+0.14 plain followed by rlx's native region (native.c's ``silu``, about 0.2 ns an element
+on two threads); EfficientNet-B0 ran in 0.89-0.95x the time at batch 1 and 0.90x at batch
+8 with every SiLU as a region (BENCHMARKS.md, "SiLU as a post-op or a region"). oneDNN's
 eltwise injector and rlx's interpreter compute the exponential differently and each CPU
 runs them at its own speed, so nothing is assumed: the first convolution with a SiLU
-planned times both ways on two probes (a depthwise 3x3 and a 1x1 expansion, 96 and 32 ->
-192 channels over 56 x 56, the better of a few blocks each, alternating), kept a day in the
-verdict cache like the backend's other timed choices. ``RLX_CPU_SWISH=post-op`` or
+planned times both ways on two probes (``PROBES``: a depthwise 3x3 over 32 x 112 x 112 and
+a 16 -> 96 1x1 over 112 x 112, the best of ``BLOCKS`` blocks each, alternating; smaller
+probes timed the two ways alike here while the model did not), kept a day in the verdict
+cache like the backend's other timed choices. ``RLX_CPU_SWISH=post-op`` or
 ``region`` forces it.
 """
 
