@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from typing import Any
 
 import numpy as np
 
 from . import verdicts
+from .settings import BF16
 
 __all__ = ["AMX", "AVX512_BF16", "MARGIN", "unit", "pays", "takes", "merges", "describe", "reset", "time_product"]
 
@@ -48,9 +48,9 @@ MARGIN = 1.1
 #: dense layer (rows, k, n), each ~1-3 ms at float32 on a 2-core EPYC.
 CONV_PROBE = (128, 28)
 DENSE_PROBE = (128, 768, 3072)
-_QUESTION = "onednn-bf16-avx512"
-_LOCK = threading.Lock()
-_STATE: dict[str, tuple[bool, str]] = {}
+VERDICT = verdicts.TimedAnswer(
+    "onednn-bf16-avx512",
+    lambda yes, why: log.info("rlx-cpu: bf16 on AVX512-BF16 %s (%s)", "taken" if yes else "not taken", why))
 
 
 def unit() -> str | None:
@@ -63,19 +63,19 @@ def unit() -> str | None:
 
 
 def pays(lib: Any) -> tuple[bool, str]:
-    """Whether bf16 products pay on this host's unit, and why: AMX yes; AVX512-BF16 as
-    timed once on this host (``_measure``, kept across processes); else no."""
-    found = unit()
+    """Whether bf16 products pay on this host's unit, and why: never under
+    ``RLX_CPU_BF16=off``; AMX yes; AVX512-BF16 as ``RLX_CPU_BF16=on`` says, else as timed
+    once on this host (``_measure``, kept across processes); no unit, no."""
+    forced, found = BF16.read(), unit()
+    if forced == "off":
+        return False, "RLX_CPU_BF16=off"
     if found == AMX:
         return True, "AMX"
     if found is None:
         return False, "no bf16 unit on this CPU"
-    with _LOCK:
-        if "verdict" not in _STATE:
-            _STATE["verdict"] = verdicts.settled_answer(_QUESTION, lambda: _measure(lib))
-            log.info("rlx-cpu: bf16 on AVX512-BF16 %s (%s)", "taken" if _STATE["verdict"][0] else "not taken",
-                     _STATE["verdict"][1])
-        return _STATE["verdict"]
+    if forced == "on":
+        return True, "RLX_CPU_BF16=on"
+    return VERDICT.answer(lambda: _measure(lib))
 
 
 def takes(lib: Any, impl: str) -> bool:
@@ -100,10 +100,14 @@ def merges() -> bool:
 def describe() -> str:
     """The unit, and on AVX512-BF16 the verdict where this process or rlx's cache has it
     (reads the cache's file, times nothing: ``rlx devices --explain`` asks)."""
-    found = unit()
+    found, forced = unit(), BF16.read()
+    if forced == "off":
+        return f"{found or 'none'}, not taken (RLX_CPU_BF16=off)"
     if found != AVX512_BF16:
         return found or "none"
-    verdict = _STATE.get("verdict") or verdicts.kept_answer(_QUESTION)
+    if forced == "on":
+        return f"{found}, taken (RLX_CPU_BF16=on)"
+    verdict = VERDICT.known()
     if verdict is None:
         return f"{found}, timed against float32 at the first bf16 compile"
     return f"{found}, {'taken' if verdict[0] else 'not taken'}: {verdict[1]}"
@@ -111,9 +115,7 @@ def describe() -> str:
 
 def reset() -> None:
     """Forget the verdict, here and on disk (tests)."""
-    with _LOCK:
-        _STATE.clear()
-        verdicts.VERDICTS.forget(_QUESTION)
+    VERDICT.reset()
 
 
 def _measure(lib: Any) -> tuple[bool, str]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from rlx_core.plugin import Setting
 
-__all__ = ["BLAS", "NATIVE", "GEMM", "CONV", "BIND", "ONEDNN", "LAYOUT", "SWISH", "POOL_MB", "ANY_SIZE", "SETTINGS"]
+__all__ = ["BLAS", "NATIVE", "GEMM", "CONV", "BIND", "ONEDNN", "LAYOUT", "SWISH", "BF16", "POOL_MB", "ANY_SIZE",
+           "SETTINGS"]
 
 _ON = {"1": True, "on": True, "true": True, "yes": True}
 _OFF = {"0": False, "off": False, "false": False, "no": False}
@@ -47,6 +48,11 @@ SWISH = Setting("RLX_CPU_SWISH", "a convolution's SiLU on oneDNN: auto (default:
                 "region after it, whichever timed faster on this host, kept a day; swish.py), post-op, or region",
                 choices={"auto": "auto", "post-op": "post-op", "region": "region"}, default="auto")
 
+BF16 = Setting("RLX_CPU_BF16", "under precision='bf16': auto (default: bf16 operands where the CPU's unit makes them "
+               "pay: AMX; AVX512-BF16 as timed on this host, kept a day; bf16_units.py), on (AVX512-BF16 untimed), "
+               "or off (every product stays float32)",
+               choices={"auto": "auto", "on": "on", "1": "on", "off": "off", "0": "off"}, default="auto")
+
 
 def _megabytes(text: str) -> int:
     try:
@@ -66,4 +72,4 @@ ANY_SIZE = Setting("RLX_CPU_ANY_SIZE", "1 (default): a graph with symbolic dims 
                    "pools excepted); 0 (or off): each shape class compiled on its own",
                    choices={**_ON, **_OFF}, default=True)
 
-SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND, ONEDNN, LAYOUT, SWISH, POOL_MB, ANY_SIZE)
+SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND, ONEDNN, LAYOUT, SWISH, BF16, POOL_MB, ANY_SIZE)

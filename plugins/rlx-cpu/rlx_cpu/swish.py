@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from typing import Any
 
@@ -36,7 +35,6 @@ __all__ = ["post_op", "describe", "reset", "MARGIN"]
 
 log = logging.getLogger("rlx_cpu")
 
-_QUESTION = "onednn-swish-post-op"
 #: The region must run the probes in at most 1 / MARGIN of the post-op's time to be taken.
 MARGIN = 1.05
 #: (kind, channels in, channels out, size): the probe convolutions, batch 1, 3x3 or 1x1.
@@ -45,8 +43,10 @@ PROBES = (("depthwise", 32, 32, 112), ("pointwise", 16, 96, 112))
 #: Blocks of three runs each way, alternating (the best block counts).
 BLOCKS = 6
 
-_STATE: dict[str, tuple[bool, str]] = {}
-_LOCK = threading.Lock()
+VERDICT = verdicts.TimedAnswer(
+    "onednn-swish-post-op",
+    lambda yes, why: log.info("rlx-cpu: SiLU after a convolution %s (%s)",
+                              "as oneDNN's post-op" if yes else "as a native region", why))
 
 
 def post_op(lib: Any) -> tuple[bool, str]:
@@ -55,12 +55,7 @@ def post_op(lib: Any) -> tuple[bool, str]:
     forced = SWISH.read()
     if forced != "auto":
         return forced == "post-op", f"RLX_CPU_SWISH={forced}"
-    with _LOCK:
-        if "verdict" not in _STATE:
-            _STATE["verdict"] = verdicts.settled_answer(_QUESTION, lambda: _measure(lib))
-            log.info("rlx-cpu: SiLU after a convolution %s (%s)",
-                     "as oneDNN's post-op" if _STATE["verdict"][0] else "as a native region", _STATE["verdict"][1])
-        return _STATE["verdict"]
+    return VERDICT.answer(lambda: _measure(lib))
 
 
 def describe() -> str:
@@ -68,7 +63,7 @@ def describe() -> str:
     forced = SWISH.read()
     if forced != "auto":
         return f"{forced} (RLX_CPU_SWISH)"
-    verdict = _STATE.get("verdict") or verdicts.kept_answer(_QUESTION)
+    verdict = VERDICT.known()
     if verdict is None:
         return "timed at the first convolution with a SiLU"
     return f"{'post-op' if verdict[0] else 'region'}: {verdict[1]}"
@@ -76,9 +71,7 @@ def describe() -> str:
 
 def reset() -> None:
     """Forget the verdict, here and on disk (tests)."""
-    with _LOCK:
-        _STATE.clear()
-        verdicts.VERDICTS.forget(_QUESTION)
+    VERDICT.reset()
 
 
 class _ProbeContext:

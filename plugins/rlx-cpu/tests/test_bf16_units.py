@@ -20,7 +20,13 @@ AMX = frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
 def fresh(monkeypatch, tmp_path):
     """A verdict store of this test's own, and no verdict in this process."""
     monkeypatch.setattr(verdicts, "VERDICTS", verdicts.HostVerdicts(tmp_path))
-    monkeypatch.setattr(bf16_units, "_STATE", {})
+    monkeypatch.setattr(bf16_units, "VERDICT", new_process())
+    monkeypatch.delenv("RLX_CPU_BF16", raising=False)
+
+
+def new_process() -> verdicts.TimedAnswer:
+    """The bf16 verdict as a new process starts with it: none yet."""
+    return verdicts.TimedAnswer(bf16_units.VERDICT.question, lambda yes, why: None)
 
 
 def test_the_unit_is_read_off_the_flags(monkeypatch):
@@ -57,7 +63,7 @@ def test_avx512_bf16_takes_its_kernels_as_the_host_measured(monkeypatch, fresh, 
     assert not bf16_units.merges()  # narrow groups merged for AMX's tiles only
     assert calls == ["lib"]  # timed once in the process
     assert bf16_units.describe() == f"AVX512-BF16, {'taken' if verdict else 'not taken'}: made up"
-    monkeypatch.setattr(bf16_units, "_STATE", {})  # a new process: the verdict told from the cache, untimed
+    monkeypatch.setattr(bf16_units, "VERDICT", new_process())  # a new process: the verdict told from the cache, untimed
     kept = f"AVX512-BF16, {'taken' if verdict else 'not taken'}: made up; timed 0 s ago, kept in rlx's cache"
     assert bf16_units.describe() == kept
     assert bf16_units.pays("lib") == (verdict, "made up; timed 0 s ago, kept in rlx's cache")

@@ -23,13 +23,14 @@ READERS = {
     "RLX_CPU_LAYOUT": settings.LAYOUT.read,  # read by layout.enabled, once per compile
     "RLX_CPU_ANY_SIZE": settings.ANY_SIZE.read,  # read by anysize.any_size_executable, once per graph
     "RLX_CPU_SWISH": settings.SWISH.read,  # read by swish.post_op, per fused convolution with a SiLU
+    "RLX_CPU_BF16": settings.BF16.read,  # read by bf16_units.pays, per bf16 compile
 }
 
 
-def test_the_backend_declares_its_ten_variables() -> None:
+def test_the_backend_declares_its_eleven_variables() -> None:
     names = [s.name for s in CpuBackend().settings()]
     assert names == ["RLX_CPU_BLAS", "RLX_CPU_NATIVE", "RLX_CPU_GEMM", "RLX_CPU_CONV", "RLX_CPU_BIND", "RLX_CPU_ONEDNN",
-                     "RLX_CPU_LAYOUT", "RLX_CPU_SWISH", "RLX_CPU_POOL_MB", "RLX_CPU_ANY_SIZE"]
+                     "RLX_CPU_LAYOUT", "RLX_CPU_SWISH", "RLX_CPU_BF16", "RLX_CPU_POOL_MB", "RLX_CPU_ANY_SIZE"]
     assert all(isinstance(s, rlx.plugin.Setting) for s in CpuBackend().settings())
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlx_cpu import conv_choice, gemm, verdicts
+from rlx_cpu import conv_choice, gemm, load, verdicts
 
 
 class Counter:
@@ -61,6 +61,59 @@ def test_a_changed_setting_old_entry_or_forget_times_it_again(tmp_path: Path, mo
     store.forget("q")
     verdicts.settled("q", measure, store)
     assert measure.calls == 6
+
+
+def busy_meter(shares: list[float]) -> type[load.Meter]:
+    """A ``load.Meter`` that reads ``shares`` in turn, as other processes took them."""
+
+    class Busy(load.Meter):
+        def __exit__(self, *exc: object) -> None:
+            self.others = shares.pop(0)
+    return Busy
+
+
+def test_a_verdict_timed_under_load_is_timed_again_and_kept_only_once_quiet(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = iter([(False, "timed 0.71x"), (True, "timed 1.90x")])
+    calls = []
+
+    def measure() -> dict[str, object]:
+        calls.append(1)
+        yes, why = next(answers)
+        return {"yes": yes, "why": why}
+    monkeypatch.setattr(load, "Meter", busy_meter([0.55, 0.02]))
+    found = verdicts.settled("q", measure, verdicts.HostVerdicts(tmp_path))
+    assert found == {"yes": True, "why": "timed 1.90x"} and len(calls) == 2  # the quiet second timing
+    monkeypatch.setattr(load, "Meter", busy_meter([]))  # a later process recalls it, times nothing
+    assert verdicts.settled("q", measure, verdicts.HostVerdicts(tmp_path))["yes"] is True and len(calls) == 2
+
+
+def test_a_verdict_timed_under_load_twice_serves_this_process_only(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    measure = Counter((False, "timed 0.71x"))
+    monkeypatch.setattr(load, "Meter", busy_meter([0.60, 0.48]))
+    found = verdicts.settled("q", measure, verdicts.HostVerdicts(tmp_path))
+    assert measure.calls == 2 and found["yes"] is False
+    assert found["why"] == ("timed 0.71x; timed while other processes took 48% of the CPUs: for this process only, "
+                            "timed again by the next")
+    monkeypatch.setattr(load, "Meter", busy_meter([0.0]))
+    assert verdicts.settled("q", measure, verdicts.HostVerdicts(tmp_path)) == {"yes": False, "why": "timed 0.71x"}
+    assert measure.calls == 3  # nothing was kept: timed again, quiet now, and kept
+    assert verdicts.settled("q", measure, verdicts.HostVerdicts(tmp_path))["why"].startswith("timed 0.71x; timed ")
+
+
+def test_a_timed_answer_is_asked_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(verdicts, "VERDICTS", verdicts.HostVerdicts(tmp_path))
+    told, measure = [], Counter((True, "timed 1.50x"))
+    answer = verdicts.TimedAnswer("q", lambda yes, why: told.append((yes, why)))
+    assert answer.known() is None
+    for _ in range(2):
+        assert answer.answer(lambda: tuple(measure().values())) == (True, "timed 1.50x")
+    assert measure.calls == 1 and told == [(True, "timed 1.50x")]
+    later = verdicts.TimedAnswer("q", lambda yes, why: None)  # another process: the cache tells it
+    assert later.known()[1].startswith("timed 1.50x; timed ")
+    answer.reset()
+    assert answer.known() is None and later.known() is None
 
 
 def test_an_entry_from_the_future_or_for_another_question_is_not_used(tmp_path: Path) -> None:

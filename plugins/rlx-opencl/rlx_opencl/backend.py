@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import rlx_core
-from rlx_core.errors import DeviceError
+from rlx_core.errors import CacheWarning, DeviceError
 from rlx_core.ir.ops import OpKind
 from rlx_core.plugin import CONTRACT_DTYPES, EXTENDED_DTYPES, JsonCache
 
@@ -43,6 +44,36 @@ _CLAIMED: frozenset[str] = frozenset(op for op in _IMPLEMENTED if op in {k.value
 #: Ops whose result dtype does not tell their inputs' (a float64 input needs cl_khr_fp64 too).
 _READS_ANY_DTYPE = frozenset({"cast", "equal", "less", "greater"})
 _LABEL_CACHE = JsonCache("opencl-label", schema=1, what="the OpenCL device's name, for rlx devices (rlx-opencl)")
+#: Which device bare ``opencl`` means, as the last probe found it for this set of devices:
+#: the probe runs in a child process (rlx-core's isolation), and the process that then
+#: compiles must take the device the probe found working, not the first listed.
+_DEFAULT_CACHE = JsonCache("opencl-default", schema=1,
+                           what="the OpenCL device bare 'opencl' means, as the probe found it (rlx-opencl)")
+
+
+def _listing(entries: list[rt.DeviceEntry]) -> dict[str, Any]:
+    return {"devices": [e.describe() for e in entries]}
+
+
+def _kept_default(entries: list[rt.DeviceEntry]) -> int | None:
+    """The default device the last probe found working for exactly these devices, or None."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)  # another set of devices: the probe answers anew
+        try:
+            found = _DEFAULT_CACHE.get("default", _listing(entries))
+        except Exception:
+            return None
+    index = found.get("index") if found else None
+    return index if isinstance(index, int) and 0 <= index < len(entries) else None
+
+
+def _keep_default(entries: list[rt.DeviceEntry], index: int) -> None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CacheWarning)
+            _DEFAULT_CACHE.put("default", _listing(entries), {"index": index})
+    except Exception as exc:  # then bare 'opencl' in another process means the first listed
+        log.debug("rlx-opencl: cannot keep the default device: %s", exc)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -78,6 +109,9 @@ class OpenclBackend(rlx_core.Backend):
             if self._entries is None:
                 entries = rt.list_devices(rt.import_pyopencl())
                 self._default = rt.default_index(entries) if entries else 0
+                kept = _kept_default(entries)
+                if kept is not None:
+                    self._default = kept
                 self._entries = entries
             return self._entries
 
@@ -123,27 +157,45 @@ class OpenclBackend(rlx_core.Backend):
         for e in entries:
             versions[f"opencl:{e.index}"] = e.describe()
         default = self.entry(None)
-        try:
-            rt.smoke_test(self.runtime(default.index))
-        except rt.BuildError as exc:
-            return rlx_core.Availability(False, f"the probe kernel failed to build on opencl:{default.index}: {exc}",
-                                         versions=versions)
-        except Exception as exc:
-            return rlx_core.Availability(False, f"the probe kernel failed on opencl:{default.index} "
-                                                f"({default.name}): {_first_line(exc)}", versions=versions)
-        try:
-            self._check_generated_kernels(default.index)
-        except Exception as exc:
-            return rlx_core.Availability(False, f"rlx's generated kernels failed on opencl:{default.index} "
-                                                f"({default.name}): {_first_line(exc)}", versions=versions)
+        failed = self._first_failure(default)
+        skipped: list[str] = []
+        if failed is not None:
+            # Another device may work where the default cannot: PoCL 3.0's LLVM refuses a
+            # Zen 5 host ("unknown target CPU 'generic'") while Debian's PoCL 3.1, listed
+            # beside it, runs there. Bare ``opencl`` then means the first that works.
+            for other in sorted(entries, key=lambda e: (not e.is_gpu, e.index)):
+                if other.index != default.index and self._first_failure(other) is None:
+                    skipped.append(f"opencl:{default.index} skipped: {failed}")
+                    with self._lock:
+                        self._default = other.index
+                    default, failed = other, None
+                    break
+        if failed is not None:
+            return rlx_core.Availability(False, failed, versions=versions)
+        _keep_default(entries, default.index)
         self._remember_label(default)
         devices = [f"opencl:{e.index}" for e in entries]
         listing = "; ".join(f"opencl:{e.index} = {e.name} ({rt.short_platform(e.platform)})" for e in entries)
         # A GPU's own memory bounds what a graph may need there (OpenCL tells the total, not
         # what is free); a CPU device computes in host memory, which the core checks itself.
         memory = int(default.device.global_mem_size) if default.is_gpu else None
-        return rlx_core.Availability(True, f"{listing}; default opencl:{default.index}", devices=devices,
-                                     versions=versions, memory_bytes=memory)
+        return rlx_core.Availability(True, "; ".join([listing, f"default opencl:{default.index}", *skipped]),
+                                     devices=devices, versions=versions, memory_bytes=memory)
+
+    def _first_failure(self, entry: rt.DeviceEntry) -> str | None:
+        """Why ``entry`` cannot run rlx's kernels (the probe kernel, then a generated dense
+        layer with softmax), or None where it can."""
+        try:
+            rt.smoke_test(self.runtime(entry.index))
+        except rt.BuildError as exc:
+            return f"the probe kernel failed to build on opencl:{entry.index}: {exc}"
+        except Exception as exc:
+            return f"the probe kernel failed on opencl:{entry.index} ({entry.name}): {_first_line(exc)}"
+        try:
+            self._check_generated_kernels(entry.index)
+        except Exception as exc:
+            return f"rlx's generated kernels failed on opencl:{entry.index} ({entry.name}): {_first_line(exc)}"
+        return None
 
     def _check_generated_kernels(self, index: int) -> None:
         """Compile and run a dense layer with softmax through the real code generator

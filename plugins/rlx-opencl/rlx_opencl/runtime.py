@@ -179,7 +179,11 @@ class DeviceRuntime:
             try:
                 return cl.Program(self.context, source).build(options=list(BUILD_OPTIONS))
             except cl.Error as exc:
-                raise BuildError(f"OpenCL build failed on {self.entry.describe()}: {build_log_head(exc)}") from exc
+                log = build_log_head(exc)
+                if "unknown target CPU" in log:
+                    log += (" (this driver's LLVM does not know this CPU; a driver built on a newer LLVM runs "
+                            "here: Debian's and Ubuntu's pocl-opencl-icd names a Zen 5 EPYC skylake-avx512)")
+                raise BuildError(f"OpenCL build failed on {self.entry.describe()}: {log}") from exc
 
     def queue(self) -> Any:
         return self.cl.CommandQueue(self.context)

@@ -127,10 +127,41 @@ def test_available_lists_devices_and_versions():
     assert got.devices and all(d.startswith("opencl:") for d in got.devices)
     assert got.devices[0] == "opencl:0"
     assert "pyopencl" in got.versions and "opencl:0" in got.versions
-    name = backend.entry(0).name
-    assert name in got.reason and name in got.versions["opencl:0"]
-    assert backend.label == f"OpenCL: {name} ({rt.short_platform(backend.entry(0).platform)})"
+    default = backend.entry(None)  # the first device that works (opencl:0 unless it does not)
+    assert default.name in got.reason and default.name in got.versions[f"opencl:{default.index}"]
+    assert backend.label == f"OpenCL: {default.name} ({rt.short_platform(default.platform)})"
     assert OpenclBackend().label == backend.label  # remembered for the next discovery
+
+
+class FakeEntry:
+    """A listed device, as ``runtime.list_devices`` gives one, for the probe's choice."""
+
+    def __init__(self, index: int, driver: str) -> None:
+        self.index, self.name, self.is_gpu, self.driver = index, "pthread-AMD EPYC", False, driver
+        self.platform = types.SimpleNamespace(name="Portable Computing Language")
+
+    def describe(self) -> str:
+        return f"{self.name} (PoCL, driver {self.driver})"
+
+
+def test_bare_opencl_means_the_first_device_that_works_in_every_process(monkeypatch):
+    """Two PoCLs on a Zen 5 host: the one pyopencl bundles (3.0, LLVM 14: "unknown target CPU
+    'generic'") listed first, Debian's (3.1) second. The probe runs in a child process; the
+    process that compiles must mean the same device by bare ``opencl``."""
+    entries = [FakeEntry(0, "3.0-rc2"), FakeEntry(1, "3.1+debian")]
+    monkeypatch.setattr(rt, "import_pyopencl", lambda: types.SimpleNamespace(VERSION_TEXT="fake"))
+    monkeypatch.setattr(rt, "list_devices", lambda cl: entries)
+    broken = "the probe kernel failed to build on opencl:0: ... unknown target CPU 'generic'"
+    monkeypatch.setattr(OpenclBackend, "_first_failure", lambda self, e: broken if e.index == 0 else None)
+    monkeypatch.setattr(OpenclBackend, "_remember_label", lambda self, e: None)
+    child = OpenclBackend()
+    got = child.probe()
+    assert got.available and got.devices == ["opencl:0", "opencl:1"]
+    assert f"default opencl:1; opencl:0 skipped: {broken}" in got.reason
+    assert child.entry(None).index == 1
+    assert OpenclBackend().entry(None).index == 1  # another process, same devices: the probe's choice
+    entries.append(FakeEntry(2, "a GPU's"))
+    assert OpenclBackend().entry(None).index == 0  # other devices: the first until probed again
 
 
 def test_device_index(monkeypatch):
@@ -141,7 +172,8 @@ def test_device_index(monkeypatch):
     g.set_outputs([g.mul(x, 2.0)])
     g.freeze()
     n = len(backend.devices())
-    exe = backend.compile(g, CompileOptions(device=f"opencl:{n - 1}", device_index=n - 1))
+    last = max(e.index for e in backend.devices() if backend._first_failure(e) is None)
+    exe = backend.compile(g, CompileOptions(device=f"opencl:{last}", device_index=last))
     np.testing.assert_array_equal(exe.run({"x": np.arange(4, dtype=np.float32)})[0], [0, 2, 4, 6])
     with pytest.raises(DeviceError, match=rf"device opencl:{n} does not exist; OpenCL devices here: opencl:0 \("):
         backend.compile(g, CompileOptions(device=f"opencl:{n}", device_index=n))
