@@ -39,6 +39,7 @@ from .gathers import resize_steps
 from .kernels import KERNELS, inplace_positions
 from .native import thread_cap
 from .nn_kernels import NN_KERNELS
+from .openmp import team
 from .plan_arena import Diverged, FreeListArena, Layout, PlannedArena, PlanStats, Recorder, block_pays
 from .regions import node_steps
 from .steps import Dyn, Outputs, Step, bind, bind_run
@@ -168,7 +169,8 @@ class PlanBinding:
         from the recording pays (``plan_arena.block_pays``), that plan is bound again on
         it, and so is every later plan of the mode (the free list where a binding does not
         replay the recording)."""
-        with thread_cap(1 if narrow else self._thread_cap):
+        cap = 1 if narrow else self._thread_cap
+        with thread_cap(cap), team(cap):  # (oneDNN fixes a primitive's threads when it is created)
             plan = self._bind_in_arena(narrow, over.buffers if over is not None else [],
                                        over.outputs if over is not None else None)
         self._plans_built = next(self._plan_count)

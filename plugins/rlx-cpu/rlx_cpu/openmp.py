@@ -26,15 +26,17 @@ and logs it at info level.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["SPIN", "Threads", "describe", "load", "loaded", "threads"]
+__all__ = ["SPIN", "Threads", "describe", "load", "loaded", "team", "threads"]
 
 log = logging.getLogger("rlx_cpu")
 
@@ -130,3 +132,26 @@ def threads() -> Threads | None:
     except (OSError, AttributeError) as exc:
         log.debug("rlx-cpu: libgomp's thread controls not found (%s)", exc)
         return None
+
+
+@contextlib.contextmanager
+def team(cap: int | None) -> Iterator[None]:
+    """Parallel regions started from this thread inside use at most ``cap`` threads
+    (``None``: unchanged), as do oneDNN primitives *created* inside.
+
+    Why creation: oneDNN's OpenMP build fixes a primitive's thread count when it is
+    created (``omp_get_max_threads`` then), and a primitive created for two threads forks
+    two whatever the caller's count when it runs. The thread tuner's narrow plans set the
+    count to one around each call, yet their convolutions, created under the default,
+    still ran on both cores (resnet18 on the 2-core Zen 5: 15 ms of CPU per 7.7 ms run
+    "narrow"), so beside a busy process narrow was no cure: the plans bind under this."""
+    omp = threads() if cap is not None else None
+    if omp is None:
+        yield
+        return
+    before = omp.get()
+    omp.set(cap)
+    try:
+        yield
+    finally:
+        omp.set(before)

@@ -161,7 +161,8 @@ class ThreadTuner:
     of ``probes`` (+ 1 not counted) runs of the other mode: it takes over when its median
     beats the last ``window`` runs of the current one by ``margin``; a probe that loses
     doubles ``period`` (up to ``max_period``), so a quiet host pays about one run in a
-    hundred in the slower mode, and a host whose load changed is noticed within a period.
+    hundred in the slower mode, and a host whose load changed is noticed within a period,
+    or within ``window`` runs where the current mode slowed down (below).
 
     Why a block's first run is not counted: the first wide run after narrow ones finds the
     worker threads' CPU idle (on a VM, a halted vCPU the hypervisor must schedule again)
@@ -197,6 +198,15 @@ class ThreadTuner:
     its one thread's CPU awake (the cold start below is wide's after narrow), and the
     executable binds a mode's first plan before the run it times.
 
+    Why a slowdown is probed at once: on a quiet host the probes grow ``max_period`` runs
+    apart, so another process that starts spinning on a core was noticed only up to 256
+    runs later, and meanwhile every wide run waited on its descheduled thread (the 2-core
+    Zen 5, swin_t under bf16 beside a busy process: 59 ms wide, 44 narrow, 17.5 wide
+    alone). So the current mode's time is remembered when it is chosen (``_baseline``), and
+    when the median of the last ``window`` runs passes ``drift`` times it, the other mode is
+    probed at the next run. A probe that loses makes the slower time the new baseline: a
+    host that is slower for both modes is not probed again and again.
+
     Why a tie goes to wide: a 2-vCPU VM sometimes runs a process as if it had one core
     for seconds at a time (the other vCPU not scheduled: wide and narrow then take the
     same time, mobilenet_v3_small about one and a half times as long as wide takes once the
@@ -209,13 +219,14 @@ class ThreadTuner:
 
     def __init__(self, *, warmup: int = 1, trials: int = 6, block: int = 3, probes: int = 3, window: int = 8,
                  period: int = 64, max_period: int = 256, margin: float = 0.9, confirm: int = 8,
-                 clear: float = 1.15, sure: float = 1.4, known_wide: bool = False,
+                 clear: float = 1.15, sure: float = 1.4, drift: float = 1.3, known_wide: bool = False,
                  on_settle: Callable[[str, bool], None] | None = None) -> None:
         if block < 2:
             raise ValueError(f"ThreadTuner: block must be at least 2 (its first run is not counted), got {block}")
         self.warmup, self.trials, self.block, self.probes, self.window = warmup, trials, block, probes, window
         self.base_period, self.max_period, self.margin, self.confirm = period, max_period, margin, confirm
-        self.clear, self.sure = clear, sure
+        self.clear, self.sure, self.drift = clear, sure, drift
+        self._baseline: float | None = None  # the current mode's time when it was chosen (see the class doc)
         # The first comparison is over (its schedule ran out, or one mode clearly lost); skipped
         # when threads are known to pay (``known_wide``: see ``family_tuner``).
         self._compared = self.known_wide = known_wide
@@ -290,7 +301,17 @@ class ThreadTuner:
                 return
             self._recent.append(seconds)
             self._since += 1
-            if self._since >= self.period and len(self._recent) >= self.window:
+            if len(self._recent) < self.window:
+                return
+            if self._since >= self.period:
+                self._probing, self._probe_runs, self._since = [], 0, 0
+                return
+            now = statistics.median(self._recent)
+            if self._baseline is None:
+                self._baseline = now
+            elif now > self.drift * self._baseline:
+                log.debug("rlx-cpu: threads: %s runs take %.0f µs, %.2fx their %.0f µs: probing %s now", self.mode,
+                          now * 1e6, now / self._baseline, self._baseline * 1e6, self._other())
                 self._probing, self._probe_runs, self._since = [], 0, 0
 
     def _clear_loser(self) -> str | None:
@@ -320,6 +341,7 @@ class ThreadTuner:
             self.period = self.confirm
         self._skip_next = mode != planned
         wide, narrow = (statistics.median(self._samples[m]) for m in self.MODES)
+        self._baseline = wide if mode == "wide" else narrow
         log.debug("rlx-cpu: threads: wide %.0f µs, narrow %.0f µs: %s", wide * 1e6, narrow * 1e6, mode)
         if self._on_settle is not None:
             self._on_settle(mode, clearly)
@@ -337,10 +359,12 @@ class ThreadTuner:
             self.mode = self._other()
             self.period = self.confirm if self.mode == "narrow" else self.base_period
             self._recent.clear()
+            self._baseline = theirs
             self.switches += 1
         else:
             self.period = min(2 * self.period, self.max_period)
             self._skip_next = True  # back to this mode after a block of the other
+            self._baseline = ours if self._baseline is None else max(self._baseline, ours)
 
 
 #: ``ShapeFamily.shared`` key: the least work (elements over the graph's nodes) of a

@@ -327,3 +327,32 @@ def test_layout_names_equal_descriptors_alike_and_others_apart() -> None:
         assert lib.layout(c, (8, 4)) != lib.layout(a, (8, 4))
     finally:
         lib.destroy(descs=(a, b, c))
+
+
+def test_a_narrow_plans_convolutions_are_created_for_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN fixes a primitive's threads when its descriptor is made: the thread tuner's
+    narrow plan makes its convolutions with the calling thread's OpenMP count at one (it ran
+    them on every core before, so narrow was no cure for a busy neighbour), and the wide
+    plan with the count it had."""
+    from rlx_cpu.openmp import threads as openmp_threads
+
+    omp = openmp_threads()
+    if omp is None or omp.get() < 2:
+        pytest.skip("one OpenMP thread here: wide and narrow are the same")
+    monkeypatch.setenv("RLX_CPU_ONEDNN", "on")
+    made: list[int] = []
+    real = onednn.Dnnl.conv_pd
+    monkeypatch.setattr(onednn.Dnnl, "conv_pd", lambda self, *a, **k: made.append(omp.get()) or real(self, *a, **k))
+    g = Graph("convs")
+    x = g.input("x", (1, 16, 20, 20))
+    g.set_outputs([g.relu(g.conv2d(x, g.param("w", rand((16, 16, 3, 3), 1)), padding=1))])
+    exe = rlx.compile(g, device="cpu")._exe
+    wide_threads = omp.get()
+    made.clear()
+    plan = exe._bind_plan()
+    assert made and set(made) == {wide_threads}
+    made.clear()
+    twin = exe._bind_plan(narrow=True, over=plan)
+    assert made and set(made) == {1} and omp.get() == wide_threads  # and the count put back
+    feeds = {"x": rand((1, 16, 20, 20), 2)}
+    np.testing.assert_allclose(twin.run(feeds)[0], reference.evaluate(g, feeds)[0], rtol=1e-4, atol=1e-4)

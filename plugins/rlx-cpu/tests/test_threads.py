@@ -132,6 +132,27 @@ def test_the_tuner_follows_the_host_when_it_changes():
     assert tuner.mode == "wide" and tuner.switches == 2
 
 
+def test_a_slowdown_is_probed_at_once_not_a_period_later():
+    """A quiet host: the probes have grown ``max_period`` runs apart. Another process starts
+    spinning on a core and wide runs take 3.4x as long: narrow is tried within a window's
+    runs and taken; the process leaves, and narrow's confirmations go back to wide."""
+    tuner = threads.ThreadTuner(warmup=0, trials=2, probes=2, window=4, period=8, max_period=256)
+    _drive(tuner, {"wide": 1e-3, "narrow": 2e-3}, 600)
+    assert tuner.mode == "wide" and tuner.period == 256
+    chosen = _drive(tuner, {"wide": 3.4e-3, "narrow": 2.5e-3}, 10)
+    assert tuner.mode == "narrow" and tuner.switches == 1 and chosen.index("narrow") <= 4, chosen
+    _drive(tuner, {"wide": 1e-3, "narrow": 2e-3}, 40)
+    assert tuner.mode == "wide" and tuner.switches == 2
+
+
+def test_a_host_slower_for_both_modes_is_not_probed_again_and_again():
+    tuner = threads.ThreadTuner(warmup=0, trials=2, probes=2, window=4, period=8, max_period=256)
+    _drive(tuner, {"wide": 1e-3, "narrow": 2e-3}, 600)
+    chosen = _drive(tuner, {"wide": 2e-3, "narrow": 4e-3}, 200)  # half the speed, both ways
+    assert tuner.mode == "wide" and tuner.switches == 0
+    assert chosen.count("narrow") <= 3 + 2 * 3, chosen  # the drift's probe, and at most two periodic ones
+
+
 def test_a_narrow_pick_is_confirmed_soon():
     """The other core busy during the first comparison only: narrow is taken, and wide is
     tried again after ``confirm`` runs, not ``period``: back to wide within a few runs."""
