@@ -26,7 +26,7 @@ from .onednn import (
     _Arg,
     reduced,
 )
-from .onednn_steps import _TYPE_NAMES, ACTIVATION_POST, _addr, _jit_impl, _reordered
+from .onednn_steps import _TYPE_NAMES, ACTIVATION_POST, _addr, _jit_impl, _reordered, reorder_team
 from .steps import aligned_empty
 
 __all__ = ["RunTimeDense"]
@@ -95,7 +95,8 @@ class RunTimeDense:
             made.append(w_md)
             w_plain = lib.md_strided((k, n), tuple(st // 4 for st in w.strides))
             made.append(w_plain)
-            prims.append(lib.reorder(w_plain, w_md))
+            with reorder_team(lib, w_md):
+                prims.append(lib.reorder(w_plain, w_md))
             prims.append(lib.primitive(pd))
             if dtype != _F32:
                 plain_src = lib.md((_RUNTIME_DIM, k), _AB)

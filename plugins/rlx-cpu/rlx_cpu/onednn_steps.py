@@ -49,6 +49,7 @@ from .onednn import (
     _Arg,
     reduced,
 )
+from .openmp import team
 from .openmp import threads as openmp_threads
 from .steps import HELD16, Dyn, Step, aligned_empty
 
@@ -263,7 +264,25 @@ def _weights_for(lib: Dnnl, pd: Any, dtype: int, plain: Any, made: list[Any],
     impl = _jit_impl(lib, pd, dtype, paying)
     w_md = lib.clone_md(lib.query_md(pd, _QUERY_WEIGHTS_MD))
     made.append(w_md)
-    return impl, w_md, plain, lib.reorder(plain, w_md)
+    with reorder_team(lib, w_md):
+        reorder = lib.reorder(plain, w_md)
+    return impl, w_md, plain, reorder
+
+
+#: Weights smaller than this are reordered on the calling thread alone (``reorder_team``).
+REORDER_ALONE_BYTES = 4 << 20
+
+
+def reorder_team(lib: Dnnl, blocked: Any) -> Any:
+    """The OpenMP team a weights' reorder into ``blocked`` is made and run under: the
+    calling thread alone below ``REORDER_ALONE_BYTES``, else every thread.
+
+    Why: a compile reorders every convolution's weights once, each a parallel region of
+    its own, and on a 2-vCPU VM waking the sleeping worker for one took ~0.3 ms, more than
+    the reorder: mobilenet_v2's 52 took 13-20 ms of its 37-46 ms backend compile on two
+    threads, 2 ms on one (2-core Zen 5, fresh processes). oneDNN fixes a primitive's
+    threads when it is made, so the team holds for both."""
+    return team(1 if lib.size(blocked) < REORDER_ALONE_BYTES else None)
 
 
 def _declined(lib: Dnnl, pd: Any, made: list[Any], what: str, dtype: int, exc: Exception) -> None:
@@ -351,7 +370,8 @@ def _reordered(lib: Dnnl, reorder: Any, plain: Any, blocked: Any, size: int,
         src = np.ascontiguousarray(src_w, dtype=np.float32) if contiguous else src_w
         pair = (lib.memory(plain, _addr(src)), lib.memory(blocked, dest.ctypes.data))
         try:
-            lib.run(reorder, (_Arg * 2)(_Arg(_ARG_SRC, pair[0]), _Arg(_ARG_DST, pair[1])), 2)
+            with reorder_team(lib, blocked):
+                lib.run(reorder, (_Arg * 2)(_Arg(_ARG_SRC, pair[0]), _Arg(_ARG_DST, pair[1])), 2)
         finally:
             lib.destroy(memories=pair)
         return dest
