@@ -204,8 +204,9 @@ class ThreadTuner:
     Zen 5, swin_t under bf16 beside a busy process: 59 ms wide, 44 narrow, 17.5 wide
     alone). So the current mode's time is remembered when it is chosen (``_baseline``), and
     when the median of the last ``window`` runs passes ``drift`` times it, the other mode is
-    probed at the next run. A probe that loses makes the slower time the new baseline: a
-    host that is slower for both modes is not probed again and again.
+    probed at the next run. A probe that loses makes the slower time the new baseline (a
+    host that is slower for both modes is not probed again and again), and a window faster
+    than the baseline lowers it (so a load that left and came back is noticed again).
 
     Why a tie goes to wide: a 2-vCPU VM sometimes runs a process as if it had one core
     for seconds at a time (the other vCPU not scheduled: wide and narrow then take the
@@ -307,7 +308,7 @@ class ThreadTuner:
                 self._probing, self._probe_runs, self._since = [], 0, 0
                 return
             now = statistics.median(self._recent)
-            if self._baseline is None:
+            if self._baseline is None or now < self._baseline:  # (faster again: the load left)
                 self._baseline = now
             elif now > self.drift * self._baseline:
                 log.debug("rlx-cpu: threads: %s runs take %.0f µs, %.2fx their %.0f µs: probing %s now", self.mode,
@@ -364,7 +365,7 @@ class ThreadTuner:
         else:
             self.period = min(2 * self.period, self.max_period)
             self._skip_next = True  # back to this mode after a block of the other
-            self._baseline = ours if self._baseline is None else max(self._baseline, ours)
+            self._baseline = ours  # slower for both modes: the new normal, until runs speed up again
 
 
 #: ``ShapeFamily.shared`` key: the least work (elements over the graph's nodes) of a

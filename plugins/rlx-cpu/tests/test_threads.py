@@ -151,6 +151,9 @@ def test_a_host_slower_for_both_modes_is_not_probed_again_and_again():
     chosen = _drive(tuner, {"wide": 2e-3, "narrow": 4e-3}, 200)  # half the speed, both ways
     assert tuner.mode == "wide" and tuner.switches == 0
     assert chosen.count("narrow") <= 3 + 2 * 3, chosen  # the drift's probe, and at most two periodic ones
+    _drive(tuner, {"wide": 1e-3, "narrow": 2e-3}, 30)  # quiet again: the baseline follows it down
+    chosen = _drive(tuner, {"wide": 1.45e-3, "narrow": 1.2e-3}, 12)  # a new load, 1.45x quiet: noticed at once
+    assert tuner.mode == "narrow" and "narrow" in chosen[:6], chosen
 
 
 def test_a_narrow_pick_is_confirmed_soon():
