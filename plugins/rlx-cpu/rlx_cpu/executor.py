@@ -243,12 +243,12 @@ class CpuExecutable(Residents, PlanBinding, Executable):
             return self._run_plan(plan, plan, inputs)
         mode = tuner.next_mode()
         narrow = mode == "narrow"
-        if plan.twin is None and (narrow or tuner.comparing()):
-            # Bound before the clock starts (the tuner compares runs), and while the first
-            # comparison is pending already in a wide run before it (this plan is this
-            # run's alone until it goes back to the pool): not inside the narrow run a
-            # caller times (20-35 ms at batch 1 for a segmentation net, a few runs after a
-            # benchmark's warm-up).
+        if plan.twin is None and (narrow or tuner.narrow_next()):
+            # Bound before the clock starts (the tuner compares runs), and for the first
+            # comparison in the wide run just before its first narrow one (this plan is
+            # this run's alone until it goes back to the pool): not inside the narrow run
+            # a caller times (20-35 ms at batch 1 for a segmentation net, a few runs after
+            # a benchmark's warm-up), nor in the first run (``ThreadTuner.narrow_next``).
             plan.twin = self._bind_plan(True, over=plan)
         runner = plan.twin if narrow else plan
         assert runner is not None

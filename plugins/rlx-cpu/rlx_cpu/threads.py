@@ -255,6 +255,17 @@ class ThreadTuner:
         with self._lock:
             return not self._compared
 
+    def narrow_next(self) -> bool:
+        """Whether the run after the one about to start is one of the first comparison's
+        narrow runs: the executable binds the narrow plan in the wide run before it
+        (outside the runs the tuner times), not in the first run a caller waits for. A
+        narrow plan's oneDNN primitives are made for one thread, new kernels, not the
+        wide plan's from oneDNN's cache: bound in the first run they made it 3-5 ms
+        slower (resnet18 and mobilenet_v2 at batch 1 on the 2-core Zen 5)."""
+        with self._lock:
+            k = self._seen + 1 - self.warmup  # the next run's place in the schedule
+            return not self._compared and 0 <= k < len(self._schedule) and self._schedule[k][0] == "narrow"
+
     def next_mode(self) -> str:
         """The mode the next run should use."""
         with self._lock:

@@ -433,8 +433,9 @@ def test_a_symbolic_graphs_larger_class_runs_no_narrow_trial(monkeypatch):
 
 def test_the_narrow_plan_is_bound_after_the_warm_up_run_not_inside_a_narrow_one():
     """While the first comparison is pending, the plan the narrow runs will use is bound
-    in the first run that meets it, wide or not (outside every run the tuner times, and
-    outside the narrow run a caller times): the narrow runs find it bound."""
+    in the wide run just before the first narrow one: not in the first run (the first
+    result a caller waits for; a narrow plan's oneDNN primitives are new kernels), not
+    inside a run the tuner times nor the narrow run a caller times."""
     lib = native.library()
     if lib is None or lib.threads() < 2:
         pytest.skip("one thread here: no narrow runs")
@@ -445,9 +446,13 @@ def test_the_narrow_plan_is_bound_after_the_warm_up_run_not_inside_a_narrow_one(
         pytest.skip(f"not tuned here (native thread cap {exe._thread_cap})")
     x = np.random.default_rng(2).standard_normal((1, 8, 32, 32)).astype(np.float32)
     assert exe._tuner.comparing() and exe._pool[0].twin is None
-    cg.run({"x": x})  # the warm-up run, wide (the narrow plan bound before it)
+    cg.run({"x": x})  # the warm-up run, wide: the first result, no narrow plan bound in it
     (plan,) = exe._pool
-    assert plan.twin is not None and exe._tuner.next_mode() == "wide"
+    assert plan.twin is None and exe._tuner.next_mode() == "wide"
+    while exe._tuner.next_mode() != "narrow":
+        cg.run({"x": x})
+    (plan,) = exe._pool
+    assert plan.twin is not None  # bound in the wide run before the first narrow one
     built = exe.plan_stats()["narrow"]
     while exe._tuner.comparing():
         cg.run({"x": x})
