@@ -74,7 +74,9 @@ class _Call:
     primitive, the result reordered back where it is wanted NCHW; operands read per run
     only where they are a caller's arrays. Under a thread cap (a narrow plan: on a busy
     host one thread beats two waiting on each other) the calling thread's OpenMP team is
-    set to it for the call and put back after."""
+    set to it for the call and put back after: the primitives were made under the same
+    cap (the plan binds under ``openmp.team``), and this holds the kernels oneDNN sizes
+    per run. ``team``'s own steps, inline: a generator per call is overhead on this path."""
 
     def __init__(self, lib: Dnnl, prims: tuple[tuple[Any, Any, int], ...], handles: tuple[Any, Any],
                  keep: tuple[Any, ...]) -> None:

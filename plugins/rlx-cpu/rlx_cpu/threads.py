@@ -250,8 +250,8 @@ class ThreadTuner:
         self.switches = 0
 
     def comparing(self) -> bool:
-        """Whether the first comparison is still to come or under way: narrow runs are
-        coming (the executable binds their plan ahead, outside the runs they time)."""
+        """Whether the first comparison is still to come or under way (the executable asks
+        ``narrow_next`` when to bind the narrow plan; this is for reports and tests)."""
         with self._lock:
             return not self._compared
 
@@ -260,8 +260,8 @@ class ThreadTuner:
         narrow runs: the executable binds the narrow plan in the wide run before it
         (outside the runs the tuner times), not in the first run a caller waits for. A
         narrow plan's oneDNN primitives are made for one thread, new kernels, not the
-        wide plan's from oneDNN's cache: bound in the first run they made it 3-5 ms
-        slower (resnet18 and mobilenet_v2 at batch 1 on the 2-core Zen 5)."""
+        wide plan's from oneDNN's cache: bound in the first run they made it 3-16 ms
+        slower (resnet18, mobilenet_v2, efficientnet_b0 at batch 1 on the 2-core Zen 5)."""
         with self._lock:
             k = self._seen + 1 - self.warmup  # the next run's place in the schedule
             return not self._compared and 0 <= k < len(self._schedule) and self._schedule[k][0] == "narrow"
