@@ -160,9 +160,20 @@ class ThreadTuner:
     ends early where one mode clearly loses (below). Then, every ``period`` runs, a block
     of ``probes`` (+ 1 not counted) runs of the other mode: it takes over when its median
     beats the last ``window`` runs of the current one by ``margin``; a probe that loses
-    doubles ``period`` (up to ``max_period``), so a quiet host pays about one run in a
-    hundred in the slower mode, and a host whose load changed is noticed within a period,
-    or within ``window`` runs where the current mode slowed down (below).
+    doubles ``period`` (up to ``max_period`` in narrow, ``wide_max_period`` in wide), and a
+    host whose load changed is noticed within a period, or within ``window`` runs where the
+    current mode slowed down (below).
+
+    Why wide probes so seldom: a load that arrives slows wide's runs, and the drift check
+    below probes narrow within ``window`` runs, so wide's periodic probes only guard
+    against a slow change that stays under ``drift``; each costs a narrow run or four,
+    up to twice wide's time. At ``max_period`` they cost a quiet host ~1.6% of a model's
+    time for good, and 4% over its first 500 runs (regnet_y_800mf at batch 4 on the
+    2-core Zen 5, narrow 2x wide; BENCHMARKS.md, section 'The thread tuner's periodic
+    probes on a quiet host (issue 35, session 38)'). So a clear first verdict of wide
+    waits ``max_period`` runs for its first probe, and wide's probes grow to
+    ``wide_max_period`` apart. Narrow keeps ``max_period``: a load that leaves does not
+    slow narrow down, so only a probe notices that wide pays again.
 
     Why a block's first run is not counted: the first wide run after narrow ones finds the
     worker threads' CPU idle (on a VM, a halted vCPU the hypervisor must schedule again)
@@ -219,13 +230,15 @@ class ThreadTuner:
     MODES = ("wide", "narrow")
 
     def __init__(self, *, warmup: int = 1, trials: int = 6, block: int = 3, probes: int = 3, window: int = 8,
-                 period: int = 64, max_period: int = 256, margin: float = 0.9, confirm: int = 8,
+                 period: int = 64, max_period: int = 256, wide_max_period: int = 2048, margin: float = 0.9,
+                 confirm: int = 8,
                  clear: float = 1.15, sure: float = 1.4, drift: float = 1.3, known_wide: bool = False,
                  on_settle: Callable[[str, bool], None] | None = None) -> None:
         if block < 2:
             raise ValueError(f"ThreadTuner: block must be at least 2 (its first run is not counted), got {block}")
         self.warmup, self.trials, self.block, self.probes, self.window = warmup, trials, block, probes, window
         self.base_period, self.max_period, self.margin, self.confirm = period, max_period, margin, confirm
+        self.wide_max_period = max(wide_max_period, max_period)
         self.clear, self.sure, self.drift = clear, sure, drift
         self._baseline: float | None = None  # the current mode's time when it was chosen (see the class doc)
         # The first comparison is over (its schedule ran out, or one mode clearly lost); skipped
@@ -351,6 +364,8 @@ class ThreadTuner:
         self.mode, self._compared = mode, True
         if mode == "narrow":
             self.period = self.confirm
+        elif clearly:  # (see the class doc: why wide probes so seldom)
+            self.period = max(self.period, self.max_period)
         self._skip_next = mode != planned
         wide, narrow = (statistics.median(self._samples[m]) for m in self.MODES)
         self._baseline = wide if mode == "wide" else narrow
@@ -374,7 +389,8 @@ class ThreadTuner:
             self._baseline = theirs
             self.switches += 1
         else:
-            self.period = min(2 * self.period, self.max_period)
+            cap = self.wide_max_period if self.mode == "wide" else self.max_period
+            self.period = min(2 * self.period, cap)
             self._skip_next = True  # back to this mode after a block of the other
             self._baseline = ours  # slower for both modes: the new normal, until runs speed up again
 

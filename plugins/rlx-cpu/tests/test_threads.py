@@ -133,16 +133,32 @@ def test_the_tuner_follows_the_host_when_it_changes():
 
 
 def test_a_slowdown_is_probed_at_once_not_a_period_later():
-    """A quiet host: the probes have grown ``max_period`` runs apart. Another process starts
+    """A quiet host: the probes have grown hundreds of runs apart. Another process starts
     spinning on a core and wide runs take 3.4x as long: narrow is tried within a window's
     runs and taken; the process leaves, and narrow's confirmations go back to wide."""
     tuner = threads.ThreadTuner(warmup=0, trials=2, probes=2, window=4, period=8, max_period=256)
     _drive(tuner, {"wide": 1e-3, "narrow": 2e-3}, 600)
-    assert tuner.mode == "wide" and tuner.period == 256
+    assert tuner.mode == "wide" and tuner.period == 512
     chosen = _drive(tuner, {"wide": 3.4e-3, "narrow": 2.5e-3}, 10)
     assert tuner.mode == "narrow" and tuner.switches == 1 and chosen.index("narrow") <= 4, chosen
     _drive(tuner, {"wide": 1e-3, "narrow": 2e-3}, 40)
     assert tuner.mode == "wide" and tuner.switches == 2
+
+
+def test_a_quiet_host_pays_few_narrow_probes_once_wide_clearly_won():
+    """Narrow at twice wide's time, a quiet host: a clear first verdict of wide waits
+    ``max_period`` runs for its first probe, and the probes grow ``wide_max_period`` apart
+    (a load that arrives is the drift check's to notice). With wide's probes held to
+    ``max_period``, 10,000 runs took 157 narrow runs (the opening's one, then 39 probes of 4); now 25."""
+    tuner = threads.ThreadTuner(warmup=0, trials=2, probes=3)
+    chosen = _drive(tuner, {"wide": 1e-3, "narrow": 2e-3}, 10_000)
+    assert tuner.mode == "wide" and tuner.period == 2048 and tuner.switches == 0
+    assert chosen[4:4 + 256].count("narrow") == 0, "the first probe waits max_period runs"
+    assert chosen.count("narrow") <= 25, chosen.count("narrow")
+    # a narrow pick that was not clear keeps the old cadence: its confirmations come soon
+    tuner = threads.ThreadTuner(warmup=0, trials=2, probes=3, max_period=64)
+    _drive(tuner, {"wide": 1e-3, "narrow": 0.8e-3}, 2_000)
+    assert tuner.mode == "narrow" and tuner.period == 64
 
 
 def test_a_host_slower_for_both_modes_is_not_probed_again_and_again():
