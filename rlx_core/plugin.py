@@ -26,6 +26,7 @@ from .ir.dtypes import CONTRACT_DTYPES as CONTRACT_DTYPES
 from .ir.dtypes import DTYPES as DTYPES
 from .ir.dtypes import EXTENDED_DTYPES as EXTENDED_DTYPES
 from .ir.dtypes import STORAGE_DTYPES as STORAGE_DTYPES
+from .ir.ops import OP_EXTENSIONS as OP_EXTENSIONS
 from .ir.ops import OpKind
 from .options import PASS_NAMES as PASS_NAMES
 from .options import PRECISIONS as PRECISIONS
@@ -81,6 +82,7 @@ __all__ = [
     "EXTENDED_DTYPES",
     "STORAGE_DTYPES",
     "DTYPES",
+    "OP_EXTENSIONS",
     *sorted(_KIT),  # resolved by __getattr__ below
 ]
 
@@ -251,6 +253,13 @@ class Backend:
     #: (``rlx_core.ir.dtypes.STORAGE_DTYPES``: bfloat16, the float8s, float4, 4- and 2-bit ints),
     #: which only cast and the ops that move values take, as numpy arrays of ``ml_dtypes``.
     dtypes: ClassVar[frozenset[str]] = CONTRACT_DTYPES
+    #: The optional op attributes beyond the contract this backend honours, as ``"op.attr"``
+    #: (``rlx_core.ir.ops.OP_EXTENSIONS``, e.g. ``"attention.nan_to_zero"``). The core hands
+    #: a node carrying one only to a backend that lists it: for any other, legalization
+    #: rewrites it into its decomposition and the passes never make it, so a plugin
+    #: written before the attribute existed never meets it. The conformance kit tests what
+    #: a backend lists.
+    op_extensions: ClassVar[frozenset[str]] = frozenset()
 
     def probe(self) -> Availability:
         """Run a tiny real computation; return why not when this backend cannot run here."""

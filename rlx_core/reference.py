@@ -274,7 +274,10 @@ def _attention(node: Node, xs: Sequence[np.ndarray]) -> np.ndarray:
     if len(xs) == 4:
         mask = xs[3]
         s = np.where(mask, s, -np.inf) if mask.dtype == np.bool_ else s + mask
-    return np.matmul(_softmax_along(s, -1), v)
+    p = _softmax_along(s, -1)
+    if node.attrs.get("nan_to_zero"):  # (see rlx_core.ir.ops.OP_EXTENSIONS)
+        p = np.where(np.isnan(p), 0.0, p)
+    return np.matmul(p, v)
 
 
 _KERNELS: dict[OpKind, Kernel] = {

@@ -61,7 +61,7 @@ def feeds(g: rlx.Graph) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("mask", [False, True])
 def test_chain_becomes_attention_with_the_same_results(scale: str, want: float, mask: bool) -> None:
     g = exported(scale, mask)
-    h, notes = fuse_attention(g, claim_all)
+    h, notes, _ = fuse_attention(g, claim_all)
     att = [n for n in h.nodes if n.op is OpKind.ATTENTION]
     assert len(att) == 1 and att[0].attrs["scale"] == pytest.approx(float(want), rel=0, abs=0)
     assert (len(att[0].inputs) == 4) is mask
@@ -74,13 +74,13 @@ def test_chain_becomes_attention_with_the_same_results(scale: str, want: float, 
 
 def test_inexact_scales_and_shared_values_are_left_alone() -> None:
     for g in (exported("div3"), exported(softmax_is_output=True)):
-        h, notes = fuse_attention(g, claim_all)
+        h, notes, _ = fuse_attention(g, claim_all)
         assert not notes and ops_of(h) == ops_of(g)
 
 
 def test_a_param_scale_moves_onto_q_and_set_param_still_works() -> None:
     g = exported("param8")
-    h, notes = fuse_attention(g, claim_all)
+    h, notes, _ = fuse_attention(g, claim_all)
     assert "moved onto q" in notes[0] and ops_of(h).count("div") == 1
     div = next(n for n in h.nodes if n.op is OpKind.DIV)
     assert h.node(div.inputs[1]).op is OpKind.PARAM and h.node(div.inputs[0]).shape == (B, H, L, D)
@@ -96,7 +96,7 @@ def test_a_param_scale_moves_onto_q_and_set_param_still_works() -> None:
 
 def test_only_for_backends_that_claim_attention_and_can_be_disabled() -> None:
     g = exported()
-    h, notes = fuse_attention(g, lambda n: n.op is not OpKind.ATTENTION)
+    h, notes, _ = fuse_attention(g, lambda n: n.op is not OpKind.ATTENTION)
     assert h is g and not notes
     opts = rlx.CompileOptions(disable=("attention",))
     assert "attention" not in ops_of(run_pipeline(g, claim_all, opts).graph)

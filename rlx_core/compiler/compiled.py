@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..backends.registry import Registry, parse_device
-from ..errors import ConfigError, DeviceError, PluginError, RlxError
+from ..errors import ConfigError, DeviceError, InputError, PluginError, RlxError
 from ..ir import Graph
 from ..passes.pipeline import fusion_report_enabled
 from ..passes.plan import plan_memory
@@ -112,8 +112,12 @@ class CompiledGraph:
     """One graph compiled for one device. Thread-safe ``run``."""
 
     def __init__(self, graph: Graph, device: str, executable: Executable, legal: Graph, report: CompileReport,
-                 registry: Registry, options: CompileOptions | None = None) -> None:
+                 registry: Registry, options: CompileOptions | None = None, *, absorbed: frozenset[str] = frozenset(),
+                 source: Graph | None = None) -> None:
         self.graph = graph
+        # Params a pass of the pipeline took the value of (``absorbed_params``), and the
+        # static graph to compile again from when one of them is replaced (None: cannot).
+        self._absorbed, self._source = absorbed, source
         self._options = options
         self._device = device
         self._exe = executable
@@ -138,6 +142,19 @@ class CompiledGraph:
 
     def report(self) -> CompileReport:
         return self._report
+
+    @property
+    def can_compile_again(self) -> bool:
+        """Whether this copy holds the static graph it was compiled from (``set_param`` of
+        an absorbed param compiles that again); not a class made from a graph lowered once."""
+        return self._source is not None
+
+    @property
+    def absorbed_params(self) -> frozenset[str]:
+        """The params the compile pipeline took the value of (a scalar the attention fusion
+        read, say): the compiled code no longer reads them, so ``set_param`` of one compiles
+        the graph again with the new value instead of handing it to the executable."""
+        return self._absorbed
 
     def run(self, inputs: Mapping[str, Any], output: str = "numpy") -> list[Any]:
         """Run on validated ``inputs``; one array per graph output.
@@ -220,6 +237,10 @@ class CompiledGraph:
     def set_param(self, name: str, value: Any) -> None:
         """Replace a param (same shape and dtype, else ``InputError``); atomic on failure."""
         _node, frozen = check_param_value(self.graph, name, value)
+        if name in self._absorbed:
+            with self._lock:
+                self._compile_again(name, frozen)
+            return
         legal_id = next((i for i in self._legal.params if self._legal.node(i).name == name), None)
         if legal_id is None:  # the pipeline keeps every param; a backend's rewrite might not
             raise PluginError(f"device {self._device}: the compiled graph lost param {name!r}")
@@ -236,6 +257,27 @@ class CompiledGraph:
             except Exception:
                 self._legal.replace_value(legal_id, old)
                 raise
+
+    def _compile_again(self, name: str, frozen: np.ndarray) -> None:
+        """Compile the source graph again with ``name`` set to ``frozen`` and every other
+        param as this copy holds it now; swap in the result (nothing changes on failure)."""
+        if self._source is None:
+            raise InputError(f"graph {self.graph.name!r} on {self._device}: param {name!r} was folded into the "
+                             "compiled code (absorbed by the compile pipeline) and this copy cannot be compiled "
+                             "again on its own; compile the graph again with the new value")
+        current = {self._legal.node(i).name: self._legal.value(i) for i in self._legal.params}
+        current[name] = frozen
+        source = self._source.copy()
+        for i in source.params:
+            value = current.get(source.node(i).name)
+            if value is not None:
+                source.replace_value(i, value)
+        fresh = compile_on(source, self._device, self._report.reason, [], self._registry, self._options)
+        self._exe, self._legal, self._absorbed, self._source = fresh._exe, fresh._legal, fresh._absorbed, source
+        self._report.notes.append(f"compiled again at {time.strftime('%H:%M:%S')}: set_param of {name!r}, a "
+                                  "param the pipeline had folded into the compiled code")
+        log.info("graph %r on %s: compiled again for a new value of %r (a param folded into the compiled code)",
+                 self.graph.name, self._device, name)
 
     def __repr__(self) -> str:
         return f"<CompiledGraph {self.graph.name!r} on {self._device}>"
@@ -293,15 +335,17 @@ def compile_on(graph: Graph, device: str, reason: str, rows: list[DeviceCandidat
         raise DeviceError(f"device {device!r} cannot run graph {graph.name!r}: {result.blocker}")
     # The compiled copy owns its graph (set_param mutates its values).
     return compile_lowered(graph, result.graph.copy(), result, device, reason, rows, registry, options,
-                           result.memory_plan, t0, show, user_nodes=len(graph))
+                           result.memory_plan, t0, show, user_nodes=len(graph),
+                           source=None if graph.is_symbolic else graph)
 
 
 def compile_lowered(graph: Graph, legal: Graph, result: Any, device: str, reason: str, rows: list[DeviceCandidate],
                     registry: Registry, options: CompileOptions | None, plan: Any, t0: float, show: bool, *,
-                    user_nodes: int) -> CompiledGraph:
+                    user_nodes: int, source: Graph | None = None) -> CompiledGraph:
     """The end of every compile: ``legal`` (the pipeline's ``result``, a graph the compiled
     copy owns) checked against the memory there is, frozen, compiled by the backend, and
-    reported (``user_nodes`` nodes before the pipeline; ``plan`` the memory plan handed on).
+    reported (``user_nodes`` nodes before the pipeline; ``plan`` the memory plan handed on;
+    ``source`` the static graph ``set_param`` of an absorbed param compiles again from).
     ``compile_on`` and the classes of a graph lowered once (``lowered_once.py``) share it."""
     name = parse_device(device)[0]
     # Too big for this machine: a clear error naming the size, before anything is allocated.
@@ -324,5 +368,6 @@ def compile_lowered(graph: Graph, legal: Graph, result: Any, device: str, reason
     log.info("compiled graph %r on %s (%s)", graph.name, device, reason)
     if show:
         print(f"rlx: {RLX_FUSION_REPORT_HEADER}\n{report}", file=sys.stderr, flush=True)
-    return CompiledGraph(graph, device, exe, legal, report, registry, opts)
+    return CompiledGraph(graph, device, exe, legal, report, registry, opts,
+                         absorbed=getattr(result, "folded_params", frozenset()), source=source)
 

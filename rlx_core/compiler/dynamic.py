@@ -246,7 +246,7 @@ class DynamicCompiledGraph(CompiledGraph):
                 t0 = time.perf_counter()
                 with self._family.compiling():
                     made = self._lowered.any_size()
-                if made is None:
+                if made is None or self._params.keys() & made.absorbed_params:  # (see set_param)
                     self._no_any = True
                     return None
                 for name, value in self._params.items():
@@ -275,6 +275,8 @@ class DynamicCompiledGraph(CompiledGraph):
         t0 = time.perf_counter()
         with self._family.compiling():
             cg = self._lowered.compile(bindings) if self._lowered is not None else None
+            if cg is not None and self._params.keys() & cg.absorbed_params:  # (see set_param)
+                self._lowered, cg = None, None
             once = cg is not None
             if cg is None:
                 cg = self._compile_shape(self.graph.specialize(bindings))
@@ -317,9 +319,20 @@ class DynamicCompiledGraph(CompiledGraph):
         return [dict(k) for k in self._classes]
 
     def set_param(self, name: str, value: Any) -> None:
-        """Replace a param in every kept copy and in every copy compiled later."""
+        """Replace a param in every kept copy and in every copy compiled later.
+
+        A param the graph lowered once folded into its compiled code (``absorbed_params``)
+        cannot be replaced in the copies made from it: they are dropped, and from then on
+        each class is compiled on its own from the graph (whose copies compile again for a
+        new value of such a param)."""
         _node, frozen = check_param_value(self.graph, name, value)
         with self._compiling:
+            if self._any is not None and name in self._any.absorbed_params:
+                self._any, self._no_any, self._lowered = None, True, None
+            for key, cg in list(self._classes.items()):
+                if name in cg.absorbed_params and not cg.can_compile_again:  # made from the graph lowered once
+                    del self._classes[key]
+                    self._lowered = None
             for cg in [*self._classes.values(), *((self._any,) if self._any is not None else ())]:
                 cg.set_param(name, frozen)
             self._params[name] = frozen

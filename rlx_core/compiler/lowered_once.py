@@ -190,7 +190,8 @@ class LoweredOnce:
                                fused=result.fused, pipeline=result.describe())
         log.info("graph %r: compiled once for every size on %s in %.1f ms", self._graph.name, self._device,
                  seconds * 1e3)
-        return AnySizeGraph(self._graph, self._device, exe, legal, report, self._registry, opts)
+        return AnySizeGraph(self._graph, self._device, exe, legal, report, self._registry, opts,
+                            absorbed=result.folded_params)
 
 
 class AnySizeGraph(CompiledGraph):

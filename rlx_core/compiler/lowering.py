@@ -67,7 +67,7 @@ def pipeline_for(graph: Graph, backend_name: str, registry: Registry | None = No
         return hit
     if opts.legalize and graph.frozen:  # share legalization with the questions placement asks
         legal = legalize_for(graph, backend_name, reg)
-        result = run_pipeline(graph, backend.claims, opts, legalized=legal)
+        result = run_pipeline(graph, backend.claims, opts, legalized=legal, gate=DtypeGate.of(backend))
     else:
         result = run_pipeline(graph, backend.claims, opts, gate=DtypeGate.of(backend))
     _keep(reg, graph, key, result)

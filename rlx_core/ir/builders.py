@@ -235,7 +235,11 @@ class OpBuilders:
         return self._add(OpKind.GLOBAL_AVG_POOL2D, (x,), name)
 
     def attention(self, q: ValueLike, k: ValueLike, v: ValueLike, mask: ValueLike | None = None,
-                  scale: float | None = None, *, name: str = "") -> Value:
-        """softmax(q @ kᵀ · scale + mask) @ v; a bool mask keeps True and masks False."""
+                  scale: float | None = None, *, nan_to_zero: bool = False, name: str = "") -> Value:
+        """softmax(q @ kᵀ · scale + mask) @ v; a bool mask keeps True and masks False.
+        ``nan_to_zero``: NaN probabilities count as 0, so a row masked everywhere gives
+        zeros (an extension: ``rlx_core.ir.ops.OP_EXTENSIONS``)."""
         ins = (q, k, v) if mask is None else (q, k, v, mask)
+        if nan_to_zero:
+            return self._add(OpKind.ATTENTION, ins, name, scale=scale, nan_to_zero=True)
         return self._add(OpKind.ATTENTION, ins, name, scale=scale)

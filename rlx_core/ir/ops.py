@@ -24,6 +24,7 @@ __all__ = [
     "SOURCE_OPS",
     "COMPOSITE_OPS",
     "INTERNAL_OPS",
+    "OP_EXTENSIONS",
     "PRIMITIVE_OPS",
     "ELEMENTWISE_OPS",
     "MORE_TRIG_OPS",
@@ -123,6 +124,16 @@ COMPOSITE_OPS: frozenset[OpKind] = frozenset(
         OpKind.GLOBAL_AVG_POOL2D,
     }
 )
+#: Optional attributes of ops beyond the contract's, as ``"op.attr"``: a node carries one
+#: only for a backend that lists it in ``Backend.op_extensions`` (legalization rewrites
+#: it for any other), so a plugin written before it never meets it.
+#:
+#: - ``attention.nan_to_zero``: softmax probabilities that are NaN count as 0, so a row
+#:   of scores masked everywhere (all ``-inf``) gives zeros, not NaN. torch's SDPA export
+#:   (both exporters: every transformers model exported with ``attn_implementation=
+#:   "sdpa"``) guards its softmax so, with ``where(isnan(p), 0, p)``.
+OP_EXTENSIONS: frozenset[str] = frozenset({"attention.nan_to_zero"})
+
 #: Ops the compile pipeline makes (gemm = matmul + bias + activation, fused_elementwise = a
 #: region of elementwise ops, fused_conv = conv2d + an elementwise epilogue); legalization
 #: expands them for a backend that does not claim them.
@@ -602,7 +613,11 @@ def _infer_global_pool(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> t
 
 def _infer_attention(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tuple[Attrs, Shape, str]:
     _need(op, ins, 3, 4)
-    _no_attrs(op, attrs, ("scale",))
+    _no_attrs(op, attrs, ("scale", "nan_to_zero"))
+    nan_to_zero = attrs.get("nan_to_zero", False)
+    if not isinstance(nan_to_zero, bool):
+        raise _fail(op, f"nan_to_zero must be a bool, got {nan_to_zero!r}")
+    guard = {"nan_to_zero": True} if nan_to_zero else {}  # (absent when off: graphs read as they always have)
     q, k, v = (t.shape for t in ins[:3])
     dtype = _same_dtype(op, ins[:3])
     _check_kind(op, dtype, ins)
@@ -625,12 +640,12 @@ def _infer_attention(op: OpKind, ins: Sequence[TensorLike], attrs: Attrs) -> tup
             raise _fail(op, f"mask shape {m.shape} does not broadcast to the scores shape {scores}")
     scale = attrs.get("scale")
     if scale is None and isinstance(q[-1], Sym):  # 1/sqrt(D) once D is known (specializing)
-        return {"scale": None}, (*batch, q[-2], v[-1]), dtype
+        return {"scale": None, **guard}, (*batch, q[-2], v[-1]), dtype
     if scale is None:  # 1/sqrt(D); an empty head dimension has all-zero scores, any scale will do
         scale = 1.0 / math.sqrt(q[-1]) if q[-1] else 1.0
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise _fail(op, f"scale must be a number, got {scale!r}")
-    return {"scale": float(scale)}, (*batch, q[-2], v[-1]), dtype
+    return {"scale": float(scale), **guard}, (*batch, q[-2], v[-1]), dtype
 
 
 _INFER: dict[OpKind, InferFn] = {

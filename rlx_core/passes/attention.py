@@ -11,15 +11,31 @@ backend's attention kernel can then lay the scores out as it likes: the cpu back
 computes them transposed, so that softmax reduces across rows (vectorized) instead of
 along 128-element rows (one reduction call per row), and skips the copy of ``kT``.
 
+torch's SDPA export (both exporters; every transformers model exported with its default
+``attn_implementation="sdpa"``) writes it as::
+
+    where(isnan(p), 0, p) @ v,  p = softmax((q * c) @ (kT * c) + mask)
+
+with ``c = sqrt(1 / sqrt(D))`` (0.3536 for D = 64) on each side and the guard giving 0
+where a row is masked everywhere. For a backend that lists the ``attention.nan_to_zero``
+extension (``Backend.op_extensions``) that becomes ``attention(..., scale=c * c,
+nan_to_zero=True)``; for any other the chain is left as it is.
+
 Only exact rewrites are made, so results stay equal to the unfused graph: a constant
 ``c`` becomes the scale, ``c`` for a multiplication and ``1 / c`` for a division only
-when ``1 / c`` is exact (a power of two, like the usual ``sqrt(64)``). A scalar *param*
+when ``1 / c`` is exact (a power of two, like the usual ``sqrt(64)``). The one rounding
+difference taken: SDPA's two constant factors, one on ``q`` and one on ``kT``, become
+one scale, their product (a difference of an ulp in the scores, below what the fused
+kernel's own order of operations makes). A scalar *param*
 (ONNX initializers are params) may change under ``set_param``, so it stays a node: the
 multiplication or division moves onto ``q``, which is exact when ``c`` is a power of two
 (checked on its value at compile time; a later non-power-of-two value is then applied
-before the product instead of after, a difference of rounding only). An additive mask
-must already have the scores' dtype. Every absorbed value must have no other reader and
-not be an output.
+before the product instead of after, a difference of rounding only). SDPA's factors and
+its guard's 0 are taken as their values even when they are params (the dynamo exporter
+makes every constant an initializer): those params are returned as *folded*, and
+``set_param`` of one compiles the graph again (``CompiledGraph.absorbed_params``). An
+additive mask must already have the scores' dtype. Every absorbed value must have no
+other reader and not be an output.
 """
 
 from __future__ import annotations
@@ -57,6 +73,8 @@ class _Match(NamedTuple):
     scale: float
     absorbed: tuple[int, ...]  # the chain's nodes before the final matmul
     q_scale: tuple[OpKind, int] | None = None  # (mul or div, scalar param) applied to q
+    nan_to_zero: bool = False  # the softmax guarded by where(isnan(p), 0, p)
+    folded: tuple[int, ...] = ()  # scalar params whose value the fused node holds (guard fill, split scale)
 
 
 def _power_of_two(c: float) -> bool:
@@ -70,18 +88,81 @@ def _scalar(graph: Graph, node: Node) -> float | None:
     return value if math.isfinite(value) and value != 0 else None
 
 
-def _match(graph: Graph, out: Node, uses: list[int]) -> _Match | None:
-    """The attention chain ending at matmul ``out``, if it is one."""
+def _known_scalar(graph: Graph, node: Node) -> np.ndarray | None:
+    """The value of a one-element constant or param (a param's as it is now: see ``_Match.folded``)."""
+    if node.size != 1 or not (holds_array(node) or node.op is OpKind.PARAM):
+        return None
+    return np.asarray(graph.value(node.id)).reshape(())
+
+
+def _guard(graph: Graph, node: Node, uses: list[int]) -> tuple[Node, list[int], list[int]] | None:
+    """``(p, the guard's nodes, the params it reads)`` where ``node`` is ``where(isnan(p),
+    0, p)`` as the ONNX import writes it (``where(where(p == p, False, True), 0, p)``) or
+    as the attention decomposition does (``where(p == p, p, 0)``), and nothing else reads
+    ``p``. The dynamo exporter makes its 0 an initializer, a param here."""
+    if node.op is not OpKind.WHERE:
+        return None
+    cond, a, b = (graph.node(i) for i in node.inputs)
+
+    def is_const(n: Node, value: object) -> bool:
+        arr = _known_scalar(graph, n)
+        return arr is not None and bool(arr == value)
+
+    if cond.op is OpKind.WHERE and uses[cond.id] == 1 and is_const(a, 0) and a.dtype == b.dtype:
+        eq, no, yes = (graph.node(i) for i in cond.inputs)
+        if not (no.dtype == yes.dtype == "bool" and is_const(no, False) and is_const(yes, True)):
+            return None
+        p, parts, fill = b, [node.id, cond.id, eq.id], a
+    elif is_const(b, 0) and a.dtype == b.dtype:
+        eq, p, parts, fill = cond, a, [node.id, cond.id], b
+    else:
+        return None
+    if eq.op is not OpKind.EQUAL or eq.inputs != (p.id, p.id) or uses[eq.id] != 1 or uses[p.id] != 3:
+        return None
+    if node.shape != p.shape or node.dtype != p.dtype:
+        return None
+    return p, parts, [fill.id] if fill.op is OpKind.PARAM else []
+
+
+def _split_scale(graph: Graph, t: Node, uses: list[int]) -> tuple[Node, Node, float, list[int], list[int]] | None:
+    """``(q, kT, c1 * c2, the two products, the params among c1 and c2)`` where matmul
+    ``t`` is ``(q * c1) @ (kT * c2)`` with scalar constants or params (torch's SDPA
+    export), each product read by ``t`` only."""
+    sides, params = [], []
+    for i in t.inputs:
+        side = graph.node(i)
+        if side.op is not OpKind.MUL or uses[i] != 1:
+            return None
+        a, b = (graph.node(j) for j in side.inputs)
+        for chain, const in ((a, b), (b, a)):
+            c = _scalar(graph, const)
+            if c is not None and chain.shape == side.shape:
+                sides.append((chain, c))
+                if const.op is OpKind.PARAM:
+                    params.append(const.id)
+                break
+        else:
+            return None
+    (q, cq), (kt, ck) = sides
+    return q, kt, cq * ck, [t.inputs[0], t.inputs[1]], params
+
+
+def _match(graph: Graph, out: Node, uses: list[int], guarded: bool = False) -> _Match | None:
+    """The attention chain ending at matmul ``out``, if it is one (``guarded``: the backend
+    takes ``nan_to_zero``, so a guarded softmax matches too)."""
     def single(i: int) -> Node | None:
         node = graph.node(i)
         return node if uses[i] == 1 else None
 
     if out.op is not OpKind.MATMUL or len(out.shape) < 2:
         return None
-    sm = single(out.inputs[0])
+    sm, absorbed, folded = single(out.inputs[0]), [], []
+    guard = _guard(graph, graph.node(out.inputs[0]), uses) if guarded and sm is not None else None
+    if guard is not None:
+        sm, absorbed, folded = guard[0], guard[1], guard[2]
     if sm is None or sm.op is not OpKind.SOFTMAX or sm.attrs["axis"] != len(sm.shape) - 1:
         return None
-    absorbed = [sm.id]
+    absorbed.append(sm.id)
     t = single(sm.inputs[0])
     mask = None
     if t is not None and t.op is OpKind.ADD:
@@ -115,10 +196,20 @@ def _match(graph: Graph, out: Node, uses: list[int]) -> _Match | None:
     if t is None or t.op is not OpKind.MATMUL or t.shape != sm.shape:
         return None
     q, kt = (graph.node(i) for i in t.inputs)
+    split = _split_scale(graph, t, uses) if guard is not None and scale == 1.0 and q_scale is None else None
+    if split is not None:  # SDPA's sqrt(scale) on each side (see the module doc)
+        q, kt, scale = split[0], split[1], split[2]
+        absorbed += split[3]
+        folded += split[4]
     if min(len(q.shape), len(kt.shape), len(graph.node(out.inputs[1]).shape)) < 2:
         return None
     absorbed.append(t.id)
-    return _Match(q.id, kt.id, out.inputs[1], mask, scale, tuple(absorbed), q_scale)
+    return _Match(q.id, kt.id, out.inputs[1], mask, scale, tuple(absorbed), q_scale, guard is not None,
+                  tuple(folded))
+
+
+def _attrs(m: _Match) -> dict[str, object]:
+    return {"scale": m.scale, "nan_to_zero": True} if m.nan_to_zero else {"scale": m.scale}
 
 
 def _swap_last(ndim: int) -> tuple[int, ...]:
@@ -134,12 +225,18 @@ def _k_source(graph: Graph, kt: Node) -> tuple[int, tuple[int, ...]]:
     return kt.id, swap
 
 
-def fuse_attention(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
+def fuse_attention(graph: Graph, claims: Claims, extensions: frozenset[str] = frozenset()
+                   ) -> tuple[Graph, list[str], frozenset[str]]:
+    """``graph`` with each attention chain the backend (``claims``, and the op extensions
+    it lists) takes as one ``attention`` node, a note per fusion, and the names of the
+    params whose value a fused node holds (``PipelineResult.folded_params``: their
+    ``set_param`` compiles again)."""
     uses = graph.use_counts()
     outputs = frozenset(graph.outputs)
+    guarded = "attention.nan_to_zero" in extensions
     plans: dict[int, _Match] = {}
     for node in graph.nodes:
-        m = _match(graph, node, uses)
+        m = _match(graph, node, uses, guarded)
         if m is None or any(i in outputs for i in m.absorbed):
             continue
         src, perm = _k_source(graph, graph.node(m.kt))
@@ -148,7 +245,7 @@ def fuse_attention(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
         if m.mask is not None:
             ins.append(graph.node(m.mask))
         try:
-            attrs, shape, dtype = infer(OpKind.ATTENTION, ins, {"scale": m.scale})
+            attrs, shape, dtype = infer(OpKind.ATTENTION, ins, _attrs(m))
         except GraphError:  # a chain attention does not express (e.g. batch dims that do not broadcast)
             continue
         if shape != node.shape or dtype != node.dtype:
@@ -156,11 +253,11 @@ def fuse_attention(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
         candidate = Node(node.id, OpKind.ATTENTION, (), MappingProxyType(attrs), shape, dtype, node.name, node.origin)
         answer = ask_claims(claims, candidate)
         if answer == "not claimed":
-            return graph, []
+            return graph, [], frozenset()
         if answer is True:
             plans[node.id] = m
     if not plans:
-        return graph, []
+        return graph, [], frozenset()
 
     def emit(em: Emitter, node: Node, m: _Match) -> str:
         src, perm = _k_source(graph, graph.node(m.kt))
@@ -171,12 +268,13 @@ def fuse_attention(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
         if m.q_scale is not None:
             q = em.emit(node, m.q_scale[0], [q, em.mapped[m.q_scale[1]]], {})
         inputs = [q, k, em.mapped[m.v]] + ([em.mapped[m.mask]] if m.mask is not None else [])
-        em.emit(node, OpKind.ATTENTION, inputs, {"scale": m.scale}, node.name)
+        em.emit(node, OpKind.ATTENTION, inputs, _attrs(m), node.name)
         parts = " + ".join(str(graph.node(i).op) for i in reversed(m.absorbed))
         on_q = f"; {m.q_scale[0]} by param {graph.node(m.q_scale[1]).name!r} moved onto q" if m.q_scale else ""
         return (f"fused {parts} + matmul at {node.describe()} into attention(scale={m.scale:g}"
-                f"{', mask' if m.mask is not None else ''}){on_q}")
+                f"{', mask' if m.mask is not None else ''}{', nan_to_zero' if m.nan_to_zero else ''}){on_q}")
 
     rebuilt, notes = replace_planned(graph, {i for m in plans.values() for i in m.absorbed}, plans, emit)
     fused, _ = dce(rebuilt)  # kT's transpose, when only the chain read it
-    return fused, notes
+    folded = frozenset(graph.node(i).name for m in plans.values() for i in m.folded)
+    return fused, notes, folded

@@ -77,7 +77,10 @@ def _attention(g: Graph, n: Node, ins: Sequence[Value]) -> Value:
             scores = g.where(mask, scores, g.constant(np.array(-np.inf, dtype=scores.dtype)))
         else:
             scores = g.add(scores, mask)
-    return g.matmul(g.softmax(scores, axis=-1), v)
+    p = g.softmax(scores, axis=-1)
+    if n.attrs.get("nan_to_zero"):  # NaN is the one value unequal to itself
+        p = g.where(g.equal(p, p), p, g.constant(np.array(0, dtype=p.dtype)))
+    return g.matmul(p, v)
 
 
 DECOMPOSITIONS: dict[OpKind, Decomposition] = {

@@ -14,7 +14,10 @@ Before any of that, the *dtype gate*: a backend reads the dtypes it declares
 has another dtype (a ``uint8`` input, a cast from it) is refused for it here, sources
 included, with the dtype named — without asking the backend's ``claims``, so that a
 plugin written for the six never sees a node of another dtype, whatever its ``claims``
-does. Legalization is the one place every question about a backend goes through
+does. Likewise an op extension (``OP_EXTENSIONS``: an optional attribute, like
+attention's ``nan_to_zero``) the backend does not list in ``Backend.op_extensions``: such
+a composite is decomposed for it without asking ``claims``. Legalization is the one
+place every question about a backend goes through
 (placement, ``rlx check``, ``rlx devices --explain``, the partitioner, compile), so every
 one of them sees the same blocker.
 """
@@ -26,11 +29,11 @@ from dataclasses import dataclass, field
 
 from ..ir import Graph, Node, Value
 from ..ir.dtypes import CONTRACT_DTYPES, DTYPES
-from ..ir.ops import COMPOSITE_OPS, INTERNAL_OPS, OpKind
+from ..ir.ops import COMPOSITE_OPS, INTERNAL_OPS, OP_EXTENSIONS, OpKind
 from .composites import decompose
 from .internal_ops import expand
 
-__all__ = ["LegalizeResult", "DtypeGate", "legalize", "describe_blocker", "Claims"]
+__all__ = ["LegalizeResult", "DtypeGate", "legalize", "describe_blocker", "Claims", "unlisted_extension"]
 
 Claims = Callable[[Node], "bool | str"]
 _MAX_PASSES = 8  # composites nest at most three deep (attention > softmax > ...)
@@ -70,16 +73,25 @@ def ask_claims(claims: Claims, node: Node) -> bool | str:
 
 @dataclass(frozen=True)
 class DtypeGate:
-    """The dtypes one backend reads, and the refusal of nodes that hold any other."""
+    """The dtypes one backend reads, and the refusal of nodes that hold any other; and the
+    op extensions it honours (``Backend.op_extensions``), without which a node carrying
+    one is rewritten for it (``unlisted``)."""
 
     backend: str
     dtypes: frozenset[str]
+    extensions: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, backend: object) -> DtypeGate:
-        """The gate of a ``Backend`` (its ``name`` and ``dtypes``)."""
+        """The gate of a ``Backend`` (its ``name``, ``dtypes`` and ``op_extensions``)."""
         dtypes = getattr(backend, "dtypes", CONTRACT_DTYPES)
-        return cls(str(getattr(backend, "name", backend)), frozenset(dtypes))
+        listed = getattr(backend, "op_extensions", None)
+        extensions = frozenset(listed) if isinstance(listed, (set, frozenset)) else frozenset()
+        return cls(str(getattr(backend, "name", backend)), frozenset(dtypes), extensions)
+
+    def unlisted(self, node: Node) -> str | None:
+        """The extension ``node`` carries that the backend does not list, or ``None``."""
+        return unlisted_extension(node, self.extensions)
 
     def refusal(self, graph: Graph, node: Node) -> str | None:
         """Why the backend cannot take ``node`` of ``graph`` (its dtype, or an input's), or ``None``."""
@@ -98,6 +110,21 @@ class DtypeGate:
 
 def _refused(gate: DtypeGate | None, graph: Graph, node: Node) -> str | None:
     return None if gate is None else gate.refusal(graph, node)
+
+
+def unlisted_extension(node: Node, extensions: frozenset[str]) -> str | None:
+    """The op extension (``OP_EXTENSIONS``) ``node`` carries, switched on, that is not in
+    ``extensions``, phrased as a refusal; else ``None``."""
+    for key, value in node.attrs.items():
+        name = f"{node.op}.{key}"
+        if value and name in OP_EXTENSIONS and name not in extensions:
+            return f"{name} is an extension the backend does not list (Backend.op_extensions)"
+    return None
+
+
+def _unlisted(gate: DtypeGate | None, node: Node) -> str | None:
+    """Without a gate, only the extensions ``claims`` is asked about (rlx's own callers)."""
+    return None if gate is None else gate.unlisted(node)
 
 
 def _origin_node(user: Graph, node: Node) -> Node | None:
@@ -120,7 +147,8 @@ def _replay(src: Graph, claims: Claims, user: Graph, notes: list[str],
             else:
                 ins = tuple(mapped[i] for i in node.inputs)
                 rewritable = node.op in COMPOSITE_OPS or node.op in INTERNAL_OPS
-                if rewritable and _refused(gate, src, node) is None and ask_claims(claims, node) is not True:
+                if rewritable and _refused(gate, src, node) is None and (
+                        _unlisted(gate, node) is not None or ask_claims(claims, node) is not True):
                     before = len(out)
                     rewrite = expand if node.op in INTERNAL_OPS else decompose
                     mapped[node.id] = rewrite(out, node, ins)
@@ -162,7 +190,7 @@ def legalize(graph: Graph, claims: Claims, *, user_graph: Graph | None = None,
             continue
         if node.op in (OpKind.INPUT, OpKind.PARAM, OpKind.CONSTANT):
             continue
-        answer = ask_claims(claims, node)
+        answer = _unlisted(gate, node) or ask_claims(claims, node)
         if answer is not True:
             result.unclaimed.append((node, answer))  # type: ignore[arg-type]
     if result.unclaimed:

@@ -80,6 +80,9 @@ class PipelineResult:
     memory_plan: MemoryPlan | None = None
     #: The graph as priced for a backend that fuses by itself (``placement.priced_graph``).
     priced: Graph | None = None
+    #: The params whose value a pass folded into the graph it made (the attention fusion's
+    #: scalar scale or guard): ``set_param`` of one compiles again (``CompiledGraph``).
+    folded_params: frozenset[str] = frozenset()
 
     @property
     def blocker(self) -> str | None:
@@ -130,7 +133,8 @@ def run_pipeline(graph: Graph, claims: Claims, options: CompileOptions | None = 
     ``legalized`` is ``legalize(graph, claims, gate=gate)`` when the caller already has it
     (the passes after it never modify their input graph, so it may be shared). ``gate``
     is the backend's ``DtypeGate``: a node of a dtype it does not read blocks the graph
-    before ``claims`` hears of it (``None``: every dtype goes to ``claims``).
+    before ``claims`` hears of it (``None``: every dtype goes to ``claims``), and the
+    passes make a node carrying an op extension only where it lists it (``None``: none).
     """
     if options is None:
         options = CompileOptions()
@@ -157,8 +161,10 @@ def run_pipeline(graph: Graph, claims: Claims, options: CompileOptions | None = 
             if len(current.nodes) == before:
                 break
         if "attention" not in off:  # first: an unscaled chain's mask add would otherwise become a gemm bias
-            current, notes = fuse_attention(current, claims)
+            current, notes, folded = fuse_attention(current, claims,
+                                                    gate.extensions if gate is not None else frozenset())
             record.notes += notes
+            result.folded_params |= folded
         if "gemm" not in off:
             current, notes = fuse_gemm(current, claims)
             record.notes += notes
@@ -180,6 +186,7 @@ def run_pipeline(graph: Graph, claims: Claims, options: CompileOptions | None = 
         record.notes.append(f"reverted to the legalized graph: the backend declines {refused}")
         log.warning("pipeline: backend declines %s after optimization; using the legalized graph", refused)
         current = legal.graph
+        result.folded_params = frozenset()
     result.graph = current
 
     record = StageRecord("plan", options.plan, _computational(current), _computational(current))

@@ -342,7 +342,9 @@ def _global_avg_pool2d(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
     return case()
 
 
-def _attention(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
+def _attention(seed: int, dtypes: Dtypes, guarded: bool = False) -> st.SearchStrategy[OpCase]:
+    """``guarded``: the backend lists ``attention.nan_to_zero``, so cases may carry it, with
+    a query row (or every row) masked everywhere: its output must be zeros."""
     @st.composite
     def case(draw: Callable) -> OpCase:
         dtype = draw(st.sampled_from(dtypes))
@@ -353,6 +355,7 @@ def _attention(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
         operands = [Operand("q", _values(rng, (*qb, lq, d), dtype)), Operand("k", _values(rng, (*kb, lk, d), dtype)),
                     Operand("v", _values(rng, (*vb, lk, dv), dtype))]
         mask_kind = draw(st.sampled_from(["none", "bool", "float"]))
+        nan_to_zero = guarded and draw(st.booleans())
         if mask_kind != "none":
             scores = (*tuple(np.broadcast_shapes(qb, kb, vb)), lq, lk)
             mshape = _broadcastable(draw, scores)
@@ -362,9 +365,14 @@ def _attention(seed: int, dtypes: Dtypes) -> st.SearchStrategy[OpCase]:
                 mask = mask.reshape(mshape)
             else:
                 mask = _values(rng, mshape, dtype, -3.0, 0.0)
+            if nan_to_zero:  # the first query row masked everywhere (every row, where the mask has no query axis)
+                row = mask.reshape(mshape or (1,))
+                (row[..., 0, :] if row.ndim >= 2 else row)[...] = False if mask_kind == "bool" else -np.inf
+                mask = row.reshape(mshape)
             operands.append(Operand("mask", mask))
         scale = None if draw(st.booleans()) else draw(st.sampled_from([0.125, 0.5, 1.0]))
-        return OpCase(OpKind.ATTENTION, tuple(operands), {"scale": scale}, terms=d + lk)
+        attrs: dict[str, Any] = {"scale": scale, "nan_to_zero": True} if nan_to_zero else {"scale": scale}
+        return OpCase(OpKind.ATTENTION, tuple(operands), attrs, terms=d + lk)
 
     return case()
 
@@ -403,15 +411,19 @@ _FACTORIES: dict[OpKind, Callable[[int, Dtypes], st.SearchStrategy[OpCase]]] = {
 GENERATED_OPS: frozenset[OpKind] = frozenset(_FACTORIES)
 
 
-def op_cases(op: OpKind, seed: int = 0, dtypes: Collection[str] | None = None) -> st.SearchStrategy[OpCase]:
+def op_cases(op: OpKind, seed: int = 0, dtypes: Collection[str] | None = None,
+             extensions: Collection[str] = ()) -> st.SearchStrategy[OpCase]:
     """The strategy drawing test cases for ``op``; ``seed`` varies the array values.
 
     ``dtypes`` is what the backend under test reads (``Backend.dtypes``): cases draw the
     dtypes of ``ALL_OP_DTYPES`` among those (``None``: the contract's six). ``ValueError``
-    when the op takes none of them.
+    when the op takes none of them. ``extensions`` are the op extensions it lists
+    (``Backend.op_extensions``): cases of ``op`` carry those too.
     """
     kind = OpKind(op)
     choices = op_dtypes(kind, dtypes)
     if not choices:
         raise ValueError(f"{kind} takes none of the dtypes {sorted(dtypes or ())}")
+    if kind is OpKind.ATTENTION and "attention.nan_to_zero" in extensions:
+        return _attention(seed, choices, guarded=True)
     return _FACTORIES[kind](seed, choices)

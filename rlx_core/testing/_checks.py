@@ -243,8 +243,10 @@ def op_check(op: str) -> Callable[[_Context], str | None]:
         # integers proves its claims on them too; one that declares nothing sees the six.
         declared = getattr(ctx.backend, "dtypes", None)
         dtypes = frozenset(declared) if isinstance(declared, (set, frozenset)) else None
+        listed = getattr(ctx.backend, "op_extensions", None)  # and the op extensions it lists
+        extensions = frozenset(listed) if isinstance(listed, (set, frozenset)) else frozenset()
         try:
-            cases = draw_cases(kind, ctx.seed, dtypes)
+            cases = draw_cases(kind, ctx.seed, dtypes, extensions)
         except ValueError as exc:  # a backend that declares none of the dtypes this op takes
             raise CheckSkipped(f"{ctx.who}: {exc}") from None
 

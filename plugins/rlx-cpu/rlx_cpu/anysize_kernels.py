@@ -310,6 +310,7 @@ def attention_runner(node: Node, nodes: Sequence[Node], place: Place, built: Bui
     q_id, k_id, v_id = node.inputs[:3]
     m_id = node.inputs[3] if len(node.inputs) == 4 else None
     fixed = node.attrs.get("scale")
+    nan_zero = int(bool(node.attrs.get("nan_to_zero")))
     f32 = np.dtype(np.float32)
     # the mask added over the scores on the native interpreter (every core; numpy's add is one)
     masked = RegionTemplate(lib, [Instruction(OpKind.ADD, (0, 1), {}, node.shape, "float32")], 2, {})
@@ -324,7 +325,12 @@ def attention_runner(node: Node, nodes: Sequence[Node], place: Place, built: Bui
             built([values[i] for i in node.inputs], out, env, arena)
             return out
         scale = fixed if fixed is not None else (1.0 / math.sqrt(d) if d else 1.0)
-        scores, raw = arena.take((*out.shape[:-2], lq, lk), f32)
+        mask_batch = values[m_id].shape[:-2] if m_id is not None and values[m_id].ndim > 2 else ()
+        # the batch dims of q, k and the mask: v's others broadcast in the product with v
+        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], mask_batch)
+        if np.broadcast_shapes(q.shape[:-2], k.shape[:-2]) != batch:  # the mask's, which q and k lack
+            q = np.ascontiguousarray(np.broadcast_to(q, (*batch, *q.shape[-2:])))
+        scores, raw = arena.take((*batch, lq, lk), f32)
         scaled = None
         try:
             if m_id is not None and scale != 1.0:  # scaled before the mask: q, not the larger scores
@@ -342,7 +348,7 @@ def attention_runner(node: Node, nodes: Sequence[Node], place: Place, built: Bui
                     np.add(scores, mask, out=scores)
             rows = scores.size // lk
             at = address_of(scores)
-            lib.softmax(at, at, rows, lk, lk, scale,
+            lib.softmax(at, at, rows, lk, lk, scale, nan_zero,
                         lib.threads_for(rows * lk * SOFTMAX_NS, SPLIT_NS))
             matmul_now(scores, v, out)
         finally:
@@ -371,7 +377,7 @@ def softmax_runner(node: Node, place: Place, built: Built) -> Runner | None:
             built([x], out, env, arena)
             return out
         rows = out.size // length
-        lib.softmax(address_of(x), address_of(out), rows, length, length, 1.0,
+        lib.softmax(address_of(x), address_of(out), rows, length, length, 1.0, 0,
                     lib.threads_for(rows * length * SOFTMAX_NS, SPLIT_NS))
         return out
     return run

@@ -9,7 +9,7 @@ import numpy as np
 
 import rlx_core
 from rlx_core.errors import DeviceError
-from rlx_core.plugin import DTYPES
+from rlx_core.plugin import DTYPES, OP_EXTENSIONS
 
 if TYPE_CHECKING:
     from rlx_core.ir import Graph
@@ -30,6 +30,7 @@ class CpuBackend(rlx_core.Backend):
     priority = 0
     api_version = rlx_core.PLUGIN_API_VERSION
     dtypes = frozenset(DTYPES)
+    op_extensions = OP_EXTENSIONS
 
     def probe(self) -> rlx_core.Availability:
         a = np.arange(6, dtype=np.float32).reshape(2, 3)

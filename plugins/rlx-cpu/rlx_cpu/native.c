@@ -40,7 +40,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 24
+#define RLX_ABI 25
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
@@ -682,9 +682,12 @@ static inline void exp_inplace(float *y, int64_t n) {
 /* y = softmax(x * scale) along each row. Rows are taken in groups of about 4096 elements:
  * per row the max (of x * scale), then y = x * scale - max; exp over the whole group in
  * one flat loop (short rows get full vectors too: a 10-wide row alone would run exp one
- * element at a time); then per row the sum and the scaling. */
+ * element at a time); then per row the sum and the scaling. A NaN anywhere in a row (or
+ * a row all -inf, or one holding +inf) makes its sum NaN and the whole row NaN; with
+ * nan_zero such a row is written as zeros instead (attention's nan_to_zero: torch's
+ * where(isnan(p), 0, p) after the softmax), at the cost of one test per row. */
 static RLX_CLONES void softmax_rows(const float *x, float *y, int64_t r0, int64_t r1, int64_t len, int64_t stride,
-                                   float scale) {
+                                   float scale, int64_t nan_zero) {
     int64_t group = len >= 4096 ? 1 : 4096 / len;
     for (int64_t g0 = r0; g0 < r1; g0 += group) {
         int64_t g1 = g0 + group < r1 ? g0 + group : r1;
@@ -713,6 +716,10 @@ static RLX_CLONES void softmax_rows(const float *x, float *y, int64_t r0, int64_
                 for (int64_t i = 0; i < len; i++) total += yr[i];
             else
                 total = row_sum(yr, len, 0.0f);
+            if (nan_zero && total != total) {
+                memset(yr, 0, (size_t)len * sizeof(float));
+                continue;
+            }
             float inv = 1.0f / total;
             for (int64_t i = 0; i < len; i++) yr[i] = yr[i] * inv;
         }
@@ -781,18 +788,18 @@ static int64_t row_threads(int64_t threads, int64_t rows) {
 #endif
 
 RLX_API void rlx_softmax(const float *x, float *y, int64_t rows, int64_t len, int64_t stride, float scale,
-                         int64_t threads) {
+                         int64_t nan_zero, int64_t threads) {
     threads = row_threads(threads, rows);
 #ifdef _OPENMP
     if (threads > 1) {
         int64_t per = row_chunk(len), chunks = (rows + per - 1) / per;
 #pragma omp parallel for num_threads((int)threads) schedule(dynamic, 1)
         for (int64_t c = 0; c < chunks; c++)
-            softmax_rows(x, y, c * per, (c + 1) * per < rows ? (c + 1) * per : rows, len, stride, scale);
+            softmax_rows(x, y, c * per, (c + 1) * per < rows ? (c + 1) * per : rows, len, stride, scale, nan_zero);
         return;
     }
 #endif
-    softmax_rows(x, y, 0, rows, len, stride, scale);
+    softmax_rows(x, y, 0, rows, len, stride, scale, nan_zero);
 }
 
 RLX_API void rlx_layer_norm(const float *x, const float *scale, const float *bias, float *y, int64_t rows,
@@ -3508,7 +3515,7 @@ RLX_API int64_t rlx_packed(const int64_t *a) {
                  (const rlx_epilogue *)(intptr_t)a[11]);
         return 0;
     case RLX_PK_SOFTMAX:
-        rlx_softmax(PK_IN(1), PK_OUT(2), a[3], a[4], a[5], pk_float(a[6]), a[7]);
+        rlx_softmax(PK_IN(1), PK_OUT(2), a[3], a[4], a[5], pk_float(a[6]), a[7], a[8]);
         return 0;
     case RLX_PK_LAYER_NORM:
         rlx_layer_norm(PK_IN(1), PK_IN(2), PK_IN(3), PK_OUT(4), a[5], a[6], a[7], pk_float(a[8]), a[9]);

@@ -64,17 +64,20 @@ def _threads(lib: Any, elements: int, ns: float) -> int:
     return int(lib.threads_for(elements * ns, SPLIT_NS))
 
 
-def _softmax_numpy(scale: float) -> Any:
+def _softmax_numpy(scale: float, nan_zero: bool) -> Any:
     def run(x: np.ndarray, out: np.ndarray) -> None:
         t = x * np.float32(scale) if scale != 1.0 else x
         e = np.exp(t - t.max(axis=-1, keepdims=True))
         np.divide(e, e.sum(axis=-1, keepdims=True), out=out)
+        if nan_zero:
+            np.copyto(out, np.float32(0), where=np.isnan(out))
 
     return run
 
 
-def softmax_step(x: Any, out: Any, scale: float = 1.0) -> Step | None:
-    """``out = softmax(x * scale)`` along the last axis (``out`` may be ``x``)."""
+def softmax_step(x: Any, out: Any, scale: float = 1.0, nan_zero: bool = False) -> Step | None:
+    """``out = softmax(x * scale)`` along the last axis (``out`` may be ``x``); with
+    ``nan_zero`` a row whose softmax is NaN (masked everywhere) is written as zeros."""
     lib = library()
     if lib is None or tuple(x.shape) != tuple(out.shape) or not _fits(x, out) or out.ndim == 0:
         return None
@@ -82,8 +85,8 @@ def softmax_step(x: Any, out: Any, scale: float = 1.0) -> Step | None:
     rows = math.prod(out.shape[:-1])
     if length == 0 or rows == 0 or _overlaps_elsewhere(x, out):
         return None
-    args = [0, 0, rows, length, length, float(scale), _threads(lib, rows * length, SOFTMAX_NS)]
-    return bound_call(lib.softmax, args, (x, out), (0, 1), _softmax_numpy(scale))
+    args = [0, 0, rows, length, length, float(scale), int(nan_zero), _threads(lib, rows * length, SOFTMAX_NS)]
+    return bound_call(lib.softmax, args, (x, out), (0, 1), _softmax_numpy(scale, nan_zero))
 
 
 def _layer_norm_numpy(eps: float) -> Any:

@@ -123,7 +123,9 @@ def _attention(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -
     head: ``k @ q^T``. The softmax then reduces across rows (axis -2), which numpy runs as
     vectorized passes over whole rows, instead of along each 128-wide row, which costs
     numpy one reduction call per row (6x slower at 4 x 128 x 128 scores). The second
-    product reads the transposed scores as a transposed view, which BLAS takes as is."""
+    product reads the transposed scores as a transposed view, which BLAS takes as is.
+    The scores have the batch dims of q, k and the mask only (``_scores_batch``); v's
+    others broadcast in the second product."""
     q, k, v = ins[:3]
     mask = ins[3] if len(ins) == 4 else None
     cd = compute_dtype(out.dtype)
@@ -135,13 +137,17 @@ def _attention(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -
             steps.append(Step(np.copyto, (c, t)))
             copies.append(c)
         q, k, v = copies
-    batch, lq, lk = out.shape[:-2], q.shape[-2], k.shape[-2]
+    batch, lq, lk = _scores_batch(q, k, mask), q.shape[-2], k.shape[-2]
     if lk == 0:  # softmax over no keys, times an empty v: the product is all zeros
         return [Step(np.copyto, (out, const(0, out.dtype)))]
+    if tuple(np.broadcast_shapes(q.shape[:-2], k.shape[:-2])) != batch:
+        qb = ctx.scratch((*batch, *q.shape[-2:]), q.dtype)  # the mask's batch dims, which q and k lack
+        steps.append(Step(np.copyto, (qb, q)))
+        q = qb
     if cd == out.dtype == np.float32 and native_library() is not None:
         native = _attention_native(node, q, k, v, mask, out, ctx)
         if native is not None:
-            return native
+            return [*steps, *native]
     st = ctx.scratch((*batch, lk, lq), cd)
     steps.append(matmul_step(k, q.swapaxes(-1, -2), st))
     if node.attrs["scale"] != 1.0:
@@ -155,6 +161,9 @@ def _attention(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -
         else:
             steps.append(Step(np.add, (st, m, st)))
     steps += _softmax_steps(st, -2, st, st, ctx)
+    if node.attrs.get("nan_to_zero"):  # a row masked everywhere gives zeros (NaN is unequal to itself)
+        nan = ctx.scratch(st.shape, np.bool_)
+        steps += [Step(np.not_equal, (st, st, nan)), Step(np.copyto, (st, const(0, cd)), {"where": nan})]
     p = st.swapaxes(-1, -2)
     if cd == out.dtype:
         steps.append(matmul_step(p, v, out))
@@ -179,7 +188,7 @@ def _attention_native(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.nda
     applied inside the softmax's pass (or before the mask, when there is one). Under a
     reduced precision the products take its operands, block by block, where this host
     takes it (``onednn_attention``)."""
-    batch, lq, lk = out.shape[:-2], q.shape[-2], k.shape[-2]
+    batch, lq, lk = _scores_batch(q, k, mask), q.shape[-2], k.shape[-2]
     blocked = None
     if getattr(ctx, "precision", "fp32") != "fp32":
         blocked = _attention_blocks(node, q, k, v, mask, out, ctx, rounded=True)
@@ -188,8 +197,19 @@ def _attention_native(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.nda
     if blocked is not None:
         return blocked
     st = ctx.scratch((*batch, lq, lk), np.float32)
-    return _attention_chain(node.attrs["scale"], matmul_step(q, k.swapaxes(-1, -2), st), mask, st,
-                            [matmul_step(st, v, out)], ctx)
+    return _attention_chain(node, matmul_step(q, k.swapaxes(-1, -2), st), mask, st, [matmul_step(st, v, out)], ctx)
+
+
+def _scores_batch(q: Any, k: Any, mask: Any) -> tuple[int, ...]:
+    """The batch dims of attention's scores: those of q, k and the mask broadcast. Not
+    the output's: batch dims only v has (heads of v over shared q and k) broadcast in the
+    product with v. A product writing scores over v's batch dims, which its own operands
+    lack, filled the first of them only (the conformance kit found it: q (1, 1, 1, 1), k
+    (2, 1), v (2, 1, 2, 1))."""
+    shapes = [tuple(q.shape[:-2]), tuple(k.shape[:-2])]
+    if mask is not None and mask.ndim > 2:
+        shapes.append(tuple(mask.shape[:-2]))
+    return tuple(np.broadcast_shapes(*shapes))
 
 
 def _attention_blocks(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.ndarray,
@@ -233,7 +253,7 @@ def _attention_blocks(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.nda
                                (bf16.scores(hs, rs, scores), bf16.weighted(hs, scores, o3[hs, rs])))
             except onednn.DnnlError:  # oneDNN declined a product, or runs it where bf16 does not pay
                 return None
-            chain = _attention_chain(node.attrs["scale"], first, part, scores, [last], ctx)
+            chain = _attention_chain(node, first, part, scores, [last], ctx)
             if chain is None:
                 return None
             steps += chain
@@ -242,10 +262,12 @@ def _attention_blocks(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.nda
     return steps
 
 
-def _attention_chain(scale: float, first: Step, mask: Any, st: Any, last: list[Step],
+def _attention_chain(node: Node, first: Step, mask: Any, st: Any, last: list[Step],
                      ctx: BuildContext) -> list[Step] | None:
     """``out = softmax(st * scale + mask)`` then ``last`` (the product with ``v`` into
-    ``out``), the scores ``st`` written by ``first`` (``q k^T``)."""
+    ``out``), the scores ``st`` written by ``first`` (``q k^T``); attention ``node``'s
+    scale, and its rows masked everywhere as zeros where it says ``nan_to_zero``."""
+    scale = node.attrs["scale"]
     steps = [first]
     if mask is not None:
         if scale != 1.0:
@@ -257,7 +279,7 @@ def _attention_chain(scale: float, first: Step, mask: Any, st: Any, last: list[S
                       Step(np.copyto, (st, const(-np.inf, np.float32)), {"where": masked})]
         else:
             steps.append(Step(np.add, (st, mask, st)))
-    soft = softmax_step(st, st, scale)
+    soft = softmax_step(st, st, scale, bool(node.attrs.get("nan_to_zero")))
     if soft is None:
         return None
     return [*steps, soft, *last]

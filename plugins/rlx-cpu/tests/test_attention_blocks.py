@@ -72,3 +72,49 @@ def test_a_mask_that_differs_between_heads_keeps_whole_scores(small_blocks: list
     want = reference.evaluate(g, {k: v.astype(np.float64) for k, v in feeds.items()})[0]
     np.testing.assert_allclose(cg.run(feeds)[0], want, rtol=2e-5, atol=2e-5)
     assert small_blocks and not any(small_blocks)
+
+
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_heads_only_v_has_broadcast_in_the_second_product(native_lib: native.Native, symbolic: bool) -> None:
+    """Batch dims only v has: the scores are computed once over q's and k's (and the
+    mask's) and broadcast in the product with v. Writing scores over v's batch dims, which
+    the first product's operands lack, filled the first of them only (found by the
+    conformance kit: q (1, 1, 1, 1), k (2, 1), v (2, 1, 2, 1)). ``symbolic``: q's length
+    is a symbol (the executable for every size, after the first class)."""
+    for qs, ks, vs, ms in [((1, 1, 1, 1), (2, 1), (2, 1, 2, 1), None), ((1, 4, 8), (5, 8), (3, 2, 5, 6), None),
+                           ((1, 4, 8), (5, 8), (3, 2, 5, 6), (2, 1, 5))]:
+        g = rlx.Graph("broadcast")
+        q = g.input("q", (*qs[:-2], "lq" if symbolic else qs[-2], qs[-1]))
+        k, v = g.input("k", ks), g.input("v", vs)
+        m = None if ms is None else g.input("m", ms)
+        g.set_outputs([g.attention(q, k, v, m, scale=0.5)])
+        cg = rlx.compile(g, device="cpu")
+        for lq in (qs[-2], 3, 6, 7, 9) if symbolic else (qs[-2],):
+            f = {n: RNG.standard_normal(s).astype(np.float32)
+                 for n, s in (("q", (*qs[:-2], lq, qs[-1])), ("k", ks), ("v", vs))}
+            if ms is not None:
+                f["m"] = RNG.standard_normal(ms).astype(np.float32)
+            np.testing.assert_allclose(cg.run(f)[0], reference.evaluate(g, f)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mask", ["bool", "float"])
+@pytest.mark.parametrize("blocks", [False, True])
+def test_rows_masked_everywhere_give_zeros_with_nan_to_zero(monkeypatch: pytest.MonkeyPatch,
+                                                            native_lib: native.Native, mask: str, blocks: bool) -> None:
+    """``nan_to_zero`` on the native softmax (whole scores and blocks) and numpy's: a query
+    row masked everywhere gives zeros; without it, NaN (the reference's softmax)."""
+    if blocks:
+        monkeypatch.setattr(nn_kernels, "ATTENTION_BLOCKED_BYTES", 0)
+        monkeypatch.setattr(nn_kernels, "ATTENTION_BLOCK_BYTES", 2 * 32 * 40 * 4)
+    lq, lk = 40, 40
+    m = RNG.random((lq, lk)) < 0.7 if mask == "bool" else np.where(RNG.random((lq, lk)) < 0.7, 0, -np.inf)
+    m[3] = False if mask == "bool" else -np.inf
+    for guard in (True, False):
+        g = rlx.Graph("guard")
+        q, k, v = (g.input(n, (2, 3, lq if n == "q" else lk, 16)) for n in "qkv")
+        mk = g.constant(m.astype(np.float32) if mask == "float" else m)
+        g.set_outputs([g.attention(g.relu(q), g.relu(k), g.relu(v), mk, scale=0.25, nan_to_zero=guard)])
+        f = {n: RNG.standard_normal((2, 3, lq if n == "q" else lk, 16)).astype(np.float32) for n in "qkv"}
+        got, want = rlx.compile(g, device="cpu").run(f)[0], reference.evaluate(g, f)[0]
+        assert np.all(np.isnan(want[:, :, 3])) is not guard and (not guard or np.all(got[:, :, 3] == 0))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

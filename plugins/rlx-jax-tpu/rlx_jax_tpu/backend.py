@@ -20,7 +20,7 @@ import numpy as np
 
 from rlx_core import Availability, Backend, CompileOptions, CostModel, DeviceError, Executable
 from rlx_core.ir import Graph, Node
-from rlx_core.plugin import DTYPES
+from rlx_core.plugin import DTYPES, OP_EXTENSIONS
 
 __all__ = ["XlaBackend", "JaxBackend", "TpuBackend", "CLAIMED_OPS", "guess_default_platform"]
 
@@ -146,6 +146,8 @@ class XlaBackend(Backend):
     #: Every dtype of the IR: XLA has the fixed-width integers, and bfloat16, float8 and the
     #: 4-bit ints as its own types (jax reads ml_dtypes arrays as they are).
     dtypes = frozenset(DTYPES)
+    #: attention's ``nan_to_zero`` (torch's guarded SDPA softmax): one ``where`` XLA fuses.
+    op_extensions = OP_EXTENSIONS
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -154,7 +154,10 @@ def _attention(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
     if len(xs) == 4:
         mask = xs[3]
         s = jnp.where(mask, s, -jnp.inf) if mask.dtype == jnp.bool_ else s + _wide(mask)
-    return jnp.matmul(jax.nn.softmax(s, axis=-1), v, precision=HIGHEST)
+    p = jax.nn.softmax(s, axis=-1)
+    if node.attrs.get("nan_to_zero"):  # rows masked everywhere give zeros (rlx_core.ir.ops.OP_EXTENSIONS)
+        p = jnp.where(jnp.isnan(p), 0, p)
+    return jnp.matmul(p, v, precision=HIGHEST)
 
 
 # ----------------------------------------------------------------------------- reductions
