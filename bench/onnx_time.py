@@ -12,6 +12,15 @@ Old against new: ``git worktree add /tmp/old <commit>``, build its native librar
 (``python -m rlx_cpu._build`` in ``/tmp/old/plugins/rlx-cpu``), then alternate
 ``PYTHONPATH=/tmp/old:/tmp/old/plugins/rlx-cpu python bench/onnx_time.py ...`` with the
 plain command, a few rounds each.
+
+What a pass buys, in one process: ``--ab`` compiles each model twice, with the passes of
+``--disable`` off ("before") and with the whole pipeline ("after"), under
+``--precision``, and runs onnxruntime's ``InferenceSession`` (CPU provider, default
+options) beside them; after the warm runs the three take turns block by block (order
+reversed every other block, 150 ms apart: ORT's and OpenBLAS's threads spin after each
+call on a small host and spoil the next contender's first run). Lines: the nodes each
+compile handed the backend, the largest output differences, and the medians with their
+ratios.
 """
 
 from __future__ import annotations
@@ -58,6 +67,40 @@ def time_model(path: Path, device: str, disable: tuple[str, ...], blocks: int, r
     return statistics.median(times)
 
 
+def ab_model(path: Path, device: str, disable: tuple[str, ...], precision: str, blocks: int,
+             runs: int) -> dict[str, float]:
+    """Milliseconds a run (medians) of ``path`` compiled without ``disable`` ("before"), with
+    the whole pipeline ("after"), and on onnxruntime ("ort"), in one process; prints what
+    each compile made and how far the outputs are apart."""
+    import onnxruntime as ort
+
+    graph = rlx_onnx.load(str(path))
+    feeds = feeds_for(path, graph)
+    extra = {} if precision == "fp32" else {"precision": precision}
+    before = rlx.compile(graph, device=device, options=rlx.CompileOptions(disable=disable, **extra))
+    after = rlx.compile(graph, device=device, options=rlx.CompileOptions(**extra))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ort_feeds = {i.name: feeds[i.name] for i in sess.get_inputs()}
+    nodes = [cg.report().compiled_nodes for cg in (before, after)]
+    a, b, want = before.run(feeds)[0], after.run(feeds)[0], sess.run(None, ort_feeds)[0]
+    print(f"{path.stem}: nodes compiled before {nodes[0]}, after {nodes[1]}; max |before - after| "
+          f"{float(np.abs(a - b).max()):.3g}, max |after - ORT| {float(np.abs(b - want).max()):.3g}")
+    contenders = [("before", lambda: before.run(feeds)), ("after", lambda: after.run(feeds)),
+                  ("ort", lambda: sess.run(None, ort_feeds))]
+    for _, fn in contenders:
+        for _ in range(30):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name, _ in contenders}
+    for block in range(blocks):
+        for name, fn in contenders if block % 2 else contenders[::-1]:
+            time.sleep(0.15)
+            start = time.perf_counter()
+            for _ in range(runs):
+                fn()
+            times[name].append((time.perf_counter() - start) / runs * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", type=Path, help="ONNX files")
@@ -65,8 +108,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disable", action="append", default=[], help="a pipeline pass to switch off (repeatable)")
     parser.add_argument("--blocks", type=int, default=7)
     parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--ab", action="store_true", help="the model with and without --disable, and ORT, in turn")
+    parser.add_argument("--precision", default="fp32", help="with --ab: CompileOptions.precision")
     args = parser.parse_args(argv)
+    if args.ab and not args.disable:
+        parser.error("--ab compares the pipeline with and without --disable: name a pass")
     for path in args.models:
+        if args.ab:
+            ms = ab_model(path, args.device, tuple(args.disable), args.precision, args.blocks, args.runs)
+            print(f"{path.stem} before {ms['before']:.3f} ms, after {ms['after']:.3f} ms, ORT {ms['ort']:.3f} ms; "
+                  f"after / before {ms['after'] / ms['before']:.3f}, after / ORT {ms['after'] / ms['ort']:.3f}",
+                  flush=True)
+            continue
         seconds = time_model(path, args.device, tuple(args.disable), args.blocks, args.runs)
         print(f"{path.stem} {seconds * 1e3:.3f} ms", flush=True)
     return 0

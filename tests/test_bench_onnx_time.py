@@ -35,3 +35,16 @@ def test_one_line_per_model_with_saved_or_made_up_feeds(tmp_path: Path, capsys: 
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["a", "b"]
     assert all(re.fullmatch(r"\w+ \d+\.\d{3} ms", line) for line in lines), lines
+
+
+def test_ab_compares_the_pipeline_with_and_without_a_pass_and_ort(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("onnxruntime")
+    model = _conv_relu(tmp_path / "a.onnx")
+    assert onnx_time.main([str(model), "--ab", "--disable", "conv", "--blocks", "1", "--runs", "1"]) == 0
+    first, last = capsys.readouterr().out.splitlines()
+    assert first.startswith("a: nodes compiled before 4, after 3;"), first  # x, w, conv2d, relu; x, w, fused_conv
+    assert re.fullmatch(r"a before [\d.]+ ms, after [\d.]+ ms, ORT [\d.]+ ms; after / before [\d.]+, "
+                        r"after / ORT [\d.]+", last), last
+    with pytest.raises(SystemExit):
+        onnx_time.main([str(model), "--ab"])  # nothing to compare
