@@ -81,7 +81,7 @@ class Native:
         self.region.argtypes = [p, p, p, i64, i64, i64]
         self.region.restype = ctypes.c_int
         f = ctypes.c_float
-        self.softmax = self._lib.rlx_softmax  # (x, y, rows, len, stride, scale, nan_zero, threads)
+        self.softmax = self._lib.rlx_softmax  # (x, y, rows, len, stride, scale, flags, threads)
         self.softmax.argtypes = [p, p, i64, i64, i64, f, i64, i64]
         self.softmax.restype = None
         self.layer_norm = self._lib.rlx_layer_norm  # (x, scale, bias, y, rows, len, stride, eps, threads)

@@ -28,9 +28,9 @@ from .native import library
 from .regions import SPLIT_NS, Epilogue
 from .steps import Dyn, Step, aligned_empty, laid_out
 
-__all__ = ["softmax_step", "layer_norm_step", "im2col_step", "pool_step", "max_pool_padded_step", "conv_direct_steps",
-           "conv_gemm_steps", "conv_gemm_panel", "depthwise_step", "group_conv_step", "DIRECT_CONV_TAPS",
-           "GROUP_CONV_MIN_WIDTH", "GROUP_CONV_MAX_CG"]
+__all__ = ["softmax_step", "softmax_bf16_step", "layer_norm_step", "im2col_step", "pool_step",
+           "max_pool_padded_step", "conv_direct_steps", "conv_gemm_steps", "conv_gemm_panel", "depthwise_step",
+           "group_conv_step", "DIRECT_CONV_TAPS", "GROUP_CONV_MIN_WIDTH", "GROUP_CONV_MAX_CG"]
 
 SOFTMAX_NS, LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
 
@@ -87,6 +87,40 @@ def softmax_step(x: Any, out: Any, scale: float = 1.0, nan_zero: bool = False) -
         return None
     args = [0, 0, rows, length, length, float(scale), int(nan_zero), _threads(lib, rows * length, SOFTMAX_NS)]
     return bound_call(lib.softmax, args, (x, out), (0, 1), _softmax_numpy(scale, nan_zero))
+
+
+#: ``rlx_softmax``'s flag for a result rounded to bf16 (native.c).
+_SOFTMAX_BF16 = 2
+
+
+def _softmax_bf16_numpy(scale: float, nan_zero: bool) -> Any:
+    softmax = _softmax_numpy(scale, nan_zero)
+
+    def run(x: np.ndarray, out16: np.ndarray) -> None:
+        softmax(x, x)
+        u = x.view(np.uint32)
+        rounded = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+        out16[...] = np.where(np.isnan(x), ((u >> 16) | np.uint32(0x40)).astype(np.uint16), rounded)
+
+    return run
+
+
+def softmax_bf16_step(x: np.ndarray, out16: np.ndarray, scale: float = 1.0, nan_zero: bool = False) -> Step | None:
+    """``out16 = bf16(softmax(x * scale))`` along the last axis, ``x`` (contiguous float32
+    scores the caller owns) holding the exps meanwhile: bf16 attention's weights rounded
+    in the softmax's last pass instead of a pass of their own (``onednn_attention``)."""
+    lib = library()
+    if (lib is None or not isinstance(x, np.ndarray) or not isinstance(out16, np.ndarray) or x.dtype != np.float32
+            or out16.dtype != np.uint16 or x.shape != out16.shape or x.ndim == 0 or not x.flags.c_contiguous
+            or not out16.flags.c_contiguous or np.may_share_memory(x, out16)):
+        return None
+    length = x.shape[-1]
+    rows = math.prod(x.shape[:-1])
+    if length == 0 or rows == 0:
+        return None
+    args = [0, 0, rows, length, length, float(scale), _SOFTMAX_BF16 | int(nan_zero),
+            _threads(lib, rows * length, SOFTMAX_NS)]
+    return bound_call(lib.softmax, args, (x, out16), (0, 1), _softmax_bf16_numpy(scale, nan_zero))
 
 
 def _layer_norm_numpy(eps: float) -> Any:

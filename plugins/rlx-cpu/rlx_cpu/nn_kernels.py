@@ -32,6 +32,7 @@ from .native_nn import (
     layer_norm_step,
     max_pool_padded_step,
     pool_step,
+    softmax_bf16_step,
     softmax_step,
 )
 from .regions import Epilogue
@@ -248,12 +249,18 @@ def _attention_blocks(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.nda
             n = (hs.stop - hs.start) * (rs.stop - rs.start) * lk
             scores = block.reshape(-1)[:n].reshape(hs.stop - hs.start, rs.stop - rs.start, lk)  # contiguous
             try:
-                first, last = ((matmul_step(q3[hs, rs], k3[hs].swapaxes(-1, -2), scores),
-                                matmul_step(scores, v3[hs], o3[hs, rs])) if bf16 is None else
-                               (bf16.scores(hs, rs, scores), bf16.weighted(hs, scores, o3[hs, rs])))
+                if bf16 is None:
+                    chain = _attention_chain(node, matmul_step(q3[hs, rs], k3[hs].swapaxes(-1, -2), scores), part,
+                                             scores, [matmul_step(scores, v3[hs], o3[hs, rs])], ctx)
+                else:  # the softmax writes the weights rounded to bf16 (else a reorder rounds them)
+                    p16 = bf16.weights16(scores)
+                    chain = _attention_chain(node, bf16.scores(hs, rs, scores), part, scores,
+                                             [bf16.weighted16(hs, p16, o3[hs, rs])], ctx, out16=p16)
+                    if chain is None:
+                        chain = _attention_chain(node, bf16.scores(hs, rs, scores), part, scores,
+                                                 [bf16.weighted(hs, scores, o3[hs, rs])], ctx)
             except onednn.DnnlError:  # oneDNN declined a product, or runs it where bf16 does not pay
                 return None
-            chain = _attention_chain(node, first, part, scores, [last], ctx)
             if chain is None:
                 return None
             steps += chain
@@ -263,10 +270,11 @@ def _attention_blocks(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.nda
 
 
 def _attention_chain(node: Node, first: Step, mask: Any, st: Any, last: list[Step],
-                     ctx: BuildContext) -> list[Step] | None:
+                     ctx: BuildContext, out16: np.ndarray | None = None) -> list[Step] | None:
     """``out = softmax(st * scale + mask)`` then ``last`` (the product with ``v`` into
     ``out``), the scores ``st`` written by ``first`` (``q k^T``); attention ``node``'s
-    scale, and its rows masked everywhere as zeros where it says ``nan_to_zero``."""
+    scale, and its rows masked everywhere as zeros where it says ``nan_to_zero``. With
+    ``out16`` the softmax writes its weights there, rounded to bf16, for ``last``."""
     scale = node.attrs["scale"]
     steps = [first]
     if mask is not None:
@@ -279,7 +287,8 @@ def _attention_chain(node: Node, first: Step, mask: Any, st: Any, last: list[Ste
                       Step(np.copyto, (st, const(-np.inf, np.float32)), {"where": masked})]
         else:
             steps.append(Step(np.add, (st, mask, st)))
-    soft = softmax_step(st, st, scale, bool(node.attrs.get("nan_to_zero")))
+    guard = bool(node.attrs.get("nan_to_zero"))
+    soft = softmax_step(st, st, scale, guard) if out16 is None else softmax_bf16_step(st, out16, scale, guard)
     if soft is None:
         return None
     return [*steps, soft, *last]

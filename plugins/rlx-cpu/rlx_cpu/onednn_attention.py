@@ -135,14 +135,23 @@ class Bf16Products:
         """``st = q[h, r] @ k[h]^T`` (float32 scores of a block)."""
         return self._call([self._matmul(self.q16[h, r], self.k16[h].swapaxes(-1, -2), st)])
 
+    def weights16(self, st: np.ndarray) -> np.ndarray:
+        """The bf16 block the softmax weights of scores ``st`` are rounded into (one
+        buffer for every block: the first block is the largest)."""
+        if self._p16 is None or self._p16.size < st.size:
+            self._p16 = self.ctx.scratch((st.size,), np.uint16)
+            self._keep.append(self._p16)
+        return self._p16[: st.size].reshape(st.shape)
+
     def weighted(self, h: slice, st: np.ndarray, out: np.ndarray) -> Step:
         """``out = round(st) @ v[h]``: the block's softmax weights rounded to bf16 (in a
         block of its own), then the product with ``v``."""
-        if self._p16 is None or self._p16.size < st.size:  # the first block is the largest
-            self._p16 = self.ctx.scratch((st.size,), np.uint16)
-            self._keep.append(self._p16)
-        p16 = self._p16[: st.size].reshape(st.shape)
+        p16 = self.weights16(st)
         return self._call([self._reorder(st, p16), self._matmul(p16, self.v16[h], out)])
+
+    def weighted16(self, h: slice, p16: np.ndarray, out: np.ndarray) -> Step:
+        """``out = p16 @ v[h]``: weights the softmax already rounded (``weights16``)."""
+        return self._call([self._matmul(p16, self.v16[h], out)])
 
     def taken(self) -> None:
         """Tell the build's report that this attention's products took bf16 (every block's

@@ -1069,6 +1069,34 @@ def test_softmax_rows(lib: native.Native, monkeypatch: pytest.MonkeyPatch, lengt
     np.testing.assert_allclose(got[finite].sum(axis=-1), 1.0, rtol=3e-6)
 
 
+@pytest.mark.parametrize("length", [10, 300, 1500])
+def test_softmax_to_bf16_and_nan_rows_to_zero(lib: native.Native, length: int) -> None:
+    """``softmax_bf16_step``: the weights rounded to bf16 in the softmax's last pass (bf16
+    attention's), the scores used as work space; with ``nan_zero`` a row masked everywhere
+    is zeros, without it NaN. Within one bf16 ulp of the float64 softmax rounded, and equal
+    to the numpy fallback's rounding of the same float32 softmax."""
+    x = rand((40, length), length, 4.0)
+    x[3, :] = -np.inf
+    for nan_zero in (True, False):
+        scores, out16 = x.copy(), np.empty(x.shape, np.uint16)
+        step = native_nn.softmax_bf16_step(scores, out16, 0.5, nan_zero)
+        assert step is not None
+        step.fn(*step.args, **step.kwargs)
+        got = (out16.astype(np.uint32) << 16).view(np.float32)
+        with np.errstate(invalid="ignore"):
+            e = np.exp(x.astype(np.float64) * 0.5 - (x.astype(np.float64) * 0.5).max(axis=-1, keepdims=True))
+            want = e / e.sum(axis=-1, keepdims=True)
+        rows = np.arange(40) != 3
+        np.testing.assert_allclose(got[rows], want[rows], rtol=2 ** -8, atol=1e-30)
+        assert np.all(got[3] == 0) if nan_zero else np.all(np.isnan(got[3]))
+        fallback = np.empty(x.shape, np.uint16)
+        with np.errstate(invalid="ignore"):
+            native_nn._softmax_bf16_numpy(0.5, nan_zero)(x.copy(), fallback)
+        ulps = np.abs(fallback[rows].astype(np.int32) - out16[rows].astype(np.int32))
+        as_float = (fallback.astype(np.uint32) << 16).view(np.float32)
+        assert ulps.max() <= 1 and np.array_equal(as_float[3], got[3], equal_nan=True)  # (a NaN's sign aside)
+
+
 @pytest.mark.parametrize("length, bias", [(1, True), (1, False), (256, True), (256, False), (50, True)])
 def test_layer_norm_rows(lib: native.Native, monkeypatch: pytest.MonkeyPatch, length: int, bias: bool) -> None:
     """Mean and (biased) variance per row, scaled and shifted, in one native call; a row of
