@@ -40,7 +40,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 26
+#define RLX_ABI 27
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
@@ -1224,23 +1224,85 @@ RLX_API void rlx_depthwise_conv(const float *x, const float *wt, const float *bi
  * group with an M of 4 to 32 against 12-row panels (BENCHMARKS.md, session 18).
  * Channels past the group's last in a block repeat its weights (their sums are dropped),
  * and a row's last outputs short of a vector are its last 8 again, so the blocks have no
- * branches. Sums: the bias, then input channel by channel, tap by tap. Dilation 1; column
- * stride 1 or 2; rows of at least 8 outputs. */
+ * branches. A row of one vector (at most 8 outputs, or 16 where the AVX-512 clones run:
+ * 7x7 and 14x14 planes) is computed over a copy padded that wide, two output rows at a
+ * time (8 sums in flight for both FMA pipes), and its first outputs kept. Where the
+ * AVX-512 clones run, wider rows go 16 outputs to a vector (gc_block16), two vectors at a
+ * time, over copies padded to whole vectors: RegNetX-800MF's groups of 16 at batch 1 ran
+ * 2.5-5x as fast on the 2-core Zen 5 (BENCHMARKS.md, "Grouped convolutions: every row
+ * width, 16-float vectors").
+ * Sums: the bias, then input channel by channel, tap by tap. Dilation 1; column stride 1
+ * or 2. */
 #define GC_OB 4
 #define GC_U 2
 
-static int64_t gc_row_width(int64_t ow, int64_t kw, int64_t sw) { return (ow - 1) * sw + kw; }
+RLX_API int64_t rlx_gemm_avx512(void);
+
+/* Whether rows of ow outputs are one vector each (of 16 where the AVX-512 clones run,
+ * else of 8): then two output rows are done at a time, 8 sums in flight. */
+static int gc_narrow(int64_t ow) { return ow <= 8 || (ow < 16 && rlx_gemm_avx512()); }
+/* The outputs a padded row holds: a narrow row's whole vector. */
+static int64_t gc_outputs(int64_t ow) {
+    if (gc_narrow(ow)) return ow <= 8 ? 8 : 16;
+    return rlx_gemm_avx512() ? (ow + 15) / 16 * 16 : ow; /* whole vectors of 16 (the last one's tail dropped) */
+}
+static int64_t gc_row_width(int64_t ow, int64_t kw, int64_t sw) { return (gc_outputs(ow) - 1) * sw + kw; }
 
 RLX_API int64_t rlx_group_conv_scratch(int64_t cg, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t oh,
                                        int64_t ow) {
-    return cg * ((oh - 1) * sh + kh) * (gc_row_width(ow, kw, sw) + 1) + ow; /* + a row for dropped sums */
+    /* + a row for dropped sums */
+    return cg * ((oh - 1) * sh + kh) * (gc_row_width(ow, kw, sw) + 1) + gc_outputs(ow);
 }
 
+static inline __attribute__((always_inline)) rlx_v16 ld16(const float *p) {
+    rlx_v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* gc_block below with vectors of 16 outputs, stored from dst[o] + dox (not + ox). */
+static inline __attribute__((always_inline)) void gc_block16(const float *pad, const float *const *wrow,
+                                                             const float *bv, float *const *dst, int64_t cg,
+                                                             int64_t kh, int64_t kw, int64_t plane, int64_t wq,
+                                                             int64_t we, int64_t row0, int64_t ox, int two,
+                                                             int64_t ustride, int64_t dox, int64_t dstride,
+                                                             const int U) {
+    rlx_v16 acc[GC_OB][GC_U];
+#pragma GCC unroll 2
+    for (int u = 0; u < U; u++) {
+#pragma GCC unroll 4
+        for (int o = 0; o < GC_OB; o++) acc[o][u] = (rlx_v16){0} + bv[o];
+    }
+    const int64_t taps = kh * kw;
+    for (int64_t ic = 0; ic < cg; ic++) {
+        for (int64_t ki = 0; ki < kh; ki++) {
+            const float *row = pad + ic * plane + (row0 + ki) * wq;
+            for (int64_t kj = 0; kj < kw; kj++) {
+                const float *src = two ? row + (kj & 1) * we + ox + kj / 2 : row + ox + kj;
+                const int64_t t = ic * taps + ki * kw + kj;
+                const float w0 = wrow[0][t], w1 = wrow[1][t], w2 = wrow[2][t], w3 = wrow[3][t];
+#pragma GCC unroll 2
+                for (int u = 0; u < U; u++) {
+                    const rlx_v16 v = ld16(src + ustride * u);
+                    acc[0][u] += w0 * v, acc[1][u] += w1 * v, acc[2][u] += w2 * v, acc[3][u] += w3 * v;
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int o = 0; o < GC_OB; o++)
+#pragma GCC unroll 2
+        for (int u = 0; u < U; u++) memcpy(dst[o] + dox + dstride * u, &acc[o][u], sizeof acc[o][u]);
+}
+
+/* Sums of GC_OB output channels over U vectors of 8 outputs: the u-th reads its inputs
+ * from ustride floats past the first's (8: along the row; sh * wq: the next output row)
+ * and is stored dstride floats past it. */
 static inline __attribute__((always_inline)) void gc_block(const float *pad, const float *const *wrow,
                                                            const float *bv, float *const *dst,
                                                            int64_t cg, int64_t kh, int64_t kw, int64_t plane,
                                                            int64_t wq, int64_t we, int64_t row0, int64_t ox,
-                                                           int two, const int U) {
+                                                           int two, int64_t ustride, int64_t dstride, const int U) {
     rlx_v8 acc[GC_OB][GC_U];
 #pragma GCC unroll 2
     for (int u = 0; u < U; u++) {
@@ -1257,7 +1319,7 @@ static inline __attribute__((always_inline)) void gc_block(const float *pad, con
                 const float w0 = wrow[0][t], w1 = wrow[1][t], w2 = wrow[2][t], w3 = wrow[3][t];
 #pragma GCC unroll 2
                 for (int u = 0; u < U; u++) {
-                    const rlx_v8 v = ld8(src + 8 * u);
+                    const rlx_v8 v = ld8(src + ustride * u);
                     acc[0][u] += w0 * v, acc[1][u] += w1 * v, acc[2][u] += w2 * v, acc[3][u] += w3 * v;
                 }
             }
@@ -1266,7 +1328,7 @@ static inline __attribute__((always_inline)) void gc_block(const float *pad, con
 #pragma GCC unroll 4
     for (int o = 0; o < GC_OB; o++)
 #pragma GCC unroll 2
-        for (int u = 0; u < U; u++) memcpy(dst[o] + ox + 8 * u, &acc[o][u], sizeof acc[o][u]);
+        for (int u = 0; u < U; u++) memcpy(dst[o] + ox + dstride * u, &acc[o][u], sizeof acc[o][u]);
 }
 
 static RLX_CLONES void group_conv_units(const float *x, const float *w, const float *bias, float *y, float *pad,
@@ -1274,10 +1336,10 @@ static RLX_CLONES void group_conv_units(const float *x, const float *w, const fl
                                         int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t pt,
                                         int64_t pl, int64_t oh, int64_t ow, const rlx_epilogue *epi, int64_t t) {
     const int64_t hp = (oh - 1) * sh + kh, wp = gc_row_width(ow, kw, sw), wq = wp + 1, plane = hp * wq;
-    const int two = sw == 2;
+    const int two = sw == 2, wide = rlx_gemm_avx512() != 0, narrow = gc_narrow(ow);
     const int64_t we = (wp + 1) / 2; /* a split row: its we even columns, then its odd ones */
     const int64_t x0 = pl < wp ? pl : wp, x1 = pl + wd < wp ? pl + wd : wp, taps = kh * kw;
-    float *trash = pad + cg * plane; /* the stores of a block's channels past the group's last */
+    float *trash = pad + cg * plane; /* the stores of a block's channels past the group's last (a row) */
     epi_state es;
     epi_begin(&es, epi, t);
     for (int64_t unit = u0; unit < u1; unit++) {
@@ -1315,15 +1377,45 @@ static RLX_CLONES void group_conv_units(const float *x, const float *w, const fl
                 float *dst[GC_OB];
                 for (int o = 0; o < GC_OB; o++) dst[o] = ob + o < og ? yg + (ob + o) * oh * ow + oy * ow : trash;
                 int64_t ox = 0;
+                if (narrow) { /* rows of one vector over the padded row, two rows at once; ow outputs kept */
+                    float part[GC_OB][2][16];
+                    float *tmp[GC_OB] = {part[0][0], part[1][0], part[2][0], part[3][0]};
+                    const int rows = oy + 1 < oh ? 2 : 1;
+                    const int64_t down = sh * wq;
+                    if (ow > 8 && rows == 2)
+                        gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 0, 16, 2);
+                    else if (ow > 8)
+                        gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 0, 16, 1);
+                    else if (rows == 2)
+                        gc_block(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 16, 2);
+                    else
+                        gc_block(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 16, 1);
+                    for (int o = 0; o < GC_OB && ob + o < og; o++) /* (channels past the group's: dropped) */
+                        for (int r = 0; r < rows; r++) memcpy(dst[o] + r * ow, part[o][r], (size_t)ow * sizeof(float));
+                    oy += rows - 1;
+                    continue;
+                }
+                if (wide) { /* vectors of 16, two at a time; the row's rest over the padded row */
+                    for (; ox + 32 <= ow; ox += 32)
+                        gc_block16(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 16, ox, 16, 2);
+                    if (ox < ow) {
+                        float part[GC_OB][32];
+                        float *tmp[GC_OB] = {part[0], part[1], part[2], part[3]};
+                        if (ow - ox > 16)
+                            gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 16, 0, 16, 2);
+                        else
+                            gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 16, 0, 16, 1);
+                        for (int o = 0; o < GC_OB && ob + o < og; o++)
+                            memcpy(dst[o] + ox, part[o], (size_t)(ow - ox) * sizeof(float));
+                    }
+                    continue;
+                }
                 for (; ox + 8 * GC_U <= ow; ox += 8 * GC_U)
-                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two,
-                             GC_U);
+                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 8, 8, GC_U);
                 for (; ox + 8 <= ow; ox += 8)
-                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two,
-                             1);
+                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 8, 8, 1);
                 if (ox < ow) /* the row's last 8 outputs again (ow >= 8): the same sums, stored twice */
-                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ow - 8,
-                             two, 1);
+                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ow - 8, two, 8, 8, 1);
             }
         }
         epi_span(&es, yg, og * oh * ow);

@@ -294,10 +294,12 @@ def _packed(ctx: Any, w: np.ndarray, key: tuple[Any, ...], size: int,
     return dest, [bound_call(pack, args, (w, dest), (0, len(args) - 1), make, also)]
 
 
-#: Output rows at least this wide take the grouped kernel (``rlx_group_conv``): it keeps
-#: sums for vectors of 8 outputs along a row, and a narrower row (7x7 planes) would run
-#: one output at a time; those stay with oneDNN or im2col.
-GROUP_CONV_MIN_WIDTH = 8
+#: Output rows at least this wide take the grouped kernel (``rlx_group_conv``): every
+#: width, since a row narrower than its vector of 8 outputs (7x7 planes) is computed over a
+#: padded copy that wide (RegNetX-800MF's 7x7 groups of 16: 22 GFLOP/s through im2col and
+#: a product per group, 59-110 now; BENCHMARKS.md, "Grouped convolutions: every row width,
+#: 16-float vectors").
+GROUP_CONV_MIN_WIDTH = 1
 #: Input channels a group at most for the grouped kernel: it reads each input vector once
 #: per 4 output channels, where a product per group with more channels than this keeps a
 #: GEMM's panels busy (ResNeXt's and RegNet's groups hold 4 to 48).

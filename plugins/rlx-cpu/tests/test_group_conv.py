@@ -2,7 +2,9 @@
 ResNeXt and RegNet. Where it applies it runs (spied on), agrees with the float64
 reference on partial channel blocks, row tails, both column strides and 5x5 windows, and
 its numpy fallback (a caller's array it cannot take) does too; where it does not apply
-(dilation, narrow rows, wide groups) the convolution still comes out right."""
+(dilation, wide groups) the convolution still comes out right. Rows narrower than a
+vector (7x7 planes) and rows wide enough for its 16-float vectors (where the AVX-512
+clones run) are cases of their own."""
 
 from __future__ import annotations
 
@@ -32,7 +34,16 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], bool, b
                                                            True, True),
     "strides (2, 1), asymmetric padding": ((1, 8, 12, 12), (8, 2, 3, 3),
                                            {"stride": (2, 1), "padding": (1, 0, 0, 1), "groups": 4}, True, True),
-    "rows of 7: not taken": ((1, 8, 7, 7), (8, 4, 3, 3), {"padding": 1, "groups": 2}, True, False),
+    "rows of 7 (one vector over a padded row)": ((1, 8, 7, 7), (8, 4, 3, 3), {"padding": 1, "groups": 2}, True, True),
+    "rows of 7 at stride 2, 16 channels a group": ((1, 32, 14, 14), (32, 16, 3, 3),
+                                                   {"stride": 2, "padding": 1, "groups": 2}, True, True),
+    "rows of 2 and 1": ((1, 6, 3, 2), (6, 3, 3, 3), {"padding": (1, 1, 1, 0), "groups": 2}, False, True),
+    "rows of 14, 13 of them, 3 outputs a group": ((1, 6, 13, 14), (9, 2, 3, 3), {"padding": 1, "groups": 3},
+                                                  True, True),
+    "rows of 12 at stride 2, 5x5": ((2, 8, 24, 24), (8, 4, 5, 5), {"stride": 2, "padding": 2, "groups": 2},
+                                    True, True),
+    "rows of 59: 32 + 16 wide, 8, then the last 8 again": ((1, 16, 5, 59), (8, 8, 3, 3),
+                                                           {"padding": 1, "groups": 2}, True, True),
     "dilation 2: not taken": ((1, 8, 12, 12), (8, 4, 3, 3), {"padding": 2, "dilation": 2, "groups": 2}, True, False),
     "column stride 3: not taken": ((1, 8, 30, 30), (8, 4, 3, 3), {"stride": 3, "groups": 2}, True, False),
 }

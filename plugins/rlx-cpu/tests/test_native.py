@@ -1268,10 +1268,11 @@ CONVS = {  # name -> (x shape, w shape, bias?, kwargs)
 def test_conv2d_windows(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """conv2d's im2col in one native pass writing the zero padding in place: padding 0, 1,
     2 and asymmetric, strides, dilation, groups, with and without a bias (the direct
-    convolution and the implicit GEMM, which needs rlx's GEMM, are held off: see the
-    tests below)."""
+    convolution, the grouped kernel and the implicit GEMM, which needs rlx's GEMM, are
+    held off: see the tests below)."""
     xs, ws, has_bias, kwargs = CONVS[name]
     monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)
+    monkeypatch.setattr(native_nn, "GROUP_CONV_MIN_WIDTH", 1 << 30)  # (groups: im2col, not the grouped kernel)
     monkeypatch.setenv("RLX_CPU_GEMM", "blas")
     calls = spy_on(monkeypatch, lib, "im2col")
     g = Graph("conv")
