@@ -1175,7 +1175,12 @@ POOLS = {  # name -> (op, kwargs, native?)
     "avg 3x3 stride 2": ("avg_pool2d", {"kernel": 3, "stride": 2}, True),
     "max 3x3 dilation 2 padding 1 (native, over a -inf border)": ("max_pool2d", {"kernel": 3, "stride": 1,
                                                                               "padding": 1, "dilation": 2}, True),
-    "avg 2x2 ceil_mode (numpy)": ("avg_pool2d", {"kernel": 2, "stride": 2, "ceil_mode": True}, False),
+    "avg 2x2 ceil_mode (native over a zero border, then kh * kw / count)": (
+        "avg_pool2d", {"kernel": 2, "stride": 2, "ceil_mode": True}, True),
+    "avg 3x3 stride 1 padding 1, pads counted (Inception's)": ("avg_pool2d", {"kernel": 3, "stride": 1, "padding": 1,
+                                                                              "count_include_pad": True}, True),
+    "avg 3x3 stride 2 padding 1, pads not counted": ("avg_pool2d", {"kernel": 3, "stride": 2, "padding": 1,
+                                                                    "count_include_pad": False}, True),
 }
 
 
@@ -1184,7 +1189,7 @@ def test_pools(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -
     """Max and average pools whose windows lie inside the image run natively (the 2x2
     stride-2 one in one pass), odd sizes leaving an edge unread; a max propagates NaN and
     keeps -inf; a max pool reaching into padding runs natively over a -inf border, an average
-    pool stays with numpy. All as the reference."""
+    pool over a zero border (and its windows' counts applied after). All as the reference."""
     op, kwargs, is_native = POOLS[name]
     calls = spy_on(monkeypatch, lib, "pool2d")
     x = rand((2, 3, 13, 11), 6, 2.0)
