@@ -1260,76 +1260,39 @@ static inline __attribute__((always_inline)) rlx_v16 ld16(const float *p) {
     return v;
 }
 
-/* gc_block below with vectors of 16 outputs, stored from dst[o] + dox (not + ox). */
-static inline __attribute__((always_inline)) void gc_block16(const float *pad, const float *const *wrow,
-                                                             const float *bv, float *const *dst, int64_t cg,
-                                                             int64_t kh, int64_t kw, int64_t plane, int64_t wq,
-                                                             int64_t we, int64_t row0, int64_t ox, int two,
-                                                             int64_t ustride, int64_t dox, int64_t dstride,
-                                                             const int U) {
-    rlx_v16 acc[GC_OB][GC_U];
-#pragma GCC unroll 2
-    for (int u = 0; u < U; u++) {
-#pragma GCC unroll 4
-        for (int o = 0; o < GC_OB; o++) acc[o][u] = (rlx_v16){0} + bv[o];
+/* Sums of GC_OB output channels over U vectors of VT (8 or 16 outputs): the u-th reads its
+ * inputs ustride floats past the first's (a vector along the row; sh * wq: the next
+ * output row) and is stored from dst[o] + dox, dstride floats past the first's. */
+#define GC_BLOCK(NAME, VT, LOAD)                                                                                   \
+    static inline __attribute__((always_inline)) void NAME(                                                        \
+        const float *pad, const float *const *wrow, const float *bv, float *const *dst, int64_t cg, int64_t kh,     \
+        int64_t kw, int64_t plane, int64_t wq, int64_t we, int64_t row0, int64_t ox, int two, int64_t ustride,     \
+        int64_t dox, int64_t dstride, const int U) {                                                               \
+        VT acc[GC_OB][GC_U];                                                                                       \
+        _Pragma("GCC unroll 2") for (int u = 0; u < U; u++) {                                                      \
+            _Pragma("GCC unroll 4") for (int o = 0; o < GC_OB; o++) acc[o][u] = (VT){0} + bv[o];                   \
+        }                                                                                                          \
+        const int64_t taps = kh * kw;                                                                              \
+        for (int64_t ic = 0; ic < cg; ic++) {                                                                      \
+            for (int64_t ki = 0; ki < kh; ki++) {                                                                  \
+                const float *row = pad + ic * plane + (row0 + ki) * wq;                                            \
+                for (int64_t kj = 0; kj < kw; kj++) {                                                              \
+                    const float *src = two ? row + (kj & 1) * we + ox + kj / 2 : row + ox + kj;                    \
+                    const int64_t t = ic * taps + ki * kw + kj;                                                    \
+                    const float w0 = wrow[0][t], w1 = wrow[1][t], w2 = wrow[2][t], w3 = wrow[3][t];                \
+                    _Pragma("GCC unroll 2") for (int u = 0; u < U; u++) {                                          \
+                        const VT v = LOAD(src + ustride * u);                                                      \
+                        acc[0][u] += w0 * v, acc[1][u] += w1 * v, acc[2][u] += w2 * v, acc[3][u] += w3 * v;        \
+                    }                                                                                              \
+                }                                                                                                  \
+            }                                                                                                      \
+        }                                                                                                          \
+        _Pragma("GCC unroll 4") for (int o = 0; o < GC_OB; o++)                                                    \
+            _Pragma("GCC unroll 2") for (int u = 0; u < U; u++)                                                    \
+                memcpy(dst[o] + dox + dstride * u, &acc[o][u], sizeof acc[o][u]);                                  \
     }
-    const int64_t taps = kh * kw;
-    for (int64_t ic = 0; ic < cg; ic++) {
-        for (int64_t ki = 0; ki < kh; ki++) {
-            const float *row = pad + ic * plane + (row0 + ki) * wq;
-            for (int64_t kj = 0; kj < kw; kj++) {
-                const float *src = two ? row + (kj & 1) * we + ox + kj / 2 : row + ox + kj;
-                const int64_t t = ic * taps + ki * kw + kj;
-                const float w0 = wrow[0][t], w1 = wrow[1][t], w2 = wrow[2][t], w3 = wrow[3][t];
-#pragma GCC unroll 2
-                for (int u = 0; u < U; u++) {
-                    const rlx_v16 v = ld16(src + ustride * u);
-                    acc[0][u] += w0 * v, acc[1][u] += w1 * v, acc[2][u] += w2 * v, acc[3][u] += w3 * v;
-                }
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int o = 0; o < GC_OB; o++)
-#pragma GCC unroll 2
-        for (int u = 0; u < U; u++) memcpy(dst[o] + dox + dstride * u, &acc[o][u], sizeof acc[o][u]);
-}
-
-/* Sums of GC_OB output channels over U vectors of 8 outputs: the u-th reads its inputs
- * from ustride floats past the first's (8: along the row; sh * wq: the next output row)
- * and is stored dstride floats past it. */
-static inline __attribute__((always_inline)) void gc_block(const float *pad, const float *const *wrow,
-                                                           const float *bv, float *const *dst,
-                                                           int64_t cg, int64_t kh, int64_t kw, int64_t plane,
-                                                           int64_t wq, int64_t we, int64_t row0, int64_t ox,
-                                                           int two, int64_t ustride, int64_t dstride, const int U) {
-    rlx_v8 acc[GC_OB][GC_U];
-#pragma GCC unroll 2
-    for (int u = 0; u < U; u++) {
-#pragma GCC unroll 4
-        for (int o = 0; o < GC_OB; o++) acc[o][u] = (rlx_v8){0} + bv[o];
-    }
-    const int64_t taps = kh * kw;
-    for (int64_t ic = 0; ic < cg; ic++) {
-        for (int64_t ki = 0; ki < kh; ki++) {
-            const float *row = pad + ic * plane + (row0 + ki) * wq;
-            for (int64_t kj = 0; kj < kw; kj++) {
-                const float *src = two ? row + (kj & 1) * we + ox + kj / 2 : row + ox + kj;
-                const int64_t t = ic * taps + ki * kw + kj;
-                const float w0 = wrow[0][t], w1 = wrow[1][t], w2 = wrow[2][t], w3 = wrow[3][t];
-#pragma GCC unroll 2
-                for (int u = 0; u < U; u++) {
-                    const rlx_v8 v = ld8(src + ustride * u);
-                    acc[0][u] += w0 * v, acc[1][u] += w1 * v, acc[2][u] += w2 * v, acc[3][u] += w3 * v;
-                }
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int o = 0; o < GC_OB; o++)
-#pragma GCC unroll 2
-        for (int u = 0; u < U; u++) memcpy(dst[o] + ox + dstride * u, &acc[o][u], sizeof acc[o][u]);
-}
+GC_BLOCK(gc_block, rlx_v8, ld8)
+GC_BLOCK(gc_block16, rlx_v16, ld16)
 
 static RLX_CLONES void group_conv_units(const float *x, const float *w, const float *bias, float *y, float *pad,
                                         int64_t u0, int64_t u1, int64_t groups, int64_t cg, int64_t og, int64_t h,
@@ -1387,9 +1350,9 @@ static RLX_CLONES void group_conv_units(const float *x, const float *w, const fl
                     else if (ow > 8)
                         gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 0, 16, 1);
                     else if (rows == 2)
-                        gc_block(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 16, 2);
+                        gc_block(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 0, 16, 2);
                     else
-                        gc_block(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 16, 1);
+                        gc_block(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 0, 16, 1);
                     for (int o = 0; o < GC_OB && ob + o < og; o++) /* (channels past the group's: dropped) */
                         for (int r = 0; r < rows; r++) memcpy(dst[o] + r * ow, part[o][r], (size_t)ow * sizeof(float));
                     oy += rows - 1;
@@ -1411,11 +1374,11 @@ static RLX_CLONES void group_conv_units(const float *x, const float *w, const fl
                     continue;
                 }
                 for (; ox + 8 * GC_U <= ow; ox += 8 * GC_U)
-                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 8, 8, GC_U);
+                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 8, ox, 8, GC_U);
                 for (; ox + 8 <= ow; ox += 8)
-                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 8, 8, 1);
+                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 8, ox, 8, 1);
                 if (ox < ow) /* the row's last 8 outputs again (ow >= 8): the same sums, stored twice */
-                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ow - 8, two, 8, 8, 1);
+                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ow - 8, two, 8, ow - 8, 8, 1);
             }
         }
         epi_span(&es, yg, og * oh * ow);

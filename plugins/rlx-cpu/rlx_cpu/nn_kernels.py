@@ -555,9 +555,9 @@ def _avg_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
     zero-padded copy (its average over every window's kh * kw positions) and, where a
     window counts fewer (``count_include_pad=0``, ceil_mode's positions past the padding),
     one multiplication by kh * kw / count. Inception's 3x3 stride-1 pools, padding 1, on
-    (288, 25, 25) at batch 1: 1.05 ms as numpy's separable passes, ~0.1 ms so (2-core Zen
-    5, without the extras; with them oneDNN's pooling runs them). numpy's passes remain
-    for other dtypes."""
+    (288, 25, 25) at batch 1: 1.05 ms as numpy's separable passes, about 0.3 ms so with a
+    relu before it (2-core Zen 5, without the extras; with them oneDNN's pooling runs
+    them). numpy's passes remain for other dtypes."""
     a = node.attrs
     native = _native_pool(node, ins[0], out, (1, 1), False)
     if native is not None:
