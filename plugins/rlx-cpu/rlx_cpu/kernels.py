@@ -31,7 +31,8 @@ from .onednn_matmul import dense_steps
 from .steps import Step
 from .transposes import transpose_step
 
-__all__ = ["BuildContext", "Builder", "KERNELS", "compute_dtype", "const", "inplace_positions", "ufunc_step"]
+__all__ = ["BuildContext", "Builder", "KERNELS", "compute_dtype", "const", "inplace_positions", "softmax_steps",
+           "ufunc_step"]
 
 
 class BuildContext(Protocol):
@@ -403,3 +404,18 @@ KERNELS: dict[OpKind, Builder] = {
     OpKind.GATHER: _gather,
     OpKind.MATMUL: _matmul,
 }
+
+
+def softmax_steps(x: Any, axis: int, work: np.ndarray, out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    """``out = softmax(x)`` along ``axis``, computed in ``work`` (``out``, or a float32
+    temporary; ``x`` may be ``work`` itself)."""
+    red = list(work.shape)
+    red[axis] = 1
+    stat = ctx.scratch(tuple(red), work.dtype)
+    return [
+        Step(np.maximum.reduce, (x, axis, None, stat, True)),
+        Step(np.subtract, (x, stat, work)),
+        Step(np.exp, (work, work)),
+        Step(np.add.reduce, (work, axis, None, stat, True)),
+        Step(np.divide, (work, stat, out)),
+    ]

@@ -4,10 +4,11 @@ Why: attention's products (``q k^T`` and the softmax's weights times ``v``) are 
 transformer's time at long sequences: a Whisper-style encoder's 1500 frames spent 53 of
 its 92 ms there at batch 1 once its dense layers ran in bf16 (2-core Zen 4 EPYC), the
 products in float32. OpenVINO's default computes them in bf16 too. Here ``q``, ``k`` and
-``v`` are rounded to bf16 once, each block of heads and rows (``nn_kernels.
+``v`` are rounded to bf16 once, each block of heads and rows (``attention_kernels.
 _attention_blocks``) multiplies them on oneDNN's batched matmul into float32 scores, the
-softmax runs in float32 as before, and its weights are rounded to bf16 in the block (in
-L2) for the product with ``v``, which writes float32 into the output. Each product is
+softmax runs in float32 as before and writes its weights rounded to bf16 in its last
+pass (``native_nn.softmax_bf16_step``; a reorder rounds them where that does not apply)
+for the product with ``v``, which writes float32 into the output. Each product is
 held to the bf16 bound like any other (float32 accumulation); the softmax and the
 mask are not rounded.
 

@@ -1,5 +1,5 @@
 """Attention over long sequences a block of heads and rows at a time
-(``nn_kernels._attention_blocks``): equal to the reference with and without masks of
+(``attention_kernels._attention_blocks``): equal to the reference with and without masks of
 every shape a model passes, across partial blocks, and left to whole scores where the
 operands do not allow blocks."""
 
@@ -12,7 +12,7 @@ import pytest
 
 import rlx_core as rlx
 from rlx_core import reference
-from rlx_cpu import native, nn_kernels
+from rlx_cpu import attention_kernels, native
 
 RNG = np.random.default_rng(21)
 
@@ -22,11 +22,11 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch, native_lib: native.Native) -> 
     """Blocks past any size of scores, of 32 rows of 40 keys (5 KB): every test shape
     splits into several blocks of heads and rows, the last ones partial. The calls of
     ``_attention_blocks`` that built steps are recorded."""
-    monkeypatch.setattr(nn_kernels, "ATTENTION_BLOCKED_BYTES", 0)
-    monkeypatch.setattr(nn_kernels, "ATTENTION_BLOCK_BYTES", 2 * 32 * 40 * 4)
+    monkeypatch.setattr(attention_kernels, "ATTENTION_BLOCKED_BYTES", 0)
+    monkeypatch.setattr(attention_kernels, "ATTENTION_BLOCK_BYTES", 2 * 32 * 40 * 4)
     built: list[Any] = []
-    real = nn_kernels._attention_blocks
-    monkeypatch.setattr(nn_kernels, "_attention_blocks",
+    real = attention_kernels._attention_blocks
+    monkeypatch.setattr(attention_kernels, "_attention_blocks",
                         lambda *a: (lambda r: (built.append(r is not None), r)[1])(real(*a)))
     return built
 
@@ -104,8 +104,8 @@ def test_rows_masked_everywhere_give_zeros_with_nan_to_zero(monkeypatch: pytest.
     """``nan_to_zero`` on the native softmax (whole scores and blocks) and numpy's: a query
     row masked everywhere gives zeros; without it, NaN (the reference's softmax)."""
     if blocks:
-        monkeypatch.setattr(nn_kernels, "ATTENTION_BLOCKED_BYTES", 0)
-        monkeypatch.setattr(nn_kernels, "ATTENTION_BLOCK_BYTES", 2 * 32 * 40 * 4)
+        monkeypatch.setattr(attention_kernels, "ATTENTION_BLOCKED_BYTES", 0)
+        monkeypatch.setattr(attention_kernels, "ATTENTION_BLOCK_BYTES", 2 * 32 * 40 * 4)
     lq, lk = 40, 40
     m = RNG.random((lq, lk)) < 0.7 if mask == "bool" else np.where(RNG.random((lq, lk)) < 0.7, 0, -np.inf)
     m[3] = False if mask == "bool" else -np.inf
