@@ -81,18 +81,18 @@ def _power_of_two(c: float) -> bool:
     return math.frexp(c)[0] in (0.5, -0.5)
 
 
-def _scalar(graph: Graph, node: Node) -> float | None:
-    if not (holds_array(node) or node.op is OpKind.PARAM) or node.size != 1:
-        return None
-    value = float(np.asarray(graph.value(node.id)).reshape(()))
-    return value if math.isfinite(value) and value != 0 else None
-
-
 def _known_scalar(graph: Graph, node: Node) -> np.ndarray | None:
     """The value of a one-element constant or param (a param's as it is now: see ``_Match.folded``)."""
     if node.size != 1 or not (holds_array(node) or node.op is OpKind.PARAM):
         return None
     return np.asarray(graph.value(node.id)).reshape(())
+
+
+def _scalar(graph: Graph, node: Node) -> float | None:
+    """``_known_scalar`` as a float, where it is finite and not 0 (a scale)."""
+    arr = _known_scalar(graph, node)
+    value = None if arr is None else float(arr)
+    return value if value is not None and math.isfinite(value) and value != 0 else None
 
 
 def _guard(graph: Graph, node: Node, uses: list[int]) -> tuple[Node, list[int], list[int]] | None:

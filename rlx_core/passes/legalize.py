@@ -33,7 +33,7 @@ from ..ir.ops import COMPOSITE_OPS, INTERNAL_OPS, OP_EXTENSIONS, OpKind
 from .composites import decompose
 from .internal_ops import expand
 
-__all__ = ["LegalizeResult", "DtypeGate", "legalize", "describe_blocker", "Claims", "unlisted_extension"]
+__all__ = ["LegalizeResult", "DtypeGate", "legalize", "describe_blocker", "Claims"]
 
 Claims = Callable[[Node], "bool | str"]
 _MAX_PASSES = 8  # composites nest at most three deep (attention > softmax > ...)
@@ -90,8 +90,13 @@ class DtypeGate:
         return cls(str(getattr(backend, "name", backend)), frozenset(dtypes), extensions)
 
     def unlisted(self, node: Node) -> str | None:
-        """The extension ``node`` carries that the backend does not list, or ``None``."""
-        return unlisted_extension(node, self.extensions)
+        """The op extension (``OP_EXTENSIONS``) ``node`` carries, switched on, that the
+        backend does not list, phrased as a refusal; else ``None``."""
+        for key, value in node.attrs.items():
+            name = f"{node.op}.{key}"
+            if value and name in OP_EXTENSIONS and name not in self.extensions:
+                return f"{name} is an extension the backend does not list (Backend.op_extensions)"
+        return None
 
     def refusal(self, graph: Graph, node: Node) -> str | None:
         """Why the backend cannot take ``node`` of ``graph`` (its dtype, or an input's), or ``None``."""
@@ -110,16 +115,6 @@ class DtypeGate:
 
 def _refused(gate: DtypeGate | None, graph: Graph, node: Node) -> str | None:
     return None if gate is None else gate.refusal(graph, node)
-
-
-def unlisted_extension(node: Node, extensions: frozenset[str]) -> str | None:
-    """The op extension (``OP_EXTENSIONS``) ``node`` carries, switched on, that is not in
-    ``extensions``, phrased as a refusal; else ``None``."""
-    for key, value in node.attrs.items():
-        name = f"{node.op}.{key}"
-        if value and name in OP_EXTENSIONS and name not in extensions:
-            return f"{name} is an extension the backend does not list (Backend.op_extensions)"
-    return None
 
 
 def _unlisted(gate: DtypeGate | None, node: Node) -> str | None:

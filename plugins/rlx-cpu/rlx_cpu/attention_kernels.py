@@ -157,13 +157,10 @@ def _attention_blocks(node: Node, q: Any, k: Any, v: Any, mask: Any, out: np.nda
                 if bf16 is None:
                     chain = _attention_chain(node, matmul_step(q3[hs, rs], k3[hs].swapaxes(-1, -2), scores), part,
                                              scores, [matmul_step(scores, v3[hs], o3[hs, rs])], ctx)
-                else:  # the softmax writes the weights rounded to bf16 (else a reorder rounds them)
+                else:  # the softmax writes the weights rounded to bf16 for the product with v
                     p16 = bf16.weights16(scores)
                     chain = _attention_chain(node, bf16.scores(hs, rs, scores), part, scores,
-                                             [bf16.weighted16(hs, p16, o3[hs, rs])], ctx, out16=p16)
-                    if chain is None:
-                        chain = _attention_chain(node, bf16.scores(hs, rs, scores), part, scores,
-                                                 [bf16.weighted(hs, scores, o3[hs, rs])], ctx)
+                                             [bf16.weighted(hs, p16, o3[hs, rs])], ctx, out16=p16)
             except onednn.DnnlError:  # oneDNN declined a product, or runs it where bf16 does not pay
                 return None
             if chain is None:

@@ -81,13 +81,16 @@ static RLX_CLONES void bf16_to_float(const uint16_t *src, float *dst, int64_t n)
     }
 }
 
+/* f rounded to bf16, to nearest even; a NaN stays a (quiet) NaN. */
+static inline __attribute__((always_inline)) uint16_t bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint16_t rounded = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u) : rounded;
+}
+
 static RLX_CLONES void float_to_bf16(const float *src, uint16_t *dst, int64_t n) {
-    for (int64_t t = 0; t < n; t++) {
-        uint32_t u;
-        memcpy(&u, src + t, 4);
-        const uint16_t rounded = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        dst[t] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u) : rounded;
-    }
+    for (int64_t t = 0; t < n; t++) dst[t] = bf16_round(src[t]);
 }
 
 RLX_API int64_t rlx_abi(void) { return RLX_ABI; }
@@ -699,13 +702,7 @@ static inline void softmax_finish(float *w, void *y, int64_t r, int64_t len, int
     const float inv = 1.0f / total;
     if (to_bf16) {
         uint16_t *yr = (uint16_t *)y + r * stride;
-        for (int64_t i = 0; i < len; i++) {
-            const float p = w[i] * inv;
-            uint32_t u;
-            memcpy(&u, &p, 4);
-            const uint16_t rounded = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-            yr[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u) : rounded;
-        }
+        for (int64_t i = 0; i < len; i++) yr[i] = bf16_round(w[i] * inv);
     } else {
         for (int64_t i = 0; i < len; i++) w[i] = w[i] * inv;
     }

@@ -7,8 +7,8 @@ products in float32. OpenVINO's default computes them in bf16 too. Here ``q``, `
 ``v`` are rounded to bf16 once, each block of heads and rows (``attention_kernels.
 _attention_blocks``) multiplies them on oneDNN's batched matmul into float32 scores, the
 softmax runs in float32 as before and writes its weights rounded to bf16 in its last
-pass (``native_nn.softmax_bf16_step``; a reorder rounds them where that does not apply)
-for the product with ``v``, which writes float32 into the output. Each product is
+pass (``native_nn.softmax_bf16_step``) for the product with ``v``, which writes float32
+into the output. Each product is
 held to the bf16 bound like any other (float32 accumulation); the softmax and the
 mask are not rounded.
 
@@ -68,14 +68,14 @@ def products(q: Any, k: Any, v: Any, ctx: Any) -> Bf16Products | None:
 
 class Bf16Products:
     """``q``, ``k``, ``v`` rounded to bf16 once a run (``setup``), and per block the
-    product into float32 scores (``scores``) and the weights' rounding and product with
-    ``v`` into the output (``weighted``). Primitives are made once per block shape; a
+    product into float32 scores (``scores``) and the product of the weights the softmax
+    rounded (``weights16``) with ``v`` into the output (``weighted``). Primitives are made once per block shape; a
     ``DnnlError`` from any (oneDNN declining, or a kernel that does not pay) makes the
     caller fall back to float32 for the whole attention."""
 
     def __init__(self, lib: Dnnl, q: np.ndarray, k: np.ndarray, v: np.ndarray, ctx: Any) -> None:
         self.lib, self.ctx = lib, ctx
-        self._p16: np.ndarray | None = None  # the block's rounded weights (``weighted``)
+        self._p16: np.ndarray | None = None  # the block's rounded weights (``weights16``)
         self.q16, self.k16, self.v16 = (ctx.scratch(a.shape, np.uint16) for a in (q, k, v))
         self._pds: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # per shapes: (primitive, (scratchpad memory,))
         self._descs: list[Any] = []
@@ -144,14 +144,9 @@ class Bf16Products:
             self._keep.append(self._p16)
         return self._p16[: st.size].reshape(st.shape)
 
-    def weighted(self, h: slice, st: np.ndarray, out: np.ndarray) -> Step:
-        """``out = round(st) @ v[h]``: the block's softmax weights rounded to bf16 (in a
-        block of its own), then the product with ``v``."""
-        p16 = self.weights16(st)
-        return self._call([self._reorder(st, p16), self._matmul(p16, self.v16[h], out)])
-
-    def weighted16(self, h: slice, p16: np.ndarray, out: np.ndarray) -> Step:
-        """``out = p16 @ v[h]``: weights the softmax already rounded (``weights16``)."""
+    def weighted(self, h: slice, p16: np.ndarray, out: np.ndarray) -> Step:
+        """``out = p16 @ v[h]``: the block's softmax weights, which the softmax rounded into
+        ``p16`` (``weights16``; ``native_nn.softmax_bf16_step``)."""
         return self._call([self._matmul(p16, self.v16[h], out)])
 
     def taken(self) -> None:
