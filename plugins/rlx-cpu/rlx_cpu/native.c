@@ -40,7 +40,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 27
+#define RLX_ABI 28
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
@@ -1223,14 +1223,18 @@ RLX_API void rlx_depthwise_conv(const float *x, const float *wt, const float *bi
  * and a row's last outputs short of a vector are its last 8 again, so the blocks have no
  * branches. A row of one vector (at most 8 outputs, or 16 where the AVX-512 clones run:
  * 7x7 and 14x14 planes) is computed over a copy padded that wide, two output rows at a
- * time (8 sums in flight for both FMA pipes), and its first outputs kept. Where the
- * AVX-512 clones run, wider rows go 16 outputs to a vector (gc_block16), two vectors at a
- * time, over copies padded to whole vectors: RegNetX-800MF's groups of 16 at batch 1 ran
- * 2.5-5x as fast on the 2-core Zen 5 (BENCHMARKS.md, "Grouped convolutions: every row
- * width, 16-float vectors").
+ * time, and its first outputs kept. Where the AVX-512 clones run, wider rows go 16
+ * outputs to a vector (gc_block16), two vectors at a time, over copies padded to whole
+ * vectors: RegNetX-800MF's groups of 16 at batch 1 ran 2.5-5x as fast on the 2-core Zen 5
+ * (BENCHMARKS.md, "Grouped convolutions: every row width, 16-float vectors"). A block is 8
+ * output channels where the group has 8 or more (16 sums in flight: both FMA pipes kept
+ * busy past their latency, and 16 multiply-adds per two input loads: 0.96-1.2x the
+ * speed of 4 on the 2-core Zen 5, BENCHMARKS.md "Grouped convolutions with the channels
+ * in the lanes"), else 4. Groups of 16, 32, ... channels on AVX-512 go
+ * to rlx_group_conv_lanes below instead.
  * Sums: the bias, then input channel by channel, tap by tap. Dilation 1; column stride 1
  * or 2. */
-#define GC_OB 4
+#define GC_OB 8 /* the most output channels a block sums (4 where a group has fewer than 8) */
 #define GC_U 2
 
 RLX_API int64_t rlx_gemm_avx512(void);
@@ -1264,10 +1268,10 @@ static inline __attribute__((always_inline)) rlx_v16 ld16(const float *p) {
     static inline __attribute__((always_inline)) void NAME(                                                        \
         const float *pad, const float *const *wrow, const float *bv, float *const *dst, int64_t cg, int64_t kh,     \
         int64_t kw, int64_t plane, int64_t wq, int64_t we, int64_t row0, int64_t ox, int two, int64_t ustride,     \
-        int64_t dox, int64_t dstride, const int U) {                                                               \
+        int64_t dox, int64_t dstride, const int U, const int OB) {                                                 \
         VT acc[GC_OB][GC_U];                                                                                       \
         _Pragma("GCC unroll 2") for (int u = 0; u < U; u++) {                                                      \
-            _Pragma("GCC unroll 4") for (int o = 0; o < GC_OB; o++) acc[o][u] = (VT){0} + bv[o];                   \
+            _Pragma("GCC unroll 8") for (int o = 0; o < OB; o++) acc[o][u] = (VT){0} + bv[o];                      \
         }                                                                                                          \
         const int64_t taps = kh * kw;                                                                              \
         for (int64_t ic = 0; ic < cg; ic++) {                                                                      \
@@ -1276,25 +1280,26 @@ static inline __attribute__((always_inline)) rlx_v16 ld16(const float *p) {
                 for (int64_t kj = 0; kj < kw; kj++) {                                                              \
                     const float *src = two ? row + (kj & 1) * we + ox + kj / 2 : row + ox + kj;                    \
                     const int64_t t = ic * taps + ki * kw + kj;                                                    \
-                    const float w0 = wrow[0][t], w1 = wrow[1][t], w2 = wrow[2][t], w3 = wrow[3][t];                \
-                    _Pragma("GCC unroll 2") for (int u = 0; u < U; u++) {                                          \
-                        const VT v = LOAD(src + ustride * u);                                                      \
-                        acc[0][u] += w0 * v, acc[1][u] += w1 * v, acc[2][u] += w2 * v, acc[3][u] += w3 * v;        \
+                    VT v[GC_U];                                                                                    \
+                    _Pragma("GCC unroll 2") for (int u = 0; u < U; u++) v[u] = LOAD(src + ustride * u);            \
+                    _Pragma("GCC unroll 8") for (int o = 0; o < OB; o++) {                                         \
+                        const float wo = wrow[o][t];                                                               \
+                        _Pragma("GCC unroll 2") for (int u = 0; u < U; u++) acc[o][u] += wo * v[u];                \
                     }                                                                                              \
                 }                                                                                                  \
             }                                                                                                      \
         }                                                                                                          \
-        _Pragma("GCC unroll 4") for (int o = 0; o < GC_OB; o++)                                                    \
+        _Pragma("GCC unroll 8") for (int o = 0; o < OB; o++)                                                       \
             _Pragma("GCC unroll 2") for (int u = 0; u < U; u++)                                                    \
                 memcpy(dst[o] + dox + dstride * u, &acc[o][u], sizeof acc[o][u]);                                  \
     }
 GC_BLOCK(gc_block, rlx_v8, ld8)
 GC_BLOCK(gc_block16, rlx_v16, ld16)
 
-static RLX_CLONES void group_conv_units(const float *x, const float *w, const float *bias, float *y, float *pad,
+static inline __attribute__((always_inline)) void group_conv_units_ob(const float *x, const float *w, const float *bias, float *y, float *pad,
                                         int64_t u0, int64_t u1, int64_t groups, int64_t cg, int64_t og, int64_t h,
                                         int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t pt,
-                                        int64_t pl, int64_t oh, int64_t ow, const rlx_epilogue *epi, int64_t t) {
+                                        int64_t pl, int64_t oh, int64_t ow, const rlx_epilogue *epi, int64_t t, const int OB) {
     const int64_t hp = (oh - 1) * sh + kh, wp = gc_row_width(ow, kw, sw), wq = wp + 1, plane = hp * wq;
     const int two = sw == 2, wide = rlx_gemm_avx512() != 0, narrow = gc_narrow(ow);
     const int64_t we = (wp + 1) / 2; /* a split row: its we even columns, then its odd ones */
@@ -1325,62 +1330,74 @@ static RLX_CLONES void group_conv_units(const float *x, const float *w, const fl
         }
         float *yg = y + (img * groups + g) * og * oh * ow;
         const float *wg = w + g * og * cg * taps;
-        for (int64_t ob = 0; ob < og; ob += GC_OB) {
+                for (int64_t ob = 0; ob < og; ob += OB) {
             const float *wrow[GC_OB];
             float bv[GC_OB];
-            for (int o = 0; o < GC_OB; o++) {
+            for (int o = 0; o < OB; o++) {
                 const int64_t oc = ob + o < og ? ob + o : og - 1;
                 wrow[o] = wg + oc * cg * taps;
                 bv[o] = bias ? bias[g * og + oc] : 0.0f;
             }
             for (int64_t oy = 0; oy < oh; oy++) {
                 float *dst[GC_OB];
-                for (int o = 0; o < GC_OB; o++) dst[o] = ob + o < og ? yg + (ob + o) * oh * ow + oy * ow : trash;
+                for (int o = 0; o < OB; o++) dst[o] = ob + o < og ? yg + (ob + o) * oh * ow + oy * ow : trash;
                 int64_t ox = 0;
                 if (narrow) { /* rows of one vector over the padded row, two rows at once; ow outputs kept */
                     float part[GC_OB][2][16];
-                    float *tmp[GC_OB] = {part[0][0], part[1][0], part[2][0], part[3][0]};
+                    float *tmp[GC_OB];
+                    for (int o = 0; o < GC_OB; o++) tmp[o] = part[o][0];
                     const int rows = oy + 1 < oh ? 2 : 1;
                     const int64_t down = sh * wq;
                     if (ow > 8 && rows == 2)
-                        gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 0, 16, 2);
+                        gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 0, 16, 2, OB);
                     else if (ow > 8)
-                        gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 0, 16, 1);
+                        gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 0, 16, 1, OB);
                     else if (rows == 2)
-                        gc_block(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 0, 16, 2);
+                        gc_block(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 0, 16, 2, OB);
                     else
-                        gc_block(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 0, 16, 1);
-                    for (int o = 0; o < GC_OB && ob + o < og; o++) /* (channels past the group's: dropped) */
+                        gc_block(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, 0, two, down, 0, 16, 1, OB);
+                    for (int o = 0; o < OB && ob + o < og; o++) /* (channels past the group's: dropped) */
                         for (int r = 0; r < rows; r++) memcpy(dst[o] + r * ow, part[o][r], (size_t)ow * sizeof(float));
                     oy += rows - 1;
                     continue;
                 }
                 if (wide) { /* vectors of 16, two at a time; the row's rest over the padded row */
                     for (; ox + 32 <= ow; ox += 32)
-                        gc_block16(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 16, ox, 16, 2);
+                        gc_block16(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 16, ox, 16, 2, OB);
                     if (ox < ow) {
                         float part[GC_OB][32];
-                        float *tmp[GC_OB] = {part[0], part[1], part[2], part[3]};
+                        float *tmp[GC_OB];
+                        for (int o = 0; o < GC_OB; o++) tmp[o] = part[o];
                         if (ow - ox > 16)
-                            gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 16, 0, 16, 2);
+                            gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 16, 0, 16, 2, OB);
                         else
-                            gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 16, 0, 16, 1);
-                        for (int o = 0; o < GC_OB && ob + o < og; o++)
+                            gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 16, 0, 16, 1, OB);
+                        for (int o = 0; o < OB && ob + o < og; o++)
                             memcpy(dst[o] + ox, part[o], (size_t)(ow - ox) * sizeof(float));
                     }
                     continue;
                 }
                 for (; ox + 8 * GC_U <= ow; ox += 8 * GC_U)
-                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 8, ox, 8, GC_U);
+                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 8, ox, 8, GC_U, OB);
                 for (; ox + 8 <= ow; ox += 8)
-                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 8, ox, 8, 1);
+                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 8, ox, 8, 1, OB);
                 if (ox < ow) /* the row's last 8 outputs again (ow >= 8): the same sums, stored twice */
-                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ow - 8, two, 8, ow - 8, 8, 1);
+                    gc_block(pad, wrow, bv, dst, cg, kh, kw, plane, wq, we, oy * sh, ow - 8, two, 8, ow - 8, 8, 1, OB);
             }
         }
         epi_span(&es, yg, og * oh * ow);
     }
     epi_flush(&es);
+}
+
+static RLX_CLONES void group_conv_units(const float *x, const float *w, const float *bias, float *y, float *pad,
+                                        int64_t u0, int64_t u1, int64_t groups, int64_t cg, int64_t og, int64_t h,
+                                        int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t pt,
+                                        int64_t pl, int64_t oh, int64_t ow, const rlx_epilogue *epi, int64_t t) {
+    if (og >= 8)
+        group_conv_units_ob(x, w, bias, y, pad, u0, u1, groups, cg, og, h, wd, kh, kw, sh, sw, pt, pl, oh, ow, epi, t, 8);
+    else
+        group_conv_units_ob(x, w, bias, y, pad, u0, u1, groups, cg, og, h, wd, kh, kw, sh, sw, pt, pl, oh, ow, epi, t, 4);
 }
 
 /* x: N images of groups * cg planes H x W; w: (groups * og, cg, kh, kw); bias: NULL or
@@ -1394,6 +1411,163 @@ RLX_API void rlx_group_conv(const float *x, const float *w, const float *bias, f
     const int64_t per = rlx_group_conv_scratch(cg, kh, kw, sh, sw, oh, ow);
     RLX_ACROSS_TEAM(threads, n * groups, group_conv_units(x, w, bias, y, scratch + t * per, lo, hi, groups, cg, og, h,
                                                           wd, kh, kw, sh, sw, pt, pl, oh, ow, epi, t));
+}
+
+
+/* Grouped convolution with the output channels in the vector lanes (groups of 16, 32, 48
+ * ... channels: RegNet's), for planes whose rows the kernel above fills badly: rows of 7
+ * or 14 outputs padded to a vector of 8 or 16, and rows at stride 2 split into even and
+ * odd columns. Here a vector is 16 output channels of one pixel: per (input channel, tap)
+ * one load of the 16 channels' weights (packed by rlx_group_conv_lanes_pack) and one
+ * multiply-add per pixel with the pixel's input broadcast, GCL_P pixels of a row at a
+ * time (their sums in registers), at any column stride. Sums are stored pixel-major into a
+ * tile and copied into the channels' planes. Sums: the bias, then input channel by input
+ * channel, tap by tap, as the kernel above. Dilation 1. Against the kernel above, kernel
+ * against kernel on the 2-core Zen 5 (BENCHMARKS.md, "Grouped convolutions with the
+ * channels in the lanes"): 7x7 planes and 14x14 at stride 2 2-2.4x as fast, 28x28 at
+ * stride 2 1.4x, 14x14 to 56x56 at stride 1 1.05-1.15x. */
+#define GCL_P 12 /* the most pixels a block sums: 12 sums and the weights in 13 registers */
+
+/* W (groups og, cg, kh, kw) -> per group, per block of 16 output channels, per (input
+ * channel, tap): the 16 channels' weights. og a multiple of 16. */
+RLX_API void rlx_group_conv_lanes_pack(const float *w, int64_t groups, int64_t og, int64_t cg, int64_t taps,
+                                       float *dst) {
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t ob = 0; ob < og; ob += 16)
+            for (int64_t t = 0; t < cg * taps; t++)
+                for (int64_t l = 0; l < 16; l++) *dst++ = w[((g * og + ob + l) * cg) * taps + t];
+}
+
+RLX_API int64_t rlx_group_conv_lanes_scratch(int64_t cg, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t oh,
+                                             int64_t ow) {
+    return cg * ((oh - 1) * sh + kh) * ((ow - 1) * sw + kw) + 16;
+}
+
+static inline __attribute__((always_inline)) void gcl_block(const float *wp, const float *bv,
+                                                            float *yo, int64_t plane_out, int64_t cg, int64_t kh,
+                                                            int64_t kw, int64_t plane, int64_t wl, const float *row0,
+                                                            const int P, const int SW, int64_t sw) {
+    rlx_v16 acc[GCL_P], b;
+    memcpy(&b, bv, sizeof b);
+#pragma GCC unroll 12
+    for (int p = 0; p < P; p++) acc[p] = b;
+    const int64_t step = SW ? SW : sw;
+    for (int64_t ic = 0; ic < cg; ic++) {
+        const float *rows = row0 + ic * plane;
+        for (int64_t ki = 0; ki < kh; ki++) {
+            const float *r = rows + ki * wl;
+            for (int64_t kj = 0; kj < kw; kj++, wp += 16) {
+                rlx_v16 wv;
+                memcpy(&wv, wp, sizeof wv);
+                const float *src = r + kj;
+#pragma GCC unroll 12
+                for (int p = 0; p < P; p++) acc[p] += src[p * step] * wv;
+            }
+        }
+    }
+    float tile[GCL_P * 16];
+#pragma GCC unroll 12
+    for (int p = 0; p < P; p++) memcpy(tile + p * 16, &acc[p], sizeof acc[p]);
+    for (int l = 0; l < 16; l++) {
+        float *dst = yo + l * plane_out;
+#pragma GCC unroll 12
+        for (int p = 0; p < P; p++) dst[p] = tile[p * 16 + l];
+    }
+}
+
+static inline __attribute__((always_inline)) void gcl_block_any(const float *wp, const float *bv,
+                                                                float *yo, int64_t plane_out, int64_t cg, int64_t kh,
+                                                                int64_t kw, int64_t plane, int64_t wl,
+                                                                const float *row0, int64_t np, const int SW,
+                                                                int64_t sw) {
+    switch (np) {
+#define RLX_GCL(N)                                                                                                   \
+    case N:                                                                                                          \
+        gcl_block(wp, bv, yo, plane_out, cg, kh, kw, plane, wl, row0, N, SW, sw);                               \
+        break;
+        RLX_GCL(1) RLX_GCL(2) RLX_GCL(3) RLX_GCL(4) RLX_GCL(5) RLX_GCL(6)
+        RLX_GCL(7) RLX_GCL(8) RLX_GCL(9) RLX_GCL(10) RLX_GCL(11) RLX_GCL(12)
+#undef RLX_GCL
+    default:
+        break;
+    }
+}
+
+static inline __attribute__((always_inline)) void gcl_units(const float *x, const float *wpk, const float *bias,
+                                                            float *y, float *pad, int64_t u0, int64_t u1,
+                                                            int64_t groups, int64_t cg, int64_t og, int64_t h,
+                                                            int64_t wd, int64_t kh, int64_t kw, int64_t sh,
+                                                            int64_t sw, int64_t pt, int64_t pl, int64_t oh,
+                                                            int64_t ow, epi_state *es, const int SW) {
+    const int64_t hp = (oh - 1) * sh + kh, wl = (ow - 1) * sw + kw, plane = hp * wl, taps = kh * kw;
+    const int64_t x0 = pl < wl ? pl : wl, x1 = pl + wd < wl ? pl + wd : wl;
+    const int64_t nb = (ow + GCL_P - 1) / GCL_P; /* blocks a row, sizes as even as can be */
+    float zero[16] = {0};
+    for (int64_t unit = u0; unit < u1; unit++) {
+        const int64_t img = unit / groups, g = unit % groups;
+        for (int64_t ic = 0; ic < cg; ic++) {
+            const float *src_plane = x + ((img * groups + g) * cg + ic) * h * wd;
+            for (int64_t yy = 0; yy < hp; yy++) {
+                float *row = pad + ic * plane + yy * wl;
+                const int64_t iy = yy - pt;
+                if (iy < 0 || iy >= h || x1 <= x0) {
+                    memset(row, 0, (size_t)wl * sizeof(float));
+                    continue;
+                }
+                const float *src = src_plane + iy * wd - pl;
+                for (int64_t q = 0; q < x0; q++) row[q] = 0.0f;
+                memcpy(row + x0, src + x0, (size_t)(x1 - x0) * sizeof(float));
+                for (int64_t q = x1; q < wl; q++) row[q] = 0.0f;
+            }
+        }
+        float *yg = y + (img * groups + g) * og * oh * ow;
+        for (int64_t ob = 0; ob < og; ob += 16) {
+            const float *wp = wpk + (g * og + ob) * cg * taps;
+            const float *bv = bias ? bias + g * og + ob : zero;
+            float *yo = yg + ob * oh * ow;
+            for (int64_t oy = 0; oy < oh; oy++) {
+                const float *row0 = pad + oy * sh * wl;
+                for (int64_t b = 0, ox = 0; b < nb; b++) {
+                    const int64_t np = (ow - ox) / (nb - b) + ((ow - ox) % (nb - b) != 0);
+                    if (np == GCL_P)
+                        gcl_block(wp, bv, yo + oy * ow + ox, oh * ow, cg, kh, kw, plane, wl, row0 + ox * sw,
+                                  GCL_P, SW, sw);
+                    else
+                        gcl_block_any(wp, bv, yo + oy * ow + ox, oh * ow, cg, kh, kw, plane, wl, row0 + ox * sw,
+                                      np, SW, sw);
+                    ox += np;
+                }
+            }
+        }
+        epi_span(es, yg, og * oh * ow);
+    }
+}
+
+static RLX_CLONES void group_conv_lanes_units(const float *x, const float *wpk, const float *bias, float *y,
+                                              float *pad, int64_t u0, int64_t u1, int64_t groups, int64_t cg,
+                                              int64_t og, int64_t h, int64_t wd, int64_t kh, int64_t kw, int64_t sh,
+                                              int64_t sw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
+                                              const rlx_epilogue *epi, int64_t t) {
+    epi_state es;
+    epi_begin(&es, epi, t);
+    if (sw == 1)
+        gcl_units(x, wpk, bias, y, pad, u0, u1, groups, cg, og, h, wd, kh, kw, sh, sw, pt, pl, oh, ow, &es, 1);
+    else if (sw == 2)
+        gcl_units(x, wpk, bias, y, pad, u0, u1, groups, cg, og, h, wd, kh, kw, sh, sw, pt, pl, oh, ow, &es, 2);
+    else
+        gcl_units(x, wpk, bias, y, pad, u0, u1, groups, cg, og, h, wd, kh, kw, sh, sw, pt, pl, oh, ow, &es, 0);
+    epi_flush(&es);
+}
+
+/* rlx_group_conv's arguments, the weights packed by rlx_group_conv_lanes_pack (og a
+ * multiple of 16) and `threads` blocks of rlx_group_conv_lanes_scratch(...) floats. */
+RLX_API void rlx_group_conv_lanes(const float *x, const float *wpk, const float *bias, float *y, float *scratch,
+                                  int64_t n, int64_t groups, int64_t cg, int64_t og, int64_t h, int64_t wd, int64_t kh,
+                                  int64_t kw, int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
+                                  int64_t threads, const rlx_epilogue *epi) {
+    const int64_t per = rlx_group_conv_lanes_scratch(cg, kh, kw, sh, sw, oh, ow);
+    RLX_ACROSS_TEAM(threads, n * groups, group_conv_lanes_units(x, wpk, bias, y, scratch + t * per, lo, hi, groups, cg,
+                                                                og, h, wd, kh, kw, sh, sw, pt, pl, oh, ow, epi, t));
 }
 
 /* Depthwise convolution with the channels in the vector lanes: DW_LANES planes at a time are
@@ -3598,6 +3772,7 @@ enum {
     RLX_PK_RESIZE_TAPS,
     RLX_PK_TRANSPOSE,
     RLX_PK_PLANE_REDUCE,
+    RLX_PK_GROUP_CONV_LANES,
 };
 #define PK_IN(i) ((const float *)(intptr_t)a[i])
 #define PK_OUT(i) ((float *)(intptr_t)a[i])
@@ -3674,6 +3849,11 @@ RLX_API int64_t rlx_packed(const int64_t *a) {
         return 0;
     case RLX_PK_PLANE_REDUCE:
         rlx_plane_reduce((const void *)(intptr_t)a[1], PK_OUT(2), a[3], a[4], a[5], a[6], a[7], a[8]);
+        return 0;
+    case RLX_PK_GROUP_CONV_LANES:
+        rlx_group_conv_lanes(PK_IN(1), PK_IN(2), PK_IN(3), PK_OUT(4), PK_OUT(5), a[6], a[7], a[8], a[9], a[10], a[11],
+                             a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20],
+                             (const rlx_epilogue *)(intptr_t)a[21]);
         return 0;
     default:
         return -1;

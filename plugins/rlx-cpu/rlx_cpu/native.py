@@ -102,6 +102,16 @@ class Native:
         self.group_conv_scratch = self._lib.rlx_group_conv_scratch  # (cg, kh, kw, sh, sw, oh, ow) -> floats
         self.group_conv_scratch.argtypes = [i64] * 7
         self.group_conv_scratch.restype = i64
+        # the same arguments, the weights packed by group_conv_lanes_pack (w, groups, og, cg, taps, dest)
+        self.group_conv_lanes = self._lib.rlx_group_conv_lanes
+        self.group_conv_lanes.argtypes = [p, p, p, p, p, *[i64] * 15, p]
+        self.group_conv_lanes.restype = None
+        self.group_conv_lanes_pack = self._lib.rlx_group_conv_lanes_pack
+        self.group_conv_lanes_pack.argtypes = [p, *[i64] * 4, p]
+        self.group_conv_lanes_pack.restype = None
+        self.group_conv_lanes_scratch = self._lib.rlx_group_conv_lanes_scratch  # (cg, kh, kw, sh, sw, oh, ow)
+        self.group_conv_lanes_scratch.argtypes = [i64] * 7
+        self.group_conv_lanes_scratch.restype = i64
         # (x, packed filters and bias, y, scratch, n, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, threads, epi)
         self.depthwise_lanes = self._lib.rlx_depthwise_lanes
         self.depthwise_lanes.argtypes = [p, p, p, p, *[i64] * 15, p]
@@ -185,7 +195,8 @@ class Native:
         for kernel, fn in enumerate((self.gemm, self.gemv, self.softmax, self.layer_norm, self.im2col, self.pool2d,
                                      self.max_pool2d_padded, self.depthwise, self.depthwise_lanes, self.conv_direct,
                                      self.region, self.conv_gemm, self.group_conv, self.gather_axis,
-                                     self.resize_taps, self.transpose, self.plane_reduce), start=1):
+                                     self.resize_taps, self.transpose, self.plane_reduce, self.group_conv_lanes),
+                                    start=1):
             ccall.register_packed(fn, self.packed, kernel)
         self._lib.rlx_set_max_threads.argtypes = [i64]
         self._lib.rlx_set_max_threads.restype = None

@@ -30,7 +30,7 @@ from .steps import Dyn, Step, aligned_empty, laid_out
 
 __all__ = ["softmax_step", "softmax_bf16_step", "layer_norm_step", "im2col_step", "pool_step",
            "max_pool_padded_step", "conv_direct_steps", "conv_gemm_steps", "conv_gemm_panel", "depthwise_step",
-           "group_conv_step", "DIRECT_CONV_TAPS", "GROUP_CONV_MIN_WIDTH", "GROUP_CONV_MAX_CG"]
+           "DIRECT_CONV_TAPS"]
 
 SOFTMAX_NS, LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
 
@@ -292,67 +292,6 @@ def _packed(ctx: Any, w: np.ndarray, key: tuple[Any, ...], size: int,
         return kept, []
     dest = ctx.scratch((size,), np.float32)
     return dest, [bound_call(pack, args, (w, dest), (0, len(args) - 1), make, also)]
-
-
-#: Output rows at least this wide take the grouped kernel (``rlx_group_conv``): every
-#: width, since a row narrower than its vector of 8 outputs (7x7 planes) is computed over a
-#: padded copy that wide (RegNetX-800MF's 7x7 groups of 16: 22 GFLOP/s through im2col and
-#: a product per group, 59-110 now; BENCHMARKS.md, "Grouped convolutions: every row width,
-#: 16-float vectors").
-GROUP_CONV_MIN_WIDTH = 1
-#: Input channels a group at most for the grouped kernel: it reads each input vector once
-#: per 4 output channels, where a product per group with more channels than this keeps a
-#: GEMM's panels busy (ResNeXt's and RegNet's groups hold 4 to 48).
-GROUP_CONV_MAX_CG = 64
-
-
-def _group_conv_numpy(geometry: tuple[int, ...]) -> Any:
-    n, groups, cg, og, h, w, kh, kw, sh, sw, pt, pl, oh, ow = geometry
-
-    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray | None, y: np.ndarray) -> None:
-        need_h, need_w = (oh - 1) * sh + kh, (ow - 1) * sw + kw
-        xp = np.zeros((n, groups, cg, max(h + pt, need_h), max(w + pl, need_w)), np.float32)
-        xp[..., pt : pt + h, pl : pl + w] = x.reshape(n, groups, cg, h, w)
-        acc = np.zeros((n, groups, og, oh, ow), np.float32)
-        if bias is not None:
-            acc += bias.reshape(1, groups, og, 1, 1)
-        f = wt.reshape(groups, og, cg, kh, kw)
-        for i in range(kh):
-            for j in range(kw):
-                tap = xp[..., i : i + (oh - 1) * sh + 1 : sh, j : j + (ow - 1) * sw + 1 : sw]
-                acc += np.einsum("ngchw,goc->ngohw", tap, f[..., i, j])
-        y.reshape(n, groups, og, oh, ow)[...] = acc
-
-    return run
-
-
-def group_conv_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, stride: tuple[int, int],
-                    dilation: tuple[int, int], pads: tuple[int, int], groups: int, ctx: Any,
-                    epilogue: Epilogue | None = None) -> list[Step] | None:
-    """A grouped convolution with few channels a group (``w`` (groups * og, cg, kh, kw),
-    groups > 1, not one filter per channel) of ``x`` (N, C, H, W) into ``out`` with zero
-    padding ``pads`` (top, left) as one ``rlx_group_conv`` call: per group, a padded copy
-    of its input planes and sums for 4 output channels x 16 outputs of a row in
-    registers, then ``epilogue`` over the group's outputs. None where it does not apply: dilation, a column
-    stride other than 1 or 2, rows narrower than ``GROUP_CONV_MIN_WIDTH``, more than
-    ``GROUP_CONV_MAX_CG`` channels a group, not float32 contiguous arrays."""
-    lib = library()
-    if lib is None or not _fits(x, w, bias, out) or isinstance(w, Dyn) or isinstance(bias, Dyn) or out.size == 0:
-        return None
-    n, _, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    oh, ow = out.shape[2:]
-    (sh, sw), og = stride, o // groups
-    if dilation != (1, 1) or sw not in (1, 2) or ow < GROUP_CONV_MIN_WIDTH or cg > GROUP_CONV_MAX_CG:
-        return None
-    geometry = (n, groups, cg, og, h, wd, kh, kw, sh, sw, *pads, oh, ow)
-    threads = _threads(lib, out.size * cg * kh * kw, 0.15)
-    scratch = ctx.scratch((threads * int(lib.group_conv_scratch(cg, kh, kw, sh, sw, oh, ow)),), np.float32)
-    run_numpy = _then(_group_conv_numpy(geometry), epilogue)
-    args = [0, w.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, scratch.ctypes.data, *geometry, threads,
-            0 if epilogue is None else epilogue.address(threads)]
-    kept = tuple(k for k in (w, bias, epilogue, scratch) if k is not None)
-    return [bound_call(lib.group_conv, args, (x, out), (0, 3), lambda xv, yv: run_numpy(xv, w, bias, yv), kept)]
 
 
 #: Output rows at least this wide keep the row kernel (``rlx_depthwise_conv``) for a 3x3

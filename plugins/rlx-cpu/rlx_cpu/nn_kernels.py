@@ -21,12 +21,12 @@ from rlx_core.ir.ops import OpKind
 from . import onednn, onednn_steps
 from .attention_kernels import attention
 from .gemm import gemv_step, matmul_bias_step, matmul_step, native_step, use_native
+from .grouped_conv import group_conv_step
 from .kernels import BuildContext, Builder, compute_dtype, const, mean_rows_step, softmax_steps, ufunc_step
 from .native_nn import (
     conv_direct_steps,
     conv_gemm_steps,
     depthwise_step,
-    group_conv_step,
     im2col_step,
     layer_norm_step,
     max_pool_padded_step,

@@ -33,7 +33,7 @@ from rlx_core.ir.internal_types import Instruction
 from rlx_core.ir.ops import OpKind
 from rlx_core.passes.internal_ops import program_types
 from rlx_core.run.session import CompiledGraph
-from rlx_cpu import CpuBackend, blas, ccall, fused, native, native_nn, regions
+from rlx_cpu import CpuBackend, blas, ccall, fused, grouped_conv, native, native_nn, regions
 from rlx_cpu import threads as thread_policy
 from rlx_cpu.steps import HELD16, Dyn, bind, held16
 
@@ -1277,7 +1277,7 @@ def test_conv2d_windows(lib: native.Native, monkeypatch: pytest.MonkeyPatch, nam
     held off: see the tests below)."""
     xs, ws, has_bias, kwargs = CONVS[name]
     monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)
-    monkeypatch.setattr(native_nn, "GROUP_CONV_MIN_WIDTH", 1 << 30)  # (groups: im2col, not the grouped kernel)
+    monkeypatch.setattr(grouped_conv, "GROUP_CONV_MIN_WIDTH", 1 << 30)  # (groups: im2col, not the grouped kernel)
     monkeypatch.setenv("RLX_CPU_GEMM", "blas")
     calls = spy_on(monkeypatch, lib, "im2col")
     g = Graph("conv")
