@@ -45,15 +45,12 @@ from collections.abc import Callable
 from types import MappingProxyType
 from typing import NamedTuple
 
-import numpy as np
-
 from ..errors import GraphError
 from ..ir import Graph, Node
 from ..ir.ops import OpKind, infer
-from ..ir.sized import holds_array
 from .legalize import ask_claims
 from .optimize import dce
-from .rewrite import Emitter, replace_planned
+from .rewrite import Emitter, known_scalar, replace_planned
 
 __all__ = ["fuse_attention"]
 
@@ -81,16 +78,9 @@ def _power_of_two(c: float) -> bool:
     return math.frexp(c)[0] in (0.5, -0.5)
 
 
-def _known_scalar(graph: Graph, node: Node) -> np.ndarray | None:
-    """The value of a one-element constant or param (a param's as it is now: see ``_Match.folded``)."""
-    if node.size != 1 or not (holds_array(node) or node.op is OpKind.PARAM):
-        return None
-    return np.asarray(graph.value(node.id)).reshape(())
-
-
 def _scalar(graph: Graph, node: Node) -> float | None:
     """``_known_scalar`` as a float, where it is finite and not 0 (a scale)."""
-    arr = _known_scalar(graph, node)
+    arr = known_scalar(graph, node)
     value = None if arr is None else float(arr)
     return value if value is not None and math.isfinite(value) and value != 0 else None
 
@@ -105,7 +95,7 @@ def _guard(graph: Graph, node: Node, uses: list[int]) -> tuple[Node, list[int], 
     cond, a, b = (graph.node(i) for i in node.inputs)
 
     def is_const(n: Node, value: object) -> bool:
-        arr = _known_scalar(graph, n)
+        arr = known_scalar(graph, n)
         return arr is not None and bool(arr == value)
 
     if cond.op is OpKind.WHERE and uses[cond.id] == 1 and is_const(a, 0) and a.dtype == b.dtype:

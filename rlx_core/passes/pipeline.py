@@ -5,7 +5,9 @@
 1. *legalize* — decompose each composite (and expand each internal op) the backend does
    not claim; a primitive it does not claim is the blocker.
 2. *optimize* — passes that keep results equal on every backend (``optimize.py``), then
-   the gemm epilogue (matmul + bias + activation) where the backend claims ``gemm``.
+   exported attention and GELU chains as their ops where the backend claims them
+   (``attention.py``, ``gelu.py``), and the gemm epilogue (matmul + bias + activation)
+   where the backend claims ``gemm``.
 3. *fuse* — elementwise regions where the backend claims ``fused_elementwise``, then
    convolution epilogues (conv2d + the elementwise node or region after it) where it
    claims ``fused_conv``.
@@ -30,6 +32,7 @@ from ..ir.ops import SOURCE_OPS
 from ..options import CompileOptions
 from .attention import fuse_attention
 from .fuse import fuse_conv, fuse_elementwise, fuse_gemm
+from .gelu import fuse_gelu
 from .legalize import DtypeGate, LegalizeResult, ask_claims, legalize
 from .optimize import OPTIMIZE_PASSES
 from .plan import MemoryPlan, plan_memory
@@ -40,7 +43,7 @@ log = logging.getLogger("rlx.passes")
 
 Claims = Callable[[Node], "bool | str"]
 #: Every pass ``CompileOptions.disable`` may name: the optimize passes, then the fusions.
-PASS_NAMES: tuple[str, ...] = (*OPTIMIZE_PASSES, "attention", "gemm", "elementwise", "conv")
+PASS_NAMES: tuple[str, ...] = (*OPTIMIZE_PASSES, "attention", "gelu", "gemm", "elementwise", "conv")
 FUSION_REPORT_ENV = "RLX_FUSION_REPORT"
 
 
@@ -163,6 +166,10 @@ def run_pipeline(graph: Graph, claims: Claims, options: CompileOptions | None = 
         if "attention" not in off:  # first: an unscaled chain's mask add would otherwise become a gemm bias
             current, notes, folded = fuse_attention(current, claims,
                                                     gate.extensions if gate is not None else frozenset())
+            record.notes += notes
+            result.folded_params |= folded
+        if "gelu" not in off:  # before the products' fusion, which takes a gelu as an epilogue
+            current, notes, folded = fuse_gelu(current, claims)
             record.notes += notes
             result.folded_params |= folded
         if "gemm" not in off:

@@ -19,7 +19,7 @@ from ..ir import Graph, Node
 from ..ir.ops import OpKind
 from ..ir.sized import holds_array
 
-__all__ = ["Emitter", "replace_planned", "attrs_key", "is_scalar_constant"]
+__all__ = ["Emitter", "replace_planned", "attrs_key", "is_scalar_constant", "known_scalar"]
 
 
 class Emitter:
@@ -104,3 +104,11 @@ def is_scalar_constant(graph: Graph, node: Node, value: float) -> bool:
         return False
     return bool(np.all(arr == value)) and not (value == 0 and arr.dtype.kind == "f" and np.any(np.signbit(arr)))
 
+
+
+def known_scalar(graph: Graph, node: Node) -> np.ndarray | None:
+    """The value of a one-element constant or param (a param's as it is now: a pass that
+    matches it by value returns it as folded, so that ``set_param`` of it compiles again)."""
+    if node.size != 1 or not (holds_array(node) or node.op is OpKind.PARAM):
+        return None
+    return np.asarray(graph.value(node.id)).reshape(())
