@@ -79,7 +79,7 @@ def _power_of_two(c: float) -> bool:
 
 
 def _scalar(graph: Graph, node: Node) -> float | None:
-    """``_known_scalar`` as a float, where it is finite and not 0 (a scale)."""
+    """``known_scalar`` as a float, where it is finite and not 0 (a scale)."""
     arr = known_scalar(graph, node)
     value = None if arr is None else float(arr)
     return value if value is not None and math.isfinite(value) and value != 0 else None

@@ -150,6 +150,7 @@ class PlanBinding:
     _ends: list[int]
     _handoff: set[int]
     _in_concat: dict[int, tuple[int, int]]
+    _concat_ends: dict[int, int]
     _residents: dict[int, np.ndarray]
     _precision: str
     _rounded: dict[int, tuple[str, str]]
@@ -245,7 +246,7 @@ class PlanBinding:
                 if cid not in concats:
                     cat = self._nodes[cid]
                     dtype = np.dtype(cat.dtype)
-                    groups[cid] = _Group(arena.take(cat.size * dtype.itemsize), self._ends[cid])
+                    groups[cid] = _Group(arena.take(cat.size * dtype.itemsize), self._concat_ends[cid])
                     concats[cid] = _view(groups[cid].raw, cat.shape, dtype)
                 out = concats[cid].reshape(-1)[offset : offset + node.size].reshape(node.shape)
                 groups[nid] = groups[cid]

@@ -29,7 +29,7 @@ import itertools
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -95,7 +95,7 @@ class CpuExecutable(Residents, PlanBinding, Executable):
         self._ends = self._liveness(graph)
         self._handoff = {i for i in graph.outputs if self._kinds[i] == BUFFER and graph.node(i).op in _HANDOFF_OPS
                          and graph.node(i).size * np.dtype(graph.node(i).dtype).itemsize >= HANDOFF_BYTES}
-        self._in_concat = self._concat_blocks(reads)
+        self._in_concat, self._concat_ends = self._concat_blocks()
         self._params: dict[str, np.ndarray] = {}
         self._family = shape_family()  # plans bound later (a narrow mode, after set_param) share in it too
         self._residents: dict[int, np.ndarray] = {}
@@ -191,28 +191,54 @@ class CpuExecutable(Residents, PlanBinding, Executable):
                 last[base] = max(last[base], last[node.id])
         return last
 
-    def _concat_blocks(self, reads: Sequence[int]) -> dict[int, tuple[int, int]]:
-        """Values computed straight into their concat's buffer: id -> (the concat's id, the
-        element offset of its block). A concat qualifies when each input is a contiguous
-        block of its output (every axis before the concat's has length 1); an input does
-        when it is a buffer of the concat's dtype that the concat reads once and nothing
-        else reads (not an output, not a view's base) and it is not a concat itself;
-        ``reads``: each value's readers, an output counting as one."""
+    def _concat_blocks(self) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
+        """Values computed straight into their concat's buffer: id -> (the outermost
+        concat's id, the element offset of its block), and each outermost concat's group
+        end (the last node index reading it or any value in it). A concat qualifies when
+        each input is a contiguous block of its output (every axis before the concat's
+        has length 1); an input does when it is a buffer of the concat's dtype, not a
+        view's base (a reshape), not handed to the caller, and not an earlier block of the
+        same concat. Its other readers may be any nodes: they only read it, and the
+        buffer lives until the last of them (no reader writes over it in place: the
+        group's end is past theirs). A qualifying concat may itself be an input, or be
+        the start of a later one (its inputs the first of the later one's): DenseNet's
+        growing features, ``cat(cat(x, f1), f2)`` or, as exported and flattened,
+        ``cat(x, f1)``, ``cat(x, f1, f2)``, ..., are one buffer, each layer's features
+        computed into their block once (copying every earlier feature map into each new
+        concat was 1.9-2.6 ms of DenseNet-169's 22 at batch 1; BENCHMARKS.md,
+        "Concatenation chains in one buffer"). Not a value held channels-last or in a
+        reduced format, nor a gather never made (``_elided``)."""
         blocks: dict[int, tuple[int, int]] = {}
-        for node in self._nodes:
-            if (node.op is not OpKind.CONCAT or self._kinds[node.id] != BUFFER or node.id in self._handoff
-                    or node.id in self._cl
-                    or math.prod(node.shape[: node.attrs["axis"]]) != 1):
-                continue
+        qualifying = [node for node in self._nodes if node.op is OpKind.CONCAT and self._kinds[node.id] == BUFFER
+                      and node.id not in self._handoff and node.id not in self._cl
+                      and math.prod(node.shape[: node.attrs["axis"]]) == 1]
+        for k, a in enumerate(qualifying):  # a concat whose inputs begin a later one's: a view at its start
+            for b in qualifying[k + 1 :]:
+                if (b.attrs["axis"] == a.attrs["axis"] and b.dtype == a.dtype and len(b.inputs) > len(a.inputs)
+                        and b.inputs[: len(a.inputs)] == a.inputs):
+                    blocks[a.id] = (b.id, 0)
+                    break
+        for node in qualifying:
             axis, offset = node.attrs["axis"], 0
             inner = math.prod(node.shape[axis + 1 :])
             for i in node.inputs:
                 src = self._nodes[i]
-                if (self._kinds[i] == BUFFER and reads[i] == 1 and src.op not in (OpKind.CONCAT, OpKind.RESHAPE)
-                        and src.dtype == node.dtype and i not in self._handoff):
+                if (self._kinds[i] == BUFFER and src.op is not OpKind.RESHAPE and src.dtype == node.dtype
+                        and i not in self._handoff and i not in blocks and i not in self._cl and i not in self._held
+                        and i not in self._elided and (src.op is not OpKind.CONCAT or src in qualifying)):
                     blocks[i] = (node.id, offset)
                 offset += src.shape[axis] * inner
-        return blocks
+        roots: dict[int, tuple[int, int]] = {}
+        for i in blocks:  # each block's offset in its outermost concat
+            cid, offset = blocks[i]
+            while cid in blocks:
+                outer, at = blocks[cid]
+                cid, offset = outer, offset + at
+            roots[i] = (cid, offset)
+        ends = {cid: self._ends[cid] for cid, _ in roots.values()}
+        for i, (cid, _) in roots.items():
+            ends[cid] = max(ends[cid], self._ends[i])
+        return roots, ends
 
     # ------------------------------------------------------------------ threads
     def _tunable(self) -> bool:

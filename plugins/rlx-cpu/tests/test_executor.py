@@ -195,25 +195,82 @@ def test_inputs_are_never_modified() -> None:
 
 
 def test_a_concats_inputs_are_computed_into_its_buffer() -> None:
-    """A batch-1 concat of channels takes its buffer at its first input: each input only
-    it reads is computed into its block (no copy step); one read elsewhere too, a graph
-    input, a concat along an axis whose blocks are not contiguous, are copied as before."""
+    """A batch-1 concat of channels takes its buffer at its first input: each input it
+    reads is computed into its block (no copy step), one read elsewhere too (an output
+    here: read from the block after the last step); a graph input, and a concat along an
+    axis whose blocks are not contiguous, are copied as before."""
     g = Graph("fire")
     x = g.input("x", (1, 3, 6, 6), "float32")
     w = g.param("w", np.random.default_rng(1).standard_normal((4, 3, 3, 3)).astype(np.float32))
     a = g.relu(g.conv2d(x, w, padding=1))  # the relu writes its block
     b = g.tanh(x)  # so does the tanh
-    shared = g.exp(x)  # read by the concat and the output: copied
+    shared = g.exp(x)  # read by the concat and the output: computed into its block too
     cat = g.concat([a, b, shared, x], axis=1)  # x: a graph input, copied
     batched = g.input("y", (2, 3, 6, 6), "float32")
     cat2 = g.concat([g.neg(batched), g.abs(batched)], axis=1)  # two images: blocks not contiguous
     g.set_outputs([g.add(cat, 1.0), shared, cat2])
     exe = compile_cpu(g)
-    assert sorted(g.node(i).op.value for i in exe._in_concat) == ["relu", "tanh"]
+    assert sorted(g.node(i).op.value for i in exe._in_concat) == ["exp", "relu", "tanh"]
     rng = np.random.default_rng(0)
     feeds = {"x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32),
              "y": rng.standard_normal((2, 3, 6, 6)).astype(np.float32)}
     for _ in range(2):
+        assert_matches_reference(g, feeds, exe.run(feeds))
+
+
+def test_a_chain_of_concats_is_one_buffer_every_block_computed_in_place() -> None:
+    """DenseNet's growing features: ``cat_k = concat(cat_k-1, f_k)``, each ``cat_k`` also
+    read by the layer that computes ``f_k+1`` (and by a later output). Every ``f_k`` and
+    every inner ``cat_k`` lie in the last concat's buffer at their offsets, no concat
+    copies anything, the buffer lives as long as its last reader, and a relu after a
+    concat never overwrites it in place."""
+    g = Graph("dense")
+    rng = np.random.default_rng(3)
+    cat = g.relu(g.conv2d(g.input("x", (1, 2, 5, 5), "float32"),
+                          g.param("w0", rng.standard_normal((4, 2, 3, 3)).astype(np.float32)), padding=1))
+    cats, grown = [cat], []
+    for k in range(3):
+        grow = g.relu(g.conv2d(g.relu(cat), g.param(f"w{k + 1}", rng.standard_normal((2, 4 + 2 * k, 3, 3))
+                                                      .astype(np.float32)), padding=1))
+        cat = g.concat([cat, grow], axis=1)
+        cats.append(cat)
+        grown.append(grow)
+    g.set_outputs([g.neg(g.relu(cat)), g.tanh(cats[1])])  # cats[1] also read after the last concat
+    exe = compile_cpu(g)
+    root = cats[-1].id
+    want = {cats[0].id: 0, cats[1].id: 0, cats[2].id: 0}
+    want |= {grow.id: (4 + 2 * k) * 25 for k, grow in enumerate(grown)}
+    assert exe._in_concat == {i: (root, at) for i, at in want.items()}
+    assert exe._concat_ends[root] == max(exe._ends[i] for i in (*want, root)) > exe._ends[root]
+    feeds = {"x": rng.standard_normal((1, 2, 5, 5)).astype(np.float32)}
+    for _ in range(3):
+        assert_matches_reference(g, feeds, exe.run(feeds))
+
+
+def test_flattened_concats_that_extend_each_other_are_one_buffer() -> None:
+    """DenseNet as exported: each layer's concat lists every earlier feature map,
+    ``cat_k = concat(x, f_1, ..., f_k)``: each ``cat_k`` is the start of ``cat_k+1``, a
+    view there, and every ``f_k`` is computed once into its block of the last one, though
+    every later concat reads it too. A concat along the same axis that does not begin
+    with another's inputs keeps a buffer of its own."""
+    g = Graph("flat")
+    rng = np.random.default_rng(4)
+    x = g.relu(g.input("x", (1, 3, 4, 4), "float32"))
+    feats, cats = [x], []
+    for k in range(3):
+        src = cats[-1] if cats else x
+        w = g.param(f"w{k}", rng.standard_normal((2, src.shape[1], 1, 1)).astype(np.float32))
+        feats.append(g.tanh(g.conv2d(g.relu(src), w)))
+        cats.append(g.concat(list(feats), axis=1))
+    other = g.concat([feats[2], feats[1]], axis=1)  # not the start of any: its own buffer
+    g.set_outputs([g.neg(cats[-1]), g.abs(cats[0]), g.exp(other)])
+    exe = compile_cpu(g)
+    root = cats[-1].id
+    assert exe._in_concat[cats[0].id] == (root, 0) and exe._in_concat[cats[1].id] == (root, 0)
+    assert [exe._in_concat[f.id] for f in feats] == [(root, 0), (root, 48), (root, 80), (root, 112)]
+    assert other.id not in exe._in_concat and other.id not in exe._concat_ends
+    feeds = {"x": rng.standard_normal((1, 3, 4, 4)).astype(np.float32)}
+    for _ in range(3):
         assert_matches_reference(g, feeds, exe.run(feeds))
 
 
