@@ -42,13 +42,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from types import MappingProxyType
 from typing import NamedTuple
 
 from ..errors import GraphError
 from ..ir import Graph, Node
 from ..ir.ops import OpKind, infer
-from .legalize import ask_claims
+from .legalize import offer
 from .optimize import dce
 from .rewrite import Emitter, known_scalar, replace_planned
 
@@ -240,11 +239,10 @@ def fuse_attention(graph: Graph, claims: Claims, extensions: frozenset[str] = fr
             continue
         if shape != node.shape or dtype != node.dtype:
             continue
-        candidate = Node(node.id, OpKind.ATTENTION, (), MappingProxyType(attrs), shape, dtype, node.name, node.origin)
-        answer = ask_claims(claims, candidate)
-        if answer == "not claimed":
+        taken = offer(claims, node, OpKind.ATTENTION, attrs, shape, dtype)
+        if taken is None:
             return graph, [], frozenset()
-        if answer is True:
+        if taken:
             plans[node.id] = m
     if not plans:
         return graph, [], frozenset()

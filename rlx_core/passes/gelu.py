@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from types import MappingProxyType
 from typing import NamedTuple
 
 from ..errors import GraphError
 from ..ir import Graph, Node
 from ..ir.ops import OpKind, infer
-from .legalize import ask_claims
+from .legalize import offer
 from .optimize import dce
 from .rewrite import Emitter, known_scalar, replace_planned
 
@@ -184,11 +183,10 @@ def fuse_gelu(graph: Graph, claims: Claims) -> tuple[Graph, list[str], frozenset
             attrs, shape, dtype = infer(OpKind.GELU, [graph.node(m.x)], {"approximate": m.approximate})
         except GraphError:
             continue
-        candidate = Node(node.id, OpKind.GELU, (), MappingProxyType(attrs), shape, dtype, node.name, node.origin)
-        answer = ask_claims(claims, candidate)
-        if answer == "not claimed":
+        claimed = offer(claims, node, OpKind.GELU, attrs, shape, dtype)
+        if claimed is None:
             return graph, [], frozenset()
-        if answer is True:
+        if claimed:
             plans[node.id] = m
             taken |= set(m.absorbed)
     if not plans:

@@ -24,8 +24,10 @@ one of them sees the same blocker.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 from ..ir import Graph, Node, Value
 from ..ir.dtypes import CONTRACT_DTYPES, DTYPES
@@ -69,6 +71,16 @@ def ask_claims(claims: Claims, node: Node) -> bool | str:
     if isinstance(answer, str) and answer:
         return answer
     return "not claimed" if not answer else True
+
+
+def offer(claims: Claims, at: Node, op: OpKind, attrs: Mapping[str, Any], shape: tuple[Any, ...], dtype: str
+          ) -> bool | None:
+    """Whether the backend takes ``op`` (its ``attrs``, ``shape`` and ``dtype`` inferred) in
+    place of node ``at``: a fusing pass's question. None where it does not claim ``op`` at
+    all (the pass then has nothing to fuse for it), False for a refusal of this one."""
+    candidate = Node(at.id, op, (), MappingProxyType(dict(attrs)), shape, dtype, at.name, at.origin)
+    answer = ask_claims(claims, candidate)
+    return None if answer == "not claimed" else answer is True
 
 
 @dataclass(frozen=True)

@@ -1296,41 +1296,53 @@ static inline __attribute__((always_inline)) rlx_v16 ld16(const float *p) {
 GC_BLOCK(gc_block, rlx_v8, ld8)
 GC_BLOCK(gc_block16, rlx_v16, ld16)
 
-static inline __attribute__((always_inline)) void group_conv_units_ob(const float *x, const float *w, const float *bias, float *y, float *pad,
-                                        int64_t u0, int64_t u1, int64_t groups, int64_t cg, int64_t og, int64_t h,
-                                        int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t pt,
-                                        int64_t pl, int64_t oh, int64_t ow, const rlx_epilogue *epi, int64_t t, const int OB) {
+/* The cg input planes of one (image, group) copied zero-padded into pad: hp rows `pitch`
+ * floats apart, each holding padded columns 0 .. width - 1 (column q is input column
+ * q - pl) and zeros up to the pitch; at column stride 2 (`two`) a row is split into its
+ * even columns, then its odd ones (split_row). */
+static inline __attribute__((always_inline)) void gc_pad_group(const float *planes, float *pad, int64_t cg,
+                                                               int64_t h, int64_t wd, int64_t hp, int64_t width,
+                                                               int64_t pitch, int64_t pt, int64_t pl, int two) {
+    const int64_t x0 = pl < width ? pl : width, x1 = pl + wd < width ? pl + wd : width;
+    for (int64_t ic = 0; ic < cg; ic++) {
+        const float *src_plane = planes + ic * h * wd;
+        for (int64_t yy = 0; yy < hp; yy++) {
+            float *row = pad + (ic * hp + yy) * pitch;
+            const int64_t iy = yy - pt;
+            if (iy < 0 || iy >= h || x1 <= x0) {
+                memset(row, 0, (size_t)pitch * sizeof(float));
+                continue;
+            }
+            const float *src = src_plane + iy * wd - pl; /* padded column q is src[q] */
+            if (two) {
+                split_row(src, row, x0, x1, width);
+                continue;
+            }
+            for (int64_t q = 0; q < x0; q++) row[q] = 0.0f;
+            memcpy(row + x0, src + x0, (size_t)(x1 - x0) * sizeof(float));
+            for (int64_t q = x1; q < pitch; q++) row[q] = 0.0f;
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void
+group_conv_units_ob(const float *x, const float *w, const float *bias, float *y, float *pad, int64_t u0, int64_t u1,
+                    int64_t groups, int64_t cg, int64_t og, int64_t h, int64_t wd, int64_t kh, int64_t kw, int64_t sh,
+                    int64_t sw, int64_t pt, int64_t pl, int64_t oh, int64_t ow, const rlx_epilogue *epi, int64_t t,
+                    const int OB) {
     const int64_t hp = (oh - 1) * sh + kh, wp = gc_row_width(ow, kw, sw), wq = wp + 1, plane = hp * wq;
     const int two = sw == 2, wide = rlx_gemm_avx512() != 0, narrow = gc_narrow(ow);
     const int64_t we = (wp + 1) / 2; /* a split row: its we even columns, then its odd ones */
-    const int64_t x0 = pl < wp ? pl : wp, x1 = pl + wd < wp ? pl + wd : wp, taps = kh * kw;
+    const int64_t taps = kh * kw;
     float *trash = pad + cg * plane; /* the stores of a block's channels past the group's last (a row) */
     epi_state es;
     epi_begin(&es, epi, t);
     for (int64_t unit = u0; unit < u1; unit++) {
         const int64_t img = unit / groups, g = unit % groups;
-        for (int64_t ic = 0; ic < cg; ic++) {
-            const float *src_plane = x + ((img * groups + g) * cg + ic) * h * wd;
-            for (int64_t yy = 0; yy < hp; yy++) {
-                float *row = pad + ic * plane + yy * wq;
-                const int64_t iy = yy - pt;
-                if (iy < 0 || iy >= h || x1 <= x0) {
-                    memset(row, 0, (size_t)wq * sizeof(float));
-                    continue;
-                }
-                const float *src = src_plane + iy * wd - pl; /* padded column q is src[q] */
-                if (two) {
-                    split_row(src, row, x0, x1, wp);
-                    continue;
-                }
-                for (int64_t q = 0; q < x0; q++) row[q] = 0.0f;
-                memcpy(row + x0, src + x0, (size_t)(x1 - x0) * sizeof(float));
-                for (int64_t q = x1; q < wq; q++) row[q] = 0.0f;
-            }
-        }
+        gc_pad_group(x + (img * groups + g) * cg * h * wd, pad, cg, h, wd, hp, wp, wq, pt, pl, two);
         float *yg = y + (img * groups + g) * og * oh * ow;
         const float *wg = w + g * og * cg * taps;
-                for (int64_t ob = 0; ob < og; ob += OB) {
+        for (int64_t ob = 0; ob < og; ob += OB) {
             const float *wrow[GC_OB];
             float bv[GC_OB];
             for (int o = 0; o < OB; o++) {
@@ -1369,9 +1381,11 @@ static inline __attribute__((always_inline)) void group_conv_units_ob(const floa
                         float *tmp[GC_OB];
                         for (int o = 0; o < GC_OB; o++) tmp[o] = part[o];
                         if (ow - ox > 16)
-                            gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 16, 0, 16, 2, OB);
+                            gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 16, 0, 16, 2,
+                                       OB);
                         else
-                            gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 16, 0, 16, 1, OB);
+                            gc_block16(pad, wrow, bv, tmp, cg, kh, kw, plane, wq, we, oy * sh, ox, two, 16, 0, 16, 1,
+                                       OB);
                         for (int o = 0; o < OB && ob + o < og; o++)
                             memcpy(dst[o] + ox, part[o], (size_t)(ow - ox) * sizeof(float));
                     }
@@ -1394,10 +1408,12 @@ static RLX_CLONES void group_conv_units(const float *x, const float *w, const fl
                                         int64_t u0, int64_t u1, int64_t groups, int64_t cg, int64_t og, int64_t h,
                                         int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t pt,
                                         int64_t pl, int64_t oh, int64_t ow, const rlx_epilogue *epi, int64_t t) {
-    if (og >= 8)
-        group_conv_units_ob(x, w, bias, y, pad, u0, u1, groups, cg, og, h, wd, kh, kw, sh, sw, pt, pl, oh, ow, epi, t, 8);
+    if (og >= 8) /* blocks of 8 output channels, else of 4: a constant for each instance */
+        group_conv_units_ob(x, w, bias, y, pad, u0, u1, groups, cg, og, h, wd, kh, kw, sh, sw, pt, pl, oh, ow, epi, t,
+                            8);
     else
-        group_conv_units_ob(x, w, bias, y, pad, u0, u1, groups, cg, og, h, wd, kh, kw, sh, sw, pt, pl, oh, ow, epi, t, 4);
+        group_conv_units_ob(x, w, bias, y, pad, u0, u1, groups, cg, og, h, wd, kh, kw, sh, sw, pt, pl, oh, ow, epi, t,
+                            4);
 }
 
 /* x: N images of groups * cg planes H x W; w: (groups * og, cg, kh, kw); bias: NULL or
@@ -1500,26 +1516,11 @@ static inline __attribute__((always_inline)) void gcl_units(const float *x, cons
                                                             int64_t sw, int64_t pt, int64_t pl, int64_t oh,
                                                             int64_t ow, epi_state *es, const int SW) {
     const int64_t hp = (oh - 1) * sh + kh, wl = (ow - 1) * sw + kw, plane = hp * wl, taps = kh * kw;
-    const int64_t x0 = pl < wl ? pl : wl, x1 = pl + wd < wl ? pl + wd : wl;
     const int64_t nb = (ow + GCL_P - 1) / GCL_P; /* blocks a row, sizes as even as can be */
     float zero[16] = {0};
     for (int64_t unit = u0; unit < u1; unit++) {
         const int64_t img = unit / groups, g = unit % groups;
-        for (int64_t ic = 0; ic < cg; ic++) {
-            const float *src_plane = x + ((img * groups + g) * cg + ic) * h * wd;
-            for (int64_t yy = 0; yy < hp; yy++) {
-                float *row = pad + ic * plane + yy * wl;
-                const int64_t iy = yy - pt;
-                if (iy < 0 || iy >= h || x1 <= x0) {
-                    memset(row, 0, (size_t)wl * sizeof(float));
-                    continue;
-                }
-                const float *src = src_plane + iy * wd - pl;
-                for (int64_t q = 0; q < x0; q++) row[q] = 0.0f;
-                memcpy(row + x0, src + x0, (size_t)(x1 - x0) * sizeof(float));
-                for (int64_t q = x1; q < wl; q++) row[q] = 0.0f;
-            }
-        }
+        gc_pad_group(x + (img * groups + g) * cg * h * wd, pad, cg, h, wd, hp, wl, wl, pt, pl, 0);
         float *yg = y + (img * groups + g) * og * oh * ow;
         for (int64_t ob = 0; ob < og; ob += 16) {
             const float *wp = wpk + (g * og + ob) * cg * taps;
