@@ -1443,6 +1443,8 @@ RLX_API void rlx_group_conv(const float *x, const float *w, const float *bias, f
  * channels in the lanes"): 7x7 planes and 14x14 at stride 2 2-2.4x as fast, 28x28 at
  * stride 2 1.4x, 14x14 to 56x56 at stride 1 1.05-1.15x. */
 #define GCL_P 12 /* the most pixels a block sums: 12 sums and the weights in 13 registers */
+/* M(1) ... M(12): a switch's cases for an always-inlined kernel whose count is a constant */
+#define RLX_CASES_1_TO_12(M) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12)
 
 /* W (groups og, cg, kh, kw) -> per group, per block of 16 output channels, per (input
  * channel, tap): the 16 channels' weights. og a multiple of 16. */
@@ -1499,10 +1501,9 @@ static inline __attribute__((always_inline)) void gcl_block_any(const float *wp,
     switch (np) {
 #define RLX_GCL(N)                                                                                                   \
     case N:                                                                                                          \
-        gcl_block(wp, bv, yo, plane_out, cg, kh, kw, plane, wl, row0, N, SW, sw);                               \
+        gcl_block(wp, bv, yo, plane_out, cg, kh, kw, plane, wl, row0, N, SW, sw);                                    \
         break;
-        RLX_GCL(1) RLX_GCL(2) RLX_GCL(3) RLX_GCL(4) RLX_GCL(5) RLX_GCL(6)
-        RLX_GCL(7) RLX_GCL(8) RLX_GCL(9) RLX_GCL(10) RLX_GCL(11) RLX_GCL(12)
+        RLX_CASES_1_TO_12(RLX_GCL)
 #undef RLX_GCL
     default:
         break;
@@ -3234,8 +3235,7 @@ static inline __attribute__((always_inline)) void conv_gemm_tile_t_any(const con
     case N:                                                                                                          \
         conv_gemm_tile_t(g, N, jp, pc, kc, j, s, lds, first, fetch);                                                 \
         break;
-        RLX_TILE_T(1) RLX_TILE_T(2) RLX_TILE_T(3) RLX_TILE_T(4) RLX_TILE_T(5) RLX_TILE_T(6)
-        RLX_TILE_T(7) RLX_TILE_T(8) RLX_TILE_T(9) RLX_TILE_T(10) RLX_TILE_T(11) RLX_TILE_T(12)
+        RLX_CASES_1_TO_12(RLX_TILE_T)
 #undef RLX_TILE_T
     default:
         break;
