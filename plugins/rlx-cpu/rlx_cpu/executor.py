@@ -210,12 +210,16 @@ class CpuExecutable(Residents, PlanBinding, Executable):
         reduced format, nor a gather never made (``_elided``)."""
         blocks: dict[int, tuple[int, int]] = {}
         qualifying = [node for node in self._nodes if node.op is OpKind.CONCAT and self._kinds[node.id] == BUFFER
-                      and node.id not in self._handoff and node.id not in self._cl
+                      and node.id not in self._handoff and node.id not in self._cl and node.id not in self._held
                       and math.prod(node.shape[: node.attrs["axis"]]) == 1]
-        for k, a in enumerate(qualifying):  # a concat whose inputs begin a later one's: a view at its start
-            for b in qualifying[k + 1 :]:
-                if (b.attrs["axis"] == a.attrs["axis"] and b.dtype == a.dtype and len(b.inputs) > len(a.inputs)
-                        and b.inputs[: len(a.inputs)] == a.inputs):
+        ids = {node.id for node in qualifying}
+        by_first: dict[int, list[Node]] = {}  # qualifying concats by their first input, in graph order
+        for node in qualifying:
+            by_first.setdefault(node.inputs[0], []).append(node)
+        for a in qualifying:  # a concat whose inputs begin a later one's: a view at its start
+            for b in by_first[a.inputs[0]]:
+                if (b.id > a.id and b.attrs["axis"] == a.attrs["axis"] and b.dtype == a.dtype
+                        and len(b.inputs) > len(a.inputs) and b.inputs[: len(a.inputs)] == a.inputs):
                     blocks[a.id] = (b.id, 0)
                     break
         for node in qualifying:
@@ -225,7 +229,7 @@ class CpuExecutable(Residents, PlanBinding, Executable):
                 src = self._nodes[i]
                 if (self._kinds[i] == BUFFER and src.op is not OpKind.RESHAPE and src.dtype == node.dtype
                         and i not in self._handoff and i not in blocks and i not in self._cl and i not in self._held
-                        and i not in self._elided and (src.op is not OpKind.CONCAT or src in qualifying)):
+                        and i not in self._elided and (src.op is not OpKind.CONCAT or i in ids)):
                     blocks[i] = (node.id, offset)
                 offset += src.shape[axis] * inner
         roots: dict[int, tuple[int, int]] = {}
