@@ -17,6 +17,7 @@ import rlx_core as rlx
 from rlx_core import reference
 from rlx_core.ir import Value
 from rlx_core.ir.ops import OpKind
+from rlx_core.passes import run_pipeline
 from rlx_core.passes.gelu import fuse_gelu
 from rlx_cpu import CpuBackend
 
@@ -167,3 +168,20 @@ def test_an_activation_read_through_a_reshape_goes_into_the_dense_layer(case: st
     f = feeds()
     for got, want in zip(cg.run(f), reference.evaluate(g, f), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_symbolic_graph_gets_the_gelu_at_every_size() -> None:
+    """The matching reads no sizes: a graph with a symbolic batch has its chain fused in the
+    graph lowered once, and every size runs it (as the reference)."""
+    g = rlx.Graph("symbolic")
+    x = g.input("x", ("batch", 16), "float32")
+    h = g.add(g.matmul(x, g.param("w", RNG.standard_normal((16, 32)).astype(np.float32))),
+              g.param("b", RNG.standard_normal(32).astype(np.float32)))
+    chain = ERF_FORMS["classic: x / sqrt2, erf, + 1, * x, * 0.5"]
+    g.set_outputs([chain(g, h, lambda v, name: scalar(g, v, False, name))])
+    lowered = run_pipeline(g, CpuBackend().claims).graph
+    assert [n.attrs["activation"] for n in lowered.nodes if n.op is OpKind.GEMM] == ["gelu"]
+    cg = rlx.compile(g, device="cpu", registry=registry_with(CpuBackend()))
+    for batch in (1, 3, 8):
+        f = {"x": RNG.standard_normal((batch, 16)).astype(np.float32)}
+        np.testing.assert_allclose(cg.run(f)[0], reference.evaluate(g, f)[0], rtol=1e-5, atol=1e-5)
