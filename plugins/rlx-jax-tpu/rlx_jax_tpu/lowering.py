@@ -21,6 +21,7 @@ raised on the host as the reference raises it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -105,17 +106,43 @@ def _gelu(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
     return jax.nn.gelu(_wide(xs[0]), approximate=node.attrs["approximate"] == "tanh")
 
 
-#: The 4- and 2-bit integers: numpy (ml_dtypes) casts a float to them through int32 and
-#: keeps the low bits (wraps), where XLA saturates.
-_NARROW_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
+#: The 4- and 2-bit integers and their widths. rlx's reference casts to them as numpy
+#: does, through ml_dtypes, and ml_dtypes' own rule for a float out of range has changed
+#: between releases: 0.6 goes through int32 and keeps the low bits (8.0 -> int4 -8), 0.7
+#: truncates and gives 0 out of range (8.0 -> 0; NaN and inf 0 in both). XLA's convert
+#: saturates, and jax's conversion of int32 to these types moved with ml_dtypes too (six
+#: ONNX node tests of Cast and CastLike came out wrong on jax with 0.7.0). So the value is
+#: made here, in int32, by the installed ml_dtypes' rule (``_float_rule``), and the
+#: conversion only ever sees values in range. Integers keep their low bits in both.
+_NARROW_INTS = {"int4": 4, "uint4": 4, "int2": 2, "uint2": 2}
+
+
+@functools.cache
+def _float_rule() -> str:
+    """``"zero"`` where the installed ml_dtypes casts a float out of range to 0, else
+    ``"wrap"`` (its low bits, through int32)."""
+    import ml_dtypes
+
+    with np.errstate(all="ignore"):
+        return "zero" if int(np.array([8.0], np.float32).astype(ml_dtypes.int4)[0]) == 0 else "wrap"
 
 
 def _cast(node: Node, xs: Sequence[jax.Array]) -> jax.Array:
     x, target = xs[0], node.attrs["dtype"]
-    if target in _NARROW_INTS and _is_float(x):
-        # x86's float -> int32 gives INT_MIN (low bits 0) out of range and for NaN; XLA's saturates
-        inside = jnp.isfinite(x) & (jnp.abs(x.astype(jnp.float32)) < 2.0**31)
-        x = jnp.where(inside, x, jnp.zeros((), x.dtype)).astype(jnp.int32)
+    bits = _NARROW_INTS.get(target)
+    if bits is None or x.dtype == jnp.bool_ or str(x.dtype) in _NARROW_INTS:
+        return x.astype(target)
+    signed = not target.startswith("u")
+    lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
+    if _is_float(x):
+        t = jnp.trunc(x.astype(jnp.float32))
+        if _float_rule() == "zero":
+            return jnp.where(jnp.isfinite(t) & (t >= lo) & (t <= hi), t, 0.0).astype(jnp.int32).astype(target)
+        # x86's float -> int32 gives INT_MIN (low bits 0) out of range and for NaN
+        x = jnp.where(jnp.isfinite(t) & (jnp.abs(t) < 2.0**31), t, 0.0)
+    x = x.astype(jnp.int32) & (2**bits - 1)  # the low bits, as numpy keeps them
+    if signed:
+        x = jnp.where(x > hi, x - 2**bits, x)  # two's complement
     return x.astype(target)
 
 
