@@ -19,7 +19,7 @@ __all__ = ["CompileOptions", "PASS_NAMES", "PRECISIONS", "precision_name"]
 #: keeps the two lists equal). Here, with the options, so that checking an option needs
 #: no import of the passes.
 PASS_NAMES: tuple[str, ...] = ("fold", "simplify", "cse", "dce", "sink_relu", "conv_taps", "conv_scale",
-                                "image_transposes", "attention", "gelu", "gemm", "elementwise", "conv")
+                                "image_transposes", "attention", "gelu", "hoist", "gemm", "elementwise", "conv")
 
 #: The precisions ``CompileOptions.precision`` names: ``fp32`` (the default: float32 values
 #: computed in float32), and the reduced formats a backend may compute float32 products in

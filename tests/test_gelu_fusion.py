@@ -161,10 +161,13 @@ def conv1d_mlp(extra_reader: bool = False, act_is_output: bool = False) -> rlx.G
 
 @pytest.mark.parametrize("case", ["moved", "reshape read elsewhere", "activation an output"])
 def test_an_activation_read_through_a_reshape_goes_into_the_dense_layer(case: str) -> None:
+    """The hoist pass moves the gelu above the reshape (``passes/hoist.py``) where the
+    reshape and the product have no other reader and the gelu is not an output; the dense
+    layer then takes it."""
     g = conv1d_mlp(extra_reader=case == "reshape read elsewhere", act_is_output=case == "activation an output")
     cg = rlx.compile(g, device="cpu", registry=registry_with(CpuBackend()))
     report = str(cg.report())
-    assert ("into gemm(activation=gelu_tanh) (its gelu read through a reshape)" in report) is (case == "moved")
+    assert ("above the reshape" in report and "into gemm(activation=gelu_tanh)" in report) is (case == "moved")
     f = feeds()
     for got, want in zip(cg.run(f), reference.evaluate(g, f), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -7,10 +7,7 @@ sees them.
 
 ``fuse_gemm`` turns ``activation(matmul(a, b) + bias)`` (bias and activation each
 optional, at least one present) into one ``gemm`` node when the intermediate values have
-no other reader and the bias broadcasts to the product without growing it. An activation
-read through a reshape, ``activation(reshape(matmul(a, b) + bias))`` (HF's ``Conv1D``,
-GPT-2's dense layers: a 2-D product between reshapes), is taken too, as
-``reshape(gemm(..., activation))``: an elementwise function commutes with a reshape.
+no other reader and the bias broadcasts to the product without growing it.
 
 ``fuse_elementwise`` groups chains of elementwise ops into ``fused_elementwise`` regions.
 A region has one result (its *root*); every other member has all its readers inside the
@@ -103,8 +100,6 @@ def fuse_gemm(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
         for i in node.inputs:
             consumers.setdefault(i, []).append(node)
     plans: dict[int, tuple[list[int], str, list[int]]] = {}  # top id -> (gemm inputs, activation, absorbed)
-    moved: dict[int, int] = {}  # an activation taken into the gemm before a reshape -> that reshape
-    outputs = frozenset(graph.outputs)
     refusals: list[str] = []
     for mm in graph.nodes:
         if mm.op is not OpKind.MATMUL or uses[mm.id] != 1 or mm.id not in consumers:
@@ -117,21 +112,13 @@ def fuse_gemm(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
                 inputs.append(other)
                 absorbed.append(nxt.id)
                 top = nxt
-        reshaped: Node | None = None  # a reshape between the product (+ bias) and its activation
         if uses[top.id] == 1 and top.id in consumers:
             follower = consumers[top.id][0]
-            if (follower.op is OpKind.RESHAPE and uses[follower.id] == 1 and follower.id in consumers
-                    and follower.id not in outputs):
-                reshaped, follower = follower, consumers[follower.id][0]
             name = _activation_of(follower)
-            if name is not None and (reshaped is None or follower.id not in outputs):
-                act = name
-                if reshaped is None:
-                    top = follower
-                    absorbed.append(follower.id)
-            else:
-                reshaped = None
-        if len(absorbed) == 1 and reshaped is None:
+            if name is not None:
+                act, top = name, follower
+                absorbed.append(follower.id)
+        if len(absorbed) == 1:
             continue
         candidate = candidate_node(graph, top, OpKind.GEMM, inputs, {"activation": act})
         try:
@@ -140,30 +127,17 @@ def fuse_gemm(graph: Graph, claims: Claims) -> tuple[Graph, list[str]]:
         except _NotClaimed:
             return graph, [f"matmul epilogues not fused: the backend does not claim {OpKind.GEMM}"]
         plans[top.id] = (inputs, act, absorbed)
-        if reshaped is not None:
-            moved[follower.id] = reshaped.id
     if not plans:
         return graph, refusals
     skip = {i for _, _, absorbed in plans.values() for i in absorbed[:-1]}
 
     def note(node: Node, new: Node) -> str:
         ops = " + ".join(str(graph.node(i).op) for i in plans[node.id][2])
-        through = next((f" (its {graph.node(a).op} read through a reshape)" for a, r in moved.items()
-                        if graph.node(r).inputs[0] == node.id), "")
-        return f"fused {ops} at {node.describe()} into gemm(activation={new.attrs['activation']}){through}"
+        return f"fused {ops} at {node.describe()} into gemm(activation={new.attrs['activation']})"
 
-    def emit(em: Emitter, node: Node, plan: tuple[OpKind, list[int], dict[str, Any]] | int) -> str:
-        if isinstance(plan, int):  # an activation now in the gemm before its reshape: the reshape
-            em.alias(node, em.mapped[plan])
-            return ""
-        op, ins, attrs = plan
-        return note(node, em.node(em.emit(node, op, [em.mapped[i] for i in ins], attrs, node.name)))
-
-    planned: dict[int, Any] = {top: (OpKind.GEMM, inputs, {"activation": act})
-                               for top, (inputs, act, _) in plans.items()}
-    planned.update(moved)
-    fused, notes = replace_planned(graph, skip, planned, emit)
-    return fused, refusals + [n for n in notes if n]
+    fused, notes = _replace(graph, skip, {top: (OpKind.GEMM, inputs, {"activation": act})
+                                          for top, (inputs, act, _) in plans.items()}, note)
+    return fused, refusals + notes
 
 
 # ----------------------------------------------------------------------------- regions

@@ -6,8 +6,9 @@
    not claim; a primitive it does not claim is the blocker.
 2. *optimize* — passes that keep results equal on every backend (``optimize.py``), then
    exported attention and GELU chains as their ops where the backend claims them
-   (``attention.py``, ``gelu.py``), and the gemm epilogue (matmul + bias + activation)
-   where the backend claims ``gemm``.
+   (``attention.py``, ``gelu.py``), activations moved above the reshapes and transposes
+   between them and their producer (``hoist.py``), and the gemm epilogue (matmul + bias +
+   activation) where the backend claims ``gemm``.
 3. *fuse* — elementwise regions where the backend claims ``fused_elementwise``, then
    convolution epilogues (conv2d + the elementwise node or region after it) where it
    claims ``fused_conv``.
@@ -33,6 +34,7 @@ from ..options import CompileOptions
 from .attention import fuse_attention
 from .fuse import fuse_conv, fuse_elementwise, fuse_gemm
 from .gelu import fuse_gelu
+from .hoist import hoist_activations
 from .legalize import DtypeGate, LegalizeResult, ask_claims, legalize
 from .optimize import OPTIMIZE_PASSES
 from .plan import MemoryPlan, plan_memory
@@ -43,7 +45,8 @@ log = logging.getLogger("rlx.passes")
 
 Claims = Callable[[Node], "bool | str"]
 #: Every pass ``CompileOptions.disable`` may name: the optimize passes, then the fusions.
-PASS_NAMES: tuple[str, ...] = (*OPTIMIZE_PASSES, "attention", "gelu", "gemm", "elementwise", "conv")
+PASS_NAMES: tuple[str, ...] = (*OPTIMIZE_PASSES, "attention", "gelu", "hoist", "gemm", "elementwise",
+                                "conv")
 FUSION_REPORT_ENV = "RLX_FUSION_REPORT"
 
 
@@ -172,6 +175,9 @@ def run_pipeline(graph: Graph, claims: Claims, options: CompileOptions | None = 
             current, notes, folded = fuse_gelu(current, claims)
             record.notes += notes
             result.folded_params |= folded
+        if "hoist" not in off:  # an activation read through layout moves, onto its producer
+            current, notes = hoist_activations(current)
+            record.notes += notes
         if "gemm" not in off:
             current, notes = fuse_gemm(current, claims)
             record.notes += notes
