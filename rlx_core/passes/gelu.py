@@ -12,7 +12,7 @@ and HF's ``gelu_new`` / ``gelu(approximate="tanh")`` (GPT-2) as the tanh form::
 backend that claims ``gelu``. What it buys is not the activation itself (rlx-cpu already
 runs the erf chain as one interpreter instruction) but what comes next: ``fuse_gemm``
 then takes the ``gelu`` after a dense layer's bias as the product's epilogue, so a
-transformer's MLP hidden value (1500 x 1536 floats in a Whisper-base layer) is written
+transformer's MLP hidden value (1500 x 1536 floats in a Whisper-tiny layer) is written
 once, activated, instead of written, read, activated and written again: a dense layer and
 its GELU 0.90-0.95x the time on the 2-core Zen 5 (BENCHMARKS.md, "GELU recognized ahead
 of the dense layers' fusion").
