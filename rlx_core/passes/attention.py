@@ -44,9 +44,8 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ..errors import GraphError
 from ..ir import Graph, Node
-from ..ir.ops import OpKind, infer
+from ..ir.ops import OpKind
 from .legalize import offer
 from .optimize import dce
 from .rewrite import Emitter, known_scalar, replace_planned
@@ -233,13 +232,8 @@ def fuse_attention(graph: Graph, claims: Claims, extensions: frozenset[str] = fr
         ins = [graph.node(m.q), _Tensor(k_shape, graph.node(m.kt).dtype), graph.node(m.v)]
         if m.mask is not None:
             ins.append(graph.node(m.mask))
-        try:
-            attrs, shape, dtype = infer(OpKind.ATTENTION, ins, _attrs(m))
-        except GraphError:  # a chain attention does not express (e.g. batch dims that do not broadcast)
-            continue
-        if shape != node.shape or dtype != node.dtype:
-            continue
-        taken = offer(claims, node, OpKind.ATTENTION, attrs, shape, dtype)
+        # (False also for a chain attention does not express: batch dims that do not broadcast)
+        taken = offer(claims, node, OpKind.ATTENTION, ins, _attrs(m))
         if taken is None:
             return graph, [], frozenset()
         if taken:

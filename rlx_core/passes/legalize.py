@@ -24,14 +24,15 @@ one of them sees the same blocker.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from ..errors import GraphError
 from ..ir import Graph, Node, Value
 from ..ir.dtypes import CONTRACT_DTYPES, DTYPES
-from ..ir.ops import COMPOSITE_OPS, INTERNAL_OPS, OP_EXTENSIONS, OpKind
+from ..ir.ops import COMPOSITE_OPS, INTERNAL_OPS, OP_EXTENSIONS, OpKind, infer
 from .composites import decompose
 from .internal_ops import expand
 
@@ -73,12 +74,19 @@ def ask_claims(claims: Claims, node: Node) -> bool | str:
     return "not claimed" if not answer else True
 
 
-def offer(claims: Claims, at: Node, op: OpKind, attrs: Mapping[str, Any], shape: tuple[Any, ...], dtype: str
-          ) -> bool | None:
-    """Whether the backend takes ``op`` (its ``attrs``, ``shape`` and ``dtype`` inferred) in
-    place of node ``at``: a fusing pass's question. None where it does not claim ``op`` at
-    all (the pass then has nothing to fuse for it), False for a refusal of this one."""
-    candidate = Node(at.id, op, (), MappingProxyType(dict(attrs)), shape, dtype, at.name, at.origin)
+def offer(claims: Claims, at: Node, op: OpKind, inputs: Sequence[Any], attrs: Mapping[str, Any]) -> bool | None:
+    """Whether the backend takes ``op`` on ``inputs`` (nodes, or anything with a shape and
+    a dtype) with ``attrs`` in place of node ``at``: a fusing pass's question. False where
+    ``op`` does not take those inputs (``infer`` refuses them) or would not give ``at``'s
+    shape and dtype (a replacement keeps its node's type), or the backend refuses this
+    one; None where it does not claim ``op`` at all (the pass has nothing to fuse for it)."""
+    try:
+        norm, shape, dtype = infer(op, list(inputs), attrs)
+    except GraphError:
+        return False
+    if tuple(shape) != tuple(at.shape) or dtype != at.dtype:
+        return False
+    candidate = Node(at.id, op, (), MappingProxyType(dict(norm)), tuple(shape), dtype, at.name, at.origin)
     answer = ask_claims(claims, candidate)
     return None if answer == "not claimed" else answer is True
 

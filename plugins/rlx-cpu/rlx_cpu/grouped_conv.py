@@ -28,7 +28,7 @@ __all__ = ["group_conv_step", "GROUP_CONV_MIN_WIDTH", "GROUP_CONV_MAX_CG", "GROU
 #: 16-float vectors").
 GROUP_CONV_MIN_WIDTH = 1
 #: Input channels a group at most for the grouped kernel: it reads each input vector once
-#: per 4 output channels, where a product per group with more channels than this keeps a
+#: per 4 or 8 output channels, where a product per group with more channels than this keeps a
 #: GEMM's panels busy (ResNeXt's and RegNet's groups hold 4 to 48).
 GROUP_CONV_MAX_CG = 64
 #: Groups of a multiple of this many output channels run with the channels in the vector
@@ -36,7 +36,8 @@ GROUP_CONV_MAX_CG = 64
 #: pixel's input broadcast, so no row is padded to a vector and no stride-2 row split. On
 #: the 2-core Zen 5 (BENCHMARKS.md, "Grouped convolutions with the channels in the lanes"),
 #: kernel against the row kernel: 7x7 planes and 14x14 at stride 2 2-2.4x as fast, 28x28 at
-#: stride 2 1.4x, 14x14 to 56x56 at stride 1 1.05-1.15x. Off AVX-512 its 12 sums of 16
+#: stride 2 1.4x, 14x14 to 56x56 at stride 1 1.05-1.15x on a quiet host (0.90-0.95x while
+#: another tenant filled the L3). Off AVX-512 its 12 sums of 16
 #: floats would take 24 of AVX2's 16 registers.
 GROUP_CONV_LANES = 16
 
@@ -87,9 +88,7 @@ def group_conv_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, st
     geometry = (n, groups, cg, og, h, wd, kh, kw, sh, sw, *pads, oh, ow)
     threads = _threads(lib, out.size * cg * kh * kw, 0.15)
     run_numpy = _then(_group_conv_numpy(geometry), epilogue)
-    epi = 0 if epilogue is None else epilogue.address(threads)
     if lanes:  # the output channels in the lanes (rlx_group_conv_lanes): every plane size and column stride
-        scratch = ctx.scratch((threads * int(lib.group_conv_lanes_scratch(cg, kh, kw, sh, sw, oh, ow)),), np.float32)
 
         def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
             if dest is None:
@@ -99,13 +98,13 @@ def group_conv_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, st
 
         wpk, steps = _packed(ctx, w, ("rlx_group_conv_lanes_pack", groups, og, cg, kh * kw), w.size, make,
                              lib.group_conv_lanes_pack, [0, groups, og, cg, kh * kw, 0])
-        args = [0, wpk.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, scratch.ctypes.data, *geometry,
-                threads, epi]
-        kept = tuple(k for k in (w, wpk, bias, epilogue, scratch) if k is not None)
-        steps.append(bound_call(lib.group_conv_lanes, args, (x, out), (0, 3),
-                                lambda xv, yv: run_numpy(xv, w, bias, yv), kept))
-        return steps
-    scratch = ctx.scratch((threads * int(lib.group_conv_scratch(cg, kh, kw, sh, sw, oh, ow)),), np.float32)
-    args = [0, w.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, scratch.ctypes.data, *geometry, threads, epi]
-    kept = tuple(k for k in (w, bias, epilogue, scratch) if k is not None)
-    return [bound_call(lib.group_conv, args, (x, out), (0, 3), lambda xv, yv: run_numpy(xv, w, bias, yv), kept)]
+        kernel, per_thread = lib.group_conv_lanes, lib.group_conv_lanes_scratch(cg, kh, kw, sh, sw, oh, ow)
+    else:  # the row kernel (rlx_group_conv) on the weights as they are
+        wpk, steps = w, []
+        kernel, per_thread = lib.group_conv, lib.group_conv_scratch(cg, kh, kw, sh, sw, oh, ow)
+    scratch = ctx.scratch((threads * int(per_thread),), np.float32)
+    args = [0, wpk.ctypes.data, 0 if bias is None else bias.ctypes.data, 0, scratch.ctypes.data, *geometry, threads,
+            0 if epilogue is None else epilogue.address(threads)]
+    kept = tuple(k for k in (w, wpk, bias, epilogue, scratch) if k is not None)
+    steps.append(bound_call(kernel, args, (x, out), (0, 3), lambda xv, yv: run_numpy(xv, w, bias, yv), kept))
+    return steps
