@@ -193,7 +193,8 @@ class ThreadTuner:
     costs up to a whole extra run (distilbert at batch 8: 120 ms wide, 220 ms narrow), and
     the first comparison once took 9 of the first 21 runs narrow, so a short benchmark or
     batch measured the model at up to 1.7x its time. Once each mode has two counted runs
-    and every run of one took ``clear`` times the slowest of the other, that one has lost.
+    and every run of one took ``clear`` times the slowest of the other (narrow: wide's
+    fastest, see ``_clear_loser``), that one has lost.
     ``clear`` is 1.15: at 1.4, densenet121 at batch 8 (193 ms wide, 243 ms narrow on the
     2-core Xeon) still ran the whole comparison, and a benchmark that warms a model up for
     a second (5 runs) timed it at 1.26x (the zoo: 240 ms against ORT's 188; BENCHMARKS.md,
@@ -201,7 +202,7 @@ class ThreadTuner:
     of each, every one of the loser's past the other's slowest by 15%, is not noise on a
     host whose runs agree within a few percent; on one that does not, the periodic probes
     still correct a wrong pick. Sooner still, the opening's first narrow run settles it
-    when it is ``sure`` times wide's slowest (or wide's fastest is ``sure`` times it): a
+    when it is ``sure`` times wide's fastest (or wide's fastest is ``sure`` times it): a
     transformer whose threads halve its time then pays one narrow run, not three, inside
     the first runs a benchmark times (a BERT export at batch 1 on 2 cores: 16 ms wide, 28
     narrow; BENCHMARKS.md, section 'The first runs of a model (issues 33 and 35, session
@@ -342,17 +343,23 @@ class ThreadTuner:
     def _clear_loser(self) -> str | None:
         """The mode whose every counted run took ``clear`` times the other's slowest, once
         each has two, or ``sure`` times after the opening's first narrow run (see the
-        class doc), else None."""
+        class doc), else None. Narrow is held to wide's *fastest* run, not its slowest: a
+        wide run right after another runtime's call shares the cores with that runtime's
+        spinning pool (vgg11_bn beside ORT on the 2-core Zen 5: 74 ms against 45 in a
+        row), and one such run held the comparison open, so six more narrow runs at 1.8x
+        wide's time fell into the first 30 runs (a benchmark's warm-up of five then timed
+        the model at 1.25x ORT instead of 1.08x). Slow runs are what noise makes; a
+        falsely fast wide run is not, and a tie goes to wide anyway."""
         wide, narrow = self._samples["wide"], self._samples["narrow"]
         if len(wide) >= 2 and len(narrow) == 1:
-            if narrow[0] > self.sure * max(wide):
+            if narrow[0] > self.sure * min(wide):
                 return "narrow"
             if min(wide) > self.sure * narrow[0]:
                 return "wide"
             return None
         if len(wide) < 2 or len(narrow) < 2:
             return None
-        if min(narrow) > self.clear * max(wide):
+        if min(narrow) > self.clear * min(wide):
             return "narrow"
         if min(wide) > self.clear * max(narrow):
             return "wide"

@@ -473,3 +473,27 @@ def test_the_narrow_plan_is_bound_after_the_warm_up_run_not_inside_a_narrow_one(
     while exe._tuner.comparing():
         cg.run({"x": x})
     assert exe.plan_stats()["narrow"] == built  # the narrow runs found their plan bound
+
+
+def test_a_wide_run_slowed_by_a_neighbour_does_not_hold_the_comparison_open():
+    """vgg11_bn beside ORT on 2 cores: the first counted wide run came right after ORT's
+    call (its pool still spinning) and took 74 ms against 45; narrow takes 82. Held to
+    wide's slowest run, narrow's first run was no verdict and six more narrow runs
+    followed; held to wide's fastest, that first narrow run settles it."""
+    tuner = threads.ThreadTuner()
+    times = iter([0.090, 0.074, 0.045] + [0.082] + [0.045] * 40)  # warm-up, wide, wide, narrow, ...
+    chosen = []
+    for _ in range(30):
+        mode = tuner.next_mode()
+        chosen.append(mode)
+        tuner.observe(mode, next(times) if mode == "wide" or chosen.count("narrow") == 1 else 0.082)
+    assert chosen.count("narrow") == 1 and tuner.mode == "wide"
+    # both narrow runs of the opening past wide's fastest by the clear factor (not its slowest)
+    tuner = threads.ThreadTuner()
+    times = iter([0.090, 0.074, 0.045, 0.060, 0.058] + [0.045] * 40)
+    chosen = []
+    for _ in range(30):
+        mode = tuner.next_mode()
+        chosen.append(mode)
+        tuner.observe(mode, next(times))
+    assert chosen.count("narrow") == 2 and tuner.mode == "wide"
