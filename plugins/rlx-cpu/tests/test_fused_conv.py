@@ -43,6 +43,8 @@ CONVS: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], int | N
     "depthwise 3x3, the row kernel": ((1, 8, 12, 40), (8, 1, 3, 3), {"padding": 1, "groups": 8}, None, True),
     "depthwise 5x5 over 7x7, 37 lanes": ((2, 37, 7, 7), (37, 1, 5, 5), {"padding": 2, "groups": 37}, None, True),
     "1x1 on a 1x1 plane, two threads' outputs (rlx_gemv)": ((1, 40, 1, 1), (40, 40, 1, 1), {}, None, True),
+    "1x1 on 1x1 planes, a batch of 5: one dense product, the epilogue after": ((5, 40, 1, 1), (24, 40, 1, 1), {},
+                                                                                None, False),
     "grouped 3x3, rlx's grouped kernel: 3 channels a group, rows of 9": ((2, 4, 9, 9), (6, 2, 3, 3),
                                                                          {"padding": 1, "groups": 2}, None, True),
     "grouped 3x3 dilated (im2col: the epilogue after)": ((1, 4, 8, 8), (6, 2, 3, 3),
@@ -254,3 +256,32 @@ def test_the_gemms_clamp_in_registers_and_keep_nan(lib: native.Native, monkeypat
     assert np.isnan(got[0, :, 0, 0]).all() and np.array_equal(np.isnan(got), np.isnan(want))
     assert got[~np.isnan(got)].min() == 0.0 and got[~np.isnan(got)].max() == 6.0
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)  # inputs 40x the usual: sums that large
+
+
+@pytest.mark.parametrize("onednn", ["off", "on"])
+def test_a_batch_of_1x1_planes_is_one_dense_product(monkeypatch: pytest.MonkeyPatch, onednn: str) -> None:
+    """A squeeze-excitation's 1x1 convolutions at batch 2 and up: ``x (n, c) @ w (o, c)^T``
+    as one product (the weights read once), not a product per image nor oneDNN's
+    convolution over a 1x1 plane; set_param's new weights and bias are what it reads."""
+    from rlx_cpu import onednn as dnnl
+
+    if onednn == "on" and dnnl.find_library() is None:
+        pytest.skip("oneDNN's library is not installed (the onednn extra)")
+    monkeypatch.setenv("RLX_CPU_ONEDNN", onednn)
+    from rlx_cpu import nn_kernels
+
+    products: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = []
+    real = nn_kernels.matmul_step
+    monkeypatch.setattr(nn_kernels, "matmul_step",
+                        lambda a, b, out, ctx=None: (products.append((a.shape, b.shape, out.shape)),
+                                                     real(a, b, out, ctx))[1])
+    g = conv_graph("1x1 on 1x1 planes, a batch of 5: one dense product, the epilogue after", "hard-swish")
+    cg = compile_cpu(g)
+    assert products == [((5, 40), (40, 24), (5, 24))]
+    x = rand((5, 40, 1, 1), 3)
+    np.testing.assert_allclose(cg.run({"x": x})[0], reference.evaluate(g, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    new = {"w": rand((24, 40, 1, 1), 4) / 6, "b": rand((24,), 5)}
+    for k, v in new.items():
+        cg.set_param(k, v)
+    want = reference.evaluate(g, {"x": x}, params=new)[0]
+    np.testing.assert_allclose(cg.run({"x": x})[0], want, rtol=1e-5, atol=1e-5)
