@@ -44,12 +44,15 @@
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
+/* their lanes as integers (masks, bit operations, shuffle indices) */
+typedef int32_t rlx_i16 __attribute__((vector_size(64)));
 /* 8 floats: one AVX2 register (two NEON ones). The tiles written for AVX-512's 32
  * registers of 16 keep 24 rlx_v16 sums: 48 AVX2 registers of 16, so off AVX-512 those
  * kernels run their sums through the stack (rlx_gemm at 2.5 GF/s on a Zen 3). There they
  * run as sub-tiles of 6 x 16 in rlx_v8 (12 sums, 2 columns, 1 broadcast: 15 of AVX2's 16
  * registers), over the same packed panels. */
 typedef float rlx_v8 __attribute__((vector_size(32)));
+typedef int32_t rlx_i8 __attribute__((vector_size(32)));
 #define RLX_SUB_MR 6
 #define RLX_SUB_NR 16
 #define RLX_MAX_DIMS 8
@@ -938,12 +941,46 @@ static inline __attribute__((always_inline)) rlx_v8 ld8(const float *p) {
     memcpy(&v, p, sizeof v);
     return v;
 }
+/* 16 floats from p, any alignment. */
+static inline __attribute__((always_inline)) rlx_v16 ld16(const float *p) {
+    rlx_v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+/* v clamped to [cl[0], cl[1]], NaN kept (the lanes of clamp8 and clamp16, one at a time). */
+static inline float clamp1(float v, const float *cl) { return v < cl[0] ? cl[0] : v > cl[1] ? cl[1] : v; }
+
+/* v with every lane clamped to [cl[0], cl[1]] (NaN stays NaN, as numpy's maximum and
+ * minimum keep it: a comparison with NaN is false, so the lane keeps v). */
+static inline __attribute__((always_inline)) rlx_v8 clamp8(rlx_v8 v, const float *cl) {
+    rlx_v8 lo = (rlx_v8){0} + cl[0], hi = (rlx_v8){0} + cl[1];
+    rlx_i8 under = v < lo, over = v > hi;
+    rlx_i8 bits = ((rlx_i8)lo & under) | ((rlx_i8)v & ~under);
+    return (rlx_v8)(((rlx_i8)hi & over) | (bits & ~over));
+}
+static inline __attribute__((always_inline)) rlx_v16 clamp16(rlx_v16 v, const float *cl) {
+    rlx_v16 lo = (rlx_v16){0} + cl[0], hi = (rlx_v16){0} + cl[1];
+    rlx_i16 under = v < lo, over = v > hi;
+    rlx_i16 bits = ((rlx_i16)lo & under) | ((rlx_i16)v & ~under);
+    return (rlx_v16)(((rlx_i16)hi & over) | (bits & ~over));
+}
+
+/* d[0 .. n) clamped to [cl[0], cl[1]] (a row just written, in L1): the epilogue of a
+ * kernel whose epilogue is a clamp (rlx_epilogue.clamp), instead of a region's pass. */
+static inline __attribute__((always_inline)) void clamp_row(float *d, int64_t n, const float *cl) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        rlx_v16 v = clamp16(ld16(d + i), cl);
+        memcpy(d + i, &v, sizeof v);
+    }
+    for (; i < n; i++) d[i] = clamp1(d[i], cl);
+}
+RLX_API int64_t rlx_gemm_avx512(void);
 #define DW_ROW_U 3
 #if defined(__clang__)
 #define RLX_SHUFFLE8_EVEN(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14)
 #define RLX_SHUFFLE8_ODD(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15)
 #else
-typedef int32_t rlx_i8 __attribute__((vector_size(32)));
 #define RLX_SHUFFLE8_EVEN(a, b) __builtin_shuffle(a, b, (rlx_i8){0, 2, 4, 6, 8, 10, 12, 14})
 #define RLX_SHUFFLE8_ODD(a, b) __builtin_shuffle(a, b, (rlx_i8){1, 3, 5, 7, 9, 11, 13, 15})
 #endif
@@ -982,102 +1019,108 @@ static inline __attribute__((always_inline)) void split_row(const float *src, fl
  * vectorized as one chain of 9 dependent multiply-adds per 8 outputs (4 cycles each)
  * with its loads spilled: 144x56x56 3x3 on one Zen 3 core 630 us. Each returns how many
  * outputs it did (a multiple of 8); the scalar loop does the rest. */
-static inline __attribute__((always_inline)) void dw3x2_block(float *restrict d0, float *restrict d1,
-                                                              const float *restrict r0, const float *restrict r1,
-                                                              const float *restrict r2, const float *restrict r3,
-                                                              const float *restrict f, float b, const int U) {
-    rlx_v8 p[DW_ROW_U], q[DW_ROW_U];
-#pragma GCC unroll 4
-    for (int u = 0; u < U; u++) p[u] = q[u] = (rlx_v8){0} + b;
-#pragma GCC unroll 3
-    for (int j = 0; j < 3; j++) {
-#pragma GCC unroll 4
-        for (int u = 0; u < U; u++) p[u] += f[j] * ld8(r0 + 8 * u + j);
-#pragma GCC unroll 4
-        for (int u = 0; u < U; u++) {
-            const rlx_v8 v = ld8(r1 + 8 * u + j);
-            p[u] += f[3 + j] * v;
-            q[u] += f[j] * v;
-        }
+/* U vectors of W outputs (VT: rlx_v8 or, where the AVX-512 clones run, rlx_v16: half the
+ * loads and multiply-adds a row) of two rows at once; the same sums in either width. */
+#define DW3X2_BLOCK(NAME, VT, LOAD, W)                                                                             \
+    static inline __attribute__((always_inline)) void NAME(                                                        \
+        float *restrict d0, float *restrict d1, const float *restrict r0, const float *restrict r1,                \
+        const float *restrict r2, const float *restrict r3, const float *restrict f, float b, const int U) {       \
+        VT p[DW_ROW_U], q[DW_ROW_U];                                                                               \
+        _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) p[u] = q[u] = (VT){0} + b;                             \
+        _Pragma("GCC unroll 3") for (int j = 0; j < 3; j++) {                                                      \
+            _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) p[u] += f[j] * LOAD(r0 + W * u + j);               \
+            _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) {                                                  \
+                const VT v = LOAD(r1 + W * u + j);                                                                 \
+                p[u] += f[3 + j] * v;                                                                              \
+                q[u] += f[j] * v;                                                                                  \
+            }                                                                                                      \
+        }                                                                                                          \
+        _Pragma("GCC unroll 3") for (int j = 0; j < 3; j++) {                                                      \
+            _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) {                                                  \
+                const VT v = LOAD(r2 + W * u + j);                                                                 \
+                p[u] += f[6 + j] * v;                                                                              \
+                q[u] += f[3 + j] * v;                                                                              \
+            }                                                                                                      \
+            _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) q[u] += f[6 + j] * LOAD(r3 + W * u + j);           \
+        }                                                                                                          \
+        _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) {                                                      \
+            memcpy(d0 + W * u, &p[u], sizeof p[u]);                                                                \
+            memcpy(d1 + W * u, &q[u], sizeof q[u]);                                                                \
+        }                                                                                                          \
     }
-#pragma GCC unroll 3
-    for (int j = 0; j < 3; j++) {
-#pragma GCC unroll 4
-        for (int u = 0; u < U; u++) {
-            const rlx_v8 v = ld8(r2 + 8 * u + j);
-            p[u] += f[6 + j] * v;
-            q[u] += f[3 + j] * v;
-        }
-#pragma GCC unroll 4
-        for (int u = 0; u < U; u++) q[u] += f[6 + j] * ld8(r3 + 8 * u + j);
-    }
-#pragma GCC unroll 4
-    for (int u = 0; u < U; u++) {
-        memcpy(d0 + 8 * u, &p[u], sizeof p[u]);
-        memcpy(d1 + 8 * u, &q[u], sizeof q[u]);
-    }
-}
+DW3X2_BLOCK(dw3x2_block, rlx_v8, ld8, 8)
+DW3X2_BLOCK(dw3x2_block16, rlx_v16, ld16, 16)
 
 static inline __attribute__((always_inline)) int64_t dw_row3x2_v(float *restrict d0, float *restrict d1,
                                                                  const float *restrict r0, const float *restrict r1,
                                                                  const float *restrict r2, const float *restrict r3,
                                                                  const float *restrict f, float b, int64_t ow) {
     int64_t ox = 0;
+    if (rlx_gemm_avx512()) {
+        for (; ox + 16 * DW_ROW_U <= ow; ox += 16 * DW_ROW_U)
+            dw3x2_block16(d0 + ox, d1 + ox, r0 + ox, r1 + ox, r2 + ox, r3 + ox, f, b, DW_ROW_U);
+        for (; ox + 16 <= ow; ox += 16) dw3x2_block16(d0 + ox, d1 + ox, r0 + ox, r1 + ox, r2 + ox, r3 + ox, f, b, 1);
+    }
     for (; ox + 8 * DW_ROW_U <= ow; ox += 8 * DW_ROW_U)
         dw3x2_block(d0 + ox, d1 + ox, r0 + ox, r1 + ox, r2 + ox, r3 + ox, f, b, DW_ROW_U);
     for (; ox + 8 <= ow; ox += 8) dw3x2_block(d0 + ox, d1 + ox, r0 + ox, r1 + ox, r2 + ox, r3 + ox, f, b, 1);
     return ox;
 }
 
-/* One row of a 3x3 window, U vectors: the three input rows tap after tap, as dw_row3. */
-static inline __attribute__((always_inline)) void dw3_block(float *restrict d, const float *restrict r0,
-                                                            const float *restrict r1, const float *restrict r2,
-                                                            const float *restrict f, float b, const int U) {
-    rlx_v8 p[4];
-    const float *rows[3] = {r0, r1, r2};
-#pragma GCC unroll 4
-    for (int u = 0; u < U; u++) p[u] = (rlx_v8){0} + b;
-#pragma GCC unroll 9
-    for (int t = 0; t < 9; t++)
-#pragma GCC unroll 4
-        for (int u = 0; u < U; u++) p[u] += f[t] * ld8(rows[t / 3] + 8 * u + t % 3);
-#pragma GCC unroll 4
-    for (int u = 0; u < U; u++) memcpy(d + 8 * u, &p[u], sizeof p[u]);
-}
+/* One row of a 3x3 window, U vectors of W outputs: the three input rows tap after tap, as dw_row3. */
+#define DW3_BLOCK(NAME, VT, LOAD, W)                                                                               \
+    static inline __attribute__((always_inline)) void NAME(float *restrict d, const float *restrict r0,            \
+                                                           const float *restrict r1, const float *restrict r2,     \
+                                                           const float *restrict f, float b, const int U) {        \
+        VT p[4];                                                                                                   \
+        const float *rows[3] = {r0, r1, r2};                                                                       \
+        _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) p[u] = (VT){0} + b;                                    \
+        _Pragma("GCC unroll 9") for (int t = 0; t < 9; t++)                                                        \
+            _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) p[u] += f[t] * LOAD(rows[t / 3] + W * u + t % 3);  \
+        _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) memcpy(d + W * u, &p[u], sizeof p[u]);                 \
+    }
+DW3_BLOCK(dw3_block, rlx_v8, ld8, 8)
+DW3_BLOCK(dw3_block16, rlx_v16, ld16, 16)
 
 static inline __attribute__((always_inline)) int64_t dw_row3_v(float *restrict d, const float *restrict r0,
                                                                const float *restrict r1, const float *restrict r2,
                                                                const float *restrict f, float b, int64_t ow) {
     int64_t ox = 0;
+    if (rlx_gemm_avx512()) {
+        for (; ox + 64 <= ow; ox += 64) dw3_block16(d + ox, r0 + ox, r1 + ox, r2 + ox, f, b, 4);
+        for (; ox + 16 <= ow; ox += 16) dw3_block16(d + ox, r0 + ox, r1 + ox, r2 + ox, f, b, 1);
+    }
     for (; ox + 32 <= ow; ox += 32) dw3_block(d + ox, r0 + ox, r1 + ox, r2 + ox, f, b, 4);
     for (; ox + 8 <= ow; ox += 8) dw3_block(d + ox, r0 + ox, r1 + ox, r2 + ox, f, b, 1);
     return ox;
 }
 
-/* dw_row3_s2's taps (even row, odd row, even row one on, for each of the three rows). */
-static inline __attribute__((always_inline)) void dw3s2_block(float *restrict d, const float *const *rows,
-                                                              const float *restrict f, float b, int64_t ox,
-                                                              const int U) {
-    rlx_v8 p[4];
-#pragma GCC unroll 4
-    for (int u = 0; u < U; u++) p[u] = (rlx_v8){0} + b;
-#pragma GCC unroll 3
-    for (int i = 0; i < 3; i++) {
-        const float *e = rows[2 * i] + ox, *o = rows[2 * i + 1] + ox;
-#pragma GCC unroll 4
-        for (int u = 0; u < U; u++) p[u] += f[3 * i] * ld8(e + 8 * u);
-#pragma GCC unroll 4
-        for (int u = 0; u < U; u++) p[u] += f[3 * i + 1] * ld8(o + 8 * u);
-#pragma GCC unroll 4
-        for (int u = 0; u < U; u++) p[u] += f[3 * i + 2] * ld8(e + 8 * u + 1);
+/* dw_row3_s2's taps (even row, odd row, even row one on, for each of the three rows), U
+ * vectors of W outputs. */
+#define DW3S2_BLOCK(NAME, VT, LOAD, W)                                                                             \
+    static inline __attribute__((always_inline)) void NAME(float *restrict d, const float *const *rows,            \
+                                                           const float *restrict f, float b, int64_t ox,           \
+                                                           const int U) {                                          \
+        VT p[4];                                                                                                   \
+        _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) p[u] = (VT){0} + b;                                    \
+        _Pragma("GCC unroll 3") for (int i = 0; i < 3; i++) {                                                      \
+            const float *e = rows[2 * i] + ox, *o = rows[2 * i + 1] + ox;                                          \
+            _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) p[u] += f[3 * i] * LOAD(e + W * u);                \
+            _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) p[u] += f[3 * i + 1] * LOAD(o + W * u);            \
+            _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) p[u] += f[3 * i + 2] * LOAD(e + W * u + 1);        \
+        }                                                                                                          \
+        _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) memcpy(d + ox + W * u, &p[u], sizeof p[u]);            \
     }
-#pragma GCC unroll 4
-    for (int u = 0; u < U; u++) memcpy(d + ox + 8 * u, &p[u], sizeof p[u]);
-}
+DW3S2_BLOCK(dw3s2_block, rlx_v8, ld8, 8)
+DW3S2_BLOCK(dw3s2_block16, rlx_v16, ld16, 16)
 
 static inline __attribute__((always_inline)) int64_t dw_row3_s2_v(float *restrict d, const float *const *rows,
                                                                   const float *restrict f, float b, int64_t ow) {
     int64_t ox = 0;
+    if (rlx_gemm_avx512()) {
+        for (; ox + 64 <= ow; ox += 64) dw3s2_block16(d, rows, f, b, ox, 4);
+        for (; ox + 16 <= ow; ox += 16) dw3s2_block16(d, rows, f, b, ox, 1);
+    }
     for (; ox + 32 <= ow; ox += 32) dw3s2_block(d, rows, f, b, ox, 4);
     for (; ox + 8 <= ow; ox += 8) dw3s2_block(d, rows, f, b, ox, 1);
     return ox;
@@ -1143,8 +1186,10 @@ static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const f
     int unit = sh == 1 && sw == 1 && dh == 1 && dw == 1;
     int two = sh == 2 && sw == 2 && dh == 1 && dw == 1 && kh == 3 && kw == 3;
     int64_t we = (wp + 1) / 2; /* a split row: its we even columns, then its odd ones */
+    /* a clamp (ReLU, ReLU6) applied to each output row as it is written, in L1 */
+    const float *cl = epi && epi->clamp ? &epi->lo : NULL;
     epi_state es;
-    epi_begin(&es, epi, t);
+    epi_begin(&es, cl ? NULL : epi, t);
     for (int64_t p = p0; p < p1; p++) {
         const float *plane = x + p * h * w, *f = wt + (p % c) * kh * kw;
         float b = bias ? bias[p % c] : 0.0f;
@@ -1173,7 +1218,9 @@ static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const f
                 const float *r1 = r + wp, *r2 = r + 2 * wp, *r3 = r + 3 * wp;
                 const int64_t v = dw_row3x2_v(dst, dst + ow, r, r1, r2, r3, f, b, ow);
                 dw_row3x2(dst + v, dst + ow + v, r + v, r1 + v, r2 + v, r3 + v, f, b, ow - v);
+                if (cl) clamp_row(dst, 2 * ow, cl);
                 oy++;
+                continue;
             } else if (unit && kh == 3 && kw == 3) {
                 const int64_t v = dw_row3_v(dst, r, r + wp, r + 2 * wp, f, b, ow);
                 dw_row3(dst + v, r + v, r + wp + v, r + 2 * wp + v, f, b, ow - v);
@@ -1195,6 +1242,7 @@ static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const f
                     }
                 }
             }
+            if (cl) clamp_row(dst, ow, cl);
         }
         epi_span(&es, out, oh * ow);
     }
@@ -1237,7 +1285,6 @@ RLX_API void rlx_depthwise_conv(const float *x, const float *wt, const float *bi
 #define GC_OB 8 /* the most output channels a block sums (4 where a group has fewer than 8) */
 #define GC_U 2
 
-RLX_API int64_t rlx_gemm_avx512(void);
 
 /* Whether rows of ow outputs are one vector each (of 16 where the AVX-512 clones run,
  * else of 8): then two output rows are done at a time, 8 sums in flight. */
@@ -1255,11 +1302,6 @@ RLX_API int64_t rlx_group_conv_scratch(int64_t cg, int64_t kh, int64_t kw, int64
     return cg * ((oh - 1) * sh + kh) * (gc_row_width(ow, kw, sw) + 1) + gc_outputs(ow);
 }
 
-static inline __attribute__((always_inline)) rlx_v16 ld16(const float *p) {
-    rlx_v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 
 /* Sums of GC_OB output channels over U vectors of VT (8 or 16 outputs): the u-th reads its
  * inputs ustride floats past the first's (a vector along the row; sh * wq: the next
@@ -1586,7 +1628,6 @@ RLX_API void rlx_group_conv_lanes(const float *x, const float *wpk, const float 
 typedef float dw_vec __attribute__((vector_size(DW_LANES * sizeof(float))));
 typedef float dw_uvec __attribute__((vector_size(DW_LANES * sizeof(float)), aligned(4)));
 
-RLX_API int64_t rlx_gemm_avx512(void);
 
 static int64_t dw_lanes_floats(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh,
                                int64_t ow) {
@@ -1628,7 +1669,6 @@ RLX_API int64_t rlx_depthwise_lanes_scratch(int64_t kh, int64_t kw, int64_t sh, 
 #define RLX_SHUFFLE_LO(a, b) __builtin_shufflevector(a, b, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23)
 #define RLX_SHUFFLE_HI(a, b) __builtin_shufflevector(a, b, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31)
 #else
-typedef int32_t rlx_i16 __attribute__((vector_size(64)));
 #define RLX_SHUFFLE_LO(a, b) \
     __builtin_shuffle(a, b, (rlx_i16){0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23})
 #define RLX_SHUFFLE_HI(a, b) \
@@ -2426,23 +2466,6 @@ static inline int64_t gemm_blocked_at(int64_t r, int64_t p, int64_t rows, int64_
     return pc * padded + (r / panel) * panel * kc + (p - pc) * panel + r % panel;
 }
 
-/* v clamped to [cl[0], cl[1]], NaN kept (the lanes of clamp8 and clamp16, one at a time). */
-static inline float clamp1(float v, const float *cl) { return v < cl[0] ? cl[0] : v > cl[1] ? cl[1] : v; }
-
-/* v with every lane clamped to [cl[0], cl[1]] (NaN stays NaN, as numpy's maximum and
- * minimum keep it: a comparison with NaN is false, so the lane keeps v). */
-static inline __attribute__((always_inline)) rlx_v8 clamp8(rlx_v8 v, const float *cl) {
-    rlx_v8 lo = (rlx_v8){0} + cl[0], hi = (rlx_v8){0} + cl[1];
-    rlx_i8 under = v < lo, over = v > hi;
-    rlx_i8 bits = ((rlx_i8)lo & under) | ((rlx_i8)v & ~under);
-    return (rlx_v8)(((rlx_i8)hi & over) | (bits & ~over));
-}
-static inline __attribute__((always_inline)) rlx_v16 clamp16(rlx_v16 v, const float *cl) {
-    rlx_v16 lo = (rlx_v16){0} + cl[0], hi = (rlx_v16){0} + cl[1];
-    rlx_i16 under = v < lo, over = v > hi;
-    rlx_i16 bits = ((rlx_i16)lo & under) | ((rlx_i16)v & ~under);
-    return (rlx_v16)(((rlx_i16)hi & over) | (bits & ~over));
-}
 
 /* One row of a tile's sums (lo: its first 16 columns, hi: the next 16) stored at c, or
  * added to what c holds when `add`, then clamped to [cl[0], cl[1]] when cl is not NULL. */

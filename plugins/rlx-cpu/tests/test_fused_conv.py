@@ -41,6 +41,8 @@ CONVS: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], int | N
     "600 channels of 14x14 in vectors: the epilogue by groups of whole channels": ((1, 24, 14, 14), (600, 24, 3, 3),
                                                                                    {"padding": 1}, 32, True),
     "depthwise 3x3, the row kernel": ((1, 8, 12, 40), (8, 1, 3, 3), {"padding": 1, "groups": 8}, None, True),
+    "depthwise 3x3 stride 2, the row kernel over split rows": ((1, 8, 10, 97), (8, 1, 3, 3),
+                                                                {"padding": 1, "stride": 2, "groups": 8}, None, True),
     "depthwise 5x5 over 7x7, 37 lanes": ((2, 37, 7, 7), (37, 1, 5, 5), {"padding": 2, "groups": 37}, None, True),
     "1x1 on a 1x1 plane, two threads' outputs (rlx_gemv)": ((1, 40, 1, 1), (40, 40, 1, 1), {}, None, True),
     "1x1 on 1x1 planes, a batch of 5: one dense product, the epilogue after": ((5, 40, 1, 1), (24, 40, 1, 1), {},
@@ -256,6 +258,26 @@ def test_the_gemms_clamp_in_registers_and_keep_nan(lib: native.Native, monkeypat
     assert np.isnan(got[0, :, 0, 0]).all() and np.array_equal(np.isnan(got), np.isnan(want))
     assert got[~np.isnan(got)].min() == 0.0 and got[~np.isnan(got)].max() == 6.0
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)  # inputs 40x the usual: sums that large
+
+
+@pytest.mark.parametrize("case", ["depthwise 3x3, the row kernel",
+                                  "depthwise 3x3 stride 2, the row kernel over split rows"])
+def test_the_depthwise_row_kernel_clamps_each_row_and_keeps_nan(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                                                case: str) -> None:
+    """A ReLU6 after a depthwise convolution on the row kernel: each output row clamped as
+    it is written (no region runs), NaN stays NaN, values past either bound land on it."""
+    regions_run = spy_on(monkeypatch, lib, "region")
+    rows = spy_on(monkeypatch, lib, "depthwise")
+    g = conv_graph(case, "relu6")
+    cg = compile_cpu(g)
+    x = rand(CONVS[case][0], 3) * 40
+    x[0, :, 0, 0] = np.nan
+    (got,) = cg.run({"x": x})
+    want = reference.evaluate(g, {"x": x})[0]
+    assert rows and not regions_run
+    assert np.isnan(got[0, :, 0, 0]).all() and np.array_equal(np.isnan(got), np.isnan(want))
+    assert got[~np.isnan(got)].min() == 0.0 and got[~np.isnan(got)].max() == 6.0
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("onednn", ["off", "on"])

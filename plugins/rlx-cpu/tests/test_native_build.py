@@ -302,6 +302,34 @@ def test_a_compiler_without_openmp_or_clones_still_builds(tmp_path: Path, monkey
     assert_a_region_runs_natively(region_runs)
 
 
+def _clang() -> str | None:
+    """A clang driver on PATH (``clang``, else a versioned one), or None."""
+    import shutil
+
+    for name in ("clang", *(f"clang-{v}" for v in range(20, 13, -1))):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@pytest.mark.slow  # a build of native.c at -O0 (about 20 s on 2 cores)
+@pytest.mark.skipif(os.name != "posix" or _clang() is None, reason="needs clang on PATH (CC=clang builds)")
+def test_clang_builds_a_library_that_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          region_runs: list[regions._Runner]) -> None:
+    """``CC=clang`` (macOS's compiler, and Linux users who set it) builds native.c: gcc's
+    vector extensions it uses are ones clang takes too (the integer vector types once
+    existed only in gcc's branch, and every clang build failed over to numpy)."""
+    cc = tmp_path / "clang-O0"
+    cc.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {_clang()} "$@"\nexec {_clang()} "$@" -O0\n')
+    cc.chmod(0o755)
+    out = tmp_path / "pkg"
+    result = _build.build(out, environ={**without("CC"), "CC": str(cc)})
+    assert result.ok, result.summary()
+    assert load_from(monkeypatch, out) is not None, native.reason()
+    assert_a_region_runs_natively(region_runs)
+
+
 # -------------------------------------------------------------------- switches and probe
 @pytest.mark.parametrize("value", ["0", "off", "numpy"])
 def test_rlx_cpu_native_off_keeps_every_op_on_numpy(monkeypatch: pytest.MonkeyPatch, value: str,
