@@ -102,8 +102,7 @@ class Residents:
                 else:
                     arr = aligned_empty(node.shape, node.dtype)
                     steps = [bind(s, []) for s in _build_steps(_BUILDERS[node.op], node, ins, arr, owned)]
-                    for step in steps:
-                        step()
+                    _run_quietly(steps)
                     if deps[node.id]:
                         self._folds.append((deps[node.id], steps))
             self._residents[node.id] = arr
@@ -207,8 +206,7 @@ class Residents:
         np.copyto(target, value)
         for deps, steps in self._folds:
             if name in deps:
-                for step in steps:
-                    step()
+                _run_quietly(steps)
         for source, make, array, deps in self._derived_arrays.values():
             if name in deps:
                 make(source, array)  # in place: the plans' steps hold its address
@@ -225,3 +223,13 @@ class Residents:
         with owned_rebuild(self._params, self._family) as owned:
             self.__init__(self._graph, owned, self._generation + 1, precision=self._precision)  # type: ignore[misc]
         self._tuner = tuner
+
+
+def _run_quietly(steps: Sequence[Callable[[], Any]]) -> None:
+    """Run a fold's steps with numpy's floating-point warnings off: a constant subgraph's
+    IEEE results (T5's relative-position buckets take ``log(0)`` and cast the ``-inf``
+    before a ``where`` drops it) are what the graph computes, as at run time
+    (``steps._ieee``), not RuntimeWarnings for the user at compile."""
+    with np.errstate(all="ignore"):
+        for step in steps:
+            step()

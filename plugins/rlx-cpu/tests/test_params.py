@@ -144,3 +144,25 @@ def test_a_plan_of_the_borrowed_weights_given_back_after_set_param_is_dropped() 
     values = _values(g)
     want = np.maximum(x @ values["w1"] + values["b1"], 0) @ w2 + values["b2"]
     np.testing.assert_allclose(cg.run({"x": x})[0], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_folding_a_constant_subgraph_with_ieee_results_warns_nothing(symbolic: bool) -> None:
+    """T5's relative-position buckets take log(0) and cast the -inf before a where drops
+    it: folded at compile (and again by set_param), that is the graph's arithmetic, not a
+    RuntimeWarning for the user; the answer is the reference's."""
+    import warnings
+
+    g = Graph("buckets")
+    x = g.input("x", ("n", 3) if symbolic else (2, 3))
+    d = g.param("d", np.array([0.0, 1.0, 4.0], np.float32))
+    bucket = g.cast(g.log(d), "int32")  # log(0) = -inf, cast: numpy warns where unmasked
+    safe = g.where(g.greater(d, 0.0), g.cast(bucket, "float32"), 0.0)
+    g.set_outputs([g.add(x, safe)])
+    feeds = {"x": np.ones((2, 3), np.float32)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        cg = rlx.compile(g, device="cpu")
+        np.testing.assert_array_equal(cg.run(feeds)[0], reference.evaluate(g, feeds)[0])
+        cg.set_param("d", np.array([1.0, 0.0, 8.0], np.float32))
+        np.testing.assert_array_equal(cg.run(feeds)[0], [[1.0, 1.0, 3.0]] * 2)
