@@ -34,6 +34,7 @@ from .native_nn import (
     softmax_step,
 )
 from .regions import Epilogue
+from .sparse_taps import sparse_tap_steps
 from .steps import Step, aligned_empty, is_fixed
 
 __all__ = ["NN_KERNELS"]
@@ -230,6 +231,12 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
         on_dnnl = onednn_steps.conv_steps(dnnl, x, w, b, out, (pt, pl, pb, pr), (sh, sw), (dh, dw), groups, ctx)
         if on_dnnl is not None:
             return on_dnnl, False
+    if cd == out.dtype == np.float32 and groups == 1 and (dh, dw) != (1, 1):
+        # An atrous convolution whose outer taps reach only a border of the outputs
+        # (DeepLabV3's pyramid): one product per tap over what it reaches
+        sparse = sparse_tap_steps(x, w, b, out, (pt, pl), (sh, sw), (dh, dw), ctx)
+        if sparse is not None:
+            return sparse, False
     if cd == out.dtype == np.float32 and groups > 1 and not groups == _c == o:
         # Few channels a group (ResNeXt, RegNet) where oneDNN does not take them: rlx's
         # grouped kernel, not im2col and a product of a few rows per group (1.2-3x faster)
