@@ -21,6 +21,9 @@ reversed every other block, 150 ms apart: ORT's and OpenBLAS's threads spin afte
 call on a small host and spoil the next contender's first run). Lines: the nodes each
 compile handed the backend, the largest output differences, and the medians with their
 ratios.
+
+rlx against ORT as a user would time them: ``--ort`` (``--blocks 8``, ``--precision``):
+five warm runs each, then blocks in turn (``vs_ort``).
 """
 
 from __future__ import annotations
@@ -101,6 +104,40 @@ def ab_model(path: Path, device: str, disable: tuple[str, ...], precision: str, 
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def vs_ort(path: Path, device: str, precision: str, blocks: int) -> dict[str, float]:
+    """Milliseconds a run (medians) of ``path`` on rlx and on onnxruntime in one process,
+    timed as a user's benchmark would: five warm runs each (rlx's first comparison of its
+    thread modes included: a model is not timed only once it has settled), then blocks
+    of a few runs in turn, sized to about 0.15 s of ORT's, order reversed every other
+    block, 150 ms apart. Prints the largest output difference."""
+    import onnxruntime as ort
+
+    graph = rlx_onnx.load(str(path))
+    feeds = feeds_for(path, graph)
+    extra = {} if precision == "fp32" else {"precision": precision}
+    compiled = rlx.compile(graph, device=device, options=rlx.CompileOptions(**extra))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ort_feeds = {i.name: feeds[i.name] for i in sess.get_inputs()}
+    got, want = compiled.run(feeds)[0], sess.run(None, ort_feeds)[0]
+    print(f"{path.stem}: max |rlx - ORT| {float(np.abs(got - want).max()):.3g}")
+    contenders = [("rlx", lambda: compiled.run(feeds)), ("ort", lambda: sess.run(None, ort_feeds))]
+    start = time.perf_counter()
+    contenders[1][1]()
+    runs = max(2, min(20, int(0.15 / max(time.perf_counter() - start, 1e-4))))
+    for _, fn in contenders:
+        for _ in range(max(5, runs)):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name, _ in contenders}
+    for block in range(blocks):
+        for name, fn in contenders if block % 2 else contenders[::-1]:
+            time.sleep(0.15)
+            start = time.perf_counter()
+            for _ in range(runs):
+                fn()
+            times[name].append((time.perf_counter() - start) / runs * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", type=Path, help="ONNX files")
@@ -109,11 +146,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=7)
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--ab", action="store_true", help="the model with and without --disable, and ORT, in turn")
-    parser.add_argument("--precision", default="fp32", help="with --ab: CompileOptions.precision")
+    parser.add_argument("--precision", default="fp32", help="with --ab or --ort: CompileOptions.precision")
+    parser.add_argument("--ort", action="store_true", help="rlx and ORT in turn, warmed up as a user would")
     args = parser.parse_args(argv)
     if args.ab and not args.disable:
         parser.error("--ab compares the pipeline with and without --disable: name a pass")
     for path in args.models:
+        if args.ort:
+            ms = vs_ort(path, args.device, args.precision, args.blocks)
+            print(f"{path.stem} rlx {ms['rlx']:.3f} ms, ORT {ms['ort']:.3f} ms; rlx / ORT {ms['rlx'] / ms['ort']:.3f}",
+                  flush=True)
+            continue
         if args.ab:
             ms = ab_model(path, args.device, tuple(args.disable), args.precision, args.blocks, args.runs)
             print(f"{path.stem} before {ms['before']:.3f} ms, after {ms['after']:.3f} ms, ORT {ms['ort']:.3f} ms; "

@@ -48,3 +48,13 @@ def test_ab_compares_the_pipeline_with_and_without_a_pass_and_ort(tmp_path: Path
                         r"after / ORT [\d.]+", last), last
     with pytest.raises(SystemExit):
         onnx_time.main([str(model), "--ab"])  # nothing to compare
+
+
+def test_ort_times_rlx_and_ort_in_turn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("onnxruntime")
+    model = _conv_relu(tmp_path / "a.onnx")
+    assert onnx_time.main([str(model), "--ort", "--blocks", "2"]) == 0
+    first, last = capsys.readouterr().out.splitlines()
+    diff = float(first.removeprefix("a: max |rlx - ORT| "))
+    assert diff < 1e-5, first
+    assert re.fullmatch(r"a rlx [\d.]+ ms, ORT [\d.]+ ms; rlx / ORT [\d.]+", last), last
