@@ -177,15 +177,22 @@ if hasattr(os, "register_at_fork"):  # a forked child has the pool object but no
 _IEEE = "_rlx_ieee"
 
 
-def _ieee(fn: Any) -> bool:
-    """Whether ``fn`` is a numpy ufunc, whose NaN and Inf results (``log(0)``, ``inf -
-    inf``, an ``exp`` that overflows) are the IEEE answer the graph asks for. A plan with
+def _ieee(fn: Any, args: Sequence[Any] = ()) -> bool:
+    """Whether ``fn(*args)`` may warn about IEEE results the graph asks for: a numpy
+    ufunc or one of its methods (``log(0)``, ``inf - inf``, an ``exp`` that overflows, a
+    ``maximum.reduce`` over NaN), or ``np.copyto`` casting floats to another type (NaN or
+    out of range to an integer: a Cast the graph makes on values it holds). A plan with
     such a step runs under ``np.errstate(all="ignore")`` (``bind_run``): numpy's
     RuntimeWarnings would reach the user from inside rlx's kernels about values their
     own inputs hold, and the native kernels, which compute the same, say nothing. Only
     those plans pay for the errstate (a few µs a run); numpy's settings elsewhere in
     the process are left as they are."""
-    return isinstance(fn, np.ufunc)
+    if isinstance(fn, np.ufunc) or isinstance(getattr(fn, "__self__", None), np.ufunc):
+        return True
+    if fn is np.copyto and len(args) >= 2:
+        dst, src = (getattr(a, "dtype", None) for a in args[:2])
+        return src is not None and np.dtype(src).kind == "f" and dst != src
+    return False
 
 
 def _quiet(steps: Sequence[Callable[[], Any]]) -> bool:
@@ -246,7 +253,7 @@ def bind(step: Step | Parallel, slots: list[Any]) -> Callable[[], Any]:
         if not (args or kwargs):
             return fn
         bound = functools.partial(fn, *args, **kwargs)
-        if _ieee(fn):
+        if _ieee(fn, args):
             setattr(bound, _IEEE, True)
         return bound
     ns: dict[str, Any] = {"_fn": fn, "S": slots}
@@ -258,7 +265,7 @@ def bind(step: Step | Parallel, slots: list[Any]) -> Callable[[], Any]:
     src = f"def _step():\n    _fn({', '.join(parts)})\n"
     exec(_compiled(src), ns)
     step = ns.pop("_step")  # (not left in its own globals: no reference cycle, see bind_run)
-    if _ieee(fn):
+    if _ieee(fn, args):
         setattr(step, _IEEE, True)
     return step
 

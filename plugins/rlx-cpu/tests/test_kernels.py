@@ -291,3 +291,29 @@ def test_plan_buffers_and_packed_weights_start_on_a_cache_line(monkeypatch: pyte
     exe.run({"x": np.ones((2, 8, 12, 12), np.float32)})
     packed = [entry[2] for entry in exe._derived_arrays.values()]
     assert taken and all(a.ctypes.data % CACHE_LINE == 0 for a in taken + packed)
+
+
+@pytest.mark.parametrize("native_kernels", ["1", "0"])
+def test_ieee_results_of_casts_and_reductions_raise_no_runtime_warning(monkeypatch: pytest.MonkeyPatch,
+                                                                     native_kernels: str) -> None:
+    """A Cast of NaN or an out-of-range float to an integer, and a max over NaN, are what
+    the graph asks for: numpy's RuntimeWarnings from inside rlx's steps ("invalid value
+    encountered in cast", "... in reduce") would reach the user about values the user's
+    inputs hold; the answers are numpy's."""
+    import warnings
+
+    monkeypatch.setenv("RLX_CPU_NATIVE", native_kernels)
+    monkeypatch.setattr(native, "_STATE", {})
+    g = Graph("ieee")
+    f = g.input("f", (3, 4), "float32")
+    d = g.input("d", (3, 4), "float64")
+    g.set_outputs([g.cast(f, "int32"), g.reduce_max(f, axes=(1,)), g.cast(d, "float32"), g.cast(d, "int16")])
+    fv = np.array([[np.nan, 1.0, np.inf, -3e10]] * 3, np.float32)
+    dv = np.array([[1e300, -1e300, np.nan, 2.5]] * 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = run_cpu(g, {"f": fv, "d": dv})
+    with np.errstate(all="ignore"):
+        want = [fv.astype(np.int32), np.max(fv, axis=1), dv.astype(np.float32), dv.astype(np.int16)]
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
