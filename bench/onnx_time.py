@@ -32,6 +32,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -70,6 +71,21 @@ def time_model(path: Path, device: str, disable: tuple[str, ...], blocks: int, r
     return statistics.median(times)
 
 
+def in_turn(contenders: list[tuple[str, Any]], blocks: int, runs: int) -> dict[str, float]:
+    """Milliseconds a run (the median block) of each ``(name, fn)``, taking turns block by
+    block (order reversed every other block, 150 ms apart: ORT's and OpenBLAS's threads
+    spin after each call on a small host and spoil the next contender's first run)."""
+    times: dict[str, list[float]] = {name: [] for name, _ in contenders}
+    for block in range(blocks):
+        for name, fn in contenders if block % 2 else contenders[::-1]:
+            time.sleep(0.15)
+            start = time.perf_counter()
+            for _ in range(runs):
+                fn()
+            times[name].append((time.perf_counter() - start) / runs * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def ab_model(path: Path, device: str, disable: tuple[str, ...], precision: str, blocks: int,
              runs: int) -> dict[str, float]:
     """Milliseconds a run (medians) of ``path`` compiled without ``disable`` ("before"), with
@@ -93,15 +109,7 @@ def ab_model(path: Path, device: str, disable: tuple[str, ...], precision: str, 
     for _, fn in contenders:
         for _ in range(30):
             fn()
-    times: dict[str, list[float]] = {name: [] for name, _ in contenders}
-    for block in range(blocks):
-        for name, fn in contenders if block % 2 else contenders[::-1]:
-            time.sleep(0.15)
-            start = time.perf_counter()
-            for _ in range(runs):
-                fn()
-            times[name].append((time.perf_counter() - start) / runs * 1e3)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return in_turn(contenders, blocks, runs)
 
 
 def vs_ort(path: Path, device: str, precision: str, blocks: int) -> dict[str, float]:
@@ -127,15 +135,7 @@ def vs_ort(path: Path, device: str, precision: str, blocks: int) -> dict[str, fl
     for _, fn in contenders:
         for _ in range(max(5, runs)):
             fn()
-    times: dict[str, list[float]] = {name: [] for name, _ in contenders}
-    for block in range(blocks):
-        for name, fn in contenders if block % 2 else contenders[::-1]:
-            time.sleep(0.15)
-            start = time.perf_counter()
-            for _ in range(runs):
-                fn()
-            times[name].append((time.perf_counter() - start) / runs * 1e3)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return in_turn(contenders, blocks, runs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -107,6 +107,16 @@ def _drive(tuner: threads.ThreadTuner, cost: dict[str, float], runs: int) -> lis
     return chosen
 
 
+def _drive_times(tuner: threads.ThreadTuner, times: list[float], runs: int = 30) -> list[str]:
+    """Run ``tuner`` for ``runs`` runs taking ``times`` in turn, whatever the mode; the modes it chose."""
+    chosen = []
+    for seconds in times[:runs]:
+        mode = tuner.next_mode()
+        chosen.append(mode)
+        tuner.observe(mode, seconds)
+    return chosen
+
+
 def test_the_tuner_settles_on_the_faster_mode_after_comparing_both():
     tuner = threads.ThreadTuner(warmup=2, trials=3, block=2, probes=2, window=4, period=8, max_period=64)
     cost = {"wide": 1.00e-3, "narrow": 0.88e-3}  # narrow faster, by less than a clear win
@@ -380,12 +390,7 @@ def test_a_noisy_first_narrow_run_does_not_settle_by_itself():
     """One narrow run between the sure and the clear factor is not a verdict: the second
     narrow run decides, and a pair of narrow runs that do not clearly lose runs the rest."""
     tuner = threads.ThreadTuner()
-    times = iter([0.100, 0.100, 0.100, 0.130, 0.105] + [0.100] * 40)  # one slow narrow run, then close
-    chosen = []
-    for _ in range(30):
-        mode = tuner.next_mode()
-        chosen.append(mode)
-        tuner.observe(mode, next(times))
+    chosen = _drive_times(tuner, [0.100, 0.100, 0.100, 0.130, 0.105] + [0.100] * 40)  # one slow narrow run
     assert chosen.count("narrow") == 8 and tuner.mode == "wide"
 
 
@@ -490,10 +495,5 @@ def test_a_wide_run_slowed_by_a_neighbour_does_not_hold_the_comparison_open():
     assert chosen.count("narrow") == 1 and tuner.mode == "wide"
     # both narrow runs of the opening past wide's fastest by the clear factor (not its slowest)
     tuner = threads.ThreadTuner()
-    times = iter([0.090, 0.074, 0.045, 0.060, 0.058] + [0.045] * 40)
-    chosen = []
-    for _ in range(30):
-        mode = tuner.next_mode()
-        chosen.append(mode)
-        tuner.observe(mode, next(times))
+    chosen = _drive_times(tuner, [0.090, 0.074, 0.045, 0.060, 0.058] + [0.045] * 40)
     assert chosen.count("narrow") == 2 and tuner.mode == "wide"
