@@ -1285,7 +1285,6 @@ RLX_API void rlx_depthwise_conv(const float *x, const float *wt, const float *bi
 #define GC_OB 8 /* the most output channels a block sums (4 where a group has fewer than 8) */
 #define GC_U 2
 
-
 /* Whether rows of ow outputs are one vector each (of 16 where the AVX-512 clones run,
  * else of 8): then two output rows are done at a time, 8 sums in flight. */
 static int gc_narrow(int64_t ow) { return ow <= 8 || (ow < 16 && rlx_gemm_avx512()); }
@@ -1301,7 +1300,6 @@ RLX_API int64_t rlx_group_conv_scratch(int64_t cg, int64_t kh, int64_t kw, int64
     /* + a row for dropped sums */
     return cg * ((oh - 1) * sh + kh) * (gc_row_width(ow, kw, sw) + 1) + gc_outputs(ow);
 }
-
 
 /* Sums of GC_OB output channels over U vectors of VT (8 or 16 outputs): the u-th reads its
  * inputs ustride floats past the first's (a vector along the row; sh * wq: the next
@@ -1627,7 +1625,6 @@ RLX_API void rlx_group_conv_lanes(const float *x, const float *wpk, const float 
 #define DW_UNIT_PIXELS 8 /* dw_lanes_unit's most: eight accumulators keep both FMA pipes busy */
 typedef float dw_vec __attribute__((vector_size(DW_LANES * sizeof(float))));
 typedef float dw_uvec __attribute__((vector_size(DW_LANES * sizeof(float)), aligned(4)));
-
 
 static int64_t dw_lanes_floats(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh,
                                int64_t ow) {
@@ -2465,7 +2462,6 @@ static inline int64_t gemm_blocked_at(int64_t r, int64_t p, int64_t rows, int64_
     int64_t kc = k - pc < RLX_GEMM_KC ? k - pc : RLX_GEMM_KC;
     return pc * padded + (r / panel) * panel * kc + (p - pc) * panel + r % panel;
 }
-
 
 /* One row of a tile's sums (lo: its first 16 columns, hi: the next 16) stored at c, or
  * added to what c holds when `add`, then clamped to [cl[0], cl[1]] when cl is not NULL. */
