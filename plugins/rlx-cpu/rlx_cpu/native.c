@@ -2097,6 +2097,30 @@ static RLX_CLONES void max_pool_padded_planes(const float *x, float *y, int64_t 
                                               int64_t oh, int64_t ow) {
     float v[POOL_CHUNK * 2 + 8];
     const float ninf = -__builtin_inff();
+    if (kh == 3 && kw == 3 && sh == 1 && sw == 1 && pt == 1 && pl == 1 && oh == h && ow == w && h >= 2 && w >= 2 &&
+        h * w <= POOL_FLAT) {
+        /* Inception's branch pool (3x3, stride 1, padding 1) over planes of up to 4096
+         * floats, flat: every position's maximum over its column of three (two at the
+         * top and bottom rows), then over its row of three, one loop over the whole
+         * plane each (all in vectors), and the first and last column of each row again
+         * with their two taps. Row by row, rows of 7 to 28 outputs left most of the work
+         * to the loops' scalar ends: 512x14x14 on two threads 63.5 -> 16.8 us. */
+        float t[POOL_FLAT];
+        const int64_t n = h * w;
+        for (int64_t p = p0; p < p1; p++) {
+            const float *a = x + p * n;
+            float *out = y + p * n;
+            for (int64_t i = 0; i < w; i++) t[i] = rx_max(a[i], a[i + w]);
+            for (int64_t i = w; i < n - w; i++) t[i] = rx_max3(a[i - w], a[i], a[i + w]);
+            for (int64_t i = n - w; i < n; i++) t[i] = rx_max(a[i - w], a[i]);
+            for (int64_t i = 1; i < n - 1; i++) out[i] = rx_max3(t[i - 1], t[i], t[i + 1]);
+            for (int64_t r = 0; r < n; r += w) {
+                out[r] = rx_max(t[r], t[r + 1]);
+                out[r + w - 1] = rx_max(t[r + w - 2], t[r + w - 1]);
+            }
+        }
+        return;
+    }
     for (int64_t p = p0; p < p1; p++) {
         const float *plane = x + p * h * w;
         for (int64_t oy = 0; oy < oh; oy++) {

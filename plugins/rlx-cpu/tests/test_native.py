@@ -1242,6 +1242,27 @@ def test_three_by_three_stride_two_max_pool_flat_or_by_rows(lib: native.Native, 
     np.testing.assert_array_equal(got, reference.evaluate(g, {"x": x})[0])
 
 
+@pytest.mark.parametrize("hw", [(2, 2), (2, 9), (7, 7), (14, 13), (56, 56), (64, 64), (65, 64), (1, 5)])
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_three_by_three_stride_one_max_pool_flat_or_by_rows(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                                            hw: tuple[int, int], ceil_mode: bool) -> None:
+    """Inception's branch pool (3x3, stride 1, padding 1): planes of up to 4096 floats
+    flat (columns of three, then rows of three, the edge columns again with two taps),
+    larger ones and single rows row by row; NaN and -inf at the corners and edges come
+    out as the reference's."""
+    clipped = spy_on(monkeypatch, lib, "max_pool2d_padded")
+    h, w = hw
+    x = rand((2, 3, h, w), 7)
+    x[0, 1, h - 1, w - 1] = np.nan
+    x[1, 2, 0, :] = -np.inf
+    x[1, 0, :, 0] = np.nan
+    g = Graph("pool-3x3-s1")
+    g.set_outputs([g.max_pool2d(g.input("x", x.shape), 3, stride=1, padding=1, ceil_mode=ceil_mode)])
+    (got,) = compile_cpu(g).run({"x": x})
+    assert clipped and np.isnan(got[0, 1, -1, -1])
+    np.testing.assert_array_equal(got, reference.evaluate(g, {"x": x})[0])
+
+
 @pytest.mark.parametrize("shape", [(2, 5, 7, 7), (1, 3, 1, 9), (1, 576, 7, 7), (1, 4, 1, 1)])
 def test_global_average_pool_is_one_matrix_vector_product(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
                                                           shape: tuple[int, ...]) -> None:
