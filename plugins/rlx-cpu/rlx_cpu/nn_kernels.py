@@ -216,7 +216,7 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
         steps.append(Step(np.copyto, (w32, w)))
         w = w32
     if (n > 1 and groups == 1 and h == wd == 1 and (kh, kw) == (1, 1) and (sh, sw) == (1, 1)
-            and (pt, pl, pb, pr) == (0, 0, 0, 0) and cd == out.dtype == np.float32
+            and (pt, pl, pb, pr) == (0, 0, 0, 0) and cd == out.dtype == x.dtype == np.float32
             and all(not isinstance(v, np.ndarray) or v.flags.c_contiguous for v in (x, out))):
         return _pixel_dense(x, w, b, out, ctx, bias_sink), False
     kind = onednn.kind_of((kh, kw), (sh, sw), groups, _c, o, oh * ow)
