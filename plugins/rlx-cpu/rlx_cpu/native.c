@@ -2029,22 +2029,31 @@ static RLX_CLONES void pool_planes(const float *x, float *y, int64_t p0, int64_t
             }
         return;
     }
-    if (is_max && kh == 3 && kw == 3 && sh == 2 && sw == 2 && dh == 1 && dw == 1 && h * w <= POOL_FLAT) {
-        /* Small planes (squeezenet's 55x55, 27x27 and 13x13): rows of 13 to 27 outputs
-         * left most of the work to the loops' scalar ends. Here the plane's three-row
-         * maxima at every position, then the three-column maxima of those, each one flat
-         * loop over the plane (twice and four times the windows' work, all in vectors),
-         * and each output picked from them: 256x27x27 ran in 0.6x the time. Positions
-         * whose windows would cross a row's end are computed and never read. */
+    if (kh == 3 && kw == 3 && sh == sw && (sh == 1 || sh == 2) && dh == 1 && dw == 1 && h * w <= POOL_FLAT) {
+        /* Small planes (squeezenet's 55x55, 27x27 and 13x13 at stride 2; Inception's
+         * average pools over a padded 35x35, 17x17 or 8x8 at stride 1): rows of 6 to 27
+         * outputs left most of the work to the loops' scalar ends. Here the plane's
+         * three-row maxima (sums) at every position, then the three-column ones of those,
+         * each one flat loop over the plane (all in vectors), and each output picked from
+         * them: 256x27x27 at stride 2 ran in 0.6x the time. Positions whose windows would
+         * cross a row's end are computed and never read. */
         float t[POOL_FLAT], u[POOL_FLAT];
         const int64_t nt = (h - 2) * w, nu = nt - 2;
         for (int64_t p = p0; p < p1; p++) {
             const float *plane = x + p * h * w;
-            for (int64_t i = 0; i < nt; i++) t[i] = rx_max3(plane[i], plane[i + w], plane[i + 2 * w]);
-            for (int64_t i = 0; i < nu; i++) u[i] = rx_max3(t[i], t[i + 1], t[i + 2]);
             float *out = y + p * oh * ow;
-            for (int64_t oy = 0; oy < oh; oy++)
-                for (int64_t ox = 0; ox < ow; ox++) out[oy * ow + ox] = u[2 * oy * w + 2 * ox];
+            if (is_max) {
+                for (int64_t i = 0; i < nt; i++) t[i] = rx_max3(plane[i], plane[i + w], plane[i + 2 * w]);
+                for (int64_t i = 0; i < nu; i++) u[i] = rx_max3(t[i], t[i + 1], t[i + 2]);
+            } else {
+                for (int64_t i = 0; i < nt; i++) t[i] = plane[i] + plane[i + w] + plane[i + 2 * w];
+                for (int64_t i = 0; i < nu; i++) u[i] = (t[i] + t[i + 1] + t[i + 2]) * inv;
+            }
+            if (sh == 2) /* (a constant stride: the picks vectorize) */
+                for (int64_t oy = 0; oy < oh; oy++)
+                    for (int64_t ox = 0; ox < ow; ox++) out[oy * ow + ox] = u[2 * oy * w + 2 * ox];
+            else
+                for (int64_t oy = 0; oy < oh; oy++) memcpy(out + oy * ow, u + oy * w, (size_t)ow * sizeof(float));
         }
         return;
     }

@@ -1263,6 +1263,23 @@ def test_three_by_three_stride_one_max_pool_flat_or_by_rows(lib: native.Native, 
     np.testing.assert_array_equal(got, reference.evaluate(g, {"x": x})[0])
 
 
+@pytest.mark.parametrize("hw", [(3, 3), (8, 8), (35, 35), (17, 9), (70, 66)])
+@pytest.mark.parametrize("include_pad", [False, True])
+def test_three_by_three_stride_one_average_pool_flat_or_by_rows(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                                                hw: tuple[int, int], include_pad: bool) -> None:
+    """Inception's average pools (3x3, stride 1, padding 1): the native pool over the
+    zero-bordered copy, flat for planes of up to 4096 floats, row by row past that, then
+    the windows' counts; as the reference."""
+    calls = spy_on(monkeypatch, lib, "pool2d")
+    h, w = hw
+    x = rand((2, 3, h, w), 11, 2.0)
+    g = Graph("avg-3x3-s1")
+    g.set_outputs([g.avg_pool2d(g.input("x", x.shape), 3, stride=1, padding=1, count_include_pad=include_pad)])
+    (got,) = compile_cpu(g).run({"x": x})
+    assert calls
+    assert_close(got, reference.evaluate(g, {"x": x})[0])
+
+
 @pytest.mark.parametrize("shape", [(2, 5, 7, 7), (1, 3, 1, 9), (1, 576, 7, 7), (1, 4, 1, 1)])
 def test_global_average_pool_is_one_matrix_vector_product(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
                                                           shape: tuple[int, ...]) -> None:
