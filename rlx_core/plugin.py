@@ -47,9 +47,11 @@ _KIT: dict[str, str] = {
     "live_instructions": "rlx_core.ir.internal_types",
     "program_types": "rlx_core.ir.internal_types",
     "ACTIVATION_OPS": "rlx_core.ir.internal_types",
-    # ``fused_conv``: which of its attributes and inputs are the convolution's.
+    # ``fused_conv``: which of its attributes and inputs are the convolution's; which
+    # outputs a convolution's tap reads the image at.
     "CONV_ATTRS": "rlx_core.ir.internal_types",
     "conv_inputs": "rlx_core.ir.internal_types",
+    "tap_reach": "rlx_core.ir.internal_types",
     # dtypes, caches, calibration, isolation.
     "itemsize": "rlx_core.ir.dtypes",
     "JsonCache": "rlx_core.cache",
@@ -442,3 +444,4 @@ if TYPE_CHECKING:  # the kit's real types, for type checkers (``X as X``: a re-e
     from .ir.internal_types import live_instructions as live_instructions
     from .ir.internal_types import make_instruction as make_instruction
     from .ir.internal_types import program_types as program_types
+    from .ir.internal_types import tap_reach as tap_reach

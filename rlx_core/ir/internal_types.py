@@ -41,6 +41,7 @@ from .ops import ELEMENTWISE_OPS, INTERNAL_OPS, OpKind, broadcast_shapes, infer
 __all__ = [
     "CONV_ATTRS",
     "conv_inputs",
+    "tap_reach",
     "GEMM_ACTIVATIONS",
     "ACTIVATION_OPS",
     "MAX_PROGRAM_LENGTH",
@@ -220,6 +221,17 @@ CONV_ATTRS: tuple[str, ...] = ("stride", "padding", "dilation", "groups")
 def conv_inputs(attrs: Mapping[str, Any]) -> int:
     """How many of a ``fused_conv`` node's inputs are the convolution's (2, or 3 with its bias)."""
     return 3 if attrs.get("bias") else 2
+
+
+def tap_reach(size: int, out: int, tap: int, stride: int, dilation: int, before: int) -> tuple[int, int]:
+    """The outputs ``[lo, hi)`` (of ``out`` along one axis) whose window's ``tap`` reads
+    inside an input of ``size`` positions with ``before`` of padding ahead; ``lo == hi``
+    where none does. What the core's tap cropping and a backend's border-only taps (an
+    atrous convolution's) both ask."""
+    offset = tap * dilation - before  # output q reads input q * stride + offset
+    lo = min(out, max(0, -(offset // stride)))  # the first q with q * stride + offset >= 0
+    hi = min(out, (size - 1 - offset) // stride + 1) if offset <= size - 1 else 0
+    return lo, max(lo, hi)
 
 
 def _infer_fused_conv(op: OpKind, ins: Sequence[Any], attrs: dict[str, Any]) -> tuple[dict[str, Any], tuple, str]:

@@ -58,6 +58,7 @@ import numpy as np
 
 from ..errors import RlxError
 from ..ir import Graph, Node
+from ..ir.internal_types import tap_reach
 from ..ir.ops import SOURCE_OPS, OpKind
 from ..ir.sized import holds_array
 from ..ir.symbolic import Sym, known_less
@@ -342,11 +343,7 @@ def _live_taps(n: int, out: int, taps: int, stride: int, dilation: int, before: 
     """``[k0, k1)``: the kernel taps along one axis that meet the image (``n`` positions,
     ``before`` of padding ahead) at some output position; None where they are not one
     run (or none do)."""
-    live = []
-    for k in range(taps):
-        first = k * dilation - before  # input position read at output 0
-        o = 0 if first >= 0 else (-first + stride - 1) // stride  # the first output reading at or past 0
-        live.append(o < out and first + o * stride < n)
+    live = [lo < hi for lo, hi in (tap_reach(n, out, k, stride, dilation, before) for k in range(taps))]
     if not any(live):
         return None
     k0 = live.index(True)

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from rlx_core.plugin import tap_reach
+
 from .gemm import matmul_step
 from .kernels import BuildContext
 from .steps import Step
@@ -35,21 +37,13 @@ from .steps import Step
 DENSE_SHARE = 0.5
 
 
-def _reach(size: int, out: int, tap: int, stride: int, dilation: int, before: int) -> tuple[int, int]:
-    """The outputs [lo, hi) whose window's ``tap`` reads inside an input of ``size``."""
-    offset = tap * dilation - before  # output q reads input q * stride + offset
-    lo = min(out, max(0, -(offset // stride)))  # the first q with q * stride + offset >= 0
-    hi = min(out, (size - 1 - offset) // stride + 1) if offset <= size - 1 else 0
-    return lo, max(lo, hi)
-
-
 def tap_rectangles(x_hw: tuple[int, int], out_hw: tuple[int, int], kernel: tuple[int, int],
                    stride: tuple[int, int], dilation: tuple[int, int], pads: tuple[int, int]
                    ) -> list[tuple[int, int, int, int, int, int]]:
     """``(ki, kj, r0, r1, c0, c1)`` for every tap that meets the image, with the output
     rectangle it reaches."""
-    rows = [_reach(x_hw[0], out_hw[0], ki, stride[0], dilation[0], pads[0]) for ki in range(kernel[0])]
-    cols = [_reach(x_hw[1], out_hw[1], kj, stride[1], dilation[1], pads[1]) for kj in range(kernel[1])]
+    rows = [tap_reach(x_hw[0], out_hw[0], ki, stride[0], dilation[0], pads[0]) for ki in range(kernel[0])]
+    cols = [tap_reach(x_hw[1], out_hw[1], kj, stride[1], dilation[1], pads[1]) for kj in range(kernel[1])]
     return [(ki, kj, r0, r1, c0, c1) for ki, (r0, r1) in enumerate(rows) for kj, (c0, c1) in enumerate(cols)
             if r1 > r0 and c1 > c0]
 
