@@ -40,7 +40,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 28
+#define RLX_ABI 29
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
@@ -3411,6 +3411,236 @@ RLX_API void rlx_conv_gemm(const float *x, const float *apk, const int32_t *toff
 #endif
     conv_gemm_copy(x, xs, 0, rows, h, wd, kw, sh, sw, dw, hq, ow, pt, pl);
     for (int64_t part = 0; part < parts; part++) conv_gemm_run_part(&g, part, parts, by_rows);
+}
+
+/* ------------------------------------------------ direct convolution over NHWC
+ * y = conv(x, W) + bias with the channels innermost: a tile is RLX_CONV_NHWC_R consecutive
+ * outputs of a row x a block of up to 64 output channels (four vectors); per input
+ * channel of a tap it loads the block's four weight vectors and broadcasts each output's
+ * input value (28 sums in registers; 11 loads a 28 FMAs, all but the weights' from L1).
+ * Why: rlx_conv_gemm (outputs in vectors) first copies each image kw times over, the
+ * shifted copy, and reads its columns at unaligned offsets; on the 2-core Zen 5 that
+ * copy and those reads are what its 3x3 convolutions lose to MLAS's blocked kernels,
+ * more so under cache pressure (the copy 30 -> 125 us a resnet18 layer when a co-tenant
+ * fills L3), and most on small planes (7 x 7 x 512: 358 GF/s against 500 here).
+ *
+ * x and y are each NHWC or NCHW (`layout`: bit 0 x is NCHW, bit 1 y is NCHW). An NCHW x
+ * is first transposed into scratch by the threads together (one copy, not kw), an NCHW
+ * y is computed into scratch NHWC and each thread transposes its own outputs out: the
+ * kernel serves NCHW graphs now and channels-last chains as they are. A tap that falls
+ * outside x reads a row of zeros in scratch (no test in the loop: the tile's pointers
+ * are set per tap). W is packed once (rlx_conv_nhwc_pack) in blocks of 64 output
+ * channels (the last one 16, 32 or 48 wide, zero-filled), each [tap][input channel]
+ * [channel of the block]. Input channels go in k blocks whose weight slice stays in L2
+ * (RLX_CONV_NHWC_SLICE floats): the first block's tiles store sums plus bias, the later ones
+ * add to what is there, the last one clamps (a ReLU/ReLU6 epilogue); any other epilogue
+ * program runs over each thread's outputs once they are final. Threads take ranges of
+ * output rows, or of channel blocks where there are too few rows to share. Built for
+ * AVX-512's 32 registers: native_nn takes it only there (rlx_gemm_avx512). */
+#define RLX_CONV_NHWC_R 7
+#define RLX_CONV_NHWC_OB 64
+#define RLX_CONV_NHWC_SLICE (64 * 1024)
+
+typedef struct {
+    const float *x, *wpk, *bias, *zeros;
+    float *y;
+    int64_t c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow;
+    int64_t cb;         /* input channels a k block */
+    const float *clamp; /* [lo, hi] or NULL */
+} nhwc_args;
+
+RLX_API int64_t rlx_conv_nhwc_pack_size(int64_t o, int64_t c, int64_t kh, int64_t kw) {
+    return (o + 15) / 16 * 16 * c * kh * kw;
+}
+
+/* W (o, c, kh, kw) into dst (rlx_conv_nhwc_pack_size floats). */
+RLX_API void rlx_conv_nhwc_pack(const float *w, int64_t o, int64_t c, int64_t kh, int64_t kw, float *dst) {
+    const int64_t taps = kh * kw, op = (o + 15) / 16 * 16;
+    for (int64_t b = 0; b * RLX_CONV_NHWC_OB < o; b++) {
+        const int64_t width = op - b * RLX_CONV_NHWC_OB < RLX_CONV_NHWC_OB ? op - b * RLX_CONV_NHWC_OB : RLX_CONV_NHWC_OB;
+        float *d = dst + b * RLX_CONV_NHWC_OB * c * taps;
+        for (int64_t t = 0; t < taps; t++)
+            for (int64_t ic = 0; ic < c; ic++)
+                for (int64_t j = 0; j < width; j++) {
+                    const int64_t oc = b * RLX_CONV_NHWC_OB + j;
+                    d[(t * c + ic) * width + j] = oc < o ? w[(oc * c + ic) * taps + t] : 0.0f;
+                }
+    }
+}
+
+/* Floats of rlx_conv_nhwc's scratch: x transposed, y before its transpose, a row of zeros. */
+RLX_API int64_t rlx_conv_nhwc_scratch(int64_t c, int64_t h, int64_t w, int64_t o, int64_t oh, int64_t ow,
+                                      int64_t layout) {
+    return (layout & 1 ? c * h * w : 0) + (layout & 2 ? o * oh * ow : 0) + c;
+}
+
+/* One tile: outputs [ox0, ox0 + R) of row oy (yr: the row's first output) x block b of
+ * V vectors (the last of which holds `last` channels), over input channels [c0, c1). */
+static inline __attribute__((always_inline)) void nhwc_tile(const nhwc_args *g, float *yr, int64_t oy, int64_t ox0,
+                                                            int64_t b, int64_t c0, int64_t c1, int first,
+                                                            const float *cl, int64_t last, const int R, const int V) {
+    const int64_t taps = g->kh * g->kw, width = 16 * V;
+    rlx_v16 a0[RLX_CONV_NHWC_R], a1[RLX_CONV_NHWC_R], a2[RLX_CONV_NHWC_R], a3[RLX_CONV_NHWC_R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) a0[r] = a1[r] = a2[r] = a3[r] = (rlx_v16){0};
+    const float *wb = g->wpk + b * RLX_CONV_NHWC_OB * g->c * taps;
+    for (int64_t ky = 0; ky < g->kh; ky++) {
+        const int64_t iy = oy * g->sh + ky * g->dh - g->pt;
+        if (iy < 0 || iy >= g->h) continue;
+        const float *xrow = g->x + iy * g->w * g->c;
+        for (int64_t kx = 0; kx < g->kw; kx++) {
+            const float *restrict px[RLX_CONV_NHWC_R];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                const int64_t ix = (ox0 + r) * g->sw + kx * g->dw - g->pl;
+                px[r] = ix < 0 || ix >= g->w ? g->zeros : xrow + ix * g->c;
+            }
+            const float *restrict wp = wb + ((ky * g->kw + kx) * g->c + c0) * width;
+            for (int64_t ic = c0; ic < c1; ic++, wp += width) {
+                rlx_v16 w0 = ld16(wp), w1 = {0}, w2 = {0}, w3 = {0};
+                if (V > 1) w1 = ld16(wp + 16);
+                if (V > 2) w2 = ld16(wp + 32);
+                if (V > 3) w3 = ld16(wp + 48);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    const float s = px[r][ic];
+                    a0[r] += s * w0;
+                    if (V > 1) a1[r] += s * w1;
+                    if (V > 2) a2[r] += s * w2;
+                    if (V > 3) a3[r] += s * w3;
+                }
+            }
+        }
+    }
+    const float *bias = g->bias ? g->bias + b * RLX_CONV_NHWC_OB : NULL;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        float *yo = yr + (ox0 + r) * g->o + b * RLX_CONV_NHWC_OB;
+#pragma GCC unroll 4
+        for (int v = 0; v < V; v++) {
+            const rlx_v16 s = v == 0 ? a0[r] : v == 1 ? a1[r] : v == 2 ? a2[r] : a3[r];
+            const int64_t n = v == V - 1 ? last : 16;
+            const float *from = first ? bias : yo; /* the bias, or the earlier k blocks' sums */
+            rlx_v16 t = {0};
+            if (from && n == 16) t = ld16(from + 16 * v);
+            else if (from) memcpy(&t, from + 16 * v, (size_t)n * sizeof(float));
+            t += s;
+            if (cl) t = clamp16(t, cl);
+            if (n == 16) memcpy(yo + 16 * v, &t, sizeof t);
+            else memcpy(yo + 16 * v, &t, (size_t)n * sizeof(float));
+        }
+    }
+}
+
+#define RLX_CONV_NHWC_TILE(R, V) nhwc_tile(g, yr, oy, ox, b, c0, c1, first, cl, last, R, V)
+#define RLX_CONV_NHWC_BY_R(V)                                                                                     \
+    switch (r) {                                                                                             \
+    case 7: RLX_CONV_NHWC_TILE(7, V); break;                                                                      \
+    case 6: RLX_CONV_NHWC_TILE(6, V); break;                                                                      \
+    case 5: RLX_CONV_NHWC_TILE(5, V); break;                                                                      \
+    case 4: RLX_CONV_NHWC_TILE(4, V); break;                                                                      \
+    case 3: RLX_CONV_NHWC_TILE(3, V); break;                                                                      \
+    case 2: RLX_CONV_NHWC_TILE(2, V); break;                                                                      \
+    default: RLX_CONV_NHWC_TILE(1, V); break;                                                                     \
+    }
+
+/* Row oy's outputs (yr: its first, NHWC) in block b, over input channels [c0, c1). */
+static RLX_CLONES void nhwc_row(const nhwc_args *g, float *yr, int64_t oy, int64_t b, int64_t c0, int64_t c1,
+                                int first, const float *cl) {
+    const int64_t rest = g->o - b * RLX_CONV_NHWC_OB, vs = rest >= RLX_CONV_NHWC_OB ? 4 : (rest + 15) / 16;
+    const int64_t last = rest >= RLX_CONV_NHWC_OB ? 16 : rest - (vs - 1) * 16;
+    for (int64_t ox = 0; ox < g->ow;) {
+        const int64_t r = g->ow - ox < RLX_CONV_NHWC_R ? g->ow - ox : RLX_CONV_NHWC_R;
+        if (vs == 4) {
+            RLX_CONV_NHWC_BY_R(4)
+        } else if (vs == 3) {
+            RLX_CONV_NHWC_BY_R(3)
+        } else if (vs == 2) {
+            RLX_CONV_NHWC_BY_R(2)
+        } else {
+            RLX_CONV_NHWC_BY_R(1)
+        }
+        ox += r;
+    }
+}
+
+/* Output rows [r0, r1) in channel blocks [b0, b1) into yn (NHWC), then, where y is
+ * NCHW, those outputs transposed into it; then the epilogue program over them. */
+static void nhwc_part(const nhwc_args *g, float *yn, float *y, int64_t r0, int64_t r1, int64_t b0, int64_t b1,
+                      const rlx_epilogue *epi) {
+    const int64_t plane = g->ow * g->o;
+    for (int64_t b = b0; b < b1; b++)
+        for (int64_t c0 = 0; c0 < g->c; c0 += g->cb) {
+            const int64_t c1 = c0 + g->cb < g->c ? c0 + g->cb : g->c;
+            for (int64_t oy = r0; oy < r1; oy++)
+                nhwc_row(g, yn + oy * plane, oy, b, c0, c1, c0 == 0, c1 == g->c ? g->clamp : NULL);
+        }
+    epi_state es;
+    epi_begin(&es, g->clamp ? NULL : epi, rlx_thread());
+    const int64_t ch0 = b0 * RLX_CONV_NHWC_OB, ch1 = b1 * RLX_CONV_NHWC_OB < g->o ? b1 * RLX_CONV_NHWC_OB : g->o;
+    const int64_t p0 = r0 * g->ow, p1 = r1 * g->ow, pixels = g->oh * g->ow;
+    if (y == yn) {
+        if (ch0 == 0 && ch1 == g->o) epi_span(&es, yn + p0 * g->o, (p1 - p0) * g->o);
+        else
+            for (int64_t p = p0; p < p1; p++) epi_span(&es, yn + p * g->o + ch0, ch1 - ch0);
+    } else {
+        for (int64_t ch = ch0; ch < ch1; ch++) {
+            float *dst = y + ch * pixels;
+            for (int64_t p = p0; p < p1; p++) dst[p] = yn[p * g->o + ch];
+            epi_span(&es, dst + p0, p1 - p0);
+        }
+    }
+    epi_flush(&es);
+}
+
+/* x (c, h, w) -> xt (h, w, c), rows [r0, r1) of the input. */
+static void nhwc_transpose_in(const float *x, float *xt, int64_t c, int64_t hw, int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; p += 16) {
+        const int64_t pe = p + 16 < p1 ? p + 16 : p1;
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t q = p; q < pe; q++) xt[q * c + ch] = x[ch * hw + q];
+    }
+}
+
+/* One image: y = conv(x, W) + bias, then the epilogue (NULL, or applied to y as its
+ * outputs are final: a clamp in the tiles). wpk: rlx_conv_nhwc_pack's; bias: o floats or
+ * NULL; layout: bit 0 x (c, h, w) rather than (h, w, c), bit 1 the same for y; scratch:
+ * rlx_conv_nhwc_scratch floats. */
+RLX_API void rlx_conv_nhwc(const float *x, const float *wpk, const float *bias, float *y, float *scratch, int64_t c,
+                           int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                           int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow, int64_t layout,
+                           int64_t threads, const rlx_epilogue *epi) {
+    const int64_t taps = kh * kw, blocks = (o + RLX_CONV_NHWC_OB - 1) / RLX_CONV_NHWC_OB;
+    const int64_t most = RLX_CONV_NHWC_SLICE / (taps * RLX_CONV_NHWC_OB) < 1 ? 1 : RLX_CONV_NHWC_SLICE / (taps * RLX_CONV_NHWC_OB);
+    const int64_t ks = (c + most - 1) / most;
+    float *xt = layout & 1 ? scratch : NULL, *yn = layout & 2 ? scratch + (layout & 1 ? c * h * w : 0) : y;
+    float *zeros = scratch + rlx_conv_nhwc_scratch(c, h, w, o, oh, ow, layout) - c;
+    memset(zeros, 0, (size_t)c * sizeof(float));
+    nhwc_args g = {xt ? xt : x, wpk, bias, zeros, NULL, c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow,
+                   (c + ks - 1) / ks, epi && epi->clamp ? &epi->lo : NULL};
+    threads = threads > g_max_threads ? g_max_threads : threads;
+    threads = threads > oh * blocks ? oh * blocks : threads;
+    /* the channel blocks are split where the rows would leave threads uneven (7 rows on
+     * 2 threads), and where y is NCHW and the epilogue has a program (each thread's
+     * outputs then whole planes: one span for its channels, not one a channel) */
+    const int bsplit = threads > 1 && blocks >= threads && (oh < 4 * threads || (layout & 2 && epi && !epi->clamp));
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads((int)threads)
+        {
+            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+            if (xt) {
+                nhwc_transpose_in(x, xt, c, h * w, h * w * t / nt, h * w * (t + 1) / nt);
+#pragma omp barrier
+            }
+            if (bsplit) nhwc_part(&g, yn, y, 0, oh, blocks * t / nt, blocks * (t + 1) / nt, epi);
+            else nhwc_part(&g, yn, y, oh * t / nt, oh * (t + 1) / nt, 0, blocks, epi);
+        }
+        return;
+    }
+#endif
+    if (xt) nhwc_transpose_in(x, xt, c, h * w, 0, h * w);
+    nhwc_part(&g, yn, y, 0, oh, 0, blocks, epi);
 }
 
 /* ------------------------------------------------------- matrix-vector products */

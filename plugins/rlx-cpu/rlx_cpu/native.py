@@ -155,6 +155,19 @@ class Native:
         self.conv_gemm_pack_size = self._lib.rlx_conv_gemm_pack_size  # (o, k, mr) -> floats
         self.conv_gemm_pack_size.argtypes = [i64] * 3
         self.conv_gemm_pack_size.restype = i64
+        # (x, wpk, bias, y, scratch, c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, layout, threads, epi)
+        self.conv_nhwc = self._lib.rlx_conv_nhwc
+        self.conv_nhwc.argtypes = [p, p, p, p, p, *[i64] * 16, p]
+        self.conv_nhwc.restype = None
+        self.conv_nhwc_pack = self._lib.rlx_conv_nhwc_pack  # (w, o, c, kh, kw, dst)
+        self.conv_nhwc_pack.argtypes = [p, i64, i64, i64, i64, p]
+        self.conv_nhwc_pack.restype = None
+        self.conv_nhwc_pack_size = self._lib.rlx_conv_nhwc_pack_size  # (o, c, kh, kw) -> floats
+        self.conv_nhwc_pack_size.argtypes = [i64] * 4
+        self.conv_nhwc_pack_size.restype = i64
+        self.conv_nhwc_scratch = self._lib.rlx_conv_nhwc_scratch  # (c, h, w, o, oh, ow, layout) -> floats
+        self.conv_nhwc_scratch.argtypes = [i64] * 7
+        self.conv_nhwc_scratch.restype = i64
         self.conv_pack = self._lib.rlx_conv_pack  # (w, wpk, o, c, kh, kw)
         self.conv_pack.argtypes = [p, p, i64, i64, i64, i64]
         self.conv_pack.restype = None

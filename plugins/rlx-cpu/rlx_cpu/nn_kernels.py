@@ -20,6 +20,7 @@ from rlx_core.ir.ops import OpKind
 
 from . import onednn, onednn_steps
 from .attention_kernels import attention
+from .conv_nhwc import conv_nhwc_steps
 from .gemm import gemv_step, matmul_bias_step, matmul_step, native_step, use_native
 from .grouped_conv import group_conv_step
 from .kernels import BuildContext, Builder, compute_dtype, const, mean_rows_step, softmax_steps, ufunc_step
@@ -244,11 +245,13 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
         if grouped is not None:
             return grouped, epilogue is not None
     if cd == out.dtype == np.float32 and groups == 1:
-        # An implicit GEMM reading its columns from the input where rlx's GEMM runs the
+        # Small output planes (7x7) on the channels-inner kernel (conv_nhwc: rows of one
+        # tile); else an implicit GEMM reading its columns from the input where rlx's GEMM runs the
         # products (a plain 1x1 convolution: where the channels-in-vectors form wins, else
         # rlx_gemm's product below); else the direct kernel for few taps; what is left goes
         # through im2col.
-        implicit = conv_gemm_steps(x, w, b, out, (pt, pl), (sh, sw), (dh, dw), ctx, epilogue)
+        implicit = (conv_nhwc_steps(x, w, b, out, (pt, pl), (sh, sw), (dh, dw), ctx, epilogue)
+                    or conv_gemm_steps(x, w, b, out, (pt, pl), (sh, sw), (dh, dw), ctx, epilogue))
         if implicit is not None:
             return implicit, epilogue is not None
         if ((dh, dw) == (1, 1) and (kh, kw) != (1, 1) and oh == (h + pt + pb - kh) // sh + 1
