@@ -19,6 +19,7 @@ registers (28 sums in flight): not taken elsewhere.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,10 +28,10 @@ from . import gemm
 from .ccall import bound_call
 from .native import library
 from .native_nn import _conv_numpy, _fits, _packed, _then
-from .regions import Epilogue
+from .regions import SPLIT_NS, Epilogue
 from .steps import Dyn, aligned_empty
 
-__all__ = ["MAX_PIXELS", "MAX_WIDTH", "conv_nhwc_steps"]
+__all__ = ["MAX_PIXELS", "MAX_WIDTH", "chain_conv_steps", "conv_nhwc_steps", "pool_steps", "takes"]
 
 #: Output rows at most this wide (one tile of the kernel: RLX_CONV_NHWC_R).
 MAX_WIDTH = 7
@@ -48,15 +49,40 @@ def conv_nhwc_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
     image of the channels-inner kernel, ``epilogue`` applied as its outputs are final;
     None where it does not apply (no AVX-512 library, a wider plane, few input
     channels, a 1x1 window, weights the graph computes, another layout or dtype)."""
+    kh, kw = w.shape[2:]
+    oh, ow = out.shape[2:]
+    if ow > MAX_WIDTH or oh * ow > MAX_PIXELS or kh * kw == 1:
+        return None
+    return _steps(x, w, bias, out, pads, stride, dilation, ctx, epilogue, _NCHW)
+
+
+def chain_conv_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], stride: tuple[int, int],
+                     dilation: tuple[int, int], ctx: Any, epilogue: Epilogue | None, x_nchw: bool, out_nchw: bool
+                     ) -> list[Any] | None:
+    """A convolution at or inside a channels-last chain (``layout.py``): ``x`` and ``out``
+    each NHWC, or NCHW where the chain begins or ends there (transposed inside the call);
+    ``epilogue`` over ``out`` in its layout. None where the kernel does not apply."""
+    return _steps(x, w, bias, out, pads, stride, dilation, ctx, epilogue, int(x_nchw) | 2 * int(out_nchw))
+
+
+def takes(c: int, groups: int) -> bool:
+    """Whether a convolution of ``c`` input channels in ``groups`` groups is one the kernel
+    runs well here (``layout.py`` plans chains around these)."""
+    lib = library()
+    return lib is not None and lib.gemm_avx512 and groups == 1 and c >= MIN_CHANNELS
+
+
+def _steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], stride: tuple[int, int],
+           dilation: tuple[int, int], ctx: Any, epilogue: Epilogue | None, layout: int) -> list[Any] | None:
     lib = library()
     if lib is None or not lib.gemm_avx512 or not _fits(x, w, bias, out) or isinstance(w, Dyn) or out.size == 0:
         return None
-    n, c, h, wd = x.shape
-    o, _, kh, kw = w.shape
-    oh, ow = out.shape[2:]
-    if ow > MAX_WIDTH or oh * ow > MAX_PIXELS or c < MIN_CHANNELS or kh * kw == 1:
-        return None
     if getattr(ctx, "derived", None) is None or not isinstance(w, np.ndarray):
+        return None
+    o, c, kh, kw = w.shape
+    h, wd = x.shape[2:] if layout & 1 else x.shape[1:3]
+    oh, ow = out.shape[2:] if layout & 2 else out.shape[1:3]
+    if c < MIN_CHANNELS:
         return None
     size = int(lib.conv_nhwc_pack_size(o, c, kh, kw))
 
@@ -68,14 +94,15 @@ def conv_nhwc_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
 
     wpk, steps = _packed(ctx, w, ("rlx_conv_nhwc_pack", o, c, kh, kw), size, make, lib.conv_nhwc_pack,
                          [0, o, c, kh, kw, 0])
-    scratch = ctx.scratch((int(lib.conv_nhwc_scratch(c, h, wd, o, oh, ow, _NCHW)),), np.float32)
+    scratch = ctx.scratch((int(lib.conv_nhwc_scratch(c, h, wd, o, oh, ow, layout)),), np.float32)
     threads = lib.threads_for(o * c * kh * kw * oh * ow, gemm.SPLIT_MACS, gemm.THREAD_MACS)
     epi = 0 if epilogue is None else epilogue.address(threads)
     keep = (wpk,) if epilogue is None else (wpk, epilogue)
     (sh, sw), (dh, dw), per_image = stride, dilation, o * oh * ow
-    for i in range(n):
-        fallback = _then(_conv_numpy(w, pads, stride, (oh, ow), dilation), epilogue, i * per_image, (i + 1) * per_image)
-        args = [0, wpk.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow, _NCHW, threads, epi]
+    numpy_conv = _in_layout(_conv_numpy(w, pads, stride, (oh, ow), dilation), layout, (o, oh, ow))
+    for i in range(int(x.shape[0])):
+        fallback = _then(numpy_conv, epilogue, i * per_image, (i + 1) * per_image)
+        args = [0, wpk.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow, layout, threads, epi]
         if bias is None:
             steps.append(bound_call(lib.conv_nhwc, args, (x[i], out[i], scratch), (0, 3, 4),
                                     lambda x_, y_, _s, f=fallback: f(x_, None, y_), keep=keep))
@@ -83,3 +110,70 @@ def conv_nhwc_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
             steps.append(bound_call(lib.conv_nhwc, args, (x[i], bias, out[i], scratch), (0, 2, 3, 4),
                                     lambda x_, b_, y_, _s, f=fallback: f(x_, b_, y_), keep=keep))
     return steps
+
+
+def _in_layout(run: Callable[..., None], layout: int, out_chw: tuple[int, int, int]) -> Callable[..., None]:
+    """``native_nn._conv_numpy``'s NCHW image function taking its image and output in the
+    kernel's ``layout`` (channels last where a bit is clear)."""
+    if layout == _NCHW:
+        return run
+
+    def moved(x: np.ndarray, bias: np.ndarray | None, y: np.ndarray) -> None:
+        res = y if layout & 2 else np.empty(out_chw, np.float32)
+        run(x if layout & 1 else x.transpose(2, 0, 1), bias, res)
+        if not layout & 2:
+            np.copyto(y, res.transpose(1, 2, 0))
+
+    return moved
+
+
+#: kind of ``rlx_pool_nhwc``: max, average counting the declared padding, average over the image only
+_POOL_KINDS = {(True, False): 0, (True, True): 0, (False, True): 1, (False, False): 2}
+_POOL_NS = 0.3  # single-thread ns a tap, for the threads decision
+
+
+def pool_steps(x: Any, out: Any, is_max: bool, include_pad: bool, kernel: tuple[int, int],
+               stride: tuple[int, int], dilation: tuple[int, int], pads: tuple[int, int, int, int]
+               ) -> list[Any] | None:
+    """A max or average pool from NHWC ``x`` (N, H, W, C) into NHWC ``out``
+    (``rlx_pool_nhwc``: the channels in the vector lanes); None without the library, for
+    dilated windows, or another dtype."""
+    lib = library()
+    if lib is None or not _fits(x, out) or out.size == 0 or tuple(dilation) != (1, 1):
+        return None
+    n, h, wd, c = x.shape
+    oh, ow = out.shape[1:3]
+    (kh, kw), (sh, sw) = kernel, stride
+    kind = _POOL_KINDS[(is_max, include_pad)]
+    geometry = (n, h, wd, c, kh, kw, sh, sw, *pads, oh, ow, kind)
+    threads = lib.threads_for(out.size * kh * kw * _POOL_NS, SPLIT_NS)
+    return [bound_call(lib.pool_nhwc, [0, 0, *geometry, threads], (x, out), (0, 1), _pool_numpy(geometry))]
+
+
+def _pool_numpy(geometry: tuple[int, ...]) -> Callable[[np.ndarray, np.ndarray], None]:
+    """``rlx_pool_nhwc`` in numpy, for arrays the kernel cannot take as they are."""
+    n, h, wd, c, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, kind = geometry
+
+    def run(x: np.ndarray, out: np.ndarray) -> None:
+        hp, wp = max((oh - 1) * sh + kh, h + pt), max((ow - 1) * sw + kw, wd + pl)
+        fill = -np.inf if kind == 0 else 0.0
+        xp = np.full((n, hp, wp, c), fill, np.float32)
+        xp[:, pt:pt + h, pl:pl + wd] = x
+        inside = np.zeros((hp, wp), np.float32)
+        if kind == 1:
+            inside[: h + pt + pb, : wd + pl + pr] = 1.0
+        else:
+            inside[pt:pt + h, pl:pl + wd] = 1.0
+        acc = np.full((n, oh, ow, c), fill, np.float32)
+        count = np.zeros((oh, ow), np.float32)
+        for ki in range(kh):
+            for kj in range(kw):
+                taps = xp[:, ki:ki + (oh - 1) * sh + 1:sh, kj:kj + (ow - 1) * sw + 1:sw]
+                if kind == 0:
+                    np.maximum(acc, taps, out=acc)
+                else:
+                    acc += taps
+                count += inside[ki:ki + (oh - 1) * sh + 1:sh, kj:kj + (ow - 1) * sw + 1:sw]
+        np.copyto(out, acc if kind == 0 else acc / count[None, :, :, None])
+
+    return run

@@ -13,8 +13,9 @@ construction, the thread policy, running and introspection), ``residents.py`` (t
 weights, folded constants and arrays derived from them, refreshed by ``set_param``) and
 ``binding.py`` (a plan's buffers and steps, and how buffers are reused).
 
-Layouts: where oneDNN is installed, ``layout.plan`` picks the values held channels-last
-(NHWC) between convolutions; a node reading or writing one is built by ``layout.steps``
+Layouts: where oneDNN is installed (else, on AVX-512 hosts, for rlx's own channels-inner
+convolution), ``layout.plan`` picks the values held channels-last (NHWC) between
+convolutions; a node reading or writing one is built by ``layout.steps``
 with NHWC arrays (same bytes, permuted shape), and the transposes it makes free are
 views like a reshape. Every other value, and every graph output, stays NCHW.
 
@@ -147,7 +148,8 @@ class CpuExecutable(Residents, PlanBinding, Executable):
         if lib is None:
             return None, none, none
         kinds = self._kinds
-        found = layout.plan(graph, [k == BUFFER for k in kinds], [k == RESIDENT for k in kinds])
+        found = layout.plan(graph, [k == BUFFER for k in kinds], [k == RESIDENT for k in kinds],
+                            native_kernels=lib is layout.NATIVE)
         for nid in found.views:
             kinds[nid] = DYNAMIC if kinds[self._nodes[nid].inputs[0]] == DYNAMIC else VIEW
         return lib, found.cl, found.views

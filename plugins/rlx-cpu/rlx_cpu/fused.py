@@ -54,7 +54,7 @@ from .onednn_matmul import dense_steps
 from .regions import Epilogue, epilogue, node_steps, region_steps
 from .steps import Parallel, Step, helper_threads
 
-__all__ = ["FUSED_KERNELS", "BLOCK_ELEMENTS", "block_plan", "gemm_epilogue"]
+__all__ = ["FUSED_KERNELS", "BLOCK_ELEMENTS", "block_plan", "gemm_epilogue", "program_epilogue", "region_after"]
 
 #: Elements per block: a few float32 registers of this size stay in a 256 KiB-1 MiB L2.
 BLOCK_ELEMENTS = 16384
@@ -357,10 +357,7 @@ def _fused_conv(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
     res = out if conv_dtype == out.dtype else ctx.scratch(out.shape, conv_dtype)
     operands = [res, *extra]
     program = node.attrs["program"]
-    native = None
-    if res is out:
-        _, instructions = program_types(OpKind.FUSED_ELEMENTWISE, _types(operands), program)
-        native = epilogue(instructions, operands, out, ctx.scratch)
+    native = program_epilogue(program, operands, out, ctx) if res is out else None
     pending: list[Any] = []  # the bias, when it would be a pass of its own: the epilogue adds it
     steps, applied = conv2d_steps(conv, conv_ins, res, ctx, native, pending)
     if applied:
@@ -368,6 +365,14 @@ def _fused_conv(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
     if pending:
         program, operands = _with_bias_first(program, operands, pending[0])
     return steps + region_after(program, operands, out, ctx, node.name)
+
+
+def program_epilogue(program: Any, operands: list[Any], out: np.ndarray, ctx: BuildContext) -> Epilogue | None:
+    """A fused node's ``program`` over ``operands`` (the first: ``out``, the kernel's own
+    result) as the epilogue a native kernel runs over ``out`` as it finishes it, or None
+    where the region interpreter cannot take it."""
+    _, instructions = program_types(OpKind.FUSED_ELEMENTWISE, _types(operands), program)
+    return epilogue(instructions, operands, out, ctx.scratch)
 
 
 def _with_bias_first(program: Any, operands: list[Any], bias: Any) -> tuple[tuple, list[Any]]:

@@ -53,13 +53,15 @@ from rlx_core.ir import Graph, Node
 from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 from rlx_core.plugin import conv_inputs
 
-from . import native, onednn, onednn_steps, swish
+from . import conv_nhwc, native, onednn, onednn_steps, swish
 from .ccall import bound_call
 from .gemm import matmul_step
 from .regions import SPLIT_NS
 from .steps import HELD16, Step, laid_out
+from .transposes import transpose_step
 
-__all__ = ["TO_CL", "TO_NCHW", "enabled", "describe", "Plan", "plan", "readers_of", "cl_shape", "cl_view", "steps",
+__all__ = ["TO_CL", "TO_NCHW", "NATIVE", "NativeChains", "enabled", "native_chains", "describe",
+           "Plan", "plan", "readers_of", "cl_shape", "cl_view", "steps",
            "post_ops"]
 
 log = logging.getLogger("rlx_cpu")
@@ -70,9 +72,42 @@ _CONVS = (OpKind.CONV2D, OpKind.FUSED_CONV)
 _ELEMENTWISE = ELEMENTWISE_OPS | {OpKind.FUSED_ELEMENTWISE}
 
 
-def enabled() -> onednn.Dnnl | None:
-    """oneDNN, when chains may be planned channels-last here (``RLX_CPU_LAYOUT``)."""
-    return onednn.library() if chains_planned() else None
+class NativeChains:
+    """The chain provider where oneDNN does not run: rlx's own kernels
+    (``conv_nhwc``: the channels-inner convolution and NHWC pools). Chains are narrower
+    there: ungrouped, undilated convolutions of at least 16 input channels (grouped and
+    depthwise ones, and concats, stay NCHW, and so does everything joined to them), and
+    only on AVX-512 hosts, where the kernel was measured. Why: rlx's NCHW implicit GEMM
+    copies each image kw times over before its products; the channels-inner kernel reads
+    its NHWC input as it is (ResNet's 3x3 convolutions 0.63-0.93x its time on the 2-core
+    Zen 5, at or near ORT's MLAS; BENCHMARKS.md, session 41)."""
+
+    def __repr__(self) -> str:
+        return "rlx native chains"
+
+
+#: The provider of ``enabled`` when rlx's own kernels hold the chains.
+NATIVE = NativeChains()
+
+
+def enabled() -> onednn.Dnnl | NativeChains | None:
+    """What runs channels-last chains here (``RLX_CPU_LAYOUT``): oneDNN where it is
+    wanted and installed, else rlx's native kernels (``native_chains``), else None."""
+    if chains_planned():
+        return onednn.library()
+    return NATIVE if native_chains() else None
+
+
+def native_chains() -> bool:
+    """Whether compiles here plan channels-last chains on rlx's own kernels: oneDNN does
+    not plan them, ``RLX_CPU_LAYOUT`` is not ``nchw`` and the native library has its
+    AVX-512 clones."""
+    from .settings import LAYOUT
+
+    if LAYOUT.read() == "nchw" or chains_planned():
+        return False
+    lib = native.library()
+    return lib is not None and bool(lib.gemm_avx512)
 
 
 def chains_planned() -> bool:
@@ -90,10 +125,13 @@ def describe() -> str:
 
     if LAYOUT.read() == "nchw":
         return "NCHW everywhere (RLX_CPU_LAYOUT=nchw)"
-    if onednn.wanted() == "off":
-        return "NCHW everywhere (RLX_CPU_ONEDNN=off)"
-    if onednn.find_library() is None:
-        return "NCHW everywhere (channels-last chains need oneDNN: pip install 'rlx-cpu[onednn]')"
+    if onednn.wanted() == "off" or onednn.find_library() is None:
+        why = ("RLX_CPU_ONEDNN=off" if onednn.wanted() == "off"
+               else "channels-last chains of every kind need oneDNN: pip install 'rlx-cpu[onednn]'")
+        if native_chains():
+            return (f"chains of ungrouped convolutions channels-last (NHWC) on rlx's channels-inner kernel, the rest "
+                    f"NCHW ({why})")
+        return f"NCHW everywhere ({why})"
     return ("chains of convolutions channels-last (NHWC), each convolution on oneDNN with its epilogue as "
             f"post-ops where it maps to them (RLX_CPU_LAYOUT=auto; a SiLU as the post-op or a region after: "
             f"{swish.describe()})")
@@ -140,6 +178,15 @@ def spatial_reduce(node: Node, graph: Graph) -> bool:
     return axes is not None and sorted(a % 4 for a in axes) == [2, 3]
 
 
+def _conv_native(node: Node, graph: Graph, fixed: Sequence[bool]) -> bool:
+    """A convolution the channels-inner kernel runs in a chain (``NativeChains``)."""
+    if not _conv_on_dnnl(node, graph, fixed):  # (the same float32, 4-D, fixed-weights test)
+        return False
+    a = node.attrs
+    return tuple(a.get("dilation", (1, 1))) == (1, 1) and conv_nhwc.takes(graph.node(node.inputs[0]).shape[1],
+                                                                        a["groups"])
+
+
 def _pool(node: Node) -> bool:
     return node.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D) and node.dtype == "float32" and len(node.shape) == 4
 
@@ -172,9 +219,11 @@ def readers_of(graph: Graph) -> dict[int, list[int]]:
     return readers
 
 
-def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
+def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool], native_kernels: bool = False) -> Plan:
     """The values to hold NHWC (see the module). ``buffered[i]``: value ``i`` is computed
-    per run into a plan buffer; ``fixed[i]``: it is known at compile time.
+    per run into a plan buffer; ``fixed[i]``: it is known at compile time;
+    ``native_kernels``: the chains run on rlx's own kernels (``NativeChains``): fewer
+    convolutions qualify and no concat is held NHWC (its inputs would each be copied).
 
     Transposes between the layouts, as models written channels-last export them
     (ConvNeXt's blocks: a depthwise convolution, ``transpose(0, 2, 3, 1)``, LayerNorm and
@@ -184,12 +233,19 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
     nodes = graph.nodes
     readers = readers_of(graph)
     # oneDNN's convolutions and pools read either layout and write either (reorders where needed).
-    either = {n.id for n in nodes if buffered[n.id] and (_conv_on_dnnl(n, graph, fixed) or _pool(n))}
+    convs = _conv_native if native_kernels else _conv_on_dnnl
+    either = {n.id for n in nodes if buffered[n.id] and (convs(n, graph, fixed) or _pool(n))}
+    # rlx's kernel over a pointwise convolution is no faster than its NCHW product, so
+    # one joins a native chain only inside it: NHWC in and out, or neither
+    same = {i for i in either
+            if native_kernels and nodes[i].op in _CONVS and tuple(nodes[nodes[i].inputs[1]].shape[2:]) == (1, 1)}
+    either -= same
     gaps = {n.id for n in nodes if buffered[n.id] and spatial_reduce(n, graph)}
     unwrap = {n.id for n in nodes if _transpose(n, TO_CL, fixed)}
     wrap = {n.id for n in nodes if _transpose(n, TO_NCHW, fixed)}
-    concats = {n.id for n in nodes if buffered[n.id] and n.op is OpKind.CONCAT and len(n.shape) == 4}
-    cl = either | wrap | concats | {n.id for n in nodes if buffered[n.id] and _elementwise(n, graph)}
+    concats = set() if native_kernels else {n.id for n in nodes
+                                            if buffered[n.id] and n.op is OpKind.CONCAT and len(n.shape) == 4}
+    cl = either | same | wrap | concats | {n.id for n in nodes if buffered[n.id] and _elementwise(n, graph)}
     outputs = set(graph.outputs)
 
     def reads_cl(nid: int, value: int) -> bool:
@@ -197,9 +253,11 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
         epilogue operand (never as weights), a pool as its input, a transpose to NHWC,
         an elementwise node when it is itself NHWC."""
         reader = nodes[nid]
-        if nid in either:
+        if nid in either or nid in same:
             if reader.op not in _CONVS:
                 return True
+            if nid in same and nid not in cl:  # NCHW in, NCHW out
+                return False
             n_conv = conv_inputs(reader.attrs) if reader.op is OpKind.FUSED_CONV else len(reader.inputs)
             return value not in reader.inputs[1:n_conv]
         if nid in gaps or nid in unwrap:
@@ -216,6 +274,8 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
                 keep = node.inputs[0] not in cl
             elif keep and nid in concats:  # blocks of the channels (or any axis) of NHWC inputs
                 keep = all(i in cl for i in node.inputs)
+            elif keep and nid in same:  # a pointwise convolution inside a native chain
+                keep = node.inputs[0] in cl
             elif keep and nid not in either:  # elementwise: full-size operands NHWC, the others not
                 full = [i for i in node.inputs if tuple(nodes[i].shape) == tuple(node.shape)]
                 keep = (bool(full) and all(i in cl for i in full)
@@ -223,11 +283,42 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool]) -> Plan:
             if not keep:
                 cl.discard(nid)
                 changed = True
+    if native_kernels:
+        cl -= _short_chains(nodes, cl, readers)
     views = frozenset({u for u in unwrap if nodes[u].inputs[0] in cl} | (wrap & cl))
     if cl:
         log.debug("rlx-cpu: %d of %d values held channels-last, %d transposes made views", len(cl), len(nodes),
                   len(views))
     return Plan(frozenset(cl), views)
+
+
+#: Convolutions a native chain must feed NHWC to pay for the transposes at its ends.
+MIN_NATIVE_CHAIN = 3
+
+
+def _short_chains(nodes: Sequence[Node], cl: set[int], readers: dict[int, list[int]]) -> set[int]:
+    """The values of native chains (connected sets of values held NHWC) that feed fewer
+    than ``MIN_NATIVE_CHAIN`` convolutions: dropped whole (every reader then reads NCHW,
+    as before the plan). GoogLeNet's stem (pool, 1x1, 3x3 into a concat's branches)
+    made a chain of two convolutions: its pool's transpose in and the next pool's out
+    (0.9 ms each at batch 8) cost more than the kernel saved, 1.05x the model's time."""
+    parent = {v: v for v in cl}
+
+    def root(v: int) -> int:
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    for v in cl:
+        for i in nodes[v].inputs:
+            if i in cl:
+                parent[root(i)] = root(v)
+    fed: dict[int, int] = {}
+    for v in cl:
+        fed[root(v)] = fed.get(root(v), 0) + sum(
+            1 for r in readers.get(v, ()) if nodes[r].op in _CONVS and nodes[r].inputs[0] == v)
+    return {v for v in cl if fed[root(v)] < MIN_NATIVE_CHAIN}
 
 
 def builder_node(node: Node) -> Node:
@@ -239,7 +330,7 @@ def builder_node(node: Node) -> Node:
     return dataclasses.replace(node, shape=cl_shape(node.shape), attrs=attrs)
 
 
-def steps(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool],
+def steps(lib: onednn.Dnnl | NativeChains, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool],
           out_cl: bool, build: Any, held: tuple[Sequence[bool], bool] = ((), False)) -> list[Any]:
     """The steps of a node that reads or writes NHWC values: ``ins`` and ``out`` are
     each NHWC where ``in_cl`` / ``out_cl`` say so. ``build(node, ins, out, ctx)`` builds
@@ -250,6 +341,11 @@ def steps(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_c
         from .held import steps as held_steps  # (held.py builds on this module)
 
         return held_steps(lib, node, ins, out, ctx, in_cl, out_cl, build, held)
+    if isinstance(lib, NativeChains):
+        if node.op in _CONVS:
+            return _native_conv(node, ins, out, ctx, in_cl, out_cl, build)
+        if node.op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D):
+            return _native_pool(node, ins, out, ctx, in_cl, out_cl, build)
     if node.op in _CONVS:
         return _conv(lib, node, ins, out, ctx, in_cl, out_cl, build)
     if node.op in REDUCES:
@@ -294,6 +390,48 @@ def _conv(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_c
     if post == ():  # a plain convolution: nothing runs after it
         return done
     return done + region_after(a["program"], operands, out, ctx, node.name)
+
+
+def _native_conv(node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool], out_cl: bool,
+                 build: Any) -> list[Any]:
+    """A convolution of a native chain: the channels-inner kernel, ``x`` and ``out`` each
+    in the layout the plan holds it (the kernel transposes an NCHW side itself), its
+    epilogue run by the kernel over the finished outputs (a region after it where the
+    interpreter cannot take the program)."""
+    from .fused import program_epilogue, region_after
+
+    n_conv = conv_inputs(node.attrs) if node.op is OpKind.FUSED_CONV else len(ins)
+    a = node.attrs
+    bias = ins[2] if n_conv == 3 else None
+    operands = [out]
+    for x, cl in zip(ins[n_conv:], in_cl[n_conv:]):
+        operands.append(x if cl == out_cl else cl_view(x) if out_cl else x.transpose(TO_NCHW))
+    inside = None
+    if node.op is OpKind.FUSED_CONV:
+        inside = program_epilogue(a["program"], operands, out, ctx)
+    done = conv_nhwc.chain_conv_steps(ins[0], ins[1], bias, out, a["padding"][:2], a["stride"], a["dilation"], ctx,
+                                      inside, not in_cl[0], not out_cl)
+    if done is None:
+        return _via_nchw(node, ins, out, ctx, in_cl, out_cl, build)
+    if node.op is OpKind.FUSED_CONV and inside is None:
+        return done + region_after(a["program"], operands, out, ctx, node.name)
+    return done
+
+
+def _native_pool(node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool], out_cl: bool,
+                 build: Any) -> list[Any]:
+    """A pool of a native chain: NHWC to NHWC on ``rlx_pool_nhwc``; from NHWC to NCHW the
+    same into scratch and its (smaller) output transposed; from NCHW, rlx's NCHW pool and
+    its output transposed (``_via_nchw``)."""
+    if not in_cl[0]:
+        return _via_nchw(node, ins, out, ctx, in_cl, out_cl, build)
+    a = node.attrs
+    res = out if out_cl else ctx.scratch(cl_shape(node.shape), np.float32)
+    done = conv_nhwc.pool_steps(ins[0], res, node.op is OpKind.MAX_POOL2D, bool(a.get("count_include_pad")),
+                                a["kernel"], a["stride"], a.get("dilation", (1, 1)), a["padding"])
+    if done is None:
+        return _via_nchw(node, ins, out, ctx, in_cl, out_cl, build)
+    return done if out_cl else [*done, _moved(res, TO_NCHW, out)]
 
 
 #: IR ops that are one of oneDNN's elementwise post-ops on their own: (algorithm, alpha, beta).
@@ -408,12 +546,19 @@ def _via_nchw(node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bo
     for k, (x, cl) in enumerate(zip(ins, in_cl)):
         if cl:
             tmp = ctx.scratch(tuple(x.shape[p] for p in TO_NCHW), x.dtype)
-            first.append(Step(np.copyto, (tmp, x.transpose(TO_NCHW))))
+            first.append(_moved(x, TO_NCHW, tmp))
             nchw_ins[k] = tmp
     if not out_cl:
         return first + build(node, nchw_ins, out, ctx)
     res = ctx.scratch(tuple(node.shape), out.dtype)
-    return first + build(node, nchw_ins, res, ctx) + [Step(np.copyto, (out, res.transpose(TO_CL)))]
+    return first + build(node, nchw_ins, res, ctx) + [_moved(res, TO_CL, out)]
+
+
+def _moved(x: Any, perm: tuple[int, ...], out: Any) -> Any:
+    """``out = x.transpose(perm)``: batched matrix transposes on the native kernels (a
+    plane's channels and pixels swap), else numpy's copy."""
+    step = transpose_step(x, perm, out)
+    return step if step is not None else Step(np.copyto, (out, x.transpose(perm)))
 
 
 #: Single-thread time per element read by ``rlx_plane_reduce`` (ns; memory-bound), to

@@ -3564,6 +3564,22 @@ static RLX_CLONES void nhwc_row(const nhwc_args *g, float *yr, int64_t oy, int64
     }
 }
 
+/* dst[ch dc + p dp] = src[p sp + ch sc] for channels [0, c) and pixels [p0, p1), in
+ * 16 x 16 blocks (a block's source and destination are 16 cache lines each, used whole):
+ * an image moved between NCHW and NHWC either way. Element by element along one side
+ * it took ~1 ms for a 192 x 56 x 56 output. */
+static RLX_CLONES void nhwc_transpose(const float *src, float *dst, int64_t c, int64_t sp, int64_t sc, int64_t dp,
+                                      int64_t dc, int64_t p0, int64_t p1) {
+    for (int64_t pb = p0; pb < p1; pb += 16) {
+        const int64_t pe = pb + 16 < p1 ? pb + 16 : p1;
+        for (int64_t cb = 0; cb < c; cb += 16) {
+            const int64_t ce = cb + 16 < c ? cb + 16 : c;
+            for (int64_t ch = cb; ch < ce; ch++)
+                for (int64_t p = pb; p < pe; p++) dst[ch * dc + p * dp] = src[p * sp + ch * sc];
+        }
+    }
+}
+
 /* Output rows [r0, r1) in channel blocks [b0, b1) into yn (NHWC), then, where y is
  * NCHW, those outputs transposed into it; then the epilogue program over them. */
 static void nhwc_part(const nhwc_args *g, float *yn, float *y, int64_t r0, int64_t r1, int64_t b0, int64_t b1,
@@ -3584,22 +3600,10 @@ static void nhwc_part(const nhwc_args *g, float *yn, float *y, int64_t r0, int64
         else
             for (int64_t p = p0; p < p1; p++) epi_span(&es, yn + p * g->o + ch0, ch1 - ch0);
     } else {
-        for (int64_t ch = ch0; ch < ch1; ch++) {
-            float *dst = y + ch * pixels;
-            for (int64_t p = p0; p < p1; p++) dst[p] = yn[p * g->o + ch];
-            epi_span(&es, dst + p0, p1 - p0);
-        }
+        nhwc_transpose(yn + ch0, y + ch0 * pixels, ch1 - ch0, g->o, 1, 1, pixels, p0, p1);
+        for (int64_t ch = ch0; ch < ch1; ch++) epi_span(&es, y + ch * pixels + p0, p1 - p0);
     }
     epi_flush(&es);
-}
-
-/* x (c, h, w) -> xt (h, w, c), rows [r0, r1) of the input. */
-static void nhwc_transpose_in(const float *x, float *xt, int64_t c, int64_t hw, int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; p += 16) {
-        const int64_t pe = p + 16 < p1 ? p + 16 : p1;
-        for (int64_t ch = 0; ch < c; ch++)
-            for (int64_t q = p; q < pe; q++) xt[q * c + ch] = x[ch * hw + q];
-    }
 }
 
 /* One image: y = conv(x, W) + bias, then the epilogue (NULL, or applied to y as its
@@ -3630,7 +3634,7 @@ RLX_API void rlx_conv_nhwc(const float *x, const float *wpk, const float *bias, 
         {
             const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
             if (xt) {
-                nhwc_transpose_in(x, xt, c, h * w, h * w * t / nt, h * w * (t + 1) / nt);
+                nhwc_transpose(x, xt, c, 1, h * w, c, 1, h * w * t / nt, h * w * (t + 1) / nt);
 #pragma omp barrier
             }
             if (bsplit) nhwc_part(&g, yn, y, 0, oh, blocks * t / nt, blocks * (t + 1) / nt, epi);
@@ -3639,8 +3643,95 @@ RLX_API void rlx_conv_nhwc(const float *x, const float *wpk, const float *bias, 
         return;
     }
 #endif
-    if (xt) nhwc_transpose_in(x, xt, c, h * w, 0, h * w);
+    if (xt) nhwc_transpose(x, xt, c, 1, h * w, c, 1, 0, h * w);
     nhwc_part(&g, yn, y, 0, oh, 0, blocks, epi);
+}
+
+/* ------------------------------------------------------------ pooling over NHWC
+ * Max and average pools of a channels-last value (n, h, w, c) into (n, oh, ow, c): the
+ * channels are the vector lanes, so any window, stride, padding or ceil_mode overhang is
+ * the same loop over the taps inside the image (padding never read: -inf for a max, a
+ * count for an average). kind 0: max (NaN kept, as numpy's maximum); 1: average over the
+ * window's positions inside the declared padding (pb, pr: the bottom and right padding,
+ * count_include_pad); 2: average over its positions inside the image. Why: inside a
+ * channels-last chain a pool would otherwise be two transposes around rlx's NCHW pool. */
+static inline __attribute__((always_inline)) rlx_v16 max16(rlx_v16 m, rlx_v16 v) {
+    const rlx_i16 take = v > m;
+    return (rlx_v16)(((rlx_i16)v & take) | ((rlx_i16)m & ~take));
+}
+/* The lanes of v that are NaN, by their bits (`v != v` on vectors compiled to a scalar
+ * compare a lane). */
+static inline __attribute__((always_inline)) rlx_i16 nan16(rlx_v16 v) {
+    return ((rlx_i16)v & 0x7fffffff) > 0x7f800000;
+}
+
+static RLX_CLONES void pool_nhwc_rows(const float *x, float *y, int64_t u0, int64_t u1, int64_t h, int64_t w,
+                                      int64_t c, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t pt,
+                                      int64_t pl, int64_t pb, int64_t pr, int64_t oh, int64_t ow, int64_t kind) {
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t img = u / oh, oy = u % oh, y0 = oy * sh - pt;
+        const int64_t ya = y0 < 0 ? 0 : y0, yb = y0 + kh < h ? y0 + kh : h;
+        const float *xi = x + img * h * w * c;
+        for (int64_t ox = 0; ox < ow; ox++) {
+            const int64_t x0 = ox * sw - pl, xa = x0 < 0 ? 0 : x0, xb = x0 + kw < w ? x0 + kw : w;
+            float *yo = y + (u * ow + ox) * c;
+            float scale = 1.0f;
+            if (kind == 1) {
+                int64_t r0 = y0 < -pt ? -pt : y0, r1 = y0 + kh < h + pb ? y0 + kh : h + pb;
+                int64_t q0 = x0 < -pl ? -pl : x0, q1 = x0 + kw < w + pr ? x0 + kw : w + pr;
+                scale = 1.0f / (float)((r1 - r0) * (q1 - q0));
+            } else if (kind == 2) {
+                scale = 1.0f / (float)((yb - ya) * (xb - xa));
+            }
+            int64_t ch = 0;
+            for (; ch + 16 <= c; ch += 16) {
+                rlx_v16 acc = (rlx_v16){0} - INFINITY, sum = {0};
+                rlx_i16 nan = {0}; /* lanes that met a NaN (a max of it is NaN) */
+                for (int64_t iy = ya; iy < yb; iy++)
+                    for (int64_t ix = xa; ix < xb; ix++) {
+                        const rlx_v16 v = ld16(xi + (iy * w + ix) * c + ch);
+                        if (kind) {
+                            sum += v;
+                        } else {
+                            acc = max16(acc, v);
+                            nan |= nan16(v);
+                        }
+                    }
+                const rlx_v16 quiet = (rlx_v16){0} + NAN;
+                acc = kind ? sum * scale : (rlx_v16)(((rlx_i16)quiet & nan) | ((rlx_i16)acc & ~nan));
+                memcpy(yo + ch, &acc, sizeof acc);
+            }
+            for (; ch < c; ch++) {
+                float acc = kind ? 0.0f : -INFINITY;
+                for (int64_t iy = ya; iy < yb; iy++)
+                    for (int64_t ix = xa; ix < xb; ix++) {
+                        const float v = xi[(iy * w + ix) * c + ch];
+                        acc = kind ? acc + v : (v > acc || v != v) ? v : acc;
+                    }
+                yo[ch] = kind ? acc * scale : acc;
+            }
+        }
+    }
+}
+
+RLX_API void rlx_pool_nhwc(const float *x, float *y, int64_t n, int64_t h, int64_t w, int64_t c, int64_t kh,
+                           int64_t kw, int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t pb, int64_t pr,
+                           int64_t oh, int64_t ow, int64_t kind, int64_t threads) {
+    const int64_t rows = n * oh;
+    threads = threads > g_max_threads ? g_max_threads : threads;
+    threads = threads > rows ? rows : threads;
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads((int)threads)
+        {
+            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+            pool_nhwc_rows(x, y, rows * t / nt, rows * (t + 1) / nt, h, w, c, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow,
+                           kind);
+        }
+        return;
+    }
+#endif
+    pool_nhwc_rows(x, y, 0, rows, h, w, c, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, kind);
 }
 
 /* ------------------------------------------------------- matrix-vector products */

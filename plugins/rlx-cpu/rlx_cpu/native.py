@@ -168,6 +168,10 @@ class Native:
         self.conv_nhwc_scratch = self._lib.rlx_conv_nhwc_scratch  # (c, h, w, o, oh, ow, layout) -> floats
         self.conv_nhwc_scratch.argtypes = [i64] * 7
         self.conv_nhwc_scratch.restype = i64
+        # (x, y, n, h, w, c, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, kind, threads)
+        self.pool_nhwc = self._lib.rlx_pool_nhwc
+        self.pool_nhwc.argtypes = [p, p, *[i64] * 16]
+        self.pool_nhwc.restype = None
         self.conv_pack = self._lib.rlx_conv_pack  # (w, wpk, o, c, kh, kw)
         self.conv_pack.argtypes = [p, p, i64, i64, i64, i64]
         self.conv_pack.restype = None

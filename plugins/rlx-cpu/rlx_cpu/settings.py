@@ -41,7 +41,8 @@ ONEDNN = Setting("RLX_CPU_ONEDNN", "convolutions and dense layers' products on o
                  choices={"auto": "auto", "on": "on", "1": "on", "off": "off", "0": "off"}, default="auto")
 
 LAYOUT = Setting("RLX_CPU_LAYOUT", "auto (default): chains of convolutions held channels-last (NHWC) on oneDNN "
-                 "where the onednn extra is installed (layout.py); nchw: every value NCHW",
+                 "where the onednn extra is installed, else on AVX-512 hosts chains of ungrouped convolutions on "
+                 "rlx's channels-inner kernel (layout.py); nchw: every value NCHW",
                  choices={"auto": "auto", "nhwc": "auto", "nchw": "nchw"}, default="auto")
 
 SWISH = Setting("RLX_CPU_SWISH", "a convolution's SiLU on oneDNN: auto (default: as its swish post-op or as a native "

@@ -206,6 +206,9 @@ def test_the_probe_says_which_layout_runs(monkeypatch: pytest.MonkeyPatch) -> No
     assert layout.describe() == "NCHW everywhere (RLX_CPU_LAYOUT=nchw)" and layout.enabled() is None
     monkeypatch.setenv("RLX_CPU_LAYOUT", "auto")
     monkeypatch.setenv("RLX_CPU_ONEDNN", "off")
+    if layout.native_chains():  # rlx's own kernels hold the chains (test_native_chains.py)
+        assert "channels-inner kernel" in layout.describe() and layout.enabled() is layout.NATIVE
+    monkeypatch.setattr(layout, "native_chains", lambda: False)
     assert layout.describe() == "NCHW everywhere (RLX_CPU_ONEDNN=off)" and layout.enabled() is None
     monkeypatch.setenv("RLX_CPU_ONEDNN", "auto")
     monkeypatch.setattr(onednn, "find_library", lambda: None)

@@ -1,0 +1,207 @@
+"""Channels-last chains on rlx's own kernels (``layout.NativeChains``: where oneDNN does
+not run, the channels-inner convolution and NHWC pools of ``conv_nhwc``): which values a
+plan holds NHWC, and the reference's answers whatever it holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rlx_core as rlx
+from rlx_core import reference
+from rlx_core.backends.registry import Registry
+from rlx_core.ir import Graph
+from rlx_cpu import CpuBackend, conv_nhwc, layout, native
+
+F32 = np.float32
+LIB = native.library()
+needs_chains = pytest.mark.skipif(LIB is None or not LIB.gemm_avx512,
+                                  reason="native chains run where the native library has its AVX-512 clones")
+
+
+@pytest.fixture(autouse=True)
+def _no_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLX_CPU_ONEDNN", "off")
+    monkeypatch.setenv("RLX_CPU_LAYOUT", "auto")
+
+
+def rand(shape: tuple[int, ...], seed: int, scale: float = 1.0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(F32)
+
+
+def conv(g: Graph, x: Any, cin: int, cout: int, seed: int, k: int = 3, **kw: Any) -> Any:
+    kw.setdefault("padding", k // 2)
+    groups = kw.get("groups", 1)
+    w = g.param(f"w{seed}", rand((cout, cin // groups, k, k), seed, 1.0 / np.sqrt(cin // groups * k * k)))
+    return g.conv2d(x, w, g.param(f"b{seed}", rand((cout,), seed + 100, 0.1)), **kw)
+
+
+def compiled(g: Graph) -> Any:
+    reg = Registry(entry_points=[], environ={})
+    reg.register(CpuBackend())
+    return rlx.compile(g, device="cpu", registry=reg)
+
+
+def held_cl(cg: Any) -> set[str]:
+    exe = cg._exe
+    return {exe._nodes[i].name for i in exe._cl}
+
+
+def held_ops(cg: Any) -> set[str]:
+    exe = cg._exe
+    return {exe._nodes[i].op.value for i in exe._cl}
+
+
+def check(g: Graph, feeds: dict[str, np.ndarray], cg: Any = None, params: dict[str, np.ndarray] | None = None) -> Any:
+    cg = cg or compiled(g)
+    for got, want in zip(cg.run(feeds), reference.evaluate(g, feeds, params=params)):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+    return cg
+
+
+def resnet_graph(batch: int = 2) -> Graph:
+    """ResNet in small: a 3-channel stem (NCHW kernels), a max pool, a basic block, a
+    downsampling block (3x3 stride 2 and a 1x1 stride-2 shortcut), the global pool and a
+    dense layer."""
+    g = Graph("resnet")
+    x = g.input("x", (batch, 3, 32, 32))
+    h = g.relu(conv(g, x, 3, 16, 1, k=7, stride=2, padding=3), name="stem")
+    h = g.max_pool2d(h, 3, 2, 1, name="pool")
+    a = g.relu(conv(g, h, 16, 16, 2), name="b1_a")
+    h = g.relu(g.add(conv(g, a, 16, 16, 3), h), name="b1_out")
+    a = g.relu(conv(g, h, 16, 32, 4, stride=2), name="b2_a")
+    short = conv(g, h, 16, 32, 5, k=1, stride=2, padding=0)
+    h = g.relu(g.add(conv(g, a, 32, 32, 6), short), name="b2_out")
+    s = g.reshape(g.global_avg_pool2d(h), (batch, 32))
+    g.set_outputs([g.matmul(s, g.param("fc", rand((32, 10), 9, 0.2)), name="logits")])
+    return g
+
+
+@needs_chains
+def test_a_resnet_is_held_channels_last_from_its_pool_and_matches_the_reference(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    taken: list[Any] = []
+    real = conv_nhwc.chain_conv_steps
+    monkeypatch.setattr(conv_nhwc, "chain_conv_steps", lambda *a: (taken.append(real(*a)), taken[-1])[1])
+    assert layout.enabled() is layout.NATIVE
+    g = resnet_graph()
+    cg = compiled(g)
+    cl = held_cl(cg)
+    assert {"pool", "b1_a", "b1_out", "b2_a", "b2_out"} <= cl and "stem" not in cl  # 3 channels: NCHW
+    assert len(taken) == 5 and all(t is not None for t in taken)
+    feeds = {"x": rand((2, 3, 32, 32), 0)}
+    check(g, feeds, cg)
+    new = {"w3": rand((16, 16, 3, 3), 30, 0.1), "b6": rand((32,), 31)}
+    for name, value in new.items():
+        cg.set_param(name, value)
+    check(g, feeds, cg, params=new)
+
+
+@needs_chains
+def test_layout_nchw_turns_native_chains_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLX_CPU_LAYOUT", "nchw")
+    assert layout.enabled() is None and layout.describe() == "NCHW everywhere (RLX_CPU_LAYOUT=nchw)"
+    g = resnet_graph(1)
+    cg = compiled(g)
+    assert not held_cl(cg)
+    check(g, {"x": rand((1, 3, 32, 32), 0)}, cg)
+
+
+@needs_chains
+def test_the_probe_says_native_chains_run() -> None:
+    assert "channels-inner kernel" in layout.describe() and "RLX_CPU_ONEDNN=off" in layout.describe()
+    assert "channels-inner" in CpuBackend().probe().versions["layout"]
+
+
+@needs_chains
+def test_blocks_joined_to_a_depthwise_convolution_or_a_concat_stay_nchw() -> None:
+    """An inverted residual block: its expansion feeds a depthwise convolution (NCHW
+    only), so the residual and the projection that the next block's expansion reads stay
+    NCHW too; a concat of two convolutions' outputs keeps them NCHW."""
+    g = Graph("inverted")
+    x = g.input("x", (1, 16, 14, 14))
+    h = g.relu(conv(g, x, 16, 64, 1, k=1), name="expand")
+    h = g.relu(conv(g, h, 64, 64, 2, groups=64), name="depthwise")
+    y = g.add(conv(g, h, 64, 16, 3, k=1), x, name="residual")
+    y = g.relu(conv(g, y, 16, 48, 4, k=1), name="expand2")
+    z = g.relu(conv(g, y, 48, 48, 5, groups=48), name="depthwise2")
+    c = g.concat([conv(g, z, 48, 16, 6), conv(g, z, 48, 16, 7, k=1)], axis=1, name="cat")
+    g.set_outputs([g.relu(conv(g, c, 32, 16, 8), name="out")])
+    cg = compiled(g)
+    assert not held_cl(cg) & {"expand", "depthwise", "residual", "expand2", "depthwise2", "cat"}
+    check(g, {"x": rand((1, 16, 14, 14), 0)}, cg)
+
+
+@needs_chains
+def test_a_chain_feeding_few_convolutions_is_dropped() -> None:
+    """GoogLeNet's stem: a pool, a 1x1 and a 3x3 convolution, then a pool into a concat's
+    branches: two convolutions read NHWC, not worth the transposes at the chain's ends."""
+    g = Graph("stem")
+    x = g.input("x", (1, 16, 28, 28))
+    h = g.max_pool2d(g.relu(conv(g, x, 16, 32, 1, stride=2)), 3, 2, 1, name="pool")
+    h = g.relu(conv(g, g.relu(conv(g, h, 32, 32, 2, k=1)), 32, 48, 3), name="conv3")
+    h = g.max_pool2d(h, 3, 2, 1, name="pool2")
+    g.set_outputs([g.concat([conv(g, h, 48, 16, 4, k=1), conv(g, h, 48, 16, 5)], axis=1)])
+    cg = compiled(g)
+    assert not held_cl(cg)
+    check(g, {"x": rand((1, 16, 28, 28), 0)}, cg)
+
+
+@needs_chains
+@pytest.mark.parametrize(("kind", "kernel", "stride", "padding", "ceil", "include"), [
+    ("max", 3, 2, 1, False, False),
+    ("max", 3, 2, 0, True, False),    # ceil_mode: a window past the edge
+    ("max", 2, 2, 0, False, False),
+    ("avg", 3, 1, 1, False, True),    # Inception's, counting the padding
+    ("avg", 3, 1, 1, False, False),
+    ("avg", 3, 2, 1, True, True),     # the declared padding counts, ceil_mode's overhang does not
+    ("avg", 2, 2, 0, False, False),   # DenseNet's transitions
+])
+def test_pools_inside_a_chain_match_the_reference(kind: str, kernel: int, stride: int, padding: int, ceil: bool,
+                                                  include: bool) -> None:
+    g = Graph("pooled")
+    x = g.input("x", (2, 16, 13, 13))
+    h = g.relu(conv(g, g.relu(conv(g, x, 16, 24, 1)), 24, 24, 3), name="before")
+    if kind == "max":
+        p = g.max_pool2d(h, kernel, stride, padding, ceil_mode=ceil, name="pool")
+    else:
+        p = g.avg_pool2d(h, kernel, stride, padding, ceil_mode=ceil, count_include_pad=include, name="pool")
+    g.set_outputs([conv(g, g.relu(conv(g, p, 24, 16, 2)), 16, 16, 4, name="after")])
+    cg = compiled(g)
+    assert f"{kind}_pool2d" in held_ops(cg) and held_ops(cg) & {"conv2d", "fused_conv"}
+    feeds = {"x": rand((2, 16, 13, 13), 0)}
+    feeds["x"][0, 3, 5, 5] = np.nan  # NaN stays NaN through a max (and a sum)
+    cg_out = cg.run(feeds)[0]
+    want = reference.evaluate(g, feeds)[0]
+    assert np.array_equal(np.isnan(cg_out), np.isnan(want))
+    np.testing.assert_allclose(cg_out, want, rtol=2e-4, atol=2e-4)
+
+
+@needs_chains
+@settings(max_examples=40, deadline=None)
+@given(c=st.sampled_from([1, 5, 16, 20, 33]), h=st.integers(1, 9), w=st.integers(1, 9), k=st.integers(1, 3),
+       s=st.integers(1, 3), p=st.integers(0, 1), kind=st.integers(0, 2), threads=st.integers(1, 2))
+def test_the_pool_kernel_matches_its_numpy_form(c: int, h: int, w: int, k: int, s: int, p: int, kind: int,
+                                                threads: int) -> None:
+    """``rlx_pool_nhwc`` against ``conv_nhwc._pool_numpy`` (its fallback), any plane,
+    window, stride and padding, with ceil_mode's extra row and column."""
+    if p * 2 > k:
+        return
+    oh, ow = (h + 2 * p - k + s - 1) // s + 1, (w + 2 * p - k + s - 1) // s + 1  # ceil_mode
+    oh -= (oh - 1) * s >= h + p  # (no window starting past the padding)
+    ow -= (ow - 1) * s >= w + p
+    if oh < 1 or ow < 1:
+        return
+    x = rand((2, h, w, c), c + h)
+    x.flat[::7], x.flat[3::11], x.flat[5::29] = np.inf, -np.inf, np.nan  # a max of inf and -inf is inf, not NaN
+    geometry = (2, h, w, c, k, k, s, s, p, p, p, p, oh, ow, kind)
+    got = np.zeros((2, oh, ow, c), F32)
+    LIB.pool_nhwc(x.ctypes.data, got.ctypes.data, *geometry, threads)
+    want = np.zeros_like(got)
+    with np.errstate(invalid="ignore"):
+        conv_nhwc._pool_numpy(geometry)(x, want)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
