@@ -182,9 +182,10 @@ def _conv_native(node: Node, graph: Graph, fixed: Sequence[bool]) -> bool:
     """A convolution the channels-inner kernel runs in a chain (``NativeChains``)."""
     if not _conv_on_dnnl(node, graph, fixed):  # (the same float32, 4-D, fixed-weights test)
         return False
-    a = node.attrs
-    return tuple(a.get("dilation", (1, 1))) == (1, 1) and conv_nhwc.takes(graph.node(node.inputs[0]).shape[1],
-                                                                        a["groups"])
+    a, c = node.attrs, graph.node(node.inputs[0]).shape[1]
+    if a["groups"] > 1:  # depthwise (any dilation: it reads its taps as they fall)
+        return conv_nhwc.takes(c, node.shape[1], a["groups"])
+    return tuple(a.get("dilation", (1, 1))) == (1, 1) and conv_nhwc.takes(c, node.shape[1], 1)
 
 
 def _pool(node: Node) -> bool:
@@ -235,10 +236,8 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool], native_k
     # oneDNN's convolutions and pools read either layout and write either (reorders where needed).
     convs = _conv_native if native_kernels else _conv_on_dnnl
     either = {n.id for n in nodes if buffered[n.id] and (convs(n, graph, fixed) or _pool(n))}
-    # rlx's kernel over a pointwise convolution is no faster than its NCHW product, so
-    # one joins a native chain only inside it: NHWC in and out, or neither
-    same = {i for i in either
-            if native_kernels and nodes[i].op in _CONVS and tuple(nodes[nodes[i].inputs[1]].shape[2:]) == (1, 1)}
+    # rlx's depthwise kernel reads and writes NHWC only: it joins a native chain inside it
+    same = {i for i in either if native_kernels and nodes[i].op in _CONVS and nodes[i].attrs["groups"] > 1}
     either -= same
     gaps = {n.id for n in nodes if buffered[n.id] and spatial_reduce(n, graph)}
     unwrap = {n.id for n in nodes if _transpose(n, TO_CL, fixed)}
@@ -256,7 +255,7 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool], native_k
         if nid in either or nid in same:
             if reader.op not in _CONVS:
                 return True
-            if nid in same and nid not in cl:  # NCHW in, NCHW out
+            if nid in same and nid not in cl:  # NCHW in and out
                 return False
             n_conv = conv_inputs(reader.attrs) if reader.op is OpKind.FUSED_CONV else len(reader.inputs)
             return value not in reader.inputs[1:n_conv]
@@ -274,7 +273,7 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool], native_k
                 keep = node.inputs[0] not in cl
             elif keep and nid in concats:  # blocks of the channels (or any axis) of NHWC inputs
                 keep = all(i in cl for i in node.inputs)
-            elif keep and nid in same:  # a pointwise convolution inside a native chain
+            elif keep and nid in same:  # a depthwise convolution inside a native chain
                 keep = node.inputs[0] in cl
             elif keep and nid not in either:  # elementwise: full-size operands NHWC, the others not
                 full = [i for i in node.inputs if tuple(nodes[i].shape) == tuple(node.shape)]
@@ -284,7 +283,7 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool], native_k
                 cl.discard(nid)
                 changed = True
     if native_kernels:
-        cl -= _short_chains(nodes, cl, readers)
+        cl -= _short_chains(nodes, cl)
     views = frozenset({u for u in unwrap if nodes[u].inputs[0] in cl} | (wrap & cl))
     if cl:
         log.debug("rlx-cpu: %d of %d values held channels-last, %d transposes made views", len(cl), len(nodes),
@@ -292,16 +291,19 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool], native_k
     return Plan(frozenset(cl), views)
 
 
-#: Convolutions a native chain must feed NHWC to pay for the transposes at its ends.
+#: Convolutions a native chain must hold NHWC on both sides to pay for the transposes at
+#: its ends.
 MIN_NATIVE_CHAIN = 3
 
 
-def _short_chains(nodes: Sequence[Node], cl: set[int], readers: dict[int, list[int]]) -> set[int]:
-    """The values of native chains (connected sets of values held NHWC) that feed fewer
-    than ``MIN_NATIVE_CHAIN`` convolutions: dropped whole (every reader then reads NCHW,
-    as before the plan). GoogLeNet's stem (pool, 1x1, 3x3 into a concat's branches)
-    made a chain of two convolutions: its pool's transpose in and the next pool's out
-    (0.9 ms each at batch 8) cost more than the kernel saved, 1.05x the model's time."""
+def _short_chains(nodes: Sequence[Node], cl: set[int]) -> set[int]:
+    """The values of native chains (connected sets of values held NHWC) with fewer than
+    ``MIN_NATIVE_CHAIN`` convolutions that read and write NHWC: dropped whole (every
+    reader then reads NCHW, as before the plan). GoogLeNet's stem (pool, 1x1, 3x3 into a
+    concat's branches) made a chain of one such: its pool's transpose in and the next
+    pool's out (0.9 ms each at batch 8) cost more than the kernel saved, 1.05x the
+    model's time; RegNet's residual adds between grouped convolutions make chains of
+    none."""
     parent = {v: v for v in cl}
 
     def root(v: int) -> int:
@@ -314,11 +316,10 @@ def _short_chains(nodes: Sequence[Node], cl: set[int], readers: dict[int, list[i
         for i in nodes[v].inputs:
             if i in cl:
                 parent[root(i)] = root(v)
-    fed: dict[int, int] = {}
+    inside: dict[int, int] = {}
     for v in cl:
-        fed[root(v)] = fed.get(root(v), 0) + sum(
-            1 for r in readers.get(v, ()) if nodes[r].op in _CONVS and nodes[r].inputs[0] == v)
-    return {v for v in cl if fed[root(v)] < MIN_NATIVE_CHAIN}
+        inside[root(v)] = inside.get(root(v), 0) + int(nodes[v].op in _CONVS and nodes[v].inputs[0] in cl)
+    return {v for v in cl if inside[root(v)] < MIN_NATIVE_CHAIN}
 
 
 def builder_node(node: Node) -> Node:
@@ -409,8 +410,12 @@ def _native_conv(node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence
     inside = None
     if node.op is OpKind.FUSED_CONV:
         inside = program_epilogue(a["program"], operands, out, ctx)
-    done = conv_nhwc.chain_conv_steps(ins[0], ins[1], bias, out, a["padding"][:2], a["stride"], a["dilation"], ctx,
-                                      inside, not in_cl[0], not out_cl)
+    if a["groups"] > 1:
+        done = conv_nhwc.depthwise_steps(ins[0], ins[1], bias, out, a["padding"][:2], a["stride"], a["dilation"], ctx,
+                                         inside) if in_cl[0] and out_cl else None
+    else:
+        done = conv_nhwc.chain_conv_steps(ins[0], ins[1], bias, out, a["padding"][:2], a["stride"], a["dilation"],
+                                          ctx, inside, not in_cl[0], not out_cl)
     if done is None:
         return _via_nchw(node, ins, out, ctx, in_cl, out_cl, build)
     if node.op is OpKind.FUSED_CONV and inside is None:
