@@ -31,7 +31,7 @@ from .native_nn import _conv_numpy, _fits, _packed, _then
 from .regions import SPLIT_NS, Epilogue
 from .steps import Dyn, aligned_empty
 
-__all__ = ["MAX_PIXELS", "MAX_WIDTH", "chain_conv_steps", "conv_nhwc_steps", "depthwise_steps", "pool_steps", "takes"]
+__all__ = ["MAX_PIXELS", "MAX_WIDTH", "chain_conv_steps", "conv_nhwc_steps", "pool_steps", "takes"]
 
 #: Output rows at most this wide (one tile of the kernel: RLX_CONV_NHWC_R).
 MAX_WIDTH = 7
@@ -65,13 +65,11 @@ def chain_conv_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int
     return _steps(x, w, bias, out, pads, stride, dilation, ctx, epilogue, int(x_nchw) | 2 * int(out_nchw))
 
 
-def takes(c: int, o: int, groups: int) -> bool:
-    """Whether a convolution of ``c`` input and ``o`` output channels in ``groups``
-    groups is one these kernels run well here (``layout.py`` plans chains around them):
-    ungrouped with at least ``MIN_CHANNELS`` inputs, or depthwise."""
+def takes(c: int, groups: int) -> bool:
+    """Whether a convolution of ``c`` input channels in ``groups`` groups is one the kernel
+    runs well here (``layout.py`` plans chains around these)."""
     lib = library()
-    return (lib is not None and bool(lib.gemm_avx512)
-            and ((groups == 1 and c >= MIN_CHANNELS) or (groups == c == o and c > 1)))
+    return lib is not None and bool(lib.gemm_avx512) and groups == 1 and c >= MIN_CHANNELS
 
 
 def _steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], stride: tuple[int, int],
@@ -127,70 +125,6 @@ def _in_layout(run: Callable[..., None], layout: int, out_chw: tuple[int, int, i
             np.copyto(y, res.transpose(1, 2, 0))
 
     return moved
-
-
-def depthwise_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], stride: tuple[int, int],
-                    dilation: tuple[int, int], ctx: Any, epilogue: Epilogue | None) -> list[Any] | None:
-    """A depthwise convolution (``w`` (C, 1, kh, kw)) from NHWC ``x`` into NHWC ``out``
-    inside a chain (``rlx_depthwise_nhwc``: the channels in the vector lanes),
-    ``epilogue`` over ``out``; None where the kernel does not apply."""
-    lib = library()
-    if lib is None or not lib.gemm_avx512 or not _fits(x, w, bias, out) or isinstance(w, Dyn) or out.size == 0:
-        return None
-    if getattr(ctx, "derived", None) is None or not isinstance(w, np.ndarray):
-        return None
-    n, h, wd, c = x.shape
-    oh, ow = out.shape[1:3]
-    kh, kw = w.shape[2:]
-    size = int(lib.depthwise_nhwc_pack_size(c, kh, kw))
-
-    def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
-        if dest is None:
-            dest = aligned_empty(size, np.float32)
-        lib.depthwise_nhwc_pack(src.ctypes.data, c, kh, kw, dest.ctypes.data)
-        return dest
-
-    wpk, steps = _packed(ctx, w, ("rlx_depthwise_nhwc_pack", c, kh, kw), size, make, lib.depthwise_nhwc_pack,
-                         [0, c, kh, kw, 0])
-    scratch = ctx.scratch((int(lib.depthwise_nhwc_scratch(c)),), np.float32)
-    threads = lib.threads_for(out.size * kh * kw * _DEPTHWISE_NS, SPLIT_NS)
-    epi = 0 if epilogue is None else epilogue.address(threads)
-    keep = (wpk,) if epilogue is None else (wpk, epilogue)
-    (sh, sw), (dh, dw) = stride, dilation
-    run = _then(_depthwise_numpy(w, pads, stride, dilation, (oh, ow)), epilogue)
-    args = [0, wpk.ctypes.data, 0, 0, 0, n, c, h, wd, kh, kw, sh, sw, dh, dw, *pads, oh, ow, threads, epi]
-    if bias is None:
-        steps.append(bound_call(lib.depthwise_nhwc, args, (x, out, scratch), (0, 3, 4),
-                                lambda x_, y_, _s: run(x_, None, y_), keep=keep))
-    else:
-        steps.append(bound_call(lib.depthwise_nhwc, args, (x, bias, out, scratch), (0, 2, 3, 4),
-                                lambda x_, b_, y_, _s: run(x_, b_, y_), keep=keep))
-    return steps
-
-
-_DEPTHWISE_NS = 0.1  # single-thread ns a tap of an output, for the threads decision
-
-
-def _depthwise_numpy(w: np.ndarray, pads: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int],
-                     out_hw: tuple[int, int]) -> Callable[..., None]:
-    """``rlx_depthwise_nhwc`` in numpy (NHWC in and out), for arrays the kernel cannot
-    take as they are."""
-    (pt, pl), (sh, sw), (dh, dw), (oh, ow) = pads, stride, dilation, out_hw
-
-    def run(x: np.ndarray, bias: np.ndarray | None, y: np.ndarray) -> None:
-        n, h, wd, c = x.shape
-        kh, kw = w.shape[2:]
-        hp, wp = max((oh - 1) * sh + (kh - 1) * dh + 1, h + pt), max((ow - 1) * sw + (kw - 1) * dw + 1, wd + pl)
-        xp = np.zeros((n, hp, wp, c), np.float32)
-        xp[:, pt:pt + h, pl:pl + wd] = x
-        acc = np.zeros((n, oh, ow, c), np.float32) if bias is None else np.broadcast_to(bias, (n, oh, ow, c)).copy()
-        for ki in range(kh):
-            for kj in range(kw):
-                r, q = ki * dh, kj * dw
-                acc += xp[:, r:r + (oh - 1) * sh + 1:sh, q:q + (ow - 1) * sw + 1:sw] * w[:, 0, ki, kj]
-        np.copyto(y, acc)
-
-    return run
 
 
 #: kind of ``rlx_pool_nhwc``: max, average counting the declared padding, average over the image only

@@ -182,10 +182,9 @@ def _conv_native(node: Node, graph: Graph, fixed: Sequence[bool]) -> bool:
     """A convolution the channels-inner kernel runs in a chain (``NativeChains``)."""
     if not _conv_on_dnnl(node, graph, fixed):  # (the same float32, 4-D, fixed-weights test)
         return False
-    a, c = node.attrs, graph.node(node.inputs[0]).shape[1]
-    if a["groups"] > 1:  # depthwise (any dilation: it reads its taps as they fall)
-        return conv_nhwc.takes(c, node.shape[1], a["groups"])
-    return tuple(a.get("dilation", (1, 1))) == (1, 1) and conv_nhwc.takes(c, node.shape[1], 1)
+    a = node.attrs
+    return tuple(a.get("dilation", (1, 1))) == (1, 1) and conv_nhwc.takes(graph.node(node.inputs[0]).shape[1],
+                                                                        a["groups"])
 
 
 def _pool(node: Node) -> bool:
@@ -236,15 +235,12 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool], native_k
     # oneDNN's convolutions and pools read either layout and write either (reorders where needed).
     convs = _conv_native if native_kernels else _conv_on_dnnl
     either = {n.id for n in nodes if buffered[n.id] and (convs(n, graph, fixed) or _pool(n))}
-    # rlx's depthwise kernel reads and writes NHWC only: it joins a native chain inside it
-    same = {i for i in either if native_kernels and nodes[i].op in _CONVS and nodes[i].attrs["groups"] > 1}
-    either -= same
     gaps = {n.id for n in nodes if buffered[n.id] and spatial_reduce(n, graph)}
     unwrap = {n.id for n in nodes if _transpose(n, TO_CL, fixed)}
     wrap = {n.id for n in nodes if _transpose(n, TO_NCHW, fixed)}
     concats = set() if native_kernels else {n.id for n in nodes
                                             if buffered[n.id] and n.op is OpKind.CONCAT and len(n.shape) == 4}
-    cl = either | same | wrap | concats | {n.id for n in nodes if buffered[n.id] and _elementwise(n, graph)}
+    cl = either | wrap | concats | {n.id for n in nodes if buffered[n.id] and _elementwise(n, graph)}
     outputs = set(graph.outputs)
 
     def reads_cl(nid: int, value: int) -> bool:
@@ -252,11 +248,9 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool], native_k
         epilogue operand (never as weights), a pool as its input, a transpose to NHWC,
         an elementwise node when it is itself NHWC."""
         reader = nodes[nid]
-        if nid in either or nid in same:
+        if nid in either:
             if reader.op not in _CONVS:
                 return True
-            if nid in same and nid not in cl:  # NCHW in and out
-                return False
             n_conv = conv_inputs(reader.attrs) if reader.op is OpKind.FUSED_CONV else len(reader.inputs)
             return value not in reader.inputs[1:n_conv]
         if nid in gaps or nid in unwrap:
@@ -273,8 +267,6 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool], native_k
                 keep = node.inputs[0] not in cl
             elif keep and nid in concats:  # blocks of the channels (or any axis) of NHWC inputs
                 keep = all(i in cl for i in node.inputs)
-            elif keep and nid in same:  # a depthwise convolution inside a native chain
-                keep = node.inputs[0] in cl
             elif keep and nid not in either:  # elementwise: full-size operands NHWC, the others not
                 full = [i for i in node.inputs if tuple(nodes[i].shape) == tuple(node.shape)]
                 keep = (bool(full) and all(i in cl for i in full)
@@ -283,7 +275,7 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool], native_k
                 cl.discard(nid)
                 changed = True
     if native_kernels:
-        cl -= _short_chains(nodes, cl)
+        cl -= _short_chains(nodes, cl, readers)
     views = frozenset({u for u in unwrap if nodes[u].inputs[0] in cl} | (wrap & cl))
     if cl:
         log.debug("rlx-cpu: %d of %d values held channels-last, %d transposes made views", len(cl), len(nodes),
@@ -296,14 +288,16 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool], native_k
 MIN_NATIVE_CHAIN = 3
 
 
-def _short_chains(nodes: Sequence[Node], cl: set[int]) -> set[int]:
-    """The values of native chains (connected sets of values held NHWC) with fewer than
-    ``MIN_NATIVE_CHAIN`` convolutions that read and write NHWC: dropped whole (every
-    reader then reads NCHW, as before the plan). GoogLeNet's stem (pool, 1x1, 3x3 into a
-    concat's branches) made a chain of one such: its pool's transpose in and the next
-    pool's out (0.9 ms each at batch 8) cost more than the kernel saved, 1.05x the
-    model's time; RegNet's residual adds between grouped convolutions make chains of
-    none."""
+def _short_chains(nodes: Sequence[Node], cl: set[int], readers: dict[int, list[int]]) -> set[int]:
+    """The values of native chains (connected sets of values held NHWC) that are not worth
+    their transposes: fewer than ``MIN_NATIVE_CHAIN`` convolutions that read and write
+    NHWC, or fewer of those than convolutions and pools that transpose one side (an
+    NCHW input read, an NCHW output written). Dropped whole: every reader then reads
+    NCHW, as before the plan. GoogLeNet's stem (pool, 1x1, 3x3 into a concat's branches)
+    made a chain of one inside: its pool's transpose in and the next pool's out (0.9 ms
+    each at batch 8) cost more than the kernel saved, 1.05x the model's time; ResNeXt's
+    and RegNet's residual adds between grouped convolutions (NCHW) chain a stage's
+    pointwise convolutions, each transposing a side: 1.09-1.22x."""
     parent = {v: v for v in cl}
 
     def root(v: int) -> int:
@@ -317,9 +311,18 @@ def _short_chains(nodes: Sequence[Node], cl: set[int]) -> set[int]:
             if i in cl:
                 parent[root(i)] = root(v)
     inside: dict[int, int] = {}
+    edges: dict[int, int] = {}
     for v in cl:
-        inside[root(v)] = inside.get(root(v), 0) + int(nodes[v].op in _CONVS and nodes[v].inputs[0] in cl)
-    return {v for v in cl if inside[root(v)] < MIN_NATIVE_CHAIN}
+        if nodes[v].op in _CONVS and nodes[v].inputs[0] in cl:
+            inside[root(v)] = inside.get(root(v), 0) + 1
+        elif nodes[v].op in _CONVS or nodes[v].op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D):  # reads NCHW
+            edges[root(v)] = edges.get(root(v), 0) + 1
+        for r in readers.get(v, ()):  # convolutions and pools that read v and write NCHW
+            if r not in cl and nodes[r].inputs[0] == v and (
+                    nodes[r].op in _CONVS or nodes[r].op in (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D)):
+                edges[root(v)] = edges.get(root(v), 0) + 1
+    return {v for v in cl
+            if inside.get(root(v), 0) < max(MIN_NATIVE_CHAIN, edges.get(root(v), 0))}
 
 
 def builder_node(node: Node) -> Node:
@@ -410,12 +413,8 @@ def _native_conv(node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence
     inside = None
     if node.op is OpKind.FUSED_CONV:
         inside = program_epilogue(a["program"], operands, out, ctx)
-    if a["groups"] > 1:
-        done = conv_nhwc.depthwise_steps(ins[0], ins[1], bias, out, a["padding"][:2], a["stride"], a["dilation"], ctx,
-                                         inside) if in_cl[0] and out_cl else None
-    else:
-        done = conv_nhwc.chain_conv_steps(ins[0], ins[1], bias, out, a["padding"][:2], a["stride"], a["dilation"],
-                                          ctx, inside, not in_cl[0], not out_cl)
+    done = conv_nhwc.chain_conv_steps(ins[0], ins[1], bias, out, a["padding"][:2], a["stride"], a["dilation"], ctx,
+                                      inside, not in_cl[0], not out_cl)
     if done is None:
         return _via_nchw(node, ins, out, ctx, in_cl, out_cl, build)
     if node.op is OpKind.FUSED_CONV and inside is None:

@@ -172,19 +172,6 @@ class Native:
         self.pool_nhwc = self._lib.rlx_pool_nhwc
         self.pool_nhwc.argtypes = [p, p, *[i64] * 16]
         self.pool_nhwc.restype = None
-        # (x, wpk, bias, y, scratch, n, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, threads, epi)
-        self.depthwise_nhwc = self._lib.rlx_depthwise_nhwc
-        self.depthwise_nhwc.argtypes = [p, p, p, p, p, *[i64] * 15, p]
-        self.depthwise_nhwc.restype = None
-        self.depthwise_nhwc_pack = self._lib.rlx_depthwise_nhwc_pack  # (w, c, kh, kw, dst)
-        self.depthwise_nhwc_pack.argtypes = [p, i64, i64, i64, p]
-        self.depthwise_nhwc_pack.restype = None
-        self.depthwise_nhwc_pack_size = self._lib.rlx_depthwise_nhwc_pack_size  # (c, kh, kw) -> floats
-        self.depthwise_nhwc_pack_size.argtypes = [i64] * 3
-        self.depthwise_nhwc_pack_size.restype = i64
-        self.depthwise_nhwc_scratch = self._lib.rlx_depthwise_nhwc_scratch  # (c) -> floats
-        self.depthwise_nhwc_scratch.argtypes = [i64]
-        self.depthwise_nhwc_scratch.restype = i64
         self.conv_pack = self._lib.rlx_conv_pack  # (w, wpk, o, c, kh, kw)
         self.conv_pack.argtypes = [p, p, i64, i64, i64, i64]
         self.conv_pack.restype = None

@@ -118,10 +118,11 @@ def test_the_probe_says_native_chains_run() -> None:
 
 
 @needs_chains
-def test_a_concat_and_the_convolutions_it_reads_stay_nchw() -> None:
-    """Inverted residual blocks (expand, depthwise, project, residual) are held NHWC up
-    to a concat of two convolutions' outputs; the concat (its inputs would each be
-    copied) and those two outputs stay NCHW."""
+def test_blocks_joined_to_a_depthwise_convolution_or_a_concat_stay_nchw() -> None:
+    """Inverted residual blocks: the depthwise convolutions read and write NCHW, so the
+    pointwise ones around them would each transpose one side: chains of no convolution
+    held NHWC on both sides are dropped. A concat of two convolutions' outputs keeps
+    them NCHW."""
     g = Graph("inverted")
     x = g.input("x", (1, 16, 14, 14))
     h = g.relu(conv(g, x, 16, 64, 1, k=1), name="expand")
@@ -133,9 +134,7 @@ def test_a_concat_and_the_convolutions_it_reads_stay_nchw() -> None:
                  axis=1, name="cat")
     g.set_outputs([g.relu(conv(g, c, 32, 16, 8), name="out")])
     cg = compiled(g)
-    held = held_cl(cg)
-    assert {"expand", "depthwise", "residual", "expand2", "depthwise2"} <= held
-    assert not held & {"left", "right", "cat", "out"}
+    assert not held_cl(cg)
     check(g, {"x": rand((1, 16, 14, 14), 0)}, cg)
 
 
@@ -209,60 +208,3 @@ def test_the_pool_kernel_matches_its_numpy_form(c: int, h: int, w: int, k: int, 
     with np.errstate(invalid="ignore"):
         conv_nhwc._pool_numpy(geometry)(x, want)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-
-
-@needs_chains
-@settings(max_examples=40, deadline=None)
-@given(c=st.sampled_from([1, 8, 16, 24, 40]), h=st.integers(1, 12), w=st.integers(1, 19),
-       k=st.sampled_from([1, 3, 5, 7]),
-       s=st.integers(1, 2), d=st.integers(1, 2), p=st.integers(0, 2), threads=st.integers(1, 2), bias=st.booleans())
-def test_the_depthwise_kernel_matches_its_numpy_form(c: int, h: int, w: int, k: int, s: int, d: int, p: int,
-                                                     threads: int, bias: bool) -> None:
-    """``rlx_depthwise_nhwc`` against ``conv_nhwc._depthwise_numpy``: channels that do not
-    fill a vector (8, 24, 40), rows of any length (tiles of 8 and the rest), taps outside
-    the image on every side."""
-    oh, ow = (h + 2 * p - d * (k - 1) - 1) // s + 1, (w + 2 * p - d * (k - 1) - 1) // s + 1
-    if oh < 1 or ow < 1:
-        return
-    x = rand((2, h, w, c), c + w)
-    wt = rand((c, 1, k, k), k)
-    b = rand((c,), 3) if bias else None
-    wpk = np.zeros(LIB.depthwise_nhwc_pack_size(c, k, k), F32)
-    LIB.depthwise_nhwc_pack(wt.ctypes.data, c, k, k, wpk.ctypes.data)
-    scratch = np.full(LIB.depthwise_nhwc_scratch(c), np.nan, F32)
-    got = np.full((2, oh, ow, c), np.nan, F32)
-    LIB.depthwise_nhwc(x.ctypes.data, wpk.ctypes.data, 0 if b is None else b.ctypes.data, got.ctypes.data,
-                       scratch.ctypes.data, 2, c, h, w, k, k, s, s, d, d, p, p, oh, ow, threads, None)
-    want = np.zeros_like(got)
-    conv_nhwc._depthwise_numpy(wt, (p, p), (s, s), (d, d), (oh, ow))(x, b, want)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-
-
-def inverted_graph(batch: int) -> Graph:
-    """Two MobileNetV2 blocks (expand, depthwise, project, residual) between a 3x3 stem
-    and the global pool, ReLU6 epilogues."""
-    g = Graph("mobilenet")
-    x = g.input("x", (batch, 3, 20, 20))
-    h = g.minimum(g.relu(conv(g, x, 3, 16, 1, stride=2)), 6.0, name="stem")
-    for i, (cin, mid, cout, stride) in enumerate([(16, 48, 24, 2), (24, 72, 24, 1)]):
-        e = g.minimum(g.relu(conv(g, h, cin, mid, 10 * i + 2, k=1)), 6.0, name=f"expand{i}")
-        d = g.minimum(g.relu(conv(g, e, mid, mid, 10 * i + 3, stride=stride, groups=mid)), 6.0, name=f"dw{i}")
-        y = conv(g, d, mid, cout, 10 * i + 4, k=1)
-        h = g.add(y, h, name=f"res{i}") if cin == cout and stride == 1 else g.relu(y, name=f"proj{i}")
-    h = g.relu(conv(g, h, 24, 32, 40, k=1), name="last")
-    g.set_outputs([g.reshape(g.global_avg_pool2d(h), (batch, 32))])
-    return g
-
-
-@needs_chains
-@pytest.mark.parametrize("batch", [1, 3])
-def test_inverted_residual_blocks_are_held_channels_last_with_their_depthwise_convolutions(batch: int) -> None:
-    g = inverted_graph(batch)
-    cg = compiled(g)
-    assert {"depthwise", "dw"} & {n.rstrip("01") for n in held_cl(cg)} or "fused_conv" in held_ops(cg)
-    assert sum(1 for i in cg._exe._cl if cg._exe._nodes[i].op.value in ("conv2d", "fused_conv")) >= 5
-    feeds = {"x": rand((batch, 3, 20, 20), 0)}
-    check(g, feeds, cg)
-    new = {"w13": rand((72, 1, 3, 3), 50, 0.3)}
-    cg.set_param("w13", new["w13"])
-    check(g, feeds, cg, params=new)
