@@ -13,8 +13,10 @@ Old against new: ``git worktree add /tmp/old <commit>``, build its native librar
 ``PYTHONPATH=/tmp/old:/tmp/old/plugins/rlx-cpu python bench/onnx_time.py ...`` with the
 plain command, a few rounds each.
 
-What a pass buys, in one process: ``--ab`` compiles each model twice, with the passes of
-``--disable`` off ("before") and with the whole pipeline ("after"), under
+What a pass or a backend setting buys, in one process: ``--ab`` compiles each model twice,
+with the passes of ``--disable`` off and the ``--before-env NAME=VALUE`` settings in the
+environment (``RLX_CPU_LAYOUT=nchw``: no channels-last chains) ("before") and with the
+whole pipeline and the settings as they are ("after"), under
 ``--precision``, and runs onnxruntime's ``InferenceSession`` (CPU provider, default
 options) beside them; after the warm runs the three take turns block by block (order
 reversed every other block, 150 ms apart: ORT's and OpenBLAS's threads spin after each
@@ -29,8 +31,11 @@ five warm runs each, then blocks in turn (``vs_ort``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +91,24 @@ def in_turn(contenders: list[tuple[str, Any]], blocks: int, runs: int) -> dict[s
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+@contextlib.contextmanager
+def environment(settings: dict[str, str]) -> Iterator[None]:
+    """``settings`` in ``os.environ`` inside the block (what a backend reads at compile),
+    the environment as it was after."""
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def ab_model(path: Path, device: str, disable: tuple[str, ...], precision: str, blocks: int,
-             runs: int) -> dict[str, float]:
+             runs: int, before_env: dict[str, str] | None = None) -> dict[str, float]:
     """Milliseconds a run (medians) of ``path`` compiled without ``disable`` ("before"), with
     the whole pipeline ("after"), and on onnxruntime ("ort"), in one process; prints what
     each compile made and how far the outputs are apart."""
@@ -96,7 +117,8 @@ def ab_model(path: Path, device: str, disable: tuple[str, ...], precision: str, 
     graph = rlx_onnx.load(str(path))
     feeds = feeds_for(path, graph)
     extra = {} if precision == "fp32" else {"precision": precision}
-    before = rlx.compile(graph, device=device, options=rlx.CompileOptions(disable=disable, **extra))
+    with environment(before_env or {}):
+        before = rlx.compile(graph, device=device, options=rlx.CompileOptions(disable=disable, **extra))
     after = rlx.compile(graph, device=device, options=rlx.CompileOptions(**extra))
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     ort_feeds = {i.name: feeds[i.name] for i in sess.get_inputs()}
@@ -145,12 +167,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disable", action="append", default=[], help="a pipeline pass to switch off (repeatable)")
     parser.add_argument("--blocks", type=int, default=7)
     parser.add_argument("--runs", type=int, default=15)
-    parser.add_argument("--ab", action="store_true", help="the model with and without --disable, and ORT, in turn")
+    parser.add_argument("--ab", action="store_true",
+                        help="the model with and without --disable / --before-env, and ORT, in turn")
+    parser.add_argument("--before-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="with --ab: a setting in the environment for the 'before' compile (repeatable)")
     parser.add_argument("--precision", default="fp32", help="with --ab or --ort: CompileOptions.precision")
     parser.add_argument("--ort", action="store_true", help="rlx and ORT in turn, warmed up as a user would")
     args = parser.parse_args(argv)
-    if args.ab and not args.disable:
-        parser.error("--ab compares the pipeline with and without --disable: name a pass")
+    if args.ab and not args.disable and not args.before_env:
+        parser.error("--ab compares the pipeline with and without --disable or --before-env: name one")
+    if any("=" not in kv for kv in args.before_env):
+        parser.error("--before-env takes NAME=VALUE")
+    before_env = dict(kv.split("=", 1) for kv in args.before_env)
     for path in args.models:
         if args.ort:
             ms = vs_ort(path, args.device, args.precision, args.blocks)
@@ -158,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             continue
         if args.ab:
-            ms = ab_model(path, args.device, tuple(args.disable), args.precision, args.blocks, args.runs)
+            ms = ab_model(path, args.device, tuple(args.disable), args.precision, args.blocks, args.runs, before_env)
             print(f"{path.stem} before {ms['before']:.3f} ms, after {ms['after']:.3f} ms, ORT {ms['ort']:.3f} ms; "
                   f"after / before {ms['after'] / ms['before']:.3f}, after / ORT {ms['after'] / ms['ort']:.3f}",
                   flush=True)

@@ -58,3 +58,30 @@ def test_ort_times_rlx_and_ort_in_turn(tmp_path: Path, capsys: pytest.CaptureFix
     diff = float(first.removeprefix("a: max |rlx - ORT| "))
     assert diff < 1e-5, first
     assert re.fullmatch(r"a rlx [\d.]+ ms, ORT [\d.]+ ms; rlx / ORT [\d.]+", last), last
+
+
+def test_ab_compiles_before_under_the_settings_of_before_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``--before-env NAME=VALUE``: the 'before' compile sees the setting, the 'after' one
+    and the caller's environment do not."""
+    pytest.importorskip("onnxruntime")
+    import os
+
+    import rlx_core as rlx
+
+    seen: list[str | None] = []
+    real = rlx.compile
+
+    def compile_seen(*a: object, **k: object) -> object:
+        seen.append(os.environ.get("RLX_CPU_LAYOUT"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(rlx, "compile", compile_seen)
+    monkeypatch.delenv("RLX_CPU_LAYOUT", raising=False)
+    model = _conv_relu(tmp_path / "a.onnx")
+    assert onnx_time.main([str(model), "--ab", "--before-env", "RLX_CPU_LAYOUT=nchw", "--blocks", "1",
+                           "--runs", "1"]) == 0
+    assert seen == ["nchw", None] and "RLX_CPU_LAYOUT" not in os.environ
+    assert capsys.readouterr().out.splitlines()[0].startswith("a: nodes compiled before 3, after 3;")
+    with pytest.raises(SystemExit):
+        onnx_time.main([str(model), "--ab", "--before-env", "RLX_CPU_LAYOUT"])  # not NAME=VALUE

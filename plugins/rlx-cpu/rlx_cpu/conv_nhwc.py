@@ -1,7 +1,9 @@
-"""Ungrouped convolutions over small output planes on the direct channels-inner kernel
-(``native.c``'s ``rlx_conv_nhwc``).
+"""rlx's channels-inner kernels: the direct convolution ``rlx_conv_nhwc`` and the pool
+``rlx_pool_nhwc`` (``native.c``), for NCHW convolutions over small output planes
+(``conv_nhwc_steps``) and inside the channels-last chains ``layout.py`` plans without
+oneDNN (``chain_conv_steps``, ``pool_steps``; ``layout.NativeChains`` says why).
 
-Why: rlx's implicit GEMM (``native_nn.conv_gemm_steps``) puts 32 consecutive outputs in
+Small planes. Why: rlx's implicit GEMM (``native_nn.conv_gemm_steps``) puts 32 consecutive outputs in
 a tile's vectors. A 7x7 plane is 49 outputs: a tile of 32 and one of 17 computed 32 wide
 (64 columns for 49), on top of the shifted copy of the input it reads them from. The
 channels-inner kernel puts 64 output channels in the vectors and 7 outputs of a row in
