@@ -29,7 +29,7 @@ import numpy as np
 from . import gemm
 from .ccall import bound_call
 from .native import library
-from .native_nn import _conv_numpy, _fits, _packed, _then
+from .native_nn import _conv_numpy, _fits, _packed, image_calls
 from .regions import SPLIT_NS, Epilogue
 from .steps import Dyn, aligned_empty
 
@@ -100,18 +100,10 @@ def _steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], st
     threads = lib.threads_for(o * c * kh * kw * oh * ow, gemm.SPLIT_MACS, gemm.THREAD_MACS)
     epi = 0 if epilogue is None else epilogue.address(threads)
     keep = (wpk,) if epilogue is None else (wpk, epilogue)
-    (sh, sw), (dh, dw), per_image = stride, dilation, o * oh * ow
-    numpy_conv = _in_layout(_conv_numpy(w, pads, stride, (oh, ow), dilation), layout, (o, oh, ow))
-    for i in range(int(x.shape[0])):
-        fallback = _then(numpy_conv, epilogue, i * per_image, (i + 1) * per_image)
-        args = [0, wpk.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow, layout, threads, epi]
-        if bias is None:
-            steps.append(bound_call(lib.conv_nhwc, args, (x[i], out[i], scratch), (0, 3, 4),
-                                    lambda x_, y_, _s, f=fallback: f(x_, None, y_), keep=keep))
-        else:
-            steps.append(bound_call(lib.conv_nhwc, args, (x[i], bias, out[i], scratch), (0, 2, 3, 4),
-                                    lambda x_, b_, y_, _s, f=fallback: f(x_, b_, y_), keep=keep))
-    return steps
+    (sh, sw), (dh, dw) = stride, dilation
+    args = [0, wpk.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow, layout, threads, epi]
+    run = _in_layout(_conv_numpy(w, pads, stride, (oh, ow), dilation), layout, (o, oh, ow))
+    return steps + image_calls(lib.conv_nhwc, args, (0, 2, 3, 4), x, bias, out, scratch, run, epilogue, keep)
 
 
 def _in_layout(run: Callable[..., None], layout: int, out_chw: tuple[int, int, int]) -> Callable[..., None]:

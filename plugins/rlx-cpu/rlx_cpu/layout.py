@@ -38,6 +38,11 @@ GELU, sigmoid, tanh), else a region over the output in its layout. Where oneDNN 
 a node the plan chose (only its reference loops would take it), rlx's NCHW kernel runs it
 between transposes (``_via_nchw``). ``RLX_CPU_LAYOUT=nchw`` turns it all off (every
 convolution then goes the way ``onednn.use`` measured, with its reorders).
+
+Without oneDNN, on AVX-512 hosts, rlx's own kernels hold narrower chains
+(``NativeChains``, ``conv_nhwc``): ungrouped convolutions on the channels-inner kernel,
+pools on its NHWC pool, no concats; a chain is kept only where it holds enough
+convolutions NHWC on both sides to pay for its transposes (``_short_chains``).
 """
 
 from __future__ import annotations
@@ -370,18 +375,24 @@ def steps(lib: onednn.Dnnl | NativeChains, node: Node, ins: list[Any], out: Any,
     return build(builder_node(node), operands, out, ctx)
 
 
+def _conv_operands(node: Node, ins: list[Any], out: Any, in_cl: Sequence[bool], out_cl: bool
+                   ) -> tuple[Any, list[Any]]:
+    """A convolution's bias (or None) and its epilogue's operands: the output, then each
+    extra input in the output's layout (one held the other way read through a transposed
+    view: the region reads strided operands)."""
+    n_conv = conv_inputs(node.attrs) if node.op is OpKind.FUSED_CONV else len(ins)
+    operands = [out]
+    for x, cl in zip(ins[n_conv:], in_cl[n_conv:]):
+        operands.append(x if cl == out_cl else cl_view(x) if out_cl else x.transpose(TO_NCHW))
+    return (ins[2] if n_conv == 3 else None), operands
+
+
 def _conv(lib: onednn.Dnnl, node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence[bool], out_cl: bool,
           build: Any) -> list[Any]:
     from .fused import region_after
 
-    n_conv = conv_inputs(node.attrs) if node.op is OpKind.FUSED_CONV else len(ins)
     a = node.attrs
-    bias = ins[2] if n_conv == 3 else None
-    # The epilogue runs over the output in its layout; an operand held the other way is
-    # read through a transposed view (the region reads strided operands).
-    operands = [out]
-    for x, cl in zip(ins[n_conv:], in_cl[n_conv:]):
-        operands.append(x if cl == out_cl else cl_view(x) if out_cl else x.transpose(TO_NCHW))
+    bias, operands = _conv_operands(node, ins, out, in_cl, out_cl)
     post = post_ops(a["program"], operands, getattr(ctx, "constant", None)) if node.op is OpKind.FUSED_CONV else ()
     args = (lib, ins[0], ins[1], bias, out, a["padding"], a["stride"], a["dilation"], a["groups"], ctx)
     if post:  # the epilogue as post-ops, where oneDNN takes them
@@ -404,12 +415,8 @@ def _native_conv(node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence
     interpreter cannot take the program)."""
     from .fused import program_epilogue, region_after
 
-    n_conv = conv_inputs(node.attrs) if node.op is OpKind.FUSED_CONV else len(ins)
     a = node.attrs
-    bias = ins[2] if n_conv == 3 else None
-    operands = [out]
-    for x, cl in zip(ins[n_conv:], in_cl[n_conv:]):
-        operands.append(x if cl == out_cl else cl_view(x) if out_cl else x.transpose(TO_NCHW))
+    bias, operands = _conv_operands(node, ins, out, in_cl, out_cl)
     inside = None
     if node.op is OpKind.FUSED_CONV:
         inside = program_epilogue(a["program"], operands, out, ctx)

@@ -3436,7 +3436,7 @@ RLX_API void rlx_conv_gemm(const float *x, const float *apk, const int32_t *toff
  * add to what is there, the last one clamps (a ReLU/ReLU6 epilogue); any other epilogue
  * program runs over each thread's outputs once they are final. Threads take ranges of
  * output rows, or of channel blocks where there are too few rows to share. Built for
- * AVX-512's 32 registers: native_nn takes it only there (rlx_gemm_avx512). */
+ * AVX-512's 32 registers: conv_nhwc.py takes it only there (rlx_gemm_avx512). */
 #define RLX_CONV_NHWC_R 7
 #define RLX_CONV_NHWC_OB 64
 #define RLX_CONV_NHWC_SLICE (64 * 1024)

@@ -30,6 +30,7 @@ from .steps import Dyn, Step, aligned_empty, laid_out
 
 __all__ = ["softmax_step", "softmax_bf16_step", "layer_norm_step", "im2col_step", "pool_step",
            "max_pool_padded_step", "conv_direct_steps", "conv_gemm_steps", "conv_gemm_panel", "depthwise_step",
+           "image_calls",
            "DIRECT_CONV_TAPS"]
 
 SOFTMAX_NS, LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
@@ -499,7 +500,7 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
         return None
     if not (gemm.use_native() and conv_choice.use_implicit()):
         return None
-    n, c, h, wd = x.shape
+    c, h, wd = x.shape[1:]
     o, _, kh, kw = w.shape
     oh, ow = out.shape[2:]
     (sh, sw), (dh, dw) = stride, dilation
@@ -533,15 +534,27 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
     threads = lib.threads_for(o * k * oh * ow, gemm.SPLIT_MACS, gemm.THREAD_MACS)
     epi = 0 if epilogue is None else epilogue.address(threads)
     keep = (apk, toff) if epilogue is None else (apk, toff, epilogue)
-    per_image = o * oh * ow
-    for i in range(n):
-        fallback = _then(_conv_numpy(w, pads, stride, (oh, ow), dilation), epilogue, i * per_image, (i + 1) * per_image)
-        args = [0, apk.ctypes.data, toff.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow,
-                mr, threads, epi]
+    args = [0, apk.ctypes.data, toff.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow, mr,
+            threads, epi]
+    return steps + image_calls(lib.conv_gemm, args, (0, 3, 4, 5), x, bias, out, xs,
+                               _conv_numpy(w, pads, stride, (oh, ow), dilation), epilogue, keep)
+
+
+def image_calls(fn: Any, args: list[Any], at: tuple[int, int, int, int], x: Any, bias: Any, out: Any,
+                scratch: np.ndarray, run: Callable[..., None], epilogue: Epilogue | None,
+                keep: tuple[Any, ...]) -> list[Step]:
+    """One call of a convolution kernel ``fn(*args)`` per image of ``x`` into ``out``,
+    with the image's, the bias's (or NULL), the output's and ``scratch``'s addresses at
+    positions ``at`` of ``args``; ``run(x, bias, y)`` (then the epilogue over that
+    image's outputs) where the kernel cannot take an array as it is."""
+    steps: list[Step] = []
+    per_image = int(np.prod(out.shape[1:]))
+    for i in range(int(x.shape[0])):
+        fallback = _then(run, epilogue, i * per_image, (i + 1) * per_image)
         if bias is None:
-            steps.append(bound_call(lib.conv_gemm, args, (x[i], out[i], xs), (0, 4, 5),
-                                    lambda x_, y_, _xs, f=fallback: f(x_, None, y_), keep=keep))
+            steps.append(bound_call(fn, args, (x[i], out[i], scratch), (at[0], at[2], at[3]),
+                                    lambda x_, y_, _s, f=fallback: f(x_, None, y_), keep=keep))
         else:
-            steps.append(bound_call(lib.conv_gemm, args, (x[i], bias, out[i], xs), (0, 3, 4, 5),
-                                    lambda x_, b_, y_, _xs, f=fallback: f(x_, b_, y_), keep=keep))
+            steps.append(bound_call(fn, args, (x[i], bias, out[i], scratch), at,
+                                    lambda x_, b_, y_, _s, f=fallback: f(x_, b_, y_), keep=keep))
     return steps
