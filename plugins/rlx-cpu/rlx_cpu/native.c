@@ -3413,6 +3413,93 @@ RLX_API void rlx_conv_gemm(const float *x, const float *apk, const int32_t *toff
     for (int64_t part = 0; part < parts; part++) conv_gemm_run_part(&g, part, parts, by_rows);
 }
 
+/* ------------------------------------------------------------ transposes */
+/* y[b, j, i] = x[b, i, j] for b < batch, i < rows, j < cols, 4-byte elements: the
+ * batched matrix transpose every permutation that moves the last axis comes to once
+ * adjacent axes are merged ((0, 2, 1) between a transformer's tokens and a CNN's
+ * channels; NCHW <-> NHWC). numpy's strided copy moves 2-3 GB/s at those shapes. Here
+ * 8 x 8 tiles are transposed in registers (eight row loads, three rounds of shuffles,
+ * eight row stores: GCC's vector extensions, so each clone gets its own instructions),
+ * 32 x 32 blocks at a time, the edges element by element: 3-5x numpy's speed on one
+ * core at segformer's and whisper's shapes. */
+#define TRANSPOSE_BLOCK 32
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+typedef float rx_v8f __attribute__((vector_size(32), aligned(4)));
+#define TR_LO(a, b) __builtin_shufflevector(a, b, 0, 8, 1, 9, 4, 12, 5, 13)
+#define TR_HI(a, b) __builtin_shufflevector(a, b, 2, 10, 3, 11, 6, 14, 7, 15)
+#define TR_S44(a, b) __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13)
+#define TR_SEE(a, b) __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15)
+#define TR_P20(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11)
+#define TR_P31(a, b) __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15)
+static inline void transpose8(const float *src, int64_t ls, float *dst, int64_t ld) {
+    const rx_v8f r0 = *(const rx_v8f *)src, r1 = *(const rx_v8f *)(src + ls), r2 = *(const rx_v8f *)(src + 2 * ls),
+                 r3 = *(const rx_v8f *)(src + 3 * ls), r4 = *(const rx_v8f *)(src + 4 * ls),
+                 r5 = *(const rx_v8f *)(src + 5 * ls), r6 = *(const rx_v8f *)(src + 6 * ls),
+                 r7 = *(const rx_v8f *)(src + 7 * ls);
+    const rx_v8f t0 = TR_LO(r0, r1), t1 = TR_HI(r0, r1), t2 = TR_LO(r2, r3), t3 = TR_HI(r2, r3);
+    const rx_v8f t4 = TR_LO(r4, r5), t5 = TR_HI(r4, r5), t6 = TR_LO(r6, r7), t7 = TR_HI(r6, r7);
+    const rx_v8f s0 = TR_S44(t0, t2), s1 = TR_SEE(t0, t2), s2 = TR_S44(t1, t3), s3 = TR_SEE(t1, t3);
+    const rx_v8f s4 = TR_S44(t4, t6), s5 = TR_SEE(t4, t6), s6 = TR_S44(t5, t7), s7 = TR_SEE(t5, t7);
+    *(rx_v8f *)dst = TR_P20(s0, s4);
+    *(rx_v8f *)(dst + ld) = TR_P20(s1, s5);
+    *(rx_v8f *)(dst + 2 * ld) = TR_P20(s2, s6);
+    *(rx_v8f *)(dst + 3 * ld) = TR_P20(s3, s7);
+    *(rx_v8f *)(dst + 4 * ld) = TR_P31(s0, s4);
+    *(rx_v8f *)(dst + 5 * ld) = TR_P31(s1, s5);
+    *(rx_v8f *)(dst + 6 * ld) = TR_P31(s2, s6);
+    *(rx_v8f *)(dst + 7 * ld) = TR_P31(s3, s7);
+}
+#define TRANSPOSE_TILE 8
+#else
+static inline void transpose8(const float *src, int64_t ls, float *dst, int64_t ld) {
+    for (int64_t i = 0; i < 8; i++)
+        for (int64_t j = 0; j < 8; j++) dst[j * ld + i] = src[i * ls + j];
+}
+#define TRANSPOSE_TILE 8
+#endif
+
+/* dst[j ld + i] = src[i ls + j] for rows i in [i0, i1) and columns j in [j0, j1): one
+ * block (at most TRANSPOSE_BLOCK each way) in 8 x 8 register tiles, its edges element
+ * by element. */
+static inline void transpose_block(const float *src, int64_t ls, float *dst, int64_t ld, int64_t i0, int64_t i1,
+                                   int64_t j0, int64_t j1) {
+    const int64_t i8 = i0 + (i1 - i0) / TRANSPOSE_TILE * TRANSPOSE_TILE;
+    const int64_t j8 = j0 + (j1 - j0) / TRANSPOSE_TILE * TRANSPOSE_TILE;
+    for (int64_t i = i0; i < i8; i += TRANSPOSE_TILE)
+        for (int64_t j = j0; j < j8; j += TRANSPOSE_TILE) transpose8(src + i * ls + j, ls, dst + j * ld + i, ld);
+    for (int64_t i = i0; i < i1; i++) /* the block's edges: rows past i8, columns past j8 */
+        for (int64_t j = i < i8 ? j8 : j0; j < j1; j++) dst[j * ld + i] = src[i * ls + j];
+}
+
+/* transpose_block over rows [i0, i1) x columns [j0, j1) of any size, block by block
+ * (rlx_conv_nhwc's moves between NCHW and NHWC). */
+static RLX_CLONES void transpose_blocks(const float *src, int64_t ls, float *dst, int64_t ld, int64_t i0,
+                                        int64_t i1, int64_t j0, int64_t j1) {
+    for (int64_t i = i0; i < i1; i += TRANSPOSE_BLOCK)
+        for (int64_t j = j0; j < j1; j += TRANSPOSE_BLOCK)
+            transpose_block(src, ls, dst, ld, i, i + TRANSPOSE_BLOCK < i1 ? i + TRANSPOSE_BLOCK : i1, j,
+                            j + TRANSPOSE_BLOCK < j1 ? j + TRANSPOSE_BLOCK : j1);
+}
+
+static RLX_CLONES void transpose_part(const float *x, float *y, int64_t lo, int64_t hi, int64_t rows, int64_t cols) {
+    const int64_t row_blocks = (rows + TRANSPOSE_BLOCK - 1) / TRANSPOSE_BLOCK;
+    const int64_t col_blocks = (cols + TRANSPOSE_BLOCK - 1) / TRANSPOSE_BLOCK;
+    const int64_t per = row_blocks * col_blocks;
+    for (int64_t t = lo; t < hi; t++) {
+        const int64_t b = t / per, rb = (t % per) / col_blocks, cb = t % col_blocks;
+        const int64_t i0 = rb * TRANSPOSE_BLOCK, j0 = cb * TRANSPOSE_BLOCK;
+        transpose_block(x + b * rows * cols, cols, y + b * rows * cols, rows, i0,
+                        i0 + TRANSPOSE_BLOCK < rows ? i0 + TRANSPOSE_BLOCK : rows, j0,
+                        j0 + TRANSPOSE_BLOCK < cols ? j0 + TRANSPOSE_BLOCK : cols);
+    }
+}
+
+RLX_API void rlx_transpose(const void *x, void *y, int64_t batch, int64_t rows, int64_t cols, int64_t threads) {
+    const int64_t blocks = batch * ((rows + TRANSPOSE_BLOCK - 1) / TRANSPOSE_BLOCK) *
+                           ((cols + TRANSPOSE_BLOCK - 1) / TRANSPOSE_BLOCK);
+    RLX_ACROSS_TEAM(threads, blocks, transpose_part((const float *)x, (float *)y, lo, hi, rows, cols));
+}
+
 /* ------------------------------------------------ direct convolution over NHWC
  * y = conv(x, W) + bias with the channels innermost: a tile is RLX_CONV_NHWC_R consecutive
  * outputs of a row x a block of up to 64 output channels (four vectors); per input
@@ -3425,7 +3512,8 @@ RLX_API void rlx_conv_gemm(const float *x, const float *apk, const int32_t *toff
  * fills L3), and most on small planes (7 x 7 x 512: 358 GF/s against 500 here).
  *
  * x and y are each NHWC or NCHW (`layout`: bit 0 x is NCHW, bit 1 y is NCHW). An NCHW x
- * is first transposed into scratch by the threads together (one copy, not kw), an NCHW
+ * is first transposed into scratch by the threads together (one copy, not kw; in
+ * rlx_transpose's 8 x 8 register tiles), an NCHW
  * y is computed into scratch NHWC and each thread transposes its own outputs out: the
  * kernel serves NCHW graphs now and channels-last chains as they are. A tap that falls
  * outside x reads a row of zeros in scratch (no test in the loop: the tile's pointers
@@ -3564,22 +3652,6 @@ static RLX_CLONES void nhwc_row(const nhwc_args *g, float *yr, int64_t oy, int64
     }
 }
 
-/* dst[ch dc + p dp] = src[p sp + ch sc] for channels [0, c) and pixels [p0, p1), in
- * 16 x 16 blocks (a block's source and destination are 16 cache lines each, used whole):
- * an image moved between NCHW and NHWC either way. Element by element along one side
- * it took ~1 ms for a 192 x 56 x 56 output. */
-static RLX_CLONES void nhwc_transpose(const float *src, float *dst, int64_t c, int64_t sp, int64_t sc, int64_t dp,
-                                      int64_t dc, int64_t p0, int64_t p1) {
-    for (int64_t pb = p0; pb < p1; pb += 16) {
-        const int64_t pe = pb + 16 < p1 ? pb + 16 : p1;
-        for (int64_t cb = 0; cb < c; cb += 16) {
-            const int64_t ce = cb + 16 < c ? cb + 16 : c;
-            for (int64_t ch = cb; ch < ce; ch++)
-                for (int64_t p = pb; p < pe; p++) dst[ch * dc + p * dp] = src[p * sp + ch * sc];
-        }
-    }
-}
-
 /* Output rows [r0, r1) in channel blocks [b0, b1) into yn (NHWC), then, where y is
  * NCHW, those outputs transposed into it; then the epilogue program over them. */
 static void nhwc_part(const nhwc_args *g, float *yn, float *y, int64_t r0, int64_t r1, int64_t b0, int64_t b1,
@@ -3600,7 +3672,7 @@ static void nhwc_part(const nhwc_args *g, float *yn, float *y, int64_t r0, int64
         else
             for (int64_t p = p0; p < p1; p++) epi_span(&es, yn + p * g->o + ch0, ch1 - ch0);
     } else {
-        nhwc_transpose(yn + ch0, y + ch0 * pixels, ch1 - ch0, g->o, 1, 1, pixels, p0, p1);
+        transpose_blocks(yn, g->o, y, pixels, p0, p1, ch0, ch1); /* (pixels, o) -> (o, pixels) */
         for (int64_t ch = ch0; ch < ch1; ch++) epi_span(&es, y + ch * pixels + p0, p1 - p0);
     }
     epi_flush(&es);
@@ -3634,7 +3706,8 @@ RLX_API void rlx_conv_nhwc(const float *x, const float *wpk, const float *bias, 
         {
             const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
             if (xt) {
-                nhwc_transpose(x, xt, c, 1, h * w, c, 1, h * w * t / nt, h * w * (t + 1) / nt);
+                /* (c, hw) -> (hw, c), each thread its pixels */
+                transpose_blocks(x, h * w, xt, c, 0, c, h * w * t / nt, h * w * (t + 1) / nt);
 #pragma omp barrier
             }
             if (bsplit) nhwc_part(&g, yn, y, 0, oh, blocks * t / nt, blocks * (t + 1) / nt, epi);
@@ -3643,7 +3716,7 @@ RLX_API void rlx_conv_nhwc(const float *x, const float *wpk, const float *bias, 
         return;
     }
 #endif
-    if (xt) nhwc_transpose(x, xt, c, 1, h * w, c, 1, 0, h * w);
+    if (xt) transpose_blocks(x, h * w, xt, c, 0, c, 0, h * w);
     nhwc_part(&g, yn, y, 0, oh, 0, blocks, epi);
 }
 
@@ -3917,77 +3990,6 @@ RLX_API void rlx_resize_taps(const float *x, const int64_t *idx, const float *w,
                              int64_t n_in, int64_t n_out, int64_t inner, int64_t taps, int64_t threads) {
     RLX_ACROSS_TEAM(threads, inner == 1 ? outer : outer * n_out,
                     resize_part(x, idx, w, y, lo, hi, n_in, n_out, inner, taps));
-}
-
-/* ------------------------------------------------------------ transposes */
-/* y[b, j, i] = x[b, i, j] for b < batch, i < rows, j < cols, 4-byte elements: the
- * batched matrix transpose every permutation that moves the last axis comes to once
- * adjacent axes are merged ((0, 2, 1) between a transformer's tokens and a CNN's
- * channels; NCHW <-> NHWC). numpy's strided copy moves 2-3 GB/s at those shapes. Here
- * 8 x 8 tiles are transposed in registers (eight row loads, three rounds of shuffles,
- * eight row stores: GCC's vector extensions, so each clone gets its own instructions),
- * 32 x 32 blocks at a time, the edges element by element: 3-5x numpy's speed on one
- * core at segformer's and whisper's shapes. */
-#define TRANSPOSE_BLOCK 32
-#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
-typedef float rx_v8f __attribute__((vector_size(32), aligned(4)));
-#define TR_LO(a, b) __builtin_shufflevector(a, b, 0, 8, 1, 9, 4, 12, 5, 13)
-#define TR_HI(a, b) __builtin_shufflevector(a, b, 2, 10, 3, 11, 6, 14, 7, 15)
-#define TR_S44(a, b) __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13)
-#define TR_SEE(a, b) __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15)
-#define TR_P20(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11)
-#define TR_P31(a, b) __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15)
-static inline void transpose8(const float *src, int64_t ls, float *dst, int64_t ld) {
-    const rx_v8f r0 = *(const rx_v8f *)src, r1 = *(const rx_v8f *)(src + ls), r2 = *(const rx_v8f *)(src + 2 * ls),
-                 r3 = *(const rx_v8f *)(src + 3 * ls), r4 = *(const rx_v8f *)(src + 4 * ls),
-                 r5 = *(const rx_v8f *)(src + 5 * ls), r6 = *(const rx_v8f *)(src + 6 * ls),
-                 r7 = *(const rx_v8f *)(src + 7 * ls);
-    const rx_v8f t0 = TR_LO(r0, r1), t1 = TR_HI(r0, r1), t2 = TR_LO(r2, r3), t3 = TR_HI(r2, r3);
-    const rx_v8f t4 = TR_LO(r4, r5), t5 = TR_HI(r4, r5), t6 = TR_LO(r6, r7), t7 = TR_HI(r6, r7);
-    const rx_v8f s0 = TR_S44(t0, t2), s1 = TR_SEE(t0, t2), s2 = TR_S44(t1, t3), s3 = TR_SEE(t1, t3);
-    const rx_v8f s4 = TR_S44(t4, t6), s5 = TR_SEE(t4, t6), s6 = TR_S44(t5, t7), s7 = TR_SEE(t5, t7);
-    *(rx_v8f *)dst = TR_P20(s0, s4);
-    *(rx_v8f *)(dst + ld) = TR_P20(s1, s5);
-    *(rx_v8f *)(dst + 2 * ld) = TR_P20(s2, s6);
-    *(rx_v8f *)(dst + 3 * ld) = TR_P20(s3, s7);
-    *(rx_v8f *)(dst + 4 * ld) = TR_P31(s0, s4);
-    *(rx_v8f *)(dst + 5 * ld) = TR_P31(s1, s5);
-    *(rx_v8f *)(dst + 6 * ld) = TR_P31(s2, s6);
-    *(rx_v8f *)(dst + 7 * ld) = TR_P31(s3, s7);
-}
-#define TRANSPOSE_TILE 8
-#else
-static inline void transpose8(const float *src, int64_t ls, float *dst, int64_t ld) {
-    for (int64_t i = 0; i < 8; i++)
-        for (int64_t j = 0; j < 8; j++) dst[j * ld + i] = src[i * ls + j];
-}
-#define TRANSPOSE_TILE 8
-#endif
-
-static RLX_CLONES void transpose_part(const float *x, float *y, int64_t lo, int64_t hi, int64_t rows, int64_t cols) {
-    const int64_t row_blocks = (rows + TRANSPOSE_BLOCK - 1) / TRANSPOSE_BLOCK;
-    const int64_t col_blocks = (cols + TRANSPOSE_BLOCK - 1) / TRANSPOSE_BLOCK;
-    const int64_t per = row_blocks * col_blocks;
-    for (int64_t t = lo; t < hi; t++) {
-        const int64_t b = t / per, rb = (t % per) / col_blocks, cb = t % col_blocks;
-        const float *xb = x + b * rows * cols;
-        float *yb = y + b * rows * cols;
-        const int64_t i0 = rb * TRANSPOSE_BLOCK, j0 = cb * TRANSPOSE_BLOCK;
-        const int64_t i1 = i0 + TRANSPOSE_BLOCK < rows ? i0 + TRANSPOSE_BLOCK : rows;
-        const int64_t j1 = j0 + TRANSPOSE_BLOCK < cols ? j0 + TRANSPOSE_BLOCK : cols;
-        const int64_t i8 = i0 + (i1 - i0) / TRANSPOSE_TILE * TRANSPOSE_TILE;
-        const int64_t j8 = j0 + (j1 - j0) / TRANSPOSE_TILE * TRANSPOSE_TILE;
-        for (int64_t i = i0; i < i8; i += TRANSPOSE_TILE)
-            for (int64_t j = j0; j < j8; j += TRANSPOSE_TILE) transpose8(xb + i * cols + j, cols, yb + j * rows + i, rows);
-        for (int64_t i = i0; i < i1; i++) /* the block's edges: rows past i8, columns past j8 */
-            for (int64_t j = i < i8 ? j8 : j0; j < j1; j++) yb[j * rows + i] = xb[i * cols + j];
-    }
-}
-
-RLX_API void rlx_transpose(const void *x, void *y, int64_t batch, int64_t rows, int64_t cols, int64_t threads) {
-    const int64_t blocks = batch * ((rows + TRANSPOSE_BLOCK - 1) / TRANSPOSE_BLOCK) *
-                           ((cols + TRANSPOSE_BLOCK - 1) / TRANSPOSE_BLOCK);
-    RLX_ACROSS_TEAM(threads, blocks, transpose_part((const float *)x, (float *)y, lo, hi, rows, cols));
 }
 
 /* ------------------------------------------------------------ plane reductions
