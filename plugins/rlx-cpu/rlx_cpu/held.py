@@ -58,6 +58,7 @@ from rlx_core.plugin import conv_inputs
 
 from . import amx_groups, bf16_units, layout, native, onednn, onednn_matmul, onednn_steps
 from .fused import native_region, program_region
+from .post_ops import post_ops
 from .steps import held16
 
 __all__ = ["plan", "plan_dense", "steps", "dense_steps", "tiled", "depthwise"]
@@ -207,7 +208,7 @@ def _direct(lib: onednn.Dnnl, node: Node, typed: list[Any], ins: list[Any], out:
         if node.op is OpKind.FUSED_CONV:
             operands = [out, *(x if cl == out_cl else layout.cl_view(x) if out_cl else x.transpose(layout.TO_NCHW)
                                for x, cl in zip(ins[n_conv:], in_cl[n_conv:]))]
-            post = layout.post_ops(a["program"], operands, getattr(ctx, "constant", None))
+            post = post_ops(a["program"], operands, getattr(ctx, "constant", None))
             if post is None:  # no post-ops for it (or a SiLU faster so: ``swish``): the interpreter after
                 return _then_region(lib, node, ins, operands, typed, out, ctx, in_cl, out_cl)
         return onednn_steps.conv_steps(lib, ins[0], ins[1], ins[2] if n_conv == 3 else None, out, a["padding"],
