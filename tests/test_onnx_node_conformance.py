@@ -40,8 +40,10 @@ from rlx_core.ir.dtypes import is_storage
 #: RoiAlign and GridSample there too, 1642 with the 3-D ConvTranspose, LpPool and ceil_mode,
 #: and MaxPool padded wider than half its window, 1648 with AveragePool's dilations, 1652 with
 #: AffineGrid, 1655 with ReverseSequence, 1661 with DynamicQuantizeLinear, MatMulInteger and
-#: ConvInteger (ONNX Runtime's dynamic quantization).
-PASS_FLOOR = 1661
+#: ConvInteger (ONNX Runtime's dynamic quantization), 1699 with DFT, STFT, MelWeightMatrix,
+#: QLinearMatMul, QLinearConv, SwiGLU, Det, Col2Im, MaxUnpool, MaxPool's Indices and
+#: AveragePool padded wider than half its window.
+PASS_FLOOR = 1699
 #: float16 outputs are judged within this many float16 ulps of the expected value (or the
 #: case's own tolerance): rlx rounds a float16 graph at every op, the case's data rounds
 #: an exact result once, so a chain of ops may sit an ulp or two away.
@@ -57,6 +59,13 @@ def _array(value: Any) -> Any:
 
 
 _REASON_CHARS = 160
+
+#: Cases whose expected data carries more rounding noise than their own tolerance allows,
+#: with the absolute tolerance they are judged at instead. The inverse DFT cases' outputs
+#: were made by numpy's single-precision FFT: 1.9e-7 in the Nyquist row's imaginary part,
+#: where the exact value is 0, against the case's atol of 1e-7 (rlx's float64-built
+#: matrix gives 3e-15 there; onnxruntime 1.32 fails both cases the same way).
+_NOISY_EXPECTATIONS = {"test_dft_inverse": 1e-6, "test_dft_inverse_opset19": 1e-6}
 
 
 def _close(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> bool:
@@ -90,7 +99,7 @@ def _run_case(case: Any, device: str = "cpu") -> tuple[str, str]:
                 if is_storage(w.dtype.name):  # bfloat16, float8, 4-bit: one rounding, no tolerance
                     ok = np.array_equal(g.astype(np.float64), w.astype(np.float64), equal_nan=True)
                 elif w.dtype.kind in "fc":
-                    ok = _close(g, w, case.rtol, case.atol)
+                    ok = _close(g, w, case.rtol, max(case.atol, _NOISY_EXPECTATIONS.get(case.name, 0.0)))
                 else:
                     ok = np.array_equal(g, w)
                 if not ok:
@@ -105,10 +114,10 @@ def _run_case(case: Any, device: str = "cpu") -> tuple[str, str]:
 
 #: Per device: every how many-th case it runs (the suite stays fast: jax compiles each case
 #: with XLA, ~0.13 s; PoCL each kernel, ~0.5 s cold), and the floor of passes over those
-#: cases. Each ran every case once: jax 1599 pass (as cpu; 253 s on 2 cores), opencl on
-#: PoCL 1368 (100 s with its kernel cache warm, ~1,000 s cold), 0 wrong on both; their
-#: floors are over the samples.
-DEVICES = {"cpu": (1, PASS_FLOOR), "jax": (4, 404), "opencl": (8, 175)}
+#: cases. Each ran every case once: jax 1699 pass (as cpu; ~250 s on 2 cores), opencl on
+#: PoCL 1522 (~300 s with its kernel cache mostly warm, ~1,000 s cold), 0 wrong on both;
+#: their floors are over the samples.
+DEVICES = {"cpu": (1, PASS_FLOOR), "jax": (4, 428), "opencl": (8, 192)}
 
 
 @pytest.mark.slow  # all node tests on cpu: ~30 s; a quarter on jax: ~65 s; an eighth on opencl: ~2 min cold

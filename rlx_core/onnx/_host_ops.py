@@ -2,8 +2,9 @@
 
 ``NonZero``, ``Unique`` and ``NonMaxSuppression`` make outputs that no shape rule can size
 before they run; ``RoiAlign`` (the two-stage detectors' pooling of each proposal) has no rlx
-op; ``TopK`` runs here where rlx's ops cannot express it (a K too large to unroll). rlx
-runs them between compiled stages (``rlx_core.ir.staged``): the
+op; ``Det`` needs a pivoting factorization (LU), which no rlx op is, and runs numpy's, the
+one ONNX's reference runs; ``TopK`` runs here where rlx's ops cannot express it (a K too
+large to unroll). rlx runs them between compiled stages (``rlx_core.ir.staged``): the
 stage before computes what they read, they run here on the host, and the stage after is
 built for the sizes they made. Each is written to the ONNX specification and checked
 against ONNX's own node tests and onnxruntime: ties, empty outputs, and the optional
@@ -224,6 +225,23 @@ def _topk(node: NodeProto, opset: int) -> HostRun:
             order = np.argsort(x, axis=along, kind="stable")
         index = np.take(order, np.arange(int(k)), axis=along)
         return [np.take_along_axis(x, index, along), index.astype(np.int64)]
+
+    return run
+
+
+def _det(node: NodeProto, opset: int) -> HostRun:
+    """Det: the determinant of each matrix in the last two axes, by numpy's LU (partial
+    pivoting) in float64, as ONNX's reference computes it (``numpy.linalg`` works in
+    float64 for float32 too), cast back to the input's dtype; float16 and bfloat16, which
+    ``numpy.linalg`` refuses, the same way."""
+
+    def run(args: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        x = _required(args, 0, "X")
+        if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
+            raise TypeError(f"X must hold floats, got {x.dtype}")
+        if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
+            raise ValueError(f"X must be [*, M, M], got {list(x.shape)}")
+        return [np.asarray(np.linalg.det(x.astype(np.float64))).astype(x.dtype)]
 
     return run
 
@@ -452,6 +470,7 @@ HOST_OPS: dict[str, Callable[[NodeProto, int], HostRun]] = {
     "NonMaxSuppression": _non_max_suppression,
     "RoiAlign": _roi_align,
     "GridSample": _grid_sample,
+    "Det": _det,
 }
 #: Every op the host runs: those above, and those run there only where rlx's ops cannot
 #: express a node (its converter raises ``NeedsHost``).

@@ -36,12 +36,15 @@ from . import (  # noqa: F401  (they register the converters)
     _ops_losses,
     _ops_nn,
     _ops_pool,
+    _ops_qlinear,
     _ops_quant,
     _ops_resize,
     _ops_rnn,
     _ops_scatter,
     _ops_signal,
+    _ops_spectral,
     _ops_tensor,
+    _ops_unfold,
 )
 from ._context import CONVERTERS, NeedsHost, NeedsValue, NodeContext, SpliceIf, describe_node, onnx_dtype
 from ._host_ops import HOST_OPS

@@ -138,6 +138,22 @@ def _swish(c: NodeContext) -> list[Operand | None]:
     return [f.op("mul", x, f.op("sigmoid", scaled), name=c.out())]
 
 
+@converter("SwiGLU")
+def _swiglu(c: NodeContext) -> list[Operand | None]:
+    """Opset 28: ``Swish_alpha(A) * B``, ``A * sigmoid(alpha * A) * B`` (``A`` the gate,
+    ``B`` the value), of one shape and dtype: the spec applies no broadcasting."""
+    f, a, b = c.f, _operand(c), c.input(1, "B")
+    if f.dtype(b) != f.dtype(a) or f.shape(b) != f.shape(a):
+        raise c.fail(f"A and B must have one shape and dtype (no broadcasting), got {f.dtype(a)}{list(f.shape(a))} "
+                     f"and {f.dtype(b)}{list(f.shape(b))}")
+    unknown = sorted(attr.name for attr in c.node.attribute if attr.name != "alpha")
+    if unknown:
+        raise c.fail(f"attributes {unknown} are not read (only alpha)")
+    alpha = float(c.attr("alpha", 1.0))
+    scaled = a if alpha == 1.0 else f.op("mul", a, f.const(alpha, f.dtype(a)))
+    return [f.op("mul", f.op("mul", a, f.op("sigmoid", scaled)), b, name=c.out())]
+
+
 @converter("ThresholdedRelu")
 def _thresholded_relu(c: NodeContext) -> list[Operand | None]:
     """``x`` where ``x > alpha``, else 0 (NaN included); float16 is compared in float32 so

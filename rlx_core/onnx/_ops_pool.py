@@ -2,13 +2,16 @@
 
 2-D pools are ``max_pool2d``/``avg_pool2d`` (a 1-D one as 2-D over (N, C, 1, L)); 3-D ones
 pool each depth plane in 2-D and combine the depth windows from strided slices. What those
-ops do not take is rewritten exactly: LpPool and a dilated AveragePool as a depthwise
-convolution by a window of ones, a MaxPool padded wider than half its window with the
-padding written as ``-inf``.
+ops do not take is rewritten exactly: LpPool and a dilated AveragePool (or one padded
+wider than half its window) as a depthwise convolution by a window of ones, a MaxPool
+padded wider than half its window with the padding written as ``-inf``, and MaxPool's
+Indices output as a running maximum over the window's taps (strided slices) that carries
+each tap's constant table of flat indices.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,7 +72,7 @@ def _pool3d(c: NodeContext, x: Operand, kind: str) -> Operand:
     kernel, strides, dilations, pads = _window_3d(c, (d, h, w))
     pd0, ph0, pw0, pd1, ph1, pw1 = pads
     ceil = _ceil_mode(c)
-    if kind == "avg" and tuple(dilations) != (1, 1, 1):
+    if kind == "avg" and (tuple(dilations) != (1, 1, 1) or _wide(kernel[1:], dilations[1:], (ph0, pw0, ph1, pw1))):
         return _dilated_avg(c, x, kernel, strides, dilations, (pd0, ph0, pw0), (pd1, ph1, pw1), ceil,
                             bool(c.attr("count_include_pad", 0)), c.out())
     past = _ceil_extra(d, kernel[0], strides[0], pd0, pd1, dilations[0]) if ceil else 0  # planes after the pads
@@ -109,7 +112,7 @@ def _max_pool(c: NodeContext) -> list[Operand | None]:
     then cast back."""
     f, x = c.f, c.input(0)
     if c.used(1):
-        raise c.fail("the Indices output is not supported")
+        return _max_pool_indices(c, x)
     if len(f.shape(x)) == 5:
         return [_pool3d(c, x, "max"), None]
     window = _pool_window(c, x)
@@ -124,6 +127,99 @@ def _max_pool(c: NodeContext) -> list[Operand | None]:
     return [_back_to_1d(c, y, one_d), None]
 
 
+#: The most window taps MaxPool's Indices output is unrolled over (four ops each).
+_MAX_INDEX_TAPS = 1024
+
+
+def _max_pool_indices(c: NodeContext, x: Operand) -> list[Operand | None]:
+    """MaxPool with its Indices output (1-D to 3-D): the window's taps unrolled. Each tap
+    is a strided slice of ``x`` padded with zeros (never read: a constant mask keeps a
+    padding tap from being taken); the running maximum takes a tap where it is greater
+    (``where(v > m)``: a tie keeps the earlier tap in the scan order, a NaN is never taken
+    after the first tap and kept when it is the first, as onnx's reference does), and the
+    running index takes the tap's constant table of flat positions in the plane (row-major,
+    or column-major with ``storage_order=1``); the plane's offset ``(n*C + c) * plane`` is
+    added last. A window that holds only padding has no index and is refused."""
+    f = c.f
+    shape = f.shape(x)
+    if len(shape) == 5:
+        kernel, strides, dilations, pads = _window_3d(c, shape[2:])
+        begins, ends, size, ceil = pads[:3], pads[3:], tuple(shape[2:]), _ceil_mode(c)
+        xin = x
+    else:
+        window = _pool_window(c, x)
+        kernel, strides, dilations = window["kernel"], window["stride"], window["dilation"]
+        top, left, bottom, right = window["padding"]
+        begins, ends, ceil = (top, left), (bottom, right), bool(window["ceil_mode"])
+        xin = _as_2d(c, x)
+        size = tuple(f.shape(xin)[2:])
+    order = int(c.attr("storage_order", 0))
+    if order not in (0, 1):
+        raise c.fail(f"storage_order must be 0 or 1, got {order}")
+    if math.prod(kernel) > _MAX_INDEX_TAPS:
+        raise c.fail(f"the Indices output of a kernel {tuple(kernel)} ({math.prod(kernel)} taps) is not supported "
+                     f"(at most {_MAX_INDEX_TAPS})")
+    outs, valid = [], []  # per axis: the output size, and which (output, tap) pairs land in x
+    for n, k, s, b, e, d in zip(size, kernel, strides, begins, ends, dilations):
+        past = _ceil_extra(n, k, s, b, e, d) if ceil else 0
+        o = (n + b + e + past - d * (k - 1) - 1) // s + 1
+        if o < 1:
+            raise c.fail(f"the kernel {tuple(kernel)} does not fit the padded input {size}")
+        pos = np.arange(o)[:, None] * s - b + np.arange(k)[None, :] * d
+        if not ((pos >= 0) & (pos < n)).any(axis=1).all():
+            raise c.fail(f"pads {(*begins, *ends)} leave windows of the kernel {tuple(kernel)} that hold only "
+                         "padding (they have no index)")
+        outs.append(o)
+        valid.append((pos >= 0) & (pos < n))
+    xin = _zero_pad(c, xin, begins, [max(0, (o - 1) * s - b + (k - 1) * d + 1 - n)
+                                     for n, k, s, b, d, o in zip(size, kernel, strides, begins, dilations, outs)])
+    lead = tuple(f.shape(xin)[:2])
+    # each axis's step in the flat plane: row-major, or column-major with storage_order=1
+    steps = [math.prod(size[:i]) if order else math.prod(size[i + 1:]) for i in range(len(size))]
+    seen = np.zeros(outs, dtype=bool)
+    best: Operand | None = None
+    index: Operand | None = None
+    for taps in np.ndindex(*kernel):
+        tap = f.op("slice", xin, starts=[j * d for j, d in zip(taps, dilations)],
+                   ends=[j * d + (o - 1) * s + 1 for j, d, o, s in zip(taps, dilations, outs, strides)],
+                   axes=list(range(2, 2 + len(size))), steps=list(strides))
+        ok = np.ones((), dtype=bool)
+        where_at = np.zeros((), dtype=np.int64)
+        for axis, j in enumerate(taps):
+            coord = np.arange(outs[axis]) * strides[axis] - begins[axis] + j * dilations[axis]
+            ok = np.logical_and.outer(ok, valid[axis][:, j])
+            where_at = np.add.outer(where_at, np.clip(coord, 0, None) * steps[axis])
+        first = ok & ~seen
+        seen |= ok
+        table = frozen(where_at.astype(np.int64))
+        if best is None:
+            best, index = tap, table
+            continue
+        greater = f.op("greater", tap, best)
+        fixed = first | ~ok
+        take = greater if not fixed.any() else f.op("where", frozen(fixed), frozen(first), greater)
+        best = f.op("where", take, tap, best)
+        index = f.op("where", take, table, index)
+    assert best is not None and index is not None
+    plane = math.prod(size)
+    offsets = (np.arange(lead[0] * lead[1], dtype=np.int64) * plane).reshape(*lead, *(1,) * len(size))
+    y_shape = shape[:2] + tuple(outs[-1:] if len(shape) == 3 else outs)
+    y = f.op("reshape", best, shape=y_shape, name=c.out(0))
+    index = f.op("reshape", f.op("add", index, frozen(offsets)), shape=y_shape, name=c.out(1))
+    return [y, index]
+
+
+def _zero_pad(c: NodeContext, x: Operand, befores: Sequence[int], afters: Sequence[int]) -> Operand:
+    """``x`` (N, C, ...) with zeros added before and after each spatial axis."""
+    f = c.f
+    for axis, before, after in zip(range(2, 2 + len(befores)), befores, afters):
+        shape, dtype = f.shape(x), f.dtype(x)
+        blocks = {p: frozen(np.zeros((*shape[:axis], p, *shape[axis + 1:]), dtype)) for p in (before, after)}
+        parts = [blocks[before]] * bool(before) + [x] + [blocks[after]] * bool(after)
+        x = f.op("concat", *parts, axis=axis) if len(parts) > 1 else x
+    return x
+
+
 def _wide_max_pads(c: NodeContext, x: Operand, window: dict[str, Any]) -> Operand:
     """A MaxPool padded by more than half its window (ONNX allows it; ``max_pool2d`` does
     not): ``x`` with its padding made of ``-inf`` rows and columns, which a maximum never
@@ -133,7 +229,7 @@ def _wide_max_pads(c: NodeContext, x: Operand, window: dict[str, Any]) -> Operan
     f = c.f
     top, left, bottom, right = window["padding"]
     spans = [(k - 1) * d + 1 for k, d in zip(window["kernel"], window["dilation"])]
-    if 2 * max(top, bottom) <= spans[0] and 2 * max(left, right) <= spans[1]:
+    if not _wide(window["kernel"], window["dilation"], window["padding"]):
         return x
     if window["ceil_mode"]:
         raise c.fail(f"pads {window['padding']} wider than half the window {tuple(spans)} are not supported with "
@@ -149,6 +245,14 @@ def _wide_max_pads(c: NodeContext, x: Operand, window: dict[str, Any]) -> Operan
     return x
 
 
+def _wide(kernel: Sequence[int], dilation: Sequence[int], padding: Sequence[int]) -> bool:
+    """Whether 2-D ``padding`` (top, left, bottom, right) is wider than half the (dilated)
+    window somewhere, which ``max_pool2d``/``avg_pool2d`` refuse."""
+    spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilation)]
+    top, left, bottom, right = padding
+    return 2 * max(top, bottom) > spans[0] or 2 * max(left, right) > spans[1]
+
+
 @converter("AveragePool")
 def _avg_pool(c: NodeContext) -> list[Operand | None]:
     x = c.input(0)
@@ -159,7 +263,7 @@ def _avg_pool(c: NodeContext) -> list[Operand | None]:
     one_d = _one_d(c)
     name = "" if one_d else c.out()
     dilation = window.pop("dilation")
-    if dilation != (1, 1):
+    if dilation != (1, 1) or _wide(window["kernel"], dilation, window["padding"]):
         top, left, bottom, right = window["padding"]
         y = _dilated_avg(c, _as_2d(c, x), window["kernel"], window["stride"], dilation, (top, left), (bottom, right),
                          bool(window["ceil_mode"]), cip, name)
@@ -170,7 +274,8 @@ def _avg_pool(c: NodeContext) -> list[Operand | None]:
 
 def _dilated_avg(c: NodeContext, x: Operand, kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int],
                  begins: Sequence[int], ends: Sequence[int], ceil: bool, cip: bool, name: str) -> Operand:
-    """An AveragePool with dilations (ONNX 19; ``avg_pool2d`` has none), 2-D or 3-D: the
+    """An AveragePool with dilations (ONNX 19; ``avg_pool2d`` has none) or padded wider than
+    half its window (``avg_pool2d`` refuses it), 2-D or 3-D: the
     windows' sums as a depthwise convolution of ``x`` by a window of ones (``conv2d``, or
     the 3-D convolution ``Conv`` runs), divided per output position by how many of its taps
     land in the input (and in the padding, with ``count_include_pad``): a constant.
