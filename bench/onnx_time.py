@@ -4,7 +4,8 @@ option sets) in alternating processes, where a change is too small for run-to-ru
     python bench/onnx_time.py a.onnx b.onnx [--device cpu] [--disable conv] [--blocks 7] [--runs 15]
 
 Feeds come from ``a.npz`` beside ``a.onnx`` when there is one (``numpy.savez`` of the
-inputs by name), else random normal floats and small integers. Each model runs 30 times
+inputs by name), else random normal floats and small integers, each symbolic dim (a
+dynamic batch or sequence axis) 1, or its ``--dim NAME=SIZE``. Each model runs 30 times
 untimed, then ``--blocks`` blocks of ``--runs`` back-to-back runs with a 100 ms sleep
 before each; one line per model: its name and the median block's milliseconds a run.
 
@@ -44,6 +45,9 @@ import numpy as np
 import rlx_core as rlx
 from rlx_core import onnx as rlx_onnx
 
+#: ``--dim NAME=SIZE``: the size of a symbolic dim in generated feeds (others: 1).
+DIMS: dict[str, int] = {}
+
 
 def feeds_for(path: Path, graph: rlx.Graph) -> dict[str, np.ndarray]:
     saved = path.with_suffix(".npz")
@@ -53,10 +57,11 @@ def feeds_for(path: Path, graph: rlx.Graph) -> dict[str, np.ndarray]:
     feeds = {}
     for i in graph.inputs:
         node = graph.node(i)
+        shape = tuple(d if isinstance(d, int) else DIMS.get(str(d), 1) for d in node.shape)
         if node.dtype.startswith("float"):
-            feeds[node.name] = rng.standard_normal(node.shape).astype(node.dtype)
+            feeds[node.name] = rng.standard_normal(shape).astype(node.dtype)
         else:
-            feeds[node.name] = rng.integers(0, 100, node.shape).astype(node.dtype)
+            feeds[node.name] = rng.integers(0, 100, shape).astype(node.dtype)
     return feeds
 
 
@@ -173,12 +178,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --ab: a setting in the environment for the 'before' compile (repeatable)")
     parser.add_argument("--precision", default="fp32", help="with --ab or --ort: CompileOptions.precision")
     parser.add_argument("--ort", action="store_true", help="rlx and ORT in turn, warmed up as a user would")
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                        help="a symbolic dim's size in generated feeds (repeatable; others 1)")
     args = parser.parse_args(argv)
     if args.ab and not args.disable and not args.before_env:
         parser.error("--ab compares the pipeline with and without --disable or --before-env: name one")
     if any("=" not in kv for kv in args.before_env):
         parser.error("--before-env takes NAME=VALUE")
     before_env = dict(kv.split("=", 1) for kv in args.before_env)
+    try:
+        DIMS.update((name, int(size)) for name, size in (kv.split("=", 1) for kv in args.dim))
+    except ValueError:
+        parser.error(f"--dim takes NAME=SIZE with an int size, got {args.dim}")
     for path in args.models:
         if args.ort:
             ms = vs_ort(path, args.device, args.precision, args.blocks)

@@ -85,3 +85,19 @@ def test_ab_compiles_before_under_the_settings_of_before_env(tmp_path: Path, mon
     assert capsys.readouterr().out.splitlines()[0].startswith("a: nodes compiled before 3, after 3;")
     with pytest.raises(SystemExit):
         onnx_time.main([str(model), "--ab", "--before-env", "RLX_CPU_LAYOUT"])  # not NAME=VALUE
+
+
+def test_made_up_feeds_bind_symbolic_dims_to_one_or_to_dim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model exported with dynamic axes and no saved feeds: its symbolic dims are 1, or
+    the size ``--dim NAME=SIZE`` gives (the tool read them as ints and failed before)."""
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", "float32", ["batch", 3, "seq"])],
+                       [vi("y", "float32", None)])
+    path = tmp_path / "dyn.onnx"
+    onnx.save(model, str(path))
+    graph = onnx_time.rlx_onnx.load(str(path))
+    assert onnx_time.feeds_for(path, graph)["x"].shape == (1, 3, 1)
+    monkeypatch.setattr(onnx_time, "DIMS", {})
+    assert onnx_time.main([str(path), "--dim", "seq=7", "--blocks", "1", "--runs", "1"]) == 0
+    assert onnx_time.feeds_for(path, graph)["x"].shape == (1, 3, 7)
+    with pytest.raises(SystemExit):
+        onnx_time.main([str(path), "--dim", "seq=seven"])
