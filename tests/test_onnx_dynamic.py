@@ -235,6 +235,27 @@ def test_a_fault_at_every_size_is_named_once() -> None:
         rlx_onnx.load(pool)
 
 
+def test_a_dim_that_is_the_sum_of_two_others_loads_without_dims() -> None:
+    """A decoder step with a KV cache: the mask spans past and new tokens (``tp = t + p``)
+    and the new positions are the mask sliced after the past (OPT's export). With every
+    symbol one size, ``tp - p`` is 0 and no size converted; a sum of two others does, and
+    the graph is placed and run at any sizes that fit."""
+    nodes = [helper.make_node("Shape", ["pk"], ["ps"]),
+             helper.make_node("Slice", ["m", "ps", "big", "ax"], ["ms"]),
+             helper.make_node("Add", ["x", "ms"], ["y"])]
+    model = make_model(nodes, [vi("x", "float32", ["t"]), vi("m", "float32", ["tp"]), vi("pk", "float32", ["p"])],
+                       [vi("y", "float32", None)],
+                       [init("big", np.array([1 << 30], np.int64)), init("ax", np.array([0], np.int64))])
+    g = rlx_onnx.load(model)
+    assert isinstance(g, DeferredGraph) and set(g.symbols) == {"p", "t", "tp"}
+    assert g.body_sizes["tp"] == g.body_sizes["t"] + g.body_sizes["p"]
+    cg = rlx.compile(g, device="cpu")
+    for t, p in [(3, 5), (1, 9), (4, 0)]:
+        feeds = {"x": np.linspace(-1, 1, t, dtype=np.float32), "m": np.arange(t + p, dtype=np.float32),
+                 "pk": np.zeros(p, np.float32)}
+        np.testing.assert_array_equal(cg.run(feeds)[0], ort_run(model, feeds)[0])
+
+
 # ------------------------------------------------------------- converted once, symbolically
 def _static_twin(model: Any, sizes: dict[str, int], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     return rlx.reference.evaluate(rlx_onnx.load(model, dims=sizes), inputs)

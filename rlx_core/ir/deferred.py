@@ -71,6 +71,13 @@ class DeferredGraph(Graph):
         self._built[tuple(sorted(self._at.items()))] = body
 
     @property
+    def body_sizes(self) -> dict[str, int]:
+        """The sizes (symbol -> size) the body was built at: ones the model converts at,
+        where every symbol at one size may not (``specialize.representative`` tries
+        them first)."""
+        return dict(self._at)
+
+    @property
     def source(self) -> str:
         """What the body is rebuilt from (the model file), as messages name it."""
         return self._source

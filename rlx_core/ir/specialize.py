@@ -244,7 +244,10 @@ def representative(graph: Graph) -> tuple[Graph, dict[str, int]]:
     they make up inputs.
 
     Every symbol takes the same size, the first of ``REPRESENTATIVE_SIZES`` that the
-    graph's shape rules (and the constraints its ops recorded) accept. Kept per graph until
+    graph's shape rules (and the constraints its ops recorded) accept; a graph rebuilt per
+    size (``DeferredGraph``) is first tried at the sizes its body was built at, which its
+    model is known to convert at (a KV-cache step's ``tp = t + p`` never converts with
+    every symbol one size). Kept per graph until
     it changes (a node added, its outputs set again; a user graph keeps its arrays), so
     the load that checked it and the compile that places it specialize it once."""
     from .valued import RunTimeGraph, ValueDependentGraph
@@ -261,8 +264,10 @@ def representative(graph: Graph) -> tuple[Graph, dict[str, int]]:
     if found is not None and found[0] == version:
         return found[1], found[2]
     problems: list[str] = []
-    for size in REPRESENTATIVE_SIZES:
-        bindings = dict.fromkeys(graph.symbols, size)
+    body_sizes = getattr(graph, "body_sizes", None)  # a DeferredGraph's: sizes its model converts at
+    candidates = [dict.fromkeys(graph.symbols, size) for size in REPRESENTATIVE_SIZES]
+    for bindings in ([dict(body_sizes)] if body_sizes else []) + candidates:
+        size = "/".join(str(v) for v in dict.fromkeys(bindings.values()))
         try:
             spec = graph.specialize(bindings)
             shapes = {spec.node(i).name: spec.node(i).shape for i in spec.inputs}

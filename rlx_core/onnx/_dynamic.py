@@ -22,9 +22,10 @@ already holds), only the small initializers read as shapes, axes or tables.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 from onnx import GraphProto
@@ -89,14 +90,15 @@ def load_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str]) ->
     shapes = symbolic_shapes(model, dims, names)
 
     failures: list[tuple[int, ModelError]] = []
-    for size in REPRESENTATIVE_SIZES:
+    for trial in _trial_sizes(free):
         try:
-            body = model.convert({**dims, **dict.fromkeys(free, size)})
+            body = model.convert({**dims, **trial})
             break
         except (NeedsValue, NeedsHost, SpliceIf):  # no size helps: the caller builds, cuts or splices
             raise
         except ModelError as exc:
-            failures.append((size, exc))
+            if len(set(trial.values())) == 1:  # (the message names the equal sizes' faults)
+                failures.append((next(iter(trial.values())), exc))
     else:
         listed = ", ".join(f"{k!r}" for k in free)
         if len({_sizeless(str(exc), size) for size, exc in failures}) == 1:  # one fault, whatever the size
@@ -114,8 +116,26 @@ def load_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str]) ->
     def build(sizes: Mapping[str, int], params: Mapping[str, np.ndarray]) -> Graph:
         return again.convert({**dims, **{key: sizes[names[key]] for key in free}}, preloaded=params)
 
-    at = {names[key]: size for key in free}
+    at = {names[key]: size for key, size in trial.items()}
     return DeferredGraph(body, shapes, build, at, source=model.where)
+
+
+#: Sizes of the sums tried when every symbol at one size does not convert.
+_PART, _OTHER = 8, 16
+
+
+def _trial_sizes(free: Sequence[str]) -> Iterator[dict[str, int]]:
+    """Sizes to convert a model at: every symbol at each of ``REPRESENTATIVE_SIZES``, then,
+    with three symbols or more, one symbol the sum of two others (16 + 8 = 24, the rest
+    16). Why: a decoder step exported with a KV cache has a mask of the past and new
+    tokens together (OPT's ``tp = t + p``: it slices ``cumsum(mask)[:, p:]`` for the
+    positions); with every symbol one size, ``tp - p`` is 0 and no size converts."""
+    for size in REPRESENTATIVE_SIZES:
+        yield dict.fromkeys(free, size)
+    for total in free:
+        others = [k for k in free if k != total]
+        for a, b in itertools.combinations(others, 2):
+            yield {**dict.fromkeys(free, _OTHER), a: _OTHER, b: _PART, total: _OTHER + _PART}
 
 
 def convert_symbolic(model: Model, dims: Mapping[str, int], free: Sequence[str],
