@@ -42,8 +42,10 @@ from rlx_core.ir.dtypes import is_storage
 #: AffineGrid, 1655 with ReverseSequence, 1661 with DynamicQuantizeLinear, MatMulInteger and
 #: ConvInteger (ONNX Runtime's dynamic quantization), 1699 with DFT, STFT, MelWeightMatrix,
 #: QLinearMatMul, QLinearConv, SwiGLU, Det, Col2Im, MaxUnpool, MaxPool's Indices and
-#: AveragePool padded wider than half its window.
-PASS_FLOOR = 1699
+#: AveragePool padded wider than half its window, 1738 with TensorScatter, LinearAttention,
+#: CausalConvWithState, Scatter 9, Scan 8, BatchNormalization's training mode and bfloat16
+#: Einsum and Celu.
+PASS_FLOOR = 1738
 #: float16 outputs are judged within this many float16 ulps of the expected value (or the
 #: case's own tolerance): rlx rounds a float16 graph at every op, the case's data rounds
 #: an exact result once, so a chain of ops may sit an ulp or two away.
@@ -114,10 +116,10 @@ def _run_case(case: Any, device: str = "cpu") -> tuple[str, str]:
 
 #: Per device: every how many-th case it runs (the suite stays fast: jax compiles each case
 #: with XLA, ~0.13 s; PoCL each kernel, ~0.5 s cold), and the floor of passes over those
-#: cases. Each ran every case once: jax 1699 pass (as cpu; ~250 s on 2 cores), opencl on
-#: PoCL 1522 (~300 s with its kernel cache mostly warm, ~1,000 s cold), 0 wrong on both;
+#: cases. Each ran every case once: jax 1738 pass (as cpu; ~250 s on 2 cores), opencl on
+#: PoCL 1557 (~300 s with its kernel cache mostly warm, ~1,000 s cold), 0 wrong on both;
 #: their floors are over the samples.
-DEVICES = {"cpu": (1, PASS_FLOOR), "jax": (4, 428), "opencl": (8, 192)}
+DEVICES = {"cpu": (1, PASS_FLOOR), "jax": (4, 435), "opencl": (8, 195)}
 
 
 @pytest.mark.slow  # all node tests on cpu: ~30 s; a quarter on jax: ~65 s; an eighth on opencl: ~2 min cold

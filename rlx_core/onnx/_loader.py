@@ -38,6 +38,7 @@ from . import (  # noqa: F401  (they register the converters)
     _ops_pool,
     _ops_qlinear,
     _ops_quant,
+    _ops_recurrent_llm,
     _ops_resize,
     _ops_rnn,
     _ops_scatter,

@@ -65,6 +65,23 @@ def log1p(f: Emitter, u: Operand) -> Operand:
     return f.op("where", exact, u, f.op("div", f.op("mul", u, f.op("log", w)), step))
 
 
+def expm1(f: Emitter, u: Operand) -> Operand:
+    """``exp(u) - 1`` to a few ulps without an expm1 op: for ``|u| <= 1``, with ``w =
+    exp(u)`` rounded, ``(w - 1) * u / log(w)`` cancels the rounding of ``w`` (Kahan's form of
+    the ``log1p`` trick above), and where ``w`` rounds to 1, ``expm1(u) = u`` to working
+    precision; past 1, ``w - 1`` loses nothing (and stays -1 or inf at the ends)."""
+    dtype = f.dtype(u)
+    one = f.const(1, dtype)
+    w = f.op("exp", u)
+    w1 = f.op("sub", w, one)
+    exact = f.op("equal", w, one)
+    # log of w, or of 2 where w is 1 (never 0: no 0/0 in the branch not taken); the select
+    # also keeps XLA from simplifying log(exp(u)) to u, which would undo the correction
+    step = f.op("log", f.op("where", exact, f.const(2, dtype), w))
+    near = f.op("where", exact, u, f.op("div", f.op("mul", w1, u), step))
+    return f.op("where", f.op("greater", f.op("abs", u), one), w1, near)
+
+
 def softplus(f: Emitter, x: Operand, name: str = "") -> Operand:
     """``log(1 + exp(x))`` as ``max(x, 0) + log1p(exp(-|x|))``: ``exp`` never overflows,
     and for very negative ``x`` the result keeps its relative precision (``exp(x)``)."""
@@ -99,12 +116,20 @@ def _selu(c: NodeContext) -> list[Operand | None]:
 @converter("Celu")
 def _celu(c: NodeContext) -> list[Operand | None]:
     """``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``; ``alpha = 0`` divides by zero
-    in the definition and is refused."""
-    f, x = c.f, _operand(c)
-    dtype = f.dtype(x)
+    in the definition and is refused. bfloat16, a storage format, is computed in float32
+    with an accurate ``expm1`` and rounded to bfloat16 once, as ONNX's reference evaluator
+    computes it (its float32 ``alpha`` promotes every step to float32)."""
+    f, x = c.f, _operand(c, (*_FLOATS, "bfloat16"))
     alpha = float(c.attr("alpha", 1.0))
     if alpha == 0.0:
         raise c.fail("alpha must not be 0 (Celu divides by it)")
+    if f.dtype(x) == "bfloat16":
+        xf = f.op("cast", x, dtype="float32")
+        a = f.const(alpha, "float32")
+        neg = f.op("mul", a, expm1(f, f.op("div", xf, a)))
+        y = f.op("add", f.op("relu", xf), f.op("minimum", neg, f.const(0, "float32")))
+        return [f.op("cast", y, dtype="bfloat16", name=c.out())]
+    dtype = f.dtype(x)
     a = f.const(alpha, dtype)
     neg = f.op("mul", f.op("sub", f.op("exp", f.op("div", x, a)), f.const(1, dtype)), a)
     return [f.op("add", f.op("relu", x), f.op("minimum", neg, f.const(0, dtype)), name=c.out())]

@@ -16,6 +16,8 @@ rlx's IR has no control flow, so every backend runs these models without knowing
 - **Scan** is unrolled over the scanned axis (forward or reverse per input and output,
   any axes), its states carried through the copies; one longer than ``MAX_UNROLL`` or
   whose body holds host ops runs from the host, step by step (``ir.staged.ScanStep``).
+  Scan 8 (opset 8: a batch axis, ``sequence_lens``) is unrolled per batch item, sequences
+  of the full length only, and never runs from the host.
 
 Unrolling makes a graph whose size grows with the trip count: at most ``MAX_UNROLL``
 iterations are unrolled, more is refused by name.
@@ -113,10 +115,34 @@ def scan_layout(attr: Callable[[str], Any], n_in: int, n_out: int) -> tuple[list
     return in_axes, in_dirs, out_axes, out_dirs
 
 
+def _unroll(c: NodeContext, states: list[Operand], xs: Sequence[Operand], in_axes: Sequence[int],
+            in_dirs: Sequence[int], steps: int, n_out: int) -> tuple[list[Operand], list[list[Operand]]]:
+    """The body run ``steps`` times: each copy gets the states and the slice of every scan
+    input at its step (from the end for a reverse direction); the final states and each
+    step's scan output elements."""
+    f = c.f
+    per_step: list[list[Operand]] = []
+    for t in range(steps):
+        sliced = []
+        for x, a, d in zip(xs, in_axes, in_dirs):
+            s = f.shape(x)
+            at = steps - 1 - t if d else t
+            part = f.op("slice", x, starts=(at,), ends=(at + 1,), axes=(a,))
+            sliced.append(f.op("reshape", part, shape=tuple(n for k, n in enumerate(s) if k != a)))
+        outs = c.subgraph("body", [*states, *sliced])
+        if len(outs) != len(states) + n_out:
+            raise c.fail(f"its body returns {len(outs)} values, {len(states) + n_out} expected")
+        states = list(outs[:len(states)])
+        per_step.append(list(outs[len(states):]))
+    return states, per_step
+
+
 @converter("Scan")
 def _scan(c: NodeContext) -> list[Operand | None]:
     """Unrolled over the scanned axis: each copy of the body gets the states and the
     slice of every scan input at its step; scan outputs are stacked along their axes."""
+    if c.opset < 9:
+        return _scan_8(c)
     f = c.f
     n_in = int(c.attr("num_scan_inputs", 0))
     if n_in < 1 or n_in > c.num_inputs:
@@ -142,18 +168,7 @@ def _scan(c: NodeContext) -> list[Operand | None]:
         raise NeedsHost(why, c.out(0))
     if steps == 0 and n_out:
         raise c.fail("scans no step, so its scan outputs have no shape rlx can give them")
-    per_step: list[list[Operand]] = []
-    for t in range(steps):
-        sliced = []
-        for x, a, d, s in zip(xs, in_axes, in_dirs, shapes):
-            at = steps - 1 - t if d else t
-            part = f.op("slice", x, starts=(at,), ends=(at + 1,), axes=(a,))
-            sliced.append(f.op("reshape", part, shape=tuple(n for k, n in enumerate(s) if k != a)))
-        outs = c.subgraph("body", [*states, *sliced])
-        if len(outs) != n_state + n_out:
-            raise c.fail(f"its body returns {len(outs)} values, {n_state + n_out} expected")
-        states = list(outs[:n_state])
-        per_step.append(list(outs[n_state:]))
+    states, per_step = _unroll(c, states, xs, in_axes, in_dirs, steps, n_out)
     results = []
     for k in range(n_out):
         items = [step[k] for step in per_step]
@@ -162,3 +177,65 @@ def _scan(c: NodeContext) -> list[Operand | None]:
         rank = len(f.shape(items[0])) + 1
         results.append(_stack(f, items, out_axes[k] % rank))
     return [*states, *results]
+
+
+def _scan_8(c: NodeContext) -> list[Operand | None]:
+    """Scan 8 (opset 8, where Scan first appeared): batched. Input 0 is the optional ``sequence_lens``;
+    every state and scan input has the batch on axis 0, the scan inputs their steps on
+    axis 1; ``directions`` reverses scan inputs. Each batch item is unrolled on its own
+    (the spec's loop over the batch) and the final states and scan outputs (batch, steps,
+    ...) stacked on axis 0. Only sequences of the full length are read: ``sequence_lens``,
+    when given, must be known at import and equal to the scan axis' length (shorter ones
+    leave the outputs past them undefined, which rlx refuses). Never run from the host: the
+    host's Scan step reads Scan 9 and later, so a Scan 8 too long to unroll is refused."""
+    f = c.f
+    n_in = int(c.attr("num_scan_inputs", 0))
+    if n_in < 1 or n_in > c.num_inputs - 1:
+        raise c.fail(f"num_scan_inputs must be 1 to {c.num_inputs - 1}, got {n_in}")
+    n_state = c.num_inputs - 1 - n_in
+    states = [c.input(1 + i, f"initial_state[{i}]") for i in range(n_state)]
+    xs = [c.input(1 + n_state + k, f"scan_input[{k}]") for k in range(n_in)]
+    n_out = c.num_outputs - n_state
+    if n_out < 0:
+        raise c.fail(f"has {c.num_outputs} outputs, fewer than its {n_state} states")
+    dirs = [int(d) for d in (c.attr("directions") or [0] * n_in)]
+    if len(dirs) != n_in:
+        raise c.fail(f"directions needs one entry per scan input ({n_in}), got {len(dirs)}")
+    shapes = [f.shape(x) for x in [*states, *xs]]
+    if any(len(s) < 1 for s in shapes[:n_state]) or any(len(s) < 2 for s in shapes[n_state:]):
+        raise c.fail("Scan 8 needs states with a batch axis and scan inputs with a batch and a scan axis, got "
+                     f"shapes {[tuple(s) for s in shapes]}")
+    batches = {s[0] for s in shapes}
+    lengths = {s[1] for s in shapes[n_state:]}
+    if len(batches) != 1 or len(lengths) != 1:
+        raise c.fail(f"its states and scan inputs must share the batch size (axis 0) and the scan inputs the "
+                     f"sequence length (axis 1), got shapes {[tuple(s) for s in shapes]}")
+    batch, steps = batches.pop(), lengths.pop()
+    lens = c.static(0, "sequence_lens")
+    if lens is not None and (lens.dtype.kind not in "iu" or lens.size != batch or np.any(lens != steps)):
+        raise c.fail(f"sequence_lens {lens.reshape(-1).tolist()} must give every one of the {batch} sequences the "
+                     f"full length {steps}: shorter ones (undefined outputs past them) are not supported")
+    held = held_in(next((a.g for a in c.node.attribute if a.name == "body"), None))
+    if held:
+        raise c.fail(f"its body holds {', '.join(held)}, which run on the host, and Scan 8 is not run from the "
+                     "host; convert the model to opset 9 or later")
+    if batch * steps > MAX_UNROLL:
+        raise c.fail(f"scans {batch} x {steps} steps, more than the {MAX_UNROLL} rlx unrolls (Scan 8 is not run "
+                     "from the host); convert the model to opset 9 or later")
+    if batch == 0 or (steps == 0 and n_out):
+        raise c.fail("scans no step, so its outputs have no shape rlx can give them")
+
+    def item(x: Operand, b: int) -> Operand:
+        s = f.shape(x)
+        return f.op("reshape", f.op("slice", x, starts=(b,), ends=(b + 1,), axes=(0,)), shape=tuple(s[1:]))
+
+    finals: list[list[Operand]] = []
+    outputs: list[list[Operand]] = []
+    for b in range(batch):
+        last, per_step = _unroll(c, [item(s, b) for s in states], [item(x, b) for x in xs], [0] * n_in, dirs,
+                                 steps, n_out)
+        finals.append(last)
+        outputs.append([_stack(f, [step[k] for step in per_step], 0) for k in range(n_out)])
+    results = [_stack(f, [fin[i] for fin in finals], 0) for i in range(n_state)]
+    results += [_stack(f, [out[k] for out in outputs], 0) for k in range(n_out)]
+    return list(results)

@@ -8,7 +8,8 @@ letters no one else needs (``reduce_sum``); two operands then meet in one batche
 in both and nowhere else are contracted, the rest are rows or columns); a last
 ``reduce_sum``/``transpose`` gives the output's order. rlx shapes are static, so every
 ``reshape`` is known at import. Products of three or more operands are contracted left
-to right.
+to right. bfloat16 operands (a storage format) are computed in float32 and the result
+rounded to bfloat16 once, as ONNX's reference does.
 """
 
 from __future__ import annotations
@@ -115,8 +116,11 @@ def _einsum(c: NodeContext) -> list[Operand | None]:
     if not xs:
         raise c.fail("needs at least one operand")
     dtypes = {f.dtype(x) for x in xs}
-    if len(dtypes) != 1 or next(iter(dtypes)) not in FLOAT_DTYPES | INT_DTYPES:
+    if len(dtypes) != 1 or next(iter(dtypes)) not in FLOAT_DTYPES | INT_DTYPES | {"bfloat16"}:
         raise c.fail(f"operands must share one numeric dtype, got {sorted(dtypes)}")
+    stored = next(iter(dtypes)) == "bfloat16"  # a storage format: computed in float32, rounded once at the end
+    if stored:
+        xs = [f.op("cast", x, dtype="float32") for x in xs]
     equation = c.attr("equation", "")
     if isinstance(equation, bytes):
         equation = equation.decode()
@@ -134,6 +138,8 @@ def _einsum(c: NodeContext) -> list[Operand | None]:
     except ValueError as exc:
         raise c.fail(f"equation {equation!r}: {exc}") from None
     acc, term = _sum_out(f, acc, term, set(out))
-    if term == out:
-        return [f.op("reshape", acc, shape=f.shape(acc), name=c.out())]
-    return [f.op("transpose", acc, perm=tuple(term.index(ch) for ch in out), name=c.out())]
+    if term != out:
+        acc = f.op("transpose", acc, perm=tuple(term.index(ch) for ch in out), name="" if stored else c.out())
+    elif not stored:
+        acc = f.op("reshape", acc, shape=f.shape(acc), name=c.out())
+    return [f.op("cast", acc, dtype="bfloat16", name=c.out()) if stored else acc]

@@ -9,9 +9,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..ir.symbolic import dim_eq
 from ._context import NodeContext, converter
 from ._ops_quant import zero_shifted
 from ._shapes import Operand, frozen
+from ._symdims import NotSymbolic
 
 __all__: list[str] = []
 
@@ -239,15 +241,19 @@ def conv3d(c: NodeContext, x: Operand, w: Operand, b: Operand | None, strides: t
 @converter("BatchNormalization")
 def _batch_norm(c: NodeContext) -> list[Operand | None]:
     """Inference: ``x * s + t`` per channel, with ``s = scale / sqrt(var + eps)`` and
-    ``t = bias - mean * s`` computed at import (in float64) when the statistics are known."""
+    ``t = bias - mean * s`` computed at import (in float64) when the statistics are known.
+    ``training_mode`` 1 (opset 14+): see ``_batch_norm_training``."""
     f, x = c.f, c.input(0, "X")
     stats = [c.input(i, what) for i, what in enumerate(("scale", "B", "input_mean", "input_var"), start=1)]
-    if c.attr("training_mode", 0) or any(c.used(i) for i in range(1, c.num_outputs)):
-        raise c.fail("training mode (running statistics outputs) is not supported; rlx runs inference only")
     shape, dtype = f.shape(x), f.dtype(x)
     if len(shape) < 2:
         raise c.fail(f"needs an input (N, C, ...), got shape {shape}")
     channels = (shape[1],) + (1,) * (len(shape) - 2)
+    if c.opset >= 14 and c.attr("training_mode", 0):
+        return _batch_norm_training(c, x, stats, channels)
+    if c.attr("training_mode", 0) or any(c.used(i) for i in range(1, c.num_outputs)):
+        raise c.fail("the statistics outputs without training_mode=1 (BatchNormalization 9's training outputs, "
+                     "or running statistics in inference mode) are not supported")
     eps = float(c.attr("epsilon", 1e-5))
     arrays = [f.array(s) for s in stats]
     if all(a is not None for a in arrays):
@@ -261,6 +267,48 @@ def _batch_norm(c: NodeContext) -> list[Operand | None]:
     t = f.op("sub", bias, f.op("mul", mean, s))
     s, t = (f.op("reshape", v, shape=channels) for v in (s, t))
     return [f.op("add", f.op("mul", x, s), t, name=c.out())]
+
+
+def _batch_norm_training(c: NodeContext, x: Operand, stats: list[Operand], channels: tuple[int, ...]
+                         ) -> list[Operand | None]:
+    """``training_mode`` 1: Y normalized by the batch's own statistics, the mean and the
+    population variance over every axis but the channels', ``scale * (x - mean) /
+    sqrt(var + eps) + B``; ``running_mean = input_mean * momentum + mean * (1 - momentum)``
+    and ``running_var`` alike, as ONNX's reference computes them. float16 is computed in
+    float32 and cast back; X, scale, B and the statistics must share one float dtype."""
+    f = c.f
+    dtype = f.dtype(x)
+    dtypes = [f.dtype(v) for v in (x, *stats)]
+    if dtype not in ("float16", "float32", "float64") or any(d != dtype for d in dtypes):
+        raise c.fail(f"training mode needs X, scale, B, input_mean and input_var of one float dtype, got {dtypes}")
+    same = [len(f.shape(v)) == 1 and dim_eq(f.shape(v)[0], channels[0]) for v in stats]
+    if None in same:
+        raise NotSymbolic(f"whether the statistics {[f.shape(v) for v in stats]} hold one value per channel "
+                          f"{channels[:1]} depends on the sizes")
+    if not all(same):
+        raise c.fail(f"scale, B, input_mean and input_var must each hold one value per channel {channels[:1]}, got "
+                     f"{[f.shape(v) for v in stats]}")
+    rank = len(f.shape(x))
+    eps, momentum = float(c.attr("epsilon", 1e-5)), float(c.attr("momentum", 0.9))
+    work = "float32" if dtype == "float16" else dtype
+    xw, scale, bias, run_mean, run_var = (v if work == dtype else f.op("cast", v, dtype=work) for v in (x, *stats))
+    axes = (0, *range(2, rank))
+    mean = f.op("reduce_mean", xw, axes=axes, keepdims=True)
+    d = f.op("sub", xw, mean)
+    var = f.op("reduce_mean", f.op("mul", d, d), axes=axes, keepdims=True)
+    factor = f.op("div", f.op("reshape", scale, shape=channels),
+                  f.op("sqrt", f.op("add", var, f.const(eps, work))))
+    y = f.op("add", f.op("mul", d, factor), f.op("reshape", bias, shape=channels))
+    outs: list[Operand | None] = [y if work == dtype else f.op("cast", y, dtype=dtype)]
+    for i, (running, batch) in enumerate(((run_mean, mean), (run_var, var)), start=1):
+        if not c.used(i):
+            outs.append(None)
+            continue
+        batch = f.op("reshape", batch, shape=channels[:1])
+        updated = f.op("add", f.op("mul", running, f.const(momentum, work)),
+                       f.op("mul", batch, f.const(1.0 - momentum, work)))
+        outs.append(updated if work == dtype else f.op("cast", updated, dtype=dtype))
+    return outs
 
 
 @converter("LayerNormalization")

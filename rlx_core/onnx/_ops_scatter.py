@@ -78,7 +78,7 @@ def _reduction(c: NodeContext, data_dtype: str) -> str:
 @converter("ScatterElements", "Scatter")
 def _scatter_elements(c: NodeContext) -> list[Operand | None]:
     """``out[p with p[axis] = indices[p]] = updates[p]`` for every position ``p`` of the
-    updates (``Scatter`` is its deprecated name)."""
+    updates (``Scatter``, versions 9 and 11, is its deprecated name, without ``reduction``)."""
     f, data, updates = c.f, c.input(0, "data"), c.input(2, "updates")
     dshape, ushape = f.shape(data), f.shape(updates)
     indices = c.static(1, "indices")
@@ -88,6 +88,8 @@ def _scatter_elements(c: NodeContext) -> list[Operand | None]:
                      f"{len(dshape)}, got {indices.dtype}{tuple(indices.shape)}")
     if f.dtype(updates) != f.dtype(data):
         raise c.fail(f"updates have dtype {f.dtype(updates)}, the data {f.dtype(data)}")
+    if c.op_type == "Scatter" and c.has_attr("reduction"):
+        raise c.fail("Scatter (9, 11) has no reduction attribute; ScatterElements 16 and later do")
     rank = len(dshape)
     axis = int(c.attr("axis", 0))
     if not -rank <= axis < rank:

@@ -75,12 +75,22 @@ INTRODUCED_LATER: dict[str, frozenset[int]] = {
     "CumProd": frozenset({26}),
     "Attention": frozenset({23}),
     "RotaryEmbedding": frozenset({23}),
+    "TensorScatter": frozenset({24}),
+    "LinearAttention": frozenset({27}),
+    "CausalConvWithState": frozenset({27}),
+    "SwiGLU": frozenset({28}),
 }
 #: Versions older than those of ``WRITTEN_FOR`` that a converter reads too, each checked
 #: against the converter: an op removed since, or one whose later version only widened it.
 OLDER_VERSIONS: dict[str, frozenset[int]] = {
     "Upsample": frozenset({7, 9}),  # scales as an attribute (7) or an input (9); Resize from opset 10
-    "Scan": frozenset({9}),  # Scan 11 only allows negative axes, which the converter reads either way
+    # Scan 11 only allows negative axes, which the converter reads either way; Scan 8 (a batch
+    # axis 0, the scan axis 1, sequence_lens, ``directions``) is read by its own branch of the
+    # converter (rlx_core/onnx/_ops_control.py), equal sequence_lens only
+    "Scan": frozenset({8, 9}),
+    # Scatter 9 is ScatterElements 11 without negative indices (which 11 added) and without
+    # reduction: the ScatterElements converter reads it as it is
+    "Scatter": frozenset({9}),
 }
 
 
