@@ -26,6 +26,7 @@ from rlx_core.ir.ops import NUMPY_NAMES, OpKind, slice_index
 from .blas import mkl, vml_step
 from .gathers import gather_step
 from .gemm import gemv_step, matmul_step
+from .halves import as_float32, rounded_step
 from .mathfn import erf_program, gelu_program, run_chunked, scratch_count
 from .onednn_matmul import dense_steps
 from .steps import Step
@@ -373,10 +374,11 @@ def _matmul(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
     a, b = ins
     if out.dtype != np.float16:
         return dense_steps(a, b, None, "none", out, ctx) or [matmul_step(a, b, out, ctx)]
-    # numpy has no float16 gemm: products and sums go through float32 (sgemm).
-    a32, b32, r32 = ctx.scratch(a.shape, F32), ctx.scratch(b.shape, F32), ctx.scratch(out.shape, F32)
-    return [Step(np.copyto, (a32, a)), Step(np.copyto, (b32, b)), matmul_step(a32, b32, r32),
-            Step(np.copyto, (out, r32), {"casting": "same_kind"})]
+    # numpy has no float16 gemm: products and sums go through float32 (rounded once)
+    (a32, fill_a), (b32, fill_b) = as_float32(a, ctx), as_float32(b, ctx)
+    r32 = ctx.scratch(out.shape, F32)
+    steps = dense_steps(a32, b32, None, "none", r32, ctx) or [matmul_step(a32, b32, r32, ctx)]
+    return [*fill_a, *fill_b, *steps, rounded_step(r32, out)]
 
 
 KERNELS: dict[OpKind, Builder] = {

@@ -203,6 +203,12 @@ class Native:
         self.transpose = self._lib.rlx_transpose  # (x, y, batch, rows, cols, threads): 4-byte elements
         self.transpose.argtypes = [p, p, *[i64] * 4]
         self.transpose.restype = None
+        self.half_to_float = self._lib.rlx_half_to_float  # (x, y, n, threads)
+        self.half_to_float.argtypes = [p, p, i64, i64]
+        self.half_to_float.restype = None
+        self.float_to_half = self._lib.rlx_float_to_half  # (x, y, n, threads): to nearest even
+        self.float_to_half.argtypes = [p, p, i64, i64]
+        self.float_to_half.restype = None
         self.plane_reduce = self._lib.rlx_plane_reduce  # (x, y, n, hw, c, kind, bf16, threads)
         self.plane_reduce.argtypes = [p, p, *[i64] * 6]
         self.plane_reduce.restype = None

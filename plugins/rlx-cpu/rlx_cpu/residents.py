@@ -50,7 +50,7 @@ class _Owned:
 #: a key not listed here is made per copy.
 _FAMILY_KEYS = frozenset({"onednn_conv_weights", "onednn_matmul_weights", "conv_bias_column", "conv_direct_pack",
                           "rlx_depthwise_lanes_pack", "rlx_conv_gemm_pack", "rlx_gemm_pack_a", "rlx_gemm_pack_b",
-                          "sgemm_pack_b"})
+                          "sgemm_pack_b", "float32_copy"})
 
 
 class Residents:

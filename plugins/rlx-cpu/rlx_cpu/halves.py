@@ -1,0 +1,75 @@
+"""float16 operands on the float32 kernels: ``as_float32`` (a float32 copy of an operand,
+kept for weights) and ``rounded_step`` (a float32 result rounded into a float16 output).
+
+Why: numpy has no float16 GEMM and rlx's fast kernels (its GEMM, implicit GEMM, grouped
+and depthwise convolutions, oneDNN, the native region interpreter) are float32. A float16
+export (``model.half()``) ran its convolutions through float16 im2col at ~3 GFLOP/s and
+its epilogues through numpy's float16 arithmetic (a residual add and ReLU over 100K
+values: ~1 ms): regnet_x_400mf 4.5x ORT's time, a GPT-NeoX 5.1x. Products,
+convolutions and fused chains now run in float32 over float32 copies and round to
+float16 once, as every float16 chain in rlx computes in float32 temporaries
+(``kernels``). The conversions run on native.c's F16C loops (numpy's cast: ~1.4 ns a
+value on the 2-core Zen 5, as long as the 1x1 convolution it feeds), numpy's where the
+library or the layout is not there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .ccall import bound_call
+from .native import library
+from .regions import SPLIT_NS
+from .steps import Step, laid_out
+
+__all__ = ["as_float32", "half_step", "rounded_step"]
+
+F32 = np.dtype(np.float32)
+#: single-thread ns a value converted, for the threads decision
+_HALF_NS = 0.1
+
+
+def half_step(src: Any, dst: Any) -> Step:
+    """``dst = src`` between float16 and float32 (either way; to nearest even, as
+    numpy's cast)."""
+    lib = library()
+    if lib is None or src.size == 0 or not (laid_out(src) and laid_out(dst)):
+        return Step(_cast, (src, dst))
+    fn = lib.half_to_float if src.dtype == np.float16 else lib.float_to_half
+    threads = int(lib.threads_for(src.size * _HALF_NS, SPLIT_NS))
+    return bound_call(fn, [0, 0, int(src.size), threads], (src, dst), (0, 1), _cast)
+
+
+def _cast(src: np.ndarray, dst: np.ndarray) -> None:
+    """numpy's cast, quiet: a value past float16's range becomes inf as IEEE says, with
+    no RuntimeWarning at the user's run (as the native loop)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.copyto(dst, src, casting="same_kind")
+
+
+def as_float32(x: Any, ctx: Any) -> tuple[Any, list[Step]]:
+    """``x`` in float32, and the steps that fill it: a weight the executable keeps
+    (``ctx.derived``) is converted once and again after ``set_param``, anything else into
+    scratch every run."""
+    if x.dtype == F32:
+        return x, []
+
+    def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
+        if dest is None:
+            return src.astype(F32)
+        np.copyto(dest, src)
+        return dest
+
+    derived = getattr(ctx, "derived", None)
+    kept = derived(x, ("float32_copy",), make) if derived is not None and isinstance(x, np.ndarray) else None
+    if kept is not None:
+        return kept, []
+    x32 = ctx.scratch(x.shape, F32)
+    return x32, [half_step(x, x32) if x.dtype == np.float16 else Step(np.copyto, (x32, x))]
+
+
+def rounded_step(x32: Any, out: Any) -> Step:
+    """``out`` (float16) = ``x32`` (float32) rounded to nearest even."""
+    return half_step(x32, out)
