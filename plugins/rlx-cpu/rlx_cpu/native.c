@@ -844,22 +844,64 @@ static int64_t row_threads(int64_t threads, int64_t rows) {
  * copies (kernels.as_float32); numpy converts at ~1.4 ns a value on the 2-core Zen 5,
  * as long as a 1x1 convolution over the same values; F16C's vcvtph2ps / vcvtps2ph (the
  * x86-64-v3 and v4 clones) convert 8 or 16 a cycle. */
-static RLX_CLONES void half_to_float_part(const _Float16 *x, float *y, int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; i++) y[i] = (float)x[i];
+#if defined(__FLT16_MANT_DIG__) && !defined(RLX_NO_FLOAT16)
+typedef _Float16 rlx_half;
+#define RLX_HALF_TO_FLOAT(h) ((float)(h))
+#define RLX_FLOAT_TO_HALF(f) ((rlx_half)(f))
+#else
+/* A compiler without _Float16 (clang before 15 on x86): the same conversions on the bits. */
+typedef uint16_t rlx_half;
+static inline float half_bits_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    uint32_t bits;
+    if (e == 0x1f) bits = sign | 0x7f800000 | (m << 13) | (m ? 0x400000 : 0); /* inf, NaN (quiet) */
+    else if (e) bits = sign | ((e + 112) << 23) | (m << 13);
+    else {
+        const float f = (float)m * 5.9604644775390625e-8f; /* a subnormal: m x 2^-24, exact */
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+static inline uint16_t float_to_half_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000, e = (x >> 23) & 0xff, m = x & 0x7fffff;
+    if (e == 0xff) return (uint16_t)(sign | 0x7c00 | (m ? 0x200 | (m >> 13) : 0));
+    const int32_t he = (int32_t)e - 112;
+    if (he >= 0x1f) return (uint16_t)(sign | 0x7c00); /* past the range: inf */
+    if (he <= 0) {                                     /* a subnormal half, or zero */
+        if (he < -10) return (uint16_t)sign;
+        const uint32_t full = m | 0x800000, shift = (uint32_t)(14 - he);
+        const uint32_t hm = full >> shift, rest = full & ((1u << shift) - 1), half = 1u << (shift - 1);
+        return (uint16_t)(sign | (hm + (rest > half || (rest == half && (hm & 1)))));
+    }
+    const uint32_t hm = m >> 13, rest = m & 0x1fff;
+    /* a carry out of the mantissa steps the exponent, to inf past the largest half */
+    return (uint16_t)((sign | ((uint32_t)he << 10) | hm) + (rest > 0x1000 || (rest == 0x1000 && (hm & 1))));
+}
+#define RLX_HALF_TO_FLOAT(h) half_bits_to_float(h)
+#define RLX_FLOAT_TO_HALF(f) float_to_half_bits(f)
+#endif
+
+static RLX_CLONES void half_to_float_part(const rlx_half *x, float *y, int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; i++) y[i] = RLX_HALF_TO_FLOAT(x[i]);
 }
 
-static RLX_CLONES void float_to_half_part(const float *x, _Float16 *y, int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; i++) y[i] = (_Float16)x[i];
+static RLX_CLONES void float_to_half_part(const float *x, rlx_half *y, int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; i++) y[i] = RLX_FLOAT_TO_HALF(x[i]);
 }
 
 /* y (n floats) = x (n halves); x == y's memory never. */
 RLX_API void rlx_half_to_float(const void *x, float *y, int64_t n, int64_t threads) {
-    RLX_ACROSS_TEAM(threads, n, half_to_float_part((const _Float16 *)x, y, lo, hi));
+    RLX_ACROSS_TEAM(threads, n, half_to_float_part((const rlx_half *)x, y, lo, hi));
 }
 
 /* y (n halves) = x (n floats) rounded to nearest even (overflow to +-inf, NaN kept). */
 RLX_API void rlx_float_to_half(const float *x, void *y, int64_t n, int64_t threads) {
-    RLX_ACROSS_TEAM(threads, n, float_to_half_part(x, (_Float16 *)y, lo, hi));
+    RLX_ACROSS_TEAM(threads, n, float_to_half_part(x, (rlx_half *)y, lo, hi));
 }
 
 RLX_API void rlx_softmax(float *x, void *y, int64_t rows, int64_t len, int64_t stride, float scale,
