@@ -133,6 +133,37 @@ def test_conv_integer_matches_onnxruntime(pads: tuple[int, ...]) -> None:
     check_against_ort(model, {"x": x}, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(("channels", "k", "path"), [(8, 3, "float32"), (40, 3, "float32, split"),
+                                                      (480, 3, "float64")])
+def test_conv_integer_is_exact_on_every_path(channels: int, k: int, path: str) -> None:
+    """The extreme sums each path takes (``_ops_nn.integer_conv``): 72 terms in one float32
+    convolution, 360 split into sixteens and units, 4,320 in float64. Products of 255 by
+    -255 (uint8 x at 255, uint8 w at 0 with its zero point 255), most of them odd, so a
+    float32 sum past 2**24 would lose them; the int32 onnxruntime computes, and numpy's
+    int64 sum."""
+    from rlx_core import compile as rlx_compile
+    from rlx_core.onnx._ops_nn import F32_EXACT_TERMS, F32_SPLIT_TERMS
+
+    terms = channels * k * k
+    assert {"float32": terms <= F32_EXACT_TERMS, "float32, split": F32_EXACT_TERMS < terms <= F32_SPLIT_TERMS,
+            "float64": terms > F32_SPLIT_TERMS}[path]
+    x = np.where(RNG.random((1, channels, 5, 5)) < 0.9, 255, RNG.integers(0, 255, (1, channels, 5, 5))).astype(np.uint8)
+    w = np.where(RNG.random((3, channels, k, k)) < 0.9, 0, RNG.integers(0, 255, (3, channels, k, k))).astype(np.uint8)
+    consts = {"w": w, "xz": np.array(0, np.uint8), "wz": np.array(255, np.uint8)}
+    node = helper.make_node("ConvInteger", ["x", *consts], ["y"], pads=[1, 1, 1, 1])
+    model = make_model([node], [vi("x", "uint8", x.shape)], [helper.make_tensor_value_info("y", TensorProto.INT32,
+                                                                                             None)],
+                       [init(name, v) for name, v in consts.items()], opset=13)
+    check_against_ort(model, {"x": x}, rtol=0, atol=0)
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.zeros((1, 3, 5, 5), np.int64)
+    for i in range(k):
+        for j in range(k):
+            want += np.einsum("nchw,oc->nohw", xp[:, :, i:i + 5, j:j + 5], w[:, :, i, j].astype(np.int64) - 255)
+    assert np.abs(want).max() > 1 << 24 or path == "float32"
+    np.testing.assert_array_equal(rlx_compile(rlx_onnx.load(model), device="cpu").run({"x": x})[0], want)
+
+
 def test_a_model_quantized_by_onnxruntime_quantize_dynamic_loads_and_matches(tmp_path) -> None:
     """ORT's ``quantize_dynamic`` rewrites a float model's MatMuls and Convs into
     DynamicQuantizeLinear, MatMulInteger / ConvInteger and float rescaling: the file a user

@@ -128,13 +128,42 @@ def _conv(c: NodeContext) -> list[Operand | None]:
 @converter("ConvInteger")
 def _conv_integer(c: NodeContext) -> list[Operand | None]:
     """``conv(x - x_zero, w - w_zero)`` in int32 (w's zero point one value or one per output
-    channel), computed in float64, where every sum of products of 8-bit differences is exact
-    (below 2**53), then cast. The zero-shifted input is padded with zeros: the spec's padding
-    by the zero point, once shifted."""
+    channel), exact (``integer_conv``), then cast. The zero-shifted input is padded with
+    zeros: the spec's padding by the zero point, once shifted."""
     f, x, w = c.f, c.input(0, "x"), c.input(1, "w")
-    xs = zero_shifted(c, x, c.optional(2), "x", 1, "float64")
-    ws = zero_shifted(c, w, c.optional(3), "w", 0, "float64")
-    return [f.op("cast", _conv_of(c, xs, ws, None, ""), dtype="int32", name=c.out())]
+    return [f.op("cast", integer_conv(c, x, c.optional(2), w, c.optional(3)), dtype="int32", name=c.out())]
+
+
+#: Sums of products of 8-bit differences (each below 2**16 in magnitude) that float32
+#: holds exactly, in any order: every partial sum stays below 2**24.
+F32_EXACT_TERMS = (1 << 24) // (255 * 255)
+#: The same with the input split into sixteens and units (``x = 16 h + l``, |h| <= 16,
+#: 0 <= l <= 15: each product below 16 * 255), two float32 convolutions.
+F32_SPLIT_TERMS = (1 << 24) // (16 * 255)
+
+
+def integer_conv(c: NodeContext, x: Operand, x_zero: Operand | None, w: Operand, w_zero: Operand | None) -> Operand:
+    """``conv(x - x_zero, w - w_zero)`` of int8/uint8 operands, exact, as float64 (w's zero
+    point one value or one per output channel). Why not plainly in float64: rlx's fast
+    convolutions (oneDNN, the implicit GEMM, the grouped and depthwise kernels) are
+    float32; float64 ran ORT's ``quantize_dynamic`` models 3-10x ORT's time. A sum of
+    ``terms`` products is exact in float32 up to ``F32_EXACT_TERMS`` of them, and up to
+    ``F32_SPLIT_TERMS`` with the input split in two (``16 conv(h) + conv(l)``, each
+    exact, added in float64); past that, float64."""
+    f = c.f
+    w_shape = f.shape(w)
+    terms = w_shape[1] * int(np.prod(w_shape[2:], dtype=np.int64)) if len(w_shape) >= 3 else None
+    if not isinstance(terms, int) or terms > F32_SPLIT_TERMS:
+        xs, ws = zero_shifted(c, x, x_zero, "x", 1, "float64"), zero_shifted(c, w, w_zero, "w", 0, "float64")
+        return _conv_of(c, xs, ws, None, "")
+    xs, ws = zero_shifted(c, x, x_zero, "x", 1, "float32"), zero_shifted(c, w, w_zero, "w", 0, "float32")
+    if terms <= F32_EXACT_TERMS:
+        return f.op("cast", _conv_of(c, xs, ws, None, ""), dtype="float64")
+    high = f.op("floor", f.op("mul", xs, f.const(1.0 / 16.0, "float32")))  # exact: a power of two
+    low = f.op("sub", xs, f.op("mul", high, f.const(16.0, "float32")))
+    sixteens = f.op("cast", _conv_of(c, high, ws, None, ""), dtype="float64")
+    units = f.op("cast", _conv_of(c, low, ws, None, ""), dtype="float64")
+    return f.op("add", f.op("mul", sixteens, f.const(16.0, "float64")), units)
 
 
 def _conv_of(c: NodeContext, x: Operand, w: Operand, b: Operand | None, name: str) -> Operand:

@@ -2,10 +2,11 @@
 quantized models ``quantize_static(..., quant_format=QOperator)`` writes, where each op
 reads int8/uint8 tensors with their scales and zero points and writes one requantized.
 
-rlx has no integer product op, so each is the exact decomposition ``_ops_quant`` uses for
-MatMulInteger and ConvInteger: the operands shifted by their zero points, multiplied (or
-convolved) in float64, where every sum of products of 8-bit differences (and an int32
-bias) is exact; then requantized as ONNX's reference does, so that the outputs agree
+rlx has no integer product op, so each is the exact decomposition MatMulInteger and
+ConvInteger use: the operands shifted by their zero points, multiplied in float64 (or
+convolved exactly in float32 where the sums allow: ``_ops_nn.integer_conv``), where every
+sum of products of 8-bit differences (and an int32 bias) is exact; then requantized as
+ONNX's reference does, so that the outputs agree
 bit for bit: the factor ``a_scale * b_scale / y_scale`` computed in the scales' own dtype
 (float32, or float16 from opset 21), each rounding where the reference rounds; the
 accumulator times that factor, plus the output zero point, in float64 (numpy promotes an
@@ -23,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._context import NodeContext, converter
-from ._ops_nn import _conv_of
+from ._ops_nn import integer_conv
 from ._ops_quant import zero_shifted
 from ._shapes import Operand
 
@@ -119,19 +120,21 @@ def _qlinear_conv(c: NodeContext) -> list[Operand | None]:
         raise c.fail(f"x and w must be 3-D, 4-D or 5-D of one rank, got shapes {f.shape(x)} and {f.shape(w)}")
     channels = f.shape(w)[0]
     x_zero, w_zero = c.optional(2), c.optional(5)
-    xs = zero_shifted(c, x, None if x_zero is None else _one_value(c, x_zero, "x_zero_point"), "x", 1, "float64")
+    if x_zero is not None:
+        x_zero = _one_value(c, x_zero, "x_zero_point")
     if w_zero is not None:
         w_zero = _per_tensor_or_along(c, w_zero, channels, "w_zero_point", "output channel")
-    ws = zero_shifted(c, w, w_zero, "w", 0, "float64")
+    acc = integer_conv(c, x, x_zero, w, w_zero)
     bias = c.optional(8)
     if bias is not None:
         if f.dtype(bias) != "int32" or f.shape(bias) != (channels,):
             raise c.fail(f"B must be int32 of shape ({channels},), got {f.dtype(bias)}{list(f.shape(bias))}")
-        bias = f.op("cast", bias, dtype="float64")
+        spread = (channels,) + (1,) * (len(f.shape(x)) - 2)
+        acc = f.op("add", acc, f.op("reshape", f.op("cast", bias, dtype="float64"), shape=spread))
     factor = _factor(c, _one_value(c, c.input(1, "x_scale"), "x_scale"),
                      _per_tensor_or_along(c, c.input(4, "w_scale"), channels, "w_scale", "output channel"),
                      _one_value(c, c.input(6, "y_scale"), "y_scale"))
     if f.shape(factor):  # per output channel: along axis 1 of the output
         factor = f.op("reshape", factor, shape=(channels,) + (1,) * (len(f.shape(x)) - 2))
     zero, out_dtype = _output_zero(c, 7, x)
-    return [_requantized(c, _conv_of(c, xs, ws, bias, ""), factor, zero, out_dtype)]
+    return [_requantized(c, acc, factor, zero, out_dtype)]
