@@ -48,8 +48,8 @@ from rlx_core.plugin import (
 )
 
 from . import gemm
-from .halves import as_float32, rounded_step
-from .kernels import F32, KERNELS, BuildContext, Builder, inplace_positions
+from .halves import in_float32
+from .kernels import KERNELS, BuildContext, inplace_positions
 from .nn_kernels import conv2d_steps
 from .onednn_matmul import dense_steps
 from .regions import Epilogue, epilogue, node_steps, region_steps
@@ -277,7 +277,7 @@ def _fused_elementwise(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildCo
             and not any(op == OpKind.CAST.value for op, _, _ in program)):
         # a float16 chain on the float32 interpreter, rounded once (as its float32
         # temporaries round it); a cast inside names its own dtypes: left as written
-        return _in_float32(_fused_elementwise, node, ins, out, ctx)
+        return in_float32(_fused_elementwise, node, ins, out, ctx)
     _, instructions = program_types(node.op, _types(ins), program)
     native = region_steps(instructions, ins, out)
     if native is not None:
@@ -311,7 +311,7 @@ def program_region(program: Any, ins: list[Any], out: Any, typed: list[Any]) -> 
 
 def _gemm(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
     if out.dtype == np.float16 and all(v.dtype == np.float16 for v in ins):
-        return _in_float32(_gemm, node, ins, out, ctx)
+        return in_float32(_gemm, node, ins, out, ctx)
     on_onednn = dense_steps(ins[0], ins[1], ins[2] if len(ins) == 3 else None, node.attrs["activation"], out, ctx)
     if on_onednn is not None:
         return on_onednn
@@ -362,7 +362,7 @@ def _fused_conv(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
     conv_ins, extra = ins[:n_conv], ins[n_conv:]
     conv_dtype = np.dtype(conv_ins[0].dtype)
     if conv_dtype == out.dtype == np.float16:
-        return _in_float32(_fused_conv, node, ins, out, ctx)
+        return in_float32(_fused_conv, node, ins, out, ctx)
     conv = Node(-1, OpKind.CONV2D, (), MappingProxyType({k: node.attrs[k] for k in CONV_ATTRS}), node.shape,
                 conv_dtype.name, node.name)
     res = out if conv_dtype == out.dtype else ctx.scratch(out.shape, conv_dtype)
@@ -376,17 +376,6 @@ def _fused_conv(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
     if pending:
         program, operands = _with_bias_first(program, operands, pending[0])
     return steps + region_after(program, operands, out, ctx, node.name)
-
-
-def _in_float32(build: Builder, node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
-    """A float16 node built as its float32 twin over float32 copies of its float16
-    operands, the result rounded to float16 once: a convolution and its epilogue are one
-    chain, computed in float32 temporaries as every float16 chain is (``kernels``), on
-    the float32 kernels (``halves`` says why)."""
-    filled = [as_float32(v, ctx) if v.dtype == np.float16 else (v, []) for v in ins]
-    out32 = ctx.scratch(out.shape, F32)
-    steps = build(node, [v for v, _ in filled], out32, ctx)
-    return [*(s for _, fill in filled for s in fill), *steps, rounded_step(out32, out)]
 
 
 def program_epilogue(program: Any, operands: list[Any], out: np.ndarray, ctx: BuildContext) -> Epilogue | None:

@@ -15,6 +15,7 @@ library or the layout is not there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ from .native import library
 from .regions import SPLIT_NS
 from .steps import Step, laid_out
 
-__all__ = ["as_float32", "half_step", "rounded_step"]
+__all__ = ["as_float32", "half_step", "in_float32", "rounded_step"]
 
 F32 = np.dtype(np.float32)
 #: single-thread ns a value converted, for the threads decision
@@ -73,3 +74,15 @@ def as_float32(x: Any, ctx: Any) -> tuple[Any, list[Step]]:
 def rounded_step(x32: Any, out: Any) -> Step:
     """``out`` (float16) = ``x32`` (float32) rounded to nearest even."""
     return half_step(x32, out)
+
+
+def in_float32(build: Callable[..., list[Any]], node: Any, ins: list[Any], out: Any, ctx: Any) -> list[Any]:
+    """A float16 node built by ``build`` as its float32 twin over float32 copies of its
+    float16 operands (other dtypes as they are), the result rounded to float16 once: a
+    convolution and its epilogue, a softmax, a normalization, an attention are each one
+    chain, computed in float32 temporaries as every float16 chain is (``kernels``), here
+    on the float32 kernels."""
+    filled = [as_float32(v, ctx) if v.dtype == np.float16 else (v, []) for v in ins]
+    out32 = ctx.scratch(out.shape, F32)
+    steps = build(node, [v for v, _ in filled], out32, ctx)
+    return [*(s for _, fill in filled for s in fill), *steps, rounded_step(out32, out)]

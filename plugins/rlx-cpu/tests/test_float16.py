@@ -110,3 +110,26 @@ def test_the_native_conversions_are_numpys_casts() -> None:
             want = floats.astype(F16)
         same = (back.view(np.uint16) == want.view(np.uint16)) | (np.isnan(back) & np.isnan(want))
         assert same.all(), (floats[~same][:5], back[~same][:5], want[~same][:5])
+
+
+def test_layer_norm_softmax_and_attention_run_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float16 attention block: LayerNorm, the attention op, a softmax over its output,
+    each on the float32 kernels over float32 copies (``halves.in_float32``), against the
+    reference."""
+    built: list[str] = []
+    real = halves.in_float32
+
+    def spy(build, node, ins, out, ctx):  # type: ignore[no-untyped-def]
+        built.append(node.op.value)
+        return real(build, node, ins, out, ctx)
+
+    monkeypatch.setattr("rlx_cpu.nn_kernels.in_float32", spy)
+    g = Graph("attn16")
+    x = g.input("x", (2, 4, 7, 16), F16)
+    h = g.layer_norm(x, g.param("s", _rand((16,), 1, 0.5)), g.param("b", _rand((16,), 2, 0.1)))
+    a = g.attention(h, g.mul(h, 0.5), x)
+    g.set_outputs([g.softmax(a, axis=-1)])
+    cg = _compile(g)
+    assert {"layer_norm", "attention", "softmax"} <= set(built), built
+    feeds = {"x": _rand((2, 4, 7, 16), 0)}
+    _check(g, feeds, cg.run(feeds)[0])
