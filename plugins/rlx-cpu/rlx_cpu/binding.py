@@ -36,6 +36,7 @@ from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 from . import held, layout
 from .fused import FUSED_KERNELS
 from .gathers import resize_steps
+from .halves import float32_twin
 from .kernels import KERNELS, inplace_positions
 from .native import thread_cap
 from .nn_kernels import NN_KERNELS
@@ -51,6 +52,11 @@ Arena = Union[FreeListArena, PlannedArena, Recorder]  # what a binding takes its
 #: Each op's step builder: read here, by folding (``residents``) and by the executor's
 #: check that every op of a graph has one.
 _BUILDERS = {**KERNELS, **NN_KERNELS, **FUSED_KERNELS}
+#: Elementwise ops a float16 node of which runs in float32, rounded once (``halves``).
+_FLOAT32_TWINS = (OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV, OpKind.MAXIMUM, OpKind.MINIMUM, OpKind.NEG,
+                  OpKind.ABS, OpKind.SQRT, OpKind.RSQRT, OpKind.EXP, OpKind.TANH, OpKind.RELU, OpKind.SIGMOID,
+                  OpKind.ERF, OpKind.GELU)
+_BUILDERS.update({op: float32_twin(_BUILDERS[op]) for op in _FLOAT32_TWINS})
 
 # How a value is held. DYNAMIC: in a slot, set per run (inputs and views of them).
 # RESIDENT: an array owned by the executable, shared by every plan. BUFFER: a plan's

@@ -23,7 +23,7 @@ from .attention_kernels import attention
 from .conv_nhwc import conv_nhwc_steps
 from .gemm import gemv_step, matmul_bias_step, matmul_step, native_step, use_native
 from .grouped_conv import group_conv_step
-from .halves import as_float32, in_float32, rounded_step
+from .halves import as_float32, float32_twin, rounded_step
 from .kernels import (
     F32,
     BuildContext,
@@ -455,23 +455,12 @@ def _global_avg_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildCo
     return [Step(np.add.reduce, (x, (2, 3), cd, acc, True)), Step(np.divide, (acc, count, out))]
 
 
-def _float32_for_float16(build: Builder) -> Builder:
-    """``build``, or for a float16 node its float32 twin over float32 copies, rounded once
-    (``halves``): the native softmax, LayerNorm and attention kernels are float32."""
-    def builder(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
-        if out.dtype == np.float16 and any(v.dtype == np.float16 for v in ins):
-            return in_float32(build, node, ins, out, ctx)
-        return build(node, ins, out, ctx)
-
-    return builder
-
-
 NN_KERNELS: dict[OpKind, Builder] = {
-    OpKind.SOFTMAX: _float32_for_float16(_softmax),
-    OpKind.LAYER_NORM: _float32_for_float16(_layer_norm),
-    OpKind.ATTENTION: _float32_for_float16(attention),
+    OpKind.SOFTMAX: float32_twin(_softmax),
+    OpKind.LAYER_NORM: float32_twin(_layer_norm),
+    OpKind.ATTENTION: float32_twin(attention),
     OpKind.CONV2D: _conv2d,
-    OpKind.MAX_POOL2D: _max_pool2d,
-    OpKind.AVG_POOL2D: _avg_pool2d,
-    OpKind.GLOBAL_AVG_POOL2D: _global_avg_pool2d,
+    OpKind.MAX_POOL2D: float32_twin(_max_pool2d),
+    OpKind.AVG_POOL2D: float32_twin(_avg_pool2d),
+    OpKind.GLOBAL_AVG_POOL2D: float32_twin(_global_avg_pool2d),
 }

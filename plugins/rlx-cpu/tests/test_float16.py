@@ -123,7 +123,7 @@ def test_layer_norm_softmax_and_attention_run_in_float32(monkeypatch: pytest.Mon
         built.append(node.op.value)
         return real(build, node, ins, out, ctx)
 
-    monkeypatch.setattr("rlx_cpu.nn_kernels.in_float32", spy)
+    monkeypatch.setattr("rlx_cpu.halves.in_float32", spy)
     g = Graph("attn16")
     x = g.input("x", (2, 4, 7, 16), F16)
     h = g.layer_norm(x, g.param("s", _rand((16,), 1, 0.5)), g.param("b", _rand((16,), 2, 0.1)))
@@ -133,3 +133,25 @@ def test_layer_norm_softmax_and_attention_run_in_float32(monkeypatch: pytest.Mon
     assert {"layer_norm", "attention", "softmax"} <= set(built), built
     feeds = {"x": _rand((2, 4, 7, 16), 0)}
     _check(g, feeds, cg.run(feeds)[0])
+
+
+def test_single_elementwise_ops_and_pools_are_numpys_float16_results() -> None:
+    """Unfused float16 ops (each the graph's output, so none fuses) run in float32 and
+    round once: bit for bit numpy's float16 arithmetic for +, -, x, /, sqrt, max, and the
+    pools."""
+    g = Graph("ops16")
+    a, b = g.input("a", (3, 4, 9, 9), F16), g.input("b", (3, 4, 9, 9), F16)
+    outs = [g.add(a, b), g.sub(a, b), g.mul(a, b), g.div(a, b), g.maximum(a, b), g.sqrt(g.abs(a)),
+            g.max_pool2d(a, 3, stride=2, padding=1), g.global_avg_pool2d(a)]
+    g.set_outputs(outs)
+    feeds = {"a": _rand((3, 4, 9, 9), 0), "b": _rand((3, 4, 9, 9), 1)}
+    got = _compile(g).run(feeds)
+    x, y = feeds["a"], feeds["b"]
+    with np.errstate(all="ignore"):
+        exact = [x + y, x - y, x * y, x / y, np.maximum(x, y), np.sqrt(np.abs(x))]
+    for r, w in zip(got, exact):
+        assert r.dtype == F16
+        np.testing.assert_array_equal(r, w)
+    for r, w in zip(got[6:], reference.evaluate(g, feeds)[6:]):
+        assert r.dtype == F16
+        np.testing.assert_allclose(r.astype(np.float64), w.astype(np.float64), rtol=1e-3, atol=1e-3)
