@@ -1,5 +1,8 @@
-"""float16 operands on the float32 kernels: ``as_float32`` (a float32 copy of an operand,
-kept for weights) and ``rounded_step`` (a float32 result rounded into a float16 output).
+"""float16 nodes on the float32 kernels: ``in_float32`` builds a float16 node as its
+float32 twin over float32 copies of its operands (``as_float32``: kept once for weights)
+and rounds the result to float16 once (``rounded_step``); ``float32_twin`` wraps a
+builder so. Convolutions with their epilogues, products, gemms, fused chains, softmax,
+LayerNorm, attention, pools and single elementwise ops build this way.
 
 Why: numpy has no float16 GEMM and rlx's fast kernels (its GEMM, implicit GEMM, grouped
 and depthwise convolutions, oneDNN, the native region interpreter) are float32. A float16

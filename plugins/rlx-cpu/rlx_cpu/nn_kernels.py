@@ -23,9 +23,8 @@ from .attention_kernels import attention
 from .conv_nhwc import conv_nhwc_steps
 from .gemm import gemv_step, matmul_bias_step, matmul_step, native_step, use_native
 from .grouped_conv import group_conv_step
-from .halves import as_float32, float32_twin, rounded_step
+from .halves import float32_twin, in_float32
 from .kernels import (
-    F32,
     BuildContext,
     Builder,
     compute_dtype,
@@ -202,15 +201,6 @@ def _conv2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
     return conv2d_steps(node, ins, out, ctx)[0]
 
 
-def _float16_conv_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
-    """A float16 convolution on the float32 kernels into float32 scratch, rounded to
-    float16 once (``halves`` says why); the caller applies any epilogue."""
-    filled = [as_float32(v, ctx) for v in ins]
-    out32 = ctx.scratch(out.shape, F32)
-    inner, _ = conv2d_steps(node, [v for v, _ in filled], out32, ctx)
-    return [*(s for _, fill in filled for s in fill), *inner, rounded_step(out32, out)]
-
-
 def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext, epilogue: Epilogue | None = None,
                  bias_sink: list[Any] | None = None) -> tuple[list[Step], bool]:
     """The steps of a convolution into ``out``, and whether they also applied
@@ -231,8 +221,8 @@ def conv2d_steps(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext,
     og, kk = o // groups, cg * kh * kw
     cd = compute_dtype(out.dtype)
     steps: list[Step] = []
-    if cd != out.dtype:  # float16 (the IR's convolutions take one dtype)
-        return _float16_conv_steps(node, ins, out, ctx), False
+    if cd != out.dtype:  # float16: on the float32 kernels, rounded once (``halves``); the caller's epilogue after
+        return in_float32(_conv2d, node, ins, out, ctx), False
     if (n > 1 and groups == 1 and h == wd == 1 and (kh, kw) == (1, 1) and (sh, sw) == (1, 1)
             and (pt, pl, pb, pr) == (0, 0, 0, 0) and cd == out.dtype == x.dtype == np.float32
             and all(not isinstance(v, np.ndarray) or v.flags.c_contiguous for v in (x, out))):
