@@ -15,8 +15,10 @@ kernel's), 256 -> 512 stride 2 into 7x7 0.84x, DenseNet's 128 -> 32 over 7x7 0.4
 96 and 160 channels 0.79-0.82x. Over 8x8 and 9x9 planes (two whole 32-output tiles,
 or 96 columns for 81) and for 1x1 convolutions (no copy to save) the implicit GEMM was
 as fast or faster, so it is taken only where a row is one tile: outputs at most
-``MAX_WIDTH`` wide and at most ``MAX_PIXELS`` of them. Built for AVX-512's 32 vector
-registers (28 sums in flight): not taken elsewhere.
+``MAX_WIDTH`` wide and at most ``MAX_PIXELS`` of them; or two whole tiles, 14x14 planes
+(``WIDE_WIDTH``, session 42: 0.89-0.92x the implicit GEMM's time; DenseNet-121 at batch 8
+1.235x -> 1.213x ORT's time, GoogLeNet 1.19x -> 1.18x, in new processes in turn).
+Built for AVX-512's 32 vector registers (28 sums in flight): not taken elsewhere.
 """
 
 from __future__ import annotations
@@ -33,12 +35,18 @@ from .native_nn import _conv_numpy, _fits, _packed, image_calls
 from .regions import SPLIT_NS, Epilogue
 from .steps import Dyn, aligned_empty
 
-__all__ = ["MAX_PIXELS", "MAX_WIDTH", "chain_conv_steps", "conv_nhwc_steps", "pool_steps", "takes"]
+__all__ = ["MAX_PIXELS", "MAX_WIDTH", "WIDE_PIXELS", "WIDE_WIDTH", "chain_conv_steps", "conv_nhwc_steps", "pool_steps",
+           "takes"]
 
 #: Output rows at most this wide (one tile of the kernel: RLX_CONV_NHWC_R).
 MAX_WIDTH = 7
 #: Output planes of at most this many outputs.
 MAX_PIXELS = 49
+#: Rows of exactly two tiles also take it, in planes of at most ``WIDE_PIXELS`` outputs:
+#: 3x3 convolutions over 14x14 ran 0.89-0.92x the implicit GEMM's time (2-core Zen 5,
+#: batch 1 and 8, 112-256 channels in, session 42), where 8- and 9-wide rows (a tile and
+#: a sliver) had measured no better and 28x28 planes 0.91-0.99x.
+WIDE_WIDTH, WIDE_PIXELS = 14, 196
 #: Input channels a tap must have for its loop to outweigh setting the tile's pointers.
 MIN_CHANNELS = 16
 #: NCHW in and out (bits 0 and 1 of the kernel's ``layout``).
@@ -53,7 +61,8 @@ def conv_nhwc_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
     channels, a 1x1 window, weights the graph computes, another layout or dtype)."""
     kh, kw = w.shape[2:]
     oh, ow = out.shape[2:]
-    if ow > MAX_WIDTH or oh * ow > MAX_PIXELS or kh * kw == 1:
+    small = ow <= MAX_WIDTH and oh * ow <= MAX_PIXELS
+    if not (small or (ow == WIDE_WIDTH and oh * ow <= WIDE_PIXELS)) or kh * kw == 1:
         return None
     return _steps(x, w, bias, out, pads, stride, dilation, ctx, epilogue, _NCHW)
 

@@ -130,6 +130,8 @@ def _block(batch: int, size: int, residual: bool, bias: bool, stride: int = 1) -
     (1, False, True, 1, 7),
     (3, True, False, 1, 5),
     (2, False, False, 2, 13),
+    (2, True, True, 1, 14),  # rows of two whole tiles (WIDE_WIDTH)
+    (1, False, True, 2, 28),  # into 14x14
 ])
 def test_small_planes_take_the_kernel_and_match_the_reference(monkeypatch: pytest.MonkeyPatch, batch: int,
                                                              residual: bool, bias: bool, stride: int,
@@ -159,7 +161,7 @@ def test_wider_planes_and_pointwise_convolutions_keep_the_implicit_gemm(monkeypa
     monkeypatch.setattr("rlx_cpu.nn_kernels.conv_nhwc_steps", lambda *a: (taken.append(real(*a)), taken[-1])[1])
     rng = np.random.default_rng(0)
     g = Graph("wide")
-    x = g.input("x", (1, 24, 8, 8))
+    x = g.input("x", (1, 24, 8, 8))  # (a tile and a sliver a row; 12 and 15 wide alike)
     y = g.conv2d(x, g.param("w", rng.standard_normal((24, 24, 3, 3)).astype(F32)), None, padding=1)
     g.set_outputs([g.conv2d(g.relu(y), g.param("p", rng.standard_normal((24, 24, 1, 1)).astype(F32)), None)])
     cg = _compile(g)
