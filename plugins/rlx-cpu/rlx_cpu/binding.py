@@ -52,10 +52,16 @@ Arena = Union[FreeListArena, PlannedArena, Recorder]  # what a binding takes its
 #: Each op's step builder: read here, by folding (``residents``) and by the executor's
 #: check that every op of a graph has one.
 _BUILDERS = {**KERNELS, **NN_KERNELS, **FUSED_KERNELS}
-#: Elementwise ops a float16 node of which runs in float32, rounded once (``halves``).
-_FLOAT32_TWINS = (OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV, OpKind.MAXIMUM, OpKind.MINIMUM, OpKind.NEG,
-                  OpKind.ABS, OpKind.SQRT, OpKind.RSQRT, OpKind.EXP, OpKind.TANH, OpKind.RELU, OpKind.SIGMOID,
-                  OpKind.ERF, OpKind.GELU)
+#: Ops a float16 node of which is built as its float32 twin over float32 copies, rounded
+#: once (``halves``): products, fused convolutions (their epilogues with them), softmax,
+#: LayerNorm, attention and pools, whose fast kernels are float32, and single elementwise
+#: ops. (A plain convolution does it in ``nn_kernels.conv2d_steps``, every caller's way
+#: in; a fused chain decides for itself: ``fused._fused_elementwise``.)
+_FLOAT32_TWINS = (OpKind.MATMUL, OpKind.GEMM, OpKind.FUSED_CONV, OpKind.SOFTMAX, OpKind.LAYER_NORM,
+                  OpKind.ATTENTION, OpKind.MAX_POOL2D, OpKind.AVG_POOL2D, OpKind.GLOBAL_AVG_POOL2D, OpKind.ADD,
+                  OpKind.SUB, OpKind.MUL, OpKind.DIV, OpKind.MAXIMUM, OpKind.MINIMUM, OpKind.NEG, OpKind.ABS,
+                  OpKind.SQRT, OpKind.RSQRT, OpKind.EXP, OpKind.TANH, OpKind.RELU, OpKind.SIGMOID, OpKind.ERF,
+                  OpKind.GELU)
 _BUILDERS.update({op: float32_twin(_BUILDERS[op]) for op in _FLOAT32_TWINS})
 
 # How a value is held. DYNAMIC: in a slot, set per run (inputs and views of them).

@@ -310,8 +310,6 @@ def program_region(program: Any, ins: list[Any], out: Any, typed: list[Any]) -> 
 
 
 def _gemm(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
-    if out.dtype == np.float16 and all(v.dtype == np.float16 for v in ins):
-        return in_float32(_gemm, node, ins, out, ctx)
     on_onednn = dense_steps(ins[0], ins[1], ins[2] if len(ins) == 3 else None, node.attrs["activation"], out, ctx)
     if on_onednn is not None:
         return on_onednn
@@ -361,8 +359,6 @@ def _fused_conv(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
     n_conv = conv_inputs(node.attrs)
     conv_ins, extra = ins[:n_conv], ins[n_conv:]
     conv_dtype = np.dtype(conv_ins[0].dtype)
-    if conv_dtype == out.dtype == np.float16:
-        return in_float32(_fused_conv, node, ins, out, ctx)
     conv = Node(-1, OpKind.CONV2D, (), MappingProxyType({k: node.attrs[k] for k in CONV_ATTRS}), node.shape,
                 conv_dtype.name, node.name)
     res = out if conv_dtype == out.dtype else ctx.scratch(out.shape, conv_dtype)

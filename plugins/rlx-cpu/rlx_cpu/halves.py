@@ -93,8 +93,9 @@ def in_float32(build: Callable[..., list[Any]], node: Any, ins: list[Any], out: 
 
 def float32_twin(build: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
     """``build``, or for a float16 node (a float16 output and operand) its float32 twin
-    over float32 copies, rounded once (``in_float32``): for the ops whose kernels are
-    float32 only (softmax, LayerNorm, attention, pools) and for single elementwise ops
+    over float32 copies, rounded once (``in_float32``): for the ops whose fast kernels are
+    float32 (products, fused convolutions, softmax, LayerNorm, attention, pools: the list
+    is ``binding._FLOAT32_TWINS``) and for single elementwise ops
     (numpy's float16 add: 3.6 ns a value on the 2-core Zen 5, float32 and two native
     conversions ~0.6). One op rounded once from float32 is numpy's float16 result: float32
     holds more than twice float16's digits, so +, -, x, /, sqrt and max round the same,

@@ -26,7 +26,6 @@ from rlx_core.ir.ops import NUMPY_NAMES, OpKind, slice_index
 from .blas import mkl, vml_step
 from .gathers import gather_step
 from .gemm import gemv_step, matmul_step
-from .halves import as_float32, rounded_step
 from .mathfn import erf_program, gelu_program, run_chunked, scratch_count
 from .onednn_matmul import dense_steps
 from .steps import Step
@@ -371,14 +370,9 @@ def _gather(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> l
 
 # ----------------------------------------------------------------------------- matmul
 def _matmul(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
+    # (a float16 product arrives as its float32 twin: binding._FLOAT32_TWINS; numpy has no float16 GEMM)
     a, b = ins
-    if out.dtype != np.float16:
-        return dense_steps(a, b, None, "none", out, ctx) or [matmul_step(a, b, out, ctx)]
-    # numpy has no float16 gemm: products and sums go through float32 (rounded once)
-    (a32, fill_a), (b32, fill_b) = as_float32(a, ctx), as_float32(b, ctx)
-    r32 = ctx.scratch(out.shape, F32)
-    steps = dense_steps(a32, b32, None, "none", r32, ctx) or [matmul_step(a32, b32, r32, ctx)]
-    return [*fill_a, *fill_b, *steps, rounded_step(r32, out)]
+    return dense_steps(a, b, None, "none", out, ctx) or [matmul_step(a, b, out, ctx)]
 
 
 KERNELS: dict[OpKind, Builder] = {

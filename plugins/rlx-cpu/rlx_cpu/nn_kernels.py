@@ -23,7 +23,7 @@ from .attention_kernels import attention
 from .conv_nhwc import conv_nhwc_steps
 from .gemm import gemv_step, matmul_bias_step, matmul_step, native_step, use_native
 from .grouped_conv import group_conv_step
-from .halves import float32_twin, in_float32
+from .halves import in_float32
 from .kernels import (
     BuildContext,
     Builder,
@@ -446,11 +446,11 @@ def _global_avg_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildCo
 
 
 NN_KERNELS: dict[OpKind, Builder] = {
-    OpKind.SOFTMAX: float32_twin(_softmax),
-    OpKind.LAYER_NORM: float32_twin(_layer_norm),
-    OpKind.ATTENTION: float32_twin(attention),
+    OpKind.SOFTMAX: _softmax,
+    OpKind.LAYER_NORM: _layer_norm,
+    OpKind.ATTENTION: attention,
     OpKind.CONV2D: _conv2d,
-    OpKind.MAX_POOL2D: float32_twin(_max_pool2d),
-    OpKind.AVG_POOL2D: float32_twin(_avg_pool2d),
-    OpKind.GLOBAL_AVG_POOL2D: float32_twin(_global_avg_pool2d),
+    OpKind.MAX_POOL2D: _max_pool2d,
+    OpKind.AVG_POOL2D: _avg_pool2d,
+    OpKind.GLOBAL_AVG_POOL2D: _global_avg_pool2d,
 }
