@@ -40,7 +40,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 30
+#define RLX_ABI 31
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
@@ -2161,37 +2161,74 @@ RLX_API void rlx_pool2d(const float *x, float *y, int64_t planes, int64_t h, int
     RLX_ACROSS_TEAM(threads, planes, pool_planes(x, y, lo, hi, h, w, kh, kw, sh, sw, dh, dw, oh, ow, is_max));
 }
 
-/* A max pool whose windows may reach past the plane (padding pt, pl at the top and left,
- * the rest of the padding and ceil_mode's windows past the bottom and right): each
- * window's taps clipped to the plane, which is what a copy padded with -inf gives,
- * without making that copy (resnet18's stem pool spent as long copying as pooling). A
- * window with no tap inside gives -inf, as the copy did. Windows of kw <= 8 adjacent
- * columns, sw 1 or 2, rows dilated by nothing. */
-static RLX_CLONES void max_pool_padded_planes(const float *x, float *y, int64_t p0, int64_t p1, int64_t h, int64_t w,
-                                              int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t pt, int64_t pl,
-                                              int64_t oh, int64_t ow) {
-    float v[POOL_CHUNK * 2 + 8];
-    const float ninf = -__builtin_inff();
+/* A max or average pool whose windows may reach past the plane (padding pt, pl at the top
+ * and left, pb, pr at the bottom and right, and ceil_mode's windows past those): each
+ * window's taps clipped to the plane, which is what a copy padded with -inf (max) or 0
+ * (average) gives, without making that copy (resnet18's stem pool spent as long copying
+ * as pooling; Inception's 3x3 average pools spent 3 ms of 19 on their padded copies and
+ * count corrections). A max window with no tap inside gives -inf, as the copy did. An
+ * average divides its sum by the window's positions inside the plane, or inside the
+ * plane and its declared padding with `include_pad` (ONNX's count_include_pad; ceil_mode's
+ * positions past the padding never count). Windows of kw <= 8 adjacent columns, sw 1 or
+ * 2, rows dilated by nothing. kind: 0 max, 1 average counting the padding, 2 average
+ * counting the plane's positions only. */
+static inline __attribute__((always_inline)) float pool_join(float a, float b, const int is_max) {
+    return is_max ? rx_max(a, b) : a + b;
+}
+static inline __attribute__((always_inline)) float pool_join3(float a, float b, float c, const int is_max) {
+    return is_max ? rx_max3(a, b, c) : a + b + c;
+}
+
+/* The taps of a window starting at s (of k, along an axis of n positions, padding p0 before
+ * and p1 after) that count toward an average. */
+static int64_t pool_count(int64_t s, int64_t k, int64_t n, int64_t p0, int64_t p1, int64_t include_pad) {
+    int64_t lo = include_pad ? -p0 : 0, hi = include_pad ? n + p1 : n;
+    int64_t a = s > lo ? s : lo, b = s + k < hi ? s + k : hi;
+    return b > a ? b - a : 0;
+}
+
+static inline __attribute__((always_inline)) void pool_padded_body(
+    const float *x, float *y, int64_t p0, int64_t p1, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh,
+    int64_t sw, int64_t pt, int64_t pl, int64_t pb, int64_t pr, int64_t oh, int64_t ow, const int is_max,
+    int64_t include_pad) {
+    float v[POOL_CHUNK * 2 + 8], cinv[POOL_CHUNK];
+    const float fill = is_max ? -__builtin_inff() : 0.0f;
     if (kh == 3 && kw == 3 && sh == 1 && sw == 1 && pt == 1 && pl == 1 && oh == h && ow == w && h >= 2 && w >= 2 &&
         h * w <= POOL_FLAT) {
         /* Inception's branch pool (3x3, stride 1, padding 1) over planes of up to 4096
-         * floats, flat: every position's maximum over its column of three (two at the
-         * top and bottom rows), then over its row of three, one loop over the whole
+         * floats, flat: every position's maximum (sum) over its column of three (two at
+         * the top and bottom rows), then over its row of three, one loop over the whole
          * plane each (all in vectors), and the first and last column of each row again
          * with their two taps. Row by row, rows of 7 to 28 outputs left most of the work
          * to the loops' scalar ends: 512x14x14 on two threads 63.5 -> 16.8 us. */
         float t[POOL_FLAT];
         const int64_t n = h * w;
+        /* an average's divisor: 9 everywhere counting the padding (here pb = pr = 1),
+         * else 3 or 2 taps along each axis */
+        const float edge = include_pad ? 1.0f / 3.0f : 0.5f, mid = 1.0f / 3.0f;
         for (int64_t p = p0; p < p1; p++) {
             const float *a = x + p * n;
             float *out = y + p * n;
-            for (int64_t i = 0; i < w; i++) t[i] = rx_max(a[i], a[i + w]);
-            for (int64_t i = w; i < n - w; i++) t[i] = rx_max3(a[i - w], a[i], a[i + w]);
-            for (int64_t i = n - w; i < n; i++) t[i] = rx_max(a[i - w], a[i]);
-            for (int64_t i = 1; i < n - 1; i++) out[i] = rx_max3(t[i - 1], t[i], t[i + 1]);
+            for (int64_t i = 0; i < w; i++) t[i] = pool_join(a[i], a[i + w], is_max);
+            for (int64_t i = w; i < n - w; i++) t[i] = pool_join3(a[i - w], a[i], a[i + w], is_max);
+            for (int64_t i = n - w; i < n; i++) t[i] = pool_join(a[i - w], a[i], is_max);
+            for (int64_t i = 1; i < n - 1; i++) out[i] = pool_join3(t[i - 1], t[i], t[i + 1], is_max);
             for (int64_t r = 0; r < n; r += w) {
-                out[r] = rx_max(t[r], t[r + 1]);
-                out[r + w - 1] = rx_max(t[r + w - 2], t[r + w - 1]);
+                out[r] = pool_join(t[r], t[r + 1], is_max);
+                out[r + w - 1] = pool_join(t[r + w - 2], t[r + w - 1], is_max);
+            }
+            if (!is_max) {
+                if (include_pad) {
+                    for (int64_t i = 0; i < n; i++) out[i] *= 1.0f / 9.0f;
+                } else {
+                    for (int64_t r = 0; r < h; r++) {
+                        const float rs = r == 0 || r == h - 1 ? edge : mid;
+                        float *o = out + r * w;
+                        o[0] *= rs * edge;
+                        for (int64_t c = 1; c < w - 1; c++) o[c] *= rs * mid;
+                        o[w - 1] *= rs * edge;
+                    }
+                }
             }
         }
         return;
@@ -2202,43 +2239,68 @@ static RLX_CLONES void max_pool_padded_planes(const float *x, float *y, int64_t 
             int64_t r0 = oy * sh - pt;
             int64_t ki0 = r0 < 0 ? -r0 : 0, ki1 = h - r0 < kh ? h - r0 : kh;
             float *dst = y + p * oh * ow + oy * ow;
+            const int64_t rows = is_max ? 1 : pool_count(r0, kh, h, pt, pb, include_pad);
             for (int64_t o0 = 0; o0 < ow; o0 += POOL_CHUNK) {
                 int64_t n = ow - o0 < POOL_CHUNK ? ow - o0 : POOL_CHUNK;
                 int64_t c0 = o0 * sw - pl, cols = (n - 1) * sw + kw;
                 int64_t lo = c0 < 0 ? -c0 : 0, hi = w - c0 < cols ? w - c0 : cols;
                 if (hi < lo) hi = lo;
-                for (int64_t c = 0; c < lo; c++) v[c] = ninf;
-                for (int64_t c = hi; c < cols; c++) v[c] = ninf;
+                for (int64_t c = 0; c < lo; c++) v[c] = fill;
+                for (int64_t c = hi; c < cols; c++) v[c] = fill;
                 if (ki1 <= ki0) {
-                    for (int64_t c = lo; c < hi; c++) v[c] = ninf;
+                    for (int64_t c = lo; c < hi; c++) v[c] = fill;
                 } else {
                     const float *r = plane + (r0 + ki0) * w + c0;
                     int64_t k = ki0 + 1;
                     if (ki1 - ki0 == 3) { /* three rows in one pass */
                         const float *r1 = r + w, *r2 = r + 2 * w;
-                        for (int64_t c = lo; c < hi; c++) v[c] = rx_max3(r[c], r1[c], r2[c]);
+                        for (int64_t c = lo; c < hi; c++) v[c] = pool_join3(r[c], r1[c], r2[c], is_max);
                         k = ki1;
                     } else {
                         for (int64_t c = lo; c < hi; c++) v[c] = r[c];
                     }
                     for (int64_t ki = k; ki < ki1; ki++) {
                         const float *rk = plane + (r0 + ki) * w + c0;
-                        for (int64_t c = lo; c < hi; c++) v[c] = rx_max(v[c], rk[c]);
+                        for (int64_t c = lo; c < hi; c++) v[c] = pool_join(v[c], rk[c], is_max);
                     }
                 }
                 if (sw == 1)
-                    pool_row_taps(v, dst + o0, n, kw, 1, 1, 1.0f);
+                    pool_row_taps(v, dst + o0, n, kw, 1, is_max, 1.0f);
                 else
-                    pool_row_taps(v, dst + o0, n, kw, 2, 1, 1.0f);
+                    pool_row_taps(v, dst + o0, n, kw, 2, is_max, 1.0f);
+                if (!is_max) {
+                    for (int64_t j = 0; j < n; j++) {
+                        const int64_t count = rows * pool_count((o0 + j) * sw - pl, kw, w, pl, pr, include_pad);
+                        cinv[j] = count ? 1.0f / (float)count : 0.0f;
+                    }
+                    for (int64_t j = 0; j < n; j++) dst[o0 + j] *= cinv[j];
+                }
             }
         }
     }
 }
 
-RLX_API void rlx_max_pool2d_padded(const float *x, float *y, int64_t planes, int64_t h, int64_t w, int64_t kh,
-                                   int64_t kw, int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
-                                   int64_t threads) {
-    RLX_ACROSS_TEAM(threads, planes, max_pool_padded_planes(x, y, lo, hi, h, w, kh, kw, sh, sw, pt, pl, oh, ow));
+static RLX_CLONES void max_pool_padded_planes(const float *x, float *y, int64_t p0, int64_t p1, int64_t h, int64_t w,
+                                              int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t pt, int64_t pl,
+                                              int64_t pb, int64_t pr, int64_t oh, int64_t ow) {
+    pool_padded_body(x, y, p0, p1, h, w, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, 1, 0);
+}
+
+static RLX_CLONES void avg_pool_padded_planes(const float *x, float *y, int64_t p0, int64_t p1, int64_t h, int64_t w,
+                                              int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t pt, int64_t pl,
+                                              int64_t pb, int64_t pr, int64_t oh, int64_t ow, int64_t include_pad) {
+    pool_padded_body(x, y, p0, p1, h, w, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, 0, include_pad);
+}
+
+RLX_API void rlx_pool2d_padded(const float *x, float *y, int64_t planes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                               int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t pb, int64_t pr, int64_t oh,
+                               int64_t ow, int64_t kind, int64_t threads) {
+    if (kind == 0)
+        RLX_ACROSS_TEAM(threads, planes,
+                        max_pool_padded_planes(x, y, lo, hi, h, w, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow));
+    else
+        RLX_ACROSS_TEAM(threads, planes,
+                        avg_pool_padded_planes(x, y, lo, hi, h, w, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, kind == 1));
 }
 
 /* ------------------------------------------------------- direct convolution */
@@ -4203,7 +4265,7 @@ enum {
     RLX_PK_LAYER_NORM,
     RLX_PK_IM2COL,
     RLX_PK_POOL2D,
-    RLX_PK_MAX_POOL2D_PADDED,
+    RLX_PK_POOL2D_PADDED,
     RLX_PK_DEPTHWISE,
     RLX_PK_DEPTHWISE_LANES,
     RLX_PK_CONV_DIRECT,
@@ -4248,9 +4310,9 @@ RLX_API int64_t rlx_packed(const int64_t *a) {
         rlx_pool2d(PK_IN(1), PK_OUT(2), a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14],
                    a[15]);
         return 0;
-    case RLX_PK_MAX_POOL2D_PADDED:
-        rlx_max_pool2d_padded(PK_IN(1), PK_OUT(2), a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
-                              a[13], a[14]);
+    case RLX_PK_POOL2D_PADDED:
+        rlx_pool2d_padded(PK_IN(1), PK_OUT(2), a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13],
+                          a[14], a[15], a[16], a[17]);
         return 0;
     case RLX_PK_DEPTHWISE:
         rlx_depthwise_conv(PK_IN(1), PK_IN(2), PK_IN(3), PK_OUT(4), PK_OUT(5), a[6], a[7], a[8], a[9], a[10], a[11],

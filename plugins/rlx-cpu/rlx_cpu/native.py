@@ -128,10 +128,11 @@ class Native:
         self.pool2d = self._lib.rlx_pool2d  # (x, y, planes, h, w, kh, kw, sh, sw, dh, dw, oh, ow, is_max, threads)
         self.pool2d.argtypes = [p, p, *[i64] * 13]
         self.pool2d.restype = None
-        # (x, y, planes, h, w, kh, kw, sh, sw, pt, pl, oh, ow, threads)
-        self.max_pool2d_padded = self._lib.rlx_max_pool2d_padded
-        self.max_pool2d_padded.argtypes = [p, p, *[i64] * 12]
-        self.max_pool2d_padded.restype = None
+        # (x, y, planes, h, w, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, kind, threads); kind 0 max,
+        # 1 average counting the padding, 2 average counting the image's positions
+        self.pool2d_padded = self._lib.rlx_pool2d_padded
+        self.pool2d_padded.argtypes = [p, p, *[i64] * 15]
+        self.pool2d_padded.restype = None
         # (x, wpk, bias, y, xp, c, h, w, o, kh, kw, pt, pl, oh, ow, threads)
         self.conv_direct = self._lib.rlx_conv_direct
         self.conv_direct.argtypes = [p, p, p, p, p, *[i64] * 13]
@@ -216,7 +217,7 @@ class Native:
         self.packed.argtypes = [p]
         self.packed.restype = i64
         for kernel, fn in enumerate((self.gemm, self.gemv, self.softmax, self.layer_norm, self.im2col, self.pool2d,
-                                     self.max_pool2d_padded, self.depthwise, self.depthwise_lanes, self.conv_direct,
+                                     self.pool2d_padded, self.depthwise, self.depthwise_lanes, self.conv_direct,
                                      self.region, self.conv_gemm, self.group_conv, self.gather_axis,
                                      self.resize_taps, self.transpose, self.plane_reduce, self.group_conv_lanes),
                                     start=1):

@@ -29,8 +29,8 @@ from .regions import SPLIT_NS, Epilogue
 from .steps import Dyn, Step, aligned_empty, laid_out
 
 __all__ = ["softmax_step", "softmax_bf16_step", "layer_norm_step", "im2col_step", "pool_step",
-           "max_pool_padded_step", "conv_direct_steps", "conv_gemm_steps", "conv_gemm_panel", "depthwise_step",
-           "image_calls",
+           "pool_padded_step", "window_counts", "conv_direct_steps", "conv_gemm_steps", "conv_gemm_panel",
+           "depthwise_step", "image_calls",
            "DIRECT_CONV_TAPS"]
 
 SOFTMAX_NS, LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
@@ -227,35 +227,52 @@ def pool_step(x: Any, out: Any, kernel: tuple[int, int], stride: tuple[int, int]
     return bound_call(lib.pool2d, [0, 0, *geometry, threads], (x, out), (0, 1), _pool_numpy(geometry))
 
 
-def _padded_max_numpy(geometry: tuple[int, ...]) -> Any:
-    planes, h, w, kh, kw, sh, sw, pt, pl, oh, ow = geometry
+def _padded_pool_numpy(geometry: tuple[int, ...]) -> Any:
+    """``rlx_pool2d_padded`` in numpy: the pool over a copy padded with -inf (max) or 0
+    (average), each average divided by its window's count."""
+    planes, h, w, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, kind = geometry
     hp, wp = max(h + pt, (oh - 1) * sh + kh), max(w + pl, (ow - 1) * sw + kw)
-    inner = _pool_numpy((planes, hp, wp, kh, kw, sh, sw, 1, 1, oh, ow, 1))
+    inner = _pool_numpy((planes, hp, wp, kh, kw, sh, sw, 1, 1, oh, ow, int(kind == 0)))
+    if kind:
+        inside = kind == 1
+        counts = np.outer(window_counts(h, oh, kh, sh, pt, pb, inside), window_counts(w, ow, kw, sw, pl, pr, inside))
+        factor = (kh * kw / counts).astype(np.float32)
 
     def run(x: np.ndarray, out: np.ndarray) -> None:
-        xp = np.full((planes, hp, wp), -np.inf, np.float32)
+        xp = np.full((planes, hp, wp), 0.0 if kind else -np.inf, np.float32)
         xp[:, pt : pt + h, pl : pl + w] = x.reshape(planes, h, w)
         inner(xp, out)
+        if kind:
+            np.multiply(out.reshape(planes, oh, ow), factor, out=out.reshape(planes, oh, ow))
 
     return run
 
 
-def max_pool_padded_step(x: Any, out: Any, kernel: tuple[int, int], stride: tuple[int, int],
-                         pads: tuple[int, int]) -> Step | None:
-    """Max pool of ``x`` (N, C, H, W) into ``out`` whose windows may reach past the image
-    (``pads``: top and left padding; the bottom and right follow from ``out``'s shape), as
-    if padded with -inf, without the padded copy. None where the kernel does not apply
-    (dilation is the caller's to rule out; windows wider than 8, strides past 2)."""
+def window_counts(size: int, out: int, k: int, s: int, p0: int, p1: int, include_pad: bool) -> np.ndarray:
+    """Per output position along one axis: window positions inside the input, or inside
+    the declared padding too when ``include_pad``; ceil_mode's extra positions never count."""
+    lo, hi = (-p0, size + p1) if include_pad else (0, size)
+    starts = np.arange(out) * s - p0
+    return np.array([sum(lo <= p < hi for p in range(st, st + k)) for st in starts], dtype=np.float64)
+
+
+def pool_padded_step(x: Any, out: Any, kernel: tuple[int, int], stride: tuple[int, int],
+                     pads: tuple[int, int, int, int], kind: int) -> Step | None:
+    """Max (``kind`` 0) or average (1: counting the padding, 2: counting the image's
+    positions only) pool of ``x`` (N, C, H, W) into ``out`` whose windows may reach past
+    the image (``pads``: top, left, bottom, right; ceil_mode's windows past those follow
+    from ``out``'s shape), as if padded with -inf or 0, without the padded copy. None where
+    the kernel does not apply (dilation is the caller's to rule out; windows wider than 8,
+    strides past 2)."""
     lib = library()
-    (kh, kw), (sh, sw), (pt, pl) = kernel, stride, pads
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = kernel, stride, pads
     if lib is None or not _fits(x, out) or out.size == 0 or kw > 8 or sw not in (1, 2):
         return None
     n, c, h, w = x.shape
     oh, ow = out.shape[2:]
-    geometry = (n * c, h, w, kh, kw, sh, sw, pt, pl, oh, ow)
+    geometry = (n * c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, kind)
     threads = _threads(lib, out.size * kh * kw, 0.3)
-    return bound_call(lib.max_pool2d_padded, [0, 0, *geometry, threads], (x, out), (0, 1),
-                      _padded_max_numpy(geometry))
+    return bound_call(lib.pool2d_padded, [0, 0, *geometry, threads], (x, out), (0, 1), _padded_pool_numpy(geometry))
 
 
 def _depthwise_numpy(geometry: tuple[int, ...]) -> Any:

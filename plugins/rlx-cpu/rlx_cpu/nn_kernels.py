@@ -39,9 +39,10 @@ from .native_nn import (
     depthwise_step,
     im2col_step,
     layer_norm_step,
-    max_pool_padded_step,
+    pool_padded_step,
     pool_step,
     softmax_step,
+    window_counts,
 )
 from .regions import Epilogue
 from .sparse_taps import sparse_tap_steps
@@ -377,7 +378,7 @@ def _max_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
         return [native]
     a = node.attrs
     if dilation == (1, 1):  # padding or ceil_mode windows, clipped to the image: no padded copy
-        native = max_pool_padded_step(ins[0], out, a["kernel"], a["stride"], a["padding"][:2])
+        native = pool_padded_step(ins[0], out, a["kernel"], a["stride"], a["padding"], 0)
         if native is not None:  # resnet18's 3x3 stride-2 pool, padding 1, 64x112x112: several times faster
             # than the native pool over a padded copy (measured: BENCHMARKS.md, section 'Figures behind
             # design choices (moved from docstrings, issue 32)')
@@ -390,32 +391,29 @@ def _max_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
     return steps + _separable(xp, node, dilation, np.maximum, out, ctx)
 
 
-def _window_counts(size: int, out: int, k: int, s: int, p0: int, p1: int, include_pad: bool) -> np.ndarray:
-    """Per output position along one axis: window positions inside the input, or inside
-    the declared padding too when ``include_pad``; ceil_mode's extra positions never count."""
-    lo, hi = (-p0, size + p1) if include_pad else (0, size)
-    starts = np.arange(out) * s - p0
-    return np.array([sum(lo <= p < hi for p in range(st, st + k)) for st in starts], dtype=np.float64)
-
-
 def _avg_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) -> list[Step]:
-    """The native pool where no window reaches into padding; else the native pool over a
-    zero-padded copy (its average over every window's kh * kw positions) and, where a
-    window counts fewer (``count_include_pad=0``, ceil_mode's positions past the padding),
-    one multiplication by kh * kw / count. Inception's 3x3 stride-1 pools, padding 1, on
-    (288, 25, 25) at batch 1: 1.05 ms as numpy's separable passes, about 0.3 ms so with a
-    relu before it (2-core Zen 5, without the extras; with them oneDNN's pooling runs
-    them). numpy's passes remain for other dtypes."""
+    """The native pool where no window reaches into padding; else, float32 windows up to 8
+    wide at strides 1 and 2, the native padded pool (taps clipped to the image, each sum
+    divided by its window's count: no padded copy); else the native pool over a
+    zero-padded copy and, where a window counts fewer (``count_include_pad=0``,
+    ceil_mode's positions past the padding), one multiplication by kh * kw / count.
+    Inception's 3x3 stride-1 pools, padding 1: over a padded copy with its corrections,
+    3.0-3.2 ms of inception_v3's 19 at batch 1 (2-core Zen 5, without the extras; with
+    them oneDNN's pooling runs them). numpy's passes remain for other dtypes."""
     a = node.attrs
     native = _native_pool(node, ins[0], out, (1, 1), False)
     if native is not None:
         return [native]
     cd = compute_dtype(out.dtype)
     (kh, kw), (sh, sw), (pt, pl, pb, pr) = a["kernel"], a["stride"], a["padding"]
+    include = a["count_include_pad"]
+    if out.dtype == np.float32 and ins[0].dtype == np.float32:
+        native = pool_padded_step(ins[0], out, (kh, kw), (sh, sw), (pt, pl, pb, pr), 1 if include else 2)
+        if native is not None:
+            return [native]
     h, w = ins[0].shape[2:]
     oh, ow = out.shape[2:]
-    include = a["count_include_pad"]
-    counts = np.outer(_window_counts(h, oh, kh, sh, pt, pb, include), _window_counts(w, ow, kw, sw, pl, pr, include))
+    counts = np.outer(window_counts(h, oh, kh, sh, pt, pb, include), window_counts(w, ow, kw, sw, pl, pr, include))
     xp, steps = _pool_input(ins[0], node, (1, 1), 0.0, cd, ctx)
     if cd == out.dtype == np.float32:
         native = pool_step(xp, out, (kh, kw), (sh, sw), (1, 1), False)

@@ -1175,7 +1175,7 @@ POOLS = {  # name -> (op, kwargs, native?)
     "avg 3x3 stride 2": ("avg_pool2d", {"kernel": 3, "stride": 2}, True),
     "max 3x3 dilation 2 padding 1 (native, over a -inf border)": ("max_pool2d", {"kernel": 3, "stride": 1,
                                                                               "padding": 1, "dilation": 2}, True),
-    "avg 2x2 ceil_mode (native over a zero border, then kh * kw / count)": (
+    "avg 2x2 ceil_mode (native, taps clipped to the image, each sum over its count)": (
         "avg_pool2d", {"kernel": 2, "stride": 2, "ceil_mode": True}, True),
     "avg 3x3 stride 1 padding 1, pads counted (Inception's)": ("avg_pool2d", {"kernel": 3, "stride": 1, "padding": 1,
                                                                               "count_include_pad": True}, True),
@@ -1188,10 +1188,12 @@ POOLS = {  # name -> (op, kwargs, native?)
 def test_pools(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """Max and average pools whose windows lie inside the image run natively (the 2x2
     stride-2 one in one pass), odd sizes leaving an edge unread; a max propagates NaN and
-    keeps -inf; a max pool reaching into padding runs natively over a -inf border, an average
-    pool over a zero border (and its windows' counts applied after). All as the reference."""
+    keeps -inf; a pool reaching into padding runs natively with its windows clipped to the
+    image (a dilated one over a -inf border), an average divided by its window's count. All
+    as the reference."""
     op, kwargs, is_native = POOLS[name]
     calls = spy_on(monkeypatch, lib, "pool2d")
+    clipped = spy_on(monkeypatch, lib, "pool2d_padded")
     x = rand((2, 3, 13, 11), 6, 2.0)
     if op == "max_pool2d":
         x[0, 0, 4, 4] = np.nan
@@ -1200,7 +1202,7 @@ def test_pools(lib: native.Native, monkeypatch: pytest.MonkeyPatch, name: str) -
     g.set_outputs([getattr(g, op)(g.input("x", x.shape), **kwargs)])
     (got,) = compile_cpu(g).run({"x": x})
     (want,) = reference.evaluate(g, {"x": x})
-    assert bool(calls) == is_native
+    assert bool(calls or clipped) == is_native
     if op == "max_pool2d":
         assert np.isnan(got).any()
         assert np.array_equal(got, want, equal_nan=True)  # a max is exact
@@ -1250,7 +1252,7 @@ def test_three_by_three_stride_one_max_pool_flat_or_by_rows(lib: native.Native, 
     flat (columns of three, then rows of three, the edge columns again with two taps),
     larger ones and single rows row by row; NaN and -inf at the corners and edges come
     out as the reference's."""
-    clipped = spy_on(monkeypatch, lib, "max_pool2d_padded")
+    clipped = spy_on(monkeypatch, lib, "pool2d_padded")
     h, w = hw
     x = rand((2, 3, h, w), 7)
     x[0, 1, h - 1, w - 1] = np.nan
@@ -1267,10 +1269,10 @@ def test_three_by_three_stride_one_max_pool_flat_or_by_rows(lib: native.Native, 
 @pytest.mark.parametrize("include_pad", [False, True])
 def test_three_by_three_stride_one_average_pool_flat_or_by_rows(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
                                                                 hw: tuple[int, int], include_pad: bool) -> None:
-    """Inception's average pools (3x3, stride 1, padding 1): the native pool over the
-    zero-bordered copy, flat for planes of up to 4096 floats, row by row past that, then
-    the windows' counts; as the reference."""
-    calls = spy_on(monkeypatch, lib, "pool2d")
+    """Inception's average pools (3x3, stride 1, padding 1): the native padded pool, flat
+    for planes of up to 4096 floats (columns of three, rows of three, each sum over its
+    count: 9, or 4/6/9 without the padding), row by row past that; as the reference."""
+    calls = spy_on(monkeypatch, lib, "pool2d_padded")
     h, w = hw
     x = rand((2, 3, h, w), 11, 2.0)
     g = Graph("avg-3x3-s1")
@@ -1498,6 +1500,11 @@ FALLBACK_OPS = {  # name -> (graph builder over x (2, 4, 9, 10), native entry po
                                                     padding=1), "conv_direct"),
     "max_pool2d": (lambda g, x: g.max_pool2d(x, 3, stride=2, dilation=2), "pool2d"),
     "avg_pool2d": (lambda g, x: g.avg_pool2d(x, (3, 2), stride=(1, 2)), "pool2d"),
+    "padded max_pool2d": (lambda g, x: g.max_pool2d(x, 3, stride=2, padding=1, ceil_mode=True), "pool2d_padded"),
+    "padded avg_pool2d": (lambda g, x: g.avg_pool2d(x, (3, 2), stride=(1, 2), padding=(1, 1, 1, 0)),
+                          "pool2d_padded"),
+    "padded avg_pool2d counting the padding": (
+        lambda g, x: g.avg_pool2d(x, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=True), "pool2d_padded"),
 }
 
 
@@ -1566,7 +1573,7 @@ def test_padded_max_pool_runs_natively_over_an_infinite_border(lib: native.Nativ
     border, then the native pool (no numpy passes); NaN and -inf inputs keep numpy's
     maximum."""
     calls = spy_on(monkeypatch, lib, "pool2d")
-    clipped = spy_on(monkeypatch, lib, "max_pool2d_padded")
+    clipped = spy_on(monkeypatch, lib, "pool2d_padded")
     g = Graph("padded-pool")
     g.set_outputs([g.max_pool2d(g.input("x", (2, 3, 10, 11)), 3, **{"stride": 2, **kwargs})])
     x = rand((2, 3, 10, 11), 9)
@@ -1579,23 +1586,37 @@ def test_padded_max_pool_runs_natively_over_an_infinite_border(lib: native.Nativ
 
 @pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("kernel", [(1, 1), (2, 2), (3, 3), (2, 5), (5, 3), (3, 8)])
-def test_padded_max_pool_clips_every_window_to_the_image(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
-                                                         kernel: tuple[int, int], stride: int) -> None:
+@pytest.mark.parametrize("kind", ["max", "avg counting the padding", "avg"])
+def test_padded_pool_clips_every_window_to_the_image(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                                     kernel: tuple[int, int], stride: int, kind: str) -> None:
     """Paddings up to half the window (the most the IR allows), on each side, with and without
-    ceil_mode, rows wider than one chunk of the kernel (300 outputs): as the reference."""
-    clipped = spy_on(monkeypatch, lib, "max_pool2d_padded")
+    ceil_mode, rows wider than one chunk of the kernel (300 outputs): as the reference (a
+    max exactly; an average's count is the window's positions inside the image, or inside
+    it and its declared padding, never ceil_mode's positions past that)."""
+    clipped = spy_on(monkeypatch, lib, "pool2d_padded")
     rng = np.random.default_rng(sum(kernel) * 10 + stride)
     for trial in range(6):
         pads = tuple(int(rng.integers(0, k // 2 + 1)) for k in (kernel[0], kernel[1], kernel[0], kernel[1]))
         h, w = int(rng.integers(kernel[0], 9)), int(rng.integers(kernel[1], 13)) + (600 if trial == 0 else 0)
         g = Graph("clip")
-        g.set_outputs([g.max_pool2d(g.input("x", (1, 2, h, w)), kernel, stride=stride, padding=pads,
-                                    ceil_mode=bool(trial % 2))])
+        x_in = g.input("x", (1, 2, h, w))
+        if kind == "max":
+            y = g.max_pool2d(x_in, kernel, stride=stride, padding=pads, ceil_mode=bool(trial % 2))
+        else:
+            y = g.avg_pool2d(x_in, kernel, stride=stride, padding=pads, ceil_mode=bool(trial % 2),
+                             count_include_pad=kind != "avg")
+        g.set_outputs([y])
         x = rand((1, 2, h, w), trial)
-        x[0, 1, 0, 0] = np.nan
+        (want,) = reference.evaluate(g, {"x": x})
+        if kind == "max":
+            x[0, 1, 0, 0] = np.nan
+            (want,) = reference.evaluate(g, {"x": x})
         (got,) = compile_cpu(g).run({"x": x})
-        np.testing.assert_array_equal(got, reference.evaluate(g, {"x": x})[0], err_msg=f"pads {pads}, {h}x{w}")
-    assert clipped or kernel == (1, 1)  # a 1x1 window has no padding and no window past the edge
+        if kind == "max":
+            np.testing.assert_array_equal(got, want, err_msg=f"pads {pads}, {h}x{w}")
+        else:
+            np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6, err_msg=f"pads {pads}, {h}x{w}")
+    assert clipped or kernel == (1, 1) or (kind != "max" and not any(pads))
 
 
 @pytest.mark.parametrize(("o", "want"), [(64, 12), (128, 12), (24, 12), (16, 8), (8, 8), (40, 12), (256, 12)])
