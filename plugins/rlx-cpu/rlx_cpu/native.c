@@ -3589,7 +3589,7 @@ static inline void transpose8(const float *src, int64_t ls, float *dst, int64_t 
 /* dst[j ld + i] = src[i ls + j] for rows i in [i0, i1) and columns j in [j0, j1): one
  * block (at most TRANSPOSE_BLOCK each way) in 8 x 8 register tiles, its edges element
  * by element. */
-static inline void transpose_block(const float *src, int64_t ls, float *dst, int64_t ld, int64_t i0, int64_t i1,
+static inline __attribute__((always_inline)) void transpose_block(const float *src, int64_t ls, float *dst, int64_t ld, int64_t i0, int64_t i1,
                                    int64_t j0, int64_t j1) {
     const int64_t i8 = i0 + (i1 - i0) / TRANSPOSE_TILE * TRANSPOSE_TILE;
     const int64_t j8 = j0 + (j1 - j0) / TRANSPOSE_TILE * TRANSPOSE_TILE;
@@ -3626,6 +3626,103 @@ RLX_API void rlx_transpose(const void *x, void *y, int64_t batch, int64_t rows, 
     const int64_t blocks = batch * ((rows + TRANSPOSE_BLOCK - 1) / TRANSPOSE_BLOCK) *
                            ((cols + TRANSPOSE_BLOCK - 1) / TRANSPOSE_BLOCK);
     RLX_ACROSS_TEAM(threads, blocks, transpose_part((const float *)x, (float *)y, lo, hi, rows, cols));
+}
+
+/* A max or average pool from NCHW x (n, c, h, w) into NHWC y (n, oh, ow, c), windows
+ * clipped to the image as in rlx_pool2d_padded (kind 0 max, 1 average counting the
+ * padding, 2 average over the image's positions). Why: a chain held channels-last that
+ * starts at a pool of an NCHW value (ResNet's stem: its 7x7 convolution, then a 3x3
+ * stride-2 max pool over 64 x 112 x 112) pooled into NCHW scratch and then transposed
+ * that: the pooled copy written, read and written again. Here a unit is one output row of
+ * 16 channels: each channel's row pooled as rlx_pool2d_padded pools it (into L1), then
+ * the 16 rows transposed in 8 x 8 register tiles into their pixels' channels of y. */
+#define PN_CB 16    /* channels a unit */
+#define PN_CHUNK 64 /* outputs of a row at a time */
+#define PN_COLS (PN_CHUNK * 2 + 8)
+static inline __attribute__((always_inline)) void pool_to_nhwc_body(
+    const float *x, float *y, int64_t u0, int64_t u1, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+    int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t pb, int64_t pr, int64_t oh, int64_t ow,
+    const int is_max, int64_t include_pad) {
+    float v[PN_COLS] __attribute__((aligned(64)));
+    float t[PN_CB][PN_CHUNK] __attribute__((aligned(64)));
+    float cinv[PN_CHUNK];
+    const float fill = is_max ? -__builtin_inff() : 0.0f;
+    const int64_t blocks = (c + PN_CB - 1) / PN_CB;
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t img = u / (blocks * oh), cb = u / oh % blocks, oy = u % oh;
+        const int64_t c0 = cb * PN_CB, nc = c - c0 < PN_CB ? c - c0 : PN_CB;
+        const int64_t r0 = oy * sh - pt, ki0 = r0 < 0 ? -r0 : 0, ki1 = h - r0 < kh ? h - r0 : kh;
+        const int64_t rows = is_max ? 1 : pool_count(r0, kh, h, pt, pb, include_pad);
+        for (int64_t o0 = 0; o0 < ow; o0 += PN_CHUNK) {
+            const int64_t n = ow - o0 < PN_CHUNK ? ow - o0 : PN_CHUNK;
+            const int64_t s0 = o0 * sw - pl, cols = (n - 1) * sw + kw;
+            const int64_t lo = s0 < 0 ? (-s0 < cols ? -s0 : cols) : 0;
+            int64_t hi = w - s0 < cols ? w - s0 : cols;
+            if (hi < lo) hi = lo;
+            if (!is_max)
+                for (int64_t j = 0; j < n; j++) {
+                    const int64_t count = rows * pool_count((o0 + j) * sw - pl, kw, w, pl, pr, include_pad);
+                    cinv[j] = count ? 1.0f / (float)count : 0.0f;
+                }
+            for (int64_t ch = 0; ch < nc; ch++) { /* each channel's row of outputs, as rlx_pool2d_padded */
+                for (int64_t q = 0; q < lo; q++) v[q] = fill;
+                for (int64_t q = hi; q < cols; q++) v[q] = fill;
+                if (ki1 <= ki0) {
+                    for (int64_t q = lo; q < hi; q++) v[q] = fill;
+                } else {
+                    const float *plane = x + ((img * c + c0 + ch) * h) * w;
+                    const float *r = plane + (r0 + ki0) * w + s0;
+                    int64_t k = ki0 + 1;
+                    if (ki1 - ki0 >= 3) { /* three rows in one pass */
+                        const float *ra = r + w, *rb = r + 2 * w;
+                        for (int64_t q = lo; q < hi; q++) v[q] = pool_join3(r[q], ra[q], rb[q], is_max);
+                        k = ki0 + 3;
+                    } else {
+                        for (int64_t q = lo; q < hi; q++) v[q] = r[q];
+                    }
+                    for (int64_t ki = k; ki < ki1; ki++) {
+                        const float *rk = plane + (r0 + ki) * w + s0;
+                        for (int64_t q = lo; q < hi; q++) v[q] = pool_join(v[q], rk[q], is_max);
+                    }
+                }
+                if (sw == 1)
+                    pool_row_taps(v, t[ch], n, kw, 1, is_max, 1.0f);
+                else
+                    pool_row_taps(v, t[ch], n, kw, 2, is_max, 1.0f);
+                if (!is_max)
+                    for (int64_t j = 0; j < n; j++) t[ch][j] *= cinv[j];
+            }
+            /* the 16 rows of outputs into their pixels' channels */
+            transpose_block(&t[0][0], PN_CHUNK, y + ((img * oh + oy) * ow + o0) * c + c0, c, 0, nc, 0, n);
+        }
+    }
+}
+
+static RLX_CLONES void max_pool_to_nhwc(const float *x, float *y, int64_t u0, int64_t u1, int64_t c, int64_t h,
+                                        int64_t w, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t pt,
+                                        int64_t pl, int64_t pb, int64_t pr, int64_t oh, int64_t ow) {
+    pool_to_nhwc_body(x, y, u0, u1, c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, 1, 0);
+}
+
+static RLX_CLONES void avg_pool_to_nhwc(const float *x, float *y, int64_t u0, int64_t u1, int64_t c, int64_t h,
+                                        int64_t w, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t pt,
+                                        int64_t pl, int64_t pb, int64_t pr, int64_t oh, int64_t ow,
+                                        int64_t include_pad) {
+    pool_to_nhwc_body(x, y, u0, u1, c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, 0, include_pad);
+}
+
+/* y (n, oh, ow, c) = pool of x (n, c, h, w); kind as rlx_pool2d_padded's; windows of
+ * kw <= 8 at sw <= 2 (never sent otherwise: native_nn.pool_to_nhwc_step). */
+RLX_API void rlx_pool_to_nhwc(const float *x, float *y, int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh,
+                              int64_t kw, int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t pb, int64_t pr,
+                              int64_t oh, int64_t ow, int64_t kind, int64_t threads) {
+    if (kw > 8 || sw < 1 || sw > 2) return;
+    const int64_t units = n * ((c + PN_CB - 1) / PN_CB) * oh;
+    if (kind == 0)
+        RLX_ACROSS_TEAM(threads, units, max_pool_to_nhwc(x, y, lo, hi, c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow));
+    else
+        RLX_ACROSS_TEAM(threads, units,
+                        avg_pool_to_nhwc(x, y, lo, hi, c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, kind == 1));
 }
 
 /* ------------------------------------------------ direct convolution over NHWC
@@ -4277,6 +4374,7 @@ enum {
     RLX_PK_TRANSPOSE,
     RLX_PK_PLANE_REDUCE,
     RLX_PK_GROUP_CONV_LANES,
+    RLX_PK_POOL_TO_NHWC,
 };
 #define PK_IN(i) ((const float *)(intptr_t)a[i])
 #define PK_OUT(i) ((float *)(intptr_t)a[i])
@@ -4358,6 +4456,10 @@ RLX_API int64_t rlx_packed(const int64_t *a) {
         rlx_group_conv_lanes(PK_IN(1), PK_IN(2), PK_IN(3), PK_OUT(4), PK_OUT(5), a[6], a[7], a[8], a[9], a[10], a[11],
                              a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20],
                              (const rlx_epilogue *)(intptr_t)a[21]);
+        return 0;
+    case RLX_PK_POOL_TO_NHWC:
+        rlx_pool_to_nhwc(PK_IN(1), PK_OUT(2), a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13],
+                         a[14], a[15], a[16], a[17], a[18]);
         return 0;
     default:
         return -1;

@@ -133,6 +133,10 @@ class Native:
         self.pool2d_padded = self._lib.rlx_pool2d_padded
         self.pool2d_padded.argtypes = [p, p, *[i64] * 15]
         self.pool2d_padded.restype = None
+        # (x, y, n, c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, kind, threads): NCHW in, NHWC out
+        self.pool_to_nhwc = self._lib.rlx_pool_to_nhwc
+        self.pool_to_nhwc.argtypes = [p, p, *[i64] * 16]
+        self.pool_to_nhwc.restype = None
         # (x, wpk, bias, y, xp, c, h, w, o, kh, kw, pt, pl, oh, ow, threads)
         self.conv_direct = self._lib.rlx_conv_direct
         self.conv_direct.argtypes = [p, p, p, p, p, *[i64] * 13]
@@ -219,7 +223,8 @@ class Native:
         for kernel, fn in enumerate((self.gemm, self.gemv, self.softmax, self.layer_norm, self.im2col, self.pool2d,
                                      self.pool2d_padded, self.depthwise, self.depthwise_lanes, self.conv_direct,
                                      self.region, self.conv_gemm, self.group_conv, self.gather_axis,
-                                     self.resize_taps, self.transpose, self.plane_reduce, self.group_conv_lanes),
+                                     self.resize_taps, self.transpose, self.plane_reduce, self.group_conv_lanes,
+                                     self.pool_to_nhwc),
                                     start=1):
             ccall.register_packed(fn, self.packed, kernel)
         self._lib.rlx_set_max_threads.argtypes = [i64]

@@ -29,8 +29,8 @@ from .regions import SPLIT_NS, Epilogue
 from .steps import Dyn, Step, aligned_empty, laid_out
 
 __all__ = ["softmax_step", "softmax_bf16_step", "layer_norm_step", "im2col_step", "pool_step",
-           "pool_padded_step", "window_counts", "conv_direct_steps", "conv_gemm_steps", "conv_gemm_panel",
-           "depthwise_step", "image_calls",
+           "pool_padded_step", "pool_to_nhwc_step", "window_counts", "conv_direct_steps", "conv_gemm_steps",
+           "conv_gemm_panel", "depthwise_step", "image_calls",
            "DIRECT_CONV_TAPS"]
 
 SOFTMAX_NS, LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
@@ -247,6 +247,37 @@ def _padded_pool_numpy(geometry: tuple[int, ...]) -> Any:
 
     return run
 
+
+
+def pool_to_nhwc_step(x: Any, out: Any, kernel: tuple[int, int], stride: tuple[int, int],
+                      pads: tuple[int, int, int, int], kind: int) -> Step | None:
+    """``pool_padded_step``'s pool reading ``x`` (N, C, H, W) and writing ``out`` (N, OH,
+    OW, C): a channels-last chain that starts at a pool of an NCHW value (ResNet's stem
+    pool) without pooling into scratch and transposing that. None where the kernel does not
+    apply (windows wider than 8, strides past 2)."""
+    lib = library()
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = kernel, stride, pads
+    if lib is None or not _fits(x, out) or out.size == 0 or kw > 8 or sw not in (1, 2):
+        return None
+    n, c, h, w = x.shape
+    oh, ow = out.shape[1:3]
+    threads = _threads(lib, out.size * kh * kw, 0.3)
+    geometry = (n, c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, kind)
+    return bound_call(lib.pool_to_nhwc, [0, 0, *geometry, threads], (x, out), (0, 1), pool_to_nhwc_numpy(geometry))
+
+
+def pool_to_nhwc_numpy(geometry: tuple[int, ...]) -> Any:
+    """``rlx_pool_to_nhwc`` in numpy (``geometry``: its arguments from n to kind): the
+    padded pool's numpy form, transposed."""
+    n, c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, kind = geometry
+    inner = _padded_pool_numpy((n * c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, oh, ow, kind))
+
+    def run(x: np.ndarray, out: np.ndarray) -> None:
+        res = np.empty((n, c, oh, ow), np.float32)
+        inner(x, res)
+        np.copyto(out, res.transpose(0, 2, 3, 1))
+
+    return run
 
 def window_counts(size: int, out: int, k: int, s: int, p0: int, p1: int, include_pad: bool) -> np.ndarray:
     """Per output position along one axis: window positions inside the input, or inside

@@ -15,7 +15,7 @@ import rlx_core as rlx
 from rlx_core import reference
 from rlx_core.backends.registry import Registry
 from rlx_core.ir import Graph
-from rlx_cpu import CpuBackend, conv_nhwc, layout, native
+from rlx_cpu import CpuBackend, conv_nhwc, layout, native, native_nn
 
 F32 = np.float32
 LIB = native.library()
@@ -84,9 +84,14 @@ def resnet_graph(batch: int = 2) -> Graph:
 @needs_chains
 def test_a_resnet_is_held_channels_last_from_its_pool_and_matches_the_reference(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool reads the stem's NCHW output and writes NHWC itself (``rlx_pool_to_nhwc``),
+    the five convolutions after it run on the channels-inner kernel."""
     taken: list[Any] = []
     real = conv_nhwc.chain_conv_steps
     monkeypatch.setattr(conv_nhwc, "chain_conv_steps", lambda *a: (taken.append(real(*a)), taken[-1])[1])
+    pooled: list[Any] = []
+    real_pool = LIB.pool_to_nhwc
+    monkeypatch.setattr(LIB, "pool_to_nhwc", lambda *a: (pooled.append(a), real_pool(*a))[1])
     assert layout.enabled() is layout.NATIVE
     g = resnet_graph()
     cg = compiled(g)
@@ -94,7 +99,9 @@ def test_a_resnet_is_held_channels_last_from_its_pool_and_matches_the_reference(
     assert {"pool", "b1_a", "b1_out", "b2_a", "b2_out"} <= cl and "stem" not in cl  # 3 channels: NCHW
     assert len(taken) == 5 and all(t is not None for t in taken)
     feeds = {"x": rand((2, 3, 32, 32), 0)}
+    feeds["x"][1, :, 4:8, 4:8] = np.nan  # NaN through the stem's windows into the pool's
     check(g, feeds, cg)
+    assert pooled
     new = {"w3": rand((16, 16, 3, 3), 30, 0.1), "b6": rand((32,), 31)}
     for name, value in new.items():
         cg.set_param(name, value)
@@ -182,6 +189,34 @@ def test_pools_inside_a_chain_match_the_reference(kind: str, kernel: int, stride
     want = reference.evaluate(g, feeds)[0]
     assert np.array_equal(np.isnan(cg_out), np.isnan(want))
     np.testing.assert_allclose(cg_out, want, rtol=2e-4, atol=2e-4)
+
+
+@needs_chains
+@settings(max_examples=40, deadline=None)
+@given(c=st.sampled_from([1, 5, 16, 20, 33]), h=st.integers(1, 9), w=st.integers(1, 70), k=st.integers(1, 3),
+       s=st.integers(1, 2), p=st.integers(0, 1), kind=st.integers(0, 2), threads=st.integers(1, 2))
+def test_the_nchw_to_nhwc_pool_kernel_matches_its_numpy_form(c: int, h: int, w: int, k: int, s: int, p: int,
+                                                             kind: int, threads: int) -> None:
+    """``rlx_pool_to_nhwc`` (NCHW in, NHWC out) against its fallback (the padded pool's
+    numpy form, transposed): channels in blocks of 16 and a partial block, rows wider than
+    one chunk of 64 outputs, windows clipped at every edge, ceil_mode's extra row and
+    column; inf, -inf and NaN as numpy's."""
+    if p * 2 > k:
+        return
+    oh, ow = (h + 2 * p - k + s - 1) // s + 1, (w + 2 * p - k + s - 1) // s + 1  # ceil_mode
+    oh -= (oh - 1) * s >= h + p  # (no window starting past the padding)
+    ow -= (ow - 1) * s >= w + p
+    if oh < 1 or ow < 1:
+        return
+    x = rand((2, c, h, w), c + h)
+    x.flat[::7], x.flat[3::11], x.flat[5::29] = np.inf, -np.inf, np.nan
+    pads = (p, p, p, p)
+    got = np.zeros((2, oh, ow, c), F32)
+    LIB.pool_to_nhwc(x.ctypes.data, got.ctypes.data, 2, c, h, w, k, k, s, s, *pads, oh, ow, kind, threads)
+    want = np.zeros_like(got)
+    with np.errstate(invalid="ignore"):
+        native_nn.pool_to_nhwc_numpy((2, c, h, w, k, k, s, s, *pads, oh, ow, kind))(x, want)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @needs_chains
