@@ -17,7 +17,11 @@ or 96 columns for 81) and for 1x1 convolutions (no copy to save) the implicit GE
 as fast or faster, so it is taken only where a row is one tile: outputs at most
 ``MAX_WIDTH`` wide and at most ``MAX_PIXELS`` of them; or two whole tiles, 14x14 planes
 (``WIDE_WIDTH``, session 42: 0.89-0.92x the implicit GEMM's time; DenseNet-121 at batch 8
-1.235x -> 1.213x ORT's time, GoogLeNet 1.19x -> 1.18x, in new processes in turn).
+1.235x -> 1.213x ORT's time, GoogLeNet 1.19x -> 1.18x, in new processes in turn). And
+over any plane where few output channels come from many inputs (``FEW_OUTPUTS``,
+``FEW_RATIO``: DenseNet's 128 -> 32 growth convolutions, session 43; 0.52-0.75x the
+implicit GEMM's time over 28x28 and 56x56 with a co-tenant filling L3, whole DenseNets
+0.83-0.99x).
 Built for AVX-512's 32 vector registers (28 sums in flight): not taken elsewhere.
 """
 
@@ -35,7 +39,8 @@ from .native_nn import _conv_numpy, _fits, _packed, image_calls
 from .regions import SPLIT_NS, Epilogue
 from .steps import Dyn, aligned_empty
 
-__all__ = ["MAX_PIXELS", "MAX_WIDTH", "WIDE_PIXELS", "WIDE_WIDTH", "chain_conv_steps", "conv_nhwc_steps", "pool_steps",
+__all__ = ["FEW_OUTPUTS", "FEW_RATIO", "MAX_PIXELS", "MAX_WIDTH", "WIDE_PIXELS", "WIDE_WIDTH", "chain_conv_steps",
+           "conv_nhwc_steps", "pool_steps",
            "takes"]
 
 #: Output rows at most this wide (one tile of the kernel: RLX_CONV_NHWC_R).
@@ -47,6 +52,11 @@ MAX_PIXELS = 49
 #: batch 1 and 8, 112-256 channels in, session 42), where 8- and 9-wide rows (a tile and
 #: a sliver) had measured no better and 28x28 planes 0.91-0.99x.
 WIDE_WIDTH, WIDE_PIXELS = 14, 196
+#: Convolutions of at most ``FEW_OUTPUTS`` output channels from at least ``FEW_RATIO``
+#: times as many input channels take it over any plane: DenseNet's growth convolutions
+#: (3x3, 128 -> 32), where the implicit GEMM copies kw times an input far larger than its
+#: output (5 MB an image over 56x56) for 32 rows of products.
+FEW_OUTPUTS, FEW_RATIO = 32, 4
 #: Input channels a tap must have for its loop to outweigh setting the tile's pointers.
 MIN_CHANNELS = 16
 #: NCHW in and out (bits 0 and 1 of the kernel's ``layout``).
@@ -62,7 +72,8 @@ def conv_nhwc_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
     kh, kw = w.shape[2:]
     oh, ow = out.shape[2:]
     small = ow <= MAX_WIDTH and oh * ow <= MAX_PIXELS
-    if not (small or (ow == WIDE_WIDTH and oh * ow <= WIDE_PIXELS)) or kh * kw == 1:
+    few = w.shape[0] <= FEW_OUTPUTS and w.shape[1] >= FEW_RATIO * w.shape[0]
+    if not (small or few or (ow == WIDE_WIDTH and oh * ow <= WIDE_PIXELS)) or kh * kw == 1:
         return None
     return _steps(x, w, bias, out, pads, stride, dilation, ctx, epilogue, _NCHW)
 

@@ -168,3 +168,35 @@ def test_wider_planes_and_pointwise_convolutions_keep_the_implicit_gemm(monkeypa
     assert all(t is None for t in taken)
     xv = rng.standard_normal((1, 24, 8, 8)).astype(F32)
     np.testing.assert_allclose(cg.run({"x": xv})[0], reference.evaluate(g, {"x": xv})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("c", "o", "size", "taken_here"), [
+    (128, 32, 17, True),   # DenseNet's growth convolution over a plane wider than two tiles
+    (64, 16, 9, True),
+    (96, 32, 17, False),   # fewer than 4 inputs an output: the implicit GEMM
+    (128, 48, 17, False),  # more than 32 outputs
+])
+def test_few_outputs_from_many_inputs_take_the_kernel_over_any_plane(monkeypatch: pytest.MonkeyPatch, c: int, o: int,
+                                                                     size: int, taken_here: bool) -> None:
+    """A 3x3 convolution of at most ``FEW_OUTPUTS`` channels from ``FEW_RATIO`` times as
+    many runs on the channels-inner kernel whatever its plane (the implicit GEMM would copy
+    kw times its larger input for few rows of products); others keep the plane rules.
+    Both as the reference, with a fused ReLU and after ``set_param``."""
+    taken: list[Any] = []
+    real = conv_nhwc.conv_nhwc_steps
+    monkeypatch.setattr("rlx_cpu.nn_kernels.conv_nhwc_steps", lambda *a: (taken.append(real(*a)), taken[-1])[1])
+    rng = np.random.default_rng(c + o)
+    g = Graph("growth")
+    x = g.relu(g.input("x", (2, c, size, size)))
+    w = g.param("w", (rng.standard_normal((o, c, 3, 3)) / np.sqrt(9 * c)).astype(F32))
+    g.set_outputs([g.relu(g.conv2d(x, w, g.param("b", rng.standard_normal(o).astype(F32)), padding=1))])
+    cg = _compile(g)
+    lib = native.library()
+    if lib is not None and lib.gemm_avx512:
+        assert bool(taken and taken[0] is not None) == taken_here
+    xv = rng.standard_normal((2, c, size, size)).astype(F32)
+    np.testing.assert_allclose(cg.run({"x": xv})[0], reference.evaluate(g, {"x": xv})[0], rtol=1e-4, atol=1e-4)
+    new = {"w": (rng.standard_normal((o, c, 3, 3)) / np.sqrt(9 * c)).astype(F32)}
+    cg.set_param("w", new["w"])
+    np.testing.assert_allclose(cg.run({"x": xv})[0], reference.evaluate(g, {"x": xv}, params=new)[0], rtol=1e-4,
+                               atol=1e-4)
