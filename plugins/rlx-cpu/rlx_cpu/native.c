@@ -2187,6 +2187,52 @@ static int64_t pool_count(int64_t s, int64_t k, int64_t n, int64_t p0, int64_t p
     return b > a ? b - a : 0;
 }
 
+/* One chunk of n outputs of a padded pool's output row: the window's rows ki0 .. ki1 - 1
+ * below row r0 of `plane` (w wide), columns from s0 on (`fill` outside the plane),
+ * joined into v, then each output's kw taps at stride sw into dst. */
+static inline __attribute__((always_inline)) void pool_padded_chunk(const float *plane, float *dst, float *v,
+                                                                    int64_t w, int64_t kw, int64_t sw, int64_t r0,
+                                                                    int64_t ki0, int64_t ki1, int64_t s0, int64_t n,
+                                                                    float fill, const int is_max) {
+    const int64_t cols = (n - 1) * sw + kw;
+    const int64_t lo = s0 < 0 ? (-s0 < cols ? -s0 : cols) : 0;
+    int64_t hi = w - s0 < cols ? w - s0 : cols;
+    if (hi < lo) hi = lo;
+    for (int64_t q = 0; q < lo; q++) v[q] = fill;
+    for (int64_t q = hi; q < cols; q++) v[q] = fill;
+    if (ki1 <= ki0) {
+        for (int64_t q = lo; q < hi; q++) v[q] = fill;
+    } else {
+        const float *r = plane + (r0 + ki0) * w + s0;
+        int64_t k = ki0 + 1;
+        if (ki1 - ki0 >= 3) { /* three rows in one pass */
+            const float *ra = r + w, *rb = r + 2 * w;
+            for (int64_t q = lo; q < hi; q++) v[q] = pool_join3(r[q], ra[q], rb[q], is_max);
+            k = ki0 + 3;
+        } else {
+            for (int64_t q = lo; q < hi; q++) v[q] = r[q];
+        }
+        for (int64_t ki = k; ki < ki1; ki++) {
+            const float *rk = plane + (r0 + ki) * w + s0;
+            for (int64_t q = lo; q < hi; q++) v[q] = pool_join(v[q], rk[q], is_max);
+        }
+    }
+    if (sw == 1)
+        pool_row_taps(v, dst, n, kw, 1, is_max, 1.0f);
+    else
+        pool_row_taps(v, dst, n, kw, 2, is_max, 1.0f);
+}
+
+/* 1 / count of an average's outputs o0 .. o0 + n - 1 of a row whose windows count `rows`
+ * rows (0 where a window counts nothing). */
+static void pool_inverse_counts(float *cinv, int64_t o0, int64_t n, int64_t rows, int64_t kw, int64_t sw, int64_t w,
+                                int64_t pl, int64_t pr, int64_t include_pad) {
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t count = rows * pool_count((o0 + j) * sw - pl, kw, w, pl, pr, include_pad);
+        cinv[j] = count ? 1.0f / (float)count : 0.0f;
+    }
+}
+
 static inline __attribute__((always_inline)) void pool_padded_body(
     const float *x, float *y, int64_t p0, int64_t p1, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh,
     int64_t sw, int64_t pt, int64_t pl, int64_t pb, int64_t pr, int64_t oh, int64_t ow, const int is_max,
@@ -2236,43 +2282,14 @@ static inline __attribute__((always_inline)) void pool_padded_body(
     for (int64_t p = p0; p < p1; p++) {
         const float *plane = x + p * h * w;
         for (int64_t oy = 0; oy < oh; oy++) {
-            int64_t r0 = oy * sh - pt;
-            int64_t ki0 = r0 < 0 ? -r0 : 0, ki1 = h - r0 < kh ? h - r0 : kh;
+            const int64_t r0 = oy * sh - pt, ki0 = r0 < 0 ? -r0 : 0, ki1 = h - r0 < kh ? h - r0 : kh;
             float *dst = y + p * oh * ow + oy * ow;
             const int64_t rows = is_max ? 1 : pool_count(r0, kh, h, pt, pb, include_pad);
             for (int64_t o0 = 0; o0 < ow; o0 += POOL_CHUNK) {
-                int64_t n = ow - o0 < POOL_CHUNK ? ow - o0 : POOL_CHUNK;
-                int64_t c0 = o0 * sw - pl, cols = (n - 1) * sw + kw;
-                int64_t lo = c0 < 0 ? -c0 : 0, hi = w - c0 < cols ? w - c0 : cols;
-                if (hi < lo) hi = lo;
-                for (int64_t c = 0; c < lo; c++) v[c] = fill;
-                for (int64_t c = hi; c < cols; c++) v[c] = fill;
-                if (ki1 <= ki0) {
-                    for (int64_t c = lo; c < hi; c++) v[c] = fill;
-                } else {
-                    const float *r = plane + (r0 + ki0) * w + c0;
-                    int64_t k = ki0 + 1;
-                    if (ki1 - ki0 == 3) { /* three rows in one pass */
-                        const float *r1 = r + w, *r2 = r + 2 * w;
-                        for (int64_t c = lo; c < hi; c++) v[c] = pool_join3(r[c], r1[c], r2[c], is_max);
-                        k = ki1;
-                    } else {
-                        for (int64_t c = lo; c < hi; c++) v[c] = r[c];
-                    }
-                    for (int64_t ki = k; ki < ki1; ki++) {
-                        const float *rk = plane + (r0 + ki) * w + c0;
-                        for (int64_t c = lo; c < hi; c++) v[c] = pool_join(v[c], rk[c], is_max);
-                    }
-                }
-                if (sw == 1)
-                    pool_row_taps(v, dst + o0, n, kw, 1, is_max, 1.0f);
-                else
-                    pool_row_taps(v, dst + o0, n, kw, 2, is_max, 1.0f);
+                const int64_t n = ow - o0 < POOL_CHUNK ? ow - o0 : POOL_CHUNK;
+                pool_padded_chunk(plane, dst + o0, v, w, kw, sw, r0, ki0, ki1, o0 * sw - pl, n, fill, is_max);
                 if (!is_max) {
-                    for (int64_t j = 0; j < n; j++) {
-                        const int64_t count = rows * pool_count((o0 + j) * sw - pl, kw, w, pl, pr, include_pad);
-                        cinv[j] = count ? 1.0f / (float)count : 0.0f;
-                    }
+                    pool_inverse_counts(cinv, o0, n, rows, kw, sw, w, pl, pr, include_pad);
                     for (int64_t j = 0; j < n; j++) dst[o0 + j] *= cinv[j];
                 }
             }
@@ -3655,40 +3672,10 @@ static inline __attribute__((always_inline)) void pool_to_nhwc_body(
         const int64_t rows = is_max ? 1 : pool_count(r0, kh, h, pt, pb, include_pad);
         for (int64_t o0 = 0; o0 < ow; o0 += PN_CHUNK) {
             const int64_t n = ow - o0 < PN_CHUNK ? ow - o0 : PN_CHUNK;
-            const int64_t s0 = o0 * sw - pl, cols = (n - 1) * sw + kw;
-            const int64_t lo = s0 < 0 ? (-s0 < cols ? -s0 : cols) : 0;
-            int64_t hi = w - s0 < cols ? w - s0 : cols;
-            if (hi < lo) hi = lo;
-            if (!is_max)
-                for (int64_t j = 0; j < n; j++) {
-                    const int64_t count = rows * pool_count((o0 + j) * sw - pl, kw, w, pl, pr, include_pad);
-                    cinv[j] = count ? 1.0f / (float)count : 0.0f;
-                }
+            if (!is_max) pool_inverse_counts(cinv, o0, n, rows, kw, sw, w, pl, pr, include_pad);
             for (int64_t ch = 0; ch < nc; ch++) { /* each channel's row of outputs, as rlx_pool2d_padded */
-                for (int64_t q = 0; q < lo; q++) v[q] = fill;
-                for (int64_t q = hi; q < cols; q++) v[q] = fill;
-                if (ki1 <= ki0) {
-                    for (int64_t q = lo; q < hi; q++) v[q] = fill;
-                } else {
-                    const float *plane = x + ((img * c + c0 + ch) * h) * w;
-                    const float *r = plane + (r0 + ki0) * w + s0;
-                    int64_t k = ki0 + 1;
-                    if (ki1 - ki0 >= 3) { /* three rows in one pass */
-                        const float *ra = r + w, *rb = r + 2 * w;
-                        for (int64_t q = lo; q < hi; q++) v[q] = pool_join3(r[q], ra[q], rb[q], is_max);
-                        k = ki0 + 3;
-                    } else {
-                        for (int64_t q = lo; q < hi; q++) v[q] = r[q];
-                    }
-                    for (int64_t ki = k; ki < ki1; ki++) {
-                        const float *rk = plane + (r0 + ki) * w + s0;
-                        for (int64_t q = lo; q < hi; q++) v[q] = pool_join(v[q], rk[q], is_max);
-                    }
-                }
-                if (sw == 1)
-                    pool_row_taps(v, t[ch], n, kw, 1, is_max, 1.0f);
-                else
-                    pool_row_taps(v, t[ch], n, kw, 2, is_max, 1.0f);
+                pool_padded_chunk(x + ((img * c + c0 + ch) * h) * w, t[ch], v, w, kw, sw, r0, ki0, ki1, o0 * sw - pl,
+                                  n, fill, is_max);
                 if (!is_max)
                     for (int64_t j = 0; j < n; j++) t[ch][j] *= cinv[j];
             }

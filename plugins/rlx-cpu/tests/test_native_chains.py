@@ -191,6 +191,18 @@ def test_pools_inside_a_chain_match_the_reference(kind: str, kernel: int, stride
     np.testing.assert_allclose(cg_out, want, rtol=2e-4, atol=2e-4)
 
 
+def ceil_mode_plane(h: int, w: int, k: int, s: int, p: int) -> tuple[int, int] | None:
+    """A k x k pool's output plane with ceil_mode's extra row and column (no window starting
+    past the padding); None where the IR takes no such pool (padding past half the window,
+    an empty plane)."""
+    if p * 2 > k:
+        return None
+    oh, ow = (h + 2 * p - k + s - 1) // s + 1, (w + 2 * p - k + s - 1) // s + 1
+    oh -= (oh - 1) * s >= h + p
+    ow -= (ow - 1) * s >= w + p
+    return (oh, ow) if oh >= 1 and ow >= 1 else None
+
+
 @needs_chains
 @settings(max_examples=40, deadline=None)
 @given(c=st.sampled_from([1, 5, 16, 20, 33]), h=st.integers(1, 9), w=st.integers(1, 70), k=st.integers(1, 3),
@@ -201,13 +213,10 @@ def test_the_nchw_to_nhwc_pool_kernel_matches_its_numpy_form(c: int, h: int, w: 
     numpy form, transposed): channels in blocks of 16 and a partial block, rows wider than
     one chunk of 64 outputs, windows clipped at every edge, ceil_mode's extra row and
     column; inf, -inf and NaN as numpy's."""
-    if p * 2 > k:
+    out = ceil_mode_plane(h, w, k, s, p)
+    if out is None:
         return
-    oh, ow = (h + 2 * p - k + s - 1) // s + 1, (w + 2 * p - k + s - 1) // s + 1  # ceil_mode
-    oh -= (oh - 1) * s >= h + p  # (no window starting past the padding)
-    ow -= (ow - 1) * s >= w + p
-    if oh < 1 or ow < 1:
-        return
+    oh, ow = out
     x = rand((2, c, h, w), c + h)
     x.flat[::7], x.flat[3::11], x.flat[5::29] = np.inf, -np.inf, np.nan
     pads = (p, p, p, p)
@@ -227,13 +236,10 @@ def test_the_pool_kernel_matches_its_numpy_form(c: int, h: int, w: int, k: int, 
                                                 threads: int) -> None:
     """``rlx_pool_nhwc`` against ``conv_nhwc._pool_numpy`` (its fallback), any plane,
     window, stride and padding, with ceil_mode's extra row and column."""
-    if p * 2 > k:
+    out = ceil_mode_plane(h, w, k, s, p)
+    if out is None:
         return
-    oh, ow = (h + 2 * p - k + s - 1) // s + 1, (w + 2 * p - k + s - 1) // s + 1  # ceil_mode
-    oh -= (oh - 1) * s >= h + p  # (no window starting past the padding)
-    ow -= (ow - 1) * s >= w + p
-    if oh < 1 or ow < 1:
-        return
+    oh, ow = out
     x = rand((2, h, w, c), c + h)
     x.flat[::7], x.flat[3::11], x.flat[5::29] = np.inf, -np.inf, np.nan  # a max of inf and -inf is inf, not NaN
     geometry = (2, h, w, c, k, k, s, s, p, p, p, p, oh, ow, kind)
