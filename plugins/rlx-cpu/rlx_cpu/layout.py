@@ -436,8 +436,8 @@ def _native_pool(node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence
     """A pool of a native chain: NHWC to NHWC on ``rlx_pool_nhwc``; from NHWC to NCHW the
     same into scratch and its (smaller) output transposed; from NCHW to NHWC on
     ``rlx_pool_to_nhwc`` (ResNet's stem pool, 3x3 stride 2 over 64 x 112 x 112 at batch
-    8: 2.5 ms as the NCHW pool and its output transposed, on the 2-core Zen 5 without the
-    extras); else rlx's NCHW pool with its operands transposed (``_via_nchw``)."""
+    8: 0.68-0.80x the time of the NCHW pool and a transpose of its output, 2-core Zen 5);
+    else rlx's NCHW pool with its operands transposed (``_via_nchw``)."""
     a = node.attrs
     if not in_cl[0]:
         kind = 0 if node.op is OpKind.MAX_POOL2D else 1 if a.get("count_include_pad") else 2

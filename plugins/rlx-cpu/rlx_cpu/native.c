@@ -2165,8 +2165,8 @@ RLX_API void rlx_pool2d(const float *x, float *y, int64_t planes, int64_t h, int
  * and left, pb, pr at the bottom and right, and ceil_mode's windows past those): each
  * window's taps clipped to the plane, which is what a copy padded with -inf (max) or 0
  * (average) gives, without making that copy (resnet18's stem pool spent as long copying
- * as pooling; Inception's 3x3 average pools spent 3 ms of 19 on their padded copies and
- * count corrections). A max window with no tap inside gives -inf, as the copy did. An
+ * as pooling; Inception-v3's 3x3 average pools at batch 1, 0.9-1.6 ms a run of its
+ * 17-19 with their padded copies and count corrections, take 0.19-0.27). A max window with no tap inside gives -inf, as the copy did. An
  * average divides its sum by the window's positions inside the plane, or inside the
  * plane and its declared padding with `include_pad` (ONNX's count_include_pad; ceil_mode's
  * positions past the padding never count). Windows of kw <= 8 adjacent columns, sw 1 or

@@ -248,7 +248,6 @@ def _padded_pool_numpy(geometry: tuple[int, ...]) -> Any:
     return run
 
 
-
 def pool_to_nhwc_step(x: Any, out: Any, kernel: tuple[int, int], stride: tuple[int, int],
                       pads: tuple[int, int, int, int], kind: int) -> Step | None:
     """``pool_padded_step``'s pool reading ``x`` (N, C, H, W) and writing ``out`` (N, OH,
@@ -278,6 +277,7 @@ def pool_to_nhwc_numpy(geometry: tuple[int, ...]) -> Any:
         np.copyto(out, res.transpose(0, 2, 3, 1))
 
     return run
+
 
 def window_counts(size: int, out: int, k: int, s: int, p0: int, p1: int, include_pad: bool) -> np.ndarray:
     """Per output position along one axis: window positions inside the input, or inside
