@@ -35,7 +35,7 @@ import numpy as np
 from . import gemm
 from .ccall import bound_call
 from .native import library
-from .native_nn import _conv_numpy, _fits, _packed, image_calls
+from .native_nn import _conv_numpy, _fits, _packed, image_calls, pool_kind
 from .regions import SPLIT_NS, Epilogue
 from .steps import Dyn, aligned_empty
 
@@ -141,8 +141,6 @@ def _in_layout(run: Callable[..., None], layout: int, out_chw: tuple[int, int, i
     return moved
 
 
-#: kind of ``rlx_pool_nhwc``: max, average counting the declared padding, average over the image only
-_POOL_KINDS = {(True, False): 0, (True, True): 0, (False, True): 1, (False, False): 2}
 _POOL_NS = 0.3  # single-thread ns a tap, for the threads decision
 
 
@@ -158,7 +156,7 @@ def pool_steps(x: Any, out: Any, is_max: bool, include_pad: bool, kernel: tuple[
     n, h, wd, c = x.shape
     oh, ow = out.shape[1:3]
     (kh, kw), (sh, sw) = kernel, stride
-    kind = _POOL_KINDS[(is_max, include_pad)]
+    kind = pool_kind(is_max, include_pad)
     geometry = (n, h, wd, c, kh, kw, sh, sw, *pads, oh, ow, kind)
     threads = lib.threads_for(out.size * kh * kw * _POOL_NS, SPLIT_NS)
     return [bound_call(lib.pool_nhwc, [0, 0, *geometry, threads], (x, out), (0, 1), _pool_numpy(geometry))]

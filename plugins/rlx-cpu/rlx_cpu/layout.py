@@ -61,7 +61,7 @@ from rlx_core.plugin import conv_inputs
 from . import conv_nhwc, native, onednn, onednn_steps, swish
 from .ccall import bound_call
 from .gemm import matmul_step
-from .native_nn import pool_to_nhwc_step
+from .native_nn import pool_kind, pool_to_nhwc_step
 from .post_ops import post_ops
 from .regions import SPLIT_NS
 from .steps import HELD16, Step, laid_out
@@ -440,9 +440,9 @@ def _native_pool(node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence
     else rlx's NCHW pool with its operands transposed (``_via_nchw``)."""
     a = node.attrs
     if not in_cl[0]:
-        kind = 0 if node.op is OpKind.MAX_POOL2D else 1 if a.get("count_include_pad") else 2
+        kind = pool_kind(node.op is OpKind.MAX_POOL2D, bool(a.get("count_include_pad")))
         step = None
-        if out_cl and tuple(a.get("dilation", (1, 1))) == (1, 1) and ins[0].dtype == np.float32:
+        if out_cl and tuple(a.get("dilation", (1, 1))) == (1, 1):  # (float32 arrays only: the step's check)
             step = pool_to_nhwc_step(ins[0], out, a["kernel"], a["stride"], a["padding"], kind)
         return [step] if step is not None else _via_nchw(node, ins, out, ctx, in_cl, out_cl, build)
     res = out if out_cl else ctx.scratch(cl_shape(node.shape), np.float32)

@@ -29,8 +29,8 @@ from .regions import SPLIT_NS, Epilogue
 from .steps import Dyn, Step, aligned_empty, laid_out
 
 __all__ = ["softmax_step", "softmax_bf16_step", "layer_norm_step", "im2col_step", "pool_step",
-           "pool_padded_step", "pool_to_nhwc_step", "window_counts", "conv_direct_steps", "conv_gemm_steps",
-           "conv_gemm_panel", "depthwise_step", "image_calls",
+           "pool_kind", "pool_padded_step", "pool_to_nhwc_step", "window_counts", "conv_direct_steps",
+           "conv_gemm_steps", "conv_gemm_panel", "depthwise_step", "image_calls",
            "DIRECT_CONV_TAPS"]
 
 SOFTMAX_NS, LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
@@ -285,6 +285,13 @@ def window_counts(size: int, out: int, k: int, s: int, p0: int, p1: int, include
     lo, hi = (-p0, size + p1) if include_pad else (0, size)
     starts = np.arange(out) * s - p0
     return np.array([sum(lo <= p < hi for p in range(st, st + k)) for st in starts], dtype=np.float64)
+
+
+def pool_kind(is_max: bool, include_pad: bool) -> int:
+    """The ``kind`` argument of the native pools (``rlx_pool2d_padded``, ``rlx_pool_to_nhwc``,
+    ``rlx_pool_nhwc``): 0 max, 1 average counting the declared padding, 2 average over the
+    image's positions only."""
+    return 0 if is_max else 1 if include_pad else 2
 
 
 def pool_padded_step(x: Any, out: Any, kernel: tuple[int, int], stride: tuple[int, int],

@@ -39,6 +39,7 @@ from .native_nn import (
     depthwise_step,
     im2col_step,
     layer_norm_step,
+    pool_kind,
     pool_padded_step,
     pool_step,
     softmax_step,
@@ -378,7 +379,7 @@ def _max_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
         return [native]
     a = node.attrs
     if dilation == (1, 1):  # padding or ceil_mode windows, clipped to the image: no padded copy
-        native = pool_padded_step(ins[0], out, a["kernel"], a["stride"], a["padding"], 0)
+        native = pool_padded_step(ins[0], out, a["kernel"], a["stride"], a["padding"], pool_kind(True, False))
         if native is not None:  # resnet18's 3x3 stride-2 pool, padding 1, 64x112x112: several times faster
             # than the native pool over a padded copy (measured: BENCHMARKS.md, section 'Figures behind
             # design choices (moved from docstrings, issue 32)')
@@ -407,10 +408,9 @@ def _avg_pool2d(node: Node, ins: list[Any], out: np.ndarray, ctx: BuildContext) 
     cd = compute_dtype(out.dtype)
     (kh, kw), (sh, sw), (pt, pl, pb, pr) = a["kernel"], a["stride"], a["padding"]
     include = a["count_include_pad"]
-    if out.dtype == np.float32 and ins[0].dtype == np.float32:
-        native = pool_padded_step(ins[0], out, (kh, kw), (sh, sw), (pt, pl, pb, pr), 1 if include else 2)
-        if native is not None:
-            return [native]
+    native = pool_padded_step(ins[0], out, (kh, kw), (sh, sw), (pt, pl, pb, pr), pool_kind(False, include))
+    if native is not None:  # (float32 arrays only: the step's check)
+        return [native]
     h, w = ins[0].shape[2:]
     oh, ow = out.shape[2:]
     counts = np.outer(window_counts(h, oh, kh, sh, pt, pb, include), window_counts(w, ow, kw, sw, pl, pr, include))
