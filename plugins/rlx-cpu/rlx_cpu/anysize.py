@@ -74,6 +74,7 @@ from .anysize_numpy import numpy_runner
 from .binding import _build_with
 from .executor import kernel_ops
 from .kernels import inplace_positions
+from .native import library as native_library
 from .native import thread_cap
 from .onednn_dense import RunTimeDense
 from .params import borrowed, owned_rebuild, param_array
@@ -438,6 +439,9 @@ class AnySizeExecutable(Executable):
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         graph = self._graph
         env = graph.bind(graph.input_shapes(inputs))  # the sizes, and an InputError for ones the graph refuses
+        lib = native_library()
+        if lib is not None:
+            lib.check_team()
         try:
             arena = self._arenas.pop()
         except IndexError:

@@ -35,13 +35,12 @@ import numpy as np
 from . import gemm
 from .ccall import bound_call
 from .native import library
-from .native_nn import _conv_numpy, _fits, _packed, image_calls, pool_kind
+from .native_nn import _conv_numpy, _depthwise_numpy, _fits, _packed, _then, _threads, image_calls, pool_kind
 from .regions import SPLIT_NS, Epilogue
 from .steps import Dyn, aligned_empty
 
 __all__ = ["FEW_OUTPUTS", "FEW_RATIO", "MAX_PIXELS", "MAX_WIDTH", "WIDE_PIXELS", "WIDE_WIDTH", "chain_conv_steps",
-           "conv_nhwc_steps", "pool_steps",
-           "takes"]
+           "conv_nhwc_steps", "depthwise_steps", "pool_steps", "takes", "takes_depthwise"]
 
 #: Output rows at most this wide (one tile of the kernel: RLX_CONV_NHWC_R).
 MAX_WIDTH = 7
@@ -57,6 +56,14 @@ WIDE_WIDTH, WIDE_PIXELS = 14, 196
 #: (3x3, 128 -> 32), where the implicit GEMM copies kw times an input far larger than its
 #: output (5 MB an image over 56x56) for 32 rows of products.
 FEW_OUTPUTS, FEW_RATIO = 32, 4
+#: Depthwise convolutions join the chains (``depthwise_steps``): off. The kernel beats
+#: rlx's NCHW depthwise ones (48 x 112 x 112 at stride 2: 0.44-0.55x their time; 7x7
+#: planes of 960-1152 channels 0.55-0.75x, kernels alone, 2-core Zen 5), but an inverted
+#: residual held NHWC puts its pointwise convolutions on the channels-inner kernel, which
+#: at two threads took about twice the NCHW GEMM's time for few channels over wide planes
+#: (24 <-> 72 over 56x56, 32 -> 16 over 112x112): MnasNet, MobileNetV2/V3 and
+#: EfficientNet-B0 0.90-1.42x their NCHW time in one process (BENCHMARKS.md, session 44).
+DEPTHWISE = False
 #: Input channels a tap must have for its loop to outweigh setting the tile's pointers.
 MIN_CHANNELS = 16
 #: NCHW in and out (bits 0 and 1 of the kernel's ``layout``).
@@ -92,6 +99,59 @@ def takes(c: int, groups: int) -> bool:
     runs well here (``layout.py`` plans chains around these)."""
     lib = library()
     return lib is not None and bool(lib.gemm_avx512) and groups == 1 and c >= MIN_CHANNELS
+
+
+def takes_depthwise(c: int, groups: int, outputs: int) -> bool:
+    """Whether a convolution of ``c`` input channels in ``groups`` groups into ``outputs``
+    channels is a depthwise one ``depthwise_steps`` runs in a chain here (one filter a
+    channel; any window, stride or dilation)."""
+    lib = library()
+    return DEPTHWISE and lib is not None and bool(lib.gemm_avx512) and groups == c == outputs
+
+
+def depthwise_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], stride: tuple[int, int],
+                    dilation: tuple[int, int], ctx: Any, epilogue: Epilogue | None) -> list[Any] | None:
+    """A depthwise convolution (``w`` (C, 1, kh, kw)) from NHWC ``x`` (N, H, W, C) into NHWC
+    ``out`` inside a channels-last chain: ``rlx_depthwise_nhwc`` (the lanes kernel's
+    pixels over bands of rows gathered channel block by block, no transpose: MobileNets'
+    inverted residuals stay NHWC from expansion to projection), ``epilogue`` over each
+    band of rows as it is done; filters and bias packed once (``ctx.derived``). None
+    without the library, for weights the graph computes, or another dtype."""
+    lib = library()
+    if lib is None or not _fits(x, w, bias, out) or isinstance(w, Dyn) or isinstance(bias, Dyn) or out.size == 0:
+        return None
+    if getattr(ctx, "derived", None) is None or not isinstance(w, np.ndarray):
+        return None
+    n, h, wd, c = x.shape
+    oh, ow = out.shape[1:3]
+    kh, kw = w.shape[2:]
+    (sh, sw), (dh, dw) = stride, dilation
+    threads = _threads(lib, out.size * kh * kw, 0.3)
+    scratch = ctx.scratch((threads * int(lib.depthwise_nhwc_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow)),),
+                          np.float32)
+    size = int(lib.depthwise_lanes_pack_size(c, kh * kw))
+    bias_at = 0 if bias is None else bias.ctypes.data
+
+    def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
+        if dest is None:
+            dest = aligned_empty(size, np.float32)
+        lib.depthwise_lanes_pack(src.ctypes.data, bias_at, c, kh * kw, dest.ctypes.data)
+        return dest
+
+    wpk, steps = _packed(ctx, w, ("rlx_depthwise_lanes_pack", c, kh * kw), size, make, lib.depthwise_lanes_pack,
+                         [0, bias_at, c, kh * kw, 0], () if bias is None else (bias,))
+    planes = _depthwise_numpy((n * c, c, h, wd, kh, kw, sh, sw, dh, dw, *pads, oh, ow))
+
+    def run_numpy(xv: np.ndarray, yv: np.ndarray) -> None:
+        res = np.empty((n, c, oh, ow), np.float32)
+        planes(np.ascontiguousarray(xv.transpose(0, 3, 1, 2)), w, bias, res)
+        np.copyto(yv, res.transpose(0, 2, 3, 1))
+
+    epi = 0 if epilogue is None else epilogue.address(threads)
+    args = [0, wpk.ctypes.data, 0, scratch.ctypes.data, n, c, h, wd, kh, kw, sh, sw, dh, dw, *pads, oh, ow, threads,
+            epi]
+    keep = tuple(k for k in (w, bias, epilogue, scratch, wpk) if k is not None)
+    return [*steps, bound_call(lib.depthwise_nhwc, args, (x, out), (0, 2), _then(run_numpy, epilogue), keep)]
 
 
 def _steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], stride: tuple[int, int],

@@ -80,6 +80,7 @@ class CpuExecutable(Residents, PlanBinding, Executable):
     def __init__(self, graph: Graph, owned: Mapping[str, np.ndarray] | None = None, generation: int = 0, *,
                  precision: str = "fp32") -> None:
         self._graph = graph  # (its values are the params' borrowed arrays: ``params.py``)
+        self._native = native_library()  # (its workers' pinning is checked before each run)
         self._precision = precision  # CompileOptions.precision: products' operands (onednn_steps.operand_types)
         self._rounded: dict[int, tuple[str, str]] = {}  # node id -> (format, what) of products built rounded
         self._graph_name = graph.name
@@ -266,6 +267,8 @@ class CpuExecutable(Residents, PlanBinding, Executable):
 
     # ------------------------------------------------------------------ running
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        if self._native is not None:
+            self._native.check_team()
         tuner = self._tuner
         try:
             plan = self._pool.pop()

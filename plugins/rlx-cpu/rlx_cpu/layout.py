@@ -83,7 +83,8 @@ class NativeChains:
     """The chain provider where oneDNN does not run: rlx's own kernels
     (``conv_nhwc``: the channels-inner convolution and NHWC pools). Chains are narrower
     there: ungrouped, undilated convolutions of at least 16 input channels (grouped and
-    depthwise ones, and concats, stay NCHW, and so does everything joined to them), and
+    depthwise ones, and concats, stay NCHW, and so does everything joined to them;
+    depthwise ones join where ``conv_nhwc.DEPTHWISE`` says, NHWC on both sides), and
     only on AVX-512 hosts, where the kernel was measured. Why: rlx's NCHW implicit GEMM
     copies each image kw times over before its products; the channels-inner kernel reads
     its NHWC input as it is (ResNet's 3x3 convolutions 0.63-0.93x its time on the 2-core
@@ -190,8 +191,10 @@ def _conv_native(node: Node, graph: Graph, fixed: Sequence[bool]) -> bool:
     if not _conv_on_dnnl(node, graph, fixed):  # (the same float32, 4-D, fixed-weights test)
         return False
     a = node.attrs
-    return tuple(a.get("dilation", (1, 1))) == (1, 1) and conv_nhwc.takes(graph.node(node.inputs[0]).shape[1],
-                                                                        a["groups"])
+    c = graph.node(node.inputs[0]).shape[1]
+    if conv_nhwc.takes_depthwise(c, a["groups"], node.shape[1]):
+        return True
+    return tuple(a.get("dilation", (1, 1))) == (1, 1) and conv_nhwc.takes(c, a["groups"])
 
 
 def _pool(node: Node) -> bool:
@@ -247,6 +250,9 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool], native_k
     wrap = {n.id for n in nodes if _transpose(n, TO_NCHW, fixed)}
     concats = set() if native_kernels else {n.id for n in nodes
                                             if buffered[n.id] and n.op is OpKind.CONCAT and len(n.shape) == 4}
+    # rlx's depthwise kernel reads and writes NHWC only: held NHWC on both sides or neither
+    both = ({n.id for n in nodes if n.id in either and n.op in _CONVS and n.attrs["groups"] > 1}
+            if native_kernels else set())
     cl = either | wrap | concats | {n.id for n in nodes if buffered[n.id] and _elementwise(n, graph)}
     outputs = set(graph.outputs)
 
@@ -255,6 +261,8 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool], native_k
         epilogue operand (never as weights), a pool as its input, a transpose to NHWC,
         an elementwise node when it is itself NHWC."""
         reader = nodes[nid]
+        if nid in both:
+            return nid in cl
         if nid in either:
             if reader.op not in _CONVS:
                 return True
@@ -270,6 +278,8 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool], native_k
         for nid in sorted(cl):
             node = nodes[nid]
             keep = nid not in outputs and bool(readers.get(nid)) and all(reads_cl(r, nid) for r in readers[nid])
+            if keep and nid in both:
+                keep = node.inputs[0] in cl
             if keep and nid in wrap:  # its input's array, as it is: an input held NCHW
                 keep = node.inputs[0] not in cl
             elif keep and nid in concats:  # blocks of the channels (or any axis) of NHWC inputs
@@ -422,8 +432,14 @@ def _native_conv(node: Node, ins: list[Any], out: Any, ctx: Any, in_cl: Sequence
     inside = None
     if node.op is OpKind.FUSED_CONV:
         inside = program_epilogue(a["program"], operands, out, ctx)
-    done = conv_nhwc.chain_conv_steps(ins[0], ins[1], bias, out, a["padding"][:2], a["stride"], a["dilation"], ctx,
-                                      inside, not in_cl[0], not out_cl)
+    if a["groups"] > 1:  # depthwise (``_conv_native``): NHWC on both sides, else its NCHW kernel
+        done = None
+        if in_cl[0] and out_cl:
+            done = conv_nhwc.depthwise_steps(ins[0], ins[1], bias, out, a["padding"][:2], a["stride"], a["dilation"],
+                                             ctx, inside)
+    else:
+        done = conv_nhwc.chain_conv_steps(ins[0], ins[1], bias, out, a["padding"][:2], a["stride"], a["dilation"],
+                                          ctx, inside, not in_cl[0], not out_cl)
     if done is None:
         return _via_nchw(node, ins, out, ctx, in_cl, out_cl, build)
     if node.op is OpKind.FUSED_CONV and inside is None:

@@ -40,7 +40,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 31
+#define RLX_ABI 32
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
@@ -107,36 +107,69 @@ RLX_API int64_t rlx_op_count(void) { return OP_COUNT; }
 static int64_t g_max_threads = 1 << 20;
 RLX_API void rlx_set_max_threads(int64_t n) { g_max_threads = n < 1 ? 1 : n; }
 /* Pins OpenMP's worker threads (thread 1 .. threads - 1 of a team; never the caller's
- * thread) each to one CPU of the caller's set, thread t to its (t mod count)-th CPU, and
- * returns how many were pinned (0 where there is nothing to do or no way to). Why: an
- * unpinned worker woken by the caller is often placed on the caller's own CPU (Linux
- * wakes a thread near its waker) and stays there until the load balancer moves it, so
- * every parallel region ran as two threads sharing one core: on a 2-vCPU VM, blocks of
- * runs took exactly the one-thread time (resnet18 17.5 ms against 9.0) while ORT, whose
- * pool pins its threads, kept its two-thread speed in the same process. libgomp keeps
- * its pool's threads, so the pinning outlasts this call. */
-RLX_API int64_t rlx_bind_team(int64_t threads) {
+ * thread) each to one CPU of the caller's set other than the one the caller runs on now,
+ * thread t to the t-th of those (mod their count), and returns how many were pinned (0
+ * where there is nothing to do or no way to). Why: an unpinned worker woken by the caller
+ * is often placed on the caller's own CPU (Linux wakes a thread near its waker) and stays
+ * there until the load balancer moves it, so every parallel region ran as two threads
+ * sharing one core: on a 2-vCPU VM, blocks of runs took exactly the one-thread time
+ * (resnet18 17.5 ms against 9.0) while ORT kept its two-thread speed in the same process.
+ * libgomp keeps its pool's threads, so the pinning outlasts this call. The caller is not
+ * pinned (its affinity is the application's), so it may later land on a worker's CPU:
+ * rlx_team_check moves the workers off it. */
 #if defined(__linux__) && defined(_OPENMP)
-    cpu_set_t allowed;
-    if (threads < 2 || sched_getaffinity(0, sizeof allowed, &allowed) != 0) return 0;
+static int g_team_threads = 0; /* the team rlx_bind_team pinned (0: none) */
+static int g_caller_cpu = -1;  /* the caller's CPU when the workers were last pinned */
+static cpu_set_t g_team_allowed; /* the caller's CPUs when the team was bound */
+static int64_t pin_workers(int threads, int caller) {
+    if (threads < 2) return 0;
     int cpus[CPU_SETSIZE], count = 0;
     for (int c = 0; c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, &allowed)) cpus[count++] = c;
-    if (count < 2) return 0;
+        if (CPU_ISSET(c, &g_team_allowed) && c != caller) cpus[count++] = c;
+    if (count < 1 || (count < 2 && caller < 0)) return 0;
     int64_t pinned = 0;
-#pragma omp parallel num_threads((int)threads) reduction(+ : pinned)
+#pragma omp parallel num_threads(threads) reduction(+ : pinned)
     {
         const int t = omp_get_thread_num();
         if (t > 0) {
             cpu_set_t one;
             CPU_ZERO(&one);
-            CPU_SET(cpus[t % count], &one);
+            CPU_SET(cpus[(t - 1) % count], &one);
             pinned += sched_setaffinity(0, sizeof one, &one) == 0;
         }
     }
     return pinned;
+}
+#endif
+
+RLX_API int64_t rlx_bind_team(int64_t threads) {
+#if defined(__linux__) && defined(_OPENMP)
+    if (sched_getaffinity(0, sizeof g_team_allowed, &g_team_allowed) != 0) return 0;
+    const int caller = sched_getcpu();
+    const int64_t pinned = pin_workers((int)threads, caller);
+    if (pinned > 0) g_team_threads = (int)threads, g_caller_cpu = caller;
+    return pinned;
 #else
     (void)threads;
+    return 0;
+#endif
+}
+
+/* Once per run of a plan: where the caller has moved to another CPU since the workers were
+ * pinned, pin them again around it (1 when it did). Why: a caller that lands on a
+ * worker's CPU shares that core with it for every region of the run; on the 2-core EPYC a
+ * 192 -> 1152 1x1 convolution over 7x7 took 139 us so, 75-81 us with the caller on the
+ * other CPU, and which one a process got was a coin toss that held for seconds. A call
+ * that finds the caller where it was costs a sched_getcpu (the vDSO: tens of ns). */
+RLX_API int64_t rlx_team_check(void) {
+#if defined(__linux__) && defined(_OPENMP)
+    if (g_team_threads < 2 || g_max_threads < 2) return 0; /* (a forked child has no team to start) */
+    const int caller = sched_getcpu();
+    if (caller < 0 || caller == g_caller_cpu) return 0;
+    if (pin_workers(g_team_threads, caller) <= 0) return 0;
+    g_caller_cpu = caller;
+    return 1;
+#else
     return 0;
 #endif
 }
@@ -1866,6 +1899,81 @@ static inline __attribute__((always_inline)) void dw_lanes_units(const float *pa
     }
 }
 
+/* The lanes kernel's pixels: oh x ow outputs of one block of DW_LANES channels into res
+ * (pixel-major, DW_LANES floats a pixel), from pad (the block's zero-padded input, wp
+ * pixels a row, pixel-major) and filt (the block's packed taps, then its bias): the
+ * unrolled groups for 3x3 and 5x5 windows without dilation, else the general loop. */
+static inline __attribute__((always_inline)) void dw_lanes_compute(const float *pad, const float *filt, float *res,
+                                                                   int group, int64_t taps, int64_t kh, int64_t kw,
+                                                                   int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                                                                   int64_t wp, int64_t oh, int64_t ow) {
+    const dw_vec bias_v = *(const dw_uvec *)(filt + taps * DW_LANES);
+    /* 3x3 at stride 1: 0.83-0.87x the general loop's time; at stride 2, 0.92-0.94x */
+    if (dw == 1 && kh == 3 && kw == 3 && sw == 1) {
+        dw_lanes_units(pad, filt, bias_v, res, 3, 1, group, sh, dh, wp, oh, ow);
+    } else if (dw == 1 && kh == 3 && kw == 3 && sw == 2) {
+        dw_lanes_units(pad, filt, bias_v, res, 3, 2, group, sh, dh, wp, oh, ow);
+    } else if (dw == 1 && kh == 5 && kw == 5 && sw == 1) {
+        dw_lanes_units(pad, filt, bias_v, res, 5, 1, group, sh, dh, wp, oh, ow);
+    } else if (dw == 1 && kh == 5 && kw == 5 && sw == 2) {
+        dw_lanes_units(pad, filt, bias_v, res, 5, 2, group, sh, dh, wp, oh, ow);
+    } else if (!group) { /* any window, stride and dilation, off AVX-512: half the lanes at a time */
+        const int64_t step = sw * DW_LANES;
+        for (int64_t oy = 0; oy < oh; oy++) {
+            for (int64_t ox0 = 0; ox0 < ow; ox0 += DW_PIXELS) {
+                const int64_t n = ow - ox0 < DW_PIXELS ? ow - ox0 : DW_PIXELS;
+                for (int h = 0; h < DW_LANES; h += 8) {
+                    float *dst = res + (oy * ow + ox0) * DW_LANES + h;
+                    const rlx_v8 b = ld8(filt + taps * DW_LANES + h);
+                    rlx_v8 a0 = b, a1 = b, a2 = b, a3 = b;
+                    for (int64_t i = 0; i < kh; i++) {
+                        const float *row = pad + ((oy * sh + i * dh) * wp + ox0 * sw) * DW_LANES + h;
+                        for (int64_t j = 0; j < kw; j++) {
+                            const rlx_v8 f = ld8(filt + (i * kw + j) * DW_LANES + h);
+                            const float *q = row + j * dw * DW_LANES;
+                            a0 += f * ld8(q);
+                            a1 += f * ld8(q + step);
+                            a2 += f * ld8(q + 2 * step);
+                            a3 += f * ld8(q + 3 * step);
+                        }
+                    }
+                    memcpy(dst, &a0, sizeof a0);
+                    if (n > 1) memcpy(dst + DW_LANES, &a1, sizeof a1);
+                    if (n > 2) memcpy(dst + 2 * DW_LANES, &a2, sizeof a2);
+                    if (n > 3) memcpy(dst + 3 * DW_LANES, &a3, sizeof a3);
+                }
+            }
+        }
+    } else { /* any window, stride and dilation */
+        for (int64_t oy = 0; oy < oh; oy++) {
+            for (int64_t ox0 = 0; ox0 < ow; ox0 += DW_PIXELS) {
+                const int64_t n = ow - ox0 < DW_PIXELS ? ow - ox0 : DW_PIXELS;
+                float *dst = res + (oy * ow + ox0) * DW_LANES;
+                /* GCC/Clang vector types: four accumulators of DW_LANES floats stay in
+                 * registers (one zmm each on AVX-512, two ymm on AVX2). */
+                const dw_vec b = bias_v;
+                dw_vec a0 = b, a1 = b, a2 = b, a3 = b;
+                const int64_t step = sw * DW_LANES;
+                for (int64_t i = 0; i < kh; i++) {
+                    const float *row = pad + ((oy * sh + i * dh) * wp + ox0 * sw) * DW_LANES;
+                    for (int64_t j = 0; j < kw; j++) {
+                        const dw_vec f = *(const dw_uvec *)(filt + (i * kw + j) * DW_LANES);
+                        const float *s = row + j * dw * DW_LANES;
+                        a0 += f * *(const dw_uvec *)s;
+                        a1 += f * *(const dw_uvec *)(s + step);
+                        a2 += f * *(const dw_uvec *)(s + 2 * step);
+                        a3 += f * *(const dw_uvec *)(s + 3 * step);
+                    }
+                }
+                *(dw_uvec *)dst = a0;
+                if (n > 1) *(dw_uvec *)(dst + DW_LANES) = a1;
+                if (n > 2) *(dw_uvec *)(dst + 2 * DW_LANES) = a2;
+                if (n > 3) *(dw_uvec *)(dst + 3 * DW_LANES) = a3;
+            }
+        }
+    }
+}
+
 static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wpk, float *y, float *scratch,
                                              int64_t b0, int64_t b1, int64_t c, int64_t h, int64_t w, int64_t kh,
                                              int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
@@ -1924,71 +2032,7 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wpk, f
                 }
             }
         }
-        const dw_vec bias_v = *(const dw_uvec *)(filt + taps * DW_LANES);
-        /* 3x3 at stride 1: 0.83-0.87x the general loop's time; at stride 2, 0.92-0.94x */
-        if (dw == 1 && kh == 3 && kw == 3 && sw == 1) {
-            dw_lanes_units(pad, filt, bias_v, res, 3, 1, group, sh, dh, wp, oh, ow);
-        } else if (dw == 1 && kh == 3 && kw == 3 && sw == 2) {
-            dw_lanes_units(pad, filt, bias_v, res, 3, 2, group, sh, dh, wp, oh, ow);
-        } else if (dw == 1 && kh == 5 && kw == 5 && sw == 1) {
-            dw_lanes_units(pad, filt, bias_v, res, 5, 1, group, sh, dh, wp, oh, ow);
-        } else if (dw == 1 && kh == 5 && kw == 5 && sw == 2) {
-            dw_lanes_units(pad, filt, bias_v, res, 5, 2, group, sh, dh, wp, oh, ow);
-        } else if (!group) { /* any window, stride and dilation, off AVX-512: half the lanes at a time */
-            const int64_t step = sw * DW_LANES;
-            for (int64_t oy = 0; oy < oh; oy++) {
-                for (int64_t ox0 = 0; ox0 < ow; ox0 += DW_PIXELS) {
-                    const int64_t n = ow - ox0 < DW_PIXELS ? ow - ox0 : DW_PIXELS;
-                    for (int h = 0; h < DW_LANES; h += 8) {
-                        float *dst = res + (oy * ow + ox0) * DW_LANES + h;
-                        const rlx_v8 b = ld8(filt + taps * DW_LANES + h);
-                        rlx_v8 a0 = b, a1 = b, a2 = b, a3 = b;
-                        for (int64_t i = 0; i < kh; i++) {
-                            const float *row = pad + ((oy * sh + i * dh) * wp + ox0 * sw) * DW_LANES + h;
-                            for (int64_t j = 0; j < kw; j++) {
-                                const rlx_v8 f = ld8(filt + (i * kw + j) * DW_LANES + h);
-                                const float *q = row + j * dw * DW_LANES;
-                                a0 += f * ld8(q);
-                                a1 += f * ld8(q + step);
-                                a2 += f * ld8(q + 2 * step);
-                                a3 += f * ld8(q + 3 * step);
-                            }
-                        }
-                        memcpy(dst, &a0, sizeof a0);
-                        if (n > 1) memcpy(dst + DW_LANES, &a1, sizeof a1);
-                        if (n > 2) memcpy(dst + 2 * DW_LANES, &a2, sizeof a2);
-                        if (n > 3) memcpy(dst + 3 * DW_LANES, &a3, sizeof a3);
-                    }
-                }
-            }
-        } else { /* any window, stride and dilation */
-            for (int64_t oy = 0; oy < oh; oy++) {
-                for (int64_t ox0 = 0; ox0 < ow; ox0 += DW_PIXELS) {
-                    const int64_t n = ow - ox0 < DW_PIXELS ? ow - ox0 : DW_PIXELS;
-                    float *dst = res + (oy * ow + ox0) * DW_LANES;
-                    /* GCC/Clang vector types: four accumulators of DW_LANES floats stay in
-                     * registers (one zmm each on AVX-512, two ymm on AVX2). */
-                    const dw_vec b = bias_v;
-                    dw_vec a0 = b, a1 = b, a2 = b, a3 = b;
-                    const int64_t step = sw * DW_LANES;
-                    for (int64_t i = 0; i < kh; i++) {
-                        const float *row = pad + ((oy * sh + i * dh) * wp + ox0 * sw) * DW_LANES;
-                        for (int64_t j = 0; j < kw; j++) {
-                            const dw_vec f = *(const dw_uvec *)(filt + (i * kw + j) * DW_LANES);
-                            const float *s = row + j * dw * DW_LANES;
-                            a0 += f * *(const dw_uvec *)s;
-                            a1 += f * *(const dw_uvec *)(s + step);
-                            a2 += f * *(const dw_uvec *)(s + 2 * step);
-                            a3 += f * *(const dw_uvec *)(s + 3 * step);
-                        }
-                    }
-                    *(dw_uvec *)dst = a0;
-                    if (n > 1) *(dw_uvec *)(dst + DW_LANES) = a1;
-                    if (n > 2) *(dw_uvec *)(dst + 2 * DW_LANES) = a2;
-                    if (n > 3) *(dw_uvec *)(dst + 3 * DW_LANES) = a3;
-                }
-            }
-        }
+        dw_lanes_compute(pad, filt, res, group, taps, kh, kw, sh, sw, dh, dw, wp, oh, ow);
         int64_t p0 = 0;
         if (lanes == DW_LANES) /* back to planes, 16 pixels at a time through one transpose */
             for (; p0 + 16 <= opix; p0 += 16) {
@@ -2018,6 +2062,157 @@ RLX_API void rlx_depthwise_lanes(const float *x, const float *wpk, float *y, flo
     const int64_t per_thread = dw_lanes_floats(kh, kw, sh, sw, dh, dw, oh, ow);
     RLX_ACROSS_TEAM(threads, blocks, depthwise_lane_blocks(x, wpk, y, scratch + t * per_thread, lo, hi, c, h, w,
                                                            kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, epi, t));
+}
+
+/* ------------------------------------------------ depthwise convolution, channels-last
+ * The lanes kernel on NHWC values, for the channels-last chains layout.py plans without
+ * oneDNN (MobileNet's and EfficientNet's inverted residuals: expansion, depthwise and
+ * projection all NHWC, no transpose between them). A unit is a band of output rows of one
+ * image. For each group of up to DWN_GROUP blocks of DW_LANES channels, the band's input
+ * rows are gathered into one zero-padded pixel-major scratch per block, the layout
+ * rlx_depthwise_lanes builds by transposing 16 planes: here each pixel's channels of the
+ * group are one sequential read (gathering a single block at a time read one 64-byte line
+ * of every pixel, a stride the prefetchers did not follow: over half the kernel's time on
+ * 48 x 112 x 112 at stride 2). Each block is computed there (dw_lanes_compute), the group's
+ * results copied out pixel by pixel, and then the epilogue runs over the band, one
+ * contiguous run of whole rows. */
+#define DWN_GROUP 8
+#define DWN_PAD_BYTES (192 * 1024) /* a band's gathered input: L2-resident with the outputs */
+
+/* Output rows a band holds: as many as keep its gathered input (one group) within
+ * DWN_PAD_BYTES. */
+static int64_t dwn_band(int64_t c, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                        int64_t oh, int64_t ow) {
+    const int64_t blocks = (c + DW_LANES - 1) / DW_LANES, group = blocks < DWN_GROUP ? blocks : DWN_GROUP;
+    const int64_t wp = (ow - 1) * sw + (kw - 1) * dw + 1, reach = (kh - 1) * dh + 1;
+    const int64_t in_rows = DWN_PAD_BYTES / (wp * group * DW_LANES * (int64_t)sizeof(float));
+    const int64_t band = in_rows <= reach ? 1 : (in_rows - reach) / sh + 1;
+    return band < 1 ? 1 : band > oh ? oh : band;
+}
+
+/* Parts the channels of a band are split into: 1 where the images' bands give the team
+ * two units a thread, else enough for that (at most one a block). Why not thinner bands:
+ * a 7x7 plane in bands of two rows gathered a 5x5 window's six input rows for every two
+ * output rows, and two threads took longer than one (1152 x 7 x 7: 39 us against 34). */
+static int64_t dwn_splits(int64_t n, int64_t c, int64_t oh, int64_t band, int64_t threads) {
+    const int64_t units = n * ((oh + band - 1) / band), want = threads > 1 ? 2 * threads : 1;
+    const int64_t blocks = (c + DW_LANES - 1) / DW_LANES;
+    if (units >= want) return 1;
+    const int64_t splits = (want + units - 1) / units;
+    return splits < blocks ? splits : blocks;
+}
+
+/* lanes floats from s to d, the rest of d's DW_LANES zeros (the block past c). */
+static inline void dwn_copy_in(float *d, const float *s, int64_t lanes) {
+    if (lanes == DW_LANES) {
+        memcpy(d, s, DW_LANES * sizeof(float));
+    } else if (lanes == 8) { /* 24, 40, 72, 120 channels: the common partial block */
+        memcpy(d, s, 8 * sizeof(float));
+        memset(d + 8, 0, 8 * sizeof(float));
+    } else {
+        memcpy(d, s, (size_t)lanes * sizeof(float));
+        memset(d + lanes, 0, (size_t)(DW_LANES - lanes) * sizeof(float));
+    }
+}
+
+static inline void dwn_copy_out(float *d, const float *s, int64_t lanes) {
+    if (lanes == DW_LANES) memcpy(d, s, DW_LANES * sizeof(float));
+    else if (lanes == 8) memcpy(d, s, 8 * sizeof(float));
+    else memcpy(d, s, (size_t)lanes * sizeof(float));
+}
+
+static RLX_CLONES void depthwise_nhwc_bands(const float *x, const float *wpk, float *y, float *scratch, int64_t u0,
+                                            int64_t u1, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                                            int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
+                                            int64_t oh, int64_t ow, int64_t band, int64_t splits,
+                                            const rlx_epilogue *epi, int64_t t) {
+    const int64_t bands = (oh + band - 1) / band, taps = kh * kw, blocks = (c + DW_LANES - 1) / DW_LANES;
+    const int64_t wp = (ow - 1) * sw + (kw - 1) * dw + 1, hpb = (band - 1) * sh + (kh - 1) * dh + 1;
+    const int64_t per_block = dw_lanes_floats(kh, kw, sh, sw, dh, dw, band, ow);
+    const int64_t pad_floats = (hpb * wp + DW_UNIT_PIXELS * sw + 1) * DW_LANES; /* then the block's results */
+    const int64_t most = blocks < DWN_GROUP ? blocks : DWN_GROUP;
+    for (int64_t g = 0; g < most; g++) /* the slack past a band's rows (read by a row's last pixel group) */
+        memset(scratch + g * per_block + hpb * wp * DW_LANES, 0,
+               (size_t)(pad_floats - hpb * wp * DW_LANES) * sizeof(float));
+    const int group = dw_group_pixels(ow, rlx_gemm_avx512() != 0);
+    const int64_t x0 = pl < wp ? pl : wp, x1 = pl + w < wp ? pl + w : wp; /* padded columns holding input */
+    const size_t lane_px = DW_LANES * sizeof(float);
+    epi_state es;
+    epi_begin(&es, epi, t);
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t part = u % splits, b = u / splits, img = b / bands, oy0 = (b % bands) * band;
+        const int64_t rows = oh - oy0 < band ? oh - oy0 : band;
+        const int64_t first = blocks * part / splits, last = blocks * (part + 1) / splits; /* its channel blocks */
+        const int64_t hp = (rows - 1) * sh + (kh - 1) * dh + 1, iy0 = oy0 * sh - pt;
+        const float *xi = x + img * h * w * c;
+        float *yb = y + (img * oh + oy0) * ow * c;
+        for (int64_t b0 = first; b0 < last; b0 += DWN_GROUP) {
+            const int64_t nb = last - b0 < DWN_GROUP ? last - b0 : DWN_GROUP, c0 = b0 * DW_LANES;
+            const int64_t rest = c - (b0 + nb - 1) * DW_LANES, tail = rest < DW_LANES ? rest : DW_LANES;
+            for (int64_t r = 0; r < hp; r++) {
+                const int64_t iy = iy0 + r;
+                for (int64_t k = 0; k < nb; k++) {
+                    float *prow = scratch + k * per_block + r * wp * DW_LANES;
+                    if (iy < 0 || iy >= h) {
+                        memset(prow, 0, (size_t)wp * lane_px);
+                        continue;
+                    }
+                    if (x0 > 0) memset(prow, 0, (size_t)x0 * lane_px);
+                    if (x1 < wp) memset(prow + x1 * DW_LANES, 0, (size_t)(wp - x1) * lane_px);
+                }
+                if (iy < 0 || iy >= h) continue;
+                const float *src = xi + iy * w * c + c0;
+                float *prow = scratch + r * wp * DW_LANES;
+                for (int64_t xx = x0; xx < x1; xx++) {
+                    const float *s = src + (xx - pl) * c;
+                    float *d = prow + xx * DW_LANES;
+                    for (int64_t k = 0; k + 1 < nb; k++) memcpy(d + k * per_block, s + k * DW_LANES, lane_px);
+                    dwn_copy_in(d + (nb - 1) * per_block, s + (nb - 1) * DW_LANES, tail);
+                }
+            }
+            for (int64_t k = 0; k < nb; k++)
+                dw_lanes_compute(scratch + k * per_block, wpk + (b0 + k) * (taps + 1) * DW_LANES,
+                                 scratch + k * per_block + pad_floats, group, taps, kh, kw, sh, sw, dh, dw, wp, rows,
+                                 ow);
+            const float *res = scratch + pad_floats;
+            for (int64_t p = 0; p < rows * ow; p++) {
+                float *d = yb + p * c + c0;
+                for (int64_t k = 0; k + 1 < nb; k++)
+                    memcpy(d + k * DW_LANES, res + k * per_block + p * DW_LANES, lane_px);
+                dwn_copy_out(d + (nb - 1) * DW_LANES, res + (nb - 1) * per_block + p * DW_LANES, tail);
+            }
+        }
+        if (splits == 1) {
+            epi_span(&es, yb, rows * ow * c); /* whole rows: one run */
+        } else {
+            const int64_t c0 = first * DW_LANES, c1 = last * DW_LANES < c ? last * DW_LANES : c;
+            for (int64_t p = 0; p < rows * ow; p++) epi_span(&es, yb + p * c + c0, c1 - c0);
+        }
+    }
+    epi_flush(&es);
+}
+
+/* Floats of rlx_depthwise_nhwc's scratch for each of its threads: a padded band and a band
+ * of results for each block of a group. */
+RLX_API int64_t rlx_depthwise_nhwc_scratch(int64_t c, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh,
+                                           int64_t dw, int64_t oh, int64_t ow) {
+    const int64_t blocks = (c + DW_LANES - 1) / DW_LANES, group = blocks < DWN_GROUP ? blocks : DWN_GROUP;
+    return group * dw_lanes_floats(kh, kw, sh, sw, dh, dw, dwn_band(c, kh, kw, sh, sw, dh, dw, oh, ow), ow);
+}
+
+/* x: N images H x W x C; wpk: the C filters (kh x kw) and bias packed by
+ * rlx_depthwise_lanes_pack; y: N images oh x ow x C; scratch: `threads` blocks of
+ * rlx_depthwise_nhwc_scratch(...) floats; epi: NULL or the epilogue, applied to each band
+ * of rows (or its part of the channels) as it is done. */
+RLX_API void rlx_depthwise_nhwc(const float *x, const float *wpk, float *y, float *scratch, int64_t n, int64_t c,
+                                int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh,
+                                int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow, int64_t threads,
+                                const rlx_epilogue *epi) {
+    const int64_t band = dwn_band(c, kh, kw, sh, sw, dh, dw, oh, ow), splits = dwn_splits(n, c, oh, band, threads);
+    const int64_t units = n * ((oh + band - 1) / band) * splits;
+    const int64_t per_thread = rlx_depthwise_nhwc_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow);
+    RLX_ACROSS_TEAM(threads, units, depthwise_nhwc_bands(x, wpk, y, scratch + t * per_thread, lo, hi, c, h, w, kh, kw,
+                                                         sh, sw, dh, dw, pt, pl, oh, ow, band, splits, epi, t));
 }
 
 /* One output row of a pool whose windows are kw adjacent columns (sw 1 or 2): the kh input
@@ -4362,6 +4557,7 @@ enum {
     RLX_PK_PLANE_REDUCE,
     RLX_PK_GROUP_CONV_LANES,
     RLX_PK_POOL_TO_NHWC,
+    RLX_PK_DEPTHWISE_NHWC,
 };
 #define PK_IN(i) ((const float *)(intptr_t)a[i])
 #define PK_OUT(i) ((float *)(intptr_t)a[i])
@@ -4447,6 +4643,10 @@ RLX_API int64_t rlx_packed(const int64_t *a) {
     case RLX_PK_POOL_TO_NHWC:
         rlx_pool_to_nhwc(PK_IN(1), PK_OUT(2), a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13],
                          a[14], a[15], a[16], a[17], a[18]);
+        return 0;
+    case RLX_PK_DEPTHWISE_NHWC:
+        rlx_depthwise_nhwc(PK_IN(1), PK_IN(2), PK_OUT(3), PK_OUT(4), a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
+                           a[13], a[14], a[15], a[16], a[17], a[18], a[19], (const rlx_epilogue *)(intptr_t)a[20]);
         return 0;
     default:
         return -1;

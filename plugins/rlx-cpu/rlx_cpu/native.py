@@ -125,6 +125,13 @@ class Native:
         self.depthwise_lanes_scratch = self._lib.rlx_depthwise_lanes_scratch
         self.depthwise_lanes_scratch.argtypes = [i64] * 8
         self.depthwise_lanes_scratch.restype = i64
+        # the same arguments over NHWC images (x, packed filters and bias, y, scratch, n, c, h, w, ..., threads, epi)
+        self.depthwise_nhwc = self._lib.rlx_depthwise_nhwc
+        self.depthwise_nhwc.argtypes = [p, p, p, p, *[i64] * 15, p]
+        self.depthwise_nhwc.restype = None
+        self.depthwise_nhwc_scratch = self._lib.rlx_depthwise_nhwc_scratch  # (c, kh, kw, sh, sw, dh, dw, oh, ow)
+        self.depthwise_nhwc_scratch.argtypes = [i64] * 9
+        self.depthwise_nhwc_scratch.restype = i64
         self.pool2d = self._lib.rlx_pool2d  # (x, y, planes, h, w, kh, kw, sh, sw, dh, dw, oh, ow, is_max, threads)
         self.pool2d.argtypes = [p, p, *[i64] * 13]
         self.pool2d.restype = None
@@ -224,7 +231,7 @@ class Native:
                                      self.pool2d_padded, self.depthwise, self.depthwise_lanes, self.conv_direct,
                                      self.region, self.conv_gemm, self.group_conv, self.gather_axis,
                                      self.resize_taps, self.transpose, self.plane_reduce, self.group_conv_lanes,
-                                     self.pool_to_nhwc),
+                                     self.pool_to_nhwc, self.depthwise_nhwc),
                                     start=1):
             ccall.register_packed(fn, self.packed, kernel)
         self._lib.rlx_set_max_threads.argtypes = [i64]
@@ -235,6 +242,9 @@ class Native:
             os.register_at_fork(after_in_child=self._after_fork)
         self._lib.rlx_bind_team.argtypes = [i64]
         self._lib.rlx_bind_team.restype = i64
+        self.team_check = self._lib.rlx_team_check  # () -> 1 where the workers were pinned again
+        self.team_check.argtypes = []
+        self.team_check.restype = i64
         self.bound: int | None = None  # OpenMP workers pinned to a CPU each (bind_team), once known
 
     def bind_team(self, threads: int) -> int:
@@ -248,6 +258,12 @@ class Native:
             self.bound = 0 if off or threads < 2 else int(self._lib.rlx_bind_team(threads))
             log.debug("rlx-cpu: %d OpenMP worker thread(s) pinned to a CPU each", self.bound)
         return self.bound
+
+    def check_team(self) -> None:
+        """Before a run: pin the workers again where the caller moved onto one's CPU
+        (``rlx_team_check`` says why; a sched_getcpu where it has not)."""
+        if self.bound:
+            self.team_check()
 
     def threads(self) -> int:
         """Threads a region may use: the cores this process may run on (1 without OpenMP),

@@ -124,25 +124,63 @@ def test_the_probe_says_native_chains_run() -> None:
     assert "channels-inner" in CpuBackend().probe().versions["layout"]
 
 
-@needs_chains
-def test_blocks_joined_to_a_depthwise_convolution_or_a_concat_stay_nchw() -> None:
-    """Inverted residual blocks: the depthwise convolutions read and write NCHW, so the
-    pointwise ones around them would each transpose one side: chains of no convolution
-    held NHWC on both sides are dropped. A concat of two convolutions' outputs keeps
-    them NCHW."""
+def inverted_graph(batch: int = 1) -> Graph:
+    """MobileNetV2 in small: a 3-channel stem (NCHW kernels), a depthwise convolution right
+    after it, two inverted residual blocks (expansion, depthwise 3x3 stride 1 and 5x5
+    stride 2 with ReLU6, projection, a residual add), then a concat of two branches."""
     g = Graph("inverted")
-    x = g.input("x", (1, 16, 14, 14))
-    h = g.relu(conv(g, x, 16, 64, 1, k=1), name="expand")
-    h = g.relu(conv(g, h, 64, 64, 2, groups=64), name="depthwise")
-    y = g.add(conv(g, h, 64, 16, 3, k=1), x, name="residual")
-    y = g.relu(conv(g, y, 16, 48, 4, k=1), name="expand2")
-    z = g.relu(conv(g, y, 48, 48, 5, groups=48), name="depthwise2")
-    c = g.concat([g.relu(conv(g, z, 48, 16, 6), name="left"), g.relu(conv(g, z, 48, 16, 7, k=1), name="right")],
+    x = g.input("x", (batch, 3, 28, 28))
+    h = g.relu(conv(g, x, 3, 24, 1, stride=2), name="stem")
+    h = g.relu(conv(g, h, 24, 24, 2, groups=24), name="dw0")  # reads the stem's NCHW output
+    p = conv(g, h, 24, 24, 3, k=1, name="project0")
+    e = g.minimum(g.relu(conv(g, p, 24, 72, 4, k=1)), 6.0, name="expand1")
+    d = g.minimum(g.relu(conv(g, e, 72, 72, 5, groups=72)), 6.0, name="dw1")
+    y = g.add(conv(g, d, 72, 24, 6, k=1), p, name="residual1")
+    e = g.relu(conv(g, y, 24, 48, 7, k=1), name="expand2")
+    d = g.relu(conv(g, e, 48, 48, 8, k=5, stride=2, groups=48), name="dw2")
+    z = conv(g, d, 48, 32, 9, k=1, name="project2")
+    c = g.concat([g.relu(conv(g, z, 32, 16, 10), name="left"), g.relu(conv(g, z, 32, 16, 11, k=1), name="right")],
                  axis=1, name="cat")
-    g.set_outputs([g.relu(conv(g, c, 32, 16, 8), name="out")])
+    g.set_outputs([g.relu(conv(g, c, 32, 16, 12), name="out")])
+    return g
+
+
+@needs_chains
+def test_inverted_residuals_are_held_channels_last_through_their_depthwise_convolutions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``conv_nhwc.DEPTHWISE``, depthwise convolutions join the chains
+    (``rlx_depthwise_nhwc``, NHWC on both sides): expansion, depthwise and projection
+    all NHWC. The one reading the stem's NCHW output stays NCHW with it (the kernel
+    reads NHWC only), and a concat keeps its inputs NCHW. As the reference, NaN through
+    the stem, and after ``set_param`` of a depthwise filter and bias (packed again)."""
+    monkeypatch.setattr(conv_nhwc, "DEPTHWISE", True)
+    taken: list[Any] = []
+    real = conv_nhwc.depthwise_steps
+    monkeypatch.setattr(conv_nhwc, "depthwise_steps", lambda *a: (taken.append(real(*a)), taken[-1])[1])
+    g = inverted_graph(2)
+    cg = compiled(g)
+    cl = held_cl(cg)
+    assert {"project0", "expand1", "dw1", "residual1", "expand2", "dw2", "project2"} <= cl
+    assert not {"stem", "dw0", "left", "right", "cat", "out"} & cl
+    assert len(taken) == 2 and all(t is not None for t in taken)
+    feeds = {"x": rand((2, 3, 28, 28), 0)}
+    feeds["x"][1, :, 6:9, 6:9] = np.nan
+    check(g, feeds, cg)
+    new = {"w5": rand((72, 1, 3, 3), 50, 0.3), "b8": rand((48,), 51)}
+    for name, value in new.items():
+        cg.set_param(name, value)
+    check(g, feeds, cg, params=new)
+
+
+@needs_chains
+def test_depthwise_convolutions_stay_nchw_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``conv_nhwc.DEPTHWISE = False`` (the default: see it): the blocks joined to them
+    would each transpose a side, so the chains are dropped (the NCHW plan, same answers)."""
+    monkeypatch.setattr(conv_nhwc, "DEPTHWISE", False)
+    g = inverted_graph()
     cg = compiled(g)
     assert not held_cl(cg)
-    check(g, {"x": rand((1, 16, 14, 14), 0)}, cg)
+    check(g, {"x": rand((1, 3, 28, 28), 0)}, cg)
 
 
 @needs_chains
