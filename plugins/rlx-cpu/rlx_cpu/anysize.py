@@ -130,6 +130,7 @@ class AnySizeExecutable(Executable):
     def __init__(self, graph: Graph, owned: Mapping[str, np.ndarray] | None = None, *,
                  precision: str = "fp32") -> None:
         self._graph = graph
+        self._native = native_library()  # (its workers' pinning is checked before each run)
         self._precision = precision  # CompileOptions.precision: the dense layers' operands (onednn.reduced)
         self._family = shape_family()
         self._name = graph.name
@@ -439,9 +440,8 @@ class AnySizeExecutable(Executable):
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         graph = self._graph
         env = graph.bind(graph.input_shapes(inputs))  # the sizes, and an InputError for ones the graph refuses
-        lib = native_library()
-        if lib is not None:
-            lib.check_team()
+        if self._native is not None:
+            self._native.check_team()
         try:
             arena = self._arenas.pop()
         except IndexError:

@@ -35,7 +35,17 @@ import numpy as np
 from . import gemm
 from .ccall import bound_call
 from .native import library
-from .native_nn import _conv_numpy, _depthwise_numpy, _fits, _packed, _then, _threads, image_calls, pool_kind
+from .native_nn import (
+    _conv_numpy,
+    _depthwise_numpy,
+    _fits,
+    _packed,
+    _then,
+    _threads,
+    image_calls,
+    lanes_filters,
+    pool_kind,
+)
 from .regions import SPLIT_NS, Epilogue
 from .steps import Dyn, aligned_empty
 
@@ -57,8 +67,8 @@ WIDE_WIDTH, WIDE_PIXELS = 14, 196
 #: output (5 MB an image over 56x56) for 32 rows of products.
 FEW_OUTPUTS, FEW_RATIO = 32, 4
 #: Depthwise convolutions join the chains (``depthwise_steps``): off. The kernel beats
-#: rlx's NCHW depthwise ones (48 x 112 x 112 at stride 2: 0.44-0.55x their time; 7x7
-#: planes of 960-1152 channels 0.55-0.75x, kernels alone, 2-core Zen 5), but an inverted
+#: rlx's NCHW depthwise ones (MnasNet's, per node at two threads on the 2-core Zen 5:
+#: 0.55-0.75x their time, 48 x 112 x 112 at stride 2 0.208 -> 0.115 ms), but an inverted
 #: residual held NHWC puts its pointwise convolutions on the channels-inner kernel, which
 #: at two threads took about twice the NCHW GEMM's time for few channels over wide planes
 #: (24 <-> 72 over 56x56, 32 -> 16 over 112x112): MnasNet, MobileNetV2/V3 and
@@ -129,17 +139,7 @@ def depthwise_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
     threads = _threads(lib, out.size * kh * kw, 0.3)
     scratch = ctx.scratch((threads * int(lib.depthwise_nhwc_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow)),),
                           np.float32)
-    size = int(lib.depthwise_lanes_pack_size(c, kh * kw))
-    bias_at = 0 if bias is None else bias.ctypes.data
-
-    def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
-        if dest is None:
-            dest = aligned_empty(size, np.float32)
-        lib.depthwise_lanes_pack(src.ctypes.data, bias_at, c, kh * kw, dest.ctypes.data)
-        return dest
-
-    wpk, steps = _packed(ctx, w, ("rlx_depthwise_lanes_pack", c, kh * kw), size, make, lib.depthwise_lanes_pack,
-                         [0, bias_at, c, kh * kw, 0], () if bias is None else (bias,))
+    wpk, steps = lanes_filters(lib, ctx, w, bias)
     planes = _depthwise_numpy((n * c, c, h, wd, kh, kw, sh, sw, dh, dw, *pads, oh, ow))
 
     def run_numpy(xv: np.ndarray, yv: np.ndarray) -> None:

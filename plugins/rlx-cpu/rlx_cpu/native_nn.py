@@ -30,7 +30,7 @@ from .steps import Dyn, Step, aligned_empty, laid_out
 
 __all__ = ["softmax_step", "softmax_bf16_step", "layer_norm_step", "im2col_step", "pool_step",
            "pool_kind", "pool_padded_step", "pool_to_nhwc_step", "window_counts", "conv_direct_steps",
-           "conv_gemm_steps", "conv_gemm_panel", "depthwise_step", "image_calls",
+           "conv_gemm_steps", "conv_gemm_panel", "depthwise_step", "image_calls", "lanes_filters",
            "DIRECT_CONV_TAPS"]
 
 SOFTMAX_NS, LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
@@ -378,6 +378,24 @@ def _rows_vectorize(kh: int, kw: int, stride: tuple[int, int], dilation: tuple[i
     return stride == (1, 1) and ow >= DEPTHWISE_ROW_MIN_WIDTH
 
 
+def lanes_filters(lib: Any, ctx: Any, w: np.ndarray, bias: np.ndarray | None) -> tuple[np.ndarray, list[Step]]:
+    """A depthwise convolution's filters ``w`` (C, 1, kh, kw) and ``bias`` packed for the
+    lanes kernels (``rlx_depthwise_lanes_pack``), and the steps a plan runs first to have
+    them (none where ``ctx.derived`` keeps them: ``_packed``)."""
+    c, taps = w.shape[0], w.shape[2] * w.shape[3]
+    size = int(lib.depthwise_lanes_pack_size(c, taps))
+    bias_at = 0 if bias is None else bias.ctypes.data
+
+    def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
+        if dest is None:
+            dest = aligned_empty(size, np.float32)
+        lib.depthwise_lanes_pack(src.ctypes.data, bias_at, c, taps, dest.ctypes.data)
+        return dest
+
+    return _packed(ctx, w, ("rlx_depthwise_lanes_pack", c, taps), size, make, lib.depthwise_lanes_pack,
+                   [0, bias_at, c, taps, 0], () if bias is None else (bias,))
+
+
 def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, stride: tuple[int, int],
                    dilation: tuple[int, int], pads: tuple[int, int], ctx: Any,
                    epilogue: Epilogue | None = None) -> list[Step] | None:
@@ -403,17 +421,7 @@ def depthwise_step(x: Any, w: np.ndarray, bias: np.ndarray | None, out: Any, str
     if not _rows_vectorize(kh, kw, stride, dilation, ow):
         per_thread = lib.depthwise_lanes_scratch(kh, kw, sh, sw, dh, dw, oh, ow)
         lanes = ctx.scratch((threads * per_thread,), np.float32)
-        size = int(lib.depthwise_lanes_pack_size(c, kh * kw))
-        bias_at = 0 if bias is None else bias.ctypes.data
-
-        def make(src: np.ndarray, dest: np.ndarray | None) -> np.ndarray:
-            if dest is None:
-                dest = aligned_empty(size, np.float32)
-            lib.depthwise_lanes_pack(src.ctypes.data, bias_at, c, kh * kw, dest.ctypes.data)
-            return dest
-
-        wpk, steps = _packed(ctx, w, ("rlx_depthwise_lanes_pack", c, kh * kw), size, make, lib.depthwise_lanes_pack,
-                             [0, bias_at, c, kh * kw, 0], () if bias is None else (bias,))
+        wpk, steps = lanes_filters(lib, ctx, w, bias)
         args = [0, wpk.ctypes.data, 0, lanes.ctypes.data, n, c, h, wd, kh, kw, sh, sw, dh, dw, *pads, oh, ow, threads,
                 epi]
         steps.append(bound_call(lib.depthwise_lanes, args, (x, out), (0, 2), lambda xv, yv: run_numpy(xv, w, bias, yv),

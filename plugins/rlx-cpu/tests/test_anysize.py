@@ -173,7 +173,7 @@ def test_a_causal_mask_expanded_by_ones_is_a_view_and_right(mode: str) -> None:
 
 def test_it_is_the_executable_for_every_size_that_ran(served: tuple[Graph, Any]) -> None:
     _, cg = served
-    exe = cg.for_inputs(feeds_of(3, 33))._exe
+    exe = cg.for_inputs(feeds_of(7, 45))._exe  # (a size no other test meets: one met STATIC_AFTER times gets its own)
     assert isinstance(exe, anysize.AnySizeExecutable)
     assert any(n.startswith("any size: one executable") for n in cg.report().notes)
 
