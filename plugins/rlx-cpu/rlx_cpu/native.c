@@ -2150,17 +2150,14 @@ static RLX_CLONES void depthwise_nhwc_bands(const float *x, const float *wpk, fl
             const int64_t nb = last - b0 < DWN_GROUP ? last - b0 : DWN_GROUP, c0 = b0 * DW_LANES;
             const int64_t rest = c - (b0 + nb - 1) * DW_LANES, tail = rest < DW_LANES ? rest : DW_LANES;
             for (int64_t r = 0; r < hp; r++) {
-                const int64_t iy = iy0 + r;
-                for (int64_t k = 0; k < nb; k++) {
+                const int64_t iy = iy0 + r, inside = iy >= 0 && iy < h;
+                for (int64_t k = 0; k < nb; k++) { /* zeros where no input lands: a row outside, or its borders */
                     float *prow = scratch + k * per_block + r * wp * DW_LANES;
-                    if (iy < 0 || iy >= h) {
-                        memset(prow, 0, (size_t)wp * lane_px);
-                        continue;
-                    }
-                    if (x0 > 0) memset(prow, 0, (size_t)x0 * lane_px);
-                    if (x1 < wp) memset(prow + x1 * DW_LANES, 0, (size_t)(wp - x1) * lane_px);
+                    if (!inside) memset(prow, 0, (size_t)wp * lane_px);
+                    if (inside && x0 > 0) memset(prow, 0, (size_t)x0 * lane_px);
+                    if (inside && x1 < wp) memset(prow + x1 * DW_LANES, 0, (size_t)(wp - x1) * lane_px);
                 }
-                if (iy < 0 || iy >= h) continue;
+                if (!inside) continue;
                 const float *src = xi + iy * w * c + c0;
                 float *prow = scratch + r * wp * DW_LANES;
                 for (int64_t xx = x0; xx < x1; xx++) {

@@ -57,7 +57,10 @@ def held_ops(cg: Any) -> set[str]:
 
 
 def check(g: Graph, feeds: dict[str, np.ndarray], cg: Any = None, params: dict[str, np.ndarray] | None = None) -> Any:
+    """``g`` compiled (or ``cg``), with ``params`` set on it first, against the reference."""
     cg = cg or compiled(g)
+    for name, value in (params or {}).items():
+        cg.set_param(name, value)
     for got, want in zip(cg.run(feeds), reference.evaluate(g, feeds, params=params)):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
     return cg
@@ -102,10 +105,7 @@ def test_a_resnet_is_held_channels_last_from_its_pool_and_matches_the_reference(
     feeds["x"][1, :, 4:8, 4:8] = np.nan  # NaN through the stem's windows into the pool's
     check(g, feeds, cg)
     assert pooled
-    new = {"w3": rand((16, 16, 3, 3), 30, 0.1), "b6": rand((32,), 31)}
-    for name, value in new.items():
-        cg.set_param(name, value)
-    check(g, feeds, cg, params=new)
+    check(g, feeds, cg, params={"w3": rand((16, 16, 3, 3), 30, 0.1), "b6": rand((32,), 31)})
 
 
 @needs_chains
@@ -166,10 +166,7 @@ def test_inverted_residuals_are_held_channels_last_through_their_depthwise_convo
     feeds = {"x": rand((2, 3, 28, 28), 0)}
     feeds["x"][1, :, 6:9, 6:9] = np.nan
     check(g, feeds, cg)
-    new = {"w5": rand((72, 1, 3, 3), 50, 0.3), "b8": rand((48,), 51)}
-    for name, value in new.items():
-        cg.set_param(name, value)
-    check(g, feeds, cg, params=new)
+    check(g, feeds, cg, params={"w5": rand((72, 1, 3, 3), 50, 0.3), "b8": rand((48,), 51)})
 
 
 @needs_chains
