@@ -1046,6 +1046,31 @@ static inline __attribute__((always_inline)) rlx_v16 ld16(const float *p) {
     memcpy(&v, p, sizeof v);
     return v;
 }
+/* The first n (0 < n < 16) floats from p into a vector, the rest zero, and v's first n
+ * into p: fixed-size pieces (8, 4, 2, 1), no call. Why: a memcpy of a variable size is a
+ * libc call, and every vector register is the caller's to save around it: a tile's
+ * partial last vector, so stored, cost rlx_conv_nhwc about as much as its products for
+ * 24 or 72 output channels (a call a tile row, each spilling the accumulators). */
+static inline __attribute__((always_inline)) rlx_v16 ld16_part(const float *p, int64_t n) {
+    float t[16] = {0};
+    int64_t i = 0;
+    if (n & 8) memcpy(t, p, 8 * sizeof(float)), i = 8;
+    if (n & 4) memcpy(t + i, p + i, 4 * sizeof(float)), i += 4;
+    if (n & 2) memcpy(t + i, p + i, 2 * sizeof(float)), i += 2;
+    if (n & 1) t[i] = p[i];
+    rlx_v16 v;
+    memcpy(&v, t, sizeof v);
+    return v;
+}
+static inline __attribute__((always_inline)) void st16_part(float *p, rlx_v16 v, int64_t n) {
+    float t[16];
+    memcpy(t, &v, sizeof v);
+    int64_t i = 0;
+    if (n & 8) memcpy(p, t, 8 * sizeof(float)), i = 8;
+    if (n & 4) memcpy(p + i, t + i, 4 * sizeof(float)), i += 4;
+    if (n & 2) memcpy(p + i, t + i, 2 * sizeof(float)), i += 2;
+    if (n & 1) p[i] = t[i];
+}
 /* v clamped to [cl[0], cl[1]], NaN kept (the lanes of clamp8 and clamp16, one at a time). */
 static inline float clamp1(float v, const float *cl) { return v < cl[0] ? cl[0] : v > cl[1] ? cl[1] : v; }
 
@@ -4015,11 +4040,11 @@ static inline __attribute__((always_inline)) void nhwc_tile(const nhwc_args *g, 
             const float *from = first ? bias : yo; /* the bias, or the earlier k blocks' sums */
             rlx_v16 t = {0};
             if (from && n == 16) t = ld16(from + 16 * v);
-            else if (from) memcpy(&t, from + 16 * v, (size_t)n * sizeof(float));
+            else if (from) t = ld16_part(from + 16 * v, n);
             t += s;
             if (cl) t = clamp16(t, cl);
             if (n == 16) memcpy(yo + 16 * v, &t, sizeof t);
-            else memcpy(yo + 16 * v, &t, (size_t)n * sizeof(float));
+            else st16_part(yo + 16 * v, t, n);
         }
     }
 }
