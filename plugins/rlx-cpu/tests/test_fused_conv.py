@@ -43,6 +43,10 @@ CONVS: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], int | N
     "depthwise 3x3, the row kernel": ((1, 8, 12, 40), (8, 1, 3, 3), {"padding": 1, "groups": 8}, None, True),
     "depthwise 3x3 stride 2, the row kernel over split rows": ((1, 8, 10, 97), (8, 1, 3, 3),
                                                                 {"padding": 1, "stride": 2, "groups": 8}, None, True),
+    "depthwise 3x3, the row kernel, rows with tails of 14 and 15": ((1, 3, 13, 47), (3, 1, 3, 3),
+                                                                    {"padding": 1, "groups": 3}, None, True),
+    "depthwise 3x3 stride 2, split rows with a tail of 8": ((1, 3, 12, 112), (3, 1, 3, 3),
+                                                            {"padding": 1, "stride": 2, "groups": 3}, None, True),
     "depthwise 5x5 over 7x7, 37 lanes": ((2, 37, 7, 7), (37, 1, 5, 5), {"padding": 2, "groups": 37}, None, True),
     "1x1 on a 1x1 plane, two threads' outputs (rlx_gemv)": ((1, 40, 1, 1), (40, 40, 1, 1), {}, None, True),
     "1x1 on 1x1 planes, a batch of 5: one dense product, the epilogue after": ((5, 40, 1, 1), (24, 40, 1, 1), {},
@@ -261,21 +265,26 @@ def test_the_gemms_clamp_in_registers_and_keep_nan(lib: native.Native, monkeypat
 
 
 @pytest.mark.parametrize("case", ["depthwise 3x3, the row kernel",
-                                  "depthwise 3x3 stride 2, the row kernel over split rows"])
+                                  "depthwise 3x3 stride 2, the row kernel over split rows",
+                                  "depthwise 3x3, the row kernel, rows with tails of 14 and 15",
+                                  "depthwise 3x3 stride 2, split rows with a tail of 8"])
 def test_the_depthwise_row_kernel_clamps_each_row_and_keeps_nan(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
                                                                 case: str) -> None:
     """A ReLU6 after a depthwise convolution on the row kernel: each output row clamped as
-    it is written (no region runs), NaN stays NaN, values past either bound land on it."""
+    it is written, its last floats short of a vector too (no region runs), NaN stays NaN
+    (at a row's start and in its tail), values past either bound land on it."""
     regions_run = spy_on(monkeypatch, lib, "region")
     rows = spy_on(monkeypatch, lib, "depthwise")
     g = conv_graph(case, "relu6")
     cg = compile_cpu(g)
     x = rand(CONVS[case][0], 3) * 40
     x[0, :, 0, 0] = np.nan
+    x[0, :, 4, -1] = np.nan
     (got,) = cg.run({"x": x})
     want = reference.evaluate(g, {"x": x})[0]
     assert rows and not regions_run
-    assert np.isnan(got[0, :, 0, 0]).all() and np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[0, :, 0, 0]).all() and np.isnan(got[0, :, 4 // CONVS[case][2].get("stride", 1), -1]).all()
+    assert np.array_equal(np.isnan(got), np.isnan(want))
     assert got[~np.isnan(got)].min() == 0.0 and got[~np.isnan(got)].max() == 6.0
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
