@@ -1153,10 +1153,11 @@ static inline __attribute__((always_inline)) void split_row(const float *src, fl
  * outputs it did (a multiple of 8); the scalar loop does the rest. */
 /* U vectors of W outputs (VT: rlx_v8 or, where the AVX-512 clones run, rlx_v16: half the
  * loads and multiply-adds a row) of two rows at once; the same sums in either width. */
-#define DW3X2_BLOCK(NAME, VT, LOAD, W)                                                                             \
+#define DW3X2_BLOCK(NAME, VT, LOAD, CLAMP, W)                                                                      \
     static inline __attribute__((always_inline)) void NAME(                                                        \
         float *restrict d0, float *restrict d1, const float *restrict r0, const float *restrict r1,                \
-        const float *restrict r2, const float *restrict r3, const float *restrict f, float b, const int U) {       \
+        const float *restrict r2, const float *restrict r3, const float *restrict f, float b, const float *cl,      \
+        const int U) {                                                                                             \
         VT p[DW_ROW_U], q[DW_ROW_U];                                                                               \
         _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) p[u] = q[u] = (VT){0} + b;                             \
         _Pragma("GCC unroll 3") for (int j = 0; j < 3; j++) {                                                      \
@@ -1176,63 +1177,71 @@ static inline __attribute__((always_inline)) void split_row(const float *src, fl
             _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) q[u] += f[6 + j] * LOAD(r3 + W * u + j);           \
         }                                                                                                          \
         _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) {                                                      \
+            if (cl) p[u] = CLAMP(p[u], cl), q[u] = CLAMP(q[u], cl);                                                \
             memcpy(d0 + W * u, &p[u], sizeof p[u]);                                                                \
             memcpy(d1 + W * u, &q[u], sizeof q[u]);                                                                \
         }                                                                                                          \
     }
-DW3X2_BLOCK(dw3x2_block, rlx_v8, ld8, 8)
-DW3X2_BLOCK(dw3x2_block16, rlx_v16, ld16, 16)
+DW3X2_BLOCK(dw3x2_block, rlx_v8, ld8, clamp8, 8)
+DW3X2_BLOCK(dw3x2_block16, rlx_v16, ld16, clamp16, 16)
 
 static inline __attribute__((always_inline)) int64_t dw_row3x2_v(float *restrict d0, float *restrict d1,
                                                                  const float *restrict r0, const float *restrict r1,
                                                                  const float *restrict r2, const float *restrict r3,
-                                                                 const float *restrict f, float b, int64_t ow) {
+                                                                 const float *restrict f, float b,
+                                                                 const float *cl, int64_t ow) {
     int64_t ox = 0;
     if (rlx_gemm_avx512()) {
         for (; ox + 16 * DW_ROW_U <= ow; ox += 16 * DW_ROW_U)
-            dw3x2_block16(d0 + ox, d1 + ox, r0 + ox, r1 + ox, r2 + ox, r3 + ox, f, b, DW_ROW_U);
-        for (; ox + 16 <= ow; ox += 16) dw3x2_block16(d0 + ox, d1 + ox, r0 + ox, r1 + ox, r2 + ox, r3 + ox, f, b, 1);
+            dw3x2_block16(d0 + ox, d1 + ox, r0 + ox, r1 + ox, r2 + ox, r3 + ox, f, b, cl, DW_ROW_U);
+        for (; ox + 16 <= ow; ox += 16)
+            dw3x2_block16(d0 + ox, d1 + ox, r0 + ox, r1 + ox, r2 + ox, r3 + ox, f, b, cl, 1);
     }
     for (; ox + 8 * DW_ROW_U <= ow; ox += 8 * DW_ROW_U)
-        dw3x2_block(d0 + ox, d1 + ox, r0 + ox, r1 + ox, r2 + ox, r3 + ox, f, b, DW_ROW_U);
-    for (; ox + 8 <= ow; ox += 8) dw3x2_block(d0 + ox, d1 + ox, r0 + ox, r1 + ox, r2 + ox, r3 + ox, f, b, 1);
+        dw3x2_block(d0 + ox, d1 + ox, r0 + ox, r1 + ox, r2 + ox, r3 + ox, f, b, cl, DW_ROW_U);
+    for (; ox + 8 <= ow; ox += 8) dw3x2_block(d0 + ox, d1 + ox, r0 + ox, r1 + ox, r2 + ox, r3 + ox, f, b, cl, 1);
     return ox;
 }
 
 /* One row of a 3x3 window, U vectors of W outputs: the three input rows tap after tap, as dw_row3. */
-#define DW3_BLOCK(NAME, VT, LOAD, W)                                                                               \
+#define DW3_BLOCK(NAME, VT, LOAD, CLAMP, W)                                                                        \
     static inline __attribute__((always_inline)) void NAME(float *restrict d, const float *restrict r0,            \
                                                            const float *restrict r1, const float *restrict r2,     \
-                                                           const float *restrict f, float b, const int U) {        \
+                                                           const float *restrict f, float b, const float *cl,      \
+                                                           const int U) {                                          \
         VT p[4];                                                                                                   \
         const float *rows[3] = {r0, r1, r2};                                                                       \
         _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) p[u] = (VT){0} + b;                                    \
         _Pragma("GCC unroll 9") for (int t = 0; t < 9; t++)                                                        \
             _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) p[u] += f[t] * LOAD(rows[t / 3] + W * u + t % 3);  \
-        _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) memcpy(d + W * u, &p[u], sizeof p[u]);                 \
+        _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) {                                                      \
+            if (cl) p[u] = CLAMP(p[u], cl);                                                                        \
+            memcpy(d + W * u, &p[u], sizeof p[u]);                                                                 \
+        }                                                                                                          \
     }
-DW3_BLOCK(dw3_block, rlx_v8, ld8, 8)
-DW3_BLOCK(dw3_block16, rlx_v16, ld16, 16)
+DW3_BLOCK(dw3_block, rlx_v8, ld8, clamp8, 8)
+DW3_BLOCK(dw3_block16, rlx_v16, ld16, clamp16, 16)
 
 static inline __attribute__((always_inline)) int64_t dw_row3_v(float *restrict d, const float *restrict r0,
                                                                const float *restrict r1, const float *restrict r2,
-                                                               const float *restrict f, float b, int64_t ow) {
+                                                               const float *restrict f, float b, const float *cl,
+                                                               int64_t ow) {
     int64_t ox = 0;
     if (rlx_gemm_avx512()) {
-        for (; ox + 64 <= ow; ox += 64) dw3_block16(d + ox, r0 + ox, r1 + ox, r2 + ox, f, b, 4);
-        for (; ox + 16 <= ow; ox += 16) dw3_block16(d + ox, r0 + ox, r1 + ox, r2 + ox, f, b, 1);
+        for (; ox + 64 <= ow; ox += 64) dw3_block16(d + ox, r0 + ox, r1 + ox, r2 + ox, f, b, cl, 4);
+        for (; ox + 16 <= ow; ox += 16) dw3_block16(d + ox, r0 + ox, r1 + ox, r2 + ox, f, b, cl, 1);
     }
-    for (; ox + 32 <= ow; ox += 32) dw3_block(d + ox, r0 + ox, r1 + ox, r2 + ox, f, b, 4);
-    for (; ox + 8 <= ow; ox += 8) dw3_block(d + ox, r0 + ox, r1 + ox, r2 + ox, f, b, 1);
+    for (; ox + 32 <= ow; ox += 32) dw3_block(d + ox, r0 + ox, r1 + ox, r2 + ox, f, b, cl, 4);
+    for (; ox + 8 <= ow; ox += 8) dw3_block(d + ox, r0 + ox, r1 + ox, r2 + ox, f, b, cl, 1);
     return ox;
 }
 
 /* dw_row3_s2's taps (even row, odd row, even row one on, for each of the three rows), U
  * vectors of W outputs. */
-#define DW3S2_BLOCK(NAME, VT, LOAD, W)                                                                             \
+#define DW3S2_BLOCK(NAME, VT, LOAD, CLAMP, W)                                                                      \
     static inline __attribute__((always_inline)) void NAME(float *restrict d, const float *const *rows,            \
-                                                           const float *restrict f, float b, int64_t ox,           \
-                                                           const int U) {                                          \
+                                                           const float *restrict f, float b, const float *cl,      \
+                                                           int64_t ox, const int U) {                              \
         VT p[4];                                                                                                   \
         _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) p[u] = (VT){0} + b;                                    \
         _Pragma("GCC unroll 3") for (int i = 0; i < 3; i++) {                                                      \
@@ -1241,20 +1250,24 @@ static inline __attribute__((always_inline)) int64_t dw_row3_v(float *restrict d
             _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) p[u] += f[3 * i + 1] * LOAD(o + W * u);            \
             _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) p[u] += f[3 * i + 2] * LOAD(e + W * u + 1);        \
         }                                                                                                          \
-        _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) memcpy(d + ox + W * u, &p[u], sizeof p[u]);            \
+        _Pragma("GCC unroll 4") for (int u = 0; u < U; u++) {                                                      \
+            if (cl) p[u] = CLAMP(p[u], cl);                                                                        \
+            memcpy(d + ox + W * u, &p[u], sizeof p[u]);                                                            \
+        }                                                                                                          \
     }
-DW3S2_BLOCK(dw3s2_block, rlx_v8, ld8, 8)
-DW3S2_BLOCK(dw3s2_block16, rlx_v16, ld16, 16)
+DW3S2_BLOCK(dw3s2_block, rlx_v8, ld8, clamp8, 8)
+DW3S2_BLOCK(dw3s2_block16, rlx_v16, ld16, clamp16, 16)
 
 static inline __attribute__((always_inline)) int64_t dw_row3_s2_v(float *restrict d, const float *const *rows,
-                                                                  const float *restrict f, float b, int64_t ow) {
+                                                                  const float *restrict f, float b, const float *cl,
+                                                                  int64_t ow) {
     int64_t ox = 0;
     if (rlx_gemm_avx512()) {
-        for (; ox + 64 <= ow; ox += 64) dw3s2_block16(d, rows, f, b, ox, 4);
-        for (; ox + 16 <= ow; ox += 16) dw3s2_block16(d, rows, f, b, ox, 1);
+        for (; ox + 64 <= ow; ox += 64) dw3s2_block16(d, rows, f, b, cl, ox, 4);
+        for (; ox + 16 <= ow; ox += 16) dw3s2_block16(d, rows, f, b, cl, ox, 1);
     }
-    for (; ox + 32 <= ow; ox += 32) dw3s2_block(d, rows, f, b, ox, 4);
-    for (; ox + 8 <= ow; ox += 8) dw3s2_block(d, rows, f, b, ox, 1);
+    for (; ox + 32 <= ow; ox += 32) dw3s2_block(d, rows, f, b, cl, ox, 4);
+    for (; ox + 8 <= ow; ox += 8) dw3s2_block(d, rows, f, b, cl, ox, 1);
     return ox;
 }
 
@@ -1318,7 +1331,8 @@ static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const f
     int unit = sh == 1 && sw == 1 && dh == 1 && dw == 1;
     int two = sh == 2 && sw == 2 && dh == 1 && dw == 1 && kh == 3 && kw == 3;
     int64_t we = (wp + 1) / 2; /* a split row: its we even columns, then its odd ones */
-    /* a clamp (ReLU, ReLU6) applied to each output row as it is written, in L1 */
+    /* a clamp (ReLU, ReLU6) applied in the row kernels' registers as they store, the rest of a row
+     * (a scalar tail, other windows) clamped as it is written, in L1 */
     const float *cl = epi && epi->clamp ? &epi->lo : NULL;
     epi_state es;
     epi_begin(&es, cl ? NULL : epi, t);
@@ -1348,21 +1362,23 @@ static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const f
             const float *r = pad + oy * sh * wp;
             if (unit && kh == 3 && kw == 3 && oy + 1 < oh) { /* 0.90-0.96x one row at a time */
                 const float *r1 = r + wp, *r2 = r + 2 * wp, *r3 = r + 3 * wp;
-                const int64_t v = dw_row3x2_v(dst, dst + ow, r, r1, r2, r3, f, b, ow);
+                const int64_t v = dw_row3x2_v(dst, dst + ow, r, r1, r2, r3, f, b, cl, ow); /* clamped */
                 dw_row3x2(dst + v, dst + ow + v, r + v, r1 + v, r2 + v, r3 + v, f, b, ow - v);
-                if (cl) clamp_row(dst, 2 * ow, cl);
+                if (cl && v < ow) clamp_row(dst + v, ow - v, cl), clamp_row(dst + ow + v, ow - v, cl);
                 oy++;
                 continue;
-            } else if (unit && kh == 3 && kw == 3) {
-                const int64_t v = dw_row3_v(dst, r, r + wp, r + 2 * wp, f, b, ow);
-                dw_row3(dst + v, r + v, r + wp + v, r + 2 * wp + v, f, b, ow - v);
+            }
+            int64_t done = 0; /* outputs of the row the vector blocks wrote, clamped */
+            if (unit && kh == 3 && kw == 3) {
+                done = dw_row3_v(dst, r, r + wp, r + 2 * wp, f, b, cl, ow);
+                dw_row3(dst + done, r + done, r + wp + done, r + 2 * wp + done, f, b, ow - done);
             } else if (unit && kh == 5 && kw == 5) {
                 dw_row5(dst, r, wp, f, b, ow);
             } else if (two) {
                 const float *rows[6] = {r, r + we, r + wp, r + wp + we, r + 2 * wp, r + 2 * wp + we};
-                const int64_t v = dw_row3_s2_v(dst, rows, f, b, ow);
-                dw_row3_s2(dst + v, rows[0] + v, rows[1] + v, rows[2] + v, rows[3] + v, rows[4] + v, rows[5] + v, f,
-                           b, ow - v);
+                done = dw_row3_s2_v(dst, rows, f, b, cl, ow);
+                dw_row3_s2(dst + done, rows[0] + done, rows[1] + done, rows[2] + done, rows[3] + done, rows[4] + done,
+                           rows[5] + done, f, b, ow - done);
             } else {
                 for (int64_t ox = 0; ox < ow; ox++) dst[ox] = b;
                 for (int64_t i = 0; i < kh; i++) {
@@ -1374,7 +1390,7 @@ static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const f
                     }
                 }
             }
-            if (cl) clamp_row(dst, ow, cl);
+            if (cl && done < ow) clamp_row(dst + done, ow - done, cl);
         }
         epi_span(&es, out, oh * ow);
     }
