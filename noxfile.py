@@ -193,9 +193,10 @@ _PRINT_VERSIONS = (
 WRITES_BENCHMARKS_MD = ("overhead.py", "suite.py", "batch.py", "dynamic.py")
 #: Scripts with a session of their own (heavy extras: torch): ``nox -s zoo``.
 OWN_SESSION = ("zoo.py", "detector.py", "dynamic_exports.py", "exports_stream.py", "layout.py", "neighbours.py")
-#: Tools that time the ONNX files they are given (``python bench/compile_time.py a.onnx``):
-#: there is no model of theirs to run here.
-NEEDS_MODEL_FILES = ("compile_time.py", "first_runs.py", "onnx_time.py")
+#: Tools that time the files they are given: ONNX files (``python bench/compile_time.py
+#: a.onnx``), or two builds of the native library (``bench/native_ab.py old.so new.so``):
+#: there is nothing of theirs to run here.
+NEEDS_MODEL_FILES = ("compile_time.py", "first_runs.py", "onnx_time.py", "native_ab.py")
 
 
 def bench_scripts() -> list[Path]:
