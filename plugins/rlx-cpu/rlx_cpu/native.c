@@ -1357,7 +1357,14 @@ static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const f
             for (int64_t i = x1; i < wp; i++) row[i] = 0.0f;
         }
         float *out = y + p * oh * ow;
+        /* the next plane's lines asked for while this one is computed (from L2): the copy
+         * above then finds them on their way, not a stream started cold every plane */
+        const char *next = (const char *)(plane + h * w);
+        const int64_t lines = p + 1 < p1 ? (h * w * (int64_t)sizeof(float) + 63) / 64 : 0, per = (lines + oh - 1) / oh;
+        int64_t asked = 0;
         for (int64_t oy = 0; oy < oh; oy++) {
+            const int64_t upto = (oy + 2) * per < lines ? (oy + 2) * per : lines; /* (rows go two at a time) */
+            for (; asked < upto; asked++) __builtin_prefetch(next + 64 * asked, 0, 2);
             float *dst = out + oy * ow;
             const float *r = pad + oy * sh * wp;
             if (unit && kh == 3 && kw == 3 && oy + 1 < oh) { /* 0.90-0.96x one row at a time */
