@@ -1105,7 +1105,7 @@ static inline __attribute__((always_inline)) void clamp_row(float *d, int64_t n,
         rlx_v16 v = clamp16(ld16(d + i), cl);
         memcpy(d + i, &v, sizeof v);
     }
-    if (i < n) st16_part(d + i, clamp16(ld16_part(d + i, n - i), cl), n - i); /* the tail: no branch a float */
+    if (i < n) st16_part(d + i, clamp16(ld16_part(d + i, n - i), cl), n - i); /* the tail: one partial vector */
 }
 RLX_API int64_t rlx_gemm_avx512(void);
 #define DW_ROW_U 3
@@ -1150,7 +1150,8 @@ static inline __attribute__((always_inline)) void split_row(const float *src, fl
  * same results), in 2U (pairs of rows) or U independent chains. Left to GCC, the formula
  * vectorized as one chain of 9 dependent multiply-adds per 8 outputs (4 cycles each)
  * with its loads spilled: 144x56x56 3x3 on one Zen 3 core 630 us. Each returns how many
- * outputs it did (a multiple of 8); the scalar loop does the rest. */
+ * outputs it did (a multiple of 8), clamped to cl (NULL: none) as they are stored; the
+ * scalar loop does the rest, and clamp_row clamps that. */
 /* U vectors of W outputs (VT: rlx_v8 or, where the AVX-512 clones run, rlx_v16: half the
  * loads and multiply-adds a row) of two rows at once; the same sums in either width. */
 #define DW3X2_BLOCK(NAME, VT, LOAD, CLAMP, W)                                                                      \
