@@ -2041,8 +2041,11 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wpk, f
     float *pad = scratch, *res = pad + (hp * wp + DW_UNIT_PIXELS * sw + 1) * DW_LANES;
     memset(pad + hp * wp * DW_LANES, 0, (size_t)(DW_UNIT_PIXELS * sw + 1) * DW_LANES * sizeof(float));
     const int group = dw_group_pixels(ow, rlx_gemm_avx512() != 0);
+    /* a clamp (ReLU, ReLU6) applied as the results go back to their planes, in registers:
+     * not a pass of the epilogue's program over the block after */
+    const float *cl = epi && epi->clamp ? &epi->lo : NULL;
     epi_state es;
-    epi_begin(&es, epi, t);
+    epi_begin(&es, cl ? NULL : epi, t);
     for (int64_t blk = b0; blk < b1; blk++) {
         const int64_t img = blk / per_image, c0 = (blk % per_image) * DW_LANES;
         const int64_t lanes = c - c0 < DW_LANES ? c - c0 : DW_LANES;
@@ -2096,11 +2099,15 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wpk, f
                 rlx_v16 r[16];
                 memcpy(r, res + p0 * DW_LANES, sizeof r);
                 transpose16(r);
-                for (int l = 0; l < DW_LANES; l++) memcpy(yb + l * opix + p0, &r[l], sizeof r[l]);
+                for (int l = 0; l < DW_LANES; l++) {
+                    if (cl) r[l] = clamp16(r[l], cl);
+                    memcpy(yb + l * opix + p0, &r[l], sizeof r[l]);
+                }
             }
         for (int64_t l = 0; l < lanes; l++) {
             float *plane = yb + l * opix;
             for (int64_t p = p0; p < opix; p++) plane[p] = res[p * DW_LANES + l];
+            if (cl && p0 < opix) clamp_row(plane + p0, opix - p0, cl);
         }
         epi_span(&es, yb, lanes * opix);
     }

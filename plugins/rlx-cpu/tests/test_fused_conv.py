@@ -47,6 +47,9 @@ CONVS: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], int | N
                                                                     {"padding": 1, "groups": 3}, None, True),
     "depthwise 3x3 stride 2, split rows with a tail of 8": ((1, 3, 12, 112), (3, 1, 3, 3),
                                                             {"padding": 1, "stride": 2, "groups": 3}, None, True),
+    "depthwise 3x3 stride 2 over 10 outputs a row, the lanes kernel": ((1, 16, 20, 20), (16, 1, 3, 3),
+                                                                       {"padding": 1, "stride": 2, "groups": 16},
+                                                                       None, True),
     "depthwise 5x5 over 7x7, 37 lanes": ((2, 37, 7, 7), (37, 1, 5, 5), {"padding": 2, "groups": 37}, None, True),
     "1x1 on a 1x1 plane, two threads' outputs (rlx_gemv)": ((1, 40, 1, 1), (40, 40, 1, 1), {}, None, True),
     "1x1 on 1x1 planes, a batch of 5: one dense product, the epilogue after": ((5, 40, 1, 1), (24, 40, 1, 1), {},
@@ -264,17 +267,23 @@ def test_the_gemms_clamp_in_registers_and_keep_nan(lib: native.Native, monkeypat
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)  # inputs 40x the usual: sums that large
 
 
-@pytest.mark.parametrize("case", ["depthwise 3x3, the row kernel",
-                                  "depthwise 3x3 stride 2, the row kernel over split rows",
-                                  "depthwise 3x3, the row kernel, rows with tails of 14 and 15",
-                                  "depthwise 3x3 stride 2, split rows with a tail of 8"])
-def test_the_depthwise_row_kernel_clamps_each_row_and_keeps_nan(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
-                                                                case: str) -> None:
-    """A ReLU6 after a depthwise convolution on the row kernel: each output row clamped as
-    it is written, its last floats short of a vector too (no region runs), NaN stays NaN
-    (at a row's start and in its tail), values past either bound land on it."""
+@pytest.mark.parametrize(("case", "kernel"), [
+    ("depthwise 3x3, the row kernel", "depthwise"),
+    ("depthwise 3x3 stride 2, the row kernel over split rows", "depthwise"),
+    ("depthwise 3x3, the row kernel, rows with tails of 14 and 15", "depthwise"),
+    ("depthwise 3x3 stride 2, split rows with a tail of 8", "depthwise"),
+    ("depthwise 3x3 stride 2 over 10 outputs a row, the lanes kernel", "depthwise_lanes"),
+    ("depthwise 5x5 over 7x7, 37 lanes", "depthwise_lanes"),
+])
+def test_the_depthwise_kernels_clamp_as_they_store_and_keep_nan(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                                               case: str, kernel: str) -> None:
+    """A ReLU6 after a depthwise convolution: the row kernel clamps each output row as it
+    writes it, its last floats short of a vector too; the lanes kernel as it moves its
+    results back to their planes, a block's last pixels and a partial block of channels
+    too (no region runs); NaN stays NaN (at a plane's first output and at a row's last),
+    values past either bound land on it."""
     regions_run = spy_on(monkeypatch, lib, "region")
-    rows = spy_on(monkeypatch, lib, "depthwise")
+    rows = spy_on(monkeypatch, lib, kernel)
     g = conv_graph(case, "relu6")
     cg = compile_cpu(g)
     x = rand(CONVS[case][0], 3) * 40
