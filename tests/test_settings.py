@@ -65,7 +65,7 @@ def test_every_row_has_a_parser_a_default_a_line_and_an_owner() -> None:
     cpu = {s.name: s.owner for s in all_settings() if s.name.startswith("RLX_CPU_")}
     assert cpu == dict.fromkeys(["RLX_CPU_BLAS", "RLX_CPU_NATIVE", "RLX_CPU_GEMM", "RLX_CPU_CONV", "RLX_CPU_BIND",
                                  "RLX_CPU_ONEDNN", "RLX_CPU_LAYOUT", "RLX_CPU_SWISH", "RLX_CPU_BF16", "RLX_CPU_POOL_MB",
-                                 "RLX_CPU_ANY_SIZE"],
+                                 "RLX_CPU_ANY_SIZE", "RLX_CPU_PER_IMAGE"],
                                 "rlx-cpu")
 
 

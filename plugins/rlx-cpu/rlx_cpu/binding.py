@@ -33,7 +33,7 @@ import numpy as np
 from rlx_core.ir import Node
 from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
 
-from . import held, layout
+from . import held, images, layout
 from .fused import FUSED_KERNELS
 from .gathers import resize_steps
 from .halves import float32_twin
@@ -163,6 +163,7 @@ class PlanBinding:
     _handoff: set[int]
     _in_concat: dict[int, tuple[int, int]]
     _concat_ends: dict[int, int]
+    _segments: tuple[images.Segment, ...]
     _residents: dict[int, np.ndarray]
     _precision: str
     _rounded: dict[int, tuple[str, str]]
@@ -231,8 +232,16 @@ class PlanBinding:
         steps: list[Callable[[], Any]] = []
         fresh: list[Dyn] = []
         kinds, cl = self._kinds, self._cl
+        runs = {seg.nodes[0]: seg for seg in self._segments}  # bound image by image (images.py)
+        done: set[int] = set()
         for node in self._nodes:
             nid, kind = node.id, kinds[node.id]
+            if nid in done:
+                continue
+            if nid in runs:
+                steps.extend(bind(s, slots) for s in self._bind_images(runs[nid], values, groups, arena, stats))
+                done.update(runs[nid].nodes)
+                continue
             if kind == RESIDENT:
                 values[nid] = self._residents[nid]
                 continue
@@ -296,16 +305,65 @@ class PlanBinding:
         weakref.finalize(plan, warm_pool().give, arena.owned)  # its buffers, kept warm once nothing can run it
         return plan
 
+    def _bind_images(self, run: images.Segment, values: dict[int, Any], groups: dict[int, _Group], arena: Arena,
+                     stats: PlanStats) -> list[Step]:
+        """The steps of ``run`` (``images.segments``), image-major: each node built once
+        per chunk of ``run.chunk`` images over that chunk's slice of its values. A value
+        read only inside the run has a buffer of one chunk, shared by all; the run's
+        buffers go back to the arena after its last node (a chunk's steps run after later
+        nodes' earlier chunks)."""
+        nodes, ids, chunk = self._nodes, run.nodes, run.chunk
+        last, batch = ids[-1], nodes[ids[0]].shape[0]
+        inner: set[int] = set()  # values in a one-chunk buffer
+        for nid in ids:
+            node = nodes[nid]
+            one = nid not in self._outputs and self._ends[nid] <= last
+            if one:
+                node = images.per_image_node(node, chunk)
+                inner.add(nid)
+            # In place only over the same images: a one-chunk value (or a whole-batch one,
+            # whose slices line up), never a value every image reads.
+            values[nid] = self._output_buffer(node, values, groups, arena, stats,
+                                              over=lambda src, one=one: (src in inner) == one)
+        stats.per_image += len(ids)
+
+        def part(i: int, b: int, n: int, rank: int) -> Any:
+            v = values[i] if i in values else self._residents[i]
+            if i in inner:
+                return v if n == chunk else v[:n]
+            if self._kinds[i] == RESIDENT or v.ndim != rank or v.shape[0] != batch:
+                return v  # a constant, or broadcast over the batch
+            return v[b : b + n]
+
+        built: list[Step] = []
+        for b in range(0, batch, chunk):
+            n = min(chunk, batch - b)
+            for nid in ids:
+                node = nodes[nid]
+                ctx = _Scratch(arena, self._derived, self._constant, self._precision,
+                               lambda fmt, what, nid=nid: self._rounded.__setitem__(nid, (fmt, what)))
+                built.extend(_build_steps(_BUILDERS[node.op], images.per_image_node(node, n),
+                                          [part(i, b, n, len(node.shape)) for i in node.inputs],
+                                          part(nid, b, n, len(node.shape)), ctx))
+                ctx.release()
+        for nid in ids:
+            for i in {*nodes[nid].inputs, nid}:
+                group = groups.get(i)
+                if group is not None and not group.released and group.end <= last:
+                    arena.give(group.raw)
+                    group.released = True
+        return built
+
     def _output_buffer(self, node: Node, values: dict[int, Any], groups: dict[int, _Group], arena: Arena,
-                       stats: PlanStats) -> np.ndarray:
-        """An input's buffer when the op may overwrite it and nothing reads it later, else a
-        buffer from the arena."""
+                       stats: PlanStats, over: Callable[[int], bool] | None = None) -> np.ndarray:
+        """An input's buffer when the op may overwrite it and nothing reads it later (and,
+        where ``over`` is given, ``over(input)`` allows it), else a buffer from the arena."""
         end = self._ends[node.id]
         shape, dtype = node.shape, np.dtype(node.dtype)
         for pos in inplace_positions(node):
             src = node.inputs[pos]
             group = groups.get(src)
-            if group is None or group.end > node.id:
+            if group is None or group.end > node.id or (over is not None and not over(src)):
                 continue
             arr = values[src]
             if arr.shape != shape or arr.dtype != dtype:

@@ -40,7 +40,7 @@ from rlx_core.ir import Graph, Node
 from rlx_core.ir.ops import OpKind
 from rlx_core.plugin import Executable, shape_family
 
-from . import bf16_units, blas, held, layout, onednn
+from . import bf16_units, blas, held, images, layout, onednn
 from .binding import _BUILDERS, BUFFER, DYNAMIC, RESIDENT, VIEW, PlanBinding, _Plan
 from .gathers import find_resize_taps
 from .native import library as native_library
@@ -98,6 +98,7 @@ class CpuExecutable(Residents, PlanBinding, Executable):
         self._handoff = {i for i in graph.outputs if self._kinds[i] == BUFFER and graph.node(i).op in _HANDOFF_OPS
                          and graph.node(i).size * np.dtype(graph.node(i).dtype).itemsize >= HANDOFF_BYTES}
         self._in_concat, self._concat_ends = self._concat_blocks()
+        self._segments = self._image_segments()
         self._params: dict[str, np.ndarray] = {}
         self._family = shape_family()  # plans bound later (a narrow mode, after set_param) share in it too
         self._residents: dict[int, np.ndarray] = {}
@@ -193,6 +194,16 @@ class CpuExecutable(Residents, PlanBinding, Executable):
                 base = node.inputs[0]
                 last[base] = max(last[base], last[node.id])
         return last
+
+    def _image_segments(self) -> tuple[images.Segment, ...]:
+        """The runs of nodes bound image by image (``images.py``): every node of one made
+        by its op's own builder over plain buffers (none held channels-last or in a
+        reduced format, in a concat's block, handed to the caller or read by a resize)."""
+        special = {*self._cl, *self._cl_views, *self._held, *self._taps, *self._elided, *self._handoff,
+                   *self._in_concat, *self._concat_ends}
+        eligible = [self._kinds[n.id] == BUFFER and n.id not in special and not any(i in special for i in n.inputs)
+                    for n in self._nodes]
+        return tuple(images.segments(self._nodes, [k == RESIDENT for k in self._kinds], eligible))
 
     def _concat_blocks(self) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
         """Values computed straight into their concat's buffer: id -> (the outermost
@@ -343,7 +354,7 @@ class CpuExecutable(Residents, PlanBinding, Executable):
             "plans": self._plans_built, "pooled": len(self._pool),
             "narrow": sum(p.twin is not None for p in self._pool), "steps": s.steps, "buffers": s.buffers,
             "buffer_bytes": s.buffer_bytes, "allocations": s.allocations, "reused": s.reused,
-            "inplace": s.inplace, "views": s.views,
+            "inplace": s.inplace, "views": s.views, "per_image": s.per_image,
             "folded": sum(1 for n in self._nodes if self._kinds[n.id] == RESIDENT and n.op not in
                           (OpKind.PARAM, OpKind.CONSTANT)),
         }

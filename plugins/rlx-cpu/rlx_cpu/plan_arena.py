@@ -78,6 +78,7 @@ class PlanStats:
     reused: int = 0  # requests served from memory an earlier request of the plan used
     inplace: int = 0  # outputs written over a dead input's buffer
     views: int = 0  # reshapes that are views (no step, no buffer)
+    per_image: int = 0  # nodes bound image by image (``images.py``)
 
 
 def _rounded(nbytes: int) -> int:

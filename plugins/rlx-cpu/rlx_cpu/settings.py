@@ -13,7 +13,7 @@ from __future__ import annotations
 from rlx_core.plugin import Setting
 
 __all__ = ["BLAS", "NATIVE", "GEMM", "CONV", "BIND", "ONEDNN", "LAYOUT", "SWISH", "BF16", "POOL_MB", "ANY_SIZE",
-           "SETTINGS"]
+           "PER_IMAGE", "SETTINGS"]
 
 _ON = {"1": True, "on": True, "true": True, "yes": True}
 _OFF = {"0": False, "off": False, "false": False, "no": False}
@@ -73,4 +73,10 @@ ANY_SIZE = Setting("RLX_CPU_ANY_SIZE", "1 (default): a graph with symbolic dims 
                    "pools excepted); 0 (or off): each shape class compiled on its own",
                    choices={**_ON, **_OFF}, default=True)
 
-SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND, ONEDNN, LAYOUT, SWISH, BF16, POOL_MB, ANY_SIZE)
+PER_IMAGE = Setting("RLX_CPU_PER_IMAGE", "1 (default): at batch > 1, runs of layers with large values per image "
+                    "(a mobile net's first blocks) run image by image, each image's values staying in cache "
+                    "(images.py); 0 (or off): every node over the whole batch",
+                    choices={**_ON, **_OFF}, default=True)
+
+SETTINGS: tuple[Setting, ...] = (BLAS, NATIVE, GEMM, CONV, BIND, ONEDNN, LAYOUT, SWISH, BF16, POOL_MB, ANY_SIZE,
+                                 PER_IMAGE)

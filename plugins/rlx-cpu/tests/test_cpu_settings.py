@@ -27,10 +27,11 @@ READERS = {
 }
 
 
-def test_the_backend_declares_its_eleven_variables() -> None:
+def test_the_backend_declares_its_twelve_variables() -> None:
     names = [s.name for s in CpuBackend().settings()]
     assert names == ["RLX_CPU_BLAS", "RLX_CPU_NATIVE", "RLX_CPU_GEMM", "RLX_CPU_CONV", "RLX_CPU_BIND", "RLX_CPU_ONEDNN",
-                     "RLX_CPU_LAYOUT", "RLX_CPU_SWISH", "RLX_CPU_BF16", "RLX_CPU_POOL_MB", "RLX_CPU_ANY_SIZE"]
+                     "RLX_CPU_LAYOUT", "RLX_CPU_SWISH", "RLX_CPU_BF16", "RLX_CPU_POOL_MB", "RLX_CPU_ANY_SIZE",
+                     "RLX_CPU_PER_IMAGE"]
     assert all(isinstance(s, rlx.plugin.Setting) for s in CpuBackend().settings())
 
 

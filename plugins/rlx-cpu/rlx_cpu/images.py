@@ -1,0 +1,139 @@
+"""Image by image: runs of per-image layers at batch > 1 scheduled one image at a time.
+
+Why: a plan runs node after node over the whole batch. Where a layer's values are large
+(a mobile net's few-channel layers over 112x112 and 56x56 planes), each node writes the
+whole batch's output before the next reads it: at batch 4, MobileNetV3's expansion writes
+12.8 MB that its depthwise convolution then reads back from memory, and the layers run at
+the speed of memory. The same layers run image by image keep each image's values in cache
+from the node that writes them to the one that reads them: MobileNetV3-Large's layers
+over 112x112 and 56x56 (its stem and first three blocks) took 2.45-3.49 ms at batch 4
+against 1.78-2.36 ms as four batch-1 runs (no extras, the 2-core Zen 5; BENCHMARKS.md,
+session 46). ORT's own plan gains less that way (1.44-1.72 against 1.32-1.56).
+
+So ``segments`` finds runs of consecutive nodes that compute each image from that
+image alone (convolutions with resident weights, pools, elementwise ops whose operands are
+per image or broadcast) whose outputs are large per image, and binding
+(``binding.PlanBinding``) builds each node of a run once per image over that image's
+slice and orders the steps image-major: every node of the run for image 0, then for
+image 1, and so on. A value read only inside its run lives in a buffer of one image,
+reused by every image (its lines stay in cache, and the plan needs less memory); a value
+read after the run gets its whole-batch buffer as before. Buffers are given back only
+after the whole run (a later node's image 0 must not take memory an earlier node's image
+1 still writes).
+
+Small layers stay batched: over 28x28 and smaller planes a whole batch's values fit in
+cache anyway, and a product over the batch reuses its weights across images.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from rlx_core.ir import Node
+from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
+
+from .settings import PER_IMAGE
+
+__all__ = ["BUDGET_BYTES", "LARGE_BYTES", "LARGE_PLANE", "Segment", "segments", "per_image_node"]
+
+#: A node is large when one image's output takes at least this many bytes over a plane of
+#: at least ``LARGE_PLANE`` pixels: MobileNetV3's 16 x 112 x 112 (784 KiB) and 24 x 56 x 56
+#: (294 KiB) layers are, its 40 x 28 x 28 (122 KiB) ones and EfficientNet's 672 x 14 x 14
+#: (527 KiB, whose 1x1 convolutions' weights are as large as their inputs) are not. A run
+#: starts and ends at large nodes and holds at least two.
+LARGE_BYTES = 256 << 10
+LARGE_PLANE = 56 * 56
+#: A run takes as many images at a time as keep its largest node's input and output
+#: within this many bytes (about the two cores' L2): each chunk of images is a call per
+#: node, and on small planes one image a call paid more in calls than it saved
+#: (MobileNetV3-Small at batch 8).
+BUDGET_BYTES = 2 << 20
+
+_CONVS = (OpKind.CONV2D, OpKind.FUSED_CONV)
+_POOLS = (OpKind.MAX_POOL2D, OpKind.AVG_POOL2D, OpKind.GLOBAL_AVG_POOL2D)
+
+
+class Segment(NamedTuple):
+    """A run bound image by image: its nodes' ids in order, and how many images a call."""
+
+    nodes: tuple[int, ...]
+    chunk: int
+
+
+def per_image_node(node: Node, images: int = 1) -> Node:
+    """``node`` as its builder sees it over ``images`` images: the same op, the batch axis ``images``."""
+    return Node(node.id, node.op, node.inputs, node.attrs, (images, *node.shape[1:]), node.dtype, node.name,
+                node.origin)
+
+
+def _per_image(node: Node, nodes: Sequence[Node], resident: Sequence[bool]) -> bool:
+    """Whether ``node`` computes each image of its output from that image of its inputs
+    alone, with the batch on axis 0 of its output and of every per-image operand."""
+    if not node.shape or not isinstance(node.shape[0], int) or node.shape[0] < 2:
+        return False
+    batch, rank = node.shape[0], len(node.shape)
+    if node.op in _CONVS:
+        if len(node.inputs) < 2 or not all(resident[i] for i in node.inputs[1:3]):
+            return False  # weights computed per run: not a layer of this kind
+        operands = (node.inputs[0], *node.inputs[3:])
+    elif node.op in _POOLS or node.op in ELEMENTWISE_OPS or node.op is OpKind.FUSED_ELEMENTWISE:
+        operands = node.inputs
+    else:
+        return False
+    for i in operands:
+        shape = nodes[i].shape
+        if len(shape) < rank or shape[0] == 1:
+            continue  # broadcast over the batch: read whole by every image
+        if len(shape) == rank and shape[0] == batch and not resident[i]:
+            continue  # sliced by image (a constant with a batch axis is not: binding reads constants whole)
+        return False
+    return True
+
+
+def segments(nodes: Sequence[Node], resident: Sequence[bool], eligible: Sequence[bool]) -> list[Segment]:
+    """The runs to schedule image by image.
+
+    ``resident[i]``: value ``i`` is a constant of the executable (never a step);
+    ``eligible[i]``: node ``i`` may run over an image's slice (the executable leaves
+    out what binding treats specially: channels-last and reduced-precision values,
+    concat blocks, values handed to the caller). A run is broken by any other node that
+    makes steps; constants between are skipped. Off where ``RLX_CPU_PER_IMAGE=off``."""
+    if not PER_IMAGE.read():
+        return []
+    found: list[Segment] = []
+    run: list[int] = []
+
+    def close() -> None:
+        large = [k for k, nid in enumerate(run) if _large(nodes[nid])]
+        if len(large) >= 2:
+            ids = tuple(run[large[0] : large[-1] + 1])
+            widest = max(_bytes(nodes[nid]) + sum(_bytes(nodes[i]) for i in nodes[nid].inputs if not resident[i])
+                         for nid in ids)
+            chunk = max(1, BUDGET_BYTES // max(widest, 1))
+            if chunk < nodes[ids[0]].shape[0]:
+                found.append(Segment(ids, chunk))
+        run.clear()
+
+    for node in nodes:
+        if resident[node.id] or node.op is OpKind.INPUT:
+            continue
+        if eligible[node.id] and _per_image(node, nodes, resident):
+            if run and nodes[run[0]].shape[0] != node.shape[0]:
+                close()
+            run.append(node.id)
+        else:
+            close()
+    close()
+    return found
+
+
+def _bytes(node: Node) -> int:
+    """One image's bytes of ``node``'s value (the whole value where it is broadcast over the batch)."""
+    return int(np.prod(node.shape[1:], dtype=np.int64)) * np.dtype(node.dtype).itemsize
+
+
+def _large(node: Node) -> bool:
+    return _bytes(node) >= LARGE_BYTES and len(node.shape) == 4 and node.shape[2] * node.shape[3] >= LARGE_PLANE
