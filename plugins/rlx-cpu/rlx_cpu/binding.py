@@ -315,12 +315,15 @@ class PlanBinding:
         nodes, ids, chunk = self._nodes, run.nodes, run.chunk
         last, batch = ids[-1], nodes[ids[0]].shape[0]
         inner: set[int] = set()  # values in a one-chunk buffer
+        cl = self._cl
         for nid in ids:
             node = nodes[nid]
             one = nid not in self._outputs and self._ends[nid] <= last
             if one:
                 node = images.per_image_node(node, chunk)
                 inner.add(nid)
+            if nid in cl:
+                node = layout.builder_node(node)
             # In place only over the same images: a one-chunk value (or a whole-batch one,
             # whose slices line up), never a value every image reads.
             values[nid] = self._output_buffer(node, values, groups, arena, stats,
@@ -342,9 +345,12 @@ class PlanBinding:
                 node = nodes[nid]
                 ctx = _Scratch(arena, self._derived, self._constant, self._precision,
                                lambda fmt, what, nid=nid: self._rounded.__setitem__(nid, (fmt, what)))
-                built.extend(_build_steps(_BUILDERS[node.op], images.per_image_node(node, n),
-                                          [part(i, b, n, len(node.shape)) for i in node.inputs],
-                                          part(nid, b, n, len(node.shape)), ctx))
+                ins, out = [part(i, b, n, len(node.shape)) for i in node.inputs], part(nid, b, n, len(node.shape))
+                if nid in cl or any(i in cl for i in node.inputs):  # NHWC in or out (layout.py)
+                    built.extend(layout.steps(self._dnnl, images.per_image_node(node, n), ins, out, ctx,
+                                              [i in cl for i in node.inputs], nid in cl, _build_with))
+                else:
+                    built.extend(_build_steps(_BUILDERS[node.op], images.per_image_node(node, n), ins, out, ctx))
                 ctx.release()
         for nid in ids:
             for i in {*nodes[nid].inputs, nid}:

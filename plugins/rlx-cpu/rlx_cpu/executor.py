@@ -199,7 +199,7 @@ class CpuExecutable(Residents, PlanBinding, Executable):
         """The runs of nodes bound image by image (``images.py``): every node of one made
         by its op's own builder over plain buffers (none held channels-last or in a
         reduced format, in a concat's block, handed to the caller or read by a resize)."""
-        special = {*self._cl, *self._cl_views, *self._held, *self._taps, *self._elided, *self._handoff,
+        special = {*self._cl_views, *self._held, *self._taps, *self._elided, *self._handoff,
                    *self._in_concat, *self._concat_ends}
         eligible = [self._kinds[n.id] == BUFFER and n.id not in special and not any(i in special for i in n.inputs)
                     for n in self._nodes]

@@ -13,7 +13,7 @@ from rlx_core import reference
 from rlx_core.backends.registry import Registry
 from rlx_core.ir import Graph
 from rlx_core.ir.ops import OpKind
-from rlx_cpu import CpuBackend, images
+from rlx_cpu import CpuBackend, images, layout, onednn
 
 PLANE = 64  # 64 x 64 planes: 4096 pixels, a large node from 16 channels (256 KiB an image)
 
@@ -102,6 +102,35 @@ def test_values_read_only_inside_a_run_take_one_chunk_of_memory(monkeypatch: pyt
     assert by_image._exe.plan_stats()["buffer_bytes"] < 0.6 * whole._exe.plan_stats()["buffer_bytes"]
     feeds = {"x": rand((8, 3, PLANE, PLANE), 5)}
     np.testing.assert_allclose(by_image.run(feeds)[0], reference.evaluate(g, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("chains", ["native", "onednn"])
+def test_a_run_over_values_held_channels_last(monkeypatch: pytest.MonkeyPatch, chains: str) -> None:
+    """A chain of ungrouped convolutions held NHWC (``layout.py``: rlx's channels-inner
+    kernel, or oneDNN's) bound image by image: each image's NHWC slice, the chain's entry
+    and exit transposes per image too."""
+    monkeypatch.setenv("RLX_CPU_LAYOUT", "auto")
+    if chains == "onednn":
+        if onednn.find_library() is None:
+            pytest.skip("oneDNN is not installed (pip install 'rlx-cpu[onednn]')")
+        monkeypatch.setenv("RLX_CPU_ONEDNN", "on")
+    elif not layout.native_chains():
+        pytest.skip("rlx's channels-last chains need an AVX-512 host and the native kernels")
+    g = Graph("chain")
+    x = g.input("x", (3, 16, PLANE, PLANE))
+    a = g.relu(g.conv2d(x, g.param("w0", rand((16, 16, 3, 3), 1) / 8), g.param("b0", rand((16,), 2)), padding=1))
+    b = g.relu(g.conv2d(a, g.param("w1", rand((32, 16, 1, 1), 3) / 4)))
+    c = g.add(g.conv2d(b, g.param("w2", rand((16, 32, 1, 1), 4) / 6)), a)
+    d = g.relu(g.conv2d(c, g.param("w3", rand((16, 16, 3, 3), 6) / 8), padding=1))
+    e = g.conv2d(d, g.param("w4", rand((16, 16, 1, 1), 7) / 4))  # (a native chain: 3 convolutions NHWC both sides)
+    g.set_outputs([g.max_pool2d(e, 2, stride=2)])
+    cg = compile_cpu(g)
+    exe = cg._exe
+    assert exe._cl, "no value held channels-last"
+    assert any(nid in exe._cl for seg in exe._segments for nid in seg.nodes)
+    feeds = {"x": rand((3, 16, PLANE, PLANE), 5)}
+    for _ in range(2):
+        np.testing.assert_allclose(cg.run(feeds)[0], reference.evaluate(g, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
 def test_which_nodes_make_a_run() -> None:
