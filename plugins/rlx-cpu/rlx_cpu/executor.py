@@ -197,8 +197,9 @@ class CpuExecutable(Residents, PlanBinding, Executable):
 
     def _image_segments(self) -> tuple[images.Segment, ...]:
         """The runs of nodes bound image by image (``images.py``): every node of one made
-        by its op's own builder over plain buffers (none held channels-last or in a
-        reduced format, in a concat's block, handed to the caller or read by a resize)."""
+        by its op's own builder (or ``layout.steps``, NHWC) over plain buffers: none held in
+        a reduced format, read through a transpose made a view, in a concat's block,
+        handed to the caller or read by a resize."""
         special = {*self._cl_views, *self._held, *self._taps, *self._elided, *self._handoff,
                    *self._in_concat, *self._concat_ends}
         eligible = [self._kinds[n.id] == BUFFER and n.id not in special and not any(i in special for i in n.inputs)

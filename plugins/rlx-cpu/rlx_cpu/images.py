@@ -1,4 +1,4 @@
-"""Image by image: runs of per-image layers at batch > 1 scheduled one image at a time.
+"""Image by image: runs of per-image layers at batch > 1 scheduled a few images at a time.
 
 Why: a plan runs node after node over the whole batch. Where a layer's values are large
 (a mobile net's few-channel layers over 112x112 and 56x56 planes), each node writes the
@@ -13,13 +13,15 @@ session 46). ORT's own plan gains less that way (1.44-1.72 against 1.32-1.56).
 So ``segments`` finds runs of consecutive nodes that compute each image from that
 image alone (convolutions with resident weights, pools, elementwise ops whose operands are
 per image or broadcast) whose outputs are large per image, and binding
-(``binding.PlanBinding``) builds each node of a run once per image over that image's
-slice and orders the steps image-major: every node of the run for image 0, then for
-image 1, and so on. A value read only inside its run lives in a buffer of one image,
-reused by every image (its lines stay in cache, and the plan needs less memory); a value
-read after the run gets its whole-batch buffer as before. Buffers are given back only
-after the whole run (a later node's image 0 must not take memory an earlier node's image
-1 still writes).
+(``binding.PlanBinding``) builds each node of a run once per chunk of images (as many as
+keep the run's widest node within ``BUDGET_BYTES``: one image for MobileNet's 112x112
+layers) over that chunk's slice, and orders the steps chunk-major: every node of the run
+for the first chunk, then for the next, and so on (a value held channels-last,
+``layout.py``, is sliced the same way: NHWC keeps the batch first). A value read only
+inside its run lives in a buffer of one chunk, reused by every chunk (its lines stay in
+cache, and the plan needs less memory); a value read after the run gets its whole-batch
+buffer as before. Buffers are given back only after the whole run (a later node's first
+chunk must not take memory an earlier node's second chunk still writes).
 
 Small layers stay batched: over 28x28 and smaller planes a whole batch's values fit in
 cache anyway, and a product over the batch reuses its weights across images.
@@ -34,10 +36,11 @@ import numpy as np
 
 from rlx_core.ir import Node
 from rlx_core.ir.ops import ELEMENTWISE_OPS, OpKind
+from rlx_core.plugin import conv_inputs
 
 from .settings import PER_IMAGE
 
-__all__ = ["BUDGET_BYTES", "LARGE_BYTES", "LARGE_PLANE", "Segment", "segments", "per_image_node"]
+__all__ = ["BUDGET_BYTES", "LARGE_BYTES", "LARGE_PLANE", "LIGHT_MACS", "Segment", "segments", "per_image_node"]
 
 #: A node is large when one image's output takes at least this many bytes over a plane of
 #: at least ``LARGE_PLANE`` pixels: MobileNetV3's 16 x 112 x 112 (784 KiB) and 24 x 56 x 56
@@ -46,6 +49,11 @@ __all__ = ["BUDGET_BYTES", "LARGE_BYTES", "LARGE_PLANE", "Segment", "segments", 
 #: starts and ends at large nodes and holds at least two.
 LARGE_BYTES = 256 << 10
 LARGE_PLANE = 56 * 56
+#: Products an output of a convolution that makes it a large node: EfficientNetV2's 3x3
+#: convolutions over 24 channels at 112x112 (216) are bound by their products, and run
+#: image by image they ran 1-3% slower with the onednn extra; MobileNets' pointwise
+#: convolutions over 16-64 channels and depthwise ones (9, 25) are bound by memory.
+LIGHT_MACS = 64
 #: A run takes as many images at a time as keep its largest node's input and output
 #: within this many bytes (about the two cores' L2): each chunk of images is a call per
 #: node, and on small planes one image a call paid more in calls than it saved
@@ -76,9 +84,10 @@ def _per_image(node: Node, nodes: Sequence[Node], resident: Sequence[bool]) -> b
         return False
     batch, rank = node.shape[0], len(node.shape)
     if node.op in _CONVS:
-        if len(node.inputs) < 2 or not all(resident[i] for i in node.inputs[1:3]):
+        n_conv = conv_inputs(node.attrs) if node.op is OpKind.FUSED_CONV else len(node.inputs)
+        if n_conv < 2 or not all(resident[i] for i in node.inputs[1:n_conv]):
             return False  # weights computed per run: not a layer of this kind
-        operands = (node.inputs[0], *node.inputs[3:])
+        operands = (node.inputs[0], *node.inputs[n_conv:])  # the input, then an epilogue's operands
     elif node.op in _POOLS or node.op in ELEMENTWISE_OPS or node.op is OpKind.FUSED_ELEMENTWISE:
         operands = node.inputs
     else:
@@ -98,7 +107,7 @@ def segments(nodes: Sequence[Node], resident: Sequence[bool], eligible: Sequence
 
     ``resident[i]``: value ``i`` is a constant of the executable (never a step);
     ``eligible[i]``: node ``i`` may run over an image's slice (the executable leaves
-    out what binding treats specially: channels-last and reduced-precision values,
+    out what binding treats specially: reduced-precision values, transposes made views,
     concat blocks, values handed to the caller). A run is broken by any other node that
     makes steps; constants between are skipped. Off where ``RLX_CPU_PER_IMAGE=off``."""
     if not PER_IMAGE.read():
@@ -107,7 +116,7 @@ def segments(nodes: Sequence[Node], resident: Sequence[bool], eligible: Sequence
     run: list[int] = []
 
     def close() -> None:
-        large = [k for k, nid in enumerate(run) if _large(nodes[nid])]
+        large = [k for k, nid in enumerate(run) if _large(nodes[nid], nodes)]
         if len(large) >= 2:
             ids = tuple(run[large[0] : large[-1] + 1])
             widest = max(_bytes(nodes[nid]) + sum(_bytes(nodes[i]) for i in nodes[nid].inputs if not resident[i])
@@ -135,5 +144,13 @@ def _bytes(node: Node) -> int:
     return int(np.prod(node.shape[1:], dtype=np.int64)) * np.dtype(node.dtype).itemsize
 
 
-def _large(node: Node) -> bool:
-    return _bytes(node) >= LARGE_BYTES and len(node.shape) == 4 and node.shape[2] * node.shape[3] >= LARGE_PLANE
+def _large(node: Node, nodes: Sequence[Node]) -> bool:
+    """Whether ``node`` is worth a run: large per image, over a large plane, and bound by
+    memory rather than by its products (a convolution of at most ``LIGHT_MACS`` products an
+    output: pointwise ones over few channels, depthwise ones)."""
+    if _bytes(node) < LARGE_BYTES or len(node.shape) != 4 or node.shape[2] * node.shape[3] < LARGE_PLANE:
+        return False
+    if node.op in _CONVS:
+        w = nodes[node.inputs[1]].shape
+        return int(np.prod(w[1:])) <= LIGHT_MACS
+    return True

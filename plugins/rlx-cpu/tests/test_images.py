@@ -152,6 +152,13 @@ def test_which_nodes_make_a_run() -> None:
     found = images.segments(nodes, resident, [True] * len(nodes))
     assert [seg.nodes for seg in found] == [(conv.id, a.id, small.id, b.id), (d.id, e.id)]
     assert [seg.chunk for seg in found] == [3, 4]  # 2 MiB over 256 KiB read twice and written (and 64 bytes)
+    heavy = Graph("bound by products")  # 3x3 over 16 channels: 144 products an output, more than LIGHT_MACS
+    z = heavy.input("x", (8, 16, PLANE, PLANE))
+    for k in range(3):
+        z = heavy.conv2d(z, heavy.param(f"w{k}", rand((16, 16, 3, 3), k)), padding=1)
+    heavy.set_outputs([heavy.softmax(z, axis=1)])
+    nodes = heavy.nodes
+    assert images.segments(nodes, [n.op is OpKind.PARAM for n in nodes], [True] * len(nodes)) == []
     batched = Graph("a constant with a batch axis")
     y = batched.input("x", (8, 16, PLANE, PLANE))
     per_image = batched.param("per image", rand((8, 16, PLANE, PLANE), 3))  # (read whole by binding)
