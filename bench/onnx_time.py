@@ -81,11 +81,14 @@ def time_model(path: Path, device: str, disable: tuple[str, ...], blocks: int, r
     return statistics.median(times)
 
 
-def in_turn(contenders: list[tuple[str, Any]], blocks: int, runs: int) -> dict[str, float]:
+def in_turn(contenders: list[tuple[str, Any]], blocks: int, runs: int,
+            times: dict[str, list[float]] | None = None) -> dict[str, float]:
     """Milliseconds a run (the median block) of each ``(name, fn)``, taking turns block by
     block (order reversed every other block, 150 ms apart: ORT's and OpenBLAS's threads
-    spin after each call on a small host and spoil the next contender's first run)."""
-    times: dict[str, list[float]] = {name: [] for name, _ in contenders}
+    spin after each call on a small host and spoil the next contender's first run);
+    ``times``, where given, gets each contender's blocks."""
+    times = {} if times is None else times
+    times.update({name: [] for name, _ in contenders})
     for block in range(blocks):
         for name, fn in contenders if block % 2 else contenders[::-1]:
             time.sleep(0.15)
@@ -115,8 +118,9 @@ def environment(settings: dict[str, str]) -> Iterator[None]:
 def ab_model(path: Path, device: str, disable: tuple[str, ...], precision: str, blocks: int,
              runs: int, before_env: dict[str, str] | None = None) -> dict[str, float]:
     """Milliseconds a run (medians) of ``path`` compiled without ``disable`` ("before"), with
-    the whole pipeline ("after"), and on onnxruntime ("ort"), in one process; prints what
-    each compile made and how far the outputs are apart."""
+    the whole pipeline ("after"), and on onnxruntime ("ort"), in one process, and the
+    median and quartiles of each block's after / before; prints what each compile made
+    and how far the outputs are apart."""
     import onnxruntime as ort
 
     graph = rlx_onnx.load(str(path))
@@ -136,7 +140,13 @@ def ab_model(path: Path, device: str, disable: tuple[str, ...], precision: str, 
     for _, fn in contenders:
         for _ in range(30):
             fn()
-    return in_turn(contenders, blocks, runs)
+    times: dict[str, list[float]] = {}
+    ms = in_turn(contenders, blocks, runs, times)
+    # Each block's after / before, its neighbour's in time: on a host whose speed drifts
+    # over seconds, their median and quartiles say more than the ratio of the medians.
+    ratios = np.array(times["after"]) / np.array(times["before"])
+    return {**ms, "block_ratio": float(np.median(ratios)), "block_q1": float(np.percentile(ratios, 25)),
+            "block_q3": float(np.percentile(ratios, 75))}
 
 
 def vs_ort(path: Path, device: str, precision: str, blocks: int) -> dict[str, float]:
@@ -199,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.ab:
             ms = ab_model(path, args.device, tuple(args.disable), args.precision, args.blocks, args.runs, before_env)
             print(f"{path.stem} before {ms['before']:.3f} ms, after {ms['after']:.3f} ms, ORT {ms['ort']:.3f} ms; "
-                  f"after / before {ms['after'] / ms['before']:.3f}, after / ORT {ms['after'] / ms['ort']:.3f}",
+                  f"after / before {ms['after'] / ms['before']:.3f} (block by block {ms['block_ratio']:.3f}, "
+                  f"quartiles {ms['block_q1']:.3f}-{ms['block_q3']:.3f}), after / ORT {ms['after'] / ms['ort']:.3f}",
                   flush=True)
             continue
         seconds = time_model(path, args.device, tuple(args.disable), args.blocks, args.runs)

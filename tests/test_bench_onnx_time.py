@@ -44,8 +44,8 @@ def test_ab_compares_the_pipeline_with_and_without_a_pass_and_ort(tmp_path: Path
     assert onnx_time.main([str(model), "--ab", "--disable", "conv", "--blocks", "1", "--runs", "1"]) == 0
     first, last = capsys.readouterr().out.splitlines()
     assert first.startswith("a: nodes compiled before 4, after 3;"), first  # x, w, conv2d, relu; x, w, fused_conv
-    assert re.fullmatch(r"a before [\d.]+ ms, after [\d.]+ ms, ORT [\d.]+ ms; after / before [\d.]+, "
-                        r"after / ORT [\d.]+", last), last
+    assert re.fullmatch(r"a before [\d.]+ ms, after [\d.]+ ms, ORT [\d.]+ ms; after / before [\d.]+ "
+                        r"\(block by block [\d.]+, quartiles [\d.]+-[\d.]+\), after / ORT [\d.]+", last), last
     with pytest.raises(SystemExit):
         onnx_time.main([str(model), "--ab"])  # nothing to compare
 
