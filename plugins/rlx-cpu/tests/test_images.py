@@ -13,7 +13,7 @@ from rlx_core import reference
 from rlx_core.backends.registry import Registry
 from rlx_core.ir import Graph
 from rlx_core.ir.ops import OpKind
-from rlx_cpu import CpuBackend, images, layout, onednn
+from rlx_cpu import CpuBackend, images, layout, onednn, warm_pool
 
 PLANE = 64  # 64 x 64 planes: 4096 pixels, a large node from 16 channels (256 KiB an image)
 
@@ -86,7 +86,8 @@ def test_a_run_image_by_image_computes_what_the_whole_batch_plan_does(monkeypatc
 def test_values_read_only_inside_a_run_take_one_chunk_of_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only the run's output keeps a whole batch; its stem, depthwise and expansion
     values take one image each (convolutions on the implicit GEMM: no scratch of a kernel
-    timed per host)."""
+    timed per host; no warm pool, whose buffers may be up to twice a request)."""
+    monkeypatch.setattr(warm_pool, "_POOL", warm_pool.WarmPool(0))
     monkeypatch.setattr(images, "BUDGET_BYTES", 1 << 20)
     monkeypatch.setenv("RLX_CPU_CONV", "implicit")
     g = Graph("chain")
