@@ -134,6 +134,44 @@ def test_a_run_over_values_held_channels_last(monkeypatch: pytest.MonkeyPatch, c
         np.testing.assert_allclose(cg.run(feeds)[0], reference.evaluate(g, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
+def test_a_dense_block_runs_image_by_image_through_its_concatenations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DenseNet's layers: each a normalization, a 1x1 and a 3x3 convolution whose output
+    joins every earlier one along the channels; the joined values are read only inside
+    the run (one chunk each, reused in node order with the kernels' scratch)."""
+    monkeypatch.setattr(images, "BUDGET_BYTES", 1 << 20)
+    g = Graph("dense block")
+    x = g.input("x", (3, 16, PLANE, PLANE))
+    feats = [g.relu(x)]
+    for k in range(3):
+        joined = g.concat(feats, axis=1) if len(feats) > 1 else feats[0]
+        c = 16 + 8 * k
+        normed = g.relu(g.add(g.mul(joined, g.param(f"s{k}", rand((c, 1, 1), 10 + k))),
+                              g.param(f"t{k}", rand((c, 1, 1), 20 + k))))
+        mid = g.relu(g.conv2d(normed, g.param(f"a{k}", rand((16, c, 1, 1), 30 + k) / 4)))
+        feats.append(g.conv2d(mid, g.param(f"b{k}", rand((8, 16, 3, 3), 40 + k) / 8), padding=1))
+    g.set_outputs([g.max_pool2d(g.concat(feats, axis=1), 2, stride=2)])
+    cg = compile_cpu(g)
+    exe = cg._exe
+    assert any(exe._nodes[nid].op is OpKind.CONCAT for seg in exe._segments for nid in seg.nodes)
+    feeds = {"x": rand((3, 16, PLANE, PLANE), 5)}
+    for _ in range(2):
+        np.testing.assert_allclose(cg.run(feeds)[0], reference.evaluate(g, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_run_does_not_start_at_a_node_shrinking_its_input() -> None:
+    """A stem's pool over a plane four times larger: its input would stay alive through
+    the run beside the run's output. The run starts after it."""
+    g = Graph("pooled stem")
+    x = g.input("x", (8, 16, 2 * PLANE, 2 * PLANE))
+    pooled = g.max_pool2d(x, 2, stride=2)
+    a = g.relu(pooled)
+    b = g.relu(g.conv2d(a, g.param("w", rand((16, 16, 1, 1), 1))))
+    g.set_outputs([g.softmax(g.add(a, b), axis=1)])
+    nodes = g.nodes
+    found = images.segments(nodes, [n.op is OpKind.PARAM for n in nodes], [True] * len(nodes))
+    assert [seg.nodes[0] for seg in found] == [a.id] and pooled.id not in found[0].nodes
+
+
 def test_which_nodes_make_a_run() -> None:
     """Convolutions with resident weights, pools and elementwise ops over per-image or
     broadcast operands; a run starts and ends at large nodes; batch 1 makes none."""
