@@ -10,18 +10,20 @@ over 112x112 and 56x56 (its stem and first three blocks) took 2.45-3.49 ms at ba
 against 1.78-2.36 ms as four batch-1 runs (no extras, the 2-core Zen 5; BENCHMARKS.md,
 session 46). ORT's own plan gains less that way (1.44-1.72 against 1.32-1.56).
 
-So ``segments`` finds runs of consecutive nodes that compute each image from that
-image alone (convolutions with resident weights, pools, elementwise ops whose operands are
-per image or broadcast, concatenations along another axis than the batch's) whose outputs are
-(``binding.PlanBinding``) builds each node of a run once per chunk of images (as many as
-keep the run's widest node within ``BUDGET_BYTES``: one image for MobileNet's 112x112
-layers) over that chunk's slice, and orders the steps chunk-major: every node of the run
-for the first chunk, then for the next, and so on (a value held channels-last,
-``layout.py``, is sliced the same way: NHWC keeps the batch first). A value read only
-inside its run lives in a buffer of one chunk, reused by every chunk (its lines stay in
-cache, and the plan needs less memory); a value read after the run gets its whole-batch
-buffer as before. Buffers are given back only after the whole run (a later node's first
-chunk must not take memory an earlier node's second chunk still writes).
+So ``segments`` finds runs of consecutive nodes that compute each image from that image
+alone (convolutions with resident weights, pools, elementwise ops whose operands are per
+image or broadcast, concatenations along another axis than the batch's) whose outputs
+are large per image, and binding (``binding.PlanBinding``) builds each node of a run
+once per chunk of images (as many as keep the run's widest node within ``BUDGET_BYTES``:
+one image for MobileNet's 112x112 layers) over that chunk's slice, and orders the steps
+chunk-major: every node of the run for the first chunk, then for the next, and so on (a
+value held channels-last, ``layout.py``, is sliced the same way: NHWC keeps the batch
+first). A value read only inside its run lives in a buffer of one chunk, reused by every
+chunk (its lines stay in cache, and the plan needs less memory), taken and given back in
+node order like the plan's own; a value read after the run gets its whole-batch buffer,
+given back only after the whole run (a later node's first chunk must not take memory an
+earlier node's second chunk still writes). A run does not start at a node shrinking its
+input (a stem's pool): that input would stay alive through the run.
 
 Small layers stay batched: over 28x28 and smaller planes a whole batch's values fit in
 cache anyway, and a product over the batch reuses its weights across images.
