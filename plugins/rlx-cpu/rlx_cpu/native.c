@@ -620,6 +620,10 @@ static inline int64_t rlx_thread(void) {
 #endif
 }
 
+/* The bounds of an epilogue that is one clamp (ReLU, ReLU6, Clip), which a kernel applies in
+ * its registers as it stores; NULL for none or any other epilogue. */
+static inline const float *epi_clamp(const rlx_epilogue *e) { return e && e->clamp ? &e->lo : NULL; }
+
 /* Ready thread t's state for e (NULL: no epilogue, every span a no-op). */
 static void epi_begin(epi_state *st, const rlx_epilogue *e, int64_t t) {
     st->e = e;
@@ -1334,7 +1338,7 @@ static RLX_CLONES void depthwise_planes(const float *x, const float *wt, const f
     int64_t we = (wp + 1) / 2; /* a split row: its we even columns, then its odd ones */
     /* a clamp (ReLU, ReLU6) applied in the row kernels' registers as they store, the rest of a row
      * (a scalar tail, other windows) clamped as it is written, in L1 */
-    const float *cl = epi && epi->clamp ? &epi->lo : NULL;
+    const float *cl = epi_clamp(epi);
     epi_state es;
     epi_begin(&es, cl ? NULL : epi, t);
     for (int64_t p = p0; p < p1; p++) {
@@ -2043,7 +2047,7 @@ static RLX_CLONES void depthwise_lane_blocks(const float *x, const float *wpk, f
     const int group = dw_group_pixels(ow, rlx_gemm_avx512() != 0);
     /* a clamp (ReLU, ReLU6) applied as the results go back to their planes, in registers:
      * not a pass of the epilogue's program over the block after */
-    const float *cl = epi && epi->clamp ? &epi->lo : NULL;
+    const float *cl = epi_clamp(epi);
     epi_state es;
     epi_begin(&es, cl ? NULL : epi, t);
     for (int64_t blk = b0; blk < b1; blk++) {
@@ -3196,7 +3200,7 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
         return;
     }
     float *ap_buf = buf, *bp_buf = buf + (packed_a || direct_a ? 0 : RLX_GEMM_MC * kmax);
-    const float *clamp = g->epi && g->epi->clamp ? &g->epi->lo : NULL; /* applied as C is stored */
+    const float *clamp = epi_clamp(g->epi); /* applied as C is stored */
     epi_state es;
     epi_begin(&es, clamp ? NULL : g->epi, rlx_thread());
     const int64_t mcp = RLX_GEMM_MC / MR, ncp = RLX_GEMM_NC / NR; /* panels per block */
@@ -3572,7 +3576,7 @@ static RLX_CLONES void conv_gemm_block(const conv_gemm_args *g, int64_t i0, int6
     const int64_t ch0 = i0 * MR, ch1 = i1 * MR < g->o ? i1 * MR : g->o; /* this block's channels */
     const int wide = rlx_gemm_avx512() != 0; /* AVX-512's tiles in rlx_v16, else conv_gemm_tile8 */
     float *edge = tail >= t0 && tail < t1 ? gemm_buffer((i1 - i0) * MR * NR) : NULL;
-    const float *clamp = g->epi && g->epi->clamp ? &g->epi->lo : NULL; /* applied as tiles are stored */
+    const float *clamp = epi_clamp(g->epi); /* applied as tiles are stored */
     if (tail >= t0 && tail < t1 && !edge) { /* no scratch: that tile as plain sums */
         for (int64_t ch = ch0; ch < ch1; ch++) {
             for (int64_t j = tail * NR; j < g->n; j++) {
@@ -4161,7 +4165,7 @@ RLX_API void rlx_conv_nhwc(const float *x, const float *wpk, const float *bias, 
     float *zeros = scratch + rlx_conv_nhwc_scratch(c, h, w, o, oh, ow, layout) - c;
     memset(zeros, 0, (size_t)c * sizeof(float));
     nhwc_args g = {xt ? xt : x, wpk, bias, zeros, NULL, c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow,
-                   (c + ks - 1) / ks, epi && epi->clamp ? &epi->lo : NULL};
+                   (c + ks - 1) / ks, epi_clamp(epi)};
     threads = threads > g_max_threads ? g_max_threads : threads;
     threads = threads > oh * blocks ? oh * blocks : threads;
     /* the channel blocks are split where the rows would leave threads uneven (7 rows on
