@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, Union
 
 import numpy as np
@@ -107,6 +107,15 @@ class _Group:
 
     def __init__(self, raw: np.ndarray, end: int) -> None:
         self.raw, self.end, self.released = raw, end, False
+
+
+def _give_back(arena: Arena, groups: dict[int, _Group], values: Iterable[int], by: int) -> None:
+    """Give ``arena`` back the buffers of ``values`` that no node after ``by`` reads."""
+    for i in values:
+        group = groups.get(i)
+        if group is not None and not group.released and group.end <= by:
+            arena.give(group.raw)
+            group.released = True
 
 
 class _Plan:
@@ -293,11 +302,7 @@ class PlanBinding:
                 built = _build_steps(_BUILDERS[node.op], node, ins, out, ctx)
             ctx.release()
             steps.extend(bind(s, slots) for s in built)
-            for i in {*read, nid}:
-                group = groups.get(i)
-                if group is not None and not group.released and group.end <= nid:
-                    arena.give(group.raw)
-                    group.released = True
+            _give_back(arena, groups, {*read, nid}, nid)
         stats.steps = len(steps)
         recycle = Outputs(len(self._outputs) + len(fresh)) if outputs is None else outputs
         run = bind_run(self._input_names, steps, [values[i] for i in self._outputs], slots, recycle, fresh)
@@ -361,17 +366,9 @@ class PlanBinding:
                 else:
                     built[b].extend(_build_steps(_BUILDERS[node.op], images.per_image_node(node, n), ins, out, ctx))
                 ctx.release()
-            for i in {*node.inputs, nid}:  # one-chunk values dead after this node
-                group = groups.get(i)
-                if i in inner and group is not None and not group.released and group.end <= nid:
-                    arena.give(group.raw)
-                    group.released = True
+            _give_back(arena, groups, (i for i in {*node.inputs, nid} if i in inner), nid)  # one-chunk, dead here
         for nid in ids:
-            for i in {*nodes[nid].inputs, nid}:
-                group = groups.get(i)
-                if group is not None and not group.released and group.end <= last:
-                    arena.give(group.raw)
-                    group.released = True
+            _give_back(arena, groups, {*nodes[nid].inputs, nid}, last)
         return [step for b in starts for step in built[b]]
 
     def _output_buffer(self, node: Node, values: dict[int, Any], groups: dict[int, _Group], arena: Arena,

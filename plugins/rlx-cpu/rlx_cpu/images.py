@@ -31,6 +31,7 @@ cache anyway, and a product over the batch reuses its weights across images.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -75,8 +76,7 @@ class Segment(NamedTuple):
 
 def per_image_node(node: Node, images: int = 1) -> Node:
     """``node`` as its builder sees it over ``images`` images: the same op, the batch axis ``images``."""
-    return Node(node.id, node.op, node.inputs, node.attrs, (images, *node.shape[1:]), node.dtype, node.name,
-                node.origin)
+    return dataclasses.replace(node, shape=(images, *node.shape[1:]))
 
 
 def _per_image(node: Node, nodes: Sequence[Node], resident: Sequence[bool]) -> bool:
