@@ -3460,11 +3460,16 @@ static inline const float *conv_gemm_next_panel(const conv_gemm_args *g, int64_t
  * stored at c (rows ldc apart: y itself, or a scratch tile where the columns pass the
  * end of y), plus the bias when `first`, else added to what is there, then clamped to
  * [cl[0], cl[1]] when cl is not NULL (the last k block, the epilogue a clamp). Rows past
- * o are not stored. */
+ * o are not stored. NEXT: the tile also asks for the next tile's columns (the 32 after
+ * j, each tap's row), as the first panel to read them does: a plain 1x1 convolution
+ * reads x in place, kc rows some KB apart that the hardware's prefetcher does not follow
+ * (24 -> 144 channels over 56x56: 1.4x faster with it, one core). The k loop is unrolled
+ * 4 times: 1.03-1.11x faster on 1x1 convolutions over 7x7 to 56x56 (up to 1.3x where
+ * few panels share a tile), 3x3s unchanged (2-core Zen 5, one core, kernel alone). */
 static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm_args *g, const int MR, const int NV,
                                                                  int64_t ir, int64_t pc, int64_t kc, int64_t j,
                                                                  float *c, int64_t ldc, int first, int fetch,
-                                                                 const float *cl) {
+                                                                 const float *cl, const int NEXT) {
     const int64_t mp_pad = (g->o + MR - 1) / MR * MR;
     const float *restrict ap = g->a + pc * mp_pad + ir * MR * kc;
     const float *pf = fetch ? conv_gemm_next_panel(g, MR, mp_pad, ir, pc) : ap;
@@ -3473,12 +3478,17 @@ static inline __attribute__((always_inline)) void conv_gemm_tile(const conv_gemm
     rlx_v16 lo[12], hi[12];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; i++) lo[i] = hi[i] = (rlx_v16){0};
+#pragma GCC unroll 4
     for (int64_t p = 0; p < kc; p++) {
         rlx_v16 b0, b1 = {0};
         memcpy(&b0, xb + to[p], sizeof b0);
         if (NV == 2) memcpy(&b1, xb + to[p] + 16, sizeof b1);
         const float *a = ap + p * MR;
         __builtin_prefetch(pf + p * MR, 0, 2);
+        if (NEXT) {
+            __builtin_prefetch(xb + to[p] + RLX_GEMM_NR, 0, 3);
+            __builtin_prefetch(xb + to[p] + RLX_GEMM_NR + 16, 0, 3);
+        }
 #pragma GCC unroll 16
         for (int i = 0; i < MR; i++) {
             lo[i] += a[i] * b0;
@@ -3610,18 +3620,25 @@ static RLX_CLONES void conv_gemm_block(const conv_gemm_args *g, int64_t i0, int6
                 float *c = t == tail ? edge + (ir - i0) * MR * NR : g->y + ir * MR * g->n + t * NR;
                 int64_t ldc = t == tail ? NR : g->n, j = t == tail ? g->tail_j : t * NR;
                 const int half = t == tail && g->tail_w == 16;
+                /* the first panel over a tile's columns fetches the next tile's (not the
+                 * partial one's: its columns start elsewhere) */
+                const int next = ir == i0 && t + 1 < te && t + 1 != tail;
                 if (!wide && MR == 8)
                     conv_gemm_tile8(g, 8, half ? 1 : 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl);
                 else if (!wide)
                     conv_gemm_tile8(g, 12, half ? 1 : 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl);
                 else if (MR == 8 && half)
-                    conv_gemm_tile(g, 8, 1, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl);
+                    conv_gemm_tile(g, 8, 1, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl, 0);
+                else if (MR == 8 && next)
+                    conv_gemm_tile(g, 8, 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl, 1);
                 else if (MR == 8)
-                    conv_gemm_tile(g, 8, 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl);
+                    conv_gemm_tile(g, 8, 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl, 0);
                 else if (half)
-                    conv_gemm_tile(g, 12, 1, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl);
+                    conv_gemm_tile(g, 12, 1, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl, 0);
+                else if (next)
+                    conv_gemm_tile(g, 12, 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl, 1);
                 else
-                    conv_gemm_tile(g, 12, 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl);
+                    conv_gemm_tile(g, 12, 2, ir, pc, kc, j, c, ldc, pc == 0, t == tb, cl, 0);
             }
         }
         if (tail >= tb && tail < te) /* the partial tile's own columns, from `edge` */
