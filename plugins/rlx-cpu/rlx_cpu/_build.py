@@ -54,7 +54,7 @@ __all__ = ["ABI", "FLAGS", "INFO_NAME", "INFO_SCHEMA", "SOURCE", "BuildResult", 
 SOURCE = Path(__file__).with_name("native.c")
 #: The C side's interface version: ``RLX_ABI`` in native.c, answered by ``rlx_abi()``. A
 #: library reporting another number is never loaded (``native.py``).
-ABI = 32
+ABI = 33
 #: -ffp-contract=fast: a * b + c as one fused multiply-add (ISO C mode turns that off;
 #: the polynomials and the convolution are 1.4-1.7x faster with it, and more accurate).
 #: -fPIC is the default (and an error for clang) on Windows.

@@ -136,7 +136,7 @@ def _measure(lib: Native) -> tuple[bool, str]:
     xs = np.empty(lib.conv_gemm_scratch(c, 3, 3, 1, 1, 1, 1, hw, hw), np.float32)
     y_implicit, y_im2col = np.empty((c, n), np.float32), np.empty((c, n), np.float32)
     implicit_args = (x.ctypes.data, apk8.ctypes.data, toff.ctypes.data, 0, y_implicit.ctypes.data, xs.ctypes.data,
-                     c, hw, hw, c, 3, 3, 1, 1, 1, 1, 1, 1, hw, hw, 8, threads, 0)
+                     c, hw, hw, c, 3, 3, 1, 1, 1, 1, 1, 1, hw, hw, 8, 1, threads, 0)
     # im2col, then rlx_gemm with the weights packed
     apk = np.empty(lib.gemm_pack_a_size(c, k), np.float32)
     lib.gemm_pack_a(w.ctypes.data, k, 1, c, k, apk.ctypes.data)

@@ -40,7 +40,7 @@
 #define RLX_API __attribute__((visibility("default")))
 #endif
 
-#define RLX_ABI 32
+#define RLX_ABI 33
 #define RLX_BLOCK 1024
 /* 16 floats: one AVX-512 register (two AVX2 ones) in the kernels that keep sums in vectors */
 typedef float rlx_v16 __attribute__((vector_size(64)));
@@ -3540,6 +3540,7 @@ static inline __attribute__((always_inline)) void conv_gemm_tile8(const conv_gem
                 if (r0 + i < rows) gemm_fetch_row(c + (r0 + i) * ldc + h * RLX_SUB_NR);
             }
             const int lead = h == 0 && r0 == 0;
+#pragma GCC unroll 4 /* as conv_gemm_tile's: 1x1s 1.02-1.28x faster on AVX2 */
             for (int64_t p = 0; p < kc; p++) {
                 rlx_v8 b0, b1;
                 memcpy(&b0, xb + to[p], sizeof b0);
@@ -3790,16 +3791,11 @@ static void conv_gemm_run_part(const conv_gemm_args *g, int64_t part, int64_t pa
     }
 }
 
-/* y (o, oh, ow) = conv(x, W) + bias (o floats or NULL); apk: W packed by
- * rlx_conv_gemm_pack with panels of mr rows (8 or 12: outputs in vectors; 32: channels in
- * vectors); toff: rlx_conv_gemm_offsets'; xs: rlx_conv_gemm_scratch floats (unused by a
- * plain 1x1 convolution with mr 32); epi: NULL or the epilogue applied to each channel's
- * outputs as a chunk of them is finished (work for `threads` threads). */
-RLX_API void rlx_conv_gemm(const float *x, const float *apk, const int32_t *toff, const float *bias, float *y,
-                           float *xs, int64_t c, int64_t h, int64_t wd, int64_t o, int64_t kh, int64_t kw, int64_t sh,
-                           int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
-                           int64_t mr, int64_t threads, const rlx_epilogue *epi) {
-    if (mr != 8 && mr != 12 && mr != 32) return; /* never sent: native_nn.conv_gemm_steps packs for these */
+/* One image: y (o, oh, ow) = conv(x (c, h, wd), W) + bias, on `threads` threads. */
+static void conv_gemm_image(const float *x, const float *apk, const int32_t *toff, const float *bias, float *y,
+                            float *xs, int64_t c, int64_t h, int64_t wd, int64_t o, int64_t kh, int64_t kw, int64_t sh,
+                            int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
+                            int64_t mr, int64_t threads, const rlx_epilogue *epi) {
     int64_t hq = conv_gemm_hq(kh, sh, dh, oh), rows = c * sh * kw * hq;
     /* a plain 1x1 convolution reads x itself, no copy: with the channels in vectors, or
      * with the outputs in vectors where a partial tile can be moved back to the last NR
@@ -3814,7 +3810,6 @@ RLX_API void rlx_conv_gemm(const float *x, const float *apk, const int32_t *toff
     const int64_t tail_w = n % RLX_GEMM_NR && n % RLX_GEMM_NR <= 16 ? 16 : RLX_GEMM_NR;
     conv_gemm_args g = {apk, toff, plain ? x : xs, bias, y, o, c * kh * kw, n, mr,
                         plain && n % RLX_GEMM_NR ? n - tail_w : n / RLX_GEMM_NR * RLX_GEMM_NR, tail_w, epi};
-    threads = threads > g_max_threads ? g_max_threads : threads;
     int by_rows;
     /* gemm_split counts rows in panels of RLX_GEMM_MR and columns in RLX_GEMM_NR: scaled */
     int64_t parts = mr == 32 ? gemm_split(o * RLX_GEMM_MR / 32, oh * ow * RLX_GEMM_NR / 12, threads, &by_rows)
@@ -3833,6 +3828,46 @@ RLX_API void rlx_conv_gemm(const float *x, const float *apk, const int32_t *toff
 #endif
     conv_gemm_copy(x, xs, 0, rows, h, wd, kw, sh, sw, dw, hq, ow, pt, pl);
     for (int64_t part = 0; part < parts; part++) conv_gemm_run_part(&g, part, parts, by_rows);
+}
+
+/* y (images, o, oh, ow) = conv(x (images, c, h, wd), W) + bias (o floats or NULL), each
+ * image's values contiguous; apk: W packed by rlx_conv_gemm_pack with panels of mr rows
+ * (8 or 12: outputs in vectors; 32: channels in vectors); toff: rlx_conv_gemm_offsets';
+ * xs: rlx_conv_gemm_scratch floats for each of `threads` threads when images >= threads,
+ * else for one (unused by a plain 1x1 convolution with mr 32); epi: NULL or the epilogue
+ * applied to each channel's outputs as a chunk of them is finished (work for `threads`
+ * threads). With at least as many images as threads, each thread computes whole images
+ * alone (the batch's last images, short of a round, each on all threads): one parallel
+ * region for the batch, no thread waiting on another within an image. Why: an image's
+ * product over a 7x7 or 14x14 plane is tens of microseconds, and a region per image
+ * (two threads splitting its panels) lost a tenth of it to the start, the split's
+ * padding and the wait for the slower thread (measured: BENCHMARKS.md, section
+ * "Whole images per thread in the implicit GEMM (issue 35, session 47)"). The caller
+ * (native_nn.conv_gemm_steps) sends a batch only where the images are that small. */
+RLX_API void rlx_conv_gemm(const float *x, const float *apk, const int32_t *toff, const float *bias, float *y,
+                           float *xs, int64_t c, int64_t h, int64_t wd, int64_t o, int64_t kh, int64_t kw, int64_t sh,
+                           int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
+                           int64_t mr, int64_t images, int64_t threads, const rlx_epilogue *epi) {
+    if (mr != 8 && mr != 12 && mr != 32) return; /* never sent: native_nn.conv_gemm_steps packs for these */
+    const int64_t xi = c * h * wd, yi = o * oh * ow, xsf = rlx_conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow);
+    threads = threads > g_max_threads ? g_max_threads : threads;
+    int64_t whole = threads > 1 && images >= threads ? images / threads * threads : 0;
+#ifdef _OPENMP
+    if (whole) {
+#pragma omp parallel num_threads((int)threads)
+        {
+            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+            for (int64_t i = t; i < whole; i += nt)
+                conv_gemm_image(x + i * xi, apk, toff, bias, y + i * yi, xs + t * xsf, c, h, wd, o, kh, kw, sh, sw, dh,
+                                dw, pt, pl, oh, ow, mr, 1, epi);
+        }
+    }
+#else
+    whole = 0;
+#endif
+    for (int64_t i = whole; i < images; i++)
+        conv_gemm_image(x + i * xi, apk, toff, bias, y + i * yi, xs, c, h, wd, o, kh, kw, sh, sw, dh, dw, pt, pl, oh,
+                        ow, mr, threads, epi);
 }
 
 /* ------------------------------------------------------------ transposes */
@@ -4697,7 +4732,7 @@ RLX_API int64_t rlx_packed(const int64_t *a) {
     case RLX_PK_CONV_GEMM:
         rlx_conv_gemm(PK_IN(1), PK_IN(2), (const int32_t *)(intptr_t)a[3], PK_IN(4), PK_OUT(5), PK_OUT(6), a[7], a[8],
                       a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22],
-                      (const rlx_epilogue *)(intptr_t)a[23]);
+                      a[23], (const rlx_epilogue *)(intptr_t)a[24]);
         return 0;
     case RLX_PK_GROUP_CONV:
         rlx_group_conv(PK_IN(1), PK_IN(2), PK_IN(3), PK_OUT(4), PK_OUT(5), a[6], a[7], a[8], a[9], a[10], a[11], a[12],

@@ -153,7 +153,7 @@ class Native:
         self.conv_direct_scratch.restype = i64
         # (x, apk, toff, bias, y, xs, c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, mr, threads)
         self.conv_gemm = self._lib.rlx_conv_gemm
-        self.conv_gemm.argtypes = [p, p, p, p, p, p, *[i64] * 16, p]
+        self.conv_gemm.argtypes = [p, p, p, p, p, p, *[i64] * 17, p]
         self.conv_gemm.restype = None
         self.conv_gemm_scratch = self._lib.rlx_conv_gemm_scratch  # (c, kh, kw, sh, sw, dh, dw, oh, ow)
         self.conv_gemm_scratch.argtypes = [i64] * 9

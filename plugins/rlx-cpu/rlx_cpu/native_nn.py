@@ -524,6 +524,15 @@ _TRANSPOSE_MACS = 48
 _CHANNELS_IN_VECTORS_MARGIN = 0.9
 
 
+#: An implicit GEMM of at most this many multiply-adds an image, at batch > 1, is one call
+#: in which each thread computes whole images (``rlx_conv_gemm``'s ``images``), not a call
+#: per image split across the threads: below it, a call's fork-join, the split's padding
+#: and the wait for the slower thread cost a tenth of an image's time or more (1x1
+#: convolutions over 7x7 and 14x14; measured: BENCHMARKS.md, section "Whole images per
+#: thread in the implicit GEMM (issue 35, session 47)").
+WHOLE_IMAGE_MACS = 1 << 28
+
+
 def conv_gemm_panel(o: int, n: int, k: int) -> int:
     """The row panel of ``rlx_conv_gemm`` for ``o`` output channels of ``k`` taps over
     ``n`` outputs, whichever does the least work, padding counted: 8 or 12 channels
@@ -593,14 +602,32 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
     # weights computed each run (a squeeze-excitation gate folded into them: rlx_core's
     # conv_scale pass) are packed again each run, a pass over o k floats
     apk, steps = _packed(ctx, w, ("rlx_conv_gemm_pack", o, k, mr), size, make, lib.conv_gemm_pack, [0, o, k, mr, 0])
-    xs = ctx.scratch((lib.conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow),), np.float32)
-    threads = lib.threads_for(o * k * oh * ow, gemm.SPLIT_MACS, gemm.THREAD_MACS)
+    per_image, images = o * k * oh * ow, int(x.shape[0])
+    threads = lib.threads_for(per_image, gemm.SPLIT_MACS, gemm.THREAD_MACS)
+    whole = lib.threads_for(images * per_image, gemm.SPLIT_MACS, gemm.THREAD_MACS)
+    # small images, at least one a thread: each thread computes whole images (one call)
+    batch = 2 <= whole <= images and per_image <= WHOLE_IMAGE_MACS
+    threads = whole if batch else threads
+    xs = ctx.scratch((lib.conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow) * (threads if batch else 1),),
+                     np.float32)
     epi = 0 if epilogue is None else epilogue.address(threads)
     keep = (apk, toff) if epilogue is None else (apk, toff, epilogue)
     args = [0, apk.ctypes.data, toff.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow, mr,
-            threads, epi]
-    return steps + image_calls(lib.conv_gemm, args, (0, 3, 4, 5), x, bias, out, xs,
-                               _conv_numpy(w, pads, stride, (oh, ow), dilation), epilogue, keep)
+            images if batch else 1, threads, epi]
+    run = _conv_numpy(w, pads, stride, (oh, ow), dilation)
+    if not batch:
+        return steps + image_calls(lib.conv_gemm, args, (0, 3, 4, 5), x, bias, out, xs, run, epilogue, keep)
+
+    def each_image(x_: np.ndarray, b_: np.ndarray | None, y_: np.ndarray) -> None:
+        for i in range(images):
+            run(x_[i], b_, y_[i])
+
+    fallback = _then(each_image, epilogue)
+    if bias is None:
+        return [*steps, bound_call(lib.conv_gemm, args, (x, out, xs), (0, 4, 5),
+                                   lambda x_, y_, _s: fallback(x_, None, y_), keep=keep)]
+    return [*steps, bound_call(lib.conv_gemm, args, (x, bias, out, xs), (0, 3, 4, 5),
+                               lambda x_, b_, y_, _s: fallback(x_, b_, y_), keep=keep)]
 
 
 def image_calls(fn: Any, args: list[Any], at: tuple[int, int, int, int], x: Any, bias: Any, out: Any,
