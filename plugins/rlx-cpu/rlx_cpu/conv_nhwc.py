@@ -45,6 +45,7 @@ from .native_nn import (
     image_calls,
     lanes_filters,
     pool_kind,
+    whole_images,
 )
 from .regions import SPLIT_NS, Epilogue
 from .steps import Dyn, aligned_empty
@@ -176,14 +177,17 @@ def _steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], st
 
     wpk, steps = _packed(ctx, w, ("rlx_conv_nhwc_pack", o, c, kh, kw), size, make, lib.conv_nhwc_pack,
                          [0, o, c, kh, kw, 0])
-    scratch = ctx.scratch((int(lib.conv_nhwc_scratch(c, h, wd, o, oh, ow, layout)),), np.float32)
-    threads = lib.threads_for(o * c * kh * kw * oh * ow, gemm.SPLIT_MACS, gemm.THREAD_MACS)
+    per_image = o * c * kh * kw * oh * ow
+    whole = whole_images(lib, per_image, int(x.shape[0]))
+    threads = whole or lib.threads_for(per_image, gemm.SPLIT_MACS, gemm.THREAD_MACS)
+    scratch = ctx.scratch((int(lib.conv_nhwc_scratch(c, h, wd, o, oh, ow, layout)) * (whole or 1),), np.float32)
     epi = 0 if epilogue is None else epilogue.address(threads)
     keep = (wpk,) if epilogue is None else (wpk, epilogue)
     (sh, sw), (dh, dw) = stride, dilation
-    args = [0, wpk.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow, layout, threads, epi]
+    args = [0, wpk.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow, layout, 0, threads, epi]
     run = _in_layout(_conv_numpy(w, pads, stride, (oh, ow), dilation), layout, (o, oh, ow))
-    return steps + image_calls(lib.conv_nhwc, args, (0, 2, 3, 4), x, bias, out, scratch, run, epilogue, keep)
+    return steps + image_calls(lib.conv_nhwc, args, (0, 2, 3, 4), x, bias, out, scratch, run, epilogue, keep,
+                               whole > 0)
 
 
 def _in_layout(run: Callable[..., None], layout: int, out_chw: tuple[int, int, int]) -> Callable[..., None]:

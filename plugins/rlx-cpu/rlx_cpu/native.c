@@ -4202,14 +4202,11 @@ static void nhwc_part(const nhwc_args *g, float *yn, float *y, int64_t r0, int64
     epi_flush(&es);
 }
 
-/* One image: y = conv(x, W) + bias, then the epilogue (NULL, or applied to y as its
- * outputs are final: a clamp in the tiles). wpk: rlx_conv_nhwc_pack's; bias: o floats or
- * NULL; layout: bit 0 x (c, h, w) rather than (h, w, c), bit 1 the same for y; scratch:
- * rlx_conv_nhwc_scratch floats. */
-RLX_API void rlx_conv_nhwc(const float *x, const float *wpk, const float *bias, float *y, float *scratch, int64_t c,
-                           int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
-                           int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow, int64_t layout,
-                           int64_t threads, const rlx_epilogue *epi) {
+/* One image on `threads` threads (rlx_conv_nhwc's). */
+static void conv_nhwc_image(const float *x, const float *wpk, const float *bias, float *y, float *scratch, int64_t c,
+                            int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                            int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow, int64_t layout,
+                            int64_t threads, const rlx_epilogue *epi) {
     const int64_t taps = kh * kw, blocks = (o + RLX_CONV_NHWC_OB - 1) / RLX_CONV_NHWC_OB;
     const int64_t most = RLX_CONV_NHWC_SLICE / (taps * RLX_CONV_NHWC_OB) < 1 ? 1 : RLX_CONV_NHWC_SLICE / (taps * RLX_CONV_NHWC_OB);
     const int64_t ks = (c + most - 1) / most;
@@ -4242,6 +4239,37 @@ RLX_API void rlx_conv_nhwc(const float *x, const float *wpk, const float *bias, 
 #endif
     if (xt) transpose_blocks(x, h * w, xt, c, 0, c, 0, h * w);
     nhwc_part(&g, yn, y, 0, oh, 0, blocks, epi);
+}
+
+/* `images` images, each's values contiguous: y = conv(x, W) + bias, then the epilogue
+ * (NULL, or applied to y as its outputs are final: a clamp in the tiles). wpk:
+ * rlx_conv_nhwc_pack's; bias: o floats or NULL; layout: bit 0 x (c, h, w) rather than
+ * (h, w, c), bit 1 the same for y; scratch: rlx_conv_nhwc_scratch floats for each of
+ * `threads` threads when images >= threads, else for one. Whole images a thread where
+ * there are as many as threads, as rlx_conv_gemm does and for the same reason. */
+RLX_API void rlx_conv_nhwc(const float *x, const float *wpk, const float *bias, float *y, float *scratch, int64_t c,
+                           int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                           int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow, int64_t layout,
+                           int64_t images, int64_t threads, const rlx_epilogue *epi) {
+    const int64_t xi = c * h * w, yi = o * oh * ow, sf = rlx_conv_nhwc_scratch(c, h, w, o, oh, ow, layout);
+    threads = threads > g_max_threads ? g_max_threads : threads;
+    int64_t whole = threads > 1 && images >= threads ? images / threads * threads : 0;
+#ifdef _OPENMP
+    if (whole) {
+#pragma omp parallel num_threads((int)threads)
+        {
+            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+            for (int64_t i = t; i < whole; i += nt)
+                conv_nhwc_image(x + i * xi, wpk, bias, y + i * yi, scratch + t * sf, c, h, w, o, kh, kw, sh, sw, dh,
+                                dw, pt, pl, oh, ow, layout, 1, epi);
+        }
+    }
+#else
+    whole = 0;
+#endif
+    for (int64_t i = whole; i < images; i++)
+        conv_nhwc_image(x + i * xi, wpk, bias, y + i * yi, scratch, c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow,
+                        layout, threads, epi);
 }
 
 /* ------------------------------------------------------------ pooling over NHWC

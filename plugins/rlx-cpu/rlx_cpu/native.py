@@ -169,7 +169,7 @@ class Native:
         self.conv_gemm_pack_size.restype = i64
         # (x, wpk, bias, y, scratch, c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, layout, threads, epi)
         self.conv_nhwc = self._lib.rlx_conv_nhwc
-        self.conv_nhwc.argtypes = [p, p, p, p, p, *[i64] * 16, p]
+        self.conv_nhwc.argtypes = [p, p, p, p, p, *[i64] * 17, p]
         self.conv_nhwc.restype = None
         self.conv_nhwc_pack = self._lib.rlx_conv_nhwc_pack  # (w, o, c, kh, kw, dst)
         self.conv_nhwc_pack.argtypes = [p, i64, i64, i64, i64, p]

@@ -30,7 +30,7 @@ from .steps import Dyn, Step, aligned_empty, laid_out
 
 __all__ = ["softmax_step", "softmax_bf16_step", "layer_norm_step", "im2col_step", "pool_step",
            "pool_kind", "pool_padded_step", "pool_to_nhwc_step", "window_counts", "conv_direct_steps",
-           "conv_gemm_steps", "conv_gemm_panel", "depthwise_step", "image_calls", "lanes_filters",
+           "conv_gemm_steps", "conv_gemm_panel", "depthwise_step", "image_calls", "lanes_filters", "whole_images",
            "DIRECT_CONV_TAPS"]
 
 SOFTMAX_NS, LAYER_NORM_NS = 0.8, 0.4  # single-thread ns per element, for the threads decision
@@ -603,43 +603,54 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
     # conv_scale pass) are packed again each run, a pass over o k floats
     apk, steps = _packed(ctx, w, ("rlx_conv_gemm_pack", o, k, mr), size, make, lib.conv_gemm_pack, [0, o, k, mr, 0])
     per_image, images = o * k * oh * ow, int(x.shape[0])
-    threads = lib.threads_for(per_image, gemm.SPLIT_MACS, gemm.THREAD_MACS)
-    whole = lib.threads_for(images * per_image, gemm.SPLIT_MACS, gemm.THREAD_MACS)
-    # small images, at least one a thread: each thread computes whole images (one call)
-    batch = 2 <= whole <= images and per_image <= WHOLE_IMAGE_MACS
-    threads = whole if batch else threads
-    xs = ctx.scratch((lib.conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow) * (threads if batch else 1),),
-                     np.float32)
+    whole = whole_images(lib, per_image, images)
+    threads = whole or lib.threads_for(per_image, gemm.SPLIT_MACS, gemm.THREAD_MACS)
+    xs = ctx.scratch((lib.conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow) * (whole or 1),), np.float32)
     epi = 0 if epilogue is None else epilogue.address(threads)
     keep = (apk, toff) if epilogue is None else (apk, toff, epilogue)
     args = [0, apk.ctypes.data, toff.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow, mr,
-            images if batch else 1, threads, epi]
-    run = _conv_numpy(w, pads, stride, (oh, ow), dilation)
-    if not batch:
-        return steps + image_calls(lib.conv_gemm, args, (0, 3, 4, 5), x, bias, out, xs, run, epilogue, keep)
+            0, threads, epi]
+    return steps + image_calls(lib.conv_gemm, args, (0, 3, 4, 5), x, bias, out, xs,
+                               _conv_numpy(w, pads, stride, (oh, ow), dilation), epilogue, keep, whole > 0)
 
-    def each_image(x_: np.ndarray, b_: np.ndarray | None, y_: np.ndarray) -> None:
-        for i in range(images):
-            run(x_[i], b_, y_[i])
 
-    fallback = _then(each_image, epilogue)
-    if bias is None:
-        return [*steps, bound_call(lib.conv_gemm, args, (x, out, xs), (0, 4, 5),
-                                   lambda x_, y_, _s: fallback(x_, None, y_), keep=keep)]
-    return [*steps, bound_call(lib.conv_gemm, args, (x, bias, out, xs), (0, 3, 4, 5),
-                               lambda x_, b_, y_, _s: fallback(x_, b_, y_), keep=keep)]
+def whole_images(lib: Any, per_image: int, images: int) -> int:
+    """The threads of one call in which each computes whole images of a batch (a kernel's
+    ``images`` argument), or 0 for a call an image on all threads: 0 for images of more
+    than ``WHOLE_IMAGE_MACS`` multiply-adds, or fewer images than threads the batch's
+    work is worth."""
+    whole = lib.threads_for(images * per_image, gemm.SPLIT_MACS, gemm.THREAD_MACS)
+    return whole if 2 <= whole <= images and per_image <= WHOLE_IMAGE_MACS else 0
 
 
 def image_calls(fn: Any, args: list[Any], at: tuple[int, int, int, int], x: Any, bias: Any, out: Any,
                 scratch: np.ndarray, run: Callable[..., None], epilogue: Epilogue | None,
-                keep: tuple[Any, ...]) -> list[Step]:
-    """One call of a convolution kernel ``fn(*args)`` per image of ``x`` into ``out``,
-    with the image's, the bias's (or NULL), the output's and ``scratch``'s addresses at
-    positions ``at`` of ``args``; ``run(x, bias, y)`` (then the epilogue over that
-    image's outputs) where the kernel cannot take an array as it is."""
+                keep: tuple[Any, ...], batch: bool = False) -> list[Step]:
+    """Calls of a convolution kernel ``fn(*args)`` over the images of ``x`` into ``out``,
+    with the images', the bias's (or NULL), the outputs' and ``scratch``'s addresses at
+    positions ``at`` of ``args`` and the count of images in the slot before the threads':
+    one for the batch when ``batch`` (``whole_images``), else one an image; ``run(x,
+    bias, y)`` an image (then the epilogue over those outputs) where the kernel cannot
+    take an array as it is."""
+    args = list(args)
+    images = int(x.shape[0])
+    if batch:
+        args[-3] = images
+
+        def each_image(x_: np.ndarray, b_: np.ndarray | None, y_: np.ndarray) -> None:
+            for i in range(images):
+                run(x_[i], b_, y_[i])
+
+        fallback = _then(each_image, epilogue)
+        if bias is None:
+            return [bound_call(fn, args, (x, out, scratch), (at[0], at[2], at[3]),
+                               lambda x_, y_, _s: fallback(x_, None, y_), keep=keep)]
+        return [bound_call(fn, args, (x, bias, out, scratch), at,
+                           lambda x_, b_, y_, _s: fallback(x_, b_, y_), keep=keep)]
+    args[-3] = 1
     steps: list[Step] = []
     per_image = int(np.prod(out.shape[1:]))
-    for i in range(int(x.shape[0])):
+    for i in range(images):
         fallback = _then(run, epilogue, i * per_image, (i + 1) * per_image)
         if bias is None:
             steps.append(bound_call(fn, args, (x[i], out[i], scratch), (at[0], at[2], at[3]),

@@ -67,7 +67,7 @@ def test_the_kernel_matches_the_reference(c: int, o: int, h: int, w: int, k: int
     scratch = np.full(lib.conv_nhwc_scratch(c, h, w, o, oh, ow, layout), np.nan, F32)  # the zeros are its own
     lib.conv_nhwc(xin.ctypes.data, wpk.ctypes.data, 0 if b is None else b.ctypes.data, y.ctypes.data,
                   scratch.ctypes.data, c, h, w, o, k, k, stride, stride, dilation, dilation, pad, pad, oh, ow, layout,
-                  threads, None)
+                  1, threads, None)
     got = y if layout & 2 else y.transpose(2, 0, 1)
     want = _conv_ref(x, wt, b, stride, dilation, pad, oh, ow)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k))
@@ -98,7 +98,7 @@ def test_a_clamp_is_applied_after_the_last_k_block_and_keeps_nan(layout: int) ->
     scratch = np.zeros(lib.conv_nhwc_scratch(c, h, h, o, h, h, layout), F32)
     epi = _Epi(None, None, None, None, 0, 1, 0.0, 6.0)
     lib.conv_nhwc(xin.ctypes.data, wpk.ctypes.data, 0, y.ctypes.data, scratch.ctypes.data, c, h, h, o, 3, 3, 1, 1,
-                  1, 1, 1, 1, h, h, layout, 2, ctypes.addressof(epi))
+                  1, 1, 1, 1, h, h, layout, 1, 2, ctypes.addressof(epi))
     got = y if layout & 2 else y.transpose(2, 0, 1)
     want = _conv_ref(x, wt, None, 1, 1, 1, h, h)
     with np.errstate(invalid="ignore"):

@@ -1,7 +1,8 @@
-"""The implicit GEMM over a batch of small images (``rlx_conv_gemm``'s ``images``): each
-thread computes whole images, the batch's last images short of a round on every thread;
-the same answers as one call per image and the float64 reference, with the epilogue's
-operands read at each image's own outputs and the copy's scratch one a thread."""
+"""Convolutions over a batch of small images in one call (``rlx_conv_gemm``'s and
+``rlx_conv_nhwc``'s ``images``): each thread computes whole images, the batch's last
+images short of a round on every thread; the same answers as one call per image and the
+float64 reference, with the epilogue's operands read at each image's own outputs and the
+kernels' scratch one a thread."""
 
 from __future__ import annotations
 
@@ -39,19 +40,21 @@ def lib(native_lib: native.Native, monkeypatch: pytest.MonkeyPatch) -> native.Na
     monkeypatch.setenv("RLX_CPU_GEMM", "native")
     monkeypatch.setenv("RLX_CPU_CONV", "implicit")
     monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)
-    monkeypatch.setattr(conv_nhwc, "MAX_PIXELS", 0)
+    monkeypatch.setattr(conv_nhwc, "MAX_PIXELS", 0)  # the implicit GEMM, unless a test says otherwise
+    monkeypatch.setattr(conv_nhwc, "WIDE_WIDTH", 0)
+    monkeypatch.setattr(conv_nhwc, "FEW_OUTPUTS", 0)
     return native_lib
 
 
-def spy(monkeypatch: pytest.MonkeyPatch, lib: native.Native) -> list[tuple[Any, ...]]:
+def spy(monkeypatch: pytest.MonkeyPatch, lib: native.Native, name: str = "conv_gemm") -> list[tuple[Any, ...]]:
     calls: list[tuple[Any, ...]] = []
-    real = lib.conv_gemm
+    real = getattr(lib, name)
 
     def record(*args: Any) -> Any:
         calls.append(args)
         return real(*args)
 
-    monkeypatch.setattr(lib, "conv_gemm", record)
+    monkeypatch.setattr(lib, name, record)
     return calls
 
 
@@ -139,3 +142,32 @@ def test_the_kernel_splits_a_batch_into_rounds_and_a_rest(lib: native.Native, im
         for kj in range(3):
             want += np.einsum("oc,nchw->nohw", w[:, :, ki, kj], xp[:, :, ki : ki + hw, kj : kj + hw])
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+NHWC_IMAGES_ARG = 20  # rlx_conv_nhwc's ``images``: after x, wpk, bias, y, scratch and 15 sizes
+
+
+@pytest.mark.parametrize("batch", [4, 5])
+def test_the_channels_inner_kernel_takes_whole_images_a_thread(lib: native.Native, monkeypatch: pytest.MonkeyPatch,
+                                                               batch: int) -> None:
+    """A 3x3 over 7x7 planes (``conv_nhwc_steps``: NCHW in and out, each image moved
+    channels-last in the scratch of the thread computing it): one call for the batch,
+    the outputs of a call an image bit for bit, and the reference."""
+    if not lib.gemm_avx512:
+        pytest.skip("the channels-inner kernel is built for AVX-512 and not taken here")
+    monkeypatch.setattr(conv_nhwc, "MAX_PIXELS", 49)
+    calls = spy(monkeypatch, lib, "conv_nhwc")
+    g = Graph("small planes")
+    x = g.input("x", (batch, 32, 7, 7))
+    skip = g.input("skip", (batch, 48, 7, 7))
+    y = g.conv2d(x, g.param("w", rand((48, 32, 3, 3), 1) / 40), g.param("b", rand((48,), 2)), padding=1)
+    g.set_outputs([g.relu(g.add(y, skip))])
+    feeds = {"x": rand((batch, 32, 7, 7), 3), "skip": rand((batch, 48, 7, 7), 4)}
+    (batched,) = compile_cpu(g).run(feeds)
+    assert [c[NHWC_IMAGES_ARG] for c in calls] == [batch], "not one call for the batch"
+    calls.clear()
+    monkeypatch.setattr(native_nn, "WHOLE_IMAGE_MACS", 0)
+    (each,) = compile_cpu(g).run(feeds)
+    assert [c[NHWC_IMAGES_ARG] for c in calls] == [1] * batch
+    np.testing.assert_array_equal(batched, each)
+    np.testing.assert_allclose(batched, reference.evaluate(g, feeds)[0], rtol=1e-5, atol=1e-5)
