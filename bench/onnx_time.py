@@ -16,8 +16,10 @@ plain command, a few rounds each.
 
 What a pass or a backend setting buys, in one process: ``--ab`` compiles each model twice,
 with the passes of ``--disable`` off and the ``--before-env NAME=VALUE`` settings in the
-environment (``RLX_CPU_LAYOUT=nchw``: no channels-last chains) ("before") and with the
-whole pipeline and the settings as they are ("after"), under
+environment (``RLX_CPU_LAYOUT=nchw``: no channels-last chains) and the ``--before-set
+MODULE:NAME=VALUE`` constants set (``rlx_cpu.native_nn:WHOLE_IMAGE_MACS=0``: a call an
+image) ("before") and with the whole pipeline, settings and constants as they are
+("after"), under
 ``--precision``, and runs onnxruntime's ``InferenceSession`` (CPU provider, default
 options) beside them; after the warm runs the three take turns block by block (order
 reversed every other block, 150 ms apart: ORT's and OpenBLAS's threads spin after each
@@ -32,7 +34,9 @@ five warm runs each, then blocks in turn (``vs_ort``).
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
+import importlib
 import os
 import statistics
 import time
@@ -115,8 +119,29 @@ def environment(settings: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+@contextlib.contextmanager
+def constants(settings: dict[str, str]) -> Iterator[None]:
+    """Module constants ``{"package.module:NAME": "python literal"}`` set inside the block
+    (what a backend reads as it binds a plan), as they were after: a tuning constant's two
+    values compared in one process, where two processes differ by more than it moves."""
+    saved = []
+    try:
+        for target, value in settings.items():
+            module_name, _, name = target.partition(":")
+            module = importlib.import_module(module_name)
+            if not hasattr(module, name):
+                raise SystemExit(f"--before-set {target}: {module_name} has no {name!r}")
+            saved.append((module, name, getattr(module, name)))
+            setattr(module, name, ast.literal_eval(value))
+        yield
+    finally:
+        for module, name, value in reversed(saved):
+            setattr(module, name, value)
+
+
 def ab_model(path: Path, device: str, disable: tuple[str, ...], precision: str, blocks: int,
-             runs: int, before_env: dict[str, str] | None = None) -> dict[str, float]:
+             runs: int, before_env: dict[str, str] | None = None,
+             before_set: dict[str, str] | None = None) -> dict[str, float]:
     """Milliseconds a run (medians) of ``path`` compiled without ``disable`` ("before"), with
     the whole pipeline ("after"), and on onnxruntime ("ort"), in one process, and the
     median and quartiles of each block's after / before; prints what each compile made
@@ -126,7 +151,7 @@ def ab_model(path: Path, device: str, disable: tuple[str, ...], precision: str, 
     graph = rlx_onnx.load(str(path))
     feeds = feeds_for(path, graph)
     extra = {} if precision == "fp32" else {"precision": precision}
-    with environment(before_env or {}):
+    with environment(before_env or {}), constants(before_set or {}):
         before = rlx.compile(graph, device=device, options=rlx.CompileOptions(disable=disable, **extra))
     after = rlx.compile(graph, device=device, options=rlx.CompileOptions(**extra))
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -183,19 +208,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=7)
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--ab", action="store_true",
-                        help="the model with and without --disable / --before-env, and ORT, in turn")
+                        help="the model with and without --disable / --before-env / --before-set, and ORT, in turn")
     parser.add_argument("--before-env", action="append", default=[], metavar="NAME=VALUE",
                         help="with --ab: a setting in the environment for the 'before' compile (repeatable)")
+    parser.add_argument("--before-set", action="append", default=[], metavar="MODULE:NAME=VALUE",
+                        help="with --ab: a module constant (a Python literal) for the 'before' compile (repeatable)")
     parser.add_argument("--precision", default="fp32", help="with --ab or --ort: CompileOptions.precision")
     parser.add_argument("--ort", action="store_true", help="rlx and ORT in turn, warmed up as a user would")
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                         help="a symbolic dim's size in generated feeds (repeatable; others 1)")
     args = parser.parse_args(argv)
-    if args.ab and not args.disable and not args.before_env:
-        parser.error("--ab compares the pipeline with and without --disable or --before-env: name one")
+    if args.ab and not args.disable and not args.before_env and not args.before_set:
+        parser.error("--ab compares the pipeline with and without --disable, --before-env or --before-set: name one")
     if any("=" not in kv for kv in args.before_env):
         parser.error("--before-env takes NAME=VALUE")
+    if any("=" not in kv or ":" not in kv.split("=", 1)[0] for kv in args.before_set):
+        parser.error("--before-set takes MODULE:NAME=VALUE")
     before_env = dict(kv.split("=", 1) for kv in args.before_env)
+    before_set = dict(kv.split("=", 1) for kv in args.before_set)
     try:
         DIMS.update((name, int(size)) for name, size in (kv.split("=", 1) for kv in args.dim))
     except ValueError:
@@ -207,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             continue
         if args.ab:
-            ms = ab_model(path, args.device, tuple(args.disable), args.precision, args.blocks, args.runs, before_env)
+            ms = ab_model(path, args.device, tuple(args.disable), args.precision, args.blocks, args.runs, before_env,
+                          before_set)
             print(f"{path.stem} before {ms['before']:.3f} ms, after {ms['after']:.3f} ms, ORT {ms['ort']:.3f} ms; "
                   f"after / before {ms['after'] / ms['before']:.3f} (block by block {ms['block_ratio']:.3f}, "
                   f"quartiles {ms['block_q1']:.3f}-{ms['block_q3']:.3f}), after / ORT {ms['after'] / ms['ort']:.3f}",

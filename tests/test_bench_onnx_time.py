@@ -87,6 +87,32 @@ def test_ab_compiles_before_under_the_settings_of_before_env(tmp_path: Path, mon
         onnx_time.main([str(model), "--ab", "--before-env", "RLX_CPU_LAYOUT"])  # not NAME=VALUE
 
 
+def test_ab_compiles_before_with_the_constants_of_before_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``--before-set MODULE:NAME=VALUE``: the 'before' compile sees the constant (a Python
+    literal), the 'after' one sees it as it was, and it is as it was after."""
+    pytest.importorskip("onnxruntime")
+    import rlx_core as rlx
+
+    seen: list[object] = []
+    real = rlx.compile
+
+    def compile_seen(*a: object, **k: object) -> object:
+        seen.append(onnx_time.DIMS.get("probe"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(rlx, "compile", compile_seen)
+    monkeypatch.setattr(onnx_time, "DIMS", {"probe": 1})
+    model = _conv_relu(tmp_path / "a.onnx")
+    assert onnx_time.main([str(model), "--ab", "--before-set", "bench.onnx_time:DIMS={'probe': 7}", "--blocks", "1",
+                           "--runs", "1"]) == 0
+    assert seen == [7, 1] and onnx_time.DIMS == {"probe": 1}
+    assert capsys.readouterr().out.splitlines()[0].startswith("a: nodes compiled before 3, after 3;")
+    for bad in ("bench.onnx_time:DIMS", "DIMS=1", "bench.onnx_time:NO_SUCH=1"):
+        with pytest.raises(SystemExit):
+            onnx_time.main([str(model), "--ab", "--before-set", bad, "--blocks", "1", "--runs", "1"])
+
+
 def test_made_up_feeds_bind_symbolic_dims_to_one_or_to_dim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A model exported with dynamic axes and no saved feeds: its symbolic dims are 1, or
     the size ``--dim NAME=SIZE`` gives (the tool read them as ints and failed before)."""
