@@ -17,7 +17,7 @@ plain command, a few rounds each.
 What a pass or a backend setting buys, in one process: ``--ab`` compiles each model twice,
 with the passes of ``--disable`` off and the ``--before-env NAME=VALUE`` settings in the
 environment (``RLX_CPU_LAYOUT=nchw``: no channels-last chains) and the ``--before-set
-MODULE:NAME=VALUE`` constants set (``rlx_cpu.native_nn:WHOLE_IMAGE_MACS=0``: a call an
+MODULE:NAME=VALUE`` constants set (``rlx_cpu.implicit_gemm:WHOLE_IMAGE_MACS=0``: a call an
 image) ("before") and with the whole pipeline, settings and constants as they are
 ("after"), under
 ``--precision``, and runs onnxruntime's ``InferenceSession`` (CPU provider, default

@@ -3,7 +3,7 @@
 (``conv_nhwc_steps``) and inside the channels-last chains ``layout.py`` plans without
 oneDNN (``chain_conv_steps``, ``pool_steps``; ``layout.NativeChains`` says why).
 
-Small planes. Why: rlx's implicit GEMM (``native_nn.conv_gemm_steps``) puts 32 consecutive outputs in
+Small planes. Why: rlx's implicit GEMM (``implicit_gemm.conv_gemm_steps``) puts 32 consecutive outputs in
 a tile's vectors. A 7x7 plane is 49 outputs: a tile of 32 and one of 17 computed 32 wide
 (64 columns for 49), on top of the shifted copy of the input it reads them from. The
 channels-inner kernel puts 64 output channels in the vectors and 7 outputs of a row in
@@ -34,6 +34,7 @@ import numpy as np
 
 from . import gemm
 from .ccall import bound_call
+from .implicit_gemm import image_calls, whole_images
 from .native import library
 from .native_nn import (
     _conv_numpy,
@@ -42,10 +43,8 @@ from .native_nn import (
     _packed,
     _then,
     _threads,
-    image_calls,
     lanes_filters,
     pool_kind,
-    whole_images,
 )
 from .regions import SPLIT_NS, Epilogue
 from .steps import Dyn, aligned_empty
@@ -83,8 +82,9 @@ _NCHW = 3
 
 def conv_nhwc_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], stride: tuple[int, int],
                     dilation: tuple[int, int], ctx: Any, epilogue: Epilogue | None = None) -> list[Any] | None:
-    """An ungrouped float32 NCHW convolution with a small output plane as one call per
-    image of the channels-inner kernel, ``epilogue`` applied as its outputs are final;
+    """An ungrouped float32 NCHW convolution with a small output plane as calls of the
+    channels-inner kernel (one for the batch, or one an image: ``implicit_gemm.image_calls``),
+    ``epilogue`` applied as its outputs are final;
     None where it does not apply (no AVX-512 library, a wider plane, few input
     channels, a 1x1 window, weights the graph computes, another layout or dtype)."""
     kh, kw = w.shape[2:]

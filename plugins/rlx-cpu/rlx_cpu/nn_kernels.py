@@ -24,6 +24,7 @@ from .conv_nhwc import conv_nhwc_steps
 from .gemm import gemv_step, matmul_bias_step, matmul_step, native_step, use_native
 from .grouped_conv import group_conv_step
 from .halves import in_float32
+from .implicit_gemm import conv_gemm_steps
 from .kernels import (
     BuildContext,
     Builder,
@@ -35,7 +36,6 @@ from .kernels import (
 )
 from .native_nn import (
     conv_direct_steps,
-    conv_gemm_steps,
     depthwise_step,
     im2col_step,
     layer_norm_step,

@@ -20,7 +20,7 @@ from rlx_core import reference
 from rlx_core.backends.registry import Registry
 from rlx_core.ir import Graph, Value
 from rlx_core.ir.ops import SOURCE_OPS, OpKind
-from rlx_cpu import CpuBackend, fused, native, native_nn, regions
+from rlx_cpu import CpuBackend, fused, implicit_gemm, native, native_nn, nn_kernels, regions
 
 F32 = np.float32
 
@@ -130,7 +130,7 @@ def kernels(monkeypatch: pytest.MonkeyPatch, panel: int | None) -> None:
     monkeypatch.setenv("RLX_CPU_CONV", "implicit")
     monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)
     if panel is not None:
-        monkeypatch.setattr(native_nn, "conv_gemm_panel", lambda o, n, k: panel)
+        monkeypatch.setattr(implicit_gemm, "conv_gemm_panel", lambda o, n, k: panel)
 
 
 @pytest.mark.parametrize("epilogue", list(EPILOGUES))
@@ -251,7 +251,7 @@ def test_the_gemms_clamp_in_registers_and_keep_nan(lib: native.Native, monkeypat
     tile's scratch included), NaN stays NaN, and values past either bound land on it."""
     kernels(monkeypatch, CONVS[case][3])
     if gemm:  # rlx's GEMM, not the implicit one
-        monkeypatch.setattr(native_nn, "conv_gemm_steps", lambda *a, **k: None)
+        monkeypatch.setattr(nn_kernels, "conv_gemm_steps", lambda *a, **k: None)
     made: list[Any] = []
     real = fused.epilogue
     monkeypatch.setattr(fused, "epilogue", lambda *a: (made.append(real(*a)), made[-1])[1])

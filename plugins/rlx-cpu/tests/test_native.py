@@ -33,7 +33,7 @@ from rlx_core.ir.internal_types import Instruction
 from rlx_core.ir.ops import OpKind
 from rlx_core.passes.internal_ops import program_types
 from rlx_core.run.session import CompiledGraph
-from rlx_cpu import CpuBackend, blas, ccall, conv_nhwc, fused, grouped_conv, native, native_nn, regions
+from rlx_cpu import CpuBackend, blas, ccall, conv_nhwc, fused, grouped_conv, implicit_gemm, native, native_nn, regions
 from rlx_cpu import threads as thread_policy
 from rlx_cpu.steps import HELD16, Dyn, bind, held16
 
@@ -1393,7 +1393,7 @@ def test_implicit_gemm_convolution(lib: native.Native, monkeypatch: pytest.Monke
     monkeypatch.setenv("RLX_CPU_GEMM", "native")
     monkeypatch.setenv("RLX_CPU_CONV", "implicit")  # whatever this host measured
     monkeypatch.setattr(native_nn, "DIRECT_CONV_TAPS", 0)
-    monkeypatch.setattr(native_nn, "conv_gemm_panel", lambda o, n, k: panel)
+    monkeypatch.setattr(implicit_gemm, "conv_gemm_panel", lambda o, n, k: panel)
     monkeypatch.setattr(conv_nhwc, "MAX_PIXELS", 0)  # small planes: the implicit GEMM all the same
     implicit, windows = spy_on(monkeypatch, lib, "conv_gemm"), spy_on(monkeypatch, lib, "im2col")
     xs = IMPLICIT_CONVS[name][0]
@@ -1413,7 +1413,7 @@ def test_implicit_gemm_with_weights_computed_each_run(lib: native.Native, monkey
     packs them again each run (conv_gemm_pack before every product) and follows the gate."""
     monkeypatch.setenv("RLX_CPU_GEMM", "native")
     monkeypatch.setenv("RLX_CPU_CONV", "implicit")
-    monkeypatch.setattr(native_nn, "conv_gemm_panel", lambda o, n, k: panel)
+    monkeypatch.setattr(implicit_gemm, "conv_gemm_panel", lambda o, n, k: panel)
     implicit, packs = spy_on(monkeypatch, lib, "conv_gemm"), spy_on(monkeypatch, lib, "conv_gemm_pack")
     g = Graph("gated")
     x, gate = g.input("x", (1, 24, 12, 12)), g.input("gate", (1, 24, 1, 1))
@@ -1629,8 +1629,8 @@ def test_implicit_gemm_panel_off_avx512_prefers_12_channels(monkeypatch: pytest.
     class Avx2:
         gemm_avx512 = 0
 
-    monkeypatch.setattr(native_nn, "library", lambda: Avx2())
-    assert native_nn.conv_gemm_panel(o, 3136, 576) == want
+    monkeypatch.setattr(implicit_gemm, "library", lambda: Avx2())
+    assert implicit_gemm.conv_gemm_panel(o, 3136, 576) == want
 
 
 def _bf16_bits(x: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ import rlx_core as rlx
 from rlx_core import reference
 from rlx_core.backends.registry import Registry
 from rlx_core.ir import Graph
-from rlx_cpu import CpuBackend, conv_nhwc, native, native_nn
+from rlx_cpu import CpuBackend, conv_nhwc, implicit_gemm, native, native_nn
 
 IMAGES_ARG = 21  # rlx_conv_gemm's ``images``: after x, apk, toff, bias, y, xs and 15 sizes
 
@@ -78,14 +78,14 @@ def test_whole_images_a_thread_compute_what_a_call_an_image_does(lib: native.Nat
     (5 or 3 on two threads) on every thread: the outputs of a call per image, and the
     reference, bit for bit against the former (the same sums in the same order); a 3x3's
     copy of each image in the scratch of the thread computing it."""
-    monkeypatch.setattr(native_nn, "conv_gemm_panel", lambda o, n, k: panel)
+    monkeypatch.setattr(implicit_gemm, "conv_gemm_panel", lambda o, n, k: panel)
     calls = spy(monkeypatch, lib)
     g = block(batch, kernel)
     feeds = {"x": rand((batch, 24, 9, 9), 3), "skip": rand((batch, 40, 9, 9), 4)}
     (batched,) = compile_cpu(g).run(feeds)
     assert [c[IMAGES_ARG] for c in calls] == [batch], "not one call for the batch"
     calls.clear()
-    monkeypatch.setattr(native_nn, "WHOLE_IMAGE_MACS", 0)  # a call an image
+    monkeypatch.setattr(implicit_gemm, "WHOLE_IMAGE_MACS", 0)  # a call an image
     (each,) = compile_cpu(g).run(feeds)
     assert [c[IMAGES_ARG] for c in calls] == [1] * batch
     np.testing.assert_array_equal(batched, each)
@@ -111,7 +111,7 @@ def test_large_images_keep_a_call_an_image_on_every_thread(lib: native.Native,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Past ``WHOLE_IMAGE_MACS`` an image's product, split across the threads, is one call."""
     calls = spy(monkeypatch, lib)
-    monkeypatch.setattr(native_nn, "WHOLE_IMAGE_MACS", 40 * 24 * 81 - 1)
+    monkeypatch.setattr(implicit_gemm, "WHOLE_IMAGE_MACS", 40 * 24 * 81 - 1)
     g = block(4, 1)
     feeds = {"x": rand((4, 24, 9, 9), 3), "skip": rand((4, 40, 9, 9), 4)}
     (got,) = compile_cpu(g).run(feeds)
@@ -166,7 +166,7 @@ def test_the_channels_inner_kernel_takes_whole_images_a_thread(lib: native.Nativ
     (batched,) = compile_cpu(g).run(feeds)
     assert [c[NHWC_IMAGES_ARG] for c in calls] == [batch], "not one call for the batch"
     calls.clear()
-    monkeypatch.setattr(native_nn, "WHOLE_IMAGE_MACS", 0)
+    monkeypatch.setattr(implicit_gemm, "WHOLE_IMAGE_MACS", 0)
     (each,) = compile_cpu(g).run(feeds)
     assert [c[NHWC_IMAGES_ARG] for c in calls] == [1] * batch
     np.testing.assert_array_equal(batched, each)
