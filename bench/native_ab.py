@@ -42,8 +42,8 @@ _RLX_PK_DEPTHWISE = 8  # native.c's RLX_PK_DEPTHWISE, rlx_packed's kernel number
 def _load(path: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(Path(path).resolve()))
     lib.rlx_abi.restype = _I64
-    #: ABI 33 added the count of images before the threads (the call then covers a batch)
-    lib.rlx_conv_nhwc.argtypes = [_P, _P, _P, _P, _P, *[_I64] * (17 if lib.rlx_abi() >= 33 else 16), _P]
+    lib.images_arg = lib.rlx_abi() >= 33  # ABI 33 added a count of images before the threads
+    lib.rlx_conv_nhwc.argtypes = [_P, _P, _P, _P, _P, *[_I64] * (17 if lib.images_arg else 16), _P]
     lib.rlx_conv_nhwc.restype = None
     lib.rlx_conv_nhwc_pack.argtypes = [_P, _I64, _I64, _I64, _I64, _P]
     lib.rlx_conv_nhwc_pack_size.argtypes = [_I64] * 4
@@ -92,7 +92,7 @@ def _conv_nhwc(libs: dict[str, ctypes.CDLL], shape: tuple[int, ...], rounds: int
 
             def run(lib: ctypes.CDLL = lib, wpk: np.ndarray = wpk, scratch: np.ndarray = scratch,
                     y: np.ndarray = y, threads: int = threads) -> None:
-                images = (1,) if len(lib.rlx_conv_nhwc.argtypes) == 23 else ()
+                images = (1,) if lib.images_arg else ()
                 lib.rlx_conv_nhwc(x.ctypes.data, wpk.ctypes.data, bias.ctypes.data, y.ctypes.data,
                                   scratch.ctypes.data, c, hw, hw, o, 1, 1, 1, 1, 1, 1, 0, 0, hw, hw, 0, *images,
                                   threads, None)

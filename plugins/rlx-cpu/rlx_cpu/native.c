@@ -875,6 +875,35 @@ static int64_t row_threads(int64_t threads, int64_t rows) {
     } while (0)
 #endif
 
+/* CALL once for each of `images` images i (its values at i times the caller's stride): with
+ * `threads` > 1 and at least as many images, each thread of one parallel region runs the
+ * images i = t, t + threads, ... of the whole rounds alone (CALL sees `t`, the thread, and
+ * `inner` = 1, the threads of that image's call), then the images short of a round each
+ * on every thread (t = 0, inner = threads). rlx_conv_gemm's and rlx_conv_nhwc's batches. */
+#ifdef _OPENMP
+#define RLX_OVER_IMAGES(threads, images, CALL)                                                                      \
+    do {                                                                                                           \
+        const int64_t team_ = (threads), count_ = (images);                                                        \
+        const int64_t whole_ = team_ > 1 && count_ >= team_ ? count_ / team_ * team_ : 0;                          \
+        if (whole_) {                                                                                              \
+            _Pragma("omp parallel num_threads((int)team_)") {                                                      \
+                const int64_t t = omp_get_thread_num(), nt_ = omp_get_num_threads(), inner = 1;                    \
+                for (int64_t i = t; i < whole_; i += nt_) CALL;                                                    \
+            }                                                                                                      \
+        }                                                                                                          \
+        for (int64_t i = whole_; i < count_; i++) {                                                                \
+            const int64_t t = 0, inner = team_;                                                                    \
+            CALL;                                                                                                  \
+        }                                                                                                          \
+    } while (0)
+#else
+#define RLX_OVER_IMAGES(threads, images, CALL)                                                                      \
+    do {                                                                                                           \
+        const int64_t inner = (threads), count_ = (images), t = 0;                                                 \
+        for (int64_t i = 0; i < count_; i++) CALL;                                                                 \
+    } while (0)
+#endif
+
 /* ------------------------------------------------------ float16 <-> float32
  * Elementwise conversions of IEEE half floats, to nearest even (as numpy's). Why: a
  * float16 graph's products and convolutions run on the float32 kernels over float32
@@ -3358,7 +3387,7 @@ RLX_API void rlx_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t a
  *
  * W is packed by rlx_conv_gemm_pack in panels of mr rows (8 or 12: rlx_gemm's 12 x 32
  * tile wastes 8 of every 72 rows on 64 channels; 8 x 32 runs as fast from L1; 32 for the
- * channels-in-vectors form), k block by k block; native_nn.conv_gemm_panel picks mr. GotoBLAS's loop order: for each k block, a tile's columns (kc taps of 32
+ * channels-in-vectors form), k block by k block; implicit_gemm.conv_gemm_panel picks mr. GotoBLAS's loop order: for each k block, a tile's columns (kc taps of 32
  * columns, a few KB of xs) stay in L1 while every row panel of the block's W streams
  * past from L2 (keeping each tile's sums over the whole of k instead, W's panel in L1
  * and xs from L2, ran at 200 GF/s a core where the kernel does 255 from L1). Columns go
@@ -3843,31 +3872,17 @@ static void conv_gemm_image(const float *x, const float *apk, const int32_t *tof
  * (two threads splitting its panels) lost a tenth of it to the start, the split's
  * padding and the wait for the slower thread (measured: BENCHMARKS.md, section
  * "Whole images per thread in the implicit GEMM (issue 35, session 47)"). The caller
- * (native_nn.conv_gemm_steps) sends a batch only where the images are that small. */
+ * (implicit_gemm.conv_gemm_steps) sends a batch only where the images are that small. */
 RLX_API void rlx_conv_gemm(const float *x, const float *apk, const int32_t *toff, const float *bias, float *y,
                            float *xs, int64_t c, int64_t h, int64_t wd, int64_t o, int64_t kh, int64_t kw, int64_t sh,
                            int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
                            int64_t mr, int64_t images, int64_t threads, const rlx_epilogue *epi) {
-    if (mr != 8 && mr != 12 && mr != 32) return; /* never sent: native_nn.conv_gemm_steps packs for these */
+    if (mr != 8 && mr != 12 && mr != 32) return; /* never sent: implicit_gemm.conv_gemm_steps packs for these */
     const int64_t xi = c * h * wd, yi = o * oh * ow, xsf = rlx_conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow);
     threads = threads > g_max_threads ? g_max_threads : threads;
-    int64_t whole = threads > 1 && images >= threads ? images / threads * threads : 0;
-#ifdef _OPENMP
-    if (whole) {
-#pragma omp parallel num_threads((int)threads)
-        {
-            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-            for (int64_t i = t; i < whole; i += nt)
-                conv_gemm_image(x + i * xi, apk, toff, bias, y + i * yi, xs + t * xsf, c, h, wd, o, kh, kw, sh, sw, dh,
-                                dw, pt, pl, oh, ow, mr, 1, epi);
-        }
-    }
-#else
-    whole = 0;
-#endif
-    for (int64_t i = whole; i < images; i++)
-        conv_gemm_image(x + i * xi, apk, toff, bias, y + i * yi, xs, c, h, wd, o, kh, kw, sh, sw, dh, dw, pt, pl, oh,
-                        ow, mr, threads, epi);
+    RLX_OVER_IMAGES(threads, images,
+                    conv_gemm_image(x + i * xi, apk, toff, bias, y + i * yi, xs + t * xsf, c, h, wd, o, kh, kw, sh, sw,
+                                    dh, dw, pt, pl, oh, ow, mr, inner, epi));
 }
 
 /* ------------------------------------------------------------ transposes */
@@ -4253,23 +4268,9 @@ RLX_API void rlx_conv_nhwc(const float *x, const float *wpk, const float *bias, 
                            int64_t images, int64_t threads, const rlx_epilogue *epi) {
     const int64_t xi = c * h * w, yi = o * oh * ow, sf = rlx_conv_nhwc_scratch(c, h, w, o, oh, ow, layout);
     threads = threads > g_max_threads ? g_max_threads : threads;
-    int64_t whole = threads > 1 && images >= threads ? images / threads * threads : 0;
-#ifdef _OPENMP
-    if (whole) {
-#pragma omp parallel num_threads((int)threads)
-        {
-            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-            for (int64_t i = t; i < whole; i += nt)
-                conv_nhwc_image(x + i * xi, wpk, bias, y + i * yi, scratch + t * sf, c, h, w, o, kh, kw, sh, sw, dh,
-                                dw, pt, pl, oh, ow, layout, 1, epi);
-        }
-    }
-#else
-    whole = 0;
-#endif
-    for (int64_t i = whole; i < images; i++)
-        conv_nhwc_image(x + i * xi, wpk, bias, y + i * yi, scratch, c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow,
-                        layout, threads, epi);
+    RLX_OVER_IMAGES(threads, images,
+                    conv_nhwc_image(x + i * xi, wpk, bias, y + i * yi, scratch + t * sf, c, h, w, o, kh, kw, sh, sw,
+                                    dh, dw, pt, pl, oh, ow, layout, inner, epi));
 }
 
 /* ------------------------------------------------------------ pooling over NHWC
