@@ -151,7 +151,7 @@ class Native:
         self.conv_direct_scratch = self._lib.rlx_conv_direct_scratch  # (c, kh, kw, sh, sw, oh, ow)
         self.conv_direct_scratch.argtypes = [i64] * 7
         self.conv_direct_scratch.restype = i64
-        # (x, apk, toff, bias, y, xs, c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, mr, threads)
+        # (x, apk, toff, bias, y, xs, c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, mr, images, threads, epi)
         self.conv_gemm = self._lib.rlx_conv_gemm
         self.conv_gemm.argtypes = [p, p, p, p, p, p, *[i64] * 17, p]
         self.conv_gemm.restype = None
@@ -167,7 +167,7 @@ class Native:
         self.conv_gemm_pack_size = self._lib.rlx_conv_gemm_pack_size  # (o, k, mr) -> floats
         self.conv_gemm_pack_size.argtypes = [i64] * 3
         self.conv_gemm_pack_size.restype = i64
-        # (x, wpk, bias, y, scratch, c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, layout, threads, epi)
+        # (x, wpk, bias, y, scratch, c, h, w, o, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, layout, images, threads, epi)
         self.conv_nhwc = self._lib.rlx_conv_nhwc
         self.conv_nhwc.argtypes = [p, p, p, p, p, *[i64] * 17, p]
         self.conv_nhwc.restype = None
