@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 
-from . import gemm
 from .ccall import bound_call
 from .implicit_gemm import image_calls, whole_images
 from .native import library
@@ -177,17 +176,15 @@ def _steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int, int], st
 
     wpk, steps = _packed(ctx, w, ("rlx_conv_nhwc_pack", o, c, kh, kw), size, make, lib.conv_nhwc_pack,
                          [0, o, c, kh, kw, 0])
-    per_image = o * c * kh * kw * oh * ow
-    whole = whole_images(lib, per_image, int(x.shape[0]))
-    threads = whole or lib.threads_for(per_image, gemm.SPLIT_MACS, gemm.THREAD_MACS)
-    scratch = ctx.scratch((int(lib.conv_nhwc_scratch(c, h, wd, o, oh, ow, layout)) * (whole or 1),), np.float32)
+    threads, whole = whole_images(lib, o * c * kh * kw * oh * ow, int(x.shape[0]))
+    scratch = ctx.scratch((int(lib.conv_nhwc_scratch(c, h, wd, o, oh, ow, layout)) * (threads if whole else 1),),
+                          np.float32)
     epi = 0 if epilogue is None else epilogue.address(threads)
     keep = (wpk,) if epilogue is None else (wpk, epilogue)
     (sh, sw), (dh, dw) = stride, dilation
     args = [0, wpk.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow, layout, 0, threads, epi]
     run = _in_layout(_conv_numpy(w, pads, stride, (oh, ow), dilation), layout, (o, oh, ow))
-    return steps + image_calls(lib.conv_nhwc, args, (0, 2, 3, 4), x, bias, out, scratch, run, epilogue, keep,
-                               whole > 0)
+    return steps + image_calls(lib.conv_nhwc, args, (0, 2, 3, 4), x, bias, out, scratch, run, epilogue, keep, whole)
 
 
 def _in_layout(run: Callable[..., None], layout: int, out_chw: tuple[int, int, int]) -> Callable[..., None]:

@@ -115,25 +115,27 @@ def conv_gemm_steps(x: Any, w: np.ndarray, bias: Any, out: Any, pads: tuple[int,
     # weights computed each run (a squeeze-excitation gate folded into them: rlx_core's
     # conv_scale pass) are packed again each run, a pass over o k floats
     apk, steps = _packed(ctx, w, ("rlx_conv_gemm_pack", o, k, mr), size, make, lib.conv_gemm_pack, [0, o, k, mr, 0])
-    per_image, images = o * k * oh * ow, int(x.shape[0])
-    whole = whole_images(lib, per_image, images)
-    threads = whole or lib.threads_for(per_image, gemm.SPLIT_MACS, gemm.THREAD_MACS)
-    xs = ctx.scratch((lib.conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow) * (whole or 1),), np.float32)
+    threads, whole = whole_images(lib, o * k * oh * ow, int(x.shape[0]))
+    xs = ctx.scratch((lib.conv_gemm_scratch(c, kh, kw, sh, sw, dh, dw, oh, ow) * (threads if whole else 1),),
+                     np.float32)
     epi = 0 if epilogue is None else epilogue.address(threads)
     keep = (apk, toff) if epilogue is None else (apk, toff, epilogue)
     args = [0, apk.ctypes.data, toff.ctypes.data, 0, 0, 0, c, h, wd, o, kh, kw, sh, sw, dh, dw, *pads, oh, ow, mr,
             0, threads, epi]
     return steps + image_calls(lib.conv_gemm, args, (0, 3, 4, 5), x, bias, out, xs,
-                               _conv_numpy(w, pads, stride, (oh, ow), dilation), epilogue, keep, whole > 0)
+                               _conv_numpy(w, pads, stride, (oh, ow), dilation), epilogue, keep, whole)
 
 
-def whole_images(lib: Any, per_image: int, images: int) -> int:
-    """The threads of one call in which each computes whole images of a batch (a kernel's
-    ``images`` argument), or 0 for a call an image on all threads: 0 for images of more
-    than ``WHOLE_IMAGE_MACS`` multiply-adds, or fewer images than threads the batch's
-    work is worth."""
+def whole_images(lib: Any, per_image: int, images: int) -> tuple[int, bool]:
+    """The threads of a convolution kernel's calls over ``images`` images of ``per_image``
+    multiply-adds, and whether one call covers the batch, each thread computing whole
+    images (a kernel's ``images`` argument; the caller's scratch then one a thread): not
+    for images of more than ``WHOLE_IMAGE_MACS``, nor fewer images than threads the
+    batch's work is worth; else a call an image, on the threads that image is worth."""
     whole = lib.threads_for(images * per_image, gemm.SPLIT_MACS, gemm.THREAD_MACS)
-    return whole if 2 <= whole <= images and per_image <= WHOLE_IMAGE_MACS else 0
+    if 2 <= whole <= images and per_image <= WHOLE_IMAGE_MACS:
+        return whole, True
+    return lib.threads_for(per_image, gemm.SPLIT_MACS, gemm.THREAD_MACS), False
 
 
 def image_calls(fn: Any, args: list[Any], at: tuple[int, int, int, int], x: Any, bias: Any, out: Any,
