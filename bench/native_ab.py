@@ -1,6 +1,6 @@
 """Two builds of rlx-cpu's native library, kernel against kernel, in one process.
 
-    python bench/native_ab.py OLD.so NEW.so [--kernel conv_nhwc|depthwise_rows] [--shapes ...] [--rounds 15]
+    python bench/native_ab.py OLD.so NEW.so [--kernel conv_nhwc|depthwise_rows|dense] [--shapes ...] [--rounds 15]
 
 Why: on a shared 2-core VM whole-model times of two checkouts swing by 1.5x from one
 process to the next (a co-tenant fills L3, the host's slow state), far more than most
@@ -21,6 +21,10 @@ Kernels:
   NCHW product ``rlx_gemm`` of the first build beside it; shapes ``C,O,HW``.
 - ``depthwise_rows``: ``rlx_depthwise_conv`` (the row kernel, 3x3; stride 2 over split
   rows) without an epilogue and with a ReLU's clamp, at two threads; shapes ``N,C,HW,K,S``.
+- ``dense``: ``rlx_gemm`` as a dense layer runs it (A, the activations, read in place; B,
+  the weights, packed once by ``rlx_gemm_pack_b``; a bias per row), at one and two
+  threads; shapes ``M,K,N`` (a transformer's 1024 tokens through its 768 -> 3072 layer:
+  ``1024,768,3072``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import numpy as np
 _I64, _P = ctypes.c_int64, ctypes.c_void_p
 _CONV_SHAPES = "48,24,56;24,72,56;72,24,56;40,120,28;120,40,28;112,672,14;672,112,14;32,16,112;64,64,56"
 _DW_SHAPES = "4,64,112,3,2;1,72,56,3,1;1,144,56,3,1;8,144,56,3,1;1,32,112,3,1;1,48,112,3,2"
+_DENSE_SHAPES = "1024,768,3072;1024,3072,768;1024,768,768;128,768,3072;128,3072,768;1576,768,3072;4096,3072,768"
 _RLX_PK_DEPTHWISE = 8  # native.c's RLX_PK_DEPTHWISE, rlx_packed's kernel number
 
 
@@ -52,6 +57,9 @@ def _load(path: str) -> ctypes.CDLL:
     lib.rlx_conv_nhwc_scratch.restype = _I64
     lib.rlx_gemm.argtypes = [_I64, _I64, _I64, _P, _I64, _I64, _I64, _P, _I64, _I64, _I64, _P, _I64, _I64, _I64, _I64,
                              _I64, _P, _P]
+    lib.rlx_gemm_pack_b.argtypes = [_P, _I64, _I64, _I64, _I64, _P]
+    lib.rlx_gemm_pack_b_size.argtypes = [_I64, _I64]
+    lib.rlx_gemm_pack_b_size.restype = _I64
     lib.rlx_packed.argtypes = [_P]
     lib.rlx_packed.restype = _I64
     lib.rlx_bind_team.argtypes = [_I64]
@@ -148,18 +156,49 @@ def _depthwise_rows(libs: dict[str, ctypes.CDLL], shape: tuple[int, ...], rounds
     return _best(contenders, rounds)
 
 
+def _dense(libs: dict[str, ctypes.CDLL], shape: tuple[int, ...], rounds: int) -> dict[str, float]:
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(m).astype(np.float32)
+    want = a.astype(np.float64) @ b.astype(np.float64) + bias[:, None]
+    keep, contenders = [], {}
+    for name, lib in libs.items():
+        packed = np.zeros(lib.rlx_gemm_pack_b_size(n, k), np.float32)
+        lib.rlx_gemm_pack_b(b.ctypes.data, n, 1, k, n, packed.ctypes.data)
+        for threads in (1, 2):
+            c = np.full((m, n), np.nan, np.float32)
+            keep += [packed, c]
+
+            def run(lib: ctypes.CDLL = lib, packed: np.ndarray = packed, c: np.ndarray = c,
+                    threads: int = threads) -> None:
+                lib.rlx_gemm(m, n, k, a.ctypes.data, k, 1, 0, packed.ctypes.data, 0, 0, 0, c.ctypes.data, n, 0, 1,
+                             2, threads, bias.ctypes.data, None)  # flags 2: B packed
+
+            run()
+            np.testing.assert_allclose(c, want, rtol=1e-3, atol=1e-3 * np.sqrt(k))
+            contenders[f"{name} {threads}t"] = run
+    return _best(contenders, rounds, calls=3)
+
+
+_KERNELS = {"conv_nhwc": (_conv_nhwc, _CONV_SHAPES), "depthwise_rows": (_depthwise_rows, _DW_SHAPES),
+            "dense": (_dense, _DENSE_SHAPES)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("libs", nargs=2, help="two builds of _rlx_native.so: old, new")
-    ap.add_argument("--kernel", choices=["conv_nhwc", "depthwise_rows"], default="conv_nhwc")
-    ap.add_argument("--shapes", help="';'-separated shapes (conv_nhwc: C,O,HW; depthwise_rows: N,C,HW,K,S)")
+    ap.add_argument("--kernel", choices=sorted(_KERNELS), default="conv_nhwc")
+    ap.add_argument("--shapes", help="';'-separated shapes (conv_nhwc: C,O,HW; depthwise_rows: N,C,HW,K,S; "
+                                     "dense: M,K,N)")
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args()
     libs = {}
     for i, path in enumerate(args.libs):
         libs[f"{'old' if i == 0 else 'new'}"] = _load(path)
-    spec = args.shapes or (_CONV_SHAPES if args.kernel == "conv_nhwc" else _DW_SHAPES)
-    bench = _conv_nhwc if args.kernel == "conv_nhwc" else _depthwise_rows
+    bench, default_shapes = _KERNELS[args.kernel]
+    spec = args.shapes or default_shapes
     for text in spec.split(";"):
         shape = tuple(int(v) for v in text.split(","))
         best = bench(libs, shape, args.rounds)

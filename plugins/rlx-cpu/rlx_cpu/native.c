@@ -2836,6 +2836,9 @@ RLX_API void rlx_conv_direct(const float *x, const float *wpk, const float *bias
 #ifndef RLX_GEMM_PREFETCH
 #define RLX_GEMM_PREFETCH (RLX_GEMM_MR * RLX_GEMM_KC)
 #endif
+#ifndef RLX_GEMM_C_STRIPE /* bytes of C a dense layer's block of columns keeps in L2 (gemm_range) */
+#define RLX_GEMM_C_STRIPE (512 * 1024)
+#endif
 #define RLX_GEMM_PACKED_A 1
 #define RLX_GEMM_PACKED_B 2
 
@@ -3145,6 +3148,46 @@ static inline __attribute__((always_inline)) void gemm_micro_rows(int64_t kc, co
         gemm_tile8(kc, NULL, rows, b, c, ldc, mr, nr, add, rb, cl);
         return;
     }
+    /* C's rows fetched for writing as the sums start (as gemm_fetch_row does off AVX-512):
+     * a tile's 24 lines of C, ldc apart, come from L3 or memory when C outgrows L2 */
+#pragma GCC unroll 16
+    for (int i = 0; i < RLX_GEMM_MR; i++)
+        if (i < mr) __builtin_prefetch(c + i * ldc, 1, 3), __builtin_prefetch(c + i * ldc + 31, 1, 3);
+    if (mr == RLX_GEMM_MR && RLX_GEMM_MR == 12) {
+        /* A whole tile's rows through four pointers, each the first of three rows lda apart
+         * (an x86 address is a base plus an index times 1, 2, 4 or 8): twelve row pointers
+         * do not fit the registers beside the loop's own, and the loop reloaded four of them
+         * from the stack every k. With the k loop unrolled, the products of a transformer's
+         * dense layers (1024 x 768 x 3072 and 1024 x 3072 x 768, B packed) ran 0.83-0.93x
+         * the time on one core and on two, interleaved (BENCHMARKS.md, "Dense layers without
+         * the extras (issue 35, session 48)"). */
+        const char *q0 = (const char *)a, *q3 = (const char *)(a + 3 * lda), *q6 = (const char *)(a + 6 * lda),
+                   *q9 = (const char *)(a + 9 * lda);
+        const int64_t L = lda * (int64_t)sizeof(float);
+#pragma GCC unroll 4
+        for (int64_t p = 0; p < kc; p++) {
+            rlx_v16 b0, b1;
+            memcpy(&b0, b + p * RLX_GEMM_NR, sizeof b0);
+            memcpy(&b1, b + p * RLX_GEMM_NR + 16, sizeof b1);
+            if (bnext) {
+                __builtin_prefetch(bnext + p * RLX_GEMM_NR, 0, 1);
+                __builtin_prefetch(bnext + p * RLX_GEMM_NR + 16, 0, 1);
+            }
+            const int64_t o = p * (int64_t)sizeof(float);
+            float av[12];
+            memcpy(&av[0], q0 + o, 4); memcpy(&av[1], q0 + o + L, 4); memcpy(&av[2], q0 + o + 2 * L, 4);
+            memcpy(&av[3], q3 + o, 4); memcpy(&av[4], q3 + o + L, 4); memcpy(&av[5], q3 + o + 2 * L, 4);
+            memcpy(&av[6], q6 + o, 4); memcpy(&av[7], q6 + o + L, 4); memcpy(&av[8], q6 + o + 2 * L, 4);
+            memcpy(&av[9], q9 + o, 4); memcpy(&av[10], q9 + o + L, 4); memcpy(&av[11], q9 + o + 2 * L, 4);
+#pragma GCC unroll 16
+            for (int i = 0; i < 12; i++) {
+                lo[i] += av[i] * b0;
+                hi[i] += av[i] * b1;
+            }
+        }
+        gemm_store(lo, hi, c, ldc, mr, nr, add, rb, cl);
+        return;
+    }
     for (int64_t p = 0; p < kc; p++) {
         rlx_v16 b0, b1;
         memcpy(&b0, b + p * RLX_GEMM_NR, sizeof b0);
@@ -3219,6 +3262,15 @@ static void gemm_plain(const gemm_args *g, int64_t r0, int64_t r1, int64_t c0, i
 static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     const int64_t MR = RLX_GEMM_MR, NR = RLX_GEMM_NR, k = g->k;
     const int packed_a = (g->flags & RLX_GEMM_PACKED_A) != 0, packed_b = (g->flags & RLX_GEMM_PACKED_B) != 0;
+    /* A dense layer's rows in even chunks of at most `most` panels, whose C stripe of four
+     * column panels fits RLX_GEMM_C_STRIPE (1024 rows): 4096 rows (a batch of 32 sequences
+     * of 128) otherwise made a stripe of 2 MB at the fewest columns */
+    const int64_t most = (RLX_GEMM_C_STRIPE / (4 * NR * (int64_t)sizeof(float)) + MR - 1) / MR;
+    if (packed_b && i1 - i0 > most) {
+        int64_t chunks = (i1 - i0 + most - 1) / most, per = (i1 - i0 + chunks - 1) / chunks;
+        for (int64_t ib = i0; ib < i1; ib += per) gemm_range(g, ib, i1 - ib < per ? i1 : ib + per, j0, j1);
+        return;
+    }
     int64_t kmax = k < RLX_GEMM_KC ? k : RLX_GEMM_KC;
     const int direct_a = !packed_a && g->a_cs == 1; /* A's rows contiguous: read in place, not packed */
     const int wide = rlx_gemm_avx512() != 0; /* AVX-512's 12 x 32 tile in rlx_v16, else 6 x 16 sub-tiles */
@@ -3232,7 +3284,17 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
     const float *clamp = epi_clamp(g->epi); /* applied as C is stored */
     epi_state es;
     epi_begin(&es, clamp ? NULL : g->epi, rlx_thread());
-    const int64_t mcp = RLX_GEMM_MC / MR, ncp = RLX_GEMM_NC / NR; /* panels per block */
+    const int64_t mcp = RLX_GEMM_MC / MR; /* panels per block */
+    int64_t ncp = RLX_GEMM_NC / NR;
+    /* A dense layer's product (B its packed weights, A the activations read in place): as
+     * few columns a block as keep C's stripe of this part's rows (RLX_GEMM_C_STRIPE bytes)
+     * in L2 while the k blocks go by. With RLX_GEMM_NC columns, 1024 rows of C made 1.5 MB
+     * a thread, read back from L3 or memory once per k block (twelve times over a 3072-term
+     * sum); A, streamed in order, is read once per block of columns instead. */
+    if (packed_b) {
+        int64_t fit = RLX_GEMM_C_STRIPE / ((i1 - i0) * MR * NR * (int64_t)sizeof(float));
+        ncp = fit < 4 ? 4 : fit < ncp ? fit : ncp;
+    }
     const int64_t mp_pad = (g->m + MR - 1) / MR * MR, np_pad = (g->n + NR - 1) / NR * NR; /* packed rows */
     for (int64_t jc = j0; jc < j1; jc += ncp) {
         int64_t jn = j1 - jc < ncp ? j1 - jc : ncp;

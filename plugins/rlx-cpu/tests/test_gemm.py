@@ -80,6 +80,26 @@ def test_k_past_one_block_and_the_threads_split_both_ways(lib: native.Native) ->
             check(product(a, b, lib), a, b)
 
 
+@pytest.mark.parametrize("m, k, n", [(1030, 3072, 200), (1024, 600, 777), (4100, 300, 150), (13, 1024, 40)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_dense_layers_product_with_its_weights_packed(lib: native.Native, m: int, k: int, n: int,
+                                                        threads: int) -> None:
+    """A dense layer's product as the plan binds it: A (the activations) read in place,
+    rows ``lda`` apart (3072 and 1024 terms: rows a multiple of 4 KiB apart), B packed once
+    (``rlx_gemm_pack_b``), a bias per row of C: whole 12-row tiles (four row pointers) and
+    a last partial one, partial column panels, many k blocks, and C's columns in blocks
+    that keep a stripe of 1030 rows in L2 (fewer columns a block than the GEMM's own),
+    and 4100 rows in chunks of rows, on one thread and split over two."""
+    a, b, bias = rand((m, k), 11), rand((k, n), 12), rand((m,), 13)
+    packed = np.zeros(lib.gemm_pack_b_size(n, k), F32)
+    lib.gemm_pack_b(b.ctypes.data, n, 1, k, n, packed.ctypes.data)
+    c = np.full((m, n), np.nan, F32)
+    lib.gemm(m, n, k, a.ctypes.data, k, 1, 0, packed.ctypes.data, 0, 0, 0, c.ctypes.data, n, 0, 1, 2, threads,
+             bias.ctypes.data, None)  # flags 2: B packed
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64)) + bias[:, None]
+    np.testing.assert_allclose(c, want, rtol=0, atol=4 * k * np.finfo(F32).eps * (np.abs(want).max() + 1))
+
+
 @pytest.mark.parametrize("ta, tb", [(False, True), (True, False), (True, True)])
 def test_transposed_operands(lib: native.Native, ta: bool, tb: bool) -> None:
     m, k, n = 37, 70, 45
