@@ -72,6 +72,69 @@ def test_chain_becomes_attention_with_the_same_results(scale: str, want: float, 
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+def split_heads(g: rlx.Graph, batched_kt: bool) -> tuple[object, object, object]:
+    """q, kT and v of heads split by reshape + transpose; kT as torch.onnx's classic
+    exporter writes it (one transpose of k's reshape) or as the dynamo exporter writes
+    ``k.transpose(-2, -1)`` before a 3-D product (k's heads merged into one batch axis,
+    transposed, split again)."""
+    qkv = [g.input(n, (B, L, H * D)) for n in "qkv"]
+    q, k, v = (g.transpose(g.reshape(t, (B, L, H, D)), (0, 2, 1, 3)) for t in qkv)
+    if batched_kt:
+        kt = g.reshape(g.transpose(g.reshape(k, (B * H, L, D)), (0, 2, 1)), (B, H, D, L))
+    else:
+        kt = g.transpose(k, (0, 1, 3, 2))
+    return q, kt, v
+
+
+@pytest.mark.parametrize("batched_kt", [False, True])
+def test_sdpas_two_factors_without_the_guard_become_the_scale(batched_kt: bool) -> None:
+    """``(q * c) @ (kT * c)``, SDPA's ``sqrt(1 / sqrt(D))`` on each side as transformers'
+    exports write it without the isnan guard (BERT at opset 17): one scale ``c * c``, no
+    multiplication left, and kT read as k (its transpose merged into k's, or, batched,
+    k itself: no transpose left for it)."""
+    g = rlx.Graph("sdpa")
+    q, kt, v = split_heads(g, batched_kt)
+    c = g.constant(np.float32(1 / np.sqrt(np.sqrt(D))))
+    s = g.add(g.matmul(g.mul(q, c), g.mul(kt, c)), g.input("mask", (1, 1, L, L)))
+    g.set_outputs([g.matmul(g.softmax(s, axis=-1), v)])
+    h, notes, folded = fuse_attention(g, claim_all)
+    (att,) = [n for n in h.nodes if n.op is OpKind.ATTENTION]
+    assert att.attrs == {"scale": pytest.approx(1 / np.sqrt(D), rel=1e-6)} and not folded
+    assert "matmul + mul + mul + add + softmax" in notes[0]
+    assert "mul" not in ops_of(h) and "softmax" not in ops_of(h)
+    assert ops_of(h).count("transpose") == 3 and h.node(att.inputs[1]).op is OpKind.TRANSPOSE
+    f = feeds(g)
+    np.testing.assert_allclose(reference.evaluate(h, f)[0], reference.evaluate(g, f)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_the_dynamo_exporters_batched_kt_is_read_as_k() -> None:
+    """kT made by merging k's heads, transposing and splitting them again is k with its
+    last two axes swapped: the attention node reads k's own transpose (one transpose for
+    k where the chain had it, its kT turned back cost two more), and runs as before; a
+    reshape that does not split the heads back the same way is left as it is."""
+    g = rlx.Graph("attn")
+    q, kt, v = split_heads(g, batched_kt=True)
+    g.set_outputs([g.matmul(g.softmax(g.div(g.matmul(q, kt), g.constant(np.float32(8.0))), axis=-1), v)])
+    h, notes, _ = fuse_attention(g, claim_all)
+    (att,) = [n for n in h.nodes if n.op is OpKind.ATTENTION]
+    k = h.node(att.inputs[1])
+    assert k.op is OpKind.TRANSPOSE and k.attrs["perm"] == (0, 2, 1, 3) and h.node(k.inputs[0]).op is OpKind.RESHAPE
+    assert ops_of(h).count("transpose") == 3 and "into attention" in notes[0]
+    f = feeds(g)
+    np.testing.assert_allclose(reference.evaluate(h, f)[0], reference.evaluate(g, f)[0], rtol=1e-6, atol=1e-7)
+    g2 = rlx.Graph("attn")  # kT's heads split back in the other order: not k's transpose
+    q, k3, v = split_heads(g2, batched_kt=False)
+    kt2 = g2.reshape(g2.transpose(g2.reshape(g2.transpose(k3, (0, 1, 3, 2)), (B * H, D, L)), (0, 2, 1)), (H, B, D, L))
+    g2.set_outputs([g2.matmul(g2.softmax(g2.matmul(g2.reshape(q, (H, B, L, D)), kt2), axis=-1),
+                              g2.reshape(v, (H, B, L, D)))])
+    h2, _, _ = fuse_attention(g2, claim_all)
+    (att2,) = [n for n in h2.nodes if n.op is OpKind.ATTENTION]
+    assert h2.node(att2.inputs[1]).op is OpKind.TRANSPOSE and h2.node(h2.node(att2.inputs[1]).inputs[0]).op is \
+        OpKind.RESHAPE and h2.node(h2.node(att2.inputs[1]).inputs[0]).shape == (H, B, D, L)
+    f2 = feeds(g2)
+    np.testing.assert_allclose(reference.evaluate(h2, f2)[0], reference.evaluate(g2, f2)[0], rtol=1e-6, atol=1e-7)
+
+
 def test_inexact_scales_and_shared_values_are_left_alone() -> None:
     for g in (exported("div3"), exported(softmax_is_output=True)):
         h, notes, _ = fuse_attention(g, claim_all)
