@@ -3157,10 +3157,10 @@ static inline __attribute__((always_inline)) void gemm_micro_rows(int64_t kc, co
         /* A whole tile's rows through four pointers, each the first of three rows lda apart
          * (an x86 address is a base plus an index times 1, 2, 4 or 8): twelve row pointers
          * do not fit the registers beside the loop's own, and the loop reloaded four of them
-         * from the stack every k. With the k loop unrolled, the products of a transformer's
-         * dense layers (1024 x 768 x 3072 and 1024 x 3072 x 768, B packed) ran 0.83-0.93x
-         * the time on one core and on two, interleaved (BENCHMARKS.md, "Dense layers without
-         * the extras (issue 35, session 48)"). */
+         * from the stack every k. With the k loop unrolled, and C's stripe kept in L2
+         * (gemm_range), a transformer's dense layers (128 to 4096 rows, B packed) ran in
+         * 0.84-0.94x the time on one core, 0.71-0.99x on two (BENCHMARKS.md, "Dense layers
+         * and attention chains of transformers without the extras (issue 35, session 48)"). */
         const char *q0 = (const char *)a, *q3 = (const char *)(a + 3 * lda), *q6 = (const char *)(a + 6 * lda),
                    *q9 = (const char *)(a + 9 * lda);
         const int64_t L = lda * (int64_t)sizeof(float);
