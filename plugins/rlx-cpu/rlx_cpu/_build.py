@@ -69,7 +69,11 @@ _VARIANTS: tuple[tuple[str, ...], ...] = (("-fopenmp",), ("-fopenmp", "-DRLX_NO_
 _X86_CLONES = ("AVX-512", "AVX2", "baseline")
 INFO_NAME = "_rlx_native.json"
 INFO_SCHEMA = 1
-_TIMEOUT_S = 300.0
+#: Seconds one compiler run may take. The whole library with its three clones takes 4-5
+#: minutes at -O3 on the 2-core Zen 5 (one clone alone ~40 s), and came within seconds of
+#: the former 300 s twice in one afternoon, then past it; past this bound the build gives
+#: up (no library: numpy kernels), so it bounds a hung compiler, not a slow host.
+_TIMEOUT_S = 900.0
 
 
 def library_name(platform_name: str = sys.platform) -> str:

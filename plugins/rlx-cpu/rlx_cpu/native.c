@@ -3130,6 +3130,18 @@ static inline __attribute__((always_inline)) void gemm_micro(int64_t kc, const f
     gemm_store(lo, hi, c, ldc, mr, nr, add, rb, cl);
 }
 
+/* Row p of a B panel (NR floats) into b0, b1, fetching the same row of the next panel
+ * (bnext, NULL at none) on the way: the tile that reads A in place runs over it once. */
+static inline __attribute__((always_inline)) void gemm_b_row(const float *restrict b, const float *bnext, int64_t p,
+                                                             rlx_v16 *b0, rlx_v16 *b1) {
+    memcpy(b0, b + p * RLX_GEMM_NR, sizeof *b0);
+    memcpy(b1, b + p * RLX_GEMM_NR + 16, sizeof *b1);
+    if (bnext) {
+        __builtin_prefetch(bnext + p * RLX_GEMM_NR, 0, 1);
+        __builtin_prefetch(bnext + p * RLX_GEMM_NR + 16, 0, 1);
+    }
+}
+
 /* The same tile with A read in place, its rows contiguous (lda apart): no packing copy
  * for an A computed at run time (every linear layer's activations). Rows past mr read the
  * last row again (their sums are dropped), so nothing past A is touched. */
@@ -3167,12 +3179,7 @@ static inline __attribute__((always_inline)) void gemm_micro_rows(int64_t kc, co
 #pragma GCC unroll 4
         for (int64_t p = 0; p < kc; p++) {
             rlx_v16 b0, b1;
-            memcpy(&b0, b + p * RLX_GEMM_NR, sizeof b0);
-            memcpy(&b1, b + p * RLX_GEMM_NR + 16, sizeof b1);
-            if (bnext) {
-                __builtin_prefetch(bnext + p * RLX_GEMM_NR, 0, 1);
-                __builtin_prefetch(bnext + p * RLX_GEMM_NR + 16, 0, 1);
-            }
+            gemm_b_row(b, bnext, p, &b0, &b1);
             const int64_t o = p * (int64_t)sizeof(float);
             float av[12];
             memcpy(&av[0], q0 + o, 4); memcpy(&av[1], q0 + o + L, 4); memcpy(&av[2], q0 + o + 2 * L, 4);
@@ -3190,12 +3197,7 @@ static inline __attribute__((always_inline)) void gemm_micro_rows(int64_t kc, co
     }
     for (int64_t p = 0; p < kc; p++) {
         rlx_v16 b0, b1;
-        memcpy(&b0, b + p * RLX_GEMM_NR, sizeof b0);
-        memcpy(&b1, b + p * RLX_GEMM_NR + 16, sizeof b1);
-        if (bnext) {
-            __builtin_prefetch(bnext + p * RLX_GEMM_NR, 0, 1);
-            __builtin_prefetch(bnext + p * RLX_GEMM_NR + 16, 0, 1);
-        }
+        gemm_b_row(b, bnext, p, &b0, &b1);
 #pragma GCC unroll 16
         for (int i = 0; i < RLX_GEMM_MR; i++) {
             const float av = rows[i][p];
