@@ -60,7 +60,7 @@ def test_paths() -> list[str]:
 
 
 #: What an editable install depends on beyond the requirements themselves: the projects'
-#: metadata and rlx-cpu's build hook and native kernels (compiled at install, 4-5 minutes at
+#: metadata and rlx-cpu's build hook and native kernels (compiled at install, 4-10 minutes at
 #: -O3 on 2 cores with the three CPU clones). Python sources are not listed: an editable install sees their edits.
 INSTALL_INPUTS = ("pyproject.toml", "plugins/*/pyproject.toml", "plugins/*/hatch_build.py",
                   "plugins/rlx-cpu/rlx_cpu/native.c", "plugins/rlx-cpu/rlx_cpu/_build.py")

@@ -14,7 +14,7 @@ pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper
-from test_onnx_support import check_against_ort, init, make_model, vi
+from test_onnx_support import check_against_ort, init, make_model, ort_run, vi
 
 from rlx_core import onnx as rlx_onnx
 from rlx_core.errors import ModelError
@@ -111,14 +111,18 @@ def test_matmul_integer_matches_onnxruntime(zero_points: str, a_dtype: str, b_dt
     model = make_model([node], [vi("a", a_dtype, a.shape)], [helper.make_tensor_value_info("y", TensorProto.INT32,
                                                                                              None)],
                        [init(k, v) for k, v in consts.items()], opset=13)
+    az = consts["az"].astype(np.int32).reshape(-1, 1) if "az" in consts else 0
+    bz = consts["bz"].astype(np.int32) if "bz" in consts else 0
+    exact = (a.astype(np.int64) - az) @ (b.astype(np.int64) - bz)  # the integer product, no overflow
+    from rlx_core import compile as rlx_compile
+    np.testing.assert_array_equal(rlx_compile(rlx_onnx.load(model), device="cpu").run({"a": a})[0], exact)
     if zero_points == "per row and column":  # ORT's CPU kernel takes a scalar zero point for A only
-        graph = rlx_onnx.load(model)
-        az = consts["az"].astype(np.int32).reshape(5, 1)
-        want = (a.astype(np.int32) - az) @ (b.astype(np.int32) - consts["bz"].astype(np.int32))
-        from rlx_core import compile as rlx_compile
-        np.testing.assert_array_equal(rlx_compile(graph, device="cpu").run({"a": a})[0], want)
         return
-    check_against_ort(model, {"a": a}, rtol=0, atol=0)
+    # ORT's uint8 x int8 kernel on AVX2 without VNNI (a Zen 3) sums pairs of products in
+    # int16 and saturates them (vpmaddubsw): its answer there is not the product, and
+    # rlx's is held to the product above. Where ORT's is exact, the two agree.
+    if np.array_equal(ort_run(model, {"a": a})[0], exact):
+        check_against_ort(model, {"a": a}, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("pads", [(0, 0, 0, 0), (1, 1, 1, 1)])

@@ -71,9 +71,10 @@ INFO_NAME = "_rlx_native.json"
 INFO_SCHEMA = 1
 #: Seconds one compiler run may take. The whole library with its three clones takes 4-5
 #: minutes at -O3 on the 2-core Zen 5 (one clone alone ~40 s), and came within seconds of
-#: the former 300 s twice in one afternoon, then past it; past this bound the build gives
-#: up (no library: numpy kernels), so it bounds a hung compiler, not a slow host.
-_TIMEOUT_S = 900.0
+#: the former 300 s twice in one afternoon, then past it; on a 2-core Zen 3 it took 575 s
+#: (session 49), near the former 900. Past this bound the build gives up (no library:
+#: numpy kernels), so it bounds a hung compiler, not a slow host.
+_TIMEOUT_S = 1800.0
 
 
 def library_name(platform_name: str = sys.platform) -> str:

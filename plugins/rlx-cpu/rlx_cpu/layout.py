@@ -186,6 +186,25 @@ def spatial_reduce(node: Node, graph: Graph) -> bool:
     return axes is not None and sorted(a % 4 for a in axes) == [2, 3]
 
 
+def _conv_in_chain(node: Node, graph: Graph, fixed: Sequence[bool]) -> bool:
+    """A convolution a oneDNN chain holds: one oneDNN takes (``_conv_on_dnnl``) on more
+    than its im2col + GEMM fallback (``gemm:jit``). That fallback is what rlx runs itself
+    in NCHW with no reorder, and slower than rlx's grouped kernel: ResNeXt's 32 groups of
+    4 channels got it over NHWC on the 2-core Zen 3 (AVX2), 42-50 ms a layer at batch 8
+    against 6 ms on rlx's grouped kernel (oneDNN's grouped kernels block 8 or 16 channels
+    a group). Such a convolution stays NCHW, and the chain ends at it."""
+    if not _conv_on_dnnl(node, graph, fixed):
+        return False
+    lib = onednn.library()
+    if lib is None:
+        return False
+    a = node.attrs
+    x, w = graph.node(node.inputs[0]), graph.node(node.inputs[1])
+    impl = lib.conv_impl(tuple(x.shape), tuple(w.shape), tuple(node.shape), a["stride"], a.get("dilation", (1, 1)),
+                         a["padding"], a["groups"])
+    return bool(impl) and not impl.startswith("ref") and "gemm:" not in impl
+
+
 def _conv_native(node: Node, graph: Graph, fixed: Sequence[bool]) -> bool:
     """A convolution the channels-inner kernel runs in a chain (``NativeChains``)."""
     if not _conv_on_dnnl(node, graph, fixed):  # (the same float32, 4-D, fixed-weights test)
@@ -243,7 +262,7 @@ def plan(graph: Graph, buffered: Sequence[bool], fixed: Sequence[bool], native_k
     nodes = graph.nodes
     readers = readers_of(graph)
     # oneDNN's convolutions and pools read either layout and write either (reorders where needed).
-    convs = _conv_native if native_kernels else _conv_on_dnnl
+    convs = _conv_native if native_kernels else _conv_in_chain
     either = {n.id for n in nodes if buffered[n.id] and (convs(n, graph, fixed) or _pool(n))}
     gaps = {n.id for n in nodes if buffered[n.id] and spatial_reduce(n, graph)}
     unwrap = {n.id for n in nodes if _transpose(n, TO_CL, fixed)}

@@ -3263,18 +3263,21 @@ static void gemm_plain(const gemm_args *g, int64_t r0, int64_t r1, int64_t c0, i
 /* C's row panels [i0, i1) x column panels [j0, j1) of one product, on this thread. */
 static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     const int64_t MR = RLX_GEMM_MR, NR = RLX_GEMM_NR, k = g->k;
-    const int packed_a = (g->flags & RLX_GEMM_PACKED_A) != 0, packed_b = (g->flags & RLX_GEMM_PACKED_B) != 0;
     /* A dense layer's rows in even chunks of at most `most` panels, whose C stripe of four
      * column panels fits RLX_GEMM_C_STRIPE (1024 rows): 4096 rows (a batch of 32 sequences
      * of 128) otherwise made a stripe of 2 MB at the fewest columns */
     const int64_t most = (RLX_GEMM_C_STRIPE / (4 * NR * (int64_t)sizeof(float)) + MR - 1) / MR;
-    if (packed_b && i1 - i0 > most) {
+    const int packed_a = (g->flags & RLX_GEMM_PACKED_A) != 0, packed_b = (g->flags & RLX_GEMM_PACKED_B) != 0;
+    const int direct_a = !packed_a && g->a_cs == 1; /* A's rows contiguous: read in place, not packed */
+    /* Only where A is never packed per block (read in place or packed once): an A packed
+     * per block of columns would be packed once more for each narrower block */
+    const int dense = packed_b && (direct_a || packed_a);
+    if (dense && i1 - i0 > most) {
         int64_t chunks = (i1 - i0 + most - 1) / most, per = (i1 - i0 + chunks - 1) / chunks;
         for (int64_t ib = i0; ib < i1; ib += per) gemm_range(g, ib, i1 - ib < per ? i1 : ib + per, j0, j1);
         return;
     }
     int64_t kmax = k < RLX_GEMM_KC ? k : RLX_GEMM_KC;
-    const int direct_a = !packed_a && g->a_cs == 1; /* A's rows contiguous: read in place, not packed */
     const int wide = rlx_gemm_avx512() != 0; /* AVX-512's 12 x 32 tile in rlx_v16, else 6 x 16 sub-tiles */
     int64_t need = (packed_a || direct_a ? 0 : RLX_GEMM_MC * kmax) + (packed_b ? 0 : RLX_GEMM_NC * kmax);
     float *buf = need ? gemm_buffer(need) : NULL;
@@ -3293,7 +3296,7 @@ static RLX_CLONES void gemm_range(const gemm_args *g, int64_t i0, int64_t i1, in
      * in L2 while the k blocks go by. With RLX_GEMM_NC columns, 1024 rows of C made 1.5 MB
      * a thread, read back from L3 or memory once per k block (twelve times over a 3072-term
      * sum); A, streamed in order, is read once per block of columns instead. */
-    if (packed_b) {
+    if (dense) {
         int64_t fit = RLX_GEMM_C_STRIPE / ((i1 - i0) * MR * NR * (int64_t)sizeof(float));
         ncp = fit < 4 ? 4 : fit < ncp ? fit : ncp;
     }

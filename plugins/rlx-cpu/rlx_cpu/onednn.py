@@ -126,6 +126,7 @@ class Dnnl:
         self._local = threading.local()
         self._layouts: dict[Any, list[Any]] = {}  # layout()'s descriptors, by the caller's hint
         self._layouts_lock = threading.Lock()
+        self._conv_impls: dict[tuple[Any, ...], str] = {}  # conv_impl()'s answers, by geometry
         self.execute = lib.dnnl_primitive_execute
         self.execute.argtypes = [_P, _P, ctypes.c_int, ctypes.POINTER(_Arg)]
         self.wait = lib.dnnl_stream_wait
@@ -275,6 +276,32 @@ class Dnnl:
         text = ctypes.c_char_p()
         self._lib.dnnl_primitive_desc_query(pd, _QUERY_IMPL_INFO, 0, ctypes.byref(text))
         return (text.value or b"?").decode()
+
+    def conv_impl(self, src: tuple[int, ...], weights: tuple[int, ...], dst: tuple[int, ...],
+                  stride: tuple[int, int], dilation: tuple[int, int], pads: tuple[int, int, int, int],
+                  groups: int) -> str:
+        """The implementation oneDNN picks for a float32 convolution over channels-last
+        data (``src`` and ``dst`` NCHW shapes, ``weights`` OIHW, ``pads`` top, left, bottom,
+        right), without post-ops; ``""`` where it declines. Asked once a geometry (creating
+        a primitive descriptor takes tens of microseconds; a model repeats its shapes)."""
+        key = (src, weights, dst, tuple(stride), tuple(dilation), tuple(pads), groups)
+        found = self._conv_impls.get(key)
+        if found is not None:
+            return found
+        o, cg, kh, kw = weights
+        wshape = (o, cg, kh, kw) if groups == 1 else (groups, o // groups, cg, kh, kw)
+        descs = [self.md(src, _ACDB), self.md(wshape, _ANY), self.md(dst, _ACDB)]
+        try:
+            pd = self.conv_pd(descs[0], descs[1], None, descs[2], stride, dilation, pads[:2], pads[2:])
+        except DnnlError:
+            found = ""
+        else:
+            found = self.impl(pd)
+            self.destroy(pds=(pd,))
+        finally:
+            self.destroy(descs=descs)
+        self._conv_impls[key] = found
+        return found
 
     def clone_md(self, md: Any) -> Any:
         """A memory descriptor of our own equal to ``md`` (one a query returned lives only

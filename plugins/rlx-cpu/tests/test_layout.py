@@ -240,12 +240,53 @@ def test_transposes_between_layouts_are_views() -> None:
 
 def test_a_convolution_only_onednn_reference_loops_take_stays_on_rlx(monkeypatch: pytest.MonkeyPatch) -> None:
     """oneDNN's ``ref:any`` ran a first layer 5,000x slower than its jit kernels; where
-    only it would run a convolution, rlx's kernels do (between transposes in a chain)."""
+    only it would run a convolution, rlx's kernels do, and no chain holds it."""
     lib = onednn.library()
     monkeypatch.setattr(type(lib), "impl", lambda self, pd: "ref:any")
+    monkeypatch.setattr(lib, "_conv_impls", {})  # (answers kept from earlier compiles)
     g = block_graph()
     cg = check(g, {"x": rand((2, 8, 12, 12), 9)})
-    assert held_cl(cg)
+    convs = {n.name for n in cg._exe._nodes if n.op.name in ("CONV2D", "FUSED_CONV")}
+    assert convs and not convs & held_cl(cg)
+
+
+def bottleneck_graph(groups: int) -> Graph:
+    """ResNeXt's bottleneck: 1x1, a grouped 3x3 (``groups`` of 4 channels), 1x1, residual."""
+    g = Graph("bottleneck")
+    x = g.input("x", (2, 16, 10, 10))
+    h = g.relu(conv(g, x, 16, 4 * groups, 1, k=1), name="reduce")
+    h = g.relu(conv(g, h, 4 * groups, 4 * groups, 2, groups=groups), name="grouped")
+    h = g.relu(g.add(conv(g, h, 4 * groups, 16, 3, k=1), x), name="expand")
+    g.set_outputs([g.relu(conv(g, h, 16, 16, 4), name="last")])
+    return g
+
+
+def test_a_convolution_onednn_runs_as_im2col_and_gemm_ends_the_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN's ``gemm:jit`` (im2col and a product) is what rlx does in NCHW without the
+    reorders: a grouped convolution it would run so (ResNeXt's 4 channels a group on
+    AVX2: 8x the time of rlx's grouped kernel) stays NCHW; its neighbours stay chained."""
+    lib = onednn.library()
+    real = type(lib).conv_impl
+
+    def impl(self: Any, src: Any, weights: Any, dst: Any, stride: Any, dilation: Any, pads: Any, groups: int) -> str:
+        found = real(self, src, weights, dst, stride, dilation, pads, groups)
+        return "x64:gemm:jit" if groups > 1 else found
+
+    monkeypatch.setattr(type(lib), "conv_impl", impl)
+    cg = check(bottleneck_graph(8), {"x": rand((2, 16, 10, 10), 5)})
+    held = held_cl(cg)
+    assert "grouped" not in held and "expand" in held  # (the graph's output, "last", is never held)
+
+
+def test_conv_impl_names_onednns_choice_once_a_geometry() -> None:
+    lib = onednn.library()
+    lib._conv_impls.clear()
+    args = ((1, 16, 10, 10), (16, 16, 3, 3), (1, 16, 10, 10), (1, 1), (1, 1), (1, 1, 1, 1), 1)
+    first = lib.conv_impl(*args)
+    assert first and ":" in first  # e.g. "brgconv:avx2", "jit:avx512_core"
+    assert lib.conv_impl(*args) == first and len(lib._conv_impls) == 1
+    bad = ((1, 16, 10, 10), (16, 16, 3, 3), (1, 16, 99, 99), (1, 1), (1, 1), (1, 1, 1, 1), 1)
+    assert lib.conv_impl(*bad) == ""  # shapes that do not agree: oneDNN declines
 
 
 @pytest.mark.parametrize("silu", ["post-op", "region"])
