@@ -196,7 +196,7 @@ OWN_SESSION = ("zoo.py", "detector.py", "dynamic_exports.py", "exports_stream.py
 #: Tools that time the files they are given: ONNX files (``python bench/compile_time.py
 #: a.onnx``), or two builds of the native library (``bench/native_ab.py old.so new.so``):
 #: there is nothing of theirs to run here.
-NEEDS_MODEL_FILES = ("compile_time.py", "first_runs.py", "onnx_time.py", "native_ab.py")
+NEEDS_MODEL_FILES = ("compile_time.py", "first_runs.py", "onnx_time.py", "native_ab.py", "node_profile.py")
 
 
 def bench_scripts() -> list[Path]:
