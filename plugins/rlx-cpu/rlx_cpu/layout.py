@@ -17,9 +17,9 @@ The plan (``plan``), once per compile, over the legal graph:
 
 - *Convolutions oneDNN takes* (float32, 4-D, weights and bias fixed at compile time, an
   output plane of more than one pixel: a squeeze-excitation's 1x1 planes stay on rlx's
-  matrix-vector kernel) on one of its own kernels, not its im2col + GEMM fallback nor its
-  reference loops (``_conv_in_chain``: oneDNN is asked once a geometry), and *max and
-  average pools* read either layout and write either (``onednn_steps``: a reorder in
+  matrix-vector kernel; a grouped one only where oneDNN runs it on one of its own kernels,
+  not its im2col + GEMM fallback nor its reference loops: ``_conv_in_chain``) and *max
+  and average pools* read either layout and write either (``onednn_steps``: a reorder in
   plan scratch where a side is NCHW).
 - *Elementwise nodes* (plain ops and fused regions) over 4-D values compute the same
   function on NHWC operands when every operand is permuted alike: their full-size
@@ -36,9 +36,9 @@ never a graph output. The fixed point drops values until that holds, so every va
 reaches each reader in the layout the reader expects, and nothing outside a chain sees a
 change. A fused convolution's epilogue becomes oneDNN post-ops where it maps to them
 (``post_ops.post_ops``: clamps, scalar affine steps, a residual add, ReLU, SiLU, hard-swish,
-GELU, sigmoid, tanh), else a region over the output in its layout. Where oneDNN still
-declines a node the plan chose (a build it does not take after all), rlx's NCHW kernel
-runs it between transposes (``_via_nchw``). ``RLX_CPU_LAYOUT=nchw`` turns it all off (every
+GELU, sigmoid, tanh), else a region over the output in its layout. Where oneDNN declines
+a node the plan chose (only its reference loops would take it), rlx's NCHW kernel runs it
+between transposes (``_via_nchw``). ``RLX_CPU_LAYOUT=nchw`` turns it all off (every
 convolution then goes the way ``onednn.use`` measured, with its reorders).
 
 Without oneDNN, on AVX-512 hosts, rlx's own kernels hold narrower chains
@@ -143,8 +143,8 @@ def describe() -> str:
                     f"NCHW ({why})")
         return f"NCHW everywhere ({why})"
     return ("chains of convolutions channels-last (NHWC), each convolution on oneDNN with its epilogue as "
-            "post-ops where it maps to them; one oneDNN would run only as im2col + GEMM or its reference loops "
-            f"stays NCHW on rlx's kernels (RLX_CPU_LAYOUT=auto; a SiLU as the post-op or a region after: "
+            "post-ops where it maps to them; a grouped one oneDNN would run only as im2col + GEMM or its reference "
+            f"loops stays NCHW on rlx's kernels (RLX_CPU_LAYOUT=auto; a SiLU as the post-op or a region after: "
             f"{swish.describe()})")
 
 
@@ -190,20 +190,25 @@ def spatial_reduce(node: Node, graph: Graph) -> bool:
 
 
 def _conv_in_chain(node: Node, graph: Graph, fixed: Sequence[bool]) -> bool:
-    """A convolution a oneDNN chain holds: one oneDNN takes (``_conv_on_dnnl``) on more
-    than its reference loops or its im2col + GEMM fallback (``gemm:jit``), asked of oneDNN
-    once a geometry (``Dnnl.conv_impl``). That fallback is what rlx runs itself
-    in NCHW with no reorder, and slower than rlx's grouped kernel: ResNeXt's 32 groups of
-    4 channels got it over NHWC on the 2-core Zen 3 (AVX2), 42-50 ms a layer at batch 8
-    against 6 ms on rlx's grouped kernel (oneDNN's grouped kernels block 8 or 16 channels
-    a group). Such a convolution stays NCHW, and the chain ends at it."""
+    """A convolution a oneDNN chain holds: one oneDNN takes (``_conv_on_dnnl``) and, if
+    grouped (not depthwise), on more than its reference loops or its im2col + GEMM
+    fallback (``gemm:jit``), asked of oneDNN once a geometry (``Dnnl.conv_impl``). That
+    fallback is what rlx runs itself in NCHW with no reorder, and slower than rlx's
+    grouped kernel: ResNeXt's 32 groups of 4 channels got it over NHWC on the 2-core Zen 3
+    (AVX2), 42-50 ms a layer at batch 8 against 6 ms on rlx's grouped kernel (oneDNN's
+    grouped kernels block 8 or 16 channels a group). Such a convolution stays NCHW, and
+    the chain ends at it. Ungrouped and depthwise ones got oneDNN's own kernels on every
+    host measured, so nothing is asked for them (a question costs ~0.1-0.2 ms a geometry
+    at compile); where oneDNN declines one after all, ``_via_nchw`` runs it."""
     if not _conv_on_dnnl(node, graph, fixed):
-        return False
-    lib = onednn.library()
-    if lib is None:
         return False
     a = node.attrs
     x, w = graph.node(node.inputs[0]), graph.node(node.inputs[1])
+    if a["groups"] == 1 or a["groups"] == x.shape[1] == node.shape[1]:
+        return True
+    lib = onednn.library()
+    if lib is None:
+        return False
     impl = lib.conv_impl(tuple(x.shape), tuple(w.shape), tuple(node.shape), a["stride"], a.get("dilation", (1, 1)),
                          a["padding"], a["groups"])
     return bool(impl) and not impl.startswith("ref") and "gemm:" not in impl
