@@ -198,13 +198,16 @@ def _conv_in_chain(node: Node, graph: Graph, fixed: Sequence[bool]) -> bool:
     (AVX2), 42-50 ms a layer at batch 8 against 6 ms on rlx's grouped kernel (oneDNN's
     grouped kernels block 8 or 16 channels a group). Such a convolution stays NCHW, and
     the chain ends at it. Ungrouped and depthwise ones got oneDNN's own kernels on every
-    host measured, so nothing is asked for them (a question costs ~0.1-0.2 ms a geometry
-    at compile); where oneDNN declines one after all, ``_via_nchw`` runs it."""
+    model measured there, so nothing is asked for them (a question costs ~0.1-0.2 ms a
+    geometry at compile), nor for sizes not known yet; where oneDNN declines one after
+    all, ``_via_nchw`` runs it."""
     if not _conv_on_dnnl(node, graph, fixed):
         return False
     a = node.attrs
     x, w = graph.node(node.inputs[0]), graph.node(node.inputs[1])
     if a["groups"] == 1 or a["groups"] == x.shape[1] == node.shape[1]:
+        return True
+    if not all(isinstance(d, int) for d in (*x.shape, *w.shape, *node.shape)):
         return True
     lib = onednn.library()
     if lib is None:
