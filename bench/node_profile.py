@@ -60,14 +60,15 @@ class Recorder:
         for step in steps:
             if isinstance(step, tuple) and len(step) == 3:
                 fn, args, kwargs = step
-                self.kinds[key].add(getattr(fn, "__name__", type(fn).__name__))
-                out.append(type(step)(self._timed(fn, key), args, kwargs))
+                name = getattr(fn, "__name__", type(fn).__name__)
+                self.kinds[key].add(name)
+                out.append(type(step)(self._timed(fn, key, name), args, kwargs))
             else:  # a step of another form (a parallel group): run as it is, untimed
                 self.kinds[key].add(type(step).__name__)
                 out.append(step)
         return out
 
-    def _timed(self, fn: Callable[..., Any], key: tuple[int, str]) -> Callable[..., Any]:
+    def _timed(self, fn: Callable[..., Any], key: tuple[int, str], name: str) -> Callable[..., Any]:
         seconds, clock = self.seconds, time.perf_counter
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -77,7 +78,7 @@ class Recorder:
             finally:
                 seconds[key] += clock() - t
 
-        timed.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        timed.__name__ = name
         return timed
 
 
@@ -111,10 +112,8 @@ def gflops(node: Any, shapes: list[tuple[int, ...]], seconds: float) -> float | 
     return 2 * math.prod(node.shape) * math.prod(shapes[1][1:]) / seconds / 1e9
 
 
-def profile(path: Path, runs: int, top: int) -> list[str]:
-    """The report's lines for ``path`` on rlx's cpu backend."""
-    graph = rlx_onnx.load(str(path))
-    feeds = feeds_for(path, graph)
+def profile(path: Path, graph: Any, feeds: dict[str, np.ndarray], runs: int, top: int) -> list[str]:
+    """The report's lines for ``path`` (loaded as ``graph``) on rlx's cpu backend."""
     recorder = Recorder()
     with wrapped(recorder):
         cg = rlx.compile(graph, device="cpu")
@@ -152,17 +151,14 @@ def _plan_nodes(cg: Any) -> dict[int, Any]:
     return {n.id: n for n in getattr(exe, "_nodes", ())}
 
 
-def ort_profile(path: Path, runs: int) -> list[str]:
-    """ORT's per-op-type milliseconds a run (CPU provider, default options)."""
+def ort_profile(path: Path, feeds: dict[str, np.ndarray], runs: int) -> list[str]:
+    """ORT's per-op-type milliseconds a run (CPU provider, default options) on ``feeds``."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.enable_profiling = True
     options.profile_file_prefix = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"rlx_node_profile_{os.getpid()}")
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    feeds = dict(np.load(path.with_suffix(".npz"))) if path.with_suffix(".npz").is_file() else None
-    if feeds is None:
-        feeds = feeds_for(path, rlx_onnx.load(str(path)))
     for _ in range(5):
         session.run(None, feeds)
     t0 = time.perf_counter()
@@ -194,9 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1 or args.top < 0:
         parser.error("--runs must be >= 1 and --top >= 0")
     for path in args.models:
-        print("\n".join(profile(path, args.runs, args.top)))
+        graph = rlx_onnx.load(str(path))
+        feeds = feeds_for(path, graph)  # (one set for both runtimes)
+        print("\n".join(profile(path, graph, feeds, args.runs, args.top)))
         if args.ort:
-            print("\n".join(ort_profile(path, args.runs)))
+            print("\n".join(ort_profile(path, feeds, args.runs)))
     return 0
 
 
